@@ -1,0 +1,201 @@
+// Package serve runs a walship gRPC server the way every walship process
+// needs it: gRPC health (NOT_SERVING until the service says otherwise) and
+// server reflection registered, so grpcurl needs no proto files; message size
+// limits; Prometheus metrics on a separate HTTP listener; and a graceful stop
+// bounded in time.
+package serve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
+)
+
+// Options configures a Server.
+type Options struct {
+	// Listen is the gRPC address, e.g. ":7400" or "127.0.0.1:0".
+	Listen string
+	// MetricsListen is the HTTP address for /metrics; empty disables it.
+	MetricsListen string
+	// MaxMessageBytes bounds received and sent gRPC messages.
+	MaxMessageBytes int
+	// Registry receives the process and Go collectors and is served on /metrics.
+	Registry *prometheus.Registry
+	// Logger logs lifecycle events.
+	Logger *slog.Logger
+	// StopTimeout bounds the graceful stop; past it, connections are cut.
+	StopTimeout time.Duration
+}
+
+// Server is a listening gRPC server with health, reflection and metrics.
+type Server struct {
+	opts      Options
+	grpc      *grpc.Server
+	health    *health.Server
+	lis       net.Listener
+	metrics   *http.Server
+	metricLis net.Listener
+	services  []string
+}
+
+// NewRegistry returns a metrics registry holding the Go runtime and process
+// collectors; each walship process builds its own (no global registry).
+func NewRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// New listens on the configured addresses and returns a Server whose gRPC
+// services are registered by register. Health reports NOT_SERVING until
+// SetServing(true).
+func New(opts Options, register func(*grpc.Server)) (*Server, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.StopTimeout <= 0 {
+		opts.StopTimeout = 30 * time.Second
+	}
+	if opts.MaxMessageBytes <= 0 {
+		opts.MaxMessageBytes = 4 << 20
+	}
+	lis, err := net.Listen("tcp", opts.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", opts.Listen, err)
+	}
+	utf8c := newUTF8Codec()
+	s := &Server{
+		opts: opts,
+		lis:  lis,
+		grpc: grpc.NewServer(
+			grpc.ForceServerCodecV2(utf8c),
+			grpc.ChainUnaryInterceptor(utf8c.interceptor),
+			grpc.MaxRecvMsgSize(opts.MaxMessageBytes),
+			grpc.MaxSendMsgSize(opts.MaxMessageBytes),
+			// Replication streams are long-lived; let peers ping them.
+			grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		),
+		health: health.NewServer(),
+	}
+	register(s.grpc)
+	healthpb.RegisterHealthServer(s.grpc, s.health)
+	reflection.Register(s.grpc)
+	for name := range s.grpc.GetServiceInfo() {
+		s.services = append(s.services, name)
+	}
+	s.SetServing(false)
+	if opts.MetricsListen != "" {
+		ml, err := net.Listen("tcp", opts.MetricsListen)
+		if err != nil {
+			lis.Close()
+			return nil, fmt.Errorf("listen %s (metrics): %w", opts.MetricsListen, err)
+		}
+		s.metricLis = ml
+		mux := http.NewServeMux()
+		reg := opts.Registry
+		if reg == nil {
+			reg = prometheus.NewRegistry()
+		}
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, EnableOpenMetrics: true}))
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+		s.metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	}
+	return s, nil
+}
+
+// Addr is the gRPC listener's address (useful with port 0).
+func (s *Server) Addr() net.Addr { return s.lis.Addr() }
+
+// MetricsAddr is the metrics listener's address, or nil when disabled.
+func (s *Server) MetricsAddr() net.Addr {
+	if s.metricLis == nil {
+		return nil
+	}
+	return s.metricLis.Addr()
+}
+
+// SetServing sets the health status of the server ("") and of every
+// registered service.
+func (s *Server) SetServing(serving bool) {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if serving {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	s.health.SetServingStatus("", st)
+	for _, name := range s.services {
+		s.health.SetServingStatus(name, st)
+	}
+}
+
+// Serve serves until ctx is done, then reports NOT_SERVING, stops
+// gracefully (bounded by StopTimeout) and returns. beforeStop, if not nil,
+// runs after health turns NOT_SERVING and before the gRPC server stops
+// accepting calls, so a service can refuse new work first.
+func (s *Server) Serve(ctx context.Context, beforeStop func()) error {
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		if err := s.grpc.Serve(s.lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			return fmt.Errorf("grpc serve: %w", err)
+		}
+		return nil
+	})
+	if s.metrics != nil {
+		g.Go(func() error {
+			if err := s.metrics.Serve(s.metricLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("metrics serve: %w", err)
+			}
+			return nil
+		})
+	}
+	g.Go(func() error {
+		<-gctx.Done()
+		s.opts.Logger.Info("stopping", "addr", s.Addr().String())
+		s.health.Shutdown()
+		if beforeStop != nil {
+			beforeStop()
+		}
+		done := make(chan struct{})
+		go func() {
+			s.grpc.GracefulStop()
+			close(done)
+		}()
+		t := time.NewTimer(s.opts.StopTimeout)
+		defer t.Stop()
+		select {
+		case <-done:
+		case <-t.C:
+			s.opts.Logger.Warn("graceful stop timed out; closing connections", "timeout", s.opts.StopTimeout)
+			s.grpc.Stop()
+			<-done
+		}
+		if s.metrics != nil {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = s.metrics.Shutdown(sctx)
+		}
+		return nil
+	})
+	return g.Wait()
+}
+
+// Close releases the listeners of a server that was never served.
+func (s *Server) Close() {
+	s.grpc.Stop()
+	if s.metricLis != nil {
+		s.metricLis.Close()
+	}
+}

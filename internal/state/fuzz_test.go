@@ -1,0 +1,43 @@
+package state
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+)
+
+// FuzzReadSnapshot: arbitrary bytes either fail cleanly with
+// ErrCorruptSnapshot or decode to a store that re-encodes to the same bytes,
+// with and without a size limit.
+func FuzzReadSnapshot(f *testing.F) {
+	f.Add(encode(f, New().Snapshot()))
+	small := New()
+	applyTxns(f, small, txn(put("", "e"), put("a", "1"), put("bb", "")), txn(del("a"), put("c", "3")))
+	f.Add(encode(f, small.Snapshot()))
+	f.Add(rawSnapshot(2, 2, []rawEntry{{"b", "", 1}, {"a", "", 2}}, nil))
+	f.Add(rawSnapshot(9, 1, []rawEntry{{"k", "v", 9}}, nil))
+	f.Add([]byte("WSHPSNAP"))
+
+	f.Fuzz(func(t *testing.T, data []byte) {
+		limited, errL := ReadSnapshot(bytes.NewReader(data), int64(len(data)))
+		unlimited, errU := ReadSnapshot(bytes.NewReader(data), 0)
+		if (errL == nil) != (errU == nil) {
+			t.Fatalf("limited: %v; unlimited: %v", errL, errU)
+		}
+		if errL != nil {
+			if !errors.Is(errL, ErrCorruptSnapshot) || !errors.Is(errU, ErrCorruptSnapshot) {
+				t.Fatalf("errors %v / %v do not wrap ErrCorruptSnapshot", errL, errU)
+			}
+			return
+		}
+		for _, s := range []*Store{limited, unlimited} {
+			v := s.Snapshot()
+			if got := encode(t, v); !bytes.Equal(got, data) {
+				t.Fatalf("re-encoding differs:\n%x\n%x", got, data)
+			}
+			if v.Digest() != recomputeDigest(v) {
+				t.Fatalf("digest differs from recomputed")
+			}
+		}
+	})
+}

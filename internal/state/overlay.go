@@ -1,0 +1,127 @@
+package state
+
+import (
+	"sync"
+
+	"github.com/walship/walship/pkg/codec"
+)
+
+// Overlay layers a primary's pending writes (sequenced: given an LSN, but not
+// yet applied to the Store) over the Store. The sequencer evaluates the
+// [Compare]s of each new transaction against the Overlay, so a transaction
+// sees every write sequenced before it even while the Store, which is what
+// clients read, still lags behind at the visible LSN.
+//
+// An Overlay is safe for concurrent use: the sequencer calls Stage and Get
+// under its own lock while the applier calls Release from another goroutine.
+type Overlay struct {
+	base *Store
+
+	mu      sync.Mutex
+	pending map[string]pendingWrite
+	// order lists staged writes by ascending commit LSN, so Release pops
+	// from the front instead of scanning the map.
+	order []stagedKey
+	head  int // order[:head] has been released
+}
+
+// pendingWrite is the newest staged write of a key.
+type pendingWrite struct {
+	value   []byte // nil for a delete
+	lsn     uint64 // commit LSN of the staging transaction: the version
+	deleted bool
+}
+
+type stagedKey struct {
+	key string
+	lsn uint64
+}
+
+// NewOverlay returns an Overlay with nothing pending over base.
+func NewOverlay(base *Store) *Overlay {
+	return &Overlay{base: base, pending: make(map[string]pendingWrite)}
+}
+
+// Get returns key as a transaction sequenced now would see it: the newest
+// pending write of key if there is one (a pending delete reads as not
+// found), else the base Store's entry. A pending put's version is the commit
+// LSN of its transaction, the version the key will have once applied.
+func (o *Overlay) Get(key []byte) (value []byte, version uint64, ok bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	// The map lookup with string(key) does not allocate. The base is read
+	// under the lock too: Release runs only after the base has applied what
+	// it drops, so whichever side of a Release we are on, one of the two
+	// holds the newest write.
+	if p, found := o.pending[string(key)]; found {
+		if p.deleted {
+			return nil, 0, false
+		}
+		return p.value, p.lsn, true
+	}
+	return o.base.Get(key)
+}
+
+// Stage records the puts and deletes among recs (one sequenced transaction;
+// commit records are skipped, as are unknown ops, which the sequencer never
+// produces) as pending, in order, copying their keys and values. recs must
+// carry LSNs above every LSN staged before.
+func (o *Overlay) Stage(recs []codec.Record) {
+	if len(recs) == 0 {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	// Every write of the transaction gets its commit LSN as version, as
+	// Store.Apply will give it.
+	commit := commitLSN(recs)
+	for i := range recs {
+		r := &recs[i]
+		var p pendingWrite
+		switch r.Op {
+		case codec.OpPut:
+			p = pendingWrite{value: append([]byte{}, r.Value...), lsn: commit}
+		case codec.OpDelete:
+			p = pendingWrite{lsn: commit, deleted: true}
+		default:
+			continue
+		}
+		k := string(r.Key)
+		o.pending[k] = p
+		o.order = append(o.order, stagedKey{key: k, lsn: commit})
+	}
+}
+
+// Release drops the pending writes of the transactions with commit LSN <=
+// upToLSN: a transaction's writes are released together, never some of
+// them. Call it once the base Store has applied up to upToLSN, never before,
+// or Get would briefly miss those writes.
+func (o *Overlay) Release(upToLSN uint64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for o.head < len(o.order) && o.order[o.head].lsn <= upToLSN {
+		s := o.order[o.head]
+		o.order[o.head] = stagedKey{} // let the key be collected
+		o.head++
+		// A later write of the same key supersedes this one and must stay.
+		if p, ok := o.pending[s.key]; ok && p.lsn == s.lsn {
+			delete(o.pending, s.key)
+		}
+	}
+	// Reclaim the released prefix once it dominates the slice, keeping
+	// Release amortised O(1) per write.
+	if o.head == len(o.order) {
+		o.order, o.head = o.order[:0], 0
+	} else if o.head > 1024 && o.head > len(o.order)/2 {
+		n := copy(o.order, o.order[o.head:])
+		clear(o.order[n:])
+		o.order, o.head = o.order[:n], 0
+	}
+}
+
+// Len returns the number of keys with a pending write.
+func (o *Overlay) Len() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.pending)
+}

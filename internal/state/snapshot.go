@@ -1,0 +1,291 @@
+package state
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"math"
+	"slices"
+)
+
+// ErrCorruptSnapshot is wrapped by every [ReadSnapshot] error caused by the
+// content of the snapshot (truncation included), as opposed to an I/O error
+// of the underlying reader.
+var ErrCorruptSnapshot = errors.New("state: corrupt snapshot")
+
+// Snapshot format constants; FORMAT.md is the specification.
+const (
+	snapMagic      = "WSHPSNAP"
+	snapVersion    = 1
+	snapHeaderSize = 8 + 4 + 4 + 8 + 8 // magic, version, flags, applied LSN, count
+	// snapMinEntry is the size of an entry with empty key and value.
+	snapMinEntry    = 4 + 8 + 4
+	snapTrailerSize = DigestSize + 4 // digest, CRC-32C
+)
+
+// castagnoli is the CRC-32C table; the same polynomial as the WAL checksums.
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// WriteSnapshot writes v to w in the snapshot format (FORMAT.md). It buffers
+// internally; w needs no buffering of its own. It does not sync or close w.
+func WriteSnapshot(w io.Writer, v *View) error {
+	sw := snapWriter{w: bufio.NewWriterSize(w, 64<<10)}
+	var hdr [snapHeaderSize]byte
+	copy(hdr[:], snapMagic)
+	binary.LittleEndian.PutUint32(hdr[8:], snapVersion)
+	binary.LittleEndian.PutUint32(hdr[12:], 0) // flags: none defined
+	binary.LittleEndian.PutUint64(hdr[16:], v.lsn)
+	binary.LittleEndian.PutUint64(hdr[24:], uint64(v.tree.Len()))
+	sw.write(hdr[:])
+
+	var scratch [8]byte
+	v.tree.Ascend(func(e entry) bool {
+		if uint64(len(e.key)) > math.MaxUint32 || uint64(len(e.value)) > math.MaxUint32 {
+			sw.err = fmt.Errorf("state: write snapshot: entry of %d+%d bytes exceeds the format's 4 GiB limit",
+				len(e.key), len(e.value))
+			return false
+		}
+		binary.LittleEndian.PutUint32(scratch[:], uint32(len(e.key)))
+		sw.write(scratch[:4])
+		sw.write(keyBytes(e.key))
+		binary.LittleEndian.PutUint64(scratch[:], e.version)
+		sw.write(scratch[:8])
+		binary.LittleEndian.PutUint32(scratch[:], uint32(len(e.value)))
+		sw.write(scratch[:4])
+		sw.write(e.value)
+		return sw.err == nil
+	})
+
+	d := v.digest.Bytes()
+	sw.write(d[:])
+	binary.LittleEndian.PutUint32(scratch[:], sw.crc)
+	sw.write(scratch[:4])
+	if sw.err != nil {
+		return sw.err
+	}
+	if err := sw.w.Flush(); err != nil {
+		return fmt.Errorf("state: write snapshot: %w", err)
+	}
+	return nil
+}
+
+// snapWriter checksums what it writes and keeps the first error, so the
+// encoder can write unconditionally and check once.
+type snapWriter struct {
+	w   *bufio.Writer
+	crc uint32
+	err error
+}
+
+func (s *snapWriter) write(p []byte) {
+	if s.err != nil {
+		return
+	}
+	s.crc = crc32.Update(s.crc, castagnoli, p)
+	if _, err := s.w.Write(p); err != nil {
+		s.err = fmt.Errorf("state: write snapshot: %w", err)
+	}
+}
+
+// ReadSnapshot reads a snapshot written by [WriteSnapshot] and returns a
+// Store holding its content at its applied LSN, ready to apply the batch
+// that starts at the next LSN. The snapshot must extend exactly to the end
+// of r.
+//
+// maxBytes bounds the snapshot's size: pass the file size when it is known,
+// which makes any length field that points past the end fail before
+// anything is allocated for it. maxBytes <= 0 means no bound; buffers for
+// large fields then grow as data actually arrives, so a forged length costs
+// at most about twice the bytes really present.
+//
+// Everything is verified: header, strictly ascending keys, versions within
+// 1..applied LSN, entry count, CRC-32C and digest. Errors caused by the
+// bytes read wrap [ErrCorruptSnapshot]; errors of r are returned wrapped
+// but not as corruption.
+func ReadSnapshot(r io.Reader, maxBytes int64) (*Store, error) {
+	// A small snapshot gets a small buffer: readers of many tiny inputs
+	// (tests, the fuzzer) should not pay 64 KiB each.
+	size := 64 << 10
+	if maxBytes > 0 {
+		size = int(min(maxBytes, int64(size)))
+	}
+	sr := snapReader{r: bufio.NewReaderSize(r, size), limit: maxBytes}
+	s, err := sr.read()
+	if err != nil && !errors.Is(err, ErrCorruptSnapshot) {
+		return nil, fmt.Errorf("state: read snapshot: %w", err)
+	}
+	return s, err // s is nil when err is not
+}
+
+// snapReader decodes a snapshot, checksumming and counting what it reads.
+type snapReader struct {
+	r     *bufio.Reader
+	limit int64 // <= 0: none
+	off   int64 // bytes read so far
+	crc   uint32
+}
+
+// growChunk is the largest buffer allocated on a length field's word alone
+// when there is no size limit; beyond it buffers grow (doubling) with the
+// data actually read.
+const growChunk = 64 << 10
+
+func corrupt(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrCorruptSnapshot}, args...)...)
+}
+
+// need checks, before anything is allocated, that n more bytes plus the
+// trailer still fit within the limit.
+func (s *snapReader) need(n uint64, what string) error {
+	if s.limit <= 0 {
+		return nil
+	}
+	room := uint64(s.limit - s.off)
+	if s.off > s.limit || n > room || room-n < snapTrailerSize {
+		return corrupt("%s of %d bytes at offset %d runs past the %d-byte limit", what, n, s.off, s.limit)
+	}
+	return nil
+}
+
+func (s *snapReader) full(p []byte) error {
+	n, err := io.ReadFull(s.r, p)
+	s.off += int64(n)
+	s.crc = crc32.Update(s.crc, castagnoli, p[:n])
+	switch {
+	case err == io.EOF || err == io.ErrUnexpectedEOF:
+		return corrupt("truncated at offset %d", s.off)
+	case err != nil:
+		return err
+	}
+	return nil
+}
+
+// bytes reads an n-byte field into dst (reused if it has room), growing the
+// buffer with the data rather than trusting n when there is no limit.
+func (s *snapReader) bytes(dst []byte, n uint32) ([]byte, error) {
+	if s.limit > 0 || n <= growChunk {
+		if uint32(cap(dst)) < n {
+			dst = make([]byte, n)
+		}
+		dst = dst[:n]
+		return dst, s.full(dst)
+	}
+	dst = dst[:0]
+	for uint32(len(dst)) < n {
+		step := min(int(n)-len(dst), max(len(dst), growChunk))
+		dst = slices.Grow(dst, step)
+		m := len(dst)
+		dst = dst[:m+step]
+		if err := s.full(dst[m:]); err != nil {
+			return nil, err
+		}
+	}
+	return dst, nil
+}
+
+func (s *snapReader) read() (*Store, error) {
+	var hdr [snapHeaderSize]byte
+	if err := s.need(snapHeaderSize, "header"); err != nil {
+		return nil, err
+	}
+	if err := s.full(hdr[:]); err != nil {
+		return nil, err
+	}
+	if string(hdr[:8]) != snapMagic {
+		return nil, corrupt("bad magic %q", hdr[:8])
+	}
+	if v := binary.LittleEndian.Uint32(hdr[8:]); v != snapVersion {
+		return nil, corrupt("unsupported format version %d", v)
+	}
+	if f := binary.LittleEndian.Uint32(hdr[12:]); f != 0 {
+		return nil, corrupt("unknown flags %#x", f)
+	}
+	lsn := binary.LittleEndian.Uint64(hdr[16:])
+	count := binary.LittleEndian.Uint64(hdr[24:])
+	if s.limit > 0 && count > uint64(s.limit)/snapMinEntry {
+		return nil, corrupt("%d entries cannot fit in %d bytes", count, s.limit)
+	}
+
+	t := newTree()
+	h := newEntryHasher()
+	var (
+		d       Digest
+		prev    string
+		keyBuf  []byte
+		scratch [12]byte
+	)
+	for i := uint64(0); i < count; i++ {
+		if err := s.need(snapMinEntry, "entry"); err != nil {
+			return nil, err
+		}
+		if err := s.full(scratch[:4]); err != nil {
+			return nil, err
+		}
+		keyLen := binary.LittleEndian.Uint32(scratch[:4])
+		if err := s.need(uint64(keyLen)+8+4, "key"); err != nil {
+			return nil, err
+		}
+		var err error
+		if keyBuf, err = s.bytes(keyBuf, keyLen); err != nil {
+			return nil, err
+		}
+		if i > 0 && string(keyBuf) <= prev {
+			return nil, corrupt("entry %d: key %q does not follow %q", i, keyBuf, prev)
+		}
+		if err := s.full(scratch[:12]); err != nil {
+			return nil, err
+		}
+		version := binary.LittleEndian.Uint64(scratch[:8])
+		if version == 0 || version > lsn {
+			return nil, corrupt("entry %d: version %d outside 1..%d", i, version, lsn)
+		}
+		valLen := binary.LittleEndian.Uint32(scratch[8:12])
+		if err := s.need(uint64(valLen), "value"); err != nil {
+			return nil, err
+		}
+		var e entry
+		if s.limit > 0 || valLen <= growChunk {
+			// One allocation for key and value, as Apply does.
+			buf := make([]byte, int(keyLen)+int(valLen))
+			copy(buf, keyBuf)
+			if err := s.full(buf[keyLen:]); err != nil {
+				return nil, err
+			}
+			e = newEntryFrom(buf, int(keyLen), version)
+		} else {
+			val, err := s.bytes(nil, valLen)
+			if err != nil {
+				return nil, err
+			}
+			e = entry{key: string(keyBuf), value: val[:len(val):len(val)], version: version}
+		}
+		t.ReplaceOrInsert(e)
+		d.add(h.sum(e.key, e.version, e.value))
+		prev = e.key
+	}
+
+	var dig [DigestSize]byte
+	if err := s.full(dig[:]); err != nil {
+		return nil, err
+	}
+	want := s.crc
+	if err := s.full(scratch[:4]); err != nil {
+		return nil, err
+	}
+	if got := binary.LittleEndian.Uint32(scratch[:4]); got != want {
+		return nil, corrupt("CRC-32C %#08x, computed %#08x", got, want)
+	}
+	if d.Bytes() != dig {
+		return nil, corrupt("digest %x, computed %v", dig, d)
+	}
+	switch _, err := s.r.ReadByte(); {
+	case err == nil:
+		return nil, corrupt("trailing data after offset %d", s.off)
+	case err != io.EOF:
+		return nil, err
+	}
+	return newStore(t, lsn, d), nil
+}

@@ -1,0 +1,303 @@
+package state
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"github.com/google/btree"
+
+	"github.com/walship/walship/pkg/codec"
+)
+
+// Errors returned by [Store.Apply]; test for them with errors.Is.
+var (
+	// ErrLSNMismatch means a batch does not start right after the store's
+	// applied LSN: a gap (records are missing) or an overlap (records were
+	// already applied).
+	ErrLSNMismatch = errors.New("state: batch does not follow applied LSN")
+	// ErrInvalidBatch means a batch is malformed: empty, LSNs not
+	// consecutive, an unknown op, a transaction mixing TxnIDs, or no
+	// trailing commit.
+	ErrInvalidBatch = errors.New("state: invalid batch")
+)
+
+// btreeDegree trades tree depth against the copy-on-write cost after a
+// Snapshot (the first Apply after one copies every node on the paths it
+// touches, up to 2×degree items each). 32 is the common choice for in-memory
+// B-trees of short keys.
+const btreeDegree = 32
+
+// entry is one live key. Entries are immutable once published: a write
+// replaces the entry, it never modifies one, which is what lets readers hold
+// on to values without copying.
+type entry struct {
+	key     string
+	value   []byte
+	version uint64
+}
+
+func entryLess(a, b entry) bool { return a.key < b.key }
+
+func newTree() *btree.BTreeG[entry] { return btree.NewG(btreeDegree, entryLess) }
+
+// newEntry copies key and value into one allocation, since both live exactly
+// as long as the entry. The value is capped so that an append by a careless
+// reader reallocates instead of running into memory it does not own.
+func newEntry(key, value []byte, version uint64) entry {
+	buf := make([]byte, len(key)+len(value))
+	copy(buf, key)
+	copy(buf[len(key):], value)
+	return newEntryFrom(buf, len(key), version)
+}
+
+// newEntryFrom makes an entry owning buf, which holds the key in its first
+// keyLen bytes and the value in the rest.
+func newEntryFrom(buf []byte, keyLen int, version uint64) entry {
+	e := entry{value: buf[keyLen:len(buf):len(buf)], version: version}
+	if keyLen > 0 {
+		e.key = unsafe.String(&buf[0], keyLen)
+	}
+	return e
+}
+
+// probe returns a search key aliasing k without copying. It is only used for
+// lookups that finish before returning to the caller, so k cannot change
+// underneath the tree.
+func probe(k []byte) entry {
+	return entry{key: unsafe.String(unsafe.SliceData(k), len(k))}
+}
+
+// keyBytes returns a stored key as a byte slice without copying; readers
+// must not modify it (documented on Scan).
+func keyBytes(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
+
+// View is an immutable point-in-time image of a [Store]: its content,
+// applied LSN and digest as of one Apply. Later writes to the store never
+// affect it, so it can be read, scanned, written to a snapshot or streamed
+// to a replica at leisure. A View is safe for concurrent use.
+type View struct {
+	tree   *btree.BTreeG[entry] // never modified once the View is published
+	lsn    uint64
+	digest Digest
+}
+
+// AppliedLSN returns the LSN of the last record reflected in the view, or 0
+// for a store that has applied nothing.
+func (v *View) AppliedLSN() uint64 { return v.lsn }
+
+// Digest returns the digest of the view's content.
+func (v *View) Digest() Digest { return v.digest }
+
+// Len returns the number of live keys.
+func (v *View) Len() int { return v.tree.Len() }
+
+// Get returns the value and version (commit LSN of the transaction that last
+// wrote it) of key. The
+// value is shared with the store: the caller must not modify it, and it
+// never changes.
+func (v *View) Get(key []byte) (value []byte, version uint64, ok bool) {
+	e, ok := v.tree.Get(probe(key))
+	if !ok {
+		return nil, 0, false
+	}
+	return e.value, e.version, true
+}
+
+// Scan calls fn for the keys in [start, end) in ascending order, at most
+// limit of them (limit <= 0 means no limit), stopping early when fn returns
+// false. An empty end means the end of the keyspace. key and value are
+// shared with the store: fn must not modify them, but may keep them.
+func (v *View) Scan(start, end []byte, limit int, fn func(key, value []byte, version uint64) bool) {
+	if len(end) > 0 && bytes.Compare(start, end) >= 0 {
+		return
+	}
+	n := 0
+	iter := func(e entry) bool {
+		if !fn(keyBytes(e.key), e.value, e.version) {
+			return false
+		}
+		n++
+		return limit <= 0 || n < limit
+	}
+	// The bounds are copied, not aliased: fn runs in the middle of the
+	// iteration and may well reuse the caller's buffers.
+	lo := entry{key: string(start)}
+	if len(end) == 0 {
+		v.tree.AscendGreaterOrEqual(lo, iter)
+		return
+	}
+	v.tree.AscendRange(lo, entry{key: string(end)}, iter)
+}
+
+// Store is the materialised state: an ordered map from key to (value,
+// version) built by applying WAL batches in LSN order.
+//
+// Apply mutates the tree in place under a write lock, so readers see whole
+// batches only, and point reads take a read lock. Scans and [Store.Snapshot]
+// work on a copy-on-write clone of the tree, taken in O(1) and shared until
+// the next Apply, so they hold no lock while they run and see one version
+// throughout. Apply calls are serialised; the intended use is one applying
+// goroutine and any number of readers.
+type Store struct {
+	mu     sync.RWMutex
+	tree   *btree.BTreeG[entry]
+	lsn    uint64
+	digest Digest
+	// view is the clone handed out by Snapshot since the last Apply, nil if
+	// none. Reusing it means a Clone (which makes the next Apply copy the
+	// nodes it touches) happens at most once per Apply, however many scans
+	// run.
+	view   *View
+	hasher *entryHasher // used under mu by Apply
+}
+
+// New returns an empty store whose applied LSN is 0, so its first batch must
+// start at LSN 1.
+func New() *Store { return newStore(newTree(), 0, Digest{}) }
+
+func newStore(t *btree.BTreeG[entry], lsn uint64, d Digest) *Store {
+	return &Store{tree: t, lsn: lsn, digest: d, hasher: newEntryHasher()}
+}
+
+// Snapshot returns the current state as an immutable [View], in O(1).
+func (s *Store) Snapshot() *View {
+	s.mu.RLock()
+	v := s.view
+	s.mu.RUnlock()
+	if v != nil {
+		return v
+	}
+	// Clone writes to the tree's copy-on-write context, so it needs the
+	// write lock.
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.view == nil {
+		s.view = &View{tree: s.tree.Clone(), lsn: s.lsn, digest: s.digest}
+	}
+	return s.view
+}
+
+// AppliedLSN returns the LSN of the last applied record (0 if none).
+func (s *Store) AppliedLSN() uint64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.lsn
+}
+
+// Len returns the number of live keys.
+func (s *Store) Len() int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.tree.Len()
+}
+
+// Digest returns the digest of the current content in O(1).
+func (s *Store) Digest() Digest {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.digest
+}
+
+// Get is [View.Get] on the current state.
+func (s *Store) Get(key []byte) (value []byte, version uint64, ok bool) {
+	s.mu.RLock()
+	e, ok := s.tree.Get(probe(key))
+	s.mu.RUnlock()
+	if !ok {
+		return nil, 0, false
+	}
+	return e.value, e.version, true
+}
+
+// Scan is [View.Scan] on a [Store.Snapshot]: one consistent version
+// throughout, however many batches are applied while it runs, and fn may
+// call back into the store.
+func (s *Store) Scan(start, end []byte, limit int, fn func(key, value []byte, version uint64) bool) {
+	s.Snapshot().Scan(start, end, limit, fn)
+}
+
+// Apply applies the puts and deletes of b in order and advances the applied
+// LSN to b.LastLSN(). All of b becomes visible to readers at once.
+//
+// b must start at AppliedLSN()+1 (else [ErrLSNMismatch]), have consecutive
+// LSNs, known ops, one TxnID per transaction and end with a commit (else
+// [ErrInvalidBatch]). The whole batch is validated before anything changes,
+// so on error the store is untouched. Keys and values are copied: b may be
+// reused as soon as Apply returns.
+func (s *Store) Apply(b *codec.Batch) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := validateBatch(b, s.lsn); err != nil {
+		return err
+	}
+	t, h := s.tree, s.hasher
+	d := s.digest
+	var commit uint64 // commit LSN of the transaction holding record i
+	for i := range b.Records {
+		r := &b.Records[i]
+		if r.LSN > commit {
+			commit = commitLSN(b.Records[i:])
+		}
+		switch r.Op {
+		case codec.OpPut:
+			e := newEntry(r.Key, r.Value, commit)
+			if old, ok := t.ReplaceOrInsert(e); ok {
+				d.sub(h.sum(old.key, old.version, old.value))
+			}
+			d.add(h.sum(e.key, e.version, e.value))
+		case codec.OpDelete:
+			if old, ok := t.Delete(probe(r.Key)); ok {
+				d.sub(h.sum(old.key, old.version, old.value))
+			}
+		}
+	}
+	s.lsn, s.digest, s.view = b.LastLSN(), d, nil
+	return nil
+}
+
+// commitLSN returns the LSN of the first commit record in recs: a key's
+// version is the commit LSN of the transaction that last wrote it (etcd's
+// mod_revision), so a writer's returned LSN is the version its keys get.
+func commitLSN(recs []codec.Record) uint64 {
+	for i := range recs {
+		if recs[i].Op == codec.OpCommit {
+			return recs[i].LSN
+		}
+	}
+	return recs[len(recs)-1].LSN
+}
+
+// validateBatch checks everything Apply promises to check, so that applying
+// cannot fail halfway.
+func validateBatch(b *codec.Batch, applied uint64) error {
+	if b == nil || len(b.Records) == 0 {
+		return fmt.Errorf("%w: empty batch", ErrInvalidBatch)
+	}
+	recs := b.Records
+	if recs[0].LSN != applied+1 {
+		return fmt.Errorf("%w: batch starts at LSN %d, applied LSN is %d",
+			ErrLSNMismatch, recs[0].LSN, applied)
+	}
+	open := false // inside a transaction whose TxnID is txn
+	var txn uint64
+	for i := range recs {
+		r := &recs[i]
+		if i > 0 && r.LSN != recs[i-1].LSN+1 {
+			return fmt.Errorf("%w: LSN %d follows LSN %d", ErrInvalidBatch, r.LSN, recs[i-1].LSN)
+		}
+		if !r.Op.Valid() {
+			return fmt.Errorf("%w: LSN %d: unknown %v", ErrInvalidBatch, r.LSN, r.Op)
+		}
+		if open && r.TxnID != txn {
+			return fmt.Errorf("%w: LSN %d: txn %d inside txn %d", ErrInvalidBatch, r.LSN, r.TxnID, txn)
+		}
+		open, txn = r.Op != codec.OpCommit, r.TxnID
+	}
+	if open {
+		return fmt.Errorf("%w: batch ends at LSN %d without a commit", ErrInvalidBatch, b.LastLSN())
+	}
+	return nil
+}

@@ -1,0 +1,337 @@
+package wal
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/walship/walship/internal/vfs"
+)
+
+func TestAppendValidation(t *testing.T) {
+	tests := []struct {
+		name    string
+		entries []Entry
+		want    error // nil: any error
+	}{
+		{"does not continue the log", []Entry{mkEntry(12, 12, 1)}, ErrNotContiguous},
+		{"overlaps the log", []Entry{mkEntry(10, 11, 1)}, ErrNotContiguous},
+		{"gap inside the batch", []Entry{mkEntry(11, 11, 1), mkEntry(13, 13, 1)}, ErrNotContiguous},
+		{"last before first", []Entry{{FirstLSN: 11, LastLSN: 10}}, nil},
+		{"zero LSN", []Entry{{FirstLSN: 0, LastLSN: 0}}, nil},
+		{"max LSN", []Entry{{FirstLSN: 11, LastLSN: ^uint64(0)}}, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m := vfs.NewMem()
+			l := openMem(t, m, 0)
+			defer l.Close()
+			mustNoErr(t, l.Append(seqEntries(1, 10, 5)...))
+			err := l.Append(tc.entries...)
+			if err == nil || (tc.want != nil && !errors.Is(err, tc.want)) {
+				t.Fatalf("Append = %v, want %v", err, tc.want)
+			}
+			if errors.Is(err, ErrBroken) {
+				t.Fatal("a rejected Append broke the log")
+			}
+			if l.LastLSN() != 10 {
+				t.Fatalf("LastLSN = %d after a rejected Append", l.LastLSN())
+			}
+			mustNoErr(t, l.Append(mkEntry(11, 11, 1)))
+		})
+	}
+}
+
+func TestEmptyLogStartsAnywhere(t *testing.T) {
+	m := vfs.NewMem()
+	l := openMem(t, m, 0)
+	if l.LastLSN() != 0 || l.FirstLSN() != 0 || l.Segments() != 0 || l.Size() != 0 {
+		t.Fatalf("empty log: last %d first %d segs %d size %d", l.LastLSN(), l.FirstLSN(), l.Segments(), l.Size())
+	}
+	mustNoErr(t, l.Sync()) // nothing to do
+	es := []Entry{mkEntry(101, 105, 10), mkEntry(106, 106, 0)}
+	mustNoErr(t, l.Append(es...))
+	if l.FirstLSN() != 101 || l.LastLSN() != 106 {
+		t.Fatalf("FirstLSN %d LastLSN %d", l.FirstLSN(), l.LastLSN())
+	}
+	mustNoErr(t, l.Close())
+	wantErr(t, l.Append(mkEntry(107, 107, 1)), ErrClosed)
+	wantErr(t, l.Close(), ErrClosed)
+	l = openMem(t, m, 0)
+	defer l.Close()
+	checkEntries(t, readAll(t, l), es)
+}
+
+func TestRotation(t *testing.T) {
+	m := vfs.NewMem()
+	const segSize = 1000
+	l := openMem(t, m, segSize)
+	var want []Entry
+	// Small entries fill segments; a batch is split between segments at
+	// entry boundaries; an oversized entry gets a segment of its own.
+	want = append(want, seqEntries(1, 20, 100)...) // 124-byte frames: 7 per segment
+	mustNoErr(t, l.Append(want...))
+	big := mkEntry(21, 30, 3000)
+	mustNoErr(t, l.Append(big))
+	want = append(want, big)
+	tail := seqEntries(31, 3, 10)
+	mustNoErr(t, l.Append(tail...))
+	want = append(want, tail...)
+
+	names := mustReadDir(t, m)
+	wantNames := []string{segmentName(1), segmentName(8), segmentName(15), segmentName(21), segmentName(31)}
+	if strings.Join(names, ",") != strings.Join(wantNames, ",") {
+		t.Fatalf("segments %v, want %v", names, wantNames)
+	}
+	if l.Segments() != 5 {
+		t.Fatalf("Segments = %d", l.Segments())
+	}
+	var size int64
+	for _, n := range names {
+		fi, err := m.Stat(testDir + "/" + n)
+		mustNoErr(t, err)
+		size += fi.Size()
+		if fi.Size() > segSize && n != segmentName(21) {
+			t.Fatalf("segment %s is %d bytes", n, fi.Size())
+		}
+	}
+	if l.Size() != size {
+		t.Fatalf("Size = %d, files hold %d", l.Size(), size)
+	}
+	// Rotation synced the sealed segments, not the active one.
+	if l.DurableLSN() != 30 || l.LastLSN() != 33 {
+		t.Fatalf("DurableLSN %d LastLSN %d", l.DurableLSN(), l.LastLSN())
+	}
+	checkEntries(t, readAll(t, l), want)
+	mustNoErr(t, l.Close())
+	l = openMem(t, m, segSize)
+	defer l.Close()
+	checkEntries(t, readAll(t, l), want)
+	if l.Size() != size || l.Segments() != 5 {
+		t.Fatalf("after reopen Size %d Segments %d", l.Size(), l.Segments())
+	}
+	if st := l.Stats(); st.Syncs != 1 || st.TornTruncations != 0 {
+		t.Fatalf("Stats after Open = %+v", st)
+	}
+}
+
+func TestTruncateBefore(t *testing.T) {
+	m := vfs.NewMem()
+	l := openMem(t, m, mxSegSize)
+	defer l.Close()
+	want := seqEntries(1, 12, mxData) // segments 1-4, 5-8, 9-12
+	mustNoErr(t, l.Append(want...))
+	size := l.Size()
+	tests := []struct {
+		lsn     uint64
+		removed int
+		first   uint64
+	}{
+		{1, 0, 1},
+		{4, 0, 1},  // segment 1-4 still holds LSN 4
+		{5, 1, 5},  // all of 1-4 is below 5
+		{5, 0, 5},  // idempotent
+		{100, 1, 9}, // the active segment is never removed
+	}
+	for _, tc := range tests {
+		n, err := l.TruncateBefore(tc.lsn)
+		mustNoErr(t, err)
+		if n != tc.removed || l.FirstLSN() != tc.first {
+			t.Fatalf("TruncateBefore(%d) = %d, FirstLSN %d; want %d, %d", tc.lsn, n, l.FirstLSN(), tc.removed, tc.first)
+		}
+	}
+	if l.Segments() != 1 || l.Size() != size-2*mxSegSize {
+		t.Fatalf("Segments %d Size %d", l.Segments(), l.Size())
+	}
+	checkEntries(t, readAll(t, l), want[8:])
+	_, err := l.NewReader(8, false)
+	wantErr(t, err, ErrCompacted)
+	mustNoErr(t, l.Close())
+	m.Crash() // removals were synced
+	l = openMem(t, m, mxSegSize)
+	checkEntries(t, readAll(t, l), want[8:])
+}
+
+func TestReset(t *testing.T) {
+	m := vfs.NewMem()
+	l := openMem(t, m, mxSegSize)
+	mustNoErr(t, l.Append(seqEntries(1, 12, mxData)...))
+	r, err := l.NewReader(3, false)
+	mustNoErr(t, err)
+	defer r.Close()
+	_, err = r.Next(context.Background())
+	mustNoErr(t, err)
+
+	mustNoErr(t, l.Reset(1000))
+	if l.LastLSN() != 999 || l.DurableLSN() != 999 || l.FirstLSN() != 0 || l.Segments() != 1 {
+		t.Fatalf("after Reset: last %d durable %d first %d segs %d", l.LastLSN(), l.DurableLSN(), l.FirstLSN(), l.Segments())
+	}
+	_, err = r.Next(context.Background())
+	wantErr(t, err, ErrCompacted)
+	wantErr(t, l.Append(mkEntry(13, 13, 1)), ErrNotContiguous)
+	_, err = l.NewReader(5, false)
+	wantErr(t, err, ErrCompacted)
+
+	m.Crash() // Reset is durable when it returns
+	_ = l.Close()
+	l = openMem(t, m, mxSegSize)
+	if l.LastLSN() != 999 || l.Segments() != 1 {
+		t.Fatalf("after crash: LastLSN %d Segments %d", l.LastLSN(), l.Segments())
+	}
+	want := seqEntries(1000, 5, 10)
+	mustNoErr(t, l.Append(want...))
+	mustNoErr(t, l.Close())
+	l = openMem(t, m, mxSegSize)
+	defer l.Close()
+	checkEntries(t, readAll(t, l), want)
+	if names := mustReadDir(t, m); len(names) != 1 || names[0] != segmentName(1000) {
+		t.Fatalf("files after Reset: %v", names)
+	}
+}
+
+// TestResetCrashAtomic crashes Reset after each of its filesystem calls and
+// checks that recovery yields either the old log or the reset one.
+func TestResetCrashAtomic(t *testing.T) {
+	for budget := 0; ; budget++ {
+		m := vfs.NewMem()
+		l := openMem(t, m, mxSegSize)
+		old := seqEntries(1, 12, mxData)
+		mustNoErr(t, l.Append(old...))
+		mustNoErr(t, l.Sync())
+		calls, crashed := 0, false
+		m.InjectError(func(vfs.Op, string) error {
+			if crashed {
+				return vfs.ErrInjected
+			}
+			if calls == budget {
+				crashed = true
+				m.Crash()
+				return vfs.ErrInjected
+			}
+			calls++
+			return nil
+		})
+		err := l.Reset(500)
+		m.InjectError(nil)
+		if !crashed {
+			mustNoErr(t, err)
+			if budget < 5 {
+				t.Fatalf("Reset made only %d filesystem calls", budget)
+			}
+			return
+		}
+		l = openMem(t, m, mxSegSize)
+		got := readAll(t, l)
+		if len(got) != 0 || l.LastLSN() != 499 {
+			checkEntries(t, got, old) // the reset did not commit: the old log
+		}
+		mustNoErr(t, l.Close())
+	}
+}
+
+func TestStats(t *testing.T) {
+	m := vfs.NewMem()
+	l := openMem(t, m, mxSegSize)
+	defer l.Close()
+	mustNoErr(t, l.Append(seqEntries(1, 6, mxData)...))
+	mustNoErr(t, l.Sync())
+	mustNoErr(t, l.Sync()) // nothing new: no fsync
+	st := l.Stats()
+	if st.EntriesAppended != 6 || st.Appends != 2 || st.SegmentsCreated != 2 || st.Syncs != 2 || st.DirSyncs < 2 {
+		t.Fatalf("Stats = %+v", st)
+	}
+	if st.BytesWritten != uint64(l.Size()) {
+		t.Fatalf("BytesWritten %d, Size %d", st.BytesWritten, l.Size())
+	}
+}
+
+// TestOpenErrors checks failures that are not corruption.
+func TestOpenErrors(t *testing.T) {
+	if _, err := Open(Options{}); err == nil {
+		t.Fatal("Open without Dir succeeded")
+	}
+	m := vfs.NewMem()
+	m.InjectError(func(op vfs.Op, name string) error {
+		if op == vfs.OpReadDir {
+			return vfs.ErrInjected
+		}
+		return nil
+	})
+	_, err := Open(Options{Dir: testDir, FS: m})
+	wantErr(t, err, vfs.ErrInjected)
+	if errors.Is(err, ErrCorrupt) {
+		t.Fatal("an I/O error reported as corruption")
+	}
+}
+
+func TestOnDiskRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	l, err := Open(Options{Dir: dir, SegmentSize: 4096})
+	mustNoErr(t, err)
+	rng := rand.New(rand.NewPCG(1, 2))
+	want := randEntries(rng, 1, 300, 200)
+	mustNoErr(t, l.Append(want...))
+	mustNoErr(t, l.Sync())
+	mustNoErr(t, l.Close())
+	l, err = Open(Options{Dir: dir})
+	mustNoErr(t, err)
+	defer l.Close()
+	checkEntries(t, readAll(t, l), want)
+	ents, err := os.ReadDir(dir)
+	mustNoErr(t, err)
+	if len(ents) != l.Segments() || len(ents) < 5 {
+		t.Fatalf("%d files, %d segments", len(ents), l.Segments())
+	}
+}
+
+// TestConcurrentReaders runs a writer and several readers at once (for the
+// race detector) and checks every reader sees every entry in order.
+func TestConcurrentReaders(t *testing.T) {
+	m := vfs.NewMem()
+	l := openMem(t, m, 4096)
+	defer l.Close()
+	rng := rand.New(rand.NewPCG(7, 7))
+	want := randEntries(rng, 1, 2000, 100)
+	last := want[len(want)-1].LastLSN
+
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for i, durable := range []bool{false, false, true, true} {
+		r, err := l.NewReader(1, durable)
+		mustNoErr(t, err)
+		wg.Go(func() {
+			defer r.Close()
+			var got []Entry
+			for len(got) == 0 || got[len(got)-1].LastLSN < last {
+				e, err := r.Next(context.Background())
+				if err != nil {
+					errs <- err
+					return
+				}
+				got = append(got, e)
+			}
+			if err := diffEntries(got, want); err != nil {
+				errs <- errors.New("reader " + string(rune('0'+i)) + ": " + err.Error())
+			}
+		})
+	}
+	for i := 0; i < len(want); {
+		n := min(1+rng.IntN(20), len(want)-i)
+		mustNoErr(t, l.Append(want[i:i+n]...))
+		if rng.IntN(3) == 0 {
+			mustNoErr(t, l.Sync())
+		}
+		_ = l.LastLSN() + l.DurableLSN() + l.FirstLSN() + uint64(l.Size()) + uint64(l.Segments())
+		i += n
+	}
+	mustNoErr(t, l.Sync())
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}

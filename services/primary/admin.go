@@ -1,0 +1,80 @@
+package primary
+
+import (
+	"context"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/kvapi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// adminServer is the primary's AdminService.
+type adminServer struct {
+	walshipv1.UnimplementedAdminServiceServer
+	s *Server
+}
+
+func (a *adminServer) Status(context.Context, *walshipv1.StatusRequest) (*walshipv1.StatusResponse, error) {
+	return a.s.Status(), nil
+}
+
+// Status reports the primary's positions, state digest and peers.
+func (s *Server) Status() *walshipv1.StatusResponse {
+	v := s.store.Snapshot()
+	last := s.wal.LastLSN()
+	resp := &walshipv1.StatusResponse{
+		Role:          walshipv1.Role_ROLE_PRIMARY,
+		Id:            "primary",
+		Epoch:         s.epoch,
+		LastLsn:       last,
+		DurableLsn:    s.wal.DurableLSN(),
+		VisibleLsn:    v.AppliedLSN(),
+		WalBytes:      uint64(s.wal.Size()),
+		WalFirstLsn:   s.wal.FirstLSN(),
+		SnapshotLsn:   s.snapshotLSN.Load(),
+		StateDigest:   v.Digest().String(),
+		Keys:          uint64(v.Len()),
+		DefaultPolicy: s.policy.Load().Proto(),
+		Serving:       s.serving.Load(),
+	}
+	replicas, logstores := s.peers.snapshot()
+	for _, r := range replicas {
+		resp.Peers = append(resp.Peers, &walshipv1.PeerStatus{
+			Id: r.id, Role: walshipv1.Role_ROLE_REPLICA, Connected: r.connected,
+			WrittenLsn: r.written, FlushedLsn: r.flushed, AppliedLsn: r.applied,
+			LagRecords: last - min(last, r.applied), SentBytes: r.sentBytes,
+		})
+	}
+	for _, l := range logstores {
+		resp.Peers = append(resp.Peers, &walshipv1.PeerStatus{
+			Id: l.addr, Role: walshipv1.Role_ROLE_LOGSTORE, Connected: l.connected,
+			FlushedLsn: l.durable, LagRecords: last - min(last, l.durable),
+		})
+	}
+	return resp
+}
+
+func (a *adminServer) Promote(context.Context, *walshipv1.PromoteRequest) (*walshipv1.PromoteResponse, error) {
+	return nil, status.Errorf(codes.FailedPrecondition, "already the primary (epoch %d)", a.s.epoch)
+}
+
+func (a *adminServer) SetPolicy(_ context.Context, req *walshipv1.SetPolicyRequest) (*walshipv1.SetPolicyResponse, error) {
+	if req.GetPolicy() == nil {
+		return nil, kvapi.Errorf("policy", "required")
+	}
+	if err := kvapi.ValidatePolicy(req.GetPolicy()); err != nil {
+		return nil, err
+	}
+	for {
+		cur := a.s.policy.Load()
+		next, err := cur.Merge(req.GetPolicy())
+		if err != nil {
+			return nil, kvapi.Errorf("policy", "%v", err)
+		}
+		if a.s.policy.CompareAndSwap(cur, &next) {
+			a.s.logger.Info("default commit policy changed", "policy", next.Proto().String())
+			return &walshipv1.SetPolicyResponse{Policy: next.Proto()}, nil
+		}
+	}
+}

@@ -1,0 +1,290 @@
+package primary
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/rpcerr"
+	"github.com/walship/walship/internal/wal"
+	"github.com/walship/walship/pkg/codec"
+	"google.golang.org/protobuf/proto"
+)
+
+// txn is one sequenced transaction on its way through the commit pipeline:
+// sequenced (LSNs assigned, writes staged in the overlay) → written (and
+// synced, if its policy asks) by the committer → acknowledged at its policy's
+// level → resolved, after which it can become visible.
+type txn struct {
+	recs      []codec.Record // puts/deletes then one commit record
+	commitLSN uint64
+	policy    Policy
+	// local receives the committer's verdict: nil once the txn is in the WAL
+	// (synced if policy.needsLocalSync()), else the WAL's error. Buffered.
+	local    chan error
+	start    time.Time
+	resolved bool // guarded by Server.visMu
+}
+
+func (t *txn) bytes() int {
+	n := 0
+	for i := range t.recs {
+		n += len(t.recs[i].Key) + len(t.recs[i].Value) + 16
+	}
+	return n
+}
+
+// errStopping is returned to writes that arrive during a graceful stop.
+var errStopping = fmt.Errorf("%w: primary is shutting down", rpcerr.ErrUnavailable)
+
+// enqueue hands a sequenced transaction to the committer. Called with seqMu held.
+func (s *Server) enqueueLocked(t *txn) {
+	s.queue = append(s.queue, t)
+	s.visMu.Lock()
+	s.unresolved = append(s.unresolved, t)
+	s.visMu.Unlock()
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// committer owns the WAL: it takes every queued transaction, builds batches
+// of whole transactions, encodes each batch once, writes them with one call,
+// fsyncs once if any of them needs it, and wakes every waiter. Async commits
+// are synced by the flush timer within AsyncFlushInterval. A WAL error is
+// fatal: every waiting and later commit fails with it and committer returns
+// it. When ctx ends (after the gRPC server has drained every call), it
+// commits what is left, syncs and returns.
+func (s *Server) committer(ctx context.Context) error {
+	flush := time.NewTimer(time.Hour)
+	flush.Stop()
+	defer flush.Stop()
+	armed := false
+	var spare []*txn
+	for {
+		stop, due := false, false
+		select {
+		case <-s.kick:
+		case <-flush.C:
+			armed, due = false, true
+		case <-ctx.Done():
+			stop = true
+		}
+		s.seqMu.Lock()
+		batch := s.queue
+		s.queue = spare[:0]
+		s.seqMu.Unlock()
+		synced := false
+		if len(batch) > 0 {
+			var err error
+			if synced, err = s.commit(batch); err != nil {
+				s.fail(err, batch)
+				return err
+			}
+		}
+		switch {
+		case synced:
+		case due || stop:
+			// The flush window is over: sync what async commits wrote,
+			// even while more keep arriving.
+			if err := s.syncWAL(); err != nil {
+				s.fail(err, nil)
+				return err
+			}
+		case len(batch) > 0 && !armed:
+			flush.Reset(s.cfg.AsyncFlushInterval)
+			armed = true
+		}
+		clear(batch)
+		spare = batch
+		if stop {
+			return nil
+		}
+	}
+}
+
+// commit writes txns (in LSN order) to the WAL and reports whether it synced.
+func (s *Server) commit(txns []*txn) (synced bool, err error) {
+	entries := s.entries[:0]
+	needSync := false
+	start := 0
+	for start < len(txns) {
+		end, size := start, 0
+		for end < len(txns) && (end == start || size+txns[end].bytes() <= s.cfg.MaxBatchBytes) {
+			size += txns[end].bytes()
+			needSync = needSync || txns[end].policy.needsLocalSync()
+			end++
+		}
+		e, err := s.encode(txns[start:end])
+		if err != nil {
+			return false, err
+		}
+		entries = append(entries, e)
+		start = end
+	}
+	s.entries = entries[:0]
+	if err := s.wal.Append(entries...); err != nil {
+		return false, fmt.Errorf("wal append: %w", err)
+	}
+	s.metrics.walBatches.Add(float64(len(entries)))
+	if needSync {
+		if err := s.syncWAL(); err != nil {
+			return false, err
+		}
+	}
+	for _, t := range txns {
+		t.local <- nil
+	}
+	return needSync, nil
+}
+
+// encode builds the envelope of one batch: the payload is encoded once and
+// the marshalled envelope is what the WAL stores and every peer receives.
+func (s *Server) encode(txns []*txn) (wal.Entry, error) {
+	s.batch.Reset()
+	for _, t := range txns {
+		s.batch.Records = append(s.batch.Records, t.recs...)
+	}
+	encStart := time.Now()
+	payload, err := s.cfg.Codec.AppendBatch(s.payload[:0], &s.batch)
+	if err != nil {
+		return wal.Entry{}, fmt.Errorf("encode batch: %w", err)
+	}
+	s.metrics.encodeSeconds.Observe(time.Since(encStart).Seconds())
+	s.payload = payload
+	first, last := s.batch.FirstLSN(), s.batch.LastLSN()
+	env := &walshipv1.WalBatch{
+		Epoch:              s.epoch,
+		FirstLsn:           first,
+		LastLsn:            last,
+		PrevLsn:            first - 1,
+		CommitTimeUnixNano: time.Now().UnixNano(),
+		Codec:              walshipv1.Codec(s.cfg.Codec.ID()),
+		Payload:            payload,
+		Crc32C:             codec.Checksum(payload),
+	}
+	data, err := proto.MarshalOptions{Deterministic: true}.Marshal(env)
+	if err != nil {
+		return wal.Entry{}, fmt.Errorf("marshal envelope: %w", err)
+	}
+	s.metrics.walRecords.Add(float64(len(s.batch.Records)))
+	return wal.Entry{FirstLSN: first, LastLSN: last, Data: data}, nil
+}
+
+func (s *Server) syncWAL() error {
+	if s.wal.DurableLSN() >= s.wal.LastLSN() {
+		return nil
+	}
+	start := time.Now()
+	if err := s.wal.Sync(); err != nil {
+		return fmt.Errorf("wal sync: %w", err)
+	}
+	s.metrics.fsyncSeconds.Observe(time.Since(start).Seconds())
+	return nil
+}
+
+// fail makes a WAL error fatal: the given and every queued transaction get
+// it, and later writes are refused with it.
+func (s *Server) fail(err error, inflight []*txn) {
+	s.logger.Error("WAL failed; refusing writes until restart", "err", err)
+	s.seqMu.Lock()
+	if s.broken == nil {
+		s.broken = err
+	}
+	queued := s.queue
+	s.queue = nil
+	s.seqMu.Unlock()
+	for _, t := range inflight {
+		t.local <- err
+	}
+	for _, t := range queued {
+		t.local <- err
+	}
+	s.setServing(false)
+}
+
+// await waits until t meets its policy, then resolves it so it can become
+// visible. It does not give up when the caller's context ends: a sequenced
+// transaction is in the log and must resolve for later ones to become
+// visible; the wait is bounded by the policy's sync timeout.
+func (s *Server) await(t *txn) error {
+	err := <-t.local
+	if err != nil {
+		// The WAL is broken; nothing after this becomes visible.
+		return fmt.Errorf("%w: commit LSN %d not durable: %v", rpcerr.ErrUnavailable, t.commitLSN, err)
+	}
+	err = s.awaitPeers(t)
+	s.resolve(t)
+	return err
+}
+
+// awaitPeers waits for the replicas and log stores t's policy requires.
+func (s *Server) awaitPeers(t *txn) error {
+	if t.policy.Replication != walshipv1.ReplicationMode_REPLICATION_MODE_SYNC &&
+		t.policy.LogStore != walshipv1.LogStoreAck_LOG_STORE_ACK_SYNC {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), t.policy.SyncTimeout)
+	defer cancel()
+	if t.policy.Replication == walshipv1.ReplicationMode_REPLICATION_MODE_SYNC {
+		if err := s.peers.waitReplicas(ctx, t.commitLSN, t.policy.SyncReplicas, t.policy.SyncLevel); err != nil {
+			return fmt.Errorf("%w: commit LSN %d is durable on the primary but was not confirmed by %d replica(s) at %s within %v: %v",
+				rpcerr.ErrUnavailable, t.commitLSN, t.policy.SyncReplicas, levelName(t.policy.SyncLevel), t.policy.SyncTimeout, err)
+		}
+	}
+	if t.policy.LogStore == walshipv1.LogStoreAck_LOG_STORE_ACK_SYNC {
+		if err := s.peers.waitLogStores(ctx, t.commitLSN); err != nil {
+			return fmt.Errorf("%w: commit LSN %d is durable on the primary but was not confirmed by a log store majority within %v: %v",
+				rpcerr.ErrUnavailable, t.commitLSN, t.policy.SyncTimeout, err)
+		}
+	}
+	return nil
+}
+
+func levelName(l walshipv1.SyncLevel) string {
+	switch l {
+	case walshipv1.SyncLevel_SYNC_LEVEL_WRITE:
+		return "write"
+	case walshipv1.SyncLevel_SYNC_LEVEL_FLUSH:
+		return "flush"
+	case walshipv1.SyncLevel_SYNC_LEVEL_APPLY:
+		return "apply"
+	default:
+		return l.String()
+	}
+}
+
+// resolve marks t resolved and makes visible every transaction of the
+// resolved prefix: they are applied to the store, released from the
+// overlay, and the visible LSN advances. Visibility is a prefix so that a
+// reader never sees a commit without every commit before it.
+func (s *Server) resolve(t *txn) {
+	s.visMu.Lock()
+	defer s.visMu.Unlock()
+	t.resolved = true
+	n := 0
+	for n < len(s.unresolved) && s.unresolved[n].resolved {
+		n++
+	}
+	if n == 0 {
+		return
+	}
+	s.applyBatch.Reset()
+	for _, u := range s.unresolved[:n] {
+		s.applyBatch.Records = append(s.applyBatch.Records, u.recs...)
+	}
+	if err := s.store.Apply(&s.applyBatch); err != nil {
+		// The sequencer built these records, so this is a bug; stop making
+		// anything visible rather than serve a state that skipped a commit.
+		s.logger.Error("cannot apply sequenced records; visibility stopped", "err", err)
+		s.fail(fmt.Errorf("apply sequenced records: %w", err), nil)
+		return
+	}
+	last := s.unresolved[n-1].commitLSN
+	clear(s.unresolved[:n])
+	s.unresolved = s.unresolved[n:]
+	s.overlay.Release(last)
+	s.visible.Advance(last)
+}

@@ -1,0 +1,117 @@
+package primary
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/walship/walship/internal/vfs"
+	"github.com/walship/walship/pkg/codec"
+)
+
+// Config configures a primary.
+type Config struct {
+	// Listen is the gRPC address.
+	Listen string
+	// MetricsListen is the HTTP address of /metrics; empty disables it.
+	MetricsListen string
+	// DataDir holds the WAL (DataDir/wal) and state snapshots (DataDir/snapshots).
+	DataDir string
+	// FS is the filesystem; nil means the real one. Tests inject faults here.
+	FS vfs.FS
+
+	// Policy is the default commit policy for writes that do not set their own.
+	Policy Policy
+	// AsyncFlushInterval bounds how long an async-durability commit stays
+	// unsynced: what a crash can lose.
+	AsyncFlushInterval time.Duration
+	// SegmentBytes is the WAL segment size.
+	SegmentBytes int64
+	// SnapshotEveryBytes takes a state snapshot after this much WAL.
+	SnapshotEveryBytes int64
+	// MaxBatchBytes bounds one WAL batch; a larger transaction gets a batch of its own.
+	MaxBatchBytes int
+	// MaxValueBytes bounds a value.
+	MaxValueBytes int
+	// MaxTxnOps bounds the ops of one Txn (both branches together).
+	MaxTxnOps int
+	// Codec encodes WAL batches.
+	Codec codec.Codec
+
+	// Logger receives structured logs; nil discards them.
+	Logger *slog.Logger
+	// Registry receives the primary's metrics; nil means a private registry.
+	Registry *prometheus.Registry
+	// StopTimeout bounds the graceful stop.
+	StopTimeout time.Duration
+}
+
+// Limits from the API contract (proto/walship/v1/kv.proto).
+const (
+	MaxKeyBytes       = 4096
+	DefaultValueBytes = 1 << 20
+	DefaultTxnOps     = 1000
+)
+
+// DefaultConfig returns a Config with every default filled in; callers set
+// DataDir and the addresses.
+func DefaultConfig() Config {
+	return Config{
+		Listen:             "127.0.0.1:7401",
+		Policy:             DefaultPolicy(),
+		AsyncFlushInterval: 10 * time.Millisecond,
+		SegmentBytes:       64 << 20,
+		SnapshotEveryBytes: 64 << 20,
+		MaxBatchBytes:      4 << 20,
+		MaxValueBytes:      DefaultValueBytes,
+		MaxTxnOps:          DefaultTxnOps,
+		Codec:              codec.MsgPack,
+		StopTimeout:        30 * time.Second,
+	}
+}
+
+// Validate reports the first invalid setting, naming its flag.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.DataDir == "" {
+		errs = append(errs, errors.New("--data-dir: required"))
+	}
+	if c.Listen == "" {
+		errs = append(errs, errors.New("--listen: required"))
+	}
+	if err := c.Policy.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("default policy: %w", err))
+	}
+	if c.AsyncFlushInterval <= 0 || c.AsyncFlushInterval > time.Minute {
+		errs = append(errs, fmt.Errorf("--async-flush-interval: %v is not in (0, 1m]", c.AsyncFlushInterval))
+	}
+	if c.SegmentBytes < 64<<10 {
+		errs = append(errs, fmt.Errorf("--segment-bytes: %d is below 64KiB", c.SegmentBytes))
+	}
+	if c.SnapshotEveryBytes <= 0 {
+		errs = append(errs, fmt.Errorf("--snapshot-every-bytes: %d must be positive", c.SnapshotEveryBytes))
+	}
+	if c.MaxValueBytes < 1 || c.MaxValueBytes > 64<<20 {
+		errs = append(errs, fmt.Errorf("--max-value-bytes: %d is not in 1..64MiB", c.MaxValueBytes))
+	}
+	if c.MaxTxnOps < 1 {
+		errs = append(errs, fmt.Errorf("--max-txn-ops: %d must be positive", c.MaxTxnOps))
+	}
+	if c.MaxBatchBytes < 64<<10 {
+		errs = append(errs, fmt.Errorf("--max-batch-bytes: %d is below 64KiB", c.MaxBatchBytes))
+	}
+	if c.Codec == nil {
+		errs = append(errs, errors.New("--codec: required"))
+	}
+	return errors.Join(errs...)
+}
+
+// maxMessageBytes is the gRPC message limit that admits the largest valid
+// request (a Txn of MaxTxnOps puts of maximal keys and values would exceed
+// any sane limit, so the limit admits one maximal value plus headroom, and
+// larger requests fail with ResourceExhausted naming the size).
+func (c *Config) maxMessageBytes() int {
+	return c.MaxValueBytes + MaxKeyBytes + 1<<20
+}

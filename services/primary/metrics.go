@@ -1,0 +1,115 @@
+package primary
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/rpcerr"
+)
+
+// metrics are the primary's Prometheus metrics, registered on the injected
+// registry and unregistered when Run returns.
+type metrics struct {
+	reg        prometheus.Registerer
+	collectors []prometheus.Collector
+
+	commits       *prometheus.CounterVec
+	commitSeconds *prometheus.HistogramVec
+	walBatches    prometheus.Counter
+	walRecords    prometheus.Counter
+	fsyncSeconds  prometheus.Histogram
+	encodeSeconds prometheus.Observer
+}
+
+func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
+	m := &metrics{reg: reg}
+	m.commits = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "walship_commits_total",
+		Help: "Write transactions by commit policy and result (ok, or the gRPC code of the failure).",
+	}, []string{"durability", "replication", "result"})
+	m.commitSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "walship_commit_duration_seconds",
+		Help:    "Time from a write's arrival to its acknowledgement, by commit policy.",
+		Buckets: prometheus.ExponentialBuckets(50e-6, 2, 18),
+	}, []string{"durability", "replication"})
+	m.walBatches = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "walship_wal_batches_total",
+		Help: "WAL batches written by the primary.",
+	})
+	m.walRecords = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "walship_wal_records_total",
+		Help: "WAL records written by the primary (puts, deletes and commits).",
+	})
+	m.fsyncSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "walship_wal_fsync_duration_seconds",
+		Help:    "Duration of the primary's WAL fdatasync calls.",
+		Buckets: prometheus.ExponentialBuckets(25e-6, 2, 16),
+	})
+	encode := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "walship_codec_encode_duration_seconds",
+		Help:    "Time to encode one WAL batch payload, by codec.",
+		Buckets: prometheus.ExponentialBuckets(1e-6, 2, 18),
+	}, []string{"codec"})
+	m.encodeSeconds = encode.WithLabelValues(s.cfg.Codec.Name())
+	written := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "walship_wal_written_bytes_total",
+		Help: "Bytes written to the primary's WAL segment files.",
+	}, func() float64 { return float64(s.wal.Stats().BytesWritten) })
+	last := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "walship_wal_last_lsn",
+		Help: "Last LSN written to the primary's WAL.",
+	}, func() float64 { return float64(s.wal.LastLSN()) })
+	durable := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "walship_wal_durable_lsn",
+		Help: "Last LSN fsynced in the primary's WAL.",
+	}, func() float64 { return float64(s.wal.DurableLSN()) })
+	visible := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "walship_visible_lsn",
+		Help: "LSN up to which the primary's reads see commits.",
+	}, func() float64 { return float64(s.visible.Load()) })
+	walBytes := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "walship_wal_size_bytes",
+		Help: "Size of the primary's WAL segment files on disk.",
+	}, func() float64 { return float64(s.wal.Size()) })
+	m.collectors = []prometheus.Collector{m.commits, m.commitSeconds, m.walBatches, m.walRecords, m.fsyncSeconds,
+		encode, written, last, durable, visible, walBytes}
+	for _, c := range m.collectors {
+		reg.MustRegister(c)
+	}
+	return m
+}
+
+func (m *metrics) observeCommit(p Policy, err error, d time.Duration) {
+	dur, rep := durabilityLabel(p.Durability), replicationLabel(p.Replication)
+	result := "ok"
+	if err != nil {
+		result = rpcerr.Code(err).String()
+	}
+	m.commits.WithLabelValues(dur, rep, result).Inc()
+	m.commitSeconds.WithLabelValues(dur, rep).Observe(d.Seconds())
+}
+
+func (m *metrics) unregister() {
+	for _, c := range m.collectors {
+		m.reg.Unregister(c)
+	}
+}
+
+func durabilityLabel(d walshipv1.Durability) string {
+	if d == walshipv1.Durability_DURABILITY_ASYNC {
+		return "async"
+	}
+	return "sync"
+}
+
+func replicationLabel(r walshipv1.ReplicationMode) string {
+	switch r {
+	case walshipv1.ReplicationMode_REPLICATION_MODE_DISABLED:
+		return "disabled"
+	case walshipv1.ReplicationMode_REPLICATION_MODE_SYNC:
+		return "sync"
+	default:
+		return "async"
+	}
+}
