@@ -45,6 +45,9 @@ type Env struct {
 func commands() []command {
 	return []command{
 		{name: "primary", summary: "run a primary: commit transactions and ship the WAL", flags: primaryFlags},
+		{name: "replica", summary: "run a replica: apply the primary's WAL and serve reads", flags: replicaFlags},
+		{name: "logstore", summary: "run a log store: keep the WAL durably for catch-up", flags: logstoreFlags},
+		{name: "dev", summary: "run a local cluster (log store, primary, 2 replicas) with data in a temp dir", flags: devFlags},
 		{name: "version", summary: "print the version", flags: versionFlags},
 	}
 }

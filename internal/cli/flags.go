@@ -97,3 +97,23 @@ func (c codecFlag) Set(s string) error {
 	*c.p = v
 	return nil
 }
+
+// listFlag is a comma-separated list of strings.
+type listFlag struct{ p *[]string }
+
+func (l listFlag) String() string {
+	if l.p == nil {
+		return ""
+	}
+	return strings.Join(*l.p, ",")
+}
+
+func (l listFlag) Set(s string) error {
+	*l.p = nil
+	for _, part := range strings.Split(s, ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			*l.p = append(*l.p, part)
+		}
+	}
+	return nil
+}

@@ -25,6 +25,10 @@ func primaryFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	fs.IntVar(&cfg.MaxValueBytes, "max-value-bytes", cfg.MaxValueBytes, "largest value accepted")
 	fs.IntVar(&cfg.MaxTxnOps, "max-txn-ops", cfg.MaxTxnOps, "most ops in one Txn")
 	fs.Var(codecFlag{&cfg.Codec}, "codec", "WAL batch codec: msgpack or json")
+	fs.Var(listFlag{&cfg.LogStores}, "logstore", "log store addresses to ship the WAL to, comma-separated")
+	fs.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", cfg.HeartbeatInterval, "heartbeat period on idle replication and log store streams")
+	fs.Int64Var(&cfg.WALRetentionBytes, "wal-retention-bytes", cfg.WALRetentionBytes, "keep at most this much WAL for replicas (past it they catch up from a log store or a snapshot)")
+	fs.Int64Var(&cfg.MaxReplicaLagBytes, "max-replica-lag-bytes", cfg.MaxReplicaLagBytes, "cut off a replica stream this far behind (0 = never); it catches up from a log store")
 	return func(ctx context.Context) error {
 		cfg.Logger = env.Logger.With("service", "primary")
 		cfg.Registry = newRegistry()

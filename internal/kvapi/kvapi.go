@@ -58,8 +58,9 @@ func validateBound(field, key string) error {
 
 // Reader serves reads from a Store whose applied LSN is the visible LSN.
 type Reader struct {
-	// Store holds the visible state.
-	Store *state.Store
+	// View returns the current visible state (a replica re-seeded from a
+	// snapshot swaps its whole store, hence a function).
+	View func() *state.View
 	// Visible is advanced after the Store applies; reads wait on it.
 	Visible *watermark.Watermark
 }
@@ -104,7 +105,7 @@ func (r *Reader) Get(ctx context.Context, req *walshipv1.GetRequest) (*walshipv1
 	if err := r.WaitVisible(ctx, req.GetMinLsn(), req.GetWaitTimeout()); err != nil {
 		return nil, err
 	}
-	v := r.Store.Snapshot()
+	v := r.View()
 	val, ver, ok := v.Get([]byte(req.GetKey()))
 	return &walshipv1.GetResponse{Found: ok, Value: val, VersionLsn: ver, AppliedLsn: v.AppliedLSN()}, nil
 }
@@ -130,7 +131,7 @@ func (r *Reader) Scan(ctx context.Context, req *walshipv1.ScanRequest) (*walship
 	if err := r.WaitVisible(ctx, req.GetMinLsn(), req.GetWaitTimeout()); err != nil {
 		return nil, err
 	}
-	v := r.Store.Snapshot()
+	v := r.View()
 	resp := &walshipv1.ScanResponse{AppliedLsn: v.AppliedLSN()}
 	size := 0
 	// One more than the limit tells whether the range goes on.

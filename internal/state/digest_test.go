@@ -166,10 +166,10 @@ func TestDigestRandomHistory(t *testing.T) {
 		}
 		byCommit[e.ver] = append(byCommit[e.ver], e)
 	}
-	if s.AppliedLSN() > commits[len(commits)-1] || len(commits) == 0 {
+	slices.Sort(commits)
+	if len(commits) == 0 || commits[len(commits)-1] < s.AppliedLSN() {
 		commits = append(commits, s.AppliedLSN()) // a final txn of deletes only
 	}
-	slices.Sort(commits)
 	r := New()
 	var recs []codec.Record
 	lsn := uint64(1)

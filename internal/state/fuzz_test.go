@@ -14,8 +14,8 @@ func FuzzReadSnapshot(f *testing.F) {
 	small := New()
 	applyTxns(f, small, txn(put("", "e"), put("a", "1"), put("bb", "")), txn(del("a"), put("c", "3")))
 	f.Add(encode(f, small.Snapshot()))
-	f.Add(rawSnapshot(2, 2, []rawEntry{{"b", "", 1}, {"a", "", 2}}, nil))
-	f.Add(rawSnapshot(9, 1, []rawEntry{{"k", "v", 9}}, nil))
+	f.Add(rawSnapshot(3, 2, []rawEntry{{"b", "", 3}, {"a", "", 3}}, nil))
+	f.Add(rawSnapshot(9, 2, []rawEntry{{"j", "", 6}, {"k", "v", 9}}, nil))
 	f.Add([]byte("WSHPSNAP"))
 
 	f.Fuzz(func(t *testing.T, data []byte) {

@@ -92,7 +92,8 @@ func TestOverlayReleaseBoundary(t *testing.T) {
 	o := NewOverlay(New())
 	_, c1 := stage(o, 1, put("a", "1"), put("b", "1")) // LSNs 1, 2: a@3 b@3, commit 3
 	_, c2 := stage(o, 4, put("b", "2"), put("c", "2")) // LSNs 4, 5: b@6 c@6, commit 6
-	o.Release(c1 - 1) // LSN of b's put: its txn is not committed at it, nothing goes
+	// The LSN of b's put: its txn is not committed there, so nothing goes.
+	o.Release(c1 - 1)
 	if o.Len() != 3 {
 		t.Fatalf("Len after Release(%d) = %d, want 3", c1-1, o.Len())
 	}

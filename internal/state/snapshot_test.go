@@ -14,7 +14,7 @@ import (
 )
 
 // sampleStore has an empty key, an empty value, a large value and a deleted
-// key, at LSN 8.
+// key, at LSN 9: "", alpha and beta at version 4, large at 7.
 func sampleStore(t testing.TB) *Store {
 	s := New()
 	applyTxns(t, s,
@@ -81,7 +81,7 @@ func TestSnapshotLoadedStoreContinues(t *testing.T) {
 
 func TestSnapshotLayout(t *testing.T) {
 	s := New()
-	applyTxns(t, s, txn(put("k", "vv")))
+	applyTxns(t, s, txn(put("k", "vv"))) // put at LSN 1, commit at 2
 	data := encode(t, s.Snapshot())
 	want := []byte("WSHPSNAP")
 	want = binary.LittleEndian.AppendUint32(want, 1)
@@ -90,7 +90,7 @@ func TestSnapshotLayout(t *testing.T) {
 	want = binary.LittleEndian.AppendUint64(want, 1) // entries
 	want = binary.LittleEndian.AppendUint32(want, 1)
 	want = append(want, 'k')
-	want = binary.LittleEndian.AppendUint64(want, 1)
+	want = binary.LittleEndian.AppendUint64(want, 2) // version: the commit LSN
 	want = binary.LittleEndian.AppendUint32(want, 2)
 	want = append(want, "vv"...)
 	d := s.Digest().Bytes()
@@ -140,7 +140,8 @@ func TestReadSnapshotRejects(t *testing.T) {
 		return b
 	}
 	bogus := Digest{lanes: [4]uint64{1}}
-	ab := []rawEntry{{"a", "", 1}, {"b", "", 2}}
+	// a and b as one txn (puts at 1 and 2, commit at 3) leaves them.
+	ab := []rawEntry{{"a", "", 3}, {"b", "", 3}}
 	tests := []struct {
 		name string
 		data []byte
@@ -155,17 +156,24 @@ func TestReadSnapshotRejects(t *testing.T) {
 		{"flipped CRC", patch(len(valid)-1, valid[len(valid)-1]^1)},
 		{"trailing byte", append(slices.Clone(valid), 0)},
 		{"truncated trailer", valid[:len(valid)-1]},
-		{"keys descending", rawSnapshot(2, 2, []rawEntry{{"b", "", 1}, {"a", "", 2}}, nil)},
-		{"duplicate key", rawSnapshot(2, 2, []rawEntry{{"a", "", 1}, {"a", "", 2}}, nil)},
-		{"duplicate empty key", rawSnapshot(2, 2, []rawEntry{{"", "", 1}, {"", "", 2}}, nil)},
-		{"version 0", rawSnapshot(2, 1, []rawEntry{{"a", "", 0}}, nil)},
-		{"version beyond LSN", rawSnapshot(2, 1, []rawEntry{{"a", "", 3}}, nil)},
-		{"fewer entries than count", rawSnapshot(2, 3, ab, nil)},
-		{"more entries than count", rawSnapshot(2, 1, ab, nil)},
-		{"wrong digest", rawSnapshot(2, 2, ab, &bogus)},
+		{"keys descending", rawSnapshot(3, 2, []rawEntry{{"b", "", 3}, {"a", "", 3}}, nil)},
+		{"duplicate key", rawSnapshot(3, 2, []rawEntry{{"a", "", 3}, {"a", "", 3}}, nil)},
+		{"duplicate empty key", rawSnapshot(3, 2, []rawEntry{{"", "", 3}, {"", "", 3}}, nil)},
+		{"version 0", rawSnapshot(3, 1, []rawEntry{{"a", "", 0}}, nil)},
+		{"version beyond LSN", rawSnapshot(3, 1, []rawEntry{{"a", "", 4}}, nil)},
+		{"fewer entries than count", rawSnapshot(3, 3, ab, nil)},
+		{"more entries than count", rawSnapshot(3, 1, ab, nil)},
+		{"wrong digest", rawSnapshot(3, 2, ab, &bogus)},
 	}
-	if _, err := ReadSnapshot(bytes.NewReader(rawSnapshot(2, 2, ab, nil)), 0); err != nil {
-		t.Fatalf("hand-built snapshot rejected: %v", err)
+	// Accepted: versions equal to the applied LSN (the last txn's commit),
+	// the common case now that a version is a commit LSN, and below it.
+	for _, ok := range [][]byte{
+		rawSnapshot(3, 2, ab, nil),
+		rawSnapshot(5, 2, []rawEntry{{"a", "", 3}, {"b", "", 5}}, nil),
+	} {
+		if _, err := ReadSnapshot(bytes.NewReader(ok), 0); err != nil {
+			t.Fatalf("hand-built snapshot rejected: %v", err)
+		}
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

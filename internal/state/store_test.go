@@ -346,3 +346,50 @@ func TestScanConsistentWhileApplying(t *testing.T) {
 		t.Errorf("digests disagree with recomputation")
 	}
 }
+
+func TestBuilderRebuildsAStore(t *testing.T) {
+	src := New()
+	applyTxns(t, src, txn(put("a", "1"), put("b", "2")), txn(put("c", "3"), del("a")))
+	v := src.Snapshot()
+	b := NewBuilder(v.AppliedLSN())
+	var n uint64
+	v.Scan(nil, nil, 0, func(k, val []byte, ver uint64) bool {
+		if err := b.Add(k, val, ver); err != nil {
+			t.Fatal(err)
+		}
+		n++
+		return true
+	})
+	got, err := b.Finish(n, v.Digest().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.AppliedLSN() != v.AppliedLSN() || got.Digest() != v.Digest() || got.Len() != v.Len() {
+		t.Fatalf("rebuilt store: lsn %d digest %s len %d; want %d %s %d", got.AppliedLSN(), got.Digest(), got.Len(), v.AppliedLSN(), v.Digest(), v.Len())
+	}
+	for _, tc := range []struct {
+		name string
+		run  func(b *Builder) error
+	}{
+		{"out of order", func(b *Builder) error {
+			_ = b.Add([]byte("b"), nil, 1)
+			return b.Add([]byte("a"), nil, 1)
+		}},
+		{"duplicate", func(b *Builder) error {
+			_ = b.Add([]byte("a"), nil, 1)
+			return b.Add([]byte("a"), nil, 1)
+		}},
+		{"version 0", func(b *Builder) error { return b.Add([]byte("a"), nil, 0) }},
+		{"version past lsn", func(b *Builder) error { return b.Add([]byte("a"), nil, 99) }},
+		{"wrong count", func(b *Builder) error { _, err := b.Finish(1, Digest{}.String()); return err }},
+		{"wrong digest", func(b *Builder) error {
+			_ = b.Add([]byte("a"), nil, 1)
+			_, err := b.Finish(1, Digest{}.String())
+			return err
+		}},
+	} {
+		if err := tc.run(NewBuilder(5)); !errors.Is(err, ErrCorruptSnapshot) {
+			t.Errorf("%s: %v; want ErrCorruptSnapshot", tc.name, err)
+		}
+	}
+}

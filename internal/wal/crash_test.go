@@ -26,7 +26,7 @@ type crashModel struct {
 //     starting at the oldest entry kept;
 //   - a failed write or sync is sticky.
 func TestCrashProperty(t *testing.T) {
-	seeds := 400
+	seeds := 200
 	if testing.Short() {
 		seeds = 50
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"strings"
 
@@ -83,6 +84,8 @@ func checkHeader(b []byte, nameLSN uint64) *headerProblem {
 		return &headerProblem{fmt.Sprintf("bad magic %q", b[:8]), false}
 	case binary.LittleEndian.Uint32(b[8:12]) != formatVersion:
 		return &headerProblem{fmt.Sprintf("unsupported format version %d", binary.LittleEndian.Uint32(b[8:12])), false}
+	case nameLSN == 0:
+		return &headerProblem{"segment first LSN is 0", false}
 	case binary.LittleEndian.Uint64(b[16:24]) != nameLSN:
 		return &headerProblem{fmt.Sprintf("header first LSN %d does not match file name (LSN %d)", binary.LittleEndian.Uint64(b[16:24]), nameLSN), false}
 	}
@@ -202,7 +205,7 @@ func scanFrames(r io.ReaderAt, size int64, firstLSN uint64) (scanResult, error) 
 		if crc != h.crc {
 			return fail(false, "frame checksum mismatch")
 		}
-		if h.first != res.lastLSN+1 || h.last < h.first {
+		if h.first != res.lastLSN+1 || h.last < h.first || h.last == math.MaxUint64 {
 			return fail(true, "frame LSNs %d..%d do not follow LSN %d", h.first, h.last, res.lastLSN)
 		}
 		if off-lastIndexed >= indexInterval {
@@ -219,8 +222,12 @@ func scanFrames(r io.ReaderAt, size int64, firstLSN uint64) (scanResult, error) 
 // LSN next begins anywhere in b (at any byte offset, not just where the
 // previous frame ended). Recovery uses it to tell a torn tail, after which
 // nothing valid can follow, from damage in the middle of the log. The LSN
-// filter keeps the check cheap: a checksum is computed only for candidates.
-func validFrameAfter(b []byte, next uint64) bool {
+// and length filters keep the check cheap on real crash debris (zeros, a
+// partial frame); on adversarial input, where every offset could be a
+// candidate, the checksum work is capped at a few times len(b) and
+// exhausted is set: the caller must then assume the worst and refuse.
+func validFrameAfter(b []byte, next uint64) (found, exhausted bool) {
+	budget := 8*len(b) + 1<<20
 	for i := 0; i+frameHeaderSize <= len(b); i++ {
 		h := decodeFrameHeader(b[i:])
 		if h.first < next || h.last < h.first || h.first == 0 {
@@ -229,10 +236,13 @@ func validFrameAfter(b []byte, next uint64) bool {
 		if h.length > MaxEntrySize || int64(h.length) > int64(len(b)-i-frameHeaderSize) {
 			continue
 		}
+		if budget -= frameHeaderSize + int(h.length); budget < 0 {
+			return false, true
+		}
 		data := b[i+frameHeaderSize : i+frameHeaderSize+int(h.length)]
 		if frameCRC(b[i:i+frameHeaderSize], data) == h.crc {
-			return true
+			return true, false
 		}
 	}
-	return false
+	return false, false
 }

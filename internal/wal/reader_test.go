@@ -30,7 +30,7 @@ func TestReaderPositions(t *testing.T) {
 	// 3-LSN entries of varying size over many segments, enough that the
 	// sparse index has several points per segment.
 	var want []Entry
-	for lsn := uint64(1); lsn < 3000; lsn += 3 {
+	for lsn := uint64(1); lsn <= 3000; lsn += 3 { // entries 1..3, ..., 2998..3000
 		want = append(want, mkEntry(lsn, lsn+2, int(lsn%200)))
 	}
 	mustNoErr(t, l.Append(want...))
@@ -43,8 +43,8 @@ func TestReaderPositions(t *testing.T) {
 		if !sameEntry(e, want[idx]) {
 			t.Fatalf("from %d: got %d..%d, want the entry containing it %d..%d", from, e.FirstLSN, e.LastLSN, want[idx].FirstLSN, want[idx].LastLSN)
 		}
-		e, err = r.Next(context.Background())
 		if idx+1 < uint64(len(want)) {
+			e, err = r.Next(context.Background())
 			mustNoErr(t, err)
 			if !sameEntry(e, want[idx+1]) {
 				t.Fatalf("from %d: second entry %d..%d", from, e.FirstLSN, e.LastLSN)
@@ -52,8 +52,9 @@ func TestReaderPositions(t *testing.T) {
 		}
 		mustNoErr(t, r.Close())
 	}
-	_, err := l.NewReader(3001, false) // LastLSN+1: waits for the next entry
+	r, err := l.NewReader(3001, false) // LastLSN+1: waits for the next entry
 	mustNoErr(t, err)
+	mustNoErr(t, r.Close())
 	_, err = l.NewReader(3002, false)
 	wantErr(t, err, ErrFuture)
 	_, err = l.NewReader(0, false)

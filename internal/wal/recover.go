@@ -126,8 +126,8 @@ func (l *Log) recoverSegment(lsn uint64, prev *segment, last bool) (*segment, er
 		// nothing, unless frames follow a damaged header.
 		if follows, err := validFrameIn(f, 0, size, lsn); err != nil {
 			return nil, fmt.Errorf("wal: read segment %s: %w", name, err)
-		} else if follows {
-			return nil, corrupt(0, "%s, but valid frames follow", p.reason)
+		} else if follows != "" {
+			return nil, corrupt(0, "%s, but %s", p.reason, follows)
 		}
 		if prev != nil && lsn != prev.lastLSN+1 {
 			return nil, corrupt(0, "segment starts at LSN %d but the previous one ends at LSN %d (missing segment?)", lsn, prev.lastLSN)
@@ -158,8 +158,8 @@ func (l *Log) recoverSegment(lsn uint64, prev *segment, last bool) (*segment, er
 		if err != nil {
 			return nil, fmt.Errorf("wal: read segment %s: %w", name, err)
 		}
-		if follows {
-			return nil, corrupt(res.end, "%s, and valid frames follow", res.badReason)
+		if follows != "" {
+			return nil, corrupt(res.end, "%s, and %s", res.badReason, follows)
 		}
 		if err := l.cutTail(f, path, res.end, size, res.badReason); err != nil {
 			return nil, err
@@ -177,18 +177,25 @@ func (l *Log) recoverSegment(lsn uint64, prev *segment, last bool) (*segment, er
 	}, nil
 }
 
-// validFrameIn reports whether a valid frame for LSN next or later starts
-// anywhere in [from, size) of f. The region is read whole: it is bounded by
-// the file's real size, never by a length field.
-func validFrameIn(f io.ReaderAt, from, size int64, next uint64) (bool, error) {
+// validFrameIn checks whether a valid frame for LSN next or later starts
+// anywhere in [from, size) of f, returning "" if none does and otherwise why
+// the damage cannot be treated as a torn tail. The region is read whole: it
+// is bounded by the file's real size, never by a length field.
+func validFrameIn(f io.ReaderAt, from, size int64, next uint64) (string, error) {
 	if from >= size {
-		return false, nil
+		return "", nil
 	}
 	b := make([]byte, size-from)
 	if _, err := f.ReadAt(b, from); err != nil && err != io.EOF {
-		return false, err
+		return "", err
 	}
-	return validFrameAfter(b, next), nil
+	switch found, exhausted := validFrameAfter(b, next); {
+	case found:
+		return "valid frames follow", nil
+	case exhausted:
+		return "too many frame-like byte runs follow to rule out valid frames", nil
+	}
+	return "", nil
 }
 
 // cutTail truncates the newest segment to off, keeping a copy of the removed

@@ -449,7 +449,9 @@ func (l *Log) syncDir() error {
 
 // TruncateBefore removes, oldest first, every segment other than the active
 // one whose entries all end before lsn, and returns how many it removed.
-// Readers still positioned in a removed segment get ErrCompacted.
+// If it removes anything it first syncs the log, so the entries it keeps
+// cannot be lost to a crash. Readers still positioned in a removed segment
+// get ErrCompacted.
 func (l *Log) TruncateBefore(lsn uint64) (removed int, err error) {
 	if err := l.checkWritable(); err != nil {
 		return 0, err
@@ -464,6 +466,15 @@ func (l *Log) TruncateBefore(lsn uint64) (removed int, err error) {
 		l.mu.RUnlock()
 		if !ok {
 			return removed, nil
+		}
+		if removed == 0 {
+			// Make the segments that stay durable first, the active one's
+			// header and directory entry included. Otherwise a crash right
+			// after the removal could leave nothing recoverable, and the log
+			// would forget where it ends.
+			if err := l.syncActive(); err != nil {
+				return 0, err
+			}
 		}
 		if err := l.fs.Remove(l.path(seg.name)); err != nil {
 			return removed, fmt.Errorf("wal: remove segment %s: %w", seg.name, err)

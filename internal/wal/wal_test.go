@@ -132,9 +132,9 @@ func TestTruncateBefore(t *testing.T) {
 		first   uint64
 	}{
 		{1, 0, 1},
-		{4, 0, 1},  // segment 1-4 still holds LSN 4
-		{5, 1, 5},  // all of 1-4 is below 5
-		{5, 0, 5},  // idempotent
+		{4, 0, 1},   // segment 1-4 still holds LSN 4
+		{5, 1, 5},   // all of 1-4 is below 5
+		{5, 0, 5},   // idempotent
 		{100, 1, 9}, // the active segment is never removed
 	}
 	for _, tc := range tests {

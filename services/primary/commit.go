@@ -6,10 +6,10 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/envelope"
 	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/wal"
 	"github.com/walship/walship/pkg/codec"
-	"google.golang.org/protobuf/proto"
 )
 
 // txn is one sequenced transaction on its way through the commit pipeline:
@@ -128,6 +128,10 @@ func (s *Server) commit(txns []*txn) (synced bool, err error) {
 	if err := s.wal.Append(entries...); err != nil {
 		return false, fmt.Errorf("wal append: %w", err)
 	}
+	for _, e := range entries {
+		s.walPayloadBytes += uint64(len(e.Data))
+		s.index.add(batchMark{lastLSN: e.LastLSN, endByte: s.walPayloadBytes, commit: s.batchTime})
+	}
 	s.metrics.walBatches.Add(float64(len(entries)))
 	if needSync {
 		if err := s.syncWAL(); err != nil {
@@ -155,17 +159,18 @@ func (s *Server) encode(txns []*txn) (wal.Entry, error) {
 	s.metrics.encodeSeconds.Observe(time.Since(encStart).Seconds())
 	s.payload = payload
 	first, last := s.batch.FirstLSN(), s.batch.LastLSN()
+	s.batchTime = time.Now()
 	env := &walshipv1.WalBatch{
 		Epoch:              s.epoch,
 		FirstLsn:           first,
 		LastLsn:            last,
 		PrevLsn:            first - 1,
-		CommitTimeUnixNano: time.Now().UnixNano(),
+		CommitTimeUnixNano: s.batchTime.UnixNano(),
 		Codec:              walshipv1.Codec(s.cfg.Codec.ID()),
 		Payload:            payload,
 		Crc32C:             codec.Checksum(payload),
 	}
-	data, err := proto.MarshalOptions{Deterministic: true}.Marshal(env)
+	data, err := envelope.Marshal(env)
 	if err != nil {
 		return wal.Entry{}, fmt.Errorf("marshal envelope: %w", err)
 	}
@@ -179,6 +184,7 @@ func (s *Server) syncWAL() error {
 	}
 	start := time.Now()
 	if err := s.wal.Sync(); err != nil {
+		s.metrics.fsyncErrors.Inc()
 		return fmt.Errorf("wal sync: %w", err)
 	}
 	s.metrics.fsyncSeconds.Observe(time.Since(start).Seconds())

@@ -40,6 +40,18 @@ type Config struct {
 	// Codec encodes WAL batches.
 	Codec codec.Codec
 
+	// LogStores are the log store addresses the WAL is shipped to.
+	LogStores []string
+	// HeartbeatInterval is how often an idle stream carries a heartbeat.
+	HeartbeatInterval time.Duration
+	// WALRetentionBytes bounds the primary's WAL: older segments are removed
+	// even if a replica still needs them (it then catches up from a log
+	// store or a snapshot). Segments after the newest snapshot are always kept.
+	WALRetentionBytes int64
+	// MaxReplicaLagBytes cuts off a replica stream that falls further behind
+	// (0 = no limit); the replica catches up from a log store.
+	MaxReplicaLagBytes int64
+
 	// Logger receives structured logs; nil discards them.
 	Logger *slog.Logger
 	// Registry receives the primary's metrics; nil means a private registry.
@@ -68,6 +80,9 @@ func DefaultConfig() Config {
 		MaxValueBytes:      DefaultValueBytes,
 		MaxTxnOps:          DefaultTxnOps,
 		Codec:              codec.MsgPack,
+		HeartbeatInterval:  time.Second,
+		WALRetentionBytes:  1 << 30,
+		MaxReplicaLagBytes: 256 << 20,
 		StopTimeout:        30 * time.Second,
 	}
 }
@@ -101,6 +116,22 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxBatchBytes < 64<<10 {
 		errs = append(errs, fmt.Errorf("--max-batch-bytes: %d is below 64KiB", c.MaxBatchBytes))
+	}
+	if c.HeartbeatInterval <= 0 || c.HeartbeatInterval > time.Minute {
+		errs = append(errs, fmt.Errorf("--heartbeat-interval: %v is not in (0, 1m]", c.HeartbeatInterval))
+	}
+	if c.WALRetentionBytes < c.SegmentBytes {
+		errs = append(errs, fmt.Errorf("--wal-retention-bytes: %d is below one segment (--segment-bytes %d)", c.WALRetentionBytes, c.SegmentBytes))
+	}
+	if c.MaxReplicaLagBytes < 0 {
+		errs = append(errs, fmt.Errorf("--max-replica-lag-bytes: %d must not be negative", c.MaxReplicaLagBytes))
+	}
+	seen := map[string]bool{}
+	for _, a := range c.LogStores {
+		if a == "" || seen[a] {
+			errs = append(errs, fmt.Errorf("--logstore: %q is empty or listed twice", a))
+		}
+		seen[a] = true
 	}
 	if c.Codec == nil {
 		errs = append(errs, errors.New("--codec: required"))

@@ -20,6 +20,11 @@ type metrics struct {
 	walRecords    prometheus.Counter
 	fsyncSeconds  prometheus.Histogram
 	encodeSeconds prometheus.Observer
+
+	fsyncErrors       prometheus.Counter
+	sentBytes         *prometheus.CounterVec
+	replicaOutOfRange prometheus.Counter
+	snapshotsStreamed prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
@@ -72,8 +77,29 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		Name: "walship_wal_size_bytes",
 		Help: "Size of the primary's WAL segment files on disk.",
 	}, func() float64 { return float64(s.wal.Size()) })
-	m.collectors = []prometheus.Collector{m.commits, m.commitSeconds, m.walBatches, m.walRecords, m.fsyncSeconds,
-		encode, written, last, durable, visible, walBytes}
+	m.fsyncErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "walship_wal_fsync_errors_total",
+		Help: "Failed WAL fsyncs. One is fatal: the process stops committing and exits.",
+	})
+	m.sentBytes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "walship_replication_sent_bytes_total",
+		Help: "WAL bytes sent to each replica.",
+	}, []string{"replica"})
+	m.replicaOutOfRange = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "walship_replication_out_of_range_total",
+		Help: "Replica streams refused because the replica needed WAL the primary no longer retains.",
+	})
+	m.snapshotsStreamed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "walship_replication_snapshots_sent_total",
+		Help: "State snapshots streamed to replicas.",
+	})
+	retention := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "walship_wal_retention_limit_bytes",
+		Help: "The primary's WAL retention limit (--wal-retention-bytes).",
+	}, func() float64 { return float64(s.cfg.WALRetentionBytes) })
+	m.collectors = []prometheus.Collector{m.commits, m.commitSeconds, m.walBatches, m.walRecords, m.fsyncSeconds, m.fsyncErrors,
+		encode, written, last, durable, visible, walBytes, m.sentBytes, m.replicaOutOfRange, m.snapshotsStreamed, retention,
+		newReplCollector(s)}
 	for _, c := range m.collectors {
 		reg.MustRegister(c)
 	}

@@ -17,13 +17,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/kvapi"
+	"github.com/walship/walship/internal/recovery"
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/internal/vfs"
@@ -31,7 +31,6 @@ import (
 	"github.com/walship/walship/internal/watermark"
 	"github.com/walship/walship/pkg/codec"
 	"google.golang.org/grpc"
-	"google.golang.org/protobuf/proto"
 )
 
 // Server is a primary. New recovers it from its data directory; Run serves it.
@@ -66,10 +65,13 @@ type Server struct {
 	unresolved []*txn
 	applyBatch codec.Batch
 
-	// Committer-only buffers.
-	batch   codec.Batch
-	payload []byte
-	entries []wal.Entry
+	// Committer-only state.
+	batch           codec.Batch
+	payload         []byte
+	entries         []wal.Entry
+	batchTime       time.Time
+	walPayloadBytes uint64
+	index           *lsnIndex // read by lag metrics and replica streams
 
 	snapMu      sync.Mutex
 	snapshotLSN atomic.Uint64
@@ -106,11 +108,18 @@ func New(cfg Config) (*Server, error) {
 	p := cfg.Policy
 	s.policy.Store(&p)
 	s.peers = newPeers()
+	s.index = newLSNIndex(1 << 16)
+	for _, a := range cfg.LogStores {
+		s.peers.logstores[a] = &logstorePos{addr: a}
+	}
+	if n := len(cfg.LogStores); n > 0 {
+		s.peers.quorum = n/2 + 1
+	}
 	if err := s.recover(); err != nil {
 		return nil, err
 	}
 	s.metrics = newMetrics(reg, s)
-	s.reads = &kvapi.Reader{Store: s.store, Visible: &s.visible}
+	s.reads = &kvapi.Reader{View: func() *state.View { return s.store.Snapshot() }, Visible: &s.visible}
 	srv, err := serve.New(serve.Options{
 		Listen:          cfg.Listen,
 		MetricsListen:   cfg.MetricsListen,
@@ -121,6 +130,7 @@ func New(cfg Config) (*Server, error) {
 	}, func(g *grpc.Server) {
 		walshipv1.RegisterKVServiceServer(g, &kvServer{s: s})
 		walshipv1.RegisterAdminServiceServer(g, &adminServer{s: s})
+		walshipv1.RegisterReplicationServiceServer(g, &replServer{s: s})
 	})
 	if err != nil {
 		_ = s.wal.Close()
@@ -134,109 +144,17 @@ func New(cfg Config) (*Server, error) {
 // snapshot's LSN. Every batch in the WAL is committed from here on, whether
 // or not its writer heard back before the crash.
 func (s *Server) recover() error {
-	snapDir := filepath.Join(s.cfg.DataDir, "snapshots")
-	if err := s.fs.MkdirAll(snapDir, 0o755); err != nil {
-		return fmt.Errorf("create %s: %w", snapDir, err)
-	}
-	store, snapPath, err := state.LoadLatestSnapshot(s.fs, snapDir)
-	if err != nil {
-		return fmt.Errorf("load snapshot: %w", err)
-	}
-	s.store = store
-	s.snapshotLSN.Store(store.AppliedLSN())
-	log, err := wal.Open(wal.Options{
-		Dir:         filepath.Join(s.cfg.DataDir, "wal"),
-		FS:          s.fs,
-		SegmentSize: s.cfg.SegmentBytes,
-		Logger:      s.logger,
-	})
-	if err != nil {
-		return fmt.Errorf("open wal: %w", err)
-	}
-	s.wal = log
-	if ri := log.Recovery(); ri.TornSegment != "" {
-		s.logger.Warn("cut a torn WAL tail", "segment", ri.TornSegment, "offset", ri.TornOffset, "bytes", ri.TornBytes, "reason", ri.TornReason)
-	}
-	applied := store.AppliedLSN()
-	switch {
-	case log.LastLSN() == 0 && applied > 0:
-		// Only a snapshot: start the log right after it.
-		if err := log.Reset(applied + 1); err != nil {
-			return fmt.Errorf("start wal after snapshot %d: %w", applied, err)
-		}
-	case log.LastLSN() > 0 && log.LastLSN() < applied:
-		return fmt.Errorf("wal ends at LSN %d, before snapshot %s at LSN %d: the WAL lost synced data", log.LastLSN(), snapPath, applied)
-	case log.LastLSN() > 0 && log.FirstLSN() > applied+1:
-		return fmt.Errorf("wal starts at LSN %d but snapshot %q ends at LSN %d: LSNs %d..%d are missing",
-			log.FirstLSN(), snapPath, applied, applied+1, log.FirstLSN()-1)
-	}
-	replayed, epoch, err := s.replay(applied)
+	res, err := recovery.Open(recovery.Options{DataDir: s.cfg.DataDir, FS: s.fs, SegmentBytes: s.cfg.SegmentBytes, Logger: s.logger})
 	if err != nil {
 		return err
 	}
-	s.epoch = max(epoch, 1)
-	s.overlay = state.NewOverlay(store)
-	s.nextLSN = store.AppliedLSN() + 1
-	s.nextTxn = store.AppliedLSN() + 1 // txn ids only need to be unique and increasing
-	s.visible.Advance(store.AppliedLSN())
-	s.walAtSnap.Store(0)
-	s.logger.Info("recovered", "snapshot", snapPath, "snapshot_lsn", applied, "replayed_batches", replayed,
-		"visible_lsn", store.AppliedLSN(), "epoch", s.epoch, "wal_bytes", log.Size())
-	return nil
-}
-
-// replay applies every WAL batch after LSN from, returning the number of
-// batches and the highest epoch seen.
-func (s *Server) replay(from uint64) (n int, epoch uint64, err error) {
-	if s.wal.LastLSN() <= from {
-		return 0, 0, nil
-	}
-	r, err := s.wal.NewReader(from+1, false)
-	if err != nil {
-		return 0, 0, fmt.Errorf("replay wal from LSN %d: %w", from+1, err)
-	}
-	defer r.Close()
-	var env walshipv1.WalBatch
-	var b codec.Batch
-	for s.store.AppliedLSN() < s.wal.LastLSN() {
-		e, err := r.Next(context.Background())
-		if err != nil {
-			return n, epoch, fmt.Errorf("replay wal at LSN %d: %w", s.store.AppliedLSN()+1, err)
-		}
-		if e.LastLSN <= s.store.AppliedLSN() {
-			continue
-		}
-		if err := DecodeEnvelope(e.Data, &env, &b); err != nil {
-			return n, epoch, fmt.Errorf("replay wal entry %d..%d: %w", e.FirstLSN, e.LastLSN, err)
-		}
-		if err := s.store.Apply(&b); err != nil {
-			return n, epoch, fmt.Errorf("replay wal entry %d..%d: %w", e.FirstLSN, e.LastLSN, err)
-		}
-		epoch = max(epoch, env.Epoch)
-		n++
-	}
-	return n, epoch, nil
-}
-
-// DecodeEnvelope unmarshals a stored envelope, checks its CRC and LSN range,
-// and decodes its payload into b (whose records then alias env.Payload).
-func DecodeEnvelope(data []byte, env *walshipv1.WalBatch, b *codec.Batch) error {
-	if err := proto.Unmarshal(data, env); err != nil {
-		return fmt.Errorf("%w: unmarshal envelope: %v", codec.ErrCorrupt, err)
-	}
-	if got := codec.Checksum(env.Payload); got != env.Crc32C {
-		return fmt.Errorf("%w: payload crc32c %08x, envelope says %08x", codec.ErrCorrupt, got, env.Crc32C)
-	}
-	c, err := codec.ByID(codec.ID(env.Codec))
-	if err != nil {
-		return fmt.Errorf("%w: %v", codec.ErrCorrupt, err)
-	}
-	if err := c.DecodeBatch(env.Payload, b); err != nil {
-		return err
-	}
-	if b.FirstLSN() != env.FirstLsn || b.LastLSN() != env.LastLsn {
-		return fmt.Errorf("%w: payload holds LSNs %d..%d, envelope says %d..%d", codec.ErrCorrupt, b.FirstLSN(), b.LastLSN(), env.FirstLsn, env.LastLsn)
-	}
+	s.store, s.wal = res.Store, res.WAL
+	s.snapshotLSN.Store(res.SnapshotLSN)
+	s.epoch = max(res.Epoch, 1)
+	s.overlay = state.NewOverlay(s.store)
+	s.nextLSN = s.store.AppliedLSN() + 1
+	s.nextTxn = s.store.AppliedLSN() + 1 // txn ids only need to be unique and increasing
+	s.visible.Advance(s.store.AppliedLSN())
 	return nil
 }
 
@@ -269,6 +187,13 @@ func (s *Server) Run(ctx context.Context) error {
 	snapDone := make(chan struct{})
 	go func() { defer close(snapDone); s.snapshotter(snapCtx) }()
 
+	shipCtx, stopShipping := context.WithCancel(context.Background())
+	var shippers sync.WaitGroup
+	for _, addr := range s.cfg.LogStores {
+		shippers.Add(1)
+		go func() { defer shippers.Done(); s.shipLogStore(shipCtx, addr) }()
+	}
+
 	serveCtx, stopServe := context.WithCancel(ctx)
 	defer stopServe()
 	serveDone := make(chan error, 1)
@@ -297,6 +222,11 @@ func (s *Server) Run(ctx context.Context) error {
 	s.setServing(false)
 	stopSnap()
 	<-snapDone
+	// The committer synced everything; give log stores a moment to take the
+	// tail before the WAL closes (their acks are not waited for: async
+	// archiving, and sync commits already waited).
+	stopShipping()
+	shippers.Wait()
 	if fatal == nil {
 		if err := s.takeSnapshot(); err != nil {
 			s.logger.Warn("final snapshot failed", "err", err)
@@ -320,12 +250,38 @@ func (s *Server) snapshotter(ctx context.Context) {
 		}
 		if err := s.takeSnapshot(); err != nil {
 			s.logger.Warn("snapshot failed", "err", err)
+			continue
 		}
+		s.enforceRetention()
 	}
 }
 
+// enforceRetention removes WAL segments once the WAL passes 80% of
+// WALRetentionBytes, up to the newest snapshot (recovery needs the WAL after
+// it), so the WAL stays under the limit with room to spare and an alert at
+// 90% means retention is stuck. A replica or log store that still needed the
+// removed segments catches up from a log store or a snapshot; retention
+// never fills the disk waiting for one.
+func (s *Server) enforceRetention() {
+	if !s.overRetention() {
+		return
+	}
+	cut := s.snapshotLSN.Load() + 1
+	removed, err := s.wal.TruncateBefore(cut)
+	if err != nil {
+		s.logger.Warn("wal retention failed", "err", err)
+		return
+	}
+	if removed > 0 {
+		s.logger.Info("wal retention removed segments", "segments", removed, "before_lsn", cut, "wal_bytes", s.wal.Size(), "limit", s.cfg.WALRetentionBytes)
+	}
+}
+
+func (s *Server) overRetention() bool { return s.wal.Size() > s.cfg.WALRetentionBytes/10*8 }
+
 func (s *Server) maybeSnapshot() {
-	if int64(s.wal.Stats().BytesWritten)-s.walAtSnap.Load() >= s.cfg.SnapshotEveryBytes {
+	if int64(s.wal.Stats().BytesWritten)-s.walAtSnap.Load() >= s.cfg.SnapshotEveryBytes ||
+		(s.overRetention() && s.visible.Load() > s.snapshotLSN.Load()) {
 		select {
 		case s.snapKick <- struct{}{}:
 		default:
@@ -352,7 +308,7 @@ func (s *Server) takeSnapshot() error {
 		return fmt.Errorf("wait for wal sync to LSN %d: %w", v.AppliedLSN(), err)
 	}
 	start := time.Now()
-	path, err := state.SaveSnapshot(s.fs, filepath.Join(s.cfg.DataDir, "snapshots"), v)
+	path, err := state.SaveSnapshot(s.fs, recovery.SnapshotDir(s.cfg.DataDir), v)
 	if err != nil {
 		return err
 	}

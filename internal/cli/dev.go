@@ -1,0 +1,82 @@
+package cli
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/cluster"
+	"github.com/walship/walship/services/primary"
+)
+
+func devFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
+	var (
+		dataDir   string
+		replicas  int
+		basePort  int
+		host      string
+		pol       = primary.DefaultPolicy()
+		keep      bool
+		logstores = 1
+	)
+	fs.StringVar(&dataDir, "data-dir", "", "root directory for every node's data (default: a new temporary directory, removed on exit)")
+	fs.IntVar(&replicas, "replicas", 2, "number of replicas")
+	fs.IntVar(&basePort, "base-port", 7400, "log store at this port, primary at +1, replicas from +2; metrics at the same ports +2000")
+	fs.StringVar(&host, "host", "127.0.0.1", "address every node listens on")
+	fs.BoolVar(&keep, "keep", false, "keep the temporary data directory on exit")
+	durabilityFlag(fs, &pol.Durability)
+	replicationFlag(fs, &pol.Replication)
+	fs.IntVar(&pol.SyncReplicas, "sync-replicas", pol.SyncReplicas, "k in 'any k replicas' for --replication sync")
+	syncLevelFlag(fs, &pol.SyncLevel)
+	return func(ctx context.Context) error {
+		if dataDir == "" {
+			d, err := os.MkdirTemp("", "walship-dev-")
+			if err != nil {
+				return err
+			}
+			dataDir = d
+			if !keep {
+				defer os.RemoveAll(d)
+			}
+		}
+		c, err := cluster.Start(ctx, cluster.Config{
+			Dir: dataDir, LogStores: logstores, Replicas: replicas, Host: host, BasePort: basePort, Metrics: true,
+			Primary: func(cfg *primary.Config) { cfg.Policy = pol },
+			Logger:  env.Logger,
+		})
+		if err != nil {
+			return err
+		}
+		printDev(env, c, dataDir)
+		<-ctx.Done()
+		fmt.Fprintln(env.Stdout, "\nstopping the cluster...")
+		return c.Stop()
+	}
+}
+
+func printDev(env *Env, c *cluster.Cluster, dataDir string) {
+	w := env.Stdout
+	fmt.Fprintf(w, "\nwalship dev cluster is up (data in %s). Ctrl-C stops it.\n\n", dataDir)
+	fmt.Fprintf(w, "  %-10s %-22s %s\n", "node", "gRPC", "metrics")
+	for _, n := range c.Nodes() {
+		fmt.Fprintf(w, "  %-10s %-22s http://%s/metrics\n", n.Name, n.Addr, n.MetricsAddr)
+	}
+	p := c.Primary.Addr
+	r := p
+	if len(c.Replicas) > 0 {
+		r = c.Replicas[0].Addr
+	}
+	fmt.Fprintf(w, `
+Try it (grpcurl needs no .proto files: every node serves reflection):
+
+  grpcurl -plaintext %[1]s list
+  grpcurl -plaintext -d '{"key":"hello","value":"d29ybGQ="}' %[1]s %[3]s/Put
+  grpcurl -plaintext -d '{"key":"hello","min_lsn":"<lsn from Put>"}' %[2]s %[3]s/Get
+  grpcurl -plaintext -d '{"key":"hello","policy":{"replication":"REPLICATION_MODE_SYNC","sync_replicas":2,"sync_level":"SYNC_LEVEL_APPLY"}}' %[1]s %[3]s/Put
+  grpcurl -plaintext %[1]s walship.v1.AdminService/Status
+  grpcurl -plaintext %[2]s walship.v1.AdminService/Status
+
+`, p, r, walshipv1.KVService_ServiceDesc.ServiceName)
+}

@@ -1,0 +1,310 @@
+// Package cluster runs a whole walship deployment — log stores, a primary
+// and replicas — inside one process, on loopback. It is what `walship dev`
+// and `walship bench` start, and what the replication tests drive: the same
+// services as separate processes would run, talking real gRPC to each other.
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/serve"
+	"github.com/walship/walship/services/logstore"
+	"github.com/walship/walship/services/primary"
+	"github.com/walship/walship/services/replica"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+)
+
+// Config describes a cluster.
+type Config struct {
+	// Dir is the root of every node's data directory.
+	Dir string
+	// LogStores and Replicas are how many of each to run.
+	LogStores, Replicas int
+	// Host is the address nodes listen on, e.g. "127.0.0.1".
+	Host string
+	// BasePort, if not 0, gives fixed ports, the CLI's defaults for
+	// BasePort 7400: the log store at BasePort, the primary at BasePort+1,
+	// replicas from BasePort+2; metrics at the same ports +2000 (9400...).
+	// Fixed ports allow one log store. 0 picks free ports, with metrics
+	// listeners only if Metrics is set.
+	BasePort int
+	// Metrics enables the /metrics listeners.
+	Metrics bool
+	// Primary, Replica and LogStore adjust each node's config before it starts.
+	Primary  func(*primary.Config)
+	Replica  func(i int, c *replica.Config)
+	LogStore func(i int, c *logstore.Config)
+	// Logger is the parent logger (each node adds its name).
+	Logger *slog.Logger
+}
+
+// Node is one running service.
+type Node struct {
+	Name        string
+	Addr        string
+	MetricsAddr string
+	Registry    *prometheus.Registry
+
+	run    func(context.Context) error
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// Cluster is a running cluster.
+type Cluster struct {
+	cfg       Config
+	LogStores []*Node
+	Primary   *Node
+	Replicas  []*Node
+
+	primaryServer  *primary.Server
+	replicaServers []*replica.Server
+
+	mu    sync.Mutex
+	conns []*grpc.ClientConn
+}
+
+// Start starts the log stores, the primary, then the replicas, and returns
+// once every node reports SERVING.
+func Start(ctx context.Context, cfg Config) (*Cluster, error) {
+	if cfg.Host == "" {
+		cfg.Host = "127.0.0.1"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.BasePort != 0 && cfg.LogStores > 1 {
+		return nil, fmt.Errorf("cluster: fixed ports (BasePort %d) allow one log store, not %d", cfg.BasePort, cfg.LogStores)
+	}
+	c := &Cluster{cfg: cfg}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = c.Stop()
+		}
+	}()
+	var lsAddrs []string
+	for i := 0; i < cfg.LogStores; i++ {
+		n, err := c.newLogStore(i)
+		if err != nil {
+			return nil, err
+		}
+		c.LogStores = append(c.LogStores, n)
+		lsAddrs = append(lsAddrs, n.Addr)
+	}
+	pn, err := c.newPrimary(lsAddrs)
+	if err != nil {
+		return nil, err
+	}
+	c.Primary = pn
+	for i := 0; i < cfg.Replicas; i++ {
+		rn, err := c.newReplica(i)
+		if err != nil {
+			return nil, err
+		}
+		c.Replicas = append(c.Replicas, rn)
+	}
+	for _, n := range c.Nodes() {
+		n.start()
+	}
+	for _, n := range c.Nodes() {
+		if err := c.WaitServing(ctx, n); err != nil {
+			return nil, err
+		}
+	}
+	ok = true
+	return c, nil
+}
+
+func (c *Cluster) addr(offset int) (grpcAddr, metricsAddr string) {
+	if c.cfg.BasePort == 0 {
+		grpcAddr = c.cfg.Host + ":0"
+		if c.cfg.Metrics {
+			metricsAddr = c.cfg.Host + ":0"
+		}
+		return
+	}
+	return fmt.Sprintf("%s:%d", c.cfg.Host, c.cfg.BasePort+offset), fmt.Sprintf("%s:%d", c.cfg.Host, c.cfg.BasePort+2000+offset)
+}
+
+func (c *Cluster) newLogStore(i int) (*Node, error) {
+	cfg := logstore.DefaultConfig()
+	cfg.Listen, cfg.MetricsListen = c.addr(i)
+	cfg.DataDir = filepath.Join(c.cfg.Dir, fmt.Sprintf("logstore-%d", i))
+	name := fmt.Sprintf("logstore-%d", i)
+	cfg.Logger = c.cfg.Logger.With("node", name)
+	cfg.Registry = serve.NewRegistry()
+	if c.cfg.LogStore != nil {
+		c.cfg.LogStore(i, &cfg)
+	}
+	s, err := logstore.New(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return &Node{Name: name, Addr: s.Addr(), MetricsAddr: s.MetricsAddr(), Registry: cfg.Registry, run: s.Run}, nil
+}
+
+func (c *Cluster) newPrimary(logstores []string) (*Node, error) {
+	cfg := primary.DefaultConfig()
+	cfg.Listen, cfg.MetricsListen = c.addr(1)
+	cfg.DataDir = filepath.Join(c.cfg.Dir, "primary")
+	cfg.LogStores = logstores
+	cfg.Logger = c.cfg.Logger.With("node", "primary")
+	cfg.Registry = serve.NewRegistry()
+	if c.cfg.Primary != nil {
+		c.cfg.Primary(&cfg)
+	}
+	s, err := primary.New(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("primary: %w", err)
+	}
+	c.primaryServer = s
+	return &Node{Name: "primary", Addr: s.Addr(), MetricsAddr: s.MetricsAddr(), Registry: cfg.Registry, run: s.Run}, nil
+}
+
+func (c *Cluster) replicaConfig(i int) replica.Config {
+	cfg := replica.DefaultConfig()
+	cfg.Listen, cfg.MetricsListen = c.addr(2 + i)
+	cfg.ID = fmt.Sprintf("replica-%d", i)
+	cfg.DataDir = filepath.Join(c.cfg.Dir, cfg.ID)
+	cfg.Primary = c.Primary.Addr
+	if len(c.LogStores) > 0 {
+		cfg.LogStore = c.LogStores[0].Addr
+	}
+	cfg.Logger = c.cfg.Logger.With("node", cfg.ID)
+	cfg.Registry = serve.NewRegistry()
+	if c.cfg.Replica != nil {
+		c.cfg.Replica(i, &cfg)
+	}
+	return cfg
+}
+
+func (c *Cluster) newReplica(i int) (*Node, error) {
+	cfg := c.replicaConfig(i)
+	s, err := replica.New(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", cfg.ID, err)
+	}
+	c.replicaServers = append(c.replicaServers, s)
+	return &Node{Name: cfg.ID, Addr: s.Addr(), MetricsAddr: s.MetricsAddr(), Registry: cfg.Registry, run: s.Run}, nil
+}
+
+func (n *Node) start() {
+	ctx, cancel := context.WithCancel(context.Background())
+	n.cancel, n.done = cancel, make(chan error, 1)
+	go func() { n.done <- n.run(ctx) }()
+}
+
+// stop stops n gracefully and returns Run's error.
+func (n *Node) stop() error {
+	if n == nil || n.cancel == nil {
+		return nil
+	}
+	n.cancel()
+	n.cancel = nil
+	return <-n.done
+}
+
+// Nodes returns every node: log stores, primary, replicas.
+func (c *Cluster) Nodes() []*Node {
+	var ns []*Node
+	ns = append(ns, c.LogStores...)
+	if c.Primary != nil {
+		ns = append(ns, c.Primary)
+	}
+	return append(ns, c.Replicas...)
+}
+
+// Stop stops every node, replicas first, and returns their errors.
+func (c *Cluster) Stop() error {
+	var errs []error
+	for i := len(c.Replicas) - 1; i >= 0; i-- {
+		errs = append(errs, c.Replicas[i].stop())
+	}
+	errs = append(errs, c.Primary.stop())
+	for _, n := range c.LogStores {
+		errs = append(errs, n.stop())
+	}
+	c.mu.Lock()
+	for _, conn := range c.conns {
+		conn.Close()
+	}
+	c.conns = nil
+	c.mu.Unlock()
+	return errors.Join(errs...)
+}
+
+// StopReplica stops replica i gracefully.
+func (c *Cluster) StopReplica(i int) error { return c.Replicas[i].stop() }
+
+// RestartReplica starts replica i again on the same address and data.
+func (c *Cluster) RestartReplica(ctx context.Context, i int) error {
+	old := c.Replicas[i]
+	if err := old.stop(); err != nil {
+		return err
+	}
+	cfg := c.replicaConfig(i)
+	cfg.Listen = old.Addr
+	if old.MetricsAddr != "" {
+		cfg.MetricsListen = old.MetricsAddr
+	}
+	s, err := replica.New(cfg)
+	if err != nil {
+		return err
+	}
+	c.replicaServers[i] = s
+	n := &Node{Name: cfg.ID, Addr: s.Addr(), MetricsAddr: s.MetricsAddr(), Registry: cfg.Registry, run: s.Run}
+	c.Replicas[i] = n
+	n.start()
+	return c.WaitServing(ctx, n)
+}
+
+// Conn returns a client connection to n (closed by Stop).
+func (c *Cluster) Conn(n *Node) *grpc.ClientConn {
+	conn, err := grpc.NewClient(n.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		panic(fmt.Sprintf("cluster: dial %s: %v", n.Addr, err)) // addresses come from listeners we own
+	}
+	c.mu.Lock()
+	c.conns = append(c.conns, conn)
+	c.mu.Unlock()
+	return conn
+}
+
+// WaitServing waits until n's health check reports SERVING.
+func (c *Cluster) WaitServing(ctx context.Context, n *Node) error {
+	conn := c.Conn(n)
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	w, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true))
+	if err != nil {
+		return fmt.Errorf("%s: health: %w", n.Name, err)
+	}
+	for {
+		m, err := w.Recv()
+		if err != nil {
+			return fmt.Errorf("%s: not serving: %w", n.Name, err)
+		}
+		if m.Status == healthpb.HealthCheckResponse_SERVING {
+			return nil
+		}
+	}
+}
+
+// Status returns n's AdminService status.
+func (c *Cluster) Status(ctx context.Context, n *Node) (*walshipv1.StatusResponse, error) {
+	return walshipv1.NewAdminServiceClient(c.Conn(n)).Status(ctx, &walshipv1.StatusRequest{})
+}
+
+// PrimaryServer is the primary's server, for tests that inspect it.
+func (c *Cluster) PrimaryServer() *primary.Server { return c.primaryServer }

@@ -1,0 +1,132 @@
+package monitoring
+
+import (
+	"regexp"
+	"slices"
+	"strings"
+)
+
+// Metric types.
+const (
+	counter   = "counter"
+	gauge     = "gauge"
+	histogram = "histogram"
+)
+
+// knownMetric is one metric a walship service exports: its name as
+// registered (histograms without _bucket/_sum/_count), its type and the
+// labels the service sets on it (target labels such as job, instance and
+// namespace are added by Prometheus and not listed).
+type knownMetric struct {
+	Name   string
+	Type   string
+	Labels []string
+}
+
+// knownMetrics lists every metric the rules and the dashboard may use. Keep
+// it in step with the services' registries: one line per metric.
+var knownMetrics = []knownMetric{
+	// Primary.
+	{"walship_commits_total", counter, []string{"durability", "replication", "result"}},
+	{"walship_commit_duration_seconds", histogram, []string{"durability", "replication"}},
+	{"walship_wal_written_bytes_total", counter, nil},
+	{"walship_wal_records_total", counter, nil},
+	{"walship_wal_batches_total", counter, nil},
+	{"walship_wal_last_lsn", gauge, nil},
+	{"walship_wal_durable_lsn", gauge, nil},
+	{"walship_visible_lsn", gauge, nil},
+	{"walship_wal_size_bytes", gauge, nil},
+	{"walship_wal_retention_limit_bytes", gauge, nil},
+	{"walship_replication_lag_seconds", gauge, []string{"replica", "stage"}},
+	{"walship_replication_lag_bytes", gauge, []string{"replica", "stage"}},
+	{"walship_replication_lag_records", gauge, []string{"replica", "stage"}},
+	{"walship_replication_connected_replicas", gauge, nil},
+	{"walship_replication_replica_connected", gauge, []string{"replica"}},
+	{"walship_replication_sent_bytes_total", counter, []string{"replica"}},
+	{"walship_replication_logstore_acked_lsn", gauge, []string{"logstore"}},
+	{"walship_replication_logstore_lag_records", gauge, []string{"logstore"}},
+	{"walship_replication_logstore_connected", gauge, []string{"logstore"}},
+	{"walship_codec_encode_duration_seconds", histogram, []string{"codec"}},
+
+	// Primary, replicas and log stores.
+	{"walship_wal_fsync_duration_seconds", histogram, nil},
+	{"walship_wal_fsync_errors_total", counter, nil},
+
+	// Replica.
+	{"walship_replica_lag_seconds", gauge, nil},
+	{"walship_replica_lsn", gauge, []string{"stage"}},
+	{"walship_replica_applied_records_total", counter, nil},
+	{"walship_replica_applied_bytes_total", counter, nil},
+	{"walship_replica_catchup_rung", gauge, []string{"rung"}},
+	{"walship_replica_connected", gauge, nil},
+	{"walship_codec_decode_duration_seconds", histogram, []string{"codec"}},
+
+	// Log store.
+	{"walship_logstore_durable_lsn", gauge, nil},
+	{"walship_logstore_first_lsn", gauge, nil},
+	{"walship_logstore_stored_bytes", gauge, nil},
+	{"walship_logstore_epoch", gauge, nil},
+	{"walship_logstore_appended_bytes_total", counter, nil},
+	{"walship_logstore_read_bytes_total", counter, nil},
+	{"walship_logstore_fsync_duration_seconds", histogram, nil},
+	{"walship_logstore_append_streams", gauge, nil},
+	{"walship_logstore_read_streams", gauge, nil},
+}
+
+// lookupMetric finds a known metric by registered name.
+func lookupMetric(name string) (knownMetric, bool) {
+	i := slices.IndexFunc(knownMetrics, func(m knownMetric) bool { return m.Name == name })
+	if i < 0 {
+		return knownMetric{}, false
+	}
+	return knownMetrics[i], true
+}
+
+// metricRef is one walship_* series name used in a PromQL expression.
+type metricRef struct {
+	Series   string // as written, e.g. walship_commit_duration_seconds_bucket
+	Selector string // the {...} following it, "" if none
+}
+
+// walshipToken matches a walship_* metric name and the label matchers that
+// follow it. Recording rules (walship:...) do not match.
+var walshipToken = regexp.MustCompile(`\bwalship_[a-zA-Z0-9_]*(\{[^}]*\})?`)
+
+// metricRefs returns the walship_* series used in expr.
+func metricRefs(expr string) []metricRef {
+	var refs []metricRef
+	for _, m := range walshipToken.FindAllStringSubmatchIndex(expr, -1) {
+		ref := metricRef{Series: expr[m[0]:m[1]]}
+		if m[2] >= 0 {
+			ref.Series = expr[m[0]:m[2]]
+			ref.Selector = expr[m[2]:m[3]]
+		}
+		refs = append(refs, ref)
+	}
+	return refs
+}
+
+// resolveMetric maps a series name to the known metric it belongs to:
+// histograms are used through their _bucket, _sum and _count series.
+// It returns a problem description, or "" when the series is fine.
+func resolveMetric(series string) (knownMetric, string) {
+	if m, ok := lookupMetric(series); ok {
+		if m.Type == histogram {
+			return m, "histogram " + series + " used without _bucket, _sum or _count"
+		}
+		return m, ""
+	}
+	for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+		base, ok := strings.CutSuffix(series, suffix)
+		if !ok {
+			continue
+		}
+		if m, ok := lookupMetric(base); ok {
+			if m.Type != histogram {
+				return m, series + ": " + base + " is a " + m.Type + ", not a histogram"
+			}
+			return m, ""
+		}
+	}
+	return knownMetric{}, series + " is not in knownMetrics"
+}

@@ -1,0 +1,54 @@
+package logstore
+
+import (
+	"context"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/rpcerr"
+)
+
+// Status reports what the log store holds.
+func (h *logStoreServer) Status(context.Context, *walshipv1.LogStoreServiceStatusRequest) (*walshipv1.LogStoreServiceStatusResponse, error) {
+	return h.s.Status(), nil
+}
+
+// Status reports what the log store holds.
+func (s *Server) Status() *walshipv1.LogStoreServiceStatusResponse {
+	return &walshipv1.LogStoreServiceStatusResponse{
+		FirstLsn:    s.wal.FirstLSN(),
+		DurableLsn:  s.wal.DurableLSN(),
+		Epoch:       s.epoch.Load(),
+		StoredBytes: uint64(s.wal.Size()),
+		Segments:    uint32(s.wal.Segments()),
+	}
+}
+
+// adminServer is the log store's AdminService.
+type adminServer struct {
+	walshipv1.UnimplementedAdminServiceServer
+	s *Server
+}
+
+func (a *adminServer) Status(context.Context, *walshipv1.StatusRequest) (*walshipv1.StatusResponse, error) {
+	s := a.s
+	durable := s.wal.DurableLSN()
+	return &walshipv1.StatusResponse{
+		Role:        walshipv1.Role_ROLE_LOGSTORE,
+		Id:          "logstore",
+		Epoch:       s.epoch.Load(),
+		LastLsn:     s.wal.LastLSN(),
+		DurableLsn:  durable,
+		VisibleLsn:  durable, // Read serves durable batches only
+		WalBytes:    uint64(s.wal.Size()),
+		WalFirstLsn: s.wal.FirstLSN(),
+		Serving:     s.serving.Load(),
+	}, nil
+}
+
+func (a *adminServer) Promote(context.Context, *walshipv1.PromoteRequest) (*walshipv1.PromoteResponse, error) {
+	return nil, toStatus(refuse(rpcerr.ErrWrongRole, "not a primary or a replica: a log store cannot be promoted"))
+}
+
+func (a *adminServer) SetPolicy(context.Context, *walshipv1.SetPolicyRequest) (*walshipv1.SetPolicyResponse, error) {
+	return nil, toStatus(refuse(rpcerr.ErrWrongRole, "not a primary: a log store has no commit policy"))
+}

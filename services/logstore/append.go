@@ -1,0 +1,520 @@
+package logstore
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"sync"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/envelope"
+	"github.com/walship/walship/internal/rpcerr"
+	"github.com/walship/walship/internal/wal"
+	"github.com/walship/walship/pkg/codec"
+	"golang.org/x/sync/semaphore"
+)
+
+// appendReq is one AppendRequest on its way to the writer goroutine.
+type appendReq struct {
+	st     *appendStream
+	env    *walshipv1.WalBatch // nil for a heartbeat alone
+	data   []byte              // envelope.Marshal(env): the bytes stored
+	hb     *walshipv1.Heartbeat
+	weight int64 // bytes held against the stream's queue budget
+}
+
+// appendStream is the state one Append stream shares between its receiving
+// goroutine, its sending goroutine (the handler) and the writer.
+type appendStream struct {
+	// budget bounds the bytes a stream has queued for the writer, so a fast
+	// primary is slowed down by the fsyncs instead of filling memory.
+	budget *semaphore.Weighted
+	wake   chan struct{} // capacity 1: "state changed", coalesced
+
+	mu       sync.Mutex
+	ack      *walshipv1.AppendResponse // newest ack not yet sent (acks are cumulative)
+	inflight int                       // requests queued or in the writer's current round
+	recvDone bool                      // the client half-closed the stream
+	stopping bool                      // graceful stop: end once inflight is 0
+	err      error                     // terminal error, sent after the last ack
+	// refused is set when the writer refused one of the stream's requests:
+	// it then drops the requests the stream queued after that one. (An
+	// error found by the receiving goroutine stops it from queuing more, so
+	// what it queued before still counts.)
+	refused bool
+}
+
+func (st *appendStream) signal() {
+	select {
+	case st.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (st *appendStream) stop() {
+	st.mu.Lock()
+	st.stopping = true
+	st.mu.Unlock()
+	st.signal()
+}
+
+func (st *appendStream) setErr(err error) {
+	st.mu.Lock()
+	if st.err == nil {
+		st.err = err
+	}
+	st.mu.Unlock()
+	st.signal()
+}
+
+func (st *appendStream) failed() bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.err != nil
+}
+
+func (st *appendStream) wasRefused() bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.refused
+}
+
+func (st *appendStream) endRecv() {
+	st.mu.Lock()
+	st.recvDone = true
+	st.mu.Unlock()
+	st.signal()
+}
+
+// finish records the outcome of n requests of one writer round: the ack to
+// send (nil for none), the error that ends the stream (nil for none).
+func (st *appendStream) finish(ack *walshipv1.AppendResponse, err error, n int, weight int64) {
+	st.mu.Lock()
+	if ack != nil {
+		st.ack = ack
+	}
+	if err != nil {
+		st.refused = true
+		if st.err == nil {
+			st.err = err
+		}
+	}
+	st.inflight -= n
+	st.mu.Unlock()
+	st.budget.Release(weight)
+	st.signal()
+}
+
+// Append receives batches and heartbeats from a primary and acknowledges
+// durable progress. One goroutine receives (receive) and this one sends.
+func (h *logStoreServer) Append(stream walshipv1.LogStoreService_AppendServer) error {
+	s := h.s
+	st, err := s.openStream()
+	if err != nil {
+		return toStatus(err)
+	}
+	defer s.closeStream(st)
+	go func() {
+		defer s.active.Done()
+		s.receive(stream, st)
+	}()
+	return toStatus(s.sendAcks(stream, st))
+}
+
+// openStream registers a new Append stream; it counts the handler and its
+// receiving goroutine in s.active.
+func (s *Server) openStream() (*appendStream, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.fatal != nil:
+		return nil, refuse(rpcerr.ErrUnavailable, "log store failed: %v", s.fatal)
+	case s.stopping:
+		return nil, errStopping
+	}
+	st := &appendStream{
+		budget: semaphore.NewWeighted(2 * int64(s.cfg.MaxMessageBytes)),
+		wake:   make(chan struct{}, 1),
+	}
+	s.streams[st] = struct{}{}
+	s.active.Add(2)
+	s.metrics.appendStreams.Inc()
+	return st, nil
+}
+
+func (s *Server) closeStream(st *appendStream) {
+	s.mu.Lock()
+	delete(s.streams, st)
+	s.mu.Unlock()
+	s.metrics.appendStreams.Dec()
+	s.active.Done()
+}
+
+// receive reads requests, checks what can be checked without the log's
+// state (in parallel with other streams: CRC, envelope shape) and queues
+// them for the writer. It returns when the stream ends or fails.
+func (s *Server) receive(stream walshipv1.LogStoreService_AppendServer, st *appendStream) {
+	ctx := stream.Context()
+	for {
+		req, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			st.endRecv()
+			return
+		}
+		if err != nil {
+			st.setErr(err)
+			return
+		}
+		if st.failed() {
+			return
+		}
+		r, err := checkRequest(req)
+		if err != nil {
+			st.setErr(err)
+			return
+		}
+		r.st = st
+		if err := st.budget.Acquire(ctx, r.weight); err != nil {
+			return // the stream is over
+		}
+		if err := s.enqueue(r); err != nil {
+			st.budget.Release(r.weight)
+			st.setErr(err)
+			return
+		}
+	}
+}
+
+func (s *Server) enqueue(r *appendReq) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.fatal != nil:
+		return refuse(rpcerr.ErrUnavailable, "log store failed: %v", s.fatal)
+	case s.stopping, s.queueClosed:
+		return errStopping
+	}
+	r.st.mu.Lock()
+	stopping := r.st.stopping
+	if !stopping {
+		r.st.inflight++
+	}
+	r.st.mu.Unlock()
+	if stopping {
+		return errStopping
+	}
+	s.queue = append(s.queue, r)
+	s.nQueued++
+	s.queued.Advance(s.nQueued)
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// sendAcks sends the stream's acks as the writer produces them, coalesced
+// (only the newest is sent if several are waiting), and ends the stream once
+// nothing is in flight and it failed, was half-closed or the log store is
+// stopping.
+func (s *Server) sendAcks(stream walshipv1.LogStoreService_AppendServer, st *appendStream) error {
+	ctx := stream.Context()
+	for {
+		select {
+		case <-st.wake:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		st.mu.Lock()
+		ack, err := st.ack, st.err
+		st.ack = nil
+		done := false
+		if st.inflight == 0 {
+			switch {
+			case err != nil, st.recvDone:
+				done = true
+			case st.stopping:
+				done, err = true, errStopping
+			}
+		}
+		st.mu.Unlock()
+		if ack != nil {
+			if err := stream.Send(ack); err != nil {
+				return err
+			}
+		}
+		if done {
+			return err
+		}
+	}
+}
+
+// checkRequest validates a request on its own, before it reaches the
+// writer: an envelope with a bad shape is a bad argument, a payload whose
+// CRC does not match is data loss.
+func checkRequest(req *walshipv1.AppendRequest) (*appendReq, error) {
+	b, hb := req.GetBatch(), req.GetHeartbeat()
+	if b == nil && hb == nil {
+		return nil, refuse(rpcerr.ErrInvalid, "append request: batch or heartbeat required")
+	}
+	r := &appendReq{hb: hb, weight: 1}
+	if b != nil {
+		if err := checkBatch(b); err != nil {
+			return nil, err
+		}
+		data, err := envelope.Marshal(b)
+		if err != nil {
+			return nil, fmt.Errorf("marshal batch %d..%d: %w", b.FirstLsn, b.LastLsn, err)
+		}
+		r.env, r.data, r.weight = b, data, int64(len(data))+1
+	}
+	return r, nil
+}
+
+func checkBatch(b *walshipv1.WalBatch) error {
+	switch {
+	case b.Epoch == 0:
+		return refuse(rpcerr.ErrInvalid, "batch.epoch: must be at least 1")
+	case b.FirstLsn == 0:
+		return refuse(rpcerr.ErrInvalid, "batch.first_lsn: must be at least 1 (LSNs start at 1)")
+	case b.LastLsn < b.FirstLsn:
+		return refuse(rpcerr.ErrInvalid, "batch.last_lsn: %d is before first_lsn %d", b.LastLsn, b.FirstLsn)
+	case b.LastLsn == math.MaxUint64:
+		return refuse(rpcerr.ErrInvalid, "batch.last_lsn: %d is out of range", b.LastLsn)
+	case b.PrevLsn != b.FirstLsn-1:
+		return refuse(rpcerr.ErrInvalid, "batch.prev_lsn: %d, want first_lsn-1 = %d", b.PrevLsn, b.FirstLsn-1)
+	case b.Codec <= 0 || b.Codec > math.MaxUint8:
+		return refuse(rpcerr.ErrInvalid, "batch.codec: %v is not a known codec (LSNs %d..%d)", b.Codec, b.FirstLsn, b.LastLsn)
+	case len(b.Payload) == 0:
+		return refuse(rpcerr.ErrInvalid, "batch.payload: empty (LSNs %d..%d)", b.FirstLsn, b.LastLsn)
+	}
+	if _, err := codec.ByID(codec.ID(b.Codec)); err != nil {
+		return refuse(rpcerr.ErrInvalid, "batch.codec: %v is not a known codec (LSNs %d..%d)", b.Codec, b.FirstLsn, b.LastLsn)
+	}
+	if err := envelope.Verify(b); err != nil {
+		return refuse(rpcerr.ErrCorrupt, "batch LSNs %d..%d (epoch %d): %v", b.FirstLsn, b.LastLsn, b.Epoch, err)
+	}
+	// The CRC matched, so the payload arrived as sent; one that does not
+	// hold exactly the envelope's LSNs, ending with a commit, was built
+	// wrong by the sender.
+	var cb codec.Batch
+	if err := envelope.Decode(b, &cb); err != nil {
+		return refuse(rpcerr.ErrInvalid, "batch.payload: does not match its envelope (LSNs %d..%d): %v", b.FirstLsn, b.LastLsn, err)
+	}
+	return nil
+}
+
+// writer is the goroutine that owns the WAL's append side. Each round takes
+// every queued request from every stream, writes the accepted batches with
+// one Append call, fsyncs once and then acknowledges each stream once. It
+// returns nil after stop is closed and the queue is drained, or the error
+// that broke the log.
+func (s *Server) writer(stop <-chan struct{}) error {
+	for {
+		s.mu.Lock()
+		reqs := s.queue
+		s.queue = nil
+		closed := s.queueClosed
+		s.mu.Unlock()
+		if len(reqs) > 0 {
+			if err := s.round(reqs); err != nil {
+				s.failAll(err, reqs)
+				return err
+			}
+			continue
+		}
+		if closed {
+			return nil
+		}
+		select {
+		case <-s.kick:
+		case <-stop:
+			s.mu.Lock()
+			s.queueClosed = true
+			s.mu.Unlock()
+		}
+	}
+}
+
+// outcome is what one writer round decided for one stream.
+type outcome struct {
+	ack    bool
+	err    error
+	n      int
+	weight int64
+}
+
+// round handles one group of requests in arrival order. A returned error is
+// fatal (the WAL or the epoch file could not be written or synced); refused
+// requests fail only their own stream.
+func (s *Server) round(reqs []*appendReq) error {
+	s.walMu.Lock()
+	defer s.walMu.Unlock()
+	outs := make(map[*appendStream]*outcome)
+	walLast := s.wal.LastLSN()
+	last := walLast
+	var entries []wal.Entry
+	var newBytes int
+	for _, r := range reqs {
+		o := outs[r.st]
+		if o == nil {
+			o = &outcome{}
+			outs[r.st] = o
+		}
+		o.n++
+		o.weight += r.weight
+		if o.err != nil || r.st.wasRefused() {
+			continue // drop what the stream sent after a refused request
+		}
+		n := len(entries)
+		refused, fatal := s.admit(r, walLast, &last, &entries)
+		if fatal != nil {
+			return fatal
+		}
+		if refused != nil {
+			o.err = refused
+			continue
+		}
+		if len(entries) > n {
+			newBytes += len(r.data)
+		}
+		o.ack = true
+	}
+	if len(entries) > 0 {
+		if err := s.wal.Append(entries...); err != nil {
+			return fmt.Errorf("append LSNs %d..%d to the wal: %w", entries[0].FirstLSN, last, err)
+		}
+		start := time.Now()
+		if err := s.wal.Sync(); err != nil {
+			s.metrics.fsyncErrors.Inc()
+			return fmt.Errorf("fsync wal: %w", err)
+		}
+		s.metrics.fsyncSeconds.Observe(time.Since(start).Seconds())
+		s.metrics.appendedBytes.Add(float64(newBytes))
+		select {
+		case s.retKick <- struct{}{}:
+		default:
+		}
+	}
+	durable, epoch := s.wal.DurableLSN(), s.epoch.Load()
+	for st, o := range outs {
+		var ack *walshipv1.AppendResponse
+		if o.ack {
+			ack = &walshipv1.AppendResponse{DurableLsn: durable, Epoch: epoch}
+		}
+		st.finish(ack, o.err, o.n, o.weight)
+	}
+	return nil
+}
+
+// admit applies the epoch and continuity rules to one request. It appends
+// an accepted batch to entries (and moves last); a retransmission of exactly
+// what is stored is accepted without being stored again.
+func (s *Server) admit(r *appendReq, walLast uint64, last *uint64, entries *[]wal.Entry) (refused, fatal error) {
+	if b := r.env; b != nil {
+		if refused, fatal = s.checkEpoch(b.Epoch, "batch"); refused != nil || fatal != nil {
+			return refused, fatal
+		}
+		switch {
+		case *last == 0 || b.FirstLsn == *last+1:
+			*entries = append(*entries, wal.Entry{FirstLSN: b.FirstLsn, LastLSN: b.LastLsn, Data: r.data})
+			*last = b.LastLsn
+		case b.FirstLsn > *last+1:
+			return refuse(rpcerr.ErrInvalid, "gap: batch starts at LSN %d, log store ends at LSN %d", b.FirstLsn, *last), nil
+		default:
+			if why := s.differsFromStored(b, r.data, walLast, *entries); why != "" {
+				return refuse(errOutOfRange, "overlap: batch LSNs %d..%d, log store ends at LSN %d and %s", b.FirstLsn, b.LastLsn, *last, why), nil
+			}
+		}
+	}
+	if hb := r.hb; hb != nil && hb.Epoch != 0 {
+		return s.checkEpoch(hb.Epoch, "heartbeat")
+	}
+	return nil, nil
+}
+
+// differsFromStored returns "" if b is a retransmission of a stored batch
+// (same LSN range, same bytes), else why it is not. pending are the entries
+// accepted in this round and not yet written.
+func (s *Server) differsFromStored(b *walshipv1.WalBatch, data []byte, walLast uint64, pending []wal.Entry) string {
+	compare := func(e wal.Entry) string {
+		switch {
+		case e.FirstLSN != b.FirstLsn || e.LastLSN != b.LastLsn:
+			return fmt.Sprintf("stores LSN %d in batch %d..%d", b.FirstLsn, e.FirstLSN, e.LastLSN)
+		case !bytes.Equal(e.Data, data):
+			return "holds different data for them"
+		}
+		return ""
+	}
+	if b.FirstLsn > walLast {
+		for _, e := range pending {
+			if e.LastLSN >= b.FirstLsn {
+				return compare(e)
+			}
+		}
+		return "holds different data for them" // not reached: b overlaps a pending entry
+	}
+	r, err := s.wal.NewReader(b.FirstLsn, false)
+	if errors.Is(err, wal.ErrCompacted) {
+		return fmt.Sprintf("no longer keeps LSN %d (first LSN is %d)", b.FirstLsn, s.wal.FirstLSN())
+	}
+	if err != nil {
+		return fmt.Sprintf("cannot read the stored batch: %v", err)
+	}
+	defer r.Close()
+	// The entry is written, so Next does not wait; the timeout is a guard.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	e, err := r.Next(ctx)
+	if err != nil {
+		return fmt.Sprintf("cannot read the stored batch: %v", err)
+	}
+	return compare(e)
+}
+
+// checkEpoch refuses an epoch lower than the highest seen and adopts a
+// higher one, persisting it before anything of that epoch is acknowledged
+// (acks only go out at the end of the round).
+func (s *Server) checkEpoch(e uint64, what string) (refused, fatal error) {
+	h := s.epoch.Load()
+	switch {
+	case e < h:
+		return refuse(rpcerr.ErrStaleEpoch, "stale epoch %d, log store is at epoch %d", e, h), nil
+	case e > h:
+		if err := s.persistEpoch(e); err != nil {
+			var se *syncError
+			if errors.As(err, &se) {
+				s.metrics.fsyncErrors.Inc()
+			}
+			return nil, err
+		}
+		s.epoch.Store(e)
+		s.logger.Info("adopted a new epoch", "epoch", e, "previous", h, "seen_in", what)
+	}
+	return nil, nil
+}
+
+// failAll fails every stream after a fatal error: the requests of the
+// failed round, everything queued, and every open stream.
+func (s *Server) failAll(err error, round []*appendReq) {
+	failure := refuse(rpcerr.ErrUnavailable, "log store failed: %v", err)
+	for _, r := range round {
+		r.st.finish(nil, failure, 1, r.weight)
+	}
+	s.mu.Lock()
+	s.fatal = err
+	s.queueClosed = true
+	queued := s.queue
+	s.queue = nil
+	for st := range s.streams {
+		st.setErr(failure)
+	}
+	s.mu.Unlock()
+	for _, r := range queued {
+		r.st.finish(nil, failure, 1, r.weight)
+	}
+}

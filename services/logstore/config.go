@@ -1,0 +1,98 @@
+package logstore
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/walship/walship/internal/vfs"
+)
+
+// Config configures a log store.
+type Config struct {
+	// Listen is the gRPC address.
+	Listen string
+	// MetricsListen is the HTTP address of /metrics; empty disables it.
+	MetricsListen string
+	// DataDir holds the WAL (DataDir/wal) and the highest epoch seen
+	// (DataDir/epoch).
+	DataDir string
+	// FS is the filesystem; nil means the real one. Tests inject faults here.
+	FS vfs.FS
+
+	// SegmentBytes is the WAL segment size: the unit retention removes.
+	SegmentBytes int64
+	// RetentionBytes bounds the bytes kept: whole old segments are removed
+	// while the log is bigger (the active segment is always kept). 0 keeps
+	// everything.
+	RetentionBytes int64
+	// RetentionAge removes whole segments whose newest batch was committed
+	// (by the primary's clock, commit_time_unix_nano) longer ago than this.
+	// 0 keeps everything.
+	RetentionAge time.Duration
+	// MaxMessageBytes bounds a gRPC message: it must admit the largest batch
+	// a primary sends.
+	MaxMessageBytes int
+
+	// Now is the clock retention by age compares commit times with; nil
+	// means time.Now.
+	Now func() time.Time
+	// Logger receives structured logs; nil discards them.
+	Logger *slog.Logger
+	// Registry receives the log store's metrics; nil means a private registry.
+	Registry *prometheus.Registry
+	// StopTimeout bounds the graceful stop.
+	StopTimeout time.Duration
+}
+
+// Defaults and bounds.
+const (
+	DefaultSegmentBytes    = 64 << 20
+	DefaultRetentionBytes  = 1 << 30
+	DefaultMaxMessageBytes = 64 << 20
+	// MinSegmentBytes is the smallest segment size accepted. Small segments
+	// only cost files; tests use them to exercise retention.
+	MinSegmentBytes = 4 << 10
+)
+
+// DefaultConfig returns a Config with every default filled in; callers set
+// DataDir (and usually the addresses).
+func DefaultConfig() Config {
+	return Config{
+		Listen:          ":7400",
+		MetricsListen:   ":9400",
+		SegmentBytes:    DefaultSegmentBytes,
+		RetentionBytes:  DefaultRetentionBytes,
+		MaxMessageBytes: DefaultMaxMessageBytes,
+		StopTimeout:     30 * time.Second,
+	}
+}
+
+// Validate reports every invalid setting, naming its flag.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.DataDir == "" {
+		errs = append(errs, errors.New("--data-dir: required"))
+	}
+	if c.Listen == "" {
+		errs = append(errs, errors.New("--listen: required"))
+	}
+	if c.SegmentBytes < MinSegmentBytes {
+		errs = append(errs, fmt.Errorf("--segment-bytes: %d is below %d", c.SegmentBytes, MinSegmentBytes))
+	}
+	if c.RetentionBytes < 0 {
+		errs = append(errs, fmt.Errorf("--retention-bytes: %d is negative (0 keeps everything)", c.RetentionBytes))
+	}
+	if c.RetentionAge < 0 {
+		errs = append(errs, fmt.Errorf("--retention-age: %v is negative (0 keeps everything)", c.RetentionAge))
+	}
+	if c.MaxMessageBytes < 1<<20 {
+		errs = append(errs, fmt.Errorf("max message bytes: %d is below 1MiB", c.MaxMessageBytes))
+	}
+	if c.StopTimeout < 0 {
+		errs = append(errs, fmt.Errorf("stop timeout: %v is negative", c.StopTimeout))
+	}
+	return errors.Join(errs...)
+}

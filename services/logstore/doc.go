@@ -1,0 +1,83 @@
+// Package logstore is walship's log store: it keeps the WAL a primary ships
+// durably, so that a replica that fell behind the primary's retention can
+// catch up from it (the second rung of the catch-up ladder).
+//
+// # Append
+//
+// A primary opens one bidirectional Append stream and sends batches (and
+// heartbeats while idle). Each stream has one receiving goroutine, which
+// checks each request on its own (envelope shape, CRC-32C of the payload,
+// payload LSNs matching the envelope) and queues it, and one sending
+// goroutine (the handler), which sends acknowledgements. A single writer
+// goroutine owns the WAL. Each round it takes every queued request of every
+// stream, in arrival order, and applies the log's rules:
+//
+//   - an epoch below the highest seen fails the stream with
+//     FAILED_PRECONDITION ("stale epoch E, log store is at epoch H"); a
+//     higher one is adopted and written to DataDir/epoch (temporary file,
+//     fsync, rename, directory fsync) before anything of that epoch is
+//     acknowledged. A heartbeat's epoch (when set) is checked the same way,
+//     so a deposed primary learns it is fenced even while idle;
+//   - an empty log store accepts any first LSN (a primary may start
+//     shipping mid-log); otherwise a batch must start at the last LSN + 1.
+//     A gap fails with INVALID_ARGUMENT, an overlap with OUT_OF_RANGE —
+//     unless the batch is exactly a stored one (same LSN range, same bytes),
+//     a retransmission, which is acknowledged without being stored twice.
+//
+// The accepted batches are written with one WAL Append, fsynced once, and
+// then each stream that sent something in the round gets one cumulative
+// AppendResponse{durable_lsn, epoch} (acks are coalesced: a slow stream only
+// ever sees the newest). A heartbeat is answered the same way, which is how
+// a primary learns the log store's position after it connects. The bytes
+// stored are envelope.Marshal of the batch: deterministic, so identical to
+// what the primary stored in its own WAL.
+//
+// A bad CRC fails the stream with DATA_LOSS naming the LSNs; a malformed
+// envelope (epoch or first_lsn 0, last_lsn before first_lsn, prev_lsn not
+// first_lsn-1, unknown codec, empty payload, payload not holding the
+// envelope's LSNs) with INVALID_ARGUMENT naming the field. Nothing of a
+// refused batch is stored; batches the same stream sent before it in the
+// round are stored and acknowledged before the error ends the stream.
+//
+// A failed WAL write or fsync (or epoch file fsync) is fatal: the log's
+// state on disk is unknown and retrying an fsync can report success for lost
+// data. Every stream fails with UNAVAILABLE, the log store stops and Run
+// returns the error. Each stream may have at most twice the maximum message
+// size queued, so a primary faster than the disk is slowed down by flow
+// control rather than growing memory.
+//
+// # Read
+//
+// Read streams stored batches, byte for byte, from the batch containing
+// from_lsn. from_lsn 0 means "from the oldest LSN kept". An LSN older than
+// the oldest kept fails with OUT_OF_RANGE ("LSN X is no longer kept (first
+// LSN is Y)"), the signal for a replica to fall back to a snapshot; so does
+// a from_lsn beyond the durable end + 1 without follow (from_lsn = end + 1
+// returns an empty stream). With follow the stream continues with new
+// batches as they become durable, woken by the WAL (no polling); a follower
+// may ask for an LSN not written yet and waits for it. to_lsn stops the
+// stream after the batch containing it; to_lsn below from_lsn is
+// INVALID_ARGUMENT. Only durable batches are sent, and each is unmarshalled
+// and verified (CRC) again before it is sent: a damaged one fails the stream
+// with DATA_LOSS and is never sent.
+//
+// # Retention
+//
+// A background goroutine, woken after every round that wrote and by a
+// ticker when an age limit is set, removes whole sealed segments, oldest
+// first, while the log is bigger than RetentionBytes or while the segment's
+// newest batch was committed more than RetentionAge ago. A segment's age is
+// the commit_time_unix_nano of its newest batch, that is the primary's
+// clock: the same on every copy of the log and independent of file times;
+// a skewed primary clock skews retention by as much. The active segment and
+// anything not durable are never removed.
+//
+// # Lifecycle
+//
+// New recovers the WAL (a torn tail is cut) and the epoch, and listens;
+// health is NOT_SERVING until Run starts. On ctx cancellation Run turns
+// health NOT_SERVING, refuses new streams, ends Read streams with
+// UNAVAILABLE, lets Append streams have their in-flight batches fsynced and
+// acknowledged (then ends them with UNAVAILABLE "log store is stopping"),
+// closes the WAL and unregisters its metrics.
+package logstore

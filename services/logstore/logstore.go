@@ -1,0 +1,293 @@
+package logstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/serve"
+	"github.com/walship/walship/internal/vfs"
+	"github.com/walship/walship/internal/wal"
+	"github.com/walship/walship/internal/watermark"
+	"google.golang.org/grpc"
+)
+
+// Server is a log store. New recovers it from its data directory; Run
+// serves it.
+type Server struct {
+	cfg     Config
+	logger  *slog.Logger
+	fs      vfs.FS
+	now     func() time.Time
+	srv     *serve.Server
+	wal     *wal.Log
+	metrics *metrics
+
+	// epoch is the highest epoch seen. Only the writer goroutine raises it,
+	// after persisting it; everyone may read it.
+	epoch atomic.Uint64
+
+	// walMu serialises the WAL's single-writer operations: the writer's
+	// Append+Sync rounds and retention's TruncateBefore.
+	walMu sync.Mutex
+
+	// mu guards the append queue, the registered streams and the
+	// lifecycle flags below.
+	mu          sync.Mutex
+	queue       []*appendReq
+	streams     map[*appendStream]struct{}
+	stopping    bool  // graceful stop began: no new streams or requests
+	queueClosed bool  // the writer has exited or is about to
+	fatal       error // the WAL failed; set once
+	kick        chan struct{}
+	nQueued     uint64              // requests ever queued
+	queued      watermark.Watermark // nQueued, for waiters (tests)
+
+	// active tracks RPC handlers and their receive goroutines, so Run
+	// closes the WAL only after every one has returned. Add is only called
+	// under mu while !stopping, and Run waits after setting stopping.
+	active sync.WaitGroup
+
+	// stopReads is cancelled when the graceful stop begins, ending Read
+	// streams (followers would otherwise never end).
+	stopReads       context.Context
+	cancelStopReads context.CancelFunc
+
+	retKick   chan struct{}
+	firstKept watermark.Watermark  // FirstLSN after each retention pass, for waiters
+	retMu     sync.Mutex           // one retention pass at a time; guards commitAt
+	commitAt  map[uint64]time.Time // segment first LSN -> commit time of its newest batch
+
+	serving atomic.Bool
+}
+
+// New opens the data directory, recovers the WAL and the highest epoch seen,
+// and listens. Health reports NOT_SERVING until Run has started.
+func New(cfg Config) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	s := &Server{
+		cfg:      cfg,
+		logger:   cfg.Logger,
+		fs:       cfg.FS,
+		now:      cfg.Now,
+		streams:  make(map[*appendStream]struct{}),
+		kick:     make(chan struct{}, 1),
+		retKick:  make(chan struct{}, 1),
+		commitAt: make(map[uint64]time.Time),
+	}
+	if s.logger == nil {
+		s.logger = slog.New(slog.DiscardHandler)
+	}
+	if s.fs == nil {
+		s.fs = vfs.OS
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	s.stopReads, s.cancelStopReads = context.WithCancel(context.Background())
+	reg := cfg.Registry
+	if reg == nil {
+		reg = serve.NewRegistry()
+	}
+	if err := s.recover(); err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(reg, s)
+	if err != nil {
+		_ = s.wal.Close()
+		return nil, fmt.Errorf("register metrics: %w", err)
+	}
+	s.metrics = m
+	srv, err := serve.New(serve.Options{
+		Listen:          cfg.Listen,
+		MetricsListen:   cfg.MetricsListen,
+		MaxMessageBytes: cfg.MaxMessageBytes,
+		Registry:        reg,
+		Logger:          s.logger,
+		StopTimeout:     cfg.StopTimeout,
+	}, func(g *grpc.Server) {
+		walshipv1.RegisterLogStoreServiceServer(g, &logStoreServer{s: s})
+		walshipv1.RegisterAdminServiceServer(g, &adminServer{s: s})
+	})
+	if err != nil {
+		m.unregister()
+		_ = s.wal.Close()
+		return nil, err
+	}
+	s.srv = srv
+	return s, nil
+}
+
+// recover reads the epoch file and opens the WAL.
+func (s *Server) recover() error {
+	if err := s.fs.MkdirAll(s.cfg.DataDir, 0o755); err != nil {
+		return fmt.Errorf("create %s: %w", s.cfg.DataDir, err)
+	}
+	epoch, err := readEpoch(s.fs, s.epochPath())
+	if err != nil {
+		return err
+	}
+	s.epoch.Store(epoch)
+	log, err := wal.Open(wal.Options{
+		Dir:         filepath.Join(s.cfg.DataDir, "wal"),
+		FS:          s.fs,
+		SegmentSize: s.cfg.SegmentBytes,
+		Logger:      s.logger,
+	})
+	if err != nil {
+		return fmt.Errorf("open wal: %w", err)
+	}
+	s.wal = log
+	if ri := log.Recovery(); ri.TornSegment != "" {
+		s.logger.Warn("cut a torn WAL tail", "segment", ri.TornSegment, "offset", ri.TornOffset, "bytes", ri.TornBytes, "reason", ri.TornReason)
+	}
+	s.firstKept.Advance(log.FirstLSN())
+	s.logger.Info("recovered", "first_lsn", log.FirstLSN(), "durable_lsn", log.DurableLSN(), "epoch", epoch,
+		"segments", log.Segments(), "wal_bytes", log.Size())
+	return nil
+}
+
+func (s *Server) epochPath() string { return filepath.Join(s.cfg.DataDir, "epoch") }
+
+// readEpoch returns the epoch stored in path, 0 if there is none yet.
+func readEpoch(fs vfs.FS, path string) (uint64, error) {
+	b, err := vfs.ReadFile(fs, path)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read epoch: %w", err)
+	}
+	e, err := strconv.ParseUint(strings.TrimSuffix(string(b), "\n"), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("epoch file %s holds %q, not an epoch: %w", path, b, err)
+	}
+	return e, nil
+}
+
+// persistEpoch durably replaces the epoch file: write a temporary file,
+// fsync it, rename it over the old one and fsync the directory, so a crash
+// leaves either the old epoch or the new one.
+func (s *Server) persistEpoch(epoch uint64) error {
+	path := s.epochPath()
+	tmp := path + ".tmp"
+	f, err := s.fs.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return fmt.Errorf("persist epoch %d: %w", epoch, err)
+	}
+	data := strconv.AppendUint(nil, epoch, 10)
+	data = append(data, '\n')
+	if _, err := f.Write(data); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("persist epoch %d: write %s: %w", epoch, tmp, err)
+	}
+	if err := f.Sync(); err != nil {
+		_ = f.Close()
+		return &syncError{fmt.Errorf("persist epoch %d: sync %s: %w", epoch, tmp, err)}
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("persist epoch %d: close %s: %w", epoch, tmp, err)
+	}
+	if err := s.fs.Rename(tmp, path); err != nil {
+		return fmt.Errorf("persist epoch %d: %w", epoch, err)
+	}
+	if err := s.fs.SyncDir(s.cfg.DataDir); err != nil {
+		return &syncError{fmt.Errorf("persist epoch %d: sync dir %s: %w", epoch, s.cfg.DataDir, err)}
+	}
+	return nil
+}
+
+// syncError marks a failed fsync, for the fsync error counter.
+type syncError struct{ err error }
+
+func (e *syncError) Error() string { return e.err.Error() }
+func (e *syncError) Unwrap() error { return e.err }
+
+// Addr is the gRPC address the log store listens on.
+func (s *Server) Addr() string { return s.srv.Addr().String() }
+
+// MetricsAddr is the metrics address, or "" when disabled.
+func (s *Server) MetricsAddr() string {
+	if a := s.srv.MetricsAddr(); a != nil {
+		return a.String()
+	}
+	return ""
+}
+
+func (s *Server) setServing(ok bool) {
+	s.serving.Store(ok)
+	s.srv.SetServing(ok)
+}
+
+// Run serves until ctx is done, then stops gracefully: health turns
+// NOT_SERVING, new streams are refused, Read streams end, Append streams
+// get their in-flight batches fsynced and acknowledged before they end with
+// UNAVAILABLE, and the WAL is closed. A failed WAL write or fsync is fatal:
+// every stream fails, the log store stops and Run returns the error.
+func (s *Server) Run(ctx context.Context) error {
+	stopWriter := make(chan struct{})
+	writerDone := make(chan error, 1)
+	go func() { writerDone <- s.writer(stopWriter) }()
+
+	retCtx, stopRetention := context.WithCancel(context.Background())
+	defer stopRetention()
+	retDone := make(chan struct{})
+	go func() { defer close(retDone); s.retention(retCtx) }()
+
+	serveCtx, stopServe := context.WithCancel(ctx)
+	defer stopServe()
+	serveDone := make(chan error, 1)
+	go func() { serveDone <- s.srv.Serve(serveCtx, s.beginStop) }()
+	s.setServing(true)
+	s.logger.Info("log store serving", "addr", s.Addr(), "metrics", s.MetricsAddr(), "epoch", s.epoch.Load(),
+		"first_lsn", s.wal.FirstLSN(), "durable_lsn", s.wal.DurableLSN(),
+		"retention_bytes", s.cfg.RetentionBytes, "retention_age", s.cfg.RetentionAge)
+
+	var serveErr, fatal error
+	select {
+	case fatal = <-writerDone:
+		s.logger.Error("log store failed; stopping", "err", fatal)
+		stopServe()
+		serveErr = <-serveDone
+	case serveErr = <-serveDone:
+		// Every call has returned, so nothing new is queued: let the
+		// writer finish what is (nothing, normally) and exit.
+		close(stopWriter)
+		fatal = <-writerDone
+	}
+	s.setServing(false)
+	s.beginStop() // in case Serve failed before its own stop ran
+	stopRetention()
+	<-retDone
+	s.active.Wait()
+	if err := s.wal.Close(); err != nil && !errors.Is(err, wal.ErrClosed) && fatal == nil {
+		fatal = fmt.Errorf("close wal: %w", err)
+	}
+	s.cancelStopReads()
+	s.metrics.unregister()
+	return errors.Join(fatal, serveErr)
+}
+
+// beginStop refuses new streams and requests, ends Read streams and tells
+// Append streams to finish once their in-flight batches are acknowledged.
+// It runs after health turns NOT_SERVING and before the gRPC server stops.
+func (s *Server) beginStop() {
+	s.mu.Lock()
+	s.stopping = true
+	for st := range s.streams {
+		st.stop()
+	}
+	s.mu.Unlock()
+	s.cancelStopReads()
+}

@@ -1,0 +1,81 @@
+package logstore
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the log store's Prometheus metrics, registered on the injected
+// registry in New and unregistered when Run returns.
+type metrics struct {
+	reg        prometheus.Registerer
+	collectors []prometheus.Collector
+
+	appendedBytes prometheus.Counter
+	readBytes     prometheus.Counter
+	fsyncSeconds  prometheus.Histogram
+	fsyncErrors   prometheus.Counter
+	appendStreams prometheus.Gauge
+	readStreams   prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
+	m := &metrics{reg: reg}
+	m.appendedBytes = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "walship_logstore_appended_bytes_total",
+		Help: "Envelope bytes appended to the log store's WAL (retransmissions not counted).",
+	})
+	m.readBytes = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "walship_logstore_read_bytes_total",
+		Help: "Envelope bytes sent to Read streams.",
+	})
+	m.fsyncSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "walship_logstore_fsync_duration_seconds",
+		Help:    "Duration of the log store's group fsyncs: one per round of appends, whatever the number of batches and streams in it.",
+		Buckets: prometheus.ExponentialBuckets(25e-6, 2, 16),
+	})
+	m.fsyncErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "walship_wal_fsync_errors_total",
+		Help: "Failed fsyncs of the log store's WAL or epoch file; each one is fatal to the log store.",
+	})
+	m.appendStreams = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "walship_logstore_append_streams",
+		Help: "Connected Append streams (primaries shipping their WAL).",
+	})
+	m.readStreams = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "walship_logstore_read_streams",
+		Help: "Open Read streams.",
+	})
+	durable := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "walship_logstore_durable_lsn",
+		Help: "Last LSN fsynced by the log store.",
+	}, func() float64 { return float64(s.wal.DurableLSN()) })
+	first := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "walship_logstore_first_lsn",
+		Help: "Oldest LSN the log store still keeps (0 when empty).",
+	}, func() float64 { return float64(s.wal.FirstLSN()) })
+	stored := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "walship_logstore_stored_bytes",
+		Help: "Size of the log store's WAL segment files.",
+	}, func() float64 { return float64(s.wal.Size()) })
+	epoch := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "walship_logstore_epoch",
+		Help: "Highest epoch the log store has seen (and persisted).",
+	}, func() float64 { return float64(s.epoch.Load()) })
+	m.collectors = []prometheus.Collector{m.appendedBytes, m.readBytes, m.fsyncSeconds, m.fsyncErrors,
+		m.appendStreams, m.readStreams, durable, first, stored, epoch}
+	for i, c := range m.collectors {
+		if err := reg.Register(c); err != nil {
+			for _, r := range m.collectors[:i] {
+				reg.Unregister(r)
+			}
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) unregister() {
+	for _, c := range m.collectors {
+		m.reg.Unregister(c)
+	}
+}

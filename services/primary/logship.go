@@ -1,0 +1,141 @@
+package primary
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/wal"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// shipLogStore keeps one log store fed: it dials, asks where the log store
+// is, streams durable WAL batches from there, and records the log store's
+// cumulative durable acks. It reconnects with backoff until ctx ends.
+func (s *Server) shipLogStore(ctx context.Context, addr string) {
+	log := s.logger.With("logstore", addr)
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(streamMessageBytes), grpc.MaxCallSendMsgSize(streamMessageBytes)))
+	if err != nil {
+		log.Error("bad log store address", "err", err)
+		return
+	}
+	defer conn.Close()
+	client := walshipv1.NewLogStoreServiceClient(conn)
+	backoff := newBackoff()
+	for ctx.Err() == nil {
+		began := time.Now()
+		err := s.shipOnce(ctx, client, addr)
+		if time.Since(began) > 10*time.Second {
+			backoff = newBackoff() // it was healthy for a while: retry quickly
+		}
+		s.peers.updateLogStore(addr, func(l *logstorePos) { l.connected = false })
+		if ctx.Err() != nil {
+			return
+		}
+		log.Warn("log store stream ended; reconnecting", "err", err)
+		if !backoff.wait(ctx) {
+			return
+		}
+	}
+}
+
+func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceClient, addr string) error {
+	st, err := client.Status(ctx, &walshipv1.LogStoreServiceStatusRequest{}, grpc.WaitForReady(true))
+	if err != nil {
+		return fmt.Errorf("status: %w", err)
+	}
+	if st.Epoch > s.epoch {
+		return fmt.Errorf("log store has seen epoch %d, newer than ours (%d): this primary is deposed", st.Epoch, s.epoch)
+	}
+	from := st.DurableLsn + 1
+	if st.DurableLsn == 0 {
+		// An empty log store starts at the oldest batch we still have.
+		from = max(s.wal.FirstLSN(), 1)
+	}
+	rd, err := s.wal.NewReader(from, true)
+	if err != nil {
+		if errors.Is(err, wal.ErrCompacted) {
+			return fmt.Errorf("log store is at LSN %d but the primary's WAL starts at %d: the log store has a gap it cannot fill from here: %w", st.DurableLsn, s.wal.FirstLSN(), err)
+		}
+		return fmt.Errorf("read wal from %d: %w", from, err)
+	}
+	defer rd.Close()
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := client.Append(sctx)
+	if err != nil {
+		return fmt.Errorf("append: %w", err)
+	}
+	s.peers.updateLogStore(addr, func(l *logstorePos) { l.connected, l.durable = true, max(l.durable, st.DurableLsn) })
+	s.logger.Info("shipping to log store", "logstore", addr, "from_lsn", from)
+	recvDone := make(chan error, 1)
+	go func() {
+		for {
+			ack, err := stream.Recv()
+			if err != nil {
+				recvDone <- err
+				return
+			}
+			s.peers.updateLogStore(addr, func(l *logstorePos) {
+				l.durable = max(l.durable, ack.DurableLsn)
+				l.lastAck = time.Now()
+			})
+		}
+	}()
+	sendErr := func() error {
+		for {
+			nctx, ncancel := context.WithTimeout(sctx, s.cfg.HeartbeatInterval)
+			e, err := rd.Next(nctx)
+			ncancel()
+			switch {
+			case errors.Is(err, context.DeadlineExceeded) && sctx.Err() == nil:
+				err = stream.Send(&walshipv1.AppendRequest{Heartbeat: &walshipv1.Heartbeat{
+					Epoch: s.epoch, LastLsn: s.wal.DurableLSN(), TimeUnixNano: time.Now().UnixNano(), ReplyRequested: true}})
+			case err != nil:
+				return err
+			default:
+				err = stream.Send(withRawBatch(&walshipv1.AppendRequest{}, e.Data))
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}()
+	cancel()
+	rerr := <-recvDone
+	if errors.Is(sendErr, io.EOF) || errors.Is(sendErr, context.Canceled) {
+		// The receive side holds the log store's reason.
+		return rerr
+	}
+	return sendErr
+}
+
+// streamMessageBytes bounds a replication or log store stream message: a
+// batch is at most MaxBatchBytes plus one transaction, which the gRPC
+// message limit already bounds.
+const streamMessageBytes = 64 << 20
+
+// backoff is an exponential reconnect delay with jitter (50ms..2s).
+type backoff struct{ d time.Duration }
+
+func newBackoff() *backoff { return &backoff{d: 50 * time.Millisecond} }
+
+// wait waits for the current delay (jittered) or ctx, then doubles the delay.
+func (b *backoff) wait(ctx context.Context) bool {
+	d := b.d/2 + rand.N(b.d/2+1)
+	b.d = min(2*b.d, 2*time.Second)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

@@ -1,0 +1,246 @@
+package primary
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"regexp"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/state"
+	"github.com/walship/walship/internal/wal"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+)
+
+// replServer is the primary's ReplicationService.
+type replServer struct {
+	walshipv1.UnimplementedReplicationServiceServer
+	s *Server
+}
+
+var replicaIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+
+// withRawBatch sets stored envelope bytes as field 1 (the batch) of m —
+// a StreamResponse or an AppendRequest — without unmarshalling and
+// re-marshalling them: the bytes the WAL holds are the bytes every replica
+// and log store receives. Protobuf marshals unknown fields byte for byte, and
+// the receiver parses them as the batch field.
+func withRawBatch[M proto.Message](m M, data []byte) M {
+	b := protowire.AppendTag(make([]byte, 0, len(data)+protowire.SizeVarint(uint64(len(data)))+1), 1, protowire.BytesType)
+	m.ProtoReflect().SetUnknown(protowire.AppendBytes(b, data))
+	return m
+}
+
+// Stream serves one replica: batches from its next LSN on, heartbeats when
+// idle; its cumulative acks update the positions sync commits wait for.
+func (r *replServer) Stream(stream walshipv1.ReplicationService_StreamServer) error {
+	s := r.s
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	hello := first.GetHello()
+	switch {
+	case hello == nil:
+		return status.Error(codes.InvalidArgument, "hello: the first message of a stream must be a hello")
+	case !replicaIDPattern.MatchString(hello.GetReplicaId()):
+		return status.Errorf(codes.InvalidArgument, "hello.replica_id: %q is not 1..64 of [A-Za-z0-9._-]", hello.GetReplicaId())
+	case hello.GetNextLsn() == 0:
+		return status.Error(codes.InvalidArgument, "hello.next_lsn: must be at least 1")
+	case hello.GetEpoch() > s.epoch:
+		return status.Errorf(codes.FailedPrecondition, "hello.epoch: replica has seen epoch %d, newer than this primary's %d: this primary is deposed", hello.GetEpoch(), s.epoch)
+	}
+	id, next := hello.GetReplicaId(), hello.GetNextLsn()
+	if last := s.wal.LastLSN(); next > last+1 {
+		return status.Errorf(codes.FailedPrecondition, "hello.next_lsn: replica %s is ahead of the primary (next LSN %d, primary's last LSN %d): its log diverged", id, next, last)
+	}
+	rd, err := s.wal.NewReader(next, true)
+	if errors.Is(err, wal.ErrCompacted) || (err == nil && next <= s.walResetFloor()) {
+		if rd != nil {
+			rd.Close()
+		}
+		s.metrics.replicaOutOfRange.Inc()
+		return status.Errorf(codes.OutOfRange, "hello.next_lsn: LSN %d is no longer retained by the primary (first retained LSN %d); catch up from a log store or a snapshot", next, s.wal.FirstLSN())
+	}
+	if err != nil {
+		return status.Errorf(codes.Internal, "read wal from LSN %d: %v", next, err)
+	}
+	defer rd.Close()
+
+	s.logger.Info("replica connected", "replica", id, "next_lsn", next)
+	s.peers.updateReplica(id, func(p *replicaPos) {
+		// Until its first ack, trust only what the hello implies.
+		p.connected = true
+		p.written, p.flushed, p.applied = next-1, min(p.flushed, next-1), min(p.applied, next-1)
+		p.lastAck = time.Now()
+	})
+	defer func() {
+		s.peers.updateReplica(id, func(p *replicaPos) { p.connected = false })
+		s.logger.Info("replica disconnected", "replica", id)
+	}()
+
+	ctx, cancel := context.WithCancel(stream.Context())
+	defer cancel()
+	recvDone := make(chan error, 1)
+	go func() { recvDone <- r.receiveAcks(ctx, id, stream) }()
+
+	err = r.send(ctx, id, next, rd, stream)
+	cancel()
+	rerr := <-recvDone
+	if err == nil || errors.Is(err, context.Canceled) {
+		err = rerr
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+// receiveAcks applies the replica's cumulative acks until the stream ends.
+func (r *replServer) receiveAcks(ctx context.Context, id string, stream walshipv1.ReplicationService_StreamServer) error {
+	for {
+		m, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		switch x := m.GetMsg().(type) {
+		case *walshipv1.StreamRequest_Ack:
+			a := x.Ack
+			if a.WrittenLsn < a.FlushedLsn || a.FlushedLsn < a.AppliedLsn {
+				return status.Errorf(codes.InvalidArgument, "ack: written %d >= flushed %d >= applied %d does not hold", a.WrittenLsn, a.FlushedLsn, a.AppliedLsn)
+			}
+			if last := r.s.wal.LastLSN(); a.WrittenLsn > last {
+				return status.Errorf(codes.InvalidArgument, "ack.written_lsn: %d is beyond the primary's last LSN %d", a.WrittenLsn, last)
+			}
+			r.s.peers.updateReplica(id, func(p *replicaPos) {
+				// Cumulative: a reordered or repeated ack never moves a position back.
+				p.written, p.flushed, p.applied = max(p.written, a.WrittenLsn), max(p.flushed, a.FlushedLsn), max(p.applied, a.AppliedLsn)
+				p.lastAck = time.Now()
+			})
+		case *walshipv1.StreamRequest_Heartbeat:
+			r.s.peers.updateReplica(id, func(p *replicaPos) { p.lastAck = time.Now() })
+		case *walshipv1.StreamRequest_Hello:
+			return status.Error(codes.InvalidArgument, "hello: sent twice on one stream")
+		default:
+			return status.Error(codes.InvalidArgument, "msg: empty stream message")
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+}
+
+// send streams durable WAL batches from next on, with a heartbeat whenever
+// the stream was idle for a heartbeat interval. A replica that falls more
+// than MaxReplicaLagBytes behind is cut off with OUT_OF_RANGE: it catches up
+// from a log store instead of pinning the primary's WAL.
+func (r *replServer) send(ctx context.Context, id string, next uint64, rd *wal.Reader, stream walshipv1.ReplicationService_StreamServer) error {
+	s := r.s
+	firstEntry := true
+	for {
+		nctx, cancel := context.WithTimeout(ctx, s.cfg.HeartbeatInterval)
+		e, err := rd.Next(nctx)
+		cancel()
+		switch {
+		case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
+			hb := &walshipv1.StreamResponse{Msg: &walshipv1.StreamResponse_Heartbeat{Heartbeat: &walshipv1.Heartbeat{
+				Epoch: s.epoch, LastLsn: s.wal.DurableLSN(), TimeUnixNano: time.Now().UnixNano(), ReplyRequested: true}}}
+			if err := stream.Send(hb); err != nil {
+				return err
+			}
+			continue
+		case errors.Is(err, wal.ErrCompacted):
+			return status.Errorf(codes.OutOfRange, "replica %s: the WAL it needs was removed by retention; catch up from a log store or a snapshot", id)
+		case err != nil:
+			return err
+		}
+		if firstEntry && e.FirstLSN != next {
+			return status.Errorf(codes.FailedPrecondition, "hello.next_lsn: %d is not a batch boundary (the batch holding it starts at %d): the replica's log diverged", next, e.FirstLSN)
+		}
+		firstEntry = false
+		if err := stream.Send(withRawBatch(&walshipv1.StreamResponse{}, e.Data)); err != nil {
+			return err
+		}
+		n := uint64(len(e.Data))
+		s.peers.updateReplica(id, func(p *replicaPos) { p.sentBytes += n })
+		s.metrics.sentBytes.WithLabelValues(id).Add(float64(n))
+		if lagBytes, _ := s.index.lag(s.replicaFlushed(id), time.Now()); s.cfg.MaxReplicaLagBytes > 0 && lagBytes > uint64(s.cfg.MaxReplicaLagBytes) {
+			return status.Errorf(codes.OutOfRange, "replica %s is %d bytes behind, more than --max-replica-lag-bytes %d; catch up from a log store", id, lagBytes, s.cfg.MaxReplicaLagBytes)
+		}
+	}
+}
+
+func (s *Server) replicaFlushed(id string) uint64 {
+	s.peers.mu.Lock()
+	defer s.peers.mu.Unlock()
+	if r, ok := s.peers.replicas[id]; ok {
+		return r.flushed
+	}
+	return 0
+}
+
+// walResetFloor is the LSN up to which the primary has state but no WAL
+// (a WAL restarted after a snapshot): a replica needing those LSNs must take
+// a snapshot.
+func (s *Server) walResetFloor() uint64 {
+	if s.wal.FirstLSN() == 0 {
+		return s.wal.LastLSN()
+	}
+	return s.wal.FirstLSN() - 1
+}
+
+// snapshotChunkBytes bounds one SnapshotChunk message.
+const snapshotChunkBytes = 1 << 20
+
+// Snapshot streams the visible state at one LSN.
+func (r *replServer) Snapshot(req *walshipv1.SnapshotRequest, stream walshipv1.ReplicationService_SnapshotServer) error {
+	if id := req.GetReplicaId(); id != "" && !replicaIDPattern.MatchString(id) {
+		return status.Errorf(codes.InvalidArgument, "replica_id: %q is not 1..64 of [A-Za-z0-9._-]", id)
+	}
+	s := r.s
+	v := s.store.Snapshot()
+	s.logger.Info("streaming snapshot", "replica", req.GetReplicaId(), "lsn", v.AppliedLSN(), "keys", v.Len())
+	if err := stream.Send(&walshipv1.SnapshotResponse{Part: &walshipv1.SnapshotResponse_Header{Header: &walshipv1.SnapshotHeader{
+		Epoch: s.epoch, Lsn: v.AppliedLSN(), Keys: uint64(v.Len())}}}); err != nil {
+		return err
+	}
+	if err := sendSnapshotChunks(v, stream); err != nil {
+		return err
+	}
+	s.metrics.snapshotsStreamed.Inc()
+	return stream.Send(&walshipv1.SnapshotResponse{Part: &walshipv1.SnapshotResponse_Trailer{Trailer: &walshipv1.SnapshotTrailer{StateDigest: v.Digest().String()}}})
+}
+
+func sendSnapshotChunks(v *state.View, stream walshipv1.ReplicationService_SnapshotServer) error {
+	var chunk []*walshipv1.KeyValue
+	size := 0
+	var err error
+	flush := func() {
+		if len(chunk) == 0 || err != nil {
+			return
+		}
+		err = stream.Send(&walshipv1.SnapshotResponse{Part: &walshipv1.SnapshotResponse_Chunk{Chunk: &walshipv1.SnapshotChunk{Kvs: chunk}}})
+		chunk, size = nil, 0
+	}
+	v.Scan(nil, nil, 0, func(k, val []byte, ver uint64) bool {
+		chunk = append(chunk, &walshipv1.KeyValue{Key: string(k), Value: val, VersionLsn: ver})
+		size += len(k) + len(val) + 16
+		if size >= snapshotChunkBytes {
+			flush()
+		}
+		return err == nil && stream.Context().Err() == nil
+	})
+	flush()
+	if err == nil {
+		err = stream.Context().Err()
+	}
+	if err != nil {
+		return fmt.Errorf("stream snapshot: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,151 @@
+package replica
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/state"
+)
+
+// readLogStore is the logstore rung: it reads from the replica's next LSN to
+// the log store's end (no follow), checking, writing, syncing and applying
+// each batch as if it came from the primary. progress reports whether any
+// batch was applied; without progress the ladder goes on to a snapshot.
+func (s *Server) readLogStore(ctx context.Context) (progress bool, err error) {
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	from := s.wal.LastLSN() + 1
+	stream, err := s.logstore.Read(rctx, &walshipv1.ReadRequest{FromLsn: from})
+	if err != nil {
+		return false, err
+	}
+	applied := 0
+	defer func() {
+		if applied > 0 {
+			s.logger.Info("caught up from the log store", "from_lsn", from, "to_lsn", s.appliedLSN(), "batches", applied)
+		}
+	}()
+	for {
+		resp, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			if applied == 0 {
+				return false, fmt.Errorf("the log store %s has nothing from LSN %d on", s.cfg.LogStore, from)
+			}
+			return true, nil
+		}
+		if err != nil {
+			return applied > 0, err
+		}
+		s.lag.contact(s.now())
+		env := resp.GetBatch()
+		if env != nil && env.GetLastLsn() <= s.wal.LastLSN() && env.GetFirstLsn() > 0 {
+			continue // already held (a store may start a little earlier)
+		}
+		n, err := s.process([]*walshipv1.WalBatch{env}, nil)
+		applied += n
+		if err != nil {
+			return applied > 0, err
+		}
+	}
+}
+
+// errSnapshot marks a snapshot stream that broke the protocol.
+var errSnapshot = errors.New("bad snapshot stream")
+
+// reseed is the snapshot rung: it streams the primary's state, builds a new
+// store from it (checking order, count and digest), saves it as a snapshot,
+// resets the WAL to continue right after it, and swaps it in for readers.
+func (s *Server) reseed(ctx context.Context) (bool, error) {
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	start := time.Now()
+	stream, err := s.repl.Snapshot(rctx, &walshipv1.SnapshotRequest{ReplicaId: s.cfg.ID})
+	if err != nil {
+		return false, err
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return false, fmt.Errorf("snapshot header: %w", err)
+	}
+	hdr := first.GetHeader()
+	if hdr == nil {
+		return false, fmt.Errorf("%w: first message is not a header", errSnapshot)
+	}
+	if e := s.epoch.Load(); hdr.GetEpoch() < e {
+		return false, &refusal{reason: reasonEpoch, err: fmt.Errorf("snapshot from epoch %d, this replica has seen epoch %d", hdr.GetEpoch(), e)}
+	}
+	if applied := s.appliedLSN(); hdr.GetLsn() < applied {
+		// Taking it would move reads backwards; the primary's state will
+		// move past ours soon enough.
+		return false, fmt.Errorf("%w: snapshot at LSN %d is behind this replica's applied LSN %d", errSnapshot, hdr.GetLsn(), applied)
+	}
+	s.logger.Info("re-seeding from the primary's snapshot", "lsn", hdr.GetLsn(), "keys", hdr.GetKeys(), "epoch", hdr.GetEpoch())
+	b := state.NewBuilder(hdr.GetLsn())
+	var digest string
+	for done := false; !done; {
+		m, err := stream.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = fmt.Errorf("%w: ended without a trailer (%v)", errSnapshot, b)
+			}
+			return false, err
+		}
+		s.lag.contact(s.now())
+		switch x := m.GetPart().(type) {
+		case *walshipv1.SnapshotResponse_Chunk:
+			for _, kv := range x.Chunk.GetKvs() {
+				if err := b.Add([]byte(kv.GetKey()), kv.GetValue(), kv.GetVersionLsn()); err != nil {
+					return false, fmt.Errorf("%w: %w", errSnapshot, err)
+				}
+			}
+		case *walshipv1.SnapshotResponse_Trailer:
+			digest, done = x.Trailer.GetStateDigest(), true
+		default:
+			return false, fmt.Errorf("%w: unexpected %T after the header", errSnapshot, m.GetPart())
+		}
+	}
+	st, err := b.Finish(hdr.GetKeys(), digest)
+	if err != nil {
+		return false, fmt.Errorf("%w: %w", errSnapshot, err)
+	}
+	if err := s.install(st, hdr.GetEpoch()); err != nil {
+		return false, err
+	}
+	s.logger.Info("re-seeded from the primary's snapshot", "lsn", hdr.GetLsn(), "keys", hdr.GetKeys(), "took", time.Since(start))
+	return true, nil
+}
+
+// install makes st the replica's state: saved as a snapshot first, then the
+// WAL reset to start right after it (New finishes the reset if a crash falls
+// in between), then swapped in for readers.
+func (s *Server) install(st *state.Store, epoch uint64) error {
+	s.snapMu.Lock()
+	defer s.snapMu.Unlock()
+	lsn := st.AppliedLSN()
+	if err := s.adoptEpoch(epoch); err != nil {
+		return fmt.Errorf("%w: %w", errFatal, err)
+	}
+	path, err := state.SaveSnapshot(s.fs, s.snapDir(), st.Snapshot())
+	if err != nil && path == "" {
+		return fmt.Errorf("save re-seeded state: %w", err)
+	}
+	s.walMu.Lock()
+	err = s.wal.Reset(lsn + 1)
+	s.walMu.Unlock()
+	if err != nil {
+		return fmt.Errorf("%w: reset wal to LSN %d: %w", errFatal, lsn+1, err)
+	}
+	s.store.Store(st)
+	s.visible.Advance(lsn)
+	s.lag.advance(lsn)
+	// The WAL holds nothing before lsn+1 now, so the older snapshot can no
+	// longer be replayed from: the next truncation may keep from lsn+1.
+	s.prevSnapshotLSN = lsn
+	s.snapshotLSN.Store(lsn)
+	s.walAtSnap.Store(int64(s.wal.Stats().BytesWritten))
+	return nil
+}

@@ -1,0 +1,109 @@
+package replica
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/walship/walship/internal/vfs"
+	"google.golang.org/grpc"
+)
+
+// Config configures a replica.
+type Config struct {
+	// Listen is the gRPC address (KV reads, Admin, health, reflection).
+	Listen string
+	// MetricsListen is the HTTP address of /metrics; empty disables it.
+	MetricsListen string
+	// DataDir holds the WAL (DataDir/wal), state snapshots
+	// (DataDir/snapshots) and the highest epoch seen (DataDir/epoch).
+	DataDir string
+	// ID names the replica to the primary: 1..64 of [A-Za-z0-9._-], stable
+	// across restarts (the primary uses it as a metric label).
+	ID string
+	// Primary is the gRPC address of the primary to follow.
+	Primary string
+	// LogStore is the gRPC address of a log store to catch up from when the
+	// primary no longer retains what the replica needs; empty skips that
+	// rung of the catch-up ladder.
+	LogStore string
+	// FS is the filesystem; nil means the real one. Tests inject faults here.
+	FS vfs.FS
+
+	// SegmentBytes is the WAL segment size.
+	SegmentBytes int64
+	// SnapshotEveryBytes takes a state snapshot (and truncates the WAL)
+	// after this many WAL bytes were written since the last one.
+	SnapshotEveryBytes int64
+	// HeartbeatInterval is how often the replica acks when nothing else
+	// was sent, and the unit of staleness for the lag metric: with no
+	// message from the primary for 3 intervals the replica counts itself
+	// partitioned and its lag grows.
+	HeartbeatInterval time.Duration
+
+	// Logger receives structured logs; nil discards them.
+	Logger *slog.Logger
+	// Registry receives the replica's metrics; nil means a private registry.
+	Registry *prometheus.Registry
+	// StopTimeout bounds the graceful stop.
+	StopTimeout time.Duration
+	// DialOptions are added to the options used to dial the primary and the
+	// log store (after insecure transport credentials, so they can override
+	// them).
+	DialOptions []grpc.DialOption
+}
+
+// DefaultConfig returns a Config with every default filled in; callers set
+// DataDir, ID and Primary.
+func DefaultConfig() Config {
+	return Config{
+		Listen:             ":7402",
+		MetricsListen:      ":9402",
+		SegmentBytes:       64 << 20,
+		SnapshotEveryBytes: 64 << 20,
+		HeartbeatInterval:  time.Second,
+		StopTimeout:        30 * time.Second,
+	}
+}
+
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+
+// ValidateID checks a replica id: 1..64 characters of [A-Za-z0-9._-].
+func ValidateID(id string) error {
+	if !idPattern.MatchString(id) {
+		return fmt.Errorf("%q is not 1..64 characters of [A-Za-z0-9._-]", id)
+	}
+	return nil
+}
+
+// Validate reports every invalid setting, naming its flag.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.DataDir == "" {
+		errs = append(errs, errors.New("--data-dir: required"))
+	}
+	if c.Listen == "" {
+		errs = append(errs, errors.New("--listen: required"))
+	}
+	if c.ID == "" {
+		errs = append(errs, errors.New("--id: required"))
+	} else if err := ValidateID(c.ID); err != nil {
+		errs = append(errs, fmt.Errorf("--id: %w", err))
+	}
+	if c.Primary == "" {
+		errs = append(errs, errors.New("--primary: required"))
+	}
+	if c.SegmentBytes < 64<<10 {
+		errs = append(errs, fmt.Errorf("--segment-bytes: %d is below 64KiB", c.SegmentBytes))
+	}
+	if c.SnapshotEveryBytes <= 0 {
+		errs = append(errs, fmt.Errorf("--snapshot-every-bytes: %d must be positive", c.SnapshotEveryBytes))
+	}
+	if c.HeartbeatInterval < time.Millisecond || c.HeartbeatInterval > time.Minute {
+		errs = append(errs, fmt.Errorf("--heartbeat-interval: %v is not in [1ms, 1m]", c.HeartbeatInterval))
+	}
+	return errors.Join(errs...)
+}

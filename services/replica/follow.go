@@ -1,0 +1,436 @@
+package replica
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/envelope"
+	"github.com/walship/walship/internal/wal"
+	"github.com/walship/walship/pkg/codec"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Backoff bounds for reconnecting.
+const (
+	minBackoff = 50 * time.Millisecond
+	maxBackoff = 2 * time.Second
+)
+
+// maxRound bounds the batches one processing round takes, so a burst still
+// gets acked (and applied) in steps.
+const maxRound = 256
+
+// recvBuffer is how many messages the receiver may read ahead of the
+// follower; beyond it, gRPC flow control pushes back on the primary.
+const recvBuffer = 256
+
+// errFatal marks an error that ends the follower (and Run): the WAL failed.
+var errFatal = errors.New("replica: fatal")
+
+// refusal is a batch that failed a check: never written, never applied.
+type refusal struct {
+	reason string
+	err    error
+}
+
+func (r *refusal) Error() string { return fmt.Sprintf("refused batch (%s): %v", r.reason, r.err) }
+func (r *refusal) Unwrap() error { return r.err }
+
+// backoff is an exponential delay with jitter.
+type backoff struct{ next time.Duration }
+
+func (b *backoff) reset() { b.next = 0 }
+
+// wait sleeps for the next delay or until ctx is done; it reports whether
+// ctx is still live.
+func (b *backoff) wait(ctx context.Context) bool {
+	b.next = min(max(b.next*2, minBackoff), maxBackoff)
+	// Full jitter in [d/2, d): replicas reconnecting after a primary restart
+	// do not arrive in lockstep.
+	d := b.next/2 + rand.N(b.next/2+1)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (s *Server) setRung(r walshipv1.CatchUpRung) {
+	if walshipv1.CatchUpRung(s.rung.Swap(int32(r))) != r {
+		s.logger.Info("catch-up rung", "rung", rungLabel(r), "next_lsn", s.wal.LastLSN()+1)
+	}
+	s.metrics.setRung(r)
+}
+
+// follow walks the catch-up ladder until ctx is done (nil) or the WAL fails
+// (the error).
+func (s *Server) follow(ctx context.Context) error {
+	var bo backoff
+	rung := walshipv1.CatchUpRung_CATCH_UP_RUNG_PRIMARY
+	for ctx.Err() == nil {
+		s.setRung(rung)
+		var (
+			progress bool
+			err      error
+		)
+		switch rung {
+		case walshipv1.CatchUpRung_CATCH_UP_RUNG_PRIMARY:
+			progress, err = s.streamFromPrimary(ctx)
+		case walshipv1.CatchUpRung_CATCH_UP_RUNG_LOGSTORE:
+			progress, err = s.readLogStore(ctx)
+		default:
+			progress, err = s.reseed(ctx)
+		}
+		if errors.Is(err, errFatal) {
+			s.logger.Error("replica stopped: its WAL failed", "err", err)
+			return err
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		code := status.Code(err)
+		var ref *refusal
+		switch {
+		case rung == walshipv1.CatchUpRung_CATCH_UP_RUNG_PRIMARY && code == codes.OutOfRange:
+			next := walshipv1.CatchUpRung_CATCH_UP_RUNG_SNAPSHOT
+			if s.logstore != nil {
+				next = walshipv1.CatchUpRung_CATCH_UP_RUNG_LOGSTORE
+			}
+			s.logger.Warn("the primary no longer retains the LSN this replica needs", "next_lsn", s.wal.LastLSN()+1,
+				"then", rungLabel(next), "err", err)
+			rung = next
+			continue // a rung change is not a failure: no backoff
+		case rung == walshipv1.CatchUpRung_CATCH_UP_RUNG_LOGSTORE:
+			if progress {
+				rung = walshipv1.CatchUpRung_CATCH_UP_RUNG_PRIMARY
+				bo.reset()
+				continue
+			}
+			s.logger.Warn("the log store cannot supply the LSN this replica needs; re-seeding from a snapshot",
+				"next_lsn", s.wal.LastLSN()+1, "err", err)
+			rung = walshipv1.CatchUpRung_CATCH_UP_RUNG_SNAPSHOT
+			continue
+		case rung == walshipv1.CatchUpRung_CATCH_UP_RUNG_SNAPSHOT:
+			rung = walshipv1.CatchUpRung_CATCH_UP_RUNG_PRIMARY
+			if err == nil {
+				bo.reset()
+				continue
+			}
+			s.logger.Error("re-seeding from the primary's snapshot failed", "err", err)
+		case errors.As(err, &ref):
+			s.logger.Error("refused a batch from the primary; reconnecting", "reason", ref.reason, "err", ref.err,
+				"next_lsn", s.wal.LastLSN()+1)
+		case code == codes.FailedPrecondition:
+			// Diverged, ahead of the primary, or in a newer epoch: this needs
+			// an operator's judgement, never an automatic wipe.
+			s.logger.Error("the primary refuses this replica (diverged, ahead, or a stale primary); retrying",
+				"next_lsn", s.wal.LastLSN()+1, "epoch", s.epoch.Load(), "err", err)
+		case code == codes.InvalidArgument:
+			s.logger.Error("the primary rejected the replication hello", "id", s.cfg.ID, "err", err)
+		default:
+			if progress {
+				bo.reset()
+			}
+			s.logger.Warn("replication stream ended; reconnecting", "next_lsn", s.wal.LastLSN()+1, "err", err)
+		}
+		if !bo.wait(ctx) {
+			return nil
+		}
+	}
+	return nil
+}
+
+// streamFromPrimary runs one replication stream until it fails, a batch is
+// refused, or ctx ends. progress reports whether anything was applied.
+func (s *Server) streamFromPrimary(ctx context.Context) (progress bool, err error) {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := s.repl.Stream(sctx)
+	if err != nil {
+		return false, err
+	}
+	hello := &walshipv1.StreamRequest{Msg: &walshipv1.StreamRequest_Hello{Hello: &walshipv1.ReplicaHello{
+		ReplicaId: s.cfg.ID, Epoch: s.epoch.Load(), NextLsn: s.wal.LastLSN() + 1,
+	}}}
+	kick := make(chan struct{}, 1)
+	recvCh := make(chan *walshipv1.StreamResponse, recvBuffer)
+	var (
+		wg      sync.WaitGroup
+		recvErr error // set before recvCh is closed
+		sendErr = make(chan error, 1)
+	)
+	wg.Add(2)
+	go func() { // the one receiver
+		defer wg.Done()
+		defer close(recvCh)
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				recvErr = err
+				return
+			}
+			select {
+			case recvCh <- m:
+			case <-sctx.Done():
+				recvErr = sctx.Err()
+				return
+			}
+		}
+	}()
+	go func() { // the one sender
+		defer wg.Done()
+		if err := s.sendLoop(sctx, stream, hello, kick); err != nil {
+			sendErr <- err
+			cancel()
+		}
+	}()
+	defer func() {
+		cancel()
+		wg.Wait()
+		s.connected.Store(false)
+	}()
+
+	var round []*walshipv1.WalBatch
+	for {
+		var m *walshipv1.StreamResponse
+		var ok bool
+		select {
+		case m, ok = <-recvCh:
+		case <-sctx.Done():
+		}
+		if m == nil {
+			// Stream over: report why.
+			cancel()
+			wg.Wait()
+			select {
+			case e := <-sendErr:
+				return progress, fmt.Errorf("send: %w", e)
+			default:
+			}
+			if !ok && recvErr != nil && !errors.Is(recvErr, io.EOF) {
+				return progress, recvErr
+			}
+			return progress, errors.New("the primary closed the stream")
+		}
+		s.connected.Store(true)
+		// Drain everything already received into one round.
+		round = round[:0]
+		replyNow := false
+		for {
+			switch x := m.GetMsg().(type) {
+			case *walshipv1.StreamResponse_Batch:
+				round = append(round, x.Batch)
+			case *walshipv1.StreamResponse_Heartbeat:
+				hb := x.Heartbeat
+				s.lag.heartbeat(hb.GetLastLsn(), s.now())
+				if hb.GetEpoch() < s.epoch.Load() {
+					return progress, &refusal{reason: reasonEpoch, err: fmt.Errorf("heartbeat from epoch %d, this replica has seen epoch %d", hb.GetEpoch(), s.epoch.Load())}
+				}
+				replyNow = replyNow || hb.GetReplyRequested()
+			}
+			if len(round) >= maxRound {
+				break
+			}
+			select {
+			case m = <-recvCh:
+			default:
+				m = nil
+			}
+			if m == nil {
+				break
+			}
+		}
+		if replyNow && len(round) == 0 {
+			poke(kick)
+		}
+		if len(round) == 0 {
+			continue
+		}
+		applied, err := s.process(round, func() { poke(kick) })
+		progress = progress || applied > 0
+		poke(kick)
+		if err != nil {
+			return progress, err
+		}
+	}
+}
+
+func poke(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// sendLoop is the stream's only sender: the hello, then an ack of the
+// current positions whenever kicked, and at least every heartbeat interval.
+func (s *Server) sendLoop(ctx context.Context, stream walshipv1.ReplicationService_StreamClient, hello *walshipv1.StreamRequest, kick <-chan struct{}) error {
+	if err := stream.Send(hello); err != nil {
+		return err
+	}
+	t := time.NewTimer(s.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-kick:
+		case <-t.C:
+		}
+		// Positions are read now, not when kicked: kicks that pile up while
+		// a Send blocks collapse into one ack of the latest positions.
+		ack := s.positions()
+		ack.TimeUnixNano = s.now().UnixNano()
+		if err := stream.Send(&walshipv1.StreamRequest{Msg: &walshipv1.StreamRequest_Ack{Ack: ack}}); err != nil {
+			return err
+		}
+		if !t.Stop() {
+			select {
+			case <-t.C:
+			default:
+			}
+		}
+		t.Reset(s.cfg.HeartbeatInterval)
+	}
+}
+
+// positions reads the cumulative positions, latest stage first, so that
+// applied <= flushed <= written holds in every ack.
+func (s *Server) positions() *walshipv1.ReplicaAck {
+	applied := s.appliedLSN()
+	flushed := s.wal.DurableLSN()
+	written := s.wal.LastLSN()
+	return &walshipv1.ReplicaAck{WrittenLsn: written, FlushedLsn: max(flushed, applied), AppliedLsn: applied}
+}
+
+// checked is a batch that passed every check, decoded, waiting to be applied.
+type checked struct {
+	env   *walshipv1.WalBatch
+	batch codec.Batch
+	data  []byte
+}
+
+// check verifies one batch against the position it must continue (next):
+// CRC and envelope sanity, epoch, continuity, then decoding.
+func (s *Server) check(env *walshipv1.WalBatch, next, epoch uint64, c *checked) error {
+	if env == nil {
+		return &refusal{reason: reasonDecode, err: errors.New("empty batch message")}
+	}
+	if codec.Checksum(env.GetPayload()) != env.GetCrc32C() {
+		return &refusal{reason: reasonCRC, err: fmt.Errorf("LSNs %d..%d: payload crc32c %08x, envelope says %08x",
+			env.GetFirstLsn(), env.GetLastLsn(), codec.Checksum(env.GetPayload()), env.GetCrc32C())}
+	}
+	if err := envelope.Verify(env); err != nil {
+		return &refusal{reason: reasonDecode, err: err}
+	}
+	if e := epoch; env.GetEpoch() < e {
+		return &refusal{reason: reasonEpoch, err: fmt.Errorf("LSNs %d..%d are from epoch %d, this replica has seen epoch %d",
+			env.GetFirstLsn(), env.GetLastLsn(), env.GetEpoch(), e)}
+	}
+	if env.GetFirstLsn() != next {
+		return &refusal{reason: reasonGap, err: fmt.Errorf("batch starts at LSN %d, want %d", env.GetFirstLsn(), next)}
+	}
+	start := time.Now()
+	err := envelope.Decode(env, &c.batch)
+	if cd, cerr := codec.ByID(codec.ID(env.GetCodec())); cerr == nil {
+		s.metrics.decodeSeconds.WithLabelValues(cd.Name()).Observe(time.Since(start).Seconds())
+	}
+	if err != nil {
+		return &refusal{reason: reasonDecode, err: err}
+	}
+	data, err := envelope.Marshal(env)
+	if err != nil {
+		return &refusal{reason: reasonDecode, err: err}
+	}
+	c.env, c.data = env, data
+	return nil
+}
+
+// process runs one round: it checks the batches in order, writes the good
+// prefix with one append, calls written (to ack the write at once), fsyncs,
+// applies, and returns how many batches it applied and the first refusal
+// (or a fatal WAL error).
+func (s *Server) process(round []*walshipv1.WalBatch, written func()) (int, error) {
+	good := make([]checked, len(round))
+	next, epoch := s.wal.LastLSN()+1, s.epoch.Load()
+	var refused error
+	n := 0
+	for i, env := range round {
+		if err := s.check(env, next, epoch, &good[i]); err != nil {
+			var ref *refusal
+			if errors.As(err, &ref) {
+				s.metrics.refused.WithLabelValues(ref.reason).Inc()
+			}
+			refused = err
+			break
+		}
+		s.lag.batch(env.GetLastLsn(), time.Unix(0, env.GetCommitTimeUnixNano()), s.now())
+		next, epoch = env.GetLastLsn()+1, max(epoch, env.GetEpoch())
+		n++
+	}
+	if n == 0 {
+		return 0, refused
+	}
+	good = good[:n]
+	if epoch > s.epoch.Load() {
+		// Durable before anything of the new epoch is acknowledged.
+		if err := s.adoptEpoch(epoch); err != nil {
+			return 0, fmt.Errorf("%w: %w", errFatal, err)
+		}
+	}
+	entries := make([]wal.Entry, n)
+	for i := range good {
+		entries[i] = wal.Entry{FirstLSN: good[i].env.GetFirstLsn(), LastLSN: good[i].env.GetLastLsn(), Data: good[i].data}
+	}
+	if err := s.writeAndSync(entries, written); err != nil {
+		return 0, err
+	}
+	st := s.store.Load()
+	for i := range good {
+		if err := st.Apply(&good[i].batch); err != nil {
+			// Written and synced but not appliable: the WAL and the state
+			// disagree, and recovery would fail the same way. Stop rather
+			// than serve a state that skips a batch.
+			return i, fmt.Errorf("%w: apply LSNs %d..%d: %w", errFatal, good[i].env.GetFirstLsn(), good[i].env.GetLastLsn(), err)
+		}
+		s.metrics.appliedRecords.Add(float64(len(good[i].batch.Records)))
+		s.metrics.appliedBytes.Add(float64(len(good[i].env.GetPayload())))
+	}
+	applied := st.AppliedLSN()
+	s.visible.Advance(applied)
+	s.lag.advance(applied)
+	s.maybeSnapshot()
+	return n, refused
+}
+
+// writeAndSync appends entries with one call, reports the write, then
+// fsyncs. Any WAL error is fatal: after a failed write or fsync the log is
+// broken for good (see package wal), and the replica must stop acking.
+func (s *Server) writeAndSync(entries []wal.Entry, written func()) error {
+	s.walMu.Lock()
+	defer s.walMu.Unlock()
+	if err := s.wal.Append(entries...); err != nil {
+		return fmt.Errorf("%w: wal append: %w", errFatal, err)
+	}
+	if written != nil {
+		written()
+	}
+	start := time.Now()
+	err := s.wal.Sync()
+	s.metrics.fsyncSeconds.Observe(time.Since(start).Seconds())
+	if err != nil {
+		s.metrics.fsyncErrors.Inc()
+		return fmt.Errorf("%w: wal fsync: %w", errFatal, err)
+	}
+	return nil
+}

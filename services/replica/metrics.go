@@ -1,0 +1,127 @@
+package replica
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+)
+
+// Refusal reasons, the label values of walship_replica_refused_batches_total.
+const (
+	reasonCRC    = "crc"
+	reasonEpoch  = "epoch"
+	reasonGap    = "gap"
+	reasonDecode = "decode"
+)
+
+// metrics are the replica's Prometheus metrics, registered on the injected
+// registry and unregistered when Run returns.
+type metrics struct {
+	reg        prometheus.Registerer
+	collectors []prometheus.Collector
+
+	appliedRecords prometheus.Counter
+	appliedBytes   prometheus.Counter
+	rung           *prometheus.GaugeVec
+	refused        *prometheus.CounterVec
+	decodeSeconds  *prometheus.HistogramVec
+	fsyncSeconds   prometheus.Histogram
+	fsyncErrors    prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
+	m := &metrics{reg: reg}
+	lag := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "walship_replica_lag_seconds",
+		Help: "How far the replica's applied state is behind the primary, in seconds: 0 when caught up and in contact; else the age of the oldest commit not yet applied, growing while the primary is unreachable.",
+	}, func() float64 { return s.lag.seconds(s.now()) })
+	stage := func(name string, f func() uint64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "walship_replica_lsn",
+			Help:        "Last LSN the replica has reached at each stage: written to its WAL, flushed (fsynced), applied (readable).",
+			ConstLabels: prometheus.Labels{"stage": name},
+		}, func() float64 { return float64(f()) })
+	}
+	m.appliedRecords = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "walship_replica_applied_records_total",
+		Help: "WAL records (puts, deletes and commits) the replica applied from the primary or a log store.",
+	})
+	m.appliedBytes = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "walship_replica_applied_bytes_total",
+		Help: "Payload bytes of the WAL batches the replica applied.",
+	})
+	m.rung = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "walship_replica_catchup_rung",
+		Help: "The catch-up rung the replica is on (1) or not (0): primary (streaming), logstore (reading a gap), snapshot (re-seeding).",
+	}, []string{"rung"})
+	connected := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "walship_replica_connected",
+		Help: "1 while a replication stream from the primary is up, else 0.",
+	}, func() float64 {
+		if s.connected.Load() {
+			return 1
+		}
+		return 0
+	})
+	m.refused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "walship_replica_refused_batches_total",
+		Help: "WAL batches the replica refused (never written nor applied), by reason: crc, epoch (older than the highest seen), gap (not continuing the log), decode.",
+	}, []string{"reason"})
+	m.decodeSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "walship_codec_decode_duration_seconds",
+		Help:    "Time to decode one WAL batch payload, by codec.",
+		Buckets: prometheus.ExponentialBuckets(1e-6, 2, 18),
+	}, []string{"codec"})
+	m.fsyncSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "walship_wal_fsync_duration_seconds",
+		Help:    "Duration of the replica's WAL fdatasync calls.",
+		Buckets: prometheus.ExponentialBuckets(25e-6, 2, 16),
+	})
+	m.fsyncErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "walship_wal_fsync_errors_total",
+		Help: "Failed WAL fsyncs; one is fatal to the replica (it stops acking and exits).",
+	})
+	for _, r := range []string{reasonCRC, reasonEpoch, reasonGap, reasonDecode} {
+		m.refused.WithLabelValues(r)
+	}
+	m.collectors = []prometheus.Collector{
+		lag,
+		stage("write", s.wal.LastLSN),
+		stage("flush", s.wal.DurableLSN),
+		stage("apply", s.appliedLSN),
+		m.appliedRecords, m.appliedBytes, m.rung, connected, m.refused, m.decodeSeconds, m.fsyncSeconds, m.fsyncErrors,
+	}
+	for _, c := range m.collectors {
+		reg.MustRegister(c)
+	}
+	m.setRung(walshipv1.CatchUpRung_CATCH_UP_RUNG_UNSPECIFIED)
+	return m
+}
+
+func rungLabel(r walshipv1.CatchUpRung) string {
+	switch r {
+	case walshipv1.CatchUpRung_CATCH_UP_RUNG_PRIMARY:
+		return "primary"
+	case walshipv1.CatchUpRung_CATCH_UP_RUNG_LOGSTORE:
+		return "logstore"
+	case walshipv1.CatchUpRung_CATCH_UP_RUNG_SNAPSHOT:
+		return "snapshot"
+	}
+	return ""
+}
+
+// setRung makes r the one rung reported as 1 (none for UNSPECIFIED).
+func (m *metrics) setRung(r walshipv1.CatchUpRung) {
+	for _, l := range []string{"primary", "logstore", "snapshot"} {
+		v := 0.0
+		if l == rungLabel(r) {
+			v = 1
+		}
+		m.rung.WithLabelValues(l).Set(v)
+	}
+}
+
+func (m *metrics) unregister() {
+	for _, c := range m.collectors {
+		m.reg.Unregister(c)
+	}
+}

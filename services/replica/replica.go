@@ -1,0 +1,465 @@
+// Package replica is walship's replica: it follows a primary's WAL, writes
+// every batch to its own WAL, fsyncs, applies it, acknowledges cumulative
+// LSNs per stage (written, flushed, applied), and serves reads at its
+// applied LSN.
+//
+// # Following
+//
+// One goroutine (the follower) owns the replication position. It walks the
+// catch-up ladder: it streams from the primary (rung primary); when the
+// primary no longer retains the LSN it needs (OUT_OF_RANGE) it reads the gap
+// from the log store, if one is configured (rung logstore), and otherwise, or
+// when the log store cannot supply it either, re-seeds its state from a
+// snapshot streamed by the primary (rung snapshot); after both it goes back
+// to the primary. Failures reconnect with exponential backoff (50ms..2s with
+// jitter). Nothing on this path ever deletes data the replica cannot get
+// back: a primary that says the replica is ahead or in a newer epoch
+// (FAILED_PRECONDITION) is logged and retried, never obeyed by wiping.
+//
+// On a replication stream one goroutine receives and one sends; the
+// follower processes what was received in rounds: it drains every batch
+// already received, checks each (CRC, epoch, continuity, decode — a batch
+// failing any check is refused: counted, never written, never applied, and
+// the stream is restarted at the right LSN), writes the good ones with one
+// WAL append, acks at once (so commits waiting for write-level acks are not
+// held up by the fsync), fsyncs, applies, and acks again. Acks are
+// cumulative positions read when they are sent, so they coalesce by
+// construction; the sender also acks at least every heartbeat interval and
+// at once when a heartbeat asks for a reply.
+//
+// # Storage
+//
+// The data directory has the primary's layout (internal/recovery): WAL
+// segments in wal/, state snapshots in snapshots/, plus a file epoch holding
+// the highest epoch seen (so that fencing survives a snapshot that truncated
+// every batch carrying it). A snapshot is taken every SnapshotEveryBytes of
+// WAL and on a clean stop; the WAL is then truncated before the older of the
+// two kept snapshots, so that recovery can still fall back to it if the
+// newest turns out to be corrupt. Re-seeding writes the received state as a
+// snapshot first and resets the WAL to start right after it second; if a
+// crash falls between the two, New finds a WAL that ends before the newest
+// snapshot and finishes the reset before recovering.
+package replica
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/kvapi"
+	"github.com/walship/walship/internal/recovery"
+	"github.com/walship/walship/internal/serve"
+	"github.com/walship/walship/internal/state"
+	"github.com/walship/walship/internal/vfs"
+	"github.com/walship/walship/internal/wal"
+	"github.com/walship/walship/internal/watermark"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// maxMessageBytes bounds the replica's own gRPC messages: a Scan response
+// (up to kvapi.MaxScanBytes, or one pair with a large value) plus headroom.
+const maxMessageBytes = 72 << 20
+
+// maxRecvBytes bounds one message from the primary or the log store: a
+// WAL batch can be as large as a WAL entry.
+const maxRecvBytes = wal.MaxEntrySize + 1<<20
+
+// Server is a replica. New recovers it from its data directory; Run follows
+// the primary and serves reads.
+type Server struct {
+	cfg     Config
+	logger  *slog.Logger
+	fs      vfs.FS
+	now     func() time.Time
+	srv     *serve.Server
+	metrics *metrics
+	reads   *kvapi.Reader
+	lag     *lagTracker
+
+	primaryConn  *grpc.ClientConn
+	repl         walshipv1.ReplicationServiceClient
+	logstoreConn *grpc.ClientConn // nil without a log store
+	logstore     walshipv1.LogStoreServiceClient
+
+	// walMu serialises the WAL's writer calls: the follower appends, syncs
+	// and resets; the snapshotter truncates.
+	walMu sync.Mutex
+	wal   *wal.Log
+	// store is swapped whole when the replica is re-seeded from a snapshot.
+	store   atomic.Pointer[state.Store]
+	visible watermark.Watermark
+	epoch   atomic.Uint64
+
+	rung      atomic.Int32 // walshipv1.CatchUpRung
+	connected atomic.Bool
+
+	// snapMu serialises snapshot writing and re-seeding (SaveSnapshot must
+	// not run concurrently for one directory).
+	snapMu          sync.Mutex
+	snapshotLSN     atomic.Uint64
+	prevSnapshotLSN uint64       // the older kept snapshot; guarded by snapMu
+	walAtSnap       atomic.Int64 // WAL bytes written when the last snapshot was taken
+	snapKick        chan struct{}
+
+	serving atomic.Bool
+}
+
+// New opens the data directory, recovers the state (newest snapshot, then
+// the WAL after it) and listens. Health reports NOT_SERVING until Run has
+// started.
+func New(cfg Config) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, logger: cfg.Logger, fs: cfg.FS, now: time.Now, snapKick: make(chan struct{}, 1)}
+	if s.logger == nil {
+		s.logger = slog.New(slog.DiscardHandler)
+	}
+	if s.fs == nil {
+		s.fs = vfs.OS
+	}
+	reg := cfg.Registry
+	if reg == nil {
+		reg = serve.NewRegistry()
+	}
+	if err := s.recover(); err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			s.closeConns()
+			_ = s.wal.Close()
+		}
+	}()
+	dial := append([]grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvBytes)),
+	}, cfg.DialOptions...)
+	var err error
+	if s.primaryConn, err = grpc.NewClient(cfg.Primary, dial...); err != nil {
+		return nil, fmt.Errorf("--primary %s: %w", cfg.Primary, err)
+	}
+	s.repl = walshipv1.NewReplicationServiceClient(s.primaryConn)
+	if cfg.LogStore != "" {
+		if s.logstoreConn, err = grpc.NewClient(cfg.LogStore, dial...); err != nil {
+			return nil, fmt.Errorf("--logstore %s: %w", cfg.LogStore, err)
+		}
+		s.logstore = walshipv1.NewLogStoreServiceClient(s.logstoreConn)
+	}
+	s.lag = newLagTracker(cfg.HeartbeatInterval, s.appliedLSN(), s.now())
+	s.reads = &kvapi.Reader{View: func() *state.View { return s.store.Load().Snapshot() }, Visible: &s.visible}
+	srv, err := serve.New(serve.Options{
+		Listen:          cfg.Listen,
+		MetricsListen:   cfg.MetricsListen,
+		MaxMessageBytes: maxMessageBytes,
+		Registry:        reg,
+		Logger:          s.logger,
+		StopTimeout:     cfg.StopTimeout,
+	}, func(g *grpc.Server) {
+		walshipv1.RegisterKVServiceServer(g, &kvServer{s: s})
+		walshipv1.RegisterAdminServiceServer(g, &adminServer{s: s})
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.srv = srv
+	s.metrics = newMetrics(reg, s)
+	ok = true
+	return s, nil
+}
+
+func (s *Server) closeConns() {
+	if s.primaryConn != nil {
+		_ = s.primaryConn.Close()
+	}
+	if s.logstoreConn != nil {
+		_ = s.logstoreConn.Close()
+	}
+}
+
+func (s *Server) walDir() string  { return filepath.Join(s.cfg.DataDir, "wal") }
+func (s *Server) snapDir() string { return recovery.SnapshotDir(s.cfg.DataDir) }
+
+// recover finishes an interrupted re-seed, then loads the newest snapshot,
+// opens the WAL and replays it.
+func (s *Server) recover() error {
+	if err := s.finishReseed(); err != nil {
+		return err
+	}
+	res, err := recovery.Open(recovery.Options{DataDir: s.cfg.DataDir, FS: s.fs, SegmentBytes: s.cfg.SegmentBytes, Logger: s.logger})
+	if err != nil {
+		return err
+	}
+	s.wal = res.WAL
+	s.store.Store(res.Store)
+	s.visible.Advance(res.Store.AppliedLSN())
+	s.snapshotLSN.Store(res.SnapshotLSN)
+	snaps, err := listSnapshots(s.fs, s.snapDir())
+	if err != nil {
+		_ = res.WAL.Close()
+		return err
+	}
+	s.prevSnapshotLSN = res.SnapshotLSN
+	for _, lsn := range snaps {
+		if lsn < res.SnapshotLSN {
+			s.prevSnapshotLSN = lsn
+			break
+		}
+	}
+	saved, err := s.loadEpoch()
+	if err != nil {
+		_ = res.WAL.Close()
+		return err
+	}
+	s.epoch.Store(max(saved, res.Epoch))
+	return nil
+}
+
+// finishReseed handles a crash between the two steps of a re-seed (snapshot
+// saved, WAL not yet reset): the WAL then ends before the newest snapshot,
+// which recovery would rightly call lost data on a primary. On a replica the
+// snapshot is the newer truth and the old WAL is superseded by it, so the
+// reset is finished here.
+func (s *Server) finishReseed() error {
+	snaps, err := listSnapshots(s.fs, s.snapDir())
+	if err != nil || len(snaps) == 0 {
+		return err
+	}
+	newest := snaps[0]
+	if _, err := s.fs.Stat(s.walDir()); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	log, err := wal.Open(wal.Options{Dir: s.walDir(), FS: s.fs, SegmentSize: s.cfg.SegmentBytes, Logger: s.logger})
+	if err != nil {
+		return fmt.Errorf("open wal: %w", err)
+	}
+	if log.Segments() > 0 && log.LastLSN() < newest {
+		s.logger.Warn("finishing an interrupted re-seed: the WAL ends before the newest snapshot",
+			"wal_last_lsn", log.LastLSN(), "snapshot_lsn", newest)
+		if err := log.Reset(newest + 1); err != nil {
+			_ = log.Close()
+			return fmt.Errorf("reset wal after snapshot at LSN %d: %w", newest, err)
+		}
+	}
+	return log.Close()
+}
+
+// listSnapshots returns the LSNs of the snapshots in dir, newest first
+// (names as made by state.SnapshotName).
+func listSnapshots(fsys vfs.FS, dir string) ([]uint64, error) {
+	ents, err := fsys.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list snapshots: %w", err)
+	}
+	var lsns []uint64
+	for _, e := range ents {
+		digits, ok := strings.CutPrefix(e.Name(), "snapshot-")
+		if !ok {
+			continue
+		}
+		if digits, ok = strings.CutSuffix(digits, ".snap"); !ok {
+			continue
+		}
+		if lsn, err := strconv.ParseUint(digits, 10, 64); err == nil && state.SnapshotName(lsn) == e.Name() {
+			lsns = append(lsns, lsn)
+		}
+	}
+	slices.Sort(lsns)
+	slices.Reverse(lsns)
+	return lsns, nil
+}
+
+func (s *Server) epochPath() string { return filepath.Join(s.cfg.DataDir, "epoch") }
+
+func (s *Server) loadEpoch() (uint64, error) {
+	b, err := vfs.ReadFile(s.fs, s.epochPath())
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read epoch: %w", err)
+	}
+	e, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("read epoch %s: %w", s.epochPath(), err)
+	}
+	return e, nil
+}
+
+// adoptEpoch raises the highest epoch seen to e and makes it durable
+// (temporary file, sync, rename, sync dir) before anything of that epoch is
+// acknowledged. Only the follower calls it.
+func (s *Server) adoptEpoch(e uint64) error {
+	old := s.epoch.Load()
+	if e <= old {
+		return nil
+	}
+	path := s.epochPath()
+	tmp := path + ".tmp"
+	f, err := s.fs.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return fmt.Errorf("save epoch: %w", err)
+	}
+	_, err = f.Write([]byte(strconv.FormatUint(e, 10) + "\n"))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = s.fs.Rename(tmp, path)
+	}
+	if err == nil {
+		err = s.fs.SyncDir(s.cfg.DataDir)
+	}
+	if err != nil {
+		return fmt.Errorf("save epoch %d: %w", e, err)
+	}
+	s.epoch.Store(e)
+	s.logger.Info("adopted a newer epoch", "epoch", e, "previous", old)
+	return nil
+}
+
+func (s *Server) appliedLSN() uint64 { return s.store.Load().AppliedLSN() }
+
+// Addr is the gRPC address the replica listens on.
+func (s *Server) Addr() string { return s.srv.Addr().String() }
+
+// MetricsAddr is the metrics address, or "" when disabled.
+func (s *Server) MetricsAddr() string {
+	if a := s.srv.MetricsAddr(); a != nil {
+		return a.String()
+	}
+	return ""
+}
+
+func (s *Server) setServing(ok bool) {
+	s.serving.Store(ok)
+	s.srv.SetServing(ok)
+}
+
+// Run follows the primary and serves reads until ctx is done, then stops
+// gracefully: the replication streams are closed, in-flight reads finish,
+// a final snapshot is taken and the WAL is synced and closed. It returns a
+// fatal error (a failed WAL write or fsync, after which the replica stops
+// acknowledging) if one stopped the replica.
+func (s *Server) Run(ctx context.Context) error {
+	defer s.metrics.unregister()
+	followCtx, stopFollow := context.WithCancel(ctx)
+	defer stopFollow()
+	followDone := make(chan error, 1)
+	go func() { followDone <- s.follow(followCtx) }()
+	snapCtx, stopSnap := context.WithCancel(context.Background())
+	snapDone := make(chan struct{})
+	go func() { defer close(snapDone); s.snapshotter(snapCtx) }()
+
+	serveCtx, stopServe := context.WithCancel(ctx)
+	defer stopServe()
+	serveDone := make(chan error, 1)
+	go func() { serveDone <- s.srv.Serve(serveCtx, stopFollow) }()
+	s.setServing(true)
+	s.logger.Info("replica serving", "addr", s.Addr(), "metrics", s.MetricsAddr(), "id", s.cfg.ID,
+		"primary", s.cfg.Primary, "logstore", s.cfg.LogStore, "epoch", s.epoch.Load(), "applied_lsn", s.appliedLSN())
+
+	var serveErr, fatal error
+	select {
+	case fatal = <-followDone:
+		// Only a broken WAL ends the follower early: stop serving.
+		stopServe()
+		serveErr = <-serveDone
+	case serveErr = <-serveDone:
+		stopFollow()
+		fatal = <-followDone
+	}
+	s.setServing(false)
+	s.connected.Store(false)
+	stopSnap()
+	<-snapDone
+	s.closeConns()
+	if fatal == nil {
+		if err := s.takeSnapshot(); err != nil {
+			s.logger.Warn("final snapshot failed", "err", err)
+		}
+	}
+	if err := s.wal.Close(); err != nil && !errors.Is(err, wal.ErrClosed) && fatal == nil {
+		fatal = fmt.Errorf("close wal: %w", err)
+	}
+	return errors.Join(fatal, serveErr)
+}
+
+// snapshotter takes a snapshot whenever SnapshotEveryBytes of WAL were
+// written since the last one.
+func (s *Server) snapshotter(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.snapKick:
+		}
+		if err := s.takeSnapshot(); err != nil {
+			s.logger.Warn("snapshot failed", "err", err)
+		}
+	}
+}
+
+func (s *Server) maybeSnapshot() {
+	if int64(s.wal.Stats().BytesWritten)-s.walAtSnap.Load() >= s.cfg.SnapshotEveryBytes {
+		select {
+		case s.snapKick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// takeSnapshot writes the applied state to disk and truncates the WAL before
+// the older kept snapshot. Applied implies fsynced on a replica, so the
+// snapshot never holds anything the WAL could lose.
+func (s *Server) takeSnapshot() error {
+	s.snapMu.Lock()
+	defer s.snapMu.Unlock()
+	v := s.store.Load().Snapshot()
+	lsn := v.AppliedLSN()
+	if lsn == 0 || lsn <= s.snapshotLSN.Load() {
+		return nil
+	}
+	written := int64(s.wal.Stats().BytesWritten)
+	start := time.Now()
+	path, err := state.SaveSnapshot(s.fs, s.snapDir(), v)
+	if err != nil && path == "" {
+		return err
+	}
+	if err != nil {
+		s.logger.Warn("snapshot written, but removing old ones failed", "err", err)
+	}
+	s.prevSnapshotLSN = s.snapshotLSN.Load()
+	s.snapshotLSN.Store(lsn)
+	s.walAtSnap.Store(written)
+	// state keeps two snapshots and falls back to the older one if the newest
+	// is corrupt, so the WAL must still reach back to just after the older.
+	keepFrom := s.prevSnapshotLSN + 1
+	s.walMu.Lock()
+	removed, terr := s.wal.TruncateBefore(keepFrom)
+	s.walMu.Unlock()
+	s.logger.Info("snapshot written", "path", path, "lsn", lsn, "keys", v.Len(), "took", time.Since(start),
+		"wal_segments_removed", removed, "wal_first_lsn", s.wal.FirstLSN())
+	if terr != nil {
+		return fmt.Errorf("truncate wal before LSN %d: %w", keepFrom, terr)
+	}
+	return nil
+}

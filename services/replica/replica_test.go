@@ -1,0 +1,546 @@
+package replica
+
+import (
+	"bytes"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/state"
+	"github.com/walship/walship/pkg/codec"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+func wantCode(t *testing.T, what string, err error, code codes.Code, contains string) {
+	t.Helper()
+	if status.Code(err) != code || !strings.Contains(status.Convert(err).Message(), contains) {
+		t.Errorf("%s: got %v, want %v containing %q", what, err, code, contains)
+	}
+}
+
+func TestStreamApplyReadStatusAndRestart(t *testing.T) {
+	fp := newFakePrimary(t)
+	dir := t.TempDir()
+	cfg := testConfig(t, dir, fp.addr)
+	r := start(t, cfg)
+	m := newModel(t)
+
+	sess := fp.next(t)
+	if sess.hello.GetReplicaId() != "r1" || sess.hello.GetNextLsn() != 1 || sess.hello.GetEpoch() != 0 {
+		t.Fatalf("hello = %v, want id r1, next_lsn 1, epoch 0", sess.hello)
+	}
+	sess.send(t, m.txn(put("a", "1"), put("b", "2")), m.txn(put("c", "3")), m.txn(del("a"), put("d", "4")))
+	last := m.next - 1 // 3 + 2 + 3 = 8
+
+	c := tctx(t)
+	got, err := r.kv.Get(c, &walshipv1.GetRequest{Key: "c", MinLsn: last})
+	if err != nil || !got.Found || string(got.Value) != "3" || got.VersionLsn != 5 || got.AppliedLsn != last {
+		t.Fatalf("Get c = %v, %v; want 3 at version 5, applied %d", got, err, last)
+	}
+	if got, err := r.kv.Get(c, &walshipv1.GetRequest{Key: "a"}); err != nil || got.Found {
+		t.Fatalf("Get deleted a = %v, %v", got, err)
+	}
+	scan, err := r.kv.Scan(c, &walshipv1.ScanRequest{})
+	if err != nil || len(scan.Kvs) != 3 || scan.Kvs[0].Key != "b" || scan.Kvs[2].Key != "d" {
+		t.Fatalf("Scan = %v, %v", scan, err)
+	}
+	if a := sess.waitAck(t, last); a.WrittenLsn != last || a.FlushedLsn != last {
+		t.Fatalf("ack = %v, want every stage at %d", a, last)
+	}
+
+	st := r.status(t)
+	if st.Role != walshipv1.Role_ROLE_REPLICA || st.Id != "r1" || st.LastLsn != last || st.DurableLsn != last ||
+		st.VisibleLsn != last || st.StateDigest != m.digest() || st.Keys != 3 || st.Rung != walshipv1.CatchUpRung_CATCH_UP_RUNG_PRIMARY ||
+		st.Primary != fp.addr || !st.Serving || st.Epoch != 1 || st.WalFirstLsn != 1 {
+		t.Fatalf("Status = %v; want digest %s at LSN %d", st, m.digest(), last)
+	}
+	if len(st.Peers) != 1 || !st.Peers[0].Connected || st.Peers[0].Role != walshipv1.Role_ROLE_PRIMARY || st.Peers[0].AppliedLsn != last {
+		t.Fatalf("Status.peers = %v", st.Peers)
+	}
+	for name, want := range map[string]float64{
+		"walship_replica_applied_records_total": float64(last),
+		"walship_replica_connected":             1,
+	} {
+		if v := r.metric(t, name); v != want {
+			t.Errorf("%s = %v, want %v", name, v, want)
+		}
+	}
+	for _, stage := range []string{"write", "flush", "apply"} {
+		if v := r.metric(t, "walship_replica_lsn", "stage", stage); v != float64(last) {
+			t.Errorf("walship_replica_lsn{stage=%s} = %v, want %d", stage, v, last)
+		}
+	}
+	if v := r.metric(t, "walship_replica_catchup_rung", "rung", "primary"); v != 1 {
+		t.Errorf("rung primary = %v", v)
+	}
+	if v := r.metric(t, "walship_replica_catchup_rung", "rung", "snapshot"); v != 0 {
+		t.Errorf("rung snapshot = %v", v)
+	}
+
+	// A read-only replica: writes name the primary; admin calls say what it is not.
+	_, err = r.kv.Put(c, &walshipv1.PutRequest{Key: "x", Value: []byte("y")})
+	wantCode(t, "Put", err, codes.FailedPrecondition, "read-only replica; send writes to the primary at "+fp.addr)
+	_, err = r.kv.Delete(c, &walshipv1.DeleteRequest{Key: "x"})
+	wantCode(t, "Delete", err, codes.FailedPrecondition, fp.addr)
+	_, err = r.kv.Txn(c, &walshipv1.TxnRequest{})
+	wantCode(t, "Txn", err, codes.FailedPrecondition, fp.addr)
+	_, err = r.admin.Promote(c, &walshipv1.PromoteRequest{})
+	wantCode(t, "Promote", err, codes.Unimplemented, "promotion is not implemented yet")
+	_, err = r.admin.SetPolicy(c, &walshipv1.SetPolicyRequest{})
+	wantCode(t, "SetPolicy", err, codes.FailedPrecondition, "not a primary")
+
+	// Bad input on reads.
+	_, err = r.kv.Get(c, &walshipv1.GetRequest{Key: ""})
+	wantCode(t, "Get empty key", err, codes.InvalidArgument, "key")
+	_, err = r.kv.Get(c, &walshipv1.GetRequest{Key: "\xff"})
+	wantCode(t, "Get invalid UTF-8", err, codes.InvalidArgument, "UTF-8")
+	_, err = r.kv.Scan(c, &walshipv1.ScanRequest{Start: "b", End: "a"})
+	wantCode(t, "Scan end before start", err, codes.InvalidArgument, "end")
+	_, err = r.kv.Scan(c, &walshipv1.ScanRequest{Limit: 1 << 20})
+	wantCode(t, "Scan huge limit", err, codes.InvalidArgument, "limit")
+	_, err = r.kv.Get(c, &walshipv1.GetRequest{Key: "c", MinLsn: last + 100, WaitTimeout: durationpb.New(20 * time.Millisecond)})
+	wantCode(t, "Get future min_lsn", err, codes.DeadlineExceeded, "not visible")
+
+	// Restart: the applied state comes back from disk alone, and the
+	// replica asks for exactly what follows it.
+	if err := r.stop(t); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	r2 := start(t, cfg)
+	if got, err := r2.kv.Get(c, &walshipv1.GetRequest{Key: "d"}); err != nil || string(got.Value) != "4" || got.AppliedLsn != last {
+		t.Fatalf("Get d after restart = %v, %v", got, err)
+	}
+	st = r2.status(t)
+	if st.StateDigest != m.digest() || st.VisibleLsn != last || st.SnapshotLsn != last || st.Epoch != 1 {
+		t.Fatalf("Status after restart = %v; want digest %s, snapshot at %d", st, m.digest(), last)
+	}
+	sess = fp.next(t)
+	if sess.hello.GetNextLsn() != last+1 || sess.hello.GetEpoch() != 1 {
+		t.Fatalf("hello after restart = %v, want next_lsn %d epoch 1", sess.hello, last+1)
+	}
+	sess.send(t, m.txn(put("e", "5")))
+	r2.waitApplied(t, m.next-1)
+	if st := r2.status(t); st.StateDigest != m.digest() {
+		t.Fatalf("digest %s, want %s", st.StateDigest, m.digest())
+	}
+}
+
+func TestAcksAreCumulativeAndCoalesced(t *testing.T) {
+	fp := newFakePrimary(t)
+	cfg := testConfig(t, t.TempDir(), fp.addr)
+	cfg.HeartbeatInterval = 10 * time.Second // no periodic acks in the way
+	r := start(t, cfg)
+	m := newModel(t)
+	sess := fp.next(t)
+
+	const n = 300
+	batches := make([]*walshipv1.WalBatch, n)
+	for i := range batches {
+		batches[i] = m.txn(put(keyN(i), "v"))
+	}
+	sess.send(t, batches...)
+	last := m.next - 1
+	r.waitApplied(t, last)
+
+	var acks []*walshipv1.ReplicaAck
+	for {
+		a := <-sess.acks // the final ack is sent right after the last apply
+		acks = append(acks, a)
+		if a.AppliedLsn == last {
+			break
+		}
+	}
+	if len(acks) >= n {
+		t.Errorf("%d acks for %d batches: not coalesced", len(acks), n)
+	}
+	var prev *walshipv1.ReplicaAck
+	for i, a := range acks {
+		if a.WrittenLsn < a.FlushedLsn || a.FlushedLsn < a.AppliedLsn || a.TimeUnixNano == 0 {
+			t.Errorf("ack %d = %v: stages out of order", i, a)
+		}
+		if prev != nil && (a.WrittenLsn < prev.WrittenLsn || a.FlushedLsn < prev.FlushedLsn || a.AppliedLsn < prev.AppliedLsn) {
+			t.Errorf("ack %d = %v went backwards from %v", i, a, prev)
+		}
+		prev = a
+	}
+	t.Logf("%d batches, %d acks", n, len(acks))
+	if st := r.status(t); st.StateDigest != m.digest() {
+		t.Fatalf("digest %s, want %s", st.StateDigest, m.digest())
+	}
+
+	// A heartbeat asking for a reply gets one at once, not a heartbeat
+	// interval later.
+	sess.heartbeat(t, 1, last, true)
+	select {
+	case a := <-sess.acks:
+		if a.AppliedLsn != last {
+			t.Fatalf("reply ack = %v", a)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no ack in reply to reply_requested")
+	}
+}
+
+func TestRefusedBatches(t *testing.T) {
+	for _, tc := range []struct {
+		reason string
+		bad    func(m *model) *walshipv1.WalBatch
+	}{
+		{reasonCRC, func(m *model) *walshipv1.WalBatch {
+			b := m.build(m.next, put("x", "bad"))
+			b.Crc32C ^= 1
+			return b
+		}},
+		{reasonGap, func(m *model) *walshipv1.WalBatch { return m.build(m.next+1, put("x", "bad")) }},
+		{reasonEpoch, func(m *model) *walshipv1.WalBatch {
+			m.epoch--
+			defer func() { m.epoch++ }()
+			return m.build(m.next, put("x", "bad"))
+		}},
+		{reasonDecode, func(m *model) *walshipv1.WalBatch {
+			b := m.build(m.next, put("x", "bad"))
+			b.Payload = bytes.Repeat([]byte{0xc1}, 16) // 0xc1 is never valid MessagePack
+			b.Crc32C = codec.Checksum(b.Payload)
+			return b
+		}},
+	} {
+		t.Run(tc.reason, func(t *testing.T) {
+			fp := newFakePrimary(t)
+			r := start(t, testConfig(t, t.TempDir(), fp.addr))
+			m := newModel(t)
+			m.epoch = 2
+			sess := fp.next(t)
+			sess.send(t, m.txn(put("a", "1")))
+			good := m.next - 1
+			r.waitApplied(t, good)
+
+			sess.send(t, tc.bad(m))
+			again := fp.next(t) // the replica dropped the stream and came back
+			if again.hello.GetNextLsn() != good+1 || again.hello.GetEpoch() != 2 {
+				t.Fatalf("hello after refusal = %v, want next_lsn %d epoch 2", again.hello, good+1)
+			}
+			st := r.status(t)
+			if st.LastLsn != good || st.VisibleLsn != good || st.StateDigest != m.digest() {
+				t.Fatalf("after refusal: Status = %v, want everything at %d, digest %s", st, good, m.digest())
+			}
+			if v := r.metric(t, "walship_replica_refused_batches_total", "reason", tc.reason); v != 1 {
+				t.Errorf("refused{reason=%s} = %v, want 1", tc.reason, v)
+			}
+			if got, _ := r.kv.Get(tctx(t), &walshipv1.GetRequest{Key: "x"}); got.GetFound() {
+				t.Fatal("a refused batch was applied")
+			}
+			// The stream resumes where it should.
+			again.send(t, m.txn(put("b", "2")))
+			r.waitApplied(t, m.next-1)
+			if st := r.status(t); st.StateDigest != m.digest() {
+				t.Fatalf("digest %s, want %s", st.StateDigest, m.digest())
+			}
+		})
+	}
+}
+
+// snapshotOf streams ref as the primary's Snapshot does, in chunks of 3.
+func snapshotOf(ref *state.Store, epoch uint64) func(*walshipv1.SnapshotRequest, grpc.ServerStreamingServer[walshipv1.SnapshotResponse]) error {
+	return func(_ *walshipv1.SnapshotRequest, st grpc.ServerStreamingServer[walshipv1.SnapshotResponse]) error {
+		v := ref.Snapshot()
+		if err := st.Send(&walshipv1.SnapshotResponse{Part: &walshipv1.SnapshotResponse_Header{Header: &walshipv1.SnapshotHeader{
+			Epoch: epoch, Lsn: v.AppliedLSN(), Keys: uint64(v.Len()),
+		}}}); err != nil {
+			return err
+		}
+		var chunk []*walshipv1.KeyValue
+		var err error
+		flush := func() {
+			if len(chunk) > 0 && err == nil {
+				err = st.Send(&walshipv1.SnapshotResponse{Part: &walshipv1.SnapshotResponse_Chunk{Chunk: &walshipv1.SnapshotChunk{Kvs: chunk}}})
+				chunk = nil
+			}
+		}
+		v.Scan(nil, nil, 0, func(k, val []byte, ver uint64) bool {
+			chunk = append(chunk, &walshipv1.KeyValue{Key: string(k), Value: val, VersionLsn: ver})
+			if len(chunk) == 3 {
+				flush()
+			}
+			return true
+		})
+		flush()
+		if err != nil {
+			return err
+		}
+		return st.Send(&walshipv1.SnapshotResponse{Part: &walshipv1.SnapshotResponse_Trailer{Trailer: &walshipv1.SnapshotTrailer{StateDigest: v.Digest().String()}}})
+	}
+}
+
+func TestSnapshotRung(t *testing.T) {
+	fp := newFakePrimary(t)
+	// The primary's history: 20 transactions the replica will never see as batches.
+	m := newModel(t)
+	m.epoch = 3
+	for i := range 20 {
+		m.txn(put(keyN(i%7), keyN(i)))
+	}
+	m.txn(del(keyN(3)))
+	snapLSN := m.next - 1
+	fp.snapshot = snapshotOf(m.ref, 3)
+
+	dir := t.TempDir()
+	cfg := testConfig(t, dir, fp.addr)
+	r := start(t, cfg)
+	first := fp.next(t)
+	if first.hello.GetNextLsn() != 1 {
+		t.Fatalf("hello = %v", first.hello)
+	}
+	first.end <- status.Error(codes.OutOfRange, "LSN 1 is no longer retained")
+
+	sess := fp.next(t)
+	if sess.hello.GetNextLsn() != snapLSN+1 || sess.hello.GetEpoch() != 3 {
+		t.Fatalf("hello after re-seed = %v, want next_lsn %d epoch 3", sess.hello, snapLSN+1)
+	}
+	if fp.snapshotCalls.Load() != 1 {
+		t.Fatalf("%d Snapshot calls", fp.snapshotCalls.Load())
+	}
+	st := r.status(t)
+	if st.VisibleLsn != snapLSN || st.StateDigest != m.digest() || st.SnapshotLsn != snapLSN || st.LastLsn != snapLSN {
+		t.Fatalf("Status after re-seed = %v; want LSN %d digest %s", st, snapLSN, m.digest())
+	}
+	sess.send(t, m.txn(put("after", "snapshot")))
+	c := tctx(t)
+	got, err := r.kv.Get(c, &walshipv1.GetRequest{Key: "after", MinLsn: m.next - 1})
+	if err != nil || string(got.Value) != "snapshot" {
+		t.Fatalf("Get after = %v, %v", got, err)
+	}
+	if got, err := r.kv.Get(c, &walshipv1.GetRequest{Key: keyN(6)}); err != nil || string(got.Value) != keyN(13) {
+		t.Fatalf("Get %s (from the snapshot) = %v, %v", keyN(6), got, err)
+	}
+	if st := r.status(t); st.StateDigest != m.digest() || st.Rung != walshipv1.CatchUpRung_CATCH_UP_RUNG_PRIMARY {
+		t.Fatalf("Status = %v, want digest %s on rung primary", st, m.digest())
+	}
+
+	// Restart: snapshot + WAL after it.
+	if err := r.stop(t); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	r2 := start(t, cfg)
+	if st := r2.status(t); st.StateDigest != m.digest() || st.VisibleLsn != m.next-1 || st.Epoch != 3 {
+		t.Fatalf("Status after restart = %v, want digest %s", st, m.digest())
+	}
+	if sess := fp.next(t); sess.hello.GetNextLsn() != m.next || sess.hello.GetEpoch() != 3 {
+		t.Fatalf("hello after restart = %v, want next_lsn %d", sess.hello, m.next)
+	}
+}
+
+func TestFinishInterruptedReseed(t *testing.T) {
+	// A crash after the re-seeded state was saved and before the WAL was
+	// reset leaves a WAL ending before the newest snapshot.
+	fp := newFakePrimary(t)
+	dir := t.TempDir()
+	cfg := testConfig(t, dir, fp.addr)
+	m := newModel(t)
+	r := start(t, cfg)
+	sess := fp.next(t)
+	sess.send(t, m.txn(put("a", "1")))
+	r.waitApplied(t, m.next-1)
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	for range 10 {
+		m.txn(put("b", "2"))
+	}
+	if _, err := state.SaveSnapshot(cfg.FS, (&Server{cfg: cfg}).snapDir(), m.ref.Snapshot()); err != nil && cfg.FS != nil {
+		t.Fatal(err)
+	}
+	r2 := start(t, cfg)
+	if st := r2.status(t); st.VisibleLsn != m.next-1 || st.StateDigest != m.digest() {
+		t.Fatalf("Status = %v, want the snapshot's state at %d", st, m.next-1)
+	}
+	if sess := fp.next(t); sess.hello.GetNextLsn() != m.next {
+		t.Fatalf("hello = %v, want next_lsn %d", sess.hello, m.next)
+	}
+}
+
+func TestLogStoreRung(t *testing.T) {
+	fp := newFakePrimary(t)
+	fp.snapshot = func(*walshipv1.SnapshotRequest, grpc.ServerStreamingServer[walshipv1.SnapshotResponse]) error {
+		return status.Error(codes.Internal, "the snapshot rung should not be needed")
+	}
+	m := newModel(t)
+	var stored []*walshipv1.WalBatch
+	for i := range 10 {
+		stored = append(stored, m.txn(put(keyN(i), "from the log store")))
+	}
+	ls := newFakeLogStore(t, func(req *walshipv1.ReadRequest, st grpc.ServerStreamingServer[walshipv1.ReadResponse]) error {
+		for _, b := range stored {
+			if b.LastLsn >= req.FromLsn {
+				if err := st.Send(&walshipv1.ReadResponse{Batch: b}); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	cfg := testConfig(t, t.TempDir(), fp.addr)
+	cfg.LogStore = ls.addr
+	r := start(t, cfg)
+	fp.next(t).end <- status.Error(codes.OutOfRange, "LSN 1 is no longer retained")
+
+	sess := fp.next(t)
+	if sess.hello.GetNextLsn() != m.next {
+		t.Fatalf("hello after the log store = %v, want next_lsn %d", sess.hello, m.next)
+	}
+	if req := <-ls.reads; req.FromLsn != 1 || req.Follow {
+		t.Fatalf("log store Read = %v, want from_lsn 1 without follow", req)
+	}
+	sess.send(t, m.txn(put("z", "from the primary")))
+	r.waitApplied(t, m.next-1)
+	if st := r.status(t); st.StateDigest != m.digest() || st.Rung != walshipv1.CatchUpRung_CATCH_UP_RUNG_PRIMARY {
+		t.Fatalf("Status = %v, want digest %s", st, m.digest())
+	}
+	if fp.snapshotCalls.Load() != 0 {
+		t.Fatal("went to the snapshot rung although the log store had the gap")
+	}
+}
+
+func TestLogStoreOutOfRangeFallsToSnapshot(t *testing.T) {
+	fp := newFakePrimary(t)
+	m := newModel(t)
+	for i := range 5 {
+		m.txn(put(keyN(i), "v"))
+	}
+	fp.snapshot = snapshotOf(m.ref, 1)
+	ls := newFakeLogStore(t, func(req *walshipv1.ReadRequest, _ grpc.ServerStreamingServer[walshipv1.ReadResponse]) error {
+		return status.Errorf(codes.OutOfRange, "LSN %d is no longer kept", req.FromLsn)
+	})
+	cfg := testConfig(t, t.TempDir(), fp.addr)
+	cfg.LogStore = ls.addr
+	r := start(t, cfg)
+	fp.next(t).end <- status.Error(codes.OutOfRange, "gone")
+	sess := fp.next(t)
+	if sess.hello.GetNextLsn() != m.next || fp.snapshotCalls.Load() != 1 || len(ls.reads) != 1 {
+		t.Fatalf("hello = %v, %d snapshots, %d log store reads", sess.hello, fp.snapshotCalls.Load(), len(ls.reads))
+	}
+	if st := r.status(t); st.StateDigest != m.digest() {
+		t.Fatalf("digest %s, want %s", st.StateDigest, m.digest())
+	}
+}
+
+func TestLagSeconds(t *testing.T) {
+	fp := newFakePrimary(t)
+	cfg := testConfig(t, t.TempDir(), fp.addr)
+	cfg.HeartbeatInterval = 50 * time.Millisecond
+	r := start(t, cfg)
+	m := newModel(t)
+	sess := fp.next(t)
+	sess.send(t, m.txn(put("a", "1")))
+	applied := m.next - 1
+	r.waitApplied(t, applied)
+
+	// The primary's heartbeats, announcing announced.
+	var announced atomic.Uint64
+	announced.Store(applied)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tick := time.NewTicker(cfg.HeartbeatInterval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				_ = sess.stream.Send(&walshipv1.StreamResponse{Msg: &walshipv1.StreamResponse_Heartbeat{Heartbeat: &walshipv1.Heartbeat{
+					Epoch: 1, LastLsn: announced.Load(), TimeUnixNano: time.Now().UnixNano(),
+				}}})
+			}
+		}
+	}()
+	stopBeats := sync.OnceFunc(func() { close(stop); wg.Wait() })
+	defer stopBeats()
+	lag := func() float64 { return r.metric(t, "walship_replica_lag_seconds") }
+
+	// Idle and caught up: 0.
+	eventually(t, "lag 0 while idle", func() bool { return lag() == 0 })
+	// The primary announces LSNs the replica has not got: lag grows.
+	announced.Store(applied + 10)
+	eventually(t, "lag > 0 behind the announced LSN", func() bool { return lag() > 0 })
+	if st := r.status(t); st.Peers[0].LagRecords != 10 || st.Peers[0].LagSeconds <= 0 {
+		t.Fatalf("peer = %v, want 10 records behind", st.Peers[0])
+	}
+	// Caught up again (the primary says so): back to 0.
+	announced.Store(applied)
+	sess.send(t, m.txn(put("b", "2")))
+	announced.Store(m.next - 1)
+	r.waitApplied(t, m.next-1)
+	eventually(t, "lag 0 after catching up", func() bool { return lag() == 0 })
+	// Partitioned: no word from the primary, the lag must not stay 0.
+	stopBeats()
+	eventually(t, "lag growing while cut off", func() bool { return lag() > 3*cfg.HeartbeatInterval.Seconds() })
+}
+
+func TestPeriodicSnapshotTruncatesWAL(t *testing.T) {
+	fp := newFakePrimary(t)
+	cfg := testConfig(t, t.TempDir(), fp.addr)
+	cfg.SnapshotEveryBytes = 64 << 10
+	r := start(t, cfg)
+	m := newModel(t)
+	sess := fp.next(t)
+	value := strings.Repeat("v", 4<<10)
+	for i := range 200 { // ~800 KiB of WAL: 12 segments, a dozen snapshots
+		sess.send(t, m.txn(put(keyN(i%50), value)))
+	}
+	r.waitApplied(t, m.next-1)
+	eventually(t, "a snapshot and a truncated WAL", func() bool {
+		st := r.status(t)
+		return st.SnapshotLsn > 0 && st.WalFirstLsn > 1 && st.WalFirstLsn <= st.SnapshotLsn
+	})
+	st := r.status(t)
+	if st.StateDigest != m.digest() {
+		t.Fatalf("digest %s, want %s", st.StateDigest, m.digest())
+	}
+	if st.WalBytes > 6*64<<10 {
+		t.Errorf("WAL holds %d bytes after snapshots; truncation is not keeping it bounded", st.WalBytes)
+	}
+	// Restart from the truncated WAL and the snapshot.
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	r2 := start(t, cfg)
+	if st := r2.status(t); st.StateDigest != m.digest() || st.VisibleLsn != m.next-1 {
+		t.Fatalf("after restart: %v", st)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(*Config)
+		want string
+	}{
+		{"ok", func(*Config) {}, ""},
+		{"no data dir", func(c *Config) { c.DataDir = "" }, "--data-dir"},
+		{"no id", func(c *Config) { c.ID = "" }, "--id"},
+		{"bad id", func(c *Config) { c.ID = "a b" }, "--id"},
+		{"long id", func(c *Config) { c.ID = strings.Repeat("a", 65) }, "--id"},
+		{"no primary", func(c *Config) { c.Primary = "" }, "--primary"},
+		{"small segments", func(c *Config) { c.SegmentBytes = 1 }, "--segment-bytes"},
+		{"no snapshots", func(c *Config) { c.SnapshotEveryBytes = 0 }, "--snapshot-every-bytes"},
+		{"no heartbeat", func(c *Config) { c.HeartbeatInterval = 0 }, "--heartbeat-interval"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.DataDir, cfg.ID, cfg.Primary = "/tmp/x", "replica-1.a_b", "127.0.0.1:7401"
+			tc.edit(&cfg)
+			err := cfg.Validate()
+			if (err == nil) != (tc.want == "") || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+				t.Fatalf("Validate = %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
