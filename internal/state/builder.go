@@ -52,4 +52,6 @@ func (b *Builder) Finish(count uint64, digest string) (*Store, error) {
 }
 
 // String describes the builder's progress, for logs.
-func (b *Builder) String() string { return fmt.Sprintf("snapshot at LSN %d, %d pairs so far", b.lsn, b.n) }
+func (b *Builder) String() string {
+	return fmt.Sprintf("snapshot at LSN %d, %d pairs so far", b.lsn, b.n)
+}
