@@ -51,11 +51,13 @@ lint: $(BIN)/buf
 generate: $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc
 	rm -rf gen
 	buf generate
+	# Descriptors with comments, served by reflection (internal/apidesc).
+	buf build -o internal/apidesc/walship.binpb
 
 # Fails when the committed generated code differs from what `make generate` produces.
 check-generate: generate
-	@git add -N gen >/dev/null 2>&1 || true
-	@git diff --exit-code --stat -- gen || { echo "generated code is stale: run make generate and commit"; exit 1; }
+	@git add -N gen internal/apidesc >/dev/null 2>&1 || true
+	@git diff --exit-code --stat -- gen internal/apidesc/walship.binpb || { echo "generated code is stale: run make generate and commit"; exit 1; }
 
 bench: $(BIN)/benchstat
 	$(GO) test -run='^$$' -bench=. -benchmem -count=$(BENCHCOUNT) ./... | tee bench.out

@@ -47,6 +47,7 @@ func commands() []command {
 		{name: "primary", summary: "run a primary: commit transactions and ship the WAL", flags: primaryFlags},
 		{name: "replica", summary: "run a replica: apply the primary's WAL and serve reads", flags: replicaFlags},
 		{name: "logstore", summary: "run a log store: keep the WAL durably for catch-up", flags: logstoreFlags},
+		{name: "bench", summary: "run a benchmark workload and print the seed's table", flags: benchFlags},
 		{name: "dev", summary: "run a local cluster (log store, primary, 2 replicas) with data in a temp dir", flags: devFlags},
 		{name: "version", summary: "print the version", flags: versionFlags},
 	}

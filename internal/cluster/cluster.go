@@ -138,8 +138,13 @@ func (c *Cluster) addr(offset int) (grpcAddr, metricsAddr string) {
 }
 
 func (c *Cluster) newLogStore(i int) (*Node, error) {
+	listen, metrics := c.addr(i)
+	return c.newLogStoreAt(i, listen, metrics)
+}
+
+func (c *Cluster) newLogStoreAt(i int, listen, metrics string) (*Node, error) {
 	cfg := logstore.DefaultConfig()
-	cfg.Listen, cfg.MetricsListen = c.addr(i)
+	cfg.Listen, cfg.MetricsListen = listen, metrics
 	cfg.DataDir = filepath.Join(c.cfg.Dir, fmt.Sprintf("logstore-%d", i))
 	name := fmt.Sprintf("logstore-%d", i)
 	cfg.Logger = c.cfg.Logger.With("node", name)
@@ -155,8 +160,13 @@ func (c *Cluster) newLogStore(i int) (*Node, error) {
 }
 
 func (c *Cluster) newPrimary(logstores []string) (*Node, error) {
+	listen, metrics := c.addr(1)
+	return c.newPrimaryAt(logstores, listen, metrics)
+}
+
+func (c *Cluster) newPrimaryAt(logstores []string, listen, metrics string) (*Node, error) {
 	cfg := primary.DefaultConfig()
-	cfg.Listen, cfg.MetricsListen = c.addr(1)
+	cfg.Listen, cfg.MetricsListen = listen, metrics
 	cfg.DataDir = filepath.Join(c.cfg.Dir, "primary")
 	cfg.LogStores = logstores
 	cfg.Logger = c.cfg.Logger.With("node", "primary")
@@ -265,6 +275,40 @@ func (c *Cluster) RestartReplica(ctx context.Context, i int) error {
 	c.replicaServers[i] = s
 	n := &Node{Name: cfg.ID, Addr: s.Addr(), MetricsAddr: s.MetricsAddr(), Registry: cfg.Registry, run: s.Run}
 	c.Replicas[i] = n
+	n.start()
+	return c.WaitServing(ctx, n)
+}
+
+// RestartLogStore restarts log store i on the same address and data.
+func (c *Cluster) RestartLogStore(ctx context.Context, i int) error {
+	old := c.LogStores[i]
+	if err := old.stop(); err != nil {
+		return err
+	}
+	n, err := c.newLogStoreAt(i, old.Addr, old.MetricsAddr)
+	if err != nil {
+		return err
+	}
+	c.LogStores[i] = n
+	n.start()
+	return c.WaitServing(ctx, n)
+}
+
+// RestartPrimary restarts the primary on the same address and data.
+func (c *Cluster) RestartPrimary(ctx context.Context) error {
+	old := c.Primary
+	if err := old.stop(); err != nil {
+		return err
+	}
+	var ls []string
+	for _, l := range c.LogStores {
+		ls = append(ls, l.Addr)
+	}
+	n, err := c.newPrimaryAt(ls, old.Addr, old.MetricsAddr)
+	if err != nil {
+		return err
+	}
+	c.Primary = n
 	n.start()
 	return c.WaitServing(ctx, n)
 }

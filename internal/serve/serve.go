@@ -17,12 +17,17 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/walship/walship/internal/apidesc"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
+	reflectionv1 "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	reflectionv1alpha "google.golang.org/grpc/reflection/grpc_reflection_v1alpha"
+	"google.golang.org/grpc/status"
 )
 
 // Options configures a Server.
@@ -39,17 +44,26 @@ type Options struct {
 	Logger *slog.Logger
 	// StopTimeout bounds the graceful stop; past it, connections are cut.
 	StopTimeout time.Duration
+	// StreamGrace is how long streams may go on after a graceful stop
+	// begins, to finish what they are doing on their own (a log store acks
+	// the batch it is fsyncing); then their contexts end. 0 means 1s.
+	StreamGrace time.Duration
+	// MaxSendBytes bounds sent messages when they may be larger than
+	// received ones (a primary streams batches bigger than any request);
+	// 0 means MaxMessageBytes.
+	MaxSendBytes int
 }
 
 // Server is a listening gRPC server with health, reflection and metrics.
 type Server struct {
-	opts      Options
-	grpc      *grpc.Server
-	health    *health.Server
-	lis       net.Listener
-	metrics   *http.Server
-	metricLis net.Listener
-	services  []string
+	opts       Options
+	endStreams chan struct{} // closed StreamGrace after a graceful stop begins
+	grpc       *grpc.Server
+	health     *health.Server
+	lis        net.Listener
+	metrics    *http.Server
+	metricLis  net.Listener
+	services   []string
 }
 
 // NewRegistry returns a metrics registry holding the Go runtime and process
@@ -77,23 +91,36 @@ func New(opts Options, register func(*grpc.Server)) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", opts.Listen, err)
 	}
-	utf8c := newUTF8Codec()
-	s := &Server{
-		opts: opts,
-		lis:  lis,
-		grpc: grpc.NewServer(
-			grpc.ForceServerCodecV2(utf8c),
-			grpc.ChainUnaryInterceptor(utf8c.interceptor),
-			grpc.MaxRecvMsgSize(opts.MaxMessageBytes),
-			grpc.MaxSendMsgSize(opts.MaxMessageBytes),
-			// Replication streams are long-lived; let peers ping them.
-			grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
-		),
-		health: health.NewServer(),
+	if opts.MaxSendBytes <= 0 {
+		opts.MaxSendBytes = opts.MaxMessageBytes
 	}
+	utf8c := newUTF8Codec()
+	if opts.StreamGrace <= 0 {
+		opts.StreamGrace = time.Second
+	}
+	s := &Server{opts: opts, lis: lis, endStreams: make(chan struct{})}
+	s.grpc = grpc.NewServer(
+		grpc.ForceServerCodecV2(utf8c),
+		grpc.ChainUnaryInterceptor(utf8c.interceptor),
+		grpc.ChainStreamInterceptor(s.endStreamsOnStop),
+		grpc.MaxRecvMsgSize(opts.MaxMessageBytes),
+		grpc.MaxSendMsgSize(opts.MaxSendBytes),
+		// Replication streams are long-lived; let peers ping them.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+	)
+	s.health = health.NewServer()
 	register(s.grpc)
 	healthpb.RegisterHealthServer(s.grpc, s.health)
-	reflection.Register(s.grpc)
+	// Reflection serves walship's descriptors with their comments, so
+	// `grpcurl describe` is the user's manual.
+	res, err := apidesc.NewResolver()
+	if err != nil {
+		lis.Close()
+		return nil, err
+	}
+	ropts := reflection.ServerOptions{Services: s.grpc, DescriptorResolver: res}
+	reflectionv1.RegisterServerReflectionServer(s.grpc, reflection.NewServerV1(ropts))
+	reflectionv1alpha.RegisterServerReflectionServer(s.grpc, reflection.NewServer(ropts))
 	for name := range s.grpc.GetServiceInfo() {
 		s.services = append(s.services, name)
 	}
@@ -168,6 +195,8 @@ func (s *Server) Serve(ctx context.Context, beforeStop func()) error {
 		if beforeStop != nil {
 			beforeStop()
 		}
+		grace := time.AfterFunc(s.opts.StreamGrace, func() { close(s.endStreams) })
+		defer grace.Stop()
 		done := make(chan struct{})
 		go func() {
 			s.grpc.GracefulStop()
@@ -199,3 +228,37 @@ func (s *Server) Close() {
 		s.metricLis.Close()
 	}
 }
+
+// endStreamsOnStop gives every streaming call a context that ends
+// StreamGrace after a graceful stop begins. Long-lived streams (replication, log store follow,
+// health Watch) would otherwise hold GracefulStop until StopTimeout; their
+// handlers see the context end and return, and peers reconnect elsewhere or
+// later.
+func (s *Server) endStreamsOnStop(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	ctx, cancel := context.WithCancel(ss.Context())
+	defer cancel()
+	go func() {
+		select {
+		case <-s.endStreams:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	err := handler(srv, &stoppableStream{ServerStream: ss, ctx: ctx})
+	select {
+	case <-s.endStreams:
+		// Ended by the stop, not by the peer: tell it to retry elsewhere or later.
+		if errors.Is(err, context.Canceled) || status.Code(err) == codes.Canceled {
+			return status.Error(codes.Unavailable, "server is stopping")
+		}
+	default:
+	}
+	return err
+}
+
+type stoppableStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *stoppableStream) Context() context.Context { return s.ctx }

@@ -357,6 +357,12 @@ func (s *Server) round(reqs []*appendReq) error {
 	outs := make(map[*appendStream]*outcome)
 	walLast := s.wal.LastLSN()
 	last := walLast
+	// A log store holding no batch accepts any first LSN, even if its WAL
+	// was anchored elsewhere (a segment header written before a crash).
+	empty := s.wal.FirstLSN() == 0
+	if empty {
+		last = 0
+	}
 	var entries []wal.Entry
 	var newBytes int
 	for _, r := range reqs {
@@ -385,6 +391,11 @@ func (s *Server) round(reqs []*appendReq) error {
 		o.ack = true
 	}
 	if len(entries) > 0 {
+		if first := entries[0].FirstLSN; empty && s.wal.Segments() > 0 && first != walLast+1 {
+			if err := s.wal.Reset(first); err != nil {
+				return fmt.Errorf("start the empty wal at LSN %d: %w", first, err)
+			}
+		}
 		if err := s.wal.Append(entries...); err != nil {
 			return fmt.Errorf("append LSNs %d..%d to the wal: %w", entries[0].FirstLSN, last, err)
 		}
@@ -395,6 +406,8 @@ func (s *Server) round(reqs []*appendReq) error {
 		}
 		s.metrics.fsyncSeconds.Observe(time.Since(start).Seconds())
 		s.metrics.appendedBytes.Add(float64(newBytes))
+		s.nWrites++
+		s.writes.Advance(s.nWrites)
 		select {
 		case s.retKick <- struct{}{}:
 		default:
@@ -414,25 +427,52 @@ func (s *Server) round(reqs []*appendReq) error {
 // admit applies the epoch and continuity rules to one request. It appends
 // an accepted batch to entries (and moves last); a retransmission of exactly
 // what is stored is accepted without being stored again.
+//
+// The order of the checks matters. An exact retransmission is acknowledged
+// whatever its epoch: a new primary catching the log store up ships the
+// batches of earlier epochs byte for byte (the envelope carries the epoch
+// of the primary that wrote the batch, not of the sender). Then a batch
+// older than the highest epoch seen is refused: since epochs only grow along
+// the log, such a batch beyond the stored end can only come from a deposed
+// primary. A higher epoch is adopted (and persisted) only from a batch that
+// is appended, never from a refused one.
 func (s *Server) admit(r *appendReq, walLast uint64, last *uint64, entries *[]wal.Entry) (refused, fatal error) {
 	if b := r.env; b != nil {
-		if refused, fatal = s.checkEpoch(b.Epoch, "batch"); refused != nil || fatal != nil {
-			return refused, fatal
-		}
-		switch {
-		case *last == 0 || b.FirstLsn == *last+1:
-			*entries = append(*entries, wal.Entry{FirstLSN: b.FirstLsn, LastLSN: b.LastLsn, Data: r.data})
-			*last = b.LastLsn
-		case b.FirstLsn > *last+1:
-			return refuse(rpcerr.ErrInvalid, "gap: batch starts at LSN %d, log store ends at LSN %d", b.FirstLsn, *last), nil
-		default:
-			if why := s.differsFromStored(b, r.data, walLast, *entries); why != "" {
-				return refuse(errOutOfRange, "overlap: batch LSNs %d..%d, log store ends at LSN %d and %s", b.FirstLsn, b.LastLsn, *last, why), nil
+		overlap := *last != 0 && b.FirstLsn <= *last
+		var why string
+		if overlap {
+			if why = s.differsFromStored(b, r.data, walLast, *entries); why == "" {
+				return s.checkHeartbeat(r.hb)
 			}
 		}
+		if h := s.epoch.Load(); b.Epoch < h {
+			return refuse(rpcerr.ErrStaleEpoch, "stale epoch %d, log store is at epoch %d", b.Epoch, h), nil
+		}
+		switch {
+		case overlap:
+			return refuse(errOutOfRange, "overlap: batch LSNs %d..%d, log store ends at LSN %d and %s", b.FirstLsn, b.LastLsn, *last, why), nil
+		case *last != 0 && b.FirstLsn > *last+1:
+			return refuse(rpcerr.ErrInvalid, "gap: batch starts at LSN %d, log store ends at LSN %d", b.FirstLsn, *last), nil
+		}
+		if err := s.adoptEpoch(b.Epoch); err != nil {
+			return nil, err
+		}
+		*entries = append(*entries, wal.Entry{FirstLSN: b.FirstLsn, LastLSN: b.LastLsn, Data: r.data})
+		*last = b.LastLsn
 	}
-	if hb := r.hb; hb != nil && hb.Epoch != 0 {
-		return s.checkEpoch(hb.Epoch, "heartbeat")
+	return s.checkHeartbeat(r.hb)
+}
+
+// checkHeartbeat refuses a heartbeat from an epoch older than the highest
+// seen, so an idle deposed primary learns it is fenced. A heartbeat never
+// raises the epoch: the new primary may still have to ship batches of the
+// earlier epoch first.
+func (s *Server) checkHeartbeat(hb *walshipv1.Heartbeat) (refused, fatal error) {
+	if hb == nil || hb.Epoch == 0 {
+		return nil, nil
+	}
+	if h := s.epoch.Load(); hb.Epoch < h {
+		return refuse(rpcerr.ErrStaleEpoch, "stale epoch %d, log store is at epoch %d", hb.Epoch, h), nil
 	}
 	return nil, nil
 }
@@ -476,26 +516,24 @@ func (s *Server) differsFromStored(b *walshipv1.WalBatch, data []byte, walLast u
 	return compare(e)
 }
 
-// checkEpoch refuses an epoch lower than the highest seen and adopts a
-// higher one, persisting it before anything of that epoch is acknowledged
-// (acks only go out at the end of the round).
-func (s *Server) checkEpoch(e uint64, what string) (refused, fatal error) {
+// adoptEpoch raises the highest epoch seen to e, persisting it first: the
+// batch that carries it is acknowledged only at the end of the round, after
+// the epoch file is durable. An error is fatal.
+func (s *Server) adoptEpoch(e uint64) error {
 	h := s.epoch.Load()
-	switch {
-	case e < h:
-		return refuse(rpcerr.ErrStaleEpoch, "stale epoch %d, log store is at epoch %d", e, h), nil
-	case e > h:
-		if err := s.persistEpoch(e); err != nil {
-			var se *syncError
-			if errors.As(err, &se) {
-				s.metrics.fsyncErrors.Inc()
-			}
-			return nil, err
-		}
-		s.epoch.Store(e)
-		s.logger.Info("adopted a new epoch", "epoch", e, "previous", h, "seen_in", what)
+	if e <= h {
+		return nil
 	}
-	return nil, nil
+	if err := s.persistEpoch(e); err != nil {
+		var se *syncError
+		if errors.As(err, &se) {
+			s.metrics.fsyncErrors.Inc()
+		}
+		return err
+	}
+	s.epoch.Store(e)
+	s.logger.Info("adopted a new epoch", "epoch", e, "previous", h)
+	return nil
 }
 
 // failAll fails every stream after a fatal error: the requests of the

@@ -12,17 +12,25 @@
 // goroutine owns the WAL. Each round it takes every queued request of every
 // stream, in arrival order, and applies the log's rules:
 //
-//   - an epoch below the highest seen fails the stream with
-//     FAILED_PRECONDITION ("stale epoch E, log store is at epoch H"); a
-//     higher one is adopted and written to DataDir/epoch (temporary file,
-//     fsync, rename, directory fsync) before anything of that epoch is
-//     acknowledged. A heartbeat's epoch (when set) is checked the same way,
-//     so a deposed primary learns it is fenced even while idle;
+//   - a batch that is exactly a stored one (same LSN range, same bytes) is
+//     a retransmission: acknowledged without being stored twice, whatever
+//     its epoch (a new primary catching the log store up ships the batches
+//     of earlier epochs byte for byte: the envelope carries the epoch of
+//     the primary that wrote it);
+//   - otherwise an epoch below the highest seen fails the stream with
+//     FAILED_PRECONDITION ("stale epoch E, log store is at epoch H"): epochs
+//     only grow along the log, so such a batch can only come from a deposed
+//     primary. A heartbeat with a stale epoch (when it states one) fails the
+//     same way, so an idle deposed primary learns it is fenced; a heartbeat
+//     never raises the epoch, since its sender may still have earlier
+//     epochs' batches to ship;
 //   - an empty log store accepts any first LSN (a primary may start
-//     shipping mid-log); otherwise a batch must start at the last LSN + 1.
-//     A gap fails with INVALID_ARGUMENT, an overlap with OUT_OF_RANGE —
-//     unless the batch is exactly a stored one (same LSN range, same bytes),
-//     a retransmission, which is acknowledged without being stored twice.
+//     shipping mid-log); otherwise a batch must start at the last LSN + 1:
+//     a gap fails with INVALID_ARGUMENT, an overlap with OUT_OF_RANGE, both
+//     naming the LSNs;
+//   - a batch of a higher epoch that is accepted raises the epoch, which is
+//     written to DataDir/epoch (temporary file, fsync, rename, directory
+//     fsync) before anything of the round is acknowledged.
 //
 // The accepted batches are written with one WAL Append, fsynced once, and
 // then each stream that sent something in the round gets one cumulative

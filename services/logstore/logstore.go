@@ -36,6 +36,11 @@ type Server struct {
 	// after persisting it; everyone may read it.
 	epoch atomic.Uint64
 
+	// nWrites counts the writer's rounds that appended (writer-only);
+	// writes publishes it for followers of an empty log store.
+	nWrites uint64
+	writes  watermark.Watermark
+
 	// walMu serialises the WAL's single-writer operations: the writer's
 	// Append+Sync rounds and retention's TruncateBefore.
 	walMu sync.Mutex

@@ -199,11 +199,39 @@ func TestEpochs(t *testing.T) {
 	a = r.append(t)
 	a.send(batch(t, 4, 5, 1, 10))
 	wantCode(t, a.failure(), codes.FailedPrecondition, "stale epoch 4, log store is at epoch 5")
-	// A higher epoch in a heartbeat is adopted too.
+
+	// A new primary of epoch 7 catches the log store up: its heartbeat does
+	// not raise the epoch, so the batches of epoch 5 it ships first (byte
+	// for byte as the old primary wrote them) are accepted, and so is an
+	// exact retransmission of an epoch 2 batch; its own batches then raise
+	// the epoch.
 	a = r.append(t)
 	a.heartbeat(7)
-	if ack := a.ack(); ack.Epoch != 7 || ack.DurableLsn != 4 {
-		t.Fatalf("heartbeat ack = %v, want epoch 7 durable 4", ack)
+	if ack := a.ack(); ack.Epoch != 5 || ack.DurableLsn != 4 {
+		t.Fatalf("heartbeat ack = %v, want epoch 5 durable 4", ack)
+	}
+	a.send(b1, batch(t, 5, 5, 1, 10), batch(t, 7, 7, 1, 10))
+	if ack := a.waitDurable(8); ack.Epoch != 7 {
+		t.Fatalf("ack = %v, want epoch 7", ack)
+	}
+	// Now the old epochs are fenced, in batches and in heartbeats, but an
+	// exact retransmission is still acknowledged.
+	old := r.append(t)
+	old.send(b1)
+	if ack := old.ack(); ack.DurableLsn != 8 {
+		t.Fatalf("retransmission ack = %v", ack)
+	}
+	old.send(batch(t, 5, 9, 1, 10))
+	wantCode(t, old.failure(), codes.FailedPrecondition, "stale epoch 5, log store is at epoch 7")
+	old = r.append(t)
+	old.heartbeat(6)
+	wantCode(t, old.failure(), codes.FailedPrecondition, "stale epoch 6, log store is at epoch 7")
+	// A refused batch of a higher epoch does not raise it.
+	gap := r.append(t)
+	gap.send(batch(t, 9, 20, 1, 10))
+	wantCode(t, gap.failure(), codes.InvalidArgument, "gap")
+	if st := r.status(t); st.Epoch != 7 || st.DurableLsn != 8 {
+		t.Fatalf("status: %v", st)
 	}
 }
 
@@ -262,6 +290,46 @@ func TestStartsMidLog(t *testing.T) {
 	got, err := r.readAll(t, &walshipv1.ReadRequest{})
 	if err != nil {
 		t.Fatal(err)
+	}
+	sameBatches(t, got, bs)
+}
+
+// TestEmptyButAnchored: a WAL that holds a segment header but no batch
+// (a crash right after the header was written) is still an empty log store
+// and accepts any first LSN.
+func TestEmptyButAnchored(t *testing.T) {
+	dir := t.TempDir()
+	log, err := wal.Open(wal.Options{Dir: filepath.Join(dir, "wal")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := log.Reset(1000); err != nil {
+		t.Fatal(err)
+	}
+	if err := log.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r := start(t, testConfig(t, dir))
+	follower, err := r.ls.Read(testCtx(t), &walshipv1.ReadRequest{Follow: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bs := chain(t, 1, 5, 2, 10)
+	if ack := r.appendAll(t, bs...); ack.DurableLsn != 8 {
+		t.Fatalf("ack = %v", ack)
+	}
+	got, err := r.readAll(t, &walshipv1.ReadRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameBatches(t, got, bs)
+	got = nil
+	for len(got) < len(bs) {
+		resp, err := follower.Recv()
+		if err != nil {
+			t.Fatalf("follower: %v", err)
+		}
+		got = append(got, resp.Batch)
 	}
 	sameBatches(t, got, bs)
 }
@@ -336,8 +404,8 @@ func TestHeartbeatAck(t *testing.T) {
 	r := start(t, testConfig(t, t.TempDir()))
 	a := r.append(t)
 	a.heartbeat(1)
-	if ack := a.ack(); ack.DurableLsn != 0 || ack.Epoch != 1 {
-		t.Fatalf("heartbeat ack on an empty store = %v", ack)
+	if ack := a.ack(); ack.DurableLsn != 0 || ack.Epoch != 0 {
+		t.Fatalf("heartbeat ack on an empty store = %v, want durable 0 epoch 0 (heartbeats do not raise the epoch)", ack)
 	}
 	r.appendAll(t, chain(t, 1, 1, 2, 10)...)
 	a.heartbeat(0) // no epoch stated
@@ -716,7 +784,11 @@ func TestGracefulStopFinishesInFlight(t *testing.T) {
 	})
 	a := r.append(t)
 	a.send(batch(t, 1, 3, 1, 10))
-	<-entered
+	select {
+	case <-entered:
+	case <-testCtx(t).Done():
+		t.Fatal("the fsync never started")
+	}
 	r.cancel() // SIGTERM while the batch is being fsynced
 	close(release)
 	if ack := a.ack(); ack.DurableLsn != 4 {

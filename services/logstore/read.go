@@ -60,15 +60,17 @@ func (s *Server) read(ctx context.Context, req *walshipv1.ReadRequest, stream wa
 	if from == 0 {
 		// From the oldest LSN kept; a follower of an empty log store waits
 		// for the first batch, whatever its LSN.
-		from = s.wal.FirstLSN()
-		for from == 0 {
+		for {
+			rounds := s.writes.Load()
+			if from = s.wal.FirstLSN(); from != 0 {
+				break
+			}
 			if !follow {
 				return nil
 			}
-			if err := s.wal.Wait(ctx, s.wal.LastLSN()+1, false); err != nil {
+			if _, err := s.writes.Wait(ctx, rounds+1); err != nil {
 				return err
 			}
-			from = s.wal.FirstLSN()
 		}
 		if to != 0 && to < from {
 			return refuse(errOutOfRange, "to_lsn: LSN %d is no longer kept (first LSN is %d)", to, from)

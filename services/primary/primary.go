@@ -71,12 +71,15 @@ type Server struct {
 	entries         []wal.Entry
 	batchTime       time.Time
 	walPayloadBytes uint64
-	index           *lsnIndex // read by lag metrics and replica streams
+	index           *lsnIndex    // read by lag metrics and replica streams
+	lastFsync       atomic.Int64 // duration of the latest WAL fsync, for group commit
+	syncWriters     atomic.Int64 // writes in flight that need a local fsync
 
 	snapMu      sync.Mutex
 	snapshotLSN atomic.Uint64
 	walAtSnap   atomic.Int64 // WAL bytes written when the last snapshot was taken
 	snapKick    chan struct{}
+	truncate    chan uint64 // retention cut points for the committer
 
 	serving atomic.Bool
 }
@@ -94,6 +97,7 @@ func New(cfg Config) (*Server, error) {
 		fs:       cfg.FS,
 		kick:     make(chan struct{}, 1),
 		snapKick: make(chan struct{}, 1),
+		truncate: make(chan uint64, 1),
 	}
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)
@@ -124,6 +128,7 @@ func New(cfg Config) (*Server, error) {
 		Listen:          cfg.Listen,
 		MetricsListen:   cfg.MetricsListen,
 		MaxMessageBytes: cfg.maxMessageBytes(),
+		MaxSendBytes:    streamMessageBytes,
 		Registry:        reg,
 		Logger:          s.logger,
 		StopTimeout:     cfg.StopTimeout,
@@ -266,7 +271,15 @@ func (s *Server) enforceRetention() {
 	if !s.overRetention() {
 		return
 	}
-	cut := s.snapshotLSN.Load() + 1
+	select {
+	case s.truncate <- s.snapshotLSN.Load() + 1:
+	default: // one is pending already
+	}
+}
+
+// truncateWAL removes the WAL segments wholly before cut. Only the
+// committer calls it.
+func (s *Server) truncateWAL(cut uint64) {
 	removed, err := s.wal.TruncateBefore(cut)
 	if err != nil {
 		s.logger.Warn("wal retention failed", "err", err)

@@ -611,3 +611,11 @@ func rawCall(ctx context.Context, conn *grpc.ClientConn, method string, req []by
 func field(num protowire.Number, v []byte) []byte {
 	return protowire.AppendBytes(protowire.AppendTag(nil, num, protowire.BytesType), v)
 }
+
+func dialBench(b *testing.B, addr string) *grpc.ClientConn {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return conn
+}

@@ -86,17 +86,26 @@ func (r *replServer) Stream(stream walshipv1.ReplicationService_StreamServer) er
 
 	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
-	recvDone := make(chan error, 1)
-	go func() { recvDone <- r.receiveAcks(ctx, id, stream) }()
-
+	// One goroutine receives, this one sends. The receiver ends when the
+	// stream does (at the latest when this handler returns); if it fails
+	// first it cancels the sender.
+	recvErr := make(chan error, 1)
+	go func() {
+		recvErr <- r.receiveAcks(ctx, id, stream)
+		cancel()
+	}()
 	err = r.send(ctx, id, next, rd, stream)
-	cancel()
-	rerr := <-recvDone
-	if err == nil || errors.Is(err, context.Canceled) {
-		err = rerr
+	select {
+	case rerr := <-recvErr:
+		// The receiver ended first and cancelled the sender: its error
+		// is the reason.
+		if errors.Is(err, context.Canceled) {
+			err = rerr
+		}
+	default:
 	}
-	if errors.Is(err, io.EOF) || errors.Is(err, context.Canceled) {
-		return nil
+	if errors.Is(err, io.EOF) {
+		return nil // the replica closed the stream
 	}
 	return err
 }
@@ -142,15 +151,18 @@ func (r *replServer) receiveAcks(ctx context.Context, id string, stream walshipv
 func (r *replServer) send(ctx context.Context, id string, next uint64, rd *wal.Reader, stream walshipv1.ReplicationService_StreamServer) error {
 	s := r.s
 	firstEntry := true
+	// An immediate heartbeat tells the replica it is connected and where the
+	// primary is, before any batch.
+	if err := stream.Send(r.heartbeat()); err != nil {
+		return err
+	}
 	for {
 		nctx, cancel := context.WithTimeout(ctx, s.cfg.HeartbeatInterval)
 		e, err := rd.Next(nctx)
 		cancel()
 		switch {
 		case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
-			hb := &walshipv1.StreamResponse{Msg: &walshipv1.StreamResponse_Heartbeat{Heartbeat: &walshipv1.Heartbeat{
-				Epoch: s.epoch, LastLsn: s.wal.DurableLSN(), TimeUnixNano: time.Now().UnixNano(), ReplyRequested: true}}}
-			if err := stream.Send(hb); err != nil {
+			if err := stream.Send(r.heartbeat()); err != nil {
 				return err
 			}
 			continue
@@ -173,6 +185,11 @@ func (r *replServer) send(ctx context.Context, id string, next uint64, rd *wal.R
 			return status.Errorf(codes.OutOfRange, "replica %s is %d bytes behind, more than --max-replica-lag-bytes %d; catch up from a log store", id, lagBytes, s.cfg.MaxReplicaLagBytes)
 		}
 	}
+}
+
+func (r *replServer) heartbeat() *walshipv1.StreamResponse {
+	return &walshipv1.StreamResponse{Msg: &walshipv1.StreamResponse_Heartbeat{Heartbeat: &walshipv1.Heartbeat{
+		Epoch: r.s.epoch, LastLsn: r.s.wal.DurableLSN(), TimeUnixNano: time.Now().UnixNano(), ReplyRequested: true}}}
 }
 
 func (s *Server) replicaFlushed(id string) uint64 {

@@ -61,10 +61,20 @@ func (l *lagTracker) noteLocked(lsn uint64, at time.Time) {
 }
 
 // heartbeat records the primary's last LSN as announced, received at now.
+// A heartbeat announcing an LSN already noted keeps the older time.
 func (l *lagTracker) heartbeat(lastLSN uint64, now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.lastContact = now
+	// A heartbeat is the primary's word on its last LSN now, and it follows
+	// every batch sent before it: LSNs beyond it (noted from a primary that
+	// since lost them) are no longer owed.
+	i := len(l.behind)
+	for i > 0 && l.behind[i-1].lsn > lastLSN {
+		i--
+	}
+	l.behind = l.behind[:i]
+	l.primaryLast = max(lastLSN, l.applied)
 	l.noteLocked(lastLSN, now)
 }
 

@@ -1,0 +1,371 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"github.com/walship/walship/internal/cluster"
+	"github.com/walship/walship/pkg/codec"
+	"github.com/walship/walship/services/primary"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+)
+
+// Modes of running the cluster.
+const (
+	ModeInProcess = "in-process"
+	ModeProcesses = "processes"
+	ModeExternal  = "external"
+)
+
+// backend is the cluster a run drives.
+type backend struct {
+	mode     string
+	primary  string
+	replicas []string
+	// gather returns the primary's metrics, or nil when they are unknown.
+	gather func(ctx context.Context) (map[string]*dto.MetricFamily, error)
+	// cpu returns the CPU time (user+system) of what cpuScope names.
+	cpu      func() (time.Duration, error)
+	cpuScope string
+	stop     func() error
+}
+
+// startInProcess starts a log store, a primary and n replicas in this
+// process (internal/cluster), the way `walship dev` does.
+func startInProcess(ctx context.Context, dir string, n int, c codec.Codec, pol primary.Policy, logger *slog.Logger) (*backend, error) {
+	cl, err := cluster.Start(ctx, cluster.Config{
+		Dir: dir, LogStores: 1, Replicas: n,
+		Primary: func(cfg *primary.Config) { cfg.Codec, cfg.Policy = c, pol },
+		Logger:  logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	b := &backend{mode: ModeInProcess, primary: cl.Primary.Addr, stop: cl.Stop,
+		cpu: selfCPU, cpuScope: "whole bench process (cluster and clients)"}
+	for _, r := range cl.Replicas {
+		b.replicas = append(b.replicas, r.Addr)
+	}
+	reg := cl.Primary.Registry
+	b.gather = func(context.Context) (map[string]*dto.MetricFamily, error) {
+		mfs, err := reg.Gather()
+		if err != nil {
+			return nil, err
+		}
+		out := make(map[string]*dto.MetricFamily, len(mfs))
+		for _, mf := range mfs {
+			out[mf.GetName()] = mf
+		}
+		return out, nil
+	}
+	return b, nil
+}
+
+// startExternal targets a running cluster. metricsAddr (host:port of the
+// primary's /metrics) is optional.
+func startExternal(primaryAddr string, replicas []string, metricsAddr string) *backend {
+	b := &backend{mode: ModeExternal, primary: primaryAddr, replicas: replicas, stop: func() error { return nil }}
+	if metricsAddr != "" {
+		b.gather = scraper(metricsAddr)
+	}
+	return b
+}
+
+func scraper(addr string) func(ctx context.Context) (map[string]*dto.MetricFamily, error) {
+	url := addr
+	if !strings.HasPrefix(url, "http") {
+		url = "http://" + addr + "/metrics"
+	}
+	return func(ctx context.Context) (map[string]*dto.MetricFamily, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("Accept", "text/plain")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return nil, err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
+		}
+		p := expfmt.NewTextParser(model.UTF8Validation)
+		return p.TextToMetricFamilies(resp.Body)
+	}
+}
+
+// proc is a walship child process.
+type proc struct {
+	name    string
+	cmd     *exec.Cmd
+	addr    string
+	metrics string
+	done    chan struct{}
+	mu      sync.Mutex
+	tail    []string // last log lines, for errors
+}
+
+// startProc runs `bin args... --log-format json` and waits for its
+// "<servingMsg>" log line, which carries its addresses.
+func startProc(ctx context.Context, bin, name, servingMsg string, args ...string) (*proc, error) {
+	args = append(args, "--log-format", "json")
+	cmd := exec.Command(bin, args...)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "WALSHIP_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	p := &proc{name: name, cmd: cmd, done: make(chan struct{})}
+	type addrs struct{ grpc, metrics string }
+	up := make(chan addrs, 1)
+	go func() {
+		defer close(p.done)
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			p.mu.Lock()
+			p.tail = append(p.tail, line)
+			if len(p.tail) > 20 {
+				p.tail = p.tail[1:]
+			}
+			p.mu.Unlock()
+			var rec map[string]any
+			if json.Unmarshal([]byte(line), &rec) == nil && rec["msg"] == servingMsg {
+				a, _ := rec["addr"].(string)
+				m, _ := rec["metrics"].(string)
+				select {
+				case up <- addrs{a, m}:
+				default:
+				}
+			}
+		}
+		_, _ = io.Copy(io.Discard, stderr)
+		_ = cmd.Wait()
+	}()
+	select {
+	case a := <-up:
+		p.addr, p.metrics = a.grpc, a.metrics
+	case <-p.done:
+		return nil, fmt.Errorf("%s exited before serving: %s", name, p.logTail())
+	case <-time.After(60 * time.Second):
+		p.kill()
+		return nil, fmt.Errorf("%s did not log %q within 60s: %s", name, servingMsg, p.logTail())
+	case <-ctx.Done():
+		p.kill()
+		return nil, ctx.Err()
+	}
+	if err := waitServing(ctx, p.addr); err != nil {
+		p.kill()
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return p, nil
+}
+
+func (p *proc) logTail() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return strings.Join(p.tail, "\n")
+}
+
+func (p *proc) kill() {
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
+// stop sends SIGTERM and waits; past 30 s it kills.
+func (p *proc) stop() error {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		p.kill()
+		return fmt.Errorf("%s: no exit 30s after SIGTERM, killed", p.name)
+	}
+	if st := p.cmd.ProcessState; st != nil && !st.Success() {
+		return fmt.Errorf("%s: %v", p.name, st)
+	}
+	return nil
+}
+
+func waitServing(ctx context.Context, addr string) error {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	w, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true))
+	if err != nil {
+		return fmt.Errorf("health: %w", err)
+	}
+	for {
+		m, err := w.Recv()
+		if err != nil {
+			return fmt.Errorf("not serving: %w", err)
+		}
+		if m.Status == healthpb.HealthCheckResponse_SERVING {
+			return nil
+		}
+	}
+}
+
+// startProcesses runs a log store, a primary and n replicas as separate
+// `walship` processes, so the primary's CPU time is its own.
+func startProcesses(ctx context.Context, bin, dir string, n int, c codec.Codec, pol primary.Policy) (*backend, error) {
+	var procs []*proc
+	stopAll := func() error {
+		var errs []error
+		for i := len(procs) - 1; i >= 0; i-- {
+			errs = append(errs, procs[i].stop())
+		}
+		return errors.Join(errs...)
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = stopAll()
+		}
+	}()
+	loop := "127.0.0.1:0"
+	ls, err := startProc(ctx, bin, "logstore", "log store serving", "logstore", "--listen", loop, "--metrics-listen", loop,
+		"--data-dir", filepath.Join(dir, "logstore-0"))
+	if err != nil {
+		return nil, err
+	}
+	procs = append(procs, ls)
+	pr, err := startProc(ctx, bin, "primary", "primary serving", "primary", "--listen", loop, "--metrics-listen", loop,
+		"--data-dir", filepath.Join(dir, "primary"), "--codec", c.Name(), "--logstore", ls.addr,
+		"--durability", policyName(pol.Durability.String()), "--replication", policyName(pol.Replication.String()),
+		"--sync-replicas", strconv.Itoa(pol.SyncReplicas), "--sync-level", policyName(pol.SyncLevel.String()),
+		"--sync-timeout", pol.SyncTimeout.String())
+	if err != nil {
+		return nil, err
+	}
+	procs = append(procs, pr)
+	b := &backend{mode: ModeProcesses, primary: pr.addr, stop: stopAll, gather: scraper(pr.metrics),
+		cpuScope: "primary process"}
+	pid := pr.cmd.Process.Pid
+	b.cpu = func() (time.Duration, error) { return procCPU(pid) }
+	for i := 0; i < n; i++ {
+		id := fmt.Sprintf("replica-%d", i)
+		rp, err := startProc(ctx, bin, id, "replica serving", "replica", "--listen", loop, "--metrics-listen", loop,
+			"--data-dir", filepath.Join(dir, id), "--id", id, "--primary", pr.addr, "--logstore", ls.addr)
+		if err != nil {
+			return nil, err
+		}
+		procs = append(procs, rp)
+		b.replicas = append(b.replicas, rp.addr)
+	}
+	ok = true
+	return b, nil
+}
+
+// policyName turns DURABILITY_SYNC, REPLICATION_MODE_ASYNC or
+// SYNC_LEVEL_FLUSH into the flag value (sync, async, flush).
+func policyName(enum string) string {
+	return strings.ToLower(enum[strings.LastIndex(enum, "_")+1:])
+}
+
+// clockTicks is USER_HZ, the unit of /proc/<pid>/stat times: 100 on every
+// Linux architecture Go supports.
+const clockTicks = 100
+
+// procCPU reads utime+stime of pid from /proc/<pid>/stat.
+func procCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	return parseProcStat(string(b))
+}
+
+func parseProcStat(s string) (time.Duration, error) {
+	// Fields after the command name, which is in parentheses and may hold spaces.
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("proc stat: no command name")
+	}
+	f := strings.Fields(s[i+1:])
+	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
+	if len(f) < 13 {
+		return 0, fmt.Errorf("proc stat: %d fields", len(f))
+	}
+	u, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, fmt.Errorf("proc stat: %w", err)
+	}
+	return time.Duration(u+st) * time.Second / clockTicks, nil
+}
+
+// selfCPU is this process's user+system CPU time.
+func selfCPU() (time.Duration, error) {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0, err
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), nil
+}
+
+// metricSum adds the values of a counter or gauge family's series whose
+// labels include every pair of match.
+func metricSum(mfs map[string]*dto.MetricFamily, name string, match map[string]string) (float64, bool) {
+	mf, ok := mfs[name]
+	if !ok {
+		return 0, false
+	}
+	sum := 0.0
+	for _, m := range mf.GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		skip := false
+		for k, v := range match {
+			if labels[k] != v {
+				skip = true
+			}
+		}
+		if skip {
+			continue
+		}
+		switch {
+		case m.Counter != nil:
+			sum += m.GetCounter().GetValue()
+		case m.Gauge != nil:
+			sum += m.GetGauge().GetValue()
+		case m.Untyped != nil:
+			sum += m.GetUntyped().GetValue()
+		}
+	}
+	return sum, true
+}

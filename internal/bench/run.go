@@ -1,0 +1,635 @@
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/pkg/codec"
+	"github.com/walship/walship/services/primary"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// Config is one benchmark run: one workload in one cell (replication ×
+// durability) with one codec.
+type Config struct {
+	Workload string
+	Params   WorkloadParams
+
+	Terminals        int
+	Duration, Warmup time.Duration
+	// MaxRetries is how often a conflicting transaction runs again before
+	// it counts as an abort.
+	MaxRetries int
+	// ReplicaReads sends reads to the replicas (round robin by terminal)
+	// with min_lsn = the terminal's last commit.
+	ReplicaReads bool
+
+	// Codec is the WAL codec of a cluster the run starts (msgpack or json).
+	Codec string
+	// Policy is every write's commit policy.
+	Replication  walshipv1.ReplicationMode
+	Durability   walshipv1.Durability
+	SyncReplicas int
+	SyncLevel    walshipv1.SyncLevel
+	SyncTimeout  time.Duration
+
+	// Mode: ModeInProcess, ModeProcesses or ModeExternal.
+	Mode string
+	// Replicas is how many replicas a started cluster has.
+	Replicas int
+	// ReplicasWhenDisabled keeps the replicas running in Disabled cells
+	// (by default those cells run without replicas, as the seed's did).
+	ReplicasWhenDisabled bool
+	// Bin is the walship binary for ModeProcesses.
+	Bin string
+	// Dir holds a started cluster's data ("" = a temporary directory).
+	Dir string
+	// PrimaryAddr, ReplicaAddrs and PrimaryMetrics locate an external cluster.
+	PrimaryAddr    string
+	ReplicaAddrs   []string
+	PrimaryMetrics string
+
+	// Progress receives a line a second; nil is silent.
+	Progress io.Writer
+	// Logger receives the cluster's logs; nil discards them.
+	Logger *slog.Logger
+}
+
+// Validate reports the first invalid setting, naming its flag.
+func (c *Config) Validate() error {
+	var errs []error
+	if _, err := newWorkload(c.Workload, c.Params); err != nil {
+		errs = append(errs, fmt.Errorf("--workload: %w", err))
+	}
+	switch {
+	case c.Terminals < 1:
+		errs = append(errs, fmt.Errorf("--terminals: %d must be positive", c.Terminals))
+	case c.Duration <= 0:
+		errs = append(errs, fmt.Errorf("--duration: %v must be positive", c.Duration))
+	case c.Warmup < 0:
+		errs = append(errs, fmt.Errorf("--warmup: %v must not be negative", c.Warmup))
+	case c.MaxRetries < 0:
+		errs = append(errs, fmt.Errorf("--max-retries: %d must not be negative", c.MaxRetries))
+	}
+	p := c.Params
+	switch c.Workload {
+	case "tpcc":
+		if p.Warehouses < 1 || p.Items < 100 || p.Customers < 10 {
+			errs = append(errs, fmt.Errorf("--warehouses %d, --items %d, --customers %d: need at least 1, 100 and 10", p.Warehouses, p.Items, p.Customers))
+		}
+	case "tpcb":
+		if p.Scale < 1 || p.Accounts < 1 {
+			errs = append(errs, fmt.Errorf("--scale %d, --accounts %d: must be positive", p.Scale, p.Accounts))
+		}
+	case "ycsb-a":
+		if p.Records < 2 || p.ValueBytes < 0 || p.Theta <= 0 || p.Theta >= 1 {
+			errs = append(errs, fmt.Errorf("--records %d, --value-bytes %d, --zipf-theta %v: need records >= 2 and theta in (0,1)", p.Records, p.ValueBytes, p.Theta))
+		}
+	}
+	if _, err := codec.ByName(c.Codec); err != nil && c.Mode != ModeExternal {
+		errs = append(errs, fmt.Errorf("--codec: %w", err))
+	}
+	switch c.Mode {
+	case ModeInProcess:
+	case ModeProcesses:
+		if c.Bin == "" {
+			errs = append(errs, errors.New("--processes: no walship binary"))
+		}
+	case ModeExternal:
+		if c.PrimaryAddr == "" {
+			errs = append(errs, errors.New("--primary: required for an external cluster"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("mode %q", c.Mode))
+	}
+	if c.Replication == walshipv1.ReplicationMode_REPLICATION_MODE_SYNC && c.Mode != ModeExternal && c.Replicas < c.SyncReplicas {
+		errs = append(errs, fmt.Errorf("--replication sync: --sync-replicas %d but only %d replicas", c.SyncReplicas, c.Replicas))
+	}
+	if c.ReplicaReads && c.Mode != ModeExternal && c.Replicas == 0 {
+		errs = append(errs, errors.New("--replica-reads: no replicas"))
+	}
+	return errors.Join(errs...)
+}
+
+// Cell names a Replication/Durability cell as the seed's table does.
+func Cell(rep walshipv1.ReplicationMode, dur walshipv1.Durability) (string, string) {
+	return title(policyName(rep.String())), title(policyName(dur.String()))
+}
+
+func title(s string) string {
+	if s == "" {
+		return s
+	}
+	return strings.ToUpper(s[:1]) + s[1:]
+}
+
+// Row is the result of one run: one row of the table and of results.json.
+type Row struct {
+	Workload       string  `json:"workload"`
+	Codec          string  `json:"codec"`
+	Replication    string  `json:"replication"`
+	Durability     string  `json:"durability"`
+	SyncReplicas   int     `json:"sync_replicas"`
+	SyncLevel      string  `json:"sync_level"`
+	Terminals      int     `json:"terminals"`
+	DurationS      float64 `json:"duration_s"`
+	TxnPerS        float64 `json:"txn_per_s"`
+	P50Ms          float64 `json:"p50_ms"`
+	P99Ms          float64 `json:"p99_ms"`
+	Commits        int64   `json:"commits"`
+	Aborts         int64   `json:"aborts"`
+	Retries        int64   `json:"retries"`
+	ReplicaLagP99S float64 `json:"replica_lag_p99_s"`
+	WALMBPerS      float64 `json:"wal_mb_per_s"`
+	Consistent     bool    `json:"consistent"`
+	Notes          string  `json:"notes"`
+
+	// Beyond the issue's list.
+	Mode         string             `json:"mode"`
+	Replicas     int                `json:"replicas"`
+	Errors       int64              `json:"errors"`
+	ByKind       map[string]int64   `json:"by_kind"`
+	ByKindP99Ms  map[string]float64 `json:"by_kind_p99_ms"`
+	CPUMsPer1000 float64            `json:"cpu_ms_per_1000_commits"`
+	CPUScope     string             `json:"cpu_scope,omitempty"`
+	// ServerCommits is the primary's walship_commits_total{result="ok"}
+	// increase over the measured window (write transactions only).
+	ServerCommits int64       `json:"server_commits"`
+	Nodes         []NodeCheck `json:"nodes"`
+	// Runs holds every repetition's txn/s when the row is a median.
+	Runs []float64 `json:"runs_txn_per_s,omitempty"`
+}
+
+// NodeCheck is the consistency check of one node.
+type NodeCheck struct {
+	Node       string   `json:"node"`
+	VisibleLSN uint64   `json:"visible_lsn"`
+	Digest     string   `json:"state_digest"`
+	Keys       int      `json:"keys"`
+	Violations []string `json:"violations,omitempty"`
+}
+
+// Label is the row's cell, "Async/Sync".
+func (r Row) Label() string { return r.Replication + "/" + r.Durability }
+
+func (c *Config) policy() primary.Policy {
+	p := primary.DefaultPolicy()
+	p.Replication, p.Durability = c.Replication, c.Durability
+	if c.SyncReplicas > 0 {
+		p.SyncReplicas = c.SyncReplicas
+	}
+	if c.SyncLevel != walshipv1.SyncLevel_SYNC_LEVEL_UNSPECIFIED {
+		p.SyncLevel = c.SyncLevel
+	}
+	if c.SyncTimeout > 0 {
+		p.SyncTimeout = c.SyncTimeout
+	}
+	return p
+}
+
+func (c *Config) commitPolicy() *walshipv1.CommitPolicy {
+	p := c.policy()
+	return &walshipv1.CommitPolicy{
+		Durability: p.Durability, Replication: p.Replication, SyncReplicas: uint32(p.SyncReplicas),
+		SyncLevel: p.SyncLevel, SyncTimeout: durationpb.New(p.SyncTimeout),
+	}
+}
+
+// Run runs one benchmark: start (or reach) the cluster, load, warm up,
+// measure, then check consistency on every node.
+func Run(ctx context.Context, cfg Config) (Row, error) {
+	if err := cfg.Validate(); err != nil {
+		return Row{}, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	rep, dur := Cell(cfg.Replication, cfg.Durability)
+	pol := cfg.policy()
+	row := Row{Workload: cfg.Workload, Codec: cfg.Codec, Replication: rep, Durability: dur,
+		SyncReplicas: pol.SyncReplicas, SyncLevel: policyName(pol.SyncLevel.String()), Terminals: cfg.Terminals,
+		DurationS: cfg.Duration.Seconds(), Mode: cfg.Mode, ByKind: map[string]int64{}, ByKindP99Ms: map[string]float64{}}
+	var notes []string
+
+	replicas := cfg.Replicas
+	if cfg.Replication == walshipv1.ReplicationMode_REPLICATION_MODE_DISABLED && !cfg.ReplicasWhenDisabled && !cfg.ReplicaReads {
+		replicas = 0
+	}
+	var b *backend
+	var err error
+	if cfg.Mode == ModeExternal {
+		b = startExternal(cfg.PrimaryAddr, cfg.ReplicaAddrs, cfg.PrimaryMetrics)
+		notes = append(notes, "external cluster: its codec and replicas are its own")
+	} else {
+		dir := cfg.Dir
+		if dir == "" {
+			if dir, err = os.MkdirTemp("", "walship-bench-"); err != nil {
+				return row, err
+			}
+			defer os.RemoveAll(dir)
+		} else {
+			if dir, err = os.MkdirTemp(dir, fmt.Sprintf("%s-%s-%s-%s-", cfg.Workload, cfg.Codec, rep, dur)); err != nil {
+				return row, err
+			}
+		}
+		c, _ := codec.ByName(cfg.Codec)
+		if cfg.Mode == ModeProcesses {
+			b, err = startProcesses(ctx, cfg.Bin, dir, replicas, c, pol)
+		} else {
+			b, err = startInProcess(ctx, dir, replicas, c, pol, cfg.Logger)
+		}
+		if err != nil {
+			return row, fmt.Errorf("start cluster: %w", err)
+		}
+	}
+	row.Replicas = len(b.replicas)
+	defer func() {
+		if e := b.stop(); e != nil && err == nil {
+			err = fmt.Errorf("stop cluster: %w", e)
+		}
+	}()
+	res, err := drive(ctx, cfg, b, &row)
+	row.Notes = strings.Join(append(notes, res...), "; ")
+	return row, err
+}
+
+// drive loads, runs and checks; it fills row and returns notes.
+func drive(ctx context.Context, cfg Config, b *backend, row *Row) ([]string, error) {
+	var notes []string
+	dial := func(addr string) (*grpc.ClientConn, error) {
+		return grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	}
+	pconn, err := dial(b.primary)
+	if err != nil {
+		return nil, err
+	}
+	defer pconn.Close()
+	kv := walshipv1.NewKVServiceClient(pconn)
+	admin := walshipv1.NewAdminServiceClient(pconn)
+	var rconns []*grpc.ClientConn
+	for _, a := range b.replicas {
+		c, err := dial(a)
+		if err != nil {
+			return nil, err
+		}
+		defer c.Close()
+		rconns = append(rconns, c)
+	}
+
+	params := cfg.Params
+	params.RunID = randomID()
+	params.counts = &runCounts{}
+	w, err := newWorkload(cfg.Workload, params)
+	if err != nil {
+		return nil, err
+	}
+
+	// Load, then wait until every replica has it, so the run starts level.
+	loadStart := time.Now()
+	l := newLoader(ctx, kv)
+	if err := w.load(l.ctx, l); err != nil {
+		return nil, fmt.Errorf("load: %w", err)
+	}
+	loadLSN, err := l.finish(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for i, c := range rconns {
+		if _, err := walshipv1.NewKVServiceClient(c).Get(ctx, &walshipv1.GetRequest{Key: "bench/loaded", MinLsn: loadLSN,
+			WaitTimeout: durationpb.New(2 * time.Minute)}); err != nil {
+			return nil, fmt.Errorf("replica %d catching up with the load: %w", i, err)
+		}
+	}
+	notes = append(notes, fmt.Sprintf("loaded %d keys in %.1fs", l.keys, time.Since(loadStart).Seconds()))
+
+	rec := newRecorder(len(w.kinds()))
+	policy := cfg.commitPolicy()
+	sessions := make([]*session, cfg.Terminals)
+	for i := range sessions {
+		s := &session{kv: kv, policy: policy, maxRetries: cfg.MaxRetries, lastLSN: loadLSN}
+		if cfg.ReplicaReads && len(rconns) > 0 {
+			s.read = walshipv1.NewKVServiceClient(rconns[i%len(rconns)])
+		}
+		sessions[i] = s
+	}
+	var stop stopFlag
+	g, gctx := errgroup.WithContext(ctx)
+	for i, s := range sessions {
+		term := w.terminal(i, newRand(params.Seed, i))
+		g.Go(func() error {
+			for !stop.stopped() && gctx.Err() == nil {
+				start := time.Now()
+				kind, err := term.next(gctx, s)
+				switch {
+				case err == nil || errors.Is(err, errRollback):
+					rec.ok(kind, time.Since(start))
+				case errors.Is(err, errAborted):
+					rec.abort()
+				case gctx.Err() != nil:
+					return nil
+				default:
+					rec.fail(err)
+					if kind == 1 && cfg.Workload == "ycsb-a" {
+						params.counts.unknown.Add(1)
+					}
+				}
+			}
+			return nil
+		})
+	}
+
+	// Samplers: progress a second, replica lag every 100 ms.
+	var lagMu sync.Mutex
+	var lags []float64
+	sampleCtx, stopSampling := context.WithCancel(ctx)
+	var sg sync.WaitGroup
+	sg.Add(2)
+	go func() {
+		defer sg.Done()
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-sampleCtx.Done():
+				return
+			case <-t.C:
+			}
+			if !rec.measuring.Load() || len(b.replicas) == 0 {
+				continue
+			}
+			st, err := admin.Status(sampleCtx, &walshipv1.StatusRequest{})
+			if err != nil {
+				continue
+			}
+			worst := 0.0
+			for _, p := range st.Peers {
+				if p.Role == walshipv1.Role_ROLE_REPLICA {
+					worst = max(worst, p.LagSeconds)
+				}
+			}
+			lagMu.Lock()
+			lags = append(lags, worst)
+			lagMu.Unlock()
+		}
+	}()
+	start := time.Now()
+	total := cfg.Warmup + cfg.Duration
+	label := fmt.Sprintf("%s/%s %s %s", row.Replication, row.Durability, cfg.Codec, cfg.Workload)
+	go func() {
+		defer sg.Done()
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		last := time.Now()
+		for {
+			select {
+			case <-sampleCtx.Done():
+				return
+			case <-t.C:
+			}
+			ds := rec.tick()
+			now := time.Now()
+			rate := float64(len(ds)) / now.Sub(last).Seconds()
+			last = now
+			if cfg.Progress != nil {
+				phase := ""
+				if !rec.measuring.Load() && now.Sub(start) < cfg.Warmup {
+					phase = "  (warmup)"
+				}
+				fmt.Fprintf(cfg.Progress, "[%3.0fs/%.0fs] %s  %.0f txn/s  p99 %.1fms%s\n",
+					now.Sub(start).Seconds(), total.Seconds(), label, rate, ms(percentile(ds, 0.99)), phase)
+			}
+		}
+	}()
+
+	type snap struct {
+		at               time.Time
+		walBytes, commit float64
+		metrics          bool
+		cpu              time.Duration
+		cpuOK            bool
+		retries          int64
+	}
+	take := func() snap {
+		s := snap{at: time.Now()}
+		if b.gather != nil {
+			if mfs, err := b.gather(ctx); err == nil {
+				var ok1, ok2 bool
+				s.walBytes, ok1 = metricSum(mfs, "walship_wal_written_bytes_total", nil)
+				s.commit, ok2 = metricSum(mfs, "walship_commits_total", map[string]string{"result": "ok"})
+				s.metrics = ok1 && ok2
+			}
+		}
+		if b.cpu != nil {
+			if c, err := b.cpu(); err == nil {
+				s.cpu, s.cpuOK = c, true
+			}
+		}
+		for _, x := range sessions {
+			s.retries += x.retries.Load()
+		}
+		return s
+	}
+	wait := func(d time.Duration) error {
+		select {
+		case <-time.After(d):
+			return nil
+		case <-gctx.Done():
+			return gctx.Err()
+		}
+	}
+	var s0, s1 snap
+	runErr := wait(cfg.Warmup)
+	if runErr == nil {
+		s0 = take()
+		rec.measuring.Store(true)
+		runErr = wait(cfg.Duration)
+		rec.measuring.Store(false)
+		s1 = take()
+	}
+	stop.set()
+	if err := g.Wait(); err != nil && runErr == nil {
+		runErr = err
+	}
+	stopSampling()
+	sg.Wait()
+	if runErr != nil {
+		return notes, runErr
+	}
+
+	window := s1.at.Sub(s0.at).Seconds()
+	rec.mu.Lock()
+	row.Commits, row.Aborts, row.Errors = rec.commits, rec.aborts, rec.errors
+	row.TxnPerS = float64(rec.commits) / window
+	row.P50Ms, row.P99Ms = ms(percentile(rec.lat, 0.5)), ms(percentile(rec.lat, 0.99))
+	for i, k := range w.kinds() {
+		row.ByKind[k] = rec.byKind[i]
+		row.ByKindP99Ms[k] = ms(percentile(rec.kindLat[i], 0.99))
+	}
+	firstErr := rec.firstErr
+	rec.mu.Unlock()
+	row.Retries = s1.retries - s0.retries
+	row.ReplicaLagP99S = percentileF(lags, 0.99)
+	if s0.metrics && s1.metrics {
+		row.WALMBPerS = (s1.walBytes - s0.walBytes) / window / 1e6
+		row.ServerCommits = int64(s1.commit - s0.commit)
+	} else {
+		notes = append(notes, "WAL MB/s unknown (no primary metrics)")
+	}
+	if s0.cpuOK && s1.cpuOK {
+		commits := float64(row.ServerCommits)
+		if commits == 0 {
+			commits = float64(row.Commits)
+		}
+		if commits > 0 {
+			row.CPUMsPer1000 = ms(s1.cpu-s0.cpu) / commits * 1000
+			row.CPUScope = b.cpuScope
+		}
+	}
+	if row.Errors > 0 {
+		notes = append(notes, fmt.Sprintf("%d errors, first: %v", row.Errors, firstErr))
+	}
+
+	// Consistency: the primary's last LSN must reach every node; then
+	// every node's full state must satisfy the workload's conditions and
+	// all digests must agree.
+	st, err := admin.Status(ctx, &walshipv1.StatusRequest{})
+	if err != nil {
+		return notes, fmt.Errorf("primary status: %w", err)
+	}
+	last := st.LastLsn
+	nodes := []struct {
+		name string
+		conn *grpc.ClientConn
+	}{{"primary", pconn}}
+	for i, c := range rconns {
+		nodes = append(nodes, struct {
+			name string
+			conn *grpc.ClientConn
+		}{fmt.Sprintf("replica-%d", i), c})
+	}
+	row.Consistent = true
+	digests := map[string]bool{}
+	for _, n := range nodes {
+		nc, err := checkNode(ctx, n.conn, last, w.checker())
+		nc.Node = n.name
+		if err != nil {
+			nc.Violations = append(nc.Violations, err.Error())
+		}
+		if len(nc.Violations) > 0 {
+			row.Consistent = false
+		}
+		digests[nc.Digest] = true
+		row.Nodes = append(row.Nodes, nc)
+	}
+	if len(digests) > 1 {
+		row.Consistent = false
+		notes = append(notes, "state digests differ between nodes")
+	}
+	return notes, nil
+}
+
+// checkNode scans the node's whole state at (at least) LSN at and feeds it
+// to ck, then reads the node's visible LSN and digest.
+func checkNode(ctx context.Context, conn *grpc.ClientConn, at uint64, ck checker) (NodeCheck, error) {
+	var nc NodeCheck
+	kv := walshipv1.NewKVServiceClient(conn)
+	start := ""
+	for {
+		resp, err := kv.Scan(ctx, &walshipv1.ScanRequest{Start: start, MinLsn: at, Limit: 1000, WaitTimeout: durationpb.New(time.Minute)})
+		if err != nil {
+			return nc, fmt.Errorf("scan at LSN %d: %w", at, err)
+		}
+		for _, p := range resp.Kvs {
+			ck.add(p.Key, p.Value)
+		}
+		nc.Keys += len(resp.Kvs)
+		if !resp.More || len(resp.Kvs) == 0 {
+			break
+		}
+		start = resp.Kvs[len(resp.Kvs)-1].Key + "\x00"
+	}
+	nc.Violations = ck.violations()
+	st, err := walshipv1.NewAdminServiceClient(conn).Status(ctx, &walshipv1.StatusRequest{})
+	if err != nil {
+		return nc, err
+	}
+	nc.VisibleLSN, nc.Digest = st.VisibleLsn, st.StateDigest
+	return nc, nil
+}
+
+type stopFlag struct {
+	mu sync.Mutex
+	v  bool
+}
+
+func (s *stopFlag) set() { s.mu.Lock(); s.v = true; s.mu.Unlock() }
+func (s *stopFlag) stopped() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.v
+}
+
+func randomID() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// DefaultBin is the walship binary for ModeProcesses: $WALSHIP_BIN, else
+// this executable.
+func DefaultBin() string {
+	if p := os.Getenv("WALSHIP_BIN"); p != "" {
+		return p
+	}
+	p, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	if abs, err := filepath.Abs(p); err == nil {
+		return abs
+	}
+	return p
+}
+
+// RunRepeated runs cfg n times and returns the run with the median
+// throughput, with every run's throughput in Runs.
+func RunRepeated(ctx context.Context, cfg Config, n int) (Row, error) {
+	if n <= 1 {
+		return Run(ctx, cfg)
+	}
+	var rows []Row
+	for i := 0; i < n; i++ {
+		r, err := Run(ctx, cfg)
+		if err != nil {
+			return r, err
+		}
+		rows = append(rows, r)
+	}
+	sort.Slice(rows, func(i, j int) bool { return rows[i].TxnPerS < rows[j].TxnPerS })
+	med := rows[(len(rows)-1)/2]
+	for _, r := range rows {
+		med.Runs = append(med.Runs, r.TxnPerS)
+		med.Consistent = med.Consistent && r.Consistent
+	}
+	return med, nil
+}
+
+// MatrixCells are the seed's table's cells: Replication × Durability.
+var MatrixCells = [][2]string{
+	{"sync", "sync"}, {"sync", "async"}, {"async", "sync"}, {"async", "async"}, {"disabled", "sync"}, {"disabled", "async"},
+}

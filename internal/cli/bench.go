@@ -1,0 +1,237 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/bench"
+	"github.com/walship/walship/services/primary"
+)
+
+// replicasFlag is --replicas: a count of replicas to start, or the
+// comma-separated addresses of an existing cluster's replicas.
+type replicasFlag struct {
+	n     *int
+	addrs *[]string
+}
+
+func (r replicasFlag) String() string {
+	if r.addrs != nil && len(*r.addrs) > 0 {
+		return strings.Join(*r.addrs, ",")
+	}
+	if r.n == nil {
+		return ""
+	}
+	return strconv.Itoa(*r.n)
+}
+
+func (r replicasFlag) Set(s string) error {
+	if n, err := strconv.Atoi(s); err == nil {
+		if n < 0 {
+			return fmt.Errorf("%d replicas", n)
+		}
+		*r.n, *r.addrs = n, nil
+		return nil
+	}
+	return listFlag{r.addrs}.Set(s)
+}
+
+func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
+	cfg := bench.Config{
+		Workload:  "tpcc",
+		Terminals: 8, Duration: 60 * time.Second, Warmup: 10 * time.Second, MaxRetries: 10,
+		Codec: "msgpack", Replicas: 2, Mode: bench.ModeInProcess,
+		Params: bench.WorkloadParams{Warehouses: 1, Items: 10000, Customers: 300, Scale: 8, Accounts: 10000,
+			Records: 10000, ValueBytes: 1000, Theta: 0.99, Seed: 1},
+	}
+	pol := primary.DefaultPolicy()
+	var (
+		codecs      []string
+		matrix      bool
+		processes   bool
+		cpuScaling  bool
+		cpuReplicas = []string{"1", "3"}
+		repeat      = 1
+		out, chart  string
+		cpuProfile  string
+	)
+	fs.StringVar(&cfg.Workload, "workload", cfg.Workload, "workload: "+strings.Join(bench.Workloads, ", "))
+	fs.IntVar(&cfg.Params.Warehouses, "warehouses", cfg.Params.Warehouses, "tpcc: warehouses")
+	fs.IntVar(&cfg.Params.Items, "items", cfg.Params.Items, "tpcc: items (TPC-C: 100,000)")
+	fs.IntVar(&cfg.Params.Customers, "customers", cfg.Params.Customers, "tpcc: customers and initial orders per district (TPC-C: 3,000)")
+	fs.IntVar(&cfg.Params.Scale, "scale", cfg.Params.Scale, "tpcb: scale factor: branches, 10 tellers and --accounts accounts each (pgbench advises scale >= clients, else it measures contention on the branch rows)")
+	fs.IntVar(&cfg.Params.Accounts, "accounts", cfg.Params.Accounts, "tpcb: accounts per branch (pgbench: 100,000)")
+	fs.IntVar(&cfg.Params.Records, "records", cfg.Params.Records, "ycsb-a: records")
+	fs.IntVar(&cfg.Params.ValueBytes, "value-bytes", cfg.Params.ValueBytes, "ycsb-a: bytes per record")
+	fs.Float64Var(&cfg.Params.Theta, "zipf-theta", cfg.Params.Theta, "ycsb-a: zipfian constant")
+	fs.Int64Var(&cfg.Params.Seed, "seed", cfg.Params.Seed, "random seed of the data and the terminals")
+	fs.IntVar(&cfg.Terminals, "terminals", cfg.Terminals, "concurrent closed-loop clients")
+	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "measured time per run")
+	fs.DurationVar(&cfg.Warmup, "warmup", cfg.Warmup, "unmeasured time before each measurement")
+	fs.IntVar(&cfg.MaxRetries, "max-retries", cfg.MaxRetries, "retries of a conflicting transaction before it counts as an abort")
+	fs.BoolVar(&cfg.ReplicaReads, "replica-reads", false, "read from the replicas (with min_lsn = the terminal's last commit) instead of the primary")
+	fs.Var(replicasFlag{&cfg.Replicas, &cfg.ReplicaAddrs}, "replicas", "replicas to start (a number), or an existing cluster's replica addresses (comma-separated, with --primary)")
+	fs.StringVar(&cfg.PrimaryAddr, "primary", "", "gRPC address of an existing cluster's primary (default: start a cluster)")
+	fs.StringVar(&cfg.PrimaryMetrics, "primary-metrics", "", "with --primary: its /metrics address (host:port), for WAL MB/s")
+	fs.StringVar(&cfg.Codec, "codec", cfg.Codec, "WAL codec of the started cluster: msgpack or json")
+	fs.Var(listFlag{&codecs}, "codecs", "run once per codec, e.g. msgpack,json (overrides --codec)")
+	durabilityFlag(fs, &pol.Durability)
+	replicationFlag(fs, &pol.Replication)
+	fs.IntVar(&pol.SyncReplicas, "sync-replicas", pol.SyncReplicas, "k in 'any k replicas' for --replication sync")
+	syncLevelFlag(fs, &pol.SyncLevel)
+	fs.DurationVar(&pol.SyncTimeout, "sync-timeout", pol.SyncTimeout, "how long a sync commit waits for replicas")
+	fs.BoolVar(&matrix, "matrix", false, "run every cell: replication {sync, async, disabled} x durability {sync, async}")
+	fs.BoolVar(&cfg.ReplicasWhenDisabled, "replicas-when-disabled", false, "keep the replicas running in Disabled cells (default: none, as in the seed)")
+	fs.BoolVar(&processes, "processes", false, "run the log store, primary and replicas as separate walship processes (the primary's CPU time is then its own)")
+	fs.BoolVar(&cpuScaling, "cpu-scaling", false, "measure the primary process's CPU ms per 1,000 commits with async replication to each --cpu-scaling-replicas count (implies --processes)")
+	fs.Var(listFlag{&cpuReplicas}, "cpu-scaling-replicas", "replica counts for --cpu-scaling")
+	fs.IntVar(&repeat, "repeat", repeat, "run each cell this many times and report the median")
+	fs.StringVar(&out, "out", "", "write the rows as JSON to this file")
+	fs.StringVar(&chart, "chart", "", "write an SVG bar chart of txn/s per cell and codec to this file")
+	fs.StringVar(&cfg.Dir, "data-dir", "", "parent of the clusters' data directories (default: temporary, removed)")
+	fs.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of this process (in-process mode: cluster and clients) to this file")
+	return func(ctx context.Context) error {
+		if cfg.PrimaryAddr != "" {
+			cfg.Mode = bench.ModeExternal
+			if processes || cpuScaling {
+				return fmt.Errorf("--primary: an external cluster cannot be run as processes: %w", errUsage)
+			}
+		} else if len(cfg.ReplicaAddrs) > 0 {
+			return fmt.Errorf("--replicas: addresses need --primary: %w", errUsage)
+		}
+		if processes || cpuScaling {
+			cfg.Mode, cfg.Bin = bench.ModeProcesses, bench.DefaultBin()
+		}
+		cfg.SyncReplicas, cfg.SyncLevel, cfg.SyncTimeout = pol.SyncReplicas, pol.SyncLevel, pol.SyncTimeout
+		cfg.Progress = env.Stderr
+		if len(codecs) == 0 {
+			codecs = []string{cfg.Codec}
+		}
+		if cpuProfile != "" {
+			f, err := os.Create(cpuProfile)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			if err := pprof.StartCPUProfile(f); err != nil {
+				return err
+			}
+			defer pprof.StopCPUProfile()
+		}
+		type cell struct {
+			rep      walshipv1.ReplicationMode
+			dur      walshipv1.Durability
+			replicas int
+		}
+		var cells []cell
+		switch {
+		case cpuScaling:
+			for _, s := range cpuReplicas {
+				n, err := strconv.Atoi(s)
+				if err != nil || n < 1 {
+					return fmt.Errorf("--cpu-scaling-replicas: %q: %w", s, errUsage)
+				}
+				cells = append(cells, cell{walshipv1.ReplicationMode_REPLICATION_MODE_ASYNC, pol.Durability, n})
+			}
+		case matrix:
+			for _, c := range bench.MatrixCells {
+				cells = append(cells, cell{replicationByName[c[0]], durabilityByName[c[1]], cfg.Replicas})
+			}
+		default:
+			cells = append(cells, cell{pol.Replication, pol.Durability, cfg.Replicas})
+		}
+		var rows []bench.Row
+		for _, codecName := range codecs {
+			for _, c := range cells {
+				run := cfg
+				run.Codec, run.Replication, run.Durability, run.Replicas = codecName, c.rep, c.dur, c.replicas
+				if cpuScaling {
+					run.ReplicasWhenDisabled = true
+				}
+				r, err := bench.RunRepeated(ctx, run, repeat)
+				if err != nil {
+					if errors.Is(err, context.Canceled) && len(rows) > 0 {
+						break
+					}
+					return fmt.Errorf("%s %s/%s %s: %w", run.Workload, r.Replication, r.Durability, codecName, err)
+				}
+				fmt.Fprintf(env.Stderr, "done: %s %s %s: %.1f txn/s, p99 %.2fms, consistent=%v\n", r.Workload, r.Label(), r.Codec, r.TxnPerS, r.P99Ms, r.Consistent)
+				rows = append(rows, r)
+			}
+		}
+		if cpuScaling {
+			writeCPUScaling(env, rows)
+		} else if err := bench.WriteTable(env.Stdout, rows); err != nil {
+			return err
+		}
+		if out != "" {
+			if err := writeFile(out, func(f *os.File) error { return bench.WriteJSON(f, rows) }); err != nil {
+				return err
+			}
+		}
+		if chart != "" {
+			if err := writeFile(chart, func(f *os.File) error { return bench.WriteSVG(f, rows) }); err != nil {
+				return err
+			}
+		}
+		for _, r := range rows {
+			if !r.Consistent {
+				return fmt.Errorf("%s %s %s: consistency check failed", r.Workload, r.Label(), r.Codec)
+			}
+		}
+		return nil
+	}
+}
+
+var replicationByName = map[string]walshipv1.ReplicationMode{
+	"disabled": walshipv1.ReplicationMode_REPLICATION_MODE_DISABLED,
+	"async":    walshipv1.ReplicationMode_REPLICATION_MODE_ASYNC,
+	"sync":     walshipv1.ReplicationMode_REPLICATION_MODE_SYNC,
+}
+
+var durabilityByName = map[string]walshipv1.Durability{
+	"sync":  walshipv1.Durability_DURABILITY_SYNC,
+	"async": walshipv1.Durability_DURABILITY_ASYNC,
+}
+
+func writeCPUScaling(env *Env, rows []bench.Row) {
+	w := tabwriter.NewWriter(env.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "workload\tcodec\treplicas\tReplication/Durability\ttxn/s\tprimary commits\tprimary CPU ms per 1000 commits\tvs first\tconsistent\t")
+	base := map[string]float64{}
+	for _, r := range rows {
+		k := r.Workload + "/" + r.Codec
+		if _, ok := base[k]; !ok {
+			base[k] = r.CPUMsPer1000
+		}
+		ratio := "-"
+		if base[k] > 0 {
+			ratio = fmt.Sprintf("%.2fx", r.CPUMsPer1000/base[k])
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%.1f\t%d\t%.1f\t%s\t%v\t\n", r.Workload, r.Codec, r.Replicas, r.Label(), r.TxnPerS, r.ServerCommits, r.CPUMsPer1000, ratio, r.Consistent)
+	}
+	w.Flush()
+	if len(rows) > 0 {
+		fmt.Fprintf(env.Stdout, "\n(CPU: %s, utime+stime from /proc/<pid>/stat over the measured window)\n", rows[0].CPUScope)
+	}
+}
+
+func writeFile(path string, write func(*os.File) error) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := write(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}

@@ -1,0 +1,421 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/services/logstore"
+	"github.com/walship/walship/services/primary"
+	"github.com/walship/walship/services/replica"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// fast makes a cluster react in test time: short heartbeats and small
+// segments, so retention and staleness show up quickly.
+func fast(cfg Config) Config {
+	prev := cfg.Primary
+	cfg.Primary = func(c *primary.Config) {
+		c.HeartbeatInterval = 100 * time.Millisecond
+		c.SegmentBytes = 64 << 10
+		c.StopTimeout = 5 * time.Second
+		if prev != nil {
+			prev(c)
+		}
+	}
+	prevR := cfg.Replica
+	cfg.Replica = func(i int, c *replica.Config) {
+		c.HeartbeatInterval = 100 * time.Millisecond
+		c.SegmentBytes = 64 << 10
+		c.StopTimeout = 5 * time.Second
+		if prevR != nil {
+			prevR(i, c)
+		}
+	}
+	prevL := cfg.LogStore
+	cfg.LogStore = func(i int, c *logstore.Config) {
+		c.SegmentBytes = 64 << 10
+		if prevL != nil {
+			prevL(i, c)
+		}
+	}
+	return cfg
+}
+
+func startCluster(t *testing.T, cfg Config) *Cluster {
+	t.Helper()
+	if cfg.Dir == "" {
+		cfg.Dir = t.TempDir()
+	}
+	c, err := Start(context.Background(), fast(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Stop(); err != nil {
+			t.Errorf("stop cluster: %v", err)
+		}
+	})
+	return c
+}
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// waitConverged waits until every replica is at the primary's visible LSN
+// and reports the same state digest.
+func waitConverged(t *testing.T, c *Cluster) {
+	t.Helper()
+	ctx := testCtx(t)
+	ps, err := c.Status(ctx, c.Primary)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range c.Replicas {
+		kv := walshipv1.NewKVServiceClient(c.Conn(r))
+		// A read at min_lsn waits (by notification) until the replica applied it.
+		if _, err := kv.Get(ctx, &walshipv1.GetRequest{Key: "k", MinLsn: ps.VisibleLsn, WaitTimeout: durationpb.New(45 * time.Second)}); err != nil {
+			t.Fatalf("%s never reached LSN %d: %v", r.Name, ps.VisibleLsn, err)
+		}
+		rs, err := c.Status(ctx, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rs.VisibleLsn != ps.VisibleLsn || rs.StateDigest != ps.StateDigest || rs.Keys != ps.Keys {
+			t.Fatalf("%s at LSN %d digest %s keys %d; primary at LSN %d digest %s keys %d",
+				r.Name, rs.VisibleLsn, rs.StateDigest, rs.Keys, ps.VisibleLsn, ps.StateDigest, ps.Keys)
+		}
+	}
+}
+
+// randomLoad runs concurrent random Put/Delete/Txn under pol and returns
+// the highest commit LSN acknowledged.
+func randomLoad(t *testing.T, kv walshipv1.KVServiceClient, workers, ops int, pol *walshipv1.CommitPolicy) uint64 {
+	t.Helper()
+	ctx := testCtx(t)
+	var mu sync.Mutex
+	var last uint64
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			for i := 0; i < ops; i++ {
+				key := fmt.Sprintf("key/%02d", rng.IntN(40))
+				var lsn uint64
+				var err error
+				switch rng.IntN(4) {
+				case 0, 1:
+					var r *walshipv1.PutResponse
+					r, err = kv.Put(ctx, &walshipv1.PutRequest{Key: key, Value: []byte(fmt.Sprintf("v%d-%d", w, i)), Policy: pol})
+					if err == nil {
+						lsn = r.Lsn
+					}
+				case 2:
+					var r *walshipv1.DeleteResponse
+					r, err = kv.Delete(ctx, &walshipv1.DeleteRequest{Key: key, Policy: pol})
+					if err == nil {
+						lsn = r.Lsn
+					}
+				default:
+					var r *walshipv1.TxnResponse
+					r, err = kv.Txn(ctx, &walshipv1.TxnRequest{
+						Compares: []*walshipv1.Compare{{Key: key, Target: walshipv1.CompareTarget_COMPARE_TARGET_EXISTS,
+							Result: walshipv1.CompareResult_COMPARE_RESULT_EQUAL, Operand: &walshipv1.Compare_Exists{Exists: true}}},
+						Success: []*walshipv1.TxnOp{{Op: &walshipv1.TxnOp_Delete{Delete: &walshipv1.DeleteOp{Key: key}}},
+							{Op: &walshipv1.TxnOp_Put{Put: &walshipv1.PutOp{Key: key + "/moved", Value: []byte("m")}}}},
+						Failure: []*walshipv1.TxnOp{{Op: &walshipv1.TxnOp_Put{Put: &walshipv1.PutOp{Key: key, Value: []byte("new")}}}},
+						Policy:  pol,
+					})
+					if err == nil {
+						lsn = r.Lsn
+					}
+				}
+				if err != nil {
+					t.Errorf("worker %d op %d: %v", w, i, err)
+					return
+				}
+				mu.Lock()
+				last = max(last, lsn)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return last
+}
+
+func TestConvergenceInEveryMode(t *testing.T) {
+	c := startCluster(t, Config{LogStores: 1, Replicas: 2})
+	kv := walshipv1.NewKVServiceClient(c.Conn(c.Primary))
+	sync2apply := &walshipv1.CommitPolicy{Replication: walshipv1.ReplicationMode_REPLICATION_MODE_SYNC, SyncReplicas: 2, SyncLevel: walshipv1.SyncLevel_SYNC_LEVEL_APPLY}
+	for _, tc := range []struct {
+		name string
+		pol  *walshipv1.CommitPolicy
+	}{
+		{"disabled/sync", &walshipv1.CommitPolicy{Replication: walshipv1.ReplicationMode_REPLICATION_MODE_DISABLED}},
+		{"async/sync", &walshipv1.CommitPolicy{Replication: walshipv1.ReplicationMode_REPLICATION_MODE_ASYNC}},
+		{"async/async", &walshipv1.CommitPolicy{Replication: walshipv1.ReplicationMode_REPLICATION_MODE_ASYNC, Durability: walshipv1.Durability_DURABILITY_ASYNC}},
+		{"sync-flush-1/sync", &walshipv1.CommitPolicy{Replication: walshipv1.ReplicationMode_REPLICATION_MODE_SYNC, SyncReplicas: 1, SyncLevel: walshipv1.SyncLevel_SYNC_LEVEL_FLUSH}},
+		{"sync-write-2/async", &walshipv1.CommitPolicy{Replication: walshipv1.ReplicationMode_REPLICATION_MODE_SYNC, SyncReplicas: 2, SyncLevel: walshipv1.SyncLevel_SYNC_LEVEL_WRITE, Durability: walshipv1.Durability_DURABILITY_ASYNC}},
+		{"sync-apply-2/sync+logstore", &walshipv1.CommitPolicy{Replication: sync2apply.Replication, SyncReplicas: 2, SyncLevel: sync2apply.SyncLevel, Logstore: walshipv1.LogStoreAck_LOG_STORE_ACK_SYNC}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			randomLoad(t, kv, 4, 40, tc.pol)
+			waitConverged(t, c)
+		})
+	}
+}
+
+func TestSyncSemanticsWithAReplicaDown(t *testing.T) {
+	c := startCluster(t, Config{LogStores: 1, Replicas: 2})
+	ctx := testCtx(t)
+	kv := walshipv1.NewKVServiceClient(c.Conn(c.Primary))
+	syncPol := func(k uint32, level walshipv1.SyncLevel, timeout time.Duration) *walshipv1.CommitPolicy {
+		return &walshipv1.CommitPolicy{Replication: walshipv1.ReplicationMode_REPLICATION_MODE_SYNC, SyncReplicas: k, SyncLevel: level, SyncTimeout: durationpb.New(timeout)}
+	}
+
+	// Both up: sync at apply on both means the value is readable on every
+	// replica the moment Put returns, without min_lsn.
+	p, err := kv.Put(ctx, &walshipv1.PutRequest{Key: "applied", Value: []byte("yes"), Policy: syncPol(2, walshipv1.SyncLevel_SYNC_LEVEL_APPLY, 10*time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range c.Replicas {
+		g, err := walshipv1.NewKVServiceClient(c.Conn(r)).Get(ctx, &walshipv1.GetRequest{Key: "applied"})
+		if err != nil || !g.Found || g.VersionLsn != p.Lsn {
+			t.Fatalf("%s right after a sync-apply Put: %v, %v", r.Name, g, err)
+		}
+	}
+
+	if err := c.StopReplica(1); err != nil {
+		t.Fatal(err)
+	}
+	// K=2 of 2 with one down: blocks for the timeout, then UNAVAILABLE.
+	start := time.Now()
+	_, err = kv.Put(ctx, &walshipv1.PutRequest{Key: "k2", Value: []byte("v"), Policy: syncPol(2, walshipv1.SyncLevel_SYNC_LEVEL_FLUSH, 400*time.Millisecond)})
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("sync K=2 with a replica down: %v; want UNAVAILABLE", err)
+	}
+	if waited := time.Since(start); waited < 400*time.Millisecond {
+		t.Fatalf("sync K=2 failed after %v, before its 400ms timeout", waited)
+	}
+	// K=1 of 2 succeeds on the replica that is up; async is unaffected.
+	if _, err := kv.Put(ctx, &walshipv1.PutRequest{Key: "k1", Value: []byte("v"), Policy: syncPol(1, walshipv1.SyncLevel_SYNC_LEVEL_FLUSH, 10*time.Second)}); err != nil {
+		t.Fatalf("sync K=1 with one of two up: %v", err)
+	}
+	last, err := kv.Put(ctx, &walshipv1.PutRequest{Key: "async", Value: []byte("v"), Policy: &walshipv1.CommitPolicy{Replication: walshipv1.ReplicationMode_REPLICATION_MODE_ASYNC}})
+	if err != nil {
+		t.Fatalf("async with a replica down: %v", err)
+	}
+	// Read-your-writes on the live replica with the LSN the write returned.
+	g, err := walshipv1.NewKVServiceClient(c.Conn(c.Replicas[0])).Get(ctx, &walshipv1.GetRequest{Key: "async", MinLsn: last.Lsn})
+	if err != nil || !g.Found || g.AppliedLsn < last.Lsn {
+		t.Fatalf("read-your-writes on replica-0: %v, %v", g, err)
+	}
+	// The stopped replica comes back and converges, including the write
+	// whose sync wait failed (it was durable on the primary all along).
+	if err := c.RestartReplica(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	waitConverged(t, c)
+	g, err = walshipv1.NewKVServiceClient(c.Conn(c.Replicas[1])).Get(ctx, &walshipv1.GetRequest{Key: "k2"})
+	if err != nil || !g.Found {
+		t.Fatalf("the write whose sync wait timed out is not on the restarted replica: %v, %v", g, err)
+	}
+}
+
+func TestReplicaWritesAreRefused(t *testing.T) {
+	c := startCluster(t, Config{Replicas: 1})
+	_, err := walshipv1.NewKVServiceClient(c.Conn(c.Replicas[0])).Put(testCtx(t), &walshipv1.PutRequest{Key: "k", Value: []byte("v")})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), c.Primary.Addr) {
+		t.Fatalf("Put on a replica: %v; want FAILED_PRECONDITION naming the primary %s", err, c.Primary.Addr)
+	}
+}
+
+// metric returns the value of the named metric (summed over series whose
+// labels include want) in reg.
+func metric(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				labels[lp.GetName()] = lp.GetValue()
+			}
+			for k, v := range want {
+				if labels[k] != v {
+					continue next
+				}
+			}
+			switch {
+			case m.Counter != nil:
+				sum += m.Counter.GetValue()
+			case m.Gauge != nil:
+				sum += m.Gauge.GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+// fill writes n keys of size bytes each, async, to grow the WAL.
+func fill(t *testing.T, kv walshipv1.KVServiceClient, prefix string, n, size int) {
+	t.Helper()
+	ctx := testCtx(t)
+	val := []byte(strings.Repeat("x", size))
+	for i := 0; i < n; i++ {
+		if _, err := kv.Put(ctx, &walshipv1.PutRequest{Key: fmt.Sprintf("%s/%04d", prefix, i), Value: val,
+			Policy: &walshipv1.CommitPolicy{Durability: walshipv1.Durability_DURABILITY_ASYNC}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestCatchUpLadder forces each rung: a replica away while the primary's
+// tiny WAL retention drops what it needs catches up from the log store; when
+// the log store has dropped it too, from a snapshot. Each ends converged.
+func TestCatchUpLadder(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		logstore  func(int, *logstore.Config)
+		wantRung  string
+		checkUsed func(t *testing.T, c *Cluster)
+	}{
+		{"logstore", nil, "logstore", func(t *testing.T, c *Cluster) {
+			if read := metric(t, c.LogStores[0].Registry, "walship_logstore_read_bytes_total", nil); read == 0 {
+				t.Fatal("the replica caught up but read nothing from the log store")
+			}
+			if n := metric(t, c.Primary.Registry, "walship_replication_snapshots_sent_total", nil); n != 0 {
+				t.Fatalf("%v snapshots sent; the log store rung should have sufficed", n)
+			}
+		}},
+		{"snapshot", func(_ int, c *logstore.Config) { c.RetentionBytes = 128 << 10 }, "snapshot", func(t *testing.T, c *Cluster) {
+			if n := metric(t, c.Primary.Registry, "walship_replication_snapshots_sent_total", nil); n == 0 {
+				t.Fatal("the replica caught up without a snapshot although no one kept the WAL it needed")
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := startCluster(t, Config{LogStores: 1, Replicas: 1, LogStore: tc.logstore, Primary: func(p *primary.Config) {
+				p.WALRetentionBytes = 256 << 10
+				p.SnapshotEveryBytes = 64 << 10
+			}})
+			kv := walshipv1.NewKVServiceClient(c.Conn(c.Primary))
+			fill(t, kv, "before", 20, 100)
+			waitConverged(t, c)
+			if err := c.StopReplica(0); err != nil {
+				t.Fatal(err)
+			}
+			fill(t, kv, "away", 600, 1000) // ~600 KiB: well past the primary's 256 KiB retention
+			st, err := c.Status(testCtx(t), c.Primary)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.WalFirstLsn <= 2 {
+				t.Fatalf("primary WAL still starts at LSN %d: retention did not drop anything", st.WalFirstLsn)
+			}
+			if err := c.RestartReplica(testCtx(t), 0); err != nil {
+				t.Fatal(err)
+			}
+			fill(t, kv, "after", 10, 10)
+			waitConverged(t, c)
+			tc.checkUsed(t, c)
+		})
+	}
+}
+
+// TestRestartsUnderLoad restarts the replica, the log store and the primary
+// while writers run, then checks convergence.
+func TestRestartsUnderLoad(t *testing.T) {
+	c := startCluster(t, Config{LogStores: 1, Replicas: 2})
+	ctx := testCtx(t)
+	kv := walshipv1.NewKVServiceClient(c.Conn(c.Primary))
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var errs sync.Map
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_, err := kv.Put(ctx, &walshipv1.PutRequest{Key: fmt.Sprintf("w%d/%d", w, i%50), Value: []byte(fmt.Sprint(i))})
+				if err != nil {
+					errs.Store(w, err)
+					return
+				}
+			}
+		}()
+	}
+	if err := c.RestartReplica(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.RestartLogStore(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.RestartReplica(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	close(stop)
+	wg.Wait()
+	errs.Range(func(k, v any) bool { t.Errorf("writer %v: %v", k, v); return true })
+	waitConverged(t, c)
+	// The log store caught up after its restart.
+	ps, err := c.Status(ctx, c.Primary)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls := walshipv1.NewLogStoreServiceClient(c.Conn(c.LogStores[0]))
+	for {
+		st, err := ls.Status(ctx, &walshipv1.LogStoreServiceStatusRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.DurableLsn >= ps.DurableLsn {
+			break
+		}
+		// Nudge: a sync-logstore commit waits (by notification) until the
+		// log store acks it.
+		if _, err := kv.Put(ctx, &walshipv1.PutRequest{Key: "nudge", Value: []byte("x"), Policy: &walshipv1.CommitPolicy{Logstore: walshipv1.LogStoreAck_LOG_STORE_ACK_SYNC}}); err != nil {
+			t.Fatalf("log store did not catch up after its restart: %v", err)
+		}
+	}
+	// And the primary restarts with everything.
+	if err := c.RestartPrimary(ctx); err != nil {
+		t.Fatal(err)
+	}
+	kv = walshipv1.NewKVServiceClient(c.Conn(c.Primary))
+	if _, err := kv.Put(ctx, &walshipv1.PutRequest{Key: "after-primary-restart", Value: []byte("v")}); err != nil {
+		t.Fatal(err)
+	}
+	waitConverged(t, c)
+}

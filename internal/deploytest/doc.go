@@ -1,0 +1,16 @@
+// Package deploytest checks walship's deployment artifacts: the Kubernetes
+// manifests in deploy/k8s (built with the kustomize library, decoded
+// strictly into the Kubernetes API types and checked for fit: selectors,
+// ports, flags, references), and the container image, which a Docker test
+// builds FROM scratch and runs as a small cluster with the dev overlay's
+// arguments.
+//
+// It also owns the two generated monitoring manifests under
+// deploy/k8s/components/monitoring: the PrometheusRule built from
+// deploy/prometheus/walship-rules.yaml and the Grafana dashboard ConfigMap
+// built from deploy/grafana/walship.json. Regenerate them with
+//
+//	go run ./internal/deploytest/gen
+//
+// from the repository root; the tests fail when they are stale.
+package deploytest
