@@ -76,3 +76,21 @@ ci: check-generate lint test fuzz
 
 clean:
 	rm -rf bin gen-tmp bench.out
+
+# --- container image --------------------------------------------------------
+# `make image` builds a static walship binary and an image FROM scratch around
+# it: no base image to pull, so it works without a registry. It runs as
+# 65532:65532 with /data owned by that user, like the Dockerfile's
+# distroless image (which needs golang and distroless pulled). Load it into a
+# local cluster with e.g. `kind load docker-image walship:dev`.
+IMAGE ?= walship:dev
+IMAGE_VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+IMAGE_CTX := $(CURDIR)/dist/image
+
+.PHONY: image
+image:
+	rm -rf $(IMAGE_CTX) && mkdir -p $(IMAGE_CTX)/data
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X github.com/walship/walship/internal/cli.Version=$(IMAGE_VERSION)" -o $(IMAGE_CTX)/walship ./cmd/walship
+	printf '%s\n' 'FROM scratch' 'COPY walship /walship' 'COPY --chown=65532:65532 data /data' 'USER 65532:65532' \
+		'EXPOSE 7400 7401 7402 9400 9401 9402' 'ENTRYPOINT ["/walship"]' 'CMD ["help"]' > $(IMAGE_CTX)/Dockerfile
+	docker build -t $(IMAGE) $(IMAGE_CTX)

@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
@@ -35,6 +36,10 @@ type Config struct {
 	// MaxRetries is how often a conflicting transaction runs again before
 	// it counts as an abort.
 	MaxRetries int
+	// Rate, if positive, paces the terminals to this many transactions a
+	// second in total (each terminal starts one every Terminals/Rate), so
+	// that runs compared for CPU cost carry the same load.
+	Rate float64
 	// ReplicaReads sends reads to the replicas (round robin by terminal)
 	// with min_lsn = the terminal's last commit.
 	ReplicaReads bool
@@ -160,13 +165,16 @@ type Row struct {
 	Notes          string  `json:"notes"`
 
 	// Beyond the issue's list.
-	Mode         string             `json:"mode"`
-	Replicas     int                `json:"replicas"`
-	Errors       int64              `json:"errors"`
-	ByKind       map[string]int64   `json:"by_kind"`
-	ByKindP99Ms  map[string]float64 `json:"by_kind_p99_ms"`
-	CPUMsPer1000 float64            `json:"cpu_ms_per_1000_commits"`
-	CPUScope     string             `json:"cpu_scope,omitempty"`
+	// ReplicaLagP99Records is the p99 of the worst replica's apply lag in
+	// records (LSNs), sampled every 100 ms from the primary's Status.
+	ReplicaLagP99Records float64            `json:"replica_lag_p99_records"`
+	Mode                 string             `json:"mode"`
+	Replicas             int                `json:"replicas"`
+	Errors               int64              `json:"errors"`
+	ByKind               map[string]int64   `json:"by_kind"`
+	ByKindP99Ms          map[string]float64 `json:"by_kind_p99_ms"`
+	CPUMsPer1000         float64            `json:"cpu_ms_per_1000_commits"`
+	CPUScope             string             `json:"cpu_scope,omitempty"`
 	// ServerCommits is the primary's walship_commits_total{result="ok"}
 	// increase over the measured window (write transactions only).
 	ServerCommits int64       `json:"server_commits"`
@@ -332,7 +340,23 @@ func drive(ctx context.Context, cfg Config, b *backend, row *Row) ([]string, err
 	for i, s := range sessions {
 		term := w.terminal(i, newRand(params.Seed, i))
 		g.Go(func() error {
+			var every time.Duration
+			nextStart := time.Now()
+			if cfg.Rate > 0 {
+				every = time.Duration(float64(cfg.Terminals) / cfg.Rate * float64(time.Second))
+				nextStart = nextStart.Add(time.Duration(i) * every / time.Duration(cfg.Terminals))
+			}
 			for !stop.stopped() && gctx.Err() == nil {
+				if every > 0 {
+					if d := time.Until(nextStart); d > 0 {
+						select {
+						case <-time.After(d):
+						case <-gctx.Done():
+							return nil
+						}
+					}
+					nextStart = nextStart.Add(every)
+				}
 				start := time.Now()
 				kind, err := term.next(gctx, s)
 				switch {
@@ -355,7 +379,7 @@ func drive(ctx context.Context, cfg Config, b *backend, row *Row) ([]string, err
 
 	// Samplers: progress a second, replica lag every 100 ms.
 	var lagMu sync.Mutex
-	var lags []float64
+	var lags, lagRecs []float64
 	sampleCtx, stopSampling := context.WithCancel(ctx)
 	var sg sync.WaitGroup
 	sg.Add(2)
@@ -372,18 +396,35 @@ func drive(ctx context.Context, cfg Config, b *backend, row *Row) ([]string, err
 			if !rec.measuring.Load() || len(b.replicas) == 0 {
 				continue
 			}
-			st, err := admin.Status(sampleCtx, &walshipv1.StatusRequest{})
-			if err != nil {
-				continue
+			// Seconds from the primary's apply-stage lag gauge (computed
+			// at scrape time); records from its Status.
+			worst, worstRecs := -1.0, 0.0
+			if b.gather != nil {
+				if mfs, err := b.gather(sampleCtx); err == nil {
+					if mf, ok := mfs["walship_replication_lag_seconds"]; ok {
+						worst = 0
+						for _, m := range mf.GetMetric() {
+							for _, l := range m.GetLabel() {
+								if l.GetName() == "stage" && l.GetValue() == "apply" {
+									worst = max(worst, m.GetGauge().GetValue())
+								}
+							}
+						}
+					}
+				}
 			}
-			worst := 0.0
-			for _, p := range st.Peers {
-				if p.Role == walshipv1.Role_ROLE_REPLICA {
-					worst = max(worst, p.LagSeconds)
+			if st, err := admin.Status(sampleCtx, &walshipv1.StatusRequest{}); err == nil {
+				for _, p := range st.Peers {
+					if p.Role == walshipv1.Role_ROLE_REPLICA {
+						worstRecs = max(worstRecs, float64(p.LagRecords))
+					}
 				}
 			}
 			lagMu.Lock()
-			lags = append(lags, worst)
+			if worst >= 0 {
+				lags = append(lags, worst)
+			}
+			lagRecs = append(lagRecs, worstRecs)
 			lagMu.Unlock()
 		}
 	}()
@@ -484,6 +525,10 @@ func drive(ctx context.Context, cfg Config, b *backend, row *Row) ([]string, err
 	rec.mu.Unlock()
 	row.Retries = s1.retries - s0.retries
 	row.ReplicaLagP99S = percentileF(lags, 0.99)
+	row.ReplicaLagP99Records = percentileF(lagRecs, 0.99)
+	if len(b.replicas) > 0 && len(lags) == 0 {
+		notes = append(notes, "replica lag in seconds unknown (no primary metrics)")
+	}
 	if s0.metrics && s1.metrics {
 		row.WALMBPerS = (s1.walBytes - s0.walBytes) / window / 1e6
 		row.ServerCommits = int64(s1.commit - s0.commit)
@@ -572,17 +617,12 @@ func checkNode(ctx context.Context, conn *grpc.ClientConn, at uint64, ck checker
 	return nc, nil
 }
 
-type stopFlag struct {
-	mu sync.Mutex
-	v  bool
-}
+// stopFlag tells the terminals to stop after their current transaction,
+// so that no write is cut off with an unknown outcome.
+type stopFlag struct{ v atomic.Bool }
 
-func (s *stopFlag) set() { s.mu.Lock(); s.v = true; s.mu.Unlock() }
-func (s *stopFlag) stopped() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.v
-}
+func (s *stopFlag) set()          { s.v.Store(true) }
+func (s *stopFlag) stopped() bool { return s.v.Load() }
 
 func randomID() string {
 	b := make([]byte, 4)

@@ -77,6 +77,7 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	fs.IntVar(&cfg.Terminals, "terminals", cfg.Terminals, "concurrent closed-loop clients")
 	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "measured time per run")
 	fs.DurationVar(&cfg.Warmup, "warmup", cfg.Warmup, "unmeasured time before each measurement")
+	fs.Float64Var(&cfg.Rate, "rate", 0, "pace the terminals to this many txn/s in total (0 = as fast as they go); --cpu-scaling uses it to compare runs at equal load")
 	fs.IntVar(&cfg.MaxRetries, "max-retries", cfg.MaxRetries, "retries of a conflicting transaction before it counts as an abort")
 	fs.BoolVar(&cfg.ReplicaReads, "replica-reads", false, "read from the replicas (with min_lsn = the terminal's last commit) instead of the primary")
 	fs.Var(replicasFlag{&cfg.Replicas, &cfg.ReplicaAddrs}, "replicas", "replicas to start (a number), or an existing cluster's replica addresses (comma-separated, with --primary)")

@@ -298,6 +298,7 @@ type pod struct {
 	sts       *appsv1.StatefulSet
 	container *corev1.Container
 	command   string
+	args      []string // the container's arguments, $(VAR) expanded
 	flags     *flag.FlagSet
 	env       map[string]string // resolved environment
 }
@@ -333,6 +334,7 @@ func (c *checker) podConfig(sts *appsv1.StatefulSet, ord int32) (*pod, error) {
 		return nil, fmt.Errorf("%s: no arguments: the first must be the walship command", where)
 	}
 	p.command = args[0]
+	p.args = args
 	if want := sts.Spec.Template.Labels[componentLabel]; p.command != want {
 		return nil, fmt.Errorf("%s: runs `walship %s` in a pod labelled %s=%s", where, p.command, componentLabel, want)
 	}

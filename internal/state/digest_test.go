@@ -10,7 +10,7 @@ import (
 	"github.com/walship/walship/pkg/codec"
 )
 
-// TestDigestFormula pins the digest to its specification (FORMAT.md) with an
+// TestDigestFormula pins the digest to its specification (docs/FORMAT.md) with an
 // independent implementation, so a change to the hashing is noticed.
 func TestDigestFormula(t *testing.T) {
 	s := New()

@@ -31,8 +31,8 @@
 //
 // # Snapshot format
 //
-// A snapshot is little-endian and has three parts (see FORMAT.md in this
-// directory for the full specification):
+// A snapshot is little-endian and has three parts (docs/FORMAT.md, "State
+// snapshots", is the full specification):
 //
 //	header  (32 bytes) magic "WSHPSNAP", format version u32 = 1, flags u32 = 0,
 //	                   applied LSN u64, entry count u64

@@ -16,7 +16,7 @@ import (
 // of the underlying reader.
 var ErrCorruptSnapshot = errors.New("state: corrupt snapshot")
 
-// Snapshot format constants; FORMAT.md is the specification.
+// Snapshot format constants; docs/FORMAT.md ("State snapshots") is the specification.
 const (
 	snapMagic      = "WSHPSNAP"
 	snapVersion    = 1
@@ -29,7 +29,7 @@ const (
 // castagnoli is the CRC-32C table; the same polynomial as the WAL checksums.
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// WriteSnapshot writes v to w in the snapshot format (FORMAT.md). It buffers
+// WriteSnapshot writes v to w in the snapshot format (docs/FORMAT.md). It buffers
 // internally; w needs no buffering of its own. It does not sync or close w.
 func WriteSnapshot(w io.Writer, v *View) error {
 	sw := snapWriter{w: bufio.NewWriterSize(w, 64<<10)}

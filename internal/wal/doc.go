@@ -24,7 +24,7 @@
 //	| frame ...                  |
 //	+----------------------------+ end of file (or a torn tail after a crash)
 //
-// FORMAT.md in this directory specifies the bytes.
+// docs/FORMAT.md ("WAL segments") specifies the bytes.
 //
 // # Durability
 //

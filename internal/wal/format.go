@@ -12,7 +12,7 @@ import (
 	"github.com/walship/walship/pkg/codec"
 )
 
-// On-disk layout; see FORMAT.md. All integers are little-endian.
+// On-disk layout; see docs/FORMAT.md, "WAL segments". All integers are little-endian.
 const (
 	segmentMagic    = "WSHIPWAL"
 	formatVersion   = 1

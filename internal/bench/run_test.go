@@ -1,0 +1,65 @@
+package bench
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+)
+
+// TestRun runs each workload for about two seconds against an in-process
+// cluster with one replica, replicating synchronously and reading from the
+// replica, and checks it made progress and stayed consistent everywhere.
+func TestRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts clusters")
+	}
+	for _, wl := range Workloads {
+		t.Run(wl, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			p := smallParams()
+			p.Warehouses, p.Records = 1, 1000
+			cfg := Config{
+				Workload: wl, Params: p, Terminals: 4, Duration: 1500 * time.Millisecond, Warmup: 300 * time.Millisecond,
+				MaxRetries: 10, Codec: "msgpack", Mode: ModeInProcess, Replicas: 1, Dir: t.TempDir(),
+				Replication: walshipv1.ReplicationMode_REPLICATION_MODE_SYNC, Durability: walshipv1.Durability_DURABILITY_SYNC,
+				SyncReplicas: 1, SyncLevel: walshipv1.SyncLevel_SYNC_LEVEL_APPLY, ReplicaReads: wl != "tpcb",
+			}
+			row, err := Run(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%s: %.0f txn/s, p99 %.1fms, retries %d, aborts %d, lag p99 %.3fs, WAL %.2f MB/s, %s",
+				wl, row.TxnPerS, row.P99Ms, row.Retries, row.Aborts, row.ReplicaLagP99S, row.WALMBPerS, row.Notes)
+			if !row.Consistent || row.TxnPerS <= 0 || row.Errors > 0 {
+				t.Fatalf("consistent=%v txn/s=%v errors=%d nodes=%+v notes=%s", row.Consistent, row.TxnPerS, row.Errors, row.Nodes, row.Notes)
+			}
+			if len(row.Nodes) != 2 || row.Nodes[0].Digest != row.Nodes[1].Digest || row.WALMBPerS <= 0 {
+				t.Errorf("nodes %+v, WAL %v MB/s", row.Nodes, row.WALMBPerS)
+			}
+		})
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	base := Config{Workload: "tpcb", Params: smallParams(), Terminals: 1, Duration: time.Second, Codec: "msgpack", Mode: ModeInProcess, Replicas: 1}
+	if err := base.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for name, mut := range map[string]func(*Config){
+		"workload":  func(c *Config) { c.Workload = "tpch" },
+		"terminals": func(c *Config) { c.Terminals = 0 },
+		"codec":     func(c *Config) { c.Codec = "xml" },
+		"sync":      func(c *Config) { c.Replication, c.SyncReplicas = walshipv1.ReplicationMode_REPLICATION_MODE_SYNC, 2 },
+		"external":  func(c *Config) { c.Mode = ModeExternal },
+		"processes": func(c *Config) { c.Mode = ModeProcesses },
+	} {
+		c := base
+		mut(&c)
+		if err := c.Validate(); err == nil {
+			t.Errorf("%s: no error", name)
+		}
+	}
+}

@@ -1,0 +1,64 @@
+package cluster
+
+import (
+	"os"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+)
+
+// TestMetricsDocumented compares the walship_* metrics every service
+// registers, gathered from a cluster that did some work, with the tables of
+// docs/METRICS.md, both ways.
+func TestMetricsDocumented(t *testing.T) {
+	c := startCluster(t, Config{LogStores: 1, Replicas: 1})
+	randomLoad(t, walshipv1.NewKVServiceClient(c.Conn(c.Primary)), 2, 20, nil)
+	waitConverged(t, c)
+
+	registered := map[string]string{} // name -> node that registered it
+	for _, n := range c.Nodes() {
+		mfs, err := n.Registry.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if strings.HasPrefix(mf.GetName(), "walship_") {
+				registered[mf.GetName()] = n.Name
+			}
+		}
+	}
+	doc, err := os.ReadFile("../../docs/METRICS.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	documented := map[string]bool{}
+	row := regexp.MustCompile("(?m)^\\| `(walship_[a-z0-9_]+)` \\|")
+	for _, m := range row.FindAllStringSubmatch(string(doc), -1) {
+		documented[m[1]] = true
+	}
+	var missing, stale []string
+	for name, node := range registered {
+		if !documented[name] {
+			missing = append(missing, name+" (registered by "+node+")")
+		}
+	}
+	for name := range documented {
+		if _, ok := registered[name]; !ok {
+			stale = append(stale, name)
+		}
+	}
+	sort.Strings(missing)
+	sort.Strings(stale)
+	if len(missing) > 0 {
+		t.Errorf("registered but not in docs/METRICS.md:\n  %s", strings.Join(missing, "\n  "))
+	}
+	if len(stale) > 0 {
+		t.Errorf("in docs/METRICS.md but registered by no service:\n  %s", strings.Join(stale, "\n  "))
+	}
+	if len(documented) < 30 {
+		t.Fatalf("found only %d documented metrics: is the table format of docs/METRICS.md still | `name` | ... |?", len(documented))
+	}
+}
