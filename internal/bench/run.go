@@ -220,7 +220,7 @@ func (c *Config) commitPolicy() *walshipv1.CommitPolicy {
 
 // Run runs one benchmark: start (or reach) the cluster, load, warm up,
 // measure, then check consistency on every node.
-func Run(ctx context.Context, cfg Config) (Row, error) {
+func Run(ctx context.Context, cfg Config) (row Row, err error) {
 	if err := cfg.Validate(); err != nil {
 		return Row{}, err
 	}
@@ -229,7 +229,7 @@ func Run(ctx context.Context, cfg Config) (Row, error) {
 	}
 	rep, dur := Cell(cfg.Replication, cfg.Durability)
 	pol := cfg.policy()
-	row := Row{Workload: cfg.Workload, Codec: cfg.Codec, Replication: rep, Durability: dur,
+	row = Row{Workload: cfg.Workload, Codec: cfg.Codec, Replication: rep, Durability: dur,
 		SyncReplicas: pol.SyncReplicas, SyncLevel: policyName(pol.SyncLevel.String()), Terminals: cfg.Terminals,
 		DurationS: cfg.Duration.Seconds(), Mode: cfg.Mode, ByKind: map[string]int64{}, ByKindP99Ms: map[string]float64{}}
 	var notes []string
@@ -239,7 +239,6 @@ func Run(ctx context.Context, cfg Config) (Row, error) {
 		replicas = 0
 	}
 	var b *backend
-	var err error
 	if cfg.Mode == ModeExternal {
 		b = startExternal(cfg.PrimaryAddr, cfg.ReplicaAddrs, cfg.PrimaryMetrics)
 		notes = append(notes, "external cluster: its codec and replicas are its own")

@@ -10,7 +10,7 @@ import (
 	"golang.org/x/sync/errgroup"
 )
 
-// Workload is one benchmark: its initial data, its transactions and its
+// workload is one benchmark: its initial data, its transactions and its
 // consistency conditions.
 type workload interface {
 	// load writes the initial data through l.
@@ -51,8 +51,7 @@ type WorkloadParams struct {
 	// RunID makes inserted keys (history rows) unique across runs on one
 	// cluster.
 	RunID string
-	// UpdatesCommitted is bumped by YCSB terminals for every committed
-	// update, so the checker can match the counters; nil outside a run.
+	// counts is what YCSB terminals report for the checker; nil outside a run.
 	counts *runCounts
 }
 

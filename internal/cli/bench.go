@@ -104,10 +104,10 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 		if cfg.PrimaryAddr != "" {
 			cfg.Mode = bench.ModeExternal
 			if processes || cpuScaling {
-				return fmt.Errorf("--primary: an external cluster cannot be run as processes: %w", errUsage)
+				return benchUsage(env, "--primary: an external cluster cannot be run as --processes or --cpu-scaling")
 			}
 		} else if len(cfg.ReplicaAddrs) > 0 {
-			return fmt.Errorf("--replicas: addresses need --primary: %w", errUsage)
+			return benchUsage(env, "--replicas: addresses need --primary")
 		}
 		if processes || cpuScaling {
 			cfg.Mode, cfg.Bin = bench.ModeProcesses, bench.DefaultBin()
@@ -139,7 +139,7 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 			for _, s := range cpuReplicas {
 				n, err := strconv.Atoi(s)
 				if err != nil || n < 1 {
-					return fmt.Errorf("--cpu-scaling-replicas: %q: %w", s, errUsage)
+					return benchUsage(env, fmt.Sprintf("--cpu-scaling-replicas: %q is not a positive count", s))
 				}
 				cells = append(cells, cell{walshipv1.ReplicationMode_REPLICATION_MODE_ASYNC, pol.Durability, n})
 			}
@@ -191,6 +191,12 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 		}
 		return nil
 	}
+}
+
+// benchUsage reports a command-line mistake found after parsing.
+func benchUsage(env *Env, msg string) error {
+	fmt.Fprintf(env.Stderr, "walship bench: %s\n", msg)
+	return errUsage
 }
 
 var replicationByName = map[string]walshipv1.ReplicationMode{

@@ -1,0 +1,97 @@
+package primary
+
+import (
+	"strings"
+	"testing"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// TestReplicationStreamBadInput opens replication streams the way a broken
+// or hostile replica would; each is refused with the right code naming the
+// field, and the primary keeps serving.
+func TestReplicationStreamBadInput(t *testing.T) {
+	r := start(t, testConfig(t, t.TempDir()))
+	c := ctx(t)
+	p, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "k", Value: []byte("v")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	repl := walshipv1.NewReplicationServiceClient(r.conn)
+	hello := func(id string, epoch, next uint64) *walshipv1.StreamRequest {
+		return &walshipv1.StreamRequest{Msg: &walshipv1.StreamRequest_Hello{Hello: &walshipv1.ReplicaHello{ReplicaId: id, Epoch: epoch, NextLsn: next}}}
+	}
+	ack := func(w, f, a uint64) *walshipv1.StreamRequest {
+		return &walshipv1.StreamRequest{Msg: &walshipv1.StreamRequest_Ack{Ack: &walshipv1.ReplicaAck{WrittenLsn: w, FlushedLsn: f, AppliedLsn: a}}}
+	}
+	for _, tc := range []struct {
+		name  string
+		msgs  []*walshipv1.StreamRequest
+		code  codes.Code
+		field string
+	}{
+		{"ack before hello", []*walshipv1.StreamRequest{ack(1, 1, 1)}, codes.InvalidArgument, "hello"},
+		{"empty id", []*walshipv1.StreamRequest{hello("", 1, 1)}, codes.InvalidArgument, "hello.replica_id"},
+		{"bad id", []*walshipv1.StreamRequest{hello("a b/c", 1, 1)}, codes.InvalidArgument, "hello.replica_id"},
+		{"next_lsn 0", []*walshipv1.StreamRequest{hello("r1", 1, 0)}, codes.InvalidArgument, "hello.next_lsn"},
+		{"newer epoch", []*walshipv1.StreamRequest{hello("r1", 7, 1)}, codes.FailedPrecondition, "hello.epoch"},
+		{"ahead of the primary", []*walshipv1.StreamRequest{hello("r1", 1, p.Lsn+5)}, codes.FailedPrecondition, "hello.next_lsn"},
+		{"not a batch boundary", []*walshipv1.StreamRequest{hello("r1", 1, p.Lsn)}, codes.FailedPrecondition, "hello.next_lsn"},
+		{"hello twice", []*walshipv1.StreamRequest{hello("r1", 1, 1), hello("r1", 1, 1)}, codes.InvalidArgument, "hello"},
+		{"ack out of order", []*walshipv1.StreamRequest{hello("r1", 1, 1), ack(1, 2, 0)}, codes.InvalidArgument, "ack"},
+		{"ack beyond the log", []*walshipv1.StreamRequest{hello("r1", 1, 1), ack(p.Lsn+9, 0, 0)}, codes.InvalidArgument, "ack.written_lsn"},
+		{"empty message", []*walshipv1.StreamRequest{hello("r1", 1, 1), {}}, codes.InvalidArgument, "msg"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := repl.Stream(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range tc.msgs {
+				if err := s.Send(m); err != nil {
+					break // the server may already have failed the stream
+				}
+			}
+			for {
+				_, err = s.Recv()
+				if err != nil {
+					break
+				}
+			}
+			if status.Code(err) != tc.code || !strings.Contains(status.Convert(err).Message(), tc.field) {
+				t.Fatalf("got %v; want %v naming %q", err, tc.code, tc.field)
+			}
+		})
+	}
+	// The primary still serves a good replica afterwards.
+	s, err := repl.Stream(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(hello("good", 1, 1)); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		m, err := s.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b := m.GetBatch(); b != nil {
+			if b.FirstLsn != 1 || b.LastLsn != p.Lsn {
+				t.Fatalf("first batch %d..%d; want 1..%d", b.FirstLsn, b.LastLsn, p.Lsn)
+			}
+			break
+		}
+	}
+	s.CloseSend()
+
+	snap, err := repl.Snapshot(c, &walshipv1.SnapshotRequest{ReplicaId: "bad id!"})
+	if err == nil {
+		_, err = snap.Recv()
+	}
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "replica_id") {
+		t.Fatalf("Snapshot with a bad id: %v", err)
+	}
+}
