@@ -27,6 +27,7 @@ func primaryFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	fs.Var(codecFlag{&cfg.Codec}, "codec", "WAL batch codec: msgpack or json")
 	fs.Var(listFlag{&cfg.LogStores}, "logstore", "log store addresses to ship the WAL to, comma-separated")
 	fs.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", cfg.HeartbeatInterval, "heartbeat period on idle replication and log store streams")
+	fs.DurationVar(&cfg.ReplicaTimeout, "replica-timeout", 0, "end a replica stream silent this long (0 = 10 heartbeat intervals)")
 	fs.Int64Var(&cfg.WALRetentionBytes, "wal-retention-bytes", cfg.WALRetentionBytes, "keep at most this much WAL for replicas (past it they catch up from a log store or a snapshot)")
 	fs.Int64Var(&cfg.MaxReplicaLagBytes, "max-replica-lag-bytes", cfg.MaxReplicaLagBytes, "cut off a replica stream this far behind (0 = never); it catches up from a log store")
 	return func(ctx context.Context) error {

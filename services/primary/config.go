@@ -44,6 +44,10 @@ type Config struct {
 	LogStores []string
 	// HeartbeatInterval is how often an idle stream carries a heartbeat.
 	HeartbeatInterval time.Duration
+	// ReplicaTimeout ends a replica stream that sent nothing for this long
+	// (0 = 10 heartbeat intervals); the replica then no longer counts as
+	// connected for sync commits and metrics.
+	ReplicaTimeout time.Duration
 	// WALRetentionBytes bounds the primary's WAL: older segments are removed
 	// even if a replica still needs them (it then catches up from a log
 	// store or a snapshot). Segments after the newest snapshot are always kept.
@@ -119,6 +123,9 @@ func (c *Config) Validate() error {
 	}
 	if c.HeartbeatInterval <= 0 || c.HeartbeatInterval > time.Minute {
 		errs = append(errs, fmt.Errorf("--heartbeat-interval: %v is not in (0, 1m]", c.HeartbeatInterval))
+	}
+	if c.ReplicaTimeout < 0 {
+		errs = append(errs, fmt.Errorf("--replica-timeout: %v must not be negative", c.ReplicaTimeout))
 	}
 	if c.WALRetentionBytes < c.SegmentBytes {
 		errs = append(errs, fmt.Errorf("--wal-retention-bytes: %d is below one segment (--segment-bytes %d)", c.WALRetentionBytes, c.SegmentBytes))

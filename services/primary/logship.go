@@ -12,6 +12,7 @@ import (
 	"github.com/walship/walship/internal/wal"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 )
 
 // shipLogStore keeps one log store fed: it dials, asks where the log store
@@ -20,6 +21,8 @@ import (
 func (s *Server) shipLogStore(ctx context.Context, addr string) {
 	log := s.logger.With("logstore", addr)
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		// Find a dead connection (a partition sends no FIN) within ~15s.
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(streamMessageBytes), grpc.MaxCallSendMsgSize(streamMessageBytes)))
 	if err != nil {
 		log.Error("bad log store address", "err", err)

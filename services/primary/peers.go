@@ -28,6 +28,9 @@ type replicaPos struct {
 	written, flushed, applied uint64
 	sentBytes                 uint64
 	lastAck                   time.Time
+	// session is bumped by every new stream, so the end of an old stream
+	// cannot mark a newer one disconnected.
+	session uint64
 }
 
 // logstorePos is what the primary knows of one log store.

@@ -91,6 +91,9 @@ func New(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if cfg.ReplicaTimeout == 0 {
+		cfg.ReplicaTimeout = 10 * cfg.HeartbeatInterval
+	}
 	s := &Server{
 		cfg:      cfg,
 		logger:   cfg.Logger,

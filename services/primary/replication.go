@@ -73,14 +73,21 @@ func (r *replServer) Stream(stream walshipv1.ReplicationService_StreamServer) er
 	defer rd.Close()
 
 	s.logger.Info("replica connected", "replica", id, "next_lsn", next)
+	var session uint64
 	s.peers.updateReplica(id, func(p *replicaPos) {
 		// Until its first ack, trust only what the hello implies.
 		p.connected = true
+		p.session++
+		session = p.session
 		p.written, p.flushed, p.applied = next-1, min(p.flushed, next-1), min(p.applied, next-1)
 		p.lastAck = time.Now()
 	})
 	defer func() {
-		s.peers.updateReplica(id, func(p *replicaPos) { p.connected = false })
+		s.peers.updateReplica(id, func(p *replicaPos) {
+			if p.session == session {
+				p.connected = false
+			}
+		})
 		s.logger.Info("replica disconnected", "replica", id)
 	}()
 
@@ -162,6 +169,12 @@ func (r *replServer) send(ctx context.Context, id string, next uint64, rd *wal.R
 		cancel()
 		switch {
 		case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
+			// A replica acks at least every heartbeat interval; one that
+			// has been silent far longer is cut off (a partition sends no
+			// FIN), so it stops counting as connected for sync commits.
+			if quiet := time.Since(s.replicaLastAck(id)); quiet > s.cfg.ReplicaTimeout {
+				return status.Errorf(codes.Unavailable, "replica %s sent nothing for %v (--replica-timeout %v)", id, quiet.Round(time.Millisecond), s.cfg.ReplicaTimeout)
+			}
 			if err := stream.Send(r.heartbeat()); err != nil {
 				return err
 			}
@@ -190,6 +203,15 @@ func (r *replServer) send(ctx context.Context, id string, next uint64, rd *wal.R
 func (r *replServer) heartbeat() *walshipv1.StreamResponse {
 	return &walshipv1.StreamResponse{Msg: &walshipv1.StreamResponse_Heartbeat{Heartbeat: &walshipv1.Heartbeat{
 		Epoch: r.s.epoch, LastLsn: r.s.wal.DurableLSN(), TimeUnixNano: time.Now().UnixNano(), ReplyRequested: true}}}
+}
+
+func (s *Server) replicaLastAck(id string) time.Time {
+	s.peers.mu.Lock()
+	defer s.peers.mu.Unlock()
+	if r, ok := s.peers.replicas[id]; ok {
+		return r.lastAck
+	}
+	return time.Time{}
 }
 
 func (s *Server) replicaFlushed(id string) uint64 {

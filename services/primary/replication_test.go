@@ -3,6 +3,7 @@ package primary
 import (
 	"strings"
 	"testing"
+	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"google.golang.org/grpc/codes"
@@ -93,5 +94,39 @@ func TestReplicationStreamBadInput(t *testing.T) {
 	}
 	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "replica_id") {
 		t.Fatalf("Snapshot with a bad id: %v", err)
+	}
+}
+
+// TestSilentReplicaIsCutOff: a replica that stops sending (a partition
+// drops no FIN) is disconnected after --replica-timeout, so it no longer
+// counts for sync commits, Status or the connected metrics.
+func TestSilentReplicaIsCutOff(t *testing.T) {
+	cfg := testConfig(t, t.TempDir())
+	cfg.HeartbeatInterval = 50 * time.Millisecond
+	cfg.ReplicaTimeout = 300 * time.Millisecond
+	r := start(t, cfg)
+	c := ctx(t)
+	s, err := walshipv1.NewReplicationServiceClient(r.conn).Stream(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(&walshipv1.StreamRequest{Msg: &walshipv1.StreamRequest_Hello{Hello: &walshipv1.ReplicaHello{ReplicaId: "quiet", NextLsn: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		_, err = s.Recv() // heartbeats, until the primary gives up on us
+		if err != nil {
+			break
+		}
+	}
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "sent nothing") {
+		t.Fatalf("silent replica: %v; want UNAVAILABLE saying it sent nothing", err)
+	}
+	st, err := r.admin.Status(c, &walshipv1.StatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Peers) != 1 || st.Peers[0].Id != "quiet" || st.Peers[0].Connected {
+		t.Fatalf("peers after the cut-off: %v", st.Peers)
 	}
 }

@@ -200,13 +200,22 @@ func (s *Server) streamFromPrimary(ctx context.Context) (progress bool, err erro
 		s.connected.Store(false)
 	}()
 
+	// The primary heartbeats every interval while idle; a stream silent for
+	// much longer is a dead connection (a partition drops no FIN), so end it
+	// and reconnect rather than wait for TCP to notice.
+	silence := max(10*s.cfg.HeartbeatInterval, 5*time.Second)
+	watchdog := time.NewTimer(silence)
+	defer watchdog.Stop()
 	var round []*walshipv1.WalBatch
 	for {
 		var m *walshipv1.StreamResponse
 		var ok bool
 		select {
 		case m, ok = <-recvCh:
+			watchdog.Reset(silence)
 		case <-sctx.Done():
+		case <-watchdog.C:
+			return progress, fmt.Errorf("nothing from the primary for %v; reconnecting", silence)
 		}
 		if m == nil {
 			// Stream over: report why.

@@ -65,6 +65,7 @@ import (
 	"github.com/walship/walship/internal/watermark"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 )
 
 // maxMessageBytes bounds the replica's own gRPC messages: a Scan response
@@ -146,6 +147,8 @@ func New(cfg Config) (*Server, error) {
 	dial := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvBytes)),
+		// Find a dead connection (a partition sends no FIN) within ~15s.
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
 	}, cfg.DialOptions...)
 	var err error
 	if s.primaryConn, err = grpc.NewClient(cfg.Primary, dial...); err != nil {
