@@ -144,7 +144,7 @@ func TestClusterObservability(t *testing.T) {
 	t.Run("exported metrics are knownMetrics", func(t *testing.T) {
 		checkExportedMetrics(t, exportedFamilies(t, expositions))
 	})
-	t.Run("docs/METRICS.md lists the exported metrics", func(t *testing.T) {
+	t.Run("METRICS.md lists the exported metrics", func(t *testing.T) {
 		checkMetricsDoc(t, exportedFamilies(t, expositions))
 	})
 	t.Run("dashboard panels have data", func(t *testing.T) {

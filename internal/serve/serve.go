@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -58,6 +59,7 @@ type Options struct {
 type Server struct {
 	opts       Options
 	endStreams chan struct{} // closed StreamGrace after a graceful stop begins
+	serving    atomic.Bool
 	grpc       *grpc.Server
 	health     *health.Server
 	lis        net.Listener
@@ -145,19 +147,23 @@ func New(opts Options, register func(*grpc.Server)) (*Server, error) {
 }
 
 // Addr is the gRPC listener's address (useful with port 0).
-func (s *Server) Addr() net.Addr { return s.lis.Addr() }
+func (s *Server) Addr() string { return s.lis.Addr().String() }
 
-// MetricsAddr is the metrics listener's address, or nil when disabled.
-func (s *Server) MetricsAddr() net.Addr {
+// MetricsAddr is the metrics listener's address, or "" when disabled.
+func (s *Server) MetricsAddr() string {
 	if s.metricLis == nil {
-		return nil
+		return ""
 	}
-	return s.metricLis.Addr()
+	return s.metricLis.Addr().String()
 }
+
+// Serving reports what SetServing last set.
+func (s *Server) Serving() bool { return s.serving.Load() }
 
 // SetServing sets the health status of the server ("") and of every
 // registered service.
 func (s *Server) SetServing(serving bool) {
+	s.serving.Store(serving)
 	st := healthpb.HealthCheckResponse_NOT_SERVING
 	if serving {
 		st = healthpb.HealthCheckResponse_SERVING
@@ -190,7 +196,7 @@ func (s *Server) Serve(ctx context.Context, beforeStop func()) error {
 	}
 	g.Go(func() error {
 		<-gctx.Done()
-		s.opts.Logger.Info("stopping", "addr", s.Addr().String())
+		s.opts.Logger.Info("stopping", "addr", s.Addr())
 		s.health.Shutdown()
 		if beforeStop != nil {
 			beforeStop()

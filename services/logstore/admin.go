@@ -41,7 +41,7 @@ func (a *adminServer) Status(context.Context, *walshipv1.StatusRequest) (*walshi
 		VisibleLsn:  durable, // Read serves durable batches only
 		WalBytes:    uint64(s.wal.Size()),
 		WalFirstLsn: s.wal.FirstLSN(),
-		Serving:     s.serving.Load(),
+		Serving:     s.srv.Serving(),
 	}, nil
 }
 

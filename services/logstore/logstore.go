@@ -71,8 +71,6 @@ type Server struct {
 	firstKept watermark.Watermark  // FirstLSN after each retention pass, for waiters
 	retMu     sync.Mutex           // one retention pass at a time; guards commitAt
 	commitAt  map[uint64]time.Time // segment first LSN -> commit time of its newest batch
-
-	serving atomic.Bool
 }
 
 // New opens the data directory, recovers the WAL and the highest epoch seen,
@@ -220,20 +218,10 @@ func (e *syncError) Error() string { return e.err.Error() }
 func (e *syncError) Unwrap() error { return e.err }
 
 // Addr is the gRPC address the log store listens on.
-func (s *Server) Addr() string { return s.srv.Addr().String() }
+func (s *Server) Addr() string { return s.srv.Addr() }
 
 // MetricsAddr is the metrics address, or "" when disabled.
-func (s *Server) MetricsAddr() string {
-	if a := s.srv.MetricsAddr(); a != nil {
-		return a.String()
-	}
-	return ""
-}
-
-func (s *Server) setServing(ok bool) {
-	s.serving.Store(ok)
-	s.srv.SetServing(ok)
-}
+func (s *Server) MetricsAddr() string { return s.srv.MetricsAddr() }
 
 // Run serves until ctx is done, then stops gracefully: health turns
 // NOT_SERVING, new streams are refused, Read streams end, Append streams
@@ -254,7 +242,7 @@ func (s *Server) Run(ctx context.Context) error {
 	defer stopServe()
 	serveDone := make(chan error, 1)
 	go func() { serveDone <- s.srv.Serve(serveCtx, s.beginStop) }()
-	s.setServing(true)
+	s.srv.SetServing(true)
 	s.logger.Info("log store serving", "addr", s.Addr(), "metrics", s.MetricsAddr(), "epoch", s.epoch.Load(),
 		"first_lsn", s.wal.FirstLSN(), "durable_lsn", s.wal.DurableLSN(),
 		"retention_bytes", s.cfg.RetentionBytes, "retention_age", s.cfg.RetentionAge)
@@ -271,7 +259,7 @@ func (s *Server) Run(ctx context.Context) error {
 		close(stopWriter)
 		fatal = <-writerDone
 	}
-	s.setServing(false)
+	s.srv.SetServing(false)
 	s.beginStop() // in case Serve failed before its own stop ran
 	stopRetention()
 	<-retDone

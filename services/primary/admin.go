@@ -36,7 +36,7 @@ func (s *Server) Status() *walshipv1.StatusResponse {
 		StateDigest:   v.Digest().String(),
 		Keys:          uint64(v.Len()),
 		DefaultPolicy: s.policy.Load().Proto(),
-		Serving:       s.serving.Load(),
+		Serving:       s.srv.Serving(),
 	}
 	replicas, logstores := s.peers.snapshot()
 	for _, r := range replicas {

@@ -259,7 +259,7 @@ func (s *Server) fail(err error, inflight []*txn) {
 	for _, t := range queued {
 		t.local <- err
 	}
-	s.setServing(false)
+	s.srv.SetServing(false)
 }
 
 // await waits until t meets its policy, then resolves it so it can become

@@ -81,7 +81,6 @@ type Server struct {
 	snapKick    chan struct{}
 	truncate    chan uint64 // retention cut points for the committer
 
-	serving atomic.Bool
 }
 
 // New opens the data directory, recovers the state (newest snapshot, then
@@ -167,20 +166,10 @@ func (s *Server) recover() error {
 }
 
 // Addr is the gRPC address the primary listens on.
-func (s *Server) Addr() string { return s.srv.Addr().String() }
+func (s *Server) Addr() string { return s.srv.Addr() }
 
 // MetricsAddr is the metrics address, or "" when disabled.
-func (s *Server) MetricsAddr() string {
-	if a := s.srv.MetricsAddr(); a != nil {
-		return a.String()
-	}
-	return ""
-}
-
-func (s *Server) setServing(ok bool) {
-	s.serving.Store(ok)
-	s.srv.SetServing(ok)
-}
+func (s *Server) MetricsAddr() string { return s.srv.MetricsAddr() }
 
 // Run serves until ctx is done, then stops gracefully: new writes are
 // refused, in-flight commits finish, the WAL is synced, a snapshot is taken
@@ -212,7 +201,7 @@ func (s *Server) Run(ctx context.Context) error {
 			s.seqMu.Unlock()
 		})
 	}()
-	s.setServing(true)
+	s.srv.SetServing(true)
 	s.logger.Info("primary serving", "addr", s.Addr(), "metrics", s.MetricsAddr(), "epoch", s.epoch,
 		"visible_lsn", s.visible.Load(), "durability", s.cfg.Policy.Durability.String())
 
@@ -227,7 +216,7 @@ func (s *Server) Run(ctx context.Context) error {
 		stopCommitter()
 		fatal = <-committerDone
 	}
-	s.setServing(false)
+	s.srv.SetServing(false)
 	stopSnap()
 	<-snapDone
 	// The committer synced everything; give log stores a moment to take the

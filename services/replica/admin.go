@@ -38,7 +38,7 @@ func (s *Server) Status() *walshipv1.StatusResponse {
 		Keys:        uint64(v.Len()),
 		Rung:        walshipv1.CatchUpRung(s.rung.Load()),
 		Primary:     s.cfg.Primary,
-		Serving:     s.serving.Load(),
+		Serving:     s.srv.Serving(),
 		Peers: []*walshipv1.PeerStatus{{
 			Id:         s.cfg.Primary,
 			Role:       walshipv1.Role_ROLE_PRIMARY,

@@ -112,8 +112,6 @@ type Server struct {
 	prevSnapshotLSN uint64       // the older kept snapshot; guarded by snapMu
 	walAtSnap       atomic.Int64 // WAL bytes written when the last snapshot was taken
 	snapKick        chan struct{}
-
-	serving atomic.Bool
 }
 
 // New opens the data directory, recovers the state (newest snapshot, then
@@ -342,20 +340,10 @@ func (s *Server) adoptEpoch(e uint64) error {
 func (s *Server) appliedLSN() uint64 { return s.store.Load().AppliedLSN() }
 
 // Addr is the gRPC address the replica listens on.
-func (s *Server) Addr() string { return s.srv.Addr().String() }
+func (s *Server) Addr() string { return s.srv.Addr() }
 
 // MetricsAddr is the metrics address, or "" when disabled.
-func (s *Server) MetricsAddr() string {
-	if a := s.srv.MetricsAddr(); a != nil {
-		return a.String()
-	}
-	return ""
-}
-
-func (s *Server) setServing(ok bool) {
-	s.serving.Store(ok)
-	s.srv.SetServing(ok)
-}
+func (s *Server) MetricsAddr() string { return s.srv.MetricsAddr() }
 
 // Run follows the primary and serves reads until ctx is done, then stops
 // gracefully: the replication streams are closed, in-flight reads finish,
@@ -376,7 +364,7 @@ func (s *Server) Run(ctx context.Context) error {
 	defer stopServe()
 	serveDone := make(chan error, 1)
 	go func() { serveDone <- s.srv.Serve(serveCtx, stopFollow) }()
-	s.setServing(true)
+	s.srv.SetServing(true)
 	s.logger.Info("replica serving", "addr", s.Addr(), "metrics", s.MetricsAddr(), "id", s.cfg.ID,
 		"primary", s.cfg.Primary, "logstore", s.cfg.LogStore, "epoch", s.epoch.Load(), "applied_lsn", s.appliedLSN())
 
@@ -390,7 +378,7 @@ func (s *Server) Run(ctx context.Context) error {
 		stopFollow()
 		fatal = <-followDone
 	}
-	s.setServing(false)
+	s.srv.SetServing(false)
 	s.connected.Store(false)
 	stopSnap()
 	<-snapDone
