@@ -65,9 +65,12 @@ func TestClusterObservability(t *testing.T) {
 	t.Logf("walship binary ready after %v", time.Since(began).Round(time.Millisecond))
 	ls := startWalship(t, bin, "logstore", "log store serving", "logstore",
 		"--data-dir", filepath.Join(dir, "logstore"), "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0")
+	// --replica-timeout: the stalled replica must stay connected long
+	// enough for WalshipReplicaLagHigh (10s) and then be cut off
+	// (checkStalledLag, checkCutOff).
 	primary := startWalship(t, bin, "primary", "primary serving", "primary",
 		"--data-dir", filepath.Join(dir, "primary"), "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
-		"--logstore", ls.addr, "--heartbeat-interval", "200ms")
+		"--logstore", ls.addr, "--heartbeat-interval", "200ms", "--replica-timeout", replicaTimeout.String())
 	var replicas []*proc
 	for i := range 2 {
 		id := fmt.Sprintf("replica-%d", i)
@@ -169,11 +172,33 @@ func TestClusterObservability(t *testing.T) {
 			t.Errorf("steady writer: %v", err)
 		}
 	}()
+	// The stalled replica is SIGSTOPped: its TCP connection stays open, it
+	// just says nothing. Whatever fails, it is resumed (SIGCONT) before the
+	// recovery check, or by the deferred call if the test stops early (its
+	// Cleanup SIGKILLs it in any case, which works on a stopped process,
+	// unlike SIGTERM).
 	stalled := replicas[1]
+	stalled.signal(t, syscall.SIGSTOP)
+	stoppedAt := time.Now()
+	t.Logf("SIGSTOP %s (pid %d) at %v", stalled.name, stalled.cmd.Process.Pid, stoppedAt.Sub(began).Round(time.Millisecond))
 	var resumedAt time.Time
+	resume := func() {
+		if resumedAt.IsZero() {
+			if err := stalled.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+				t.Errorf("%s: SIGCONT: %v", stalled.name, err)
+			}
+			resumedAt = time.Now()
+			t.Logf("SIGCONT %s after %v stopped", stalled.name, resumedAt.Sub(stoppedAt).Round(time.Millisecond))
+		}
+	}
+	defer resume()
 	t.Run("lag grows for a stalled replica and WalshipReplicaLagHigh's expression fires", func(t *testing.T) {
-		checkStalledLag(t, ctx, prom, stalled, began, &resumedAt)
+		checkStalledLag(t, ctx, prom, stalled, stoppedAt)
 	})
+	t.Run("a silent replica is cut off and WalshipReplicaDisconnected's expression fires", func(t *testing.T) {
+		checkCutOff(t, ctx, prom, stalled, stoppedAt)
+	})
+	resume()
 	t.Run("lag returns to 0 after the replica resumes", func(t *testing.T) {
 		checkRecoveredLag(t, ctx, prom, stalled, resumedAt)
 	})
@@ -661,31 +686,20 @@ func alertExpr(t *testing.T, name string) string {
 	return ""
 }
 
-// checkStalledLag SIGSTOPs the replica and waits, under the steady writer,
-// for its lag as seen by the primary to pass 1s, then for the real
+// replicaTimeout is the primary's --replica-timeout: above the 10s of
+// WalshipReplicaLagHigh's threshold plus a few scrapes, so that the
+// stalled replica is still connected when its lag passes 10s.
+const replicaTimeout = 16 * time.Second
+
+// checkStalledLag waits, under the steady writer, for the lag of the
+// stopped replica as seen by the primary to pass 1s, then for the real
 // WalshipReplicaLagHigh expression (threshold 10s, without its for:) to
-// return it. It SIGCONTs the replica before returning, whatever happened,
-// and sets *resumedAt to when.
-// Cleanup resumes it should the test end first.
-func checkStalledLag(t *testing.T, ctx context.Context, prom *promClient, r *proc, began time.Time, resumedAt *time.Time) {
+// return it, and only it, while the primary still counts it connected.
+func checkStalledLag(t *testing.T, ctx context.Context, prom *promClient, r *proc, stoppedAt time.Time) {
 	expr := alertExpr(t, "WalshipReplicaLagHigh")
 	if !strings.Contains(expr, "> 10") {
 		t.Errorf("WalshipReplicaLagHigh: expression no longer has the 10s threshold this test waits for:\n%s", expr)
 	}
-	r.signal(t, syscall.SIGSTOP)
-	stoppedAt := time.Now()
-	// Resume it even if this fails: a stopped process would hold up the
-	// rest of the test (its Cleanup SIGKILLs it anyway, which works on a
-	// stopped process, unlike SIGTERM).
-	defer func() {
-		if err := r.cmd.Process.Signal(syscall.SIGCONT); err != nil {
-			t.Errorf("%s: SIGCONT: %v", r.name, err)
-		}
-		*resumedAt = time.Now()
-		t.Logf("SIGCONT %s after %v stopped", r.name, resumedAt.Sub(stoppedAt).Round(time.Millisecond))
-	}()
-	t.Logf("SIGSTOP %s (pid %d) at %v", r.name, r.cmd.Process.Pid, stoppedAt.Sub(began).Round(time.Millisecond))
-
 	lagQ := fmt.Sprintf(`walship_replication_lag_seconds{replica=%q,stage="apply"}`, r.name)
 	poll(t, 30*time.Second, lagQ+" > 1", func() (bool, string) {
 		res, err := prom.query(ctx, lagQ+" > 1", time.Time{})
@@ -722,6 +736,45 @@ func checkStalledLag(t *testing.T, ctx context.Context, prom *promClient, r *pro
 		}
 	}
 	t.Logf("running replica during the stall: %v", res)
+}
+
+// checkCutOff keeps the replica stopped until the primary cuts it off
+// (--replica-timeout without a word from it, a steady trickle of writes
+// going on): the primary must then report it disconnected, the real
+// WalshipReplicaDisconnected expression (without its for:) must return it,
+// and WalshipReplicaLagHigh's must no longer (a disconnected replica pages
+// once, through WalshipReplicaDisconnected).
+func checkCutOff(t *testing.T, ctx context.Context, prom *promClient, r *proc, stoppedAt time.Time) {
+	disc := alertExpr(t, "WalshipReplicaDisconnected")
+	lagHigh := alertExpr(t, "WalshipReplicaLagHigh")
+	connQ := fmt.Sprintf(`walship_replication_replica_connected{replica=%q}`, r.name)
+	wait := time.Until(stoppedAt.Add(replicaTimeout + 8*time.Second))
+	var fired []sample
+	poll(t, wait, fmt.Sprintf("primary cuts off %s, silent under writes for more than --replica-timeout %v", r.name, replicaTimeout), func() (bool, string) {
+		res, err := prom.query(ctx, disc, time.Time{})
+		if err != nil {
+			return false, err.Error()
+		}
+		fired = res
+		conn, _ := prom.query(ctx, connQ, time.Time{})
+		// Sent bytes that stop growing mean the primary's Send to the
+		// stopped replica is blocked on HTTP/2 flow control.
+		sentQ := fmt.Sprintf(`walship_replication_sent_bytes_total{replica=%q} - walship_replication_sent_bytes_total{replica=%q} offset 5s`, r.name, r.name)
+		sent, _ := prom.query(ctx, sentQ, time.Time{})
+		return len(res) > 0, fmt.Sprintf("%v stopped; WalshipReplicaDisconnected's expression: %v; %s: %v; bytes sent to it in the last 5s: %v",
+			time.Since(stoppedAt).Round(time.Millisecond), res, connQ, conn, sent)
+	})
+	t.Logf("WalshipReplicaDisconnected's expression true %v after SIGSTOP: %v", time.Since(stoppedAt).Round(time.Millisecond), fired)
+	if len(fired) != 1 || fired[0].Metric["replica"] != r.name || fired[0].Metric["seen_by"] != "primary" {
+		t.Errorf("WalshipReplicaDisconnected's expression: %v, want exactly one series, replica=%q seen_by=primary", fired, r.name)
+	}
+	res, err := prom.query(ctx, lagHigh, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) > 0 {
+		t.Errorf("WalshipReplicaLagHigh's expression still returns %v once %s is disconnected: it would page twice", res, r.name)
+	}
 }
 
 // checkRecoveredLag waits, after the replica was resumed (SIGCONT) at

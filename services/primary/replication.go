@@ -38,7 +38,7 @@ func withRawBatch[M proto.Message](m M, data []byte) M {
 
 // Stream serves one replica: batches from its next LSN on, heartbeats when
 // idle; its cumulative acks update the positions sync commits wait for.
-func (r *replServer) Stream(stream walshipv1.ReplicationService_StreamServer) error {
+func (r *replServer) Stream(stream walshipv1.ReplicationService_StreamServer) (retErr error) {
 	s := r.s
 	first, err := stream.Recv()
 	if err != nil {
@@ -88,33 +88,47 @@ func (r *replServer) Stream(stream walshipv1.ReplicationService_StreamServer) er
 				p.connected = false
 			}
 		})
-		s.logger.Info("replica disconnected", "replica", id)
+		s.logger.Info("replica disconnected", "replica", id, "reason", retErr)
 	}()
 
 	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
-	// One goroutine receives, this one sends. The receiver ends when the
-	// stream does (at the latest when this handler returns); if it fails
-	// first it cancels the sender.
+	// One goroutine receives and one sends; this one supervises. A replica
+	// that stops reading (stopped, or partitioned: no FIN arrives) blocks
+	// the sender in flow control, so its silence is watched from here, and
+	// returning from the handler is what unblocks that sender.
 	recvErr := make(chan error, 1)
-	go func() {
-		recvErr <- r.receiveAcks(ctx, id, stream)
-		cancel()
-	}()
-	err = r.send(ctx, id, next, rd, stream)
-	select {
-	case rerr := <-recvErr:
-		// The receiver ended first and cancelled the sender: its error
-		// is the reason.
-		if errors.Is(err, context.Canceled) {
-			err = rerr
+	go func() { recvErr <- r.receiveAcks(ctx, id, stream) }()
+	sendErr := make(chan error, 1)
+	go func() { sendErr <- r.send(ctx, id, next, rd, stream) }()
+	watch := time.NewTicker(min(s.cfg.HeartbeatInterval, s.cfg.ReplicaTimeout/4))
+	defer watch.Stop()
+	for {
+		select {
+		case err := <-sendErr:
+			if errors.Is(err, context.Canceled) {
+				select {
+				case rerr := <-recvErr: // the receiver's failure cancelled it
+					err = rerr
+				default:
+				}
+			}
+			if errors.Is(err, io.EOF) {
+				return nil // the replica closed the stream
+			}
+			return err
+		case err := <-recvErr:
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		case <-watch.C:
+			if quiet := time.Since(s.replicaLastAck(id)); quiet > s.cfg.ReplicaTimeout {
+				s.logger.Warn("cutting off a silent replica", "replica", id, "silent_for", quiet.Round(time.Millisecond), "replica_timeout", s.cfg.ReplicaTimeout)
+				return status.Errorf(codes.Unavailable, "replica %s sent nothing for %v (--replica-timeout %v)", id, quiet.Round(time.Millisecond), s.cfg.ReplicaTimeout)
+			}
 		}
-	default:
 	}
-	if errors.Is(err, io.EOF) {
-		return nil // the replica closed the stream
-	}
-	return err
 }
 
 // receiveAcks applies the replica's cumulative acks until the stream ends.
@@ -169,12 +183,6 @@ func (r *replServer) send(ctx context.Context, id string, next uint64, rd *wal.R
 		cancel()
 		switch {
 		case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
-			// A replica acks at least every heartbeat interval; one that
-			// has been silent far longer is cut off (a partition sends no
-			// FIN), so it stops counting as connected for sync commits.
-			if quiet := time.Since(s.replicaLastAck(id)); quiet > s.cfg.ReplicaTimeout {
-				return status.Errorf(codes.Unavailable, "replica %s sent nothing for %v (--replica-timeout %v)", id, quiet.Round(time.Millisecond), s.cfg.ReplicaTimeout)
-			}
 			if err := stream.Send(r.heartbeat()); err != nil {
 				return err
 			}
