@@ -112,22 +112,30 @@ func (s *Server) committer(ctx context.Context) error {
 }
 
 // gatherSiblings is adaptive group commit (PostgreSQL's commit_delay with
-// commit_siblings, sized by the disk): when batch needs an fsync and more
-// durable writers are in flight than the batch holds, the stragglers are
-// typically clients that were just acknowledged and are sending their next
-// commit. Waiting a fraction of one fsync for them lets one fsync cover all,
-// instead of alternating two half-full batches. A lone writer never waits.
+// commit_siblings, sized by the disk). Closed-loop clients acknowledged by
+// the previous fsync are typically on their way back with their next
+// commit; without waiting for them, two half-full batches alternate. So when
+// a batch needs an fsync and holds fewer transactions than the recent peak
+// of concurrent durable writers, the committer waits up to one fsync's
+// duration (at most maxGroupWait) for the rest. The peak decays by one per
+// batch that finds fewer writers, so a lone writer soon never waits.
 func (s *Server) gatherSiblings(batch []*txn) []*txn {
-	if len(batch) == 0 || s.syncWriters.Load() <= int64(len(batch)) || !needsSync(batch) {
+	now := int(s.syncWriters.Load())
+	if now >= s.peakWriters {
+		s.peakWriters = now
+	} else {
+		s.peakWriters--
+	}
+	if len(batch) == 0 || len(batch) >= s.peakWriters || !needsSync(batch) {
 		return batch
 	}
-	wait := min(time.Duration(s.lastFsync.Load())/2, maxGroupWait)
+	wait := min(time.Duration(s.lastFsync.Load()), maxGroupWait)
 	if wait <= 0 {
 		return batch
 	}
 	t := time.NewTimer(wait)
 	defer t.Stop()
-	for s.syncWriters.Load() > int64(len(batch)) {
+	for len(batch) < s.peakWriters {
 		select {
 		case <-s.kick:
 			s.seqMu.Lock()

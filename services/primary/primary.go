@@ -74,6 +74,7 @@ type Server struct {
 	index           *lsnIndex    // read by lag metrics and replica streams
 	lastFsync       atomic.Int64 // duration of the latest WAL fsync, for group commit
 	syncWriters     atomic.Int64 // writes in flight that need a local fsync
+	peakWriters     int          // recent peak of syncWriters (committer only)
 
 	snapMu      sync.Mutex
 	snapshotLSN atomic.Uint64
