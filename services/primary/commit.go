@@ -178,6 +178,14 @@ func (s *Server) commit(txns []*txn) (synced bool, err error) {
 		if err != nil {
 			return false, err
 		}
+		for _, t := range txns[start:end] {
+			if t.policy.Replication == walshipv1.ReplicationMode_REPLICATION_MODE_SYNC {
+				// Set before the batch can be shipped, so its stream asks
+				// replicas for an immediate flush.
+				s.replWanted.Store(e.LastLSN)
+				break
+			}
+		}
 		entries = append(entries, e)
 		start = end
 	}

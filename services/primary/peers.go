@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
@@ -19,6 +20,9 @@ type peers struct {
 	logstores map[string]*logstorePos
 	quorum    int           // log store majority; 0 = no log store configured
 	changed   chan struct{} // closed and replaced on every change
+	// waiting counts sync commits waiting on replicas: while it is not 0,
+	// replica streams ask for an immediate flush and ack after each batch.
+	waiting atomic.Int64
 }
 
 // replicaPos is what the primary knows of one replica.
@@ -90,6 +94,8 @@ func (r *replicaPos) at(level walshipv1.SyncLevel) uint64 {
 // waitReplicas blocks until k connected replicas report lsn at level, or ctx
 // ends; the error then says how many did.
 func (p *peers) waitReplicas(ctx context.Context, lsn uint64, k int, level walshipv1.SyncLevel) error {
+	p.waiting.Add(1)
+	defer p.waiting.Add(-1)
 	for {
 		p.mu.Lock()
 		have, connected := 0, 0

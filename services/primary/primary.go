@@ -71,10 +71,11 @@ type Server struct {
 	entries         []wal.Entry
 	batchTime       time.Time
 	walPayloadBytes uint64
-	index           *lsnIndex    // read by lag metrics and replica streams
-	lastFsync       atomic.Int64 // duration of the latest WAL fsync, for group commit
-	syncWriters     atomic.Int64 // writes in flight that need a local fsync
-	peakWriters     int          // recent peak of syncWriters (committer only)
+	index           *lsnIndex     // read by lag metrics and replica streams
+	lastFsync       atomic.Int64  // duration of the latest WAL fsync, for group commit
+	syncWriters     atomic.Int64  // writes in flight that need a local fsync
+	peakWriters     int           // recent peak of syncWriters (committer only)
+	replWanted      atomic.Uint64 // last LSN of a batch holding a sync-replication commit
 
 	snapMu      sync.Mutex
 	snapshotLSN atomic.Uint64

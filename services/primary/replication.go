@@ -199,6 +199,13 @@ func (r *replServer) send(ctx context.Context, id string, next uint64, rd *wal.R
 		if err := stream.Send(withRawBatch(&walshipv1.StreamResponse{}, e.Data)); err != nil {
 			return err
 		}
+		// A sync commit waits (or is about to wait) on replicas: ask for
+		// the flush and ack now rather than after the replica's flush delay.
+		if e.LastLSN <= s.replWanted.Load() || s.peers.waiting.Load() > 0 {
+			if err := stream.Send(r.heartbeat()); err != nil {
+				return err
+			}
+		}
 		n := uint64(len(e.Data))
 		s.peers.updateReplica(id, func(p *replicaPos) { p.sentBytes += n })
 		s.metrics.sentBytes.WithLabelValues(id).Add(float64(n))

@@ -43,6 +43,11 @@ type Config struct {
 	// message from the primary for 3 intervals the replica counts itself
 	// partitioned and its lag grows.
 	HeartbeatInterval time.Duration
+	// FlushDelay is how long written batches may wait for their fsync and
+	// apply while the primary is not waiting on this replica, so one fsync
+	// covers many rounds (the disk is usually shared); a sync commit's
+	// reply request flushes at once. 0 flushes every round.
+	FlushDelay time.Duration
 
 	// Logger receives structured logs; nil discards them.
 	Logger *slog.Logger
@@ -65,6 +70,7 @@ func DefaultConfig() Config {
 		SegmentBytes:       64 << 20,
 		SnapshotEveryBytes: 64 << 20,
 		HeartbeatInterval:  time.Second,
+		FlushDelay:         5 * time.Millisecond,
 		StopTimeout:        30 * time.Second,
 	}
 }
@@ -101,6 +107,9 @@ func (c *Config) Validate() error {
 	}
 	if c.SnapshotEveryBytes <= 0 {
 		errs = append(errs, fmt.Errorf("--snapshot-every-bytes: %d must be positive", c.SnapshotEveryBytes))
+	}
+	if c.FlushDelay < 0 || c.FlushDelay > time.Second {
+		errs = append(errs, fmt.Errorf("--flush-delay: %v is not in [0, 1s]", c.FlushDelay))
 	}
 	if c.HeartbeatInterval < time.Millisecond || c.HeartbeatInterval > time.Minute {
 		errs = append(errs, fmt.Errorf("--heartbeat-interval: %v is not in [1ms, 1m]", c.HeartbeatInterval))

@@ -206,7 +206,31 @@ func (s *Server) streamFromPrimary(ctx context.Context) (progress bool, err erro
 	silence := max(10*s.cfg.HeartbeatInterval, 5*time.Second)
 	watchdog := time.NewTimer(silence)
 	defer watchdog.Stop()
-	var round []*walshipv1.WalBatch
+	var (
+		round   []*walshipv1.WalBatch
+		pending []checked // written, not yet flushed and applied
+		armed   bool
+	)
+	flushTimer := time.NewTimer(time.Hour)
+	flushTimer.Stop()
+	defer flushTimer.Stop()
+	flush := func() error {
+		armed = false
+		applied, err := s.flushApply(pending)
+		clear(pending)
+		pending = pending[:0]
+		progress = progress || applied > 0
+		poke(kick)
+		return err
+	}
+	// Whatever was written when the stream ends is flushed and applied.
+	defer func() {
+		if len(pending) > 0 {
+			if ferr := flush(); ferr != nil && err == nil {
+				err = ferr
+			}
+		}
+	}()
 	for {
 		var m *walshipv1.StreamResponse
 		var ok bool
@@ -216,6 +240,11 @@ func (s *Server) streamFromPrimary(ctx context.Context) (progress bool, err erro
 		case <-sctx.Done():
 		case <-watchdog.C:
 			return progress, fmt.Errorf("nothing from the primary for %v; reconnecting", silence)
+		case <-flushTimer.C:
+			if err := flush(); err != nil {
+				return progress, err
+			}
+			continue
 		}
 		if m == nil {
 			// Stream over: report why.
@@ -259,17 +288,30 @@ func (s *Server) streamFromPrimary(ctx context.Context) (progress bool, err erro
 				break
 			}
 		}
-		if replyNow && len(round) == 0 {
+		var refused error
+		if len(round) > 0 {
+			var good []checked
+			good, refused = s.write(round, func() { poke(kick) })
+			pending = append(pending, good...)
+		}
+		// Flush and apply now if the primary is waiting on this replica
+		// (a sync commit asked for a reply), the round was refused (apply
+		// the good prefix before reconnecting), or enough piled up;
+		// otherwise within FlushDelay, so one fsync covers many rounds
+		// while nobody waits — the disk is shared with the primary.
+		if replyNow || refused != nil || len(pending) >= maxRound || s.cfg.FlushDelay <= 0 {
+			if err := flush(); err != nil {
+				return progress, err
+			}
+		} else if len(pending) > 0 && !armed {
+			flushTimer.Reset(s.cfg.FlushDelay)
+			armed = true
+		}
+		if replyNow {
 			poke(kick)
 		}
-		if len(round) == 0 {
-			continue
-		}
-		applied, err := s.process(round, func() { poke(kick) })
-		progress = progress || applied > 0
-		poke(kick)
-		if err != nil {
-			return progress, err
+		if refused != nil {
+			return progress, refused
 		}
 	}
 }
@@ -365,11 +407,11 @@ func (s *Server) check(env *walshipv1.WalBatch, next, epoch uint64, c *checked) 
 	return nil
 }
 
-// process runs one round: it checks the batches in order, writes the good
-// prefix with one append, calls written (to ack the write at once), fsyncs,
-// applies, and returns how many batches it applied and the first refusal
-// (or a fatal WAL error).
-func (s *Server) process(round []*walshipv1.WalBatch, written func()) (int, error) {
+// write runs the first half of a round: it checks the batches in order,
+// writes the good prefix with one append and calls written (to ack the
+// write at once). It returns the written batches, still to be flushed and
+// applied, and the first refusal (or a fatal WAL error).
+func (s *Server) write(round []*walshipv1.WalBatch, written func()) ([]checked, error) {
 	good := make([]checked, len(round))
 	next, epoch := s.wal.LastLSN()+1, s.epoch.Load()
 	var refused error
@@ -388,52 +430,78 @@ func (s *Server) process(round []*walshipv1.WalBatch, written func()) (int, erro
 		n++
 	}
 	if n == 0 {
-		return 0, refused
+		return nil, refused
 	}
 	good = good[:n]
 	if epoch > s.epoch.Load() {
 		// Durable before anything of the new epoch is acknowledged.
 		if err := s.adoptEpoch(epoch); err != nil {
-			return 0, fmt.Errorf("%w: %w", errFatal, err)
+			return nil, fmt.Errorf("%w: %w", errFatal, err)
 		}
 	}
 	entries := make([]wal.Entry, n)
 	for i := range good {
 		entries[i] = wal.Entry{FirstLSN: good[i].env.GetFirstLsn(), LastLSN: good[i].env.GetLastLsn(), Data: good[i].data}
 	}
-	if err := s.writeAndSync(entries, written); err != nil {
+	s.walMu.Lock()
+	err := s.wal.Append(entries...)
+	s.walMu.Unlock()
+	if err != nil {
+		return nil, fmt.Errorf("%w: wal append: %w", errFatal, err)
+	}
+	if written != nil {
+		written()
+	}
+	return good, refused
+}
+
+// flushApply runs the second half of one or more rounds: one fsync for all
+// of pending, then applies them in order. It returns how many it applied.
+func (s *Server) flushApply(pending []checked) (int, error) {
+	if len(pending) == 0 {
+		return 0, nil
+	}
+	if err := s.syncWAL(); err != nil {
 		return 0, err
 	}
 	st := s.store.Load()
-	for i := range good {
-		if err := st.Apply(&good[i].batch); err != nil {
+	for i := range pending {
+		if err := st.Apply(&pending[i].batch); err != nil {
 			// Written and synced but not appliable: the WAL and the state
 			// disagree, and recovery would fail the same way. Stop rather
 			// than serve a state that skips a batch.
-			return i, fmt.Errorf("%w: apply LSNs %d..%d: %w", errFatal, good[i].env.GetFirstLsn(), good[i].env.GetLastLsn(), err)
+			return i, fmt.Errorf("%w: apply LSNs %d..%d: %w", errFatal, pending[i].env.GetFirstLsn(), pending[i].env.GetLastLsn(), err)
 		}
-		s.metrics.appliedRecords.Add(float64(len(good[i].batch.Records)))
-		s.metrics.appliedBytes.Add(float64(len(good[i].env.GetPayload())))
+		s.metrics.appliedRecords.Add(float64(len(pending[i].batch.Records)))
+		s.metrics.appliedBytes.Add(float64(len(pending[i].env.GetPayload())))
 	}
 	applied := st.AppliedLSN()
 	s.visible.Advance(applied)
 	s.lag.advance(applied)
 	s.maybeSnapshot()
+	return len(pending), nil
+}
+
+// process runs one whole round (write, fsync, apply), for the catch-up
+// rungs, which have nobody to wait for.
+func (s *Server) process(round []*walshipv1.WalBatch, written func()) (int, error) {
+	good, refused := s.write(round, written)
+	if len(good) == 0 {
+		return 0, refused
+	}
+	n, err := s.flushApply(good)
+	if err != nil {
+		return n, err
+	}
 	return n, refused
 }
 
-// writeAndSync appends entries with one call, reports the write, then
-// fsyncs. Any WAL error is fatal: after a failed write or fsync the log is
-// broken for good (see package wal), and the replica must stop acking.
-func (s *Server) writeAndSync(entries []wal.Entry, written func()) error {
+// syncWAL fsyncs the WAL. Any WAL error is fatal: after a failed write or
+// fsync the log is broken for good (see package wal), and the replica must
+// stop acking.
+func (s *Server) syncWAL() error {
 	s.walMu.Lock()
 	defer s.walMu.Unlock()
-	if err := s.wal.Append(entries...); err != nil {
-		return fmt.Errorf("%w: wal append: %w", errFatal, err)
-	}
-	if written != nil {
-		written()
-	}
 	start := time.Now()
 	err := s.wal.Sync()
 	s.metrics.fsyncSeconds.Observe(time.Since(start).Seconds())
