@@ -5,10 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/backoff"
 	"github.com/walship/walship/internal/wal"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -30,19 +30,19 @@ func (s *Server) shipLogStore(ctx context.Context, addr string) {
 	}
 	defer conn.Close()
 	client := walshipv1.NewLogStoreServiceClient(conn)
-	backoff := newBackoff()
+	var bo backoff.Backoff
 	for ctx.Err() == nil {
 		began := time.Now()
 		err := s.shipOnce(ctx, client, addr)
 		if time.Since(began) > 10*time.Second {
-			backoff = newBackoff() // it was healthy for a while: retry quickly
+			bo.Reset() // it was healthy for a while: retry quickly
 		}
 		s.peers.updateLogStore(addr, func(l *logstorePos) { l.connected = false })
 		if ctx.Err() != nil {
 			return
 		}
 		log.Warn("log store stream ended; reconnecting", "err", err)
-		if !backoff.wait(ctx) {
+		if !bo.Wait(ctx) {
 			return
 		}
 	}
@@ -123,22 +123,3 @@ func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceC
 // batch is at most MaxBatchBytes plus one transaction, which the gRPC
 // message limit already bounds.
 const streamMessageBytes = 64 << 20
-
-// backoff is an exponential reconnect delay with jitter (50ms..2s).
-type backoff struct{ d time.Duration }
-
-func newBackoff() *backoff { return &backoff{d: 50 * time.Millisecond} }
-
-// wait waits for the current delay (jittered) or ctx, then doubles the delay.
-func (b *backoff) wait(ctx context.Context) bool {
-	d := b.d/2 + rand.N(b.d/2+1)
-	b.d = min(2*b.d, 2*time.Second)
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}

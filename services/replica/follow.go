@@ -5,22 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"sync"
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/backoff"
 	"github.com/walship/walship/internal/envelope"
 	"github.com/walship/walship/internal/wal"
 	"github.com/walship/walship/pkg/codec"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-)
-
-// Backoff bounds for reconnecting.
-const (
-	minBackoff = 50 * time.Millisecond
-	maxBackoff = 2 * time.Second
 )
 
 // maxRound bounds the batches one processing round takes, so a burst still
@@ -43,28 +37,6 @@ type refusal struct {
 func (r *refusal) Error() string { return fmt.Sprintf("refused batch (%s): %v", r.reason, r.err) }
 func (r *refusal) Unwrap() error { return r.err }
 
-// backoff is an exponential delay with jitter.
-type backoff struct{ next time.Duration }
-
-func (b *backoff) reset() { b.next = 0 }
-
-// wait sleeps for the next delay or until ctx is done; it reports whether
-// ctx is still live.
-func (b *backoff) wait(ctx context.Context) bool {
-	b.next = min(max(b.next*2, minBackoff), maxBackoff)
-	// Full jitter in [d/2, d): replicas reconnecting after a primary restart
-	// do not arrive in lockstep.
-	d := b.next/2 + rand.N(b.next/2+1)
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
-
 func (s *Server) setRung(r walshipv1.CatchUpRung) {
 	if walshipv1.CatchUpRung(s.rung.Swap(int32(r))) != r {
 		s.logger.Info("catch-up rung", "rung", rungLabel(r), "next_lsn", s.wal.LastLSN()+1)
@@ -75,7 +47,7 @@ func (s *Server) setRung(r walshipv1.CatchUpRung) {
 // follow walks the catch-up ladder until ctx is done (nil) or the WAL fails
 // (the error).
 func (s *Server) follow(ctx context.Context) error {
-	var bo backoff
+	var bo backoff.Backoff
 	rung := walshipv1.CatchUpRung_CATCH_UP_RUNG_PRIMARY
 	for ctx.Err() == nil {
 		s.setRung(rung)
@@ -113,7 +85,7 @@ func (s *Server) follow(ctx context.Context) error {
 		case rung == walshipv1.CatchUpRung_CATCH_UP_RUNG_LOGSTORE:
 			if progress {
 				rung = walshipv1.CatchUpRung_CATCH_UP_RUNG_PRIMARY
-				bo.reset()
+				bo.Reset()
 				continue
 			}
 			s.logger.Warn("the log store cannot supply the LSN this replica needs; re-seeding from a snapshot",
@@ -123,7 +95,7 @@ func (s *Server) follow(ctx context.Context) error {
 		case rung == walshipv1.CatchUpRung_CATCH_UP_RUNG_SNAPSHOT:
 			rung = walshipv1.CatchUpRung_CATCH_UP_RUNG_PRIMARY
 			if err == nil {
-				bo.reset()
+				bo.Reset()
 				continue
 			}
 			s.logger.Error("re-seeding from the primary's snapshot failed", "err", err)
@@ -139,11 +111,11 @@ func (s *Server) follow(ctx context.Context) error {
 			s.logger.Error("the primary rejected the replication hello", "id", s.cfg.ID, "err", err)
 		default:
 			if progress {
-				bo.reset()
+				bo.Reset()
 			}
 			s.logger.Warn("replication stream ended; reconnecting", "next_lsn", s.wal.LastLSN()+1, "err", err)
 		}
-		if !bo.wait(ctx) {
+		if !bo.Wait(ctx) {
 			return nil
 		}
 	}

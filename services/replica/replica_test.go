@@ -493,10 +493,15 @@ func TestPeriodicSnapshotTruncatesWAL(t *testing.T) {
 	m := newModel(t)
 	sess := fp.next(t)
 	value := strings.Repeat("v", 4<<10)
-	for i := range 200 { // ~800 KiB of WAL: 12 segments, a dozen snapshots
-		sess.send(t, m.txn(put(keyN(i%50), value)))
+	// ~800 KiB of WAL: 12 segments. In waves, each applied before the
+	// next, so that several snapshots are taken (the second one lets the
+	// WAL be cut back to the first) however the replica coalesces flushes.
+	for wave := range 8 {
+		for i := range 25 {
+			sess.send(t, m.txn(put(keyN((wave*25+i)%50), value)))
+		}
+		r.waitApplied(t, m.next-1)
 	}
-	r.waitApplied(t, m.next-1)
 	eventually(t, "a snapshot and a truncated WAL", func() bool {
 		st := r.status(t)
 		return st.SnapshotLsn > 0 && st.WalFirstLsn > 1 && st.WalFirstLsn <= st.SnapshotLsn

@@ -1,0 +1,37 @@
+// Package backoff is the reconnect delay every walship client loop uses:
+// exponential from 50ms to 2s, with jitter so that replicas reconnecting
+// after a primary restart do not arrive in lockstep.
+package backoff
+
+import (
+	"context"
+	"math/rand/v2"
+	"time"
+)
+
+// Bounds of the delay.
+const (
+	Min = 50 * time.Millisecond
+	Max = 2 * time.Second
+)
+
+// Backoff is an exponential delay with jitter. The zero value is ready.
+type Backoff struct{ next time.Duration }
+
+// Reset makes the next Wait short again (after a healthy connection).
+func (b *Backoff) Reset() { b.next = 0 }
+
+// Wait sleeps for the next delay, drawn from [d/2, d], or until ctx is
+// done; it reports whether ctx is still live.
+func (b *Backoff) Wait(ctx context.Context) bool {
+	b.next = min(max(b.next*2, Min), Max)
+	d := b.next/2 + rand.N(b.next/2+1)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
