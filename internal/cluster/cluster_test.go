@@ -420,23 +420,24 @@ func TestRestartsUnderLoad(t *testing.T) {
 	waitConverged(t, c)
 }
 
-// TestSyncCommitFlushesLazyReplicas: replicas defer their fsync and apply
-// (FlushDelay) while nobody waits on them, but a sync commit's stream asks
-// for an immediate flush — with a flush delay and heartbeats far longer
+// TestSyncCommitFlushesLazyReplicas: replicas and log stores defer their
+// fsync (FlushDelay) while nobody waits on them, but a sync commit's streams
+// ask for an immediate flush — with a flush delay and heartbeats far longer
 // than the commit's sync timeout, the commit can only succeed that way.
 func TestSyncCommitFlushesLazyReplicas(t *testing.T) {
-	c := startCluster(t, Config{Replicas: 2,
-		Primary: func(p *primary.Config) { p.HeartbeatInterval = time.Minute; p.ReplicaTimeout = time.Hour },
-		Replica: func(_ int, r *replica.Config) { r.FlushDelay = time.Second; r.HeartbeatInterval = time.Minute },
+	c := startCluster(t, Config{Replicas: 2, LogStores: 1,
+		Primary:  func(p *primary.Config) { p.HeartbeatInterval = time.Minute; p.ReplicaTimeout = time.Hour },
+		Replica:  func(_ int, r *replica.Config) { r.FlushDelay = time.Second; r.HeartbeatInterval = time.Minute },
+		LogStore: func(_ int, l *logstore.Config) { l.FlushDelay = time.Second },
 	})
 	ctx := testCtx(t)
 	kv := walshipv1.NewKVServiceClient(c.Conn(c.Primary))
 	for i := 0; i < 5; i++ {
 		p, err := kv.Put(ctx, &walshipv1.PutRequest{Key: fmt.Sprintf("k%d", i), Value: []byte("v"), Policy: &walshipv1.CommitPolicy{
 			Replication: walshipv1.ReplicationMode_REPLICATION_MODE_SYNC, SyncReplicas: 2, SyncLevel: walshipv1.SyncLevel_SYNC_LEVEL_APPLY,
-			SyncTimeout: durationpb.New(500 * time.Millisecond)}})
+			Logstore: walshipv1.LogStoreAck_LOG_STORE_ACK_SYNC, SyncTimeout: durationpb.New(500 * time.Millisecond)}})
 		if err != nil {
-			t.Fatalf("sync-apply commit %d against replicas with a 1s flush delay: %v", i, err)
+			t.Fatalf("sync-apply + log store sync commit %d against replicas and a log store with a 1s flush delay: %v", i, err)
 		}
 		for _, r := range c.Replicas {
 			g, err := walshipv1.NewKVServiceClient(c.Conn(r)).Get(ctx, &walshipv1.GetRequest{Key: fmt.Sprintf("k%d", i)})

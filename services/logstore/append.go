@@ -208,6 +208,9 @@ func (s *Server) enqueue(r *appendReq) error {
 		return errStopping
 	}
 	s.queue = append(s.queue, r)
+	if r.hb.GetReplyRequested() {
+		s.urgent = true
+	}
 	s.nQueued++
 	s.queued.Advance(s.nQueued)
 	select {
@@ -313,11 +316,22 @@ func checkBatch(b *walshipv1.WalBatch) error {
 // one Append call, fsyncs once and then acknowledges each stream once. It
 // returns nil after stop is closed and the queue is drained, or the error
 // that broke the log.
+//
+// While nobody waits (no queued heartbeat asks for a reply: the primary
+// sends one after a batch a commit waits on), rounds start at most every
+// FlushDelay, so one fsync covers what arrived meanwhile: the disk is
+// usually shared with the primary, and per-batch fsyncs here would slow its
+// own.
 func (s *Server) writer(stop <-chan struct{}) error {
+	var lastRound time.Time
 	for {
+		if err := s.awaitRound(lastRound, stop); err != nil {
+			return err
+		}
 		s.mu.Lock()
 		reqs := s.queue
 		s.queue = nil
+		s.urgent = false
 		closed := s.queueClosed
 		s.mu.Unlock()
 		if len(reqs) > 0 {
@@ -325,6 +339,7 @@ func (s *Server) writer(stop <-chan struct{}) error {
 				s.failAll(err, reqs)
 				return err
 			}
+			lastRound = time.Now()
 			continue
 		}
 		if closed {
@@ -336,6 +351,32 @@ func (s *Server) writer(stop <-chan struct{}) error {
 			s.mu.Lock()
 			s.queueClosed = true
 			s.mu.Unlock()
+		}
+	}
+}
+
+// awaitRound waits until FlushDelay has passed since lastRound, unless the
+// queue turns urgent or the log store stops.
+func (s *Server) awaitRound(lastRound time.Time, stop <-chan struct{}) error {
+	d := s.cfg.FlushDelay - time.Since(lastRound)
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		s.mu.Lock()
+		done := s.urgent || s.queueClosed || s.stopping
+		s.mu.Unlock()
+		if done {
+			return nil
+		}
+		select {
+		case <-t.C:
+			return nil
+		case <-s.kick:
+		case <-stop:
+			return nil
 		}
 	}
 }

@@ -32,6 +32,10 @@ type Config struct {
 	// (by the primary's clock, commit_time_unix_nano) longer ago than this.
 	// 0 keeps everything.
 	RetentionAge time.Duration
+	// FlushDelay spaces write rounds (each one fsync) while no commit waits
+	// on the log store; a heartbeat asking for a reply starts a round at
+	// once. 0 writes and fsyncs every arrival at once.
+	FlushDelay time.Duration
 	// MaxMessageBytes bounds a gRPC message: it must admit the largest batch
 	// a primary sends.
 	MaxMessageBytes int
@@ -66,6 +70,7 @@ func DefaultConfig() Config {
 		SegmentBytes:    DefaultSegmentBytes,
 		RetentionBytes:  DefaultRetentionBytes,
 		MaxMessageBytes: DefaultMaxMessageBytes,
+		FlushDelay:      5 * time.Millisecond,
 		StopTimeout:     30 * time.Second,
 	}
 }
@@ -75,6 +80,9 @@ func (c *Config) Validate() error {
 	var errs []error
 	if c.DataDir == "" {
 		errs = append(errs, errors.New("--data-dir: required"))
+	}
+	if c.FlushDelay < 0 || c.FlushDelay > time.Second {
+		errs = append(errs, fmt.Errorf("--flush-delay: %v is not in [0, 1s]", c.FlushDelay))
 	}
 	if c.Listen == "" {
 		errs = append(errs, errors.New("--listen: required"))

@@ -32,6 +32,7 @@ func testConfig(t *testing.T, dir string) Config {
 	cfg.MetricsListen = ""
 	cfg.DataDir = dir
 	cfg.RetentionBytes = 0
+	cfg.FlushDelay = 0 // tests count rounds and fsyncs exactly
 	cfg.StopTimeout = 5 * time.Second
 	cfg.Registry = prometheus.NewRegistry()
 	return cfg

@@ -49,6 +49,7 @@ type Server struct {
 	// lifecycle flags below.
 	mu          sync.Mutex
 	queue       []*appendReq
+	urgent      bool // the queue holds a heartbeat asking for a reply
 	streams     map[*appendStream]struct{}
 	stopping    bool  // graceful stop began: no new streams or requests
 	queueClosed bool  // the writer has exited or is about to

@@ -178,12 +178,14 @@ func (s *Server) commit(txns []*txn) (synced bool, err error) {
 		if err != nil {
 			return false, err
 		}
+		// Set before the batch can be shipped, so its streams ask replicas
+		// and log stores for an immediate flush.
 		for _, t := range txns[start:end] {
 			if t.policy.Replication == walshipv1.ReplicationMode_REPLICATION_MODE_SYNC {
-				// Set before the batch can be shipped, so its stream asks
-				// replicas for an immediate flush.
 				s.replWanted.Store(e.LastLSN)
-				break
+			}
+			if t.policy.LogStore == walshipv1.LogStoreAck_LOG_STORE_ACK_SYNC {
+				s.lsWanted.Store(e.LastLSN)
 			}
 		}
 		entries = append(entries, e)

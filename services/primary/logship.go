@@ -104,6 +104,12 @@ func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceC
 				return err
 			default:
 				err = stream.Send(withRawBatch(&walshipv1.AppendRequest{}, e.Data))
+				// A commit waits (or is about to wait) for the log stores:
+				// ask for the round now, not after the log store's delay.
+				if err == nil && (e.LastLSN <= s.lsWanted.Load() || s.peers.lsWaiting.Load() > 0) {
+					err = stream.Send(&walshipv1.AppendRequest{Heartbeat: &walshipv1.Heartbeat{
+						Epoch: s.epoch, LastLsn: s.wal.DurableLSN(), TimeUnixNano: time.Now().UnixNano(), ReplyRequested: true}})
+				}
 			}
 			if err != nil {
 				return err

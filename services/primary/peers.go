@@ -23,6 +23,8 @@ type peers struct {
 	// waiting counts sync commits waiting on replicas: while it is not 0,
 	// replica streams ask for an immediate flush and ack after each batch.
 	waiting atomic.Int64
+	// lsWaiting counts commits waiting on log stores, likewise.
+	lsWaiting atomic.Int64
 }
 
 // replicaPos is what the primary knows of one replica.
@@ -127,6 +129,8 @@ var errNoLogStore = errors.New("no log store is configured (--logstore)")
 // waitLogStores blocks until a majority of the configured log stores has
 // made lsn durable, or ctx ends.
 func (p *peers) waitLogStores(ctx context.Context, lsn uint64) error {
+	p.lsWaiting.Add(1)
+	defer p.lsWaiting.Add(-1)
 	for {
 		p.mu.Lock()
 		if p.quorum == 0 {

@@ -76,6 +76,7 @@ type Server struct {
 	syncWriters     atomic.Int64  // writes in flight that need a local fsync
 	peakWriters     int           // recent peak of syncWriters (committer only)
 	replWanted      atomic.Uint64 // last LSN of a batch holding a sync-replication commit
+	lsWanted        atomic.Uint64 // last LSN of a batch holding a sync-logstore commit
 
 	snapMu      sync.Mutex
 	snapshotLSN atomic.Uint64
