@@ -41,6 +41,8 @@ tools: $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/grpcurl 
 # The README's test command. Everything runs with the race detector.
 test: $(BIN)/walship $(BIN)/grpcurl
 	$(GO) test -race -count=1 -timeout 20m ./...
+	# Allocation targets only hold without the race detector's instrumentation.
+	$(GO) test -count=1 -run 'Allocs' ./pkg/codec
 
 lint: $(BIN)/buf
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi

@@ -227,7 +227,7 @@ func TestDecodeErrorEmptiesBatch(t *testing.T) {
 // into an empty Batch allocates once (the records slice).
 func TestMsgPackAllocs(t *testing.T) {
 	if testing.CoverMode() != "" || raceEnabled {
-		t.Skip("instrumented builds allocate")
+		t.Skip("instrumented builds allocate: make test runs this test again without -race")
 	}
 	b := realisticBatch(4096)
 	enc, err := codec.MsgPack.AppendBatch(nil, b)
