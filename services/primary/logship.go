@@ -92,10 +92,20 @@ func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceC
 		}
 	}()
 	sendErr := func() error {
+		want := from // first LSN of the entry to send next
 		for {
-			nctx, ncancel := context.WithTimeout(sctx, s.cfg.HeartbeatInterval)
-			e, err := rd.Next(nctx)
-			ncancel()
+			var e wal.Entry
+			var err error
+			if s.wal.DurableLSN() >= want {
+				e, err = rd.Next(sctx) // available: no timer needed
+			} else {
+				nctx, ncancel := context.WithTimeout(sctx, s.cfg.HeartbeatInterval)
+				e, err = rd.Next(nctx)
+				ncancel()
+			}
+			if err == nil {
+				want = e.LastLSN + 1
+			}
 			switch {
 			case errors.Is(err, context.DeadlineExceeded) && sctx.Err() == nil:
 				err = stream.Send(&walshipv1.AppendRequest{Heartbeat: &walshipv1.Heartbeat{

@@ -82,6 +82,16 @@ func (p *peers) updateLogStore(addr string, f func(l *logstorePos)) {
 	p.notifyLocked()
 }
 
+// addSent counts bytes sent to a replica. It wakes no waiter: sending
+// changes no position a commit waits for.
+func (p *peers) addSent(id string, n uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if r, ok := p.replicas[id]; ok {
+		r.sentBytes += n
+	}
+}
+
 func (r *replicaPos) at(level walshipv1.SyncLevel) uint64 {
 	switch level {
 	case walshipv1.SyncLevel_SYNC_LEVEL_WRITE:
