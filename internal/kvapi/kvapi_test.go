@@ -1,0 +1,105 @@
+package kvapi
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/state"
+	"github.com/walship/walship/internal/watermark"
+	"github.com/walship/walship/pkg/codec"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+func reader(t *testing.T, keys int) (*Reader, *state.Store, *watermark.Watermark) {
+	st := state.New()
+	var b codec.Batch
+	lsn := uint64(1)
+	for i := 0; i < keys; i++ {
+		b.Records = append(b.Records, codec.Record{LSN: lsn, TxnID: 1, Op: codec.OpPut, Key: []byte(fmt.Sprintf("k%03d", i)), Value: []byte("v")})
+		lsn++
+	}
+	b.Records = append(b.Records, codec.Record{LSN: lsn, TxnID: 1, Op: codec.OpCommit})
+	if err := st.Apply(&b); err != nil {
+		t.Fatal(err)
+	}
+	var w watermark.Watermark
+	w.Advance(st.AppliedLSN())
+	return &Reader{View: st.Snapshot, Visible: &w}, st, &w
+}
+
+func TestValidateKey(t *testing.T) {
+	for _, tc := range []struct {
+		key  string
+		want string
+	}{
+		{"", "must not be empty"},
+		{strings.Repeat("x", MaxKeyBytes+1), "4097 bytes"},
+		{string([]byte{0xc3, 0x28}), "not valid UTF-8"},
+	} {
+		err := ValidateKey("key", tc.key)
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "key:") {
+			t.Errorf("ValidateKey(%q...) = %v; want InvalidArgument %q naming the field", tc.key[:min(len(tc.key), 8)], err, tc.want)
+		}
+	}
+	if err := ValidateKey("key", strings.Repeat("é", MaxKeyBytes/2)); err != nil {
+		t.Errorf("a 4096-byte UTF-8 key: %v", err)
+	}
+}
+
+func TestScanLimitsAndWaits(t *testing.T) {
+	r, _, w := reader(t, 30)
+	ctx := context.Background()
+	resp, err := r.Scan(ctx, &walshipv1.ScanRequest{Start: "k010", End: "k020", Limit: 4})
+	if err != nil || len(resp.Kvs) != 4 || !resp.More || resp.Kvs[0].Key != "k010" {
+		t.Fatalf("Scan limit 4 = %v, %v", resp, err)
+	}
+	resp, err = r.Scan(ctx, &walshipv1.ScanRequest{Start: "k010", End: "k020"})
+	if err != nil || len(resp.Kvs) != 10 || resp.More {
+		t.Fatalf("Scan [k010,k020) = %d pairs more=%v, %v", len(resp.Kvs), resp.More, err)
+	}
+	// A min_lsn beyond the visible LSN waits, then fails with DEADLINE_EXCEEDED naming the LSNs.
+	_, err = r.Get(ctx, &walshipv1.GetRequest{Key: "k001", MinLsn: w.Load() + 5, WaitTimeout: durationpb.New(30 * time.Millisecond)})
+	if status.Code(err) != codes.DeadlineExceeded || !strings.Contains(err.Error(), fmt.Sprint(w.Load()+5)) {
+		t.Fatalf("Get past the visible LSN: %v", err)
+	}
+	// It is served as soon as the LSN becomes visible.
+	next := w.Load() + 1
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.Get(ctx, &walshipv1.GetRequest{Key: "k001", MinLsn: next, WaitTimeout: durationpb.New(time.Minute)})
+		done <- err
+	}()
+	w.Advance(next)
+	if err := <-done; err != nil {
+		t.Fatalf("Get woken by the advance: %v", err)
+	}
+	for _, tc := range []struct {
+		req  *walshipv1.ScanRequest
+		want string
+	}{
+		{&walshipv1.ScanRequest{Limit: MaxScanLimit + 1}, "limit"},
+		{&walshipv1.ScanRequest{Start: "b", End: "a"}, "end"},
+		{&walshipv1.ScanRequest{MinLsn: 1, WaitTimeout: durationpb.New(time.Hour)}, "wait_timeout"},
+		{&walshipv1.ScanRequest{MinLsn: 1, WaitTimeout: &durationpb.Duration{Seconds: 1, Nanos: -5}}, "wait_timeout"},
+	} {
+		if _, err := r.Scan(ctx, tc.req); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Scan(%v) = %v; want InvalidArgument naming %s", tc.req, err, tc.want)
+		}
+	}
+}
+
+func TestValidatePolicy(t *testing.T) {
+	if err := ValidatePolicy(&walshipv1.CommitPolicy{Durability: 2, Replication: 3, SyncLevel: 1, Logstore: 2}); err != nil {
+		t.Fatal(err)
+	}
+	err := ValidatePolicy(&walshipv1.CommitPolicy{SyncLevel: 42})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "policy.sync_level") {
+		t.Fatalf("unknown sync_level: %v", err)
+	}
+}
