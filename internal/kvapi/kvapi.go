@@ -6,7 +6,6 @@ package kvapi
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 	"unicode/utf8"
 
@@ -170,9 +169,4 @@ func ValidatePolicy(p *walshipv1.CommitPolicy) error {
 		}
 	}
 	return nil
-}
-
-// Errorf is a shorthand for an InvalidArgument status naming field.
-func Errorf(field, format string, args ...any) error {
-	return status.Error(codes.InvalidArgument, field+": "+fmt.Sprintf(format, args...))
 }

@@ -5,6 +5,7 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/kvapi"
+	"github.com/walship/walship/internal/rpcerr"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -61,7 +62,7 @@ func (a *adminServer) Promote(context.Context, *walshipv1.PromoteRequest) (*wals
 
 func (a *adminServer) SetPolicy(_ context.Context, req *walshipv1.SetPolicyRequest) (*walshipv1.SetPolicyResponse, error) {
 	if req.GetPolicy() == nil {
-		return nil, kvapi.Errorf("policy", "required")
+		return nil, rpcerr.Invalid("policy", "required")
 	}
 	if err := kvapi.ValidatePolicy(req.GetPolicy()); err != nil {
 		return nil, err
@@ -70,7 +71,7 @@ func (a *adminServer) SetPolicy(_ context.Context, req *walshipv1.SetPolicyReque
 		cur := a.s.policy.Load()
 		next, err := cur.Merge(req.GetPolicy())
 		if err != nil {
-			return nil, kvapi.Errorf("policy", "%v", err)
+			return nil, rpcerr.Invalid("policy", "%v", err)
 		}
 		if a.s.policy.CompareAndSwap(cur, &next) {
 			a.s.logger.Info("default commit policy changed", "policy", next.Proto().String())

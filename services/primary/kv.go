@@ -55,10 +55,10 @@ func (k *kvServer) Delete(ctx context.Context, req *walshipv1.DeleteRequest) (*w
 
 func (k *kvServer) Txn(ctx context.Context, req *walshipv1.TxnRequest) (*walshipv1.TxnResponse, error) {
 	if n := len(req.GetSuccess()) + len(req.GetFailure()); n > k.s.cfg.MaxTxnOps {
-		return nil, kvapi.Errorf("success", "%d ops in success and failure together, the limit is %d", n, k.s.cfg.MaxTxnOps)
+		return nil, rpcerr.Invalid("success", "%d ops in success and failure together, the limit is %d", n, k.s.cfg.MaxTxnOps)
 	}
 	if n := len(req.GetCompares()); n > k.s.cfg.MaxTxnOps {
-		return nil, kvapi.Errorf("compares", "%d compares, the limit is %d", n, k.s.cfg.MaxTxnOps)
+		return nil, rpcerr.Invalid("compares", "%d compares, the limit is %d", n, k.s.cfg.MaxTxnOps)
 	}
 	cmps := make([]state.Compare, len(req.GetCompares()))
 	for i, c := range req.GetCompares() {
@@ -119,7 +119,7 @@ type execResult struct {
 
 func (s *Server) validateValue(field string, v []byte) error {
 	if len(v) > s.cfg.MaxValueBytes {
-		return kvapi.Errorf(field, "%d bytes, the limit is %d (--max-value-bytes)", len(v), s.cfg.MaxValueBytes)
+		return rpcerr.Invalid(field, "%d bytes, the limit is %d (--max-value-bytes)", len(v), s.cfg.MaxValueBytes)
 	}
 	return nil
 }
@@ -148,7 +148,7 @@ func (s *Server) convertOps(field string, in []*walshipv1.TxnOp) ([]op, error) {
 			}
 			out[i] = op{kind: opGet, key: x.Get.GetKey()}
 		default:
-			return nil, kvapi.Errorf(f, "no op set (want put, delete or get)")
+			return nil, rpcerr.Invalid(f, "no op set (want put, delete or get)")
 		}
 	}
 	return out, nil
@@ -169,32 +169,32 @@ func convertCompare(field string, c *walshipv1.Compare) (state.Compare, error) {
 	case walshipv1.CompareResult_COMPARE_RESULT_GREATER:
 		out.Result = state.Greater
 	default:
-		return out, kvapi.Errorf(field+".result", "%v is not EQUAL, NOT_EQUAL, LESS or GREATER", c.GetResult())
+		return out, rpcerr.Invalid(field+".result", "%v is not EQUAL, NOT_EQUAL, LESS or GREATER", c.GetResult())
 	}
 	switch c.GetTarget() {
 	case walshipv1.CompareTarget_COMPARE_TARGET_VALUE:
 		v, ok := c.GetOperand().(*walshipv1.Compare_Value)
 		if !ok {
-			return out, kvapi.Errorf(field+".value", "required for target VALUE")
+			return out, rpcerr.Invalid(field+".value", "required for target VALUE")
 		}
 		out.Target, out.Value = state.TargetValue, v.Value
 	case walshipv1.CompareTarget_COMPARE_TARGET_VERSION:
 		v, ok := c.GetOperand().(*walshipv1.Compare_VersionLsn)
 		if !ok {
-			return out, kvapi.Errorf(field+".version_lsn", "required for target VERSION")
+			return out, rpcerr.Invalid(field+".version_lsn", "required for target VERSION")
 		}
 		out.Target, out.Version = state.TargetVersion, v.VersionLsn
 	case walshipv1.CompareTarget_COMPARE_TARGET_EXISTS:
 		v, ok := c.GetOperand().(*walshipv1.Compare_Exists)
 		if !ok {
-			return out, kvapi.Errorf(field+".exists", "required for target EXISTS")
+			return out, rpcerr.Invalid(field+".exists", "required for target EXISTS")
 		}
 		out.Target, out.Exists = state.TargetExists, v.Exists
 	default:
-		return out, kvapi.Errorf(field+".target", "%v is not VALUE, VERSION or EXISTS", c.GetTarget())
+		return out, rpcerr.Invalid(field+".target", "%v is not VALUE, VERSION or EXISTS", c.GetTarget())
 	}
 	if err := out.Validate(); err != nil {
-		return out, kvapi.Errorf(field+".result", "%v", err)
+		return out, rpcerr.Invalid(field+".result", "%v", err)
 	}
 	return out, nil
 }
@@ -225,7 +225,7 @@ func (s *Server) execTxn(ctx context.Context, p *walshipv1.CommitPolicy, cmps []
 	}
 	pol, err := s.policy.Load().Merge(p)
 	if err != nil {
-		return execResult{}, kvapi.Errorf("policy", "%v", err)
+		return execResult{}, rpcerr.Invalid("policy", "%v", err)
 	}
 	if err := ctx.Err(); err != nil {
 		return execResult{}, status.FromContextError(err).Err()

@@ -40,16 +40,6 @@ func (x *lsnIndex) add(m batchMark) {
 
 func (x *lsnIndex) at(i int) batchMark { return x.ring[(x.head+i)%len(x.ring)] }
 
-// last returns the newest mark.
-func (x *lsnIndex) last() (batchMark, bool) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if x.n == 0 {
-		return batchMark{}, false
-	}
-	return x.at(x.n - 1), true
-}
-
 // lag reports how far a peer at LSN pos is behind: the WAL bytes it lacks
 // and how long ago the oldest commit it lacks was made (0, 0 when caught up).
 func (x *lsnIndex) lag(pos uint64, now time.Time) (bytes uint64, age time.Duration) {
