@@ -133,6 +133,10 @@ func startWalship(t *testing.T, bin, name, servingMsg string, args ...string) *p
 	t.Helper()
 	p := startProc(t, name, bin, append(args, "--log-format", "json")...)
 	deadline := time.Now().Add(60 * time.Second)
+	// The log is another process's output: it is re-read on a ticker until
+	// the line appears or the deadline passes.
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
 	for {
 		sc := bufio.NewScanner(strings.NewReader(p.logs()))
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
@@ -152,7 +156,7 @@ func startWalship(t *testing.T, bin, name, servingMsg string, args ...string) *p
 		case time.Now().After(deadline):
 			t.Fatalf("%s did not log %q within 60s:\n%s", name, servingMsg, p.logs())
 		}
-		time.Sleep(20 * time.Millisecond)
+		<-tick.C
 	}
 }
 
@@ -182,15 +186,18 @@ func startPrometheus(t *testing.T, promBin, config, dataDir string) (*proc, *pro
 		)
 		c := &promClient{base: "http://" + addr, hc: &http.Client{Timeout: 10 * time.Second}}
 		deadline := time.Now().Add(60 * time.Second)
+		tick := time.NewTicker(100 * time.Millisecond) // Prometheus is another process: sample /-/ready
 		for !p.exited() && time.Now().Before(deadline) {
 			if resp, err := c.hc.Get(c.base + "/-/ready"); err == nil {
 				resp.Body.Close()
 				if resp.StatusCode == http.StatusOK {
+					tick.Stop()
 					return p, c
 				}
 			}
-			time.Sleep(100 * time.Millisecond)
+			<-tick.C
 		}
+		tick.Stop()
 		p.kill()
 		if attempt < 3 && strings.Contains(p.logs(), "address already in use") {
 			continue
@@ -305,10 +312,13 @@ func parseValue(v any) (float64, error) {
 }
 
 // poll calls cond every 250ms until it reports done, failing the test with
-// cond's last note when d has passed.
+// cond's last note when d has passed. Prometheus and the services are other
+// processes: their state is sampled, there is nothing to be notified by.
 func poll(t *testing.T, d time.Duration, what string, cond func() (done bool, note string)) {
 	t.Helper()
 	deadline := time.Now().Add(d)
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
 	for {
 		done, note := cond()
 		if done {
@@ -317,6 +327,6 @@ func poll(t *testing.T, d time.Duration, what string, cond func() (done bool, no
 		if time.Now().After(deadline) {
 			t.Fatalf("%s: not reached within %v; last: %s", what, d, note)
 		}
-		time.Sleep(250 * time.Millisecond)
+		<-tick.C
 	}
 }
