@@ -305,7 +305,7 @@ func checkBatch(b *walshipv1.WalBatch) error {
 	// hold exactly the envelope's LSNs, ending with a commit, was built
 	// wrong by the sender.
 	var cb codec.Batch
-	if err := envelope.Decode(b, &cb); err != nil {
+	if err := envelope.DecodePayload(b, &cb); err != nil {
 		return refuse(rpcerr.ErrInvalid, "batch.payload: does not match its envelope (LSNs %d..%d): %v", b.FirstLsn, b.LastLsn, err)
 	}
 	return nil

@@ -89,6 +89,8 @@ func (s *Server) committer(ctx context.Context) error {
 				s.fail(err, batch)
 				return err
 			}
+			// Once per group commit, not once per transaction.
+			s.maybeSnapshot()
 		}
 		switch {
 		case synced:

@@ -309,7 +309,6 @@ func (s *Server) execTxn(ctx context.Context, p *walshipv1.CommitPolicy, cmps []
 
 	err = s.await(t)
 	s.metrics.observeCommit(pol, err, time.Since(start))
-	s.maybeSnapshot()
 	if err != nil {
 		return execResult{}, rpcerr.Status(err)
 	}

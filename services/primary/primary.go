@@ -80,8 +80,7 @@ type Server struct {
 
 	snapMu      sync.Mutex
 	snapshotLSN atomic.Uint64
-	walAtSnap   atomic.Int64 // WAL bytes written when the last snapshot was taken
-	snapKick    chan struct{}
+	snaps       *recovery.SnapshotSchedule
 	truncate    chan uint64 // retention cut points for the committer
 
 }
@@ -101,7 +100,7 @@ func New(cfg Config) (*Server, error) {
 		logger:   cfg.Logger,
 		fs:       cfg.FS,
 		kick:     make(chan struct{}, 1),
-		snapKick: make(chan struct{}, 1),
+		snaps:    recovery.NewSnapshotSchedule(cfg.SnapshotEveryBytes),
 		truncate: make(chan uint64, 1),
 	}
 	if s.logger == nil {
@@ -185,7 +184,16 @@ func (s *Server) Run(ctx context.Context) error {
 	go func() { committerDone <- s.committer(commitCtx) }()
 	snapCtx, stopSnap := context.WithCancel(context.Background())
 	snapDone := make(chan struct{})
-	go func() { defer close(snapDone); s.snapshotter(snapCtx) }()
+	go func() {
+		defer close(snapDone)
+		s.snaps.Run(snapCtx, s.logger, func() error {
+			if err := s.takeSnapshot(); err != nil {
+				return err
+			}
+			s.enforceRetention()
+			return nil
+		})
+	}()
 
 	shipCtx, stopShipping := context.WithCancel(context.Background())
 	var shippers sync.WaitGroup
@@ -239,23 +247,6 @@ func (s *Server) Run(ctx context.Context) error {
 	return errors.Join(fatal, serveErr)
 }
 
-// snapshotter takes a snapshot whenever SnapshotEveryBytes of WAL were
-// written since the last one.
-func (s *Server) snapshotter(ctx context.Context) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-s.snapKick:
-		}
-		if err := s.takeSnapshot(); err != nil {
-			s.logger.Warn("snapshot failed", "err", err)
-			continue
-		}
-		s.enforceRetention()
-	}
-}
-
 // enforceRetention removes WAL segments once the WAL passes 80% of
 // WALRetentionBytes, up to the newest snapshot (recovery needs the WAL after
 // it), so the WAL stays under the limit with room to spare and an alert at
@@ -287,14 +278,10 @@ func (s *Server) truncateWAL(cut uint64) {
 
 func (s *Server) overRetention() bool { return s.wal.Size() > s.cfg.WALRetentionBytes/10*8 }
 
+// maybeSnapshot asks for a snapshot when one is due, or when the WAL is
+// over its retention budget and a snapshot would let retention cut it.
 func (s *Server) maybeSnapshot() {
-	if int64(s.wal.Stats().BytesWritten)-s.walAtSnap.Load() >= s.cfg.SnapshotEveryBytes ||
-		(s.overRetention() && s.visible.Load() > s.snapshotLSN.Load()) {
-		select {
-		case s.snapKick <- struct{}{}:
-		default:
-		}
-	}
+	s.snaps.Written(int64(s.wal.Stats().BytesWritten), s.overRetention() && s.visible.Load() > s.snapshotLSN.Load())
 }
 
 // takeSnapshot writes the visible state to disk. The WAL is synced up to
@@ -321,7 +308,7 @@ func (s *Server) takeSnapshot() error {
 		return err
 	}
 	s.snapshotLSN.Store(v.AppliedLSN())
-	s.walAtSnap.Store(written)
+	s.snaps.Taken(written)
 	s.logger.Info("snapshot written", "path", path, "lsn", v.AppliedLSN(), "keys", v.Len(), "took", time.Since(start))
 	return nil
 }

@@ -146,6 +146,6 @@ func (s *Server) install(st *state.Store, epoch uint64) error {
 	// longer be replayed from: the next truncation may keep from lsn+1.
 	s.prevSnapshotLSN = lsn
 	s.snapshotLSN.Store(lsn)
-	s.walAtSnap.Store(int64(s.wal.Stats().BytesWritten))
+	s.snaps.Taken(int64(s.wal.Stats().BytesWritten))
 	return nil
 }

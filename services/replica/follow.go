@@ -349,12 +349,12 @@ func (s *Server) check(env *walshipv1.WalBatch, next, epoch uint64, c *checked) 
 	if env == nil {
 		return &refusal{reason: reasonDecode, err: errors.New("empty batch message")}
 	}
-	if codec.Checksum(env.GetPayload()) != env.GetCrc32C() {
-		return &refusal{reason: reasonCRC, err: fmt.Errorf("LSNs %d..%d: payload crc32c %08x, envelope says %08x",
-			env.GetFirstLsn(), env.GetLastLsn(), codec.Checksum(env.GetPayload()), env.GetCrc32C())}
-	}
 	if err := envelope.Verify(env); err != nil {
-		return &refusal{reason: reasonDecode, err: err}
+		reason := reasonDecode
+		if errors.Is(err, envelope.ErrChecksum) {
+			reason = reasonCRC
+		}
+		return &refusal{reason: reason, err: err}
 	}
 	if e := epoch; env.GetEpoch() < e {
 		return &refusal{reason: reasonEpoch, err: fmt.Errorf("LSNs %d..%d are from epoch %d, this replica has seen epoch %d",
@@ -364,7 +364,7 @@ func (s *Server) check(env *walshipv1.WalBatch, next, epoch uint64, c *checked) 
 		return &refusal{reason: reasonGap, err: fmt.Errorf("batch starts at LSN %d, want %d", env.GetFirstLsn(), next)}
 	}
 	start := time.Now()
-	err := envelope.Decode(env, &c.batch)
+	err := envelope.DecodePayload(env, &c.batch)
 	if cd, cerr := codec.ByID(codec.ID(env.GetCodec())); cerr == nil {
 		s.metrics.decodeSeconds.WithLabelValues(cd.Name()).Observe(time.Since(start).Seconds())
 	}

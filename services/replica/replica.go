@@ -109,9 +109,8 @@ type Server struct {
 	// not run concurrently for one directory).
 	snapMu          sync.Mutex
 	snapshotLSN     atomic.Uint64
-	prevSnapshotLSN uint64       // the older kept snapshot; guarded by snapMu
-	walAtSnap       atomic.Int64 // WAL bytes written when the last snapshot was taken
-	snapKick        chan struct{}
+	prevSnapshotLSN uint64 // the older kept snapshot; guarded by snapMu
+	snaps           *recovery.SnapshotSchedule
 }
 
 // New opens the data directory, recovers the state (newest snapshot, then
@@ -121,7 +120,7 @@ func New(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, logger: cfg.Logger, fs: cfg.FS, now: time.Now, snapKick: make(chan struct{}, 1)}
+	s := &Server{cfg: cfg, logger: cfg.Logger, fs: cfg.FS, now: time.Now, snaps: recovery.NewSnapshotSchedule(cfg.SnapshotEveryBytes)}
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)
 	}
@@ -358,7 +357,7 @@ func (s *Server) Run(ctx context.Context) error {
 	go func() { followDone <- s.follow(followCtx) }()
 	snapCtx, stopSnap := context.WithCancel(context.Background())
 	snapDone := make(chan struct{})
-	go func() { defer close(snapDone); s.snapshotter(snapCtx) }()
+	go func() { defer close(snapDone); s.snaps.Run(snapCtx, s.logger, s.takeSnapshot) }()
 
 	serveCtx, stopServe := context.WithCancel(ctx)
 	defer stopServe()
@@ -394,29 +393,8 @@ func (s *Server) Run(ctx context.Context) error {
 	return errors.Join(fatal, serveErr)
 }
 
-// snapshotter takes a snapshot whenever SnapshotEveryBytes of WAL were
-// written since the last one.
-func (s *Server) snapshotter(ctx context.Context) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-s.snapKick:
-		}
-		if err := s.takeSnapshot(); err != nil {
-			s.logger.Warn("snapshot failed", "err", err)
-		}
-	}
-}
-
-func (s *Server) maybeSnapshot() {
-	if int64(s.wal.Stats().BytesWritten)-s.walAtSnap.Load() >= s.cfg.SnapshotEveryBytes {
-		select {
-		case s.snapKick <- struct{}{}:
-		default:
-		}
-	}
-}
+// maybeSnapshot asks for a snapshot when one is due.
+func (s *Server) maybeSnapshot() { s.snaps.Written(int64(s.wal.Stats().BytesWritten), false) }
 
 // takeSnapshot writes the applied state to disk and truncates the WAL before
 // the older kept snapshot. Applied implies fsynced on a replica, so the
@@ -440,7 +418,7 @@ func (s *Server) takeSnapshot() error {
 	}
 	s.prevSnapshotLSN = s.snapshotLSN.Load()
 	s.snapshotLSN.Store(lsn)
-	s.walAtSnap.Store(written)
+	s.snaps.Taken(written)
 	// state keeps two snapshots and falls back to the older one if the newest
 	// is corrupt, so the WAL must still reach back to just after the older.
 	keepFrom := s.prevSnapshotLSN + 1
