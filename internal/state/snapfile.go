@@ -209,3 +209,28 @@ func loadSnapshotFile(fsys vfs.FS, sf snapFile) (*Store, error) {
 	}
 	return s, nil
 }
+
+// RemoveSnapshotsAbove removes every snapshot of an LSN above lsn and syncs
+// the directory: for a replica whose state moves backwards (re-seeded after
+// it applied entries its primary lost), so that no later recovery loads one.
+func RemoveSnapshotsAbove(fsys vfs.FS, dir string, lsn uint64) error {
+	snaps, _, err := listSnapshots(fsys, dir)
+	if err != nil {
+		return fmt.Errorf("state: remove snapshots: %w", err)
+	}
+	removed := false
+	for _, s := range snaps {
+		if s.lsn > lsn {
+			if err := fsys.Remove(s.path); err != nil {
+				return fmt.Errorf("state: remove snapshot: %w", err)
+			}
+			removed = true
+		}
+	}
+	if removed {
+		if err := fsys.SyncDir(dir); err != nil {
+			return fmt.Errorf("state: remove snapshots: sync dir: %w", err)
+		}
+	}
+	return nil
+}

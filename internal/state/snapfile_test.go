@@ -214,3 +214,32 @@ func TestSaveSnapshotSurvivesCrash(t *testing.T) {
 		}
 	}
 }
+
+func TestRemoveSnapshotsAbove(t *testing.T) {
+	dir := t.TempDir()
+	s := New()
+	var lsns []uint64
+	for i := range 2 {
+		applyTxns(t, s, txn(put(keyN(i), "v")))
+		if _, err := SaveSnapshot(vfs.OS, dir, s.Snapshot()); err != nil {
+			t.Fatal(err)
+		}
+		lsns = append(lsns, s.AppliedLSN())
+	}
+	if err := RemoveSnapshotsAbove(vfs.OS, dir, lsns[1]); err != nil {
+		t.Fatal(err)
+	}
+	if got := dirNames(t, dir); len(got) != 2 {
+		t.Fatalf("removed a snapshot at or below the LSN: %q", got)
+	}
+	if err := RemoveSnapshotsAbove(vfs.OS, dir, lsns[0]); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{SnapshotName(lsns[0])}
+	if got := dirNames(t, dir); !slices.Equal(got, want) {
+		t.Fatalf("directory holds %q, want %q", got, want)
+	}
+	if _, path, err := LoadLatestSnapshot(vfs.OS, dir); err != nil || filepath.Base(path) != want[0] {
+		t.Fatalf("LoadLatestSnapshot = %q, %v", path, err)
+	}
+}

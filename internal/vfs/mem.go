@@ -112,7 +112,13 @@ type memInode struct {
 	// data equals synced. Only data[dirtyLo:] needs copying on Sync, and it
 	// is the region a torn crash may partly keep.
 	dirtyLo int64
-	mode    os.FileMode
+	// stable is the length of the prefix that has been part of the file
+	// without interruption since the last Sync (a shrinking Truncate lowers
+	// it). A torn crash may turn bytes at or past it to zeros (the new size
+	// reached the disk, the data did not), but bytes below it were only
+	// overwritten in place: they read back old or new, never zeros.
+	stable int64
+	mode   os.FileMode
 }
 
 // NewMem returns an empty in-memory filesystem whose roots "/" and "." exist.
@@ -127,12 +133,13 @@ func newMemDir() *memDir {
 	return &memDir{files: map[string]*memInode{}, durable: map[string]*memInode{}}
 }
 
-// InjectWriteError installs fn to be called before every File.Write with the
-// file's name, the offset and the data. To let the write through, fn returns
-// (len(p), nil). Otherwise only p[:n] is written and (n, err) is returned, so
-// fn can fail a write (n == 0), tear it (0 < n < len(p) with an error), or
-// make it silently short (n < len(p), nil error — which breaks the io.Writer
-// contract on purpose, to test that callers check n). nil removes the hook.
+// InjectWriteError installs fn to be called before every File.Write and
+// File.WriteAt with the file's name, the offset and the data. To let the
+// write through, fn returns (len(p), nil). Otherwise only p[:n] is written
+// and (n, err) is returned, so fn can fail a write (n == 0), tear it
+// (0 < n < len(p) with an error), or make it silently short (n < len(p),
+// nil error — which breaks the io.Writer contract on purpose, to test that
+// callers check n). nil removes the hook.
 func (m *MemFS) InjectWriteError(fn func(name string, off int64, p []byte) (n int, err error)) {
 	m.mu.Lock()
 	m.writeHook = fn
@@ -195,7 +202,9 @@ func (m *MemFS) Crash() { m.crash(nil) }
 // CrashTorn is Crash except that, per file with unsynced writes, a random
 // (seeded, so reproducible) choice is made between losing them all, keeping
 // a prefix of them (a torn write), or keeping a prefix whose end reads back
-// as zeros (the size reached the disk but the data did not). An unsynced
+// as zeros (the size reached the disk but the data did not). Zeros only
+// appear where the file grew since its last Sync: an unsynced overwrite of
+// synced bytes reads back as the old or the new bytes. An unsynced
 // shrinking truncation may or may not survive. Directory entries follow
 // Crash's rules.
 func (m *MemFS) CrashTorn(seed uint64) {
@@ -253,14 +262,17 @@ func (ino *memInode) crash(rng *rand.Rand) {
 			}
 			copy(out[lo:end], ino.data[lo:end])
 			if mode == 2 && keep > 0 {
-				z := lo + int64(rng.IntN(int(keep)))
-				clear(out[z:end])
+				z := max(lo+int64(rng.IntN(int(keep))), ino.stable)
+				if z < end {
+					clear(out[z:end])
+				}
 			}
 		}
 	}
 	ino.data = out
 	ino.synced = slices.Clone(out)
 	ino.dirtyLo = -1
+	ino.stable = int64(len(out))
 }
 
 func cloneEntries(src map[string]*memInode) map[string]*memInode {
@@ -286,6 +298,7 @@ func (ino *memInode) sync() {
 	// so synced never aliases data.
 	ino.synced = append(ino.synced[:lo], ino.data[lo:]...)
 	ino.dirtyLo = -1
+	ino.stable = int64(len(ino.data))
 }
 
 func (ino *memInode) writeAt(p []byte, off int64) {
@@ -309,6 +322,7 @@ func (ino *memInode) truncate(size int64) {
 	case size < old:
 		ino.data = ino.data[:size]
 		ino.markDirty(size)
+		ino.stable = min(ino.stable, size)
 	case size > old:
 		ino.writeAt(make([]byte, size-old), old)
 	}
@@ -580,22 +594,48 @@ func (f *memFile) readAtLocked(p []byte, off int64) (int, error) {
 	return copy(p, f.ino.data[off:]), nil
 }
 
-func (f *memFile) Write(p []byte) (int, error) {
+func (f *memFile) Write(p []byte) (int, error) { return f.write(p, -1) }
+
+// WriteAt implements io.WriterAt. Like *os.File, it refuses a file opened
+// with os.O_APPEND.
+func (f *memFile) WriteAt(p []byte, off int64) (int, error) {
+	if off < 0 {
+		return 0, pathErr("writeat", f.name, syscall.EINVAL)
+	}
+	if f.flag&os.O_APPEND != 0 {
+		return 0, pathErr("writeat", f.name, errWriteAtAppend)
+	}
+	return f.write(p, off)
+}
+
+var errWriteAtAppend = errors.New("invalid use of WriteAt on file opened with O_APPEND")
+
+// write writes p at off, or at the handle's offset (which it advances) if
+// off is negative.
+func (f *memFile) write(p []byte, at int64) (int, error) {
+	op := "write"
+	if at >= 0 {
+		op = "writeat"
+	}
 	if err := f.fs.checkOp(OpWrite, f.name); err != nil {
 		return 0, err
 	}
 	f.fs.mu.Lock()
-	if err := f.checkLocked("write"); err != nil {
+	if err := f.checkLocked(op); err != nil {
 		f.fs.mu.Unlock()
 		return 0, err
 	}
 	if !f.writable() {
 		f.fs.mu.Unlock()
-		return 0, pathErr("write", f.name, syscall.EBADF)
+		return 0, pathErr(op, f.name, syscall.EBADF)
 	}
-	off := f.pos
-	if f.flag&os.O_APPEND != 0 {
+	off := at
+	switch {
+	case at >= 0:
+	case f.flag&os.O_APPEND != 0:
 		off = int64(len(f.ino.data))
+	default:
+		off = f.pos
 	}
 	hook := f.fs.writeHook
 	f.fs.mu.Unlock()
@@ -605,20 +645,22 @@ func (f *memFile) Write(p []byte) (int, error) {
 		n, err = hook(f.name, off, p)
 		n = max(0, min(n, len(p)))
 		if err != nil {
-			err = pathErr("write", f.name, err)
+			err = pathErr(op, f.name, err)
 		}
 	}
 
 	f.fs.mu.Lock()
 	defer f.fs.mu.Unlock()
-	if cerr := f.checkLocked("write"); cerr != nil {
+	if cerr := f.checkLocked(op); cerr != nil {
 		return 0, cerr
 	}
-	if f.flag&os.O_APPEND != 0 {
+	if at < 0 && f.flag&os.O_APPEND != 0 {
 		off = int64(len(f.ino.data))
 	}
 	f.ino.writeAt(p[:n], off)
-	f.pos = off + int64(n)
+	if at < 0 {
+		f.pos = off + int64(n)
+	}
 	return n, err
 }
 

@@ -14,7 +14,8 @@
 //     program must follow: file contents are durable only up to the last
 //     successful [File.Sync], and directory entries (creations, removals,
 //     renames) only up to the last successful [FS.SyncDir] of their
-//     directory. [MemFS.Crash] throws away everything else.
+//     directory. [MemFS.Crash] throws away everything else; in particular an
+//     unsynced overwrite of synced bytes reverts to the synced bytes.
 //
 // The interface is deliberately smaller than package os: only what a
 // write-ahead log or a snapshot store needs.
@@ -28,11 +29,16 @@ import (
 )
 
 // File is an open file. A File is not safe for concurrent use except that
-// ReadAt may be called concurrently with other methods, as with *os.File.
+// ReadAt may be called concurrently with other methods, and Sync
+// concurrently with Write and WriteAt, as with *os.File.
 type File interface {
 	io.Reader
 	io.ReaderAt
 	io.Writer
+	// WriteAt writes at an absolute offset without moving the file offset,
+	// extending the file (with zeros in any gap) if it writes past the end.
+	// As with *os.File, it fails on a file opened with os.O_APPEND.
+	io.WriterAt
 	io.Seeker
 	// Sync makes the file's contents durable (fdatasync on Linux). It does
 	// not make the file's directory entry durable; see FS.SyncDir.

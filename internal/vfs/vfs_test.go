@@ -100,6 +100,33 @@ func TestFileSemantics(t *testing.T) {
 			t.Fatalf("after sparse write: %q", got)
 		}
 
+		// WriteAt overwrites and extends at an offset without moving the
+		// file offset, and is refused on an O_APPEND file.
+		f, err = fsys.OpenFile(name, os.O_RDWR, 0)
+		must(t, err)
+		_, err = f.Seek(1, io.SeekStart)
+		must(t, err)
+		if n, err := f.WriteAt([]byte("EL"), 1); n != 2 || err != nil {
+			t.Fatalf("WriteAt = %d %v", n, err)
+		}
+		if n, err := f.WriteAt([]byte("yz"), 11); n != 2 || err != nil {
+			t.Fatalf("WriteAt past the end = %d %v", n, err)
+		}
+		_, err = f.Write([]byte("3")) // at the offset Seek set: WriteAt left it alone
+		must(t, err)
+		must(t, f.Close())
+		got, err = ReadFile(fsys, name)
+		must(t, err)
+		if !bytes.Equal(got, []byte("h3Llo!\x00\x00x\x00\x00yz")) {
+			t.Fatalf("after WriteAt: %q", got)
+		}
+		f, err = fsys.OpenFile(name, os.O_WRONLY|os.O_APPEND, 0)
+		must(t, err)
+		if _, err := f.WriteAt([]byte("q"), 0); err == nil {
+			t.Fatal("WriteAt on an O_APPEND file succeeded")
+		}
+		must(t, f.Close())
+
 		must(t, fsys.Rename(name, filepath.Join(dir, "b")))
 		must(t, fsys.MkdirAll(filepath.Join(dir, "sub", "deeper"), 0o755))
 		must(t, WriteFile(fsys, filepath.Join(dir, "c"), []byte("c"), 0o644))
@@ -160,6 +187,15 @@ func TestMemCrashDurability(t *testing.T) {
 			must(t, f.Close())
 		}
 	}
+	writeAt := func(name string, off int64, data string) step {
+		return func(t *testing.T, m *MemFS) {
+			f, err := m.OpenFile(name, os.O_WRONLY, 0)
+			must(t, err)
+			_, err = f.WriteAt([]byte(data), off)
+			must(t, err)
+			must(t, f.Close())
+		}
+	}
 	remove := func(name string) step { return func(t *testing.T, m *MemFS) { must(t, m.Remove(name)) } }
 	rename := func(a, b string) step { return func(t *testing.T, m *MemFS) { must(t, m.Rename(a, b)) } }
 
@@ -180,6 +216,10 @@ func TestMemCrashDurability(t *testing.T) {
 		{"unsynced rename undone", []step{write("/d/a", "x"), syncFile("/d/a"), syncDir, rename("/d/a", "/d/b")}, map[string]string{"a": "x"}},
 		{"synced rename kept", []step{write("/d/a", "x"), syncFile("/d/a"), syncDir, rename("/d/a", "/d/b"), syncDir}, map[string]string{"b": "x"}},
 		{"rename over existing, synced", []step{write("/d/a", "new"), write("/d/b", "old"), syncFile("/d/a"), syncFile("/d/b"), syncDir, rename("/d/a", "/d/b"), syncDir}, map[string]string{"b": "new"}},
+		{"unsynced overwrite of synced bytes reverts", []step{write("/d/a", "abcdef"), syncFile("/d/a"), syncDir, writeAt("/d/a", 2, "XY")}, map[string]string{"a": "abcdef"}},
+		{"unsynced overwrite and extension revert", []step{write("/d/a", "abcdef"), syncFile("/d/a"), syncDir, writeAt("/d/a", 4, "XYZW")}, map[string]string{"a": "abcdef"}},
+		{"synced overwrite kept", []step{write("/d/a", "abcdef"), syncFile("/d/a"), syncDir, writeAt("/d/a", 2, "XY"), syncFile("/d/a")}, map[string]string{"a": "abXYef"}},
+		{"overwrite after a synced overwrite reverts to it", []step{write("/d/a", "abcdef"), syncFile("/d/a"), syncDir, writeAt("/d/a", 2, "XY"), syncFile("/d/a"), writeAt("/d/a", 0, "123456")}, map[string]string{"a": "abXYef"}},
 		{"data synced through renamed file", []step{write("/d/a", "x"), syncDir, rename("/d/a", "/d/b"), syncDir, write("/d/b", "y"), syncFile("/d/b")}, map[string]string{"b": "xy"}},
 	}
 	for _, tc := range tests {
@@ -277,6 +317,62 @@ func TestMemCrashTorn(t *testing.T) {
 	}
 	if lost == 0 || kept == 0 || zeroed == 0 {
 		t.Fatalf("outcomes lost=%d kept=%d zeroed=%d: want all three", lost, kept, zeroed)
+	}
+}
+
+// TestMemCrashTornOverwrite checks the torn-crash model for a file that is
+// overwritten in place and extended: the overwritten bytes read back as the
+// old or the new ones (a prefix of the new ones, from the first changed
+// offset), never as zeros; zeros may only appear in the extension.
+func TestMemCrashTornOverwrite(t *testing.T) {
+	old := bytes.Repeat([]byte{'s'}, 200)
+	over := bytes.Repeat([]byte{'o'}, 50)
+	ext := bytes.Repeat([]byte{'u'}, 100)
+	var reverted, partial, kept, zeroed int
+	for seed := range uint64(300) {
+		m := NewMem()
+		must(t, WriteFile(m, "/a", old, 0o644))
+		f, err := m.OpenFile("/a", os.O_RDWR, 0)
+		must(t, err)
+		must(t, f.Sync())
+		must(t, m.SyncDir("/"))
+		_, err = f.WriteAt(over, 50)
+		must(t, err)
+		_, err = f.WriteAt(ext, 200)
+		must(t, err)
+		m.CrashTorn(seed)
+		got, err := ReadFile(m, "/a")
+		must(t, err)
+		if len(got) < len(old) {
+			t.Fatalf("seed %d: %d bytes, shorter than the synced file", seed, len(got))
+		}
+		mid := got[50:100]
+		k := len(mid) - len(bytes.TrimLeft(mid, "o"))
+		if !bytes.Equal(got[:50], old[:50]) || !bytes.Equal(mid[k:], old[50+k:100]) || !bytes.Equal(got[100:200], old[100:]) {
+			t.Fatalf("seed %d: synced region is not old bytes with a prefix of the overwrite: %q", seed, got[:200])
+		}
+		if k > 0 && k < len(mid) && len(got) > 200 {
+			t.Fatalf("seed %d: extension kept although the overwrite before it was torn", seed)
+		}
+		tail := got[200:]
+		us := bytes.TrimRight(tail, "\x00")
+		if !bytes.Equal(us, ext[:len(us)]) {
+			t.Fatalf("seed %d: extension is not a prefix of the write", seed)
+		}
+		switch {
+		case k == 0:
+			reverted++
+		case k < len(mid):
+			partial++
+		default:
+			kept++
+		}
+		if len(us) < len(tail) {
+			zeroed++
+		}
+	}
+	if reverted == 0 || partial == 0 || kept == 0 || zeroed == 0 {
+		t.Fatalf("outcomes reverted=%d partial=%d kept=%d zeroed=%d: want all", reverted, partial, kept, zeroed)
 	}
 }
 

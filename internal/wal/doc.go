@@ -22,7 +22,9 @@
 //	|        data (length bytes) |
 //	+----------------------------+
 //	| frame ...                  |
-//	+----------------------------+ end of file (or a torn tail after a crash)
+//	+----------------------------+ end of data
+//	| zeros (newest segment only)|  preallocated, overwritten by appends
+//	+----------------------------+ end of file
 //
 // docs/FORMAT.md ("WAL segments") specifies the bytes.
 //
@@ -37,17 +39,35 @@
 // retry could falsely succeed, so the only safe continuation is to reopen and
 // recover from what is on disk.
 //
+// # Preallocation
+//
+// As PostgreSQL zero-fills its WAL segments, the active segment is kept
+// zero-filled ahead of the write position (Options.Preallocate, 4 MiB by
+// default): when an Append would write past the zeros, the file is first
+// extended by writing a zeroed chunk, and frames then overwrite blocks that
+// are already allocated, so that most fdatasyncs need no size or extent
+// update (writing into unwritten extents, as fallocate makes, would not
+// help). The size change reaches the disk with the next Sync, once per
+// chunk. Sizes reported (Size, SegmentInfos, Stats.BytesWritten) count
+// headers and frames only; Stats.Preallocated counts the zeros. Rotation
+// cuts the zero tail off the segment it seals before syncing it, so sealed
+// segments are exactly their frames and only the newest segment can end in
+// zeros.
+//
 // # Recovery
 //
 // Open checks every segment in order: the header (magic, version, CRC, first
 // LSN matching the file name), LSN continuity between segments, and every
-// frame's CRC and LSN continuity. Two kinds of damage are repaired, both only
-// in the newest segment and only if no valid frame follows the damage
-// anywhere in the file:
+// frame's CRC and LSN continuity. In the newest segment, zeros from the
+// first invalid frame to the end of the file are the preallocated tail: the
+// clean end of the log, kept as is (appends continue at its start). Two
+// kinds of damage are repaired, both only in the newest segment and only if
+// no valid frame follows the damage anywhere in the file:
 //
-//   - a torn tail (a partial frame header or data, a bad CRC, a zeroed or
-//     garbage tail) is cut off at the last good frame; the cut bytes are kept
-//     in "<segment>.<offset>.torn";
+//   - a torn tail (a partial frame header or data, a bad CRC, garbage,
+//     possibly followed by zeros) is cut off at the last good frame; the cut
+//     bytes up to the last non-zero one are kept in
+//     "<segment>.<offset>.torn";
 //   - a header that was never completely written removes the segment.
 //
 // Anything else (damage in an older segment, a bad frame followed by valid

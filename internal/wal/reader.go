@@ -31,6 +31,8 @@ type Reader struct {
 	off  int64  // offset of the next frame in seg
 	buf  []byte // read-ahead of seg's bytes [bufOff, bufOff+len(buf))
 	bOff int64
+	gen  uint64 // Log.truncGen the position is valid for
+	err  error  // sticky ErrTruncated
 
 	done      chan struct{}
 	closeOnce sync.Once
@@ -42,7 +44,8 @@ type Reader struct {
 // if fromLSN is older than the log's first segment and with ErrFuture if it
 // is beyond LastLSN()+1. On a log that has never held a segment any fromLSN
 // is accepted; Next fails with ErrCompacted if the first entry appended
-// starts after it.
+// starts after it. A Reader only reads below the log's written (or synced)
+// offset, never into a segment's zero-filled tail.
 func (l *Log) NewReader(fromLSN uint64, durableOnly bool) (*Reader, error) {
 	r := &Reader{l: l, durableOnly: durableOnly, next: fromLSN, done: make(chan struct{})}
 	l.mu.RLock()
@@ -50,6 +53,7 @@ func (l *Log) NewReader(fromLSN uint64, durableOnly bool) (*Reader, error) {
 	if l.closed {
 		return nil, ErrClosed
 	}
+	r.gen = l.truncGen
 	if err := r.locateLocked(); err != nil {
 		return nil, err
 	}
@@ -81,8 +85,10 @@ func (r *Reader) locateLocked() error {
 
 // Next returns the next entry, blocking until one is available (appended,
 // or synced if the Reader is durableOnly), ctx is done (ctx.Err()), the
-// Reader or the Log is closed (ErrClosed), or the entry's segment was
-// removed (ErrCompacted). The returned Data is owned by the caller.
+// Reader or the Log is closed (ErrClosed), the entry's segment was removed
+// (ErrCompacted), or TruncateAfter removed the entry the Reader was to return
+// next or one it returned (ErrTruncated, for good: create a new Reader). The
+// returned Data is owned by the caller.
 func (r *Reader) Next(ctx context.Context) (Entry, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -95,12 +101,22 @@ func (r *Reader) Next(ctx context.Context) (Entry, error) {
 			return Entry{}, ErrClosed
 		default:
 		}
+		if r.err != nil {
+			return Entry{}, r.err
+		}
 
 		l.mu.RLock()
 		if l.closed {
 			l.mu.RUnlock()
 			return Entry{}, ErrClosed
 		}
+		if r.gen != l.truncGen {
+			if err := r.afterTruncateLocked(); err != nil {
+				l.mu.RUnlock()
+				return Entry{}, err
+			}
+		}
+		gen := r.gen
 		if r.seg == nil {
 			if err := r.locateLocked(); err != nil && !errors.Is(err, ErrFuture) {
 				l.mu.RUnlock()
@@ -132,6 +148,14 @@ func (r *Reader) Next(ctx context.Context) (Entry, error) {
 		switch {
 		case seg != nil && r.off < limit:
 			e, err := r.readFrame(limit)
+			// A TruncateAfter that ran meanwhile may have changed the bytes
+			// read: retry from the position it left.
+			l.mu.RLock()
+			cut := l.truncGen != gen
+			l.mu.RUnlock()
+			if cut {
+				continue
+			}
 			if err != nil {
 				return Entry{}, err
 			}
@@ -157,6 +181,27 @@ func (r *Reader) Next(ctx context.Context) (Entry, error) {
 			return Entry{}, ErrClosed
 		}
 	}
+}
+
+// afterTruncateLocked handles the TruncateAfter calls made since r was last
+// positioned: if one cut below r.next, r's position is gone (ErrTruncated);
+// otherwise r is repositioned at r.next, since what it read ahead or the
+// segment it was in may be gone. Callers hold l.mu.
+func (r *Reader) afterTruncateLocked() error {
+	l := r.l
+	for i := len(l.cuts) - 1; i >= 0 && l.cuts[i].gen > r.gen; i-- {
+		if c := l.cuts[i]; r.next > c.lsn+1 {
+			r.err = fmt.Errorf("wal: reader at LSN %d: the log was truncated after LSN %d: %w", r.next, c.lsn, ErrTruncated)
+			return r.err
+		}
+	}
+	r.gen = l.truncGen
+	if r.f != nil {
+		_ = r.f.Close()
+		r.f = nil
+	}
+	r.seg, r.off, r.buf = nil, 0, r.buf[:0]
+	return nil
 }
 
 func (r *Reader) switchTo(seg *segment) {

@@ -59,9 +59,6 @@ func (l *Log) recover() error {
 			return fmt.Errorf("wal: open segment %s: %w", seg.name, err)
 		}
 		l.active = f
-		if _, err := f.Seek(seg.written, io.SeekStart); err != nil {
-			return fmt.Errorf("wal: open segment %s: %w", seg.name, err)
-		}
 		// What is on disk after a process crash may still be only in the
 		// page cache; make it durable before reporting it as such.
 		start := time.Now()
@@ -132,14 +129,18 @@ func (l *Log) recoverSegment(lsn uint64, prev *segment, last bool) (*segment, er
 		if prev != nil && lsn != prev.lastLSN+1 {
 			return nil, corrupt(0, "segment starts at LSN %d but the previous one ends at LSN %d (missing segment?)", lsn, prev.lastLSN)
 		}
+		debris, err := dataEnd(f, size) // preallocated zeros are not debris
+		if err != nil {
+			return nil, fmt.Errorf("wal: read segment %s: %w", name, err)
+		}
 		_ = f.Close()
 		if err := l.fs.Remove(path); err != nil {
 			return nil, fmt.Errorf("wal: remove torn segment %s: %w", name, err)
 		}
 		l.recovery.RemovedSegment = path
 		l.st.torn.Add(1)
-		l.st.tornBytes.Add(uint64(size))
-		l.logger.Warn("wal: removed newest segment with a torn header", "segment", path, "bytes", size, "reason", p.reason)
+		l.st.tornBytes.Add(uint64(debris))
+		l.logger.Warn("wal: removed newest segment with a torn header", "segment", path, "bytes", debris, "zero_bytes", size-debris, "reason", p.reason)
 		return nil, nil
 	}
 	if prev != nil && lsn != prev.lastLSN+1 {
@@ -150,6 +151,19 @@ func (l *Log) recoverSegment(lsn uint64, prev *segment, last bool) (*segment, er
 	if err != nil {
 		return nil, fmt.Errorf("wal: read segment %s: %w", name, err)
 	}
+	if res.bad && last && !res.badFatal {
+		// Zeros from the first invalid frame to the end of the file are the
+		// tail preallocation keeps ahead of the data: the clean end of the
+		// log, kept for the appends to come.
+		zero, err := zeroFrom(f, res.end, size)
+		if err != nil {
+			return nil, fmt.Errorf("wal: read segment %s: %w", name, err)
+		}
+		if zero {
+			res.bad = false
+		}
+	}
+	allocated := size
 	if res.bad {
 		if res.badFatal || !last {
 			return nil, corrupt(res.end, "%s", res.badReason)
@@ -164,17 +178,59 @@ func (l *Log) recoverSegment(lsn uint64, prev *segment, last bool) (*segment, er
 		if err := l.cutTail(f, path, res.end, size, res.badReason); err != nil {
 			return nil, err
 		}
+		allocated = res.end
 	}
 	return &segment{
-		firstLSN: lsn,
-		name:     name,
-		lastLSN:  res.lastLSN,
-		written:  res.end,
-		durable:  res.end,
-		sealed:   true,
-		index:    res.index,
-		nEntries: res.entries,
+		firstLSN:  lsn,
+		name:      name,
+		lastLSN:   res.lastLSN,
+		written:   res.end,
+		durable:   res.end,
+		allocated: allocated,
+		sealed:    true,
+		index:     res.index,
+		nEntries:  res.entries,
 	}, nil
+}
+
+// zeroFrom reports whether every byte of f in [from, size) is zero, reading
+// it in bounded pieces.
+func zeroFrom(f io.ReaderAt, from, size int64) (bool, error) {
+	buf := make([]byte, min(size-from, 256<<10))
+	for off := from; off < size; {
+		b := buf[:min(int64(len(buf)), size-off)]
+		if _, err := f.ReadAt(b, off); err != nil && err != io.EOF {
+			return false, err
+		}
+		if !isZero(b) {
+			return false, nil
+		}
+		off += int64(len(b))
+	}
+	return true, nil
+}
+
+// dataEnd returns the offset just past the last non-zero byte among the
+// first size bytes of f (0 if they are all zero), reading them in bounded
+// pieces.
+func dataEnd(f io.ReaderAt, size int64) (int64, error) {
+	buf := make([]byte, min(size, 256<<10))
+	end := int64(0)
+	for off := int64(0); off < size; {
+		b := buf[:min(int64(len(buf)), size-off)]
+		n, err := f.ReadAt(b, off)
+		if err != nil && err != io.EOF {
+			return 0, err
+		}
+		if k := lastNonZero(b[:n]); k > 0 {
+			end = off + int64(k)
+		}
+		if n == 0 {
+			break
+		}
+		off += int64(n)
+	}
+	return end, nil
 }
 
 // validFrameIn checks whether a valid frame for LSN next or later starts
@@ -199,12 +255,16 @@ func validFrameIn(f io.ReaderAt, from, size int64, next uint64) (string, error) 
 }
 
 // cutTail truncates the newest segment to off, keeping a copy of the removed
-// bytes next to it for inspection (as etcd's repair does), and syncs.
+// bytes up to the last non-zero one next to it for inspection (as etcd's
+// repair does; a zero-filled remainder is preallocation, not debris), and
+// syncs.
 func (l *Log) cutTail(r io.ReaderAt, path string, off, size int64, reason string) error {
 	tail := make([]byte, size-off)
 	if _, err := r.ReadAt(tail, off); err != nil && err != io.EOF {
 		return fmt.Errorf("wal: read torn tail of %s: %w", path, err)
 	}
+	tail = tail[:lastNonZero(tail)]
+	debris := int64(len(tail))
 	tornPath := fmt.Sprintf("%s.%d%s", path, off, tornExt)
 	if err := vfs.WriteFile(l.fs, tornPath, tail, 0o644); err != nil {
 		return fmt.Errorf("wal: save torn tail: %w", err)
@@ -221,11 +281,20 @@ func (l *Log) cutTail(r io.ReaderAt, path string, off, size int64, reason string
 		return fmt.Errorf("wal: sync segment %s: %w", path, err)
 	}
 	info := &l.recovery
-	info.TornSegment, info.TornOffset, info.TornBytes, info.TornReason = path, off, size-off, reason
+	info.TornSegment, info.TornOffset, info.TornBytes, info.TornReason = path, off, debris, reason
 	l.st.torn.Add(1)
-	l.st.tornBytes.Add(uint64(size - off))
-	l.logger.Warn("wal: cut torn tail", "segment", path, "offset", off, "bytes", size-off, "reason", reason, "copy", tornPath)
+	l.st.tornBytes.Add(uint64(debris))
+	l.logger.Warn("wal: cut torn tail", "segment", path, "offset", off, "bytes", debris, "zero_bytes", size-off-debris, "reason", reason, "copy", tornPath)
 	return nil
+}
+
+// lastNonZero returns the length of b without its trailing zero bytes.
+func lastNonZero(b []byte) int {
+	n := len(b)
+	for n > 0 && b[n-1] == 0 {
+		n--
+	}
+	return n
 }
 
 // finishReset handles *.reset markers left by Reset. A complete marker means

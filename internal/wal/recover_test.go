@@ -104,10 +104,17 @@ func TestRecoveryMatrix(t *testing.T) {
 	}{
 		{name: "clean", survive: 12},
 		{name: "torn last frame data", changes: []change{{mxSeg(2), cut(50)}}, survive: 11, tornBytes: mxFrame - 50},
-		{name: "torn last frame header", changes: []change{{mxSeg(2), truncTo(mxOff(3) + 10)}}, survive: 11, tornBytes: 10},
+		// The 10 bytes left of the header end with first_lsn's high zero
+		// byte, which is not debris.
+		{name: "torn last frame header", changes: []change{{mxSeg(2), truncTo(mxOff(3) + 10)}}, survive: 11, tornBytes: 9},
 		{name: "bad crc in last frame is a torn write", changes: []change{{mxSeg(2), flip(mxOff(3) + 60)}}, survive: 11, tornBytes: mxFrame},
-		{name: "zeroed last frame", changes: []change{{mxSeg(2), zero(mxOff(3), mxOff(4))}}, survive: 11, tornBytes: mxFrame},
-		{name: "zeroed tail", changes: []change{{mxSeg(2), appendBytes(make([]byte, 4096))}}, survive: 12, tornBytes: 4096},
+		// Zeros to the end of the newest segment are its preallocated tail:
+		// the clean end of the log, nothing to cut.
+		{name: "zeroed last frame is a clean end", changes: []change{{mxSeg(2), zero(mxOff(3), mxOff(4))}}, survive: 11},
+		{name: "zeroed tail is a clean end", changes: []change{{mxSeg(2), appendBytes(make([]byte, 4096))}}, survive: 12},
+		{name: "zeroed torn frame header is a clean end", changes: []change{{mxSeg(2), appendBytes(make([]byte, 10))}}, survive: 12},
+		{name: "torn frame followed by zeros", changes: []change{{mxSeg(2), appendBytes(append(appendFrame(nil, &Entry{FirstLSN: 13, LastLSN: 13, Data: []byte("torn")})[:20], make([]byte, 8192)...))}}, survive: 12, tornBytes: 17},
+		{name: "garbage followed by zeros", changes: []change{{mxSeg(2), appendBytes(append([]byte("junk\x00\x00junk"), make([]byte, 4096)...))}}, survive: 12, tornBytes: 10},
 		{name: "garbage tail", changes: []change{{mxSeg(2), appendBytes([]byte("not a frame at all, just junk bytes"))}}, survive: 12, tornBytes: 35},
 		{name: "short garbage tail", changes: []change{{mxSeg(2), appendBytes([]byte{1, 2, 3})}}, survive: 12, tornBytes: 3},
 		{name: "truncated header of last segment", changes: []change{{mxSeg(2), truncTo(20)}}, survive: 8, removedSeg: true},
@@ -178,6 +185,9 @@ func TestRecoveryMatrix(t *testing.T) {
 			if info.TornBytes != tc.tornBytes || (info.RemovedSegment != "") != tc.removedSeg {
 				t.Fatalf("RecoveryInfo = %+v, want TornBytes %d, removed segment %v", info, tc.tornBytes, tc.removedSeg)
 			}
+			if st := l.Stats(); (st.TornTruncations != 0) != (tc.tornBytes != 0 || tc.removedSeg) || (tc.tornBytes != 0 && st.TornBytes != uint64(tc.tornBytes)) {
+				t.Fatalf("Stats = %+v, want TornBytes %d", st, tc.tornBytes)
+			}
 			if info.Entries != int64(tc.survive) {
 				t.Fatalf("RecoveryInfo.Entries = %d, want %d", info.Entries, tc.survive)
 			}
@@ -230,10 +240,11 @@ func sameSnapshot(a, b dirSnapshot) bool {
 	return true
 }
 
-// TestRecoveryOnDisk runs a torn-tail repair through the real filesystem.
+// TestRecoveryOnDisk runs a torn-tail repair through the real filesystem,
+// without preallocation.
 func TestRecoveryOnDisk(t *testing.T) {
 	dir := t.TempDir()
-	l, err := Open(Options{Dir: dir, SegmentSize: mxSegSize})
+	l, err := Open(Options{Dir: dir, SegmentSize: mxSegSize, Preallocate: -1})
 	mustNoErr(t, err)
 	want := seqEntries(1, 6, mxData)
 	mustNoErr(t, l.Append(want...))
@@ -242,7 +253,7 @@ func TestRecoveryOnDisk(t *testing.T) {
 	b, err := os.ReadFile(last)
 	mustNoErr(t, err)
 	mustNoErr(t, os.WriteFile(last, b[:len(b)-7], 0o644))
-	l, err = Open(Options{Dir: dir, SegmentSize: mxSegSize})
+	l, err = Open(Options{Dir: dir, SegmentSize: mxSegSize, Preallocate: -1})
 	mustNoErr(t, err)
 	defer l.Close()
 	if info := l.Recovery(); info.TornSegment != last || info.TornOffset != mxOff(1) || info.TornBytes != mxFrame-7 {

@@ -10,7 +10,9 @@ type SegmentInfo struct {
 	// LastLSN is the last LSN written to the segment; FirstLSN-1 when it
 	// holds no entry.
 	LastLSN uint64
-	// Bytes is the segment's size: header and complete frames written.
+	// Bytes is the segment's size: header and complete frames written. The
+	// active segment's file may be larger by a zero-filled tail (see
+	// Options.Preallocate), which is not counted.
 	Bytes int64
 	// Sealed reports that the segment is no longer the active one: it is
 	// synced and will not grow.

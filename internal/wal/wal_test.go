@@ -3,6 +3,7 @@ package wal
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"strings"
@@ -67,9 +68,17 @@ func TestEmptyLogStartsAnywhere(t *testing.T) {
 }
 
 func TestRotation(t *testing.T) {
+	for _, prealloc := range []int64{-1, 0, 300} {
+		t.Run(fmt.Sprintf("prealloc=%d", prealloc), func(t *testing.T) { testRotation(t, prealloc) })
+	}
+}
+
+func testRotation(t *testing.T, prealloc int64) {
 	m := vfs.NewMem()
 	const segSize = 1000
-	l := openMem(t, m, segSize)
+	opts := Options{Dir: testDir, FS: m, SegmentSize: segSize, Preallocate: prealloc}
+	l, err := Open(opts)
+	mustNoErr(t, err)
 	var want []Entry
 	// Small entries fill segments; a batch is split between segments at
 	// entry boundaries; an oversized entry gets a segment of its own.
@@ -90,17 +99,45 @@ func TestRotation(t *testing.T) {
 	if l.Segments() != 5 {
 		t.Fatalf("Segments = %d", l.Segments())
 	}
+	// Sealed segments are exactly their frames; the active one may have a
+	// zero-filled tail, which Size does not count.
+	infos := l.SegmentInfos()
 	var size int64
-	for _, n := range names {
+	for i, n := range names {
 		fi, err := m.Stat(testDir + "/" + n)
 		mustNoErr(t, err)
-		size += fi.Size()
-		if fi.Size() > segSize && n != segmentName(21) {
+		size += infos[i].Bytes
+		switch {
+		case i < len(names)-1 && fi.Size() != infos[i].Bytes:
+			t.Fatalf("sealed segment %s is %d bytes, holds %d", n, fi.Size(), infos[i].Bytes)
+		case fi.Size() > segSize && n != segmentName(21):
 			t.Fatalf("segment %s is %d bytes", n, fi.Size())
 		}
 	}
+	activeSize := func() int64 {
+		fi, err := m.Stat(testDir + "/" + segmentName(31))
+		mustNoErr(t, err)
+		return fi.Size()
+	}
+	wantActive := infos[4].Bytes // 32 + 3*34
+	if prealloc >= 0 {
+		wantActive = int64(segSize) // one chunk (the whole segment by default)
+		if prealloc > 0 {
+			wantActive = 300
+		}
+	}
+	if activeSize() != wantActive {
+		t.Fatalf("active segment is %d bytes, want %d", activeSize(), wantActive)
+	}
 	if l.Size() != size {
-		t.Fatalf("Size = %d, files hold %d", l.Size(), size)
+		t.Fatalf("Size = %d, segments hold %d", l.Size(), size)
+	}
+	st := l.Stats()
+	if st.BytesWritten != uint64(size) {
+		t.Fatalf("BytesWritten %d, Size %d", st.BytesWritten, size)
+	}
+	if prealloc < 0 && st.Preallocated != 0 || prealloc >= 0 && st.Preallocated == 0 {
+		t.Fatalf("Preallocated = %d", st.Preallocated)
 	}
 	// Rotation synced the sealed segments, not the active one.
 	if l.DurableLSN() != 30 || l.LastLSN() != 33 {
@@ -108,11 +145,12 @@ func TestRotation(t *testing.T) {
 	}
 	checkEntries(t, readAll(t, l), want)
 	mustNoErr(t, l.Close())
-	l = openMem(t, m, segSize)
+	l, err = Open(opts)
+	mustNoErr(t, err)
 	defer l.Close()
 	checkEntries(t, readAll(t, l), want)
-	if l.Size() != size || l.Segments() != 5 {
-		t.Fatalf("after reopen Size %d Segments %d", l.Size(), l.Segments())
+	if l.Size() != size || l.Segments() != 5 || activeSize() != wantActive {
+		t.Fatalf("after reopen Size %d Segments %d active file %d", l.Size(), l.Segments(), activeSize())
 	}
 	if st := l.Stats(); st.Syncs != 1 || st.TornTruncations != 0 {
 		t.Fatalf("Stats after Open = %+v", st)

@@ -36,6 +36,22 @@ func (w *Watermark) Advance(v uint64) {
 	}
 }
 
+// Reset sets the value to v even if that is lower. It is for the rare
+// state that moves backwards (a replica re-seeded after it applied entries
+// its primary lost); waiters for values above v keep waiting.
+func (w *Watermark) Reset(v uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if v == w.v {
+		return
+	}
+	w.v = v
+	if w.ch != nil {
+		close(w.ch)
+		w.ch = nil
+	}
+}
+
 // Changed returns the current value and a channel closed by the next
 // advance, for callers that wait on several things at once.
 func (w *Watermark) Changed() (uint64, <-chan struct{}) {

@@ -61,3 +61,21 @@ func TestWaitHonoursContext(t *testing.T) {
 		t.Fatalf("Wait for a reached LSN = %d, %v", v, err)
 	}
 }
+
+func TestResetMovesBackwards(t *testing.T) {
+	var w Watermark
+	w.Advance(10)
+	w.Reset(4)
+	if v := w.Load(); v != 4 {
+		t.Fatalf("after Reset(4) = %d", v)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if _, err := w.Wait(ctx, 5); err == nil {
+		t.Fatal("Wait(5) returned after a reset to 4")
+	}
+	w.Advance(5)
+	if v, err := w.Wait(context.Background(), 5); err != nil || v != 5 {
+		t.Fatalf("Wait(5) = %d, %v", v, err)
+	}
+}

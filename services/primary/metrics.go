@@ -24,6 +24,7 @@ type metrics struct {
 	fsyncErrors       prometheus.Counter
 	sentBytes         *prometheus.CounterVec
 	replicaOutOfRange prometheus.Counter
+	replicaDiverged   prometheus.Counter
 	snapshotsStreamed prometheus.Counter
 }
 
@@ -89,6 +90,10 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		Name: "walship_replication_out_of_range_total",
 		Help: "Replica streams refused because the replica needed WAL the primary no longer retains.",
 	})
+	m.replicaDiverged = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "walship_replication_diverged_total",
+		Help: "Replica streams answered with Diverged: the replica held entries, sent before they were durable here, that a crash of this primary lost.",
+	})
 	m.snapshotsStreamed = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "walship_replication_snapshots_sent_total",
 		Help: "State snapshots streamed to replicas.",
@@ -98,7 +103,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		Help: "The primary's WAL retention limit (--wal-retention-bytes).",
 	}, func() float64 { return float64(s.cfg.WALRetentionBytes) })
 	m.collectors = []prometheus.Collector{m.commits, m.commitSeconds, m.walBatches, m.walRecords, m.fsyncSeconds, m.fsyncErrors,
-		encode, written, last, durable, visible, walBytes, m.sentBytes, m.replicaOutOfRange, m.snapshotsStreamed, retention,
+		encode, written, last, durable, visible, walBytes, m.sentBytes, m.replicaOutOfRange, m.replicaDiverged, m.snapshotsStreamed, retention,
 		newReplCollector(s)}
 	for _, c := range m.collectors {
 		reg.MustRegister(c)

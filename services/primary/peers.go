@@ -23,6 +23,10 @@ type peers struct {
 	// waiting counts sync commits waiting on replicas: while it is not 0,
 	// replica streams ask for an immediate flush and ack after each batch.
 	waiting atomic.Int64
+	// waitingApply counts those waiting for replicas to apply: replicas
+	// apply only up to the primary's durable LSN, so while it is not 0 each
+	// stream sends the new durable LSN the moment the WAL is synced.
+	waitingApply atomic.Int64
 	// lsWaiting counts commits waiting on log stores, likewise.
 	lsWaiting atomic.Int64
 }
@@ -108,6 +112,10 @@ func (r *replicaPos) at(level walshipv1.SyncLevel) uint64 {
 func (p *peers) waitReplicas(ctx context.Context, lsn uint64, k int, level walshipv1.SyncLevel) error {
 	p.waiting.Add(1)
 	defer p.waiting.Add(-1)
+	if level == walshipv1.SyncLevel_SYNC_LEVEL_APPLY {
+		p.waitingApply.Add(1)
+		defer p.waitingApply.Add(-1)
+	}
 	for {
 		p.mu.Lock()
 		have, connected := 0, 0

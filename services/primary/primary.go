@@ -3,10 +3,12 @@
 // its visible LSN, and ships the WAL to replicas and log stores.
 //
 // A write goes through one sequencer (LSNs assigned, compares evaluated
-// against every earlier write), one committer goroutine that owns the WAL
-// (group commit: one write and at most one fsync for every queued
-// transaction), then waits for its policy (local fsync, replicas, log
-// stores). Readers see the state only up to the visible LSN: the end of the
+// against every earlier write), one committer goroutine that writes the WAL
+// (one write for every queued transaction) and one syncer goroutine that
+// fsyncs it (one fsync for everything written while the previous one ran),
+// then waits for its policy (local fsync, replicas, log stores). Replicas
+// receive a batch once it is written, before the fsync; they apply only up
+// to the durable LSN the primary reports. Readers see the state only up to the visible LSN: the end of the
 // longest prefix of transactions whose commits have been acknowledged (or
 // failed) to their writers, so a read never returns a write before its writer
 // was told it committed.
@@ -46,7 +48,8 @@ type Server struct {
 	reads   *kvapi.Reader
 	metrics *metrics
 	peers   *peers
-	epoch   uint64
+	epoch   uint64       // this run's epoch: epochs.current()
+	epochs  epochHistory // fixed after recover
 
 	policy atomic.Pointer[Policy] // default commit policy
 
@@ -71,12 +74,19 @@ type Server struct {
 	entries         []wal.Entry
 	batchTime       time.Time
 	walPayloadBytes uint64
-	index           *lsnIndex     // read by lag metrics and replica streams
-	lastFsync       atomic.Int64  // duration of the latest WAL fsync, for group commit
-	syncWriters     atomic.Int64  // writes in flight that need a local fsync
-	peakWriters     int           // recent peak of syncWriters (committer only)
-	replWanted      atomic.Uint64 // last LSN of a batch holding a sync-replication commit
-	lsWanted        atomic.Uint64 // last LSN of a batch holding a sync-logstore commit
+	index           *lsnIndex // read by lag metrics and replica streams
+	// The syncer: the committer registers fsync waiters in durWait (LSN
+	// order) and pokes syncKick; the async flush timer pokes flushReq.
+	syncKick    chan struct{}
+	flushReq    chan struct{}
+	syncing     atomic.Bool // an fsync is running
+	durMu       sync.Mutex
+	durWait     []*txn
+	lastFsync   atomic.Int64  // duration of the latest WAL fsync, for group commit
+	syncWriters atomic.Int64  // writes in flight that need a local fsync
+	peakWriters int           // recent peak of syncWriters (syncer only)
+	replWanted  atomic.Uint64 // last LSN of a batch holding a sync-replication commit
+	lsWanted    atomic.Uint64 // last LSN of a batch holding a sync-logstore commit
 
 	snapMu      sync.Mutex
 	snapshotLSN atomic.Uint64
@@ -102,6 +112,8 @@ func New(cfg Config) (*Server, error) {
 		kick:     make(chan struct{}, 1),
 		snaps:    recovery.NewSnapshotSchedule(cfg.SnapshotEveryBytes),
 		truncate: make(chan uint64, 1),
+		syncKick: make(chan struct{}, 1),
+		flushReq: make(chan struct{}, 1),
 	}
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)
@@ -159,11 +171,30 @@ func (s *Server) recover() error {
 	}
 	s.store, s.wal = res.Store, res.WAL
 	s.snapshotLSN.Store(res.SnapshotLSN)
-	s.epoch = max(res.Epoch, 1)
 	s.overlay = state.NewOverlay(s.store)
 	s.nextLSN = s.store.AppliedLSN() + 1
 	s.nextTxn = s.store.AppliedLSN() + 1 // txn ids only need to be unique and increasing
 	s.visible.Advance(s.store.AppliedLSN())
+	if err := s.beginEpoch(res.Epoch); err != nil {
+		_ = s.wal.Close()
+		return err
+	}
+	return nil
+}
+
+// beginEpoch starts this run's epoch at the next LSN and makes it durable
+// before anything of it is written or sent (see epochs.go).
+func (s *Server) beginEpoch(seen uint64) error {
+	path := epochsPath(s.cfg.DataDir)
+	h, err := loadEpochs(s.fs, path)
+	if err != nil {
+		return err
+	}
+	h = h.begin(seen, s.nextLSN)
+	if err := vfs.WriteFileAtomic(s.fs, path, h.marshal()); err != nil {
+		return fmt.Errorf("save epoch history: %w", err)
+	}
+	s.epochs, s.epoch = h, h.current().epoch
 	return nil
 }
 

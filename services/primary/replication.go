@@ -56,10 +56,21 @@ func (r *replServer) Stream(stream walshipv1.ReplicationService_StreamServer) (r
 		return status.Errorf(codes.FailedPrecondition, "hello.epoch: replica has seen epoch %d, newer than this primary's %d: this primary is deposed", hello.GetEpoch(), s.epoch)
 	}
 	id, next := hello.GetReplicaId(), hello.GetNextLsn()
+	if keep, ok := s.epochs.keepUpTo(hello.GetEpoch()); ok && next > keep+1 {
+		// Sent before they were durable here, then lost by a crash of this
+		// primary: the replica never applied them, so it can cut them.
+		s.metrics.replicaDiverged.Inc()
+		s.logger.Warn("replica holds entries this primary lost in a crash; telling it to cut them",
+			"replica", id, "replica_epoch", hello.GetEpoch(), "next_lsn", next, "truncate_after_lsn", keep, "epoch", s.epoch)
+		return stream.Send(&walshipv1.StreamResponse{
+			Msg:        &walshipv1.StreamResponse_Diverged{Diverged: &walshipv1.Diverged{TruncateAfterLsn: keep, Epoch: s.epoch}},
+			DurableLsn: s.wal.DurableLSN(),
+		})
+	}
 	if last := s.wal.LastLSN(); next > last+1 {
 		return status.Errorf(codes.FailedPrecondition, "hello.next_lsn: replica %s is ahead of the primary (next LSN %d, primary's last LSN %d): its log diverged", id, next, last)
 	}
-	rd, err := s.wal.NewReader(next, true)
+	rd, err := s.wal.NewReader(next, false)
 	if errors.Is(err, wal.ErrCompacted) || (err == nil && next <= s.walResetFloor()) {
 		if rd != nil {
 			rd.Close()
@@ -165,36 +176,68 @@ func (r *replServer) receiveAcks(ctx context.Context, id string, stream walshipv
 	}
 }
 
-// send streams durable WAL batches from next on, with a heartbeat whenever
-// the stream was idle for a heartbeat interval. A replica that falls more
-// than MaxReplicaLagBytes behind is cut off with OUT_OF_RANGE: it catches up
-// from a log store instead of pinning the primary's WAL.
+// send streams WAL batches from next on as soon as they are written — the
+// replica's write and fsync then overlap the primary's own fsync — each
+// message carrying the primary's durable LSN, beyond which the replica
+// applies nothing. When the WAL is synced and no batch follows to carry the
+// new durable LSN, a heartbeat does: at once if a commit waits for replicas
+// to apply, else after durableUpdateDelay (a batch usually comes first).
+// An idle stream gets a heartbeat every heartbeat interval. A replica that
+// falls more than MaxReplicaLagBytes behind is cut off with OUT_OF_RANGE: it
+// catches up from a log store instead of pinning the primary's WAL.
 func (r *replServer) send(ctx context.Context, id string, next uint64, rd *wal.Reader, stream walshipv1.ReplicationService_StreamServer) error {
 	s := r.s
 	firstEntry := true
 	// An immediate heartbeat tells the replica it is connected and where the
 	// primary is, before any batch.
-	if err := stream.Send(r.heartbeat()); err != nil {
+	sentDurable := s.wal.DurableLSN()
+	if err := stream.Send(r.heartbeat(sentDurable, true)); err != nil {
 		return err
 	}
+	idle := time.NewTimer(s.cfg.HeartbeatInterval)
+	defer idle.Stop()
+	// A durable LSN not yet sent is sent by dueAt at the latest.
+	var dueAt time.Time
+	due := time.NewTimer(time.Hour)
+	due.Stop()
+	defer due.Stop()
 	sent := s.metrics.sentBytes.WithLabelValues(id)
 	want := next // first LSN of the entry to send next
-	for n := 0; ; n++ {
-		var e wal.Entry
-		var err error
-		if s.wal.DurableLSN() >= want {
-			e, err = rd.Next(ctx) // available: no timer needed
-		} else {
-			nctx, cancel := context.WithTimeout(ctx, s.cfg.HeartbeatInterval)
-			e, err = rd.Next(nctx)
-			cancel()
-		}
-		switch {
-		case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
-			if err := stream.Send(r.heartbeat()); err != nil {
-				return err
+	for n := 0; ; {
+		changed := s.wal.Changed()
+		if s.wal.LastLSN() < want {
+			durable := s.wal.DurableLSN()
+			if durable > sentDurable {
+				urgent := s.peers.waitingApply.Load() > 0
+				if dueAt.IsZero() && !urgent {
+					dueAt = time.Now().Add(durableUpdateDelay)
+					resetTimer(due, durableUpdateDelay)
+				}
+				if urgent || !time.Now().Before(dueAt) {
+					if err := stream.Send(r.heartbeat(durable, urgent)); err != nil {
+						return err
+					}
+					sentDurable, dueAt = durable, time.Time{}
+					resetTimer(idle, s.cfg.HeartbeatInterval)
+					continue
+				}
+			}
+			select {
+			case <-changed:
+			case <-due.C:
+			case <-idle.C:
+				if err := stream.Send(r.heartbeat(durable, true)); err != nil {
+					return err
+				}
+				sentDurable = max(sentDurable, durable)
+				idle.Reset(s.cfg.HeartbeatInterval)
+			case <-ctx.Done():
+				return ctx.Err()
 			}
 			continue
+		}
+		e, err := rd.Next(ctx)
+		switch {
 		case errors.Is(err, wal.ErrCompacted):
 			return status.Errorf(codes.OutOfRange, "replica %s: the WAL it needs was removed by retention; catch up from a log store or a snapshot", id)
 		case err != nil:
@@ -205,21 +248,29 @@ func (r *replServer) send(ctx context.Context, id string, next uint64, rd *wal.R
 		}
 		firstEntry = false
 		want = e.LastLSN + 1
-		if err := stream.Send(withRawBatch(&walshipv1.StreamResponse{}, e.Data)); err != nil {
+		durable := s.wal.DurableLSN()
+		m := withRawBatch(&walshipv1.StreamResponse{DurableLsn: durable}, e.Data)
+		if err := stream.Send(m); err != nil {
 			return err
+		}
+		sentDurable = max(sentDurable, durable)
+		if sentDurable >= want-1 {
+			dueAt = time.Time{} // nothing left to report
 		}
 		// A sync commit waits (or is about to wait) on replicas: ask for
 		// the flush and ack now rather than after the replica's flush delay.
 		if e.LastLSN <= s.replWanted.Load() || s.peers.waiting.Load() > 0 {
-			if err := stream.Send(r.heartbeat()); err != nil {
+			if err := stream.Send(r.heartbeat(sentDurable, true)); err != nil {
 				return err
 			}
 		}
+		resetTimer(idle, s.cfg.HeartbeatInterval)
 		s.peers.addSent(id, uint64(len(e.Data)))
 		sent.Add(float64(len(e.Data)))
 		// The lag check costs a lock and a search: every 32 batches is enough
 		// to cut off a replica that fell megabytes behind.
-		if n%32 == 31 && s.cfg.MaxReplicaLagBytes > 0 {
+		n++
+		if n%32 == 0 && s.cfg.MaxReplicaLagBytes > 0 {
 			if lagBytes, _ := s.index.lag(s.replicaFlushed(id), time.Now()); lagBytes > uint64(s.cfg.MaxReplicaLagBytes) {
 				return status.Errorf(codes.OutOfRange, "replica %s is %d bytes behind, more than --max-replica-lag-bytes %d; catch up from a log store", id, lagBytes, s.cfg.MaxReplicaLagBytes)
 			}
@@ -227,9 +278,20 @@ func (r *replServer) send(ctx context.Context, id string, next uint64, rd *wal.R
 	}
 }
 
-func (r *replServer) heartbeat() *walshipv1.StreamResponse {
-	return &walshipv1.StreamResponse{Msg: &walshipv1.StreamResponse_Heartbeat{Heartbeat: &walshipv1.Heartbeat{
-		Epoch: r.s.epoch, LastLsn: r.s.wal.DurableLSN(), TimeUnixNano: time.Now().UnixNano(), ReplyRequested: true}}}
+// durableUpdateDelay bounds how long a replica may wait to hear that the
+// primary's WAL became durable when no commit waits on it applying. Under
+// load the next batch carries it first.
+const durableUpdateDelay = 2 * time.Millisecond
+
+func resetTimer(t *time.Timer, d time.Duration) {
+	t.Stop()
+	t.Reset(d)
+}
+
+// heartbeat reports the primary's last written and durable LSNs.
+func (r *replServer) heartbeat(durable uint64, reply bool) *walshipv1.StreamResponse {
+	return &walshipv1.StreamResponse{DurableLsn: durable, Msg: &walshipv1.StreamResponse_Heartbeat{Heartbeat: &walshipv1.Heartbeat{
+		Epoch: r.s.epoch, LastLsn: r.s.wal.LastLSN(), TimeUnixNano: time.Now().UnixNano(), ReplyRequested: reply}}}
 }
 
 func (s *Server) replicaLastAck(id string) time.Time {

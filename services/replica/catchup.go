@@ -78,7 +78,7 @@ func (s *Server) reseed(ctx context.Context) (bool, error) {
 	if e := s.epoch.Load(); hdr.GetEpoch() < e {
 		return false, &refusal{reason: reasonEpoch, err: fmt.Errorf("snapshot from epoch %d, this replica has seen epoch %d", hdr.GetEpoch(), e)}
 	}
-	if applied := s.appliedLSN(); hdr.GetLsn() < applied {
+	if applied := s.appliedLSN(); hdr.GetLsn() < applied && !s.reseedBack {
 		// Taking it would move reads backwards; the primary's state will
 		// move past ours soon enough.
 		return false, fmt.Errorf("%w: snapshot at LSN %d is behind this replica's applied LSN %d", errSnapshot, hdr.GetLsn(), applied)
@@ -129,6 +129,12 @@ func (s *Server) install(st *state.Store, epoch uint64) error {
 	if err := s.adoptEpoch(epoch); err != nil {
 		return fmt.Errorf("%w: %w", errFatal, err)
 	}
+	if s.reseedBack {
+		// Newer snapshots hold entries the primary lost: never load them.
+		if err := state.RemoveSnapshotsAbove(s.fs, s.snapDir(), lsn); err != nil {
+			return err
+		}
+	}
 	path, err := state.SaveSnapshot(s.fs, s.snapDir(), st.Snapshot())
 	if err != nil && path == "" {
 		return fmt.Errorf("save re-seeded state: %w", err)
@@ -139,7 +145,15 @@ func (s *Server) install(st *state.Store, epoch uint64) error {
 	if err != nil {
 		return fmt.Errorf("%w: reset wal to LSN %d: %w", errFatal, lsn+1, err)
 	}
+	clear(s.unapplied)
+	s.unapplied = s.unapplied[:0]
+	s.primaryDurable = max(s.primaryDurable, lsn)
 	s.store.Store(st)
+	if s.reseedBack {
+		s.visible.Reset(lsn)
+		s.lag.reset(lsn)
+		s.reseedBack = false
+	}
 	s.visible.Advance(lsn)
 	s.lag.advance(lsn)
 	// The WAL holds nothing before lsn+1 now, so the older snapshot can no
@@ -148,4 +162,37 @@ func (s *Server) install(st *state.Store, epoch uint64) error {
 	s.snapshotLSN.Store(lsn)
 	s.snaps.Taken(int64(s.wal.Stats().BytesWritten))
 	return nil
+}
+
+// divergedError is a Diverged answer from the primary.
+type divergedError struct {
+	keep, epoch uint64
+}
+
+func (d *divergedError) Error() string {
+	return fmt.Sprintf("the primary (epoch %d) does not have this replica's entries after LSN %d: they were lost by a crash before they were durable there", d.epoch, d.keep)
+}
+
+// cutDiverged removes the replica's entries after keep. It returns false
+// when the replica applied some of them (it replayed its own log after a
+// restart), so that only a re-seed can undo them.
+func (s *Server) cutDiverged(keep uint64) (bool, error) {
+	if applied := s.appliedLSN(); applied > keep {
+		s.reseedBack = true
+		return false, nil
+	}
+	s.walMu.Lock()
+	err := s.wal.TruncateAfter(keep)
+	s.walMu.Unlock()
+	if err != nil {
+		return false, fmt.Errorf("%w: cut the log after LSN %d: %w", errFatal, keep, err)
+	}
+	n := len(s.unapplied)
+	for n > 0 && s.unapplied[n-1].env.GetFirstLsn() > keep {
+		n--
+	}
+	clear(s.unapplied[n:])
+	s.unapplied = s.unapplied[:n]
+	s.metrics.diverged.Inc()
+	return true, nil
 }

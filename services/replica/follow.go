@@ -72,7 +72,23 @@ func (s *Server) follow(ctx context.Context) error {
 		}
 		code := status.Code(err)
 		var ref *refusal
+		var div *divergedError
 		switch {
+		case errors.As(err, &div):
+			cut, cerr := s.cutDiverged(div.keep)
+			if cerr != nil {
+				s.logger.Error("replica stopped: its WAL failed", "err", cerr)
+				return cerr
+			}
+			if cut {
+				s.logger.Warn("cut entries the primary lost in a crash; reconnecting", "truncate_after_lsn", div.keep, "epoch", div.epoch)
+			} else {
+				s.metrics.diverged.Inc()
+				s.logger.Warn("this replica applied entries the primary lost in a crash (it replayed them after a restart); re-seeding from a snapshot",
+					"truncate_after_lsn", div.keep, "applied_lsn", s.appliedLSN(), "epoch", div.epoch)
+				rung = walshipv1.CatchUpRung_CATCH_UP_RUNG_SNAPSHOT
+			}
+			continue // not a failure: no backoff
 		case rung == walshipv1.CatchUpRung_CATCH_UP_RUNG_PRIMARY && code == codes.OutOfRange:
 			next := walshipv1.CatchUpRung_CATCH_UP_RUNG_SNAPSHOT
 			if s.logstore != nil {
@@ -179,25 +195,23 @@ func (s *Server) streamFromPrimary(ctx context.Context) (progress bool, err erro
 	watchdog := time.NewTimer(silence)
 	defer watchdog.Stop()
 	var (
-		round   []*walshipv1.WalBatch
-		pending []checked // written, not yet flushed and applied
-		armed   bool
+		round []*walshipv1.WalBatch
+		armed bool
 	)
 	flushTimer := time.NewTimer(time.Hour)
 	flushTimer.Stop()
 	defer flushTimer.Stop()
 	flush := func() error {
 		armed = false
-		applied, err := s.flushApply(pending)
-		clear(pending)
-		pending = pending[:0]
+		applied, err := s.flushApply()
 		progress = progress || applied > 0
 		poke(kick)
 		return err
 	}
-	// Whatever was written when the stream ends is flushed and applied.
+	// Whatever was written when the stream ends is flushed, and applied as
+	// far as the primary said it is durable; the rest waits in s.unapplied.
 	defer func() {
-		if len(pending) > 0 {
+		if len(s.unapplied) > 0 {
 			if ferr := flush(); ferr != nil && err == nil {
 				err = ferr
 			}
@@ -237,7 +251,10 @@ func (s *Server) streamFromPrimary(ctx context.Context) (progress bool, err erro
 		round = round[:0]
 		replyNow := false
 		for {
+			s.primaryDurable = max(s.primaryDurable, m.GetDurableLsn())
 			switch x := m.GetMsg().(type) {
+			case *walshipv1.StreamResponse_Diverged:
+				return progress, &divergedError{keep: x.Diverged.GetTruncateAfterLsn(), epoch: x.Diverged.GetEpoch()}
 			case *walshipv1.StreamResponse_Batch:
 				round = append(round, x.Batch)
 			case *walshipv1.StreamResponse_Heartbeat:
@@ -262,22 +279,31 @@ func (s *Server) streamFromPrimary(ctx context.Context) (progress bool, err erro
 		}
 		var refused error
 		if len(round) > 0 {
-			var good []checked
-			good, refused = s.write(round, func() { poke(kick) })
-			pending = append(pending, good...)
+			refused = s.write(round, func() { poke(kick) })
 		}
 		// Flush and apply now if the primary is waiting on this replica
 		// (a sync commit asked for a reply), the round was refused (apply
 		// the good prefix before reconnecting), or enough piled up;
 		// otherwise within FlushDelay, so one fsync covers many rounds
 		// while nobody waits — the disk is shared with the primary.
-		if replyNow || refused != nil || len(pending) >= maxRound || s.cfg.FlushDelay <= 0 {
+		// Batches already flushed that the primary has since made durable
+		// are applied at once: that needs no fsync.
+		unflushed := s.wal.DurableLSN() < s.wal.LastLSN()
+		switch {
+		case replyNow || refused != nil || len(s.unapplied) >= maxRound || s.cfg.FlushDelay <= 0:
 			if err := flush(); err != nil {
 				return progress, err
 			}
-		} else if len(pending) > 0 && !armed {
+		case unflushed && !armed:
 			flushTimer.Reset(s.cfg.FlushDelay)
 			armed = true
+		}
+		if s.applicable() {
+			n, err := s.applyReady()
+			progress = progress || n > 0
+			if err != nil {
+				return progress, err
+			}
 		}
 		if replyNow {
 			poke(kick)
@@ -380,10 +406,10 @@ func (s *Server) check(env *walshipv1.WalBatch, next, epoch uint64, c *checked) 
 }
 
 // write runs the first half of a round: it checks the batches in order,
-// writes the good prefix with one append and calls written (to ack the
-// write at once). It returns the written batches, still to be flushed and
-// applied, and the first refusal (or a fatal WAL error).
-func (s *Server) write(round []*walshipv1.WalBatch, written func()) ([]checked, error) {
+// writes the good prefix with one append, adds it to s.unapplied (to be
+// flushed and applied) and calls written (to ack the write at once). It
+// returns the first refusal (or a fatal WAL error).
+func (s *Server) write(round []*walshipv1.WalBatch, written func()) error {
 	good := make([]checked, len(round))
 	next, epoch := s.wal.LastLSN()+1, s.epoch.Load()
 	var refused error
@@ -402,13 +428,13 @@ func (s *Server) write(round []*walshipv1.WalBatch, written func()) ([]checked, 
 		n++
 	}
 	if n == 0 {
-		return nil, refused
+		return refused
 	}
 	good = good[:n]
 	if epoch > s.epoch.Load() {
 		// Durable before anything of the new epoch is acknowledged.
 		if err := s.adoptEpoch(epoch); err != nil {
-			return nil, fmt.Errorf("%w: %w", errFatal, err)
+			return fmt.Errorf("%w: %w", errFatal, err)
 		}
 	}
 	entries := make([]wal.Entry, n)
@@ -419,49 +445,81 @@ func (s *Server) write(round []*walshipv1.WalBatch, written func()) ([]checked, 
 	err := s.wal.Append(entries...)
 	s.walMu.Unlock()
 	if err != nil {
-		return nil, fmt.Errorf("%w: wal append: %w", errFatal, err)
+		return fmt.Errorf("%w: wal append: %w", errFatal, err)
 	}
+	s.unapplied = append(s.unapplied, good...)
 	if written != nil {
 		written()
 	}
-	return good, refused
+	return refused
 }
 
-// flushApply runs the second half of one or more rounds: one fsync for all
-// of pending, then applies them in order. It returns how many it applied.
-func (s *Server) flushApply(pending []checked) (int, error) {
-	if len(pending) == 0 {
+// flushApply runs the second half of one or more rounds: one fsync for
+// every written batch, then applyReady.
+func (s *Server) flushApply() (int, error) {
+	if len(s.unapplied) == 0 {
 		return 0, nil
 	}
-	if err := s.syncWAL(); err != nil {
-		return 0, err
+	if s.wal.DurableLSN() < s.wal.LastLSN() {
+		if err := s.syncWAL(); err != nil {
+			return 0, err
+		}
 	}
+	return s.applyReady()
+}
+
+// applicable reports whether applyReady would apply anything.
+func (s *Server) applicable() bool {
+	return len(s.unapplied) > 0 && s.unapplied[0].env.GetLastLsn() <= min(s.wal.DurableLSN(), s.primaryDurable)
+}
+
+// applyReady applies, in order, the written batches that are both flushed
+// here and durable on the primary: the primary sends batches before its own
+// fsync, and a replica must never serve a write that a crash of the primary
+// could take back. It returns how many it applied.
+func (s *Server) applyReady() (int, error) {
+	limit := min(s.wal.DurableLSN(), s.primaryDurable)
 	st := s.store.Load()
-	for i := range pending {
-		if err := st.Apply(&pending[i].batch); err != nil {
+	n := 0
+	for ; n < len(s.unapplied) && s.unapplied[n].env.GetLastLsn() <= limit; n++ {
+		c := &s.unapplied[n]
+		if err := st.Apply(&c.batch); err != nil {
 			// Written and synced but not appliable: the WAL and the state
 			// disagree, and recovery would fail the same way. Stop rather
 			// than serve a state that skips a batch.
-			return i, fmt.Errorf("%w: apply LSNs %d..%d: %w", errFatal, pending[i].env.GetFirstLsn(), pending[i].env.GetLastLsn(), err)
+			s.dropUnapplied(n)
+			return n, fmt.Errorf("%w: apply LSNs %d..%d: %w", errFatal, c.env.GetFirstLsn(), c.env.GetLastLsn(), err)
 		}
-		s.metrics.appliedRecords.Add(float64(len(pending[i].batch.Records)))
-		s.metrics.appliedBytes.Add(float64(len(pending[i].env.GetPayload())))
+		s.metrics.appliedRecords.Add(float64(len(c.batch.Records)))
+		s.metrics.appliedBytes.Add(float64(len(c.env.GetPayload())))
 	}
+	if n == 0 {
+		return 0, nil
+	}
+	s.dropUnapplied(n)
 	applied := st.AppliedLSN()
 	s.visible.Advance(applied)
 	s.lag.advance(applied)
 	s.maybeSnapshot()
-	return len(pending), nil
+	return n, nil
 }
 
-// process runs one whole round (write, fsync, apply), for the catch-up
-// rungs, which have nobody to wait for.
+// dropUnapplied removes the first n batches of s.unapplied.
+func (s *Server) dropUnapplied(n int) {
+	rest := copy(s.unapplied, s.unapplied[n:])
+	clear(s.unapplied[rest:])
+	s.unapplied = s.unapplied[:rest]
+}
+
+// process runs one whole round (write, fsync, apply), for the log store
+// rung: a log store holds only what the primary made durable.
 func (s *Server) process(round []*walshipv1.WalBatch, written func()) (int, error) {
-	good, refused := s.write(round, written)
-	if len(good) == 0 {
+	refused := s.write(round, written)
+	if len(s.unapplied) == 0 {
 		return 0, refused
 	}
-	n, err := s.flushApply(good)
+	s.primaryDurable = max(s.primaryDurable, s.unapplied[len(s.unapplied)-1].env.GetLastLsn())
+	n, err := s.flushApply()
 	if err != nil {
 		return n, err
 	}

@@ -94,18 +94,33 @@ func (f *fakePrimary) next(t *testing.T) *session {
 	}
 }
 
+// send sends batches as a primary that made each durable before sending it.
 func (s *session) send(t *testing.T, bs ...*walshipv1.WalBatch) {
 	t.Helper()
 	for _, b := range bs {
-		if err := s.stream.Send(&walshipv1.StreamResponse{Msg: &walshipv1.StreamResponse_Batch{Batch: b}}); err != nil {
+		s.sendDurable(t, b.LastLsn, b)
+	}
+}
+
+// sendDurable sends batches reporting the primary's durable LSN as durable.
+func (s *session) sendDurable(t *testing.T, durable uint64, bs ...*walshipv1.WalBatch) {
+	t.Helper()
+	for _, b := range bs {
+		if err := s.stream.Send(&walshipv1.StreamResponse{DurableLsn: durable, Msg: &walshipv1.StreamResponse_Batch{Batch: b}}); err != nil {
 			t.Fatalf("send batch %d..%d: %v", b.FirstLsn, b.LastLsn, err)
 		}
 	}
 }
 
+// heartbeat sends a heartbeat of a primary whose WAL is durable up to last.
 func (s *session) heartbeat(t *testing.T, epoch, last uint64, reply bool) {
 	t.Helper()
-	if err := s.stream.Send(&walshipv1.StreamResponse{Msg: &walshipv1.StreamResponse_Heartbeat{Heartbeat: &walshipv1.Heartbeat{
+	s.heartbeatDurable(t, epoch, last, last, reply)
+}
+
+func (s *session) heartbeatDurable(t *testing.T, epoch, last, durable uint64, reply bool) {
+	t.Helper()
+	if err := s.stream.Send(&walshipv1.StreamResponse{DurableLsn: durable, Msg: &walshipv1.StreamResponse_Heartbeat{Heartbeat: &walshipv1.Heartbeat{
 		Epoch: epoch, LastLsn: last, TimeUnixNano: time.Now().UnixNano(), ReplyRequested: reply,
 	}}}); err != nil {
 		t.Fatalf("send heartbeat: %v", err)

@@ -135,3 +135,12 @@ func (l *lagTracker) seconds(now time.Time) float64 {
 	}
 	return max(lag, 0).Seconds()
 }
+
+// reset moves the applied LSN back to lsn (a replica re-seeded backwards).
+func (l *lagTracker) reset(lsn uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.applied = lsn
+	l.behind = l.behind[:0]
+	l.noteLocked(l.primaryLast, time.Now())
+}

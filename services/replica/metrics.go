@@ -23,6 +23,7 @@ type metrics struct {
 	appliedBytes   prometheus.Counter
 	rung           *prometheus.GaugeVec
 	refused        *prometheus.CounterVec
+	diverged       prometheus.Counter
 	decodeSeconds  *prometheus.HistogramVec
 	fsyncSeconds   prometheus.Histogram
 	fsyncErrors    prometheus.Counter
@@ -62,6 +63,10 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		}
 		return 0
 	})
+	m.diverged = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "walship_replica_diverged_total",
+		Help: "Times the primary answered Diverged: this replica held entries the primary lost in a crash before they were durable there; they were cut (or, if applied after a restart, the replica re-seeded).",
+	})
 	m.refused = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "walship_replica_refused_batches_total",
 		Help: "WAL batches the replica refused (never written nor applied), by reason: crc, epoch (older than the highest seen), gap (not continuing the log), decode.",
@@ -88,7 +93,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		stage("write", s.wal.LastLSN),
 		stage("flush", s.wal.DurableLSN),
 		stage("apply", s.appliedLSN),
-		m.appliedRecords, m.appliedBytes, m.rung, connected, m.refused, m.decodeSeconds, m.fsyncSeconds, m.fsyncErrors,
+		m.appliedRecords, m.appliedBytes, m.rung, connected, m.refused, m.diverged, m.decodeSeconds, m.fsyncSeconds, m.fsyncErrors,
 	}
 	for _, c := range m.collectors {
 		reg.MustRegister(c)

@@ -105,6 +105,16 @@ type Server struct {
 	rung      atomic.Int32 // walshipv1.CatchUpRung
 	connected atomic.Bool
 
+	// Follower-only state. unapplied holds written batches, in LSN order,
+	// not yet applied: not flushed here, or not yet durable on the primary
+	// (primaryDurable, the highest durable LSN the primary reported).
+	// reseedBack lets the next re-seed move the state backwards: after a
+	// divergence, what this replica applied beyond the cut is not the
+	// primary's history.
+	unapplied      []checked
+	primaryDurable uint64
+	reseedBack     bool
+
 	// snapMu serialises snapshot writing and re-seeding (SaveSnapshot must
 	// not run concurrently for one directory).
 	snapMu          sync.Mutex
@@ -309,26 +319,7 @@ func (s *Server) adoptEpoch(e uint64) error {
 	if e <= old {
 		return nil
 	}
-	path := s.epochPath()
-	tmp := path + ".tmp"
-	f, err := s.fs.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
-		return fmt.Errorf("save epoch: %w", err)
-	}
-	_, err = f.Write([]byte(strconv.FormatUint(e, 10) + "\n"))
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = s.fs.Rename(tmp, path)
-	}
-	if err == nil {
-		err = s.fs.SyncDir(s.cfg.DataDir)
-	}
-	if err != nil {
+	if err := vfs.WriteFileAtomic(s.fs, s.epochPath(), []byte(strconv.FormatUint(e, 10)+"\n")); err != nil {
 		return fmt.Errorf("save epoch %d: %w", e, err)
 	}
 	s.epoch.Store(e)

@@ -130,7 +130,10 @@ type ReplicaHello struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// replica_id names the replica (stable across restarts; used as a metric label).
 	ReplicaId string `protobuf:"bytes,1,opt,name=replica_id,json=replicaId,proto3" json:"replica_id,omitempty"`
-	// epoch is the highest epoch the replica has seen.
+	// epoch is the highest epoch the replica has seen (of the last batch it
+	// wrote, or of the snapshot it was seeded from). The primary compares it
+	// with its epoch history to find entries written before one of its
+	// restarts that it no longer has (see Diverged).
 	Epoch uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	// next_lsn is the first LSN the replica needs (its last written LSN + 1).
 	NextLsn       uint64 `protobuf:"varint,3,opt,name=next_lsn,json=nextLsn,proto3" json:"next_lsn,omitempty"`
@@ -271,7 +274,14 @@ type StreamResponse struct {
 	//
 	//	*StreamResponse_Batch
 	//	*StreamResponse_Heartbeat
-	Msg           isStreamResponse_Msg `protobuf_oneof:"msg"`
+	//	*StreamResponse_Diverged
+	Msg isStreamResponse_Msg `protobuf_oneof:"msg"`
+	// durable_lsn is the primary's durable LSN when it sent this message.
+	// Batches are sent as soon as the primary has written them, before its own
+	// fsync, so that the replica's fsync runs in parallel with the primary's;
+	// a replica applies (makes readable) nothing beyond the durable_lsn it has
+	// received, so it never serves a write that a primary crash could lose.
+	DurableLsn    uint64 `protobuf:"varint,4,opt,name=durable_lsn,json=durableLsn,proto3" json:"durable_lsn,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -331,6 +341,22 @@ func (x *StreamResponse) GetHeartbeat() *Heartbeat {
 	return nil
 }
 
+func (x *StreamResponse) GetDiverged() *Diverged {
+	if x != nil {
+		if x, ok := x.Msg.(*StreamResponse_Diverged); ok {
+			return x.Diverged
+		}
+	}
+	return nil
+}
+
+func (x *StreamResponse) GetDurableLsn() uint64 {
+	if x != nil {
+		return x.DurableLsn
+	}
+	return 0
+}
+
 type isStreamResponse_Msg interface {
 	isStreamResponse_Msg()
 }
@@ -341,13 +367,82 @@ type StreamResponse_Batch struct {
 }
 
 type StreamResponse_Heartbeat struct {
-	// heartbeat carries the primary's last LSN and clock when idle.
+	// heartbeat carries the primary's last LSN and clock when idle, and
+	// the primary's new durable_lsn when it advanced after a batch was sent.
 	Heartbeat *Heartbeat `protobuf:"bytes,2,opt,name=heartbeat,proto3,oneof"`
+}
+
+type StreamResponse_Diverged struct {
+	// diverged tells the replica to cut its log; the stream then ends.
+	Diverged *Diverged `protobuf:"bytes,3,opt,name=diverged,proto3,oneof"`
 }
 
 func (*StreamResponse_Batch) isStreamResponse_Msg() {}
 
 func (*StreamResponse_Heartbeat) isStreamResponse_Msg() {}
+
+func (*StreamResponse_Diverged) isStreamResponse_Msg() {}
+
+// Diverged answers the hello of a replica whose log holds entries the
+// primary does not have: they were sent before the primary made them durable,
+// and the primary crashed and restarted (in a new epoch) without them. The
+// replica removes every entry after truncate_after_lsn (it never applied
+// them, since it applies only up to the primary's durable LSN) and
+// reconnects; a replica that did apply beyond it (it restarted and replayed
+// its own log) re-seeds from a snapshot instead.
+type Diverged struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// truncate_after_lsn is the last LSN the replica may keep.
+	TruncateAfterLsn uint64 `protobuf:"varint,1,opt,name=truncate_after_lsn,json=truncateAfterLsn,proto3" json:"truncate_after_lsn,omitempty"`
+	// epoch is the primary's epoch, which began at truncate_after_lsn + 1 or earlier.
+	Epoch         uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Diverged) Reset() {
+	*x = Diverged{}
+	mi := &file_walship_v1_replication_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Diverged) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Diverged) ProtoMessage() {}
+
+func (x *Diverged) ProtoReflect() protoreflect.Message {
+	mi := &file_walship_v1_replication_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Diverged.ProtoReflect.Descriptor instead.
+func (*Diverged) Descriptor() ([]byte, []int) {
+	return file_walship_v1_replication_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Diverged) GetTruncateAfterLsn() uint64 {
+	if x != nil {
+		return x.TruncateAfterLsn
+	}
+	return 0
+}
+
+func (x *Diverged) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
 
 // SnapshotRequest asks for the primary's current state.
 type SnapshotRequest struct {
@@ -360,7 +455,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_walship_v1_replication_proto_msgTypes[4]
+	mi := &file_walship_v1_replication_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -372,7 +467,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_replication_proto_msgTypes[4]
+	mi := &file_walship_v1_replication_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -385,7 +480,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_walship_v1_replication_proto_rawDescGZIP(), []int{4}
+	return file_walship_v1_replication_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SnapshotRequest) GetReplicaId() string {
@@ -412,7 +507,7 @@ type SnapshotResponse struct {
 
 func (x *SnapshotResponse) Reset() {
 	*x = SnapshotResponse{}
-	mi := &file_walship_v1_replication_proto_msgTypes[5]
+	mi := &file_walship_v1_replication_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -424,7 +519,7 @@ func (x *SnapshotResponse) String() string {
 func (*SnapshotResponse) ProtoMessage() {}
 
 func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_replication_proto_msgTypes[5]
+	mi := &file_walship_v1_replication_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -437,7 +532,7 @@ func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_replication_proto_rawDescGZIP(), []int{5}
+	return file_walship_v1_replication_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SnapshotResponse) GetPart() isSnapshotResponse_Part {
@@ -514,7 +609,7 @@ type SnapshotHeader struct {
 
 func (x *SnapshotHeader) Reset() {
 	*x = SnapshotHeader{}
-	mi := &file_walship_v1_replication_proto_msgTypes[6]
+	mi := &file_walship_v1_replication_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -526,7 +621,7 @@ func (x *SnapshotHeader) String() string {
 func (*SnapshotHeader) ProtoMessage() {}
 
 func (x *SnapshotHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_replication_proto_msgTypes[6]
+	mi := &file_walship_v1_replication_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -539,7 +634,7 @@ func (x *SnapshotHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotHeader.ProtoReflect.Descriptor instead.
 func (*SnapshotHeader) Descriptor() ([]byte, []int) {
-	return file_walship_v1_replication_proto_rawDescGZIP(), []int{6}
+	return file_walship_v1_replication_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SnapshotHeader) GetEpoch() uint64 {
@@ -574,7 +669,7 @@ type SnapshotChunk struct {
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_walship_v1_replication_proto_msgTypes[7]
+	mi := &file_walship_v1_replication_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -586,7 +681,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_replication_proto_msgTypes[7]
+	mi := &file_walship_v1_replication_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -599,7 +694,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_walship_v1_replication_proto_rawDescGZIP(), []int{7}
+	return file_walship_v1_replication_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *SnapshotChunk) GetKvs() []*KeyValue {
@@ -620,7 +715,7 @@ type SnapshotTrailer struct {
 
 func (x *SnapshotTrailer) Reset() {
 	*x = SnapshotTrailer{}
-	mi := &file_walship_v1_replication_proto_msgTypes[8]
+	mi := &file_walship_v1_replication_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -632,7 +727,7 @@ func (x *SnapshotTrailer) String() string {
 func (*SnapshotTrailer) ProtoMessage() {}
 
 func (x *SnapshotTrailer) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_replication_proto_msgTypes[8]
+	mi := &file_walship_v1_replication_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -645,7 +740,7 @@ func (x *SnapshotTrailer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotTrailer.ProtoReflect.Descriptor instead.
 func (*SnapshotTrailer) Descriptor() ([]byte, []int) {
-	return file_walship_v1_replication_proto_rawDescGZIP(), []int{8}
+	return file_walship_v1_replication_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SnapshotTrailer) GetStateDigest() string {
@@ -679,11 +774,17 @@ const file_walship_v1_replication_proto_rawDesc = "" +
 	"flushedLsn\x12\x1f\n" +
 	"\vapplied_lsn\x18\x03 \x01(\x04R\n" +
 	"appliedLsn\x12$\n" +
-	"\x0etime_unix_nano\x18\x04 \x01(\x03R\ftimeUnixNano\"|\n" +
+	"\x0etime_unix_nano\x18\x04 \x01(\x03R\ftimeUnixNano\"\xd1\x01\n" +
 	"\x0eStreamResponse\x12,\n" +
 	"\x05batch\x18\x01 \x01(\v2\x14.walship.v1.WalBatchH\x00R\x05batch\x125\n" +
-	"\theartbeat\x18\x02 \x01(\v2\x15.walship.v1.HeartbeatH\x00R\theartbeatB\x05\n" +
-	"\x03msg\"0\n" +
+	"\theartbeat\x18\x02 \x01(\v2\x15.walship.v1.HeartbeatH\x00R\theartbeat\x122\n" +
+	"\bdiverged\x18\x03 \x01(\v2\x14.walship.v1.DivergedH\x00R\bdiverged\x12\x1f\n" +
+	"\vdurable_lsn\x18\x04 \x01(\x04R\n" +
+	"durableLsnB\x05\n" +
+	"\x03msg\"N\n" +
+	"\bDiverged\x12,\n" +
+	"\x12truncate_after_lsn\x18\x01 \x01(\x04R\x10truncateAfterLsn\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"0\n" +
 	"\x0fSnapshotRequest\x12\x1d\n" +
 	"\n" +
 	"replica_id\x18\x01 \x01(\tR\treplicaId\"\xbc\x01\n" +
@@ -716,40 +817,42 @@ func file_walship_v1_replication_proto_rawDescGZIP() []byte {
 	return file_walship_v1_replication_proto_rawDescData
 }
 
-var file_walship_v1_replication_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_walship_v1_replication_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_walship_v1_replication_proto_goTypes = []any{
 	(*StreamRequest)(nil),    // 0: walship.v1.StreamRequest
 	(*ReplicaHello)(nil),     // 1: walship.v1.ReplicaHello
 	(*ReplicaAck)(nil),       // 2: walship.v1.ReplicaAck
 	(*StreamResponse)(nil),   // 3: walship.v1.StreamResponse
-	(*SnapshotRequest)(nil),  // 4: walship.v1.SnapshotRequest
-	(*SnapshotResponse)(nil), // 5: walship.v1.SnapshotResponse
-	(*SnapshotHeader)(nil),   // 6: walship.v1.SnapshotHeader
-	(*SnapshotChunk)(nil),    // 7: walship.v1.SnapshotChunk
-	(*SnapshotTrailer)(nil),  // 8: walship.v1.SnapshotTrailer
-	(*Heartbeat)(nil),        // 9: walship.v1.Heartbeat
-	(*WalBatch)(nil),         // 10: walship.v1.WalBatch
-	(*KeyValue)(nil),         // 11: walship.v1.KeyValue
+	(*Diverged)(nil),         // 4: walship.v1.Diverged
+	(*SnapshotRequest)(nil),  // 5: walship.v1.SnapshotRequest
+	(*SnapshotResponse)(nil), // 6: walship.v1.SnapshotResponse
+	(*SnapshotHeader)(nil),   // 7: walship.v1.SnapshotHeader
+	(*SnapshotChunk)(nil),    // 8: walship.v1.SnapshotChunk
+	(*SnapshotTrailer)(nil),  // 9: walship.v1.SnapshotTrailer
+	(*Heartbeat)(nil),        // 10: walship.v1.Heartbeat
+	(*WalBatch)(nil),         // 11: walship.v1.WalBatch
+	(*KeyValue)(nil),         // 12: walship.v1.KeyValue
 }
 var file_walship_v1_replication_proto_depIdxs = []int32{
 	1,  // 0: walship.v1.StreamRequest.hello:type_name -> walship.v1.ReplicaHello
 	2,  // 1: walship.v1.StreamRequest.ack:type_name -> walship.v1.ReplicaAck
-	9,  // 2: walship.v1.StreamRequest.heartbeat:type_name -> walship.v1.Heartbeat
-	10, // 3: walship.v1.StreamResponse.batch:type_name -> walship.v1.WalBatch
-	9,  // 4: walship.v1.StreamResponse.heartbeat:type_name -> walship.v1.Heartbeat
-	6,  // 5: walship.v1.SnapshotResponse.header:type_name -> walship.v1.SnapshotHeader
-	7,  // 6: walship.v1.SnapshotResponse.chunk:type_name -> walship.v1.SnapshotChunk
-	8,  // 7: walship.v1.SnapshotResponse.trailer:type_name -> walship.v1.SnapshotTrailer
-	11, // 8: walship.v1.SnapshotChunk.kvs:type_name -> walship.v1.KeyValue
-	0,  // 9: walship.v1.ReplicationService.Stream:input_type -> walship.v1.StreamRequest
-	4,  // 10: walship.v1.ReplicationService.Snapshot:input_type -> walship.v1.SnapshotRequest
-	3,  // 11: walship.v1.ReplicationService.Stream:output_type -> walship.v1.StreamResponse
-	5,  // 12: walship.v1.ReplicationService.Snapshot:output_type -> walship.v1.SnapshotResponse
-	11, // [11:13] is the sub-list for method output_type
-	9,  // [9:11] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	10, // 2: walship.v1.StreamRequest.heartbeat:type_name -> walship.v1.Heartbeat
+	11, // 3: walship.v1.StreamResponse.batch:type_name -> walship.v1.WalBatch
+	10, // 4: walship.v1.StreamResponse.heartbeat:type_name -> walship.v1.Heartbeat
+	4,  // 5: walship.v1.StreamResponse.diverged:type_name -> walship.v1.Diverged
+	7,  // 6: walship.v1.SnapshotResponse.header:type_name -> walship.v1.SnapshotHeader
+	8,  // 7: walship.v1.SnapshotResponse.chunk:type_name -> walship.v1.SnapshotChunk
+	9,  // 8: walship.v1.SnapshotResponse.trailer:type_name -> walship.v1.SnapshotTrailer
+	12, // 9: walship.v1.SnapshotChunk.kvs:type_name -> walship.v1.KeyValue
+	0,  // 10: walship.v1.ReplicationService.Stream:input_type -> walship.v1.StreamRequest
+	5,  // 11: walship.v1.ReplicationService.Snapshot:input_type -> walship.v1.SnapshotRequest
+	3,  // 12: walship.v1.ReplicationService.Stream:output_type -> walship.v1.StreamResponse
+	6,  // 13: walship.v1.ReplicationService.Snapshot:output_type -> walship.v1.SnapshotResponse
+	12, // [12:14] is the sub-list for method output_type
+	10, // [10:12] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_walship_v1_replication_proto_init() }
@@ -767,8 +870,9 @@ func file_walship_v1_replication_proto_init() {
 	file_walship_v1_replication_proto_msgTypes[3].OneofWrappers = []any{
 		(*StreamResponse_Batch)(nil),
 		(*StreamResponse_Heartbeat)(nil),
+		(*StreamResponse_Diverged)(nil),
 	}
-	file_walship_v1_replication_proto_msgTypes[5].OneofWrappers = []any{
+	file_walship_v1_replication_proto_msgTypes[6].OneofWrappers = []any{
 		(*SnapshotResponse_Header)(nil),
 		(*SnapshotResponse_Chunk)(nil),
 		(*SnapshotResponse_Trailer)(nil),
@@ -779,7 +883,7 @@ func file_walship_v1_replication_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_walship_v1_replication_proto_rawDesc), len(file_walship_v1_replication_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

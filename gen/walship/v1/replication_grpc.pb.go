@@ -31,9 +31,13 @@ const (
 type ReplicationServiceClient interface {
 	// Stream replicates the WAL. The replica opens it with a hello; the primary
 	// answers with batches from hello.next_lsn on and heartbeats; the replica
-	// sends cumulative acks. A next_lsn the primary no longer retains fails the
-	// stream with OUT_OF_RANGE (the replica then catches up from a log store or
-	// a snapshot); a stale epoch fails it with FAILED_PRECONDITION.
+	// sends cumulative acks. Batches go out once written, before the primary's
+	// fsync; every message carries the primary's durable LSN, beyond which the
+	// replica applies nothing. A next_lsn the primary no longer retains fails
+	// the stream with OUT_OF_RANGE (the replica then catches up from a log store
+	// or a snapshot); a replica holding entries the primary lost in a crash
+	// gets a Diverged message; a newer epoch than the primary's fails the
+	// stream with FAILED_PRECONDITION.
 	Stream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[StreamRequest, StreamResponse], error)
 	// Snapshot streams the primary's state at one LSN, for re-seeding a replica
 	// that neither the primary nor the log store can catch up.
@@ -88,9 +92,13 @@ type ReplicationService_SnapshotClient = grpc.ServerStreamingClient[SnapshotResp
 type ReplicationServiceServer interface {
 	// Stream replicates the WAL. The replica opens it with a hello; the primary
 	// answers with batches from hello.next_lsn on and heartbeats; the replica
-	// sends cumulative acks. A next_lsn the primary no longer retains fails the
-	// stream with OUT_OF_RANGE (the replica then catches up from a log store or
-	// a snapshot); a stale epoch fails it with FAILED_PRECONDITION.
+	// sends cumulative acks. Batches go out once written, before the primary's
+	// fsync; every message carries the primary's durable LSN, beyond which the
+	// replica applies nothing. A next_lsn the primary no longer retains fails
+	// the stream with OUT_OF_RANGE (the replica then catches up from a log store
+	// or a snapshot); a replica holding entries the primary lost in a crash
+	// gets a Diverged message; a newer epoch than the primary's fails the
+	// stream with FAILED_PRECONDITION.
 	Stream(grpc.BidiStreamingServer[StreamRequest, StreamResponse]) error
 	// Snapshot streams the primary's state at one LSN, for re-seeding a replica
 	// that neither the primary nor the log store can catch up.

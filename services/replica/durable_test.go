@@ -1,0 +1,199 @@
+package replica
+
+import (
+	"testing"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// TestApplyWaitsForPrimaryDurable: batches sent before the primary made them
+// durable are written, flushed and acknowledged at those stages at once,
+// but applied (readable) only as far as the primary's durable LSN goes.
+func TestApplyWaitsForPrimaryDurable(t *testing.T) {
+	fp := newFakePrimary(t)
+	cfg := testConfig(t, t.TempDir(), fp.addr)
+	r := start(t, cfg)
+	m := newModel(t)
+	sess := fp.next(t)
+
+	b1 := m.txn(put("a", "1"))
+	b2 := m.txn(put("b", "2"))
+	b3 := m.txn(put("c", "3"))
+	sess.sendDurable(t, 0, b1, b2, b3)
+	sess.heartbeatDurable(t, 1, b3.LastLsn, 0, true)
+	a := waitAckWhere(t, sess, func(a *walshipv1.ReplicaAck) bool { return a.FlushedLsn == b3.LastLsn })
+	if a.WrittenLsn != b3.LastLsn || a.AppliedLsn != 0 {
+		t.Fatalf("ack = %v; want written and flushed at %d, nothing applied before the primary's durable LSN", a, b3.LastLsn)
+	}
+	c := tctx(t)
+	_, err := r.kv.Get(c, &walshipv1.GetRequest{Key: "a", MinLsn: b1.LastLsn, WaitTimeout: durationpb.New(50 * time.Millisecond)})
+	wantCode(t, "Get before the primary's fsync", err, codes.DeadlineExceeded, "not visible")
+	if st := r.status(t); st.VisibleLsn != 0 || st.LastLsn != b3.LastLsn || st.DurableLsn != b3.LastLsn {
+		t.Fatalf("Status = %v; want written and durable here at %d, visible 0", st, b3.LastLsn)
+	}
+
+	// The primary's fsync covered b1 and b2: exactly those become readable.
+	sess.heartbeatDurable(t, 1, b3.LastLsn, b2.LastLsn, true)
+	r.waitApplied(t, b2.LastLsn)
+	if got, err := r.kv.Get(c, &walshipv1.GetRequest{Key: "b", MinLsn: b2.LastLsn}); err != nil || string(got.Value) != "2" {
+		t.Fatalf("Get b = %v, %v", got, err)
+	}
+	if got, err := r.kv.Get(c, &walshipv1.GetRequest{Key: "c"}); err != nil || got.Found || got.AppliedLsn != b2.LastLsn {
+		t.Fatalf("Get c = %v, %v; want not found at applied %d", got, err, b2.LastLsn)
+	}
+
+	// A later batch carries the next durable LSN.
+	b4 := m.txn(put("d", "4"))
+	sess.sendDurable(t, b3.LastLsn, b4)
+	r.waitApplied(t, b3.LastLsn)
+	sess.heartbeatDurable(t, 1, b4.LastLsn, b4.LastLsn, true)
+	r.waitApplied(t, b4.LastLsn)
+	if st := r.status(t); st.StateDigest != m.digest() {
+		t.Fatalf("digest %s, want %s", st.StateDigest, m.digest())
+	}
+}
+
+// waitAckWhere returns the first ack that satisfies ok.
+func waitAckWhere(t *testing.T, s *session, ok func(*walshipv1.ReplicaAck) bool) *walshipv1.ReplicaAck {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case a := <-s.acks:
+			if ok(a) {
+				return a
+			}
+		case <-deadline:
+			t.Fatal("no matching ack within 10s")
+			return nil
+		}
+	}
+}
+
+// forked returns the primary's history up to the fork and a batch builder
+// for a tail that the primary will lose.
+func forkModel(t *testing.T, m *model, shared ...*walshipv1.WalBatch) *model {
+	t.Helper()
+	lost := newModel(t)
+	lost.epoch = m.epoch
+	for _, b := range shared {
+		lost.apply(b)
+	}
+	lost.next = m.next
+	return lost
+}
+
+// TestDivergedTailIsCut: the replica received a tail the primary never made
+// durable; the primary crashed, restarted in a new epoch and answers the
+// hello with Diverged. The replica cuts the tail (it never applied it),
+// reconnects from the cut and follows the primary's new history.
+func TestDivergedTailIsCut(t *testing.T) {
+	fp := newFakePrimary(t)
+	cfg := testConfig(t, t.TempDir(), fp.addr)
+	r := start(t, cfg)
+	m := newModel(t)
+	sess := fp.next(t)
+
+	b1 := m.txn(put("a", "1"))
+	b2 := m.txn(put("b", "2"))
+	sess.send(t, b1, b2)
+	lost := forkModel(t, m, b1, b2)
+	l3 := lost.txn(put("a", "lost"))
+	l4 := lost.txn(put("z", "lost"))
+	sess.sendDurable(t, b2.LastLsn, l3, l4)
+	sess.heartbeatDurable(t, 1, l4.LastLsn, b2.LastLsn, true)
+	waitAckWhere(t, sess, func(a *walshipv1.ReplicaAck) bool { return a.FlushedLsn == l4.LastLsn })
+	r.waitApplied(t, b2.LastLsn)
+	sess.end <- nil
+
+	// The primary restarted in epoch 2 at LSN b2.LastLsn+1.
+	sess = fp.next(t)
+	if sess.hello.GetNextLsn() != l4.LastLsn+1 || sess.hello.GetEpoch() != 1 {
+		t.Fatalf("hello = %v", sess.hello)
+	}
+	if err := sess.stream.Send(&walshipv1.StreamResponse{DurableLsn: b2.LastLsn, Msg: &walshipv1.StreamResponse_Diverged{
+		Diverged: &walshipv1.Diverged{TruncateAfterLsn: b2.LastLsn, Epoch: 2}}}); err != nil {
+		t.Fatal(err)
+	}
+	sess.end <- nil
+
+	sess = fp.next(t)
+	if sess.hello.GetNextLsn() != b2.LastLsn+1 {
+		t.Fatalf("hello after the cut = %v, want next_lsn %d", sess.hello, b2.LastLsn+1)
+	}
+	m.epoch = 2
+	b3 := m.txn(put("a", "kept"))
+	sess.send(t, b3)
+	r.waitApplied(t, b3.LastLsn)
+	st := r.status(t)
+	if st.StateDigest != m.digest() || st.LastLsn != b3.LastLsn || st.Epoch != 2 {
+		t.Fatalf("Status = %v; want the new history's digest %s at LSN %d, epoch 2", st, m.digest(), b3.LastLsn)
+	}
+	if got, err := r.kv.Get(tctx(t), &walshipv1.GetRequest{Key: "z"}); err != nil || got.Found {
+		t.Fatalf("Get z (only in the lost tail) = %v, %v", got, err)
+	}
+	if v := r.metric(t, "walship_replica_diverged_total"); v != 1 {
+		t.Fatalf("walship_replica_diverged_total = %v, want 1", v)
+	}
+
+	// The cut is durable: a restart replays only the new history.
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	r2 := start(t, cfg)
+	if st := r2.status(t); st.StateDigest != m.digest() || st.LastLsn != b3.LastLsn {
+		t.Fatalf("Status after restart = %v; want digest %s at %d", st, m.digest(), b3.LastLsn)
+	}
+}
+
+// TestDivergedAfterReplayReseeds: a replica that restarted replays its own
+// log, lost tail included; when the primary then says Diverged, the only
+// way back to the primary's history is a snapshot, even one older than what
+// the replica had applied.
+func TestDivergedAfterReplayReseeds(t *testing.T) {
+	fp := newFakePrimary(t)
+	cfg := testConfig(t, t.TempDir(), fp.addr)
+	r := start(t, cfg)
+	m := newModel(t)
+	sess := fp.next(t)
+	b1 := m.txn(put("a", "1"))
+	sess.send(t, b1)
+	lost := forkModel(t, m, b1)
+	l2 := lost.txn(put("z", "lost"))
+	l3 := lost.txn(put("y", "lost"))
+	sess.sendDurable(t, b1.LastLsn, l2, l3)
+	sess.heartbeatDurable(t, 1, l3.LastLsn, b1.LastLsn, true)
+	waitAckWhere(t, sess, func(a *walshipv1.ReplicaAck) bool { return a.FlushedLsn == l3.LastLsn })
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+
+	r = start(t, cfg) // replays l2 and l3
+	if st := r.status(t); st.VisibleLsn != l3.LastLsn {
+		t.Fatalf("after restart visible %d, want the replayed %d", st.VisibleLsn, l3.LastLsn)
+	}
+	m.epoch = 2
+	b2 := m.txn(put("a", "new"))
+	fp.snapshot = snapshotOf(m.ref, 2)
+	sess = fp.next(t)
+	if err := sess.stream.Send(&walshipv1.StreamResponse{DurableLsn: b2.LastLsn, Msg: &walshipv1.StreamResponse_Diverged{
+		Diverged: &walshipv1.Diverged{TruncateAfterLsn: b1.LastLsn, Epoch: 2}}}); err != nil {
+		t.Fatal(err)
+	}
+	sess.end <- nil
+
+	sess = fp.next(t)
+	if sess.hello.GetNextLsn() != b2.LastLsn+1 || sess.hello.GetEpoch() != 2 || fp.snapshotCalls.Load() != 1 {
+		t.Fatalf("hello after re-seed = %v (%d snapshot calls); want next_lsn %d epoch 2 after one snapshot",
+			sess.hello, fp.snapshotCalls.Load(), b2.LastLsn+1)
+	}
+	if st := r.status(t); st.StateDigest != m.digest() || st.LastLsn != b2.LastLsn {
+		t.Fatalf("Status = %v; want the primary's digest %s at %d", st, m.digest(), b2.LastLsn)
+	}
+	if v := r.metric(t, "walship_replica_diverged_total"); v != 1 {
+		t.Fatalf("walship_replica_diverged_total = %v, want 1", v)
+	}
+}
