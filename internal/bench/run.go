@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -645,27 +646,54 @@ func DefaultBin() string {
 	return p
 }
 
-// RunRepeated runs cfg n times and returns the run with the median
-// throughput, with every run's throughput in Runs.
-func RunRepeated(ctx context.Context, cfg Config, n int) (Row, error) {
-	if n <= 1 {
-		return Run(ctx, cfg)
-	}
-	var rows []Row
-	for i := 0; i < n; i++ {
-		r, err := Run(ctx, cfg)
-		if err != nil {
-			return r, err
+// RunInterleaved runs every config n times, round by round (each round
+// runs every config once, in order), and returns one row per config: the
+// run with the median throughput, with every run's throughput in Runs.
+// Rounds rather than n runs in a row, because this machine's disk and CPU
+// drift over minutes: a ratio between cells is only fair when their runs
+// alternate. done is called after each run.
+func RunInterleaved(ctx context.Context, cfgs []Config, n int, done func(Row)) ([]Row, error) {
+	n = max(n, 1)
+	runs := make([][]Row, len(cfgs))
+	for round := 0; round < n; round++ {
+		for i, cfg := range cfgs {
+			r, err := Run(ctx, cfg)
+			if err != nil {
+				rep, dur := Cell(cfg.Replication, cfg.Durability)
+				return medians(runs), fmt.Errorf("%s %s/%s %s: %w", cfg.Workload, rep, dur, cfg.Codec, err)
+			}
+			if done != nil {
+				done(r)
+			}
+			runs[i] = append(runs[i], r)
 		}
-		rows = append(rows, r)
 	}
-	sort.Slice(rows, func(i, j int) bool { return rows[i].TxnPerS < rows[j].TxnPerS })
-	med := rows[(len(rows)-1)/2]
-	for _, r := range rows {
-		med.Runs = append(med.Runs, r.TxnPerS)
-		med.Consistent = med.Consistent && r.Consistent
+	return medians(runs), nil
+}
+
+// medians returns, for each config's runs, the one with the median
+// throughput (the lower middle one for an even count), annotated with all.
+func medians(runs [][]Row) []Row {
+	var rows []Row
+	for _, rs := range runs {
+		if len(rs) == 0 {
+			continue
+		}
+		if len(rs) == 1 {
+			rows = append(rows, rs[0])
+			continue
+		}
+		sorted := slices.Clone(rs)
+		sort.Slice(sorted, func(i, j int) bool { return sorted[i].TxnPerS < sorted[j].TxnPerS })
+		med := sorted[(len(sorted)-1)/2]
+		med.Runs = nil
+		for _, r := range rs {
+			med.Runs = append(med.Runs, r.TxnPerS)
+			med.Consistent = med.Consistent && r.Consistent
+		}
+		rows = append(rows, med)
 	}
-	return med, nil
+	return rows
 }
 
 // MatrixCells are the seed's table's cells: Replication × Durability.

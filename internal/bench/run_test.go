@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -61,5 +62,29 @@ func TestConfigValidate(t *testing.T) {
 		if err := c.Validate(); err == nil {
 			t.Errorf("%s: no error", name)
 		}
+	}
+}
+
+func TestMediansKeepOrderAndAllRuns(t *testing.T) {
+	row := func(cell string, tps float64, ok bool) Row {
+		return Row{Replication: cell, TxnPerS: tps, Consistent: ok}
+	}
+	got := medians([][]Row{
+		{row("a", 30, true), row("a", 10, true), row("a", 20, true)},
+		{row("b", 5, true), row("b", 7, false)},
+		{row("c", 1, true)},
+		nil,
+	})
+	if len(got) != 3 {
+		t.Fatalf("%d rows, want 3", len(got))
+	}
+	if got[0].TxnPerS != 20 || !slices.Equal(got[0].Runs, []float64{30, 10, 20}) || !got[0].Consistent {
+		t.Errorf("a = %+v; want median 20 with runs in run order", got[0])
+	}
+	if got[1].TxnPerS != 5 || got[1].Consistent {
+		t.Errorf("b = %+v; want the lower middle (5), inconsistent because one run was", got[1])
+	}
+	if got[2].TxnPerS != 1 || got[2].Runs != nil {
+		t.Errorf("c = %+v; a single run is reported as is", got[2])
 	}
 }

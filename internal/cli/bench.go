@@ -95,7 +95,7 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	fs.BoolVar(&processes, "processes", false, "run the log store, primary and replicas as separate walship processes (the primary's CPU time is then its own)")
 	fs.BoolVar(&cpuScaling, "cpu-scaling", false, "measure the primary process's CPU ms per 1,000 commits with async replication to each --cpu-scaling-replicas count (implies --processes)")
 	fs.Var(listFlag{&cpuReplicas}, "cpu-scaling-replicas", "replica counts for --cpu-scaling")
-	fs.IntVar(&repeat, "repeat", repeat, "run each cell this many times and report the median")
+	fs.IntVar(&repeat, "repeat", repeat, "run each cell this many times, in rounds that alternate the cells and codecs, and report the median")
 	fs.StringVar(&out, "out", "", "write the rows as JSON to this file")
 	fs.StringVar(&chart, "chart", "", "write an SVG bar chart of txn/s per cell and codec to this file")
 	fs.StringVar(&cfg.Dir, "data-dir", "", "parent of the clusters' data directories (default: temporary, removed)")
@@ -150,7 +150,7 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 		default:
 			cells = append(cells, cell{pol.Replication, pol.Durability, cfg.Replicas})
 		}
-		var rows []bench.Row
+		var runs []bench.Config
 		for _, codecName := range codecs {
 			for _, c := range cells {
 				run := cfg
@@ -158,16 +158,14 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 				if cpuScaling {
 					run.ReplicasWhenDisabled = true
 				}
-				r, err := bench.RunRepeated(ctx, run, repeat)
-				if err != nil {
-					if errors.Is(err, context.Canceled) && len(rows) > 0 {
-						break
-					}
-					return fmt.Errorf("%s %s/%s %s: %w", run.Workload, r.Replication, r.Durability, codecName, err)
-				}
-				fmt.Fprintf(env.Stderr, "done: %s %s %s: %.1f txn/s, p99 %.2fms, consistent=%v\n", r.Workload, r.Label(), r.Codec, r.TxnPerS, r.P99Ms, r.Consistent)
-				rows = append(rows, r)
+				runs = append(runs, run)
 			}
+		}
+		rows, err := bench.RunInterleaved(ctx, runs, repeat, func(r bench.Row) {
+			fmt.Fprintf(env.Stderr, "done: %s %s %s: %.1f txn/s, p99 %.2fms, consistent=%v\n", r.Workload, r.Label(), r.Codec, r.TxnPerS, r.P99Ms, r.Consistent)
+		})
+		if err != nil && !(errors.Is(err, context.Canceled) && len(rows) > 0) {
+			return err
 		}
 		if cpuScaling {
 			writeCPUScaling(env, rows)

@@ -44,6 +44,7 @@ var knownMetrics = []knownMetric{
 	{"walship_replication_replica_connected", gauge, []string{"replica"}},
 	{"walship_replication_sent_bytes_total", counter, []string{"replica"}},
 	{"walship_replication_out_of_range_total", counter, nil},
+	{"walship_replication_diverged_total", counter, nil},
 	{"walship_replication_snapshots_sent_total", counter, nil},
 	{"walship_replication_logstore_acked_lsn", gauge, []string{"logstore"}},
 	{"walship_replication_logstore_lag_records", gauge, []string{"logstore"}},
@@ -62,6 +63,7 @@ var knownMetrics = []knownMetric{
 	{"walship_replica_catchup_rung", gauge, []string{"rung"}},
 	{"walship_replica_connected", gauge, nil},
 	{"walship_replica_refused_batches_total", counter, []string{"reason"}},
+	{"walship_replica_diverged_total", counter, nil},
 	{"walship_codec_decode_duration_seconds", histogram, []string{"codec"}},
 
 	// Log store.

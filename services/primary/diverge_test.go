@@ -2,19 +2,22 @@ package primary
 
 import (
 	"errors"
+	"path/filepath"
 	"testing"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/vfs"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // TestEarlyShippingAndDivergence follows a replica stream across a crash of
-// the primary. Batches go out before the primary's fsync, each message
-// carrying the durable LSN; the crash loses the unsynced tail the replica
-// already holds; the restarted primary (a new epoch, in its history) answers
-// that replica's hello with Diverged at the last LSN it kept, and serves it
+// the primary. A batch holding a commit that waits for replicas goes out
+// before the primary's fsync, marked not durable; other batches go out once
+// durable. A crash during that fsync loses the tail the replica already
+// holds; the restarted primary (a new epoch, in its history) answers that
+// replica's hello with Diverged at the last LSN it kept, and serves it
 // normally from there.
 func TestEarlyShippingAndDivergence(t *testing.T) {
 	mem := vfs.NewMem()
@@ -23,20 +26,9 @@ func TestEarlyShippingAndDivergence(t *testing.T) {
 	cfg.AsyncFlushInterval = time.Minute // async commits stay unsynced
 	r := start(t, cfg)
 	c := ctx(t)
-	durable, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "a", Value: []byte("synced")})
+	first, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "a", Value: []byte("synced")})
 	if err != nil {
 		t.Fatal(err)
-	}
-	async := &walshipv1.CommitPolicy{Durability: walshipv1.Durability_DURABILITY_ASYNC}
-	var lost *walshipv1.PutResponse
-	for _, k := range []string{"b", "c"} {
-		if lost, err = r.kv.Put(c, &walshipv1.PutRequest{Key: k, Value: []byte("unsynced"), Policy: async}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	st, err := r.admin.Status(c, &walshipv1.StatusRequest{})
-	if err != nil || st.DurableLsn != durable.Lsn || st.LastLsn != lost.Lsn {
-		t.Fatalf("Status = %v, %v; want durable %d, last %d", st, err, durable.Lsn, lost.Lsn)
 	}
 
 	repl := walshipv1.NewReplicationServiceClient(r.conn)
@@ -47,63 +39,91 @@ func TestEarlyShippingAndDivergence(t *testing.T) {
 	if err := s.Send(helloMsg("r1", 0, 1)); err != nil {
 		t.Fatal(err)
 	}
-	var got uint64
-	var epoch uint64
-	for got < lost.Lsn {
-		m, err := s.Recv()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if b := m.GetBatch(); b != nil {
-			got, epoch = b.LastLsn, b.Epoch
-			if m.DurableLsn > durable.Lsn {
-				t.Fatalf("batch %d..%d says durable %d; the primary synced only up to %d", b.FirstLsn, b.LastLsn, m.DurableLsn, durable.Lsn)
+	recvBatch := func() *walshipv1.StreamResponse {
+		t.Helper()
+		for {
+			m, err := s.Recv()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m.GetBatch() != nil {
+				return m
 			}
 		}
 	}
-	// Early shipping: the replica has the unsynced tail.
-	if got != lost.Lsn || epoch != st.Epoch {
-		t.Fatalf("received up to %d in epoch %d, want %d in %d", got, epoch, lost.Lsn, st.Epoch)
+	if m := recvBatch(); m.GetBatch().LastLsn != first.Lsn || m.DurableLsn < first.Lsn {
+		t.Fatalf("first batch %v with durable %d; want up to %d, sent once durable", m.GetBatch(), m.DurableLsn, first.Lsn)
 	}
-	// A sync commit now: its batch, then its durable LSN, reach the replica.
-	synced, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "d", Value: []byte("synced")})
+	// An async commit waits for no replica: it goes out only once a later
+	// fsync covers it, carrying its own durable LSN.
+	async, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "b", Value: []byte("async"),
+		Policy: &walshipv1.CommitPolicy{Durability: walshipv1.Durability_DURABILITY_ASYNC}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for {
-		m, err := s.Recv()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if m.DurableLsn >= synced.Lsn {
-			break
+	durable, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "c", Value: []byte("synced")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []uint64{async.Lsn, durable.Lsn} {
+		if m := recvBatch(); m.GetBatch().LastLsn != want || m.DurableLsn < durable.Lsn {
+			t.Fatalf("batch %v with durable %d; want up to %d, sent once durable (%d)", m.GetBatch(), m.DurableLsn, want, durable.Lsn)
 		}
 	}
-	s.CloseSend()
 
-	// Lose the async tail after LSN synced... by writing more async and crashing.
-	tail, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "e", Value: []byte("unsynced"), Policy: async})
-	if err != nil {
+	// Hold the next fsync of the WAL.
+	gate := make(chan error)
+	mem.InjectSyncError(func(name string) error {
+		if filepath.Ext(name) == ".wal" {
+			return <-gate
+		}
+		return nil
+	})
+	wait := &walshipv1.CommitPolicy{Replication: walshipv1.ReplicationMode_REPLICATION_MODE_SYNC, SyncReplicas: 1,
+		SyncLevel: walshipv1.SyncLevel_SYNC_LEVEL_FLUSH, SyncTimeout: durationpb.New(10 * time.Second)}
+	res := make(chan error, 1)
+	go func() {
+		_, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "d", Value: []byte("lost"), Policy: wait})
+		res <- err
+	}()
+	m := recvBatch() // while the primary's fsync is held
+	lost := m.GetBatch()
+	if m.DurableLsn != durable.Lsn || lost.FirstLsn != durable.Lsn+1 {
+		t.Fatalf("early batch %d..%d says durable %d; want %d..., durable %d", lost.FirstLsn, lost.LastLsn, m.DurableLsn, durable.Lsn+1, durable.Lsn)
+	}
+	if err := s.Send(&walshipv1.StreamRequest{Msg: &walshipv1.StreamRequest_Ack{Ack: &walshipv1.ReplicaAck{
+		WrittenLsn: lost.LastLsn, FlushedLsn: lost.LastLsn}}}); err != nil {
 		t.Fatal(err)
 	}
+	st, err := r.admin.Status(c, &walshipv1.StatusRequest{})
+	if err != nil || st.DurableLsn != durable.Lsn || st.LastLsn != lost.LastLsn {
+		t.Fatalf("Status = %v, %v; want durable %d, last %d", st, err, durable.Lsn, lost.LastLsn)
+	}
+	// The machine dies during the fsync: the commit was never acknowledged.
 	mem.Crash()
 	mem.InjectError(func(vfs.Op, string) error { return errors.New("machine is down") })
+	gate <- errors.New("machine is down")
+	if err := <-res; err == nil {
+		t.Fatal("a commit whose fsync failed was acknowledged")
+	}
+	s.CloseSend()
 	r.stop(t)
 	mem.InjectError(nil)
+	mem.InjectSyncError(nil)
 
 	r = start(t, cfg)
 	c = ctx(t)
 	st2, err := r.admin.Status(c, &walshipv1.StatusRequest{})
-	if err != nil || st2.LastLsn != synced.Lsn || st2.Epoch != st.Epoch+1 {
-		t.Fatalf("Status after the crash = %v, %v; want last LSN %d (the unsynced tail lost), epoch %d", st2, err, synced.Lsn, st.Epoch+1)
+	if err != nil || st2.LastLsn != durable.Lsn || st2.Epoch != st.Epoch+1 {
+		t.Fatalf("Status after the crash = %v, %v; want last LSN %d (the unsynced tail lost), epoch %d", st2, err, durable.Lsn, st.Epoch+1)
 	}
 	repl = walshipv1.NewReplicationServiceClient(r.conn)
-	// A replica holding the lost tail (written in the old epoch) is told to cut it.
+	// The replica holding the lost tail (written in the old epoch) is told to cut it.
 	s, err = repl.Stream(c)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Send(helloMsg("r1", st.Epoch, tail.Lsn+1)); err != nil {
+	if err := s.Send(helloMsg("r1", st.Epoch, lost.LastLsn+1)); err != nil {
 		t.Fatal(err)
 	}
 	var div *walshipv1.Diverged
@@ -114,13 +134,12 @@ func TestEarlyShippingAndDivergence(t *testing.T) {
 		}
 		div = m.GetDiverged()
 	}
-	if div.TruncateAfterLsn != synced.Lsn || div.Epoch != st2.Epoch {
-		t.Fatalf("Diverged = %v; want truncate after %d, epoch %d", div, synced.Lsn, st2.Epoch)
+	if div.TruncateAfterLsn != durable.Lsn || div.Epoch != st2.Epoch {
+		t.Fatalf("Diverged = %v; want truncate after %d, epoch %d", div, durable.Lsn, st2.Epoch)
 	}
 	var mv dto.Metric
 	if err := r.s.metrics.replicaDiverged.Write(&mv); err != nil || mv.GetCounter().GetValue() != 1 {
-		v := mv.GetCounter().GetValue()
-		t.Fatalf("walship_replication_diverged_total = %v, want 1", v)
+		t.Fatalf("walship_replication_diverged_total = %v, %v; want 1", mv.GetCounter().GetValue(), err)
 	}
 
 	// From the cut, the replica is served the new epoch's batches.
@@ -128,7 +147,7 @@ func TestEarlyShippingAndDivergence(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Send(helloMsg("r1", st.Epoch, synced.Lsn+1)); err != nil {
+	if err := s.Send(helloMsg("r1", st.Epoch, durable.Lsn+1)); err != nil {
 		t.Fatal(err)
 	}
 	next, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "f", Value: []byte("new epoch")})
@@ -144,8 +163,8 @@ func TestEarlyShippingAndDivergence(t *testing.T) {
 			t.Fatal("Diverged for a replica that holds nothing past the cut")
 		}
 		if b := m.GetBatch(); b != nil {
-			if b.FirstLsn != synced.Lsn+1 || b.LastLsn != next.Lsn || b.Epoch != st2.Epoch {
-				t.Fatalf("batch %d..%d epoch %d; want %d..%d epoch %d", b.FirstLsn, b.LastLsn, b.Epoch, synced.Lsn+1, next.Lsn, st2.Epoch)
+			if b.FirstLsn != durable.Lsn+1 || b.LastLsn != next.Lsn || b.Epoch != st2.Epoch {
+				t.Fatalf("batch %d..%d epoch %d; want %d..%d epoch %d", b.FirstLsn, b.LastLsn, b.Epoch, durable.Lsn+1, next.Lsn, st2.Epoch)
 			}
 			break
 		}
@@ -154,9 +173,9 @@ func TestEarlyShippingAndDivergence(t *testing.T) {
 
 	// The history survives another restart and keeps its order.
 	r.stop(t)
-	r = start(t, cfg)
+	start(t, cfg)
 	h, err := loadEpochs(mem, epochsPath(cfg.DataDir))
-	if err != nil || len(h) != 3 || h[0].firstLSN != 1 || h[1].firstLSN != synced.Lsn+1 || h[2].firstLSN != next.Lsn+1 {
+	if err != nil || len(h) != 3 || h[0].firstLSN != 1 || h[1].firstLSN != durable.Lsn+1 || h[2].firstLSN != next.Lsn+1 {
 		t.Fatalf("epoch history = %v, %v", h, err)
 	}
 }

@@ -104,10 +104,11 @@ func (p Policy) Proto() *walshipv1.CommitPolicy {
 }
 
 // needsLocalSync reports whether a commit under p must wait for the local
-// fsync before it is acknowledged or shipped. Only durable WAL is shipped
-// (as PostgreSQL's walsender does), so a replica or log store never holds a
-// commit that the primary could lose in a crash; hence a synchronous wait
-// for replicas or log stores implies a local fsync first.
+// fsync before it is acknowledged. A synchronous wait for replicas implies
+// it: replicas get such a commit before the primary's fsync (the two run in
+// parallel), but a replica cuts what a crash of the primary lost, so the
+// commit is safe only once the primary has it too. Log stores get durable
+// WAL only, so a wait for them implies it as well.
 func (p Policy) needsLocalSync() bool {
 	return p.Durability == walshipv1.Durability_DURABILITY_SYNC ||
 		p.Replication == walshipv1.ReplicationMode_REPLICATION_MODE_SYNC ||

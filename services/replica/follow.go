@@ -150,7 +150,8 @@ func (s *Server) streamFromPrimary(ctx context.Context) (progress bool, err erro
 	hello := &walshipv1.StreamRequest{Msg: &walshipv1.StreamRequest_Hello{Hello: &walshipv1.ReplicaHello{
 		ReplicaId: s.cfg.ID, Epoch: s.epoch.Load(), NextLsn: s.wal.LastLSN() + 1,
 	}}}
-	kick := make(chan struct{}, 1)
+	// kick asks the sender for an ack within ackCoalesce; urgent at once.
+	kick, urgent := make(chan struct{}, 1), make(chan struct{}, 1)
 	recvCh := make(chan *walshipv1.StreamResponse, recvBuffer)
 	var (
 		wg      sync.WaitGroup
@@ -177,7 +178,7 @@ func (s *Server) streamFromPrimary(ctx context.Context) (progress bool, err erro
 	}()
 	go func() { // the one sender
 		defer wg.Done()
-		if err := s.sendLoop(sctx, stream, hello, kick); err != nil {
+		if err := s.sendLoop(sctx, stream, hello, kick, urgent); err != nil {
 			sendErr <- err
 			cancel()
 		}
@@ -279,7 +280,15 @@ func (s *Server) streamFromPrimary(ctx context.Context) (progress bool, err erro
 		}
 		var refused error
 		if len(round) > 0 {
-			refused = s.write(round, func() { poke(kick) })
+			// The write is acked at once only when the primary asked (a
+			// sync commit may wait at level write); otherwise the ack after
+			// the flush covers it, and an async stream costs no message per
+			// round.
+			var written func()
+			if replyNow {
+				written = func() { poke(urgent) }
+			}
+			refused = s.write(round, written)
 		}
 		// Flush and apply now if the primary is waiting on this replica
 		// (a sync commit asked for a reply), the round was refused (apply
@@ -306,7 +315,7 @@ func (s *Server) streamFromPrimary(ctx context.Context) (progress bool, err erro
 			}
 		}
 		if replyNow {
-			poke(kick)
+			poke(urgent)
 		}
 		if refused != nil {
 			return progress, refused
@@ -321,19 +330,40 @@ func poke(ch chan struct{}) {
 	}
 }
 
+// ackCoalesce bounds how long an ack waits for more progress to report
+// when nobody asked for it: at low rates every batch would otherwise cost
+// the primary an ack to receive per replica.
+const ackCoalesce = 10 * time.Millisecond
+
 // sendLoop is the stream's only sender: the hello, then an ack of the
-// current positions whenever kicked, and at least every heartbeat interval.
-func (s *Server) sendLoop(ctx context.Context, stream walshipv1.ReplicationService_StreamClient, hello *walshipv1.StreamRequest, kick <-chan struct{}) error {
+// current positions when urgent is poked, within ackCoalesce when kick is,
+// and at least every heartbeat interval.
+func (s *Server) sendLoop(ctx context.Context, stream walshipv1.ReplicationService_StreamClient, hello *walshipv1.StreamRequest, kick, urgent <-chan struct{}) error {
 	if err := stream.Send(hello); err != nil {
 		return err
 	}
 	t := time.NewTimer(s.cfg.HeartbeatInterval)
 	defer t.Stop()
+	hold := time.NewTimer(time.Hour)
+	hold.Stop()
+	defer hold.Stop()
+	var last time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-urgent:
 		case <-kick:
+			if wait := ackCoalesce - time.Since(last); wait > 0 {
+				hold.Reset(wait)
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-urgent:
+					hold.Stop()
+				case <-hold.C:
+				}
+			}
 		case <-t.C:
 		}
 		// Positions are read now, not when kicked: kicks that pile up while
@@ -343,6 +373,7 @@ func (s *Server) sendLoop(ctx context.Context, stream walshipv1.ReplicationServi
 		if err := stream.Send(&walshipv1.StreamRequest{Msg: &walshipv1.StreamRequest_Ack{Ack: ack}}); err != nil {
 			return err
 		}
+		last = time.Now()
 		if !t.Stop() {
 			select {
 			case <-t.C:
