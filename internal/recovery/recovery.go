@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"path/filepath"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
@@ -26,6 +27,12 @@ type Options struct {
 	FS           vfs.FS
 	SegmentBytes int64
 	Logger       *slog.Logger
+	// LimitReplay makes Open apply WAL batches only up to ReplayUpTo (or
+	// the snapshot's LSN, if that is higher) and return the rest, unapplied,
+	// in Result.Pending: a replica's log may end in batches its primary has
+	// not yet made durable, which it must not make readable.
+	LimitReplay bool
+	ReplayUpTo  uint64
 }
 
 // Result is a recovered node.
@@ -36,6 +43,9 @@ type Result struct {
 	SnapshotLSN  uint64
 	Replayed     int    // WAL batches applied after the snapshot
 	Epoch        uint64 // highest epoch found in the replayed batches
+	// Pending are the WAL batches after the replay limit, in order, not
+	// applied (only with Options.LimitReplay).
+	Pending []wal.Entry
 }
 
 // SnapshotDir is where a node keeps its snapshots.
@@ -67,7 +77,11 @@ func Open(o Options) (*Result, error) {
 		o.Logger.Warn("cut a torn WAL tail", "segment", ri.TornSegment, "offset", ri.TornOffset, "bytes", ri.TornBytes, "reason", ri.TornReason)
 	}
 	res := &Result{Store: store, WAL: log, SnapshotPath: snapPath, SnapshotLSN: store.AppliedLSN()}
-	if err := res.replay(); err != nil {
+	limit := uint64(math.MaxUint64)
+	if o.LimitReplay {
+		limit = max(o.ReplayUpTo, res.SnapshotLSN)
+	}
+	if err := res.replay(limit); err != nil {
 		_ = log.Close()
 		return nil, err
 	}
@@ -76,7 +90,7 @@ func Open(o Options) (*Result, error) {
 	return res, nil
 }
 
-func (r *Result) replay() error {
+func (r *Result) replay(limit uint64) error {
 	log, applied := r.WAL, r.Store.AppliedLSN()
 	switch {
 	case log.LastLSN() == 0 && applied > 0:
@@ -110,6 +124,14 @@ func (r *Result) replay() error {
 			return fmt.Errorf("replay wal at LSN %d: %w", r.Store.AppliedLSN()+1, err)
 		}
 		if e.LastLSN <= r.Store.AppliedLSN() {
+			continue
+		}
+		if e.LastLSN > limit {
+			// Everything from here on stays in the log, unapplied.
+			r.Pending = append(r.Pending, e)
+			if e.LastLSN == log.LastLSN() {
+				break
+			}
 			continue
 		}
 		if err := envelope.DecodeStored(e.Data, &env, &b); err != nil {

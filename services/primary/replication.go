@@ -176,11 +176,11 @@ func (r *replServer) receiveAcks(ctx context.Context, id string, stream walshipv
 	}
 }
 
-// send streams WAL batches from next on, each message carrying the
-// primary's durable LSN, beyond which the replica applies nothing. A batch
-// holding a sync-replication commit goes out as soon as it is written, so
-// the replica's write and fsync overlap the primary's own; others once
-// durable (see sendable). When the WAL is synced and no batch follows to carry the
+// send streams WAL batches from next on as soon as they are written, each
+// message carrying the primary's durable LSN, beyond which the replica
+// applies nothing: the replica's write and fsync overlap the primary's own
+// fsync (a sync-replication commit waits for both), and the send itself
+// runs while the primary's CPU would otherwise wait for its disk. When the WAL is synced and no batch follows to carry the
 // new durable LSN, a heartbeat does: at once if a commit waits for replicas
 // to apply, else after durableUpdateDelay (a batch usually comes first).
 // An idle stream gets a heartbeat every heartbeat interval. A replica that
@@ -206,7 +206,7 @@ func (r *replServer) send(ctx context.Context, id string, next uint64, rd *wal.R
 	want := next // first LSN of the entry to send next
 	for n := 0; ; {
 		changed := s.wal.Changed()
-		if !r.sendable(want) {
+		if s.wal.LastLSN() < want {
 			durable := s.wal.DurableLSN()
 			if durable > sentDurable {
 				urgent := s.peers.waitingApply.Load() > 0
@@ -279,25 +279,12 @@ func (r *replServer) send(ctx context.Context, id string, next uint64, rd *wal.R
 	}
 }
 
-// sendable reports whether the entry starting at want can be sent now: it
-// is durable, or it is written and a sync-replication commit is in it or
-// after it. Only a commit that waits for replicas gains from a replica
-// writing and fsyncing before the primary's fsync is done; for the rest a
-// replica can apply nothing earlier anyway, and waiting for the fsync lets
-// each batch carry its own durable LSN: one message per batch instead of a
-// batch and a durable update.
-func (r *replServer) sendable(want uint64) bool {
-	s := r.s
-	if s.wal.DurableLSN() >= want {
-		return true
-	}
-	return s.wal.LastLSN() >= want && s.replWanted.Load() >= want
-}
-
 // durableUpdateDelay bounds how long a replica may wait to hear that the
-// primary's WAL became durable when no commit waits on it applying. Under
-// load the next batch carries it first.
-const durableUpdateDelay = 2 * time.Millisecond
+// primary's WAL became durable when no commit waits on it applying: about a
+// replica's flush delay, since it applies at its flushes anyway. Under load
+// the next batch carries it first; at low rates this spares a message per
+// batch per replica.
+const durableUpdateDelay = 5 * time.Millisecond
 
 func resetTimer(t *time.Timer, d time.Duration) {
 	t.Stop()

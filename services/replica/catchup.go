@@ -160,6 +160,9 @@ func (s *Server) install(st *state.Store, epoch uint64) error {
 	// longer be replayed from: the next truncation may keep from lsn+1.
 	s.prevSnapshotLSN = lsn
 	s.snapshotLSN.Store(lsn)
+	// A marker above lsn would make a restart apply what the reset WAL
+	// now holds past lsn, before the primary reports it durable.
+	s.saveAppliedMarker(true)
 	s.snaps.Taken(int64(s.wal.Stats().BytesWritten))
 	return nil
 }

@@ -1,10 +1,13 @@
 package replica
 
 import (
+	"fmt"
+	"path/filepath"
 	"testing"
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/vfs"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
@@ -149,11 +152,90 @@ func TestDivergedTailIsCut(t *testing.T) {
 	}
 }
 
-// TestDivergedAfterReplayReseeds: a replica that restarted replays its own
-// log, lost tail included; when the primary then says Diverged, the only
-// way back to the primary's history is a snapshot, even one older than what
-// the replica had applied.
-func TestDivergedAfterReplayReseeds(t *testing.T) {
+// TestRestartKeepsUndurableTailPending: a replica restarts holding batches
+// the primary never reported durable. It replays its log only up to what it
+// had applied (its applied marker), keeps the rest unapplied, and when the
+// primary — which lost them in a crash — says Diverged, cuts them.
+func TestRestartKeepsUndurableTailPending(t *testing.T) {
+	fp, cfg, r, m, b1, l3 := divergedReplica(t)
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	r = start(t, cfg)
+	if st := r.status(t); st.VisibleLsn != b1.LastLsn || st.LastLsn != l3.LastLsn {
+		t.Fatalf("after restart %v; want visible %d (not the undurable tail), last %d", st, b1.LastLsn, l3.LastLsn)
+	}
+	m.epoch = 2
+	sess := fp.next(t)
+	if err := sess.stream.Send(&walshipv1.StreamResponse{DurableLsn: b1.LastLsn, Msg: &walshipv1.StreamResponse_Diverged{
+		Diverged: &walshipv1.Diverged{TruncateAfterLsn: b1.LastLsn, Epoch: 2}}}); err != nil {
+		t.Fatal(err)
+	}
+	sess.end <- nil
+	sess = fp.next(t)
+	if sess.hello.GetNextLsn() != b1.LastLsn+1 || fp.snapshotCalls.Load() != 0 {
+		t.Fatalf("hello after the cut = %v (%d snapshot calls); want next_lsn %d, no snapshot", sess.hello, fp.snapshotCalls.Load(), b1.LastLsn+1)
+	}
+	b2 := m.txn(put("a", "new"))
+	sess.send(t, b2)
+	r.waitApplied(t, b2.LastLsn)
+	if st := r.status(t); st.StateDigest != m.digest() || st.LastLsn != b2.LastLsn {
+		t.Fatalf("Status = %v; want the primary's digest %s at %d", st, m.digest(), b2.LastLsn)
+	}
+}
+
+// TestDivergedAfterApplyReseeds: a replica that applied batches the primary
+// then lost (forced here through its applied marker; the protocol never
+// lets it) can only get back to the primary's history through a snapshot,
+// even one older than what it had applied.
+func TestDivergedAfterApplyReseeds(t *testing.T) {
+	fp, cfg, r, m, b1, l3 := divergedReplica(t)
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	if err := vfs.WriteFile(vfs.OS, filepath.Join(cfg.DataDir, "applied"), []byte(fmt.Sprintf("%d\n", l3.LastLsn)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r = start(t, cfg) // replays the lost batches
+	if st := r.status(t); st.VisibleLsn != l3.LastLsn {
+		t.Fatalf("after restart visible %d, want the replayed %d", st.VisibleLsn, l3.LastLsn)
+	}
+	m.epoch = 2
+	b2 := m.txn(put("a", "new"))
+	fp.snapshot = snapshotOf(m.ref, 2)
+	sess := fp.next(t)
+	if err := sess.stream.Send(&walshipv1.StreamResponse{DurableLsn: b2.LastLsn, Msg: &walshipv1.StreamResponse_Diverged{
+		Diverged: &walshipv1.Diverged{TruncateAfterLsn: b1.LastLsn, Epoch: 2}}}); err != nil {
+		t.Fatal(err)
+	}
+	sess.end <- nil
+
+	sess = fp.next(t)
+	if sess.hello.GetNextLsn() != b2.LastLsn+1 || sess.hello.GetEpoch() != 2 || fp.snapshotCalls.Load() != 1 {
+		t.Fatalf("hello after re-seed = %v (%d snapshot calls); want next_lsn %d epoch 2 after one snapshot",
+			sess.hello, fp.snapshotCalls.Load(), b2.LastLsn+1)
+	}
+	if st := r.status(t); st.StateDigest != m.digest() || st.LastLsn != b2.LastLsn || st.VisibleLsn != b2.LastLsn {
+		t.Fatalf("Status = %v; want the primary's digest %s at %d", st, m.digest(), b2.LastLsn)
+	}
+	if v := r.metric(t, "walship_replica_diverged_total"); v != 1 {
+		t.Fatalf("walship_replica_diverged_total = %v, want 1", v)
+	}
+	// Nothing of the lost history comes back with a restart.
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	r = start(t, cfg)
+	if st := r.status(t); st.StateDigest != m.digest() || st.VisibleLsn != b2.LastLsn {
+		t.Fatalf("Status after restart = %v; want digest %s at %d", st, m.digest(), b2.LastLsn)
+	}
+}
+
+// divergedReplica runs a replica that applied b1 (durable on the primary)
+// and holds l2 and l3, which the primary sent before its fsync and never
+// reported durable.
+func divergedReplica(t *testing.T) (*fakePrimary, Config, *running, *model, *walshipv1.WalBatch, *walshipv1.WalBatch) {
+	t.Helper()
 	fp := newFakePrimary(t)
 	cfg := testConfig(t, t.TempDir(), fp.addr)
 	r := start(t, cfg)
@@ -167,33 +249,6 @@ func TestDivergedAfterReplayReseeds(t *testing.T) {
 	sess.sendDurable(t, b1.LastLsn, l2, l3)
 	sess.heartbeatDurable(t, 1, l3.LastLsn, b1.LastLsn, true)
 	waitAckWhere(t, sess, func(a *walshipv1.ReplicaAck) bool { return a.FlushedLsn == l3.LastLsn })
-	if err := r.stop(t); err != nil {
-		t.Fatal(err)
-	}
-
-	r = start(t, cfg) // replays l2 and l3
-	if st := r.status(t); st.VisibleLsn != l3.LastLsn {
-		t.Fatalf("after restart visible %d, want the replayed %d", st.VisibleLsn, l3.LastLsn)
-	}
-	m.epoch = 2
-	b2 := m.txn(put("a", "new"))
-	fp.snapshot = snapshotOf(m.ref, 2)
-	sess = fp.next(t)
-	if err := sess.stream.Send(&walshipv1.StreamResponse{DurableLsn: b2.LastLsn, Msg: &walshipv1.StreamResponse_Diverged{
-		Diverged: &walshipv1.Diverged{TruncateAfterLsn: b1.LastLsn, Epoch: 2}}}); err != nil {
-		t.Fatal(err)
-	}
-	sess.end <- nil
-
-	sess = fp.next(t)
-	if sess.hello.GetNextLsn() != b2.LastLsn+1 || sess.hello.GetEpoch() != 2 || fp.snapshotCalls.Load() != 1 {
-		t.Fatalf("hello after re-seed = %v (%d snapshot calls); want next_lsn %d epoch 2 after one snapshot",
-			sess.hello, fp.snapshotCalls.Load(), b2.LastLsn+1)
-	}
-	if st := r.status(t); st.StateDigest != m.digest() || st.LastLsn != b2.LastLsn {
-		t.Fatalf("Status = %v; want the primary's digest %s at %d", st, m.digest(), b2.LastLsn)
-	}
-	if v := r.metric(t, "walship_replica_diverged_total"); v != 1 {
-		t.Fatalf("walship_replica_diverged_total = %v, want 1", v)
-	}
+	r.waitApplied(t, b1.LastLsn)
+	return fp, cfg, r, m, b1, l3
 }

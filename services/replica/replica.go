@@ -56,6 +56,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/envelope"
 	"github.com/walship/walship/internal/kvapi"
 	"github.com/walship/walship/internal/recovery"
 	"github.com/walship/walship/internal/serve"
@@ -114,6 +115,10 @@ type Server struct {
 	unapplied      []checked
 	primaryDurable uint64
 	reseedBack     bool
+	// markerLSN and markerTime: the applied LSN last saved to
+	// DataDir/applied, and when.
+	markerLSN  uint64
+	markerTime time.Time
 
 	// snapMu serialises snapshot writing and re-seeding (SaveSnapshot must
 	// not run concurrently for one directory).
@@ -208,11 +213,32 @@ func (s *Server) recover() error {
 	if err := s.finishReseed(); err != nil {
 		return err
 	}
-	res, err := recovery.Open(recovery.Options{DataDir: s.cfg.DataDir, FS: s.fs, SegmentBytes: s.cfg.SegmentBytes, Logger: s.logger})
+	marker := s.loadAppliedMarker()
+	res, err := recovery.Open(recovery.Options{DataDir: s.cfg.DataDir, FS: s.fs, SegmentBytes: s.cfg.SegmentBytes, Logger: s.logger,
+		LimitReplay: true, ReplayUpTo: marker})
 	if err != nil {
 		return err
 	}
 	s.wal = res.WAL
+	// The log may end in batches the primary had not made durable when they
+	// arrived: they wait, unapplied, for the primary to report them durable
+	// (or to say they diverged).
+	for _, e := range res.Pending {
+		var c checked
+		c.env = new(walshipv1.WalBatch)
+		if err := envelope.DecodeStored(e.Data, c.env, &c.batch); err != nil {
+			_ = res.WAL.Close()
+			return fmt.Errorf("wal entry %d..%d after the replay limit: %w", e.FirstLSN, e.LastLSN, err)
+		}
+		c.data = e.Data
+		s.unapplied = append(s.unapplied, c)
+	}
+	if n := len(res.Pending); n > 0 {
+		s.logger.Info("batches not yet known durable on the primary wait to be applied", "batches", n,
+			"from_lsn", res.Pending[0].FirstLSN, "to_lsn", res.Pending[n-1].LastLSN)
+	}
+	s.primaryDurable = res.Store.AppliedLSN()
+	s.markerLSN = res.Store.AppliedLSN()
 	s.store.Store(res.Store)
 	s.visible.Advance(res.Store.AppliedLSN())
 	s.snapshotLSN.Store(res.SnapshotLSN)
@@ -296,6 +322,60 @@ func listSnapshots(fsys vfs.FS, dir string) ([]uint64, error) {
 
 func (s *Server) epochPath() string { return filepath.Join(s.cfg.DataDir, "epoch") }
 
+// DataDir/applied holds an LSN this replica had applied, so every batch up
+// to it was durable on the primary: a restart replays the log up to it (or
+// up to the newest snapshot, if that is later) and keeps the rest unapplied
+// until the primary reports it durable. It is saved at most every
+// markerInterval without an fsync (a lost or stale marker only makes the
+// replica wait for the primary a little longer after a crash) and with one
+// at a clean stop.
+func (s *Server) appliedPath() string { return filepath.Join(s.cfg.DataDir, "applied") }
+
+const markerInterval = time.Second
+
+// loadAppliedMarker returns the saved applied LSN, or 0 if there is none or
+// it cannot be read (then replay stops at the newest snapshot).
+func (s *Server) loadAppliedMarker() uint64 {
+	b, err := vfs.ReadFile(s.fs, s.appliedPath())
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			s.logger.Warn("cannot read the applied marker; replaying up to the newest snapshot only", "err", err)
+		}
+		return 0
+	}
+	lsn, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		s.logger.Warn("unreadable applied marker; replaying up to the newest snapshot only", "path", s.appliedPath(), "err", err)
+		return 0
+	}
+	return lsn
+}
+
+// saveAppliedMarker records the applied LSN: durably when sync, else by
+// write and rename only, and then at most every markerInterval. Errors are
+// logged, not returned: the marker is an optimisation of restarts.
+func (s *Server) saveAppliedMarker(sync bool) {
+	lsn := s.appliedLSN()
+	if lsn == s.markerLSN || (!sync && time.Since(s.markerTime) < markerInterval) {
+		return
+	}
+	data := []byte(strconv.FormatUint(lsn, 10) + "\n")
+	var err error
+	if sync {
+		err = vfs.WriteFileAtomic(s.fs, s.appliedPath(), data)
+	} else {
+		tmp := s.appliedPath() + ".tmp"
+		if err = vfs.WriteFile(s.fs, tmp, data, 0o644); err == nil {
+			err = s.fs.Rename(tmp, s.appliedPath())
+		}
+	}
+	if err != nil {
+		s.logger.Warn("cannot save the applied marker", "err", err)
+		return
+	}
+	s.markerLSN, s.markerTime = lsn, time.Now()
+}
+
 func (s *Server) loadEpoch() (uint64, error) {
 	b, err := vfs.ReadFile(s.fs, s.epochPath())
 	if errors.Is(err, os.ErrNotExist) {
@@ -377,6 +457,7 @@ func (s *Server) Run(ctx context.Context) error {
 		if err := s.takeSnapshot(); err != nil {
 			s.logger.Warn("final snapshot failed", "err", err)
 		}
+		s.saveAppliedMarker(true)
 	}
 	if err := s.wal.Close(); err != nil && !errors.Is(err, wal.ErrClosed) && fatal == nil {
 		fatal = fmt.Errorf("close wal: %w", err)

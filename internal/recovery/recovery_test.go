@@ -1,0 +1,80 @@
+package recovery
+
+import (
+	"fmt"
+	"path/filepath"
+	"testing"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/envelope"
+	"github.com/walship/walship/internal/vfs"
+	"github.com/walship/walship/internal/wal"
+	"github.com/walship/walship/pkg/codec"
+)
+
+// writeTxns writes n one-put transactions (2 LSNs each) to dir's WAL.
+func writeTxns(t *testing.T, fs vfs.FS, dir string, n int) {
+	t.Helper()
+	log, err := wal.Open(wal.Options{Dir: filepath.Join(dir, "wal"), FS: fs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		first := uint64(2*i + 1)
+		b := codec.Batch{Records: []codec.Record{
+			{LSN: first, TxnID: first + 1, Op: codec.OpPut, Key: []byte(fmt.Sprintf("k%d", i)), Value: []byte("v")},
+			{LSN: first + 1, TxnID: first + 1, Op: codec.OpCommit},
+		}}
+		payload, err := codec.MsgPack.AppendBatch(nil, &b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := envelope.Marshal(&walshipv1.WalBatch{Epoch: 1, FirstLsn: first, LastLsn: first + 1, PrevLsn: first - 1,
+			Codec: walshipv1.Codec_CODEC_MSGPACK, Payload: payload, Crc32C: codec.Checksum(payload)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := log.Append(wal.Entry{FirstLSN: first, LastLSN: first + 1, Data: data}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := log.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLimitReplay: with LimitReplay, batches past the limit are returned
+// unapplied, in order, and stay in the log; without it everything is applied.
+func TestLimitReplay(t *testing.T) {
+	fs := vfs.NewMem()
+	writeTxns(t, fs, "/d", 5) // LSNs 1..10
+	for _, tc := range []struct {
+		limit       bool
+		upTo        uint64
+		applied     uint64
+		pendingFrom []uint64
+	}{
+		{false, 0, 10, nil},
+		{true, 0, 0, []uint64{1, 3, 5, 7, 9}},
+		{true, 4, 4, []uint64{5, 7, 9}},
+		{true, 5, 4, []uint64{5, 7, 9}}, // inside a batch: the batch waits
+		{true, 10, 10, nil},
+		{true, 99, 10, nil},
+	} {
+		res, err := Open(Options{DataDir: "/d", FS: fs, LimitReplay: tc.limit, ReplayUpTo: tc.upTo})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var from []uint64
+		for _, e := range res.Pending {
+			from = append(from, e.FirstLSN)
+		}
+		if res.Store.AppliedLSN() != tc.applied || fmt.Sprint(from) != fmt.Sprint(tc.pendingFrom) || res.WAL.LastLSN() != 10 {
+			t.Errorf("limit %v up to %d: applied %d, pending from %v, WAL last %d; want applied %d, pending from %v, WAL last 10",
+				tc.limit, tc.upTo, res.Store.AppliedLSN(), from, res.WAL.LastLSN(), tc.applied, tc.pendingFrom)
+		}
+		if err := res.WAL.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
