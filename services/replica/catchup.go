@@ -9,6 +9,7 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/state"
+	"github.com/walship/walship/internal/wal"
 )
 
 // readLogStore is the logstore rung: it reads from the replica's next LSN to
@@ -187,8 +188,15 @@ func (s *Server) cutDiverged(keep uint64) (bool, error) {
 	s.walMu.Lock()
 	err := s.wal.TruncateAfter(keep)
 	s.walMu.Unlock()
-	if err != nil {
+	if errors.Is(err, wal.ErrBroken) {
 		return false, fmt.Errorf("%w: cut the log after LSN %d: %w", errFatal, keep, err)
+	}
+	if err != nil {
+		// The primary's cut does not fall between this log's entries: the
+		// logs differ in a way a cut cannot mend.
+		s.logger.Warn("cannot cut the log where the primary says; re-seeding", "truncate_after_lsn", keep, "err", err)
+		s.reseedBack = true
+		return false, nil
 	}
 	n := len(s.unapplied)
 	for n > 0 && s.unapplied[n-1].env.GetFirstLsn() > keep {

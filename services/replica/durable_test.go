@@ -157,7 +157,7 @@ func TestDivergedTailIsCut(t *testing.T) {
 // had applied (its applied marker), keeps the rest unapplied, and when the
 // primary — which lost them in a crash — says Diverged, cuts them.
 func TestRestartKeepsUndurableTailPending(t *testing.T) {
-	fp, cfg, r, m, b1, l3 := divergedReplica(t)
+	fp, cfg, r, m, b1, l3, _ := divergedReplica(t)
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +189,7 @@ func TestRestartKeepsUndurableTailPending(t *testing.T) {
 // lets it) can only get back to the primary's history through a snapshot,
 // even one older than what it had applied.
 func TestDivergedAfterApplyReseeds(t *testing.T) {
-	fp, cfg, r, m, b1, l3 := divergedReplica(t)
+	fp, cfg, r, m, b1, l3, _ := divergedReplica(t)
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +234,7 @@ func TestDivergedAfterApplyReseeds(t *testing.T) {
 // divergedReplica runs a replica that applied b1 (durable on the primary)
 // and holds l2 and l3, which the primary sent before its fsync and never
 // reported durable.
-func divergedReplica(t *testing.T) (*fakePrimary, Config, *running, *model, *walshipv1.WalBatch, *walshipv1.WalBatch) {
+func divergedReplica(t *testing.T) (*fakePrimary, Config, *running, *model, *walshipv1.WalBatch, *walshipv1.WalBatch, *session) {
 	t.Helper()
 	fp := newFakePrimary(t)
 	cfg := testConfig(t, t.TempDir(), fp.addr)
@@ -250,5 +250,30 @@ func divergedReplica(t *testing.T) (*fakePrimary, Config, *running, *model, *wal
 	sess.heartbeatDurable(t, 1, l3.LastLsn, b1.LastLsn, true)
 	waitAckWhere(t, sess, func(a *walshipv1.ReplicaAck) bool { return a.FlushedLsn == l3.LastLsn })
 	r.waitApplied(t, b1.LastLsn)
-	return fp, cfg, r, m, b1, l3
+	return fp, cfg, r, m, b1, l3, sess
+}
+
+
+// TestDivergedInsideABatchReseeds: a Diverged whose cut falls inside one of
+// the replica's batches cannot be carried out by cutting; the replica
+// re-seeds instead of stopping.
+func TestDivergedInsideABatchReseeds(t *testing.T) {
+	fp, _, r, m, b1, _, sess := divergedReplica(t)
+	sess.end <- nil
+	m.epoch = 2
+	b2 := m.txn(put("a", "new"))
+	fp.snapshot = snapshotOf(m.ref, 2)
+	sess = fp.next(t)
+	if err := sess.stream.Send(&walshipv1.StreamResponse{DurableLsn: b2.LastLsn, Msg: &walshipv1.StreamResponse_Diverged{
+		Diverged: &walshipv1.Diverged{TruncateAfterLsn: b1.LastLsn + 1, Epoch: 2}}}); err != nil {
+		t.Fatal(err)
+	}
+	sess.end <- nil
+	sess = fp.next(t)
+	if sess.hello.GetNextLsn() != b2.LastLsn+1 || fp.snapshotCalls.Load() != 1 {
+		t.Fatalf("hello = %v (%d snapshot calls); want next_lsn %d after one snapshot", sess.hello, fp.snapshotCalls.Load(), b2.LastLsn+1)
+	}
+	if st := r.status(t); st.StateDigest != m.digest() || !st.Serving {
+		t.Fatalf("Status = %v; want serving the primary's digest %s", st, m.digest())
+	}
 }
