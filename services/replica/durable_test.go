@@ -253,7 +253,6 @@ func divergedReplica(t *testing.T) (*fakePrimary, Config, *running, *model, *wal
 	return fp, cfg, r, m, b1, l3, sess
 }
 
-
 // TestDivergedInsideABatchReseeds: a Diverged whose cut falls inside one of
 // the replica's batches cannot be carried out by cutting; the replica
 // re-seeds instead of stopping.
