@@ -131,7 +131,12 @@ func (s *Server) install(st *state.Store, epoch uint64) error {
 		return fmt.Errorf("%w: %w", errFatal, err)
 	}
 	if s.reseedBack {
-		// Newer snapshots hold entries the primary lost: never load them.
+		// Moving backwards: first lower the applied marker, then remove
+		// the newer snapshots — they hold entries the primary lost — so
+		// that no restart replays or loads them.
+		if err := s.writeAppliedMarker(lsn, true); err != nil {
+			return fmt.Errorf("lower the applied marker to LSN %d: %w", lsn, err)
+		}
 		if err := state.RemoveSnapshotsAbove(s.fs, s.snapDir(), lsn); err != nil {
 			return err
 		}
@@ -161,8 +166,6 @@ func (s *Server) install(st *state.Store, epoch uint64) error {
 	// longer be replayed from: the next truncation may keep from lsn+1.
 	s.prevSnapshotLSN = lsn
 	s.snapshotLSN.Store(lsn)
-	// A marker above lsn would make a restart apply what the reset WAL
-	// now holds past lsn, before the primary reports it durable.
 	s.saveAppliedMarker(true)
 	s.snaps.Taken(int64(s.wal.Stats().BytesWritten))
 	return nil

@@ -84,7 +84,7 @@ func (s *Server) follow(ctx context.Context) error {
 				s.logger.Warn("cut entries the primary lost in a crash; reconnecting", "truncate_after_lsn", div.keep, "epoch", div.epoch)
 			} else {
 				s.metrics.diverged.Inc()
-				s.logger.Warn("this replica applied entries the primary lost in a crash (it replayed them after a restart); re-seeding from a snapshot",
+				s.logger.Warn("cannot cut this replica's log where the primary diverged (it applied past the cut, or the cut is inside a batch); re-seeding from a snapshot",
 					"truncate_after_lsn", div.keep, "applied_lsn", s.appliedLSN(), "epoch", div.epoch)
 				rung = walshipv1.CatchUpRung_CATCH_UP_RUNG_SNAPSHOT
 			}
@@ -299,7 +299,7 @@ func (s *Server) streamFromPrimary(ctx context.Context) (progress bool, err erro
 		// are applied at once: that needs no fsync.
 		unflushed := s.wal.DurableLSN() < s.wal.LastLSN()
 		switch {
-		case replyNow || refused != nil || len(s.unapplied) >= maxRound || s.cfg.FlushDelay <= 0:
+		case replyNow || refused != nil || (unflushed && len(s.unapplied) >= maxRound) || s.cfg.FlushDelay <= 0:
 			if err := flush(); err != nil {
 				return progress, err
 			}

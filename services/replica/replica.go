@@ -359,6 +359,13 @@ func (s *Server) saveAppliedMarker(sync bool) {
 	if lsn == s.markerLSN || (!sync && time.Since(s.markerTime) < markerInterval) {
 		return
 	}
+	if err := s.writeAppliedMarker(lsn, sync); err != nil {
+		s.logger.Warn("cannot save the applied marker", "err", err)
+	}
+}
+
+// writeAppliedMarker writes lsn as the applied marker.
+func (s *Server) writeAppliedMarker(lsn uint64, sync bool) error {
 	data := []byte(strconv.FormatUint(lsn, 10) + "\n")
 	var err error
 	if sync {
@@ -370,10 +377,10 @@ func (s *Server) saveAppliedMarker(sync bool) {
 		}
 	}
 	if err != nil {
-		s.logger.Warn("cannot save the applied marker", "err", err)
-		return
+		return err
 	}
 	s.markerLSN, s.markerTime = lsn, time.Now()
+	return nil
 }
 
 func (s *Server) loadEpoch() (uint64, error) {
