@@ -62,9 +62,10 @@ func (r *replServer) Stream(stream walshipv1.ReplicationService_StreamServer) (r
 		s.metrics.replicaDiverged.Inc()
 		s.logger.Warn("replica holds entries this primary lost in a crash; telling it to cut them",
 			"replica", id, "replica_epoch", hello.GetEpoch(), "next_lsn", next, "truncate_after_lsn", keep, "epoch", s.epoch)
+		// No durable_lsn: it is about this primary's log, which the
+		// replica's entries past keep are not part of.
 		return stream.Send(&walshipv1.StreamResponse{
-			Msg:        &walshipv1.StreamResponse_Diverged{Diverged: &walshipv1.Diverged{TruncateAfterLsn: keep, Epoch: s.epoch}},
-			DurableLsn: s.wal.DurableLSN(),
+			Msg: &walshipv1.StreamResponse_Diverged{Diverged: &walshipv1.Diverged{TruncateAfterLsn: keep, Epoch: s.epoch}},
 		})
 	}
 	if last := s.wal.LastLSN(); next > last+1 {

@@ -252,10 +252,14 @@ func (s *Server) streamFromPrimary(ctx context.Context) (progress bool, err erro
 		round = round[:0]
 		replyNow := false
 		for {
+			if d := m.GetDiverged(); d != nil {
+				// Checked first: a durable LSN of the primary's log says
+				// nothing about this replica's entries until the primary has
+				// accepted them as its own history.
+				return progress, &divergedError{keep: d.GetTruncateAfterLsn(), epoch: d.GetEpoch()}
+			}
 			s.primaryDurable = max(s.primaryDurable, m.GetDurableLsn())
 			switch x := m.GetMsg().(type) {
-			case *walshipv1.StreamResponse_Diverged:
-				return progress, &divergedError{keep: x.Diverged.GetTruncateAfterLsn(), epoch: x.Diverged.GetEpoch()}
 			case *walshipv1.StreamResponse_Batch:
 				round = append(round, x.Batch)
 			case *walshipv1.StreamResponse_Heartbeat:

@@ -388,8 +388,10 @@ func (*StreamResponse_Diverged) isStreamResponse_Msg() {}
 // and the primary crashed and restarted (in a new epoch) without them. The
 // replica removes every entry after truncate_after_lsn (it never applied
 // them, since it applies only up to the primary's durable LSN) and
-// reconnects; a replica that did apply beyond it (it restarted and replayed
-// its own log) re-seeds from a snapshot instead.
+// reconnects; a replica that cannot cut there (it applied beyond, or the cut
+// falls inside one of its batches) re-seeds from a snapshot instead. The message carries no
+// durable_lsn: the primary's durable LSN says nothing about entries the
+// replica holds past the cut, and a replica ignores one sent with it.
 type Diverged struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// truncate_after_lsn is the last LSN the replica may keep.
