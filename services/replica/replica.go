@@ -21,11 +21,16 @@
 // already received, checks each (CRC, epoch, continuity, decode — a batch
 // failing any check is refused: counted, never written, never applied, and
 // the stream is restarted at the right LSN), writes the good ones with one
-// WAL append, acks at once (so commits waiting for write-level acks are not
-// held up by the fsync), fsyncs, applies, and acks again. Acks are
+// WAL append, acks at once if the primary asked (a commit may wait for
+// write-level acks), fsyncs (at once if asked, else within FlushDelay),
+// applies, and acks again (at once if asked, else within 10 ms). Batches
+// arrive before the primary has fsynced them: every stream message carries
+// the primary's durable LSN, and nothing beyond it is applied; the rest
+// waits in memory, and across a restart in the WAL past the applied marker
+// (DataDir/applied). A primary that restarted without a tail this replica
+// holds answers its hello with Diverged, and the tail is cut. Acks are
 // cumulative positions read when they are sent, so they coalesce by
-// construction; the sender also acks at least every heartbeat interval and
-// at once when a heartbeat asks for a reply.
+// construction; the sender also acks at least every heartbeat interval.
 //
 // # Storage
 //
