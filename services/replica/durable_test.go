@@ -117,11 +117,7 @@ func TestDivergedTailIsCut(t *testing.T) {
 	if sess.hello.GetNextLsn() != l4.LastLsn+1 || sess.hello.GetEpoch() != 1 {
 		t.Fatalf("hello = %v", sess.hello)
 	}
-	if err := sess.stream.Send(&walshipv1.StreamResponse{DurableLsn: b2.LastLsn, Msg: &walshipv1.StreamResponse_Diverged{
-		Diverged: &walshipv1.Diverged{TruncateAfterLsn: b2.LastLsn, Epoch: 2}}}); err != nil {
-		t.Fatal(err)
-	}
-	sess.end <- nil
+	sess.diverged(t, b2.LastLsn, 2, b2.LastLsn)
 
 	sess = fp.next(t)
 	if sess.hello.GetNextLsn() != b2.LastLsn+1 {
@@ -167,11 +163,7 @@ func TestRestartKeepsUndurableTailPending(t *testing.T) {
 	}
 	m.epoch = 2
 	sess := fp.next(t)
-	if err := sess.stream.Send(&walshipv1.StreamResponse{DurableLsn: b1.LastLsn, Msg: &walshipv1.StreamResponse_Diverged{
-		Diverged: &walshipv1.Diverged{TruncateAfterLsn: b1.LastLsn, Epoch: 2}}}); err != nil {
-		t.Fatal(err)
-	}
-	sess.end <- nil
+	sess.diverged(t, b1.LastLsn, 2, b1.LastLsn)
 	sess = fp.next(t)
 	if sess.hello.GetNextLsn() != b1.LastLsn+1 || fp.snapshotCalls.Load() != 0 {
 		t.Fatalf("hello after the cut = %v (%d snapshot calls); want next_lsn %d, no snapshot", sess.hello, fp.snapshotCalls.Load(), b1.LastLsn+1)
@@ -204,11 +196,7 @@ func TestDivergedAfterApplyReseeds(t *testing.T) {
 	b2 := m.txn(put("a", "new"))
 	fp.snapshot = snapshotOf(m.ref, 2)
 	sess := fp.next(t)
-	if err := sess.stream.Send(&walshipv1.StreamResponse{DurableLsn: b2.LastLsn, Msg: &walshipv1.StreamResponse_Diverged{
-		Diverged: &walshipv1.Diverged{TruncateAfterLsn: b1.LastLsn, Epoch: 2}}}); err != nil {
-		t.Fatal(err)
-	}
-	sess.end <- nil
+	sess.diverged(t, b1.LastLsn, 2, b2.LastLsn)
 
 	sess = fp.next(t)
 	if sess.hello.GetNextLsn() != b2.LastLsn+1 || sess.hello.GetEpoch() != 2 || fp.snapshotCalls.Load() != 1 {
@@ -263,11 +251,7 @@ func TestDivergedInsideABatchReseeds(t *testing.T) {
 	b2 := m.txn(put("a", "new"))
 	fp.snapshot = snapshotOf(m.ref, 2)
 	sess = fp.next(t)
-	if err := sess.stream.Send(&walshipv1.StreamResponse{DurableLsn: b2.LastLsn, Msg: &walshipv1.StreamResponse_Diverged{
-		Diverged: &walshipv1.Diverged{TruncateAfterLsn: b1.LastLsn + 1, Epoch: 2}}}); err != nil {
-		t.Fatal(err)
-	}
-	sess.end <- nil
+	sess.diverged(t, b1.LastLsn+1, 2, b2.LastLsn)
 	sess = fp.next(t)
 	if sess.hello.GetNextLsn() != b2.LastLsn+1 || fp.snapshotCalls.Load() != 1 {
 		t.Fatalf("hello = %v (%d snapshot calls); want next_lsn %d after one snapshot", sess.hello, fp.snapshotCalls.Load(), b2.LastLsn+1)
@@ -275,4 +259,15 @@ func TestDivergedInsideABatchReseeds(t *testing.T) {
 	if st := r.status(t); st.StateDigest != m.digest() || !st.Serving {
 		t.Fatalf("Status = %v; want serving the primary's digest %s", st, m.digest())
 	}
+}
+
+// diverged answers the stream with Diverged and ends it. durable is sent
+// along, as a buggy primary might: the replica must not use it.
+func (s *session) diverged(t *testing.T, keep, epoch, durable uint64) {
+	t.Helper()
+	if err := s.stream.Send(&walshipv1.StreamResponse{DurableLsn: durable, Msg: &walshipv1.StreamResponse_Diverged{
+		Diverged: &walshipv1.Diverged{TruncateAfterLsn: keep, Epoch: epoch}}}); err != nil {
+		t.Fatal(err)
+	}
+	s.end <- nil
 }
