@@ -53,7 +53,7 @@ func (l *Log) NewReader(fromLSN uint64, durableOnly bool) (*Reader, error) {
 	if l.closed {
 		return nil, ErrClosed
 	}
-	r.gen = l.truncGen
+	r.gen = l.truncGen.Load()
 	if err := r.locateLocked(); err != nil {
 		return nil, err
 	}
@@ -110,7 +110,7 @@ func (r *Reader) Next(ctx context.Context) (Entry, error) {
 			l.mu.RUnlock()
 			return Entry{}, ErrClosed
 		}
-		if r.gen != l.truncGen {
+		if r.gen != l.truncGen.Load() {
 			if err := r.afterTruncateLocked(); err != nil {
 				l.mu.RUnlock()
 				return Entry{}, err
@@ -150,10 +150,7 @@ func (r *Reader) Next(ctx context.Context) (Entry, error) {
 			e, err := r.readFrame(limit)
 			// A TruncateAfter that ran meanwhile may have changed the bytes
 			// read: retry from the position it left.
-			l.mu.RLock()
-			cut := l.truncGen != gen
-			l.mu.RUnlock()
-			if cut {
+			if l.truncGen.Load() != gen {
 				continue
 			}
 			if err != nil {
@@ -195,7 +192,7 @@ func (r *Reader) afterTruncateLocked() error {
 			return r.err
 		}
 	}
-	r.gen = l.truncGen
+	r.gen = l.truncGen.Load()
 	if r.f != nil {
 		_ = r.f.Close()
 		r.f = nil

@@ -5,7 +5,6 @@ import (
 	"io"
 	"os"
 	"slices"
-	"time"
 
 	"github.com/walship/walship/internal/vfs"
 )
@@ -61,11 +60,7 @@ func (l *Log) recover() error {
 		l.active = f
 		// What is on disk after a process crash may still be only in the
 		// page cache; make it durable before reporting it as such.
-		start := time.Now()
-		err = f.Sync()
-		l.st.syncs.Add(1)
-		l.st.syncNanos.Add(uint64(time.Since(start)))
-		if err != nil {
+		if err := l.fdatasync(f); err != nil {
 			return fmt.Errorf("wal: sync segment %s: %w", seg.name, err)
 		}
 		seg.sealed = false
@@ -129,7 +124,7 @@ func (l *Log) recoverSegment(lsn uint64, prev *segment, last bool) (*segment, er
 		if prev != nil && lsn != prev.lastLSN+1 {
 			return nil, corrupt(0, "segment starts at LSN %d but the previous one ends at LSN %d (missing segment?)", lsn, prev.lastLSN)
 		}
-		debris, err := dataEnd(f, size) // preallocated zeros are not debris
+		debris, err := dataEnd(f, 0, size) // preallocated zeros are not debris
 		if err != nil {
 			return nil, fmt.Errorf("wal: read segment %s: %w", name, err)
 		}
@@ -155,11 +150,11 @@ func (l *Log) recoverSegment(lsn uint64, prev *segment, last bool) (*segment, er
 		// Zeros from the first invalid frame to the end of the file are the
 		// tail preallocation keeps ahead of the data: the clean end of the
 		// log, kept for the appends to come.
-		zero, err := zeroFrom(f, res.end, size)
+		end, err := dataEnd(f, res.end, size)
 		if err != nil {
 			return nil, fmt.Errorf("wal: read segment %s: %w", name, err)
 		}
-		if zero {
+		if end == res.end {
 			res.bad = false
 		}
 	}
@@ -193,30 +188,12 @@ func (l *Log) recoverSegment(lsn uint64, prev *segment, last bool) (*segment, er
 	}, nil
 }
 
-// zeroFrom reports whether every byte of f in [from, size) is zero, reading
-// it in bounded pieces.
-func zeroFrom(f io.ReaderAt, from, size int64) (bool, error) {
+// dataEnd returns the offset just past the last non-zero byte of f in
+// [from, size) (from if they are all zero), reading them in bounded pieces.
+func dataEnd(f io.ReaderAt, from, size int64) (int64, error) {
 	buf := make([]byte, min(size-from, 256<<10))
+	end := from
 	for off := from; off < size; {
-		b := buf[:min(int64(len(buf)), size-off)]
-		if _, err := f.ReadAt(b, off); err != nil && err != io.EOF {
-			return false, err
-		}
-		if !isZero(b) {
-			return false, nil
-		}
-		off += int64(len(b))
-	}
-	return true, nil
-}
-
-// dataEnd returns the offset just past the last non-zero byte among the
-// first size bytes of f (0 if they are all zero), reading them in bounded
-// pieces.
-func dataEnd(f io.ReaderAt, size int64) (int64, error) {
-	buf := make([]byte, min(size, 256<<10))
-	end := int64(0)
-	for off := int64(0); off < size; {
 		b := buf[:min(int64(len(buf)), size-off)]
 		n, err := f.ReadAt(b, off)
 		if err != nil && err != io.EOF {

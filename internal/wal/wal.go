@@ -162,7 +162,7 @@ type Log struct {
 	size       int64
 	closed     bool
 	broken     error         // sticky: set by the first failed write or sync
-	truncGen   uint64        // TruncateAfter calls so far
+	truncGen   atomic.Uint64 // TruncateAfter calls so far; changed with mu held
 	cuts       []cutPoint    // one per TruncateAfter, oldest first
 	notify     chan struct{} // closed and replaced when the log changes
 	closedCh   chan struct{}
@@ -565,11 +565,7 @@ func (l *Log) syncLocked(force bool) error {
 	written, durable, last := seg.written, seg.durable, l.lastLSN
 	l.mu.RUnlock()
 	if durable < written || force {
-		start := time.Now()
-		err := l.active.Sync()
-		l.st.syncs.Add(1)
-		l.st.syncNanos.Add(uint64(time.Since(start)))
-		if err != nil {
+		if err := l.fdatasync(l.active); err != nil {
 			return l.fail(fmt.Errorf("sync segment %s: %w", seg.name, err))
 		}
 	}
@@ -586,6 +582,15 @@ func (l *Log) syncLocked(force bool) error {
 	}
 	l.mu.Unlock()
 	return nil
+}
+
+// fdatasync syncs a segment file, counting it and its duration in Stats.
+func (l *Log) fdatasync(f vfs.File) error {
+	start := time.Now()
+	err := f.Sync()
+	l.st.syncs.Add(1)
+	l.st.syncNanos.Add(uint64(time.Since(start)))
+	return err
 }
 
 // syncDir fsyncs the log's directory. Callers hold syncMu (or are Open).
@@ -716,8 +721,7 @@ func (l *Log) TruncateAfter(lsn uint64) error {
 	seg.index = slices.DeleteFunc(seg.index, func(p indexPoint) bool { return p.off >= cut })
 	l.lastLSN = lsn
 	l.durableLSN = min(l.durableLSN, lsn)
-	l.truncGen++
-	l.cuts = append(l.cuts, cutPoint{gen: l.truncGen, lsn: lsn})
+	l.cuts = append(l.cuts, cutPoint{gen: l.truncGen.Add(1), lsn: lsn})
 	l.changedLocked()
 	l.mu.Unlock()
 
@@ -742,11 +746,7 @@ func (l *Log) TruncateAfter(lsn uint64) error {
 		return l.fail(fmt.Errorf("truncate after LSN %d: truncate segment %s to %d: %w", lsn, seg.name, cut, err))
 	}
 	seg.allocated = cut
-	start := time.Now()
-	err = l.active.Sync()
-	l.st.syncs.Add(1)
-	l.st.syncNanos.Add(uint64(time.Since(start)))
-	if err != nil {
+	if err := l.fdatasync(l.active); err != nil {
 		return l.fail(fmt.Errorf("truncate after LSN %d: sync segment %s: %w", lsn, seg.name, err))
 	}
 	if l.dirDirty { // the segment kept was created since the last directory sync

@@ -138,7 +138,7 @@ func (s *Server) syncer(ctx context.Context) error {
 		case <-ctx.Done():
 			stop = true
 		}
-		for first := true; first || s.syncOwed(); first = false {
+		for first := true; first || s.syncWaiting() > 0; first = false {
 			if !stop {
 				s.gatherSiblings()
 			}
@@ -152,14 +152,6 @@ func (s *Server) syncer(ctx context.Context) error {
 			return nil
 		}
 	}
-}
-
-// syncOwed reports whether a transaction waits for an fsync that has not
-// covered it yet.
-func (s *Server) syncOwed() bool {
-	s.durMu.Lock()
-	defer s.durMu.Unlock()
-	return len(s.durWait) > 0 && s.durWait[len(s.durWait)-1].commitLSN > s.wal.DurableLSN()
 }
 
 // wakeDurable acknowledges the waiting transactions the WAL's durable LSN

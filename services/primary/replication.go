@@ -213,14 +213,14 @@ func (r *replServer) send(ctx context.Context, id string, next uint64, rd *wal.R
 				urgent := s.peers.waitingApply.Load() > 0
 				if dueAt.IsZero() && !urgent {
 					dueAt = time.Now().Add(durableUpdateDelay)
-					resetTimer(due, durableUpdateDelay)
+					due.Reset(durableUpdateDelay)
 				}
 				if urgent || !time.Now().Before(dueAt) {
 					if err := stream.Send(r.heartbeat(durable, urgent)); err != nil {
 						return err
 					}
 					sentDurable, dueAt = durable, time.Time{}
-					resetTimer(idle, s.cfg.HeartbeatInterval)
+					idle.Reset(s.cfg.HeartbeatInterval)
 					continue
 				}
 			}
@@ -266,7 +266,7 @@ func (r *replServer) send(ctx context.Context, id string, next uint64, rd *wal.R
 				return err
 			}
 		}
-		resetTimer(idle, s.cfg.HeartbeatInterval)
+		idle.Reset(s.cfg.HeartbeatInterval)
 		s.peers.addSent(id, uint64(len(e.Data)))
 		sent.Add(float64(len(e.Data)))
 		// The lag check costs a lock and a search: every 32 batches is enough
@@ -286,11 +286,6 @@ func (r *replServer) send(ctx context.Context, id string, next uint64, rd *wal.R
 // the next batch carries it first; at low rates this spares a message per
 // batch per replica.
 const durableUpdateDelay = 5 * time.Millisecond
-
-func resetTimer(t *time.Timer, d time.Duration) {
-	t.Stop()
-	t.Reset(d)
-}
 
 // heartbeat reports the primary's last written and durable LSNs.
 func (r *replServer) heartbeat(durable uint64, reply bool) *walshipv1.StreamResponse {

@@ -341,16 +341,9 @@ const markerInterval = time.Second
 // loadAppliedMarker returns the saved applied LSN, or 0 if there is none or
 // it cannot be read (then replay stops at the newest snapshot).
 func (s *Server) loadAppliedMarker() uint64 {
-	b, err := vfs.ReadFile(s.fs, s.appliedPath())
+	lsn, err := s.readUintFile(s.appliedPath())
 	if err != nil {
-		if !errors.Is(err, os.ErrNotExist) {
-			s.logger.Warn("cannot read the applied marker; replaying up to the newest snapshot only", "err", err)
-		}
-		return 0
-	}
-	lsn, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
-	if err != nil {
-		s.logger.Warn("unreadable applied marker; replaying up to the newest snapshot only", "path", s.appliedPath(), "err", err)
+		s.logger.Warn("cannot read the applied marker; replaying up to the newest snapshot only", "err", err)
 		return 0
 	}
 	return lsn
@@ -389,18 +382,28 @@ func (s *Server) writeAppliedMarker(lsn uint64, sync bool) error {
 }
 
 func (s *Server) loadEpoch() (uint64, error) {
-	b, err := vfs.ReadFile(s.fs, s.epochPath())
+	e, err := s.readUintFile(s.epochPath())
+	if err != nil {
+		return 0, fmt.Errorf("read epoch: %w", err)
+	}
+	return e, nil
+}
+
+// readUintFile reads a file holding one decimal number and a newline; a
+// missing file reads as 0.
+func (s *Server) readUintFile(path string) (uint64, error) {
+	b, err := vfs.ReadFile(s.fs, path)
 	if errors.Is(err, os.ErrNotExist) {
 		return 0, nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("read epoch: %w", err)
+		return 0, err
 	}
-	e, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	v, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
 	if err != nil {
-		return 0, fmt.Errorf("read epoch %s: %w", s.epochPath(), err)
+		return 0, fmt.Errorf("%s: %w", path, err)
 	}
-	return e, nil
+	return v, nil
 }
 
 // adoptEpoch raises the highest epoch seen to e and makes it durable
