@@ -68,23 +68,29 @@ type Server struct {
 	unresolved []*txn
 	applyBatch codec.Batch
 
-	// Committer-only state.
+	// The write token: its holder takes the queue and writes it (lead).
+	writeMu         sync.Mutex
+	spare           []*txn
 	batch           codec.Batch
 	payload         []byte
 	entries         []wal.Entry
 	batchTime       time.Time
 	walPayloadBytes uint64
 	index           *lsnIndex // read by lag metrics and replica streams
-	// The syncer: the committer registers fsync waiters in durWait (LSN
-	// order) and pokes syncKick; the async flush timer pokes flushReq.
+	// The sync token: writers register fsync waiters in durWait (LSN order)
+	// and poke syncKick; its holder syncs for them (syncWritten). The first
+	// async commit written after a flush pokes armFlush.
+	syncMu      sync.Mutex
 	syncKick    chan struct{}
-	flushReq    chan struct{}
-	syncing     atomic.Bool // an fsync is running
+	syncFree    chan struct{} // the token is free and commits wait for an fsync
+	armFlush    chan struct{}
+	flushArmed  atomic.Bool
+	fatal       chan error // a writer's WAL error, for the committer
 	durMu       sync.Mutex
 	durWait     []*txn
 	lastFsync   atomic.Int64  // duration of the latest WAL fsync, for group commit
 	syncWriters atomic.Int64  // writes in flight that need a local fsync
-	peakWriters int           // recent peak of syncWriters (syncer only)
+	peakWriters int           // recent peak of syncWriters (guarded by syncMu)
 	replWanted  atomic.Uint64 // last LSN of a batch holding a sync-replication commit
 	lsWanted    atomic.Uint64 // last LSN of a batch holding a sync-logstore commit
 
@@ -113,7 +119,9 @@ func New(cfg Config) (*Server, error) {
 		snaps:    recovery.NewSnapshotSchedule(cfg.SnapshotEveryBytes),
 		truncate: make(chan uint64, 1),
 		syncKick: make(chan struct{}, 1),
-		flushReq: make(chan struct{}, 1),
+		armFlush: make(chan struct{}, 1),
+		syncFree: make(chan struct{}, 1),
+		fatal:    make(chan error, 1),
 	}
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)
