@@ -3,10 +3,11 @@
 // its visible LSN, and ships the WAL to replicas and log stores.
 //
 // A write goes through one sequencer (LSNs assigned, compares evaluated
-// against every earlier write), one committer goroutine that writes the WAL
-// (one write for every queued transaction) and one syncer goroutine that
-// fsyncs it (one fsync for everything written while the previous one ran),
-// then waits for its policy (local fsync, replicas, log stores). Replicas
+// against every earlier write), then its own goroutine writes the WAL if it
+// finds the write token free (one write for every queued transaction) and
+// fsyncs it if it finds the sync token free (one fsync for everything
+// written so far) — see lead — then waits for its policy (local fsync,
+// replicas, log stores). Replicas
 // receive a batch once it is written, before the fsync; they apply only up
 // to the durable LSN the primary reports. Readers see the state only up to the visible LSN: the end of the
 // longest prefix of transactions whose commits have been acknowledged (or
@@ -53,7 +54,7 @@ type Server struct {
 
 	policy atomic.Pointer[Policy] // default commit policy
 
-	// seqMu guards sequencing: nextLSN, the queue to the committer and the
+	// seqMu guards sequencing: nextLSN, the queue of the write token and the
 	// overlay's staged writes are all changed together under it.
 	seqMu    sync.Mutex
 	nextLSN  uint64
@@ -302,8 +303,8 @@ func (s *Server) enforceRetention() {
 	}
 }
 
-// truncateWAL removes the WAL segments wholly before cut. Only the
-// committer calls it.
+// truncateWAL removes the WAL segments wholly before cut. The committer
+// calls it holding the write token.
 func (s *Server) truncateWAL(cut uint64) {
 	removed, err := s.wal.TruncateBefore(cut)
 	if err != nil {
