@@ -81,9 +81,13 @@ func (s *Server) lead(t *txn) {
 // writeQueued writes the queue while it finds the write token free and the
 // queue not empty. Async commits it wrote are acknowledged, and the flush
 // timer armed; if any written commit needs an fsync, it then syncs.
+//
+// The queue is looked at again after every release of the token, even one
+// that found it empty: a writer that queued while the token was held, and
+// failed to take it, relies on that.
 func (s *Server) writeQueued() {
 	needSync := false
-	for s.writeMu.TryLock() {
+	for s.queued() && s.writeMu.TryLock() {
 		s.seqMu.Lock()
 		batch := s.queue
 		if len(batch) > 0 {
@@ -92,7 +96,7 @@ func (s *Server) writeQueued() {
 		s.seqMu.Unlock()
 		if len(batch) == 0 {
 			s.writeMu.Unlock()
-			break
+			continue
 		}
 		async, durable, err := s.commit(batch)
 		if err != nil {
@@ -114,6 +118,12 @@ func (s *Server) writeQueued() {
 	if needSync {
 		s.syncWritten()
 	}
+}
+
+func (s *Server) queued() bool {
+	s.seqMu.Lock()
+	defer s.seqMu.Unlock()
+	return len(s.queue) > 0
 }
 
 // syncWritten syncs once for every written commit waiting for an fsync,
