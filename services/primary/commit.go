@@ -21,8 +21,9 @@ type txn struct {
 	recs      []codec.Record // puts/deletes then one commit record
 	commitLSN uint64
 	policy    Policy
-	// local receives the verdict, once (decide): nil once the txn is in the
-	// WAL (synced if policy.needsLocalSync()), else the WAL's error. Buffered.
+	// local receives the committer's verdict, once (decide): nil once the txn
+	// is in the WAL (synced if policy.needsLocalSync()), else the WAL's
+	// error. Buffered.
 	local    chan error
 	decided  atomic.Bool
 	start    time.Time
@@ -30,8 +31,7 @@ type txn struct {
 }
 
 // decide delivers t's verdict. Only the first counts: when the WAL fails,
-// the writer and the sync token's holder may both fail the same
-// transaction, and its own goroutine may be the writer.
+// the committer and the syncer may both fail the same transaction.
 func (t *txn) decide(err error) {
 	if t.decided.CompareAndSwap(false, true) {
 		t.local <- err
@@ -49,190 +49,120 @@ func (t *txn) bytes() int {
 // errStopping is returned to writes that arrive during a graceful stop.
 var errStopping = fmt.Errorf("%w: primary is shutting down", rpcerr.ErrUnavailable)
 
-// enqueueLocked queues a sequenced transaction for writing. Called with
-// seqMu held; the caller then calls lead.
+// enqueue hands a sequenced transaction to the committer. Called with seqMu held.
 func (s *Server) enqueueLocked(t *txn) {
 	s.queue = append(s.queue, t)
 	s.visMu.Lock()
 	s.unresolved = append(s.unresolved, t)
 	s.visMu.Unlock()
-}
-
-// lead is group commit without a handoff (LevelDB's and RocksDB's writer
-// queue): the writer that finds the write token free takes every queued
-// transaction, builds batches of whole transactions, encodes each batch once
-// and writes them with one call; a writer that finds it held leaves its
-// transaction to the holder, which looks at the queue again after it lets
-// go. Then a writer whose commit needs an fsync takes the sync token the
-// same way and syncs everything written so far for everyone (see
-// syncWritten). Taking turns under two tokens, rather than handing each
-// commit to a committer and a syncer goroutine, saves two goroutine wake-ups
-// per commit, which on this 2-core machine are most of a durable commit's
-// time besides the fsync itself; writes still overlap fsyncs, as in
-// pebble's LogWriter: while one writer syncs, the next ones write, and the
-// next fsync covers them all.
-func (s *Server) lead(t *txn) {
-	s.writeQueued()
-	if t.policy.needsLocalSync() {
-		s.syncWritten()
-	}
-}
-
-// writeQueued writes the queue while it finds the write token free and the
-// queue not empty. Async commits it wrote are acknowledged, and the flush
-// timer armed; if any written commit needs an fsync, it then syncs.
-//
-// The queue is looked at again after every release of the token, even one
-// that found it empty: a writer that queued while the token was held, and
-// failed to take it, relies on that.
-func (s *Server) writeQueued() {
-	needSync := false
-	for s.queued() && s.writeMu.TryLock() {
-		s.seqMu.Lock()
-		batch := s.queue
-		if len(batch) > 0 {
-			s.queue, s.spare = s.spare[:0], nil
-		}
-		s.seqMu.Unlock()
-		if len(batch) == 0 {
-			s.writeMu.Unlock()
-			continue
-		}
-		async, durable, err := s.commit(batch)
-		if err != nil {
-			s.fail(err, batch)
-			s.writeMu.Unlock()
-			s.reportFatal(err)
-			return
-		}
-		// Once per group commit, not once per transaction.
-		s.maybeSnapshot()
-		clear(batch)
-		s.spare = batch
-		s.writeMu.Unlock()
-		if async && s.flushArmed.CompareAndSwap(false, true) {
-			poke(s.armFlush)
-		}
-		needSync = needSync || durable
-	}
-	if needSync {
-		s.syncWritten()
-	}
-}
-
-func (s *Server) queued() bool {
-	s.seqMu.Lock()
-	defer s.seqMu.Unlock()
-	return len(s.queue) > 0
-}
-
-// syncWritten syncs once for every written commit waiting for an fsync,
-// if it finds the sync token free. A writer that finds it held leaves its
-// commit to the holder, which counts the waiters again after it lets go and,
-// if commits were written during its fsync, wakes one of their writers to
-// lead the next one (releaseSync); the holder itself returns to its client.
-// Only written commits are counted, so nobody syncs for a commit still being
-// written: its writer syncs after writing it.
-func (s *Server) syncWritten() {
-	if s.syncWaiting() == 0 || !s.syncMu.TryLock() {
-		return
-	}
-	s.gatherSiblings()
-	err := s.syncWAL()
-	s.wakeDurable(err)
-	s.releaseSync()
-	if err != nil {
-		s.reportFatal(err)
-	}
-}
-
-// releaseSync lets go of the sync token and, if written commits still wait
-// for an fsync, wakes one waiting writer to take it.
-func (s *Server) releaseSync() {
-	s.syncMu.Unlock()
-	if s.syncWaiting() > 0 {
-		poke(s.syncFree)
-	}
-}
-
-// awaitLocal waits for the committer's verdict on t; a writer waiting for
-// an fsync takes the sync token when it is passed on.
-func (s *Server) awaitLocal(t *txn) error {
-	if !t.policy.needsLocalSync() {
-		return <-t.local
-	}
-	for {
-		select {
-		case err := <-t.local:
-			return err
-		case <-s.syncFree:
-			s.syncWritten()
-		}
-	}
-}
-
-// reportFatal hands a WAL error to the committer goroutine, which fails
-// every waiter and stops the primary.
-func (s *Server) reportFatal(err error) {
 	select {
-	case s.fatal <- err:
+	case s.kick <- struct{}{}:
 	default:
 	}
 }
 
-// committer runs the WAL's background duties: the async flush window (a
-// commit acknowledged after its write is synced within AsyncFlushInterval),
-// sync requests (snapshots), retention cuts, and the end: a fatal WAL error
-// from a writer fails every waiting and later commit and is returned; when
-// ctx ends (after the gRPC server has drained every call) it writes and
-// syncs what is left and returns.
+// committer owns the WAL's writes: it takes every queued transaction,
+// builds batches of whole transactions, encodes each batch once, writes them
+// with one call and hands the transactions that need an fsync to the syncer
+// goroutine, which it runs. The two overlap (pebble's LogWriter, PostgreSQL's
+// walwriter): while one fsync runs, the next batches are written, and the
+// next fsync covers all of them. Async commits are acknowledged after the
+// write and synced by the flush timer within AsyncFlushInterval. A WAL error
+// is fatal: every waiting and later commit fails with it and committer
+// returns it. When ctx ends (after the gRPC server has drained every call),
+// it commits what is left, has the syncer sync it, and returns.
 func (s *Server) committer(ctx context.Context) error {
 	flush := time.NewTimer(time.Hour)
 	flush.Stop()
 	defer flush.Stop()
+	syncCtx, stopSyncer := context.WithCancel(context.Background())
+	defer stopSyncer()
+	syncerDone := make(chan error, 1)
+	go func() { syncerDone <- s.syncer(syncCtx) }()
+	// finish stops the syncer after its last fsync and returns the first error.
+	finish := func(err error) error {
+		stopSyncer()
+		if serr := <-syncerDone; err == nil {
+			err = serr
+		}
+		return err
+	}
+	armed := false
+	var spare []*txn
 	for {
+		stop, due := false, false
 		select {
-		case <-s.armFlush:
-			flush.Reset(s.cfg.AsyncFlushInterval)
-		case <-flush.C:
-			// The flush window is over: sync what async commits wrote, even
-			// while more keep arriving. Disarmed first, so a commit written
-			// from now on arms the next window or is covered by this sync.
-			s.flushArmed.Store(false)
-			s.syncAll()
 		case <-s.kick:
-			s.syncAll()
+		case <-flush.C:
+			armed, due = false, true
+		case <-ctx.Done():
+			stop = true
 		case cut := <-s.truncate:
-			// Retention: the WAL has one writer at a time.
-			s.writeMu.Lock()
+			// Retention: the WAL has one writer, this goroutine.
 			s.truncateWAL(cut)
-			s.writeMu.Unlock()
-			// Writers that found the token held left their commits queued.
-			s.writeQueued()
-		case err := <-s.fatal:
+		case err := <-syncerDone:
+			// An fsync failed; its waiters have the error.
 			s.fail(err, nil)
 			return err
-		case <-ctx.Done():
-			s.writeQueued()
-			if err := s.syncAll(); err != nil {
-				s.fail(err, nil)
-				return err
+		}
+		s.seqMu.Lock()
+		batch := s.queue
+		s.queue = spare[:0]
+		s.seqMu.Unlock()
+		if len(batch) > 0 {
+			async, err := s.commit(batch)
+			if err != nil {
+				s.fail(err, batch)
+				return finish(err)
 			}
-			return nil
+			// Once per group commit, not once per transaction.
+			s.maybeSnapshot()
+			if async && !armed {
+				flush.Reset(s.cfg.AsyncFlushInterval)
+				armed = true
+			}
+		}
+		if due {
+			// The flush window is over: sync what async commits wrote,
+			// even while more keep arriving.
+			poke(s.flushReq)
+		}
+		clear(batch)
+		spare = batch
+		if stop {
+			return finish(nil)
 		}
 	}
 }
 
-// syncAll syncs everything written so far, whoever waits for it.
-func (s *Server) syncAll() error {
-	s.syncMu.Lock()
-	err := s.syncWAL()
-	s.wakeDurable(err)
-	s.releaseSync()
-	if err != nil {
-		s.reportFatal(err)
+// syncer owns the WAL's fsyncs. Woken by the committer, it syncs everything
+// written so far and acknowledges the waiting transactions it covered; while
+// any still wait (written during that fsync), it syncs again at once. A
+// flush request (the async window) syncs once. When ctx ends it syncs what
+// is left and returns. A failed fsync fails every waiter and is returned.
+func (s *Server) syncer(ctx context.Context) error {
+	for {
+		stop := false
+		select {
+		case <-s.syncKick:
+		case <-s.flushReq:
+		case <-ctx.Done():
+			stop = true
+		}
+		for first := true; first || s.syncWaiting() > 0; first = false {
+			if !stop {
+				s.gatherSiblings()
+			}
+			err := s.syncWAL()
+			s.wakeDurable(err)
+			if err != nil {
+				return err
+			}
+		}
+		if stop {
+			return nil
+		}
 	}
-	return err
 }
 
 // wakeDurable acknowledges the waiting transactions the WAL's durable LSN
@@ -259,15 +189,14 @@ func poke(ch chan struct{}) {
 }
 
 // gatherSiblings is adaptive group commit (PostgreSQL's commit_delay with
-// commit_siblings, sized by the disk), run by the sync token's holder before
-// its fsync.
+// commit_siblings, sized by the disk), run by the syncer before an fsync.
 // Closed-loop clients acknowledged by the previous fsync are typically on
 // their way back with their next commit; an fsync started for the first of
 // them makes the rest wait for the one after, and the fsyncs, each carrying
 // a few commits, eat the CPU the clients need. So when fewer transactions
-// wait than the recent peak of concurrent durable writers, the holder waits
-// up to 3/4 of the last fsync's duration (at least minGroupWait, at most
-// maxGroupWait) for the rest. The peak decays by one per fsync that finds fewer writers,
+// wait than the recent peak of concurrent durable writers, the syncer waits
+// up to one fsync's duration (at least minGroupWait, at most maxGroupWait)
+// for the rest. The peak decays by one per fsync that finds fewer writers,
 // so a lone writer soon never waits.
 func (s *Server) gatherSiblings() {
 	now := int(s.syncWriters.Load())
@@ -280,7 +209,7 @@ func (s *Server) gatherSiblings() {
 	if waiting == 0 || waiting >= s.peakWriters {
 		return
 	}
-	wait := min(max(time.Duration(s.lastFsync.Load())*3/4, minGroupWait), maxGroupWait)
+	wait := min(max(time.Duration(s.lastFsync.Load()), minGroupWait), maxGroupWait)
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	for waiting < s.peakWriters {
@@ -294,38 +223,30 @@ func (s *Server) gatherSiblings() {
 }
 
 // minGroupWait and maxGroupWait bound how long a durable commit waits for
-// siblings. 8 committers on this machine (fsync ~0.12 ms): no wait gave
-// 19-20k commits/s at 2.3 commits per fsync; a fixed 30 µs 21k at 3.5; 60 µs
-// 19k at 4.2; 100 µs 18-18.5k at 4.7-5.0; a whole fsync 15-17.7k at 5.2;
-// 400 µs (the old minimum) 12-12.8k at 6.3.
+// siblings: on a disk whose fsync takes 0.1 ms, the siblings' round trips
+// through gRPC take longer than that. (8 committers on this machine: 7.0
+// commits per fsync with 400 µs, 5.2-5.4 with none; commits/s within noise.)
 const (
-	minGroupWait = 75 * time.Microsecond
-	maxGroupWait = 750 * time.Microsecond
+	minGroupWait = 400 * time.Microsecond
+	maxGroupWait = time.Millisecond
 )
 
-// syncWaiting counts the written transactions waiting for an fsync not yet
-// done.
+// syncWaiting counts the transactions waiting for an fsync not yet done.
 func (s *Server) syncWaiting() int {
-	durable, last := s.wal.DurableLSN(), s.wal.LastLSN()
+	durable := s.wal.DurableLSN()
 	s.durMu.Lock()
 	defer s.durMu.Unlock()
-	n := 0
-	for _, t := range s.durWait {
-		if t.commitLSN > last {
-			break
-		}
-		if t.commitLSN > durable {
-			n++
-		}
+	i := len(s.durWait)
+	for i > 0 && s.durWait[i-1].commitLSN > durable {
+		i--
 	}
-	return n
+	return len(s.durWait) - i
 }
 
 // commit writes txns (in LSN order) to the WAL, acknowledges those that
-// need no fsync and registers the others for one. It reports whether any
-// async commit was written (for the flush timer) and whether any needs an
-// fsync. Called with writeMu held.
-func (s *Server) commit(txns []*txn) (async, durable bool, err error) {
+// need no fsync and hands the others to the syncer. It reports whether any
+// async commit was written (for the flush timer).
+func (s *Server) commit(txns []*txn) (async bool, err error) {
 	entries := s.entries[:0]
 	start := 0
 	for start < len(txns) {
@@ -336,7 +257,7 @@ func (s *Server) commit(txns []*txn) (async, durable bool, err error) {
 		}
 		e, err := s.encode(txns[start:end])
 		if err != nil {
-			return false, false, err
+			return false, err
 		}
 		// Set before the batch can be shipped, so its streams ask replicas
 		// and log stores for an immediate flush.
@@ -352,25 +273,25 @@ func (s *Server) commit(txns []*txn) (async, durable bool, err error) {
 		start = end
 	}
 	s.entries = entries[:0]
-	// Registered before the write, so an fsync that covers them wakes them.
+	// Registered before the write, so the syncer cannot miss them.
+	needSync := false
 	s.durMu.Lock()
 	for _, t := range txns {
 		if t.policy.needsLocalSync() {
 			s.durWait = append(s.durWait, t)
-			durable = true
+			needSync = true
 		}
 	}
 	s.durMu.Unlock()
 	if err := s.wal.Append(entries...); err != nil {
-		return false, false, fmt.Errorf("wal append: %w", err)
+		return false, fmt.Errorf("wal append: %w", err)
 	}
 	for _, e := range entries {
 		s.walPayloadBytes += uint64(len(e.Data))
 		s.index.add(batchMark{lastLSN: e.LastLSN, endByte: s.walPayloadBytes, commit: s.batchTime})
 	}
 	s.metrics.walBatches.Add(float64(len(entries)))
-	if durable {
-		// A writer gathering siblings for its fsync counts again.
+	if needSync {
 		poke(s.syncKick)
 	}
 	for _, t := range txns {
@@ -379,7 +300,7 @@ func (s *Server) commit(txns []*txn) (async, durable bool, err error) {
 			t.decide(nil)
 		}
 	}
-	return async, durable, nil
+	return async, nil
 }
 
 // encode builds the envelope of one batch: the payload is encoded once and
@@ -457,7 +378,7 @@ func (s *Server) fail(err error, inflight []*txn) {
 // transaction is in the log and must resolve for later ones to become
 // visible; the wait is bounded by the policy's sync timeout.
 func (s *Server) await(t *txn) error {
-	err := s.awaitLocal(t)
+	err := <-t.local
 	if err != nil {
 		// The WAL is broken; nothing after this becomes visible.
 		return fmt.Errorf("%w: commit LSN %d not durable: %v", rpcerr.ErrUnavailable, t.commitLSN, err)

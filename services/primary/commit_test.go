@@ -14,8 +14,8 @@ import (
 )
 
 // TestConcurrentCommitsUnderFailure runs many concurrent writers, each
-// commit durability sync or async at random, through the writer and sync
-// tokens, and fails the disk under them: the machine crashes, or an fsync
+// commit durability sync or async at random, through group commit, and
+// fails the disk under them: the machine crashes, or an fsync
 // fails. After a restart every acknowledged sync commit is there, and what
 // survives is a prefix: an acknowledged commit is present exactly when its
 // LSN is at most the recovered visible LSN.
@@ -118,8 +118,8 @@ func TestConcurrentCommitsUnderFailure(t *testing.T) {
 
 // TestCommitsFlowThroughRetention writes concurrently, sync and async, while
 // snapshots and retention cut the WAL under the writers (the committer
-// holds the write token for each cut): every commit completes, none is left
-// queued behind a cut.
+// cuts between writes): every commit completes, none is left queued behind
+// a cut.
 func TestCommitsFlowThroughRetention(t *testing.T) {
 	cfg := testConfig(t, t.TempDir())
 	cfg.SegmentBytes = 64 << 10
@@ -158,12 +158,10 @@ func TestCommitsFlowThroughRetention(t *testing.T) {
 }
 
 // TestNoCommitLeftBehind runs many writers, sync and async, hard against
-// an in-memory disk (instant fsyncs make the writers race for the tokens):
-// every commit is acknowledged. It is a stress test for lost hand-offs
-// between token holders; it did not catch the one walship bench found (a
-// holder that took an empty queue let go without looking again, while a
-// writer queued in between — a window of nanoseconds, hit after millions
-// of commits), which writeQueued's loop now rules out by construction.
+// an in-memory disk (instant fsyncs): every commit is acknowledged. It is a
+// stress test for lost wake-ups between the writers, the committer and the
+// syncer (an experimental design without the two goroutines lost commits
+// twice that way; see docs/BENCHMARKS.md, issue 3).
 func TestNoCommitLeftBehind(t *testing.T) {
 	cfg := testConfig(t, "/data")
 	cfg.FS = vfs.NewMem()

@@ -306,7 +306,6 @@ func (s *Server) execTxn(ctx context.Context, p *walshipv1.CommitPolicy, cmps []
 	s.overlay.Stage(t.recs)
 	s.enqueueLocked(t)
 	s.seqMu.Unlock()
-	s.lead(t)
 
 	err = s.await(t)
 	s.metrics.observeCommit(pol, err, time.Since(start))

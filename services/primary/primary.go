@@ -3,11 +3,10 @@
 // its visible LSN, and ships the WAL to replicas and log stores.
 //
 // A write goes through one sequencer (LSNs assigned, compares evaluated
-// against every earlier write), then its own goroutine writes the WAL if it
-// finds the write token free (one write for every queued transaction) and
-// fsyncs it if it finds the sync token free (one fsync for everything
-// written so far) — see lead — then waits for its policy (local fsync,
-// replicas, log stores). Replicas
+// against every earlier write), one committer goroutine that writes the WAL
+// (one write for every queued transaction) and one syncer goroutine that
+// fsyncs it (one fsync for everything written while the previous one ran),
+// then waits for its policy (local fsync, replicas, log stores). Replicas
 // receive a batch once it is written, before the fsync; they apply only up
 // to the durable LSN the primary reports. Readers see the state only up to the visible LSN: the end of the
 // longest prefix of transactions whose commits have been acknowledged (or
@@ -54,7 +53,7 @@ type Server struct {
 
 	policy atomic.Pointer[Policy] // default commit policy
 
-	// seqMu guards sequencing: nextLSN, the queue of the write token and the
+	// seqMu guards sequencing: nextLSN, the queue to the committer and the
 	// overlay's staged writes are all changed together under it.
 	seqMu    sync.Mutex
 	nextLSN  uint64
@@ -69,29 +68,23 @@ type Server struct {
 	unresolved []*txn
 	applyBatch codec.Batch
 
-	// The write token: its holder takes the queue and writes it (lead).
-	writeMu         sync.Mutex
-	spare           []*txn
+	// Committer-only state.
 	batch           codec.Batch
 	payload         []byte
 	entries         []wal.Entry
 	batchTime       time.Time
 	walPayloadBytes uint64
 	index           *lsnIndex // read by lag metrics and replica streams
-	// The sync token: writers register fsync waiters in durWait (LSN order)
-	// and poke syncKick; its holder syncs for them (syncWritten). The first
-	// async commit written after a flush pokes armFlush.
-	syncMu      sync.Mutex
+	// The syncer: the committer registers fsync waiters in durWait (LSN
+	// order) and pokes syncKick; the async flush timer pokes flushReq.
 	syncKick    chan struct{}
-	syncFree    chan struct{} // the token is free and commits wait for an fsync
-	armFlush    chan struct{}
-	flushArmed  atomic.Bool
-	fatal       chan error // a writer's WAL error, for the committer
+	flushReq    chan struct{}
+	syncing     atomic.Bool // an fsync is running
 	durMu       sync.Mutex
 	durWait     []*txn
 	lastFsync   atomic.Int64  // duration of the latest WAL fsync, for group commit
 	syncWriters atomic.Int64  // writes in flight that need a local fsync
-	peakWriters int           // recent peak of syncWriters (guarded by syncMu)
+	peakWriters int           // recent peak of syncWriters (syncer only)
 	replWanted  atomic.Uint64 // last LSN of a batch holding a sync-replication commit
 	lsWanted    atomic.Uint64 // last LSN of a batch holding a sync-logstore commit
 
@@ -120,9 +113,7 @@ func New(cfg Config) (*Server, error) {
 		snaps:    recovery.NewSnapshotSchedule(cfg.SnapshotEveryBytes),
 		truncate: make(chan uint64, 1),
 		syncKick: make(chan struct{}, 1),
-		armFlush: make(chan struct{}, 1),
-		syncFree: make(chan struct{}, 1),
-		fatal:    make(chan error, 1),
+		flushReq: make(chan struct{}, 1),
 	}
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)
@@ -303,8 +294,8 @@ func (s *Server) enforceRetention() {
 	}
 }
 
-// truncateWAL removes the WAL segments wholly before cut. The committer
-// calls it holding the write token.
+// truncateWAL removes the WAL segments wholly before cut. Only the
+// committer calls it.
 func (s *Server) truncateWAL(cut uint64) {
 	removed, err := s.wal.TruncateBefore(cut)
 	if err != nil {
