@@ -126,32 +126,7 @@ func TestCommitsFlowThroughRetention(t *testing.T) {
 	cfg.SnapshotEveryBytes = 128 << 10
 	cfg.WALRetentionBytes = 256 << 10
 	r := start(t, cfg)
-	c := ctx(t)
-	value := make([]byte, 1024)
-	var wg sync.WaitGroup
-	errs := make(chan error, 8)
-	for w := 0; w < 8; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			d := walshipv1.Durability_DURABILITY_SYNC
-			if w%2 == 1 {
-				d = walshipv1.Durability_DURABILITY_ASYNC
-			}
-			for i := 0; i < 300; i++ {
-				if _, err := r.kv.Put(c, &walshipv1.PutRequest{Key: fmt.Sprintf("w%d/%d", w, i%50), Value: value,
-					Policy: &walshipv1.CommitPolicy{Durability: d}}); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+	putConcurrently(t, r, 8, 300, 50, make([]byte, 1024))
 	if removed := r.s.wal.Stats().SegmentsRemoved; removed == 0 {
 		t.Fatal("retention removed no segment; the test did not cut the WAL under the writers")
 	}
@@ -166,8 +141,15 @@ func TestNoCommitLeftBehind(t *testing.T) {
 	cfg := testConfig(t, "/data")
 	cfg.FS = vfs.NewMem()
 	r := start(t, cfg)
+	putConcurrently(t, r, 16, 400, 20, []byte("v"))
+}
+
+// putConcurrently runs writers goroutines, even ones durability sync and
+// odd ones async, each putting value each times over keys keys of its own,
+// and fails the test if any Put fails.
+func putConcurrently(t *testing.T, r *running, writers, each, keys int, value []byte) {
+	t.Helper()
 	c := ctx(t)
-	const writers, each = 16, 400
 	var wg sync.WaitGroup
 	errs := make(chan error, writers)
 	for w := 0; w < writers; w++ {
@@ -179,7 +161,7 @@ func TestNoCommitLeftBehind(t *testing.T) {
 				d = walshipv1.Durability_DURABILITY_ASYNC
 			}
 			for i := 0; i < each; i++ {
-				if _, err := r.kv.Put(c, &walshipv1.PutRequest{Key: fmt.Sprintf("w%02d/%d", w, i%20), Value: []byte("v"),
+				if _, err := r.kv.Put(c, &walshipv1.PutRequest{Key: fmt.Sprintf("w%02d/%d", w, i%keys), Value: value,
 					Policy: &walshipv1.CommitPolicy{Durability: d}}); err != nil {
 					errs <- fmt.Errorf("writer %d, put %d: %w", w, i, err)
 					return
