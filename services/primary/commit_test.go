@@ -15,10 +15,10 @@ import (
 
 // TestConcurrentCommitsUnderFailure runs many concurrent writers, each
 // commit durability sync or async at random, through group commit, and
-// fails the disk under them: the machine crashes, or an fsync
-// fails. After a restart every acknowledged sync commit is there, and what
-// survives is a prefix: an acknowledged commit is present exactly when its
-// LSN is at most the recovered visible LSN.
+// fails the disk under them: the machine crashes, or an fsync fails. After
+// a restart every acknowledged sync commit is there, and what survives is a
+// prefix: an acknowledged commit is present exactly when its LSN is at most
+// the recovered visible LSN.
 func TestConcurrentCommitsUnderFailure(t *testing.T) {
 	for _, mode := range []string{"crash", "fsync-error"} {
 		t.Run(mode, func(t *testing.T) {
@@ -60,9 +60,9 @@ func TestConcurrentCommitsUnderFailure(t *testing.T) {
 					rng := rand.New(rand.NewPCG(uint64(w), 7))
 					for i := 0; ; i++ {
 						key := fmt.Sprintf("w%02d/%05d", w, i)
-						sync := rng.IntN(2) == 0
+						durable := rng.IntN(2) == 0
 						d := walshipv1.Durability_DURABILITY_ASYNC
-						if sync {
+						if durable {
 							d = walshipv1.Durability_DURABILITY_SYNC
 						}
 						p, err := r.kv.Put(c, &walshipv1.PutRequest{Key: key, Value: []byte(key),
@@ -71,7 +71,7 @@ func TestConcurrentCommitsUnderFailure(t *testing.T) {
 							return // the WAL failed; later writes are refused
 						}
 						mu.Lock()
-						acked = append(acked, ack{key, p.Lsn, sync})
+						acked = append(acked, ack{key, p.Lsn, durable})
 						mu.Unlock()
 						if n.Add(1) == failAfter {
 							failing.Do(fail)
