@@ -8,10 +8,10 @@
 // fsyncs it (one fsync for everything written while the previous one ran),
 // then waits for its policy (local fsync, replicas, log stores). Replicas
 // receive a batch once it is written, before the fsync; they apply only up
-// to the durable LSN the primary reports. Readers see the state only up to the visible LSN: the end of the
-// longest prefix of transactions whose commits have been acknowledged (or
-// failed) to their writers, so a read never returns a write before its writer
-// was told it committed.
+// to the durable LSN the primary reports. Readers see the state only up to
+// the visible LSN: the end of the longest prefix of transactions whose
+// commits have been acknowledged (or failed) to their writers, so a read
+// never returns a write before its writer was told it committed.
 package primary
 
 import (
@@ -79,7 +79,6 @@ type Server struct {
 	// order) and pokes syncKick; the async flush timer pokes flushReq.
 	syncKick    chan struct{}
 	flushReq    chan struct{}
-	syncing     atomic.Bool // an fsync is running
 	durMu       sync.Mutex
 	durWait     []*txn
 	lastFsync   atomic.Int64  // duration of the latest WAL fsync, for group commit

@@ -181,9 +181,10 @@ func (r *replServer) receiveAcks(ctx context.Context, id string, stream walshipv
 // message carrying the primary's durable LSN, beyond which the replica
 // applies nothing: the replica's write and fsync overlap the primary's own
 // fsync (a sync-replication commit waits for both), and the send itself
-// runs while the primary's CPU would otherwise wait for its disk. When the WAL is synced and no batch follows to carry the
-// new durable LSN, a heartbeat does: at once if a commit waits for replicas
-// to apply, else after durableUpdateDelay (a batch usually comes first).
+// runs while the primary's CPU would otherwise wait for its disk. When the
+// WAL is synced and no batch follows to carry the new durable LSN, a
+// heartbeat does: at once if a commit waits for replicas to apply, else
+// after durableUpdateDelay (a batch usually comes first).
 // An idle stream gets a heartbeat every heartbeat interval. A replica that
 // falls more than MaxReplicaLagBytes behind is cut off with OUT_OF_RANGE: it
 // catches up from a log store instead of pinning the primary's WAL.

@@ -207,6 +207,5 @@ func (s *Server) cutDiverged(keep uint64) (bool, error) {
 	}
 	clear(s.unapplied[n:])
 	s.unapplied = s.unapplied[:n]
-	s.metrics.diverged.Inc()
 	return true, nil
 }

@@ -80,10 +80,10 @@ func (s *Server) follow(ctx context.Context) error {
 				s.logger.Error("replica stopped: its WAL failed", "err", cerr)
 				return cerr
 			}
+			s.metrics.diverged.Inc()
 			if cut {
 				s.logger.Warn("cut entries the primary lost in a crash; reconnecting", "truncate_after_lsn", div.keep, "epoch", div.epoch)
 			} else {
-				s.metrics.diverged.Inc()
 				s.logger.Warn("cannot cut this replica's log where the primary diverged (it applied past the cut, or the cut is inside a batch); re-seeding from a snapshot",
 					"truncate_after_lsn", div.keep, "applied_lsn", s.appliedLSN(), "epoch", div.epoch)
 				rung = walshipv1.CatchUpRung_CATCH_UP_RUNG_SNAPSHOT
@@ -311,12 +311,10 @@ func (s *Server) streamFromPrimary(ctx context.Context) (progress bool, err erro
 			flushTimer.Reset(s.cfg.FlushDelay)
 			armed = true
 		}
-		if s.applicable() {
-			n, err := s.applyReady()
-			progress = progress || n > 0
-			if err != nil {
-				return progress, err
-			}
+		n, err := s.applyReady()
+		progress = progress || n > 0
+		if err != nil {
+			return progress, err
 		}
 		if replyNow {
 			poke(urgent)
@@ -503,11 +501,6 @@ func (s *Server) flushApply() (int, error) {
 	return s.applyReady()
 }
 
-// applicable reports whether applyReady would apply anything.
-func (s *Server) applicable() bool {
-	return len(s.unapplied) > 0 && s.unapplied[0].env.GetLastLsn() <= min(s.wal.DurableLSN(), s.primaryDurable)
-}
-
 // applyReady applies, in order, the written batches that are both flushed
 // here and durable on the primary: the primary sends batches before its own
 // fsync, and a replica must never serve a write that a crash of the primary
@@ -522,8 +515,9 @@ func (s *Server) applyReady() (int, error) {
 			// Written and synced but not appliable: the WAL and the state
 			// disagree, and recovery would fail the same way. Stop rather
 			// than serve a state that skips a batch.
-			s.dropUnapplied(n)
-			return n, fmt.Errorf("%w: apply LSNs %d..%d: %w", errFatal, c.env.GetFirstLsn(), c.env.GetLastLsn(), err)
+			err = fmt.Errorf("%w: apply LSNs %d..%d: %w", errFatal, c.env.GetFirstLsn(), c.env.GetLastLsn(), err)
+			s.dropUnapplied(n) // c points into s.unapplied: formatted first
+			return n, err
 		}
 		s.metrics.appliedRecords.Add(float64(len(c.batch.Records)))
 		s.metrics.appliedBytes.Add(float64(len(c.env.GetPayload())))
