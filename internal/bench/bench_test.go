@@ -113,7 +113,10 @@ func TestTPCCKeys(t *testing.T) {
 		want tpccKey
 	}{
 		{wKey(3), tpccKey{table: "warehouse", w: 3}},
+		{wYTDKey(3), tpccKey{table: "warehouse_ytd", w: 3}},
 		{dKey(3, 7), tpccKey{table: "district", w: 3, d: 7}},
+		{dYTDKey(3, 7), tpccKey{table: "district_ytd", w: 3, d: 7}},
+		{dNextKey(3, 7), tpccKey{table: "district_next", w: 3, d: 7}},
 		{cKey(3, 7, 1234), tpccKey{table: "customer", w: 3, d: 7, c: 1234}},
 		{clKey(3, 7, "BARPRIABLE", 12), tpccKey{table: "cust_name", w: 3, d: 7, c: 12, last: "BARPRIABLE"}},
 		{hKey(3, "ab12", 4, 99), tpccKey{table: "history", w: 3}},
@@ -203,14 +206,14 @@ func TestTPCCConsistency(t *testing.T) {
 	// Break each condition and see it caught.
 	breakers := map[string]func(){
 		"condition 1": func() {
-			r, _ := decodeRow(f.m[wKey(1)].v, 2)
-			r.f[wYTD]++
-			f.set(wKey(1), val{v: r.encode(), found: true})
+			r, _ := decodeRow(f.m[wYTDKey(1)].v, 1)
+			r.f[ytd]++
+			f.set(wYTDKey(1), val{v: r.encode(), found: true})
 		},
 		"condition 2": func() {
-			r, _ := decodeRow(f.m[dKey(1, 3)].v, 3)
-			r.f[dNext]++
-			f.set(dKey(1, 3), val{v: r.encode(), found: true})
+			r, _ := decodeRow(f.m[dNextKey(1, 3)].v, 1)
+			r.f[nextOID]++
+			f.set(dNextKey(1, 3), val{v: r.encode(), found: true})
 		},
 		"condition 4": func() { f.remove(olKey(2, 5, 1, 1)) },
 		"condition 3": func() {
