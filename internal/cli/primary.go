@@ -21,7 +21,7 @@ func primaryFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	fs.DurationVar(&cfg.Policy.SyncTimeout, "sync-timeout", cfg.Policy.SyncTimeout, "how long a sync commit waits for replicas or log stores before failing with UNAVAILABLE")
 	logstoreAckFlag(fs, &cfg.Policy.LogStore)
 	fs.Int64Var(&cfg.SegmentBytes, "segment-bytes", cfg.SegmentBytes, "WAL segment size")
-	fs.Int64Var(&cfg.SnapshotEveryBytes, "snapshot-every-bytes", cfg.SnapshotEveryBytes, "take a state snapshot after this many WAL bytes")
+	fs.Int64Var(&cfg.SnapshotEveryBytes, "snapshot-every-bytes", cfg.SnapshotEveryBytes, "take a state snapshot after this many WAL bytes, or after as many as the last snapshot had if that is more")
 	fs.IntVar(&cfg.MaxValueBytes, "max-value-bytes", cfg.MaxValueBytes, "largest value accepted")
 	fs.IntVar(&cfg.MaxTxnOps, "max-txn-ops", cfg.MaxTxnOps, "most ops in one Txn")
 	fs.Var(codecFlag{&cfg.Codec}, "codec", "WAL batch codec: msgpack or json")

@@ -16,7 +16,7 @@ func replicaFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	fs.StringVar(&cfg.Primary, "primary", "", "gRPC address of the primary to follow (required)")
 	fs.StringVar(&cfg.LogStore, "logstore", "", "gRPC address of a log store to catch up from when the primary no longer has the needed LSN (optional)")
 	fs.Int64Var(&cfg.SegmentBytes, "segment-bytes", cfg.SegmentBytes, "WAL segment size")
-	fs.Int64Var(&cfg.SnapshotEveryBytes, "snapshot-every-bytes", cfg.SnapshotEveryBytes, "take a state snapshot (and truncate the WAL) after this many WAL bytes")
+	fs.Int64Var(&cfg.SnapshotEveryBytes, "snapshot-every-bytes", cfg.SnapshotEveryBytes, "take a state snapshot (and truncate the WAL) after this many WAL bytes, or after as many as the last snapshot had if that is more")
 	fs.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", cfg.HeartbeatInterval, "ack at least this often; no word from the primary for 3 intervals counts as cut off")
 	fs.DurationVar(&cfg.FlushDelay, "flush-delay", cfg.FlushDelay, "longest a written batch waits for its fsync and apply while no sync commit waits on this replica (0 = every batch at once)")
 	return func(ctx context.Context) error {

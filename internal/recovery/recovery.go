@@ -37,12 +37,13 @@ type Options struct {
 
 // Result is a recovered node.
 type Result struct {
-	Store        *state.Store
-	WAL          *wal.Log
-	SnapshotPath string
-	SnapshotLSN  uint64
-	Replayed     int    // WAL batches applied after the snapshot
-	Epoch        uint64 // highest epoch found in the replayed batches
+	Store         *state.Store
+	WAL           *wal.Log
+	SnapshotPath  string
+	SnapshotLSN   uint64
+	SnapshotBytes int64  // size of the snapshot file (0 without one)
+	Replayed      int    // WAL batches applied after the snapshot
+	Epoch         uint64 // highest epoch found in the replayed batches
 	// Pending are the WAL batches after the replay limit, in order, not
 	// applied (only with Options.LimitReplay).
 	Pending []wal.Entry
@@ -76,7 +77,7 @@ func Open(o Options) (*Result, error) {
 	if ri := log.Recovery(); ri.TornSegment != "" {
 		o.Logger.Warn("cut a torn WAL tail", "segment", ri.TornSegment, "offset", ri.TornOffset, "bytes", ri.TornBytes, "reason", ri.TornReason)
 	}
-	res := &Result{Store: store, WAL: log, SnapshotPath: snapPath, SnapshotLSN: store.AppliedLSN()}
+	res := &Result{Store: store, WAL: log, SnapshotPath: snapPath, SnapshotLSN: store.AppliedLSN(), SnapshotBytes: FileSize(o.FS, snapPath)}
 	limit := uint64(math.MaxUint64)
 	if o.LimitReplay {
 		limit = max(o.ReplayUpTo, res.SnapshotLSN)
@@ -144,4 +145,18 @@ func (r *Result) replay(limit uint64) error {
 		r.Replayed++
 	}
 	return nil
+}
+
+// FileSize returns the size of the file at path, or 0 if it cannot be
+// stat'ed (or path is empty): for sizing the next snapshot interval, where
+// 0 falls back to the configured interval.
+func FileSize(fsys vfs.FS, path string) int64 {
+	if path == "" {
+		return 0
+	}
+	fi, err := fsys.Stat(path)
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
 }

@@ -7,6 +7,7 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/envelope"
+	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/internal/vfs"
 	"github.com/walship/walship/internal/wal"
 	"github.com/walship/walship/pkg/codec"
@@ -76,5 +77,42 @@ func TestLimitReplay(t *testing.T) {
 		if err := res.WAL.Close(); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestOpenReportsSnapshotSize: Open reports the loaded snapshot's file size
+// (what sizes the next snapshot interval), and 0 without a snapshot.
+func TestOpenReportsSnapshotSize(t *testing.T) {
+	fs := vfs.NewMem()
+	dir := "/data"
+	writeTxns(t, fs, dir, 3)
+	res, err := Open(Options{DataDir: dir, FS: fs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.SnapshotPath != "" || res.SnapshotBytes != 0 {
+		t.Fatalf("no snapshot yet: path %q, bytes %d", res.SnapshotPath, res.SnapshotBytes)
+	}
+	path, err := state.SaveSnapshot(fs, SnapshotDir(dir), res.Store.Snapshot())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := res.WAL.Close(); err != nil {
+		t.Fatal(err)
+	}
+	data, err := vfs.ReadFile(fs, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err = Open(Options{DataDir: dir, FS: fs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.WAL.Close()
+	if res.SnapshotPath != path || res.SnapshotBytes != int64(len(data)) || res.SnapshotBytes == 0 {
+		t.Fatalf("path %q, bytes %d; want %q, %d", res.SnapshotPath, res.SnapshotBytes, path, len(data))
+	}
+	if FileSize(fs, path+".missing") != 0 || FileSize(fs, "") != 0 {
+		t.Fatal("FileSize of a missing file is not 0")
 	}
 }

@@ -29,7 +29,8 @@ type Config struct {
 	AsyncFlushInterval time.Duration
 	// SegmentBytes is the WAL segment size.
 	SegmentBytes int64
-	// SnapshotEveryBytes takes a state snapshot after this much WAL.
+	// SnapshotEveryBytes takes a state snapshot after this much WAL, or
+	// after as much WAL as the last snapshot's size if that is more.
 	SnapshotEveryBytes int64
 	// MaxBatchBytes bounds one WAL batch; a larger transaction gets a batch of its own.
 	MaxBatchBytes int

@@ -170,6 +170,7 @@ func (s *Server) recover() error {
 	}
 	s.store, s.wal = res.Store, res.WAL
 	s.snapshotLSN.Store(res.SnapshotLSN)
+	s.snaps.Taken(int64(s.wal.Stats().BytesWritten), res.SnapshotBytes)
 	s.overlay = state.NewOverlay(s.store)
 	s.nextLSN = s.store.AppliedLSN() + 1
 	s.nextTxn = s.store.AppliedLSN() + 1 // txn ids only need to be unique and increasing
@@ -338,8 +339,10 @@ func (s *Server) takeSnapshot() error {
 		return err
 	}
 	s.snapshotLSN.Store(v.AppliedLSN())
-	s.snaps.Taken(written)
-	s.logger.Info("snapshot written", "path", path, "lsn", v.AppliedLSN(), "keys", v.Len(), "took", time.Since(start))
+	size := recovery.FileSize(s.fs, path)
+	s.snaps.Taken(written, size)
+	s.logger.Info("snapshot written", "path", path, "lsn", v.AppliedLSN(), "keys", v.Len(), "bytes", size, "took", time.Since(start),
+		"next_after_wal_bytes", s.snaps.Interval())
 	return nil
 }
 

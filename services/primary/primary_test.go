@@ -11,6 +11,8 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/recovery"
+	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/internal/vfs"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
@@ -333,6 +335,51 @@ func TestRestartRecoversEveryAcknowledgedWrite(t *testing.T) {
 	p, err := r2.kv.Put(c, &walshipv1.PutRequest{Key: "after", Value: []byte("x")})
 	if err != nil || p.Lsn <= after.VisibleLsn {
 		t.Fatalf("Put after restart = %v, %v; want LSN > %d", p, err, after.VisibleLsn)
+	}
+}
+
+// TestSnapshotIntervalGrowsWithTheState: once the state's snapshot is larger
+// than --snapshot-every-bytes, the next snapshot waits for that much WAL —
+// after a restart (sized by the loaded snapshot) and after a snapshot taken
+// while running.
+func TestSnapshotIntervalGrowsWithTheState(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testConfig(t, dir)
+	cfg.SnapshotEveryBytes = 4 << 10
+	r := start(t, cfg)
+	c := ctx(t)
+	value := []byte(strings.Repeat("v", 1<<10))
+	for i := range 40 {
+		if _, err := r.kv.Put(c, &walshipv1.PutRequest{Key: fmt.Sprintf("key/%02d", i), Value: value}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	snapSize := func(r *running) int64 {
+		st, err := r.admin.Status(c, &walshipv1.StatusRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		size := recovery.FileSize(vfs.OS, filepath.Join(recovery.SnapshotDir(dir), state.SnapshotName(st.SnapshotLsn)))
+		if size <= 40<<10 {
+			t.Fatalf("snapshot at LSN %d has %d bytes, want > 40 KiB", st.SnapshotLsn, size)
+		}
+		return size
+	}
+	r2 := start(t, cfg)
+	if got, want := r2.s.snaps.Interval(), snapSize(r2); got != want {
+		t.Fatalf("after restart the snapshot interval is %d bytes, want the loaded snapshot's %d", got, want)
+	}
+	if _, err := r2.kv.Put(c, &walshipv1.PutRequest{Key: "key/40", Value: value}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r2.s.takeSnapshot(); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := r2.s.snaps.Interval(), snapSize(r2); got != want {
+		t.Fatalf("after a snapshot the interval is %d bytes, want its size %d", got, want)
 	}
 }
 

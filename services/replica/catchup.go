@@ -8,6 +8,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/recovery"
 	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/internal/wal"
 )
@@ -167,7 +168,7 @@ func (s *Server) install(st *state.Store, epoch uint64) error {
 	s.prevSnapshotLSN = lsn
 	s.snapshotLSN.Store(lsn)
 	s.saveAppliedMarker(true)
-	s.snaps.Taken(int64(s.wal.Stats().BytesWritten))
+	s.snaps.Taken(int64(s.wal.Stats().BytesWritten), recovery.FileSize(s.fs, path))
 	return nil
 }
 

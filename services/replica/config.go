@@ -36,7 +36,8 @@ type Config struct {
 	// SegmentBytes is the WAL segment size.
 	SegmentBytes int64
 	// SnapshotEveryBytes takes a state snapshot (and truncates the WAL)
-	// after this many WAL bytes were written since the last one.
+	// after this many WAL bytes were written since the last one, or after
+	// as many as the last snapshot's size if that is more.
 	SnapshotEveryBytes int64
 	// HeartbeatInterval is how often the replica acks when nothing else
 	// was sent, and the unit of staleness for the lag metric: with no

@@ -37,10 +37,11 @@
 // The data directory has the primary's layout (internal/recovery): WAL
 // segments in wal/, state snapshots in snapshots/, plus a file epoch holding
 // the highest epoch seen (so that fencing survives a snapshot that truncated
-// every batch carrying it). A snapshot is taken every SnapshotEveryBytes of
-// WAL and on a clean stop; the WAL is then truncated before the older of the
-// two kept snapshots, so that recovery can still fall back to it if the
-// newest turns out to be corrupt. Re-seeding writes the received state as a
+// every batch carrying it). A snapshot is taken after SnapshotEveryBytes of
+// WAL, or after the last snapshot's size in WAL if that is more, and on a
+// clean stop; the WAL is then truncated before the older of the two kept
+// snapshots, so that recovery can still fall back to it if the newest turns
+// out to be corrupt (the WAL holds up to about two snapshot intervals). Re-seeding writes the received state as a
 // snapshot first and resets the WAL to start right after it second; if a
 // crash falls between the two, New finds a WAL that ends before the newest
 // snapshot and finishes the reset before recovering.
@@ -225,6 +226,7 @@ func (s *Server) recover() error {
 		return err
 	}
 	s.wal = res.WAL
+	s.snaps.Taken(int64(s.wal.Stats().BytesWritten), res.SnapshotBytes)
 	// The log may end in batches the primary had not made durable when they
 	// arrived: they wait, unapplied, for the primary to report them durable
 	// (or to say they diverged).
@@ -505,7 +507,7 @@ func (s *Server) takeSnapshot() error {
 	}
 	s.prevSnapshotLSN = s.snapshotLSN.Load()
 	s.snapshotLSN.Store(lsn)
-	s.snaps.Taken(written)
+	s.snaps.Taken(written, recovery.FileSize(s.fs, path))
 	// state keeps two snapshots and falls back to the older one if the newest
 	// is corrupt, so the WAL must still reach back to just after the older.
 	keepFrom := s.prevSnapshotLSN + 1
