@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"testing"
@@ -445,5 +446,30 @@ func TestSyncCommitFlushesLazyReplicas(t *testing.T) {
 				t.Fatalf("%s after a sync-apply commit: %v %v", r.Name, g, err)
 			}
 		}
+	}
+}
+
+// TestNodeGoroutinesCarryItsName: a node runs under the pprof label
+// node=<name> (pprof.Do puts it on the context and on the goroutine; the
+// runtime copies a goroutine's labels to every goroutine it starts), so a
+// CPU profile of an in-process cluster splits by node.
+func TestNodeGoroutinesCarryItsName(t *testing.T) {
+	got := make(chan string, 1)
+	n := &Node{Name: "replica-7", run: func(ctx context.Context) error {
+		ch := make(chan string, 1)
+		go func() { // a goroutine the node starts
+			v, _ := pprof.Label(ctx, "node")
+			ch <- v
+		}()
+		got <- <-ch
+		<-ctx.Done()
+		return nil
+	}}
+	n.start()
+	if v := <-got; v != "replica-7" {
+		t.Errorf("label node = %q, want replica-7", v)
+	}
+	if err := n.stop(); err != nil {
+		t.Fatal(err)
 	}
 }
