@@ -329,9 +329,8 @@ func (s *Server) takeSnapshot() error {
 	written := int64(s.wal.Stats().BytesWritten)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	s.kickCommitter()
-	if err := s.wal.Wait(ctx, v.AppliedLSN(), true); err != nil {
-		return fmt.Errorf("wait for wal sync to LSN %d: %w", v.AppliedLSN(), err)
+	if err := s.syncThrough(ctx, v.AppliedLSN()); err != nil {
+		return err
 	}
 	start := time.Now()
 	path, err := state.SaveSnapshot(s.fs, recovery.SnapshotDir(s.cfg.DataDir), v)
@@ -346,9 +345,19 @@ func (s *Server) takeSnapshot() error {
 	return nil
 }
 
-func (s *Server) kickCommitter() {
-	select {
-	case s.kick <- struct{}{}:
-	default:
+// syncThrough returns once the WAL is durable through lsn, which must be
+// written already (a visible LSN is). With async durability the visible
+// state runs ahead of the durable WAL by up to --async-flush-interval; a
+// state image that leaves the process (a snapshot file, a snapshot streamed
+// to a replica) must not hold a commit a crash could still take back, so
+// this asks the syncer for an fsync now instead of waiting for the window.
+func (s *Server) syncThrough(ctx context.Context, lsn uint64) error {
+	if s.wal.DurableLSN() >= lsn {
+		return nil
 	}
+	poke(s.flushReq)
+	if err := s.wal.Wait(ctx, lsn, true); err != nil {
+		return fmt.Errorf("wait for wal sync to LSN %d: %w", lsn, err)
+	}
+	return nil
 }

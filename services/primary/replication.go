@@ -9,6 +9,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/internal/wal"
 	"google.golang.org/grpc/codes"
@@ -332,6 +333,13 @@ func (r *replServer) Snapshot(req *walshipv1.SnapshotRequest, stream walshipv1.R
 	}
 	s := r.s
 	v := s.store.Snapshot()
+	// A replica applies only what the primary has made durable (streamed
+	// batches wait for the durable LSN); a re-seeding snapshot keeps that
+	// promise too, so a primary crash cannot leave the replica serving
+	// commits the primary lost.
+	if err := s.syncThrough(stream.Context(), v.AppliedLSN()); err != nil {
+		return rpcerr.Status(fmt.Errorf("%w: snapshot at LSN %d: %v", rpcerr.ErrUnavailable, v.AppliedLSN(), err))
+	}
 	s.logger.Info("streaming snapshot", "replica", req.GetReplicaId(), "lsn", v.AppliedLSN(), "keys", v.Len())
 	if err := stream.Send(&walshipv1.SnapshotResponse{Part: &walshipv1.SnapshotResponse_Header{Header: &walshipv1.SnapshotHeader{
 		Epoch: s.epoch, Lsn: v.AppliedLSN(), Keys: uint64(v.Len())}}}); err != nil {

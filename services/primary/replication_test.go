@@ -1,6 +1,7 @@
 package primary
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -128,5 +129,50 @@ func TestSilentReplicaIsCutOff(t *testing.T) {
 	}
 	if len(st.Peers) != 1 || st.Peers[0].Id != "quiet" || st.Peers[0].Connected {
 		t.Fatalf("peers after the cut-off: %v", st.Peers)
+	}
+}
+
+// TestStreamedSnapshotIsDurable: with async durability the visible state
+// runs ahead of the durable WAL; a snapshot streamed to a replica is made
+// durable first (at once, not after the flush window), so a re-seeded
+// replica never holds a commit a primary crash could take back.
+func TestStreamedSnapshotIsDurable(t *testing.T) {
+	cfg := testConfig(t, t.TempDir())
+	cfg.Policy.Durability = walshipv1.Durability_DURABILITY_ASYNC
+	cfg.AsyncFlushInterval = time.Minute // nothing syncs on its own in this test
+	r := start(t, cfg)
+	c := ctx(t)
+	var last uint64
+	for i := range 5 {
+		p, err := r.kv.Put(c, &walshipv1.PutRequest{Key: fmt.Sprintf("k%d", i), Value: []byte("v")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = p.Lsn
+	}
+	st, err := r.admin.Status(c, &walshipv1.StatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.VisibleLsn != last || st.DurableLsn >= last {
+		t.Fatalf("before the snapshot: visible %d, durable %d; want visible %d and durable behind it", st.VisibleLsn, st.DurableLsn, last)
+	}
+	snap, err := walshipv1.NewReplicationServiceClient(r.conn).Snapshot(c, &walshipv1.SnapshotRequest{ReplicaId: "r1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := snap.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := m.GetHeader()
+	if h == nil || h.Lsn != last {
+		t.Fatalf("first message %v; want a header at LSN %d", m, last)
+	}
+	if st, err = r.admin.Status(c, &walshipv1.StatusRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if st.DurableLsn < h.Lsn {
+		t.Fatalf("snapshot header at LSN %d sent while the primary's durable LSN was %d", h.Lsn, st.DurableLsn)
 	}
 }
