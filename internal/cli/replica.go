@@ -19,6 +19,7 @@ func replicaFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	fs.Int64Var(&cfg.SnapshotEveryBytes, "snapshot-every-bytes", cfg.SnapshotEveryBytes, "take a state snapshot (and truncate the WAL) after this many WAL bytes, or after as many as the last snapshot had if that is more")
 	fs.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", cfg.HeartbeatInterval, "ack at least this often; no word from the primary for 3 intervals counts as cut off")
 	fs.DurationVar(&cfg.FlushDelay, "flush-delay", cfg.FlushDelay, "longest a written batch waits for its fsync and apply while no sync commit waits on this replica (0 = every batch at once)")
+	fs.Int64Var(&cfg.MaxUnappliedBytes, "max-unapplied-bytes", cfg.MaxUnappliedBytes, "memory for written batches waiting for the primary's durable LSN; beyond it they are read back from the WAL to be applied")
 	return func(ctx context.Context) error {
 		cfg.Logger = env.Logger.With("service", "replica", "id", cfg.ID)
 		cfg.Registry = newRegistry()

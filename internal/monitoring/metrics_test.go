@@ -64,6 +64,8 @@ var knownMetrics = []knownMetric{
 	{"walship_replica_connected", gauge, nil},
 	{"walship_replica_refused_batches_total", counter, []string{"reason"}},
 	{"walship_replica_diverged_total", counter, nil},
+	{"walship_replica_unapplied_bytes", gauge, nil},
+	{"walship_replica_spilled_batches_total", counter, nil},
 	{"walship_codec_decode_duration_seconds", histogram, []string{"codec"}},
 
 	// Log store.

@@ -152,8 +152,7 @@ func (s *Server) install(st *state.Store, epoch uint64) error {
 	if err != nil {
 		return fmt.Errorf("%w: reset wal to LSN %d: %w", errFatal, lsn+1, err)
 	}
-	clear(s.unapplied)
-	s.unapplied = s.unapplied[:0]
+	s.dropUnapplied(len(s.unapplied))
 	s.primaryDurable = max(s.primaryDurable, lsn)
 	s.store.Store(st)
 	if s.reseedBack {
@@ -206,6 +205,7 @@ func (s *Server) cutDiverged(keep uint64) (bool, error) {
 	for n > 0 && s.unapplied[n-1].env.GetFirstLsn() > keep {
 		n--
 	}
+	s.forgetUnapplied(s.unapplied[n:])
 	clear(s.unapplied[n:])
 	s.unapplied = s.unapplied[:n]
 	return true, nil

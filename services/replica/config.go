@@ -49,6 +49,10 @@ type Config struct {
 	// covers many rounds (the disk is usually shared); a sync commit's
 	// reply request flushes at once. 0 flushes every round.
 	FlushDelay time.Duration
+	// MaxUnappliedBytes bounds the payload bytes of written batches kept
+	// decoded in memory while they wait for the primary's durable LSN;
+	// beyond it they are read back from the WAL to be applied. 0 keeps none.
+	MaxUnappliedBytes int64
 
 	// Logger receives structured logs; nil discards them.
 	Logger *slog.Logger
@@ -72,6 +76,7 @@ func DefaultConfig() Config {
 		SnapshotEveryBytes: 64 << 20,
 		HeartbeatInterval:  time.Second,
 		FlushDelay:         5 * time.Millisecond,
+		MaxUnappliedBytes:  64 << 20,
 		StopTimeout:        30 * time.Second,
 	}
 }
@@ -111,6 +116,9 @@ func (c *Config) Validate() error {
 	}
 	if c.FlushDelay < 0 || c.FlushDelay > time.Second {
 		errs = append(errs, fmt.Errorf("--flush-delay: %v is not in [0, 1s]", c.FlushDelay))
+	}
+	if c.MaxUnappliedBytes < 0 {
+		errs = append(errs, fmt.Errorf("--max-unapplied-bytes: %d is negative", c.MaxUnappliedBytes))
 	}
 	if c.HeartbeatInterval < time.Millisecond || c.HeartbeatInterval > time.Minute {
 		errs = append(errs, fmt.Errorf("--heartbeat-interval: %v is not in [1ms, 1m]", c.HeartbeatInterval))

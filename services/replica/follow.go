@@ -400,6 +400,10 @@ type checked struct {
 	env   *walshipv1.WalBatch
 	batch codec.Batch
 	data  []byte
+	// spilled: only env's LSNs are kept (the batch is read back from the
+	// WAL to be applied); held counts the bytes kept in memory otherwise.
+	spilled bool
+	held    int64
 }
 
 // check verifies one batch against the position it must continue (next):
@@ -480,7 +484,7 @@ func (s *Server) write(round []*walshipv1.WalBatch, written func()) error {
 	if err != nil {
 		return fmt.Errorf("%w: wal append: %w", errFatal, err)
 	}
-	s.unapplied = append(s.unapplied, good...)
+	s.keepUnapplied(good)
 	if written != nil {
 		written()
 	}
@@ -508,9 +512,21 @@ func (s *Server) flushApply() (int, error) {
 func (s *Server) applyReady() (int, error) {
 	limit := min(s.wal.DurableLSN(), s.primaryDurable)
 	st := s.store.Load()
+	var rd *wal.Reader // reads spilled batches back, if any
+	defer func() {
+		if rd != nil {
+			rd.Close()
+		}
+	}()
 	n := 0
 	for ; n < len(s.unapplied) && s.unapplied[n].env.GetLastLsn() <= limit; n++ {
 		c := &s.unapplied[n]
+		if c.spilled {
+			if err := s.unspill(&rd, c); err != nil {
+				s.dropUnapplied(n)
+				return n, err
+			}
+		}
 		if err := st.Apply(&c.batch); err != nil {
 			// Written and synced but not appliable: the WAL and the state
 			// disagree, and recovery would fail the same way. Stop rather
@@ -534,11 +550,99 @@ func (s *Server) applyReady() (int, error) {
 	return n, nil
 }
 
+// keepUnapplied adds written batches to s.unapplied. Decoded batches are
+// kept in memory up to MaxUnappliedBytes of payload; past that only their
+// LSNs are, and applyReady reads them back from the WAL. The bound matters
+// when the primary's durable LSN stalls (a slow or stuck fsync, a long
+// --async-flush-interval) while its batches keep arriving.
+func (s *Server) keepUnapplied(cs []checked) {
+	spilled := 0
+	for i := range cs {
+		c := &cs[i]
+		c.data = nil // written to the WAL: not needed again
+		size := int64(len(c.env.GetPayload()))
+		if s.unappliedBytes+size <= s.cfg.MaxUnappliedBytes {
+			c.held = size
+			s.unappliedBytes += size
+			continue
+		}
+		if !s.spilling {
+			s.spilling = true
+			s.logger.Warn("batches waiting for the primary's durable LSN exceed --max-unapplied-bytes; the rest are kept on disk only and read back to be applied",
+				"max_unapplied_bytes", s.cfg.MaxUnappliedBytes, "primary_durable_lsn", s.primaryDurable, "from_lsn", c.env.GetFirstLsn())
+		}
+		*c = checked{env: &walshipv1.WalBatch{FirstLsn: c.env.GetFirstLsn(), LastLsn: c.env.GetLastLsn()}, spilled: true}
+		spilled++
+	}
+	s.unapplied = append(s.unapplied, cs...)
+	s.observeUnapplied(spilled)
+}
+
+// unspill reads spilled batch c back from the WAL with *rd (opened at c's
+// first LSN if nil) and decodes it into c.
+func (s *Server) unspill(rd **wal.Reader, c *checked) error {
+	first := c.env.GetFirstLsn()
+	if *rd == nil {
+		r, err := s.wal.NewReader(first, false)
+		if err != nil {
+			return fmt.Errorf("%w: read back LSNs %d..%d from the wal: %w", errFatal, first, c.env.GetLastLsn(), err)
+		}
+		*rd = r
+	}
+	// The entry was written and synced before it could be applied: Next
+	// does not wait for it; the timeout only turns a bug into an error.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var e wal.Entry
+	var err error
+	for {
+		// Batches kept in memory may sit between spilled ones: skip them.
+		if e, err = (*rd).Next(ctx); err != nil || e.LastLSN >= first {
+			break
+		}
+	}
+	if err == nil && (e.FirstLSN != first || e.LastLSN != c.env.GetLastLsn()) {
+		err = fmt.Errorf("wal entry is LSNs %d..%d", e.FirstLSN, e.LastLSN)
+	}
+	var env walshipv1.WalBatch
+	if err == nil {
+		err = envelope.DecodeStored(e.Data, &env, &c.batch)
+	}
+	if err != nil {
+		return fmt.Errorf("%w: read back LSNs %d..%d from the wal: %w", errFatal, first, c.env.GetLastLsn(), err)
+	}
+	c.env, c.spilled = &env, false
+	return nil
+}
+
 // dropUnapplied removes the first n batches of s.unapplied.
 func (s *Server) dropUnapplied(n int) {
+	s.forgetUnapplied(s.unapplied[:n])
 	rest := copy(s.unapplied, s.unapplied[n:])
 	clear(s.unapplied[rest:])
 	s.unapplied = s.unapplied[:rest]
+}
+
+// forgetUnapplied releases the memory accounting of batches leaving
+// s.unapplied.
+func (s *Server) forgetUnapplied(cs []checked) {
+	for i := range cs {
+		s.unappliedBytes -= cs[i].held
+	}
+	if s.unappliedBytes == 0 {
+		s.spilling = false
+	}
+	s.observeUnapplied(0)
+}
+
+// observeUnapplied updates the metrics after batches were spilled or
+// s.unapplied changed.
+func (s *Server) observeUnapplied(spilled int) {
+	if s.metrics == nil {
+		return // recovering: New reports them once the metrics exist
+	}
+	s.metrics.spilled.Add(float64(spilled))
+	s.metrics.unapplied.Set(float64(s.unappliedBytes))
 }
 
 // process runs one whole round (write, fsync, apply), for the log store

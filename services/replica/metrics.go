@@ -24,6 +24,8 @@ type metrics struct {
 	rung           *prometheus.GaugeVec
 	refused        *prometheus.CounterVec
 	diverged       prometheus.Counter
+	unapplied      prometheus.Gauge
+	spilled        prometheus.Counter
 	decodeSeconds  *prometheus.HistogramVec
 	fsyncSeconds   prometheus.Histogram
 	fsyncErrors    prometheus.Counter
@@ -67,6 +69,14 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		Name: "walship_replica_diverged_total",
 		Help: "Times the primary answered Diverged: this replica held entries the primary lost in a crash before they were durable there; they were cut (or, if applied after a restart, the replica re-seeded).",
 	})
+	m.unapplied = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "walship_replica_unapplied_bytes",
+		Help: "Payload bytes of written batches held in memory until the primary reports them durable (at most --max-unapplied-bytes).",
+	})
+	m.spilled = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "walship_replica_spilled_batches_total",
+		Help: "Batches that arrived while --max-unapplied-bytes was full: kept in the WAL only and read back from it to be applied. Rising means the primary's durable LSN is stalling.",
+	})
 	m.refused = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "walship_replica_refused_batches_total",
 		Help: "WAL batches the replica refused (never written nor applied), by reason: crc, epoch (older than the highest seen), gap (not continuing the log), decode.",
@@ -93,7 +103,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		stage("write", s.wal.LastLSN),
 		stage("flush", s.wal.DurableLSN),
 		stage("apply", s.appliedLSN),
-		m.appliedRecords, m.appliedBytes, m.rung, connected, m.refused, m.diverged, m.decodeSeconds, m.fsyncSeconds, m.fsyncErrors,
+		m.appliedRecords, m.appliedBytes, m.rung, connected, m.refused, m.diverged, m.unapplied, m.spilled, m.decodeSeconds, m.fsyncSeconds, m.fsyncErrors,
 	}
 	for _, c := range m.collectors {
 		reg.MustRegister(c)

@@ -119,6 +119,8 @@ type Server struct {
 	// divergence, what this replica applied beyond the cut is not the
 	// primary's history.
 	unapplied      []checked
+	unappliedBytes int64 // payload bytes of the batches in unapplied kept in memory
+	spilling       bool  // some batches in unapplied are kept on disk only
 	primaryDurable uint64
 	reseedBack     bool
 	// markerLSN and markerTime: the applied LSN last saved to
@@ -197,6 +199,13 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.srv = srv
 	s.metrics = newMetrics(reg, s)
+	spilled := 0
+	for _, c := range s.unapplied {
+		if c.spilled {
+			spilled++
+		}
+	}
+	s.observeUnapplied(spilled)
 	ok = true
 	return s, nil
 }
@@ -237,8 +246,7 @@ func (s *Server) recover() error {
 			_ = res.WAL.Close()
 			return fmt.Errorf("wal entry %d..%d after the replay limit: %w", e.FirstLSN, e.LastLSN, err)
 		}
-		c.data = e.Data
-		s.unapplied = append(s.unapplied, c)
+		s.keepUnapplied([]checked{c})
 	}
 	if n := len(res.Pending); n > 0 {
 		s.logger.Info("batches not yet known durable on the primary wait to be applied", "batches", n,
