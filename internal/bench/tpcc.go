@@ -44,14 +44,12 @@ const (
 	newOrderPct = 30 // of the initial orders per district that are undelivered
 )
 
-func wKey(w int) string       { return fmt.Sprintf("w/%04d", w) }
-func wYTDKey(w int) string    { return fmt.Sprintf("w/%04d/ytd", w) }
-func dKey(w, d int) string    { return fmt.Sprintf("w/%04d/d/%02d", w, d) }
-func dYTDKey(w, d int) string { return fmt.Sprintf("w/%04d/d/%02d/ytd", w, d) }
-func dNextKey(w, d int) string {
-	return fmt.Sprintf("w/%04d/d/%02d/next", w, d)
-}
-func cKey(w, d, c int) string { return fmt.Sprintf("w/%04d/d/%02d/c/%05d", w, d, c) }
+func wKey(w int) string        { return fmt.Sprintf("w/%04d", w) }
+func wYTDKey(w int) string     { return fmt.Sprintf("w/%04d/ytd", w) }
+func dKey(w, d int) string     { return fmt.Sprintf("w/%04d/d/%02d", w, d) }
+func dYTDKey(w, d int) string  { return fmt.Sprintf("w/%04d/d/%02d/ytd", w, d) }
+func dNextKey(w, d int) string { return fmt.Sprintf("w/%04d/d/%02d/next", w, d) }
+func cKey(w, d, c int) string  { return fmt.Sprintf("w/%04d/d/%02d/c/%05d", w, d, c) }
 func clPrefix(w, d int, last string) string {
 	return fmt.Sprintf("w/%04d/d/%02d/cl/%s/", w, d, last)
 }

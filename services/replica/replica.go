@@ -41,10 +41,11 @@
 // WAL, or after the last snapshot's size in WAL if that is more, and on a
 // clean stop; the WAL is then truncated before the older of the two kept
 // snapshots, so that recovery can still fall back to it if the newest turns
-// out to be corrupt (the WAL holds up to about two snapshot intervals). Re-seeding writes the received state as a
-// snapshot first and resets the WAL to start right after it second; if a
-// crash falls between the two, New finds a WAL that ends before the newest
-// snapshot and finishes the reset before recovering.
+// out to be corrupt (the WAL holds up to about two snapshot intervals).
+// Re-seeding writes the received state as a snapshot first and resets the
+// WAL to start right after it second; if a crash falls between the two, New
+// finds a WAL that ends before the newest snapshot and finishes the reset
+// before recovering.
 package replica
 
 import (
@@ -120,7 +121,7 @@ type Server struct {
 	// primary's history.
 	unapplied      []checked
 	unappliedBytes int64 // payload bytes of the batches in unapplied kept in memory
-	spilling       bool  // some batches in unapplied are kept on disk only
+	spilling       bool  // warned that batches spill; cleared once no bytes are held
 	primaryDurable uint64
 	reseedBack     bool
 	// markerLSN and markerTime: the applied LSN last saved to
