@@ -549,6 +549,7 @@ func TestConfigValidate(t *testing.T) {
 		{"no primary", func(c *Config) { c.Primary = "" }, "--primary"},
 		{"small segments", func(c *Config) { c.SegmentBytes = 1 }, "--segment-bytes"},
 		{"no snapshots", func(c *Config) { c.SnapshotEveryBytes = 0 }, "--snapshot-every-bytes"},
+		{"negative unapplied bound", func(c *Config) { c.MaxUnappliedBytes = -1 }, "--max-unapplied-bytes"},
 		{"no heartbeat", func(c *Config) { c.HeartbeatInterval = 0 }, "--heartbeat-interval"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
