@@ -566,8 +566,8 @@ func (s *Server) keepUnapplied(cs []checked) {
 			s.unappliedBytes += size
 			continue
 		}
-		if !s.spilling {
-			s.spilling = true
+		if now := s.now(); now.Sub(s.spillWarned) >= time.Minute {
+			s.spillWarned = now
 			s.logger.Warn("batches waiting for the primary's durable LSN exceed --max-unapplied-bytes; the rest are kept on disk only and read back to be applied",
 				"max_unapplied_bytes", s.cfg.MaxUnappliedBytes, "primary_durable_lsn", s.primaryDurable, "from_lsn", c.env.GetFirstLsn())
 		}
@@ -628,9 +628,6 @@ func (s *Server) dropUnapplied(n int) {
 func (s *Server) forgetUnapplied(cs []checked) {
 	for i := range cs {
 		s.unappliedBytes -= cs[i].held
-	}
-	if s.unappliedBytes == 0 {
-		s.spilling = false
 	}
 	s.observeUnapplied(0)
 }

@@ -120,8 +120,8 @@ type Server struct {
 	// divergence, what this replica applied beyond the cut is not the
 	// primary's history.
 	unapplied      []checked
-	unappliedBytes int64 // payload bytes of the batches in unapplied kept in memory
-	spilling       bool  // warned that batches spill; cleared once no bytes are held
+	unappliedBytes int64     // payload bytes of the batches in unapplied kept in memory
+	spillWarned    time.Time // when spilling was last logged (at most once a minute)
 	primaryDurable uint64
 	reseedBack     bool
 	// markerLSN and markerTime: the applied LSN last saved to
