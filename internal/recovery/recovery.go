@@ -33,6 +33,11 @@ type Options struct {
 	// not yet made durable, which it must not make readable.
 	LimitReplay bool
 	ReplayUpTo  uint64
+	// PendingDataBytes bounds the Data kept of Result.Pending entries: once
+	// their Data adds up to more, later entries come with LSNs only (Data
+	// nil) and their owner reads them from the WAL when it needs them. 0
+	// keeps none.
+	PendingDataBytes int64
 }
 
 // Result is a recovered node.
@@ -82,7 +87,7 @@ func Open(o Options) (*Result, error) {
 	if o.LimitReplay {
 		limit = max(o.ReplayUpTo, res.SnapshotLSN)
 	}
-	if err := res.replay(limit); err != nil {
+	if err := res.replay(limit, o.PendingDataBytes); err != nil {
 		_ = log.Close()
 		return nil, err
 	}
@@ -91,7 +96,7 @@ func Open(o Options) (*Result, error) {
 	return res, nil
 }
 
-func (r *Result) replay(limit uint64) error {
+func (r *Result) replay(limit uint64, pendingData int64) error {
 	log, applied := r.WAL, r.Store.AppliedLSN()
 	switch {
 	case log.LastLSN() == 0 && applied > 0:
@@ -129,6 +134,9 @@ func (r *Result) replay(limit uint64) error {
 		}
 		if e.LastLSN > limit {
 			// Everything from here on stays in the log, unapplied.
+			if pendingData -= int64(len(e.Data)); pendingData < 0 {
+				e.Data = nil
+			}
 			r.Pending = append(r.Pending, e)
 			if e.LastLSN == log.LastLSN() {
 				break

@@ -80,6 +80,34 @@ func TestLimitReplay(t *testing.T) {
 	}
 }
 
+// TestPendingDataIsBounded: pending entries carry their Data only up to
+// PendingDataBytes; the rest come with LSNs only, so a replica whose log
+// ends in a long undurable tail does not load it all into memory.
+func TestPendingDataIsBounded(t *testing.T) {
+	fs := vfs.NewMem()
+	writeTxns(t, fs, "/d", 5) // LSNs 1..10
+	all, err := Open(Options{DataDir: "/d", FS: fs, LimitReplay: true, PendingDataBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	size := int64(len(all.Pending[0].Data) + len(all.Pending[1].Data)) // room for the first two
+	if err := all.WAL.Close(); err != nil {
+		t.Fatal(err)
+	}
+	res, err := Open(Options{DataDir: "/d", FS: fs, LimitReplay: true, PendingDataBytes: size})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.WAL.Close()
+	var got []string
+	for _, e := range res.Pending {
+		got = append(got, fmt.Sprintf("%d-%d:%v", e.FirstLSN, e.LastLSN, e.Data != nil))
+	}
+	if want := "[1-2:true 3-4:true 5-6:false 7-8:false 9-10:false]"; fmt.Sprint(got) != want || size == 0 {
+		t.Fatalf("pending %v, want %s (bound %d)", got, want, size)
+	}
+}
+
 // TestOpenReportsSnapshotSize: Open reports the loaded snapshot's file size
 // (what sizes the next snapshot interval), and 0 without a snapshot.
 func TestOpenReportsSnapshotSize(t *testing.T) {

@@ -571,11 +571,16 @@ func (s *Server) keepUnapplied(cs []checked) {
 			s.logger.Warn("batches waiting for the primary's durable LSN exceed --max-unapplied-bytes; the rest are kept on disk only and read back to be applied",
 				"max_unapplied_bytes", s.cfg.MaxUnappliedBytes, "primary_durable_lsn", s.primaryDurable, "from_lsn", c.env.GetFirstLsn())
 		}
-		*c = checked{env: &walshipv1.WalBatch{FirstLsn: c.env.GetFirstLsn(), LastLsn: c.env.GetLastLsn()}, spilled: true}
+		*c = spilledBatch(c.env.GetFirstLsn(), c.env.GetLastLsn())
 		spilled++
 	}
 	s.unapplied = append(s.unapplied, cs...)
 	s.observeUnapplied(spilled)
+}
+
+// spilledBatch is a batch of s.unapplied kept in the WAL only.
+func spilledBatch(first, last uint64) checked {
+	return checked{env: &walshipv1.WalBatch{FirstLsn: first, LastLsn: last}, spilled: true}
 }
 
 // unspill reads spilled batch c back from the WAL with *rd (opened at c's

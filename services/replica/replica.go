@@ -231,7 +231,7 @@ func (s *Server) recover() error {
 	}
 	marker := s.loadAppliedMarker()
 	res, err := recovery.Open(recovery.Options{DataDir: s.cfg.DataDir, FS: s.fs, SegmentBytes: s.cfg.SegmentBytes, Logger: s.logger,
-		LimitReplay: true, ReplayUpTo: marker})
+		LimitReplay: true, ReplayUpTo: marker, PendingDataBytes: s.cfg.MaxUnappliedBytes})
 	if err != nil {
 		return err
 	}
@@ -241,6 +241,10 @@ func (s *Server) recover() error {
 	// arrived: they wait, unapplied, for the primary to report them durable
 	// (or to say they diverged).
 	for _, e := range res.Pending {
+		if e.Data == nil { // past the memory bound: read back when applied
+			s.unapplied = append(s.unapplied, spilledBatch(e.FirstLSN, e.LastLSN))
+			continue
+		}
 		var c checked
 		c.env = new(walshipv1.WalBatch)
 		if err := envelope.DecodeStored(e.Data, c.env, &c.batch); err != nil {
