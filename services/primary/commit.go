@@ -263,7 +263,7 @@ func (s *Server) commit(txns []*txn) (async bool, err error) {
 		// and log stores for an immediate flush.
 		for _, t := range txns[start:end] {
 			if t.policy.Replication == walshipv1.ReplicationMode_REPLICATION_MODE_SYNC {
-				s.replWanted.Store(e.LastLSN)
+				s.replWanted[t.policy.SyncLevel].Store(e.LastLSN)
 			}
 			if t.policy.LogStore == walshipv1.LogStoreAck_LOG_STORE_ACK_SYNC {
 				s.lsWanted.Store(e.LastLSN)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -13,22 +14,76 @@ import (
 )
 
 // peers tracks the acknowledged positions of replicas and log stores, and
-// lets synchronous commits wait for "any k at this stage".
+// lets synchronous commits wait for "any k at this stage". Waiting commits
+// queue in LSN order, one queue per (stage, k) for replicas and one for log
+// stores, and a position update releases exactly the prefix of each queue
+// that it covers (PostgreSQL's SyncRepWakeQueue): an ack wakes the commits
+// it satisfies and no others.
 type peers struct {
 	mu        sync.Mutex
 	replicas  map[string]*replicaPos
 	logstores map[string]*logstorePos
-	quorum    int           // log store majority; 0 = no log store configured
-	changed   chan struct{} // closed and replaced on every change
-	// waiting counts sync commits waiting on replicas: while it is not 0,
-	// replica streams ask for an immediate flush and ack after each batch.
-	waiting atomic.Int64
-	// waitingApply counts those waiting for replicas to apply: replicas
-	// apply only up to the primary's durable LSN, so while it is not 0 each
-	// stream sends the new durable LSN the moment the WAL is synced.
-	waitingApply atomic.Int64
+	quorum    int // log store majority; 0 = no log store configured
+	// replWaiters and lsWaiters are the waiting commits; guarded by mu.
+	replWaiters map[waitClass]*lsnQueue
+	lsWaiters   lsnQueue
+	// waiting counts sync commits waiting on replicas at each stage (index:
+	// the SyncLevel). While one waits at a stage, replica streams ask for
+	// an ack at that stage after each batch.
+	waiting [walshipv1.SyncLevel_SYNC_LEVEL_APPLY + 1]atomic.Int64
 	// lsWaiting counts commits waiting on log stores, likewise.
 	lsWaiting atomic.Int64
+}
+
+// waitClass is what a sync commit waits for: k replicas at a stage.
+type waitClass struct {
+	level walshipv1.SyncLevel
+	k     int
+}
+
+// lsnWaiter is one waiting commit; done is closed when it is released.
+type lsnWaiter struct {
+	lsn  uint64
+	done chan struct{}
+}
+
+// lsnQueue holds waiters in LSN order. Commits register in about LSN order,
+// so add inserts near the end.
+type lsnQueue []*lsnWaiter
+
+func (q *lsnQueue) add(lsn uint64) *lsnWaiter {
+	w := &lsnWaiter{lsn: lsn, done: make(chan struct{})}
+	i := len(*q)
+	for i > 0 && (*q)[i-1].lsn > lsn {
+		i--
+	}
+	*q = slices.Insert(*q, i, w)
+	return w
+}
+
+// release wakes and drops every waiter at or below upto.
+func (q *lsnQueue) release(upto uint64) {
+	n := 0
+	for n < len(*q) && (*q)[n].lsn <= upto {
+		close((*q)[n].done)
+		n++
+	}
+	if n > 0 {
+		rest := copy(*q, (*q)[n:])
+		clear((*q)[rest:])
+		*q = (*q)[:rest]
+	}
+}
+
+// remove drops w (its wait ended without a release); it reports whether w
+// was still queued.
+func (q *lsnQueue) remove(w *lsnWaiter) bool {
+	i := slices.Index(*q, w)
+	if i < 0 {
+		return false
+	}
+	*q = slices.Delete(*q, i, i+1)
+	return true
 }
 
 // replicaPos is what the primary knows of one replica.
@@ -52,15 +107,11 @@ type logstorePos struct {
 }
 
 func newPeers() *peers {
-	return &peers{replicas: map[string]*replicaPos{}, logstores: map[string]*logstorePos{}, changed: make(chan struct{})}
+	return &peers{replicas: map[string]*replicaPos{}, logstores: map[string]*logstorePos{}, replWaiters: map[waitClass]*lsnQueue{}}
 }
 
-func (p *peers) notifyLocked() {
-	close(p.changed)
-	p.changed = make(chan struct{})
-}
-
-// update changes one replica's entry under the lock and wakes waiters.
+// updateReplica changes one replica's entry under the lock and releases
+// the waiters its new positions satisfy.
 func (p *peers) updateReplica(id string, f func(r *replicaPos)) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -70,10 +121,15 @@ func (p *peers) updateReplica(id string, f func(r *replicaPos)) {
 		p.replicas[id] = r
 	}
 	f(r)
-	p.notifyLocked()
+	for c, q := range p.replWaiters {
+		if len(*q) > 0 {
+			q.release(p.replicaQuorumLocked(c))
+		}
+	}
 }
 
-// updateLogStore changes one log store's entry under the lock and wakes waiters.
+// updateLogStore changes one log store's entry under the lock and releases
+// the waiters a majority now covers.
 func (p *peers) updateLogStore(addr string, f func(l *logstorePos)) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -83,7 +139,46 @@ func (p *peers) updateLogStore(addr string, f func(l *logstorePos)) {
 		p.logstores[addr] = l
 	}
 	f(l)
-	p.notifyLocked()
+	if len(p.lsWaiters) > 0 {
+		p.lsWaiters.release(p.logStoreQuorumLocked())
+	}
+}
+
+// replicaQuorumLocked is the highest LSN that c.k connected replicas have
+// reached at c.level (0 if fewer than c.k are connected).
+func (p *peers) replicaQuorumLocked(c waitClass) uint64 {
+	var buf [8]uint64
+	pos := buf[:0]
+	for _, r := range p.replicas {
+		if r.connected {
+			pos = append(pos, r.at(c.level))
+		}
+	}
+	return kthHighest(pos, c.k)
+}
+
+// logStoreQuorumLocked is the highest LSN a majority of the configured log
+// stores has made durable (0 without log stores).
+func (p *peers) logStoreQuorumLocked() uint64 {
+	if p.quorum == 0 {
+		return 0
+	}
+	var buf [8]uint64
+	pos := buf[:0]
+	for _, l := range p.logstores {
+		pos = append(pos, l.durable)
+	}
+	return kthHighest(pos, p.quorum)
+}
+
+// kthHighest returns the k-th highest of pos (sorting it), or 0 if there
+// are fewer than k.
+func kthHighest(pos []uint64, k int) uint64 {
+	if k < 1 || len(pos) < k {
+		return 0
+	}
+	slices.Sort(pos)
+	return pos[len(pos)-k]
 }
 
 // addSent counts bytes sent to a replica. It wakes no waiter: sending
@@ -110,34 +205,42 @@ func (r *replicaPos) at(level walshipv1.SyncLevel) uint64 {
 // waitReplicas blocks until k connected replicas report lsn at level, or ctx
 // ends; the error then says how many did.
 func (p *peers) waitReplicas(ctx context.Context, lsn uint64, k int, level walshipv1.SyncLevel) error {
-	p.waiting.Add(1)
-	defer p.waiting.Add(-1)
-	if level == walshipv1.SyncLevel_SYNC_LEVEL_APPLY {
-		p.waitingApply.Add(1)
-		defer p.waitingApply.Add(-1)
+	waiting := &p.waiting[level]
+	waiting.Add(1)
+	defer waiting.Add(-1)
+	c := waitClass{level: level, k: k}
+	p.mu.Lock()
+	if p.replicaQuorumLocked(c) >= lsn {
+		p.mu.Unlock()
+		return nil
 	}
-	for {
-		p.mu.Lock()
-		have, connected := 0, 0
-		for _, r := range p.replicas {
-			if r.connected {
-				connected++
-				if r.at(level) >= lsn {
-					have++
-				}
+	q := p.replWaiters[c]
+	if q == nil {
+		q = &lsnQueue{}
+		p.replWaiters[c] = q
+	}
+	w := q.add(lsn)
+	p.mu.Unlock()
+	select {
+	case <-w.done:
+		return nil
+	case <-ctx.Done():
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !q.remove(w) {
+		return nil // released while ctx ended
+	}
+	have, connected := 0, 0
+	for _, r := range p.replicas {
+		if r.connected {
+			connected++
+			if r.at(level) >= lsn {
+				have++
 			}
 		}
-		ch := p.changed
-		p.mu.Unlock()
-		if have >= k {
-			return nil
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return fmt.Errorf("%d of %d connected replica(s) reached it", have, connected)
-		}
 	}
+	return fmt.Errorf("%d of %d connected replica(s) reached it", have, connected)
 }
 
 // errNoLogStore is returned to a commit that asks for log store acks from a
@@ -149,29 +252,34 @@ var errNoLogStore = errors.New("no log store is configured (--logstore)")
 func (p *peers) waitLogStores(ctx context.Context, lsn uint64) error {
 	p.lsWaiting.Add(1)
 	defer p.lsWaiting.Add(-1)
-	for {
-		p.mu.Lock()
-		if p.quorum == 0 {
-			p.mu.Unlock()
-			return errNoLogStore
-		}
-		have := 0
-		for _, l := range p.logstores {
-			if l.durable >= lsn {
-				have++
-			}
-		}
-		quorum, total, ch := p.quorum, len(p.logstores), p.changed
+	p.mu.Lock()
+	if p.quorum == 0 {
 		p.mu.Unlock()
-		if have >= quorum {
-			return nil
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return fmt.Errorf("%d of %d log store(s) have it, %d needed", have, total, quorum)
+		return errNoLogStore
+	}
+	if p.logStoreQuorumLocked() >= lsn {
+		p.mu.Unlock()
+		return nil
+	}
+	w := p.lsWaiters.add(lsn)
+	p.mu.Unlock()
+	select {
+	case <-w.done:
+		return nil
+	case <-ctx.Done():
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.lsWaiters.remove(w) {
+		return nil
+	}
+	have := 0
+	for _, l := range p.logstores {
+		if l.durable >= lsn {
+			have++
 		}
 	}
+	return fmt.Errorf("%d of %d log store(s) have it, %d needed", have, len(p.logstores), p.quorum)
 }
 
 // snapshot returns copies of every peer, sorted by id, for Status and metrics.

@@ -81,11 +81,13 @@ type Server struct {
 	flushReq    chan struct{}
 	durMu       sync.Mutex
 	durWait     []*txn
-	lastFsync   atomic.Int64  // duration of the latest WAL fsync, for group commit
-	syncWriters atomic.Int64  // writes in flight that need a local fsync
-	peakWriters int           // recent peak of syncWriters (syncer only)
-	replWanted  atomic.Uint64 // last LSN of a batch holding a sync-replication commit
-	lsWanted    atomic.Uint64 // last LSN of a batch holding a sync-logstore commit
+	lastFsync   atomic.Int64 // duration of the latest WAL fsync, for group commit
+	syncWriters atomic.Int64 // writes in flight that need a local fsync
+	peakWriters int          // recent peak of syncWriters (syncer only)
+	// replWanted[level] is the last LSN of a batch holding a commit that
+	// waits for replicas at that stage.
+	replWanted [walshipv1.SyncLevel_SYNC_LEVEL_APPLY + 1]atomic.Uint64
+	lsWanted   atomic.Uint64 // last LSN of a batch holding a sync-logstore commit
 
 	snapMu      sync.Mutex
 	snapshotLSN atomic.Uint64

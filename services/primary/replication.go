@@ -207,12 +207,13 @@ func (r *replServer) send(ctx context.Context, id string, next uint64, rd *wal.R
 	defer due.Stop()
 	sent := s.metrics.sentBytes.WithLabelValues(id)
 	want := next // first LSN of the entry to send next
+	var replyAt [3]walshipv1.SyncLevel
 	for n := 0; ; {
 		changed := s.wal.Changed()
 		if s.wal.LastLSN() < want {
 			durable := s.wal.DurableLSN()
 			if durable > sentDurable {
-				urgent := s.peers.waitingApply.Load() > 0
+				urgent := s.peers.waiting[walshipv1.SyncLevel_SYNC_LEVEL_APPLY].Load() > 0
 				if dueAt.IsZero() && !urgent {
 					dueAt = time.Now().Add(durableUpdateDelay)
 					due.Reset(durableUpdateDelay)
@@ -253,20 +254,13 @@ func (r *replServer) send(ctx context.Context, id string, next uint64, rd *wal.R
 		firstEntry = false
 		want = e.LastLSN + 1
 		durable := s.wal.DurableLSN()
-		m := withRawBatch(&walshipv1.StreamResponse{DurableLsn: durable}, e.Data)
+		m := withRawBatch(&walshipv1.StreamResponse{DurableLsn: durable, ReplyAt: s.replyAt(e.LastLSN, replyAt[:0])}, e.Data)
 		if err := stream.Send(m); err != nil {
 			return err
 		}
 		sentDurable = max(sentDurable, durable)
 		if sentDurable >= want-1 {
 			dueAt = time.Time{} // nothing left to report
-		}
-		// A sync commit waits (or is about to wait) on replicas: ask for
-		// the flush and ack now rather than after the replica's flush delay.
-		if e.LastLSN <= s.replWanted.Load() || s.peers.waiting.Load() > 0 {
-			if err := stream.Send(r.heartbeat(sentDurable, true)); err != nil {
-				return err
-			}
 		}
 		idle.Reset(s.cfg.HeartbeatInterval)
 		s.peers.addSent(id, uint64(len(e.Data)))
@@ -280,6 +274,20 @@ func (r *replServer) send(ctx context.Context, id string, next uint64, rd *wal.R
 			}
 		}
 	}
+}
+
+// replyAt lists the stages at which a sync commit waits (or is about to
+// wait) for replicas to reach the batch ending at last: one in it or after
+// it, or any commit already waiting at that stage (it may wait on an earlier
+// batch, sent before it began to wait). The replica acks at once at those
+// stages and only at those, rather than after its flush delay.
+func (s *Server) replyAt(last uint64, buf []walshipv1.SyncLevel) []walshipv1.SyncLevel {
+	for _, level := range []walshipv1.SyncLevel{walshipv1.SyncLevel_SYNC_LEVEL_WRITE, walshipv1.SyncLevel_SYNC_LEVEL_FLUSH, walshipv1.SyncLevel_SYNC_LEVEL_APPLY} {
+		if last <= s.replWanted[level].Load() || s.peers.waiting[level].Load() > 0 {
+			buf = append(buf, level)
+		}
+	}
+	return buf
 }
 
 // durableUpdateDelay bounds how long a replica may wait to hear that the

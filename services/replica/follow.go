@@ -248,9 +248,12 @@ func (s *Server) streamFromPrimary(ctx context.Context) (progress bool, err erro
 			return progress, errors.New("the primary closed the stream")
 		}
 		s.connected.Store(true)
-		// Drain everything already received into one round.
+		// Drain everything already received into one round. The primary
+		// asks for an ack at once at the stages sync commits wait at
+		// (reply_at on a batch), or for any reply (a heartbeat's
+		// reply_requested); an ack at the other stages would wake no one.
 		round = round[:0]
-		replyNow := false
+		replyNow, ackWritten, ackFlushed := false, false, false
 		for {
 			if d := m.GetDiverged(); d != nil {
 				// Checked first: a durable LSN of the primary's log says
@@ -262,6 +265,14 @@ func (s *Server) streamFromPrimary(ctx context.Context) (progress bool, err erro
 			switch x := m.GetMsg().(type) {
 			case *walshipv1.StreamResponse_Batch:
 				round = append(round, x.Batch)
+				for _, l := range m.GetReplyAt() {
+					switch l {
+					case walshipv1.SyncLevel_SYNC_LEVEL_WRITE:
+						ackWritten = true
+					case walshipv1.SyncLevel_SYNC_LEVEL_FLUSH, walshipv1.SyncLevel_SYNC_LEVEL_APPLY:
+						ackFlushed = true
+					}
+				}
 			case *walshipv1.StreamResponse_Heartbeat:
 				hb := x.Heartbeat
 				s.lag.heartbeat(hb.GetLastLsn(), s.now())
@@ -284,24 +295,24 @@ func (s *Server) streamFromPrimary(ctx context.Context) (progress bool, err erro
 		}
 		var refused error
 		if len(round) > 0 {
-			// The write is acked at once only when the primary asked (a
-			// sync commit may wait at level write); otherwise the ack after
-			// the flush covers it, and an async stream costs no message per
-			// round.
+			// The write is acked at once only when a sync commit waits at
+			// stage write; otherwise the ack after the flush covers it, and
+			// an async stream costs no message per round.
 			var written func()
-			if replyNow {
+			if ackWritten {
 				written = func() { poke(urgent) }
 			}
 			refused = s.write(round, written)
 		}
-		// Flush and apply now if the primary is waiting on this replica
-		// (a sync commit asked for a reply), the round was refused (apply
-		// the good prefix before reconnecting), or enough piled up;
-		// otherwise within FlushDelay, so one fsync covers many rounds
-		// while nobody waits — the disk is shared with the primary.
+		// Flush and apply now if a sync commit waits on this replica's
+		// flush (or apply), the primary asked for a reply, the round was
+		// refused (apply the good prefix before reconnecting), or enough
+		// piled up; otherwise within FlushDelay, so one fsync covers many
+		// rounds while nobody waits — the disk is shared with the primary.
 		// Batches already flushed that the primary has since made durable
 		// are applied at once: that needs no fsync.
 		unflushed := s.wal.DurableLSN() < s.wal.LastLSN()
+		replyNow = replyNow || ackFlushed
 		switch {
 		case replyNow || refused != nil || (unflushed && len(s.unapplied) >= maxRound) || s.cfg.FlushDelay <= 0:
 			if err := flush(); err != nil {

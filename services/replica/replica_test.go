@@ -188,6 +188,78 @@ func TestAcksAreCumulativeAndCoalesced(t *testing.T) {
 	}
 }
 
+// TestAcksAtTheStagesAskedFor: a batch whose reply_at names a stage gets
+// an ack the moment the replica reaches that stage, with a flush delay and
+// heartbeats far longer than the test, and no ack at a stage nobody asked
+// for (a write-stage ack when commits wait for the flush would wake them
+// for nothing).
+func TestAcksAtTheStagesAskedFor(t *testing.T) {
+	fp := newFakePrimary(t)
+	cfg := testConfig(t, t.TempDir(), fp.addr)
+	cfg.HeartbeatInterval = time.Minute // no periodic acks in the way
+	cfg.FlushDelay = time.Second        // the longest allowed
+	start(t, cfg)
+	m := newModel(t)
+	sess := fp.next(t)
+	const (
+		write = walshipv1.SyncLevel_SYNC_LEVEL_WRITE
+		flush = walshipv1.SyncLevel_SYNC_LEVEL_FLUSH
+		apply = walshipv1.SyncLevel_SYNC_LEVEL_APPLY
+	)
+	// nextAck returns the first ack that reaches lsn at the stage.
+	nextAck := func(what string, reached func(*walshipv1.ReplicaAck) bool) []*walshipv1.ReplicaAck {
+		t.Helper()
+		var seen []*walshipv1.ReplicaAck
+		deadline := time.After(10 * time.Second)
+		for {
+			select {
+			case a := <-sess.acks:
+				seen = append(seen, a)
+				if reached(a) {
+					return seen
+				}
+			case <-deadline:
+				t.Fatalf("no ack %s (acks so far: %v)", what, seen)
+			}
+		}
+	}
+
+	// Stage write: acked once written, before the flush a second later.
+	b1 := m.txn(put("a", "1"))
+	sess.sendAsking(t, 0, b1, write)
+	acks := nextAck("of the write of batch 1", func(a *walshipv1.ReplicaAck) bool { return a.WrittenLsn >= b1.LastLsn })
+	if a := acks[len(acks)-1]; a.FlushedLsn >= b1.LastLsn {
+		t.Fatalf("first ack of batch 1 %v came with its flush, a flush delay later", a)
+	}
+
+	// Stage flush: one ack, after the fsync; none after the write alone.
+	b2 := m.txn(put("b", "2"))
+	sess.sendAsking(t, 0, b2, flush)
+	for _, a := range nextAck("of the flush of batch 2", func(a *walshipv1.ReplicaAck) bool { return a.FlushedLsn >= b2.LastLsn }) {
+		if a.WrittenLsn >= b2.LastLsn && a.FlushedLsn < b2.LastLsn {
+			t.Fatalf("ack %v at stage write for a batch whose commits wait at stage flush", a)
+		}
+	}
+
+	// Stage apply: flushed at once; applied when the primary's durable LSN
+	// covers it (here carried by the batch itself).
+	b3 := m.txn(put("c", "3"))
+	sess.sendAsking(t, b3.LastLsn, b3, apply)
+	nextAck("of the apply of batch 3", func(a *walshipv1.ReplicaAck) bool { return a.AppliedLsn >= b3.LastLsn })
+
+	// Nothing asked: no ack at the write (one after the delayed flush is
+	// allowed: it reports the flush).
+	b4 := m.txn(put("d", "4"))
+	sess.sendAsking(t, b4.LastLsn, b4)
+	b5 := m.txn(put("e", "5"))
+	sess.sendAsking(t, b5.LastLsn, b5, write)
+	for _, a := range nextAck("of the write of batch 5", func(a *walshipv1.ReplicaAck) bool { return a.WrittenLsn >= b5.LastLsn }) {
+		if a.WrittenLsn >= b4.LastLsn && a.WrittenLsn < b5.LastLsn && a.FlushedLsn < b4.LastLsn {
+			t.Fatalf("ack %v at the write of batch 4, which asked for none", a)
+		}
+	}
+}
+
 func TestRefusedBatches(t *testing.T) {
 	for _, tc := range []struct {
 		reason string

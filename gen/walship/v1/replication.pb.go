@@ -281,7 +281,16 @@ type StreamResponse struct {
 	// fsync, so that the replica's fsync runs in parallel with the primary's;
 	// a replica applies (makes readable) nothing beyond the durable_lsn it has
 	// received, so it never serves a write that a primary crash could lose.
-	DurableLsn    uint64 `protobuf:"varint,4,opt,name=durable_lsn,json=durableLsn,proto3" json:"durable_lsn,omitempty"`
+	DurableLsn uint64 `protobuf:"varint,4,opt,name=durable_lsn,json=durableLsn,proto3" json:"durable_lsn,omitempty"`
+	// reply_at, on a batch, lists the stages at which a synchronous commit
+	// waits for replicas to reach this batch: the replica acks at once when it
+	// has written the batch (WRITE), and fsyncs at once and acks when it has
+	// flushed it (FLUSH) or applied it (APPLY; it applies up to the primary's
+	// durable LSN, which the primary sends the moment its fsync ends). Empty:
+	// no commit waits, and the replica flushes and acks within its delays. One
+	// ack per stage asked for, and none for the others, keeps a replica from
+	// sending acks nobody waits for.
+	ReplyAt       []SyncLevel `protobuf:"varint,5,rep,packed,name=reply_at,json=replyAt,proto3,enum=walship.v1.SyncLevel" json:"reply_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -355,6 +364,13 @@ func (x *StreamResponse) GetDurableLsn() uint64 {
 		return x.DurableLsn
 	}
 	return 0
+}
+
+func (x *StreamResponse) GetReplyAt() []SyncLevel {
+	if x != nil {
+		return x.ReplyAt
+	}
+	return nil
 }
 
 type isStreamResponse_Msg interface {
@@ -757,7 +773,7 @@ var File_walship_v1_replication_proto protoreflect.FileDescriptor
 const file_walship_v1_replication_proto_rawDesc = "" +
 	"\n" +
 	"\x1cwalship/v1/replication.proto\x12\n" +
-	"walship.v1\x1a\x13walship/v1/kv.proto\x1a\x14walship/v1/wal.proto\"\xab\x01\n" +
+	"walship.v1\x1a\x13walship/v1/kv.proto\x1a\x17walship/v1/policy.proto\x1a\x14walship/v1/wal.proto\"\xab\x01\n" +
 	"\rStreamRequest\x120\n" +
 	"\x05hello\x18\x01 \x01(\v2\x18.walship.v1.ReplicaHelloH\x00R\x05hello\x12*\n" +
 	"\x03ack\x18\x02 \x01(\v2\x16.walship.v1.ReplicaAckH\x00R\x03ack\x125\n" +
@@ -776,13 +792,14 @@ const file_walship_v1_replication_proto_rawDesc = "" +
 	"flushedLsn\x12\x1f\n" +
 	"\vapplied_lsn\x18\x03 \x01(\x04R\n" +
 	"appliedLsn\x12$\n" +
-	"\x0etime_unix_nano\x18\x04 \x01(\x03R\ftimeUnixNano\"\xd1\x01\n" +
+	"\x0etime_unix_nano\x18\x04 \x01(\x03R\ftimeUnixNano\"\x83\x02\n" +
 	"\x0eStreamResponse\x12,\n" +
 	"\x05batch\x18\x01 \x01(\v2\x14.walship.v1.WalBatchH\x00R\x05batch\x125\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x15.walship.v1.HeartbeatH\x00R\theartbeat\x122\n" +
 	"\bdiverged\x18\x03 \x01(\v2\x14.walship.v1.DivergedH\x00R\bdiverged\x12\x1f\n" +
 	"\vdurable_lsn\x18\x04 \x01(\x04R\n" +
-	"durableLsnB\x05\n" +
+	"durableLsn\x120\n" +
+	"\breply_at\x18\x05 \x03(\x0e2\x15.walship.v1.SyncLevelR\areplyAtB\x05\n" +
 	"\x03msg\"N\n" +
 	"\bDiverged\x12,\n" +
 	"\x12truncate_after_lsn\x18\x01 \x01(\x04R\x10truncateAfterLsn\x12\x14\n" +
@@ -833,7 +850,8 @@ var file_walship_v1_replication_proto_goTypes = []any{
 	(*SnapshotTrailer)(nil),  // 9: walship.v1.SnapshotTrailer
 	(*Heartbeat)(nil),        // 10: walship.v1.Heartbeat
 	(*WalBatch)(nil),         // 11: walship.v1.WalBatch
-	(*KeyValue)(nil),         // 12: walship.v1.KeyValue
+	(SyncLevel)(0),           // 12: walship.v1.SyncLevel
+	(*KeyValue)(nil),         // 13: walship.v1.KeyValue
 }
 var file_walship_v1_replication_proto_depIdxs = []int32{
 	1,  // 0: walship.v1.StreamRequest.hello:type_name -> walship.v1.ReplicaHello
@@ -842,19 +860,20 @@ var file_walship_v1_replication_proto_depIdxs = []int32{
 	11, // 3: walship.v1.StreamResponse.batch:type_name -> walship.v1.WalBatch
 	10, // 4: walship.v1.StreamResponse.heartbeat:type_name -> walship.v1.Heartbeat
 	4,  // 5: walship.v1.StreamResponse.diverged:type_name -> walship.v1.Diverged
-	7,  // 6: walship.v1.SnapshotResponse.header:type_name -> walship.v1.SnapshotHeader
-	8,  // 7: walship.v1.SnapshotResponse.chunk:type_name -> walship.v1.SnapshotChunk
-	9,  // 8: walship.v1.SnapshotResponse.trailer:type_name -> walship.v1.SnapshotTrailer
-	12, // 9: walship.v1.SnapshotChunk.kvs:type_name -> walship.v1.KeyValue
-	0,  // 10: walship.v1.ReplicationService.Stream:input_type -> walship.v1.StreamRequest
-	5,  // 11: walship.v1.ReplicationService.Snapshot:input_type -> walship.v1.SnapshotRequest
-	3,  // 12: walship.v1.ReplicationService.Stream:output_type -> walship.v1.StreamResponse
-	6,  // 13: walship.v1.ReplicationService.Snapshot:output_type -> walship.v1.SnapshotResponse
-	12, // [12:14] is the sub-list for method output_type
-	10, // [10:12] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	12, // 6: walship.v1.StreamResponse.reply_at:type_name -> walship.v1.SyncLevel
+	7,  // 7: walship.v1.SnapshotResponse.header:type_name -> walship.v1.SnapshotHeader
+	8,  // 8: walship.v1.SnapshotResponse.chunk:type_name -> walship.v1.SnapshotChunk
+	9,  // 9: walship.v1.SnapshotResponse.trailer:type_name -> walship.v1.SnapshotTrailer
+	13, // 10: walship.v1.SnapshotChunk.kvs:type_name -> walship.v1.KeyValue
+	0,  // 11: walship.v1.ReplicationService.Stream:input_type -> walship.v1.StreamRequest
+	5,  // 12: walship.v1.ReplicationService.Snapshot:input_type -> walship.v1.SnapshotRequest
+	3,  // 13: walship.v1.ReplicationService.Stream:output_type -> walship.v1.StreamResponse
+	6,  // 14: walship.v1.ReplicationService.Snapshot:output_type -> walship.v1.SnapshotResponse
+	13, // [13:15] is the sub-list for method output_type
+	11, // [11:13] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_walship_v1_replication_proto_init() }
@@ -863,6 +882,7 @@ func file_walship_v1_replication_proto_init() {
 		return
 	}
 	file_walship_v1_kv_proto_init()
+	file_walship_v1_policy_proto_init()
 	file_walship_v1_wal_proto_init()
 	file_walship_v1_replication_proto_msgTypes[0].OneofWrappers = []any{
 		(*StreamRequest_Hello)(nil),
