@@ -62,6 +62,26 @@ func (o *Overlay) Get(key []byte) (value []byte, version uint64, ok bool) {
 	return o.base.Get(key)
 }
 
+// Read is Get for a reader that must not see a write before it is
+// visible: it also returns after, the LSN that must be visible before the
+// result may be returned — the commit LSN of the pending write it returns
+// (a put or a delete), or, for a key read from the base Store, the Store's
+// applied LSN (the Store may have applied, but not yet made visible, the
+// write that left it so). Reads of keys no in-flight transaction wrote thus
+// wait for nothing beyond the visible LSN.
+func (o *Overlay) Read(key []byte) (value []byte, version uint64, ok bool, after uint64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if p, found := o.pending[string(key)]; found {
+		if p.deleted {
+			return nil, 0, false, p.lsn
+		}
+		return p.value, p.lsn, true, p.lsn
+	}
+	value, version, ok = o.base.Get(key)
+	return value, version, ok, o.base.AppliedLSN()
+}
+
 // Stage records the puts and deletes among recs (one sequenced transaction;
 // commit records are skipped, as are unknown ops, which the sequencer never
 // produces) as pending, in order, copying their keys and values. recs must

@@ -77,6 +77,36 @@ func TestOverlay(t *testing.T) {
 	o.Release(c2 + 100) // releasing past everything is harmless
 }
 
+// TestOverlayReadAfter: Read says which LSN must be visible before its
+// result may be returned: the commit of the pending write it returns (a
+// delete too), else the Store's applied LSN.
+func TestOverlayReadAfter(t *testing.T) {
+	s := New()
+	applyTxns(t, s, txn(put("a", "base-a"), put("b", "base-b"))) // LSN 3
+	o := NewOverlay(s)
+	b1, c1 := stage(o, 4, del("b"), put("c", "p1")) // commit 6
+	check := func(what, key string, wantValue string, wantOK bool, wantAfter uint64) {
+		t.Helper()
+		v, _, ok, after := o.Read([]byte(key))
+		if string(v) != wantValue || ok != wantOK || after != wantAfter {
+			t.Errorf("%s: Read(%q) = %q %v after %d, want %q %v after %d", what, key, v, ok, after, wantValue, wantOK, wantAfter)
+		}
+	}
+	check("pending", "a", "base-a", true, 3)
+	check("pending", "b", "", false, c1)
+	check("pending", "c", "p1", true, c1)
+	check("pending", "z", "", false, 3)
+	// Applied to the Store but not yet released (the window in which the
+	// primary applies and then advances its visible LSN): the Store's
+	// applied LSN covers the write, delete included.
+	mustApply(t, s, b1)
+	check("applied", "b", "", false, c1)
+	check("applied", "a", "base-a", true, c1)
+	o.Release(c1)
+	check("released", "b", "", false, c1)
+	check("released", "c", "p1", true, c1)
+}
+
 func TestOverlayCopiesStagedRecords(t *testing.T) {
 	o := NewOverlay(New())
 	b, _ := stage(o, 1, put("key", "value"))

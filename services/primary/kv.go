@@ -259,15 +259,23 @@ func (s *Server) execTxn(ctx context.Context, p *walshipv1.CommitPolicy, cmps []
 		}
 	}
 	if writes == 0 {
-		// Reads only: serve them at the sequenced state, then wait until
-		// that state is visible so nothing unacknowledged leaks.
-		view := txnView{base: s.overlay}
+		// Reads only: compares and reads ran at the sequenced state (the
+		// newest write of each key, acknowledged or not); wait until the
+		// writes they saw are visible, so nothing unacknowledged leaks.
+		// Only those: a transaction over keys no in-flight transaction
+		// wrote returns at once, and its LSN is the visible one — at which
+		// those keys hold what they hold at the sequenced state.
 		res.results = make([]opResult, len(ops))
-		for i, o := range ops {
-			v, ver, ok := view.get(o.key)
-			res.results[i] = opResult{kind: opGet, found: ok, value: v, version: ver}
+		res.lsn = s.visible.Load()
+		for i := range cmps {
+			_, _, _, after := s.overlay.Read(cmps[i].Key)
+			res.lsn = max(res.lsn, after)
 		}
-		res.lsn = s.nextLSN - 1
+		for i, o := range ops {
+			v, ver, ok, after := s.overlay.Read([]byte(o.key))
+			res.results[i] = opResult{kind: opGet, found: ok, value: v, version: ver}
+			res.lsn = max(res.lsn, after)
+		}
 		s.seqMu.Unlock()
 		if _, err := s.visible.Wait(ctx, res.lsn); err != nil {
 			return execResult{}, status.FromContextError(err).Err()

@@ -1,6 +1,7 @@
 package primary
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -9,6 +10,7 @@ import (
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // TestReplicationStreamBadInput opens replication streams the way a broken
@@ -174,5 +176,82 @@ func TestStreamedSnapshotIsDurable(t *testing.T) {
 	}
 	if st.DurableLsn < h.Lsn {
 		t.Fatalf("snapshot header at LSN %d sent while the primary's durable LSN was %d", h.Lsn, st.DurableLsn)
+	}
+}
+
+// TestReadOnlyTxnWaitsOnlyForWritesItSees: a read-only Txn runs at the
+// sequenced state but returns nothing unacknowledged: it waits until the
+// in-flight writes of the keys it reads or compares are visible — and only
+// those, so a read of other keys returns while a sync commit waits for its
+// replica. The replica here is this test, acking by hand.
+func TestReadOnlyTxnWaitsOnlyForWritesItSees(t *testing.T) {
+	r := start(t, testConfig(t, t.TempDir()))
+	c := ctx(t)
+	cold, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "cold", Value: []byte("c")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := walshipv1.NewReplicationServiceClient(r.conn).Stream(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(&walshipv1.StreamRequest{Msg: &walshipv1.StreamRequest_Hello{Hello: &walshipv1.ReplicaHello{ReplicaId: "by-hand", Epoch: r.s.epoch, NextLsn: cold.Lsn + 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for {
+			if _, err := s.Recv(); err != nil {
+				return
+			}
+		}
+	}()
+	hotErr := make(chan error, 1)
+	go func() {
+		_, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "hot", Value: []byte("h"), Policy: &walshipv1.CommitPolicy{
+			Replication: walshipv1.ReplicationMode_REPLICATION_MODE_SYNC, SyncLevel: walshipv1.SyncLevel_SYNC_LEVEL_WRITE,
+			SyncTimeout: durationpb.New(time.Minute)}})
+		hotErr <- err
+	}()
+	hot := cold.Lsn + 2 // its put and its commit record
+	if err := r.s.wal.Wait(c, hot, false); err != nil {
+		t.Fatal(err)
+	}
+	get := func(k string) *walshipv1.TxnOp {
+		return &walshipv1.TxnOp{Op: &walshipv1.TxnOp_Get{Get: &walshipv1.GetOp{Key: k}}}
+	}
+	// Other keys: at once, at the visible LSN, below the waiting commit.
+	resp, err := r.kv.Txn(c, &walshipv1.TxnRequest{Success: []*walshipv1.TxnOp{get("cold"), get("absent")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Lsn >= hot || string(resp.Results[0].GetGet().GetValue()) != "c" || resp.Results[1].GetGet().GetFound() {
+		t.Fatalf("read of other keys while LSN %d waits: %v", hot, resp)
+	}
+	// Reading, or comparing, the waiting key: only once it is visible — so
+	// not before the commit's replica acks.
+	reads := []*walshipv1.TxnRequest{
+		{Success: []*walshipv1.TxnOp{get("cold"), get("hot")}},
+		{Compares: []*walshipv1.Compare{{Key: "hot", Target: walshipv1.CompareTarget_COMPARE_TARGET_EXISTS, Result: walshipv1.CompareResult_COMPARE_RESULT_EQUAL, Operand: &walshipv1.Compare_Exists{Exists: true}}},
+			Success: []*walshipv1.TxnOp{get("cold")}},
+	}
+	for _, req := range reads {
+		short, cancel := context.WithTimeout(c, 100*time.Millisecond)
+		resp, err := r.kv.Txn(short, req)
+		cancel()
+		if status.Code(err) != codes.DeadlineExceeded {
+			t.Fatalf("%v while LSN %d waits for its replica = %v, %v; want it to wait (DEADLINE_EXCEEDED)", req, hot, resp, err)
+		}
+	}
+	if err := s.Send(&walshipv1.StreamRequest{Msg: &walshipv1.StreamRequest_Ack{Ack: &walshipv1.ReplicaAck{WrittenLsn: hot}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-hotErr; err != nil {
+		t.Fatalf("sync commit acked by hand: %v", err)
+	}
+	for _, req := range reads {
+		resp, err := r.kv.Txn(c, req)
+		if err != nil || resp.Lsn < hot || !resp.Succeeded {
+			t.Fatalf("%v once LSN %d is visible = %v, %v", req, hot, resp, err)
+		}
 	}
 }
