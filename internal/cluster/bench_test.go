@@ -14,8 +14,9 @@ import (
 
 // BenchmarkReplicatedCommit measures durable commits (durability sync)
 // through the real gRPC server of an in-process cluster — a primary, two
-// replicas and a log store, as `walship bench` starts — with 8 concurrent
-// committers, in each replication mode. It reports commits/s and the
+// replicas (none for replication disabled) and a log store, as `walship
+// bench` starts — with 1 and 8 concurrent committers, in each replication
+// mode. It reports commits/s and the
 // process's CPU time per commit (user+system, every node and the
 // committers together): on two shared cores the replication modes differ
 // mostly in that CPU, and the throughput of a latency-bound run is noisy.
@@ -32,12 +33,18 @@ func BenchmarkReplicatedCommit(b *testing.B) {
 		{"sync-apply", walshipv1.ReplicationMode_REPLICATION_MODE_SYNC, walshipv1.SyncLevel_SYNC_LEVEL_APPLY},
 	} {
 		pol := &walshipv1.CommitPolicy{Replication: m.repl, Durability: walshipv1.Durability_DURABILITY_SYNC, SyncReplicas: 1, SyncLevel: m.level}
-		b.Run(fmt.Sprintf("replication=%s/committers=8", m.name), func(b *testing.B) { benchReplicated(b, pol, 8) })
+		for _, n := range []int{1, 8} {
+			b.Run(fmt.Sprintf("replication=%s/committers=%d", m.name, n), func(b *testing.B) { benchReplicated(b, pol, n) })
+		}
 	}
 }
 
 func benchReplicated(b *testing.B, pol *walshipv1.CommitPolicy, committers int) {
-	c, err := Start(context.Background(), Config{Dir: b.TempDir(), Replicas: 2, LogStores: 1})
+	replicas := 2
+	if pol.Replication == walshipv1.ReplicationMode_REPLICATION_MODE_DISABLED {
+		replicas = 0
+	}
+	c, err := Start(context.Background(), Config{Dir: b.TempDir(), Replicas: replicas, LogStores: 1})
 	if err != nil {
 		b.Fatal(err)
 	}
