@@ -207,7 +207,7 @@ func (r *replServer) send(ctx context.Context, id string, next uint64, rd *wal.R
 	defer due.Stop()
 	sent := s.metrics.sentBytes.WithLabelValues(id)
 	want := next // first LSN of the entry to send next
-	var replyAt [3]walshipv1.SyncLevel
+	var replyAt [len(syncStages)]walshipv1.SyncLevel
 	for n := 0; ; {
 		changed := s.wal.Changed()
 		if s.wal.LastLSN() < want {
@@ -282,13 +282,16 @@ func (r *replServer) send(ctx context.Context, id string, next uint64, rd *wal.R
 // batch, sent before it began to wait). The replica acks at once at those
 // stages and only at those, rather than after its flush delay.
 func (s *Server) replyAt(last uint64, buf []walshipv1.SyncLevel) []walshipv1.SyncLevel {
-	for _, level := range []walshipv1.SyncLevel{walshipv1.SyncLevel_SYNC_LEVEL_WRITE, walshipv1.SyncLevel_SYNC_LEVEL_FLUSH, walshipv1.SyncLevel_SYNC_LEVEL_APPLY} {
+	for _, level := range syncStages {
 		if last <= s.replWanted[level].Load() || s.peers.waiting[level].Load() > 0 {
 			buf = append(buf, level)
 		}
 	}
 	return buf
 }
+
+// syncStages are the replica stages a sync commit can wait at.
+var syncStages = [...]walshipv1.SyncLevel{walshipv1.SyncLevel_SYNC_LEVEL_WRITE, walshipv1.SyncLevel_SYNC_LEVEL_FLUSH, walshipv1.SyncLevel_SYNC_LEVEL_APPLY}
 
 // durableUpdateDelay bounds how long a replica may wait to hear that the
 // primary's WAL became durable when no commit waits on it applying: about a
