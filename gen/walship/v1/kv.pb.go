@@ -1214,7 +1214,11 @@ type TxnResponse struct {
 	// succeeded is true when every compare held (the success branch ran).
 	Succeeded bool `protobuf:"varint,1,opt,name=succeeded,proto3" json:"succeeded,omitempty"`
 	// lsn is the commit LSN of the branch's writes, or, for a branch without
-	// writes, the LSN the reads were served at.
+	// writes, an LSN at which every key the transaction read or compared
+	// holds what it saw, visible when the response is sent (pass it as
+	// min_lsn to read the same state from a replica). Such a transaction
+	// sees the newest write of each key and waits only until the writes it
+	// saw are visible.
 	Lsn uint64 `protobuf:"varint,2,opt,name=lsn,proto3" json:"lsn,omitempty"`
 	// results, one per op of the branch that ran.
 	Results       []*TxnOpResult `protobuf:"bytes,3,rep,name=results,proto3" json:"results,omitempty"`
