@@ -49,6 +49,7 @@ var knownMetrics = []knownMetric{
 	{"walship_replication_logstore_acked_lsn", gauge, []string{"logstore"}},
 	{"walship_replication_logstore_lag_records", gauge, []string{"logstore"}},
 	{"walship_replication_logstore_connected", gauge, []string{"logstore"}},
+	{"walship_sync_commits_waiting", gauge, []string{"peers", "stage"}},
 	{"walship_codec_encode_duration_seconds", histogram, []string{"codec"}},
 
 	// Primary, replicas and log stores.

@@ -4,7 +4,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	walshipv1 "github.com/walship/walship/gen/walship/v1"
 )
 
 // replCollector exports replica and log store positions, computed at scrape
@@ -17,6 +16,7 @@ type replCollector struct {
 	lagSeconds, lagBytes, lagRecords *prometheus.Desc
 	connected, replicaConnected      *prometheus.Desc
 	lsAcked, lsLag, lsConnected      *prometheus.Desc
+	waiting                          *prometheus.Desc
 }
 
 func newReplCollector(s *Server) *replCollector {
@@ -38,11 +38,13 @@ func newReplCollector(s *Server) *replCollector {
 			"WAL records the log store has not made durable yet.", []string{"logstore"}, nil),
 		lsConnected: prometheus.NewDesc("walship_replication_logstore_connected",
 			"1 if the append stream to the log store is open.", []string{"logstore"}, nil),
+		waiting: prometheus.NewDesc("walship_sync_commits_waiting",
+			"Commits waiting now for replicas at a stage (peers=replicas) or for a log store majority (peers=logstores).", []string{"peers", "stage"}, nil),
 	}
 }
 
 func (c *replCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.lagSeconds, c.lagBytes, c.lagRecords, c.connected, c.replicaConnected, c.lsAcked, c.lsLag, c.lsConnected} {
+	for _, d := range []*prometheus.Desc{c.lagSeconds, c.lagBytes, c.lagRecords, c.connected, c.replicaConnected, c.lsAcked, c.lsLag, c.lsConnected, c.waiting} {
 		ch <- d
 	}
 }
@@ -57,18 +59,19 @@ func (c *replCollector) Collect(ch chan<- prometheus.Metric) {
 			n++
 		}
 		ch <- prometheus.MustNewConstMetric(c.replicaConnected, prometheus.GaugeValue, b2f(r.connected), r.id)
-		for _, st := range []struct {
-			name  string
-			level walshipv1.SyncLevel
-		}{{"write", walshipv1.SyncLevel_SYNC_LEVEL_WRITE}, {"flush", walshipv1.SyncLevel_SYNC_LEVEL_FLUSH}, {"apply", walshipv1.SyncLevel_SYNC_LEVEL_APPLY}} {
-			pos := r.at(st.level)
+		for _, level := range syncStages {
+			pos, stage := r.at(level), levelName(level)
 			bytes, age := s.index.lag(pos, now)
-			ch <- prometheus.MustNewConstMetric(c.lagSeconds, prometheus.GaugeValue, age.Seconds(), r.id, st.name)
-			ch <- prometheus.MustNewConstMetric(c.lagBytes, prometheus.GaugeValue, float64(bytes), r.id, st.name)
-			ch <- prometheus.MustNewConstMetric(c.lagRecords, prometheus.GaugeValue, float64(last-min(last, pos)), r.id, st.name)
+			ch <- prometheus.MustNewConstMetric(c.lagSeconds, prometheus.GaugeValue, age.Seconds(), r.id, stage)
+			ch <- prometheus.MustNewConstMetric(c.lagBytes, prometheus.GaugeValue, float64(bytes), r.id, stage)
+			ch <- prometheus.MustNewConstMetric(c.lagRecords, prometheus.GaugeValue, float64(last-min(last, pos)), r.id, stage)
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(c.connected, prometheus.GaugeValue, float64(n))
+	for _, level := range syncStages {
+		ch <- prometheus.MustNewConstMetric(c.waiting, prometheus.GaugeValue, float64(s.peers.waiting[level].Load()), "replicas", levelName(level))
+	}
+	ch <- prometheus.MustNewConstMetric(c.waiting, prometheus.GaugeValue, float64(s.peers.lsWaiting.Load()), "logstores", "flush")
 	for _, l := range logstores {
 		ch <- prometheus.MustNewConstMetric(c.lsAcked, prometheus.GaugeValue, float64(l.durable), l.addr)
 		ch <- prometheus.MustNewConstMetric(c.lsLag, prometheus.GaugeValue, float64(last-min(last, l.durable)), l.addr)

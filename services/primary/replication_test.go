@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -185,7 +187,9 @@ func TestStreamedSnapshotIsDurable(t *testing.T) {
 // those, so a read of other keys returns while a sync commit waits for its
 // replica. The replica here is this test, acking by hand.
 func TestReadOnlyTxnWaitsOnlyForWritesItSees(t *testing.T) {
-	r := start(t, testConfig(t, t.TempDir()))
+	cfg := testConfig(t, t.TempDir())
+	cfg.Registry = prometheus.NewRegistry()
+	r := start(t, cfg)
 	c := ctx(t)
 	cold, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "cold", Value: []byte("c")})
 	if err != nil {
@@ -219,6 +223,34 @@ func TestReadOnlyTxnWaitsOnlyForWritesItSees(t *testing.T) {
 	get := func(k string) *walshipv1.TxnOp {
 		return &walshipv1.TxnOp{Op: &walshipv1.TxnOp_Get{Get: &walshipv1.GetOp{Key: k}}}
 	}
+	// An operator sees the commit waiting for a replica at stage write.
+	waitingAt := func(peers, stage string) float64 {
+		t.Helper()
+		mfs, err := cfg.Registry.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				if mf.GetName() == "walship_sync_commits_waiting" && labelsAre(m.GetLabel(), "peers", peers, "stage", stage) {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+		t.Fatalf("no walship_sync_commits_waiting{peers=%q,stage=%q}", peers, stage)
+		return 0
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for waitingAt("replicas", "write") != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("walship_sync_commits_waiting{peers=replicas,stage=write} never showed the waiting commit")
+		}
+		time.Sleep(time.Millisecond) // the commit starts to wait after its WAL write
+	}
+	if n := waitingAt("replicas", "flush") + waitingAt("logstores", "flush"); n != 0 {
+		t.Fatalf("%v commits waiting at other stages", n)
+	}
+
 	// Other keys: at once, at the visible LSN, below the waiting commit.
 	resp, err := r.kv.Txn(c, &walshipv1.TxnRequest{Success: []*walshipv1.TxnOp{get("cold"), get("absent")}})
 	if err != nil {
@@ -248,10 +280,26 @@ func TestReadOnlyTxnWaitsOnlyForWritesItSees(t *testing.T) {
 	if err := <-hotErr; err != nil {
 		t.Fatalf("sync commit acked by hand: %v", err)
 	}
+	if n := waitingAt("replicas", "write"); n != 0 {
+		t.Fatalf("%v commits still waiting after the ack", n)
+	}
 	for _, req := range reads {
 		resp, err := r.kv.Txn(c, req)
 		if err != nil || resp.Lsn < hot || !resp.Succeeded {
 			t.Fatalf("%v once LSN %d is visible = %v, %v", req, hot, resp, err)
 		}
 	}
+}
+
+// labelsAre reports whether the label pairs are exactly kv (name, value, ...).
+func labelsAre(got []*dto.LabelPair, kv ...string) bool {
+	if len(got) != len(kv)/2 {
+		return false
+	}
+	for i, l := range got {
+		if l.GetName() != kv[2*i] || l.GetValue() != kv[2*i+1] {
+			return false
+		}
+	}
+	return true
 }
