@@ -210,8 +210,8 @@ func (p *peers) waitReplicas(ctx context.Context, lsn uint64, k int, level walsh
 	defer waiting.Add(-1)
 	c := waitClass{level: level, k: k}
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	if p.replicaQuorumLocked(c) >= lsn {
-		p.mu.Unlock()
 		return nil
 	}
 	q := p.replWaiters[c]
@@ -219,17 +219,8 @@ func (p *peers) waitReplicas(ctx context.Context, lsn uint64, k int, level walsh
 		q = &lsnQueue{}
 		p.replWaiters[c] = q
 	}
-	w := q.add(lsn)
-	p.mu.Unlock()
-	select {
-	case <-w.done:
+	if p.waitLocked(ctx, q, lsn) {
 		return nil
-	case <-ctx.Done():
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !q.remove(w) {
-		return nil // released while ctx ended
 	}
 	have, connected := 0, 0
 	for _, r := range p.replicas {
@@ -243,6 +234,22 @@ func (p *peers) waitReplicas(ctx context.Context, lsn uint64, k int, level walsh
 	return fmt.Errorf("%d of %d connected replica(s) reached it", have, connected)
 }
 
+// waitLocked queues a waiter for lsn on q and waits until a position
+// update releases it (true) or ctx ends first (false; the waiter is then
+// dequeued). p.mu is held on entry and on return, not while waiting.
+func (p *peers) waitLocked(ctx context.Context, q *lsnQueue, lsn uint64) bool {
+	w := q.add(lsn)
+	p.mu.Unlock()
+	select {
+	case <-w.done:
+		p.mu.Lock()
+		return true
+	case <-ctx.Done():
+		p.mu.Lock()
+		return !q.remove(w) // no longer queued: released as ctx ended
+	}
+}
+
 // errNoLogStore is returned to a commit that asks for log store acks from a
 // primary that has none.
 var errNoLogStore = errors.New("no log store is configured (--logstore)")
@@ -253,24 +260,11 @@ func (p *peers) waitLogStores(ctx context.Context, lsn uint64) error {
 	p.lsWaiting.Add(1)
 	defer p.lsWaiting.Add(-1)
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	if p.quorum == 0 {
-		p.mu.Unlock()
 		return errNoLogStore
 	}
-	if p.logStoreQuorumLocked() >= lsn {
-		p.mu.Unlock()
-		return nil
-	}
-	w := p.lsWaiters.add(lsn)
-	p.mu.Unlock()
-	select {
-	case <-w.done:
-		return nil
-	case <-ctx.Done():
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !p.lsWaiters.remove(w) {
+	if p.logStoreQuorumLocked() >= lsn || p.waitLocked(ctx, &p.lsWaiters, lsn) {
 		return nil
 	}
 	have := 0
