@@ -423,8 +423,10 @@ func TestRestartsUnderLoad(t *testing.T) {
 
 // TestSyncCommitFlushesLazyReplicas: replicas and log stores defer their
 // fsync (FlushDelay) while nobody waits on them, but a sync commit's streams
-// ask for an immediate flush — with a flush delay and heartbeats far longer
-// than the commit's sync timeout, the commit can only succeed that way.
+// ask for an ack at once at the stage it waits at (write: no flush needed;
+// flush and apply: an immediate flush) — with a flush delay and heartbeats
+// far longer than the commit's sync timeout, the commit can only succeed
+// that way.
 func TestSyncCommitFlushesLazyReplicas(t *testing.T) {
 	c := startCluster(t, Config{Replicas: 2, LogStores: 1,
 		Primary:  func(p *primary.Config) { p.HeartbeatInterval = time.Minute; p.ReplicaTimeout = time.Hour },
@@ -433,6 +435,15 @@ func TestSyncCommitFlushesLazyReplicas(t *testing.T) {
 	})
 	ctx := testCtx(t)
 	kv := walshipv1.NewKVServiceClient(c.Conn(c.Primary))
+	// Each stage on its own first (the replicas ack at once at exactly the
+	// stage asked for), then apply with log store acks, repeatedly.
+	for _, level := range []walshipv1.SyncLevel{walshipv1.SyncLevel_SYNC_LEVEL_WRITE, walshipv1.SyncLevel_SYNC_LEVEL_FLUSH} {
+		if _, err := kv.Put(ctx, &walshipv1.PutRequest{Key: "stage/" + level.String(), Value: []byte("v"), Policy: &walshipv1.CommitPolicy{
+			Replication: walshipv1.ReplicationMode_REPLICATION_MODE_SYNC, SyncReplicas: 2, SyncLevel: level,
+			SyncTimeout: durationpb.New(500 * time.Millisecond)}}); err != nil {
+			t.Fatalf("sync commit at %v against replicas with a 1s flush delay: %v", level, err)
+		}
+	}
 	for i := 0; i < 5; i++ {
 		p, err := kv.Put(ctx, &walshipv1.PutRequest{Key: fmt.Sprintf("k%d", i), Value: []byte("v"), Policy: &walshipv1.CommitPolicy{
 			Replication: walshipv1.ReplicationMode_REPLICATION_MODE_SYNC, SyncReplicas: 2, SyncLevel: walshipv1.SyncLevel_SYNC_LEVEL_APPLY,
