@@ -324,12 +324,13 @@ func TestWriteTable(t *testing.T) {
 	var b bytes.Buffer
 	rows := sampleRows()
 	rows[0].CPUMsPer1000 = 1234.4 // the others: not measured
+	rows[0].CPUCores = 1.734
 	if err := WriteTable(&b, rows); err != nil {
 		t.Fatal(err)
 	}
 	out := b.String()
 	for _, want := range []string{"TPCC, msgpack, 8 terminals", "Replication  Durability  Reqs per second", "vs Disabled/Sync",
-		"WAL MB/s  CPU ms/1k commits  consistent", "0.00               1234        true", "0.00                  -        true",
+		"WAL MB/s  CPU ms/1k commits  CPU cores  consistent", "0.00               1234       1.73        true", "0.00                  -          -        true",
 		"Sync        Sync            100.0             0.20x", "Disabled        Sync            500.0             1.00x", "TPCC codec gap", "msgpack/json"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)

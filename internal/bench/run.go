@@ -176,6 +176,11 @@ type Row struct {
 	ByKindP99Ms          map[string]float64 `json:"by_kind_p99_ms"`
 	CPUMsPer1000         float64            `json:"cpu_ms_per_1000_commits"`
 	CPUScope             string             `json:"cpu_scope,omitempty"`
+	// CPUCores is the CPU time of the same scope over the measured window
+	// divided by its length: how many cores it kept busy. Near the
+	// machine's core count the run is CPU-bound, and then the cells'
+	// ratios follow their CPU per commit.
+	CPUCores float64 `json:"cpu_cores"`
 	// ServerCommits is the primary's walship_commits_total{result="ok"}
 	// increase over the measured window (write transactions only).
 	ServerCommits int64       `json:"server_commits"`
@@ -536,6 +541,7 @@ func drive(ctx context.Context, cfg Config, b *backend, row *Row) ([]string, err
 		notes = append(notes, "WAL MB/s unknown (no primary metrics)")
 	}
 	if s0.cpuOK && s1.cpuOK {
+		row.CPUCores = (s1.cpu - s0.cpu).Seconds() / window
 		commits := float64(row.ServerCommits)
 		if commits == 0 {
 			commits = float64(row.Commits)

@@ -2,6 +2,8 @@ package bench
 
 import (
 	"context"
+	"math"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -39,6 +41,15 @@ func TestRun(t *testing.T) {
 			}
 			if len(row.Nodes) != 2 || row.Nodes[0].Digest != row.Nodes[1].Digest || row.WALMBPerS <= 0 {
 				t.Errorf("nodes %+v, WAL %v MB/s", row.Nodes, row.WALMBPerS)
+			}
+			// CPU: cores busy within the machine, and the same CPU time as
+			// the per-commit figure (cores = ms per commit × commits/s).
+			if row.CPUCores <= 0 || row.CPUCores > 1.1*float64(runtime.NumCPU()) || row.CPUMsPer1000 <= 0 || row.ServerCommits <= 0 {
+				t.Fatalf("CPU %.3f cores, %.1f ms per 1,000 commits, %d server commits", row.CPUCores, row.CPUMsPer1000, row.ServerCommits)
+			}
+			window := float64(row.Commits) / row.TxnPerS // as TxnPerS was computed
+			if fromCommits := row.CPUMsPer1000 / 1000 * float64(row.ServerCommits) / 1000 / window; math.Abs(fromCommits-row.CPUCores) > 0.001*row.CPUCores {
+				t.Errorf("CPU cores %.3f, but %.1f ms per 1,000 of %d commits in %.3fs make %.3f", row.CPUCores, row.CPUMsPer1000, row.ServerCommits, window, fromCommits)
 			}
 		})
 	}
