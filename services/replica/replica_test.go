@@ -189,10 +189,10 @@ func TestAcksAreCumulativeAndCoalesced(t *testing.T) {
 }
 
 // TestAcksAtTheStagesAskedFor: a batch whose reply_at names a stage gets
-// an ack the moment the replica reaches that stage, with a flush delay and
-// heartbeats far longer than the test, and no ack at a stage nobody asked
-// for (a write-stage ack when commits wait for the flush would wake them
-// for nothing).
+// an ack the moment the replica reaches that stage — with a 1 s flush delay
+// and a heartbeat a minute away, nothing else would send one in time — and
+// no ack at a stage nobody asked for (a write-stage ack when commits wait
+// for the flush would wake them for nothing).
 func TestAcksAtTheStagesAskedFor(t *testing.T) {
 	fp := newFakePrimary(t)
 	cfg := testConfig(t, t.TempDir(), fp.addr)
@@ -206,7 +206,7 @@ func TestAcksAtTheStagesAskedFor(t *testing.T) {
 		flush = walshipv1.SyncLevel_SYNC_LEVEL_FLUSH
 		apply = walshipv1.SyncLevel_SYNC_LEVEL_APPLY
 	)
-	// nextAck returns the first ack that reaches lsn at the stage.
+	// nextAck reads acks until one satisfies reached and returns all it read.
 	nextAck := func(what string, reached func(*walshipv1.ReplicaAck) bool) []*walshipv1.ReplicaAck {
 		t.Helper()
 		var seen []*walshipv1.ReplicaAck
