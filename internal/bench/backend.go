@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/walship/walship/internal/cluster"
+	"github.com/walship/walship/internal/cpustat"
 	"github.com/walship/walship/pkg/codec"
 	"github.com/walship/walship/services/primary"
 	"google.golang.org/grpc"
@@ -61,7 +62,7 @@ func startInProcess(ctx context.Context, dir string, n int, c codec.Codec, pol p
 		return nil, err
 	}
 	b := &backend{mode: ModeInProcess, primary: cl.Primary.Addr, stop: cl.Stop,
-		cpu: selfCPU, cpuScope: "whole bench process (cluster and clients)"}
+		cpu: cpustat.Self, cpuScope: "whole bench process (cluster and clients)"}
 	for _, r := range cl.Replicas {
 		b.replicas = append(b.replicas, r.Addr)
 	}
@@ -325,15 +326,6 @@ func parseProcStat(s string) (time.Duration, error) {
 		return 0, fmt.Errorf("proc stat: %w", err)
 	}
 	return time.Duration(u+st) * time.Second / clockTicks, nil
-}
-
-// selfCPU is this process's user+system CPU time.
-func selfCPU() (time.Duration, error) {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0, err
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), nil
 }
 
 // metricSum adds the values of a counter or gauge family's series whose

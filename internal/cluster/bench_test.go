@@ -5,11 +5,11 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/cpustat"
 )
 
 // BenchmarkReplicatedCommit measures durable commits (durability sync)
@@ -56,7 +56,7 @@ func benchReplicated(b *testing.B, pol *walshipv1.CommitPolicy, committers int) 
 	kv := walshipv1.NewKVServiceClient(c.Conn(c.Primary))
 	value := make([]byte, 100)
 	var next atomic.Int64
-	cpu0 := processCPU(b)
+	cpu0 := cpustat.MustSelf()
 	b.ResetTimer()
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -79,13 +79,5 @@ func benchReplicated(b *testing.B, pol *walshipv1.CommitPolicy, committers int) 
 	elapsed := time.Since(start)
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "commits/s")
-	b.ReportMetric(float64((processCPU(b)-cpu0).Microseconds())/float64(b.N), "cpu-µs/commit")
-}
-
-func processCPU(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	b.ReportMetric(float64((cpustat.MustSelf()-cpu0).Microseconds())/float64(b.N), "cpu-µs/commit")
 }

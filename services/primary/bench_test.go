@@ -9,6 +9,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/cpustat"
 )
 
 // BenchmarkCommit measures commits through the real gRPC server on
@@ -52,7 +53,7 @@ func benchCommit(b *testing.B, durability walshipv1.Durability, committers int) 
 	}
 	value := make([]byte, 100)
 	var next atomic.Int64
-	syncs0, n0 := s.wal.Stats().Syncs, b.N
+	syncs0, n0, cpu0 := s.wal.Stats().Syncs, b.N, cpustat.MustSelf()
 	b.ResetTimer()
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -79,6 +80,9 @@ func benchCommit(b *testing.B, durability walshipv1.Durability, committers int) 
 	b.StopTimer()
 	syncs := s.wal.Stats().Syncs - syncs0
 	b.ReportMetric(float64(n0)/elapsed.Seconds(), "commits/s")
+	// Cores busy (client and server, one process): well under 2 on this
+	// machine means the run is bound by latency, not CPU.
+	b.ReportMetric((cpustat.MustSelf()-cpu0).Seconds()/elapsed.Seconds(), "cores")
 	if syncs > 0 {
 		b.ReportMetric(float64(n0)/float64(syncs), "commits/fsync")
 	}
