@@ -9,6 +9,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/testwait"
 )
 
 // TestAckReleasesOnlyTheCommitsItCovers: sync commits wait in LSN order per
@@ -50,13 +51,7 @@ func TestAckReleasesOnlyTheCommitsItCovers(t *testing.T) {
 		}
 		return n
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for queued() < len(waits) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d commits queued", queued(), len(waits))
-		}
-		time.Sleep(time.Millisecond) // polling a count that has no event
-	}
+	testwait.Until(t, "every commit to queue", func() bool { return queued() == len(waits) })
 	// released checks which waits have returned (nil) once an update is
 	// done: the release happens under the lock, inside the update.
 	released := func(step string, want ...string) {

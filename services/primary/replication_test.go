@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/testwait"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -240,13 +241,9 @@ func TestReadOnlyTxnWaitsOnlyForWritesItSees(t *testing.T) {
 		t.Fatalf("no walship_sync_commits_waiting{peers=%q,stage=%q}", peers, stage)
 		return 0
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for waitingAt("replicas", "write") != 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("walship_sync_commits_waiting{peers=replicas,stage=write} never showed the waiting commit")
-		}
-		time.Sleep(time.Millisecond) // the commit starts to wait after its WAL write
-	}
+	// The commit starts to wait after its WAL write; a gauge has no event.
+	testwait.Until(t, "walship_sync_commits_waiting{peers=replicas,stage=write} to show the waiting commit",
+		func() bool { return waitingAt("replicas", "write") == 1 })
 	if n := waitingAt("replicas", "flush") + waitingAt("logstores", "flush"); n != 0 {
 		t.Fatalf("%v commits waiting at other stages", n)
 	}

@@ -10,6 +10,7 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/state"
+	"github.com/walship/walship/internal/testwait"
 	"github.com/walship/walship/internal/vfs"
 	"github.com/walship/walship/pkg/codec"
 	"google.golang.org/grpc"
@@ -539,10 +540,10 @@ func TestLagSeconds(t *testing.T) {
 	lag := func() float64 { return r.metric(t, "walship_replica_lag_seconds") }
 
 	// Idle and caught up: 0.
-	eventually(t, "lag 0 while idle", func() bool { return lag() == 0 })
+	testwait.Until(t, "lag 0 while idle", func() bool { return lag() == 0 })
 	// The primary announces LSNs the replica has not got: lag grows.
 	announced.Store(applied + 10)
-	eventually(t, "lag > 0 behind the announced LSN", func() bool { return lag() > 0 })
+	testwait.Until(t, "lag > 0 behind the announced LSN", func() bool { return lag() > 0 })
 	if st := r.status(t); st.Peers[0].LagRecords != 10 || st.Peers[0].LagSeconds <= 0 {
 		t.Fatalf("peer = %v, want 10 records behind", st.Peers[0])
 	}
@@ -551,10 +552,10 @@ func TestLagSeconds(t *testing.T) {
 	sess.send(t, m.txn(put("b", "2")))
 	announced.Store(m.next - 1)
 	r.waitApplied(t, m.next-1)
-	eventually(t, "lag 0 after catching up", func() bool { return lag() == 0 })
+	testwait.Until(t, "lag 0 after catching up", func() bool { return lag() == 0 })
 	// Partitioned: no word from the primary, the lag must not stay 0.
 	stopBeats()
-	eventually(t, "lag growing while cut off", func() bool { return lag() > 3*cfg.HeartbeatInterval.Seconds() })
+	testwait.Until(t, "lag growing while cut off", func() bool { return lag() > 3*cfg.HeartbeatInterval.Seconds() })
 }
 
 func TestPeriodicSnapshotTruncatesWAL(t *testing.T) {
@@ -574,7 +575,7 @@ func TestPeriodicSnapshotTruncatesWAL(t *testing.T) {
 		}
 		r.waitApplied(t, m.next-1)
 	}
-	eventually(t, "a snapshot and a truncated WAL", func() bool {
+	testwait.Until(t, "a snapshot and a truncated WAL", func() bool {
 		st := r.status(t)
 		return st.SnapshotLsn > 0 && st.WalFirstLsn > 1 && st.WalFirstLsn <= st.SnapshotLsn
 	})
