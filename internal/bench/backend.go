@@ -23,10 +23,10 @@ import (
 	"github.com/prometheus/common/model"
 	"github.com/walship/walship/internal/cluster"
 	"github.com/walship/walship/internal/cpustat"
+	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/pkg/codec"
 	"github.com/walship/walship/services/primary"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
@@ -217,7 +217,7 @@ func (p *proc) stop() error {
 }
 
 func waitServing(ctx context.Context, addr string) error {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(addr, serve.DialOptions()...)
 	if err != nil {
 		return err
 	}

@@ -18,11 +18,11 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/pkg/codec"
 	"github.com/walship/walship/services/primary"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
@@ -285,7 +285,7 @@ func Run(ctx context.Context, cfg Config) (row Row, err error) {
 func drive(ctx context.Context, cfg Config, b *backend, row *Row) ([]string, error) {
 	var notes []string
 	dial := func(addr string) (*grpc.ClientConn, error) {
-		return grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		return grpc.NewClient(addr, serve.DialOptions()...)
 	}
 	pconn, err := dial(b.primary)
 	if err != nil {

@@ -21,7 +21,6 @@ import (
 	"github.com/walship/walship/services/primary"
 	"github.com/walship/walship/services/replica"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
@@ -319,7 +318,7 @@ func (c *Cluster) RestartPrimary(ctx context.Context) error {
 
 // Conn returns a client connection to n (closed by Stop).
 func (c *Cluster) Conn(n *Node) *grpc.ClientConn {
-	conn, err := grpc.NewClient(n.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(n.Addr, serve.DialOptions()...)
 	if err != nil {
 		panic(fmt.Sprintf("cluster: dial %s: %v", n.Addr, err)) // addresses come from listeners we own
 	}

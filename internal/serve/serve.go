@@ -101,7 +101,7 @@ func New(opts Options, register func(*grpc.Server)) (*Server, error) {
 		opts.StreamGrace = time.Second
 	}
 	s := &Server{opts: opts, lis: lis, endStreams: make(chan struct{})}
-	s.grpc = grpc.NewServer(
+	s.grpc = grpc.NewServer(append(transportOptions(),
 		grpc.ForceServerCodecV2(utf8c),
 		grpc.ChainUnaryInterceptor(utf8c.interceptor),
 		grpc.ChainStreamInterceptor(s.endStreamsOnStop),
@@ -109,7 +109,7 @@ func New(opts Options, register func(*grpc.Server)) (*Server, error) {
 		grpc.MaxSendMsgSize(opts.MaxSendBytes),
 		// Replication streams are long-lived; let peers ping them.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
-	)
+	)...)
 	s.health = health.NewServer()
 	register(s.grpc)
 	healthpb.RegisterHealthServer(s.grpc, s.health)

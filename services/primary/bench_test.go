@@ -45,12 +45,11 @@ func benchCommit(b *testing.B, durability walshipv1.Durability, committers int) 
 			b.Error(err)
 		}
 	}()
-	clients := make([]walshipv1.KVServiceClient, 4)
-	for i := range clients {
-		conn := dialBench(b, s.Addr())
-		defer conn.Close()
-		clients[i] = walshipv1.NewKVServiceClient(conn)
-	}
+	// One connection, as an application holds one gRPC ClientConn; its
+	// streams multiplex the committers.
+	conn := dialBench(b, s.Addr())
+	defer conn.Close()
+	kv := walshipv1.NewKVServiceClient(conn)
 	value := make([]byte, 100)
 	var next atomic.Int64
 	syncs0, n0, cpu0 := s.wal.Stats().Syncs, b.N, cpustat.MustSelf()
@@ -61,7 +60,6 @@ func benchCommit(b *testing.B, durability walshipv1.Durability, committers int) 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			kv := clients[c%len(clients)]
 			for {
 				i := next.Add(1)
 				if i > int64(b.N) {

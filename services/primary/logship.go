@@ -9,9 +9,9 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/backoff"
+	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/wal"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 )
 
@@ -20,10 +20,10 @@ import (
 // cumulative durable acks. It reconnects with backoff until ctx ends.
 func (s *Server) shipLogStore(ctx context.Context, addr string) {
 	log := s.logger.With("logstore", addr)
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+	conn, err := grpc.NewClient(addr, serve.DialOptions(
 		// Find a dead connection (a partition sends no FIN) within ~15s.
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(streamMessageBytes), grpc.MaxCallSendMsgSize(streamMessageBytes)))
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(streamMessageBytes), grpc.MaxCallSendMsgSize(streamMessageBytes)))...)
 	if err != nil {
 		log.Error("bad log store address", "err", err)
 		return

@@ -12,6 +12,7 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/recovery"
+	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/internal/vfs"
 	"go.uber.org/goleak"
@@ -660,7 +661,7 @@ func field(num protowire.Number, v []byte) []byte {
 }
 
 func dialBench(b *testing.B, addr string) *grpc.ClientConn {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(addr, serve.DialOptions()...)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -72,7 +72,6 @@ import (
 	"github.com/walship/walship/internal/wal"
 	"github.com/walship/walship/internal/watermark"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 )
 
@@ -165,12 +164,11 @@ func New(cfg Config) (*Server, error) {
 			_ = s.wal.Close()
 		}
 	}()
-	dial := append([]grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+	dial := append(serve.DialOptions(
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvBytes)),
 		// Find a dead connection (a partition sends no FIN) within ~15s.
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
-	}, cfg.DialOptions...)
+	), cfg.DialOptions...)
 	var err error
 	if s.primaryConn, err = grpc.NewClient(cfg.Primary, dial...); err != nil {
 		return nil, fmt.Errorf("--primary %s: %w", cfg.Primary, err)
