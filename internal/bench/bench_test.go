@@ -8,11 +8,15 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"google.golang.org/grpc"
 )
 
 func TestTPCCMix(t *testing.T) {
@@ -275,7 +279,7 @@ func TestConflictRetries(t *testing.T) {
 	f.Put(ctx, putReq("k", row{f: []int64{0}}.encode()))
 	s := &session{kv: f, maxRetries: 3}
 	calls := 0
-	err := s.run(ctx, false, func(ctx context.Context, tx *tx) error {
+	err := s.run(ctx, readWrite, func(ctx context.Context, tx *tx) error {
 		vs, err := tx.get(ctx, "k")
 		if err != nil {
 			return err
@@ -294,7 +298,7 @@ func TestConflictRetries(t *testing.T) {
 		t.Errorf("k = %d, want 11", r.f[0])
 	}
 	// Always conflicting: aborts after maxRetries.
-	err = s.run(ctx, false, func(ctx context.Context, tx *tx) error {
+	err = s.run(ctx, readWrite, func(ctx context.Context, tx *tx) error {
 		if _, err := tx.get(ctx, "k"); err != nil {
 			return err
 		}
@@ -304,6 +308,52 @@ func TestConflictRetries(t *testing.T) {
 	})
 	if !errors.Is(err, errAborted) {
 		t.Errorf("err = %v, want errAborted", err)
+	}
+}
+
+// speculativeLog is a fakeKV that records each Txn's speculative flag.
+type speculativeLog struct {
+	*fakeKV
+	flags []bool
+}
+
+func (l *speculativeLog) Txn(ctx context.Context, req *walshipv1.TxnRequest, opts ...grpc.CallOption) (*walshipv1.TxnResponse, error) {
+	l.flags = append(l.flags, req.Speculative)
+	return l.fakeKV.Txn(ctx, req, opts...)
+}
+
+// TestSpeculativeOnlyForReadWrite: with speculative reads on, a read-write
+// transaction's read and commit ask for them; read-only transactions never
+// do (their reads are results), validated or not; with them off, nothing
+// does.
+func TestSpeculativeOnlyForReadWrite(t *testing.T) {
+	ctx := context.Background()
+	for _, on := range []bool{true, false} {
+		l := &speculativeLog{fakeKV: newFakeKV()}
+		l.Put(ctx, putReq("k", row{f: []int64{0}}.encode()))
+		s := &session{kv: l, maxRetries: 3, speculative: on}
+		for _, tc := range []struct {
+			kind txnKind
+			want []bool // read, then commit or validation
+		}{
+			{readWrite, []bool{on, on}},
+			{readOnly, []bool{false}},
+			{readOnlyValidated, []bool{false, false}},
+		} {
+			l.flags = nil
+			err := s.run(ctx, tc.kind, func(ctx context.Context, tx *tx) error {
+				if _, err := tx.get(ctx, "k"); err != nil {
+					return err
+				}
+				if tc.kind == readWrite {
+					tx.put("k", row{f: []int64{1}}.encode())
+				}
+				return nil
+			})
+			if err != nil || !slices.Equal(l.flags, tc.want) {
+				t.Errorf("speculative=%v, kind %d: Txn flags %v, err %v; want %v", on, tc.kind, l.flags, err, tc.want)
+			}
+		}
 	}
 }
 

@@ -58,8 +58,12 @@ func WriteTable(w io.Writer, rows []Row) error {
 			fmt.Fprintln(w)
 		}
 		r0 := g.rows[0]
-		fmt.Fprintf(w, "%s, %s, %d terminals, %gs measured (%s cluster, %d replicas when replicating)\n\n",
-			strings.ToUpper(g.workload), g.codec, r0.Terminals, r0.DurationS, r0.Mode, maxReplicas(g.rows))
+		reads := "reads wait for acknowledgement"
+		if r0.SpeculativeReads {
+			reads = "speculative read-modify-write reads"
+		}
+		fmt.Fprintf(w, "%s, %s, %d terminals, %gs measured (%s cluster, %d replicas when replicating, %s)\n\n",
+			strings.ToUpper(g.workload), g.codec, r0.Terminals, r0.DurationS, r0.Mode, maxReplicas(g.rows), reads)
 		base := 0.0
 		for _, r := range g.rows {
 			if r.Label() == "Disabled/Sync" {

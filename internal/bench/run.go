@@ -44,6 +44,10 @@ type Config struct {
 	// ReplicaReads sends reads to the replicas (round robin by terminal)
 	// with min_lsn = the terminal's last commit.
 	ReplicaReads bool
+	// SpeculativeReads lets read-write transactions read pending writes on
+	// the primary at once (TxnRequest.speculative) instead of waiting until
+	// the commits behind them are acknowledged.
+	SpeculativeReads bool
 
 	// Codec is the WAL codec of a cluster the run starts (msgpack or json).
 	Codec string
@@ -170,6 +174,7 @@ type Row struct {
 	// records (LSNs), sampled every 100 ms from the primary's Status.
 	ReplicaLagP99Records float64            `json:"replica_lag_p99_records"`
 	Mode                 string             `json:"mode"`
+	SpeculativeReads     bool               `json:"speculative_reads"`
 	Replicas             int                `json:"replicas"`
 	Errors               int64              `json:"errors"`
 	ByKind               map[string]int64   `json:"by_kind"`
@@ -237,7 +242,8 @@ func Run(ctx context.Context, cfg Config) (row Row, err error) {
 	pol := cfg.policy()
 	row = Row{Workload: cfg.Workload, Codec: cfg.Codec, Replication: rep, Durability: dur,
 		SyncReplicas: pol.SyncReplicas, SyncLevel: policyName(pol.SyncLevel.String()), Terminals: cfg.Terminals,
-		DurationS: cfg.Duration.Seconds(), Mode: cfg.Mode, ByKind: map[string]int64{}, ByKindP99Ms: map[string]float64{}}
+		DurationS: cfg.Duration.Seconds(), Mode: cfg.Mode, SpeculativeReads: cfg.SpeculativeReads,
+		ByKind: map[string]int64{}, ByKindP99Ms: map[string]float64{}}
 	var notes []string
 
 	replicas := cfg.Replicas
@@ -334,7 +340,7 @@ func drive(ctx context.Context, cfg Config, b *backend, row *Row) ([]string, err
 	policy := cfg.commitPolicy()
 	sessions := make([]*session, cfg.Terminals)
 	for i := range sessions {
-		s := &session{kv: kv, policy: policy, maxRetries: cfg.MaxRetries, lastLSN: loadLSN}
+		s := &session{kv: kv, policy: policy, maxRetries: cfg.MaxRetries, lastLSN: loadLSN, speculative: cfg.SpeculativeReads}
 		if cfg.ReplicaReads && len(rconns) > 0 {
 			s.read = walshipv1.NewKVServiceClient(rconns[i%len(rconns)])
 		}

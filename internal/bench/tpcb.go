@@ -73,7 +73,7 @@ func (t *tpcbTerminal) next(ctx context.Context, s *session) (int, error) {
 	t.seq++
 	hk := bhKey(p.RunID, t.id, t.seq)
 	now := time.Now().Unix()
-	return 0, s.run(ctx, false, func(ctx context.Context, tx *tx) error {
+	return 0, s.run(ctx, readWrite, func(ctx context.Context, tx *tx) error {
 		keys := []string{aKey(aid), tKey(tid), bKey(bid)}
 		vs, err := tx.get(ctx, keys...)
 		if err != nil {
@@ -183,11 +183,11 @@ func (y *ycsb) terminal(i int, r *rand.Rand) terminal { return &ycsbTerminal{y: 
 func (t *ycsbTerminal) next(ctx context.Context, s *session) (int, error) {
 	k := yKey(t.y.zipf.next(t.r))
 	if t.r.IntN(2) == 0 {
-		_, err := s.fetch(ctx, []string{k})
+		_, err := s.fetch(ctx, []string{k}, false)
 		return 0, err
 	}
 	data := randString(t.r, t.y.p.ValueBytes)
-	err := s.run(ctx, false, func(ctx context.Context, tx *tx) error {
+	err := s.run(ctx, readWrite, func(ctx context.Context, tx *tx) error {
 		vs, err := tx.get(ctx, k)
 		if err != nil {
 			return err

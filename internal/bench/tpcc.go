@@ -364,7 +364,7 @@ func (t *tpccTerminal) newOrder(ctx context.Context, s *session) error {
 		items[n-1].i = p.Items + 1 // an unused item: the transaction rolls back
 	}
 	now := time.Now().Unix()
-	return s.run(ctx, false, func(ctx context.Context, tx *tx) error {
+	return s.run(ctx, readWrite, func(ctx context.Context, tx *tx) error {
 		const first = 4 // keys before the items'
 		keys := []string{wKey(w), dKey(w, d), dNextKey(w, d), cKey(w, d, c)}
 		for _, it := range items {
@@ -476,7 +476,7 @@ func (t *tpccTerminal) payment(ctx context.Context, s *session) error {
 	h := int64(uniform(t.r, 100, 500000))
 	t.seq++
 	hk := hKey(w, t.w.p.RunID, t.id, t.seq)
-	return s.run(ctx, false, func(ctx context.Context, tx *tx) error {
+	return s.run(ctx, readWrite, func(ctx context.Context, tx *tx) error {
 		c, err := t.resolveCustomer(ctx, tx, cw, cd, cid, last)
 		if err != nil {
 			return err
@@ -528,7 +528,7 @@ func (t *tpccTerminal) payment(ctx context.Context, s *session) error {
 func (t *tpccTerminal) orderStatus(ctx context.Context, s *session) error {
 	w, d := t.home, uniform(t.r, 1, districts)
 	cid, last := t.pickCustomer()
-	return s.run(ctx, true, func(ctx context.Context, tx *tx) error {
+	return s.run(ctx, readOnlyValidated, func(ctx context.Context, tx *tx) error {
 		c, err := t.resolveCustomer(ctx, tx, w, d, cid, last)
 		if err != nil {
 			return err
@@ -567,7 +567,7 @@ func (t *tpccTerminal) delivery(ctx context.Context, s *session) error {
 	w := t.home
 	carrier := int64(uniform(t.r, 1, 10))
 	now := time.Now().Unix()
-	return s.run(ctx, false, func(ctx context.Context, tx *tx) error {
+	return s.run(ctx, readWrite, func(ctx context.Context, tx *tx) error {
 		rs := make([]scanRange, districts)
 		for d := 1; d <= districts; d++ {
 			rs[d-1] = scanRange{noPrefix(w, d), prefixEnd(noPrefix(w, d)), 1}
@@ -646,7 +646,7 @@ func (t *tpccTerminal) delivery(ctx context.Context, s *session) error {
 func (t *tpccTerminal) stockLevel(ctx context.Context, s *session) error {
 	w, d := t.home, 1+t.id%districts
 	threshold := int64(uniform(t.r, 10, 20))
-	return s.run(ctx, false, func(ctx context.Context, tx *tx) error {
+	return s.run(ctx, readOnly, func(ctx context.Context, tx *tx) error {
 		dv, err := tx.get(ctx, dNextKey(w, d))
 		if err != nil {
 			return err

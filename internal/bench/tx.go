@@ -33,6 +33,10 @@ type session struct {
 	// lastLSN is this terminal's newest commit: replica reads wait for it
 	// (read-your-writes).
 	lastLSN uint64
+	// speculative lets read-write transactions read pending writes on the
+	// primary at once (TxnRequest.speculative): their compares guard what
+	// they read, and their commit is ordered after it.
+	speculative bool
 
 	retries atomic.Int64
 }
@@ -55,6 +59,7 @@ type kvPair struct {
 type tx struct {
 	s     *session
 	cache map[string]val // survives retries: refreshed by the failure branch
+	spec  bool           // reads may see pending writes (a read-write transaction)
 
 	reads    map[string]uint64
 	readKeys []string
@@ -95,7 +100,7 @@ func (t *tx) get(ctx context.Context, keys ...string) ([]val, error) {
 		}
 	}
 	if len(missing) > 0 {
-		vs, err := t.s.fetch(ctx, missing)
+		vs, err := t.s.fetch(ctx, missing, t.spec)
 		if err != nil {
 			return nil, err
 		}
@@ -203,11 +208,26 @@ func getOp(k string) *walshipv1.TxnOp {
 	return &walshipv1.TxnOp{Op: &walshipv1.TxnOp_Get{Get: &walshipv1.GetOp{Key: k}}}
 }
 
+// txnKind says what a transaction does with what it reads.
+type txnKind int
+
+const (
+	// readWrite: reads feed writes whose version compares guard them, so
+	// they may see pending writes (session.speculative).
+	readWrite txnKind = iota
+	// readOnly: read committed; commits without a round trip.
+	readOnly
+	// readOnlyValidated: serializable read-only; a Txn of compares checks
+	// the reads at the end.
+	readOnlyValidated
+)
+
 // run runs fn as an optimistic transaction until it commits, rolls back
-// or aborts. A transaction without writes commits without a round trip
-// unless validate asks to check its reads (serializable read-only).
-func (s *session) run(ctx context.Context, validate bool, fn func(ctx context.Context, t *tx) error) error {
-	t := &tx{s: s, cache: make(map[string]val)}
+// or aborts. A read-only transaction's reads wait for what they saw to be
+// acknowledged, as any read shown to a user must.
+func (s *session) run(ctx context.Context, kind txnKind, fn func(ctx context.Context, t *tx) error) error {
+	validate := kind == readOnlyValidated
+	t := &tx{s: s, cache: make(map[string]val), spec: s.speculative && kind == readWrite}
 	for attempt := 0; ; attempt++ {
 		t.reset()
 		if err := fn(ctx, t); err != nil {
@@ -217,6 +237,7 @@ func (s *session) run(ctx context.Context, validate bool, fn func(ctx context.Co
 			return nil
 		}
 		req := t.request()
+		req.Speculative = t.spec // a failed compare's reads return at once
 		if n := len(req.Success) + len(req.Failure); n > maxOps || len(req.Compares) > maxOps {
 			return fmt.Errorf("transaction too large: %d ops, %d compares", n, len(req.Compares))
 		}
@@ -243,13 +264,14 @@ func (s *session) run(ctx context.Context, validate bool, fn func(ctx context.Co
 
 // fetch reads keys: on the primary in one read-only Txn (a consistent
 // snapshot that includes every commit sequenced before it, so hot rows
-// are rarely stale); on a replica with Gets in parallel at min_lsn.
-func (s *session) fetch(ctx context.Context, keys []string) ([]val, error) {
+// are rarely stale; speculative: without waiting for those commits'
+// acknowledgements); on a replica with Gets in parallel at min_lsn.
+func (s *session) fetch(ctx context.Context, keys []string, speculative bool) ([]val, error) {
 	out := make([]val, len(keys))
 	if s.read == nil {
 		for lo := 0; lo < len(keys); lo += maxOps {
 			hi := min(lo+maxOps, len(keys))
-			req := &walshipv1.TxnRequest{Success: make([]*walshipv1.TxnOp, 0, hi-lo)}
+			req := &walshipv1.TxnRequest{Success: make([]*walshipv1.TxnOp, 0, hi-lo), Speculative: speculative}
 			for _, k := range keys[lo:hi] {
 				req.Success = append(req.Success, getOp(k))
 			}

@@ -49,7 +49,7 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	cfg := bench.Config{
 		Workload:  "tpcc",
 		Terminals: 8, Duration: 60 * time.Second, Warmup: 10 * time.Second, MaxRetries: 10,
-		Codec: "msgpack", Replicas: 2, Mode: bench.ModeInProcess,
+		Codec: "msgpack", Replicas: 2, Mode: bench.ModeInProcess, SpeculativeReads: true,
 		Params: bench.WorkloadParams{Warehouses: 1, Items: 10000, Customers: 300, Scale: 8, Accounts: 10000,
 			Records: 10000, ValueBytes: 1000, Theta: 0.99, Seed: 1},
 	}
@@ -79,6 +79,7 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	fs.DurationVar(&cfg.Warmup, "warmup", cfg.Warmup, "unmeasured time before each measurement")
 	fs.Float64Var(&cfg.Rate, "rate", 0, "pace the terminals to this many txn/s in total (0 = as fast as they go); --cpu-scaling uses it to compare runs at equal load")
 	fs.IntVar(&cfg.MaxRetries, "max-retries", cfg.MaxRetries, "retries of a conflicting transaction before it counts as an abort")
+	fs.BoolVar(&cfg.SpeculativeReads, "speculative-reads", cfg.SpeculativeReads, "read-modify-write transactions read pending writes on the primary at once (TxnRequest.speculative; their version compares guard what they read); false: their reads wait until what they saw is acknowledged")
 	fs.BoolVar(&cfg.ReplicaReads, "replica-reads", false, "read from the replicas (with min_lsn = the terminal's last commit) instead of the primary")
 	fs.Var(replicasFlag{&cfg.Replicas, &cfg.ReplicaAddrs}, "replicas", "replicas to start (a number), or an existing cluster's replica addresses (comma-separated, with --primary)")
 	fs.StringVar(&cfg.PrimaryAddr, "primary", "", "gRPC address of an existing cluster's primary (default: start a cluster)")

@@ -75,7 +75,7 @@ func (k *kvServer) Txn(ctx context.Context, req *walshipv1.TxnRequest) (*walship
 	if err != nil {
 		return nil, err
 	}
-	res, err := k.s.execTxn(ctx, req.GetPolicy(), cmps, success, failure)
+	res, err := k.s.execTxn(ctx, req.GetPolicy(), cmps, success, failure, req.GetSpeculative())
 	if err != nil {
 		return nil, err
 	}
@@ -201,7 +201,7 @@ func convertCompare(field string, c *walshipv1.Compare) (state.Compare, error) {
 
 // exec runs ops unconditionally.
 func (s *Server) exec(ctx context.Context, p *walshipv1.CommitPolicy, cmps []state.Compare, ops []op) (execResult, error) {
-	return s.execTxn(ctx, p, cmps, ops, nil)
+	return s.execTxn(ctx, p, cmps, ops, nil, false)
 }
 
 // txnView is what a transaction's own ops read: its earlier writes, then
@@ -218,8 +218,10 @@ func (v *txnView) get(key string) (value []byte, version uint64, ok bool) {
 	return v.base.Get([]byte(key))
 }
 
-// execTxn sequences a transaction and waits until its policy is met.
-func (s *Server) execTxn(ctx context.Context, p *walshipv1.CommitPolicy, cmps []state.Compare, success, failure []op) (execResult, error) {
+// execTxn sequences a transaction and waits until its policy is met. A
+// speculative transaction whose branch has no writes returns what it saw
+// without waiting for it to be acknowledged (TxnRequest.speculative).
+func (s *Server) execTxn(ctx context.Context, p *walshipv1.CommitPolicy, cmps []state.Compare, success, failure []op, speculative bool) (execResult, error) {
 	if err := kvapi.ValidatePolicy(p); err != nil {
 		return execResult{}, err
 	}
@@ -277,6 +279,9 @@ func (s *Server) execTxn(ctx context.Context, p *walshipv1.CommitPolicy, cmps []
 			res.lsn = max(res.lsn, after)
 		}
 		s.seqMu.Unlock()
+		if speculative {
+			return res, nil
+		}
 		if _, err := s.visible.Wait(ctx, res.lsn); err != nil {
 			return execResult{}, status.FromContextError(err).Err()
 		}

@@ -187,12 +187,14 @@ func TestStreamedSnapshotIsDurable(t *testing.T) {
 // in-flight writes of the keys it reads or compares are visible — and only
 // those, so a read of other keys returns while a sync commit waits for its
 // replica. The replica here is this test, acking by hand.
-func TestReadOnlyTxnWaitsOnlyForWritesItSees(t *testing.T) {
-	cfg := testConfig(t, t.TempDir())
-	cfg.Registry = prometheus.NewRegistry()
-	r := start(t, cfg)
+// holdSyncCommit commits "cold", then starts a Put of "hot" that waits for
+// a replica's write-stage ack, from a replica stream driven by hand, and
+// returns once it is in the WAL: the LSNs of both commits, the hot Put's
+// result (when it returns) and a function that sends the ack.
+func holdSyncCommit(t *testing.T, r *running) (cold, hot uint64, hotErr <-chan error, ack func()) {
+	t.Helper()
 	c := ctx(t)
-	cold, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "cold", Value: []byte("c")})
+	put, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "cold", Value: []byte("c")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +202,7 @@ func TestReadOnlyTxnWaitsOnlyForWritesItSees(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Send(&walshipv1.StreamRequest{Msg: &walshipv1.StreamRequest_Hello{Hello: &walshipv1.ReplicaHello{ReplicaId: "by-hand", Epoch: r.s.epoch, NextLsn: cold.Lsn + 1}}}); err != nil {
+	if err := s.Send(&walshipv1.StreamRequest{Msg: &walshipv1.StreamRequest_Hello{Hello: &walshipv1.ReplicaHello{ReplicaId: "by-hand", Epoch: r.s.epoch, NextLsn: put.Lsn + 1}}}); err != nil {
 		t.Fatal(err)
 	}
 	go func() {
@@ -210,17 +212,31 @@ func TestReadOnlyTxnWaitsOnlyForWritesItSees(t *testing.T) {
 			}
 		}
 	}()
-	hotErr := make(chan error, 1)
+	errs := make(chan error, 1)
 	go func() {
 		_, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "hot", Value: []byte("h"), Policy: &walshipv1.CommitPolicy{
 			Replication: walshipv1.ReplicationMode_REPLICATION_MODE_SYNC, SyncLevel: walshipv1.SyncLevel_SYNC_LEVEL_WRITE,
 			SyncTimeout: durationpb.New(time.Minute)}})
-		hotErr <- err
+		errs <- err
 	}()
-	hot := cold.Lsn + 2 // its put and its commit record
+	hot = put.Lsn + 2 // its put and its commit record
 	if err := r.s.wal.Wait(c, hot, false); err != nil {
 		t.Fatal(err)
 	}
+	return put.Lsn, hot, errs, func() {
+		t.Helper()
+		if err := s.Send(&walshipv1.StreamRequest{Msg: &walshipv1.StreamRequest_Ack{Ack: &walshipv1.ReplicaAck{WrittenLsn: hot}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestReadOnlyTxnWaitsOnlyForWritesItSees(t *testing.T) {
+	cfg := testConfig(t, t.TempDir())
+	cfg.Registry = prometheus.NewRegistry()
+	r := start(t, cfg)
+	c := ctx(t)
+	cold, hot, hotErr, ack := holdSyncCommit(t, r)
 	get := func(k string) *walshipv1.TxnOp {
 		return &walshipv1.TxnOp{Op: &walshipv1.TxnOp_Get{Get: &walshipv1.GetOp{Key: k}}}
 	}
@@ -253,7 +269,7 @@ func TestReadOnlyTxnWaitsOnlyForWritesItSees(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if resp.Lsn >= hot || string(resp.Results[0].GetGet().GetValue()) != "c" || resp.Results[1].GetGet().GetFound() {
+	if resp.Lsn >= hot || resp.Lsn < cold || string(resp.Results[0].GetGet().GetValue()) != "c" || resp.Results[1].GetGet().GetFound() {
 		t.Fatalf("read of other keys while LSN %d waits: %v", hot, resp)
 	}
 	// Reading, or comparing, the waiting key: only once it is visible — so
@@ -271,9 +287,7 @@ func TestReadOnlyTxnWaitsOnlyForWritesItSees(t *testing.T) {
 			t.Fatalf("%v while LSN %d waits for its replica = %v, %v; want it to wait (DEADLINE_EXCEEDED)", req, hot, resp, err)
 		}
 	}
-	if err := s.Send(&walshipv1.StreamRequest{Msg: &walshipv1.StreamRequest_Ack{Ack: &walshipv1.ReplicaAck{WrittenLsn: hot}}}); err != nil {
-		t.Fatal(err)
-	}
+	ack()
 	if err := <-hotErr; err != nil {
 		t.Fatalf("sync commit acked by hand: %v", err)
 	}
@@ -285,6 +299,75 @@ func TestReadOnlyTxnWaitsOnlyForWritesItSees(t *testing.T) {
 		if err != nil || resp.Lsn < hot || !resp.Succeeded {
 			t.Fatalf("%v once LSN %d is visible = %v, %v", req, hot, resp, err)
 		}
+	}
+}
+
+// TestSpeculativeReadModifyWrite: a speculative read returns a write whose
+// commit still waits for its replica, at once; a Txn guarded by a compare
+// on that write's version commits after it (its LSN is higher) and becomes
+// visible only with it; a compare that fails returns its failure branch's
+// reads at once too. A speculative Txn that writes waits as usual.
+func TestSpeculativeReadModifyWrite(t *testing.T) {
+	r := start(t, testConfig(t, t.TempDir()))
+	c := ctx(t)
+	cold, hot, hotErr, ack := holdSyncCommit(t, r)
+	get := func(k string) *walshipv1.TxnOp {
+		return &walshipv1.TxnOp{Op: &walshipv1.TxnOp_Get{Get: &walshipv1.GetOp{Key: k}}}
+	}
+	versionIs := func(k string, v uint64) *walshipv1.Compare {
+		return &walshipv1.Compare{Key: k, Target: walshipv1.CompareTarget_COMPARE_TARGET_VERSION,
+			Result: walshipv1.CompareResult_COMPARE_RESULT_EQUAL, Operand: &walshipv1.Compare_VersionLsn{VersionLsn: v}}
+	}
+
+	// The pending write, at once (a plain read waits: the test above).
+	read, err := r.kv.Txn(c, &walshipv1.TxnRequest{Speculative: true, Success: []*walshipv1.TxnOp{get("hot"), get("cold")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := read.Results[0].GetGet()
+	if string(g.GetValue()) != "h" || g.GetVersionLsn() != hot || read.Lsn != hot {
+		t.Fatalf("speculative read while LSN %d waits = %v; want hot=h at version %d, lsn %d", hot, read, hot, hot)
+	}
+	if v := r.s.visible.Load(); v >= hot {
+		t.Fatalf("visible LSN %d: the held commit %d is visible before its ack", v, hot)
+	}
+	// A stale compare fails and the failure branch reads the pending write.
+	stale, err := r.kv.Txn(c, &walshipv1.TxnRequest{Speculative: true,
+		Compares: []*walshipv1.Compare{versionIs("hot", 0)},
+		Success:  []*walshipv1.TxnOp{{Op: &walshipv1.TxnOp_Put{Put: &walshipv1.PutOp{Key: "hot", Value: []byte("lost")}}}},
+		Failure:  []*walshipv1.TxnOp{get("hot")}})
+	if err != nil || stale.Succeeded || string(stale.Results[0].GetGet().GetValue()) != "h" {
+		t.Fatalf("stale compare = %v, %v; want the failure branch with hot=h", stale, err)
+	}
+	// Read-modify-write on what was read: commits after the pending write
+	// (durable locally; the default policy waits for no replica), not
+	// visible before it.
+	rmw, err := r.kv.Txn(c, &walshipv1.TxnRequest{Speculative: true,
+		Compares: []*walshipv1.Compare{versionIs("hot", g.GetVersionLsn())},
+		Success:  []*walshipv1.TxnOp{{Op: &walshipv1.TxnOp_Put{Put: &walshipv1.PutOp{Key: "hot", Value: []byte("h2")}}}}})
+	if err != nil || !rmw.Succeeded || rmw.Lsn <= hot {
+		t.Fatalf("read-modify-write over the pending write = %v, %v; want success after LSN %d", rmw, err, hot)
+	}
+	if v := r.s.visible.Load(); v >= hot {
+		t.Fatalf("visible LSN %d after the dependent commit: the held commit %d became visible before its ack", v, hot)
+	}
+	short, cancel := context.WithTimeout(c, 100*time.Millisecond)
+	_, err = r.kv.Get(short, &walshipv1.GetRequest{Key: "hot", MinLsn: rmw.Lsn})
+	cancel()
+	if status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("Get at min_lsn %d before the held commit's ack = %v; want DEADLINE_EXCEEDED", rmw.Lsn, err)
+	}
+
+	ack()
+	if err := <-hotErr; err != nil {
+		t.Fatalf("sync commit acked by hand: %v", err)
+	}
+	got, err := r.kv.Get(c, &walshipv1.GetRequest{Key: "hot", MinLsn: rmw.Lsn})
+	if err != nil || string(got.Value) != "h2" || got.VersionLsn != rmw.Lsn {
+		t.Fatalf("hot after both commits = %v, %v; want h2 at %d", got, err, rmw.Lsn)
+	}
+	if got, err := r.kv.Get(c, &walshipv1.GetRequest{Key: "cold"}); err != nil || got.VersionLsn != cold {
+		t.Fatalf("cold = %v, %v; want version %d", got, err, cold)
 	}
 }
 

@@ -893,7 +893,20 @@ type TxnRequest struct {
 	// failure ops run, in order, otherwise.
 	Failure []*TxnOp `protobuf:"bytes,3,rep,name=failure,proto3" json:"failure,omitempty"`
 	// policy for this commit; unset fields take the server defaults.
-	Policy        *CommitPolicy `protobuf:"bytes,4,opt,name=policy,proto3" json:"policy,omitempty"`
+	Policy *CommitPolicy `protobuf:"bytes,4,opt,name=policy,proto3" json:"policy,omitempty"`
+	// speculative applies when the branch that runs has no writes: its
+	// compares and reads see the newest sequenced write of each key, and the
+	// response is sent at once instead of after the commits behind those
+	// writes are acknowledged. A value so read may belong to a commit still
+	// waiting for its fsync or replicas (the Hekaton "commit dependency",
+	// early lock release): use it only to build a Txn whose compares guard
+	// it (read-modify-write with version compares), never show it to anyone.
+	// Such a Txn is ordered after every write it compared, so its own
+	// acknowledgement implies theirs, and it is lost with them if the
+	// primary crashes first. It takes a hot key's commit latency out of
+	// every read-modify-write chain through that key. A branch with writes
+	// commits and waits as usual.
+	Speculative   bool `protobuf:"varint,5,opt,name=speculative,proto3" json:"speculative,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -954,6 +967,13 @@ func (x *TxnRequest) GetPolicy() *CommitPolicy {
 		return x.Policy
 	}
 	return nil
+}
+
+func (x *TxnRequest) GetSpeculative() bool {
+	if x != nil {
+		return x.Speculative
+	}
+	return false
 }
 
 // TxnOpResult is the result of one TxnOp, in the same position.
@@ -1218,7 +1238,8 @@ type TxnResponse struct {
 	// holds what it saw, visible when the response is sent (pass it as
 	// min_lsn to read the same state from a replica). Such a transaction
 	// sees the newest write of each key and waits only until the writes it
-	// saw are visible.
+	// saw are visible — unless it is speculative: then lsn is that LSN
+	// without the wait, and may not be visible yet.
 	Lsn uint64 `protobuf:"varint,2,opt,name=lsn,proto3" json:"lsn,omitempty"`
 	// results, one per op of the branch that ran.
 	Results       []*TxnOpResult `protobuf:"bytes,3,rep,name=results,proto3" json:"results,omitempty"`
@@ -1538,13 +1559,14 @@ const file_walship_v1_kv_proto_rawDesc = "" +
 	"\bDeleteOp\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\"\x19\n" +
 	"\x05GetOp\x12\x10\n" +
-	"\x03key\x18\x01 \x01(\tR\x03key\"\xc9\x01\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\"\xeb\x01\n" +
 	"\n" +
 	"TxnRequest\x12/\n" +
 	"\bcompares\x18\x01 \x03(\v2\x13.walship.v1.CompareR\bcompares\x12+\n" +
 	"\asuccess\x18\x02 \x03(\v2\x11.walship.v1.TxnOpR\asuccess\x12+\n" +
 	"\afailure\x18\x03 \x03(\v2\x11.walship.v1.TxnOpR\afailure\x120\n" +
-	"\x06policy\x18\x04 \x01(\v2\x18.walship.v1.CommitPolicyR\x06policy\"\xa7\x01\n" +
+	"\x06policy\x18\x04 \x01(\v2\x18.walship.v1.CommitPolicyR\x06policy\x12 \n" +
+	"\vspeculative\x18\x05 \x01(\bR\vspeculative\"\xa7\x01\n" +
 	"\vTxnOpResult\x12+\n" +
 	"\x03put\x18\x01 \x01(\v2\x17.walship.v1.PutOpResultH\x00R\x03put\x124\n" +
 	"\x06delete\x18\x02 \x01(\v2\x1a.walship.v1.DeleteOpResultH\x00R\x06delete\x12+\n" +
