@@ -153,7 +153,11 @@ func (s *Server) syncer(ctx context.Context) error {
 			if !stop {
 				s.gatherSiblings()
 			}
+			s.askReplicaFlush(s.wal.LastLSN())
 			err := s.syncWAL()
+			// A batch written while the ask above was made, and synced by
+			// this fsync, is asked for now: no later fsync will.
+			s.askReplicaFlush(s.wal.DurableLSN())
 			s.wakeDurable(err)
 			if err != nil {
 				return err
@@ -163,6 +167,18 @@ func (s *Server) syncer(ctx context.Context) error {
 			return nil
 		}
 	}
+}
+
+// askReplicaFlush asks replicas to flush the batches of the group about to
+// be fsynced that hold commits waiting for them (groupWanted). Their
+// fsyncs then run alongside the primary's, one per group: the batches were
+// shipped as they were written, without asking for an ack, while the group
+// gathered. A replica asked per batch would fsync at the group's first
+// batch and again for the rest — more flushes of a disk the primary may
+// share, each costing CPU, for a later ack of the group's last commit.
+// Only batches written (up to upTo) are asked for.
+func (s *Server) askReplicaFlush(upTo uint64) {
+	s.flushAsk.Advance(min(s.groupWanted.Load(), upTo))
 }
 
 // wakeDurable acknowledges the waiting transactions the WAL's durable LSN
@@ -260,10 +276,15 @@ func (s *Server) commit(txns []*txn) (async bool, err error) {
 			return false, err
 		}
 		// Set before the batch can be shipped, so its streams ask replicas
-		// and log stores for an immediate flush.
+		// and log stores for an immediate ack — or, for a commit the
+		// syncer groups, so the syncer asks replicas to flush the group.
 		for _, t := range txns[start:end] {
 			if t.policy.Replication == walshipv1.ReplicationMode_REPLICATION_MODE_SYNC {
-				s.replWanted[t.policy.SyncLevel].Store(e.LastLSN)
+				if t.policy.SyncLevel != walshipv1.SyncLevel_SYNC_LEVEL_WRITE && t.policy.needsLocalSync() {
+					s.groupWanted.Store(e.LastLSN)
+				} else {
+					s.replWanted[t.policy.SyncLevel].Store(e.LastLSN)
+				}
 			}
 			if t.policy.LogStore == walshipv1.LogStoreAck_LOG_STORE_ACK_SYNC {
 				s.lsWanted.Store(e.LastLSN)

@@ -85,8 +85,16 @@ type Server struct {
 	syncWriters atomic.Int64 // writes in flight that need a local fsync
 	peakWriters int          // recent peak of syncWriters (syncer only)
 	// replWanted[level] is the last LSN of a batch holding a commit that
-	// waits for replicas at that stage.
+	// waits for replicas at that stage and that no local fsync groups:
+	// its batch asks replicas for an ack at once.
 	replWanted [walshipv1.SyncLevel_SYNC_LEVEL_APPLY + 1]atomic.Uint64
+	// groupWanted is the last LSN of a batch holding a durability-sync
+	// commit that waits for replicas to flush or apply; flushAsk is how far
+	// the syncer, starting a group's fsync, has asked replicas to flush.
+	// A replica then fsyncs once per group commit, as the primary does,
+	// rather than once per batch (askReplicaFlush).
+	groupWanted atomic.Uint64
+	flushAsk    watermark.Watermark
 	lsWanted   atomic.Uint64 // last LSN of a batch holding a sync-logstore commit
 
 	snapMu      sync.Mutex

@@ -208,10 +208,22 @@ func (r *replServer) send(ctx context.Context, id string, next uint64, rd *wal.R
 	sent := s.metrics.sentBytes.WithLabelValues(id)
 	want := next // first LSN of the entry to send next
 	var replyAt [len(syncStages)]walshipv1.SyncLevel
+	var asked uint64 // flushAsk forwarded on this stream
 	for n := 0; ; {
 		changed := s.wal.Changed()
+		ask, askChanged := s.flushAsk.Changed()
 		if s.wal.LastLSN() < want {
 			durable := s.wal.DurableLSN()
+			if ask > asked && ask < want {
+				// A group's fsync started after its batches went out: ask
+				// for the replica's flush (and ack) now.
+				if err := stream.Send(r.heartbeat(durable, true)); err != nil {
+					return err
+				}
+				asked, sentDurable = ask, max(sentDurable, durable)
+				idle.Reset(s.cfg.HeartbeatInterval)
+				continue
+			}
 			if durable > sentDurable {
 				urgent := s.peers.waiting[walshipv1.SyncLevel_SYNC_LEVEL_APPLY].Load() > 0
 				if dueAt.IsZero() && !urgent {
@@ -229,6 +241,7 @@ func (r *replServer) send(ctx context.Context, id string, next uint64, rd *wal.R
 			}
 			select {
 			case <-changed:
+			case <-askChanged:
 			case <-due.C:
 			case <-idle.C:
 				if err := stream.Send(r.heartbeat(durable, true)); err != nil {
@@ -254,7 +267,15 @@ func (r *replServer) send(ctx context.Context, id string, next uint64, rd *wal.R
 		firstEntry = false
 		want = e.LastLSN + 1
 		durable := s.wal.DurableLSN()
-		m := withRawBatch(&walshipv1.StreamResponse{DurableLsn: durable, ReplyAt: s.replyAt(e.LastLSN, replyAt[:0])}, e.Data)
+		// The batch asks for the group's flush if its commits' group fsync
+		// has started, or to forward an ask made after the earlier batches
+		// went out (the replica flushes all it wrote, this batch too).
+		flush := e.LastLSN <= ask || ask > asked
+		if flush {
+			asked = max(asked, e.LastLSN)
+		}
+		reply := s.replyAt(e.LastLSN, flush, replyAt[:0])
+		m := withRawBatch(&walshipv1.StreamResponse{DurableLsn: durable, ReplyAt: reply}, e.Data)
 		if err := stream.Send(m); err != nil {
 			return err
 		}
@@ -278,12 +299,21 @@ func (r *replServer) send(ctx context.Context, id string, next uint64, rd *wal.R
 
 // replyAt lists the stages at which a sync commit waits (or is about to
 // wait) for replicas to reach the batch ending at last: one in it or after
-// it, or any commit already waiting at that stage (it may wait on an earlier
-// batch, sent before it began to wait). The replica acks at once at those
-// stages and only at those, rather than after its flush delay.
-func (s *Server) replyAt(last uint64, buf []walshipv1.SyncLevel) []walshipv1.SyncLevel {
+// it that no local fsync groups (replWanted), a group whose fsync has
+// started (flush and apply, when groupFlush), or any commit already
+// waiting at stage write (it may wait on an earlier batch, sent before it
+// began to wait). The replica acks at once at those stages and only at
+// those, rather than after its flush delay. A group's flush is asked for
+// once, not by every batch while commits wait: see askReplicaFlush.
+func (s *Server) replyAt(last uint64, groupFlush bool, buf []walshipv1.SyncLevel) []walshipv1.SyncLevel {
 	for _, level := range syncStages {
-		if last <= s.replWanted[level].Load() || s.peers.waiting[level].Load() > 0 {
+		now := last <= s.replWanted[level].Load()
+		if level == walshipv1.SyncLevel_SYNC_LEVEL_WRITE {
+			now = now || s.peers.waiting[level].Load() > 0
+		} else {
+			now = now || groupFlush
+		}
+		if now {
 			buf = append(buf, level)
 		}
 	}

@@ -3,6 +3,7 @@ package primary
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -368,6 +369,66 @@ func TestSpeculativeReadModifyWrite(t *testing.T) {
 	}
 	if got, err := r.kv.Get(c, &walshipv1.GetRequest{Key: "cold"}); err != nil || got.VersionLsn != cold {
 		t.Fatalf("cold = %v, %v; want version %d", got, err, cold)
+	}
+}
+
+// TestGroupFlushAsked: a durability-sync commit that waits for a replica's
+// flush gets it asked for — on its batch or in a heartbeat after it, once
+// the group's fsync starts — and returns on the replica's flush ack, not
+// before; a write-stage commit's batch asks for the write ack itself.
+func TestGroupFlushAsked(t *testing.T) {
+	cfg := testConfig(t, t.TempDir())
+	// No idle heartbeat (it asks for a reply too) during the test: a flush
+	// never asked for hangs it instead.
+	cfg.HeartbeatInterval = time.Minute
+	r := start(t, cfg)
+	c := ctx(t)
+	s, err := walshipv1.NewReplicationServiceClient(r.conn).Stream(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(&walshipv1.StreamRequest{Msg: &walshipv1.StreamRequest_Hello{Hello: &walshipv1.ReplicaHello{ReplicaId: "by-hand", Epoch: r.s.epoch, NextLsn: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := s.Recv(); err != nil || m.GetHeartbeat() == nil {
+		t.Fatalf("first message = %v, %v; want the greeting heartbeat", m, err)
+	}
+	for _, level := range []walshipv1.SyncLevel{walshipv1.SyncLevel_SYNC_LEVEL_FLUSH, walshipv1.SyncLevel_SYNC_LEVEL_WRITE} {
+		done := make(chan error, 1)
+		go func() {
+			_, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "k", Value: []byte(level.String()), Policy: &walshipv1.CommitPolicy{
+				Durability: walshipv1.Durability_DURABILITY_SYNC, Replication: walshipv1.ReplicationMode_REPLICATION_MODE_SYNC,
+				SyncLevel: level, SyncTimeout: durationpb.New(time.Minute)}})
+			done <- err
+		}()
+		var last uint64
+		for asked := false; !asked; {
+			m, err := s.Recv()
+			if err != nil {
+				t.Fatalf("%v: %v", level, err)
+			}
+			if b := m.GetBatch(); b != nil {
+				last = b.GetLastLsn()
+				asked = slices.Contains(m.GetReplyAt(), level)
+			} else if last > 0 && level == walshipv1.SyncLevel_SYNC_LEVEL_FLUSH {
+				asked = m.GetHeartbeat().GetReplyRequested()
+			}
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("%v commit returned before the replica acked: %v", level, err)
+		default:
+		}
+		ack := &walshipv1.ReplicaAck{WrittenLsn: last}
+		if level == walshipv1.SyncLevel_SYNC_LEVEL_FLUSH {
+			ack.FlushedLsn = last
+		}
+		if err := s.Send(&walshipv1.StreamRequest{Msg: &walshipv1.StreamRequest_Ack{Ack: ack}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("%v commit acked by hand: %v", level, err)
+		}
 	}
 }
 
