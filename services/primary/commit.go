@@ -280,6 +280,9 @@ func (s *Server) commit(txns []*txn) (async bool, err error) {
 		// syncer groups, so the syncer asks replicas to flush the group.
 		for _, t := range txns[start:end] {
 			if t.policy.Replication == walshipv1.ReplicationMode_REPLICATION_MODE_SYNC {
+				if t.policy.SyncLevel == walshipv1.SyncLevel_SYNC_LEVEL_APPLY {
+					s.applyWanted.Store(e.LastLSN)
+				}
 				if t.policy.SyncLevel != walshipv1.SyncLevel_SYNC_LEVEL_WRITE && t.policy.needsLocalSync() {
 					s.groupWanted.Store(e.LastLSN)
 				} else {

@@ -95,7 +95,11 @@ type Server struct {
 	// rather than once per batch (askReplicaFlush).
 	groupWanted atomic.Uint64
 	flushAsk    watermark.Watermark
-	lsWanted   atomic.Uint64 // last LSN of a batch holding a sync-logstore commit
+	// applyWanted is the last LSN of a batch holding a commit that waits
+	// for replicas to apply it: a stream that has not yet told its replica
+	// that batch is durable does so at once.
+	applyWanted atomic.Uint64
+	lsWanted    atomic.Uint64 // last LSN of a batch holding a sync-logstore commit
 
 	snapMu      sync.Mutex
 	snapshotLSN atomic.Uint64

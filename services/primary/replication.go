@@ -225,7 +225,9 @@ func (r *replServer) send(ctx context.Context, id string, next uint64, rd *wal.R
 				continue
 			}
 			if durable > sentDurable {
-				urgent := s.peers.waiting[walshipv1.SyncLevel_SYNC_LEVEL_APPLY].Load() > 0
+				// Urgent while an apply-stage commit waits, or is about to:
+				// its batch became durable before it began to wait.
+				urgent := s.peers.waiting[walshipv1.SyncLevel_SYNC_LEVEL_APPLY].Load() > 0 || sentDurable < s.applyWanted.Load()
 				if dueAt.IsZero() && !urgent {
 					dueAt = time.Now().Add(durableUpdateDelay)
 					due.Reset(durableUpdateDelay)

@@ -329,6 +329,10 @@ func (s *Server) streamFromPrimary(ctx context.Context) (progress bool, err erro
 		}
 		if replyNow {
 			poke(urgent)
+		} else if n > 0 {
+			// Applied on the primary's word that they are durable: report
+			// it within ackCoalesce, not at the next flush.
+			poke(kick)
 		}
 		if refused != nil {
 			return progress, refused
