@@ -270,9 +270,9 @@ func (r *replServer) send(ctx context.Context, id string, next uint64, rd *wal.R
 		want = e.LastLSN + 1
 		durable := s.wal.DurableLSN()
 		// The batch asks for the group's flush if its commits' group fsync
-		// has started, or to forward an ask made after the earlier batches
-		// went out (the replica flushes all it wrote, this batch too).
-		flush := e.LastLSN <= ask || ask > asked
+		// has started, or to forward an ask for batches already sent (the
+		// replica flushes all it wrote, this batch too).
+		flush := e.LastLSN <= ask || (ask > asked && ask < e.FirstLSN)
 		if flush {
 			asked = max(asked, e.LastLSN)
 		}

@@ -289,7 +289,11 @@ type StreamResponse struct {
 	// durable LSN, which the primary sends the moment its fsync ends). Empty:
 	// no commit waits, and the replica flushes and acks within its delays. One
 	// ack per stage asked for, and none for the others, keeps a replica from
-	// sending acks nobody waits for.
+	// sending acks nobody waits for. A commit the primary's group commit
+	// fsyncs is asked for (FLUSH, APPLY) when that group's fsync starts, not
+	// on its own batch: on the next batch sent, or on a heartbeat with
+	// reply_requested once the stream has sent everything — so a replica
+	// fsyncs once per group, alongside the primary.
 	ReplyAt       []SyncLevel `protobuf:"varint,5,rep,packed,name=reply_at,json=replyAt,proto3,enum=walship.v1.SyncLevel" json:"reply_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -203,6 +203,8 @@ type Heartbeat struct {
 	// time_unix_nano is the sender's wall clock when it sent the heartbeat.
 	TimeUnixNano int64 `protobuf:"varint,3,opt,name=time_unix_nano,json=timeUnixNano,proto3" json:"time_unix_nano,omitempty"`
 	// reply_requested asks the receiver to answer (ack or heartbeat) at once.
+	// A replica first flushes and applies what it can, so its ack covers
+	// every batch it has written.
 	ReplyRequested bool `protobuf:"varint,4,opt,name=reply_requested,json=replyRequested,proto3" json:"reply_requested,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
