@@ -183,11 +183,6 @@ func TestStreamedSnapshotIsDurable(t *testing.T) {
 	}
 }
 
-// TestReadOnlyTxnWaitsOnlyForWritesItSees: a read-only Txn runs at the
-// sequenced state but returns nothing unacknowledged: it waits until the
-// in-flight writes of the keys it reads or compares are visible — and only
-// those, so a read of other keys returns while a sync commit waits for its
-// replica. The replica here is this test, acking by hand.
 // holdSyncCommit commits "cold", then starts a Put of "hot" that waits for
 // a replica's write-stage ack, from a replica stream driven by hand, and
 // returns once it is in the WAL: the LSNs of both commits, the hot Put's
@@ -232,6 +227,11 @@ func holdSyncCommit(t *testing.T, r *running) (cold, hot uint64, hotErr <-chan e
 	}
 }
 
+// TestReadOnlyTxnWaitsOnlyForWritesItSees: a read-only Txn runs at the
+// sequenced state but returns nothing unacknowledged: it waits until the
+// in-flight writes of the keys it reads or compares are visible — and only
+// those, so a read of other keys returns while a sync commit waits for its
+// replica. The replica here is this test, acking by hand.
 func TestReadOnlyTxnWaitsOnlyForWritesItSees(t *testing.T) {
 	cfg := testConfig(t, t.TempDir())
 	cfg.Registry = prometheus.NewRegistry()
