@@ -3,7 +3,6 @@ package cluster
 import (
 	"context"
 	"fmt"
-	"github.com/prometheus/client_golang/prometheus"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -57,9 +56,9 @@ func benchReplicated(b *testing.B, pol *walshipv1.CommitPolicy, committers int) 
 	kv := walshipv1.NewKVServiceClient(c.Conn(c.Primary))
 	value := make([]byte, 100)
 	var next atomic.Int64
-	fsyncs := func(nodes ...*Node) (n uint64) {
+	fsyncs := func(nodes ...*Node) (n float64) {
 		for _, node := range nodes {
-			n += fsyncCount(b, node.Registry)
+			n += metric(b, node.Registry, "walship_wal_fsync_duration_seconds", nil)
 		}
 		return n
 	}
@@ -90,27 +89,8 @@ func benchReplicated(b *testing.B, pol *walshipv1.CommitPolicy, committers int) 
 	b.ReportMetric(float64((cpustat.MustSelf()-cpu0).Microseconds())/float64(b.N), "cpu-µs/commit")
 	// fsyncs per commit: the primary's, and the replicas' together (each
 	// costs the disk a flush and, on this VM, ~100 µs of CPU).
-	b.ReportMetric(float64(fsyncs(c.Primary)-primary0)/float64(b.N), "primary-fsyncs/commit")
+	b.ReportMetric((fsyncs(c.Primary)-primary0)/float64(b.N), "primary-fsyncs/commit")
 	if replicas > 0 {
-		b.ReportMetric(float64(fsyncs(c.Replicas...)-replicas0)/float64(b.N), "replica-fsyncs/commit")
+		b.ReportMetric((fsyncs(c.Replicas...)-replicas0)/float64(b.N), "replica-fsyncs/commit")
 	}
-}
-
-// fsyncCount is the number of WAL fsyncs a node's registry has observed.
-func fsyncCount(b *testing.B, reg *prometheus.Registry) uint64 {
-	mfs, err := reg.Gather()
-	if err != nil {
-		b.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == "walship_wal_fsync_duration_seconds" {
-			var n uint64
-			for _, m := range mf.GetMetric() {
-				n += m.GetHistogram().GetSampleCount()
-			}
-			return n
-		}
-	}
-	b.Fatal("no walship_wal_fsync_duration_seconds")
-	return 0
 }

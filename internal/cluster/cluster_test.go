@@ -250,8 +250,8 @@ func TestReplicaWritesAreRefused(t *testing.T) {
 }
 
 // metric returns the value of the named metric (summed over series whose
-// labels include want) in reg.
-func metric(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) float64 {
+// labels include want; a histogram counts its observations) in reg.
+func metric(t testing.TB, reg *prometheus.Registry, name string, want map[string]string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -278,6 +278,8 @@ func metric(t *testing.T, reg *prometheus.Registry, name string, want map[string
 				sum += m.Counter.GetValue()
 			case m.Gauge != nil:
 				sum += m.Gauge.GetValue()
+			case m.Histogram != nil:
+				sum += float64(m.Histogram.GetSampleCount())
 			}
 		}
 	}

@@ -49,17 +49,8 @@ func NewOverlay(base *Store) *Overlay {
 func (o *Overlay) Get(key []byte) (value []byte, version uint64, ok bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	// The map lookup with string(key) does not allocate. The base is read
-	// under the lock too: Release runs only after the base has applied what
-	// it drops, so whichever side of a Release we are on, one of the two
-	// holds the newest write.
-	if p, found := o.pending[string(key)]; found {
-		if p.deleted {
-			return nil, 0, false
-		}
-		return p.value, p.lsn, true
-	}
-	return o.base.Get(key)
+	value, version, ok, _ = o.readLocked(key, false)
+	return value, version, ok
 }
 
 // Read is Get for a reader that must not see a write before it is
@@ -72,6 +63,15 @@ func (o *Overlay) Get(key []byte) (value []byte, version uint64, ok bool) {
 func (o *Overlay) Read(key []byte) (value []byte, version uint64, ok bool, after uint64) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	return o.readLocked(key, true)
+}
+
+// readLocked is Get and Read under o.mu; withAfter asks for Read's after
+// (which costs a read of the Store's applied LSN). The map lookup with
+// string(key) does not allocate. The base is read under the lock too:
+// Release runs only after the base has applied what it drops, so whichever
+// side of a Release we are on, one of the two holds the newest write.
+func (o *Overlay) readLocked(key []byte, withAfter bool) (value []byte, version uint64, ok bool, after uint64) {
 	if p, found := o.pending[string(key)]; found {
 		if p.deleted {
 			return nil, 0, false, p.lsn
@@ -79,7 +79,10 @@ func (o *Overlay) Read(key []byte) (value []byte, version uint64, ok bool, after
 		return p.value, p.lsn, true, p.lsn
 	}
 	value, version, ok = o.base.Get(key)
-	return value, version, ok, o.base.AppliedLSN()
+	if withAfter {
+		after = o.base.AppliedLSN()
+	}
+	return value, version, ok, after
 }
 
 // Stage records the puts and deletes among recs (one sequenced transaction;
