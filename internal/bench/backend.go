@@ -48,6 +48,8 @@ type backend struct {
 	cpu      func() (time.Duration, error)
 	cpuScope string
 	stop     func() error
+	// procs are the started processes (ModeProcesses), log store first.
+	procs []*proc
 }
 
 // startInProcess starts a log store, a primary and n replicas in this
@@ -126,11 +128,15 @@ type proc struct {
 	tail    []string // last log lines, for errors
 }
 
-// startProc runs `bin args... --log-format json` and waits for its
-// "<servingMsg>" log line, which carries its addresses.
-func startProc(ctx context.Context, bin, name, servingMsg string, args ...string) (*proc, error) {
+// startProc runs `bin args... --log-format json` (under `nice -n <nice>`
+// when nice > 0, so every thread of it has that priority from its start)
+// and waits for its "<servingMsg>" log line, which carries its addresses.
+func startProc(ctx context.Context, bin string, nice int, name, servingMsg string, args ...string) (*proc, error) {
 	args = append(args, "--log-format", "json")
 	cmd := exec.Command(bin, args...)
+	if nice > 0 {
+		cmd = exec.Command("nice", append([]string{"-n", strconv.Itoa(nice), bin}, args...)...)
+	}
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "WALSHIP_") {
 			cmd.Env = append(cmd.Env, kv)
@@ -240,8 +246,9 @@ func waitServing(ctx context.Context, addr string) error {
 }
 
 // startProcesses runs a log store, a primary and n replicas as separate
-// `walship` processes, so the primary's CPU time is its own.
-func startProcesses(ctx context.Context, bin, dir string, n int, c codec.Codec, pol primary.Policy) (*backend, error) {
+// `walship` processes, so the primary's CPU time is its own; the log store
+// and the replicas at nice value nice (Config.ReplicaNice).
+func startProcesses(ctx context.Context, bin, dir string, n int, c codec.Codec, pol primary.Policy, nice int) (*backend, error) {
 	var procs []*proc
 	stopAll := func() error {
 		var errs []error
@@ -257,13 +264,13 @@ func startProcesses(ctx context.Context, bin, dir string, n int, c codec.Codec, 
 		}
 	}()
 	loop := "127.0.0.1:0"
-	ls, err := startProc(ctx, bin, "logstore", "log store serving", "logstore", "--listen", loop, "--metrics-listen", loop,
+	ls, err := startProc(ctx, bin, nice, "logstore", "log store serving", "logstore", "--listen", loop, "--metrics-listen", loop,
 		"--data-dir", filepath.Join(dir, "logstore-0"))
 	if err != nil {
 		return nil, err
 	}
 	procs = append(procs, ls)
-	pr, err := startProc(ctx, bin, "primary", "primary serving", "primary", "--listen", loop, "--metrics-listen", loop,
+	pr, err := startProc(ctx, bin, 0, "primary", "primary serving", "primary", "--listen", loop, "--metrics-listen", loop,
 		"--data-dir", filepath.Join(dir, "primary"), "--codec", c.Name(), "--logstore", ls.addr,
 		"--durability", policyName(pol.Durability.String()), "--replication", policyName(pol.Replication.String()),
 		"--sync-replicas", strconv.Itoa(pol.SyncReplicas), "--sync-level", policyName(pol.SyncLevel.String()),
@@ -278,7 +285,7 @@ func startProcesses(ctx context.Context, bin, dir string, n int, c codec.Codec, 
 	b.cpu = func() (time.Duration, error) { return procCPU(pid) }
 	for i := 0; i < n; i++ {
 		id := fmt.Sprintf("replica-%d", i)
-		rp, err := startProc(ctx, bin, id, "replica serving", "replica", "--listen", loop, "--metrics-listen", loop,
+		rp, err := startProc(ctx, bin, nice, id, "replica serving", "replica", "--listen", loop, "--metrics-listen", loop,
 			"--data-dir", filepath.Join(dir, id), "--id", id, "--primary", pr.addr, "--logstore", ls.addr)
 		if err != nil {
 			return nil, err
@@ -286,6 +293,7 @@ func startProcesses(ctx context.Context, bin, dir string, n int, c codec.Codec, 
 		procs = append(procs, rp)
 		b.replicas = append(b.replicas, rp.addr)
 	}
+	b.procs = procs
 	ok = true
 	return b, nil
 }

@@ -62,8 +62,12 @@ func WriteTable(w io.Writer, rows []Row) error {
 		if r0.SpeculativeReads {
 			reads = "speculative read-modify-write reads"
 		}
+		mode := r0.Mode
+		if r0.ReplicaNice != 0 {
+			mode = fmt.Sprintf("%s (log store and replicas at nice %d)", mode, r0.ReplicaNice)
+		}
 		fmt.Fprintf(w, "%s, %s, %d terminals, %gs measured (%s cluster, %d replicas when replicating, %s)\n\n",
-			strings.ToUpper(g.workload), g.codec, r0.Terminals, r0.DurationS, r0.Mode, maxReplicas(g.rows), reads)
+			strings.ToUpper(g.workload), g.codec, r0.Terminals, r0.DurationS, mode, maxReplicas(g.rows), reads)
 		base := 0.0
 		for _, r := range g.rows {
 			if r.Label() == "Disabled/Sync" {

@@ -67,6 +67,11 @@ type Config struct {
 	ReplicasWhenDisabled bool
 	// Bin is the walship binary for ModeProcesses.
 	Bin string
+	// ReplicaNice (ModeProcesses only, 0..19) runs the log store and the
+	// replicas at this nice value, so that on one machine they get CPU
+	// only when the primary leaves some: an approximation of replicas on
+	// hosts of their own. 0 leaves every process at the same priority.
+	ReplicaNice int
 	// Dir holds a started cluster's data ("" = a temporary directory).
 	Dir string
 	// PrimaryAddr, ReplicaAddrs and PrimaryMetrics locate an external cluster.
@@ -130,6 +135,12 @@ func (c *Config) Validate() error {
 	if c.Replication == walshipv1.ReplicationMode_REPLICATION_MODE_SYNC && c.Mode != ModeExternal && c.Replicas < c.SyncReplicas {
 		errs = append(errs, fmt.Errorf("--replication sync: --sync-replicas %d but only %d replicas", c.SyncReplicas, c.Replicas))
 	}
+	switch {
+	case c.ReplicaNice != 0 && c.Mode != ModeProcesses:
+		errs = append(errs, errors.New("--replica-nice: needs --processes (in one process every node shares the scheduler)"))
+	case c.ReplicaNice < 0 || c.ReplicaNice > 19:
+		errs = append(errs, fmt.Errorf("--replica-nice: %d is not in 0..19", c.ReplicaNice))
+	}
 	if c.ReplicaReads && c.Mode != ModeExternal && c.Replicas == 0 {
 		errs = append(errs, errors.New("--replica-reads: no replicas"))
 	}
@@ -174,6 +185,7 @@ type Row struct {
 	// records (LSNs), sampled every 100 ms from the primary's Status.
 	ReplicaLagP99Records float64            `json:"replica_lag_p99_records"`
 	Mode                 string             `json:"mode"`
+	ReplicaNice          int                `json:"replica_nice,omitempty"`
 	SpeculativeReads     bool               `json:"speculative_reads"`
 	Replicas             int                `json:"replicas"`
 	Errors               int64              `json:"errors"`
@@ -242,7 +254,7 @@ func Run(ctx context.Context, cfg Config) (row Row, err error) {
 	pol := cfg.policy()
 	row = Row{Workload: cfg.Workload, Codec: cfg.Codec, Replication: rep, Durability: dur,
 		SyncReplicas: pol.SyncReplicas, SyncLevel: policyName(pol.SyncLevel.String()), Terminals: cfg.Terminals,
-		DurationS: cfg.Duration.Seconds(), Mode: cfg.Mode, SpeculativeReads: cfg.SpeculativeReads,
+		DurationS: cfg.Duration.Seconds(), Mode: cfg.Mode, ReplicaNice: cfg.ReplicaNice, SpeculativeReads: cfg.SpeculativeReads,
 		ByKind: map[string]int64{}, ByKindP99Ms: map[string]float64{}}
 	var notes []string
 
@@ -268,7 +280,7 @@ func Run(ctx context.Context, cfg Config) (row Row, err error) {
 		}
 		c, _ := codec.ByName(cfg.Codec)
 		if cfg.Mode == ModeProcesses {
-			b, err = startProcesses(ctx, cfg.Bin, dir, replicas, c, pol)
+			b, err = startProcesses(ctx, cfg.Bin, dir, replicas, c, pol, cfg.ReplicaNice)
 		} else {
 			b, err = startInProcess(ctx, dir, replicas, c, pol, cfg.Logger)
 		}

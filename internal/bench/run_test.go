@@ -5,6 +5,7 @@ import (
 	"math"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -68,12 +69,24 @@ func TestConfigValidate(t *testing.T) {
 		"sync":      func(c *Config) { c.Replication, c.SyncReplicas = walshipv1.ReplicationMode_REPLICATION_MODE_SYNC, 2 },
 		"external":  func(c *Config) { c.Mode = ModeExternal },
 		"processes": func(c *Config) { c.Mode = ModeProcesses },
+		// --replica-nice: only for processes, and only lower priority.
+		"replica-nice":       func(c *Config) { c.ReplicaNice = 5 },
+		"replica-nice range": func(c *Config) { c.Mode, c.Bin, c.ReplicaNice = ModeProcesses, "walship", 20 },
+		"replica-nice minus": func(c *Config) { c.Mode, c.Bin, c.ReplicaNice = ModeProcesses, "walship", -1 },
 	} {
 		c := base
 		mut(&c)
-		if err := c.Validate(); err == nil {
+		err := c.Validate()
+		if err == nil {
 			t.Errorf("%s: no error", name)
+		} else if flag := strings.Fields(name)[0]; !strings.Contains(err.Error(), flag) {
+			t.Errorf("%s: error %q does not name %s", name, err, flag)
 		}
+	}
+	ok := base
+	ok.Mode, ok.Bin, ok.ReplicaNice = ModeProcesses, "walship", 19
+	if err := ok.Validate(); err != nil {
+		t.Errorf("--processes --replica-nice 19: %v", err)
 	}
 }
 

@@ -4,11 +4,9 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -19,42 +17,12 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/walship/walship/internal/testbin"
 )
 
-var (
-	binOnce sync.Once
-	binPath string
-	binErr  error
-)
-
-// walshipBin returns the walship binary: $WALSHIP_BIN, or one built once
-// for this test run.
-func walshipBin(t *testing.T) string {
-	t.Helper()
-	binOnce.Do(func() {
-		if p := os.Getenv("WALSHIP_BIN"); p != "" {
-			if _, err := os.Stat(p); err == nil {
-				binPath = p
-				return
-			}
-		}
-		dir, err := os.MkdirTemp("", "walship-e2e-bin")
-		if err != nil {
-			binErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "walship")
-		cmd := exec.Command("go", "build", "-o", binPath, "github.com/walship/walship/cmd/walship")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			binErr = fmt.Errorf("go build walship: %v\n%s", err, out)
-		}
-	})
-	if binErr != nil {
-		t.Fatal(binErr)
-	}
-	return binPath
-}
+// walshipBin returns the walship binary ($WALSHIP_BIN, or built once).
+func walshipBin(t *testing.T) string { return testbin.Walship(t) }
 
 // proc is a walship process whose JSON log is parsed for its addresses.
 type proc struct {

@@ -3,7 +3,7 @@ package monitoring
 // Helpers for the end-to-end test (cluster_test.go): real walship and
 // prometheus processes, and a small Prometheus HTTP API client. The process
 // helpers are a trimmed copy of internal/e2e/proc_test.go (test files of
-// another package cannot be imported).
+// another package cannot be imported); the binary comes from internal/testbin.
 
 import (
 	"bufio"
@@ -17,33 +17,18 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/walship/walship/internal/testbin"
 )
 
-// walshipBin returns $WALSHIP_BIN if it exists, else builds the walship
-// binary into a temporary directory of t.
-func walshipBin(t *testing.T) string {
-	t.Helper()
-	if p := os.Getenv("WALSHIP_BIN"); p != "" {
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-	}
-	bin := filepath.Join(t.TempDir(), "walship")
-	cmd := exec.Command("go", "build", "-o", bin, "github.com/walship/walship/cmd/walship")
-	cmd.Dir = repoRoot(t)
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build walship: %v\n%s", err, out)
-	}
-	return bin
-}
+// walshipBin returns the walship binary ($WALSHIP_BIN, or built once).
+func walshipBin(t *testing.T) string { return testbin.Walship(t) }
 
 // cleanEnv drops WALSHIP_* variables so the test's flags are the only config.
 func cleanEnv() []string {
