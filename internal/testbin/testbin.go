@@ -1,6 +1,7 @@
 // Package testbin gives tests that run walship as a real process the
-// binary: $WALSHIP_BIN when it names a file, else cmd/walship built once
-// per test binary (statically, CGO_ENABLED=0) into a temporary directory.
+// binary: $WALSHIP_BIN when it names a file (make test sets it), else
+// cmd/walship built once per test binary (statically, CGO_ENABLED=0) into a
+// temporary directory, which [Main] removes when the tests are done.
 package testbin
 
 import (
@@ -13,10 +14,21 @@ import (
 )
 
 var (
-	once sync.Once
-	path string
-	err  error
+	once  sync.Once
+	path  string
+	built string // the temporary directory of a binary built here
+	err   error
 )
+
+// Main runs m's tests and then removes a binary Walship built; use it as a
+// package's TestMain.
+func Main(m *testing.M) {
+	code := m.Run()
+	if built != "" {
+		_ = os.RemoveAll(built)
+	}
+	os.Exit(code)
+}
 
 // Walship returns the walship binary, failing tb if it cannot be built.
 func Walship(tb testing.TB) string {
@@ -33,7 +45,7 @@ func Walship(tb testing.TB) string {
 			err = derr
 			return
 		}
-		path = filepath.Join(dir, "walship")
+		built, path = dir, filepath.Join(dir, "walship")
 		cmd := exec.Command("go", "build", "-o", path, "github.com/walship/walship/cmd/walship")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, berr := cmd.CombinedOutput(); berr != nil {

@@ -1,0 +1,9 @@
+package e2e
+
+import (
+	"testing"
+
+	"github.com/walship/walship/internal/testbin"
+)
+
+func TestMain(m *testing.M) { testbin.Main(m) }
