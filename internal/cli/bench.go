@@ -96,7 +96,7 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	fs.BoolVar(&processes, "processes", false, "run the log store, primary and replicas as separate walship processes (the primary's CPU time is then its own)")
 	fs.IntVar(&cfg.ReplicaNice, "replica-nice", 0, "with --processes: run the log store and the replicas at this nice value (1..19), so they get CPU only when the primary leaves some (an approximation of replicas on hosts of their own; lag shows when they fall behind)")
 	fs.BoolVar(&cpuScaling, "cpu-scaling", false, "measure the primary process's CPU ms per 1,000 commits with async replication to each --cpu-scaling-replicas count (implies --processes)")
-	fs.Var(listFlag{&cpuReplicas}, "cpu-scaling-replicas", "replica counts for --cpu-scaling")
+	fs.Var(listFlag{&cpuReplicas}, "cpu-scaling-replicas", "replica counts for --cpu-scaling (0 = no replica: what replication costs the primary at that load)")
 	fs.IntVar(&repeat, "repeat", repeat, "run each cell this many times, in rounds that alternate the cells and codecs, and report the median")
 	fs.StringVar(&out, "out", "", "write the rows as JSON to this file")
 	fs.StringVar(&chart, "chart", "", "write an SVG bar chart of txn/s per cell and codec to this file")
@@ -140,8 +140,8 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 		case cpuScaling:
 			for _, s := range cpuReplicas {
 				n, err := strconv.Atoi(s)
-				if err != nil || n < 1 {
-					return benchUsage(env, fmt.Sprintf("--cpu-scaling-replicas: %q is not a positive count", s))
+				if err != nil || n < 0 {
+					return benchUsage(env, fmt.Sprintf("--cpu-scaling-replicas: %q is not a count (0 or more; 0 = the primary with no replica, at the same offered load)", s))
 				}
 				cells = append(cells, cell{walshipv1.ReplicationMode_REPLICATION_MODE_ASYNC, pol.Durability, n})
 			}

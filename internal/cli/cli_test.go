@@ -3,8 +3,11 @@ package cli
 import (
 	"bytes"
 	"context"
+	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/walship/walship/internal/testbin"
 )
 
 func run(t *testing.T, args ...string) (code int, stdout, stderr string) {
@@ -84,4 +87,47 @@ func TestListFlag(t *testing.T) {
 	if err := f.Set(" a:1, b:2 ,,"); err != nil || strings.Join(l, "|") != "a:1|b:2" || f.String() != "a:1,b:2" {
 		t.Fatalf("listFlag = %q (%v)", l, err)
 	}
+}
+
+// TestBenchCPUScalingFromZero runs `walship bench --cpu-scaling` with
+// replica counts 0 and 1 against real processes: both rows are measured at
+// the same offered load, consistent, with the primary's own CPU per commit.
+func TestBenchCPUScalingFromZero(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	t.Setenv("WALSHIP_BIN", testbin.Walship(t))
+	code, out, errOut := run(t, "bench", "--workload", "tpcb", "--scale", "1", "--accounts", "100",
+		"--cpu-scaling", "--cpu-scaling-replicas", "0,1", "--rate", "100", "--terminals", "2",
+		"--duration", "1s", "--warmup", "200ms", "--data-dir", t.TempDir())
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr (tail):\n%s", code, out, tail(errOut, 2000))
+	}
+	rows := 0
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 9 || f[0] != "tpcb" {
+			continue
+		}
+		rows++
+		if want := strconv.Itoa(rows - 1); f[2] != want || f[len(f)-1] != "true" {
+			t.Errorf("row %d: replicas %s (want %s), consistent %s:\n%s", rows, f[2], want, f[len(f)-1], line)
+		}
+		if ms, err := strconv.ParseFloat(f[6], 64); err != nil || ms <= 0 {
+			t.Errorf("row %d: primary CPU ms per 1,000 commits %q", rows, f[6])
+		}
+	}
+	if rows != 2 {
+		t.Fatalf("%d result rows, want 2:\n%s", rows, out)
+	}
+	if code, _, errOut := run(t, "bench", "--cpu-scaling", "--cpu-scaling-replicas", "-1"); code != 2 || !strings.Contains(errOut, `--cpu-scaling-replicas: "-1"`) {
+		t.Errorf("--cpu-scaling-replicas -1: exit %d, stderr %q", code, errOut)
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
 }
