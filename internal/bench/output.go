@@ -6,6 +6,7 @@ import (
 	"html"
 	"io"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -63,26 +64,35 @@ func WriteTable(w io.Writer, rows []Row) error {
 			reads = "speculative read-modify-write reads"
 		}
 		mode := r0.Mode
-		if r0.ReplicaNice != 0 {
+		switch {
+		case r0.ReplicaIdle:
+			mode += " (log store and replicas at SCHED_IDLE)"
+		case r0.ReplicaNice != 0:
 			mode = fmt.Sprintf("%s (log store and replicas at nice %d)", mode, r0.ReplicaNice)
 		}
-		fmt.Fprintf(w, "%s, %s, %d terminals, %gs measured (%s cluster, %d replicas when replicating, %s)\n\n",
-			strings.ToUpper(g.workload), g.codec, r0.Terminals, r0.DurationS, mode, maxReplicas(g.rows), reads)
-		base := 0.0
-		for _, r := range g.rows {
+		rounds := ""
+		if n := len(r0.Runs); n > 1 {
+			rounds = fmt.Sprintf("; medians of %d rounds, ratios paired by round", n)
+		}
+		fmt.Fprintf(w, "%s, %s, %d terminals, %gs measured (%s cluster, %d replicas when replicating, %s%s)\n\n",
+			strings.ToUpper(g.workload), g.codec, r0.Terminals, r0.DurationS, mode, maxReplicas(g.rows), reads, rounds)
+		var base *Row
+		for i, r := range g.rows {
 			if r.Label() == "Disabled/Sync" {
-				base = r.TxnPerS
+				base = &g.rows[i]
 			}
 		}
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 		// CPU per commit and cores busy sit beside the throughput because,
 		// on a machine where the replicas share the primary's cores, a run
 		// near the core count is CPU-bound and its ratios follow the CPU.
-		fmt.Fprintln(tw, "Replication\tDurability\tReqs per second\tvs Disabled/Sync\tp50 ms\tp99 ms\taborts\tretries\tlag p99 s\tlag p99 recs\tWAL MB/s\tCPU ms/1k commits\tCPU cores\tconsistent\t")
+		fmt.Fprintln(tw, "Replication\tDurability\tReqs per second\trounds\tvs Disabled/Sync\tp50 ms\tp99 ms\taborts\tretries\tlag p99 s\tlag p99 recs\tWAL MB/s\tCPU ms/1k commits\tCPU cores\tconsistent\t")
 		for _, r := range g.rows {
-			ratio := "-"
-			if base > 0 {
-				ratio = fmt.Sprintf("%.2fx", r.TxnPerS/base)
+			vs := "-"
+			if base != nil {
+				if x, ok := Ratio(r, *base); ok {
+					vs = fmt.Sprintf("%.2fx", x)
+				}
 			}
 			cpu, cores := "-", "-"
 			if r.CPUMsPer1000 > 0 {
@@ -91,8 +101,8 @@ func WriteTable(w io.Writer, rows []Row) error {
 			if r.CPUCores > 0 {
 				cores = fmt.Sprintf("%.2f", r.CPUCores)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%.1f\t%s\t%.2f\t%.2f\t%d\t%d\t%.3f\t%.0f\t%.2f\t%s\t%s\t%v\t\n",
-				r.Replication, r.Durability, r.TxnPerS, ratio, r.P50Ms, r.P99Ms, r.Aborts, r.Retries, r.ReplicaLagP99S, r.ReplicaLagP99Records, r.WALMBPerS, cpu, cores, r.Consistent)
+			fmt.Fprintf(tw, "%s\t%s\t%.1f\t%s\t%s\t%.2f\t%.2f\t%d\t%d\t%.3f\t%.0f\t%.2f\t%s\t%s\t%v\t\n",
+				r.Replication, r.Durability, r.TxnPerS, spread(r), vs, r.P50Ms, r.P99Ms, r.Aborts, r.Retries, r.ReplicaLagP99S, r.ReplicaLagP99Records, r.WALMBPerS, cpu, cores, r.Consistent)
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -104,6 +114,42 @@ func WriteTable(w io.Writer, rows []Row) error {
 		}
 	}
 	return writeCodecGap(w, rows)
+}
+
+// Ratio is r's throughput relative to base's. For rows of rounds (Runs of
+// equal length, run i of each from round i) it is the median of the
+// per-round ratios, which cancels the drift of a shared machine between
+// rounds — the two runs of a round are minutes apart at most, the rounds of
+// a matrix half an hour; otherwise the ratio of the two rows' throughputs.
+// ok is false when base has no throughput.
+func Ratio(r, base Row) (x float64, ok bool) {
+	if n := len(r.Runs); n > 1 && n == len(base.Runs) {
+		xs := make([]float64, n)
+		for i := range xs {
+			if base.Runs[i] <= 0 {
+				return 0, false
+			}
+			xs[i] = r.Runs[i] / base.Runs[i]
+		}
+		slices.Sort(xs)
+		if n%2 == 1 {
+			return xs[n/2], true
+		}
+		return (xs[n/2-1] + xs[n/2]) / 2, true
+	}
+	if base.TxnPerS <= 0 {
+		return 0, false
+	}
+	return r.TxnPerS / base.TxnPerS, true
+}
+
+// spread is the range of a median row's rounds ("lowest-highest" txn/s),
+// "-" for a single run.
+func spread(r Row) string {
+	if len(r.Runs) < 2 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f-%.0f", slices.Min(r.Runs), slices.Max(r.Runs))
 }
 
 func maxReplicas(rows []Row) int {
@@ -128,7 +174,8 @@ func rowProblems(r Row) string {
 }
 
 // writeCodecGap prints, per workload, each cell's txn/s per codec and the
-// ratio of the first codec to the second (msgpack/json).
+// ratio of the first codec to the second (msgpack/json; paired by round,
+// see Ratio).
 func writeCodecGap(w io.Writer, rows []Row) error {
 	var codecs []string
 	seen := map[string]bool{}
@@ -142,16 +189,16 @@ func writeCodecGap(w io.Writer, rows []Row) error {
 		return nil
 	}
 	var workloads []string
-	byCell := map[string]map[string]float64{}
+	byCell := map[string]map[string]Row{}
 	for _, r := range rows {
 		k := r.Workload + "\x00" + r.Label()
 		if byCell[k] == nil {
-			byCell[k] = map[string]float64{}
+			byCell[k] = map[string]Row{}
 			if !contains(workloads, r.Workload) {
 				workloads = append(workloads, r.Workload)
 			}
 		}
-		byCell[k][r.Codec] = r.TxnPerS
+		byCell[k][r.Codec] = r
 	}
 	for _, wl := range workloads {
 		fmt.Fprintf(w, "\n%s codec gap (txn/s)\n\n", strings.ToUpper(wl))
@@ -165,11 +212,11 @@ func writeCodecGap(w io.Writer, rows []Row) error {
 			parts := strings.SplitN(cell, "/", 2)
 			fmt.Fprintf(tw, "%s\t%s\t", parts[0], parts[1])
 			for _, c := range codecs {
-				fmt.Fprintf(tw, "%.1f\t", m[c])
+				fmt.Fprintf(tw, "%.1f\t", m[c].TxnPerS)
 			}
 			gap := "-"
-			if m[codecs[1]] > 0 {
-				gap = fmt.Sprintf("%.2fx", m[codecs[0]]/m[codecs[1]])
+			if x, ok := Ratio(m[codecs[0]], m[codecs[1]]); ok {
+				gap = fmt.Sprintf("%.2fx", x)
 			}
 			fmt.Fprintf(tw, "%s\t\n", gap)
 		}

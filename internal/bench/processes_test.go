@@ -2,8 +2,11 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -15,21 +18,45 @@ import (
 	"github.com/walship/walship/services/primary"
 )
 
-// niceOf reads the nice value (field 19) of pid from /proc/<pid>/stat.
-func niceOf(t *testing.T, pid int) int {
+// statField reads field n (1-based, as proc(5) numbers them) of a stat
+// file, /proc/<pid>/stat or /proc/<pid>/task/<tid>/stat, as a number; ok is
+// false when the file is gone (the thread exited).
+func statField(t *testing.T, path string, n int) (v int, ok bool) {
 	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, false
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	n, err := strconv.Atoi(f[16]) // f[0] is field 3
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:]) // f[0] is field 3
+	v, err = strconv.Atoi(f[n-3])
 	if err != nil {
-		t.Fatalf("nice in %q: %v", s, err)
+		t.Fatalf("field %d of %q: %v", n, s, err)
 	}
-	return n
+	return v, true
 }
+
+// processField is statField of a process that must still run.
+func processField(t *testing.T, pid, n int) int {
+	t.Helper()
+	v, ok := statField(t, fmt.Sprintf("/proc/%d/stat", pid), n)
+	if !ok {
+		t.Fatalf("process %d has exited", pid)
+	}
+	return v
+}
+
+// niceOf reads the nice value (field 19) of pid.
+func niceOf(t *testing.T, pid int) int { return processField(t, pid, 19) }
+
+// Field 41 of a stat file is the scheduling policy; SCHED_IDLE's is 5.
+const (
+	policyField = 41
+	schedIdle   = 5
+)
 
 // TestProcessesReplicaNice starts a cluster of walship processes with
 // --replica-nice: the log store and the replicas run at that nice value,
@@ -45,7 +72,7 @@ func TestProcessesReplicaNice(t *testing.T) {
 	if own > 19-7 {
 		t.Skipf("this test runs at nice %d; it needs room to raise it by 7", own)
 	}
-	b, err := startProcesses(ctx, bin, t.TempDir(), 2, codec.MsgPack, primary.DefaultPolicy(), 7)
+	b, err := startProcesses(ctx, bin, t.TempDir(), 2, codec.MsgPack, primary.DefaultPolicy(), priority{nice: 7})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,6 +91,56 @@ func TestProcessesReplicaNice(t *testing.T) {
 		}
 		if got := niceOf(t, p.cmd.Process.Pid); got != want {
 			t.Errorf("%s runs at nice %d, want %d", p.name, got, want)
+		}
+	}
+}
+
+// TestProcessesReplicaIdle starts a cluster of walship processes with
+// --replica-idle: every thread of the log store and the replicas runs
+// under SCHED_IDLE, the primary's under the bench's own policy.
+func TestProcessesReplicaIdle(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	if _, err := exec.LookPath("chrt"); err != nil {
+		t.Skip("chrt (util-linux) is not installed: --replica-idle runs the replicas through it")
+	}
+	bin := testbin.Walship(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	own := processField(t, os.Getpid(), policyField)
+	if own == schedIdle {
+		t.Skip("this test itself runs under SCHED_IDLE")
+	}
+	b, err := startProcesses(ctx, bin, t.TempDir(), 1, codec.MsgPack, primary.DefaultPolicy(), priority{idle: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := b.stop(); err != nil {
+			t.Error(err)
+		}
+	}()
+	if len(b.procs) != 3 {
+		t.Fatalf("%d processes, want a log store, a primary and a replica", len(b.procs))
+	}
+	for _, p := range b.procs {
+		want := schedIdle
+		if p.name == "primary" {
+			want = own
+		}
+		pid := p.cmd.Process.Pid
+		// Every thread, not only the main one: the Go runtime's threads
+		// were started by the child itself, and inherit its policy.
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, task := range tasks {
+			got, ok := statField(t, fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()), policyField)
+			if ok && got != want {
+				t.Errorf("%s thread %s runs under policy %d, want %d", p.name, task.Name(), got, want)
+			}
 		}
 	}
 }

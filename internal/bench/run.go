@@ -72,6 +72,13 @@ type Config struct {
 	// only when the primary leaves some: an approximation of replicas on
 	// hosts of their own. 0 leaves every process at the same priority.
 	ReplicaNice int
+	// ReplicaIdle (ModeProcesses only, not with ReplicaNice) runs the log
+	// store and the replicas under Linux's SCHED_IDLE policy: they run
+	// only on a core nothing else wants, and a waking primary or terminal
+	// thread preempts them at once (a nice value only weighs their share).
+	// The nearest one machine comes to replicas on hosts of their own;
+	// what they cannot keep up with shows as lag.
+	ReplicaIdle bool
 	// Dir holds a started cluster's data ("" = a temporary directory).
 	Dir string
 	// PrimaryAddr, ReplicaAddrs and PrimaryMetrics locate an external cluster.
@@ -141,6 +148,12 @@ func (c *Config) Validate() error {
 	case c.ReplicaNice < 0 || c.ReplicaNice > 19:
 		errs = append(errs, fmt.Errorf("--replica-nice: %d is not in 0..19", c.ReplicaNice))
 	}
+	switch {
+	case c.ReplicaIdle && c.Mode != ModeProcesses:
+		errs = append(errs, errors.New("--replica-idle: needs --processes (in one process every node shares the scheduler)"))
+	case c.ReplicaIdle && c.ReplicaNice != 0:
+		errs = append(errs, errors.New("--replica-idle: not with --replica-nice (SCHED_IDLE has no nice value)"))
+	}
 	if c.ReplicaReads && c.Mode != ModeExternal && c.Replicas == 0 {
 		errs = append(errs, errors.New("--replica-reads: no replicas"))
 	}
@@ -186,6 +199,7 @@ type Row struct {
 	ReplicaLagP99Records float64            `json:"replica_lag_p99_records"`
 	Mode                 string             `json:"mode"`
 	ReplicaNice          int                `json:"replica_nice,omitempty"`
+	ReplicaIdle          bool               `json:"replica_idle,omitempty"`
 	SpeculativeReads     bool               `json:"speculative_reads"`
 	Replicas             int                `json:"replicas"`
 	Errors               int64              `json:"errors"`
@@ -254,7 +268,7 @@ func Run(ctx context.Context, cfg Config) (row Row, err error) {
 	pol := cfg.policy()
 	row = Row{Workload: cfg.Workload, Codec: cfg.Codec, Replication: rep, Durability: dur,
 		SyncReplicas: pol.SyncReplicas, SyncLevel: policyName(pol.SyncLevel.String()), Terminals: cfg.Terminals,
-		DurationS: cfg.Duration.Seconds(), Mode: cfg.Mode, ReplicaNice: cfg.ReplicaNice, SpeculativeReads: cfg.SpeculativeReads,
+		DurationS: cfg.Duration.Seconds(), Mode: cfg.Mode, ReplicaNice: cfg.ReplicaNice, ReplicaIdle: cfg.ReplicaIdle, SpeculativeReads: cfg.SpeculativeReads,
 		ByKind: map[string]int64{}, ByKindP99Ms: map[string]float64{}}
 	var notes []string
 
@@ -280,7 +294,7 @@ func Run(ctx context.Context, cfg Config) (row Row, err error) {
 		}
 		c, _ := codec.ByName(cfg.Codec)
 		if cfg.Mode == ModeProcesses {
-			b, err = startProcesses(ctx, cfg.Bin, dir, replicas, c, pol, cfg.ReplicaNice)
+			b, err = startProcesses(ctx, cfg.Bin, dir, replicas, c, pol, priority{nice: cfg.ReplicaNice, idle: cfg.ReplicaIdle})
 		} else {
 			b, err = startInProcess(ctx, dir, replicas, c, pol, cfg.Logger)
 		}

@@ -73,6 +73,9 @@ func TestConfigValidate(t *testing.T) {
 		"replica-nice":       func(c *Config) { c.ReplicaNice = 5 },
 		"replica-nice range": func(c *Config) { c.Mode, c.Bin, c.ReplicaNice = ModeProcesses, "walship", 20 },
 		"replica-nice minus": func(c *Config) { c.Mode, c.Bin, c.ReplicaNice = ModeProcesses, "walship", -1 },
+		// --replica-idle: only for processes, and not with a nice value.
+		"replica-idle":      func(c *Config) { c.ReplicaIdle = true },
+		"replica-idle nice": func(c *Config) { c.Mode, c.Bin, c.ReplicaIdle, c.ReplicaNice = ModeProcesses, "walship", true, 5 },
 	} {
 		c := base
 		mut(&c)
@@ -87,6 +90,10 @@ func TestConfigValidate(t *testing.T) {
 	ok.Mode, ok.Bin, ok.ReplicaNice = ModeProcesses, "walship", 19
 	if err := ok.Validate(); err != nil {
 		t.Errorf("--processes --replica-nice 19: %v", err)
+	}
+	ok.ReplicaNice, ok.ReplicaIdle = 0, true
+	if err := ok.Validate(); err != nil {
+		t.Errorf("--processes --replica-idle: %v", err)
 	}
 }
 
