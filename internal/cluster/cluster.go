@@ -152,7 +152,7 @@ func (c *Cluster) newLogStoreAt(i int, listen, metrics string) (*Node, error) {
 	if c.cfg.LogStore != nil {
 		c.cfg.LogStore(i, &cfg)
 	}
-	s, err := logstore.New(cfg)
+	s, err := labeled(name, func() (*logstore.Server, error) { return logstore.New(cfg) })
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
@@ -174,7 +174,7 @@ func (c *Cluster) newPrimaryAt(logstores []string, listen, metrics string) (*Nod
 	if c.cfg.Primary != nil {
 		c.cfg.Primary(&cfg)
 	}
-	s, err := primary.New(cfg)
+	s, err := labeled("primary", func() (*primary.Server, error) { return primary.New(cfg) })
 	if err != nil {
 		return nil, fmt.Errorf("primary: %w", err)
 	}
@@ -201,7 +201,7 @@ func (c *Cluster) replicaConfig(i int) replica.Config {
 
 func (c *Cluster) newReplica(i int) (*Node, error) {
 	cfg := c.replicaConfig(i)
-	s, err := replica.New(cfg)
+	s, err := labeled(cfg.ID, func() (*replica.Server, error) { return replica.New(cfg) })
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", cfg.ID, err)
 	}
@@ -216,6 +216,15 @@ func (n *Node) start() {
 	// and clients' included), so a CPU profile of an in-process cluster
 	// (walship bench --cpuprofile) splits by node: pprof -tagfocus node=....
 	go pprof.Do(ctx, pprof.Labels("node", n.Name), func(ctx context.Context) { n.done <- n.run(ctx) })
+}
+
+// labeled calls newServer under the pprof label node=name, as start runs
+// the node: a gRPC server starts the stream workers that run its handlers
+// when it is created, not when it serves, and a goroutine keeps the labels
+// it was created with.
+func labeled[S any](name string, newServer func() (S, error)) (s S, err error) {
+	pprof.Do(context.Background(), pprof.Labels("node", name), func(context.Context) { s, err = newServer() })
+	return s, err
 }
 
 // stop stops n gracefully and returns Run's error.
@@ -271,7 +280,7 @@ func (c *Cluster) RestartReplica(ctx context.Context, i int) error {
 	if old.MetricsAddr != "" {
 		cfg.MetricsListen = old.MetricsAddr
 	}
-	s, err := replica.New(cfg)
+	s, err := labeled(cfg.ID, func() (*replica.Server, error) { return replica.New(cfg) })
 	if err != nil {
 		return err
 	}
