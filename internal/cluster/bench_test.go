@@ -63,6 +63,7 @@ func benchReplicated(b *testing.B, pol *walshipv1.CommitPolicy, committers int) 
 		return n
 	}
 	primary0, replicas0 := fsyncs(c.Primary), fsyncs(c.Replicas...)
+	batches0 := metric(b, c.Primary.Registry, "walship_wal_batches_total", nil)
 	cpu0 := cpustat.MustSelf()
 	b.ResetTimer()
 	start := time.Now()
@@ -92,5 +93,9 @@ func benchReplicated(b *testing.B, pol *walshipv1.CommitPolicy, committers int) 
 	b.ReportMetric((fsyncs(c.Primary)-primary0)/float64(b.N), "primary-fsyncs/commit")
 	if replicas > 0 {
 		b.ReportMetric((fsyncs(c.Replicas...)-replicas0)/float64(b.N), "replica-fsyncs/commit")
+	}
+	// A WAL batch is one message to each replica and log store.
+	if n := metric(b, c.Primary.Registry, "walship_wal_batches_total", nil) - batches0; n > 0 {
+		b.ReportMetric(float64(b.N)/n, "commits/batch")
 	}
 }

@@ -63,11 +63,16 @@ func benchCommit(b *testing.B, durability walshipv1.Durability, committers int) 
 	if durability == walshipv1.Durability_DURABILITY_SYNC {
 		diskBefore = diskAppendRate(b, cfg.DataDir)
 	}
-	syncs0, n0 := s.wal.Stats().Syncs, b.N
+	st0, n0 := s.wal.Stats(), b.N
 	rate := putLoop(b, kv, committers, "commits/s")
-	syncs := s.wal.Stats().Syncs - syncs0
+	st := s.wal.Stats()
+	syncs := st.Syncs - st0.Syncs
 	if syncs > 0 {
 		b.ReportMetric(float64(n0)/float64(syncs), "commits/fsync")
+	}
+	// Entries are what replicas and log stores receive one message each.
+	if entries := st.EntriesAppended - st0.EntriesAppended; entries > 0 {
+		b.ReportMetric(float64(n0)/float64(entries), "commits/entry")
 	}
 	if diskBefore > 0 {
 		disk := (diskBefore + diskAppendRate(b, cfg.DataDir)) / 2

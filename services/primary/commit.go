@@ -3,6 +3,7 @@ package primary
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync/atomic"
 	"time"
 
@@ -15,13 +16,13 @@ import (
 
 // txn is one sequenced transaction on its way through the commit pipeline:
 // sequenced (LSNs assigned, writes staged in the overlay) → written (and
-// synced, if its policy asks) by the committer → acknowledged at its policy's
-// level → resolved, after which it can become visible.
+// synced, if its policy asks) by the committer or the syncer → acknowledged
+// at its policy's level → resolved, after which it can become visible.
 type txn struct {
 	recs      []codec.Record // puts/deletes then one commit record
 	commitLSN uint64
 	policy    Policy
-	// local receives the committer's verdict, once (decide): nil once the txn
+	// local receives the writer's verdict, once (decide): nil once the txn
 	// is in the WAL (synced if policy.needsLocalSync()), else the WAL's
 	// error. Buffered.
 	local    chan error
@@ -49,28 +50,46 @@ func (t *txn) bytes() int {
 // errStopping is returned to writes that arrive during a graceful stop.
 var errStopping = fmt.Errorf("%w: primary is shutting down", rpcerr.ErrUnavailable)
 
-// enqueue hands a sequenced transaction to the committer. Called with seqMu held.
+// enqueueLocked hands a sequenced transaction to its writer: the syncer,
+// which writes it with the rest of its group right before their fsync, if
+// it needs one; the committer, which writes it at once, if not. Called with
+// seqMu held.
 func (s *Server) enqueueLocked(t *txn) {
 	s.queue = append(s.queue, t)
 	s.visMu.Lock()
 	s.unresolved = append(s.unresolved, t)
 	s.visMu.Unlock()
-	select {
-	case s.kick <- struct{}{}:
-	default:
+	if t.policy.needsLocalSync() {
+		s.queuedSync.Add(1)
+		poke(s.syncKick)
+		return
 	}
+	poke(s.kick)
 }
 
-// committer owns the WAL's writes: it takes every queued transaction,
-// builds batches of whole transactions, encodes each batch once, writes them
-// with one call and hands the transactions that need an fsync to the syncer
-// goroutine, which it runs. The two overlap (pebble's LogWriter, PostgreSQL's
-// walwriter): while one fsync runs, the next batches are written, and the
-// next fsync covers all of them. Async commits are acknowledged after the
-// write and synced by the flush timer within AsyncFlushInterval. A WAL error
-// is fatal: every waiting and later commit fails with it and committer
-// returns it. When ctx ends (after the gRPC server has drained every call),
-// it commits what is left, has the syncer sync it, and returns.
+// takeQueue takes every queued transaction, leaving spare (emptied) in its
+// place. The caller holds writeMu and writes them before releasing it, so
+// that entries reach the WAL in LSN order.
+func (s *Server) takeQueue(spare []*txn) []*txn {
+	s.seqMu.Lock()
+	defer s.seqMu.Unlock()
+	q := s.queue
+	s.queue = spare[:0]
+	s.queuedSync.Store(0)
+	return q
+}
+
+// committer writes the transactions that need no local fsync as soon as
+// they are queued (with whatever is queued with them): it takes every
+// queued transaction, builds batches of whole transactions, encodes each
+// batch once and writes them with one call. It runs the syncer goroutine,
+// which writes the transactions that need an fsync as a group right before
+// it (writeMu serialises the two writers). Async commits are acknowledged
+// after the write and synced by the flush timer within AsyncFlushInterval.
+// A WAL error is fatal: every waiting and later commit fails with it and
+// committer returns it. When ctx ends (after the gRPC server has drained
+// every call), it commits what is left, has the syncer sync it, and
+// returns.
 func (s *Server) committer(ctx context.Context) error {
 	flush := time.NewTimer(time.Hour)
 	flush.Stop()
@@ -98,29 +117,35 @@ func (s *Server) committer(ctx context.Context) error {
 		case <-ctx.Done():
 			stop = true
 		case cut := <-s.truncate:
-			// Retention: the WAL has one writer, this goroutine.
+			// Retention, serialised with the writes by writeMu.
 			s.truncateWAL(cut)
 		case err := <-syncerDone:
-			// An fsync failed; its waiters have the error.
+			// A write or an fsync of the syncer's failed; its waiters
+			// have the error.
 			s.fail(err, nil)
 			return err
 		}
-		s.seqMu.Lock()
-		batch := s.queue
-		s.queue = spare[:0]
-		s.seqMu.Unlock()
+		s.writeMu.Lock()
+		batch := s.takeQueue(spare)
+		var async, needSync bool
+		var err error
 		if len(batch) > 0 {
-			async, err := s.commit(batch)
-			if err != nil {
-				s.fail(err, batch)
-				return finish(err)
+			if async, needSync, err = s.commit(batch); err == nil {
+				// Once per group commit, not once per transaction.
+				s.maybeSnapshot()
 			}
-			// Once per group commit, not once per transaction.
-			s.maybeSnapshot()
-			if async && !armed {
-				flush.Reset(s.cfg.AsyncFlushInterval)
-				armed = true
-			}
+		}
+		s.writeMu.Unlock()
+		if err != nil {
+			s.fail(err, batch)
+			return finish(err)
+		}
+		if needSync {
+			poke(s.syncKick)
+		}
+		if async && !armed {
+			flush.Reset(s.cfg.AsyncFlushInterval)
+			armed = true
 		}
 		if due {
 			// The flush window is over: sync what async commits wrote,
@@ -135,11 +160,15 @@ func (s *Server) committer(ctx context.Context) error {
 	}
 }
 
-// syncer owns the WAL's fsyncs. Woken by the committer, it syncs everything
-// written so far and acknowledges the waiting transactions it covered; while
-// any still wait (written during that fsync), it syncs again at once. A
-// flush request (the async window) syncs once. When ctx ends it syncs what
-// is left and returns. A failed fsync fails every waiter and is returned.
+// syncer owns the WAL's fsyncs. Woken by a transaction that needs one, it
+// gathers its group (gatherSiblings), writes what is queued, syncs
+// everything written so far and acknowledges the waiting transactions it
+// covered; while any still wait (queued or written during that fsync), it
+// goes again at once. The next group thus queues while an fsync runs, and
+// the next fsync covers all of it (pebble's LogWriter, PostgreSQL's
+// walwriter). A flush request (the async window) syncs once. When ctx ends
+// it syncs what is left and returns. A failed write or fsync fails every
+// waiter and is returned.
 func (s *Server) syncer(ctx context.Context) error {
 	for {
 		stop := false
@@ -153,6 +182,14 @@ func (s *Server) syncer(ctx context.Context) error {
 			if !stop {
 				s.gatherSiblings()
 			}
+			if err := s.writeQueued(); err != nil {
+				return err
+			}
+			// The write woke the replica and log store streams, and the
+			// fsync below would hold this goroutine's P until the runtime
+			// notices the syscall: let them send first, so that the
+			// replicas' write and fsync overlap the primary's.
+			runtime.Gosched()
 			s.askReplicaFlush(s.wal.LastLSN())
 			err := s.syncWAL()
 			// A batch written while the ask above was made, and synced by
@@ -167,6 +204,32 @@ func (s *Server) syncer(ctx context.Context) error {
 			return nil
 		}
 	}
+}
+
+// writeQueued writes every queued transaction, for the syncer's fsync to
+// cover: a group of durable commits becomes one entry (up to
+// MaxBatchBytes). A failed write fails them and is returned.
+func (s *Server) writeQueued() error {
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	// The queue now holds syncSpare's array; the taken one is the next
+	// spare, even when empty.
+	batch := s.takeQueue(s.syncSpare)
+	defer func() {
+		clear(batch)
+		s.syncSpare = batch
+	}()
+	if len(batch) == 0 {
+		return nil
+	}
+	// Async commits queued with the group are acknowledged at the write,
+	// as the committer's are, and synced by the fsync that follows.
+	if _, _, err := s.commit(batch); err != nil {
+		s.fail(err, batch)
+		return err
+	}
+	s.maybeSnapshot()
+	return nil
 }
 
 // askReplicaFlush asks replicas to flush the batches of the group about to
@@ -247,7 +310,8 @@ const (
 	maxGroupWait = time.Millisecond
 )
 
-// syncWaiting counts the transactions waiting for an fsync not yet done.
+// syncWaiting counts the transactions waiting for an fsync not yet done:
+// written and not yet covered by one, or queued for the syncer to write.
 func (s *Server) syncWaiting() int {
 	durable := s.wal.DurableLSN()
 	s.durMu.Lock()
@@ -256,13 +320,14 @@ func (s *Server) syncWaiting() int {
 	for i > 0 && s.durWait[i-1].commitLSN > durable {
 		i--
 	}
-	return len(s.durWait) - i
+	return len(s.durWait) - i + int(s.queuedSync.Load())
 }
 
 // commit writes txns (in LSN order) to the WAL, acknowledges those that
-// need no fsync and hands the others to the syncer. It reports whether any
-// async commit was written (for the flush timer).
-func (s *Server) commit(txns []*txn) (async bool, err error) {
+// need no fsync and registers the others with the syncer. It reports
+// whether any async commit was written (for the flush timer) and whether
+// any needs an fsync (for the committer to wake the syncer).
+func (s *Server) commit(txns []*txn) (async, needSync bool, err error) {
 	entries := s.entries[:0]
 	start := 0
 	for start < len(txns) {
@@ -273,7 +338,7 @@ func (s *Server) commit(txns []*txn) (async bool, err error) {
 		}
 		e, err := s.encode(txns[start:end])
 		if err != nil {
-			return false, err
+			return false, false, err
 		}
 		// Set before the batch can be shipped, so its streams ask replicas
 		// and log stores for an immediate ack — or, for a commit the
@@ -298,7 +363,6 @@ func (s *Server) commit(txns []*txn) (async bool, err error) {
 	}
 	s.entries = entries[:0]
 	// Registered before the write, so the syncer cannot miss them.
-	needSync := false
 	s.durMu.Lock()
 	for _, t := range txns {
 		if t.policy.needsLocalSync() {
@@ -308,23 +372,20 @@ func (s *Server) commit(txns []*txn) (async bool, err error) {
 	}
 	s.durMu.Unlock()
 	if err := s.wal.Append(entries...); err != nil {
-		return false, fmt.Errorf("wal append: %w", err)
+		return false, false, fmt.Errorf("wal append: %w", err)
 	}
 	for _, e := range entries {
 		s.walPayloadBytes += uint64(len(e.Data))
 		s.index.add(batchMark{lastLSN: e.LastLSN, endByte: s.walPayloadBytes, commit: s.batchTime})
 	}
 	s.metrics.walBatches.Add(float64(len(entries)))
-	if needSync {
-		poke(s.syncKick)
-	}
 	for _, t := range txns {
 		if !t.policy.needsLocalSync() {
 			async = true
 			t.decide(nil)
 		}
 	}
-	return async, nil
+	return async, needSync, nil
 }
 
 // encode builds the envelope of one batch: the payload is encoded once and
@@ -379,13 +440,14 @@ func (s *Server) syncWAL() error {
 // fail makes a WAL error fatal: the given, every queued and every
 // fsync-waiting transaction get it, and later writes are refused with it.
 func (s *Server) fail(err error, inflight []*txn) {
-	s.logger.Error("WAL failed; refusing writes until restart", "err", err)
 	s.seqMu.Lock()
 	if s.broken == nil {
 		s.broken = err
+		s.logger.Error("WAL failed; refusing writes until restart", "err", err)
 	}
 	queued := s.queue
 	s.queue = nil
+	s.queuedSync.Store(0)
 	s.seqMu.Unlock()
 	s.wakeDurable(err)
 	for _, t := range inflight {

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/testwait"
 	"github.com/walship/walship/internal/vfs"
 )
 
@@ -173,5 +174,64 @@ func putConcurrently(t *testing.T, r *running, writers, each, keys int, value []
 	close(errs)
 	for err := range errs {
 		t.Fatal(err)
+	}
+}
+
+// TestDurableGroupIsOneEntry holds the WAL's fsync while durable commits
+// queue behind it. Once it is released, the syncer writes all of them as
+// one WAL entry — one message to each replica and log store — rather than
+// one entry per commit as it arrived.
+func TestDurableGroupIsOneEntry(t *testing.T) {
+	const queued = 8
+	mem := vfs.NewMem()
+	cfg := testConfig(t, "/data")
+	cfg.FS = mem
+	r := start(t, cfg)
+	c := ctx(t)
+	if _, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "before", Value: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	held, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	mem.InjectSyncError(func(name string) error {
+		if filepath.Ext(name) == ".wal" {
+			once.Do(func() {
+				close(held)
+				<-release
+			})
+		}
+		return nil
+	})
+	errs := make(chan error, queued+1)
+	put := func(key string) {
+		_, err := r.kv.Put(c, &walshipv1.PutRequest{Key: key, Value: []byte("v")})
+		errs <- err
+	}
+	var releaseOnce sync.Once
+	free := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(free) // a failure below must not leave the primary stuck
+	nextLSN := func() uint64 {
+		r.s.seqMu.Lock()
+		defer r.s.seqMu.Unlock()
+		return r.s.nextLSN
+	}
+	go put("held")
+	<-held
+	entries0, lsn0 := r.s.wal.Stats().EntriesAppended, nextLSN()
+	for i := range queued {
+		go put(fmt.Sprintf("queued-%d", i))
+	}
+	// Sequenced, and so queued: a Put is a put and a commit record.
+	testwait.Until(t, fmt.Sprintf("%d durable commits sequenced behind the held fsync", queued), func() bool {
+		return nextLSN() == lsn0+2*queued
+	})
+	free()
+	for range queued + 1 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := r.s.wal.Stats().EntriesAppended - entries0; got != 1 {
+		t.Errorf("%d durable commits queued during one fsync were written as %d WAL entries, want 1", queued, got)
 	}
 }
