@@ -128,31 +128,38 @@ type proc struct {
 	tail    []string // last log lines, for errors
 }
 
-// priority is how a deprioritised child runs: at a nice value (nice > 0),
-// or under SCHED_IDLE (idle), or as the bench does (the zero value).
-type priority struct {
+// placement is where and how a child runs on this machine: pinned to the
+// CPUs in cpus (a taskset list, "" = wherever the bench may run), at a nice
+// value (nice > 0) or under SCHED_IDLE (idle), or as the bench does (the
+// zero value).
+type placement struct {
+	cpus string
 	nice int
 	idle bool
 }
 
-// command returns the command line that runs bin args at p, through nice or
-// chrt so that every thread of the child has that priority from its start
-// (Go starts its threads before main could change its own).
-func (p priority) command(bin string, args []string) (string, []string) {
+// command returns the command line that runs bin args placed as p, through
+// taskset, chrt or nice, so that every thread of the child is placed from
+// its start (Go starts its threads before main could move its own).
+func (p placement) command(bin string, args []string) (string, []string) {
+	argv := append([]string{bin}, args...)
 	switch {
 	case p.idle:
-		return "chrt", append([]string{"--idle", "0", bin}, args...)
+		argv = append([]string{"chrt", "--idle", "0"}, argv...)
 	case p.nice > 0:
-		return "nice", append([]string{"-n", strconv.Itoa(p.nice), bin}, args...)
+		argv = append([]string{"nice", "-n", strconv.Itoa(p.nice)}, argv...)
 	}
-	return bin, args
+	if p.cpus != "" {
+		argv = append([]string{"taskset", "-c", p.cpus}, argv...)
+	}
+	return argv[0], argv[1:]
 }
 
-// startProc runs `bin args... --log-format json` at priority prio and
-// waits for its "<servingMsg>" log line, which carries its addresses.
-func startProc(ctx context.Context, bin string, prio priority, name, servingMsg string, args ...string) (*proc, error) {
+// startProc runs `bin args... --log-format json` placed as at and waits
+// for its "<servingMsg>" log line, which carries its addresses.
+func startProc(ctx context.Context, bin string, at placement, name, servingMsg string, args ...string) (*proc, error) {
 	args = append(args, "--log-format", "json")
-	path, argv := prio.command(bin, args)
+	path, argv := at.command(bin, args)
 	cmd := exec.Command(path, argv...)
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "WALSHIP_") {
@@ -264,8 +271,9 @@ func waitServing(ctx context.Context, addr string) error {
 
 // startProcesses runs a log store, a primary and n replicas as separate
 // `walship` processes, so the primary's CPU time is its own; the log store
-// and the replicas at priority low (Config.ReplicaNice, Config.ReplicaIdle).
-func startProcesses(ctx context.Context, bin, dir string, n int, c codec.Codec, pol primary.Policy, low priority) (*backend, error) {
+// and the replicas placed as peers (Config.ReplicaNice, ReplicaIdle,
+// ReplicaCPUs).
+func startProcesses(ctx context.Context, bin, dir string, n int, c codec.Codec, pol primary.Policy, peers placement) (*backend, error) {
 	var procs []*proc
 	stopAll := func() error {
 		var errs []error
@@ -281,13 +289,13 @@ func startProcesses(ctx context.Context, bin, dir string, n int, c codec.Codec, 
 		}
 	}()
 	loop := "127.0.0.1:0"
-	ls, err := startProc(ctx, bin, low, "logstore", "log store serving", "logstore", "--listen", loop, "--metrics-listen", loop,
+	ls, err := startProc(ctx, bin, peers, "logstore", "log store serving", "logstore", "--listen", loop, "--metrics-listen", loop,
 		"--data-dir", filepath.Join(dir, "logstore-0"))
 	if err != nil {
 		return nil, err
 	}
 	procs = append(procs, ls)
-	pr, err := startProc(ctx, bin, priority{}, "primary", "primary serving", "primary", "--listen", loop, "--metrics-listen", loop,
+	pr, err := startProc(ctx, bin, placement{}, "primary", "primary serving", "primary", "--listen", loop, "--metrics-listen", loop,
 		"--data-dir", filepath.Join(dir, "primary"), "--codec", c.Name(), "--logstore", ls.addr,
 		"--durability", policyName(pol.Durability.String()), "--replication", policyName(pol.Replication.String()),
 		"--sync-replicas", strconv.Itoa(pol.SyncReplicas), "--sync-level", policyName(pol.SyncLevel.String()),
@@ -302,7 +310,7 @@ func startProcesses(ctx context.Context, bin, dir string, n int, c codec.Codec, 
 	b.cpu = func() (time.Duration, error) { return procCPU(pid) }
 	for i := 0; i < n; i++ {
 		id := fmt.Sprintf("replica-%d", i)
-		rp, err := startProc(ctx, bin, low, id, "replica serving", "replica", "--listen", loop, "--metrics-listen", loop,
+		rp, err := startProc(ctx, bin, peers, id, "replica serving", "replica", "--listen", loop, "--metrics-listen", loop,
 			"--data-dir", filepath.Join(dir, id), "--id", id, "--primary", pr.addr, "--logstore", ls.addr)
 		if err != nil {
 			return nil, err

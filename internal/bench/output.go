@@ -64,11 +64,18 @@ func WriteTable(w io.Writer, rows []Row) error {
 			reads = "speculative read-modify-write reads"
 		}
 		mode := r0.Mode
+		var placed []string
 		switch {
 		case r0.ReplicaIdle:
-			mode += " (log store and replicas at SCHED_IDLE)"
+			placed = append(placed, "at SCHED_IDLE")
 		case r0.ReplicaNice != 0:
-			mode = fmt.Sprintf("%s (log store and replicas at nice %d)", mode, r0.ReplicaNice)
+			placed = append(placed, fmt.Sprintf("at nice %d", r0.ReplicaNice))
+		}
+		if r0.ReplicaCPUs != "" {
+			placed = append(placed, "on CPUs "+r0.ReplicaCPUs)
+		}
+		if len(placed) > 0 {
+			mode += " (log store and replicas " + strings.Join(placed, ", ") + ")"
 		}
 		rounds := ""
 		if n := len(r0.Runs); n > 1 {

@@ -72,7 +72,7 @@ func TestProcessesReplicaNice(t *testing.T) {
 	if own > 19-7 {
 		t.Skipf("this test runs at nice %d; it needs room to raise it by 7", own)
 	}
-	b, err := startProcesses(ctx, bin, t.TempDir(), 2, codec.MsgPack, primary.DefaultPolicy(), priority{nice: 7})
+	b, err := startProcesses(ctx, bin, t.TempDir(), 2, codec.MsgPack, primary.DefaultPolicy(), placement{nice: 7})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +112,7 @@ func TestProcessesReplicaIdle(t *testing.T) {
 	if own == schedIdle {
 		t.Skip("this test itself runs under SCHED_IDLE")
 	}
-	b, err := startProcesses(ctx, bin, t.TempDir(), 1, codec.MsgPack, primary.DefaultPolicy(), priority{idle: true})
+	b, err := startProcesses(ctx, bin, t.TempDir(), 1, codec.MsgPack, primary.DefaultPolicy(), placement{idle: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,5 +170,70 @@ func TestRunProcesses(t *testing.T) {
 	}
 	if row.Mode != ModeProcesses || row.ReplicaNice != 5 || row.CPUScope != "primary process" || row.CPUMsPer1000 <= 0 {
 		t.Errorf("mode %q, replica nice %d, CPU scope %q, %.1f ms per 1,000 commits", row.Mode, row.ReplicaNice, row.CPUScope, row.CPUMsPer1000)
+	}
+}
+
+// cpusAllowed reads the Cpus_allowed_list of a /proc/<pid>/status or
+// /proc/<pid>/task/<tid>/status file ("" when it is gone).
+func cpusAllowed(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return ""
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Cpus_allowed_list:"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	t.Fatalf("%s has no Cpus_allowed_list", path)
+	return ""
+}
+
+// TestProcessesReplicaCPUs starts a cluster of walship processes with
+// --replica-cpus: every thread of the log store and the replicas may run
+// only on that CPU, the primary's wherever the bench's may.
+func TestProcessesReplicaCPUs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	if _, err := exec.LookPath("taskset"); err != nil {
+		t.Skip("taskset (util-linux) is not installed: --replica-cpus runs the replicas through it")
+	}
+	own := cpusAllowed(t, "/proc/self/status")
+	cpu, _, _ := strings.Cut(strings.Split(own, ",")[0], "-")
+	if own == cpu {
+		t.Skipf("this test may run only on CPU %s: pinning the replicas there would not move them", own)
+	}
+	bin := testbin.Walship(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b, err := startProcesses(ctx, bin, t.TempDir(), 1, codec.MsgPack, primary.DefaultPolicy(), placement{cpus: cpu})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := b.stop(); err != nil {
+			t.Error(err)
+		}
+	}()
+	for _, p := range b.procs {
+		want := cpu
+		if p.name == "primary" {
+			want = own
+		}
+		pid := p.cmd.Process.Pid
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, task := range tasks {
+			if got := cpusAllowed(t, fmt.Sprintf("/proc/%d/task/%s/status", pid, task.Name())); got != "" && got != want {
+				t.Errorf("%s thread %s may run on CPUs %s, want %s", p.name, task.Name(), got, want)
+			}
+		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -79,6 +80,12 @@ type Config struct {
 	// The nearest one machine comes to replicas on hosts of their own;
 	// what they cannot keep up with shows as lag.
 	ReplicaIdle bool
+	// ReplicaCPUs (ModeProcesses only) pins the log store and the replicas
+	// to these CPUs (a taskset list such as "1" or "2-3"). With the bench
+	// itself run under `taskset -c` on the others (which the primary
+	// inherits), the primary and its clients and the replicas each have
+	// cores of their own, as on separate hosts.
+	ReplicaCPUs string
 	// Dir holds a started cluster's data ("" = a temporary directory).
 	Dir string
 	// PrimaryAddr, ReplicaAddrs and PrimaryMetrics locate an external cluster.
@@ -154,11 +161,20 @@ func (c *Config) Validate() error {
 	case c.ReplicaIdle && c.ReplicaNice != 0:
 		errs = append(errs, errors.New("--replica-idle: not with --replica-nice (SCHED_IDLE has no nice value)"))
 	}
+	switch {
+	case c.ReplicaCPUs != "" && c.Mode != ModeProcesses:
+		errs = append(errs, errors.New("--replica-cpus: needs --processes (in one process every node shares the scheduler)"))
+	case c.ReplicaCPUs != "" && !cpuList.MatchString(c.ReplicaCPUs):
+		errs = append(errs, fmt.Errorf("--replica-cpus: %q is not a CPU list such as 1 or 0,2-3", c.ReplicaCPUs))
+	}
 	if c.ReplicaReads && c.Mode != ModeExternal && c.Replicas == 0 {
 		errs = append(errs, errors.New("--replica-reads: no replicas"))
 	}
 	return errors.Join(errs...)
 }
+
+// cpuList matches a taskset CPU list: numbers and ranges, comma-separated.
+var cpuList = regexp.MustCompile(`^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$`)
 
 // Cell names a Replication/Durability cell as the seed's table does.
 func Cell(rep walshipv1.ReplicationMode, dur walshipv1.Durability) (string, string) {
@@ -200,6 +216,7 @@ type Row struct {
 	Mode                 string             `json:"mode"`
 	ReplicaNice          int                `json:"replica_nice,omitempty"`
 	ReplicaIdle          bool               `json:"replica_idle,omitempty"`
+	ReplicaCPUs          string             `json:"replica_cpus,omitempty"`
 	SpeculativeReads     bool               `json:"speculative_reads"`
 	Replicas             int                `json:"replicas"`
 	Errors               int64              `json:"errors"`
@@ -268,7 +285,7 @@ func Run(ctx context.Context, cfg Config) (row Row, err error) {
 	pol := cfg.policy()
 	row = Row{Workload: cfg.Workload, Codec: cfg.Codec, Replication: rep, Durability: dur,
 		SyncReplicas: pol.SyncReplicas, SyncLevel: policyName(pol.SyncLevel.String()), Terminals: cfg.Terminals,
-		DurationS: cfg.Duration.Seconds(), Mode: cfg.Mode, ReplicaNice: cfg.ReplicaNice, ReplicaIdle: cfg.ReplicaIdle, SpeculativeReads: cfg.SpeculativeReads,
+		DurationS: cfg.Duration.Seconds(), Mode: cfg.Mode, ReplicaNice: cfg.ReplicaNice, ReplicaIdle: cfg.ReplicaIdle, ReplicaCPUs: cfg.ReplicaCPUs, SpeculativeReads: cfg.SpeculativeReads,
 		ByKind: map[string]int64{}, ByKindP99Ms: map[string]float64{}}
 	var notes []string
 
@@ -294,7 +311,7 @@ func Run(ctx context.Context, cfg Config) (row Row, err error) {
 		}
 		c, _ := codec.ByName(cfg.Codec)
 		if cfg.Mode == ModeProcesses {
-			b, err = startProcesses(ctx, cfg.Bin, dir, replicas, c, pol, priority{nice: cfg.ReplicaNice, idle: cfg.ReplicaIdle})
+			b, err = startProcesses(ctx, cfg.Bin, dir, replicas, c, pol, placement{cpus: cfg.ReplicaCPUs, nice: cfg.ReplicaNice, idle: cfg.ReplicaIdle})
 		} else {
 			b, err = startInProcess(ctx, dir, replicas, c, pol, cfg.Logger)
 		}

@@ -76,6 +76,9 @@ func TestConfigValidate(t *testing.T) {
 		// --replica-idle: only for processes, and not with a nice value.
 		"replica-idle":      func(c *Config) { c.ReplicaIdle = true },
 		"replica-idle nice": func(c *Config) { c.Mode, c.Bin, c.ReplicaIdle, c.ReplicaNice = ModeProcesses, "walship", true, 5 },
+		// --replica-cpus: only for processes, and a CPU list.
+		"replica-cpus":      func(c *Config) { c.ReplicaCPUs = "1" },
+		"replica-cpus list": func(c *Config) { c.Mode, c.Bin, c.ReplicaCPUs = ModeProcesses, "walship", "1;rm" },
 	} {
 		c := base
 		mut(&c)
@@ -94,6 +97,10 @@ func TestConfigValidate(t *testing.T) {
 	ok.ReplicaNice, ok.ReplicaIdle = 0, true
 	if err := ok.Validate(); err != nil {
 		t.Errorf("--processes --replica-idle: %v", err)
+	}
+	ok.ReplicaCPUs = "0,2-3"
+	if err := ok.Validate(); err != nil {
+		t.Errorf("--processes --replica-idle --replica-cpus 0,2-3: %v", err)
 	}
 }
 

@@ -96,6 +96,7 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	fs.BoolVar(&processes, "processes", false, "run the log store, primary and replicas as separate walship processes (the primary's CPU time is then its own)")
 	fs.IntVar(&cfg.ReplicaNice, "replica-nice", 0, "with --processes: run the log store and the replicas at this nice value (1..19), so they get CPU only when the primary leaves some (an approximation of replicas on hosts of their own; lag shows when they fall behind)")
 	fs.BoolVar(&cfg.ReplicaIdle, "replica-idle", false, "with --processes: run the log store and the replicas under SCHED_IDLE (Linux, through chrt), so they run only on a core nothing else wants and a waking primary or terminal preempts them at once; their cost shows as lag")
+	fs.StringVar(&cfg.ReplicaCPUs, "replica-cpus", "", "with --processes: pin the log store and the replicas to these CPUs (a taskset list, e.g. 1); run the bench itself under `taskset -c` on the others, and the primary and its clients and the replicas have cores of their own, as on separate hosts")
 	fs.BoolVar(&cpuScaling, "cpu-scaling", false, "measure the primary process's CPU ms per 1,000 commits with async replication to each --cpu-scaling-replicas count (implies --processes)")
 	fs.Var(listFlag{&cpuReplicas}, "cpu-scaling-replicas", "replica counts for --cpu-scaling (0 = no replica: what replication costs the primary at that load)")
 	fs.IntVar(&repeat, "repeat", repeat, "run each cell this many times, in rounds that alternate the cells and codecs, and report the median")
