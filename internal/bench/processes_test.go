@@ -105,42 +105,58 @@ func TestProcessesReplicaIdle(t *testing.T) {
 	if _, err := exec.LookPath("chrt"); err != nil {
 		t.Skip("chrt (util-linux) is not installed: --replica-idle runs the replicas through it")
 	}
-	bin := testbin.Walship(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
 	own := processField(t, os.Getpid(), policyField)
 	if own == schedIdle {
 		t.Skip("this test itself runs under SCHED_IDLE")
 	}
-	b, err := startProcesses(ctx, bin, t.TempDir(), 1, codec.MsgPack, primary.DefaultPolicy(), placement{idle: true})
+	eachThread(t, startPlaced(t, placement{idle: true}), func(thread, dir string, primary bool) {
+		want := schedIdle
+		if primary {
+			want = own
+		}
+		if got, ok := statField(t, dir+"/stat", policyField); ok && got != want {
+			t.Errorf("%s runs under policy %d, want %d", thread, got, want)
+		}
+	})
+}
+
+// startPlaced starts a log store, a primary and a replica as processes,
+// the log store and the replica placed as peers; they stop when the test
+// ends.
+func startPlaced(t *testing.T, peers placement) *backend {
+	t.Helper()
+	bin := testbin.Walship(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	b, err := startProcesses(ctx, bin, t.TempDir(), 1, codec.MsgPack, primary.DefaultPolicy(), peers)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
+	t.Cleanup(func() {
 		if err := b.stop(); err != nil {
 			t.Error(err)
 		}
-	}()
+	})
 	if len(b.procs) != 3 {
 		t.Fatalf("%d processes, want a log store, a primary and a replica", len(b.procs))
 	}
+	return b
+}
+
+// eachThread calls fn with the /proc directory of every thread of every
+// process of b, named, and whether it is the primary's. Every thread, not
+// only the main one: the Go runtime's threads are started by the child
+// itself, and must have inherited its placement.
+func eachThread(t *testing.T, b *backend, fn func(thread, dir string, primary bool)) {
+	t.Helper()
 	for _, p := range b.procs {
-		want := schedIdle
-		if p.name == "primary" {
-			want = own
-		}
 		pid := p.cmd.Process.Pid
-		// Every thread, not only the main one: the Go runtime's threads
-		// were started by the child itself, and inherit its policy.
 		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, task := range tasks {
-			got, ok := statField(t, fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()), policyField)
-			if ok && got != want {
-				t.Errorf("%s thread %s runs under policy %d, want %d", p.name, task.Name(), got, want)
-			}
+			fn(p.name+" thread "+task.Name(), fmt.Sprintf("/proc/%d/task/%s", pid, task.Name()), p.name == "primary")
 		}
 	}
 }
@@ -208,32 +224,13 @@ func TestProcessesReplicaCPUs(t *testing.T) {
 	if own == cpu {
 		t.Skipf("this test may run only on CPU %s: pinning the replicas there would not move them", own)
 	}
-	bin := testbin.Walship(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	b, err := startProcesses(ctx, bin, t.TempDir(), 1, codec.MsgPack, primary.DefaultPolicy(), placement{cpus: cpu})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := b.stop(); err != nil {
-			t.Error(err)
-		}
-	}()
-	for _, p := range b.procs {
+	eachThread(t, startPlaced(t, placement{cpus: cpu}), func(thread, dir string, primary bool) {
 		want := cpu
-		if p.name == "primary" {
+		if primary {
 			want = own
 		}
-		pid := p.cmd.Process.Pid
-		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-		if err != nil {
-			t.Fatal(err)
+		if got := cpusAllowed(t, dir+"/status"); got != "" && got != want {
+			t.Errorf("%s may run on CPUs %s, want %s", thread, got, want)
 		}
-		for _, task := range tasks {
-			if got := cpusAllowed(t, fmt.Sprintf("/proc/%d/task/%s/status", pid, task.Name())); got != "" && got != want {
-				t.Errorf("%s thread %s may run on CPUs %s, want %s", p.name, task.Name(), got, want)
-			}
-		}
-	}
+	})
 }
