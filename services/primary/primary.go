@@ -56,13 +56,17 @@ type Server struct {
 
 	// seqMu guards sequencing: nextLSN, the queue to the writers and the
 	// overlay's staged writes are all changed together under it.
-	seqMu    sync.Mutex
-	nextLSN  uint64
-	nextTxn  uint64
-	queue    []*txn
-	stopping bool
-	broken   error
-	kick     chan struct{}
+	seqMu   sync.Mutex
+	nextLSN uint64
+	nextTxn uint64
+	queue   []*txn
+	// queuedSync counts the transactions in queue that need a local fsync
+	// (changed under seqMu, read without it): the syncer's group commit
+	// waits for them too.
+	queuedSync atomic.Int64
+	stopping   bool
+	broken     error
+	kick       chan struct{}
 
 	// visMu guards the resolution order and applying to the store.
 	visMu      sync.Mutex
@@ -78,10 +82,7 @@ type Server struct {
 	// entries, and every entry costs every stream a read, a message and,
 	// on the replica, a receive, a check and a write. The fields below it
 	// are the writer's.
-	writeMu sync.Mutex
-	// queuedSync counts the transactions in queue that need a local fsync
-	// (changed under seqMu): the syncer's group commit waits for them too.
-	queuedSync      atomic.Int64
+	writeMu         sync.Mutex
 	syncSpare       []*txn // the syncer's spare queue slice
 	batch           codec.Batch
 	payload         []byte
