@@ -125,19 +125,8 @@ func (s *Server) committer(ctx context.Context) error {
 			s.fail(err, nil)
 			return err
 		}
-		s.writeMu.Lock()
-		batch := s.takeQueue(spare)
-		var async, needSync bool
-		var err error
-		if len(batch) > 0 {
-			if async, needSync, err = s.commit(batch); err == nil {
-				// Once per group commit, not once per transaction.
-				s.maybeSnapshot()
-			}
-		}
-		s.writeMu.Unlock()
+		async, needSync, err := s.writeQueue(&spare)
 		if err != nil {
-			s.fail(err, batch)
 			return finish(err)
 		}
 		if needSync {
@@ -152,8 +141,6 @@ func (s *Server) committer(ctx context.Context) error {
 			// even while more keep arriving.
 			poke(s.flushReq)
 		}
-		clear(batch)
-		spare = batch
 		if stop {
 			return finish(nil)
 		}
@@ -170,6 +157,7 @@ func (s *Server) committer(ctx context.Context) error {
 // it syncs what is left and returns. A failed write or fsync fails every
 // waiter and is returned.
 func (s *Server) syncer(ctx context.Context) error {
+	var spare []*txn
 	for {
 		stop := false
 		select {
@@ -182,7 +170,9 @@ func (s *Server) syncer(ctx context.Context) error {
 			if !stop {
 				s.gatherSiblings()
 			}
-			if err := s.writeQueued(); err != nil {
+			// Async commits queued with the group are acknowledged at the
+			// write, as the committer's are, and synced by the fsync below.
+			if _, _, err := s.writeQueue(&spare); err != nil {
 				return err
 			}
 			// The write woke the replica and log store streams, and the
@@ -206,30 +196,30 @@ func (s *Server) syncer(ctx context.Context) error {
 	}
 }
 
-// writeQueued writes every queued transaction, for the syncer's fsync to
-// cover: a group of durable commits becomes one entry (up to
-// MaxBatchBytes). A failed write fails them and is returned.
-func (s *Server) writeQueued() error {
+// writeQueue takes every queued transaction and writes it, under writeMu,
+// with *spare as the queue's next array (the taken one becomes the next
+// spare, even when empty). The syncer calls it right before each fsync, so
+// that a group of durable commits becomes one entry (up to MaxBatchBytes);
+// the committer when a commit needs no fsync. It reports commit's async and
+// needSync; a failed write fails the transactions and is returned.
+func (s *Server) writeQueue(spare *[]*txn) (async, needSync bool, err error) {
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
-	// The queue now holds syncSpare's array; the taken one is the next
-	// spare, even when empty.
-	batch := s.takeQueue(s.syncSpare)
+	batch := s.takeQueue(*spare)
 	defer func() {
 		clear(batch)
-		s.syncSpare = batch
+		*spare = batch
 	}()
 	if len(batch) == 0 {
-		return nil
+		return false, false, nil
 	}
-	// Async commits queued with the group are acknowledged at the write,
-	// as the committer's are, and synced by the fsync that follows.
-	if _, _, err := s.commit(batch); err != nil {
+	if async, needSync, err = s.commit(batch); err != nil {
 		s.fail(err, batch)
-		return err
+		return false, false, err
 	}
+	// Once per group commit, not once per transaction.
 	s.maybeSnapshot()
-	return nil
+	return async, needSync, nil
 }
 
 // askReplicaFlush asks replicas to flush the batches of the group about to

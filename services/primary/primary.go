@@ -83,7 +83,6 @@ type Server struct {
 	// on the replica, a receive, a check and a write. The fields below it
 	// are the writer's.
 	writeMu         sync.Mutex
-	syncSpare       []*txn // the syncer's spare queue slice
 	batch           codec.Batch
 	payload         []byte
 	entries         []wal.Entry
