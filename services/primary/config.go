@@ -120,7 +120,7 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("--max-txn-ops: %d must be positive", c.MaxTxnOps))
 	}
 	if c.MaxBatchBytes < 64<<10 {
-		errs = append(errs, fmt.Errorf("--max-batch-bytes: %d is below 64KiB", c.MaxBatchBytes))
+		errs = append(errs, fmt.Errorf("MaxBatchBytes: %d is below 64KiB", c.MaxBatchBytes))
 	}
 	if c.HeartbeatInterval <= 0 || c.HeartbeatInterval > time.Minute {
 		errs = append(errs, fmt.Errorf("--heartbeat-interval: %v is not in (0, 1m]", c.HeartbeatInterval))

@@ -209,18 +209,26 @@ func (s *Server) exec(ctx context.Context, p *walshipv1.CommitPolicy, cmps []sta
 type txnView struct {
 	base  *state.Overlay
 	local map[string]*opResult
+	// dep is the newest commit LSN behind what the transaction read from
+	// base (an in-flight write's, or the applied LSN): its response waits
+	// until dep is visible, unless it is speculative.
+	dep uint64
 }
 
 func (v *txnView) get(key string) (value []byte, version uint64, ok bool) {
 	if r, found := v.local[key]; found {
 		return r.value, r.version, r.found
 	}
-	return v.base.Get([]byte(key))
+	value, version, ok, after := v.base.Read([]byte(key))
+	v.dep = max(v.dep, after)
+	return value, version, ok
 }
 
-// execTxn sequences a transaction and waits until its policy is met. A
-// speculative transaction whose branch has no writes returns what it saw
-// without waiting for it to be acknowledged (TxnRequest.speculative).
+// execTxn sequences a transaction and waits until its policy is met and,
+// unless it is speculative (TxnRequest.speculative), until the writes it
+// read or compared are visible: a response never carries a write whose
+// writer has not been answered, whichever branch runs and whatever the
+// two policies are.
 func (s *Server) execTxn(ctx context.Context, p *walshipv1.CommitPolicy, cmps []state.Compare, success, failure []op, speculative bool) (execResult, error) {
 	if err := kvapi.ValidatePolicy(p); err != nil {
 		return execResult{}, err
@@ -296,6 +304,11 @@ func (s *Server) execTxn(ctx context.Context, p *walshipv1.CommitPolicy, cmps []
 	t.commitLSN = first + uint64(writes)
 	txnID := s.nextTxn
 	view := txnView{base: s.overlay, local: make(map[string]*opResult, len(ops))}
+	for i := range cmps {
+		// The compares' outcome is read too: it says what the keys held.
+		_, _, _, after := s.overlay.Read(cmps[i].Key)
+		view.dep = max(view.dep, after)
+	}
 	t.recs = make([]codec.Record, 0, writes+1)
 	res.results = make([]opResult, len(ops))
 	for i, o := range ops {
@@ -324,6 +337,16 @@ func (s *Server) execTxn(ctx context.Context, p *walshipv1.CommitPolicy, cmps []
 	s.metrics.observeCommit(pol, err, time.Since(start))
 	if err != nil {
 		return execResult{}, rpcerr.Status(err)
+	}
+	// Its own policy met does not mean the commits it read from were
+	// answered: those may wait for more (a replica, or an fsync this
+	// async commit did not), or fail. Its LSN is after theirs, so this
+	// waits at most until its own commit is visible.
+	if !speculative && view.dep > s.visible.Load() {
+		if _, err := s.visible.Wait(ctx, view.dep); err != nil {
+			st := status.FromContextError(err)
+			return execResult{}, status.Errorf(st.Code(), "commit LSN %d is in the log and met its policy, but a write it read (through LSN %d) is not yet acknowledged: %s", t.commitLSN, view.dep, st.Message())
+		}
 	}
 	res.lsn = t.commitLSN
 	return res, nil

@@ -303,6 +303,84 @@ func TestReadOnlyTxnWaitsOnlyForWritesItSees(t *testing.T) {
 	}
 }
 
+// TestWritingTxnReturnsNothingUnacknowledged: a Txn with writes that reads
+// or compares a key whose commit still waits for its replica commits at
+// once under its own, weaker policy, but does not answer before that
+// commit is acknowledged: its results would show it. One over other keys
+// answers at once. The replica here is this test, acking by hand.
+func TestWritingTxnReturnsNothingUnacknowledged(t *testing.T) {
+	r := start(t, testConfig(t, t.TempDir()))
+	c := ctx(t)
+	_, hot, hotErr, ack := holdSyncCommit(t, r)
+	get := func(k string) *walshipv1.TxnOp {
+		return &walshipv1.TxnOp{Op: &walshipv1.TxnOp_Get{Get: &walshipv1.GetOp{Key: k}}}
+	}
+	put := func(k string) *walshipv1.TxnOp {
+		return &walshipv1.TxnOp{Op: &walshipv1.TxnOp_Put{Put: &walshipv1.PutOp{Key: k, Value: []byte("w")}}}
+	}
+	del := func(k string) *walshipv1.TxnOp {
+		return &walshipv1.TxnOp{Op: &walshipv1.TxnOp_Delete{Delete: &walshipv1.DeleteOp{Key: k}}}
+	}
+	hotExists := &walshipv1.Compare{Key: "hot", Target: walshipv1.CompareTarget_COMPARE_TARGET_EXISTS,
+		Result: walshipv1.CompareResult_COMPARE_RESULT_EQUAL, Operand: &walshipv1.Compare_Exists{Exists: true}}
+
+	// Other keys: answered at once, though hot's commit precedes it.
+	other, err := r.kv.Txn(c, &walshipv1.TxnRequest{Success: []*walshipv1.TxnOp{get("cold"), put("other")}})
+	if err != nil || other.Lsn <= hot || string(other.Results[0].GetGet().GetValue()) != "c" {
+		t.Fatalf("writing Txn over other keys while LSN %d waits = %v, %v; want it at once", hot, other, err)
+	}
+	// Reading hot, comparing it, or deleting a key written after it (its
+	// existed says it is there):
+	// each commits, and waits for hot's ack before answering.
+	dependents := []*walshipv1.TxnRequest{
+		{Success: []*walshipv1.TxnOp{get("hot"), put("w1")}},
+		{Compares: []*walshipv1.Compare{hotExists}, Success: []*walshipv1.TxnOp{put("w2")}},
+		{Success: []*walshipv1.TxnOp{put("w3"), del("hot-twin")}},
+	}
+	if _, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "hot-twin", Value: []byte("t"), Policy: &walshipv1.CommitPolicy{
+		Replication: walshipv1.ReplicationMode_REPLICATION_MODE_SYNC, SyncLevel: walshipv1.SyncLevel_SYNC_LEVEL_WRITE,
+		SyncTimeout: durationpb.New(time.Millisecond)}}); status.Code(err) != codes.Unavailable {
+		// Sequenced after hot, so not visible before it either; its own
+		// wait times out (the test acks only hot), which answers it.
+		t.Fatalf("hot-twin with a 1 ms sync timeout = %v; want UNAVAILABLE", err)
+	}
+	for _, req := range dependents {
+		short, cancel := context.WithTimeout(c, 100*time.Millisecond)
+		resp, err := r.kv.Txn(short, req)
+		cancel()
+		if status.Code(err) != codes.DeadlineExceeded {
+			t.Fatalf("%v while LSN %d waits for its replica = %v, %v; want it to wait (DEADLINE_EXCEEDED)", req, hot, resp, err)
+		}
+	}
+	if v := r.s.visible.Load(); v >= hot {
+		t.Fatalf("visible LSN %d: the held commit %d is visible before its ack", v, hot)
+	}
+	// Once hot is acknowledged, the same read answers, with hot's value.
+	type answer struct {
+		resp *walshipv1.TxnResponse
+		err  error
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		resp, err := r.kv.Txn(c, &walshipv1.TxnRequest{Success: []*walshipv1.TxnOp{get("hot"), put("w4")}})
+		answered <- answer{resp, err}
+	}()
+	ack()
+	if err := <-hotErr; err != nil {
+		t.Fatalf("sync commit acked by hand: %v", err)
+	}
+	a := <-answered
+	if a.err != nil || a.resp.Lsn <= hot || string(a.resp.Results[0].GetGet().GetValue()) != "h" {
+		t.Fatalf("writing Txn reading hot = %v, %v; want hot=h, lsn above %d", a.resp, a.err, hot)
+	}
+	// The dependents committed before they answered: their writes are there.
+	for _, k := range []string{"w1", "w2", "w3"} {
+		if got, err := r.kv.Get(c, &walshipv1.GetRequest{Key: k, MinLsn: a.resp.Lsn}); err != nil || string(got.Value) != "w" {
+			t.Fatalf("%s after the acks = %v, %v; want w", k, got, err)
+		}
+	}
+}
+
 // TestSpeculativeReadModifyWrite: a speculative read returns a write whose
 // commit still waits for its replica, at once; a Txn guarded by a compare
 // on that write's version commits after it (its LSN is higher) and becomes

@@ -883,7 +883,11 @@ func (x *GetOp) GetKey() string {
 	return ""
 }
 
-// TxnRequest is a mini-transaction. At most 1,000 ops in total.
+// TxnRequest is a mini-transaction. At most 1,000 ops in total. Its
+// compares and reads see the newest sequenced write of each key; the
+// response waits until the writes they saw are acknowledged (visible),
+// after its own commit meets its policy if the branch writes, so it never
+// shows a write whose writer has not been answered — unless speculative.
 type TxnRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// compares must all hold for the success branch to run.
@@ -894,18 +898,17 @@ type TxnRequest struct {
 	Failure []*TxnOp `protobuf:"bytes,3,rep,name=failure,proto3" json:"failure,omitempty"`
 	// policy for this commit; unset fields take the server defaults.
 	Policy *CommitPolicy `protobuf:"bytes,4,opt,name=policy,proto3" json:"policy,omitempty"`
-	// speculative applies when the branch that runs has no writes: its
-	// compares and reads see the newest sequenced write of each key, and the
-	// response is sent at once instead of after the commits behind those
-	// writes are acknowledged. A value so read may belong to a commit still
+	// speculative: the response does not wait for the commits behind the
+	// writes the compares and reads saw to be acknowledged. A branch without
+	// writes answers at once; a branch with writes as soon as its own commit
+	// meets its policy. A value so read may belong to a commit still
 	// waiting for its fsync or replicas (the Hekaton "commit dependency",
 	// early lock release): use it only to build a Txn whose compares guard
 	// it (read-modify-write with version compares), never show it to anyone.
 	// Such a Txn is ordered after every write it compared, so its own
 	// acknowledgement implies theirs, and it is lost with them if the
 	// primary crashes first. It takes a hot key's commit latency out of
-	// every read-modify-write chain through that key. A branch with writes
-	// commits and waits as usual.
+	// every read-modify-write chain through that key.
 	Speculative   bool `protobuf:"varint,5,opt,name=speculative,proto3" json:"speculative,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
