@@ -299,6 +299,7 @@ func (l *Log) fail(err error) error {
 	l.mu.Lock()
 	if l.broken == nil {
 		l.broken = err
+		l.changedLocked() // wake Wait
 	}
 	l.mu.Unlock()
 	l.logger.Error("wal: log broken", "dir", l.dir, "err", err)
@@ -647,8 +648,11 @@ func (l *Log) TruncateBefore(lsn uint64) (removed int, err error) {
 		removed++
 		// Sync after each removal, not once at the end: if a crash persisted
 		// a later removal but not an earlier one, the log would have a hole.
+		// A failed directory fsync is as fatal as any other: the removal
+		// may or may not survive a crash, and retrying can report success
+		// for what the kernel dropped.
 		if err := l.syncDir(); err != nil {
-			return removed, fmt.Errorf("wal: %w", err)
+			return removed, l.fail(fmt.Errorf("truncate before LSN %d: %w", lsn, err))
 		}
 	}
 }
@@ -881,11 +885,12 @@ func (l *Log) Reset(nextLSN uint64) error {
 }
 
 // Wait blocks until LastLSN() (or DurableLSN(), if durable) reaches lsn, ctx
-// is done, or the log is closed.
+// is done, or the log is closed or broken (then it returns ErrClosed or the
+// error that broke it: neither position moves again).
 func (l *Log) Wait(ctx context.Context, lsn uint64, durable bool) error {
 	for {
 		l.mu.RLock()
-		have, ch, closed := l.lastLSN, l.notify, l.closed
+		have, ch, closed, broken := l.lastLSN, l.notify, l.closed, l.broken
 		if durable {
 			have = l.durableLSN
 		}
@@ -895,6 +900,8 @@ func (l *Log) Wait(ctx context.Context, lsn uint64, durable bool) error {
 			return nil
 		case closed:
 			return ErrClosed
+		case broken != nil:
+			return broken
 		}
 		select {
 		case <-ch:

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/walship/walship/internal/vfs"
 )
@@ -192,6 +194,44 @@ func TestTruncateBefore(t *testing.T) {
 	m.Crash() // removals were synced
 	l = openMem(t, m, mxSegSize)
 	checkEntries(t, readAll(t, l), want[8:])
+}
+
+// TestTruncateBeforeDirSyncFailure: a failed directory fsync after a
+// segment's removal breaks the log like any failed fsync (the removal may
+// or may not survive a crash), and a waiter for a durable LSN the broken
+// log will never reach returns the error instead of waiting on.
+func TestTruncateBeforeDirSyncFailure(t *testing.T) {
+	m := vfs.NewMem()
+	l := openMem(t, m, mxSegSize)
+	defer l.Close()
+	mustNoErr(t, l.Append(seqEntries(1, 12, mxData)...)) // segments 1-4, 5-8, 9-12
+	mustNoErr(t, l.Sync())
+	waited := make(chan error, 1)
+	wctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // fails clearly, not by the test's timeout
+	defer cancel()
+	go func() { waited <- l.Wait(wctx, 13, true) }()
+	injected := errors.New("injected EIO")
+	m.InjectSyncError(func(name string) error {
+		if filepath.Ext(name) == "" { // the directory, not a segment
+			return injected
+		}
+		return nil
+	})
+	n, err := l.TruncateBefore(9)
+	if n != 1 || !errors.Is(err, ErrBroken) || !errors.Is(err, injected) {
+		t.Fatalf("TruncateBefore with a failing directory fsync = %d, %v; want 1 removed and ErrBroken carrying the injected error", n, err)
+	}
+	m.InjectSyncError(nil)
+	if err := <-waited; !errors.Is(err, ErrBroken) {
+		t.Fatalf("Wait for a durable LSN on the broken log = %v; want ErrBroken", err)
+	}
+	if err := l.Wait(context.Background(), 13, false); !errors.Is(err, ErrBroken) {
+		t.Fatalf("Wait after the log broke = %v; want ErrBroken", err)
+	}
+	if _, err := l.TruncateBefore(9); !errors.Is(err, ErrBroken) {
+		t.Fatalf("TruncateBefore after the log broke = %v; want ErrBroken (sticky)", err)
+	}
+	wantErr(t, l.Append(mkEntry(13, 13, 1)), ErrBroken)
 }
 
 func TestReset(t *testing.T) {

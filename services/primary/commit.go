@@ -124,6 +124,13 @@ func (s *Server) committer(ctx context.Context) error {
 			// have the error.
 			s.fail(err, nil)
 			return err
+		case <-s.failed:
+			// Another path failed the log (retention's directory fsync,
+			// applying to the state): Run stops the primary.
+			s.seqMu.Lock()
+			err := s.broken
+			s.seqMu.Unlock()
+			return finish(err)
 		}
 		async, needSync, err := s.writeQueue(&spare)
 		if err != nil {
@@ -433,6 +440,7 @@ func (s *Server) fail(err error, inflight []*txn) {
 	s.seqMu.Lock()
 	if s.broken == nil {
 		s.broken = err
+		close(s.failed)
 		s.logger.Error("WAL failed; refusing writes until restart", "err", err)
 	}
 	queued := s.queue
@@ -452,7 +460,9 @@ func (s *Server) fail(err error, inflight []*txn) {
 // await waits until t meets its policy, then resolves it so it can become
 // visible. It does not give up when the caller's context ends: a sequenced
 // transaction is in the log and must resolve for later ones to become
-// visible; the wait is bounded by the policy's sync timeout.
+// visible. The wait for replicas and log stores is bounded by the policy's
+// sync timeout; the wait for its own write and fsync is not (a disk that
+// hangs hangs its commits; one that fails fails them).
 func (s *Server) await(t *txn) error {
 	err := <-t.local
 	if err != nil {
@@ -505,6 +515,17 @@ func levelName(l walshipv1.SyncLevel) string {
 // overlay, and the visible LSN advances. Visibility is a prefix so that a
 // reader never sees a commit without every commit before it.
 func (s *Server) resolve(t *txn) {
+	if err := s.resolveLocked(t); err != nil {
+		// The sequencer built these records, so this is a bug; stop making
+		// anything visible rather than serve a state that skipped a commit.
+		// Outside visMu: fail takes seqMu, which sequencing holds while it
+		// takes visMu.
+		s.logger.Error("cannot apply sequenced records; visibility stopped", "err", err)
+		s.fail(err, nil)
+	}
+}
+
+func (s *Server) resolveLocked(t *txn) error {
 	s.visMu.Lock()
 	defer s.visMu.Unlock()
 	t.resolved = true
@@ -513,22 +534,19 @@ func (s *Server) resolve(t *txn) {
 		n++
 	}
 	if n == 0 {
-		return
+		return nil
 	}
 	s.applyBatch.Reset()
 	for _, u := range s.unresolved[:n] {
 		s.applyBatch.Records = append(s.applyBatch.Records, u.recs...)
 	}
 	if err := s.store.Apply(&s.applyBatch); err != nil {
-		// The sequencer built these records, so this is a bug; stop making
-		// anything visible rather than serve a state that skipped a commit.
-		s.logger.Error("cannot apply sequenced records; visibility stopped", "err", err)
-		s.fail(fmt.Errorf("apply sequenced records: %w", err), nil)
-		return
+		return fmt.Errorf("apply sequenced records: %w", err)
 	}
 	last := s.unresolved[n-1].commitLSN
 	clear(s.unresolved[:n])
 	s.unresolved = s.unresolved[n:]
 	s.overlay.Release(last)
 	s.visible.Advance(last)
+	return nil
 }

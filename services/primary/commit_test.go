@@ -5,13 +5,16 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/testwait"
 	"github.com/walship/walship/internal/vfs"
+	"github.com/walship/walship/pkg/codec"
 )
 
 // TestConcurrentCommitsUnderFailure runs many concurrent writers, each
@@ -234,4 +237,49 @@ func TestDurableGroupIsOneEntry(t *testing.T) {
 	if got := r.s.wal.Stats().EntriesAppended - entries0; got != 1 {
 		t.Errorf("%d durable commits queued during one fsync were written as %d WAL entries, want 1", queued, got)
 	}
+}
+
+// TestApplyFailureStopsThePrimary: should applying sequenced records to the
+// state ever fail (a bug: the sequencer built them), visibility stops and
+// so does the primary — Run returns the error — while writers keep
+// sequencing. Making it fail here: a record the sequencer never built is
+// applied behind its back, so the next resolved prefix no longer follows
+// the store's applied LSN.
+func TestApplyFailureStopsThePrimary(t *testing.T) {
+	cfg := testConfig(t, "/data")
+	cfg.FS = vfs.NewMem()
+	r := start(t, cfg)
+	c := ctx(t)
+	var puts atomic.Int64
+	var writers sync.WaitGroup
+	for w := range 4 {
+		writers.Go(func() {
+			for i := 0; ; i++ {
+				_, err := r.kv.Put(c, &walshipv1.PutRequest{Key: fmt.Sprintf("w%d/%d", w, i%20), Value: []byte("v")})
+				if err != nil {
+					return // UNAVAILABLE once the primary fails, or its connection gone
+				}
+				puts.Add(1)
+			}
+		})
+	}
+	testwait.Until(t, "writers committing", func() bool { return puts.Load() >= 100 })
+	r.s.visMu.Lock()
+	applied := r.s.store.AppliedLSN()
+	err := r.s.store.Apply(&codec.Batch{Records: []codec.Record{{LSN: applied + 1, TxnID: 1 << 60, Op: codec.OpCommit}}})
+	r.s.visMu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-r.done:
+		r.cancel = nil
+		r.conn.Close()
+		if err == nil || !strings.Contains(err.Error(), "apply sequenced records") {
+			t.Fatalf("Run returned %v; want the apply error", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Run did not return after applying sequenced records failed (or the writers and resolve deadlocked)")
+	}
+	writers.Wait()
 }

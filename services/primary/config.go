@@ -113,14 +113,14 @@ func (c *Config) Validate() error {
 	if c.SnapshotEveryBytes <= 0 {
 		errs = append(errs, fmt.Errorf("--snapshot-every-bytes: %d must be positive", c.SnapshotEveryBytes))
 	}
-	if c.MaxValueBytes < 1 || c.MaxValueBytes > 64<<20 {
-		errs = append(errs, fmt.Errorf("--max-value-bytes: %d is not in 1..64MiB", c.MaxValueBytes))
+	if c.MaxValueBytes < 1 || c.MaxValueBytes > maxValueLimit {
+		errs = append(errs, fmt.Errorf("--max-value-bytes: %d is not in 1..%d (a batch holding one such value must fit a replication stream message)", c.MaxValueBytes, maxValueLimit))
 	}
 	if c.MaxTxnOps < 1 {
 		errs = append(errs, fmt.Errorf("--max-txn-ops: %d must be positive", c.MaxTxnOps))
 	}
-	if c.MaxBatchBytes < 64<<10 {
-		errs = append(errs, fmt.Errorf("MaxBatchBytes: %d is below 64KiB", c.MaxBatchBytes))
+	if c.MaxBatchBytes < 64<<10 || c.MaxBatchBytes > maxBatchLimit {
+		errs = append(errs, fmt.Errorf("MaxBatchBytes: %d is not in 64KiB..%d (a batch must fit a replication stream message)", c.MaxBatchBytes, maxBatchLimit))
 	}
 	if c.HeartbeatInterval <= 0 || c.HeartbeatInterval > time.Minute {
 		errs = append(errs, fmt.Errorf("--heartbeat-interval: %v is not in (0, 1m]", c.HeartbeatInterval))
@@ -146,6 +146,17 @@ func (c *Config) Validate() error {
 	}
 	return errors.Join(errs...)
 }
+
+// A WAL entry is one batch: transactions up to MaxBatchBytes of keys and
+// values, or a single larger one, which the request limit (maxMessageBytes)
+// bounds. Every entry goes to replicas and log stores as one stream
+// message of at most streamMessageBytes. Encoded, a batch is larger than
+// its keys and values (JSON's base64 is 4/3 of them, plus each record's
+// LSN, transaction and op), so both bounds leave half the message spare.
+const (
+	maxBatchLimit = streamMessageBytes / 2
+	maxValueLimit = streamMessageBytes/2 - MaxKeyBytes - 1<<20
+)
 
 // maxMessageBytes is the gRPC message limit that admits the largest valid
 // request (a Txn of MaxTxnOps puts of maximal keys and values would exceed

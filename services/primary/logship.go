@@ -135,7 +135,9 @@ func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceC
 	return sendErr
 }
 
-// streamMessageBytes bounds a replication or log store stream message: a
-// batch is at most MaxBatchBytes plus one transaction, which the gRPC
-// message limit already bounds.
+// streamMessageBytes bounds a replication or log store stream message. It
+// carries one WAL entry: a batch of at most MaxBatchBytes, or one larger
+// transaction, which the request limit bounds; Config.Validate keeps both
+// to half of it (maxBatchLimit, maxValueLimit). A log store's default
+// message limit (logstore.DefaultMaxMessageBytes) is the same.
 const streamMessageBytes = 64 << 20

@@ -4,10 +4,11 @@
 //
 // A write goes through one sequencer (LSNs assigned, compares evaluated
 // against every earlier write), then a writer: the syncer goroutine, which
-// writes every transaction that needs a local fsync queued while the
-// previous fsync ran as one batch and fsyncs it, or the committer
-// goroutine, which writes one that needs none at once; then it waits for
-// its policy (local fsync, replicas, log stores). Replicas
+// writes what was queued while the previous fsync ran as one batch and
+// fsyncs it, or the committer goroutine, woken by a transaction that needs
+// no fsync, which writes it at once with whatever is queued ahead of it
+// (and wakes the syncer for those that need one); then it waits for its
+// policy (local fsync, replicas, log stores). Replicas
 // receive a batch once it is written, before the fsync; they apply only up
 // to the durable LSN the primary reports. Readers see the state only up to
 // the visible LSN: the end of the longest prefix of transactions whose
@@ -119,7 +120,8 @@ type Server struct {
 	snapMu      sync.Mutex
 	snapshotLSN atomic.Uint64
 	snaps       *recovery.SnapshotSchedule
-	truncate    chan uint64 // retention cut points, for the committer to make
+	truncate    chan uint64   // retention cut points, for the committer to make
+	failed      chan struct{} // closed by fail, with broken set: the committer stops
 
 }
 
@@ -140,6 +142,7 @@ func New(cfg Config) (*Server, error) {
 		kick:     make(chan struct{}, 1),
 		snaps:    recovery.NewSnapshotSchedule(cfg.SnapshotEveryBytes),
 		truncate: make(chan uint64, 1),
+		failed:   make(chan struct{}),
 		syncKick: make(chan struct{}, 1),
 		flushReq: make(chan struct{}, 1),
 	}
@@ -329,6 +332,12 @@ func (s *Server) truncateWAL(cut uint64) {
 	s.writeMu.Lock()
 	removed, err := s.wal.TruncateBefore(cut)
 	s.writeMu.Unlock()
+	if errors.Is(err, wal.ErrBroken) {
+		// A failed fsync of the directory or the segments: what is on
+		// disk is unknown, as after any failed fsync.
+		s.fail(fmt.Errorf("wal retention: %w", err), nil)
+		return
+	}
 	if err != nil {
 		s.logger.Warn("wal retention failed", "err", err)
 		return

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -582,6 +583,59 @@ func TestFsyncFailureIsFatal(t *testing.T) {
 	}
 }
 
+// TestRetentionDirFsyncFailureIsFatal: retention removes a WAL segment
+// and the directory fsync after it fails. Whether the removal survives a
+// crash is unknown, as after any failed fsync, so the primary stops at
+// once — not at the next write, which there may never be: Run returns the
+// error.
+func TestRetentionDirFsyncFailureIsFatal(t *testing.T) {
+	mem := vfs.NewMem()
+	cfg := testConfig(t, "/data")
+	cfg.FS = mem
+	cfg.SegmentBytes = 64 << 10
+	cfg.SnapshotEveryBytes = 128 << 10
+	cfg.WALRetentionBytes = 256 << 10
+	r := start(t, cfg)
+	c := ctx(t)
+	injected := errors.New("injected EIO")
+	var removed atomic.Bool
+	mem.InjectError(func(op vfs.Op, name string) error {
+		if op == vfs.OpRemove && filepath.Ext(name) == ".wal" {
+			removed.Store(true)
+		}
+		return nil
+	})
+	mem.InjectSyncError(func(name string) error {
+		if removed.Load() && filepath.Ext(name) == "" {
+			return injected
+		}
+		return nil
+	})
+	// Write until retention removes a segment, then no more.
+	value := make([]byte, 1024)
+	for i := 0; !removed.Load(); i++ {
+		if i == 10_000 {
+			t.Fatal("10,000 Puts of 1 KiB and retention never removed a segment")
+		}
+		if _, err := r.kv.Put(c, &walshipv1.PutRequest{Key: fmt.Sprintf("k%d", i%50), Value: value}); err != nil {
+			if status.Code(err) != codes.Unavailable {
+				t.Fatalf("Put as retention fails = %v; want success or UNAVAILABLE", err)
+			}
+			break
+		}
+	}
+	select {
+	case err := <-r.done:
+		r.cancel = nil
+		r.conn.Close()
+		if !errors.Is(err, injected) {
+			t.Fatalf("Run returned %v; want the injected error", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Run did not return after retention's directory fsync failed")
+	}
+}
+
 // TestCrashKeepsSyncedCommits crashes the in-memory filesystem (dropping
 // everything not synced) after sync and async commits: every sync commit
 // survives and what survives is a prefix.
@@ -666,4 +720,37 @@ func dialBench(b *testing.B, addr string) *grpc.ClientConn {
 		b.Fatal(err)
 	}
 	return conn
+}
+
+// TestConfigValidate: each bad setting is refused naming its flag (or, for
+// settings without one, its field), and the size limits keep every WAL
+// entry within one replication stream message.
+func TestConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(*Config)
+		want string
+	}{
+		{"ok", func(*Config) {}, ""},
+		{"largest value", func(c *Config) { c.MaxValueBytes = maxValueLimit }, ""},
+		{"largest batch", func(c *Config) { c.MaxBatchBytes = maxBatchLimit }, ""},
+		{"no data dir", func(c *Config) { c.DataDir = "" }, "--data-dir"},
+		{"no value", func(c *Config) { c.MaxValueBytes = 0 }, "--max-value-bytes"},
+		{"value past a stream message", func(c *Config) { c.MaxValueBytes = streamMessageBytes }, "--max-value-bytes"},
+		{"value one past the limit", func(c *Config) { c.MaxValueBytes = maxValueLimit + 1 }, "--max-value-bytes"},
+		{"no txn ops", func(c *Config) { c.MaxTxnOps = 0 }, "--max-txn-ops"},
+		{"small batches", func(c *Config) { c.MaxBatchBytes = 1 << 10 }, "MaxBatchBytes"},
+		{"batch past a stream message", func(c *Config) { c.MaxBatchBytes = maxBatchLimit + 1 }, "MaxBatchBytes"},
+		{"no heartbeat", func(c *Config) { c.HeartbeatInterval = 0 }, "--heartbeat-interval"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.DataDir = "/tmp/x"
+			tc.edit(&cfg)
+			err := cfg.Validate()
+			if (err == nil) != (tc.want == "") || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+				t.Fatalf("Validate = %v, want %q", err, tc.want)
+			}
+		})
+	}
 }
