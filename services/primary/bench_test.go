@@ -37,7 +37,10 @@ func BenchmarkCommit(b *testing.B) {
 	}
 }
 
-func benchCommit(b *testing.B, durability walshipv1.Durability, committers int) {
+// startBench runs a primary with the given default durability, without
+// replication, on loopback and a real disk, until the benchmark ends.
+func startBench(b *testing.B, durability walshipv1.Durability) *Server {
+	b.Helper()
 	cfg := DefaultConfig()
 	cfg.Listen = "127.0.0.1:0"
 	cfg.DataDir = b.TempDir()
@@ -50,12 +53,18 @@ func benchCommit(b *testing.B, durability walshipv1.Durability, committers int) 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
-	defer func() {
+	b.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
 			b.Error(err)
 		}
-	}()
+	})
+	return s
+}
+
+func benchCommit(b *testing.B, durability walshipv1.Durability, committers int) {
+	s := startBench(b, durability)
+	cfg := s.cfg
 	// One connection, as an application holds one gRPC ClientConn; its
 	// streams multiplex the committers.
 	conn := dialBench(b, s.Addr())
@@ -86,6 +95,55 @@ func benchCommit(b *testing.B, durability walshipv1.Durability, committers int) 
 		disk := (diskBefore + diskAppendRate(b, cfg.DataDir)) / 2
 		b.ReportMetric(disk, "disk_appends/s")
 		b.ReportMetric(rate/disk, "x_disk")
+	}
+}
+
+// BenchmarkCommitDistant is BenchmarkCommit's 7 sync committers, alone or
+// beside one distant client on a connection of its own whose every next
+// commit comes `distant` after its last one was acknowledged (a client in
+// another zone, or one that thinks between commits). It reports the 7's
+// commits/s: a group commit that waited for the distant client's next
+// commit each time it had just been acknowledged would cost them a gather
+// window per distant commit.
+func BenchmarkCommitDistant(b *testing.B) {
+	for _, distant := range []time.Duration{0, 2 * time.Millisecond} {
+		b.Run(fmt.Sprintf("distant=%v", distant), func(b *testing.B) {
+			s := startBench(b, walshipv1.Durability_DURABILITY_SYNC)
+			conn := dialBench(b, s.Addr())
+			defer conn.Close()
+			var far sync.WaitGroup
+			stop := make(chan struct{})
+			var farCommits atomic.Int64
+			if distant > 0 {
+				farConn := dialBench(b, s.Addr())
+				defer farConn.Close()
+				farKV := walshipv1.NewKVServiceClient(farConn)
+				far.Go(func() {
+					t := time.NewTimer(distant)
+					defer t.Stop()
+					for i := 0; ; i++ {
+						select {
+						case <-stop:
+							return
+						case <-t.C:
+						}
+						if _, err := farKV.Put(context.Background(), &walshipv1.PutRequest{Key: fmt.Sprintf("far/%d", i), Value: []byte("x")}); err != nil {
+							b.Error(err)
+							return
+						}
+						farCommits.Add(1)
+						t.Reset(distant)
+					}
+				})
+			}
+			st0, n0 := s.wal.Stats(), b.N
+			putLoop(b, walshipv1.NewKVServiceClient(conn), 7, "commits/s")
+			close(stop)
+			far.Wait()
+			if syncs := s.wal.Stats().Syncs - st0.Syncs; syncs > 0 {
+				b.ReportMetric(float64(n0+int(farCommits.Load()))/float64(syncs), "commits/fsync")
+			}
+		})
 	}
 }
 

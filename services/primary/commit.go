@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -192,7 +193,9 @@ func (s *Server) syncer(ctx context.Context) error {
 			// A batch written while the ask above was made, and synced by
 			// this fsync, is asked for now: no later fsync will.
 			s.askReplicaFlush(s.wal.DurableLSN())
-			s.wakeDurable(err)
+			if acked := s.wakeDurable(err); acked > 0 {
+				s.noteCycle(acked + s.syncWaiting())
+			}
 			if err != nil {
 				return err
 			}
@@ -242,8 +245,9 @@ func (s *Server) askReplicaFlush(upTo uint64) {
 }
 
 // wakeDurable acknowledges the waiting transactions the WAL's durable LSN
-// covers, or fails all of them with err.
-func (s *Server) wakeDurable(err error) {
+// covers, or fails all of them with err, and returns how many it
+// acknowledged.
+func (s *Server) wakeDurable(err error) int {
 	durable := s.wal.DurableLSN()
 	s.durMu.Lock()
 	defer s.durMu.Unlock()
@@ -255,6 +259,10 @@ func (s *Server) wakeDurable(err error) {
 	rest := copy(s.durWait, s.durWait[n:])
 	clear(s.durWait[rest:])
 	s.durWait = s.durWait[:rest]
+	if err != nil {
+		return 0
+	}
+	return n
 }
 
 func poke(ch chan struct{}) {
@@ -265,30 +273,24 @@ func poke(ch chan struct{}) {
 }
 
 // gatherSiblings is adaptive group commit (PostgreSQL's commit_delay with
-// commit_siblings, sized by the disk), run by the syncer before an fsync.
-// Closed-loop clients acknowledged by the previous fsync are typically on
-// their way back with their next commit; an fsync started for the first of
-// them makes the rest wait for the one after, and the fsyncs, each carrying
-// a few commits, eat the CPU the clients need. So when fewer transactions
-// wait than the recent peak of concurrent durable writers, the syncer waits
-// up to one fsync's duration (at least minGroupWait, at most maxGroupWait)
-// for the rest. The peak decays by one per fsync that finds fewer writers,
-// so a lone writer soon never waits.
+// commit_siblings, sized by the disk and by the clients), run by the
+// syncer before an fsync. Closed-loop clients acknowledged by the previous
+// fsync are typically on their way back with their next commit; an fsync
+// started for the first of them makes the rest wait for the one after, and
+// the fsyncs, each carrying a few commits, eat the CPU the clients need. So
+// when fewer transactions wait than the durable writers of a typical
+// recent cycle (gatherTarget), the syncer waits up to one fsync's duration
+// (at least minGroupWait, at most maxGroupWait) for the rest.
 func (s *Server) gatherSiblings() {
-	now := int(s.syncWriters.Load())
-	if now >= s.peakWriters {
-		s.peakWriters = now
-	} else {
-		s.peakWriters--
-	}
+	target := s.gatherTarget()
 	waiting := s.syncWaiting()
-	if waiting == 0 || waiting >= s.peakWriters {
+	if waiting == 0 || waiting >= target {
 		return
 	}
 	wait := min(max(time.Duration(s.lastFsync.Load()), minGroupWait), maxGroupWait)
 	t := time.NewTimer(wait)
 	defer t.Stop()
-	for waiting < s.peakWriters {
+	for waiting < target {
 		select {
 		case <-s.syncKick:
 			waiting = s.syncWaiting()
@@ -296,6 +298,43 @@ func (s *Server) gatherSiblings() {
 			return
 		}
 	}
+}
+
+// cycleSamples is how many recent fsync cycles gatherTarget looks at, and
+// cycleMemory how long their count stays relevant to a syncer that was idle.
+const (
+	cycleSamples = 5
+	cycleMemory  = 10 * time.Millisecond
+)
+
+// noteCycle records how many durable writers an fsync cycle had: the
+// commits its fsync acknowledged, and those already waiting for the next
+// one (sequenced during it). A closed-loop client counts in every cycle,
+// whichever group its commit fell in; a client that comes back only now
+// and then (one far away, or one that thinks between commits) counts only
+// in the cycles it was there for.
+func (s *Server) noteCycle(writers int) {
+	s.cycles[s.cycleNext%cycleSamples] = writers
+	s.cycleNext++
+	s.cycleAt = time.Now()
+}
+
+// gatherTarget is how many durable commits the syncer gathers before an
+// fsync: the median of the recent cycles' writers (noteCycle), rounding
+// down. The median, not the peak: waiting for a client that was there in
+// one cycle of several costs the others a whole gather window each time it
+// has just been acknowledged (BenchmarkCommitDistant: a third of 7 sync
+// committers' rate, for one distant client). After an idle spell it is 0,
+// so a lone writer never waits.
+func (s *Server) gatherTarget() int {
+	n := min(s.cycleNext, cycleSamples)
+	if n == 0 || time.Since(s.cycleAt) > cycleMemory {
+		return 0
+	}
+	recent := s.cycles
+	sorted := recent[:n]
+	slices.Sort(sorted)
+	return sorted[(n-1)/2]
 }
 
 // minGroupWait and maxGroupWait bound how long a durable commit waits for

@@ -283,3 +283,36 @@ func TestApplyFailureStopsThePrimary(t *testing.T) {
 	}
 	writers.Wait()
 }
+
+// TestGatherTargetIsTheTypicalCycle: the syncer gathers as many durable
+// commits as a typical recent cycle had writers (the median, rounding
+// down), not the peak, and nothing after an idle spell.
+func TestGatherTargetIsTheTypicalCycle(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		cycles []int
+		want   int
+	}{
+		{"no history", nil, 0},
+		{"eight closed-loop writers", []int{8, 8, 8, 8, 8}, 8},
+		{"seven, and one far away now and then", []int{7, 7, 8, 7, 7}, 7},
+		{"two cycles, rounding down", []int{7, 8}, 7},
+		{"writers left two cycles ago", []int{8, 8, 8, 1, 1}, 8},
+		{"writers left three cycles ago", []int{8, 8, 8, 1, 1, 1}, 1},
+		{"more writers joined", []int{4, 4, 4, 16, 16, 16}, 16},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var s Server
+			for _, n := range tc.cycles {
+				s.noteCycle(n)
+			}
+			if got := s.gatherTarget(); got != tc.want {
+				t.Fatalf("cycles %v: gatherTarget = %d, want %d", tc.cycles, got, tc.want)
+			}
+			s.cycleAt = time.Now().Add(-2 * cycleMemory)
+			if got := s.gatherTarget(); got != 0 {
+				t.Fatalf("cycles %v, then idle for %v: gatherTarget = %d, want 0", tc.cycles, 2*cycleMemory, got)
+			}
+		})
+	}
+}

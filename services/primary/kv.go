@@ -296,10 +296,6 @@ func (s *Server) execTxn(ctx context.Context, p *walshipv1.CommitPolicy, cmps []
 		return res, nil
 	}
 	t := &txn{policy: pol, local: make(chan error, 1), start: start}
-	if pol.needsLocalSync() {
-		s.syncWriters.Add(1)
-		defer s.syncWriters.Add(-1)
-	}
 	first := s.nextLSN
 	t.commitLSN = first + uint64(writes)
 	txnID := s.nextTxn

@@ -93,13 +93,15 @@ type Server struct {
 	// The syncer: a sequenced transaction that needs a local fsync pokes
 	// syncKick; the writer registers fsync waiters in durWait (LSN order)
 	// as it writes them; the async flush timer pokes flushReq.
-	syncKick    chan struct{}
-	flushReq    chan struct{}
-	durMu       sync.Mutex
-	durWait     []*txn
-	lastFsync   atomic.Int64 // duration of the latest WAL fsync, for group commit
-	syncWriters atomic.Int64 // writes in flight that need a local fsync
-	peakWriters int          // recent peak of syncWriters (syncer only)
+	syncKick  chan struct{}
+	flushReq  chan struct{}
+	durMu     sync.Mutex
+	durWait   []*txn
+	lastFsync atomic.Int64 // duration of the latest WAL fsync, for group commit
+	// Durable writers of recent fsync cycles, for group commit (syncer only).
+	cycles    [cycleSamples]int
+	cycleNext int
+	cycleAt   time.Time
 	// replWanted[level] is the last LSN of a batch holding a commit that
 	// waits for replicas at that stage and that no local fsync groups:
 	// its batch asks replicas for an ack at once.
