@@ -323,9 +323,10 @@ func (s *Server) noteCycle(writers int) {
 // fsync: the median of the recent cycles' writers (noteCycle), rounding
 // down. The median, not the peak: waiting for a client that was there in
 // one cycle of several costs the others a whole gather window each time it
-// has just been acknowledged (BenchmarkCommitDistant: a third of 7 sync
-// committers' rate, for one distant client). After an idle spell it is 0,
-// so a lone writer never waits.
+// has just been acknowledged (BenchmarkCommitDistant: beside one distant
+// client, 7 sync committers lost 20-28 % of their rate to a decaying peak,
+// 8-10 % with the median). After an idle spell it is 0, so a lone writer
+// never waits.
 func (s *Server) gatherTarget() int {
 	n := min(s.cycleNext, cycleSamples)
 	if n == 0 || time.Since(s.cycleAt) > cycleMemory {

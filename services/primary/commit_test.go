@@ -271,15 +271,8 @@ func TestApplyFailureStopsThePrimary(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-r.done:
-		r.cancel = nil
-		r.conn.Close()
-		if err == nil || !strings.Contains(err.Error(), "apply sequenced records") {
-			t.Fatalf("Run returned %v; want the apply error", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("Run did not return after applying sequenced records failed (or the writers and resolve deadlocked)")
+	if err := r.failed(t, "applying sequenced records failed (or the writers and resolve deadlocked)"); err == nil || !strings.Contains(err.Error(), "apply sequenced records") {
+		t.Fatalf("Run returned %v; want the apply error", err)
 	}
 	writers.Wait()
 }

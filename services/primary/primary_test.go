@@ -112,6 +112,34 @@ func (r *running) stop(t *testing.T) error {
 	}
 }
 
+// failed waits for Run to return on its own, the primary having failed
+// (what says how), and returns Run's error.
+func (r *running) failed(t *testing.T, what string) error {
+	t.Helper()
+	select {
+	case err := <-r.done:
+		r.cancel = nil
+		r.conn.Close()
+		return err
+	case <-time.After(20 * time.Second):
+		t.Fatalf("Run did not return after %s", what)
+		return nil
+	}
+}
+
+// txnGet, txnPut and txnDelete are Txn ops on key.
+func txnGet(key string) *walshipv1.TxnOp {
+	return &walshipv1.TxnOp{Op: &walshipv1.TxnOp_Get{Get: &walshipv1.GetOp{Key: key}}}
+}
+
+func txnPut(key string, value []byte) *walshipv1.TxnOp {
+	return &walshipv1.TxnOp{Op: &walshipv1.TxnOp_Put{Put: &walshipv1.PutOp{Key: key, Value: value}}}
+}
+
+func txnDelete(key string) *walshipv1.TxnOp {
+	return &walshipv1.TxnOp{Op: &walshipv1.TxnOp_Delete{Delete: &walshipv1.DeleteOp{Key: key}}}
+}
+
 func ctx(t *testing.T) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)
@@ -424,9 +452,7 @@ func TestBadInput(t *testing.T) {
 	c := ctx(t)
 	long := strings.Repeat("k", 4097)
 	bad := string([]byte{0xff, 0xfe})
-	put := func(k string) *walshipv1.TxnOp {
-		return &walshipv1.TxnOp{Op: &walshipv1.TxnOp_Put{Put: &walshipv1.PutOp{Key: k}}}
-	}
+	put := func(k string) *walshipv1.TxnOp { return txnPut(k, nil) }
 	cases := []struct {
 		name  string
 		call  func() error
@@ -571,15 +597,8 @@ func TestFsyncFailureIsFatal(t *testing.T) {
 	if status.Code(err) != codes.Unavailable {
 		t.Fatalf("Put after a failed fsync = %v; want UNAVAILABLE (the failure is sticky)", err)
 	}
-	select {
-	case err := <-r.done:
-		r.cancel = nil
-		r.conn.Close()
-		if !errors.Is(err, injected) {
-			t.Fatalf("Run returned %v; want the injected error", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("Run did not return after a fatal fsync error")
+	if err := r.failed(t, "a fatal fsync error"); !errors.Is(err, injected) {
+		t.Fatalf("Run returned %v; want the injected error", err)
 	}
 }
 
@@ -624,15 +643,8 @@ func TestRetentionDirFsyncFailureIsFatal(t *testing.T) {
 			break
 		}
 	}
-	select {
-	case err := <-r.done:
-		r.cancel = nil
-		r.conn.Close()
-		if !errors.Is(err, injected) {
-			t.Fatalf("Run returned %v; want the injected error", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("Run did not return after retention's directory fsync failed")
+	if err := r.failed(t, "retention's directory fsync failed"); !errors.Is(err, injected) {
+		t.Fatalf("Run returned %v; want the injected error", err)
 	}
 }
 

@@ -227,6 +227,20 @@ func holdSyncCommit(t *testing.T, r *running) (cold, hot uint64, hotErr <-chan e
 	}
 }
 
+// waitsFor checks that each Txn does not answer while the commit at LSN
+// held waits for its replica: given 100 ms, it ends in DEADLINE_EXCEEDED.
+func waitsFor(t *testing.T, r *running, held uint64, reqs ...*walshipv1.TxnRequest) {
+	t.Helper()
+	for _, req := range reqs {
+		short, cancel := context.WithTimeout(ctx(t), 100*time.Millisecond)
+		resp, err := r.kv.Txn(short, req)
+		cancel()
+		if status.Code(err) != codes.DeadlineExceeded {
+			t.Fatalf("%v while LSN %d waits for its replica = %v, %v; want it to wait (DEADLINE_EXCEEDED)", req, held, resp, err)
+		}
+	}
+}
+
 // TestReadOnlyTxnWaitsOnlyForWritesItSees: a read-only Txn runs at the
 // sequenced state but returns nothing unacknowledged: it waits until the
 // in-flight writes of the keys it reads or compares are visible — and only
@@ -238,9 +252,6 @@ func TestReadOnlyTxnWaitsOnlyForWritesItSees(t *testing.T) {
 	r := start(t, cfg)
 	c := ctx(t)
 	cold, hot, hotErr, ack := holdSyncCommit(t, r)
-	get := func(k string) *walshipv1.TxnOp {
-		return &walshipv1.TxnOp{Op: &walshipv1.TxnOp_Get{Get: &walshipv1.GetOp{Key: k}}}
-	}
 	// An operator sees the commit waiting for a replica at stage write.
 	waitingAt := func(peers, stage string) float64 {
 		t.Helper()
@@ -266,7 +277,7 @@ func TestReadOnlyTxnWaitsOnlyForWritesItSees(t *testing.T) {
 	}
 
 	// Other keys: at once, at the visible LSN, below the waiting commit.
-	resp, err := r.kv.Txn(c, &walshipv1.TxnRequest{Success: []*walshipv1.TxnOp{get("cold"), get("absent")}})
+	resp, err := r.kv.Txn(c, &walshipv1.TxnRequest{Success: []*walshipv1.TxnOp{txnGet("cold"), txnGet("absent")}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,18 +287,11 @@ func TestReadOnlyTxnWaitsOnlyForWritesItSees(t *testing.T) {
 	// Reading, or comparing, the waiting key: only once it is visible — so
 	// not before the commit's replica acks.
 	reads := []*walshipv1.TxnRequest{
-		{Success: []*walshipv1.TxnOp{get("cold"), get("hot")}},
+		{Success: []*walshipv1.TxnOp{txnGet("cold"), txnGet("hot")}},
 		{Compares: []*walshipv1.Compare{{Key: "hot", Target: walshipv1.CompareTarget_COMPARE_TARGET_EXISTS, Result: walshipv1.CompareResult_COMPARE_RESULT_EQUAL, Operand: &walshipv1.Compare_Exists{Exists: true}}},
-			Success: []*walshipv1.TxnOp{get("cold")}},
+			Success: []*walshipv1.TxnOp{txnGet("cold")}},
 	}
-	for _, req := range reads {
-		short, cancel := context.WithTimeout(c, 100*time.Millisecond)
-		resp, err := r.kv.Txn(short, req)
-		cancel()
-		if status.Code(err) != codes.DeadlineExceeded {
-			t.Fatalf("%v while LSN %d waits for its replica = %v, %v; want it to wait (DEADLINE_EXCEEDED)", req, hot, resp, err)
-		}
-	}
+	waitsFor(t, r, hot, reads...)
 	ack()
 	if err := <-hotErr; err != nil {
 		t.Fatalf("sync commit acked by hand: %v", err)
@@ -312,20 +316,12 @@ func TestWritingTxnReturnsNothingUnacknowledged(t *testing.T) {
 	r := start(t, testConfig(t, t.TempDir()))
 	c := ctx(t)
 	_, hot, hotErr, ack := holdSyncCommit(t, r)
-	get := func(k string) *walshipv1.TxnOp {
-		return &walshipv1.TxnOp{Op: &walshipv1.TxnOp_Get{Get: &walshipv1.GetOp{Key: k}}}
-	}
-	put := func(k string) *walshipv1.TxnOp {
-		return &walshipv1.TxnOp{Op: &walshipv1.TxnOp_Put{Put: &walshipv1.PutOp{Key: k, Value: []byte("w")}}}
-	}
-	del := func(k string) *walshipv1.TxnOp {
-		return &walshipv1.TxnOp{Op: &walshipv1.TxnOp_Delete{Delete: &walshipv1.DeleteOp{Key: k}}}
-	}
+	put := func(k string) *walshipv1.TxnOp { return txnPut(k, []byte("w")) }
 	hotExists := &walshipv1.Compare{Key: "hot", Target: walshipv1.CompareTarget_COMPARE_TARGET_EXISTS,
 		Result: walshipv1.CompareResult_COMPARE_RESULT_EQUAL, Operand: &walshipv1.Compare_Exists{Exists: true}}
 
 	// Other keys: answered at once, though hot's commit precedes it.
-	other, err := r.kv.Txn(c, &walshipv1.TxnRequest{Success: []*walshipv1.TxnOp{get("cold"), put("other")}})
+	other, err := r.kv.Txn(c, &walshipv1.TxnRequest{Success: []*walshipv1.TxnOp{txnGet("cold"), put("other")}})
 	if err != nil || other.Lsn <= hot || string(other.Results[0].GetGet().GetValue()) != "c" {
 		t.Fatalf("writing Txn over other keys while LSN %d waits = %v, %v; want it at once", hot, other, err)
 	}
@@ -333,9 +329,9 @@ func TestWritingTxnReturnsNothingUnacknowledged(t *testing.T) {
 	// existed says it is there):
 	// each commits, and waits for hot's ack before answering.
 	dependents := []*walshipv1.TxnRequest{
-		{Success: []*walshipv1.TxnOp{get("hot"), put("w1")}},
+		{Success: []*walshipv1.TxnOp{txnGet("hot"), put("w1")}},
 		{Compares: []*walshipv1.Compare{hotExists}, Success: []*walshipv1.TxnOp{put("w2")}},
-		{Success: []*walshipv1.TxnOp{put("w3"), del("hot-twin")}},
+		{Success: []*walshipv1.TxnOp{put("w3"), txnDelete("hot-twin")}},
 	}
 	if _, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "hot-twin", Value: []byte("t"), Policy: &walshipv1.CommitPolicy{
 		Replication: walshipv1.ReplicationMode_REPLICATION_MODE_SYNC, SyncLevel: walshipv1.SyncLevel_SYNC_LEVEL_WRITE,
@@ -344,14 +340,7 @@ func TestWritingTxnReturnsNothingUnacknowledged(t *testing.T) {
 		// wait times out (the test acks only hot), which answers it.
 		t.Fatalf("hot-twin with a 1 ms sync timeout = %v; want UNAVAILABLE", err)
 	}
-	for _, req := range dependents {
-		short, cancel := context.WithTimeout(c, 100*time.Millisecond)
-		resp, err := r.kv.Txn(short, req)
-		cancel()
-		if status.Code(err) != codes.DeadlineExceeded {
-			t.Fatalf("%v while LSN %d waits for its replica = %v, %v; want it to wait (DEADLINE_EXCEEDED)", req, hot, resp, err)
-		}
-	}
+	waitsFor(t, r, hot, dependents...)
 	if v := r.s.visible.Load(); v >= hot {
 		t.Fatalf("visible LSN %d: the held commit %d is visible before its ack", v, hot)
 	}
@@ -362,7 +351,7 @@ func TestWritingTxnReturnsNothingUnacknowledged(t *testing.T) {
 	}
 	answered := make(chan answer, 1)
 	go func() {
-		resp, err := r.kv.Txn(c, &walshipv1.TxnRequest{Success: []*walshipv1.TxnOp{get("hot"), put("w4")}})
+		resp, err := r.kv.Txn(c, &walshipv1.TxnRequest{Success: []*walshipv1.TxnOp{txnGet("hot"), put("w4")}})
 		answered <- answer{resp, err}
 	}()
 	ack()
@@ -390,16 +379,13 @@ func TestSpeculativeReadModifyWrite(t *testing.T) {
 	r := start(t, testConfig(t, t.TempDir()))
 	c := ctx(t)
 	cold, hot, hotErr, ack := holdSyncCommit(t, r)
-	get := func(k string) *walshipv1.TxnOp {
-		return &walshipv1.TxnOp{Op: &walshipv1.TxnOp_Get{Get: &walshipv1.GetOp{Key: k}}}
-	}
 	versionIs := func(k string, v uint64) *walshipv1.Compare {
 		return &walshipv1.Compare{Key: k, Target: walshipv1.CompareTarget_COMPARE_TARGET_VERSION,
 			Result: walshipv1.CompareResult_COMPARE_RESULT_EQUAL, Operand: &walshipv1.Compare_VersionLsn{VersionLsn: v}}
 	}
 
 	// The pending write, at once (a plain read waits: the test above).
-	read, err := r.kv.Txn(c, &walshipv1.TxnRequest{Speculative: true, Success: []*walshipv1.TxnOp{get("hot"), get("cold")}})
+	read, err := r.kv.Txn(c, &walshipv1.TxnRequest{Speculative: true, Success: []*walshipv1.TxnOp{txnGet("hot"), txnGet("cold")}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -414,7 +400,7 @@ func TestSpeculativeReadModifyWrite(t *testing.T) {
 	stale, err := r.kv.Txn(c, &walshipv1.TxnRequest{Speculative: true,
 		Compares: []*walshipv1.Compare{versionIs("hot", 0)},
 		Success:  []*walshipv1.TxnOp{{Op: &walshipv1.TxnOp_Put{Put: &walshipv1.PutOp{Key: "hot", Value: []byte("lost")}}}},
-		Failure:  []*walshipv1.TxnOp{get("hot")}})
+		Failure:  []*walshipv1.TxnOp{txnGet("hot")}})
 	if err != nil || stale.Succeeded || string(stale.Results[0].GetGet().GetValue()) != "h" {
 		t.Fatalf("stale compare = %v, %v; want the failure branch with hot=h", stale, err)
 	}
