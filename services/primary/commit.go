@@ -301,7 +301,8 @@ func (s *Server) gatherSiblings() {
 }
 
 // cycleSamples is how many recent fsync cycles gatherTarget looks at, and
-// cycleMemory how long their count stays relevant to a syncer that was idle.
+// cycleMemory how long their count stays relevant to a syncer that was idle
+// (at least; and at least 8 fsyncs, on a disk that takes longer).
 const (
 	cycleSamples = 5
 	cycleMemory  = 10 * time.Millisecond
@@ -325,11 +326,12 @@ func (s *Server) noteCycle(writers int) {
 // one cycle of several costs the others a whole gather window each time it
 // has just been acknowledged (BenchmarkCommitDistant: beside one distant
 // client, 7 sync committers lost 20-28 % of their rate to a decaying peak,
-// 8-10 % with the median). After an idle spell it is 0, so a lone writer
+// 2-10 % with the median). After an idle spell it is 0, so a lone writer
 // never waits.
 func (s *Server) gatherTarget() int {
 	n := min(s.cycleNext, cycleSamples)
-	if n == 0 || time.Since(s.cycleAt) > cycleMemory {
+	memory := max(cycleMemory, 8*time.Duration(s.lastFsync.Load()))
+	if n == 0 || time.Since(s.cycleAt) > memory {
 		return 0
 	}
 	recent := s.cycles
