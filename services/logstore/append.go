@@ -478,12 +478,22 @@ func (s *Server) round(reqs []*appendReq) error {
 // primary. A higher epoch is adopted (and persisted) only from a batch that
 // is appended, never from a refused one.
 func (s *Server) admit(r *appendReq, walLast uint64, last *uint64, entries *[]wal.Entry) (refused, fatal error) {
+	// The heartbeat first, so that a request it refuses stores nothing of
+	// its batch, nor adopts the batch's epoch.
+	if refused, fatal := s.checkHeartbeat(r.hb); refused != nil || fatal != nil {
+		return refused, fatal
+	}
 	if b := r.env; b != nil {
+		if hb := r.hb; hb != nil && hb.Epoch != 0 && hb.Epoch < b.Epoch {
+			// The sender is at an older epoch than the primary that wrote
+			// the batch: no primary sends that.
+			return refuse(rpcerr.ErrInvalid, "heartbeat.epoch: %d is older than its batch's epoch %d", hb.Epoch, b.Epoch), nil
+		}
 		overlap := *last != 0 && b.FirstLsn <= *last
 		var why string
 		if overlap {
 			if why = s.differsFromStored(b, r.data, walLast, *entries); why == "" {
-				return s.checkHeartbeat(r.hb)
+				return nil, nil
 			}
 		}
 		if h := s.epoch.Load(); b.Epoch < h {
@@ -501,7 +511,7 @@ func (s *Server) admit(r *appendReq, walLast uint64, last *uint64, entries *[]wa
 		*entries = append(*entries, wal.Entry{FirstLSN: b.FirstLsn, LastLSN: b.LastLsn, Data: r.data})
 		*last = b.LastLsn
 	}
-	return s.checkHeartbeat(r.hb)
+	return nil, nil
 }
 
 // checkHeartbeat refuses a heartbeat from an epoch older than the highest

@@ -237,7 +237,13 @@ func (s *Server) Run(ctx context.Context) error {
 	retCtx, stopRetention := context.WithCancel(context.Background())
 	defer stopRetention()
 	retDone := make(chan struct{})
-	go func() { defer close(retDone); s.retention(retCtx) }()
+	retFailed := make(chan error, 1)
+	go func() {
+		defer close(retDone)
+		if err := s.retention(retCtx); err != nil {
+			retFailed <- err
+		}
+	}()
 
 	serveCtx, stopServe := context.WithCancel(ctx)
 	defer stopServe()
@@ -254,6 +260,16 @@ func (s *Server) Run(ctx context.Context) error {
 		s.logger.Error("log store failed; stopping", "err", fatal)
 		stopServe()
 		serveErr = <-serveDone
+	case fatal = <-retFailed:
+		// Retention broke the log: fail every stream now, rather than at
+		// the next batch (an idle primary's heartbeats would otherwise be
+		// acked on a log whose state on disk is unknown).
+		s.logger.Error("log store failed; stopping", "err", fatal)
+		s.failAll(fatal, nil)
+		stopServe()
+		serveErr = <-serveDone
+		close(stopWriter)
+		<-writerDone
 	case serveErr = <-serveDone:
 		// Every call has returned, so nothing new is queued: let the
 		// writer finish what is (nothing, normally) and exit.

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -966,4 +967,81 @@ func counterValue(t *testing.T, c interface{ Write(*dto.Metric) error }) float64
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// TestRetentionFsyncFailureIsFatal: retention removes a segment and the
+// directory fsync after it fails. The log store stops at once, as after any
+// failed fsync: an idle primary's heartbeat is not acked on a log whose
+// state on disk is unknown, Run returns the error, and it is counted.
+func TestRetentionFsyncFailureIsFatal(t *testing.T) {
+	fs := vfs.NewMem()
+	cfg := testConfig(t, "/data")
+	cfg.FS = fs
+	cfg.SegmentBytes = MinSegmentBytes
+	cfg.RetentionBytes = 3 * MinSegmentBytes
+	r := start(t, cfg)
+	var removed atomic.Bool
+	fs.InjectError(func(op vfs.Op, name string) error {
+		if op == vfs.OpRemove && filepath.Ext(name) == ".wal" {
+			removed.Store(true)
+		}
+		return nil
+	})
+	fs.InjectSyncError(func(name string) error {
+		if removed.Load() && filepath.Ext(name) == "" { // the directory
+			return vfs.ErrInjected
+		}
+		return nil
+	})
+	idle := r.append(t) // an idle primary's stream, open throughout
+	idle.heartbeat(1)
+	idle.ack()
+	// Batches one at a time, each acked, until retention removes a segment
+	// (~6 batches a segment, 3 segments kept); then no more, so that only
+	// retention can find the log broken.
+	a := r.append(t)
+	for _, b := range chain(t, 1, 1, 60, 500) {
+		if removed.Load() {
+			break
+		}
+		a.send(b)
+		a.waitDurable(b.LastLsn)
+	}
+	if !removed.Load() {
+		t.Fatal("60 batches and retention removed no segment; the test did not exercise it")
+	}
+	if err := r.wait(); !errors.Is(err, vfs.ErrInjected) || !errors.Is(err, wal.ErrBroken) {
+		t.Fatalf("Run returned %v, want the injected fsync error", err)
+	}
+	wantCode(t, idle.failure(), codes.Unavailable, "log store failed")
+	if n := counterValue(t, r.s.metrics.fsyncErrors); n != 1 {
+		t.Fatalf("fsync errors = %v, want 1", n)
+	}
+}
+
+// TestRefusedHeartbeatStoresNothing: a request whose heartbeat is refused
+// stores nothing of the batch it carries and adopts none of its epoch — a
+// stale heartbeat, or one older than the batch's own epoch.
+func TestRefusedHeartbeatStoresNothing(t *testing.T) {
+	r := start(t, testConfig(t, t.TempDir()))
+	r.appendAll(t, batch(t, 2, 1, 1, 10)) // LSNs 1-2 at epoch 2
+	for _, tc := range []struct {
+		name     string
+		batch    *walshipv1.WalBatch
+		hbEpoch  uint64
+		code     codes.Code
+		contains string
+	}{
+		{"stale heartbeat", batch(t, 2, 3, 1, 10), 1, codes.FailedPrecondition, "stale epoch 1"},
+		{"heartbeat older than its batch", batch(t, 3, 3, 1, 10), 2, codes.InvalidArgument, "heartbeat.epoch"},
+	} {
+		a := r.append(t)
+		if err := a.stream.Send(&walshipv1.AppendRequest{Batch: tc.batch, Heartbeat: &walshipv1.Heartbeat{Epoch: tc.hbEpoch, ReplyRequested: true}}); err != nil {
+			t.Fatal(err)
+		}
+		wantCode(t, a.failure(), tc.code, tc.contains)
+		if st := r.status(t); st.DurableLsn != 2 || st.Epoch != 2 {
+			t.Fatalf("%s: status %v after the refusal, want durable 2 at epoch 2", tc.name, st)
+		}
+	}
 }

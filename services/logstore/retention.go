@@ -13,10 +13,12 @@ import (
 
 // retention removes old segments whenever the writer made the log grow and,
 // with an age limit, on a ticker (the age of a segment grows without any
-// append).
-func (s *Server) retention(ctx context.Context) {
+// append). It returns the error that broke the log, if a removal's fsync
+// failed (fatal, as every failed fsync: Run stops the log store), and nil
+// when ctx ends or the log is closed.
+func (s *Server) retention(ctx context.Context) error {
 	if s.cfg.RetentionBytes == 0 && s.cfg.RetentionAge == 0 {
-		return
+		return nil
 	}
 	var tick <-chan time.Time
 	if s.cfg.RetentionAge > 0 {
@@ -30,14 +32,18 @@ func (s *Server) retention(ctx context.Context) {
 		if !first {
 			select {
 			case <-ctx.Done():
-				return
+				return nil
 			case <-s.retKick:
 			case <-tick:
 			}
 		}
 		if _, err := s.enforceRetention(ctx); err != nil {
-			if errors.Is(err, wal.ErrBroken) || errors.Is(err, wal.ErrClosed) {
-				return
+			switch {
+			case errors.Is(err, wal.ErrClosed):
+				return nil
+			case errors.Is(err, wal.ErrBroken):
+				s.metrics.fsyncErrors.Inc()
+				return err
 			}
 			s.logger.Warn("retention failed; will retry", "err", err)
 		}
