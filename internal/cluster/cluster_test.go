@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"path/filepath"
 	"runtime/pprof"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/wal"
 	"github.com/walship/walship/services/logstore"
 	"github.com/walship/walship/services/primary"
 	"github.com/walship/walship/services/replica"
@@ -484,5 +486,40 @@ func TestNodeGoroutinesCarryItsName(t *testing.T) {
 	}
 	if err := n.stop(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestEmptyLogStoreVouchesForNothing: a log store whose WAL is anchored
+// far ahead but holds no batch (a segment header written before a crash)
+// reports nothing durable. The primary ships it everything from its own
+// first LSN, and a commit that waits for the log store returns only once
+// the log store holds it — not at once, on the anchor's word.
+func TestEmptyLogStoreVouchesForNothing(t *testing.T) {
+	dir := t.TempDir()
+	l, err := wal.Open(wal.Options{Dir: filepath.Join(dir, "logstore-0", "wal"), SegmentSize: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Reset(1000); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	c := startCluster(t, Config{Dir: dir, LogStores: 1})
+	ctx := testCtx(t)
+	ls := walshipv1.NewLogStoreServiceClient(c.Conn(c.LogStores[0]))
+	if st, err := ls.Status(ctx, &walshipv1.LogStoreServiceStatusRequest{}); err != nil || st.FirstLsn != 0 || st.DurableLsn != 0 {
+		t.Fatalf("anchored, empty log store: status %v, %v; want first and durable LSN 0", st, err)
+	}
+	kv := walshipv1.NewKVServiceClient(c.Conn(c.Primary))
+	put, err := kv.Put(ctx, &walshipv1.PutRequest{Key: "k", Value: []byte("v"), Policy: &walshipv1.CommitPolicy{
+		Logstore: walshipv1.LogStoreAck_LOG_STORE_ACK_SYNC, SyncTimeout: durationpb.New(30 * time.Second)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := ls.Status(ctx, &walshipv1.LogStoreServiceStatusRequest{})
+	if err != nil || st.FirstLsn == 0 || st.FirstLsn > put.Lsn || st.DurableLsn < put.Lsn {
+		t.Fatalf("log store after a commit that waited for it (LSN %d): %v, %v; want it to hold that LSN", put.Lsn, st, err)
 	}
 }

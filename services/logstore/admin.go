@@ -16,11 +16,23 @@ func (h *logStoreServer) Status(context.Context, *walshipv1.LogStoreServiceStatu
 func (s *Server) Status() *walshipv1.LogStoreServiceStatusResponse {
 	return &walshipv1.LogStoreServiceStatusResponse{
 		FirstLsn:    s.wal.FirstLSN(),
-		DurableLsn:  s.wal.DurableLSN(),
+		DurableLsn:  s.durableLSN(),
 		Epoch:       s.epoch.Load(),
 		StoredBytes: uint64(s.wal.Size()),
 		Segments:    uint32(s.wal.Segments()),
 	}
+}
+
+// durableLSN is the last LSN the log store holds durably, as it reports it
+// to primaries: 0 while it holds no batch, even if its WAL is anchored at
+// some LSN (a segment header written before a crash, or a Reset) — holding
+// nothing, it vouches for nothing, and a primary counting its acks must not
+// take the anchor for stored commits.
+func (s *Server) durableLSN() uint64 {
+	if s.wal.FirstLSN() == 0 {
+		return 0
+	}
+	return s.wal.DurableLSN()
 }
 
 // adminServer is the log store's AdminService.

@@ -454,7 +454,7 @@ func (s *Server) round(reqs []*appendReq) error {
 		default:
 		}
 	}
-	durable, epoch := s.wal.DurableLSN(), s.epoch.Load()
+	durable, epoch := s.durableLSN(), s.epoch.Load()
 	for st, o := range outs {
 		var ack *walshipv1.AppendResponse
 		if o.ack {

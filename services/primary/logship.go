@@ -56,10 +56,13 @@ func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceC
 	if st.Epoch > s.epoch {
 		return fmt.Errorf("log store has seen epoch %d, newer than ours (%d): this primary is deposed", st.Epoch, s.epoch)
 	}
-	from := st.DurableLsn + 1
-	if st.DurableLsn == 0 {
-		// An empty log store starts at the oldest batch we still have.
-		from = max(s.wal.FirstLSN(), 1)
+	from, durable := st.DurableLsn+1, st.DurableLsn
+	if st.FirstLsn == 0 {
+		// An empty log store starts at the oldest batch we still have. It
+		// may report a durable LSN even so (a WAL anchored by a segment
+		// header written before a crash); holding nothing, it vouches for
+		// nothing.
+		from, durable = max(s.wal.FirstLSN(), 1), 0
 	}
 	rd, err := s.wal.NewReader(from, true)
 	if err != nil {
@@ -75,7 +78,7 @@ func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceC
 	if err != nil {
 		return fmt.Errorf("append: %w", err)
 	}
-	s.peers.updateLogStore(addr, func(l *logstorePos) { l.connected, l.durable = true, max(l.durable, st.DurableLsn) })
+	s.peers.updateLogStore(addr, func(l *logstorePos) { l.connected, l.durable = true, max(l.durable, durable) })
 	s.logger.Info("shipping to log store", "logstore", addr, "from_lsn", from)
 	recvDone := make(chan error, 1)
 	go func() {
