@@ -456,7 +456,23 @@ func (s *Server) Run(ctx context.Context) error {
 	go func() { followDone <- s.follow(followCtx) }()
 	snapCtx, stopSnap := context.WithCancel(context.Background())
 	snapDone := make(chan struct{})
-	go func() { defer close(snapDone); s.snaps.Run(snapCtx, s.logger, s.takeSnapshot) }()
+	snapFailed := make(chan error, 1)
+	go func() {
+		defer close(snapDone)
+		s.snaps.Run(snapCtx, s.logger, func() error {
+			err := s.takeSnapshot()
+			if errors.Is(err, wal.ErrBroken) {
+				// The WAL truncation's fsync failed: fatal, as every
+				// failed fsync, and at once, not at the next batch.
+				s.metrics.fsyncErrors.Inc()
+				select {
+				case snapFailed <- err:
+				default:
+				}
+			}
+			return err
+		})
+	}()
 
 	serveCtx, stopServe := context.WithCancel(ctx)
 	defer stopServe()
@@ -470,6 +486,12 @@ func (s *Server) Run(ctx context.Context) error {
 	select {
 	case fatal = <-followDone:
 		// Only a broken WAL ends the follower early: stop serving.
+		stopServe()
+		serveErr = <-serveDone
+	case fatal = <-snapFailed:
+		s.logger.Error("replica failed; stopping", "err", fatal)
+		stopFollow()
+		<-followDone
 		stopServe()
 		serveErr = <-serveDone
 	case serveErr = <-serveDone:

@@ -2,6 +2,8 @@ package replica
 
 import (
 	"bytes"
+	"errors"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,6 +14,7 @@ import (
 	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/internal/testwait"
 	"github.com/walship/walship/internal/vfs"
+	"github.com/walship/walship/internal/wal"
 	"github.com/walship/walship/pkg/codec"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -634,5 +637,55 @@ func TestConfigValidate(t *testing.T) {
 				t.Fatalf("Validate = %v, want %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestSnapshotTruncationFsyncFailureIsFatal: a periodic snapshot lets the
+// WAL be cut, and the directory fsync after a segment's removal fails. The
+// replica stops at once, as after any failed fsync (not at its next batch,
+// which on an idle stream may never come): Run returns the error.
+func TestSnapshotTruncationFsyncFailureIsFatal(t *testing.T) {
+	fp := newFakePrimary(t)
+	mem := vfs.NewMem()
+	cfg := testConfig(t, "/data", fp.addr)
+	cfg.FS = mem
+	cfg.SnapshotEveryBytes = 64 << 10
+	var removed atomic.Bool
+	mem.InjectError(func(op vfs.Op, name string) error {
+		if op == vfs.OpRemove && filepath.Ext(name) == ".wal" {
+			removed.Store(true)
+		}
+		return nil
+	})
+	mem.InjectSyncError(func(name string) error {
+		if removed.Load() && filepath.Ext(name) == "" { // a directory
+			return vfs.ErrInjected
+		}
+		return nil
+	})
+	r := start(t, cfg)
+	m := newModel(t)
+	sess := fp.next(t)
+	value := strings.Repeat("v", 4<<10)
+	// Waves as in TestPeriodicSnapshotTruncatesWAL, until a segment is
+	// removed; then no more batches.
+	for wave := 0; !removed.Load(); wave++ {
+		if wave == 20 {
+			t.Fatal("20 waves and no WAL segment removed; the test did not exercise truncation")
+		}
+		for i := range 25 {
+			sess.send(t, m.txn(put(keyN((wave*25+i)%50), value)))
+		}
+		r.waitApplied(t, m.next-1)
+	}
+	select {
+	case err := <-r.done:
+		r.cancel = nil
+		r.conn.Close()
+		if !errors.Is(err, vfs.ErrInjected) || !errors.Is(err, wal.ErrBroken) {
+			t.Fatalf("Run returned %v, want the injected fsync error", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Run did not return after the WAL truncation's fsync failed")
 	}
 }
