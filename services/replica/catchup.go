@@ -123,14 +123,15 @@ func (s *Server) reseed(ctx context.Context) (bool, error) {
 
 // install makes st the replica's state: saved as a snapshot first, then the
 // WAL reset to start right after it (New finishes the reset if a crash falls
-// in between), then swapped in for readers.
+// in between), then swapped in for readers. The snapshot's epoch is adopted
+// last: a replica that still says the old epoch, its WAL not yet reset (a
+// step failed, or a crash), is told again that it diverged and re-seeds
+// again, where one in the new epoch with the diverged tail still in its
+// WAL would be streamed to from its end.
 func (s *Server) install(st *state.Store, epoch uint64) error {
 	s.snapMu.Lock()
 	defer s.snapMu.Unlock()
 	lsn := st.AppliedLSN()
-	if err := s.adoptEpoch(epoch); err != nil {
-		return fmt.Errorf("%w: %w", errFatal, err)
-	}
 	if s.reseedBack {
 		// Moving backwards: first lower the applied marker, then remove
 		// the newer snapshots — they hold entries the primary lost — so
@@ -152,8 +153,17 @@ func (s *Server) install(st *state.Store, epoch uint64) error {
 	if err != nil {
 		return fmt.Errorf("%w: reset wal to LSN %d: %w", errFatal, lsn+1, err)
 	}
+	if err := s.adoptEpoch(epoch); err != nil {
+		return fmt.Errorf("%w: %w", errFatal, err)
+	}
 	s.dropUnapplied(len(s.unapplied))
-	s.primaryDurable = max(s.primaryDurable, lsn)
+	if s.reseedBack {
+		// What the old primary reported durable above lsn was of the
+		// history it lost; the new one has said nothing yet.
+		s.primaryDurable = lsn
+	} else {
+		s.primaryDurable = max(s.primaryDurable, lsn)
+	}
 	s.store.Store(st)
 	if s.reseedBack {
 		s.visible.Reset(lsn)
@@ -208,5 +218,7 @@ func (s *Server) cutDiverged(keep uint64) (bool, error) {
 	s.forgetUnapplied(s.unapplied[n:])
 	clear(s.unapplied[n:])
 	s.unapplied = s.unapplied[:n]
+	// A durable LSN above keep was reported of the lost history.
+	s.primaryDurable = min(s.primaryDurable, keep)
 	return true, nil
 }

@@ -3,6 +3,8 @@ package replica
 import (
 	"fmt"
 	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -181,24 +183,7 @@ func TestRestartKeepsUndurableTailPending(t *testing.T) {
 // lets it) can only get back to the primary's history through a snapshot,
 // even one older than what it had applied.
 func TestDivergedAfterApplyReseeds(t *testing.T) {
-	fp, cfg, r, m, b1, l3, _ := divergedReplica(t)
-	if err := r.stop(t); err != nil {
-		t.Fatal(err)
-	}
-	if err := vfs.WriteFile(vfs.OS, filepath.Join(cfg.DataDir, "applied"), []byte(fmt.Sprintf("%d\n", l3.LastLsn)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	r = start(t, cfg) // replays the lost batches
-	if st := r.status(t); st.VisibleLsn != l3.LastLsn {
-		t.Fatalf("after restart visible %d, want the replayed %d", st.VisibleLsn, l3.LastLsn)
-	}
-	m.epoch = 2
-	b2 := m.txn(put("a", "new"))
-	fp.snapshot = snapshotOf(m.ref, 2)
-	sess := fp.next(t)
-	sess.diverged(t, b1.LastLsn, 2, b2.LastLsn)
-
-	sess = fp.next(t)
+	fp, cfg, r, m, b2, sess := reseedBackwards(t, nil, nil)
 	if sess.hello.GetNextLsn() != b2.LastLsn+1 || sess.hello.GetEpoch() != 2 || fp.snapshotCalls.Load() != 1 {
 		t.Fatalf("hello after re-seed = %v (%d snapshot calls); want next_lsn %d epoch 2 after one snapshot",
 			sess.hello, fp.snapshotCalls.Load(), b2.LastLsn+1)
@@ -219,13 +204,102 @@ func TestDivergedAfterApplyReseeds(t *testing.T) {
 	}
 }
 
+// reseedBackwards runs a replica that applied batches its primary lost
+// (divergedReplica, restarted with the applied marker past them), then
+// answers its hello with Diverged at epoch 2: the replica re-seeds from a
+// snapshot at b2, below what it had applied. It returns the session the
+// replica opened after the re-seed.
+func reseedBackwards(t *testing.T, fsys vfs.FS, beforeDiverged func()) (*fakePrimary, Config, *running, *model, *walshipv1.WalBatch, *session) {
+	t.Helper()
+	fp, cfg, r, m, b1, l3, _ := divergedReplicaOn(t, fsys)
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	if fsys == nil {
+		fsys = vfs.OS
+	}
+	if err := vfs.WriteFile(fsys, filepath.Join(cfg.DataDir, "applied"), []byte(fmt.Sprintf("%d\n", l3.LastLsn)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r = start(t, cfg) // replays the lost batches
+	if st := r.status(t); st.VisibleLsn != l3.LastLsn {
+		t.Fatalf("after restart visible %d, want the replayed %d", st.VisibleLsn, l3.LastLsn)
+	}
+	m.epoch = 2
+	b2 := m.txn(put("a", "new"))
+	fp.snapshot = snapshotOf(m.ref, 2)
+	sess := fp.next(t)
+	if beforeDiverged != nil {
+		beforeDiverged()
+	}
+	sess.diverged(t, b1.LastLsn, 2, b2.LastLsn)
+	return fp, cfg, r, m, b2, fp.next(t)
+}
+
+// TestBackwardReseedForgetsTheLostDurableLSN: after a re-seed below what it
+// had applied, the replica applies the new primary's next batch only once
+// the new primary reports it durable — not on the durable LSN the old
+// primary reported of the history it lost.
+func TestBackwardReseedForgetsTheLostDurableLSN(t *testing.T) {
+	_, _, r, m, b2, sess := reseedBackwards(t, nil, nil)
+	b3 := m.txn(put("b", "next")) // the LSNs the lost history had applied
+	sess.sendDurable(t, b2.LastLsn, b3)
+	sess.heartbeatDurable(t, 2, b3.LastLsn, b2.LastLsn, true)
+	waitAckWhere(t, sess, func(a *walshipv1.ReplicaAck) bool { return a.FlushedLsn >= b3.LastLsn })
+	if st := r.status(t); st.VisibleLsn != b2.LastLsn {
+		t.Fatalf("visible LSN %d with LSN %d flushed but reported durable only through %d; want %d",
+			st.VisibleLsn, b3.LastLsn, b2.LastLsn, b2.LastLsn)
+	}
+	sess.heartbeatDurable(t, 2, b3.LastLsn, b3.LastLsn, true)
+	r.waitApplied(t, b3.LastLsn)
+	if st := r.status(t); st.StateDigest != m.digest() {
+		t.Fatalf("digest %s, want %s", st.StateDigest, m.digest())
+	}
+}
+
+// TestFailedBackwardReseedKeepsTheOldEpoch: a re-seed that must undo a
+// diverged tail fails before its WAL is reset (saving the snapshot fails).
+// The replica keeps its old epoch, so the primary would tell it again that
+// it diverged, and it retries the snapshot rather than streaming onto the
+// tail it still holds; the retry re-seeds it.
+func TestFailedBackwardReseedKeepsTheOldEpoch(t *testing.T) {
+	mem := vfs.NewMem()
+	var armed, failed atomic.Bool
+	mem.InjectError(func(op vfs.Op, name string) error {
+		if op == vfs.OpRename && strings.HasSuffix(name, ".snap.tmp") && armed.Load() && failed.CompareAndSwap(false, true) {
+			return vfs.ErrInjected
+		}
+		return nil
+	})
+	fp, _, r, m, b2, sess := reseedBackwards(t, mem, func() { armed.Store(true) })
+	if !failed.Load() {
+		t.Fatal("no snapshot save failed; the test did not exercise the failure")
+	}
+	if got := fp.snapshotCalls.Load(); got != 2 || sess.hello.GetEpoch() != 2 || sess.hello.GetNextLsn() != b2.LastLsn+1 {
+		t.Fatalf("after a failed and a retried re-seed: %d snapshot calls, hello %v; want 2 calls, then epoch 2 from LSN %d",
+			got, sess.hello, b2.LastLsn+1)
+	}
+	if st := r.status(t); st.StateDigest != m.digest() || st.VisibleLsn != b2.LastLsn {
+		t.Fatalf("Status = %v; want the primary's digest %s at %d", st, m.digest(), b2.LastLsn)
+	}
+}
+
 // divergedReplica runs a replica that applied b1 (durable on the primary)
 // and holds l2 and l3, which the primary sent before its fsync and never
 // reported durable.
 func divergedReplica(t *testing.T) (*fakePrimary, Config, *running, *model, *walshipv1.WalBatch, *walshipv1.WalBatch, *session) {
 	t.Helper()
+	return divergedReplicaOn(t, nil)
+}
+
+// divergedReplicaOn is divergedReplica on fsys (nil: the real disk).
+func divergedReplicaOn(t *testing.T, fsys vfs.FS) (*fakePrimary, Config, *running, *model, *walshipv1.WalBatch, *walshipv1.WalBatch, *session) {
+	t.Helper()
 	fp := newFakePrimary(t)
 	cfg := testConfig(t, t.TempDir(), fp.addr)
+	if fsys != nil {
+		cfg.FS, cfg.DataDir = fsys, "/data"
+	}
 	r := start(t, cfg)
 	m := newModel(t)
 	sess := fp.next(t)

@@ -109,12 +109,18 @@ func (s *Server) follow(ctx context.Context) error {
 			rung = walshipv1.CatchUpRung_CATCH_UP_RUNG_SNAPSHOT
 			continue
 		case rung == walshipv1.CatchUpRung_CATCH_UP_RUNG_SNAPSHOT:
-			rung = walshipv1.CatchUpRung_CATCH_UP_RUNG_PRIMARY
 			if err == nil {
+				rung = walshipv1.CatchUpRung_CATCH_UP_RUNG_PRIMARY
 				bo.Reset()
 				continue
 			}
-			s.logger.Error("re-seeding from the primary's snapshot failed", "err", err)
+			if !s.reseedBack {
+				// A forward re-seed can fall back to streaming; one that
+				// must undo a diverged tail has to finish first (the
+				// primary would stream onto that tail).
+				rung = walshipv1.CatchUpRung_CATCH_UP_RUNG_PRIMARY
+			}
+			s.logger.Error("re-seeding from the primary's snapshot failed", "err", err, "retry_rung", rungLabel(rung))
 		case errors.As(err, &ref):
 			s.logger.Error("refused a batch from the primary; reconnecting", "reason", ref.reason, "err", ref.err,
 				"next_lsn", s.wal.LastLSN()+1)
