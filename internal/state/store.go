@@ -276,11 +276,23 @@ func validateBatch(b *codec.Batch, applied uint64) error {
 	if b == nil || len(b.Records) == 0 {
 		return fmt.Errorf("%w: empty batch", ErrInvalidBatch)
 	}
-	recs := b.Records
-	if recs[0].LSN != applied+1 {
+	if b.Records[0].LSN != applied+1 {
 		return fmt.Errorf("%w: batch starts at LSN %d, applied LSN is %d",
-			ErrLSNMismatch, recs[0].LSN, applied)
+			ErrLSNMismatch, b.Records[0].LSN, applied)
 	}
+	return CheckBatch(b)
+}
+
+// CheckBatch reports whether b is a batch Apply can take at some applied
+// LSN: records at consecutive LSNs, each op known, whole transactions (no
+// record of one transaction inside another's), ending with a commit. A
+// replica checks this before it writes a batch, so that one it could never
+// apply is refused rather than stored and then fatal at every restart.
+func CheckBatch(b *codec.Batch) error {
+	if b == nil || len(b.Records) == 0 {
+		return fmt.Errorf("%w: empty batch", ErrInvalidBatch)
+	}
+	recs := b.Records
 	open := false // inside a transaction whose TxnID is txn
 	var txn uint64
 	for i := range recs {

@@ -11,6 +11,7 @@ import (
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/backoff"
 	"github.com/walship/walship/internal/envelope"
+	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/internal/wal"
 	"github.com/walship/walship/pkg/codec"
 	"google.golang.org/grpc/codes"
@@ -453,6 +454,11 @@ func (s *Server) check(env *walshipv1.WalBatch, next, epoch uint64, c *checked) 
 		s.metrics.decodeSeconds.WithLabelValues(cd.Name()).Observe(time.Since(start).Seconds())
 	}
 	if err != nil {
+		return &refusal{reason: reasonDecode, err: err}
+	}
+	// One the state could never apply (a record of one transaction inside
+	// another's) is refused here, not stored and then fatal at every apply.
+	if err := state.CheckBatch(&c.batch); err != nil {
 		return &refusal{reason: reasonDecode, err: err}
 	}
 	data, err := envelope.Marshal(env)
