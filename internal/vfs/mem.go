@@ -9,7 +9,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -153,6 +155,24 @@ func (m *MemFS) InjectSyncError(fn func(name string) error) {
 	m.mu.Lock()
 	m.syncHook = fn
 	m.mu.Unlock()
+}
+
+// FailDirSyncAfterRemove makes every directory fsync fail with err once a
+// file whose name ends in suffix has been removed — a disk that fails right
+// after retention removed a WAL segment. It replaces the InjectError hook,
+// and returns a func that reports whether such a removal has happened.
+func (m *MemFS) FailDirSyncAfterRemove(suffix string, err error) (removed func() bool) {
+	var done atomic.Bool
+	m.InjectError(func(op Op, name string) error {
+		switch {
+		case op == OpRemove && strings.HasSuffix(name, suffix):
+			done.Store(true)
+		case op == OpSyncDir && done.Load():
+			return err
+		}
+		return nil
+	})
+	return done.Load
 }
 
 // InjectError installs fn to be called before every operation; a non-nil

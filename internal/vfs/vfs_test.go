@@ -431,6 +431,36 @@ func TestMemInjectSyncError(t *testing.T) {
 	}
 }
 
+// TestMemFailDirSyncAfterRemove: directory fsyncs succeed until a file
+// with the suffix is removed, then fail, and the removal is then not
+// durable: a crash brings the file back.
+func TestMemFailDirSyncAfterRemove(t *testing.T) {
+	m := NewMem()
+	must(t, m.MkdirAll("/d", 0o755))
+	for _, name := range []string{"/d/keep.log", "/d/old.wal"} {
+		must(t, WriteFile(m, name, []byte("x"), 0o644))
+	}
+	removed := m.FailDirSyncAfterRemove(".wal", ErrInjected)
+	must(t, m.SyncDir("/d"))
+	must(t, m.Remove("/d/keep.log"))
+	if removed() {
+		t.Fatal("removing keep.log counted as removing a .wal file")
+	}
+	must(t, m.SyncDir("/d"))
+	must(t, m.Remove("/d/old.wal"))
+	if !removed() {
+		t.Fatal("removing old.wal not reported")
+	}
+	if err := m.SyncDir("/d"); !errors.Is(err, ErrInjected) {
+		t.Fatalf("SyncDir after the removal = %v, want the injected error", err)
+	}
+	m.InjectError(nil)
+	m.Crash()
+	if _, err := ReadFile(m, "/d/old.wal"); err != nil {
+		t.Fatalf("old.wal after a crash (its removal never synced) = %v, want it back", err)
+	}
+}
+
 func TestMemInjectError(t *testing.T) {
 	m := NewMem()
 	m.InjectError(func(op Op, name string) error {

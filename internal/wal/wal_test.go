@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -211,17 +210,12 @@ func TestTruncateBeforeDirSyncFailure(t *testing.T) {
 	defer cancel()
 	go func() { waited <- l.Wait(wctx, 13, true) }()
 	injected := errors.New("injected EIO")
-	m.InjectSyncError(func(name string) error {
-		if filepath.Ext(name) == "" { // the directory, not a segment
-			return injected
-		}
-		return nil
-	})
+	m.FailDirSyncAfterRemove(".wal", injected)
 	n, err := l.TruncateBefore(9)
 	if n != 1 || !errors.Is(err, ErrBroken) || !errors.Is(err, injected) {
 		t.Fatalf("TruncateBefore with a failing directory fsync = %d, %v; want 1 removed and ErrBroken carrying the injected error", n, err)
 	}
-	m.InjectSyncError(nil)
+	m.InjectError(nil)
 	if err := <-waited; !errors.Is(err, ErrBroken) {
 		t.Fatalf("Wait for a durable LSN on the broken log = %v; want ErrBroken", err)
 	}

@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -980,19 +979,7 @@ func TestRetentionFsyncFailureIsFatal(t *testing.T) {
 	cfg.SegmentBytes = MinSegmentBytes
 	cfg.RetentionBytes = 3 * MinSegmentBytes
 	r := start(t, cfg)
-	var removed atomic.Bool
-	fs.InjectError(func(op vfs.Op, name string) error {
-		if op == vfs.OpRemove && filepath.Ext(name) == ".wal" {
-			removed.Store(true)
-		}
-		return nil
-	})
-	fs.InjectSyncError(func(name string) error {
-		if removed.Load() && filepath.Ext(name) == "" { // the directory
-			return vfs.ErrInjected
-		}
-		return nil
-	})
+	removed := fs.FailDirSyncAfterRemove(".wal", vfs.ErrInjected)
 	idle := r.append(t) // an idle primary's stream, open throughout
 	idle.heartbeat(1)
 	idle.ack()
@@ -1001,13 +988,13 @@ func TestRetentionFsyncFailureIsFatal(t *testing.T) {
 	// retention can find the log broken.
 	a := r.append(t)
 	for _, b := range chain(t, 1, 1, 60, 500) {
-		if removed.Load() {
+		if removed() {
 			break
 		}
 		a.send(b)
 		a.waitDurable(b.LastLsn)
 	}
-	if !removed.Load() {
+	if !removed() {
 		t.Fatal("60 batches and retention removed no segment; the test did not exercise it")
 	}
 	if err := r.wait(); !errors.Is(err, vfs.ErrInjected) || !errors.Is(err, wal.ErrBroken) {

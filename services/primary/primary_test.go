@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -617,22 +616,10 @@ func TestRetentionDirFsyncFailureIsFatal(t *testing.T) {
 	r := start(t, cfg)
 	c := ctx(t)
 	injected := errors.New("injected EIO")
-	var removed atomic.Bool
-	mem.InjectError(func(op vfs.Op, name string) error {
-		if op == vfs.OpRemove && filepath.Ext(name) == ".wal" {
-			removed.Store(true)
-		}
-		return nil
-	})
-	mem.InjectSyncError(func(name string) error {
-		if removed.Load() && filepath.Ext(name) == "" {
-			return injected
-		}
-		return nil
-	})
+	removed := mem.FailDirSyncAfterRemove(".wal", injected)
 	// Write until retention removes a segment, then no more.
 	value := make([]byte, 1024)
-	for i := 0; !removed.Load(); i++ {
+	for i := 0; !removed(); i++ {
 		if i == 10_000 {
 			t.Fatal("10,000 Puts of 1 KiB and retention never removed a segment")
 		}

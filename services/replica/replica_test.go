@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -669,40 +668,28 @@ func TestSnapshotTruncationFsyncFailureIsFatal(t *testing.T) {
 	cfg := testConfig(t, "/data", fp.addr)
 	cfg.FS = mem
 	cfg.SnapshotEveryBytes = 64 << 10
-	var removed atomic.Bool
-	mem.InjectError(func(op vfs.Op, name string) error {
-		if op == vfs.OpRemove && filepath.Ext(name) == ".wal" {
-			removed.Store(true)
-		}
-		return nil
-	})
-	mem.InjectSyncError(func(name string) error {
-		if removed.Load() && filepath.Ext(name) == "" { // a directory
-			return vfs.ErrInjected
-		}
-		return nil
-	})
+	removed := mem.FailDirSyncAfterRemove(".wal", vfs.ErrInjected)
 	r := start(t, cfg)
 	m := newModel(t)
 	sess := fp.next(t)
 	value := strings.Repeat("v", 4<<10)
 	// Waves as in TestPeriodicSnapshotTruncatesWAL, until a segment is
 	// removed; then no more batches.
-	for wave := 0; !removed.Load(); wave++ {
+	for wave := 0; !removed(); wave++ {
 		if wave == 20 {
 			t.Fatal("20 waves and no WAL segment removed; the test did not exercise truncation")
 		}
 		for i := range 25 {
 			b := m.txn(put(keyN((wave*25+i)%50), value))
 			// Not sess.send: once a removal failed the replica may be gone.
-			if err := sess.stream.Send(&walshipv1.StreamResponse{DurableLsn: b.LastLsn, Msg: &walshipv1.StreamResponse_Batch{Batch: b}}); err != nil && !removed.Load() {
+			if err := sess.stream.Send(&walshipv1.StreamResponse{DurableLsn: b.LastLsn, Msg: &walshipv1.StreamResponse_Batch{Batch: b}}); err != nil && !removed() {
 				t.Fatalf("send batch %d..%d: %v", b.FirstLsn, b.LastLsn, err)
 			}
 		}
 		// Applied, or a removal under way (the replica may stop mid-wave).
 		target := m.next - 1
 		testwait.Until(t, fmt.Sprintf("LSN %d applied or a segment removed", target), func() bool {
-			return removed.Load() || r.s.appliedLSN() >= target
+			return removed() || r.s.appliedLSN() >= target
 		})
 	}
 	select {
