@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync/atomic"
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
@@ -25,6 +26,7 @@ func (s *Server) readLogStore(ctx context.Context) (progress bool, err error) {
 	if err != nil {
 		return false, err
 	}
+	recv := silenceGuard(s.silence(), cancel, "the log store "+s.cfg.LogStore, stream.Recv)
 	applied := 0
 	defer func() {
 		if applied > 0 {
@@ -32,7 +34,7 @@ func (s *Server) readLogStore(ctx context.Context) (progress bool, err error) {
 		}
 	}()
 	for {
-		resp, err := stream.Recv()
+		resp, err := recv()
 		if errors.Is(err, io.EOF) {
 			if applied == 0 {
 				return false, fmt.Errorf("the log store %s has nothing from LSN %d on", s.cfg.LogStore, from)
@@ -55,6 +57,24 @@ func (s *Server) readLogStore(ctx context.Context) (progress bool, err error) {
 	}
 }
 
+// silenceGuard wraps a stream's Recv: one that brings nothing for as long
+// as the replication stream's watchdog allows (a peer whose handler stalls
+// while TCP and keepalives stay healthy) cancels the stream, and returns
+// an error naming who went silent, so that the follower moves on instead of
+// waiting forever. The time between Recvs (processing) is not counted.
+func silenceGuard[M any](silence time.Duration, cancel context.CancelFunc, who string, recv func() (M, error)) func() (M, error) {
+	return func() (M, error) {
+		var fired atomic.Bool
+		t := time.AfterFunc(silence, func() { fired.Store(true); cancel() })
+		m, err := recv()
+		t.Stop()
+		if err != nil && fired.Load() {
+			err = fmt.Errorf("%s sent nothing for %v: %w", who, silence, err)
+		}
+		return m, err
+	}
+}
+
 // errSnapshot marks a snapshot stream that broke the protocol.
 var errSnapshot = errors.New("bad snapshot stream")
 
@@ -69,7 +89,8 @@ func (s *Server) reseed(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	first, err := stream.Recv()
+	recv := silenceGuard(s.silence(), cancel, "the primary's snapshot stream", stream.Recv)
+	first, err := recv()
 	if err != nil {
 		return false, fmt.Errorf("snapshot header: %w", err)
 	}
@@ -89,7 +110,7 @@ func (s *Server) reseed(ctx context.Context) (bool, error) {
 	b := state.NewBuilder(hdr.GetLsn())
 	var digest string
 	for done := false; !done; {
-		m, err := stream.Recv()
+		m, err := recv()
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				err = fmt.Errorf("%w: ended without a trailer (%v)", errSnapshot, b)

@@ -145,6 +145,10 @@ func (s *Server) follow(ctx context.Context) error {
 	return nil
 }
 
+// silence is how long a stream from the primary or a log store may bring
+// nothing before the replica gives up on it: ten heartbeats, at least 5 s.
+func (s *Server) silence() time.Duration { return max(10*s.cfg.HeartbeatInterval, 5*time.Second) }
+
 // streamFromPrimary runs one replication stream until it fails, a batch is
 // refused, or ctx ends. progress reports whether anything was applied.
 func (s *Server) streamFromPrimary(ctx context.Context) (progress bool, err error) {
@@ -199,7 +203,7 @@ func (s *Server) streamFromPrimary(ctx context.Context) (progress bool, err erro
 	// The primary heartbeats every interval while idle; a stream silent for
 	// much longer is a dead connection (a partition drops no FIN), so end it
 	// and reconnect rather than wait for TCP to notice.
-	silence := max(10*s.cfg.HeartbeatInterval, 5*time.Second)
+	silence := s.silence()
 	watchdog := time.NewTimer(silence)
 	defer watchdog.Stop()
 	var (
