@@ -306,6 +306,10 @@ func (l *Log) fail(err error) error {
 	return err
 }
 
+// Err returns the error that broke the log (a failed write or sync), or
+// nil while it is healthy.
+func (l *Log) Err() error { return l.brokenErr() }
+
 // brokenErr returns the error that broke the log, or nil.
 func (l *Log) brokenErr() error {
 	l.mu.RLock()

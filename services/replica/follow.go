@@ -418,6 +418,12 @@ func (s *Server) positions() *walshipv1.ReplicaAck {
 	applied := s.appliedLSN()
 	flushed := s.wal.DurableLSN()
 	written := s.wal.LastLSN()
+	if s.wal.Err() != nil {
+		// A write or fsync failed: what is past the durable LSN may not
+		// be in the WAL at all, so it is not reported as written (the
+		// replica is on its way down; this is its last word).
+		written = max(flushed, applied)
+	}
 	return &walshipv1.ReplicaAck{WrittenLsn: written, FlushedLsn: max(flushed, applied), AppliedLsn: applied}
 }
 

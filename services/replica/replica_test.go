@@ -731,3 +731,43 @@ func TestSnapshotTruncationFsyncFailureIsFatal(t *testing.T) {
 		t.Fatal("Run did not return after the WAL truncation's fsync failed")
 	}
 }
+
+// TestFailedFsyncIsNotReportedWritten: once the replica's WAL fsync fails,
+// it stops, and the positions it reports no longer count what it wrote past
+// the durable LSN as written: those pages may never reach the disk.
+func TestFailedFsyncIsNotReportedWritten(t *testing.T) {
+	fp := newFakePrimary(t)
+	mem := vfs.NewMem()
+	cfg := testConfig(t, "/data", fp.addr)
+	cfg.FS = mem
+	r := start(t, cfg)
+	m := newModel(t)
+	sess := fp.next(t)
+	b1 := m.txn(put("a", "1"))
+	sess.send(t, b1)
+	r.waitApplied(t, b1.LastLsn)
+	mem.InjectSyncError(func(name string) error {
+		if strings.HasSuffix(name, ".wal") {
+			return vfs.ErrInjected
+		}
+		return nil
+	})
+	b2 := m.txn(put("b", "2"))
+	sess.send(t, b2)
+	select {
+	case err := <-r.done:
+		r.cancel = nil
+		r.conn.Close()
+		if !errors.Is(err, vfs.ErrInjected) {
+			t.Fatalf("Run returned %v, want the injected fsync error", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Run did not return after a failed fsync")
+	}
+	if last := r.s.wal.LastLSN(); last != b2.LastLsn {
+		t.Fatalf("WAL last LSN %d, want %d: the test needs b2 written before its fsync failed", last, b2.LastLsn)
+	}
+	if pos := r.s.positions(); pos.WrittenLsn != b1.LastLsn || pos.FlushedLsn != b1.LastLsn {
+		t.Fatalf("positions after the failed fsync = %v; want written and flushed %d, not the unsynced %d", pos, b1.LastLsn, b2.LastLsn)
+	}
+}
