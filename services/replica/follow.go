@@ -687,11 +687,16 @@ func (s *Server) observeUnapplied(spilled int) {
 // process runs one whole round (write, fsync, apply), for the log store
 // rung: a log store holds only what the primary made durable.
 func (s *Server) process(round []*walshipv1.WalBatch, written func()) (int, error) {
+	before := s.wal.LastLSN()
 	refused := s.write(round, written)
 	if len(s.unapplied) == 0 {
 		return 0, refused
 	}
-	s.primaryDurable = max(s.primaryDurable, s.unapplied[len(s.unapplied)-1].env.GetLastLsn())
+	// Only what this round wrote is the log store's word; what the primary
+	// sent before it (still unapplied) is durable only as far as that goes.
+	if last := s.wal.LastLSN(); last > before {
+		s.primaryDurable = max(s.primaryDurable, last)
+	}
 	n, err := s.flushApply()
 	if err != nil {
 		return n, err

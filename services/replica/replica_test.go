@@ -501,6 +501,42 @@ func TestLogStoreRung(t *testing.T) {
 	}
 }
 
+// TestRefusedLogStoreBatchVouchesForNothing: batches the primary sent but
+// never reported durable wait, unapplied, when the replica goes to the log
+// store; a log store batch that is refused (a gap) makes none of them
+// durable — only a batch the log store supplies and the replica writes
+// speaks for what is before it.
+func TestRefusedLogStoreBatchVouchesForNothing(t *testing.T) {
+	fp := newFakePrimary(t)
+	m := newModel(t)
+	b1, b2 := m.txn(put("a", "1")), m.txn(put("b", "not durable"))
+	gap := m.build(m.next+10, put("c", "after a gap"))
+	ls := newFakeLogStore(t, func(_ *walshipv1.ReadRequest, st grpc.ServerStreamingServer[walshipv1.ReadResponse]) error {
+		return st.Send(&walshipv1.ReadResponse{Batch: gap})
+	})
+	cfg := testConfig(t, t.TempDir(), fp.addr)
+	cfg.LogStore = ls.addr
+	r := start(t, cfg)
+	sess := fp.next(t)
+	sess.send(t, b1)
+	sess.sendDurable(t, b1.LastLsn, b2)
+	sess.heartbeatDurable(t, 1, b2.LastLsn, b1.LastLsn, true)
+	waitAckWhere(t, sess, func(a *walshipv1.ReplicaAck) bool { return a.FlushedLsn >= b2.LastLsn })
+	sess.end <- status.Error(codes.OutOfRange, "gone")
+	// The log store's batch is refused; the snapshot rung fails (none is
+	// served here); the replica comes back to the primary.
+	again := fp.next(t)
+	if len(ls.reads) != 1 {
+		t.Fatalf("%d log store reads, want 1", len(ls.reads))
+	}
+	if st := r.status(t); st.VisibleLsn != b1.LastLsn {
+		t.Fatalf("visible LSN %d after a refused log store batch; want %d (LSN %d was never reported durable)", st.VisibleLsn, b1.LastLsn, b2.LastLsn)
+	}
+	// Once the primary says so, it is applied.
+	again.heartbeatDurable(t, 1, b2.LastLsn, b2.LastLsn, true)
+	r.waitApplied(t, b2.LastLsn)
+}
+
 func TestLogStoreOutOfRangeFallsToSnapshot(t *testing.T) {
 	fp := newFakePrimary(t)
 	m := newModel(t)
