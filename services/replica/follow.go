@@ -250,7 +250,12 @@ func (s *Server) streamFromPrimary(ctx context.Context) (progress bool, err erro
 			wg.Wait()
 			select {
 			case e := <-sendErr:
-				return progress, fmt.Errorf("send: %w", e)
+				// io.EOF from Send means the primary ended the stream:
+				// its status (OUT_OF_RANGE, say, which picks the next
+				// rung) is what the receive side got.
+				if !errors.Is(e, io.EOF) || recvErr == nil || errors.Is(recvErr, io.EOF) {
+					return progress, fmt.Errorf("send: %w", e)
+				}
 			default:
 			}
 			if !ok && recvErr != nil && !errors.Is(recvErr, io.EOF) {
