@@ -543,54 +543,44 @@ func TestRefusedLogStoreBatchVouchesForNothing(t *testing.T) {
 	r.waitApplied(t, b2.LastLsn)
 }
 
-func TestLogStoreOutOfRangeFallsToSnapshot(t *testing.T) {
-	fp := newFakePrimary(t)
-	m := newModel(t)
-	for i := range 5 {
-		m.txn(put(keyN(i), "v"))
-	}
-	fp.snapshot = snapshotOf(m.ref, 1)
-	ls := newFakeLogStore(t, func(req *walshipv1.ReadRequest, _ grpc.ServerStreamingServer[walshipv1.ReadResponse]) error {
-		return status.Errorf(codes.OutOfRange, "LSN %d is no longer kept", req.FromLsn)
-	})
-	cfg := testConfig(t, t.TempDir(), fp.addr)
-	cfg.LogStore = ls.addr
-	r := start(t, cfg)
-	fp.next(t).end <- status.Error(codes.OutOfRange, "gone")
-	sess := fp.next(t)
-	if sess.hello.GetNextLsn() != m.next || fp.snapshotCalls.Load() != 1 || len(ls.reads) != 1 {
-		t.Fatalf("hello = %v, %d snapshots, %d log store reads", sess.hello, fp.snapshotCalls.Load(), len(ls.reads))
-	}
-	if st := r.status(t); st.StateDigest != m.digest() {
-		t.Fatalf("digest %s, want %s", st.StateDigest, m.digest())
-	}
-}
-
-// TestSilentLogStoreFallsToSnapshot: a log store whose Read sends nothing
-// and never ends (its handler stalls while the connection stays healthy)
-// is given up on after the replication watchdog's silence, and the replica
-// re-seeds from a snapshot instead of waiting forever.
-func TestSilentLogStoreFallsToSnapshot(t *testing.T) {
-	fp := newFakePrimary(t)
-	m := newModel(t)
-	for i := range 5 {
-		m.txn(put(keyN(i), "v"))
-	}
-	fp.snapshot = snapshotOf(m.ref, 1)
-	ls := newFakeLogStore(t, func(_ *walshipv1.ReadRequest, st grpc.ServerStreamingServer[walshipv1.ReadResponse]) error {
-		<-st.Context().Done() // silent until the replica gives up
-		return st.Context().Err()
-	})
-	cfg := testConfig(t, t.TempDir(), fp.addr)
-	cfg.LogStore = ls.addr
-	r := start(t, cfg)
-	fp.next(t).end <- status.Error(codes.OutOfRange, "gone")
-	sess := fp.next(t) // after the silence (5 s here) and the snapshot
-	if sess.hello.GetNextLsn() != m.next || fp.snapshotCalls.Load() != 1 || len(ls.reads) != 1 {
-		t.Fatalf("hello = %v, %d snapshots, %d log store reads", sess.hello, fp.snapshotCalls.Load(), len(ls.reads))
-	}
-	if st := r.status(t); st.StateDigest != m.digest() {
-		t.Fatalf("digest %s, want %s", st.StateDigest, m.digest())
+// TestLogStoreFallsToSnapshot: a log store that no longer keeps the gap
+// (OUT_OF_RANGE), or whose Read sends nothing and never ends (its handler
+// stalls while the connection stays healthy: given up on after the
+// replication watchdog's silence, 5 s here), sends the replica to the
+// snapshot rung instead of holding it.
+func TestLogStoreFallsToSnapshot(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		read func(*walshipv1.ReadRequest, grpc.ServerStreamingServer[walshipv1.ReadResponse]) error
+	}{
+		{"out of range", func(req *walshipv1.ReadRequest, _ grpc.ServerStreamingServer[walshipv1.ReadResponse]) error {
+			return status.Errorf(codes.OutOfRange, "LSN %d is no longer kept", req.FromLsn)
+		}},
+		{"silent", func(_ *walshipv1.ReadRequest, st grpc.ServerStreamingServer[walshipv1.ReadResponse]) error {
+			<-st.Context().Done() // silent until the replica gives up
+			return st.Context().Err()
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fp := newFakePrimary(t)
+			m := newModel(t)
+			for i := range 5 {
+				m.txn(put(keyN(i), "v"))
+			}
+			fp.snapshot = snapshotOf(m.ref, 1)
+			ls := newFakeLogStore(t, tc.read)
+			cfg := testConfig(t, t.TempDir(), fp.addr)
+			cfg.LogStore = ls.addr
+			r := start(t, cfg)
+			fp.next(t).end <- status.Error(codes.OutOfRange, "gone")
+			sess := fp.next(t)
+			if sess.hello.GetNextLsn() != m.next || fp.snapshotCalls.Load() != 1 || len(ls.reads) != 1 {
+				t.Fatalf("hello = %v, %d snapshots, %d log store reads", sess.hello, fp.snapshotCalls.Load(), len(ls.reads))
+			}
+			if st := r.status(t); st.StateDigest != m.digest() {
+				t.Fatalf("digest %s, want %s", st.StateDigest, m.digest())
+			}
+		})
 	}
 }
 
