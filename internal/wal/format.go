@@ -22,6 +22,10 @@ const (
 	segmentExt = ".wal"
 	resetExt   = ".reset"
 	tornExt    = ".torn"
+	// unsyncedName is the file a log writes when a write or an fsync of its
+	// segments fails: the last LSN known durable, in decimal. Open cuts
+	// everything after it (see Log.failUnsynced).
+	unsyncedName = "UNSYNCED"
 
 	// indexInterval is the spacing, in bytes, of the in-memory sparse index:
 	// a reader seeks to the closest point at or before its LSN and scans at

@@ -5,12 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -85,6 +88,12 @@ type RecoveryInfo struct {
 	RemovedSegment string
 	// ResetCompleted reports that an interrupted Reset was finished.
 	ResetCompleted bool
+	// UnsyncedCut is set when the log had failed to write or fsync its
+	// segments before this Open: every entry after UnsyncedCutAfter, the
+	// last LSN known durable then, up to UnsyncedLastLSN was cut, since
+	// what a failed fsync left is unknown even where it can still be read.
+	UnsyncedCut                       bool
+	UnsyncedCutAfter, UnsyncedLastLSN uint64
 }
 
 // Stats are cumulative counters since Open, for metrics.
@@ -217,7 +226,45 @@ func Open(opts Options) (*Log, error) {
 		}
 		return nil, err
 	}
+	if err := l.cutUnsynced(); err != nil {
+		_ = l.Close()
+		return nil, err
+	}
 	return l, nil
+}
+
+// cutUnsynced finishes what failUnsynced recorded: it cuts every entry
+// after the last LSN known durable when a write or fsync failed, then
+// removes the record. Without a record it does nothing.
+func (l *Log) cutUnsynced() error {
+	path := l.path(unsyncedName)
+	data, err := vfs.ReadFile(l.fs, path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("wal: read %s: %w", path, err)
+	}
+	durable, err := strconv.ParseUint(strings.TrimSpace(string(data)), 10, 64)
+	if err != nil {
+		return fmt.Errorf("wal: %s does not hold an LSN (%q): %w", path, data, err)
+	}
+	if last := l.LastLSN(); last > durable {
+		if err := l.TruncateAfter(durable); err != nil {
+			return fmt.Errorf("wal: cut the entries after LSN %d, the last durable before a failed write or fsync (%s): %w", durable, path, err)
+		}
+		l.recovery.UnsyncedCut = true
+		l.recovery.UnsyncedCutAfter, l.recovery.UnsyncedLastLSN = durable, last
+		l.recovery.LastLSN = l.LastLSN()
+		l.logger.Warn("wal: cut the entries a failed write or fsync left", "dir", l.dir, "after_lsn", durable, "last_lsn_was", last)
+	}
+	if err := l.fs.Remove(path); err != nil {
+		return fmt.Errorf("wal: remove %s: %w", path, err)
+	}
+	if err := l.syncDir(); err != nil {
+		return fmt.Errorf("wal: %w", err)
+	}
+	return nil
 }
 
 func (l *Log) path(name string) string { return filepath.Join(l.dir, name) }
@@ -288,6 +335,26 @@ func (l *Log) Stats() Stats {
 func (l *Log) changedLocked() {
 	close(l.notify)
 	l.notify = make(chan struct{})
+}
+
+// failUnsynced is fail for a failed write or fsync of the segments. The
+// pages it left may still be in the page cache, readable, after the kernel
+// dropped them from the write-back queue (PostgreSQL's "fsyncgate"): the
+// next Open would read them and its own fdatasync would succeed. So it
+// also records, best effort, the last LSN known durable (unsyncedName),
+// and Open cuts everything after it. An entry past that LSN was never
+// reported durable, so nobody counted on it.
+func (l *Log) failUnsynced(err error) error {
+	l.mu.RLock()
+	first, durable := l.broken == nil, l.durableLSN
+	l.mu.RUnlock()
+	err = l.fail(err)
+	if first {
+		if werr := vfs.WriteFileAtomic(l.fs, l.path(unsyncedName), []byte(strconv.FormatUint(durable, 10)+"\n")); werr != nil {
+			l.logger.Error("wal: cannot record the last durable LSN after a failed write or fsync; the next Open will trust what it reads", "dir", l.dir, "durable_lsn", durable, "err", werr)
+		}
+	}
+	return err
 }
 
 // fail makes the log broken: the on-disk state after a failed write or sync
@@ -415,7 +482,7 @@ func (l *Log) Append(entries ...Entry) error {
 			err = io.ErrShortWrite
 		}
 		if err != nil {
-			return l.fail(fmt.Errorf("write segment %s at offset %d: %w", seg.name, seg.written, err))
+			return l.failUnsynced(fmt.Errorf("write segment %s at offset %d: %w", seg.name, seg.written, err))
 		}
 		l.st.appends.Add(1)
 		l.st.entries.Add(uint64(j - i))
@@ -455,7 +522,7 @@ func (l *Log) preallocate(seg *segment, end int64) error {
 			err = io.ErrShortWrite
 		}
 		if err != nil {
-			return l.fail(fmt.Errorf("preallocate segment %s at offset %d: %w", seg.name, off, err))
+			return l.failUnsynced(fmt.Errorf("preallocate segment %s at offset %d: %w", seg.name, off, err))
 		}
 		off += int64(n)
 		seg.allocated = off
@@ -470,7 +537,7 @@ func (l *Log) createSegment(firstLSN uint64) error {
 	name := segmentName(firstLSN)
 	f, err := l.fs.OpenFile(l.path(name), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
-		return l.fail(fmt.Errorf("create segment %s: %w", name, err))
+		return l.failUnsynced(fmt.Errorf("create segment %s: %w", name, err))
 	}
 	hdr := appendHeader(nil, firstLSN)
 	n, err := f.WriteAt(hdr, 0)
@@ -480,7 +547,7 @@ func (l *Log) createSegment(firstLSN uint64) error {
 	}
 	if err != nil {
 		_ = f.Close()
-		return l.fail(fmt.Errorf("write segment header %s: %w", name, err))
+		return l.failUnsynced(fmt.Errorf("write segment header %s: %w", name, err))
 	}
 	l.active = f
 	l.dirDirty = true
@@ -514,7 +581,7 @@ func (l *Log) rotate(firstLSN uint64) error {
 	shrunk := false
 	if seg.allocated > seg.written {
 		if err := l.active.Truncate(seg.written); err != nil {
-			return l.fail(fmt.Errorf("truncate segment %s to %d: %w", seg.name, seg.written, err))
+			return l.failUnsynced(fmt.Errorf("truncate segment %s to %d: %w", seg.name, seg.written, err))
 		}
 		seg.allocated = seg.written
 		shrunk = true
@@ -523,7 +590,7 @@ func (l *Log) rotate(firstLSN uint64) error {
 		return err
 	}
 	if err := l.active.Close(); err != nil {
-		return l.fail(fmt.Errorf("close segment %s: %w", seg.name, err))
+		return l.failUnsynced(fmt.Errorf("close segment %s: %w", seg.name, err))
 	}
 	l.active = nil
 	l.mu.Lock()
@@ -571,12 +638,12 @@ func (l *Log) syncLocked(force bool) error {
 	l.mu.RUnlock()
 	if durable < written || force {
 		if err := l.fdatasync(l.active); err != nil {
-			return l.fail(fmt.Errorf("sync segment %s: %w", seg.name, err))
+			return l.failUnsynced(fmt.Errorf("sync segment %s: %w", seg.name, err))
 		}
 	}
 	if l.dirDirty {
 		if err := l.syncDir(); err != nil {
-			return l.fail(err)
+			return l.failUnsynced(err) // a new segment's entry may not be on disk
 		}
 	}
 	l.mu.Lock()

@@ -407,3 +407,71 @@ func TestConcurrentReaders(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestFailedSyncTailIsCutOnReopen: an fsync fails, and the process stops
+// without a crash, so what it wrote is still readable (the page cache).
+// The next Open does not take it for durable: it cuts everything after the
+// last LSN that was, and the log is healthy again. A failed write does the
+// same; a log that never failed keeps all it has.
+func TestFailedSyncTailIsCutOnReopen(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		inject func(m *vfs.MemFS)
+	}{
+		{"failed fsync", func(m *vfs.MemFS) {
+			m.InjectSyncError(func(name string) error {
+				if strings.HasSuffix(name, segmentExt) {
+					return vfs.ErrInjected
+				}
+				return nil
+			})
+		}},
+		{"failed write", func(m *vfs.MemFS) {
+			m.InjectError(func(op vfs.Op, name string) error {
+				if op == vfs.OpWrite && strings.HasSuffix(name, segmentExt) {
+					return vfs.ErrInjected
+				}
+				return nil
+			})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := vfs.NewMem()
+			l := openMem(t, m, mxSegSize)
+			// Segments hold 4 entries: 1-4 and 5-8. The failing write stays
+			// in the second one (a rotation would sync the entries before it).
+			synced := seqEntries(1, 5, mxData)
+			mustNoErr(t, l.Append(synced...))
+			mustNoErr(t, l.Sync())
+			mustNoErr(t, l.Append(seqEntries(6, 2, mxData)...)) // LSNs 6-7: written, not synced
+			tc.inject(m)
+			err := l.Append(mkEntry(8, 8, 10))
+			if err == nil {
+				err = l.Sync()
+			}
+			wantErr(t, err, ErrBroken)
+			_ = l.Close()
+			m.InjectSyncError(nil)
+			m.InjectError(nil)
+
+			l = openMem(t, m, mxSegSize) // no crash: the unsynced pages are still there
+			defer l.Close()
+			if l.LastLSN() != 5 || l.DurableLSN() != 5 {
+				t.Fatalf("after reopening: last %d durable %d; want 5 and 5, the entries after the last durable LSN cut", l.LastLSN(), l.DurableLSN())
+			}
+			if ri := l.Recovery(); !ri.UnsyncedCut || ri.UnsyncedCutAfter != 5 || ri.UnsyncedLastLSN < 7 {
+				t.Fatalf("Recovery = %+v; want the cut after LSN 5 reported", ri)
+			}
+			checkEntries(t, readAll(t, l), synced)
+			// Healthy again, and the record of the failure is gone.
+			mustNoErr(t, l.Append(mkEntry(6, 6, 10)))
+			mustNoErr(t, l.Sync())
+			mustNoErr(t, l.Close())
+			l = openMem(t, m, mxSegSize)
+			defer l.Close()
+			if ri := l.Recovery(); ri.UnsyncedCut || l.LastLSN() != 6 {
+				t.Fatalf("a clean reopen: Recovery %+v, last %d; want no cut, last 6", ri, l.LastLSN())
+			}
+		})
+	}
+}
