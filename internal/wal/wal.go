@@ -345,10 +345,7 @@ func (l *Log) changedLocked() {
 // and Open cuts everything after it. An entry past that LSN was never
 // reported durable, so nobody counted on it.
 func (l *Log) failUnsynced(err error) error {
-	l.mu.RLock()
-	first, durable := l.broken == nil, l.durableLSN
-	l.mu.RUnlock()
-	err = l.fail(err)
+	err, first, durable := l.breakLog(err)
 	if first {
 		if werr := vfs.WriteFileAtomic(l.fs, l.path(unsyncedName), []byte(strconv.FormatUint(durable, 10)+"\n")); werr != nil {
 			l.logger.Error("wal: cannot record the last durable LSN after a failed write or fsync; the next Open will trust what it reads", "dir", l.dir, "durable_lsn", durable, "err", werr)
@@ -362,15 +359,23 @@ func (l *Log) failUnsynced(err error) error {
 // kernel already dropped, so every later Append, Sync, Reset, TruncateBefore
 // and TruncateAfter returns the first such error.
 func (l *Log) fail(err error) error {
+	err, _, _ = l.breakLog(err)
+	return err
+}
+
+// breakLog is fail's work: it returns err wrapped in ErrBroken, whether it
+// was the first failure, and the durable LSN at that moment.
+func (l *Log) breakLog(err error) (wrapped error, first bool, durable uint64) {
 	err = fmt.Errorf("%w: %w", ErrBroken, err)
 	l.mu.Lock()
-	if l.broken == nil {
+	if first = l.broken == nil; first {
 		l.broken = err
 		l.changedLocked() // wake Wait
 	}
+	durable = l.durableLSN
 	l.mu.Unlock()
 	l.logger.Error("wal: log broken", "dir", l.dir, "err", err)
-	return err
+	return err, first, durable
 }
 
 // Err returns the error that broke the log (a failed write or sync), or

@@ -334,10 +334,9 @@ func (s *Server) gatherTarget() int {
 	if n == 0 || time.Since(s.cycleAt) > memory {
 		return 0
 	}
-	recent := s.cycles
-	sorted := recent[:n]
-	slices.Sort(sorted)
-	return sorted[(n-1)/2]
+	recent := s.cycles // a copy, sorted in place
+	slices.Sort(recent[:n])
+	return recent[(n-1)/2]
 }
 
 // minGroupWait and maxGroupWait bound how long a durable commit waits for

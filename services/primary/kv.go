@@ -258,6 +258,14 @@ func (s *Server) execTxn(ctx context.Context, p *walshipv1.CommitPolicy, cmps []
 			break
 		}
 	}
+	// The compares' outcome says what their keys held: whichever branch
+	// runs, the response waits for the writes behind them (cmpDep, the
+	// newest commit LSN among them) unless it is speculative.
+	var cmpDep uint64
+	for i := range cmps {
+		_, _, _, after := s.overlay.Read(cmps[i].Key)
+		cmpDep = max(cmpDep, after)
+	}
 	ops := success
 	if !res.succeeded {
 		ops = failure
@@ -276,11 +284,7 @@ func (s *Server) execTxn(ctx context.Context, p *walshipv1.CommitPolicy, cmps []
 		// wrote returns at once, and its LSN is the visible one — at which
 		// those keys hold what they hold at the sequenced state.
 		res.results = make([]opResult, len(ops))
-		res.lsn = s.visible.Load()
-		for i := range cmps {
-			_, _, _, after := s.overlay.Read(cmps[i].Key)
-			res.lsn = max(res.lsn, after)
-		}
+		res.lsn = max(s.visible.Load(), cmpDep)
 		for i, o := range ops {
 			v, ver, ok, after := s.overlay.Read([]byte(o.key))
 			res.results[i] = opResult{kind: opGet, found: ok, value: v, version: ver}
@@ -299,12 +303,7 @@ func (s *Server) execTxn(ctx context.Context, p *walshipv1.CommitPolicy, cmps []
 	first := s.nextLSN
 	t.commitLSN = first + uint64(writes)
 	txnID := s.nextTxn
-	view := txnView{base: s.overlay, local: make(map[string]*opResult, len(ops))}
-	for i := range cmps {
-		// The compares' outcome is read too: it says what the keys held.
-		_, _, _, after := s.overlay.Read(cmps[i].Key)
-		view.dep = max(view.dep, after)
-	}
+	view := txnView{base: s.overlay, local: make(map[string]*opResult, len(ops)), dep: cmpDep}
 	t.recs = make([]codec.Record, 0, writes+1)
 	res.results = make([]opResult, len(ops))
 	for i, o := range ops {

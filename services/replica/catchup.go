@@ -61,11 +61,14 @@ func (s *Server) readLogStore(ctx context.Context) (progress bool, err error) {
 // as the replication stream's watchdog allows (a peer whose handler stalls
 // while TCP and keepalives stay healthy) cancels the stream, and returns
 // an error naming who went silent, so that the follower moves on instead of
-// waiting forever. The time between Recvs (processing) is not counted.
+// waiting forever. The time between Recvs (processing) is not counted. One
+// timer serves the whole stream, re-armed around each Recv.
 func silenceGuard[M any](silence time.Duration, cancel context.CancelFunc, who string, recv func() (M, error)) func() (M, error) {
+	var fired atomic.Bool
+	t := time.AfterFunc(time.Hour, func() { fired.Store(true); cancel() })
+	t.Stop()
 	return func() (M, error) {
-		var fired atomic.Bool
-		t := time.AfterFunc(silence, func() { fired.Store(true); cancel() })
+		t.Reset(silence)
 		m, err := recv()
 		t.Stop()
 		if err != nil && fired.Load() {
