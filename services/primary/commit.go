@@ -30,6 +30,9 @@ type txn struct {
 	decided  atomic.Bool
 	start    time.Time
 	resolved bool // guarded by Server.visMu
+	// shown is closed once commitLSN is visible, for a writer that resolved
+	// before an earlier transaction did (nil until then). Guarded by visMu.
+	shown chan struct{}
 }
 
 // decide delivers t's verdict. Only the first counts: when the WAL fails,
@@ -498,8 +501,15 @@ func (s *Server) fail(err error, inflight []*txn) {
 	s.srv.SetServing(false)
 }
 
-// await waits until t meets its policy, then resolves it so it can become
-// visible. It does not give up when the caller's context ends: a sequenced
+// await waits until t meets its policy, resolves it, and then waits until
+// it is visible: the answer to a writer is what makes a later read see its
+// write, so no writer hears back before every transaction ahead of it in
+// the log has resolved (met its policy or failed) and the visible LSN has
+// reached its own. A commit behind one that waits for more (a replica, a
+// log store, an fsync it did not ask for) thus waits too: visibility was
+// already in LSN order, and its answer now is as well.
+//
+// It does not give up when the caller's context ends: a sequenced
 // transaction is in the log and must resolve for later ones to become
 // visible. The wait for replicas and log stores is bounded by the policy's
 // sync timeout; the wait for its own write and fsync is not (a disk that
@@ -511,7 +521,17 @@ func (s *Server) await(t *txn) error {
 		return fmt.Errorf("%w: commit LSN %d not durable: %v", rpcerr.ErrUnavailable, t.commitLSN, err)
 	}
 	err = s.awaitPeers(t)
-	s.resolve(t)
+	shown, rerr := s.resolve(t)
+	if rerr != nil {
+		return fmt.Errorf("%w: commit LSN %d is in the log but the primary stopped making commits visible: %v", rpcerr.ErrUnavailable, t.commitLSN, rerr)
+	}
+	if shown != nil {
+		select {
+		case <-shown:
+		case <-s.failed:
+			return fmt.Errorf("%w: commit LSN %d is in the log, but the primary failed before an earlier commit was acknowledged: its outcome is unknown", rpcerr.ErrUnavailable, t.commitLSN)
+		}
+	}
 	return err
 }
 
@@ -554,19 +574,23 @@ func levelName(l walshipv1.SyncLevel) string {
 // resolve marks t resolved and makes visible every transaction of the
 // resolved prefix: they are applied to the store, released from the
 // overlay, and the visible LSN advances. Visibility is a prefix so that a
-// reader never sees a commit without every commit before it.
-func (s *Server) resolve(t *txn) {
-	if err := s.resolveLocked(t); err != nil {
+// reader never sees a commit without every commit before it. It returns a
+// channel closed once t is visible, or nil if it is already.
+func (s *Server) resolve(t *txn) (<-chan struct{}, error) {
+	shown, err := s.resolveLocked(t)
+	if err != nil {
 		// The sequencer built these records, so this is a bug; stop making
 		// anything visible rather than serve a state that skipped a commit.
 		// Outside visMu: fail takes seqMu, which sequencing holds while it
 		// takes visMu.
 		s.logger.Error("cannot apply sequenced records; visibility stopped", "err", err)
 		s.fail(err, nil)
+		return nil, err
 	}
+	return shown, nil
 }
 
-func (s *Server) resolveLocked(t *txn) error {
+func (s *Server) resolveLocked(t *txn) (<-chan struct{}, error) {
 	s.visMu.Lock()
 	defer s.visMu.Unlock()
 	t.resolved = true
@@ -575,19 +599,29 @@ func (s *Server) resolveLocked(t *txn) error {
 		n++
 	}
 	if n == 0 {
-		return nil
+		t.shown = make(chan struct{})
+		return t.shown, nil
 	}
 	s.applyBatch.Reset()
 	for _, u := range s.unresolved[:n] {
 		s.applyBatch.Records = append(s.applyBatch.Records, u.recs...)
 	}
 	if err := s.store.Apply(&s.applyBatch); err != nil {
-		return fmt.Errorf("apply sequenced records: %w", err)
+		return nil, fmt.Errorf("apply sequenced records: %w", err)
 	}
 	last := s.unresolved[n-1].commitLSN
-	clear(s.unresolved[:n])
-	s.unresolved = s.unresolved[n:]
 	s.overlay.Release(last)
 	s.visible.Advance(last)
-	return nil
+	for _, u := range s.unresolved[:n] {
+		if u.shown != nil {
+			close(u.shown)
+		}
+	}
+	clear(s.unresolved[:n])
+	s.unresolved = s.unresolved[n:]
+	if t.commitLSN > last {
+		t.shown = make(chan struct{})
+		return t.shown, nil
+	}
+	return nil, nil
 }

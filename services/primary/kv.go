@@ -209,26 +209,22 @@ func (s *Server) exec(ctx context.Context, p *walshipv1.CommitPolicy, cmps []sta
 type txnView struct {
 	base  *state.Overlay
 	local map[string]*opResult
-	// dep is the newest commit LSN behind what the transaction read from
-	// base (an in-flight write's, or the applied LSN): its response waits
-	// until dep is visible, unless it is speculative.
-	dep uint64
 }
 
 func (v *txnView) get(key string) (value []byte, version uint64, ok bool) {
 	if r, found := v.local[key]; found {
 		return r.value, r.version, r.found
 	}
-	value, version, ok, after := v.base.Read([]byte(key))
-	v.dep = max(v.dep, after)
-	return value, version, ok
+	return v.base.Get([]byte(key))
 }
 
-// execTxn sequences a transaction and waits until its policy is met and,
-// unless it is speculative (TxnRequest.speculative), until the writes it
-// read or compared are visible: a response never carries a write whose
-// writer has not been answered, whichever branch runs and whatever the
-// two policies are.
+// execTxn sequences a transaction. One with writes answers once its
+// policy is met and its commit is visible (await), which every write it
+// read or compared, being sequenced before it, then is too. One without
+// waits until the writes it read or compared are visible, unless it is
+// speculative (TxnRequest.speculative): a response never carries a write
+// whose writer has not been answered, whichever branch runs and whatever
+// the policies are.
 func (s *Server) execTxn(ctx context.Context, p *walshipv1.CommitPolicy, cmps []state.Compare, success, failure []op, speculative bool) (execResult, error) {
 	if err := kvapi.ValidatePolicy(p); err != nil {
 		return execResult{}, err
@@ -258,14 +254,6 @@ func (s *Server) execTxn(ctx context.Context, p *walshipv1.CommitPolicy, cmps []
 			break
 		}
 	}
-	// The compares' outcome says what their keys held: whichever branch
-	// runs, the response waits for the writes behind them (cmpDep, the
-	// newest commit LSN among them) unless it is speculative.
-	var cmpDep uint64
-	for i := range cmps {
-		_, _, _, after := s.overlay.Read(cmps[i].Key)
-		cmpDep = max(cmpDep, after)
-	}
 	ops := success
 	if !res.succeeded {
 		ops = failure
@@ -283,8 +271,14 @@ func (s *Server) execTxn(ctx context.Context, p *walshipv1.CommitPolicy, cmps []
 		// Only those: a transaction over keys no in-flight transaction
 		// wrote returns at once, and its LSN is the visible one — at which
 		// those keys hold what they hold at the sequenced state.
+		// The compares' outcome says what their keys held, so the writes
+		// behind them count as read.
 		res.results = make([]opResult, len(ops))
-		res.lsn = max(s.visible.Load(), cmpDep)
+		res.lsn = s.visible.Load()
+		for i := range cmps {
+			_, _, _, after := s.overlay.Read(cmps[i].Key)
+			res.lsn = max(res.lsn, after)
+		}
 		for i, o := range ops {
 			v, ver, ok, after := s.overlay.Read([]byte(o.key))
 			res.results[i] = opResult{kind: opGet, found: ok, value: v, version: ver}
@@ -303,7 +297,7 @@ func (s *Server) execTxn(ctx context.Context, p *walshipv1.CommitPolicy, cmps []
 	first := s.nextLSN
 	t.commitLSN = first + uint64(writes)
 	txnID := s.nextTxn
-	view := txnView{base: s.overlay, local: make(map[string]*opResult, len(ops)), dep: cmpDep}
+	view := txnView{base: s.overlay, local: make(map[string]*opResult, len(ops))}
 	t.recs = make([]codec.Record, 0, writes+1)
 	res.results = make([]opResult, len(ops))
 	for i, o := range ops {
@@ -332,16 +326,6 @@ func (s *Server) execTxn(ctx context.Context, p *walshipv1.CommitPolicy, cmps []
 	s.metrics.observeCommit(pol, err, time.Since(start))
 	if err != nil {
 		return execResult{}, rpcerr.Status(err)
-	}
-	// Its own policy met does not mean the commits it read from were
-	// answered: those may wait for more (a replica, or an fsync this
-	// async commit did not), or fail. Its LSN is after theirs, so this
-	// waits at most until its own commit is visible.
-	if !speculative && view.dep > s.visible.Load() {
-		if _, err := s.visible.Wait(ctx, view.dep); err != nil {
-			st := status.FromContextError(err)
-			return execResult{}, status.Errorf(st.Code(), "commit LSN %d is in the log and met its policy, but a write it read (through LSN %d) is not yet acknowledged: %s", t.commitLSN, view.dep, st.Message())
-		}
 	}
 	res.lsn = t.commitLSN
 	return res, nil

@@ -307,12 +307,14 @@ func TestReadOnlyTxnWaitsOnlyForWritesItSees(t *testing.T) {
 	}
 }
 
-// TestWritingTxnReturnsNothingUnacknowledged: a Txn with writes that reads
-// or compares a key whose commit still waits for its replica commits at
-// once under its own, weaker policy, but does not answer before that
-// commit is acknowledged: its results would show it. One over other keys
-// answers at once. The replica here is this test, acking by hand.
-func TestWritingTxnReturnsNothingUnacknowledged(t *testing.T) {
+// TestCommitsAnswerInLSNOrder: a commit sequenced behind one that waits
+// for its replica is in the log at once under its own, weaker policy, but
+// its writer hears back only once the commit ahead of it is acknowledged
+// and its own write is visible — so a read that starts after the answer
+// sees it. That holds for a Put over another key as for Txns that read,
+// compare or delete: nothing is answered out of order. The replica here is
+// this test, acking by hand.
+func TestCommitsAnswerInLSNOrder(t *testing.T) {
 	r := start(t, testConfig(t, t.TempDir()))
 	c := ctx(t)
 	_, hot, hotErr, ack := holdSyncCommit(t, r)
@@ -320,61 +322,73 @@ func TestWritingTxnReturnsNothingUnacknowledged(t *testing.T) {
 	hotExists := &walshipv1.Compare{Key: "hot", Target: walshipv1.CompareTarget_COMPARE_TARGET_EXISTS,
 		Result: walshipv1.CompareResult_COMPARE_RESULT_EQUAL, Operand: &walshipv1.Compare_Exists{Exists: true}}
 
-	// Other keys: answered at once, though hot's commit precedes it.
-	other, err := r.kv.Txn(c, &walshipv1.TxnRequest{Success: []*walshipv1.TxnOp{txnGet("cold"), put("other")}})
-	if err != nil || other.Lsn <= hot || string(other.Results[0].GetGet().GetValue()) != "c" {
-		t.Fatalf("writing Txn over other keys while LSN %d waits = %v, %v; want it at once", hot, other, err)
-	}
-	// Reading hot, comparing it, or deleting a key written after it (its
-	// existed says it is there):
-	// each commits, and waits for hot's ack before answering.
-	dependents := []*walshipv1.TxnRequest{
-		{Success: []*walshipv1.TxnOp{txnGet("hot"), put("w1")}},
-		{Compares: []*walshipv1.Compare{hotExists}, Success: []*walshipv1.TxnOp{put("w2")}},
-		{Success: []*walshipv1.TxnOp{put("w3"), txnDelete("hot-twin")}},
-	}
-	if _, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "hot-twin", Value: []byte("t"), Policy: &walshipv1.CommitPolicy{
-		Replication: walshipv1.ReplicationMode_REPLICATION_MODE_SYNC, SyncLevel: walshipv1.SyncLevel_SYNC_LEVEL_WRITE,
-		SyncTimeout: durationpb.New(time.Millisecond)}}); status.Code(err) != codes.Unavailable {
-		// Sequenced after hot, so not visible before it either; its own
-		// wait times out (the test acks only hot), which answers it.
-		t.Fatalf("hot-twin with a 1 ms sync timeout = %v; want UNAVAILABLE", err)
-	}
-	waitsFor(t, r, hot, dependents...)
-	if v := r.s.visible.Load(); v >= hot {
-		t.Fatalf("visible LSN %d: the held commit %d is visible before its ack", v, hot)
-	}
-	// Once hot is acknowledged, the same read answers, with hot's value.
 	type answer struct {
+		req  *walshipv1.TxnRequest
 		resp *walshipv1.TxnResponse
 		err  error
 	}
-	answered := make(chan answer, 1)
-	go func() {
-		resp, err := r.kv.Txn(c, &walshipv1.TxnRequest{Success: []*walshipv1.TxnOp{txnGet("hot"), put("w4")}})
-		answered <- answer{resp, err}
-	}()
+	behind := []*walshipv1.TxnRequest{
+		{Success: []*walshipv1.TxnOp{put("other")}},
+		{Success: []*walshipv1.TxnOp{txnGet("cold"), put("w0")}, Speculative: true},
+		{Success: []*walshipv1.TxnOp{txnGet("hot"), put("w1")}},
+		{Compares: []*walshipv1.Compare{hotExists}, Success: []*walshipv1.TxnOp{put("w2")}},
+	}
+	answers := make(chan answer, len(behind))
+	for _, req := range behind {
+		go func() {
+			resp, err := r.kv.Txn(c, req)
+			answers <- answer{req, resp, err}
+		}()
+	}
+	// Every one is sequenced and written (the WAL holds its commit) …
+	last := hot + 2*uint64(len(behind))
+	if err := r.s.wal.Wait(c, last, true); err != nil {
+		t.Fatal(err)
+	}
+	// … and none answers while hot waits (given 200 ms to do so wrongly),
+	// nor is anything of them visible.
+	select {
+	case a := <-answers:
+		t.Fatalf("%v answered while LSN %d waits for its replica: %v, %v", a.req, hot, a.resp, a.err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if v := r.s.visible.Load(); v >= hot {
+		t.Fatalf("visible LSN %d: the held commit %d is visible before its ack", v, hot)
+	}
+	// A read-only Txn of another key still answers at once, below hot.
+	if resp, err := r.kv.Txn(c, &walshipv1.TxnRequest{Success: []*walshipv1.TxnOp{txnGet("cold")}}); err != nil || resp.Lsn >= hot {
+		t.Fatalf("read of cold while LSN %d waits = %v, %v", hot, resp, err)
+	}
+
 	ack()
 	if err := <-hotErr; err != nil {
 		t.Fatalf("sync commit acked by hand: %v", err)
 	}
-	a := <-answered
-	if a.err != nil || a.resp.Lsn <= hot || string(a.resp.Results[0].GetGet().GetValue()) != "h" {
-		t.Fatalf("writing Txn reading hot = %v, %v; want hot=h, lsn above %d", a.resp, a.err, hot)
+	for range behind {
+		a := <-answers
+		if a.err != nil || a.resp.Lsn <= hot || a.resp.Lsn > last {
+			t.Fatalf("%v after hot's ack = %v, %v; want a commit LSN in (%d, %d]", a.req, a.resp, a.err, hot, last)
+		}
+		if g := a.resp.Results[0].GetGet(); g != nil && string(g.GetValue()) != map[string]string{"cold": "c", "hot": "h"}[a.req.Success[0].GetGet().GetKey()] {
+			t.Fatalf("%v read %q", a.req, g.GetValue())
+		}
+		// Answered means visible: a plain Get (no min_lsn) sees it.
+		if v := r.s.visible.Load(); v < a.resp.Lsn {
+			t.Fatalf("%v answered at LSN %d with the visible LSN at %d", a.req, a.resp.Lsn, v)
+		}
 	}
-	// The dependents committed before they answered: their writes are there.
-	for _, k := range []string{"w1", "w2", "w3"} {
-		if got, err := r.kv.Get(c, &walshipv1.GetRequest{Key: k, MinLsn: a.resp.Lsn}); err != nil || string(got.Value) != "w" {
-			t.Fatalf("%s after the acks = %v, %v; want w", k, got, err)
+	for _, k := range []string{"other", "w0", "w1", "w2"} {
+		if got, err := r.kv.Get(c, &walshipv1.GetRequest{Key: k}); err != nil || string(got.Value) != "w" {
+			t.Fatalf("%s after the answers = %v, %v; want w", k, got, err)
 		}
 	}
 }
 
 // TestSpeculativeReadModifyWrite: a speculative read returns a write whose
 // commit still waits for its replica, at once; a Txn guarded by a compare
-// on that write's version commits after it (its LSN is higher) and becomes
-// visible only with it; a compare that fails returns its failure branch's
-// reads at once too. A speculative Txn that writes waits as usual.
+// on that write's version commits after it (its LSN is higher) and is
+// answered and visible only with it; a compare that fails returns its
+// failure branch's reads at once too.
 func TestSpeculativeReadModifyWrite(t *testing.T) {
 	r := start(t, testConfig(t, t.TempDir()))
 	c := ctx(t)
@@ -405,31 +419,42 @@ func TestSpeculativeReadModifyWrite(t *testing.T) {
 		t.Fatalf("stale compare = %v, %v; want the failure branch with hot=h", stale, err)
 	}
 	// Read-modify-write on what was read: commits after the pending write
-	// (durable locally; the default policy waits for no replica), not
-	// visible before it.
-	rmw, err := r.kv.Txn(c, &walshipv1.TxnRequest{Speculative: true,
-		Compares: []*walshipv1.Compare{versionIs("hot", g.GetVersionLsn())},
-		Success:  []*walshipv1.TxnOp{{Op: &walshipv1.TxnOp_Put{Put: &walshipv1.PutOp{Key: "hot", Value: []byte("h2")}}}}})
-	if err != nil || !rmw.Succeeded || rmw.Lsn <= hot {
-		t.Fatalf("read-modify-write over the pending write = %v, %v; want success after LSN %d", rmw, err, hot)
+	// (durable locally; the default policy waits for no replica), and is
+	// answered — and visible — only with it.
+	type answer struct {
+		resp *walshipv1.TxnResponse
+		err  error
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		rmw, err := r.kv.Txn(c, &walshipv1.TxnRequest{Speculative: true,
+			Compares: []*walshipv1.Compare{versionIs("hot", g.GetVersionLsn())},
+			Success:  []*walshipv1.TxnOp{{Op: &walshipv1.TxnOp_Put{Put: &walshipv1.PutOp{Key: "hot", Value: []byte("h2")}}}}})
+		answered <- answer{rmw, err}
+	}()
+	if err := r.s.wal.Wait(c, hot+2, true); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case a := <-answered:
+		t.Fatalf("read-modify-write answered while LSN %d waits for its replica: %v, %v", hot, a.resp, a.err)
+	case <-time.After(200 * time.Millisecond):
 	}
 	if v := r.s.visible.Load(); v >= hot {
 		t.Fatalf("visible LSN %d after the dependent commit: the held commit %d became visible before its ack", v, hot)
-	}
-	short, cancel := context.WithTimeout(c, 100*time.Millisecond)
-	_, err = r.kv.Get(short, &walshipv1.GetRequest{Key: "hot", MinLsn: rmw.Lsn})
-	cancel()
-	if status.Code(err) != codes.DeadlineExceeded {
-		t.Fatalf("Get at min_lsn %d before the held commit's ack = %v; want DEADLINE_EXCEEDED", rmw.Lsn, err)
 	}
 
 	ack()
 	if err := <-hotErr; err != nil {
 		t.Fatalf("sync commit acked by hand: %v", err)
 	}
-	got, err := r.kv.Get(c, &walshipv1.GetRequest{Key: "hot", MinLsn: rmw.Lsn})
-	if err != nil || string(got.Value) != "h2" || got.VersionLsn != rmw.Lsn {
-		t.Fatalf("hot after both commits = %v, %v; want h2 at %d", got, err, rmw.Lsn)
+	a := <-answered
+	if a.err != nil || !a.resp.Succeeded || a.resp.Lsn != hot+2 {
+		t.Fatalf("read-modify-write over the pending write = %v, %v; want success at LSN %d", a.resp, a.err, hot+2)
+	}
+	got, err := r.kv.Get(c, &walshipv1.GetRequest{Key: "hot"})
+	if err != nil || string(got.Value) != "h2" || got.VersionLsn != a.resp.Lsn {
+		t.Fatalf("hot after both commits = %v, %v; want h2 at %d", got, err, a.resp.Lsn)
 	}
 	if got, err := r.kv.Get(c, &walshipv1.GetRequest{Key: "cold"}); err != nil || got.VersionLsn != cold {
 		t.Fatalf("cold = %v, %v; want version %d", got, err, cold)

@@ -884,10 +884,12 @@ func (x *GetOp) GetKey() string {
 }
 
 // TxnRequest is a mini-transaction. At most 1,000 ops in total. Its
-// compares and reads see the newest sequenced write of each key; the
-// response waits until the writes they saw are acknowledged (visible),
-// after its own commit meets its policy if the branch writes, so it never
-// shows a write whose writer has not been answered — unless speculative.
+// compares and reads see the newest sequenced write of each key. A branch
+// with writes answers, as Put does, once its commit meets its policy and is
+// visible, which every write it saw then is too. A branch without writes
+// waits until the writes its compares and reads saw are acknowledged
+// (visible), so it never shows a write whose writer has not been answered —
+// unless speculative.
 type TxnRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// compares must all hold for the success branch to run.
@@ -898,10 +900,10 @@ type TxnRequest struct {
 	Failure []*TxnOp `protobuf:"bytes,3,rep,name=failure,proto3" json:"failure,omitempty"`
 	// policy for this commit; unset fields take the server defaults.
 	Policy *CommitPolicy `protobuf:"bytes,4,opt,name=policy,proto3" json:"policy,omitempty"`
-	// speculative: the response does not wait for the commits behind the
-	// writes the compares and reads saw to be acknowledged. A branch without
-	// writes answers at once; a branch with writes as soon as its own commit
-	// meets its policy. A value so read may belong to a commit still
+	// speculative: a branch without writes answers at once, without waiting
+	// for the commits behind the writes its compares and reads saw to be
+	// acknowledged (a branch with writes is answered as always). A value so
+	// read may belong to a commit still
 	// waiting for its fsync or replicas (the Hekaton "commit dependency",
 	// early lock release): use it only to build a Txn whose compares guard
 	// it (read-modify-write with version compares), never show it to anyone.

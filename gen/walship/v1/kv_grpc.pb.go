@@ -37,8 +37,19 @@ const (
 // Keys are 1..4096 bytes of valid UTF-8; values are at most --max-value-bytes
 // (default 1 MiB). A write returns the LSN of its commit; pass it as min_lsn to
 // a read on any replica to read your own write.
+//
+// On the primary, Put, Delete, Get, Scan and Txn are linearizable: a read that
+// starts after a write returned success sees that write or a newer one, and no
+// read returns a write before its writer has been answered. Commits are
+// answered in LSN order: a commit behind one that waits for more (a replica, a
+// log store quorum, an fsync) is answered only once that one is. A write that
+// fails with UNAVAILABLE or DEADLINE_EXCEEDED has an unknown outcome: it may be
+// in the log, and then becomes visible. On a replica, a read with min_lsn at
+// least a write's LSN sees that write, and one replica's reads never go
+// backwards.
 type KVServiceClient interface {
-	// Put sets key to value. Returns the commit LSN once the commit policy is met.
+	// Put sets key to value. Returns the commit LSN once the commit policy is met
+	// and the commit is visible.
 	Put(ctx context.Context, in *PutRequest, opts ...grpc.CallOption) (*PutResponse, error)
 	// Delete removes key. Deleting a missing key still commits (existed=false).
 	Delete(ctx context.Context, in *DeleteRequest, opts ...grpc.CallOption) (*DeleteResponse, error)
@@ -121,8 +132,19 @@ func (c *kVServiceClient) Scan(ctx context.Context, in *ScanRequest, opts ...grp
 // Keys are 1..4096 bytes of valid UTF-8; values are at most --max-value-bytes
 // (default 1 MiB). A write returns the LSN of its commit; pass it as min_lsn to
 // a read on any replica to read your own write.
+//
+// On the primary, Put, Delete, Get, Scan and Txn are linearizable: a read that
+// starts after a write returned success sees that write or a newer one, and no
+// read returns a write before its writer has been answered. Commits are
+// answered in LSN order: a commit behind one that waits for more (a replica, a
+// log store quorum, an fsync) is answered only once that one is. A write that
+// fails with UNAVAILABLE or DEADLINE_EXCEEDED has an unknown outcome: it may be
+// in the log, and then becomes visible. On a replica, a read with min_lsn at
+// least a write's LSN sees that write, and one replica's reads never go
+// backwards.
 type KVServiceServer interface {
-	// Put sets key to value. Returns the commit LSN once the commit policy is met.
+	// Put sets key to value. Returns the commit LSN once the commit policy is met
+	// and the commit is visible.
 	Put(context.Context, *PutRequest) (*PutResponse, error)
 	// Delete removes key. Deleting a missing key still commits (existed=false).
 	Delete(context.Context, *DeleteRequest) (*DeleteResponse, error)
