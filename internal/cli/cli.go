@@ -48,6 +48,7 @@ func commands() []command {
 		{name: "replica", summary: "run a replica: apply the primary's WAL and serve reads", flags: replicaFlags},
 		{name: "logstore", summary: "run a log store: keep the WAL durably for catch-up", flags: logstoreFlags},
 		{name: "bench", summary: "run a benchmark workload and print the seed's table", flags: benchFlags},
+		{name: "check linear", summary: "check a cluster's reads and writes for linearizability (porcupine) with a bounded workload of its own", flags: checkLinearFlags},
 		{name: "dev", summary: "run a local cluster (log store, primary, 2 replicas) with data in a temp dir", flags: devFlags},
 		{name: "version", summary: "print the version", flags: versionFlags},
 	}
@@ -61,21 +62,23 @@ var errUsage = errors.New("usage")
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" || args[0] == "-help" {
 		if len(args) > 1 {
-			return helpCommand(args[1], stdout, stderr)
+			name, _ := commandName(args[1:])
+			return helpCommand(name, stdout, stderr)
 		}
 		usage(stdout)
 		return 0
 	}
-	cmd, ok := lookup(args[0])
+	name, rest := commandName(args)
+	cmd, ok := lookup(name)
 	if !ok {
-		fmt.Fprintf(stderr, "walship: unknown command %q\n\n", args[0])
+		fmt.Fprintf(stderr, "walship: unknown command %q\n\n", name)
 		usage(stderr)
 		return 2
 	}
 	env := &Env{Stdout: stdout, Stderr: stderr}
 	fs, run := NewFlagSet(cmd.name, env)
 	fs.SetOutput(stderr)
-	if err := Parse(fs, args[1:]); err != nil {
+	if err := Parse(fs, rest); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
@@ -100,6 +103,17 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// commandName splits the command's name off args: one word, or two for
+// a command with sub-commands ("check linear").
+func commandName(args []string) (name string, rest []string) {
+	if len(args) > 1 && !strings.HasPrefix(args[1], "-") {
+		if _, ok := lookup(args[0] + " " + args[1]); ok {
+			return args[0] + " " + args[1], args[2:]
+		}
+	}
+	return args[0], args[1:]
 }
 
 func lookup(name string) (command, bool) {
@@ -187,9 +201,9 @@ func usage(w io.Writer) {
 	cmds := commands()
 	sort.Slice(cmds, func(i, j int) bool { return cmds[i].name < cmds[j].name })
 	for _, c := range cmds {
-		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.summary)
+		fmt.Fprintf(w, "  %-13s %s\n", c.name, c.summary)
 	}
-	fmt.Fprintf(w, "  %-10s %s\n\nRun 'walship help <command>' for a command's flags.\n", "help", "show help for a command")
+	fmt.Fprintf(w, "  %-13s %s\n\nRun 'walship help <command>' for a command's flags.\n", "help", "show help for a command")
 }
 
 func helpCommand(name string, stdout, stderr io.Writer) int {

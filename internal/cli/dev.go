@@ -78,5 +78,9 @@ Try it (grpcurl needs no .proto files: every node serves reflection):
   grpcurl -plaintext %[1]s walship.v1.AdminService/Status
   grpcurl -plaintext %[2]s walship.v1.AdminService/Status
 
+Check that it is linearizable (a bounded workload of its own, checked with porcupine):
+
+  walship check linear --primary %[1]s --replica %[2]s --duration 10s
+
 `, p, r, walshipv1.KVService_ServiceDesc.ServiceName)
 }
