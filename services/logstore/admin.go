@@ -4,6 +4,7 @@ import (
 	"context"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/rpcerr"
 )
 
@@ -14,12 +15,18 @@ func (h *logStoreServer) Status(context.Context, *walshipv1.LogStoreServiceStatu
 
 // Status reports what the log store holds.
 func (s *Server) Status() *walshipv1.LogStoreServiceStatusResponse {
+	v := s.vote.Load()
 	return &walshipv1.LogStoreServiceStatusResponse{
 		FirstLsn:    s.wal.FirstLSN(),
 		DurableLsn:  s.durableLSN(),
 		Epoch:       s.epoch.Load(),
 		StoredBytes: uint64(s.wal.Size()),
 		Segments:    uint32(s.wal.Segments()),
+		LastEpoch:   s.logEpoch.Load(),
+		History:     historyProto(*s.history.Load()),
+		VoteEpoch:   v.Epoch,
+		PrimaryId:   v.Primary,
+		PrimaryAddr: v.Addr,
 	}
 }
 
@@ -44,9 +51,14 @@ type adminServer struct {
 func (a *adminServer) Status(context.Context, *walshipv1.StatusRequest) (*walshipv1.StatusResponse, error) {
 	s := a.s
 	durable := s.wal.DurableLSN()
-	return &walshipv1.StatusResponse{
+	v := s.vote.Load()
+	resp := &walshipv1.StatusResponse{
 		Role:        walshipv1.Role_ROLE_LOGSTORE,
-		Id:          "logstore",
+		Id:          s.id(),
+		PrimaryId:   v.Primary,
+		Primary:     v.Addr,
+		VoteEpoch:   v.Epoch,
+		History:     historyProto(*s.history.Load()),
 		Epoch:       s.epoch.Load(),
 		LastLsn:     s.wal.LastLSN(),
 		DurableLsn:  durable,
@@ -54,7 +66,23 @@ func (a *adminServer) Status(context.Context, *walshipv1.StatusRequest) (*walshi
 		WalBytes:    uint64(s.wal.Size()),
 		WalFirstLsn: s.wal.FirstLSN(),
 		Serving:     s.srv.Serving(),
-	}, nil
+	}
+	orphans, err := datadir.ListOrphans(s.fs, s.cfg.DataDir)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	resp.Orphans = orphanStatus(orphans)
+	return resp, nil
+}
+
+// orphanStatus lists orphan files for Status.
+func orphanStatus(os []datadir.Orphan) []*walshipv1.OrphanStatus {
+	out := make([]*walshipv1.OrphanStatus, len(os))
+	for i, o := range os {
+		out[i] = &walshipv1.OrphanStatus{Name: o.Name, Epoch: o.Epoch, FirstLsn: o.FirstLSN, LastLsn: o.LastLSN,
+			Bytes: uint64(o.Bytes), CutTimeUnixNano: o.CutAt.UnixNano()}
+	}
+	return out
 }
 
 func (a *adminServer) Promote(context.Context, *walshipv1.PromoteRequest) (*walshipv1.PromoteResponse, error) {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/envelope"
 	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/wal"
@@ -25,6 +26,13 @@ type appendReq struct {
 	data   []byte              // envelope.Marshal(env): the bytes stored
 	hb     *walshipv1.Heartbeat
 	weight int64 // bytes held against the stream's queue budget
+	// cut, with truncate, asks to cut the log after cutAfter.
+	cut      bool
+	cutAfter uint64
+	// fence is a Fence request (st is nil): answered on fenced, by the
+	// writer, in queue order.
+	fence  *walshipv1.FenceRequest
+	fenced chan fenceResult
 }
 
 // appendStream is the state one Append stream shares between its receiving
@@ -41,6 +49,9 @@ type appendStream struct {
 	recvDone bool                      // the client half-closed the stream
 	stopping bool                      // graceful stop: end once inflight is 0
 	err      error                     // terminal error, sent after the last ack
+	// epoch is the sender's epoch, as its heartbeats declare it (or its
+	// batches, without one). Writer-only.
+	epoch uint64
 	// refused is set when the writer refused one of the stream's requests:
 	// it then drops the requests the stream queued after that one. (An
 	// error found by the receiving goroutine stops it from queuing more, so
@@ -261,10 +272,13 @@ func (s *Server) sendAcks(stream walshipv1.LogStoreService_AppendServer, st *app
 // CRC does not match is data loss.
 func checkRequest(req *walshipv1.AppendRequest) (*appendReq, error) {
 	b, hb := req.GetBatch(), req.GetHeartbeat()
-	if b == nil && hb == nil {
-		return nil, refuse(rpcerr.ErrInvalid, "append request: batch or heartbeat required")
+	if b == nil && hb == nil && !req.GetTruncate() {
+		return nil, refuse(rpcerr.ErrInvalid, "append request: batch, heartbeat or truncate required")
 	}
-	r := &appendReq{hb: hb, weight: 1}
+	if req.GetTruncate() && b != nil {
+		return nil, refuse(rpcerr.ErrInvalid, "append request: truncate and a batch in one request")
+	}
+	r := &appendReq{hb: hb, weight: 1, cut: req.GetTruncate(), cutAfter: req.GetTruncateAfterLsn()}
 	if b != nil {
 		if err := checkBatch(b); err != nil {
 			return nil, err
@@ -335,8 +349,7 @@ func (s *Server) writer(stop <-chan struct{}) error {
 		closed := s.queueClosed
 		s.mu.Unlock()
 		if len(reqs) > 0 {
-			if err := s.round(reqs); err != nil {
-				s.failAll(err, reqs)
+			if err := s.rounds(reqs); err != nil {
 				return err
 			}
 			lastRound = time.Now()
@@ -353,6 +366,42 @@ func (s *Server) writer(stop <-chan struct{}) error {
 			s.mu.Unlock()
 		}
 	}
+}
+
+// rounds handles the queued requests: a fence or a cut is handled on its
+// own, after a round of everything queued before it, so that it sees (and
+// answers with) every batch that came first.
+func (s *Server) rounds(reqs []*appendReq) error {
+	start := 0
+	for i, r := range reqs {
+		if r.fence == nil && !r.cut {
+			continue
+		}
+		if i > start {
+			if err := s.round(reqs[start:i]); err != nil {
+				s.failAll(err, reqs[start:])
+				return err
+			}
+		}
+		var err error
+		if r.fence != nil {
+			err = s.handleFence(r)
+		} else {
+			err = s.round([]*appendReq{r})
+		}
+		if err != nil {
+			s.failAll(err, reqs[i:])
+			return err
+		}
+		start = i + 1
+	}
+	if start < len(reqs) {
+		if err := s.round(reqs[start:]); err != nil {
+			s.failAll(err, reqs[start:])
+			return err
+		}
+	}
+	return nil
 }
 
 // awaitRound waits until FlushDelay has passed since lastRound, unless the
@@ -387,6 +436,7 @@ type outcome struct {
 	err    error
 	n      int
 	weight int64
+	echo   int64 // newest admitted heartbeat's time_unix_nano
 }
 
 // round handles one group of requests in arrival order. A returned error is
@@ -426,6 +476,9 @@ func (s *Server) round(reqs []*appendReq) error {
 			o.err = refused
 			continue
 		}
+		if r.hb != nil {
+			o.echo = max(o.echo, r.hb.GetTimeUnixNano())
+		}
 		if len(entries) > n {
 			newBytes += len(r.data)
 		}
@@ -458,7 +511,7 @@ func (s *Server) round(reqs []*appendReq) error {
 	for st, o := range outs {
 		var ack *walshipv1.AppendResponse
 		if o.ack {
-			ack = &walshipv1.AppendResponse{DurableLsn: durable, Epoch: epoch}
+			ack = &walshipv1.AppendResponse{DurableLsn: durable, Epoch: epoch, HeartbeatTimeUnixNano: o.echo}
 		}
 		st.finish(ack, o.err, o.n, o.weight)
 	}
@@ -469,35 +522,53 @@ func (s *Server) round(reqs []*appendReq) error {
 // an accepted batch to entries (and moves last); a retransmission of exactly
 // what is stored is accepted without being stored again.
 //
-// The order of the checks matters. An exact retransmission is acknowledged
-// whatever its epoch: a new primary catching the log store up ships the
-// batches of earlier epochs byte for byte (the envelope carries the epoch
-// of the primary that wrote the batch, not of the sender). Then a batch
-// older than the highest epoch seen is refused: since epochs only grow along
-// the log, such a batch beyond the stored end can only come from a deposed
-// primary. A higher epoch is adopted (and persisted) only from a batch that
-// is appended, never from a refused one.
+// Two epochs are checked. The sender's — what its heartbeats declare, or
+// its batch's epoch without one — must be at least the epoch promised
+// (a fence, or a newer primary seen): a deposed primary is refused, batches
+// and heartbeats alike, so an idle one learns it too. A batch's own epoch
+// is that of the primary that wrote it: a new primary catching the log
+// store up ships the batches of earlier epochs byte for byte. Along the log
+// it never goes down: a batch of an epoch older than the newest stored is
+// refused unless it is an exact retransmission. A newer epoch is saved in
+// the history, and a newer sender epoch promised, before the batch that
+// brings it is acknowledged — never from a refused request.
 func (s *Server) admit(r *appendReq, walLast uint64, last *uint64, entries *[]wal.Entry) (refused, fatal error) {
-	// The heartbeat first, so that a request it refuses stores nothing of
-	// its batch, nor adopts the batch's epoch.
-	if refused, fatal := s.checkHeartbeat(r.hb); refused != nil || fatal != nil {
-		return refused, fatal
+	st, hb, b := r.st, r.hb, r.env
+	if hb != nil && hb.Epoch > st.epoch {
+		st.epoch = hb.Epoch
 	}
-	if b := r.env; b != nil {
-		if hb := r.hb; hb != nil && hb.Epoch != 0 && hb.Epoch < b.Epoch {
-			// The sender is at an older epoch than the primary that wrote
-			// the batch: no primary sends that.
-			return refuse(rpcerr.ErrInvalid, "heartbeat.epoch: %d is older than its batch's epoch %d", hb.Epoch, b.Epoch), nil
+	if v := s.vote.Load(); st.epoch != 0 && st.epoch < v.Epoch {
+		return refuse(rpcerr.ErrStaleEpoch, "stale epoch %d, log store is at epoch %d%s", st.epoch, v.Epoch, primaryName(*v)), nil
+	}
+	if b != nil && hb != nil && hb.Epoch != 0 && hb.Epoch < b.Epoch {
+		// The sender is at an older epoch than the primary that wrote the
+		// batch: no primary sends that.
+		return refuse(rpcerr.ErrInvalid, "heartbeat.epoch: %d is older than its batch's epoch %d", hb.Epoch, b.Epoch), nil
+	}
+	sender := st.epoch
+	if b != nil && b.Epoch > sender {
+		if st.epoch != 0 {
+			return refuse(rpcerr.ErrInvalid, "batch.epoch: %d is newer than the stream's epoch %d", b.Epoch, st.epoch), nil
 		}
+		sender = b.Epoch
+	}
+	if v := s.vote.Load(); sender != 0 && sender < v.Epoch {
+		return refuse(rpcerr.ErrStaleEpoch, "stale epoch %d, log store is at epoch %d%s", sender, v.Epoch, primaryName(*v)), nil
+	}
+	if r.cut {
+		return s.cut(r.cutAfter)
+	}
+	if b != nil {
 		overlap := *last != 0 && b.FirstLsn <= *last
 		var why string
 		if overlap {
 			if why = s.differsFromStored(b, r.data, walLast, *entries); why == "" {
+				s.lastContact = time.Now()
 				return nil, nil
 			}
 		}
-		if h := s.epoch.Load(); b.Epoch < h {
-			return refuse(rpcerr.ErrStaleEpoch, "stale epoch %d, log store is at epoch %d", b.Epoch, h), nil
+		if le := s.logEpoch.Load(); b.Epoch < le {
+			return refuse(rpcerr.ErrStaleEpoch, "stale epoch %d: batch LSNs %d..%d would follow stored batches of epoch %d", b.Epoch, b.FirstLsn, b.LastLsn, le), nil
 		}
 		switch {
 		case overlap:
@@ -505,27 +576,51 @@ func (s *Server) admit(r *appendReq, walLast uint64, last *uint64, entries *[]wa
 		case *last != 0 && b.FirstLsn > *last+1:
 			return refuse(rpcerr.ErrInvalid, "gap: batch starts at LSN %d, log store ends at LSN %d", b.FirstLsn, *last), nil
 		}
-		if err := s.adoptEpoch(b.Epoch); err != nil {
+		if err := s.noteEpoch(b.Epoch, b.FirstLsn); err != nil {
 			return nil, err
 		}
 		*entries = append(*entries, wal.Entry{FirstLSN: b.FirstLsn, LastLSN: b.LastLsn, Data: r.data})
 		*last = b.LastLsn
 	}
+	if v := s.vote.Load(); sender > v.Epoch {
+		nv := datadir.Vote{Epoch: sender}
+		if hb != nil && hb.Epoch == sender {
+			nv.Primary, nv.Addr = hb.PrimaryId, hb.PrimaryAddr
+		}
+		if err := s.saveVote(nv); err != nil {
+			return nil, err
+		}
+	}
+	s.lastContact = time.Now()
 	return nil, nil
 }
 
-// checkHeartbeat refuses a heartbeat from an epoch older than the highest
-// seen, so an idle deposed primary learns it is fenced. A heartbeat never
-// raises the epoch: the new primary may still have to ship batches of the
-// earlier epoch first.
-func (s *Server) checkHeartbeat(hb *walshipv1.Heartbeat) (refused, fatal error) {
-	if hb == nil || hb.Epoch == 0 {
-		return nil, nil
+// primaryName names the primary of v for an error message ("" if unknown).
+func primaryName(v datadir.Vote) string {
+	switch {
+	case v.Addr != "":
+		return fmt.Sprintf(" (primary %s at %s)", v.Primary, v.Addr)
+	case v.Primary != "":
+		return fmt.Sprintf(" (primary %s)", v.Primary)
 	}
-	if h := s.epoch.Load(); hb.Epoch < h {
-		return refuse(rpcerr.ErrStaleEpoch, "stale epoch %d, log store is at epoch %d", hb.Epoch, h), nil
+	return ""
+}
+
+// noteEpoch records in the history, durably, that the log continues in
+// epoch e from first, if e is newer than the newest stored. An error is
+// fatal.
+func (s *Server) noteEpoch(e, first uint64) error {
+	h, changed := s.history.Load().Note(e, first)
+	if !changed {
+		return nil
 	}
-	return nil, nil
+	if err := datadir.SaveHistory(s.fs, s.cfg.DataDir, h); err != nil {
+		s.metrics.fsyncErrors.Inc()
+		return err
+	}
+	s.history.Store(&h)
+	s.logEpoch.Store(e)
+	return nil
 }
 
 // differsFromStored returns "" if b is a retransmission of a stored batch
@@ -565,26 +660,6 @@ func (s *Server) differsFromStored(b *walshipv1.WalBatch, data []byte, walLast u
 		return fmt.Sprintf("cannot read the stored batch: %v", err)
 	}
 	return compare(e)
-}
-
-// adoptEpoch raises the highest epoch seen to e, persisting it first: the
-// batch that carries it is acknowledged only at the end of the round, after
-// the epoch file is durable. An error is fatal.
-func (s *Server) adoptEpoch(e uint64) error {
-	h := s.epoch.Load()
-	if e <= h {
-		return nil
-	}
-	if err := s.persistEpoch(e); err != nil {
-		var se *syncError
-		if errors.As(err, &se) {
-			s.metrics.fsyncErrors.Inc()
-		}
-		return err
-	}
-	s.epoch.Store(e)
-	s.logger.Info("adopted a new epoch", "epoch", e, "previous", h)
-	return nil
 }
 
 // failAll fails every stream after a fatal error: the requests of the

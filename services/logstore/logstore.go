@@ -5,15 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/vfs"
 	"github.com/walship/walship/internal/wal"
@@ -32,9 +30,21 @@ type Server struct {
 	wal     *wal.Log
 	metrics *metrics
 
-	// epoch is the highest epoch seen. Only the writer goroutine raises it,
-	// after persisting it; everyone may read it.
+	// epoch is the highest epoch promised (DataDir/vote): by a fence, or
+	// to a primary whose heartbeat or batch was of a newer epoch. Senders
+	// of an older epoch are refused. Only the writer goroutine raises it,
+	// after persisting it; everyone may read it. vote is the whole promise.
 	epoch atomic.Uint64
+	vote  atomic.Pointer[datadir.Vote]
+	// logEpoch is the epoch of the newest stored batch and history the
+	// epoch history of the stored log (DataDir/epochs). Writer-only writes.
+	logEpoch atomic.Uint64
+	history  atomic.Pointer[datadir.History]
+	// lastContact is when the writer last admitted a request of a
+	// primary that was not refused (writer-only; a fence reports it).
+	lastContact time.Time
+	// orphans counts entries cut into orphan files (for Status and metrics).
+	orphanedRecords atomic.Uint64
 
 	// nWrites counts the writer's rounds that appended (writer-only);
 	// writes publishes it for followers of an empty log store.
@@ -122,6 +132,7 @@ func New(cfg Config) (*Server, error) {
 		StopTimeout:     cfg.StopTimeout,
 	}, func(g *grpc.Server) {
 		walshipv1.RegisterLogStoreServiceServer(g, &logStoreServer{s: s})
+		walshipv1.RegisterEpochServiceServer(g, &epochServer{s: s})
 		walshipv1.RegisterAdminServiceServer(g, &adminServer{s: s})
 	})
 	if err != nil {
@@ -133,16 +144,19 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// recover reads the epoch file and opens the WAL.
+// recover reads the vote and the epoch history and opens the WAL.
 func (s *Server) recover() error {
 	if err := s.fs.MkdirAll(s.cfg.DataDir, 0o755); err != nil {
 		return fmt.Errorf("create %s: %w", s.cfg.DataDir, err)
 	}
-	epoch, err := readEpoch(s.fs, s.epochPath())
+	v, err := datadir.LoadVote(s.fs, s.cfg.DataDir)
 	if err != nil {
 		return err
 	}
-	s.epoch.Store(epoch)
+	h, err := datadir.LoadHistory(s.fs, s.cfg.DataDir)
+	if err != nil {
+		return err
+	}
 	log, err := wal.Open(wal.Options{
 		Dir:         filepath.Join(s.cfg.DataDir, "wal"),
 		FS:          s.fs,
@@ -153,62 +167,39 @@ func (s *Server) recover() error {
 		return fmt.Errorf("open wal: %w", err)
 	}
 	s.wal = log
+	// A crash may cut entries the history was written for: the history
+	// describes what the log holds.
+	h = h.Cut(log.LastLSN())
+	logEpoch := h.Current().Epoch
+	if len(h) == 0 && log.FirstLSN() != 0 {
+		// A log written before histories were kept: its epoch file was
+		// the epoch of its newest batch.
+		logEpoch = v.Epoch
+	}
+	s.epoch.Store(v.Epoch)
+	s.vote.Store(&v)
+	s.logEpoch.Store(logEpoch)
+	s.history.Store(&h)
 	if ri := log.Recovery(); ri.TornSegment != "" {
 		s.logger.Warn("cut a torn WAL tail", "segment", ri.TornSegment, "offset", ri.TornOffset, "bytes", ri.TornBytes, "reason", ri.TornReason)
 	}
 	s.firstKept.Advance(log.FirstLSN())
-	s.logger.Info("recovered", "first_lsn", log.FirstLSN(), "durable_lsn", log.DurableLSN(), "epoch", epoch,
-		"segments", log.Segments(), "wal_bytes", log.Size())
+	s.logger.Info("recovered", "first_lsn", log.FirstLSN(), "durable_lsn", log.DurableLSN(), "vote", v.String(),
+		"log_epoch", logEpoch, "segments", log.Segments(), "wal_bytes", log.Size())
 	return nil
 }
 
-func (s *Server) epochPath() string { return filepath.Join(s.cfg.DataDir, "epoch") }
-
-// readEpoch returns the epoch stored in path, 0 if there is none yet.
-func readEpoch(fs vfs.FS, path string) (uint64, error) {
-	b, err := vfs.ReadFile(fs, path)
-	if errors.Is(err, os.ErrNotExist) {
-		return 0, nil
+// saveVote persists v as the log store's promise, then publishes it.
+// Writer-only. An error is fatal.
+func (s *Server) saveVote(v datadir.Vote) error {
+	if err := datadir.SaveVote(s.fs, s.cfg.DataDir, v); err != nil {
+		s.metrics.fsyncErrors.Inc()
+		return err
 	}
-	if err != nil {
-		return 0, fmt.Errorf("read epoch: %w", err)
-	}
-	e, err := strconv.ParseUint(strings.TrimSuffix(string(b), "\n"), 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("epoch file %s holds %q, not an epoch: %w", path, b, err)
-	}
-	return e, nil
-}
-
-// persistEpoch durably replaces the epoch file: write a temporary file,
-// fsync it, rename it over the old one and fsync the directory, so a crash
-// leaves either the old epoch or the new one.
-func (s *Server) persistEpoch(epoch uint64) error {
-	path := s.epochPath()
-	tmp := path + ".tmp"
-	f, err := s.fs.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
-		return fmt.Errorf("persist epoch %d: %w", epoch, err)
-	}
-	data := strconv.AppendUint(nil, epoch, 10)
-	data = append(data, '\n')
-	if _, err := f.Write(data); err != nil {
-		_ = f.Close()
-		return fmt.Errorf("persist epoch %d: write %s: %w", epoch, tmp, err)
-	}
-	if err := f.Sync(); err != nil {
-		_ = f.Close()
-		return &syncError{fmt.Errorf("persist epoch %d: sync %s: %w", epoch, tmp, err)}
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("persist epoch %d: close %s: %w", epoch, tmp, err)
-	}
-	if err := s.fs.Rename(tmp, path); err != nil {
-		return fmt.Errorf("persist epoch %d: %w", epoch, err)
-	}
-	if err := s.fs.SyncDir(s.cfg.DataDir); err != nil {
-		return &syncError{fmt.Errorf("persist epoch %d: sync dir %s: %w", epoch, s.cfg.DataDir, err)}
-	}
+	prev := s.vote.Load()
+	s.vote.Store(&v)
+	s.epoch.Store(v.Epoch)
+	s.logger.Info("promised a newer epoch", "vote", v.String(), "previous", prev.String())
 	return nil
 }
 

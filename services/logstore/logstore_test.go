@@ -12,6 +12,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/envelope"
 	"github.com/walship/walship/internal/vfs"
 	"github.com/walship/walship/internal/wal"
@@ -181,8 +182,8 @@ func TestEpochs(t *testing.T) {
 	if ack.Epoch != 5 || ack.DurableLsn != 4 {
 		t.Fatalf("ack = %v, want epoch 5 durable 4", ack)
 	}
-	if e, err := readEpoch(vfs.OS, filepath.Join(dir, "epoch")); err != nil || e != 5 {
-		t.Fatalf("epoch file holds %d (%v) after the ack, want 5", e, err)
+	if v, err := datadir.LoadVote(vfs.OS, dir); err != nil || v.Epoch != 5 {
+		t.Fatalf("vote file holds %v (%v) after the ack, want epoch 5", v, err)
 	}
 	a = r.append(t)
 	a.send(batch(t, 4, 5, 1, 10))
@@ -200,27 +201,29 @@ func TestEpochs(t *testing.T) {
 	a.send(batch(t, 4, 5, 1, 10))
 	wantCode(t, a.failure(), codes.FailedPrecondition, "stale epoch 4, log store is at epoch 5")
 
-	// A new primary of epoch 7 catches the log store up: its heartbeat does
-	// not raise the epoch, so the batches of epoch 5 it ships first (byte
-	// for byte as the old primary wrote them) are accepted, and so is an
-	// exact retransmission of an epoch 2 batch; its own batches then raise
-	// the epoch.
+	// A new primary of epoch 7 catches the log store up: its heartbeat
+	// declares the stream's epoch, which the log store promises (so older
+	// primaries are refused from then on), and the batches of epoch 5 it
+	// ships first (byte for byte as the old primary wrote them) are
+	// accepted, and so is an exact retransmission of an epoch 2 batch.
 	a = r.append(t)
 	a.heartbeat(7)
-	if ack := a.ack(); ack.Epoch != 5 || ack.DurableLsn != 4 {
-		t.Fatalf("heartbeat ack = %v, want epoch 5 durable 4", ack)
+	if ack := a.ack(); ack.Epoch != 7 || ack.DurableLsn != 4 {
+		t.Fatalf("heartbeat ack = %v, want epoch 7 durable 4", ack)
 	}
 	a.send(b1, batch(t, 5, 5, 1, 10), batch(t, 7, 7, 1, 10))
 	if ack := a.waitDurable(8); ack.Epoch != 7 {
 		t.Fatalf("ack = %v, want epoch 7", ack)
 	}
-	// Now the old epochs are fenced, in batches and in heartbeats, but an
-	// exact retransmission is still acknowledged.
+	if st := r.status(t); st.LastEpoch != 7 || len(st.History) != 3 {
+		t.Fatalf("status after the catch-up: %v, want last epoch 7 and a history of epochs 2, 5, 7", st)
+	}
+	// Now the old epochs are fenced, in batches and in heartbeats, and
+	// even an exact retransmission from one: a deposed primary learns it.
 	old := r.append(t)
 	old.send(b1)
-	if ack := old.ack(); ack.DurableLsn != 8 {
-		t.Fatalf("retransmission ack = %v", ack)
-	}
+	wantCode(t, old.failure(), codes.FailedPrecondition, "stale epoch 2, log store is at epoch 7")
+	old = r.append(t)
 	old.send(batch(t, 5, 9, 1, 10))
 	wantCode(t, old.failure(), codes.FailedPrecondition, "stale epoch 5, log store is at epoch 7")
 	old = r.append(t)
@@ -344,7 +347,7 @@ func TestInvalidBatches(t *testing.T) {
 		code codes.Code
 		subs []string
 	}{
-		{"empty request", &walshipv1.AppendRequest{}, codes.InvalidArgument, []string{"batch or heartbeat required"}},
+		{"empty request", &walshipv1.AppendRequest{}, codes.InvalidArgument, []string{"batch, heartbeat or truncate required"}},
 		{"epoch 0", &walshipv1.AppendRequest{Batch: mod(good(), func(b *walshipv1.WalBatch) { b.Epoch = 0 })}, codes.InvalidArgument, []string{"batch.epoch"}},
 		{"first_lsn 0", &walshipv1.AppendRequest{Batch: mod(good(), func(b *walshipv1.WalBatch) { b.FirstLsn = 0 })}, codes.InvalidArgument, []string{"batch.first_lsn"}},
 		{"last before first", &walshipv1.AppendRequest{Batch: mod(good(), func(b *walshipv1.WalBatch) { b.FirstLsn, b.PrevLsn = 5, 4 })}, codes.InvalidArgument, []string{"batch.last_lsn: 4 is before first_lsn 5"}},
@@ -404,8 +407,8 @@ func TestHeartbeatAck(t *testing.T) {
 	r := start(t, testConfig(t, t.TempDir()))
 	a := r.append(t)
 	a.heartbeat(1)
-	if ack := a.ack(); ack.DurableLsn != 0 || ack.Epoch != 0 {
-		t.Fatalf("heartbeat ack on an empty store = %v, want durable 0 epoch 0 (heartbeats do not raise the epoch)", ack)
+	if ack := a.ack(); ack.DurableLsn != 0 || ack.Epoch != 1 || ack.HeartbeatTimeUnixNano == 0 {
+		t.Fatalf("heartbeat ack on an empty store = %v, want durable 0, epoch 1 promised, the heartbeat's time echoed", ack)
 	}
 	r.appendAll(t, chain(t, 1, 1, 2, 10)...)
 	a.heartbeat(0) // no epoch stated
@@ -711,14 +714,14 @@ func TestEpochPersistFailureIsFatal(t *testing.T) {
 	cfg.FS = fs
 	r := start(t, cfg)
 	fs.InjectSyncError(func(name string) error {
-		if strings.HasSuffix(name, "epoch.tmp") {
+		if strings.HasSuffix(name, "epochs.tmp") {
 			return vfs.ErrInjected
 		}
 		return nil
 	})
 	a := r.append(t)
 	a.send(batch(t, 3, 1, 1, 10))
-	wantCode(t, a.failure(), codes.Unavailable, "persist epoch 3")
+	wantCode(t, a.failure(), codes.Unavailable, "save epoch history")
 	if err := r.wait(); !errors.Is(err, vfs.ErrInjected) {
 		t.Fatalf("Run returned %v", err)
 	}

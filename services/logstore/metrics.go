@@ -16,6 +16,8 @@ type metrics struct {
 	fsyncErrors   prometheus.Counter
 	appendStreams prometheus.Gauge
 	readStreams   prometheus.Gauge
+	fences        prometheus.Counter
+	orphaned      prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
@@ -45,6 +47,14 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		Name: "walship_logstore_read_streams",
 		Help: "Open Read streams.",
 	})
+	m.fences = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "walship_fences_granted_total",
+		Help: "Epochs promised to a candidate (EpochService.Fence granted).",
+	})
+	m.orphaned = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "walship_orphaned_records_total",
+		Help: "Log records cut because the cluster's history went another way, kept in orphan files.",
+	})
 	durable := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "walship_logstore_durable_lsn",
 		Help: "Last LSN fsynced by the log store.",
@@ -59,10 +69,10 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 	}, func() float64 { return float64(s.wal.Size()) })
 	epoch := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "walship_logstore_epoch",
-		Help: "Highest epoch the log store has seen (and persisted).",
+		Help: "Highest epoch the log store has promised (a fence, or a newer primary seen), persisted.",
 	}, func() float64 { return float64(s.epoch.Load()) })
 	m.collectors = []prometheus.Collector{m.appendedBytes, m.readBytes, m.fsyncSeconds, m.fsyncErrors,
-		m.appendStreams, m.readStreams, durable, first, stored, epoch}
+		m.appendStreams, m.readStreams, m.fences, m.orphaned, durable, first, stored, epoch}
 	for i, c := range m.collectors {
 		if err := reg.Register(c); err != nil {
 			for _, r := range m.collectors[:i] {

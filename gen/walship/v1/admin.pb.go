@@ -9,6 +9,7 @@ package walshipv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -207,7 +208,23 @@ type StatusResponse struct {
 	// primary is the address of the primary a replica follows.
 	Primary string `protobuf:"bytes,15,opt,name=primary,proto3" json:"primary,omitempty"`
 	// serving is false while the process recovers or shuts down.
-	Serving       bool `protobuf:"varint,16,opt,name=serving,proto3" json:"serving,omitempty"`
+	Serving bool `protobuf:"varint,16,opt,name=serving,proto3" json:"serving,omitempty"`
+	// primary_id names the primary of the epoch this process holds.
+	PrimaryId string `protobuf:"bytes,17,opt,name=primary_id,json=primaryId,proto3" json:"primary_id,omitempty"`
+	// vote_epoch is the highest epoch this process has promised (fenced).
+	VoteEpoch uint64 `protobuf:"varint,18,opt,name=vote_epoch,json=voteEpoch,proto3" json:"vote_epoch,omitempty"`
+	// contract is the durability contract in force, as this process knows it.
+	Contract *Contract `protobuf:"bytes,19,opt,name=contract,proto3" json:"contract,omitempty"`
+	// orphans are the log entries this process cut because the cluster's
+	// history went another way, kept in DATA_DIR/orphans.
+	Orphans []*OrphanStatus `protobuf:"bytes,20,rep,name=orphans,proto3" json:"orphans,omitempty"`
+	// last_failover is this process's last promotion, if it made one.
+	LastFailover *FailoverTimeline `protobuf:"bytes,21,opt,name=last_failover,json=lastFailover,proto3" json:"last_failover,omitempty"`
+	// lease_remaining is how long a primary may still answer without hearing
+	// again from a log store majority (absent without log stores).
+	LeaseRemaining *durationpb.Duration `protobuf:"bytes,22,opt,name=lease_remaining,json=leaseRemaining,proto3" json:"lease_remaining,omitempty"`
+	// id of the node is in id; history is the epoch history of its log.
+	History       []*EpochStart `protobuf:"bytes,23,rep,name=history,proto3" json:"history,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -354,6 +371,309 @@ func (x *StatusResponse) GetServing() bool {
 	return false
 }
 
+func (x *StatusResponse) GetPrimaryId() string {
+	if x != nil {
+		return x.PrimaryId
+	}
+	return ""
+}
+
+func (x *StatusResponse) GetVoteEpoch() uint64 {
+	if x != nil {
+		return x.VoteEpoch
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetContract() *Contract {
+	if x != nil {
+		return x.Contract
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetOrphans() []*OrphanStatus {
+	if x != nil {
+		return x.Orphans
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetLastFailover() *FailoverTimeline {
+	if x != nil {
+		return x.LastFailover
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetLeaseRemaining() *durationpb.Duration {
+	if x != nil {
+		return x.LeaseRemaining
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetHistory() []*EpochStart {
+	if x != nil {
+		return x.History
+	}
+	return nil
+}
+
+// OrphanStatus is one orphan file.
+type OrphanStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name of the file in DATA_DIR/orphans.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// epoch of the first entry cut.
+	Epoch uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// first_lsn and last_lsn of the entries cut.
+	FirstLsn uint64 `protobuf:"varint,3,opt,name=first_lsn,json=firstLsn,proto3" json:"first_lsn,omitempty"`
+	// last_lsn of the entries cut.
+	LastLsn uint64 `protobuf:"varint,4,opt,name=last_lsn,json=lastLsn,proto3" json:"last_lsn,omitempty"`
+	// bytes of the file.
+	Bytes uint64 `protobuf:"varint,5,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// cut_time_unix_nano is when they were cut.
+	CutTimeUnixNano int64 `protobuf:"varint,6,opt,name=cut_time_unix_nano,json=cutTimeUnixNano,proto3" json:"cut_time_unix_nano,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *OrphanStatus) Reset() {
+	*x = OrphanStatus{}
+	mi := &file_walship_v1_admin_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OrphanStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OrphanStatus) ProtoMessage() {}
+
+func (x *OrphanStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_walship_v1_admin_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OrphanStatus.ProtoReflect.Descriptor instead.
+func (*OrphanStatus) Descriptor() ([]byte, []int) {
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *OrphanStatus) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *OrphanStatus) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *OrphanStatus) GetFirstLsn() uint64 {
+	if x != nil {
+		return x.FirstLsn
+	}
+	return 0
+}
+
+func (x *OrphanStatus) GetLastLsn() uint64 {
+	if x != nil {
+		return x.LastLsn
+	}
+	return 0
+}
+
+func (x *OrphanStatus) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *OrphanStatus) GetCutTimeUnixNano() int64 {
+	if x != nil {
+		return x.CutTimeUnixNano
+	}
+	return 0
+}
+
+// FailoverTimeline is what a promotion did, step by step.
+type FailoverTimeline struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// epoch opened (or that would be, for a dry run).
+	Epoch uint64 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// previous_epoch and previous_primary are what it replaced.
+	PreviousEpoch uint64 `protobuf:"varint,2,opt,name=previous_epoch,json=previousEpoch,proto3" json:"previous_epoch,omitempty"`
+	// previous_primary is the id of the replaced primary.
+	PreviousPrimary string `protobuf:"bytes,3,opt,name=previous_primary,json=previousPrimary,proto3" json:"previous_primary,omitempty"`
+	// started_unix_nano: when the promotion began.
+	StartedUnixNano int64 `protobuf:"varint,4,opt,name=started_unix_nano,json=startedUnixNano,proto3" json:"started_unix_nano,omitempty"`
+	// fenced_unix_nano: when the quorum had promised.
+	FencedUnixNano int64 `protobuf:"varint,5,opt,name=fenced_unix_nano,json=fencedUnixNano,proto3" json:"fenced_unix_nano,omitempty"`
+	// granted lists the nodes that promised the epoch.
+	Granted []string `protobuf:"bytes,6,rep,name=granted,proto3" json:"granted,omitempty"`
+	// refused lists the nodes that refused, or did not answer, with why.
+	Refused []string `protobuf:"bytes,7,rep,name=refused,proto3" json:"refused,omitempty"`
+	// donor is the node whose log was the most advanced.
+	Donor string `protobuf:"bytes,8,opt,name=donor,proto3" json:"donor,omitempty"`
+	// caught_up_records and caught_up_bytes were copied from the donor.
+	CaughtUpRecords uint64 `protobuf:"varint,9,opt,name=caught_up_records,json=caughtUpRecords,proto3" json:"caught_up_records,omitempty"`
+	// caught_up_bytes copied from the donor.
+	CaughtUpBytes uint64 `protobuf:"varint,10,opt,name=caught_up_bytes,json=caughtUpBytes,proto3" json:"caught_up_bytes,omitempty"`
+	// lease_wait is how long the promotion waited out the old primary's lease.
+	LeaseWait *durationpb.Duration `protobuf:"bytes,11,opt,name=lease_wait,json=leaseWait,proto3" json:"lease_wait,omitempty"`
+	// opened_unix_nano: when the epoch record was committed and writes opened.
+	OpenedUnixNano int64 `protobuf:"varint,12,opt,name=opened_unix_nano,json=openedUnixNano,proto3" json:"opened_unix_nano,omitempty"`
+	// start_lsn is the LSN of the epoch record.
+	StartLsn uint64 `protobuf:"varint,13,opt,name=start_lsn,json=startLsn,proto3" json:"start_lsn,omitempty"`
+	// cut_records: entries of the candidate's own log cut (orphaned) because the donor's history went another way.
+	CutRecords    uint64 `protobuf:"varint,14,opt,name=cut_records,json=cutRecords,proto3" json:"cut_records,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FailoverTimeline) Reset() {
+	*x = FailoverTimeline{}
+	mi := &file_walship_v1_admin_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FailoverTimeline) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FailoverTimeline) ProtoMessage() {}
+
+func (x *FailoverTimeline) ProtoReflect() protoreflect.Message {
+	mi := &file_walship_v1_admin_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FailoverTimeline.ProtoReflect.Descriptor instead.
+func (*FailoverTimeline) Descriptor() ([]byte, []int) {
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *FailoverTimeline) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *FailoverTimeline) GetPreviousEpoch() uint64 {
+	if x != nil {
+		return x.PreviousEpoch
+	}
+	return 0
+}
+
+func (x *FailoverTimeline) GetPreviousPrimary() string {
+	if x != nil {
+		return x.PreviousPrimary
+	}
+	return ""
+}
+
+func (x *FailoverTimeline) GetStartedUnixNano() int64 {
+	if x != nil {
+		return x.StartedUnixNano
+	}
+	return 0
+}
+
+func (x *FailoverTimeline) GetFencedUnixNano() int64 {
+	if x != nil {
+		return x.FencedUnixNano
+	}
+	return 0
+}
+
+func (x *FailoverTimeline) GetGranted() []string {
+	if x != nil {
+		return x.Granted
+	}
+	return nil
+}
+
+func (x *FailoverTimeline) GetRefused() []string {
+	if x != nil {
+		return x.Refused
+	}
+	return nil
+}
+
+func (x *FailoverTimeline) GetDonor() string {
+	if x != nil {
+		return x.Donor
+	}
+	return ""
+}
+
+func (x *FailoverTimeline) GetCaughtUpRecords() uint64 {
+	if x != nil {
+		return x.CaughtUpRecords
+	}
+	return 0
+}
+
+func (x *FailoverTimeline) GetCaughtUpBytes() uint64 {
+	if x != nil {
+		return x.CaughtUpBytes
+	}
+	return 0
+}
+
+func (x *FailoverTimeline) GetLeaseWait() *durationpb.Duration {
+	if x != nil {
+		return x.LeaseWait
+	}
+	return nil
+}
+
+func (x *FailoverTimeline) GetOpenedUnixNano() int64 {
+	if x != nil {
+		return x.OpenedUnixNano
+	}
+	return 0
+}
+
+func (x *FailoverTimeline) GetStartLsn() uint64 {
+	if x != nil {
+		return x.StartLsn
+	}
+	return 0
+}
+
+func (x *FailoverTimeline) GetCutRecords() uint64 {
+	if x != nil {
+		return x.CutRecords
+	}
+	return 0
+}
+
 // PeerStatus is one peer's position as this process sees it.
 type PeerStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -381,7 +701,7 @@ type PeerStatus struct {
 
 func (x *PeerStatus) Reset() {
 	*x = PeerStatus{}
-	mi := &file_walship_v1_admin_proto_msgTypes[2]
+	mi := &file_walship_v1_admin_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -393,7 +713,7 @@ func (x *PeerStatus) String() string {
 func (*PeerStatus) ProtoMessage() {}
 
 func (x *PeerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[2]
+	mi := &file_walship_v1_admin_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -406,7 +726,7 @@ func (x *PeerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerStatus.ProtoReflect.Descriptor instead.
 func (*PeerStatus) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{2}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *PeerStatus) GetId() string {
@@ -476,14 +796,21 @@ func (x *PeerStatus) GetSentBytes() uint64 {
 type PromoteRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// epoch the new primary starts; must exceed every epoch seen (0 = highest seen + 1).
-	Epoch         uint64 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Epoch uint64 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// dry_run: ask who would answer, and report what a promotion would see,
+	// need and risk, without fencing anyone.
+	DryRun bool `protobuf:"varint,2,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	// force: go on with a log store majority even without the replicas the
+	// contract needs. Commits acknowledged only by the replicas that did not
+	// answer may be lost; a dry run first says which LSNs.
+	Force         bool `protobuf:"varint,3,opt,name=force,proto3" json:"force,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PromoteRequest) Reset() {
 	*x = PromoteRequest{}
-	mi := &file_walship_v1_admin_proto_msgTypes[3]
+	mi := &file_walship_v1_admin_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -495,7 +822,7 @@ func (x *PromoteRequest) String() string {
 func (*PromoteRequest) ProtoMessage() {}
 
 func (x *PromoteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[3]
+	mi := &file_walship_v1_admin_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -508,7 +835,7 @@ func (x *PromoteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteRequest.ProtoReflect.Descriptor instead.
 func (*PromoteRequest) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{3}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PromoteRequest) GetEpoch() uint64 {
@@ -518,18 +845,50 @@ func (x *PromoteRequest) GetEpoch() uint64 {
 	return 0
 }
 
+func (x *PromoteRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+func (x *PromoteRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
 // PromoteResponse reports the promotion.
 type PromoteResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// epoch the new primary runs in.
-	Epoch         uint64 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// epoch the new primary runs in (or would).
+	Epoch uint64 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// timeline of the promotion.
+	Timeline *FailoverTimeline `protobuf:"bytes,2,opt,name=timeline,proto3" json:"timeline,omitempty"`
+	// needed says what quorum the contract needs, in words.
+	Needed string `protobuf:"bytes,3,opt,name=needed,proto3" json:"needed,omitempty"`
+	// quorum: the answers met it.
+	Quorum bool `protobuf:"varint,4,opt,name=quorum,proto3" json:"quorum,omitempty"`
+	// highest_lsn is the end of the most advanced log among the answers.
+	HighestLsn uint64 `protobuf:"varint,5,opt,name=highest_lsn,json=highestLsn,proto3" json:"highest_lsn,omitempty"`
+	// at_risk_from_lsn..at_risk_to_lsn is what the old primary may have
+	// written (by the last LSN it reported to any answering replica) that no
+	// answer holds: a promotion loses it. Empty (0, 0) when nothing is.
+	AtRiskFromLsn uint64 `protobuf:"varint,6,opt,name=at_risk_from_lsn,json=atRiskFromLsn,proto3" json:"at_risk_from_lsn,omitempty"`
+	// at_risk_to_lsn ends the range at risk.
+	AtRiskToLsn uint64 `protobuf:"varint,7,opt,name=at_risk_to_lsn,json=atRiskToLsn,proto3" json:"at_risk_to_lsn,omitempty"`
+	// at_risk_durable_to_lsn: the part of that range the old primary had
+	// fsynced, so that commits under durability sync may have been
+	// acknowledged there (the rest can hold only async-durability commits).
+	AtRiskDurableToLsn uint64 `protobuf:"varint,8,opt,name=at_risk_durable_to_lsn,json=atRiskDurableToLsn,proto3" json:"at_risk_durable_to_lsn,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *PromoteResponse) Reset() {
 	*x = PromoteResponse{}
-	mi := &file_walship_v1_admin_proto_msgTypes[4]
+	mi := &file_walship_v1_admin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -541,7 +900,7 @@ func (x *PromoteResponse) String() string {
 func (*PromoteResponse) ProtoMessage() {}
 
 func (x *PromoteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[4]
+	mi := &file_walship_v1_admin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -554,7 +913,7 @@ func (x *PromoteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteResponse.ProtoReflect.Descriptor instead.
 func (*PromoteResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{4}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *PromoteResponse) GetEpoch() uint64 {
@@ -562,6 +921,174 @@ func (x *PromoteResponse) GetEpoch() uint64 {
 		return x.Epoch
 	}
 	return 0
+}
+
+func (x *PromoteResponse) GetTimeline() *FailoverTimeline {
+	if x != nil {
+		return x.Timeline
+	}
+	return nil
+}
+
+func (x *PromoteResponse) GetNeeded() string {
+	if x != nil {
+		return x.Needed
+	}
+	return ""
+}
+
+func (x *PromoteResponse) GetQuorum() bool {
+	if x != nil {
+		return x.Quorum
+	}
+	return false
+}
+
+func (x *PromoteResponse) GetHighestLsn() uint64 {
+	if x != nil {
+		return x.HighestLsn
+	}
+	return 0
+}
+
+func (x *PromoteResponse) GetAtRiskFromLsn() uint64 {
+	if x != nil {
+		return x.AtRiskFromLsn
+	}
+	return 0
+}
+
+func (x *PromoteResponse) GetAtRiskToLsn() uint64 {
+	if x != nil {
+		return x.AtRiskToLsn
+	}
+	return 0
+}
+
+func (x *PromoteResponse) GetAtRiskDurableToLsn() uint64 {
+	if x != nil {
+		return x.AtRiskDurableToLsn
+	}
+	return 0
+}
+
+// SwitchoverRequest asks the primary to hand over to target.
+type SwitchoverRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// target is the node id of a replica in the contract's members.
+	Target string `protobuf:"bytes,1,opt,name=target,proto3" json:"target,omitempty"`
+	// timeout bounds the wait for the target to catch up (default 10 s, at most 5 min).
+	Timeout       *durationpb.Duration `protobuf:"bytes,2,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SwitchoverRequest) Reset() {
+	*x = SwitchoverRequest{}
+	mi := &file_walship_v1_admin_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SwitchoverRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SwitchoverRequest) ProtoMessage() {}
+
+func (x *SwitchoverRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_walship_v1_admin_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SwitchoverRequest.ProtoReflect.Descriptor instead.
+func (*SwitchoverRequest) Descriptor() ([]byte, []int) {
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *SwitchoverRequest) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+func (x *SwitchoverRequest) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+// SwitchoverResponse reports the hand-over.
+type SwitchoverResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// epoch the target opened.
+	Epoch uint64 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// lsn the old primary's log ended at; the target had flushed it.
+	Lsn uint64 `protobuf:"varint,2,opt,name=lsn,proto3" json:"lsn,omitempty"`
+	// paused is how long writes were refused.
+	Paused        *durationpb.Duration `protobuf:"bytes,3,opt,name=paused,proto3" json:"paused,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SwitchoverResponse) Reset() {
+	*x = SwitchoverResponse{}
+	mi := &file_walship_v1_admin_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SwitchoverResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SwitchoverResponse) ProtoMessage() {}
+
+func (x *SwitchoverResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_walship_v1_admin_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SwitchoverResponse.ProtoReflect.Descriptor instead.
+func (*SwitchoverResponse) Descriptor() ([]byte, []int) {
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *SwitchoverResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *SwitchoverResponse) GetLsn() uint64 {
+	if x != nil {
+		return x.Lsn
+	}
+	return 0
+}
+
+func (x *SwitchoverResponse) GetPaused() *durationpb.Duration {
+	if x != nil {
+		return x.Paused
+	}
+	return nil
 }
 
 // SetPolicyRequest sets the primary's default commit policy.
@@ -575,7 +1102,7 @@ type SetPolicyRequest struct {
 
 func (x *SetPolicyRequest) Reset() {
 	*x = SetPolicyRequest{}
-	mi := &file_walship_v1_admin_proto_msgTypes[5]
+	mi := &file_walship_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -587,7 +1114,7 @@ func (x *SetPolicyRequest) String() string {
 func (*SetPolicyRequest) ProtoMessage() {}
 
 func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[5]
+	mi := &file_walship_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -600,7 +1127,7 @@ func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyRequest.ProtoReflect.Descriptor instead.
 func (*SetPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{5}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SetPolicyRequest) GetPolicy() *CommitPolicy {
@@ -621,7 +1148,7 @@ type SetPolicyResponse struct {
 
 func (x *SetPolicyResponse) Reset() {
 	*x = SetPolicyResponse{}
-	mi := &file_walship_v1_admin_proto_msgTypes[6]
+	mi := &file_walship_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -633,7 +1160,7 @@ func (x *SetPolicyResponse) String() string {
 func (*SetPolicyResponse) ProtoMessage() {}
 
 func (x *SetPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[6]
+	mi := &file_walship_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -646,7 +1173,7 @@ func (x *SetPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyResponse.ProtoReflect.Descriptor instead.
 func (*SetPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SetPolicyResponse) GetPolicy() *CommitPolicy {
@@ -661,8 +1188,8 @@ var File_walship_v1_admin_proto protoreflect.FileDescriptor
 const file_walship_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"\x16walship/v1/admin.proto\x12\n" +
-	"walship.v1\x1a\x17walship/v1/policy.proto\"\x0f\n" +
-	"\rStatusRequest\"\xa4\x04\n" +
+	"walship.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x16walship/v1/epoch.proto\x1a\x17walship/v1/policy.proto\"\x0f\n" +
+	"\rStatusRequest\"\x81\a\n" +
 	"\x0eStatusResponse\x12$\n" +
 	"\x04role\x18\x01 \x01(\x0e2\x10.walship.v1.RoleR\x04role\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x14\n" +
@@ -682,7 +1209,41 @@ const file_walship_v1_admin_proto_rawDesc = "" +
 	"\x05peers\x18\r \x03(\v2\x16.walship.v1.PeerStatusR\x05peers\x12+\n" +
 	"\x04rung\x18\x0e \x01(\x0e2\x17.walship.v1.CatchUpRungR\x04rung\x12\x18\n" +
 	"\aprimary\x18\x0f \x01(\tR\aprimary\x12\x18\n" +
-	"\aserving\x18\x10 \x01(\bR\aserving\"\xa4\x02\n" +
+	"\aserving\x18\x10 \x01(\bR\aserving\x12\x1d\n" +
+	"\n" +
+	"primary_id\x18\x11 \x01(\tR\tprimaryId\x12\x1d\n" +
+	"\n" +
+	"vote_epoch\x18\x12 \x01(\x04R\tvoteEpoch\x120\n" +
+	"\bcontract\x18\x13 \x01(\v2\x14.walship.v1.ContractR\bcontract\x122\n" +
+	"\aorphans\x18\x14 \x03(\v2\x18.walship.v1.OrphanStatusR\aorphans\x12A\n" +
+	"\rlast_failover\x18\x15 \x01(\v2\x1c.walship.v1.FailoverTimelineR\flastFailover\x12B\n" +
+	"\x0flease_remaining\x18\x16 \x01(\v2\x19.google.protobuf.DurationR\x0eleaseRemaining\x120\n" +
+	"\ahistory\x18\x17 \x03(\v2\x16.walship.v1.EpochStartR\ahistory\"\xb3\x01\n" +
+	"\fOrphanStatus\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1b\n" +
+	"\tfirst_lsn\x18\x03 \x01(\x04R\bfirstLsn\x12\x19\n" +
+	"\blast_lsn\x18\x04 \x01(\x04R\alastLsn\x12\x14\n" +
+	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\x12+\n" +
+	"\x12cut_time_unix_nano\x18\x06 \x01(\x03R\x0fcutTimeUnixNano\"\x90\x04\n" +
+	"\x10FailoverTimeline\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12%\n" +
+	"\x0eprevious_epoch\x18\x02 \x01(\x04R\rpreviousEpoch\x12)\n" +
+	"\x10previous_primary\x18\x03 \x01(\tR\x0fpreviousPrimary\x12*\n" +
+	"\x11started_unix_nano\x18\x04 \x01(\x03R\x0fstartedUnixNano\x12(\n" +
+	"\x10fenced_unix_nano\x18\x05 \x01(\x03R\x0efencedUnixNano\x12\x18\n" +
+	"\agranted\x18\x06 \x03(\tR\agranted\x12\x18\n" +
+	"\arefused\x18\a \x03(\tR\arefused\x12\x14\n" +
+	"\x05donor\x18\b \x01(\tR\x05donor\x12*\n" +
+	"\x11caught_up_records\x18\t \x01(\x04R\x0fcaughtUpRecords\x12&\n" +
+	"\x0fcaught_up_bytes\x18\n" +
+	" \x01(\x04R\rcaughtUpBytes\x128\n" +
+	"\n" +
+	"lease_wait\x18\v \x01(\v2\x19.google.protobuf.DurationR\tleaseWait\x12(\n" +
+	"\x10opened_unix_nano\x18\f \x01(\x03R\x0eopenedUnixNano\x12\x1b\n" +
+	"\tstart_lsn\x18\r \x01(\x04R\bstartLsn\x12\x1f\n" +
+	"\vcut_records\x18\x0e \x01(\x04R\n" +
+	"cutRecords\"\xa4\x02\n" +
 	"\n" +
 	"PeerStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12$\n" +
@@ -699,11 +1260,28 @@ const file_walship_v1_admin_proto_rawDesc = "" +
 	"\vlag_seconds\x18\b \x01(\x01R\n" +
 	"lagSeconds\x12\x1d\n" +
 	"\n" +
-	"sent_bytes\x18\t \x01(\x04R\tsentBytes\"&\n" +
+	"sent_bytes\x18\t \x01(\x04R\tsentBytes\"U\n" +
 	"\x0ePromoteRequest\x12\x14\n" +
-	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\"'\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x17\n" +
+	"\adry_run\x18\x02 \x01(\bR\x06dryRun\x12\x14\n" +
+	"\x05force\x18\x03 \x01(\bR\x05force\"\xb4\x02\n" +
 	"\x0fPromoteResponse\x12\x14\n" +
-	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\"D\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x128\n" +
+	"\btimeline\x18\x02 \x01(\v2\x1c.walship.v1.FailoverTimelineR\btimeline\x12\x16\n" +
+	"\x06needed\x18\x03 \x01(\tR\x06needed\x12\x16\n" +
+	"\x06quorum\x18\x04 \x01(\bR\x06quorum\x12\x1f\n" +
+	"\vhighest_lsn\x18\x05 \x01(\x04R\n" +
+	"highestLsn\x12'\n" +
+	"\x10at_risk_from_lsn\x18\x06 \x01(\x04R\ratRiskFromLsn\x12#\n" +
+	"\x0eat_risk_to_lsn\x18\a \x01(\x04R\vatRiskToLsn\x122\n" +
+	"\x16at_risk_durable_to_lsn\x18\b \x01(\x04R\x12atRiskDurableToLsn\"`\n" +
+	"\x11SwitchoverRequest\x12\x16\n" +
+	"\x06target\x18\x01 \x01(\tR\x06target\x123\n" +
+	"\atimeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\atimeout\"o\n" +
+	"\x12SwitchoverResponse\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x10\n" +
+	"\x03lsn\x18\x02 \x01(\x04R\x03lsn\x121\n" +
+	"\x06paused\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x06paused\"D\n" +
 	"\x10SetPolicyRequest\x120\n" +
 	"\x06policy\x18\x01 \x01(\v2\x18.walship.v1.CommitPolicyR\x06policy\"E\n" +
 	"\x11SetPolicyResponse\x120\n" +
@@ -717,10 +1295,12 @@ const file_walship_v1_admin_proto_rawDesc = "" +
 	"\x19CATCH_UP_RUNG_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15CATCH_UP_RUNG_PRIMARY\x10\x01\x12\x1a\n" +
 	"\x16CATCH_UP_RUNG_LOGSTORE\x10\x02\x12\x1a\n" +
-	"\x16CATCH_UP_RUNG_SNAPSHOT\x10\x032\xdd\x01\n" +
+	"\x16CATCH_UP_RUNG_SNAPSHOT\x10\x032\xaa\x02\n" +
 	"\fAdminService\x12?\n" +
 	"\x06Status\x12\x19.walship.v1.StatusRequest\x1a\x1a.walship.v1.StatusResponse\x12B\n" +
-	"\aPromote\x12\x1a.walship.v1.PromoteRequest\x1a\x1b.walship.v1.PromoteResponse\x12H\n" +
+	"\aPromote\x12\x1a.walship.v1.PromoteRequest\x1a\x1b.walship.v1.PromoteResponse\x12K\n" +
+	"\n" +
+	"Switchover\x12\x1d.walship.v1.SwitchoverRequest\x1a\x1e.walship.v1.SwitchoverResponse\x12H\n" +
 	"\tSetPolicy\x12\x1c.walship.v1.SetPolicyRequest\x1a\x1d.walship.v1.SetPolicyResponseB5Z3github.com/walship/walship/gen/walship/v1;walshipv1b\x06proto3"
 
 var (
@@ -736,38 +1316,56 @@ func file_walship_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_walship_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_walship_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_walship_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_walship_v1_admin_proto_goTypes = []any{
-	(Role)(0),                 // 0: walship.v1.Role
-	(CatchUpRung)(0),          // 1: walship.v1.CatchUpRung
-	(*StatusRequest)(nil),     // 2: walship.v1.StatusRequest
-	(*StatusResponse)(nil),    // 3: walship.v1.StatusResponse
-	(*PeerStatus)(nil),        // 4: walship.v1.PeerStatus
-	(*PromoteRequest)(nil),    // 5: walship.v1.PromoteRequest
-	(*PromoteResponse)(nil),   // 6: walship.v1.PromoteResponse
-	(*SetPolicyRequest)(nil),  // 7: walship.v1.SetPolicyRequest
-	(*SetPolicyResponse)(nil), // 8: walship.v1.SetPolicyResponse
-	(*CommitPolicy)(nil),      // 9: walship.v1.CommitPolicy
+	(Role)(0),                   // 0: walship.v1.Role
+	(CatchUpRung)(0),            // 1: walship.v1.CatchUpRung
+	(*StatusRequest)(nil),       // 2: walship.v1.StatusRequest
+	(*StatusResponse)(nil),      // 3: walship.v1.StatusResponse
+	(*OrphanStatus)(nil),        // 4: walship.v1.OrphanStatus
+	(*FailoverTimeline)(nil),    // 5: walship.v1.FailoverTimeline
+	(*PeerStatus)(nil),          // 6: walship.v1.PeerStatus
+	(*PromoteRequest)(nil),      // 7: walship.v1.PromoteRequest
+	(*PromoteResponse)(nil),     // 8: walship.v1.PromoteResponse
+	(*SwitchoverRequest)(nil),   // 9: walship.v1.SwitchoverRequest
+	(*SwitchoverResponse)(nil),  // 10: walship.v1.SwitchoverResponse
+	(*SetPolicyRequest)(nil),    // 11: walship.v1.SetPolicyRequest
+	(*SetPolicyResponse)(nil),   // 12: walship.v1.SetPolicyResponse
+	(*CommitPolicy)(nil),        // 13: walship.v1.CommitPolicy
+	(*Contract)(nil),            // 14: walship.v1.Contract
+	(*durationpb.Duration)(nil), // 15: google.protobuf.Duration
+	(*EpochStart)(nil),          // 16: walship.v1.EpochStart
 }
 var file_walship_v1_admin_proto_depIdxs = []int32{
 	0,  // 0: walship.v1.StatusResponse.role:type_name -> walship.v1.Role
-	9,  // 1: walship.v1.StatusResponse.default_policy:type_name -> walship.v1.CommitPolicy
-	4,  // 2: walship.v1.StatusResponse.peers:type_name -> walship.v1.PeerStatus
+	13, // 1: walship.v1.StatusResponse.default_policy:type_name -> walship.v1.CommitPolicy
+	6,  // 2: walship.v1.StatusResponse.peers:type_name -> walship.v1.PeerStatus
 	1,  // 3: walship.v1.StatusResponse.rung:type_name -> walship.v1.CatchUpRung
-	0,  // 4: walship.v1.PeerStatus.role:type_name -> walship.v1.Role
-	9,  // 5: walship.v1.SetPolicyRequest.policy:type_name -> walship.v1.CommitPolicy
-	9,  // 6: walship.v1.SetPolicyResponse.policy:type_name -> walship.v1.CommitPolicy
-	2,  // 7: walship.v1.AdminService.Status:input_type -> walship.v1.StatusRequest
-	5,  // 8: walship.v1.AdminService.Promote:input_type -> walship.v1.PromoteRequest
-	7,  // 9: walship.v1.AdminService.SetPolicy:input_type -> walship.v1.SetPolicyRequest
-	3,  // 10: walship.v1.AdminService.Status:output_type -> walship.v1.StatusResponse
-	6,  // 11: walship.v1.AdminService.Promote:output_type -> walship.v1.PromoteResponse
-	8,  // 12: walship.v1.AdminService.SetPolicy:output_type -> walship.v1.SetPolicyResponse
-	10, // [10:13] is the sub-list for method output_type
-	7,  // [7:10] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	14, // 4: walship.v1.StatusResponse.contract:type_name -> walship.v1.Contract
+	4,  // 5: walship.v1.StatusResponse.orphans:type_name -> walship.v1.OrphanStatus
+	5,  // 6: walship.v1.StatusResponse.last_failover:type_name -> walship.v1.FailoverTimeline
+	15, // 7: walship.v1.StatusResponse.lease_remaining:type_name -> google.protobuf.Duration
+	16, // 8: walship.v1.StatusResponse.history:type_name -> walship.v1.EpochStart
+	15, // 9: walship.v1.FailoverTimeline.lease_wait:type_name -> google.protobuf.Duration
+	0,  // 10: walship.v1.PeerStatus.role:type_name -> walship.v1.Role
+	5,  // 11: walship.v1.PromoteResponse.timeline:type_name -> walship.v1.FailoverTimeline
+	15, // 12: walship.v1.SwitchoverRequest.timeout:type_name -> google.protobuf.Duration
+	15, // 13: walship.v1.SwitchoverResponse.paused:type_name -> google.protobuf.Duration
+	13, // 14: walship.v1.SetPolicyRequest.policy:type_name -> walship.v1.CommitPolicy
+	13, // 15: walship.v1.SetPolicyResponse.policy:type_name -> walship.v1.CommitPolicy
+	2,  // 16: walship.v1.AdminService.Status:input_type -> walship.v1.StatusRequest
+	7,  // 17: walship.v1.AdminService.Promote:input_type -> walship.v1.PromoteRequest
+	9,  // 18: walship.v1.AdminService.Switchover:input_type -> walship.v1.SwitchoverRequest
+	11, // 19: walship.v1.AdminService.SetPolicy:input_type -> walship.v1.SetPolicyRequest
+	3,  // 20: walship.v1.AdminService.Status:output_type -> walship.v1.StatusResponse
+	8,  // 21: walship.v1.AdminService.Promote:output_type -> walship.v1.PromoteResponse
+	10, // 22: walship.v1.AdminService.Switchover:output_type -> walship.v1.SwitchoverResponse
+	12, // 23: walship.v1.AdminService.SetPolicy:output_type -> walship.v1.SetPolicyResponse
+	20, // [20:24] is the sub-list for method output_type
+	16, // [16:20] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_walship_v1_admin_proto_init() }
@@ -775,6 +1373,7 @@ func file_walship_v1_admin_proto_init() {
 	if File_walship_v1_admin_proto != nil {
 		return
 	}
+	file_walship_v1_epoch_proto_init()
 	file_walship_v1_policy_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -782,7 +1381,7 @@ func file_walship_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_walship_v1_admin_proto_rawDesc), len(file_walship_v1_admin_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   7,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,9 +19,10 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	AdminService_Status_FullMethodName    = "/walship.v1.AdminService/Status"
-	AdminService_Promote_FullMethodName   = "/walship.v1.AdminService/Promote"
-	AdminService_SetPolicy_FullMethodName = "/walship.v1.AdminService/SetPolicy"
+	AdminService_Status_FullMethodName     = "/walship.v1.AdminService/Status"
+	AdminService_Promote_FullMethodName    = "/walship.v1.AdminService/Promote"
+	AdminService_Switchover_FullMethodName = "/walship.v1.AdminService/Switchover"
+	AdminService_SetPolicy_FullMethodName  = "/walship.v1.AdminService/SetPolicy"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -32,9 +33,19 @@ const (
 type AdminServiceClient interface {
 	// Status reports the process's role, epoch, positions and peers.
 	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error)
-	// Promote turns a replica into the primary of a new epoch (not yet
-	// implemented: returns UNIMPLEMENTED).
+	// Promote turns a replica into the primary of a new epoch by an epoch
+	// vote: it fences the log stores and replicas, goes on only with a
+	// quorum that sees every commit acknowledged under the contract (else
+	// FAILED_PRECONDITION naming who answered and what was needed), copies the
+	// tail it lacks from the most advanced answerer, and opens once its epoch
+	// record is committed under the contract. dry_run reports what a
+	// promotion would do, and what it could lose, without doing it.
 	Promote(ctx context.Context, in *PromoteRequest, opts ...grpc.CallOption) (*PromoteResponse, error)
+	// Switchover hands the primary's role to a replica without losing
+	// anything, asynchronous commits included: the primary stops taking
+	// writes, waits (bounded) until the target has flushed its last LSN, and
+	// has the target promote itself.
+	Switchover(ctx context.Context, in *SwitchoverRequest, opts ...grpc.CallOption) (*SwitchoverResponse, error)
 	// SetPolicy changes the primary's default commit policy for later commits.
 	SetPolicy(ctx context.Context, in *SetPolicyRequest, opts ...grpc.CallOption) (*SetPolicyResponse, error)
 }
@@ -67,6 +78,16 @@ func (c *adminServiceClient) Promote(ctx context.Context, in *PromoteRequest, op
 	return out, nil
 }
 
+func (c *adminServiceClient) Switchover(ctx context.Context, in *SwitchoverRequest, opts ...grpc.CallOption) (*SwitchoverResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SwitchoverResponse)
+	err := c.cc.Invoke(ctx, AdminService_Switchover_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *adminServiceClient) SetPolicy(ctx context.Context, in *SetPolicyRequest, opts ...grpc.CallOption) (*SetPolicyResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(SetPolicyResponse)
@@ -85,9 +106,19 @@ func (c *adminServiceClient) SetPolicy(ctx context.Context, in *SetPolicyRequest
 type AdminServiceServer interface {
 	// Status reports the process's role, epoch, positions and peers.
 	Status(context.Context, *StatusRequest) (*StatusResponse, error)
-	// Promote turns a replica into the primary of a new epoch (not yet
-	// implemented: returns UNIMPLEMENTED).
+	// Promote turns a replica into the primary of a new epoch by an epoch
+	// vote: it fences the log stores and replicas, goes on only with a
+	// quorum that sees every commit acknowledged under the contract (else
+	// FAILED_PRECONDITION naming who answered and what was needed), copies the
+	// tail it lacks from the most advanced answerer, and opens once its epoch
+	// record is committed under the contract. dry_run reports what a
+	// promotion would do, and what it could lose, without doing it.
 	Promote(context.Context, *PromoteRequest) (*PromoteResponse, error)
+	// Switchover hands the primary's role to a replica without losing
+	// anything, asynchronous commits included: the primary stops taking
+	// writes, waits (bounded) until the target has flushed its last LSN, and
+	// has the target promote itself.
+	Switchover(context.Context, *SwitchoverRequest) (*SwitchoverResponse, error)
 	// SetPolicy changes the primary's default commit policy for later commits.
 	SetPolicy(context.Context, *SetPolicyRequest) (*SetPolicyResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
@@ -105,6 +136,9 @@ func (UnimplementedAdminServiceServer) Status(context.Context, *StatusRequest) (
 }
 func (UnimplementedAdminServiceServer) Promote(context.Context, *PromoteRequest) (*PromoteResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Promote not implemented")
+}
+func (UnimplementedAdminServiceServer) Switchover(context.Context, *SwitchoverRequest) (*SwitchoverResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Switchover not implemented")
 }
 func (UnimplementedAdminServiceServer) SetPolicy(context.Context, *SetPolicyRequest) (*SetPolicyResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetPolicy not implemented")
@@ -166,6 +200,24 @@ func _AdminService_Promote_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_Switchover_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SwitchoverRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).Switchover(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_Switchover_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).Switchover(ctx, req.(*SwitchoverRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _AdminService_SetPolicy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(SetPolicyRequest)
 	if err := dec(in); err != nil {
@@ -198,6 +250,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Promote",
 			Handler:    _AdminService_Promote_Handler,
+		},
+		{
+			MethodName: "Switchover",
+			Handler:    _AdminService_Switchover_Handler,
 		},
 		{
 			MethodName: "SetPolicy",

@@ -21,14 +21,22 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
-// AppendRequest carries one batch, or only a heartbeat.
+// AppendRequest carries one batch, or only a heartbeat, or a cut.
 type AppendRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// batch to append; its prev_lsn must equal the store's last LSN (or the
 	// store is empty).
 	Batch *WalBatch `protobuf:"bytes,1,opt,name=batch,proto3" json:"batch,omitempty"`
-	// heartbeat carries the primary's clock and last LSN when idle.
-	Heartbeat     *Heartbeat `protobuf:"bytes,2,opt,name=heartbeat,proto3" json:"heartbeat,omitempty"`
+	// heartbeat carries the primary's epoch, clock and last LSN: the first
+	// message of a stream declares the sender's epoch, which must be at least
+	// the epoch the log store has promised.
+	Heartbeat *Heartbeat `protobuf:"bytes,2,opt,name=heartbeat,proto3" json:"heartbeat,omitempty"`
+	// truncate_after_lsn, when truncate is set, cuts the store's log after
+	// that LSN: its entries past it are of an epoch the primary's history does
+	// not have. They are kept in an orphan file, never deleted.
+	TruncateAfterLsn uint64 `protobuf:"varint,3,opt,name=truncate_after_lsn,json=truncateAfterLsn,proto3" json:"truncate_after_lsn,omitempty"`
+	// truncate asks for the cut.
+	Truncate      bool `protobuf:"varint,4,opt,name=truncate,proto3" json:"truncate,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -77,15 +85,33 @@ func (x *AppendRequest) GetHeartbeat() *Heartbeat {
 	return nil
 }
 
+func (x *AppendRequest) GetTruncateAfterLsn() uint64 {
+	if x != nil {
+		return x.TruncateAfterLsn
+	}
+	return 0
+}
+
+func (x *AppendRequest) GetTruncate() bool {
+	if x != nil {
+		return x.Truncate
+	}
+	return false
+}
+
 // AppendResponse acknowledges durable progress.
 type AppendResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// durable_lsn is the last LSN fsynced by the log store (cumulative).
 	DurableLsn uint64 `protobuf:"varint,1,opt,name=durable_lsn,json=durableLsn,proto3" json:"durable_lsn,omitempty"`
 	// epoch is the highest epoch the log store has seen.
-	Epoch         uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Epoch uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// heartbeat_time_unix_nano echoes the time_unix_nano of the newest
+	// heartbeat this ack covers, so that the primary knows when it last had
+	// the log store's word (its lease).
+	HeartbeatTimeUnixNano int64 `protobuf:"varint,3,opt,name=heartbeat_time_unix_nano,json=heartbeatTimeUnixNano,proto3" json:"heartbeat_time_unix_nano,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *AppendResponse) Reset() {
@@ -128,6 +154,13 @@ func (x *AppendResponse) GetDurableLsn() uint64 {
 func (x *AppendResponse) GetEpoch() uint64 {
 	if x != nil {
 		return x.Epoch
+	}
+	return 0
+}
+
+func (x *AppendResponse) GetHeartbeatTimeUnixNano() int64 {
+	if x != nil {
+		return x.HeartbeatTimeUnixNano
 	}
 	return 0
 }
@@ -291,7 +324,17 @@ type LogStoreServiceStatusResponse struct {
 	// stored_bytes is the size of the stored log.
 	StoredBytes uint64 `protobuf:"varint,4,opt,name=stored_bytes,json=storedBytes,proto3" json:"stored_bytes,omitempty"`
 	// segments is the number of segment files.
-	Segments      uint32 `protobuf:"varint,5,opt,name=segments,proto3" json:"segments,omitempty"`
+	Segments uint32 `protobuf:"varint,5,opt,name=segments,proto3" json:"segments,omitempty"`
+	// last_epoch is the epoch of the newest stored batch.
+	LastEpoch uint64 `protobuf:"varint,6,opt,name=last_epoch,json=lastEpoch,proto3" json:"last_epoch,omitempty"`
+	// history is the epoch history of the stored log.
+	History []*EpochStart `protobuf:"bytes,7,rep,name=history,proto3" json:"history,omitempty"`
+	// vote_epoch is the highest epoch the log store has promised.
+	VoteEpoch uint64 `protobuf:"varint,8,opt,name=vote_epoch,json=voteEpoch,proto3" json:"vote_epoch,omitempty"`
+	// primary_id and primary_addr name that epoch's primary, if known.
+	PrimaryId string `protobuf:"bytes,9,opt,name=primary_id,json=primaryId,proto3" json:"primary_id,omitempty"`
+	// primary_addr is that primary's advertised address.
+	PrimaryAddr   string `protobuf:"bytes,10,opt,name=primary_addr,json=primaryAddr,proto3" json:"primary_addr,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -361,33 +404,80 @@ func (x *LogStoreServiceStatusResponse) GetSegments() uint32 {
 	return 0
 }
 
+func (x *LogStoreServiceStatusResponse) GetLastEpoch() uint64 {
+	if x != nil {
+		return x.LastEpoch
+	}
+	return 0
+}
+
+func (x *LogStoreServiceStatusResponse) GetHistory() []*EpochStart {
+	if x != nil {
+		return x.History
+	}
+	return nil
+}
+
+func (x *LogStoreServiceStatusResponse) GetVoteEpoch() uint64 {
+	if x != nil {
+		return x.VoteEpoch
+	}
+	return 0
+}
+
+func (x *LogStoreServiceStatusResponse) GetPrimaryId() string {
+	if x != nil {
+		return x.PrimaryId
+	}
+	return ""
+}
+
+func (x *LogStoreServiceStatusResponse) GetPrimaryAddr() string {
+	if x != nil {
+		return x.PrimaryAddr
+	}
+	return ""
+}
+
 var File_walship_v1_logstore_proto protoreflect.FileDescriptor
 
 const file_walship_v1_logstore_proto_rawDesc = "" +
 	"\n" +
 	"\x19walship/v1/logstore.proto\x12\n" +
-	"walship.v1\x1a\x14walship/v1/wal.proto\"p\n" +
+	"walship.v1\x1a\x16walship/v1/epoch.proto\x1a\x14walship/v1/wal.proto\"\xba\x01\n" +
 	"\rAppendRequest\x12*\n" +
 	"\x05batch\x18\x01 \x01(\v2\x14.walship.v1.WalBatchR\x05batch\x123\n" +
-	"\theartbeat\x18\x02 \x01(\v2\x15.walship.v1.HeartbeatR\theartbeat\"G\n" +
+	"\theartbeat\x18\x02 \x01(\v2\x15.walship.v1.HeartbeatR\theartbeat\x12,\n" +
+	"\x12truncate_after_lsn\x18\x03 \x01(\x04R\x10truncateAfterLsn\x12\x1a\n" +
+	"\btruncate\x18\x04 \x01(\bR\btruncate\"\x80\x01\n" +
 	"\x0eAppendResponse\x12\x1f\n" +
 	"\vdurable_lsn\x18\x01 \x01(\x04R\n" +
 	"durableLsn\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"W\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x127\n" +
+	"\x18heartbeat_time_unix_nano\x18\x03 \x01(\x03R\x15heartbeatTimeUnixNano\"W\n" +
 	"\vReadRequest\x12\x19\n" +
 	"\bfrom_lsn\x18\x01 \x01(\x04R\afromLsn\x12\x16\n" +
 	"\x06follow\x18\x02 \x01(\bR\x06follow\x12\x15\n" +
 	"\x06to_lsn\x18\x03 \x01(\x04R\x05toLsn\":\n" +
 	"\fReadResponse\x12*\n" +
 	"\x05batch\x18\x01 \x01(\v2\x14.walship.v1.WalBatchR\x05batch\"\x1e\n" +
-	"\x1cLogStoreServiceStatusRequest\"\xb2\x01\n" +
+	"\x1cLogStoreServiceStatusRequest\"\xe4\x02\n" +
 	"\x1dLogStoreServiceStatusResponse\x12\x1b\n" +
 	"\tfirst_lsn\x18\x01 \x01(\x04R\bfirstLsn\x12\x1f\n" +
 	"\vdurable_lsn\x18\x02 \x01(\x04R\n" +
 	"durableLsn\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12!\n" +
 	"\fstored_bytes\x18\x04 \x01(\x04R\vstoredBytes\x12\x1a\n" +
-	"\bsegments\x18\x05 \x01(\rR\bsegments2\xf2\x01\n" +
+	"\bsegments\x18\x05 \x01(\rR\bsegments\x12\x1d\n" +
+	"\n" +
+	"last_epoch\x18\x06 \x01(\x04R\tlastEpoch\x120\n" +
+	"\ahistory\x18\a \x03(\v2\x16.walship.v1.EpochStartR\ahistory\x12\x1d\n" +
+	"\n" +
+	"vote_epoch\x18\b \x01(\x04R\tvoteEpoch\x12\x1d\n" +
+	"\n" +
+	"primary_id\x18\t \x01(\tR\tprimaryId\x12!\n" +
+	"\fprimary_addr\x18\n" +
+	" \x01(\tR\vprimaryAddr2\xf2\x01\n" +
 	"\x0fLogStoreService\x12C\n" +
 	"\x06Append\x12\x19.walship.v1.AppendRequest\x1a\x1a.walship.v1.AppendResponse(\x010\x01\x12;\n" +
 	"\x04Read\x12\x17.walship.v1.ReadRequest\x1a\x18.walship.v1.ReadResponse0\x01\x12]\n" +
@@ -415,22 +505,24 @@ var file_walship_v1_logstore_proto_goTypes = []any{
 	(*LogStoreServiceStatusResponse)(nil), // 5: walship.v1.LogStoreServiceStatusResponse
 	(*WalBatch)(nil),                      // 6: walship.v1.WalBatch
 	(*Heartbeat)(nil),                     // 7: walship.v1.Heartbeat
+	(*EpochStart)(nil),                    // 8: walship.v1.EpochStart
 }
 var file_walship_v1_logstore_proto_depIdxs = []int32{
 	6, // 0: walship.v1.AppendRequest.batch:type_name -> walship.v1.WalBatch
 	7, // 1: walship.v1.AppendRequest.heartbeat:type_name -> walship.v1.Heartbeat
 	6, // 2: walship.v1.ReadResponse.batch:type_name -> walship.v1.WalBatch
-	0, // 3: walship.v1.LogStoreService.Append:input_type -> walship.v1.AppendRequest
-	2, // 4: walship.v1.LogStoreService.Read:input_type -> walship.v1.ReadRequest
-	4, // 5: walship.v1.LogStoreService.Status:input_type -> walship.v1.LogStoreServiceStatusRequest
-	1, // 6: walship.v1.LogStoreService.Append:output_type -> walship.v1.AppendResponse
-	3, // 7: walship.v1.LogStoreService.Read:output_type -> walship.v1.ReadResponse
-	5, // 8: walship.v1.LogStoreService.Status:output_type -> walship.v1.LogStoreServiceStatusResponse
-	6, // [6:9] is the sub-list for method output_type
-	3, // [3:6] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	8, // 3: walship.v1.LogStoreServiceStatusResponse.history:type_name -> walship.v1.EpochStart
+	0, // 4: walship.v1.LogStoreService.Append:input_type -> walship.v1.AppendRequest
+	2, // 5: walship.v1.LogStoreService.Read:input_type -> walship.v1.ReadRequest
+	4, // 6: walship.v1.LogStoreService.Status:input_type -> walship.v1.LogStoreServiceStatusRequest
+	1, // 7: walship.v1.LogStoreService.Append:output_type -> walship.v1.AppendResponse
+	3, // 8: walship.v1.LogStoreService.Read:output_type -> walship.v1.ReadResponse
+	5, // 9: walship.v1.LogStoreService.Status:output_type -> walship.v1.LogStoreServiceStatusResponse
+	7, // [7:10] is the sub-list for method output_type
+	4, // [4:7] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_walship_v1_logstore_proto_init() }
@@ -438,6 +530,7 @@ func file_walship_v1_logstore_proto_init() {
 	if File_walship_v1_logstore_proto != nil {
 		return
 	}
+	file_walship_v1_epoch_proto_init()
 	file_walship_v1_wal_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{

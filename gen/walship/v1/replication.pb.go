@@ -136,7 +136,11 @@ type ReplicaHello struct {
 	// restarts that it no longer has (see Diverged).
 	Epoch uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	// next_lsn is the first LSN the replica needs (its last written LSN + 1).
-	NextLsn       uint64 `protobuf:"varint,3,opt,name=next_lsn,json=nextLsn,proto3" json:"next_lsn,omitempty"`
+	NextLsn uint64 `protobuf:"varint,3,opt,name=next_lsn,json=nextLsn,proto3" json:"next_lsn,omitempty"`
+	// fenced_epoch is the highest epoch the replica has promised (a fence or
+	// a primary it followed). A primary of an older epoch is deposed: it
+	// fails the stream with FAILED_PRECONDITION and steps down.
+	FencedEpoch   uint64 `protobuf:"varint,4,opt,name=fenced_epoch,json=fencedEpoch,proto3" json:"fenced_epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -188,6 +192,13 @@ func (x *ReplicaHello) GetEpoch() uint64 {
 func (x *ReplicaHello) GetNextLsn() uint64 {
 	if x != nil {
 		return x.NextLsn
+	}
+	return 0
+}
+
+func (x *ReplicaHello) GetFencedEpoch() uint64 {
+	if x != nil {
+		return x.FencedEpoch
 	}
 	return 0
 }
@@ -782,12 +793,13 @@ const file_walship_v1_replication_proto_rawDesc = "" +
 	"\x05hello\x18\x01 \x01(\v2\x18.walship.v1.ReplicaHelloH\x00R\x05hello\x12*\n" +
 	"\x03ack\x18\x02 \x01(\v2\x16.walship.v1.ReplicaAckH\x00R\x03ack\x125\n" +
 	"\theartbeat\x18\x03 \x01(\v2\x15.walship.v1.HeartbeatH\x00R\theartbeatB\x05\n" +
-	"\x03msg\"^\n" +
+	"\x03msg\"\x81\x01\n" +
 	"\fReplicaHello\x12\x1d\n" +
 	"\n" +
 	"replica_id\x18\x01 \x01(\tR\treplicaId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x19\n" +
-	"\bnext_lsn\x18\x03 \x01(\x04R\anextLsn\"\x95\x01\n" +
+	"\bnext_lsn\x18\x03 \x01(\x04R\anextLsn\x12!\n" +
+	"\ffenced_epoch\x18\x04 \x01(\x04R\vfencedEpoch\"\x95\x01\n" +
 	"\n" +
 	"ReplicaAck\x12\x1f\n" +
 	"\vwritten_lsn\x18\x01 \x01(\x04R\n" +

@@ -1,0 +1,184 @@
+package datadir
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/walship/walship/internal/vfs"
+)
+
+func TestVoteRoundTripAndLegacyEpoch(t *testing.T) {
+	dir := t.TempDir()
+	if v, err := LoadVote(vfs.OS, dir); err != nil || v != (Vote{}) {
+		t.Fatalf("empty dir: %v, %v", v, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "epoch"), []byte("7\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := LoadVote(vfs.OS, dir); err != nil || v != (Vote{Epoch: 7}) {
+		t.Fatalf("legacy epoch file: %v, %v", v, err)
+	}
+	for _, v := range []Vote{{Epoch: 8}, {Epoch: 9, Primary: "n1", Addr: "10.0.0.1:7401"}, {Epoch: 10, Addr: "h:1"}} {
+		if err := SaveVote(vfs.OS, dir, v); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := LoadVote(vfs.OS, dir); err != nil || got != v {
+			t.Fatalf("saved %v, loaded %v, %v", v, got, err)
+		}
+	}
+	for _, bad := range []string{"", "x", "1 a b c", "-1"} {
+		if err := os.WriteFile(filepath.Join(dir, "vote"), []byte(bad), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := LoadVote(vfs.OS, dir); err == nil || !strings.Contains(err.Error(), "vote file") {
+			t.Fatalf("vote %q: %v", bad, err)
+		}
+	}
+}
+
+func TestHistory(t *testing.T) {
+	var h History
+	h = h.Begin(0, 1)  // 1@1
+	h = h.Begin(0, 10) // 2@10
+	h = h.Begin(5, 20) // 6@20
+	if got := string(h.Marshal()); got != "1 1\n2 10\n6 20\n" {
+		t.Fatalf("history %q", got)
+	}
+	for _, tc := range []struct {
+		epoch     uint64
+		lsn       uint64
+		all, know bool
+	}{
+		{epoch: 1, lsn: 9, know: true},
+		{epoch: 2, lsn: 19, know: true},
+		{epoch: 3, lsn: 19, know: true}, // an epoch this log never had: the end of the newest before it
+		{epoch: 6, all: true, know: true},
+		{epoch: 9, all: true, know: true},
+		{epoch: 0, lsn: 0, know: true},
+	} {
+		lsn, all, known := h.KeepUpTo(tc.epoch)
+		if lsn != tc.lsn || all != tc.all || known != tc.know {
+			t.Errorf("KeepUpTo(%d) = %d, %v, %v; want %d, %v, %v", tc.epoch, lsn, all, known, tc.lsn, tc.all, tc.know)
+		}
+	}
+	if e := h.EpochOf(15); e != 2 {
+		t.Errorf("EpochOf(15) = %d", e)
+	}
+	if c := h.Cut(15); len(c) != 2 || c.Current() != (Start{2, 10}) {
+		t.Errorf("Cut(15) = %v", c)
+	}
+	// With replaces an epoch that wrote nothing the log keeps.
+	if w := h.With(7, 20); len(w) != 3 || w.Current() != (Start{7, 20}) {
+		t.Errorf("With(7, 20) = %v", w)
+	}
+	// A follower's history: seeded at LSN 100 by a snapshot (incomplete).
+	f, changed := History(nil).Note(4, 101)
+	if !changed || f.Complete() {
+		t.Fatalf("seeded history %v, complete %v", f, f.Complete())
+	}
+	if f2, changed := f.Note(4, 150); changed || len(f2) != 1 {
+		t.Fatalf("same epoch noted again: %v, %v", f2, changed)
+	}
+	if _, _, known := f.KeepUpTo(3); known {
+		t.Fatal("an incomplete history judged an epoch before it")
+	}
+	dir := t.TempDir()
+	if err := SaveHistory(vfs.OS, dir, h); err != nil {
+		t.Fatal(err)
+	}
+	if back, err := LoadHistory(vfs.OS, dir); err != nil || string(back.Marshal()) != string(h.Marshal()) {
+		t.Fatalf("loaded %v, %v", back, err)
+	}
+	for _, bad := range []string{"1", "1 x", "2 5\n1 9", "2 5\n3 4"} {
+		if _, err := ParseHistory("h", []byte(bad)); err == nil {
+			t.Errorf("ParseHistory(%q) = nil error", bad)
+		}
+	}
+}
+
+func TestOrphans(t *testing.T) {
+	dir := t.TempDir()
+	if os, err := ListOrphans(vfs.OS, dir); err != nil || len(os) != 0 {
+		t.Fatalf("none yet: %v, %v", os, err)
+	}
+	entries := []OrphanEntry{{5, 7, []byte("abc")}, {8, 8, []byte("d")}}
+	o, err := SaveOrphan(vfs.OS, dir, 3, entries, time.Unix(100, 5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := ListOrphans(vfs.OS, dir)
+	if err != nil || len(list) != 1 {
+		t.Fatalf("list: %v, %v", list, err)
+	}
+	l := list[0]
+	if l.Name != o.Name || l.Epoch != 3 || l.FirstLSN != 5 || l.LastLSN != 8 || l.Bytes != o.Bytes || !l.CutAt.Equal(time.Unix(100, 5)) {
+		t.Fatalf("listed %+v, saved %+v", l, o)
+	}
+	back, err := ReadOrphan(vfs.OS, dir, o.Name)
+	if err != nil || len(back) != 2 || !bytes.Equal(back[0].Data, []byte("abc")) || back[1].FirstLSN != 8 {
+		t.Fatalf("read back %v, %v", back, err)
+	}
+	if _, err := SaveOrphan(vfs.OS, dir, 3, nil, time.Now()); err == nil {
+		t.Fatal("an empty orphan was saved")
+	}
+}
+
+// FuzzDecodeOrphan: decoding any bytes as an orphan file never panics,
+// and what decodes re-encodes to the same bytes.
+func FuzzDecodeOrphan(f *testing.F) {
+	dir := f.TempDir()
+	o, err := SaveOrphan(vfs.OS, dir, 1, []OrphanEntry{{1, 2, []byte("xy")}, {3, 3, nil}}, time.Unix(1, 0))
+	if err != nil {
+		f.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "orphans", o.Name))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(b)
+	f.Add(orphanMagic)
+	f.Add([]byte("walship-orphan-v1\n\x00"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		entries, err := decodeOrphan("fuzz", b)
+		if err != nil {
+			return
+		}
+		if len(entries) == 0 {
+			if !bytes.Equal(b, orphanMagic) {
+				t.Fatalf("no entries from %q", b)
+			}
+			return
+		}
+		d := t.TempDir()
+		o, err := SaveOrphan(vfs.OS, d, 1, entries, time.Unix(1, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := os.ReadFile(filepath.Join(d, "orphans", o.Name))
+		if err != nil || !bytes.Equal(again, b) {
+			t.Fatalf("re-encoded %q, decoded from %q (%v)", again, b, err)
+		}
+	})
+}
+
+// FuzzParseHistory: any bytes parse or fail cleanly; a parsed history
+// marshals to a form that parses to the same history.
+func FuzzParseHistory(f *testing.F) {
+	f.Add([]byte("1 1\n2 10\n"))
+	f.Add([]byte("3 5"))
+	f.Add([]byte("1 1\n1 2\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h, err := ParseHistory("fuzz", b)
+		if err != nil {
+			return
+		}
+		back, err := ParseHistory("again", h.Marshal())
+		if err != nil || string(back.Marshal()) != string(h.Marshal()) {
+			t.Fatalf("%v re-parsed as %v, %v", h, back, err)
+		}
+	})
+}

@@ -1,0 +1,214 @@
+package logstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/datadir"
+	"github.com/walship/walship/internal/envelope"
+	"github.com/walship/walship/internal/rpcerr"
+	"github.com/walship/walship/internal/wal"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// epochServer is the log store's EpochService: its part of the epoch vote.
+type epochServer struct {
+	walshipv1.UnimplementedEpochServiceServer
+	s *Server
+}
+
+// fenceResult is the writer's answer to a Fence.
+type fenceResult struct {
+	resp *walshipv1.FenceResponse
+	err  error
+}
+
+var nodeIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+
+// Fence promises a newer epoch to a candidate. The writer answers it in
+// queue order: every batch queued before it is stored and fsynced first,
+// and nothing of an older epoch is accepted after it.
+func (h *epochServer) Fence(ctx context.Context, req *walshipv1.FenceRequest) (*walshipv1.FenceResponse, error) {
+	if err := checkFence(req); err != nil {
+		return nil, toStatus(err)
+	}
+	s := h.s
+	r := &appendReq{fence: req, fenced: make(chan fenceResult, 1)}
+	s.mu.Lock()
+	switch {
+	case s.fatal != nil:
+		s.mu.Unlock()
+		return nil, toStatus(refuse(rpcerr.ErrUnavailable, "log store failed: %v", s.fatal))
+	case s.stopping, s.queueClosed:
+		s.mu.Unlock()
+		return nil, toStatus(errStopping)
+	}
+	s.queue = append(s.queue, r)
+	s.urgent = true
+	s.mu.Unlock()
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+	select {
+	case res := <-r.fenced:
+		return res.resp, toStatus(res.err)
+	case <-ctx.Done():
+		// The writer still answers (into the buffered channel): the
+		// promise, if made, holds.
+		return nil, toStatus(ctx.Err())
+	}
+}
+
+// checkFence validates a FenceRequest; the error names the field.
+func checkFence(req *walshipv1.FenceRequest) error {
+	switch {
+	case req.GetEpoch() == 0:
+		return refuse(rpcerr.ErrInvalid, "epoch: must be at least 1")
+	case !nodeIDPattern.MatchString(req.GetCandidateId()):
+		return refuse(rpcerr.ErrInvalid, "candidate_id: %q is not 1..64 of [A-Za-z0-9._-]", req.GetCandidateId())
+	case req.GetCandidateAddr() == "":
+		return refuse(rpcerr.ErrInvalid, "candidate_addr: required (the candidate's advertised gRPC address)")
+	}
+	return nil
+}
+
+// handleFence answers a fence on the writer goroutine (walMu held by no
+// one else meanwhile): grant it if its epoch is newer than the promise,
+// persisting the new promise first, and end every Append stream of an
+// older epoch so that a deposed primary learns at once. An error is fatal.
+func (s *Server) handleFence(r *appendReq) error {
+	s.walMu.Lock()
+	defer s.walMu.Unlock()
+	req := r.fence
+	v := *s.vote.Load()
+	resp := s.fenceState()
+	if !s.lastContact.IsZero() {
+		resp.SincePrimaryContact = durationpb.New(time.Since(s.lastContact))
+	}
+	if req.GetEpoch() <= v.Epoch {
+		resp.Epoch, resp.PrimaryId, resp.PrimaryAddr = v.Epoch, v.Primary, v.Addr
+		r.fenced <- fenceResult{resp: resp}
+		return nil
+	}
+	nv := datadir.Vote{Epoch: req.GetEpoch(), Primary: req.GetCandidateId(), Addr: req.GetCandidateAddr()}
+	if err := s.saveVote(nv); err != nil {
+		r.fenced <- fenceResult{err: refuse(rpcerr.ErrUnavailable, "log store failed: %v", err)}
+		return err
+	}
+	s.metrics.fences.Inc()
+	resp.Granted, resp.Epoch, resp.PrimaryId, resp.PrimaryAddr = true, nv.Epoch, nv.Primary, nv.Addr
+	stale := refuse(rpcerr.ErrStaleEpoch, "fenced: the log store promised epoch %d to %s (%s)", nv.Epoch, nv.Primary, nv.Addr)
+	s.mu.Lock()
+	for st := range s.streams {
+		if st.epoch < nv.Epoch {
+			st.setErr(stale)
+		}
+	}
+	s.mu.Unlock()
+	r.fenced <- fenceResult{resp: resp}
+	return nil
+}
+
+// fenceState is the part of a FenceResponse that describes the stored log.
+func (s *Server) fenceState() *walshipv1.FenceResponse {
+	return &walshipv1.FenceResponse{
+		Id:        s.id(),
+		LastEpoch: s.logEpoch.Load(),
+		LastLsn:   s.durableLSN(),
+		History:   historyProto(*s.history.Load()),
+	}
+}
+
+// id is how the log store names itself: its listen address.
+func (s *Server) id() string {
+	if s.srv != nil {
+		return s.srv.Addr()
+	}
+	return s.cfg.Listen
+}
+
+func historyProto(h datadir.History) []*walshipv1.EpochStart {
+	out := make([]*walshipv1.EpochStart, len(h))
+	for i, e := range h {
+		out[i] = &walshipv1.EpochStart{Epoch: e.Epoch, FirstLsn: e.FirstLSN}
+	}
+	return out
+}
+
+// cut removes the stored entries after lsn, keeping them in an orphan
+// file: a primary whose history does not have them asked for it. Writer
+// only, walMu held. A cut at or past the end is a no-op; one inside a batch
+// is refused.
+func (s *Server) cut(lsn uint64) (refused, fatal error) {
+	last := s.durableLSN()
+	if lsn >= last {
+		return nil, nil
+	}
+	if lsn < s.wal.FirstLSN()-1 && s.wal.FirstLSN() != 0 {
+		return refuse(errOutOfRange, "truncate_after_lsn: %d is before the first stored LSN %d", lsn, s.wal.FirstLSN()), nil
+	}
+	entries, epoch, err := s.readAfter(lsn)
+	if err != nil {
+		return nil, fmt.Errorf("read the entries to cut after LSN %d: %w", lsn, err)
+	}
+	if len(entries) > 0 && entries[0].FirstLSN != lsn+1 {
+		return refuse(rpcerr.ErrInvalid, "truncate_after_lsn: %d falls inside the stored batch %d..%d", lsn, entries[0].FirstLSN, entries[0].LastLSN), nil
+	}
+	o, err := datadir.SaveOrphan(s.fs, s.cfg.DataDir, epoch, entries, s.now())
+	if err != nil {
+		return nil, err
+	}
+	if err := s.wal.TruncateAfter(lsn); err != nil {
+		if errors.Is(err, wal.ErrBroken) {
+			s.metrics.fsyncErrors.Inc()
+		}
+		return nil, fmt.Errorf("cut the wal after LSN %d: %w", lsn, err)
+	}
+	h := s.history.Load().Cut(lsn)
+	if err := datadir.SaveHistory(s.fs, s.cfg.DataDir, h); err != nil {
+		return nil, err
+	}
+	s.history.Store(&h)
+	s.logEpoch.Store(h.Current().Epoch)
+	var records uint64
+	for _, e := range entries {
+		records += e.LastLSN - e.FirstLSN + 1
+	}
+	s.orphanedRecords.Add(records)
+	s.metrics.orphaned.Add(float64(records))
+	s.logger.Warn("cut stored entries the primary's history does not have; kept in an orphan file",
+		"truncate_after_lsn", lsn, "to_lsn", last, "orphan", o.Name, "epoch", epoch)
+	return nil, nil
+}
+
+// readAfter reads every stored entry after lsn, and the epoch of the first.
+func (s *Server) readAfter(lsn uint64) ([]datadir.OrphanEntry, uint64, error) {
+	rd, err := s.wal.NewReader(lsn+1, false)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer rd.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var out []datadir.OrphanEntry
+	var epoch uint64
+	for len(out) == 0 || out[len(out)-1].LastLSN < s.wal.LastLSN() {
+		e, err := rd.Next(ctx)
+		if err != nil {
+			return nil, 0, err
+		}
+		if len(out) == 0 {
+			var env walshipv1.WalBatch
+			if err := envelope.Unmarshal(e.Data, &env); err == nil {
+				epoch = env.GetEpoch()
+			}
+		}
+		out = append(out, datadir.OrphanEntry{FirstLSN: e.FirstLSN, LastLSN: e.LastLSN, Data: append([]byte(nil), e.Data...)})
+	}
+	return out, epoch, nil
+}

@@ -1,0 +1,103 @@
+package logstore
+
+import (
+	"testing"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/datadir"
+	"github.com/walship/walship/internal/vfs"
+	"google.golang.org/grpc/codes"
+)
+
+// TestFence: a fence of a newer epoch is promised durably, answered with
+// the end of the stored log and its history, ends the old primary's open
+// stream and refuses it afterwards; the candidate's stream of that epoch
+// then ships, cuts the stored tail its history does not have (kept in an
+// orphan file) and continues. A fence of an epoch not newer is refused,
+// naming the holder. Bad requests are refused naming the field.
+func TestFence(t *testing.T) {
+	dir := t.TempDir()
+	r := start(t, testConfig(t, dir))
+	fence := walshipv1.NewEpochServiceClient(r.conn)
+	// The old primary, epoch 3, has stored LSNs 1-6 and keeps its stream open.
+	old := r.append(t)
+	old.heartbeat(3)
+	old.send(chain(t, 3, 1, 3, 10)...)
+	old.waitDurable(6)
+
+	resp, err := fence.Fence(testCtx(t), &walshipv1.FenceRequest{Epoch: 4, CandidateId: "r1", CandidateAddr: "10.0.0.2:7401"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !resp.Granted || resp.Epoch != 4 || resp.LastEpoch != 3 || resp.LastLsn != 6 || len(resp.History) != 1 || resp.PrimaryId != "r1" {
+		t.Fatalf("fence = %v", resp)
+	}
+	if v, err := datadir.LoadVote(vfs.OS, dir); err != nil || v != (datadir.Vote{Epoch: 4, Primary: "r1", Addr: "10.0.0.2:7401"}) {
+		t.Fatalf("vote after the fence: %v, %v", v, err)
+	}
+	wantCode(t, old.failure(), codes.FailedPrecondition, "fenced", "epoch 4", "r1")
+	again := r.append(t)
+	again.heartbeat(3)
+	wantCode(t, again.failure(), codes.FailedPrecondition, "stale epoch 3, log store is at epoch 4", "r1")
+
+	// Not newer: refused, naming who holds it.
+	resp, err = fence.Fence(testCtx(t), &walshipv1.FenceRequest{Epoch: 4, CandidateId: "r2", CandidateAddr: "x:1"})
+	if err != nil || resp.Granted || resp.Epoch != 4 || resp.PrimaryId != "r1" {
+		t.Fatalf("second fence at epoch 4 = %v, %v", resp, err)
+	}
+	for _, bad := range []struct {
+		req  *walshipv1.FenceRequest
+		want string
+	}{
+		{&walshipv1.FenceRequest{CandidateId: "r1", CandidateAddr: "a"}, "epoch"},
+		{&walshipv1.FenceRequest{Epoch: 9, CandidateId: "no spaces", CandidateAddr: "a"}, "candidate_id"},
+		{&walshipv1.FenceRequest{Epoch: 9, CandidateId: "r1"}, "candidate_addr"},
+	} {
+		_, err := fence.Fence(testCtx(t), bad.req)
+		wantCode(t, err, codes.InvalidArgument, bad.want)
+	}
+
+	// The new primary's history has epoch 3 up to LSN 4 only: it cuts 5-6.
+	a := r.append(t)
+	a.heartbeat(4)
+	a.ack()
+	if err := a.stream.Send(&walshipv1.AppendRequest{Truncate: true, TruncateAfterLsn: 4, Heartbeat: &walshipv1.Heartbeat{Epoch: 4, ReplyRequested: true}}); err != nil {
+		t.Fatal(err)
+	}
+	if ack := a.ack(); ack.DurableLsn != 4 {
+		t.Fatalf("ack after the cut = %v, want durable 4", ack)
+	}
+	a.send(batch(t, 4, 5, 1, 10))
+	a.waitDurable(6)
+	st := r.status(t)
+	if st.LastEpoch != 4 || len(st.History) != 2 || st.History[1].FirstLsn != 5 {
+		t.Fatalf("status after the cut and the new epoch's batch: %v", st)
+	}
+	orphans, err := datadir.ListOrphans(vfs.OS, dir)
+	if err != nil || len(orphans) != 1 || orphans[0].FirstLSN != 5 || orphans[0].LastLSN != 6 || orphans[0].Epoch != 3 {
+		t.Fatalf("orphans: %v, %v", orphans, err)
+	}
+	entries, err := datadir.ReadOrphan(vfs.OS, dir, orphans[0].Name)
+	if err != nil || len(entries) != 1 || entries[0].FirstLSN != 5 {
+		t.Fatalf("orphan entries: %v, %v", entries, err)
+	}
+	if n := counterValue(t, r.s.metrics.orphaned); n != 2 {
+		t.Fatalf("orphaned records = %v, want 2", n)
+	}
+	// A cut inside a batch is refused.
+	b := r.append(t)
+	b.heartbeat(4)
+	b.ack()
+	if err := b.stream.Send(&walshipv1.AppendRequest{Truncate: true, TruncateAfterLsn: 5, Heartbeat: &walshipv1.Heartbeat{Epoch: 4}}); err != nil {
+		t.Fatal(err)
+	}
+	wantCode(t, b.failure(), codes.InvalidArgument, "inside the stored batch 5..6")
+	// The promise and the history survive a restart.
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	r = start(t, testConfig(t, dir))
+	if st := r.status(t); st.VoteEpoch != 4 || st.LastEpoch != 4 || st.DurableLsn != 6 || st.PrimaryId != "r1" {
+		t.Fatalf("status after a restart: %v", st)
+	}
+}
