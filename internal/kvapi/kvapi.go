@@ -6,6 +6,7 @@ package kvapi
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 	"unicode/utf8"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/walship/walship/internal/watermark"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
@@ -43,8 +45,33 @@ func ValidateKey(field, key string) error {
 		return status.Errorf(codes.InvalidArgument, "%s: %d bytes, the limit is %d", field, len(key), MaxKeyBytes)
 	case !utf8.ValidString(key):
 		return status.Errorf(codes.InvalidArgument, "%s: not valid UTF-8", field)
+	case key[0] == ReservedPrefix[0]:
+		return status.Errorf(codes.InvalidArgument, "%s: keys starting with U+0000 are reserved for walship itself", field)
 	}
 	return nil
+}
+
+// ReservedPrefix starts the keys walship keeps in the replicated state for
+// itself (the epoch record): clients cannot read or write them, and a
+// Scan skips them.
+const ReservedPrefix = "\x00"
+
+// EpochRecordKey holds the EpochRecord of the current epoch: the first
+// commit of every epoch writes it, so that every node that applied the log
+// knows the primary and the contract.
+const EpochRecordKey = ReservedPrefix + "walship/epoch"
+
+// EpochRecord reads the epoch record from v (nil if there is none yet).
+func EpochRecord(v *state.View) (*walshipv1.EpochRecord, error) {
+	b, _, ok := v.Get([]byte(EpochRecordKey))
+	if !ok {
+		return nil, nil
+	}
+	rec := &walshipv1.EpochRecord{}
+	if err := proto.Unmarshal(b, rec); err != nil {
+		return nil, fmt.Errorf("epoch record: %w", err)
+	}
+	return rec, nil
 }
 
 // validateBound checks a Scan bound, which may be empty.
@@ -134,7 +161,11 @@ func (r *Reader) Scan(ctx context.Context, req *walshipv1.ScanRequest) (*walship
 	resp := &walshipv1.ScanResponse{AppliedLsn: v.AppliedLSN()}
 	size := 0
 	// One more than the limit tells whether the range goes on.
-	v.Scan([]byte(req.GetStart()), []byte(req.GetEnd()), limit+1, func(k, val []byte, ver uint64) bool {
+	start := req.GetStart()
+	if start < "\x01" {
+		start = "\x01" // past the reserved keys
+	}
+	v.Scan([]byte(start), []byte(req.GetEnd()), limit+1, func(k, val []byte, ver uint64) bool {
 		if len(resp.Kvs) == limit || (len(resp.Kvs) > 0 && size+len(k)+len(val) > MaxScanBytes) {
 			resp.More = true
 			return false

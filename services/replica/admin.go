@@ -4,6 +4,8 @@ import (
 	"context"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/datadir"
+	"github.com/walship/walship/internal/kvapi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -24,7 +26,15 @@ func (s *Server) Status() *walshipv1.StatusResponse {
 	v := s.store.Load().Snapshot()
 	pos := s.positions()
 	primaryLast := max(s.lag.primaryLSN(), pos.AppliedLsn)
-	return &walshipv1.StatusResponse{
+	vote := s.Vote()
+	var orphans []*walshipv1.OrphanStatus
+	if os, err := datadir.ListOrphans(s.fs, s.cfg.DataDir); err == nil {
+		for _, o := range os {
+			orphans = append(orphans, &walshipv1.OrphanStatus{Name: o.Name, Epoch: o.Epoch, FirstLsn: o.FirstLSN, LastLsn: o.LastLSN,
+				Bytes: uint64(o.Bytes), CutTimeUnixNano: o.CutAt.UnixNano()})
+		}
+	}
+	resp := &walshipv1.StatusResponse{
 		Role:        walshipv1.Role_ROLE_REPLICA,
 		Id:          s.cfg.ID,
 		Epoch:       s.epoch.Load(),
@@ -37,10 +47,14 @@ func (s *Server) Status() *walshipv1.StatusResponse {
 		StateDigest: v.Digest().String(),
 		Keys:        uint64(v.Len()),
 		Rung:        walshipv1.CatchUpRung(s.rung.Load()),
-		Primary:     s.cfg.Primary,
+		Primary:     s.primary(),
+		PrimaryId:   vote.Primary,
+		VoteEpoch:   vote.Epoch,
+		History:     historyProto(*s.history.Load()),
+		Orphans:     orphans,
 		Serving:     s.srv.Serving(),
 		Peers: []*walshipv1.PeerStatus{{
-			Id:         s.cfg.Primary,
+			Id:         s.primary(),
 			Role:       walshipv1.Role_ROLE_PRIMARY,
 			Connected:  s.connected.Load(),
 			WrittenLsn: pos.WrittenLsn,
@@ -50,12 +64,19 @@ func (s *Server) Status() *walshipv1.StatusResponse {
 			LagSeconds: s.lag.seconds(s.now()),
 		}},
 	}
+	if rec, err := kvapi.EpochRecord(v); err == nil && rec != nil {
+		resp.Contract = rec.GetContract()
+	}
+	return resp
 }
 
-func (a *adminServer) Promote(context.Context, *walshipv1.PromoteRequest) (*walshipv1.PromoteResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "promotion is not implemented yet")
+func (a *adminServer) Promote(ctx context.Context, req *walshipv1.PromoteRequest) (*walshipv1.PromoteResponse, error) {
+	if a.s.cfg.Promote == nil {
+		return nil, status.Error(codes.FailedPrecondition, "this replica runs on its own and cannot become the primary: run it as a node (walship replica --peers ...)")
+	}
+	return a.s.cfg.Promote(ctx, req)
 }
 
 func (a *adminServer) SetPolicy(context.Context, *walshipv1.SetPolicyRequest) (*walshipv1.SetPolicyResponse, error) {
-	return nil, status.Error(codes.FailedPrecondition, "not a primary: set the commit policy on the primary at "+a.s.cfg.Primary)
+	return nil, status.Error(codes.FailedPrecondition, "not a primary: set the commit policy on the primary at "+a.s.primary())
 }

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/datadir"
+	"github.com/walship/walship/internal/envelope"
 	"github.com/walship/walship/internal/recovery"
 	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/internal/wal"
@@ -88,7 +90,11 @@ func (s *Server) reseed(ctx context.Context) (bool, error) {
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	start := time.Now()
-	stream, err := s.repl.Snapshot(rctx, &walshipv1.SnapshotRequest{ReplicaId: s.cfg.ID})
+	repl, err := s.replClient()
+	if err != nil {
+		return false, err
+	}
+	stream, err := repl.Snapshot(rctx, &walshipv1.SnapshotRequest{ReplicaId: s.cfg.ID})
 	if err != nil {
 		return false, err
 	}
@@ -177,7 +183,7 @@ func (s *Server) install(st *state.Store, epoch uint64) error {
 	if err != nil {
 		return fmt.Errorf("%w: reset wal to LSN %d: %w", errFatal, lsn+1, err)
 	}
-	if err := s.adoptEpoch(epoch); err != nil {
+	if err := s.resetHistory(epoch, lsn); err != nil {
 		return fmt.Errorf("%w: %w", errFatal, err)
 	}
 	s.dropUnapplied(len(s.unapplied))
@@ -219,11 +225,28 @@ func (d *divergedError) Error() string {
 // restart), so that only a re-seed can undo them.
 func (s *Server) cutDiverged(keep uint64) (bool, error) {
 	if applied := s.appliedLSN(); applied > keep {
+		// Only a re-seed can undo what was applied; what the log holds
+		// past the cut is kept first (best effort: the re-seed resets it).
+		s.walMu.Lock()
+		if err := s.orphanAfter(keep); err != nil {
+			s.logger.Warn("cannot keep the entries past the cut in an orphan file before re-seeding", "truncate_after_lsn", keep, "err", err)
+		}
+		s.walMu.Unlock()
 		s.reseedBack = true
 		return false, nil
 	}
 	s.walMu.Lock()
-	err := s.wal.TruncateAfter(keep)
+	err := s.orphanAfter(keep)
+	if err == nil {
+		err = s.wal.TruncateAfter(keep)
+	}
+	if err == nil {
+		h := s.history.Load().Cut(keep)
+		if err = datadir.SaveHistory(s.fs, s.cfg.DataDir, h); err == nil {
+			s.history.Store(&h)
+			s.epoch.Store(h.Current().Epoch)
+		}
+	}
 	s.walMu.Unlock()
 	if errors.Is(err, wal.ErrBroken) {
 		return false, fmt.Errorf("%w: cut the log after LSN %d: %w", errFatal, keep, err)
@@ -245,4 +268,45 @@ func (s *Server) cutDiverged(keep uint64) (bool, error) {
 	// A durable LSN above keep was reported of the lost history.
 	s.primaryDurable = min(s.primaryDurable, keep)
 	return true, nil
+}
+
+// orphanAfter copies the log's entries after keep into an orphan file
+// before they are cut (walMu held): nothing cut is ever deleted.
+func (s *Server) orphanAfter(keep uint64) error {
+	if s.wal.LastLSN() <= keep {
+		return nil
+	}
+	rd, err := s.wal.NewReader(keep+1, false)
+	if err != nil {
+		return fmt.Errorf("read the entries to cut after LSN %d: %w", keep, err)
+	}
+	defer rd.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var out []datadir.OrphanEntry
+	var epoch uint64
+	for len(out) == 0 || out[len(out)-1].LastLSN < s.wal.LastLSN() {
+		e, err := rd.Next(ctx)
+		if err != nil {
+			return fmt.Errorf("read the entries to cut after LSN %d: %w", keep, err)
+		}
+		if len(out) == 0 {
+			var env walshipv1.WalBatch
+			if envelope.Unmarshal(e.Data, &env) == nil {
+				epoch = env.GetEpoch()
+			}
+		}
+		out = append(out, datadir.OrphanEntry{FirstLSN: e.FirstLSN, LastLSN: e.LastLSN, Data: append([]byte(nil), e.Data...)})
+	}
+	if out[0].FirstLSN != keep+1 {
+		return fmt.Errorf("cut after LSN %d falls inside the entry %d..%d", keep, out[0].FirstLSN, out[0].LastLSN)
+	}
+	o, err := datadir.SaveOrphan(s.fs, s.cfg.DataDir, epoch, out, s.now())
+	if err != nil {
+		return err
+	}
+	n := out[len(out)-1].LastLSN - keep
+	s.metrics.orphaned.Add(float64(n))
+	s.logger.Warn("cut entries the primary's history does not have; kept in an orphan file", "truncate_after_lsn", keep, "records", n, "orphan", o.Name)
+	return nil
 }

@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/vfs"
 	"google.golang.org/grpc"
 )
@@ -60,6 +62,12 @@ type Config struct {
 	Registry *prometheus.Registry
 	// StopTimeout bounds the graceful stop.
 	StopTimeout time.Duration
+	// Register adds services to the replica's gRPC server (a node adds its
+	// failover RPCs).
+	Register []func(*grpc.Server)
+	// Promote serves AdminService.Promote; nil refuses it (a replica run
+	// on its own cannot turn into a primary: a node can).
+	Promote func(context.Context, *walshipv1.PromoteRequest) (*walshipv1.PromoteResponse, error)
 	// DialOptions are added to the options used to dial the primary and the
 	// log store (after insecure transport credentials, so they can override
 	// them).

@@ -10,6 +10,7 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/backoff"
+	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/envelope"
 	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/internal/wal"
@@ -49,6 +50,7 @@ func (s *Server) setRung(r walshipv1.CatchUpRung) {
 // (the error).
 func (s *Server) follow(ctx context.Context) error {
 	var bo backoff.Backoff
+	failures := 0
 	rung := walshipv1.CatchUpRung_CATCH_UP_RUNG_PRIMARY
 	for ctx.Err() == nil {
 		s.setRung(rung)
@@ -125,6 +127,10 @@ func (s *Server) follow(ctx context.Context) error {
 		case errors.As(err, &ref):
 			s.logger.Error("refused a batch from the primary; reconnecting", "reason", ref.reason, "err", ref.err,
 				"next_lsn", s.wal.LastLSN()+1)
+		case rung == walshipv1.CatchUpRung_CATCH_UP_RUNG_PRIMARY && s.learnPrimary(err):
+			// Asked a node that is not the primary: it named the one it
+			// knows, which this replica follows from now on.
+			continue
 		case code == codes.FailedPrecondition:
 			// Diverged, ahead of the primary, or in a newer epoch: this needs
 			// an operator's judgement, never an automatic wipe.
@@ -135,8 +141,15 @@ func (s *Server) follow(ctx context.Context) error {
 		default:
 			if progress {
 				bo.Reset()
+				failures = 0
 			}
 			s.logger.Warn("replication stream ended; reconnecting", "next_lsn", s.wal.LastLSN()+1, "err", err)
+			if failures++; failures%5 == 0 {
+				// The primary has been away a while: a failover may have
+				// happened while this replica could not be fenced. The log
+				// store knows the newest epoch's primary.
+				s.askLogStore(ctx)
+			}
 		}
 		if !bo.Wait(ctx) {
 			return nil
@@ -154,13 +167,29 @@ func (s *Server) silence() time.Duration { return max(10*s.cfg.HeartbeatInterval
 func (s *Server) streamFromPrimary(ctx context.Context) (progress bool, err error) {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := s.repl.Stream(sctx)
+	// A promise to a newer epoch ends this stream (its primary is deposed).
+	s.streamMu.Lock()
+	s.streamCancel = cancel
+	s.streamMu.Unlock()
+	defer func() {
+		s.streamMu.Lock()
+		s.streamCancel = nil
+		s.streamMu.Unlock()
+	}()
+	repl, err := s.replClient()
+	if err != nil {
+		return false, err
+	}
+	stream, err := repl.Stream(sctx)
 	if err != nil {
 		return false, err
 	}
 	hello := &walshipv1.StreamRequest{Msg: &walshipv1.StreamRequest_Hello{Hello: &walshipv1.ReplicaHello{
-		ReplicaId: s.cfg.ID, Epoch: s.epoch.Load(), NextLsn: s.wal.LastLSN() + 1,
+		ReplicaId: s.cfg.ID, Epoch: s.epoch.Load(), NextLsn: s.wal.LastLSN() + 1, FencedEpoch: s.Vote().Epoch,
 	}}}
+	// streamEpoch is the primary's epoch, from its heartbeats (the first
+	// message of every stream is one).
+	var streamEpoch uint64
 	// kick asks the sender for an ack within ackCoalesce; urgent at once.
 	kick, urgent := make(chan struct{}, 1), make(chan struct{}, 1)
 	recvCh := make(chan *walshipv1.StreamResponse, recvBuffer)
@@ -278,6 +307,7 @@ func (s *Server) streamFromPrimary(ctx context.Context) (progress bool, err erro
 				return progress, &divergedError{keep: d.GetTruncateAfterLsn(), epoch: d.GetEpoch()}
 			}
 			s.primaryDurable = max(s.primaryDurable, m.GetDurableLsn())
+			s.primaryDurableSeen.Store(s.primaryDurable)
 			switch x := m.GetMsg().(type) {
 			case *walshipv1.StreamResponse_Batch:
 				round = append(round, x.Batch)
@@ -292,9 +322,10 @@ func (s *Server) streamFromPrimary(ctx context.Context) (progress bool, err erro
 			case *walshipv1.StreamResponse_Heartbeat:
 				hb := x.Heartbeat
 				s.lag.heartbeat(hb.GetLastLsn(), s.now())
-				if hb.GetEpoch() < s.epoch.Load() {
-					return progress, &refusal{reason: reasonEpoch, err: fmt.Errorf("heartbeat from epoch %d, this replica has seen epoch %d", hb.GetEpoch(), s.epoch.Load())}
+				if err := s.acceptPrimary(hb); err != nil {
+					return progress, err
 				}
+				streamEpoch = max(streamEpoch, hb.GetEpoch())
 				replyNow = replyNow || hb.GetReplyRequested()
 			}
 			if len(round) >= maxRound {
@@ -318,7 +349,7 @@ func (s *Server) streamFromPrimary(ctx context.Context) (progress bool, err erro
 			if ackWritten {
 				written = func() { poke(urgent) }
 			}
-			refused = s.write(round, written)
+			refused = s.write(round, streamEpoch, written)
 		}
 		// Flush and apply now if a sync commit waits on this replica's
 		// flush (or apply), the primary asked for a reply, the round was
@@ -484,11 +515,30 @@ func (s *Server) check(env *walshipv1.WalBatch, next, epoch uint64, c *checked) 
 	return nil
 }
 
+// acceptPrimary checks a heartbeat's epoch against the replica's promise:
+// an older one is a deposed primary's (refused: the stream ends); a newer
+// one is promised, durably, to the primary that sent it.
+func (s *Server) acceptPrimary(hb *walshipv1.Heartbeat) error {
+	s.voteMu.Lock()
+	defer s.voteMu.Unlock()
+	v := s.vote.Load()
+	if e := hb.GetEpoch(); e < v.Epoch {
+		return &refusal{reason: reasonEpoch, err: fmt.Errorf("heartbeat from epoch %d: this replica has promised epoch %d (%s)", e, v.Epoch, v.String())}
+	}
+	if _, err := s.promiseLocked(datadir.Vote{Epoch: hb.GetEpoch(), Primary: hb.GetPrimaryId(), Addr: hb.GetPrimaryAddr()}); err != nil {
+		return fmt.Errorf("%w: save the vote: %w", errFatal, err)
+	}
+	return nil
+}
+
 // write runs the first half of a round: it checks the batches in order,
 // writes the good prefix with one append, adds it to s.unapplied (to be
 // flushed and applied) and calls written (to ack the write at once). It
-// returns the first refusal (or a fatal WAL error).
-func (s *Server) write(round []*walshipv1.WalBatch, written func()) error {
+// returns the first refusal (or a fatal WAL error). streamEpoch is the
+// sending primary's epoch (0 from a log store): batches from a primary
+// older than the replica's promise are refused, checked under walMu so
+// that none is written after a fence.
+func (s *Server) write(round []*walshipv1.WalBatch, streamEpoch uint64, written func()) error {
 	good := make([]checked, len(round))
 	next, epoch := s.wal.LastLSN()+1, s.epoch.Load()
 	var refused error
@@ -510,17 +560,23 @@ func (s *Server) write(round []*walshipv1.WalBatch, written func()) error {
 		return refused
 	}
 	good = good[:n]
-	if epoch > s.epoch.Load() {
-		// Durable before anything of the new epoch is acknowledged.
-		if err := s.adoptEpoch(epoch); err != nil {
-			return fmt.Errorf("%w: %w", errFatal, err)
-		}
-	}
 	entries := make([]wal.Entry, n)
 	for i := range good {
 		entries[i] = wal.Entry{FirstLSN: good[i].env.GetFirstLsn(), LastLSN: good[i].env.GetLastLsn(), Data: good[i].data}
 	}
 	s.walMu.Lock()
+	if v := s.vote.Load(); streamEpoch != 0 && streamEpoch < v.Epoch {
+		s.walMu.Unlock()
+		s.metrics.refused.WithLabelValues(reasonEpoch).Add(float64(n))
+		return &refusal{reason: reasonEpoch, err: fmt.Errorf("batches from a primary of epoch %d: this replica has promised epoch %d (%s)", streamEpoch, v.Epoch, v.String())}
+	}
+	// The history is durable before anything of a new epoch is written.
+	for i := range good {
+		if err := s.noteEpoch(good[i].env.GetEpoch(), good[i].env.GetFirstLsn()); err != nil {
+			s.walMu.Unlock()
+			return fmt.Errorf("%w: %w", errFatal, err)
+		}
+	}
 	err := s.wal.Append(entries...)
 	s.walMu.Unlock()
 	if err != nil {
@@ -693,7 +749,7 @@ func (s *Server) observeUnapplied(spilled int) {
 // rung: a log store holds only what the primary made durable.
 func (s *Server) process(round []*walshipv1.WalBatch, written func()) (int, error) {
 	before := s.wal.LastLSN()
-	refused := s.write(round, written)
+	refused := s.write(round, 0, written)
 	if len(s.unapplied) == 0 {
 		return 0, refused
 	}

@@ -24,7 +24,7 @@ func (k *kvServer) Scan(ctx context.Context, req *walshipv1.ScanRequest) (*walsh
 }
 
 func (k *kvServer) readOnly() error {
-	return status.Errorf(codes.FailedPrecondition, "this is a read-only replica; send writes to the primary at %s", k.s.cfg.Primary)
+	return status.Errorf(codes.FailedPrecondition, "this is a read-only replica; send writes to the primary at %s", k.s.primary())
 }
 
 func (k *kvServer) Put(context.Context, *walshipv1.PutRequest) (*walshipv1.PutResponse, error) {

@@ -98,6 +98,13 @@ func (l *lagTracker) contact(now time.Time) {
 	l.mu.Unlock()
 }
 
+// lastContactTime is when upstream was last heard from.
+func (l *lagTracker) lastContactTime() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lastContact
+}
+
 // advance records that everything up to lsn is applied.
 func (l *lagTracker) advance(lsn uint64) {
 	l.mu.Lock()

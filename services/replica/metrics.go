@@ -29,6 +29,8 @@ type metrics struct {
 	decodeSeconds  *prometheus.HistogramVec
 	fsyncSeconds   prometheus.Histogram
 	fsyncErrors    prometheus.Counter
+	fences         prometheus.Counter
+	orphaned       prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
@@ -95,6 +97,14 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		Name: "walship_wal_fsync_errors_total",
 		Help: "Failed WAL fsyncs; one is fatal to the replica (it stops acking and exits).",
 	})
+	m.fences = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "walship_fences_granted_total",
+		Help: "Epochs promised to a candidate (EpochService.Fence granted).",
+	})
+	m.orphaned = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "walship_orphaned_records_total",
+		Help: "Log records cut because the cluster's history went another way, kept in orphan files.",
+	})
 	for _, r := range []string{reasonCRC, reasonEpoch, reasonGap, reasonDecode} {
 		m.refused.WithLabelValues(r)
 	}
@@ -104,6 +114,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		stage("flush", s.wal.DurableLSN),
 		stage("apply", s.appliedLSN),
 		m.appliedRecords, m.appliedBytes, m.rung, connected, m.refused, m.diverged, m.unapplied, m.spilled, m.decodeSeconds, m.fsyncSeconds, m.fsyncErrors,
+		m.fences, m.orphaned,
 	}
 	for _, c := range m.collectors {
 		reg.MustRegister(c)

@@ -63,6 +63,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/envelope"
 	"github.com/walship/walship/internal/kvapi"
 	"github.com/walship/walship/internal/recovery"
@@ -95,8 +96,14 @@ type Server struct {
 	reads   *kvapi.Reader
 	lag     *lagTracker
 
+	// connMu guards the connection to the primary, which changes when the
+	// replica follows a new one (replClient).
+	connMu       sync.Mutex
+	dial         []grpc.DialOption
 	primaryConn  *grpc.ClientConn
+	connAddr     string
 	repl         walshipv1.ReplicationServiceClient
+	primaryAddr  atomic.Pointer[string]
 	logstoreConn *grpc.ClientConn // nil without a log store
 	logstore     walshipv1.LogStoreServiceClient
 
@@ -107,7 +114,19 @@ type Server struct {
 	// store is swapped whole when the replica is re-seeded from a snapshot.
 	store   atomic.Pointer[state.Store]
 	visible watermark.Watermark
+	// epoch is the epoch of the newest entry of the log, history its epoch
+	// history, vote the highest epoch promised (epoch.go). voteMu
+	// serialises promises.
 	epoch   atomic.Uint64
+	history atomic.Pointer[datadir.History]
+	voteMu  sync.Mutex
+	vote    atomic.Pointer[datadir.Vote]
+	// streamCancel ends the current stream from the primary (a promise to
+	// a newer epoch does); guarded by streamMu.
+	streamMu     sync.Mutex
+	streamCancel context.CancelFunc
+	// primaryDurableSeen mirrors primaryDurable for readers.
+	primaryDurableSeen atomic.Uint64
 
 	rung      atomic.Int32 // walshipv1.CatchUpRung
 	connected atomic.Bool
@@ -169,11 +188,11 @@ func New(cfg Config) (*Server, error) {
 		// Find a dead connection (a partition sends no FIN) within ~15s.
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
 	), cfg.DialOptions...)
+	s.dial = dial
 	var err error
-	if s.primaryConn, err = grpc.NewClient(cfg.Primary, dial...); err != nil {
-		return nil, fmt.Errorf("--primary %s: %w", cfg.Primary, err)
+	if _, err = s.replClient(); err != nil {
+		return nil, fmt.Errorf("--primary %s: %w", s.primary(), err)
 	}
-	s.repl = walshipv1.NewReplicationServiceClient(s.primaryConn)
 	if cfg.LogStore != "" {
 		if s.logstoreConn, err = grpc.NewClient(cfg.LogStore, dial...); err != nil {
 			return nil, fmt.Errorf("--logstore %s: %w", cfg.LogStore, err)
@@ -192,6 +211,12 @@ func New(cfg Config) (*Server, error) {
 	}, func(g *grpc.Server) {
 		walshipv1.RegisterKVServiceServer(g, &kvServer{s: s})
 		walshipv1.RegisterAdminServiceServer(g, &adminServer{s: s})
+		walshipv1.RegisterEpochServiceServer(g, &epochServer{s: s})
+		walshipv1.RegisterReplicationServiceServer(g, &replServer{s: s})
+		walshipv1.RegisterLogStoreServiceServer(g, &logServer{s: s})
+		for _, r := range cfg.Register {
+			r(g)
+		}
 	})
 	if err != nil {
 		return nil, err
@@ -210,9 +235,12 @@ func New(cfg Config) (*Server, error) {
 }
 
 func (s *Server) closeConns() {
+	s.connMu.Lock()
 	if s.primaryConn != nil {
 		_ = s.primaryConn.Close()
+		s.primaryConn = nil
 	}
+	s.connMu.Unlock()
 	if s.logstoreConn != nil {
 		_ = s.logstoreConn.Close()
 	}
@@ -272,12 +300,10 @@ func (s *Server) recover() error {
 			break
 		}
 	}
-	saved, err := s.loadEpoch()
-	if err != nil {
+	if err := s.loadEpochs(res.Epoch); err != nil {
 		_ = res.WAL.Close()
 		return err
 	}
-	s.epoch.Store(max(saved, res.Epoch))
 	return nil
 }
 
@@ -338,8 +364,6 @@ func listSnapshots(fsys vfs.FS, dir string) ([]uint64, error) {
 	return lsns, nil
 }
 
-func (s *Server) epochPath() string { return filepath.Join(s.cfg.DataDir, "epoch") }
-
 // DataDir/applied holds an LSN this replica had applied, so every batch up
 // to it was durable on the primary: a restart replays the log up to it (or
 // up to the newest snapshot, if that is later) and keeps the rest unapplied
@@ -347,14 +371,14 @@ func (s *Server) epochPath() string { return filepath.Join(s.cfg.DataDir, "epoch
 // markerInterval without an fsync (a lost or stale marker only makes the
 // replica wait for the primary a little longer after a crash) and with one
 // at a clean stop.
-func (s *Server) appliedPath() string { return filepath.Join(s.cfg.DataDir, "applied") }
+func (s *Server) appliedPath() string { return datadir.AppliedPath(s.cfg.DataDir) }
 
 const markerInterval = time.Second
 
 // loadAppliedMarker returns the saved applied LSN, or 0 if there is none or
 // it cannot be read (then replay stops at the newest snapshot).
 func (s *Server) loadAppliedMarker() uint64 {
-	lsn, err := s.readUintFile(s.appliedPath())
+	lsn, err := datadir.LoadUint(s.fs, s.appliedPath())
 	if err != nil {
 		s.logger.Warn("cannot read the applied marker; replaying up to the newest snapshot only", "err", err)
 		return 0
@@ -391,47 +415,6 @@ func (s *Server) writeAppliedMarker(lsn uint64, sync bool) error {
 		return err
 	}
 	s.markerLSN, s.markerTime = lsn, time.Now()
-	return nil
-}
-
-func (s *Server) loadEpoch() (uint64, error) {
-	e, err := s.readUintFile(s.epochPath())
-	if err != nil {
-		return 0, fmt.Errorf("read epoch: %w", err)
-	}
-	return e, nil
-}
-
-// readUintFile reads a file holding one decimal number and a newline; a
-// missing file reads as 0.
-func (s *Server) readUintFile(path string) (uint64, error) {
-	b, err := vfs.ReadFile(s.fs, path)
-	if errors.Is(err, os.ErrNotExist) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, err
-	}
-	v, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("%s: %w", path, err)
-	}
-	return v, nil
-}
-
-// adoptEpoch raises the highest epoch seen to e and makes it durable
-// (temporary file, sync, rename, sync dir) before anything of that epoch is
-// acknowledged. Only the follower calls it.
-func (s *Server) adoptEpoch(e uint64) error {
-	old := s.epoch.Load()
-	if e <= old {
-		return nil
-	}
-	if err := vfs.WriteFileAtomic(s.fs, s.epochPath(), []byte(strconv.FormatUint(e, 10)+"\n")); err != nil {
-		return fmt.Errorf("save epoch %d: %w", e, err)
-	}
-	s.epoch.Store(e)
-	s.logger.Info("adopted a newer epoch", "epoch", e, "previous", old)
 	return nil
 }
 
@@ -480,7 +463,7 @@ func (s *Server) Run(ctx context.Context) error {
 	go func() { serveDone <- s.srv.Serve(serveCtx, stopFollow) }()
 	s.srv.SetServing(true)
 	s.logger.Info("replica serving", "addr", s.Addr(), "metrics", s.MetricsAddr(), "id", s.cfg.ID,
-		"primary", s.cfg.Primary, "logstore", s.cfg.LogStore, "epoch", s.epoch.Load(), "applied_lsn", s.appliedLSN())
+		"primary", s.primary(), "logstore", s.cfg.LogStore, "epoch", s.epoch.Load(), "applied_lsn", s.appliedLSN())
 
 	var serveErr, fatal error
 	select {

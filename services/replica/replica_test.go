@@ -96,7 +96,7 @@ func TestStreamApplyReadStatusAndRestart(t *testing.T) {
 	_, err = r.kv.Txn(c, &walshipv1.TxnRequest{})
 	wantCode(t, "Txn", err, codes.FailedPrecondition, fp.addr)
 	_, err = r.admin.Promote(c, &walshipv1.PromoteRequest{})
-	wantCode(t, "Promote", err, codes.Unimplemented, "promotion is not implemented yet")
+	wantCode(t, "Promote", err, codes.FailedPrecondition, "runs on its own and cannot become the primary")
 	_, err = r.admin.SetPolicy(c, &walshipv1.SetPolicyRequest{})
 	wantCode(t, "SetPolicy", err, codes.FailedPrecondition, "not a primary")
 

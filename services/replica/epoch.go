@@ -1,0 +1,394 @@
+package replica
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/datadir"
+	"github.com/walship/walship/internal/envelope"
+	"github.com/walship/walship/internal/kvapi"
+	"github.com/walship/walship/internal/wal"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// A replica keeps two epochs apart, as a log store does: the epoch it has
+// promised (DataDir/vote: a Fence, or a primary of a newer epoch it
+// followed), which the primary it streams from must be at, and the epoch
+// history of its log (DataDir/epochs), in which batch epochs only grow. A
+// new primary ships the batches of earlier epochs a lagging replica lacks,
+// byte for byte, under its own epoch.
+
+// loadEpochs reads the vote and the history at recovery; logEpoch is the
+// highest epoch of the replayed batches.
+func (s *Server) loadEpochs(logEpoch uint64) error {
+	v, err := datadir.LoadVote(s.fs, s.cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	h, err := datadir.LoadHistory(s.fs, s.cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	h = h.Cut(s.wal.LastLSN())
+	if len(h) == 0 {
+		// A directory written before histories were kept: its epoch
+		// file was the epoch of its newest batch.
+		logEpoch = max(logEpoch, v.Epoch)
+	}
+	logEpoch = max(logEpoch, h.Current().Epoch)
+	v.Epoch = max(v.Epoch, logEpoch)
+	s.epoch.Store(logEpoch)
+	s.history.Store(&h)
+	s.vote.Store(&v)
+	addr := s.cfg.Primary
+	if v.Addr != "" {
+		addr = v.Addr
+	}
+	s.primaryAddr.Store(&addr)
+	return nil
+}
+
+// noteEpoch records, durably, that the log continues in epoch e from first
+// (a newer epoch than the newest it holds). Follower only, walMu held or
+// the follower being the only writer.
+func (s *Server) noteEpoch(e, first uint64) error {
+	h, changed := s.history.Load().Note(e, first)
+	if !changed {
+		return nil
+	}
+	if err := datadir.SaveHistory(s.fs, s.cfg.DataDir, h); err != nil {
+		return err
+	}
+	s.history.Store(&h)
+	if e > s.epoch.Load() {
+		s.epoch.Store(e)
+		s.logger.Info("the log continues in a newer epoch", "epoch", e, "first_lsn", first)
+	}
+	return nil
+}
+
+// resetHistory makes the history that of a log seeded at lsn by a
+// snapshot of epoch e: incomplete before lsn+1.
+func (s *Server) resetHistory(e, lsn uint64) error {
+	h := datadir.History{{Epoch: e, FirstLSN: lsn + 1}}
+	if err := datadir.SaveHistory(s.fs, s.cfg.DataDir, h); err != nil {
+		return err
+	}
+	s.history.Store(&h)
+	s.epoch.Store(e)
+	return nil
+}
+
+// promise raises the vote to v, durably, if v is newer. It reports
+// whether it did. Callers hold voteMu.
+func (s *Server) promiseLocked(v datadir.Vote) (bool, error) {
+	if v.Epoch <= s.vote.Load().Epoch {
+		return false, nil
+	}
+	if err := datadir.SaveVote(s.fs, s.cfg.DataDir, v); err != nil {
+		return false, err
+	}
+	prev := s.vote.Load()
+	s.vote.Store(&v)
+	s.logger.Info("promised a newer epoch", "vote", v.String(), "previous", prev.String())
+	if v.Addr != "" {
+		s.followPrimary(v.Addr)
+	}
+	return true, nil
+}
+
+// followPrimary makes addr the primary to stream from, ending the current stream
+// if it is from somewhere else.
+func (s *Server) followPrimary(addr string) {
+	if old := s.primaryAddr.Swap(&addr); old != nil && *old == addr {
+		return
+	}
+	s.logger.Info("following a new primary", "primary", addr)
+	s.streamMu.Lock()
+	if s.streamCancel != nil {
+		s.streamCancel()
+	}
+	s.streamMu.Unlock()
+}
+
+// primary is the address the replica follows.
+func (s *Server) primary() string { return *s.primaryAddr.Load() }
+
+// replClient returns a client of the primary the replica follows, dialling
+// it if it changed.
+func (s *Server) replClient() (walshipv1.ReplicationServiceClient, error) {
+	addr := s.primary()
+	s.connMu.Lock()
+	defer s.connMu.Unlock()
+	if s.primaryConn != nil && s.connAddr == addr {
+		return s.repl, nil
+	}
+	conn, err := grpc.NewClient(addr, s.dial...)
+	if err != nil {
+		return nil, fmt.Errorf("primary %s: %w", addr, err)
+	}
+	if s.primaryConn != nil {
+		_ = s.primaryConn.Close()
+	}
+	s.primaryConn, s.connAddr, s.repl = conn, addr, walshipv1.NewReplicationServiceClient(conn)
+	return s.repl, nil
+}
+
+// epochServer is the replica's EpochService.
+type epochServer struct {
+	walshipv1.UnimplementedEpochServiceServer
+	s *Server
+}
+
+var nodeIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+
+// Fence promises a newer epoch to a candidate: the replica fsyncs what it
+// has written, persists the promise, stops taking batches of older epochs
+// (the current stream ends) and follows the candidate from then on. It
+// answers with the end of its log either way.
+func (h *epochServer) Fence(ctx context.Context, req *walshipv1.FenceRequest) (*walshipv1.FenceResponse, error) {
+	switch {
+	case req.GetEpoch() == 0:
+		return nil, status.Error(codes.InvalidArgument, "epoch: must be at least 1")
+	case !nodeIDPattern.MatchString(req.GetCandidateId()):
+		return nil, status.Errorf(codes.InvalidArgument, "candidate_id: %q is not 1..64 of [A-Za-z0-9._-]", req.GetCandidateId())
+	case req.GetCandidateAddr() == "":
+		return nil, status.Error(codes.InvalidArgument, "candidate_addr: required (the candidate's advertised gRPC address)")
+	}
+	return h.s.Fence(req)
+}
+
+// Fence is EpochService.Fence (also called directly by a node that
+// promotes this replica's data directory).
+func (s *Server) Fence(req *walshipv1.FenceRequest) (*walshipv1.FenceResponse, error) {
+	s.voteMu.Lock()
+	defer s.voteMu.Unlock()
+	// walMu: no batch is written between the flush and the promise.
+	s.walMu.Lock()
+	defer s.walMu.Unlock()
+	if err := s.wal.Sync(); err != nil {
+		s.metrics.fsyncErrors.Inc()
+		return nil, status.Errorf(codes.Unavailable, "replica %s: wal fsync: %v", s.cfg.ID, err)
+	}
+	resp := s.fenceState()
+	if v := s.vote.Load(); v.Epoch == req.GetEpoch() && v.Primary == req.GetCandidateId() {
+		// The same candidate asking again (a retry): the same answer.
+		resp.Granted, resp.Epoch, resp.PrimaryId, resp.PrimaryAddr = true, v.Epoch, v.Primary, v.Addr
+		return resp, nil
+	}
+	granted, err := s.promiseLocked(datadir.Vote{Epoch: req.GetEpoch(), Primary: req.GetCandidateId(), Addr: req.GetCandidateAddr()})
+	if err != nil {
+		s.metrics.fsyncErrors.Inc()
+		return nil, status.Errorf(codes.Unavailable, "replica %s: save the vote: %v", s.cfg.ID, err)
+	}
+	v := s.vote.Load()
+	resp.Granted, resp.Epoch, resp.PrimaryId, resp.PrimaryAddr = granted, v.Epoch, v.Primary, v.Addr
+	if granted {
+		s.metrics.fences.Inc()
+	}
+	return resp, nil
+}
+
+// fenceState describes the replica's log for a FenceResponse.
+func (s *Server) fenceState() *walshipv1.FenceResponse {
+	h := *s.history.Load()
+	resp := &walshipv1.FenceResponse{
+		Id:                s.cfg.ID,
+		LastEpoch:         s.epoch.Load(),
+		LastLsn:           s.wal.DurableLSN(),
+		History:           historyProto(h),
+		AppliedLsn:        s.appliedLSN(),
+		PrimaryDurableLsn: s.primaryDurableSeen.Load(),
+		PrimaryLastLsn:    s.lag.primaryLSN(),
+	}
+	if c := s.lag.lastContactTime(); !c.IsZero() {
+		resp.SincePrimaryContact = durationpb.New(time.Since(c))
+	}
+	if rec, err := kvapi.EpochRecord(s.store.Load().Snapshot()); err == nil && rec != nil {
+		resp.Contract = rec.GetContract()
+	}
+	return resp
+}
+
+func historyProto(h datadir.History) []*walshipv1.EpochStart {
+	out := make([]*walshipv1.EpochStart, len(h))
+	for i, e := range h {
+		out[i] = &walshipv1.EpochStart{Epoch: e.Epoch, FirstLsn: e.FirstLSN}
+	}
+	return out
+}
+
+// LogPosition describes the replica's log: the end of what it holds
+// durably, the epoch of its newest entry, and its history.
+func (s *Server) LogPosition() (last, epoch uint64, h datadir.History) {
+	return s.wal.DurableLSN(), s.epoch.Load(), *s.history.Load()
+}
+
+// Vote is the replica's current promise.
+func (s *Server) Vote() datadir.Vote { return *s.vote.Load() }
+
+// notPrimaryReason is the ErrorInfo reason of a refusal by a node that is
+// not the primary; its metadata names the one it knows.
+const notPrimaryReason = "NOT_PRIMARY"
+
+// NotPrimary is the error a node that is not the primary answers
+// replication with: FAILED_PRECONDITION, with an ErrorInfo naming the
+// primary it knows (metadata primary_id, primary_addr, epoch), so that a
+// replica that asked finds the current primary.
+func NotPrimary(who string, v datadir.Vote) error {
+	st := status.Newf(codes.FailedPrecondition, "%s is not the primary; the primary of epoch %d is %s at %s", who, v.Epoch, v.Primary, v.Addr)
+	if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: notPrimaryReason, Domain: "walship.io",
+		Metadata: map[string]string{"primary_id": v.Primary, "primary_addr": v.Addr, "epoch": strconv.FormatUint(v.Epoch, 10)}}); err == nil {
+		st = d
+	}
+	return st.Err()
+}
+
+// primaryFrom reads a NotPrimary refusal (ok false for any other error).
+func primaryFrom(err error) (datadir.Vote, bool) {
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.FailedPrecondition {
+		return datadir.Vote{}, false
+	}
+	for _, d := range st.Details() {
+		if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.GetReason() == notPrimaryReason {
+			e, err := strconv.ParseUint(ei.GetMetadata()["epoch"], 10, 64)
+			if err != nil || ei.GetMetadata()["primary_addr"] == "" {
+				return datadir.Vote{}, false
+			}
+			return datadir.Vote{Epoch: e, Primary: ei.GetMetadata()["primary_id"], Addr: ei.GetMetadata()["primary_addr"]}, true
+		}
+	}
+	return datadir.Vote{}, false
+}
+
+// replServer is the replica's ReplicationService: a replica is not a
+// primary, and names the one it knows.
+type replServer struct {
+	walshipv1.UnimplementedReplicationServiceServer
+	s *Server
+}
+
+func (r *replServer) Stream(walshipv1.ReplicationService_StreamServer) error {
+	return NotPrimary("replica "+r.s.cfg.ID, r.s.Vote())
+}
+
+func (r *replServer) Snapshot(*walshipv1.SnapshotRequest, walshipv1.ReplicationService_SnapshotServer) error {
+	return NotPrimary("replica "+r.s.cfg.ID, r.s.Vote())
+}
+
+// logServer serves the replica's own log, as a log store serves its: a
+// candidate whose most advanced peer is this replica copies the tail it
+// lacks from here.
+type logServer struct {
+	walshipv1.UnimplementedLogStoreServiceServer
+	s *Server
+}
+
+// Read streams the replica's durable WAL entries from from_lsn to to_lsn
+// (or its end). follow is not supported.
+func (l *logServer) Read(req *walshipv1.ReadRequest, stream walshipv1.LogStoreService_ReadServer) error {
+	s := l.s
+	if req.GetFollow() {
+		return status.Error(codes.InvalidArgument, "follow: a replica serves its log up to its end only")
+	}
+	from, to := req.GetFromLsn(), req.GetToLsn()
+	if from == 0 {
+		return status.Error(codes.InvalidArgument, "from_lsn: must be at least 1")
+	}
+	end := s.wal.DurableLSN()
+	if to == 0 || to > end {
+		to = end
+	}
+	if from > to {
+		return nil
+	}
+	rd, err := s.wal.NewReader(from, true)
+	if errors.Is(err, wal.ErrCompacted) {
+		return status.Errorf(codes.OutOfRange, "from_lsn: LSN %d is no longer in replica %s's WAL (first LSN %d)", from, s.cfg.ID, s.wal.FirstLSN())
+	}
+	if err != nil {
+		return status.Errorf(codes.Internal, "read wal from LSN %d: %v", from, err)
+	}
+	defer rd.Close()
+	for {
+		e, err := rd.Next(stream.Context())
+		if err != nil {
+			return status.FromContextError(err).Err()
+		}
+		var env walshipv1.WalBatch
+		if err := envelope.Unmarshal(e.Data, &env); err != nil {
+			return status.Errorf(codes.DataLoss, "replica %s: wal entry %d..%d: %v", s.cfg.ID, e.FirstLSN, e.LastLSN, err)
+		}
+		if err := stream.Send(&walshipv1.ReadResponse{Batch: &env}); err != nil {
+			return err
+		}
+		if e.LastLSN >= to {
+			return nil
+		}
+	}
+}
+
+// Status of the replica's log, as a log store reports its.
+func (l *logServer) Status(context.Context, *walshipv1.LogStoreServiceStatusRequest) (*walshipv1.LogStoreServiceStatusResponse, error) {
+	s := l.s
+	v := s.Vote()
+	return &walshipv1.LogStoreServiceStatusResponse{FirstLsn: s.wal.FirstLSN(), DurableLsn: s.wal.DurableLSN(), Epoch: v.Epoch,
+		LastEpoch: s.epoch.Load(), History: historyProto(*s.history.Load()), VoteEpoch: v.Epoch, PrimaryId: v.Primary, PrimaryAddr: v.Addr}, nil
+}
+
+// learnPrimary takes a NotPrimary refusal's word for who the primary is,
+// if it names a newer epoch than promised (or the same one's primary).
+func (s *Server) learnPrimary(err error) bool {
+	v, ok := primaryFrom(err)
+	if !ok {
+		return false
+	}
+	s.voteMu.Lock()
+	defer s.voteMu.Unlock()
+	cur := s.vote.Load()
+	switch {
+	case v.Epoch > cur.Epoch:
+		if _, err := s.promiseLocked(v); err != nil {
+			s.logger.Warn("cannot save the vote for the primary a peer named", "vote", v.String(), "err", err)
+			return false
+		}
+	case v.Epoch == cur.Epoch && v.Addr != s.primary():
+		s.followPrimary(v.Addr)
+	default:
+		return false
+	}
+	s.logger.Info("a node that is not the primary named the primary", "vote", v.String())
+	return true
+}
+
+// askLogStore asks the log store which epoch it has promised and to whom,
+// and follows that primary if it is newer than this replica's promise.
+func (s *Server) askLogStore(ctx context.Context) {
+	if s.logstore == nil {
+		return
+	}
+	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	st, err := s.logstore.Status(actx, &walshipv1.LogStoreServiceStatusRequest{})
+	if err != nil || st.GetPrimaryAddr() == "" {
+		return
+	}
+	v := datadir.Vote{Epoch: st.GetVoteEpoch(), Primary: st.GetPrimaryId(), Addr: st.GetPrimaryAddr()}
+	s.voteMu.Lock()
+	defer s.voteMu.Unlock()
+	if v.Epoch > s.vote.Load().Epoch {
+		if _, err := s.promiseLocked(v); err == nil {
+			s.logger.Info("the log store named a newer primary", "vote", v.String())
+		}
+	}
+}
