@@ -1,6 +1,7 @@
 package datadir
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -12,7 +13,10 @@ import (
 	"strings"
 	"time"
 
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/envelope"
 	"github.com/walship/walship/internal/vfs"
+	"github.com/walship/walship/internal/wal"
 )
 
 // Orphan is a file of log entries a node cut from its log because the
@@ -151,4 +155,44 @@ func decodeOrphan(name string, b []byte) ([]OrphanEntry, error) {
 		off += 20 + int(n)
 	}
 	return out, nil
+}
+
+// OrphanTail saves every entry of log after keep in a new orphan file,
+// before the caller cuts them, and returns it and the number of records
+// the entries hold. keep must end an entry. The caller holds the log's
+// writer side.
+func OrphanTail(fsys vfs.FS, dir string, log *wal.Log, keep uint64, now time.Time) (Orphan, uint64, error) {
+	if log.LastLSN() <= keep {
+		return Orphan{}, 0, nil
+	}
+	rd, err := log.NewReader(keep+1, false)
+	if err != nil {
+		return Orphan{}, 0, fmt.Errorf("read the entries to cut after LSN %d: %w", keep, err)
+	}
+	defer rd.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var out []OrphanEntry
+	var epoch uint64
+	for len(out) == 0 || out[len(out)-1].LastLSN < log.LastLSN() {
+		e, err := rd.Next(ctx)
+		if err != nil {
+			return Orphan{}, 0, fmt.Errorf("read the entries to cut after LSN %d: %w", keep, err)
+		}
+		if len(out) == 0 {
+			var env walshipv1.WalBatch
+			if envelope.Unmarshal(e.Data, &env) == nil {
+				epoch = env.GetEpoch()
+			}
+		}
+		out = append(out, OrphanEntry{FirstLSN: e.FirstLSN, LastLSN: e.LastLSN, Data: append([]byte(nil), e.Data...)})
+	}
+	if out[0].FirstLSN != keep+1 {
+		return Orphan{}, 0, fmt.Errorf("a cut after LSN %d falls inside the entry %d..%d", keep, out[0].FirstLSN, out[0].LastLSN)
+	}
+	o, err := SaveOrphan(fsys, dir, epoch, out, now)
+	if err != nil {
+		return Orphan{}, 0, err
+	}
+	return o, out[len(out)-1].LastLSN - keep, nil
 }

@@ -5,11 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
-	"github.com/walship/walship/internal/envelope"
 	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/wal"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -71,8 +71,6 @@ func checkFence(req *walshipv1.FenceRequest) error {
 		return refuse(rpcerr.ErrInvalid, "epoch: must be at least 1")
 	case !nodeIDPattern.MatchString(req.GetCandidateId()):
 		return refuse(rpcerr.ErrInvalid, "candidate_id: %q is not 1..64 of [A-Za-z0-9._-]", req.GetCandidateId())
-	case req.GetCandidateAddr() == "":
-		return refuse(rpcerr.ErrInvalid, "candidate_addr: required (the candidate's advertised gRPC address)")
 	}
 	return nil
 }
@@ -152,15 +150,11 @@ func (s *Server) cut(lsn uint64) (refused, fatal error) {
 	if lsn < s.wal.FirstLSN()-1 && s.wal.FirstLSN() != 0 {
 		return refuse(errOutOfRange, "truncate_after_lsn: %d is before the first stored LSN %d", lsn, s.wal.FirstLSN()), nil
 	}
-	entries, epoch, err := s.readAfter(lsn)
+	o, records, err := datadir.OrphanTail(s.fs, s.cfg.DataDir, s.wal, lsn, s.now())
 	if err != nil {
-		return nil, fmt.Errorf("read the entries to cut after LSN %d: %w", lsn, err)
-	}
-	if len(entries) > 0 && entries[0].FirstLSN != lsn+1 {
-		return refuse(rpcerr.ErrInvalid, "truncate_after_lsn: %d falls inside the stored batch %d..%d", lsn, entries[0].FirstLSN, entries[0].LastLSN), nil
-	}
-	o, err := datadir.SaveOrphan(s.fs, s.cfg.DataDir, epoch, entries, s.now())
-	if err != nil {
+		if strings.Contains(err.Error(), "falls inside") {
+			return refuse(rpcerr.ErrInvalid, "truncate_after_lsn: %v", err), nil
+		}
 		return nil, err
 	}
 	if err := s.wal.TruncateAfter(lsn); err != nil {
@@ -175,40 +169,9 @@ func (s *Server) cut(lsn uint64) (refused, fatal error) {
 	}
 	s.history.Store(&h)
 	s.logEpoch.Store(h.Current().Epoch)
-	var records uint64
-	for _, e := range entries {
-		records += e.LastLSN - e.FirstLSN + 1
-	}
 	s.orphanedRecords.Add(records)
 	s.metrics.orphaned.Add(float64(records))
 	s.logger.Warn("cut stored entries the primary's history does not have; kept in an orphan file",
-		"truncate_after_lsn", lsn, "to_lsn", last, "orphan", o.Name, "epoch", epoch)
+		"truncate_after_lsn", lsn, "to_lsn", last, "orphan", o.Name, "epoch", o.Epoch)
 	return nil, nil
-}
-
-// readAfter reads every stored entry after lsn, and the epoch of the first.
-func (s *Server) readAfter(lsn uint64) ([]datadir.OrphanEntry, uint64, error) {
-	rd, err := s.wal.NewReader(lsn+1, false)
-	if err != nil {
-		return nil, 0, err
-	}
-	defer rd.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	var out []datadir.OrphanEntry
-	var epoch uint64
-	for len(out) == 0 || out[len(out)-1].LastLSN < s.wal.LastLSN() {
-		e, err := rd.Next(ctx)
-		if err != nil {
-			return nil, 0, err
-		}
-		if len(out) == 0 {
-			var env walshipv1.WalBatch
-			if err := envelope.Unmarshal(e.Data, &env); err == nil {
-				epoch = env.GetEpoch()
-			}
-		}
-		out = append(out, datadir.OrphanEntry{FirstLSN: e.FirstLSN, LastLSN: e.LastLSN, Data: append([]byte(nil), e.Data...)})
-	}
-	return out, epoch, nil
 }

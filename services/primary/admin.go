@@ -8,6 +8,7 @@ import (
 	"github.com/walship/walship/internal/rpcerr"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // adminServer is the primary's AdminService.
@@ -17,7 +18,11 @@ type adminServer struct {
 }
 
 func (a *adminServer) Status(context.Context, *walshipv1.StatusRequest) (*walshipv1.StatusResponse, error) {
-	return a.s.Status(), nil
+	resp := a.s.Status()
+	if h := a.s.cfg.StatusHook; h != nil {
+		h(resp)
+	}
+	return resp, nil
 }
 
 // Status reports the primary's positions, state digest and peers.
@@ -26,7 +31,7 @@ func (s *Server) Status() *walshipv1.StatusResponse {
 	last := s.wal.LastLSN()
 	resp := &walshipv1.StatusResponse{
 		Role:          walshipv1.Role_ROLE_PRIMARY,
-		Id:            "primary",
+		Id:            s.cfg.ID,
 		Epoch:         s.epoch,
 		LastLsn:       last,
 		DurableLsn:    s.wal.DurableLSN(),
@@ -38,6 +43,14 @@ func (s *Server) Status() *walshipv1.StatusResponse {
 		Keys:          uint64(v.Len()),
 		DefaultPolicy: s.policy.Load().Proto(),
 		Serving:       s.srv.Serving(),
+		PrimaryId:     s.cfg.ID,
+		Primary:       s.Advertise(),
+		VoteEpoch:     s.vote.Load().Epoch,
+		Contract:      s.contract(),
+		History:       historyProto(s.epochs),
+	}
+	if s.lease.quorum > 0 {
+		resp.LeaseRemaining = durationpb.New(s.lease.remaining())
 	}
 	replicas, logstores := s.peers.snapshot()
 	for _, r := range replicas {

@@ -2,6 +2,7 @@ package primary
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"slices"
@@ -485,7 +486,13 @@ func (s *Server) fail(err error, inflight []*txn) {
 	if s.broken == nil {
 		s.broken = err
 		close(s.failed)
-		s.logger.Error("WAL failed; refusing writes until restart", "err", err)
+		if s.killAlive != nil {
+			s.killAlive()
+		}
+		var deposed *DeposedError
+		if !errors.As(err, &deposed) {
+			s.logger.Error("WAL failed; refusing writes until restart", "err", err)
+		}
 	}
 	queued := s.queue
 	s.queue = nil
@@ -517,8 +524,9 @@ func (s *Server) fail(err error, inflight []*txn) {
 func (s *Server) await(t *txn) error {
 	err := <-t.local
 	if err != nil {
-		// The WAL is broken; nothing after this becomes visible.
-		return fmt.Errorf("%w: commit LSN %d not durable: %v", rpcerr.ErrUnavailable, t.commitLSN, err)
+		// The WAL is broken, or the primary deposed; nothing after this
+		// becomes visible here.
+		return fmt.Errorf("%w: commit LSN %d: outcome unknown: %v", rpcerr.ErrUnavailable, t.commitLSN, err)
 	}
 	err = s.awaitPeers(t)
 	shown, rerr := s.resolve(t)
@@ -541,7 +549,7 @@ func (s *Server) awaitPeers(t *txn) error {
 		t.policy.LogStore != walshipv1.LogStoreAck_LOG_STORE_ACK_SYNC {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), t.policy.SyncTimeout)
+	ctx, cancel := context.WithTimeout(s.alive, t.policy.SyncTimeout)
 	defer cancel()
 	if t.policy.Replication == walshipv1.ReplicationMode_REPLICATION_MODE_SYNC {
 		if err := s.peers.waitReplicas(ctx, t.commitLSN, t.policy.SyncReplicas, t.policy.SyncLevel); err != nil {

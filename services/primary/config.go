@@ -7,8 +7,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/vfs"
 	"github.com/walship/walship/pkg/codec"
+	"google.golang.org/grpc"
 )
 
 // Config configures a primary.
@@ -41,6 +43,27 @@ type Config struct {
 	// Codec encodes WAL batches.
 	Codec codec.Codec
 
+	// ID names this node among the cluster's data nodes (1..64 of
+	// [A-Za-z0-9._-]; default "primary").
+	ID string
+	// Advertise is the gRPC address other nodes and clients reach this
+	// node at (default: the address it listens on).
+	Advertise string
+	// Members are the cluster's data nodes, this one among them. Only the
+	// other members' acks count for synchronous commits, and a promotion
+	// needs answers from enough of them (the contract, stamped in every
+	// epoch record). Empty: every replica counts, and a replica cannot be
+	// promoted by an epoch vote.
+	Members []Member
+	// LeaseTimeout is how long the primary answers reads and writes
+	// without hearing from a majority of the log stores (only with log
+	// stores); a candidate waits it out before it opens.
+	LeaseTimeout time.Duration
+	// Elected is an epoch a node has already won for this directory: the
+	// primary begins it without an election.
+	Elected *Elected
+	// Register adds services to the primary's gRPC server.
+	Register []func(*grpc.Server)
 	// LogStores are the log store addresses the WAL is shipped to.
 	LogStores []string
 	// HeartbeatInterval is how often an idle stream carries a heartbeat.
@@ -63,7 +86,18 @@ type Config struct {
 	Registry *prometheus.Registry
 	// StopTimeout bounds the graceful stop.
 	StopTimeout time.Duration
+	// StreamGrace is how long long-lived streams go on after a graceful
+	// stop begins (0: 1 s); a node switching roles sets it short.
+	StreamGrace time.Duration
+	// StatusHook adds to every AdminService.Status answer (a node adds
+	// its failover timeline).
+	StatusHook func(*walshipv1.StatusResponse)
 }
+
+// DefaultLeaseTimeout is the primary's default lease: long enough that a
+// loaded machine does not drop it between heartbeats (sent every quarter of
+// it), short enough that a failover waits little for it.
+const DefaultLeaseTimeout = time.Second
 
 // Limits from the API contract (proto/walship/v1/kv.proto).
 const (
@@ -86,6 +120,7 @@ func DefaultConfig() Config {
 		MaxTxnOps:          DefaultTxnOps,
 		Codec:              codec.MsgPack,
 		HeartbeatInterval:  time.Second,
+		LeaseTimeout:       DefaultLeaseTimeout,
 		WALRetentionBytes:  1 << 30,
 		MaxReplicaLagBytes: 256 << 20,
 		StopTimeout:        30 * time.Second,
@@ -124,6 +159,22 @@ func (c *Config) Validate() error {
 	}
 	if c.HeartbeatInterval <= 0 || c.HeartbeatInterval > time.Minute {
 		errs = append(errs, fmt.Errorf("--heartbeat-interval: %v is not in (0, 1m]", c.HeartbeatInterval))
+	}
+	if c.LeaseTimeout < 0 || c.LeaseTimeout > time.Minute {
+		errs = append(errs, fmt.Errorf("--lease-timeout: %v is not in (0, 1m]", c.LeaseTimeout))
+	}
+	if c.ID != "" && !replicaIDPattern.MatchString(c.ID) {
+		errs = append(errs, fmt.Errorf("--id: %q is not 1..64 of [A-Za-z0-9._-]", c.ID))
+	}
+	ids := map[string]bool{}
+	for _, m := range c.Members {
+		if !replicaIDPattern.MatchString(m.ID) || m.Addr == "" || ids[m.ID] {
+			errs = append(errs, fmt.Errorf("--peers: %s=%s: want id=address, each id once", m.ID, m.Addr))
+		}
+		ids[m.ID] = true
+	}
+	if len(c.Members) > 0 && c.ID != "" && !ids[c.ID] {
+		errs = append(errs, fmt.Errorf("--peers: this node's --id %q is not among them", c.ID))
 	}
 	if c.ReplicaTimeout < 0 {
 		errs = append(errs, fmt.Errorf("--replica-timeout: %v must not be negative", c.ReplicaTimeout))

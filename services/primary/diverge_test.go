@@ -8,6 +8,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/vfs"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
@@ -184,96 +185,12 @@ func TestEarlyShippingAndDivergence(t *testing.T) {
 	// The history survives another restart and keeps its order.
 	r.stop(t)
 	start(t, cfg)
-	h, err := loadEpochs(mem, epochsPath(cfg.DataDir))
-	if err != nil || len(h) != 3 || h[0].firstLSN != 1 || h[1].firstLSN != durable.Lsn+1 || h[2].firstLSN != next.Lsn+1 {
+	h, err := datadir.LoadHistory(mem, cfg.DataDir)
+	if err != nil || len(h) != 3 || h[0].FirstLSN != 1 || h[1].FirstLSN != durable.Lsn+1 || h[2].FirstLSN != next.Lsn+1 {
 		t.Fatalf("epoch history = %v, %v", h, err)
 	}
 }
 
 func helloMsg(id string, epoch, next uint64) *walshipv1.StreamRequest {
 	return &walshipv1.StreamRequest{Msg: &walshipv1.StreamRequest_Hello{Hello: &walshipv1.ReplicaHello{ReplicaId: id, Epoch: epoch, NextLsn: next}}}
-}
-
-func TestEpochHistory(t *testing.T) {
-	var h epochHistory
-	h = h.begin(0, 1)  // a fresh primary
-	h = h.begin(1, 10) // restarted with LSNs 1..9
-	h = h.begin(5, 10) // a log holding a newer epoch than the history (from a snapshot, say)
-	h = h.begin(0, 25)
-	want := epochHistory{{1, 1}, {2, 10}, {6, 10}, {7, 25}}
-	if len(h) != len(want) {
-		t.Fatalf("history %v, want %v", h, want)
-	}
-	for i := range want {
-		if h[i] != want[i] {
-			t.Fatalf("history %v, want %v", h, want)
-		}
-	}
-	for _, tc := range []struct {
-		epoch, keep uint64
-		ok          bool
-	}{{0, 0, true}, {1, 9, true}, {2, 9, true}, {5, 9, true}, {6, 24, true}, {7, 0, false}} {
-		if keep, ok := h.keepUpTo(tc.epoch); keep != tc.keep || ok != tc.ok {
-			t.Errorf("keepUpTo(%d) = %d, %v; want %d, %v", tc.epoch, keep, ok, tc.keep, tc.ok)
-		}
-	}
-	mem := vfs.NewMem()
-	if err := mem.MkdirAll("/d", 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := vfs.WriteFileAtomic(mem, "/d/epochs", h.marshal()); err != nil {
-		t.Fatal(err)
-	}
-	got, err := loadEpochs(mem, "/d/epochs")
-	if err != nil || len(got) != len(h) || got[3] != h[3] {
-		t.Fatalf("loaded %v, %v; want %v", got, err, h)
-	}
-	for _, bad := range []string{"1\n", "x 1\n", "2 5\n1 6\n", "1 5\n2 4\n"} {
-		if err := vfs.WriteFileAtomic(mem, "/d/epochs", []byte(bad)); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := loadEpochs(mem, "/d/epochs"); err == nil {
-			t.Errorf("loadEpochs(%q) = nil error", bad)
-		}
-	}
-}
-
-// FuzzLoadEpochs: any file content either loads as a valid history (epochs
-// increasing, first LSNs not decreasing) that round-trips through marshal,
-// or fails with an error; never a panic.
-func FuzzLoadEpochs(f *testing.F) {
-	f.Add([]byte("1 1\n2 10\n"))
-	f.Add([]byte("1 1\n1 2\n"))
-	f.Add([]byte(" 3 7 \n\n"))
-	f.Add([]byte("18446744073709551615 18446744073709551615\n"))
-	f.Fuzz(func(t *testing.T, data []byte) {
-		mem := vfs.NewMem()
-		if err := mem.MkdirAll("/d", 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := vfs.WriteFile(mem, "/d/epochs", data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		h, err := loadEpochs(mem, "/d/epochs")
-		if err != nil {
-			return
-		}
-		for i := 1; i < len(h); i++ {
-			if h[i].epoch <= h[i-1].epoch || h[i].firstLSN < h[i-1].firstLSN {
-				t.Fatalf("loaded a history out of order: %v", h)
-			}
-		}
-		if err := vfs.WriteFile(mem, "/d/epochs", h.marshal(), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		again, err := loadEpochs(mem, "/d/epochs")
-		if err != nil || len(again) != len(h) {
-			t.Fatalf("round trip of %v: %v, %v", h, again, err)
-		}
-		for i := range h {
-			if again[i] != h[i] {
-				t.Fatalf("round trip of %v: %v", h, again)
-			}
-		}
-	})
 }

@@ -21,11 +21,32 @@ type kvServer struct {
 }
 
 func (k *kvServer) Get(ctx context.Context, req *walshipv1.GetRequest) (*walshipv1.GetResponse, error) {
-	return k.s.reads.Get(ctx, req)
+	if err := k.s.serving(); err != nil {
+		return nil, err
+	}
+	resp, err := k.s.reads.Get(ctx, req)
+	if err == nil {
+		// Read under the lease: a deposed primary's reads could be stale.
+		err = k.s.serving()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
 }
 
 func (k *kvServer) Scan(ctx context.Context, req *walshipv1.ScanRequest) (*walshipv1.ScanResponse, error) {
-	return k.s.reads.Scan(ctx, req)
+	if err := k.s.serving(); err != nil {
+		return nil, err
+	}
+	resp, err := k.s.reads.Scan(ctx, req)
+	if err == nil {
+		err = k.s.serving()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
 }
 
 func (k *kvServer) Put(ctx context.Context, req *walshipv1.PutRequest) (*walshipv1.PutResponse, error) {
@@ -33,6 +54,9 @@ func (k *kvServer) Put(ctx context.Context, req *walshipv1.PutRequest) (*walship
 		return nil, err
 	}
 	if err := k.s.validateValue("value", req.GetValue()); err != nil {
+		return nil, err
+	}
+	if err := k.s.serving(); err != nil {
 		return nil, err
 	}
 	res, err := k.s.exec(ctx, req.GetPolicy(), nil, []op{{kind: codec.OpPut, key: req.GetKey(), value: req.GetValue()}})
@@ -44,6 +68,9 @@ func (k *kvServer) Put(ctx context.Context, req *walshipv1.PutRequest) (*walship
 
 func (k *kvServer) Delete(ctx context.Context, req *walshipv1.DeleteRequest) (*walshipv1.DeleteResponse, error) {
 	if err := kvapi.ValidateKey("key", req.GetKey()); err != nil {
+		return nil, err
+	}
+	if err := k.s.serving(); err != nil {
 		return nil, err
 	}
 	res, err := k.s.exec(ctx, req.GetPolicy(), nil, []op{{kind: codec.OpDelete, key: req.GetKey()}})
@@ -73,6 +100,9 @@ func (k *kvServer) Txn(ctx context.Context, req *walshipv1.TxnRequest) (*walship
 	}
 	failure, err := k.s.convertOps("failure", req.GetFailure())
 	if err != nil {
+		return nil, err
+	}
+	if err := k.s.serving(); err != nil {
 		return nil, err
 	}
 	res, err := k.s.execTxn(ctx, req.GetPolicy(), cmps, success, failure, req.GetSpeculative())
@@ -291,6 +321,9 @@ func (s *Server) execTxn(ctx context.Context, p *walshipv1.CommitPolicy, cmps []
 		if _, err := s.visible.Wait(ctx, res.lsn); err != nil {
 			return execResult{}, status.FromContextError(err).Err()
 		}
+		if !s.lease.valid() {
+			return execResult{}, status.Errorf(codes.Unavailable, "primary lost its lease (no word from a log store majority for %v): it may have been deposed", s.cfg.LeaseTimeout)
+		}
 		return res, nil
 	}
 	t := &txn{policy: pol, local: make(chan error, 1), start: start}
@@ -323,6 +356,11 @@ func (s *Server) execTxn(ctx context.Context, p *walshipv1.CommitPolicy, cmps []
 	s.seqMu.Unlock()
 
 	err = s.await(t)
+	if err == nil && s.opened.Load() && !s.lease.valid() {
+		// In the log, maybe even committed by a new primary: unknown.
+		err = fmt.Errorf("%w: commit LSN %d is in the log, but the primary lost its lease (no word from a log store majority for %v) and may have been deposed: its outcome is unknown",
+			rpcerr.ErrUnavailable, t.commitLSN, s.cfg.LeaseTimeout)
+	}
 	s.metrics.observeCommit(pol, err, time.Since(start))
 	if err != nil {
 		return execResult{}, rpcerr.Status(err)

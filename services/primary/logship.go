@@ -5,14 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/backoff"
+	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/wal"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
 )
 
 // shipLogStore keeps one log store fed: it dials, asks where the log store
@@ -54,9 +58,26 @@ func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceC
 		return fmt.Errorf("status: %w", err)
 	}
 	if st.Epoch > s.epoch {
-		return fmt.Errorf("log store has seen epoch %d, newer than ours (%d): this primary is deposed", st.Epoch, s.epoch)
+		err := &DeposedError{Vote: datadir.Vote{Epoch: st.Epoch, Primary: st.PrimaryId, Addr: st.PrimaryAddr},
+			Why: fmt.Sprintf("log store %s has promised epoch %d", addr, st.Epoch)}
+		s.depose(err)
+		return err
 	}
 	from, durable := st.DurableLsn+1, st.DurableLsn
+	// A stored tail of an epoch this primary's history does not have (a
+	// deposed primary's, never committed) is cut, and kept as an orphan
+	// by the log store.
+	cut := false
+	if keep, all, known := s.epochs.KeepUpTo(st.LastEpoch); st.FirstLsn != 0 && !all {
+		if !known {
+			keep = 0
+		}
+		if keep < st.DurableLsn {
+			s.logger.Warn("the log store holds entries of an epoch this primary's history does not have; asking it to cut them",
+				"logstore", addr, "store_epoch", st.LastEpoch, "store_last_lsn", st.DurableLsn, "truncate_after_lsn", keep)
+			cut, from, durable = true, keep+1, keep
+		}
+	}
 	if st.FirstLsn == 0 {
 		// An empty log store starts at the oldest batch we still have. It
 		// may report a durable LSN even so (a WAL anchored by a segment
@@ -80,6 +101,24 @@ func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceC
 	}
 	s.peers.updateLogStore(addr, func(l *logstorePos) { l.connected, l.durable = true, max(l.durable, durable) })
 	s.logger.Info("shipping to log store", "logstore", addr, "from_lsn", from)
+	// Heartbeats renew the lease: every quarter of it at least, batches or
+	// not; the log store echoes each one's time in its ack, which is mapped
+	// back to the (monotonic) time it was sent.
+	var sentMu sync.Mutex
+	sent := map[int64]time.Time{}
+	heartbeat := func(reply bool) *walshipv1.AppendRequest {
+		now := time.Now()
+		sentMu.Lock()
+		sent[now.UnixNano()] = now
+		for k, t := range sent {
+			if now.Sub(t) > 4*s.cfg.LeaseTimeout {
+				delete(sent, k)
+			}
+		}
+		sentMu.Unlock()
+		return &walshipv1.AppendRequest{Heartbeat: &walshipv1.Heartbeat{Epoch: s.epoch, LastLsn: s.wal.DurableLSN(), TimeUnixNano: now.UnixNano(),
+			ReplyRequested: reply, PrimaryId: s.cfg.ID, PrimaryAddr: s.Advertise()}}
+	}
 	recvDone := make(chan error, 1)
 	go func() {
 		for {
@@ -88,21 +127,48 @@ func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceC
 				recvDone <- err
 				return
 			}
+			if e := ack.GetHeartbeatTimeUnixNano(); e != 0 {
+				sentMu.Lock()
+				t, ok := sent[e]
+				sentMu.Unlock()
+				if ok {
+					s.lease.renew(addr, t)
+				}
+			}
 			s.peers.updateLogStore(addr, func(l *logstorePos) {
 				l.durable = max(l.durable, ack.DurableLsn)
 				l.lastAck = time.Now()
 			})
 		}
 	}()
+	// The first message declares this primary's epoch (the log store
+	// refuses a stream of an older one than it promised), then the cut.
+	first := heartbeat(true)
+	if cut {
+		first.Truncate, first.TruncateAfterLsn = true, durable
+	}
+	if err := stream.Send(first); err != nil {
+		cancel()
+		<-recvDone
+		return err
+	}
+	renewEvery := s.cfg.LeaseTimeout / 4
+	lastBeat := time.Now()
 	sendErr := func() error {
 		want := from // first LSN of the entry to send next
 		for {
+			if time.Since(lastBeat) >= renewEvery {
+				if err := stream.Send(heartbeat(true)); err != nil {
+					return err
+				}
+				lastBeat = time.Now()
+			}
 			var e wal.Entry
 			var err error
 			if s.wal.DurableLSN() >= want {
 				e, err = rd.Next(sctx) // available: no timer needed
 			} else {
-				nctx, ncancel := context.WithTimeout(sctx, s.cfg.HeartbeatInterval)
+				nctx, ncancel := context.WithTimeout(sctx, min(s.cfg.HeartbeatInterval, renewEvery))
 				e, err = rd.Next(nctx)
 				ncancel()
 			}
@@ -111,8 +177,8 @@ func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceC
 			}
 			switch {
 			case errors.Is(err, context.DeadlineExceeded) && sctx.Err() == nil:
-				err = stream.Send(&walshipv1.AppendRequest{Heartbeat: &walshipv1.Heartbeat{
-					Epoch: s.epoch, LastLsn: s.wal.DurableLSN(), TimeUnixNano: time.Now().UnixNano(), ReplyRequested: true}})
+				err = stream.Send(heartbeat(true))
+				lastBeat = time.Now()
 			case err != nil:
 				return err
 			default:
@@ -120,8 +186,8 @@ func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceC
 				// A commit waits (or is about to wait) for the log stores:
 				// ask for the round now, not after the log store's delay.
 				if err == nil && (e.LastLSN <= s.lsWanted.Load() || s.peers.lsWaiting.Load() > 0) {
-					err = stream.Send(&walshipv1.AppendRequest{Heartbeat: &walshipv1.Heartbeat{
-						Epoch: s.epoch, LastLsn: s.wal.DurableLSN(), TimeUnixNano: time.Now().UnixNano(), ReplyRequested: true}})
+					err = stream.Send(heartbeat(true))
+					lastBeat = time.Now()
 				}
 			}
 			if err != nil {
@@ -131,6 +197,14 @@ func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceC
 	}()
 	cancel()
 	rerr := <-recvDone
+	if status.Code(rerr) == codes.FailedPrecondition {
+		// Refused for its epoch: a newer one was promised (or the log store
+		// says so now).
+		if st, err := client.Status(ctx, &walshipv1.LogStoreServiceStatusRequest{}); err == nil && st.Epoch > s.epoch {
+			s.depose(&DeposedError{Vote: datadir.Vote{Epoch: st.Epoch, Primary: st.PrimaryId, Addr: st.PrimaryAddr},
+				Why: fmt.Sprintf("log store %s refused this primary's epoch: %v", addr, rerr)})
+		}
+	}
 	if errors.Is(sendErr, io.EOF) || errors.Is(sendErr, context.Canceled) {
 		// The receive side holds the log store's reason.
 		return rerr

@@ -26,10 +26,15 @@ type metrics struct {
 	replicaOutOfRange prometheus.Counter
 	replicaDiverged   prometheus.Counter
 	snapshotsStreamed prometheus.Counter
+	fences            prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	m := &metrics{reg: reg}
+	m.fences = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "walship_fences_granted_total",
+		Help: "Epochs promised to a candidate (EpochService.Fence granted); a primary that grants one steps down.",
+	})
 	m.commits = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "walship_commits_total",
 		Help: "Write transactions by commit policy and result (ok, or the gRPC code of the failure).",
@@ -49,7 +54,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	})
 	m.fsyncSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "walship_wal_fsync_duration_seconds",
-		Help:    "Duration of the primary's WAL fdatasync calls.",
+		Help:    "Duration of the WAL's fdatasync calls (a primary's: one per group commit).",
 		Buckets: prometheus.ExponentialBuckets(25e-6, 2, 16),
 	})
 	encode := prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -80,7 +85,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	}, func() float64 { return float64(s.wal.Size()) })
 	m.fsyncErrors = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "walship_wal_fsync_errors_total",
-		Help: "Failed WAL fsyncs. One is fatal: the process stops committing and exits.",
+		Help: "Failed WAL fsyncs. One is fatal: the process stops committing or acking and exits (it is never retried).",
 	})
 	m.sentBytes = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "walship_replication_sent_bytes_total",

@@ -24,6 +24,9 @@ type peers struct {
 	replicas  map[string]*replicaPos
 	logstores map[string]*logstorePos
 	quorum    int // log store majority; 0 = no log store configured
+	// eligible are the replicas whose acks count for sync commits (the
+	// members other than this primary); nil: every replica.
+	eligible map[string]bool
 	// replWaiters and lsWaiters are the waiting commits; guarded by mu.
 	replWaiters map[waitClass]*lsnQueue
 	lsWaiters   lsnQueue
@@ -150,12 +153,15 @@ func (p *peers) replicaQuorumLocked(c waitClass) uint64 {
 	var buf [8]uint64
 	pos := buf[:0]
 	for _, r := range p.replicas {
-		if r.connected {
+		if r.connected && p.counts(r.id) {
 			pos = append(pos, r.at(c.level))
 		}
 	}
 	return kthHighest(pos, c.k)
 }
+
+// counts reports whether replica id's acks count for sync commits.
+func (p *peers) counts(id string) bool { return p.eligible == nil || p.eligible[id] }
 
 // logStoreQuorumLocked is the highest LSN a majority of the configured log
 // stores has made durable (0 without log stores).
@@ -224,7 +230,7 @@ func (p *peers) waitReplicas(ctx context.Context, lsn uint64, k int, level walsh
 	}
 	have, connected := 0, 0
 	for _, r := range p.replicas {
-		if r.connected {
+		if r.connected && p.counts(r.id) {
 			connected++
 			if r.at(level) >= lsn {
 				have++

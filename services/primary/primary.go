@@ -26,6 +26,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/kvapi"
 	"github.com/walship/walship/internal/recovery"
 	"github.com/walship/walship/internal/serve"
@@ -50,8 +51,20 @@ type Server struct {
 	reads   *kvapi.Reader
 	metrics *metrics
 	peers   *peers
-	epoch   uint64       // this run's epoch: epochs.current()
-	epochs  epochHistory // fixed after recover
+	epoch   uint64          // this run's epoch: epochs.Current()
+	epochs  datadir.History // fixed after recover
+	vote    atomic.Pointer[datadir.Vote]
+	// epochReady is set once the epoch is won and saved: replication
+	// streams are served from then on. opened is set once the epoch record
+	// meets the contract: reads and writes are served from then on.
+	epochReady atomic.Bool
+	opened     atomic.Bool
+	lease      *lease
+	deposeOnce sync.Once
+	// alive is cancelled when the primary fails or is deposed: waits for
+	// peers end with it.
+	alive     context.Context
+	killAlive context.CancelFunc
 
 	policy atomic.Pointer[Policy] // default commit policy
 
@@ -131,11 +144,17 @@ type Server struct {
 // the WAL after it) and listens. Health reports NOT_SERVING until Run has
 // started.
 func New(cfg Config) (*Server, error) {
+	if cfg.ID == "" {
+		cfg.ID = "primary"
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if cfg.ReplicaTimeout == 0 {
 		cfg.ReplicaTimeout = 10 * cfg.HeartbeatInterval
+	}
+	if cfg.LeaseTimeout == 0 {
+		cfg.LeaseTimeout = DefaultLeaseTimeout
 	}
 	s := &Server{
 		cfg:      cfg,
@@ -168,6 +187,18 @@ func New(cfg Config) (*Server, error) {
 	if n := len(cfg.LogStores); n > 0 {
 		s.peers.quorum = n/2 + 1
 	}
+	s.lease = newLease(cfg.LeaseTimeout, s.peers.quorum)
+	if len(cfg.Members) > 0 {
+		s.peers.eligible = map[string]bool{}
+		for _, m := range cfg.Members {
+			if m.ID != cfg.ID {
+				s.peers.eligible[m.ID] = true
+			}
+		}
+	}
+	s.alive, s.killAlive = context.WithCancel(context.Background())
+	nv := datadir.Vote{}
+	s.vote.Store(&nv)
 	if err := s.recover(); err != nil {
 		return nil, err
 	}
@@ -181,10 +212,15 @@ func New(cfg Config) (*Server, error) {
 		Registry:        reg,
 		Logger:          s.logger,
 		StopTimeout:     cfg.StopTimeout,
+		StreamGrace:     cfg.StreamGrace,
 	}, func(g *grpc.Server) {
 		walshipv1.RegisterKVServiceServer(g, &kvServer{s: s})
 		walshipv1.RegisterAdminServiceServer(g, &adminServer{s: s})
 		walshipv1.RegisterReplicationServiceServer(g, &replServer{s: s})
+		walshipv1.RegisterEpochServiceServer(g, &epochServer{s: s})
+		for _, r := range cfg.Register {
+			r(g)
+		}
 	})
 	if err != nil {
 		_ = s.wal.Close()
@@ -209,26 +245,13 @@ func (s *Server) recover() error {
 	s.nextLSN = s.store.AppliedLSN() + 1
 	s.nextTxn = s.store.AppliedLSN() + 1 // txn ids only need to be unique and increasing
 	s.visible.Advance(s.store.AppliedLSN())
-	if err := s.beginEpoch(res.Epoch); err != nil {
+	if err := s.proposeEpoch(res.Epoch); err != nil {
 		_ = s.wal.Close()
 		return err
 	}
-	return nil
-}
-
-// beginEpoch starts this run's epoch at the next LSN and makes it durable
-// before anything of it is written or sent (see epochs.go).
-func (s *Server) beginEpoch(seen uint64) error {
-	path := epochsPath(s.cfg.DataDir)
-	h, err := loadEpochs(s.fs, path)
-	if err != nil {
-		return err
+	if v, err := datadir.LoadVote(s.fs, s.cfg.DataDir); err == nil {
+		s.vote.Store(&v)
 	}
-	h = h.begin(seen, s.nextLSN)
-	if err := vfs.WriteFileAtomic(s.fs, path, h.marshal()); err != nil {
-		return fmt.Errorf("save epoch history: %w", err)
-	}
-	s.epochs, s.epoch = h, h.current().epoch
 	return nil
 }
 
@@ -240,9 +263,35 @@ func (s *Server) MetricsAddr() string { return s.srv.MetricsAddr() }
 
 // Run serves until ctx is done, then stops gracefully: new writes are
 // refused, in-flight commits finish, the WAL is synced, a snapshot is taken
-// and the WAL closed. It returns a fatal error (a WAL write or fsync
-// failure) if one stopped the primary.
+// and the WAL closed. It first wins its epoch (elect; a *DeposedError if a
+// newer one exists) and opens for reads and writes once its epoch record
+// meets the contract. It returns a fatal error (a WAL write or fsync
+// failure, a deposition) if one stopped the primary.
 func (s *Server) Run(ctx context.Context) error {
+	serveCtx, stopServe := context.WithCancel(ctx)
+	defer stopServe()
+	serveDone := make(chan error, 1)
+	go func() {
+		serveDone <- s.srv.Serve(serveCtx, func() {
+			s.seqMu.Lock()
+			s.stopping = true
+			s.seqMu.Unlock()
+		})
+	}()
+	if err := s.elect(ctx); err == nil {
+		err = s.saveEpoch()
+	} else if !errors.Is(err, context.Canceled) || ctx.Err() == nil {
+		// Deposed while down, or the epoch could not be saved: nothing
+		// was served but Status and health.
+		stopServe()
+		<-serveDone
+		_ = s.wal.Close()
+		s.metrics.unregister()
+		s.killAlive()
+		return err
+	}
+	s.epochReady.Store(true)
+
 	commitCtx, stopCommitter := context.WithCancel(context.Background())
 	defer stopCommitter()
 	committerDone := make(chan error, 1)
@@ -266,25 +315,22 @@ func (s *Server) Run(ctx context.Context) error {
 		shippers.Add(1)
 		go func() { defer shippers.Done(); s.shipLogStore(shipCtx, addr) }()
 	}
-
-	serveCtx, stopServe := context.WithCancel(ctx)
-	defer stopServe()
-	serveDone := make(chan error, 1)
+	openCtx, stopOpen := context.WithCancel(serveCtx)
+	openDone := make(chan struct{})
 	go func() {
-		serveDone <- s.srv.Serve(serveCtx, func() {
-			s.seqMu.Lock()
-			s.stopping = true
-			s.seqMu.Unlock()
-		})
+		defer close(openDone)
+		if err := s.openEpoch(openCtx); err != nil && openCtx.Err() == nil && s.alive.Err() == nil {
+			s.logger.Error("cannot open the epoch", "epoch", s.epoch, "err", err)
+		}
 	}()
-	s.srv.SetServing(true)
-	s.logger.Info("primary serving", "addr", s.Addr(), "metrics", s.MetricsAddr(), "epoch", s.epoch,
+	s.logger.Info("primary serving", "addr", s.Addr(), "metrics", s.MetricsAddr(), "epoch", s.epoch, "id", s.cfg.ID,
 		"visible_lsn", s.visible.Load(), "durability", s.cfg.Policy.Durability.String())
 
 	var serveErr, fatal error
 	select {
 	case fatal = <-committerDone:
-		// The WAL failed: every waiter already has the error. Stop serving.
+		// The WAL failed, or the primary was deposed: every waiter already
+		// has the error. Stop serving.
 		stopServe()
 		serveErr = <-serveDone
 	case serveErr = <-serveDone:
@@ -292,6 +338,8 @@ func (s *Server) Run(ctx context.Context) error {
 		stopCommitter()
 		fatal = <-committerDone
 	}
+	stopOpen()
+	<-openDone
 	s.srv.SetServing(false)
 	stopSnap()
 	<-snapDone
@@ -300,6 +348,8 @@ func (s *Server) Run(ctx context.Context) error {
 	// archiving, and sync commits already waited).
 	stopShipping()
 	shippers.Wait()
+	// No snapshot after a deposition: its state may hold a tail the new
+	// primary does not have, which the rejoining replica cuts from its WAL.
 	if fatal == nil {
 		if err := s.takeSnapshot(); err != nil {
 			s.logger.Warn("final snapshot failed", "err", err)
@@ -308,6 +358,7 @@ func (s *Server) Run(ctx context.Context) error {
 	if err := s.wal.Close(); err != nil && !errors.Is(err, wal.ErrClosed) && fatal == nil {
 		fatal = fmt.Errorf("close wal: %w", err)
 	}
+	s.killAlive()
 	s.metrics.unregister()
 	return errors.Join(fatal, serveErr)
 }

@@ -53,11 +53,24 @@ func (r *replServer) Stream(stream walshipv1.ReplicationService_StreamServer) (r
 		return status.Errorf(codes.InvalidArgument, "hello.replica_id: %q is not 1..64 of [A-Za-z0-9._-]", hello.GetReplicaId())
 	case hello.GetNextLsn() == 0:
 		return status.Error(codes.InvalidArgument, "hello.next_lsn: must be at least 1")
+	case !s.epochReady.Load():
+		return status.Errorf(codes.Unavailable, "primary is still winning epoch %d from the log stores", s.epoch)
 	case hello.GetEpoch() > s.epoch:
 		return status.Errorf(codes.FailedPrecondition, "hello.epoch: replica has seen epoch %d, newer than this primary's %d: this primary is deposed", hello.GetEpoch(), s.epoch)
+	case hello.GetFencedEpoch() > s.epoch:
+		// A candidate fenced the replica. The primary does not step down
+		// on a replica's word alone (any client can send a hello): the log
+		// stores the candidate fenced refuse it, and its lease runs out.
+		return status.Errorf(codes.FailedPrecondition, "hello.fenced_epoch: replica has promised epoch %d, newer than this primary's %d: this primary is deposed", hello.GetFencedEpoch(), s.epoch)
 	}
 	id, next := hello.GetReplicaId(), hello.GetNextLsn()
-	if keep, ok := s.epochs.keepUpTo(hello.GetEpoch()); ok && next > keep+1 {
+	keep, all, known := s.epochs.KeepUpTo(hello.GetEpoch())
+	if !known {
+		// The replica's log is of an epoch older than this primary's
+		// history reaches back to: nothing of it can be vouched for.
+		keep = 0
+	}
+	if !all && next > keep+1 {
 		// Sent before they were durable here, then lost by a crash of this
 		// primary: the replica never applied them, so it can cut them.
 		s.metrics.replicaDiverged.Inc()
@@ -335,7 +348,8 @@ const durableUpdateDelay = 5 * time.Millisecond
 // heartbeat reports the primary's last written and durable LSNs.
 func (r *replServer) heartbeat(durable uint64, reply bool) *walshipv1.StreamResponse {
 	return &walshipv1.StreamResponse{DurableLsn: durable, Msg: &walshipv1.StreamResponse_Heartbeat{Heartbeat: &walshipv1.Heartbeat{
-		Epoch: r.s.epoch, LastLsn: r.s.wal.LastLSN(), TimeUnixNano: time.Now().UnixNano(), ReplyRequested: reply}}}
+		Epoch: r.s.epoch, LastLsn: r.s.wal.LastLSN(), TimeUnixNano: time.Now().UnixNano(), ReplyRequested: reply,
+		PrimaryId: r.s.cfg.ID, PrimaryAddr: r.s.Advertise()}}}
 }
 
 func (s *Server) replicaLastAck(id string) time.Time {
@@ -375,6 +389,9 @@ func (r *replServer) Snapshot(req *walshipv1.SnapshotRequest, stream walshipv1.R
 		return status.Errorf(codes.InvalidArgument, "replica_id: %q is not 1..64 of [A-Za-z0-9._-]", id)
 	}
 	s := r.s
+	if err := s.serving(); err != nil {
+		return err
+	}
 	v := s.store.Snapshot()
 	// A replica applies only what the primary has made durable (streamed
 	// batches wait for the durable LSN); a re-seeding snapshot keeps that

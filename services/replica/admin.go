@@ -17,7 +17,11 @@ type adminServer struct {
 }
 
 func (a *adminServer) Status(context.Context, *walshipv1.StatusRequest) (*walshipv1.StatusResponse, error) {
-	return a.s.Status(), nil
+	resp := a.s.Status()
+	if h := a.s.cfg.StatusHook; h != nil {
+		h(resp)
+	}
+	return resp, nil
 }
 
 // Status reports the replica's positions, state digest, catch-up rung and

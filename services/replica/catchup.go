@@ -10,7 +10,6 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
-	"github.com/walship/walship/internal/envelope"
 	"github.com/walship/walship/internal/recovery"
 	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/internal/wal"
@@ -273,39 +272,10 @@ func (s *Server) cutDiverged(keep uint64) (bool, error) {
 // orphanAfter copies the log's entries after keep into an orphan file
 // before they are cut (walMu held): nothing cut is ever deleted.
 func (s *Server) orphanAfter(keep uint64) error {
-	if s.wal.LastLSN() <= keep {
-		return nil
-	}
-	rd, err := s.wal.NewReader(keep+1, false)
-	if err != nil {
-		return fmt.Errorf("read the entries to cut after LSN %d: %w", keep, err)
-	}
-	defer rd.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	var out []datadir.OrphanEntry
-	var epoch uint64
-	for len(out) == 0 || out[len(out)-1].LastLSN < s.wal.LastLSN() {
-		e, err := rd.Next(ctx)
-		if err != nil {
-			return fmt.Errorf("read the entries to cut after LSN %d: %w", keep, err)
-		}
-		if len(out) == 0 {
-			var env walshipv1.WalBatch
-			if envelope.Unmarshal(e.Data, &env) == nil {
-				epoch = env.GetEpoch()
-			}
-		}
-		out = append(out, datadir.OrphanEntry{FirstLSN: e.FirstLSN, LastLSN: e.LastLSN, Data: append([]byte(nil), e.Data...)})
-	}
-	if out[0].FirstLSN != keep+1 {
-		return fmt.Errorf("cut after LSN %d falls inside the entry %d..%d", keep, out[0].FirstLSN, out[0].LastLSN)
-	}
-	o, err := datadir.SaveOrphan(s.fs, s.cfg.DataDir, epoch, out, s.now())
-	if err != nil {
+	o, n, err := datadir.OrphanTail(s.fs, s.cfg.DataDir, s.wal, keep, s.now())
+	if err != nil || n == 0 {
 		return err
 	}
-	n := out[len(out)-1].LastLSN - keep
 	s.metrics.orphaned.Add(float64(n))
 	s.logger.Warn("cut entries the primary's history does not have; kept in an orphan file", "truncate_after_lsn", keep, "records", n, "orphan", o.Name)
 	return nil

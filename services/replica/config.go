@@ -62,6 +62,12 @@ type Config struct {
 	Registry *prometheus.Registry
 	// StopTimeout bounds the graceful stop.
 	StopTimeout time.Duration
+	// StreamGrace is how long long-lived streams go on after a graceful
+	// stop begins (0: 1 s); a node switching roles sets it short.
+	StreamGrace time.Duration
+	// StatusHook adds to every AdminService.Status answer (a node adds
+	// its failover timeline).
+	StatusHook func(*walshipv1.StatusResponse)
 	// Register adds services to the replica's gRPC server (a node adds its
 	// failover RPCs).
 	Register []func(*grpc.Server)

@@ -50,7 +50,9 @@ func (s *Server) loadEpochs(logEpoch uint64) error {
 	s.history.Store(&h)
 	s.vote.Store(&v)
 	addr := s.cfg.Primary
-	if v.Addr != "" {
+	if v.Addr != "" && v.Primary != s.cfg.ID {
+		// The vote's primary, unless that was this node itself (a
+		// primary's directory rejoining as a replica).
 		addr = v.Addr
 	}
 	s.primaryAddr.Store(&addr)
@@ -391,4 +393,14 @@ func (s *Server) askLogStore(ctx context.Context) {
 			s.logger.Info("the log store named a newer primary", "vote", v.String())
 		}
 	}
+}
+
+// EpochRecord is the newest epoch record the replica has applied (nil if
+// none).
+func (s *Server) EpochRecord() *walshipv1.EpochRecord {
+	rec, err := kvapi.EpochRecord(s.store.Load().Snapshot())
+	if err != nil {
+		return nil
+	}
+	return rec
 }

@@ -90,16 +90,16 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	}, []string{"codec"})
 	m.fsyncSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "walship_wal_fsync_duration_seconds",
-		Help:    "Duration of the replica's WAL fdatasync calls.",
+		Help:    "Duration of the WAL's fdatasync calls (a primary's: one per group commit).",
 		Buckets: prometheus.ExponentialBuckets(25e-6, 2, 16),
 	})
 	m.fsyncErrors = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "walship_wal_fsync_errors_total",
-		Help: "Failed WAL fsyncs; one is fatal to the replica (it stops acking and exits).",
+		Help: "Failed WAL fsyncs. One is fatal: the process stops committing or acking and exits (it is never retried).",
 	})
 	m.fences = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "walship_fences_granted_total",
-		Help: "Epochs promised to a candidate (EpochService.Fence granted).",
+		Help: "Epochs promised to a candidate (EpochService.Fence granted); a primary that grants one steps down.",
 	})
 	m.orphaned = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "walship_orphaned_records_total",

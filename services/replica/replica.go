@@ -208,6 +208,7 @@ func New(cfg Config) (*Server, error) {
 		Registry:        reg,
 		Logger:          s.logger,
 		StopTimeout:     cfg.StopTimeout,
+		StreamGrace:     cfg.StreamGrace,
 	}, func(g *grpc.Server) {
 		walshipv1.RegisterKVServiceServer(g, &kvServer{s: s})
 		walshipv1.RegisterAdminServiceServer(g, &adminServer{s: s})

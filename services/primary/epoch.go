@@ -1,0 +1,444 @@
+package primary
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/backoff"
+	"github.com/walship/walship/internal/datadir"
+	"github.com/walship/walship/internal/kvapi"
+	"github.com/walship/walship/internal/rpcerr"
+	"github.com/walship/walship/internal/serve"
+	"github.com/walship/walship/pkg/codec"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// A primary's epoch. The primary begins a new epoch every time it starts,
+// at the LSN after the last one it recovered, and keeps the history of its
+// log in DataDir/epochs (PostgreSQL's timeline history). With log stores it
+// first wins that epoch from a majority of them (elect): each persists the
+// promise and refuses older epochs from then on, so a primary that was
+// deposed while it was down finds the newer epoch and rejoins as a replica
+// (Run returns a DeposedError) instead of taking writes. A node that
+// promoted its data directory has fenced the epoch already (Config.Elected).
+//
+// Before it takes reads or writes, the primary commits the epoch record
+// (kvapi.EpochRecordKey: who, since when, the contract) and waits until it
+// meets the contract; acknowledgements of older entries never count as
+// commits of the new epoch, and nothing of an older epoch is served before
+// the new one is established.
+
+// DeposedError ends a primary that learnt of a newer epoch: a replica or a
+// log store had promised it, or a candidate fenced this primary. Vote is
+// what it learnt (the primary's address may be unknown).
+type DeposedError struct {
+	Vote datadir.Vote
+	Why  string
+}
+
+func (e *DeposedError) Error() string {
+	return fmt.Sprintf("deposed: %s (epoch %d, primary %q at %q)", e.Why, e.Vote.Epoch, e.Vote.Primary, e.Vote.Addr)
+}
+
+// Is makes a DeposedError an rpcerr.ErrUnavailable for the commits it
+// fails: their outcome is unknown.
+func (e *DeposedError) Is(target error) bool { return target == rpcerr.ErrUnavailable }
+
+// Elected is an epoch a node has already won for this data directory.
+type Elected struct {
+	Epoch   uint64
+	History datadir.History // the log's history, with Epoch's line last
+}
+
+// Member is a data node of the cluster.
+type Member struct {
+	ID, Addr string
+}
+
+// proposeEpoch computes the epoch this run begins (not yet saved): seen is
+// the highest epoch in the recovered log.
+func (s *Server) proposeEpoch(seen uint64) error {
+	if e := s.cfg.Elected; e != nil {
+		if cur := e.History.Current(); cur.Epoch != e.Epoch || cur.FirstLSN != s.nextLSN {
+			return fmt.Errorf("elected epoch %d: the history's last line is %v, want epoch %d from LSN %d", e.Epoch, cur, e.Epoch, s.nextLSN)
+		}
+		s.epochs, s.epoch = e.History, e.Epoch
+		return nil
+	}
+	h, err := datadir.LoadHistory(s.fs, s.cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	v, err := datadir.LoadVote(s.fs, s.cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	// A directory a replica wrote may hold a vote newer than its log.
+	h = h.Begin(max(seen, v.Epoch), s.nextLSN)
+	s.epochs, s.epoch = h, h.Current().Epoch
+	return nil
+}
+
+// elect wins this run's epoch from a majority of the log stores, retrying
+// until it does or one of them has promised a newer epoch (a DeposedError)
+// or ctx ends. Without log stores there is nothing to win.
+func (s *Server) elect(ctx context.Context) error {
+	if s.cfg.Elected != nil || len(s.cfg.LogStores) == 0 {
+		return nil
+	}
+	var bo backoff.Backoff
+	req := &walshipv1.FenceRequest{Epoch: s.epoch, CandidateId: s.cfg.ID, CandidateAddr: s.Advertise()}
+	for {
+		granted, newer, answers := s.fenceLogStores(ctx, req)
+		if newer != nil {
+			if err := datadir.SaveVote(s.fs, s.cfg.DataDir, *newer); err != nil {
+				s.logger.Warn("cannot save the vote of the newer epoch", "err", err)
+			}
+			return &DeposedError{Vote: *newer, Why: "a log store has promised a newer epoch: this node was deposed while it was down"}
+		}
+		if granted >= s.peers.quorum {
+			s.logger.Info("won the epoch from the log stores", "epoch", s.epoch, "granted", granted, "of", len(s.cfg.LogStores))
+			return nil
+		}
+		s.logger.Warn("cannot win the epoch from a majority of the log stores yet; retrying", "epoch", s.epoch,
+			"granted", granted, "needed", s.peers.quorum, "answers", strings.Join(answers, "; "))
+		if !bo.Wait(ctx) {
+			return ctx.Err()
+		}
+	}
+}
+
+// fenceLogStores sends req to every log store at once and returns how many
+// granted it, the newest promise a refusal named (nil if none), and a line
+// per log store.
+func (s *Server) fenceLogStores(ctx context.Context, req *walshipv1.FenceRequest) (granted int, newer *datadir.Vote, answers []string) {
+	type answer struct {
+		addr string
+		resp *walshipv1.FenceResponse
+		err  error
+	}
+	ch := make(chan answer, len(s.cfg.LogStores))
+	for _, addr := range s.cfg.LogStores {
+		go func() {
+			resp, err := s.fenceOne(ctx, addr, req)
+			ch <- answer{addr, resp, err}
+		}()
+	}
+	for range s.cfg.LogStores {
+		a := <-ch
+		switch {
+		case a.err != nil:
+			answers = append(answers, fmt.Sprintf("%s: %v", a.addr, a.err))
+		case a.resp.GetGranted():
+			granted++
+			answers = append(answers, a.addr+": granted")
+		default:
+			v := datadir.Vote{Epoch: a.resp.GetEpoch(), Primary: a.resp.GetPrimaryId(), Addr: a.resp.GetPrimaryAddr()}
+			if newer == nil || v.Epoch > newer.Epoch {
+				newer = &v
+			}
+			answers = append(answers, fmt.Sprintf("%s: holds epoch %d for %s", a.addr, v.Epoch, v.Primary))
+		}
+	}
+	sort.Strings(answers)
+	return granted, newer, answers
+}
+
+func (s *Server) fenceOne(ctx context.Context, addr string, req *walshipv1.FenceRequest) (*walshipv1.FenceResponse, error) {
+	conn, err := grpc.NewClient(addr, serve.DialOptions()...)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return walshipv1.NewEpochServiceClient(conn).Fence(fctx, req, grpc.WaitForReady(true))
+}
+
+// saveEpoch makes this run's epoch durable — the history, then the vote
+// for this node — before anything of it is written or sent.
+func (s *Server) saveEpoch() error {
+	if err := datadir.SaveHistory(s.fs, s.cfg.DataDir, s.epochs); err != nil {
+		return err
+	}
+	v := datadir.Vote{Epoch: s.epoch, Primary: s.cfg.ID, Addr: s.Advertise()}
+	s.vote.Store(&v)
+	return datadir.SaveVote(s.fs, s.cfg.DataDir, v)
+}
+
+// contract is the durability contract this run stamps in its epoch
+// record: the default policy's replica and log store waits, the members
+// and the log stores.
+func (s *Server) contract() *walshipv1.Contract {
+	p := s.cfg.Policy
+	c := &walshipv1.Contract{SyncLevel: p.SyncLevel, LogstoreSync: p.LogStore == walshipv1.LogStoreAck_LOG_STORE_ACK_SYNC && len(s.cfg.LogStores) > 0,
+		Logstores: s.cfg.LogStores}
+	if p.Replication == walshipv1.ReplicationMode_REPLICATION_MODE_SYNC {
+		c.SyncReplicas = uint32(p.SyncReplicas)
+	}
+	for _, m := range s.cfg.Members {
+		c.Members = append(c.Members, &walshipv1.Member{Id: m.ID, Addr: m.Addr})
+	}
+	return c
+}
+
+// openEpoch commits the epoch record, waits until it meets the contract
+// and until the primary holds its lease, and opens the primary for reads
+// and writes. It returns when ctx ends or the primary fails first.
+func (s *Server) openEpoch(ctx context.Context) error {
+	if !s.needsRecord() {
+		if err := s.lease.wait(ctx); err != nil {
+			return fmt.Errorf("epoch %d: no lease from the log stores: %w", s.epoch, err)
+		}
+		s.opened.Store(true)
+		s.srv.SetServing(true)
+		return nil
+	}
+	rec := &walshipv1.EpochRecord{Epoch: s.epoch, FirstLsn: s.epochs.Current().FirstLSN, PrimaryId: s.cfg.ID, PrimaryAddr: s.Advertise(),
+		Contract: s.contract(), TimeUnixNano: time.Now().UnixNano()}
+	for _, e := range s.epochs {
+		rec.History = append(rec.History, &walshipv1.EpochStart{Epoch: e.Epoch, FirstLsn: e.FirstLSN})
+	}
+	data, err := proto.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	// The record itself waits for the local fsync only; the contract is
+	// waited for below, without a timeout: the epoch opens when it can.
+	res, err := s.exec(ctx, &walshipv1.CommitPolicy{Durability: walshipv1.Durability_DURABILITY_SYNC,
+		Replication: walshipv1.ReplicationMode_REPLICATION_MODE_DISABLED, Logstore: walshipv1.LogStoreAck_LOG_STORE_ACK_ASYNC},
+		nil, []op{{kind: codec.OpPut, key: kvapi.EpochRecordKey, value: data}})
+	if err != nil {
+		return fmt.Errorf("commit the epoch record: %w", err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(s.alive, cancel)
+	defer stop()
+	c := rec.Contract
+	if k := int(c.SyncReplicas); k > 0 {
+		if err := s.peers.waitReplicas(wctx, res.lsn, k, c.SyncLevel); err != nil {
+			return fmt.Errorf("epoch record at LSN %d: %w", res.lsn, err)
+		}
+	}
+	if c.LogstoreSync {
+		if err := s.peers.waitLogStores(wctx, res.lsn); err != nil {
+			return fmt.Errorf("epoch record at LSN %d: %w", res.lsn, err)
+		}
+	}
+	if err := s.lease.wait(wctx); err != nil {
+		return fmt.Errorf("epoch %d: no lease from the log stores: %w", s.epoch, err)
+	}
+	s.opened.Store(true)
+	s.srv.SetServing(true)
+	s.logger.Info("epoch open", "epoch", s.epoch, "epoch_record_lsn", res.lsn, "contract", c.String())
+	return nil
+}
+
+// needsRecord reports whether this run writes an epoch record: in a
+// cluster of members (where a replica can be promoted and reads the
+// contract from it), when the node was elected by a promotion or the
+// record in the state names another primary or another contract. A
+// primary restarting on its own log under the same contract needs none:
+// every entry of it is its own. A primary without members writes none.
+func (s *Server) needsRecord() bool {
+	if len(s.cfg.Members) == 0 {
+		return false
+	}
+	if s.cfg.Elected != nil {
+		return true
+	}
+	rec, err := kvapi.EpochRecord(s.store.Snapshot())
+	if err != nil || rec == nil {
+		return true
+	}
+	return rec.GetPrimaryId() != s.cfg.ID || rec.GetPrimaryAddr() != s.Advertise() || !proto.Equal(rec.GetContract(), s.contract())
+}
+
+// serving reports why the primary cannot answer reads and writes now (nil
+// if it can): it has not opened its epoch, it lost its lease, it failed or
+// was deposed.
+func (s *Server) serving() error {
+	switch {
+	case s.failedErr() != nil:
+		return status.Errorf(codes.Unavailable, "primary cannot serve: %v", s.failedErr())
+	case !s.opened.Load():
+		return status.Errorf(codes.Unavailable, "primary is opening epoch %d: its epoch record does not meet the contract yet", s.epoch)
+	case !s.lease.valid():
+		return status.Errorf(codes.Unavailable, "primary has not heard from a log store majority for %v (its lease): it may have been deposed", s.cfg.LeaseTimeout)
+	}
+	return nil
+}
+
+func (s *Server) failedErr() error {
+	s.seqMu.Lock()
+	defer s.seqMu.Unlock()
+	return s.broken
+}
+
+// depose ends the primary once: in-flight and later commits fail with an
+// unknown outcome, nothing more is shipped, Run returns err. The vote is
+// saved first (best effort), so that a restart rejoins.
+func (s *Server) depose(err *DeposedError) {
+	s.deposeOnce.Do(func() {
+		if err.Vote.Epoch > s.vote.Load().Epoch {
+			if serr := datadir.SaveVote(s.fs, s.cfg.DataDir, err.Vote); serr != nil {
+				s.logger.Warn("cannot save the vote of the epoch that deposed this primary", "err", serr)
+			}
+		}
+		s.logger.Warn("deposed: stepping down", "why", err.Why, "epoch", s.epoch, "new_epoch", err.Vote.Epoch, "new_primary", err.Vote.Primary)
+		s.fail(err, nil)
+	})
+}
+
+// Advertise is the address other nodes and clients reach this primary at:
+// Config.Advertise, else the address it listens on unless that names no
+// host ("" then: unknown, and nodes keep the address they were given).
+func (s *Server) Advertise() string {
+	if s.cfg.Advertise != "" {
+		return s.cfg.Advertise
+	}
+	addr := s.cfg.Listen
+	if s.srv != nil {
+		addr = s.srv.Addr()
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if ip := net.ParseIP(host); err != nil || host == "" || (ip != nil && ip.IsUnspecified()) {
+		return ""
+	}
+	return addr
+}
+
+// epochServer is the primary's EpochService: a candidate of a newer epoch
+// fences this primary too, and it steps down at once.
+type epochServer struct {
+	walshipv1.UnimplementedEpochServiceServer
+	s *Server
+}
+
+func (h *epochServer) Fence(ctx context.Context, req *walshipv1.FenceRequest) (*walshipv1.FenceResponse, error) {
+	s := h.s
+	switch {
+	case req.GetEpoch() == 0:
+		return nil, status.Error(codes.InvalidArgument, "epoch: must be at least 1")
+	case !replicaIDPattern.MatchString(req.GetCandidateId()):
+		return nil, status.Errorf(codes.InvalidArgument, "candidate_id: %q is not 1..64 of [A-Za-z0-9._-]", req.GetCandidateId())
+	case req.GetCandidateAddr() == "":
+		return nil, status.Error(codes.InvalidArgument, "candidate_addr: required (the candidate's advertised gRPC address)")
+	}
+	resp := &walshipv1.FenceResponse{Id: s.cfg.ID, Primary: true, LastEpoch: s.epoch, History: historyProto(s.epochs)}
+	if req.GetEpoch() <= s.epoch {
+		v := s.vote.Load()
+		resp.Epoch, resp.PrimaryId, resp.PrimaryAddr, resp.LastLsn = v.Epoch, v.Primary, v.Addr, s.wal.DurableLSN()
+		return resp, nil
+	}
+	v := datadir.Vote{Epoch: req.GetEpoch(), Primary: req.GetCandidateId(), Addr: req.GetCandidateAddr()}
+	s.depose(&DeposedError{Vote: v, Why: fmt.Sprintf("fenced by candidate %s", v.Primary)})
+	// Nothing is written after the deposition; what was written is synced
+	// so that the candidate can take it.
+	if err := s.wal.Sync(); err != nil && !errors.Is(err, context.Canceled) {
+		s.logger.Warn("wal sync after stepping down", "err", err)
+	}
+	s.metrics.fences.Inc()
+	resp.Granted, resp.Epoch, resp.PrimaryId, resp.PrimaryAddr, resp.LastLsn = true, v.Epoch, v.Primary, v.Addr, s.wal.DurableLSN()
+	resp.SincePrimaryContact = durationpb.New(0)
+	return resp, nil
+}
+
+func historyProto(h datadir.History) []*walshipv1.EpochStart {
+	out := make([]*walshipv1.EpochStart, len(h))
+	for i, e := range h {
+		out[i] = &walshipv1.EpochStart{Epoch: e.Epoch, FirstLsn: e.FirstLSN}
+	}
+	return out
+}
+
+// lease is how long the primary may answer without hearing again from a
+// majority of the log stores: until the send time of the newest heartbeat
+// a majority has echoed, plus LeaseTimeout. A candidate fences a majority
+// before it promotes itself and then waits out that long (less the time
+// since its answerers last heard from this primary), so a deposed primary
+// stops answering — reads and writes, sync or async — before the new one
+// opens, whatever the network does; it relies only on both machines'
+// clocks running at about the same rate (within 10 %), never on their
+// agreeing on the time. Without log stores there is no lease to lose.
+type lease struct {
+	timeout time.Duration
+	quorum  int // 0: no log stores, always valid
+
+	mu    sync.Mutex
+	echo  map[string]time.Time // per log store: send time of its newest echoed heartbeat
+	until time.Time
+	ch    chan struct{} // closed when until moves
+}
+
+func newLease(timeout time.Duration, quorum int) *lease {
+	return &lease{timeout: timeout, quorum: quorum, echo: map[string]time.Time{}, ch: make(chan struct{})}
+}
+
+// renew records that addr echoed a heartbeat sent at sent.
+func (l *lease) renew(addr string, sent time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !sent.After(l.echo[addr]) {
+		return
+	}
+	l.echo[addr] = sent
+	if len(l.echo) < l.quorum {
+		return
+	}
+	times := make([]time.Time, 0, len(l.echo))
+	for _, t := range l.echo {
+		times = append(times, t)
+	}
+	sort.Slice(times, func(i, j int) bool { return times[i].After(times[j]) })
+	if u := times[l.quorum-1].Add(l.timeout); u.After(l.until) {
+		l.until = u
+		close(l.ch)
+		l.ch = make(chan struct{})
+	}
+}
+
+func (l *lease) valid() bool {
+	if l.quorum == 0 {
+		return true
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return time.Now().Before(l.until)
+}
+
+// remaining is how long the lease still holds (0 if it does not).
+func (l *lease) remaining() time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return max(0, time.Until(l.until))
+}
+
+// wait returns once the lease is valid, or ctx's error.
+func (l *lease) wait(ctx context.Context) error {
+	for {
+		if l.valid() {
+			return nil
+		}
+		l.mu.Lock()
+		ch := l.ch
+		l.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}

@@ -1,0 +1,53 @@
+package primary
+
+import (
+	"errors"
+	"testing"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/datadir"
+	"github.com/walship/walship/internal/vfs"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// TestFencedPrimaryStepsDown: a candidate's fence of a newer epoch is
+// granted by the primary with the end of its (synced) log; the primary
+// steps down at once — later writes fail UNAVAILABLE, Run returns a
+// DeposedError naming the candidate, and the vote is saved so that a
+// restart knows. A fence of its own epoch or older is refused.
+func TestFencedPrimaryStepsDown(t *testing.T) {
+	dir := t.TempDir()
+	r := start(t, testConfig(t, dir))
+	c := ctx(t)
+	put, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "k", Value: []byte("v")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fence := walshipv1.NewEpochServiceClient(r.conn)
+	if resp, err := fence.Fence(c, &walshipv1.FenceRequest{Epoch: r.s.epoch, CandidateId: "c1", CandidateAddr: "x:1"}); err != nil || resp.Granted {
+		t.Fatalf("fence of the primary's own epoch = %v, %v", resp, err)
+	}
+	resp, err := fence.Fence(c, &walshipv1.FenceRequest{Epoch: r.s.epoch + 1, CandidateId: "c1", CandidateAddr: "10.0.0.9:7401"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !resp.Granted || !resp.Primary || resp.LastLsn != put.Lsn || resp.LastEpoch != r.s.epoch || len(resp.History) == 0 {
+		t.Fatalf("fence = %v", resp)
+	}
+	_, err = r.kv.Put(c, &walshipv1.PutRequest{Key: "k", Value: []byte("w")})
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("Put after stepping down = %v; want UNAVAILABLE", err)
+	}
+	_, err = r.kv.Get(c, &walshipv1.GetRequest{Key: "k"})
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("Get after stepping down = %v; want UNAVAILABLE", err)
+	}
+	var deposed *DeposedError
+	if err := r.failed(t, "the fence"); !errors.As(err, &deposed) || deposed.Vote.Primary != "c1" || deposed.Vote.Addr != "10.0.0.9:7401" {
+		t.Fatalf("Run = %v; want a DeposedError naming c1", err)
+	}
+	if v, err := datadir.LoadVote(vfs.OS, dir); err != nil || v.Primary != "c1" || v.Epoch != resp.Epoch {
+		t.Fatalf("vote after stepping down: %v, %v", v, err)
+	}
+}
