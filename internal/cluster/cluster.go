@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"path/filepath"
 	"runtime/pprof"
 	"sync"
@@ -18,6 +19,7 @@ import (
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/services/logstore"
+	"github.com/walship/walship/services/node"
 	"github.com/walship/walship/services/primary"
 	"github.com/walship/walship/services/replica"
 	"google.golang.org/grpc"
@@ -46,6 +48,10 @@ type Config struct {
 	LogStore func(i int, c *logstore.Config)
 	// Logger is the parent logger (each node adds its name).
 	Logger *slog.Logger
+	// Failover makes the data nodes members of one cluster (primary,
+	// replica-0, ...): a replica can then be promoted by an epoch vote
+	// (AdminService.Promote), and every epoch starts with its epoch record.
+	Failover bool
 }
 
 // Node is one running service.
@@ -56,6 +62,7 @@ type Node struct {
 	Registry    *prometheus.Registry
 
 	run    func(context.Context) error
+	node   *node.Node // a data node's supervisor (nil for a log store)
 	cancel context.CancelFunc
 	done   chan error
 }
@@ -67,8 +74,8 @@ type Cluster struct {
 	Primary   *Node
 	Replicas  []*Node
 
-	primaryServer  *primary.Server
-	replicaServers []*replica.Server
+	// members are the data nodes' ids and addresses (Failover).
+	members []primary.Member
 
 	mu    sync.Mutex
 	conns []*grpc.ClientConn
@@ -94,6 +101,7 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 		}
 	}()
 	var lsAddrs []string
+	var err error
 	for i := 0; i < cfg.LogStores; i++ {
 		n, err := c.newLogStore(i)
 		if err != nil {
@@ -101,6 +109,19 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 		}
 		c.LogStores = append(c.LogStores, n)
 		lsAddrs = append(lsAddrs, n.Addr)
+	}
+	if cfg.Failover {
+		c.members = append(c.members, primary.Member{ID: "primary"})
+		for i := 0; i < cfg.Replicas; i++ {
+			c.members = append(c.members, primary.Member{ID: fmt.Sprintf("replica-%d", i)})
+		}
+		for i := range c.members {
+			if cfg.BasePort != 0 {
+				c.members[i].Addr, _ = c.addr(1 + i)
+			} else if c.members[i].Addr, err = freeAddr(cfg.Host); err != nil {
+				return nil, err
+			}
+		}
 	}
 	pn, err := c.newPrimary(lsAddrs)
 	if err != nil {
@@ -161,33 +182,58 @@ func (c *Cluster) newLogStoreAt(i int, listen, metrics string) (*Node, error) {
 
 func (c *Cluster) newPrimary(logstores []string) (*Node, error) {
 	listen, metrics := c.addr(1)
+	if c.cfg.Failover && c.cfg.BasePort == 0 {
+		listen = c.members[0].Addr
+	}
 	return c.newPrimaryAt(logstores, listen, metrics)
 }
 
-func (c *Cluster) newPrimaryAt(logstores []string, listen, metrics string) (*Node, error) {
+// primaryConfig is the primary role's config template.
+func (c *Cluster) primaryConfig() primary.Config {
 	cfg := primary.DefaultConfig()
-	cfg.Listen, cfg.MetricsListen = listen, metrics
-	cfg.DataDir = filepath.Join(c.cfg.Dir, "primary")
-	cfg.LogStores = logstores
-	cfg.Logger = c.cfg.Logger.With("node", "primary")
-	cfg.Registry = serve.NewRegistry()
+	cfg.StopTimeout = 30 * time.Second
 	if c.cfg.Primary != nil {
 		c.cfg.Primary(&cfg)
 	}
-	s, err := labeled("primary", func() (*primary.Server, error) { return primary.New(cfg) })
-	if err != nil {
-		return nil, fmt.Errorf("primary: %w", err)
+	return cfg
+}
+
+// dataNode creates the data node id: the primary (i < 0) or replica i.
+func (c *Cluster) dataNode(name string, role node.Role, i int, listen, metrics string, logstores []string) (*Node, error) {
+	rc := c.replicaConfig(max(i, 0))
+	pc := c.primaryConfig()
+	rc.Listen, rc.MetricsListen = listen, metrics
+	cfg := node.Config{ID: name, DataDir: filepath.Join(c.cfg.Dir, name), Listen: listen, MetricsListen: metrics,
+		LogStores: logstores, Role: role, Primary: pc, Replica: rc, Registry: serve.NewRegistry(),
+		Logger: c.cfg.Logger.With("node", name)}
+	if c.cfg.Failover {
+		cfg.Members = c.members
 	}
-	c.primaryServer = s
-	return &Node{Name: "primary", Addr: s.Addr(), MetricsAddr: s.MetricsAddr(), Registry: cfg.Registry, run: s.Run}, nil
+	if rc.Primary == "" && c.Primary != nil {
+		cfg.Replica.Primary = c.Primary.Addr
+	}
+	n, err := labeled(name, func() (*node.Node, error) { return node.New(cfg) })
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return &Node{Name: name, Addr: n.Addr(), MetricsAddr: n.MetricsAddr(), Registry: cfg.Registry, run: n.Run, node: n}, nil
+}
+
+func (c *Cluster) newPrimaryAt(logstores []string, listen, metrics string) (*Node, error) {
+	return c.dataNode("primary", node.RolePrimary, -1, listen, metrics, logstores)
 }
 
 func (c *Cluster) replicaConfig(i int) replica.Config {
 	cfg := replica.DefaultConfig()
 	cfg.Listen, cfg.MetricsListen = c.addr(2 + i)
+	if c.cfg.Failover && c.cfg.BasePort == 0 && 1+i < len(c.members) {
+		cfg.Listen = c.members[1+i].Addr
+	}
 	cfg.ID = fmt.Sprintf("replica-%d", i)
 	cfg.DataDir = filepath.Join(c.cfg.Dir, cfg.ID)
-	cfg.Primary = c.Primary.Addr
+	if c.Primary != nil {
+		cfg.Primary = c.Primary.Addr
+	}
 	if len(c.LogStores) > 0 {
 		cfg.LogStore = c.LogStores[0].Addr
 	}
@@ -201,12 +247,15 @@ func (c *Cluster) replicaConfig(i int) replica.Config {
 
 func (c *Cluster) newReplica(i int) (*Node, error) {
 	cfg := c.replicaConfig(i)
-	s, err := labeled(cfg.ID, func() (*replica.Server, error) { return replica.New(cfg) })
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", cfg.ID, err)
+	return c.dataNode(cfg.ID, node.RoleReplica, i, cfg.Listen, cfg.MetricsListen, c.logStoreAddrs())
+}
+
+func (c *Cluster) logStoreAddrs() []string {
+	var ls []string
+	for _, l := range c.LogStores {
+		ls = append(ls, l.Addr)
 	}
-	c.replicaServers = append(c.replicaServers, s)
-	return &Node{Name: cfg.ID, Addr: s.Addr(), MetricsAddr: s.MetricsAddr(), Registry: cfg.Registry, run: s.Run}, nil
+	return ls
 }
 
 func (n *Node) start() {
@@ -235,6 +284,17 @@ func (n *Node) stop() error {
 	n.cancel()
 	n.cancel = nil
 	return <-n.done
+}
+
+// freeAddr picks a free port on host (for members' addresses, which every
+// data node must know before any binds).
+func freeAddr(host string) (string, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
 }
 
 // Nodes returns every node: log stores, primary, replicas.
@@ -276,16 +336,10 @@ func (c *Cluster) RestartReplica(ctx context.Context, i int) error {
 		return err
 	}
 	cfg := c.replicaConfig(i)
-	cfg.Listen = old.Addr
-	if old.MetricsAddr != "" {
-		cfg.MetricsListen = old.MetricsAddr
-	}
-	s, err := labeled(cfg.ID, func() (*replica.Server, error) { return replica.New(cfg) })
+	n, err := c.dataNode(cfg.ID, node.RoleReplica, i, old.Addr, old.MetricsAddr, c.logStoreAddrs())
 	if err != nil {
 		return err
 	}
-	c.replicaServers[i] = s
-	n := &Node{Name: cfg.ID, Addr: s.Addr(), MetricsAddr: s.MetricsAddr(), Registry: cfg.Registry, run: s.Run}
 	c.Replicas[i] = n
 	n.start()
 	return c.WaitServing(ctx, n)
@@ -312,11 +366,7 @@ func (c *Cluster) RestartPrimary(ctx context.Context) error {
 	if err := old.stop(); err != nil {
 		return err
 	}
-	var ls []string
-	for _, l := range c.LogStores {
-		ls = append(ls, l.Addr)
-	}
-	n, err := c.newPrimaryAt(ls, old.Addr, old.MetricsAddr)
+	n, err := c.newPrimaryAt(c.logStoreAddrs(), old.Addr, old.MetricsAddr)
 	if err != nil {
 		return err
 	}
@@ -324,6 +374,12 @@ func (c *Cluster) RestartPrimary(ctx context.Context) error {
 	n.start()
 	return c.WaitServing(ctx, n)
 }
+
+// StopNode stops n (a data node or a log store) gracefully.
+func (c *Cluster) StopNode(n *Node) error { return n.stop() }
+
+// DataNode is n's data node (nil for a log store).
+func (n *Node) DataNode() *node.Node { return n.node }
 
 // Conn returns a client connection to n (closed by Stop).
 func (c *Cluster) Conn(n *Node) *grpc.ClientConn {
@@ -362,5 +418,6 @@ func (c *Cluster) Status(ctx context.Context, n *Node) (*walshipv1.StatusRespons
 	return walshipv1.NewAdminServiceClient(c.Conn(n)).Status(ctx, &walshipv1.StatusRequest{})
 }
 
-// PrimaryServer is the primary's server, for tests that inspect it.
-func (c *Cluster) PrimaryServer() *primary.Server { return c.primaryServer }
+// PrimaryServer is the primary's server while the first primary holds
+// that role, for tests that inspect it.
+func (c *Cluster) PrimaryServer() *primary.Server { return c.Primary.node.Primary() }

@@ -55,6 +55,11 @@ var knownMetrics = []knownMetric{
 	// Primary, replicas and log stores.
 	{"walship_wal_fsync_duration_seconds", histogram, nil},
 	{"walship_wal_fsync_errors_total", counter, nil},
+	{"walship_fences_granted_total", counter, nil},
+	{"walship_orphaned_records_total", counter, nil},
+	{"walship_node_role", gauge, []string{"role"}},
+	{"walship_promotions_total", counter, []string{"result"}},
+	{"walship_step_downs_total", counter, nil},
 
 	// Replica.
 	{"walship_replica_lag_seconds", gauge, nil},

@@ -1,0 +1,103 @@
+package cli
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"strings"
+
+	"github.com/walship/walship/services/node"
+	"github.com/walship/walship/services/primary"
+	"github.com/walship/walship/services/replica"
+)
+
+// nodeFlags are the flags of a data node, which `walship primary` and
+// `walship replica` both run: the role is where a new node starts; a node
+// whose data directory holds a vote starts in the role its vote says, is
+// promoted in place (AdminService.Promote) and steps down to a replica
+// when a newer epoch exists.
+func nodeFlags(fs *flag.FlagSet, env *Env, role node.Role) func(context.Context) error {
+	pc := primary.DefaultConfig()
+	rc := replica.DefaultConfig()
+	listen, metrics, id := ":7401", ":9401", "primary"
+	if role == node.RoleReplica {
+		listen, metrics, id = ":7402", ":9402", ""
+	}
+	var (
+		cfg       node.Config
+		logstores []string
+		peers     peersFlag
+	)
+	fs.StringVar(&cfg.Listen, "listen", listen, "gRPC listen address")
+	fs.StringVar(&cfg.MetricsListen, "metrics-listen", metrics, "HTTP listen address for /metrics (empty disables)")
+	fs.StringVar(&cfg.DataDir, "data-dir", "", "directory for the WAL, snapshots and votes (required)")
+	fs.StringVar(&cfg.ID, "id", id, "node id, stable across restarts: 1..64 of [A-Za-z0-9._-]")
+	fs.Var(&peers, "peers", "the cluster's data nodes, this one among them, as id=address,... (needed to fail over: the contract counts them)")
+	fs.StringVar(&cfg.Advertise, "advertise", "", "gRPC address other nodes and clients reach this node at (default: its --peers entry)")
+	fs.Var(listFlag{&logstores}, "logstore", "log store addresses, comma-separated (a replica catches up from the first)")
+	fs.StringVar(&rc.Primary, "primary", "", "gRPC address of the primary a new replica follows (later: whoever won the newest epoch)")
+	durabilityFlag(fs, &pc.Policy.Durability)
+	fs.DurationVar(&pc.AsyncFlushInterval, "async-flush-interval", pc.AsyncFlushInterval, "longest time an async-durability commit stays unsynced (what a crash can lose)")
+	replicationFlag(fs, &pc.Policy.Replication)
+	fs.IntVar(&pc.Policy.SyncReplicas, "sync-replicas", pc.Policy.SyncReplicas, "k in 'any k replicas' for --replication sync")
+	syncLevelFlag(fs, &pc.Policy.SyncLevel)
+	fs.DurationVar(&pc.Policy.SyncTimeout, "sync-timeout", pc.Policy.SyncTimeout, "how long a sync commit waits for replicas or log stores before failing with UNAVAILABLE")
+	logstoreAckFlag(fs, &pc.Policy.LogStore)
+	fs.DurationVar(&pc.LeaseTimeout, "lease-timeout", pc.LeaseTimeout, "how long a primary answers without word from a log store majority; a promotion waits it out (use one value cluster-wide)")
+	fs.Int64Var(&pc.SegmentBytes, "segment-bytes", pc.SegmentBytes, "WAL segment size")
+	fs.Int64Var(&pc.SnapshotEveryBytes, "snapshot-every-bytes", pc.SnapshotEveryBytes, "take a state snapshot after this many WAL bytes, or after as many as the last snapshot had if that is more")
+	fs.IntVar(&pc.MaxValueBytes, "max-value-bytes", pc.MaxValueBytes, "largest value accepted")
+	fs.IntVar(&pc.MaxTxnOps, "max-txn-ops", pc.MaxTxnOps, "most ops in one Txn")
+	fs.Var(codecFlag{&pc.Codec}, "codec", "WAL batch codec: msgpack or json")
+	fs.DurationVar(&pc.HeartbeatInterval, "heartbeat-interval", pc.HeartbeatInterval, "heartbeat period on idle streams; a replica acks at least this often")
+	fs.DurationVar(&pc.ReplicaTimeout, "replica-timeout", 0, "end a replica stream silent this long (0 = 10 heartbeat intervals)")
+	fs.Int64Var(&pc.WALRetentionBytes, "wal-retention-bytes", pc.WALRetentionBytes, "keep at most this much WAL for replicas (past it they catch up from a log store or a snapshot)")
+	fs.Int64Var(&pc.MaxReplicaLagBytes, "max-replica-lag-bytes", pc.MaxReplicaLagBytes, "cut off a replica stream this far behind (0 = never); it catches up from a log store")
+	fs.DurationVar(&rc.FlushDelay, "flush-delay", rc.FlushDelay, "longest a replica's written batch waits for its fsync and apply while no sync commit waits on it (0 = every batch at once)")
+	fs.Int64Var(&rc.MaxUnappliedBytes, "max-unapplied-bytes", rc.MaxUnappliedBytes, "memory for a replica's written batches waiting for the primary's durable LSN; beyond it they are read back from the WAL")
+	return func(ctx context.Context) error {
+		rc.SegmentBytes, rc.SnapshotEveryBytes, rc.HeartbeatInterval = pc.SegmentBytes, pc.SnapshotEveryBytes, pc.HeartbeatInterval
+		cfg.Role, cfg.Members, cfg.LogStores, cfg.Primary, cfg.Replica = role, peers.members, logstores, pc, rc
+		cfg.Logger = env.Logger.With("service", "node", "id", cfg.ID)
+		cfg.Registry = newRegistry()
+		n, err := node.New(cfg)
+		if err != nil {
+			return err
+		}
+		return n.Run(ctx)
+	}
+}
+
+// peersFlag is --peers: id=address,...
+type peersFlag struct{ members []primary.Member }
+
+func (p *peersFlag) String() string {
+	var parts []string
+	for _, m := range p.members {
+		parts = append(parts, m.ID+"="+m.Addr)
+	}
+	return strings.Join(parts, ",")
+}
+
+func (p *peersFlag) Set(s string) error {
+	p.members = nil
+	for _, part := range strings.Split(s, ",") {
+		if part = strings.TrimSpace(part); part == "" {
+			continue
+		}
+		id, addr, ok := strings.Cut(part, "=")
+		if !ok || id == "" || addr == "" {
+			return fmt.Errorf("%q: want id=address", part)
+		}
+		p.members = append(p.members, primary.Member{ID: id, Addr: addr})
+	}
+	return nil
+}
+
+func primaryFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
+	return nodeFlags(fs, env, node.RolePrimary)
+}
+
+func replicaFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
+	return nodeFlags(fs, env, node.RoleReplica)
+}

@@ -1,0 +1,358 @@
+// Package node runs a data node: one data directory that is the primary or
+// a replica, one role at a time, changed at run time. It is the supervisor
+// the services sit under (they never import each other): a replica is
+// promoted in place by an epoch vote (promote.go); a primary that learns of
+// a newer epoch steps down and rejoins as a replica of the new primary,
+// without a restart and without anyone deleting data (its unreplicated
+// tail is cut into an orphan file when the new primary says where the
+// histories part).
+//
+// The node keeps its gRPC and metrics addresses across roles: the first
+// role binds them, the next binds the same ones again.
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/datadir"
+	"github.com/walship/walship/internal/vfs"
+	"github.com/walship/walship/services/primary"
+	"github.com/walship/walship/services/replica"
+	"google.golang.org/protobuf/proto"
+)
+
+// Role is what the node is.
+type Role int
+
+// The roles.
+const (
+	RoleReplica Role = iota + 1
+	RolePrimary
+)
+
+func (r Role) String() string {
+	switch r {
+	case RolePrimary:
+		return "primary"
+	case RoleReplica:
+		return "replica"
+	}
+	return "unknown"
+}
+
+// Config configures a data node. Primary and Replica are templates of the
+// two roles' configs: the node fills in what they share (ID, DataDir,
+// addresses, log stores, members) and what it decides (the primary to
+// follow, an elected epoch).
+type Config struct {
+	// ID names the node: 1..64 of [A-Za-z0-9._-], one of Members.
+	ID string
+	// DataDir is the node's data directory, whatever its role.
+	DataDir string
+	// Listen and MetricsListen are bound by the first role and kept.
+	Listen, MetricsListen string
+	// Advertise is the address other nodes and clients reach this node at
+	// (default: Members' entry for ID).
+	Advertise string
+	// Members are the data nodes of the cluster, this one among them.
+	Members []primary.Member
+	// LogStores are the log store addresses.
+	LogStores []string
+	// Role is the role a node starts in when its data directory holds no
+	// vote (a new cluster): one node bootstraps as primary, the others as
+	// replicas. Later starts follow the vote: a node that was the primary
+	// of its newest vote starts as primary (and rejoins as a replica if
+	// its election finds a newer epoch), any other as a replica of that
+	// vote's primary.
+	Role Role
+	// Primary is the template of the primary role's config.
+	Primary primary.Config
+	// Replica is the template of the replica role's config; Replica.Primary
+	// is the primary a new replica starts following.
+	Replica replica.Config
+	// FS is the filesystem (nil: the real one).
+	FS vfs.FS
+	// Logger receives structured logs; nil discards them.
+	Logger *slog.Logger
+	// Registry receives the node's and its roles' metrics.
+	Registry *prometheus.Registry
+}
+
+// Node is a running data node.
+type Node struct {
+	cfg     Config
+	logger  *slog.Logger
+	fs      vfs.FS
+	metrics *metrics
+
+	addr, metricsAddr string
+
+	mu       sync.Mutex
+	role     Role
+	prim     *primary.Server
+	rep      *replica.Server
+	timeline *walshipv1.FailoverTimeline // the last promotion, for Status
+	// plans carries a promotion decided by Promote to Run, which carries
+	// it out (the replica role must stop first, and Promote runs inside it).
+	plans chan *plan
+}
+
+// New validates cfg, reads the data directory's vote to choose the role,
+// and creates (binds) that role's server.
+func New(cfg Config) (*Node, error) {
+	if err := replica.ValidateID(cfg.ID); err != nil {
+		return nil, fmt.Errorf("--id: %w", err)
+	}
+	if cfg.DataDir == "" {
+		return nil, errors.New("--data-dir: required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.FS == nil {
+		cfg.FS = vfs.OS
+	}
+	if cfg.Advertise == "" {
+		for _, m := range cfg.Members {
+			if m.ID == cfg.ID {
+				cfg.Advertise = m.Addr
+			}
+		}
+	}
+	if len(cfg.Members) > 0 && !isMember(cfg.Members, cfg.ID) {
+		return nil, fmt.Errorf("--peers: this node's --id %q is not among them", cfg.ID)
+	}
+	n := &Node{cfg: cfg, logger: cfg.Logger.With("node", cfg.ID), fs: cfg.FS, plans: make(chan *plan, 1)}
+	if err := cfg.FS.MkdirAll(cfg.DataDir, 0o755); err != nil {
+		return nil, err
+	}
+	v, err := datadir.LoadVote(cfg.FS, cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	role := cfg.Role
+	if v.Epoch > 0 {
+		role = RoleReplica
+		if v.Primary == cfg.ID {
+			role = RolePrimary
+		}
+	}
+	if role == 0 {
+		role = RoleReplica
+	}
+	n.metrics = newMetrics(cfg.Registry, n)
+	if err := n.become(role, v); err != nil {
+		n.metrics.unregister()
+		return nil, err
+	}
+	return n, nil
+}
+
+func isMember(ms []primary.Member, id string) bool {
+	for _, m := range ms {
+		if m.ID == id {
+			return true
+		}
+	}
+	return false
+}
+
+// Addr is the node's gRPC address.
+func (n *Node) Addr() string { return n.addr }
+
+// MetricsAddr is the node's metrics address ("" when disabled).
+func (n *Node) MetricsAddr() string { return n.metricsAddr }
+
+// Role is the node's current role.
+func (n *Node) Role() Role {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.role
+}
+
+// Primary and Replica return the running role's server (nil for the other).
+func (n *Node) Primary() *primary.Server {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.prim
+}
+
+// Replica returns the replica server, if the node is a replica.
+func (n *Node) Replica() *replica.Server {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.rep
+}
+
+// listen returns the addresses the next role binds: the configured ones
+// the first time, the bound ones after.
+func (n *Node) listen() (grpcAddr, metricsAddr string) {
+	if n.addr == "" {
+		return n.cfg.Listen, n.cfg.MetricsListen
+	}
+	return n.addr, n.metricsAddr
+}
+
+// become creates the server of role (not yet running). For a replica, v
+// says which primary to follow (its address if known, else the configured
+// one).
+func (n *Node) become(role Role, v datadir.Vote) error {
+	listen, metricsListen := n.listen()
+	switch role {
+	case RolePrimary:
+		return n.newPrimary(listen, metricsListen, nil)
+	default:
+		cfg := n.cfg.Replica
+		cfg.ID, cfg.DataDir, cfg.FS = n.cfg.ID, n.cfg.DataDir, n.cfg.FS
+		cfg.Listen, cfg.MetricsListen = listen, metricsListen
+		cfg.Logger, cfg.Registry = n.logger.With("role", "replica"), n.cfg.Registry
+		if len(n.cfg.LogStores) > 0 && cfg.LogStore == "" {
+			cfg.LogStore = n.cfg.LogStores[0]
+		}
+		if addr := n.primaryAddr(v); addr != "" {
+			cfg.Primary = addr
+		}
+		if cfg.Primary == "" {
+			// Any other member: one that is not the primary names the one
+			// it knows (replication's NotPrimary).
+			for _, m := range n.cfg.Members {
+				if m.ID != n.cfg.ID {
+					cfg.Primary = m.Addr
+					break
+				}
+			}
+		}
+		if cfg.Primary == "" {
+			return errors.New("--primary: required for a replica that knows of no primary yet")
+		}
+		cfg.Promote = n.promote
+		cfg.StatusHook = n.statusHook
+		cfg.StreamGrace = 100 * time.Millisecond
+		s, err := replica.New(cfg)
+		if err != nil {
+			return err
+		}
+		n.mu.Lock()
+		n.role, n.rep, n.prim = RoleReplica, s, nil
+		n.mu.Unlock()
+		n.addr, n.metricsAddr = s.Addr(), s.MetricsAddr()
+	}
+	n.metrics.setRole(role)
+	return nil
+}
+
+func (n *Node) newPrimary(listen, metricsListen string, elected *primary.Elected) error {
+	cfg := n.cfg.Primary
+	cfg.ID, cfg.DataDir, cfg.FS = n.cfg.ID, n.cfg.DataDir, n.cfg.FS
+	cfg.Listen, cfg.MetricsListen = listen, metricsListen
+	cfg.Advertise, cfg.Members, cfg.LogStores = n.cfg.Advertise, n.cfg.Members, n.cfg.LogStores
+	cfg.Logger, cfg.Registry = n.logger.With("role", "primary"), n.cfg.Registry
+	cfg.Elected = elected
+	cfg.StatusHook = n.statusHook
+	cfg.StreamGrace = 100 * time.Millisecond
+	s, err := primary.New(cfg)
+	if err != nil {
+		return err
+	}
+	n.mu.Lock()
+	n.role, n.prim, n.rep = RolePrimary, s, nil
+	n.mu.Unlock()
+	n.addr, n.metricsAddr = s.Addr(), s.MetricsAddr()
+	n.metrics.setRole(RolePrimary)
+	return nil
+}
+
+// primaryAddr is the address of v's primary: its own, else the member's.
+func (n *Node) primaryAddr(v datadir.Vote) string {
+	if v.Addr != "" {
+		return v.Addr
+	}
+	for _, m := range n.cfg.Members {
+		if m.ID == v.Primary && m.ID != n.cfg.ID {
+			return m.Addr
+		}
+	}
+	return ""
+}
+
+// Run runs the node until ctx ends: its role, and the next when it changes.
+func (n *Node) Run(ctx context.Context) error {
+	defer n.metrics.unregister()
+	for {
+		n.mu.Lock()
+		role, prim, rep := n.role, n.prim, n.rep
+		n.mu.Unlock()
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		if role == RolePrimary {
+			go func() { done <- prim.Run(rctx) }()
+		} else {
+			go func() { done <- rep.Run(rctx) }()
+		}
+		var err error
+		var p *plan
+		select {
+		case err = <-done:
+		case p = <-n.plans:
+			cancel()
+			err = <-done
+		}
+		cancel()
+		if ctx.Err() != nil {
+			return err
+		}
+		var deposed *primary.DeposedError
+		switch {
+		case p != nil && err == nil:
+			n.logger.Info("replica stopped for its promotion", "epoch", p.epoch)
+			if perr := n.carryOut(ctx, p); perr != nil {
+				n.logger.Error("promotion failed after the replica stopped; back to the replica role", "epoch", p.epoch, "err", perr)
+				n.noteFailure(p, perr)
+				if err := n.become(RoleReplica, datadir.Vote{}); err != nil {
+					return err
+				}
+			}
+		case role == RolePrimary && errors.As(err, &deposed):
+			n.metrics.stepDowns.Inc()
+			v := n.findPrimary(ctx, deposed.Vote)
+			n.logger.Warn("stepped down; rejoining as a replica", "why", deposed.Why, "epoch", v.Epoch, "primary", v.Primary, "addr", v.Addr)
+			if err := n.become(RoleReplica, v); err != nil {
+				return err
+			}
+		default:
+			return err
+		}
+	}
+}
+
+// findPrimary completes what a deposition said about the new primary with
+// what the log stores say (the candidate's address, which a refusing
+// replica does not know).
+func (n *Node) findPrimary(ctx context.Context, v datadir.Vote) datadir.Vote {
+	if n.primaryAddr(v) != "" {
+		return v
+	}
+	for _, addr := range n.cfg.LogStores {
+		st, err := logStoreStatus(ctx, addr)
+		if err == nil && st.GetVoteEpoch() >= v.Epoch && st.GetPrimaryAddr() != "" {
+			return datadir.Vote{Epoch: st.GetVoteEpoch(), Primary: st.GetPrimaryId(), Addr: st.GetPrimaryAddr()}
+		}
+	}
+	return v
+}
+
+// statusHook adds the node's failover timeline to Status.
+func (n *Node) statusHook(resp *walshipv1.StatusResponse) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.timeline != nil {
+		resp.LastFailover = proto.Clone(n.timeline).(*walshipv1.FailoverTimeline)
+	}
+}

@@ -1,0 +1,281 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/serve"
+	"github.com/walship/walship/internal/testwait"
+	"github.com/walship/walship/services/logstore"
+	"github.com/walship/walship/services/primary"
+	"github.com/walship/walship/services/replica"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// running is a node or a log store run in-process.
+type running struct {
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func (r *running) stop(t *testing.T) error {
+	t.Helper()
+	if r.cancel == nil {
+		return nil
+	}
+	r.cancel()
+	r.cancel = nil
+	select {
+	case err := <-r.done:
+		return err
+	case <-time.After(30 * time.Second):
+		t.Fatal("did not stop")
+		return nil
+	}
+}
+
+func run(t *testing.T, f func(context.Context) error) *running {
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- f(ctx) }()
+	t.Cleanup(func() { r.stop(t) })
+	return r
+}
+
+type cluster struct {
+	dir     string
+	ls      string
+	members []primary.Member
+	nodes   map[string]*Node
+	runs    map[string]*running
+}
+
+func startLogStore(t *testing.T, dir string) string {
+	cfg := logstore.DefaultConfig()
+	cfg.Listen, cfg.MetricsListen, cfg.DataDir = "127.0.0.1:0", "", filepath.Join(dir, "ls")
+	cfg.StopTimeout = 5 * time.Second
+	s, err := logstore.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, s.Run)
+	return s.Addr()
+}
+
+func (c *cluster) config(id string, role Role) Config {
+	p := primary.DefaultConfig()
+	p.Policy.Replication = walshipv1.ReplicationMode_REPLICATION_MODE_SYNC
+	p.Policy.SyncReplicas = 1
+	p.Policy.SyncLevel = walshipv1.SyncLevel_SYNC_LEVEL_FLUSH
+	p.Policy.SyncTimeout = 5 * time.Second
+	p.HeartbeatInterval = 100 * time.Millisecond
+	p.LeaseTimeout = 500 * time.Millisecond
+	p.StopTimeout = 5 * time.Second
+	r := replica.DefaultConfig()
+	r.HeartbeatInterval = 100 * time.Millisecond
+	r.StopTimeout = 5 * time.Second
+	r.Primary = c.members[0].Addr
+	var listen string
+	for _, m := range c.members {
+		if m.ID == id {
+			listen = m.Addr
+		}
+	}
+	return Config{ID: id, DataDir: filepath.Join(c.dir, id), Listen: listen, Members: c.members, LogStores: []string{c.ls},
+		Role: role, Primary: p, Replica: r, Registry: serve.NewRegistry(), Logger: testLogger()}
+}
+
+func (c *cluster) start(t *testing.T, id string, role Role) *Node {
+	t.Helper()
+	n, err := New(c.config(id, role))
+	if err != nil {
+		t.Fatalf("%s: %v", id, err)
+	}
+	c.nodes[id] = n
+	c.runs[id] = run(t, n.Run)
+	return n
+}
+
+func newCluster(t *testing.T) *cluster {
+	dir := t.TempDir()
+	c := &cluster{dir: dir, nodes: map[string]*Node{}, runs: map[string]*running{}}
+	c.ls = startLogStore(t, dir)
+	for i := range 3 {
+		c.members = append(c.members, primary.Member{ID: fmt.Sprintf("n%d", i), Addr: freeAddr(t)})
+	}
+	c.start(t, "n0", RolePrimary)
+	c.start(t, "n1", RoleReplica)
+	c.start(t, "n2", RoleReplica)
+	return c
+}
+
+func (c *cluster) conn(t *testing.T, id string) *grpc.ClientConn {
+	conn, err := grpc.NewClient(c.nodes[id].Addr(), serve.DialOptions()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+func status1(t *testing.T, conn *grpc.ClientConn) *walshipv1.StatusResponse {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, err := walshipv1.NewAdminServiceClient(conn).Status(ctx, &walshipv1.StatusRequest{}, grpc.WaitForReady(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// put writes until the node answers (it may still be opening its epoch).
+func put(t *testing.T, conn *grpc.ClientConn, k, v string) uint64 {
+	t.Helper()
+	var lsn uint64
+	testwait.Until(t, fmt.Sprintf("Put %s on %s", k, conn.Target()), func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		r, err := walshipv1.NewKVServiceClient(conn).Put(ctx, &walshipv1.PutRequest{Key: k, Value: []byte(v)}, grpc.WaitForReady(true))
+		if err != nil {
+			return false
+		}
+		lsn = r.Lsn
+		return true
+	})
+	return lsn
+}
+
+// TestPromoteAndRejoin: three data nodes and a log store, contract K=1 at
+// flush. The primary stops; a dry run on n1 says a promotion would reach
+// its quorum; Promote fences, and n1 opens as the primary of a new epoch
+// with every acknowledged write; n2 follows it; writes to n1 are
+// acknowledged under the contract. The old primary, restarted, finds the
+// newer epoch at the log store and rejoins as n1's replica, with n1's
+// state. With the log store down, a promotion is refused with a message
+// naming what it needed, and nothing is fenced.
+func TestPromoteAndRejoin(t *testing.T) {
+	c := newCluster(t)
+	c0, c1, c2 := c.conn(t, "n0"), c.conn(t, "n1"), c.conn(t, "n2")
+	var last uint64
+	for i := range 20 {
+		last = put(t, c0, fmt.Sprintf("k%02d", i), "v0")
+	}
+	before := status1(t, c0)
+	if err := c.runs["n0"].stop(t); err != nil {
+		t.Fatalf("n0 stop: %v", err)
+	}
+
+	admin1 := walshipv1.NewAdminServiceClient(c1)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	dry, err := admin1.Promote(ctx, &walshipv1.PromoteRequest{DryRun: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !dry.Quorum || dry.Epoch != before.Epoch+1 || dry.HighestLsn < last {
+		t.Fatalf("dry run = %v", dry)
+	}
+	resp, err := admin1.Promote(ctx, &walshipv1.PromoteRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !resp.Quorum || resp.Timeline.GetDonor() == "" {
+		t.Fatalf("promote = %v", resp)
+	}
+	lsn := put(t, c1, "after", "v1")
+	st1 := status1(t, c1)
+	if st1.Role != walshipv1.Role_ROLE_PRIMARY || st1.Epoch != resp.Epoch || lsn <= last || st1.LastFailover.GetOpenedUnixNano() == 0 && st1.LastFailover.GetStartLsn() == 0 {
+		t.Fatalf("n1 after the promotion: %v (put at %d)", st1, lsn)
+	}
+	for i := range 20 {
+		g, err := walshipv1.NewKVServiceClient(c1).Get(ctx, &walshipv1.GetRequest{Key: fmt.Sprintf("k%02d", i)})
+		if err != nil || string(g.Value) != "v0" {
+			t.Fatalf("k%02d on the new primary: %v, %v", i, g, err)
+		}
+	}
+	// n2 follows n1 and applies the new epoch.
+	if _, err := walshipv1.NewKVServiceClient(c2).Get(ctx, &walshipv1.GetRequest{Key: "after", MinLsn: lsn, WaitTimeout: durationpb.New(15 * time.Second)}); err != nil {
+		t.Fatalf("n2 reading the new primary's write: %v", err)
+	}
+	if st := status1(t, c2); st.Primary != c.nodes["n1"].Addr() || st.VoteEpoch != resp.Epoch {
+		t.Fatalf("n2 after the promotion: %v", st)
+	}
+
+	// The old primary comes back, finds the newer epoch, rejoins.
+	n0 := c.start(t, "n0", RolePrimary)
+	c0 = c.conn(t, "n0")
+	testwait.Until(t, "n0 to rejoin as n1's replica", func() bool {
+		return n0.Role() == RoleReplica
+	})
+	if _, err := walshipv1.NewKVServiceClient(c0).Get(ctx, &walshipv1.GetRequest{Key: "after", MinLsn: lsn, WaitTimeout: durationpb.New(15 * time.Second)}, grpc.WaitForReady(true)); err != nil {
+		t.Fatalf("n0 reading the new primary's write: %v", err)
+	}
+	_, err = walshipv1.NewKVServiceClient(c0).Put(ctx, &walshipv1.PutRequest{Key: "x", Value: []byte("y")})
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("Put on the rejoined old primary = %v; want FAILED_PRECONDITION naming the primary", err)
+	}
+	n1last := status1(t, c1)
+	testwait.Until(t, "n0 and n2 to converge on n1's digest", func() bool {
+		a, b := status1(t, c0), status1(t, c2)
+		return a.VisibleLsn == n1last.VisibleLsn && b.VisibleLsn == n1last.VisibleLsn && a.StateDigest == n1last.StateDigest && b.StateDigest == n1last.StateDigest
+	})
+}
+
+// TestPromotionRefusedWithoutQuorum: with the log store down a promotion
+// is refused before anything is fenced, naming what it needed.
+func TestPromotionRefusedWithoutQuorum(t *testing.T) {
+	dir := t.TempDir()
+	c := &cluster{dir: dir, nodes: map[string]*Node{}, runs: map[string]*running{}}
+	c.ls = freeAddr(t) // nothing listens there
+	for i := range 2 {
+		c.members = append(c.members, primary.Member{ID: fmt.Sprintf("n%d", i), Addr: freeAddr(t)})
+	}
+	c.start(t, "n1", RoleReplica)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err := walshipv1.NewAdminServiceClient(c.conn(t, "n1")).Promote(ctx, &walshipv1.PromoteRequest{}, grpc.WaitForReady(true))
+	if status.Code(err) != codes.FailedPrecondition || !contains(err.Error(), "1 of 1 log stores", "nothing was fenced") {
+		t.Fatalf("Promote without the log store = %v", err)
+	}
+}
+
+func contains(s string, subs ...string) bool {
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			return false
+		}
+	}
+	return true
+}
+
+func testLogger() *slog.Logger {
+	if os.Getenv("NODE_LOG") == "" {
+		return nil
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}

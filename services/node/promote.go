@@ -1,0 +1,587 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/datadir"
+	"github.com/walship/walship/internal/envelope"
+	"github.com/walship/walship/internal/serve"
+	"github.com/walship/walship/internal/wal"
+	"github.com/walship/walship/services/primary"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// Promotion is an epoch vote (Neon's safekeeper election; Raft's vote
+// with Kafka's leader epochs for the logs):
+//
+//  1. survey: ask every log store and member where its log ends, without
+//     changing anything; a promotion that could not reach its quorum is
+//     refused here, before anyone is fenced (a pre-vote), and a dry run
+//     ends here with what a promotion would see and risk;
+//  2. fence: ask each to promise the new epoch (EpochService.Fence); each
+//     that does refuses the old primary from then on;
+//  3. quorum: go on only with promises from a majority of the log stores
+//     and from enough replicas that every set that could have
+//     acknowledged a commit under the contract meets them — N-k+1 of the N
+//     sync-eligible members, or none if the contract waits for a log store
+//     majority (which every majority meets);
+//  4. catch up: copy the tail this node lacks from the most advanced
+//     answerer, by (epoch, LSN) — a log store or a replica — after cutting
+//     (into an orphan file) any tail of its own that answerer's history
+//     does not have;
+//  5. wait out the old primary's lease, unless it promised too;
+//  6. open: start as primary in the new epoch; it commits its epoch
+//     record and takes writes once that meets the contract.
+//
+// Steps 1-3 run in the Promote call; 4-6 in Run, once the replica role has
+// stopped (Promote runs inside it).
+
+// answer is one node's word on its log: from a survey (Status) or a fence.
+type answer struct {
+	id, addr  string
+	logstore  bool
+	granted   bool
+	err       error
+	epoch     uint64 // the epoch it holds (promised)
+	holder    string // that epoch's primary
+	lastEpoch uint64
+	lastLSN   uint64
+	history   datadir.History
+	primary   bool // it was the primary of its epoch
+	// since is how long before it answered it last heard from the primary.
+	since time.Duration
+	// primaryLast and primaryDurable: what the old primary last reported (replicas).
+	primaryLast, primaryDurable uint64
+}
+
+func (a answer) String() string {
+	switch {
+	case a.err != nil:
+		return fmt.Sprintf("%s: %v", a.id, a.err)
+	case a.granted:
+		return fmt.Sprintf("%s: promised (log ends at LSN %d of epoch %d)", a.id, a.lastLSN, a.lastEpoch)
+	default:
+		return fmt.Sprintf("%s: holds epoch %d for %s (log ends at LSN %d of epoch %d)", a.id, a.epoch, a.holder, a.lastLSN, a.lastEpoch)
+	}
+}
+
+func historyOf(hs []*walshipv1.EpochStart) datadir.History {
+	h := make(datadir.History, len(hs))
+	for i, e := range hs {
+		h[i] = datadir.Start{Epoch: e.GetEpoch(), FirstLSN: e.GetFirstLsn()}
+	}
+	return h
+}
+
+// plan is a promotion decided in Promote, carried out by Run.
+type plan struct {
+	epoch      uint64
+	self       answer
+	donor      answer
+	leaseUntil time.Time
+	timeline   *walshipv1.FailoverTimeline
+}
+
+// verdict is what the answers allow.
+type verdict struct {
+	quorum        bool
+	needed        string
+	donor         answer
+	atRisk        [2]uint64 // LSN range the old primary may have written that no answer holds
+	atRiskDurable uint64
+	granted       []string
+	refused       []string
+}
+
+// contract is the contract a promotion must honour: the newest epoch
+// record's, else the node's own configuration.
+func (n *Node) contract() *walshipv1.Contract {
+	if rep := n.Replica(); rep != nil {
+		if rec := rep.EpochRecord(); rec != nil && rec.GetContract() != nil {
+			return rec.GetContract()
+		}
+	}
+	p := n.cfg.Primary.Policy
+	c := &walshipv1.Contract{SyncLevel: p.SyncLevel, LogstoreSync: p.LogStore == walshipv1.LogStoreAck_LOG_STORE_ACK_SYNC && len(n.cfg.LogStores) > 0,
+		Logstores: n.cfg.LogStores}
+	if p.Replication == walshipv1.ReplicationMode_REPLICATION_MODE_SYNC {
+		c.SyncReplicas = uint32(p.SyncReplicas)
+	}
+	for _, m := range n.cfg.Members {
+		c.Members = append(c.Members, &walshipv1.Member{Id: m.ID, Addr: m.Addr})
+	}
+	return c
+}
+
+// judge applies the quorum rule to answers (those that count: granted
+// ones after a fence, reachable ones in a survey) under contract c, where
+// prev is the replaced primary's id.
+func judge(c *walshipv1.Contract, prev string, answers []answer, counts func(answer) bool) verdict {
+	var v verdict
+	ls := 0
+	eligible := map[string]bool{}
+	for _, m := range c.GetMembers() {
+		if m.GetId() != prev {
+			eligible[m.GetId()] = true
+		}
+	}
+	reps := 0
+	for _, a := range answers {
+		if !counts(a) {
+			v.refused = append(v.refused, a.String())
+			continue
+		}
+		v.granted = append(v.granted, a.id)
+		if a.logstore {
+			ls++
+		} else if eligible[a.id] {
+			reps++
+		}
+		if v.donor.id == "" || a.lastEpoch > v.donor.lastEpoch || (a.lastEpoch == v.donor.lastEpoch && a.lastLSN > v.donor.lastLSN) {
+			v.donor = a
+		}
+	}
+	nls := len(c.GetLogstores())
+	lsNeed := nls/2 + 1
+	repNeed := 0
+	k := int(c.GetSyncReplicas())
+	switch {
+	case c.GetLogstoreSync():
+		// Every acknowledged commit is on a log store majority.
+	case k > 0:
+		repNeed = len(eligible) - k + 1
+	}
+	v.quorum = nls > 0 && ls >= lsNeed && reps >= repNeed && (k == 0 || c.GetLogstoreSync() || len(eligible) > 0)
+	v.needed = fmt.Sprintf("%d of %d log stores", lsNeed, nls)
+	if repNeed > 0 {
+		v.needed += fmt.Sprintf(" and %d of the %d sync-eligible members (contract: any %d at %s)", repNeed, len(eligible), k, levelName(c.GetSyncLevel()))
+	}
+	if nls == 0 {
+		v.needed = "a log store majority, but no log store is configured"
+	}
+	v.needed += fmt.Sprintf("; have %d log stores and %d members", ls, reps)
+	// What the old primary may have written that no answer holds.
+	var last, durable uint64
+	for _, a := range answers {
+		last, durable = max(last, a.primaryLast), max(durable, a.primaryDurable)
+	}
+	if last > v.donor.lastLSN {
+		v.atRisk = [2]uint64{v.donor.lastLSN + 1, last}
+		if durable > v.donor.lastLSN {
+			v.atRiskDurable = min(durable, last)
+		}
+	}
+	sort.Strings(v.granted)
+	sort.Strings(v.refused)
+	return v
+}
+
+func levelName(l walshipv1.SyncLevel) string {
+	return strings.ToLower(strings.TrimPrefix(l.String(), "SYNC_LEVEL_"))
+}
+
+// promote serves AdminService.Promote on the replica (steps 1-3).
+func (n *Node) promote(ctx context.Context, req *walshipv1.PromoteRequest) (*walshipv1.PromoteResponse, error) {
+	rep := n.Replica()
+	if rep == nil {
+		return nil, status.Error(codes.FailedPrecondition, "already the primary")
+	}
+	if len(n.cfg.LogStores) == 0 {
+		return nil, status.Error(codes.FailedPrecondition, "cannot promote: no log store is configured (--logstore); an epoch vote needs a log store majority")
+	}
+	started := time.Now()
+	c := n.contract()
+	prev := rep.Vote()
+	self := n.selfAnswer(rep)
+	survey := append([]answer{self}, n.survey(ctx)...)
+	tl := &walshipv1.FailoverTimeline{PreviousEpoch: prev.Epoch, PreviousPrimary: prev.Primary, StartedUnixNano: started.UnixNano()}
+	pre := judge(c, prev.Primary, survey, func(a answer) bool { return a.err == nil })
+	seen := uint64(0)
+	for _, a := range survey {
+		seen = max(seen, a.epoch, a.lastEpoch)
+	}
+	epoch := req.GetEpoch()
+	if epoch == 0 {
+		epoch = seen + 1
+	} else if epoch <= seen {
+		return nil, status.Errorf(codes.InvalidArgument, "epoch: %d does not exceed every epoch seen (%d)", epoch, seen)
+	}
+	tl.Epoch = epoch
+	resp := &walshipv1.PromoteResponse{Epoch: epoch, Timeline: tl, Needed: pre.needed, Quorum: pre.quorum, HighestLsn: pre.donor.lastLSN,
+		AtRiskFromLsn: pre.atRisk[0], AtRiskToLsn: pre.atRisk[1], AtRiskDurableToLsn: pre.atRiskDurable}
+	tl.Granted, tl.Refused, tl.Donor = pre.granted, pre.refused, pre.donor.id
+	if req.GetDryRun() {
+		return resp, nil
+	}
+	if !pre.quorum && !req.GetForce() {
+		n.metrics.promotions.WithLabelValues("refused").Inc()
+		return nil, status.Errorf(codes.FailedPrecondition, "promotion needs %s; nothing was fenced. Reachable: %s. Not: %s",
+			pre.needed, strings.Join(pre.granted, ", "), strings.Join(pre.refused, "; "))
+	}
+	// Fence.
+	fr := &walshipv1.FenceRequest{Epoch: epoch, CandidateId: n.cfg.ID, CandidateAddr: n.advertise()}
+	answers := n.fenceAll(ctx, rep, fr)
+	tl.FencedUnixNano = time.Now().UnixNano()
+	v := judge(c, prev.Primary, answers, func(a answer) bool { return a.err == nil && a.granted })
+	tl.Granted, tl.Refused, tl.Donor = v.granted, v.refused, v.donor.id
+	resp.Needed, resp.Quorum, resp.HighestLsn = v.needed, v.quorum, v.donor.lastLSN
+	resp.AtRiskFromLsn, resp.AtRiskToLsn, resp.AtRiskDurableToLsn = v.atRisk[0], v.atRisk[1], v.atRiskDurable
+	if !v.quorum && !(req.GetForce() && strings.Contains(v.needed, "log stores") && countLogStores(answers) >= len(c.GetLogstores())/2+1) {
+		n.metrics.promotions.WithLabelValues("failed").Inc()
+		n.setTimeline(tl)
+		return nil, status.Errorf(codes.FailedPrecondition, "promotion to epoch %d needs %s; the epoch is fenced where granted (the old primary may have lost its lease: promote again, or restart it to rejoin). Answers: %s",
+			epoch, v.needed, strings.Join(append(v.granted, v.refused...), "; "))
+	}
+	var self2 answer
+	for _, a := range answers {
+		if a.id == n.cfg.ID {
+			self2 = a
+		}
+	}
+	p := &plan{epoch: epoch, self: self2, donor: v.donor, timeline: tl}
+	// The old primary's lease: it answered the fence (and stepped down),
+	// or a majority of log stores last heard from it `since` ago.
+	wait := n.cfg.Primary.LeaseTimeout * 11 / 10
+	if wait == 0 {
+		wait = primary.DefaultLeaseTimeout * 11 / 10
+	}
+	oldGranted := false
+	minSince := time.Duration(-1)
+	for _, a := range answers {
+		if a.granted && a.primary && a.id == prev.Primary {
+			oldGranted = true
+		}
+		if a.granted && a.logstore && (minSince < 0 || a.since < minSince) {
+			minSince = a.since
+		}
+	}
+	if oldGranted {
+		wait = 0
+	} else if minSince > 0 {
+		wait = max(0, wait-minSince)
+	}
+	p.leaseUntil = time.Now().Add(wait)
+	tl.LeaseWait = durationpb.New(wait)
+	n.setTimeline(tl)
+	select {
+	case n.plans <- p:
+	default:
+		return nil, status.Error(codes.Aborted, "a promotion is already under way")
+	}
+	n.logger.Info("promotion fenced; opening as primary", "epoch", epoch, "granted", strings.Join(v.granted, ","), "donor", v.donor.id,
+		"donor_last_lsn", v.donor.lastLSN, "lease_wait", wait)
+	return resp, nil
+}
+
+func countLogStores(as []answer) int {
+	n := 0
+	for _, a := range as {
+		if a.logstore && a.granted && a.err == nil {
+			n++
+		}
+	}
+	return n
+}
+
+func (n *Node) setTimeline(tl *walshipv1.FailoverTimeline) {
+	n.mu.Lock()
+	n.timeline = tl
+	n.mu.Unlock()
+}
+
+func (n *Node) noteFailure(p *plan, err error) {
+	n.metrics.promotions.WithLabelValues("failed").Inc()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.timeline != nil {
+		n.timeline.Refused = append(n.timeline.Refused, "promotion failed after fencing: "+err.Error())
+	}
+}
+
+func (n *Node) advertise() string {
+	if n.cfg.Advertise != "" {
+		return n.cfg.Advertise
+	}
+	return n.addr
+}
+
+// selfAnswer is this replica's own position.
+func (n *Node) selfAnswer(rep interface {
+	LogPosition() (uint64, uint64, datadir.History)
+	Vote() datadir.Vote
+}) answer {
+	last, epoch, h := rep.LogPosition()
+	v := rep.Vote()
+	return answer{id: n.cfg.ID, addr: n.advertise(), lastLSN: last, lastEpoch: epoch, history: h, epoch: v.Epoch, holder: v.Primary, granted: true}
+}
+
+// survey asks every log store and other member where its log ends.
+func (n *Node) survey(ctx context.Context) []answer {
+	type job struct {
+		id, addr string
+		ls       bool
+	}
+	var jobs []job
+	for _, a := range n.cfg.LogStores {
+		jobs = append(jobs, job{a, a, true})
+	}
+	for _, m := range n.cfg.Members {
+		if m.ID != n.cfg.ID {
+			jobs = append(jobs, job{m.ID, m.Addr, false})
+		}
+	}
+	out := make([]answer, len(jobs))
+	done := make(chan struct{}, len(jobs))
+	for i, j := range jobs {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			a := answer{id: j.id, addr: j.addr, logstore: j.ls}
+			if j.ls {
+				st, err := logStoreStatus(ctx, j.addr)
+				if a.err = err; err == nil {
+					a.epoch, a.holder, a.lastEpoch, a.lastLSN, a.history = st.GetVoteEpoch(), st.GetPrimaryId(), st.GetLastEpoch(), st.GetDurableLsn(), historyOf(st.GetHistory())
+				}
+			} else {
+				st, err := nodeStatus(ctx, j.addr)
+				if a.err = err; err == nil {
+					a.epoch, a.holder, a.lastEpoch, a.lastLSN, a.history = st.GetVoteEpoch(), st.GetPrimaryId(), st.GetEpoch(), st.GetDurableLsn(), historyOf(st.GetHistory())
+					a.primary = st.GetRole() == walshipv1.Role_ROLE_PRIMARY
+					if len(st.GetPeers()) > 0 && !a.primary {
+						a.primaryLast = st.GetVisibleLsn() + st.GetPeers()[0].GetLagRecords()
+					}
+				}
+			}
+			out[i] = a
+		}()
+	}
+	for range jobs {
+		<-done
+	}
+	return out
+}
+
+// fenceAll fences every log store and member at once (this node through
+// its replica directly) and returns every answer.
+func (n *Node) fenceAll(ctx context.Context, rep interface {
+	Fence(*walshipv1.FenceRequest) (*walshipv1.FenceResponse, error)
+}, req *walshipv1.FenceRequest) []answer {
+	type job struct {
+		id, addr string
+		ls, self bool
+	}
+	jobs := []job{{id: n.cfg.ID, self: true}}
+	for _, a := range n.cfg.LogStores {
+		jobs = append(jobs, job{id: a, addr: a, ls: true})
+	}
+	for _, m := range n.cfg.Members {
+		if m.ID != n.cfg.ID {
+			jobs = append(jobs, job{id: m.ID, addr: m.Addr})
+		}
+	}
+	out := make([]answer, len(jobs))
+	done := make(chan struct{}, len(jobs))
+	for i, j := range jobs {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			var resp *walshipv1.FenceResponse
+			var err error
+			if j.self {
+				resp, err = rep.Fence(req)
+			} else {
+				resp, err = fence(ctx, j.addr, req)
+			}
+			a := answer{id: j.id, addr: j.addr, logstore: j.ls, err: err}
+			if j.self {
+				a.addr = n.advertise()
+			}
+			if err == nil {
+				a.granted, a.epoch, a.holder = resp.GetGranted(), resp.GetEpoch(), resp.GetPrimaryId()
+				a.lastEpoch, a.lastLSN, a.history, a.primary = resp.GetLastEpoch(), resp.GetLastLsn(), historyOf(resp.GetHistory()), resp.GetPrimary()
+				a.since = resp.GetSincePrimaryContact().AsDuration()
+				a.primaryLast, a.primaryDurable = resp.GetPrimaryLastLsn(), resp.GetPrimaryDurableLsn()
+			}
+			out[i] = a
+		}()
+	}
+	for range jobs {
+		<-done
+	}
+	return out
+}
+
+func dial(addr string) (*grpc.ClientConn, error) {
+	return grpc.NewClient(addr, serve.DialOptions(grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(wal.MaxEntrySize+1<<20)))...)
+}
+
+func fence(ctx context.Context, addr string, req *walshipv1.FenceRequest) (*walshipv1.FenceResponse, error) {
+	conn, err := dial(addr)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	fctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	return walshipv1.NewEpochServiceClient(conn).Fence(fctx, req)
+}
+
+func logStoreStatus(ctx context.Context, addr string) (*walshipv1.LogStoreServiceStatusResponse, error) {
+	conn, err := dial(addr)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	return walshipv1.NewLogStoreServiceClient(conn).Status(sctx, &walshipv1.LogStoreServiceStatusRequest{})
+}
+
+func nodeStatus(ctx context.Context, addr string) (*walshipv1.StatusResponse, error) {
+	conn, err := dial(addr)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	return walshipv1.NewAdminServiceClient(conn).Status(sctx, &walshipv1.StatusRequest{})
+}
+
+// carryOut does steps 4-6 with the replica role stopped.
+func (n *Node) carryOut(ctx context.Context, p *plan) error {
+	log, err := wal.Open(wal.Options{Dir: filepath.Join(n.cfg.DataDir, "wal"), FS: n.fs, SegmentSize: n.cfg.Replica.SegmentBytes, Logger: n.logger})
+	if err != nil {
+		return fmt.Errorf("open wal: %w", err)
+	}
+	closed := false
+	defer func() {
+		if !closed {
+			_ = log.Close()
+		}
+	}()
+	own, err := datadir.LoadHistory(n.fs, n.cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	own = own.Cut(log.LastLSN())
+	hist := p.donor.history
+	if p.donor.id == n.cfg.ID {
+		hist = own
+	}
+	// Cut a tail of this node's log that the donor's history does not
+	// have (kept in an orphan file).
+	if p.donor.id != n.cfg.ID {
+		keep, all, known := hist.KeepUpTo(own.Current().Epoch)
+		if !known {
+			return fmt.Errorf("this node's log (epoch %d) is older than the donor %s's history reaches back to: re-seed it first", own.Current().Epoch, p.donor.id)
+		}
+		if !all && keep < log.LastLSN() {
+			applied, _ := datadir.LoadUint(n.fs, datadir.AppliedPath(n.cfg.DataDir))
+			if applied > keep {
+				return fmt.Errorf("this node applied LSNs up to %d, past where its history and the donor %s's part (%d): re-seed it first", applied, p.donor.id, keep)
+			}
+			_, cut, err := datadir.OrphanTail(n.fs, n.cfg.DataDir, log, keep, time.Now())
+			if err != nil {
+				return err
+			}
+			if err := log.TruncateAfter(keep); err != nil {
+				return fmt.Errorf("cut the log after LSN %d: %w", keep, err)
+			}
+			p.timeline.CutRecords = cut
+		}
+	}
+	// Copy what the donor has beyond this log.
+	if p.donor.lastLSN > log.LastLSN() {
+		records, bytes, err := copyFrom(ctx, p.donor.addr, log, p.donor.lastLSN)
+		if err != nil {
+			return fmt.Errorf("catch up from %s: %w", p.donor.id, err)
+		}
+		p.timeline.CaughtUpRecords, p.timeline.CaughtUpBytes = records, bytes
+	}
+	if err := log.Sync(); err != nil {
+		return fmt.Errorf("wal sync: %w", err)
+	}
+	last := log.LastLSN()
+	closed = true
+	if err := log.Close(); err != nil {
+		return fmt.Errorf("close wal: %w", err)
+	}
+	h := hist.Cut(last).With(p.epoch, last+1)
+	if err := datadir.SaveHistory(n.fs, n.cfg.DataDir, h); err != nil {
+		return err
+	}
+	if d := time.Until(p.leaseUntil); d > 0 {
+		n.logger.Info("waiting out the old primary's lease", "for", d)
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+	}
+	listen, metrics := n.listen()
+	if err := n.newPrimary(listen, metrics, &primary.Elected{Epoch: p.epoch, History: h}); err != nil {
+		return err
+	}
+	p.timeline.StartLsn = last + 1
+	n.metrics.promotions.WithLabelValues("opened").Inc()
+	n.setTimeline(p.timeline)
+	return nil
+}
+
+// copyFrom reads the batches after log's end up to last from addr (a log
+// store, or a replica serving its log) and appends them, checked.
+func copyFrom(ctx context.Context, addr string, log *wal.Log, last uint64) (records, bytes uint64, err error) {
+	conn, err := dial(addr)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer conn.Close()
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	from := log.LastLSN() + 1
+	stream, err := walshipv1.NewLogStoreServiceClient(conn).Read(rctx, &walshipv1.ReadRequest{FromLsn: from, ToLsn: last})
+	if err != nil {
+		return 0, 0, err
+	}
+	for log.LastLSN() < last {
+		m, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return records, bytes, fmt.Errorf("the donor's log ended at LSN %d, before %d", log.LastLSN(), last)
+		}
+		if err != nil {
+			return records, bytes, err
+		}
+		b := m.GetBatch()
+		if b.GetLastLsn() <= log.LastLSN() {
+			continue
+		}
+		if err := envelope.Verify(b); err != nil {
+			return records, bytes, fmt.Errorf("batch %d..%d: %w", b.GetFirstLsn(), b.GetLastLsn(), err)
+		}
+		if b.GetFirstLsn() != log.LastLSN()+1 {
+			return records, bytes, fmt.Errorf("the donor sent LSNs %d..%d after LSN %d", b.GetFirstLsn(), b.GetLastLsn(), log.LastLSN())
+		}
+		data, err := envelope.Marshal(b)
+		if err != nil {
+			return records, bytes, err
+		}
+		if err := log.Append(wal.Entry{FirstLSN: b.GetFirstLsn(), LastLSN: b.GetLastLsn(), Data: data}); err != nil {
+			return records, bytes, err
+		}
+		records += b.GetLastLsn() - b.GetFirstLsn() + 1
+		bytes += uint64(len(data))
+	}
+	return records, bytes, nil
+}
