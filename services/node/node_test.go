@@ -279,3 +279,45 @@ func testLogger() *slog.Logger {
 	}
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
+
+// TestSwitchover: the primary hands over to n1 without losing anything,
+// asynchronous commits included; n1 opens without waiting out a lease
+// (the old primary promised), and the old primary follows n1.
+func TestSwitchover(t *testing.T) {
+	c := newCluster(t)
+	c0, c1 := c.conn(t, "n0"), c.conn(t, "n1")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	put(t, c0, "first", "x")
+	kv0 := walshipv1.NewKVServiceClient(c0)
+	async := &walshipv1.CommitPolicy{Durability: walshipv1.Durability_DURABILITY_ASYNC, Replication: walshipv1.ReplicationMode_REPLICATION_MODE_ASYNC}
+	for i := range 50 {
+		if _, err := kv0.Put(ctx, &walshipv1.PutRequest{Key: fmt.Sprintf("a%02d", i), Value: []byte("async"), Policy: async}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := walshipv1.NewAdminServiceClient(c0).Switchover(ctx, &walshipv1.SwitchoverRequest{Target: "nope"})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("switchover to a non-member = %v", err)
+	}
+	resp, err := walshipv1.NewAdminServiceClient(c0).Switchover(ctx, &walshipv1.SwitchoverRequest{Target: "n1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("switchover: epoch %d, lsn %d, paused %v", resp.Epoch, resp.Lsn, resp.Paused.AsDuration())
+	st := status1(t, c1)
+	if st.Role != walshipv1.Role_ROLE_PRIMARY || st.LastFailover.GetLeaseWait().AsDuration() != 0 {
+		t.Fatalf("n1 after the switchover: %v", st)
+	}
+	for i := range 50 {
+		g, err := walshipv1.NewKVServiceClient(c1).Get(ctx, &walshipv1.GetRequest{Key: fmt.Sprintf("a%02d", i)})
+		if err != nil || string(g.Value) != "async" {
+			t.Fatalf("async write a%02d on the new primary: %v, %v", i, g, err)
+		}
+	}
+	testwait.Until(t, "n0 to follow n1", func() bool { return c.nodes["n0"].Role() == RoleReplica })
+	lsn := put(t, c1, "after", "y")
+	if _, err := walshipv1.NewKVServiceClient(c0).Get(ctx, &walshipv1.GetRequest{Key: "after", MinLsn: lsn, WaitTimeout: durationpb.New(15 * time.Second)}, grpc.WaitForReady(true)); err != nil {
+		t.Fatalf("old primary reading the new one's write: %v", err)
+	}
+}

@@ -2,6 +2,7 @@ package primary
 
 import (
 	"context"
+	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/kvapi"
@@ -91,4 +92,21 @@ func (a *adminServer) SetPolicy(_ context.Context, req *walshipv1.SetPolicyReque
 			return &walshipv1.SetPolicyResponse{Policy: next.Proto()}, nil
 		}
 	}
+}
+
+func (a *adminServer) Switchover(ctx context.Context, req *walshipv1.SwitchoverRequest) (*walshipv1.SwitchoverResponse, error) {
+	timeout := 10 * time.Second
+	if req.GetTimeout() != nil {
+		if err := req.GetTimeout().CheckValid(); err != nil {
+			return nil, rpcerr.Invalid("timeout", "%v", err)
+		}
+		timeout = req.GetTimeout().AsDuration()
+		if timeout <= 0 || timeout > 5*time.Minute {
+			return nil, rpcerr.Invalid("timeout", "%v is not in (0, 5m]", timeout)
+		}
+	}
+	if req.GetTarget() == "" {
+		return nil, rpcerr.Invalid("target", "required: the node id of the replica to hand over to")
+	}
+	return a.s.Switchover(ctx, req.GetTarget(), timeout)
 }

@@ -17,7 +17,9 @@ import (
 	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/pkg/codec"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
+	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -272,13 +274,26 @@ func (s *Server) needsRecord() bool {
 func (s *Server) serving() error {
 	switch {
 	case s.failedErr() != nil:
-		return status.Errorf(codes.Unavailable, "primary cannot serve: %v", s.failedErr())
+		return notServing("primary cannot serve: %v", s.failedErr())
 	case !s.opened.Load():
-		return status.Errorf(codes.Unavailable, "primary is opening epoch %d: its epoch record does not meet the contract yet", s.epoch)
+		return notServing("primary is opening epoch %d: its epoch record does not meet the contract yet", s.epoch)
+	case s.handover.Load():
+		return notServing("primary is handing over to another node (switchover)")
 	case !s.lease.valid():
-		return status.Errorf(codes.Unavailable, "primary has not heard from a log store majority for %v (its lease): it may have been deposed", s.cfg.LeaseTimeout)
+		return notServing("primary has not heard from a log store majority for %v (its lease): it may have been deposed", s.cfg.LeaseTimeout)
 	}
 	return nil
+}
+
+// notServing is UNAVAILABLE for a call refused before it did anything,
+// with an ErrorInfo of reason NOT_SERVING, so that a client knows a
+// refused write was not applied and may send it elsewhere (pkg/client).
+func notServing(format string, args ...any) error {
+	st := status.Newf(codes.Unavailable, format, args...)
+	if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: "NOT_SERVING", Domain: "walship.io"}); err == nil {
+		st = d
+	}
+	return st.Err()
 }
 
 func (s *Server) failedErr() error {
@@ -441,4 +456,78 @@ func (l *lease) wait(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
+}
+
+// Switchover hands the primary's role to target without losing anything:
+// it stops taking reads and writes, waits until every commit in flight is
+// resolved and the target has flushed the whole log, and asks the target
+// to promote itself. The target fences this primary among the others (it
+// steps down and rejoins as the target's replica) and need not wait out
+// its lease. Bounded by timeout; on failure the primary serves again.
+func (s *Server) Switchover(ctx context.Context, target string, timeout time.Duration) (*walshipv1.SwitchoverResponse, error) {
+	var addr string
+	for _, m := range s.cfg.Members {
+		if m.ID == target && m.ID != s.cfg.ID {
+			addr = m.Addr
+		}
+	}
+	if addr == "" {
+		return nil, status.Errorf(codes.InvalidArgument, "target: %q is not another member of the cluster (--peers)", target)
+	}
+	if err := s.serving(); err != nil {
+		return nil, err
+	}
+	if !s.handover.CompareAndSwap(false, true) {
+		return nil, status.Error(codes.Aborted, "a switchover is already under way")
+	}
+	start := time.Now()
+	ok := false
+	defer func() {
+		if !ok {
+			s.handover.Store(false)
+		}
+	}()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	s.logger.Info("switching over", "target", target)
+	// Every commit already sequenced resolves (they are answered as usual).
+	s.seqMu.Lock()
+	last := s.nextLSN - 1
+	s.seqMu.Unlock()
+	if _, err := s.visible.Wait(ctx, last); err != nil {
+		return nil, status.Errorf(codes.DeadlineExceeded, "switchover to %s: commits up to LSN %d did not resolve within %v", target, last, timeout)
+	}
+	// The target has flushed the whole log.
+	if err := s.peers.waitReplica(ctx, target, last); err != nil {
+		return nil, status.Errorf(codes.DeadlineExceeded, "switchover to %s: it did not flush LSN %d within %v: %v", target, last, timeout, err)
+	}
+	// The target restarts its server as it changes role: reconnect fast.
+	conn, err := grpc.NewClient(addr, serve.DialOptions(grpc.WithConnectParams(grpc.ConnectParams{
+		Backoff: grpcbackoff.Config{BaseDelay: 5 * time.Millisecond, Multiplier: 1.6, MaxDelay: 100 * time.Millisecond}, MinConnectTimeout: time.Second}))...)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	resp, err := walshipv1.NewAdminServiceClient(conn).Promote(ctx, &walshipv1.PromoteRequest{})
+	if err != nil {
+		return nil, status.Errorf(status.Code(err), "switchover to %s: its promotion failed: %v", target, status.Convert(err).Message())
+	}
+	ok = true
+	// The target fenced this primary; wait until it takes writes, so that
+	// the pause reported is the pause clients see.
+	admin := walshipv1.NewAdminServiceClient(conn)
+	for ctx.Err() == nil {
+		st, err := admin.Status(ctx, &walshipv1.StatusRequest{}, grpc.WaitForReady(true))
+		if err == nil && st.GetRole() == walshipv1.Role_ROLE_PRIMARY && st.GetServing() {
+			break
+		}
+		t := time.NewTimer(5 * time.Millisecond)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		}
+	}
+	paused := time.Since(start)
+	s.logger.Info("switched over", "target", target, "epoch", resp.GetEpoch(), "lsn", last, "paused", paused)
+	return &walshipv1.SwitchoverResponse{Epoch: resp.GetEpoch(), Lsn: last, Paused: durationpb.New(paused)}, nil
 }

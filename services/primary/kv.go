@@ -272,10 +272,10 @@ func (s *Server) execTxn(ctx context.Context, p *walshipv1.CommitPolicy, cmps []
 	switch {
 	case s.broken != nil:
 		s.seqMu.Unlock()
-		return execResult{}, status.Errorf(codes.Unavailable, "primary cannot commit: %v", s.broken)
+		return execResult{}, notServing("primary cannot commit: %v", s.broken)
 	case s.stopping:
 		s.seqMu.Unlock()
-		return execResult{}, rpcerr.Status(errStopping)
+		return execResult{}, notServing("%v", errStopping)
 	}
 	res := execResult{succeeded: true}
 	for i := range cmps {

@@ -36,6 +36,9 @@ type peers struct {
 	waiting [walshipv1.SyncLevel_SYNC_LEVEL_APPLY + 1]atomic.Int64
 	// lsWaiting counts commits waiting on log stores, likewise.
 	lsWaiting atomic.Int64
+	// changed is closed (and dropped) by the next replica update, for
+	// waitReplica; guarded by mu.
+	changed chan struct{}
 }
 
 // waitClass is what a sync commit waits for: k replicas at a stage.
@@ -124,6 +127,10 @@ func (p *peers) updateReplica(id string, f func(r *replicaPos)) {
 		p.replicas[id] = r
 	}
 	f(r)
+	if p.changed != nil {
+		close(p.changed)
+		p.changed = nil
+	}
 	for c, q := range p.replWaiters {
 		if len(*q) > 0 {
 			q.release(p.replicaQuorumLocked(c))
@@ -297,4 +304,34 @@ func (p *peers) snapshot() ([]replicaPos, []logstorePos) {
 	sort.Slice(rs, func(i, j int) bool { return rs[i].id < rs[j].id })
 	sort.Slice(ls, func(i, j int) bool { return ls[i].addr < ls[j].addr })
 	return rs, ls
+}
+
+// waitReplica blocks until replica id has flushed lsn, or ctx ends.
+func (p *peers) waitReplica(ctx context.Context, id string, lsn uint64) error {
+	for {
+		p.mu.Lock()
+		r := p.replicas[id]
+		if r != nil && r.connected && r.flushed >= lsn {
+			p.mu.Unlock()
+			return nil
+		}
+		if p.changed == nil {
+			p.changed = make(chan struct{})
+		}
+		ch := p.changed
+		var flushed uint64
+		connected := r != nil && r.connected
+		if r != nil {
+			flushed = r.flushed
+		}
+		p.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			if !connected {
+				return fmt.Errorf("replica %s is not connected", id)
+			}
+			return fmt.Errorf("replica %s has flushed LSN %d", id, flushed)
+		}
+	}
 }

@@ -59,6 +59,7 @@ type Server struct {
 	// meets the contract: reads and writes are served from then on.
 	epochReady atomic.Bool
 	opened     atomic.Bool
+	handover   atomic.Bool // a switchover is under way
 	lease      *lease
 	deposeOnce sync.Once
 	// alive is cancelled when the primary fails or is deposed: waits for

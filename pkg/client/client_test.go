@@ -1,0 +1,82 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/cluster"
+	"github.com/walship/walship/pkg/client"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// TestClientFollowsAFailover: a client given every node's address writes
+// to the primary, reads its write on a replica with min_lsn, and after the
+// primary stops and a replica is promoted finds the new primary by itself.
+func TestClientFollowsAFailover(t *testing.T) {
+	c, err := cluster.Start(t.Context(), cluster.Config{Dir: t.TempDir(), LogStores: 1, Replicas: 2, Failover: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Stop() })
+	var addrs []string
+	for _, n := range c.Nodes() {
+		addrs = append(addrs, n.Addr)
+	}
+	// The log store is not a data node: the client skips what is not one.
+	cl, err := client.New(addrs, client.Options{Retry: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	lsn, err := cl.Put(ctx, "k", []byte("v1"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g, err := cl.GetAt(ctx, c.Replicas[1].Addr, "k", lsn); err != nil || string(g.Value) != "v1" {
+		t.Fatalf("read your write on a replica: %v, %v", g, err)
+	}
+	if err := c.StopNode(c.Primary); err != nil {
+		t.Fatal(err)
+	}
+	admin := walshipv1.NewAdminServiceClient(c.Conn(c.Replicas[0]))
+	if _, err := admin.Promote(ctx, &walshipv1.PromoteRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	lsn2, err := cl.Put(ctx, "k", []byte("v2"), nil)
+	if err != nil {
+		t.Fatalf("Put after the failover: %v", err)
+	}
+	if p, _ := cl.Primary(ctx); p != c.Replicas[0].Addr || lsn2 <= lsn {
+		t.Fatalf("primary %s, lsn %d; want %s above %d", p, lsn2, c.Replicas[0].Addr, lsn)
+	}
+	if g, err := cl.Get(ctx, "k"); err != nil || string(g.Value) != "v2" {
+		t.Fatalf("Get on the new primary: %v, %v", g, err)
+	}
+}
+
+func TestNotApplied(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{status.Error(codes.FailedPrecondition, "read-only replica"), true},
+		{status.Error(codes.Unavailable, `connection error: desc = "transport: Error while dialing: dial tcp: connection refused"`), true},
+		{status.Error(codes.Unavailable, "error reading from server: EOF"), false},
+		{status.Error(codes.DeadlineExceeded, "context deadline exceeded"), false},
+		{errors.New("plain"), false},
+	} {
+		if got := client.NotApplied(tc.err); got != tc.want {
+			t.Errorf("NotApplied(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+	var u *client.UnknownOutcomeError
+	if !errors.As(&client.UnknownOutcomeError{Err: errors.New("x")}, &u) {
+		t.Fatal("UnknownOutcomeError is not one")
+	}
+}
