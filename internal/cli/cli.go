@@ -48,6 +48,9 @@ func commands() []command {
 		{name: "replica", summary: "run a replica: apply the primary's WAL and serve reads", flags: replicaFlags},
 		{name: "logstore", summary: "run a log store: keep the WAL durably for catch-up", flags: logstoreFlags},
 		{name: "bench", summary: "run a benchmark workload and print the seed's table", flags: benchFlags},
+		{name: "ctl status", summary: "show every node's role, epoch, positions and last promotion", flags: ctlStatusFlags},
+		{name: "ctl promote", summary: "promote a replica by an epoch vote (--dry-run: what it would see and risk)", flags: ctlPromoteFlags},
+		{name: "ctl switchover", summary: "hand the primary's role to a replica without losing anything", flags: ctlSwitchoverFlags},
 		{name: "check linear", summary: "check a cluster's reads and writes for linearizability (porcupine) with a bounded workload of its own", flags: checkLinearFlags},
 		{name: "dev", summary: "run a local cluster (log store, primary, 2 replicas) with data in a temp dir", flags: devFlags},
 		{name: "version", summary: "print the version", flags: versionFlags},
@@ -201,9 +204,9 @@ func usage(w io.Writer) {
 	cmds := commands()
 	sort.Slice(cmds, func(i, j int) bool { return cmds[i].name < cmds[j].name })
 	for _, c := range cmds {
-		fmt.Fprintf(w, "  %-13s %s\n", c.name, c.summary)
+		fmt.Fprintf(w, "  %-15s %s\n", c.name, c.summary)
 	}
-	fmt.Fprintf(w, "  %-13s %s\n\nRun 'walship help <command>' for a command's flags.\n", "help", "show help for a command")
+	fmt.Fprintf(w, "  %-15s %s\n\nRun 'walship help <command>' for a command's flags.\n", "help", "show help for a command")
 }
 
 func helpCommand(name string, stdout, stderr io.Writer) int {

@@ -5,6 +5,9 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
+	"strings"
+	"syscall"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/cluster"
@@ -42,7 +45,7 @@ func devFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 			}
 		}
 		c, err := cluster.Start(ctx, cluster.Config{
-			Dir: dataDir, LogStores: logstores, Replicas: replicas, Host: host, BasePort: basePort, Metrics: true,
+			Dir: dataDir, LogStores: logstores, Replicas: replicas, Host: host, BasePort: basePort, Metrics: true, Failover: true,
 			Primary: func(cfg *primary.Config) { cfg.Policy = pol },
 			Logger:  env.Logger,
 		})
@@ -50,7 +53,26 @@ func devFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 			return err
 		}
 		printDev(env, c, dataDir)
-		<-ctx.Done()
+		// SIGUSR1 stops whichever data node is the primary, as if its
+		// machine died: then promote a replica.
+		usr1 := make(chan os.Signal, 1)
+		signal.Notify(usr1, syscall.SIGUSR1)
+		defer signal.Stop(usr1)
+		for {
+			select {
+			case <-usr1:
+				for _, n := range append([]*cluster.Node{c.Primary}, c.Replicas...) {
+					if dn := n.DataNode(); dn != nil && dn.Primary() != nil {
+						fmt.Fprintf(env.Stdout, "\nstopping %s, the primary (as if its machine died); promote a replica:\n  walship ctl promote --node %s\n", n.Name, c.Replicas[0].Addr)
+						_ = c.StopNode(n)
+						break
+					}
+				}
+				continue
+			case <-ctx.Done():
+			}
+			break
+		}
 		fmt.Fprintln(env.Stdout, "\nstopping the cluster...")
 		return c.Stop()
 	}
@@ -64,6 +86,10 @@ func printDev(env *Env, c *cluster.Cluster, dataDir string) {
 		fmt.Fprintf(w, "  %-10s %-22s http://%s/metrics\n", n.Name, n.Addr, n.MetricsAddr)
 	}
 	p := c.Primary.Addr
+	var addrs []string
+	for _, n := range c.Nodes() {
+		addrs = append(addrs, n.Addr)
+	}
 	r := p
 	if len(c.Replicas) > 0 {
 		r = c.Replicas[0].Addr
@@ -78,9 +104,17 @@ Try it (grpcurl needs no .proto files: every node serves reflection):
   grpcurl -plaintext %[1]s walship.v1.AdminService/Status
   grpcurl -plaintext %[2]s walship.v1.AdminService/Status
 
+Fail over (the nodes are members of one cluster; the log store is the quorum):
+
+  walship ctl status --nodes %[4]s
+  walship ctl switchover --primary %[1]s --target replica-0     # planned: nothing lost
+  kill -USR1 %[5]d                                          # stop the primary, as if its machine died
+  walship ctl promote --node %[2]s --dry-run                    # what a promotion would see and risk
+  walship ctl promote --node %[2]s
+
 Check that it is linearizable (a bounded workload of its own, checked with porcupine):
 
   walship check linear --primary %[1]s --replica %[2]s --duration 10s
 
-`, p, r, walshipv1.KVService_ServiceDesc.ServiceName)
+`, p, r, walshipv1.KVService_ServiceDesc.ServiceName, strings.Join(addrs, ","), os.Getpid())
 }

@@ -301,6 +301,9 @@ func (n *Node) Run(ctx context.Context) error {
 		select {
 		case err = <-done:
 		case p = <-n.plans:
+			// The old primary's lease runs out first, while this replica
+			// (fenced, following no one) still serves its reads.
+			n.waitLease(ctx, p)
 			cancel()
 			err = <-done
 		}
@@ -354,5 +357,20 @@ func (n *Node) statusHook(resp *walshipv1.StatusResponse) {
 	defer n.mu.Unlock()
 	if n.timeline != nil {
 		resp.LastFailover = proto.Clone(n.timeline).(*walshipv1.FailoverTimeline)
+	}
+}
+
+// waitLease waits until the old primary's lease has run out (p.leaseUntil).
+func (n *Node) waitLease(ctx context.Context, p *plan) {
+	d := time.Until(p.leaseUntil)
+	if d <= 0 {
+		return
+	}
+	n.logger.Info("waiting out the old primary's lease", "for", d)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
 	}
 }

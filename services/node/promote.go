@@ -520,15 +520,8 @@ func (n *Node) carryOut(ctx context.Context, p *plan) error {
 	if err := datadir.SaveHistory(n.fs, n.cfg.DataDir, h); err != nil {
 		return err
 	}
-	if d := time.Until(p.leaseUntil); d > 0 {
-		n.logger.Info("waiting out the old primary's lease", "for", d)
-		t := time.NewTimer(d)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		}
+	if ctx.Err() != nil {
+		return ctx.Err()
 	}
 	listen, metrics := n.listen()
 	if err := n.newPrimary(listen, metrics, &primary.Elected{Epoch: p.epoch, History: h}); err != nil {

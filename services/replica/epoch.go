@@ -348,6 +348,12 @@ func (l *logServer) Status(context.Context, *walshipv1.LogStoreServiceStatusRequ
 		LastEpoch: s.epoch.Load(), History: historyProto(*s.history.Load()), VoteEpoch: v.Epoch, PrimaryId: v.Primary, PrimaryAddr: v.Addr}, nil
 }
 
+// isNotPrimary reports whether err is a NotPrimary refusal.
+func isNotPrimary(err error) bool {
+	_, ok := primaryFrom(err)
+	return ok
+}
+
 // learnPrimary takes a NotPrimary refusal's word for who the primary is,
 // if it names a newer epoch than promised (or the same one's primary).
 func (s *Server) learnPrimary(err error) bool {

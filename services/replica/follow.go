@@ -51,6 +51,7 @@ func (s *Server) setRung(r walshipv1.CatchUpRung) {
 func (s *Server) follow(ctx context.Context) error {
 	var bo backoff.Backoff
 	failures := 0
+	lastPrimary := s.primary()
 	rung := walshipv1.CatchUpRung_CATCH_UP_RUNG_PRIMARY
 	for ctx.Err() == nil {
 		s.setRung(rung)
@@ -131,6 +132,18 @@ func (s *Server) follow(ctx context.Context) error {
 			// Asked a node that is not the primary: it named the one it
 			// knows, which this replica follows from now on.
 			continue
+		case rung == walshipv1.CatchUpRung_CATCH_UP_RUNG_PRIMARY && isNotPrimary(err):
+			// The node this replica promised is not the primary yet: a
+			// candidate still catching up or waiting out the old primary's
+			// lease. Ask again shortly; it opens within a lease.
+			t := time.NewTimer(notYetPrimaryRetry)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return nil
+			}
+			continue
 		case code == codes.FailedPrecondition:
 			// Diverged, ahead of the primary, or in a newer epoch: this needs
 			// an operator's judgement, never an automatic wipe.
@@ -151,12 +164,23 @@ func (s *Server) follow(ctx context.Context) error {
 				s.askLogStore(ctx)
 			}
 		}
+		if p := s.primary(); p != lastPrimary {
+			// A new primary to follow (a fence, a refusal naming it): it
+			// may be restarting its server as it changes role; try again
+			// soon rather than at the failures' backoff.
+			lastPrimary = p
+			bo.Reset()
+		}
 		if !bo.Wait(ctx) {
 			return nil
 		}
 	}
 	return nil
 }
+
+// notYetPrimaryRetry is how soon a replica asks again a candidate that
+// is not the primary yet.
+const notYetPrimaryRetry = 20 * time.Millisecond
 
 // silence is how long a stream from the primary or a log store may bring
 // nothing before the replica gives up on it: ten heartbeats, at least 5 s.

@@ -1,0 +1,187 @@
+package cli
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/serve"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// walship ctl: the operator's commands over AdminService (what patronictl
+// or the cnpg plugin are to their systems); grpcurl works as well.
+
+func dialNode(addr string) (*grpc.ClientConn, error) {
+	return grpc.NewClient(addr, serve.DialOptions()...)
+}
+
+func ctlStatusFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
+	var nodes []string
+	fs.Var(listFlag{&nodes}, "nodes", "gRPC addresses of the nodes to show, comma-separated (data nodes and log stores)")
+	return func(ctx context.Context) error {
+		if len(nodes) == 0 {
+			return usageErr(env, "--nodes: required")
+		}
+		type row struct {
+			addr string
+			st   *walshipv1.StatusResponse
+			err  error
+		}
+		rows := make([]row, len(nodes))
+		for i, a := range nodes {
+			rows[i].addr = a
+			conn, err := dialNode(a)
+			if err != nil {
+				rows[i].err = err
+				continue
+			}
+			sctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			rows[i].st, rows[i].err = walshipv1.NewAdminServiceClient(conn).Status(sctx, &walshipv1.StatusRequest{})
+			cancel()
+			conn.Close()
+		}
+		w := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(w, "ADDRESS\tID\tROLE\tEPOCH\tPROMISED\tPRIMARY\tLAST\tDURABLE\tVISIBLE\tLAG\tSERVING\tORPHANS")
+		for _, r := range rows {
+			if r.err != nil {
+				fmt.Fprintf(w, "%s\t-\tunreachable\t\t\t\t\t\t\t\t\t%v\n", r.addr, r.err)
+				continue
+			}
+			st := r.st
+			lag := ""
+			if st.GetRole() == walshipv1.Role_ROLE_REPLICA && len(st.GetPeers()) > 0 {
+				lag = fmt.Sprintf("%d rec, %.2fs", st.GetPeers()[0].GetLagRecords(), st.GetPeers()[0].GetLagSeconds())
+			}
+			role := strings.ToLower(strings.TrimPrefix(st.GetRole().String(), "ROLE_"))
+			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\t%d\t%d\t%d\t%s\t%v\t%d\n", r.addr, st.GetId(), role, st.GetEpoch(), st.GetVoteEpoch(),
+				st.GetPrimaryId(), st.GetLastLsn(), st.GetDurableLsn(), st.GetVisibleLsn(), lag, st.GetServing(), len(st.GetOrphans()))
+		}
+		if err := w.Flush(); err != nil {
+			return err
+		}
+		for _, r := range rows {
+			if tl := r.st.GetLastFailover(); tl != nil {
+				fmt.Fprintf(env.Stdout, "\nlast promotion by %s:\n", r.st.GetId())
+				printTimeline(env, tl)
+			}
+		}
+		return nil
+	}
+}
+
+func printTimeline(env *Env, tl *walshipv1.FailoverTimeline) {
+	at := func(ns int64) string {
+		if ns == 0 {
+			return "-"
+		}
+		return time.Unix(0, ns).UTC().Format(time.RFC3339Nano)
+	}
+	w := env.Stdout
+	fmt.Fprintf(w, "  epoch %d (from epoch %d, primary %q)\n", tl.GetEpoch(), tl.GetPreviousEpoch(), tl.GetPreviousPrimary())
+	fmt.Fprintf(w, "  started %s, fenced %s\n", at(tl.GetStartedUnixNano()), at(tl.GetFencedUnixNano()))
+	fmt.Fprintf(w, "  promised: %s\n", strings.Join(tl.GetGranted(), ", "))
+	if len(tl.GetRefused()) > 0 {
+		fmt.Fprintf(w, "  not: %s\n", strings.Join(tl.GetRefused(), "; "))
+	}
+	fmt.Fprintf(w, "  donor %s; caught up %d records (%d bytes); cut %d records into an orphan file; waited %v for the old primary's lease; epoch starts at LSN %d\n",
+		tl.GetDonor(), tl.GetCaughtUpRecords(), tl.GetCaughtUpBytes(), tl.GetCutRecords(), tl.GetLeaseWait().AsDuration(), tl.GetStartLsn())
+}
+
+func ctlPromoteFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
+	var (
+		addr       string
+		dry, force bool
+		epoch      uint64
+		wait       time.Duration
+	)
+	fs.StringVar(&addr, "node", "", "gRPC address of the replica to promote (required)")
+	fs.BoolVar(&dry, "dry-run", false, "only report what a promotion would see, need and risk")
+	fs.BoolVar(&force, "force", false, "promote with a log store majority even without the replicas the contract needs (may lose the commits a dry run names)")
+	fs.Uint64Var(&epoch, "epoch", 0, "epoch to open (0: the highest seen + 1)")
+	fs.DurationVar(&wait, "wait", 30*time.Second, "how long to wait for the new primary to take writes")
+	return func(ctx context.Context) error {
+		if addr == "" {
+			return usageErr(env, "--node: required")
+		}
+		conn, err := dialNode(addr)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		admin := walshipv1.NewAdminServiceClient(conn)
+		start := time.Now()
+		pctx, cancel := context.WithTimeout(ctx, wait)
+		defer cancel()
+		resp, err := admin.Promote(pctx, &walshipv1.PromoteRequest{Epoch: epoch, DryRun: dry, Force: force})
+		if err != nil {
+			return fmt.Errorf("promote %s: %w", addr, err)
+		}
+		verb := "promoting"
+		if dry {
+			verb = "a promotion would open"
+		}
+		fmt.Fprintf(env.Stdout, "%s epoch %d on %s: quorum %v (needs %s)\n", verb, resp.GetEpoch(), addr, resp.GetQuorum(), resp.GetNeeded())
+		fmt.Fprintf(env.Stdout, "most advanced log: LSN %d on %s\n", resp.GetHighestLsn(), resp.GetTimeline().GetDonor())
+		if resp.GetAtRiskToLsn() != 0 {
+			fmt.Fprintf(env.Stdout, "at risk: LSNs %d..%d the old primary reported and no answer holds (fsynced there up to %d: sync-durability commits may have been acknowledged)\n",
+				resp.GetAtRiskFromLsn(), resp.GetAtRiskToLsn(), resp.GetAtRiskDurableToLsn())
+		} else {
+			fmt.Fprintln(env.Stdout, "at risk: nothing (every LSN the old primary reported is held by an answer)")
+		}
+		if dry {
+			return nil
+		}
+		for {
+			sctx, scancel := context.WithTimeout(pctx, time.Second)
+			st, err := admin.Status(sctx, &walshipv1.StatusRequest{}, grpc.WaitForReady(true))
+			scancel()
+			if err == nil && st.GetRole() == walshipv1.Role_ROLE_PRIMARY && st.GetServing() {
+				fmt.Fprintf(env.Stdout, "%s is the primary of epoch %d, taking writes, %v after the call\n", addr, st.GetEpoch(), time.Since(start).Round(time.Millisecond))
+				if tl := st.GetLastFailover(); tl != nil {
+					printTimeline(env, tl)
+				}
+				return nil
+			}
+			if pctx.Err() != nil {
+				return fmt.Errorf("%s did not open epoch %d within --wait %v (last status: %v)", addr, resp.GetEpoch(), wait, err)
+			}
+			t := time.NewTimer(10 * time.Millisecond)
+			select {
+			case <-t.C:
+			case <-pctx.Done():
+			}
+		}
+	}
+}
+
+func ctlSwitchoverFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
+	var (
+		addr, target string
+		timeout      time.Duration
+	)
+	fs.StringVar(&addr, "primary", "127.0.0.1:7401", "gRPC address of the primary")
+	fs.StringVar(&target, "target", "", "node id of the replica to hand over to (required)")
+	fs.DurationVar(&timeout, "timeout", 10*time.Second, "how long the target may take to catch up")
+	return func(ctx context.Context) error {
+		if target == "" {
+			return usageErr(env, "--target: required")
+		}
+		conn, err := dialNode(addr)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		resp, err := walshipv1.NewAdminServiceClient(conn).Switchover(ctx, &walshipv1.SwitchoverRequest{Target: target, Timeout: durationpb.New(timeout)})
+		if err != nil {
+			return fmt.Errorf("switchover to %s: %w", target, err)
+		}
+		fmt.Fprintf(env.Stdout, "%s is the primary of epoch %d; it had flushed LSN %d; writes paused %v\n", target, resp.GetEpoch(), resp.GetLsn(), resp.GetPaused().AsDuration().Round(time.Millisecond))
+		return nil
+	}
+}
