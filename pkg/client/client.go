@@ -320,32 +320,33 @@ func (c *Client) GetAt(ctx context.Context, addr, key string, minLSN uint64) (*w
 
 // KV is a KVServiceClient that routes every call to the current primary
 // as the Client does: writes that fail with an unknown outcome return an
-// *UnknownOutcomeError, those the cluster did not apply are retried.
+// *UnknownOutcomeError, those the cluster did not apply are retried. Call
+// options are ignored: the client decides where and how to send.
 func (c *Client) KV() walshipv1.KVServiceClient { return routed{c} }
 
 type routed struct{ c *Client }
 
 func (r routed) Put(ctx context.Context, in *walshipv1.PutRequest, opts ...grpc.CallOption) (*walshipv1.PutResponse, error) {
 	var out *walshipv1.PutResponse
-	err := r.c.onPrimary(ctx, true, func(kv walshipv1.KVServiceClient) (err error) { out, err = kv.Put(ctx, in, opts...); return })
+	err := r.c.onPrimary(ctx, true, func(kv walshipv1.KVServiceClient) (err error) { out, err = kv.Put(ctx, in); return })
 	return out, err
 }
 
 func (r routed) Delete(ctx context.Context, in *walshipv1.DeleteRequest, opts ...grpc.CallOption) (*walshipv1.DeleteResponse, error) {
 	var out *walshipv1.DeleteResponse
-	err := r.c.onPrimary(ctx, true, func(kv walshipv1.KVServiceClient) (err error) { out, err = kv.Delete(ctx, in, opts...); return })
+	err := r.c.onPrimary(ctx, true, func(kv walshipv1.KVServiceClient) (err error) { out, err = kv.Delete(ctx, in); return })
 	return out, err
 }
 
 func (r routed) Get(ctx context.Context, in *walshipv1.GetRequest, opts ...grpc.CallOption) (*walshipv1.GetResponse, error) {
 	var out *walshipv1.GetResponse
-	err := r.c.onPrimary(ctx, false, func(kv walshipv1.KVServiceClient) (err error) { out, err = kv.Get(ctx, in, opts...); return })
+	err := r.c.onPrimary(ctx, false, func(kv walshipv1.KVServiceClient) (err error) { out, err = kv.Get(ctx, in); return })
 	return out, err
 }
 
 func (r routed) Scan(ctx context.Context, in *walshipv1.ScanRequest, opts ...grpc.CallOption) (*walshipv1.ScanResponse, error) {
 	var out *walshipv1.ScanResponse
-	err := r.c.onPrimary(ctx, false, func(kv walshipv1.KVServiceClient) (err error) { out, err = kv.Scan(ctx, in, opts...); return })
+	err := r.c.onPrimary(ctx, false, func(kv walshipv1.KVServiceClient) (err error) { out, err = kv.Scan(ctx, in); return })
 	return out, err
 }
 
@@ -357,6 +358,6 @@ func (r routed) Txn(ctx context.Context, in *walshipv1.TxnRequest, opts ...grpc.
 		}
 	}
 	var out *walshipv1.TxnResponse
-	err := r.c.onPrimary(ctx, write, func(kv walshipv1.KVServiceClient) (err error) { out, err = kv.Txn(ctx, in, opts...); return })
+	err := r.c.onPrimary(ctx, write, func(kv walshipv1.KVServiceClient) (err error) { out, err = kv.Txn(ctx, in); return })
 	return out, err
 }
