@@ -6,12 +6,16 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/check"
+	"github.com/walship/walship/pkg/client"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )
@@ -135,4 +139,184 @@ func checkLinearFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 func usageErr(env *Env, format string, args ...any) error {
 	fmt.Fprintf(env.Stderr, format+"\n", args...)
 	return errUsage
+}
+
+func checkFailoverFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
+	var (
+		nodes                       []string
+		fault, killCmd, prefix, out string
+		duration, after             time.Duration
+		clients                     int
+		rate                        float64
+	)
+	fs.Var(listFlag{&nodes}, "nodes", "gRPC addresses of the cluster's data nodes, comma-separated (required)")
+	fs.StringVar(&fault, "fault", "switchover", "the fault: switchover (planned: nothing may be lost), or kill (run --kill-command, then promote the most advanced replica)")
+	fs.StringVar(&killCmd, "kill-command", "", "for --fault kill: a shell command that kills the primary (kill -9, SIGSTOP, a VM power-off)")
+	fs.DurationVar(&duration, "duration", 20*time.Second, "how long to run the workload (at most 1h)")
+	fs.DurationVar(&after, "fault-after", 0, "when to inject the fault (default: a third of --duration)")
+	fs.IntVar(&clients, "concurrency", 6, "concurrent clients (at most 64)")
+	fs.Float64Var(&rate, "rate", 500, "operations per second of all clients together (at most 20000)")
+	fs.StringVar(&prefix, "prefix", "", "key prefix of every key the check writes (default: walship-check/<start time>/)")
+	fs.StringVar(&out, "out", "", "directory for the history and its visualisation when the check fails (default: a new temporary directory)")
+	return func(ctx context.Context) error {
+		switch {
+		case len(nodes) < 2:
+			return usageErr(env, "--nodes: at least two data nodes")
+		case fault != "switchover" && fault != "kill":
+			return usageErr(env, "--fault: %q is not switchover or kill", fault)
+		case fault == "kill" && killCmd == "":
+			return usageErr(env, "--kill-command: required with --fault kill")
+		case duration <= 0 || duration > maxCheckDuration:
+			return usageErr(env, "--duration: %v is not in (0, %v]", duration, maxCheckDuration)
+		case rate <= 0 || rate > maxCheckRate:
+			return usageErr(env, "--rate: %v is not in (0, %d]", rate, maxCheckRate)
+		case clients < 1 || clients > maxCheckClients:
+			return usageErr(env, "--concurrency: %d is not in 1..%d", clients, maxCheckClients)
+		}
+		if after <= 0 {
+			after = duration / 3
+		}
+		if prefix == "" {
+			prefix = "walship-check/" + strconv.FormatInt(time.Now().UnixNano(), 36) + "/"
+		}
+		cl, err := client.New(nodes, client.Options{Retry: 30 * time.Second})
+		if err != nil {
+			return err
+		}
+		defer cl.Close()
+		primaryAddr, err := cl.Primary(ctx)
+		if err != nil {
+			return err
+		}
+		w := check.Workload{Primary: cl.KV(), Prefix: prefix, Concurrency: clients, Rate: rate}
+		h := check.NewHistory()
+		fmt.Fprintf(env.Stdout, "checking %s for %v, %s after %v: %d clients, at most %.0f ops/s, keys under %q\n",
+			strings.Join(nodes, ","), duration, fault, after, clients, rate, prefix)
+		done := make(chan error, 1)
+		go func() {
+			_, _, err := w.Run(ctx, duration, h)
+			done <- err
+		}()
+		t := time.NewTimer(after)
+		select {
+		case err := <-done:
+			t.Stop()
+			return fmt.Errorf("the workload ended before the fault: %v", err)
+		case <-t.C:
+		}
+		faultAt := time.Now()
+		if err := injectFault(ctx, env, h, fault, killCmd, primaryAddr, nodes); err != nil {
+			<-done
+			return err
+		}
+		if _, err := cl.Put(ctx, prefix+"after-fault", []byte("x"), nil); err != nil {
+			<-done
+			return fmt.Errorf("no write acknowledged after the fault: %w", err)
+		}
+		newPrimary, _ := cl.Primary(ctx)
+		fmt.Fprintf(env.Stdout, "%s: %s → %s; writes acknowledged again %v after the fault\n", fault, primaryAddr, newPrimary, time.Since(faultAt).Round(time.Millisecond))
+		if err := <-done; err != nil {
+			return err
+		}
+		if err := w.ReadBack(ctx, h); err != nil {
+			return err
+		}
+		res := check.Check(h, 5*time.Minute)
+		if _, err := w.DeleteKeys(context.WithoutCancel(ctx), h); err != nil {
+			env.Logger.Warn("could not delete the check's keys", "prefix", prefix, "err", err)
+		}
+		fmt.Fprintln(env.Stdout, res)
+		if res.OK() {
+			return nil
+		}
+		if out == "" {
+			if out, err = os.MkdirTemp("", "walship-check-"); err != nil {
+				return err
+			}
+		}
+		hist, html := filepath.Join(out, "history.json"), filepath.Join(out, "history.html")
+		if err := h.Save(hist); err != nil {
+			return err
+		}
+		if err := res.Visualize(html); err != nil {
+			return err
+		}
+		for _, v := range res.Violations() {
+			fmt.Fprintln(env.Stdout, "  "+v)
+		}
+		fmt.Fprintf(env.Stdout, "history: %s\nvisualisation: %s\n", hist, html)
+		return errNotLinearizable
+	}
+}
+
+// injectFault switches over to another data node, or runs killCmd and
+// promotes the most advanced replica that can reach its quorum.
+func injectFault(ctx context.Context, env *Env, h *check.History, fault, killCmd, primaryAddr string, nodes []string) error {
+	statuses := map[string]*walshipv1.StatusResponse{}
+	for _, a := range nodes {
+		conn, err := dialNode(a)
+		if err != nil {
+			continue
+		}
+		sctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		st, err := walshipv1.NewAdminServiceClient(conn).Status(sctx, &walshipv1.StatusRequest{})
+		cancel()
+		conn.Close()
+		if err == nil {
+			statuses[a] = st
+		}
+	}
+	// Candidates: replicas, most advanced first.
+	var cands []string
+	for a, st := range statuses {
+		if st.GetRole() == walshipv1.Role_ROLE_REPLICA {
+			cands = append(cands, a)
+		}
+	}
+	sort.Slice(cands, func(i, j int) bool {
+		a, b := statuses[cands[i]], statuses[cands[j]]
+		return a.GetEpoch() > b.GetEpoch() || (a.GetEpoch() == b.GetEpoch() && a.GetDurableLsn() > b.GetDurableLsn())
+	})
+	if len(cands) == 0 {
+		return fmt.Errorf("no replica among %s to fail over to", strings.Join(nodes, ","))
+	}
+	switch fault {
+	case "switchover":
+		h.Note("switchover to %s", statuses[cands[0]].GetId())
+		conn, err := dialNode(primaryAddr)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		resp, err := walshipv1.NewAdminServiceClient(conn).Switchover(ctx, &walshipv1.SwitchoverRequest{Target: statuses[cands[0]].GetId()})
+		if err != nil {
+			return fmt.Errorf("switchover: %w", err)
+		}
+		fmt.Fprintf(env.Stdout, "switched over to %s (epoch %d), writes paused %v\n", statuses[cands[0]].GetId(), resp.GetEpoch(), resp.GetPaused().AsDuration().Round(time.Millisecond))
+		return nil
+	default:
+		h.Note("kill: %s", killCmd)
+		if out, err := exec.CommandContext(ctx, "sh", "-c", killCmd).CombinedOutput(); err != nil {
+			return fmt.Errorf("--kill-command: %v\n%s", err, out)
+		}
+		var errs []string
+		for _, a := range cands {
+			conn, err := dialNode(a)
+			if err != nil {
+				continue
+			}
+			pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			resp, err := walshipv1.NewAdminServiceClient(conn).Promote(pctx, &walshipv1.PromoteRequest{})
+			cancel()
+			conn.Close()
+			if err == nil {
+				h.Note("%s promoted (epoch %d)", statuses[a].GetId(), resp.GetEpoch())
+				fmt.Fprintf(env.Stdout, "promoted %s to epoch %d (donor %s, waited %v for the old primary's lease)\n", statuses[a].GetId(), resp.GetEpoch(),
+					resp.GetTimeline().GetDonor(), resp.GetTimeline().GetLeaseWait().AsDuration().Round(time.Millisecond))
+				return nil
+			}
+			errs = append(errs, fmt.Sprintf("%s: %v", a, err))
+		}
+		return fmt.Errorf("no replica could be promoted: %s", strings.Join(errs, "; "))
+	}
 }

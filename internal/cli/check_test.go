@@ -47,3 +47,27 @@ func TestCheckLinear(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckFailover runs `walship check failover` with a switchover
+// against an in-process cluster whose nodes are members: the primary
+// hands over mid-run, the workload goes on through pkg/client, and the
+// history read back is linearizable.
+func TestCheckFailover(t *testing.T) {
+	c, err := cluster.Start(t.Context(), cluster.Config{Dir: t.TempDir(), LogStores: 1, Replicas: 2, Failover: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	nodes := c.Primary.Addr + "," + c.Replicas[0].Addr + "," + c.Replicas[1].Addr
+	code, out, errOut := run(t, "check", "failover", "--nodes", nodes, "--duration", "3s", "--rate", "1000")
+	if code != 0 || !strings.Contains(out, "\nlinearizable: ") || !strings.Contains(out, "switched over to replica-") {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	if code, _, errOut := run(t, "check", "failover", "--nodes", nodes, "--fault", "kill"); code != 2 || !strings.Contains(errOut, "--kill-command: required") {
+		t.Fatalf("--fault kill without a command: exit %d, %q", code, errOut)
+	}
+}
