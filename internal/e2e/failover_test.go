@@ -1,15 +1,18 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/check"
+	"github.com/walship/walship/internal/testwait"
 	"github.com/walship/walship/pkg/client"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -146,6 +149,69 @@ func TestFailoverKill9(t *testing.T) {
 		}
 		if len(st.Orphans) > 0 {
 			t.Logf("%s keeps %d orphan file(s): %v", n.name, len(st.Orphans), st.Orphans)
+		}
+	}
+}
+
+// TestFailoverSIGSTOP: the primary is paused (SIGSTOP) past its lease, a
+// replica is promoted, and writes — async and sync — are sent to the
+// paused primary meanwhile. After SIGCONT it acknowledges none of them:
+// its lease ran out while it was stopped, and the log stores refuse its
+// epoch, so it steps down and rejoins as a replica.
+func TestFailoverSIGSTOP(t *testing.T) {
+	needLinux(t)
+	c := startFailoverCluster(t)
+	ctx := testCtx(t, 2*time.Minute)
+	kv0 := walshipv1.NewKVServiceClient(conn(t, c.nodes[0].addr))
+	if _, err := kv0.Put(ctx, &walshipv1.PutRequest{Key: "before", Value: []byte("x")}, grpc.WaitForReady(true)); err != nil {
+		t.Fatal(err)
+	}
+	c.nodes[0].p.signal(syscall.SIGSTOP)
+	stopped := time.Now()
+	type result struct {
+		policy string
+		err    error
+	}
+	results := make(chan result, 20)
+	async := &walshipv1.CommitPolicy{Durability: walshipv1.Durability_DURABILITY_ASYNC, Replication: walshipv1.ReplicationMode_REPLICATION_MODE_ASYNC,
+		Logstore: walshipv1.LogStoreAck_LOG_STORE_ACK_ASYNC}
+	for i := range 20 {
+		pol, name := (*walshipv1.CommitPolicy)(nil), "sync"
+		if i%2 == 0 {
+			pol, name = async, "async"
+		}
+		go func() {
+			wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			_, err := kv0.Put(wctx, &walshipv1.PutRequest{Key: fmt.Sprintf("paused/%d", i), Value: []byte("x"), Policy: pol})
+			results <- result{name, err}
+		}()
+	}
+	t.Logf("ctl promote:\n%s", ctl(t, "promote", "--node", c.nodes[1].addr, "--wait", "30s"))
+	kv1 := walshipv1.NewKVServiceClient(conn(t, c.nodes[1].addr))
+	if _, err := kv1.Put(ctx, &walshipv1.PutRequest{Key: "after", Value: []byte("y")}); err != nil {
+		t.Fatal(err)
+	}
+	// Paused for longer than its lease (500 ms) whatever the promotion took.
+	if d := 1500*time.Millisecond - time.Since(stopped); d > 0 {
+		<-time.After(d)
+	}
+	c.nodes[0].p.signal(syscall.SIGCONT)
+	for range 20 {
+		r := <-results
+		if r.err == nil {
+			t.Fatalf("the paused old primary acknowledged a %s write after it was deposed", r.policy)
+		}
+	}
+	admin0 := walshipv1.NewAdminServiceClient(conn(t, c.nodes[0].addr))
+	testwait.Until(t, "the old primary to step down", func() bool {
+		st, err := admin0.Status(ctx, &walshipv1.StatusRequest{})
+		return err == nil && st.Role == walshipv1.Role_ROLE_REPLICA
+	})
+	for i := range 20 {
+		g, err := kv1.Get(ctx, &walshipv1.GetRequest{Key: fmt.Sprintf("paused/%d", i)})
+		if err != nil || g.Found {
+			t.Fatalf("paused/%d on the new primary: %v, %v (a write the old primary never acknowledged)", i, g, err)
 		}
 	}
 }

@@ -246,21 +246,69 @@ func TestPromoteAndRejoin(t *testing.T) {
 	})
 }
 
-// TestPromotionRefusedWithoutQuorum: with the log store down a promotion
-// is refused before anything is fenced, naming what it needed.
+// TestPromotionRefusedWithoutQuorum: with two of three log stores down a
+// promotion is refused before anything is fenced, naming what it needed;
+// a dry run says so too; an epoch that does not exceed every one seen is a
+// bad argument.
 func TestPromotionRefusedWithoutQuorum(t *testing.T) {
 	dir := t.TempDir()
 	c := &cluster{dir: dir, nodes: map[string]*Node{}, runs: map[string]*running{}}
-	c.ls = freeAddr(t) // nothing listens there
+	c.ls = startLogStore(t, dir)
 	for i := range 2 {
 		c.members = append(c.members, primary.Member{ID: fmt.Sprintf("n%d", i), Addr: freeAddr(t)})
 	}
-	c.start(t, "n1", RoleReplica)
+	cfg := c.config("n1", RoleReplica)
+	cfg.LogStores = append(cfg.LogStores, freeAddr(t), freeAddr(t)) // nothing listens there
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.nodes["n1"] = n
+	run(t, n.Run)
+	admin := walshipv1.NewAdminServiceClient(c.conn(t, "n1"))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	_, err := walshipv1.NewAdminServiceClient(c.conn(t, "n1")).Promote(ctx, &walshipv1.PromoteRequest{}, grpc.WaitForReady(true))
-	if status.Code(err) != codes.FailedPrecondition || !contains(err.Error(), "1 of 1 log stores", "nothing was fenced") {
-		t.Fatalf("Promote without the log store = %v", err)
+	dry, err := admin.Promote(ctx, &walshipv1.PromoteRequest{DryRun: true}, grpc.WaitForReady(true))
+	if err != nil || dry.Quorum || !strings.Contains(dry.Needed, "2 of 3 log stores") {
+		t.Fatalf("dry run with two log stores down = %v, %v", dry, err)
+	}
+	_, err = admin.Promote(ctx, &walshipv1.PromoteRequest{})
+	if status.Code(err) != codes.FailedPrecondition || !contains(err.Error(), "2 of 3 log stores", "nothing was fenced") {
+		t.Fatalf("Promote with two log stores down = %v", err)
+	}
+	if v := n.Replica().Vote(); v.Epoch != 0 {
+		t.Fatalf("the refused promotion fenced this node: %v", v)
+	}
+	_, err = admin.Promote(ctx, &walshipv1.PromoteRequest{Epoch: 0, Force: false, DryRun: false})
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("second refused promotion = %v", err)
+	}
+}
+
+// TestPromoteArguments: Promote on a replica that has seen epoch 1 with an
+// epoch not above it, and Switchover with bad fields, are bad arguments.
+func TestPromoteArguments(t *testing.T) {
+	c := newCluster(t)
+	put(t, c.conn(t, "n0"), "k", "v")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err := walshipv1.NewAdminServiceClient(c.conn(t, "n1")).Promote(ctx, &walshipv1.PromoteRequest{Epoch: 1})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "epoch: 1 does not exceed") {
+		t.Fatalf("Promote to epoch 1 = %v", err)
+	}
+	admin0 := walshipv1.NewAdminServiceClient(c.conn(t, "n0"))
+	for _, tc := range []struct {
+		req  *walshipv1.SwitchoverRequest
+		want string
+	}{
+		{&walshipv1.SwitchoverRequest{}, "target"},
+		{&walshipv1.SwitchoverRequest{Target: "n1", Timeout: durationpb.New(time.Hour)}, "timeout"},
+		{&walshipv1.SwitchoverRequest{Target: "n0"}, "target"},
+	} {
+		_, err := admin0.Switchover(ctx, tc.req)
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Switchover(%v) = %v; want INVALID_ARGUMENT naming %s", tc.req, err, tc.want)
+		}
 	}
 }
 

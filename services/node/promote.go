@@ -204,9 +204,12 @@ func (n *Node) promote(ctx context.Context, req *walshipv1.PromoteRequest) (*wal
 	c := n.contract()
 	prev := rep.Vote()
 	self := n.selfAnswer(rep)
-	survey := append([]answer{self}, n.survey(ctx)...)
+	reachable := func(a answer) bool { return a.err == nil }
+	survey := append([]answer{self}, n.survey(ctx, func(as []answer) bool {
+		return judge(c, prev.Primary, append([]answer{self}, as...), reachable).quorum
+	})...)
 	tl := &walshipv1.FailoverTimeline{PreviousEpoch: prev.Epoch, PreviousPrimary: prev.Primary, StartedUnixNano: started.UnixNano()}
-	pre := judge(c, prev.Primary, survey, func(a answer) bool { return a.err == nil })
+	pre := judge(c, prev.Primary, survey, reachable)
 	seen := uint64(0)
 	for _, a := range survey {
 		seen = max(seen, a.epoch, a.lastEpoch)
@@ -231,9 +234,10 @@ func (n *Node) promote(ctx context.Context, req *walshipv1.PromoteRequest) (*wal
 	}
 	// Fence.
 	fr := &walshipv1.FenceRequest{Epoch: epoch, CandidateId: n.cfg.ID, CandidateAddr: n.advertise()}
-	answers := n.fenceAll(ctx, rep, fr)
+	promised := func(a answer) bool { return a.err == nil && a.granted }
+	answers := n.fenceAll(ctx, rep, fr, func(as []answer) bool { return judge(c, prev.Primary, as, promised).quorum })
 	tl.FencedUnixNano = time.Now().UnixNano()
-	v := judge(c, prev.Primary, answers, func(a answer) bool { return a.err == nil && a.granted })
+	v := judge(c, prev.Primary, answers, promised)
 	tl.Granted, tl.Refused, tl.Donor = v.granted, v.refused, v.donor.id
 	resp.Needed, resp.Quorum, resp.HighestLsn = v.needed, v.quorum, v.donor.lastLSN
 	resp.AtRiskFromLsn, resp.AtRiskToLsn, resp.AtRiskDurableToLsn = v.atRisk[0], v.atRisk[1], v.atRiskDurable
@@ -326,8 +330,9 @@ func (n *Node) selfAnswer(rep interface {
 	return answer{id: n.cfg.ID, addr: n.advertise(), lastLSN: last, lastEpoch: epoch, history: h, epoch: v.Epoch, holder: v.Primary, granted: true}
 }
 
-// survey asks every log store and other member where its log ends.
-func (n *Node) survey(ctx context.Context) []answer {
+// survey asks every log store and other member where its log ends,
+// returning once everyone answered, or soon after enough had.
+func (n *Node) survey(ctx context.Context, enough func([]answer) bool) []answer {
 	type job struct {
 		id, addr string
 		ls       bool
@@ -341,12 +346,11 @@ func (n *Node) survey(ctx context.Context) []answer {
 			jobs = append(jobs, job{m.ID, m.Addr, false})
 		}
 	}
-	out := make([]answer, len(jobs))
-	done := make(chan struct{}, len(jobs))
-	for i, j := range jobs {
+	ch := make(chan answer, len(jobs))
+	for _, j := range jobs {
 		go func() {
-			defer func() { done <- struct{}{} }()
 			a := answer{id: j.id, addr: j.addr, logstore: j.ls}
+			defer func() { ch <- a }()
 			if j.ls {
 				st, err := logStoreStatus(ctx, j.addr)
 				if a.err = err; err == nil {
@@ -362,20 +366,16 @@ func (n *Node) survey(ctx context.Context) []answer {
 					}
 				}
 			}
-			out[i] = a
 		}()
 	}
-	for range jobs {
-		<-done
-	}
-	return out
+	return collect(jobs2ids(len(jobs), func(i int) string { return jobs[i].id }), ch, enough)
 }
 
 // fenceAll fences every log store and member at once (this node through
 // its replica directly) and returns every answer.
 func (n *Node) fenceAll(ctx context.Context, rep interface {
 	Fence(*walshipv1.FenceRequest) (*walshipv1.FenceResponse, error)
-}, req *walshipv1.FenceRequest) []answer {
+}, req *walshipv1.FenceRequest, enough func([]answer) bool) []answer {
 	type job struct {
 		id, addr string
 		ls, self bool
@@ -389,11 +389,9 @@ func (n *Node) fenceAll(ctx context.Context, rep interface {
 			jobs = append(jobs, job{id: m.ID, addr: m.Addr})
 		}
 	}
-	out := make([]answer, len(jobs))
-	done := make(chan struct{}, len(jobs))
-	for i, j := range jobs {
+	ch := make(chan answer, len(jobs))
+	for _, j := range jobs {
 		go func() {
-			defer func() { done <- struct{}{} }()
 			var resp *walshipv1.FenceResponse
 			var err error
 			if j.self {
@@ -411,11 +409,49 @@ func (n *Node) fenceAll(ctx context.Context, rep interface {
 				a.since = resp.GetSincePrimaryContact().AsDuration()
 				a.primaryLast, a.primaryDurable = resp.GetPrimaryLastLsn(), resp.GetPrimaryDurableLsn()
 			}
-			out[i] = a
+			ch <- a
 		}()
 	}
-	for range jobs {
-		<-done
+	return collect(jobs2ids(len(jobs), func(i int) string { return jobs[i].id }), ch, enough)
+}
+
+// collect gathers the answers of ids from ch: all of them, or, once enough
+// says the ones so far will do, those that come within answerGrace more
+// (a paused or partitioned node does not hold a failover up for its
+// timeout); the missing ones are reported as not answering.
+func collect(ids []string, ch <-chan answer, enough func([]answer) bool) []answer {
+	var out []answer
+	got := map[string]bool{}
+	var grace <-chan time.Time
+	for len(out) < len(ids) {
+		select {
+		case a := <-ch:
+			out = append(out, a)
+			got[a.id] = true
+			if grace == nil && enough != nil && enough(out) {
+				grace = time.After(answerGrace)
+			}
+			continue
+		case <-grace:
+		}
+		break
+	}
+	for _, id := range ids {
+		if !got[id] {
+			out = append(out, answer{id: id, err: fmt.Errorf("no answer within %v of the quorum's", answerGrace)})
+		}
+	}
+	return out
+}
+
+// answerGrace is how long a survey or a fence waits for the rest once the
+// answers so far reach the quorum.
+const answerGrace = 100 * time.Millisecond
+
+func jobs2ids(n int, id func(int) string) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = id(i)
 	}
 	return out
 }

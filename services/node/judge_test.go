@@ -1,0 +1,69 @@
+package node
+
+import (
+	"strings"
+	"testing"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+)
+
+// TestJudge: the promotion quorum, as a table of who answered under which
+// contract, and the donor and the range at risk it picks.
+func TestJudge(t *testing.T) {
+	members := func(ids ...string) []*walshipv1.Member {
+		var ms []*walshipv1.Member
+		for _, id := range ids {
+			ms = append(ms, &walshipv1.Member{Id: id, Addr: id + ":1"})
+		}
+		return ms
+	}
+	ls := []string{"ls0", "ls1", "ls2"}
+	k1 := &walshipv1.Contract{SyncReplicas: 1, SyncLevel: walshipv1.SyncLevel_SYNC_LEVEL_FLUSH, Members: members("p", "r1", "r2"), Logstores: ls}
+	k2 := &walshipv1.Contract{SyncReplicas: 2, SyncLevel: walshipv1.SyncLevel_SYNC_LEVEL_FLUSH, Members: members("p", "r1", "r2", "r3"), Logstores: ls}
+	lsSync := &walshipv1.Contract{SyncReplicas: 1, LogstoreSync: true, Members: members("p", "r1", "r2"), Logstores: ls}
+	async := &walshipv1.Contract{Members: members("p", "r1", "r2"), Logstores: ls}
+	noLS := &walshipv1.Contract{Members: members("p", "r1")}
+	a := func(id string, ls bool, epoch, lsn uint64) answer {
+		return answer{id: id, logstore: ls, granted: true, lastEpoch: epoch, lastLSN: lsn}
+	}
+	for _, tc := range []struct {
+		name    string
+		c       *walshipv1.Contract
+		answers []answer
+		quorum  bool
+		donor   string
+		needed  string
+	}{
+		{"k=1 of 2: both replicas and 2 of 3 log stores", k1,
+			[]answer{a("r1", false, 3, 10), a("r2", false, 3, 12), a("ls0", true, 3, 9), a("ls1", true, 3, 9)}, true, "r2", "2 of 3 log stores and 2 of the 2"},
+		{"k=1 of 2: one replica cannot see what the other may have acked", k1,
+			[]answer{a("r1", false, 3, 10), a("ls0", true, 3, 9), a("ls1", true, 3, 9), a("ls2", true, 3, 9)}, false, "r1", "2 of the 2 sync-eligible"},
+		{"k=2 of 3: two replicas suffice", k2,
+			[]answer{a("r1", false, 3, 10), a("r3", false, 3, 11), a("ls0", true, 3, 9), a("ls2", true, 3, 9)}, true, "r3", "2 of the 3"},
+		{"1 of 3 log stores is no majority", k1,
+			[]answer{a("r1", false, 3, 10), a("r2", false, 3, 10), a("ls0", true, 3, 9)}, false, "r1", "2 of 3 log stores"},
+		{"a log store majority covers a log-store-sync contract alone", lsSync,
+			[]answer{a("r1", false, 3, 10), a("ls0", true, 3, 14), a("ls1", true, 3, 12)}, true, "ls0", "2 of 3 log stores;"},
+		{"async contract: the log stores fence", async,
+			[]answer{a("r2", false, 3, 8), a("ls1", true, 3, 7), a("ls2", true, 3, 7)}, true, "r2", "2 of 3 log stores;"},
+		{"the donor is the highest (epoch, LSN), not the highest LSN", k1,
+			[]answer{a("r1", false, 4, 5), a("r2", false, 3, 50), a("ls0", true, 3, 9), a("ls1", true, 4, 5)}, true, "r1", ""},
+		{"no log store: no vote", noLS, []answer{a("r1", false, 1, 1)}, false, "r1", "no log store is configured"},
+		{"refusals and errors do not count", k1,
+			[]answer{a("r1", false, 3, 10), {id: "r2", granted: false, epoch: 5}, a("ls0", true, 3, 9), a("ls1", true, 3, 9)}, false, "r1", "have 2 log stores and 1 members"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := judge(tc.c, "p", tc.answers, func(a answer) bool { return a.err == nil && a.granted })
+			if v.quorum != tc.quorum || v.donor.id != tc.donor || !strings.Contains(v.needed, tc.needed) {
+				t.Fatalf("quorum %v donor %q needed %q; want %v %q containing %q", v.quorum, v.donor.id, v.needed, tc.quorum, tc.donor, tc.needed)
+			}
+		})
+	}
+	// The range at risk: what the old primary reported that no answer holds.
+	r1 := a("r1", false, 3, 10)
+	r1.primaryLast, r1.primaryDurable = 14, 12
+	v := judge(k1, "p", []answer{r1, a("r2", false, 3, 11), a("ls0", true, 3, 9), a("ls1", true, 3, 9)}, func(a answer) bool { return a.granted })
+	if v.atRisk != [2]uint64{12, 14} || v.atRiskDurable != 12 {
+		t.Fatalf("at risk %v (durable to %d); want 12..14, durable to 12", v.atRisk, v.atRiskDurable)
+	}
+}
