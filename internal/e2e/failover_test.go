@@ -3,8 +3,11 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -214,4 +217,94 @@ func TestFailoverSIGSTOP(t *testing.T) {
 			t.Fatalf("paused/%d on the new primary: %v, %v (a write the old primary never acknowledged)", i, g, err)
 		}
 	}
+}
+
+// TestMeasureFailover measures, over WALSHIP_FAILOVER_RUNS cycles (skipped
+// without it; docs/BENCHMARKS.md), the time from kill -9 of the primary to
+// the first sync write the new primary acknowledges, when the promotion is
+// triggered at once (AdminService.Promote, as walship ctl promote calls
+// it), and the pause of a switchover. Each cycle kills the current primary,
+// promotes the next node, restarts the killed one (it rejoins), and
+// switches over to it.
+func TestMeasureFailover(t *testing.T) {
+	runs := 0
+	if v := os.Getenv("WALSHIP_FAILOVER_RUNS"); v != "" {
+		runs, _ = strconv.Atoi(v)
+	}
+	if runs < 1 {
+		t.Skip("set WALSHIP_FAILOVER_RUNS to measure failover times (docs/BENCHMARKS.md)")
+	}
+	needLinux(t)
+	c := startFailoverCluster(t)
+	ctx := testCtx(t, time.Duration(runs)*time.Minute)
+	cl, err := client.New(c.addrs(), client.Options{Retry: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var failovers, pauses []time.Duration
+	cur := 0
+	for i := range runs {
+		if _, err := cl.Put(ctx, "m/warm", []byte("x"), nil); err != nil {
+			t.Fatal(err)
+		}
+		next := (cur + 1) % 3
+		killed := time.Now()
+		c.nodes[cur].p.kill()
+		pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		_, err := walshipv1.NewAdminServiceClient(conn(t, c.nodes[next].addr)).Promote(pctx, &walshipv1.PromoteRequest{}, grpc.WaitForReady(true))
+		cancel()
+		if err != nil {
+			t.Fatalf("run %d: promote %s: %v", i, c.nodes[next].name, err)
+		}
+		kv := walshipv1.NewKVServiceClient(conn(t, c.nodes[next].addr))
+		for {
+			if _, err := kv.Put(ctx, &walshipv1.PutRequest{Key: "m/first", Value: []byte("x")}, grpc.WaitForReady(true)); err == nil {
+				break
+			}
+		}
+		failovers = append(failovers, time.Since(killed))
+		c.nodes[cur].serving = "replica serving"
+		c.nodes[cur].start()
+		// The restarted node must have caught up before it can take over.
+		st, err := walshipv1.NewAdminServiceClient(conn(t, c.nodes[next].addr)).Status(ctx, &walshipv1.StatusRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := walshipv1.NewKVServiceClient(conn(t, c.nodes[cur].addr)).Get(ctx, &walshipv1.GetRequest{Key: "m/first", MinLsn: st.VisibleLsn,
+			WaitTimeout: durationpb.New(time.Minute)}, grpc.WaitForReady(true)); err != nil {
+			t.Fatalf("run %d: %s did not catch up: %v", i, c.nodes[cur].name, err)
+		}
+		resp, err := walshipv1.NewAdminServiceClient(conn(t, c.nodes[next].addr)).Switchover(ctx, &walshipv1.SwitchoverRequest{Target: c.nodes[cur].name}, grpc.WaitForReady(true))
+		if err != nil {
+			t.Fatalf("run %d: switchover to %s: %v", i, c.nodes[cur].name, err)
+		}
+		pauses = append(pauses, resp.Paused.AsDuration())
+		// cur is the primary again; next rejoins it as a replica, and
+		// catches up before the next kill needs it.
+		lsn, err := cl.Put(ctx, "m/after-switchover", []byte("x"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range c.nodes {
+			if n == c.nodes[cur] {
+				continue
+			}
+			if _, err := walshipv1.NewKVServiceClient(conn(t, n.addr)).Get(ctx, &walshipv1.GetRequest{Key: "m/x", MinLsn: lsn,
+				WaitTimeout: durationpb.New(time.Minute)}, grpc.WaitForReady(true)); err != nil {
+				t.Fatalf("run %d: %s did not catch up after the switchover: %v", i, n.name, err)
+			}
+		}
+	}
+	med := func(ds []time.Duration) (time.Duration, time.Duration) {
+		s := append([]time.Duration(nil), ds...)
+		slices.Sort(s)
+		return s[len(s)/2], s[len(s)-1]
+	}
+	fm, fx := med(failovers)
+	pm, px := med(pauses)
+	t.Logf("%d runs: failover (kill -9 to the first acknowledged sync write) median %v, max %v; switchover pause median %v, max %v",
+		runs, fm.Round(time.Millisecond), fx.Round(time.Millisecond), pm.Round(time.Millisecond), px.Round(time.Millisecond))
+	t.Logf("failovers: %v", failovers)
+	t.Logf("pauses: %v", pauses)
 }
