@@ -199,9 +199,8 @@ func (floorKV) Put(context.Context, *walshipv1.PutRequest) (*walshipv1.PutRespon
 // whose Put does nothing, on the same transport (internal/serve's server,
 // serve.DialOptions): what the gRPC round trip alone costs on loopback, in
 // CPU per call and calls/s. No commit path can go faster than this on the
-// same machine; issue 3's target (commits/s at least 3× the disk's
-// append+fdatasync rate) is out of reach wherever 3× the disk's rate is
-// above it.
+// same machine: a target of commits/s as a multiple of the disk's
+// append+fdatasync rate is out of reach wherever that multiple is above it.
 func BenchmarkRoundTripFloor(b *testing.B) {
 	for _, committers := range []int{1, 8, 64} {
 		b.Run(fmt.Sprintf("committers=%d", committers), func(b *testing.B) {

@@ -147,8 +147,8 @@ func TestCommitsFlowThroughRetention(t *testing.T) {
 // TestNoCommitLeftBehind runs many writers, sync and async, hard against
 // an in-memory disk (instant fsyncs): every commit is acknowledged. It is a
 // stress test for lost wake-ups between the writers, the committer and the
-// syncer (an experimental design without the two goroutines lost commits
-// twice that way; see docs/BENCHMARKS.md, issue 3).
+// syncer (an experimental design without the two goroutines, writers
+// taking turns at the write and the fsync, lost commits twice that way).
 func TestNoCommitLeftBehind(t *testing.T) {
 	cfg := testConfig(t, "/data")
 	cfg.FS = vfs.NewMem()
