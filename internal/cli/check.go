@@ -111,22 +111,9 @@ func checkLinearFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 		if res.OK() && len(session.Violations) == 0 {
 			return nil
 		}
-		if out == "" {
-			if out, err = os.MkdirTemp("", "walship-check-"); err != nil {
-				return err
-			}
-		}
-		hist, html := filepath.Join(out, "history.json"), filepath.Join(out, "history.html")
-		if err := h.Save(hist); err != nil {
+		if err := writeViolation(env, h, res, out); err != nil {
 			return err
 		}
-		if err := res.Visualize(html); err != nil {
-			return err
-		}
-		for _, v := range res.Violations() {
-			fmt.Fprintln(env.Stdout, "  "+v)
-		}
-		fmt.Fprintf(env.Stdout, "history: %s\nvisualisation: %s\n", hist, html)
 		if !res.OK() {
 			return errNotLinearizable
 		}
@@ -229,22 +216,9 @@ func checkFailoverFlags(fs *flag.FlagSet, env *Env) func(context.Context) error 
 		if res.OK() {
 			return nil
 		}
-		if out == "" {
-			if out, err = os.MkdirTemp("", "walship-check-"); err != nil {
-				return err
-			}
-		}
-		hist, html := filepath.Join(out, "history.json"), filepath.Join(out, "history.html")
-		if err := h.Save(hist); err != nil {
+		if err := writeViolation(env, h, res, out); err != nil {
 			return err
 		}
-		if err := res.Visualize(html); err != nil {
-			return err
-		}
-		for _, v := range res.Violations() {
-			fmt.Fprintln(env.Stdout, "  "+v)
-		}
-		fmt.Fprintf(env.Stdout, "history: %s\nvisualisation: %s\n", hist, html)
 		return errNotLinearizable
 	}
 }
@@ -319,4 +293,29 @@ func injectFault(ctx context.Context, env *Env, h *check.History, fault, killCmd
 		}
 		return fmt.Errorf("no replica could be promoted: %s", strings.Join(errs, "; "))
 	}
+}
+
+// writeViolation writes a failed check's history and its visualisation to
+// dir (a new temporary directory if empty) and prints where, with the keys
+// that are not linearizable.
+func writeViolation(env *Env, h *check.History, res check.Result, dir string) error {
+	if dir == "" {
+		d, err := os.MkdirTemp("", "walship-check-")
+		if err != nil {
+			return err
+		}
+		dir = d
+	}
+	hist, html := filepath.Join(dir, "history.json"), filepath.Join(dir, "history.html")
+	if err := h.Save(hist); err != nil {
+		return err
+	}
+	if err := res.Visualize(html); err != nil {
+		return err
+	}
+	for _, v := range res.Violations() {
+		fmt.Fprintln(env.Stdout, "  "+v)
+	}
+	fmt.Fprintf(env.Stdout, "history: %s\nvisualisation: %s\n", hist, html)
+	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/vfs"
 )
 
@@ -169,4 +170,22 @@ func (h History) KeepUpTo(e uint64) (lsn uint64, all, known bool) {
 		}
 	}
 	return 0, true, true
+}
+
+// Proto is the history as the API carries it.
+func (h History) Proto() []*walshipv1.EpochStart {
+	out := make([]*walshipv1.EpochStart, len(h))
+	for i, e := range h {
+		out[i] = &walshipv1.EpochStart{Epoch: e.Epoch, FirstLsn: e.FirstLSN}
+	}
+	return out
+}
+
+// HistoryFromProto is the history an API message carries.
+func HistoryFromProto(hs []*walshipv1.EpochStart) History {
+	h := make(History, len(hs))
+	for i, e := range hs {
+		h[i] = Start{Epoch: e.GetEpoch(), FirstLSN: e.GetFirstLsn()}
+	}
+	return h
 }

@@ -118,7 +118,7 @@ func (s *Server) fenceState() *walshipv1.FenceResponse {
 		Id:        s.id(),
 		LastEpoch: s.logEpoch.Load(),
 		LastLsn:   s.durableLSN(),
-		History:   historyProto(*s.history.Load()),
+		History:   (*s.history.Load()).Proto(),
 	}
 }
 
@@ -128,14 +128,6 @@ func (s *Server) id() string {
 		return s.srv.Addr()
 	}
 	return s.cfg.Listen
-}
-
-func historyProto(h datadir.History) []*walshipv1.EpochStart {
-	out := make([]*walshipv1.EpochStart, len(h))
-	for i, e := range h {
-		out[i] = &walshipv1.EpochStart{Epoch: e.Epoch, FirstLsn: e.FirstLSN}
-	}
-	return out
 }
 
 // cut removes the stored entries after lsn, keeping them in an orphan

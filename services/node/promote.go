@@ -76,14 +76,6 @@ func (a answer) String() string {
 	}
 }
 
-func historyOf(hs []*walshipv1.EpochStart) datadir.History {
-	h := make(datadir.History, len(hs))
-	for i, e := range hs {
-		h[i] = datadir.Start{Epoch: e.GetEpoch(), FirstLSN: e.GetFirstLsn()}
-	}
-	return h
-}
-
 // plan is a promotion decided in Promote, carried out by Run.
 type plan struct {
 	epoch      uint64
@@ -112,16 +104,7 @@ func (n *Node) contract() *walshipv1.Contract {
 			return rec.GetContract()
 		}
 	}
-	p := n.cfg.Primary.Policy
-	c := &walshipv1.Contract{SyncLevel: p.SyncLevel, LogstoreSync: p.LogStore == walshipv1.LogStoreAck_LOG_STORE_ACK_SYNC && len(n.cfg.LogStores) > 0,
-		Logstores: n.cfg.LogStores}
-	if p.Replication == walshipv1.ReplicationMode_REPLICATION_MODE_SYNC {
-		c.SyncReplicas = uint32(p.SyncReplicas)
-	}
-	for _, m := range n.cfg.Members {
-		c.Members = append(c.Members, &walshipv1.Member{Id: m.ID, Addr: m.Addr})
-	}
-	return c
+	return primary.ContractOf(n.cfg.Primary.Policy, n.cfg.Members, n.cfg.LogStores)
 }
 
 // judge applies the quorum rule to answers (those that count: granted
@@ -354,12 +337,12 @@ func (n *Node) survey(ctx context.Context, enough func([]answer) bool) []answer 
 			if j.ls {
 				st, err := logStoreStatus(ctx, j.addr)
 				if a.err = err; err == nil {
-					a.epoch, a.holder, a.lastEpoch, a.lastLSN, a.history = st.GetVoteEpoch(), st.GetPrimaryId(), st.GetLastEpoch(), st.GetDurableLsn(), historyOf(st.GetHistory())
+					a.epoch, a.holder, a.lastEpoch, a.lastLSN, a.history = st.GetVoteEpoch(), st.GetPrimaryId(), st.GetLastEpoch(), st.GetDurableLsn(), datadir.HistoryFromProto(st.GetHistory())
 				}
 			} else {
 				st, err := nodeStatus(ctx, j.addr)
 				if a.err = err; err == nil {
-					a.epoch, a.holder, a.lastEpoch, a.lastLSN, a.history = st.GetVoteEpoch(), st.GetPrimaryId(), st.GetEpoch(), st.GetDurableLsn(), historyOf(st.GetHistory())
+					a.epoch, a.holder, a.lastEpoch, a.lastLSN, a.history = st.GetVoteEpoch(), st.GetPrimaryId(), st.GetEpoch(), st.GetDurableLsn(), datadir.HistoryFromProto(st.GetHistory())
 					a.primary = st.GetRole() == walshipv1.Role_ROLE_PRIMARY
 					if len(st.GetPeers()) > 0 && !a.primary {
 						a.primaryLast = st.GetVisibleLsn() + st.GetPeers()[0].GetLagRecords()
@@ -405,7 +388,7 @@ func (n *Node) fenceAll(ctx context.Context, rep interface {
 			}
 			if err == nil {
 				a.granted, a.epoch, a.holder = resp.GetGranted(), resp.GetEpoch(), resp.GetPrimaryId()
-				a.lastEpoch, a.lastLSN, a.history, a.primary = resp.GetLastEpoch(), resp.GetLastLsn(), historyOf(resp.GetHistory()), resp.GetPrimary()
+				a.lastEpoch, a.lastLSN, a.history, a.primary = resp.GetLastEpoch(), resp.GetLastLsn(), datadir.HistoryFromProto(resp.GetHistory()), resp.GetPrimary()
 				a.since = resp.GetSincePrimaryContact().AsDuration()
 				a.primaryLast, a.primaryDurable = resp.GetPrimaryLastLsn(), resp.GetPrimaryDurableLsn()
 			}

@@ -48,7 +48,7 @@ func (s *Server) Status() *walshipv1.StatusResponse {
 		Primary:       s.Advertise(),
 		VoteEpoch:     s.vote.Load().Epoch,
 		Contract:      s.contract(),
-		History:       historyProto(s.epochs),
+		History:       s.epochs.Proto(),
 	}
 	if s.lease.quorum > 0 {
 		resp.LeaseRemaining = durationpb.New(s.lease.remaining())

@@ -179,17 +179,20 @@ func (s *Server) saveEpoch() error {
 	return datadir.SaveVote(s.fs, s.cfg.DataDir, v)
 }
 
-// contract is the durability contract this run stamps in its epoch
-// record: the default policy's replica and log store waits, the members
-// and the log stores.
+// contract is the durability contract this run stamps in its epoch record.
 func (s *Server) contract() *walshipv1.Contract {
-	p := s.cfg.Policy
-	c := &walshipv1.Contract{SyncLevel: p.SyncLevel, LogstoreSync: p.LogStore == walshipv1.LogStoreAck_LOG_STORE_ACK_SYNC && len(s.cfg.LogStores) > 0,
-		Logstores: s.cfg.LogStores}
+	return ContractOf(s.cfg.Policy, s.cfg.Members, s.cfg.LogStores)
+}
+
+// ContractOf is the contract of a primary whose default policy is p: the
+// replica and log store waits of p, the members and the log stores.
+func ContractOf(p Policy, members []Member, logstores []string) *walshipv1.Contract {
+	c := &walshipv1.Contract{SyncLevel: p.SyncLevel, LogstoreSync: p.LogStore == walshipv1.LogStoreAck_LOG_STORE_ACK_SYNC && len(logstores) > 0,
+		Logstores: logstores}
 	if p.Replication == walshipv1.ReplicationMode_REPLICATION_MODE_SYNC {
 		c.SyncReplicas = uint32(p.SyncReplicas)
 	}
-	for _, m := range s.cfg.Members {
+	for _, m := range members {
 		c.Members = append(c.Members, &walshipv1.Member{Id: m.ID, Addr: m.Addr})
 	}
 	return c
@@ -352,7 +355,7 @@ func (h *epochServer) Fence(ctx context.Context, req *walshipv1.FenceRequest) (*
 	case req.GetCandidateAddr() == "":
 		return nil, status.Error(codes.InvalidArgument, "candidate_addr: required (the candidate's advertised gRPC address)")
 	}
-	resp := &walshipv1.FenceResponse{Id: s.cfg.ID, Primary: true, LastEpoch: s.epoch, History: historyProto(s.epochs)}
+	resp := &walshipv1.FenceResponse{Id: s.cfg.ID, Primary: true, LastEpoch: s.epoch, History: s.epochs.Proto()}
 	if req.GetEpoch() <= s.epoch {
 		v := s.vote.Load()
 		resp.Epoch, resp.PrimaryId, resp.PrimaryAddr, resp.LastLsn = v.Epoch, v.Primary, v.Addr, s.wal.DurableLSN()
@@ -369,14 +372,6 @@ func (h *epochServer) Fence(ctx context.Context, req *walshipv1.FenceRequest) (*
 	resp.Granted, resp.Epoch, resp.PrimaryId, resp.PrimaryAddr, resp.LastLsn = true, v.Epoch, v.Primary, v.Addr, s.wal.DurableLSN()
 	resp.SincePrimaryContact = durationpb.New(0)
 	return resp, nil
-}
-
-func historyProto(h datadir.History) []*walshipv1.EpochStart {
-	out := make([]*walshipv1.EpochStart, len(h))
-	for i, e := range h {
-		out[i] = &walshipv1.EpochStart{Epoch: e.Epoch, FirstLsn: e.FirstLSN}
-	}
-	return out
 }
 
 // lease is how long the primary may answer without hearing again from a

@@ -54,7 +54,7 @@ func (s *Server) Status() *walshipv1.StatusResponse {
 		Primary:     s.primary(),
 		PrimaryId:   vote.Primary,
 		VoteEpoch:   vote.Epoch,
-		History:     historyProto(*s.history.Load()),
+		History:     (*s.history.Load()).Proto(),
 		Orphans:     orphans,
 		Serving:     s.srv.Serving(),
 		Peers: []*walshipv1.PeerStatus{{

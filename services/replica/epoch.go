@@ -207,7 +207,7 @@ func (s *Server) fenceState() *walshipv1.FenceResponse {
 		Id:                s.cfg.ID,
 		LastEpoch:         s.epoch.Load(),
 		LastLsn:           s.wal.DurableLSN(),
-		History:           historyProto(h),
+		History:           h.Proto(),
 		AppliedLsn:        s.appliedLSN(),
 		PrimaryDurableLsn: s.primaryDurableSeen.Load(),
 		PrimaryLastLsn:    s.lag.primaryLSN(),
@@ -219,14 +219,6 @@ func (s *Server) fenceState() *walshipv1.FenceResponse {
 		resp.Contract = rec.GetContract()
 	}
 	return resp
-}
-
-func historyProto(h datadir.History) []*walshipv1.EpochStart {
-	out := make([]*walshipv1.EpochStart, len(h))
-	for i, e := range h {
-		out[i] = &walshipv1.EpochStart{Epoch: e.Epoch, FirstLsn: e.FirstLSN}
-	}
-	return out
 }
 
 // LogPosition describes the replica's log: the end of what it holds
@@ -345,7 +337,7 @@ func (l *logServer) Status(context.Context, *walshipv1.LogStoreServiceStatusRequ
 	s := l.s
 	v := s.Vote()
 	return &walshipv1.LogStoreServiceStatusResponse{FirstLsn: s.wal.FirstLSN(), DurableLsn: s.wal.DurableLSN(), Epoch: v.Epoch,
-		LastEpoch: s.epoch.Load(), History: historyProto(*s.history.Load()), VoteEpoch: v.Epoch, PrimaryId: v.Primary, PrimaryAddr: v.Addr}, nil
+		LastEpoch: s.epoch.Load(), History: (*s.history.Load()).Proto(), VoteEpoch: v.Epoch, PrimaryId: v.Primary, PrimaryAddr: v.Addr}, nil
 }
 
 // isNotPrimary reports whether err is a NotPrimary refusal.
