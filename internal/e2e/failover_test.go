@@ -166,9 +166,11 @@ func TestFailoverSIGSTOP(t *testing.T) {
 	c := startFailoverCluster(t)
 	ctx := testCtx(t, 2*time.Minute)
 	kv0 := walshipv1.NewKVServiceClient(conn(t, c.nodes[0].addr))
-	if _, err := kv0.Put(ctx, &walshipv1.PutRequest{Key: "before", Value: []byte("x")}, grpc.WaitForReady(true)); err != nil {
-		t.Fatal(err)
-	}
+	// Once the primary has opened its epoch (its epoch record met the contract).
+	testwait.Until(t, "the primary to take a write", func() bool {
+		_, err := kv0.Put(ctx, &walshipv1.PutRequest{Key: "before", Value: []byte("x")}, grpc.WaitForReady(true))
+		return err == nil
+	})
 	c.nodes[0].p.signal(syscall.SIGSTOP)
 	stopped := time.Now()
 	type result struct {
