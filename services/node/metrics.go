@@ -32,7 +32,11 @@ func newMetrics(reg prometheus.Registerer, n *Node) *metrics {
 	for _, r := range []string{"opened", "refused", "failed"} {
 		m.promotions.WithLabelValues(r)
 	}
-	m.collectors = []prometheus.Collector{m.role, m.promotions, m.stepDowns}
+	epoch := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "walship_epoch",
+		Help: "The epoch a data node is in: the primary's own, or the newest a replica has promised.",
+	}, func() float64 { return float64(n.epoch()) })
+	m.collectors = []prometheus.Collector{m.role, m.promotions, m.stepDowns, epoch}
 	if reg != nil {
 		for _, c := range m.collectors {
 			reg.MustRegister(c)

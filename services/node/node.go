@@ -374,3 +374,17 @@ func (n *Node) waitLease(ctx context.Context, p *plan) {
 	case <-ctx.Done():
 	}
 }
+
+// epoch is the epoch of the node's current role.
+func (n *Node) epoch() uint64 {
+	n.mu.Lock()
+	prim, rep := n.prim, n.rep
+	n.mu.Unlock()
+	switch {
+	case prim != nil:
+		return prim.Epoch()
+	case rep != nil:
+		return rep.Vote().Epoch
+	}
+	return 0
+}

@@ -526,3 +526,6 @@ func (s *Server) Switchover(ctx context.Context, target string, timeout time.Dur
 	s.logger.Info("switched over", "target", target, "epoch", resp.GetEpoch(), "lsn", last, "paused", paused)
 	return &walshipv1.SwitchoverResponse{Epoch: resp.GetEpoch(), Lsn: last, Paused: durationpb.New(paused)}, nil
 }
+
+// Epoch is this run's epoch.
+func (s *Server) Epoch() uint64 { return s.epoch }
