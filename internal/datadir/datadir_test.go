@@ -182,3 +182,27 @@ func FuzzParseHistory(f *testing.F) {
 		}
 	})
 }
+
+// TestSharedUpTo: where two logs part, from both histories.
+func TestSharedUpTo(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		ours, their History
+		lsn         uint64
+		all, known  bool
+	}{
+		{"same current epoch", History{{1, 1}, {2, 10}}, History{{1, 1}, {2, 10}}, 0, true, true},
+		{"they are behind in an epoch we ended", History{{1, 1}, {2, 10}}, History{{1, 1}}, 9, false, true},
+		{"they hold an epoch we never had (KIP-101)", History{{4, 1}, {6, 111}}, History{{4, 1}, {5, 100}}, 99, false, true},
+		{"they have less of the shared epoch", History{{4, 1}, {6, 111}}, History{{4, 1}, {5, 50}}, 49, false, true},
+		{"they joined mid-epoch from a snapshot", History{{1, 1}, {3, 20}}, History{{1, 15}}, 19, false, true},
+		{"nothing shared, both complete", History{{2, 1}}, History{{1, 1}}, 0, false, true},
+		{"nothing shared, ours incomplete", History{{5, 100}}, History{{1, 1}}, 0, false, false},
+		{"their history unknown", History{{1, 1}, {2, 10}}, nil, 0, false, true},
+	} {
+		lsn, all, known := tc.ours.SharedUpTo(tc.their)
+		if lsn != tc.lsn || all != tc.all || known != tc.known {
+			t.Errorf("%s: %d, %v, %v; want %d, %v, %v", tc.name, lsn, all, known, tc.lsn, tc.all, tc.known)
+		}
+	}
+}

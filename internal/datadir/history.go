@@ -189,3 +189,41 @@ func HistoryFromProto(hs []*walshipv1.EpochStart) History {
 	}
 	return h
 }
+
+// SharedUpTo says how much of another log, whose epoch history is theirs,
+// this history's log shares: up to the end of the newest epoch both
+// histories hold, in whichever of the two logs it ends first (Kafka's
+// KIP-101 and KIP-279: the other log's last epoch alone is not enough — it
+// may hold an epoch this log never had, after entries of an older one it
+// has only partly). all is true when the other log is in this log's current
+// epoch and can keep everything. known is false when this history is
+// incomplete and shares no epoch with theirs: nothing can be said, and the
+// other log must be re-seeded. An empty theirs is judged by KeepUpTo(0).
+func (h History) SharedUpTo(theirs History) (lsn uint64, all, known bool) {
+	const open = ^uint64(0)
+	end := func(hs History, i int) uint64 {
+		if i+1 < len(hs) {
+			return hs[i+1].FirstLSN - 1
+		}
+		return open
+	}
+	for j := len(theirs) - 1; j >= 0; j-- {
+		for i := len(h) - 1; i >= 0; i-- {
+			if h[i].Epoch != theirs[j].Epoch {
+				continue
+			}
+			ours, their := end(h, i), end(theirs, j)
+			if ours == open && their == open {
+				return 0, true, true
+			}
+			return min(ours, their), false, true
+		}
+	}
+	if len(theirs) == 0 {
+		return h.KeepUpTo(0)
+	}
+	if !h.Complete() || !theirs.Complete() {
+		return 0, false, false
+	}
+	return 0, false, true
+}

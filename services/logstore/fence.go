@@ -89,6 +89,8 @@ func (s *Server) handleFence(r *appendReq) error {
 		resp.SincePrimaryContact = durationpb.New(time.Since(s.lastContact))
 	}
 	if req.GetEpoch() <= v.Epoch {
+		// The same candidate asking again (a retry) gets the same answer.
+		resp.Granted = req.GetEpoch() == v.Epoch && req.GetCandidateId() == v.Primary
 		resp.Epoch, resp.PrimaryId, resp.PrimaryAddr = v.Epoch, v.Primary, v.Addr
 		r.fenced <- fenceResult{resp: resp}
 		return nil

@@ -40,6 +40,10 @@ func TestFence(t *testing.T) {
 	again.heartbeat(3)
 	wantCode(t, again.failure(), codes.FailedPrecondition, "stale epoch 3, log store is at epoch 4", "r1")
 
+	// The same candidate again (a retry whose answer was lost) is granted again.
+	if resp, err := fence.Fence(testCtx(t), &walshipv1.FenceRequest{Epoch: 4, CandidateId: "r1", CandidateAddr: "10.0.0.2:7401"}); err != nil || !resp.Granted || resp.Epoch != 4 || resp.LastLsn != 6 {
+		t.Fatalf("retried fence = %v, %v", resp, err)
+	}
 	// Not newer: refused, naming who holds it.
 	resp, err = fence.Fence(testCtx(t), &walshipv1.FenceRequest{Epoch: 4, CandidateId: "r2", CandidateAddr: "x:1"})
 	if err != nil || resp.Granted || resp.Epoch != 4 || resp.PrimaryId != "r1" {

@@ -49,6 +49,8 @@ func TestJudge(t *testing.T) {
 		{"the donor is the highest (epoch, LSN), not the highest LSN", k1,
 			[]answer{a("r1", false, 4, 5), a("r2", false, 3, 50), a("ls0", true, 3, 9), a("ls1", true, 4, 5)}, true, "r1", ""},
 		{"no log store: no vote", noLS, []answer{a("r1", false, 1, 1)}, false, "r1", "no log store is configured"},
+		{"a log store the contract does not name does not count", k1,
+			[]answer{a("r1", false, 3, 10), a("r2", false, 3, 10), a("ls0", true, 3, 9), a("lsX", true, 3, 9)}, false, "r1", "2 of 3 log stores"},
 		{"refusals and errors do not count", k1,
 			[]answer{a("r1", false, 3, 10), {id: "r2", granted: false, epoch: 5}, a("ls0", true, 3, 9), a("ls1", true, 3, 9)}, false, "r1", "have 2 log stores and 1 members"},
 	} {
@@ -65,5 +67,19 @@ func TestJudge(t *testing.T) {
 	v := judge(k1, "p", []answer{r1, a("r2", false, 3, 11), a("ls0", true, 3, 9), a("ls1", true, 3, 9)}, func(a answer) bool { return a.granted })
 	if v.atRisk != [2]uint64{12, 14} || v.atRiskDurable != 12 {
 		t.Fatalf("at risk %v (durable to %d); want 12..14, durable to 12", v.atRisk, v.atRiskDurable)
+	}
+
+	// Under several known contracts (a node that applied a newer epoch
+	// record knows a stricter one) the quorum must hold under each.
+	one := []answer{a("r1", false, 3, 10), a("ls0", true, 3, 9), a("ls1", true, 3, 9)}
+	count := func(a answer) bool { return a.granted }
+	if v := judgeAll([]*walshipv1.Contract{async}, "p", one, count); !v.quorum {
+		t.Fatalf("async alone with one replica: %+v, want a quorum", v)
+	}
+	if v := judgeAll([]*walshipv1.Contract{async, k1}, "p", one, count); v.quorum || !strings.Contains(v.needed, "2 of the 2") {
+		t.Fatalf("async and k=1 of 2 with one replica: %+v, want k=1's refusal", v)
+	}
+	if v := judgeAll([]*walshipv1.Contract{k1, async}, "p", one, count); v.quorum {
+		t.Fatalf("k=1 of 2 and async with one replica: %+v, want a refusal", v)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -102,6 +103,8 @@ type Node struct {
 	// plans carries a promotion decided by Promote to Run, which carries
 	// it out (the replica role must stop first, and Promote runs inside it).
 	plans chan *plan
+	// promoting is set while a promotion is under way on this node.
+	promoting atomic.Bool
 }
 
 // New validates cfg, reads the data directory's vote to choose the role,
@@ -137,10 +140,17 @@ func New(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
+	h, err := datadir.LoadHistory(cfg.FS, cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
 	role := cfg.Role
 	if v.Epoch > 0 {
+		// The primary of its vote only if it opened that epoch: a vote for
+		// itself from a promotion that failed or was cut short (the history
+		// is saved only once the catch-up is done) makes it a replica.
 		role = RoleReplica
-		if v.Primary == cfg.ID {
+		if v.Primary == cfg.ID && h.Current().Epoch == v.Epoch {
 			role = RolePrimary
 		}
 	}
@@ -315,7 +325,9 @@ func (n *Node) Run(ctx context.Context) error {
 		switch {
 		case p != nil && err == nil:
 			n.logger.Info("replica stopped for its promotion", "epoch", p.epoch)
-			if perr := n.carryOut(ctx, p); perr != nil {
+			perr := n.carryOut(ctx, p)
+			n.promoting.Store(false)
+			if perr != nil {
 				n.logger.Error("promotion failed after the replica stopped; back to the replica role", "epoch", p.epoch, "err", perr)
 				n.noteFailure(p, perr)
 				if err := n.become(RoleReplica, datadir.Vote{}); err != nil {

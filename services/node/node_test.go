@@ -12,8 +12,10 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/testwait"
+	"github.com/walship/walship/internal/vfs"
 	"github.com/walship/walship/services/logstore"
 	"github.com/walship/walship/services/primary"
 	"github.com/walship/walship/services/replica"
@@ -367,5 +369,47 @@ func TestSwitchover(t *testing.T) {
 	lsn := put(t, c1, "after", "y")
 	if _, err := walshipv1.NewKVServiceClient(c0).Get(ctx, &walshipv1.GetRequest{Key: "after", MinLsn: lsn, WaitTimeout: durationpb.New(15 * time.Second)}, grpc.WaitForReady(true)); err != nil {
 		t.Fatalf("old primary reading the new one's write: %v", err)
+	}
+}
+
+// TestRestartChoosesTheRoleFromTheVoteAndTheHistory: a node whose vote
+// names itself restarts as the primary only if its history shows it opened
+// that epoch; one whose promotion was cut short (the vote saved, the
+// history not) restarts as a replica, whatever role it was started with.
+func TestRestartChoosesTheRoleFromTheVoteAndTheHistory(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		history datadir.History
+		want    Role
+	}{
+		{"cut short", datadir.History{{Epoch: 1, FirstLSN: 1}}, RoleReplica},
+		{"opened", datadir.History{{Epoch: 1, FirstLSN: 1}, {Epoch: 2, FirstLSN: 5}}, RolePrimary},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			c := &cluster{dir: dir, ls: "127.0.0.1:1", members: []primary.Member{{ID: "n0", Addr: freeAddr(t)}, {ID: "n1", Addr: freeAddr(t)}}}
+			cfg := c.config("n1", RoleReplica)
+			if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := datadir.SaveVote(vfs.OS, cfg.DataDir, datadir.Vote{Epoch: 2, Primary: "n1", Addr: c.members[1].Addr}); err != nil {
+				t.Fatal(err)
+			}
+			if err := datadir.SaveHistory(vfs.OS, cfg.DataDir, tc.history); err != nil {
+				t.Fatal(err)
+			}
+			n, err := New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				ctx, cancel := context.WithCancel(context.Background())
+				cancel()
+				_ = n.Run(ctx)
+			}()
+			if got := n.Role(); got != tc.want {
+				t.Fatalf("role %v, want %v", got, tc.want)
+			}
+		})
 	}
 }

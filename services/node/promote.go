@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -63,6 +64,8 @@ type answer struct {
 	since time.Duration
 	// primaryLast and primaryDurable: what the old primary last reported (replicas).
 	primaryLast, primaryDurable uint64
+	// contract is the contract of the newest epoch record the node applied.
+	contract *walshipv1.Contract
 }
 
 func (a answer) String() string {
@@ -104,7 +107,36 @@ func (n *Node) contract() *walshipv1.Contract {
 			return rec.GetContract()
 		}
 	}
-	return primary.ContractOf(n.cfg.Primary.Policy, n.cfg.Members, n.cfg.LogStores)
+	lease := n.cfg.Primary.LeaseTimeout
+	if lease == 0 {
+		lease = primary.DefaultLeaseTimeout
+	}
+	return primary.ContractOf(n.cfg.Primary.Policy, n.cfg.Members, n.cfg.LogStores, lease)
+}
+
+// judgeAll is judge under every contract in cs: the quorum must hold
+// under each (the strictest decides); the verdict is the first failing
+// one's, or the first's.
+func judgeAll(cs []*walshipv1.Contract, prev string, answers []answer, counts func(answer) bool) verdict {
+	v := judge(cs[0], prev, answers, counts)
+	for _, c := range cs[1:] {
+		if w := judge(c, prev, answers, counts); !w.quorum && v.quorum {
+			v = w
+		}
+	}
+	return v
+}
+
+// logStores are the log stores a promotion asks: this node's and every
+// one the contract names.
+func (n *Node) logStores() []string {
+	out := append([]string(nil), n.cfg.LogStores...)
+	for _, l := range n.contract().GetLogstores() {
+		if !slices.Contains(out, l) {
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 // judge applies the quorum rule to answers (those that count: granted
@@ -119,6 +151,10 @@ func judge(c *walshipv1.Contract, prev string, answers []answer, counts func(ans
 			eligible[m.GetId()] = true
 		}
 	}
+	inContract := map[string]bool{}
+	for _, l := range c.GetLogstores() {
+		inContract[l] = true
+	}
 	reps := 0
 	for _, a := range answers {
 		if !counts(a) {
@@ -127,7 +163,9 @@ func judge(c *walshipv1.Contract, prev string, answers []answer, counts func(ans
 		}
 		v.granted = append(v.granted, a.id)
 		if a.logstore {
-			ls++
+			if inContract[a.id] {
+				ls++
+			}
 		} else if eligible[a.id] {
 			reps++
 		}
@@ -183,16 +221,32 @@ func (n *Node) promote(ctx context.Context, req *walshipv1.PromoteRequest) (*wal
 	if len(n.cfg.LogStores) == 0 {
 		return nil, status.Error(codes.FailedPrecondition, "cannot promote: no log store is configured (--logstore); an epoch vote needs a log store majority")
 	}
+	if !n.promoting.CompareAndSwap(false, true) {
+		return nil, status.Error(codes.Aborted, "a promotion is already under way on this node")
+	}
+	handedOff := false
+	defer func() {
+		if !handedOff {
+			n.promoting.Store(false)
+		}
+	}()
 	started := time.Now()
-	c := n.contract()
 	prev := rep.Vote()
 	self := n.selfAnswer(rep)
+	known := []*walshipv1.Contract{n.contract()}
 	reachable := func(a answer) bool { return a.err == nil }
 	survey := append([]answer{self}, n.survey(ctx, func(as []answer) bool {
-		return judge(c, prev.Primary, append([]answer{self}, as...), reachable).quorum
+		return judgeAll(known, prev.Primary, append([]answer{self}, as...), reachable).quorum
 	})...)
+	// Every contract an answer knows counts: a node that applied a newer
+	// epoch record than this one's may know a stricter contract.
+	for _, a := range survey {
+		if a.contract != nil {
+			known = append(known, a.contract)
+		}
+	}
 	tl := &walshipv1.FailoverTimeline{PreviousEpoch: prev.Epoch, PreviousPrimary: prev.Primary, StartedUnixNano: started.UnixNano()}
-	pre := judge(c, prev.Primary, survey, reachable)
+	pre := judgeAll(known, prev.Primary, survey, reachable)
 	seen := uint64(0)
 	for _, a := range survey {
 		seen = max(seen, a.epoch, a.lastEpoch)
@@ -218,13 +272,18 @@ func (n *Node) promote(ctx context.Context, req *walshipv1.PromoteRequest) (*wal
 	// Fence.
 	fr := &walshipv1.FenceRequest{Epoch: epoch, CandidateId: n.cfg.ID, CandidateAddr: n.advertise()}
 	promised := func(a answer) bool { return a.err == nil && a.granted }
-	answers := n.fenceAll(ctx, rep, fr, func(as []answer) bool { return judge(c, prev.Primary, as, promised).quorum })
+	answers := n.fenceAll(ctx, rep, fr, func(as []answer) bool { return judgeAll(known, prev.Primary, as, promised).quorum })
+	for _, a := range answers {
+		if a.contract != nil {
+			known = append(known, a.contract)
+		}
+	}
 	tl.FencedUnixNano = time.Now().UnixNano()
-	v := judge(c, prev.Primary, answers, promised)
+	v := judgeAll(known, prev.Primary, answers, promised)
 	tl.Granted, tl.Refused, tl.Donor = v.granted, v.refused, v.donor.id
 	resp.Needed, resp.Quorum, resp.HighestLsn = v.needed, v.quorum, v.donor.lastLSN
 	resp.AtRiskFromLsn, resp.AtRiskToLsn, resp.AtRiskDurableToLsn = v.atRisk[0], v.atRisk[1], v.atRiskDurable
-	if !v.quorum && !(req.GetForce() && strings.Contains(v.needed, "log stores") && countLogStores(answers) >= len(c.GetLogstores())/2+1) {
+	if !v.quorum && !(req.GetForce() && countLogStores(answers) >= len(n.logStores())/2+1) {
 		n.metrics.promotions.WithLabelValues("failed").Inc()
 		n.setTimeline(tl)
 		return nil, status.Errorf(codes.FailedPrecondition, "promotion to epoch %d needs %s; the epoch is fenced where granted (the old primary may have lost its lease: promote again, or restart it to rejoin). Answers: %s",
@@ -239,14 +298,21 @@ func (n *Node) promote(ctx context.Context, req *walshipv1.PromoteRequest) (*wal
 	p := &plan{epoch: epoch, self: self2, donor: v.donor, timeline: tl}
 	// The old primary's lease: it answered the fence (and stepped down),
 	// or a majority of log stores last heard from it `since` ago.
-	wait := n.cfg.Primary.LeaseTimeout * 11 / 10
-	if wait == 0 {
-		wait = primary.DefaultLeaseTimeout * 11 / 10
+	// The longest lease any known contract (or this node) gives a primary.
+	lease := n.cfg.Primary.LeaseTimeout
+	for _, c := range known {
+		lease = max(lease, c.GetLeaseTimeout().AsDuration())
 	}
+	if lease == 0 {
+		lease = primary.DefaultLeaseTimeout
+	}
+	wait := lease * 11 / 10
+	// Waived only if the primary of the newest epoch seen promised (it has
+	// stepped down): an older primary's promise says nothing of a newer one.
 	oldGranted := false
 	minSince := time.Duration(-1)
 	for _, a := range answers {
-		if a.granted && a.primary && a.id == prev.Primary {
+		if a.granted && a.primary && a.lastEpoch >= seen {
 			oldGranted = true
 		}
 		if a.granted && a.logstore && (minSince < 0 || a.since < minSince) {
@@ -263,6 +329,7 @@ func (n *Node) promote(ctx context.Context, req *walshipv1.PromoteRequest) (*wal
 	n.setTimeline(tl)
 	select {
 	case n.plans <- p:
+		handedOff = true // Run clears promoting once it has carried the plan out
 	default:
 		return nil, status.Error(codes.Aborted, "a promotion is already under way")
 	}
@@ -321,7 +388,7 @@ func (n *Node) survey(ctx context.Context, enough func([]answer) bool) []answer 
 		ls       bool
 	}
 	var jobs []job
-	for _, a := range n.cfg.LogStores {
+	for _, a := range n.logStores() {
 		jobs = append(jobs, job{a, a, true})
 	}
 	for _, m := range n.cfg.Members {
@@ -344,6 +411,7 @@ func (n *Node) survey(ctx context.Context, enough func([]answer) bool) []answer 
 				if a.err = err; err == nil {
 					a.epoch, a.holder, a.lastEpoch, a.lastLSN, a.history = st.GetVoteEpoch(), st.GetPrimaryId(), st.GetEpoch(), st.GetDurableLsn(), datadir.HistoryFromProto(st.GetHistory())
 					a.primary = st.GetRole() == walshipv1.Role_ROLE_PRIMARY
+					a.contract = st.GetContract()
 					if len(st.GetPeers()) > 0 && !a.primary {
 						a.primaryLast = st.GetVisibleLsn() + st.GetPeers()[0].GetLagRecords()
 					}
@@ -364,7 +432,7 @@ func (n *Node) fenceAll(ctx context.Context, rep interface {
 		ls, self bool
 	}
 	jobs := []job{{id: n.cfg.ID, self: true}}
-	for _, a := range n.cfg.LogStores {
+	for _, a := range n.logStores() {
 		jobs = append(jobs, job{id: a, addr: a, ls: true})
 	}
 	for _, m := range n.cfg.Members {
@@ -391,6 +459,7 @@ func (n *Node) fenceAll(ctx context.Context, rep interface {
 				a.lastEpoch, a.lastLSN, a.history, a.primary = resp.GetLastEpoch(), resp.GetLastLsn(), datadir.HistoryFromProto(resp.GetHistory()), resp.GetPrimary()
 				a.since = resp.GetSincePrimaryContact().AsDuration()
 				a.primaryLast, a.primaryDurable = resp.GetPrimaryLastLsn(), resp.GetPrimaryDurableLsn()
+				a.contract = resp.GetContract()
 			}
 			ch <- a
 		}()
@@ -500,7 +569,7 @@ func (n *Node) carryOut(ctx context.Context, p *plan) error {
 	// Cut a tail of this node's log that the donor's history does not
 	// have (kept in an orphan file).
 	if p.donor.id != n.cfg.ID {
-		keep, all, known := hist.KeepUpTo(own.Current().Epoch)
+		keep, all, known := hist.SharedUpTo(own)
 		if !known {
 			return fmt.Errorf("this node's log (epoch %d) is older than the donor %s's history reaches back to: re-seed it first", own.Current().Epoch, p.donor.id)
 		}
@@ -521,7 +590,8 @@ func (n *Node) carryOut(ctx context.Context, p *plan) error {
 	}
 	// Copy what the donor has beyond this log.
 	if p.donor.lastLSN > log.LastLSN() {
-		records, bytes, err := copyFrom(ctx, p.donor.addr, log, p.donor.lastLSN)
+		own = own.Cut(log.LastLSN())
+		records, bytes, err := copyFrom(ctx, p.donor.addr, log, p.donor.lastLSN, own.Current().Epoch)
 		if err != nil {
 			return fmt.Errorf("catch up from %s: %w", p.donor.id, err)
 		}
@@ -554,7 +624,7 @@ func (n *Node) carryOut(ctx context.Context, p *plan) error {
 
 // copyFrom reads the batches after log's end up to last from addr (a log
 // store, or a replica serving its log) and appends them, checked.
-func copyFrom(ctx context.Context, addr string, log *wal.Log, last uint64) (records, bytes uint64, err error) {
+func copyFrom(ctx context.Context, addr string, log *wal.Log, last, epoch uint64) (records, bytes uint64, err error) {
 	conn, err := dial(addr)
 	if err != nil {
 		return 0, 0, err
@@ -585,6 +655,12 @@ func copyFrom(ctx context.Context, addr string, log *wal.Log, last uint64) (reco
 		if b.GetFirstLsn() != log.LastLSN()+1 {
 			return records, bytes, fmt.Errorf("the donor sent LSNs %d..%d after LSN %d", b.GetFirstLsn(), b.GetLastLsn(), log.LastLSN())
 		}
+		if b.GetEpoch() < epoch {
+			// Epochs only grow along a log: the donor's history and this
+			// one's part earlier than the cut said.
+			return records, bytes, fmt.Errorf("the donor sent LSNs %d..%d of epoch %d after entries of epoch %d", b.GetFirstLsn(), b.GetLastLsn(), b.GetEpoch(), epoch)
+		}
+		epoch = b.GetEpoch()
 		data, err := envelope.Marshal(b)
 		if err != nil {
 			return records, bytes, err

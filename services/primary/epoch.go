@@ -16,6 +16,7 @@ import (
 	"github.com/walship/walship/internal/kvapi"
 	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/serve"
+	"github.com/walship/walship/internal/walserve"
 	"github.com/walship/walship/pkg/codec"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -181,14 +182,15 @@ func (s *Server) saveEpoch() error {
 
 // contract is the durability contract this run stamps in its epoch record.
 func (s *Server) contract() *walshipv1.Contract {
-	return ContractOf(s.cfg.Policy, s.cfg.Members, s.cfg.LogStores)
+	return ContractOf(s.cfg.Policy, s.cfg.Members, s.cfg.LogStores, s.cfg.LeaseTimeout)
 }
 
 // ContractOf is the contract of a primary whose default policy is p: the
-// replica and log store waits of p, the members and the log stores.
-func ContractOf(p Policy, members []Member, logstores []string) *walshipv1.Contract {
+// replica and log store waits of p, the members, the log stores and its
+// lease.
+func ContractOf(p Policy, members []Member, logstores []string, lease time.Duration) *walshipv1.Contract {
 	c := &walshipv1.Contract{SyncLevel: p.SyncLevel, LogstoreSync: p.LogStore == walshipv1.LogStoreAck_LOG_STORE_ACK_SYNC && len(logstores) > 0,
-		Logstores: logstores}
+		Logstores: logstores, LeaseTimeout: durationpb.New(lease)}
 	if p.Replication == walshipv1.ReplicationMode_REPLICATION_MODE_SYNC {
 		c.SyncReplicas = uint32(p.SyncReplicas)
 	}
@@ -485,7 +487,8 @@ func (s *Server) Switchover(ctx context.Context, target string, timeout time.Dur
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	s.logger.Info("switching over", "target", target)
-	// Every commit already sequenced resolves (they are answered as usual).
+	// Every commit already sequenced resolves (they are answered as usual);
+	// execTxn checks handover under seqMu, so none is sequenced after last.
 	s.seqMu.Lock()
 	last := s.nextLSN - 1
 	s.seqMu.Unlock()
@@ -529,3 +532,15 @@ func (s *Server) Switchover(ctx context.Context, target string, timeout time.Dur
 
 // Epoch is this run's epoch.
 func (s *Server) Epoch() uint64 { return s.epoch }
+
+// logServer serves the primary's own log (durable entries), so that a
+// candidate whose most advanced answer is this primary — one that just
+// stepped down — can copy its tail.
+type logServer struct {
+	walshipv1.UnimplementedLogStoreServiceServer
+	s *Server
+}
+
+func (l *logServer) Read(req *walshipv1.ReadRequest, stream walshipv1.LogStoreService_ReadServer) error {
+	return walserve.Read(l.s.wal, "primary "+l.s.cfg.ID, req, stream)
+}

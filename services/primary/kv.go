@@ -276,6 +276,11 @@ func (s *Server) execTxn(ctx context.Context, p *walshipv1.CommitPolicy, cmps []
 	case s.stopping:
 		s.seqMu.Unlock()
 		return execResult{}, notServing("%v", errStopping)
+	case s.handover.Load():
+		// Checked under seqMu: Switchover reads the last LSN under it, so
+		// nothing is sequenced after the LSN the target must have flushed.
+		s.seqMu.Unlock()
+		return execResult{}, notServing("primary is handing over to another node (switchover)")
 	}
 	res := execResult{succeeded: true}
 	for i := range cmps {
@@ -316,6 +321,9 @@ func (s *Server) execTxn(ctx context.Context, p *walshipv1.CommitPolicy, cmps []
 		}
 		s.seqMu.Unlock()
 		if speculative {
+			if !s.lease.valid() {
+				return execResult{}, notServing("primary lost its lease (no word from a log store majority for %v): it may have been deposed", s.cfg.LeaseTimeout)
+			}
 			return res, nil
 		}
 		if _, err := s.visible.Wait(ctx, res.lsn); err != nil {

@@ -68,7 +68,11 @@ func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceC
 	// deposed primary's, never committed) is cut, and kept as an orphan
 	// by the log store.
 	cut := false
-	if keep, all, known := s.epochs.KeepUpTo(st.LastEpoch); st.FirstLsn != 0 && !all {
+	keep, all, known := s.epochs.KeepUpTo(st.LastEpoch)
+	if len(st.History) > 0 {
+		keep, all, known = s.epochs.SharedUpTo(datadir.HistoryFromProto(st.History))
+	}
+	if st.FirstLsn != 0 && !all {
 		if !known {
 			keep = 0
 		}

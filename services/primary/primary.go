@@ -219,6 +219,7 @@ func New(cfg Config) (*Server, error) {
 		walshipv1.RegisterAdminServiceServer(g, &adminServer{s: s})
 		walshipv1.RegisterReplicationServiceServer(g, &replServer{s: s})
 		walshipv1.RegisterEpochServiceServer(g, &epochServer{s: s})
+		walshipv1.RegisterLogStoreServiceServer(g, &logServer{s: s})
 		for _, r := range cfg.Register {
 			r(g)
 		}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/internal/wal"
@@ -65,6 +66,9 @@ func (r *replServer) Stream(stream walshipv1.ReplicationService_StreamServer) (r
 	}
 	id, next := hello.GetReplicaId(), hello.GetNextLsn()
 	keep, all, known := s.epochs.KeepUpTo(hello.GetEpoch())
+	if h := hello.GetHistory(); len(h) > 0 {
+		keep, all, known = s.epochs.SharedUpTo(datadir.HistoryFromProto(h))
+	}
 	if !known {
 		// The replica's log is of an epoch older than this primary's
 		// history reaches back to: nothing of it can be vouched for.

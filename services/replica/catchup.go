@@ -22,6 +22,14 @@ import (
 func (s *Server) readLogStore(ctx context.Context) (progress bool, err error) {
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// A log store that has not promised this replica's epoch has not heard
+	// from its primary: what it holds past the last common point may be a
+	// deposed primary's tail. It supplies nothing then.
+	if st, err := s.logstore.Status(rctx, &walshipv1.LogStoreServiceStatusRequest{}); err != nil {
+		return false, err
+	} else if v := s.Vote(); st.GetVoteEpoch() < v.Epoch {
+		return false, fmt.Errorf("the log store %s is at epoch %d, older than this replica's %d: it may hold a deposed primary's tail", s.cfg.LogStore, st.GetVoteEpoch(), v.Epoch)
+	}
 	from := s.wal.LastLSN() + 1
 	stream, err := s.logstore.Read(rctx, &walshipv1.ReadRequest{FromLsn: from})
 	if err != nil {

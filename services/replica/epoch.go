@@ -2,7 +2,6 @@ package replica
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -10,9 +9,8 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
-	"github.com/walship/walship/internal/envelope"
 	"github.com/walship/walship/internal/kvapi"
-	"github.com/walship/walship/internal/wal"
+	"github.com/walship/walship/internal/walserve"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -102,7 +100,10 @@ func (s *Server) promiseLocked(v datadir.Vote) (bool, error) {
 	prev := s.vote.Load()
 	s.vote.Store(&v)
 	s.logger.Info("promised a newer epoch", "vote", v.String(), "previous", prev.String())
-	if v.Addr != "" {
+	if v.Addr != "" && v.Primary != s.cfg.ID {
+		// Not itself: a candidate fencing its own replica role stops it
+		// before it opens, and one whose promotion failed stays a replica
+		// of whoever wins next.
 		s.followPrimary(v.Addr)
 	}
 	return true, nil
@@ -288,48 +289,9 @@ type logServer struct {
 	s *Server
 }
 
-// Read streams the replica's durable WAL entries from from_lsn to to_lsn
-// (or its end). follow is not supported.
+// Read streams the replica's durable WAL entries (internal/walserve).
 func (l *logServer) Read(req *walshipv1.ReadRequest, stream walshipv1.LogStoreService_ReadServer) error {
-	s := l.s
-	if req.GetFollow() {
-		return status.Error(codes.InvalidArgument, "follow: a replica serves its log up to its end only")
-	}
-	from, to := req.GetFromLsn(), req.GetToLsn()
-	if from == 0 {
-		return status.Error(codes.InvalidArgument, "from_lsn: must be at least 1")
-	}
-	end := s.wal.DurableLSN()
-	if to == 0 || to > end {
-		to = end
-	}
-	if from > to {
-		return nil
-	}
-	rd, err := s.wal.NewReader(from, true)
-	if errors.Is(err, wal.ErrCompacted) {
-		return status.Errorf(codes.OutOfRange, "from_lsn: LSN %d is no longer in replica %s's WAL (first LSN %d)", from, s.cfg.ID, s.wal.FirstLSN())
-	}
-	if err != nil {
-		return status.Errorf(codes.Internal, "read wal from LSN %d: %v", from, err)
-	}
-	defer rd.Close()
-	for {
-		e, err := rd.Next(stream.Context())
-		if err != nil {
-			return status.FromContextError(err).Err()
-		}
-		var env walshipv1.WalBatch
-		if err := envelope.Unmarshal(e.Data, &env); err != nil {
-			return status.Errorf(codes.DataLoss, "replica %s: wal entry %d..%d: %v", s.cfg.ID, e.FirstLSN, e.LastLSN, err)
-		}
-		if err := stream.Send(&walshipv1.ReadResponse{Batch: &env}); err != nil {
-			return err
-		}
-		if e.LastLSN >= to {
-			return nil
-		}
-	}
+	return walserve.Read(l.s.wal, "replica "+l.s.cfg.ID, req, stream)
 }
 
 // Status of the replica's log, as a log store reports its.

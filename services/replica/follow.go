@@ -210,6 +210,7 @@ func (s *Server) streamFromPrimary(ctx context.Context) (progress bool, err erro
 	}
 	hello := &walshipv1.StreamRequest{Msg: &walshipv1.StreamRequest_Hello{Hello: &walshipv1.ReplicaHello{
 		ReplicaId: s.cfg.ID, Epoch: s.epoch.Load(), NextLsn: s.wal.LastLSN() + 1, FencedEpoch: s.Vote().Epoch,
+		History: s.history.Load().Cut(s.wal.LastLSN()).Proto(),
 	}}}
 	// streamEpoch is the primary's epoch, from its heartbeats (the first
 	// message of every stream is one).

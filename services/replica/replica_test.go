@@ -584,6 +584,36 @@ func TestLogStoreFallsToSnapshot(t *testing.T) {
 	}
 }
 
+// TestLogStoreOfAnOlderEpochIsSkipped: a log store that has not promised
+// the replica's epoch may hold a deposed primary's tail past the last
+// common point, so the replica reads nothing from it and takes a snapshot.
+func TestLogStoreOfAnOlderEpochIsSkipped(t *testing.T) {
+	fp := newFakePrimary(t)
+	m := newModel(t)
+	for i := range 5 {
+		m.txn(put(keyN(i), "v"))
+	}
+	fp.snapshot = snapshotOf(m.ref, 1)
+	ls := newFakeLogStore(t, func(*walshipv1.ReadRequest, grpc.ServerStreamingServer[walshipv1.ReadResponse]) error {
+		return status.Error(codes.Internal, "read from a log store of an older epoch")
+	})
+	ls.voteEpoch.Store(0)
+	cfg := testConfig(t, t.TempDir(), fp.addr)
+	cfg.LogStore = ls.addr
+	r := start(t, cfg)
+	first := fp.next(t)
+	first.heartbeat(t, 1, 0, false)
+	testwait.Until(t, "the replica to promise epoch 1", func() bool { return r.status(t).VoteEpoch == 1 })
+	first.end <- status.Error(codes.OutOfRange, "gone")
+	sess := fp.next(t)
+	if sess.hello.GetNextLsn() != m.next || fp.snapshotCalls.Load() != 1 || len(ls.reads) != 0 {
+		t.Fatalf("hello = %v, %d snapshots, %d log store reads", sess.hello, fp.snapshotCalls.Load(), len(ls.reads))
+	}
+	if st := r.status(t); st.StateDigest != m.digest() {
+		t.Fatalf("digest %s, want %s", st.StateDigest, m.digest())
+	}
+}
+
 func TestLagSeconds(t *testing.T) {
 	fp := newFakePrimary(t)
 	cfg := testConfig(t, t.TempDir(), fp.addr)

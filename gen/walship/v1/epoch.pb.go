@@ -377,7 +377,10 @@ type Contract struct {
 	// only their acks count for synchronous commits.
 	Members []*Member `protobuf:"bytes,4,rep,name=members,proto3" json:"members,omitempty"`
 	// logstores are the log store addresses.
-	Logstores     []string `protobuf:"bytes,5,rep,name=logstores,proto3" json:"logstores,omitempty"`
+	Logstores []string `protobuf:"bytes,5,rep,name=logstores,proto3" json:"logstores,omitempty"`
+	// lease_timeout is the primary's lease: how long it answers without word
+	// from a log store majority, which a candidate waits out.
+	LeaseTimeout  *durationpb.Duration `protobuf:"bytes,6,opt,name=lease_timeout,json=leaseTimeout,proto3" json:"lease_timeout,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -443,6 +446,13 @@ func (x *Contract) GetMembers() []*Member {
 func (x *Contract) GetLogstores() []string {
 	if x != nil {
 		return x.Logstores
+	}
+	return nil
+}
+
+func (x *Contract) GetLeaseTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.LeaseTimeout
 	}
 	return nil
 }
@@ -584,14 +594,15 @@ const file_walship_v1_epoch_proto_rawDesc = "" +
 	"\tfirst_lsn\x18\x02 \x01(\x04R\bfirstLsn\",\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
-	"\x04addr\x18\x02 \x01(\tR\x04addr\"\xd6\x01\n" +
+	"\x04addr\x18\x02 \x01(\tR\x04addr\"\x96\x02\n" +
 	"\bContract\x12#\n" +
 	"\rsync_replicas\x18\x01 \x01(\rR\fsyncReplicas\x124\n" +
 	"\n" +
 	"sync_level\x18\x02 \x01(\x0e2\x15.walship.v1.SyncLevelR\tsyncLevel\x12#\n" +
 	"\rlogstore_sync\x18\x03 \x01(\bR\flogstoreSync\x12,\n" +
 	"\amembers\x18\x04 \x03(\v2\x12.walship.v1.MemberR\amembers\x12\x1c\n" +
-	"\tlogstores\x18\x05 \x03(\tR\tlogstores\"\x8c\x02\n" +
+	"\tlogstores\x18\x05 \x03(\tR\tlogstores\x12>\n" +
+	"\rlease_timeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\fleaseTimeout\"\x8c\x02\n" +
 	"\vEpochRecord\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x1b\n" +
 	"\tfirst_lsn\x18\x02 \x01(\x04R\bfirstLsn\x12\x1d\n" +
@@ -633,15 +644,16 @@ var file_walship_v1_epoch_proto_depIdxs = []int32{
 	4, // 2: walship.v1.FenceResponse.contract:type_name -> walship.v1.Contract
 	7, // 3: walship.v1.Contract.sync_level:type_name -> walship.v1.SyncLevel
 	3, // 4: walship.v1.Contract.members:type_name -> walship.v1.Member
-	4, // 5: walship.v1.EpochRecord.contract:type_name -> walship.v1.Contract
-	2, // 6: walship.v1.EpochRecord.history:type_name -> walship.v1.EpochStart
-	0, // 7: walship.v1.EpochService.Fence:input_type -> walship.v1.FenceRequest
-	1, // 8: walship.v1.EpochService.Fence:output_type -> walship.v1.FenceResponse
-	8, // [8:9] is the sub-list for method output_type
-	7, // [7:8] is the sub-list for method input_type
-	7, // [7:7] is the sub-list for extension type_name
-	7, // [7:7] is the sub-list for extension extendee
-	0, // [0:7] is the sub-list for field type_name
+	6, // 5: walship.v1.Contract.lease_timeout:type_name -> google.protobuf.Duration
+	4, // 6: walship.v1.EpochRecord.contract:type_name -> walship.v1.Contract
+	2, // 7: walship.v1.EpochRecord.history:type_name -> walship.v1.EpochStart
+	0, // 8: walship.v1.EpochService.Fence:input_type -> walship.v1.FenceRequest
+	1, // 9: walship.v1.EpochService.Fence:output_type -> walship.v1.FenceResponse
+	9, // [9:10] is the sub-list for method output_type
+	8, // [8:9] is the sub-list for method input_type
+	8, // [8:8] is the sub-list for extension type_name
+	8, // [8:8] is the sub-list for extension extendee
+	0, // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_walship_v1_epoch_proto_init() }

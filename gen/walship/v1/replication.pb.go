@@ -140,7 +140,10 @@ type ReplicaHello struct {
 	// fenced_epoch is the highest epoch the replica has promised (a fence or
 	// a primary it followed). A primary of an older epoch is deposed: it
 	// fails the stream with FAILED_PRECONDITION and steps down.
-	FencedEpoch   uint64 `protobuf:"varint,4,opt,name=fenced_epoch,json=fencedEpoch,proto3" json:"fenced_epoch,omitempty"`
+	FencedEpoch uint64 `protobuf:"varint,4,opt,name=fenced_epoch,json=fencedEpoch,proto3" json:"fenced_epoch,omitempty"`
+	// history is the epoch history of the replica's log: where it parts from
+	// the primary's is the newest epoch both hold (see Diverged).
+	History       []*EpochStart `protobuf:"bytes,5,rep,name=history,proto3" json:"history,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -201,6 +204,13 @@ func (x *ReplicaHello) GetFencedEpoch() uint64 {
 		return x.FencedEpoch
 	}
 	return 0
+}
+
+func (x *ReplicaHello) GetHistory() []*EpochStart {
+	if x != nil {
+		return x.History
+	}
+	return nil
 }
 
 // ReplicaAck is cumulative: every LSN up to each field has reached that stage.
@@ -788,18 +798,19 @@ var File_walship_v1_replication_proto protoreflect.FileDescriptor
 const file_walship_v1_replication_proto_rawDesc = "" +
 	"\n" +
 	"\x1cwalship/v1/replication.proto\x12\n" +
-	"walship.v1\x1a\x13walship/v1/kv.proto\x1a\x17walship/v1/policy.proto\x1a\x14walship/v1/wal.proto\"\xab\x01\n" +
+	"walship.v1\x1a\x13walship/v1/kv.proto\x1a\x17walship/v1/policy.proto\x1a\x16walship/v1/epoch.proto\x1a\x14walship/v1/wal.proto\"\xab\x01\n" +
 	"\rStreamRequest\x120\n" +
 	"\x05hello\x18\x01 \x01(\v2\x18.walship.v1.ReplicaHelloH\x00R\x05hello\x12*\n" +
 	"\x03ack\x18\x02 \x01(\v2\x16.walship.v1.ReplicaAckH\x00R\x03ack\x125\n" +
 	"\theartbeat\x18\x03 \x01(\v2\x15.walship.v1.HeartbeatH\x00R\theartbeatB\x05\n" +
-	"\x03msg\"\x81\x01\n" +
+	"\x03msg\"\xb3\x01\n" +
 	"\fReplicaHello\x12\x1d\n" +
 	"\n" +
 	"replica_id\x18\x01 \x01(\tR\treplicaId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x19\n" +
 	"\bnext_lsn\x18\x03 \x01(\x04R\anextLsn\x12!\n" +
-	"\ffenced_epoch\x18\x04 \x01(\x04R\vfencedEpoch\"\x95\x01\n" +
+	"\ffenced_epoch\x18\x04 \x01(\x04R\vfencedEpoch\x120\n" +
+	"\ahistory\x18\x05 \x03(\v2\x16.walship.v1.EpochStartR\ahistory\"\x95\x01\n" +
 	"\n" +
 	"ReplicaAck\x12\x1f\n" +
 	"\vwritten_lsn\x18\x01 \x01(\x04R\n" +
@@ -865,31 +876,33 @@ var file_walship_v1_replication_proto_goTypes = []any{
 	(*SnapshotChunk)(nil),    // 8: walship.v1.SnapshotChunk
 	(*SnapshotTrailer)(nil),  // 9: walship.v1.SnapshotTrailer
 	(*Heartbeat)(nil),        // 10: walship.v1.Heartbeat
-	(*WalBatch)(nil),         // 11: walship.v1.WalBatch
-	(SyncLevel)(0),           // 12: walship.v1.SyncLevel
-	(*KeyValue)(nil),         // 13: walship.v1.KeyValue
+	(*EpochStart)(nil),       // 11: walship.v1.EpochStart
+	(*WalBatch)(nil),         // 12: walship.v1.WalBatch
+	(SyncLevel)(0),           // 13: walship.v1.SyncLevel
+	(*KeyValue)(nil),         // 14: walship.v1.KeyValue
 }
 var file_walship_v1_replication_proto_depIdxs = []int32{
 	1,  // 0: walship.v1.StreamRequest.hello:type_name -> walship.v1.ReplicaHello
 	2,  // 1: walship.v1.StreamRequest.ack:type_name -> walship.v1.ReplicaAck
 	10, // 2: walship.v1.StreamRequest.heartbeat:type_name -> walship.v1.Heartbeat
-	11, // 3: walship.v1.StreamResponse.batch:type_name -> walship.v1.WalBatch
-	10, // 4: walship.v1.StreamResponse.heartbeat:type_name -> walship.v1.Heartbeat
-	4,  // 5: walship.v1.StreamResponse.diverged:type_name -> walship.v1.Diverged
-	12, // 6: walship.v1.StreamResponse.reply_at:type_name -> walship.v1.SyncLevel
-	7,  // 7: walship.v1.SnapshotResponse.header:type_name -> walship.v1.SnapshotHeader
-	8,  // 8: walship.v1.SnapshotResponse.chunk:type_name -> walship.v1.SnapshotChunk
-	9,  // 9: walship.v1.SnapshotResponse.trailer:type_name -> walship.v1.SnapshotTrailer
-	13, // 10: walship.v1.SnapshotChunk.kvs:type_name -> walship.v1.KeyValue
-	0,  // 11: walship.v1.ReplicationService.Stream:input_type -> walship.v1.StreamRequest
-	5,  // 12: walship.v1.ReplicationService.Snapshot:input_type -> walship.v1.SnapshotRequest
-	3,  // 13: walship.v1.ReplicationService.Stream:output_type -> walship.v1.StreamResponse
-	6,  // 14: walship.v1.ReplicationService.Snapshot:output_type -> walship.v1.SnapshotResponse
-	13, // [13:15] is the sub-list for method output_type
-	11, // [11:13] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	11, // 3: walship.v1.ReplicaHello.history:type_name -> walship.v1.EpochStart
+	12, // 4: walship.v1.StreamResponse.batch:type_name -> walship.v1.WalBatch
+	10, // 5: walship.v1.StreamResponse.heartbeat:type_name -> walship.v1.Heartbeat
+	4,  // 6: walship.v1.StreamResponse.diverged:type_name -> walship.v1.Diverged
+	13, // 7: walship.v1.StreamResponse.reply_at:type_name -> walship.v1.SyncLevel
+	7,  // 8: walship.v1.SnapshotResponse.header:type_name -> walship.v1.SnapshotHeader
+	8,  // 9: walship.v1.SnapshotResponse.chunk:type_name -> walship.v1.SnapshotChunk
+	9,  // 10: walship.v1.SnapshotResponse.trailer:type_name -> walship.v1.SnapshotTrailer
+	14, // 11: walship.v1.SnapshotChunk.kvs:type_name -> walship.v1.KeyValue
+	0,  // 12: walship.v1.ReplicationService.Stream:input_type -> walship.v1.StreamRequest
+	5,  // 13: walship.v1.ReplicationService.Snapshot:input_type -> walship.v1.SnapshotRequest
+	3,  // 14: walship.v1.ReplicationService.Stream:output_type -> walship.v1.StreamResponse
+	6,  // 15: walship.v1.ReplicationService.Snapshot:output_type -> walship.v1.SnapshotResponse
+	14, // [14:16] is the sub-list for method output_type
+	12, // [12:14] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_walship_v1_replication_proto_init() }
@@ -899,6 +912,7 @@ func file_walship_v1_replication_proto_init() {
 	}
 	file_walship_v1_kv_proto_init()
 	file_walship_v1_policy_proto_init()
+	file_walship_v1_epoch_proto_init()
 	file_walship_v1_wal_proto_init()
 	file_walship_v1_replication_proto_msgTypes[0].OneofWrappers = []any{
 		(*StreamRequest_Hello)(nil),
