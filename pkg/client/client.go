@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 )
 
 // UnknownOutcomeError is a write whose outcome is unknown.
@@ -300,7 +301,7 @@ func (c *Client) Txn(ctx context.Context, req *walshipv1.TxnRequest) (*walshipv1
 func (c *Client) Get(ctx context.Context, key string) (*walshipv1.GetResponse, error) {
 	var resp *walshipv1.GetResponse
 	err := c.onPrimary(ctx, false, func(kv walshipv1.KVServiceClient) error {
-		r, err := kv.Get(ctx, &walshipv1.GetRequest{Key: key})
+		r, err := kv.Get(ctx, &walshipv1.GetRequest{Key: key, RequirePrimary: true})
 		resp = r
 		return err
 	})
@@ -339,12 +340,16 @@ func (r routed) Delete(ctx context.Context, in *walshipv1.DeleteRequest, opts ..
 }
 
 func (r routed) Get(ctx context.Context, in *walshipv1.GetRequest, opts ...grpc.CallOption) (*walshipv1.GetResponse, error) {
+	in = proto.CloneOf(in)
+	in.RequirePrimary = true // a replica that the client took for the primary refuses
 	var out *walshipv1.GetResponse
 	err := r.c.onPrimary(ctx, false, func(kv walshipv1.KVServiceClient) (err error) { out, err = kv.Get(ctx, in); return })
 	return out, err
 }
 
 func (r routed) Scan(ctx context.Context, in *walshipv1.ScanRequest, opts ...grpc.CallOption) (*walshipv1.ScanResponse, error) {
+	in = proto.CloneOf(in)
+	in.RequirePrimary = true
 	var out *walshipv1.ScanResponse
 	err := r.c.onPrimary(ctx, false, func(kv walshipv1.KVServiceClient) (err error) { out, err = kv.Scan(ctx, in); return })
 	return out, err

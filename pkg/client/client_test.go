@@ -80,3 +80,45 @@ func TestNotApplied(t *testing.T) {
 		t.Fatal("UnknownOutcomeError is not one")
 	}
 }
+
+// TestReadsAreNeverAnsweredByAReplica: mid-promotion, a replica that has
+// promised a candidate names it as the primary of a newer epoch before the
+// candidate opens; the client, which follows that name, must not take the
+// candidate's answer (a replica's applied state, which can trail an
+// acknowledged write) for a linearizable read. It keeps retrying and
+// fails instead.
+func TestReadsAreNeverAnsweredByAReplica(t *testing.T) {
+	c, err := cluster.Start(t.Context(), cluster.Config{Dir: t.TempDir(), LogStores: 1, Replicas: 2, Failover: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Stop() })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cand, voter := c.Replicas[0], c.Replicas[1]
+	// The voter promises epoch 2 to the candidate; nobody else hears of it.
+	fr, err := walshipv1.NewEpochServiceClient(c.Conn(voter)).Fence(ctx, &walshipv1.FenceRequest{Epoch: 2, CandidateId: cand.Name, CandidateAddr: cand.Addr})
+	if err != nil || !fr.GetGranted() {
+		t.Fatalf("Fence: %v, %v", fr, err)
+	}
+	// The old primary stops, so that only the voter's word is left.
+	if err := c.StopNode(c.Primary); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := client.New([]string{cand.Addr, voter.Addr}, client.Options{Retry: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if p, err := cl.Primary(ctx); err != nil || p != cand.Addr {
+		t.Fatalf("Primary = %q, %v; want the candidate %s (the voter names it)", p, err, cand.Addr)
+	}
+	g, err := cl.Get(ctx, "k")
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("Get through a replica named as the primary = %v, %v; want FAILED_PRECONDITION", g, err)
+	}
+	s, err := cl.KV().Scan(ctx, &walshipv1.ScanRequest{})
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("Scan through a replica named as the primary = %v, %v; want FAILED_PRECONDITION", s, err)
+	}
+}

@@ -15,11 +15,22 @@ type kvServer struct {
 	s *Server
 }
 
+// Get and Scan read at the applied LSN, which may trail a write the
+// primary has acknowledged (an acknowledgement at flush does not wait for
+// apply); a read that asks for the primary (require_primary) is refused,
+// naming the primary, so that it is never answered here by mistake — the
+// node being promoted stays a replica until its epoch opens.
 func (k *kvServer) Get(ctx context.Context, req *walshipv1.GetRequest) (*walshipv1.GetResponse, error) {
+	if req.GetRequirePrimary() {
+		return nil, NotPrimary("replica "+k.s.cfg.ID, k.s.Vote())
+	}
 	return k.s.reads.Get(ctx, req)
 }
 
 func (k *kvServer) Scan(ctx context.Context, req *walshipv1.ScanRequest) (*walshipv1.ScanResponse, error) {
+	if req.GetRequirePrimary() {
+		return nil, NotPrimary("replica "+k.s.cfg.ID, k.s.Vote())
+	}
 	return k.s.reads.Scan(ctx, req)
 }
 

@@ -99,6 +99,11 @@ func TestStreamApplyReadStatusAndRestart(t *testing.T) {
 	wantCode(t, "Promote", err, codes.FailedPrecondition, "runs on its own and cannot become the primary")
 	_, err = r.admin.SetPolicy(c, &walshipv1.SetPolicyRequest{})
 	wantCode(t, "SetPolicy", err, codes.FailedPrecondition, "not a primary")
+	// A read that asks for the primary is not answered here.
+	_, err = r.kv.Get(c, &walshipv1.GetRequest{Key: "a", RequirePrimary: true})
+	wantCode(t, "Get require_primary", err, codes.FailedPrecondition, "replica r1 is not the primary")
+	_, err = r.kv.Scan(c, &walshipv1.ScanRequest{RequirePrimary: true})
+	wantCode(t, "Scan require_primary", err, codes.FailedPrecondition, "replica r1 is not the primary")
 
 	// Bad input on reads.
 	_, err = r.kv.Get(c, &walshipv1.GetRequest{Key: ""})

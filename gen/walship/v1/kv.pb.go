@@ -370,9 +370,15 @@ type GetRequest struct {
 	MinLsn uint64 `protobuf:"varint,2,opt,name=min_lsn,json=minLsn,proto3" json:"min_lsn,omitempty"`
 	// wait_timeout bounds the wait for min_lsn (default 5s; the call deadline
 	// also applies). Past it the read fails with DEADLINE_EXCEEDED.
-	WaitTimeout   *durationpb.Duration `protobuf:"bytes,3,opt,name=wait_timeout,json=waitTimeout,proto3" json:"wait_timeout,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	WaitTimeout *durationpb.Duration `protobuf:"bytes,3,opt,name=wait_timeout,json=waitTimeout,proto3" json:"wait_timeout,omitempty"`
+	// require_primary asks for a linearizable read: only the primary of the
+	// current epoch, under its lease, answers it; any other node (a replica,
+	// a replica being promoted) refuses with FAILED_PRECONDITION naming the
+	// primary it knows. A client that found "the primary" from a stale view
+	// sets it so that a replica never answers in the primary's place.
+	RequirePrimary bool `protobuf:"varint,4,opt,name=require_primary,json=requirePrimary,proto3" json:"require_primary,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *GetRequest) Reset() {
@@ -424,6 +430,13 @@ func (x *GetRequest) GetWaitTimeout() *durationpb.Duration {
 		return x.WaitTimeout
 	}
 	return nil
+}
+
+func (x *GetRequest) GetRequirePrimary() bool {
+	if x != nil {
+		return x.RequirePrimary
+	}
+	return false
 }
 
 // GetResponse is the key's state at applied_lsn.
@@ -1315,9 +1328,11 @@ type ScanRequest struct {
 	// min_lsn makes the scan wait until this LSN is visible, as in GetRequest.
 	MinLsn uint64 `protobuf:"varint,4,opt,name=min_lsn,json=minLsn,proto3" json:"min_lsn,omitempty"`
 	// wait_timeout bounds the wait for min_lsn (default 5s).
-	WaitTimeout   *durationpb.Duration `protobuf:"bytes,5,opt,name=wait_timeout,json=waitTimeout,proto3" json:"wait_timeout,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	WaitTimeout *durationpb.Duration `protobuf:"bytes,5,opt,name=wait_timeout,json=waitTimeout,proto3" json:"wait_timeout,omitempty"`
+	// require_primary asks for a linearizable scan, as in GetRequest.
+	RequirePrimary bool `protobuf:"varint,6,opt,name=require_primary,json=requirePrimary,proto3" json:"require_primary,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ScanRequest) Reset() {
@@ -1383,6 +1398,13 @@ func (x *ScanRequest) GetWaitTimeout() *durationpb.Duration {
 		return x.WaitTimeout
 	}
 	return nil
+}
+
+func (x *ScanRequest) GetRequirePrimary() bool {
+	if x != nil {
+		return x.RequirePrimary
+	}
+	return false
 }
 
 // KeyValue is one pair of a Scan.
@@ -1531,12 +1553,13 @@ const file_walship_v1_kv_proto_rawDesc = "" +
 	"\x06policy\x18\x02 \x01(\v2\x18.walship.v1.CommitPolicyR\x06policy\"<\n" +
 	"\x0eDeleteResponse\x12\x10\n" +
 	"\x03lsn\x18\x01 \x01(\x04R\x03lsn\x12\x18\n" +
-	"\aexisted\x18\x02 \x01(\bR\aexisted\"u\n" +
+	"\aexisted\x18\x02 \x01(\bR\aexisted\"\x9e\x01\n" +
 	"\n" +
 	"GetRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x17\n" +
 	"\amin_lsn\x18\x02 \x01(\x04R\x06minLsn\x12<\n" +
-	"\fwait_timeout\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\vwaitTimeout\"{\n" +
+	"\fwait_timeout\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\vwaitTimeout\x12'\n" +
+	"\x0frequire_primary\x18\x04 \x01(\bR\x0erequirePrimary\"{\n" +
 	"\vGetResponse\x12\x14\n" +
 	"\x05found\x18\x01 \x01(\bR\x05found\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12\x1f\n" +
@@ -1588,13 +1611,14 @@ const file_walship_v1_kv_proto_rawDesc = "" +
 	"\vTxnResponse\x12\x1c\n" +
 	"\tsucceeded\x18\x01 \x01(\bR\tsucceeded\x12\x10\n" +
 	"\x03lsn\x18\x02 \x01(\x04R\x03lsn\x121\n" +
-	"\aresults\x18\x03 \x03(\v2\x17.walship.v1.TxnOpResultR\aresults\"\xa2\x01\n" +
+	"\aresults\x18\x03 \x03(\v2\x17.walship.v1.TxnOpResultR\aresults\"\xcb\x01\n" +
 	"\vScanRequest\x12\x14\n" +
 	"\x05start\x18\x01 \x01(\tR\x05start\x12\x10\n" +
 	"\x03end\x18\x02 \x01(\tR\x03end\x12\x14\n" +
 	"\x05limit\x18\x03 \x01(\rR\x05limit\x12\x17\n" +
 	"\amin_lsn\x18\x04 \x01(\x04R\x06minLsn\x12<\n" +
-	"\fwait_timeout\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\vwaitTimeout\"S\n" +
+	"\fwait_timeout\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\vwaitTimeout\x12'\n" +
+	"\x0frequire_primary\x18\x06 \x01(\bR\x0erequirePrimary\"S\n" +
 	"\bKeyValue\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12\x1f\n" +
