@@ -199,8 +199,9 @@ func NotApplied(err error) bool {
 	if st.Code() == codes.FailedPrecondition {
 		return true
 	}
-	// The connection could not be made: the call was never sent.
-	if st.Code() == codes.Unavailable && strings.Contains(st.Message(), "Error while dialing") {
+	// The connection could not be made, or the address did not resolve:
+	// the call was never sent.
+	if st.Code() == codes.Unavailable && (strings.Contains(st.Message(), "Error while dialing") || strings.Contains(st.Message(), "name resolver error")) {
 		return true
 	}
 	for _, d := range st.Details() {

@@ -67,6 +67,7 @@ func TestNotApplied(t *testing.T) {
 	}{
 		{status.Error(codes.FailedPrecondition, "read-only replica"), true},
 		{status.Error(codes.Unavailable, `connection error: desc = "transport: Error while dialing: dial tcp: connection refused"`), true},
+		{status.Error(codes.Unavailable, "name resolver error: produced zero addresses"), true},
 		{status.Error(codes.Unavailable, "error reading from server: EOF"), false},
 		{status.Error(codes.DeadlineExceeded, "context deadline exceeded"), false},
 		{errors.New("plain"), false},
