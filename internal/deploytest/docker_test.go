@@ -2,37 +2,19 @@ package deploytest
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/base64"
-	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/walship/walship/internal/dockertest"
 	corev1 "k8s.io/api/core/v1"
-)
-
-// The scratch image the Docker test builds: the same as `make image`.
-const scratchDockerfile = `FROM scratch
-COPY walship /walship
-COPY --chown=65532:65532 data /data
-USER 65532:65532
-ENTRYPOINT ["/walship"]
-`
-
-// Docker objects the test creates carry these labels, so that cleanup (and
-// a later run, after a run that was killed before its cleanup) finds them.
-const (
-	labelRun = "io.walship.deploytest.run"
-	labelPID = "io.walship.deploytest.pid"
 )
 
 // Timing overrides appended to the dev overlay's arguments (explicit
@@ -42,19 +24,6 @@ const (
 	testHeartbeat   = "200ms"
 	testSyncTimeout = 2 * time.Second
 )
-
-// needDocker skips the test when no Docker engine is usable.
-func needDocker(t *testing.T) {
-	t.Helper()
-	if _, err := exec.LookPath("docker"); err != nil {
-		t.Skip("skipping: the docker CLI is not on PATH (the test runs the image as containers)")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if out, err := exec.CommandContext(ctx, "docker", "info", "--format", "{{.ServerVersion}}").CombinedOutput(); err != nil {
-		t.Skipf("skipping: `docker info` failed, no Docker engine reachable: %v: %s", err, strings.TrimSpace(string(out)))
-	}
-}
 
 // grpcurlPath returns grpcurl: $WALSHIP_GRPCURL, bin/grpcurl (make tools),
 // one on PATH, or one built from the version pinned in tools/go.mod.
@@ -85,7 +54,7 @@ func grpcurlPath(t *testing.T) string {
 // dockerCluster is the dev overlay run as Docker containers on one network.
 type dockerCluster struct {
 	t       *testing.T
-	run     string // unique suffix of every name
+	r       *dockertest.Run
 	image   string
 	network string
 	grpcurl string
@@ -101,74 +70,9 @@ type container struct {
 	addr     string // published gRPC address on the host (loopback)
 }
 
-func (d *dockerCluster) docker(timeout time.Duration, args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, "docker", args...).CombinedOutput()
-	if err != nil {
-		return string(out), fmt.Errorf("docker %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
-	}
-	return strings.TrimSpace(string(out)), nil
-}
-
 func (d *dockerCluster) mustDocker(args ...string) string {
 	d.t.Helper()
-	out, err := d.docker(2*time.Minute, args...)
-	if err != nil {
-		d.t.Fatal(err)
-	}
-	return out
-}
-
-// removeByLabel removes every container, volume and network carrying
-// label filter, and the image when image is not empty.
-func removeByLabel(filter, image string) []error {
-	d := &dockerCluster{}
-	var errs []error
-	if ids, err := d.docker(time.Minute, "ps", "-aq", "--filter", "label="+filter); err == nil && ids != "" {
-		if _, err := d.docker(2*time.Minute, append([]string{"rm", "-f", "-v"}, strings.Fields(ids)...)...); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if ids, err := d.docker(time.Minute, "network", "ls", "-q", "--filter", "label="+filter); err == nil && ids != "" {
-		if _, err := d.docker(time.Minute, append([]string{"network", "rm"}, strings.Fields(ids)...)...); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if ids, err := d.docker(time.Minute, "volume", "ls", "-q", "--filter", "label="+filter); err == nil && ids != "" {
-		if _, err := d.docker(time.Minute, append([]string{"volume", "rm", "-f"}, strings.Fields(ids)...)...); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if image != "" {
-		if _, err := d.docker(time.Minute, "rmi", "-f", image); err != nil && !strings.Contains(err.Error(), "No such image") {
-			errs = append(errs, err)
-		}
-	}
-	return errs
-}
-
-// sweepAbandoned removes what earlier runs left when they were killed
-// before their cleanup ran (go test -timeout, SIGKILL): objects whose
-// creating test process is gone.
-func sweepAbandoned(t *testing.T) {
-	d := &dockerCluster{}
-	out, err := d.docker(time.Minute, "ps", "-a", "--filter", "label="+labelPID, "--format", `{{.Label "`+labelRun+`"}} {{.Label "`+labelPID+`"}}`)
-	if err != nil || out == "" {
-		return
-	}
-	for _, line := range strings.Split(out, "\n") {
-		f := strings.Fields(line)
-		if len(f) != 2 {
-			continue
-		}
-		pid, err := strconv.Atoi(f[1])
-		if err != nil || pid == os.Getpid() || syscall.Kill(pid, 0) == nil || !errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) {
-			continue
-		}
-		t.Logf("removing Docker objects of an abandoned run %s (pid %d)", f[0], pid)
-		removeByLabel(labelRun+"="+f[0], "walship-deploytest-"+f[0]+":test")
-	}
+	return d.r.Must(args...)
 }
 
 // TestDockerCluster builds the scratch image and runs the dev overlay's
@@ -180,50 +84,26 @@ func TestDockerCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("skipping the Docker cluster test in -short mode")
 	}
-	needDocker(t)
+	dockertest.Need(t)
 	start := time.Now()
-	root := repoRoot(t)
-	sweepAbandoned(t)
-
-	var buf [4]byte
-	_, _ = rand.Read(buf[:])
-	d := &dockerCluster{t: t, run: hex.EncodeToString(buf[:]), grpcurl: grpcurlPath(t), pods: map[string]*container{}}
-	d.image = "walship-deploytest-" + d.run + ":test"
-	d.network = "walship-deploytest-" + d.run
+	d := &dockerCluster{t: t, r: dockertest.New(t), grpcurl: grpcurlPath(t), pods: map[string]*container{}}
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, name := range sortedKeys(d.pods) {
 				c := d.pods[name]
-				logs, _ := d.docker(time.Minute, "logs", "--tail", "60", c.name)
-				t.Logf("--- docker logs %s (%s) ---\n%s", c.name, c.pod, logs)
+				t.Logf("--- docker logs %s (%s) ---\n%s", c.name, c.pod, dockertest.Logs(c.name, 60))
 			}
-		}
-		for _, err := range removeByLabel(labelRun+"="+d.run, d.image) {
-			t.Errorf("cleanup: %v", err)
 		}
 	})
 
 	// The image, FROM scratch around a static binary.
-	ctxDir := t.TempDir()
-	build := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(ctxDir, "walship"), "./cmd/walship")
-	build.Dir = root
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	if err := os.Mkdir(filepath.Join(ctxDir, "data"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(ctxDir, "Dockerfile"), []byte(scratchDockerfile), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	d.mustDocker("build", "-q", "--label", labelRun+"="+d.run, "-t", d.image, ctxDir)
+	d.image = d.r.Image()
 	if user := d.mustDocker("image", "inspect", "--format", "{{.Config.User}}", d.image); user != "65532:65532" {
 		t.Errorf("image user %q, want 65532:65532", user)
 	}
 	t.Logf("image %s built in %v", d.image, time.Since(start).Round(time.Millisecond))
 
-	d.mustDocker("network", "create", "--label", labelRun+"="+d.run, "--label", labelPID+"="+strconv.Itoa(os.Getpid()), d.network)
+	d.network = d.r.Network("deploytest")
 
 	// The dev overlay's pods, in the order Kubernetes would make them ready.
 	o := buildOverlay(t, overlayDirs(t)["dev"])
@@ -332,11 +212,11 @@ func (d *dockerCluster) startPod(p *pod) {
 	d.t.Helper()
 	c := &container{
 		pod:      p.name,
-		name:     p.name + "-" + d.run,
+		name:     p.name + "-" + d.r.ID,
 		alias:    p.name + "." + p.sts.Spec.ServiceName,
 		grpcPort: mustPort(p.container, "grpc"),
 	}
-	labels := []string{"--label", labelRun + "=" + d.run, "--label", labelPID + "=" + strconv.Itoa(os.Getpid())}
+	labels := d.r.Labels()
 	vol := c.name + "-data"
 	d.mustDocker(append(append([]string{"volume", "create"}, labels...), vol)...)
 	args := append([]string{"run", "-d", "--name", c.name, "--hostname", p.name,

@@ -1,0 +1,232 @@
+// Package dockertest runs walship as Docker containers for tests that need
+// hosts of their own: an image FROM scratch around a static binary (no
+// image can be pulled here), networks the test creates and cuts, and
+// cleanup that also finds what a killed run left behind.
+//
+// Every object a Run creates carries two labels: the run's id and the test
+// process's pid. Cleanup removes the run's objects; New first sweeps the
+// objects of runs whose process is gone (go test -timeout, SIGKILL).
+package dockertest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Labels on every object a Run creates.
+const (
+	LabelRun = "io.walship.test.run"
+	LabelPID = "io.walship.test.pid"
+)
+
+// ScratchDockerfile is the test image: the static binary and a /data the
+// unprivileged user owns — the same as `make image` builds.
+const ScratchDockerfile = `FROM scratch
+COPY walship /walship
+COPY --chown=65532:65532 data /data
+USER 65532:65532
+ENTRYPOINT ["/walship"]
+`
+
+// Need skips t when no Docker engine is usable.
+func Need(t testing.TB) {
+	t.Helper()
+	if _, err := exec.LookPath("docker"); err != nil {
+		t.Skip("skipping: the docker CLI is not on PATH (the test runs walship as containers)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, "docker", "info", "--format", "{{.ServerVersion}}").CombinedOutput(); err != nil {
+		t.Skipf("skipping: `docker info` failed, no Docker engine reachable: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+}
+
+// Run is one test's set of Docker objects.
+type Run struct {
+	t  testing.TB
+	ID string // unique suffix of every name
+}
+
+// New starts a run named prefix-ID: it sweeps abandoned runs and removes
+// this run's objects when the test ends.
+func New(t testing.TB) *Run {
+	t.Helper()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	r := &Run{t: t, ID: hex.EncodeToString(b[:])}
+	sweepAbandoned(t)
+	t.Cleanup(func() {
+		for _, err := range removeByLabel(LabelRun+"="+r.ID, 30*time.Second) {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	return r
+}
+
+// Labels are the docker flags that label an object as this run's.
+func (r *Run) Labels() []string {
+	return []string{"--label", LabelRun + "=" + r.ID, "--label", LabelPID + "=" + strconv.Itoa(os.Getpid())}
+}
+
+// Docker runs the docker CLI and returns its trimmed output.
+func Docker(timeout time.Duration, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "docker", args...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("docker %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// Must runs docker and fails the test on an error.
+func (r *Run) Must(args ...string) string {
+	r.t.Helper()
+	out, err := Docker(2*time.Minute, args...)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return out
+}
+
+// Image builds the scratch image around cmd/walship built statically, and
+// returns its tag; the run's cleanup removes it.
+func (r *Run) Image() string {
+	r.t.Helper()
+	dir := r.t.TempDir()
+	build := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(dir, "walship"), "github.com/walship/walship/cmd/walship")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		r.t.Fatalf("go build: %v\n%s", err, out)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "data"), 0o755); err != nil {
+		r.t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte(ScratchDockerfile), 0o644); err != nil {
+		r.t.Fatal(err)
+	}
+	tag := "walship-test-" + r.ID + ":test"
+	r.Must(append(append([]string{"build", "-q"}, r.Labels()...), "-t", tag, dir)...)
+	return tag
+}
+
+// Network creates a bridge network of the run and returns its name.
+func (r *Run) Network(name string) string {
+	r.t.Helper()
+	full := "walship-test-" + r.ID + "-" + name
+	r.Must(append(append([]string{"network", "create"}, r.Labels()...), full)...)
+	return full
+}
+
+// IP is the address of container on network.
+func (r *Run) IP(container, network string) string {
+	r.t.Helper()
+	ip := r.Must("inspect", "--format", `{{(index .NetworkSettings.Networks "`+network+`").IPAddress}}`, container)
+	if ip == "" {
+		r.t.Fatalf("container %s has no address on %s", container, network)
+	}
+	return ip
+}
+
+// Logs returns the last lines of a container's log, for a failure report.
+func Logs(container string, lines int) string {
+	out, err := Docker(time.Minute, "logs", "--tail", strconv.Itoa(lines), container)
+	if err != nil {
+		return err.Error()
+	}
+	return out
+}
+
+// removeByLabel removes every container, network, volume and image that
+// carries the label filter, retrying a network's removal for up to
+// patience. Containers are stopped and detached from
+// their networks first, one network at a time after: removing a running
+// container that a network connect or disconnect touched can leave the
+// engine with a stale endpoint that keeps the network.
+func removeByLabel(filter string, patience time.Duration) []error {
+	var errs []error
+	list := func(args ...string) []string {
+		out, err := Docker(time.Minute, append(args, "--filter", "label="+filter)...)
+		if err != nil {
+			errs = append(errs, err)
+			return nil
+		}
+		return strings.Fields(out)
+	}
+	containers, networks := list("ps", "-aq"), list("network", "ls", "-q")
+	if len(containers) > 0 {
+		_, _ = Docker(2*time.Minute, append([]string{"kill"}, containers...)...) // some may have exited
+		for _, n := range networks {
+			for _, c := range containers {
+				_, _ = Docker(time.Minute, "network", "disconnect", "-f", n, c) // not every container is on every network
+			}
+		}
+		if _, err := Docker(2*time.Minute, append([]string{"rm", "-f", "-v"}, containers...)...); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, n := range networks {
+		// A network can outlive its removed containers by a moment ("has
+		// active endpoints"): retry until the engine lets it go.
+		deadline := time.Now().Add(patience)
+		for {
+			_, err := Docker(time.Minute, "network", "rm", n)
+			if err == nil {
+				break
+			}
+			if !strings.Contains(err.Error(), "active endpoints") || time.Now().After(deadline) {
+				errs = append(errs, err)
+				break
+			}
+			<-time.After(200 * time.Millisecond)
+		}
+	}
+	if vs := list("volume", "ls", "-q"); len(vs) > 0 {
+		if _, err := Docker(time.Minute, append([]string{"volume", "rm", "-f"}, vs...)...); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if is := list("image", "ls", "-q"); len(is) > 0 {
+		if _, err := Docker(time.Minute, append([]string{"rmi", "-f"}, is...)...); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
+}
+
+// sweepAbandoned removes the objects of runs whose test process is gone.
+func sweepAbandoned(t testing.TB) {
+	seen := map[string]bool{}
+	for _, list := range [][]string{{"ps", "-a"}, {"network", "ls"}} {
+		out, err := Docker(time.Minute, append(list, "--filter", "label="+LabelPID, "--format", `{{.Label "`+LabelRun+`"}} {{.Label "`+LabelPID+`"}}`)...)
+		if err != nil || out == "" {
+			continue
+		}
+		for _, line := range strings.Split(out, "\n") {
+			f := strings.Fields(line)
+			if len(f) != 2 || seen[f[0]] {
+				continue
+			}
+			pid, err := strconv.Atoi(f[1])
+			if err != nil || pid == os.Getpid() || !errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) {
+				continue
+			}
+			seen[f[0]] = true
+			t.Logf("removing Docker objects of an abandoned run %s (pid %d)", f[0], pid)
+			for _, err := range removeByLabel(LabelRun+"="+f[0], 0) {
+				t.Logf("  %v", err)
+			}
+		}
+	}
+}
