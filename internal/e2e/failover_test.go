@@ -130,30 +130,42 @@ func TestFailoverKill9(t *testing.T) {
 	// The old primary comes back and rejoins.
 	c.nodes[0].serving = "replica serving"
 	c.nodes[0].start()
-	primary := walshipv1.NewAdminServiceClient(conn(t, c.nodes[1].addr))
-	p, err := primary.Status(ctx, &walshipv1.StatusRequest{})
+	converge(t, ctx, c.nodes[1].addr, c.nodes[0].addr, c.nodes[2].addr)
+}
+
+// converge waits until every replica has applied what the primary at
+// primaryAddr has made visible, then checks that each is a replica of the
+// primary's epoch with the primary's state digest. It returns each
+// replica's Status.
+func converge(t *testing.T, ctx context.Context, primaryAddr string, replicas ...string) map[string]*walshipv1.StatusResponse {
+	t.Helper()
+	p, err := walshipv1.NewAdminServiceClient(conn(t, primaryAddr)).Status(ctx, &walshipv1.StatusRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if p.Role != walshipv1.Role_ROLE_PRIMARY {
-		t.Fatalf("n1 is %v", p.Role)
+		t.Fatalf("%s is %v, not the primary", primaryAddr, p.Role)
 	}
-	for _, n := range []*procNode{c.nodes[0], c.nodes[2]} {
-		kv := walshipv1.NewKVServiceClient(conn(t, n.addr))
+	out := map[string]*walshipv1.StatusResponse{}
+	for _, addr := range replicas {
+		kv := walshipv1.NewKVServiceClient(conn(t, addr))
 		if _, err := kv.Get(ctx, &walshipv1.GetRequest{Key: "-", MinLsn: p.VisibleLsn, WaitTimeout: durationpb.New(time.Minute)}, grpc.WaitForReady(true)); err != nil {
-			t.Fatalf("%s never applied LSN %d: %v", n.name, p.VisibleLsn, err)
+			t.Fatalf("%s never applied LSN %d: %v", addr, p.VisibleLsn, err)
 		}
-		st, err := walshipv1.NewAdminServiceClient(conn(t, n.addr)).Status(ctx, &walshipv1.StatusRequest{})
+		st, err := walshipv1.NewAdminServiceClient(conn(t, addr)).Status(ctx, &walshipv1.StatusRequest{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.Role != walshipv1.Role_ROLE_REPLICA || st.VisibleLsn != p.VisibleLsn || st.StateDigest != p.StateDigest {
-			t.Fatalf("%s: role %v at LSN %d digest %s; the primary at %d, %s", n.name, st.Role, st.VisibleLsn, st.StateDigest, p.VisibleLsn, p.StateDigest)
+		if st.Role != walshipv1.Role_ROLE_REPLICA || st.Epoch != p.Epoch || st.VisibleLsn != p.VisibleLsn || st.StateDigest != p.StateDigest {
+			t.Fatalf("%s (%s): role %v in epoch %d at LSN %d digest %s; the primary in epoch %d at %d, %s",
+				st.Id, addr, st.Role, st.Epoch, st.VisibleLsn, st.StateDigest, p.Epoch, p.VisibleLsn, p.StateDigest)
 		}
 		if len(st.Orphans) > 0 {
-			t.Logf("%s keeps %d orphan file(s): %v", n.name, len(st.Orphans), st.Orphans)
+			t.Logf("%s keeps %d orphan file(s): %v", st.Id, len(st.Orphans), st.Orphans)
 		}
+		out[addr] = st
 	}
+	return out
 }
 
 // TestFailoverSIGSTOP: the primary is paused (SIGSTOP) past its lease, a
