@@ -89,6 +89,9 @@ func printTimeline(env *Env, tl *walshipv1.FailoverTimeline) {
 	if len(tl.GetRefused()) > 0 {
 		fmt.Fprintf(w, "  not: %s\n", strings.Join(tl.GetRefused(), "; "))
 	}
+	if tl.GetFailure() != "" {
+		fmt.Fprintf(w, "  stopped after fencing: %s\n", tl.GetFailure())
+	}
 	fmt.Fprintf(w, "  donor %s; caught up %d records (%d bytes); cut %d records into an orphan file; waited %v for the old primary's lease; epoch starts at LSN %d\n",
 		tl.GetDonor(), tl.GetCaughtUpRecords(), tl.GetCaughtUpBytes(), tl.GetCutRecords(), tl.GetLeaseWait().AsDuration(), tl.GetStartLsn())
 }
@@ -147,6 +150,9 @@ func ctlPromoteFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 					printTimeline(env, tl)
 				}
 				return nil
+			}
+			if tl := st.GetLastFailover(); err == nil && tl.GetEpoch() == resp.GetEpoch() && tl.GetFailure() != "" {
+				return fmt.Errorf("%s fenced epoch %d but did not open it: %s", addr, resp.GetEpoch(), tl.GetFailure())
 			}
 			if pctx.Err() != nil {
 				return fmt.Errorf("%s did not open epoch %d within --wait %v (last status: %v)", addr, resp.GetEpoch(), wait, err)

@@ -97,13 +97,7 @@ func TestFailoverKill9(t *testing.T) {
 	}
 	defer cl.Close()
 	ctx := testCtx(t, 3*time.Minute)
-	w := check.Workload{Primary: cl.KV(), Prefix: "failover/", KeyWindow: time.Second}
-	h := check.NewHistory()
-	done := make(chan error, 1)
-	go func() {
-		_, _, err := w.Run(ctx, 5*time.Second, h)
-		done <- err
-	}()
+	h, finish := runChecked(t, ctx, cl, "failover/", 5*time.Second)
 	// 1.5 s of load, then the kill.
 	<-time.After(1500 * time.Millisecond)
 	h.Note("kill -9 n0 (the primary)")
@@ -117,16 +111,7 @@ func TestFailoverKill9(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("failover time (kill -9 to the first acknowledged sync write on n1): %v", time.Since(killed))
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	if err := w.ReadBack(ctx, h); err != nil {
-		t.Fatal(err)
-	}
-	res := checkHistory(t, h)
-	if res.Writes < 100 {
-		t.Fatalf("too few writes: %s", res)
-	}
+	finish()
 	// The old primary comes back and rejoins.
 	c.nodes[0].serving = "replica serving"
 	c.nodes[0].start()
@@ -321,4 +306,80 @@ func TestMeasureFailover(t *testing.T) {
 		runs, fm.Round(time.Millisecond), fx.Round(time.Millisecond), pm.Round(time.Millisecond), px.Round(time.Millisecond))
 	t.Logf("failovers: %v", failovers)
 	t.Logf("pauses: %v", pauses)
+}
+
+// TestSecondPromotionBeforeTheFirstOpened: under checked load the primary
+// is killed and n1 promoted; while n1, fenced, still waits out the old
+// primary's lease, n2 is promoted too. n2 wins the newer epoch; n1, which
+// promised it meanwhile, keeps that promise — it never opens its epoch,
+// ctl promote on it fails saying so, and it follows n2 — and the history
+// stays linearizable, with every node on one digest after.
+func TestSecondPromotionBeforeTheFirstOpened(t *testing.T) {
+	needLinux(t)
+	c := startFailoverCluster(t)
+	cl, err := client.New(c.addrs(), client.Options{Retry: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx := testCtx(t, 3*time.Minute)
+	h, finish := runChecked(t, ctx, cl, "second/", 5*time.Second)
+	<-time.After(1500 * time.Millisecond)
+	h.Note("kill -9 n0 (the primary)")
+	c.nodes[0].p.kill()
+	type ctlResult struct {
+		out string
+		err error
+	}
+	first := make(chan ctlResult, 1)
+	go func() {
+		out, err := exec.Command(walshipBin(t), "ctl", "promote", "--node", c.nodes[1].addr, "--wait", "30s").CombinedOutput()
+		first <- ctlResult{string(out), err}
+	}()
+	// n2 has promised n1's epoch: n1 is fenced and waits out the lease.
+	admin2 := walshipv1.NewAdminServiceClient(conn(t, c.nodes[2].addr))
+	testwait.Until(t, "n2 to promise n1 the new epoch", func() bool {
+		st, err := admin2.Status(ctx, &walshipv1.StatusRequest{})
+		return err == nil && st.GetPrimaryId() == "n1"
+	})
+	h.Note("n1 fenced; n2 promoted before n1 opened")
+	t.Logf("ctl promote n2:\n%s", ctl(t, "promote", "--node", c.nodes[2].addr, "--wait", "30s"))
+	r := <-first
+	t.Logf("ctl promote n1: %v\n%s", r.err, r.out)
+	if r.err == nil || !strings.Contains(r.out, "did not open it: superseded") {
+		t.Fatalf("ctl promote on n1, superseded before it opened: %v\n%s", r.err, r.out)
+	}
+	finish()
+	c.nodes[0].serving = "replica serving"
+	c.nodes[0].start()
+	sts := converge(t, ctx, c.nodes[2].addr, c.nodes[0].addr, c.nodes[1].addr)
+	if tl := sts[c.nodes[1].addr].GetLastFailover(); tl.GetOpenedUnixNano() != 0 || tl.GetFailure() == "" {
+		t.Fatalf("n1's timeline: %v; want a failure and no opening", tl)
+	}
+}
+
+// runChecked runs the checker's workload for d in the background; the
+// returned function waits for it, reads every key back and checks the
+// history.
+func runChecked(t *testing.T, ctx context.Context, cl *client.Client, prefix string, d time.Duration) (*check.History, func()) {
+	t.Helper()
+	w := check.Workload{Primary: cl.KV(), Prefix: prefix, KeyWindow: time.Second}
+	h := check.NewHistory()
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := w.Run(ctx, d, h)
+		done <- err
+	}()
+	return h, func() {
+		t.Helper()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if err := w.ReadBack(ctx, h); err != nil {
+			t.Fatal(err)
+		}
+		if res := checkHistory(t, h); res.Writes < 100 {
+			t.Fatalf("too few writes: %s", res)
+		}
+	}
 }

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
-	"github.com/walship/walship/internal/check"
 	"github.com/walship/walship/internal/dockertest"
 	"github.com/walship/walship/internal/testwait"
 	"github.com/walship/walship/pkg/client"
@@ -96,13 +95,7 @@ func TestFailoverPartition(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	w := check.Workload{Primary: cl.KV(), Prefix: "partition/", KeyWindow: time.Second}
-	h := check.NewHistory()
-	done := make(chan error, 1)
-	go func() {
-		_, _, err := w.Run(ctx, 6*time.Second, h)
-		done <- err
-	}()
+	h, finish := runChecked(t, ctx, cl, "partition/", 6*time.Second)
 	<-time.After(1500 * time.Millisecond)
 	h.Note("n0 (the primary) cut off the cluster network")
 	r.Must("network", "disconnect", clusterNet, n0.name)
@@ -142,16 +135,7 @@ func TestFailoverPartition(t *testing.T) {
 	<-time.After(time.Second)
 	h.Note("the network heals")
 	r.Must("network", "connect", "--alias", n0.alias, clusterNet, n0.name)
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	if err := w.ReadBack(ctx, h); err != nil {
-		t.Fatal(err)
-	}
-	res := checkHistory(t, h)
-	if res.Writes < 100 {
-		t.Fatalf("too few writes: %s", res)
-	}
+	finish()
 
 	admin0 := walshipv1.NewAdminServiceClient(conn(t, n0.addr))
 	testwait.Until(t, "the old primary to rejoin as a replica", func() bool {

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/datadir"
 )
 
 // TestJudge: the promotion quorum, as a table of who answered under which
@@ -81,5 +82,24 @@ func TestJudge(t *testing.T) {
 	}
 	if v := judgeAll([]*walshipv1.Contract{k1, async}, "p", one, count); v.quorum {
 		t.Fatalf("k=1 of 2 and async with one replica: %+v, want a refusal", v)
+	}
+}
+
+// TestSuperseded: a candidate opens the epoch it fenced only if its vote
+// is still its own promise of that epoch.
+func TestSuperseded(t *testing.T) {
+	for _, tc := range []struct {
+		vote datadir.Vote
+		want bool // superseded
+	}{
+		{datadir.Vote{Epoch: 2, Primary: "n1"}, false},
+		{datadir.Vote{Epoch: 3, Primary: "n2", Addr: "b:1"}, true}, // promised a newer epoch meanwhile
+		{datadir.Vote{Epoch: 2, Primary: "n2"}, true},              // the same epoch, another candidate
+		{datadir.Vote{Epoch: 1, Primary: "n1"}, true},              // never saved its own promise
+	} {
+		err := superseded(tc.vote, 2, "n1")
+		if (err != nil) != tc.want {
+			t.Errorf("superseded(%v, 2, n1) = %v, want superseded %v", tc.vote, err, tc.want)
+		}
 	}
 }

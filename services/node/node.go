@@ -325,10 +325,15 @@ func (n *Node) Run(ctx context.Context) error {
 		switch {
 		case p != nil && err == nil:
 			n.logger.Info("replica stopped for its promotion", "epoch", p.epoch)
-			perr := n.carryOut(ctx, p)
+			// While it waited out the lease, the replica may have promised
+			// a newer epoch to another candidate: it keeps that promise.
+			perr := superseded(rep.Vote(), p.epoch, n.cfg.ID)
+			if perr == nil {
+				perr = n.carryOut(ctx, p)
+			}
 			n.promoting.Store(false)
 			if perr != nil {
-				n.logger.Error("promotion failed after the replica stopped; back to the replica role", "epoch", p.epoch, "err", perr)
+				n.logger.Error("promotion stopped after fencing; back to the replica role", "epoch", p.epoch, "err", perr)
 				n.noteFailure(p, perr)
 				if err := n.become(RoleReplica, datadir.Vote{}); err != nil {
 					return err
@@ -345,6 +350,15 @@ func (n *Node) Run(ctx context.Context) error {
 			return err
 		}
 	}
+}
+
+// superseded is the error of a promotion to epoch whose candidate (id)
+// has since promised a newer epoch, or nil if its vote is still its own.
+func superseded(v datadir.Vote, epoch uint64, id string) error {
+	if v.Epoch == epoch && v.Primary == id {
+		return nil
+	}
+	return fmt.Errorf("superseded: this node promised epoch %d to %s (%s) while it waited to open epoch %d", v.Epoch, v.Primary, v.Addr, epoch)
 }
 
 // findPrimary completes what a deposition said about the new primary with

@@ -358,8 +358,8 @@ func (n *Node) noteFailure(p *plan, err error) {
 	n.metrics.promotions.WithLabelValues("failed").Inc()
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.timeline != nil {
-		n.timeline.Refused = append(n.timeline.Refused, "promotion failed after fencing: "+err.Error())
+	if n.timeline != nil && n.timeline.GetEpoch() == p.epoch {
+		n.timeline.Failure = err.Error()
 	}
 }
 

@@ -541,7 +541,11 @@ type FailoverTimeline struct {
 	// start_lsn is the LSN of the epoch record.
 	StartLsn uint64 `protobuf:"varint,13,opt,name=start_lsn,json=startLsn,proto3" json:"start_lsn,omitempty"`
 	// cut_records: entries of the candidate's own log cut (orphaned) because the donor's history went another way.
-	CutRecords    uint64 `protobuf:"varint,14,opt,name=cut_records,json=cutRecords,proto3" json:"cut_records,omitempty"`
+	CutRecords uint64 `protobuf:"varint,14,opt,name=cut_records,json=cutRecords,proto3" json:"cut_records,omitempty"`
+	// failure says why the promotion stopped after fencing (a newer epoch
+	// promised meanwhile, a failed catch-up); the node is then a replica.
+	// Empty while the promotion goes on, and once it opened.
+	Failure       string `protobuf:"bytes,15,opt,name=failure,proto3" json:"failure,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -672,6 +676,13 @@ func (x *FailoverTimeline) GetCutRecords() uint64 {
 		return x.CutRecords
 	}
 	return 0
+}
+
+func (x *FailoverTimeline) GetFailure() string {
+	if x != nil {
+		return x.Failure
+	}
+	return ""
 }
 
 // PeerStatus is one peer's position as this process sees it.
@@ -1225,7 +1236,7 @@ const file_walship_v1_admin_proto_rawDesc = "" +
 	"\tfirst_lsn\x18\x03 \x01(\x04R\bfirstLsn\x12\x19\n" +
 	"\blast_lsn\x18\x04 \x01(\x04R\alastLsn\x12\x14\n" +
 	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\x12+\n" +
-	"\x12cut_time_unix_nano\x18\x06 \x01(\x03R\x0fcutTimeUnixNano\"\x90\x04\n" +
+	"\x12cut_time_unix_nano\x18\x06 \x01(\x03R\x0fcutTimeUnixNano\"\xaa\x04\n" +
 	"\x10FailoverTimeline\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12%\n" +
 	"\x0eprevious_epoch\x18\x02 \x01(\x04R\rpreviousEpoch\x12)\n" +
@@ -1243,7 +1254,8 @@ const file_walship_v1_admin_proto_rawDesc = "" +
 	"\x10opened_unix_nano\x18\f \x01(\x03R\x0eopenedUnixNano\x12\x1b\n" +
 	"\tstart_lsn\x18\r \x01(\x04R\bstartLsn\x12\x1f\n" +
 	"\vcut_records\x18\x0e \x01(\x04R\n" +
-	"cutRecords\"\xa4\x02\n" +
+	"cutRecords\x12\x18\n" +
+	"\afailure\x18\x0f \x01(\tR\afailure\"\xa4\x02\n" +
 	"\n" +
 	"PeerStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12$\n" +
