@@ -18,6 +18,8 @@ import (
 	"github.com/walship/walship/internal/testwait"
 	"github.com/walship/walship/pkg/client"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
@@ -358,6 +360,27 @@ func TestSecondPromotionBeforeTheFirstOpened(t *testing.T) {
 	}
 }
 
+// switchoverStuck starts, under checked load, a switchover from n0 to n1
+// while n1 is paused (SIGSTOP), so that it waits for n1's flush, and
+// returns once n0 has stopped taking writes for it. The switchover's
+// result arrives on the channel.
+func switchoverStuck(t *testing.T, ctx context.Context, c *failoverCluster, timeout time.Duration) <-chan error {
+	t.Helper()
+	c.nodes[1].p.signal(syscall.SIGSTOP)
+	res := make(chan error, 1)
+	admin0 := walshipv1.NewAdminServiceClient(conn(t, c.nodes[0].addr))
+	go func() {
+		_, err := admin0.Switchover(ctx, &walshipv1.SwitchoverRequest{Target: "n1", Timeout: durationpb.New(timeout)})
+		res <- err
+	}()
+	kv0 := walshipv1.NewKVServiceClient(conn(t, c.nodes[0].addr))
+	testwait.Until(t, "n0 to pause writes for the switchover", func() bool {
+		_, err := kv0.Put(ctx, &walshipv1.PutRequest{Key: "probe", Value: []byte("x")})
+		return err != nil && strings.Contains(err.Error(), "handing over")
+	})
+	return res
+}
+
 // runChecked runs the checker's workload for d in the background; the
 // returned function waits for it, reads every key back and checks the
 // history.
@@ -382,4 +405,66 @@ func runChecked(t *testing.T, ctx context.Context, cl *client.Client, prefix str
 			t.Fatalf("too few writes: %s", res)
 		}
 	}
+}
+
+// TestKillTheTargetDuringSwitchover: the target of a switchover dies
+// (kill -9) while the primary waits for it; the switchover fails within
+// its timeout, the primary takes writes again, nothing acknowledged is
+// lost, and the target restarted rejoins.
+func TestKillTheTargetDuringSwitchover(t *testing.T) {
+	needLinux(t)
+	c := startFailoverCluster(t)
+	cl, err := client.New(c.addrs(), client.Options{Retry: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx := testCtx(t, 3*time.Minute)
+	h, finish := runChecked(t, ctx, cl, "switch-target/", 5*time.Second)
+	<-time.After(time.Second)
+	h.Note("switchover to n1, paused")
+	res := switchoverStuck(t, ctx, c, 2*time.Second)
+	h.Note("kill -9 n1 (the target)")
+	c.nodes[1].p.kill()
+	if err := <-res; status.Code(err) != codes.DeadlineExceeded || !strings.Contains(err.Error(), "switchover to n1") {
+		t.Fatalf("switchover to a killed target = %v; want DEADLINE_EXCEEDED naming it", err)
+	}
+	h.Note("switchover failed")
+	if _, err := cl.Put(ctx, "switch-target/after", []byte("x"), nil); err != nil {
+		t.Fatalf("n0 after the failed switchover: %v", err)
+	}
+	finish()
+	c.nodes[1].start()
+	converge(t, ctx, c.nodes[0].addr, c.nodes[1].addr, c.nodes[2].addr)
+}
+
+// TestKillThePrimaryDuringSwitchover: the primary dies (kill -9) while it
+// waits for the switchover's target; the target, resumed, is promoted by
+// `walship ctl promote` and has every acknowledged write; the history is
+// linearizable and the old primary, restarted, rejoins.
+func TestKillThePrimaryDuringSwitchover(t *testing.T) {
+	needLinux(t)
+	c := startFailoverCluster(t)
+	cl, err := client.New(c.addrs(), client.Options{Retry: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx := testCtx(t, 3*time.Minute)
+	h, finish := runChecked(t, ctx, cl, "switch-primary/", 5*time.Second)
+	<-time.After(time.Second)
+	h.Note("switchover to n1, paused")
+	res := switchoverStuck(t, ctx, c, 10*time.Second)
+	h.Note("kill -9 n0 (the primary)")
+	c.nodes[0].p.kill()
+	if err := <-res; err == nil {
+		t.Fatal("a switchover whose primary was killed succeeded")
+	}
+	c.nodes[1].p.signal(syscall.SIGCONT)
+	t.Logf("ctl promote:\n%s", ctl(t, "promote", "--node", c.nodes[1].addr, "--wait", "30s"))
+	h.Note("n1 promoted")
+	finish()
+	c.nodes[0].serving = "replica serving"
+	c.nodes[0].start()
+	converge(t, ctx, c.nodes[1].addr, c.nodes[0].addr, c.nodes[2].addr)
 }
