@@ -181,6 +181,22 @@ func (h History) Proto() []*walshipv1.EpochStart {
 	return out
 }
 
+// CheckProto checks a history received from a peer: epochs and first
+// LSNs at least 1, epochs increasing, first LSNs not decreasing. The error
+// names the bad entry's index.
+func CheckProto(hs []*walshipv1.EpochStart) error {
+	for i, e := range hs {
+		switch {
+		case e.GetEpoch() == 0 || e.GetFirstLsn() == 0:
+			return fmt.Errorf("[%d]: epoch and first_lsn must be at least 1 (got epoch %d, first_lsn %d)", i, e.GetEpoch(), e.GetFirstLsn())
+		case i > 0 && (e.GetEpoch() <= hs[i-1].GetEpoch() || e.GetFirstLsn() < hs[i-1].GetFirstLsn()):
+			return fmt.Errorf("[%d]: epochs must increase and first LSNs must not decrease (epoch %d at LSN %d after epoch %d at LSN %d)",
+				i, e.GetEpoch(), e.GetFirstLsn(), hs[i-1].GetEpoch(), hs[i-1].GetFirstLsn())
+		}
+	}
+	return nil
+}
+
 // HistoryFromProto is the history an API message carries.
 func HistoryFromProto(hs []*walshipv1.EpochStart) History {
 	h := make(History, len(hs))

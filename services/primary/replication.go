@@ -54,6 +54,8 @@ func (r *replServer) Stream(stream walshipv1.ReplicationService_StreamServer) (r
 		return status.Errorf(codes.InvalidArgument, "hello.replica_id: %q is not 1..64 of [A-Za-z0-9._-]", hello.GetReplicaId())
 	case hello.GetNextLsn() == 0:
 		return status.Error(codes.InvalidArgument, "hello.next_lsn: must be at least 1")
+	case datadir.CheckProto(hello.GetHistory()) != nil:
+		return status.Errorf(codes.InvalidArgument, "hello.history%v", datadir.CheckProto(hello.GetHistory()))
 	case !s.epochReady.Load():
 		return status.Errorf(codes.Unavailable, "primary is still winning epoch %d from the log stores", s.epoch)
 	case hello.GetEpoch() > s.epoch:

@@ -34,12 +34,20 @@ func TestReplicationStreamBadInput(t *testing.T) {
 	ack := func(w, f, a uint64) *walshipv1.StreamRequest {
 		return &walshipv1.StreamRequest{Msg: &walshipv1.StreamRequest_Ack{Ack: &walshipv1.ReplicaAck{WrittenLsn: w, FlushedLsn: f, AppliedLsn: a}}}
 	}
+	withHistory := func(hs ...*walshipv1.EpochStart) *walshipv1.StreamRequest {
+		m := hello("r1", 1, 1)
+		m.GetHello().History = hs
+		return m
+	}
 	for _, tc := range []struct {
 		name  string
 		msgs  []*walshipv1.StreamRequest
 		code  codes.Code
 		field string
 	}{
+		{"history epoch 0", []*walshipv1.StreamRequest{withHistory(&walshipv1.EpochStart{Epoch: 0, FirstLsn: 1})}, codes.InvalidArgument, "hello.history[0]"},
+		{"history out of order", []*walshipv1.StreamRequest{withHistory(&walshipv1.EpochStart{Epoch: 2, FirstLsn: 5}, &walshipv1.EpochStart{Epoch: 1, FirstLsn: 9})},
+			codes.InvalidArgument, "hello.history[1]"},
 		{"ack before hello", []*walshipv1.StreamRequest{ack(1, 1, 1)}, codes.InvalidArgument, "hello"},
 		{"empty id", []*walshipv1.StreamRequest{hello("", 1, 1)}, codes.InvalidArgument, "hello.replica_id"},
 		{"bad id", []*walshipv1.StreamRequest{hello("a b/c", 1, 1)}, codes.InvalidArgument, "hello.replica_id"},
