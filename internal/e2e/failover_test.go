@@ -92,14 +92,7 @@ func ctl(t *testing.T, args ...string) string {
 // a replica, and all three data nodes converge on one state digest.
 func TestFailoverKill9(t *testing.T) {
 	needLinux(t)
-	c := startFailoverCluster(t)
-	cl, err := client.New(c.addrs(), client.Options{Retry: 20 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx := testCtx(t, 3*time.Minute)
-	h, finish := runChecked(t, ctx, cl, "failover/", 5*time.Second)
+	c, cl, ctx, h, finish := failoverUnderLoad(t, "failover/")
 	// 1.5 s of load, then the kill.
 	<-time.After(1500 * time.Millisecond)
 	h.Note("kill -9 n0 (the primary)")
@@ -318,14 +311,7 @@ func TestMeasureFailover(t *testing.T) {
 // stays linearizable, with every node on one digest after.
 func TestSecondPromotionBeforeTheFirstOpened(t *testing.T) {
 	needLinux(t)
-	c := startFailoverCluster(t)
-	cl, err := client.New(c.addrs(), client.Options{Retry: 20 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx := testCtx(t, 3*time.Minute)
-	h, finish := runChecked(t, ctx, cl, "second/", 5*time.Second)
+	c, _, ctx, h, finish := failoverUnderLoad(t, "second/")
 	<-time.After(1500 * time.Millisecond)
 	h.Note("kill -9 n0 (the primary)")
 	c.nodes[0].p.kill()
@@ -381,6 +367,22 @@ func switchoverStuck(t *testing.T, ctx context.Context, c *failoverCluster, time
 	return res
 }
 
+// failoverUnderLoad starts the failover cluster and 5 s of the checker's
+// workload under prefix through a client of every node; finish waits for
+// it, reads every key back and checks the history.
+func failoverUnderLoad(t *testing.T, prefix string) (*failoverCluster, *client.Client, context.Context, *check.History, func()) {
+	t.Helper()
+	c := startFailoverCluster(t)
+	cl, err := client.New(c.addrs(), client.Options{Retry: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	ctx := testCtx(t, 3*time.Minute)
+	h, finish := runChecked(t, ctx, cl, prefix, 5*time.Second)
+	return c, cl, ctx, h, finish
+}
+
 // runChecked runs the checker's workload for d in the background; the
 // returned function waits for it, reads every key back and checks the
 // history.
@@ -413,14 +415,7 @@ func runChecked(t *testing.T, ctx context.Context, cl *client.Client, prefix str
 // lost, and the target restarted rejoins.
 func TestKillTheTargetDuringSwitchover(t *testing.T) {
 	needLinux(t)
-	c := startFailoverCluster(t)
-	cl, err := client.New(c.addrs(), client.Options{Retry: 20 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx := testCtx(t, 3*time.Minute)
-	h, finish := runChecked(t, ctx, cl, "switch-target/", 5*time.Second)
+	c, cl, ctx, h, finish := failoverUnderLoad(t, "switch-target/")
 	<-time.After(time.Second)
 	h.Note("switchover to n1, paused")
 	res := switchoverStuck(t, ctx, c, 2*time.Second)
@@ -444,14 +439,7 @@ func TestKillTheTargetDuringSwitchover(t *testing.T) {
 // linearizable and the old primary, restarted, rejoins.
 func TestKillThePrimaryDuringSwitchover(t *testing.T) {
 	needLinux(t)
-	c := startFailoverCluster(t)
-	cl, err := client.New(c.addrs(), client.Options{Retry: 20 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx := testCtx(t, 3*time.Minute)
-	h, finish := runChecked(t, ctx, cl, "switch-primary/", 5*time.Second)
+	c, _, ctx, h, finish := failoverUnderLoad(t, "switch-primary/")
 	<-time.After(time.Second)
 	h.Note("switchover to n1, paused")
 	res := switchoverStuck(t, ctx, c, 10*time.Second)
