@@ -1,0 +1,253 @@
+package tlsid
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/authz"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+)
+
+// Identity classes. walship's default policy knows them by a SPIFFE path
+// under the trust domain: spiffe://TRUST-DOMAIN/walship/CLASS/NAME.
+const (
+	ClassNode     = "node"     // a data node: primary or replica
+	ClassLogStore = "logstore" // a log store
+	ClassClient   = "client"   // reads and writes
+	ClassAdmin    = "admin"    // operators: Promote, Switchover, SetPolicy
+)
+
+// URI is the identity of name in class under trust domain td.
+func URI(td, class, name string) string {
+	return fmt.Sprintf("spiffe://%s/walship/%s/%s", td, class, name)
+}
+
+// Reflection says who may use server reflection.
+type Reflection string
+
+// Reflection settings.
+const (
+	ReflectionAll   Reflection = "all"   // any authenticated peer
+	ReflectionAdmin Reflection = "admin" // admins only (the prod overlay)
+	ReflectionOff   Reflection = "off"   // nobody
+)
+
+// Set parses --reflection.
+func (r *Reflection) Set(s string) error {
+	switch Reflection(s) {
+	case ReflectionAll, ReflectionAdmin, ReflectionOff:
+		*r = Reflection(s)
+		return nil
+	}
+	return fmt.Errorf("want all, admin or off, not %q", s)
+}
+
+func (r *Reflection) String() string { return string(*r) }
+
+type rule struct {
+	Name   string `json:"name"`
+	Source *struct {
+		Principals []string `json:"principals"`
+	} `json:"source,omitempty"`
+	Request struct {
+		Paths []string `json:"paths"`
+	} `json:"request"`
+}
+
+// DefaultPolicy is walship's authorization policy (gRPC A43, the format
+// of grpc-go's authz package) for trust domain td: deny by default;
+// health for anyone; Status for every identity of the trust domain;
+// replication, log-store and epoch RPCs (and Promote, which a switching
+// primary calls on its target) for data nodes; reads and writes for
+// clients, admins and nodes; every admin RPC for admins; reflection as r
+// says.
+func DefaultPolicy(td string, r Reflection) string {
+	class := func(cs ...string) []string {
+		var ps []string
+		for _, c := range cs {
+			ps = append(ps, URI(td, c, "*"))
+		}
+		return ps
+	}
+	var rules []rule
+	add := func(name string, principals []string, paths ...string) {
+		ru := rule{Name: name}
+		if principals != nil {
+			ru.Source = &struct {
+				Principals []string `json:"principals"`
+			}{principals}
+		}
+		ru.Request.Paths = paths
+		rules = append(rules, ru)
+	}
+	add("health", nil, "/grpc.health.v1.Health/*")
+	add("status", class(ClassNode, ClassLogStore, ClassClient, ClassAdmin),
+		"/walship.v1.AdminService/Status", "/walship.v1.LogStoreService/Status")
+	add("nodes", class(ClassNode),
+		"/walship.v1.ReplicationService/*", "/walship.v1.LogStoreService/*", "/walship.v1.EpochService/*", "/walship.v1.AdminService/Promote")
+	// Nodes too: a node can already become the primary (Fence, Promote),
+	// so reads and writes add nothing, and in-process tools (walship dev,
+	// bench) dial as their nodes.
+	add("clients", class(ClassClient, ClassAdmin, ClassNode), "/walship.v1.KVService/*")
+	add("admins", class(ClassAdmin), "/walship.v1.AdminService/*")
+	reflection := []string{"/grpc.reflection.v1.ServerReflection/*", "/grpc.reflection.v1alpha.ServerReflection/*"}
+	switch r {
+	case ReflectionAll, "":
+		add("reflection", class(ClassNode, ClassLogStore, ClassClient, ClassAdmin), reflection...)
+	case ReflectionAdmin:
+		add("reflection", class(ClassAdmin), reflection...)
+	}
+	b, _ := json.MarshalIndent(struct {
+		Name  string `json:"name"`
+		Allow []rule `json:"allow_rules"`
+	}{"walship", rules}, "", "  ")
+	return string(b)
+}
+
+// interceptor is what grpc-go's static and file-watching authz
+// interceptors both are.
+type interceptor interface {
+	UnaryInterceptor(context.Context, any, *grpc.UnaryServerInfo, grpc.UnaryHandler) (any, error)
+	StreamInterceptor(any, grpc.ServerStream, *grpc.StreamServerInfo, grpc.StreamHandler) error
+}
+
+// Authz checks every RPC against a policy: policyFile (A43 JSON, reloaded
+// when it changes, every refresh) if set, else DefaultPolicy(td, r). A
+// refused call fails PERMISSION_DENIED naming the caller and the method.
+type Authz struct {
+	in    interceptor
+	close func()
+	// td is set under the default policy, which also requires each peer
+	// to be one well-formed SPIFFE ID (grpc's matching would accept any of
+	// several URI or DNS names, by raw prefix) and limits what a node may
+	// ask of Promote.
+	td string
+}
+
+// NewAuthz builds the policy check.
+func NewAuthz(td string, r Reflection, policyFile string, refresh time.Duration) (*Authz, error) {
+	if policyFile != "" {
+		w, err := authz.NewFileWatcher(policyFile, refresh)
+		if err != nil {
+			return nil, fmt.Errorf("--authz-policy %s: %w", policyFile, err)
+		}
+		return &Authz{in: w, close: w.Close}, nil
+	}
+	if td == "" {
+		return nil, fmt.Errorf("--trust-domain: required with TLS (or give --authz-policy)")
+	}
+	s, err := authz.NewStatic(DefaultPolicy(td, r))
+	if err != nil {
+		return nil, fmt.Errorf("the default authorization policy: %w", err)
+	}
+	return &Authz{in: s, close: func() {}, td: td}, nil
+}
+
+// Close stops a policy file's watcher.
+func (a *Authz) Close() { a.close() }
+
+func denied(ctx context.Context, method string, err error) error {
+	if status.Code(err) != codes.PermissionDenied {
+		return err
+	}
+	who := Peer(ctx)
+	if who == "" {
+		who = "a peer without a certificate identity"
+	}
+	return status.Errorf(codes.PermissionDenied, "%s may not call %s (authorization policy)", who, method)
+}
+
+// spiffeID is a peer's one SPIFFE ID, or an error saying why its
+// certificate does not have exactly one well-formed ID.
+func spiffeID(ctx context.Context) (*url.URL, error) {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return nil, errors.New("no peer")
+	}
+	ti, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(ti.State.PeerCertificates) == 0 {
+		return nil, errors.New("no client certificate")
+	}
+	c := ti.State.PeerCertificates[0]
+	for _, d := range c.DNSNames {
+		if strings.HasPrefix(strings.ToLower(d), "spiffe:") {
+			return nil, fmt.Errorf("DNS name %q looks like a SPIFFE ID", d)
+		}
+	}
+	if len(c.URIs) != 1 {
+		return nil, fmt.Errorf("%d URI names, want exactly one SPIFFE ID", len(c.URIs))
+	}
+	u := c.URIs[0]
+	if u.Scheme != "spiffe" || u.Host == "" || u.User != nil || u.Port() != "" || u.RawQuery != "" || u.Fragment != "" || u.Opaque != "" ||
+		u.RawPath != "" || strings.Contains(u.Path, "%") {
+		return nil, fmt.Errorf("%q is not a well-formed SPIFFE ID", u)
+	}
+	for _, seg := range strings.Split(strings.TrimPrefix(u.Path, "/"), "/") {
+		if seg == "" || seg == "." || seg == ".." {
+			return nil, fmt.Errorf("%q is not a well-formed SPIFFE ID (empty or dot path segment)", u)
+		}
+	}
+	return u, nil
+}
+
+// check applies the default policy's rules beyond grpc's: one
+// well-formed SPIFFE ID per peer, and a node's Promote only as a
+// switching primary sends it (no force, dry run or epoch: admins' tools).
+func (a *Authz) check(ctx context.Context, method string, req any) error {
+	if a.td == "" || strings.HasPrefix(method, "/grpc.health.v1.Health/") {
+		return nil
+	}
+	u, err := spiffeID(ctx)
+	if err != nil {
+		return status.Errorf(codes.PermissionDenied, "%s may not call %s: the certificate's identity: %v", Peer(ctx), method, err)
+	}
+	if method == "/walship.v1.AdminService/Promote" && strings.HasPrefix(u.String(), "spiffe://"+a.td+"/walship/"+ClassNode+"/") {
+		if pr, ok := req.(*walshipv1.PromoteRequest); !ok || pr.GetForce() || pr.GetDryRun() || pr.GetEpoch() != 0 {
+			return status.Errorf(codes.PermissionDenied, "%s may not call %s with force, dry_run or epoch: a node asks only for a plain promotion (a switchover); the rest is for admins", u, method)
+		}
+	}
+	return nil
+}
+
+// Unary is the unary server interceptor.
+func (a *Authz) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if err := a.check(ctx, info.FullMethod, req); err != nil {
+		return nil, err
+	}
+	called := false
+	resp, err := a.in.UnaryInterceptor(ctx, req, info, func(ctx context.Context, req any) (any, error) {
+		called = true
+		return handler(ctx, req)
+	})
+	if !called {
+		return nil, denied(ctx, info.FullMethod, err)
+	}
+	return resp, err
+}
+
+// Stream is the stream server interceptor.
+func (a *Authz) Stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if err := a.check(ss.Context(), info.FullMethod, nil); err != nil {
+		return err
+	}
+	called := false
+	err := a.in.StreamInterceptor(srv, ss, info, func(srv any, ss grpc.ServerStream) error {
+		called = true
+		return handler(srv, ss)
+	})
+	if !called {
+		return denied(ss.Context(), info.FullMethod, err)
+	}
+	return err
+}

@@ -1,0 +1,349 @@
+package tlsid
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+)
+
+var localhost = []net.IP{net.ParseIP("127.0.0.1")}
+
+func newCA(t *testing.T, name string) *CA {
+	t.Helper()
+	ca, err := NewCA(name, 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ca
+}
+
+func write(t *testing.T, ca *CA, dir, name string, l Leaf, extra ...[]byte) Files {
+	t.Helper()
+	f, err := ca.WriteFiles(dir, name, l, extra...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func load(t *testing.T, f Files) *Source {
+	t.Helper()
+	s, err := Load(f, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestLoadChecksTheGeneration: a key that is not the certificate's, a
+// certificate not valid now, or one that does not chain to the bundle is
+// refused, naming the flag.
+func TestLoadChecksTheGeneration(t *testing.T) {
+	dir := t.TempDir()
+	ca, other := newCA(t, "ca"), newCA(t, "other")
+	good := write(t, ca, dir, "good", Leaf{URI: URI("td", ClassNode, "n1"), IPs: localhost})
+	s := load(t, good)
+	if s.Identity() != "spiffe://td/walship/node/n1" {
+		t.Fatalf("identity %q", s.Identity())
+	}
+	wrongKey := write(t, ca, dir, "wrongkey", Leaf{URI: "spiffe://td/x"})
+	wrongKey.Key = good.Key
+	expired := write(t, ca, dir, "expired", Leaf{NotBefore: time.Now().Add(-2 * time.Hour), NotAfter: time.Now().Add(-time.Hour)})
+	foreign := write(t, other, t.TempDir(), "foreign", Leaf{})
+	foreign.CA = good.CA
+	for name, tc := range map[string]struct {
+		f    Files
+		want string
+	}{
+		"key of another certificate": {wrongKey, "--tls-cert and --tls-key"},
+		"expired":                    {expired, "not valid now"},
+		"another CA":                 {foreign, "does not chain to --tls-ca"},
+		"missing CA flag":            {Files{Cert: good.Cert, Key: good.Key}, "--tls-ca: required"},
+		"a damaged CA in the bundle": {Files{Cert: good.Cert, Key: good.Key, CA: damagedBundle(t, dir, ca)}, "certificate 2"},
+		"missing file":               {Files{Cert: good.Cert, Key: good.Key, CA: dir + "/nope"}, "--tls-ca: open"},
+	} {
+		if _, err := Load(tc.f, nil); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: Load = %v, want an error containing %q", name, err, tc.want)
+		}
+	}
+}
+
+// handshake dials addr with the client source and returns the server's
+// certificate, or the handshake error.
+func handshake(t *testing.T, addr string, cfg *tls.Config) (*x509.Certificate, error) {
+	t.Helper()
+	conn, err := tls.Dial("tcp", addr, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	// TLS 1.3: a refused client certificate shows at the first read.
+	_ = conn.SetReadDeadline(time.Now().Add(time.Second))
+	if _, err := conn.Read(make([]byte, 1)); err != nil && !isTimeout(err) {
+		return nil, err
+	}
+	return conn.ConnectionState().PeerCertificates[0], nil
+}
+
+func isTimeout(err error) bool {
+	ne, ok := err.(net.Error)
+	return ok && ne.Timeout()
+}
+
+// serveTLS accepts TLS connections with src's server config until the
+// test ends.
+func serveTLS(t *testing.T, src *Source) string {
+	t.Helper()
+	l, err := tls.Listen("tcp", "127.0.0.1:0", src.ServerConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_ = c.(*tls.Conn).Handshake()
+				_, _ = c.Read(make([]byte, 1))
+			}()
+		}
+	}()
+	return l.Addr().String()
+}
+
+// TestRotation: replaced files are read as a new generation that new
+// handshakes use; a broken update keeps the last good one (counted); a CA
+// bundle holding old and new CAs accepts both; a client without a
+// certificate, or with one of an unknown CA, is refused.
+func TestRotation(t *testing.T) {
+	dir, cdir := t.TempDir(), t.TempDir()
+	ca := newCA(t, "ca")
+	srvFiles := write(t, ca, dir, "server", Leaf{URI: URI("td", ClassNode, "n1"), IPs: localhost})
+	srv := load(t, srvFiles)
+	reg := prometheus.NewRegistry()
+	if err := srv.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	addr := serveTLS(t, srv)
+	cli := load(t, write(t, ca, cdir, "client", Leaf{URI: URI("td", ClassClient, "c")}))
+	first, err := handshake(t, addr, cli.ClientConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// A new certificate from the same CA.
+	write(t, ca, dir, "server", Leaf{URI: URI("td", ClassNode, "n1"), IPs: localhost})
+	if swapped, err := srv.Reload(); err != nil || !swapped {
+		t.Fatalf("Reload = %v, %v", swapped, err)
+	}
+	second, err := handshake(t, addr, cli.ClientConfig())
+	if err != nil || second.SerialNumber.Cmp(first.SerialNumber) == 0 {
+		t.Fatalf("after the reload the server presents serial %v (was %v): %v", second.SerialNumber, first.SerialNumber, err)
+	}
+	if swapped, err := srv.Reload(); err != nil || swapped {
+		t.Fatalf("Reload of unchanged files = %v, %v; want no swap", swapped, err)
+	}
+
+	// A broken update: the last good generation stays.
+	if err := os.WriteFile(srvFiles.Key, []byte("not a key"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Reload(); err == nil {
+		t.Fatal("Reload of a broken key succeeded")
+	}
+	if c, err := handshake(t, addr, cli.ClientConfig()); err != nil || c.SerialNumber.Cmp(second.SerialNumber) != 0 {
+		t.Fatalf("after a broken update: serial %v, %v; want the last good %v", c.SerialNumber, err, second.SerialNumber)
+	}
+	if v := testutil.ToFloat64(srv.reloads.WithLabelValues("error")); v != 1 {
+		t.Errorf("reloads{error} = %v", v)
+	}
+	if v := testutil.ToFloat64(srv.reloads.WithLabelValues("ok")); v != 1 {
+		t.Errorf("reloads{ok} = %v", v)
+	}
+
+	// CA rotation: the server trusts old and new; a client of the new CA
+	// is accepted, and so is one of the old.
+	next := newCA(t, "next")
+	write(t, ca, dir, "server", Leaf{URI: URI("td", ClassNode, "n1"), IPs: localhost}, next.PEM())
+	if _, err := srv.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	newClient := load(t, write(t, next, t.TempDir(), "client", Leaf{URI: URI("td", ClassClient, "c")}, ca.PEM()))
+	if _, err := handshake(t, addr, newClient.ClientConfig()); err != nil {
+		t.Fatalf("client of the new CA during the rotation: %v", err)
+	}
+	if _, err := handshake(t, addr, cli.ClientConfig()); err != nil {
+		t.Fatalf("client of the old CA during the rotation: %v", err)
+	}
+
+	// Refused: no client certificate; a certificate of an unknown CA.
+	noCert := cli.ClientConfig()
+	noCert.Certificates = nil
+	if _, err := handshake(t, addr, noCert); err == nil {
+		t.Fatal("a client without a certificate was accepted")
+	}
+	stranger := load(t, write(t, newCA(t, "stranger"), t.TempDir(), "client", Leaf{URI: URI("td", ClassClient, "s")}, ca.PEM()))
+	if _, err := handshake(t, addr, stranger.ClientConfig()); err == nil {
+		t.Fatal("a client of an unknown CA was accepted")
+	}
+	// And the client refuses a server whose name is not in its certificate.
+	wrongName := cli.ClientConfig()
+	wrongName.ServerName = "elsewhere.example"
+	if _, err := handshake(t, addr, wrongName); err == nil || !strings.Contains(err.Error(), "elsewhere.example") {
+		t.Fatalf("a server not named in its certificate: %v", err)
+	}
+	// Nor one dialled at an IP address its certificate does not name,
+	// through gRPC's credentials as well as a plain dial.
+	elsewhere := load(t, write(t, ca, t.TempDir(), "elsewhere", Leaf{URI: URI("td", ClassNode, "x"), IPs: []net.IP{net.ParseIP("10.9.9.9")}}))
+	other := serveTLS(t, elsewhere)
+	if _, err := handshake(t, other, cli.ClientConfig()); err == nil || !strings.Contains(err.Error(), "127.0.0.1") {
+		t.Fatalf("a server at 127.0.0.1 with a certificate for 10.9.9.9: %v", err)
+	}
+	raw, err := net.Dial("tcp", other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	if _, _, err := cli.Credentials().ClientHandshake(context.Background(), other, raw); err == nil {
+		t.Fatal("gRPC credentials accepted a server at 127.0.0.1 with a certificate for 10.9.9.9")
+	}
+	if v, err := testutil.GatherAndCount(reg, "walship_tls_cert_expiry_timestamp_seconds"); err != nil || v != 1 {
+		t.Fatalf("expiry gauge: %v, %v", v, err)
+	}
+}
+
+// admin answers Promote and SetPolicy as unimplemented once authorized.
+type admin struct {
+	walshipv1.UnimplementedAdminServiceServer
+}
+
+// TestAuthzDefaultPolicy: over mTLS, each class may call its RPCs and
+// nothing else; another trust domain may call nothing.
+func TestAuthzDefaultPolicy(t *testing.T) {
+	dir := t.TempDir()
+	ca := newCA(t, "ca")
+	srv := load(t, write(t, ca, dir, "server", Leaf{URI: URI("td", ClassNode, "n0"), IPs: localhost}))
+	az, err := NewAuthz("td", ReflectionAdmin, "", time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer(grpc.Creds(credentials.NewTLS(srv.ServerConfig())), grpc.ChainUnaryInterceptor(az.Unary), grpc.ChainStreamInterceptor(az.Stream))
+	walshipv1.RegisterAdminServiceServer(g, admin{})
+	walshipv1.RegisterReplicationServiceServer(g, walshipv1.UnimplementedReplicationServiceServer{})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = g.Serve(l) }()
+	t.Cleanup(g.Stop)
+	dialLeaf := func(leaf Leaf) *grpc.ClientConn {
+		s := load(t, write(t, ca, t.TempDir(), "c", leaf))
+		cc, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(s.Credentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cc.Close() })
+		return cc
+	}
+	dial := func(uri string) *grpc.ClientConn { return dialLeaf(Leaf{URI: uri}) }
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	call := func(cc *grpc.ClientConn, what string) error {
+		switch what {
+		case "Promote":
+			_, err := walshipv1.NewAdminServiceClient(cc).Promote(ctx, &walshipv1.PromoteRequest{})
+			return err
+		case "Promote force":
+			_, err := walshipv1.NewAdminServiceClient(cc).Promote(ctx, &walshipv1.PromoteRequest{Force: true})
+			return err
+		case "SetPolicy":
+			_, err := walshipv1.NewAdminServiceClient(cc).SetPolicy(ctx, &walshipv1.SetPolicyRequest{})
+			return err
+		case "Status":
+			_, err := walshipv1.NewAdminServiceClient(cc).Status(ctx, &walshipv1.StatusRequest{})
+			return err
+		case "Stream":
+			s, err := walshipv1.NewReplicationServiceClient(cc).Stream(ctx)
+			if err != nil {
+				return err
+			}
+			_, err = s.Recv()
+			return err
+		}
+		panic(what)
+	}
+	for _, tc := range []struct {
+		who, rpc string
+		allowed  bool
+	}{
+		{URI("td", ClassClient, "app"), "Promote", false},
+		{URI("td", ClassClient, "app"), "SetPolicy", false},
+		{URI("td", ClassClient, "app"), "Stream", false},
+		{URI("td", ClassClient, "app"), "Status", true},
+		{URI("td", ClassNode, "n1"), "Stream", true},
+		{URI("td", ClassNode, "n1"), "Promote", true}, // a switching primary asks its target
+		{URI("td", ClassNode, "n1"), "SetPolicy", false},
+		{URI("td", ClassNode, "n1"), "Status", true},
+		{URI("td", ClassLogStore, "ls0"), "Stream", false},
+		{URI("td", ClassAdmin, "ops"), "SetPolicy", true},
+		{URI("td", ClassAdmin, "ops"), "Promote", true},
+		{URI("td", ClassAdmin, "ops"), "Promote force", true},
+		{URI("td", ClassNode, "n1"), "Promote force", false},   // a node asks only for a plain promotion
+		{URI("elsewhere", ClassAdmin, "ops"), "Status", false}, // another trust domain
+		{URI("elsewhere", ClassNode, "n1"), "Stream", false},
+	} {
+		err := call(dial(tc.who), tc.rpc)
+		denied := status.Code(err) == codes.PermissionDenied
+		if denied == tc.allowed {
+			t.Errorf("%s calling %s: %v; allowed %v", tc.who, tc.rpc, err, tc.allowed)
+		}
+		if denied && !strings.Contains(status.Convert(err).Message(), tc.who+" may not call /walship.v1.") {
+			t.Errorf("%s calling %s: message %q does not name the caller and the method", tc.who, tc.rpc, status.Convert(err).Message())
+		}
+		if !denied && status.Code(err) != codes.Unimplemented {
+			t.Errorf("%s calling %s: %v; want the handler's UNIMPLEMENTED", tc.who, tc.rpc, err)
+		}
+	}
+	// Certificates that grpc's raw prefix matching alone would let in as
+	// an admin: every one is refused.
+	for name, l := range map[string]Leaf{
+		"a second URI":            {URI: URI("td", ClassClient, "app"), AlsoURIs: []string{URI("td", ClassAdmin, "x")}},
+		"a DNS name as an ID":     {DNS: []string{URI("td", ClassAdmin, "x")}},
+		"a dot segment":           {URI: "spiffe://td/walship/admin/../node/x"},
+		"an escaped path":         {URI: "spiffe://td/walship/admin/%2e%2e/x"},
+		"a user in the authority": {URI: "spiffe://evil@td/walship/admin/x"},
+	} {
+		err := call(dialLeaf(l), "SetPolicy")
+		if status.Code(err) != codes.PermissionDenied || !strings.Contains(status.Convert(err).Message(), "the certificate's identity") {
+			t.Errorf("%s: SetPolicy = %v; want PERMISSION_DENIED for the identity", name, err)
+		}
+	}
+}
+
+// damagedBundle writes ca's certificate followed by a damaged one.
+func damagedBundle(t *testing.T, dir string, ca *CA) string {
+	t.Helper()
+	p := dir + "/damaged-ca.crt"
+	bad := strings.Replace(string(newCA(t, "next").PEM()), "MII", "MIX", 1)
+	if err := os.WriteFile(p, append(ca.PEM(), bad...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
