@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/walship/walship/internal/serve"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,7 +18,6 @@ import (
 	"github.com/walship/walship/internal/check"
 	"github.com/walship/walship/pkg/client"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 )
 
 // Bounds that keep `walship check linear` safe to point at a real cluster.
@@ -49,7 +49,11 @@ func checkLinearFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	fs.BoolVar(&randomPolicies, "random-policies", false, "give each write a random commit policy instead of the server's defaults")
 	fs.BoolVar(&keep, "keep-keys", false, "leave the check's keys in place (by default they are deleted at the end)")
 	fs.StringVar(&out, "out", "", "directory for the history and its visualisation when the check fails (default: a new temporary directory)")
+	sf := addSecurityFlags(fs, false)
 	return func(ctx context.Context) error {
+		if err := sf.dial(ctx, env.Logger); err != nil {
+			return err
+		}
 		switch {
 		case duration <= 0 || duration > maxCheckDuration:
 			return usageErr(env, "--duration: %v is not in (0, %v]", duration, maxCheckDuration)
@@ -63,7 +67,7 @@ func checkLinearFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 		if prefix == "" {
 			prefix = "walship-check/" + strconv.FormatInt(time.Now().UnixNano(), 36) + "/"
 		}
-		pc, err := grpc.NewClient(primaryAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		pc, err := grpc.NewClient(primaryAddr, serve.DialOptions()...)
 		if err != nil {
 			return fmt.Errorf("--primary %s: %w", primaryAddr, err)
 		}
@@ -83,7 +87,7 @@ func checkLinearFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 			w.Policy = check.RandomPolicy
 		}
 		if replicaAddr != "" {
-			rc, err := grpc.NewClient(replicaAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			rc, err := grpc.NewClient(replicaAddr, serve.DialOptions()...)
 			if err != nil {
 				return fmt.Errorf("--replica %s: %w", replicaAddr, err)
 			}
@@ -145,7 +149,11 @@ func checkFailoverFlags(fs *flag.FlagSet, env *Env) func(context.Context) error 
 	fs.Float64Var(&rate, "rate", 500, "operations per second of all clients together (at most 20000)")
 	fs.StringVar(&prefix, "prefix", "", "key prefix of every key the check writes (default: walship-check/<start time>/)")
 	fs.StringVar(&out, "out", "", "directory for the history and its visualisation when the check fails (default: a new temporary directory)")
+	sf := addSecurityFlags(fs, false)
 	return func(ctx context.Context) error {
+		if err := sf.dial(ctx, env.Logger); err != nil {
+			return err
+		}
 		switch {
 		case len(nodes) < 2:
 			return usageErr(env, "--nodes: at least two data nodes")
@@ -166,7 +174,7 @@ func checkFailoverFlags(fs *flag.FlagSet, env *Env) func(context.Context) error 
 		if prefix == "" {
 			prefix = "walship-check/" + strconv.FormatInt(time.Now().UnixNano(), 36) + "/"
 		}
-		cl, err := client.New(nodes, client.Options{Retry: 30 * time.Second})
+		cl, err := client.New(nodes, client.Options{Retry: 30 * time.Second, DialOptions: serve.DialOptions()})
 		if err != nil {
 			return err
 		}

@@ -131,3 +131,26 @@ func tail(s string, n int) string {
 	}
 	return s
 }
+
+// TestPlaintextOnlyOnLoopbackOrWhenAsked: without TLS files a server
+// refuses a non-loopback address unless --plaintext asks for it, and
+// --plaintext with TLS files, or half the TLS files, are refused naming
+// the flag.
+func TestPlaintextOnlyOnLoopbackOrWhenAsked(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"logstore", "--listen", "0.0.0.0:0", "--metrics-listen", "", "--data-dir", t.TempDir()}, "needs --plaintext"},
+		{[]string{"primary", "--listen", ":0", "--metrics-listen", "", "--data-dir", t.TempDir()}, "needs --plaintext"},
+		{[]string{"logstore", "--listen", "127.0.0.1:0", "--metrics-listen", "", "--data-dir", t.TempDir(), "--tls-cert", "c.pem"}, "--tls-key: required"},
+		{[]string{"logstore", "--listen", "127.0.0.1:0", "--metrics-listen", "", "--data-dir", t.TempDir(), "--plaintext",
+			"--tls-cert", "c", "--tls-key", "k", "--tls-ca", "a"}, "--plaintext: not with"},
+		{[]string{"ctl", "status", "--nodes", "127.0.0.1:1", "--tls-cert", "c"}, "--tls-key: required"},
+	} {
+		code, _, errOut := run(t, tc.args...)
+		if code == 0 || !strings.Contains(errOut, tc.want) {
+			t.Errorf("walship %s: exit %d, %q; want an error containing %q", strings.Join(tc.args, " "), code, errOut, tc.want)
+		}
+	}
+}

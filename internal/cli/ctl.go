@@ -24,7 +24,11 @@ func dialNode(addr string) (*grpc.ClientConn, error) {
 func ctlStatusFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	var nodes []string
 	fs.Var(listFlag{&nodes}, "nodes", "gRPC addresses of the nodes to show, comma-separated (data nodes and log stores)")
+	sf := addSecurityFlags(fs, false)
 	return func(ctx context.Context) error {
+		if err := sf.dial(ctx, env.Logger); err != nil {
+			return err
+		}
 		if len(nodes) == 0 {
 			return usageErr(env, "--nodes: required")
 		}
@@ -108,7 +112,11 @@ func ctlPromoteFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	fs.BoolVar(&force, "force", false, "promote with a log store majority even without the replicas the contract needs (may lose the commits a dry run names)")
 	fs.Uint64Var(&epoch, "epoch", 0, "epoch to open (0: the highest seen + 1)")
 	fs.DurationVar(&wait, "wait", 30*time.Second, "how long to wait for the new primary to take writes")
+	sf := addSecurityFlags(fs, false)
 	return func(ctx context.Context) error {
+		if err := sf.dial(ctx, env.Logger); err != nil {
+			return err
+		}
 		if addr == "" {
 			return usageErr(env, "--node: required")
 		}
@@ -174,7 +182,11 @@ func ctlSwitchoverFlags(fs *flag.FlagSet, env *Env) func(context.Context) error 
 	fs.StringVar(&addr, "primary", "127.0.0.1:7401", "gRPC address of the primary")
 	fs.StringVar(&target, "target", "", "node id of the replica to hand over to (required)")
 	fs.DurationVar(&timeout, "timeout", 10*time.Second, "how long the target may take to catch up")
+	sf := addSecurityFlags(fs, false)
 	return func(ctx context.Context) error {
+		if err := sf.dial(ctx, env.Logger); err != nil {
+			return err
+		}
 		if target == "" {
 			return usageErr(env, "--target: required")
 		}

@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/cluster"
+	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/services/primary"
 )
 
@@ -33,6 +35,8 @@ func devFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	replicationFlag(fs, &pol.Replication)
 	fs.IntVar(&pol.SyncReplicas, "sync-replicas", pol.SyncReplicas, "k in 'any k replicas' for --replication sync")
 	syncLevelFlag(fs, &pol.SyncLevel)
+	var withTLS bool
+	fs.BoolVar(&withTLS, "tls", false, "serve mTLS with a throwaway CA and certificates (in DATA_DIR/tls) for the nodes, a client and an admin")
 	return func(ctx context.Context) error {
 		if dataDir == "" {
 			d, err := os.MkdirTemp("", "walship-dev-")
@@ -44,15 +48,26 @@ func devFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 				defer os.RemoveAll(d)
 			}
 		}
+		var sec serve.Security
+		var tlsDir string
+		if withTLS {
+			tlsDir = filepath.Join(dataDir, "tls")
+			var err error
+			if sec, err = cluster.DevTLS(tlsDir, host); err != nil {
+				return fmt.Errorf("--tls: %w", err)
+			}
+			defer serve.UseTLS(nil)
+		}
 		c, err := cluster.Start(ctx, cluster.Config{
 			Dir: dataDir, LogStores: logstores, Replicas: replicas, Host: host, BasePort: basePort, Metrics: true, Failover: true,
-			Primary: func(cfg *primary.Config) { cfg.Policy = pol },
-			Logger:  env.Logger,
+			Primary:  func(cfg *primary.Config) { cfg.Policy = pol },
+			Logger:   env.Logger,
+			Security: sec,
 		})
 		if err != nil {
 			return err
 		}
-		printDev(env, c, dataDir)
+		printDev(env, c, dataDir, tlsDir)
 		// SIGUSR1 stops whichever data node is the primary, as if its
 		// machine died: then promote a replica.
 		usr1 := make(chan os.Signal, 1)
@@ -78,7 +93,7 @@ func devFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	}
 }
 
-func printDev(env *Env, c *cluster.Cluster, dataDir string) {
+func printDev(env *Env, c *cluster.Cluster, dataDir, tlsDir string) {
 	w := env.Stdout
 	fmt.Fprintf(w, "\nwalship dev cluster is up (data in %s). Ctrl-C stops it.\n\n", dataDir)
 	fmt.Fprintf(w, "  %-10s %-22s %s\n", "node", "gRPC", "metrics")
@@ -94,15 +109,28 @@ func printDev(env *Env, c *cluster.Cluster, dataDir string) {
 	if len(c.Replicas) > 0 {
 		r = c.Replicas[0].Addr
 	}
+	g := "-plaintext"
+	if tlsDir != "" {
+		// The admin may call everything; a client only KVService (and Status).
+		g = "$G"
+		fmt.Fprintf(w, `
+mTLS on every port (trust domain %[2]s); certificates in %[1]s: node.crt
+(the nodes), client.crt (KVService and Status), admin.crt (everything),
+ca.crt (the CA). walship ctl and check read WALSHIP_TLS_*; grpcurl takes $G:
+
+  export WALSHIP_TLS_CA=%[1]s/ca.crt WALSHIP_TLS_CERT=%[1]s/admin.crt WALSHIP_TLS_KEY=%[1]s/admin.key
+  G="-cacert %[1]s/ca.crt -cert %[1]s/admin.crt -key %[1]s/admin.key"
+`, tlsDir, cluster.DevTrustDomain)
+	}
 	fmt.Fprintf(w, `
 Try it (grpcurl needs no .proto files: every node serves reflection):
 
-  grpcurl -plaintext %[1]s list
-  grpcurl -plaintext -d '{"key":"hello","value":"d29ybGQ="}' %[1]s %[3]s/Put
-  grpcurl -plaintext -d '{"key":"hello","min_lsn":"<lsn from Put>"}' %[2]s %[3]s/Get
-  grpcurl -plaintext -d '{"key":"hello","policy":{"replication":"REPLICATION_MODE_SYNC","sync_replicas":2,"sync_level":"SYNC_LEVEL_APPLY"}}' %[1]s %[3]s/Put
-  grpcurl -plaintext %[1]s walship.v1.AdminService/Status
-  grpcurl -plaintext %[2]s walship.v1.AdminService/Status
+  grpcurl %[6]s %[1]s list
+  grpcurl %[6]s -d '{"key":"hello","value":"d29ybGQ="}' %[1]s %[3]s/Put
+  grpcurl %[6]s -d '{"key":"hello","min_lsn":"<lsn from Put>"}' %[2]s %[3]s/Get
+  grpcurl %[6]s -d '{"key":"hello","policy":{"replication":"REPLICATION_MODE_SYNC","sync_replicas":2,"sync_level":"SYNC_LEVEL_APPLY"}}' %[1]s %[3]s/Put
+  grpcurl %[6]s %[1]s walship.v1.AdminService/Status
+  grpcurl %[6]s %[2]s walship.v1.AdminService/Status
 
 Fail over (the nodes are members of one cluster; the log store is the quorum):
 
@@ -116,5 +144,5 @@ Check that it is linearizable (a bounded workload of its own, checked with porcu
 
   walship check linear --primary %[1]s --replica %[2]s --duration 10s
 
-`, p, r, walshipv1.KVService_ServiceDesc.ServiceName, strings.Join(addrs, ","), os.Getpid())
+`, p, r, walshipv1.KVService_ServiceDesc.ServiceName, strings.Join(addrs, ","), os.Getpid(), g)
 }

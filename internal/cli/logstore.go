@@ -16,9 +16,15 @@ func logstoreFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	fs.DurationVar(&cfg.RetentionAge, "retention-age", cfg.RetentionAge, "remove segments whose newest batch was committed longer ago than this (0 = unlimited)")
 	fs.Int64Var(&cfg.SegmentBytes, "segment-bytes", cfg.SegmentBytes, "WAL segment size: the unit retention removes")
 	fs.DurationVar(&cfg.FlushDelay, "flush-delay", cfg.FlushDelay, "space write rounds (one fsync each) this far apart while no commit waits on the log store (0 = fsync every arrival)")
+	sf := addSecurityFlags(fs, true)
 	return func(ctx context.Context) error {
 		cfg.Logger = env.Logger.With("service", "logstore")
 		cfg.Registry = newRegistry()
+		sec, err := sf.serve(ctx, cfg.Logger, cfg.Listen)
+		if err != nil {
+			return err
+		}
+		cfg.Security = sec
 		s, err := logstore.New(cfg)
 		if err != nil {
 			return err

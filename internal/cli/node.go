@@ -19,9 +19,9 @@ import (
 func nodeFlags(fs *flag.FlagSet, env *Env, role node.Role) func(context.Context) error {
 	pc := primary.DefaultConfig()
 	rc := replica.DefaultConfig()
-	listen, metrics, id := ":7401", ":9401", "primary"
+	listen, metrics, id := "127.0.0.1:7401", ":9401", "primary"
 	if role == node.RoleReplica {
-		listen, metrics, id = ":7402", ":9402", ""
+		listen, metrics, id = "127.0.0.1:7402", ":9402", ""
 	}
 	var (
 		cfg       node.Config
@@ -55,11 +55,17 @@ func nodeFlags(fs *flag.FlagSet, env *Env, role node.Role) func(context.Context)
 	fs.Int64Var(&pc.MaxReplicaLagBytes, "max-replica-lag-bytes", pc.MaxReplicaLagBytes, "cut off a replica stream this far behind (0 = never); it catches up from a log store")
 	fs.DurationVar(&rc.FlushDelay, "flush-delay", rc.FlushDelay, "longest a replica's written batch waits for its fsync and apply while no sync commit waits on it (0 = every batch at once)")
 	fs.Int64Var(&rc.MaxUnappliedBytes, "max-unapplied-bytes", rc.MaxUnappliedBytes, "memory for a replica's written batches waiting for the primary's durable LSN; beyond it they are read back from the WAL")
+	sf := addSecurityFlags(fs, true)
 	return func(ctx context.Context) error {
-		rc.SegmentBytes, rc.SnapshotEveryBytes, rc.HeartbeatInterval = pc.SegmentBytes, pc.SnapshotEveryBytes, pc.HeartbeatInterval
-		cfg.Role, cfg.Members, cfg.LogStores, cfg.Primary, cfg.Replica = role, peers.members, logstores, pc, rc
 		cfg.Logger = env.Logger.With("service", "node", "id", cfg.ID)
 		cfg.Registry = newRegistry()
+		sec, err := sf.serve(ctx, cfg.Logger, cfg.Listen)
+		if err != nil {
+			return err
+		}
+		pc.Security, rc.Security = sec, sec
+		rc.SegmentBytes, rc.SnapshotEveryBytes, rc.HeartbeatInterval = pc.SegmentBytes, pc.SnapshotEveryBytes, pc.HeartbeatInterval
+		cfg.Role, cfg.Members, cfg.LogStores, cfg.Primary, cfg.Replica = role, peers.members, logstores, pc, rc
 		n, err := node.New(cfg)
 		if err != nil {
 			return err

@@ -52,6 +52,9 @@ type Config struct {
 	// replica-0, ...): a replica can then be promoted by an epoch vote
 	// (AdminService.Promote), and every epoch starts with its epoch record.
 	Failover bool
+	// Security is every server's TLS and authorization (zero: plaintext);
+	// the nodes dial with the process's credentials (serve.UseTLS).
+	Security serve.Security
 }
 
 // Node is one running service.
@@ -170,6 +173,7 @@ func (c *Cluster) newLogStoreAt(i int, listen, metrics string) (*Node, error) {
 	name := fmt.Sprintf("logstore-%d", i)
 	cfg.Logger = c.cfg.Logger.With("node", name)
 	cfg.Registry = serve.NewRegistry()
+	cfg.Security = c.cfg.Security
 	if c.cfg.LogStore != nil {
 		c.cfg.LogStore(i, &cfg)
 	}
@@ -192,6 +196,7 @@ func (c *Cluster) newPrimary(logstores []string) (*Node, error) {
 func (c *Cluster) primaryConfig() primary.Config {
 	cfg := primary.DefaultConfig()
 	cfg.StopTimeout = 30 * time.Second
+	cfg.Security = c.cfg.Security
 	if c.cfg.Primary != nil {
 		c.cfg.Primary(&cfg)
 	}
@@ -239,6 +244,7 @@ func (c *Cluster) replicaConfig(i int) replica.Config {
 	}
 	cfg.Logger = c.cfg.Logger.With("node", cfg.ID)
 	cfg.Registry = serve.NewRegistry()
+	cfg.Security = c.cfg.Security
 	if c.cfg.Replica != nil {
 		c.cfg.Replica(i, &cfg)
 	}

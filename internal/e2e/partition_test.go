@@ -61,7 +61,7 @@ func TestFailoverPartition(t *testing.T) {
 		}
 	})
 	for i := range 3 {
-		run(fmt.Sprintf("ls%d", i), lsPort, "logstore", "--listen", fmt.Sprintf(":%d", lsPort), "--metrics-listen", "", "--data-dir", "/data")
+		run(fmt.Sprintf("ls%d", i), lsPort, "logstore", "--listen", fmt.Sprintf(":%d", lsPort), "--plaintext", "--metrics-listen", "", "--data-dir", "/data")
 	}
 	// The contract of the failover issue (K=1 at flush plus a log store
 	// majority); a 2 s lease, so that the writes sent to n0 just after the
@@ -73,7 +73,7 @@ func TestFailoverPartition(t *testing.T) {
 			role = "primary"
 		}
 		nodes = append(nodes, run(fmt.Sprintf("n%d", i), nodePort, role, "--id", fmt.Sprintf("n%d", i),
-			"--listen", fmt.Sprintf(":%d", nodePort), "--metrics-listen", "", "--data-dir", "/data",
+			"--listen", fmt.Sprintf(":%d", nodePort), "--plaintext", "--metrics-listen", "", "--data-dir", "/data",
 			"--peers", strings.Join(peers, ","), "--logstore", strings.Join(lsAddrs, ","), "--primary", fmt.Sprintf("n0:%d", nodePort),
 			"--durability", "sync", "--replication", "sync", "--sync-replicas", "1", "--sync-level", "flush", "--logstore-ack", "sync",
 			"--sync-timeout", "3s", "--heartbeat-interval", "100ms", "--lease-timeout", "2s"))

@@ -19,9 +19,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/walship/walship/internal/apidesc"
+	"github.com/walship/walship/internal/tlsid"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
@@ -53,6 +55,26 @@ type Options struct {
 	// received ones (a primary streams batches bigger than any request);
 	// 0 means MaxMessageBytes.
 	MaxSendBytes int
+	// Security is TLS and authorization; the zero value serves plaintext.
+	Security Security
+}
+
+// Security is how a server authenticates and authorizes its peers.
+type Security struct {
+	// TLS, when set, serves TLS 1.3 only and requires a client
+	// certificate from its CA bundle (reloaded as its files change).
+	TLS *tlsid.Source
+	// Authz checks every RPC against the authorization policy (with TLS).
+	Authz *tlsid.Authz
+	// MaxConnectionAge closes connections this old (after a grace for
+	// their streams of half that, at most a minute), so that long streams
+	// re-handshake with rotated certificates; they resume from next_lsn.
+	// 0 = never.
+	MaxConnectionAge time.Duration
+	// MaxConcurrentStreams bounds the streams of one connection, so that
+	// one client cannot hold all of a node's stream workers and memory.
+	// 0 = 1000.
+	MaxConcurrentStreams uint32
 }
 
 // Server is a listening gRPC server with health, reflection and metrics.
@@ -100,16 +122,46 @@ func New(opts Options, register func(*grpc.Server)) (*Server, error) {
 	if opts.StreamGrace <= 0 {
 		opts.StreamGrace = time.Second
 	}
+	sec := opts.Security
+	if sec.TLS != nil && sec.Authz == nil {
+		lis.Close()
+		return nil, errors.New("serve: TLS without an authorization policy would let any certificate of the CA call everything")
+	}
 	s := &Server{opts: opts, lis: lis, endStreams: make(chan struct{})}
-	s.grpc = grpc.NewServer(append(transportOptions(),
+	if sec.MaxConcurrentStreams == 0 {
+		sec.MaxConcurrentStreams = 1000
+	}
+	unary := []grpc.UnaryServerInterceptor{utf8c.interceptor}
+	stream := []grpc.StreamServerInterceptor{s.endStreamsOnStop}
+	sopts := append(transportOptions(),
 		grpc.ForceServerCodecV2(utf8c),
-		grpc.ChainUnaryInterceptor(utf8c.interceptor),
-		grpc.ChainStreamInterceptor(s.endStreamsOnStop),
 		grpc.MaxRecvMsgSize(opts.MaxMessageBytes),
 		grpc.MaxSendMsgSize(opts.MaxSendBytes),
-		// Replication streams are long-lived; let peers ping them.
+		grpc.MaxConcurrentStreams(sec.MaxConcurrentStreams),
+		// Replication streams are long-lived; let peers ping them, but
+		// not more often than every 5 s (a flood of pings is refused).
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
-	)...)
+	)
+	if sec.TLS != nil {
+		sopts = append(sopts, grpc.Creds(credentials.NewTLS(sec.TLS.ServerConfig())))
+		if opts.Registry != nil {
+			// A data node's next role's server registers them again.
+			if err := sec.TLS.Register(opts.Registry); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
+				lis.Close()
+				return nil, err
+			}
+		}
+	}
+	if sec.Authz != nil {
+		// First: nothing runs for a caller the policy refuses.
+		unary = append([]grpc.UnaryServerInterceptor{sec.Authz.Unary}, unary...)
+		stream = append([]grpc.StreamServerInterceptor{sec.Authz.Stream}, stream...)
+	}
+	if sec.MaxConnectionAge > 0 {
+		grace := min(time.Minute, sec.MaxConnectionAge/2)
+		sopts = append(sopts, grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: sec.MaxConnectionAge, MaxConnectionAgeGrace: grace}))
+	}
+	s.grpc = grpc.NewServer(append(sopts, grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...))...)
 	s.health = health.NewServer()
 	register(s.grpc)
 	healthpb.RegisterHealthServer(s.grpc, s.health)

@@ -2,7 +2,11 @@ package serve
 
 import (
 	"runtime"
+	"sync/atomic"
 	"time"
+
+	"github.com/walship/walship/internal/tlsid"
+	"google.golang.org/grpc/credentials"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
@@ -46,15 +50,39 @@ func transportOptions() []grpc.ServerOption {
 	}
 }
 
+// clientCreds are the transport credentials of every walship dialer in
+// this process: plaintext until UseTLS.
+var clientCreds atomic.Pointer[credentials.TransportCredentials]
+
+// UseTLS makes every later DialOptions dial with TLS from src: the
+// process's one identity, set once at start by the command that runs it
+// (nil: back to plaintext).
+func UseTLS(src *tlsid.Source) {
+	if src == nil {
+		clientCreds.Store(nil)
+		return
+	}
+	c := src.Credentials()
+	clientCreds.Store(&c)
+}
+
+// TransportCredentials are the credentials DialOptions uses.
+func TransportCredentials() credentials.TransportCredentials {
+	if c := clientCreds.Load(); c != nil {
+		return *c
+	}
+	return insecure.NewCredentials()
+}
+
 // DialOptions returns the options every walship client connection starts
-// with: plaintext transport, the fixed flow-control windows above, and a
+// with: the process's transport credentials (UseTLS), the fixed flow-control windows above, and a
 // reconnect backoff of 50 ms to 2 s (gRPC's own starts at 1 s and grows to
 // 2 minutes: a node that changes role restarts its server within tens of
 // milliseconds, and its peers must find it again as fast). Callers append
 // their own (message sizes, keepalive).
 func DialOptions(extra ...grpc.DialOption) []grpc.DialOption {
 	return append([]grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(TransportCredentials()),
 		grpc.WithInitialWindowSize(streamWindow),
 		grpc.WithInitialConnWindowSize(connWindow),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2,

@@ -3,6 +3,7 @@ package logstore
 import (
 	"errors"
 	"fmt"
+	"github.com/walship/walship/internal/serve"
 	"log/slog"
 	"time"
 
@@ -16,6 +17,8 @@ type Config struct {
 	Listen string
 	// MetricsListen is the HTTP address of /metrics; empty disables it.
 	MetricsListen string
+	// Security is TLS and authorization for the server (zero: plaintext).
+	Security serve.Security
 	// DataDir holds the WAL (DataDir/wal) and the highest epoch seen
 	// (DataDir/epoch).
 	DataDir string
@@ -65,7 +68,7 @@ const (
 // DataDir (and usually the addresses).
 func DefaultConfig() Config {
 	return Config{
-		Listen:          ":7400",
+		Listen:          "127.0.0.1:7400",
 		MetricsListen:   ":9400",
 		SegmentBytes:    DefaultSegmentBytes,
 		RetentionBytes:  DefaultRetentionBytes,

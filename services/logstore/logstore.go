@@ -124,6 +124,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.metrics = m
 	srv, err := serve.New(serve.Options{
+		Security:        cfg.Security,
 		Listen:          cfg.Listen,
 		MetricsListen:   cfg.MetricsListen,
 		MaxMessageBytes: cfg.MaxMessageBytes,

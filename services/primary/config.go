@@ -3,6 +3,7 @@ package primary
 import (
 	"errors"
 	"fmt"
+	"github.com/walship/walship/internal/serve"
 	"log/slog"
 	"time"
 
@@ -19,6 +20,8 @@ type Config struct {
 	Listen string
 	// MetricsListen is the HTTP address of /metrics; empty disables it.
 	MetricsListen string
+	// Security is TLS and authorization for the server (zero: plaintext).
+	Security serve.Security
 	// DataDir holds the WAL (DataDir/wal) and state snapshots (DataDir/snapshots).
 	DataDir string
 	// FS is the filesystem; nil means the real one. Tests inject faults here.

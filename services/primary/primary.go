@@ -206,6 +206,7 @@ func New(cfg Config) (*Server, error) {
 	s.metrics = newMetrics(reg, s)
 	s.reads = &kvapi.Reader{View: func() *state.View { return s.store.Snapshot() }, Visible: &s.visible}
 	srv, err := serve.New(serve.Options{
+		Security:        cfg.Security,
 		Listen:          cfg.Listen,
 		MetricsListen:   cfg.MetricsListen,
 		MaxMessageBytes: cfg.maxMessageBytes(),

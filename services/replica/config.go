@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/walship/walship/internal/serve"
 	"log/slog"
 	"regexp"
 	"time"
@@ -20,6 +21,8 @@ type Config struct {
 	Listen string
 	// MetricsListen is the HTTP address of /metrics; empty disables it.
 	MetricsListen string
+	// Security is TLS and authorization for the server (zero: plaintext).
+	Security serve.Security
 	// DataDir holds the WAL (DataDir/wal), state snapshots
 	// (DataDir/snapshots) and the highest epoch seen (DataDir/epoch).
 	DataDir string
@@ -84,7 +87,7 @@ type Config struct {
 // DataDir, ID and Primary.
 func DefaultConfig() Config {
 	return Config{
-		Listen:             ":7402",
+		Listen:             "127.0.0.1:7402",
 		MetricsListen:      ":9402",
 		SegmentBytes:       64 << 20,
 		SnapshotEveryBytes: 64 << 20,

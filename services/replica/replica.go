@@ -202,6 +202,7 @@ func New(cfg Config) (*Server, error) {
 	s.lag = newLagTracker(cfg.HeartbeatInterval, s.appliedLSN(), s.now())
 	s.reads = &kvapi.Reader{View: func() *state.View { return s.store.Load().Snapshot() }, Visible: &s.visible}
 	srv, err := serve.New(serve.Options{
+		Security:        cfg.Security,
 		Listen:          cfg.Listen,
 		MetricsListen:   cfg.MetricsListen,
 		MaxMessageBytes: maxMessageBytes,

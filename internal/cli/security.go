@@ -1,0 +1,120 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/walship/walship/internal/serve"
+	"github.com/walship/walship/internal/tlsid"
+)
+
+// securityFlags are the TLS and authorization flags of every walship
+// command that serves or dials.
+type securityFlags struct {
+	files      tlsid.Files
+	plaintext  bool
+	trust      string
+	policy     string
+	reflection tlsid.Reflection
+	reload     time.Duration
+	maxAge     time.Duration
+}
+
+// addSecurityFlags registers the flags; server says whether the command
+// serves (authorization and connection limits apply to servers only).
+func addSecurityFlags(fs *flag.FlagSet, server bool) *securityFlags {
+	sf := &securityFlags{reflection: tlsid.ReflectionAll}
+	fs.StringVar(&sf.files.Cert, "tls-cert", "", "PEM certificate chain of this process's identity (TLS 1.3, reloaded when it changes)")
+	fs.StringVar(&sf.files.Key, "tls-key", "", "PEM private key of --tls-cert")
+	fs.StringVar(&sf.files.CA, "tls-ca", "", "PEM bundle of the CAs whose certificates peers must present (old and new together while rotating)")
+	fs.DurationVar(&sf.reload, "tls-reload-interval", 10*time.Second, "how often the TLS files are checked for changes")
+	if !server {
+		return sf
+	}
+	fs.BoolVar(&sf.plaintext, "plaintext", false, "serve without TLS on a non-loopback address: anyone who reaches the port can read the log and write (loopback needs no flag)")
+	fs.StringVar(&sf.trust, "trust-domain", "walship.local", "SPIFFE trust domain of the default authorization policy: identities spiffe://DOMAIN/walship/{node,logstore,client,admin}/NAME")
+	fs.StringVar(&sf.policy, "authz-policy", "", "gRPC authorization policy file (A43 JSON, reloaded when it changes) instead of the default policy")
+	fs.Var(&sf.reflection, "reflection", "who may use server reflection under TLS: all, admin or off")
+	fs.DurationVar(&sf.maxAge, "max-connection-age", time.Hour, "with TLS, close connections this old so they re-handshake with rotated certificates (streams resume); 0 = never")
+	return sf
+}
+
+// dial sets the process's client credentials (walship ctl, bench, check):
+// TLS from the files, or plaintext. It starts the reload loop.
+func (sf *securityFlags) dial(ctx context.Context, logger *slog.Logger) error {
+	if sf.reload <= 0 {
+		return fmt.Errorf("--tls-reload-interval: %v is not positive", sf.reload)
+	}
+	if !sf.files.Set() {
+		serve.UseTLS(nil)
+		return nil
+	}
+	src, err := tlsid.Load(sf.files, logger)
+	if err != nil {
+		return err
+	}
+	go src.Watch(ctx, sf.reload)
+	serve.UseTLS(src)
+	return nil
+}
+
+// serve is dial plus the server's security for listen: TLS with the
+// authorization policy, or plaintext — refused on a non-loopback address
+// unless --plaintext asks for it, and logged.
+func (sf *securityFlags) serve(ctx context.Context, logger *slog.Logger, listen string) (serve.Security, error) {
+	if sf.reload <= 0 {
+		return serve.Security{}, fmt.Errorf("--tls-reload-interval: %v is not positive", sf.reload)
+	}
+	if !sf.files.Set() {
+		if !sf.plaintext && !loopback(listen) {
+			return serve.Security{}, fmt.Errorf("--listen %s: serving plaintext beyond loopback needs --plaintext (or give --tls-cert, --tls-key and --tls-ca)", listen)
+		}
+		logger.Warn("serving plaintext: no TLS, no authentication, no authorization; anyone who reaches the port can read the log and write", "listen", listen)
+		serve.UseTLS(nil)
+		return serve.Security{}, nil
+	}
+	if sf.plaintext {
+		return serve.Security{}, errors.New("--plaintext: not with --tls-cert, --tls-key and --tls-ca")
+	}
+	src, err := tlsid.Load(sf.files, logger)
+	if err != nil {
+		return serve.Security{}, err
+	}
+	az, err := tlsid.NewAuthz(sf.trust, sf.reflection, sf.policy, sf.reload)
+	if err != nil {
+		return serve.Security{}, err
+	}
+	go func() {
+		<-ctx.Done()
+		az.Close()
+	}()
+	go src.Watch(ctx, sf.reload)
+	serve.UseTLS(src)
+	logger.Info("serving TLS 1.3 with client certificates", "identity", src.Identity(), "not_after", src.NotAfter(), "policy", policyName(sf.policy, sf.trust))
+	return serve.Security{TLS: src, Authz: az, MaxConnectionAge: sf.maxAge}, nil
+}
+
+func policyName(file, trust string) string {
+	if file != "" {
+		return file
+	}
+	return "default for spiffe://" + trust
+}
+
+// loopback reports whether listen binds only a loopback address.
+func loopback(listen string) bool {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}

@@ -1,0 +1,55 @@
+package cluster
+
+import (
+	"net"
+	"os"
+	"time"
+
+	"github.com/walship/walship/internal/serve"
+	"github.com/walship/walship/internal/tlsid"
+)
+
+// DevTrustDomain is the trust domain of DevTLS's identities.
+const DevTrustDomain = "walship.dev"
+
+// DevTLS makes a throwaway CA in dir and certificates for the nodes (one
+// node identity, reached at host), a client (client.crt) and an admin
+// (admin.crt); it makes this process dial as the nodes do (serve.UseTLS)
+// and returns the servers' security: mTLS under the default policy. For
+// `walship dev --tls` and tests, never production.
+func DevTLS(dir, host string) (serve.Security, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return serve.Security{}, err
+	}
+	ca, err := tlsid.NewCA("walship dev CA", 30*24*time.Hour)
+	if err != nil {
+		return serve.Security{}, err
+	}
+	// The process dials as its nodes, and so do the in-process tools
+	// (bench, tests): the default policy lets nodes read and write.
+	at := tlsid.Leaf{URI: tlsid.URI(DevTrustDomain, tlsid.ClassNode, "dev"), DNS: []string{"localhost"}}
+	if ip := net.ParseIP(host); ip != nil {
+		at.IPs = []net.IP{ip}
+	} else {
+		at.DNS = append(at.DNS, host)
+	}
+	nodeFiles, err := ca.WriteFiles(dir, "node", at)
+	if err != nil {
+		return serve.Security{}, err
+	}
+	for _, class := range []string{tlsid.ClassClient, tlsid.ClassAdmin} {
+		if _, err := ca.WriteFiles(dir, class, tlsid.Leaf{URI: tlsid.URI(DevTrustDomain, class, "dev")}); err != nil {
+			return serve.Security{}, err
+		}
+	}
+	src, err := tlsid.Load(nodeFiles, nil)
+	if err != nil {
+		return serve.Security{}, err
+	}
+	az, err := tlsid.NewAuthz(DevTrustDomain, tlsid.ReflectionAll, "", 0)
+	if err != nil {
+		return serve.Security{}, err
+	}
+	serve.UseTLS(src)
+	return serve.Security{TLS: src, Authz: az}, nil
+}
