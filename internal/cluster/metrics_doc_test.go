@@ -8,13 +8,20 @@ import (
 	"testing"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/serve"
 )
 
 // TestMetricsDocumented compares the walship_* metrics every service
 // registers, gathered from a cluster that did some work, with the tables of
 // docs/METRICS.md, both ways.
 func TestMetricsDocumented(t *testing.T) {
-	c := startCluster(t, Config{LogStores: 1, Replicas: 1})
+	// Over mTLS, so that the TLS metrics are registered too.
+	sec, err := DevTLS(t.TempDir(), "127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { serve.UseTLS(nil) })
+	c := startCluster(t, Config{LogStores: 1, Replicas: 1, Security: sec})
 	randomLoad(t, walshipv1.NewKVServiceClient(c.Conn(c.Primary)), 2, 20, nil)
 	waitConverged(t, c)
 

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"math"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -25,8 +26,8 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/tlsid"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
@@ -63,20 +64,22 @@ func TestClusterObservability(t *testing.T) {
 	dir := t.TempDir()
 	bin := walshipBin(t)
 	t.Logf("walship binary ready after %v", time.Since(began).Round(time.Millisecond))
-	ls := startWalship(t, bin, "logstore", "log store serving", "logstore",
-		"--data-dir", filepath.Join(dir, "logstore"), "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0")
+	// mTLS everywhere, as in production: the TLS metrics are exported.
+	tlsFor := tlsFlags(t, filepath.Join(dir, "tls"))
+	ls := startWalship(t, bin, "logstore", "log store serving", append([]string{"logstore",
+		"--data-dir", filepath.Join(dir, "logstore"), "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"}, tlsFor(tlsid.ClassLogStore, "ls")...)...)
 	// --replica-timeout: the stalled replica must stay connected long
 	// enough for WalshipReplicaLagHigh (10s) and then be cut off
 	// (checkStalledLag, checkCutOff).
-	primary := startWalship(t, bin, "primary", "primary serving", "primary",
+	primary := startWalship(t, bin, "primary", "primary serving", append([]string{"primary",
 		"--data-dir", filepath.Join(dir, "primary"), "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
-		"--logstore", ls.addr, "--heartbeat-interval", "200ms", "--replica-timeout", replicaTimeout.String())
+		"--logstore", ls.addr, "--heartbeat-interval", "200ms", "--replica-timeout", replicaTimeout.String()}, tlsFor(tlsid.ClassNode, "primary")...)...)
 	var replicas []*proc
 	for i := range 2 {
 		id := fmt.Sprintf("replica-%d", i)
-		replicas = append(replicas, startWalship(t, bin, id, "replica serving", "replica",
+		replicas = append(replicas, startWalship(t, bin, id, "replica serving", append([]string{"replica",
 			"--id", id, "--data-dir", filepath.Join(dir, id), "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
-			"--primary", primary.addr, "--logstore", ls.addr, "--heartbeat-interval", "200ms"))
+			"--primary", primary.addr, "--logstore", ls.addr, "--heartbeat-interval", "200ms"}, tlsFor(tlsid.ClassNode, id)...)...))
 	}
 	all := append([]*proc{ls, primary}, replicas...)
 
@@ -109,7 +112,11 @@ func TestClusterObservability(t *testing.T) {
 	})
 
 	// Load: ~10 s of commits with a mix of policies.
-	conn, err := grpc.NewClient(primary.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	clientTLS, err := tlsid.Load(tlsFiles(filepath.Join(dir, "tls"), "load"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(primary.addr, grpc.WithTransportCredentials(clientTLS.Credentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -878,4 +885,35 @@ func checkRules(t *testing.T, ctx context.Context, prom *promClient) {
 		})
 	}
 	t.Logf("recording rules with data: %v", records)
+}
+
+// tlsFlags makes a CA and a client certificate ("load") in dir and
+// returns a function giving the --tls-* flags of a process of class
+// named name, with a certificate of its own (reached at 127.0.0.1).
+func tlsFlags(t *testing.T, dir string) func(class, name string) []string {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	ca, err := tlsid.NewCA("monitoring test CA", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	issue := func(class, name string) tlsid.Files {
+		f, err := ca.WriteFiles(dir, name, tlsid.Leaf{URI: tlsid.URI("test", class, name), IPs: []net.IP{net.ParseIP("127.0.0.1")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	issue(tlsid.ClassClient, "load")
+	return func(class, name string) []string {
+		f := issue(class, name)
+		return []string{"--tls-cert", f.Cert, "--tls-key", f.Key, "--tls-ca", f.CA, "--trust-domain", "test"}
+	}
+}
+
+// tlsFiles names the files tlsFlags wrote for name.
+func tlsFiles(dir, name string) tlsid.Files {
+	return tlsid.Files{Cert: filepath.Join(dir, name+".crt"), Key: filepath.Join(dir, name+".key"), CA: filepath.Join(dir, "ca.crt")}
 }

@@ -61,6 +61,8 @@ var knownMetrics = []knownMetric{
 	{"walship_epoch", gauge, nil},
 	{"walship_promotions_total", counter, []string{"result"}},
 	{"walship_step_downs_total", counter, nil},
+	{"walship_tls_reloads_total", counter, []string{"result"}},
+	{"walship_tls_cert_expiry_timestamp_seconds", gauge, nil},
 
 	// Replica.
 	{"walship_replica_lag_seconds", gauge, nil},
