@@ -3,6 +3,7 @@ package primary
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -13,6 +14,8 @@ import (
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/cpustat"
 	"github.com/walship/walship/internal/serve"
+	"github.com/walship/walship/internal/testwait"
+	"github.com/walship/walship/internal/tlsid"
 	"github.com/walship/walship/internal/vfs"
 	"google.golang.org/grpc"
 )
@@ -39,13 +42,16 @@ func BenchmarkCommit(b *testing.B) {
 
 // startBench runs a primary with the given default durability, without
 // replication, on loopback and a real disk, until the benchmark ends.
-func startBench(b *testing.B, durability walshipv1.Durability) *Server {
+func startBench(b *testing.B, durability walshipv1.Durability, adjust ...func(*Config)) *Server {
 	b.Helper()
 	cfg := DefaultConfig()
 	cfg.Listen = "127.0.0.1:0"
 	cfg.DataDir = b.TempDir()
 	cfg.Policy.Durability = durability
 	cfg.Policy.Replication = walshipv1.ReplicationMode_REPLICATION_MODE_DISABLED
+	for _, a := range adjust {
+		a(&cfg)
+	}
 	s, err := New(cfg)
 	if err != nil {
 		b.Fatal(err)
@@ -96,6 +102,56 @@ func benchCommit(b *testing.B, durability walshipv1.Durability, committers int) 
 		b.ReportMetric(disk, "disk_appends/s")
 		b.ReportMetric(rate/disk, "x_disk")
 	}
+}
+
+// BenchmarkCommitTLS is BenchmarkCommit's 8 committers in plaintext and
+// over mTLS (TLS 1.3, client certificates, the default authorization
+// policy on every call): what security costs a commit.
+func BenchmarkCommitTLS(b *testing.B) {
+	for _, durability := range []walshipv1.Durability{walshipv1.Durability_DURABILITY_SYNC, walshipv1.Durability_DURABILITY_ASYNC} {
+		for _, withTLS := range []bool{false, true} {
+			b.Run(fmt.Sprintf("durability=%s/tls=%v", durabilityLabel(durability), withTLS), func(b *testing.B) {
+				var sec serve.Security
+				if withTLS {
+					sec = benchTLS(b)
+				}
+				s := startBench(b, durability, func(c *Config) { c.Security = sec })
+				conn := dialBench(b, s.Addr())
+				defer conn.Close()
+				kv := walshipv1.NewKVServiceClient(conn)
+				testwait.Until(b, "the primary to open its epoch", func() bool {
+					_, err := kv.Put(context.Background(), &walshipv1.PutRequest{Key: "warm", Value: []byte("x")})
+					return err == nil
+				})
+				putLoop(b, kv, 8, "commits/s")
+			})
+		}
+	}
+}
+
+// benchTLS makes a CA and a node certificate, dials with it until the
+// benchmark ends, and returns the server's security.
+func benchTLS(b *testing.B) serve.Security {
+	b.Helper()
+	ca, err := tlsid.NewCA("bench", time.Hour)
+	if err != nil {
+		b.Fatal(err)
+	}
+	f, err := ca.WriteFiles(b.TempDir(), "n", tlsid.Leaf{URI: tlsid.URI("bench", tlsid.ClassAdmin, "n"), IPs: []net.IP{net.ParseIP("127.0.0.1")}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	src, err := tlsid.Load(f, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	az, err := tlsid.NewAuthz("bench", tlsid.ReflectionAll, "", 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	serve.UseTLS(src)
+	b.Cleanup(func() { serve.UseTLS(nil) })
+	return serve.Security{TLS: src, Authz: az}
 }
 
 // BenchmarkCommitDistant is BenchmarkCommit's 7 sync committers, alone or
