@@ -94,3 +94,64 @@ func TestInvalidUTF8FieldPath(t *testing.T) {
 		t.Fatalf("garbage reported %q", got)
 	}
 }
+
+// TestLimitsAtTheEdge: one connection cannot hold more than
+// MaxConcurrentStreams streams — the rest wait, and fail at their
+// deadline — nor send a message over MaxMessageBytes (RESOURCE_EXHAUSTED);
+// meanwhile another client is served as usual.
+func TestLimitsAtTheEdge(t *testing.T) {
+	s, err := New(Options{Listen: "127.0.0.1:0", MaxMessageBytes: 64 << 10, StreamGrace: 50 * time.Millisecond,
+		Security: Security{MaxConcurrentStreams: 8}}, func(*grpc.Server) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetServing(true)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, nil) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	dial := func() *grpc.ClientConn {
+		conn, err := grpc.NewClient(s.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		return conn
+	}
+	hostile, other := healthpb.NewHealthClient(dial()), healthpb.NewHealthClient(dial())
+	tctx, tcancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer tcancel()
+	if _, err := other.Check(tctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true)); err != nil {
+		t.Fatal(err)
+	}
+	// The hostile client holds 8 streams open, then asks for more.
+	sctx, scancel := context.WithCancel(tctx)
+	defer scancel()
+	for i := range 8 {
+		w, err := hostile.Watch(sctx, &healthpb.HealthCheckRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.Recv(); err != nil {
+			t.Fatalf("stream %d: %v", i, err)
+		}
+	}
+	short, shortCancel := context.WithTimeout(tctx, 300*time.Millisecond)
+	defer shortCancel()
+	if _, err := hostile.Check(short, &healthpb.HealthCheckRequest{}); status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("a 9th stream on the hostile connection: %v; want it held back until its deadline", err)
+	}
+	// A message over the limit is refused, and the server goes on.
+	_, err = other.Check(tctx, &healthpb.HealthCheckRequest{Service: string(make([]byte, 128<<10))})
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("a 128 KiB request to a 64 KiB limit: %v; want RESOURCE_EXHAUSTED", err)
+	}
+	if r, err := other.Check(tctx, &healthpb.HealthCheckRequest{}); err != nil || r.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("another client meanwhile: %v, %v", r, err)
+	}
+}
