@@ -54,11 +54,12 @@ type backend struct {
 
 // startInProcess starts a log store, a primary and n replicas in this
 // process (internal/cluster), the way `walship dev` does.
-func startInProcess(ctx context.Context, dir string, n int, c codec.Codec, pol primary.Policy, logger *slog.Logger) (*backend, error) {
+func startInProcess(ctx context.Context, dir string, n int, c codec.Codec, pol primary.Policy, logger *slog.Logger, sec serve.Security) (*backend, error) {
 	cl, err := cluster.Start(ctx, cluster.Config{
 		Dir: dir, LogStores: 1, Replicas: n,
-		Primary: func(cfg *primary.Config) { cfg.Codec, cfg.Policy = c, pol },
-		Logger:  logger,
+		Primary:  func(cfg *primary.Config) { cfg.Codec, cfg.Policy = c, pol },
+		Logger:   logger,
+		Security: sec,
 	})
 	if err != nil {
 		return nil, err

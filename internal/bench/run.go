@@ -30,6 +30,10 @@ import (
 // Config is one benchmark run: one workload in one cell (replication ×
 // durability) with one codec.
 type Config struct {
+	// Security is the in-process cluster's TLS and authorization (zero:
+	// plaintext); the bench dials with the process's credentials.
+	Security serve.Security
+
 	Workload string
 	Params   WorkloadParams
 
@@ -313,7 +317,7 @@ func Run(ctx context.Context, cfg Config) (row Row, err error) {
 		if cfg.Mode == ModeProcesses {
 			b, err = startProcesses(ctx, cfg.Bin, dir, replicas, c, pol, placement{cpus: cfg.ReplicaCPUs, nice: cfg.ReplicaNice, idle: cfg.ReplicaIdle})
 		} else {
-			b, err = startInProcess(ctx, dir, replicas, c, pol, cfg.Logger)
+			b, err = startInProcess(ctx, dir, replicas, c, pol, cfg.Logger, cfg.Security)
 		}
 		if err != nil {
 			return row, fmt.Errorf("start cluster: %w", err)

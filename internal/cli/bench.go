@@ -5,6 +5,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/walship/walship/internal/cluster"
+	"github.com/walship/walship/internal/serve"
 	"os"
 	"runtime/pprof"
 	"strconv"
@@ -104,7 +106,23 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	fs.StringVar(&chart, "chart", "", "write an SVG bar chart of txn/s per cell and codec to this file")
 	fs.StringVar(&cfg.Dir, "data-dir", "", "parent of the clusters' data directories (default: temporary, removed)")
 	fs.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of this process (in-process mode: cluster and clients) to this file")
+	var withTLS bool
+	fs.BoolVar(&withTLS, "tls", false, "in-process mode: run the cluster over mTLS (a throwaway CA, the default authorization policy)")
 	return func(ctx context.Context) error {
+		if withTLS {
+			if processes || cpuScaling || cfg.PrimaryAddr != "" {
+				return benchUsage(env, "--tls: only for the in-process cluster")
+			}
+			dir, err := os.MkdirTemp("", "walship-bench-tls-")
+			if err != nil {
+				return err
+			}
+			defer os.RemoveAll(dir)
+			if cfg.Security, err = cluster.DevTLS(dir, "127.0.0.1"); err != nil {
+				return fmt.Errorf("--tls: %w", err)
+			}
+			defer serve.UseTLS(nil)
+		}
 		if cfg.PrimaryAddr != "" {
 			cfg.Mode = bench.ModeExternal
 			if processes || cpuScaling {
