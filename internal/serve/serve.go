@@ -192,7 +192,16 @@ func New(opts Options, register func(*grpc.Server)) (*Server, error) {
 			reg = prometheus.NewRegistry()
 		}
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, EnableOpenMetrics: true}))
+		// Probes that cannot speak gRPC over mTLS (kubelet's cannot):
+		// /healthz says the process answers, /readyz what health says.
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+		mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+			if !s.Serving() {
+				http.Error(w, "not serving", http.StatusServiceUnavailable)
+				return
+			}
+			fmt.Fprintln(w, "serving")
+		})
 		s.metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	}
 	return s, nil

@@ -2,6 +2,8 @@ package serve
 
 import (
 	"context"
+	"github.com/walship/walship/internal/testwait"
+	"net/http"
 	"testing"
 	"time"
 
@@ -153,5 +155,39 @@ func TestLimitsAtTheEdge(t *testing.T) {
 	}
 	if r, err := other.Check(tctx, &healthpb.HealthCheckRequest{}); err != nil || r.Status != healthpb.HealthCheckResponse_SERVING {
 		t.Fatalf("another client meanwhile: %v, %v", r, err)
+	}
+}
+
+// TestReadyz: /readyz on the metrics listener answers 503 until the
+// server is serving, then 200; /healthz answers 200 throughout.
+func TestReadyz(t *testing.T) {
+	s, err := New(Options{Listen: "127.0.0.1:0", MetricsListen: "127.0.0.1:0", StreamGrace: 50 * time.Millisecond}, func(*grpc.Server) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, nil) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	code := func(path string) int {
+		resp, err := http.Get("http://" + s.MetricsAddr() + path)
+		if err != nil {
+			return -1
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	testwait.Until(t, "the metrics listener", func() bool { return code("/healthz") == 200 })
+	if c := code("/readyz"); c != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz before SetServing = %d", c)
+	}
+	s.SetServing(true)
+	if c := code("/readyz"); c != 200 {
+		t.Fatalf("/readyz when serving = %d", c)
 	}
 }
