@@ -55,6 +55,7 @@ func check(o *objects, namespace string) []error {
 	c.checkPDBs()
 	c.checkPodMonitors()
 	c.checkPeers()
+	c.checkIssuers()
 	return c.errs
 }
 
@@ -172,7 +173,7 @@ func (c *checker) checkPodSpec(where string, sts *appsv1.StatefulSet, claims map
 				c.errorf("%s: volume %s: no ConfigMap %s", where, v.Name, v.ConfigMap.Name)
 			}
 		case v.Secret != nil:
-			if c.o.secrets[v.Secret.SecretName] == nil && !ptrTrue(v.Secret.Optional) {
+			if c.o.secrets[v.Secret.SecretName] == nil && c.certificateFor(v.Secret.SecretName) == nil && !ptrTrue(v.Secret.Optional) {
 				c.errorf("%s: volume %s: no Secret %s", where, v.Name, v.Secret.SecretName)
 			}
 		case v.PersistentVolumeClaim != nil:
@@ -199,9 +200,12 @@ func (c *checker) checkPodSpec(where string, sts *appsv1.StatefulSet, claims map
 		return
 	}
 	for ord := int32(0); ord < ptrOr(sts.Spec.Replicas, 1); ord++ {
-		if _, err := c.podConfig(sts, ord); err != nil {
+		p, err := c.podConfig(sts, ord)
+		if err != nil {
 			c.errs = append(c.errs, err)
+			continue
 		}
+		c.checkTLS(fmt.Sprintf("%s pod %s", where, p.name), sts, p)
 	}
 }
 
@@ -262,7 +266,9 @@ func (c *checker) checkProbes(where string, ct *corev1.Container) {
 			continue
 		}
 		if pr.p.GRPC == nil {
-			c.errorf("%s: %s is not a gRPC health probe", where, pr.name)
+			if pr.p.HTTPGet == nil {
+				c.errorf("%s: %s is not a gRPC health probe", where, pr.name)
+			} // an HTTP probe is checked with the pod's TLS (checkTLS), which requires it
 			continue
 		}
 		if pr.p.GRPC.Port != grpcPort {

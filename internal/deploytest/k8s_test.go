@@ -23,6 +23,7 @@ type overlayWant struct {
 	replicas    map[string]int32 // per StatefulSet
 	logstoreAck string           // the primary's --logstore-ack
 	monitoring  bool             // PodMonitor, PrometheusRule and dashboard included
+	tls         bool             // mTLS with cert-manager certificates (components/tls)
 	// antiAffinity: no two pods of one StatefulSet on a node.
 	antiAffinity bool
 	// maxMemoryLimit bounds every container's memory limit ("" = no bound).
@@ -41,6 +42,7 @@ var overlayWants = map[string]overlayWant{
 		replicas:     map[string]int32{"walship-logstore": 3, "walship-primary": 1, "walship-replica": 3},
 		logstoreAck:  "sync",
 		monitoring:   true,
+		tls:          true,
 		antiAffinity: true,
 	},
 }
@@ -96,6 +98,9 @@ func TestOverlays(t *testing.T) {
 
 func checkOverlayWant(t *testing.T, o *objects, want overlayWant) {
 	t.Helper()
+	if got := len(o.certificates) > 0; got != want.tls {
+		t.Errorf("%d Certificates; want TLS: %v", len(o.certificates), want.tls)
+	}
 	var got []string
 	for _, name := range sortedKeys(o.statefulSets) {
 		got = append(got, name)
@@ -348,6 +353,78 @@ func TestChecksCatchMistakes(t *testing.T) {
 				}
 			}
 			t.Errorf("no error containing %q; got %v", tc.want, errs)
+		})
+	}
+}
+
+// TestTLSChecksCatchMistakes: the prod overlay (mTLS with cert-manager)
+// passes; each mistake below in its TLS wiring is caught.
+func TestTLSChecksCatchMistakes(t *testing.T) {
+	docs := kustomizeBuild(t, overlayDirs(t)["prod"])
+	ns := overlayWants["prod"].namespace
+	o, err := decodeObjects(docs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(o.certificates) == 0 {
+		t.Fatal("the prod overlay has no Certificates")
+	}
+	if errs := check(o, ns); len(errs) > 0 {
+		t.Fatalf("the prod overlay itself fails: %v", errs)
+	}
+	logstore := func(o *objects) *corev1.Container {
+		return &o.statefulSets["walship-logstore"].Spec.Template.Spec.Containers[0]
+	}
+	configMap := func(o *objects, prefix string) *corev1.ConfigMap {
+		for name, cm := range o.configMaps {
+			if strings.HasPrefix(name, prefix) {
+				return cm
+			}
+		}
+		t.Fatalf("no ConfigMap %s*", prefix)
+		return nil
+	}
+	for _, tc := range []struct {
+		name   string
+		break_ func(o *objects)
+		want   string
+	}{
+		{"subPath mount", func(o *objects) {
+			for i, vm := range logstore(o).VolumeMounts {
+				if vm.Name == "tls" {
+					logstore(o).VolumeMounts[i].SubPath = "tls.crt"
+				}
+			}
+		}, "mounted with subPath"},
+		{"no client auth", func(o *objects) { o.certificates["walship-node"].Spec.Usages = []string{"server auth"} }, `lacks the usage "client auth"`},
+		{"log stores with the node identity", func(o *objects) {
+			for i := range o.statefulSets["walship-logstore"].Spec.Template.Spec.Volumes {
+				if v := &o.statefulSets["walship-logstore"].Spec.Template.Spec.Volumes[i]; v.Secret != nil {
+					v.Secret.SecretName = "walship-node-tls"
+				}
+			}
+		}, "want one SPIFFE ID under spiffe://walship.local/walship/logstore/"},
+		{"another trust domain", func(o *objects) { configMap(o, "walship-primary").Data["WALSHIP_TRUST_DOMAIN"] = "example.org" }, "under spiffe://example.org/walship/node/"},
+		{"plaintext beside TLS", func(o *objects) { configMap(o, "walship-replica").Data["WALSHIP_PLAINTEXT"] = "true" }, "WALSHIP_PLAINTEXT=true beside the TLS flags"},
+		{"pod not named", func(o *objects) { o.certificates["walship-logstore"].Spec.DNSNames = []string{"walship-logstore"} }, "does not name walship-logstore-0.walship-logstore-headless"},
+		{"gRPC probe under TLS", func(o *objects) {
+			p := logstore(o).ReadinessProbe
+			p.HTTPGet, p.GRPC = nil, &corev1.GRPCAction{Port: 7400}
+		}, "readinessProbe must be an HTTP probe of /readyz under TLS"},
+		{"issuer missing", func(o *objects) { delete(o.issuers, "walship-ca") }, `issuerRef Issuer "walship-ca" is not an Issuer`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o, err := decodeObjects(docs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.break_(o)
+			for _, err := range check(o, ns) {
+				if strings.Contains(err.Error(), tc.want) {
+					return
+				}
+			}
+			t.Errorf("no error containing %q", tc.want)
 		})
 	}
 }

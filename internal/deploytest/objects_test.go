@@ -63,6 +63,8 @@ type objects struct {
 	podMonitors     map[string]*monitoringv1.PodMonitor
 	serviceMonitors map[string]*monitoringv1.ServiceMonitor
 	rules           map[string]*monitoringv1.PrometheusRule
+	certificates    map[string]*cmCertificate
+	issuers         map[string]*cmIssuer
 }
 
 // kindKey names an API type as apiVersion/kind.
@@ -84,6 +86,8 @@ func decodeObjects(docs [][]byte) (*objects, error) {
 		podMonitors:     map[string]*monitoringv1.PodMonitor{},
 		serviceMonitors: map[string]*monitoringv1.ServiceMonitor{},
 		rules:           map[string]*monitoringv1.PrometheusRule{},
+		certificates:    map[string]*cmCertificate{},
+		issuers:         map[string]*cmIssuer{},
 	}
 	for _, doc := range docs {
 		var tm metav1.TypeMeta
@@ -117,6 +121,10 @@ func decodeObjects(docs [][]byte) (*objects, error) {
 			err = decodeInto(doc, name, o.serviceMonitors)
 		case kindKey{"monitoring.coreos.com/v1", "PrometheusRule"}:
 			err = decodeInto(doc, name, o.rules)
+		case kindKey{"cert-manager.io/v1", "Certificate"}:
+			err = decodeInto(doc, name, o.certificates)
+		case kindKey{"cert-manager.io/v1", "Issuer"}:
+			err = decodeInto(doc, name, o.issuers)
 		default:
 			// A kind the test does not decode is not checked at all: add it
 			// here (with its checks) rather than let it through.
