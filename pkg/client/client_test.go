@@ -3,12 +3,16 @@ package client_test
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"testing"
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/cluster"
+	"github.com/walship/walship/internal/serve"
+	"github.com/walship/walship/internal/tlsid"
 	"github.com/walship/walship/pkg/client"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -121,5 +125,75 @@ func TestReadsAreNeverAnsweredByAReplica(t *testing.T) {
 	s, err := cl.KV().Scan(ctx, &walshipv1.ScanRequest{})
 	if status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("Scan through a replica named as the primary = %v, %v; want FAILED_PRECONDITION", s, err)
+	}
+}
+
+// TestFailoverOverMTLS: the failover path — fences, the candidate's
+// survey and catch-up, the switchover's Promote, every replication and
+// log-store stream — works over mutual TLS under the default policy:
+// a switchover, then a promotion after the primary stops, with the
+// client following both.
+func TestFailoverOverMTLS(t *testing.T) {
+	dir := t.TempDir()
+	sec, err := cluster.DevTLS(dir, "127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { serve.UseTLS(nil) })
+	// The operator's calls with the admin certificate DevTLS wrote.
+	admin, err := tlsid.Load(tlsid.Files{Cert: filepath.Join(dir, "admin.crt"), Key: filepath.Join(dir, "admin.key"), CA: filepath.Join(dir, "ca.crt")}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	adminConn := func(n *cluster.Node) *grpc.ClientConn {
+		cc, err := grpc.NewClient(n.Addr, grpc.WithTransportCredentials(admin.Credentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cc.Close() })
+		return cc
+	}
+	c, err := cluster.Start(t.Context(), cluster.Config{Dir: t.TempDir(), LogStores: 1, Replicas: 2, Failover: true, Security: sec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Stop() })
+	var addrs []string
+	for _, n := range c.Nodes() {
+		addrs = append(addrs, n.Addr)
+	}
+	cl, err := client.New(addrs, client.Options{Retry: 20 * time.Second, DialOptions: serve.DialOptions()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := cl.Put(ctx, "k", []byte("v1"), nil); err != nil {
+		t.Fatal(err)
+	}
+	sw, err := walshipv1.NewAdminServiceClient(adminConn(c.Primary)).Switchover(ctx, &walshipv1.SwitchoverRequest{Target: c.Replicas[0].Name})
+	if err != nil {
+		t.Fatalf("switchover over mTLS: %v", err)
+	}
+	if _, err := cl.Put(ctx, "k", []byte("v2"), nil); err != nil {
+		t.Fatalf("Put after the switchover: %v", err)
+	}
+	// replica-0 is the primary; stop it and promote replica-1.
+	if err := c.StopNode(c.Replicas[0]); err != nil {
+		t.Fatal(err)
+	}
+	pr, err := walshipv1.NewAdminServiceClient(adminConn(c.Replicas[1])).Promote(ctx, &walshipv1.PromoteRequest{})
+	if err != nil {
+		t.Fatalf("promote over mTLS: %v", err)
+	}
+	if pr.GetEpoch() <= sw.GetEpoch() {
+		t.Fatalf("promoted to epoch %d after the switchover's %d", pr.GetEpoch(), sw.GetEpoch())
+	}
+	if _, err := cl.Put(ctx, "k", []byte("v3"), nil); err != nil {
+		t.Fatalf("Put after the promotion: %v", err)
+	}
+	if g, err := cl.Get(ctx, "k"); err != nil || string(g.Value) != "v3" {
+		t.Fatalf("Get on the new primary: %v, %v", g, err)
 	}
 }
