@@ -280,20 +280,8 @@ func TestChecksCatchMistakes(t *testing.T) {
 	replica := func(o *objects) *corev1.Container {
 		return &o.statefulSets["walship-replica"].Spec.Template.Spec.Containers[0]
 	}
-	configMap := func(o *objects, prefix string) *corev1.ConfigMap {
-		for name, cm := range o.configMaps {
-			if strings.HasPrefix(name, prefix) {
-				return cm
-			}
-		}
-		t.Fatalf("no ConfigMap %s*", prefix)
-		return nil
-	}
-	for _, tc := range []struct {
-		name   string
-		break_ func(o *objects)
-		want   string
-	}{
+	configMap := func(o *objects, prefix string) *corev1.ConfigMap { return configMapOf(t, o, prefix) }
+	checkMistakes(t, docs, ns, []mistake{
 		{"unknown flag in args", func(o *objects) { primary(o).Args = append(primary(o).Args, "--no-such-flag=1") },
 			"flag provided but not defined: -no-such-flag"},
 		{"bad flag value", func(o *objects) { primary(o).Args = append(primary(o).Args, "--durability=sometimes") },
@@ -339,22 +327,7 @@ func TestChecksCatchMistakes(t *testing.T) {
 			"exceeds 80% of the 1Gi volume"},
 		{"missing label", func(o *objects) { delete(o.services["walship-primary"].Labels, "app.kubernetes.io/part-of") },
 			"Service walship-primary: no label app.kubernetes.io/part-of"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			o, err := decodeObjects(docs)
-			if err != nil {
-				t.Fatal(err)
-			}
-			tc.break_(o)
-			errs := check(o, ns)
-			for _, err := range errs {
-				if strings.Contains(err.Error(), tc.want) {
-					return
-				}
-			}
-			t.Errorf("no error containing %q; got %v", tc.want, errs)
-		})
-	}
+	})
 }
 
 // TestTLSChecksCatchMistakes: the prod overlay (mTLS with cert-manager)
@@ -375,20 +348,8 @@ func TestTLSChecksCatchMistakes(t *testing.T) {
 	logstore := func(o *objects) *corev1.Container {
 		return &o.statefulSets["walship-logstore"].Spec.Template.Spec.Containers[0]
 	}
-	configMap := func(o *objects, prefix string) *corev1.ConfigMap {
-		for name, cm := range o.configMaps {
-			if strings.HasPrefix(name, prefix) {
-				return cm
-			}
-		}
-		t.Fatalf("no ConfigMap %s*", prefix)
-		return nil
-	}
-	for _, tc := range []struct {
-		name   string
-		break_ func(o *objects)
-		want   string
-	}{
+	configMap := func(o *objects, prefix string) *corev1.ConfigMap { return configMapOf(t, o, prefix) }
+	checkMistakes(t, docs, ns, []mistake{
 		{"subPath mount", func(o *objects) {
 			for i, vm := range logstore(o).VolumeMounts {
 				if vm.Name == "tls" {
@@ -412,21 +373,48 @@ func TestTLSChecksCatchMistakes(t *testing.T) {
 			p.HTTPGet, p.GRPC = nil, &corev1.GRPCAction{Port: 7400}
 		}, "readinessProbe must be an HTTP probe of /readyz under TLS"},
 		{"issuer missing", func(o *objects) { delete(o.issuers, "walship-ca") }, `issuerRef Issuer "walship-ca" is not an Issuer`},
-	} {
+	})
+}
+
+// mistake is one way to break a built overlay, and the error it must draw.
+type mistake struct {
+	name   string
+	break_ func(o *objects)
+	want   string
+}
+
+// checkMistakes breaks a fresh decode of docs in each way and wants the
+// checks to report it.
+func checkMistakes(t *testing.T, docs [][]byte, ns string, ms []mistake) {
+	t.Helper()
+	for _, tc := range ms {
 		t.Run(tc.name, func(t *testing.T) {
 			o, err := decodeObjects(docs)
 			if err != nil {
 				t.Fatal(err)
 			}
 			tc.break_(o)
-			for _, err := range check(o, ns) {
+			errs := check(o, ns)
+			for _, err := range errs {
 				if strings.Contains(err.Error(), tc.want) {
 					return
 				}
 			}
-			t.Errorf("no error containing %q", tc.want)
+			t.Errorf("no error containing %q; got %v", tc.want, errs)
 		})
 	}
+}
+
+// configMapOf is the ConfigMap whose (hashed) name starts with prefix.
+func configMapOf(t *testing.T, o *objects, prefix string) *corev1.ConfigMap {
+	t.Helper()
+	for name, cm := range o.configMaps {
+		if strings.HasPrefix(name, prefix) {
+			return cm
+		}
+	}
+	t.Fatalf("no ConfigMap %s*", prefix)
+	return nil
 }
 
 func TestExpand(t *testing.T) {

@@ -102,21 +102,8 @@ func TestInvalidUTF8FieldPath(t *testing.T) {
 // deadline — nor send a message over MaxMessageBytes (RESOURCE_EXHAUSTED);
 // meanwhile another client is served as usual.
 func TestLimitsAtTheEdge(t *testing.T) {
-	s, err := New(Options{Listen: "127.0.0.1:0", MaxMessageBytes: 64 << 10, StreamGrace: 50 * time.Millisecond,
-		Security: Security{MaxConcurrentStreams: 8}}, func(*grpc.Server) {})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := serveUntilEnd(t, Options{Listen: "127.0.0.1:0", MaxMessageBytes: 64 << 10, Security: Security{MaxConcurrentStreams: 8}})
 	s.SetServing(true)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx, nil) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
 	dial := func() *grpc.ClientConn {
 		conn, err := grpc.NewClient(s.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
@@ -149,7 +136,7 @@ func TestLimitsAtTheEdge(t *testing.T) {
 		t.Fatalf("a 9th stream on the hostile connection: %v; want it held back until its deadline", err)
 	}
 	// A message over the limit is refused, and the server goes on.
-	_, err = other.Check(tctx, &healthpb.HealthCheckRequest{Service: string(make([]byte, 128<<10))})
+	_, err := other.Check(tctx, &healthpb.HealthCheckRequest{Service: string(make([]byte, 128<<10))})
 	if status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("a 128 KiB request to a 64 KiB limit: %v; want RESOURCE_EXHAUSTED", err)
 	}
@@ -161,19 +148,7 @@ func TestLimitsAtTheEdge(t *testing.T) {
 // TestReadyz: /readyz on the metrics listener answers 503 until the
 // server is serving, then 200; /healthz answers 200 throughout.
 func TestReadyz(t *testing.T) {
-	s, err := New(Options{Listen: "127.0.0.1:0", MetricsListen: "127.0.0.1:0", StreamGrace: 50 * time.Millisecond}, func(*grpc.Server) {})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx, nil) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
+	s := serveUntilEnd(t, Options{Listen: "127.0.0.1:0", MetricsListen: "127.0.0.1:0"})
 	code := func(path string) int {
 		resp, err := http.Get("http://" + s.MetricsAddr() + path)
 		if err != nil {
@@ -190,4 +165,25 @@ func TestReadyz(t *testing.T) {
 	if c := code("/readyz"); c != 200 {
 		t.Fatalf("/readyz when serving = %d", c)
 	}
+}
+
+// serveUntilEnd serves a Server of opts (no services of its own) until
+// the test ends, and then stops it, failing the test on an error.
+func serveUntilEnd(t *testing.T, opts Options) *Server {
+	t.Helper()
+	opts.StreamGrace = 50 * time.Millisecond
+	s, err := New(opts, func(*grpc.Server) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, nil) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	return s
 }
