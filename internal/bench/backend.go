@@ -274,7 +274,7 @@ func waitServing(ctx context.Context, addr string) error {
 // `walship` processes, so the primary's CPU time is its own; the log store
 // and the replicas placed as peers (Config.ReplicaNice, ReplicaIdle,
 // ReplicaCPUs).
-func startProcesses(ctx context.Context, bin, dir string, n int, c codec.Codec, pol primary.Policy, peers placement) (*backend, error) {
+func startProcesses(ctx context.Context, bin, dir string, n int, c codec.Codec, pol primary.Policy, peers placement, tlsFlags ...string) (*backend, error) {
 	var procs []*proc
 	stopAll := func() error {
 		var errs []error
@@ -290,17 +290,17 @@ func startProcesses(ctx context.Context, bin, dir string, n int, c codec.Codec, 
 		}
 	}()
 	loop := "127.0.0.1:0"
-	ls, err := startProc(ctx, bin, peers, "logstore", "log store serving", "logstore", "--listen", loop, "--metrics-listen", loop,
-		"--data-dir", filepath.Join(dir, "logstore-0"))
+	ls, err := startProc(ctx, bin, peers, "logstore", "log store serving", append([]string{"logstore", "--listen", loop, "--metrics-listen", loop,
+		"--data-dir", filepath.Join(dir, "logstore-0")}, tlsFlags...)...)
 	if err != nil {
 		return nil, err
 	}
 	procs = append(procs, ls)
-	pr, err := startProc(ctx, bin, placement{}, "primary", "primary serving", "primary", "--listen", loop, "--metrics-listen", loop,
+	pr, err := startProc(ctx, bin, placement{}, "primary", "primary serving", append([]string{"primary", "--listen", loop, "--metrics-listen", loop,
 		"--data-dir", filepath.Join(dir, "primary"), "--codec", c.Name(), "--logstore", ls.addr,
 		"--durability", policyName(pol.Durability.String()), "--replication", policyName(pol.Replication.String()),
 		"--sync-replicas", strconv.Itoa(pol.SyncReplicas), "--sync-level", policyName(pol.SyncLevel.String()),
-		"--sync-timeout", pol.SyncTimeout.String())
+		"--sync-timeout", pol.SyncTimeout.String()}, tlsFlags...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -311,8 +311,8 @@ func startProcesses(ctx context.Context, bin, dir string, n int, c codec.Codec, 
 	b.cpu = func() (time.Duration, error) { return procCPU(pid) }
 	for i := 0; i < n; i++ {
 		id := fmt.Sprintf("replica-%d", i)
-		rp, err := startProc(ctx, bin, peers, id, "replica serving", "replica", "--listen", loop, "--metrics-listen", loop,
-			"--data-dir", filepath.Join(dir, id), "--id", id, "--primary", pr.addr, "--logstore", ls.addr)
+		rp, err := startProc(ctx, bin, peers, id, "replica serving", append([]string{"replica", "--listen", loop, "--metrics-listen", loop,
+			"--data-dir", filepath.Join(dir, id), "--id", id, "--primary", pr.addr, "--logstore", ls.addr}, tlsFlags...)...)
 		if err != nil {
 			return nil, err
 		}

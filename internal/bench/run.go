@@ -33,6 +33,8 @@ type Config struct {
 	// Security is the in-process cluster's TLS and authorization (zero:
 	// plaintext); the bench dials with the process's credentials.
 	Security serve.Security
+	// TLSFlags are the --tls-* flags every process gets (ModeProcesses).
+	TLSFlags []string
 
 	Workload string
 	Params   WorkloadParams
@@ -315,7 +317,7 @@ func Run(ctx context.Context, cfg Config) (row Row, err error) {
 		}
 		c, _ := codec.ByName(cfg.Codec)
 		if cfg.Mode == ModeProcesses {
-			b, err = startProcesses(ctx, cfg.Bin, dir, replicas, c, pol, placement{cpus: cfg.ReplicaCPUs, nice: cfg.ReplicaNice, idle: cfg.ReplicaIdle})
+			b, err = startProcesses(ctx, cfg.Bin, dir, replicas, c, pol, placement{cpus: cfg.ReplicaCPUs, nice: cfg.ReplicaNice, idle: cfg.ReplicaIdle}, cfg.TLSFlags...)
 		} else {
 			b, err = startInProcess(ctx, dir, replicas, c, pol, cfg.Logger, cfg.Security)
 		}

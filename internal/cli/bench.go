@@ -8,6 +8,7 @@ import (
 	"github.com/walship/walship/internal/cluster"
 	"github.com/walship/walship/internal/serve"
 	"os"
+	"path/filepath"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -107,11 +108,11 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	fs.StringVar(&cfg.Dir, "data-dir", "", "parent of the clusters' data directories (default: temporary, removed)")
 	fs.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of this process (in-process mode: cluster and clients) to this file")
 	var withTLS bool
-	fs.BoolVar(&withTLS, "tls", false, "in-process mode: run the cluster over mTLS (a throwaway CA, the default authorization policy)")
+	fs.BoolVar(&withTLS, "tls", false, "run the started cluster (in-process or --processes) over mTLS: a throwaway CA, the default authorization policy")
 	return func(ctx context.Context) error {
 		if withTLS {
-			if processes || cpuScaling || cfg.PrimaryAddr != "" {
-				return benchUsage(env, "--tls: only for the in-process cluster")
+			if cfg.PrimaryAddr != "" {
+				return benchUsage(env, "--tls: only for a cluster the bench starts (for --primary, give --tls-cert, --tls-key and --tls-ca)")
 			}
 			dir, err := os.MkdirTemp("", "walship-bench-tls-")
 			if err != nil {
@@ -122,6 +123,8 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 				return fmt.Errorf("--tls: %w", err)
 			}
 			defer serve.UseTLS(nil)
+			cfg.TLSFlags = []string{"--tls-cert", filepath.Join(dir, "node.crt"), "--tls-key", filepath.Join(dir, "node.key"),
+				"--tls-ca", filepath.Join(dir, "ca.crt"), "--trust-domain", cluster.DevTrustDomain}
 		}
 		if cfg.PrimaryAddr != "" {
 			cfg.Mode = bench.ModeExternal
