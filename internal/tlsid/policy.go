@@ -2,11 +2,14 @@ package tlsid
 
 import (
 	"context"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
@@ -133,6 +136,59 @@ type Authz struct {
 	// several URI or DNS names, by raw prefix) and limits what a node may
 	// ask of Promote.
 	td string
+	// allowed caches, under the default policy (which looks only at the
+	// peer's certificate and the method), the pairs it allowed: a commit
+	// then costs a map lookup rather than an RBAC evaluation. Keyed by the
+	// connection's parsed certificate, which the entry keeps alive, so the
+	// pointer is never reused; cleared when it holds maxAllowed pairs.
+	allowed  sync.Map // allowKey -> struct{}
+	nAllowed atomic.Int64
+}
+
+type allowKey struct {
+	cert   *x509.Certificate
+	method string
+}
+
+const maxAllowed = 4096
+
+// leaf is the peer's certificate, or nil.
+func leaf(ctx context.Context) *x509.Certificate {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return nil
+	}
+	ti, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(ti.State.PeerCertificates) == 0 {
+		return nil
+	}
+	return ti.State.PeerCertificates[0]
+}
+
+// cached reports whether the default policy already allowed this peer's
+// certificate to call method (never for Promote, whose rule reads the
+// request).
+func (a *Authz) cached(ctx context.Context, method string) (allowKey, bool) {
+	if a.td == "" || method == "/walship.v1.AdminService/Promote" {
+		return allowKey{}, false
+	}
+	k := allowKey{leaf(ctx), method}
+	if k.cert == nil {
+		return allowKey{}, false
+	}
+	_, ok := a.allowed.Load(k)
+	return k, ok
+}
+
+func (a *Authz) remember(k allowKey) {
+	if k.cert == nil {
+		return
+	}
+	if a.nAllowed.Add(1) > maxAllowed {
+		a.allowed.Clear()
+		a.nAllowed.Store(1)
+	}
+	a.allowed.Store(k, struct{}{})
 }
 
 // NewAuthz builds the policy check.
@@ -222,12 +278,17 @@ func (a *Authz) check(ctx context.Context, method string, req any) error {
 
 // Unary is the unary server interceptor.
 func (a *Authz) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	k, ok := a.cached(ctx, info.FullMethod)
+	if ok {
+		return handler(ctx, req)
+	}
 	if err := a.check(ctx, info.FullMethod, req); err != nil {
 		return nil, err
 	}
 	called := false
 	resp, err := a.in.UnaryInterceptor(ctx, req, info, func(ctx context.Context, req any) (any, error) {
 		called = true
+		a.remember(k)
 		return handler(ctx, req)
 	})
 	if !called {

@@ -321,6 +321,21 @@ func TestAuthzDefaultPolicy(t *testing.T) {
 			t.Errorf("%s calling %s: %v; want the handler's UNIMPLEMENTED", tc.who, tc.rpc, err)
 		}
 	}
+	// Decisions cached per connection and method never leak: on one
+	// connection, an allowed call leaves another method, and Promote with
+	// force after a plain Promote, refused.
+	node, cli := dial(URI("td", ClassNode, "n1")), dial(URI("td", ClassClient, "app"))
+	for i, step := range []struct {
+		cc      *grpc.ClientConn
+		rpc     string
+		allowed bool
+	}{{node, "Promote", true}, {node, "Promote force", false}, {node, "Promote", true}, {node, "Status", true}, {node, "Status", true},
+		{node, "SetPolicy", false}, {cli, "Status", true}, {cli, "Status", true}, {cli, "SetPolicy", false}, {cli, "Stream", false}} {
+		err := call(step.cc, step.rpc)
+		if denied := status.Code(err) == codes.PermissionDenied; denied == step.allowed {
+			t.Errorf("step %d, %s: %v; allowed %v", i, step.rpc, err, step.allowed)
+		}
+	}
 	// Certificates that grpc's raw prefix matching alone would let in as
 	// an admin: every one is refused.
 	for name, l := range map[string]Leaf{
