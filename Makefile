@@ -22,7 +22,7 @@ tool_pkg = $(patsubst $(1)=%,%,$(filter $(1)=%,$(TOOL_PKGS)))
 FUZZTIME ?= 5000x
 BENCHCOUNT ?= 6
 
-.PHONY: all build tools test lint generate check-generate bench fuzz ci clean
+.PHONY: all build tools test lint generate check-generate manifests bench fuzz ci clean
 
 all: build
 
@@ -41,12 +41,16 @@ tools: $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/grpcurl 
 # The README's test command. Everything runs with the race detector.
 test: $(BIN)/walship $(BIN)/grpcurl
 	$(GO) test -race -count=1 -timeout 20m ./...
+	# The deploy tests are a module of their own (kustomize, k8s.io/api and
+	# the Prometheus Operator's API are theirs, not the server's).
+	cd internal/deploytest && $(GO) test -race -count=1 -timeout 20m ./...
 	# Allocation targets only hold without the race detector's instrumentation.
 	$(GO) test -count=1 -run 'Allocs' ./pkg/codec
 
 lint: $(BIN)/buf
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
+	cd internal/deploytest && $(GO) vet ./...
 	buf lint
 	@if git rev-parse --verify -q main >/dev/null && git cat-file -e main:buf.yaml 2>/dev/null; then \
 		echo "buf breaking --against .git#branch=main"; buf breaking --against '.git#branch=main'; \
@@ -57,6 +61,11 @@ generate: $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc
 	buf generate
 	# Descriptors with comments, served by reflection (internal/apidesc).
 	buf build -o internal/apidesc/walship.binpb
+
+# The monitoring manifests deploy/k8s builds from deploy/prometheus and
+# deploy/grafana (internal/deploytest fails when they are stale).
+manifests:
+	cd internal/deploytest && $(GO) run ./gen -root ../..
 
 # Fails when the committed generated code differs from what `make generate` produces.
 check-generate: generate

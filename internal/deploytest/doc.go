@@ -10,7 +10,7 @@
 // deploy/prometheus/walship-rules.yaml and the Grafana dashboard ConfigMap
 // built from deploy/grafana/walship.json. Regenerate them with
 //
-//	go run ./internal/deploytest/gen
+//	make manifests
 //
 // from the repository root; the tests fail when they are stale.
 package deploytest

@@ -194,7 +194,7 @@ func checkMonitoringSources(t *testing.T, o *objects) {
 	}
 	for name, pr := range o.rules {
 		if !reflect.DeepEqual(pr.Spec, want) {
-			t.Errorf("PrometheusRule %s differs from %s: run go run ./internal/deploytest/gen", name, RulesFile)
+			t.Errorf("PrometheusRule %s differs from %s: run make manifests", name, RulesFile)
 		}
 		var n int
 		for _, g := range pr.Spec.Groups {
@@ -214,7 +214,7 @@ func checkMonitoringSources(t *testing.T, o *objects) {
 		t.Errorf("ConfigMap %s: no label grafana_dashboard=1, so Grafana's sidecar ignores it", cm.Name)
 	}
 	if cm.Data[DashboardKey] != string(dash) {
-		t.Errorf("ConfigMap %s key %s differs from %s: run go run ./internal/deploytest/gen", cm.Name, DashboardKey, DashboardFile)
+		t.Errorf("ConfigMap %s key %s differs from %s: run make manifests", cm.Name, DashboardKey, DashboardFile)
 	}
 }
 
@@ -229,11 +229,11 @@ func TestGeneratedManifestsUpToDate(t *testing.T) {
 	for path, want := range files {
 		got, err := os.ReadFile(filepath.Join(root, path))
 		if err != nil {
-			t.Errorf("%v (run go run ./internal/deploytest/gen)", err)
+			t.Errorf("%v (run make manifests)", err)
 			continue
 		}
 		if !bytes.Equal(got, want) {
-			t.Errorf("%s is stale: run go run ./internal/deploytest/gen", path)
+			t.Errorf("%s is stale: run make manifests", path)
 		}
 	}
 }

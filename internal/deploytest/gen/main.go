@@ -1,8 +1,8 @@
 // Command gen writes the monitoring manifests that deploy/k8s builds from
-// deploy/prometheus/walship-rules.yaml and deploy/grafana/walship.json. Run
-// it from the repository root:
+// deploy/prometheus/walship-rules.yaml and deploy/grafana/walship.json
+// (internal/deploytest is a module of its own; -root is the repository):
 //
-//	go run ./internal/deploytest/gen
+//	make manifests
 //
 // internal/deploytest's tests fail when its output differs from the files.
 package main
