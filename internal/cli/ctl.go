@@ -51,7 +51,7 @@ func ctlStatusFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 			conn.Close()
 		}
 		w := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(w, "ADDRESS\tID\tROLE\tEPOCH\tPROMISED\tPRIMARY\tLAST\tDURABLE\tVISIBLE\tLAG\tSERVING\tORPHANS")
+		fmt.Fprintln(w, "ADDRESS\tID\tROLE\tEPOCH\tPROMISED\tPRIMARY\tLAST\tDURABLE\tVISIBLE\tLAG\tSERVING\tWRITES\tORPHANS")
 		for _, r := range rows {
 			if r.err != nil {
 				fmt.Fprintf(w, "%s\t-\tunreachable\t\t\t\t\t\t\t\t\t%v\n", r.addr, r.err)
@@ -63,8 +63,12 @@ func ctlStatusFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 				lag = fmt.Sprintf("%d rec, %.2fs", st.GetPeers()[0].GetLagRecords(), st.GetPeers()[0].GetLagSeconds())
 			}
 			role := strings.ToLower(strings.TrimPrefix(st.GetRole().String(), "ROLE_"))
-			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\t%d\t%d\t%d\t%s\t%v\t%d\n", r.addr, st.GetId(), role, st.GetEpoch(), st.GetVoteEpoch(),
-				st.GetPrimaryId(), st.GetLastLsn(), st.GetDurableLsn(), st.GetVisibleLsn(), lag, st.GetServing(), len(st.GetOrphans()))
+			writes := "-"
+			if st.GetRole() == walshipv1.Role_ROLE_PRIMARY {
+				writes = fmt.Sprint(st.GetTakingWrites())
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\t%d\t%d\t%d\t%s\t%v\t%s\t%d\n", r.addr, st.GetId(), role, st.GetEpoch(), st.GetVoteEpoch(),
+				st.GetPrimaryId(), st.GetLastLsn(), st.GetDurableLsn(), st.GetVisibleLsn(), lag, st.GetServing(), writes, len(st.GetOrphans()))
 		}
 		if err := w.Flush(); err != nil {
 			return err
@@ -152,7 +156,7 @@ func ctlPromoteFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 			sctx, scancel := context.WithTimeout(pctx, time.Second)
 			st, err := admin.Status(sctx, &walshipv1.StatusRequest{}, grpc.WaitForReady(true))
 			scancel()
-			if err == nil && st.GetRole() == walshipv1.Role_ROLE_PRIMARY && st.GetServing() {
+			if err == nil && st.GetRole() == walshipv1.Role_ROLE_PRIMARY && st.GetTakingWrites() {
 				fmt.Fprintf(env.Stdout, "%s is the primary of epoch %d, taking writes, %v after the call\n", addr, st.GetEpoch(), time.Since(start).Round(time.Millisecond))
 				if tl := st.GetLastFailover(); tl != nil {
 					printTimeline(env, tl)

@@ -352,17 +352,19 @@ func TestSecondPromotionBeforeTheFirstOpened(t *testing.T) {
 // result arrives on the channel.
 func switchoverStuck(t *testing.T, ctx context.Context, c *failoverCluster, timeout time.Duration) <-chan error {
 	t.Helper()
+	admin0 := walshipv1.NewAdminServiceClient(conn(t, c.nodes[0].addr))
+	if st, err := admin0.Status(ctx, &walshipv1.StatusRequest{}); err != nil || !st.GetTakingWrites() {
+		t.Fatalf("n0 under load before the switchover: taking_writes %v, %v", st.GetTakingWrites(), err)
+	}
 	c.nodes[1].p.signal(syscall.SIGSTOP)
 	res := make(chan error, 1)
-	admin0 := walshipv1.NewAdminServiceClient(conn(t, c.nodes[0].addr))
 	go func() {
 		_, err := admin0.Switchover(ctx, &walshipv1.SwitchoverRequest{Target: "n1", Timeout: durationpb.New(timeout)})
 		res <- err
 	}()
-	kv0 := walshipv1.NewKVServiceClient(conn(t, c.nodes[0].addr))
 	testwait.Until(t, "n0 to pause writes for the switchover", func() bool {
-		_, err := kv0.Put(ctx, &walshipv1.PutRequest{Key: "probe", Value: []byte("x")})
-		return err != nil && strings.Contains(err.Error(), "handing over")
+		st, err := admin0.Status(ctx, &walshipv1.StatusRequest{})
+		return err == nil && st.GetRole() == walshipv1.Role_ROLE_PRIMARY && st.GetServing() && !st.GetTakingWrites()
 	})
 	return res
 }
@@ -410,8 +412,9 @@ func runChecked(t *testing.T, ctx context.Context, cl *client.Client, prefix str
 }
 
 // TestKillTheTargetDuringSwitchover: the target of a switchover dies
-// (kill -9) while the primary waits for it; the switchover fails within
-// its timeout, the primary takes writes again, nothing acknowledged is
+// (kill -9) while the primary waits for it; the switchover fails (within
+// its timeout, or at once if the target had flushed and the Promote call
+// finds it dead), the primary takes writes again, nothing acknowledged is
 // lost, and the target restarted rejoins.
 func TestKillTheTargetDuringSwitchover(t *testing.T) {
 	needLinux(t)
@@ -421,12 +424,17 @@ func TestKillTheTargetDuringSwitchover(t *testing.T) {
 	res := switchoverStuck(t, ctx, c, 2*time.Second)
 	h.Note("kill -9 n1 (the target)")
 	c.nodes[1].p.kill()
-	if err := <-res; status.Code(err) != codes.DeadlineExceeded || !strings.Contains(err.Error(), "switchover to n1") {
-		t.Fatalf("switchover to a killed target = %v; want DEADLINE_EXCEEDED naming it", err)
+	// DEADLINE_EXCEEDED if n1 had not flushed the last LSN when it was
+	// paused; UNAVAILABLE if it had, and the Promote call found it dead.
+	if err := <-res; (status.Code(err) != codes.DeadlineExceeded && status.Code(err) != codes.Unavailable) || !strings.Contains(err.Error(), "switchover to n1") {
+		t.Fatalf("switchover to a killed target = %v; want DEADLINE_EXCEEDED or UNAVAILABLE naming it", err)
 	}
 	h.Note("switchover failed")
 	if _, err := cl.Put(ctx, "switch-target/after", []byte("x"), nil); err != nil {
 		t.Fatalf("n0 after the failed switchover: %v", err)
+	}
+	if st, err := walshipv1.NewAdminServiceClient(conn(t, c.nodes[0].addr)).Status(ctx, &walshipv1.StatusRequest{}); err != nil || !st.GetTakingWrites() {
+		t.Fatalf("n0 after the failed switchover: taking_writes %v, %v", st.GetTakingWrites(), err)
 	}
 	finish()
 	c.nodes[1].start()

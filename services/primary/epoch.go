@@ -516,7 +516,7 @@ func (s *Server) Switchover(ctx context.Context, target string, timeout time.Dur
 	admin := walshipv1.NewAdminServiceClient(conn)
 	for ctx.Err() == nil {
 		st, err := admin.Status(ctx, &walshipv1.StatusRequest{}, grpc.WaitForReady(true))
-		if err == nil && st.GetRole() == walshipv1.Role_ROLE_PRIMARY && st.GetServing() {
+		if err == nil && st.GetRole() == walshipv1.Role_ROLE_PRIMARY && st.GetTakingWrites() {
 			break
 		}
 		t := time.NewTimer(5 * time.Millisecond)

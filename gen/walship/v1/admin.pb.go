@@ -224,7 +224,12 @@ type StatusResponse struct {
 	// again from a log store majority (absent without log stores).
 	LeaseRemaining *durationpb.Duration `protobuf:"bytes,22,opt,name=lease_remaining,json=leaseRemaining,proto3" json:"lease_remaining,omitempty"`
 	// id of the node is in id; history is the epoch history of its log.
-	History       []*EpochStart `protobuf:"bytes,23,rep,name=history,proto3" json:"history,omitempty"`
+	History []*EpochStart `protobuf:"bytes,23,rep,name=history,proto3" json:"history,omitempty"`
+	// taking_writes: a primary whose epoch is open, whose lease is fresh and
+	// that is not handing over (switchover) - it sequences writes now.
+	// Always false on a replica or a log store. serving is only the health
+	// status (recovered, not stopping).
+	TakingWrites  bool `protobuf:"varint,24,opt,name=taking_writes,json=takingWrites,proto3" json:"taking_writes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -418,6 +423,13 @@ func (x *StatusResponse) GetHistory() []*EpochStart {
 		return x.History
 	}
 	return nil
+}
+
+func (x *StatusResponse) GetTakingWrites() bool {
+	if x != nil {
+		return x.TakingWrites
+	}
+	return false
 }
 
 // OrphanStatus is one orphan file.
@@ -1200,7 +1212,7 @@ const file_walship_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"\x16walship/v1/admin.proto\x12\n" +
 	"walship.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x16walship/v1/epoch.proto\x1a\x17walship/v1/policy.proto\"\x0f\n" +
-	"\rStatusRequest\"\x81\a\n" +
+	"\rStatusRequest\"\xa6\a\n" +
 	"\x0eStatusResponse\x12$\n" +
 	"\x04role\x18\x01 \x01(\x0e2\x10.walship.v1.RoleR\x04role\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x14\n" +
@@ -1229,7 +1241,8 @@ const file_walship_v1_admin_proto_rawDesc = "" +
 	"\aorphans\x18\x14 \x03(\v2\x18.walship.v1.OrphanStatusR\aorphans\x12A\n" +
 	"\rlast_failover\x18\x15 \x01(\v2\x1c.walship.v1.FailoverTimelineR\flastFailover\x12B\n" +
 	"\x0flease_remaining\x18\x16 \x01(\v2\x19.google.protobuf.DurationR\x0eleaseRemaining\x120\n" +
-	"\ahistory\x18\x17 \x03(\v2\x16.walship.v1.EpochStartR\ahistory\"\xb3\x01\n" +
+	"\ahistory\x18\x17 \x03(\v2\x16.walship.v1.EpochStartR\ahistory\x12#\n" +
+	"\rtaking_writes\x18\x18 \x01(\bR\ftakingWrites\"\xb3\x01\n" +
 	"\fOrphanStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1b\n" +
