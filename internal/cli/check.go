@@ -236,15 +236,7 @@ func checkFailoverFlags(fs *flag.FlagSet, env *Env) func(context.Context) error 
 func injectFault(ctx context.Context, env *Env, h *check.History, fault, killCmd, primaryAddr string, nodes []string) error {
 	statuses := map[string]*walshipv1.StatusResponse{}
 	for _, a := range nodes {
-		conn, err := dialNode(a)
-		if err != nil {
-			continue
-		}
-		sctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-		st, err := walshipv1.NewAdminServiceClient(conn).Status(sctx, &walshipv1.StatusRequest{})
-		cancel()
-		conn.Close()
-		if err == nil {
+		if st, err := nodeStatus(ctx, a); err == nil {
 			statuses[a] = st
 		}
 	}
@@ -283,14 +275,9 @@ func injectFault(ctx context.Context, env *Env, h *check.History, fault, killCmd
 		}
 		var errs []string
 		for _, a := range cands {
-			conn, err := dialNode(a)
-			if err != nil {
-				continue
-			}
-			pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			resp, err := walshipv1.NewAdminServiceClient(conn).Promote(pctx, &walshipv1.PromoteRequest{})
-			cancel()
-			conn.Close()
+			resp, err := serve.Call(ctx, a, 30*time.Second, func(ctx context.Context, cc *grpc.ClientConn) (*walshipv1.PromoteResponse, error) {
+				return walshipv1.NewAdminServiceClient(cc).Promote(ctx, &walshipv1.PromoteRequest{})
+			})
 			if err == nil {
 				h.Note("%s promoted (epoch %d)", statuses[a].GetId(), resp.GetEpoch())
 				fmt.Fprintf(env.Stdout, "promoted %s to epoch %d (donor %s, waited %v for the old primary's lease)\n", statuses[a].GetId(), resp.GetEpoch(),

@@ -21,6 +21,13 @@ func dialNode(addr string) (*grpc.ClientConn, error) {
 	return grpc.NewClient(addr, serve.DialOptions()...)
 }
 
+// nodeStatus is the Status of the walship process at addr.
+func nodeStatus(ctx context.Context, addr string) (*walshipv1.StatusResponse, error) {
+	return serve.Call(ctx, addr, 3*time.Second, func(ctx context.Context, cc *grpc.ClientConn) (*walshipv1.StatusResponse, error) {
+		return walshipv1.NewAdminServiceClient(cc).Status(ctx, &walshipv1.StatusRequest{})
+	})
+}
+
 func ctlStatusFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	var nodes []string
 	fs.Var(listFlag{&nodes}, "nodes", "gRPC addresses of the nodes to show, comma-separated (data nodes and log stores)")
@@ -40,15 +47,7 @@ func ctlStatusFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 		rows := make([]row, len(nodes))
 		for i, a := range nodes {
 			rows[i].addr = a
-			conn, err := dialNode(a)
-			if err != nil {
-				rows[i].err = err
-				continue
-			}
-			sctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-			rows[i].st, rows[i].err = walshipv1.NewAdminServiceClient(conn).Status(sctx, &walshipv1.StatusRequest{})
-			cancel()
-			conn.Close()
+			rows[i].st, rows[i].err = nodeStatus(ctx, a)
 		}
 		w := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(w, "ADDRESS\tID\tROLE\tEPOCH\tPROMISED\tPRIMARY\tLAST\tDURABLE\tVISIBLE\tLAG\tSERVING\tWRITES\tORPHANS")

@@ -1,6 +1,7 @@
 package serve
 
 import (
+	"context"
 	"runtime"
 	"sync/atomic"
 	"time"
@@ -88,4 +89,19 @@ func DialOptions(extra ...grpc.DialOption) []grpc.DialOption {
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2,
 			MaxDelay: 2 * time.Second}, MinConnectTimeout: 5 * time.Second}),
 	}, extra...)
+}
+
+// Call makes one call to the walship process at addr: it dials with
+// DialOptions(extra...), runs rpc on the connection under timeout, and
+// closes the connection (a vote, a status survey, an operator's command).
+func Call[T any](ctx context.Context, addr string, timeout time.Duration, rpc func(context.Context, *grpc.ClientConn) (T, error), extra ...grpc.DialOption) (T, error) {
+	var zero T
+	conn, err := grpc.NewClient(addr, DialOptions(extra...)...)
+	if err != nil {
+		return zero, err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return rpc(ctx, conn)
 }

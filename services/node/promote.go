@@ -513,36 +513,21 @@ func dial(addr string) (*grpc.ClientConn, error) {
 }
 
 func fence(ctx context.Context, addr string, req *walshipv1.FenceRequest) (*walshipv1.FenceResponse, error) {
-	conn, err := dial(addr)
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close()
-	fctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	return walshipv1.NewEpochServiceClient(conn).Fence(fctx, req)
+	return serve.Call(ctx, addr, 3*time.Second, func(ctx context.Context, cc *grpc.ClientConn) (*walshipv1.FenceResponse, error) {
+		return walshipv1.NewEpochServiceClient(cc).Fence(ctx, req)
+	})
 }
 
 func logStoreStatus(ctx context.Context, addr string) (*walshipv1.LogStoreServiceStatusResponse, error) {
-	conn, err := dial(addr)
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close()
-	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	return walshipv1.NewLogStoreServiceClient(conn).Status(sctx, &walshipv1.LogStoreServiceStatusRequest{})
+	return serve.Call(ctx, addr, 2*time.Second, func(ctx context.Context, cc *grpc.ClientConn) (*walshipv1.LogStoreServiceStatusResponse, error) {
+		return walshipv1.NewLogStoreServiceClient(cc).Status(ctx, &walshipv1.LogStoreServiceStatusRequest{})
+	})
 }
 
 func nodeStatus(ctx context.Context, addr string) (*walshipv1.StatusResponse, error) {
-	conn, err := dial(addr)
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close()
-	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	return walshipv1.NewAdminServiceClient(conn).Status(sctx, &walshipv1.StatusRequest{})
+	return serve.Call(ctx, addr, 2*time.Second, func(ctx context.Context, cc *grpc.ClientConn) (*walshipv1.StatusResponse, error) {
+		return walshipv1.NewAdminServiceClient(cc).Status(ctx, &walshipv1.StatusRequest{})
+	})
 }
 
 // carryOut does steps 4-6 with the replica role stopped.
