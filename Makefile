@@ -8,6 +8,10 @@ export PATH := $(BIN):$(PATH)
 # find the walship binary and the tools through these.
 export WALSHIP_BIN := $(BIN)/walship
 export WALSHIP_GRPCURL := $(BIN)/grpcurl
+# The Kubernetes tests run a real API server (internal/kubetest) built from
+# tools/kube/go.mod; etcd comes from Debian's etcd-server.
+export WALSHIP_KUBE_APISERVER := $(BIN)/kube-apiserver
+export WALSHIP_KUBECTL := $(BIN)/kubectl
 
 TOOL_PKGS := \
 	buf=github.com/bufbuild/buf/cmd/buf \
@@ -22,7 +26,7 @@ tool_pkg = $(patsubst $(1)=%,%,$(filter $(1)=%,$(TOOL_PKGS)))
 FUZZTIME ?= 5000x
 BENCHCOUNT ?= 6
 
-.PHONY: all build tools test lint generate check-generate manifests bench fuzz ci clean
+.PHONY: all build tools kube test lint generate check-generate manifests bench fuzz ci clean
 
 all: build
 
@@ -36,10 +40,17 @@ FORCE:
 $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/grpcurl $(BIN)/benchstat: tools/go.mod tools/go.sum
 	$(GO) build -modfile=tools/go.mod -o $@ $(call tool_pkg,$(notdir $@))
 
+# kube-apiserver and kubectl from k8s.io/kubernetes (about 3 minutes the
+# first time, mostly downloading).
+$(BIN)/kube-apiserver $(BIN)/kubectl: tools/kube/go.mod tools/kube/go.sum
+	CGO_ENABLED=0 $(GO) build -modfile=tools/kube/go.mod -trimpath -o $@ k8s.io/kubernetes/cmd/$(notdir $@)
+
+kube: $(BIN)/kube-apiserver $(BIN)/kubectl
+
 tools: $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/grpcurl $(BIN)/benchstat
 
 # The README's test command. Everything runs with the race detector.
-test: $(BIN)/walship $(BIN)/grpcurl
+test: $(BIN)/walship $(BIN)/grpcurl $(BIN)/kube-apiserver $(BIN)/kubectl
 	$(GO) test -race -count=1 -timeout 20m ./...
 	# The deploy tests are a module of their own (kustomize, k8s.io/api and
 	# the Prometheus Operator's API are theirs, not the server's).
