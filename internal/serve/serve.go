@@ -47,6 +47,10 @@ type Options struct {
 	Logger *slog.Logger
 	// StopTimeout bounds the graceful stop; past it, connections are cut.
 	StopTimeout time.Duration
+	// Ready, if set, is what /readyz asks besides health: nil for ready,
+	// else why not (a primary: whether it takes writes; a replica:
+	// whether it is caught up).
+	Ready func() error
 	// StreamGrace is how long streams may go on after a graceful stop
 	// begins, to finish what they are doing on their own (a log store acks
 	// the batch it is fsyncing); then their contexts end. 0 means 1s.
@@ -193,12 +197,19 @@ func New(opts Options, register func(*grpc.Server)) (*Server, error) {
 		}
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, EnableOpenMetrics: true}))
 		// Probes that cannot speak gRPC over mTLS (kubelet's cannot):
-		// /healthz says the process answers, /readyz what health says.
+		// /healthz says the process answers, /readyz what health and
+		// opts.Ready say.
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 		mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 			if !s.Serving() {
 				http.Error(w, "not serving", http.StatusServiceUnavailable)
 				return
+			}
+			if opts.Ready != nil {
+				if err := opts.Ready(); err != nil {
+					http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+					return
+				}
 			}
 			fmt.Fprintln(w, "serving")
 		})

@@ -44,7 +44,7 @@ func (s *Server) Status() *walshipv1.StatusResponse {
 		Keys:          uint64(v.Len()),
 		DefaultPolicy: s.policy.Load().Proto(),
 		Serving:       s.srv.Serving(),
-		TakingWrites:  s.srv.Serving() && s.serving() == nil,
+		TakingWrites:  s.TakingWrites(),
 		PrimaryId:     s.cfg.ID,
 		Primary:       s.Advertise(),
 		VoteEpoch:     s.vote.Load().Epoch,

@@ -62,6 +62,11 @@ type Config struct {
 	// without hearing from a majority of the log stores (only with log
 	// stores); a candidate waits it out before it opens.
 	LeaseTimeout time.Duration
+	// Gate, if set, is a condition outside the primary for answering
+	// reads and writes (an automatic failover's election: services/node):
+	// while it returns an error the primary refuses them, and a commit in
+	// flight that it waited for is not acknowledged.
+	Gate func() error
 	// Elected is an epoch a node has already won for this directory: the
 	// primary begins it without an election.
 	Elected *Elected

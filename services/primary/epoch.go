@@ -287,8 +287,22 @@ func (s *Server) serving() error {
 	case !s.lease.valid():
 		return notServing("primary has not heard from a log store majority for %v (its lease): it may have been deposed", s.cfg.LeaseTimeout)
 	}
+	if err := s.gated(); err != nil {
+		return notServing("primary does not take reads and writes: %v", err)
+	}
 	return nil
 }
+
+// gated is Config.Gate's word (nil without a gate).
+func (s *Server) gated() error {
+	if s.cfg.Gate == nil {
+		return nil
+	}
+	return s.cfg.Gate()
+}
+
+// TakingWrites reports whether the primary takes reads and writes now.
+func (s *Server) TakingWrites() bool { return s.srv.Serving() && s.serving() == nil }
 
 // notServing is UNAVAILABLE for a call refused before it did anything,
 // with an ErrorInfo of reason NOT_SERVING, so that a client knows a

@@ -324,6 +324,9 @@ func (s *Server) execTxn(ctx context.Context, p *walshipv1.CommitPolicy, cmps []
 			if !s.lease.valid() {
 				return execResult{}, notServing("primary lost its lease (no word from a log store majority for %v): it may have been deposed", s.cfg.LeaseTimeout)
 			}
+			if err := s.gated(); err != nil {
+				return execResult{}, notServing("primary does not take reads and writes: %v", err)
+			}
 			return res, nil
 		}
 		if _, err := s.visible.Wait(ctx, res.lsn); err != nil {
@@ -331,6 +334,9 @@ func (s *Server) execTxn(ctx context.Context, p *walshipv1.CommitPolicy, cmps []
 		}
 		if !s.lease.valid() {
 			return execResult{}, status.Errorf(codes.Unavailable, "primary lost its lease (no word from a log store majority for %v): it may have been deposed", s.cfg.LeaseTimeout)
+		}
+		if err := s.gated(); err != nil {
+			return execResult{}, status.Errorf(codes.Unavailable, "primary does not take reads and writes: %v", err)
 		}
 		return res, nil
 	}
@@ -368,6 +374,10 @@ func (s *Server) execTxn(ctx context.Context, p *walshipv1.CommitPolicy, cmps []
 		// In the log, maybe even committed by a new primary: unknown.
 		err = fmt.Errorf("%w: commit LSN %d is in the log, but the primary lost its lease (no word from a log store majority for %v) and may have been deposed: its outcome is unknown",
 			rpcerr.ErrUnavailable, t.commitLSN, s.cfg.LeaseTimeout)
+	} else if err == nil && s.opened.Load() {
+		if gerr := s.gated(); gerr != nil {
+			err = fmt.Errorf("%w: commit LSN %d is in the log, but the primary may no longer be the primary (%v): its outcome is unknown", rpcerr.ErrUnavailable, t.commitLSN, gerr)
+		}
 	}
 	s.metrics.observeCommit(pol, err, time.Since(start))
 	if err != nil {

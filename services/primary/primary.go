@@ -215,6 +215,7 @@ func New(cfg Config) (*Server, error) {
 		Logger:          s.logger,
 		StopTimeout:     cfg.StopTimeout,
 		StreamGrace:     cfg.StreamGrace,
+		Ready:           func() error { return s.serving() },
 	}, func(g *grpc.Server) {
 		walshipv1.RegisterKVServiceServer(g, &kvServer{s: s})
 		walshipv1.RegisterAdminServiceServer(g, &adminServer{s: s})

@@ -2,6 +2,7 @@ package replica
 
 import (
 	"context"
+	"fmt"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
@@ -22,6 +23,17 @@ func (a *adminServer) Status(context.Context, *walshipv1.StatusRequest) (*walshi
 		h(resp)
 	}
 	return resp, nil
+}
+
+// ready is /readyz's condition: applied within ReadyMaxLag of what the
+// primary last reported.
+func (s *Server) ready() error {
+	applied := s.positions().AppliedLsn
+	lag := max(s.lag.primaryLSN(), applied) - applied
+	if s.cfg.ReadyMaxLag > 0 && lag > s.cfg.ReadyMaxLag {
+		return fmt.Errorf("%d LSNs behind the primary (ready within %d)", lag, s.cfg.ReadyMaxLag)
+	}
+	return nil
 }
 
 // Status reports the replica's positions, state digest, catch-up rung and

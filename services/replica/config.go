@@ -31,6 +31,9 @@ type Config struct {
 	ID string
 	// Primary is the gRPC address of the primary to follow.
 	Primary string
+	// ReadyMaxLag is how many LSNs behind the primary's last report the
+	// replica may be and still say it is ready (/readyz); 0 means any.
+	ReadyMaxLag uint64
 	// LogStore is the gRPC address of a log store to catch up from when the
 	// primary no longer retains what the replica needs; empty skips that
 	// rung of the catch-up ladder.
@@ -95,6 +98,7 @@ func DefaultConfig() Config {
 		FlushDelay:         5 * time.Millisecond,
 		MaxUnappliedBytes:  64 << 20,
 		StopTimeout:        30 * time.Second,
+		ReadyMaxLag:        10000,
 	}
 }
 

@@ -121,6 +121,10 @@ func (s *Server) followPrimary(addr string) {
 		s.streamCancel()
 	}
 	s.streamMu.Unlock()
+	select {
+	case s.newPrimary <- struct{}{}:
+	default:
+	}
 }
 
 // primary is the address the replica follows.

@@ -171,11 +171,27 @@ func (s *Server) follow(ctx context.Context) error {
 			lastPrimary = p
 			bo.Reset()
 		}
-		if !bo.Wait(ctx) {
+		if !s.waitRetry(ctx, &bo) {
 			return nil
 		}
 	}
 	return nil
+}
+
+// waitRetry waits out bo, or less if the primary to follow changes; it
+// reports false when ctx ended.
+func (s *Server) waitRetry(ctx context.Context, bo *backoff.Backoff) bool {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-s.newPrimary:
+			cancel()
+		case <-wctx.Done():
+		}
+	}()
+	bo.Wait(wctx)
+	return ctx.Err() == nil
 }
 
 // notYetPrimaryRetry is how soon a replica asks again a candidate that

@@ -73,6 +73,7 @@ import (
 	"github.com/walship/walship/internal/wal"
 	"github.com/walship/walship/internal/watermark"
 	"google.golang.org/grpc"
+	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/keepalive"
 )
 
@@ -125,6 +126,9 @@ type Server struct {
 	// a newer epoch does); guarded by streamMu.
 	streamMu     sync.Mutex
 	streamCancel context.CancelFunc
+	// newPrimary wakes a follower waiting out its backoff when the
+	// primary to follow changes (followPrimary).
+	newPrimary chan struct{}
 	// primaryDurableSeen mirrors primaryDurable for readers.
 	primaryDurableSeen atomic.Uint64
 
@@ -162,7 +166,8 @@ func New(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, logger: cfg.Logger, fs: cfg.FS, now: time.Now, snaps: recovery.NewSnapshotSchedule(cfg.SnapshotEveryBytes)}
+	s := &Server{cfg: cfg, logger: cfg.Logger, fs: cfg.FS, now: time.Now, snaps: recovery.NewSnapshotSchedule(cfg.SnapshotEveryBytes),
+		newPrimary: make(chan struct{}, 1)}
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)
 	}
@@ -187,6 +192,12 @@ func New(cfg Config) (*Server, error) {
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvBytes)),
 		// Find a dead connection (a partition sends no FIN) within ~15s.
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
+		// Reconnect at the follower's own pace (50ms..2s), not grpc's
+		// (1s after the first failure): a new primary that is opening its
+		// server is found as soon as it listens, and its epoch record waits
+		// for this replica's flush.
+		grpc.WithConnectParams(grpc.ConnectParams{MinConnectTimeout: 5 * time.Second,
+			Backoff: grpcbackoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second}}),
 	), cfg.DialOptions...)
 	s.dial = dial
 	var err error
@@ -210,6 +221,7 @@ func New(cfg Config) (*Server, error) {
 		Logger:          s.logger,
 		StopTimeout:     cfg.StopTimeout,
 		StreamGrace:     cfg.StreamGrace,
+		Ready:           s.ready,
 	}, func(g *grpc.Server) {
 		walshipv1.RegisterKVServiceServer(g, &kvServer{s: s})
 		walshipv1.RegisterAdminServiceServer(g, &adminServer{s: s})
