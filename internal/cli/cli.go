@@ -46,6 +46,7 @@ func commands() []command {
 	return []command{
 		{name: "primary", summary: "run a primary: commit transactions and ship the WAL", flags: primaryFlags},
 		{name: "replica", summary: "run a replica: apply the primary's WAL and serve reads", flags: replicaFlags},
+		{name: "node", summary: "run a data node that is the primary or a replica as its epoch says (--initial-primary bootstraps a new cluster; --kube-lease fails over on Kubernetes)", flags: dataNodeFlags},
 		{name: "logstore", summary: "run a log store: keep the WAL durably for catch-up", flags: logstoreFlags},
 		{name: "bench", summary: "run a benchmark workload and print the seed's table", flags: benchFlags},
 		{name: "ctl status", summary: "show every node's role, epoch, positions and last promotion", flags: ctlStatusFlags},

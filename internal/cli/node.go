@@ -4,8 +4,11 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"log/slog"
+	"os"
 	"strings"
 
+	"github.com/walship/walship/internal/kube"
 	"github.com/walship/walship/services/node"
 	"github.com/walship/walship/services/primary"
 	"github.com/walship/walship/services/replica"
@@ -55,10 +58,25 @@ func nodeFlags(fs *flag.FlagSet, env *Env, role node.Role) func(context.Context)
 	fs.Int64Var(&pc.MaxReplicaLagBytes, "max-replica-lag-bytes", pc.MaxReplicaLagBytes, "cut off a replica stream this far behind (0 = never); it catches up from a log store")
 	fs.DurationVar(&rc.FlushDelay, "flush-delay", rc.FlushDelay, "longest a replica's written batch waits for its fsync and apply while no sync commit waits on it (0 = every batch at once)")
 	fs.Int64Var(&rc.MaxUnappliedBytes, "max-unapplied-bytes", rc.MaxUnappliedBytes, "memory for a replica's written batches waiting for the primary's durable LSN; beyond it they are read back from the WAL")
+	var initialPrimary string
+	if role == 0 {
+		fs.StringVar(&initialPrimary, "initial-primary", "", "the --id of the node that bootstraps a new cluster as its primary; every other node starts as a replica (a node with data follows its vote)")
+	}
+	fs.Uint64Var(&rc.ReadyMaxLag, "ready-max-lag", rc.ReadyMaxLag, "a replica says it is ready (/readyz) within this many LSNs of the primary (0 = any)")
+	kf := addKubeFlags(fs, &cfg)
 	sf := addSecurityFlags(fs, true)
 	return func(ctx context.Context) error {
 		cfg.Logger = env.Logger.With("service", "node", "id", cfg.ID)
 		cfg.Registry = newRegistry()
+		if role == 0 {
+			role = node.RoleReplica
+			if initialPrimary == cfg.ID {
+				role = node.RolePrimary
+			}
+		}
+		if err := kf.apply(&cfg, cfg.Logger); err != nil {
+			return err
+		}
 		sec, err := sf.serve(ctx, cfg.Logger, cfg.Listen)
 		if err != nil {
 			return err
@@ -106,4 +124,46 @@ func primaryFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 
 func replicaFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	return nodeFlags(fs, env, node.RoleReplica)
+}
+
+func dataNodeFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
+	return nodeFlags(fs, env, 0)
+}
+
+// kubeFlags are the flags of automatic failover on Kubernetes.
+type kubeFlags struct {
+	kube kube.Config
+}
+
+func addKubeFlags(fs *flag.FlagSet, cfg *node.Config) *kubeFlags {
+	k := &kubeFlags{kube: kube.Config{LeaseDuration: kube.DefaultLeaseDuration, RenewDeadline: kube.DefaultRenewDeadline, RetryPeriod: kube.DefaultRetryPeriod}}
+	fs.StringVar(&k.kube.Lease, "kube-lease", "", "fail over automatically on Kubernetes, with this coordination.k8s.io Lease deciding who may try (empty: off)")
+	fs.StringVar(&k.kube.Kubeconfig, "kubeconfig", "", "kubeconfig file for --kube-lease (default: the pod's service account)")
+	fs.StringVar(&k.kube.Pod, "pod-name", os.Getenv("POD_NAME"), "this node's Pod, labelled with its role (default $POD_NAME)")
+	fs.StringVar(&k.kube.Namespace, "pod-namespace", os.Getenv("POD_NAMESPACE"), "the namespace of the Pod and the Lease (default $POD_NAMESPACE)")
+	fs.DurationVar(&k.kube.LeaseDuration, "kube-lease-duration", k.kube.LeaseDuration, "how long after its last renewal others may take the Lease (a dead primary's failover waits this)")
+	fs.DurationVar(&k.kube.RenewDeadline, "kube-renew-deadline", k.kube.RenewDeadline, "a primary that has not renewed the Lease for this long stops taking writes (less than --kube-lease-duration)")
+	fs.DurationVar(&k.kube.RetryPeriod, "kube-retry-period", k.kube.RetryPeriod, "how often the Lease is renewed or tried")
+	fs.Uint64Var(&cfg.MaxFailoverLag, "max-failover-lag", node.DefaultMaxFailoverLag, "a replica contends for the Lease only within this many LSNs of the most advanced log")
+	fs.DurationVar(&cfg.FailoverHolddown, "failover-holddown", node.DefaultFailoverHolddown, "no replica contends this soon after it saw the epoch change (against flapping)")
+	fs.DurationVar(&cfg.SwitchoverTimeout, "switchover-timeout", node.DefaultSwitchoverTimeout, "with --kube-lease, a primary told to stop (SIGTERM) first switches over to its most advanced replica within this")
+	return k
+}
+
+func (k *kubeFlags) apply(cfg *node.Config, logger *slog.Logger) error {
+	if k.kube.Lease == "" {
+		return nil
+	}
+	k.kube.Logger = logger
+	c, err := kube.New(k.kube)
+	if err != nil {
+		return err
+	}
+	if cfg.ID != k.kube.Pod {
+		return fmt.Errorf("--id: %q must be the pod's name (--pod-name %q) with --kube-lease", cfg.ID, k.kube.Pod)
+	}
+	cfg.Election = c
+	cfg.ElectionRetry = k.kube.RetryPeriod
+	cfg.SwitchoverOnStop = true
+	return nil
 }

@@ -33,6 +33,15 @@ type failoverCluster struct {
 
 func startFailoverCluster(t *testing.T) *failoverCluster {
 	t.Helper()
+	c := newFailoverCluster(t, func(i int) string { return fmt.Sprintf("n%d", i) })
+	c.start(t)
+	return c
+}
+
+// newFailoverCluster lays the failover cluster out (addresses, data
+// directories, flags) with its data nodes named by name, without starting it.
+func newFailoverCluster(t *testing.T, name func(int) string) *failoverCluster {
+	t.Helper()
 	dir := t.TempDir()
 	c := &failoverCluster{}
 	var lsAddrs []string
@@ -45,8 +54,8 @@ func startFailoverCluster(t *testing.T) *failoverCluster {
 	var peers []string
 	for i := range 3 {
 		addr := freeAddr(t)
-		peers = append(peers, fmt.Sprintf("n%d=%s", i, addr))
-		c.nodes = append(c.nodes, &procNode{name: fmt.Sprintf("n%d", i), addr: addr})
+		peers = append(peers, fmt.Sprintf("%s=%s", name(i), addr))
+		c.nodes = append(c.nodes, &procNode{name: name(i), addr: addr})
 	}
 	for i, n := range c.nodes {
 		cmd, serving := "replica", "replica serving"
@@ -59,11 +68,16 @@ func startFailoverCluster(t *testing.T) *failoverCluster {
 			"--durability", "sync", "--replication", "sync", "--sync-replicas", "1", "--sync-level", "flush", "--logstore-ack", "sync",
 			"--sync-timeout", "3s", "--heartbeat-interval", "100ms", "--lease-timeout", "500ms"}
 	}
+	return c
+}
+
+// start starts every process of the cluster.
+func (c *failoverCluster) start(t *testing.T) {
+	t.Helper()
 	for _, n := range append(append([]*procNode{}, c.logstores...), c.nodes...) {
 		n.t = t
 		n.start()
 	}
-	return c
 }
 
 func (c *failoverCluster) addrs() []string {

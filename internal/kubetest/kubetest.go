@@ -95,7 +95,7 @@ func Kubectl(tb testing.TB) string {
 // Start starts etcd and an API server in dir (both stop at Close) and
 // waits until the API server is ready. Users may be added later with
 // Kubeconfig only if they were named here (the token file is read at
-// start): users are "name" or "name:group1,group2".
+// start): users are "name" or "name|group1,group2".
 func Start(ctx context.Context, apiserver, etcd, dir string, users ...string) (*Server, error) {
 	s := &Server{dir: dir, tokens: map[string]string{}, done: make(chan struct{}), logs: &lockedBuffer{}}
 	ctx, cancel := context.WithCancel(ctx)
@@ -114,8 +114,8 @@ func Start(ctx context.Context, apiserver, etcd, dir string, users ...string) (*
 		}
 	}
 	lines := []string{}
-	for i, u := range append([]string{"admin:system:masters"}, users...) {
-		name, groups, _ := strings.Cut(u, ":")
+	for i, u := range append([]string{"admin|system:masters"}, users...) {
+		name, groups, _ := strings.Cut(u, "|")
 		tok := fmt.Sprintf("walship-test-token-%d-%s", i, name)
 		s.tokens[name] = tok
 		lines = append(lines, fmt.Sprintf("%s,%s,uid-%d,%q", tok, name, i, groups))
@@ -132,7 +132,8 @@ func Start(ctx context.Context, apiserver, etcd, dir string, users ...string) (*
 	run := func(name string, args ...string) error {
 		cmd := exec.CommandContext(ctx, name, args...)
 		cmd.Stdout, cmd.Stderr = s.logs, s.logs
-		cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
+		// Their data is the test's temporary directory: no graceful stop.
+		cmd.Cancel = func() error { return cmd.Process.Kill() }
 		cmd.WaitDelay = 10 * time.Second
 		if err := cmd.Start(); err != nil {
 			return err

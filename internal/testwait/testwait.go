@@ -23,3 +23,20 @@ func Until(tb testing.TB, what string, cond func() bool) {
 		}
 	}
 }
+
+// For polls cond every 100 ms until it holds, and fails tb naming what it
+// waited for if that takes more than timeout: for conditions that cost a
+// call to another process.
+func For(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
+	tb.Helper()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(timeout)
+	for !cond() {
+		select {
+		case <-tick.C:
+		case <-deadline:
+			tb.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+	}
+}

@@ -84,6 +84,26 @@ type Config struct {
 	Logger *slog.Logger
 	// Registry receives the node's and its roles' metrics.
 	Registry *prometheus.Registry
+
+	// Election, if set, makes failover automatic (auto.go; on Kubernetes
+	// a Lease, internal/kube): a primary takes writes only while it holds
+	// it, an eligible replica that gets it promotes itself.
+	Election Election
+	// MaxFailoverLag is how many LSNs behind the most advanced log a
+	// replica may be and still contend (0: DefaultMaxFailoverLag).
+	MaxFailoverLag uint64
+	// FailoverHolddown is how long after it saw the epoch change a
+	// replica waits before it contends: one failover per holddown at
+	// most, however the nodes flap.
+	FailoverHolddown time.Duration
+	// ElectionRetry is how often a replica checks whether it may contend
+	// (0: DefaultElectionRetry).
+	ElectionRetry time.Duration
+	// SwitchoverOnStop makes a primary whose Run ends (SIGTERM) hand over
+	// to its most advanced replica first, within SwitchoverTimeout
+	// (0: DefaultSwitchoverTimeout).
+	SwitchoverOnStop  bool
+	SwitchoverTimeout time.Duration
 }
 
 // Node is a running data node.
@@ -105,6 +125,10 @@ type Node struct {
 	plans chan *plan
 	// promoting is set while a promotion is under way on this node.
 	promoting atomic.Bool
+	// leading is set while this node holds the election (auto.go).
+	leading atomic.Bool
+	// notEligible is why this replica may not contend ("": it may); under mu.
+	notEligible string
 }
 
 // New validates cfg, reads the data directory's vote to choose the role,
@@ -156,6 +180,18 @@ func New(cfg Config) (*Node, error) {
 	}
 	if role == 0 {
 		role = RoleReplica
+	}
+	if v.Epoch == 0 && role == RolePrimary && cfg.Election != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		exists, err := cfg.Election.Exists(ctx)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("bootstrap: cannot tell whether the cluster exists: %w", err)
+		}
+		if exists {
+			n.logger.Warn("not bootstrapping: the cluster's election exists, so this empty node joins it as a replica")
+			role = RoleReplica
+		}
 	}
 	n.metrics = newMetrics(cfg.Registry, n)
 	if err := n.become(role, v); err != nil {
@@ -266,6 +302,9 @@ func (n *Node) newPrimary(listen, metricsListen string, elected *primary.Elected
 	cfg.Logger, cfg.Registry = n.logger.With("role", "primary"), n.cfg.Registry
 	cfg.Elected = elected
 	cfg.StatusHook = n.statusHook
+	if n.cfg.Election != nil {
+		cfg.Gate = n.gate
+	}
 	cfg.StreamGrace = 100 * time.Millisecond
 	s, err := primary.New(cfg)
 	if err != nil {
@@ -295,11 +334,27 @@ func (n *Node) primaryAddr(v datadir.Vote) string {
 // Run runs the node until ctx ends: its role, and the next when it changes.
 func (n *Node) Run(ctx context.Context) error {
 	defer n.metrics.unregister()
+	if n.cfg.Election != nil {
+		actx, stop := context.WithCancel(ctx)
+		defer stop()
+		go n.autoFailover(actx)
+		go n.labels(actx)
+	}
 	for {
 		n.mu.Lock()
 		role, prim, rep := n.role, n.prim, n.rep
 		n.mu.Unlock()
-		rctx, cancel := context.WithCancel(ctx)
+		// The role outlives ctx by as long as a primary takes to hand over
+		// (SwitchoverOnStop).
+		rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		stopped := make(chan struct{})
+		stop := context.AfterFunc(ctx, func() {
+			defer close(stopped)
+			if role == RolePrimary && n.cfg.SwitchoverOnStop {
+				n.handOver(prim)
+			}
+			cancel()
+		})
 		done := make(chan error, 1)
 		if role == RolePrimary {
 			go func() { done <- prim.Run(rctx) }()
@@ -317,11 +372,17 @@ func (n *Node) Run(ctx context.Context) error {
 			cancel()
 			err = <-done
 		}
+		if !stop() {
+			<-stopped
+		}
 		cancel()
+		var deposed *primary.DeposedError
 		if ctx.Err() != nil {
+			if errors.As(err, &deposed) {
+				return nil // told to stop, it handed over (or was fenced) first
+			}
 			return err
 		}
-		var deposed *primary.DeposedError
 		switch {
 		case p != nil && err == nil:
 			n.logger.Info("replica stopped for its promotion", "epoch", p.epoch)
@@ -330,6 +391,9 @@ func (n *Node) Run(ctx context.Context) error {
 			perr := superseded(rep.Vote(), p.epoch, n.cfg.ID)
 			if perr == nil {
 				perr = n.carryOut(ctx, p)
+			}
+			if perr == nil && n.cfg.Election != nil {
+				go n.opened(ctx, p.epoch)
 			}
 			n.promoting.Store(false)
 			if perr != nil {
@@ -350,6 +414,33 @@ func (n *Node) Run(ctx context.Context) error {
 			return err
 		}
 	}
+}
+
+// handOver switches over to the most advanced connected replica, if any
+// (SwitchoverOnStop).
+func (n *Node) handOver(prim *primary.Server) {
+	var target string
+	var best uint64
+	for _, p := range prim.Status().GetPeers() {
+		if p.GetRole() == walshipv1.Role_ROLE_REPLICA && p.GetConnected() && (target == "" || p.GetFlushedLsn() > best) {
+			target, best = p.GetId(), p.GetFlushedLsn()
+		}
+	}
+	if target == "" || !prim.TakingWrites() {
+		n.logger.Info("stopping without a switchover", "why", "no connected replica, or not taking writes")
+		return
+	}
+	timeout := n.cfg.SwitchoverTimeout
+	if timeout <= 0 {
+		timeout = DefaultSwitchoverTimeout
+	}
+	n.logger.Info("stopping: switching over first", "target", target, "timeout", timeout)
+	resp, err := prim.Switchover(context.Background(), target, timeout)
+	if err != nil {
+		n.logger.Error("switchover before stopping failed; stopping anyway", "target", target, "err", err)
+		return
+	}
+	n.logger.Info("switched over before stopping", "target", target, "epoch", resp.GetEpoch(), "paused", resp.GetPaused().AsDuration())
 }
 
 // superseded is the error of a promotion to epoch whose candidate (id)

@@ -1,0 +1,294 @@
+// Package kube is a data node's view of Kubernetes: the Lease that says
+// which node may try to become primary (client-go's leaderelection), the
+// role label Services route on, and Events.
+//
+// The Lease is a promotion gate, not a fence (client-go's leaderelection
+// says it guarantees no fencing; its expiry is judged on each node's
+// clock). The epoch vote decides who is primary; the Lease decides who may
+// try, and a primary that cannot renew it stops taking writes before
+// anyone else may take it: [Election.Held] turns false RenewDeadline after
+// the start of its last successful renewal, while another node takes it
+// only LeaseDuration after it saw that renewal.
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/client-go/util/retry"
+)
+
+// RoleLabel is the Pod label a data node sets to its role; the walship-rw
+// and walship-ro Services select on it.
+const RoleLabel = "walship.io/role"
+
+// The defaults: a primary whose API server stalls for 1.5 s stops taking
+// writes (availability, never safety: the epoch vote fences); a dead
+// primary's Lease is free 2 s after its last renewal.
+const (
+	DefaultLeaseDuration = 2 * time.Second
+	DefaultRenewDeadline = 1500 * time.Millisecond
+	DefaultRetryPeriod   = 250 * time.Millisecond
+)
+
+// Config says where the Lease and the Pod are.
+type Config struct {
+	// Kubeconfig is a kubeconfig file; "" uses the in-cluster config (the
+	// pod's service account).
+	Kubeconfig string
+	// Namespace and Pod name this node's Pod (POD_NAMESPACE, POD_NAME).
+	Namespace, Pod string
+	// Lease names the cluster's coordination.k8s.io Lease.
+	Lease string
+	// LeaseDuration, RenewDeadline and RetryPeriod are leaderelection's.
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// Logger receives the client's logs; nil discards them.
+	Logger *slog.Logger
+}
+
+// Validate checks c, naming the flag of what is wrong.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Lease == "" {
+		errs = append(errs, errors.New("--kube-lease: required"))
+	}
+	if c.Namespace == "" {
+		errs = append(errs, errors.New("--pod-namespace: required (POD_NAMESPACE from the downward API)"))
+	}
+	if c.Pod == "" {
+		errs = append(errs, errors.New("--pod-name: required (POD_NAME from the downward API)"))
+	}
+	if c.RetryPeriod <= 0 {
+		errs = append(errs, fmt.Errorf("--kube-retry-period: %v is not positive", c.RetryPeriod))
+	}
+	if c.RenewDeadline <= time.Duration(leaderelection.JitterFactor*float64(c.RetryPeriod)) {
+		errs = append(errs, fmt.Errorf("--kube-renew-deadline: %v must exceed %v × --kube-retry-period", c.RenewDeadline, leaderelection.JitterFactor))
+	}
+	if c.LeaseDuration <= c.RenewDeadline {
+		errs = append(errs, fmt.Errorf("--kube-lease-duration: %v must exceed --kube-renew-deadline (%v)", c.LeaseDuration, c.RenewDeadline))
+	}
+	return errors.Join(errs...)
+}
+
+// Client is a node's connection to the API server.
+type Client struct {
+	cfg    Config
+	cs     kubernetes.Interface
+	logger *slog.Logger
+
+	mu        sync.Mutex
+	heldUntil time.Time // with the monotonic clock
+	label     *string   // the role label last set (nil: unknown)
+}
+
+// New connects (lazily: no call is made yet).
+func New(cfg Config) (*Client, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	var rc *rest.Config
+	var err error
+	if cfg.Kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("--kubeconfig: %w", err)
+	}
+	// Each call is bounded well inside the renew deadline.
+	rc.Timeout = cfg.RenewDeadline
+	rc.UserAgent = "walship"
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Client{cfg: cfg, cs: cs, logger: cfg.Logger}, nil
+}
+
+// Identity is this node's name in the Lease: its Pod's.
+func (c *Client) Identity() string { return c.cfg.Pod }
+
+// Held reports whether this node holds the Lease now: within
+// RenewDeadline of the start of its last successful acquisition or
+// renewal. A primary takes writes only while it does.
+func (c *Client) Held() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return time.Now().Before(c.heldUntil)
+}
+
+func (c *Client) extend(start time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if u := start.Add(c.cfg.RenewDeadline); u.After(c.heldUntil) {
+		c.heldUntil = u
+	}
+}
+
+func (c *Client) drop() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.heldUntil = time.Time{}
+}
+
+func (c *Client) newLock() resourcelock.Interface {
+	return &gatedLock{Interface: &resourcelock.LeaseLock{
+		LeaseMeta:  metav1.ObjectMeta{Name: c.cfg.Lease, Namespace: c.cfg.Namespace},
+		Client:     c.cs.CoordinationV1(),
+		LockConfig: resourcelock.ResourceLockConfig{Identity: c.cfg.Pod},
+	}, c: c}
+}
+
+// gatedLock is the Lease lock that moves Held: a write that makes this
+// node the holder extends it from the write's start; one that gives it
+// up (a release) drops it first.
+type gatedLock struct {
+	resourcelock.Interface
+	c *Client
+}
+
+func (l *gatedLock) Create(ctx context.Context, r resourcelock.LeaderElectionRecord) error {
+	return l.write(ctx, r, l.Interface.Create)
+}
+
+func (l *gatedLock) Update(ctx context.Context, r resourcelock.LeaderElectionRecord) error {
+	return l.write(ctx, r, l.Interface.Update)
+}
+
+func (l *gatedLock) write(ctx context.Context, r resourcelock.LeaderElectionRecord, w func(context.Context, resourcelock.LeaderElectionRecord) error) error {
+	if r.HolderIdentity != l.Identity() {
+		l.c.drop()
+		return w(ctx, r)
+	}
+	start := time.Now()
+	err := w(ctx, r)
+	if err == nil {
+		l.c.extend(start)
+	}
+	return err
+}
+
+// Campaign contends for the Lease until ctx ends or, having held it, this
+// node loses it; lead runs while it holds it, with a context that ends
+// when it stops holding it. Ending ctx releases a held Lease.
+func (c *Client) Campaign(ctx context.Context, lead func(context.Context)) error {
+	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+		Lock:            c.newLock(),
+		LeaseDuration:   c.cfg.LeaseDuration,
+		RenewDeadline:   c.cfg.RenewDeadline,
+		RetryPeriod:     c.cfg.RetryPeriod,
+		ReleaseOnCancel: true,
+		Name:            c.cfg.Lease,
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: lead,
+			OnStoppedLeading: c.drop,
+		},
+	})
+	if err != nil {
+		return err
+	}
+	le.Run(ctx)
+	return nil
+}
+
+// TakeOver makes this node the Lease's holder whoever holds it: for a
+// node that has just won an epoch vote (which fenced every other would-be
+// primary), so that the Lease follows the epoch.
+func (c *Client) TakeOver(ctx context.Context) error {
+	// The holder renews meanwhile: read and write again on a conflict.
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		l := c.newLock()
+		now := metav1.NowMicro()
+		rec := resourcelock.LeaderElectionRecord{HolderIdentity: c.cfg.Pod, LeaseDurationSeconds: int(max(1, c.cfg.LeaseDuration.Round(time.Second)/time.Second)),
+			AcquireTime: metav1.Time(now), RenewTime: metav1.Time(now)}
+		old, _, err := l.Get(ctx)
+		switch {
+		case apierrors.IsNotFound(err):
+			return l.Create(ctx, rec)
+		case err != nil:
+			return err
+		case old.HolderIdentity == c.cfg.Pod:
+			rec.AcquireTime, rec.LeaderTransitions = old.AcquireTime, old.LeaderTransitions
+		default:
+			rec.LeaderTransitions = old.LeaderTransitions + 1
+		}
+		return l.Update(ctx, rec)
+	})
+}
+
+// Exists reports whether the Lease exists (a cluster was bootstrapped).
+func (c *Client) Exists(ctx context.Context) (bool, error) {
+	_, _, err := c.newLock().Get(ctx)
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// Label sets this node's Pod's role label (role "" removes it); it skips
+// the call when the label is already role.
+func (c *Client) Label(ctx context.Context, role string) error {
+	c.mu.Lock()
+	same := c.label != nil && *c.label == role
+	c.mu.Unlock()
+	if same {
+		return nil
+	}
+	var v any
+	if role != "" {
+		v = role
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]any{RoleLabel: v}}})
+	if err != nil {
+		return err
+	}
+	if _, err := c.cs.CoreV1().Pods(c.cfg.Namespace).Patch(ctx, c.cfg.Pod, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("label pod %s/%s %s=%s: %w", c.cfg.Namespace, c.cfg.Pod, RoleLabel, role, err)
+	}
+	c.mu.Lock()
+	c.label = &role
+	c.mu.Unlock()
+	return nil
+}
+
+// Event records an Event on this node's Pod (best effort: an error is
+// logged, not returned). kind is corev1.EventTypeNormal or Warning.
+func (c *Client) Event(ctx context.Context, kind, reason, message string) {
+	now := metav1.Now()
+	ev := &corev1.Event{
+		ObjectMeta:     metav1.ObjectMeta{GenerateName: c.cfg.Pod + ".", Namespace: c.cfg.Namespace},
+		InvolvedObject: corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: c.cfg.Namespace, Name: c.cfg.Pod},
+		Reason:         reason, Message: message, Type: kind,
+		Source:         corev1.EventSource{Component: "walship", Host: hostname()},
+		FirstTimestamp: now, LastTimestamp: now, Count: 1,
+		ReportingController: "walship.io/node", ReportingInstance: c.cfg.Pod,
+	}
+	if _, err := c.cs.CoreV1().Events(c.cfg.Namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+		c.logger.Warn("could not record an event", "reason", reason, "err", err)
+	}
+}
+
+func hostname() string {
+	h, _ := os.Hostname()
+	return strings.TrimSpace(h)
+}

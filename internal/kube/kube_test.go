@@ -1,0 +1,88 @@
+package kube
+
+import (
+	"context"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/walship/walship/internal/kubetest"
+	"github.com/walship/walship/internal/testwait"
+)
+
+// TestLeaseHeldAndTakenOver, against a real API server: the first
+// campaigner holds the Lease and Held says so; a second does not; the
+// second's TakeOver makes it the holder at once, and the first, no longer
+// able to renew, stops holding it within its renew deadline; labels and
+// Exists work with nothing but admin rights here.
+func TestLeaseHeldAndTakenOver(t *testing.T) {
+	kubectl := kubetest.Kubectl(t)
+	api := kubetest.StartT(t)
+	if out, err := exec.Command(kubectl, "--kubeconfig", api.Admin, "create", "namespace", "w").CombinedOutput(); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, p := range []string{"a", "b"} {
+		cmd := exec.Command(kubectl, "--kubeconfig", api.Admin, "-n", "w", "apply", "-f", "-")
+		cmd.Stdin = strings.NewReader("apiVersion: v1\nkind: Pod\nmetadata: {name: " + p + "}\nspec: {containers: [{name: c, image: x}]}\n")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+	}
+	newClient := func(pod string) *Client {
+		c, err := New(Config{Kubeconfig: api.Admin, Namespace: "w", Pod: pod, Lease: "walship",
+			LeaseDuration: DefaultLeaseDuration, RenewDeadline: DefaultRenewDeadline, RetryPeriod: DefaultRetryPeriod})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	a, b := newClient("a"), newClient("b")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if ok, err := a.Exists(ctx); err != nil || ok {
+		t.Fatalf("Exists before any campaign: %v, %v", ok, err)
+	}
+	leading := make(chan struct{})
+	go func() { _ = a.Campaign(ctx, func(context.Context) { close(leading) }) }()
+	<-leading
+	if !a.Held() {
+		t.Fatal("a leads but Held is false")
+	}
+	if ok, err := b.Exists(ctx); err != nil || !ok {
+		t.Fatalf("Exists after a campaign: %v, %v", ok, err)
+	}
+	bctx, bcancel := context.WithCancel(ctx)
+	defer bcancel()
+	go func() { _ = b.Campaign(bctx, func(context.Context) {}) }()
+	if b.Held() {
+		t.Fatal("b holds a Lease a renews")
+	}
+	if err := b.TakeOver(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !b.Held() {
+		t.Fatal("b took the Lease over but Held is false")
+	}
+	testwait.For(t, 2*DefaultRenewDeadline+time.Second, "a to stop holding the Lease", func() bool { return !a.Held() })
+	if err := a.Label(ctx, "replica"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Label(ctx, "primary"); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(kubectl, "--kubeconfig", api.Admin, "-n", "w", "get", "pods", "-L", RoleLabel, "--no-headers").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "replica") || !strings.Contains(string(out), "primary") {
+		t.Fatalf("labels: %v\n%s", err, out)
+	}
+}
+
+// TestConfigNamesTheFlag: every mistake names its flag.
+func TestConfigNamesTheFlag(t *testing.T) {
+	err := Config{LeaseDuration: time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 0}.Validate()
+	for _, f := range []string{"--kube-lease", "--pod-namespace", "--pod-name", "--kube-retry-period", "--kube-lease-duration"} {
+		if err == nil || !strings.Contains(err.Error(), f) {
+			t.Errorf("error %v does not name %s", err, f)
+		}
+	}
+}

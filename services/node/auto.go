@@ -1,0 +1,278 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+)
+
+// Automatic failover (Config.Election; on Kubernetes a Lease, internal/kube):
+//
+//   - the election decides who may TRY to become primary, the epoch vote
+//     (promote.go) who is: an election is no fence, so nothing here is
+//     needed for safety, only for liveness;
+//   - a primary contends to hold it and takes writes only while it does
+//     (primary.Config.Gate), so one that cannot renew stops before the
+//     election can pass to another node;
+//   - a replica contends only while it is eligible — the promotion's dry
+//     run finds a quorum, it is in the newest epoch, within
+//     MaxFailoverLag of the most advanced log, and FailoverHolddown has
+//     passed since it saw the epoch change — and a less advanced one
+//     waits a little first; holding it, the replica promotes itself, and
+//     gives it up if the promotion fails;
+//   - a node that opens a new epoch takes the election over (the vote has
+//     fenced every other would-be primary), so it follows the epoch, and
+//     labels itself (Kubernetes: the walship.io/role Pod label).
+
+// Election is who may try to become the primary.
+type Election interface {
+	// Campaign contends until ctx ends or, having held the election, this
+	// node loses it; lead runs while it holds it.
+	Campaign(ctx context.Context, lead func(context.Context)) error
+	// Held reports whether this node holds the election now.
+	Held() bool
+	// TakeOver makes this node the holder, whoever holds it.
+	TakeOver(ctx context.Context) error
+	// Label tells the world this node's role ("primary" or "replica").
+	Label(ctx context.Context, role string) error
+	// Event records something that happened to this node (best effort).
+	Event(ctx context.Context, kind, reason, message string)
+	// Exists reports whether the election was ever held: a node with an
+	// empty data directory that was to bootstrap a new cluster as its
+	// primary then joins the one that exists as a replica instead.
+	Exists(ctx context.Context) (bool, error)
+}
+
+// Event kinds (Kubernetes': corev1.EventTypeNormal and Warning).
+const (
+	eventNormal  = "Normal"
+	eventWarning = "Warning"
+)
+
+// Defaults of the automatic failover's own settings.
+const (
+	DefaultMaxFailoverLag    = 100000
+	DefaultFailoverHolddown  = 5 * time.Second
+	DefaultElectionRetry     = 250 * time.Millisecond
+	DefaultSwitchoverTimeout = 20 * time.Second
+)
+
+// gate is the primary's Config.Gate under an election.
+func (n *Node) gate() error {
+	if n.cfg.Election.Held() {
+		return nil
+	}
+	return errors.New("it does not hold the election (Kubernetes Lease) that says who may be primary")
+}
+
+// autoFailover runs the election until ctx ends.
+func (n *Node) autoFailover(ctx context.Context) {
+	el := n.cfg.Election
+	// A node that starts knows of no epoch change: the holddown runs from
+	// the first it sees.
+	epoch, changed := n.epoch(), time.Time{}
+	for ctx.Err() == nil {
+		if e := n.epoch(); e != epoch {
+			if epoch != 0 { // joining the first epoch is no failover
+				changed = time.Now()
+			}
+			epoch = e
+		}
+		if n.Role() != RolePrimary {
+			why, behind := n.eligible(ctx, changed)
+			if why != "" {
+				sleep(ctx, n.retry())
+				continue
+			}
+			if behind {
+				// A more advanced node may contend: let it go first.
+				sleep(ctx, 4*n.retry())
+			}
+		}
+		cctx, cancel := context.WithCancel(ctx)
+		go n.watchCampaign(cctx, cancel, changed)
+		if err := el.Campaign(cctx, func(lctx context.Context) { n.lead(lctx, cancel) }); err != nil {
+			n.logger.Error("election", "err", err)
+		}
+		cancel()
+		sleep(ctx, n.retry())
+	}
+}
+
+func (n *Node) retry() time.Duration {
+	if n.cfg.ElectionRetry > 0 {
+		return n.cfg.ElectionRetry
+	}
+	return DefaultElectionRetry
+}
+
+// watchCampaign ends a replica's campaign (before it leads) once it is no
+// longer eligible, and a primary's once it is no longer the primary.
+func (n *Node) watchCampaign(ctx context.Context, cancel func(), changed time.Time) {
+	startRole := n.Role()
+	for {
+		sleep(ctx, 4*n.retry())
+		if ctx.Err() != nil {
+			return
+		}
+		role := n.Role()
+		switch {
+		case n.leading.Load():
+			// lead watches from here.
+		case startRole == RolePrimary && role != RolePrimary:
+			cancel()
+			return
+		case role == RoleReplica:
+			if why, _ := n.eligible(ctx, changed); why != "" && !n.leading.Load() {
+				cancel()
+				return
+			}
+		}
+	}
+}
+
+// eligible reports whether this replica may contend (else why not), and
+// whether another node's log is ahead of its own.
+func (n *Node) eligible(ctx context.Context, changed time.Time) (why string, behind bool) {
+	why, behind = n.eligibility(ctx, changed)
+	n.mu.Lock()
+	if why != n.notEligible {
+		if why == "" {
+			n.logger.Info("this replica may contend for the election")
+		} else {
+			n.logger.Info("this replica may not contend for the election", "why", why)
+		}
+		n.notEligible = why
+	}
+	n.mu.Unlock()
+	return why, behind
+}
+
+func (n *Node) eligibility(ctx context.Context, changed time.Time) (why string, behind bool) {
+	rep := n.Replica()
+	switch {
+	case rep == nil:
+		return "not a replica", false
+	case n.promoting.Load():
+		return "a promotion is under way", false
+	case time.Since(changed) < n.cfg.FailoverHolddown:
+		return fmt.Sprintf("the epoch changed less than %v ago (--failover-holddown)", n.cfg.FailoverHolddown), false
+	}
+	sctx, cancel := context.WithTimeout(ctx, 10*n.retry())
+	defer cancel()
+	resp, err := n.promote(sctx, &walshipv1.PromoteRequest{DryRun: true})
+	switch {
+	case err != nil:
+		return "dry run: " + err.Error(), false
+	case !resp.GetQuorum():
+		return "a promotion would not find its quorum: it needs " + resp.GetNeeded(), false
+	}
+	last, logEpoch, _ := rep.LogPosition()
+	if e := max(rep.Vote().Epoch, logEpoch); resp.GetEpoch() != e+1 {
+		return fmt.Sprintf("a newer epoch than this replica's %d exists", e), false
+	}
+	if high := resp.GetHighestLsn(); high > last+n.maxLag() {
+		return fmt.Sprintf("%d LSNs behind the most advanced log (--max-failover-lag %d)", high-last, n.maxLag()), false
+	} else if high > last {
+		return "", true
+	}
+	return "", false
+}
+
+func (n *Node) maxLag() uint64 {
+	if n.cfg.MaxFailoverLag > 0 {
+		return n.cfg.MaxFailoverLag
+	}
+	return DefaultMaxFailoverLag
+}
+
+// lead runs while this node holds the election: a replica promotes itself
+// (and gives the election up if that fails); a primary holds it until it
+// is no longer the primary.
+func (n *Node) lead(ctx context.Context, giveUp func()) {
+	n.leading.Store(true)
+	defer n.leading.Store(false)
+	el := n.cfg.Election
+	if n.Role() != RolePrimary {
+		n.logger.Info("holding the election; promoting this replica")
+		resp, err := n.promote(ctx, &walshipv1.PromoteRequest{})
+		if err != nil {
+			n.logger.Warn("automatic promotion refused; giving the election up", "err", err)
+			el.Event(context.WithoutCancel(ctx), eventWarning, "PromotionFailed", err.Error())
+			giveUp()
+			return
+		}
+		el.Event(context.WithoutCancel(ctx), eventNormal, "Promoting", fmt.Sprintf("promoting to epoch %d: the election's holder, fenced a quorum", resp.GetEpoch()))
+		// Run carries the plan out; wait until it did or gave up.
+		for ctx.Err() == nil && n.promoting.Load() {
+			sleep(ctx, n.retry()/5)
+		}
+		if n.Role() != RolePrimary {
+			giveUp()
+			return
+		}
+	}
+	for ctx.Err() == nil && n.Role() == RolePrimary {
+		sleep(ctx, n.retry())
+	}
+	if ctx.Err() == nil {
+		// Deposed: let another node have it.
+		giveUp()
+	}
+}
+
+// opened runs once this node has opened a new epoch as primary: the
+// election follows the epoch.
+func (n *Node) opened(ctx context.Context, epoch uint64) {
+	el := n.cfg.Election
+	for ctx.Err() == nil && n.Role() == RolePrimary && n.epoch() == epoch {
+		if el.Held() {
+			// Its own campaign won it (an automatic promotion).
+			el.Event(ctx, eventNormal, "Primary", fmt.Sprintf("opened epoch %d as primary", epoch))
+			return
+		}
+		tctx, cancel := context.WithTimeout(ctx, 10*n.retry())
+		err := el.TakeOver(tctx)
+		cancel()
+		if err == nil {
+			el.Event(ctx, eventNormal, "Primary", fmt.Sprintf("opened epoch %d as primary", epoch))
+			return
+		}
+		n.logger.Warn("could not take the election over", "epoch", epoch, "err", err)
+		sleep(ctx, n.retry())
+	}
+}
+
+// labels keeps the node's role label equal to its role: "primary" while
+// it takes writes, "replica" for a replica, none for a primary that does
+// not take writes (it serves neither reads nor writes).
+func (n *Node) labels(ctx context.Context) {
+	el := n.cfg.Election
+	for ctx.Err() == nil {
+		role := "replica"
+		if prim := n.Primary(); prim != nil {
+			role = ""
+			if prim.TakingWrites() {
+				role = "primary"
+			}
+		}
+		lctx, cancel := context.WithTimeout(ctx, 10*n.retry())
+		if err := el.Label(lctx, role); err != nil {
+			n.logger.Warn("could not label the pod", "role", role, "err", err)
+		}
+		cancel()
+		sleep(ctx, n.retry())
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
