@@ -36,7 +36,16 @@ func newMetrics(reg prometheus.Registerer, n *Node) *metrics {
 		Name: "walship_epoch",
 		Help: "The epoch a data node is in: the primary's own, or the newest a replica has promised.",
 	}, func() float64 { return float64(n.epoch()) })
-	m.collectors = []prometheus.Collector{m.role, m.promotions, m.stepDowns, epoch}
+	held := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "walship_election_held",
+		Help: "1 while this data node holds the automatic failover's election (the Kubernetes Lease, --kube-lease); a primary takes writes only then. 0 otherwise, and without automatic failover.",
+	}, func() float64 {
+		if n.cfg.Election != nil && n.cfg.Election.Held() {
+			return 1
+		}
+		return 0
+	})
+	m.collectors = []prometheus.Collector{m.role, m.promotions, m.stepDowns, epoch, held}
 	if reg != nil {
 		for _, c := range m.collectors {
 			reg.MustRegister(c)
