@@ -16,7 +16,9 @@ import (
 //     needed for safety, only for liveness;
 //   - a primary contends to hold it and takes writes only while it does
 //     (primary.Config.Gate), so one that cannot renew stops before the
-//     election can pass to another node;
+//     election can pass to another node; one that has not heard from a
+//     log store majority for two seconds gives it up and does not
+//     contend, so that a replica that has may promote;
 //   - a replica contends only while it is eligible — the promotion's dry
 //     run finds a quorum, it is in the newest epoch, within
 //     MaxFailoverLag of the most advanced log, and FailoverHolddown has
@@ -80,6 +82,12 @@ func (n *Node) autoFailover(ctx context.Context) {
 				changed = time.Now()
 			}
 			epoch = e
+		}
+		if prim := n.Primary(); prim != nil && !prim.HasLease() {
+			// Cut off from the log stores it cannot take writes: it does
+			// not contend, so that a replica that can may.
+			sleep(ctx, n.retry())
+			continue
 		}
 		if n.Role() != RolePrimary {
 			why, behind := n.eligible(ctx, changed)
@@ -215,8 +223,23 @@ func (n *Node) lead(ctx context.Context, giveUp func()) {
 			return
 		}
 	}
+	var lost time.Time
 	for ctx.Err() == nil && n.Role() == RolePrimary {
 		sleep(ctx, n.retry())
+		prim := n.Primary()
+		switch {
+		case prim == nil || prim.HasLease():
+			lost = time.Time{}
+		case lost.IsZero():
+			lost = time.Now()
+		case time.Since(lost) > 8*n.retry():
+			// No word from a log store majority: it cannot take writes,
+			// and a replica that reaches them could.
+			n.logger.Warn("giving the election up: no word from a log store majority", "for", time.Since(lost))
+			el.Event(context.WithoutCancel(ctx), eventWarning, "ElectionReleased", "the primary has not heard from a log store majority: it gives the election up for a replica that has")
+			giveUp()
+			return
+		}
 	}
 	if ctx.Err() == nil {
 		// Deposed: let another node have it.

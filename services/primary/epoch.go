@@ -301,6 +301,10 @@ func (s *Server) gated() error {
 	return s.cfg.Gate()
 }
 
+// HasLease reports whether a majority of the log stores echoed the
+// primary's heartbeats within its lease (always, without log stores).
+func (s *Server) HasLease() bool { return s.lease.valid() }
+
 // TakingWrites reports whether the primary takes reads and writes now.
 func (s *Server) TakingWrites() bool { return s.srv.Serving() && s.serving() == nil }
 
