@@ -13,9 +13,11 @@ import (
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/walship/walship/internal/cli"
 )
@@ -30,6 +32,17 @@ var (
 		"app.kubernetes.io/managed-by",
 	}
 	componentLabel = "app.kubernetes.io/component"
+	// roleLabel is the label a data node sets on its own Pod at run time
+	// (internal/kube): primary or replica. Only the client Services may
+	// select on it; no template sets it.
+	roleLabel = "walship.io/role"
+)
+
+// The component of the data nodes' StatefulSet, whose pods run `walship
+// node`, and of the log stores'.
+const (
+	nodeComponent     = "node"
+	logstoreComponent = "logstore"
 )
 
 // checker runs every fit check over one build and collects the problems.
@@ -54,7 +67,8 @@ func check(o *objects, namespace string) []error {
 	c.checkServices()
 	c.checkPDBs()
 	c.checkPodMonitors()
-	c.checkPeers()
+	c.checkCluster()
+	c.checkRBAC()
 	c.checkIssuers()
 	return c.errs
 }
@@ -96,6 +110,21 @@ func (c *checker) podsOf(sel *metav1.LabelSelector) []*appsv1.StatefulSet {
 	return out
 }
 
+// podsOfService returns the StatefulSets whose pods a Service selector
+// selects, reading the role label apart: it is on no template but set at
+// run time, so it narrows the pods to those of that role (role, hasRole).
+func (c *checker) podsOfService(selector map[string]string) (sts []*appsv1.StatefulSet, role string, hasRole bool) {
+	rest := map[string]string{}
+	for k, v := range selector {
+		if k == roleLabel {
+			role, hasRole = v, true
+			continue
+		}
+		rest[k] = v
+	}
+	return c.podsOf(&metav1.LabelSelector{MatchLabels: rest}), role, hasRole
+}
+
 func (c *checker) checkStatefulSet(sts *appsv1.StatefulSet) {
 	where := "StatefulSet " + sts.Name
 	tmpl := &sts.Spec.Template
@@ -112,6 +141,15 @@ func (c *checker) checkStatefulSet(sts *appsv1.StatefulSet) {
 		if tmpl.Labels[l] == "" {
 			c.errorf("%s: pod template has no label %s", where, l)
 		}
+	}
+	// The nodes patch their role label: in the template it would route a
+	// pod by the role it was created with, in the selector orphan the pod
+	// the moment it changes.
+	if _, ok := tmpl.Labels[roleLabel]; ok {
+		c.errorf("%s: pod template sets %s, which each node sets on its own Pod at run time", where, roleLabel)
+	}
+	if selectorHas(sts.Spec.Selector, roleLabel) {
+		c.errorf("%s: selector uses %s, which changes at run time: pods would leave their StatefulSet", where, roleLabel)
 	}
 	// The headless Service that gives the pods their DNS names.
 	if svc := c.o.services[sts.Spec.ServiceName]; svc == nil {
@@ -144,11 +182,8 @@ func (c *checker) checkPodSpec(where string, sts *appsv1.StatefulSet, claims map
 	if spec.ServiceAccountName != "" && c.o.serviceAccounts[spec.ServiceAccountName] == nil {
 		c.errorf("%s: serviceAccountName %q: no such ServiceAccount", where, spec.ServiceAccountName)
 	}
-	if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
-		c.errorf("%s: automountServiceAccountToken is not false (walship needs no API token)", where)
-	}
 	// Service links put <SERVICE>_PORT variables in the environment; for a
-	// Service named walship-primary those are WALSHIP_PRIMARY_*, the
+	// Service named walship-rw those are WALSHIP_RW_*, the
 	// namespace walship reads its flags from.
 	if spec.EnableServiceLinks == nil || *spec.EnableServiceLinks {
 		c.errorf("%s: enableServiceLinks is not false", where)
@@ -190,7 +225,6 @@ func (c *checker) checkPodSpec(where string, sts *appsv1.StatefulSet, claims map
 		}
 		c.checkContainerSecurity(cw, ct)
 		c.checkResources(cw, ct)
-		c.checkProbes(cw, ct)
 		if ct.Image == "" || strings.HasSuffix(ct.Image, ":latest") || !strings.Contains(ct.Image, ":") {
 			c.errorf("%s: image %q has no pinned tag", cw, ct.Image)
 		}
@@ -205,7 +239,34 @@ func (c *checker) checkPodSpec(where string, sts *appsv1.StatefulSet, claims map
 			c.errs = append(c.errs, err)
 			continue
 		}
-		c.checkTLS(fmt.Sprintf("%s pod %s", where, p.name), sts, p)
+		pw := fmt.Sprintf("%s pod %s", where, p.name)
+		if ord == 0 { // the same template for every pod
+			c.checkProbes(fmt.Sprintf("%s container %s", where, p.container.Name), p)
+			c.checkAPIAccess(where, p)
+		}
+		c.checkTLS(pw, sts, p)
+	}
+}
+
+// checkAPIAccess: a pod gets a service account token exactly when walship
+// calls the API server (a data node with --kube-lease), and then its
+// ServiceAccount exists and is bound to a Role (checkRBAC says which).
+func (c *checker) checkAPIAccess(where string, p *pod) {
+	spec := &p.sts.Spec.Template.Spec
+	automount := spec.AutomountServiceAccountToken
+	if !p.callsAPI() {
+		if automount == nil || *automount {
+			c.errorf("%s: automountServiceAccountToken is not false (`walship %s` without --kube-lease calls no API)", where, p.command)
+		}
+		return
+	}
+	if automount == nil || !*automount {
+		c.errorf("%s: automountServiceAccountToken is not true, but --kube-lease %s needs the API server", where, p.flag("kube-lease"))
+	}
+	if spec.ServiceAccountName == "" || c.o.serviceAccounts[spec.ServiceAccountName] == nil {
+		c.errorf("%s: --kube-lease needs a ServiceAccount of the build, not %q", where, spec.ServiceAccountName)
+	} else if sa := c.o.serviceAccounts[spec.ServiceAccountName]; sa.AutomountServiceAccountToken == nil || *sa.AutomountServiceAccountToken {
+		c.errorf("%s: ServiceAccount %s mounts its token into every pod; set automountServiceAccountToken: false on it and true on the pods that call the API", where, sa.Name)
 	}
 }
 
@@ -247,35 +308,63 @@ func (c *checker) checkResources(where string, ct *corev1.Container) {
 	}
 }
 
-// checkProbes: native gRPC probes on the port the container serves gRPC
-// on, and a startup probe so that a long WAL recovery (health NOT_SERVING)
-// is not mistaken for a hung process.
-func (c *checker) checkProbes(where string, ct *corev1.Container) {
-	grpcPort, ok := containerPort(ct, "grpc")
-	if !ok {
-		c.errorf("%s: no container port named grpc", where)
-		return
+// probeWant is one probe a container must have.
+type probeWant struct {
+	name string
+	p    *corev1.Probe
+	path string // "" for a gRPC health probe on the gRPC port
+}
+
+// checkProbes: every container has a startup, a readiness and a liveness
+// probe, and a startup window long enough for a WAL recovery (health
+// NOT_SERVING) not to be mistaken for a hung process.
+//
+// A data node (`walship node`) is probed over HTTP on its metrics port,
+// with or without TLS: readiness is /readyz, its role's readiness (what
+// walship-rw and walship-ro route on), probed often enough that a deposed
+// primary leaves walship-rw within seconds; startup and liveness are
+// /healthz, which never asks the API server, so that a node that is not
+// ready — a replica without a primary, a primary without the Lease — is
+// never restarted for it. Other servers use native gRPC health probes on
+// their gRPC port, or under TLS (kubelet's gRPC probes present no client
+// certificate) /readyz and /healthz on the metrics port.
+func (c *checker) checkProbes(where string, p *pod) {
+	ct := p.container
+	tls := p.env["WALSHIP_TLS_CERT"] != ""
+	probes := []probeWant{{"startupProbe", ct.StartupProbe, ""}, {"readinessProbe", ct.ReadinessProbe, ""}, {"livenessProbe", ct.LivenessProbe, ""}}
+	switch {
+	case p.command == "node":
+		probes[0].path, probes[1].path, probes[2].path = "/healthz", "/readyz", "/healthz"
+	case tls:
+		probes[0].path, probes[1].path, probes[2].path = "/readyz", "/readyz", "/healthz"
 	}
-	probes := []struct {
-		name string
-		p    *corev1.Probe
-	}{{"startupProbe", ct.StartupProbe}, {"readinessProbe", ct.ReadinessProbe}, {"livenessProbe", ct.LivenessProbe}}
+	grpcPort, _ := containerPort(ct, "grpc")
+	metrics, hasMetrics := containerPort(ct, "metrics")
 	for _, pr := range probes {
-		if pr.p == nil {
+		switch {
+		case pr.p == nil:
 			c.errorf("%s: no %s", where, pr.name)
-			continue
-		}
-		if pr.p.GRPC == nil {
-			if pr.p.HTTPGet == nil {
-				c.errorf("%s: %s is not a gRPC health probe", where, pr.name)
-			} // an HTTP probe is checked with the pod's TLS (checkTLS), which requires it
-			continue
-		}
-		if pr.p.GRPC.Port != grpcPort {
-			c.errorf("%s: %s port %d, but gRPC is served on %d", where, pr.name, pr.p.GRPC.Port, grpcPort)
-		}
-		if s := pr.p.GRPC.Service; s != nil && *s != "" {
-			c.errorf("%s: %s asks for service %q; walship reports its status on the empty name", where, pr.name, *s)
+		case pr.path == "" && pr.p.GRPC == nil:
+			c.errorf("%s: %s is not a gRPC health probe: without TLS, use gRPC health probes", where, pr.name)
+		case pr.path == "":
+			if pr.p.GRPC.Port != grpcPort {
+				c.errorf("%s: %s port %d, but gRPC is served on %d", where, pr.name, pr.p.GRPC.Port, grpcPort)
+			}
+			if s := pr.p.GRPC.Service; s != nil && *s != "" {
+				c.errorf("%s: %s asks for service %q; walship reports its status on the empty name", where, pr.name, *s)
+			}
+		case pr.p.GRPC != nil || pr.p.HTTPGet == nil:
+			why := "under TLS"
+			if p.command == "node" {
+				why = "for a data node"
+			}
+			c.errorf("%s: %s must be an HTTP probe of %s %s", where, pr.name, pr.path, why)
+		case !hasMetrics:
+			c.errorf("%s: %s: no container port named metrics", where, pr.name)
+		case pr.p.HTTPGet.Path != pr.path || httpProbePort(ct, pr.p.HTTPGet) != metrics:
+			c.errorf("%s: %s is GET %s on port %s; want %s on the metrics port %d", where, pr.name, pr.p.HTTPGet.Path, pr.p.HTTPGet.Port.String(), pr.path, metrics)
+		case pr.p.HTTPGet.Scheme != "" && pr.p.HTTPGet.Scheme != corev1.URISchemeHTTP:
+			c.errorf("%s: %s uses %s; the metrics port serves plain HTTP", where, pr.name, pr.p.HTTPGet.Scheme)
 		}
 	}
 	if p := ct.StartupProbe; p != nil && probeWindow(p) < 300 {
@@ -284,6 +373,19 @@ func (c *checker) checkProbes(where string, ct *corev1.Container) {
 	if p := ct.LivenessProbe; p != nil && probeWindow(p) < 30 {
 		c.errorf("%s: livenessProbe restarts after %ds (want at least 30s)", where, probeWindow(p))
 	}
+	if rp := ct.ReadinessProbe; p.command == "node" && rp != nil && probeWindow(rp) > 10 {
+		c.errorf("%s: readinessProbe takes %ds to notice a node that is no longer ready (want at most 10s: walship-rw routes on it)", where, probeWindow(rp))
+	}
+}
+
+// httpProbePort is the container port an HTTP probe reaches (by number or
+// by the port's name).
+func httpProbePort(ct *corev1.Container, g *corev1.HTTPGetAction) int32 {
+	if g.Port.StrVal != "" {
+		p, _ := containerPort(ct, g.Port.StrVal)
+		return p
+	}
+	return g.Port.IntVal
 }
 
 // probeWindow is how long a probe keeps failing before it acts, in seconds.
@@ -308,6 +410,19 @@ type pod struct {
 	flags     *flag.FlagSet
 	env       map[string]string // resolved environment
 }
+
+// flag is the value of flag name as the pod's walship parses it ("" if
+// the command has no such flag).
+func (p *pod) flag(name string) string {
+	if f := p.flags.Lookup(name); f != nil {
+		return f.Value.String()
+	}
+	return ""
+}
+
+// callsAPI says whether walship in the pod talks to the Kubernetes API:
+// a data node with automatic failover (--kube-lease).
+func (p *pod) callsAPI() bool { return p.flag("kube-lease") != "" }
 
 // podConfig resolves the environment and arguments of pod ordinal ord of
 // sts as the kubelet would, and parses them with walship's own flag set for
@@ -349,10 +464,21 @@ func (c *checker) podConfig(sts *appsv1.StatefulSet, ord int32) (*pod, error) {
 	}
 	fs, _ := cli.NewFlagSet(p.command, &cli.Env{})
 	fs.SetOutput(io.Discard)
+	// Flags whose default walship takes from a plain variable take it from
+	// the container's environment, not the test's: first, so that
+	// WALSHIP_<FLAG> and the arguments win as they do in walship.
 	var envArgs []string
+	for _, v := range sortedKeys(defaultFromEnv) {
+		if fs.Lookup(defaultFromEnv[v]) != nil {
+			envArgs = append(envArgs, "--"+defaultFromEnv[v]+"="+env[v])
+		}
+	}
 	for _, name := range sortedKeys(env) {
 		flagName, ok := flagForEnv(name)
 		if !ok {
+			if f, reads := defaultFromEnv[name]; reads && fs.Lookup(f) != nil {
+				continue
+			}
 			if !referenced[name] && !allowedEnv[name] {
 				return nil, fmt.Errorf("%s: environment variable %s is neither a walship flag nor used by the arguments", where, name)
 			}
@@ -375,6 +501,10 @@ func (c *checker) podConfig(sts *appsv1.StatefulSet, ord int32) (*pod, error) {
 
 // allowedEnv are variables that are not walship flags but may be set.
 var allowedEnv = map[string]bool{"GOMEMLIMIT": true, "GOMAXPROCS": true, "GODEBUG": true, "GOTRACEBACK": true}
+
+// defaultFromEnv are the plain variables walship reads as the default of
+// a flag (from the downward API), for the commands that have that flag.
+var defaultFromEnv = map[string]string{"POD_NAME": "pod-name", "POD_NAMESPACE": "pod-namespace"}
 
 // flagForEnv maps WALSHIP_SYNC_TIMEOUT to sync-timeout (cli.EnvName's inverse).
 func flagForEnv(name string) (string, bool) {
@@ -565,7 +695,7 @@ func (c *checker) checkPodFlags(where string, p *pod) error {
 		errs = append(errs, fmt.Sprintf("--data-dir %q is not on a writable volume from volumeClaimTemplates", dataDir))
 	} else {
 		// The WAL the command keeps at most, plus one segment being written.
-		retention := map[string]string{"logstore": "retention-bytes", "primary": "wal-retention-bytes"}[p.command]
+		retention := map[string]string{"logstore": "retention-bytes", "primary": "wal-retention-bytes", "node": "wal-retention-bytes"}[p.command]
 		if retention != "" {
 			keep, _ := strconv.ParseInt(p.flags.Lookup(retention).Value.String(), 10, 64)
 			seg, _ := strconv.ParseInt(p.flags.Lookup("segment-bytes").Value.String(), 10, 64)
@@ -580,73 +710,6 @@ func (c *checker) checkPodFlags(where string, p *pod) error {
 		return fmt.Errorf("%s: %s", where, strings.Join(errs, "; "))
 	}
 	return nil
-}
-
-// checkPeers checks the addresses pods give each other: the primary ships
-// to every log store pod exactly once, and replicas follow the primary
-// and catch up from a log store, each address naming a pod (or Service)
-// that exists, on the port that component serves gRPC on.
-func (c *checker) checkPeers() {
-	byComponent := map[string][]*appsv1.StatefulSet{}
-	for _, name := range sortedKeys(c.o.statefulSets) {
-		sts := c.o.statefulSets[name]
-		comp := sts.Spec.Template.Labels[componentLabel]
-		byComponent[comp] = append(byComponent[comp], sts)
-	}
-	for _, comp := range []string{"logstore", "primary", "replica"} {
-		if len(byComponent[comp]) != 1 {
-			c.errorf("%d StatefulSets with %s=%s, want 1", len(byComponent[comp]), componentLabel, comp)
-			return
-		}
-	}
-	if r := ptrOr(byComponent["primary"][0].Spec.Replicas, 1); r != 1 {
-		c.errorf("StatefulSet %s: %d replicas; walship has exactly one primary", byComponent["primary"][0].Name, r)
-	}
-	logstores := ptrOr(byComponent["logstore"][0].Spec.Replicas, 1)
-	for _, comp := range []string{"primary", "replica"} {
-		sts := byComponent[comp][0]
-		for ord := int32(0); ord < ptrOr(sts.Spec.Replicas, 1); ord++ {
-			p, err := c.podConfig(sts, ord)
-			if err != nil {
-				continue // reported by checkStatefulSet
-			}
-			switch comp {
-			case "primary":
-				list := p.flags.Lookup("logstore").Value.String()
-				seen := map[string]bool{}
-				for _, addr := range strings.Split(list, ",") {
-					if addr == "" {
-						continue
-					}
-					target, err := c.resolvePeer(addr, "logstore")
-					if err != nil {
-						c.errorf("pod %s --logstore %s: %v", p.name, addr, err)
-						continue
-					}
-					if seen[target] {
-						c.errorf("pod %s --logstore lists %s twice", p.name, target)
-					}
-					seen[target] = true
-				}
-				if int32(len(seen)) != logstores {
-					c.errorf("pod %s --logstore %q names %d log store pods, but StatefulSet %s runs %d",
-						p.name, list, len(seen), byComponent["logstore"][0].Name, logstores)
-				}
-			case "replica":
-				if _, err := c.resolvePeer(p.flags.Lookup("primary").Value.String(), "primary"); err != nil {
-					c.errorf("pod %s --primary: %v", p.name, err)
-				}
-				if ls := p.flags.Lookup("logstore").Value.String(); ls != "" {
-					if _, err := c.resolvePeer(ls, "logstore"); err != nil {
-						c.errorf("pod %s --logstore: %v", p.name, err)
-					}
-				}
-				if id := p.flags.Lookup("id").Value.String(); id != p.name {
-					c.errorf("pod %s: --id %q is not the pod name", p.name, id)
-				}
-			}
-		}
-	}
 }
 
 // resolvePeer resolves addr as cluster DNS would inside the namespace:
@@ -685,7 +748,8 @@ func (c *checker) resolvePeer(addr, comp string) (string, error) {
 			if int(sp.Port) != port {
 				continue
 			}
-			for _, sts := range c.podsOf(&metav1.LabelSelector{MatchLabels: svc.Spec.Selector}) {
+			targets, _, _ := c.podsOfService(svc.Spec.Selector)
+			for _, sts := range targets {
 				if sts.Spec.Template.Labels[componentLabel] != comp {
 					return "", fmt.Errorf("Service %s selects %s pods, want %s", svc.Name, sts.Spec.Template.Labels[componentLabel], comp)
 				}
@@ -726,7 +790,11 @@ func (c *checker) resolvePeer(addr, comp string) (string, error) {
 }
 
 // checkServices: each Service selects the pods of one StatefulSet, and
-// every port reaches a port the container listens on.
+// every port reaches a port the container listens on. A Service that
+// selects on the role label routes to the pods of that role: the role is
+// primary or replica, and the pods set it (a data node with --kube-lease
+// labels its own Pod); a headless Service publishes pods before they are
+// ready, so that peers resolve them while they recover.
 func (c *checker) checkServices() {
 	for _, name := range sortedKeys(c.o.services) {
 		svc := c.o.services[name]
@@ -735,12 +803,13 @@ func (c *checker) checkServices() {
 			c.errorf("%s: no selector", where)
 			continue
 		}
-		targets := c.podsOf(&metav1.LabelSelector{MatchLabels: svc.Spec.Selector})
+		targets, role, hasRole := c.podsOfService(svc.Spec.Selector)
 		if len(targets) != 1 {
 			c.errorf("%s: selects the pods of %d StatefulSets, want 1", where, len(targets))
 			continue
 		}
-		ct := &targets[0].Spec.Template.Spec.Containers[0]
+		sts := targets[0]
+		ct := &sts.Spec.Template.Spec.Containers[0]
 		for _, sp := range svc.Spec.Ports {
 			if _, ok := resolveTargetPort(ct, sp); !ok {
 				c.errorf("%s port %s (%d): targetPort %s is not a port of container %s", where, sp.Name, sp.Port, sp.TargetPort.String(), ct.Name)
@@ -749,36 +818,81 @@ func (c *checker) checkServices() {
 		if svc.Spec.ClusterIP == corev1.ClusterIPNone && !svc.Spec.PublishNotReadyAddresses {
 			c.errorf("%s: headless without publishNotReadyAddresses: peers cannot resolve a pod until it is ready", where)
 		}
+		if !hasRole {
+			continue
+		}
+		if role != "primary" && role != "replica" {
+			c.errorf("%s: selects %s=%q; nodes label themselves primary or replica", where, roleLabel, role)
+		}
+		if svc.Spec.ClusterIP == corev1.ClusterIPNone || svc.Spec.PublishNotReadyAddresses {
+			c.errorf("%s: routes by role, so it must be a ClusterIP Service of ready pods only", where)
+		}
+		if p, err := c.podConfig(sts, 0); err == nil && !p.callsAPI() {
+			c.errorf("%s: selects %s=%s, but the pods of StatefulSet %s run without --kube-lease and never set it", where, roleLabel, role, sts.Name)
+		}
 	}
 }
 
-// checkPDBs: each budget covers the pods of one StatefulSet and lets at
-// least one pod go (a budget that allows none blocks every node drain).
+// checkPDBs: each budget covers the pods of one StatefulSet, selects them
+// by labels that do not change at run time, and lets at least one pod go
+// (a budget that allows none blocks every node drain); every StatefulSet
+// of more than one pod has exactly one (the eviction API refuses a pod
+// under two). How many a budget may let go is checked against the
+// contract by checkCluster.
 func (c *checker) checkPDBs() {
 	if len(c.o.pdbs) == 0 {
 		c.errorf("no PodDisruptionBudget")
 	}
+	covered := map[string][]string{}
 	for _, name := range sortedKeys(c.o.pdbs) {
 		pdb := c.o.pdbs[name]
+		if selectorHas(pdb.Spec.Selector, roleLabel) {
+			c.errorf("PodDisruptionBudget %s: selects on %s, which changes at run time", name, roleLabel)
+			continue
+		}
 		targets := c.podsOf(pdb.Spec.Selector)
 		if len(targets) != 1 {
 			c.errorf("PodDisruptionBudget %s: selects the pods of %d StatefulSets, want 1", name, len(targets))
 			continue
 		}
-		replicas := ptrOr(targets[0].Spec.Replicas, 1)
-		switch {
-		case pdb.Spec.MaxUnavailable != nil:
-			if pdb.Spec.MaxUnavailable.IntValue() < 1 && pdb.Spec.MaxUnavailable.StrVal == "" {
-				c.errorf("PodDisruptionBudget %s: maxUnavailable %s blocks every drain", name, pdb.Spec.MaxUnavailable.String())
-			}
-		case pdb.Spec.MinAvailable != nil:
-			if pdb.Spec.MinAvailable.StrVal == "" && int32(pdb.Spec.MinAvailable.IntValue()) >= replicas {
-				c.errorf("PodDisruptionBudget %s: minAvailable %s of %d pods blocks every drain", name, pdb.Spec.MinAvailable.String(), replicas)
-			}
-		default:
-			c.errorf("PodDisruptionBudget %s: neither minAvailable nor maxUnavailable", name)
+		covered[targets[0].Name] = append(covered[targets[0].Name], name)
+		if _, err := disruptionsAllowed(pdb, ptrOr(targets[0].Spec.Replicas, 1)); err != nil {
+			c.errorf("PodDisruptionBudget %s: %v", name, err)
 		}
 	}
+	for _, name := range sortedKeys(c.o.statefulSets) {
+		if r := ptrOr(c.o.statefulSets[name].Spec.Replicas, 1); r > 1 && len(covered[name]) != 1 {
+			c.errorf("StatefulSet %s: %d pods under %d PodDisruptionBudgets %v, want exactly 1", name, r, len(covered[name]), covered[name])
+		}
+	}
+}
+
+// disruptionsAllowed is how many of replicas pods a budget lets go at once
+// (when all are healthy); at least one, or it blocks every drain.
+func disruptionsAllowed(pdb *policyv1.PodDisruptionBudget, replicas int32) (int32, error) {
+	var n int32
+	switch {
+	case pdb.Spec.MaxUnavailable != nil && pdb.Spec.MinAvailable != nil:
+		return 0, fmt.Errorf("both minAvailable and maxUnavailable")
+	case pdb.Spec.MaxUnavailable != nil:
+		v, err := intstr.GetScaledValueFromIntOrPercent(pdb.Spec.MaxUnavailable, int(replicas), false)
+		if err != nil {
+			return 0, fmt.Errorf("maxUnavailable: %v", err)
+		}
+		n = int32(v)
+	case pdb.Spec.MinAvailable != nil:
+		v, err := intstr.GetScaledValueFromIntOrPercent(pdb.Spec.MinAvailable, int(replicas), true)
+		if err != nil {
+			return 0, fmt.Errorf("minAvailable: %v", err)
+		}
+		n = replicas - int32(v)
+	default:
+		return 0, fmt.Errorf("neither minAvailable nor maxUnavailable")
+	}
+	if n < 1 {
+		return n, fmt.Errorf("lets %d of %d pods go: it blocks every drain", max(n, 0), replicas)
+	}
+	return n, nil
 }
 
 // checkPodMonitors: a PodMonitor selects every walship pod, scrapes a port
@@ -787,6 +901,9 @@ func (c *checker) checkPodMonitors() {
 	for _, name := range sortedKeys(c.o.podMonitors) {
 		pm := c.o.podMonitors[name]
 		where := "PodMonitor " + name
+		if selectorHas(&pm.Spec.Selector, roleLabel) {
+			c.errorf("%s: selects on %s: a failover would move a pod out of its scrape", where, roleLabel)
+		}
 		targets := c.podsOf(&pm.Spec.Selector)
 		if len(targets) != len(c.o.statefulSets) {
 			c.errorf("%s: selects %d of the %d StatefulSets' pods", where, len(targets), len(c.o.statefulSets))
@@ -803,6 +920,13 @@ func (c *checker) checkPodMonitors() {
 				}
 				if _, ok := containerPort(ct, *ep.Port); !ok {
 					c.errorf("%s: port %q is not a port of %s", where, *ep.Port, sts.Name)
+				}
+				for _, rc := range ep.RelabelConfigs {
+					for _, sl := range rc.SourceLabels {
+						if string(sl) == "__meta_kubernetes_pod_label_"+sanitize(roleLabel) && rc.Action != "drop" && rc.Action != "keep" {
+							c.errorf("%s: relabels %s from the role label: it changes at a failover and would start new series", where, rc.TargetLabel)
+						}
+					}
 				}
 				job := relabelJob(ep.RelabelConfigs, sts.Spec.Template.Labels, c.namespace+"/"+pm.Name)
 				if !jobPattern.MatchString(job) {
@@ -899,6 +1023,22 @@ func resolveTargetPort(ct *corev1.Container, sp corev1.ServicePort) (int32, bool
 }
 
 func ptrTrue(b *bool) bool { return b != nil && *b }
+
+// selectorHas says whether sel matches on label key at all.
+func selectorHas(sel *metav1.LabelSelector, key string) bool {
+	if sel == nil {
+		return false
+	}
+	if _, ok := sel.MatchLabels[key]; ok {
+		return true
+	}
+	for _, e := range sel.MatchExpressions {
+		if e.Key == key {
+			return true
+		}
+	}
+	return false
+}
 
 func ptrOr[T any](p *T, def T) T {
 	if p == nil {

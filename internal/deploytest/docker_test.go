@@ -20,6 +20,7 @@ import (
 // Timing overrides appended to the dev overlay's arguments (explicit
 // flags win over the ConfigMap's environment), so the test sees a cut-off
 // replica and a failed sync commit in seconds rather than the defaults.
+// Automatic failover is off (--kube-lease=): Docker has no API server.
 const (
 	testHeartbeat   = "200ms"
 	testSyncTimeout = 2 * time.Second
@@ -53,19 +54,22 @@ func grpcurlPath(t *testing.T) string {
 
 // dockerCluster is the dev overlay run as Docker containers on one network.
 type dockerCluster struct {
-	t       *testing.T
-	r       *dockertest.Run
-	image   string
-	network string
-	grpcurl string
-	pods    map[string]*container // by pod name
+	t         *testing.T
+	r         *dockertest.Run
+	image     string
+	network   string
+	namespace string // the overlay's, in the longer aliases
+	grpcurl   string
+	pods      map[string]*container // by pod name
+	primary   *container
+	replicas  []*container
 }
 
 // container is one pod of the overlay as a Docker container.
 type container struct {
-	pod      string // StatefulSet pod name, e.g. walship-replica-0
-	name     string // Docker container name
-	alias    string // <pod>.<headless service>: the name peers use
+	pod      string   // StatefulSet pod name, e.g. walship-1
+	name     string   // Docker container name
+	aliases  []string // <pod>.<headless service>[.<namespace>.svc]: the names peers use
 	grpcPort int32
 	addr     string // published gRPC address on the host (loopback)
 }
@@ -79,7 +83,9 @@ func (d *dockerCluster) mustDocker(args ...string) string {
 // pods as containers (same arguments and environment, resolved from the
 // kustomize build, peers reaching each other by their Kubernetes DNS names
 // as network aliases), then drives it from the host with grpcurl: writes
-// and reads, a killed replica, a replica cut off the network.
+// and reads, a killed replica, a replica cut off the network. The data
+// nodes run without --kube-lease (no API server here): walship-0, the
+// --initial-primary, bootstraps the cluster and stays its primary.
 func TestDockerCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("skipping the Docker cluster test in -short mode")
@@ -108,12 +114,17 @@ func TestDockerCluster(t *testing.T) {
 	// The dev overlay's pods, in the order Kubernetes would make them ready.
 	o := buildOverlay(t, overlayDirs(t)["dev"])
 	c := &checker{o: o, namespace: overlayWants["dev"].namespace}
-	for _, stsName := range []string{"walship-logstore", "walship-primary", "walship-replica"} {
+	d.namespace = c.namespace
+	var initial string
+	for _, stsName := range []string{"walship-logstore", "walship"} {
 		sts := o.statefulSets[stsName]
 		for ord := int32(0); ord < ptrOr(sts.Spec.Replicas, 1); ord++ {
 			p, err := c.podConfig(sts, ord)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if p.command == "node" {
+				initial = p.flag("initial-primary")
 			}
 			d.startPod(p)
 		}
@@ -122,9 +133,20 @@ func TestDockerCluster(t *testing.T) {
 		d.waitServing(d.pods[name], time.Minute)
 	}
 	t.Logf("cluster of %d containers serving after %v", len(d.pods), time.Since(start).Round(time.Millisecond))
-	primary, r0, r1 := d.pods["walship-primary-0"], d.pods["walship-replica-0"], d.pods["walship-replica-1"]
-	if primary == nil || r0 == nil || r1 == nil {
-		t.Fatalf("the dev overlay has no walship-primary-0, walship-replica-0 and -1: %v", sortedKeys(d.pods))
+	primary := d.pods[initial]
+	var replicas []*container
+	for _, name := range sortedKeys(d.pods) {
+		if cn := d.pods[name]; strings.HasPrefix(name, "walship-") && !strings.HasPrefix(name, "walship-logstore-") && cn != primary {
+			replicas = append(replicas, cn)
+		}
+	}
+	if primary == nil || len(replicas) != 2 {
+		t.Fatalf("the dev overlay has no --initial-primary pod %q and two other data nodes: %v", initial, sortedKeys(d.pods))
+	}
+	d.primary, d.replicas = primary, replicas
+	r0, r1 := replicas[0], replicas[1]
+	if s, err := d.status(primary); err != nil || s.Role != "ROLE_PRIMARY" {
+		t.Fatalf("%s (--initial-primary) is not the primary: %+v, %v", primary.pod, s, err)
 	}
 
 	// A write through the primary, read back on each replica with min_lsn.
@@ -183,7 +205,11 @@ func TestDockerCluster(t *testing.T) {
 		t.Logf("primary still reported %s connected 10s after the K=2 failure (%v after the cut)", r0.pod, time.Since(t0.Add(-took)).Round(time.Millisecond))
 	}
 
-	d.mustDocker("network", "connect", "--alias", r0.alias, d.network, r0.name)
+	reconnect := []string{"network", "connect"}
+	for _, a := range r0.aliases {
+		reconnect = append(reconnect, "--alias", a)
+	}
+	d.mustDocker(append(reconnect, d.network, r0.name)...)
 	d.publishedAddr(r0)
 	d.waitServing(r0, time.Minute)
 	d.waitConverged(time.Minute)
@@ -213,19 +239,22 @@ func (d *dockerCluster) startPod(p *pod) {
 	c := &container{
 		pod:      p.name,
 		name:     p.name + "-" + d.r.ID,
-		alias:    p.name + "." + p.sts.Spec.ServiceName,
+		aliases:  []string{p.name + "." + p.sts.Spec.ServiceName, p.name + "." + p.sts.Spec.ServiceName + "." + d.namespace + ".svc"},
 		grpcPort: mustPort(p.container, "grpc"),
 	}
 	labels := d.r.Labels()
 	vol := c.name + "-data"
 	d.mustDocker(append(append([]string{"volume", "create"}, labels...), vol)...)
-	args := append([]string{"run", "-d", "--name", c.name, "--hostname", p.name,
-		"--network", d.network, "--network-alias", c.alias,
+	args := []string{"run", "-d", "--name", c.name, "--hostname", p.name, "--network", d.network}
+	for _, a := range c.aliases {
+		args = append(args, "--network-alias", a)
+	}
+	args = append(append(args,
 		"--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
 		"--user", "65532:65532",
-		"-v", vol + ":/data",
+		"-v", vol+":/data",
 		"-p", fmt.Sprintf("127.0.0.1::%d", c.grpcPort),
-	}, labels...)
+	), labels...)
 	if lim, ok := p.container.Resources.Limits[corev1.ResourceMemory]; ok {
 		args = append(args, "--memory", strconv.FormatInt(lim.Value(), 10))
 	}
@@ -233,11 +262,8 @@ func (d *dockerCluster) startPod(p *pod) {
 		args = append(args, "-e", k+"="+p.env[k])
 	}
 	args = append(append(args, d.image), p.args...)
-	switch p.command {
-	case "primary":
-		args = append(args, "--heartbeat-interval="+testHeartbeat, "--sync-timeout="+testSyncTimeout.String())
-	case "replica":
-		args = append(args, "--heartbeat-interval="+testHeartbeat)
+	if p.command == "node" {
+		args = append(args, "--heartbeat-interval="+testHeartbeat, "--sync-timeout="+testSyncTimeout.String(), "--kube-lease=")
 	}
 	d.pods[p.name] = c // before run: cleanup and logs find it even if run fails
 	d.mustDocker(args...)
@@ -384,21 +410,18 @@ func (d *dockerCluster) waitServing(c *container, timeout time.Duration) {
 func (d *dockerCluster) waitConverged(timeout time.Duration) {
 	d.t.Helper()
 	d.waitFor(timeout, "replicas converged on the primary's state", func() (bool, string) {
-		p, err := d.status(d.pods["walship-primary-0"])
+		p, err := d.status(d.primary)
 		if err != nil {
 			return false, "primary: " + err.Error()
 		}
 		detail := fmt.Sprintf("primary visible_lsn %s digest %s", p.VisibleLsn, p.StateDigest)
 		ok := p.StateDigest != ""
-		for _, name := range sortedKeys(d.pods) {
-			if !strings.HasPrefix(name, "walship-replica-") {
-				continue
-			}
-			r, err := d.status(d.pods[name])
+		for _, rc := range d.replicas {
+			r, err := d.status(rc)
 			if err != nil {
-				return false, name + ": " + err.Error()
+				return false, rc.pod + ": " + err.Error()
 			}
-			detail += fmt.Sprintf("; %s visible_lsn %s digest %s", name, r.VisibleLsn, r.StateDigest)
+			detail += fmt.Sprintf("; %s visible_lsn %s digest %s", rc.pod, r.VisibleLsn, r.StateDigest)
 			ok = ok && r.VisibleLsn == p.VisibleLsn && r.StateDigest == p.StateDigest
 		}
 		return ok, detail

@@ -5,12 +5,15 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
 
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -21,7 +24,8 @@ import (
 type overlayWant struct {
 	namespace   string
 	replicas    map[string]int32 // per StatefulSet
-	logstoreAck string           // the primary's --logstore-ack
+	logstoreAck string           // the data nodes' --logstore-ack
+	kubeLease   string           // the data nodes' --kube-lease (automatic failover)
 	monitoring  bool             // PodMonitor, PrometheusRule and dashboard included
 	tls         bool             // mTLS with cert-manager certificates (components/tls)
 	// antiAffinity: no two pods of one StatefulSet on a node.
@@ -33,14 +37,16 @@ type overlayWant struct {
 var overlayWants = map[string]overlayWant{
 	"dev": {
 		namespace:      "walship-dev",
-		replicas:       map[string]int32{"walship-logstore": 1, "walship-primary": 1, "walship-replica": 2},
-		logstoreAck:    "async",
+		replicas:       map[string]int32{"walship-logstore": 3, "walship": 3},
+		logstoreAck:    "sync",
+		kubeLease:      "walship",
 		maxMemoryLimit: "512Mi",
 	},
 	"prod": {
 		namespace:    "walship",
-		replicas:     map[string]int32{"walship-logstore": 3, "walship-primary": 1, "walship-replica": 3},
+		replicas:     map[string]int32{"walship-logstore": 3, "walship": 3},
 		logstoreAck:  "sync",
+		kubeLease:    "walship",
 		monitoring:   true,
 		tls:          true,
 		antiAffinity: true,
@@ -134,16 +140,19 @@ func checkOverlayWant(t *testing.T, o *objects, want overlayWant) {
 		}
 	}
 	c := &checker{o: o, namespace: want.namespace}
-	if sts := o.statefulSets["walship-primary"]; sts != nil {
+	if sts := o.statefulSets["walship"]; sts != nil {
 		p, err := c.podConfig(sts, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ack := p.flags.Lookup("logstore-ack").Value.String(); ack != want.logstoreAck {
-			t.Errorf("primary --logstore-ack %s, want %s", ack, want.logstoreAck)
+		if ack := p.flag("logstore-ack"); ack != want.logstoreAck {
+			t.Errorf("data node --logstore-ack %s, want %s", ack, want.logstoreAck)
 		}
 		if want.logstoreAck == "sync" && want.replicas["walship-logstore"] < 3 {
 			t.Errorf("--logstore-ack sync (majority) with %d log stores survives no failure", want.replicas["walship-logstore"])
+		}
+		if lease := p.flag("kube-lease"); lease != want.kubeLease {
+			t.Errorf("data node --kube-lease %q, want %q", lease, want.kubeLease)
 		}
 	}
 	hasMonitoring := len(o.podMonitors)+len(o.serviceMonitors) > 0
@@ -274,59 +283,178 @@ func TestChecksCatchMistakes(t *testing.T) {
 	} else if errs := check(o, ns); len(errs) > 0 {
 		t.Fatalf("the dev overlay itself fails: %v", errs)
 	}
-	primary := func(o *objects) *corev1.Container {
-		return &o.statefulSets["walship-primary"].Spec.Template.Spec.Containers[0]
-	}
-	replica := func(o *objects) *corev1.Container {
-		return &o.statefulSets["walship-replica"].Spec.Template.Spec.Containers[0]
+	nodes := func(o *objects) *appsv1.StatefulSet { return o.statefulSets["walship"] }
+	node := func(o *objects) *corev1.Container { return &nodes(o).Spec.Template.Spec.Containers[0] }
+	logstore := func(o *objects) *corev1.Container {
+		return &o.statefulSets["walship-logstore"].Spec.Template.Spec.Containers[0]
 	}
 	configMap := func(o *objects, prefix string) *corev1.ConfigMap { return configMapOf(t, o, prefix) }
+	nodeEnv := func(o *objects, k, v string) { configMap(o, "walship-node").Data[k] = v }
+	intPtr := func(i int32) *int32 { return &i }
+	boolPtr := func(b bool) *bool { return &b }
+	rule := func(o *objects, i int) *rbacv1.PolicyRule { return &o.roles["walship"].Rules[i] }
+	maxUnavailable := func(n int) *intstr.IntOrString { v := intstr.FromInt32(int32(n)); return &v }
 	checkMistakes(t, docs, ns, []mistake{
-		{"unknown flag in args", func(o *objects) { primary(o).Args = append(primary(o).Args, "--no-such-flag=1") },
+		// Flags and their sources.
+		{"unknown flag in args", func(o *objects) { node(o).Args = append(node(o).Args, "--no-such-flag=1") },
 			"flag provided but not defined: -no-such-flag"},
-		{"bad flag value", func(o *objects) { primary(o).Args = append(primary(o).Args, "--durability=sometimes") },
+		{"bad flag value", func(o *objects) { node(o).Args = append(node(o).Args, "--durability=sometimes") },
 			`"sometimes" is not one of`},
-		{"unknown flag from the ConfigMap", func(o *objects) { configMap(o, "walship-primary").Data["WALSHIP_SYNC_REPLICA"] = "1" },
+		{"unknown flag from the ConfigMap", func(o *objects) { nodeEnv(o, "WALSHIP_SYNC_REPLICA", "1") },
 			"has no flag --sync-replica"},
-		{"log store flag given to the primary", func(o *objects) { configMap(o, "walship-primary").Data["WALSHIP_RETENTION_AGE"] = "1h" },
+		{"log store flag given to a node", func(o *objects) { nodeEnv(o, "WALSHIP_RETENTION_AGE", "1h") },
 			"has no flag --retention-age"},
-		{"undefined $(VAR)", func(o *objects) { replica(o).Args = append(replica(o).Args, "--id=$(POD_NAME)") },
-			"$(POD_NAME) is not defined"},
-		{"missing ConfigMap", func(o *objects) { replica(o).EnvFrom[0].ConfigMapRef.Name = "nope" },
+		{"undefined $(VAR)", func(o *objects) { node(o).Args = append(node(o).Args, "--id=$(HOSTNAME)") },
+			"$(HOSTNAME) is not defined"},
+		{"missing ConfigMap", func(o *objects) { node(o).EnvFrom[0].ConfigMapRef.Name = "nope" },
 			"envFrom: no ConfigMap nope"},
 		{"missing ConfigMap key", func(o *objects) {
-			replica(o).Env = append(replica(o).Env, corev1.EnvVar{Name: "WALSHIP_LOG_LEVEL", ValueFrom: &corev1.EnvVarSource{
-				ConfigMapKeyRef: &corev1.ConfigMapKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: configMap(o, "walship-replica").Name}, Key: "level"}}})
+			node(o).Env = append(node(o).Env, corev1.EnvVar{Name: "WALSHIP_LOG_LEVEL", ValueFrom: &corev1.EnvVarSource{
+				ConfigMapKeyRef: &corev1.ConfigMapKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: configMap(o, "walship-node").Name}, Key: "level"}}})
 		}, `no key "level"`},
-		{"probe on the wrong port", func(o *objects) { primary(o).ReadinessProbe.GRPC.Port = 7400 },
-			"readinessProbe port 7400, but gRPC is served on 7401"},
-		{"listen elsewhere than the container port", func(o *objects) { primary(o).Args = append(primary(o).Args, "--listen=:8000") },
+		{"listen elsewhere than the container port", func(o *objects) { node(o).Args = append(node(o).Args, "--listen=:8000") },
 			"--listen :8000, but container port grpc is 7401"},
-		{"Service targetPort", func(o *objects) { o.services["walship-primary"].Spec.Ports[0].TargetPort = intstr.FromString("grcp") },
-			"targetPort grcp is not a port"},
-		{"selector misses the pods", func(o *objects) {
-			o.statefulSets["walship-replica"].Spec.Selector.MatchLabels[componentLabel] = "replicas"
-		}, "does not match the pod labels"},
-		{"Service selects nothing", func(o *objects) { o.services["walship-replicas"].Spec.Selector[componentLabel] = "replicas" },
-			"Service walship-replicas: selects the pods of 0 StatefulSets"},
-		{"PVC mount without a claim", func(o *objects) { primary(o).VolumeMounts[0].Name = "wal" },
-			"volumeMount wal: no such volume"},
-		{"log store missing from the primary's list", func(o *objects) {
-			r := int32(2)
-			o.statefulSets["walship-logstore"].Spec.Replicas = &r
-		}, "names 1 log store pods, but StatefulSet walship-logstore runs 2"},
-		{"primary points at a pod that does not exist", func(o *objects) {
-			configMap(o, "walship-replica").Data["WALSHIP_PRIMARY"] = "walship-primary-1.walship-primary-headless:7401"
-		}, "pod walship-primary-1 does not exist"},
-		{"replica follows a log store", func(o *objects) {
-			configMap(o, "walship-replica").Data["WALSHIP_PRIMARY"] = "walship-logstore-0.walship-logstore-headless:7400"
-		}, "is a logstore, want a primary"},
-		{"writable root filesystem", func(o *objects) { f := false; primary(o).SecurityContext.ReadOnlyRootFilesystem = &f },
-			"readOnlyRootFilesystem is not true"},
 		{"retention larger than the volume", func(o *objects) { configMap(o, "walship-logstore").Data["WALSHIP_RETENTION_BYTES"] = "1099511627776" },
 			"exceeds 80% of the 1Gi volume"},
-		{"missing label", func(o *objects) { delete(o.services["walship-primary"].Labels, "app.kubernetes.io/part-of") },
-			"Service walship-primary: no label app.kubernetes.io/part-of"},
+
+		// Pods and Services fit.
+		{"Service targetPort", func(o *objects) { o.services["walship-rw"].Spec.Ports[0].TargetPort = intstr.FromString("grcp") },
+			"targetPort grcp is not a port"},
+		{"selector misses the pods", func(o *objects) { nodes(o).Spec.Selector.MatchLabels[componentLabel] = "nodes" },
+			"does not match the pod labels"},
+		{"Service selects nothing", func(o *objects) { o.services["walship-ro"].Spec.Selector[componentLabel] = "nodes" },
+			"Service walship-ro: selects the pods of 0 StatefulSets"},
+		{"PVC mount without a claim", func(o *objects) { node(o).VolumeMounts[0].Name = "wal" },
+			"volumeMount wal: no such volume"},
+		{"writable root filesystem", func(o *objects) { f := false; node(o).SecurityContext.ReadOnlyRootFilesystem = &f },
+			"readOnlyRootFilesystem is not true"},
+		{"missing label", func(o *objects) { delete(o.services["walship-rw"].Labels, "app.kubernetes.io/part-of") },
+			"Service walship-rw: no label app.kubernetes.io/part-of"},
+
+		// Peers.
+		{"log store missing from the nodes' list", func(o *objects) { o.statefulSets["walship-logstore"].Spec.Replicas = intPtr(4) },
+			"names 3 log store pods, but StatefulSet walship-logstore runs 4"},
+		{"node missing from --peers", func(o *objects) { nodes(o).Spec.Replicas = intPtr(4) },
+			"does not list walship-3"},
+		{"peer that is no pod", func(o *objects) {
+			nodeEnv(o, "WALSHIP_PEERS", "walship-0=walship-0.walship-headless:7401,walship-1=walship-1.walship-headless:7401,walship-2=walship-2.walship-headless:7401,walship-5=walship-5.walship-headless:7401")
+		}, "walship-5 is not a pod of StatefulSet walship"},
+		{"peer at another pod's address", func(o *objects) {
+			nodeEnv(o, "WALSHIP_PEERS", "walship-0=walship-0.walship-headless:7401,walship-1=walship-2.walship-headless:7401,walship-2=walship-2.walship-headless:7401")
+		}, "reaches pod/walship-2, not pod walship-1"},
+		{"peer at a log store", func(o *objects) {
+			nodeEnv(o, "WALSHIP_PEERS", "walship-0=walship-logstore-0.walship-logstore-headless:7400,walship-1=walship-1.walship-headless:7401,walship-2=walship-2.walship-headless:7401")
+		}, "is a logstore, want a node"},
+		{"bootstrap primary not a member", func(o *objects) { nodeEnv(o, "WALSHIP_INITIAL_PRIMARY", "walship-9") },
+			`--initial-primary "walship-9" is not a pod`},
+		{"advertising another pod", func(o *objects) { node(o).Args = append(node(o).Args, "--advertise=walship-1.walship-headless:7401") },
+			"reaches pod/walship-1, not the pod itself"},
+		{"advertising another namespace", func(o *objects) {
+			node(o).Args = append(node(o).Args, "--advertise=$(POD_NAME).walship-headless.other.svc:7401")
+		}, "names namespace other"},
+		{"--id not the pod name", func(o *objects) { node(o).Args = append(node(o).Args, "--id=node") },
+			`--id "node" is not the pod name`},
+
+		// Probes.
+		{"log store probe on the wrong port", func(o *objects) { logstore(o).ReadinessProbe.GRPC.Port = 7401 },
+			"readinessProbe port 7401, but gRPC is served on 7400"},
+		{"liveness on /readyz", func(o *objects) { node(o).LivenessProbe.HTTPGet.Path = "/readyz" },
+			"livenessProbe is GET /readyz on port 9401; want /healthz"},
+		{"startup on /readyz", func(o *objects) { node(o).StartupProbe.HTTPGet.Path = "/readyz" },
+			"startupProbe is GET /readyz on port 9401; want /healthz"},
+		{"readiness on the gRPC port", func(o *objects) { node(o).ReadinessProbe.HTTPGet.Port = intstr.FromInt32(7401) },
+			"want /readyz on the metrics port 9401"},
+		{"gRPC readiness on a node", func(o *objects) {
+			p := node(o).ReadinessProbe
+			p.HTTPGet, p.GRPC = nil, &corev1.GRPCAction{Port: 7401}
+		}, "readinessProbe must be an HTTP probe of /readyz for a data node"},
+		{"slow readiness", func(o *objects) { node(o).ReadinessProbe.PeriodSeconds = 10 },
+			"readinessProbe takes 20s to notice"},
+
+		// Automatic failover.
+		{"no token for a node", func(o *objects) { nodes(o).Spec.Template.Spec.AutomountServiceAccountToken = boolPtr(false) },
+			"automountServiceAccountToken is not true, but --kube-lease walship needs the API server"},
+		{"a token for a log store", func(o *objects) {
+			o.statefulSets["walship-logstore"].Spec.Template.Spec.AutomountServiceAccountToken = boolPtr(true)
+		}, "StatefulSet walship-logstore: automountServiceAccountToken is not false"},
+		{"a token for every pod", func(o *objects) { o.serviceAccounts["walship"].AutomountServiceAccountToken = boolPtr(true) },
+			"ServiceAccount walship mounts its token into every pod"},
+		{"wrong --pod-name", func(o *objects) { nodeEnv(o, "WALSHIP_POD_NAME", "walship-0") },
+			`pod walship-1: --pod-name "walship-0" is not the pod's name`},
+		{"wrong --pod-namespace", func(o *objects) { nodeEnv(o, "WALSHIP_POD_NAMESPACE", "default") },
+			`--pod-namespace "default", want the pod's namespace "walship-dev"`},
+		{"async replication", func(o *objects) { nodeEnv(o, "WALSHIP_REPLICATION", "async") },
+			"--replication async: want sync"},
+		{"async log stores", func(o *objects) { nodeEnv(o, "WALSHIP_LOGSTORE_ACK", "async") },
+			"--logstore-ack async: want sync"},
+		{"async durability", func(o *objects) { nodeEnv(o, "WALSHIP_DURABILITY", "async") },
+			"--durability async: want sync"},
+		{"sync level write", func(o *objects) { nodeEnv(o, "WALSHIP_SYNC_LEVEL", "write") },
+			"--sync-level write: a replica's write is not durable"},
+		{"no sync replica", func(o *objects) { nodeEnv(o, "WALSHIP_SYNC_REPLICAS", "0") },
+			"--sync-replicas 0: a commit on no replica"},
+		{"more sync replicas than a drain leaves", func(o *objects) { nodeEnv(o, "WALSHIP_SYNC_REPLICAS", "2") },
+			"leave 1 replicas, but commits wait for 2"},
+		{"grace period too short", func(o *objects) { g := int64(30); nodes(o).Spec.Template.Spec.TerminationGracePeriodSeconds = &g },
+			"terminationGracePeriodSeconds 30: want at least 60"},
+		{"grace period shorter than the switchover", func(o *objects) { nodeEnv(o, "WALSHIP_SWITCHOVER_TIMEOUT", "45s") },
+			"terminationGracePeriodSeconds 60: want at least 75"},
+		{"exec preStop hook", func(o *objects) {
+			node(o).Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Exec: &corev1.ExecAction{Command: []string{"sh", "-c", "sleep 5"}}}}
+		}, "an exec preStop hook needs a shell"},
+		{"OrderedReady", func(o *objects) { nodes(o).Spec.PodManagementPolicy = appsv1.OrderedReadyPodManagement },
+			`podManagementPolicy "OrderedReady": want Parallel`},
+
+		// Routing by role.
+		{"walship-rw routes to replicas", func(o *objects) { o.services["walship-rw"].Spec.Selector[roleLabel] = "replica" },
+			"Service walship-rw: selector"},
+		{"no walship-ro", func(o *objects) { delete(o.services, "walship-ro") }, "no Service walship-ro"},
+		{"a role nobody sets", func(o *objects) { o.services["walship-ro"].Spec.Selector[roleLabel] = "follower" },
+			`selects walship.io/role="follower"`},
+		{"headless role Service", func(o *objects) { o.services["walship-rw"].Spec.ClusterIP = corev1.ClusterIPNone },
+			"routes by role, so it must be a ClusterIP Service of ready pods only"},
+		{"role label in the template", func(o *objects) { nodes(o).Spec.Template.Labels[roleLabel] = "replica" },
+			"pod template sets walship.io/role"},
+		{"role label in the StatefulSet selector", func(o *objects) { nodes(o).Spec.Selector.MatchLabels[roleLabel] = "replica" },
+			"selector uses walship.io/role"},
+		{"role Service without failover", func(o *objects) { nodeEnv(o, "WALSHIP_KUBE_LEASE", "") },
+			"run without --kube-lease and never set it"},
+
+		// Disruption budgets.
+		{"node budget too loose", func(o *objects) { o.pdbs["walship"].Spec.MaxUnavailable = maxUnavailable(2) },
+			"a PodDisruptionBudget that lets 2 go leave 0 replicas"},
+		{"log store budget below a majority", func(o *objects) { v := intstr.FromInt32(1); o.pdbs["walship-logstore"].Spec.MinAvailable = &v },
+			"leaves no majority (2)"},
+		{"budget that blocks drains", func(o *objects) { v := intstr.FromInt32(3); o.pdbs["walship-logstore"].Spec.MinAvailable = &v },
+			"lets 0 of 3 pods go: it blocks every drain"},
+		{"two budgets on one StatefulSet", func(o *objects) {
+			extra := o.pdbs["walship"].DeepCopy()
+			extra.Name = "walship-extra"
+			o.pdbs[extra.Name] = extra
+		}, "StatefulSet walship: 3 pods under 2 PodDisruptionBudgets"},
+		{"budget on the role", func(o *objects) { o.pdbs["walship"].Spec.Selector.MatchLabels[roleLabel] = "primary" },
+			"PodDisruptionBudget walship: selects on walship.io/role"},
+
+		// RBAC.
+		{"list pods", func(o *objects) { rule(o, 2).Verbs = append(rule(o, 2).Verbs, "list") },
+			"may do more than walship needs: list core/pods (any name)"},
+		{"every verb on leases", func(o *objects) { rule(o, 0).Verbs = []string{"*"} },
+			"may do more than walship needs: * coordination.k8s.io/leases/walship"},
+		{"every Lease", func(o *objects) { rule(o, 0).ResourceNames = nil },
+			"get coordination.k8s.io/leases (any name)"},
+		{"no Events", func(o *objects) { o.roles["walship"].Rules = o.roles["walship"].Rules[:3] },
+			"may not: create core/events (any name)"},
+		{"create by name", func(o *objects) { rule(o, 1).ResourceNames = []string{"walship"} },
+			"may not: create coordination.k8s.io/leases (any name)"},
+		{"another Lease than the Role's", func(o *objects) { nodeEnv(o, "WALSHIP_KUBE_LEASE", "other") },
+			"may not: get coordination.k8s.io/leases/other"},
+		{"subject in another namespace", func(o *objects) { o.roleBindings["walship"].Subjects[0].Namespace = "default" },
+			`subject ServiceAccount walship in namespace "default"`},
+		{"binding to a ClusterRole", func(o *objects) { o.roleBindings["walship"].RoleRef.Kind = "ClusterRole" },
+			"is not a Role of the build"},
+		{"a ClusterRole", func(o *objects) { o.clusterRoles["walship"] = &rbacv1.ClusterRole{} },
+			"ClusterRole walship: walship needs no cluster-wide permissions"},
+		{"an unbound Role", func(o *objects) { o.roles["spare"] = &rbacv1.Role{} }, "Role spare: bound to no one"},
 	})
 }
 
@@ -349,6 +477,10 @@ func TestTLSChecksCatchMistakes(t *testing.T) {
 		return &o.statefulSets["walship-logstore"].Spec.Template.Spec.Containers[0]
 	}
 	configMap := func(o *objects, prefix string) *corev1.ConfigMap { return configMapOf(t, o, prefix) }
+	dropName := func(o *objects, cert, name string) {
+		c := o.certificates[cert]
+		c.Spec.DNSNames = slices.DeleteFunc(c.Spec.DNSNames, func(n string) bool { return n == name })
+	}
 	checkMistakes(t, docs, ns, []mistake{
 		{"subPath mount", func(o *objects) {
 			for i, vm := range logstore(o).VolumeMounts {
@@ -365,14 +497,31 @@ func TestTLSChecksCatchMistakes(t *testing.T) {
 				}
 			}
 		}, "want one SPIFFE ID under spiffe://walship.local/walship/logstore/"},
-		{"another trust domain", func(o *objects) { configMap(o, "walship-primary").Data["WALSHIP_TRUST_DOMAIN"] = "example.org" }, "under spiffe://example.org/walship/node/"},
-		{"plaintext beside TLS", func(o *objects) { configMap(o, "walship-replica").Data["WALSHIP_PLAINTEXT"] = "true" }, "WALSHIP_PLAINTEXT=true beside the TLS flags"},
+		{"another trust domain", func(o *objects) { configMap(o, "walship-node").Data["WALSHIP_TRUST_DOMAIN"] = "example.org" }, "under spiffe://example.org/walship/node/"},
+		{"plaintext beside TLS", func(o *objects) { configMap(o, "walship-node").Data["WALSHIP_PLAINTEXT"] = "true" }, "WALSHIP_PLAINTEXT=true beside the TLS flags"},
 		{"pod not named", func(o *objects) { o.certificates["walship-logstore"].Spec.DNSNames = []string{"walship-logstore"} }, "does not name walship-logstore-0.walship-logstore-headless"},
+		{"advertised name not named", func(o *objects) { dropName(o, "walship-node", "*.walship-headless.walship.svc") },
+			"does not name walship-0.walship-headless.walship.svc"},
+		{"walship-rw not named", func(o *objects) { dropName(o, "walship-node", "walship-rw") }, "does not name walship-rw,"},
+		{"walship-ro in the namespace not named", func(o *objects) { dropName(o, "walship-node", "walship-ro.walship.svc") },
+			"does not name walship-ro.walship.svc"},
+		{"namespace not filled in", func(o *objects) {
+			c := o.certificates["walship-node"]
+			for i, n := range c.Spec.DNSNames {
+				c.Spec.DNSNames[i] = strings.ReplaceAll(n, ".walship.svc", ".NAMESPACE.svc")
+			}
+		}, `still says NAMESPACE`},
 		{"gRPC probe under TLS", func(o *objects) {
 			p := logstore(o).ReadinessProbe
 			p.HTTPGet, p.GRPC = nil, &corev1.GRPCAction{Port: 7400}
 		}, "readinessProbe must be an HTTP probe of /readyz under TLS"},
 		{"issuer missing", func(o *objects) { delete(o.issuers, "walship-ca") }, `issuerRef Issuer "walship-ca" is not an Issuer`},
+		{"scrape job from the role", func(o *objects) {
+			pm := o.podMonitors["walship"]
+			pm.Spec.PodMetricsEndpoints[0].RelabelConfigs[0].SourceLabels = []monitoringv1.LabelName{"__meta_kubernetes_pod_label_walship_io_role"}
+		}, "relabels job from the role label"},
+		{"scraping by role", func(o *objects) { o.podMonitors["walship"].Spec.Selector.MatchLabels[roleLabel] = "primary" },
+			"PodMonitor walship: selects on walship.io/role"},
 	})
 }
 
@@ -418,9 +567,9 @@ func configMapOf(t *testing.T, o *objects, prefix string) *corev1.ConfigMap {
 }
 
 func TestExpand(t *testing.T) {
-	env := map[string]string{"A": "x", "POD": "walship-replica-0"}
+	env := map[string]string{"A": "x", "POD": "walship-1"}
 	for _, tc := range []struct{ in, want, err string }{
-		{in: "--id=$(POD)", want: "--id=walship-replica-0"},
+		{in: "--id=$(POD)", want: "--id=walship-1"},
 		{in: "$(A)$(A)", want: "xx"},
 		{in: "$$(A)", want: "$(A)"},
 		{in: "cost $5", want: "cost $5"},

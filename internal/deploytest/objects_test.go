@@ -12,6 +12,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
@@ -60,6 +61,10 @@ type objects struct {
 	services        map[string]*corev1.Service
 	statefulSets    map[string]*appsv1.StatefulSet
 	pdbs            map[string]*policyv1.PodDisruptionBudget
+	roles           map[string]*rbacv1.Role
+	roleBindings    map[string]*rbacv1.RoleBinding
+	clusterRoles    map[string]*rbacv1.ClusterRole
+	clusterBindings map[string]*rbacv1.ClusterRoleBinding
 	podMonitors     map[string]*monitoringv1.PodMonitor
 	serviceMonitors map[string]*monitoringv1.ServiceMonitor
 	rules           map[string]*monitoringv1.PrometheusRule
@@ -83,6 +88,10 @@ func decodeObjects(docs [][]byte) (*objects, error) {
 		services:        map[string]*corev1.Service{},
 		statefulSets:    map[string]*appsv1.StatefulSet{},
 		pdbs:            map[string]*policyv1.PodDisruptionBudget{},
+		roles:           map[string]*rbacv1.Role{},
+		roleBindings:    map[string]*rbacv1.RoleBinding{},
+		clusterRoles:    map[string]*rbacv1.ClusterRole{},
+		clusterBindings: map[string]*rbacv1.ClusterRoleBinding{},
 		podMonitors:     map[string]*monitoringv1.PodMonitor{},
 		serviceMonitors: map[string]*monitoringv1.ServiceMonitor{},
 		rules:           map[string]*monitoringv1.PrometheusRule{},
@@ -115,6 +124,14 @@ func decodeObjects(docs [][]byte) (*objects, error) {
 			err = decodeInto(doc, name, o.statefulSets)
 		case kindKey{"policy/v1", "PodDisruptionBudget"}:
 			err = decodeInto(doc, name, o.pdbs)
+		case kindKey{"rbac.authorization.k8s.io/v1", "Role"}:
+			err = decodeInto(doc, name, o.roles)
+		case kindKey{"rbac.authorization.k8s.io/v1", "RoleBinding"}:
+			err = decodeInto(doc, name, o.roleBindings)
+		case kindKey{"rbac.authorization.k8s.io/v1", "ClusterRole"}:
+			err = decodeInto(doc, name, o.clusterRoles)
+		case kindKey{"rbac.authorization.k8s.io/v1", "ClusterRoleBinding"}:
+			err = decodeInto(doc, name, o.clusterBindings)
 		case kindKey{"monitoring.coreos.com/v1", "PodMonitor"}:
 			err = decodeInto(doc, name, o.podMonitors)
 		case kindKey{"monitoring.coreos.com/v1", "ServiceMonitor"}:
@@ -179,6 +196,24 @@ func (o *objects) all() []meta {
 	}
 	for _, v := range o.pdbs {
 		add("PodDisruptionBudget", &v.ObjectMeta)
+	}
+	for _, v := range o.roles {
+		add("Role", &v.ObjectMeta)
+	}
+	for _, v := range o.roleBindings {
+		add("RoleBinding", &v.ObjectMeta)
+	}
+	for _, v := range o.clusterRoles {
+		add("ClusterRole", &v.ObjectMeta)
+	}
+	for _, v := range o.clusterBindings {
+		add("ClusterRoleBinding", &v.ObjectMeta)
+	}
+	for _, v := range o.certificates {
+		add("Certificate", &v.ObjectMeta)
+	}
+	for _, v := range o.issuers {
+		add("Issuer", &v.ObjectMeta)
 	}
 	for _, v := range o.podMonitors {
 		add("PodMonitor", &v.ObjectMeta)

@@ -1,6 +1,7 @@
 package deploytest
 
 import (
+	"net"
 	"net/url"
 	"path"
 	"slices"
@@ -89,19 +90,16 @@ func (c *checker) checkIssuers() {
 }
 
 // checkTLS: a pod that serves TLS mounts its role's certificate as a whole
-// Secret volume where its --tls-* flags point, the certificate carries one
-// SPIFFE ID of the pod's class under its --trust-domain, is for server and
-// client use, names the pod as its peers dial it, and the probes do not
-// use gRPC (kubelet's gRPC probes present no client certificate).
+// Secret volume where its --tls-* flags point, and the certificate carries
+// one SPIFFE ID of the pod's class under its --trust-domain, is for server
+// and client use, and names the pod as everyone dials it: as its peers do
+// (<pod>.<headless service>), as it advertises itself (--advertise, the
+// address clients follow after a failover), and as every client Service
+// that routes to it, short and namespace-qualified (<service>.<ns>.svc,
+// for clients in other namespaces). (Its probes: checkProbes.)
 func (c *checker) checkTLS(where string, sts *appsv1.StatefulSet, p *pod) {
 	env := p.env
 	if env["WALSHIP_TLS_CERT"] == "" {
-		for _, pr := range []*corev1.Probe{p.container.StartupProbe, p.container.ReadinessProbe, p.container.LivenessProbe} {
-			if pr != nil && pr.GRPC == nil {
-				c.errorf("%s: an HTTP probe without TLS: use gRPC health probes", where)
-				break
-			}
-		}
 		return
 	}
 	if env["WALSHIP_PLAINTEXT"] == "true" {
@@ -148,22 +146,32 @@ func (c *checker) checkTLS(where string, sts *appsv1.StatefulSet, p *pod) {
 			c.errorf("%s: Certificate %s lacks the usage %q", where, cert.Name, u)
 		}
 	}
-	self := p.name + "." + sts.Spec.ServiceName
-	if !slices.ContainsFunc(cert.Spec.DNSNames, func(n string) bool { return dnsMatch(n, self) }) {
-		c.errorf("%s: Certificate %s does not name %s, where its peers dial it (dnsNames %v)", where, cert.Name, self, cert.Spec.DNSNames)
+	names := []string{p.name + "." + sts.Spec.ServiceName}
+	if adv := p.flag("advertise"); adv != "" {
+		if host, _, err := net.SplitHostPort(adv); err == nil {
+			names = append(names, host)
+		}
 	}
-	metrics, _ := containerPort(ct, "metrics")
-	for _, pr := range []struct {
-		name, path string
-		p          *corev1.Probe
-	}{{"startupProbe", "/readyz", ct.StartupProbe}, {"readinessProbe", "/readyz", ct.ReadinessProbe}, {"livenessProbe", "/healthz", ct.LivenessProbe}} {
-		switch {
-		case pr.p == nil:
-			c.errorf("%s: no %s", where, pr.name)
-		case pr.p.GRPC != nil || pr.p.HTTPGet == nil:
-			c.errorf("%s: %s must be an HTTP probe of %s under TLS", where, pr.name, pr.path)
-		case pr.p.HTTPGet.Path != pr.path || pr.p.HTTPGet.Port.IntValue() != int(metrics):
-			c.errorf("%s: %s is GET %s on port %s; want %s on the metrics port %d", where, pr.name, pr.p.HTTPGet.Path, pr.p.HTTPGet.Port.String(), pr.path, metrics)
+	for _, sn := range sortedKeys(c.o.services) {
+		svc := c.o.services[sn]
+		if svc.Spec.ClusterIP == corev1.ClusterIPNone {
+			continue
+		}
+		if targets, _, _ := c.podsOfService(svc.Spec.Selector); len(targets) == 1 && targets[0] == sts {
+			names = append(names, svc.Name)
+			if c.namespace != "" {
+				names = append(names, svc.Name+"."+c.namespace+".svc")
+			}
+		}
+	}
+	for _, n := range names {
+		if !slices.ContainsFunc(cert.Spec.DNSNames, func(pat string) bool { return dnsMatch(pat, n) }) {
+			c.errorf("%s: Certificate %s does not name %s, where it is dialled (dnsNames %v)", where, cert.Name, n, cert.Spec.DNSNames)
+		}
+	}
+	for _, n := range cert.Spec.DNSNames {
+		if slices.Contains(strings.Split(n, "."), "NAMESPACE") {
+			c.errorf("%s: Certificate %s: dnsName %q still says NAMESPACE: the overlay must fill in its namespace (replacements, as overlays/prod does)", where, cert.Name, n)
 		}
 	}
 }
