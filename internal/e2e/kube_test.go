@@ -101,6 +101,20 @@ spec:
 	return c
 }
 
+// startKubeWithClient starts the Kubernetes cluster, waits until
+// walship-0 is the labelled primary and returns a client of every node.
+func startKubeWithClient(t *testing.T) (*kubeCluster, *client.Client, context.Context) {
+	t.Helper()
+	c := startKubeCluster(t)
+	c.waitLabels(t, map[string]string{"walship-0": "primary"})
+	cl, err := client.New(c.addrs(), client.Options{Retry: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	return c, cl, testCtx(t, 3*time.Minute)
+}
+
 func (c *kubeCluster) apply(t *testing.T, yaml string) {
 	t.Helper()
 	c.kubectlRun(t, yaml, "apply", "-f", "-")
@@ -190,22 +204,13 @@ func TestKubeBootstrapAndLabels(t *testing.T) {
 // acknowledged under the contract is there (the checker and the read
 // back); the old primary restarted rejoins as a replica.
 func TestKubeFailoverKill9(t *testing.T) {
-	c := startKubeCluster(t)
-	c.waitLabels(t, map[string]string{"walship-0": "primary"})
-	cl, err := client.New(c.addrs(), client.Options{Retry: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx := testCtx(t, 3*time.Minute)
+	c, cl, ctx := startKubeWithClient(t)
 	h, finish := runChecked(t, ctx, cl, "kube/", 8*time.Second)
 	<-time.After(1500 * time.Millisecond)
 	h.Note("kill -9 walship-0 (the primary)")
 	killed := time.Now()
 	c.nodes[0].p.kill()
-	if _, err := cl.Put(ctx, "kube/first-after", []byte("x"), nil); err != nil {
-		t.Fatal(err)
-	}
+	firstAck(t, ctx, cl, "kube/first-after")
 	t.Logf("failover time (kill -9 to the first acknowledged sync write): %v", time.Since(killed))
 	finish()
 	holder, _ := c.lease(t)
@@ -223,6 +228,21 @@ func TestKubeFailoverKill9(t *testing.T) {
 		}
 	}
 	converge(t, ctx, c.byName(holder).addr, rest...)
+}
+
+// firstAck puts key until a put is acknowledged: one in flight at a kill
+// may fail as of unknown outcome.
+func firstAck(t *testing.T, ctx context.Context, cl *client.Client, key string) {
+	t.Helper()
+	for {
+		_, err := cl.Put(ctx, key, []byte("x"), nil)
+		if err == nil {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 func (c *failoverCluster) byName(name string) *procNode {
@@ -350,14 +370,7 @@ func sleep(ctx context.Context, d time.Duration) {
 // new one's log before its epoch starts, and the checker's history stays
 // linearizable. Healed, the old primary rejoins as a replica.
 func TestKubeAPIServerCutForThePrimary(t *testing.T) {
-	c := startKubeCluster(t)
-	c.waitLabels(t, map[string]string{"walship-0": "primary"})
-	cl, err := client.New(c.addrs(), client.Options{Retry: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx := testCtx(t, 3*time.Minute)
+	c, cl, ctx := startKubeWithClient(t)
 	h, finish := runChecked(t, ctx, cl, "cut/", 8*time.Second)
 	wctx, stopWriters := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -456,14 +469,7 @@ func nodeStatusOf(t *testing.T, ctx context.Context, addr string) *walshipv1.Sta
 // included, nothing acknowledged is lost, the pause clients see is
 // logged, and the Lease and the label move to the target.
 func TestKubeSIGTERMSwitchesOver(t *testing.T) {
-	c := startKubeCluster(t)
-	c.waitLabels(t, map[string]string{"walship-0": "primary"})
-	cl, err := client.New(c.addrs(), client.Options{Retry: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx := testCtx(t, 3*time.Minute)
+	c, cl, ctx := startKubeWithClient(t)
 	async := &walshipv1.CommitPolicy{Durability: walshipv1.Durability_DURABILITY_ASYNC,
 		Replication: walshipv1.ReplicationMode_REPLICATION_MODE_ASYNC, Logstore: walshipv1.LogStoreAck_LOG_STORE_ACK_ASYNC}
 	wctx, stop := context.WithCancel(ctx)
@@ -585,16 +591,7 @@ func TestKubeMeasureFailover(t *testing.T) {
 		killed := time.Now()
 		dead := c.byName(holder)
 		dead.p.kill()
-		// A write in flight at the kill may fail as of unknown outcome.
-		for {
-			_, err := cl.Put(ctx, "m/first", []byte("x"), nil)
-			if err == nil {
-				break
-			}
-			if ctx.Err() != nil {
-				t.Fatalf("run %d: %v", i, err)
-			}
-		}
+		firstAck(t, ctx, cl, "m/first")
 		times = append(times, time.Since(killed))
 		prev := holder
 		holder, _ = c.lease(t)

@@ -59,6 +59,7 @@ var knownMetrics = []knownMetric{
 	{"walship_orphaned_records_total", counter, nil},
 	{"walship_node_role", gauge, []string{"role"}},
 	{"walship_epoch", gauge, nil},
+	{"walship_election_held", gauge, nil},
 	{"walship_promotions_total", counter, []string{"result"}},
 	{"walship_step_downs_total", counter, nil},
 	{"walship_tls_reloads_total", counter, []string{"result"}},
