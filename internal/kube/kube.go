@@ -6,9 +6,11 @@
 // says it guarantees no fencing; its expiry is judged on each node's
 // clock). The epoch vote decides who is primary; the Lease decides who may
 // try, and a primary that cannot renew it stops taking writes before
-// anyone else may take it: [Election.Held] turns false RenewDeadline after
+// anyone else may take it: [Client.Held] turns false RenewDeadline after
 // the start of its last successful renewal, while another node takes it
-// only LeaseDuration after it saw that renewal.
+// only LeaseDuration after it saw the record change — which it sees at one
+// second's precision (the record's times are whole seconds), so up to 1 s
+// after the renewal. Hence RenewDeadline ≤ 0.9 × (LeaseDuration − 1 s).
 package kube
 
 import (
@@ -38,13 +40,13 @@ import (
 // and walship-ro Services select on it.
 const RoleLabel = "walship.io/role"
 
-// The defaults: a primary whose API server stalls for 1.5 s stops taking
-// writes (availability, never safety: the epoch vote fences); a dead
-// primary's Lease is free 2 s after its last renewal.
+// The defaults: a primary that has not renewed for 900 ms (five tries)
+// stops taking writes (availability, never safety: the epoch vote
+// fences); a dead primary's Lease is free 1-2 s after its last renewal.
 const (
 	DefaultLeaseDuration = 2 * time.Second
-	DefaultRenewDeadline = 1500 * time.Millisecond
-	DefaultRetryPeriod   = 250 * time.Millisecond
+	DefaultRenewDeadline = 900 * time.Millisecond
+	DefaultRetryPeriod   = 200 * time.Millisecond
 )
 
 // Config says where the Lease and the Pod are.
@@ -80,8 +82,12 @@ func (c Config) Validate() error {
 	if c.RenewDeadline <= time.Duration(leaderelection.JitterFactor*float64(c.RetryPeriod)) {
 		errs = append(errs, fmt.Errorf("--kube-renew-deadline: %v must exceed %v × --kube-retry-period", c.RenewDeadline, leaderelection.JitterFactor))
 	}
-	if c.LeaseDuration <= c.RenewDeadline {
-		errs = append(errs, fmt.Errorf("--kube-lease-duration: %v must exceed --kube-renew-deadline (%v)", c.LeaseDuration, c.RenewDeadline))
+	if c.LeaseDuration < 2*time.Second || c.LeaseDuration%time.Second != 0 {
+		// The Lease stores whole seconds, and others see it renewed at
+		// one second's precision.
+		errs = append(errs, fmt.Errorf("--kube-lease-duration: %v is not a whole number of seconds, at least 2s", c.LeaseDuration))
+	} else if max := (c.LeaseDuration - time.Second) * 9 / 10; c.RenewDeadline > max {
+		errs = append(errs, fmt.Errorf("--kube-renew-deadline: %v exceeds 0.9 × (--kube-lease-duration − 1s) = %v: a primary could take writes after others may take its Lease", c.RenewDeadline, max))
 	}
 	return errors.Join(errs...)
 }
@@ -151,8 +157,8 @@ func (c *Client) drop() {
 	c.heldUntil = time.Time{}
 }
 
-func (c *Client) newLock() resourcelock.Interface {
-	return &gatedLock{Interface: &resourcelock.LeaseLock{
+func (c *Client) newLock() *gatedLock {
+	return &gatedLock{create: true, Interface: &resourcelock.LeaseLock{
 		LeaseMeta:  metav1.ObjectMeta{Name: c.cfg.Lease, Namespace: c.cfg.Namespace},
 		Client:     c.cs.CoordinationV1(),
 		LockConfig: resourcelock.ResourceLockConfig{Identity: c.cfg.Pod},
@@ -161,15 +167,37 @@ func (c *Client) newLock() resourcelock.Interface {
 
 // gatedLock is the Lease lock that moves Held: a write that makes this
 // node the holder extends it from the write's start; one that gives it
-// up (a release) drops it first.
+// up (a release) drops it first, and is skipped unless the Lease read
+// just before names this node (client-go's release judges by the record
+// it last saw, and would otherwise free a Lease another node took over).
 type gatedLock struct {
 	resourcelock.Interface
 	c *Client
+
+	create bool // whether it may create the Lease
+
+	mu      sync.Mutex
+	lastGot string // the holder of the record last read
+}
+
+func (l *gatedLock) Get(ctx context.Context) (*resourcelock.LeaderElectionRecord, []byte, error) {
+	r, raw, err := l.Interface.Get(ctx)
+	if err == nil {
+		l.mu.Lock()
+		l.lastGot = r.HolderIdentity
+		l.mu.Unlock()
+	}
+	return r, raw, err
 }
 
 func (l *gatedLock) Create(ctx context.Context, r resourcelock.LeaderElectionRecord) error {
+	if !l.create {
+		return errNoCreate
+	}
 	return l.write(ctx, r, l.Interface.Create)
 }
+
+var errNoCreate = errors.New("the Lease does not exist, and only a primary creates it")
 
 func (l *gatedLock) Update(ctx context.Context, r resourcelock.LeaderElectionRecord) error {
 	return l.write(ctx, r, l.Interface.Update)
@@ -178,6 +206,12 @@ func (l *gatedLock) Update(ctx context.Context, r resourcelock.LeaderElectionRec
 func (l *gatedLock) write(ctx context.Context, r resourcelock.LeaderElectionRecord, w func(context.Context, resourcelock.LeaderElectionRecord) error) error {
 	if r.HolderIdentity != l.Identity() {
 		l.c.drop()
+		l.mu.Lock()
+		mine := l.lastGot == l.Identity()
+		l.mu.Unlock()
+		if !mine {
+			return nil // another node holds it now: nothing to release
+		}
 		return w(ctx, r)
 	}
 	start := time.Now()
@@ -190,24 +224,56 @@ func (l *gatedLock) write(ctx context.Context, r resourcelock.LeaderElectionReco
 
 // Campaign contends for the Lease until ctx ends or, having held it, this
 // node loses it; lead runs while it holds it, with a context that ends
-// when it stops holding it. Ending ctx releases a held Lease.
-func (c *Client) Campaign(ctx context.Context, lead func(context.Context)) error {
+// when it stops holding it, and Campaign returns only after lead did.
+// Ending ctx releases a held Lease. Only with create may it create the
+// Lease when none exists: a new cluster's Lease is its first primary's.
+func (c *Client) Campaign(ctx context.Context, create bool, lead func(context.Context)) error {
+	lock := c.newLock()
+	lock.create = create
+	var (
+		mu       sync.Mutex
+		ended    bool
+		leadDone chan struct{} // closed when lead returned
+	)
 	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-		Lock:            c.newLock(),
+		Lock:            lock,
 		LeaseDuration:   c.cfg.LeaseDuration,
 		RenewDeadline:   c.cfg.RenewDeadline,
 		RetryPeriod:     c.cfg.RetryPeriod,
 		ReleaseOnCancel: true,
 		Name:            c.cfg.Lease,
 		Callbacks: leaderelection.LeaderCallbacks{
-			OnStartedLeading: lead,
-			OnStoppedLeading: c.drop,
+			OnStartedLeading: func(lctx context.Context) {
+				mu.Lock()
+				if ended {
+					mu.Unlock()
+					return
+				}
+				ch := make(chan struct{})
+				leadDone = ch
+				mu.Unlock()
+				defer close(ch)
+				lead(lctx)
+			},
+			// Not c.drop: client-go calls this also when this campaign never
+			// led, and the node may hold the Lease by TakeOver meanwhile. A
+			// campaign that led and lost it failed to renew, and Held lapses
+			// by itself; a release drops it in gatedLock.
+			OnStoppedLeading: func() {},
 		},
 	})
 	if err != nil {
 		return err
 	}
 	le.Run(ctx)
+	// Run ended lead's context; wait until lead is done with it.
+	mu.Lock()
+	ended = true
+	ch := leadDone
+	mu.Unlock()
+	if ch != nil {
+		<-ch
+	}
 	return nil
 }
 

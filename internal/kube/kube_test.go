@@ -8,13 +8,12 @@ import (
 	"time"
 
 	"github.com/walship/walship/internal/kubetest"
-	"github.com/walship/walship/internal/testwait"
 )
 
 // TestLeaseHeldAndTakenOver, against a real API server: the first
 // campaigner holds the Lease and Held says so; a second does not; the
-// second's TakeOver makes it the holder at once, and the first, no longer
-// able to renew, stops holding it within its renew deadline; labels and
+// second's TakeOver makes it the holder at once, and the first's release
+// when it stops leaves the Lease to the second; labels and
 // Exists work with nothing but admin rights here.
 func TestLeaseHeldAndTakenOver(t *testing.T) {
 	kubectl := kubetest.Kubectl(t)
@@ -43,8 +42,13 @@ func TestLeaseHeldAndTakenOver(t *testing.T) {
 	if ok, err := a.Exists(ctx); err != nil || ok {
 		t.Fatalf("Exists before any campaign: %v, %v", ok, err)
 	}
-	leading := make(chan struct{})
-	go func() { _ = a.Campaign(ctx, func(context.Context) { close(leading) }) }()
+	leading, aDone := make(chan struct{}), make(chan struct{})
+	actx, acancel := context.WithCancel(ctx)
+	defer acancel()
+	go func() {
+		defer close(aDone)
+		_ = a.Campaign(actx, true, func(context.Context) { close(leading) })
+	}()
 	<-leading
 	if !a.Held() {
 		t.Fatal("a leads but Held is false")
@@ -54,7 +58,7 @@ func TestLeaseHeldAndTakenOver(t *testing.T) {
 	}
 	bctx, bcancel := context.WithCancel(ctx)
 	defer bcancel()
-	go func() { _ = b.Campaign(bctx, func(context.Context) {}) }()
+	go func() { _ = b.Campaign(bctx, false, func(context.Context) {}) }()
 	if b.Held() {
 		t.Fatal("b holds a Lease a renews")
 	}
@@ -64,14 +68,23 @@ func TestLeaseHeldAndTakenOver(t *testing.T) {
 	if !b.Held() {
 		t.Fatal("b took the Lease over but Held is false")
 	}
-	testwait.For(t, 2*DefaultRenewDeadline+time.Second, "a to stop holding the Lease", func() bool { return !a.Held() })
+	// a stops: its release must not free the Lease b holds now.
+	acancel()
+	<-aDone
+	if a.Held() {
+		t.Fatal("a still holds the Lease after its campaign ended")
+	}
+	out, err := exec.Command(kubectl, "--kubeconfig", api.Admin, "-n", "w", "get", "lease", "walship", "-o", "jsonpath={.spec.holderIdentity}").CombinedOutput()
+	if err != nil || string(out) != "b" {
+		t.Fatalf("after a's release the Lease's holder is %q (%v), want b", out, err)
+	}
 	if err := a.Label(ctx, "replica"); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.Label(ctx, "primary"); err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command(kubectl, "--kubeconfig", api.Admin, "-n", "w", "get", "pods", "-L", RoleLabel, "--no-headers").CombinedOutput()
+	out, err = exec.Command(kubectl, "--kubeconfig", api.Admin, "-n", "w", "get", "pods", "-L", RoleLabel, "--no-headers").CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "replica") || !strings.Contains(string(out), "primary") {
 		t.Fatalf("labels: %v\n%s", err, out)
 	}

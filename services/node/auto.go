@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
@@ -17,7 +18,7 @@ import (
 //   - a primary contends to hold it and takes writes only while it does
 //     (primary.Config.Gate), so one that cannot renew stops before the
 //     election can pass to another node; one that has not heard from a
-//     log store majority for two seconds gives it up and does not
+//     log store majority for eight retry periods gives it up and does not
 //     contend, so that a replica that has may promote;
 //   - a replica contends only while it is eligible — the promotion's dry
 //     run finds a quorum, it is in the newest epoch, within
@@ -32,8 +33,9 @@ import (
 // Election is who may try to become the primary.
 type Election interface {
 	// Campaign contends until ctx ends or, having held the election, this
-	// node loses it; lead runs while it holds it.
-	Campaign(ctx context.Context, lead func(context.Context)) error
+	// node loses it; lead runs while it holds it. Only with create may it
+	// hold an election never held before (a new cluster's primary does).
+	Campaign(ctx context.Context, create bool, lead func(context.Context)) error
 	// Held reports whether this node holds the election now.
 	Held() bool
 	// TakeOver makes this node the holder, whoever holds it.
@@ -73,16 +75,7 @@ func (n *Node) gate() error {
 // autoFailover runs the election until ctx ends.
 func (n *Node) autoFailover(ctx context.Context) {
 	el := n.cfg.Election
-	// A node that starts knows of no epoch change: the holddown runs from
-	// the first it sees.
-	epoch, changed := n.epoch(), time.Time{}
 	for ctx.Err() == nil {
-		if e := n.epoch(); e != epoch {
-			if epoch != 0 { // joining the first epoch is no failover
-				changed = time.Now()
-			}
-			epoch = e
-		}
 		if prim := n.Primary(); prim != nil && !prim.HasLease() {
 			// Cut off from the log stores it cannot take writes: it does
 			// not contend, so that a replica that can may.
@@ -90,7 +83,7 @@ func (n *Node) autoFailover(ctx context.Context) {
 			continue
 		}
 		if n.Role() != RolePrimary {
-			why, behind := n.eligible(ctx, changed)
+			why, behind := n.eligible(ctx)
 			if why != "" {
 				sleep(ctx, n.retry())
 				continue
@@ -101,11 +94,15 @@ func (n *Node) autoFailover(ctx context.Context) {
 			}
 		}
 		cctx, cancel := context.WithCancel(ctx)
-		go n.watchCampaign(cctx, cancel, changed)
-		if err := el.Campaign(cctx, func(lctx context.Context) { n.lead(lctx, cancel) }); err != nil {
+		var leading atomic.Bool // this campaign's
+		watched := make(chan struct{})
+		go func() { defer close(watched); n.watchCampaign(cctx, cancel, &leading) }()
+		create := n.Role() == RolePrimary
+		if err := el.Campaign(cctx, create, func(lctx context.Context) { n.lead(lctx, cancel, &leading) }); err != nil {
 			n.logger.Error("election", "err", err)
 		}
 		cancel()
+		<-watched
 		sleep(ctx, n.retry())
 	}
 }
@@ -119,7 +116,7 @@ func (n *Node) retry() time.Duration {
 
 // watchCampaign ends a replica's campaign (before it leads) once it is no
 // longer eligible, and a primary's once it is no longer the primary.
-func (n *Node) watchCampaign(ctx context.Context, cancel func(), changed time.Time) {
+func (n *Node) watchCampaign(ctx context.Context, cancel func(), leading *atomic.Bool) {
 	startRole := n.Role()
 	for {
 		sleep(ctx, 4*n.retry())
@@ -128,13 +125,13 @@ func (n *Node) watchCampaign(ctx context.Context, cancel func(), changed time.Ti
 		}
 		role := n.Role()
 		switch {
-		case n.leading.Load():
+		case leading.Load():
 			// lead watches from here.
 		case startRole == RolePrimary && role != RolePrimary:
 			cancel()
 			return
 		case role == RoleReplica:
-			if why, _ := n.eligible(ctx, changed); why != "" && !n.leading.Load() {
+			if why, _ := n.eligible(ctx); why != "" && !leading.Load() {
 				cancel()
 				return
 			}
@@ -144,8 +141,8 @@ func (n *Node) watchCampaign(ctx context.Context, cancel func(), changed time.Ti
 
 // eligible reports whether this replica may contend (else why not), and
 // whether another node's log is ahead of its own.
-func (n *Node) eligible(ctx context.Context, changed time.Time) (why string, behind bool) {
-	why, behind = n.eligibility(ctx, changed)
+func (n *Node) eligible(ctx context.Context) (why string, behind bool) {
+	why, behind = n.eligibility(ctx, n.epochChange())
 	n.mu.Lock()
 	if why != n.notEligible {
 		if why == "" {
@@ -179,7 +176,13 @@ func (n *Node) eligibility(ctx context.Context, changed time.Time) (why string, 
 		return "a promotion would not find its quorum: it needs " + resp.GetNeeded(), false
 	}
 	last, logEpoch, _ := rep.LogPosition()
-	if e := max(rep.Vote().Epoch, logEpoch); resp.GetEpoch() != e+1 {
+	e := max(rep.Vote().Epoch, logEpoch)
+	if e == 0 {
+		// A new cluster whose primary has not opened its first epoch yet:
+		// there is nothing to fail over from.
+		return "this replica has joined no epoch yet", false
+	}
+	if resp.GetEpoch() != e+1 {
 		return fmt.Sprintf("a newer epoch than this replica's %d exists", e), false
 	}
 	if high := resp.GetHighestLsn(); high > last+n.maxLag() {
@@ -188,6 +191,22 @@ func (n *Node) eligibility(ctx context.Context, changed time.Time) (why string, 
 		return "", true
 	}
 	return "", false
+}
+
+// epochChange returns when this node last saw its epoch change (zero if
+// it never did: joining the first epoch, or the one it started in, is no
+// failover), for the holddown.
+func (n *Node) epochChange() time.Time {
+	e := n.epoch()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if e != n.seenEpoch {
+		if n.seenEpoch != 0 {
+			n.epochChanged = time.Now()
+		}
+		n.seenEpoch = e
+	}
+	return n.epochChanged
 }
 
 func (n *Node) maxLag() uint64 {
@@ -200,9 +219,9 @@ func (n *Node) maxLag() uint64 {
 // lead runs while this node holds the election: a replica promotes itself
 // (and gives the election up if that fails); a primary holds it until it
 // is no longer the primary.
-func (n *Node) lead(ctx context.Context, giveUp func()) {
-	n.leading.Store(true)
-	defer n.leading.Store(false)
+func (n *Node) lead(ctx context.Context, giveUp func(), leading *atomic.Bool) {
+	leading.Store(true)
+	defer leading.Store(false)
 	el := n.cfg.Election
 	if n.Role() != RolePrimary {
 		n.logger.Info("holding the election; promoting this replica")

@@ -23,7 +23,7 @@ type memElection struct {
 	campaigns, releases int
 }
 
-func (e *memElection) Campaign(ctx context.Context, lead func(context.Context)) error {
+func (e *memElection) Campaign(ctx context.Context, _ bool, lead func(context.Context)) error {
 	e.mu.Lock()
 	e.campaigns++
 	e.mu.Unlock()

@@ -125,10 +125,12 @@ type Node struct {
 	plans chan *plan
 	// promoting is set while a promotion is under way on this node.
 	promoting atomic.Bool
-	// leading is set while this node holds the election (auto.go).
-	leading atomic.Bool
 	// notEligible is why this replica may not contend ("": it may); under mu.
 	notEligible string
+	// seenEpoch and epochChanged: the epoch last seen by the election and
+	// when it last changed (zero: never seen to); under mu.
+	seenEpoch    uint64
+	epochChanged time.Time
 }
 
 // New validates cfg, reads the data directory's vote to choose the role,
@@ -334,11 +336,16 @@ func (n *Node) primaryAddr(v datadir.Vote) string {
 // Run runs the node until ctx ends: its role, and the next when it changes.
 func (n *Node) Run(ctx context.Context) error {
 	defer n.metrics.unregister()
+	// The election outlives ctx until the role has stopped: a primary told
+	// to stop hands over first, holding the Lease meanwhile.
+	actx, stopElection := context.WithCancel(context.WithoutCancel(ctx))
+	var electionDone sync.WaitGroup
+	defer electionDone.Wait()
+	defer stopElection()
 	if n.cfg.Election != nil {
-		actx, stop := context.WithCancel(ctx)
-		defer stop()
-		go n.autoFailover(actx)
-		go n.labels(actx)
+		electionDone.Add(2)
+		go func() { defer electionDone.Done(); n.autoFailover(actx) }()
+		go func() { defer electionDone.Done(); n.labels(actx) }()
 	}
 	for {
 		n.mu.Lock()
@@ -393,7 +400,8 @@ func (n *Node) Run(ctx context.Context) error {
 				perr = n.carryOut(ctx, p)
 			}
 			if perr == nil && n.cfg.Election != nil {
-				go n.opened(ctx, p.epoch)
+				electionDone.Add(1)
+				go func() { defer electionDone.Done(); n.opened(actx, p.epoch) }()
 			}
 			n.promoting.Store(false)
 			if perr != nil {

@@ -221,10 +221,16 @@ func (n *Node) promote(ctx context.Context, req *walshipv1.PromoteRequest) (*wal
 	if len(n.cfg.LogStores) == 0 {
 		return nil, status.Error(codes.FailedPrecondition, "cannot promote: no log store is configured (--logstore); an epoch vote needs a log store majority")
 	}
-	if !n.promoting.CompareAndSwap(false, true) {
+	// A dry run changes nothing: it neither takes nor waits for the flag
+	// (the election's eligibility checks run one every second).
+	if req.GetDryRun() {
+		if n.promoting.Load() {
+			return nil, status.Error(codes.Aborted, "a promotion is already under way on this node")
+		}
+	} else if !n.promoting.CompareAndSwap(false, true) {
 		return nil, status.Error(codes.Aborted, "a promotion is already under way on this node")
 	}
-	handedOff := false
+	handedOff := req.GetDryRun()
 	defer func() {
 		if !handedOff {
 			n.promoting.Store(false)
