@@ -60,7 +60,7 @@ const (
 const (
 	DefaultMaxFailoverLag    = 100000
 	DefaultFailoverHolddown  = 5 * time.Second
-	DefaultElectionRetry     = 250 * time.Millisecond
+	DefaultElectionRetry     = 200 * time.Millisecond
 	DefaultSwitchoverTimeout = 20 * time.Second
 )
 
