@@ -74,7 +74,7 @@ func nodeFlags(fs *flag.FlagSet, env *Env, role node.Role) func(context.Context)
 				role = node.RolePrimary
 			}
 		}
-		if err := kf.apply(&cfg, cfg.Logger); err != nil {
+		if err := applyKube(kf, &cfg, cfg.Logger); err != nil {
 			return err
 		}
 		sec, err := sf.serve(ctx, cfg.Logger, cfg.Listen)
@@ -130,40 +130,38 @@ func dataNodeFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	return nodeFlags(fs, env, 0)
 }
 
-// kubeFlags are the flags of automatic failover on Kubernetes.
-type kubeFlags struct {
-	kube kube.Config
-}
-
-func addKubeFlags(fs *flag.FlagSet, cfg *node.Config) *kubeFlags {
-	k := &kubeFlags{kube: kube.Config{LeaseDuration: kube.DefaultLeaseDuration, RenewDeadline: kube.DefaultRenewDeadline, RetryPeriod: kube.DefaultRetryPeriod}}
-	fs.StringVar(&k.kube.Lease, "kube-lease", "", "fail over automatically on Kubernetes, with this coordination.k8s.io Lease deciding who may try (empty: off)")
-	fs.StringVar(&k.kube.Kubeconfig, "kubeconfig", "", "kubeconfig file for --kube-lease (default: the pod's service account)")
-	fs.StringVar(&k.kube.Pod, "pod-name", os.Getenv("POD_NAME"), "this node's Pod, labelled with its role (default $POD_NAME)")
-	fs.StringVar(&k.kube.Namespace, "pod-namespace", os.Getenv("POD_NAMESPACE"), "the namespace of the Pod and the Lease (default $POD_NAMESPACE)")
-	fs.DurationVar(&k.kube.LeaseDuration, "kube-lease-duration", k.kube.LeaseDuration, "how long after its last renewal others may take the Lease (a dead primary's failover waits this)")
-	fs.DurationVar(&k.kube.RenewDeadline, "kube-renew-deadline", k.kube.RenewDeadline, "a primary that has not renewed the Lease for this long stops taking writes (less than --kube-lease-duration)")
-	fs.DurationVar(&k.kube.RetryPeriod, "kube-retry-period", k.kube.RetryPeriod, "how often the Lease is renewed or tried")
+// addKubeFlags adds the flags of automatic failover on Kubernetes: the
+// Lease's to the returned config, the node's own to cfg.
+func addKubeFlags(fs *flag.FlagSet, cfg *node.Config) *kube.Config {
+	k := &kube.Config{LeaseDuration: kube.DefaultLeaseDuration, RenewDeadline: kube.DefaultRenewDeadline, RetryPeriod: kube.DefaultRetryPeriod}
+	fs.StringVar(&k.Lease, "kube-lease", "", "fail over automatically on Kubernetes, with this coordination.k8s.io Lease deciding who may try (empty: off)")
+	fs.StringVar(&k.Kubeconfig, "kubeconfig", "", "kubeconfig file for --kube-lease (default: the pod's service account)")
+	fs.StringVar(&k.Pod, "pod-name", os.Getenv("POD_NAME"), "this node's Pod, labelled with its role (default $POD_NAME)")
+	fs.StringVar(&k.Namespace, "pod-namespace", os.Getenv("POD_NAMESPACE"), "the namespace of the Pod and the Lease (default $POD_NAMESPACE)")
+	fs.DurationVar(&k.LeaseDuration, "kube-lease-duration", k.LeaseDuration, "how long after its last renewal others may take the Lease, in whole seconds (a dead primary's failover waits this)")
+	fs.DurationVar(&k.RenewDeadline, "kube-renew-deadline", k.RenewDeadline, "a primary that has not renewed the Lease for this long stops taking writes (at most 0.9 × (--kube-lease-duration − 1s))")
+	fs.DurationVar(&k.RetryPeriod, "kube-retry-period", k.RetryPeriod, "how often the Lease is renewed or tried")
 	fs.Uint64Var(&cfg.MaxFailoverLag, "max-failover-lag", node.DefaultMaxFailoverLag, "a replica contends for the Lease only within this many LSNs of the most advanced log")
 	fs.DurationVar(&cfg.FailoverHolddown, "failover-holddown", node.DefaultFailoverHolddown, "no replica contends this soon after it saw the epoch change (against flapping)")
 	fs.DurationVar(&cfg.SwitchoverTimeout, "switchover-timeout", node.DefaultSwitchoverTimeout, "with --kube-lease, a primary told to stop (SIGTERM) first switches over to its most advanced replica within this")
 	return k
 }
 
-func (k *kubeFlags) apply(cfg *node.Config, logger *slog.Logger) error {
-	if k.kube.Lease == "" {
+// applyKube makes cfg fail over by k's Lease, if --kube-lease is set.
+func applyKube(k *kube.Config, cfg *node.Config, logger *slog.Logger) error {
+	if k.Lease == "" {
 		return nil
 	}
-	k.kube.Logger = logger
-	c, err := kube.New(k.kube)
+	k.Logger = logger
+	c, err := kube.New(*k)
 	if err != nil {
 		return err
 	}
-	if cfg.ID != k.kube.Pod {
-		return fmt.Errorf("--id: %q must be the pod's name (--pod-name %q) with --kube-lease", cfg.ID, k.kube.Pod)
+	if cfg.ID != k.Pod {
+		return fmt.Errorf("--id: %q must be the pod's name (--pod-name %q) with --kube-lease", cfg.ID, k.Pod)
 	}
 	cfg.Election = c
-	cfg.ElectionRetry = k.kube.RetryPeriod
+	cfg.ElectionRetry = k.RetryPeriod
 	cfg.SwitchoverOnStop = true
 	return nil
 }

@@ -235,13 +235,7 @@ func TestFailoverSIGSTOP(t *testing.T) {
 // promotes the next node, restarts the killed one (it rejoins), and
 // switches over to it.
 func TestMeasureFailover(t *testing.T) {
-	runs := 0
-	if v := os.Getenv("WALSHIP_FAILOVER_RUNS"); v != "" {
-		runs, _ = strconv.Atoi(v)
-	}
-	if runs < 1 {
-		t.Skip("set WALSHIP_FAILOVER_RUNS to measure failover times (docs/BENCHMARKS.md)")
-	}
+	runs := measureRuns(t, "WALSHIP_FAILOVER_RUNS", "failover times")
 	needLinux(t)
 	c := startFailoverCluster(t)
 	ctx := testCtx(t, time.Duration(runs)*time.Minute)
@@ -304,17 +298,30 @@ func TestMeasureFailover(t *testing.T) {
 			}
 		}
 	}
-	med := func(ds []time.Duration) (time.Duration, time.Duration) {
-		s := append([]time.Duration(nil), ds...)
-		slices.Sort(s)
-		return s[len(s)/2], s[len(s)-1]
-	}
-	fm, fx := med(failovers)
-	pm, px := med(pauses)
+	fm, fx := medianMax(failovers)
+	pm, px := medianMax(pauses)
 	t.Logf("%d runs: failover (kill -9 to the first acknowledged sync write) median %v, max %v; switchover pause median %v, max %v",
 		runs, fm.Round(time.Millisecond), fx.Round(time.Millisecond), pm.Round(time.Millisecond), px.Round(time.Millisecond))
 	t.Logf("failovers: %v", failovers)
 	t.Logf("pauses: %v", pauses)
+}
+
+// measureRuns is how many cycles a measurement runs: env's value, or the
+// test skips (a measurement, docs/BENCHMARKS.md, not a check).
+func measureRuns(t *testing.T, env, what string) int {
+	t.Helper()
+	runs, _ := strconv.Atoi(os.Getenv(env))
+	if runs < 1 {
+		t.Skipf("set %s to measure %s (docs/BENCHMARKS.md)", env, what)
+	}
+	return runs
+}
+
+// medianMax returns the median and the maximum of ds.
+func medianMax(ds []time.Duration) (median, maximum time.Duration) {
+	s := append([]time.Duration(nil), ds...)
+	slices.Sort(s)
+	return s[len(s)/2], s[len(s)-1]
 }
 
 // TestSecondPromotionBeforeTheFirstOpened: under checked load the primary

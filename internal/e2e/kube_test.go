@@ -9,8 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -102,8 +100,9 @@ spec:
 }
 
 // startKubeWithClient starts the Kubernetes cluster, waits until
-// walship-0 is the labelled primary and returns a client of every node.
-func startKubeWithClient(t *testing.T) (*kubeCluster, *client.Client, context.Context) {
+// walship-0 is the labelled primary and returns a client of every node
+// and a context of d.
+func startKubeWithClient(t *testing.T, d time.Duration) (*kubeCluster, *client.Client, context.Context) {
 	t.Helper()
 	c := startKubeCluster(t)
 	c.waitLabels(t, map[string]string{"walship-0": "primary"})
@@ -112,7 +111,7 @@ func startKubeWithClient(t *testing.T) (*kubeCluster, *client.Client, context.Co
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cl.Close() })
-	return c, cl, testCtx(t, 3*time.Minute)
+	return c, cl, testCtx(t, d)
 }
 
 func (c *kubeCluster) apply(t *testing.T, yaml string) {
@@ -204,7 +203,7 @@ func TestKubeBootstrapAndLabels(t *testing.T) {
 // acknowledged under the contract is there (the checker and the read
 // back); the old primary restarted rejoins as a replica.
 func TestKubeFailoverKill9(t *testing.T) {
-	c, cl, ctx := startKubeWithClient(t)
+	c, cl, ctx := startKubeWithClient(t, 3*time.Minute)
 	h, finish := runChecked(t, ctx, cl, "kube/", 8*time.Second)
 	<-time.After(1500 * time.Millisecond)
 	h.Note("kill -9 walship-0 (the primary)")
@@ -370,7 +369,7 @@ func sleep(ctx context.Context, d time.Duration) {
 // new one's log before its epoch starts, and the checker's history stays
 // linearizable. Healed, the old primary rejoins as a replica.
 func TestKubeAPIServerCutForThePrimary(t *testing.T) {
-	c, cl, ctx := startKubeWithClient(t)
+	c, cl, ctx := startKubeWithClient(t, 3*time.Minute)
 	h, finish := runChecked(t, ctx, cl, "cut/", 8*time.Second)
 	wctx, stopWriters := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -469,7 +468,7 @@ func nodeStatusOf(t *testing.T, ctx context.Context, addr string) *walshipv1.Sta
 // included, nothing acknowledged is lost, the pause clients see is
 // logged, and the Lease and the label move to the target.
 func TestKubeSIGTERMSwitchesOver(t *testing.T) {
-	c, cl, ctx := startKubeWithClient(t)
+	c, cl, ctx := startKubeWithClient(t, 3*time.Minute)
 	async := &walshipv1.CommitPolicy{Durability: walshipv1.Durability_DURABILITY_ASYNC,
 		Replication: walshipv1.ReplicationMode_REPLICATION_MODE_ASYNC, Logstore: walshipv1.LogStoreAck_LOG_STORE_ACK_ASYNC}
 	wctx, stop := context.WithCancel(ctx)
@@ -567,21 +566,8 @@ func TestKubeFlappingReplicaCausesNoEpochs(t *testing.T) {
 // Lease. Each cycle restarts the killed node (it rejoins) and waits out
 // the holddown before the next kill.
 func TestKubeMeasureFailover(t *testing.T) {
-	runs := 0
-	if v := os.Getenv("WALSHIP_KUBE_FAILOVER_RUNS"); v != "" {
-		runs, _ = strconv.Atoi(v)
-	}
-	if runs < 1 {
-		t.Skip("set WALSHIP_KUBE_FAILOVER_RUNS to measure automatic failover times (docs/BENCHMARKS.md)")
-	}
-	c := startKubeCluster(t)
-	c.waitLabels(t, map[string]string{"walship-0": "primary"})
-	cl, err := client.New(c.addrs(), client.Options{Retry: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx := testCtx(t, time.Duration(runs)*time.Minute)
+	runs := measureRuns(t, "WALSHIP_KUBE_FAILOVER_RUNS", "automatic failover times")
+	c, cl, ctx := startKubeWithClient(t, time.Duration(runs)*time.Minute)
 	var times []time.Duration
 	holder := "walship-0"
 	for i := range runs {
@@ -604,9 +590,8 @@ func TestKubeMeasureFailover(t *testing.T) {
 		// Every replica may contend again.
 		<-time.After(node.DefaultFailoverHolddown + time.Second)
 	}
-	s := append([]time.Duration(nil), times...)
-	slices.Sort(s)
+	med, mx := medianMax(times)
 	t.Logf("%d runs, shipped defaults (lease %v, renew deadline %v, retry %v): kill -9 to the first acknowledged sync write median %v, max %v",
-		runs, kube.DefaultLeaseDuration, kube.DefaultRenewDeadline, kube.DefaultRetryPeriod, s[len(s)/2].Round(time.Millisecond), s[len(s)-1].Round(time.Millisecond))
+		runs, kube.DefaultLeaseDuration, kube.DefaultRenewDeadline, kube.DefaultRetryPeriod, med.Round(time.Millisecond), mx.Round(time.Millisecond))
 	t.Logf("runs: %v", times)
 }

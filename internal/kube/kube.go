@@ -20,7 +20,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strings"
 	"sync"
 	"time"
 
@@ -98,6 +97,8 @@ type Client struct {
 	cs     kubernetes.Interface
 	logger *slog.Logger
 
+	host string // for Events
+
 	mu        sync.Mutex
 	heldUntil time.Time // with the monotonic clock
 	label     *string   // the role label last set (nil: unknown)
@@ -128,11 +129,9 @@ func New(cfg Config) (*Client, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Client{cfg: cfg, cs: cs, logger: cfg.Logger}, nil
+	host, _ := os.Hostname()
+	return &Client{cfg: cfg, cs: cs, logger: cfg.Logger, host: host}, nil
 }
-
-// Identity is this node's name in the Lease: its Pod's.
-func (c *Client) Identity() string { return c.cfg.Pod }
 
 // Held reports whether this node holds the Lease now: within
 // RenewDeadline of the start of its last successful acquisition or
@@ -285,7 +284,7 @@ func (c *Client) TakeOver(ctx context.Context) error {
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		l := c.newLock()
 		now := metav1.NowMicro()
-		rec := resourcelock.LeaderElectionRecord{HolderIdentity: c.cfg.Pod, LeaseDurationSeconds: int(max(1, c.cfg.LeaseDuration.Round(time.Second)/time.Second)),
+		rec := resourcelock.LeaderElectionRecord{HolderIdentity: c.cfg.Pod, LeaseDurationSeconds: int(c.cfg.LeaseDuration / time.Second),
 			AcquireTime: metav1.Time(now), RenewTime: metav1.Time(now)}
 		old, _, err := l.Get(ctx)
 		switch {
@@ -345,16 +344,11 @@ func (c *Client) Event(ctx context.Context, kind, reason, message string) {
 		ObjectMeta:     metav1.ObjectMeta{GenerateName: c.cfg.Pod + ".", Namespace: c.cfg.Namespace},
 		InvolvedObject: corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: c.cfg.Namespace, Name: c.cfg.Pod},
 		Reason:         reason, Message: message, Type: kind,
-		Source:         corev1.EventSource{Component: "walship", Host: hostname()},
+		Source:         corev1.EventSource{Component: "walship", Host: c.host},
 		FirstTimestamp: now, LastTimestamp: now, Count: 1,
 		ReportingController: "walship.io/node", ReportingInstance: c.cfg.Pod,
 	}
 	if _, err := c.cs.CoreV1().Events(c.cfg.Namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
 		c.logger.Warn("could not record an event", "reason", reason, "err", err)
 	}
-}
-
-func hostname() string {
-	h, _ := os.Hostname()
-	return strings.TrimSpace(h)
 }

@@ -26,10 +26,7 @@ func TestClientFollowsAFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Stop() })
-	var addrs []string
-	for _, n := range c.Nodes() {
-		addrs = append(addrs, n.Addr)
-	}
+	addrs := nodeAddrs(c)
 	// The log store is not a data node: the client skips what is not one.
 	cl, err := client.New(addrs, client.Options{Retry: 20 * time.Second})
 	if err != nil {
@@ -158,10 +155,7 @@ func TestFailoverOverMTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Stop() })
-	var addrs []string
-	for _, n := range c.Nodes() {
-		addrs = append(addrs, n.Addr)
-	}
+	addrs := nodeAddrs(c)
 	cl, err := client.New(addrs, client.Options{Retry: 20 * time.Second, DialOptions: serve.DialOptions()})
 	if err != nil {
 		t.Fatal(err)
@@ -196,4 +190,14 @@ func TestFailoverOverMTLS(t *testing.T) {
 	if g, err := cl.Get(ctx, "k"); err != nil || string(g.Value) != "v3" {
 		t.Fatalf("Get on the new primary: %v, %v", g, err)
 	}
+}
+
+// nodeAddrs is every node's address, log store included (the client skips
+// what is not a data node).
+func nodeAddrs(c *cluster.Cluster) []string {
+	var addrs []string
+	for _, n := range c.Nodes() {
+		addrs = append(addrs, n.Addr)
+	}
+	return addrs
 }

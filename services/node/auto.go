@@ -166,6 +166,13 @@ func (n *Node) eligibility(ctx context.Context, changed time.Time) (why string, 
 	case time.Since(changed) < n.cfg.FailoverHolddown:
 		return fmt.Sprintf("the epoch changed less than %v ago (--failover-holddown)", n.cfg.FailoverHolddown), false
 	}
+	last, logEpoch, _ := rep.LogPosition()
+	e := max(rep.Vote().Epoch, logEpoch)
+	if e == 0 {
+		// A new cluster whose primary has not opened its first epoch yet:
+		// there is nothing to fail over from.
+		return "this replica has joined no epoch yet", false
+	}
 	sctx, cancel := context.WithTimeout(ctx, 10*n.retry())
 	defer cancel()
 	resp, err := n.promote(sctx, &walshipv1.PromoteRequest{DryRun: true})
@@ -174,13 +181,6 @@ func (n *Node) eligibility(ctx context.Context, changed time.Time) (why string, 
 		return "dry run: " + err.Error(), false
 	case !resp.GetQuorum():
 		return "a promotion would not find its quorum: it needs " + resp.GetNeeded(), false
-	}
-	last, logEpoch, _ := rep.LogPosition()
-	e := max(rep.Vote().Epoch, logEpoch)
-	if e == 0 {
-		// A new cluster whose primary has not opened its first epoch yet:
-		// there is nothing to fail over from.
-		return "this replica has joined no epoch yet", false
 	}
 	if resp.GetEpoch() != e+1 {
 		return fmt.Sprintf("a newer epoch than this replica's %d exists", e), false
