@@ -221,11 +221,7 @@ func TestDurableGroupIsOneEntry(t *testing.T) {
 	var releaseOnce sync.Once
 	free := func() { releaseOnce.Do(func() { close(release) }) }
 	t.Cleanup(free) // a failure below must not leave the primary stuck
-	nextLSN := func() uint64 {
-		r.s.seqMu.Lock()
-		defer r.s.seqMu.Unlock()
-		return r.s.nextLSN
-	}
+	nextLSN := func() uint64 { return r.s.pipe.lastSequenced() + 1 }
 	go put("held")
 	<-held
 	entries0, lsn0 := r.s.wal.Stats().EntriesAppended, nextLSN()
@@ -272,10 +268,10 @@ func TestApplyFailureStopsThePrimary(t *testing.T) {
 		})
 	}
 	testwait.Until(t, "writers committing", func() bool { return puts.Load() >= 100 })
-	r.s.visMu.Lock()
+	r.s.pipe.visMu.Lock()
 	applied := r.s.store.AppliedLSN()
 	err := r.s.store.Apply(&codec.Batch{Records: []codec.Record{{LSN: applied + 1, TxnID: 1 << 60, Op: codec.OpCommit}}})
-	r.s.visMu.Unlock()
+	r.s.pipe.visMu.Unlock()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -303,15 +299,15 @@ func TestGatherTargetIsTheTypicalCycle(t *testing.T) {
 		{"more writers joined", []int{4, 4, 4, 16, 16, 16}, 16},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var s Server
+			var g groupSizer
 			for _, n := range tc.cycles {
-				s.noteCycle(n)
+				g.noteCycle(n)
 			}
-			if got := s.gatherTarget(); got != tc.want {
+			if got := g.gatherTarget(0); got != tc.want {
 				t.Fatalf("cycles %v: gatherTarget = %d, want %d", tc.cycles, got, tc.want)
 			}
-			s.cycleAt = time.Now().Add(-2 * cycleMemory)
-			if got := s.gatherTarget(); got != 0 {
+			g.at = time.Now().Add(-2 * cycleMemory)
+			if got := g.gatherTarget(0); got != 0 {
 				t.Fatalf("cycles %v, then idle for %v: gatherTarget = %d, want 0", tc.cycles, 2*cycleMemory, got)
 			}
 		})

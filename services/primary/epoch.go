@@ -69,12 +69,12 @@ type Member struct {
 	ID, Addr string
 }
 
-// proposeEpoch computes the epoch this run begins (not yet saved): seen is
-// the highest epoch in the recovered log.
-func (s *Server) proposeEpoch(seen uint64) error {
+// proposeEpoch computes the epoch this run begins at LSN next (not yet
+// saved): seen is the highest epoch in the recovered log.
+func (s *Server) proposeEpoch(seen, next uint64) error {
 	if e := s.cfg.Elected; e != nil {
-		if cur := e.History.Current(); cur.Epoch != e.Epoch || cur.FirstLSN != s.nextLSN {
-			return fmt.Errorf("elected epoch %d: the history's last line is %v, want epoch %d from LSN %d", e.Epoch, cur, e.Epoch, s.nextLSN)
+		if cur := e.History.Current(); cur.Epoch != e.Epoch || cur.FirstLSN != next {
+			return fmt.Errorf("elected epoch %d: the history's last line is %v, want epoch %d from LSN %d", e.Epoch, cur, e.Epoch, next)
 		}
 		s.epochs, s.epoch = e.History, e.Epoch
 		return nil
@@ -88,7 +88,7 @@ func (s *Server) proposeEpoch(seen uint64) error {
 		return err
 	}
 	// A directory a replica wrote may hold a vote newer than its log.
-	h = h.Begin(max(seen, v.Epoch), s.nextLSN)
+	h = h.Begin(max(seen, v.Epoch), next)
 	s.epochs, s.epoch = h, h.Current().Epoch
 	return nil
 }
@@ -231,7 +231,7 @@ func (s *Server) openEpoch(ctx context.Context) error {
 	}
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stop := context.AfterFunc(s.alive, cancel)
+	stop := context.AfterFunc(s.pipe.alive, cancel)
 	defer stop()
 	c := rec.Contract
 	if k := int(c.SyncReplicas); k > 0 {
@@ -282,7 +282,7 @@ func (s *Server) serving() error {
 		return notServing("primary cannot serve: %v", s.failedErr())
 	case !s.opened.Load():
 		return notServing("primary is opening epoch %d: its epoch record does not meet the contract yet", s.epoch)
-	case s.handover.Load():
+	case s.pipe.handover.Load():
 		return notServing("primary is handing over to another node (switchover)")
 	case !s.lease.valid():
 		return notServing("primary has not heard from a log store majority for %v (its lease): it may have been deposed", s.cfg.LeaseTimeout)
@@ -319,11 +319,7 @@ func notServing(format string, args ...any) error {
 	return st.Err()
 }
 
-func (s *Server) failedErr() error {
-	s.seqMu.Lock()
-	defer s.seqMu.Unlock()
-	return s.broken
-}
+func (s *Server) failedErr() error { return s.pipe.err() }
 
 // depose ends the primary once: in-flight and later commits fail with an
 // unknown outcome, nothing more is shipped, Run returns err. The vote is
@@ -336,7 +332,7 @@ func (s *Server) depose(err *DeposedError) {
 			}
 		}
 		s.logger.Warn("deposed: stepping down", "why", err.Why, "epoch", s.epoch, "new_epoch", err.Vote.Epoch, "new_primary", err.Vote.Primary)
-		s.fail(err, nil)
+		s.pipe.fail(err, nil)
 	})
 }
 
@@ -492,25 +488,23 @@ func (s *Server) Switchover(ctx context.Context, target string, timeout time.Dur
 	if err := s.serving(); err != nil {
 		return nil, err
 	}
-	if !s.handover.CompareAndSwap(false, true) {
+	if !s.pipe.handover.CompareAndSwap(false, true) {
 		return nil, status.Error(codes.Aborted, "a switchover is already under way")
 	}
 	start := time.Now()
 	ok := false
 	defer func() {
 		if !ok {
-			s.handover.Store(false)
+			s.pipe.handover.Store(false)
 		}
 	}()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	s.logger.Info("switching over", "target", target)
 	// Every commit already sequenced resolves (they are answered as usual);
-	// execTxn checks handover under seqMu, so none is sequenced after last.
-	s.seqMu.Lock()
-	last := s.nextLSN - 1
-	s.seqMu.Unlock()
-	if _, err := s.visible.Wait(ctx, last); err != nil {
+	// sequence checks handover under seqMu, so none is sequenced after last.
+	last := s.pipe.lastSequenced()
+	if _, err := s.pipe.visible.Wait(ctx, last); err != nil {
 		return nil, status.Errorf(codes.DeadlineExceeded, "switchover to %s: commits up to LSN %d did not resolve within %v", target, last, timeout)
 	}
 	// The target has flushed the whole log.

@@ -234,21 +234,7 @@ func (s *Server) exec(ctx context.Context, p *walshipv1.CommitPolicy, cmps []sta
 	return s.execTxn(ctx, p, cmps, ops, nil, false)
 }
 
-// txnView is what a transaction's own ops read: its earlier writes, then
-// every sequenced write (the overlay).
-type txnView struct {
-	base  *state.Overlay
-	local map[string]*opResult
-}
-
-func (v *txnView) get(key string) (value []byte, version uint64, ok bool) {
-	if r, found := v.local[key]; found {
-		return r.value, r.version, r.found
-	}
-	return v.base.Get([]byte(key))
-}
-
-// execTxn sequences a transaction. One with writes answers once its
+// execTxn runs a transaction (sequence). One with writes answers once its
 // policy is met and its commit is visible (await), which every write it
 // read or compared, being sequenced before it, then is too. One without
 // waits until the writes it read or compared are visible, unless it is
@@ -267,117 +253,16 @@ func (s *Server) execTxn(ctx context.Context, p *walshipv1.CommitPolicy, cmps []
 		return execResult{}, status.FromContextError(err).Err()
 	}
 	start := time.Now()
-
-	s.seqMu.Lock()
-	switch {
-	case s.broken != nil:
-		s.seqMu.Unlock()
-		return execResult{}, notServing("primary cannot commit: %v", s.broken)
-	case s.stopping:
-		s.seqMu.Unlock()
-		return execResult{}, notServing("%v", errStopping)
-	case s.handover.Load():
-		// Checked under seqMu: Switchover reads the last LSN under it, so
-		// nothing is sequenced after the LSN the target must have flushed.
-		s.seqMu.Unlock()
-		return execResult{}, notServing("primary is handing over to another node (switchover)")
+	res, t, err := s.pipe.sequence(pol, cmps, success, failure, start)
+	if err != nil {
+		return execResult{}, err
 	}
-	res := execResult{succeeded: true}
-	for i := range cmps {
-		if !cmps[i].Eval(s.overlay) {
-			res.succeeded = false
-			break
-		}
+	if t == nil {
+		return res, s.answerReads(ctx, res.lsn, speculative)
 	}
-	ops := success
-	if !res.succeeded {
-		ops = failure
-	}
-	writes := 0
-	for _, o := range ops {
-		if o.kind != opGet {
-			writes++
-		}
-	}
-	if writes == 0 {
-		// Reads only: compares and reads ran at the sequenced state (the
-		// newest write of each key, acknowledged or not); wait until the
-		// writes they saw are visible, so nothing unacknowledged leaks.
-		// Only those: a transaction over keys no in-flight transaction
-		// wrote returns at once, and its LSN is the visible one — at which
-		// those keys hold what they hold at the sequenced state.
-		// The compares' outcome says what their keys held, so the writes
-		// behind them count as read.
-		res.results = make([]opResult, len(ops))
-		res.lsn = s.visible.Load()
-		for i := range cmps {
-			_, _, _, after := s.overlay.Read(cmps[i].Key)
-			res.lsn = max(res.lsn, after)
-		}
-		for i, o := range ops {
-			v, ver, ok, after := s.overlay.Read([]byte(o.key))
-			res.results[i] = opResult{kind: opGet, found: ok, value: v, version: ver}
-			res.lsn = max(res.lsn, after)
-		}
-		s.seqMu.Unlock()
-		if speculative {
-			if !s.lease.valid() {
-				return execResult{}, notServing("primary lost its lease (no word from a log store majority for %v): it may have been deposed", s.cfg.LeaseTimeout)
-			}
-			if err := s.gated(); err != nil {
-				return execResult{}, notServing("primary does not take reads and writes: %v", err)
-			}
-			return res, nil
-		}
-		if _, err := s.visible.Wait(ctx, res.lsn); err != nil {
-			return execResult{}, status.FromContextError(err).Err()
-		}
-		if !s.lease.valid() {
-			return execResult{}, status.Errorf(codes.Unavailable, "primary lost its lease (no word from a log store majority for %v): it may have been deposed", s.cfg.LeaseTimeout)
-		}
-		if err := s.gated(); err != nil {
-			return execResult{}, status.Errorf(codes.Unavailable, "primary does not take reads and writes: %v", err)
-		}
-		return res, nil
-	}
-	t := &txn{policy: pol, local: make(chan error, 1), start: start}
-	first := s.nextLSN
-	t.commitLSN = first + uint64(writes)
-	txnID := s.nextTxn
-	view := txnView{base: s.overlay, local: make(map[string]*opResult, len(ops))}
-	t.recs = make([]codec.Record, 0, writes+1)
-	res.results = make([]opResult, len(ops))
-	for i, o := range ops {
-		r := &res.results[i]
-		r.kind = o.kind
-		switch o.kind {
-		case codec.OpPut:
-			t.recs = append(t.recs, codec.Record{LSN: first + uint64(len(t.recs)), TxnID: txnID, Op: codec.OpPut, Key: []byte(o.key), Value: o.value})
-			view.local[o.key] = &opResult{found: true, value: o.value, version: t.commitLSN}
-		case codec.OpDelete:
-			_, _, r.existed = view.get(o.key)
-			t.recs = append(t.recs, codec.Record{LSN: first + uint64(len(t.recs)), TxnID: txnID, Op: codec.OpDelete, Key: []byte(o.key)})
-			view.local[o.key] = &opResult{}
-		default:
-			r.value, r.version, r.found = view.get(o.key)
-		}
-	}
-	t.recs = append(t.recs, codec.Record{LSN: t.commitLSN, TxnID: txnID, Op: codec.OpCommit})
-	s.nextLSN = t.commitLSN + 1
-	s.nextTxn++
-	s.overlay.Stage(t.recs)
-	s.enqueueLocked(t)
-	s.seqMu.Unlock()
-
-	err = s.await(t)
-	if err == nil && s.opened.Load() && !s.lease.valid() {
-		// In the log, maybe even committed by a new primary: unknown.
-		err = fmt.Errorf("%w: commit LSN %d is in the log, but the primary lost its lease (no word from a log store majority for %v) and may have been deposed: its outcome is unknown",
-			rpcerr.ErrUnavailable, t.commitLSN, s.cfg.LeaseTimeout)
-	} else if err == nil && s.opened.Load() {
-		if gerr := s.gated(); gerr != nil {
-			err = fmt.Errorf("%w: commit LSN %d is in the log, but the primary may no longer be the primary (%v): its outcome is unknown", rpcerr.ErrUnavailable, t.commitLSN, gerr)
-		}
+	err = s.pipe.await(t)
+	if err == nil {
+		err = s.stillPrimary(t.commitLSN)
 	}
 	s.metrics.observeCommit(pol, err, time.Since(start))
 	if err != nil {
@@ -385,4 +270,46 @@ func (s *Server) execTxn(ctx context.Context, p *walshipv1.CommitPolicy, cmps []
 	}
 	res.lsn = t.commitLSN
 	return res, nil
+}
+
+// answerReads returns once reads that saw the writes up to lsn may be
+// answered: those writes are visible (unless speculative), and the primary
+// still holds its lease and its gate.
+func (s *Server) answerReads(ctx context.Context, lsn uint64, speculative bool) error {
+	if speculative {
+		if !s.lease.valid() {
+			return notServing("primary lost its lease (no word from a log store majority for %v): it may have been deposed", s.cfg.LeaseTimeout)
+		}
+		if err := s.gated(); err != nil {
+			return notServing("primary does not take reads and writes: %v", err)
+		}
+		return nil
+	}
+	if _, err := s.pipe.visible.Wait(ctx, lsn); err != nil {
+		return status.FromContextError(err).Err()
+	}
+	if !s.lease.valid() {
+		return status.Errorf(codes.Unavailable, "primary lost its lease (no word from a log store majority for %v): it may have been deposed", s.cfg.LeaseTimeout)
+	}
+	if err := s.gated(); err != nil {
+		return status.Errorf(codes.Unavailable, "primary does not take reads and writes: %v", err)
+	}
+	return nil
+}
+
+// stillPrimary checks, once a commit at commitLSN is acknowledged, that
+// the primary still held its lease and its gate: if not, the commit is in
+// the log, maybe even committed by a new primary, and its outcome unknown.
+func (s *Server) stillPrimary(commitLSN uint64) error {
+	if !s.opened.Load() {
+		return nil // the epoch record itself, before the lease is waited for
+	}
+	if !s.lease.valid() {
+		return fmt.Errorf("%w: commit LSN %d is in the log, but the primary lost its lease (no word from a log store majority for %v) and may have been deposed: its outcome is unknown",
+			rpcerr.ErrUnavailable, commitLSN, s.cfg.LeaseTimeout)
+	}
+	if gerr := s.gated(); gerr != nil {
+		return fmt.Errorf("%w: commit LSN %d is in the log, but the primary may no longer be the primary (%v): its outcome is unknown", rpcerr.ErrUnavailable, commitLSN, gerr)
+	}
+	return nil
 }

@@ -52,6 +52,10 @@ func (s *Server) shipLogStore(ctx context.Context, addr string) {
 	}
 }
 
+// shipOnce runs one Append stream to a log store: it asks where the log
+// store is (cutting a tail of an epoch this primary's history does not
+// have), then ships durable batches from there with lease heartbeats,
+// until the stream or ctx ends.
 func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceClient, addr string) error {
 	st, err := client.Status(ctx, &walshipv1.LogStoreServiceStatusRequest{}, grpc.WaitForReady(true))
 	if err != nil {
@@ -63,32 +67,7 @@ func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceC
 		s.depose(err)
 		return err
 	}
-	from, durable := st.DurableLsn+1, st.DurableLsn
-	// A stored tail of an epoch this primary's history does not have (a
-	// deposed primary's, never committed) is cut, and kept as an orphan
-	// by the log store.
-	cut := false
-	keep, all, known := s.epochs.KeepUpTo(st.LastEpoch)
-	if len(st.History) > 0 {
-		keep, all, known = s.epochs.SharedUpTo(datadir.HistoryFromProto(st.History))
-	}
-	if st.FirstLsn != 0 && !all {
-		if !known {
-			keep = 0
-		}
-		if keep < st.DurableLsn {
-			s.logger.Warn("the log store holds entries of an epoch this primary's history does not have; asking it to cut them",
-				"logstore", addr, "store_epoch", st.LastEpoch, "store_last_lsn", st.DurableLsn, "truncate_after_lsn", keep)
-			cut, from, durable = true, keep+1, keep
-		}
-	}
-	if st.FirstLsn == 0 {
-		// An empty log store starts at the oldest batch we still have. It
-		// may report a durable LSN even so (a WAL anchored by a segment
-		// header written before a crash); holding nothing, it vouches for
-		// nothing.
-		from, durable = max(s.wal.FirstLSN(), 1), 0
-	}
+	from, durable, cut := s.logStoreStart(addr, st)
 	rd, err := s.wal.NewReader(from, true)
 	if err != nil {
 		if errors.Is(err, wal.ErrCompacted) {
@@ -105,49 +84,12 @@ func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceC
 	}
 	s.peers.updateLogStore(addr, func(l *logstorePos) { l.connected, l.durable = true, max(l.durable, durable) })
 	s.logger.Info("shipping to log store", "logstore", addr, "from_lsn", from)
-	// Heartbeats renew the lease: every quarter of it at least, batches or
-	// not; the log store echoes each one's time in its ack, which is mapped
-	// back to the (monotonic) time it was sent.
-	var sentMu sync.Mutex
-	sent := map[int64]time.Time{}
-	heartbeat := func(reply bool) *walshipv1.AppendRequest {
-		now := time.Now()
-		sentMu.Lock()
-		sent[now.UnixNano()] = now
-		for k, t := range sent {
-			if now.Sub(t) > 4*s.cfg.LeaseTimeout {
-				delete(sent, k)
-			}
-		}
-		sentMu.Unlock()
-		return &walshipv1.AppendRequest{Heartbeat: &walshipv1.Heartbeat{Epoch: s.epoch, LastLsn: s.wal.DurableLSN(), TimeUnixNano: now.UnixNano(),
-			ReplyRequested: reply, PrimaryId: s.cfg.ID, PrimaryAddr: s.Advertise()}}
-	}
+	beats := &leaseBeats{s: s, sent: map[int64]time.Time{}}
 	recvDone := make(chan error, 1)
-	go func() {
-		for {
-			ack, err := stream.Recv()
-			if err != nil {
-				recvDone <- err
-				return
-			}
-			if e := ack.GetHeartbeatTimeUnixNano(); e != 0 {
-				sentMu.Lock()
-				t, ok := sent[e]
-				sentMu.Unlock()
-				if ok {
-					s.lease.renew(addr, t)
-				}
-			}
-			s.peers.updateLogStore(addr, func(l *logstorePos) {
-				l.durable = max(l.durable, ack.DurableLsn)
-				l.lastAck = time.Now()
-			})
-		}
-	}()
+	go func() { recvDone <- s.receiveLogStoreAcks(stream, addr, beats) }()
 	// The first message declares this primary's epoch (the log store
 	// refuses a stream of an older one than it promised), then the cut.
-	first := heartbeat(true)
+	first := beats.next(true)
 	if cut {
 		first.Truncate, first.TruncateAfterLsn = true, durable
 	}
@@ -156,49 +98,7 @@ func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceC
 		<-recvDone
 		return err
 	}
-	renewEvery := s.cfg.LeaseTimeout / 4
-	lastBeat := time.Now()
-	sendErr := func() error {
-		want := from // first LSN of the entry to send next
-		for {
-			if time.Since(lastBeat) >= renewEvery {
-				if err := stream.Send(heartbeat(true)); err != nil {
-					return err
-				}
-				lastBeat = time.Now()
-			}
-			var e wal.Entry
-			var err error
-			if s.wal.DurableLSN() >= want {
-				e, err = rd.Next(sctx) // available: no timer needed
-			} else {
-				nctx, ncancel := context.WithTimeout(sctx, min(s.cfg.HeartbeatInterval, renewEvery))
-				e, err = rd.Next(nctx)
-				ncancel()
-			}
-			if err == nil {
-				want = e.LastLSN + 1
-			}
-			switch {
-			case errors.Is(err, context.DeadlineExceeded) && sctx.Err() == nil:
-				err = stream.Send(heartbeat(true))
-				lastBeat = time.Now()
-			case err != nil:
-				return err
-			default:
-				err = stream.Send(withRawBatch(&walshipv1.AppendRequest{}, e.Data))
-				// A commit waits (or is about to wait) for the log stores:
-				// ask for the round now, not after the log store's delay.
-				if err == nil && (e.LastLSN <= s.lsWanted.Load() || s.peers.lsWaiting.Load() > 0) {
-					err = stream.Send(heartbeat(true))
-					lastBeat = time.Now()
-				}
-			}
-			if err != nil {
-				return err
-			}
-		}
-	}()
+	sendErr := s.shipEntries(sctx, stream, rd, from, beats)
 	cancel()
 	rerr := <-recvDone
 	if status.Code(rerr) == codes.FailedPrecondition {
@@ -214,6 +114,137 @@ func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceC
 		return rerr
 	}
 	return sendErr
+}
+
+// logStoreStart decides where shipping to a log store in state st begins:
+// the first LSN to send, the durable LSN the log store vouches for, and
+// whether it must first cut a stored tail of an epoch this primary's
+// history does not have (a deposed primary's, never committed; the log
+// store keeps it as an orphan).
+func (s *Server) logStoreStart(addr string, st *walshipv1.LogStoreServiceStatusResponse) (from, durable uint64, cut bool) {
+	if st.FirstLsn == 0 {
+		// An empty log store starts at the oldest batch we still have. It
+		// may report a durable LSN even so (a WAL anchored by a segment
+		// header written before a crash); holding nothing, it vouches for
+		// nothing.
+		return max(s.wal.FirstLSN(), 1), 0, false
+	}
+	from, durable = st.DurableLsn+1, st.DurableLsn
+	keep, all, known := s.epochs.KeepUpTo(st.LastEpoch)
+	if len(st.History) > 0 {
+		keep, all, known = s.epochs.SharedUpTo(datadir.HistoryFromProto(st.History))
+	}
+	if all {
+		return from, durable, false
+	}
+	if !known {
+		keep = 0
+	}
+	if keep < st.DurableLsn {
+		s.logger.Warn("the log store holds entries of an epoch this primary's history does not have; asking it to cut them",
+			"logstore", addr, "store_epoch", st.LastEpoch, "store_last_lsn", st.DurableLsn, "truncate_after_lsn", keep)
+		return keep + 1, keep, true
+	}
+	return from, durable, false
+}
+
+// leaseBeats makes the heartbeats of one log store stream. They renew the
+// lease: the log store echoes each one's time in its ack, which is mapped
+// back to the (monotonic) time it was sent.
+type leaseBeats struct {
+	s    *Server
+	mu   sync.Mutex
+	sent map[int64]time.Time // by the wall-clock nanoseconds it carries
+}
+
+// next returns a heartbeat sent now.
+func (b *leaseBeats) next(reply bool) *walshipv1.AppendRequest {
+	s := b.s
+	now := time.Now()
+	b.mu.Lock()
+	b.sent[now.UnixNano()] = now
+	for k, t := range b.sent {
+		if now.Sub(t) > 4*s.cfg.LeaseTimeout {
+			delete(b.sent, k)
+		}
+	}
+	b.mu.Unlock()
+	return &walshipv1.AppendRequest{Heartbeat: &walshipv1.Heartbeat{Epoch: s.epoch, LastLsn: s.wal.DurableLSN(), TimeUnixNano: now.UnixNano(),
+		ReplyRequested: reply, PrimaryId: s.cfg.ID, PrimaryAddr: s.Advertise()}}
+}
+
+// sentAt is when the heartbeat a log store echoed was sent.
+func (b *leaseBeats) sentAt(echo int64) (time.Time, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	t, ok := b.sent[echo]
+	return t, ok
+}
+
+// receiveLogStoreAcks records a log store's cumulative durable acks, and
+// renews the lease with the heartbeats they echo, until the stream ends.
+func (s *Server) receiveLogStoreAcks(stream walshipv1.LogStoreService_AppendClient, addr string, beats *leaseBeats) error {
+	for {
+		ack, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		if e := ack.GetHeartbeatTimeUnixNano(); e != 0 {
+			if t, ok := beats.sentAt(e); ok {
+				s.lease.renew(addr, t)
+			}
+		}
+		s.peers.updateLogStore(addr, func(l *logstorePos) {
+			l.durable = max(l.durable, ack.DurableLsn)
+			l.lastAck = time.Now()
+		})
+	}
+}
+
+// shipEntries sends durable WAL entries from LSN from on, and a heartbeat
+// every quarter of the lease at least, batches or not. A batch that holds
+// (or comes before) a commit waiting for the log stores is followed by a
+// heartbeat asking for the log store's round now, not after its delay.
+func (s *Server) shipEntries(ctx context.Context, stream walshipv1.LogStoreService_AppendClient, rd *wal.Reader, from uint64, beats *leaseBeats) error {
+	renewEvery := s.cfg.LeaseTimeout / 4
+	lastBeat := time.Now()
+	want := from // first LSN of the entry to send next
+	for {
+		if time.Since(lastBeat) >= renewEvery {
+			if err := stream.Send(beats.next(true)); err != nil {
+				return err
+			}
+			lastBeat = time.Now()
+		}
+		var e wal.Entry
+		var err error
+		if s.wal.DurableLSN() >= want {
+			e, err = rd.Next(ctx) // available: no timer needed
+		} else {
+			nctx, ncancel := context.WithTimeout(ctx, min(s.cfg.HeartbeatInterval, renewEvery))
+			e, err = rd.Next(nctx)
+			ncancel()
+		}
+		if err == nil {
+			want = e.LastLSN + 1
+		}
+		switch {
+		case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
+			err = stream.Send(beats.next(true))
+			lastBeat = time.Now()
+		case err != nil:
+			return err
+		default:
+			err = stream.Send(withRawBatch(&walshipv1.AppendRequest{}, e.Data))
+			if err == nil && (s.pipe.want.logStoreNow(e.LastLSN) || s.peers.lsWaiting.Load() > 0) {
+				err = stream.Send(beats.next(true))
+				lastBeat = time.Now()
+			}
+		}
+		if err != nil {
+			return err
+		}
+	}
 }
 
 // streamMessageBytes bounds a replication or log store stream message. It

@@ -78,7 +78,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	visible := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "walship_visible_lsn",
 		Help: "LSN up to which the primary's reads see commits.",
-	}, func() float64 { return float64(s.visible.Load()) })
+	}, func() float64 { return float64(s.pipe.visible.Load()) })
 	walBytes := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "walship_wal_size_bytes",
 		Help: "Size of the primary's WAL segment files on disk.",

@@ -61,7 +61,7 @@ func (c *replCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.replicaConnected, prometheus.GaugeValue, b2f(r.connected), r.id)
 		for _, level := range syncStages {
 			pos, stage := r.at(level), levelName(level)
-			bytes, age := s.index.lag(pos, now)
+			bytes, age := s.pipe.index.lag(pos, now)
 			ch <- prometheus.MustNewConstMetric(c.lagSeconds, prometheus.GaugeValue, age.Seconds(), r.id, stage)
 			ch <- prometheus.MustNewConstMetric(c.lagBytes, prometheus.GaugeValue, float64(bytes), r.id, stage)
 			ch <- prometheus.MustNewConstMetric(c.lagRecords, prometheus.GaugeValue, float64(last-min(last, pos)), r.id, stage)

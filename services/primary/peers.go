@@ -138,6 +138,31 @@ func (p *peers) updateReplica(id string, f func(r *replicaPos)) {
 	}
 }
 
+// connectReplica records a new stream of replica id from LSN next and
+// returns its session. Until its first ack, only what the hello implies is
+// trusted: it has written everything before next, and flushed and applied
+// no more than that.
+func (p *peers) connectReplica(id string, next uint64) (session uint64) {
+	p.updateReplica(id, func(r *replicaPos) {
+		r.connected = true
+		r.session++
+		session = r.session
+		r.written, r.flushed, r.applied = next-1, min(r.flushed, next-1), min(r.applied, next-1)
+		r.lastAck = time.Now()
+	})
+	return session
+}
+
+// disconnectReplica records the end of a stream, unless a newer one of the
+// same replica has begun.
+func (p *peers) disconnectReplica(id string, session uint64) {
+	p.updateReplica(id, func(r *replicaPos) {
+		if r.session == session {
+			r.connected = false
+		}
+	})
+}
+
 // updateLogStore changes one log store's entry under the lock and releases
 // the waiters a majority now covers.
 func (p *peers) updateLogStore(addr string, f func(l *logstorePos)) {

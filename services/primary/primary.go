@@ -2,18 +2,11 @@
 // transactions into a durable segmented WAL with group commit, serves reads at
 // its visible LSN, and ships the WAL to replicas and log stores.
 //
-// A write goes through one sequencer (LSNs assigned, compares evaluated
-// against every earlier write), then a writer: the syncer goroutine, which
-// writes what was queued while the previous fsync ran as one batch and
-// fsyncs it, or the committer goroutine, woken by a transaction that needs
-// no fsync, which writes it at once with whatever is queued ahead of it
-// (and wakes the syncer for those that need one); then it waits for its
-// policy (local fsync, replicas, log stores). Replicas
-// receive a batch once it is written, before the fsync; they apply only up
-// to the durable LSN the primary reports. Readers see the state only up to
-// the visible LSN: the end of the longest prefix of transactions whose
-// commits have been acknowledged (or failed) to their writers, so a read
-// never returns a write before its writer was told it committed.
+// Reading order: pipeline.go (the write path: a transaction's stages, the
+// goroutines, who writes the WAL, the lock order), then sequence.go,
+// commit.go (the writers and group commit) and visible.go; replication.go
+// and logship.go are the streams to replicas and log stores, epoch.go the
+// epoch, the lease and switchover.
 package primary
 
 import (
@@ -33,8 +26,6 @@ import (
 	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/internal/vfs"
 	"github.com/walship/walship/internal/wal"
-	"github.com/walship/walship/internal/watermark"
-	"github.com/walship/walship/pkg/codec"
 	"google.golang.org/grpc"
 )
 
@@ -46,8 +37,7 @@ type Server struct {
 	srv     *serve.Server
 	wal     *wal.Log
 	store   *state.Store
-	overlay *state.Overlay
-	visible watermark.Watermark
+	pipe    *pipeline // the write path
 	reads   *kvapi.Reader
 	metrics *metrics
 	peers   *peers
@@ -59,86 +49,14 @@ type Server struct {
 	// meets the contract: reads and writes are served from then on.
 	epochReady atomic.Bool
 	opened     atomic.Bool
-	handover   atomic.Bool // a switchover is under way
 	lease      *lease
 	deposeOnce sync.Once
-	// alive is cancelled when the primary fails or is deposed: waits for
-	// peers end with it.
-	alive     context.Context
-	killAlive context.CancelFunc
 
 	policy atomic.Pointer[Policy] // default commit policy
-
-	// seqMu guards sequencing: nextLSN, the queue to the writers and the
-	// overlay's staged writes are all changed together under it.
-	seqMu   sync.Mutex
-	nextLSN uint64
-	nextTxn uint64
-	queue   []*txn
-	// queuedSync counts the transactions in queue that need a local fsync
-	// (changed under seqMu, read without it): the syncer's group commit
-	// waits for them too.
-	queuedSync atomic.Int64
-	stopping   bool
-	broken     error
-	kick       chan struct{}
-
-	// visMu guards the resolution order and applying to the store.
-	visMu      sync.Mutex
-	unresolved []*txn
-	applyBatch codec.Batch
-
-	// writeMu serialises taking transactions off queue and writing them
-	// (and retention's cuts): the committer writes those that need no
-	// fsync, with whatever is queued with them; the syncer writes the rest
-	// right before each fsync, so that a group commit is one WAL entry,
-	// which replicas and log stores receive as one message each. Writing
-	// each arrival as it came made a group of 8 durable committers ~6
-	// entries, and every entry costs every stream a read, a message and,
-	// on the replica, a receive, a check and a write. The fields below it
-	// are the writer's.
-	writeMu         sync.Mutex
-	batch           codec.Batch
-	payload         []byte
-	entries         []wal.Entry
-	batchTime       time.Time
-	walPayloadBytes uint64
-	index           *lsnIndex // read by lag metrics and replica streams
-	// The syncer: a sequenced transaction that needs a local fsync pokes
-	// syncKick; the writer registers fsync waiters in durWait (LSN order)
-	// as it writes them; the async flush timer pokes flushReq.
-	syncKick  chan struct{}
-	flushReq  chan struct{}
-	durMu     sync.Mutex
-	durWait   []*txn
-	lastFsync atomic.Int64 // duration of the latest WAL fsync, for group commit
-	// Durable writers of recent fsync cycles, for group commit (syncer only).
-	cycles    [cycleSamples]int
-	cycleNext int
-	cycleAt   time.Time
-	// replWanted[level] is the last LSN of a batch holding a commit that
-	// waits for replicas at that stage and that no local fsync groups:
-	// its batch asks replicas for an ack at once.
-	replWanted [walshipv1.SyncLevel_SYNC_LEVEL_APPLY + 1]atomic.Uint64
-	// groupWanted is the last LSN of a batch holding a durability-sync
-	// commit that waits for replicas to flush or apply; flushAsk is how far
-	// the syncer, starting a group's fsync, has asked replicas to flush.
-	// A replica then fsyncs once per group commit, as the primary does,
-	// rather than once per batch (askReplicaFlush).
-	groupWanted atomic.Uint64
-	flushAsk    watermark.Watermark
-	// applyWanted is the last LSN of a batch holding a commit that waits
-	// for replicas to apply it: a stream that has not yet told its replica
-	// that batch is durable does so at once.
-	applyWanted atomic.Uint64
-	lsWanted    atomic.Uint64 // last LSN of a batch holding a sync-logstore commit
 
 	snapMu      sync.Mutex
 	snapshotLSN atomic.Uint64
 	snaps       *recovery.SnapshotSchedule
-	truncate    chan uint64   // retention cut points, for the committer to make
-	failed      chan struct{} // closed by fail, with broken set: the committer stops
-
 }
 
 // New opens the data directory, recovers the state (newest snapshot, then
@@ -158,15 +76,10 @@ func New(cfg Config) (*Server, error) {
 		cfg.LeaseTimeout = DefaultLeaseTimeout
 	}
 	s := &Server{
-		cfg:      cfg,
-		logger:   cfg.Logger,
-		fs:       cfg.FS,
-		kick:     make(chan struct{}, 1),
-		snaps:    recovery.NewSnapshotSchedule(cfg.SnapshotEveryBytes),
-		truncate: make(chan uint64, 1),
-		failed:   make(chan struct{}),
-		syncKick: make(chan struct{}, 1),
-		flushReq: make(chan struct{}, 1),
+		cfg:    cfg,
+		logger: cfg.Logger,
+		fs:     cfg.FS,
+		snaps:  recovery.NewSnapshotSchedule(cfg.SnapshotEveryBytes),
 	}
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)
@@ -181,7 +94,6 @@ func New(cfg Config) (*Server, error) {
 	p := cfg.Policy
 	s.policy.Store(&p)
 	s.peers = newPeers()
-	s.index = newLSNIndex(1 << 16)
 	for _, a := range cfg.LogStores {
 		s.peers.logstores[a] = &logstorePos{addr: a}
 	}
@@ -197,14 +109,15 @@ func New(cfg Config) (*Server, error) {
 			}
 		}
 	}
-	s.alive, s.killAlive = context.WithCancel(context.Background())
 	nv := datadir.Vote{}
 	s.vote.Store(&nv)
 	if err := s.recover(); err != nil {
 		return nil, err
 	}
 	s.metrics = newMetrics(reg, s)
-	s.reads = &kvapi.Reader{View: func() *state.View { return s.store.Snapshot() }, Visible: &s.visible}
+	s.pipe.metrics = s.metrics
+	s.pipe.written = s.maybeSnapshot
+	s.reads = &kvapi.Reader{View: func() *state.View { return s.store.Snapshot() }, Visible: &s.pipe.visible}
 	srv, err := serve.New(serve.Options{
 		Security:        cfg.Security,
 		Listen:          cfg.Listen,
@@ -231,6 +144,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.srv = srv
+	s.pipe.stopped = func() { s.srv.SetServing(false) }
 	return s, nil
 }
 
@@ -245,14 +159,12 @@ func (s *Server) recover() error {
 	s.store, s.wal = res.Store, res.WAL
 	s.snapshotLSN.Store(res.SnapshotLSN)
 	s.snaps.Taken(int64(s.wal.Stats().BytesWritten), res.SnapshotBytes)
-	s.overlay = state.NewOverlay(s.store)
-	s.nextLSN = s.store.AppliedLSN() + 1
-	s.nextTxn = s.store.AppliedLSN() + 1 // txn ids only need to be unique and increasing
-	s.visible.Advance(s.store.AppliedLSN())
-	if err := s.proposeEpoch(res.Epoch); err != nil {
+	s.pipe = newPipeline(s.cfg, s.wal, s.store, s.peers, s.logger)
+	if err := s.proposeEpoch(res.Epoch, s.store.AppliedLSN()+1); err != nil {
 		_ = s.wal.Close()
 		return err
 	}
+	s.pipe.epoch = s.epoch
 	if v, err := datadir.LoadVote(s.fs, s.cfg.DataDir); err == nil {
 		s.vote.Store(&v)
 	}
@@ -276,11 +188,7 @@ func (s *Server) Run(ctx context.Context) error {
 	defer stopServe()
 	serveDone := make(chan error, 1)
 	go func() {
-		serveDone <- s.srv.Serve(serveCtx, func() {
-			s.seqMu.Lock()
-			s.stopping = true
-			s.seqMu.Unlock()
-		})
+		serveDone <- s.srv.Serve(serveCtx, s.pipe.stop)
 	}()
 	if err := s.elect(ctx); err == nil {
 		err = s.saveEpoch()
@@ -291,7 +199,7 @@ func (s *Server) Run(ctx context.Context) error {
 		<-serveDone
 		_ = s.wal.Close()
 		s.metrics.unregister()
-		s.killAlive()
+		s.pipe.killAlive()
 		return err
 	}
 	s.epochReady.Store(true)
@@ -299,7 +207,7 @@ func (s *Server) Run(ctx context.Context) error {
 	commitCtx, stopCommitter := context.WithCancel(context.Background())
 	defer stopCommitter()
 	committerDone := make(chan error, 1)
-	go func() { committerDone <- s.committer(commitCtx) }()
+	go func() { committerDone <- s.pipe.committer(commitCtx) }()
 	snapCtx, stopSnap := context.WithCancel(context.Background())
 	snapDone := make(chan struct{})
 	go func() {
@@ -323,12 +231,12 @@ func (s *Server) Run(ctx context.Context) error {
 	openDone := make(chan struct{})
 	go func() {
 		defer close(openDone)
-		if err := s.openEpoch(openCtx); err != nil && openCtx.Err() == nil && s.alive.Err() == nil {
+		if err := s.openEpoch(openCtx); err != nil && openCtx.Err() == nil && s.pipe.alive.Err() == nil {
 			s.logger.Error("cannot open the epoch", "epoch", s.epoch, "err", err)
 		}
 	}()
 	s.logger.Info("primary serving", "addr", s.Addr(), "metrics", s.MetricsAddr(), "epoch", s.epoch, "id", s.cfg.ID,
-		"visible_lsn", s.visible.Load(), "durability", s.cfg.Policy.Durability.String())
+		"visible_lsn", s.pipe.visible.Load(), "durability", s.cfg.Policy.Durability.String())
 
 	var serveErr, fatal error
 	select {
@@ -362,7 +270,7 @@ func (s *Server) Run(ctx context.Context) error {
 	if err := s.wal.Close(); err != nil && !errors.Is(err, wal.ErrClosed) && fatal == nil {
 		fatal = fmt.Errorf("close wal: %w", err)
 	}
-	s.killAlive()
+	s.pipe.killAlive()
 	s.metrics.unregister()
 	return errors.Join(fatal, serveErr)
 }
@@ -378,29 +286,8 @@ func (s *Server) enforceRetention() {
 		return
 	}
 	select {
-	case s.truncate <- s.snapshotLSN.Load() + 1:
+	case s.pipe.cuts <- s.snapshotLSN.Load() + 1:
 	default: // one is pending already
-	}
-}
-
-// truncateWAL removes the WAL segments wholly before cut. Only the
-// committer calls it.
-func (s *Server) truncateWAL(cut uint64) {
-	s.writeMu.Lock()
-	removed, err := s.wal.TruncateBefore(cut)
-	s.writeMu.Unlock()
-	if errors.Is(err, wal.ErrBroken) {
-		// A failed fsync of the directory or the segments: what is on
-		// disk is unknown, as after any failed fsync.
-		s.fail(fmt.Errorf("wal retention: %w", err), nil)
-		return
-	}
-	if err != nil {
-		s.logger.Warn("wal retention failed", "err", err)
-		return
-	}
-	if removed > 0 {
-		s.logger.Info("wal retention removed segments", "segments", removed, "before_lsn", cut, "wal_bytes", s.wal.Size(), "limit", s.cfg.WALRetentionBytes)
 	}
 }
 
@@ -409,7 +296,7 @@ func (s *Server) overRetention() bool { return s.wal.Size() > s.cfg.WALRetention
 // maybeSnapshot asks for a snapshot when one is due, or when the WAL is
 // over its retention budget and a snapshot would let retention cut it.
 func (s *Server) maybeSnapshot() {
-	s.snaps.Written(int64(s.wal.Stats().BytesWritten), s.overRetention() && s.visible.Load() > s.snapshotLSN.Load())
+	s.snaps.Written(int64(s.wal.Stats().BytesWritten), s.overRetention() && s.pipe.visible.Load() > s.snapshotLSN.Load())
 }
 
 // takeSnapshot writes the visible state to disk. The WAL is synced up to
@@ -426,7 +313,7 @@ func (s *Server) takeSnapshot() error {
 	written := int64(s.wal.Stats().BytesWritten)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := s.syncThrough(ctx, v.AppliedLSN()); err != nil {
+	if err := s.pipe.syncThrough(ctx, v.AppliedLSN()); err != nil {
 		return err
 	}
 	start := time.Now()
@@ -439,22 +326,5 @@ func (s *Server) takeSnapshot() error {
 	s.snaps.Taken(written, size)
 	s.logger.Info("snapshot written", "path", path, "lsn", v.AppliedLSN(), "keys", v.Len(), "bytes", size, "took", time.Since(start),
 		"next_after_wal_bytes", s.snaps.Interval())
-	return nil
-}
-
-// syncThrough returns once the WAL is durable through lsn, which must be
-// written already (a visible LSN is). With async durability the visible
-// state runs ahead of the durable WAL by up to --async-flush-interval; a
-// state image that leaves the process (a snapshot file, a snapshot streamed
-// to a replica) must not hold a commit a crash could still take back, so
-// this asks the syncer for an fsync now instead of waiting for the window.
-func (s *Server) syncThrough(ctx context.Context, lsn uint64) error {
-	if s.wal.DurableLSN() >= lsn {
-		return nil
-	}
-	poke(s.flushReq)
-	if err := s.wal.Wait(ctx, lsn, true); err != nil {
-		return fmt.Errorf("wait for wal sync to LSN %d: %w", lsn, err)
-	}
 	return nil
 }

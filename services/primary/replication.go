@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/rpcerr"
@@ -47,6 +48,40 @@ func (r *replServer) Stream(stream walshipv1.ReplicationService_StreamServer) (r
 		return err
 	}
 	hello := first.GetHello()
+	if err := s.checkHello(hello); err != nil {
+		return err
+	}
+	id, next := hello.GetReplicaId(), hello.GetNextLsn()
+	if keep, diverged := s.replicaDiverged(hello); diverged {
+		// Sent before they were durable here, then lost by a crash of this
+		// primary: the replica never applied them, so it can cut them.
+		s.metrics.replicaDiverged.Inc()
+		s.logger.Warn("replica holds entries this primary lost in a crash; telling it to cut them",
+			"replica", id, "replica_epoch", hello.GetEpoch(), "next_lsn", next, "truncate_after_lsn", keep, "epoch", s.epoch)
+		// No durable_lsn: it is about this primary's log, which the
+		// replica's entries past keep are not part of.
+		return stream.Send(&walshipv1.StreamResponse{
+			Msg: &walshipv1.StreamResponse_Diverged{Diverged: &walshipv1.Diverged{TruncateAfterLsn: keep, Epoch: s.epoch}},
+		})
+	}
+	rd, err := s.replicaReader(id, next)
+	if err != nil {
+		return err
+	}
+	defer rd.Close()
+
+	s.logger.Info("replica connected", "replica", id, "next_lsn", next)
+	session := s.peers.connectReplica(id, next)
+	defer func() {
+		s.peers.disconnectReplica(id, session)
+		s.logger.Info("replica disconnected", "replica", id, "reason", retErr)
+	}()
+	return r.serveStream(stream, id, next, rd)
+}
+
+// checkHello validates a stream's hello, and refuses it while this primary
+// has no epoch yet or when the replica knows of a newer one.
+func (s *Server) checkHello(hello *walshipv1.ReplicaHello) error {
 	switch {
 	case hello == nil:
 		return status.Error(codes.InvalidArgument, "hello: the first message of a stream must be a hello")
@@ -66,7 +101,13 @@ func (r *replServer) Stream(stream walshipv1.ReplicationService_StreamServer) (r
 		// stores the candidate fenced refuse it, and its lease runs out.
 		return status.Errorf(codes.FailedPrecondition, "hello.fenced_epoch: replica has promised epoch %d, newer than this primary's %d: this primary is deposed", hello.GetFencedEpoch(), s.epoch)
 	}
-	id, next := hello.GetReplicaId(), hello.GetNextLsn()
+	return nil
+}
+
+// replicaDiverged reports whether the replica's log holds entries past
+// keep that this primary's history does not have (diverged), so that it
+// must cut them before it can follow.
+func (s *Server) replicaDiverged(hello *walshipv1.ReplicaHello) (keep uint64, diverged bool) {
 	keep, all, known := s.epochs.KeepUpTo(hello.GetEpoch())
 	if h := hello.GetHistory(); len(h) > 0 {
 		keep, all, known = s.epochs.SharedUpTo(datadir.HistoryFromProto(h))
@@ -76,20 +117,16 @@ func (r *replServer) Stream(stream walshipv1.ReplicationService_StreamServer) (r
 		// history reaches back to: nothing of it can be vouched for.
 		keep = 0
 	}
-	if !all && next > keep+1 {
-		// Sent before they were durable here, then lost by a crash of this
-		// primary: the replica never applied them, so it can cut them.
-		s.metrics.replicaDiverged.Inc()
-		s.logger.Warn("replica holds entries this primary lost in a crash; telling it to cut them",
-			"replica", id, "replica_epoch", hello.GetEpoch(), "next_lsn", next, "truncate_after_lsn", keep, "epoch", s.epoch)
-		// No durable_lsn: it is about this primary's log, which the
-		// replica's entries past keep are not part of.
-		return stream.Send(&walshipv1.StreamResponse{
-			Msg: &walshipv1.StreamResponse_Diverged{Diverged: &walshipv1.Diverged{TruncateAfterLsn: keep, Epoch: s.epoch}},
-		})
-	}
+	return keep, !all && hello.GetNextLsn() > keep+1
+}
+
+// replicaReader opens the WAL at a replica's next LSN, or says why the
+// replica cannot stream from there: it is ahead (its log diverged), or
+// the primary no longer retains that LSN (OUT_OF_RANGE: the replica goes
+// down the catch-up ladder).
+func (s *Server) replicaReader(id string, next uint64) (*wal.Reader, error) {
 	if last := s.wal.LastLSN(); next > last+1 {
-		return status.Errorf(codes.FailedPrecondition, "hello.next_lsn: replica %s is ahead of the primary (next LSN %d, primary's last LSN %d): its log diverged", id, next, last)
+		return nil, status.Errorf(codes.FailedPrecondition, "hello.next_lsn: replica %s is ahead of the primary (next LSN %d, primary's last LSN %d): its log diverged", id, next, last)
 	}
 	rd, err := s.wal.NewReader(next, false)
 	if errors.Is(err, wal.ErrCompacted) || (err == nil && next <= s.walResetFloor()) {
@@ -97,38 +134,23 @@ func (r *replServer) Stream(stream walshipv1.ReplicationService_StreamServer) (r
 			rd.Close()
 		}
 		s.metrics.replicaOutOfRange.Inc()
-		return status.Errorf(codes.OutOfRange, "hello.next_lsn: LSN %d is no longer retained by the primary (first retained LSN %d); catch up from a log store or a snapshot", next, s.wal.FirstLSN())
+		return nil, status.Errorf(codes.OutOfRange, "hello.next_lsn: LSN %d is no longer retained by the primary (first retained LSN %d); catch up from a log store or a snapshot", next, s.wal.FirstLSN())
 	}
 	if err != nil {
-		return status.Errorf(codes.Internal, "read wal from LSN %d: %v", next, err)
+		return nil, status.Errorf(codes.Internal, "read wal from LSN %d: %v", next, err)
 	}
-	defer rd.Close()
+	return rd, nil
+}
 
-	s.logger.Info("replica connected", "replica", id, "next_lsn", next)
-	var session uint64
-	s.peers.updateReplica(id, func(p *replicaPos) {
-		// Until its first ack, trust only what the hello implies.
-		p.connected = true
-		p.session++
-		session = p.session
-		p.written, p.flushed, p.applied = next-1, min(p.flushed, next-1), min(p.applied, next-1)
-		p.lastAck = time.Now()
-	})
-	defer func() {
-		s.peers.updateReplica(id, func(p *replicaPos) {
-			if p.session == session {
-				p.connected = false
-			}
-		})
-		s.logger.Info("replica disconnected", "replica", id, "reason", retErr)
-	}()
-
+// serveStream runs a replica's stream until it ends: one goroutine
+// receives and one sends; this one supervises. A replica that stops
+// reading (stopped, or partitioned: no FIN arrives) blocks the sender in
+// flow control, so its silence is watched from here, and returning from
+// the handler is what unblocks that sender.
+func (r *replServer) serveStream(stream walshipv1.ReplicationService_StreamServer, id string, next uint64, rd *wal.Reader) error {
+	s := r.s
 	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
-	// One goroutine receives and one sends; this one supervises. A replica
-	// that stops reading (stopped, or partitioned: no FIN arrives) blocks
-	// the sender in flow control, so its silence is watched from here, and
-	// returning from the handler is what unblocks that sender.
 	recvErr := make(chan error, 1)
 	go func() { recvErr <- r.receiveAcks(ctx, id, stream) }()
 	sendErr := make(chan error, 1)
@@ -210,139 +232,150 @@ func (r *replServer) receiveAcks(ctx context.Context, id string, stream walshipv
 // catches up from a log store instead of pinning the primary's WAL.
 func (r *replServer) send(ctx context.Context, id string, next uint64, rd *wal.Reader, stream walshipv1.ReplicationService_StreamServer) error {
 	s := r.s
-	firstEntry := true
-	// An immediate heartbeat tells the replica it is connected and where the
-	// primary is, before any batch.
-	sentDurable := s.wal.DurableLSN()
-	if err := stream.Send(r.heartbeat(sentDurable, true)); err != nil {
+	x := &replicaSender{r: r, id: id, stream: stream, rd: rd, next: next, want: next,
+		idle: time.NewTimer(s.cfg.HeartbeatInterval), due: time.NewTimer(time.Hour),
+		sent: s.metrics.sentBytes.WithLabelValues(id)}
+	x.due.Stop()
+	defer x.idle.Stop()
+	defer x.due.Stop()
+	// An immediate heartbeat tells the replica it is connected and where
+	// the primary is, before any batch.
+	x.sentDurable = s.wal.DurableLSN()
+	if err := stream.Send(r.heartbeat(x.sentDurable, true)); err != nil {
 		return err
 	}
-	idle := time.NewTimer(s.cfg.HeartbeatInterval)
-	defer idle.Stop()
-	// A durable LSN not yet sent is sent by dueAt at the latest.
-	var dueAt time.Time
-	due := time.NewTimer(time.Hour)
-	due.Stop()
-	defer due.Stop()
-	sent := s.metrics.sentBytes.WithLabelValues(id)
-	want := next // first LSN of the entry to send next
-	var replyAt [len(syncStages)]walshipv1.SyncLevel
-	var asked uint64 // flushAsk forwarded on this stream
-	for n := 0; ; {
+	for {
 		changed := s.wal.Changed()
-		ask, askChanged := s.flushAsk.Changed()
-		if s.wal.LastLSN() < want {
-			durable := s.wal.DurableLSN()
-			if ask > asked && ask < want {
-				// A group's fsync started after its batches went out: ask
-				// for the replica's flush (and ack) now.
-				if err := stream.Send(r.heartbeat(durable, true)); err != nil {
-					return err
-				}
-				asked, sentDurable = ask, max(sentDurable, durable)
-				idle.Reset(s.cfg.HeartbeatInterval)
-				continue
-			}
-			if durable > sentDurable {
-				// Urgent while an apply-stage commit waits, or is about to:
-				// its batch became durable before it began to wait.
-				urgent := s.peers.waiting[walshipv1.SyncLevel_SYNC_LEVEL_APPLY].Load() > 0 || sentDurable < s.applyWanted.Load()
-				if dueAt.IsZero() && !urgent {
-					dueAt = time.Now().Add(durableUpdateDelay)
-					due.Reset(durableUpdateDelay)
-				}
-				if urgent || !time.Now().Before(dueAt) {
-					if err := stream.Send(r.heartbeat(durable, urgent)); err != nil {
-						return err
-					}
-					sentDurable, dueAt = durable, time.Time{}
-					idle.Reset(s.cfg.HeartbeatInterval)
-					continue
-				}
-			}
-			select {
-			case <-changed:
-			case <-askChanged:
-			case <-due.C:
-			case <-idle.C:
-				if err := stream.Send(r.heartbeat(durable, true)); err != nil {
-					return err
-				}
-				sentDurable = max(sentDurable, durable)
-				idle.Reset(s.cfg.HeartbeatInterval)
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-			continue
-		}
-		e, err := rd.Next(ctx)
-		switch {
-		case errors.Is(err, wal.ErrCompacted):
-			return status.Errorf(codes.OutOfRange, "replica %s: the WAL it needs was removed by retention; catch up from a log store or a snapshot", id)
-		case err != nil:
-			return err
-		}
-		if firstEntry && e.FirstLSN != next {
-			return status.Errorf(codes.FailedPrecondition, "hello.next_lsn: %d is not a batch boundary (the batch holding it starts at %d): the replica's log diverged", next, e.FirstLSN)
-		}
-		firstEntry = false
-		want = e.LastLSN + 1
-		durable := s.wal.DurableLSN()
-		// The batch asks for the group's flush if its commits' group fsync
-		// has started, or to forward an ask for batches already sent (the
-		// replica flushes all it wrote, this batch too).
-		flush := e.LastLSN <= ask || (ask > asked && ask < e.FirstLSN)
-		if flush {
-			asked = max(asked, e.LastLSN)
-		}
-		reply := s.replyAt(e.LastLSN, flush, replyAt[:0])
-		m := withRawBatch(&walshipv1.StreamResponse{DurableLsn: durable, ReplyAt: reply}, e.Data)
-		if err := stream.Send(m); err != nil {
-			return err
-		}
-		sentDurable = max(sentDurable, durable)
-		if sentDurable >= want-1 {
-			dueAt = time.Time{} // nothing left to report
-		}
-		idle.Reset(s.cfg.HeartbeatInterval)
-		s.peers.addSent(id, uint64(len(e.Data)))
-		sent.Add(float64(len(e.Data)))
-		// The lag check costs a lock and a search: every 32 batches is enough
-		// to cut off a replica that fell megabytes behind.
-		n++
-		if n%32 == 0 && s.cfg.MaxReplicaLagBytes > 0 {
-			if lagBytes, _ := s.index.lag(s.replicaFlushed(id), time.Now()); lagBytes > uint64(s.cfg.MaxReplicaLagBytes) {
-				return status.Errorf(codes.OutOfRange, "replica %s is %d bytes behind, more than --max-replica-lag-bytes %d; catch up from a log store", id, lagBytes, s.cfg.MaxReplicaLagBytes)
-			}
-		}
-	}
-}
-
-// replyAt lists the stages at which a sync commit waits (or is about to
-// wait) for replicas to reach the batch ending at last: one in it or after
-// it that no local fsync groups (replWanted), a group whose fsync has
-// started (flush and apply, when groupFlush), or any commit already
-// waiting at stage write (it may wait on an earlier batch, sent before it
-// began to wait). The replica acks at once at those stages and only at
-// those, rather than after its flush delay. A group's flush is asked for
-// once, not by every batch while commits wait: see askReplicaFlush.
-func (s *Server) replyAt(last uint64, groupFlush bool, buf []walshipv1.SyncLevel) []walshipv1.SyncLevel {
-	for _, level := range syncStages {
-		now := last <= s.replWanted[level].Load()
-		if level == walshipv1.SyncLevel_SYNC_LEVEL_WRITE {
-			now = now || s.peers.waiting[level].Load() > 0
+		ask, askChanged := s.pipe.want.flushAsk.Changed()
+		var err error
+		if s.wal.LastLSN() < x.want {
+			err = x.caughtUp(ctx, ask, changed, askChanged)
 		} else {
-			now = now || groupFlush
+			err = x.sendEntry(ctx, ask)
 		}
-		if now {
-			buf = append(buf, level)
+		if err != nil {
+			return err
 		}
 	}
-	return buf
 }
 
-// syncStages are the replica stages a sync commit can wait at.
-var syncStages = [...]walshipv1.SyncLevel{walshipv1.SyncLevel_SYNC_LEVEL_WRITE, walshipv1.SyncLevel_SYNC_LEVEL_FLUSH, walshipv1.SyncLevel_SYNC_LEVEL_APPLY}
+// replicaSender is the sending side of one replica's stream (send): where
+// it is in the WAL and what it has told its replica.
+type replicaSender struct {
+	r      *replServer
+	id     string
+	stream walshipv1.ReplicationService_StreamServer
+	rd     *wal.Reader
+	next   uint64 // the hello's: the first entry must start there
+	want   uint64 // first LSN of the entry to send next
+	// sentDurable is the newest durable LSN the replica has heard of;
+	// asked, the flush ask (wants.flushAsk) forwarded to it.
+	sentDurable, asked uint64
+	idle               *time.Timer // a heartbeat after an interval of silence
+	// A durable LSN not yet sent is sent by dueAt at the latest (due).
+	dueAt   time.Time
+	due     *time.Timer
+	sent    prometheus.Counter
+	entries int // sent, for the lag check
+	replyAt [len(syncStages)]walshipv1.SyncLevel
+}
+
+// caughtUp runs while the replica has every written entry: it forwards a
+// group's flush ask, tells the replica of a newer durable LSN (at once if
+// a commit waits for replicas to apply, else by durableUpdateDelay), and
+// otherwise waits for a write, an ask, that delay or the idle heartbeat.
+func (x *replicaSender) caughtUp(ctx context.Context, ask uint64, changed, askChanged <-chan struct{}) error {
+	s := x.r.s
+	durable := s.wal.DurableLSN()
+	if ask > x.asked && ask < x.want {
+		// A group's fsync started after its batches went out: ask for
+		// the replica's flush (and ack) now.
+		if err := x.stream.Send(x.r.heartbeat(durable, true)); err != nil {
+			return err
+		}
+		x.asked, x.sentDurable = ask, max(x.sentDurable, durable)
+		x.idle.Reset(s.cfg.HeartbeatInterval)
+		return nil
+	}
+	if durable > x.sentDurable {
+		// Urgent while an apply-stage commit waits, or is about to: its
+		// batch became durable before it began to wait.
+		urgent := s.peers.waiting[walshipv1.SyncLevel_SYNC_LEVEL_APPLY].Load() > 0 || s.pipe.want.applyUrgent(x.sentDurable)
+		if x.dueAt.IsZero() && !urgent {
+			x.dueAt = time.Now().Add(durableUpdateDelay)
+			x.due.Reset(durableUpdateDelay)
+		}
+		if urgent || !time.Now().Before(x.dueAt) {
+			if err := x.stream.Send(x.r.heartbeat(durable, urgent)); err != nil {
+				return err
+			}
+			x.sentDurable, x.dueAt = durable, time.Time{}
+			x.idle.Reset(s.cfg.HeartbeatInterval)
+			return nil
+		}
+	}
+	select {
+	case <-changed:
+	case <-askChanged:
+	case <-x.due.C:
+	case <-x.idle.C:
+		if err := x.stream.Send(x.r.heartbeat(durable, true)); err != nil {
+			return err
+		}
+		x.sentDurable = max(x.sentDurable, durable)
+		x.idle.Reset(s.cfg.HeartbeatInterval)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return nil
+}
+
+// sendEntry sends the next WAL entry, with the primary's durable LSN and
+// the stages at which the replica should ack it at once (wants.replyAt).
+func (x *replicaSender) sendEntry(ctx context.Context, ask uint64) error {
+	s := x.r.s
+	e, err := x.rd.Next(ctx)
+	switch {
+	case errors.Is(err, wal.ErrCompacted):
+		return status.Errorf(codes.OutOfRange, "replica %s: the WAL it needs was removed by retention; catch up from a log store or a snapshot", x.id)
+	case err != nil:
+		return err
+	}
+	if x.want == x.next && e.FirstLSN != x.next {
+		return status.Errorf(codes.FailedPrecondition, "hello.next_lsn: %d is not a batch boundary (the batch holding it starts at %d): the replica's log diverged", x.next, e.FirstLSN)
+	}
+	x.want = e.LastLSN + 1
+	durable := s.wal.DurableLSN()
+	// The batch asks for the group's flush if its commits' group fsync has
+	// started, or to forward an ask for batches already sent (the replica
+	// flushes all it wrote, this batch too).
+	flush := e.LastLSN <= ask || (ask > x.asked && ask < e.FirstLSN)
+	if flush {
+		x.asked = max(x.asked, e.LastLSN)
+	}
+	writeWaiting := s.peers.waiting[walshipv1.SyncLevel_SYNC_LEVEL_WRITE].Load() > 0
+	reply := s.pipe.want.replyAt(e.LastLSN, flush, writeWaiting, x.replyAt[:0])
+	m := withRawBatch(&walshipv1.StreamResponse{DurableLsn: durable, ReplyAt: reply}, e.Data)
+	if err := x.stream.Send(m); err != nil {
+		return err
+	}
+	x.sentDurable = max(x.sentDurable, durable)
+	if x.sentDurable >= x.want-1 {
+		x.dueAt = time.Time{} // nothing left to report
+	}
+	x.idle.Reset(s.cfg.HeartbeatInterval)
+	s.peers.addSent(x.id, uint64(len(e.Data)))
+	x.sent.Add(float64(len(e.Data)))
+	// The lag check costs a lock and a search: every 32 batches is enough
+	// to cut off a replica that fell megabytes behind.
+	x.entries++
+	if x.entries%32 == 0 && s.cfg.MaxReplicaLagBytes > 0 {
+		if lagBytes, _ := s.pipe.index.lag(s.replicaFlushed(x.id), time.Now()); lagBytes > uint64(s.cfg.MaxReplicaLagBytes) {
+			return status.Errorf(codes.OutOfRange, "replica %s is %d bytes behind, more than --max-replica-lag-bytes %d; catch up from a log store", x.id, lagBytes, s.cfg.MaxReplicaLagBytes)
+		}
+	}
+	return nil
+}
 
 // durableUpdateDelay bounds how long a replica may wait to hear that the
 // primary's WAL became durable when no commit waits on it applying: about a
@@ -403,7 +436,7 @@ func (r *replServer) Snapshot(req *walshipv1.SnapshotRequest, stream walshipv1.R
 	// batches wait for the durable LSN); a re-seeding snapshot keeps that
 	// promise too, so a primary crash cannot leave the replica serving
 	// commits the primary lost.
-	if err := s.syncThrough(stream.Context(), v.AppliedLSN()); err != nil {
+	if err := s.pipe.syncThrough(stream.Context(), v.AppliedLSN()); err != nil {
 		return rpcerr.Status(fmt.Errorf("%w: snapshot at LSN %d: %v", rpcerr.ErrUnavailable, v.AppliedLSN(), err))
 	}
 	s.logger.Info("streaming snapshot", "replica", req.GetReplicaId(), "lsn", v.AppliedLSN(), "keys", v.Len())

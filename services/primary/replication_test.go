@@ -360,7 +360,7 @@ func TestCommitsAnswerInLSNOrder(t *testing.T) {
 		t.Fatalf("%v answered while LSN %d waits for its replica: %v, %v", a.req, hot, a.resp, a.err)
 	case <-time.After(200 * time.Millisecond):
 	}
-	if v := r.s.visible.Load(); v >= hot {
+	if v := r.s.pipe.visible.Load(); v >= hot {
 		t.Fatalf("visible LSN %d: the held commit %d is visible before its ack", v, hot)
 	}
 	// A read-only Txn of another key still answers at once, below hot.
@@ -381,7 +381,7 @@ func TestCommitsAnswerInLSNOrder(t *testing.T) {
 			t.Fatalf("%v read %q", a.req, g.GetValue())
 		}
 		// Answered means visible: a plain Get (no min_lsn) sees it.
-		if v := r.s.visible.Load(); v < a.resp.Lsn {
+		if v := r.s.pipe.visible.Load(); v < a.resp.Lsn {
 			t.Fatalf("%v answered at LSN %d with the visible LSN at %d", a.req, a.resp.Lsn, v)
 		}
 	}
@@ -415,7 +415,7 @@ func TestSpeculativeReadModifyWrite(t *testing.T) {
 	if string(g.GetValue()) != "h" || g.GetVersionLsn() != hot || read.Lsn != hot {
 		t.Fatalf("speculative read while LSN %d waits = %v; want hot=h at version %d, lsn %d", hot, read, hot, hot)
 	}
-	if v := r.s.visible.Load(); v >= hot {
+	if v := r.s.pipe.visible.Load(); v >= hot {
 		t.Fatalf("visible LSN %d: the held commit %d is visible before its ack", v, hot)
 	}
 	// A stale compare fails and the failure branch reads the pending write.
@@ -448,7 +448,7 @@ func TestSpeculativeReadModifyWrite(t *testing.T) {
 		t.Fatalf("read-modify-write answered while LSN %d waits for its replica: %v, %v", hot, a.resp, a.err)
 	case <-time.After(200 * time.Millisecond):
 	}
-	if v := r.s.visible.Load(); v >= hot {
+	if v := r.s.pipe.visible.Load(); v >= hot {
 		t.Fatalf("visible LSN %d after the dependent commit: the held commit %d became visible before its ack", v, hot)
 	}
 

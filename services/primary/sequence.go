@@ -1,0 +1,182 @@
+package primary
+
+import (
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/walship/walship/internal/rpcerr"
+	"github.com/walship/walship/internal/state"
+	"github.com/walship/walship/pkg/codec"
+)
+
+// txn is one sequenced transaction on its way through the pipeline.
+type txn struct {
+	recs      []codec.Record // puts/deletes then one commit record
+	commitLSN uint64
+	policy    Policy
+	// local receives the writer's verdict, once (decide): nil once the txn
+	// is in the WAL (synced if policy.needsLocalSync()), else the WAL's
+	// error. Buffered.
+	local    chan error
+	decided  atomic.Bool
+	start    time.Time
+	resolved bool // guarded by pipeline.visMu
+	// shown is closed once commitLSN is visible, for a writer that resolved
+	// before an earlier transaction did (nil until then). Guarded by visMu.
+	shown chan struct{}
+}
+
+// decide delivers t's verdict. Only the first counts: when the WAL fails,
+// the committer and the syncer may both fail the same transaction.
+func (t *txn) decide(err error) {
+	if t.decided.CompareAndSwap(false, true) {
+		t.local <- err
+	}
+}
+
+func (t *txn) bytes() int {
+	n := 0
+	for i := range t.recs {
+		n += len(t.recs[i].Key) + len(t.recs[i].Value) + 16
+	}
+	return n
+}
+
+// errStopping is returned to writes that arrive during a graceful stop.
+var errStopping = fmt.Errorf("%w: primary is shutting down", rpcerr.ErrUnavailable)
+
+// sequence runs one transaction at the sequenced state: the newest write
+// of every key, acknowledged or not. Its compares pick the branch. A
+// branch with writes becomes a txn, queued for its writer; the caller
+// awaits it. A branch of reads only returns no txn, and in res.lsn the LSN
+// that must be visible before its results may be returned: the newest
+// write they saw (the compares' outcome says what their keys held, so the
+// writes behind them count as read), or the visible LSN if none is in
+// flight — at which those keys hold what they hold at the sequenced state.
+func (p *pipeline) sequence(pol Policy, cmps []state.Compare, success, failure []op, start time.Time) (res execResult, t *txn, err error) {
+	p.seqMu.Lock()
+	defer p.seqMu.Unlock()
+	switch {
+	case p.broken != nil:
+		return execResult{}, nil, notServing("primary cannot commit: %v", p.broken)
+	case p.stopping:
+		return execResult{}, nil, notServing("%v", errStopping)
+	case p.handover.Load():
+		return execResult{}, nil, notServing("primary is handing over to another node (switchover)")
+	}
+	res.succeeded = true
+	for i := range cmps {
+		if !cmps[i].Eval(p.overlay) {
+			res.succeeded = false
+			break
+		}
+	}
+	ops := success
+	if !res.succeeded {
+		ops = failure
+	}
+	writes := 0
+	for _, o := range ops {
+		if o.kind != opGet {
+			writes++
+		}
+	}
+	if writes == 0 {
+		p.readLocked(&res, cmps, ops)
+		return res, nil, nil
+	}
+	return res, p.stageLocked(&res, pol, ops, writes, start), nil
+}
+
+// readLocked answers a branch of reads only at the sequenced state.
+func (p *pipeline) readLocked(res *execResult, cmps []state.Compare, ops []op) {
+	res.results = make([]opResult, len(ops))
+	res.lsn = p.visible.Load()
+	for i := range cmps {
+		_, _, _, after := p.overlay.Read(cmps[i].Key)
+		res.lsn = max(res.lsn, after)
+	}
+	for i, o := range ops {
+		v, ver, ok, after := p.overlay.Read([]byte(o.key))
+		res.results[i] = opResult{kind: opGet, found: ok, value: v, version: ver}
+		res.lsn = max(res.lsn, after)
+	}
+}
+
+// stageLocked turns ops (writes among them) into a txn: LSNs assigned,
+// reads answered from its own earlier writes and the overlay, records
+// staged in the overlay, the txn queued for its writer.
+func (p *pipeline) stageLocked(res *execResult, pol Policy, ops []op, writes int, start time.Time) *txn {
+	t := &txn{policy: pol, local: make(chan error, 1), start: start}
+	first := p.nextLSN
+	t.commitLSN = first + uint64(writes)
+	txnID := p.nextTxn
+	view := txnView{base: p.overlay, local: make(map[string]*opResult, len(ops))}
+	t.recs = make([]codec.Record, 0, writes+1)
+	res.results = make([]opResult, len(ops))
+	for i, o := range ops {
+		r := &res.results[i]
+		r.kind = o.kind
+		switch o.kind {
+		case codec.OpPut:
+			t.recs = append(t.recs, codec.Record{LSN: first + uint64(len(t.recs)), TxnID: txnID, Op: codec.OpPut, Key: []byte(o.key), Value: o.value})
+			view.local[o.key] = &opResult{found: true, value: o.value, version: t.commitLSN}
+		case codec.OpDelete:
+			_, _, r.existed = view.get(o.key)
+			t.recs = append(t.recs, codec.Record{LSN: first + uint64(len(t.recs)), TxnID: txnID, Op: codec.OpDelete, Key: []byte(o.key)})
+			view.local[o.key] = &opResult{}
+		default:
+			r.value, r.version, r.found = view.get(o.key)
+		}
+	}
+	t.recs = append(t.recs, codec.Record{LSN: t.commitLSN, TxnID: txnID, Op: codec.OpCommit})
+	p.nextLSN = t.commitLSN + 1
+	p.nextTxn++
+	p.overlay.Stage(t.recs)
+	p.enqueueLocked(t)
+	return t
+}
+
+// txnView is what a transaction's own ops read: its earlier writes, then
+// every sequenced write (the overlay).
+type txnView struct {
+	base  *state.Overlay
+	local map[string]*opResult
+}
+
+func (v *txnView) get(key string) (value []byte, version uint64, ok bool) {
+	if r, found := v.local[key]; found {
+		return r.value, r.version, r.found
+	}
+	return v.base.Get([]byte(key))
+}
+
+// enqueueLocked hands a sequenced transaction to its writer: the syncer,
+// which writes it with the rest of its group right before their fsync, if
+// it needs one; the committer, which writes it at once, if not. Called with
+// seqMu held.
+func (p *pipeline) enqueueLocked(t *txn) {
+	p.queue = append(p.queue, t)
+	p.visMu.Lock()
+	p.unresolved = append(p.unresolved, t)
+	p.visMu.Unlock()
+	if t.policy.needsLocalSync() {
+		p.queuedSync.Add(1)
+		poke(p.wakeSyncer)
+		return
+	}
+	poke(p.wakeCommitter)
+}
+
+// takeQueue takes every queued transaction, leaving spare (emptied) in its
+// place. The caller holds writeMu and writes them before releasing it, so
+// that entries reach the WAL in LSN order.
+func (p *pipeline) takeQueue(spare []*txn) []*txn {
+	p.seqMu.Lock()
+	defer p.seqMu.Unlock()
+	q := p.queue
+	p.queue = spare[:0]
+	p.queuedSync.Store(0)
+	return q
+}
