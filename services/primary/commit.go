@@ -256,10 +256,9 @@ func (g *groupSizer) noteCycle(writers int) {
 // fsync: the median of the recent cycles' writers (noteCycle), rounding
 // down. The median, not the peak: waiting for a client that was there in
 // one cycle of several costs the others a whole gather window each time it
-// has just been acknowledged (BenchmarkCommitDistant: beside one distant
-// client, 7 sync committers lost 20-28 % of their rate to a decaying peak,
-// 2-10 % with the median). After an idle spell it is 0, so a lone writer
-// never waits.
+// has just been acknowledged (BenchmarkCommitDistant measures it; the
+// numbers are in docs/BENCHMARKS.md). After an idle spell it is 0, so a
+// lone writer never waits.
 func (g *groupSizer) gatherTarget(lastFsync time.Duration) int {
 	n := min(g.next, cycleSamples)
 	memory := max(cycleMemory, 8*lastFsync)
@@ -272,9 +271,9 @@ func (g *groupSizer) gatherTarget(lastFsync time.Duration) int {
 }
 
 // minGroupWait and maxGroupWait bound how long a durable commit waits for
-// siblings: on a disk whose fsync takes 0.1 ms, the siblings' round trips
-// through gRPC take longer than that. (8 committers on this machine: 7.0
-// commits per fsync with 400 µs, 5.2-5.4 with none; commits/s within noise.)
+// siblings: on a disk whose fsync is fast, the siblings' round trips
+// through gRPC take longer than the fsync, so waiting only as long as one
+// would split every group in two.
 const (
 	minGroupWait = 400 * time.Microsecond
 	maxGroupWait = time.Millisecond
