@@ -345,10 +345,9 @@ func TestRefusedBatches(t *testing.T) {
 	}
 }
 
-// snapshotOf streams ref as the primary's Snapshot does, in chunks of 3.
-func snapshotOf(ref *state.Store, epoch uint64) func(*walshipv1.SnapshotRequest, grpc.ServerStreamingServer[walshipv1.SnapshotResponse]) error {
+// snapshotOf streams v as the primary's Snapshot does, in chunks of 3.
+func snapshotOf(v *state.View, epoch uint64) func(*walshipv1.SnapshotRequest, grpc.ServerStreamingServer[walshipv1.SnapshotResponse]) error {
 	return func(_ *walshipv1.SnapshotRequest, st grpc.ServerStreamingServer[walshipv1.SnapshotResponse]) error {
-		v := ref.Snapshot()
 		if err := st.Send(&walshipv1.SnapshotResponse{Part: &walshipv1.SnapshotResponse_Header{Header: &walshipv1.SnapshotHeader{
 			Epoch: epoch, Lsn: v.AppliedLSN(), Keys: uint64(v.Len()),
 		}}}); err != nil {
@@ -387,7 +386,7 @@ func TestSnapshotRung(t *testing.T) {
 	}
 	m.txn(del(keyN(3)))
 	snapLSN := m.next - 1
-	fp.snapshot = snapshotOf(m.ref, 3)
+	fp.snapshot = snapshotOf(m.ref.Snapshot(), 3)
 
 	dir := t.TempDir()
 	cfg := testConfig(t, dir, fp.addr)
@@ -572,7 +571,7 @@ func TestLogStoreFallsToSnapshot(t *testing.T) {
 			for i := range 5 {
 				m.txn(put(keyN(i), "v"))
 			}
-			fp.snapshot = snapshotOf(m.ref, 1)
+			fp.snapshot = snapshotOf(m.ref.Snapshot(), 1)
 			ls := newFakeLogStore(t, tc.read)
 			cfg := testConfig(t, t.TempDir(), fp.addr)
 			cfg.LogStore = ls.addr
@@ -598,7 +597,7 @@ func TestLogStoreOfAnOlderEpochIsSkipped(t *testing.T) {
 	for i := range 5 {
 		m.txn(put(keyN(i), "v"))
 	}
-	fp.snapshot = snapshotOf(m.ref, 1)
+	fp.snapshot = snapshotOf(m.ref.Snapshot(), 1)
 	ls := newFakeLogStore(t, func(*walshipv1.ReadRequest, grpc.ServerStreamingServer[walshipv1.ReadResponse]) error {
 		return status.Error(codes.Internal, "read from a log store of an older epoch")
 	})
