@@ -151,6 +151,37 @@ func (s *session) waitAck(t *testing.T, lsn uint64) *walshipv1.ReplicaAck {
 	}
 }
 
+// snapshotOf streams v as the primary's Snapshot does, in chunks of 3.
+func snapshotOf(v *state.View, epoch uint64) func(*walshipv1.SnapshotRequest, grpc.ServerStreamingServer[walshipv1.SnapshotResponse]) error {
+	return func(_ *walshipv1.SnapshotRequest, st grpc.ServerStreamingServer[walshipv1.SnapshotResponse]) error {
+		if err := st.Send(&walshipv1.SnapshotResponse{Part: &walshipv1.SnapshotResponse_Header{Header: &walshipv1.SnapshotHeader{
+			Epoch: epoch, Lsn: v.AppliedLSN(), Keys: uint64(v.Len()),
+		}}}); err != nil {
+			return err
+		}
+		var chunk []*walshipv1.KeyValue
+		var err error
+		flush := func() {
+			if len(chunk) > 0 && err == nil {
+				err = st.Send(&walshipv1.SnapshotResponse{Part: &walshipv1.SnapshotResponse_Chunk{Chunk: &walshipv1.SnapshotChunk{Kvs: chunk}}})
+				chunk = nil
+			}
+		}
+		v.Scan(nil, nil, 0, func(k, val []byte, ver uint64) bool {
+			chunk = append(chunk, &walshipv1.KeyValue{Key: string(k), Value: val, VersionLsn: ver})
+			if len(chunk) == 3 {
+				flush()
+			}
+			return true
+		})
+		flush()
+		if err != nil {
+			return err
+		}
+		return st.Send(&walshipv1.SnapshotResponse{Part: &walshipv1.SnapshotResponse_Trailer{Trailer: &walshipv1.SnapshotTrailer{StateDigest: v.Digest().String()}}})
+	}
+}
+
 // fakeLogStore is a scripted LogStoreService.
 type fakeLogStore struct {
 	walshipv1.UnimplementedLogStoreServiceServer
