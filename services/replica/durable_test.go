@@ -6,56 +6,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/protobuf/types/known/durationpb"
 )
-
-// TestApplyWaitsForPrimaryDurable: batches sent before the primary made them
-// durable are written, flushed and acknowledged at those stages at once,
-// but applied (readable) only as far as the primary's durable LSN goes.
-func TestApplyWaitsForPrimaryDurable(t *testing.T) {
-	fp := newFakePrimary(t)
-	cfg := testConfig(t, t.TempDir(), fp.addr)
-	r := start(t, cfg)
-	m := newModel(t)
-	sess := fp.next(t)
-
-	b1 := m.txn(put("a", "1"))
-	b2 := m.txn(put("b", "2"))
-	b3 := m.txn(put("c", "3"))
-	sess.sendDurable(t, 0, b1, b2, b3)
-	sess.heartbeatDurable(t, 1, b3.LastLsn, 0, true)
-	a := waitAckWhere(t, sess, func(a *walshipv1.ReplicaAck) bool { return a.FlushedLsn == b3.LastLsn })
-	if a.WrittenLsn != b3.LastLsn || a.AppliedLsn != 0 {
-		t.Fatalf("ack = %v; want written and flushed at %d, nothing applied before the primary's durable LSN", a, b3.LastLsn)
-	}
-	c := tctx(t)
-	_, err := r.kv.Get(c, &walshipv1.GetRequest{Key: "a", MinLsn: b1.LastLsn, WaitTimeout: durationpb.New(50 * time.Millisecond)})
-	wantCode(t, "Get before the primary's fsync", err, codes.DeadlineExceeded, "not visible")
-	if st := r.status(t); st.VisibleLsn != 0 || st.LastLsn != b3.LastLsn || st.DurableLsn != b3.LastLsn {
-		t.Fatalf("Status = %v; want written and durable here at %d, visible 0", st, b3.LastLsn)
-	}
-
-	// The primary's fsync covered b1 and b2: exactly those become readable.
-	sess.heartbeatDurable(t, 1, b3.LastLsn, b2.LastLsn, true)
-	r.waitApplied(t, b2.LastLsn)
-	if got, err := r.kv.Get(c, &walshipv1.GetRequest{Key: "b", MinLsn: b2.LastLsn}); err != nil || string(got.Value) != "2" {
-		t.Fatalf("Get b = %v, %v", got, err)
-	}
-	if got, err := r.kv.Get(c, &walshipv1.GetRequest{Key: "c"}); err != nil || got.Found || got.AppliedLsn != b2.LastLsn {
-		t.Fatalf("Get c = %v, %v; want not found at applied %d", got, err, b2.LastLsn)
-	}
-
-	// A later batch carries the next durable LSN.
-	b4 := m.txn(put("d", "4"))
-	sess.sendDurable(t, b3.LastLsn, b4)
-	r.waitApplied(t, b3.LastLsn)
-	sess.heartbeatDurable(t, 1, b4.LastLsn, b4.LastLsn, true)
-	r.waitApplied(t, b4.LastLsn)
-	if st := r.status(t); st.StateDigest != m.digest() {
-		t.Fatalf("digest %s, want %s", st.StateDigest, m.digest())
-	}
-}
 
 // waitAckWhere returns the first ack that satisfies ok.
 func waitAckWhere(t *testing.T, s *session, ok func(*walshipv1.ReplicaAck) bool) *walshipv1.ReplicaAck {

@@ -112,14 +112,6 @@ func (s *session) sendDurable(t *testing.T, durable uint64, bs ...*walshipv1.Wal
 	}
 }
 
-// sendAsking sends one batch whose sync commits wait at the given stages.
-func (s *session) sendAsking(t *testing.T, durable uint64, b *walshipv1.WalBatch, replyAt ...walshipv1.SyncLevel) {
-	t.Helper()
-	if err := s.stream.Send(&walshipv1.StreamResponse{DurableLsn: durable, ReplyAt: replyAt, Msg: &walshipv1.StreamResponse_Batch{Batch: b}}); err != nil {
-		t.Fatalf("send batch %d..%d: %v", b.FirstLsn, b.LastLsn, err)
-	}
-}
-
 // heartbeat sends a heartbeat of a primary whose WAL is durable up to last.
 func (s *session) heartbeat(t *testing.T, epoch, last uint64, reply bool) {
 	t.Helper()
