@@ -49,24 +49,10 @@ func (s *Server) setRung(r walshipv1.CatchUpRung) {
 // follow walks the catch-up ladder until ctx is done (nil) or the WAL fails
 // (the error).
 func (s *Server) follow(ctx context.Context) error {
-	var bo backoff.Backoff
-	failures := 0
-	lastPrimary := s.primary()
-	rung := walshipv1.CatchUpRung_CATCH_UP_RUNG_PRIMARY
+	l := &ladder{rung: walshipv1.CatchUpRung_CATCH_UP_RUNG_PRIMARY, lastPrimary: s.primary()}
 	for ctx.Err() == nil {
-		s.setRung(rung)
-		var (
-			progress bool
-			err      error
-		)
-		switch rung {
-		case walshipv1.CatchUpRung_CATCH_UP_RUNG_PRIMARY:
-			progress, err = s.streamFromPrimary(ctx)
-		case walshipv1.CatchUpRung_CATCH_UP_RUNG_LOGSTORE:
-			progress, err = s.readLogStore(ctx)
-		default:
-			progress, err = s.reseed(ctx)
-		}
+		s.setRung(l.rung)
+		progress, err := s.climb(ctx, l.rung)
 		if errors.Is(err, errFatal) {
 			s.logger.Error("replica stopped: its WAL failed", "err", err)
 			return err
@@ -74,68 +60,13 @@ func (s *Server) follow(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		code := status.Code(err)
-		var ref *refusal
-		var div *divergedError
-		switch {
-		case errors.As(err, &div):
-			cut, cerr := s.cutDiverged(div.keep)
-			if cerr != nil {
-				s.logger.Error("replica stopped: its WAL failed", "err", cerr)
-				return cerr
-			}
-			s.metrics.diverged.Inc()
-			if cut {
-				s.logger.Warn("cut entries the primary lost in a crash; reconnecting", "truncate_after_lsn", div.keep, "epoch", div.epoch)
-			} else {
-				s.logger.Warn("cannot cut this replica's log where the primary diverged (it applied past the cut, or the cut is inside a batch); re-seeding from a snapshot",
-					"truncate_after_lsn", div.keep, "applied_lsn", s.appliedLSN(), "epoch", div.epoch)
-				rung = walshipv1.CatchUpRung_CATCH_UP_RUNG_SNAPSHOT
-			}
-			continue // not a failure: no backoff
-		case rung == walshipv1.CatchUpRung_CATCH_UP_RUNG_PRIMARY && code == codes.OutOfRange:
-			next := walshipv1.CatchUpRung_CATCH_UP_RUNG_SNAPSHOT
-			if s.logstore != nil {
-				next = walshipv1.CatchUpRung_CATCH_UP_RUNG_LOGSTORE
-			}
-			s.logger.Warn("the primary no longer retains the LSN this replica needs", "next_lsn", s.wal.LastLSN()+1,
-				"then", rungLabel(next), "err", err)
-			rung = next
-			continue // a rung change is not a failure: no backoff
-		case rung == walshipv1.CatchUpRung_CATCH_UP_RUNG_LOGSTORE:
-			if progress {
-				rung = walshipv1.CatchUpRung_CATCH_UP_RUNG_PRIMARY
-				bo.Reset()
-				continue
-			}
-			s.logger.Warn("the log store cannot supply the LSN this replica needs; re-seeding from a snapshot",
-				"next_lsn", s.wal.LastLSN()+1, "err", err)
-			rung = walshipv1.CatchUpRung_CATCH_UP_RUNG_SNAPSHOT
-			continue
-		case rung == walshipv1.CatchUpRung_CATCH_UP_RUNG_SNAPSHOT:
-			if err == nil {
-				rung = walshipv1.CatchUpRung_CATCH_UP_RUNG_PRIMARY
-				bo.Reset()
-				continue
-			}
-			if !s.reseedBack {
-				// A forward re-seed can fall back to streaming; one that
-				// must undo a diverged tail has to finish first (the
-				// primary would stream onto that tail).
-				rung = walshipv1.CatchUpRung_CATCH_UP_RUNG_PRIMARY
-			}
-			s.logger.Error("re-seeding from the primary's snapshot failed", "err", err, "retry_rung", rungLabel(rung))
-		case errors.As(err, &ref):
-			s.logger.Error("refused a batch from the primary; reconnecting", "reason", ref.reason, "err", ref.err,
-				"next_lsn", s.wal.LastLSN()+1)
-		case rung == walshipv1.CatchUpRung_CATCH_UP_RUNG_PRIMARY && s.learnPrimary(err):
-			// Asked a node that is not the primary: it named the one it
-			// knows, which this replica follows from now on.
-			continue
-		case rung == walshipv1.CatchUpRung_CATCH_UP_RUNG_PRIMARY && isNotPrimary(err):
-			// The node this replica promised is not the primary yet: a
-			// candidate still catching up or waiting out the old primary's
-			// lease. Ask again shortly; it opens within a lease.
+		next, err := s.afterRung(ctx, l, progress, err)
+		if err != nil {
+			s.logger.Error("replica stopped: its WAL failed", "err", err)
+			return err
+		}
+		switch next {
+		case retrySoon:
 			t := time.NewTimer(notYetPrimaryRetry)
 			select {
 			case <-t.C:
@@ -143,39 +74,169 @@ func (s *Server) follow(ctx context.Context) error {
 				t.Stop()
 				return nil
 			}
-			continue
-		case code == codes.FailedPrecondition:
-			// Diverged, ahead of the primary, or in a newer epoch: this needs
-			// an operator's judgement, never an automatic wipe.
-			s.logger.Error("the primary refuses this replica (diverged, ahead, or a stale primary); retrying",
-				"next_lsn", s.wal.LastLSN()+1, "epoch", s.epoch.Load(), "err", err)
-		case code == codes.InvalidArgument:
-			s.logger.Error("the primary rejected the replication hello", "id", s.cfg.ID, "err", err)
-		default:
-			if progress {
-				bo.Reset()
-				failures = 0
+		case retryAfterBackoff:
+			if p := s.primary(); p != l.lastPrimary {
+				// A new primary to follow (a fence, a refusal naming it):
+				// it may be restarting its server as it changes role; try
+				// again soon rather than at the failures' backoff.
+				l.lastPrimary = p
+				l.bo.Reset()
 			}
-			s.logger.Warn("replication stream ended; reconnecting", "next_lsn", s.wal.LastLSN()+1, "err", err)
-			if failures++; failures%5 == 0 {
-				// The primary has been away a while: a failover may have
-				// happened while this replica could not be fenced. The log
-				// store knows the newest epoch's primary.
-				s.askLogStore(ctx)
+			if !s.waitRetry(ctx, &l.bo) {
+				return nil
 			}
-		}
-		if p := s.primary(); p != lastPrimary {
-			// A new primary to follow (a fence, a refusal naming it): it
-			// may be restarting its server as it changes role; try again
-			// soon rather than at the failures' backoff.
-			lastPrimary = p
-			bo.Reset()
-		}
-		if !s.waitRetry(ctx, &bo) {
-			return nil
 		}
 	}
 	return nil
+}
+
+// ladder is where the follower is on the catch-up ladder and how its
+// failures stand.
+type ladder struct {
+	rung        walshipv1.CatchUpRung
+	bo          backoff.Backoff
+	failures    int    // streams ended by a failure since one made progress
+	lastPrimary string // the primary followed when the last failure was waited out
+}
+
+// retry is how soon the follower climbs its next rung.
+type retry int
+
+const (
+	retryNow          retry = iota // at once: a rung change or a cut is no failure
+	retrySoon                      // after notYetPrimaryRetry: a candidate not open yet
+	retryAfterBackoff              // after the failures' backoff
+)
+
+// climb runs one rung: a stream from the primary, a read from the log
+// store or a re-seed. progress reports whether anything was applied.
+func (s *Server) climb(ctx context.Context, rung walshipv1.CatchUpRung) (progress bool, err error) {
+	switch rung {
+	case walshipv1.CatchUpRung_CATCH_UP_RUNG_PRIMARY:
+		return s.streamFromPrimary(ctx)
+	case walshipv1.CatchUpRung_CATCH_UP_RUNG_LOGSTORE:
+		return s.readLogStore(ctx)
+	default:
+		return s.reseed(ctx)
+	}
+}
+
+// afterRung picks the rung to climb next from how the last one ended, and
+// how soon. Its error is fatal: the WAL failed cutting a diverged tail.
+func (s *Server) afterRung(ctx context.Context, l *ladder, progress bool, err error) (retry, error) {
+	var div *divergedError
+	switch {
+	case errors.As(err, &div):
+		return retryNow, s.afterDiverged(l, div)
+	case l.rung == walshipv1.CatchUpRung_CATCH_UP_RUNG_LOGSTORE:
+		return s.afterLogStore(l, progress, err), nil
+	case l.rung == walshipv1.CatchUpRung_CATCH_UP_RUNG_SNAPSHOT:
+		return s.afterReseed(l, err), nil
+	default:
+		return s.afterStream(ctx, l, progress, err), nil
+	}
+}
+
+// afterDiverged cuts the entries the primary does not have and reconnects,
+// or, if it cannot cut them, goes to the snapshot rung. Either way it is
+// not a failure: no backoff.
+func (s *Server) afterDiverged(l *ladder, div *divergedError) error {
+	cut, err := s.cutDiverged(div.keep)
+	if err != nil {
+		return err
+	}
+	s.metrics.diverged.Inc()
+	if cut {
+		s.logger.Warn("cut entries the primary lost in a crash; reconnecting", "truncate_after_lsn", div.keep, "epoch", div.epoch)
+		return nil
+	}
+	s.logger.Warn("cannot cut this replica's log where the primary diverged (it applied past the cut, or the cut is inside a batch); re-seeding from a snapshot",
+		"truncate_after_lsn", div.keep, "applied_lsn", s.appliedLSN(), "epoch", div.epoch)
+	l.rung = walshipv1.CatchUpRung_CATCH_UP_RUNG_SNAPSHOT
+	return nil
+}
+
+// afterLogStore goes back to the primary if the log store supplied
+// something, and on to a snapshot if not.
+func (s *Server) afterLogStore(l *ladder, progress bool, err error) retry {
+	if progress {
+		l.rung = walshipv1.CatchUpRung_CATCH_UP_RUNG_PRIMARY
+		l.bo.Reset()
+		return retryNow
+	}
+	s.logger.Warn("the log store cannot supply the LSN this replica needs; re-seeding from a snapshot",
+		"next_lsn", s.wal.LastLSN()+1, "err", err)
+	l.rung = walshipv1.CatchUpRung_CATCH_UP_RUNG_SNAPSHOT
+	return retryNow
+}
+
+// afterReseed goes back to the primary after a re-seed, or after a failed
+// one that may fall back to streaming.
+func (s *Server) afterReseed(l *ladder, err error) retry {
+	if err == nil {
+		l.rung = walshipv1.CatchUpRung_CATCH_UP_RUNG_PRIMARY
+		l.bo.Reset()
+		return retryNow
+	}
+	if !s.reseedBack {
+		// A forward re-seed can fall back to streaming; one that must undo
+		// a diverged tail has to finish first (the primary would stream
+		// onto that tail).
+		l.rung = walshipv1.CatchUpRung_CATCH_UP_RUNG_PRIMARY
+	}
+	s.logger.Error("re-seeding from the primary's snapshot failed", "err", err, "retry_rung", rungLabel(l.rung))
+	return retryAfterBackoff
+}
+
+// afterStream handles the end of a stream from the primary: down a rung if
+// the primary no longer retains what the replica needs, to another primary
+// if the node named one, and otherwise a failure to retry.
+func (s *Server) afterStream(ctx context.Context, l *ladder, progress bool, err error) retry {
+	code := status.Code(err)
+	var ref *refusal
+	switch {
+	case code == codes.OutOfRange:
+		next := walshipv1.CatchUpRung_CATCH_UP_RUNG_SNAPSHOT
+		if s.logstore != nil {
+			next = walshipv1.CatchUpRung_CATCH_UP_RUNG_LOGSTORE
+		}
+		s.logger.Warn("the primary no longer retains the LSN this replica needs", "next_lsn", s.wal.LastLSN()+1,
+			"then", rungLabel(next), "err", err)
+		l.rung = next
+		return retryNow // a rung change is not a failure: no backoff
+	case errors.As(err, &ref):
+		s.logger.Error("refused a batch from the primary; reconnecting", "reason", ref.reason, "err", ref.err,
+			"next_lsn", s.wal.LastLSN()+1)
+	case s.learnPrimary(err):
+		// Asked a node that is not the primary: it named the one it
+		// knows, which this replica follows from now on.
+		return retryNow
+	case isNotPrimary(err):
+		// The node this replica promised is not the primary yet: a
+		// candidate still catching up or waiting out the old primary's
+		// lease. Ask again shortly; it opens within a lease.
+		return retrySoon
+	case code == codes.FailedPrecondition:
+		// Diverged, ahead of the primary, or in a newer epoch: this needs
+		// an operator's judgement, never an automatic wipe.
+		s.logger.Error("the primary refuses this replica (diverged, ahead, or a stale primary); retrying",
+			"next_lsn", s.wal.LastLSN()+1, "epoch", s.epoch.Load(), "err", err)
+	case code == codes.InvalidArgument:
+		s.logger.Error("the primary rejected the replication hello", "id", s.cfg.ID, "err", err)
+	default:
+		if progress {
+			l.bo.Reset()
+			l.failures = 0
+		}
+		s.logger.Warn("replication stream ended; reconnecting", "next_lsn", s.wal.LastLSN()+1, "err", err)
+		if l.failures++; l.failures%5 == 0 {
+			// The primary has been away a while: a failover may have
+			// happened while this replica could not be fenced. The log
+			// store knows the newest epoch's primary.
+			s.askLogStore(ctx)
+		}
+	}
+	return retryAfterBackoff
 }
 
 // waitRetry waits out bo, or less if the primary to follow changes; it
