@@ -6,6 +6,7 @@ import (
 	"io"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -69,7 +70,7 @@ import (
 //	                                h's batches A..B; durable_lsn defaults
 //	                                to each batch's last LSN
 //	heartbeat <p> epoch=E last=L [durable=N] [reply] [primary-id=ID]
-//	end <p> [code=C] [msg=M]        end the stream: EOF, or status C
+//	end <p> [code=C] [msg=(M)]      end the stream: EOF, or status C
 //	diverged <p> keep=N epoch=E [durable=N]
 //	                                answer with Diverged and end the stream
 //	await-ack <p> COND... [forbid=(COND, ...)]
@@ -138,173 +139,243 @@ type history struct {
 	batches []*walshipv1.WalBatch
 }
 
+// command is one transcript command: how many plain arguments it takes
+// (-1: any number), the names of the others, and what it does.
+type command struct {
+	plain int
+	names []string
+	run   func(e *transcript, t *testing.T, td *datadriven.TestData) string
+}
+
+// commands are the transcripts' commands (TestTranscripts lists them); metric
+// also takes any label=value, await-ack any condition.
+var commands = map[string]command{
+	"batch":               {1, []string{"epoch", "lsns"}, (*transcript).batch},
+	"fork":                {1, []string{"from", "at"}, (*transcript).fork},
+	"new-primary":         {-1, nil, (*transcript).newPrimaries},
+	"serve-snapshot":      {2, nil, (*transcript).serveSnapshot},
+	"logstore":            {0, []string{"serve", "out-of-range", "silent", "vote-epoch"}, (*transcript).logstore},
+	"start":               {0, []string{"primary", "fs", "heartbeat", "flush-delay"}, (*transcript).start},
+	"stop":                {0, nil, (*transcript).stop},
+	"restart":             {0, nil, (*transcript).restart},
+	"set-applied-marker":  {1, nil, (*transcript).setAppliedMarker},
+	"fail-snapshot-save":  {0, nil, (*transcript).failSnapshotSave},
+	"injected":            {0, nil, (*transcript).injected},
+	"accept":              {1, nil, (*transcript).accept},
+	"send":                {3, []string{"durable", "reply-at"}, (*transcript).send},
+	"heartbeat":           {1, []string{"epoch", "last", "durable", "reply", "primary-id"}, (*transcript).heartbeat},
+	"end":                 {1, []string{"code", "msg"}, (*transcript).end},
+	"diverged":            {1, []string{"keep", "epoch", "durable"}, (*transcript).diverged},
+	"await-ack":           {1, []string{"forbid"}, (*transcript).awaitAck},
+	"await-end":           {1, nil, (*transcript).awaitEnd},
+	"snapshot-calls":      {1, nil, (*transcript).snapshotCalls},
+	"status":              {0, nil, (*transcript).status},
+	"state":               {0, nil, (*transcript).state},
+	"get":                 {1, []string{"min-lsn", "wait"}, (*transcript).get},
+	"wait-applied":        {1, nil, (*transcript).waitApplied},
+	"wait-vote":           {1, nil, (*transcript).waitVote},
+	"metric":              {1, nil, (*transcript).metric},
+	"logstore-reads":      {0, nil, (*transcript).logstoreReads},
+	"fence":               {0, []string{"epoch", "candidate", "addr"}, (*transcript).fence},
+	"vote-file":           {0, nil, (*transcript).voteFile},
+	"read-log":            {0, []string{"from", "to"}, (*transcript).readLog},
+	"stream-from-replica": {0, nil, (*transcript).streamFromReplica},
+}
+
+// run runs one command, checking its arguments first (a typo must not
+// leave a transcript testing less than it says), and prints the fakes'
+// addresses as their names.
 func (e *transcript) run(t *testing.T, td *datadriven.TestData) string {
-	out := e.do(t, td)
+	c, ok := commands[td.Cmd]
+	if !ok {
+		t.Fatalf("%s: unknown command %q", td.Pos, td.Cmd)
+	}
+	plain := 0
+	for i, a := range td.CmdArgs {
+		switch {
+		case slices.Contains(c.names, a.Key):
+		case td.Cmd == "metric" && i > 0 && len(a.Vals) == 1:
+		case td.Cmd == "await-ack" && i > 0: // conditions, parsed strictly
+		case len(a.Vals) == 0 && (c.plain < 0 || plain < c.plain) && plain == i:
+			plain++
+		default:
+			t.Fatalf("%s: %s does not take %s", td.Pos, td.Cmd, a.String())
+		}
+	}
+	out := c.run(e, t, td)
 	for i := 0; i+1 < len(e.names); i += 2 {
 		out = strings.ReplaceAll(out, e.names[i], e.names[i+1])
 	}
 	return out
 }
 
-func (e *transcript) do(t *testing.T, td *datadriven.TestData) string {
-	switch td.Cmd {
-	case "batch":
-		return e.batch(t, td)
-	case "fork":
-		return e.fork(t, td)
-	case "new-primary":
-		for i := range td.CmdArgs {
-			e.newPrimary(t, arg(t, td, i))
-		}
-		return ""
-	case "serve-snapshot":
-		h := e.history(t, arg(t, td, 1))
-		e.mu.Lock()
-		e.snapshots[arg(t, td, 0)] = servedSnapshot{view: h.m.ref.Snapshot(), epoch: h.m.epoch}
-		e.mu.Unlock()
-		return ""
-	case "logstore":
-		return e.logstore(t, td)
-	case "start":
-		e.start(t, td)
-		return ""
-	case "stop":
-		return e.stop(t)
-	case "restart":
-		out := e.stop(t)
-		e.start(t, td)
-		return out
-	case "set-applied-marker":
-		if e.r != nil {
-			t.Fatal("set-applied-marker: the replica is running")
-		}
-		lsn := uintArg(t, td, 0)
-		if err := vfs.WriteFile(e.fs(), filepath.Join(e.cfg.DataDir, "applied"), []byte(fmt.Sprintf("%d\n", lsn)), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return ""
-	case "fail-snapshot-save":
-		if e.mem == nil {
-			t.Fatal("fail-snapshot-save needs start fs=mem")
-		}
-		e.failSave.Store(true)
-		return ""
-	case "injected":
-		return fmt.Sprintf("snapshot saves failed: %d", e.saveFails.Load())
-	case "accept":
-		p := arg(t, td, 0)
-		s := e.primary(t, p).next(t)
-		e.sessions[p] = s
-		h := s.hello
-		return fmt.Sprintf("hello epoch=%d next_lsn=%d fenced_epoch=%d history=%s", h.GetEpoch(), h.GetNextLsn(), h.GetFencedEpoch(), fmtHistory(h.GetHistory()))
-	case "send":
-		return e.send(t, td)
-	case "heartbeat":
-		var epoch, last uint64
-		td.ScanArgs(t, "epoch", &epoch)
-		td.ScanArgs(t, "last", &last)
-		durable := last
-		td.MaybeScanArgs(t, "durable", &durable)
-		var id string
-		td.MaybeScanArgs(t, "primary-id", &id)
-		e.streamSend(t, arg(t, td, 0), &walshipv1.StreamResponse{DurableLsn: durable, Msg: &walshipv1.StreamResponse_Heartbeat{Heartbeat: &walshipv1.Heartbeat{
-			Epoch: epoch, LastLsn: last, TimeUnixNano: time.Now().UnixNano(), ReplyRequested: td.HasArg("reply"), PrimaryId: id,
-		}}})
-		return ""
-	case "end":
-		var err error
-		if td.HasArg("code") {
-			var c, msg string
-			td.ScanArgs(t, "code", &c)
-			msg = "ended by the test"
-			td.MaybeScanArgs(t, "msg", &msg)
-			err = status.Error(parseCode(t, c), msg)
-		}
-		e.session(t, arg(t, td, 0)).end <- err
-		return ""
-	case "diverged":
-		var keep, epoch, durable uint64
-		td.ScanArgs(t, "keep", &keep)
-		td.ScanArgs(t, "epoch", &epoch)
-		td.MaybeScanArgs(t, "durable", &durable)
-		e.session(t, arg(t, td, 0)).diverged(t, keep, epoch, durable)
-		return ""
-	case "await-ack":
-		return e.awaitAck(t, td)
-	case "await-end":
-		ctx := e.session(t, arg(t, td, 0)).stream.Context()
-		select {
-		case <-ctx.Done():
-			return fmt.Sprintf("stream over: %v", ctx.Err())
-		case <-time.After(10 * time.Second):
-			t.Fatal("the replica did not end the stream")
-		}
-	case "snapshot-calls":
-		return fmt.Sprintf("snapshot calls: %d", e.primary(t, arg(t, td, 0)).snapshotCalls.Load())
-	case "status":
-		return fmtStatus(e.running(t).status(t))
-	case "state":
-		return e.state(t)
-	case "get":
-		return e.get(t, td)
-	case "wait-applied":
-		r := e.running(t)
-		r.waitApplied(t, uintArg(t, td, 0))
-		return fmt.Sprintf("visible=%d", r.status(t).VisibleLsn)
-	case "wait-vote":
-		r := e.running(t)
-		epoch := uintArg(t, td, 0)
-		testwait.Until(t, fmt.Sprintf("a promise of epoch %d", epoch), func() bool { return r.status(t).VoteEpoch >= epoch })
-		st := r.status(t)
-		return fmt.Sprintf("vote=%d primary_id=%q primary=%s", st.VoteEpoch, st.PrimaryId, st.Primary)
-	case "metric":
-		var labels []string
-		for _, a := range td.CmdArgs[1:] {
-			labels = append(labels, a.Key, a.SingleVal(t))
-		}
-		v, ok := gather(t, e.running(t).reg, arg(t, td, 0), labels...)
-		if !ok {
-			return "absent"
-		}
-		return strconv.FormatFloat(v, 'g', -1, 64)
-	case "logstore-reads":
-		if e.ls == nil {
-			t.Fatal("logstore-reads: no log store")
-		}
-		var out []string
-		for len(e.ls.reads) > 0 {
-			req := <-e.ls.reads
-			out = append(out, fmt.Sprintf("read from_lsn=%d follow=%t", req.GetFromLsn(), req.GetFollow()))
-		}
-		if len(out) == 0 {
-			return "no reads"
-		}
-		return strings.Join(out, "\n")
-	case "fence":
-		return e.fence(t, td)
-	case "vote-file":
-		v, err := datadir.LoadVote(e.fs(), e.cfg.DataDir)
-		if err != nil {
-			return "error: " + err.Error()
-		}
-		return fmt.Sprintf("epoch=%d primary_id=%q primary=%s", v.Epoch, v.Primary, v.Addr)
-	case "read-log":
-		return e.readLog(t, td)
-	case "stream-from-replica":
-		st, err := walshipv1.NewReplicationServiceClient(e.running(t).conn).Stream(tctx(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, err = st.Recv()
-		out := fmtErr(err)
-		if v, ok := primaryFrom(err); ok {
-			out += fmt.Sprintf("\nnames primary_id=%q primary=%s epoch=%d", v.Primary, v.Addr, v.Epoch)
-		}
-		return out
-	default:
-		t.Fatalf("%s: unknown command %q", td.Pos, td.Cmd)
+func (e *transcript) newPrimaries(t *testing.T, td *datadriven.TestData) string {
+	for i := range td.CmdArgs {
+		e.newPrimary(t, arg(t, td, i))
 	}
 	return ""
+}
+
+func (e *transcript) serveSnapshot(t *testing.T, td *datadriven.TestData) string {
+	h := e.history(t, arg(t, td, 1))
+	e.mu.Lock()
+	e.snapshots[arg(t, td, 0)] = servedSnapshot{view: h.m.ref.Snapshot(), epoch: h.m.epoch}
+	e.mu.Unlock()
+	return ""
+}
+
+func (e *transcript) restart(t *testing.T, td *datadriven.TestData) string {
+	out := e.stop(t, td)
+	e.start(t, td)
+	return out
+}
+
+func (e *transcript) setAppliedMarker(t *testing.T, td *datadriven.TestData) string {
+	if e.r != nil {
+		t.Fatal("set-applied-marker: the replica is running")
+	}
+	lsn := uintArg(t, td, 0)
+	if err := vfs.WriteFile(e.fs(), filepath.Join(e.cfg.DataDir, "applied"), []byte(fmt.Sprintf("%d\n", lsn)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return ""
+}
+
+func (e *transcript) failSnapshotSave(t *testing.T, _ *datadriven.TestData) string {
+	if e.mem == nil {
+		t.Fatal("fail-snapshot-save needs start fs=mem")
+	}
+	e.failSave.Store(true)
+	return ""
+}
+
+func (e *transcript) injected(*testing.T, *datadriven.TestData) string {
+	return fmt.Sprintf("snapshot saves failed: %d", e.saveFails.Load())
+}
+
+func (e *transcript) accept(t *testing.T, td *datadriven.TestData) string {
+	p := arg(t, td, 0)
+	s := e.primary(t, p).next(t)
+	e.sessions[p] = s
+	h := s.hello
+	return fmt.Sprintf("hello epoch=%d next_lsn=%d fenced_epoch=%d history=%s", h.GetEpoch(), h.GetNextLsn(), h.GetFencedEpoch(), fmtHistory(h.GetHistory()))
+}
+
+func (e *transcript) heartbeat(t *testing.T, td *datadriven.TestData) string {
+	var epoch, last uint64
+	td.ScanArgs(t, "epoch", &epoch)
+	td.ScanArgs(t, "last", &last)
+	durable := last
+	td.MaybeScanArgs(t, "durable", &durable)
+	var id string
+	td.MaybeScanArgs(t, "primary-id", &id)
+	e.streamSend(t, arg(t, td, 0), &walshipv1.StreamResponse{DurableLsn: durable, Msg: &walshipv1.StreamResponse_Heartbeat{Heartbeat: &walshipv1.Heartbeat{
+		Epoch: epoch, LastLsn: last, TimeUnixNano: time.Now().UnixNano(), ReplyRequested: td.HasArg("reply"), PrimaryId: id,
+	}}})
+	return ""
+}
+
+func (e *transcript) end(t *testing.T, td *datadriven.TestData) string {
+	var err error
+	if td.HasArg("code") {
+		var c string
+		td.ScanArgs(t, "code", &c)
+		msg := "ended by the test"
+		td.MaybeScanArgs(t, "msg", &msg)
+		err = status.Error(parseCode(t, c), msg)
+	}
+	e.session(t, arg(t, td, 0)).end <- err
+	return ""
+}
+
+func (e *transcript) diverged(t *testing.T, td *datadriven.TestData) string {
+	var keep, epoch, durable uint64
+	td.ScanArgs(t, "keep", &keep)
+	td.ScanArgs(t, "epoch", &epoch)
+	td.MaybeScanArgs(t, "durable", &durable)
+	e.session(t, arg(t, td, 0)).diverged(t, keep, epoch, durable)
+	return ""
+}
+
+func (e *transcript) awaitEnd(t *testing.T, td *datadriven.TestData) string {
+	ctx := e.session(t, arg(t, td, 0)).stream.Context()
+	select {
+	case <-ctx.Done():
+		return fmt.Sprintf("stream over: %v", ctx.Err())
+	case <-time.After(10 * time.Second):
+		t.Fatal("the replica did not end the stream")
+		return ""
+	}
+}
+
+func (e *transcript) snapshotCalls(t *testing.T, td *datadriven.TestData) string {
+	return fmt.Sprintf("snapshot calls: %d", e.primary(t, arg(t, td, 0)).snapshotCalls.Load())
+}
+
+func (e *transcript) status(t *testing.T, _ *datadriven.TestData) string {
+	return fmtStatus(e.running(t).status(t))
+}
+
+func (e *transcript) waitApplied(t *testing.T, td *datadriven.TestData) string {
+	r := e.running(t)
+	r.waitApplied(t, uintArg(t, td, 0))
+	return fmt.Sprintf("visible=%d", r.status(t).VisibleLsn)
+}
+
+func (e *transcript) waitVote(t *testing.T, td *datadriven.TestData) string {
+	r := e.running(t)
+	epoch := uintArg(t, td, 0)
+	testwait.Until(t, fmt.Sprintf("a promise of epoch %d", epoch), func() bool { return r.status(t).VoteEpoch >= epoch })
+	st := r.status(t)
+	return fmt.Sprintf("vote=%d primary_id=%q primary=%s", st.VoteEpoch, st.PrimaryId, st.Primary)
+}
+
+func (e *transcript) metric(t *testing.T, td *datadriven.TestData) string {
+	var labels []string
+	for _, a := range td.CmdArgs[1:] {
+		labels = append(labels, a.Key, a.SingleVal(t))
+	}
+	v, ok := gather(t, e.running(t).reg, arg(t, td, 0), labels...)
+	if !ok {
+		return "absent"
+	}
+	return strconv.FormatFloat(v, 'g', -1, 64)
+}
+
+func (e *transcript) logstoreReads(t *testing.T, _ *datadriven.TestData) string {
+	if e.ls == nil {
+		t.Fatal("logstore-reads: no log store")
+	}
+	var out []string
+	for len(e.ls.reads) > 0 {
+		req := <-e.ls.reads
+		out = append(out, fmt.Sprintf("read from_lsn=%d follow=%t", req.GetFromLsn(), req.GetFollow()))
+	}
+	if len(out) == 0 {
+		return "no reads"
+	}
+	return strings.Join(out, "\n")
+}
+
+func (e *transcript) voteFile(*testing.T, *datadriven.TestData) string {
+	v, err := datadir.LoadVote(e.fs(), e.cfg.DataDir)
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	return fmt.Sprintf("epoch=%d primary_id=%q primary=%s", v.Epoch, v.Primary, v.Addr)
+}
+
+func (e *transcript) streamFromReplica(t *testing.T, _ *datadriven.TestData) string {
+	st, err := walshipv1.NewReplicationServiceClient(e.running(t).conn).Stream(tctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = st.Recv()
+	out := fmtErr(err)
+	if v, ok := primaryFrom(err); ok {
+		out += fmt.Sprintf("\nnames primary_id=%q primary=%s epoch=%d", v.Primary, v.Addr, v.Epoch)
+	}
+	return out
 }
 
 // arg is the i-th argument, one given without a value.
@@ -520,7 +591,7 @@ func (e *transcript) logstoreRead(req *walshipv1.ReadRequest, st grpc.ServerStre
 	return nil
 }
 
-func (e *transcript) start(t *testing.T, td *datadriven.TestData) {
+func (e *transcript) start(t *testing.T, td *datadriven.TestData) string {
 	if e.r != nil {
 		t.Fatal("start: the replica is running")
 	}
@@ -557,9 +628,10 @@ func (e *transcript) start(t *testing.T, td *datadriven.TestData) {
 	testwait.Until(t, "the follower to start", func() bool {
 		return e.r.status(t).Rung != walshipv1.CatchUpRung_CATCH_UP_RUNG_UNSPECIFIED
 	})
+	return ""
 }
 
-func (e *transcript) stop(t *testing.T) string {
+func (e *transcript) stop(t *testing.T, _ *datadriven.TestData) string {
 	err := e.running(t).stop(t)
 	e.r = nil
 	if err != nil {
@@ -729,7 +801,7 @@ func fmtErr(err error) string {
 
 // state prints every pair the replica serves, after checking that they make
 // the state digest its Status reports.
-func (e *transcript) state(t *testing.T) string {
+func (e *transcript) state(t *testing.T, _ *datadriven.TestData) string {
 	r := e.running(t)
 	scan, err := r.kv.Scan(tctx(t), &walshipv1.ScanRequest{})
 	if err != nil {
