@@ -13,7 +13,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
-	"github.com/walship/walship/internal/testbin"
+	"github.com/walship/walship/internal/testkit"
 	"github.com/walship/walship/pkg/codec"
 	"github.com/walship/walship/services/primary"
 )
@@ -65,7 +65,7 @@ func TestProcessesReplicaNice(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	bin := testbin.Walship(t)
+	bin := testkit.Walship(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	own := niceOf(t, os.Getpid())
@@ -125,7 +125,7 @@ func TestProcessesReplicaIdle(t *testing.T) {
 // ends.
 func startPlaced(t *testing.T, peers placement) *backend {
 	t.Helper()
-	bin := testbin.Walship(t)
+	bin := testkit.Walship(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
 	b, err := startProcesses(ctx, bin, t.TempDir(), 1, codec.MsgPack, primary.DefaultPolicy(), peers)
@@ -172,7 +172,7 @@ func TestRunProcesses(t *testing.T) {
 	defer cancel()
 	cfg := Config{
 		Workload: "tpcb", Params: smallParams(), Terminals: 4, Duration: time.Second, Warmup: 200 * time.Millisecond,
-		MaxRetries: 10, Codec: "msgpack", Mode: ModeProcesses, Bin: testbin.Walship(t), ReplicaNice: 5, Replicas: 1,
+		MaxRetries: 10, Codec: "msgpack", Mode: ModeProcesses, Bin: testkit.Walship(t), ReplicaNice: 5, Replicas: 1,
 		Dir: t.TempDir(), SpeculativeReads: true,
 		Replication: walshipv1.ReplicationMode_REPLICATION_MODE_SYNC, Durability: walshipv1.Durability_DURABILITY_SYNC,
 		SyncReplicas: 1, SyncLevel: walshipv1.SyncLevel_SYNC_LEVEL_APPLY,

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/walship/walship/internal/testbin"
+	"github.com/walship/walship/internal/testkit"
 )
 
 func run(t *testing.T, args ...string) (code int, stdout, stderr string) {
@@ -96,7 +96,7 @@ func TestBenchCPUScalingFromZero(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	t.Setenv("WALSHIP_BIN", testbin.Walship(t))
+	t.Setenv("WALSHIP_BIN", testkit.Walship(t))
 	code, out, errOut := run(t, "bench", "--workload", "tpcb", "--scale", "1", "--accounts", "100",
 		"--cpu-scaling", "--cpu-scaling-replicas", "0,1", "--rate", "100", "--terminals", "2",
 		"--duration", "1s", "--warmup", "200ms", "--data-dir", t.TempDir())

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/walship/walship/internal/dockertest"
+	"github.com/walship/walship/internal/testkit"
 	corev1 "k8s.io/api/core/v1"
 )
 
@@ -55,7 +55,7 @@ func grpcurlPath(t *testing.T) string {
 // dockerCluster is the dev overlay run as Docker containers on one network.
 type dockerCluster struct {
 	t         *testing.T
-	r         *dockertest.Run
+	r         *testkit.DockerRun
 	image     string
 	network   string
 	namespace string // the overlay's, in the longer aliases
@@ -90,14 +90,14 @@ func TestDockerCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("skipping the Docker cluster test in -short mode")
 	}
-	dockertest.Need(t)
+	testkit.NeedDocker(t)
 	start := time.Now()
-	d := &dockerCluster{t: t, r: dockertest.New(t), grpcurl: grpcurlPath(t), pods: map[string]*container{}}
+	d := &dockerCluster{t: t, r: testkit.NewDockerRun(t), grpcurl: grpcurlPath(t), pods: map[string]*container{}}
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, name := range sortedKeys(d.pods) {
 				c := d.pods[name]
-				t.Logf("--- docker logs %s (%s) ---\n%s", c.name, c.pod, dockertest.Logs(c.name, 60))
+				t.Logf("--- docker logs %s (%s) ---\n%s", c.name, c.pod, testkit.DockerLogs(c.name, 60))
 			}
 		}
 	})

@@ -15,7 +15,7 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/check"
-	"github.com/walship/walship/internal/testwait"
+	"github.com/walship/walship/internal/testkit"
 	"github.com/walship/walship/pkg/client"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -173,7 +173,7 @@ func TestFailoverSIGSTOP(t *testing.T) {
 	ctx := testCtx(t, 2*time.Minute)
 	kv0 := walshipv1.NewKVServiceClient(conn(t, c.nodes[0].addr))
 	// Once the primary has opened its epoch (its epoch record met the contract).
-	testwait.Until(t, "the primary to take a write", func() bool {
+	testkit.Until(t, "the primary to take a write", func() bool {
 		_, err := kv0.Put(ctx, &walshipv1.PutRequest{Key: "before", Value: []byte("x")}, grpc.WaitForReady(true))
 		return err == nil
 	})
@@ -215,7 +215,7 @@ func TestFailoverSIGSTOP(t *testing.T) {
 		}
 	}
 	admin0 := walshipv1.NewAdminServiceClient(conn(t, c.nodes[0].addr))
-	testwait.Until(t, "the old primary to step down", func() bool {
+	testkit.Until(t, "the old primary to step down", func() bool {
 		st, err := admin0.Status(ctx, &walshipv1.StatusRequest{})
 		return err == nil && st.Role == walshipv1.Role_ROLE_REPLICA
 	})
@@ -347,7 +347,7 @@ func TestSecondPromotionBeforeTheFirstOpened(t *testing.T) {
 	}()
 	// n2 has promised n1's epoch: n1 is fenced and waits out the lease.
 	admin2 := walshipv1.NewAdminServiceClient(conn(t, c.nodes[2].addr))
-	testwait.Until(t, "n2 to promise n1 the new epoch", func() bool {
+	testkit.Until(t, "n2 to promise n1 the new epoch", func() bool {
 		st, err := admin2.Status(ctx, &walshipv1.StatusRequest{})
 		return err == nil && st.GetPrimaryId() == "n1"
 	})
@@ -383,7 +383,7 @@ func switchoverStuck(t *testing.T, ctx context.Context, c *failoverCluster, time
 		_, err := admin0.Switchover(ctx, &walshipv1.SwitchoverRequest{Target: "n1", Timeout: durationpb.New(timeout)})
 		res <- err
 	}()
-	testwait.Until(t, "n0 to pause writes for the switchover", func() bool {
+	testkit.Until(t, "n0 to pause writes for the switchover", func() bool {
 		st, err := admin0.Status(ctx, &walshipv1.StatusRequest{})
 		return err == nil && st.GetRole() == walshipv1.Role_ROLE_PRIMARY && st.GetServing() && !st.GetTakingWrites()
 	})

@@ -18,7 +18,7 @@ import (
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/kube"
 	"github.com/walship/walship/internal/kubetest"
-	"github.com/walship/walship/internal/testwait"
+	"github.com/walship/walship/internal/testkit"
 	"github.com/walship/walship/pkg/client"
 	"github.com/walship/walship/services/node"
 )
@@ -177,7 +177,7 @@ func (c *kubeCluster) waitLabels(t *testing.T, want map[string]string) {
 			t.Logf("labels %v, want %v; Lease holder %q after %d transitions", got, want, h, n)
 		}
 	}()
-	testwait.For(t, 30*time.Second, "role labels", func() bool {
+	testkit.UntilWithin(t, 30*time.Second, "role labels", func() bool {
 		got = c.roles(t)
 		for k, v := range want {
 			if got[k] != v {
@@ -384,13 +384,13 @@ func TestKubeAPIServerCutForThePrimary(t *testing.T) {
 	cut := time.Now()
 	c.proxies[0].setCut(true)
 	var holder string
-	testwait.For(t, 30*time.Second, "another node to hold the Lease", func() bool {
+	testkit.UntilWithin(t, 30*time.Second, "another node to hold the Lease", func() bool {
 		holder, _ = c.lease(t)
 		return holder != "walship-0"
 	})
 	newPrim := c.byName(holder)
 	// The first write the new primary acknowledges.
-	testwait.For(t, 30*time.Second, "a write acknowledged by "+holder, func() bool {
+	testkit.UntilWithin(t, 30*time.Second, "a write acknowledged by "+holder, func() bool {
 		for i, n := range c.nodes {
 			if n.name == holder && len(writers[i].snapshot()) > 0 {
 				return true
@@ -497,7 +497,7 @@ func TestKubeSIGTERMSwitchesOver(t *testing.T) {
 	<-time.After(1500 * time.Millisecond)
 	c.nodes[0].p.stop() // SIGTERM; fails the test unless it exits cleanly
 	var holder string
-	testwait.For(t, 30*time.Second, "another node to hold the Lease", func() bool {
+	testkit.UntilWithin(t, 30*time.Second, "another node to hold the Lease", func() bool {
 		holder, _ = c.lease(t)
 		return holder != "walship-0" && holder != ""
 	})

@@ -9,8 +9,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
-	"github.com/walship/walship/internal/dockertest"
-	"github.com/walship/walship/internal/testwait"
+	"github.com/walship/walship/internal/testkit"
 	"github.com/walship/walship/pkg/client"
 )
 
@@ -28,8 +27,8 @@ func TestFailoverPartition(t *testing.T) {
 	if testing.Short() {
 		t.Skip("skipping the Docker partition test in -short mode")
 	}
-	dockertest.Need(t)
-	r := dockertest.New(t)
+	testkit.NeedDocker(t)
+	r := testkit.NewDockerRun(t)
 	image := r.Image()
 	clusterNet, clientNet := r.Network("cluster"), r.Network("clients")
 
@@ -56,7 +55,7 @@ func TestFailoverPartition(t *testing.T) {
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, c := range all {
-				t.Logf("--- docker logs %s ---\n%s", c.alias, dockertest.Logs(c.name, 40))
+				t.Logf("--- docker logs %s ---\n%s", c.alias, testkit.DockerLogs(c.name, 40))
 			}
 		}
 	})
@@ -86,7 +85,7 @@ func TestFailoverPartition(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	testwait.Until(t, "the primary to take a write", func() bool {
+	testkit.Until(t, "the primary to take a write", func() bool {
 		_, err := cl.Put(ctx, "partition/ready", []byte("x"), nil)
 		return err == nil
 	})
@@ -138,7 +137,7 @@ func TestFailoverPartition(t *testing.T) {
 	finish()
 
 	admin0 := walshipv1.NewAdminServiceClient(conn(t, n0.addr))
-	testwait.Until(t, "the old primary to rejoin as a replica", func() bool {
+	testkit.Until(t, "the old primary to rejoin as a replica", func() bool {
 		st, err := admin0.Status(ctx, &walshipv1.StatusRequest{})
 		return err == nil && st.Role == walshipv1.Role_ROLE_REPLICA && st.Epoch > before.Epoch
 	})

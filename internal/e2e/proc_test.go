@@ -18,11 +18,11 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/walship/walship/internal/testbin"
+	"github.com/walship/walship/internal/testkit"
 )
 
 // walshipBin returns the walship binary ($WALSHIP_BIN, or built once).
-func walshipBin(t *testing.T) string { return testbin.Walship(t) }
+func walshipBin(t *testing.T) string { return testkit.Walship(t) }
 
 // proc is a walship process whose JSON log is parsed for its addresses.
 type proc struct {

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
-	"github.com/walship/walship/internal/testwait"
+	"github.com/walship/walship/internal/testkit"
 	"github.com/walship/walship/internal/tlsid"
 	"github.com/walship/walship/pkg/client"
 	"google.golang.org/grpc"
@@ -121,37 +121,37 @@ func TestTLSRotationUnderLoad(t *testing.T) {
 		defer conn.Close()
 		return conn.ConnectionState().PeerCertificates[0].SerialNumber.String()
 	}
-	testwait.Until(t, "commits under load", func() bool { return commits.Load() > 50 })
+	testkit.Until(t, "commits under load", func() bool { return commits.Load() > 50 })
 	before := serial()
 
 	// Rotate the primary's certificate (same CA, new key).
 	if _, err := ca.WriteFiles(certs, "primary", tlsid.Leaf{URI: tlsid.URI("e2e", tlsid.ClassNode, "primary"), IPs: local}); err != nil {
 		t.Fatal(err)
 	}
-	testwait.Until(t, "new handshakes to get the new certificate", func() bool { s := serial(); return s != before && !strings.HasPrefix(s, "dial") })
+	testkit.Until(t, "new handshakes to get the new certificate", func() bool { s := serial(); return s != before && !strings.HasPrefix(s, "dial") })
 	rotated := serial()
 	at := commits.Load()
-	testwait.Until(t, "commits after the rotation", func() bool { return commits.Load() > at+50 })
+	testkit.Until(t, "commits after the rotation", func() bool { return commits.Load() > at+50 })
 
 	// A broken update: the last good certificate stays, and it is counted.
 	if err := os.WriteFile(pFiles.Key, []byte("not a key"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	testwait.Until(t, "the primary to count the broken update", func() bool {
+	testkit.Until(t, "the primary to count the broken update", func() bool {
 		return scrape(t, pMetrics, `walship_tls_reloads_total{result="error"}`) >= 1
 	})
 	if s := serial(); s != rotated {
 		t.Fatalf("after a broken update the primary presents %s; want the last good %s", s, rotated)
 	}
 	at = commits.Load()
-	testwait.Until(t, "commits after the broken update", func() bool { return commits.Load() > at+50 })
+	testkit.Until(t, "commits after the broken update", func() bool { return commits.Load() > at+50 })
 	stop()
 	if err := <-loadErr; err != nil {
 		t.Fatalf("a commit failed during the rotation: %v", err)
 	}
 	// The replica's stream re-handshook (the primary closes connections a
 	// second old) and is connected; the primary's reloads were counted.
-	testwait.Until(t, "the replica's stream to be re-established", func() bool {
+	testkit.Until(t, "the replica's stream to be re-established", func() bool {
 		return strings.Count(nodes[1].p.logs(), `"msg":"replica connected"`) >= 3
 	})
 	st, err := walshipv1.NewAdminServiceClient(tlsConn(t, pAddr, src)).Status(ctx, &walshipv1.StatusRequest{})

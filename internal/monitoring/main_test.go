@@ -3,7 +3,7 @@ package monitoring
 import (
 	"testing"
 
-	"github.com/walship/walship/internal/testbin"
+	"github.com/walship/walship/internal/testkit"
 )
 
-func TestMain(m *testing.M) { testbin.Main(m) }
+func TestMain(m *testing.M) { testkit.Main(m) }

@@ -3,7 +3,7 @@ package monitoring
 // Helpers for the end-to-end test (cluster_test.go): real walship and
 // prometheus processes, and a small Prometheus HTTP API client. The process
 // helpers are a trimmed copy of internal/e2e/proc_test.go (test files of
-// another package cannot be imported); the binary comes from internal/testbin.
+// another package cannot be imported); the binary comes from internal/testkit.
 
 import (
 	"bufio"
@@ -24,11 +24,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/walship/walship/internal/testbin"
+	"github.com/walship/walship/internal/testkit"
 )
 
 // walshipBin returns the walship binary ($WALSHIP_BIN, or built once).
-func walshipBin(t *testing.T) string { return testbin.Walship(t) }
+func walshipBin(t *testing.T) string { return testkit.Walship(t) }
 
 // cleanEnv drops WALSHIP_* variables so the test's flags are the only config.
 func cleanEnv() []string {

@@ -2,7 +2,7 @@ package serve
 
 import (
 	"context"
-	"github.com/walship/walship/internal/testwait"
+	"github.com/walship/walship/internal/testkit"
 	"net/http"
 	"testing"
 	"time"
@@ -157,7 +157,7 @@ func TestReadyz(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode
 	}
-	testwait.Until(t, "the metrics listener", func() bool { return code("/healthz") == 200 })
+	testkit.Until(t, "the metrics listener", func() bool { return code("/healthz") == 200 })
 	if c := code("/readyz"); c != http.StatusServiceUnavailable {
 		t.Fatalf("/readyz before SetServing = %d", c)
 	}

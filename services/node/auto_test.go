@@ -8,7 +8,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
-	"github.com/walship/walship/internal/testwait"
+	"github.com/walship/walship/internal/testkit"
 	"github.com/walship/walship/services/logstore"
 	"github.com/walship/walship/services/primary"
 )
@@ -103,22 +103,22 @@ func TestPrimaryWithoutLogStoresGivesTheElectionUp(t *testing.T) {
 	c.nodes["n0"] = n
 	run(t, n.Run)
 	conn := c.conn(t, "n0")
-	testwait.Until(t, "the primary to take writes", func() bool { return n.Primary() != nil && n.Primary().TakingWrites() })
+	testkit.Until(t, "the primary to take writes", func() bool { return n.Primary() != nil && n.Primary().TakingWrites() })
 	put(t, conn, "k", "v")
 	// Without the election, no writes.
 	el.mu.Lock()
 	el.holder = "someone-else"
 	el.mu.Unlock()
-	testwait.Until(t, "the primary to stop taking writes", func() bool { return !n.Primary().TakingWrites() })
+	testkit.Until(t, "the primary to stop taking writes", func() bool { return !n.Primary().TakingWrites() })
 	el.mu.Lock()
 	el.holder = "n0"
 	el.mu.Unlock()
-	testwait.Until(t, "the primary to take writes again", func() bool { return n.Primary().TakingWrites() })
+	testkit.Until(t, "the primary to take writes again", func() bool { return n.Primary().TakingWrites() })
 	// Cut off from the log store: it gives the election up and stays out.
 	if err := lsRun.stop(t); err != nil {
 		t.Fatal(err)
 	}
-	testwait.Until(t, "the election given up", func() bool { _, r := el.counts(); return r >= 1 })
+	testkit.Until(t, "the election given up", func() bool { _, r := el.counts(); return r >= 1 })
 	campaigns, _ := el.counts()
 	if n.Primary().HasLease() {
 		t.Fatal("gave the election up while it had its lease")

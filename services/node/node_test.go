@@ -14,7 +14,7 @@ import (
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/serve"
-	"github.com/walship/walship/internal/testwait"
+	"github.com/walship/walship/internal/testkit"
 	"github.com/walship/walship/internal/vfs"
 	"github.com/walship/walship/services/logstore"
 	"github.com/walship/walship/services/primary"
@@ -159,7 +159,7 @@ func status1(t *testing.T, conn *grpc.ClientConn) *walshipv1.StatusResponse {
 func put(t *testing.T, conn *grpc.ClientConn, k, v string) uint64 {
 	t.Helper()
 	var lsn uint64
-	testwait.Until(t, fmt.Sprintf("Put %s on %s", k, conn.Target()), func() bool {
+	testkit.Until(t, fmt.Sprintf("Put %s on %s", k, conn.Target()), func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		r, err := walshipv1.NewKVServiceClient(conn).Put(ctx, &walshipv1.PutRequest{Key: k, Value: []byte(v)}, grpc.WaitForReady(true))
@@ -231,7 +231,7 @@ func TestPromoteAndRejoin(t *testing.T) {
 	// The old primary comes back, finds the newer epoch, rejoins.
 	n0 := c.start(t, "n0", RolePrimary)
 	c0 = c.conn(t, "n0")
-	testwait.Until(t, "n0 to rejoin as n1's replica", func() bool {
+	testkit.Until(t, "n0 to rejoin as n1's replica", func() bool {
 		return n0.Role() == RoleReplica
 	})
 	if _, err := walshipv1.NewKVServiceClient(c0).Get(ctx, &walshipv1.GetRequest{Key: "after", MinLsn: lsn, WaitTimeout: durationpb.New(15 * time.Second)}, grpc.WaitForReady(true)); err != nil {
@@ -242,7 +242,7 @@ func TestPromoteAndRejoin(t *testing.T) {
 		t.Fatalf("Put on the rejoined old primary = %v; want FAILED_PRECONDITION naming the primary", err)
 	}
 	n1last := status1(t, c1)
-	testwait.Until(t, "n0 and n2 to converge on n1's digest", func() bool {
+	testkit.Until(t, "n0 and n2 to converge on n1's digest", func() bool {
 		a, b := status1(t, c0), status1(t, c2)
 		return a.VisibleLsn == n1last.VisibleLsn && b.VisibleLsn == n1last.VisibleLsn && a.StateDigest == n1last.StateDigest && b.StateDigest == n1last.StateDigest
 	})
@@ -365,7 +365,7 @@ func TestSwitchover(t *testing.T) {
 			t.Fatalf("async write a%02d on the new primary: %v, %v", i, g, err)
 		}
 	}
-	testwait.Until(t, "n0 to follow n1", func() bool { return c.nodes["n0"].Role() == RoleReplica })
+	testkit.Until(t, "n0 to follow n1", func() bool { return c.nodes["n0"].Role() == RoleReplica })
 	lsn := put(t, c1, "after", "y")
 	if _, err := walshipv1.NewKVServiceClient(c0).Get(ctx, &walshipv1.GetRequest{Key: "after", MinLsn: lsn, WaitTimeout: durationpb.New(15 * time.Second)}, grpc.WaitForReady(true)); err != nil {
 		t.Fatalf("old primary reading the new one's write: %v", err)

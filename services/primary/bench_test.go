@@ -14,7 +14,7 @@ import (
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/cpustat"
 	"github.com/walship/walship/internal/serve"
-	"github.com/walship/walship/internal/testwait"
+	"github.com/walship/walship/internal/testkit"
 	"github.com/walship/walship/internal/tlsid"
 	"github.com/walship/walship/internal/vfs"
 	"google.golang.org/grpc"
@@ -119,7 +119,7 @@ func BenchmarkCommitTLS(b *testing.B) {
 				conn := dialBench(b, s.Addr())
 				defer conn.Close()
 				kv := walshipv1.NewKVServiceClient(conn)
-				testwait.Until(b, "the primary to open its epoch", func() bool {
+				testkit.Until(b, "the primary to open its epoch", func() bool {
 					_, err := kv.Put(context.Background(), &walshipv1.PutRequest{Key: "warm", Value: []byte("x")})
 					return err == nil
 				})

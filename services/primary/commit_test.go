@@ -12,7 +12,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
-	"github.com/walship/walship/internal/testwait"
+	"github.com/walship/walship/internal/testkit"
 	"github.com/walship/walship/internal/vfs"
 	"github.com/walship/walship/pkg/codec"
 )
@@ -229,7 +229,7 @@ func TestDurableGroupIsOneEntry(t *testing.T) {
 		go put(fmt.Sprintf("queued-%d", i))
 	}
 	// Sequenced, and so queued: a Put is a put and a commit record.
-	testwait.Until(t, fmt.Sprintf("%d durable commits sequenced behind the held fsync", queued), func() bool {
+	testkit.Until(t, fmt.Sprintf("%d durable commits sequenced behind the held fsync", queued), func() bool {
 		return nextLSN() == lsn0+2*queued
 	})
 	free()
@@ -267,7 +267,7 @@ func TestApplyFailureStopsThePrimary(t *testing.T) {
 			}
 		})
 	}
-	testwait.Until(t, "writers committing", func() bool { return puts.Load() >= 100 })
+	testkit.Until(t, "writers committing", func() bool { return puts.Load() >= 100 })
 	r.s.pipe.visMu.Lock()
 	applied := r.s.store.AppliedLSN()
 	err := r.s.store.Apply(&codec.Batch{Records: []codec.Record{{LSN: applied + 1, TxnID: 1 << 60, Op: codec.OpCommit}}})

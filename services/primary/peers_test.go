@@ -9,7 +9,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
-	"github.com/walship/walship/internal/testwait"
+	"github.com/walship/walship/internal/testkit"
 )
 
 // TestAckReleasesOnlyTheCommitsItCovers: sync commits wait in LSN order per
@@ -51,7 +51,7 @@ func TestAckReleasesOnlyTheCommitsItCovers(t *testing.T) {
 		}
 		return n
 	}
-	testwait.Until(t, "every commit to queue", func() bool { return queued() == len(waits) })
+	testkit.Until(t, "every commit to queue", func() bool { return queued() == len(waits) })
 	// released checks which waits have returned (nil) once an update is
 	// done: the release happens under the lock, inside the update.
 	released := func(step string, want ...string) {

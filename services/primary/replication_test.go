@@ -11,7 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
-	"github.com/walship/walship/internal/testwait"
+	"github.com/walship/walship/internal/testkit"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -278,7 +278,7 @@ func TestReadOnlyTxnWaitsOnlyForWritesItSees(t *testing.T) {
 		return 0
 	}
 	// The commit starts to wait after its WAL write; a gauge has no event.
-	testwait.Until(t, "walship_sync_commits_waiting{peers=replicas,stage=write} to show the waiting commit",
+	testkit.Until(t, "walship_sync_commits_waiting{peers=replicas,stage=write} to show the waiting commit",
 		func() bool { return waitingAt("replicas", "write") == 1 })
 	if n := waitingAt("replicas", "flush") + waitingAt("logstores", "flush"); n != 0 {
 		t.Fatalf("%v commits waiting at other stages", n)

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
-	"github.com/walship/walship/internal/testwait"
+	"github.com/walship/walship/internal/testkit"
 	"github.com/walship/walship/internal/vfs"
 	"github.com/walship/walship/services/primary"
 	"google.golang.org/grpc"
@@ -66,7 +66,7 @@ func TestRealPrimaryCrashDuringFsync(t *testing.T) {
 		res <- err
 	}()
 	lostLSN := first.Lsn + 2 // one put and its commit record
-	testwait.Until(t, "the replica flushed the batch the primary has not synced", func() bool {
+	testkit.Until(t, "the replica flushed the batch the primary has not synced", func() bool {
 		return r.s.wal.DurableLSN() >= lostLSN
 	})
 	if st := r.status(t); st.VisibleLsn != first.Lsn {

@@ -12,7 +12,7 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/state"
-	"github.com/walship/walship/internal/testwait"
+	"github.com/walship/walship/internal/testkit"
 	"github.com/walship/walship/internal/vfs"
 	"github.com/walship/walship/internal/wal"
 	"github.com/walship/walship/pkg/codec"
@@ -381,10 +381,10 @@ func TestLagSeconds(t *testing.T) {
 	lag := func() float64 { return r.metric(t, "walship_replica_lag_seconds") }
 
 	// Idle and caught up: 0.
-	testwait.Until(t, "lag 0 while idle", func() bool { return lag() == 0 })
+	testkit.Until(t, "lag 0 while idle", func() bool { return lag() == 0 })
 	// The primary announces LSNs the replica has not got: lag grows.
 	announced.Store(applied + 10)
-	testwait.Until(t, "lag > 0 behind the announced LSN", func() bool { return lag() > 0 })
+	testkit.Until(t, "lag > 0 behind the announced LSN", func() bool { return lag() > 0 })
 	if st := r.status(t); st.Peers[0].LagRecords != 10 || st.Peers[0].LagSeconds <= 0 {
 		t.Fatalf("peer = %v, want 10 records behind", st.Peers[0])
 	}
@@ -393,10 +393,10 @@ func TestLagSeconds(t *testing.T) {
 	sess.send(t, m.txn(put("b", "2")))
 	announced.Store(m.next - 1)
 	r.waitApplied(t, m.next-1)
-	testwait.Until(t, "lag 0 after catching up", func() bool { return lag() == 0 })
+	testkit.Until(t, "lag 0 after catching up", func() bool { return lag() == 0 })
 	// Partitioned: no word from the primary, the lag must not stay 0.
 	stopBeats()
-	testwait.Until(t, "lag growing while cut off", func() bool { return lag() > 3*cfg.HeartbeatInterval.Seconds() })
+	testkit.Until(t, "lag growing while cut off", func() bool { return lag() > 3*cfg.HeartbeatInterval.Seconds() })
 }
 
 func TestPeriodicSnapshotTruncatesWAL(t *testing.T) {
@@ -416,7 +416,7 @@ func TestPeriodicSnapshotTruncatesWAL(t *testing.T) {
 		}
 		r.waitApplied(t, m.next-1)
 	}
-	testwait.Until(t, "a snapshot and a truncated WAL", func() bool {
+	testkit.Until(t, "a snapshot and a truncated WAL", func() bool {
 		st := r.status(t)
 		return st.SnapshotLsn > 0 && st.WalFirstLsn > 1 && st.WalFirstLsn <= st.SnapshotLsn
 	})
@@ -508,7 +508,7 @@ func TestSnapshotTruncationFsyncFailureIsFatal(t *testing.T) {
 		}
 		// Applied, or a removal under way (the replica may stop mid-wave).
 		target := m.next - 1
-		testwait.Until(t, fmt.Sprintf("LSN %d applied or a segment removed", target), func() bool {
+		testkit.Until(t, fmt.Sprintf("LSN %d applied or a segment removed", target), func() bool {
 			return removed() || r.s.appliedLSN() >= target
 		})
 	}

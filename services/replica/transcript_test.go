@@ -18,7 +18,7 @@ import (
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/state"
-	"github.com/walship/walship/internal/testwait"
+	"github.com/walship/walship/internal/testkit"
 	"github.com/walship/walship/internal/vfs"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -325,7 +325,7 @@ func (e *transcript) waitApplied(t *testing.T, td *datadriven.TestData) string {
 func (e *transcript) waitVote(t *testing.T, td *datadriven.TestData) string {
 	r := e.running(t)
 	epoch := uintArg(t, td, 0)
-	testwait.Until(t, fmt.Sprintf("a promise of epoch %d", epoch), func() bool { return r.status(t).VoteEpoch >= epoch })
+	testkit.Until(t, fmt.Sprintf("a promise of epoch %d", epoch), func() bool { return r.status(t).VoteEpoch >= epoch })
 	st := r.status(t)
 	return fmt.Sprintf("vote=%d primary_id=%q primary=%s", st.VoteEpoch, st.PrimaryId, st.Primary)
 }
@@ -625,7 +625,7 @@ func (e *transcript) start(t *testing.T, td *datadriven.TestData) string {
 	e.r = start(t, e.cfg)
 	// Status reports no rung until the follower has begun: wait for it,
 	// so that a status printed now is the same every time.
-	testwait.Until(t, "the follower to start", func() bool {
+	testkit.Until(t, "the follower to start", func() bool {
 		return e.r.status(t).Rung != walshipv1.CatchUpRung_CATCH_UP_RUNG_UNSPECIFIED
 	})
 	return ""

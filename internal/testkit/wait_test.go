@@ -1,4 +1,4 @@
-package testwait
+package testkit
 
 import (
 	"sync/atomic"

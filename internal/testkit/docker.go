@@ -1,12 +1,14 @@
-// Package dockertest runs walship as Docker containers for tests that need
-// hosts of their own: an image FROM scratch around a static binary (no
-// image can be pulled here), networks the test creates and cuts, and
-// cleanup that also finds what a killed run left behind.
+package testkit
+
+// Tests that need hosts of their own run walship as Docker containers: an
+// image FROM scratch around a static binary (no image can be pulled here),
+// networks the test creates and cuts, and cleanup that also finds what a
+// killed run left behind.
 //
-// Every object a Run creates carries two labels: the run's id and the test
-// process's pid. Cleanup removes the run's objects; New first sweeps the
-// objects of runs whose process is gone (go test -timeout, SIGKILL).
-package dockertest
+// Every object a DockerRun creates carries two labels: the run's id and the
+// test process's pid. Cleanup removes the run's objects; NewDockerRun first
+// sweeps the objects of runs whose process is gone (go test -timeout,
+// SIGKILL).
 
 import (
 	"context"
@@ -24,23 +26,23 @@ import (
 	"time"
 )
 
-// Labels on every object a Run creates.
+// Labels on every object a DockerRun creates.
 const (
-	LabelRun = "io.walship.test.run"
-	LabelPID = "io.walship.test.pid"
+	labelRun = "io.walship.test.run"
+	labelPID = "io.walship.test.pid"
 )
 
-// ScratchDockerfile is the test image: the static binary and a /data the
+// scratchDockerfile is the test image: the static binary and a /data the
 // unprivileged user owns — the same as `make image` builds.
-const ScratchDockerfile = `FROM scratch
+const scratchDockerfile = `FROM scratch
 COPY walship /walship
 COPY --chown=65532:65532 data /data
 USER 65532:65532
 ENTRYPOINT ["/walship"]
 `
 
-// Need skips t when no Docker engine is usable.
-func Need(t testing.TB) {
+// NeedDocker skips t when no Docker engine is usable.
+func NeedDocker(t testing.TB) {
 	t.Helper()
 	if _, err := exec.LookPath("docker"); err != nil {
 		t.Skip("skipping: the docker CLI is not on PATH (the test runs walship as containers)")
@@ -52,22 +54,22 @@ func Need(t testing.TB) {
 	}
 }
 
-// Run is one test's set of Docker objects.
-type Run struct {
+// DockerRun is one test's set of Docker objects.
+type DockerRun struct {
 	t  testing.TB
 	ID string // unique suffix of every name
 }
 
-// New starts a run named prefix-ID: it sweeps abandoned runs and removes
-// this run's objects when the test ends.
-func New(t testing.TB) *Run {
+// NewDockerRun starts a run: it sweeps abandoned runs and removes this
+// run's objects when the test ends.
+func NewDockerRun(t testing.TB) *DockerRun {
 	t.Helper()
 	var b [4]byte
 	_, _ = rand.Read(b[:])
-	r := &Run{t: t, ID: hex.EncodeToString(b[:])}
+	r := &DockerRun{t: t, ID: hex.EncodeToString(b[:])}
 	sweepAbandoned(t)
 	t.Cleanup(func() {
-		for _, err := range removeByLabel(LabelRun+"="+r.ID, 30*time.Second) {
+		for _, err := range removeByLabel(labelRun+"="+r.ID, 30*time.Second) {
 			t.Errorf("cleanup: %v", err)
 		}
 	})
@@ -75,12 +77,12 @@ func New(t testing.TB) *Run {
 }
 
 // Labels are the docker flags that label an object as this run's.
-func (r *Run) Labels() []string {
-	return []string{"--label", LabelRun + "=" + r.ID, "--label", LabelPID + "=" + strconv.Itoa(os.Getpid())}
+func (r *DockerRun) Labels() []string {
+	return []string{"--label", labelRun + "=" + r.ID, "--label", labelPID + "=" + strconv.Itoa(os.Getpid())}
 }
 
-// Docker runs the docker CLI and returns its trimmed output.
-func Docker(timeout time.Duration, args ...string) (string, error) {
+// docker runs the docker CLI and returns its trimmed output.
+func docker(timeout time.Duration, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, "docker", args...).CombinedOutput()
@@ -91,9 +93,9 @@ func Docker(timeout time.Duration, args ...string) (string, error) {
 }
 
 // Must runs docker and fails the test on an error.
-func (r *Run) Must(args ...string) string {
+func (r *DockerRun) Must(args ...string) string {
 	r.t.Helper()
-	out, err := Docker(2*time.Minute, args...)
+	out, err := docker(2*time.Minute, args...)
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -102,7 +104,7 @@ func (r *Run) Must(args ...string) string {
 
 // Image builds the scratch image around cmd/walship built statically, and
 // returns its tag; the run's cleanup removes it.
-func (r *Run) Image() string {
+func (r *DockerRun) Image() string {
 	r.t.Helper()
 	dir := r.t.TempDir()
 	build := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(dir, "walship"), "github.com/walship/walship/cmd/walship")
@@ -113,7 +115,7 @@ func (r *Run) Image() string {
 	if err := os.Mkdir(filepath.Join(dir, "data"), 0o755); err != nil {
 		r.t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte(ScratchDockerfile), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte(scratchDockerfile), 0o644); err != nil {
 		r.t.Fatal(err)
 	}
 	tag := "walship-test-" + r.ID + ":test"
@@ -122,7 +124,7 @@ func (r *Run) Image() string {
 }
 
 // Network creates a bridge network of the run and returns its name.
-func (r *Run) Network(name string) string {
+func (r *DockerRun) Network(name string) string {
 	r.t.Helper()
 	full := "walship-test-" + r.ID + "-" + name
 	r.Must(append(append([]string{"network", "create"}, r.Labels()...), full)...)
@@ -130,7 +132,7 @@ func (r *Run) Network(name string) string {
 }
 
 // IP is the address of container on network.
-func (r *Run) IP(container, network string) string {
+func (r *DockerRun) IP(container, network string) string {
 	r.t.Helper()
 	ip := r.Must("inspect", "--format", `{{(index .NetworkSettings.Networks "`+network+`").IPAddress}}`, container)
 	if ip == "" {
@@ -139,9 +141,10 @@ func (r *Run) IP(container, network string) string {
 	return ip
 }
 
-// Logs returns the last lines of a container's log, for a failure report.
-func Logs(container string, lines int) string {
-	out, err := Docker(time.Minute, "logs", "--tail", strconv.Itoa(lines), container)
+// DockerLogs returns the last lines of a container's log, for a failure
+// report.
+func DockerLogs(container string, lines int) string {
+	out, err := docker(time.Minute, "logs", "--tail", strconv.Itoa(lines), container)
 	if err != nil {
 		return err.Error()
 	}
@@ -157,7 +160,7 @@ func Logs(container string, lines int) string {
 func removeByLabel(filter string, patience time.Duration) []error {
 	var errs []error
 	list := func(args ...string) []string {
-		out, err := Docker(time.Minute, append(args, "--filter", "label="+filter)...)
+		out, err := docker(time.Minute, append(args, "--filter", "label="+filter)...)
 		if err != nil {
 			errs = append(errs, err)
 			return nil
@@ -166,13 +169,13 @@ func removeByLabel(filter string, patience time.Duration) []error {
 	}
 	containers, networks := list("ps", "-aq"), list("network", "ls", "-q")
 	if len(containers) > 0 {
-		_, _ = Docker(2*time.Minute, append([]string{"kill"}, containers...)...) // some may have exited
+		_, _ = docker(2*time.Minute, append([]string{"kill"}, containers...)...) // some may have exited
 		for _, n := range networks {
 			for _, c := range containers {
-				_, _ = Docker(time.Minute, "network", "disconnect", "-f", n, c) // not every container is on every network
+				_, _ = docker(time.Minute, "network", "disconnect", "-f", n, c) // not every container is on every network
 			}
 		}
-		if _, err := Docker(2*time.Minute, append([]string{"rm", "-f", "-v"}, containers...)...); err != nil {
+		if _, err := docker(2*time.Minute, append([]string{"rm", "-f", "-v"}, containers...)...); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -181,7 +184,7 @@ func removeByLabel(filter string, patience time.Duration) []error {
 		// active endpoints"): retry until the engine lets it go.
 		deadline := time.Now().Add(patience)
 		for {
-			_, err := Docker(time.Minute, "network", "rm", n)
+			_, err := docker(time.Minute, "network", "rm", n)
 			if err == nil {
 				break
 			}
@@ -193,12 +196,12 @@ func removeByLabel(filter string, patience time.Duration) []error {
 		}
 	}
 	if vs := list("volume", "ls", "-q"); len(vs) > 0 {
-		if _, err := Docker(time.Minute, append([]string{"volume", "rm", "-f"}, vs...)...); err != nil {
+		if _, err := docker(time.Minute, append([]string{"volume", "rm", "-f"}, vs...)...); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	if is := list("image", "ls", "-q"); len(is) > 0 {
-		if _, err := Docker(time.Minute, append([]string{"rmi", "-f"}, is...)...); err != nil {
+		if _, err := docker(time.Minute, append([]string{"rmi", "-f"}, is...)...); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -209,7 +212,7 @@ func removeByLabel(filter string, patience time.Duration) []error {
 func sweepAbandoned(t testing.TB) {
 	seen := map[string]bool{}
 	for _, list := range [][]string{{"ps", "-a"}, {"network", "ls"}} {
-		out, err := Docker(time.Minute, append(list, "--filter", "label="+LabelPID, "--format", `{{.Label "`+LabelRun+`"}} {{.Label "`+LabelPID+`"}}`)...)
+		out, err := docker(time.Minute, append(list, "--filter", "label="+labelPID, "--format", `{{.Label "`+labelRun+`"}} {{.Label "`+labelPID+`"}}`)...)
 		if err != nil || out == "" {
 			continue
 		}
@@ -224,7 +227,7 @@ func sweepAbandoned(t testing.TB) {
 			}
 			seen[f[0]] = true
 			t.Logf("removing Docker objects of an abandoned run %s (pid %d)", f[0], pid)
-			for _, err := range removeByLabel(LabelRun+"="+f[0], 0) {
+			for _, err := range removeByLabel(labelRun+"="+f[0], 0) {
 				t.Logf("  %v", err)
 			}
 		}
