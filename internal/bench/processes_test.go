@@ -126,8 +126,8 @@ func TestProcessesReplicaIdle(t *testing.T) {
 func startPlaced(t *testing.T, peers placement) *backend {
 	t.Helper()
 	bin := testkit.Walship(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	t.Cleanup(cancel)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel() // bounds the start only: the processes stop when the test ends
 	b, err := startProcesses(ctx, bin, t.TempDir(), 1, codec.MsgPack, primary.DefaultPolicy(), peers)
 	if err != nil {
 		t.Fatal(err)

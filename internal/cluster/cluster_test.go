@@ -73,17 +73,12 @@ func startCluster(t *testing.T, cfg Config) *Cluster {
 	return c
 }
 
-func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // waitConverged waits until every replica is at the primary's visible LSN
 // and reports the same state digest.
 func waitConverged(t *testing.T, c *Cluster) {
 	t.Helper()
-	ctx := testCtx(t)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
 	ps, err := c.Status(ctx, c.Primary)
 	if err != nil {
 		t.Fatal(err)
@@ -109,7 +104,8 @@ func waitConverged(t *testing.T, c *Cluster) {
 // the highest commit LSN acknowledged.
 func randomLoad(t *testing.T, kv walshipv1.KVServiceClient, workers, ops int, pol *walshipv1.CommitPolicy) uint64 {
 	t.Helper()
-	ctx := testCtx(t)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
 	var mu sync.Mutex
 	var last uint64
 	var wg sync.WaitGroup
@@ -187,7 +183,8 @@ func TestConvergenceInEveryMode(t *testing.T) {
 
 func TestSyncSemanticsWithAReplicaDown(t *testing.T) {
 	c := startCluster(t, Config{LogStores: 1, Replicas: 2})
-	ctx := testCtx(t)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
 	kv := walshipv1.NewKVServiceClient(c.Conn(c.Primary))
 	syncPol := func(k uint32, level walshipv1.SyncLevel, timeout time.Duration) *walshipv1.CommitPolicy {
 		return &walshipv1.CommitPolicy{Replication: walshipv1.ReplicationMode_REPLICATION_MODE_SYNC, SyncReplicas: k, SyncLevel: level, SyncTimeout: durationpb.New(timeout)}
@@ -245,7 +242,7 @@ func TestSyncSemanticsWithAReplicaDown(t *testing.T) {
 
 func TestReplicaWritesAreRefused(t *testing.T) {
 	c := startCluster(t, Config{Replicas: 1})
-	_, err := walshipv1.NewKVServiceClient(c.Conn(c.Replicas[0])).Put(testCtx(t), &walshipv1.PutRequest{Key: "k", Value: []byte("v")})
+	_, err := walshipv1.NewKVServiceClient(c.Conn(c.Replicas[0])).Put(t.Context(), &walshipv1.PutRequest{Key: "k", Value: []byte("v")})
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), c.Primary.Addr) {
 		t.Fatalf("Put on a replica: %v; want FAILED_PRECONDITION naming the primary %s", err, c.Primary.Addr)
 	}
@@ -291,7 +288,8 @@ func metric(t testing.TB, reg *prometheus.Registry, name string, want map[string
 // fill writes n keys of size bytes each, async, to grow the WAL.
 func fill(t *testing.T, kv walshipv1.KVServiceClient, prefix string, n, size int) {
 	t.Helper()
-	ctx := testCtx(t)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
 	val := []byte(strings.Repeat("x", size))
 	for i := 0; i < n; i++ {
 		if _, err := kv.Put(ctx, &walshipv1.PutRequest{Key: fmt.Sprintf("%s/%04d", prefix, i), Value: val,
@@ -337,14 +335,16 @@ func TestCatchUpLadder(t *testing.T) {
 				t.Fatal(err)
 			}
 			fill(t, kv, "away", 600, 1000) // ~600 KiB: well past the primary's 256 KiB retention
-			st, err := c.Status(testCtx(t), c.Primary)
+			st, err := c.Status(t.Context(), c.Primary)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if st.WalFirstLsn <= 2 {
 				t.Fatalf("primary WAL still starts at LSN %d: retention did not drop anything", st.WalFirstLsn)
 			}
-			if err := c.RestartReplica(testCtx(t), 0); err != nil {
+			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+			defer cancel()
+			if err := c.RestartReplica(ctx, 0); err != nil {
 				t.Fatal(err)
 			}
 			fill(t, kv, "after", 10, 10)
@@ -358,7 +358,8 @@ func TestCatchUpLadder(t *testing.T) {
 // while writers run, then checks convergence.
 func TestRestartsUnderLoad(t *testing.T) {
 	c := startCluster(t, Config{LogStores: 1, Replicas: 2})
-	ctx := testCtx(t)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
 	kv := walshipv1.NewKVServiceClient(c.Conn(c.Primary))
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -437,7 +438,8 @@ func TestSyncCommitFlushesLazyReplicas(t *testing.T) {
 		Replica:  func(_ int, r *replica.Config) { r.FlushDelay = time.Second; r.HeartbeatInterval = time.Minute },
 		LogStore: func(_ int, l *logstore.Config) { l.FlushDelay = time.Second },
 	})
-	ctx := testCtx(t)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
 	kv := walshipv1.NewKVServiceClient(c.Conn(c.Primary))
 	// Each stage on its own first (the replicas ack at once at exactly the
 	// stage asked for), then apply with log store acks, repeatedly.
@@ -507,7 +509,8 @@ func TestEmptyLogStoreVouchesForNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := startCluster(t, Config{Dir: dir, LogStores: 1})
-	ctx := testCtx(t)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
 	ls := walshipv1.NewLogStoreServiceClient(c.Conn(c.LogStores[0]))
 	if st, err := ls.Status(ctx, &walshipv1.LogStoreServiceStatusRequest{}); err != nil || st.FirstLsn != 0 || st.DurableLsn != 0 {
 		t.Fatalf("anchored, empty log store: status %v, %v; want first and durable LSN 0", st, err)

@@ -170,7 +170,8 @@ func converge(t *testing.T, ctx context.Context, primaryAddr string, replicas ..
 func TestFailoverSIGSTOP(t *testing.T) {
 	needLinux(t)
 	c := startFailoverCluster(t)
-	ctx := testCtx(t, 2*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
 	kv0 := walshipv1.NewKVServiceClient(conn(t, c.nodes[0].addr))
 	// Once the primary has opened its epoch (its epoch record met the contract).
 	testkit.Until(t, "the primary to take a write", func() bool {
@@ -238,7 +239,8 @@ func TestMeasureFailover(t *testing.T) {
 	runs := measureRuns(t, "WALSHIP_FAILOVER_RUNS", "failover times")
 	needLinux(t)
 	c := startFailoverCluster(t)
-	ctx := testCtx(t, time.Duration(runs)*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Duration(runs)*time.Minute)
+	defer cancel()
 	cl, err := client.New(c.addrs(), client.Options{Retry: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -401,7 +403,8 @@ func failoverUnderLoad(t *testing.T, prefix string) (*failoverCluster, *client.C
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cl.Close() })
-	ctx := testCtx(t, 3*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	t.Cleanup(cancel)
 	h, finish := runChecked(t, ctx, cl, prefix, 5*time.Second)
 	return c, cl, ctx, h, finish
 }

@@ -67,7 +67,9 @@ func TestGrpcurlAgainstPrimary(t *testing.T) {
 	gc := grpcurl(t)
 	_ = gc
 	p := startProc(t, "primary serving", "primary", "--listen", "127.0.0.1:0", "--metrics-listen", "", "--data-dir", t.TempDir())
-	p.dial(testCtx(t, time.Minute))
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	p.dial(ctx)
 
 	list := runGrpcurl(t, "-plaintext", p.addr, "list")
 	for _, svc := range []string{"walship.v1.KVService", "walship.v1.AdminService", "walship.v1.ReplicationService", "grpc.health.v1.Health"} {

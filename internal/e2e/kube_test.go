@@ -111,7 +111,9 @@ func startKubeWithClient(t *testing.T, d time.Duration) (*kubeCluster, *client.C
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cl.Close() })
-	return c, cl, testCtx(t, d)
+	ctx, cancel := context.WithTimeout(t.Context(), d)
+	t.Cleanup(cancel)
+	return c, cl, ctx
 }
 
 func (c *kubeCluster) apply(t *testing.T, yaml string) {
@@ -533,7 +535,8 @@ func TestKubeFlappingReplicaCausesNoEpochs(t *testing.T) {
 	// for the primary's death: this test is about the replica.
 	c := startKubeCluster(t, "--failover-holddown", "0s", "--kube-lease-duration", "8s", "--kube-renew-deadline", "6s")
 	c.waitLabels(t, map[string]string{"walship-0": "primary", "walship-2": "replica"})
-	ctx := testCtx(t, 2*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
 	for i := range 4 {
 		c.nodes[2].p.kill()
 		c.proxies[2].setCut(i%2 == 0)

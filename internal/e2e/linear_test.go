@@ -138,7 +138,8 @@ func mostlyDefault(r *rand.Rand) *walshipv1.CommitPolicy {
 func TestLinearizableWithoutFaults(t *testing.T) {
 	needLinux(t)
 	c := startProcCluster(t, 2)
-	ctx := testCtx(t, 3*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
 	pc := conn(t, c.primary.addr)
 	admin := walshipv1.NewAdminServiceClient(pc)
 	w := check.Workload{
@@ -205,7 +206,8 @@ func TestLinearizableUnderKills(t *testing.T) {
 	needLinux(t)
 	c := startProcCluster(t, 2, "--durability", "sync", "--replication", "sync", "--sync-replicas", "1", "--sync-level", "flush")
 	n := kills(t)
-	ctx := testCtx(t, time.Duration(n)*time.Minute+3*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Duration(n)*time.Minute+3*time.Minute)
+	defer cancel()
 	pc := conn(t, c.primary.addr)
 	defaults, err := walshipv1.NewAdminServiceClient(pc).Status(ctx, &walshipv1.StatusRequest{})
 	if err != nil {

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"strconv"
@@ -79,7 +80,8 @@ func TestFailoverPartition(t *testing.T) {
 	}
 	n0, n1, n2 := nodes[0], nodes[1], nodes[2]
 
-	ctx := testCtx(t, 3*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
 	cl, err := client.New([]string{n0.addr, n1.addr, n2.addr}, client.Options{Retry: 20 * time.Second})
 	if err != nil {
 		t.Fatal(err)

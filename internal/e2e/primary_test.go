@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"sort"
 	"sync"
@@ -19,7 +20,7 @@ type ackedWrite struct {
 // runWriters writes unique keys from n goroutines until stop is closed,
 // recording every acknowledged write. Errors after the kill are expected.
 // reached is closed once threshold writes were acknowledged.
-func runWriters(kv walshipv1.KVServiceClient, n int, pol *walshipv1.CommitPolicy, stop <-chan struct{}, acked *[]ackedWrite,
+func runWriters(ctx context.Context, kv walshipv1.KVServiceClient, n int, pol *walshipv1.CommitPolicy, stop <-chan struct{}, acked *[]ackedWrite,
 	threshold int64, reached chan<- struct{}) *sync.WaitGroup {
 	var mu sync.Mutex
 	var count atomic.Int64
@@ -35,8 +36,8 @@ func runWriters(kv walshipv1.KVServiceClient, n int, pol *walshipv1.CommitPolicy
 				default:
 				}
 				k, v := fmt.Sprintf("w%d/%06d", w, i), fmt.Sprintf("value-%d-%d", w, i)
-				ctx, cancel := contextWithTimeout(5 * time.Second)
-				resp, err := kv.Put(ctx, &walshipv1.PutRequest{Key: k, Value: []byte(v), Policy: pol})
+				putCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				resp, err := kv.Put(putCtx, &walshipv1.PutRequest{Key: k, Value: []byte(v), Policy: pol})
 				cancel()
 				if err != nil {
 					return // the primary is gone
@@ -71,12 +72,13 @@ func TestPrimaryKill9(t *testing.T) {
 			args := []string{"primary", "--listen", "127.0.0.1:0", "--metrics-listen", "", "--data-dir", dir,
 				"--durability", tc.durability, "--async-flush-interval", "50ms", "--segment-bytes", "1048576"}
 			p := startProc(t, "primary serving", args...)
-			ctx := testCtx(t, 2*time.Minute)
+			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+			defer cancel()
 			kv := walshipv1.NewKVServiceClient(p.dial(ctx))
 
 			var acked []ackedWrite
 			stop, reached := make(chan struct{}), make(chan struct{})
-			wg := runWriters(kv, 8, tc.pol, stop, &acked, 400, reached)
+			wg := runWriters(ctx, kv, 8, tc.pol, stop, &acked, 400, reached)
 			// Let enough commits through that the kill lands mid-stream.
 			select {
 			case <-reached:

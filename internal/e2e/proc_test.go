@@ -154,12 +154,6 @@ func (p *proc) dial(ctx context.Context) *grpc.ClientConn {
 	}
 }
 
-func testCtx(t *testing.T, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 func needLinux(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("process signal tests need Linux")

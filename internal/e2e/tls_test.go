@@ -99,7 +99,8 @@ func TestTLSRotationUnderLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	ctx := testCtx(t, 2*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
 	lctx, stop := context.WithCancel(ctx)
 	var commits atomic.Int64
 	loadErr := make(chan error, 1)

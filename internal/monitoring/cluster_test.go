@@ -56,8 +56,8 @@ func TestClusterObservability(t *testing.T) {
 		t.Skip("prometheus is not on PATH: install the Debian package `prometheus` (apt-get install -y prometheus) to run this test")
 	}
 	began := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	t.Cleanup(cancel)
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
 
 	// The cluster. Temp dirs are created first so that their removal runs
 	// after the processes are killed (Cleanup is last-in, first-out).

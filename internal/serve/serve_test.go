@@ -176,11 +176,9 @@ func serveUntilEnd(t *testing.T, opts Options) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx, nil) }()
+	go func() { done <- s.Serve(t.Context(), nil) }()
 	t.Cleanup(func() {
-		cancel()
 		if err := <-done; err != nil {
 			t.Error(err)
 		}

@@ -25,7 +25,7 @@ func TestFence(t *testing.T) {
 	old.send(chain(t, 3, 1, 3, 10)...)
 	old.waitDurable(6)
 
-	resp, err := fence.Fence(testCtx(t), &walshipv1.FenceRequest{Epoch: 4, CandidateId: "r1", CandidateAddr: "10.0.0.2:7401"})
+	resp, err := fence.Fence(t.Context(), &walshipv1.FenceRequest{Epoch: 4, CandidateId: "r1", CandidateAddr: "10.0.0.2:7401"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,11 +41,11 @@ func TestFence(t *testing.T) {
 	wantCode(t, again.failure(), codes.FailedPrecondition, "stale epoch 3, log store is at epoch 4", "r1")
 
 	// The same candidate again (a retry whose answer was lost) is granted again.
-	if resp, err := fence.Fence(testCtx(t), &walshipv1.FenceRequest{Epoch: 4, CandidateId: "r1", CandidateAddr: "10.0.0.2:7401"}); err != nil || !resp.Granted || resp.Epoch != 4 || resp.LastLsn != 6 {
+	if resp, err := fence.Fence(t.Context(), &walshipv1.FenceRequest{Epoch: 4, CandidateId: "r1", CandidateAddr: "10.0.0.2:7401"}); err != nil || !resp.Granted || resp.Epoch != 4 || resp.LastLsn != 6 {
 		t.Fatalf("retried fence = %v, %v", resp, err)
 	}
 	// Not newer: refused, naming who holds it.
-	resp, err = fence.Fence(testCtx(t), &walshipv1.FenceRequest{Epoch: 4, CandidateId: "r2", CandidateAddr: "x:1"})
+	resp, err = fence.Fence(t.Context(), &walshipv1.FenceRequest{Epoch: 4, CandidateId: "r2", CandidateAddr: "x:1"})
 	if err != nil || resp.Granted || resp.Epoch != 4 || resp.PrimaryId != "r1" {
 		t.Fatalf("second fence at epoch 4 = %v, %v", resp, err)
 	}
@@ -56,7 +56,7 @@ func TestFence(t *testing.T) {
 		{&walshipv1.FenceRequest{CandidateId: "r1", CandidateAddr: "a"}, "epoch"},
 		{&walshipv1.FenceRequest{Epoch: 9, CandidateId: "no spaces", CandidateAddr: "a"}, "candidate_id"},
 	} {
-		_, err := fence.Fence(testCtx(t), bad.req)
+		_, err := fence.Fence(t.Context(), bad.req)
 		wantCode(t, err, codes.InvalidArgument, bad.want)
 	}
 

@@ -103,12 +103,6 @@ func (r *running) wait() error {
 	return r.err
 }
 
-func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // batch builds a real envelope: txns whole transactions (a put and a
 // commit each, so 2 LSNs per transaction) from LSN first, encoded once with
 // MessagePack.
@@ -164,7 +158,7 @@ type appender struct {
 
 func (r *running) append(t *testing.T) *appender {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	stream, err := r.ls.Append(ctx)
 	if err != nil {
 		cancel()
@@ -244,7 +238,7 @@ func (r *running) appendAll(t *testing.T, bs ...*walshipv1.WalBatch) *walshipv1.
 // readAll runs a Read and returns what it sent and how it ended.
 func (r *running) readAll(t *testing.T, req *walshipv1.ReadRequest) ([]*walshipv1.WalBatch, error) {
 	t.Helper()
-	stream, err := r.ls.Read(testCtx(t), req)
+	stream, err := r.ls.Read(t.Context(), req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -300,7 +294,7 @@ func wantCode(t *testing.T, err error, code codes.Code, subs ...string) {
 
 func (r *running) status(t *testing.T) *walshipv1.LogStoreServiceStatusResponse {
 	t.Helper()
-	st, err := r.ls.Status(testCtx(t), &walshipv1.LogStoreServiceStatusRequest{})
+	st, err := r.ls.Status(t.Context(), &walshipv1.LogStoreServiceStatusRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -102,7 +102,8 @@ func TestReadFollow(t *testing.T) {
 	r := start(t, testConfig(t, t.TempDir()))
 	// An empty log store: a follower from 0 waits for the first batch,
 	// whatever its LSN (the primary may start mid-log).
-	ctx := testCtx(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
 	fromZero, err := r.ls.Read(ctx, &walshipv1.ReadRequest{Follow: true})
 	if err != nil {
 		t.Fatal(err)
@@ -313,7 +314,9 @@ func TestEmptyButAnchored(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := start(t, testConfig(t, dir))
-	follower, err := r.ls.Read(testCtx(t), &walshipv1.ReadRequest{Follow: true})
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	follower, err := r.ls.Read(ctx, &walshipv1.ReadRequest{Follow: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -455,7 +458,9 @@ func TestRestartKeepsDurable(t *testing.T) {
 	cfg.Registry = testConfig(t, dir).Registry
 	cfg.RetentionBytes = 2 * MinSegmentBytes
 	r = start(t, cfg)
-	if _, err := r.s.firstKept.Wait(testCtx(t), 2); err != nil {
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	if _, err := r.s.firstKept.Wait(ctx, 2); err != nil {
 		t.Fatalf("retention did not run at start: %v", err)
 	}
 	if st := r.status(t); st.DurableLsn != 82 || st.FirstLsn <= 1 {
@@ -475,10 +480,12 @@ func TestRetentionBytes(t *testing.T) {
 
 	// The background pass runs after the appends; wait for it to move the
 	// first LSN, then run one more pass to be sure it has settled.
-	if _, err := r.s.firstKept.Wait(testCtx(t), 2); err != nil {
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	if _, err := r.s.firstKept.Wait(ctx, 2); err != nil {
 		t.Fatalf("retention never removed a segment: %v", err)
 	}
-	if _, err := r.s.enforceRetention(testCtx(t)); err != nil {
+	if _, err := r.s.enforceRetention(ctx); err != nil {
 		t.Fatal(err)
 	}
 	st := r.status(t)
@@ -524,7 +531,7 @@ func TestRetentionAge(t *testing.T) {
 		lsn = b.LastLsn + 1
 	}
 	r.appendAll(t, bs...)
-	if _, err := r.s.enforceRetention(testCtx(t)); err != nil {
+	if _, err := r.s.enforceRetention(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	segs := r.s.wal.SegmentInfos()
@@ -570,7 +577,7 @@ func TestGroupFsync(t *testing.T) {
 	a.send(bs[0])
 	select {
 	case <-entered:
-	case <-testCtx(t).Done():
+	case <-time.After(20 * time.Second):
 		t.Fatal("the first fsync never started")
 	}
 	base := r.s.queued.Load() // batch 0
@@ -583,7 +590,9 @@ func TestGroupFsync(t *testing.T) {
 		h.heartbeat(1)
 		hbs = append(hbs, h)
 	}
-	if _, err := r.s.queued.Wait(testCtx(t), base+uint64(len(bs)-1+2*others)); err != nil {
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	if _, err := r.s.queued.Wait(ctx, base+uint64(len(bs)-1+2*others)); err != nil {
 		t.Fatalf("requests never queued: %v", err)
 	}
 	close(release)
@@ -672,7 +681,9 @@ func TestFsyncFailureIsFatal(t *testing.T) {
 	cfg.FS = fs
 	r := start(t, cfg)
 	r.appendAll(t, batch(t, 1, 1, 1, 10))
-	follower, err := r.ls.Read(testCtx(t), &walshipv1.ReadRequest{FromLsn: 3, Follow: true})
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	follower, err := r.ls.Read(ctx, &walshipv1.ReadRequest{FromLsn: 3, Follow: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -789,7 +800,7 @@ func TestGracefulStopFinishesInFlight(t *testing.T) {
 	a.send(batch(t, 1, 3, 1, 10))
 	select {
 	case <-entered:
-	case <-testCtx(t).Done():
+	case <-time.After(20 * time.Second):
 		t.Fatal("the fsync never started")
 	}
 	r.cancel() // SIGTERM while the batch is being fsynced
@@ -815,7 +826,8 @@ func TestHealthAdminAndMetrics(t *testing.T) {
 	cfg := testConfig(t, t.TempDir())
 	reg := cfg.Registry
 	r := start(t, cfg)
-	ctx := testCtx(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
 	// A health watch is a stream: end it so it does not hold up the
 	// graceful stop.
 	watchCtx, endWatch := context.WithCancel(ctx)
