@@ -5,7 +5,6 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
-	"github.com/walship/walship/internal/kvapi"
 	"github.com/walship/walship/internal/rpcerr"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -79,7 +78,7 @@ func (a *adminServer) SetPolicy(_ context.Context, req *walshipv1.SetPolicyReque
 	if req.GetPolicy() == nil {
 		return nil, rpcerr.Invalid("policy", "required")
 	}
-	if err := kvapi.ValidatePolicy(req.GetPolicy()); err != nil {
+	if err := validatePolicyEnums(req.GetPolicy()); err != nil {
 		return nil, err
 	}
 	for {

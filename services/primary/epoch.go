@@ -13,7 +13,7 @@ import (
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/backoff"
 	"github.com/walship/walship/internal/datadir"
-	"github.com/walship/walship/internal/kvapi"
+	"github.com/walship/walship/internal/keyspace"
 	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/walserve"
@@ -37,7 +37,7 @@ import (
 // promoted its data directory has fenced the epoch already (Config.Elected).
 //
 // Before it takes reads or writes, the primary commits the epoch record
-// (kvapi.EpochRecordKey: who, since when, the contract) and waits until it
+// (keyspace.EpochRecordKey: who, since when, the contract) and waits until it
 // meets the contract; acknowledgements of older entries never count as
 // commits of the new epoch, and nothing of an older epoch is served before
 // the new one is established.
@@ -225,7 +225,7 @@ func (s *Server) openEpoch(ctx context.Context) error {
 	// waited for below, without a timeout: the epoch opens when it can.
 	res, err := s.exec(ctx, &walshipv1.CommitPolicy{Durability: walshipv1.Durability_DURABILITY_SYNC,
 		Replication: walshipv1.ReplicationMode_REPLICATION_MODE_DISABLED, Logstore: walshipv1.LogStoreAck_LOG_STORE_ACK_ASYNC},
-		nil, []op{{kind: codec.OpPut, key: kvapi.EpochRecordKey, value: data}})
+		nil, []op{{kind: codec.OpPut, key: keyspace.EpochRecordKey, value: data}})
 	if err != nil {
 		return fmt.Errorf("commit the epoch record: %w", err)
 	}
@@ -266,7 +266,7 @@ func (s *Server) needsRecord() bool {
 	if s.cfg.Elected != nil {
 		return true
 	}
-	rec, err := kvapi.EpochRecord(s.store.Snapshot())
+	rec, err := keyspace.EpochRecord(s.store.Snapshot())
 	if err != nil || rec == nil {
 		return true
 	}

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
-	"github.com/walship/walship/internal/kvapi"
+	"github.com/walship/walship/internal/keyspace"
 	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/pkg/codec"
@@ -50,7 +50,7 @@ func (k *kvServer) Scan(ctx context.Context, req *walshipv1.ScanRequest) (*walsh
 }
 
 func (k *kvServer) Put(ctx context.Context, req *walshipv1.PutRequest) (*walshipv1.PutResponse, error) {
-	if err := kvapi.ValidateKey("key", req.GetKey()); err != nil {
+	if err := keyspace.ValidateKey("key", req.GetKey()); err != nil {
 		return nil, err
 	}
 	if err := k.s.validateValue("value", req.GetValue()); err != nil {
@@ -67,7 +67,7 @@ func (k *kvServer) Put(ctx context.Context, req *walshipv1.PutRequest) (*walship
 }
 
 func (k *kvServer) Delete(ctx context.Context, req *walshipv1.DeleteRequest) (*walshipv1.DeleteResponse, error) {
-	if err := kvapi.ValidateKey("key", req.GetKey()); err != nil {
+	if err := keyspace.ValidateKey("key", req.GetKey()); err != nil {
 		return nil, err
 	}
 	if err := k.s.serving(); err != nil {
@@ -160,7 +160,7 @@ func (s *Server) convertOps(field string, in []*walshipv1.TxnOp) ([]op, error) {
 		f := fmt.Sprintf("%s[%d]", field, i)
 		switch x := o.GetOp().(type) {
 		case *walshipv1.TxnOp_Put:
-			if err := kvapi.ValidateKey(f+".put.key", x.Put.GetKey()); err != nil {
+			if err := keyspace.ValidateKey(f+".put.key", x.Put.GetKey()); err != nil {
 				return nil, err
 			}
 			if err := s.validateValue(f+".put.value", x.Put.GetValue()); err != nil {
@@ -168,12 +168,12 @@ func (s *Server) convertOps(field string, in []*walshipv1.TxnOp) ([]op, error) {
 			}
 			out[i] = op{kind: codec.OpPut, key: x.Put.GetKey(), value: x.Put.GetValue()}
 		case *walshipv1.TxnOp_Delete:
-			if err := kvapi.ValidateKey(f+".delete.key", x.Delete.GetKey()); err != nil {
+			if err := keyspace.ValidateKey(f+".delete.key", x.Delete.GetKey()); err != nil {
 				return nil, err
 			}
 			out[i] = op{kind: codec.OpDelete, key: x.Delete.GetKey()}
 		case *walshipv1.TxnOp_Get:
-			if err := kvapi.ValidateKey(f+".get.key", x.Get.GetKey()); err != nil {
+			if err := keyspace.ValidateKey(f+".get.key", x.Get.GetKey()); err != nil {
 				return nil, err
 			}
 			out[i] = op{kind: opGet, key: x.Get.GetKey()}
@@ -185,7 +185,7 @@ func (s *Server) convertOps(field string, in []*walshipv1.TxnOp) ([]op, error) {
 }
 
 func convertCompare(field string, c *walshipv1.Compare) (state.Compare, error) {
-	if err := kvapi.ValidateKey(field+".key", c.GetKey()); err != nil {
+	if err := keyspace.ValidateKey(field+".key", c.GetKey()); err != nil {
 		return state.Compare{}, err
 	}
 	out := state.Compare{Key: []byte(c.GetKey())}
@@ -242,7 +242,7 @@ func (s *Server) exec(ctx context.Context, p *walshipv1.CommitPolicy, cmps []sta
 // whose writer has not been answered, whichever branch runs and whatever
 // the policies are.
 func (s *Server) execTxn(ctx context.Context, p *walshipv1.CommitPolicy, cmps []state.Compare, success, failure []op, speculative bool) (execResult, error) {
-	if err := kvapi.ValidatePolicy(p); err != nil {
+	if err := validatePolicyEnums(p); err != nil {
 		return execResult{}, err
 	}
 	pol, err := s.policy.Load().Merge(p)

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
@@ -113,4 +115,29 @@ func (p Policy) needsLocalSync() bool {
 	return p.Durability == walshipv1.Durability_DURABILITY_SYNC ||
 		p.Replication == walshipv1.ReplicationMode_REPLICATION_MODE_SYNC ||
 		p.LogStore == walshipv1.LogStoreAck_LOG_STORE_ACK_SYNC
+}
+
+// validatePolicyEnums checks the enum fields of a request's policy are
+// known values, naming the field; Merge range-checks the rest.
+func validatePolicyEnums(p *walshipv1.CommitPolicy) error {
+	if p == nil {
+		return nil
+	}
+	check := func(field string, v int32, names map[int32]string) error {
+		if _, ok := names[v]; !ok {
+			return status.Errorf(codes.InvalidArgument, "policy.%s: unknown value %d", field, v)
+		}
+		return nil
+	}
+	for _, err := range []error{
+		check("durability", int32(p.Durability), walshipv1.Durability_name),
+		check("replication", int32(p.Replication), walshipv1.ReplicationMode_name),
+		check("sync_level", int32(p.SyncLevel), walshipv1.SyncLevel_name),
+		check("logstore", int32(p.Logstore), walshipv1.LogStoreAck_name),
+	} {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }

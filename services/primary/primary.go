@@ -20,7 +20,7 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
-	"github.com/walship/walship/internal/kvapi"
+	"github.com/walship/walship/internal/kvread"
 	"github.com/walship/walship/internal/recovery"
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/state"
@@ -38,7 +38,7 @@ type Server struct {
 	wal     *wal.Log
 	store   *state.Store
 	pipe    *pipeline // the write path
-	reads   *kvapi.Reader
+	reads   *kvread.Reader
 	metrics *metrics
 	peers   *peers
 	epoch   uint64          // this run's epoch: epochs.Current()
@@ -117,7 +117,7 @@ func New(cfg Config) (*Server, error) {
 	s.metrics = newMetrics(reg, s)
 	s.pipe.metrics = s.metrics
 	s.pipe.written = s.maybeSnapshot
-	s.reads = &kvapi.Reader{View: func() *state.View { return s.store.Snapshot() }, Visible: &s.pipe.visible}
+	s.reads = &kvread.Reader{View: func() *state.View { return s.store.Snapshot() }, Visible: &s.pipe.visible}
 	srv, err := serve.New(serve.Options{
 		Security:        cfg.Security,
 		Listen:          cfg.Listen,

@@ -6,7 +6,7 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
-	"github.com/walship/walship/internal/kvapi"
+	"github.com/walship/walship/internal/keyspace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -80,7 +80,7 @@ func (s *Server) Status() *walshipv1.StatusResponse {
 			LagSeconds: s.lag.seconds(s.now()),
 		}},
 	}
-	if rec, err := kvapi.EpochRecord(v); err == nil && rec != nil {
+	if rec, err := keyspace.EpochRecord(v); err == nil && rec != nil {
 		resp.Contract = rec.GetContract()
 	}
 	return resp

@@ -9,7 +9,7 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
-	"github.com/walship/walship/internal/kvapi"
+	"github.com/walship/walship/internal/keyspace"
 	"github.com/walship/walship/internal/walserve"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -220,7 +220,7 @@ func (s *Server) fenceState() *walshipv1.FenceResponse {
 	if c := s.lag.lastContactTime(); !c.IsZero() {
 		resp.SincePrimaryContact = durationpb.New(time.Since(c))
 	}
-	if rec, err := kvapi.EpochRecord(s.store.Load().Snapshot()); err == nil && rec != nil {
+	if rec, err := keyspace.EpochRecord(s.store.Load().Snapshot()); err == nil && rec != nil {
 		resp.Contract = rec.GetContract()
 	}
 	return resp
@@ -362,7 +362,7 @@ func (s *Server) askLogStore(ctx context.Context) {
 // EpochRecord is the newest epoch record the replica has applied (nil if
 // none).
 func (s *Server) EpochRecord() *walshipv1.EpochRecord {
-	rec, err := kvapi.EpochRecord(s.store.Load().Snapshot())
+	rec, err := keyspace.EpochRecord(s.store.Load().Snapshot())
 	if err != nil {
 		return nil
 	}

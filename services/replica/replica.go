@@ -65,7 +65,7 @@ import (
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/envelope"
-	"github.com/walship/walship/internal/kvapi"
+	"github.com/walship/walship/internal/kvread"
 	"github.com/walship/walship/internal/recovery"
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/state"
@@ -78,7 +78,7 @@ import (
 )
 
 // maxMessageBytes bounds the replica's own gRPC messages: a Scan response
-// (up to kvapi.MaxScanBytes, or one pair with a large value) plus headroom.
+// (up to kvread.MaxScanBytes, or one pair with a large value) plus headroom.
 const maxMessageBytes = 72 << 20
 
 // maxRecvBytes bounds one message from the primary or the log store: a
@@ -94,7 +94,7 @@ type Server struct {
 	now     func() time.Time
 	srv     *serve.Server
 	metrics *metrics
-	reads   *kvapi.Reader
+	reads   *kvread.Reader
 	lag     *lagTracker
 
 	// connMu guards the connection to the primary, which changes when the
@@ -211,7 +211,7 @@ func New(cfg Config) (*Server, error) {
 		s.logstore = walshipv1.NewLogStoreServiceClient(s.logstoreConn)
 	}
 	s.lag = newLagTracker(cfg.HeartbeatInterval, s.appliedLSN(), s.now())
-	s.reads = &kvapi.Reader{View: func() *state.View { return s.store.Load().Snapshot() }, Visible: &s.visible}
+	s.reads = &kvread.Reader{View: func() *state.View { return s.store.Load().Snapshot() }, Visible: &s.visible}
 	srv, err := serve.New(serve.Options{
 		Security:        cfg.Security,
 		Listen:          cfg.Listen,

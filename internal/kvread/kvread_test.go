@@ -1,4 +1,4 @@
-package kvapi
+package kvread
 
 import (
 	"context"
@@ -31,25 +31,6 @@ func reader(t *testing.T, keys int) (*Reader, *state.Store, *watermark.Watermark
 	var w watermark.Watermark
 	w.Advance(st.AppliedLSN())
 	return &Reader{View: st.Snapshot, Visible: &w}, st, &w
-}
-
-func TestValidateKey(t *testing.T) {
-	for _, tc := range []struct {
-		key  string
-		want string
-	}{
-		{"", "must not be empty"},
-		{strings.Repeat("x", MaxKeyBytes+1), "4097 bytes"},
-		{string([]byte{0xc3, 0x28}), "not valid UTF-8"},
-	} {
-		err := ValidateKey("key", tc.key)
-		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "key:") {
-			t.Errorf("ValidateKey(%q...) = %v; want InvalidArgument %q naming the field", tc.key[:min(len(tc.key), 8)], err, tc.want)
-		}
-	}
-	if err := ValidateKey("key", strings.Repeat("é", MaxKeyBytes/2)); err != nil {
-		t.Errorf("a 4096-byte UTF-8 key: %v", err)
-	}
 }
 
 func TestScanLimitsAndWaits(t *testing.T) {
@@ -91,15 +72,5 @@ func TestScanLimitsAndWaits(t *testing.T) {
 		if _, err := r.Scan(ctx, tc.req); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Scan(%v) = %v; want InvalidArgument naming %s", tc.req, err, tc.want)
 		}
-	}
-}
-
-func TestValidatePolicy(t *testing.T) {
-	if err := ValidatePolicy(&walshipv1.CommitPolicy{Durability: 2, Replication: 3, SyncLevel: 1, Logstore: 2}); err != nil {
-		t.Fatal(err)
-	}
-	err := ValidatePolicy(&walshipv1.CommitPolicy{SyncLevel: 42})
-	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "policy.sync_level") {
-		t.Fatalf("unknown sync_level: %v", err)
 	}
 }

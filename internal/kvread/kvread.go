@@ -1,28 +1,24 @@
-// Package kvapi holds what the primary's and the replicas' KV services share:
-// argument validation and the read path (Get and Scan at the visible LSN,
-// waiting for min_lsn).
-package kvapi
+// Package kvread is the read path the primary's and the replicas' KV
+// services share: Get and Scan at the visible LSN, after waiting for the
+// request's min_lsn to become visible, and the checks of their arguments.
+package kvread
 
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
-	"unicode/utf8"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/keyspace"
 	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/internal/watermark"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
-// Limits of the KV API.
+// Limits of reads.
 const (
-	// MaxKeyBytes is the longest key.
-	MaxKeyBytes = 4096
 	// MaxScanLimit is the most pairs one Scan returns.
 	MaxScanLimit = 10000
 	// MaxScanBytes bounds the keys and values of one Scan response, so it
@@ -35,51 +31,12 @@ const (
 	MaxWait = 5 * time.Minute
 )
 
-// ValidateKey checks a key: 1..MaxKeyBytes bytes of valid UTF-8. The error
-// is an InvalidArgument status naming field.
-func ValidateKey(field, key string) error {
-	switch {
-	case len(key) == 0:
-		return status.Errorf(codes.InvalidArgument, "%s: must not be empty", field)
-	case len(key) > MaxKeyBytes:
-		return status.Errorf(codes.InvalidArgument, "%s: %d bytes, the limit is %d", field, len(key), MaxKeyBytes)
-	case !utf8.ValidString(key):
-		return status.Errorf(codes.InvalidArgument, "%s: not valid UTF-8", field)
-	case key[0] == ReservedPrefix[0]:
-		return status.Errorf(codes.InvalidArgument, "%s: keys starting with U+0000 are reserved for walship itself", field)
-	}
-	return nil
-}
-
-// ReservedPrefix starts the keys walship keeps in the replicated state for
-// itself (the epoch record): clients cannot read or write them, and a
-// Scan skips them.
-const ReservedPrefix = "\x00"
-
-// EpochRecordKey holds the EpochRecord of the current epoch: the first
-// commit of every epoch writes it, so that every node that applied the log
-// knows the primary and the contract.
-const EpochRecordKey = ReservedPrefix + "walship/epoch"
-
-// EpochRecord reads the epoch record from v (nil if there is none yet).
-func EpochRecord(v *state.View) (*walshipv1.EpochRecord, error) {
-	b, _, ok := v.Get([]byte(EpochRecordKey))
-	if !ok {
-		return nil, nil
-	}
-	rec := &walshipv1.EpochRecord{}
-	if err := proto.Unmarshal(b, rec); err != nil {
-		return nil, fmt.Errorf("epoch record: %w", err)
-	}
-	return rec, nil
-}
-
 // validateBound checks a Scan bound, which may be empty.
 func validateBound(field, key string) error {
 	if key == "" {
 		return nil
 	}
-	return ValidateKey(field, key)
+	return keyspace.ValidateKey(field, key)
 }
 
 // Reader serves reads from a Store whose applied LSN is the visible LSN.
@@ -125,7 +82,7 @@ func (r *Reader) WaitVisible(ctx context.Context, lsn uint64, wait *durationpb.D
 
 // Get serves KVService.Get.
 func (r *Reader) Get(ctx context.Context, req *walshipv1.GetRequest) (*walshipv1.GetResponse, error) {
-	if err := ValidateKey("key", req.GetKey()); err != nil {
+	if err := keyspace.ValidateKey("key", req.GetKey()); err != nil {
 		return nil, err
 	}
 	if err := r.WaitVisible(ctx, req.GetMinLsn(), req.GetWaitTimeout()); err != nil {
@@ -163,7 +120,7 @@ func (r *Reader) Scan(ctx context.Context, req *walshipv1.ScanRequest) (*walship
 	// One more than the limit tells whether the range goes on.
 	start := req.GetStart()
 	if start < "\x01" {
-		start = "\x01" // past the reserved keys
+		start = "\x01" // past the reserved keys (keyspace.ReservedPrefix)
 	}
 	v.Scan([]byte(start), []byte(req.GetEnd()), limit+1, func(k, val []byte, ver uint64) bool {
 		if len(resp.Kvs) == limit || (len(resp.Kvs) > 0 && size+len(k)+len(val) > MaxScanBytes) {
@@ -175,29 +132,4 @@ func (r *Reader) Scan(ctx context.Context, req *walshipv1.ScanRequest) (*walship
 		return true
 	})
 	return resp, nil
-}
-
-// ValidatePolicy checks the enum fields of a request's policy are known
-// values, naming the field; the primary merges and range-checks the rest.
-func ValidatePolicy(p *walshipv1.CommitPolicy) error {
-	if p == nil {
-		return nil
-	}
-	check := func(field string, v int32, names map[int32]string) error {
-		if _, ok := names[v]; !ok {
-			return status.Errorf(codes.InvalidArgument, "policy.%s: unknown value %d", field, v)
-		}
-		return nil
-	}
-	for _, err := range []error{
-		check("durability", int32(p.Durability), walshipv1.Durability_name),
-		check("replication", int32(p.Replication), walshipv1.ReplicationMode_name),
-		check("sync_level", int32(p.SyncLevel), walshipv1.SyncLevel_name),
-		check("logstore", int32(p.Logstore), walshipv1.LogStoreAck_name),
-	} {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
 }
