@@ -10,7 +10,9 @@
 //	          another way, kept for an operator (see Orphan)
 //
 // Every file is replaced atomically (temporary file, fsync, rename, fsync
-// of the directory) before what depends on it is acknowledged.
+// of the directory) before what depends on it is acknowledged; the applied
+// marker, which nothing acknowledged depends on, may also be replaced
+// without the fsyncs (see SaveApplied).
 package datadir
 
 import (
@@ -52,7 +54,7 @@ const (
 func LoadVote(fsys vfs.FS, dir string) (Vote, error) {
 	b, err := vfs.ReadFile(fsys, filepath.Join(dir, voteFile))
 	if errors.Is(err, os.ErrNotExist) {
-		e, err := LoadUint(fsys, filepath.Join(dir, legacyEpoch))
+		e, err := loadUint(fsys, filepath.Join(dir, legacyEpoch))
 		if err != nil {
 			return Vote{}, fmt.Errorf("epoch file: %w", err)
 		}
@@ -102,9 +104,9 @@ func unquote(s string) string {
 	return s
 }
 
-// LoadUint reads a file holding one decimal number and a newline; a missing
+// loadUint reads a file holding one decimal number and a newline; a missing
 // file reads as 0.
-func LoadUint(fsys vfs.FS, path string) (uint64, error) {
+func loadUint(fsys vfs.FS, path string) (uint64, error) {
 	b, err := vfs.ReadFile(fsys, path)
 	if errors.Is(err, os.ErrNotExist) {
 		return 0, nil
@@ -119,5 +121,24 @@ func LoadUint(fsys vfs.FS, path string) (uint64, error) {
 	return v, nil
 }
 
-// AppliedPath is the replica's applied marker.
-func AppliedPath(dir string) string { return filepath.Join(dir, appliedFile) }
+// LoadApplied reads dir's applied marker: an LSN the node had applied as a
+// replica, 0 when there is none.
+func LoadApplied(fsys vfs.FS, dir string) (uint64, error) {
+	return loadUint(fsys, filepath.Join(dir, appliedFile))
+}
+
+// SaveApplied replaces dir's applied marker with lsn: durably when durable,
+// else by a write and a rename without fsync, for a replica that saves it
+// often and for which a lost or stale marker only means waiting for its
+// primary a little longer after a crash.
+func SaveApplied(fsys vfs.FS, dir string, lsn uint64, durable bool) error {
+	path, data := filepath.Join(dir, appliedFile), []byte(strconv.FormatUint(lsn, 10)+"\n")
+	if durable {
+		return vfs.WriteFileAtomic(fsys, path, data)
+	}
+	tmp := path + ".tmp"
+	if err := vfs.WriteFile(fsys, tmp, data, 0o644); err != nil {
+		return err
+	}
+	return fsys.Rename(tmp, path)
+}

@@ -40,6 +40,33 @@ func TestVoteRoundTripAndLegacyEpoch(t *testing.T) {
 	}
 }
 
+func TestAppliedRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	if lsn, err := LoadApplied(vfs.OS, dir); err != nil || lsn != 0 {
+		t.Fatalf("empty dir: %d, %v", lsn, err)
+	}
+	for _, tc := range []struct {
+		lsn     uint64
+		durable bool
+	}{{17, true}, {18, false}, {1 << 40, true}} {
+		if err := SaveApplied(vfs.OS, dir, tc.lsn, tc.durable); err != nil {
+			t.Fatal(err)
+		}
+		if lsn, err := LoadApplied(vfs.OS, dir); err != nil || lsn != tc.lsn {
+			t.Fatalf("saved %d (durable %v), loaded %d, %v", tc.lsn, tc.durable, lsn, err)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "applied.tmp")); !os.IsNotExist(err) {
+			t.Fatalf("a temporary file is left: %v", err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "applied"), []byte("x\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadApplied(vfs.OS, dir); err == nil || !strings.Contains(err.Error(), "not a number") {
+		t.Fatalf("a bad marker: %v", err)
+	}
+}
+
 func TestHistory(t *testing.T) {
 	var h History
 	h = h.Begin(0, 1)  // 1@1

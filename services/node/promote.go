@@ -565,7 +565,7 @@ func (n *Node) carryOut(ctx context.Context, p *plan) error {
 			return fmt.Errorf("this node's log (epoch %d) is older than the donor %s's history reaches back to: re-seed it first", own.Current().Epoch, p.donor.id)
 		}
 		if !all && keep < log.LastLSN() {
-			applied, _ := datadir.LoadUint(n.fs, datadir.AppliedPath(n.cfg.DataDir))
+			applied, _ := datadir.LoadApplied(n.fs, n.cfg.DataDir)
 			if applied > keep {
 				return fmt.Errorf("this node applied LSNs up to %d, past where its history and the donor %s's part (%d): re-seed it first", applied, p.donor.id, keep)
 			}

@@ -385,14 +385,12 @@ func listSnapshots(fsys vfs.FS, dir string) ([]uint64, error) {
 // markerInterval without an fsync (a lost or stale marker only makes the
 // replica wait for the primary a little longer after a crash) and with one
 // at a clean stop.
-func (s *Server) appliedPath() string { return datadir.AppliedPath(s.cfg.DataDir) }
-
 const markerInterval = time.Second
 
 // loadAppliedMarker returns the saved applied LSN, or 0 if there is none or
 // it cannot be read (then replay stops at the newest snapshot).
 func (s *Server) loadAppliedMarker() uint64 {
-	lsn, err := datadir.LoadUint(s.fs, s.appliedPath())
+	lsn, err := datadir.LoadApplied(s.fs, s.cfg.DataDir)
 	if err != nil {
 		s.logger.Warn("cannot read the applied marker; replaying up to the newest snapshot only", "err", err)
 		return 0
@@ -415,17 +413,7 @@ func (s *Server) saveAppliedMarker(sync bool) {
 
 // writeAppliedMarker writes lsn as the applied marker.
 func (s *Server) writeAppliedMarker(lsn uint64, sync bool) error {
-	data := []byte(strconv.FormatUint(lsn, 10) + "\n")
-	var err error
-	if sync {
-		err = vfs.WriteFileAtomic(s.fs, s.appliedPath(), data)
-	} else {
-		tmp := s.appliedPath() + ".tmp"
-		if err = vfs.WriteFile(s.fs, tmp, data, 0o644); err == nil {
-			err = s.fs.Rename(tmp, s.appliedPath())
-		}
-	}
-	if err != nil {
+	if err := datadir.SaveApplied(s.fs, s.cfg.DataDir, lsn, sync); err != nil {
 		return err
 	}
 	s.markerLSN, s.markerTime = lsn, time.Now()
