@@ -338,26 +338,11 @@ func Run(ctx context.Context, cfg Config) (row Row, err error) {
 
 // drive loads, runs and checks; it fills row and returns notes.
 func drive(ctx context.Context, cfg Config, b *backend, row *Row) ([]string, error) {
-	var notes []string
-	dial := func(addr string) (*grpc.ClientConn, error) {
-		return grpc.NewClient(addr, serve.DialOptions()...)
-	}
-	pconn, err := dial(b.primary)
+	c, err := dialBackend(b)
 	if err != nil {
 		return nil, err
 	}
-	defer pconn.Close()
-	kv := walshipv1.NewKVServiceClient(pconn)
-	admin := walshipv1.NewAdminServiceClient(pconn)
-	var rconns []*grpc.ClientConn
-	for _, a := range b.replicas {
-		c, err := dial(a)
-		if err != nil {
-			return nil, err
-		}
-		defer c.Close()
-		rconns = append(rconns, c)
-	}
+	defer c.close()
 
 	params := cfg.Params
 	params.RunID = randomID()
@@ -366,32 +351,95 @@ func drive(ctx context.Context, cfg Config, b *backend, row *Row) ([]string, err
 	if err != nil {
 		return nil, err
 	}
-
-	// Load, then wait until every replica has it, so the run starts level.
-	loadStart := time.Now()
-	l := newLoader(ctx, kv)
-	if err := w.load(l.ctx, l); err != nil {
-		return nil, fmt.Errorf("load: %w", err)
-	}
-	loadLSN, err := l.finish(ctx)
+	loadLSN, loaded, err := loadLevel(ctx, w, c)
 	if err != nil {
 		return nil, err
 	}
-	for i, c := range rconns {
-		if _, err := walshipv1.NewKVServiceClient(c).Get(ctx, &walshipv1.GetRequest{Key: "bench/loaded", MinLsn: loadLSN,
+	notes := []string{loaded}
+	label := fmt.Sprintf("%s/%s %s %s", row.Replication, row.Durability, cfg.Codec, cfg.Workload)
+	m, err := measure(ctx, cfg, b, c, w, params, loadLSN, label)
+	if err != nil {
+		return notes, err
+	}
+	notes = append(notes, m.fill(row, w.kinds(), b)...)
+	more, err := checkConsistency(ctx, c, w, row)
+	return append(notes, more...), err
+}
+
+// conns are a run's client connections: to the primary and to each
+// replica.
+type conns struct {
+	primary  *grpc.ClientConn
+	replicas []*grpc.ClientConn
+}
+
+func dialBackend(b *backend) (*conns, error) {
+	p, err := grpc.NewClient(b.primary, serve.DialOptions()...)
+	if err != nil {
+		return nil, err
+	}
+	c := &conns{primary: p}
+	for _, a := range b.replicas {
+		r, err := grpc.NewClient(a, serve.DialOptions()...)
+		if err != nil {
+			c.close()
+			return nil, err
+		}
+		c.replicas = append(c.replicas, r)
+	}
+	return c, nil
+}
+
+func (c *conns) close() {
+	for _, r := range c.replicas {
+		r.Close()
+	}
+	c.primary.Close()
+}
+
+// loadLevel loads w through the primary, then waits until every replica
+// has the load, so that the run starts level. It returns the load's last
+// LSN and a note of how long it took.
+func loadLevel(ctx context.Context, w workload, c *conns) (uint64, string, error) {
+	start := time.Now()
+	l := newLoader(ctx, walshipv1.NewKVServiceClient(c.primary))
+	if err := w.load(l.ctx, l); err != nil {
+		return 0, "", fmt.Errorf("load: %w", err)
+	}
+	lsn, err := l.finish(ctx)
+	if err != nil {
+		return 0, "", err
+	}
+	for i, rc := range c.replicas {
+		if _, err := walshipv1.NewKVServiceClient(rc).Get(ctx, &walshipv1.GetRequest{Key: "bench/loaded", MinLsn: lsn,
 			WaitTimeout: durationpb.New(2 * time.Minute)}); err != nil {
-			return nil, fmt.Errorf("replica %d catching up with the load: %w", i, err)
+			return 0, "", fmt.Errorf("replica %d catching up with the load: %w", i, err)
 		}
 	}
-	notes = append(notes, fmt.Sprintf("loaded %d keys in %.1fs", l.keys, time.Since(loadStart).Seconds()))
+	return lsn, fmt.Sprintf("loaded %d keys in %.1fs", l.keys, time.Since(start).Seconds()), nil
+}
 
-	rec := newRecorder(len(w.kinds()))
+// measurement is what a run measured: the transactions recorded, the
+// replica lag sampled, and what was read at each end of the measured
+// window.
+type measurement struct {
+	rec    *recorder
+	lag    *lagSamples
+	s0, s1 snap
+}
+
+// measure runs the terminals through the warmup and the measured window,
+// sampling the replicas' lag and reporting progress meanwhile, and stops
+// them after their current transaction.
+func measure(ctx context.Context, cfg Config, b *backend, c *conns, w workload, params WorkloadParams, loadLSN uint64, label string) (*measurement, error) {
+	m := &measurement{rec: newRecorder(len(w.kinds())), lag: &lagSamples{}}
+	kv := walshipv1.NewKVServiceClient(c.primary)
 	policy := cfg.commitPolicy()
 	sessions := make([]*session, cfg.Terminals)
 	for i := range sessions {
 		s := &session{kv: kv, policy: policy, maxRetries: cfg.MaxRetries, lastLSN: loadLSN, speculative: cfg.SpeculativeReads}
-		if cfg.ReplicaReads && len(rconns) > 0 {
-			s.read = walshipv1.NewKVServiceClient(rconns[i%len(rconns)])
+		if cfg.ReplicaReads && len(c.replicas) > 0 {
+			s.read = walshipv1.NewKVServiceClient(c.replicas[i%len(c.replicas)])
 		}
 		sessions[i] = s
 	}
@@ -400,167 +448,26 @@ func drive(ctx context.Context, cfg Config, b *backend, row *Row) ([]string, err
 	for i, s := range sessions {
 		term := w.terminal(i, newRand(params.Seed, i))
 		g.Go(func() error {
-			var every time.Duration
-			nextStart := time.Now()
-			if cfg.Rate > 0 {
-				every = time.Duration(float64(cfg.Terminals) / cfg.Rate * float64(time.Second))
-				nextStart = nextStart.Add(time.Duration(i) * every / time.Duration(cfg.Terminals))
-			}
-			for !stop.stopped() && gctx.Err() == nil {
-				if every > 0 {
-					if d := time.Until(nextStart); d > 0 {
-						select {
-						case <-time.After(d):
-						case <-gctx.Done():
-							return nil
-						}
-					}
-					nextStart = nextStart.Add(every)
-				}
-				start := time.Now()
-				kind, err := term.next(gctx, s)
-				switch {
-				case err == nil || errors.Is(err, errRollback):
-					rec.ok(kind, time.Since(start))
-				case errors.Is(err, errAborted):
-					rec.abort()
-				case gctx.Err() != nil:
-					return nil
-				default:
-					rec.fail(err)
-					if kind == 1 && cfg.Workload == "ycsb-a" {
-						params.counts.unknown.Add(1)
-					}
-				}
-			}
+			runTerminal(gctx, cfg, i, term, s, m.rec, &stop, params.counts)
 			return nil
 		})
 	}
 
 	// Samplers: progress a second, replica lag every 100 ms.
-	var lagMu sync.Mutex
-	var lags, lagRecs []float64
 	sampleCtx, stopSampling := context.WithCancel(ctx)
 	var sg sync.WaitGroup
-	sg.Add(2)
-	go func() {
-		defer sg.Done()
-		t := time.NewTicker(100 * time.Millisecond)
-		defer t.Stop()
-		for {
-			select {
-			case <-sampleCtx.Done():
-				return
-			case <-t.C:
-			}
-			if !rec.measuring.Load() || len(b.replicas) == 0 {
-				continue
-			}
-			// Seconds from the primary's apply-stage lag gauge (computed
-			// at scrape time); records from its Status.
-			worst, worstRecs := -1.0, 0.0
-			if b.gather != nil {
-				if mfs, err := b.gather(sampleCtx); err == nil {
-					if mf, ok := mfs["walship_replication_lag_seconds"]; ok {
-						worst = 0
-						for _, m := range mf.GetMetric() {
-							for _, l := range m.GetLabel() {
-								if l.GetName() == "stage" && l.GetValue() == "apply" {
-									worst = max(worst, m.GetGauge().GetValue())
-								}
-							}
-						}
-					}
-				}
-			}
-			if st, err := admin.Status(sampleCtx, &walshipv1.StatusRequest{}); err == nil {
-				for _, p := range st.Peers {
-					if p.Role == walshipv1.Role_ROLE_REPLICA {
-						worstRecs = max(worstRecs, float64(p.LagRecords))
-					}
-				}
-			}
-			lagMu.Lock()
-			if worst >= 0 {
-				lags = append(lags, worst)
-			}
-			lagRecs = append(lagRecs, worstRecs)
-			lagMu.Unlock()
-		}
-	}()
+	admin := walshipv1.NewAdminServiceClient(c.primary)
+	sg.Go(func() { m.lag.sample(sampleCtx, b, admin, m.rec) })
 	start := time.Now()
-	total := cfg.Warmup + cfg.Duration
-	label := fmt.Sprintf("%s/%s %s %s", row.Replication, row.Durability, cfg.Codec, cfg.Workload)
-	go func() {
-		defer sg.Done()
-		t := time.NewTicker(time.Second)
-		defer t.Stop()
-		last := time.Now()
-		for {
-			select {
-			case <-sampleCtx.Done():
-				return
-			case <-t.C:
-			}
-			ds := rec.tick()
-			now := time.Now()
-			rate := float64(len(ds)) / now.Sub(last).Seconds()
-			last = now
-			if cfg.Progress != nil {
-				phase := ""
-				if !rec.measuring.Load() && now.Sub(start) < cfg.Warmup {
-					phase = "  (warmup)"
-				}
-				fmt.Fprintf(cfg.Progress, "[%3.0fs/%.0fs] %s  %.0f txn/s  p99 %.1fms%s\n",
-					now.Sub(start).Seconds(), total.Seconds(), label, rate, ms(percentile(ds, 0.99)), phase)
-			}
-		}
-	}()
+	sg.Go(func() { reportProgress(sampleCtx, cfg, m.rec, start, label) })
 
-	type snap struct {
-		at               time.Time
-		walBytes, commit float64
-		metrics          bool
-		cpu              time.Duration
-		cpuOK            bool
-		retries          int64
-	}
-	take := func() snap {
-		s := snap{at: time.Now()}
-		if b.gather != nil {
-			if mfs, err := b.gather(ctx); err == nil {
-				var ok1, ok2 bool
-				s.walBytes, ok1 = metricSum(mfs, "walship_wal_written_bytes_total", nil)
-				s.commit, ok2 = metricSum(mfs, "walship_commits_total", map[string]string{"result": "ok"})
-				s.metrics = ok1 && ok2
-			}
-		}
-		if b.cpu != nil {
-			if c, err := b.cpu(); err == nil {
-				s.cpu, s.cpuOK = c, true
-			}
-		}
-		for _, x := range sessions {
-			s.retries += x.retries.Load()
-		}
-		return s
-	}
-	wait := func(d time.Duration) error {
-		select {
-		case <-time.After(d):
-			return nil
-		case <-gctx.Done():
-			return gctx.Err()
-		}
-	}
-	var s0, s1 snap
-	runErr := wait(cfg.Warmup)
+	runErr := sleep(gctx, cfg.Warmup)
 	if runErr == nil {
-		s0 = take()
-		rec.measuring.Store(true)
-		runErr = wait(cfg.Duration)
-		rec.measuring.Store(false)
-		s1 = take()
+		m.s0 = takeSnap(ctx, b, sessions)
+		m.rec.measuring.Store(true)
+		runErr = sleep(gctx, cfg.Duration)
+		m.rec.measuring.Store(false)
+		m.s1 = takeSnap(ctx, b, sessions)
 	}
 	stop.set()
 	if err := g.Wait(); err != nil && runErr == nil {
@@ -568,65 +475,252 @@ func drive(ctx context.Context, cfg Config, b *backend, row *Row) ([]string, err
 	}
 	stopSampling()
 	sg.Wait()
-	if runErr != nil {
-		return notes, runErr
-	}
+	return m, runErr
+}
 
-	window := s1.at.Sub(s0.at).Seconds()
+// runTerminal runs terminal i's transactions through s until stop is set
+// or ctx ends, recording each in rec; at cfg.Rate, when set, with the
+// terminals' starts spread evenly.
+func runTerminal(ctx context.Context, cfg Config, i int, term terminal, s *session, rec *recorder, stop *stopFlag, counts *runCounts) {
+	var every time.Duration
+	nextStart := time.Now()
+	if cfg.Rate > 0 {
+		every = time.Duration(float64(cfg.Terminals) / cfg.Rate * float64(time.Second))
+		nextStart = nextStart.Add(time.Duration(i) * every / time.Duration(cfg.Terminals))
+	}
+	for !stop.stopped() && ctx.Err() == nil {
+		if every > 0 {
+			if d := time.Until(nextStart); d > 0 {
+				select {
+				case <-time.After(d):
+				case <-ctx.Done():
+					return
+				}
+			}
+			nextStart = nextStart.Add(every)
+		}
+		start := time.Now()
+		kind, err := term.next(ctx, s)
+		switch {
+		case err == nil || errors.Is(err, errRollback):
+			rec.ok(kind, time.Since(start))
+		case errors.Is(err, errAborted):
+			rec.abort()
+		case ctx.Err() != nil:
+			return
+		default:
+			rec.fail(err)
+			if kind == 1 && cfg.Workload == "ycsb-a" {
+				counts.unknown.Add(1)
+			}
+		}
+	}
+}
+
+// sleep waits d, or returns ctx's error if ctx ends first.
+func sleep(ctx context.Context, d time.Duration) error {
+	select {
+	case <-time.After(d):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// lagSamples are the worst replica's lag, sampled while measuring: in
+// seconds (when the primary's metrics are known) and in records.
+type lagSamples struct {
+	mu      sync.Mutex
+	seconds []float64
+	records []float64
+}
+
+// sample samples the lag every 100 ms while rec is measuring, until ctx
+// ends.
+func (l *lagSamples) sample(ctx context.Context, b *backend, admin walshipv1.AdminServiceClient, rec *recorder) {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !rec.measuring.Load() || len(b.replicas) == 0 {
+			continue
+		}
+		seconds, records := worstApplyLagSeconds(ctx, b), worstLagRecords(ctx, admin)
+		l.mu.Lock()
+		if seconds >= 0 {
+			l.seconds = append(l.seconds, seconds)
+		}
+		l.records = append(l.records, records)
+		l.mu.Unlock()
+	}
+}
+
+// worstApplyLagSeconds is the largest apply-stage lag of the primary's
+// lag gauge (computed at scrape time), or -1 when its metrics are unknown.
+func worstApplyLagSeconds(ctx context.Context, b *backend) float64 {
+	if b.gather == nil {
+		return -1
+	}
+	mfs, err := b.gather(ctx)
+	if err != nil {
+		return -1
+	}
+	mf, ok := mfs["walship_replication_lag_seconds"]
+	if !ok {
+		return -1
+	}
+	worst := 0.0
+	for _, m := range mf.GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "stage" && l.GetValue() == "apply" {
+				worst = max(worst, m.GetGauge().GetValue())
+			}
+		}
+	}
+	return worst
+}
+
+// worstLagRecords is the largest replica lag in records of the primary's
+// Status, or 0 when it cannot be read.
+func worstLagRecords(ctx context.Context, admin walshipv1.AdminServiceClient) float64 {
+	worst := 0.0
+	if st, err := admin.Status(ctx, &walshipv1.StatusRequest{}); err == nil {
+		for _, p := range st.Peers {
+			if p.Role == walshipv1.Role_ROLE_REPLICA {
+				worst = max(worst, float64(p.LagRecords))
+			}
+		}
+	}
+	return worst
+}
+
+// reportProgress takes rec's last second every second and, when
+// cfg.Progress is set, writes its rate and p99 there, until ctx ends.
+func reportProgress(ctx context.Context, cfg Config, rec *recorder, start time.Time, label string) {
+	total := cfg.Warmup + cfg.Duration
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		ds := rec.tick()
+		now := time.Now()
+		rate := float64(len(ds)) / now.Sub(last).Seconds()
+		last = now
+		if cfg.Progress != nil {
+			phase := ""
+			if !rec.measuring.Load() && now.Sub(start) < cfg.Warmup {
+				phase = "  (warmup)"
+			}
+			fmt.Fprintf(cfg.Progress, "[%3.0fs/%.0fs] %s  %.0f txn/s  p99 %.1fms%s\n",
+				now.Sub(start).Seconds(), total.Seconds(), label, rate, ms(percentile(ds, 0.99)), phase)
+		}
+	}
+}
+
+// snap is what is read at each end of the measured window.
+type snap struct {
+	at               time.Time
+	walBytes, commit float64
+	metrics          bool
+	cpu              time.Duration
+	cpuOK            bool
+	retries          int64
+}
+
+// takeSnap reads the primary's WAL bytes and commits (when its metrics
+// are known), the CPU time (when known) and the sessions' retries.
+func takeSnap(ctx context.Context, b *backend, sessions []*session) snap {
+	s := snap{at: time.Now()}
+	if b.gather != nil {
+		if mfs, err := b.gather(ctx); err == nil {
+			var ok1, ok2 bool
+			s.walBytes, ok1 = metricSum(mfs, "walship_wal_written_bytes_total", nil)
+			s.commit, ok2 = metricSum(mfs, "walship_commits_total", map[string]string{"result": "ok"})
+			s.metrics = ok1 && ok2
+		}
+	}
+	if b.cpu != nil {
+		if c, err := b.cpu(); err == nil {
+			s.cpu, s.cpuOK = c, true
+		}
+	}
+	for _, x := range sessions {
+		s.retries += x.retries.Load()
+	}
+	return s
+}
+
+// fill sets row's figures of the measured window and returns notes of
+// what is unknown and of errors.
+func (m *measurement) fill(row *Row, kinds []string, b *backend) []string {
+	var notes []string
+	window := m.s1.at.Sub(m.s0.at).Seconds()
+	rec := m.rec
 	rec.mu.Lock()
 	row.Commits, row.Aborts, row.Errors = rec.commits, rec.aborts, rec.errors
 	row.TxnPerS = float64(rec.commits) / window
 	row.P50Ms, row.P99Ms = ms(percentile(rec.lat, 0.5)), ms(percentile(rec.lat, 0.99))
-	for i, k := range w.kinds() {
+	for i, k := range kinds {
 		row.ByKind[k] = rec.byKind[i]
 		row.ByKindP99Ms[k] = ms(percentile(rec.kindLat[i], 0.99))
 	}
 	firstErr := rec.firstErr
 	rec.mu.Unlock()
-	row.Retries = s1.retries - s0.retries
-	row.ReplicaLagP99S = percentileF(lags, 0.99)
-	row.ReplicaLagP99Records = percentileF(lagRecs, 0.99)
-	if len(b.replicas) > 0 && len(lags) == 0 {
+	row.Retries = m.s1.retries - m.s0.retries
+	row.ReplicaLagP99S = percentileF(m.lag.seconds, 0.99)
+	row.ReplicaLagP99Records = percentileF(m.lag.records, 0.99)
+	if len(b.replicas) > 0 && len(m.lag.seconds) == 0 {
 		notes = append(notes, "replica lag in seconds unknown (no primary metrics)")
 	}
-	if s0.metrics && s1.metrics {
-		row.WALMBPerS = (s1.walBytes - s0.walBytes) / window / 1e6
-		row.ServerCommits = int64(s1.commit - s0.commit)
+	if m.s0.metrics && m.s1.metrics {
+		row.WALMBPerS = (m.s1.walBytes - m.s0.walBytes) / window / 1e6
+		row.ServerCommits = int64(m.s1.commit - m.s0.commit)
 	} else {
 		notes = append(notes, "WAL MB/s unknown (no primary metrics)")
 	}
-	if s0.cpuOK && s1.cpuOK {
-		row.CPUCores = (s1.cpu - s0.cpu).Seconds() / window
+	if m.s0.cpuOK && m.s1.cpuOK {
+		row.CPUCores = (m.s1.cpu - m.s0.cpu).Seconds() / window
 		commits := float64(row.ServerCommits)
 		if commits == 0 {
 			commits = float64(row.Commits)
 		}
 		if commits > 0 {
-			row.CPUMsPer1000 = ms(s1.cpu-s0.cpu) / commits * 1000
+			row.CPUMsPer1000 = ms(m.s1.cpu-m.s0.cpu) / commits * 1000
 			row.CPUScope = b.cpuScope
 		}
 	}
 	if row.Errors > 0 {
 		notes = append(notes, fmt.Sprintf("%d errors, first: %v", row.Errors, firstErr))
 	}
+	return notes
+}
 
-	// Consistency: the primary's last LSN must reach every node; then
-	// every node's full state must satisfy the workload's conditions and
-	// all digests must agree.
-	st, err := admin.Status(ctx, &walshipv1.StatusRequest{})
+// checkConsistency checks that the primary's last LSN reaches every node,
+// that every node's full state satisfies the workload's conditions and
+// that all digests agree. It fills row's Nodes and Consistent and returns
+// a note when the digests differ.
+func checkConsistency(ctx context.Context, c *conns, w workload, row *Row) ([]string, error) {
+	st, err := walshipv1.NewAdminServiceClient(c.primary).Status(ctx, &walshipv1.StatusRequest{})
 	if err != nil {
-		return notes, fmt.Errorf("primary status: %w", err)
+		return nil, fmt.Errorf("primary status: %w", err)
 	}
 	last := st.LastLsn
-	nodes := []struct {
+	type node struct {
 		name string
 		conn *grpc.ClientConn
-	}{{"primary", pconn}}
-	for i, c := range rconns {
-		nodes = append(nodes, struct {
-			name string
-			conn *grpc.ClientConn
-		}{fmt.Sprintf("replica-%d", i), c})
+	}
+	nodes := []node{{"primary", c.primary}}
+	for i, rc := range c.replicas {
+		nodes = append(nodes, node{fmt.Sprintf("replica-%d", i), rc})
 	}
 	row.Consistent = true
 	digests := map[string]bool{}
@@ -644,9 +738,9 @@ func drive(ctx context.Context, cfg Config, b *backend, row *Row) ([]string, err
 	}
 	if len(digests) > 1 {
 		row.Consistent = false
-		notes = append(notes, "state digests differ between nodes")
+		return []string{"state digests differ between nodes"}, nil
 	}
-	return notes, nil
+	return nil, nil
 }
 
 // checkNode scans the node's whole state at (at least) LSN at and feeds it
