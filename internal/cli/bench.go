@@ -5,8 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/walship/walship/internal/cluster"
-	"github.com/walship/walship/internal/serve"
 	"os"
 	"path/filepath"
 	"runtime/pprof"
@@ -17,6 +15,8 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/bench"
+	"github.com/walship/walship/internal/cluster"
+	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/services/primary"
 )
 
@@ -48,25 +48,44 @@ func (r replicasFlag) Set(s string) error {
 	return listFlag{r.addrs}.Set(s)
 }
 
+// benchOptions are the flags of `walship bench`: the bench.Config of
+// every run, and what picks the runs and reports them.
+type benchOptions struct {
+	cfg         bench.Config
+	pol         primary.Policy
+	codecs      []string
+	matrix      bool
+	processes   bool
+	cpuScaling  bool
+	cpuReplicas []string
+	repeat      int
+	out, chart  string
+	cpuProfile  string
+	withTLS     bool
+}
+
 func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
-	cfg := bench.Config{
-		Workload:  "tpcc",
-		Terminals: 8, Duration: 60 * time.Second, Warmup: 10 * time.Second, MaxRetries: 10,
-		Codec: "msgpack", Replicas: 2, Mode: bench.ModeInProcess, SpeculativeReads: true,
-		Params: bench.WorkloadParams{Warehouses: 1, Items: 10000, Customers: 300, Scale: 8, Accounts: 10000,
-			Records: 10000, ValueBytes: 1000, Theta: 0.99, Seed: 1},
+	o := &benchOptions{
+		cfg: bench.Config{
+			Workload:  "tpcc",
+			Terminals: 8, Duration: 60 * time.Second, Warmup: 10 * time.Second, MaxRetries: 10,
+			Codec: "msgpack", Replicas: 2, Mode: bench.ModeInProcess, SpeculativeReads: true,
+			Params: bench.WorkloadParams{Warehouses: 1, Items: 10000, Customers: 300, Scale: 8, Accounts: 10000,
+				Records: 10000, ValueBytes: 1000, Theta: 0.99, Seed: 1},
+		},
+		pol:         primary.DefaultPolicy(),
+		cpuReplicas: []string{"1", "3"},
+		repeat:      1,
 	}
-	pol := primary.DefaultPolicy()
-	var (
-		codecs      []string
-		matrix      bool
-		processes   bool
-		cpuScaling  bool
-		cpuReplicas = []string{"1", "3"}
-		repeat      = 1
-		out, chart  string
-		cpuProfile  string
-	)
+	o.workloadFlags(fs)
+	o.clusterFlags(fs)
+	o.runFlags(fs)
+	return func(ctx context.Context) error { return o.run(ctx, env) }
+}
+
+// workloadFlags are the flags of what the terminals run.
+func (o *benchOptions) workloadFlags(fs *flag.FlagSet) {
+	cfg := &o.cfg
 	fs.StringVar(&cfg.Workload, "workload", cfg.Workload, "workload: "+strings.Join(bench.Workloads, ", "))
 	fs.IntVar(&cfg.Params.Warehouses, "warehouses", cfg.Params.Warehouses, "tpcc: warehouses")
 	fs.IntVar(&cfg.Params.Items, "items", cfg.Params.Items, "tpcc: items (TPC-C: 100,000)")
@@ -84,136 +103,212 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	fs.IntVar(&cfg.MaxRetries, "max-retries", cfg.MaxRetries, "retries of a conflicting transaction before it counts as an abort")
 	fs.BoolVar(&cfg.SpeculativeReads, "speculative-reads", cfg.SpeculativeReads, "read-modify-write transactions read pending writes on the primary at once (TxnRequest.speculative; their version compares guard what they read); false: their reads wait until what they saw is acknowledged")
 	fs.BoolVar(&cfg.ReplicaReads, "replica-reads", false, "read from the replicas (with min_lsn = the terminal's last commit) instead of the primary")
+}
+
+// clusterFlags are the flags of the cluster the runs start or reach, and
+// of its commit policy.
+func (o *benchOptions) clusterFlags(fs *flag.FlagSet) {
+	cfg, pol := &o.cfg, &o.pol
 	fs.Var(replicasFlag{&cfg.Replicas, &cfg.ReplicaAddrs}, "replicas", "replicas to start (a number), or an existing cluster's replica addresses (comma-separated, with --primary)")
 	fs.StringVar(&cfg.PrimaryAddr, "primary", "", "gRPC address of an existing cluster's primary (default: start a cluster)")
 	fs.StringVar(&cfg.PrimaryMetrics, "primary-metrics", "", "with --primary: its /metrics address (host:port), for WAL MB/s")
 	fs.StringVar(&cfg.Codec, "codec", cfg.Codec, "WAL codec of the started cluster: msgpack or json")
-	fs.Var(listFlag{&codecs}, "codecs", "run once per codec, e.g. msgpack,json (overrides --codec)")
 	durabilityFlag(fs, &pol.Durability)
 	replicationFlag(fs, &pol.Replication)
 	fs.IntVar(&pol.SyncReplicas, "sync-replicas", pol.SyncReplicas, "k in 'any k replicas' for --replication sync")
 	syncLevelFlag(fs, &pol.SyncLevel)
 	fs.DurationVar(&pol.SyncTimeout, "sync-timeout", pol.SyncTimeout, "how long a sync commit waits for replicas")
-	fs.BoolVar(&matrix, "matrix", false, "run every cell: replication {sync, async, disabled} x durability {sync, async}")
 	fs.BoolVar(&cfg.ReplicasWhenDisabled, "replicas-when-disabled", false, "keep the replicas running in Disabled cells (default: none, as in the seed)")
-	fs.BoolVar(&processes, "processes", false, "run the log store, primary and replicas as separate walship processes (the primary's CPU time is then its own)")
+	fs.BoolVar(&o.processes, "processes", false, "run the log store, primary and replicas as separate walship processes (the primary's CPU time is then its own)")
 	fs.IntVar(&cfg.ReplicaNice, "replica-nice", 0, "with --processes: run the log store and the replicas at this nice value (1..19), so they get CPU only when the primary leaves some (an approximation of replicas on hosts of their own; lag shows when they fall behind)")
 	fs.BoolVar(&cfg.ReplicaIdle, "replica-idle", false, "with --processes: run the log store and the replicas under SCHED_IDLE (Linux, through chrt), so they run only on a core nothing else wants and a waking primary or terminal preempts them at once; their cost shows as lag")
 	fs.StringVar(&cfg.ReplicaCPUs, "replica-cpus", "", "with --processes: pin the log store and the replicas to these CPUs (a taskset list, e.g. 1); run the bench itself under `taskset -c` on the others, and the primary and its clients and the replicas have cores of their own, as on separate hosts")
-	fs.BoolVar(&cpuScaling, "cpu-scaling", false, "measure the primary process's CPU ms per 1,000 commits with async replication to each --cpu-scaling-replicas count (implies --processes)")
-	fs.Var(listFlag{&cpuReplicas}, "cpu-scaling-replicas", "replica counts for --cpu-scaling (0 = no replica: what replication costs the primary at that load)")
-	fs.IntVar(&repeat, "repeat", repeat, "run each cell this many times, in rounds that alternate the cells and codecs, and report the median")
-	fs.StringVar(&out, "out", "", "write the rows as JSON to this file")
-	fs.StringVar(&chart, "chart", "", "write an SVG bar chart of txn/s per cell and codec to this file")
 	fs.StringVar(&cfg.Dir, "data-dir", "", "parent of the clusters' data directories (default: temporary, removed)")
-	fs.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of this process (in-process mode: cluster and clients) to this file")
-	var withTLS bool
-	fs.BoolVar(&withTLS, "tls", false, "run the started cluster (in-process or --processes) over mTLS: a throwaway CA, the default authorization policy")
-	return func(ctx context.Context) error {
-		if withTLS {
-			if cfg.PrimaryAddr != "" {
-				return benchUsage(env, "--tls: only for a cluster the bench starts (for --primary, give --tls-cert, --tls-key and --tls-ca)")
-			}
-			dir, err := os.MkdirTemp("", "walship-bench-tls-")
-			if err != nil {
-				return err
-			}
-			defer os.RemoveAll(dir)
-			if cfg.Security, err = cluster.DevTLS(dir, "127.0.0.1"); err != nil {
-				return fmt.Errorf("--tls: %w", err)
-			}
-			defer serve.UseTLS(nil)
-			cfg.TLSFlags = []string{"--tls-cert", filepath.Join(dir, "node.crt"), "--tls-key", filepath.Join(dir, "node.key"),
-				"--tls-ca", filepath.Join(dir, "ca.crt"), "--trust-domain", cluster.DevTrustDomain}
-		}
-		if cfg.PrimaryAddr != "" {
-			cfg.Mode = bench.ModeExternal
-			if processes || cpuScaling {
-				return benchUsage(env, "--primary: an external cluster cannot be run as --processes or --cpu-scaling")
-			}
-		} else if len(cfg.ReplicaAddrs) > 0 {
-			return benchUsage(env, "--replicas: addresses need --primary")
-		}
-		if processes || cpuScaling {
-			cfg.Mode, cfg.Bin = bench.ModeProcesses, bench.DefaultBin()
-		}
-		cfg.SyncReplicas, cfg.SyncLevel, cfg.SyncTimeout = pol.SyncReplicas, pol.SyncLevel, pol.SyncTimeout
-		cfg.Progress = env.Stderr
-		if len(codecs) == 0 {
-			codecs = []string{cfg.Codec}
-		}
-		if cpuProfile != "" {
-			f, err := os.Create(cpuProfile)
-			if err != nil {
-				return err
-			}
-			defer f.Close()
-			if err := pprof.StartCPUProfile(f); err != nil {
-				return err
-			}
-			defer pprof.StopCPUProfile()
-		}
-		type cell struct {
-			rep      walshipv1.ReplicationMode
-			dur      walshipv1.Durability
-			replicas int
-		}
-		var cells []cell
-		switch {
-		case cpuScaling:
-			for _, s := range cpuReplicas {
-				n, err := strconv.Atoi(s)
-				if err != nil || n < 0 {
-					return benchUsage(env, fmt.Sprintf("--cpu-scaling-replicas: %q is not a count (0 or more; 0 = the primary with no replica, at the same offered load)", s))
-				}
-				cells = append(cells, cell{walshipv1.ReplicationMode_REPLICATION_MODE_ASYNC, pol.Durability, n})
-			}
-		case matrix:
-			for _, c := range bench.MatrixCells {
-				cells = append(cells, cell{replicationByName[c[0]], durabilityByName[c[1]], cfg.Replicas})
-			}
-		default:
-			cells = append(cells, cell{pol.Replication, pol.Durability, cfg.Replicas})
-		}
-		var runs []bench.Config
-		for _, codecName := range codecs {
-			for _, c := range cells {
-				run := cfg
-				run.Codec, run.Replication, run.Durability, run.Replicas = codecName, c.rep, c.dur, c.replicas
-				if cpuScaling {
-					run.ReplicasWhenDisabled = true
-				}
-				runs = append(runs, run)
-			}
-		}
-		rows, err := bench.RunInterleaved(ctx, runs, repeat, func(r bench.Row) {
-			fmt.Fprintf(env.Stderr, "done: %s %s %s: %.1f txn/s, p99 %.2fms, consistent=%v\n", r.Workload, r.Label(), r.Codec, r.TxnPerS, r.P99Ms, r.Consistent)
-		})
-		if err != nil && !(errors.Is(err, context.Canceled) && len(rows) > 0) {
+	fs.BoolVar(&o.withTLS, "tls", false, "run the started cluster (in-process or --processes) over mTLS: a throwaway CA, the default authorization policy")
+}
+
+// runFlags are the flags of which runs there are, and of where their
+// results go.
+func (o *benchOptions) runFlags(fs *flag.FlagSet) {
+	fs.Var(listFlag{&o.codecs}, "codecs", "run once per codec, e.g. msgpack,json (overrides --codec)")
+	fs.BoolVar(&o.matrix, "matrix", false, "run every cell: replication {sync, async, disabled} x durability {sync, async}")
+	fs.BoolVar(&o.cpuScaling, "cpu-scaling", false, "measure the primary process's CPU ms per 1,000 commits with async replication to each --cpu-scaling-replicas count (implies --processes)")
+	fs.Var(listFlag{&o.cpuReplicas}, "cpu-scaling-replicas", "replica counts for --cpu-scaling (0 = no replica: what replication costs the primary at that load)")
+	fs.IntVar(&o.repeat, "repeat", o.repeat, "run each cell this many times, in rounds that alternate the cells and codecs, and report the median")
+	fs.StringVar(&o.out, "out", "", "write the rows as JSON to this file")
+	fs.StringVar(&o.chart, "chart", "", "write an SVG bar chart of txn/s per cell and codec to this file")
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process (in-process mode: cluster and clients) to this file")
+}
+
+// run runs what the flags ask for and reports it.
+func (o *benchOptions) run(ctx context.Context, env *Env) error {
+	if o.withTLS {
+		stop, err := o.useTLS(env)
+		if err != nil {
 			return err
 		}
-		if cpuScaling {
-			writeCPUScaling(env, rows)
-		} else if err := bench.WriteTable(env.Stdout, rows); err != nil {
-			return err
-		}
-		if out != "" {
-			if err := writeFile(out, func(f *os.File) error { return bench.WriteJSON(f, rows) }); err != nil {
-				return err
-			}
-		}
-		if chart != "" {
-			if err := writeFile(chart, func(f *os.File) error { return bench.WriteSVG(f, rows) }); err != nil {
-				return err
-			}
-		}
-		for _, r := range rows {
-			if !r.Consistent {
-				return fmt.Errorf("%s %s %s: consistency check failed", r.Workload, r.Label(), r.Codec)
-			}
-		}
-		return nil
+		defer stop()
 	}
+	if err := o.setMode(env); err != nil {
+		return err
+	}
+	o.cfg.SyncReplicas, o.cfg.SyncLevel, o.cfg.SyncTimeout = o.pol.SyncReplicas, o.pol.SyncLevel, o.pol.SyncTimeout
+	o.cfg.Progress = env.Stderr
+	if len(o.codecs) == 0 {
+		o.codecs = []string{o.cfg.Codec}
+	}
+	if o.cpuProfile != "" {
+		stop, err := startCPUProfile(o.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	runs, err := o.runs(env)
+	if err != nil {
+		return err
+	}
+	rows, err := bench.RunInterleaved(ctx, runs, o.repeat, func(r bench.Row) {
+		fmt.Fprintf(env.Stderr, "done: %s %s %s: %.1f txn/s, p99 %.2fms, consistent=%v\n", r.Workload, r.Label(), r.Codec, r.TxnPerS, r.P99Ms, r.Consistent)
+	})
+	if err != nil && !(errors.Is(err, context.Canceled) && len(rows) > 0) {
+		return err
+	}
+	return o.report(env, rows)
+}
+
+// useTLS gives the cluster the bench starts mTLS with a throwaway CA
+// (--tls); the returned function removes it.
+func (o *benchOptions) useTLS(env *Env) (func(), error) {
+	if o.cfg.PrimaryAddr != "" {
+		return nil, benchUsage(env, "--tls: only for a cluster the bench starts (for --primary, give --tls-cert, --tls-key and --tls-ca)")
+	}
+	dir, err := os.MkdirTemp("", "walship-bench-tls-")
+	if err != nil {
+		return nil, err
+	}
+	if o.cfg.Security, err = cluster.DevTLS(dir, "127.0.0.1"); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("--tls: %w", err)
+	}
+	o.cfg.TLSFlags = []string{"--tls-cert", filepath.Join(dir, "node.crt"), "--tls-key", filepath.Join(dir, "node.key"),
+		"--tls-ca", filepath.Join(dir, "ca.crt"), "--trust-domain", cluster.DevTrustDomain}
+	return func() {
+		serve.UseTLS(nil)
+		os.RemoveAll(dir)
+	}, nil
+}
+
+// setMode picks how the runs reach their cluster: the one at --primary,
+// or one they start as processes (--processes, --cpu-scaling) or in this
+// process.
+func (o *benchOptions) setMode(env *Env) error {
+	if o.cfg.PrimaryAddr != "" {
+		o.cfg.Mode = bench.ModeExternal
+		if o.processes || o.cpuScaling {
+			return benchUsage(env, "--primary: an external cluster cannot be run as --processes or --cpu-scaling")
+		}
+	} else if len(o.cfg.ReplicaAddrs) > 0 {
+		return benchUsage(env, "--replicas: addresses need --primary")
+	}
+	if o.processes || o.cpuScaling {
+		o.cfg.Mode, o.cfg.Bin = bench.ModeProcesses, bench.DefaultBin()
+	}
+	return nil
+}
+
+// startCPUProfile profiles this process into path until the returned
+// function is called.
+func startCPUProfile(path string) (func(), error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
+}
+
+// benchCell is one cell of the runs: a replication mode and a durability,
+// with a count of replicas.
+type benchCell struct {
+	rep      walshipv1.ReplicationMode
+	dur      walshipv1.Durability
+	replicas int
+}
+
+// runs are the runs the flags ask for: each cell with each codec.
+func (o *benchOptions) runs(env *Env) ([]bench.Config, error) {
+	cells, err := o.cells(env)
+	if err != nil {
+		return nil, err
+	}
+	var runs []bench.Config
+	for _, codecName := range o.codecs {
+		for _, c := range cells {
+			run := o.cfg
+			run.Codec, run.Replication, run.Durability, run.Replicas = codecName, c.rep, c.dur, c.replicas
+			if o.cpuScaling {
+				run.ReplicasWhenDisabled = true
+			}
+			runs = append(runs, run)
+		}
+	}
+	return runs, nil
+}
+
+// cells are the cells to run: async replication to each --cpu-scaling
+// replica count, the --matrix, or the one cell of the policy flags.
+func (o *benchOptions) cells(env *Env) ([]benchCell, error) {
+	var cells []benchCell
+	switch {
+	case o.cpuScaling:
+		for _, s := range o.cpuReplicas {
+			n, err := strconv.Atoi(s)
+			if err != nil || n < 0 {
+				return nil, benchUsage(env, fmt.Sprintf("--cpu-scaling-replicas: %q is not a count (0 or more; 0 = the primary with no replica, at the same offered load)", s))
+			}
+			cells = append(cells, benchCell{walshipv1.ReplicationMode_REPLICATION_MODE_ASYNC, o.pol.Durability, n})
+		}
+	case o.matrix:
+		for _, c := range bench.MatrixCells {
+			cells = append(cells, benchCell{replicationByName[c[0]], durabilityByName[c[1]], o.cfg.Replicas})
+		}
+	default:
+		cells = append(cells, benchCell{o.pol.Replication, o.pol.Durability, o.cfg.Replicas})
+	}
+	return cells, nil
+}
+
+// report writes rows as a table (the CPU-scaling one with --cpu-scaling),
+// and to --out and --chart; it fails if a run's consistency check did.
+func (o *benchOptions) report(env *Env, rows []bench.Row) error {
+	if o.cpuScaling {
+		writeCPUScaling(env, rows)
+	} else if err := bench.WriteTable(env.Stdout, rows); err != nil {
+		return err
+	}
+	if o.out != "" {
+		if err := writeFile(o.out, func(f *os.File) error { return bench.WriteJSON(f, rows) }); err != nil {
+			return err
+		}
+	}
+	if o.chart != "" {
+		if err := writeFile(o.chart, func(f *os.File) error { return bench.WriteSVG(f, rows) }); err != nil {
+			return err
+		}
+	}
+	for _, r := range rows {
+		if !r.Consistent {
+			return fmt.Errorf("%s %s %s: consistency check failed", r.Workload, r.Label(), r.Codec)
+		}
+	}
+	return nil
 }
 
 // benchUsage reports a command-line mistake found after parsing.
