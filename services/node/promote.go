@@ -17,6 +17,7 @@ import (
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/wal"
 	"github.com/walship/walship/services/primary"
+	"github.com/walship/walship/services/replica"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -221,14 +222,8 @@ func (n *Node) promote(ctx context.Context, req *walshipv1.PromoteRequest) (*wal
 	if len(n.cfg.LogStores) == 0 {
 		return nil, status.Error(codes.FailedPrecondition, "cannot promote: no log store is configured (--logstore); an epoch vote needs a log store majority")
 	}
-	// A dry run changes nothing: it neither takes nor waits for the flag
-	// (the election's eligibility checks run one every second).
-	if req.GetDryRun() {
-		if n.promoting.Load() {
-			return nil, status.Error(codes.Aborted, "a promotion is already under way on this node")
-		}
-	} else if !n.promoting.CompareAndSwap(false, true) {
-		return nil, status.Error(codes.Aborted, "a promotion is already under way on this node")
+	if err := n.startPromoting(req.GetDryRun()); err != nil {
+		return nil, err
 	}
 	handedOff := req.GetDryRun()
 	defer func() {
@@ -238,35 +233,17 @@ func (n *Node) promote(ctx context.Context, req *walshipv1.PromoteRequest) (*wal
 	}()
 	started := time.Now()
 	prev := rep.Vote()
-	self := n.selfAnswer(rep)
-	known := []*walshipv1.Contract{n.contract()}
-	reachable := func(a answer) bool { return a.err == nil }
-	survey := append([]answer{self}, n.survey(ctx, func(as []answer) bool {
-		return judgeAll(known, prev.Primary, append([]answer{self}, as...), reachable).quorum
-	})...)
-	// Every contract an answer knows counts: a node that applied a newer
-	// epoch record than this one's may know a stricter contract.
-	for _, a := range survey {
-		if a.contract != nil {
-			known = append(known, a.contract)
-		}
-	}
+	survey, known := n.surveyAll(ctx, n.selfAnswer(rep), prev.Primary)
 	tl := &walshipv1.FailoverTimeline{PreviousEpoch: prev.Epoch, PreviousPrimary: prev.Primary, StartedUnixNano: started.UnixNano()}
 	pre := judgeAll(known, prev.Primary, survey, reachable)
-	seen := uint64(0)
-	for _, a := range survey {
-		seen = max(seen, a.epoch, a.lastEpoch)
-	}
-	epoch := req.GetEpoch()
-	if epoch == 0 {
-		epoch = seen + 1
-	} else if epoch <= seen {
-		return nil, status.Errorf(codes.InvalidArgument, "epoch: %d does not exceed every epoch seen (%d)", epoch, seen)
+	seen := highestEpoch(survey)
+	epoch, err := newEpoch(req.GetEpoch(), seen)
+	if err != nil {
+		return nil, err
 	}
 	tl.Epoch = epoch
-	resp := &walshipv1.PromoteResponse{Epoch: epoch, Timeline: tl, Needed: pre.needed, Quorum: pre.quorum, HighestLsn: pre.donor.lastLSN,
-		AtRiskFromLsn: pre.atRisk[0], AtRiskToLsn: pre.atRisk[1], AtRiskDurableToLsn: pre.atRiskDurable}
-	tl.Granted, tl.Refused, tl.Donor = pre.granted, pre.refused, pre.donor.id
+	resp := &walshipv1.PromoteResponse{Epoch: epoch, Timeline: tl}
+	pre.report(resp, tl)
 	if req.GetDryRun() {
 		return resp, nil
 	}
@@ -275,61 +252,18 @@ func (n *Node) promote(ctx context.Context, req *walshipv1.PromoteRequest) (*wal
 		return nil, status.Errorf(codes.FailedPrecondition, "promotion needs %s; nothing was fenced. Reachable: %s. Not: %s",
 			pre.needed, strings.Join(pre.granted, ", "), strings.Join(pre.refused, "; "))
 	}
-	// Fence.
-	fr := &walshipv1.FenceRequest{Epoch: epoch, CandidateId: n.cfg.ID, CandidateAddr: n.advertise()}
-	promised := func(a answer) bool { return a.err == nil && a.granted }
-	answers := n.fenceAll(ctx, rep, fr, func(as []answer) bool { return judgeAll(known, prev.Primary, as, promised).quorum })
-	for _, a := range answers {
-		if a.contract != nil {
-			known = append(known, a.contract)
-		}
-	}
+	answers, known := n.fenceEpoch(ctx, rep, epoch, prev.Primary, known)
 	tl.FencedUnixNano = time.Now().UnixNano()
 	v := judgeAll(known, prev.Primary, answers, promised)
-	tl.Granted, tl.Refused, tl.Donor = v.granted, v.refused, v.donor.id
-	resp.Needed, resp.Quorum, resp.HighestLsn = v.needed, v.quorum, v.donor.lastLSN
-	resp.AtRiskFromLsn, resp.AtRiskToLsn, resp.AtRiskDurableToLsn = v.atRisk[0], v.atRisk[1], v.atRiskDurable
+	v.report(resp, tl)
 	if !v.quorum && !(req.GetForce() && countLogStores(answers) >= len(n.logStores())/2+1) {
 		n.metrics.promotions.WithLabelValues("failed").Inc()
 		n.setTimeline(tl)
 		return nil, status.Errorf(codes.FailedPrecondition, "promotion to epoch %d needs %s; the epoch is fenced where granted (the old primary may have lost its lease: promote again, or restart it to rejoin). Answers: %s",
 			epoch, v.needed, strings.Join(append(v.granted, v.refused...), "; "))
 	}
-	var self2 answer
-	for _, a := range answers {
-		if a.id == n.cfg.ID {
-			self2 = a
-		}
-	}
-	p := &plan{epoch: epoch, self: self2, donor: v.donor, timeline: tl}
-	// The old primary's lease: it answered the fence (and stepped down),
-	// or a majority of log stores last heard from it `since` ago.
-	// The longest lease any known contract (or this node) gives a primary.
-	lease := n.cfg.Primary.LeaseTimeout
-	for _, c := range known {
-		lease = max(lease, c.GetLeaseTimeout().AsDuration())
-	}
-	if lease == 0 {
-		lease = primary.DefaultLeaseTimeout
-	}
-	wait := lease * 11 / 10
-	// Waived only if the primary of the newest epoch seen promised (it has
-	// stepped down): an older primary's promise says nothing of a newer one.
-	oldGranted := false
-	minSince := time.Duration(-1)
-	for _, a := range answers {
-		if a.granted && a.primary && a.lastEpoch >= seen {
-			oldGranted = true
-		}
-		if a.granted && a.logstore && (minSince < 0 || a.since < minSince) {
-			minSince = a.since
-		}
-	}
-	if oldGranted {
-		wait = 0
-	} else if minSince > 0 {
-		wait = max(0, wait-minSince)
-	}
+	p := &plan{epoch: epoch, self: answerOf(answers, n.cfg.ID), donor: v.donor, timeline: tl}
+	wait := n.leaseWait(known, answers, seen)
 	p.leaseUntil = time.Now().Add(wait)
 	tl.LeaseWait = durationpb.New(wait)
 	n.setTimeline(tl)
@@ -342,6 +276,130 @@ func (n *Node) promote(ctx context.Context, req *walshipv1.PromoteRequest) (*wal
 	n.logger.Info("promotion fenced; opening as primary", "epoch", epoch, "granted", strings.Join(v.granted, ","), "donor", v.donor.id,
 		"donor_last_lsn", v.donor.lastLSN, "lease_wait", wait)
 	return resp, nil
+}
+
+// startPromoting takes the promoting flag for a promotion; a dry run
+// changes nothing: it neither takes nor waits for the flag (the
+// election's eligibility checks run one every second), and is refused
+// only while a promotion is under way.
+func (n *Node) startPromoting(dryRun bool) error {
+	if dryRun {
+		if n.promoting.Load() {
+			return status.Error(codes.Aborted, "a promotion is already under way on this node")
+		}
+	} else if !n.promoting.CompareAndSwap(false, true) {
+		return status.Error(codes.Aborted, "a promotion is already under way on this node")
+	}
+	return nil
+}
+
+// reachable counts the answers of a survey that came back.
+func reachable(a answer) bool { return a.err == nil }
+
+// promised counts the answers of a fence that granted it.
+func promised(a answer) bool { return a.err == nil && a.granted }
+
+// surveyAll is step 1: self and every other answer to the survey, and the
+// contracts they know, this node's first.
+func (n *Node) surveyAll(ctx context.Context, self answer, prev string) ([]answer, []*walshipv1.Contract) {
+	known := []*walshipv1.Contract{n.contract()}
+	survey := append([]answer{self}, n.survey(ctx, func(as []answer) bool {
+		return judgeAll(known, prev, append([]answer{self}, as...), reachable).quorum
+	})...)
+	// Every contract an answer knows counts: a node that applied a newer
+	// epoch record than this one's may know a stricter contract.
+	return survey, withContracts(known, survey)
+}
+
+// fenceEpoch is step 2: it asks this node and every other to promise
+// epoch, and returns their answers and known with the contracts they know.
+func (n *Node) fenceEpoch(ctx context.Context, rep *replica.Server, epoch uint64, prev string, known []*walshipv1.Contract) ([]answer, []*walshipv1.Contract) {
+	fr := &walshipv1.FenceRequest{Epoch: epoch, CandidateId: n.cfg.ID, CandidateAddr: n.advertise()}
+	answers := n.fenceAll(ctx, rep, fr, func(as []answer) bool { return judgeAll(known, prev, as, promised).quorum })
+	return answers, withContracts(known, answers)
+}
+
+// withContracts is known and the contract of every answer that has one.
+func withContracts(known []*walshipv1.Contract, answers []answer) []*walshipv1.Contract {
+	for _, a := range answers {
+		if a.contract != nil {
+			known = append(known, a.contract)
+		}
+	}
+	return known
+}
+
+// highestEpoch is the newest epoch any answer holds or has in its log.
+func highestEpoch(answers []answer) uint64 {
+	seen := uint64(0)
+	for _, a := range answers {
+		seen = max(seen, a.epoch, a.lastEpoch)
+	}
+	return seen
+}
+
+// newEpoch is the epoch to promote to: the one asked for, which must
+// exceed every epoch seen, or the next after them.
+func newEpoch(asked, seen uint64) (uint64, error) {
+	if asked == 0 {
+		return seen + 1, nil
+	}
+	if asked <= seen {
+		return 0, status.Errorf(codes.InvalidArgument, "epoch: %d does not exceed every epoch seen (%d)", asked, seen)
+	}
+	return asked, nil
+}
+
+// report puts the verdict in the response and the timeline.
+func (v verdict) report(resp *walshipv1.PromoteResponse, tl *walshipv1.FailoverTimeline) {
+	resp.Needed, resp.Quorum, resp.HighestLsn = v.needed, v.quorum, v.donor.lastLSN
+	resp.AtRiskFromLsn, resp.AtRiskToLsn, resp.AtRiskDurableToLsn = v.atRisk[0], v.atRisk[1], v.atRiskDurable
+	tl.Granted, tl.Refused, tl.Donor = v.granted, v.refused, v.donor.id
+}
+
+// answerOf is id's answer, or the zero answer if id did not answer.
+func answerOf(answers []answer, id string) answer {
+	var found answer
+	for _, a := range answers {
+		if a.id == id {
+			found = a
+		}
+	}
+	return found
+}
+
+// leaseWait is how long the new primary waits out the old one's lease
+// (step 5): the longest lease any known contract (or this node) gives a
+// primary, plus a tenth; none if the primary of the newest epoch seen
+// promised (it has stepped down: an older primary's promise says nothing
+// of a newer one), else less the shortest time since a promising log
+// store last heard from a primary.
+func (n *Node) leaseWait(known []*walshipv1.Contract, answers []answer, seen uint64) time.Duration {
+	lease := n.cfg.Primary.LeaseTimeout
+	for _, c := range known {
+		lease = max(lease, c.GetLeaseTimeout().AsDuration())
+	}
+	if lease == 0 {
+		lease = primary.DefaultLeaseTimeout
+	}
+	wait := lease * 11 / 10
+	oldGranted := false
+	minSince := time.Duration(-1)
+	for _, a := range answers {
+		if a.granted && a.primary && a.lastEpoch >= seen {
+			oldGranted = true
+		}
+		if a.granted && a.logstore && (minSince < 0 || a.since < minSince) {
+			minSince = a.since
+		}
+	}
+	if oldGranted {
+		return 0
+	}
+	if minSince > 0 {
+		return max(0, wait-minSince)
+	}
+	return wait
 }
 
 func countLogStores(as []answer) int {
