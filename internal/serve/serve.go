@@ -106,6 +106,40 @@ func NewRegistry() *prometheus.Registry {
 // services are registered by register. Health reports NOT_SERVING until
 // SetServing(true).
 func New(opts Options, register func(*grpc.Server)) (*Server, error) {
+	opts = withDefaults(opts)
+	lis, err := net.Listen("tcp", opts.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", opts.Listen, err)
+	}
+	s := &Server{opts: opts, lis: lis, endStreams: make(chan struct{})}
+	sopts, err := s.serverOptions()
+	if err != nil {
+		lis.Close()
+		return nil, err
+	}
+	s.grpc = grpc.NewServer(sopts...)
+	s.health = health.NewServer()
+	register(s.grpc)
+	healthpb.RegisterHealthServer(s.grpc, s.health)
+	if err := registerReflection(s.grpc); err != nil {
+		lis.Close()
+		return nil, err
+	}
+	for name := range s.grpc.GetServiceInfo() {
+		s.services = append(s.services, name)
+	}
+	s.SetServing(false)
+	if opts.MetricsListen != "" {
+		if err := s.listenMetrics(); err != nil {
+			lis.Close()
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// withDefaults is opts with its unset fields set.
+func withDefaults(opts Options) Options {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -115,26 +149,27 @@ func New(opts Options, register func(*grpc.Server)) (*Server, error) {
 	if opts.MaxMessageBytes <= 0 {
 		opts.MaxMessageBytes = 4 << 20
 	}
-	lis, err := net.Listen("tcp", opts.Listen)
-	if err != nil {
-		return nil, fmt.Errorf("listen %s: %w", opts.Listen, err)
-	}
 	if opts.MaxSendBytes <= 0 {
 		opts.MaxSendBytes = opts.MaxMessageBytes
 	}
-	utf8c := newUTF8Codec()
 	if opts.StreamGrace <= 0 {
 		opts.StreamGrace = time.Second
 	}
-	sec := opts.Security
+	return opts
+}
+
+// serverOptions are the gRPC server's: the transport's, the codec that
+// checks UTF-8, the message and stream limits, keepalive, TLS, and the
+// interceptors (authorization first).
+func (s *Server) serverOptions() ([]grpc.ServerOption, error) {
+	opts, sec := s.opts, s.opts.Security
 	if sec.TLS != nil && sec.Authz == nil {
-		lis.Close()
 		return nil, errors.New("serve: TLS without an authorization policy would let any certificate of the CA call everything")
 	}
-	s := &Server{opts: opts, lis: lis, endStreams: make(chan struct{})}
 	if sec.MaxConcurrentStreams == 0 {
 		sec.MaxConcurrentStreams = 1000
 	}
+	utf8c := newUTF8Codec()
 	unary := []grpc.UnaryServerInterceptor{utf8c.interceptor}
 	stream := []grpc.StreamServerInterceptor{s.endStreamsOnStop}
 	sopts := append(transportOptions(),
@@ -151,7 +186,6 @@ func New(opts Options, register func(*grpc.Server)) (*Server, error) {
 		if opts.Registry != nil {
 			// A data node's next role's server registers them again.
 			if err := sec.TLS.Register(opts.Registry); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
-				lis.Close()
 				return nil, err
 			}
 		}
@@ -165,57 +199,59 @@ func New(opts Options, register func(*grpc.Server)) (*Server, error) {
 		grace := min(time.Minute, sec.MaxConnectionAge/2)
 		sopts = append(sopts, grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: sec.MaxConnectionAge, MaxConnectionAgeGrace: grace}))
 	}
-	s.grpc = grpc.NewServer(append(sopts, grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...))...)
-	s.health = health.NewServer()
-	register(s.grpc)
-	healthpb.RegisterHealthServer(s.grpc, s.health)
-	// Reflection serves walship's descriptors with their comments, so
-	// `grpcurl describe` is the user's manual.
+	return append(sopts, grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...)), nil
+}
+
+// registerReflection registers server reflection, v1 and v1alpha. It
+// serves walship's descriptors with their comments, so `grpcurl describe`
+// is the user's manual.
+func registerReflection(g *grpc.Server) error {
 	res, err := apidesc.NewResolver()
 	if err != nil {
-		lis.Close()
-		return nil, err
+		return err
 	}
-	ropts := reflection.ServerOptions{Services: s.grpc, DescriptorResolver: res}
-	reflectionv1.RegisterServerReflectionServer(s.grpc, reflection.NewServerV1(ropts))
-	reflectionv1alpha.RegisterServerReflectionServer(s.grpc, reflection.NewServer(ropts))
-	for name := range s.grpc.GetServiceInfo() {
-		s.services = append(s.services, name)
+	ropts := reflection.ServerOptions{Services: g, DescriptorResolver: res}
+	reflectionv1.RegisterServerReflectionServer(g, reflection.NewServerV1(ropts))
+	reflectionv1alpha.RegisterServerReflectionServer(g, reflection.NewServer(ropts))
+	return nil
+}
+
+// listenMetrics listens on MetricsListen for /metrics and the HTTP probes.
+func (s *Server) listenMetrics() error {
+	ml, err := net.Listen("tcp", s.opts.MetricsListen)
+	if err != nil {
+		return fmt.Errorf("listen %s (metrics): %w", s.opts.MetricsListen, err)
 	}
-	s.SetServing(false)
-	if opts.MetricsListen != "" {
-		ml, err := net.Listen("tcp", opts.MetricsListen)
-		if err != nil {
-			lis.Close()
-			return nil, fmt.Errorf("listen %s (metrics): %w", opts.MetricsListen, err)
+	s.metricLis = ml
+	mux := http.NewServeMux()
+	reg := s.opts.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, EnableOpenMetrics: true}))
+	// Probes that cannot speak gRPC over mTLS (kubelet's cannot):
+	// /healthz says the process answers, /readyz what health and
+	// opts.Ready say.
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", s.readyz)
+	s.metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	return nil
+}
+
+// readyz serves /readyz: ready when serving and Options.Ready (if set)
+// says so.
+func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
+	if !s.Serving() {
+		http.Error(w, "not serving", http.StatusServiceUnavailable)
+		return
+	}
+	if s.opts.Ready != nil {
+		if err := s.opts.Ready(); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
 		}
-		s.metricLis = ml
-		mux := http.NewServeMux()
-		reg := opts.Registry
-		if reg == nil {
-			reg = prometheus.NewRegistry()
-		}
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, EnableOpenMetrics: true}))
-		// Probes that cannot speak gRPC over mTLS (kubelet's cannot):
-		// /healthz says the process answers, /readyz what health and
-		// opts.Ready say.
-		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-		mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-			if !s.Serving() {
-				http.Error(w, "not serving", http.StatusServiceUnavailable)
-				return
-			}
-			if opts.Ready != nil {
-				if err := opts.Ready(); err != nil {
-					http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
-					return
-				}
-			}
-			fmt.Fprintln(w, "serving")
-		})
-		s.metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	}
-	return s, nil
+	fmt.Fprintln(w, "serving")
 }
 
 // Addr is the gRPC listener's address (useful with port 0).
