@@ -126,6 +126,9 @@ type snapReader struct {
 	limit int64 // <= 0: none
 	off   int64 // bytes read so far
 	crc   uint32
+	// keyBuf and scratch are reused by every entry.
+	keyBuf  []byte
+	scratch [12]byte
 }
 
 // growChunk is the largest buffer allocated on a length field's word alone
@@ -187,105 +190,127 @@ func (s *snapReader) bytes(dst []byte, n uint32) ([]byte, error) {
 }
 
 func (s *snapReader) read() (*Store, error) {
-	var hdr [snapHeaderSize]byte
-	if err := s.need(snapHeaderSize, "header"); err != nil {
+	lsn, count, err := s.readHeader()
+	if err != nil {
 		return nil, err
 	}
-	if err := s.full(hdr[:]); err != nil {
-		return nil, err
-	}
-	if string(hdr[:8]) != snapMagic {
-		return nil, corrupt("bad magic %q", hdr[:8])
-	}
-	if v := binary.LittleEndian.Uint32(hdr[8:]); v != snapVersion {
-		return nil, corrupt("unsupported format version %d", v)
-	}
-	if f := binary.LittleEndian.Uint32(hdr[12:]); f != 0 {
-		return nil, corrupt("unknown flags %#x", f)
-	}
-	lsn := binary.LittleEndian.Uint64(hdr[16:])
-	count := binary.LittleEndian.Uint64(hdr[24:])
-	if s.limit > 0 && count > uint64(s.limit)/snapMinEntry {
-		return nil, corrupt("%d entries cannot fit in %d bytes", count, s.limit)
-	}
-
 	t := newTree()
 	h := newEntryHasher()
 	var (
-		d       Digest
-		prev    string
-		keyBuf  []byte
-		scratch [12]byte
+		d    Digest
+		prev string
 	)
 	for i := uint64(0); i < count; i++ {
-		if err := s.need(snapMinEntry, "entry"); err != nil {
+		e, err := s.readEntry(i, lsn, prev)
+		if err != nil {
 			return nil, err
-		}
-		if err := s.full(scratch[:4]); err != nil {
-			return nil, err
-		}
-		keyLen := binary.LittleEndian.Uint32(scratch[:4])
-		if err := s.need(uint64(keyLen)+8+4, "key"); err != nil {
-			return nil, err
-		}
-		var err error
-		if keyBuf, err = s.bytes(keyBuf, keyLen); err != nil {
-			return nil, err
-		}
-		if i > 0 && string(keyBuf) <= prev {
-			return nil, corrupt("entry %d: key %q does not follow %q", i, keyBuf, prev)
-		}
-		if err := s.full(scratch[:12]); err != nil {
-			return nil, err
-		}
-		version := binary.LittleEndian.Uint64(scratch[:8])
-		if version == 0 || version > lsn {
-			return nil, corrupt("entry %d: version %d outside 1..%d", i, version, lsn)
-		}
-		valLen := binary.LittleEndian.Uint32(scratch[8:12])
-		if err := s.need(uint64(valLen), "value"); err != nil {
-			return nil, err
-		}
-		var e entry
-		if s.limit > 0 || valLen <= growChunk {
-			// One allocation for key and value, as Apply does.
-			buf := make([]byte, int(keyLen)+int(valLen))
-			copy(buf, keyBuf)
-			if err := s.full(buf[keyLen:]); err != nil {
-				return nil, err
-			}
-			e = newEntryFrom(buf, int(keyLen), version)
-		} else {
-			val, err := s.bytes(nil, valLen)
-			if err != nil {
-				return nil, err
-			}
-			e = entry{key: string(keyBuf), value: val[:len(val):len(val)], version: version}
 		}
 		t.ReplaceOrInsert(e)
 		d.add(h.sum(e.key, e.version, e.value))
 		prev = e.key
 	}
-
-	var dig [DigestSize]byte
-	if err := s.full(dig[:]); err != nil {
-		return nil, err
-	}
-	want := s.crc
-	if err := s.full(scratch[:4]); err != nil {
-		return nil, err
-	}
-	if got := binary.LittleEndian.Uint32(scratch[:4]); got != want {
-		return nil, corrupt("CRC-32C %#08x, computed %#08x", got, want)
-	}
-	if d.Bytes() != dig {
-		return nil, corrupt("digest %x, computed %v", dig, d)
-	}
-	switch _, err := s.r.ReadByte(); {
-	case err == nil:
-		return nil, corrupt("trailing data after offset %d", s.off)
-	case err != io.EOF:
+	if err := s.readTrailer(d); err != nil {
 		return nil, err
 	}
 	return newStore(t, lsn, d), nil
+}
+
+// readHeader reads and checks the header, and returns the snapshot's
+// applied LSN and entry count.
+func (s *snapReader) readHeader() (lsn, count uint64, err error) {
+	var hdr [snapHeaderSize]byte
+	if err := s.need(snapHeaderSize, "header"); err != nil {
+		return 0, 0, err
+	}
+	if err := s.full(hdr[:]); err != nil {
+		return 0, 0, err
+	}
+	if string(hdr[:8]) != snapMagic {
+		return 0, 0, corrupt("bad magic %q", hdr[:8])
+	}
+	if v := binary.LittleEndian.Uint32(hdr[8:]); v != snapVersion {
+		return 0, 0, corrupt("unsupported format version %d", v)
+	}
+	if f := binary.LittleEndian.Uint32(hdr[12:]); f != 0 {
+		return 0, 0, corrupt("unknown flags %#x", f)
+	}
+	lsn = binary.LittleEndian.Uint64(hdr[16:])
+	count = binary.LittleEndian.Uint64(hdr[24:])
+	if s.limit > 0 && count > uint64(s.limit)/snapMinEntry {
+		return 0, 0, corrupt("%d entries cannot fit in %d bytes", count, s.limit)
+	}
+	return lsn, count, nil
+}
+
+// readEntry reads entry i, whose key must follow prev (when i > 0) and
+// whose version must be within 1..lsn.
+func (s *snapReader) readEntry(i, lsn uint64, prev string) (entry, error) {
+	if err := s.need(snapMinEntry, "entry"); err != nil {
+		return entry{}, err
+	}
+	if err := s.full(s.scratch[:4]); err != nil {
+		return entry{}, err
+	}
+	keyLen := binary.LittleEndian.Uint32(s.scratch[:4])
+	if err := s.need(uint64(keyLen)+8+4, "key"); err != nil {
+		return entry{}, err
+	}
+	var err error
+	if s.keyBuf, err = s.bytes(s.keyBuf, keyLen); err != nil {
+		return entry{}, err
+	}
+	if i > 0 && string(s.keyBuf) <= prev {
+		return entry{}, corrupt("entry %d: key %q does not follow %q", i, s.keyBuf, prev)
+	}
+	if err := s.full(s.scratch[:12]); err != nil {
+		return entry{}, err
+	}
+	version := binary.LittleEndian.Uint64(s.scratch[:8])
+	if version == 0 || version > lsn {
+		return entry{}, corrupt("entry %d: version %d outside 1..%d", i, version, lsn)
+	}
+	valLen := binary.LittleEndian.Uint32(s.scratch[8:12])
+	if err := s.need(uint64(valLen), "value"); err != nil {
+		return entry{}, err
+	}
+	if s.limit > 0 || valLen <= growChunk {
+		// One allocation for key and value, as Apply does.
+		buf := make([]byte, int(keyLen)+int(valLen))
+		copy(buf, s.keyBuf)
+		if err := s.full(buf[keyLen:]); err != nil {
+			return entry{}, err
+		}
+		return newEntryFrom(buf, int(keyLen), version), nil
+	}
+	val, err := s.bytes(nil, valLen)
+	if err != nil {
+		return entry{}, err
+	}
+	return entry{key: string(s.keyBuf), value: val[:len(val):len(val)], version: version}, nil
+}
+
+// readTrailer reads the digest and the CRC-32C, checks them against d and
+// the bytes read, and checks that nothing follows.
+func (s *snapReader) readTrailer(d Digest) error {
+	var dig [DigestSize]byte
+	if err := s.full(dig[:]); err != nil {
+		return err
+	}
+	want := s.crc
+	if err := s.full(s.scratch[:4]); err != nil {
+		return err
+	}
+	if got := binary.LittleEndian.Uint32(s.scratch[:4]); got != want {
+		return corrupt("CRC-32C %#08x, computed %#08x", got, want)
+	}
+	if d.Bytes() != dig {
+		return corrupt("digest %x, computed %v", dig, d)
+	}
+	switch _, err := s.r.ReadByte(); {
+	case err == nil:
+		return corrupt("trailing data after offset %d", s.off)
+	case err != io.EOF:
+		return err
+	}
+	return nil
 }
