@@ -54,32 +54,23 @@ func checkLinearFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 		if err := sf.dial(ctx, env.Logger); err != nil {
 			return err
 		}
-		switch {
-		case duration <= 0 || duration > maxCheckDuration:
-			return usageErr(env, "--duration: %v is not in (0, %v]", duration, maxCheckDuration)
-		case rate <= 0 || rate > maxCheckRate:
-			return usageErr(env, "--rate: %v is not in (0, %d]", rate, maxCheckRate)
-		case clients < 1 || clients > maxCheckClients:
-			return usageErr(env, "--concurrency: %d is not in 1..%d", clients, maxCheckClients)
-		case keys < 1 || keys > 1000:
+		if err := checkLoadBounds(env, duration, rate, clients); err != nil {
+			return err
+		}
+		if keys < 1 || keys > 1000 {
 			return usageErr(env, "--keys: %d is not in 1..1000", keys)
 		}
 		if prefix == "" {
-			prefix = "walship-check/" + strconv.FormatInt(time.Now().UnixNano(), 36) + "/"
+			prefix = newCheckPrefix()
 		}
 		pc, err := grpc.NewClient(primaryAddr, serve.DialOptions()...)
 		if err != nil {
 			return fmt.Errorf("--primary %s: %w", primaryAddr, err)
 		}
 		defer pc.Close()
-		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		st, err := walshipv1.NewAdminServiceClient(pc).Status(sctx, &walshipv1.StatusRequest{}, grpc.WaitForReady(true))
-		cancel()
+		st, err := primaryStatus(ctx, pc, primaryAddr)
 		if err != nil {
-			return fmt.Errorf("--primary %s: status: %w", primaryAddr, err)
-		}
-		if st.Role != walshipv1.Role_ROLE_PRIMARY {
-			return fmt.Errorf("--primary %s is a %s, not the primary", primaryAddr, st.Role)
+			return err
 		}
 		w := check.Workload{Primary: walshipv1.NewKVServiceClient(pc), Prefix: prefix, Keys: keys, Concurrency: clients,
 			Rate: rate, Defaults: st.DefaultPolicy}
@@ -105,24 +96,65 @@ func checkLinearFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 				env.Logger.Warn("could not delete the check's keys", "deleted", n, "prefix", prefix, "err", err)
 			}
 		}
-		fmt.Fprintln(env.Stdout, res)
-		if replicaAddr != "" {
-			fmt.Fprintf(env.Stdout, "replica %s: %d reads, %d read-your-writes or monotonic-read violations\n", replicaAddr, session.Reads, len(session.Violations))
-			for _, v := range session.Violations {
-				fmt.Fprintln(env.Stdout, "  "+v)
-			}
-		}
-		if res.OK() && len(session.Violations) == 0 {
-			return nil
-		}
-		if err := writeViolation(env, h, res, out); err != nil {
-			return err
-		}
-		if !res.OK() {
-			return errNotLinearizable
-		}
-		return errors.New("the replica's reads broke read-your-writes or went backwards")
+		return reportLinear(env, h, res, session, replicaAddr, out)
 	}
+}
+
+// checkLoadBounds refuses a check's load flags outside the bounds that
+// keep it safe to point at a real cluster.
+func checkLoadBounds(env *Env, duration time.Duration, rate float64, clients int) error {
+	switch {
+	case duration <= 0 || duration > maxCheckDuration:
+		return usageErr(env, "--duration: %v is not in (0, %v]", duration, maxCheckDuration)
+	case rate <= 0 || rate > maxCheckRate:
+		return usageErr(env, "--rate: %v is not in (0, %d]", rate, maxCheckRate)
+	case clients < 1 || clients > maxCheckClients:
+		return usageErr(env, "--concurrency: %d is not in 1..%d", clients, maxCheckClients)
+	}
+	return nil
+}
+
+// newCheckPrefix is the default prefix of a check's keys, new at every
+// start: walship-check/<start time>/.
+func newCheckPrefix() string {
+	return "walship-check/" + strconv.FormatInt(time.Now().UnixNano(), 36) + "/"
+}
+
+// primaryStatus is the status of the node at addr, which must be the
+// primary.
+func primaryStatus(ctx context.Context, conn *grpc.ClientConn, addr string) (*walshipv1.StatusResponse, error) {
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	st, err := walshipv1.NewAdminServiceClient(conn).Status(sctx, &walshipv1.StatusRequest{}, grpc.WaitForReady(true))
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("--primary %s: status: %w", addr, err)
+	}
+	if st.Role != walshipv1.Role_ROLE_PRIMARY {
+		return nil, fmt.Errorf("--primary %s is a %s, not the primary", addr, st.Role)
+	}
+	return st, nil
+}
+
+// reportLinear prints the verdict of `check linear` and the replica's
+// session violations, and on a failure writes the history to out.
+func reportLinear(env *Env, h *check.History, res check.Result, session check.SessionReport, replicaAddr, out string) error {
+	fmt.Fprintln(env.Stdout, res)
+	if replicaAddr != "" {
+		fmt.Fprintf(env.Stdout, "replica %s: %d reads, %d read-your-writes or monotonic-read violations\n", replicaAddr, session.Reads, len(session.Violations))
+		for _, v := range session.Violations {
+			fmt.Fprintln(env.Stdout, "  "+v)
+		}
+	}
+	if res.OK() && len(session.Violations) == 0 {
+		return nil
+	}
+	if err := writeViolation(env, h, res, out); err != nil {
+		return err
+	}
+	if !res.OK() {
+		return errNotLinearizable
+	}
+	return errors.New("the replica's reads broke read-your-writes or went backwards")
 }
 
 // usageErr prints a flag error like the flag package does and returns
@@ -132,103 +164,125 @@ func usageErr(env *Env, format string, args ...any) error {
 	return errUsage
 }
 
+// failoverCheck is `walship check failover`: its flags, and the check.
+type failoverCheck struct {
+	nodes                       []string
+	fault, killCmd, prefix, out string
+	duration, after             time.Duration
+	clients                     int
+	rate                        float64
+}
+
 func checkFailoverFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
-	var (
-		nodes                       []string
-		fault, killCmd, prefix, out string
-		duration, after             time.Duration
-		clients                     int
-		rate                        float64
-	)
-	fs.Var(listFlag{&nodes}, "nodes", "gRPC addresses of the cluster's data nodes, comma-separated (required)")
-	fs.StringVar(&fault, "fault", "switchover", "the fault: switchover (planned: nothing may be lost), or kill (run --kill-command, then promote the most advanced replica)")
-	fs.StringVar(&killCmd, "kill-command", "", "for --fault kill: a shell command that kills the primary (kill -9, SIGSTOP, a VM power-off)")
-	fs.DurationVar(&duration, "duration", 20*time.Second, "how long to run the workload (at most 1h)")
-	fs.DurationVar(&after, "fault-after", 0, "when to inject the fault (default: a third of --duration)")
-	fs.IntVar(&clients, "concurrency", 6, "concurrent clients (at most 64)")
-	fs.Float64Var(&rate, "rate", 500, "operations per second of all clients together (at most 20000)")
-	fs.StringVar(&prefix, "prefix", "", "key prefix of every key the check writes (default: walship-check/<start time>/)")
-	fs.StringVar(&out, "out", "", "directory for the history and its visualisation when the check fails (default: a new temporary directory)")
+	var c failoverCheck
+	fs.Var(listFlag{&c.nodes}, "nodes", "gRPC addresses of the cluster's data nodes, comma-separated (required)")
+	fs.StringVar(&c.fault, "fault", "switchover", "the fault: switchover (planned: nothing may be lost), or kill (run --kill-command, then promote the most advanced replica)")
+	fs.StringVar(&c.killCmd, "kill-command", "", "for --fault kill: a shell command that kills the primary (kill -9, SIGSTOP, a VM power-off)")
+	fs.DurationVar(&c.duration, "duration", 20*time.Second, "how long to run the workload (at most 1h)")
+	fs.DurationVar(&c.after, "fault-after", 0, "when to inject the fault (default: a third of --duration)")
+	fs.IntVar(&c.clients, "concurrency", 6, "concurrent clients (at most 64)")
+	fs.Float64Var(&c.rate, "rate", 500, "operations per second of all clients together (at most 20000)")
+	fs.StringVar(&c.prefix, "prefix", "", "key prefix of every key the check writes (default: walship-check/<start time>/)")
+	fs.StringVar(&c.out, "out", "", "directory for the history and its visualisation when the check fails (default: a new temporary directory)")
 	sf := addSecurityFlags(fs, false)
 	return func(ctx context.Context) error {
 		if err := sf.dial(ctx, env.Logger); err != nil {
 			return err
 		}
-		switch {
-		case len(nodes) < 2:
-			return usageErr(env, "--nodes: at least two data nodes")
-		case fault != "switchover" && fault != "kill":
-			return usageErr(env, "--fault: %q is not switchover or kill", fault)
-		case fault == "kill" && killCmd == "":
-			return usageErr(env, "--kill-command: required with --fault kill")
-		case duration <= 0 || duration > maxCheckDuration:
-			return usageErr(env, "--duration: %v is not in (0, %v]", duration, maxCheckDuration)
-		case rate <= 0 || rate > maxCheckRate:
-			return usageErr(env, "--rate: %v is not in (0, %d]", rate, maxCheckRate)
-		case clients < 1 || clients > maxCheckClients:
-			return usageErr(env, "--concurrency: %d is not in 1..%d", clients, maxCheckClients)
-		}
-		if after <= 0 {
-			after = duration / 3
-		}
-		if prefix == "" {
-			prefix = "walship-check/" + strconv.FormatInt(time.Now().UnixNano(), 36) + "/"
-		}
-		cl, err := client.New(nodes, client.Options{Retry: 30 * time.Second, DialOptions: serve.DialOptions()})
-		if err != nil {
+		if err := c.validate(env); err != nil {
 			return err
 		}
-		defer cl.Close()
-		primaryAddr, err := cl.Primary(ctx)
-		if err != nil {
-			return err
-		}
-		w := check.Workload{Primary: cl.KV(), Prefix: prefix, Concurrency: clients, Rate: rate}
-		h := check.NewHistory()
-		fmt.Fprintf(env.Stdout, "checking %s for %v, %s after %v: %d clients, at most %.0f ops/s, keys under %q\n",
-			strings.Join(nodes, ","), duration, fault, after, clients, rate, prefix)
-		done := make(chan error, 1)
-		go func() {
-			_, _, err := w.Run(ctx, duration, h)
-			done <- err
-		}()
-		t := time.NewTimer(after)
-		select {
-		case err := <-done:
-			t.Stop()
-			return fmt.Errorf("the workload ended before the fault: %v", err)
-		case <-t.C:
-		}
-		faultAt := time.Now()
-		if err := injectFault(ctx, env, h, fault, killCmd, primaryAddr, nodes); err != nil {
-			<-done
-			return err
-		}
-		if _, err := cl.Put(ctx, prefix+"after-fault", []byte("x"), nil); err != nil {
-			<-done
-			return fmt.Errorf("no write acknowledged after the fault: %w", err)
-		}
-		newPrimary, _ := cl.Primary(ctx)
-		fmt.Fprintf(env.Stdout, "%s: %s → %s; writes acknowledged again %v after the fault\n", fault, primaryAddr, newPrimary, time.Since(faultAt).Round(time.Millisecond))
-		if err := <-done; err != nil {
-			return err
-		}
-		if err := w.ReadBack(ctx, h); err != nil {
-			return err
-		}
-		res := check.Check(h, 5*time.Minute)
-		if _, err := w.DeleteKeys(context.WithoutCancel(ctx), h); err != nil {
-			env.Logger.Warn("could not delete the check's keys", "prefix", prefix, "err", err)
-		}
-		fmt.Fprintln(env.Stdout, res)
-		if res.OK() {
-			return nil
-		}
-		if err := writeViolation(env, h, res, out); err != nil {
-			return err
-		}
-		return errNotLinearizable
+		return c.run(ctx, env)
 	}
+}
+
+// validate refuses bad flags and fills in the defaults of --fault-after
+// and --prefix.
+func (c *failoverCheck) validate(env *Env) error {
+	switch {
+	case len(c.nodes) < 2:
+		return usageErr(env, "--nodes: at least two data nodes")
+	case c.fault != "switchover" && c.fault != "kill":
+		return usageErr(env, "--fault: %q is not switchover or kill", c.fault)
+	case c.fault == "kill" && c.killCmd == "":
+		return usageErr(env, "--kill-command: required with --fault kill")
+	}
+	if err := checkLoadBounds(env, c.duration, c.rate, c.clients); err != nil {
+		return err
+	}
+	if c.after <= 0 {
+		c.after = c.duration / 3
+	}
+	if c.prefix == "" {
+		c.prefix = newCheckPrefix()
+	}
+	return nil
+}
+
+// run runs the workload through the fault, reads every key back and
+// checks the history.
+func (c *failoverCheck) run(ctx context.Context, env *Env) error {
+	cl, err := client.New(c.nodes, client.Options{Retry: 30 * time.Second, DialOptions: serve.DialOptions()})
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	w := check.Workload{Primary: cl.KV(), Prefix: c.prefix, Concurrency: c.clients, Rate: c.rate}
+	h := check.NewHistory()
+	if err := c.runWithFault(ctx, env, cl, w, h); err != nil {
+		return err
+	}
+	if err := w.ReadBack(ctx, h); err != nil {
+		return err
+	}
+	res := check.Check(h, 5*time.Minute)
+	if _, err := w.DeleteKeys(context.WithoutCancel(ctx), h); err != nil {
+		env.Logger.Warn("could not delete the check's keys", "prefix", c.prefix, "err", err)
+	}
+	fmt.Fprintln(env.Stdout, res)
+	if res.OK() {
+		return nil
+	}
+	if err := writeViolation(env, h, res, c.out); err != nil {
+		return err
+	}
+	return errNotLinearizable
+}
+
+// runWithFault runs w into h for --duration, injects the fault at
+// --fault-after, and waits for a write the new primary acknowledges and
+// for the workload to end.
+func (c *failoverCheck) runWithFault(ctx context.Context, env *Env, cl *client.Client, w check.Workload, h *check.History) error {
+	primaryAddr, err := cl.Primary(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(env.Stdout, "checking %s for %v, %s after %v: %d clients, at most %.0f ops/s, keys under %q\n",
+		strings.Join(c.nodes, ","), c.duration, c.fault, c.after, c.clients, c.rate, c.prefix)
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := w.Run(ctx, c.duration, h)
+		done <- err
+	}()
+	t := time.NewTimer(c.after)
+	select {
+	case err := <-done:
+		t.Stop()
+		return fmt.Errorf("the workload ended before the fault: %v", err)
+	case <-t.C:
+	}
+	faultAt := time.Now()
+	if err := injectFault(ctx, env, h, c.fault, c.killCmd, primaryAddr, c.nodes); err != nil {
+		<-done
+		return err
+	}
+	if _, err := cl.Put(ctx, c.prefix+"after-fault", []byte("x"), nil); err != nil {
+		<-done
+		return fmt.Errorf("no write acknowledged after the fault: %w", err)
+	}
+	newPrimary, _ := cl.Primary(ctx)
+	fmt.Fprintf(env.Stdout, "%s: %s → %s; writes acknowledged again %v after the fault\n", c.fault, primaryAddr, newPrimary, time.Since(faultAt).Round(time.Millisecond))
+	return <-done
 }
 
 // injectFault switches over to another data node, or runs killCmd and
