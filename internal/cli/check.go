@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/walship/walship/internal/serve"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +15,7 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/check"
+	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/pkg/client"
 	"google.golang.org/grpc"
 )

@@ -2,12 +2,12 @@ package serve
 
 import (
 	"context"
-	"github.com/walship/walship/internal/testkit"
 	"net/http"
 	"testing"
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/testkit"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
