@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -235,7 +234,7 @@ func (e *transcript) setAppliedMarker(t *testing.T, td *datadriven.TestData) str
 		t.Fatal("set-applied-marker: the replica is running")
 	}
 	lsn := uintArg(t, td, 0)
-	if err := vfs.WriteFile(e.fs(), filepath.Join(e.cfg.DataDir, "applied"), []byte(fmt.Sprintf("%d\n", lsn)), 0o644); err != nil {
+	if err := datadir.SaveApplied(e.fs(), e.cfg.DataDir, lsn, true); err != nil {
 		t.Fatal(err)
 	}
 	return ""
