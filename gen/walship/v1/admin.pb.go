@@ -229,7 +229,11 @@ type StatusResponse struct {
 	// that is not handing over (switchover) - it sequences writes now.
 	// Always false on a replica or a log store. serving is only the health
 	// status (recovered, not stopping).
-	TakingWrites  bool `protobuf:"varint,24,opt,name=taking_writes,json=takingWrites,proto3" json:"taking_writes,omitempty"`
+	TakingWrites bool `protobuf:"varint,24,opt,name=taking_writes,json=takingWrites,proto3" json:"taking_writes,omitempty"`
+	// cluster_id is the cluster this process belongs to: made when the
+	// cluster's first primary started, stamped in every data directory
+	// (empty on a node that has not joined one yet).
+	ClusterId     string `protobuf:"bytes,25,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -430,6 +434,13 @@ func (x *StatusResponse) GetTakingWrites() bool {
 		return x.TakingWrites
 	}
 	return false
+}
+
+func (x *StatusResponse) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
 }
 
 // OrphanStatus is one orphan file.
@@ -1212,7 +1223,7 @@ const file_walship_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"\x16walship/v1/admin.proto\x12\n" +
 	"walship.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x16walship/v1/epoch.proto\x1a\x17walship/v1/policy.proto\"\x0f\n" +
-	"\rStatusRequest\"\xa6\a\n" +
+	"\rStatusRequest\"\xc5\a\n" +
 	"\x0eStatusResponse\x12$\n" +
 	"\x04role\x18\x01 \x01(\x0e2\x10.walship.v1.RoleR\x04role\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x14\n" +
@@ -1242,7 +1253,9 @@ const file_walship_v1_admin_proto_rawDesc = "" +
 	"\rlast_failover\x18\x15 \x01(\v2\x1c.walship.v1.FailoverTimelineR\flastFailover\x12B\n" +
 	"\x0flease_remaining\x18\x16 \x01(\v2\x19.google.protobuf.DurationR\x0eleaseRemaining\x120\n" +
 	"\ahistory\x18\x17 \x03(\v2\x16.walship.v1.EpochStartR\ahistory\x12#\n" +
-	"\rtaking_writes\x18\x18 \x01(\bR\ftakingWrites\"\xb3\x01\n" +
+	"\rtaking_writes\x18\x18 \x01(\bR\ftakingWrites\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x19 \x01(\tR\tclusterId\"\xb3\x01\n" +
 	"\fOrphanStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1b\n" +

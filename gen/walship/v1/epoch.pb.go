@@ -32,6 +32,11 @@ type FenceRequest struct {
 	// candidate_addr is the candidate's advertised gRPC address, which the
 	// node records as the primary of epoch and reports in Status.
 	CandidateAddr string `protobuf:"bytes,3,opt,name=candidate_addr,json=candidateAddr,proto3" json:"candidate_addr,omitempty"`
+	// cluster_id is the candidate's cluster, empty if it has none yet (a
+	// first primary, which then adopts the id of the nodes it fences, or
+	// makes one if none has any). A node of another cluster refuses with
+	// FAILED_PRECONDITION naming both ids.
+	ClusterId     string `protobuf:"bytes,4,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -87,6 +92,13 @@ func (x *FenceRequest) GetCandidateAddr() string {
 	return ""
 }
 
+func (x *FenceRequest) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
 // FenceResponse is a node's promise, or its refusal.
 type FenceResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -119,7 +131,9 @@ type FenceResponse struct {
 	// primary_last_lsn is the last LSN the old primary last reported written (replicas).
 	PrimaryLastLsn uint64 `protobuf:"varint,13,opt,name=primary_last_lsn,json=primaryLastLsn,proto3" json:"primary_last_lsn,omitempty"`
 	// contract is the durability contract of the newest epoch record the node has applied (data nodes).
-	Contract      *Contract `protobuf:"bytes,14,opt,name=contract,proto3" json:"contract,omitempty"`
+	Contract *Contract `protobuf:"bytes,14,opt,name=contract,proto3" json:"contract,omitempty"`
+	// cluster_id is the node's cluster (empty if it has none yet).
+	ClusterId     string `protobuf:"bytes,15,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -250,6 +264,13 @@ func (x *FenceResponse) GetContract() *Contract {
 		return x.Contract
 	}
 	return nil
+}
+
+func (x *FenceResponse) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
 }
 
 // EpochStart is one line of an epoch history: epoch wrote the log from first_lsn on.
@@ -564,11 +585,13 @@ var File_walship_v1_epoch_proto protoreflect.FileDescriptor
 const file_walship_v1_epoch_proto_rawDesc = "" +
 	"\n" +
 	"\x16walship/v1/epoch.proto\x12\n" +
-	"walship.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x17walship/v1/policy.proto\"n\n" +
+	"walship.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x17walship/v1/policy.proto\"\x8d\x01\n" +
 	"\fFenceRequest\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12!\n" +
 	"\fcandidate_id\x18\x02 \x01(\tR\vcandidateId\x12%\n" +
-	"\x0ecandidate_addr\x18\x03 \x01(\tR\rcandidateAddr\"\x93\x04\n" +
+	"\x0ecandidate_addr\x18\x03 \x01(\tR\rcandidateAddr\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x04 \x01(\tR\tclusterId\"\xb2\x04\n" +
 	"\rFenceResponse\x12\x18\n" +
 	"\agranted\x18\x01 \x01(\bR\agranted\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1d\n" +
@@ -587,7 +610,9 @@ const file_walship_v1_epoch_proto_rawDesc = "" +
 	"appliedLsn\x12.\n" +
 	"\x13primary_durable_lsn\x18\f \x01(\x04R\x11primaryDurableLsn\x12(\n" +
 	"\x10primary_last_lsn\x18\r \x01(\x04R\x0eprimaryLastLsn\x120\n" +
-	"\bcontract\x18\x0e \x01(\v2\x14.walship.v1.ContractR\bcontract\"?\n" +
+	"\bcontract\x18\x0e \x01(\v2\x14.walship.v1.ContractR\bcontract\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x0f \x01(\tR\tclusterId\"?\n" +
 	"\n" +
 	"EpochStart\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x1b\n" +

@@ -173,7 +173,10 @@ type ReadRequest struct {
 	// follow keeps the stream open and sends new batches as they arrive.
 	Follow bool `protobuf:"varint,2,opt,name=follow,proto3" json:"follow,omitempty"`
 	// to_lsn stops the stream after the batch containing it (0 = no bound).
-	ToLsn         uint64 `protobuf:"varint,3,opt,name=to_lsn,json=toLsn,proto3" json:"to_lsn,omitempty"`
+	ToLsn uint64 `protobuf:"varint,3,opt,name=to_lsn,json=toLsn,proto3" json:"to_lsn,omitempty"`
+	// cluster_id, when set, must be the log store's cluster
+	// (FAILED_PRECONDITION naming both ids otherwise).
+	ClusterId     string `protobuf:"bytes,4,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -227,6 +230,13 @@ func (x *ReadRequest) GetToLsn() uint64 {
 		return x.ToLsn
 	}
 	return 0
+}
+
+func (x *ReadRequest) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
 }
 
 // ReadResponse carries one stored batch, byte for byte as the primary sent it.
@@ -334,7 +344,14 @@ type LogStoreServiceStatusResponse struct {
 	// primary_id and primary_addr name that epoch's primary, if known.
 	PrimaryId string `protobuf:"bytes,9,opt,name=primary_id,json=primaryId,proto3" json:"primary_id,omitempty"`
 	// primary_addr is that primary's advertised address.
-	PrimaryAddr   string `protobuf:"bytes,10,opt,name=primary_addr,json=primaryAddr,proto3" json:"primary_addr,omitempty"`
+	PrimaryAddr string `protobuf:"bytes,10,opt,name=primary_addr,json=primaryAddr,proto3" json:"primary_addr,omitempty"`
+	// cluster_id is the log store's cluster (empty until it has joined one).
+	ClusterId string `protobuf:"bytes,11,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	// snapshots are the stored base snapshots, oldest first.
+	Snapshots []*SnapshotInfo `protobuf:"bytes,12,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
+	// refilling: the log store is copying what it missed from its peers and
+	// takes no Append stream until it is done.
+	Refilling     bool `protobuf:"varint,13,opt,name=refilling,proto3" json:"refilling,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -439,12 +456,656 @@ func (x *LogStoreServiceStatusResponse) GetPrimaryAddr() string {
 	return ""
 }
 
+func (x *LogStoreServiceStatusResponse) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
+func (x *LogStoreServiceStatusResponse) GetSnapshots() []*SnapshotInfo {
+	if x != nil {
+		return x.Snapshots
+	}
+	return nil
+}
+
+func (x *LogStoreServiceStatusResponse) GetRefilling() bool {
+	if x != nil {
+		return x.Refilling
+	}
+	return false
+}
+
+// SnapshotInfo describes one stored base snapshot.
+type SnapshotInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// lsn the state is at: it holds every commit up to lsn.
+	Lsn uint64 `protobuf:"varint,1,opt,name=lsn,proto3" json:"lsn,omitempty"`
+	// epoch of the batch that ends at lsn.
+	Epoch uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// commit_time_unix_nano of the batch that ends at lsn.
+	CommitTimeUnixNano int64 `protobuf:"varint,3,opt,name=commit_time_unix_nano,json=commitTimeUnixNano,proto3" json:"commit_time_unix_nano,omitempty"`
+	// keys in the state.
+	Keys uint64 `protobuf:"varint,4,opt,name=keys,proto3" json:"keys,omitempty"`
+	// bytes of the stored file.
+	Bytes uint64 `protobuf:"varint,5,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// state_digest of the state, as StatusResponse reports it.
+	StateDigest   string `protobuf:"bytes,6,opt,name=state_digest,json=stateDigest,proto3" json:"state_digest,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotInfo) Reset() {
+	*x = SnapshotInfo{}
+	mi := &file_walship_v1_logstore_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotInfo) ProtoMessage() {}
+
+func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_walship_v1_logstore_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotInfo.ProtoReflect.Descriptor instead.
+func (*SnapshotInfo) Descriptor() ([]byte, []int) {
+	return file_walship_v1_logstore_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *SnapshotInfo) GetLsn() uint64 {
+	if x != nil {
+		return x.Lsn
+	}
+	return 0
+}
+
+func (x *SnapshotInfo) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *SnapshotInfo) GetCommitTimeUnixNano() int64 {
+	if x != nil {
+		return x.CommitTimeUnixNano
+	}
+	return 0
+}
+
+func (x *SnapshotInfo) GetKeys() uint64 {
+	if x != nil {
+		return x.Keys
+	}
+	return 0
+}
+
+func (x *SnapshotInfo) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *SnapshotInfo) GetStateDigest() string {
+	if x != nil {
+		return x.StateDigest
+	}
+	return ""
+}
+
+// PutSnapshotRequest is one message of an uploaded snapshot.
+type PutSnapshotRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// part is the kind of message: one header, chunks, one trailer.
+	//
+	// Types that are valid to be assigned to Part:
+	//
+	//	*PutSnapshotRequest_Header
+	//	*PutSnapshotRequest_Chunk
+	//	*PutSnapshotRequest_Trailer
+	Part          isPutSnapshotRequest_Part `protobuf_oneof:"part"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutSnapshotRequest) Reset() {
+	*x = PutSnapshotRequest{}
+	mi := &file_walship_v1_logstore_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutSnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutSnapshotRequest) ProtoMessage() {}
+
+func (x *PutSnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_walship_v1_logstore_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutSnapshotRequest.ProtoReflect.Descriptor instead.
+func (*PutSnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_walship_v1_logstore_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *PutSnapshotRequest) GetPart() isPutSnapshotRequest_Part {
+	if x != nil {
+		return x.Part
+	}
+	return nil
+}
+
+func (x *PutSnapshotRequest) GetHeader() *SnapshotHeader {
+	if x != nil {
+		if x, ok := x.Part.(*PutSnapshotRequest_Header); ok {
+			return x.Header
+		}
+	}
+	return nil
+}
+
+func (x *PutSnapshotRequest) GetChunk() *SnapshotChunk {
+	if x != nil {
+		if x, ok := x.Part.(*PutSnapshotRequest_Chunk); ok {
+			return x.Chunk
+		}
+	}
+	return nil
+}
+
+func (x *PutSnapshotRequest) GetTrailer() *SnapshotTrailer {
+	if x != nil {
+		if x, ok := x.Part.(*PutSnapshotRequest_Trailer); ok {
+			return x.Trailer
+		}
+	}
+	return nil
+}
+
+type isPutSnapshotRequest_Part interface {
+	isPutSnapshotRequest_Part()
+}
+
+type PutSnapshotRequest_Header struct {
+	// header comes first; its lsn must be a batch boundary the log store
+	// holds, or the end of its log.
+	Header *SnapshotHeader `protobuf:"bytes,1,opt,name=header,proto3,oneof"`
+}
+
+type PutSnapshotRequest_Chunk struct {
+	// chunk holds pairs in ascending key order.
+	Chunk *SnapshotChunk `protobuf:"bytes,2,opt,name=chunk,proto3,oneof"`
+}
+
+type PutSnapshotRequest_Trailer struct {
+	// trailer comes last.
+	Trailer *SnapshotTrailer `protobuf:"bytes,3,opt,name=trailer,proto3,oneof"`
+}
+
+func (*PutSnapshotRequest_Header) isPutSnapshotRequest_Part() {}
+
+func (*PutSnapshotRequest_Chunk) isPutSnapshotRequest_Part() {}
+
+func (*PutSnapshotRequest_Trailer) isPutSnapshotRequest_Part() {}
+
+// PutSnapshotResponse acknowledges a stored (fsynced) snapshot.
+type PutSnapshotResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// snapshot as stored.
+	Snapshot      *SnapshotInfo `protobuf:"bytes,1,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutSnapshotResponse) Reset() {
+	*x = PutSnapshotResponse{}
+	mi := &file_walship_v1_logstore_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutSnapshotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutSnapshotResponse) ProtoMessage() {}
+
+func (x *PutSnapshotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_walship_v1_logstore_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutSnapshotResponse.ProtoReflect.Descriptor instead.
+func (*PutSnapshotResponse) Descriptor() ([]byte, []int) {
+	return file_walship_v1_logstore_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *PutSnapshotResponse) GetSnapshot() *SnapshotInfo {
+	if x != nil {
+		return x.Snapshot
+	}
+	return nil
+}
+
+// GetSnapshotRequest asks for a stored snapshot.
+type GetSnapshotRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// at_most_lsn: the newest snapshot at or before it (0 = the newest).
+	AtMostLsn uint64 `protobuf:"varint,1,opt,name=at_most_lsn,json=atMostLsn,proto3" json:"at_most_lsn,omitempty"`
+	// cluster_id, when set, must be the log store's cluster.
+	ClusterId     string `protobuf:"bytes,2,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSnapshotRequest) Reset() {
+	*x = GetSnapshotRequest{}
+	mi := &file_walship_v1_logstore_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSnapshotRequest) ProtoMessage() {}
+
+func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_walship_v1_logstore_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSnapshotRequest.ProtoReflect.Descriptor instead.
+func (*GetSnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_walship_v1_logstore_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *GetSnapshotRequest) GetAtMostLsn() uint64 {
+	if x != nil {
+		return x.AtMostLsn
+	}
+	return 0
+}
+
+func (x *GetSnapshotRequest) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
+// GetSnapshotResponse is one message of a snapshot stream.
+type GetSnapshotResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// part is the kind of message: one header, chunks, one trailer.
+	//
+	// Types that are valid to be assigned to Part:
+	//
+	//	*GetSnapshotResponse_Header
+	//	*GetSnapshotResponse_Chunk
+	//	*GetSnapshotResponse_Trailer
+	Part          isGetSnapshotResponse_Part `protobuf_oneof:"part"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSnapshotResponse) Reset() {
+	*x = GetSnapshotResponse{}
+	mi := &file_walship_v1_logstore_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSnapshotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSnapshotResponse) ProtoMessage() {}
+
+func (x *GetSnapshotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_walship_v1_logstore_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSnapshotResponse.ProtoReflect.Descriptor instead.
+func (*GetSnapshotResponse) Descriptor() ([]byte, []int) {
+	return file_walship_v1_logstore_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *GetSnapshotResponse) GetPart() isGetSnapshotResponse_Part {
+	if x != nil {
+		return x.Part
+	}
+	return nil
+}
+
+func (x *GetSnapshotResponse) GetHeader() *SnapshotHeader {
+	if x != nil {
+		if x, ok := x.Part.(*GetSnapshotResponse_Header); ok {
+			return x.Header
+		}
+	}
+	return nil
+}
+
+func (x *GetSnapshotResponse) GetChunk() *SnapshotChunk {
+	if x != nil {
+		if x, ok := x.Part.(*GetSnapshotResponse_Chunk); ok {
+			return x.Chunk
+		}
+	}
+	return nil
+}
+
+func (x *GetSnapshotResponse) GetTrailer() *SnapshotTrailer {
+	if x != nil {
+		if x, ok := x.Part.(*GetSnapshotResponse_Trailer); ok {
+			return x.Trailer
+		}
+	}
+	return nil
+}
+
+type isGetSnapshotResponse_Part interface {
+	isGetSnapshotResponse_Part()
+}
+
+type GetSnapshotResponse_Header struct {
+	// header comes first.
+	Header *SnapshotHeader `protobuf:"bytes,1,opt,name=header,proto3,oneof"`
+}
+
+type GetSnapshotResponse_Chunk struct {
+	// chunk holds pairs in ascending key order.
+	Chunk *SnapshotChunk `protobuf:"bytes,2,opt,name=chunk,proto3,oneof"`
+}
+
+type GetSnapshotResponse_Trailer struct {
+	// trailer comes last.
+	Trailer *SnapshotTrailer `protobuf:"bytes,3,opt,name=trailer,proto3,oneof"`
+}
+
+func (*GetSnapshotResponse_Header) isGetSnapshotResponse_Part() {}
+
+func (*GetSnapshotResponse_Chunk) isGetSnapshotResponse_Part() {}
+
+func (*GetSnapshotResponse_Trailer) isGetSnapshotResponse_Part() {}
+
+// VerifyRequest asks a log store to check what it holds.
+type VerifyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VerifyRequest) Reset() {
+	*x = VerifyRequest{}
+	mi := &file_walship_v1_logstore_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VerifyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VerifyRequest) ProtoMessage() {}
+
+func (x *VerifyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_walship_v1_logstore_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VerifyRequest.ProtoReflect.Descriptor instead.
+func (*VerifyRequest) Descriptor() ([]byte, []int) {
+	return file_walship_v1_logstore_proto_rawDescGZIP(), []int{11}
+}
+
+// VerifyResponse is what a log store holds, checked.
+type VerifyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// first_lsn and last_lsn bound the stored log (0, 0 when empty).
+	FirstLsn uint64 `protobuf:"varint,1,opt,name=first_lsn,json=firstLsn,proto3" json:"first_lsn,omitempty"`
+	// last_lsn is the last stored LSN.
+	LastLsn uint64 `protobuf:"varint,2,opt,name=last_lsn,json=lastLsn,proto3" json:"last_lsn,omitempty"`
+	// restorable_from_lsn and restorable_to_lsn bound the LSNs a restore
+	// from this log store alone can reach: from the oldest intact snapshot
+	// (or LSN 0 when the log starts at LSN 1) to the end of the first
+	// unbroken run of batches after it. Both 0 when nothing is restorable.
+	RestorableFromLsn uint64 `protobuf:"varint,3,opt,name=restorable_from_lsn,json=restorableFromLsn,proto3" json:"restorable_from_lsn,omitempty"`
+	// restorable_to_lsn is the newest LSN a restore can reach.
+	RestorableToLsn uint64 `protobuf:"varint,4,opt,name=restorable_to_lsn,json=restorableToLsn,proto3" json:"restorable_to_lsn,omitempty"`
+	// batches and bytes checked.
+	Batches uint64 `protobuf:"varint,5,opt,name=batches,proto3" json:"batches,omitempty"`
+	// bytes of batch envelopes checked.
+	Bytes uint64 `protobuf:"varint,6,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// snapshots checked, oldest first.
+	Snapshots []*SnapshotInfo `protobuf:"bytes,7,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
+	// problems found; empty when the archive is sound.
+	Problems []*VerifyProblem `protobuf:"bytes,8,rep,name=problems,proto3" json:"problems,omitempty"`
+	// history is the epoch history of the stored log.
+	History       []*EpochStart `protobuf:"bytes,9,rep,name=history,proto3" json:"history,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VerifyResponse) Reset() {
+	*x = VerifyResponse{}
+	mi := &file_walship_v1_logstore_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VerifyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VerifyResponse) ProtoMessage() {}
+
+func (x *VerifyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_walship_v1_logstore_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VerifyResponse.ProtoReflect.Descriptor instead.
+func (*VerifyResponse) Descriptor() ([]byte, []int) {
+	return file_walship_v1_logstore_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *VerifyResponse) GetFirstLsn() uint64 {
+	if x != nil {
+		return x.FirstLsn
+	}
+	return 0
+}
+
+func (x *VerifyResponse) GetLastLsn() uint64 {
+	if x != nil {
+		return x.LastLsn
+	}
+	return 0
+}
+
+func (x *VerifyResponse) GetRestorableFromLsn() uint64 {
+	if x != nil {
+		return x.RestorableFromLsn
+	}
+	return 0
+}
+
+func (x *VerifyResponse) GetRestorableToLsn() uint64 {
+	if x != nil {
+		return x.RestorableToLsn
+	}
+	return 0
+}
+
+func (x *VerifyResponse) GetBatches() uint64 {
+	if x != nil {
+		return x.Batches
+	}
+	return 0
+}
+
+func (x *VerifyResponse) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *VerifyResponse) GetSnapshots() []*SnapshotInfo {
+	if x != nil {
+		return x.Snapshots
+	}
+	return nil
+}
+
+func (x *VerifyResponse) GetProblems() []*VerifyProblem {
+	if x != nil {
+		return x.Problems
+	}
+	return nil
+}
+
+func (x *VerifyResponse) GetHistory() []*EpochStart {
+	if x != nil {
+		return x.History
+	}
+	return nil
+}
+
+// VerifyProblem is one thing wrong with an archive.
+type VerifyProblem struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// lsn where it is (the first LSN of the batch, or a snapshot's LSN).
+	Lsn uint64 `protobuf:"varint,1,opt,name=lsn,proto3" json:"lsn,omitempty"`
+	// kind: "gap", "crc", "epoch", "snapshot" or "read".
+	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	// message says what is wrong, naming the file or the LSNs.
+	Message       string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VerifyProblem) Reset() {
+	*x = VerifyProblem{}
+	mi := &file_walship_v1_logstore_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VerifyProblem) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VerifyProblem) ProtoMessage() {}
+
+func (x *VerifyProblem) ProtoReflect() protoreflect.Message {
+	mi := &file_walship_v1_logstore_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VerifyProblem.ProtoReflect.Descriptor instead.
+func (*VerifyProblem) Descriptor() ([]byte, []int) {
+	return file_walship_v1_logstore_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *VerifyProblem) GetLsn() uint64 {
+	if x != nil {
+		return x.Lsn
+	}
+	return 0
+}
+
+func (x *VerifyProblem) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *VerifyProblem) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 var File_walship_v1_logstore_proto protoreflect.FileDescriptor
 
 const file_walship_v1_logstore_proto_rawDesc = "" +
 	"\n" +
 	"\x19walship/v1/logstore.proto\x12\n" +
-	"walship.v1\x1a\x16walship/v1/epoch.proto\x1a\x14walship/v1/wal.proto\"\xba\x01\n" +
+	"walship.v1\x1a\x16walship/v1/epoch.proto\x1a\x1cwalship/v1/replication.proto\x1a\x14walship/v1/wal.proto\"\xba\x01\n" +
 	"\rAppendRequest\x12*\n" +
 	"\x05batch\x18\x01 \x01(\v2\x14.walship.v1.WalBatchR\x05batch\x123\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x15.walship.v1.HeartbeatR\theartbeat\x12,\n" +
@@ -454,14 +1115,16 @@ const file_walship_v1_logstore_proto_rawDesc = "" +
 	"\vdurable_lsn\x18\x01 \x01(\x04R\n" +
 	"durableLsn\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x127\n" +
-	"\x18heartbeat_time_unix_nano\x18\x03 \x01(\x03R\x15heartbeatTimeUnixNano\"W\n" +
+	"\x18heartbeat_time_unix_nano\x18\x03 \x01(\x03R\x15heartbeatTimeUnixNano\"v\n" +
 	"\vReadRequest\x12\x19\n" +
 	"\bfrom_lsn\x18\x01 \x01(\x04R\afromLsn\x12\x16\n" +
 	"\x06follow\x18\x02 \x01(\bR\x06follow\x12\x15\n" +
-	"\x06to_lsn\x18\x03 \x01(\x04R\x05toLsn\":\n" +
+	"\x06to_lsn\x18\x03 \x01(\x04R\x05toLsn\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x04 \x01(\tR\tclusterId\":\n" +
 	"\fReadResponse\x12*\n" +
 	"\x05batch\x18\x01 \x01(\v2\x14.walship.v1.WalBatchR\x05batch\"\x1e\n" +
-	"\x1cLogStoreServiceStatusRequest\"\xe4\x02\n" +
+	"\x1cLogStoreServiceStatusRequest\"\xd9\x03\n" +
 	"\x1dLogStoreServiceStatusResponse\x12\x1b\n" +
 	"\tfirst_lsn\x18\x01 \x01(\x04R\bfirstLsn\x12\x1f\n" +
 	"\vdurable_lsn\x18\x02 \x01(\x04R\n" +
@@ -477,11 +1140,56 @@ const file_walship_v1_logstore_proto_rawDesc = "" +
 	"\n" +
 	"primary_id\x18\t \x01(\tR\tprimaryId\x12!\n" +
 	"\fprimary_addr\x18\n" +
-	" \x01(\tR\vprimaryAddr2\xf2\x01\n" +
+	" \x01(\tR\vprimaryAddr\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\v \x01(\tR\tclusterId\x126\n" +
+	"\tsnapshots\x18\f \x03(\v2\x18.walship.v1.SnapshotInfoR\tsnapshots\x12\x1c\n" +
+	"\trefilling\x18\r \x01(\bR\trefilling\"\xb6\x01\n" +
+	"\fSnapshotInfo\x12\x10\n" +
+	"\x03lsn\x18\x01 \x01(\x04R\x03lsn\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x121\n" +
+	"\x15commit_time_unix_nano\x18\x03 \x01(\x03R\x12commitTimeUnixNano\x12\x12\n" +
+	"\x04keys\x18\x04 \x01(\x04R\x04keys\x12\x14\n" +
+	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\x12!\n" +
+	"\fstate_digest\x18\x06 \x01(\tR\vstateDigest\"\xbe\x01\n" +
+	"\x12PutSnapshotRequest\x124\n" +
+	"\x06header\x18\x01 \x01(\v2\x1a.walship.v1.SnapshotHeaderH\x00R\x06header\x121\n" +
+	"\x05chunk\x18\x02 \x01(\v2\x19.walship.v1.SnapshotChunkH\x00R\x05chunk\x127\n" +
+	"\atrailer\x18\x03 \x01(\v2\x1b.walship.v1.SnapshotTrailerH\x00R\atrailerB\x06\n" +
+	"\x04part\"K\n" +
+	"\x13PutSnapshotResponse\x124\n" +
+	"\bsnapshot\x18\x01 \x01(\v2\x18.walship.v1.SnapshotInfoR\bsnapshot\"S\n" +
+	"\x12GetSnapshotRequest\x12\x1e\n" +
+	"\vat_most_lsn\x18\x01 \x01(\x04R\tatMostLsn\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x02 \x01(\tR\tclusterId\"\xbf\x01\n" +
+	"\x13GetSnapshotResponse\x124\n" +
+	"\x06header\x18\x01 \x01(\v2\x1a.walship.v1.SnapshotHeaderH\x00R\x06header\x121\n" +
+	"\x05chunk\x18\x02 \x01(\v2\x19.walship.v1.SnapshotChunkH\x00R\x05chunk\x127\n" +
+	"\atrailer\x18\x03 \x01(\v2\x1b.walship.v1.SnapshotTrailerH\x00R\atrailerB\x06\n" +
+	"\x04part\"\x0f\n" +
+	"\rVerifyRequest\"\xf5\x02\n" +
+	"\x0eVerifyResponse\x12\x1b\n" +
+	"\tfirst_lsn\x18\x01 \x01(\x04R\bfirstLsn\x12\x19\n" +
+	"\blast_lsn\x18\x02 \x01(\x04R\alastLsn\x12.\n" +
+	"\x13restorable_from_lsn\x18\x03 \x01(\x04R\x11restorableFromLsn\x12*\n" +
+	"\x11restorable_to_lsn\x18\x04 \x01(\x04R\x0frestorableToLsn\x12\x18\n" +
+	"\abatches\x18\x05 \x01(\x04R\abatches\x12\x14\n" +
+	"\x05bytes\x18\x06 \x01(\x04R\x05bytes\x126\n" +
+	"\tsnapshots\x18\a \x03(\v2\x18.walship.v1.SnapshotInfoR\tsnapshots\x125\n" +
+	"\bproblems\x18\b \x03(\v2\x19.walship.v1.VerifyProblemR\bproblems\x120\n" +
+	"\ahistory\x18\t \x03(\v2\x16.walship.v1.EpochStartR\ahistory\"O\n" +
+	"\rVerifyProblem\x12\x10\n" +
+	"\x03lsn\x18\x01 \x01(\x04R\x03lsn\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage2\xd7\x03\n" +
 	"\x0fLogStoreService\x12C\n" +
 	"\x06Append\x12\x19.walship.v1.AppendRequest\x1a\x1a.walship.v1.AppendResponse(\x010\x01\x12;\n" +
 	"\x04Read\x12\x17.walship.v1.ReadRequest\x1a\x18.walship.v1.ReadResponse0\x01\x12]\n" +
-	"\x06Status\x12(.walship.v1.LogStoreServiceStatusRequest\x1a).walship.v1.LogStoreServiceStatusResponseB5Z3github.com/walship/walship/gen/walship/v1;walshipv1b\x06proto3"
+	"\x06Status\x12(.walship.v1.LogStoreServiceStatusRequest\x1a).walship.v1.LogStoreServiceStatusResponse\x12P\n" +
+	"\vPutSnapshot\x12\x1e.walship.v1.PutSnapshotRequest\x1a\x1f.walship.v1.PutSnapshotResponse(\x01\x12P\n" +
+	"\vGetSnapshot\x12\x1e.walship.v1.GetSnapshotRequest\x1a\x1f.walship.v1.GetSnapshotResponse0\x01\x12?\n" +
+	"\x06Verify\x12\x19.walship.v1.VerifyRequest\x1a\x1a.walship.v1.VerifyResponseB5Z3github.com/walship/walship/gen/walship/v1;walshipv1b\x06proto3"
 
 var (
 	file_walship_v1_logstore_proto_rawDescOnce sync.Once
@@ -495,7 +1203,7 @@ func file_walship_v1_logstore_proto_rawDescGZIP() []byte {
 	return file_walship_v1_logstore_proto_rawDescData
 }
 
-var file_walship_v1_logstore_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_walship_v1_logstore_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_walship_v1_logstore_proto_goTypes = []any{
 	(*AppendRequest)(nil),                 // 0: walship.v1.AppendRequest
 	(*AppendResponse)(nil),                // 1: walship.v1.AppendResponse
@@ -503,26 +1211,54 @@ var file_walship_v1_logstore_proto_goTypes = []any{
 	(*ReadResponse)(nil),                  // 3: walship.v1.ReadResponse
 	(*LogStoreServiceStatusRequest)(nil),  // 4: walship.v1.LogStoreServiceStatusRequest
 	(*LogStoreServiceStatusResponse)(nil), // 5: walship.v1.LogStoreServiceStatusResponse
-	(*WalBatch)(nil),                      // 6: walship.v1.WalBatch
-	(*Heartbeat)(nil),                     // 7: walship.v1.Heartbeat
-	(*EpochStart)(nil),                    // 8: walship.v1.EpochStart
+	(*SnapshotInfo)(nil),                  // 6: walship.v1.SnapshotInfo
+	(*PutSnapshotRequest)(nil),            // 7: walship.v1.PutSnapshotRequest
+	(*PutSnapshotResponse)(nil),           // 8: walship.v1.PutSnapshotResponse
+	(*GetSnapshotRequest)(nil),            // 9: walship.v1.GetSnapshotRequest
+	(*GetSnapshotResponse)(nil),           // 10: walship.v1.GetSnapshotResponse
+	(*VerifyRequest)(nil),                 // 11: walship.v1.VerifyRequest
+	(*VerifyResponse)(nil),                // 12: walship.v1.VerifyResponse
+	(*VerifyProblem)(nil),                 // 13: walship.v1.VerifyProblem
+	(*WalBatch)(nil),                      // 14: walship.v1.WalBatch
+	(*Heartbeat)(nil),                     // 15: walship.v1.Heartbeat
+	(*EpochStart)(nil),                    // 16: walship.v1.EpochStart
+	(*SnapshotHeader)(nil),                // 17: walship.v1.SnapshotHeader
+	(*SnapshotChunk)(nil),                 // 18: walship.v1.SnapshotChunk
+	(*SnapshotTrailer)(nil),               // 19: walship.v1.SnapshotTrailer
 }
 var file_walship_v1_logstore_proto_depIdxs = []int32{
-	6, // 0: walship.v1.AppendRequest.batch:type_name -> walship.v1.WalBatch
-	7, // 1: walship.v1.AppendRequest.heartbeat:type_name -> walship.v1.Heartbeat
-	6, // 2: walship.v1.ReadResponse.batch:type_name -> walship.v1.WalBatch
-	8, // 3: walship.v1.LogStoreServiceStatusResponse.history:type_name -> walship.v1.EpochStart
-	0, // 4: walship.v1.LogStoreService.Append:input_type -> walship.v1.AppendRequest
-	2, // 5: walship.v1.LogStoreService.Read:input_type -> walship.v1.ReadRequest
-	4, // 6: walship.v1.LogStoreService.Status:input_type -> walship.v1.LogStoreServiceStatusRequest
-	1, // 7: walship.v1.LogStoreService.Append:output_type -> walship.v1.AppendResponse
-	3, // 8: walship.v1.LogStoreService.Read:output_type -> walship.v1.ReadResponse
-	5, // 9: walship.v1.LogStoreService.Status:output_type -> walship.v1.LogStoreServiceStatusResponse
-	7, // [7:10] is the sub-list for method output_type
-	4, // [4:7] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	14, // 0: walship.v1.AppendRequest.batch:type_name -> walship.v1.WalBatch
+	15, // 1: walship.v1.AppendRequest.heartbeat:type_name -> walship.v1.Heartbeat
+	14, // 2: walship.v1.ReadResponse.batch:type_name -> walship.v1.WalBatch
+	16, // 3: walship.v1.LogStoreServiceStatusResponse.history:type_name -> walship.v1.EpochStart
+	6,  // 4: walship.v1.LogStoreServiceStatusResponse.snapshots:type_name -> walship.v1.SnapshotInfo
+	17, // 5: walship.v1.PutSnapshotRequest.header:type_name -> walship.v1.SnapshotHeader
+	18, // 6: walship.v1.PutSnapshotRequest.chunk:type_name -> walship.v1.SnapshotChunk
+	19, // 7: walship.v1.PutSnapshotRequest.trailer:type_name -> walship.v1.SnapshotTrailer
+	6,  // 8: walship.v1.PutSnapshotResponse.snapshot:type_name -> walship.v1.SnapshotInfo
+	17, // 9: walship.v1.GetSnapshotResponse.header:type_name -> walship.v1.SnapshotHeader
+	18, // 10: walship.v1.GetSnapshotResponse.chunk:type_name -> walship.v1.SnapshotChunk
+	19, // 11: walship.v1.GetSnapshotResponse.trailer:type_name -> walship.v1.SnapshotTrailer
+	6,  // 12: walship.v1.VerifyResponse.snapshots:type_name -> walship.v1.SnapshotInfo
+	13, // 13: walship.v1.VerifyResponse.problems:type_name -> walship.v1.VerifyProblem
+	16, // 14: walship.v1.VerifyResponse.history:type_name -> walship.v1.EpochStart
+	0,  // 15: walship.v1.LogStoreService.Append:input_type -> walship.v1.AppendRequest
+	2,  // 16: walship.v1.LogStoreService.Read:input_type -> walship.v1.ReadRequest
+	4,  // 17: walship.v1.LogStoreService.Status:input_type -> walship.v1.LogStoreServiceStatusRequest
+	7,  // 18: walship.v1.LogStoreService.PutSnapshot:input_type -> walship.v1.PutSnapshotRequest
+	9,  // 19: walship.v1.LogStoreService.GetSnapshot:input_type -> walship.v1.GetSnapshotRequest
+	11, // 20: walship.v1.LogStoreService.Verify:input_type -> walship.v1.VerifyRequest
+	1,  // 21: walship.v1.LogStoreService.Append:output_type -> walship.v1.AppendResponse
+	3,  // 22: walship.v1.LogStoreService.Read:output_type -> walship.v1.ReadResponse
+	5,  // 23: walship.v1.LogStoreService.Status:output_type -> walship.v1.LogStoreServiceStatusResponse
+	8,  // 24: walship.v1.LogStoreService.PutSnapshot:output_type -> walship.v1.PutSnapshotResponse
+	10, // 25: walship.v1.LogStoreService.GetSnapshot:output_type -> walship.v1.GetSnapshotResponse
+	12, // 26: walship.v1.LogStoreService.Verify:output_type -> walship.v1.VerifyResponse
+	21, // [21:27] is the sub-list for method output_type
+	15, // [15:21] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_walship_v1_logstore_proto_init() }
@@ -531,14 +1267,25 @@ func file_walship_v1_logstore_proto_init() {
 		return
 	}
 	file_walship_v1_epoch_proto_init()
+	file_walship_v1_replication_proto_init()
 	file_walship_v1_wal_proto_init()
+	file_walship_v1_logstore_proto_msgTypes[7].OneofWrappers = []any{
+		(*PutSnapshotRequest_Header)(nil),
+		(*PutSnapshotRequest_Chunk)(nil),
+		(*PutSnapshotRequest_Trailer)(nil),
+	}
+	file_walship_v1_logstore_proto_msgTypes[10].OneofWrappers = []any{
+		(*GetSnapshotResponse_Header)(nil),
+		(*GetSnapshotResponse_Chunk)(nil),
+		(*GetSnapshotResponse_Trailer)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_walship_v1_logstore_proto_rawDesc), len(file_walship_v1_logstore_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

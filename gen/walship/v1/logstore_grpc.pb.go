@@ -19,9 +19,12 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	LogStoreService_Append_FullMethodName = "/walship.v1.LogStoreService/Append"
-	LogStoreService_Read_FullMethodName   = "/walship.v1.LogStoreService/Read"
-	LogStoreService_Status_FullMethodName = "/walship.v1.LogStoreService/Status"
+	LogStoreService_Append_FullMethodName      = "/walship.v1.LogStoreService/Append"
+	LogStoreService_Read_FullMethodName        = "/walship.v1.LogStoreService/Read"
+	LogStoreService_Status_FullMethodName      = "/walship.v1.LogStoreService/Status"
+	LogStoreService_PutSnapshot_FullMethodName = "/walship.v1.LogStoreService/PutSnapshot"
+	LogStoreService_GetSnapshot_FullMethodName = "/walship.v1.LogStoreService/GetSnapshot"
+	LogStoreService_Verify_FullMethodName      = "/walship.v1.LogStoreService/Verify"
 )
 
 // LogStoreServiceClient is the client API for LogStoreService service.
@@ -41,6 +44,20 @@ type LogStoreServiceClient interface {
 	Read(ctx context.Context, in *ReadRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadResponse], error)
 	// Status reports what the log store holds.
 	Status(ctx context.Context, in *LogStoreServiceStatusRequest, opts ...grpc.CallOption) (*LogStoreServiceStatusResponse, error)
+	// PutSnapshot stores a base snapshot of the state (from the primary): a
+	// header, chunks in ascending key order, a trailer with the state digest,
+	// which the log store checks before it keeps the snapshot (DATA_LOSS if
+	// it differs). With the batches after it, the log stores alone can rebuild
+	// any LSN from the snapshot's on (restore, re-seeding a replica).
+	PutSnapshot(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[PutSnapshotRequest, PutSnapshotResponse], error)
+	// GetSnapshot streams the newest stored snapshot at or before
+	// at_most_lsn (NOT_FOUND if none is): header, chunks, trailer, as the
+	// primary's ReplicationService.Snapshot does.
+	GetSnapshot(ctx context.Context, in *GetSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GetSnapshotResponse], error)
+	// Verify reads the whole stored log and every stored snapshot, checking
+	// CRCs, LSN continuity and the epoch history, and reports what can be
+	// restored from this log store and every problem found.
+	Verify(ctx context.Context, in *VerifyRequest, opts ...grpc.CallOption) (*VerifyResponse, error)
 }
 
 type logStoreServiceClient struct {
@@ -93,6 +110,48 @@ func (c *logStoreServiceClient) Status(ctx context.Context, in *LogStoreServiceS
 	return out, nil
 }
 
+func (c *logStoreServiceClient) PutSnapshot(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[PutSnapshotRequest, PutSnapshotResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &LogStoreService_ServiceDesc.Streams[2], LogStoreService_PutSnapshot_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[PutSnapshotRequest, PutSnapshotResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type LogStoreService_PutSnapshotClient = grpc.ClientStreamingClient[PutSnapshotRequest, PutSnapshotResponse]
+
+func (c *logStoreServiceClient) GetSnapshot(ctx context.Context, in *GetSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GetSnapshotResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &LogStoreService_ServiceDesc.Streams[3], LogStoreService_GetSnapshot_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[GetSnapshotRequest, GetSnapshotResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type LogStoreService_GetSnapshotClient = grpc.ServerStreamingClient[GetSnapshotResponse]
+
+func (c *logStoreServiceClient) Verify(ctx context.Context, in *VerifyRequest, opts ...grpc.CallOption) (*VerifyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(VerifyResponse)
+	err := c.cc.Invoke(ctx, LogStoreService_Verify_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // LogStoreServiceServer is the server API for LogStoreService service.
 // All implementations must embed UnimplementedLogStoreServiceServer
 // for forward compatibility.
@@ -110,6 +169,20 @@ type LogStoreServiceServer interface {
 	Read(*ReadRequest, grpc.ServerStreamingServer[ReadResponse]) error
 	// Status reports what the log store holds.
 	Status(context.Context, *LogStoreServiceStatusRequest) (*LogStoreServiceStatusResponse, error)
+	// PutSnapshot stores a base snapshot of the state (from the primary): a
+	// header, chunks in ascending key order, a trailer with the state digest,
+	// which the log store checks before it keeps the snapshot (DATA_LOSS if
+	// it differs). With the batches after it, the log stores alone can rebuild
+	// any LSN from the snapshot's on (restore, re-seeding a replica).
+	PutSnapshot(grpc.ClientStreamingServer[PutSnapshotRequest, PutSnapshotResponse]) error
+	// GetSnapshot streams the newest stored snapshot at or before
+	// at_most_lsn (NOT_FOUND if none is): header, chunks, trailer, as the
+	// primary's ReplicationService.Snapshot does.
+	GetSnapshot(*GetSnapshotRequest, grpc.ServerStreamingServer[GetSnapshotResponse]) error
+	// Verify reads the whole stored log and every stored snapshot, checking
+	// CRCs, LSN continuity and the epoch history, and reports what can be
+	// restored from this log store and every problem found.
+	Verify(context.Context, *VerifyRequest) (*VerifyResponse, error)
 	mustEmbedUnimplementedLogStoreServiceServer()
 }
 
@@ -128,6 +201,15 @@ func (UnimplementedLogStoreServiceServer) Read(*ReadRequest, grpc.ServerStreamin
 }
 func (UnimplementedLogStoreServiceServer) Status(context.Context, *LogStoreServiceStatusRequest) (*LogStoreServiceStatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Status not implemented")
+}
+func (UnimplementedLogStoreServiceServer) PutSnapshot(grpc.ClientStreamingServer[PutSnapshotRequest, PutSnapshotResponse]) error {
+	return status.Error(codes.Unimplemented, "method PutSnapshot not implemented")
+}
+func (UnimplementedLogStoreServiceServer) GetSnapshot(*GetSnapshotRequest, grpc.ServerStreamingServer[GetSnapshotResponse]) error {
+	return status.Error(codes.Unimplemented, "method GetSnapshot not implemented")
+}
+func (UnimplementedLogStoreServiceServer) Verify(context.Context, *VerifyRequest) (*VerifyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Verify not implemented")
 }
 func (UnimplementedLogStoreServiceServer) mustEmbedUnimplementedLogStoreServiceServer() {}
 func (UnimplementedLogStoreServiceServer) testEmbeddedByValue()                         {}
@@ -186,6 +268,42 @@ func _LogStoreService_Status_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _LogStoreService_PutSnapshot_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(LogStoreServiceServer).PutSnapshot(&grpc.GenericServerStream[PutSnapshotRequest, PutSnapshotResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type LogStoreService_PutSnapshotServer = grpc.ClientStreamingServer[PutSnapshotRequest, PutSnapshotResponse]
+
+func _LogStoreService_GetSnapshot_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(GetSnapshotRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(LogStoreServiceServer).GetSnapshot(m, &grpc.GenericServerStream[GetSnapshotRequest, GetSnapshotResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type LogStoreService_GetSnapshotServer = grpc.ServerStreamingServer[GetSnapshotResponse]
+
+func _LogStoreService_Verify_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(VerifyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LogStoreServiceServer).Verify(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: LogStoreService_Verify_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LogStoreServiceServer).Verify(ctx, req.(*VerifyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // LogStoreService_ServiceDesc is the grpc.ServiceDesc for LogStoreService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -196,6 +314,10 @@ var LogStoreService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Status",
 			Handler:    _LogStoreService_Status_Handler,
+		},
+		{
+			MethodName: "Verify",
+			Handler:    _LogStoreService_Verify_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
@@ -208,6 +330,16 @@ var LogStoreService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Read",
 			Handler:       _LogStoreService_Read_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "PutSnapshot",
+			Handler:       _LogStoreService_PutSnapshot_Handler,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "GetSnapshot",
+			Handler:       _LogStoreService_GetSnapshot_Handler,
 			ServerStreams: true,
 		},
 	},

@@ -143,7 +143,11 @@ type ReplicaHello struct {
 	FencedEpoch uint64 `protobuf:"varint,4,opt,name=fenced_epoch,json=fencedEpoch,proto3" json:"fenced_epoch,omitempty"`
 	// history is the epoch history of the replica's log: where it parts from
 	// the primary's is the newest epoch both hold (see Diverged).
-	History       []*EpochStart `protobuf:"bytes,5,rep,name=history,proto3" json:"history,omitempty"`
+	History []*EpochStart `protobuf:"bytes,5,rep,name=history,proto3" json:"history,omitempty"`
+	// cluster_id is the replica's cluster, empty if it has none yet (it
+	// adopts the primary's). A primary of another cluster refuses the stream
+	// with FAILED_PRECONDITION naming both ids.
+	ClusterId     string `protobuf:"bytes,6,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -211,6 +215,13 @@ func (x *ReplicaHello) GetHistory() []*EpochStart {
 		return x.History
 	}
 	return nil
+}
+
+func (x *ReplicaHello) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
 }
 
 // ReplicaAck is cumulative: every LSN up to each field has reached that stage.
@@ -645,7 +656,14 @@ type SnapshotHeader struct {
 	// lsn is the LSN the state is at; replication continues at lsn + 1.
 	Lsn uint64 `protobuf:"varint,2,opt,name=lsn,proto3" json:"lsn,omitempty"`
 	// keys is the number of pairs that follow.
-	Keys          uint64 `protobuf:"varint,3,opt,name=keys,proto3" json:"keys,omitempty"`
+	Keys uint64 `protobuf:"varint,3,opt,name=keys,proto3" json:"keys,omitempty"`
+	// cluster_id of the cluster the state belongs to.
+	ClusterId string `protobuf:"bytes,4,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	// commit_time_unix_nano is the commit time of the batch that ends at lsn
+	// (0 if unknown).
+	CommitTimeUnixNano int64 `protobuf:"varint,5,opt,name=commit_time_unix_nano,json=commitTimeUnixNano,proto3" json:"commit_time_unix_nano,omitempty"`
+	// history is the epoch history of the log up to lsn.
+	History       []*EpochStart `protobuf:"bytes,6,rep,name=history,proto3" json:"history,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -699,6 +717,27 @@ func (x *SnapshotHeader) GetKeys() uint64 {
 		return x.Keys
 	}
 	return 0
+}
+
+func (x *SnapshotHeader) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
+func (x *SnapshotHeader) GetCommitTimeUnixNano() int64 {
+	if x != nil {
+		return x.CommitTimeUnixNano
+	}
+	return 0
+}
+
+func (x *SnapshotHeader) GetHistory() []*EpochStart {
+	if x != nil {
+		return x.History
+	}
+	return nil
 }
 
 // SnapshotChunk is a run of pairs.
@@ -803,14 +842,16 @@ const file_walship_v1_replication_proto_rawDesc = "" +
 	"\x05hello\x18\x01 \x01(\v2\x18.walship.v1.ReplicaHelloH\x00R\x05hello\x12*\n" +
 	"\x03ack\x18\x02 \x01(\v2\x16.walship.v1.ReplicaAckH\x00R\x03ack\x125\n" +
 	"\theartbeat\x18\x03 \x01(\v2\x15.walship.v1.HeartbeatH\x00R\theartbeatB\x05\n" +
-	"\x03msg\"\xb3\x01\n" +
+	"\x03msg\"\xd2\x01\n" +
 	"\fReplicaHello\x12\x1d\n" +
 	"\n" +
 	"replica_id\x18\x01 \x01(\tR\treplicaId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x19\n" +
 	"\bnext_lsn\x18\x03 \x01(\x04R\anextLsn\x12!\n" +
 	"\ffenced_epoch\x18\x04 \x01(\x04R\vfencedEpoch\x120\n" +
-	"\ahistory\x18\x05 \x03(\v2\x16.walship.v1.EpochStartR\ahistory\"\x95\x01\n" +
+	"\ahistory\x18\x05 \x03(\v2\x16.walship.v1.EpochStartR\ahistory\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x06 \x01(\tR\tclusterId\"\x95\x01\n" +
 	"\n" +
 	"ReplicaAck\x12\x1f\n" +
 	"\vwritten_lsn\x18\x01 \x01(\x04R\n" +
@@ -838,11 +879,15 @@ const file_walship_v1_replication_proto_rawDesc = "" +
 	"\x06header\x18\x01 \x01(\v2\x1a.walship.v1.SnapshotHeaderH\x00R\x06header\x121\n" +
 	"\x05chunk\x18\x02 \x01(\v2\x19.walship.v1.SnapshotChunkH\x00R\x05chunk\x127\n" +
 	"\atrailer\x18\x03 \x01(\v2\x1b.walship.v1.SnapshotTrailerH\x00R\atrailerB\x06\n" +
-	"\x04part\"L\n" +
+	"\x04part\"\xd0\x01\n" +
 	"\x0eSnapshotHeader\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x10\n" +
 	"\x03lsn\x18\x02 \x01(\x04R\x03lsn\x12\x12\n" +
-	"\x04keys\x18\x03 \x01(\x04R\x04keys\"7\n" +
+	"\x04keys\x18\x03 \x01(\x04R\x04keys\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x04 \x01(\tR\tclusterId\x121\n" +
+	"\x15commit_time_unix_nano\x18\x05 \x01(\x03R\x12commitTimeUnixNano\x120\n" +
+	"\ahistory\x18\x06 \x03(\v2\x16.walship.v1.EpochStartR\ahistory\"7\n" +
 	"\rSnapshotChunk\x12&\n" +
 	"\x03kvs\x18\x01 \x03(\v2\x14.walship.v1.KeyValueR\x03kvs\"4\n" +
 	"\x0fSnapshotTrailer\x12!\n" +
@@ -893,16 +938,17 @@ var file_walship_v1_replication_proto_depIdxs = []int32{
 	7,  // 8: walship.v1.SnapshotResponse.header:type_name -> walship.v1.SnapshotHeader
 	8,  // 9: walship.v1.SnapshotResponse.chunk:type_name -> walship.v1.SnapshotChunk
 	9,  // 10: walship.v1.SnapshotResponse.trailer:type_name -> walship.v1.SnapshotTrailer
-	14, // 11: walship.v1.SnapshotChunk.kvs:type_name -> walship.v1.KeyValue
-	0,  // 12: walship.v1.ReplicationService.Stream:input_type -> walship.v1.StreamRequest
-	5,  // 13: walship.v1.ReplicationService.Snapshot:input_type -> walship.v1.SnapshotRequest
-	3,  // 14: walship.v1.ReplicationService.Stream:output_type -> walship.v1.StreamResponse
-	6,  // 15: walship.v1.ReplicationService.Snapshot:output_type -> walship.v1.SnapshotResponse
-	14, // [14:16] is the sub-list for method output_type
-	12, // [12:14] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	11, // 11: walship.v1.SnapshotHeader.history:type_name -> walship.v1.EpochStart
+	14, // 12: walship.v1.SnapshotChunk.kvs:type_name -> walship.v1.KeyValue
+	0,  // 13: walship.v1.ReplicationService.Stream:input_type -> walship.v1.StreamRequest
+	5,  // 14: walship.v1.ReplicationService.Snapshot:input_type -> walship.v1.SnapshotRequest
+	3,  // 15: walship.v1.ReplicationService.Stream:output_type -> walship.v1.StreamResponse
+	6,  // 16: walship.v1.ReplicationService.Snapshot:output_type -> walship.v1.SnapshotResponse
+	15, // [15:17] is the sub-list for method output_type
+	13, // [13:15] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_walship_v1_replication_proto_init() }

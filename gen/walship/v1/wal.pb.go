@@ -209,7 +209,11 @@ type Heartbeat struct {
 	// primary_addr is the sending primary's advertised address (primaries only).
 	PrimaryAddr string `protobuf:"bytes,5,opt,name=primary_addr,json=primaryAddr,proto3" json:"primary_addr,omitempty"`
 	// primary_id is the sending primary's node id (primaries only).
-	PrimaryId     string `protobuf:"bytes,6,opt,name=primary_id,json=primaryId,proto3" json:"primary_id,omitempty"`
+	PrimaryId string `protobuf:"bytes,6,opt,name=primary_id,json=primaryId,proto3" json:"primary_id,omitempty"`
+	// cluster_id is the sending primary's cluster (primaries only): a log
+	// store or replica of another cluster refuses the stream with
+	// FAILED_PRECONDITION naming both ids; one that has none yet adopts it.
+	ClusterId     string `protobuf:"bytes,7,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -286,6 +290,13 @@ func (x *Heartbeat) GetPrimaryId() string {
 	return ""
 }
 
+func (x *Heartbeat) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
 var File_walship_v1_wal_proto protoreflect.FileDescriptor
 
 const file_walship_v1_wal_proto_rawDesc = "" +
@@ -300,7 +311,7 @@ const file_walship_v1_wal_proto_rawDesc = "" +
 	"\x15commit_time_unix_nano\x18\x05 \x01(\x03R\x12commitTimeUnixNano\x12'\n" +
 	"\x05codec\x18\x06 \x01(\x0e2\x11.walship.v1.CodecR\x05codec\x12\x18\n" +
 	"\apayload\x18\a \x01(\fR\apayload\x12\x16\n" +
-	"\x06crc32c\x18\b \x01(\aR\x06crc32c\"\xcd\x01\n" +
+	"\x06crc32c\x18\b \x01(\aR\x06crc32c\"\xec\x01\n" +
 	"\tHeartbeat\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x19\n" +
 	"\blast_lsn\x18\x02 \x01(\x04R\alastLsn\x12$\n" +
@@ -308,7 +319,9 @@ const file_walship_v1_wal_proto_rawDesc = "" +
 	"\x0freply_requested\x18\x04 \x01(\bR\x0ereplyRequested\x12!\n" +
 	"\fprimary_addr\x18\x05 \x01(\tR\vprimaryAddr\x12\x1d\n" +
 	"\n" +
-	"primary_id\x18\x06 \x01(\tR\tprimaryId*A\n" +
+	"primary_id\x18\x06 \x01(\tR\tprimaryId\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\a \x01(\tR\tclusterId*A\n" +
 	"\x05Codec\x12\x15\n" +
 	"\x11CODEC_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rCODEC_MSGPACK\x10\x01\x12\x0e\n" +
