@@ -65,6 +65,8 @@ func startBench(b *testing.B, durability walshipv1.Durability, adjust ...func(*C
 			b.Error(err)
 		}
 	})
+	// Run opens the epoch in the background: a Put before then is refused.
+	testkit.Until(b, "the primary to take writes", s.TakingWrites)
 	return s
 }
 
