@@ -19,11 +19,18 @@ import (
 )
 
 // A replica keeps two epochs apart, as a log store does: the epoch it has
-// promised (DataDir/vote: a Fence, or a primary of a newer epoch it
-// followed), which the primary it streams from must be at, and the epoch
-// history of its log (DataDir/epochs), in which batch epochs only grow. A
-// new primary ships the batches of earlier epochs a lagging replica lacks,
-// byte for byte, under its own epoch.
+// promised (DataDir/vote: a Fence, a primary of a newer epoch it followed,
+// or the newest epoch of its own log), which the primary it streams from
+// must be at, and the epoch history of its log (DataDir/epochs), in which
+// batch epochs only grow. A new primary ships the batches of earlier
+// epochs a lagging replica lacks, byte for byte, under its own epoch.
+//
+// The promise is never older than the log's epoch: entries of an epoch
+// prove that its primary was elected, so every older epoch is deposed, and
+// a candidate of one must not count this replica among its promises.
+// Entries that arrive without their primary's heartbeat (from the log
+// store, or in a snapshot) raise the promise, durably, before they are
+// written or served.
 
 // loadEpochs reads the vote and the history at recovery; logEpoch is the
 // highest epoch of the replayed batches.
@@ -77,8 +84,12 @@ func (s *Server) noteEpoch(e, first uint64) error {
 }
 
 // resetHistory makes the history that of a log seeded at lsn by a
-// snapshot of epoch e: incomplete before lsn+1.
+// snapshot of epoch e: incomplete before lsn+1. The promise is raised to e
+// first (a snapshot comes without its primary's heartbeat).
 func (s *Server) resetHistory(e, lsn uint64) error {
+	if err := s.promiseLogEpoch(e); err != nil {
+		return err
+	}
 	h := datadir.History{{Epoch: e, FirstLSN: lsn + 1}}
 	if err := datadir.SaveHistory(s.fs, s.cfg.DataDir, h); err != nil {
 		return err
@@ -88,25 +99,67 @@ func (s *Server) resetHistory(e, lsn uint64) error {
 	return nil
 }
 
-// promise raises the vote to v, durably, if v is newer. It reports
+// promiseLocked raises the vote to v, durably, if v is newer. It reports
 // whether it did. Callers hold voteMu.
 func (s *Server) promiseLocked(v datadir.Vote) (bool, error) {
 	if v.Epoch <= s.vote.Load().Epoch {
 		return false, nil
 	}
-	if err := datadir.SaveVote(s.fs, s.cfg.DataDir, v); err != nil {
+	if err := s.saveVoteLocked(v, "promised a newer epoch"); err != nil {
 		return false, err
+	}
+	return true, nil
+}
+
+// promiseLogEpoch raises the vote to e, durably, if the log is to hold
+// entries of epoch e and the promise is older: the entries name no
+// primary, so neither does the vote until that epoch's primary is named
+// (learnLocked).
+func (s *Server) promiseLogEpoch(e uint64) error {
+	if e <= s.vote.Load().Epoch {
+		return nil
+	}
+	s.voteMu.Lock()
+	defer s.voteMu.Unlock()
+	return s.promiseLogEpochLocked(e)
+}
+
+// promiseLogEpochLocked is promiseLogEpoch with voteMu held.
+func (s *Server) promiseLogEpochLocked(e uint64) error {
+	_, err := s.promiseLocked(datadir.Vote{Epoch: e})
+	return err
+}
+
+// learnLocked takes a primary's word (its heartbeat, or a peer naming it)
+// for who is primary: it raises the vote to v if v is newer, as
+// promiseLocked, and names v's primary if v is of the epoch promised and
+// the promise names none (it was made for the log's entries alone). It
+// reports whether the vote changed. Never for a fence: a candidate must
+// not take over an epoch that exists. Callers hold voteMu.
+func (s *Server) learnLocked(v datadir.Vote) (bool, error) {
+	cur := s.vote.Load()
+	if v.Epoch != 0 && v.Epoch == cur.Epoch && cur.Primary == "" && cur.Addr == "" && (v.Primary != "" || v.Addr != "") {
+		return true, s.saveVoteLocked(v, "learnt the primary of the epoch promised")
+	}
+	return s.promiseLocked(v)
+}
+
+// saveVoteLocked makes v the vote, durably, logs why, and follows its
+// primary. Callers hold voteMu.
+func (s *Server) saveVoteLocked(v datadir.Vote, why string) error {
+	if err := datadir.SaveVote(s.fs, s.cfg.DataDir, v); err != nil {
+		return err
 	}
 	prev := s.vote.Load()
 	s.vote.Store(&v)
-	s.logger.Info("promised a newer epoch", "vote", v.String(), "previous", prev.String())
+	s.logger.Info(why, "vote", v.String(), "previous", prev.String())
 	if v.Addr != "" && v.Primary != s.cfg.ID {
 		// Not itself: a candidate fencing its own replica role stops it
 		// before it opens, and one whose promotion failed stays a replica
 		// of whoever wins next.
 		s.followPrimary(v.Addr)
 	}
-	return true, nil
+	return nil
 }
 
 // followPrimary makes addr the primary to stream from, ending the current stream
@@ -329,6 +382,9 @@ func (s *Server) learnPrimary(err error) bool {
 			return false
 		}
 	case v.Epoch == cur.Epoch && v.Addr != s.primary():
+		if _, err := s.learnLocked(v); err != nil {
+			s.logger.Warn("cannot save the vote for the primary a peer named", "vote", v.String(), "err", err)
+		}
 		s.followPrimary(v.Addr)
 	default:
 		return false
@@ -338,7 +394,8 @@ func (s *Server) learnPrimary(err error) bool {
 }
 
 // askLogStore asks the log store which epoch it has promised and to whom,
-// and follows that primary if it is newer than this replica's promise.
+// and follows that primary if it is newer than this replica's promise (or
+// names the primary of the epoch promised, if the promise names none).
 func (s *Server) askLogStore(ctx context.Context) {
 	if s.logstore == nil {
 		return
@@ -352,10 +409,8 @@ func (s *Server) askLogStore(ctx context.Context) {
 	v := datadir.Vote{Epoch: st.GetVoteEpoch(), Primary: st.GetPrimaryId(), Addr: st.GetPrimaryAddr()}
 	s.voteMu.Lock()
 	defer s.voteMu.Unlock()
-	if v.Epoch > s.vote.Load().Epoch {
-		if _, err := s.promiseLocked(v); err == nil {
-			s.logger.Info("the log store named a newer primary", "vote", v.String())
-		}
+	if changed, err := s.learnLocked(v); err == nil && changed {
+		s.logger.Info("the log store named the primary", "vote", v.String())
 	}
 }
 

@@ -694,7 +694,9 @@ func (s *Server) check(env *walshipv1.WalBatch, next, epoch uint64, c *checked) 
 
 // acceptPrimary checks a heartbeat's epoch against the replica's promise:
 // an older one is a deposed primary's (refused: the stream ends); a newer
-// one is promised, durably, to the primary that sent it.
+// one is promised, durably, to the primary that sent it. The primary of
+// an epoch promised for the log's entries alone, which named no one, is
+// recorded as the promise's primary.
 func (s *Server) acceptPrimary(hb *walshipv1.Heartbeat) error {
 	s.voteMu.Lock()
 	defer s.voteMu.Unlock()
@@ -702,7 +704,7 @@ func (s *Server) acceptPrimary(hb *walshipv1.Heartbeat) error {
 	if e := hb.GetEpoch(); e < v.Epoch {
 		return &refusal{reason: reasonEpoch, err: fmt.Errorf("heartbeat from epoch %d: this replica has promised epoch %d (%s)", e, v.Epoch, v.String())}
 	}
-	if _, err := s.promiseLocked(datadir.Vote{Epoch: hb.GetEpoch(), Primary: hb.GetPrimaryId(), Addr: hb.GetPrimaryAddr()}); err != nil {
+	if _, err := s.learnLocked(datadir.Vote{Epoch: hb.GetEpoch(), Primary: hb.GetPrimaryId(), Addr: hb.GetPrimaryAddr()}); err != nil {
 		return fmt.Errorf("%w: save the vote: %w", errFatal, err)
 	}
 	return nil
@@ -714,7 +716,8 @@ func (s *Server) acceptPrimary(hb *walshipv1.Heartbeat) error {
 // returns the first refusal (or a fatal WAL error). streamEpoch is the
 // sending primary's epoch (0 from a log store): batches from a primary
 // older than the replica's promise are refused, checked under walMu so
-// that none is written after a fence.
+// that none is written after a fence. Batches of an epoch newer than the
+// promise raise it first (promiseLogEpochLocked).
 func (s *Server) write(round []*walshipv1.WalBatch, streamEpoch uint64, written func()) error {
 	good := make([]checked, len(round))
 	next, epoch := s.wal.LastLSN()+1, s.epoch.Load()
@@ -737,33 +740,49 @@ func (s *Server) write(round []*walshipv1.WalBatch, streamEpoch uint64, written 
 		return refused
 	}
 	good = good[:n]
-	entries := make([]wal.Entry, n)
-	for i := range good {
-		entries[i] = wal.Entry{FirstLSN: good[i].env.GetFirstLsn(), LastLSN: good[i].env.GetLastLsn(), Data: good[i].data}
-	}
-	s.walMu.Lock()
-	if v := s.vote.Load(); streamEpoch != 0 && streamEpoch < v.Epoch {
-		s.walMu.Unlock()
-		s.metrics.refused.WithLabelValues(reasonEpoch).Add(float64(n))
-		return &refusal{reason: reasonEpoch, err: fmt.Errorf("batches from a primary of epoch %d: this replica has promised epoch %d (%s)", streamEpoch, v.Epoch, v.String())}
-	}
-	// The history is durable before anything of a new epoch is written.
-	for i := range good {
-		if err := s.noteEpoch(good[i].env.GetEpoch(), good[i].env.GetFirstLsn()); err != nil {
-			s.walMu.Unlock()
-			return fmt.Errorf("%w: %w", errFatal, err)
-		}
-	}
-	err := s.wal.Append(entries...)
-	s.walMu.Unlock()
-	if err != nil {
-		return fmt.Errorf("%w: wal append: %w", errFatal, err)
+	if err := s.appendRound(good, streamEpoch, epoch); err != nil {
+		return err
 	}
 	s.keepUnapplied(good)
 	if written != nil {
 		written()
 	}
 	return refused
+}
+
+// appendRound writes a round's checked batches with one append (its first
+// half's write). newest is the newest epoch they leave the log in. The
+// batches of a primary older than the promise are refused; the rest are
+// written only once the promise and the history they need are durable.
+func (s *Server) appendRound(good []checked, streamEpoch, newest uint64) error {
+	if newest > s.vote.Load().Epoch {
+		// voteMu before walMu, as Fence takes them.
+		s.voteMu.Lock()
+		defer s.voteMu.Unlock()
+	}
+	s.walMu.Lock()
+	defer s.walMu.Unlock()
+	if v := s.vote.Load(); streamEpoch != 0 && streamEpoch < v.Epoch {
+		s.metrics.refused.WithLabelValues(reasonEpoch).Add(float64(len(good)))
+		return &refusal{reason: reasonEpoch, err: fmt.Errorf("batches from a primary of epoch %d: this replica has promised epoch %d (%s)", streamEpoch, v.Epoch, v.String())}
+	}
+	if newest > s.vote.Load().Epoch { // voteMu held: taken above
+		if err := s.promiseLogEpochLocked(newest); err != nil {
+			return fmt.Errorf("%w: %w", errFatal, err)
+		}
+	}
+	// The history is durable before anything of a new epoch is written.
+	entries := make([]wal.Entry, len(good))
+	for i := range good {
+		if err := s.noteEpoch(good[i].env.GetEpoch(), good[i].env.GetFirstLsn()); err != nil {
+			return fmt.Errorf("%w: %w", errFatal, err)
+		}
+		entries[i] = wal.Entry{FirstLSN: good[i].env.GetFirstLsn(), LastLSN: good[i].env.GetLastLsn(), Data: good[i].data}
+	}
+	if err := s.wal.Append(entries...); err != nil {
+		return fmt.Errorf("%w: wal append: %w", errFatal, err)
+	}
+	return nil
 }
 
 // flushApply runs the second half of one or more rounds: one fsync for
