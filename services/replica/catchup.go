@@ -248,7 +248,7 @@ func (s *Server) cutDiverged(keep uint64) (bool, error) {
 		err = s.wal.TruncateAfter(keep)
 	}
 	if err == nil {
-		h := s.history.Load().Cut(keep)
+		h := logHistory(*s.history.Load(), keep)
 		if err = datadir.SaveHistory(s.fs, s.cfg.DataDir, h); err == nil {
 			s.history.Store(&h)
 			s.epoch.Store(h.Current().Epoch)

@@ -43,7 +43,7 @@ func (s *Server) loadEpochs(logEpoch uint64) error {
 	if err != nil {
 		return err
 	}
-	h = h.Cut(s.wal.LastLSN())
+	h = logHistory(h, s.wal.LastLSN())
 	if len(h) == 0 {
 		// A directory written before histories were kept: its epoch
 		// file was the epoch of its newest batch.
@@ -62,6 +62,21 @@ func (s *Server) loadEpochs(logEpoch uint64) error {
 	}
 	s.primaryAddr.Store(&addr)
 	return nil
+}
+
+// logHistory is h as the history of a log that ends at last: without the
+// epochs that begin after it (a crash may have taken the batches they were
+// noted for) — except the line a re-seed began it with. A log seeded by a
+// snapshot at LSN L of epoch E holds nothing after L, and its history is
+// E from L+1 (resetHistory): that line says which primary's log it shares
+// up to L, and is kept until entries after L supersede it. Without it the
+// log would claim no epoch (or its promise's, at a restart), and a primary
+// would answer its hello with Diverged, or accept it on its epoch alone.
+func logHistory(h datadir.History, last uint64) datadir.History {
+	if len(h) > 0 && !h.Complete() && h[0].FirstLSN == last+1 {
+		return h[:1:1]
+	}
+	return h.Cut(last)
 }
 
 // noteEpoch records, durably, that the log continues in epoch e from first

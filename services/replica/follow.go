@@ -350,7 +350,7 @@ func (s *Server) startStream(ctx context.Context, cancel context.CancelFunc, str
 		kick: make(chan struct{}, 1), urgent: make(chan struct{}, 1)}
 	hello := &walshipv1.StreamRequest{Msg: &walshipv1.StreamRequest_Hello{Hello: &walshipv1.ReplicaHello{
 		ReplicaId: s.cfg.ID, Epoch: s.epoch.Load(), NextLsn: s.wal.LastLSN() + 1, FencedEpoch: s.Vote().Epoch,
-		History: s.history.Load().Cut(s.wal.LastLSN()).Proto(),
+		History: logHistory(*s.history.Load(), s.wal.LastLSN()).Proto(),
 	}}}
 	ps.flushTimer = time.NewTimer(time.Hour)
 	ps.flushTimer.Stop()
