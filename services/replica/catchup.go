@@ -228,14 +228,16 @@ func (d *divergedError) Error() string {
 }
 
 // cutDiverged removes the replica's entries after keep. It returns false
-// when the replica applied some of them (it replayed its own log after a
-// restart), so that only a re-seed can undo them.
+// when it cannot — the replica applied some of them (it replayed its own
+// log after a restart), or keep falls inside an entry — so that only a
+// re-seed can undo them; the entries are kept in an orphan file first
+// either way.
 func (s *Server) cutDiverged(keep uint64) (bool, error) {
 	if applied := s.appliedLSN(); applied > keep {
 		// Only a re-seed can undo what was applied; what the log holds
 		// past the cut is kept first (best effort: the re-seed resets it).
 		s.walMu.Lock()
-		if err := s.orphanAfter(keep); err != nil {
+		if _, err := s.orphanAfter(keep); err != nil {
 			s.logger.Warn("cannot keep the entries past the cut in an orphan file before re-seeding", "truncate_after_lsn", keep, "err", err)
 		}
 		s.walMu.Unlock()
@@ -243,11 +245,11 @@ func (s *Server) cutDiverged(keep uint64) (bool, error) {
 		return false, nil
 	}
 	s.walMu.Lock()
-	err := s.orphanAfter(keep)
-	if err == nil {
+	between, err := s.orphanAfter(keep)
+	if err == nil && between {
 		err = s.wal.TruncateAfter(keep)
 	}
-	if err == nil {
+	if err == nil && between {
 		h := logHistory(*s.history.Load(), keep)
 		if err = datadir.SaveHistory(s.fs, s.cfg.DataDir, h); err == nil {
 			s.history.Store(&h)
@@ -258,9 +260,12 @@ func (s *Server) cutDiverged(keep uint64) (bool, error) {
 	if errors.Is(err, wal.ErrBroken) {
 		return false, fmt.Errorf("%w: cut the log after LSN %d: %w", errFatal, keep, err)
 	}
-	if err != nil {
+	if err != nil || !between {
 		// The primary's cut does not fall between this log's entries: the
 		// logs differ in a way a cut cannot mend.
+		if err == nil {
+			err = fmt.Errorf("LSN %d is inside an entry", keep)
+		}
 		s.logger.Warn("cannot cut the log where the primary says; re-seeding", "truncate_after_lsn", keep, "err", err)
 		s.reseedBack = true
 		return false, nil
@@ -278,13 +283,44 @@ func (s *Server) cutDiverged(keep uint64) (bool, error) {
 }
 
 // orphanAfter copies the log's entries after keep into an orphan file
-// before they are cut (walMu held): nothing cut is ever deleted.
-func (s *Server) orphanAfter(keep uint64) error {
-	o, n, err := datadir.OrphanTail(s.fs, s.cfg.DataDir, s.wal, keep, s.now())
-	if err != nil || n == 0 {
-		return err
+// before they are cut or re-seeded away (walMu held): nothing cut is ever
+// deleted. An entry that holds LSNs on both sides of keep is kept whole.
+// between reports whether keep falls between entries (or past the log's
+// end): only there can the log be cut.
+func (s *Server) orphanAfter(keep uint64) (between bool, err error) {
+	from, err := s.entryHolding(keep + 1)
+	if err != nil {
+		return false, err
 	}
-	s.metrics.orphaned.Add(float64(n))
-	s.logger.Warn("cut entries the primary's history does not have; kept in an orphan file", "truncate_after_lsn", keep, "records", n, "orphan", o.Name)
-	return nil
+	o, n, err := datadir.OrphanTail(s.fs, s.cfg.DataDir, s.wal, from-1, s.now())
+	if err != nil {
+		return false, err
+	}
+	if n > 0 {
+		s.metrics.orphaned.Add(float64(n))
+		s.logger.Warn("cut entries the primary's history does not have; kept in an orphan file", "truncate_after_lsn", keep, "records", n, "orphan", o.Name)
+	}
+	return from == keep+1, nil
+}
+
+// entryHolding returns the first LSN of the log's entry that holds lsn
+// (lsn itself past the log's end).
+func (s *Server) entryHolding(lsn uint64) (uint64, error) {
+	if lsn > s.wal.LastLSN() {
+		return lsn, nil
+	}
+	rd, err := s.wal.NewReader(lsn, false)
+	if err != nil {
+		return 0, fmt.Errorf("find the entry holding LSN %d: %w", lsn, err)
+	}
+	defer rd.Close()
+	// The entry is written: Next does not wait for it; the timeout only
+	// turns a bug into an error.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	e, err := rd.Next(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("find the entry holding LSN %d: %w", lsn, err)
+	}
+	return e.FirstLSN, nil
 }
