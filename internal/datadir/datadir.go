@@ -1,6 +1,9 @@
 // Package datadir holds the small files of a node's data directory beside
 // its WAL (wal/) and snapshots (snapshots/), for every kind of node:
 //
+//	cluster   the id of the cluster the directory belongs to, one line
+//	          (see Cluster): made by the cluster's first primary, adopted
+//	          by every other node from the first peer it hears from
 //	vote      the highest epoch the node has promised to (a fence, or a
 //	          primary it followed), and that epoch's primary
 //	epochs    the epoch history of the node's log: one "epoch first_lsn"
