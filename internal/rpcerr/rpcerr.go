@@ -7,6 +7,7 @@
 //	not ready/stopped → Unavailable
 //	LSN gone          → OutOfRange
 //	stale epoch       → FailedPrecondition
+//	another cluster   → FailedPrecondition
 package rpcerr
 
 import (
@@ -76,7 +77,7 @@ func Code(err error) codes.Code {
 		return codes.Unavailable
 	case errors.Is(err, ErrCompacted):
 		return codes.OutOfRange
-	case errors.Is(err, ErrStaleEpoch), errors.Is(err, ErrWrongRole):
+	case errors.Is(err, ErrStaleEpoch), errors.Is(err, ErrWrongRole), errors.Is(err, ErrOtherCluster):
 		return codes.FailedPrecondition
 	case errors.Is(err, context.DeadlineExceeded):
 		return codes.DeadlineExceeded

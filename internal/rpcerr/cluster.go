@@ -1,0 +1,80 @@
+package rpcerr
+
+import (
+	"errors"
+	"fmt"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// ErrOtherCluster marks a peer, a request or a data directory of another
+// cluster than this node's (FAILED_PRECONDITION).
+var ErrOtherCluster = errors.New("cluster id mismatch")
+
+// ClusterMismatchReason is the ErrorInfo reason of OtherCluster's
+// refusals; the metadata holds the refusing node's cluster_id and the
+// refused peer's peer_cluster_id.
+const ClusterMismatchReason = "CLUSTER_MISMATCH"
+
+// OtherCluster is the refusal of a peer of another cluster:
+// FAILED_PRECONDITION "cluster id mismatch: this <role> belongs to
+// cluster <ours>, <peer> is of cluster <theirs>", with an ErrorInfo that
+// lets the refused side recognise it (IsOtherCluster) and read both ids.
+// role names the refusing node ("log store", "replica r1"); peer the
+// refused side ("the primary", "the candidate c1", "the request").
+func OtherCluster(role, ours, peer, theirs string) error {
+	st := status.Newf(codes.FailedPrecondition, "%v: this %s belongs to cluster %s, %s is of cluster %s", ErrOtherCluster, role, ours, peer, theirs)
+	if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: ClusterMismatchReason, Domain: "walship.io",
+		Metadata: map[string]string{"cluster_id": ours, "peer_cluster_id": theirs}}); err == nil {
+		st = d
+	}
+	return st.Err()
+}
+
+// CheckCluster refuses a peer of another cluster: OtherCluster when both
+// ids are known and differ, nil otherwise (a node that has no id yet
+// adopts the peer's; a peer that states none predates cluster ids).
+func CheckCluster(role, ours, peer, theirs string) error {
+	if ours == "" || theirs == "" || ours == theirs {
+		return nil
+	}
+	return OtherCluster(role, ours, peer, theirs)
+}
+
+// IsOtherCluster reports whether err is a refusal for another cluster:
+// an OtherCluster status (made here or received from a peer, wrapped or
+// not) or an error wrapping ErrOtherCluster.
+func IsOtherCluster(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, ErrOtherCluster) {
+		return true
+	}
+	_, _, ok := ClusterIDs(err)
+	return ok
+}
+
+// ClusterIDs reads the ids of an OtherCluster refusal: the refusing
+// node's and the refused peer's.
+func ClusterIDs(err error) (refuser, refused string, ok bool) {
+	st, isStatus := status.FromError(err)
+	if !isStatus || st.Code() != codes.FailedPrecondition {
+		return "", "", false
+	}
+	for _, d := range st.Details() {
+		if ei, isInfo := d.(*errdetails.ErrorInfo); isInfo && ei.GetReason() == ClusterMismatchReason {
+			return ei.GetMetadata()["cluster_id"], ei.GetMetadata()["peer_cluster_id"], true
+		}
+	}
+	return "", "", false
+}
+
+// Mismatch is an error of this node's own finding — not a peer's
+// refusal — that a peer belongs to another cluster: it wraps
+// ErrOtherCluster (FAILED_PRECONDITION at the edge) and names both ids.
+func Mismatch(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrOtherCluster, fmt.Sprintf(format, args...))
+}

@@ -1,0 +1,48 @@
+package rpcerr
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// TestOtherCluster: the refusal is FAILED_PRECONDITION naming both ids in
+// the agreed words, and is recognised after a trip over the wire and
+// through wrapping; CheckCluster refuses only two known, different ids.
+func TestOtherCluster(t *testing.T) {
+	const a, b = "0f1e2d3c-4b5a-4968-8776-655443322110", "1f1e2d3c-4b5a-4968-8776-655443322110"
+	err := OtherCluster("log store", a, "the primary", b)
+	want := "cluster id mismatch: this log store belongs to cluster " + a + ", the primary is of cluster " + b
+	if st := status.Convert(err); st.Code() != codes.FailedPrecondition || st.Message() != want {
+		t.Fatalf("OtherCluster = %v %q; want FAILED_PRECONDITION %q", st.Code(), st.Message(), want)
+	}
+	wire := status.FromProto(status.Convert(err).Proto()).Err() // as a peer receives it
+	for _, e := range []error{err, wire, fmt.Errorf("shipping: %w", wire)} {
+		if !IsOtherCluster(e) {
+			t.Errorf("IsOtherCluster(%v) = false", e)
+		}
+		if ours, theirs, ok := ClusterIDs(e); !ok || ours != a || theirs != b {
+			t.Errorf("ClusterIDs(%v) = %q, %q, %v", e, ours, theirs, ok)
+		}
+	}
+	for _, e := range []error{nil, errors.New("x"), status.Error(codes.FailedPrecondition, "stale epoch 3")} {
+		if IsOtherCluster(e) {
+			t.Errorf("IsOtherCluster(%v) = true", e)
+		}
+	}
+	m := Mismatch("log store %s belongs to cluster %s", "ls:1", b)
+	if !IsOtherCluster(m) || Code(m) != codes.FailedPrecondition || status.Code(Status(m)) != codes.FailedPrecondition {
+		t.Errorf("Mismatch: IsOtherCluster %v, code %v", IsOtherCluster(m), Code(m))
+	}
+	for _, tc := range []struct {
+		ours, theirs string
+		refused      bool
+	}{{a, b, true}, {a, a, false}, {"", b, false}, {a, "", false}, {"", "", false}} {
+		if got := CheckCluster("replica", tc.ours, "the primary", tc.theirs) != nil; got != tc.refused {
+			t.Errorf("CheckCluster(%q, %q) refused = %v", tc.ours, tc.theirs, got)
+		}
+	}
+}
