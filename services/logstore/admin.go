@@ -27,6 +27,7 @@ func (s *Server) Status() *walshipv1.LogStoreServiceStatusResponse {
 		VoteEpoch:   v.Epoch,
 		PrimaryId:   v.Primary,
 		PrimaryAddr: v.Addr,
+		ClusterId:   s.cluster.ID(),
 	}
 }
 
@@ -66,6 +67,7 @@ func (a *adminServer) Status(context.Context, *walshipv1.StatusRequest) (*walshi
 		WalBytes:    uint64(s.wal.Size()),
 		WalFirstLsn: s.wal.FirstLSN(),
 		Serving:     s.srv.Serving(),
+		ClusterId:   s.cluster.ID(),
 	}
 	orphans, err := datadir.ListOrphans(s.fs, s.cfg.DataDir)
 	if err != nil {

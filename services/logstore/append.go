@@ -278,6 +278,9 @@ func checkRequest(req *walshipv1.AppendRequest) (*appendReq, error) {
 	if req.GetTruncate() && b != nil {
 		return nil, refuse(rpcerr.ErrInvalid, "append request: truncate and a batch in one request")
 	}
+	if err := checkClusterID("heartbeat.cluster_id", hb.GetClusterId()); err != nil {
+		return nil, err
+	}
 	r := &appendReq{hb: hb, weight: 1, cut: req.GetTruncate(), cutAfter: req.GetTruncateAfterLsn()}
 	if b != nil {
 		if err := checkBatch(b); err != nil {
@@ -534,6 +537,11 @@ func (s *Server) round(reqs []*appendReq) error {
 // brings it is acknowledged — never from a refused request.
 func (s *Server) admit(r *appendReq, walLast uint64, last *uint64, entries *[]wal.Entry) (refused, fatal error) {
 	st, hb, b := r.st, r.hb, r.env
+	if id := hb.GetClusterId(); id != "" {
+		if err := s.refuseOtherCluster(id, primaryPeer(hb)); err != nil {
+			return err, nil
+		}
+	}
 	if hb != nil && hb.Epoch > st.epoch {
 		st.epoch = hb.Epoch
 	}
@@ -554,6 +562,13 @@ func (s *Server) admit(r *appendReq, walLast uint64, last *uint64, entries *[]wa
 	}
 	if v := s.vote.Load(); sender != 0 && sender < v.Epoch {
 		return refuse(rpcerr.ErrStaleEpoch, "stale epoch %d, log store is at epoch %d%s", sender, v.Epoch, primaryName(*v)), nil
+	}
+	// A primary this log store accepts and whose cluster it did not know
+	// yet: its cluster's id is saved before anything it sent is acted on.
+	if id := hb.GetClusterId(); id != "" && s.cluster.ID() == "" {
+		if err := s.adoptCluster(id, "the heartbeat of "+primaryPeer(hb)); err != nil {
+			return nil, err
+		}
 	}
 	if r.cut {
 		return s.cut(r.cutAfter)
@@ -593,6 +608,14 @@ func (s *Server) admit(r *appendReq, walLast uint64, last *uint64, entries *[]wa
 	}
 	s.lastContact = time.Now()
 	return nil, nil
+}
+
+// primaryPeer names the primary that sent hb, for a refusal.
+func primaryPeer(hb *walshipv1.Heartbeat) string {
+	if id := hb.GetPrimaryId(); id != "" {
+		return "the primary " + id
+	}
+	return "the primary"
 }
 
 // primaryName names the primary of v for an error message ("" if unknown).

@@ -69,6 +69,18 @@
 // and verified (CRC) again before it is sent: a damaged one fails the stream
 // with DATA_LOSS and is never sent.
 //
+// # Cluster identity
+//
+// The log store belongs to one cluster (DataDir/cluster, internal/datadir).
+// One with no cluster id yet adopts the id of the first fence it grants or
+// of the first primary's heartbeat it accepts, saving it before it acts
+// on anything that came with it. From then on a Fence, an Append
+// heartbeat or a Read that states another cluster's id is refused with
+// FAILED_PRECONDITION ("cluster id mismatch: this log store belongs to
+// cluster X, the primary p is of cluster Y"), before anything is changed
+// on disk, and counted (walship_cluster_mismatch_total). A peer that
+// states no id (one older than cluster ids) is not refused for it.
+//
 // # Retention
 //
 // A background goroutine, woken after every round that wrote and by a

@@ -72,17 +72,35 @@ func checkFence(req *walshipv1.FenceRequest) error {
 	case !nodeIDPattern.MatchString(req.GetCandidateId()):
 		return refuse(rpcerr.ErrInvalid, "candidate_id: %q is not 1..64 of [A-Za-z0-9._-]", req.GetCandidateId())
 	}
+	return checkClusterID("cluster_id", req.GetClusterId())
+}
+
+// checkClusterID validates a cluster id a request states ("" states
+// none); the error names the field.
+func checkClusterID(field, id string) error {
+	if id == "" {
+		return nil
+	}
+	if err := datadir.ValidateClusterID(id); err != nil {
+		return refuse(rpcerr.ErrInvalid, "%s: %v", field, err)
+	}
 	return nil
 }
 
 // handleFence answers a fence on the writer goroutine (walMu held by no
-// one else meanwhile): grant it if its epoch is newer than the promise,
-// persisting the new promise first, and end every Append stream of an
-// older epoch so that a deposed primary learns at once. An error is fatal.
+// one else meanwhile): refuse a candidate of another cluster, changing
+// nothing; grant it if its epoch is newer than the promise, persisting
+// the candidate's cluster id (if the log store had none) and the new
+// promise first, and end every Append stream of an older epoch so that a
+// deposed primary learns at once. An error is fatal.
 func (s *Server) handleFence(r *appendReq) error {
 	s.walMu.Lock()
 	defer s.walMu.Unlock()
 	req := r.fence
+	if err := s.refuseOtherCluster(req.GetClusterId(), "the candidate "+req.GetCandidateId()); err != nil {
+		r.fenced <- fenceResult{err: err}
+		return nil
+	}
 	v := *s.vote.Load()
 	resp := s.fenceState()
 	if !s.lastContact.IsZero() {
@@ -96,12 +114,16 @@ func (s *Server) handleFence(r *appendReq) error {
 		return nil
 	}
 	nv := datadir.Vote{Epoch: req.GetEpoch(), Primary: req.GetCandidateId(), Addr: req.GetCandidateAddr()}
+	if err := s.adoptCluster(req.GetClusterId(), "the fence of candidate "+req.GetCandidateId()); err != nil {
+		r.fenced <- fenceResult{err: refuse(rpcerr.ErrUnavailable, "log store failed: %v", err)}
+		return err
+	}
 	if err := s.saveVote(nv); err != nil {
 		r.fenced <- fenceResult{err: refuse(rpcerr.ErrUnavailable, "log store failed: %v", err)}
 		return err
 	}
 	s.metrics.fences.Inc()
-	resp.Granted, resp.Epoch, resp.PrimaryId, resp.PrimaryAddr = true, nv.Epoch, nv.Primary, nv.Addr
+	resp.Granted, resp.Epoch, resp.PrimaryId, resp.PrimaryAddr, resp.ClusterId = true, nv.Epoch, nv.Primary, nv.Addr, s.cluster.ID()
 	stale := refuse(rpcerr.ErrStaleEpoch, "fenced: the log store promised epoch %d to %s (%s)", nv.Epoch, nv.Primary, nv.Addr)
 	s.mu.Lock()
 	for st := range s.streams {
@@ -121,6 +143,7 @@ func (s *Server) fenceState() *walshipv1.FenceResponse {
 		LastEpoch: s.logEpoch.Load(),
 		LastLsn:   s.durableLSN(),
 		History:   (*s.history.Load()).Proto(),
+		ClusterId: s.cluster.ID(),
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
+	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/vfs"
 	"github.com/walship/walship/internal/wal"
@@ -40,6 +41,10 @@ type Server struct {
 	// epoch history of the stored log (DataDir/epochs). Writer-only writes.
 	logEpoch atomic.Uint64
 	history  atomic.Pointer[datadir.History]
+	// cluster is the cluster the log store belongs to (DataDir/cluster):
+	// adopted from the first fence or primary's heartbeat that states one,
+	// by the writer; peers of another cluster are refused.
+	cluster *datadir.Cluster
 	// lastContact is when the writer last admitted a request of a
 	// primary that was not refused (writer-only; a fence reports it).
 	lastContact time.Time
@@ -158,6 +163,9 @@ func (s *Server) recover() error {
 	if err != nil {
 		return err
 	}
+	if s.cluster, err = datadir.OpenCluster(s.fs, s.cfg.DataDir); err != nil {
+		return err
+	}
 	log, err := wal.Open(wal.Options{
 		Dir:         filepath.Join(s.cfg.DataDir, "wal"),
 		FS:          s.fs,
@@ -185,7 +193,7 @@ func (s *Server) recover() error {
 		s.logger.Warn("cut a torn WAL tail", "segment", ri.TornSegment, "offset", ri.TornOffset, "bytes", ri.TornBytes, "reason", ri.TornReason)
 	}
 	s.firstKept.Advance(log.FirstLSN())
-	s.logger.Info("recovered", "first_lsn", log.FirstLSN(), "durable_lsn", log.DurableLSN(), "vote", v.String(),
+	s.logger.Info("recovered", "cluster_id", s.cluster.ID(), "first_lsn", log.FirstLSN(), "durable_lsn", log.DurableLSN(), "vote", v.String(),
 		"log_epoch", logEpoch, "segments", log.Segments(), "wal_bytes", log.Size())
 	return nil
 }
@@ -201,6 +209,36 @@ func (s *Server) saveVote(v datadir.Vote) error {
 	s.vote.Store(&v)
 	s.epoch.Store(v.Epoch)
 	s.logger.Info("promised a newer epoch", "vote", v.String(), "previous", prev.String())
+	return nil
+}
+
+// refuseOtherCluster refuses a peer that states another cluster than the
+// log store's (nil if either id is unknown or they agree), logging and
+// counting it. peer names it in the refusal ("the primary").
+func (s *Server) refuseOtherCluster(theirs, peer string) error {
+	err := rpcerr.CheckCluster("log store", s.cluster.ID(), peer, theirs)
+	if err != nil {
+		s.metrics.clusterMismatch.Inc()
+		s.logger.Warn("refused a peer of another cluster", "cluster_id", s.cluster.ID(), "peer", peer, "peer_cluster_id", theirs)
+	}
+	return err
+}
+
+// adoptCluster makes id the log store's cluster id if it has none, saved
+// before anything that came with it is acted on. Writer-only. An error
+// is fatal.
+func (s *Server) adoptCluster(id, from string) error {
+	if id == "" {
+		return nil
+	}
+	adopted, err := s.cluster.Adopt(id)
+	if err != nil {
+		s.metrics.fsyncErrors.Inc()
+		return err
+	}
+	if adopted {
+		s.logger.Info("joined a cluster", "cluster_id", id, "from", from)
+	}
 	return nil
 }
 
@@ -242,7 +280,7 @@ func (s *Server) Run(ctx context.Context) error {
 	serveDone := make(chan error, 1)
 	go func() { serveDone <- s.srv.Serve(serveCtx, s.beginStop) }()
 	s.srv.SetServing(true)
-	s.logger.Info("log store serving", "addr", s.Addr(), "metrics", s.MetricsAddr(), "epoch", s.epoch.Load(),
+	s.logger.Info("log store serving", "addr", s.Addr(), "metrics", s.MetricsAddr(), "cluster_id", s.cluster.ID(), "epoch", s.epoch.Load(),
 		"first_lsn", s.wal.FirstLSN(), "durable_lsn", s.wal.DurableLSN(),
 		"retention_bytes", s.cfg.RetentionBytes, "retention_age", s.cfg.RetentionAge)
 

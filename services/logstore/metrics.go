@@ -18,6 +18,8 @@ type metrics struct {
 	readStreams   prometheus.Gauge
 	fences        prometheus.Counter
 	orphaned      prometheus.Counter
+	// clusterMismatch counts peers refused for another cluster.
+	clusterMismatch prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
@@ -55,6 +57,10 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		Name: "walship_orphaned_records_total",
 		Help: "Log records cut because the cluster's history went another way, kept in orphan files.",
 	})
+	m.clusterMismatch = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "walship_cluster_mismatch_total",
+		Help: "Requests and streams refused because the peer belongs to another cluster (its cluster id differs from this node's; both are logged).",
+	})
 	durable := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "walship_logstore_durable_lsn",
 		Help: "Last LSN fsynced by the log store.",
@@ -72,7 +78,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		Help: "Highest epoch the log store has promised (a fence, or a newer primary seen), persisted.",
 	}, func() float64 { return float64(s.epoch.Load()) })
 	m.collectors = []prometheus.Collector{m.appendedBytes, m.readBytes, m.fsyncSeconds, m.fsyncErrors,
-		m.appendStreams, m.readStreams, m.fences, m.orphaned, durable, first, stored, epoch}
+		m.appendStreams, m.readStreams, m.fences, m.orphaned, m.clusterMismatch, durable, first, stored, epoch}
 	for i, c := range m.collectors {
 		if err := reg.Register(c); err != nil {
 			for _, r := range m.collectors[:i] {

@@ -53,6 +53,12 @@ func (s *Server) closeRead() {
 }
 
 func (s *Server) read(ctx context.Context, req *walshipv1.ReadRequest, stream walshipv1.LogStoreService_ReadServer) error {
+	if err := checkClusterID("cluster_id", req.GetClusterId()); err != nil {
+		return err
+	}
+	if err := s.refuseOtherCluster(req.GetClusterId(), "the request"); err != nil {
+		return err
+	}
 	from, to, follow := req.GetFromLsn(), req.GetToLsn(), req.GetFollow()
 	if from != 0 && to != 0 && to < from {
 		return refuse(rpcerr.ErrInvalid, "to_lsn: %d is before from_lsn %d", to, from)

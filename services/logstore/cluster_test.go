@@ -1,0 +1,174 @@
+package logstore
+
+import (
+	"io/fs"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/datadir"
+	"github.com/walship/walship/internal/vfs"
+	"google.golang.org/grpc/codes"
+)
+
+const (
+	clusterA = "0a0a0a0a-0a0a-4a0a-8a0a-0a0a0a0a0a0a"
+	clusterB = "0b0b0b0b-0b0b-4b0b-8b0b-0b0b0b0b0b0b"
+)
+
+// beat sends a heartbeat of epoch from a primary of cluster.
+func (a *appender) beat(epoch uint64, cluster string) {
+	a.t.Helper()
+	hb := &walshipv1.Heartbeat{Epoch: epoch, TimeUnixNano: time.Now().UnixNano(), ReplyRequested: true, PrimaryId: "p", PrimaryAddr: "p:1", ClusterId: cluster}
+	if err := a.stream.Send(&walshipv1.AppendRequest{Heartbeat: hb}); err != nil {
+		a.t.Fatalf("Send heartbeat: %v", err)
+	}
+}
+
+// dirContents is every file under dir and its bytes.
+func dirContents(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		out[path] = string(b)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func sameContents(t *testing.T, what string, got, want map[string]string) {
+	t.Helper()
+	for p, b := range want {
+		if got[p] != b {
+			t.Errorf("%s changed %s", what, p)
+		}
+	}
+	for p := range got {
+		if _, ok := want[p]; !ok {
+			t.Errorf("%s created %s", what, p)
+		}
+	}
+}
+
+// TestClusterIdentity: a log store with no cluster id adopts the first
+// granted fence's, durably, and reports it everywhere; from then on a
+// candidate, a primary or a reader of another cluster is refused with
+// FAILED_PRECONDITION naming both ids, counted, and nothing on disk
+// changes — across a restart too. A primary that states no id (one that
+// predates cluster ids) is served; a malformed id is INVALID_ARGUMENT
+// naming the field.
+func TestClusterIdentity(t *testing.T) {
+	dir := t.TempDir()
+	r := start(t, testConfig(t, dir))
+	fence := walshipv1.NewEpochServiceClient(r.conn)
+	if st := r.status(t); st.ClusterId != "" {
+		t.Fatalf("a new log store reports cluster %q", st.ClusterId)
+	}
+	resp, err := fence.Fence(t.Context(), &walshipv1.FenceRequest{Epoch: 1, CandidateId: "a1", CandidateAddr: "a1:1", ClusterId: clusterA})
+	if err != nil || !resp.Granted || resp.ClusterId != clusterA {
+		t.Fatalf("first fence = %v, %v", resp, err)
+	}
+	if id, err := datadir.LoadCluster(vfs.OS, dir); err != nil || id != clusterA {
+		t.Fatalf("cluster file after the fence: %q, %v", id, err)
+	}
+	if st := r.status(t); st.ClusterId != clusterA {
+		t.Fatalf("LogStoreService.Status cluster_id = %q", st.ClusterId)
+	}
+	if st, err := r.admin.Status(t.Context(), &walshipv1.StatusRequest{}); err != nil || st.ClusterId != clusterA {
+		t.Fatalf("AdminService.Status = %v, %v", st, err)
+	}
+	// Its primary ships; one that states no cluster id is served as well.
+	a := r.append(t)
+	a.beat(1, clusterA)
+	a.send(chain(t, 1, 1, 2, 10)...)
+	a.waitDurable(4)
+	old := r.append(t)
+	old.heartbeat(1)
+	old.send(batch(t, 1, 5, 1, 10))
+	old.waitDurable(6)
+
+	before := dirContents(t, dir)
+	refusals := counterValue(t, r.s.metrics.clusterMismatch)
+	_, err = fence.Fence(t.Context(), &walshipv1.FenceRequest{Epoch: 7, CandidateId: "b1", CandidateAddr: "b1:1", ClusterId: clusterB})
+	wantCode(t, err, codes.FailedPrecondition, "cluster id mismatch: this log store belongs to cluster "+clusterA+", the candidate b1 is of cluster "+clusterB)
+	other := r.append(t)
+	other.beat(9, clusterB)
+	other.send(batch(t, 9, 7, 1, 10))
+	wantCode(t, other.failure(), codes.FailedPrecondition, "this log store belongs to cluster "+clusterA+", the primary p is of cluster "+clusterB)
+	_, err = r.readAll(t, &walshipv1.ReadRequest{FromLsn: 1, ClusterId: clusterB})
+	wantCode(t, err, codes.FailedPrecondition, "the request is of cluster "+clusterB, clusterA)
+	if got := counterValue(t, r.s.metrics.clusterMismatch) - refusals; got != 3 {
+		t.Errorf("walship_cluster_mismatch_total rose by %v, want 3", got)
+	}
+	// Readers of its own cluster, or stating none, read.
+	for _, id := range []string{clusterA, ""} {
+		if got, err := r.readAll(t, &walshipv1.ReadRequest{FromLsn: 1, ClusterId: id}); err != nil || len(got) != 3 {
+			t.Fatalf("read as %q: %d batches, %v", id, len(got), err)
+		}
+	}
+	for _, bad := range []struct {
+		err   error
+		field string
+	}{
+		{func() error {
+			_, err := fence.Fence(t.Context(), &walshipv1.FenceRequest{Epoch: 8, CandidateId: "x", CandidateAddr: "x:1", ClusterId: "CLUSTER"})
+			return err
+		}(), "cluster_id"},
+		{func() error { a := r.append(t); a.beat(1, "not-a-uuid"); return a.failure() }(), "heartbeat.cluster_id"},
+		{func() error { _, err := r.readAll(t, &walshipv1.ReadRequest{FromLsn: 1, ClusterId: "x"}); return err }(), "cluster_id"},
+	} {
+		wantCode(t, bad.err, codes.InvalidArgument, bad.field, "not a cluster id")
+	}
+	if st := r.status(t); st.VoteEpoch != 1 || st.DurableLsn != 6 || st.ClusterId != clusterA {
+		t.Fatalf("after the refusals: %v", st)
+	}
+	sameContents(t, "refusing peers of another cluster", dirContents(t, dir), before)
+
+	// After a restart: the same id, the same refusals.
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	r = start(t, testConfig(t, dir))
+	if st := r.status(t); st.ClusterId != clusterA {
+		t.Fatalf("after a restart: cluster_id %q", st.ClusterId)
+	}
+	_, err = walshipv1.NewEpochServiceClient(r.conn).Fence(t.Context(), &walshipv1.FenceRequest{Epoch: 7, CandidateId: "b1", CandidateAddr: "b1:1", ClusterId: clusterB})
+	wantCode(t, err, codes.FailedPrecondition, clusterA, clusterB)
+}
+
+// TestClusterAdoptedFromHeartbeat: a log store with no cluster id adopts
+// the id of the first primary whose stream it accepts, before it stores
+// anything that primary sent; a refused heartbeat (a stale epoch) teaches
+// it nothing.
+func TestClusterAdoptedFromHeartbeat(t *testing.T) {
+	dir := t.TempDir()
+	r := start(t, testConfig(t, dir))
+	if resp, err := walshipv1.NewEpochServiceClient(r.conn).Fence(t.Context(), &walshipv1.FenceRequest{Epoch: 3, CandidateId: "c", CandidateAddr: "c:1"}); err != nil || !resp.Granted || resp.ClusterId != "" {
+		t.Fatalf("fence without a cluster id = %v, %v", resp, err)
+	}
+	stale := r.append(t)
+	stale.beat(2, clusterB)
+	wantCode(t, stale.failure(), codes.FailedPrecondition, "stale epoch 2")
+	if id, err := datadir.LoadCluster(vfs.OS, dir); err != nil || id != "" {
+		t.Fatalf("adopted %q (%v) from a refused heartbeat", id, err)
+	}
+	a := r.append(t)
+	a.beat(3, clusterA)
+	a.send(chain(t, 3, 1, 2, 10)...)
+	a.waitDurable(4)
+	if id, err := datadir.LoadCluster(vfs.OS, dir); err != nil || id != clusterA {
+		t.Fatalf("cluster file: %q, %v", id, err)
+	}
+	b := r.append(t)
+	b.beat(3, clusterB)
+	wantCode(t, b.failure(), codes.FailedPrecondition, clusterA, clusterB)
+}
