@@ -49,6 +49,7 @@ func (s *Server) Status() *walshipv1.StatusResponse {
 		VoteEpoch:     s.vote.Load().Epoch,
 		Contract:      s.contract(),
 		History:       s.epochs.Proto(),
+		ClusterId:     s.cluster.ID(),
 	}
 	if s.lease.quorum > 0 {
 		resp.LeaseRemaining = durationpb.New(s.lease.remaining())

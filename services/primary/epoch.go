@@ -95,15 +95,25 @@ func (s *Server) proposeEpoch(seen, next uint64) error {
 
 // elect wins this run's epoch from a majority of the log stores, retrying
 // until it does or one of them has promised a newer epoch (a DeposedError)
-// or ctx ends. Without log stores there is nothing to win.
+// or ctx ends, then settles the primary's cluster id (joinCluster) from
+// their answers. Without log stores there is nothing to win. Log stores
+// of another cluster refuse the fence; once too many have for a majority
+// to grant it, elect fails with rpcerr.ErrOtherCluster naming both ids.
 func (s *Server) elect(ctx context.Context) error {
 	if s.cfg.Elected != nil || len(s.cfg.LogStores) == 0 {
-		return nil
+		return s.joinCluster(nil)
 	}
 	var bo backoff.Backoff
-	req := &walshipv1.FenceRequest{Epoch: s.epoch, CandidateId: s.cfg.ID, CandidateAddr: s.Advertise()}
+	req := &walshipv1.FenceRequest{Epoch: s.epoch, CandidateId: s.cfg.ID, CandidateAddr: s.Advertise(), ClusterId: s.cluster.ID()}
 	for {
-		granted, newer, answers := s.fenceLogStores(ctx, req)
+		granted, newer, answers, ids, foreign := s.fenceLogStores(ctx, req)
+		if len(foreign) > len(s.cfg.LogStores)-s.peers.quorum {
+			s.metrics.clusterMismatch.Add(float64(len(foreign)))
+			err := rpcerr.Mismatch("primary %s of cluster %s cannot win epoch %d: %d of the %d log stores belong to another cluster, and a majority (%d) must grant it: %s",
+				s.cfg.ID, s.cluster.ID(), s.epoch, len(foreign), len(s.cfg.LogStores), s.peers.quorum, strings.Join(foreign, "; "))
+			s.logger.Error("the log stores belong to another cluster: not starting (check --logstore and the data directory)", "err", err)
+			return err
+		}
 		if newer != nil {
 			if err := datadir.SaveVote(s.fs, s.cfg.DataDir, *newer); err != nil {
 				s.logger.Warn("cannot save the vote of the newer epoch", "err", err)
@@ -112,7 +122,7 @@ func (s *Server) elect(ctx context.Context) error {
 		}
 		if granted >= s.peers.quorum {
 			s.logger.Info("won the epoch from the log stores", "epoch", s.epoch, "granted", granted, "of", len(s.cfg.LogStores))
-			return nil
+			return s.joinCluster(ids)
 		}
 		s.logger.Warn("cannot win the epoch from a majority of the log stores yet; retrying", "epoch", s.epoch,
 			"granted", granted, "needed", s.peers.quorum, "answers", strings.Join(answers, "; "))
@@ -123,9 +133,10 @@ func (s *Server) elect(ctx context.Context) error {
 }
 
 // fenceLogStores sends req to every log store at once and returns how many
-// granted it, the newest promise a refusal named (nil if none), and a line
-// per log store.
-func (s *Server) fenceLogStores(ctx context.Context, req *walshipv1.FenceRequest) (granted int, newer *datadir.Vote, answers []string) {
+// granted it, the newest promise a refusal named (nil if none), a line
+// per log store, the cluster id each answer stated (by address), and a
+// line per log store that refused it for belonging to another cluster.
+func (s *Server) fenceLogStores(ctx context.Context, req *walshipv1.FenceRequest) (granted int, newer *datadir.Vote, answers []string, ids map[string]string, foreign []string) {
 	type answer struct {
 		addr string
 		resp *walshipv1.FenceResponse
@@ -138,9 +149,16 @@ func (s *Server) fenceLogStores(ctx context.Context, req *walshipv1.FenceRequest
 			ch <- answer{addr, resp, err}
 		}()
 	}
+	ids = map[string]string{}
 	for range s.cfg.LogStores {
 		a := <-ch
+		if a.resp != nil {
+			ids[a.addr] = a.resp.GetClusterId()
+		}
 		switch {
+		case rpcerr.IsOtherCluster(a.err):
+			line := fmt.Sprintf("%s: %s", a.addr, status.Convert(a.err).Message())
+			answers, foreign = append(answers, line), append(foreign, line)
 		case a.err != nil:
 			answers = append(answers, fmt.Sprintf("%s: %v", a.addr, a.err))
 		case a.resp.GetGranted():
@@ -155,7 +173,8 @@ func (s *Server) fenceLogStores(ctx context.Context, req *walshipv1.FenceRequest
 		}
 	}
 	sort.Strings(answers)
-	return granted, newer, answers
+	sort.Strings(foreign)
+	return granted, newer, answers, ids, foreign
 }
 
 func (s *Server) fenceOne(ctx context.Context, addr string, req *walshipv1.FenceRequest) (*walshipv1.FenceResponse, error) {
@@ -371,7 +390,15 @@ func (h *epochServer) Fence(ctx context.Context, req *walshipv1.FenceRequest) (*
 	case req.GetCandidateAddr() == "":
 		return nil, status.Error(codes.InvalidArgument, "candidate_addr: required (the candidate's advertised gRPC address)")
 	}
-	resp := &walshipv1.FenceResponse{Id: s.cfg.ID, Primary: true, LastEpoch: s.epoch, History: s.epochs.Proto()}
+	if err := checkClusterID("cluster_id", req.GetClusterId()); err != nil {
+		return nil, err
+	}
+	// Before anything else: a candidate of another cluster must not
+	// depose this primary.
+	if err := s.refuseOtherCluster(req.GetClusterId(), "the candidate "+req.GetCandidateId()); err != nil {
+		return nil, err
+	}
+	resp := &walshipv1.FenceResponse{Id: s.cfg.ID, Primary: true, LastEpoch: s.epoch, History: s.epochs.Proto(), ClusterId: s.cluster.ID()}
 	if req.GetEpoch() <= s.epoch {
 		v := s.vote.Load()
 		resp.Epoch, resp.PrimaryId, resp.PrimaryAddr, resp.LastLsn = v.Epoch, v.Primary, v.Addr, s.wal.DurableLSN()
@@ -554,5 +581,11 @@ type logServer struct {
 }
 
 func (l *logServer) Read(req *walshipv1.ReadRequest, stream walshipv1.LogStoreService_ReadServer) error {
+	if err := checkClusterID("cluster_id", req.GetClusterId()); err != nil {
+		return err
+	}
+	if err := l.s.refuseOtherCluster(req.GetClusterId(), "the request"); err != nil {
+		return err
+	}
 	return walserve.Read(l.s.wal, "primary "+l.s.cfg.ID, req, stream)
 }

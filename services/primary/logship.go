@@ -11,6 +11,7 @@ import (
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/backoff"
 	"github.com/walship/walship/internal/datadir"
+	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/wal"
 	"google.golang.org/grpc"
@@ -45,7 +46,12 @@ func (s *Server) shipLogStore(ctx context.Context, addr string) {
 		if ctx.Err() != nil {
 			return
 		}
-		log.Warn("log store stream ended; reconnecting", "err", err)
+		if rpcerr.IsOtherCluster(err) {
+			s.metrics.clusterMismatch.Inc()
+			log.Error("the log store belongs to another cluster: not shipping to it (check --logstore); retrying", "cluster_id", s.cluster.ID(), "err", err)
+		} else {
+			log.Warn("log store stream ended; reconnecting", "err", err)
+		}
 		if !bo.Wait(ctx) {
 			return
 		}
@@ -60,6 +66,11 @@ func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceC
 	st, err := client.Status(ctx, &walshipv1.LogStoreServiceStatusRequest{}, grpc.WaitForReady(true))
 	if err != nil {
 		return fmt.Errorf("status: %w", err)
+	}
+	// A log store of another cluster has nothing to say about this
+	// primary's epoch: checked first.
+	if err := s.otherClusterLogStore(addr, st); err != nil {
+		return err
 	}
 	if st.Epoch > s.epoch {
 		err := &DeposedError{Vote: datadir.Vote{Epoch: st.Epoch, Primary: st.PrimaryId, Addr: st.PrimaryAddr},
@@ -101,10 +112,10 @@ func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceC
 	sendErr := s.shipEntries(sctx, stream, rd, from, beats)
 	cancel()
 	rerr := <-recvDone
-	if status.Code(rerr) == codes.FailedPrecondition {
+	if status.Code(rerr) == codes.FailedPrecondition && !rpcerr.IsOtherCluster(rerr) {
 		// Refused for its epoch: a newer one was promised (or the log store
 		// says so now).
-		if st, err := client.Status(ctx, &walshipv1.LogStoreServiceStatusRequest{}); err == nil && st.Epoch > s.epoch {
+		if st, err := client.Status(ctx, &walshipv1.LogStoreServiceStatusRequest{}); err == nil && st.Epoch > s.epoch && s.otherClusterLogStore(addr, st) == nil {
 			s.depose(&DeposedError{Vote: datadir.Vote{Epoch: st.Epoch, Primary: st.PrimaryId, Addr: st.PrimaryAddr},
 				Why: fmt.Sprintf("log store %s refused this primary's epoch: %v", addr, rerr)})
 		}
@@ -114,6 +125,15 @@ func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceC
 		return rerr
 	}
 	return sendErr
+}
+
+// otherClusterLogStore is an error naming both ids when the log store at
+// addr, in state st, belongs to another cluster than this primary's.
+func (s *Server) otherClusterLogStore(addr string, st *walshipv1.LogStoreServiceStatusResponse) error {
+	if ours, theirs := s.cluster.ID(), st.GetClusterId(); ours != "" && theirs != "" && ours != theirs {
+		return rpcerr.Mismatch("log store %s belongs to cluster %s, this primary to cluster %s", addr, theirs, ours)
+	}
+	return nil
 }
 
 // logStoreStart decides where shipping to a log store in state st begins:
@@ -170,7 +190,7 @@ func (b *leaseBeats) next(reply bool) *walshipv1.AppendRequest {
 	}
 	b.mu.Unlock()
 	return &walshipv1.AppendRequest{Heartbeat: &walshipv1.Heartbeat{Epoch: s.epoch, LastLsn: s.wal.DurableLSN(), TimeUnixNano: now.UnixNano(),
-		ReplyRequested: reply, PrimaryId: s.cfg.ID, PrimaryAddr: s.Advertise()}}
+		ReplyRequested: reply, PrimaryId: s.cfg.ID, PrimaryAddr: s.Advertise(), ClusterId: s.cluster.ID()}}
 }
 
 // sentAt is when the heartbeat a log store echoed was sent.

@@ -27,6 +27,7 @@ type metrics struct {
 	replicaDiverged   prometheus.Counter
 	snapshotsStreamed prometheus.Counter
 	fences            prometheus.Counter
+	clusterMismatch   prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
@@ -103,13 +104,17 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		Name: "walship_replication_snapshots_sent_total",
 		Help: "State snapshots streamed to replicas.",
 	})
+	m.clusterMismatch = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "walship_cluster_mismatch_total",
+		Help: "Requests and streams refused because the peer belongs to another cluster (its cluster id differs from this node's; both are logged).",
+	})
 	retention := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "walship_wal_retention_limit_bytes",
 		Help: "The primary's WAL retention limit (--wal-retention-bytes).",
 	}, func() float64 { return float64(s.cfg.WALRetentionBytes) })
 	m.collectors = []prometheus.Collector{m.commits, m.commitSeconds, m.walBatches, m.walRecords, m.fsyncSeconds, m.fsyncErrors,
 		encode, written, last, durable, visible, walBytes, m.sentBytes, m.replicaOutOfRange, m.replicaDiverged, m.snapshotsStreamed, retention,
-		newReplCollector(s)}
+		m.clusterMismatch, newReplCollector(s)}
 	for _, c := range m.collectors {
 		reg.MustRegister(c)
 	}

@@ -44,6 +44,9 @@ type Server struct {
 	epoch   uint64          // this run's epoch: epochs.Current()
 	epochs  datadir.History // fixed after recover
 	vote    atomic.Pointer[datadir.Vote]
+	// cluster is the cluster this primary belongs to (DataDir/cluster):
+	// settled before anything of its epoch is written or sent (cluster.go).
+	cluster *datadir.Cluster
 	// epochReady is set once the epoch is won and saved: replication
 	// streams are served from then on. opened is set once the epoch record
 	// meets the contract: reads and writes are served from then on.
@@ -165,6 +168,10 @@ func (s *Server) recover() error {
 		return err
 	}
 	s.pipe.epoch = s.epoch
+	if s.cluster, err = datadir.OpenCluster(s.fs, s.cfg.DataDir); err != nil {
+		_ = s.wal.Close()
+		return err
+	}
 	if v, err := datadir.LoadVote(s.fs, s.cfg.DataDir); err == nil {
 		s.vote.Store(&v)
 	}
@@ -180,7 +187,8 @@ func (s *Server) MetricsAddr() string { return s.srv.MetricsAddr() }
 // Run serves until ctx is done, then stops gracefully: new writes are
 // refused, in-flight commits finish, the WAL is synced, a snapshot is taken
 // and the WAL closed. It first wins its epoch (elect; a *DeposedError if a
-// newer one exists) and opens for reads and writes once its epoch record
+// newer one exists, an rpcerr.ErrOtherCluster if the log stores belong to
+// another cluster) and settles its cluster id, and opens for reads and writes once its epoch record
 // meets the contract. It returns a fatal error (a WAL write or fsync
 // failure, a deposition) if one stopped the primary.
 func (s *Server) Run(ctx context.Context) error {
@@ -235,7 +243,7 @@ func (s *Server) Run(ctx context.Context) error {
 			s.logger.Error("cannot open the epoch", "epoch", s.epoch, "err", err)
 		}
 	}()
-	s.logger.Info("primary serving", "addr", s.Addr(), "metrics", s.MetricsAddr(), "epoch", s.epoch, "id", s.cfg.ID,
+	s.logger.Info("primary serving", "addr", s.Addr(), "metrics", s.MetricsAddr(), "cluster_id", s.cluster.ID(), "epoch", s.epoch, "id", s.cfg.ID,
 		"visible_lsn", s.pipe.visible.Load(), "durability", s.cfg.Policy.Durability.String())
 
 	var serveErr, fatal error

@@ -91,6 +91,8 @@ func (s *Server) checkHello(hello *walshipv1.ReplicaHello) error {
 		return status.Error(codes.InvalidArgument, "hello.next_lsn: must be at least 1")
 	case datadir.CheckProto(hello.GetHistory()) != nil:
 		return status.Errorf(codes.InvalidArgument, "hello.history%v", datadir.CheckProto(hello.GetHistory()))
+	case checkClusterID("hello.cluster_id", hello.GetClusterId()) != nil:
+		return checkClusterID("hello.cluster_id", hello.GetClusterId())
 	case !s.epochReady.Load():
 		return status.Errorf(codes.Unavailable, "primary is still winning epoch %d from the log stores", s.epoch)
 	case hello.GetEpoch() > s.epoch:
@@ -101,7 +103,8 @@ func (s *Server) checkHello(hello *walshipv1.ReplicaHello) error {
 		// stores the candidate fenced refuse it, and its lease runs out.
 		return status.Errorf(codes.FailedPrecondition, "hello.fenced_epoch: replica has promised epoch %d, newer than this primary's %d: this primary is deposed", hello.GetFencedEpoch(), s.epoch)
 	}
-	return nil
+	// The epoch is won, so the cluster id is settled.
+	return s.refuseOtherCluster(hello.GetClusterId(), "the replica "+hello.GetReplicaId())
 }
 
 // replicaDiverged reports whether the replica's log holds entries past
@@ -388,7 +391,7 @@ const durableUpdateDelay = 5 * time.Millisecond
 func (r *replServer) heartbeat(durable uint64, reply bool) *walshipv1.StreamResponse {
 	return &walshipv1.StreamResponse{DurableLsn: durable, Msg: &walshipv1.StreamResponse_Heartbeat{Heartbeat: &walshipv1.Heartbeat{
 		Epoch: r.s.epoch, LastLsn: r.s.wal.LastLSN(), TimeUnixNano: time.Now().UnixNano(), ReplyRequested: reply,
-		PrimaryId: r.s.cfg.ID, PrimaryAddr: r.s.Advertise()}}}
+		PrimaryId: r.s.cfg.ID, PrimaryAddr: r.s.Advertise(), ClusterId: r.s.cluster.ID()}}}
 }
 
 func (s *Server) replicaLastAck(id string) time.Time {
@@ -441,7 +444,7 @@ func (r *replServer) Snapshot(req *walshipv1.SnapshotRequest, stream walshipv1.R
 	}
 	s.logger.Info("streaming snapshot", "replica", req.GetReplicaId(), "lsn", v.AppliedLSN(), "keys", v.Len())
 	if err := stream.Send(&walshipv1.SnapshotResponse{Part: &walshipv1.SnapshotResponse_Header{Header: &walshipv1.SnapshotHeader{
-		Epoch: s.epoch, Lsn: v.AppliedLSN(), Keys: uint64(v.Len())}}}); err != nil {
+		Epoch: s.epoch, Lsn: v.AppliedLSN(), Keys: uint64(v.Len()), ClusterId: s.cluster.ID()}}}); err != nil {
 		return err
 	}
 	if err := sendSnapshotChunks(v, stream); err != nil {
