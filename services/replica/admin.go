@@ -69,6 +69,7 @@ func (s *Server) Status() *walshipv1.StatusResponse {
 		History:     (*s.history.Load()).Proto(),
 		Orphans:     orphans,
 		Serving:     s.srv.Serving(),
+		ClusterId:   s.cluster.ID(),
 		Peers: []*walshipv1.PeerStatus{{
 			Id:         s.primary(),
 			Role:       walshipv1.Role_ROLE_PRIMARY,

@@ -11,6 +11,7 @@ import (
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/recovery"
+	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/internal/wal"
 )
@@ -27,11 +28,14 @@ func (s *Server) readLogStore(ctx context.Context) (progress bool, err error) {
 	// deposed primary's tail. It supplies nothing then.
 	if st, err := s.logstore.Status(rctx, &walshipv1.LogStoreServiceStatusRequest{}); err != nil {
 		return false, err
+	} else if ours, theirs := s.cluster.ID(), st.GetClusterId(); ours != "" && theirs != "" && ours != theirs {
+		s.metrics.clusterMismatch.Inc()
+		return false, rpcerr.Mismatch("the log store %s belongs to cluster %s, this replica to cluster %s (check --logstore)", s.cfg.LogStore, theirs, ours)
 	} else if v := s.Vote(); st.GetVoteEpoch() < v.Epoch {
 		return false, fmt.Errorf("the log store %s is at epoch %d, older than this replica's %d: it may hold a deposed primary's tail", s.cfg.LogStore, st.GetVoteEpoch(), v.Epoch)
 	}
 	from := s.wal.LastLSN() + 1
-	stream, err := s.logstore.Read(rctx, &walshipv1.ReadRequest{FromLsn: from})
+	stream, err := s.logstore.Read(rctx, &walshipv1.ReadRequest{FromLsn: from, ClusterId: s.cluster.ID()})
 	if err != nil {
 		return false, err
 	}
@@ -114,6 +118,9 @@ func (s *Server) reseed(ctx context.Context) (bool, error) {
 	if hdr == nil {
 		return false, fmt.Errorf("%w: first message is not a header", errSnapshot)
 	}
+	if err := s.checkPeerCluster(hdr.GetClusterId(), "header.cluster_id", "the primary's snapshot"); err != nil {
+		return false, err
+	}
 	if e := s.epoch.Load(); hdr.GetEpoch() < e {
 		return false, &refusal{reason: reasonEpoch, err: fmt.Errorf("snapshot from epoch %d, this replica has seen epoch %d", hdr.GetEpoch(), e)}
 	}
@@ -121,6 +128,9 @@ func (s *Server) reseed(ctx context.Context) (bool, error) {
 		// Taking it would move reads backwards; the primary's state will
 		// move past ours soon enough.
 		return false, fmt.Errorf("%w: snapshot at LSN %d is behind this replica's applied LSN %d", errSnapshot, hdr.GetLsn(), applied)
+	}
+	if err := s.adoptCluster(hdr.GetClusterId(), "the primary's snapshot"); err != nil {
+		return false, err
 	}
 	s.logger.Info("re-seeding from the primary's snapshot", "lsn", hdr.GetLsn(), "keys", hdr.GetKeys(), "epoch", hdr.GetEpoch())
 	b := state.NewBuilder(hdr.GetLsn())

@@ -239,14 +239,22 @@ func (h *epochServer) Fence(ctx context.Context, req *walshipv1.FenceRequest) (*
 	case req.GetCandidateAddr() == "":
 		return nil, status.Error(codes.InvalidArgument, "candidate_addr: required (the candidate's advertised gRPC address)")
 	}
+	if err := checkClusterID("cluster_id", req.GetClusterId()); err != nil {
+		return nil, err
+	}
 	return h.s.Fence(req)
 }
 
 // Fence is EpochService.Fence (also called directly by a node that
-// promotes this replica's data directory).
+// promotes this replica's data directory). A candidate of another cluster
+// is refused before anything is done; one whose fence is granted gives
+// its cluster id to a replica that had none (saved before the promise).
 func (s *Server) Fence(req *walshipv1.FenceRequest) (*walshipv1.FenceResponse, error) {
 	s.voteMu.Lock()
 	defer s.voteMu.Unlock()
+	if err := s.refuseOtherCluster(req.GetClusterId(), "the candidate "+req.GetCandidateId()); err != nil {
+		return nil, err
+	}
 	// walMu: no batch is written between the flush and the promise.
 	s.walMu.Lock()
 	defer s.walMu.Unlock()
@@ -260,13 +268,18 @@ func (s *Server) Fence(req *walshipv1.FenceRequest) (*walshipv1.FenceResponse, e
 		resp.Granted, resp.Epoch, resp.PrimaryId, resp.PrimaryAddr = true, v.Epoch, v.Primary, v.Addr
 		return resp, nil
 	}
+	if v := s.vote.Load(); req.GetEpoch() > v.Epoch {
+		if err := s.adoptCluster(req.GetClusterId(), "the fence of candidate "+req.GetCandidateId()); err != nil {
+			return nil, status.Errorf(codes.Unavailable, "replica %s: save the cluster id: %v", s.cfg.ID, err)
+		}
+	}
 	granted, err := s.promiseLocked(datadir.Vote{Epoch: req.GetEpoch(), Primary: req.GetCandidateId(), Addr: req.GetCandidateAddr()})
 	if err != nil {
 		s.metrics.fsyncErrors.Inc()
 		return nil, status.Errorf(codes.Unavailable, "replica %s: save the vote: %v", s.cfg.ID, err)
 	}
 	v := s.vote.Load()
-	resp.Granted, resp.Epoch, resp.PrimaryId, resp.PrimaryAddr = granted, v.Epoch, v.Primary, v.Addr
+	resp.Granted, resp.Epoch, resp.PrimaryId, resp.PrimaryAddr, resp.ClusterId = granted, v.Epoch, v.Primary, v.Addr, s.cluster.ID()
 	if granted {
 		s.metrics.fences.Inc()
 	}
@@ -284,6 +297,7 @@ func (s *Server) fenceState() *walshipv1.FenceResponse {
 		AppliedLsn:        s.appliedLSN(),
 		PrimaryDurableLsn: s.primaryDurableSeen.Load(),
 		PrimaryLastLsn:    s.lag.primaryLSN(),
+		ClusterId:         s.cluster.ID(),
 	}
 	if c := s.lag.lastContactTime(); !c.IsZero() {
 		resp.SincePrimaryContact = durationpb.New(time.Since(c))
@@ -309,33 +323,44 @@ const notPrimaryReason = "NOT_PRIMARY"
 
 // NotPrimary is the error a node that is not the primary answers
 // replication with: FAILED_PRECONDITION, with an ErrorInfo naming the
-// primary it knows (metadata primary_id, primary_addr, epoch), so that a
-// replica that asked finds the current primary.
-func NotPrimary(who string, v datadir.Vote) error {
+// primary it knows (metadata primary_id, primary_addr, epoch) and the
+// node's cluster (cluster_id, if it has one), so that a replica that
+// asked finds the current primary — unless it is of another cluster.
+func NotPrimary(who string, v datadir.Vote, cluster string) error {
 	st := status.Newf(codes.FailedPrecondition, "%s is not the primary; the primary of epoch %d is %s at %s", who, v.Epoch, v.Primary, v.Addr)
-	if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: notPrimaryReason, Domain: "walship.io",
-		Metadata: map[string]string{"primary_id": v.Primary, "primary_addr": v.Addr, "epoch": strconv.FormatUint(v.Epoch, 10)}}); err == nil {
+	md := map[string]string{"primary_id": v.Primary, "primary_addr": v.Addr, "epoch": strconv.FormatUint(v.Epoch, 10)}
+	if cluster != "" {
+		md["cluster_id"] = cluster
+	}
+	if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: notPrimaryReason, Domain: "walship.io", Metadata: md}); err == nil {
 		st = d
 	}
 	return st.Err()
 }
 
-// primaryFrom reads a NotPrimary refusal (ok false for any other error).
-func primaryFrom(err error) (datadir.Vote, bool) {
-	st, ok := status.FromError(err)
-	if !ok || st.Code() != codes.FailedPrecondition {
-		return datadir.Vote{}, false
+// notPrimary is this replica's NotPrimary.
+func (s *Server) notPrimary() error {
+	return NotPrimary("replica "+s.cfg.ID, s.Vote(), s.cluster.ID())
+}
+
+// primaryFrom reads a NotPrimary refusal (ok false for any other error):
+// the primary it names, and the cluster of the node that named it.
+func primaryFrom(err error) (v datadir.Vote, cluster string, ok bool) {
+	st, isStatus := status.FromError(err)
+	if !isStatus || st.Code() != codes.FailedPrecondition {
+		return datadir.Vote{}, "", false
 	}
 	for _, d := range st.Details() {
-		if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.GetReason() == notPrimaryReason {
-			e, err := strconv.ParseUint(ei.GetMetadata()["epoch"], 10, 64)
-			if err != nil || ei.GetMetadata()["primary_addr"] == "" {
-				return datadir.Vote{}, false
+		if ei, isInfo := d.(*errdetails.ErrorInfo); isInfo && ei.GetReason() == notPrimaryReason {
+			md := ei.GetMetadata()
+			e, err := strconv.ParseUint(md["epoch"], 10, 64)
+			if err != nil || md["primary_addr"] == "" {
+				return datadir.Vote{}, "", false
 			}
-			return datadir.Vote{Epoch: e, Primary: ei.GetMetadata()["primary_id"], Addr: ei.GetMetadata()["primary_addr"]}, true
+			return datadir.Vote{Epoch: e, Primary: md["primary_id"], Addr: md["primary_addr"]}, md["cluster_id"], true
 		}
 	}
-	return datadir.Vote{}, false
+	return datadir.Vote{}, "", false
 }
 
 // replServer is the replica's ReplicationService: a replica is not a
@@ -345,12 +370,14 @@ type replServer struct {
 	s *Server
 }
 
+// Stream and Snapshot name the primary this replica knows, and its
+// cluster: a replica of another cluster does not take its word for it.
 func (r *replServer) Stream(walshipv1.ReplicationService_StreamServer) error {
-	return NotPrimary("replica "+r.s.cfg.ID, r.s.Vote())
+	return r.s.notPrimary()
 }
 
 func (r *replServer) Snapshot(*walshipv1.SnapshotRequest, walshipv1.ReplicationService_SnapshotServer) error {
-	return NotPrimary("replica "+r.s.cfg.ID, r.s.Vote())
+	return r.s.notPrimary()
 }
 
 // logServer serves the replica's own log, as a log store serves its: a
@@ -363,6 +390,12 @@ type logServer struct {
 
 // Read streams the replica's durable WAL entries (internal/walserve).
 func (l *logServer) Read(req *walshipv1.ReadRequest, stream walshipv1.LogStoreService_ReadServer) error {
+	if err := checkClusterID("cluster_id", req.GetClusterId()); err != nil {
+		return err
+	}
+	if err := l.s.refuseOtherCluster(req.GetClusterId(), "the request"); err != nil {
+		return err
+	}
 	return walserve.Read(l.s.wal, "replica "+l.s.cfg.ID, req, stream)
 }
 
@@ -371,20 +404,37 @@ func (l *logServer) Status(context.Context, *walshipv1.LogStoreServiceStatusRequ
 	s := l.s
 	v := s.Vote()
 	return &walshipv1.LogStoreServiceStatusResponse{FirstLsn: s.wal.FirstLSN(), DurableLsn: s.wal.DurableLSN(), Epoch: v.Epoch,
-		LastEpoch: s.epoch.Load(), History: (*s.history.Load()).Proto(), VoteEpoch: v.Epoch, PrimaryId: v.Primary, PrimaryAddr: v.Addr}, nil
+		LastEpoch: s.epoch.Load(), History: (*s.history.Load()).Proto(), VoteEpoch: v.Epoch, PrimaryId: v.Primary, PrimaryAddr: v.Addr,
+		ClusterId: s.cluster.ID()}, nil
 }
 
 // isNotPrimary reports whether err is a NotPrimary refusal.
 func isNotPrimary(err error) bool {
-	_, ok := primaryFrom(err)
+	_, _, ok := primaryFrom(err)
 	return ok
 }
 
+// namedByOtherCluster reports whether err is a NotPrimary refusal from a
+// node of another cluster than this replica's (whose word for the primary
+// it must not take), logging and counting it.
+func (s *Server) namedByOtherCluster(err error) bool {
+	_, theirs, ok := primaryFrom(err)
+	ours := s.cluster.ID()
+	if !ok || ours == "" || theirs == "" || ours == theirs {
+		return false
+	}
+	s.metrics.clusterMismatch.Inc()
+	s.logger.Error("the node this replica follows belongs to another cluster: not taking its word for the primary (check --primary and the data directory); retrying",
+		"node", s.primary(), "cluster_id", ours, "node_cluster_id", theirs, "err", err)
+	return true
+}
+
 // learnPrimary takes a NotPrimary refusal's word for who the primary is,
-// if it names a newer epoch than promised (or the same one's primary).
+// if it names a newer epoch than promised (or the same one's primary) and
+// comes from a node of this replica's cluster.
 func (s *Server) learnPrimary(err error) bool {
-	v, ok := primaryFrom(err)
-	if !ok {
+	v, theirs, ok := primaryFrom(err)
+	if !ok || (theirs != "" && s.cluster.ID() != "" && theirs != s.cluster.ID()) {
 		return false
 	}
 	s.voteMu.Lock()
@@ -419,6 +469,11 @@ func (s *Server) askLogStore(ctx context.Context) {
 	defer cancel()
 	st, err := s.logstore.Status(actx, &walshipv1.LogStoreServiceStatusRequest{})
 	if err != nil || st.GetPrimaryAddr() == "" {
+		return
+	}
+	if ours, theirs := s.cluster.ID(), st.GetClusterId(); ours != "" && theirs != "" && ours != theirs {
+		s.logger.Error("the log store belongs to another cluster: not taking its word for the primary (check --logstore)",
+			"logstore", s.cfg.LogStore, "cluster_id", ours, "logstore_cluster_id", theirs)
 		return
 	}
 	v := datadir.Vote{Epoch: st.GetVoteEpoch(), Primary: st.GetPrimaryId(), Addr: st.GetPrimaryAddr()}

@@ -32,11 +32,12 @@ func TestNotPrimaryNamesThePrimary(t *testing.T) {
 
 type notPrimary struct {
 	walshipv1.UnimplementedReplicationServiceServer
-	vote datadir.Vote
+	vote    datadir.Vote
+	cluster string
 }
 
 func (n *notPrimary) Stream(grpc.BidiStreamingServer[walshipv1.StreamRequest, walshipv1.StreamResponse]) error {
-	return NotPrimary("a replica", n.vote)
+	return NotPrimary("a replica", n.vote, n.cluster)
 }
 
 // TestNamelessPromiseLearnsItsPrimary: a promise made for the log's

@@ -12,6 +12,7 @@ import (
 	"github.com/walship/walship/internal/backoff"
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/envelope"
+	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/internal/wal"
 	"github.com/walship/walship/pkg/codec"
@@ -195,6 +196,11 @@ func (s *Server) afterStream(ctx context.Context, l *ladder, progress bool, err 
 	code := status.Code(err)
 	var ref *refusal
 	switch {
+	case rpcerr.IsOtherCluster(err):
+		// Pointed at a primary of another cluster (or it at us): never
+		// follow it. Only an operator can tell which side is wrong.
+		s.logger.Error("the primary belongs to another cluster: not following it (check --primary and the data directory); retrying",
+			"primary", s.primary(), "cluster_id", s.cluster.ID(), "err", err)
 	case code == codes.OutOfRange:
 		next := walshipv1.CatchUpRung_CATCH_UP_RUNG_SNAPSHOT
 		if s.logstore != nil {
@@ -207,6 +213,8 @@ func (s *Server) afterStream(ctx context.Context, l *ladder, progress bool, err 
 	case errors.As(err, &ref):
 		s.logger.Error("refused a batch from the primary; reconnecting", "reason", ref.reason, "err", ref.err,
 			"next_lsn", s.wal.LastLSN()+1)
+	case s.namedByOtherCluster(err):
+		// A node of another cluster named its primary: not ours to follow.
 	case s.learnPrimary(err):
 		// Asked a node that is not the primary: it named the one it
 		// knows, which this replica follows from now on.
@@ -350,7 +358,7 @@ func (s *Server) startStream(ctx context.Context, cancel context.CancelFunc, str
 		kick: make(chan struct{}, 1), urgent: make(chan struct{}, 1)}
 	hello := &walshipv1.StreamRequest{Msg: &walshipv1.StreamRequest_Hello{Hello: &walshipv1.ReplicaHello{
 		ReplicaId: s.cfg.ID, Epoch: s.epoch.Load(), NextLsn: s.wal.LastLSN() + 1, FencedEpoch: s.Vote().Epoch,
-		History: logHistory(*s.history.Load(), s.wal.LastLSN()).Proto(),
+		History: logHistory(*s.history.Load(), s.wal.LastLSN()).Proto(), ClusterId: s.cluster.ID(),
 	}}}
 	ps.flushTimer = time.NewTimer(time.Hour)
 	ps.flushTimer.Stop()
@@ -692,17 +700,26 @@ func (s *Server) check(env *walshipv1.WalBatch, next, epoch uint64, c *checked) 
 	return nil
 }
 
-// acceptPrimary checks a heartbeat's epoch against the replica's promise:
-// an older one is a deposed primary's (refused: the stream ends); a newer
-// one is promised, durably, to the primary that sent it. The primary of
-// an epoch promised for the log's entries alone, which named no one, is
-// recorded as the promise's primary.
+// acceptPrimary checks a heartbeat against the replica's cluster and
+// promise: a primary of another cluster is refused (the stream ends, and
+// the replica neither promises it anything nor follows it); an older
+// epoch is a deposed primary's (refused too); the primary's cluster id is
+// adopted, durably, if the replica had none; a newer epoch is promised,
+// durably, to the primary that sent it. The primary of an epoch promised
+// for the log's entries alone, which named no one, is recorded as the
+// promise's primary.
 func (s *Server) acceptPrimary(hb *walshipv1.Heartbeat) error {
 	s.voteMu.Lock()
 	defer s.voteMu.Unlock()
+	if err := s.checkPeerCluster(hb.GetClusterId(), "heartbeat.cluster_id", primaryPeer(hb)); err != nil {
+		return err
+	}
 	v := s.vote.Load()
 	if e := hb.GetEpoch(); e < v.Epoch {
 		return &refusal{reason: reasonEpoch, err: fmt.Errorf("heartbeat from epoch %d: this replica has promised epoch %d (%s)", e, v.Epoch, v.String())}
+	}
+	if err := s.adoptCluster(hb.GetClusterId(), "the heartbeat of "+primaryPeer(hb)); err != nil {
+		return err
 	}
 	if _, err := s.learnLocked(datadir.Vote{Epoch: hb.GetEpoch(), Primary: hb.GetPrimaryId(), Addr: hb.GetPrimaryAddr()}); err != nil {
 		return fmt.Errorf("%w: save the vote: %w", errFatal, err)

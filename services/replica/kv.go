@@ -22,14 +22,14 @@ type kvServer struct {
 // node being promoted stays a replica until its epoch opens.
 func (k *kvServer) Get(ctx context.Context, req *walshipv1.GetRequest) (*walshipv1.GetResponse, error) {
 	if req.GetRequirePrimary() {
-		return nil, NotPrimary("replica "+k.s.cfg.ID, k.s.Vote())
+		return nil, k.s.notPrimary()
 	}
 	return k.s.reads.Get(ctx, req)
 }
 
 func (k *kvServer) Scan(ctx context.Context, req *walshipv1.ScanRequest) (*walshipv1.ScanResponse, error) {
 	if req.GetRequirePrimary() {
-		return nil, NotPrimary("replica "+k.s.cfg.ID, k.s.Vote())
+		return nil, k.s.notPrimary()
 	}
 	return k.s.reads.Scan(ctx, req)
 }

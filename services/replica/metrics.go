@@ -31,6 +31,9 @@ type metrics struct {
 	fsyncErrors    prometheus.Counter
 	fences         prometheus.Counter
 	orphaned       prometheus.Counter
+	// clusterMismatch counts primaries, candidates and requests refused
+	// for another cluster.
+	clusterMismatch prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
@@ -105,6 +108,10 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		Name: "walship_orphaned_records_total",
 		Help: "Log records cut because the cluster's history went another way, kept in orphan files.",
 	})
+	m.clusterMismatch = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "walship_cluster_mismatch_total",
+		Help: "Requests and streams refused because the peer belongs to another cluster (its cluster id differs from this node's; both are logged).",
+	})
 	for _, r := range []string{reasonCRC, reasonEpoch, reasonGap, reasonDecode} {
 		m.refused.WithLabelValues(r)
 	}
@@ -114,7 +121,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		stage("flush", s.wal.DurableLSN),
 		stage("apply", s.appliedLSN),
 		m.appliedRecords, m.appliedBytes, m.rung, connected, m.refused, m.diverged, m.unapplied, m.spilled, m.decodeSeconds, m.fsyncSeconds, m.fsyncErrors,
-		m.fences, m.orphaned,
+		m.fences, m.orphaned, m.clusterMismatch,
 	}
 	for _, c := range m.collectors {
 		reg.MustRegister(c)

@@ -37,7 +37,9 @@
 // The data directory has the primary's layout (internal/recovery): WAL
 // segments in wal/, state snapshots in snapshots/, plus a file epoch holding
 // the highest epoch seen (so that fencing survives a snapshot that truncated
-// every batch carrying it). A snapshot is taken after SnapshotEveryBytes of
+// every batch carrying it), and DataDir/cluster, the id of the cluster the
+// replica belongs to (cluster.go: a primary, snapshot or candidate of
+// another cluster is refused, and never followed). A snapshot is taken after SnapshotEveryBytes of
 // WAL, or after the last snapshot's size in WAL if that is more, and on a
 // clean stop; the WAL is then truncated before the older of the two kept
 // snapshots, so that recovery can still fall back to it if the newest turns
@@ -122,6 +124,10 @@ type Server struct {
 	history atomic.Pointer[datadir.History]
 	voteMu  sync.Mutex
 	vote    atomic.Pointer[datadir.Vote]
+	// cluster is the cluster the replica belongs to (DataDir/cluster),
+	// adopted from the first primary, snapshot or granted fence that
+	// states one (cluster.go).
+	cluster *datadir.Cluster
 	// streamCancel ends the current stream from the primary (a promise to
 	// a newer epoch does); guarded by streamMu.
 	streamMu     sync.Mutex
@@ -318,6 +324,10 @@ func (s *Server) recover() error {
 		_ = res.WAL.Close()
 		return err
 	}
+	if s.cluster, err = datadir.OpenCluster(s.fs, s.cfg.DataDir); err != nil {
+		_ = res.WAL.Close()
+		return err
+	}
 	return nil
 }
 
@@ -464,7 +474,7 @@ func (s *Server) Run(ctx context.Context) error {
 	serveDone := make(chan error, 1)
 	go func() { serveDone <- s.srv.Serve(serveCtx, stopFollow) }()
 	s.srv.SetServing(true)
-	s.logger.Info("replica serving", "addr", s.Addr(), "metrics", s.MetricsAddr(), "id", s.cfg.ID,
+	s.logger.Info("replica serving", "addr", s.Addr(), "metrics", s.MetricsAddr(), "id", s.cfg.ID, "cluster_id", s.cluster.ID(),
 		"primary", s.primary(), "logstore", s.cfg.LogStore, "epoch", s.epoch.Load(), "applied_lsn", s.appliedLSN())
 
 	var serveErr, fatal error

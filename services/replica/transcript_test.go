@@ -371,7 +371,7 @@ func (e *transcript) streamFromReplica(t *testing.T, _ *datadriven.TestData) str
 	}
 	_, err = st.Recv()
 	out := fmtErr(err)
-	if v, ok := primaryFrom(err); ok {
+	if v, _, ok := primaryFrom(err); ok {
 		out += fmt.Sprintf("\nnames primary_id=%q primary=%s epoch=%d", v.Primary, v.Addr, v.Epoch)
 	}
 	return out
