@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
+	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/vfs"
 	"github.com/walship/walship/services/primary"
 	"github.com/walship/walship/services/replica"
@@ -467,9 +468,10 @@ func (n *Node) findPrimary(ctx context.Context, v datadir.Vote) datadir.Vote {
 	if n.primaryAddr(v) != "" {
 		return v
 	}
+	own, _ := datadir.LoadCluster(n.fs, n.cfg.DataDir)
 	for _, addr := range n.cfg.LogStores {
 		st, err := logStoreStatus(ctx, addr)
-		if err == nil && st.GetVoteEpoch() >= v.Epoch && st.GetPrimaryAddr() != "" {
+		if err == nil && rpcerr.CheckCluster("node", own, "log store", st.GetClusterId()) == nil && st.GetVoteEpoch() >= v.Epoch && st.GetPrimaryAddr() != "" {
 			return datadir.Vote{Epoch: st.GetVoteEpoch(), Primary: st.GetPrimaryId(), Addr: st.GetPrimaryAddr()}
 		}
 	}

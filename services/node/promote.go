@@ -14,6 +14,7 @@ import (
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/envelope"
+	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/wal"
 	"github.com/walship/walship/services/primary"
@@ -67,6 +68,8 @@ type answer struct {
 	primaryLast, primaryDurable uint64
 	// contract is the contract of the newest epoch record the node applied.
 	contract *walshipv1.Contract
+	// cluster is the cluster id it stated ("" if none).
+	cluster string
 }
 
 func (a answer) String() string {
@@ -83,6 +86,7 @@ func (a answer) String() string {
 // plan is a promotion decided in Promote, carried out by Run.
 type plan struct {
 	epoch      uint64
+	cluster    string // the cluster id the promotion fenced with (or learnt from the promises)
 	self       answer
 	donor      answer
 	leaseUntil time.Time
@@ -234,6 +238,11 @@ func (n *Node) promote(ctx context.Context, req *walshipv1.PromoteRequest) (*wal
 	started := time.Now()
 	prev := rep.Vote()
 	survey, known := n.surveyAll(ctx, n.selfAnswer(rep), prev.Primary)
+	cluster, err := n.clusterOf(rep.ClusterID(), survey)
+	if err != nil {
+		n.metrics.promotions.WithLabelValues("refused").Inc()
+		return nil, err
+	}
 	tl := &walshipv1.FailoverTimeline{PreviousEpoch: prev.Epoch, PreviousPrimary: prev.Primary, StartedUnixNano: started.UnixNano()}
 	pre := judgeAll(known, prev.Primary, survey, reachable)
 	seen := highestEpoch(survey)
@@ -252,7 +261,7 @@ func (n *Node) promote(ctx context.Context, req *walshipv1.PromoteRequest) (*wal
 		return nil, status.Errorf(codes.FailedPrecondition, "promotion needs %s; nothing was fenced. Reachable: %s. Not: %s",
 			pre.needed, strings.Join(pre.granted, ", "), strings.Join(pre.refused, "; "))
 	}
-	answers, known := n.fenceEpoch(ctx, rep, epoch, prev.Primary, known)
+	answers, known := n.fenceEpoch(ctx, rep, epoch, prev.Primary, cluster, known)
 	tl.FencedUnixNano = time.Now().UnixNano()
 	v := judgeAll(known, prev.Primary, answers, promised)
 	v.report(resp, tl)
@@ -262,7 +271,13 @@ func (n *Node) promote(ctx context.Context, req *walshipv1.PromoteRequest) (*wal
 		return nil, status.Errorf(codes.FailedPrecondition, "promotion to epoch %d needs %s; the epoch is fenced where granted (the old primary may have lost its lease: promote again, or restart it to rejoin). Answers: %s",
 			epoch, v.needed, strings.Join(append(v.granted, v.refused...), "; "))
 	}
-	p := &plan{epoch: epoch, self: answerOf(answers, n.cfg.ID), donor: v.donor, timeline: tl}
+	if cluster == "" {
+		// Nobody surveyed had one: a promise may have (a node that
+		// joined meanwhile). If they disagree, the next primary decides
+		// nothing: it makes a new id only when none is known.
+		cluster, _ = datadir.OneClusterID(clusterIDs(answers, promised))
+	}
+	p := &plan{epoch: epoch, cluster: cluster, self: answerOf(answers, n.cfg.ID), donor: v.donor, timeline: tl}
 	wait := n.leaseWait(known, answers, seen)
 	p.leaseUntil = time.Now().Add(wait)
 	tl.LeaseWait = durationpb.New(wait)
@@ -312,11 +327,46 @@ func (n *Node) surveyAll(ctx context.Context, self answer, prev string) ([]answe
 }
 
 // fenceEpoch is step 2: it asks this node and every other to promise
-// epoch, and returns their answers and known with the contracts they know.
-func (n *Node) fenceEpoch(ctx context.Context, rep *replica.Server, epoch uint64, prev string, known []*walshipv1.Contract) ([]answer, []*walshipv1.Contract) {
-	fr := &walshipv1.FenceRequest{Epoch: epoch, CandidateId: n.cfg.ID, CandidateAddr: n.advertise()}
+// epoch as a candidate of cluster, and returns their answers and known
+// with the contracts they know.
+func (n *Node) fenceEpoch(ctx context.Context, rep *replica.Server, epoch uint64, prev, cluster string, known []*walshipv1.Contract) ([]answer, []*walshipv1.Contract) {
+	fr := &walshipv1.FenceRequest{Epoch: epoch, CandidateId: n.cfg.ID, CandidateAddr: n.advertise(), ClusterId: cluster}
 	answers := n.fenceAll(ctx, rep, fr, func(as []answer) bool { return judgeAll(known, prev, as, promised).quorum })
 	return answers, withContracts(known, answers)
+}
+
+// clusterOf is the cluster a promotion fences as: this node's id (own),
+// or, if it has none, the one the surveyed nodes hold (none: ""). A
+// surveyed node of another cluster is marked as an error, so that it
+// counts for nothing and the refusal names both ids; nodes that disagree,
+// when this one has no id, refuse the promotion before anything is
+// fenced.
+func (n *Node) clusterOf(own string, survey []answer) (string, error) {
+	if own == "" {
+		id, err := datadir.OneClusterID(clusterIDs(survey, reachable))
+		if err != nil {
+			return "", status.Errorf(codes.FailedPrecondition, "%v: this node has no cluster id, so it cannot tell which cluster to promote in; nothing was fenced", rpcerr.Mismatch("%v", err))
+		}
+		return id, nil
+	}
+	for i, a := range survey {
+		if a.err == nil && a.cluster != "" && a.cluster != own {
+			survey[i].err = rpcerr.Mismatch("%s belongs to cluster %s, this node to cluster %s", a.id, a.cluster, own)
+			n.logger.Warn("a node the promotion asked belongs to another cluster; it does not count", "peer", a.id, "cluster_id", own, "peer_cluster_id", a.cluster)
+		}
+	}
+	return own, nil
+}
+
+// clusterIDs maps the answers that count to the cluster ids they stated.
+func clusterIDs(answers []answer, counts func(answer) bool) map[string]string {
+	ids := map[string]string{}
+	for _, a := range answers {
+		if counts(a) {
+			ids[a.id] = a.cluster
+		}
+	}
+	return ids
 }
 
 // withContracts is known and the contract of every answer that has one.
@@ -438,10 +488,11 @@ func (n *Node) advertise() string {
 func (n *Node) selfAnswer(rep interface {
 	LogPosition() (uint64, uint64, datadir.History)
 	Vote() datadir.Vote
+	ClusterID() string
 }) answer {
 	last, epoch, h := rep.LogPosition()
 	v := rep.Vote()
-	return answer{id: n.cfg.ID, addr: n.advertise(), lastLSN: last, lastEpoch: epoch, history: h, epoch: v.Epoch, holder: v.Primary, granted: true}
+	return answer{id: n.cfg.ID, addr: n.advertise(), lastLSN: last, lastEpoch: epoch, history: h, epoch: v.Epoch, holder: v.Primary, granted: true, cluster: rep.ClusterID()}
 }
 
 // survey asks every log store and other member where its log ends,
@@ -469,6 +520,7 @@ func (n *Node) survey(ctx context.Context, enough func([]answer) bool) []answer 
 				st, err := logStoreStatus(ctx, j.addr)
 				if a.err = err; err == nil {
 					a.epoch, a.holder, a.lastEpoch, a.lastLSN, a.history = st.GetVoteEpoch(), st.GetPrimaryId(), st.GetLastEpoch(), st.GetDurableLsn(), datadir.HistoryFromProto(st.GetHistory())
+					a.cluster = st.GetClusterId()
 				}
 			} else {
 				st, err := nodeStatus(ctx, j.addr)
@@ -476,6 +528,7 @@ func (n *Node) survey(ctx context.Context, enough func([]answer) bool) []answer 
 					a.epoch, a.holder, a.lastEpoch, a.lastLSN, a.history = st.GetVoteEpoch(), st.GetPrimaryId(), st.GetEpoch(), st.GetDurableLsn(), datadir.HistoryFromProto(st.GetHistory())
 					a.primary = st.GetRole() == walshipv1.Role_ROLE_PRIMARY
 					a.contract = st.GetContract()
+					a.cluster = st.GetClusterId()
 					if len(st.GetPeers()) > 0 && !a.primary {
 						a.primaryLast = st.GetVisibleLsn() + st.GetPeers()[0].GetLagRecords()
 					}
@@ -524,6 +577,7 @@ func (n *Node) fenceAll(ctx context.Context, rep interface {
 				a.since = resp.GetSincePrimaryContact().AsDuration()
 				a.primaryLast, a.primaryDurable = resp.GetPrimaryLastLsn(), resp.GetPrimaryDurableLsn()
 				a.contract = resp.GetContract()
+				a.cluster = resp.GetClusterId()
 			}
 			ch <- a
 		}()
@@ -653,6 +707,17 @@ func (n *Node) carryOut(ctx context.Context, p *plan) error {
 	closed = true
 	if err := log.Close(); err != nil {
 		return fmt.Errorf("close wal: %w", err)
+	}
+	// The cluster id before the epoch: the primary starts in it (or makes
+	// one if nobody had any).
+	if p.cluster != "" {
+		if own, err := datadir.LoadCluster(n.fs, n.cfg.DataDir); err != nil {
+			return err
+		} else if own == "" {
+			if err := datadir.SaveCluster(n.fs, n.cfg.DataDir, p.cluster); err != nil {
+				return err
+			}
+		}
 	}
 	h := hist.Cut(last).With(p.epoch, last+1)
 	if err := datadir.SaveHistory(n.fs, n.cfg.DataDir, h); err != nil {
