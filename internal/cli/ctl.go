@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -50,11 +51,18 @@ func ctlStatusFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 			rows[i].st, rows[i].err = nodeStatus(ctx, a)
 		}
 		w := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(w, "ADDRESS\tID\tROLE\tEPOCH\tPROMISED\tPRIMARY\tLAST\tDURABLE\tVISIBLE\tLAG\tSERVING\tWRITES\tORPHANS")
+		fmt.Fprintln(w, "ADDRESS\tID\tROLE\tEPOCH\tPROMISED\tPRIMARY\tLAST\tDURABLE\tVISIBLE\tLAG\tSERVING\tWRITES\tORPHANS\tCLUSTER")
+		clusters := map[string][]string{}
 		for _, r := range rows {
 			if r.err != nil {
 				fmt.Fprintf(w, "%s\t-\tunreachable\t\t\t\t\t\t\t\t\t%v\n", r.addr, r.err)
 				continue
+			}
+			cluster := r.st.GetClusterId()
+			if cluster == "" {
+				cluster = "-" // not joined yet, or older than cluster ids
+			} else {
+				clusters[cluster] = append(clusters[cluster], r.addr)
 			}
 			st := r.st
 			lag := ""
@@ -66,11 +74,22 @@ func ctlStatusFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 			if st.GetRole() == walshipv1.Role_ROLE_PRIMARY {
 				writes = fmt.Sprint(st.GetTakingWrites())
 			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\t%d\t%d\t%d\t%s\t%v\t%s\t%d\n", r.addr, st.GetId(), role, st.GetEpoch(), st.GetVoteEpoch(),
-				st.GetPrimaryId(), st.GetLastLsn(), st.GetDurableLsn(), st.GetVisibleLsn(), lag, st.GetServing(), writes, len(st.GetOrphans()))
+			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\t%d\t%d\t%d\t%s\t%v\t%s\t%d\t%s\n", r.addr, st.GetId(), role, st.GetEpoch(), st.GetVoteEpoch(),
+				st.GetPrimaryId(), st.GetLastLsn(), st.GetDurableLsn(), st.GetVisibleLsn(), lag, st.GetServing(), writes, len(st.GetOrphans()), cluster)
 		}
 		if err := w.Flush(); err != nil {
 			return err
+		}
+		if len(clusters) > 1 {
+			fmt.Fprintf(env.Stdout, "\nwarning: these nodes belong to %d different clusters; a node of another cluster is refused by the others (docs/RUNBOOK.md, \"Cluster id mismatch\"):\n", len(clusters))
+			ids := make([]string, 0, len(clusters))
+			for id := range clusters {
+				ids = append(ids, id)
+			}
+			sort.Strings(ids)
+			for _, id := range ids {
+				fmt.Fprintf(env.Stdout, "  %s: %s\n", id, strings.Join(clusters[id], ", "))
+			}
 		}
 		for _, r := range rows {
 			if tl := r.st.GetLastFailover(); tl != nil {

@@ -67,7 +67,11 @@ func devFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 		if err != nil {
 			return err
 		}
-		printDev(env, c, dataDir, tlsDir)
+		clusterID := "-"
+		if st, err := c.Status(ctx, c.Primary); err == nil && st.GetClusterId() != "" {
+			clusterID = st.GetClusterId()
+		}
+		printDev(env, c, dataDir, tlsDir, clusterID)
 		// SIGUSR1 stops whichever data node is the primary, as if its
 		// machine died: then promote a replica.
 		usr1 := make(chan os.Signal, 1)
@@ -93,9 +97,10 @@ func devFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	}
 }
 
-func printDev(env *Env, c *cluster.Cluster, dataDir, tlsDir string) {
+func printDev(env *Env, c *cluster.Cluster, dataDir, tlsDir, clusterID string) {
 	w := env.Stdout
-	fmt.Fprintf(w, "\nwalship dev cluster is up (data in %s). Ctrl-C stops it.\n\n", dataDir)
+	fmt.Fprintf(w, "\nwalship dev cluster is up (data in %s). Ctrl-C stops it.\n", dataDir)
+	fmt.Fprintf(w, "Cluster id %s: stamped in every node's DATA_DIR/cluster; a node of another cluster is refused.\n\n", clusterID)
 	fmt.Fprintf(w, "  %-10s %-22s %s\n", "node", "gRPC", "metrics")
 	for _, n := range c.Nodes() {
 		fmt.Fprintf(w, "  %-10s %-22s http://%s/metrics\n", n.Name, n.Addr, n.MetricsAddr)
