@@ -59,7 +59,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 	})
 	m.clusterMismatch = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "walship_cluster_mismatch_total",
-		Help: "Requests and streams refused because the peer belongs to another cluster (its cluster id differs from this node's; both are logged).",
+		Help: "Times this node met a peer of another cluster (a cluster id other than its own): requests and streams it refused, or that refused it. Both ids are logged.",
 	})
 	durable := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "walship_logstore_durable_lsn",

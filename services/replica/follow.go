@@ -199,6 +199,9 @@ func (s *Server) afterStream(ctx context.Context, l *ladder, progress bool, err 
 	case rpcerr.IsOtherCluster(err):
 		// Pointed at a primary of another cluster (or it at us): never
 		// follow it. Only an operator can tell which side is wrong.
+		if refuser, _, ok := rpcerr.ClusterIDs(err); ok && refuser != s.cluster.ID() {
+			s.metrics.clusterMismatch.Inc() // the primary's refusal (this replica's own is counted where made)
+		}
 		s.logger.Error("the primary belongs to another cluster: not following it (check --primary and the data directory); retrying",
 			"primary", s.primary(), "cluster_id", s.cluster.ID(), "err", err)
 	case code == codes.OutOfRange:
