@@ -57,6 +57,7 @@ var knownMetrics = []knownMetric{
 	{"walship_wal_fsync_errors_total", counter, nil},
 	{"walship_fences_granted_total", counter, nil},
 	{"walship_orphaned_records_total", counter, nil},
+	{"walship_cluster_mismatch_total", counter, nil},
 	{"walship_node_role", gauge, []string{"role"}},
 	{"walship_epoch", gauge, nil},
 	{"walship_election_held", gauge, nil},
