@@ -694,7 +694,7 @@ func (n *Node) carryOut(ctx context.Context, p *plan) error {
 	// Copy what the donor has beyond this log.
 	if p.donor.lastLSN > log.LastLSN() {
 		own = own.Cut(log.LastLSN())
-		records, bytes, err := copyFrom(ctx, p.donor.addr, log, p.donor.lastLSN, own.Current().Epoch)
+		records, bytes, err := copyFrom(ctx, p.donor.addr, log, p.donor.lastLSN, own.Current().Epoch, p.cluster)
 		if err != nil {
 			return fmt.Errorf("catch up from %s: %w", p.donor.id, err)
 		}
@@ -737,8 +737,9 @@ func (n *Node) carryOut(ctx context.Context, p *plan) error {
 }
 
 // copyFrom reads the batches after log's end up to last from addr (a log
-// store, or a replica serving its log) and appends them, checked.
-func copyFrom(ctx context.Context, addr string, log *wal.Log, last, epoch uint64) (records, bytes uint64, err error) {
+// store, or a replica serving its log) and appends them, checked; the
+// donor refuses if it is not of cluster (when both know theirs).
+func copyFrom(ctx context.Context, addr string, log *wal.Log, last, epoch uint64, cluster string) (records, bytes uint64, err error) {
 	conn, err := dial(addr)
 	if err != nil {
 		return 0, 0, err
@@ -747,7 +748,7 @@ func copyFrom(ctx context.Context, addr string, log *wal.Log, last, epoch uint64
 	rctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	from := log.LastLSN() + 1
-	stream, err := walshipv1.NewLogStoreServiceClient(conn).Read(rctx, &walshipv1.ReadRequest{FromLsn: from, ToLsn: last})
+	stream, err := walshipv1.NewLogStoreServiceClient(conn).Read(rctx, &walshipv1.ReadRequest{FromLsn: from, ToLsn: last, ClusterId: cluster})
 	if err != nil {
 		return 0, 0, err
 	}
