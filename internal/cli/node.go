@@ -62,6 +62,9 @@ func nodeFlags(fs *flag.FlagSet, env *Env, role node.Role) func(context.Context)
 	if role == 0 {
 		fs.StringVar(&initialPrimary, "initial-primary", "", "the --id of the node that bootstraps a new cluster as its primary; every other node starts as a replica (a node with data follows its vote)")
 	}
+	if role == node.RoleReplica {
+		fs.BoolVar(&rc.ReadOnly, "read-only", false, "serve reads of --data-dir as it is, following no primary and never promoted (a directory walship restore built)")
+	}
 	fs.Uint64Var(&rc.ReadyMaxLag, "ready-max-lag", rc.ReadyMaxLag, "a replica says it is ready (/readyz) within this many LSNs of the primary (0 = any)")
 	kf := addKubeFlags(fs, &cfg)
 	sf := addSecurityFlags(fs, true)

@@ -77,7 +77,8 @@ type Config struct {
 	// Primary is the template of the primary role's config.
 	Primary primary.Config
 	// Replica is the template of the replica role's config; Replica.Primary
-	// is the primary a new replica starts following.
+	// is the primary a new replica starts following. With Replica.ReadOnly
+	// the node stays a read-only replica: it is never promoted.
 	Replica replica.Config
 	// FS is the filesystem (nil: the real one).
 	FS vfs.FS
@@ -184,6 +185,12 @@ func New(cfg Config) (*Node, error) {
 	if role == 0 {
 		role = RoleReplica
 	}
+	if cfg.Replica.ReadOnly {
+		if cfg.Election != nil {
+			return nil, errors.New("--read-only: a read-only node is never promoted, so it takes no part in an election (drop --kube-lease)")
+		}
+		role = RoleReplica
+	}
 	if v.Epoch == 0 && role == RolePrimary && cfg.Election != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		exists, err := cfg.Election.Exists(ctx)
@@ -268,7 +275,9 @@ func (n *Node) become(role Role, v datadir.Vote) error {
 		if addr := n.primaryAddr(v); addr != "" {
 			cfg.Primary = addr
 		}
-		if cfg.Primary == "" {
+		if cfg.ReadOnly {
+			cfg.Primary, cfg.LogStore = "", "" // follows no one
+		} else if cfg.Primary == "" {
 			// Any other member: one that is not the primary names the one
 			// it knows (replication's NotPrimary).
 			for _, m := range n.cfg.Members {
@@ -278,7 +287,7 @@ func (n *Node) become(role Role, v datadir.Vote) error {
 				}
 			}
 		}
-		if cfg.Primary == "" {
+		if cfg.Primary == "" && !cfg.ReadOnly {
 			return errors.New("--primary: required for a replica that knows of no primary yet")
 		}
 		cfg.Promote = n.promote

@@ -223,6 +223,9 @@ func (n *Node) promote(ctx context.Context, req *walshipv1.PromoteRequest) (*wal
 	if rep == nil {
 		return nil, status.Error(codes.FailedPrecondition, "already the primary")
 	}
+	if n.cfg.Replica.ReadOnly {
+		return nil, status.Error(codes.FailedPrecondition, "cannot promote a read-only node (a restored directory): start it with walship primary to make it the primary of a new cluster")
+	}
 	if len(n.cfg.LogStores) == 0 {
 		return nil, status.Error(codes.FailedPrecondition, "cannot promote: no log store is configured (--logstore); an epoch vote needs a log store majority")
 	}

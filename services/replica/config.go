@@ -31,6 +31,9 @@ type Config struct {
 	ID string
 	// Primary is the gRPC address of the primary to follow.
 	Primary string
+	// ReadOnly serves reads of the data directory as it is, following no
+	// one and promising nothing (a restored directory: walship restore).
+	ReadOnly bool
 	// ReadyMaxLag is how many LSNs behind the primary's last report the
 	// replica may be and still say it is ready (/readyz); 0 means any.
 	ReadyMaxLag uint64
@@ -126,7 +129,10 @@ func (c *Config) Validate() error {
 	} else if err := ValidateID(c.ID); err != nil {
 		errs = append(errs, fmt.Errorf("--id: %w", err))
 	}
-	if c.Primary == "" {
+	switch {
+	case c.ReadOnly && (c.Primary != "" || c.LogStore != ""):
+		errs = append(errs, errors.New("--read-only: a read-only node follows no primary and no log store (drop --primary and --logstore)"))
+	case c.Primary == "" && !c.ReadOnly:
 		errs = append(errs, errors.New("--primary: required"))
 	}
 	if c.SegmentBytes < 64<<10 {

@@ -250,6 +250,9 @@ func (h *epochServer) Fence(ctx context.Context, req *walshipv1.FenceRequest) (*
 // is refused before anything is done; one whose fence is granted gives
 // its cluster id to a replica that had none (saved before the promise).
 func (s *Server) Fence(req *walshipv1.FenceRequest) (*walshipv1.FenceResponse, error) {
+	if s.cfg.ReadOnly {
+		return nil, status.Errorf(codes.FailedPrecondition, "replica %s is read-only (a restored directory): it promises no epoch", s.cfg.ID)
+	}
 	s.voteMu.Lock()
 	defer s.voteMu.Unlock()
 	if err := s.refuseOtherCluster(req.GetClusterId(), "the candidate "+req.GetCandidateId()); err != nil {

@@ -448,7 +448,14 @@ func (s *Server) Run(ctx context.Context) error {
 	followCtx, stopFollow := context.WithCancel(ctx)
 	defer stopFollow()
 	followDone := make(chan error, 1)
-	go func() { followDone <- s.follow(followCtx) }()
+	go func() {
+		if s.cfg.ReadOnly {
+			<-followCtx.Done() // nothing to follow: reads of what is here
+			followDone <- nil
+			return
+		}
+		followDone <- s.follow(followCtx)
+	}()
 	snapCtx, stopSnap := context.WithCancel(context.Background())
 	snapDone := make(chan struct{})
 	snapFailed := make(chan error, 1)
