@@ -54,6 +54,7 @@ func commands() []command {
 		{name: "ctl switchover", summary: "hand the primary's role to a replica without losing anything", flags: ctlSwitchoverFlags},
 		{name: "check linear", summary: "check a cluster's reads and writes for linearizability (porcupine) with a bounded workload of its own", flags: checkLinearFlags},
 		{name: "check failover", summary: "check that a failover (a switchover, or a kill and a promotion) loses no acknowledged write and stays linearizable", flags: checkFailoverFlags},
+		{name: "restore", summary: "rebuild a data directory as of an LSN or a time from the log stores (point-in-time recovery, into a new cluster)", flags: restoreFlags},
 		{name: "dev", summary: "run a local cluster (log store, primary, 2 replicas) with data in a temp dir", flags: devFlags},
 		{name: "version", summary: "print the version", flags: versionFlags},
 	}

@@ -1,0 +1,126 @@
+package cli
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/walship/walship/internal/restore"
+)
+
+// walship restore: point-in-time recovery from the log stores
+// (internal/restore), into a new data directory.
+
+func restoreFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
+	var (
+		logstores []string
+		dataDir   string
+		lsn       uint64
+		at        string
+		latest    bool
+		dryRun    bool
+		clusterID string
+	)
+	fs.Var(listFlag{&logstores}, "logstore", "gRPC addresses of the log stores to restore from, comma-separated (required)")
+	fs.StringVar(&dataDir, "data-dir", "", "the data directory to build; it must not exist or be empty (required unless --dry-run)")
+	fs.Uint64Var(&lsn, "lsn", 0, "restore to exactly this LSN (a commit's LSN)")
+	fs.StringVar(&at, "time", "", "restore to the last commit at or before this time (RFC 3339, e.g. 2026-12-03T14:02:00Z)")
+	fs.BoolVar(&latest, "latest", false, "restore to the newest LSN a majority of the given log stores hold")
+	fs.BoolVar(&dryRun, "dry-run", false, "resolve and check the restore (target, snapshot, lineage, every batch's CRC) without writing anything")
+	fs.StringVar(&clusterID, "cluster-id", "", "refuse log stores of any other cluster than this one")
+	sf := addSecurityFlags(fs, false)
+	return func(ctx context.Context) error {
+		if err := sf.dial(ctx, env.Logger); err != nil {
+			return err
+		}
+		var target restore.Target
+		n := 0
+		if isSet(fs, "lsn") {
+			target, n = restore.AtLSN(lsn), n+1
+		}
+		if at != "" {
+			t, err := time.Parse(time.RFC3339Nano, at)
+			if err != nil {
+				return usageErr(env, "--time: %q is not an RFC 3339 time (e.g. 2026-12-03T14:02:00Z): %v", at, err)
+			}
+			target, n = restore.AtTime(t), n+1
+		}
+		if latest {
+			target, n = restore.AtLatest(), n+1
+		}
+		if n != 1 {
+			return usageErr(env, "give exactly one of --lsn, --time and --latest")
+		}
+		if len(logstores) == 0 {
+			return usageErr(env, "--logstore: required")
+		}
+		if dataDir == "" && !dryRun {
+			return usageErr(env, "--data-dir: required (or --dry-run)")
+		}
+		res, err := restore.Run(ctx, restore.Options{LogStores: logstores, DataDir: dataDir, Target: target, DryRun: dryRun,
+			ClusterID: clusterID, Logger: env.Logger})
+		if err != nil {
+			return err
+		}
+		printRestore(env, res, dryRun, dataDir)
+		return nil
+	}
+}
+
+// isSet reports whether the flag was given on the command line or in the
+// environment (Parse sets environment fallbacks as flags).
+func isSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
+func printRestore(env *Env, res *restore.Result, dryRun bool, dataDir string) {
+	at := func(t time.Time) string {
+		if t.IsZero() {
+			return "-"
+		}
+		return t.UTC().Format(time.RFC3339Nano)
+	}
+	w := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "target\t%s\n", res.Target)
+	fmt.Fprintf(w, "resolved LSN\t%d\n", res.LSN)
+	fmt.Fprintf(w, "commit time\t%s\n", at(res.CommitTime))
+	if sn := res.Snapshot; sn != nil {
+		fmt.Fprintf(w, "snapshot\tLSN %d (epoch %d, %s, %d keys, %d bytes) from %s\n", sn.GetLsn(), sn.GetEpoch(),
+			at(time.Unix(0, sn.GetCommitTimeUnixNano())), sn.GetKeys(), sn.GetBytes(), res.SnapshotFrom)
+	} else {
+		fmt.Fprintf(w, "snapshot\tnone: replay from LSN 1\n")
+	}
+	from := res.BatchesFrom
+	if from == "" {
+		from = "-"
+	}
+	fmt.Fprintf(w, "replay\t%d batches, %d bytes from %s\n", res.Batches, res.Bytes, from)
+	var lineage []string
+	for _, s := range res.Lineage {
+		lineage = append(lineage, fmt.Sprintf("epoch %d from LSN %d", s.Epoch, s.FirstLSN))
+	}
+	fmt.Fprintf(w, "lineage\t%s\n", strings.Join(lineage, ", "))
+	for _, s := range res.Sources {
+		if s.Err != nil {
+			fmt.Fprintf(w, "log store %s\tno answer: %v\n", s.Addr, s.Err)
+			continue
+		}
+		fmt.Fprintf(w, "log store %s\tLSNs %d..%d, %d snapshots, promised epoch %d\n", s.Addr, s.FirstLSN, s.Usable, len(s.Snapshots), s.VoteEpoch)
+	}
+	if dryRun {
+		fmt.Fprintf(w, "dry run\tnothing written\n")
+		_ = w.Flush()
+		return
+	}
+	fmt.Fprintf(w, "restored\tLSN %d, %d keys, state digest %s\n", res.LSN, res.Keys, res.Digest)
+	fmt.Fprintf(w, "took\t%v (replay %v, %.1f MB/s)\n", res.Took.Round(time.Millisecond), res.Replayed.Round(time.Millisecond), res.ReplayMBps())
+	fmt.Fprintf(w, "data dir\t%s, new cluster %s\n", dataDir, res.ClusterID)
+	_ = w.Flush()
+	fmt.Fprintf(env.Stdout, "\nStart it as a read-only node:  walship replica --read-only --data-dir %s\n", dataDir)
+	fmt.Fprintf(env.Stdout, "or as the primary of a new cluster (new log stores):  walship primary --data-dir %s --logstore NEW-LOG-STORES\n", dataDir)
+}
