@@ -40,6 +40,7 @@ import (
 	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/internal/vfs"
 	"github.com/walship/walship/pkg/codec"
+	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -292,6 +293,8 @@ type restorer struct {
 	lineage datadir.History // the newest vote's log's history
 	p       Plan
 	store   *state.Store // the state being rebuilt
+	// replayer applies the batches to store.
+	replayer *state.Replayer
 }
 
 // survey asks every log store what it holds and picks the lineage: the
@@ -533,9 +536,13 @@ func (r *restorer) replay(ctx context.Context) (*Result, error) {
 	}
 	began := time.Now()
 	if batches != nil {
-		if err := r.applyBatches(batches, base); err != nil {
+		// A restore's state is read by no one until it is done: replay
+		// keeps the newest write of each key and builds the tree once.
+		r.replayer = state.NewReplayer(r.store)
+		if err := r.applyBatches(ctx, batches, base); err != nil {
 			return nil, err
 		}
+		r.store = r.replayer.Finish()
 	}
 	res := &Result{Plan: r.p, Replayed: time.Since(began)}
 	res.Plan.Lineage = r.lineage.Cut(res.LSN)
@@ -592,63 +599,111 @@ func (r *restorer) fetchSnapshot(ctx context.Context) (*state.Store, error) {
 }
 
 // applyBatches reads the batches after base, up to the target, and applies
-// them to store.
-func (r *restorer) applyBatches(st grpc.ServerStreamingClient[walshipv1.ReadResponse], base uint64) error {
+// them: one goroutine receives, checks and decodes (readBatches), this one
+// applies, so the two overlap.
+func (r *restorer) applyBatches(ctx context.Context, st grpc.ServerStreamingClient[walshipv1.ReadResponse], base uint64) error {
+	g, ctx := errgroup.WithContext(ctx)
+	batches := make(chan decoded, 8)
+	var end readEnd
+	g.Go(func() error {
+		defer close(batches)
+		var err error
+		end, err = r.readBatches(ctx, st, base, batches)
+		return err
+	})
+	g.Go(func() error {
+		for d := range batches {
+			if d.batch != nil {
+				if err := r.replayer.Apply(d.batch); err != nil {
+					return status.Errorf(codes.DataLoss, "apply LSNs %d..%d: %v", d.first, d.last, err)
+				}
+			}
+			r.p.Batches++
+			r.p.Bytes += uint64(d.bytes)
+			r.p.CommitTime = d.commit
+		}
+		return nil
+	})
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	r.p.LSN, r.p.NewestCommit = end.last, end.newest
+	return nil
+}
+
+// decoded is one checked batch on its way to the replayer.
+type decoded struct {
+	batch       *codec.Batch // nil in a dry run
+	first, last uint64
+	bytes       int // payload bytes
+	commit      time.Time
+}
+
+// readEnd is where the read stopped: the last LSN sent on, and the newest
+// commit time seen (for a time target, the first one after it).
+type readEnd struct {
+	last   uint64
+	newest time.Time
+}
+
+// readBatches receives the batches after base and sends each on out once
+// checked — its CRC, its continuity, its epoch against the lineage, not
+// past the target — and decoded (but in a dry run). It stops after the
+// target LSN, or before the first batch committed after a target time.
+func (r *restorer) readBatches(ctx context.Context, st grpc.ServerStreamingClient[walshipv1.ReadResponse], base uint64, out chan<- decoded) (readEnd, error) {
 	t := r.o.Target
-	from := r.p.BatchesFrom
-	next := base + 1
-	last := base
-	var b codec.Batch
+	from, target := r.p.BatchesFrom, r.p.LSN
+	end := readEnd{last: base}
 	for {
 		m, err := st.Recv()
 		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
-			return fmt.Errorf("read batches from %s at LSN %d: %w", from, next, err)
+			return end, fmt.Errorf("read batches from %s at LSN %d: %w", from, end.last+1, err)
 		}
 		env := m.GetBatch()
 		if err := envelope.Verify(env); err != nil {
-			return status.Errorf(codes.DataLoss, "batch from %s at LSN %d: %v", from, next, err)
+			return end, status.Errorf(codes.DataLoss, "batch from %s at LSN %d: %v", from, end.last+1, err)
 		}
 		switch {
-		case env.GetFirstLsn() != next:
-			return status.Errorf(codes.DataLoss, "gap: %s sent LSNs %d..%d after LSN %d", from, env.GetFirstLsn(), env.GetLastLsn(), next-1)
+		case env.GetFirstLsn() != end.last+1:
+			return end, status.Errorf(codes.DataLoss, "gap: %s sent LSNs %d..%d after LSN %d", from, env.GetFirstLsn(), env.GetLastLsn(), end.last)
 		case r.lineage.EpochOf(env.GetFirstLsn()) != env.GetEpoch() || r.lineage.EpochOf(env.GetLastLsn()) != env.GetEpoch():
-			return status.Errorf(codes.DataLoss, "lineage: %s holds LSNs %d..%d of epoch %d, but the lineage %v gives them to epoch %d",
+			return end, status.Errorf(codes.DataLoss, "lineage: %s holds LSNs %d..%d of epoch %d, but the lineage %v gives them to epoch %d",
 				from, env.GetFirstLsn(), env.GetLastLsn(), env.GetEpoch(), r.lineage, r.lineage.EpochOf(env.GetFirstLsn()))
 		}
 		commit := unixTime(env.GetCommitTimeUnixNano())
+		end.newest = commit
 		if !t.Time.IsZero() && commit.After(t.Time) {
-			r.p.NewestCommit = commit
-			r.p.LSN = last
-			return nil // the first commit after the target: stop before it
+			return end, nil // the first commit after the target: stop before it
 		}
-		if t.Time.IsZero() && env.GetLastLsn() > r.p.LSN {
-			return status.Errorf(codes.InvalidArgument, "--lsn: LSN %d is inside the batch %d..%d, not at a commit: restore to LSN %d or %d",
-				r.p.LSN, env.GetFirstLsn(), env.GetLastLsn(), env.GetFirstLsn()-1, env.GetLastLsn())
+		if t.Time.IsZero() && env.GetLastLsn() > target {
+			return end, status.Errorf(codes.InvalidArgument, "--lsn: LSN %d is inside the batch %d..%d, not at a commit: restore to LSN %d or %d",
+				target, env.GetFirstLsn(), env.GetLastLsn(), env.GetFirstLsn()-1, env.GetLastLsn())
 		}
+		d := decoded{first: env.GetFirstLsn(), last: env.GetLastLsn(), bytes: len(env.GetPayload()), commit: commit}
 		if !r.o.DryRun {
-			if err := envelope.DecodePayload(env, &b); err != nil {
-				return status.Errorf(codes.DataLoss, "batch from %s at LSNs %d..%d: %v", from, env.GetFirstLsn(), env.GetLastLsn(), err)
-			}
-			if err := r.store.Apply(&b); err != nil {
-				return status.Errorf(codes.DataLoss, "apply LSNs %d..%d: %v", env.GetFirstLsn(), env.GetLastLsn(), err)
+			d.batch = new(codec.Batch)
+			if err := envelope.DecodePayload(env, d.batch); err != nil {
+				return end, status.Errorf(codes.DataLoss, "batch from %s at LSNs %d..%d: %v", from, d.first, d.last, err)
 			}
 		}
-		r.p.Batches++
-		r.p.Bytes += uint64(len(env.GetPayload()))
-		r.p.CommitTime, r.p.NewestCommit = commit, commit
-		last, next = env.GetLastLsn(), env.GetLastLsn()+1
-		if t.Time.IsZero() && last == r.p.LSN {
-			return nil
+		select {
+		case out <- d:
+		case <-ctx.Done():
+			return end, ctx.Err()
+		}
+		end.last = d.last
+		if t.Time.IsZero() && end.last == target {
+			return end, nil
 		}
 	}
 	if !t.Time.IsZero() {
-		return status.Errorf(codes.OutOfRange, "--time: %s is after the newest archived commit (%s, LSN %d): nothing shows the archive holds every commit up to it; restore to --latest, to --lsn %d, or to a time at or before %s",
-			t.Time.UTC().Format(time.RFC3339Nano), r.p.NewestCommit.UTC().Format(time.RFC3339Nano), last, last, r.p.NewestCommit.UTC().Format(time.RFC3339Nano))
+		return end, status.Errorf(codes.OutOfRange, "--time: %s is after the newest archived commit (%s, LSN %d): nothing shows the archive holds every commit up to it; restore to --latest, to --lsn %d, or to a time at or before %s",
+			t.Time.UTC().Format(time.RFC3339Nano), end.newest.UTC().Format(time.RFC3339Nano), end.last, end.last, end.newest.UTC().Format(time.RFC3339Nano))
 	}
-	return status.Errorf(codes.DataLoss, "gap: %s ended its batches at LSN %d, before the target LSN %d", from, last, r.p.LSN)
+	return end, status.Errorf(codes.DataLoss, "gap: %s ended its batches at LSN %d, before the target LSN %d", from, end.last, target)
 }
 
 // write builds the data directory: a new cluster id first (so nothing in
