@@ -102,6 +102,24 @@ func TestRestoreProcesses(t *testing.T) {
 		t.Fatalf("Get k12 on the restored primary = %v, %v", got, err)
 	}
 	np.stop()
+
+	// Pointed at the source's log store, a restored directory is refused:
+	// it is another cluster, never mistaken for the source.
+	dir2 := filepath.Join(t.TempDir(), "restored2")
+	_, newID, _ := strings.Cut(field(restore("--data-dir", dir2, "--latest"), "data dir"), ", new cluster ")
+	lsStatus, err := walshipv1.NewLogStoreServiceClient(ls.dial(ctx)).Status(ctx, &walshipv1.LogStoreServiceStatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if newID == "" || lsStatus.ClusterId == "" || newID == lsStatus.ClusterId {
+		t.Fatalf("restored cluster %q, source cluster %q: want two ids", newID, lsStatus.ClusterId)
+	}
+	cmd := exec.Command(walshipBin(t), "primary", "--listen", "127.0.0.1:0", "--metrics-listen", "", "--data-dir", dir2, "--logstore", ls.addr, "--log-format", "json")
+	cmd.Env = cleanEnv()
+	out, err = func() (string, error) { b, err := cmd.CombinedOutput(); return string(b), err }()
+	if err == nil || !strings.Contains(out, "cluster id mismatch") || !strings.Contains(out, newID) || !strings.Contains(out, lsStatus.ClusterId) {
+		t.Fatalf("a restored primary against the source's log store: %v; want it refused naming clusters %s and %s:\n%s", err, newID, lsStatus.ClusterId, out)
+	}
 }
 
 // field is the value of a "name   value" line of walship's table output.

@@ -20,14 +20,11 @@ package restore
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"time"
@@ -717,9 +714,9 @@ func (r *restorer) write(res *Result) error {
 	}
 	id := r.o.NewClusterID
 	if id == "" {
-		id = newClusterID()
+		id = datadir.NewClusterID()
 	}
-	if err := saveClusterID(fsys, dir, id); err != nil {
+	if err := datadir.SaveCluster(fsys, dir, id); err != nil {
 		return err
 	}
 	res.ClusterID = id
@@ -734,15 +731,4 @@ func (r *restorer) write(res *Result) error {
 		return fmt.Errorf("write the restored state: %w", err)
 	}
 	return nil
-}
-
-// TODO(merge): datadir's cluster id API replaces these two.
-func newClusterID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
-
-func saveClusterID(fsys vfs.FS, dir, id string) error {
-	return vfs.WriteFileAtomic(fsys, filepath.Join(dir, "cluster"), []byte(id+"\n"))
 }
