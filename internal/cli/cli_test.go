@@ -81,6 +81,23 @@ func TestPrimaryConfigErrorsNameTheFlag(t *testing.T) {
 	}
 }
 
+// TestLogStorePeers: walship logstore takes its peers from --peers or
+// WALSHIP_PEERS, and a bad list is refused naming the flag.
+func TestLogStorePeers(t *testing.T) {
+	t.Setenv("WALSHIP_PEERS", "ls-0:7400, ls-1:7400,ls-2:7400")
+	fs, _ := NewFlagSet("logstore", &Env{})
+	if err := Parse(fs, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := fs.Lookup("peers").Value.String(); got != "ls-0:7400,ls-1:7400,ls-2:7400" {
+		t.Errorf("WALSHIP_PEERS not applied: peers = %s", got)
+	}
+	code, _, errOut := run(t, "logstore", "--listen", "127.0.0.1:0", "--metrics-listen", "", "--data-dir", t.TempDir(), "--peers", "a:1,a:1")
+	if code != 1 || !strings.Contains(errOut, "--peers: a:1 is listed twice") {
+		t.Fatalf("logstore with a peer listed twice: exit %d, %q", code, errOut)
+	}
+}
+
 func TestListFlag(t *testing.T) {
 	var l []string
 	f := listFlag{&l}

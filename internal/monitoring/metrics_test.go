@@ -89,6 +89,9 @@ var knownMetrics = []knownMetric{
 	{"walship_logstore_fsync_duration_seconds", histogram, nil},
 	{"walship_logstore_append_streams", gauge, nil},
 	{"walship_logstore_read_streams", gauge, nil},
+	{"walship_logstore_refilling", gauge, nil},
+	{"walship_logstore_refill_batches_total", counter, nil},
+	{"walship_logstore_refill_bytes_total", counter, nil},
 }
 
 // lookupMetric finds a known metric by registered name.

@@ -72,7 +72,8 @@ type rule struct {
 // of grpc-go's authz package) for trust domain td: deny by default;
 // health for anyone; Status for every identity of the trust domain;
 // replication, log-store and epoch RPCs (and Promote, which a switching
-// primary calls on its target) for data nodes; reads and writes for
+// primary calls on its target) for data nodes; LogStoreService.Read for
+// log stores (a refill from a peer); reads and writes for
 // clients, admins and nodes; every admin RPC for admins; reflection as r
 // says.
 func DefaultPolicy(td string, r Reflection) string {
@@ -97,6 +98,8 @@ func DefaultPolicy(td string, r Reflection) string {
 	add("health", nil, "/grpc.health.v1.Health/*")
 	add("status", class(ClassNode, ClassLogStore, ClassClient, ClassAdmin),
 		"/walship.v1.AdminService/Status", "/walship.v1.LogStoreService/Status")
+	// A log store refills what it lacks from its peers' Read.
+	add("logstores", class(ClassLogStore), "/walship.v1.LogStoreService/Read")
 	add("nodes", class(ClassNode),
 		"/walship.v1.ReplicationService/*", "/walship.v1.LogStoreService/*", "/walship.v1.EpochService/*", "/walship.v1.AdminService/Promote")
 	// Nodes too: a node can already become the primary (Fence, Promote),

@@ -247,6 +247,7 @@ func TestAuthzDefaultPolicy(t *testing.T) {
 	g := grpc.NewServer(grpc.Creds(credentials.NewTLS(srv.ServerConfig())), grpc.ChainUnaryInterceptor(az.Unary), grpc.ChainStreamInterceptor(az.Stream))
 	walshipv1.RegisterAdminServiceServer(g, admin{})
 	walshipv1.RegisterReplicationServiceServer(g, walshipv1.UnimplementedReplicationServiceServer{})
+	walshipv1.RegisterLogStoreServiceServer(g, walshipv1.UnimplementedLogStoreServiceServer{})
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -279,6 +280,20 @@ func TestAuthzDefaultPolicy(t *testing.T) {
 		case "Status":
 			_, err := walshipv1.NewAdminServiceClient(cc).Status(ctx, &walshipv1.StatusRequest{})
 			return err
+		case "Read":
+			r, err := walshipv1.NewLogStoreServiceClient(cc).Read(ctx, &walshipv1.ReadRequest{})
+			if err != nil {
+				return err
+			}
+			_, err = r.Recv()
+			return err
+		case "Append":
+			a, err := walshipv1.NewLogStoreServiceClient(cc).Append(ctx)
+			if err != nil {
+				return err
+			}
+			_, err = a.Recv()
+			return err
 		case "Stream":
 			s, err := walshipv1.NewReplicationServiceClient(cc).Stream(ctx)
 			if err != nil {
@@ -302,6 +317,9 @@ func TestAuthzDefaultPolicy(t *testing.T) {
 		{URI("td", ClassNode, "n1"), "SetPolicy", false},
 		{URI("td", ClassNode, "n1"), "Status", true},
 		{URI("td", ClassLogStore, "ls0"), "Stream", false},
+		{URI("td", ClassLogStore, "ls0"), "Read", true}, // a log store refills from its peers
+		{URI("td", ClassLogStore, "ls0"), "Append", false},
+		{URI("td", ClassClient, "app"), "Read", false},
 		{URI("td", ClassAdmin, "ops"), "SetPolicy", true},
 		{URI("td", ClassAdmin, "ops"), "Promote", true},
 		{URI("td", ClassAdmin, "ops"), "Promote force", true},

@@ -6,10 +6,14 @@ import (
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/rpcerr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 )
 
 // Status reports what the log store holds.
-func (h *logStoreServer) Status(context.Context, *walshipv1.LogStoreServiceStatusRequest) (*walshipv1.LogStoreServiceStatusResponse, error) {
+func (h *logStoreServer) Status(ctx context.Context, _ *walshipv1.LogStoreServiceStatusRequest) (*walshipv1.LogStoreServiceStatusResponse, error) {
+	// A log store listed among its own peers knows itself by this.
+	_ = grpc.SetHeader(ctx, metadata.Pairs(instanceHeader, h.s.instance))
 	return h.s.Status(), nil
 }
 
@@ -28,6 +32,7 @@ func (s *Server) Status() *walshipv1.LogStoreServiceStatusResponse {
 		PrimaryId:   v.Primary,
 		PrimaryAddr: v.Addr,
 		ClusterId:   s.cluster.ID(),
+		Refilling:   s.refilling.Load(),
 	}
 }
 

@@ -33,6 +33,9 @@ type appendReq struct {
 	// writer, in queue order.
 	fence  *walshipv1.FenceRequest
 	fenced chan fenceResult
+	// refill marks a batch copied from a peer (st is the refill's own
+	// stream, registered nowhere): admitted by admitRefill.
+	refill *refill
 }
 
 // appendStream is the state one Append stream shares between its receiving
@@ -146,6 +149,8 @@ func (s *Server) openStream() (*appendStream, error) {
 		return nil, refuse(rpcerr.ErrUnavailable, "log store failed: %v", s.fatal)
 	case s.stopping:
 		return nil, errStopping
+	case s.refilling.Load():
+		return nil, s.errRefilling()
 	}
 	st := &appendStream{
 		budget: semaphore.NewWeighted(2 * int64(s.cfg.MaxMessageBytes)),
@@ -458,7 +463,7 @@ func (s *Server) round(reqs []*appendReq) error {
 		last = 0
 	}
 	var entries []wal.Entry
-	var newBytes int
+	var newBytes, refillBatches, refillBytes int
 	for _, r := range reqs {
 		o := outs[r.st]
 		if o == nil {
@@ -484,6 +489,10 @@ func (s *Server) round(reqs []*appendReq) error {
 		}
 		if len(entries) > n {
 			newBytes += len(r.data)
+			if r.refill != nil {
+				refillBatches++
+				refillBytes += len(r.data)
+			}
 		}
 		o.ack = true
 	}
@@ -503,6 +512,8 @@ func (s *Server) round(reqs []*appendReq) error {
 		}
 		s.metrics.fsyncSeconds.Observe(time.Since(start).Seconds())
 		s.metrics.appendedBytes.Add(float64(newBytes))
+		s.metrics.refillBatches.Add(float64(refillBatches))
+		s.metrics.refillBytes.Add(float64(refillBytes))
 		s.nWrites++
 		s.writes.Advance(s.nWrites)
 		select {
@@ -536,6 +547,14 @@ func (s *Server) round(reqs []*appendReq) error {
 // the history, and a newer sender epoch promised, before the batch that
 // brings it is acknowledged — never from a refused request.
 func (s *Server) admit(r *appendReq, walLast uint64, last *uint64, entries *[]wal.Entry) (refused, fatal error) {
+	if r.refill != nil {
+		return s.admitRefill(r, walLast, last, entries)
+	}
+	if s.refilling.Load() {
+		// Queued before the refill began: the refill is the only writer
+		// until it ends.
+		return s.errRefilling(), nil
+	}
 	st, hb, b := r.st, r.hb, r.env
 	if id := hb.GetClusterId(); id != "" {
 		if err := s.refuseOtherCluster(id, primaryPeer(hb)); err != nil {
@@ -589,6 +608,11 @@ func (s *Server) admit(r *appendReq, walLast uint64, last *uint64, entries *[]wa
 		case overlap:
 			return refuse(errOutOfRange, "overlap: batch LSNs %d..%d, log store ends at LSN %d and %s", b.FirstLsn, b.LastLsn, *last, why), nil
 		case *last != 0 && b.FirstLsn > *last+1:
+			// The primary no longer has what follows this log: its peers
+			// may, if it has any.
+			if s.beginRefill(fmt.Sprintf("the primary's oldest batch starts at LSN %d, after this log store's last LSN %d", b.FirstLsn, *last)) {
+				return s.errRefilling(), nil
+			}
 			return refuse(rpcerr.ErrInvalid, "gap: batch starts at LSN %d, log store ends at LSN %d", b.FirstLsn, *last), nil
 		}
 		if err := s.noteEpoch(b.Epoch, b.FirstLsn); err != nil {

@@ -42,6 +42,13 @@ type Config struct {
 	// MaxMessageBytes bounds a gRPC message: it must admit the largest batch
 	// a primary sends.
 	MaxMessageBytes int
+	// Peers are the gRPC addresses of the cluster's other log stores (this
+	// one may be listed too: it recognises itself and skips it). A log
+	// store with peers that starts empty, or finds that its log ends
+	// before the oldest batch its primary still has, copies what it lacks
+	// from the peer that holds it before it takes the primary's stream
+	// again (refill.go). Empty: it never refills.
+	Peers []string
 
 	// Now is the clock retention by age compares commit times with; nil
 	// means time.Now.
@@ -101,6 +108,16 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxMessageBytes < 1<<20 {
 		errs = append(errs, fmt.Errorf("max message bytes: %d is below 1MiB", c.MaxMessageBytes))
+	}
+	seen := map[string]bool{}
+	for i, p := range c.Peers {
+		switch {
+		case p == "":
+			errs = append(errs, fmt.Errorf("--peers: entry %d is empty", i))
+		case seen[p]:
+			errs = append(errs, fmt.Errorf("--peers: %s is listed twice", p))
+		}
+		seen[p] = true
 	}
 	if c.StopTimeout < 0 {
 		errs = append(errs, fmt.Errorf("stop timeout: %v is negative", c.StopTimeout))

@@ -81,6 +81,43 @@
 // on disk, and counted (walship_cluster_mismatch_total). A peer that
 // states no id (one older than cluster ids) is not refused for it.
 //
+// # Refill
+//
+// A log store with peers (Config.Peers, `--peers`: the cluster's other log
+// stores; it may be listed itself, and knows itself by the instance token
+// its Status answers carry in a header) refills what it lacks from them
+// (refill.go):
+//
+//   - when it starts empty: before it takes any Append stream, so that its
+//     log does not begin at the primary's oldest batch without the history
+//     its peers keep. While no peer answers it waits (Append refused);
+//     peers that answer but hold nothing (a new cluster) end the wait;
+//   - when its primary's batch starts after its last LSN (a gap: it was
+//     away past the primary's WAL retention): that Append stream is
+//     refused and the refill begins.
+//
+// While it refills, Status says refilling, and Append is refused with
+// UNAVAILABLE ("refilling from peers ...") — streams open when it began
+// are ended — so that the primary retries later; Fence is answered as
+// always. The refiller asks every peer's Status and copies from one whose
+// log ends in an epoch at least the one this log store promised (an older
+// one may end in a deposed primary's tail that the promised epoch cut),
+// whose epoch history holds this log store's whole log, and that holds the
+// LSN after its end: the newest epoch first, then (for an empty log
+// store) the one keeping the most history, then the furthest end. It Reads
+// from there to that peer's durable LSN and hands each batch, checked
+// (shape, CRC) as a primary's, to the writer, which admits it by the
+// Append rules — continuity, exact retransmissions, epochs never going
+// down along the log — and also requires it to be of the epoch the peer's
+// history says wrote its first LSN, and stops the refill if a fence
+// promised an epoch newer than the peer's log meanwhile. A copied batch of
+// an epoch newer than the promise raises the promise to it (that epoch's
+// primary has opened, so its predecessors are deposed). The refill ends
+// when it has copied through the peer's end, or when no peer can supply
+// what is missing; a copy that fails is retried with backoff (at most three
+// times in a row once the log store holds something: the primary's next
+// stream asks again).
+//
 // # Retention
 //
 // A background goroutine, woken after every round that wrote and by a

@@ -83,6 +83,17 @@ type Server struct {
 	stopReads       context.Context
 	cancelStopReads context.CancelFunc
 
+	// refilling is set while the log store copies what it lacks from its
+	// peers (refill.go): Append is refused meanwhile. refillWhy says why;
+	// refillKick wakes the refiller; skippedPeers counts the peers it
+	// will not use (this log store itself, found in the list, or a bad
+	// address); instance is the token that tells it itself.
+	refilling    atomic.Bool
+	refillWhy    atomic.Pointer[string]
+	refillKick   chan struct{}
+	skippedPeers atomic.Int32
+	instance     string
+
 	retKick   chan struct{}
 	firstKept watermark.Watermark  // FirstLSN after each retention pass, for waiters
 	retMu     sync.Mutex           // one retention pass at a time; guards commitAt
@@ -104,6 +115,9 @@ func New(cfg Config) (*Server, error) {
 		kick:     make(chan struct{}, 1),
 		retKick:  make(chan struct{}, 1),
 		commitAt: make(map[uint64]time.Time),
+
+		refillKick: make(chan struct{}, 1),
+		instance:   newInstance(),
 	}
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)
@@ -128,6 +142,13 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("register metrics: %w", err)
 	}
 	s.metrics = m
+	if len(cfg.Peers) > 0 && s.wal.FirstLSN() == 0 {
+		// Empty, with peers: copy what they keep first, rather than start
+		// at the primary's oldest batch without the history before it.
+		why := "this log store is empty"
+		s.refillWhy.Store(&why)
+		s.refilling.Store(true)
+	}
 	srv, err := serve.New(serve.Options{
 		Security:        cfg.Security,
 		Listen:          cfg.Listen,
@@ -268,6 +289,15 @@ func (s *Server) Run(ctx context.Context) error {
 	defer stopRetention()
 	retDone := make(chan struct{})
 	retFailed := make(chan error, 1)
+	// The refiller ends when the graceful stop begins (or a failure stops
+	// the log store: beginStop runs then too).
+	refillCtx, stopRefill := context.WithCancel(s.stopReads)
+	defer stopRefill()
+	refillDone := make(chan struct{})
+	go func() {
+		defer close(refillDone)
+		s.refiller(refillCtx)
+	}()
 	go func() {
 		defer close(retDone)
 		if err := s.retention(retCtx); err != nil {
@@ -281,7 +311,7 @@ func (s *Server) Run(ctx context.Context) error {
 	go func() { serveDone <- s.srv.Serve(serveCtx, s.beginStop) }()
 	s.srv.SetServing(true)
 	s.logger.Info("log store serving", "addr", s.Addr(), "metrics", s.MetricsAddr(), "cluster_id", s.cluster.ID(), "epoch", s.epoch.Load(),
-		"first_lsn", s.wal.FirstLSN(), "durable_lsn", s.wal.DurableLSN(),
+		"first_lsn", s.wal.FirstLSN(), "durable_lsn", s.wal.DurableLSN(), "peers", len(s.cfg.Peers), "refilling", s.refilling.Load(),
 		"retention_bytes", s.cfg.RetentionBytes, "retention_age", s.cfg.RetentionAge)
 
 	var serveErr, fatal error
@@ -310,6 +340,8 @@ func (s *Server) Run(ctx context.Context) error {
 	s.beginStop() // in case Serve failed before its own stop ran
 	stopRetention()
 	<-retDone
+	stopRefill()
+	<-refillDone
 	s.active.Wait()
 	if err := s.wal.Close(); err != nil && !errors.Is(err, wal.ErrClosed) && fatal == nil {
 		fatal = fmt.Errorf("close wal: %w", err)

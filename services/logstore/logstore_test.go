@@ -874,6 +874,9 @@ func TestHealthAdminAndMetrics(t *testing.T) {
 		"walship_wal_fsync_errors_total":          0,
 		"walship_logstore_append_streams":         0,
 		"walship_logstore_read_streams":           0,
+		"walship_logstore_refilling":              0,
+		"walship_logstore_refill_batches_total":   0,
+		"walship_logstore_refill_bytes_total":     0,
 	}
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -943,6 +946,9 @@ func TestConfigValidate(t *testing.T) {
 		{"negative retention", func(c *Config) { c.RetentionBytes = -1 }, "--retention-bytes"},
 		{"negative age", func(c *Config) { c.RetentionAge = -time.Second }, "--retention-age"},
 		{"small messages", func(c *Config) { c.MaxMessageBytes = 1000 }, "max message bytes"},
+		{"peers", func(c *Config) { c.Peers = []string{"a:1", "127.0.0.1:7400"} }, ""},
+		{"empty peer", func(c *Config) { c.Peers = []string{"a:1", ""} }, "--peers: entry 1 is empty"},
+		{"peer twice", func(c *Config) { c.Peers = []string{"a:1", "a:1"} }, "--peers: a:1 is listed twice"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := DefaultConfig()

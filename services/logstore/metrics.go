@@ -20,6 +20,8 @@ type metrics struct {
 	orphaned      prometheus.Counter
 	// clusterMismatch counts peers refused for another cluster.
 	clusterMismatch prometheus.Counter
+	refillBatches prometheus.Counter
+	refillBytes   prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
@@ -61,6 +63,23 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		Name: "walship_cluster_mismatch_total",
 		Help: "Times this node met a peer of another cluster (a cluster id other than its own): requests and streams it refused, or that refused it. Both ids are logged.",
 	})
+	m.refillBatches = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "walship_logstore_refill_batches_total",
+		Help: "Batches copied from peer log stores by refills (stored; retransmissions not counted).",
+	})
+	m.refillBytes = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "walship_logstore_refill_bytes_total",
+		Help: "Envelope bytes copied from peer log stores by refills (also in walship_logstore_appended_bytes_total).",
+	})
+	refilling := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "walship_logstore_refilling",
+		Help: "1 while the log store copies what it lacks from its peers and refuses Append streams.",
+	}, func() float64 {
+		if s.refilling.Load() {
+			return 1
+		}
+		return 0
+	})
 	durable := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "walship_logstore_durable_lsn",
 		Help: "Last LSN fsynced by the log store.",
@@ -78,7 +97,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		Help: "Highest epoch the log store has promised (a fence, or a newer primary seen), persisted.",
 	}, func() float64 { return float64(s.epoch.Load()) })
 	m.collectors = []prometheus.Collector{m.appendedBytes, m.readBytes, m.fsyncSeconds, m.fsyncErrors,
-		m.appendStreams, m.readStreams, m.fences, m.orphaned, m.clusterMismatch, durable, first, stored, epoch}
+		m.appendStreams, m.readStreams, m.fences, m.orphaned, m.clusterMismatch, m.refillBatches, m.refillBytes, refilling, durable, first, stored, epoch}
 	for i, c := range m.collectors {
 		if err := reg.Register(c); err != nil {
 			for _, r := range m.collectors[:i] {

@@ -1,0 +1,481 @@
+package logstore
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/backoff"
+	"github.com/walship/walship/internal/datadir"
+	"github.com/walship/walship/internal/rpcerr"
+	"github.com/walship/walship/internal/serve"
+	"github.com/walship/walship/internal/wal"
+	"golang.org/x/sync/semaphore"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+)
+
+// A log store refills itself from its peers (Config.Peers) when it is
+// empty at start, or when its primary's stream shows a gap: the primary's
+// oldest batch starts after the log store's last LSN, so the primary
+// cannot fill it. While it refills it reports Status.refilling and refuses
+// Append (UNAVAILABLE, the primary retries); Fence is answered as always.
+// It copies the batches it lacks from one peer's Read — the same envelope
+// bytes — through the writer, which checks each one as it checks a
+// primary's (CRC and shape, continuity, epochs along the log) and also
+// against the peer's epoch history, and stops if the log store promises an
+// epoch newer than the peer's log meanwhile: the peer may then hold a tail
+// that epoch's primary cut.
+
+// instanceHeader is the response header of LogStoreService.Status that
+// carries the process's instance token, so that a log store listed among
+// its own peers (one list for every pod) recognises itself.
+const instanceHeader = "walship-logstore-instance"
+
+// Refill timing: how long a peer may take to answer Status, and how long a
+// Read stream may send nothing before the refill gives that peer up.
+const (
+	peerStatusTimeout = 3 * time.Second
+	refillSilence     = 10 * time.Second
+	// refillTries is how many failed copies in a row end a refill that was
+	// asked for by a gap (the primary asks again when it next connects).
+	refillTries = 3
+)
+
+func newInstance() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// peer is one configured peer log store (refiller-only, but for self).
+type peer struct {
+	addr   string
+	conn   *grpc.ClientConn
+	client walshipv1.LogStoreServiceClient
+	self   bool
+}
+
+// refillSource is a peer as its Status described it.
+type refillSource struct {
+	p       *peer
+	st      *walshipv1.LogStoreServiceStatusResponse
+	history datadir.History
+	from    uint64 // the first LSN to copy from it
+}
+
+// refill is what the writer checks a refill's batches against.
+type refill struct {
+	peer string
+	// lastEpoch is the peer's newest stored epoch when the refill began: a
+	// promise newer than it (a fence meanwhile) stops the refill.
+	lastEpoch uint64
+	// history is the peer's epoch history then: every copied batch must be
+	// of the epoch it says wrote its first LSN.
+	history datadir.History
+	// vote is the peer's promise: its primary is named when the log
+	// store's own promise is raised to the epoch it names.
+	vote datadir.Vote
+}
+
+// beginRefill starts a refill (the writer calls it, walMu held, on a gap
+// in its primary's stream) and ends every Append stream. It returns false
+// when the log store has no peer to refill from.
+func (s *Server) beginRefill(why string) bool {
+	if len(s.cfg.Peers) <= int(s.skippedPeers.Load()) {
+		return false
+	}
+	s.refillWhy.Store(&why)
+	s.refilling.Store(true)
+	s.logger.Warn("refilling from peers", "why", why, "durable_lsn", s.durableLSN())
+	s.mu.Lock()
+	for st := range s.streams {
+		st.setErr(s.errRefilling())
+	}
+	s.mu.Unlock()
+	select {
+	case s.refillKick <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// errRefilling refuses an Append while the log store refills.
+func (s *Server) errRefilling() error {
+	why := ""
+	if w := s.refillWhy.Load(); w != nil {
+		why = ": " + *w
+	}
+	return refuse(rpcerr.ErrUnavailable, "refilling from peers%s (durable LSN %d); retry later", why, s.durableLSN())
+}
+
+// endRefill ends a refill: Append streams are taken again.
+func (s *Server) endRefill() {
+	s.refilling.Store(false)
+	s.refillWhy.Store(nil)
+}
+
+// refiller runs a refill whenever one is asked for, until ctx ends. It
+// owns the connections to the peers.
+func (s *Server) refiller(ctx context.Context) {
+	peers := make([]*peer, 0, len(s.cfg.Peers))
+	for _, addr := range s.cfg.Peers {
+		conn, err := grpc.NewClient(addr, serve.DialOptions(
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(s.cfg.MaxMessageBytes)))...)
+		if err != nil {
+			s.logger.Error("bad peer address; not refilling from it", "peer", addr, "err", err)
+			s.skippedPeers.Add(1) // counted out, like this log store itself
+			continue
+		}
+		defer conn.Close()
+		peers = append(peers, &peer{addr: addr, conn: conn, client: walshipv1.NewLogStoreServiceClient(conn)})
+	}
+	var bo backoff.Backoff
+	failures := 0
+	var lastNote string
+	note := func(msg string, args ...any) {
+		// Said once while it stays the same: a gap the peers cannot fill
+		// either is asked about again at every reconnect of the primary.
+		if n := fmt.Sprint(msg, args); n != lastNote {
+			lastNote = n
+			s.logger.Warn(msg, args...)
+		}
+	}
+	for {
+		if !s.refilling.Load() {
+			select {
+			case <-ctx.Done():
+				return
+			case <-s.refillKick:
+			}
+			continue
+		}
+		res, err := s.refillOnce(ctx, peers)
+		if ctx.Err() != nil {
+			return
+		}
+		switch res {
+		case refillDone:
+			failures, lastNote = 0, ""
+			bo.Reset()
+			s.endRefill()
+		case refillNothing:
+			s.logger.Info("nothing to refill: no peer holds anything either (a new cluster)", "why", err)
+			s.endRefill()
+		case refillNoSource:
+			note("no peer can refill this log store; taking the primary's stream again", "durable_lsn", s.durableLSN(), "why", err)
+			s.endRefill()
+		case refillUnreachable:
+			if s.wal.FirstLSN() == 0 {
+				// Empty: taking the primary's stream now would start the log
+				// at the primary's oldest batch, without the history the
+				// peers keep. Wait for one of them.
+				note("empty log store: waiting for a peer to answer before taking the primary's stream", "why", err)
+				bo.Wait(ctx)
+				continue
+			}
+			note("no peer answered; taking the primary's stream again", "durable_lsn", s.durableLSN(), "why", err)
+			s.endRefill()
+		default:
+			s.logger.Warn("refill failed", "durable_lsn", s.durableLSN(), "err", err)
+			if failures++; failures >= refillTries && s.wal.FirstLSN() != 0 {
+				failures = 0
+				s.endRefill()
+				continue
+			}
+			bo.Wait(ctx)
+		}
+	}
+}
+
+// refillResult is how one refill pass ended.
+type refillResult int
+
+const (
+	refillDone        refillResult = iota // copied what the chosen peer held
+	refillNothing                         // empty, and so are the peers that answered (or there are none)
+	refillNoSource                        // peers answered; none holds what is missing
+	refillUnreachable                     // no peer answered
+	refillFailed                          // the copy failed (retry)
+)
+
+// refillOnce asks every peer where it is, picks the one to copy from and
+// copies from it.
+func (s *Server) refillOnce(ctx context.Context, peers []*peer) (refillResult, error) {
+	srcs, notes := s.survey(ctx, peers)
+	if !slices.ContainsFunc(peers, func(p *peer) bool { return !p.self }) {
+		// Only itself is listed: there is no one to wait for.
+		if s.wal.FirstLSN() == 0 {
+			return refillNothing, errors.New("no peer other than this log store")
+		}
+		return refillNoSource, errors.New("no peer other than this log store")
+	}
+	if len(srcs) == 0 {
+		return refillUnreachable, errors.New(strings.Join(notes, "; "))
+	}
+	src, why := s.pickSource(srcs)
+	if src == nil {
+		if s.wal.FirstLSN() == 0 && !slices.ContainsFunc(srcs, func(r *refillSource) bool { return r.st.GetFirstLsn() != 0 }) {
+			return refillNothing, errors.New(why)
+		}
+		return refillNoSource, errors.New(why)
+	}
+	if err := s.copyFrom(ctx, src); err != nil {
+		return refillFailed, fmt.Errorf("copy from %s: %w", src.p.addr, err)
+	}
+	return refillDone, nil
+}
+
+// survey asks each peer's Status; a peer that turns out to be this log
+// store is skipped from then on.
+func (s *Server) survey(ctx context.Context, peers []*peer) (srcs []*refillSource, notes []string) {
+	for _, p := range peers {
+		if p.self {
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, peerStatusTimeout)
+		var md metadata.MD
+		st, err := p.client.Status(cctx, &walshipv1.LogStoreServiceStatusRequest{}, grpc.Header(&md))
+		cancel()
+		if err != nil {
+			notes = append(notes, fmt.Sprintf("%s: %v", p.addr, err))
+			continue
+		}
+		if v := md.Get(instanceHeader); len(v) > 0 && v[0] == s.instance {
+			p.self = true
+			s.skippedPeers.Add(1)
+			s.logger.Info("this log store is among its own peers; skipping it", "peer", p.addr)
+			continue
+		}
+		src := &refillSource{p: p, st: st}
+		if err := datadir.CheckProto(st.GetHistory()); err == nil {
+			src.history = datadir.HistoryFromProto(st.GetHistory())
+		}
+		srcs = append(srcs, src)
+	}
+	return srcs, notes
+}
+
+// pickSource chooses the peer to copy from: one whose log is of an epoch
+// at least this log store's promise (an older one may end in a tail the
+// promised epoch's primary cut), whose history holds this log store's
+// whole log, and that holds the LSN after its last. Among those it takes
+// the newest epoch, then (for an empty log store) the longest history,
+// then the furthest end. It returns nil and why each peer was passed over
+// when none fits.
+func (s *Server) pickSource(srcs []*refillSource) (*refillSource, string) {
+	vote := s.vote.Load().Epoch
+	durable := s.durableLSN()
+	empty := s.wal.FirstLSN() == 0
+	own := *s.history.Load()
+	if !empty && len(own) == 0 {
+		return nil, "this log store's log has no epoch history (written before histories were kept)"
+	}
+	var ok []*refillSource
+	var why []string
+	for _, src := range srcs {
+		st := src.st
+		from := durable + 1
+		if empty {
+			from = st.GetFirstLsn()
+		}
+		var reason string
+		switch {
+		case st.GetRefilling():
+			reason = "refilling itself"
+		case st.GetFirstLsn() == 0:
+			reason = "empty"
+		case len(src.history) == 0:
+			reason = "no usable epoch history"
+		case st.GetLastEpoch() < vote:
+			reason = fmt.Sprintf("its log ends in epoch %d, older than this log store's promise (epoch %d): it may end in a tail that epoch cut", st.GetLastEpoch(), vote)
+		case st.GetFirstLsn() > from:
+			reason = fmt.Sprintf("keeps LSNs from %d only; LSN %d is needed", st.GetFirstLsn(), from)
+		case st.GetDurableLsn() < from:
+			reason = fmt.Sprintf("holds nothing after LSN %d (durable LSN %d)", durable, st.GetDurableLsn())
+		}
+		if reason == "" && !empty {
+			if keep, all, known := src.history.SharedUpTo(own); !all && (!known || keep < durable) {
+				reason = fmt.Sprintf("its history does not hold this log store's entries after LSN %d", keep)
+			}
+		}
+		if reason != "" {
+			why = append(why, src.p.addr+": "+reason)
+			continue
+		}
+		src.from = from
+		ok = append(ok, src)
+	}
+	if len(ok) == 0 {
+		return nil, strings.Join(why, "; ")
+	}
+	slices.SortStableFunc(ok, func(a, b *refillSource) int {
+		if c := cmpDesc(a.st.GetLastEpoch(), b.st.GetLastEpoch()); c != 0 {
+			return c
+		}
+		if empty {
+			if c := cmpDesc(b.st.GetFirstLsn(), a.st.GetFirstLsn()); c != 0 {
+				return c
+			}
+		}
+		return cmpDesc(a.st.GetDurableLsn(), b.st.GetDurableLsn())
+	})
+	return ok[0], ""
+}
+
+func cmpDesc(a, b uint64) int {
+	switch {
+	case a > b:
+		return -1
+	case a < b:
+		return 1
+	}
+	return 0
+}
+
+// copyFrom reads src's batches from src.from to its durable LSN (when it
+// answered) and hands them to the writer, which checks and stores them.
+func (s *Server) copyFrom(ctx context.Context, src *refillSource) error {
+	start := time.Now()
+	to := src.st.GetDurableLsn()
+	rf := &refill{peer: src.p.addr, lastEpoch: src.st.GetLastEpoch(), history: src.history,
+		vote: datadir.Vote{Epoch: src.st.GetVoteEpoch(), Primary: src.st.GetPrimaryId(), Addr: src.st.GetPrimaryAddr()}}
+	s.logger.Info("refilling from a peer", "peer", src.p.addr, "from_lsn", src.from, "to_lsn", to,
+		"peer_epoch", src.st.GetLastEpoch(), "durable_lsn", s.durableLSN())
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := src.p.client.Read(rctx, &walshipv1.ReadRequest{FromLsn: src.from, ToLsn: to})
+	if err != nil {
+		return err
+	}
+	st := &appendStream{budget: semaphore.NewWeighted(2 * int64(s.cfg.MaxMessageBytes)), wake: make(chan struct{}, 1)}
+	var silent atomic.Bool
+	guard := time.AfterFunc(refillSilence, func() { silent.Store(true); cancel() })
+	defer guard.Stop()
+	var readErr error
+	batches := 0
+	for {
+		guard.Reset(refillSilence)
+		resp, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			if silent.Load() {
+				err = fmt.Errorf("the peer sent nothing for %v: %w", refillSilence, err)
+			}
+			readErr = err
+			break
+		}
+		b := resp.GetBatch()
+		if b == nil {
+			readErr = refuse(rpcerr.ErrInvalid, "read response without a batch")
+			break
+		}
+		r, err := checkRequest(&walshipv1.AppendRequest{Batch: b})
+		if err != nil {
+			readErr = err
+			break
+		}
+		r.st, r.refill = st, rf
+		if err := st.budget.Acquire(rctx, r.weight); err != nil {
+			readErr = err
+			break
+		}
+		if err := s.enqueue(r); err != nil {
+			st.budget.Release(r.weight)
+			readErr = err
+			break
+		}
+		batches++
+		if st.failed() {
+			break
+		}
+	}
+	guard.Stop()
+	// Whatever was queued is stored (or refused) before this returns: the
+	// refill's end must not let the primary's appends in ahead of it.
+	werr := s.awaitStream(ctx, st)
+	switch {
+	case werr != nil:
+		return werr
+	case readErr != nil:
+		return readErr
+	case s.durableLSN() < to:
+		return fmt.Errorf("the peer's Read ended at LSN %d, before its durable LSN %d", s.durableLSN(), to)
+	}
+	s.logger.Info("refilled from a peer", "peer", src.p.addr, "from_lsn", src.from, "durable_lsn", s.durableLSN(),
+		"batches", batches, "took", time.Since(start))
+	return nil
+}
+
+// awaitStream waits until the writer has handled every request st queued
+// and returns the error that refused one, if any.
+func (s *Server) awaitStream(ctx context.Context, st *appendStream) error {
+	for {
+		st.mu.Lock()
+		inflight, err := st.inflight, st.err
+		st.mu.Unlock()
+		if inflight == 0 {
+			return err
+		}
+		select {
+		case <-st.wake:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// admitRefill applies the log's rules to one batch copied from a peer
+// (writer only, walMu held), as admit does to a primary's, and checks it
+// against the peer's history. A newer epoch is noted in the history, and
+// promised if it is newer than the promise (a log store that holds a
+// batch of an epoch refuses that epoch's predecessors), before the batch
+// is acknowledged.
+func (s *Server) admitRefill(r *appendReq, walLast uint64, last *uint64, entries *[]wal.Entry) (refused, fatal error) {
+	b, rf := r.env, r.refill
+	if v := s.vote.Load(); v.Epoch > rf.lastEpoch {
+		return refuse(rpcerr.ErrStaleEpoch, "refill from %s stopped: this log store promised epoch %d, newer than the peer's log (epoch %d)", rf.peer, v.Epoch, rf.lastEpoch), nil
+	}
+	if e := rf.history.EpochOf(b.FirstLsn); e != b.Epoch {
+		return refuse(rpcerr.ErrCorrupt, "refill from %s: batch LSNs %d..%d is of epoch %d, but the peer's history says epoch %d wrote LSN %d", rf.peer, b.FirstLsn, b.LastLsn, b.Epoch, e, b.FirstLsn), nil
+	}
+	overlap := *last != 0 && b.FirstLsn <= *last
+	if overlap {
+		why := s.differsFromStored(b, r.data, walLast, *entries)
+		if why == "" {
+			return nil, nil
+		}
+		return refuse(errOutOfRange, "refill from %s: overlap: batch LSNs %d..%d, log store ends at LSN %d and %s", rf.peer, b.FirstLsn, b.LastLsn, *last, why), nil
+	}
+	if le := s.logEpoch.Load(); b.Epoch < le {
+		return refuse(rpcerr.ErrStaleEpoch, "refill from %s: stale epoch %d: batch LSNs %d..%d would follow stored batches of epoch %d", rf.peer, b.Epoch, b.FirstLsn, b.LastLsn, le), nil
+	}
+	if *last != 0 && b.FirstLsn > *last+1 {
+		return refuse(rpcerr.ErrInvalid, "refill from %s: gap: batch starts at LSN %d, log store ends at LSN %d", rf.peer, b.FirstLsn, *last), nil
+	}
+	if err := s.noteEpoch(b.Epoch, b.FirstLsn); err != nil {
+		return nil, err
+	}
+	*entries = append(*entries, wal.Entry{FirstLSN: b.FirstLsn, LastLSN: b.LastLsn, Data: r.data})
+	*last = b.LastLsn
+	if v := s.vote.Load(); b.Epoch > v.Epoch {
+		nv := datadir.Vote{Epoch: b.Epoch}
+		if rf.vote.Epoch == b.Epoch {
+			nv.Primary, nv.Addr = rf.vote.Primary, rf.vote.Addr
+		}
+		if err := s.saveVote(nv); err != nil {
+			return nil, err
+		}
+	}
+	return nil, nil
+}
