@@ -239,9 +239,7 @@ func (c *Cluster) replicaConfig(i int) replica.Config {
 	if c.Primary != nil {
 		cfg.Primary = c.Primary.Addr
 	}
-	if len(c.LogStores) > 0 {
-		cfg.LogStore = c.LogStores[0].Addr
-	}
+	cfg.LogStores = c.logStoreAddrs()
 	cfg.Logger = c.cfg.Logger.With("node", cfg.ID)
 	cfg.Registry = serve.NewRegistry()
 	cfg.Security = c.cfg.Security

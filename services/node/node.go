@@ -269,14 +269,14 @@ func (n *Node) become(role Role, v datadir.Vote) error {
 		cfg.ID, cfg.DataDir, cfg.FS = n.cfg.ID, n.cfg.DataDir, n.cfg.FS
 		cfg.Listen, cfg.MetricsListen = listen, metricsListen
 		cfg.Logger, cfg.Registry = n.logger.With("role", "replica"), n.cfg.Registry
-		if len(n.cfg.LogStores) > 0 && cfg.LogStore == "" {
-			cfg.LogStore = n.cfg.LogStores[0]
+		if len(cfg.LogStores) == 0 {
+			cfg.LogStores = n.cfg.LogStores
 		}
 		if addr := n.primaryAddr(v); addr != "" {
 			cfg.Primary = addr
 		}
 		if cfg.ReadOnly {
-			cfg.Primary, cfg.LogStore = "", "" // follows no one
+			cfg.Primary, cfg.LogStores = "", nil // follows no one
 		} else if cfg.Primary == "" {
 			// Any other member: one that is not the primary names the one
 			// it knows (replication's NotPrimary).

@@ -1,10 +1,12 @@
 package replica
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -14,48 +16,109 @@ import (
 	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/internal/wal"
+	"google.golang.org/grpc"
 )
 
-// readLogStore is the logstore rung: it reads from the replica's next LSN to
-// the log store's end (no follow), checking, writing, syncing and applying
-// each batch as if it came from the primary. progress reports whether any
-// batch was applied; without progress the ladder goes on to a snapshot.
+// logStore is one configured log store (Config.LogStores).
+type logStore struct {
+	addr   string
+	conn   *grpc.ClientConn
+	client walshipv1.LogStoreServiceClient
+}
+
+// logStoreStatusTimeout bounds the Status call that asks a log store what
+// it holds before the rung reads from it.
+const logStoreStatusTimeout = 3 * time.Second
+
+// readLogStore is the logstore rung: it asks every log store what it
+// holds and reads from the replica's next LSN from one that holds it — the
+// one reaching furthest first, then the next if a read fails or supplies
+// nothing. progress reports whether any batch was applied; without
+// progress the ladder goes on to a snapshot.
 func (s *Server) readLogStore(ctx context.Context) (progress bool, err error) {
+	next := s.wal.LastLSN() + 1
+	type candidate struct {
+		ls *logStore
+		st *walshipv1.LogStoreServiceStatusResponse
+	}
+	var cands []candidate
+	var errs []error
+	for _, ls := range s.logstores {
+		st, err := s.logStoreHolds(ctx, ls, next)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		cands = append(cands, candidate{ls, st})
+	}
+	slices.SortStableFunc(cands, func(a, b candidate) int { return cmp.Compare(b.st.GetDurableLsn(), a.st.GetDurableLsn()) })
+	for _, c := range cands {
+		if ctx.Err() != nil {
+			break
+		}
+		progress, err := s.readFrom(ctx, c.ls)
+		if progress {
+			return true, err
+		}
+		s.logger.Warn("the log store could not supply the LSN this replica needs; trying the next", "logstore", c.ls.addr, "next_lsn", next, "err", err)
+		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		errs = append(errs, errors.New("no log store is configured"))
+	}
+	return false, errors.Join(errs...)
+}
+
+// logStoreHolds asks ls whether it can supply next: it holds it, and it
+// has promised this replica's epoch — one that has not has not heard from
+// its primary, and what it holds past the last common point may be a
+// deposed primary's tail.
+func (s *Server) logStoreHolds(ctx context.Context, ls *logStore, next uint64) (*walshipv1.LogStoreServiceStatusResponse, error) {
+	sctx, cancel := context.WithTimeout(ctx, logStoreStatusTimeout)
+	defer cancel()
+	st, err := ls.client.Status(sctx, &walshipv1.LogStoreServiceStatusRequest{})
+	switch v, ours := s.Vote(), s.cluster.ID(); {
+	case err != nil:
+		return nil, fmt.Errorf("the log store %s: status: %w", ls.addr, err)
+	case ours != "" && st.GetClusterId() != "" && st.GetClusterId() != ours:
+		s.metrics.clusterMismatch.Inc()
+		return nil, rpcerr.Mismatch("the log store %s belongs to cluster %s, this replica to cluster %s (check --logstore)", ls.addr, st.GetClusterId(), ours)
+	case st.GetVoteEpoch() < v.Epoch:
+		return nil, fmt.Errorf("the log store %s is at epoch %d, older than this replica's %d: it may hold a deposed primary's tail", ls.addr, st.GetVoteEpoch(), v.Epoch)
+	case st.GetFirstLsn() == 0 || st.GetFirstLsn() > next || st.GetDurableLsn() < next:
+		return nil, fmt.Errorf("the log store %s holds LSNs %d..%d, not LSN %d", ls.addr, st.GetFirstLsn(), st.GetDurableLsn(), next)
+	}
+	return st, nil
+}
+
+// readFrom reads from the replica's next LSN to ls's end (no follow),
+// checking, writing, syncing and applying each batch as if it came from
+// the primary.
+func (s *Server) readFrom(ctx context.Context, ls *logStore) (progress bool, err error) {
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	// A log store that has not promised this replica's epoch has not heard
-	// from its primary: what it holds past the last common point may be a
-	// deposed primary's tail. It supplies nothing then.
-	if st, err := s.logstore.Status(rctx, &walshipv1.LogStoreServiceStatusRequest{}); err != nil {
-		return false, err
-	} else if ours, theirs := s.cluster.ID(), st.GetClusterId(); ours != "" && theirs != "" && ours != theirs {
-		s.metrics.clusterMismatch.Inc()
-		return false, rpcerr.Mismatch("the log store %s belongs to cluster %s, this replica to cluster %s (check --logstore)", s.cfg.LogStore, theirs, ours)
-	} else if v := s.Vote(); st.GetVoteEpoch() < v.Epoch {
-		return false, fmt.Errorf("the log store %s is at epoch %d, older than this replica's %d: it may hold a deposed primary's tail", s.cfg.LogStore, st.GetVoteEpoch(), v.Epoch)
-	}
 	from := s.wal.LastLSN() + 1
-	stream, err := s.logstore.Read(rctx, &walshipv1.ReadRequest{FromLsn: from, ClusterId: s.cluster.ID()})
+	stream, err := ls.client.Read(rctx, &walshipv1.ReadRequest{FromLsn: from, ClusterId: s.cluster.ID()})
 	if err != nil {
 		return false, err
 	}
-	recv := silenceGuard(s.silence(), cancel, "the log store "+s.cfg.LogStore, stream.Recv)
+	recv := silenceGuard(s.silence(), cancel, "the log store "+ls.addr, stream.Recv)
 	applied := 0
 	defer func() {
 		if applied > 0 {
-			s.logger.Info("caught up from the log store", "from_lsn", from, "to_lsn", s.appliedLSN(), "batches", applied)
+			s.logger.Info("caught up from the log store", "logstore", ls.addr, "from_lsn", from, "to_lsn", s.appliedLSN(), "batches", applied)
 		}
 	}()
 	for {
 		resp, err := recv()
 		if errors.Is(err, io.EOF) {
 			if applied == 0 {
-				return false, fmt.Errorf("the log store %s has nothing from LSN %d on", s.cfg.LogStore, from)
+				return false, fmt.Errorf("the log store %s has nothing from LSN %d on", ls.addr, from)
 			}
 			return true, nil
 		}
 		if err != nil {
-			return applied > 0, err
+			return applied > 0, fmt.Errorf("the log store %s: %w", ls.addr, err)
 		}
 		s.lag.contact(s.now())
 		env := resp.GetBatch()

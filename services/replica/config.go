@@ -37,10 +37,11 @@ type Config struct {
 	// ReadyMaxLag is how many LSNs behind the primary's last report the
 	// replica may be and still say it is ready (/readyz); 0 means any.
 	ReadyMaxLag uint64
-	// LogStore is the gRPC address of a log store to catch up from when the
-	// primary no longer retains what the replica needs; empty skips that
-	// rung of the catch-up ladder.
-	LogStore string
+	// LogStores are the gRPC addresses of the log stores to catch up from
+	// when the primary no longer retains what the replica needs: the rung
+	// reads from any of them that holds the LSN (catchup.go). Empty skips
+	// that rung of the catch-up ladder.
+	LogStores []string
 	// FS is the filesystem; nil means the real one. Tests inject faults here.
 	FS vfs.FS
 
@@ -130,7 +131,7 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("--id: %w", err))
 	}
 	switch {
-	case c.ReadOnly && (c.Primary != "" || c.LogStore != ""):
+	case c.ReadOnly && (c.Primary != "" || len(c.LogStores) > 0):
 		errs = append(errs, errors.New("--read-only: a read-only node follows no primary and no log store (drop --primary and --logstore)"))
 	case c.Primary == "" && !c.ReadOnly:
 		errs = append(errs, errors.New("--primary: required"))
@@ -146,6 +147,11 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxUnappliedBytes < 0 {
 		errs = append(errs, fmt.Errorf("--max-unapplied-bytes: %d is negative", c.MaxUnappliedBytes))
+	}
+	for i, ls := range c.LogStores {
+		if ls == "" {
+			errs = append(errs, fmt.Errorf("--logstore: entry %d is empty", i))
+		}
 	}
 	if c.HeartbeatInterval < time.Millisecond || c.HeartbeatInterval > time.Minute {
 		errs = append(errs, fmt.Errorf("--heartbeat-interval: %v is not in [1ms, 1m]", c.HeartbeatInterval))

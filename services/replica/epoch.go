@@ -461,29 +461,33 @@ func (s *Server) learnPrimary(err error) bool {
 	return true
 }
 
-// askLogStore asks the log store which epoch it has promised and to whom,
-// and follows that primary if it is newer than this replica's promise (or
-// names the primary of the epoch promised, if the promise names none).
+// askLogStore asks the log stores which epoch they have promised and to
+// whom, and follows the newest primary named if it is newer than this
+// replica's promise (or names the primary of the epoch promised, if the
+// promise names none). A log store of another cluster is not asked.
 func (s *Server) askLogStore(ctx context.Context) {
-	if s.logstore == nil {
+	var newest datadir.Vote
+	for _, ls := range s.logstores {
+		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		st, err := ls.client.Status(actx, &walshipv1.LogStoreServiceStatusRequest{})
+		cancel()
+		if err != nil || st.GetPrimaryAddr() == "" || st.GetVoteEpoch() <= newest.Epoch {
+			continue
+		}
+		if ours, theirs := s.cluster.ID(), st.GetClusterId(); ours != "" && theirs != "" && ours != theirs {
+			s.logger.Error("the log store belongs to another cluster: not taking its word for the primary (check --logstore)",
+				"logstore", ls.addr, "cluster_id", ours, "logstore_cluster_id", theirs)
+			continue
+		}
+		newest = datadir.Vote{Epoch: st.GetVoteEpoch(), Primary: st.GetPrimaryId(), Addr: st.GetPrimaryAddr()}
+	}
+	if newest.Epoch == 0 {
 		return
 	}
-	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	st, err := s.logstore.Status(actx, &walshipv1.LogStoreServiceStatusRequest{})
-	if err != nil || st.GetPrimaryAddr() == "" {
-		return
-	}
-	if ours, theirs := s.cluster.ID(), st.GetClusterId(); ours != "" && theirs != "" && ours != theirs {
-		s.logger.Error("the log store belongs to another cluster: not taking its word for the primary (check --logstore)",
-			"logstore", s.cfg.LogStore, "cluster_id", ours, "logstore_cluster_id", theirs)
-		return
-	}
-	v := datadir.Vote{Epoch: st.GetVoteEpoch(), Primary: st.GetPrimaryId(), Addr: st.GetPrimaryAddr()}
 	s.voteMu.Lock()
 	defer s.voteMu.Unlock()
-	if changed, err := s.learnLocked(v); err == nil && changed {
-		s.logger.Info("the log store named the primary", "vote", v.String())
+	if changed, err := s.learnLocked(newest); err == nil && changed {
+		s.logger.Info("a log store named the primary", "vote", newest.String())
 	}
 }
 

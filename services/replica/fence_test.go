@@ -71,7 +71,7 @@ func TestNamelessPromiseLearnsItsPrimary(t *testing.T) {
 			cfg := testConfig(t, dir, listen(t, func(g *grpc.Server) { tc.serve(g, named) }))
 			if tc.logstore != nil {
 				ls := tc.logstore(named)
-				cfg.LogStore = listen(t, func(g *grpc.Server) { walshipv1.RegisterLogStoreServiceServer(g, ls) })
+				cfg.LogStores = []string{listen(t, func(g *grpc.Server) { walshipv1.RegisterLogStoreServiceServer(g, ls) })}
 			}
 			start(t, cfg)
 			if s := real.next(t); s.hello.GetFencedEpoch() != 5 {

@@ -206,7 +206,7 @@ func (s *Server) afterStream(ctx context.Context, l *ladder, progress bool, err 
 			"primary", s.primary(), "cluster_id", s.cluster.ID(), "err", err)
 	case code == codes.OutOfRange:
 		next := walshipv1.CatchUpRung_CATCH_UP_RUNG_SNAPSHOT
-		if s.logstore != nil {
+		if len(s.logstores) > 0 {
 			next = walshipv1.CatchUpRung_CATCH_UP_RUNG_LOGSTORE
 		}
 		s.logger.Warn("the primary no longer retains the LSN this replica needs", "next_lsn", s.wal.LastLSN()+1,

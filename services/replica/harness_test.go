@@ -183,10 +183,13 @@ type fakeLogStore struct {
 	// voteEpoch is the epoch its Status reports; unless a test lowers it,
 	// one past every epoch the tests use (it has heard from their primaries).
 	voteEpoch atomic.Uint64
+	// first and durable are the LSNs its Status says it holds; unless a
+	// test sets them, everything (whatever its Read then does).
+	first, durable atomic.Uint64
 }
 
 func (f *fakeLogStore) Status(context.Context, *walshipv1.LogStoreServiceStatusRequest) (*walshipv1.LogStoreServiceStatusResponse, error) {
-	return &walshipv1.LogStoreServiceStatusResponse{VoteEpoch: f.voteEpoch.Load()}, nil
+	return &walshipv1.LogStoreServiceStatusResponse{VoteEpoch: f.voteEpoch.Load(), FirstLsn: f.first.Load(), DurableLsn: f.durable.Load()}, nil
 }
 
 func (f *fakeLogStore) Read(req *walshipv1.ReadRequest, st grpc.ServerStreamingServer[walshipv1.ReadResponse]) error {
@@ -220,6 +223,8 @@ func newFakePrimary(t *testing.T) *fakePrimary {
 func newFakeLogStore(t *testing.T, read func(*walshipv1.ReadRequest, grpc.ServerStreamingServer[walshipv1.ReadResponse]) error) *fakeLogStore {
 	f := &fakeLogStore{read: read, reads: make(chan *walshipv1.ReadRequest, 16)}
 	f.voteEpoch.Store(1 << 20)
+	f.first.Store(1)
+	f.durable.Store(1 << 62)
 	f.addr = listen(t, func(g *grpc.Server) { walshipv1.RegisterLogStoreServiceServer(g, f) })
 	return f
 }

@@ -101,14 +101,13 @@ type Server struct {
 
 	// connMu guards the connection to the primary, which changes when the
 	// replica follows a new one (replClient).
-	connMu       sync.Mutex
-	dial         []grpc.DialOption
-	primaryConn  *grpc.ClientConn
-	connAddr     string
-	repl         walshipv1.ReplicationServiceClient
-	primaryAddr  atomic.Pointer[string]
-	logstoreConn *grpc.ClientConn // nil without a log store
-	logstore     walshipv1.LogStoreServiceClient
+	connMu      sync.Mutex
+	dial        []grpc.DialOption
+	primaryConn *grpc.ClientConn
+	connAddr    string
+	repl        walshipv1.ReplicationServiceClient
+	primaryAddr atomic.Pointer[string]
+	logstores   []*logStore // Config.LogStores, dialled
 
 	// walMu serialises the WAL's writer calls: the follower appends, syncs
 	// and resets; the snapshotter truncates.
@@ -210,11 +209,12 @@ func New(cfg Config) (*Server, error) {
 	if _, err = s.replClient(); err != nil {
 		return nil, fmt.Errorf("--primary %s: %w", s.primary(), err)
 	}
-	if cfg.LogStore != "" {
-		if s.logstoreConn, err = grpc.NewClient(cfg.LogStore, dial...); err != nil {
-			return nil, fmt.Errorf("--logstore %s: %w", cfg.LogStore, err)
+	for _, addr := range cfg.LogStores {
+		conn, err := grpc.NewClient(addr, dial...)
+		if err != nil {
+			return nil, fmt.Errorf("--logstore %s: %w", addr, err)
 		}
-		s.logstore = walshipv1.NewLogStoreServiceClient(s.logstoreConn)
+		s.logstores = append(s.logstores, &logStore{addr: addr, conn: conn, client: walshipv1.NewLogStoreServiceClient(conn)})
 	}
 	s.lag = newLagTracker(cfg.HeartbeatInterval, s.appliedLSN(), s.now())
 	s.reads = &kvread.Reader{View: func() *state.View { return s.store.Load().Snapshot() }, Visible: &s.visible}
@@ -261,8 +261,8 @@ func (s *Server) closeConns() {
 		s.primaryConn = nil
 	}
 	s.connMu.Unlock()
-	if s.logstoreConn != nil {
-		_ = s.logstoreConn.Close()
+	for _, ls := range s.logstores {
+		_ = ls.conn.Close()
 	}
 }
 
@@ -482,7 +482,7 @@ func (s *Server) Run(ctx context.Context) error {
 	go func() { serveDone <- s.srv.Serve(serveCtx, stopFollow) }()
 	s.srv.SetServing(true)
 	s.logger.Info("replica serving", "addr", s.Addr(), "metrics", s.MetricsAddr(), "id", s.cfg.ID, "cluster_id", s.cluster.ID(),
-		"primary", s.primary(), "logstore", s.cfg.LogStore, "epoch", s.epoch.Load(), "applied_lsn", s.appliedLSN())
+		"primary", s.primary(), "logstores", s.cfg.LogStores, "epoch", s.epoch.Load(), "applied_lsn", s.appliedLSN())
 
 	var serveErr, fatal error
 	select {

@@ -316,7 +316,7 @@ func TestRefusedLogStoreBatchVouchesForNothing(t *testing.T) {
 		return st.Send(&walshipv1.ReadResponse{Batch: gap})
 	})
 	cfg := testConfig(t, t.TempDir(), fp.addr)
-	cfg.LogStore = ls.addr
+	cfg.LogStores = []string{ls.addr}
 	r := start(t, cfg)
 	sess := fp.next(t)
 	sess.send(t, b1)
@@ -342,6 +342,66 @@ func TestRefusedLogStoreBatchVouchesForNothing(t *testing.T) {
 	// Once the primary says so, it is applied.
 	again.heartbeatDurable(t, 1, b2.LastLsn, b2.LastLsn, true)
 	r.waitApplied(t, b2.LastLsn)
+}
+
+// TestLogStoreRungReadsFromAnyThatHasTheLSN: of three log stores, one
+// says (Status) it no longer keeps the replica's next LSN, one says it
+// does but its Read fails OUT_OF_RANGE (retention ran in between), and one
+// has it. The rung never reads from the first, falls through the second
+// and catches up from the third, then goes back to the primary.
+func TestLogStoreRungReadsFromAnyThatHasTheLSN(t *testing.T) {
+	fp := newFakePrimary(t)
+	m := newModel(t)
+	b1, b2, b3 := m.txn(put("a", "1")), m.txn(put("b", "2")), m.txn(put("c", "3"))
+	lacking := newFakeLogStore(t, func(req *walshipv1.ReadRequest, _ grpc.ServerStreamingServer[walshipv1.ReadResponse]) error {
+		return status.Errorf(codes.OutOfRange, "LSN %d is no longer kept", req.GetFromLsn())
+	})
+	lacking.first.Store(b3.FirstLsn)
+	lacking.durable.Store(b3.LastLsn)
+	racing := newFakeLogStore(t, func(req *walshipv1.ReadRequest, _ grpc.ServerStreamingServer[walshipv1.ReadResponse]) error {
+		return status.Errorf(codes.OutOfRange, "LSN %d is no longer kept", req.GetFromLsn())
+	})
+	holding := newFakeLogStore(t, func(req *walshipv1.ReadRequest, st grpc.ServerStreamingServer[walshipv1.ReadResponse]) error {
+		for _, b := range []*walshipv1.WalBatch{b1, b2, b3} {
+			if b.LastLsn >= req.GetFromLsn() {
+				if err := st.Send(&walshipv1.ReadResponse{Batch: b}); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	for _, ls := range []*fakeLogStore{racing, holding} {
+		ls.durable.Store(b3.LastLsn) // the same end: tried in the order given
+	}
+	cfg := testConfig(t, t.TempDir(), fp.addr)
+	cfg.LogStores = []string{lacking.addr, racing.addr, holding.addr}
+	r := start(t, cfg)
+	sess := fp.next(t)
+	sess.send(t, b1)
+	r.waitApplied(t, b1.LastLsn)
+	sess.end <- status.Error(codes.OutOfRange, "gone")
+	again := fp.next(t)
+	if again.hello.GetNextLsn() != b3.LastLsn+1 {
+		t.Fatalf("back at the primary from LSN %d; want %d (the log store rung read through LSN %d)", again.hello.GetNextLsn(), b3.LastLsn+1, b3.LastLsn)
+	}
+	r.waitApplied(t, b3.LastLsn)
+	if n := len(lacking.reads); n != 0 {
+		t.Errorf("%d reads from the log store that said it lacks LSN %d", n, b2.FirstLsn)
+	}
+	for _, ls := range []*fakeLogStore{racing, holding} {
+		select {
+		case req := <-ls.reads:
+			if req.GetFromLsn() != b2.FirstLsn {
+				t.Errorf("read from LSN %d, want %d", req.GetFromLsn(), b2.FirstLsn)
+			}
+		default:
+			t.Errorf("no read from the log store at %s", ls.addr)
+		}
+	}
+	if fp.snapshotCalls.Load() != 0 {
+		t.Error("the replica asked for a snapshot though a log store held the LSN")
+	}
 }
 
 func TestLagSeconds(t *testing.T) {
@@ -465,6 +525,8 @@ func TestConfigValidate(t *testing.T) {
 		{"no snapshots", func(c *Config) { c.SnapshotEveryBytes = 0 }, "--snapshot-every-bytes"},
 		{"negative unapplied bound", func(c *Config) { c.MaxUnappliedBytes = -1 }, "--max-unapplied-bytes"},
 		{"no heartbeat", func(c *Config) { c.HeartbeatInterval = 0 }, "--heartbeat-interval"},
+		{"log stores", func(c *Config) { c.LogStores = []string{"a:1", "b:2"} }, ""},
+		{"empty log store", func(c *Config) { c.LogStores = []string{"a:1", ""} }, "--logstore: entry 1 is empty"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := DefaultConfig()

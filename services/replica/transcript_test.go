@@ -615,7 +615,7 @@ func (e *transcript) start(t *testing.T, td *datadriven.TestData) string {
 			e.cfg.FS = e.mem
 		}
 		if e.ls != nil {
-			e.cfg.LogStore = e.ls.addr
+			e.cfg.LogStores = []string{e.ls.addr}
 		}
 		maybeDuration(t, td, "heartbeat", &e.cfg.HeartbeatInterval)
 		maybeDuration(t, td, "flush-delay", &e.cfg.FlushDelay)
