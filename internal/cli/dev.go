@@ -28,7 +28,8 @@ func devFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	)
 	fs.StringVar(&dataDir, "data-dir", "", "root directory for every node's data (default: a new temporary directory, removed on exit)")
 	fs.IntVar(&replicas, "replicas", 2, "number of replicas")
-	fs.IntVar(&basePort, "base-port", 7400, "log store at this port, primary at +1, replicas from +2; metrics at the same ports +2000")
+	fs.IntVar(&logstores, "logstores", logstores, "number of log stores (3: a majority survives the loss of one; each refills from the others)")
+	fs.IntVar(&basePort, "base-port", 7400, "first log store at this port, primary at +1, replicas from +2, further log stores after them; metrics at the same ports +2000")
 	fs.StringVar(&host, "host", "127.0.0.1", "address every node listens on")
 	fs.BoolVar(&keep, "keep", false, "keep the temporary data directory on exit")
 	durabilityFlag(fs, &pol.Durability)
@@ -38,6 +39,9 @@ func devFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	var withTLS bool
 	fs.BoolVar(&withTLS, "tls", false, "serve mTLS with a throwaway CA and certificates (in DATA_DIR/tls) for the nodes, a client and an admin")
 	return func(ctx context.Context) error {
+		if logstores < 1 {
+			return fmt.Errorf("--logstores: %d, want at least 1 (the quorum of the epoch vote)", logstores)
+		}
 		if dataDir == "" {
 			d, err := os.MkdirTemp("", "walship-dev-")
 			if err != nil {
@@ -137,7 +141,7 @@ Try it (grpcurl needs no .proto files: every node serves reflection):
   grpcurl %[6]s %[1]s walship.v1.AdminService/Status
   grpcurl %[6]s %[2]s walship.v1.AdminService/Status
 
-Fail over (the nodes are members of one cluster; the log store is the quorum):
+Fail over (the nodes are members of one cluster; the log stores are the quorum):
 
   walship ctl status --nodes %[4]s
   walship ctl switchover --primary %[1]s --target replica-0     # planned: nothing lost

@@ -35,10 +35,10 @@ type Config struct {
 	// Host is the address nodes listen on, e.g. "127.0.0.1".
 	Host string
 	// BasePort, if not 0, gives fixed ports, the CLI's defaults for
-	// BasePort 7400: the log store at BasePort, the primary at BasePort+1,
-	// replicas from BasePort+2; metrics at the same ports +2000 (9400...).
-	// Fixed ports allow one log store. 0 picks free ports, with metrics
-	// listeners only if Metrics is set.
+	// BasePort 7400: the first log store at BasePort, the primary at
+	// BasePort+1, replicas from BasePort+2, further log stores after the
+	// replicas; metrics at the same ports +2000 (9400...). 0 picks free
+	// ports, with metrics listeners only if Metrics is set.
 	BasePort int
 	// Metrics enables the /metrics listeners.
 	Metrics bool
@@ -77,6 +77,10 @@ type Cluster struct {
 	Primary   *Node
 	Replicas  []*Node
 
+	// lsListen are the log stores' listen addresses, known before any
+	// starts when there are several: each is given the others as peers.
+	lsListen []string
+
 	// members are the data nodes' ids and addresses (Failover).
 	members []primary.Member
 
@@ -93,9 +97,6 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	if cfg.BasePort != 0 && cfg.LogStores > 1 {
-		return nil, fmt.Errorf("cluster: fixed ports (BasePort %d) allow one log store, not %d", cfg.BasePort, cfg.LogStores)
-	}
 	c := &Cluster{cfg: cfg}
 	ok := false
 	defer func() {
@@ -105,6 +106,15 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	}()
 	var lsAddrs []string
 	var err error
+	for i := 0; i < cfg.LogStores; i++ {
+		addr, _ := c.logStoreAddr(i)
+		if cfg.BasePort == 0 && cfg.LogStores > 1 {
+			if addr, err = freeAddr(cfg.Host); err != nil {
+				return nil, err
+			}
+		}
+		c.lsListen = append(c.lsListen, addr)
+	}
 	for i := 0; i < cfg.LogStores; i++ {
 		n, err := c.newLogStore(i)
 		if err != nil {
@@ -161,15 +171,35 @@ func (c *Cluster) addr(offset int) (grpcAddr, metricsAddr string) {
 	return fmt.Sprintf("%s:%d", c.cfg.Host, c.cfg.BasePort+offset), fmt.Sprintf("%s:%d", c.cfg.Host, c.cfg.BasePort+2000+offset)
 }
 
+// logStoreAddr is where log store i listens with fixed ports (the first
+// at BasePort, the others after the replicas).
+func (c *Cluster) logStoreAddr(i int) (grpcAddr, metricsAddr string) {
+	if i == 0 {
+		return c.addr(0)
+	}
+	return c.addr(1 + c.cfg.Replicas + i)
+}
+
 func (c *Cluster) newLogStore(i int) (*Node, error) {
-	listen, metrics := c.addr(i)
-	return c.newLogStoreAt(i, listen, metrics)
+	_, metrics := c.logStoreAddr(i)
+	return c.newLogStoreAt(i, c.lsListen[i], metrics)
+}
+
+// LogStoreDir is log store i's data directory (a test empties it to
+// stand for a lost disk).
+func (c *Cluster) LogStoreDir(i int) string {
+	return filepath.Join(c.cfg.Dir, fmt.Sprintf("logstore-%d", i))
 }
 
 func (c *Cluster) newLogStoreAt(i int, listen, metrics string) (*Node, error) {
 	cfg := logstore.DefaultConfig()
 	cfg.Listen, cfg.MetricsListen = listen, metrics
-	cfg.DataDir = filepath.Join(c.cfg.Dir, fmt.Sprintf("logstore-%d", i))
+	cfg.DataDir = c.LogStoreDir(i)
+	for j, addr := range c.lsListen {
+		if j != i {
+			cfg.Peers = append(cfg.Peers, addr)
+		}
+	}
 	name := fmt.Sprintf("logstore-%d", i)
 	cfg.Logger = c.cfg.Logger.With("node", name)
 	cfg.Registry = serve.NewRegistry()
@@ -349,7 +379,8 @@ func (c *Cluster) RestartReplica(ctx context.Context, i int) error {
 	return c.WaitServing(ctx, n)
 }
 
-// RestartLogStore restarts log store i on the same address and data.
+// RestartLogStore restarts log store i on the same address and data
+// directory, or starts it again there after StopNode.
 func (c *Cluster) RestartLogStore(ctx context.Context, i int) error {
 	old := c.LogStores[i]
 	if err := old.stop(); err != nil {
