@@ -196,6 +196,44 @@ func TestEmptiedLogStoreRefills(t *testing.T) {
 	}
 }
 
+// TestLogStoreAwayPastRetentionRefills: a log store that was away while
+// the primary's WAL retention dropped what it missed is no longer stuck:
+// the primary ships it what it has, the log store sees the gap, refills
+// the missing batches from a peer, and the primary ships to it again.
+func TestLogStoreAwayPastRetentionRefills(t *testing.T) {
+	c := startCluster(t, Config{LogStores: 3, Primary: retainLittle})
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	kv := walshipv1.NewKVServiceClient(c.Conn(c.Primary))
+	fill(t, kv, "before", 20, 100)
+	p, err := kv.Put(ctx, &walshipv1.PutRequest{Key: "all-three", Value: []byte("v"), Policy: logStoreSync(10 * time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testkit.UntilWithin(t, 30*time.Second, "logstore-0 to hold the commit", func() bool { return lsStatus(t, c, 0).DurableLsn >= p.Lsn })
+	if err := c.StopNode(c.LogStores[0]); err != nil {
+		t.Fatal(err)
+	}
+	fill(t, kv, "away", 600, 1000)
+	st, err := c.Status(ctx, c.Primary)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if away := lsStatus(t, c, 1).DurableLsn; st.WalFirstLsn <= p.Lsn+1 || away < st.WalFirstLsn {
+		t.Fatalf("primary WAL from LSN %d, logstore-0 ends at %d: no gap", st.WalFirstLsn, p.Lsn)
+	}
+	if err := c.RestartLogStore(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	after := shippedAgain(t, c, kv, 0)
+	if n := metric(t, c.LogStores[0].Registry, "walship_logstore_refill_batches_total", nil); n == 0 {
+		t.Fatal("caught up past the primary's retention without a refill")
+	}
+	if got := readLogStore(t, c, 0, p.Lsn, after); len(got) == 0 || got[0].FirstLsn > p.Lsn {
+		t.Fatalf("logstore-0 does not hold the LSNs after its gap: %d batches", len(got))
+	}
+}
+
 // retainLittle makes the primary keep a small WAL, so that a log store
 // away for a little while falls behind it.
 func retainLittle(p *primary.Config) {

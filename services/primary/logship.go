@@ -36,6 +36,7 @@ func (s *Server) shipLogStore(ctx context.Context, addr string) {
 	defer conn.Close()
 	client := walshipv1.NewLogStoreServiceClient(conn)
 	var bo backoff.Backoff
+	behind := false // the log store's gap was reported and lasts
 	for ctx.Err() == nil {
 		began := time.Now()
 		err := s.shipOnce(ctx, client, addr)
@@ -46,11 +47,28 @@ func (s *Server) shipLogStore(ctx context.Context, addr string) {
 		if ctx.Err() != nil {
 			return
 		}
-		if rpcerr.IsOtherCluster(err) {
+		var gap *logStoreGapError
+		switch {
+		case rpcerr.IsOtherCluster(err):
+			behind = false
 			s.metrics.clusterMismatch.Inc()
 			log.Error("the log store belongs to another cluster: not shipping to it (check --logstore); retrying", "cluster_id", s.cluster.ID(), "err", err)
-		} else {
+		case !errors.As(err, &gap):
+			behind = false
 			log.Warn("log store stream ended; reconnecting", "err", err)
+		case !behind:
+			// Said once: it lasts until the log store has refilled from
+			// its peers, which may take a while, or an operator acts.
+			behind = true
+			if gap.refilling {
+				log.Info("the log store is copying what it lacks from its peers; shipping to it when it is done", "err", err)
+				break
+			}
+			log.Warn("the log store cannot take this primary's stream yet; retrying", "err", err,
+				"hint", "it refills from its peers if it has any (walship logstore --peers); without peers, empty its data directory and it starts again from this primary's oldest batch",
+				"store_durable_lsn", gap.durable, "wal_first_lsn", gap.first)
+		default:
+			log.Debug("the log store still cannot take this primary's stream", "err", err)
 		}
 		if !bo.Wait(ctx) {
 			return
@@ -78,12 +96,22 @@ func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceC
 		s.depose(err)
 		return err
 	}
+	if st.Refilling {
+		return &logStoreGapError{durable: st.DurableLsn, first: s.wal.FirstLSN(), refilling: true}
+	}
 	from, durable, cut := s.logStoreStart(addr, st)
 	rd, err := s.wal.NewReader(from, true)
+	gap := false
+	if errors.Is(err, wal.ErrCompacted) {
+		// The log store ends before this primary's oldest batch. Ship from
+		// that batch all the same: the log store sees the gap and, if it
+		// has peers, refills from them (and refuses the stream meanwhile);
+		// without peers it refuses the gap.
+		gap = true
+		from = s.wal.FirstLSN()
+		rd, err = s.wal.NewReader(from, true)
+	}
 	if err != nil {
-		if errors.Is(err, wal.ErrCompacted) {
-			return fmt.Errorf("log store is at LSN %d but the primary's WAL starts at %d: the log store has a gap it cannot fill from here: %w", st.DurableLsn, s.wal.FirstLSN(), err)
-		}
 		return fmt.Errorf("read wal from %d: %w", from, err)
 	}
 	defer rd.Close()
@@ -120,11 +148,15 @@ func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceC
 				Why: fmt.Sprintf("log store %s refused this primary's epoch: %v", addr, rerr)})
 		}
 	}
+	err = sendErr
 	if errors.Is(sendErr, io.EOF) || errors.Is(sendErr, context.Canceled) {
 		// The receive side holds the log store's reason.
-		return rerr
+		err = rerr
 	}
-	return sendErr
+	if gap && ctx.Err() == nil {
+		return &logStoreGapError{durable: durable, first: from, err: err}
+	}
+	return err
 }
 
 // otherClusterLogStore is an error naming both ids when the log store at
@@ -135,6 +167,23 @@ func (s *Server) otherClusterLogStore(addr string, st *walshipv1.LogStoreService
 	}
 	return nil
 }
+
+// logStoreGapError ends a stream to a log store whose log ends before
+// the primary's oldest batch, or that is refilling from its peers.
+type logStoreGapError struct {
+	durable, first uint64
+	refilling      bool
+	err            error
+}
+
+func (e *logStoreGapError) Error() string {
+	if e.refilling {
+		return fmt.Sprintf("the log store is refilling from its peers (durable LSN %d)", e.durable)
+	}
+	return fmt.Sprintf("the log store ends at LSN %d and this primary's WAL starts at LSN %d: %v", e.durable, e.first, e.err)
+}
+
+func (e *logStoreGapError) Unwrap() error { return e.err }
 
 // logStoreStart decides where shipping to a log store in state st begins:
 // the first LSN to send, the durable LSN the log store vouches for, and
