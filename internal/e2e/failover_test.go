@@ -45,11 +45,14 @@ func newFailoverCluster(t *testing.T, name func(int) string) *failoverCluster {
 	dir := t.TempDir()
 	c := &failoverCluster{}
 	var lsAddrs []string
-	for i := range 3 {
-		addr := freeAddr(t)
-		lsAddrs = append(lsAddrs, addr)
+	for range 3 {
+		lsAddrs = append(lsAddrs, freeAddr(t))
+	}
+	for i, addr := range lsAddrs {
+		// Every log store gets the whole list as its peers, itself
+		// included, as the Kubernetes manifests give it.
 		c.logstores = append(c.logstores, &procNode{name: fmt.Sprintf("ls%d", i), serving: "log store serving", addr: addr, args: []string{"logstore",
-			"--listen", addr, "--metrics-listen", "", "--data-dir", filepath.Join(dir, fmt.Sprintf("ls%d", i))}})
+			"--listen", addr, "--metrics-listen", "", "--data-dir", filepath.Join(dir, fmt.Sprintf("ls%d", i)), "--peers", strings.Join(lsAddrs, ",")}})
 	}
 	var peers []string
 	for i := range 3 {
