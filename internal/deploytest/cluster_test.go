@@ -29,8 +29,9 @@ const stopTimeout = 30 * time.Second
 // checkCluster checks that the pods make one walship cluster: one
 // StatefulSet of log stores and one of data nodes, every node listing
 // every log store pod and every data node (itself among them, under its
-// pod name) at addresses that reach those very pods, and a bootstrap
-// primary among them. With automatic failover (--kube-lease) it checks
+// pod name) at addresses that reach those very pods, every log store
+// listing the other log store pods as its peers, and a bootstrap primary
+// among the nodes. With automatic failover (--kube-lease) it checks
 // what makes a failover safe and a drain harmless: see checkFailover.
 func (c *checker) checkCluster() {
 	byComponent := map[string][]*appsv1.StatefulSet{}
@@ -58,6 +59,38 @@ func (c *checker) checkCluster() {
 	}
 	if len(pods) > 0 && pods[0].callsAPI() {
 		c.checkFailover(pods, nodes, ls)
+	}
+	for ord := int32(0); ord < ptrOr(ls.Spec.Replicas, 1); ord++ {
+		if p, err := c.podConfig(ls, ord); err == nil {
+			c.checkLogstorePeers(p, ls)
+		}
+	}
+}
+
+// checkLogstorePeers: a log store lists every other log store pod as its
+// peers (itself may be listed too: it knows itself), once each, so that
+// one that lost its disk or fell behind refills from them.
+func (c *checker) checkLogstorePeers(p *pod, ls *appsv1.StatefulSet) {
+	list := p.flag("peers")
+	seen := map[string]bool{}
+	for _, addr := range strings.Split(list, ",") {
+		if addr == "" {
+			continue
+		}
+		target, err := c.resolvePeer(addr, logstoreComponent)
+		if err != nil {
+			c.errorf("log store pod %s --peers %s: %v", p.name, addr, err)
+			continue
+		}
+		if seen[target] {
+			c.errorf("log store pod %s --peers lists %s twice", p.name, target)
+		}
+		seen[target] = true
+	}
+	for ord := int32(0); ord < ptrOr(ls.Spec.Replicas, 1); ord++ {
+		if other := fmt.Sprintf("%s-%d", ls.Name, ord); other != p.name && !seen["pod/"+other] {
+			c.errorf("log store pod %s --peers %q does not list %s: it could not refill from it", p.name, list, other)
+		}
 	}
 }
 

@@ -334,6 +334,11 @@ func TestChecksCatchMistakes(t *testing.T) {
 		// Peers.
 		{"log store missing from the nodes' list", func(o *objects) { o.statefulSets["walship-logstore"].Spec.Replicas = intPtr(4) },
 			"names 3 log store pods, but StatefulSet walship-logstore runs 4"},
+		{"log store missing from the log stores' peers", func(o *objects) { o.statefulSets["walship-logstore"].Spec.Replicas = intPtr(4) },
+			"log store pod walship-logstore-0 --peers \"walship-logstore-0.walship-logstore-headless:7400,walship-logstore-1.walship-logstore-headless:7400,walship-logstore-2.walship-logstore-headless:7400\" does not list walship-logstore-3"},
+		{"log store peer at a node", func(o *objects) {
+			configMap(o, "walship-logstore").Data["WALSHIP_PEERS"] = "walship-logstore-0.walship-logstore-headless:7400,walship-1.walship-headless:7401"
+		}, "is a node, want a logstore"},
 		{"node missing from --peers", func(o *objects) { nodes(o).Spec.Replicas = intPtr(4) },
 			"does not list walship-3"},
 		{"peer that is no pod", func(o *objects) {
