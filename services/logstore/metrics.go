@@ -20,8 +20,8 @@ type metrics struct {
 	orphaned      prometheus.Counter
 	// clusterMismatch counts peers refused for another cluster.
 	clusterMismatch prometheus.Counter
-	refillBatches prometheus.Counter
-	refillBytes   prometheus.Counter
+	refillBatches   prometheus.Counter
+	refillBytes     prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {

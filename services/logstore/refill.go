@@ -84,6 +84,9 @@ type refill struct {
 	// vote is the peer's promise: its primary is named when the log
 	// store's own promise is raised to the epoch it names.
 	vote datadir.Vote
+	// clusterID is the peer's cluster: a log store with none yet adopts
+	// it with the first batch it copies.
+	clusterID string
 }
 
 // beginRefill starts a refill (the writer calls it, walMu held, on a gap
@@ -289,6 +292,9 @@ func (s *Server) pickSource(srcs []*refillSource) (*refillSource, string) {
 		}
 		var reason string
 		switch {
+		case st.GetClusterId() != "" && s.cluster.ID() != "" && st.GetClusterId() != s.cluster.ID():
+			s.metrics.clusterMismatch.Inc()
+			reason = fmt.Sprintf("cluster id mismatch: this log store belongs to cluster %s, the peer to cluster %s (check --peers)", s.cluster.ID(), st.GetClusterId())
 		case st.GetRefilling():
 			reason = "refilling itself"
 		case st.GetFirstLsn() == 0:
@@ -346,13 +352,13 @@ func cmpDesc(a, b uint64) int {
 func (s *Server) copyFrom(ctx context.Context, src *refillSource) error {
 	start := time.Now()
 	to := src.st.GetDurableLsn()
-	rf := &refill{peer: src.p.addr, lastEpoch: src.st.GetLastEpoch(), history: src.history,
+	rf := &refill{peer: src.p.addr, lastEpoch: src.st.GetLastEpoch(), history: src.history, clusterID: src.st.GetClusterId(),
 		vote: datadir.Vote{Epoch: src.st.GetVoteEpoch(), Primary: src.st.GetPrimaryId(), Addr: src.st.GetPrimaryAddr()}}
 	s.logger.Info("refilling from a peer", "peer", src.p.addr, "from_lsn", src.from, "to_lsn", to,
 		"peer_epoch", src.st.GetLastEpoch(), "durable_lsn", s.durableLSN())
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := src.p.client.Read(rctx, &walshipv1.ReadRequest{FromLsn: src.from, ToLsn: to})
+	stream, err := src.p.client.Read(rctx, &walshipv1.ReadRequest{FromLsn: src.from, ToLsn: to, ClusterId: s.cluster.ID()})
 	if err != nil {
 		return err
 	}
@@ -462,6 +468,9 @@ func (s *Server) admitRefill(r *appendReq, walLast uint64, last *uint64, entries
 	}
 	if *last != 0 && b.FirstLsn > *last+1 {
 		return refuse(rpcerr.ErrInvalid, "refill from %s: gap: batch starts at LSN %d, log store ends at LSN %d", rf.peer, b.FirstLsn, *last), nil
+	}
+	if err := s.adoptCluster(rf.clusterID, "the refill from "+rf.peer); err != nil {
+		return nil, err
 	}
 	if err := s.noteEpoch(b.Epoch, b.FirstLsn); err != nil {
 		return nil, err

@@ -326,3 +326,35 @@ func (r *running) queueRefill(t *testing.T, rf *refill, bs ...*walshipv1.WalBatc
 	}
 	return r.s.awaitStream(t.Context(), st)
 }
+
+// TestRefillStaysInItsCluster: an empty log store with no cluster id
+// adopts its peer's with what it copies; one of another cluster copies
+// nothing from it and counts the mismatch.
+func TestRefillStaysInItsCluster(t *testing.T) {
+	a := start(t, testConfig(t, t.TempDir()))
+	ap := a.append(t)
+	ap.beat(2, clusterA)
+	ap.send(chain(t, 2, 1, 10, 100)...)
+	ap.waitDurable(20)
+
+	cfg := testConfig(t, t.TempDir())
+	cfg.Peers = []string{a.s.Addr()}
+	b := start(t, cfg)
+	if st := b.refilled(t); st.DurableLsn != 20 || st.ClusterId != clusterA {
+		t.Fatalf("an empty log store after its refill: durable LSN %d, cluster %q; want 20 and the peer's %s", st.DurableLsn, st.ClusterId, clusterA)
+	}
+
+	dir := t.TempDir()
+	if err := datadir.SaveCluster(vfs.OS, dir, clusterB); err != nil {
+		t.Fatal(err)
+	}
+	cfg = testConfig(t, dir)
+	cfg.Peers = []string{a.s.Addr()}
+	c := start(t, cfg)
+	testkit.Until(t, "the log store of cluster B to meet its peer of cluster A", func() bool {
+		return counterValue(t, c.s.metrics.clusterMismatch) > 0
+	})
+	if st := c.status(t); st.FirstLsn != 0 || st.ClusterId != clusterB {
+		t.Fatalf("a log store of cluster B with a peer of cluster A: LSNs from %d, cluster %q; want nothing copied, still %s", st.FirstLsn, st.ClusterId, clusterB)
+	}
+}
