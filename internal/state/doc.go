@@ -16,6 +16,9 @@
 //   - [Compare] evaluates etcd-style transaction guards against any [Reader].
 //   - [WriteSnapshot] and [ReadSnapshot] move a View to and from bytes, and
 //     [SaveSnapshot] and [LoadLatestSnapshot] keep snapshots in a directory.
+//     [SnapshotEncoder] and [SnapshotScanner] write and read the same
+//     format one pair at a time, in bounded memory, for snapshots that
+//     are streamed rather than held (a log store's base snapshots).
 //
 // # Versions
 //

@@ -41,3 +41,34 @@ func FuzzReadSnapshot(f *testing.F) {
 		}
 	})
 }
+
+// FuzzSnapshotScanner: the streaming scanner accepts exactly what
+// ReadSnapshot accepts, with the same pairs, LSN and digest.
+func FuzzSnapshotScanner(f *testing.F) {
+	f.Add(encode(f, New().Snapshot()))
+	small := New()
+	applyTxns(f, small, txn(put("", "e"), put("a", "1"), put("bb", "")), txn(del("a"), put("c", "3")))
+	f.Add(encode(f, small.Snapshot()))
+	f.Add(rawSnapshot(3, 2, []rawEntry{{"b", "", 3}, {"a", "", 3}}, nil))
+	f.Add(rawSnapshot(9, 2, []rawEntry{{"j", "", 6}, {"k", "v", 9}}, nil))
+	f.Add([]byte("WSHPSNAP"))
+
+	f.Fuzz(func(t *testing.T, data []byte) {
+		for _, limit := range []int64{int64(len(data)), 0} {
+			want, errR := ReadSnapshot(bytes.NewReader(data), limit)
+			pairs, lsn, d, errS := scanAll(data, limit)
+			if (errR == nil) != (errS == nil) {
+				t.Fatalf("limit %d: ReadSnapshot: %v; scanner: %v", limit, errR, errS)
+			}
+			if errS != nil {
+				if !errors.Is(errS, ErrCorruptSnapshot) {
+					t.Fatalf("scanner error %v does not wrap ErrCorruptSnapshot", errS)
+				}
+				continue
+			}
+			if lsn != want.AppliedLSN() || d != want.Digest() || !equalKV(pairs, dump(want)) {
+				t.Fatalf("limit %d: scanner read LSN %d digest %v %d pairs, ReadSnapshot %d %v %d", limit, lsn, d, len(pairs), want.AppliedLSN(), want.Digest(), want.Len())
+			}
+		}
+	})
+}

@@ -195,6 +195,21 @@ func (s *snapReader) read() (*Store, error) {
 		return nil, err
 	}
 	t := newTree()
+	d, err := s.readEntries(lsn, count, func(e entry) error {
+		t.ReplaceOrInsert(e)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return newStore(t, lsn, d), nil
+}
+
+// readEntries reads the count entries that follow the header and the
+// trailer, handing each entry to fn (which may keep it: every entry has
+// its own memory), and returns the digest the trailer confirmed. An error
+// of fn stops the read and is returned as is.
+func (s *snapReader) readEntries(lsn, count uint64, fn func(entry) error) (Digest, error) {
 	h := newEntryHasher()
 	var (
 		d    Digest
@@ -203,16 +218,18 @@ func (s *snapReader) read() (*Store, error) {
 	for i := uint64(0); i < count; i++ {
 		e, err := s.readEntry(i, lsn, prev)
 		if err != nil {
-			return nil, err
+			return Digest{}, err
 		}
-		t.ReplaceOrInsert(e)
 		d.add(h.sum(e.key, e.version, e.value))
+		if err := fn(e); err != nil {
+			return Digest{}, err
+		}
 		prev = e.key
 	}
 	if err := s.readTrailer(d); err != nil {
-		return nil, err
+		return Digest{}, err
 	}
-	return newStore(t, lsn, d), nil
+	return d, nil
 }
 
 // readHeader reads and checks the header, and returns the snapshot's

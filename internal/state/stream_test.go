@@ -1,0 +1,185 @@
+package state
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+)
+
+// encodeStream writes v through a SnapshotEncoder, pair by pair.
+func encodeStream(t testing.TB, v *View) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	e := NewSnapshotEncoder(&buf, v.AppliedLSN(), uint64(v.Len()))
+	v.Scan(nil, nil, 0, func(k, val []byte, ver uint64) bool {
+		if err := e.Add(k, val, ver); err != nil {
+			t.Fatalf("Add(%q): %v", k, err)
+		}
+		return true
+	})
+	d, err := e.Finish(v.Digest().String())
+	if err != nil {
+		t.Fatalf("Finish: %v", err)
+	}
+	if d != v.Digest() || e.Pairs() != uint64(v.Len()) {
+		t.Fatalf("Finish: digest %v after %d pairs, want %v after %d", d, e.Pairs(), v.Digest(), v.Len())
+	}
+	return buf.Bytes()
+}
+
+// scanAll scans data and returns the pairs, the LSN and the digest.
+func scanAll(data []byte, limit int64) ([]kv, uint64, Digest, error) {
+	sc, err := NewSnapshotScanner(bytes.NewReader(data), limit)
+	if err != nil {
+		return nil, 0, Digest{}, err
+	}
+	var out []kv
+	d, err := sc.Scan(func(k, v []byte, ver uint64) error {
+		out = append(out, kv{string(k), string(v), ver})
+		return nil
+	})
+	if uint64(len(out)) > sc.Count() {
+		return nil, 0, Digest{}, errors.New("more pairs than the header announced")
+	}
+	return out, sc.LSN(), d, err
+}
+
+// TestSnapshotEncoderMatchesWriteSnapshot: a snapshot written pair by pair
+// is byte for byte the one WriteSnapshot writes of the same state, and the
+// scanner reads back the pairs, the LSN and the digest.
+func TestSnapshotEncoderMatchesWriteSnapshot(t *testing.T) {
+	big := New()
+	for i := 0; i < 3000; i++ {
+		applyTxns(t, big, txn(put(keyN(i), string(bytes.Repeat([]byte{byte(i)}, i%200)))))
+	}
+	for _, tt := range []struct {
+		name string
+		s    *Store
+	}{{"empty", New()}, {"sample", sampleStore(t)}, {"3000 keys", big}} {
+		t.Run(tt.name, func(t *testing.T) {
+			v := tt.s.Snapshot()
+			data := encodeStream(t, v)
+			if want := encode(t, v); !bytes.Equal(data, want) {
+				t.Fatalf("encoder wrote %d bytes differing from WriteSnapshot's %d", len(data), len(want))
+			}
+			for _, limit := range []int64{int64(len(data)), 0} {
+				pairs, lsn, d, err := scanAll(data, limit)
+				if err != nil {
+					t.Fatalf("scan (limit %d): %v", limit, err)
+				}
+				if lsn != v.AppliedLSN() || d != v.Digest() || !equalKV(pairs, dump(v)) {
+					t.Fatalf("scan (limit %d): LSN %d digest %v %d pairs, want %d %v %d", limit, lsn, d, len(pairs), v.AppliedLSN(), v.Digest(), v.Len())
+				}
+			}
+		})
+	}
+}
+
+func TestSnapshotEncoderRefuses(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		run    func(e *SnapshotEncoder) error
+		digest bool // the error is a digest mismatch
+	}{
+		{"out of order", func(e *SnapshotEncoder) error {
+			_ = e.Add([]byte("b"), nil, 1)
+			return e.Add([]byte("a"), nil, 1)
+		}, false},
+		{"duplicate", func(e *SnapshotEncoder) error {
+			_ = e.Add([]byte("a"), nil, 1)
+			return e.Add([]byte("a"), nil, 1)
+		}, false},
+		{"version 0", func(e *SnapshotEncoder) error { return e.Add([]byte("a"), nil, 0) }, false},
+		{"version past lsn", func(e *SnapshotEncoder) error { return e.Add([]byte("a"), nil, 6) }, false},
+		{"more pairs than announced", func(e *SnapshotEncoder) error {
+			for _, k := range []string{"a", "b", "c"} {
+				if err := e.Add([]byte(k), nil, 1); err != nil {
+					return err
+				}
+			}
+			return nil
+		}, false},
+		{"fewer pairs than announced", func(e *SnapshotEncoder) error {
+			_, err := e.Finish(Digest{}.String())
+			return err
+		}, false},
+		{"wrong digest", func(e *SnapshotEncoder) error {
+			_ = e.Add([]byte("a"), []byte("1"), 1)
+			_ = e.Add([]byte("b"), []byte("2"), 5)
+			_, err := e.Finish(Digest{}.String())
+			return err
+		}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.run(NewSnapshotEncoder(&bytes.Buffer{}, 5, 2))
+			if !errors.Is(err, ErrCorruptSnapshot) || errors.Is(err, ErrDigestMismatch) != tc.digest {
+				t.Fatalf("got %v, want ErrCorruptSnapshot (digest mismatch: %v)", err, tc.digest)
+			}
+		})
+	}
+}
+
+// failWriter fails every write.
+type failWriter struct{}
+
+var errDisk = errors.New("disk on fire")
+
+func (failWriter) Write([]byte) (int, error) { return 0, errDisk }
+
+func TestSnapshotEncoderWriteError(t *testing.T) {
+	e := NewSnapshotEncoder(failWriter{}, 5, 1)
+	// The header and pair sit in the buffer; the flush in Finish fails.
+	if err := e.Add([]byte("a"), nil, 1); err != nil {
+		t.Fatalf("Add: %v", err)
+	}
+	var digest Digest
+	digest.add(newEntryHasher().sum("a", 1, nil))
+	_, err := e.Finish(digest.String())
+	if !errors.Is(err, errDisk) || errors.Is(err, ErrCorruptSnapshot) {
+		t.Fatalf("Finish: %v, want the writer's error, not corruption", err)
+	}
+}
+
+func TestSnapshotScannerRefusesDamage(t *testing.T) {
+	data := encode(t, sampleStore(t).Snapshot())
+	flip := func(off int) []byte {
+		b := bytes.Clone(data)
+		b[off] ^= 1
+		return b
+	}
+	for _, tc := range []struct {
+		name string
+		data []byte
+	}{
+		{"bad magic", flip(0)},
+		{"flipped value byte", flip(len(data) - snapTrailerSize - 1)},
+		{"flipped crc", flip(len(data) - 1)},
+		{"truncated", data[:len(data)-3]},
+		{"trailing byte", append(bytes.Clone(data), 0)},
+		{"out of order", rawSnapshot(3, 2, []rawEntry{{"b", "", 3}, {"a", "", 3}}, nil)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, limit := range []int64{int64(len(tc.data)), 0} {
+				if _, _, _, err := scanAll(tc.data, limit); !errors.Is(err, ErrCorruptSnapshot) {
+					t.Fatalf("limit %d: got %v, want ErrCorruptSnapshot", limit, err)
+				}
+			}
+		})
+	}
+}
+
+func TestSnapshotScannerStopsOnCallbackError(t *testing.T) {
+	data := encode(t, sampleStore(t).Snapshot())
+	sc, err := NewSnapshotScanner(bytes.NewReader(data), int64(len(data)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := errors.New("stop")
+	n := 0
+	if _, err := sc.Scan(func([]byte, []byte, uint64) error { n++; return stop }); err != stop || n != 1 {
+		t.Fatalf("Scan: %v after %d pairs, want the callback's error after 1", err, n)
+	}
+	if _, err := sc.Scan(func([]byte, []byte, uint64) error { return nil }); err == nil {
+		t.Fatal("a second Scan succeeded")
+	}
+}
