@@ -92,6 +92,11 @@ var knownMetrics = []knownMetric{
 	{"walship_logstore_refilling", gauge, nil},
 	{"walship_logstore_refill_batches_total", counter, nil},
 	{"walship_logstore_refill_bytes_total", counter, nil},
+	{"walship_logstore_snapshots", gauge, nil},
+	{"walship_logstore_snapshot_bytes", gauge, nil},
+	{"walship_logstore_snapshot_puts_total", counter, []string{"result"}},
+	{"walship_logstore_snapshots_served_total", counter, nil},
+	{"walship_logstore_snapshot_sent_bytes_total", counter, nil},
 }
 
 // lookupMetric finds a known metric by registered name.

@@ -33,6 +33,7 @@ func (s *Server) Status() *walshipv1.LogStoreServiceStatusResponse {
 		PrimaryAddr: v.Addr,
 		ClusterId:   s.cluster.ID(),
 		Refilling:   s.refilling.Load(),
+		Snapshots:   s.snaps.infos(),
 	}
 }
 

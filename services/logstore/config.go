@@ -19,8 +19,8 @@ type Config struct {
 	MetricsListen string
 	// Security is TLS and authorization for the server (zero: plaintext).
 	Security serve.Security
-	// DataDir holds the WAL (DataDir/wal) and the highest epoch seen
-	// (DataDir/epoch).
+	// DataDir holds the WAL (DataDir/wal), the base snapshots
+	// (DataDir/snapshots) and the vote and epoch history.
 	DataDir string
 	// FS is the filesystem; nil means the real one. Tests inject faults here.
 	FS vfs.FS

@@ -118,6 +118,41 @@
 // times in a row once the log store holds something: the primary's next
 // stream asks again).
 //
+// # Base snapshots
+//
+// PutSnapshot stores a base snapshot of the state from a primary, so that
+// the log stores alone can rebuild any LSN from the snapshot's on (a
+// restore, a replica re-seeded without loading the primary). The stream
+// is a header, chunks of pairs in ascending key order and a trailer with
+// the state digest. The header's LSN must be a batch end the log store
+// holds durably (it waits up to 10 s for it: a primary snapshots at its
+// visible LSN, which may still be on its way) and the header's epoch
+// history must give that LSN the stored batch's epoch (the same entry,
+// so the same state); a header of an epoch the vote has fenced is
+// refused. Refusals are FAILED_PRECONDITION; a malformed stream (no header
+// first, pairs out of order, a wrong count, no trailer) INVALID_ARGUMENT
+// naming the part; a digest that differs from the pairs' DATA_LOSS.
+//
+// The pairs go to disk as they arrive (one chunk in memory at a time)
+// through a state.SnapshotEncoder, into DataDir/snapshots/
+// base-<LSN>.snap.tmp, which is fsynced and renamed into place before the
+// directory is fsynced and the snapshot acknowledged (docs/FORMAT.md,
+// "Base snapshots in a log store"). An upload of an LSN already stored is
+// answered with what is stored. One upload is stored at a time.
+//
+// GetSnapshot streams the newest snapshot at or before at_most_lsn
+// (NOT_FOUND if none is stored, OUT_OF_RANGE if all are newer): a header
+// carrying what a restore needs (LSN, the epoch and commit time of the
+// batch ending there, the pair count, the epoch history up to it), the
+// chunks, and a trailer that is only sent once the file's CRC and digest
+// are checked — a damaged file fails the stream with DATA_LOSS instead.
+//
+// At start, leftover temporary files (interrupted uploads) are removed and
+// logged; a file whose meta or header is damaged is not served but left in
+// place (Verify reports it); a snapshot past the end of the log, or of
+// another epoch than the log at its LSN, is removed. When a primary cuts a
+// diverged tail, the snapshots above the cut are removed with it.
+//
 // # Retention
 //
 // A background goroutine, woken after every round that wrote and by a

@@ -31,6 +31,11 @@ var (
 	// that position: not kept any more, beyond the end, or overlapping
 	// different stored data.
 	errOutOfRange = errors.New("out of range")
+	// errPrecondition marks a request the log store's state does not
+	// allow: a snapshot at an LSN that is not a durable batch end it holds.
+	errPrecondition = errors.New("failed precondition")
+	// errNotFound marks something the log store does not hold at all.
+	errNotFound = errors.New("not found")
 )
 
 // mapErr maps the storage packages' sentinels; rpcerr handles the rest.
@@ -42,6 +47,10 @@ func mapErr(err error) (codes.Code, bool) {
 		return rpcerr.Code(err), true
 	case errors.Is(err, errOutOfRange):
 		return codes.OutOfRange, true
+	case errors.Is(err, errPrecondition):
+		return codes.FailedPrecondition, true
+	case errors.Is(err, errNotFound):
+		return codes.NotFound, true
 	case errors.Is(err, codec.ErrCorrupt), errors.Is(err, wal.ErrCorrupt):
 		return codes.DataLoss, true
 	case errors.Is(err, wal.ErrCompacted), errors.Is(err, wal.ErrFuture):

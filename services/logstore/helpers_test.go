@@ -52,11 +52,15 @@ type running struct {
 	ended  bool
 }
 
-func start(t *testing.T, cfg Config) *running {
+// start serves a log store; opts change the Server before it runs.
+func start(t *testing.T, cfg Config, opts ...func(*Server)) *running {
 	t.Helper()
 	s, err := New(cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
+	}
+	for _, o := range opts {
+		o(s)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{t: t, s: s, cfg: cfg, cancel: cancel, done: make(chan error, 1)}

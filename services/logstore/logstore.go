@@ -98,6 +98,13 @@ type Server struct {
 	firstKept watermark.Watermark  // FirstLSN after each retention pass, for waiters
 	retMu     sync.Mutex           // one retention pass at a time; guards commitAt
 	commitAt  map[uint64]time.Time // segment first LSN -> commit time of its newest batch
+	// snaps are the stored base snapshots (DataDir/snapshots); putSem lets
+	// one upload through at a time. Lock order: walMu, snaps.mu.
+	snaps  snapshotList
+	putSem chan struct{}
+	// snapshotWait bounds PutSnapshot's wait for its LSN to be durable
+	// here (snapshotDurableWait; tests shorten it).
+	snapshotWait time.Duration
 }
 
 // New opens the data directory, recovers the WAL and the highest epoch seen,
@@ -118,6 +125,9 @@ func New(cfg Config) (*Server, error) {
 
 		refillKick: make(chan struct{}, 1),
 		instance:   newInstance(),
+		putSem:     make(chan struct{}, 1),
+
+		snapshotWait: snapshotDurableWait,
 	}
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)
@@ -214,8 +224,12 @@ func (s *Server) recover() error {
 		s.logger.Warn("cut a torn WAL tail", "segment", ri.TornSegment, "offset", ri.TornOffset, "bytes", ri.TornBytes, "reason", ri.TornReason)
 	}
 	s.firstKept.Advance(log.FirstLSN())
+	if err := s.recoverSnapshots(); err != nil {
+		_ = log.Close()
+		return err
+	}
 	s.logger.Info("recovered", "cluster_id", s.cluster.ID(), "first_lsn", log.FirstLSN(), "durable_lsn", log.DurableLSN(), "vote", v.String(),
-		"log_epoch", logEpoch, "segments", log.Segments(), "wal_bytes", log.Size())
+		"log_epoch", logEpoch, "segments", log.Segments(), "wal_bytes", log.Size(), "snapshots", s.snaps.len())
 	return nil
 }
 

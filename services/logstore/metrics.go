@@ -22,6 +22,10 @@ type metrics struct {
 	clusterMismatch prometheus.Counter
 	refillBatches   prometheus.Counter
 	refillBytes     prometheus.Counter
+
+	snapshotPuts      *prometheus.CounterVec
+	snapshotsServed   prometheus.Counter
+	snapshotSentBytes prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
@@ -96,8 +100,32 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		Name: "walship_logstore_epoch",
 		Help: "Highest epoch the log store has promised (a fence, or a newer primary seen), persisted.",
 	}, func() float64 { return float64(s.epoch.Load()) })
+	m.snapshotPuts = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "walship_logstore_snapshot_puts_total",
+		Help: "Base snapshots uploaded (PutSnapshot) by result: stored, existed (already stored), refused (a bad argument, or an LSN that is not a durable batch end here, or a stale epoch), corrupt (the digest differs), error.",
+	}, []string{"result"})
+	for _, r := range []string{"stored", "existed", "refused", "corrupt", "error"} {
+		m.snapshotPuts.WithLabelValues(r) // exported at 0 before the first upload
+	}
+	m.snapshotsServed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "walship_logstore_snapshots_served_total",
+		Help: "Base snapshots streamed whole by GetSnapshot (to a restore or a re-seeding replica).",
+	})
+	m.snapshotSentBytes = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "walship_logstore_snapshot_sent_bytes_total",
+		Help: "Key and value bytes sent by GetSnapshot streams.",
+	})
+	snapshots := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "walship_logstore_snapshots",
+		Help: "Base snapshots the log store holds.",
+	}, func() float64 { return float64(s.snaps.len()) })
+	snapshotBytes := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "walship_logstore_snapshot_bytes",
+		Help: "Size of the log store's base snapshot files.",
+	}, func() float64 { return float64(s.snaps.bytes()) })
 	m.collectors = []prometheus.Collector{m.appendedBytes, m.readBytes, m.fsyncSeconds, m.fsyncErrors,
-		m.appendStreams, m.readStreams, m.fences, m.orphaned, m.clusterMismatch, m.refillBatches, m.refillBytes, refilling, durable, first, stored, epoch}
+		m.appendStreams, m.readStreams, m.fences, m.orphaned, m.clusterMismatch, m.refillBatches, m.refillBytes, refilling, durable, first, stored, epoch,
+		m.snapshotPuts, m.snapshotsServed, m.snapshotSentBytes, snapshots, snapshotBytes}
 	for i, c := range m.collectors {
 		if err := reg.Register(c); err != nil {
 			for _, r := range m.collectors[:i] {
