@@ -97,6 +97,7 @@ var knownMetrics = []knownMetric{
 	{"walship_logstore_snapshot_puts_total", counter, []string{"result"}},
 	{"walship_logstore_snapshots_served_total", counter, nil},
 	{"walship_logstore_snapshot_sent_bytes_total", counter, nil},
+	{"walship_logstore_retention_held_bytes", gauge, nil},
 }
 
 // lookupMetric finds a known metric by registered name.

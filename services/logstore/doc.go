@@ -155,14 +155,30 @@
 //
 // # Retention
 //
-// A background goroutine, woken after every round that wrote and by a
-// ticker when an age limit is set, removes whole sealed segments, oldest
-// first, while the log is bigger than RetentionBytes or while the segment's
-// newest batch was committed more than RetentionAge ago. A segment's age is
-// the commit_time_unix_nano of its newest batch, that is the primary's
-// clock: the same on every copy of the log and independent of file times;
-// a skewed primary clock skews retention by as much. The active segment and
-// anything not durable are never removed.
+// A background goroutine, woken after every round that wrote, after a
+// snapshot is stored and by a ticker when an age limit is set, removes
+// whole sealed segments, oldest first, while the log is bigger than
+// RetentionBytes or while the segment's newest batch was committed more
+// than RetentionAge ago. A segment's age is the commit_time_unix_nano of
+// its newest batch, that is the primary's clock: the same on every copy of
+// the log and independent of file times; a skewed primary clock skews
+// retention by as much. The active segment and anything not durable are
+// never removed.
+//
+// With base snapshots stored, what is left stays restorable: a restore
+// starts from a snapshot at LSN s and replays the log from s+1, so the log
+// is cut at most to just after the newest snapshot (whole segments: it may
+// start a little before), and the snapshots older than the one the log
+// then starts from — which it can no longer continue — are removed; the
+// newest is always kept. What the limits would remove but this keeps is
+// walship_logstore_retention_held_bytes. With no snapshot at all the
+// limits apply as they are.
+//
+// Readers pin what they still need: a Read stream the LSN it sends next, a
+// GetSnapshot stream its snapshot and the log after it, Verify its
+// position. Retention removes nothing at or after a pin, until the stream
+// ends (a restore opens its Read from the snapshot's LSN + 1 before its
+// GetSnapshot ends, and keeps both).
 //
 // # Lifecycle
 //

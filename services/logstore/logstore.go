@@ -98,10 +98,17 @@ type Server struct {
 	firstKept watermark.Watermark  // FirstLSN after each retention pass, for waiters
 	retMu     sync.Mutex           // one retention pass at a time; guards commitAt
 	commitAt  map[uint64]time.Time // segment first LSN -> commit time of its newest batch
+	// heldBytes is what the last retention pass kept only so that the log
+	// after the newest snapshot stays restorable.
+	heldBytes atomic.Int64
+
 	// snaps are the stored base snapshots (DataDir/snapshots); putSem lets
-	// one upload through at a time. Lock order: walMu, snaps.mu.
+	// one upload through at a time; pins are the positions of readers
+	// that retention must not cut. Lock order: retMu, pins.mu, walMu,
+	// snaps.mu.
 	snaps  snapshotList
 	putSem chan struct{}
+	pins   pins
 	// snapshotWait bounds PutSnapshot's wait for its LSN to be durable
 	// here (snapshotDurableWait; tests shorten it).
 	snapshotWait time.Duration

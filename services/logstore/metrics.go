@@ -123,9 +123,13 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		Name: "walship_logstore_snapshot_bytes",
 		Help: "Size of the log store's base snapshot files.",
 	}, func() float64 { return float64(s.snaps.bytes()) })
+	held := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "walship_logstore_retention_held_bytes",
+		Help: "WAL bytes retention would remove but keeps because the newest base snapshot is older: the log after a snapshot stays restorable. Grows while no new snapshot arrives.",
+	}, func() float64 { return float64(s.heldBytes.Load()) })
 	m.collectors = []prometheus.Collector{m.appendedBytes, m.readBytes, m.fsyncSeconds, m.fsyncErrors,
 		m.appendStreams, m.readStreams, m.fences, m.orphaned, m.clusterMismatch, m.refillBatches, m.refillBytes, refilling, durable, first, stored, epoch,
-		m.snapshotPuts, m.snapshotsServed, m.snapshotSentBytes, snapshots, snapshotBytes}
+		m.snapshotPuts, m.snapshotsServed, m.snapshotSentBytes, snapshots, snapshotBytes, held}
 	for i, c := range m.collectors {
 		if err := reg.Register(c); err != nil {
 			for _, r := range m.collectors[:i] {

@@ -99,6 +99,9 @@ func (s *Server) read(ctx context.Context, req *walshipv1.ReadRequest, stream wa
 			return err
 		}
 	}
+	// Retention keeps what this stream is still to send.
+	p := s.pinLog(from)
+	defer s.pins.release(p)
 	r, err := s.wal.NewReader(from, true)
 	if err != nil {
 		return s.readErr(err, from)
@@ -125,6 +128,7 @@ func (s *Server) read(ctx context.Context, req *walshipv1.ReadRequest, stream wa
 		}
 		s.metrics.readBytes.Add(float64(len(e.Data)))
 		next = e.LastLSN + 1
+		p.advance(next)
 		if (to != 0 && e.LastLSN >= to) || (!follow && e.LastLSN >= end) {
 			return nil
 		}

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
@@ -59,6 +62,11 @@ func (s *Server) retention(ctx context.Context) error {
 // primary's clock when it built the batch): it is the same on every copy of
 // the log, survives restarts and copies, and does not depend on file
 // timestamps (which the WAL's fdatasync does not even make durable).
+//
+// With base snapshots stored, what is left must stay restorable (see
+// keepRestorable): the log is cut only up to just after a snapshot, and
+// the snapshots older than the one the log then starts from are removed.
+// Nothing an open Read, GetSnapshot or Verify still needs is cut (pins).
 func (s *Server) enforceRetention(ctx context.Context) (int, error) {
 	s.retMu.Lock()
 	defer s.retMu.Unlock()
@@ -90,14 +98,23 @@ func (s *Server) enforceRetention(ctx context.Context) (int, error) {
 		total -= seg.Bytes
 		cut = i + 1
 	}
-	if cut == 0 {
-		return 0, nil
-	}
-	s.walMu.Lock()
-	removed, err := s.wal.TruncateBefore(segs[cut].FirstLSN)
-	s.walMu.Unlock()
-	for _, seg := range segs[:removed] {
-		delete(s.commitAt, seg.FirstLSN)
+
+	// Readers register their pins under pins.mu: holding it from here to
+	// the end, no reader starts on what this pass removes.
+	s.pins.mu.Lock()
+	defer s.pins.mu.Unlock()
+	snaps := s.snaps.snapshot()
+	cut, held := keepRestorable(segs, cut, snaps, s.pins.minLocked())
+	s.heldBytes.Store(held)
+	removed := 0
+	var err error
+	if cut > 0 {
+		s.walMu.Lock()
+		removed, err = s.wal.TruncateBefore(segs[cut].FirstLSN)
+		s.walMu.Unlock()
+		for _, seg := range segs[:removed] {
+			delete(s.commitAt, seg.FirstLSN)
+		}
 	}
 	first := s.wal.FirstLSN()
 	s.firstKept.Advance(first)
@@ -107,7 +124,130 @@ func (s *Server) enforceRetention(ctx context.Context) (int, error) {
 	if err != nil {
 		return removed, fmt.Errorf("truncate before LSN %d: %w", segs[cut].FirstLSN, err)
 	}
+	s.dropUnrestorable(first)
 	return removed, nil
+}
+
+// keepRestorable lowers a retention cut (remove segs[:cut]) so that what
+// is left stays restorable and nothing pinned is removed, and returns it
+// with the bytes of the segments it kept only for the snapshots.
+//
+// A restore starts from a base snapshot at LSN s and replays the log from
+// s+1, so the log must start at or before s+1 for some stored snapshot:
+// it is cut at most to just after the newest one (segments are removed
+// whole, so it may start a little earlier). With no snapshot at all,
+// nothing is restorable from a snapshot and the cut stands (as before
+// snapshots were stored). A pin at LSN p (the first LSN a reader still
+// needs) keeps every segment holding an LSN at or after p.
+func keepRestorable(segs []wal.SegmentInfo, cut int, snaps []*baseSnap, pinned uint64) (int, int64) {
+	want := cut
+	if n := len(snaps); n > 0 {
+		newest := snaps[n-1].lsn
+		for cut > 0 && segs[cut].FirstLSN > newest+1 {
+			cut--
+		}
+	}
+	var held int64
+	for _, seg := range segs[cut:want] {
+		held += seg.Bytes
+	}
+	for cut > 0 && segs[cut-1].LastLSN >= pinned {
+		cut--
+	}
+	return cut, held
+}
+
+// dropUnrestorable removes the snapshots a log starting at first cannot
+// continue — those older than first-1, from which the log after them is
+// gone — except the newest (kept whatever the log holds) and any a reader
+// has pinned. Callers hold pins.mu.
+func (s *Server) dropUnrestorable(first uint64) {
+	if first == 0 {
+		return
+	}
+	s.snaps.mu.Lock()
+	var drop []*baseSnap
+	keep := s.snaps.list[:0]
+	for i, b := range s.snaps.list {
+		if b.lsn+1 < first && i < len(s.snaps.list)-1 && !s.pins.atLocked(b.lsn+1) {
+			drop = append(drop, b)
+		} else {
+			keep = append(keep, b)
+		}
+	}
+	clear(s.snaps.list[len(keep):])
+	s.snaps.list = keep
+	s.snaps.mu.Unlock()
+	s.removeSnapshots(drop, fmt.Sprintf("retention: the log starts at LSN %d, after them", first))
+}
+
+// pins are the positions of readers — Read, GetSnapshot, Verify streams —
+// that retention must not cut: each is the first LSN its reader still
+// needs, moving forward as it reads, released when its stream ends (a
+// restore reading a snapshot and then the log after it keeps both).
+type pins struct {
+	mu  sync.Mutex
+	set map[*pin]struct{}
+}
+
+// pin is one reader's position.
+type pin struct{ lsn atomic.Uint64 }
+
+// advance moves the pin forward to lsn.
+func (p *pin) advance(lsn uint64) {
+	if p != nil && lsn > p.lsn.Load() {
+		p.lsn.Store(lsn) // only its reader moves it
+	}
+}
+
+// addLocked registers a pin at lsn. Callers hold mu.
+func (ps *pins) addLocked(lsn uint64) *pin {
+	if ps.set == nil {
+		ps.set = map[*pin]struct{}{}
+	}
+	p := &pin{}
+	p.lsn.Store(lsn)
+	ps.set[p] = struct{}{}
+	return p
+}
+
+// release drops p (nil is a no-op).
+func (ps *pins) release(p *pin) {
+	if p == nil {
+		return
+	}
+	ps.mu.Lock()
+	delete(ps.set, p)
+	ps.mu.Unlock()
+}
+
+// minLocked is the lowest pinned LSN (MaxUint64 if none). Callers hold mu.
+func (ps *pins) minLocked() uint64 {
+	m := uint64(math.MaxUint64)
+	for p := range ps.set {
+		m = min(m, p.lsn.Load())
+	}
+	return m
+}
+
+// atLocked reports whether a reader is pinned at lsn exactly: a
+// GetSnapshot of the snapshot at lsn-1. Callers hold mu.
+func (ps *pins) atLocked(lsn uint64) bool {
+	for p := range ps.set {
+		if p.lsn.Load() == lsn {
+			return true
+		}
+	}
+	return false
+}
+
+// pinLog pins the log from lsn for a reader about to start there. If
+// retention removed lsn already, the reader's NewReader reports it; from
+// here on no pass removes it.
+func (s *Server) pinLog(lsn uint64) *pin {
+	s.pins.mu.Lock()
+	defer s.pins.mu.Unlock()
+	return s.pins.addLocked(lsn)
 }
 
 // segmentTime returns the commit time of a sealed segment's newest batch,

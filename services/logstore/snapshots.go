@@ -572,6 +572,11 @@ func (s *Server) listSnapshot(ctx context.Context, b *baseSnap, gen uint64) erro
 		if s.snaps.cutGen == gen {
 			s.snaps.insertLocked(b)
 			s.snaps.mu.Unlock()
+			// A newer snapshot may let retention cut what it held.
+			select {
+			case s.retKick <- struct{}{}:
+			default:
+			}
 			return nil
 		}
 		gen = s.snaps.cutGen
@@ -588,7 +593,9 @@ func (s *Server) listSnapshot(ctx context.Context, b *baseSnap, gen uint64) erro
 }
 
 // GetSnapshot streams the newest stored snapshot at or before
-// at_most_lsn.
+// at_most_lsn. The snapshot, and the log after it, are pinned against
+// retention until the stream ends: a reader that opens its Read from the
+// snapshot's LSN + 1 before this stream ends keeps both.
 func (h *logStoreServer) GetSnapshot(req *walshipv1.GetSnapshotRequest, stream walshipv1.LogStoreService_GetSnapshotServer) error {
 	s := h.s
 	if err := s.openCall(); err != nil {
@@ -605,10 +612,11 @@ func (h *logStoreServer) GetSnapshot(req *walshipv1.GetSnapshotRequest, stream w
 }
 
 func (s *Server) getSnapshot(ctx context.Context, req *walshipv1.GetSnapshotRequest, stream walshipv1.LogStoreService_GetSnapshotServer) error {
-	b, err := s.pickSnapshot(req.GetAtMostLsn())
+	b, p, err := s.pinSnapshot(req.GetAtMostLsn())
 	if err != nil {
 		return err
 	}
+	defer s.pins.release(p)
 	if err := stream.Send(&walshipv1.GetSnapshotResponse{Part: &walshipv1.GetSnapshotResponse_Header{
 		Header: proto.Clone(b.hdr).(*walshipv1.SnapshotHeader)}}); err != nil {
 		return err
@@ -652,12 +660,14 @@ func (s *Server) getSnapshot(ctx context.Context, req *walshipv1.GetSnapshotRequ
 		Trailer: &walshipv1.SnapshotTrailer{StateDigest: d.String()}}})
 }
 
-// pickSnapshot picks the newest snapshot at or before atMost (0: the
-// newest).
-func (s *Server) pickSnapshot(atMost uint64) (*baseSnap, error) {
+// pinSnapshot picks the newest snapshot at or before atMost (0: the
+// newest) and pins it, and the log after it, against retention.
+func (s *Server) pinSnapshot(atMost uint64) (*baseSnap, *pin, error) {
+	s.pins.mu.Lock()
+	defer s.pins.mu.Unlock()
 	list := s.snaps.snapshot()
 	if len(list) == 0 {
-		return nil, refuse(errNotFound, "no snapshot is stored")
+		return nil, nil, refuse(errNotFound, "no snapshot is stored")
 	}
 	var b *baseSnap
 	for _, x := range list {
@@ -666,7 +676,7 @@ func (s *Server) pickSnapshot(atMost uint64) (*baseSnap, error) {
 		}
 	}
 	if b == nil {
-		return nil, refuse(errOutOfRange, "at_most_lsn: no snapshot at or before LSN %d (the oldest stored is at LSN %d)", atMost, list[0].lsn)
+		return nil, nil, refuse(errOutOfRange, "at_most_lsn: no snapshot at or before LSN %d (the oldest stored is at LSN %d)", atMost, list[0].lsn)
 	}
-	return b, nil
+	return b, s.pins.addLocked(b.lsn + 1), nil
 }
