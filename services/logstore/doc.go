@@ -180,6 +180,28 @@
 // ends (a restore opens its Read from the snapshot's LSN + 1 before its
 // GetSnapshot ends, and keeps both).
 //
+// # Verify
+//
+// Verify reads the whole stored log, from its first LSN to the durable LSN
+// when it starts, through ordinary WAL readers beside the writer (appends
+// go on; its position is pinned against retention), and every snapshot
+// file whole. It checks each frame's CRC (a damaged frame ends what can
+// be read of its segment: the rest is reported unchecked and the next
+// segment read), that each envelope decodes and its payload CRC matches,
+// that its LSNs are its frame's and follow the previous batch's, that
+// epochs never go down and are the history's for their LSNs, and that
+// each snapshot file's meta, pairs, CRC and digest are intact and its
+// epoch is the log's at its LSN. The same problem in consecutive batches
+// is reported once for the stretch. It reports the restorable range: from
+// a starting point (an intact snapshot, or LSN 0 when the log starts at
+// LSN 1) to the end of the unbroken run of intact batches after it — the
+// one that reaches furthest, from its oldest start.
+//
+// Recovery already refuses to open a log with a damaged frame anywhere
+// but at the newest segment's tail (cut as torn); Verify finds damage
+// that happened since the log store started, and damage inside intact
+// frames (a payload CRC, an epoch, LSNs) that recovery does not look at.
+//
 // # Lifecycle
 //
 // New recovers the WAL (a torn tail is cut) and the epoch, and listens;
