@@ -73,9 +73,9 @@ type rule struct {
 // health for anyone; Status for every identity of the trust domain;
 // replication, log-store and epoch RPCs (and Promote, which a switching
 // primary calls on its target) for data nodes; LogStoreService.Read for
-// log stores (a refill from a peer); reads and writes for
-// clients, admins and nodes; every admin RPC for admins; reflection as r
-// says.
+// log stores (a refill from a peer); reads and writes for clients, admins
+// and nodes; every admin RPC, and a log store's Verify, for admins;
+// reflection as r says.
 func DefaultPolicy(td string, r Reflection) string {
 	class := func(cs ...string) []string {
 		var ps []string
@@ -107,6 +107,9 @@ func DefaultPolicy(td string, r Reflection) string {
 	// bench) dial as their nodes.
 	add("clients", class(ClassClient, ClassAdmin, ClassNode), "/walship.v1.KVService/*")
 	add("admins", class(ClassAdmin), "/walship.v1.AdminService/*")
+	// Checking an archive (walship ctl verify) reads what it holds, as a
+	// node may, and writes nothing.
+	add("verify", class(ClassAdmin), "/walship.v1.LogStoreService/Verify")
 	reflection := []string{"/grpc.reflection.v1.ServerReflection/*", "/grpc.reflection.v1alpha.ServerReflection/*"}
 	switch r {
 	case ReflectionAll, "":

@@ -294,6 +294,9 @@ func TestAuthzDefaultPolicy(t *testing.T) {
 			}
 			_, err = a.Recv()
 			return err
+		case "Verify":
+			_, err := walshipv1.NewLogStoreServiceClient(cc).Verify(ctx, &walshipv1.VerifyRequest{})
+			return err
 		case "Stream":
 			s, err := walshipv1.NewReplicationServiceClient(cc).Stream(ctx)
 			if err != nil {
@@ -323,6 +326,10 @@ func TestAuthzDefaultPolicy(t *testing.T) {
 		{URI("td", ClassAdmin, "ops"), "SetPolicy", true},
 		{URI("td", ClassAdmin, "ops"), "Promote", true},
 		{URI("td", ClassAdmin, "ops"), "Promote force", true},
+		{URI("td", ClassAdmin, "ops"), "Verify", true}, // walship ctl verify
+		{URI("td", ClassNode, "n1"), "Verify", true},
+		{URI("td", ClassClient, "app"), "Verify", false},
+		{URI("td", ClassAdmin, "ops"), "Stream", false},
 		{URI("td", ClassNode, "n1"), "Promote force", false},   // a node asks only for a plain promotion
 		{URI("elsewhere", ClassAdmin, "ops"), "Status", false}, // another trust domain
 		{URI("elsewhere", ClassNode, "n1"), "Stream", false},
