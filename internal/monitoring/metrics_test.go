@@ -46,6 +46,8 @@ var knownMetrics = []knownMetric{
 	{"walship_replication_out_of_range_total", counter, nil},
 	{"walship_replication_diverged_total", counter, nil},
 	{"walship_replication_snapshots_sent_total", counter, nil},
+	{"walship_primary_snapshot_uploads_total", counter, []string{"result"}},
+	{"walship_primary_snapshot_upload_duration_seconds", histogram, nil},
 	{"walship_replication_logstore_acked_lsn", gauge, []string{"logstore"}},
 	{"walship_replication_logstore_lag_records", gauge, []string{"logstore"}},
 	{"walship_replication_logstore_connected", gauge, []string{"logstore"}},

@@ -74,6 +74,14 @@ type Config struct {
 	Register []func(*grpc.Server)
 	// LogStores are the log store addresses the WAL is shipped to.
 	LogStores []string
+	// LogStoreSnapshotEvery spaces the uploads of state snapshots to each
+	// log store: after a snapshot, it is uploaded if at least this long
+	// has passed since the last upload began (else the newest snapshot is
+	// uploaded once it has). 0 uploads every snapshot; negative none.
+	LogStoreSnapshotEvery time.Duration
+	// LogStoreSnapshotTimeout bounds one snapshot upload (0:
+	// DefaultLogStoreSnapshotTimeout).
+	LogStoreSnapshotTimeout time.Duration
 	// HeartbeatInterval is how often an idle stream carries a heartbeat.
 	HeartbeatInterval time.Duration
 	// ReplicaTimeout ends a replica stream that sent nothing for this long
@@ -101,6 +109,10 @@ type Config struct {
 	// its failover timeline).
 	StatusHook func(*walshipv1.StatusResponse)
 }
+
+// DefaultLogStoreSnapshotTimeout bounds one snapshot upload to a log
+// store: a few GiB of state at the speed of a loaded disk.
+const DefaultLogStoreSnapshotTimeout = 10 * time.Minute
 
 // DefaultLeaseTimeout is the primary's default lease: long enough that a
 // loaded machine does not drop it between heartbeats (sent every quarter of
@@ -130,8 +142,10 @@ func DefaultConfig() Config {
 		HeartbeatInterval:  time.Second,
 		LeaseTimeout:       DefaultLeaseTimeout,
 		WALRetentionBytes:  1 << 30,
-		MaxReplicaLagBytes: 256 << 20,
-		StopTimeout:        30 * time.Second,
+
+		LogStoreSnapshotTimeout: DefaultLogStoreSnapshotTimeout,
+		MaxReplicaLagBytes:      256 << 20,
+		StopTimeout:             30 * time.Second,
 	}
 }
 
@@ -189,6 +203,9 @@ func (c *Config) Validate() error {
 	}
 	if c.WALRetentionBytes < c.SegmentBytes {
 		errs = append(errs, fmt.Errorf("--wal-retention-bytes: %d is below one segment (--segment-bytes %d)", c.WALRetentionBytes, c.SegmentBytes))
+	}
+	if c.LogStoreSnapshotTimeout < 0 {
+		errs = append(errs, fmt.Errorf("--logstore-snapshot-timeout: %v must not be negative", c.LogStoreSnapshotTimeout))
 	}
 	if c.MaxReplicaLagBytes < 0 {
 		errs = append(errs, fmt.Errorf("--max-replica-lag-bytes: %d must not be negative", c.MaxReplicaLagBytes))

@@ -28,6 +28,9 @@ type metrics struct {
 	snapshotsStreamed prometheus.Counter
 	fences            prometheus.Counter
 	clusterMismatch   prometheus.Counter
+
+	snapshotUploads       *prometheus.CounterVec
+	snapshotUploadSeconds prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
@@ -108,13 +111,25 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		Name: "walship_cluster_mismatch_total",
 		Help: "Times this node met a peer of another cluster (a cluster id other than its own): requests and streams it refused, or that refused it. Both ids are logged.",
 	})
+	m.snapshotUploads = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "walship_primary_snapshot_uploads_total",
+		Help: "Uploads of state snapshots to the log stores by result: ok, existed (the log store held it), skipped (a newer snapshot replaced its file), error.",
+	}, []string{"result"})
+	for _, r := range []string{"ok", "existed", "skipped", "error"} {
+		m.snapshotUploads.WithLabelValues(r) // exported at 0 before the first upload
+	}
+	m.snapshotUploadSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "walship_primary_snapshot_upload_duration_seconds",
+		Help:    "Time one snapshot upload to a log store took (asking the log store, streaming, its fsync).",
+		Buckets: prometheus.ExponentialBuckets(0.01, 2, 16),
+	})
 	retention := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "walship_wal_retention_limit_bytes",
 		Help: "The primary's WAL retention limit (--wal-retention-bytes).",
 	}, func() float64 { return float64(s.cfg.WALRetentionBytes) })
 	m.collectors = []prometheus.Collector{m.commits, m.commitSeconds, m.walBatches, m.walRecords, m.fsyncSeconds, m.fsyncErrors,
 		encode, written, last, durable, visible, walBytes, m.sentBytes, m.replicaOutOfRange, m.replicaDiverged, m.snapshotsStreamed, retention,
-		m.clusterMismatch, newReplCollector(s)}
+		m.clusterMismatch, m.snapshotUploads, m.snapshotUploadSeconds, newReplCollector(s)}
 	for _, c := range m.collectors {
 		reg.MustRegister(c)
 	}

@@ -60,6 +60,7 @@ type Server struct {
 	snapMu      sync.Mutex
 	snapshotLSN atomic.Uint64
 	snaps       *recovery.SnapshotSchedule
+	uploads     snapUploads // snapshots for the log stores (snapupload.go)
 }
 
 // New opens the data directory, recovers the state (newest snapshot, then
@@ -77,6 +78,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.LeaseTimeout == 0 {
 		cfg.LeaseTimeout = DefaultLeaseTimeout
+	}
+	if cfg.LogStoreSnapshotTimeout == 0 {
+		cfg.LogStoreSnapshotTimeout = DefaultLogStoreSnapshotTimeout
 	}
 	s := &Server{
 		cfg:    cfg,
@@ -235,6 +239,19 @@ func (s *Server) Run(ctx context.Context) error {
 		shippers.Add(1)
 		go func() { defer shippers.Done(); s.shipLogStore(shipCtx, addr) }()
 	}
+	// Snapshot uploads end as soon as the stop begins: they are best effort.
+	uploadCtx, stopUploads := context.WithCancel(serveCtx)
+	defer stopUploads()
+	var uploaders sync.WaitGroup
+	if s.cfg.LogStoreSnapshotEvery >= 0 && len(s.cfg.LogStores) > 0 {
+		for _, addr := range s.cfg.LogStores {
+			kick := s.uploads.watch()
+			uploaders.Add(1)
+			go func() { defer uploaders.Done(); s.uploadSnapshots(uploadCtx, addr, kick) }()
+		}
+		uploaders.Add(1)
+		go func() { defer uploaders.Done(); s.offerRecovered() }()
+	}
 	openCtx, stopOpen := context.WithCancel(serveCtx)
 	openDone := make(chan struct{})
 	go func() {
@@ -260,6 +277,8 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	stopOpen()
 	<-openDone
+	stopUploads()
+	uploaders.Wait()
 	s.srv.SetServing(false)
 	stopSnap()
 	<-snapDone
@@ -334,5 +353,6 @@ func (s *Server) takeSnapshot() error {
 	s.snaps.Taken(written, size)
 	s.logger.Info("snapshot written", "path", path, "lsn", v.AppliedLSN(), "keys", v.Len(), "bytes", size, "took", time.Since(start),
 		"next_after_wal_bytes", s.snaps.Interval())
+	s.offerSnapshot(path, v.AppliedLSN(), uint64(v.Len()), v.Digest().String())
 	return nil
 }
