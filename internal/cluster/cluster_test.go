@@ -301,15 +301,18 @@ func fill(t *testing.T, kv walshipv1.KVServiceClient, prefix string, n, size int
 
 // TestCatchUpLadder forces each rung: a replica away while the primary's
 // tiny WAL retention drops what it needs catches up from the log store; when
-// the log store has dropped it too, from a snapshot. Each ends converged.
+// the log store has dropped it too, from the log store's newest snapshot
+// and the batches after it, without loading the primary; and with no
+// snapshot in the log store (uploads off), from the primary's snapshot.
+// Each ends converged.
 func TestCatchUpLadder(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		logstore  func(int, *logstore.Config)
-		wantRung  string
+		uploads   time.Duration // primary.Config.LogStoreSnapshotEvery
 		checkUsed func(t *testing.T, c *Cluster)
 	}{
-		{"logstore", nil, "logstore", func(t *testing.T, c *Cluster) {
+		{"logstore", nil, 0, func(t *testing.T, c *Cluster) {
 			if read := metric(t, c.LogStores[0].Registry, "walship_logstore_read_bytes_total", nil); read == 0 {
 				t.Fatal("the replica caught up but read nothing from the log store")
 			}
@@ -317,7 +320,15 @@ func TestCatchUpLadder(t *testing.T) {
 				t.Fatalf("%v snapshots sent; the log store rung should have sufficed", n)
 			}
 		}},
-		{"snapshot", func(_ int, c *logstore.Config) { c.RetentionBytes = 128 << 10 }, "snapshot", func(t *testing.T, c *Cluster) {
+		{"logstore snapshot", func(_ int, c *logstore.Config) { c.RetentionBytes = 128 << 10 }, 0, func(t *testing.T, c *Cluster) {
+			if n := metric(t, c.LogStores[0].Registry, "walship_logstore_snapshots_served_total", nil); n == 0 {
+				t.Fatal("the replica caught up without the log store's snapshot although no one kept the WAL it needed")
+			}
+			if n := metric(t, c.Primary.Registry, "walship_replication_snapshots_sent_total", nil); n != 0 {
+				t.Fatalf("%v snapshots sent by the primary; the log store's should have sufficed", n)
+			}
+		}},
+		{"primary snapshot", func(_ int, c *logstore.Config) { c.RetentionBytes = 128 << 10 }, -1, func(t *testing.T, c *Cluster) {
 			if n := metric(t, c.Primary.Registry, "walship_replication_snapshots_sent_total", nil); n == 0 {
 				t.Fatal("the replica caught up without a snapshot although no one kept the WAL it needed")
 			}
@@ -327,6 +338,7 @@ func TestCatchUpLadder(t *testing.T) {
 			c := startCluster(t, Config{LogStores: 1, Replicas: 1, LogStore: tc.logstore, Primary: func(p *primary.Config) {
 				p.WALRetentionBytes = 256 << 10
 				p.SnapshotEveryBytes = 64 << 10
+				p.LogStoreSnapshotEvery = tc.uploads
 			}})
 			kv := walshipv1.NewKVServiceClient(c.Conn(c.Primary))
 			fill(t, kv, "before", 20, 100)

@@ -157,10 +157,150 @@ func silenceGuard[M any](silence time.Duration, cancel context.CancelFunc, who s
 // errSnapshot marks a snapshot stream that broke the protocol.
 var errSnapshot = errors.New("bad snapshot stream")
 
-// reseed is the snapshot rung: it streams the primary's state, builds a new
-// store from it (checking order, count and digest), saves it as a snapshot,
-// resets the WAL to continue right after it, and swaps it in for readers.
+// reseed is the snapshot rung. It first asks the log stores, in turn, for
+// a base snapshot newer than this replica's state, and the log stores'
+// batches after it: re-seeding without loading the primary, which streams
+// its whole state otherwise. Only if no log store can (none configured,
+// none stored, not newer, or it fails) does it ask the primary. A re-seed
+// that must move the state backwards (after a divergence) asks the
+// primary: its state is the one to go back to.
 func (s *Server) reseed(ctx context.Context) (bool, error) {
+	if !s.reseedBack {
+		for _, ls := range s.logstores {
+			ok, err := s.reseedFromLogStore(ctx, ls.addr, ls.client)
+			if ok {
+				return true, err
+			}
+			if ctx.Err() != nil {
+				return false, ctx.Err()
+			}
+			s.logger.Info("not re-seeding from this log store", "logstore", ls.addr, "why", err)
+		}
+	}
+	return s.reseedFromPrimary(ctx)
+}
+
+// reseedFromLogStore re-seeds from the newest base snapshot the log store
+// at addr holds at or before its durable LSN, if it is newer than this
+// replica's state, then reads the log store's batches after it (the log
+// store rung, from the snapshot on). It reports whether the replica was
+// re-seeded; its error says why not. It takes the log store as an
+// argument so that it can be tried on each of several.
+func (s *Server) reseedFromLogStore(ctx context.Context, addr string, ls walshipv1.LogStoreServiceClient) (bool, error) {
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	start := time.Now()
+	st, err := ls.Status(rctx, &walshipv1.LogStoreServiceStatusRequest{})
+	if err != nil {
+		return false, err
+	}
+	// As on the log store rung: one that has not promised this replica's
+	// epoch may hold a deposed primary's tail, and snapshots of it.
+	if v := s.Vote(); st.GetVoteEpoch() < v.Epoch {
+		return false, fmt.Errorf("the log store %s is at epoch %d, older than this replica's %d", addr, st.GetVoteEpoch(), v.Epoch)
+	}
+	if err := s.checkPeerCluster(st.GetClusterId(), "cluster_id", "the log store "+addr); err != nil {
+		return false, err
+	}
+	applied := s.appliedLSN()
+	newest := uint64(0)
+	for _, si := range st.GetSnapshots() {
+		if si.GetLsn() <= st.GetDurableLsn() {
+			newest = max(newest, si.GetLsn())
+		}
+	}
+	if newest <= applied {
+		return false, fmt.Errorf("the log store %s holds no snapshot newer than this replica's applied LSN %d", addr, applied)
+	}
+	stream, err := ls.GetSnapshot(rctx, &walshipv1.GetSnapshotRequest{AtMostLsn: st.GetDurableLsn(), ClusterId: s.cluster.ID()})
+	if err != nil {
+		return false, err
+	}
+	recv := silenceGuard(s.silence(), cancel, "the log store "+addr+"'s snapshot stream", stream.Recv)
+	first, err := recv()
+	if err != nil {
+		return false, fmt.Errorf("snapshot header: %w", err)
+	}
+	hdr := first.GetHeader()
+	if hdr == nil {
+		return false, fmt.Errorf("%w: first message is not a header", errSnapshot)
+	}
+	// The header's epoch is that of the batch ending at its LSN: the
+	// newest entry this replica's log will hold. A log whose newest entry
+	// is of a newer epoch than that, at a lower LSN, is of another history.
+	if e := s.epoch.Load(); hdr.GetEpoch() < e {
+		return false, fmt.Errorf("the log store's snapshot at LSN %d is of epoch %d, this replica's log is at epoch %d", hdr.GetLsn(), hdr.GetEpoch(), e)
+	}
+	if hdr.GetLsn() <= applied {
+		return false, fmt.Errorf("the log store's snapshot at LSN %d is not newer than this replica's applied LSN %d", hdr.GetLsn(), applied)
+	}
+	if err := s.checkPeerCluster(hdr.GetClusterId(), "header.cluster_id", "the log store "+addr+"'s snapshot"); err != nil {
+		return false, err
+	}
+	if err := s.adoptCluster(hdr.GetClusterId(), "the log store "+addr+"'s snapshot"); err != nil {
+		return false, err
+	}
+	s.logger.Info("re-seeding from the log store's snapshot", "logstore", addr, "lsn", hdr.GetLsn(), "keys", hdr.GetKeys(), "epoch", hdr.GetEpoch())
+	store, err := buildSnapshot(s, hdr, recv)
+	if err != nil {
+		return false, err
+	}
+	if err := s.install(store, hdr.GetEpoch()); err != nil {
+		return false, err
+	}
+	s.logger.Info("re-seeded from the log store's snapshot", "logstore", addr, "lsn", hdr.GetLsn(), "keys", hdr.GetKeys(), "took", time.Since(start))
+	// Then what the log store holds after it, rather than from the primary.
+	if _, err := s.readLogStore(ctx); err != nil && !errors.Is(err, errFatal) {
+		s.logger.Info("read nothing more from the log store after its snapshot", "err", err)
+	} else if err != nil {
+		return true, err
+	}
+	return true, nil
+}
+
+// snapshotPart is a message of a snapshot stream, the primary's
+// (SnapshotResponse) or a log store's (GetSnapshotResponse).
+type snapshotPart interface {
+	GetChunk() *walshipv1.SnapshotChunk
+	GetTrailer() *walshipv1.SnapshotTrailer
+}
+
+// buildSnapshot receives the chunks and the trailer that follow hdr and
+// builds the store they describe, checking order, count and digest.
+func buildSnapshot[M snapshotPart](s *Server, hdr *walshipv1.SnapshotHeader, recv func() (M, error)) (*state.Store, error) {
+	b := state.NewBuilder(hdr.GetLsn())
+	for {
+		m, err := recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = fmt.Errorf("%w: ended without a trailer (%v)", errSnapshot, b)
+			}
+			return nil, err
+		}
+		s.lag.contact(s.now())
+		if tr := m.GetTrailer(); tr != nil {
+			st, err := b.Finish(hdr.GetKeys(), tr.GetStateDigest())
+			if err != nil {
+				return nil, fmt.Errorf("%w: %w", errSnapshot, err)
+			}
+			return st, nil
+		}
+		chunk := m.GetChunk()
+		if chunk == nil {
+			return nil, fmt.Errorf("%w: a message that is neither a chunk nor a trailer after the header", errSnapshot)
+		}
+		for _, kv := range chunk.GetKvs() {
+			if err := b.Add([]byte(kv.GetKey()), kv.GetValue(), kv.GetVersionLsn()); err != nil {
+				return nil, fmt.Errorf("%w: %w", errSnapshot, err)
+			}
+		}
+	}
+}
+
+// reseedFromPrimary streams the primary's state, builds a new store from
+// it (checking order, count and digest), saves it as a snapshot, resets
+// the WAL to continue right after it, and swaps it in for readers.
+func (s *Server) reseedFromPrimary(ctx context.Context) (bool, error) {
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	start := time.Now()
@@ -196,33 +336,9 @@ func (s *Server) reseed(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	s.logger.Info("re-seeding from the primary's snapshot", "lsn", hdr.GetLsn(), "keys", hdr.GetKeys(), "epoch", hdr.GetEpoch())
-	b := state.NewBuilder(hdr.GetLsn())
-	var digest string
-	for done := false; !done; {
-		m, err := recv()
-		if err != nil {
-			if errors.Is(err, io.EOF) {
-				err = fmt.Errorf("%w: ended without a trailer (%v)", errSnapshot, b)
-			}
-			return false, err
-		}
-		s.lag.contact(s.now())
-		switch x := m.GetPart().(type) {
-		case *walshipv1.SnapshotResponse_Chunk:
-			for _, kv := range x.Chunk.GetKvs() {
-				if err := b.Add([]byte(kv.GetKey()), kv.GetValue(), kv.GetVersionLsn()); err != nil {
-					return false, fmt.Errorf("%w: %w", errSnapshot, err)
-				}
-			}
-		case *walshipv1.SnapshotResponse_Trailer:
-			digest, done = x.Trailer.GetStateDigest(), true
-		default:
-			return false, fmt.Errorf("%w: unexpected %T after the header", errSnapshot, m.GetPart())
-		}
-	}
-	st, err := b.Finish(hdr.GetKeys(), digest)
+	st, err := buildSnapshot(s, hdr, recv)
 	if err != nil {
-		return false, fmt.Errorf("%w: %w", errSnapshot, err)
+		return false, err
 	}
 	if err := s.install(st, hdr.GetEpoch()); err != nil {
 		return false, err

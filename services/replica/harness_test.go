@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,8 +16,10 @@ import (
 	"github.com/walship/walship/pkg/codec"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -183,13 +186,63 @@ type fakeLogStore struct {
 	// voteEpoch is the epoch its Status reports; unless a test lowers it,
 	// one past every epoch the tests use (it has heard from their primaries).
 	voteEpoch atomic.Uint64
+	// snap is the base snapshot it holds (nil: none); snapCalls counts
+	// GetSnapshot calls.
+	mu        sync.Mutex
+	snap      *state.View
+	snapEpoch uint64
+	snapCalls atomic.Int32
 	// first and durable are the LSNs its Status says it holds; unless a
 	// test sets them, everything (whatever its Read then does).
 	first, durable atomic.Uint64
 }
 
 func (f *fakeLogStore) Status(context.Context, *walshipv1.LogStoreServiceStatusRequest) (*walshipv1.LogStoreServiceStatusResponse, error) {
-	return &walshipv1.LogStoreServiceStatusResponse{VoteEpoch: f.voteEpoch.Load(), FirstLsn: f.first.Load(), DurableLsn: f.durable.Load()}, nil
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	st := &walshipv1.LogStoreServiceStatusResponse{VoteEpoch: f.voteEpoch.Load(), FirstLsn: f.first.Load(), DurableLsn: f.durable.Load()}
+	if f.snap != nil {
+		st.Snapshots = []*walshipv1.SnapshotInfo{{Lsn: f.snap.AppliedLSN(), Epoch: f.snapEpoch, Keys: uint64(f.snap.Len()), StateDigest: f.snap.Digest().String()}}
+	}
+	return st, nil
+}
+
+// GetSnapshot serves the snapshot it holds, in chunks of 3 pairs.
+func (f *fakeLogStore) GetSnapshot(req *walshipv1.GetSnapshotRequest, st grpc.ServerStreamingServer[walshipv1.GetSnapshotResponse]) error {
+	f.snapCalls.Add(1)
+	f.mu.Lock()
+	v, epoch := f.snap, f.snapEpoch
+	f.mu.Unlock()
+	if v == nil {
+		return status.Error(codes.NotFound, "no snapshot is stored")
+	}
+	if at := req.GetAtMostLsn(); at != 0 && at < v.AppliedLSN() {
+		return status.Errorf(codes.OutOfRange, "no snapshot at or before LSN %d", at)
+	}
+	if err := st.Send(&walshipv1.GetSnapshotResponse{Part: &walshipv1.GetSnapshotResponse_Header{Header: &walshipv1.SnapshotHeader{
+		Epoch: epoch, Lsn: v.AppliedLSN(), Keys: uint64(v.Len()), History: []*walshipv1.EpochStart{{Epoch: epoch, FirstLsn: 1}}}}}); err != nil {
+		return err
+	}
+	var chunk []*walshipv1.KeyValue
+	var err error
+	flush := func() {
+		if len(chunk) > 0 && err == nil {
+			err = st.Send(&walshipv1.GetSnapshotResponse{Part: &walshipv1.GetSnapshotResponse_Chunk{Chunk: &walshipv1.SnapshotChunk{Kvs: chunk}}})
+			chunk = nil
+		}
+	}
+	v.Scan(nil, nil, 0, func(k, val []byte, ver uint64) bool {
+		chunk = append(chunk, &walshipv1.KeyValue{Key: string(k), Value: val, VersionLsn: ver})
+		if len(chunk) == 3 {
+			flush()
+		}
+		return true
+	})
+	flush()
+	if err != nil {
+		return err
+	}
+	return st.Send(&walshipv1.GetSnapshotResponse{Part: &walshipv1.GetSnapshotResponse_Trailer{Trailer: &walshipv1.SnapshotTrailer{StateDigest: v.Digest().String()}}})
 }
 
 func (f *fakeLogStore) Read(req *walshipv1.ReadRequest, st grpc.ServerStreamingServer[walshipv1.ReadResponse]) error {

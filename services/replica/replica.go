@@ -10,8 +10,10 @@
 // primary no longer retains the LSN it needs (OUT_OF_RANGE) it reads the gap
 // from the log store, if one is configured (rung logstore), and otherwise, or
 // when the log store cannot supply it either, re-seeds its state from a
-// snapshot streamed by the primary (rung snapshot); after both it goes back
-// to the primary. Failures reconnect with exponential backoff (50ms..2s with
+// snapshot (rung snapshot): the log store's newest base snapshot and its
+// batches after it if the log store has one newer than the replica's
+// state, else one streamed by the primary; after both it goes back to the
+// primary. Failures reconnect with exponential backoff (50ms..2s with
 // jitter). Nothing on this path ever deletes data the replica cannot get
 // back: a primary that says the replica is ahead or in a newer epoch
 // (FAILED_PRECONDITION) is logged and retried, never obeyed by wiping.

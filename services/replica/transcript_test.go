@@ -47,11 +47,14 @@ import (
 //
 //	new-primary <p>...              scripted ReplicationServices
 //	serve-snapshot <p> <h>          p's Snapshot serves h's state as of now
-//	logstore [serve=<h>] [out-of-range] [silent] [vote-epoch=E]
+//	logstore [serve=<h>] [first=N] [out-of-range] [silent] [vote-epoch=E]
 //	                                the log store (created at first use;
 //	                                then given to the replica at start):
-//	                                Read serves h's batches as of now, or
-//	                                fails OUT_OF_RANGE, or sends nothing
+//	                                Read serves h's batches as of now (none
+//	                                before LSN N: OUT_OF_RANGE), or fails
+//	                                OUT_OF_RANGE, or sends nothing
+//	logstore-snapshot <h>           the log store holds a base snapshot of
+//	                                h's state as of now
 //
 // The replica:
 //
@@ -90,6 +93,7 @@ import (
 //	wait-vote <epoch>               wait for the promise, print it
 //	metric <name> [label=value]
 //	logstore-reads                  the log store reads since the last time
+//	logstore-snapshot-calls         GetSnapshot calls the log store has had
 //	fence epoch=E candidate=ID [addr=<p>]
 //	vote-file                       the promise as saved in DataDir/vote
 //	read-log from=A to=B            the replica's own log, as a log store's
@@ -120,6 +124,7 @@ type transcript struct {
 	snapshots map[string]servedSnapshot // by primary
 	lsMode    string                    // serve, out-of-range or silent
 	lsBatches []*walshipv1.WalBatch
+	lsFirst   uint64 // Read refuses what is before it
 
 	failSave  atomic.Bool  // the next snapshot save fails
 	saveFails atomic.Int32 // snapshot saves failed so far
@@ -149,36 +154,38 @@ type command struct {
 // commands are the transcripts' commands (TestTranscripts lists them); metric
 // also takes any label=value, await-ack any condition.
 var commands = map[string]command{
-	"batch":               {1, []string{"epoch", "lsns"}, (*transcript).batch},
-	"fork":                {1, []string{"from", "at"}, (*transcript).fork},
-	"new-primary":         {-1, nil, (*transcript).newPrimaries},
-	"serve-snapshot":      {2, nil, (*transcript).serveSnapshot},
-	"logstore":            {0, []string{"serve", "out-of-range", "silent", "vote-epoch"}, (*transcript).logstore},
-	"start":               {0, []string{"primary", "fs", "heartbeat", "flush-delay"}, (*transcript).start},
-	"stop":                {0, nil, (*transcript).stop},
-	"restart":             {0, nil, (*transcript).restart},
-	"set-applied-marker":  {1, nil, (*transcript).setAppliedMarker},
-	"fail-snapshot-save":  {0, nil, (*transcript).failSnapshotSave},
-	"injected":            {0, nil, (*transcript).injected},
-	"accept":              {1, nil, (*transcript).accept},
-	"send":                {3, []string{"durable", "reply-at"}, (*transcript).send},
-	"heartbeat":           {1, []string{"epoch", "last", "durable", "reply", "primary-id"}, (*transcript).heartbeat},
-	"end":                 {1, []string{"code", "msg"}, (*transcript).end},
-	"diverged":            {1, []string{"keep", "epoch", "durable"}, (*transcript).diverged},
-	"await-ack":           {1, []string{"forbid"}, (*transcript).awaitAck},
-	"await-end":           {1, nil, (*transcript).awaitEnd},
-	"snapshot-calls":      {1, nil, (*transcript).snapshotCalls},
-	"status":              {0, nil, (*transcript).status},
-	"state":               {0, nil, (*transcript).state},
-	"get":                 {1, []string{"min-lsn", "wait"}, (*transcript).get},
-	"wait-applied":        {1, nil, (*transcript).waitApplied},
-	"wait-vote":           {1, nil, (*transcript).waitVote},
-	"metric":              {1, nil, (*transcript).metric},
-	"logstore-reads":      {0, nil, (*transcript).logstoreReads},
-	"fence":               {0, []string{"epoch", "candidate", "addr"}, (*transcript).fence},
-	"vote-file":           {0, nil, (*transcript).voteFile},
-	"read-log":            {0, []string{"from", "to"}, (*transcript).readLog},
-	"stream-from-replica": {0, nil, (*transcript).streamFromReplica},
+	"batch":                   {1, []string{"epoch", "lsns"}, (*transcript).batch},
+	"fork":                    {1, []string{"from", "at"}, (*transcript).fork},
+	"new-primary":             {-1, nil, (*transcript).newPrimaries},
+	"serve-snapshot":          {2, nil, (*transcript).serveSnapshot},
+	"logstore":                {0, []string{"serve", "first", "out-of-range", "silent", "vote-epoch"}, (*transcript).logstore},
+	"logstore-snapshot":       {1, nil, (*transcript).logstoreSnapshot},
+	"logstore-snapshot-calls": {0, nil, (*transcript).logstoreSnapshotCalls},
+	"start":                   {0, []string{"primary", "fs", "heartbeat", "flush-delay"}, (*transcript).start},
+	"stop":                    {0, nil, (*transcript).stop},
+	"restart":                 {0, nil, (*transcript).restart},
+	"set-applied-marker":      {1, nil, (*transcript).setAppliedMarker},
+	"fail-snapshot-save":      {0, nil, (*transcript).failSnapshotSave},
+	"injected":                {0, nil, (*transcript).injected},
+	"accept":                  {1, nil, (*transcript).accept},
+	"send":                    {3, []string{"durable", "reply-at"}, (*transcript).send},
+	"heartbeat":               {1, []string{"epoch", "last", "durable", "reply", "primary-id"}, (*transcript).heartbeat},
+	"end":                     {1, []string{"code", "msg"}, (*transcript).end},
+	"diverged":                {1, []string{"keep", "epoch", "durable"}, (*transcript).diverged},
+	"await-ack":               {1, []string{"forbid"}, (*transcript).awaitAck},
+	"await-end":               {1, nil, (*transcript).awaitEnd},
+	"snapshot-calls":          {1, nil, (*transcript).snapshotCalls},
+	"status":                  {0, nil, (*transcript).status},
+	"state":                   {0, nil, (*transcript).state},
+	"get":                     {1, []string{"min-lsn", "wait"}, (*transcript).get},
+	"wait-applied":            {1, nil, (*transcript).waitApplied},
+	"wait-vote":               {1, nil, (*transcript).waitVote},
+	"metric":                  {1, nil, (*transcript).metric},
+	"logstore-reads":          {0, nil, (*transcript).logstoreReads},
+	"fence":                   {0, []string{"epoch", "candidate", "addr"}, (*transcript).fence},
+	"vote-file":               {0, nil, (*transcript).voteFile},
+	"read-log":                {0, []string{"from", "to"}, (*transcript).readLog},
+	"stream-from-replica":     {0, nil, (*transcript).streamFromReplica},
 }
 
 // run runs one command, checking its arguments first (a typo must not
@@ -557,6 +564,13 @@ func (e *transcript) logstore(t *testing.T, td *datadriven.TestData) string {
 	switch {
 	case td.MaybeScanArgs(t, "serve", &from):
 		e.lsMode, e.lsBatches = "serve", append([]*walshipv1.WalBatch(nil), e.history(t, from).batches...)
+		e.lsFirst = 0
+		td.MaybeScanArgs(t, "first", &e.lsFirst)
+		if n := len(e.lsBatches); n > 0 {
+			e.ls.mu.Lock()
+			e.ls.durable.Store(max(e.ls.durable.Load(), e.lsBatches[n-1].LastLsn))
+			e.ls.mu.Unlock()
+		}
 	case td.HasArg("out-of-range"):
 		e.lsMode = "out-of-range"
 	case td.HasArg("silent"):
@@ -569,10 +583,36 @@ func (e *transcript) logstore(t *testing.T, td *datadriven.TestData) string {
 	return ""
 }
 
+// logstoreSnapshot makes the log store hold a base snapshot of h as of
+// now, of the epoch of h's newest batch.
+func (e *transcript) logstoreSnapshot(t *testing.T, td *datadriven.TestData) string {
+	if e.ls == nil {
+		e.ls = newFakeLogStore(t, e.logstoreRead)
+		e.names = append(e.names, e.ls.addr, "logstore")
+	}
+	h := e.history(t, arg(t, td, 0))
+	v := h.m.ref.Snapshot()
+	e.ls.mu.Lock()
+	defer e.ls.mu.Unlock()
+	e.ls.snap, e.ls.snapEpoch = v, h.batches[len(h.batches)-1].Epoch
+	e.ls.durable.Store(max(e.ls.durable.Load(), v.AppliedLSN()))
+	return ""
+}
+
+func (e *transcript) logstoreSnapshotCalls(t *testing.T, _ *datadriven.TestData) string {
+	if e.ls == nil {
+		t.Fatal("logstore-snapshot-calls: no log store")
+	}
+	return fmt.Sprintf("snapshot calls: %d", e.ls.snapCalls.Load())
+}
+
 func (e *transcript) logstoreRead(req *walshipv1.ReadRequest, st grpc.ServerStreamingServer[walshipv1.ReadResponse]) error {
 	e.mu.Lock()
-	mode, batches := e.lsMode, e.lsBatches
+	mode, batches, first := e.lsMode, e.lsBatches, e.lsFirst
 	e.mu.Unlock()
+	if mode == "serve" && req.GetFromLsn() < first {
+		mode = "out-of-range"
+	}
 	switch mode {
 	case "out-of-range":
 		return status.Errorf(codes.OutOfRange, "LSN %d is no longer kept", req.GetFromLsn())
