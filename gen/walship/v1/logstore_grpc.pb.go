@@ -51,8 +51,14 @@ type LogStoreServiceClient interface {
 	// any LSN from the snapshot's on (restore, re-seeding a replica).
 	PutSnapshot(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[PutSnapshotRequest, PutSnapshotResponse], error)
 	// GetSnapshot streams the newest stored snapshot at or before
-	// at_most_lsn (NOT_FOUND if none is): header, chunks, trailer, as the
-	// primary's ReplicationService.Snapshot does.
+	// at_most_lsn (NOT_FOUND if none is, OUT_OF_RANGE if every one is
+	// newer): header, chunks, trailer, as the primary's
+	// ReplicationService.Snapshot does. The header's epoch is that of the
+	// batch ending at its lsn (SnapshotInfo.epoch), its history the log's up
+	// to it. The trailer is only sent once the stored file's checksum and
+	// digest are confirmed (DATA_LOSS otherwise). The snapshot and the log
+	// after it are kept from retention until the stream ends: a restore that
+	// opens its Read from lsn + 1 before then keeps both.
 	GetSnapshot(ctx context.Context, in *GetSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GetSnapshotResponse], error)
 	// Verify reads the whole stored log and every stored snapshot, checking
 	// CRCs, LSN continuity and the epoch history, and reports what can be
@@ -176,8 +182,14 @@ type LogStoreServiceServer interface {
 	// any LSN from the snapshot's on (restore, re-seeding a replica).
 	PutSnapshot(grpc.ClientStreamingServer[PutSnapshotRequest, PutSnapshotResponse]) error
 	// GetSnapshot streams the newest stored snapshot at or before
-	// at_most_lsn (NOT_FOUND if none is): header, chunks, trailer, as the
-	// primary's ReplicationService.Snapshot does.
+	// at_most_lsn (NOT_FOUND if none is, OUT_OF_RANGE if every one is
+	// newer): header, chunks, trailer, as the primary's
+	// ReplicationService.Snapshot does. The header's epoch is that of the
+	// batch ending at its lsn (SnapshotInfo.epoch), its history the log's up
+	// to it. The trailer is only sent once the stored file's checksum and
+	// digest are confirmed (DATA_LOSS otherwise). The snapshot and the log
+	// after it are kept from retention until the stream ends: a restore that
+	// opens its Read from lsn + 1 before then keeps both.
 	GetSnapshot(*GetSnapshotRequest, grpc.ServerStreamingServer[GetSnapshotResponse]) error
 	// Verify reads the whole stored log and every stored snapshot, checking
 	// CRCs, LSN continuity and the epoch history, and reports what can be
