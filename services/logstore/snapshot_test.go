@@ -49,7 +49,7 @@ func upload(v *state.View, epoch uint64, history ...*walshipv1.EpochStart) []*wa
 		history = []*walshipv1.EpochStart{{Epoch: epoch, FirstLsn: 1}}
 	}
 	msgs := []*walshipv1.PutSnapshotRequest{{Part: &walshipv1.PutSnapshotRequest_Header{Header: &walshipv1.SnapshotHeader{
-		Epoch: epoch, Lsn: v.AppliedLSN(), Keys: uint64(v.Len()), ClusterId: "c1", History: history}}}}
+		Epoch: epoch, Lsn: v.AppliedLSN(), Keys: uint64(v.Len()), ClusterId: clusterA, History: history}}}}
 	var kvs []*walshipv1.KeyValue
 	v.Scan(nil, nil, 0, func(k, val []byte, ver uint64) bool {
 		kvs = append(kvs, &walshipv1.KeyValue{Key: string(k), Value: bytes.Clone(val), VersionLsn: ver})
@@ -182,7 +182,7 @@ func TestPutAndGetSnapshot(t *testing.T) {
 		if err != nil {
 			t.Fatalf("GetSnapshot(%d): %v", tc.atMost, err)
 		}
-		wantHdr := &walshipv1.SnapshotHeader{Epoch: 1, Lsn: tc.want, Keys: uint64(tc.view.Len()), ClusterId: "c1",
+		wantHdr := &walshipv1.SnapshotHeader{Epoch: 1, Lsn: tc.want, Keys: uint64(tc.view.Len()), ClusterId: clusterA,
 			CommitTimeUnixNano: baseTime.UnixNano(), History: []*walshipv1.EpochStart{{Epoch: 1, FirstLsn: 1}}}
 		if !proto.Equal(hdr, wantHdr) {
 			t.Fatalf("GetSnapshot(%d) header %v, want %v", tc.atMost, hdr, wantHdr)
@@ -451,7 +451,7 @@ func fence(t *testing.T, r *running, epoch uint64, candidate string) {
 // TestBaseFileLayout pins the prefix of a base snapshot file
 // (docs/FORMAT.md): magic, version, meta length, meta, CRC-32C.
 func TestBaseFileLayout(t *testing.T) {
-	hdr := &walshipv1.SnapshotHeader{Epoch: 2, Lsn: 40, Keys: 3, ClusterId: "c1", CommitTimeUnixNano: 7,
+	hdr := &walshipv1.SnapshotHeader{Epoch: 2, Lsn: 40, Keys: 3, ClusterId: clusterA, CommitTimeUnixNano: 7,
 		History: []*walshipv1.EpochStart{{Epoch: 1, FirstLsn: 1}, {Epoch: 2, FirstLsn: 31}}}
 	got, err := encodeBaseMeta(hdr)
 	if err != nil {
@@ -508,4 +508,33 @@ func FuzzDecodeBaseMeta(f *testing.F) {
 			t.Fatalf("re-encoded meta decodes to %v, %v; want %v", back, err, hdr)
 		}
 	})
+}
+
+// TestSnapshotsStayInTheirCluster: once the log store belongs to a cluster
+// (here, from a snapshot's uploader), an upload or a GetSnapshot of
+// another cluster is refused, naming both ids, and stores nothing.
+func TestSnapshotsStayInTheirCluster(t *testing.T) {
+	r := start(t, testConfig(t, t.TempDir()))
+	ap := r.append(t)
+	ap.beat(1, clusterA)
+	bs := chain(t, 1, 1, 20, 20)
+	ap.send(bs...)
+	ap.waitDurable(40)
+	r.mustPut(t, stateAt(t, bs, 20), 1)
+
+	other := upload(stateAt(t, bs, 40), 1)
+	other[0].GetHeader().ClusterId = clusterB
+	if _, err := r.put(t, other); err == nil {
+		t.Fatal("an upload of another cluster was stored")
+	} else {
+		wantCode(t, err, codes.FailedPrecondition, clusterB)
+	}
+	if st := r.status(t); len(st.Snapshots) != 1 || st.Snapshots[0].Lsn != 20 {
+		t.Fatalf("snapshots after a refused upload: %v", st.Snapshots)
+	}
+	g, err := r.ls.GetSnapshot(t.Context(), &walshipv1.GetSnapshotRequest{ClusterId: clusterB})
+	if err == nil {
+		_, err = g.Recv()
+	}
+	wantCode(t, err, codes.FailedPrecondition, clusterA)
 }

@@ -327,6 +327,12 @@ func (s *Server) putSnapshot(ctx context.Context, stream walshipv1.LogStoreServi
 	if err := checkSnapshotHeader(hdr); err != nil {
 		return nil, false, err
 	}
+	if err := checkClusterID("header.cluster_id", hdr.GetClusterId()); err != nil {
+		return nil, false, err
+	}
+	if err := s.refuseOtherCluster(hdr.GetClusterId(), "the snapshot's uploader"); err != nil {
+		return nil, false, err
+	}
 	if v := s.vote.Load(); hdr.GetEpoch() < v.Epoch {
 		return nil, false, refuse(rpcerr.ErrStaleEpoch, "header.epoch: stale epoch %d, log store is at epoch %d%s", hdr.GetEpoch(), v.Epoch, primaryName(*v))
 	}
@@ -612,6 +618,12 @@ func (h *logStoreServer) GetSnapshot(req *walshipv1.GetSnapshotRequest, stream w
 }
 
 func (s *Server) getSnapshot(ctx context.Context, req *walshipv1.GetSnapshotRequest, stream walshipv1.LogStoreService_GetSnapshotServer) error {
+	if err := checkClusterID("cluster_id", req.GetClusterId()); err != nil {
+		return err
+	}
+	if err := s.refuseOtherCluster(req.GetClusterId(), "the request"); err != nil {
+		return err
+	}
 	b, p, err := s.pinSnapshot(req.GetAtMostLsn())
 	if err != nil {
 		return err

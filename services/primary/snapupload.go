@@ -128,6 +128,7 @@ func (s *Server) offerSnapshot(path string, lsn, keys uint64, digest string) {
 		Keys:               keys,
 		CommitTimeUnixNano: env.CommitTimeUnixNano,
 		History:            s.epochs.Cut(lsn).Proto(),
+		ClusterId:          s.cluster.ID(),
 	}})
 }
 
