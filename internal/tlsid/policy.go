@@ -107,9 +107,11 @@ func DefaultPolicy(td string, r Reflection) string {
 	// bench) dial as their nodes.
 	add("clients", class(ClassClient, ClassAdmin, ClassNode), "/walship.v1.KVService/*")
 	add("admins", class(ClassAdmin), "/walship.v1.AdminService/*")
-	// Checking an archive (walship ctl verify) reads what it holds, as a
-	// node may, and writes nothing.
-	add("verify", class(ClassAdmin), "/walship.v1.LogStoreService/Verify")
+	// Checking an archive (walship ctl verify) and restoring from it
+	// (walship restore) read what it holds, as a node may, and write
+	// nothing there.
+	add("archive", class(ClassAdmin), "/walship.v1.LogStoreService/Verify",
+		"/walship.v1.LogStoreService/Read", "/walship.v1.LogStoreService/GetSnapshot")
 	reflection := []string{"/grpc.reflection.v1.ServerReflection/*", "/grpc.reflection.v1alpha.ServerReflection/*"}
 	switch r {
 	case ReflectionAll, "":

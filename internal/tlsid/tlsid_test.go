@@ -294,6 +294,13 @@ func TestAuthzDefaultPolicy(t *testing.T) {
 			}
 			_, err = a.Recv()
 			return err
+		case "GetSnapshot":
+			g, err := walshipv1.NewLogStoreServiceClient(cc).GetSnapshot(ctx, &walshipv1.GetSnapshotRequest{})
+			if err != nil {
+				return err
+			}
+			_, err = g.Recv()
+			return err
 		case "Verify":
 			_, err := walshipv1.NewLogStoreServiceClient(cc).Verify(ctx, &walshipv1.VerifyRequest{})
 			return err
@@ -323,6 +330,10 @@ func TestAuthzDefaultPolicy(t *testing.T) {
 		{URI("td", ClassLogStore, "ls0"), "Read", true}, // a log store refills from its peers
 		{URI("td", ClassLogStore, "ls0"), "Append", false},
 		{URI("td", ClassClient, "app"), "Read", false},
+		{URI("td", ClassAdmin, "ops"), "Read", true}, // walship restore
+		{URI("td", ClassAdmin, "ops"), "GetSnapshot", true},
+		{URI("td", ClassClient, "app"), "GetSnapshot", false},
+		{URI("td", ClassAdmin, "ops"), "Append", false},
 		{URI("td", ClassAdmin, "ops"), "SetPolicy", true},
 		{URI("td", ClassAdmin, "ops"), "Promote", true},
 		{URI("td", ClassAdmin, "ops"), "Promote force", true},
