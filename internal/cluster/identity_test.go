@@ -50,13 +50,13 @@ func TestNodesOfAnotherClusterAreRefused(t *testing.T) {
 	}
 
 	// A candidate of A fences B's nodes.
-	bVote := logStoreStatus(t, b).VoteEpoch
+	bVote := logStoreStatus(t, b, 0).VoteEpoch
 	for _, n := range []*Node{b.LogStores[0], b.Replicas[0], b.Primary} {
 		_, err := walshipv1.NewEpochServiceClient(b.Conn(n)).Fence(ctx, &walshipv1.FenceRequest{Epoch: bVote + 10, CandidateId: "replica-0",
 			CandidateAddr: a.Replicas[0].Addr, ClusterId: idA})
 		wantMismatch(t, n.Name+" fenced by a candidate of another cluster", err, idB, idA, "the candidate replica-0 is of cluster "+idA)
 	}
-	if st := logStoreStatus(t, b); st.VoteEpoch != bVote {
+	if st := logStoreStatus(t, b, 0); st.VoteEpoch != bVote {
 		t.Fatalf("B's log store promised epoch %d to a candidate of A", st.VoteEpoch)
 	}
 	if _, err := walshipv1.NewKVServiceClient(b.Conn(b.Primary)).Put(ctx, &walshipv1.PutRequest{Key: "still", Value: []byte("B")}); err != nil {
@@ -168,15 +168,6 @@ func clusterID(t *testing.T, c *Cluster) string {
 		}
 	}
 	return id
-}
-
-func logStoreStatus(t *testing.T, c *Cluster) *walshipv1.LogStoreServiceStatusResponse {
-	t.Helper()
-	st, err := walshipv1.NewLogStoreServiceClient(c.Conn(c.LogStores[0])).Status(t.Context(), &walshipv1.LogStoreServiceStatusRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return st
 }
 
 // wantMismatch checks err is a cluster mismatch refusal, FAILED_PRECONDITION
