@@ -11,7 +11,10 @@ import (
 	"github.com/walship/walship/internal/cluster"
 	"github.com/walship/walship/internal/recovery"
 	"github.com/walship/walship/internal/restore"
+	"github.com/walship/walship/internal/testkit"
 	"github.com/walship/walship/internal/vfs"
+	"github.com/walship/walship/services/logstore"
+	"github.com/walship/walship/services/primary"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -33,7 +36,18 @@ type point struct {
 // store holds them all.
 func history(t *testing.T, n int) (*cluster.Cluster, []point) {
 	t.Helper()
-	c, err := cluster.Start(t.Context(), cluster.Config{Dir: t.TempDir(), LogStores: 1})
+	c := startCluster(t, cluster.Config{LogStores: 1})
+	var points []point
+	for i := range n {
+		points = append(points, write(t, c, c.Primary, i, 2))
+	}
+	return c, points
+}
+
+func startCluster(t *testing.T, cfg cluster.Config) *cluster.Cluster {
+	t.Helper()
+	cfg.Dir = t.TempDir()
+	c, err := cluster.Start(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,36 +56,42 @@ func history(t *testing.T, n int) (*cluster.Cluster, []point) {
 			t.Error(err)
 		}
 	})
-	kv := walshipv1.NewKVServiceClient(c.Conn(c.Primary))
+	return c
+}
+
+// write commits the i-th write of a history on the primary n (a put of a
+// value of size bytes, or every fifth a delete, over 17 keys), waiting for
+// the log store majority, and returns what the primary shows after it.
+func write(t *testing.T, c *cluster.Cluster, n *cluster.Node, i, size int) point {
+	t.Helper()
+	kv := walshipv1.NewKVServiceClient(c.Conn(n))
 	sync := &walshipv1.CommitPolicy{Logstore: walshipv1.LogStoreAck_LOG_STORE_ACK_SYNC}
-	var points []point
-	for i := range n {
-		key := fmt.Sprintf("k%02d", i%17)
-		var lsn uint64
-		if i%5 == 4 {
-			r, err := kv.Delete(t.Context(), &walshipv1.DeleteRequest{Key: key, Policy: sync})
-			if err != nil {
-				t.Fatal(err)
-			}
-			lsn = r.Lsn
-		} else {
-			r, err := kv.Put(t.Context(), &walshipv1.PutRequest{Key: key, Value: []byte(fmt.Sprintf("v%d", i)), Policy: sync})
-			if err != nil {
-				t.Fatal(err)
-			}
-			lsn = r.Lsn
-		}
-		st, err := c.Status(t.Context(), c.Primary)
+	key := fmt.Sprintf("k%02d", i%17)
+	var lsn uint64
+	if i%5 == 4 {
+		r, err := kv.Delete(t.Context(), &walshipv1.DeleteRequest{Key: key, Policy: sync})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.VisibleLsn != lsn {
-			t.Fatalf("after the commit at LSN %d the primary shows LSN %d", lsn, st.VisibleLsn)
+		lsn = r.Lsn
+	} else {
+		value := fmt.Appendf(nil, "v%d-", i)
+		value = append(value, make([]byte, max(0, size-len(value)))...)
+		r, err := kv.Put(t.Context(), &walshipv1.PutRequest{Key: key, Value: value, Policy: sync})
+		if err != nil {
+			t.Fatal(err)
 		}
-		// The next batch is made after at: its commit time is later.
-		points = append(points, point{lsn: lsn, digest: st.StateDigest, keys: st.Keys, at: time.Now()})
+		lsn = r.Lsn
 	}
-	return c, points
+	st, err := c.Status(t.Context(), n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.VisibleLsn != lsn {
+		t.Fatalf("after the commit at LSN %d the primary shows LSN %d", lsn, st.VisibleLsn)
+	}
+	// The next batch is made after at: its commit time is later.
+	return point{lsn: lsn, digest: st.StateDigest, keys: st.Keys, at: time.Now()}
 }
 
 // checkDir opens a restored directory as a node would and checks its
@@ -170,5 +190,104 @@ func TestDryRunWritesNothing(t *testing.T) {
 	}
 	if _, err := vfs.OS.Stat(dir); err == nil {
 		t.Fatal("a dry run created the data directory")
+	}
+}
+
+// TestRestoreFromABaseSnapshot: a log store whose retention removed the
+// start of the log keeps the primary's base snapshots: a restore to an LSN,
+// a time or latest after the oldest of them starts from one and gives the
+// primary's digest there; a target before it fails, naming what is held.
+func TestRestoreFromABaseSnapshot(t *testing.T) {
+	c := startCluster(t, cluster.Config{LogStores: 1,
+		Primary:  func(p *primary.Config) { p.SnapshotEveryBytes = 64 << 10 },
+		LogStore: func(_ int, l *logstore.Config) { l.SegmentBytes, l.RetentionBytes = 16<<10, 96<<10 }})
+	var points []point
+	for i := range 400 {
+		points = append(points, write(t, c, c.Primary, i, 1000))
+	}
+	ls := walshipv1.NewLogStoreServiceClient(c.Conn(c.LogStores[0]))
+	var st *walshipv1.LogStoreServiceStatusResponse
+	testkit.UntilWithin(t, 30*time.Second, "the log store to hold a snapshot and to have cut the log before it", func() bool {
+		var err error
+		st, err = ls.Status(t.Context(), &walshipv1.LogStoreServiceStatusRequest{})
+		return err == nil && len(st.Snapshots) > 0 && st.FirstLsn > points[0].lsn+1
+	})
+	oldest := st.Snapshots[0].Lsn
+	var after []point // points a snapshot can reach
+	for _, p := range points {
+		if p.lsn >= oldest {
+			after = append(after, p)
+		}
+	}
+	if len(after) < 3 {
+		t.Fatalf("the oldest snapshot is at LSN %d, too close to the end (%d)", oldest, points[len(points)-1].lsn)
+	}
+	addrs := []string{c.LogStores[0].Addr}
+	for _, tc := range []struct {
+		name   string
+		target restore.Target
+		want   point
+	}{
+		{"lsn", restore.AtLSN(after[len(after)/2].lsn), after[len(after)/2]},
+		{"time", restore.AtTime(after[1].at), after[1]},
+		{"latest", restore.AtLatest(), points[len(points)-1]},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "restored")
+			res, err := restore.Run(t.Context(), restore.Options{LogStores: addrs, DataDir: dir, Target: tc.target})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Snapshot == nil || res.Snapshot.Lsn > tc.want.lsn {
+				t.Fatalf("restore to %s started from snapshot %v", tc.target, res.Snapshot)
+			}
+			if res.LSN != tc.want.lsn || res.Digest != tc.want.digest {
+				t.Fatalf("restore to %s reached LSN %d, digest %s; want LSN %d, digest %s", tc.target, res.LSN, res.Digest, tc.want.lsn, tc.want.digest)
+			}
+			checkDir(t, dir, tc.want)
+		})
+	}
+	t.Run("outside retention", func(t *testing.T) {
+		_, err := restore.Run(t.Context(), restore.Options{LogStores: addrs, DataDir: filepath.Join(t.TempDir(), "r"), Target: restore.AtLSN(points[0].lsn)})
+		if status.Code(err) != codes.OutOfRange || !strings.Contains(err.Error(), fmt.Sprintf("snapshots at %d", oldest)) {
+			t.Fatalf("restore to LSN %d, before the oldest snapshot (%d) and the log (from %d): %v; want OUT_OF_RANGE naming what is held", points[0].lsn, oldest, st.FirstLsn, err)
+		}
+	})
+}
+
+// TestRestoreAcrossAFailover: writes in epoch 1, a switchover, writes in
+// epoch 2: restores to a point of either epoch give the digest the primary
+// of that epoch reported, and the lineage names both epochs.
+func TestRestoreAcrossAFailover(t *testing.T) {
+	c := startCluster(t, cluster.Config{LogStores: 1, Replicas: 1, Failover: true})
+	var points []point
+	for i := range 20 {
+		points = append(points, write(t, c, c.Primary, i, 10))
+	}
+	resp, err := walshipv1.NewAdminServiceClient(c.Conn(c.Primary)).Switchover(t.Context(), &walshipv1.SwitchoverRequest{Target: c.Replicas[0].Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 20; i < 40; i++ {
+		points = append(points, write(t, c, c.Replicas[0], i, 10))
+	}
+	addrs := []string{c.LogStores[0].Addr}
+	for _, want := range []point{points[10], points[39]} {
+		dir := filepath.Join(t.TempDir(), "r")
+		res, err := restore.Run(t.Context(), restore.Options{LogStores: addrs, DataDir: dir, Target: restore.AtLSN(want.lsn)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Digest != want.digest {
+			t.Fatalf("restore to LSN %d: digest %s, the primary's was %s", want.lsn, res.Digest, want.digest)
+		}
+		checkDir(t, dir, want)
+	}
+	res, err := restore.Run(t.Context(), restore.Options{LogStores: addrs, DataDir: filepath.Join(t.TempDir(), "r"), Target: restore.AtLatest()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Lineage) < 2 || res.Lineage.Current().Epoch != resp.Epoch || res.Digest != points[39].digest {
+		t.Fatalf("latest across the switchover: lineage %v, digest %s; want epoch %d last, digest %s", res.Lineage, res.Digest, resp.Epoch, points[39].digest)
 	}
 }
