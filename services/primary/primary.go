@@ -220,46 +220,24 @@ func (s *Server) Run(ctx context.Context) error {
 	defer stopCommitter()
 	committerDone := make(chan error, 1)
 	go func() { committerDone <- s.pipe.committer(commitCtx) }()
-	snapCtx, stopSnap := context.WithCancel(context.Background())
-	snapDone := make(chan struct{})
-	go func() {
-		defer close(snapDone)
-		s.snaps.Run(snapCtx, s.logger, func() error {
+	stopSnap := background(context.Background(), func(ctx context.Context) {
+		s.snaps.Run(ctx, s.logger, func() error {
 			if err := s.takeSnapshot(); err != nil {
 				return err
 			}
 			s.enforceRetention()
 			return nil
 		})
-	}()
-
-	shipCtx, stopShipping := context.WithCancel(context.Background())
-	var shippers sync.WaitGroup
-	for _, addr := range s.cfg.LogStores {
-		shippers.Add(1)
-		go func() { defer shippers.Done(); s.shipLogStore(shipCtx, addr) }()
-	}
+	})
+	stopShipping := background(context.Background(), s.shipToLogStores)
 	// Snapshot uploads end as soon as the stop begins: they are best effort.
-	uploadCtx, stopUploads := context.WithCancel(serveCtx)
+	stopUploads := background(serveCtx, s.uploadToLogStores)
 	defer stopUploads()
-	var uploaders sync.WaitGroup
-	if s.cfg.LogStoreSnapshotEvery >= 0 && len(s.cfg.LogStores) > 0 {
-		for _, addr := range s.cfg.LogStores {
-			kick := s.uploads.watch()
-			uploaders.Add(1)
-			go func() { defer uploaders.Done(); s.uploadSnapshots(uploadCtx, addr, kick) }()
-		}
-		uploaders.Add(1)
-		go func() { defer uploaders.Done(); s.offerRecovered() }()
-	}
-	openCtx, stopOpen := context.WithCancel(serveCtx)
-	openDone := make(chan struct{})
-	go func() {
-		defer close(openDone)
-		if err := s.openEpoch(openCtx); err != nil && openCtx.Err() == nil && s.pipe.alive.Err() == nil {
+	stopOpen := background(serveCtx, func(ctx context.Context) {
+		if err := s.openEpoch(ctx); err != nil && ctx.Err() == nil && s.pipe.alive.Err() == nil {
 			s.logger.Error("cannot open the epoch", "epoch", s.epoch, "err", err)
 		}
-	}()
+	})
 	s.logger.Info("primary serving", "addr", s.Addr(), "metrics", s.MetricsAddr(), "cluster_id", s.cluster.ID(), "epoch", s.epoch, "id", s.cfg.ID,
 		"visible_lsn", s.pipe.visible.Load(), "durability", s.cfg.Policy.Durability.String())
 
@@ -276,17 +254,13 @@ func (s *Server) Run(ctx context.Context) error {
 		fatal = <-committerDone
 	}
 	stopOpen()
-	<-openDone
 	stopUploads()
-	uploaders.Wait()
 	s.srv.SetServing(false)
 	stopSnap()
-	<-snapDone
 	// The committer synced everything; give log stores a moment to take the
 	// tail before the WAL closes (their acks are not waited for: async
 	// archiving, and sync commits already waited).
 	stopShipping()
-	shippers.Wait()
 	// No snapshot after a deposition: its state may hold a tail the new
 	// primary does not have, which the rejoining replica cuts from its WAL.
 	if fatal == nil {
@@ -300,6 +274,40 @@ func (s *Server) Run(ctx context.Context) error {
 	s.pipe.killAlive()
 	s.metrics.unregister()
 	return errors.Join(fatal, serveErr)
+}
+
+// background runs fn in a goroutine of its own with a context derived from
+// parent; the stop it returns cancels that context and waits for fn to
+// return (calling it again does nothing more).
+func background(parent context.Context, fn func(ctx context.Context)) (stop func()) {
+	ctx, cancel := context.WithCancel(parent)
+	done := make(chan struct{})
+	go func() { defer close(done); fn(ctx) }()
+	return func() { cancel(); <-done }
+}
+
+// shipToLogStores keeps every log store fed (shipLogStore) until ctx ends.
+func (s *Server) shipToLogStores(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, addr := range s.cfg.LogStores {
+		wg.Go(func() { s.shipLogStore(ctx, addr) })
+	}
+	wg.Wait()
+}
+
+// uploadToLogStores uploads the primary's snapshots to every log store
+// (uploadSnapshots), and the one it recovered from, until ctx ends.
+func (s *Server) uploadToLogStores(ctx context.Context) {
+	if s.cfg.LogStoreSnapshotEvery < 0 || len(s.cfg.LogStores) == 0 {
+		return
+	}
+	var wg sync.WaitGroup
+	for _, addr := range s.cfg.LogStores {
+		kick := s.uploads.watch()
+		wg.Go(func() { s.uploadSnapshots(ctx, addr, kick) })
+	}
+	wg.Go(s.offerRecovered)
+	wg.Wait()
 }
 
 // enforceRetention removes WAL segments once the WAL passes 80% of
