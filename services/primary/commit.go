@@ -14,12 +14,12 @@ import (
 	"github.com/walship/walship/pkg/codec"
 )
 
-// committer writes the transactions that need no local fsync as soon as
-// they are queued (with whatever is queued with them): it takes every
-// queued transaction, builds batches of whole transactions, encodes each
-// batch once and writes them with one call. It runs the syncer goroutine,
-// which writes the transactions that need an fsync as a group right before
-// it (writeMu serialises the two writers). Async commits are acknowledged
+// committer is the WAL's one writer. It writes the transactions that need
+// no local fsync as soon as they are queued (with whatever is queued with
+// them), and, when the syncer asks (writeNow), those that need one, as a
+// group right before its fsync: it takes every queued transaction, builds
+// batches of whole transactions, encodes each batch once and writes them
+// with one call. It runs the syncer goroutine. Async commits are acknowledged
 // after the write and synced by the flush timer within AsyncFlushInterval.
 // A WAL error is fatal: every waiting and later commit fails with it and
 // committer returns it. When ctx ends (after the gRPC server has drained
@@ -45,14 +45,17 @@ func (p *pipeline) committer(ctx context.Context) error {
 	var spare []*txn
 	for {
 		stop, due := false, false
+		var asked chan<- error
 		select {
 		case <-p.wakeCommitter:
+		case asked = <-p.writeNow:
+			// The syncer is about to fsync: its group is written now.
 		case <-flush.C:
 			armed, due = false, true
 		case <-ctx.Done():
 			stop = true
 		case cut := <-p.cuts:
-			// Retention, serialised with the writes by writeMu.
+			// Retention: this goroutine alone writes and cuts the WAL.
 			p.truncateWAL(cut)
 		case err := <-syncerDone:
 			// A write or an fsync of the syncer's failed; its waiters
@@ -65,11 +68,13 @@ func (p *pipeline) committer(ctx context.Context) error {
 			return finish(p.err())
 		}
 		async, needSync, err := p.writeQueue(&spare)
+		if asked != nil {
+			asked <- err
+		} else if needSync {
+			poke(p.wakeSyncer)
+		}
 		if err != nil {
 			return finish(err)
-		}
-		if needSync {
-			poke(p.wakeSyncer)
 		}
 		if async && !armed {
 			flush.Reset(p.cfg.AsyncFlushInterval)
@@ -96,7 +101,7 @@ func (p *pipeline) committer(ctx context.Context) error {
 // it syncs what is left and returns. A failed write or fsync fails every
 // waiter and is returned.
 func (p *pipeline) syncer(ctx context.Context) error {
-	var spare []*txn
+	asked := make(chan error, 1)
 	for {
 		stop := false
 		select {
@@ -111,8 +116,10 @@ func (p *pipeline) syncer(ctx context.Context) error {
 			}
 			// Async commits queued with the group are acknowledged at the
 			// write, as the committer's are, and synced by the fsync below.
-			if _, _, err := p.writeQueue(&spare); err != nil {
-				return err
+			if !stop {
+				if err := p.askWrite(ctx, asked); err != nil {
+					return err
+				}
 			}
 			// The write woke the replica and log store streams, and the
 			// fsync below would hold this goroutine's P until the runtime
@@ -137,15 +144,26 @@ func (p *pipeline) syncer(ctx context.Context) error {
 	}
 }
 
-// writeQueue takes every queued transaction and writes it, under writeMu,
-// with *spare as the queue's next array (the taken one becomes the next
-// spare, even when empty). The syncer calls it right before each fsync, so
-// that a group of durable commits becomes one entry (up to MaxBatchBytes);
-// the committer when a commit needs no fsync. It reports commit's async and
-// needSync; a failed write fails the transactions and is returned.
+// askWrite has the committer write what is queued now, and returns the
+// write's error. When ctx ends first the committer is stopping (it wrote
+// everything before it stopped the syncer): there is nothing to write.
+func (p *pipeline) askWrite(ctx context.Context, asked chan error) error {
+	select {
+	case p.writeNow <- asked:
+		return <-asked
+	case <-ctx.Done():
+		return nil
+	}
+}
+
+// writeQueue takes every queued transaction and writes it, with *spare as
+// the queue's next array (the taken one becomes the next spare, even when
+// empty). Only the committer calls it: when a commit needs no fsync, and
+// when the syncer asks right before its fsync, so that a group of durable
+// commits becomes one entry (up to MaxBatchBytes). It reports commit's
+// async and needSync; a failed write fails the transactions and is
+// returned.
 func (p *pipeline) writeQueue(spare *[]*txn) (async, needSync bool, err error) {
-	p.writeMu.Lock()
-	defer p.writeMu.Unlock()
 	batch := p.takeQueue(*spare)
 	defer func() {
 		clear(batch)
@@ -395,11 +413,9 @@ func (p *pipeline) syncWAL() error {
 }
 
 // truncateWAL removes the WAL segments wholly before cut (retention). Only
-// the committer calls it, holding writeMu.
+// the committer calls it: it alone writes the WAL.
 func (p *pipeline) truncateWAL(cut uint64) {
-	p.writeMu.Lock()
 	removed, err := p.wal.TruncateBefore(cut)
-	p.writeMu.Unlock()
 	if errors.Is(err, wal.ErrBroken) {
 		// A failed fsync of the directory or the segments: what is on
 		// disk is unknown, as after any failed fsync.

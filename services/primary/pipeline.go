@@ -21,13 +21,13 @@ import (
 //	              earlier write (the overlay), LSNs assigned, records
 //	              staged in the overlay, the txn queued for a writer and
 //	              appended to unresolved (visMu).
-//	written       a writer takes the queue under writeMu and appends it to
-//	              the WAL, whole transactions per batch, each batch
-//	              encoded once: the committer at once for a txn that needs
-//	              no fsync (it is acknowledged locally now), the syncer
-//	              right before its fsync for one that does (so a group
-//	              commit is one WAL entry). Streams to replicas and log
-//	              stores see the entry as soon as it is appended.
+//	written       the committer, the one writer, takes the queue and
+//	              appends it to the WAL, whole transactions per batch,
+//	              each batch encoded once: at once for a txn that needs no
+//	              fsync (it is acknowledged locally now), and when the
+//	              syncer asks, right before its fsync, for one that does
+//	              (so a group commit is one WAL entry). Streams to replicas
+//	              and log stores see the entry as soon as it is appended.
 //	durable       the syncer's fsync covers it; wakeDurable acknowledges
 //	              its local wait.
 //	acknowledged  its policy is met: locally (written or durable), then
@@ -40,25 +40,29 @@ import (
 //	              write before its writer heard that it committed.
 //
 // Goroutines. A KV handler sequences its transaction and waits for it
-// (await); it never writes the WAL. The committer (run) writes what needs
-// no fsync, makes retention's cuts and runs the async flush timer. The
-// syncer gathers a group (group commit), writes it and fsyncs. Replica and
-// log store streams only read: the WAL, and the hints in want.
+// (await); it never writes the WAL. The committer (committer) owns the
+// WAL's writes: it writes what needs no fsync at once, writes a group
+// when the syncer asks, makes retention's cuts and runs the async flush
+// timer. The syncer gathers a group (group commit), has the committer
+// write it (writeNow) and fsyncs. Replica and log store streams only
+// read: the WAL, and the hints in want.
 //
-// Who touches the WAL: Append — the committer or the syncer, holding
-// writeMu; Sync — the syncer (and a deposed primary's Fence, once nothing
-// more is written); TruncateBefore — the committer, holding writeMu.
-// Readers (NewReader, LastLSN, DurableLSN, Wait) are safe anywhere.
+// Who touches the WAL: Append and TruncateBefore — the committer alone;
+// Sync — the syncer (and a deposed primary's Fence, once nothing more is
+// written). Readers (NewReader, LastLSN, DurableLSN, Wait) are safe
+// anywhere.
 //
-// Lock order: writeMu → seqMu → visMu, and writeMu → durMu. No one holds
-// seqMu or visMu while waiting for anything but these locks; visMu and
-// durMu are leaves (apart from the store's, the overlay's and the
-// watermarks' own locks). peers.mu is taken alone.
+// Lock order: seqMu → visMu. durMu is taken alone; no one holds seqMu or
+// visMu while waiting for anything but these locks; visMu and durMu are
+// leaves (apart from the store's, the overlay's and the watermarks' own
+// locks). peers.mu is taken alone.
 //
 // Wake-ups, each a channel of one pending token (poke): sequence wakes the
-// committer (wakeCommitter) or the syncer (wakeSyncer); the committer's
-// flush timer and syncThrough ask the syncer for an fsync (flushNow);
-// retention hands the committer a cut (cuts); fail closes failed.
+// committer (wakeCommitter) or the syncer (wakeSyncer); the syncer asks
+// the committer to write its group and waits for the answer (writeNow);
+// the committer's flush timer and syncThrough ask the syncer for an fsync
+// (flushNow); retention hands the committer a cut (cuts); fail closes
+// failed.
 type pipeline struct {
 	// Fixed before run starts.
 	cfg     Config // MaxBatchBytes, Codec, AsyncFlushInterval, WALRetentionBytes
@@ -70,7 +74,7 @@ type pipeline struct {
 	logger  *slog.Logger
 	metrics *metrics
 	index   *lsnIndex // where batches end in bytes and when they were made, for lag
-	// written is called once per written group (under writeMu): the
+	// written is called once per written group, by the committer: the
 	// snapshot schedule's tick.
 	written func()
 	// stopped is called once, by fail: the primary stops serving.
@@ -101,9 +105,8 @@ type pipeline struct {
 	// reads (lastSequenced).
 	handover atomic.Bool
 
-	// The writer's, under writeMu: whoever holds it takes the queue and
-	// writes it, so that entries reach the WAL in LSN order.
-	writeMu         sync.Mutex
+	// The committer's: it alone takes the queue and writes it, so that
+	// entries reach the WAL in LSN order.
 	batch           codec.Batch
 	payload         []byte
 	entries         []wal.Entry
@@ -125,6 +128,7 @@ type pipeline struct {
 
 	wakeCommitter chan struct{}
 	wakeSyncer    chan struct{}
+	writeNow      chan chan<- error // the syncer asks the committer to write its group
 	flushNow      chan struct{}
 	cuts          chan uint64   // retention cut points, for the committer to make
 	failed        chan struct{} // closed by fail, with broken set
@@ -145,6 +149,7 @@ func newPipeline(cfg Config, w *wal.Log, store *state.Store, pe *peers, logger *
 		stopped:       func() {},
 		wakeCommitter: make(chan struct{}, 1),
 		wakeSyncer:    make(chan struct{}, 1),
+		writeNow:      make(chan chan<- error),
 		flushNow:      make(chan struct{}, 1),
 		cuts:          make(chan uint64, 1),
 		failed:        make(chan struct{}),

@@ -170,8 +170,8 @@ func (p *pipeline) enqueueLocked(t *txn) {
 }
 
 // takeQueue takes every queued transaction, leaving spare (emptied) in its
-// place. The caller holds writeMu and writes them before releasing it, so
-// that entries reach the WAL in LSN order.
+// place. Only the committer calls it, and writes them before it takes the
+// queue again, so that entries reach the WAL in LSN order.
 func (p *pipeline) takeQueue(spare []*txn) []*txn {
 	p.seqMu.Lock()
 	defer p.seqMu.Unlock()

@@ -11,9 +11,9 @@ import (
 // streams: which batches hold commits that wait for those peers, so that a
 // stream asks its peer to answer at once rather than after the peer's
 // flush delay. Each is the last LSN of the newest such batch, and only
-// grows: the writer sets them (note) as it encodes a batch, in LSN order
-// under writeMu, before the batch can be shipped; the syncer sets flushAsk as it starts a group's
-// fsync; the streams read them.
+// grows: the committer sets them (note) as it encodes a batch, in LSN
+// order, before the batch can be shipped; the syncer sets flushAsk as it
+// starts a group's fsync; the streams read them.
 type wants struct {
 	// replica[level]: a commit waits for replicas at that stage and no
 	// local fsync groups it (async durability, or stage write).
