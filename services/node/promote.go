@@ -12,6 +12,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/backoff"
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/envelope"
 	"github.com/walship/walship/internal/rpcerr"
@@ -697,7 +698,7 @@ func (n *Node) carryOut(ctx context.Context, p *plan) error {
 	// Copy what the donor has beyond this log.
 	if p.donor.lastLSN > log.LastLSN() {
 		own = own.Cut(log.LastLSN())
-		records, bytes, err := copyFrom(ctx, p.donor.addr, log, p.donor.lastLSN, own.Current().Epoch, p.cluster)
+		records, bytes, err := copyFromRetrying(ctx, p.donor.addr, log, p.donor.lastLSN, own.Current().Epoch, p.cluster)
 		if err != nil {
 			return fmt.Errorf("catch up from %s: %w", p.donor.id, err)
 		}
@@ -739,13 +740,44 @@ func (n *Node) carryOut(ctx context.Context, p *plan) error {
 	return nil
 }
 
+// donorPatience is how long a catch-up keeps retrying a donor that is
+// unreachable: a node that answered the survey may be restarting its
+// server as it changes role (a superseded candidate that now follows the
+// newer one), which takes milliseconds.
+const donorPatience = 5 * time.Second
+
+// copyFromRetrying is copyFrom, resumed from the log's end after an
+// UNAVAILABLE (the donor unreachable, or its stream cut) until
+// donorPatience has passed without progress.
+func copyFromRetrying(ctx context.Context, addr string, log *wal.Log, last, epoch uint64, cluster string) (records, bytes uint64, err error) {
+	var bo backoff.Backoff
+	since := time.Now()
+	for {
+		before := log.LastLSN()
+		r, b, e, err := copyFrom(ctx, addr, log, last, epoch, cluster)
+		records, bytes, epoch = records+r, bytes+b, e
+		if err == nil || status.Code(err) != codes.Unavailable {
+			return records, bytes, err
+		}
+		if log.LastLSN() > before {
+			since = time.Now()
+		}
+		if time.Since(since) > donorPatience || !bo.Wait(ctx) {
+			return records, bytes, err
+		}
+	}
+}
+
 // copyFrom reads the batches after log's end up to last from addr (a log
 // store, or a replica serving its log) and appends them, checked; the
-// donor refuses if it is not of cluster (when both know theirs).
-func copyFrom(ctx context.Context, addr string, log *wal.Log, last, epoch uint64, cluster string) (records, bytes uint64, err error) {
+// donor refuses if it is not of cluster (when both know theirs). epoch is
+// the epoch of log's newest entry; it returns that of the newest one it
+// appended (or epoch).
+func copyFrom(ctx context.Context, addr string, log *wal.Log, last, epoch uint64, cluster string) (records, bytes, newest uint64, err error) {
+	newest = epoch
 	conn, err := dial(addr)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, newest, err
 	}
 	defer conn.Close()
 	rctx, cancel := context.WithTimeout(ctx, time.Minute)
@@ -753,41 +785,41 @@ func copyFrom(ctx context.Context, addr string, log *wal.Log, last, epoch uint64
 	from := log.LastLSN() + 1
 	stream, err := walshipv1.NewLogStoreServiceClient(conn).Read(rctx, &walshipv1.ReadRequest{FromLsn: from, ToLsn: last, ClusterId: cluster})
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, newest, err
 	}
 	for log.LastLSN() < last {
 		m, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
-			return records, bytes, fmt.Errorf("the donor's log ended at LSN %d, before %d", log.LastLSN(), last)
+			return records, bytes, newest, fmt.Errorf("the donor's log ended at LSN %d, before %d", log.LastLSN(), last)
 		}
 		if err != nil {
-			return records, bytes, err
+			return records, bytes, newest, err
 		}
 		b := m.GetBatch()
 		if b.GetLastLsn() <= log.LastLSN() {
 			continue
 		}
 		if err := envelope.Verify(b); err != nil {
-			return records, bytes, fmt.Errorf("batch %d..%d: %w", b.GetFirstLsn(), b.GetLastLsn(), err)
+			return records, bytes, newest, fmt.Errorf("batch %d..%d: %w", b.GetFirstLsn(), b.GetLastLsn(), err)
 		}
 		if b.GetFirstLsn() != log.LastLSN()+1 {
-			return records, bytes, fmt.Errorf("the donor sent LSNs %d..%d after LSN %d", b.GetFirstLsn(), b.GetLastLsn(), log.LastLSN())
+			return records, bytes, newest, fmt.Errorf("the donor sent LSNs %d..%d after LSN %d", b.GetFirstLsn(), b.GetLastLsn(), log.LastLSN())
 		}
 		if b.GetEpoch() < epoch {
 			// Epochs only grow along a log: the donor's history and this
 			// one's part earlier than the cut said.
-			return records, bytes, fmt.Errorf("the donor sent LSNs %d..%d of epoch %d after entries of epoch %d", b.GetFirstLsn(), b.GetLastLsn(), b.GetEpoch(), epoch)
+			return records, bytes, newest, fmt.Errorf("the donor sent LSNs %d..%d of epoch %d after entries of epoch %d", b.GetFirstLsn(), b.GetLastLsn(), b.GetEpoch(), epoch)
 		}
-		epoch = b.GetEpoch()
+		epoch, newest = b.GetEpoch(), b.GetEpoch()
 		data, err := envelope.Marshal(b)
 		if err != nil {
-			return records, bytes, err
+			return records, bytes, newest, err
 		}
 		if err := log.Append(wal.Entry{FirstLSN: b.GetFirstLsn(), LastLSN: b.GetLastLsn(), Data: data}); err != nil {
-			return records, bytes, err
+			return records, bytes, newest, err
 		}
 		records += b.GetLastLsn() - b.GetFirstLsn() + 1
 		bytes += uint64(len(data))
 	}
-	return records, bytes, nil
+	return records, bytes, newest, nil
 }
