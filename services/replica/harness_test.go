@@ -154,27 +154,35 @@ func snapshotOf(v *state.View, epoch uint64) func(*walshipv1.SnapshotRequest, gr
 		}}}); err != nil {
 			return err
 		}
-		var chunk []*walshipv1.KeyValue
-		var err error
-		flush := func() {
-			if len(chunk) > 0 && err == nil {
-				err = st.Send(&walshipv1.SnapshotResponse{Part: &walshipv1.SnapshotResponse_Chunk{Chunk: &walshipv1.SnapshotChunk{Kvs: chunk}}})
-				chunk = nil
-			}
-		}
-		v.Scan(nil, nil, 0, func(k, val []byte, ver uint64) bool {
-			chunk = append(chunk, &walshipv1.KeyValue{Key: string(k), Value: val, VersionLsn: ver})
-			if len(chunk) == 3 {
-				flush()
-			}
-			return true
-		})
-		flush()
-		if err != nil {
+		if err := inChunks(v, func(kvs []*walshipv1.KeyValue) error {
+			return st.Send(&walshipv1.SnapshotResponse{Part: &walshipv1.SnapshotResponse_Chunk{Chunk: &walshipv1.SnapshotChunk{Kvs: kvs}}})
+		}); err != nil {
 			return err
 		}
 		return st.Send(&walshipv1.SnapshotResponse{Part: &walshipv1.SnapshotResponse_Trailer{Trailer: &walshipv1.SnapshotTrailer{StateDigest: v.Digest().String()}}})
 	}
+}
+
+// inChunks passes v's pairs to send in key order, three at a time (so
+// that a snapshot of a few keys still spans several messages).
+func inChunks(v *state.View, send func([]*walshipv1.KeyValue) error) error {
+	var chunk []*walshipv1.KeyValue
+	var err error
+	flush := func() {
+		if len(chunk) > 0 && err == nil {
+			err = send(chunk)
+			chunk = nil
+		}
+	}
+	v.Scan(nil, nil, 0, func(k, val []byte, ver uint64) bool {
+		chunk = append(chunk, &walshipv1.KeyValue{Key: string(k), Value: val, VersionLsn: ver})
+		if len(chunk) == 3 {
+			flush()
+		}
+		return err == nil
+	})
+	flush()
+	return err
 }
 
 // fakeLogStore is a scripted LogStoreService.
@@ -223,23 +231,9 @@ func (f *fakeLogStore) GetSnapshot(req *walshipv1.GetSnapshotRequest, st grpc.Se
 		Epoch: epoch, Lsn: v.AppliedLSN(), Keys: uint64(v.Len()), History: []*walshipv1.EpochStart{{Epoch: epoch, FirstLsn: 1}}}}}); err != nil {
 		return err
 	}
-	var chunk []*walshipv1.KeyValue
-	var err error
-	flush := func() {
-		if len(chunk) > 0 && err == nil {
-			err = st.Send(&walshipv1.GetSnapshotResponse{Part: &walshipv1.GetSnapshotResponse_Chunk{Chunk: &walshipv1.SnapshotChunk{Kvs: chunk}}})
-			chunk = nil
-		}
-	}
-	v.Scan(nil, nil, 0, func(k, val []byte, ver uint64) bool {
-		chunk = append(chunk, &walshipv1.KeyValue{Key: string(k), Value: val, VersionLsn: ver})
-		if len(chunk) == 3 {
-			flush()
-		}
-		return true
-	})
-	flush()
-	if err != nil {
+	if err := inChunks(v, func(kvs []*walshipv1.KeyValue) error {
+		return st.Send(&walshipv1.GetSnapshotResponse{Part: &walshipv1.GetSnapshotResponse_Chunk{Chunk: &walshipv1.SnapshotChunk{Kvs: kvs}}})
+	}); err != nil {
 		return err
 	}
 	return st.Send(&walshipv1.GetSnapshotResponse{Part: &walshipv1.GetSnapshotResponse_Trailer{Trailer: &walshipv1.SnapshotTrailer{StateDigest: v.Digest().String()}}})
