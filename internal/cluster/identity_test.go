@@ -2,8 +2,6 @@ package cluster
 
 import (
 	"context"
-	"io/fs"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -112,7 +110,7 @@ func TestNodesOfAnotherClusterAreRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	lsDir := filepath.Join(b.cfg.Dir, "logstore-0")
-	before := contents(t, lsDir)
+	before := testkit.DirContents(t, lsDir)
 	aDir := filepath.Join(a.cfg.Dir, "primary")
 	aHistory, err := datadir.LoadHistory(vfs.OS, aDir)
 	if err != nil {
@@ -134,17 +132,7 @@ func TestNodesOfAnotherClusterAreRefused(t *testing.T) {
 	if h, err := datadir.LoadHistory(vfs.OS, aDir); err != nil || len(h) != len(aHistory) {
 		t.Fatalf("A's primary saved an epoch it did not win: %v (was %v), %v", h, aHistory, err)
 	}
-	after := contents(t, lsDir)
-	for p, bs := range before {
-		if after[p] != bs {
-			t.Errorf("B's log store: %s changed", p)
-		}
-	}
-	for p := range after {
-		if _, ok := before[p]; !ok {
-			t.Errorf("B's log store: %s created", p)
-		}
-	}
+	testkit.SameContents(t, "B's log store, refusing A's primary,", testkit.DirContents(t, lsDir), before)
 }
 
 // clusterID is the id c's primary reports, once every node reports it.
@@ -184,22 +172,4 @@ func wantMismatch(t *testing.T, what string, err error, refuser, refused string,
 			t.Fatalf("%s: %q does not mention %q", what, msg, s)
 		}
 	}
-}
-
-// contents is every file under dir and its bytes.
-func contents(t *testing.T, dir string) map[string]string {
-	t.Helper()
-	out := map[string]string{}
-	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		b, err := os.ReadFile(path)
-		out[path] = string(b)
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
 }

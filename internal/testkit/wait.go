@@ -5,7 +5,9 @@
 //     holds or a deadline passes, rather than sleeping a guessed time;
 //   - the walship binary, for tests that run it as a real process
 //     ([Walship], [Main]);
-//   - Docker, for tests that need hosts of their own ([NewDockerRun]).
+//   - Docker, for tests that need hosts of their own ([NewDockerRun]);
+//   - a data directory's files, to check a refusal changed nothing
+//     ([DirContents], [SameContents]).
 //
 // The Kubernetes API server that tests run is internal/kubetest's.
 package testkit

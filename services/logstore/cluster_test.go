@@ -1,14 +1,12 @@
 package logstore
 
 import (
-	"io/fs"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
+	"github.com/walship/walship/internal/testkit"
 	"github.com/walship/walship/internal/vfs"
 	"google.golang.org/grpc/codes"
 )
@@ -24,38 +22,6 @@ func (a *appender) beat(epoch uint64, cluster string) {
 	hb := &walshipv1.Heartbeat{Epoch: epoch, TimeUnixNano: time.Now().UnixNano(), ReplyRequested: true, PrimaryId: "p", PrimaryAddr: "p:1", ClusterId: cluster}
 	if err := a.stream.Send(&walshipv1.AppendRequest{Heartbeat: hb}); err != nil {
 		a.t.Fatalf("Send heartbeat: %v", err)
-	}
-}
-
-// dirContents is every file under dir and its bytes.
-func dirContents(t *testing.T, dir string) map[string]string {
-	t.Helper()
-	out := map[string]string{}
-	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		b, err := os.ReadFile(path)
-		out[path] = string(b)
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
-func sameContents(t *testing.T, what string, got, want map[string]string) {
-	t.Helper()
-	for p, b := range want {
-		if got[p] != b {
-			t.Errorf("%s changed %s", what, p)
-		}
-	}
-	for p := range got {
-		if _, ok := want[p]; !ok {
-			t.Errorf("%s created %s", what, p)
-		}
 	}
 }
 
@@ -96,7 +62,7 @@ func TestClusterIdentity(t *testing.T) {
 	old.send(batch(t, 1, 5, 1, 10))
 	old.waitDurable(6)
 
-	before := dirContents(t, dir)
+	before := testkit.DirContents(t, dir)
 	refusals := counterValue(t, r.s.metrics.clusterMismatch)
 	_, err = fence.Fence(t.Context(), &walshipv1.FenceRequest{Epoch: 7, CandidateId: "b1", CandidateAddr: "b1:1", ClusterId: clusterB})
 	wantCode(t, err, codes.FailedPrecondition, "cluster id mismatch: this log store belongs to cluster "+clusterA+", the candidate b1 is of cluster "+clusterB)
@@ -131,7 +97,7 @@ func TestClusterIdentity(t *testing.T) {
 	if st := r.status(t); st.VoteEpoch != 1 || st.DurableLsn != 6 || st.ClusterId != clusterA {
 		t.Fatalf("after the refusals: %v", st)
 	}
-	sameContents(t, "refusing peers of another cluster", dirContents(t, dir), before)
+	testkit.SameContents(t, "refusing peers of another cluster", testkit.DirContents(t, dir), before)
 
 	// After a restart: the same id, the same refusals.
 	if err := r.stop(); err != nil {
