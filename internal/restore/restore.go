@@ -27,6 +27,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
@@ -171,8 +172,8 @@ type Result struct {
 	Took     time.Duration
 }
 
-// ReplayMBps is the replay speed: envelope bytes per second while
-// replaying (0 when nothing was replayed).
+// ReplayMBps is the replay speed: payload megabytes (Bytes) per second
+// of replay (0 when nothing was replayed).
 func (r *Result) ReplayMBps() float64 {
 	if r.Bytes == 0 || r.Replayed <= 0 {
 		return 0
@@ -198,6 +199,8 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err := r.plan(); err != nil {
 		return nil, err
 	}
+	o.Logger.Info("restore planned", "target", o.Target.String(), "lsn", r.p.LSN, "batches_from", r.p.BatchesFrom,
+		"snapshot_from", r.p.SnapshotFrom, "dry_run", o.DryRun)
 	res, err := r.replay(ctx)
 	if err != nil {
 		return nil, err
@@ -208,6 +211,8 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		}
 	}
 	res.Took = time.Since(start)
+	o.Logger.Info("restore done", "lsn", res.LSN, "batches", res.Batches, "bytes", res.Bytes, "digest", res.Digest,
+		"took", res.Took, "dry_run", o.DryRun)
 	return res, nil
 }
 
@@ -250,8 +255,8 @@ func checkEmpty(fsys vfs.FS, dir string) error {
 	return nil
 }
 
-func dial(o Options) (map[string]walshipv1.LogStoreServiceClient, error) {
-	conns := map[string]walshipv1.LogStoreServiceClient{}
+func dial(o Options) (map[string]*client, error) {
+	conns := map[string]*client{}
 	for _, addr := range o.LogStores {
 		if _, dup := conns[addr]; dup {
 			continue
@@ -262,7 +267,7 @@ func dial(o Options) (map[string]walshipv1.LogStoreServiceClient, error) {
 			closeAll(conns)
 			return nil, fmt.Errorf("--logstore %s: %w", addr, err)
 		}
-		conns[addr] = client{walshipv1.NewLogStoreServiceClient(cc), cc}
+		conns[addr] = &client{walshipv1.NewLogStoreServiceClient(cc), cc}
 	}
 	return conns, nil
 }
@@ -271,21 +276,22 @@ func dial(o Options) (map[string]walshipv1.LogStoreServiceClient, error) {
 // primary's stream limit) or a snapshot chunk.
 const maxMessageBytes = 64 << 20
 
+// client is one log store's connection.
 type client struct {
 	walshipv1.LogStoreServiceClient
 	cc *grpc.ClientConn
 }
 
-func closeAll(conns map[string]walshipv1.LogStoreServiceClient) {
+func closeAll(conns map[string]*client) {
 	for _, c := range conns {
-		_ = c.(client).cc.Close()
+		_ = c.cc.Close()
 	}
 }
 
 // restorer is one restore's state.
 type restorer struct {
 	o       Options
-	conns   map[string]walshipv1.LogStoreServiceClient
+	conns   map[string]*client
 	sources []Source
 	lineage datadir.History // the newest vote's log's history
 	p       Plan
@@ -301,16 +307,11 @@ func (r *restorer) survey(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	r.sources = make([]Source, len(r.o.LogStores))
-	done := make(chan int, len(r.o.LogStores))
+	var wg sync.WaitGroup
 	for i, addr := range r.o.LogStores {
-		go func() {
-			r.sources[i] = r.status(ctx, addr)
-			done <- i
-		}()
+		wg.Go(func() { r.sources[i] = r.status(ctx, addr) })
 	}
-	for range r.o.LogStores {
-		<-done
-	}
+	wg.Wait()
 	best := -1
 	var failed []string
 	for i, s := range r.sources {
@@ -450,7 +451,6 @@ func (r *restorer) pickSnapshot() (*walshipv1.SnapshotInfo, string) {
 			}
 		}
 	}
-	// Without a snapshot, replaying from LSN 1 needs a log that starts there.
 	return best, from
 }
 
