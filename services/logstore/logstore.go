@@ -284,12 +284,6 @@ func (s *Server) adoptCluster(id, from string) error {
 	return nil
 }
 
-// syncError marks a failed fsync, for the fsync error counter.
-type syncError struct{ err error }
-
-func (e *syncError) Error() string { return e.err.Error() }
-func (e *syncError) Unwrap() error { return e.err }
-
 // Addr is the gRPC address the log store listens on.
 func (s *Server) Addr() string { return s.srv.Addr() }
 

@@ -126,17 +126,13 @@ func (r *running) failed(t *testing.T, what string) error {
 	}
 }
 
-// txnGet, txnPut and txnDelete are Txn ops on key.
+// txnGet and txnPut are Txn ops on key.
 func txnGet(key string) *walshipv1.TxnOp {
 	return &walshipv1.TxnOp{Op: &walshipv1.TxnOp_Get{Get: &walshipv1.GetOp{Key: key}}}
 }
 
 func txnPut(key string, value []byte) *walshipv1.TxnOp {
 	return &walshipv1.TxnOp{Op: &walshipv1.TxnOp_Put{Put: &walshipv1.PutOp{Key: key, Value: value}}}
-}
-
-func txnDelete(key string) *walshipv1.TxnOp {
-	return &walshipv1.TxnOp{Op: &walshipv1.TxnOp_Delete{Delete: &walshipv1.DeleteOp{Key: key}}}
 }
 
 func ctx(t *testing.T) context.Context {
