@@ -92,7 +92,9 @@ func TestRefillWaitsForAPeer(t *testing.T) {
 		t.Fatalf("empty log store with an unreachable peer: %v; want refilling", st)
 	}
 	ap := b.append(t)
-	ap.heartbeat(1)
+	// The log store may end the stream before the heartbeat is sent
+	// (Send then says io.EOF): the refusal is the stream's status.
+	_ = ap.stream.Send(&walshipv1.AppendRequest{Heartbeat: &walshipv1.Heartbeat{Epoch: 1, TimeUnixNano: time.Now().UnixNano(), ReplyRequested: true}})
 	wantCode(t, ap.failure(), codes.Unavailable, "refilling from peers", "empty")
 	if v := metricValue(t, b.cfg.Registry, "walship_logstore_refilling"); v != 1 {
 		t.Errorf("walship_logstore_refilling = %v while refilling", v)
