@@ -23,6 +23,7 @@ type securityFlags struct {
 	reflection tlsid.Reflection
 	reload     time.Duration
 	maxAge     time.Duration
+	pprof      bool
 }
 
 // addSecurityFlags registers the flags; server says whether the command
@@ -40,6 +41,7 @@ func addSecurityFlags(fs *flag.FlagSet, server bool) *securityFlags {
 	fs.StringVar(&sf.trust, "trust-domain", "walship.local", "SPIFFE trust domain of the default authorization policy: identities spiffe://DOMAIN/walship/{node,logstore,client,admin}/NAME")
 	fs.StringVar(&sf.policy, "authz-policy", "", "gRPC authorization policy file (A43 JSON, reloaded when it changes) instead of the default policy")
 	fs.Var(&sf.reflection, "reflection", "who may use server reflection under TLS: all, admin or off")
+	fs.BoolVar(&sf.pprof, "pprof", false, "serve Go's CPU, heap and goroutine profiles at /debug/pprof/ on --metrics-listen (anyone who reaches that port can read them)")
 	fs.DurationVar(&sf.maxAge, "max-connection-age", time.Hour, "with TLS, close connections this old so they re-handshake with rotated certificates (streams resume); 0 = never")
 	return sf
 }
@@ -76,7 +78,7 @@ func (sf *securityFlags) serve(ctx context.Context, logger *slog.Logger, listen 
 		}
 		logger.Warn("serving plaintext: no TLS, no authentication, no authorization; anyone who reaches the port can read the log and write", "listen", listen)
 		serve.UseTLS(nil)
-		return serve.Security{}, nil
+		return serve.Security{Pprof: sf.pprof}, nil
 	}
 	if sf.plaintext {
 		return serve.Security{}, errors.New("--plaintext: not with --tls-cert, --tls-key and --tls-ca")
@@ -96,7 +98,7 @@ func (sf *securityFlags) serve(ctx context.Context, logger *slog.Logger, listen 
 	go src.Watch(ctx, sf.reload)
 	serve.UseTLS(src)
 	logger.Info("serving TLS 1.3 with client certificates", "identity", src.Identity(), "not_after", src.NotAfter(), "policy", policyName(sf.policy, sf.trust))
-	return serve.Security{TLS: src, Authz: az, MaxConnectionAge: sf.maxAge}, nil
+	return serve.Security{TLS: src, Authz: az, MaxConnectionAge: sf.maxAge, Pprof: sf.pprof}, nil
 }
 
 func policyName(file, trust string) string {

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"sync/atomic"
 	"time"
 
@@ -79,6 +80,10 @@ type Security struct {
 	// one client cannot hold all of a node's stream workers and memory.
 	// 0 = 1000.
 	MaxConcurrentStreams uint32
+	// Pprof serves Go's profiles (/debug/pprof/) on the metrics listener:
+	// anyone who reaches that port can read them and spend the process's
+	// CPU on a profile, so it is off unless asked for.
+	Pprof bool
 }
 
 // Server is a listening gRPC server with health, reflection and metrics.
@@ -234,6 +239,13 @@ func (s *Server) listenMetrics() error {
 	// opts.Ready say.
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", s.readyz)
+	if s.opts.Security.Pprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	s.metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	return nil
 }

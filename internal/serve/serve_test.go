@@ -1,7 +1,9 @@
 package serve
 
 import (
+	"bytes"
 	"context"
+	"io"
 	"net/http"
 	"testing"
 	"time"
@@ -164,6 +166,34 @@ func TestReadyz(t *testing.T) {
 	s.SetServing(true)
 	if c := code("/readyz"); c != 200 {
 		t.Fatalf("/readyz when serving = %d", c)
+	}
+}
+
+// TestPprofOnlyWhenAsked: /debug/pprof/ is served on the metrics listener
+// with Security.Pprof (a profile of a second parses as one: it starts
+// with gzip's magic), and not without it.
+func TestPprofOnlyWhenAsked(t *testing.T) {
+	get := func(s *Server, path string) (int, []byte) {
+		resp, err := http.Get("http://" + s.MetricsAddr() + path)
+		if err != nil {
+			return -1, nil
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	off := serveUntilEnd(t, Options{Listen: "127.0.0.1:0", MetricsListen: "127.0.0.1:0"})
+	testkit.Until(t, "the metrics listener", func() bool { c, _ := get(off, "/healthz"); return c == 200 })
+	if c, _ := get(off, "/debug/pprof/"); c != http.StatusNotFound {
+		t.Errorf("/debug/pprof/ without Pprof = %d, want 404", c)
+	}
+	on := serveUntilEnd(t, Options{Listen: "127.0.0.1:0", MetricsListen: "127.0.0.1:0", Security: Security{Pprof: true}})
+	testkit.Until(t, "the metrics listener", func() bool { c, _ := get(on, "/healthz"); return c == 200 })
+	if c, b := get(on, "/debug/pprof/"); c != 200 || !bytes.Contains(b, []byte("goroutine")) {
+		t.Errorf("/debug/pprof/ with Pprof = %d, %.80q", c, b)
+	}
+	if c, b := get(on, "/debug/pprof/profile?seconds=1"); c != 200 || !bytes.HasPrefix(b, []byte{0x1f, 0x8b}) {
+		t.Errorf("/debug/pprof/profile with Pprof = %d, %d bytes starting %.8q", c, len(b), b)
 	}
 }
 
