@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"os"
 	"os/exec"
@@ -47,7 +48,10 @@ type backend struct {
 	// cpu returns the CPU time (user+system) of what cpuScope names.
 	cpu      func() (time.Duration, error)
 	cpuScope string
-	stop     func() error
+	// profile writes a CPU profile of the primary over the next d to w
+	// (nil: the primary serves no profiles).
+	profile func(ctx context.Context, d time.Duration, w io.Writer) error
+	stop    func() error
 	// procs are the started processes (ModeProcesses), log store first.
 	procs []*proc
 }
@@ -115,6 +119,30 @@ func scraper(addr string) func(ctx context.Context) (map[string]*dto.MetricFamil
 		}
 		p := expfmt.NewTextParser(model.UTF8Validation)
 		return p.TextToMetricFamilies(resp.Body)
+	}
+}
+
+// profiler returns a function that takes a CPU profile from the
+// /debug/pprof/ of the metrics listener at addr (a process run with
+// --pprof).
+func profiler(addr string) func(ctx context.Context, d time.Duration, w io.Writer) error {
+	return func(ctx context.Context, d time.Duration, w io.Writer) error {
+		secs := max(1, int(math.Ceil(d.Seconds())))
+		url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, secs)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("GET %s: %s", url, resp.Status)
+		}
+		_, err = io.Copy(w, resp.Body)
+		return err
 	}
 }
 
@@ -270,11 +298,22 @@ func waitServing(ctx context.Context, addr string) error {
 	}
 }
 
+// procCluster is how startProcesses starts its processes: the binary,
+// where the primary and where its peers (the log store and the replicas)
+// run, whether the primary serves its profiles (Config.ProfileDir), and
+// the TLS flags every process gets.
+type procCluster struct {
+	bin            string
+	primary, peers placement
+	pprof          bool
+	noLogStore     bool // the primary alone (no replicas then)
+	tlsFlags       []string
+}
+
 // startProcesses runs a log store, a primary and n replicas as separate
-// `walship` processes, so the primary's CPU time is its own; the log store
-// and the replicas placed as peers (Config.ReplicaNice, ReplicaIdle,
-// ReplicaCPUs).
-func startProcesses(ctx context.Context, bin, dir string, n int, c codec.Codec, pol primary.Policy, peers placement, tlsFlags ...string) (*backend, error) {
+// `walship` processes, so the primary's CPU time is its own, each placed
+// as pc says.
+func startProcesses(ctx context.Context, pc procCluster, dir string, n int, c codec.Codec, pol primary.Policy) (*backend, error) {
 	var procs []*proc
 	stopAll := func() error {
 		var errs []error
@@ -290,17 +329,25 @@ func startProcesses(ctx context.Context, bin, dir string, n int, c codec.Codec, 
 		}
 	}()
 	loop := "127.0.0.1:0"
-	ls, err := startProc(ctx, bin, peers, "logstore", "log store serving", append([]string{"logstore", "--listen", loop, "--metrics-listen", loop,
-		"--data-dir", filepath.Join(dir, "logstore-0")}, tlsFlags...)...)
-	if err != nil {
-		return nil, err
+	args := []string{"primary", "--listen", loop, "--metrics-listen", loop,
+		"--data-dir", filepath.Join(dir, "primary"), "--codec", c.Name()}
+	var lsArgs []string
+	if !pc.noLogStore {
+		ls, err := startProc(ctx, pc.bin, pc.peers, "logstore", "log store serving", append([]string{"logstore", "--listen", loop, "--metrics-listen", loop,
+			"--data-dir", filepath.Join(dir, "logstore-0")}, pc.tlsFlags...)...)
+		if err != nil {
+			return nil, err
+		}
+		procs = append(procs, ls)
+		lsArgs = []string{"--logstore", ls.addr}
 	}
-	procs = append(procs, ls)
-	pr, err := startProc(ctx, bin, placement{}, "primary", "primary serving", append([]string{"primary", "--listen", loop, "--metrics-listen", loop,
-		"--data-dir", filepath.Join(dir, "primary"), "--codec", c.Name(), "--logstore", ls.addr,
-		"--durability", policyName(pol.Durability.String()), "--replication", policyName(pol.Replication.String()),
+	args = append(append(args, lsArgs...), "--durability", policyName(pol.Durability.String()), "--replication", policyName(pol.Replication.String()),
 		"--sync-replicas", strconv.Itoa(pol.SyncReplicas), "--sync-level", policyName(pol.SyncLevel.String()),
-		"--sync-timeout", pol.SyncTimeout.String()}, tlsFlags...)...)
+		"--sync-timeout", pol.SyncTimeout.String())
+	if pc.pprof {
+		args = append(args, "--pprof")
+	}
+	pr, err := startProc(ctx, pc.bin, pc.primary, "primary", "primary serving", append(args, pc.tlsFlags...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -309,10 +356,13 @@ func startProcesses(ctx context.Context, bin, dir string, n int, c codec.Codec, 
 		cpuScope: "primary process"}
 	pid := pr.cmd.Process.Pid
 	b.cpu = func() (time.Duration, error) { return procCPU(pid) }
+	if pc.pprof {
+		b.profile = profiler(pr.metrics)
+	}
 	for i := 0; i < n; i++ {
 		id := fmt.Sprintf("replica-%d", i)
-		rp, err := startProc(ctx, bin, peers, id, "replica serving", append([]string{"replica", "--listen", loop, "--metrics-listen", loop,
-			"--data-dir", filepath.Join(dir, id), "--id", id, "--primary", pr.addr, "--logstore", ls.addr}, tlsFlags...)...)
+		rp, err := startProc(ctx, pc.bin, pc.peers, id, "replica serving", append([]string{"replica", "--listen", loop, "--metrics-listen", loop,
+			"--data-dir", filepath.Join(dir, id), "--id", id, "--primary", pr.addr}, append(lsArgs, pc.tlsFlags...)...)...)
 		if err != nil {
 			return nil, err
 		}

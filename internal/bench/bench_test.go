@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -552,4 +553,84 @@ func tableRow(out, prefix string, n int) string {
 		}
 	}
 	return ""
+}
+
+// TestCPULists: CPU lists fold into ranges and parse back; malformed
+// lists are refused naming the part.
+func TestCPULists(t *testing.T) {
+	for _, tc := range []struct {
+		cpus []int
+		list string
+	}{
+		{[]int{0}, "0"},
+		{[]int{1, 2, 3}, "1-3"},
+		{[]int{0, 2, 3, 5}, "0,2-3,5"},
+	} {
+		if got := cpuListOf(tc.cpus); got != tc.list {
+			t.Errorf("cpuListOf(%v) = %q, want %q", tc.cpus, got, tc.list)
+		}
+		set, err := parseCPUList(tc.list)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if set.Count() != len(tc.cpus) {
+			t.Errorf("parseCPUList(%q) has %d CPUs, want %d", tc.list, set.Count(), len(tc.cpus))
+		}
+		for _, c := range tc.cpus {
+			if !set.IsSet(c) {
+				t.Errorf("parseCPUList(%q) lacks CPU %d", tc.list, c)
+			}
+		}
+	}
+	for _, bad := range []string{"", "a", "3-1", "1,", "99999"} {
+		if _, err := parseCPUList(bad); err == nil {
+			t.Errorf("parseCPUList(%q) accepted", bad)
+		}
+	}
+}
+
+// TestPinSelf pins this test process to one CPU it may use and reads
+// every thread's allowed CPUs back, then restores them.
+func TestPinSelf(t *testing.T) {
+	primaryCPUs, _, err := SplitCPUs()
+	if err != nil {
+		t.Skipf("this test needs two CPUs to pin to one: %v", err)
+	}
+	own := cpusAllowed(t, "/proc/self/status")
+	t.Cleanup(func() {
+		if err := PinSelf(own); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if err := PinSelf(primaryCPUs); err != nil {
+		t.Fatal(err)
+	}
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, task := range tasks {
+		if got := cpusAllowed(t, "/proc/self/task/"+task.Name()+"/status"); got != "" && got != primaryCPUs {
+			t.Errorf("thread %s may run on CPUs %s, want %s", task.Name(), got, primaryCPUs)
+		}
+	}
+}
+
+// TestPlacedAs: a table's title says where the nodes ran.
+func TestPlacedAs(t *testing.T) {
+	for _, tc := range []struct {
+		row  Row
+		want string
+	}{
+		{Row{Mode: ModeInProcess}, " (every node and the clients on the same cores)"},
+		{Row{Mode: ModeProcesses}, " (every node and the clients on the same cores)"},
+		{Row{Mode: ModeExternal}, ""},
+		{Row{Mode: ModeProcesses, PrimaryCPUs: "0", ReplicaCPUs: "1"}, " (primary and clients on CPUs 0; log store and replicas on CPUs 1)"},
+		{Row{Mode: ModeProcesses, ReplicaIdle: true}, " (log store and replicas at SCHED_IDLE)"},
+		{Row{Mode: ModeProcesses, ReplicaNice: 5, ReplicaCPUs: "2-3"}, " (log store and replicas at nice 5, on CPUs 2-3)"},
+	} {
+		if got := placedAs(tc.row); got != tc.want {
+			t.Errorf("placedAs(%+v) = %q, want %q", tc.row, got, tc.want)
+		}
+	}
 }

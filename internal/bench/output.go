@@ -63,20 +63,7 @@ func WriteTable(w io.Writer, rows []Row) error {
 		if r0.SpeculativeReads {
 			reads = "speculative read-modify-write reads"
 		}
-		mode := r0.Mode
-		var placed []string
-		switch {
-		case r0.ReplicaIdle:
-			placed = append(placed, "at SCHED_IDLE")
-		case r0.ReplicaNice != 0:
-			placed = append(placed, fmt.Sprintf("at nice %d", r0.ReplicaNice))
-		}
-		if r0.ReplicaCPUs != "" {
-			placed = append(placed, "on CPUs "+r0.ReplicaCPUs)
-		}
-		if len(placed) > 0 {
-			mode += " (log store and replicas " + strings.Join(placed, ", ") + ")"
-		}
+		mode := r0.Mode + placedAs(r0)
 		rounds := ""
 		if n := len(r0.Runs); n > 1 {
 			rounds = fmt.Sprintf("; medians of %d rounds, ratios paired by round", n)
@@ -123,6 +110,35 @@ func WriteTable(w io.Writer, rows []Row) error {
 	return writeCodecGap(w, rows)
 }
 
+// placedAs says where r's nodes ran, for the table's title: apart (the
+// headline placement), deprioritised, or on the same cores.
+func placedAs(r Row) string {
+	if r.Mode == ModeExternal {
+		return ""
+	}
+	var placed []string
+	if r.PrimaryCPUs != "" {
+		placed = append(placed, "primary and clients on CPUs "+r.PrimaryCPUs)
+	}
+	var peers []string
+	switch {
+	case r.ReplicaIdle:
+		peers = append(peers, "at SCHED_IDLE")
+	case r.ReplicaNice != 0:
+		peers = append(peers, fmt.Sprintf("at nice %d", r.ReplicaNice))
+	}
+	if r.ReplicaCPUs != "" {
+		peers = append(peers, "on CPUs "+r.ReplicaCPUs)
+	}
+	if len(peers) > 0 {
+		placed = append(placed, "log store and replicas "+strings.Join(peers, ", "))
+	}
+	if len(placed) == 0 || r.Mode == ModeInProcess {
+		return " (every node and the clients on the same cores)"
+	}
+	return " (" + strings.Join(placed, "; ") + ")"
+}
+
 // Ratio is r's throughput relative to base's. For rows of rounds (Runs of
 // equal length, run i of each from round i) it is the median of the
 // per-round ratios, which cancels the drift of a shared machine between
@@ -130,24 +146,36 @@ func WriteTable(w io.Writer, rows []Row) error {
 // a matrix half an hour; otherwise the ratio of the two rows' throughputs.
 // ok is false when base has no throughput.
 func Ratio(r, base Row) (x float64, ok bool) {
-	if n := len(r.Runs); n > 1 && n == len(base.Runs) {
-		xs := make([]float64, n)
-		for i := range xs {
-			if base.Runs[i] <= 0 {
+	return pairedRatio(r.Runs, base.Runs, r.TxnPerS, base.TxnPerS)
+}
+
+// CPURatio is r's primary CPU per commit relative to base's, paired by
+// round as Ratio is.
+func CPURatio(r, base Row) (x float64, ok bool) {
+	return pairedRatio(r.CPURuns, base.CPURuns, r.CPUMsPer1000, base.CPUMsPer1000)
+}
+
+// pairedRatio is the median of xs[i]/bases[i] when both hold the same
+// rounds, else x/base; ok is false when a divisor is not positive.
+func pairedRatio(xs, bases []float64, x, base float64) (float64, bool) {
+	if n := len(xs); n > 1 && n == len(bases) {
+		rs := make([]float64, n)
+		for i := range rs {
+			if bases[i] <= 0 {
 				return 0, false
 			}
-			xs[i] = r.Runs[i] / base.Runs[i]
+			rs[i] = xs[i] / bases[i]
 		}
-		slices.Sort(xs)
+		slices.Sort(rs)
 		if n%2 == 1 {
-			return xs[n/2], true
+			return rs[n/2], true
 		}
-		return (xs[n/2-1] + xs[n/2]) / 2, true
+		return (rs[n/2-1] + rs[n/2]) / 2, true
 	}
-	if base.TxnPerS <= 0 {
+	if base <= 0 {
 		return 0, false
 	}
-	return r.TxnPerS / base.TxnPerS, true
+	return x / base, true
 }
 
 // spread is the range of a median row's rounds ("lowest-highest" txn/s),

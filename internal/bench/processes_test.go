@@ -7,11 +7,13 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/pprof/profile"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/testkit"
 	"github.com/walship/walship/pkg/codec"
@@ -72,7 +74,7 @@ func TestProcessesReplicaNice(t *testing.T) {
 	if own > 19-7 {
 		t.Skipf("this test runs at nice %d; it needs room to raise it by 7", own)
 	}
-	b, err := startProcesses(ctx, bin, t.TempDir(), 2, codec.MsgPack, primary.DefaultPolicy(), placement{nice: 7})
+	b, err := startProcesses(ctx, procCluster{bin: bin, peers: placement{nice: 7}}, t.TempDir(), 2, codec.MsgPack, primary.DefaultPolicy())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +111,7 @@ func TestProcessesReplicaIdle(t *testing.T) {
 	if own == schedIdle {
 		t.Skip("this test itself runs under SCHED_IDLE")
 	}
-	eachThread(t, startPlaced(t, placement{idle: true}), func(thread, dir string, primary bool) {
+	eachThread(t, startPlaced(t, placement{}, placement{idle: true}), func(thread, dir string, primary bool) {
 		want := schedIdle
 		if primary {
 			want = own
@@ -121,14 +123,14 @@ func TestProcessesReplicaIdle(t *testing.T) {
 }
 
 // startPlaced starts a log store, a primary and a replica as processes,
-// the log store and the replica placed as peers; they stop when the test
-// ends.
-func startPlaced(t *testing.T, peers placement) *backend {
+// the primary placed at primaryAt, the log store and the replica at peers;
+// they stop when the test ends.
+func startPlaced(t *testing.T, primaryAt, peers placement) *backend {
 	t.Helper()
 	bin := testkit.Walship(t)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel() // bounds the start only: the processes stop when the test ends
-	b, err := startProcesses(ctx, bin, t.TempDir(), 1, codec.MsgPack, primary.DefaultPolicy(), peers)
+	b, err := startProcesses(ctx, procCluster{bin: bin, primary: primaryAt, peers: peers}, t.TempDir(), 1, codec.MsgPack, primary.DefaultPolicy())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +175,7 @@ func TestRunProcesses(t *testing.T) {
 	cfg := Config{
 		Workload: "tpcb", Params: smallParams(), Terminals: 4, Duration: time.Second, Warmup: 200 * time.Millisecond,
 		MaxRetries: 10, Codec: "msgpack", Mode: ModeProcesses, Bin: testkit.Walship(t), ReplicaNice: 5, Replicas: 1,
-		Dir: t.TempDir(), SpeculativeReads: true,
+		Dir: t.TempDir(), SpeculativeReads: true, ProfileDir: t.TempDir(),
 		Replication: walshipv1.ReplicationMode_REPLICATION_MODE_SYNC, Durability: walshipv1.Durability_DURABILITY_SYNC,
 		SyncReplicas: 1, SyncLevel: walshipv1.SyncLevel_SYNC_LEVEL_APPLY,
 	}
@@ -187,6 +189,31 @@ func TestRunProcesses(t *testing.T) {
 	if row.Mode != ModeProcesses || row.ReplicaNice != 5 || row.CPUScope != "primary process" || row.CPUMsPer1000 <= 0 {
 		t.Errorf("mode %q, replica nice %d, CPU scope %q, %.1f ms per 1,000 commits", row.Mode, row.ReplicaNice, row.CPUScope, row.CPUMsPer1000)
 	}
+	checkPrimaryProfile(t, filepath.Join(cfg.ProfileDir, "Sync-Sync-msgpack-tpcb-1replicas-1.pprof"))
+}
+
+// checkPrimaryProfile parses the CPU profile at path and checks that it is
+// the primary's: it holds samples in the primary's commit path.
+func checkPrimaryProfile(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	p, err := profile.Parse(f)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	if p.DurationNanos <= 0 || len(p.Sample) == 0 {
+		t.Fatalf("%s: %v long, %d samples", path, time.Duration(p.DurationNanos), len(p.Sample))
+	}
+	for _, fn := range p.Function {
+		if strings.HasPrefix(fn.Name, "github.com/walship/walship/services/primary.") {
+			return
+		}
+	}
+	t.Errorf("%s: no sample in services/primary among %d functions", path, len(p.Function))
 }
 
 // cpusAllowed reads the Cpus_allowed_list of a /proc/<pid>/status or
@@ -209,25 +236,25 @@ func cpusAllowed(t *testing.T, path string) string {
 	return ""
 }
 
-// TestProcessesReplicaCPUs starts a cluster of walship processes with
-// --replica-cpus: every thread of the log store and the replicas may run
-// only on that CPU, the primary's wherever the bench's may.
-func TestProcessesReplicaCPUs(t *testing.T) {
+// TestProcessesSeparateCPUs starts a cluster of walship processes placed
+// as `walship bench --placement separate` places them: every thread of the
+// primary may run only on one CPU, every thread of the log store and the
+// replica only on another.
+func TestProcessesSeparateCPUs(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
 	if _, err := exec.LookPath("taskset"); err != nil {
-		t.Skip("taskset (util-linux) is not installed: --replica-cpus runs the replicas through it")
+		t.Skip("taskset (util-linux) is not installed: --placement separate runs the nodes through it")
 	}
-	own := cpusAllowed(t, "/proc/self/status")
-	cpu, _, _ := strings.Cut(strings.Split(own, ",")[0], "-")
-	if own == cpu {
-		t.Skipf("this test may run only on CPU %s: pinning the replicas there would not move them", own)
+	primaryCPUs, peerCPUs, err := SplitCPUs()
+	if err != nil {
+		t.Skipf("this test needs two CPUs to place the nodes apart: %v", err)
 	}
-	eachThread(t, startPlaced(t, placement{cpus: cpu}), func(thread, dir string, primary bool) {
-		want := cpu
+	eachThread(t, startPlaced(t, placement{cpus: primaryCPUs}, placement{cpus: peerCPUs}), func(thread, dir string, primary bool) {
+		want := peerCPUs
 		if primary {
-			want = own
+			want = primaryCPUs
 		}
 		if got := cpusAllowed(t, dir+"/status"); got != "" && got != want {
 			t.Errorf("%s may run on CPUs %s, want %s", thread, got, want)

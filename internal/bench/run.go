@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -69,6 +70,10 @@ type Config struct {
 	Mode string
 	// Replicas is how many replicas a started cluster has.
 	Replicas int
+	// NoLogStore (ModeProcesses, Disabled replication, no replicas) runs
+	// the primary alone: what shipping costs it, measured against a cell
+	// with a log store.
+	NoLogStore bool
 	// ReplicasWhenDisabled keeps the replicas running in Disabled cells
 	// (by default those cells run without replicas, as the seed's did).
 	ReplicasWhenDisabled bool
@@ -92,6 +97,14 @@ type Config struct {
 	// inherits), the primary and its clients and the replicas each have
 	// cores of their own, as on separate hosts.
 	ReplicaCPUs string
+	// PrimaryCPUs (ModeProcesses only) pins the primary to these CPUs.
+	// `walship bench --placement separate` pins itself (the clients) there
+	// too, and the log store and the replicas to ReplicaCPUs.
+	PrimaryCPUs string
+	// ProfileDir (ModeProcesses only), if set, receives a CPU profile of
+	// the primary process over each run's measured window (the primary
+	// runs with --pprof), named after the run.
+	ProfileDir string
 	// Dir holds a started cluster's data ("" = a temporary directory).
 	Dir string
 	// PrimaryAddr, ReplicaAddrs and PrimaryMetrics locate an external cluster.
@@ -173,6 +186,18 @@ func (c *Config) Validate() error {
 	case c.ReplicaCPUs != "" && !cpuList.MatchString(c.ReplicaCPUs):
 		errs = append(errs, fmt.Errorf("--replica-cpus: %q is not a CPU list such as 1 or 0,2-3", c.ReplicaCPUs))
 	}
+	switch {
+	case c.PrimaryCPUs != "" && c.Mode != ModeProcesses:
+		errs = append(errs, errors.New("--primary-cpus: needs --processes (in one process every node shares the scheduler)"))
+	case c.PrimaryCPUs != "" && !cpuList.MatchString(c.PrimaryCPUs):
+		errs = append(errs, fmt.Errorf("--primary-cpus: %q is not a CPU list such as 0 or 0,2-3", c.PrimaryCPUs))
+	}
+	if c.NoLogStore && (c.Mode != ModeProcesses || c.Replicas > 0 || c.Replication != walshipv1.ReplicationMode_REPLICATION_MODE_DISABLED) {
+		errs = append(errs, errors.New("no log store: only for a primary alone, as a process (--processes, no replicas, --replication disabled)"))
+	}
+	if c.ProfileDir != "" && c.Mode != ModeProcesses {
+		errs = append(errs, errors.New("--primary-profiles: needs --processes (profile this process with --cpuprofile)"))
+	}
 	if c.ReplicaReads && c.Mode != ModeExternal && c.Replicas == 0 {
 		errs = append(errs, errors.New("--replica-reads: no replicas"))
 	}
@@ -223,8 +248,13 @@ type Row struct {
 	ReplicaNice          int                `json:"replica_nice,omitempty"`
 	ReplicaIdle          bool               `json:"replica_idle,omitempty"`
 	ReplicaCPUs          string             `json:"replica_cpus,omitempty"`
+	PrimaryCPUs          string             `json:"primary_cpus,omitempty"`
 	SpeculativeReads     bool               `json:"speculative_reads"`
 	Replicas             int                `json:"replicas"`
+	NoLogStore           bool               `json:"no_log_store,omitempty"`
+	// CPURuns are the runs' CPU ms per 1,000 commits, one per round, in
+	// the order of Runs.
+	CPURuns []float64 `json:"cpu_runs,omitempty"`
 	Errors               int64              `json:"errors"`
 	ByKind               map[string]int64   `json:"by_kind"`
 	ByKindP99Ms          map[string]float64 `json:"by_kind_p99_ms"`
@@ -291,7 +321,7 @@ func Run(ctx context.Context, cfg Config) (row Row, err error) {
 	pol := cfg.policy()
 	row = Row{Workload: cfg.Workload, Codec: cfg.Codec, Replication: rep, Durability: dur,
 		SyncReplicas: pol.SyncReplicas, SyncLevel: policyName(pol.SyncLevel.String()), Terminals: cfg.Terminals,
-		DurationS: cfg.Duration.Seconds(), Mode: cfg.Mode, ReplicaNice: cfg.ReplicaNice, ReplicaIdle: cfg.ReplicaIdle, ReplicaCPUs: cfg.ReplicaCPUs, SpeculativeReads: cfg.SpeculativeReads,
+		DurationS: cfg.Duration.Seconds(), Mode: cfg.Mode, ReplicaNice: cfg.ReplicaNice, ReplicaIdle: cfg.ReplicaIdle, ReplicaCPUs: cfg.ReplicaCPUs, PrimaryCPUs: cfg.PrimaryCPUs, SpeculativeReads: cfg.SpeculativeReads,
 		ByKind: map[string]int64{}, ByKindP99Ms: map[string]float64{}}
 	var notes []string
 
@@ -317,7 +347,9 @@ func Run(ctx context.Context, cfg Config) (row Row, err error) {
 		}
 		c, _ := codec.ByName(cfg.Codec)
 		if cfg.Mode == ModeProcesses {
-			b, err = startProcesses(ctx, cfg.Bin, dir, replicas, c, pol, placement{cpus: cfg.ReplicaCPUs, nice: cfg.ReplicaNice, idle: cfg.ReplicaIdle}, cfg.TLSFlags...)
+			b, err = startProcesses(ctx, procCluster{bin: cfg.Bin, primary: placement{cpus: cfg.PrimaryCPUs},
+				peers: placement{cpus: cfg.ReplicaCPUs, nice: cfg.ReplicaNice, idle: cfg.ReplicaIdle},
+				pprof: cfg.ProfileDir != "", noLogStore: cfg.NoLogStore, tlsFlags: cfg.TLSFlags}, dir, replicas, c, pol)
 		} else {
 			b, err = startInProcess(ctx, dir, replicas, c, pol, cfg.Logger, cfg.Security)
 		}
@@ -325,7 +357,7 @@ func Run(ctx context.Context, cfg Config) (row Row, err error) {
 			return row, fmt.Errorf("start cluster: %w", err)
 		}
 	}
-	row.Replicas = len(b.replicas)
+	row.Replicas, row.NoLogStore = len(b.replicas), cfg.NoLogStore
 	defer func() {
 		if e := b.stop(); e != nil && err == nil {
 			err = fmt.Errorf("stop cluster: %w", e)
@@ -465,9 +497,13 @@ func measure(ctx context.Context, cfg Config, b *backend, c *conns, w workload, 
 	if runErr == nil {
 		m.s0 = takeSnap(ctx, b, sessions)
 		m.rec.measuring.Store(true)
+		profiled := profilePrimary(gctx, cfg, b, label)
 		runErr = sleep(gctx, cfg.Duration)
 		m.rec.measuring.Store(false)
 		m.s1 = takeSnap(ctx, b, sessions)
+		if err := <-profiled; err != nil && runErr == nil {
+			runErr = fmt.Errorf("profile of the primary: %w", err)
+		}
 	}
 	stop.set()
 	if err := g.Wait(); err != nil && runErr == nil {
@@ -659,6 +695,46 @@ func takeSnap(ctx context.Context, b *backend, sessions []*session) snap {
 	return s
 }
 
+// profilePrimary starts taking a CPU profile of the primary over the
+// measured window into cfg.ProfileDir, named after label and numbered
+// after the runs before it; the channel says how it ended (at once, nil,
+// when there is no profile to take).
+func profilePrimary(ctx context.Context, cfg Config, b *backend, label string) <-chan error {
+	done := make(chan error, 1)
+	if cfg.ProfileDir == "" || b.profile == nil {
+		done <- nil
+		return done
+	}
+	name := fmt.Sprintf("%s-%dreplicas", strings.NewReplacer("/", "-", " ", "-").Replace(label), len(b.replicas))
+	if cfg.NoLogStore {
+		name += "-nologstore"
+	}
+	f, err := createNumbered(cfg.ProfileDir, name, ".pprof")
+	if err != nil {
+		done <- err
+		return done
+	}
+	go func() {
+		err := b.profile(ctx, cfg.Duration, f)
+		done <- errors.Join(err, f.Close())
+	}()
+	return done
+}
+
+// createNumbered creates dir/name-N.ext for the first N from 1 that is
+// not taken: one file per round of a cell.
+func createNumbered(dir, name, ext string) (*os.File, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	for n := 1; ; n++ {
+		f, err := os.OpenFile(filepath.Join(dir, fmt.Sprintf("%s-%d%s", name, n, ext)), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		if !errors.Is(err, fs.ErrExist) {
+			return f, err
+		}
+	}
+}
+
 // fill sets row's figures of the measured window and returns notes of
 // what is unknown and of errors.
 func (m *measurement) fill(row *Row, kinds []string, b *backend) []string {
@@ -841,9 +917,10 @@ func medians(runs [][]Row) []Row {
 		sorted := slices.Clone(rs)
 		sort.Slice(sorted, func(i, j int) bool { return sorted[i].TxnPerS < sorted[j].TxnPerS })
 		med := sorted[(len(sorted)-1)/2]
-		med.Runs = nil
+		med.Runs, med.CPURuns = nil, nil
 		for _, r := range rs {
 			med.Runs = append(med.Runs, r.TxnPerS)
+			med.CPURuns = append(med.CPURuns, r.CPUMsPer1000)
 			med.Consistent = med.Consistent && r.Consistent
 		}
 		rows = append(rows, med)

@@ -79,6 +79,13 @@ func TestConfigValidate(t *testing.T) {
 		// --replica-cpus: only for processes, and a CPU list.
 		"replica-cpus":      func(c *Config) { c.ReplicaCPUs = "1" },
 		"replica-cpus list": func(c *Config) { c.Mode, c.Bin, c.ReplicaCPUs = ModeProcesses, "walship", "1;rm" },
+		// --primary-cpus and --primary-profiles: only for processes.
+		"primary-cpus":      func(c *Config) { c.PrimaryCPUs = "0" },
+		"primary-cpus list": func(c *Config) { c.Mode, c.Bin, c.PrimaryCPUs = ModeProcesses, "walship", "0-" },
+		"primary-profiles":  func(c *Config) { c.ProfileDir = "/tmp" },
+		// The primary alone: only as a process, and without replicas.
+		"no log store":          func(c *Config) { c.NoLogStore = true },
+		"no log store replicas": func(c *Config) { c.Mode, c.Bin, c.NoLogStore, c.Replicas = ModeProcesses, "walship", true, 1 },
 	} {
 		c := base
 		mut(&c)

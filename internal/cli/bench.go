@@ -62,6 +62,7 @@ type benchOptions struct {
 	out, chart  string
 	cpuProfile  string
 	withTLS     bool
+	placement   string
 }
 
 func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
@@ -122,7 +123,10 @@ func (o *benchOptions) clusterFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.processes, "processes", false, "run the log store, primary and replicas as separate walship processes (the primary's CPU time is then its own)")
 	fs.IntVar(&cfg.ReplicaNice, "replica-nice", 0, "with --processes: run the log store and the replicas at this nice value (1..19), so they get CPU only when the primary leaves some (an approximation of replicas on hosts of their own; lag shows when they fall behind)")
 	fs.BoolVar(&cfg.ReplicaIdle, "replica-idle", false, "with --processes: run the log store and the replicas under SCHED_IDLE (Linux, through chrt), so they run only on a core nothing else wants and a waking primary or terminal preempts them at once; their cost shows as lag")
-	fs.StringVar(&cfg.ReplicaCPUs, "replica-cpus", "", "with --processes: pin the log store and the replicas to these CPUs (a taskset list, e.g. 1); run the bench itself under `taskset -c` on the others, and the primary and its clients and the replicas have cores of their own, as on separate hosts")
+	fs.StringVar(&o.placement, "placement", "", "where a started cluster's nodes run: separate (the primary and the clients on half the CPUs, the log store and the replicas as processes on the other half, as on hosts of their own; the default of --matrix and --cpu-scaling with 2+ CPUs) or shared (every node on the same cores; the default otherwise)")
+	fs.StringVar(&cfg.ReplicaCPUs, "replica-cpus", "", "with --processes: pin the log store and the replicas to these CPUs (a taskset list, e.g. 1); --placement separate: the second half of the CPUs")
+	fs.StringVar(&cfg.PrimaryCPUs, "primary-cpus", "", "with --processes: pin the primary and the bench's clients to these CPUs (a taskset list, e.g. 0); --placement separate: the first half of the CPUs")
+	fs.StringVar(&cfg.ProfileDir, "primary-profiles", "", "with --processes: write a CPU profile of the primary process over each run's measured window into this directory (go tool pprof reads them)")
 	fs.StringVar(&cfg.Dir, "data-dir", "", "parent of the clusters' data directories (default: temporary, removed)")
 	fs.BoolVar(&o.withTLS, "tls", false, "run the started cluster (in-process or --processes) over mTLS: a throwaway CA, the default authorization policy")
 }
@@ -132,8 +136,8 @@ func (o *benchOptions) clusterFlags(fs *flag.FlagSet) {
 func (o *benchOptions) runFlags(fs *flag.FlagSet) {
 	fs.Var(listFlag{&o.codecs}, "codecs", "run once per codec, e.g. msgpack,json (overrides --codec)")
 	fs.BoolVar(&o.matrix, "matrix", false, "run every cell: replication {sync, async, disabled} x durability {sync, async}")
-	fs.BoolVar(&o.cpuScaling, "cpu-scaling", false, "measure the primary process's CPU ms per 1,000 commits with async replication to each --cpu-scaling-replicas count (implies --processes)")
-	fs.Var(listFlag{&o.cpuReplicas}, "cpu-scaling-replicas", "replica counts for --cpu-scaling (0 = no replica: what replication costs the primary at that load)")
+	fs.BoolVar(&o.cpuScaling, "cpu-scaling", false, "measure the primary process's CPU ms per 1,000 commits replicating (--replication, default async) to each --cpu-scaling-replicas count (implies --processes); give --rate so every run carries the same load")
+	fs.Var(listFlag{&o.cpuReplicas}, "cpu-scaling-replicas", "replica counts for --cpu-scaling: 0 = no replica (replication disabled, a log store), none = the primary alone (no log store either), N = N replicas and a log store")
 	fs.IntVar(&o.repeat, "repeat", o.repeat, "run each cell this many times, in rounds that alternate the cells and codecs, and report the median")
 	fs.StringVar(&o.out, "out", "", "write the rows as JSON to this file")
 	fs.StringVar(&o.chart, "chart", "", "write an SVG bar chart of txn/s per cell and codec to this file")
@@ -211,8 +215,54 @@ func (o *benchOptions) setMode(env *Env) error {
 	} else if len(o.cfg.ReplicaAddrs) > 0 {
 		return benchUsage(env, "--replicas: addresses need --primary")
 	}
-	if o.processes || o.cpuScaling {
+	if o.placement == "" {
+		o.placement = bench.PlacementShared
+		if _, _, err := bench.SplitCPUs(); err == nil && (o.matrix || o.cpuScaling) && o.cfg.PrimaryAddr == "" {
+			o.placement = bench.PlacementSeparate
+		}
+	}
+	switch o.placement {
+	case bench.PlacementShared:
+	case bench.PlacementSeparate:
+		if o.cfg.PrimaryAddr != "" {
+			return benchUsage(env, "--placement separate: only for a cluster the bench starts")
+		}
+		if err := o.placeApart(env); err != nil {
+			return err
+		}
+	default:
+		return benchUsage(env, fmt.Sprintf("--placement: %q is neither separate nor shared", o.placement))
+	}
+	if o.processes || o.cpuScaling || o.placement == bench.PlacementSeparate || o.cfg.PrimaryCPUs != "" {
 		o.cfg.Mode, o.cfg.Bin = bench.ModeProcesses, bench.DefaultBin()
+	}
+	if o.cfg.PrimaryCPUs != "" {
+		// The clients share the primary's CPUs: what they cost comes out
+		// of the same budget in every cell, replicas or not.
+		if err := bench.PinSelf(o.cfg.PrimaryCPUs); err != nil {
+			return benchUsage(env, "--primary-cpus: "+err.Error())
+		}
+	}
+	if o.placement == bench.PlacementSeparate {
+		fmt.Fprintf(env.Stderr, "placement: primary and clients on CPUs %s, log store and replicas on CPUs %s\n", o.cfg.PrimaryCPUs, o.cfg.ReplicaCPUs)
+	}
+	return nil
+}
+
+// placeApart places the nodes as --placement separate says: the primary
+// and this process (its clients) on the first half of the CPUs, the log
+// store and the replicas on the rest, unless --primary-cpus or
+// --replica-cpus say otherwise.
+func (o *benchOptions) placeApart(env *Env) error {
+	primaryCPUs, peerCPUs, err := bench.SplitCPUs()
+	if err != nil && (o.cfg.PrimaryCPUs == "" || o.cfg.ReplicaCPUs == "") {
+		return benchUsage(env, "--placement separate: "+err.Error())
+	}
+	if o.cfg.PrimaryCPUs == "" {
+		o.cfg.PrimaryCPUs = primaryCPUs
+	}
+	if o.cfg.ReplicaCPUs == "" {
+		o.cfg.ReplicaCPUs = peerCPUs
 	}
 	return nil
 }
@@ -237,9 +287,10 @@ func startCPUProfile(path string) (func(), error) {
 // benchCell is one cell of the runs: a replication mode and a durability,
 // with a count of replicas.
 type benchCell struct {
-	rep      walshipv1.ReplicationMode
-	dur      walshipv1.Durability
-	replicas int
+	rep        walshipv1.ReplicationMode
+	dur        walshipv1.Durability
+	replicas   int
+	noLogStore bool
 }
 
 // runs are the runs the flags ask for: each cell with each codec.
@@ -252,7 +303,7 @@ func (o *benchOptions) runs(env *Env) ([]bench.Config, error) {
 	for _, codecName := range o.codecs {
 		for _, c := range cells {
 			run := o.cfg
-			run.Codec, run.Replication, run.Durability, run.Replicas = codecName, c.rep, c.dur, c.replicas
+			run.Codec, run.Replication, run.Durability, run.Replicas, run.NoLogStore = codecName, c.rep, c.dur, c.replicas, c.noLogStore
 			if o.cpuScaling {
 				run.ReplicasWhenDisabled = true
 			}
@@ -269,18 +320,26 @@ func (o *benchOptions) cells(env *Env) ([]benchCell, error) {
 	switch {
 	case o.cpuScaling:
 		for _, s := range o.cpuReplicas {
+			if s == "none" {
+				cells = append(cells, benchCell{rep: walshipv1.ReplicationMode_REPLICATION_MODE_DISABLED, dur: o.pol.Durability, noLogStore: true})
+				continue
+			}
 			n, err := strconv.Atoi(s)
 			if err != nil || n < 0 {
-				return nil, benchUsage(env, fmt.Sprintf("--cpu-scaling-replicas: %q is not a count (0 or more; 0 = the primary with no replica, at the same offered load)", s))
+				return nil, benchUsage(env, fmt.Sprintf("--cpu-scaling-replicas: %q is not a count (0 or more; 0 = the primary with no replica, at the same offered load) or none (no log store either)", s))
 			}
-			cells = append(cells, benchCell{walshipv1.ReplicationMode_REPLICATION_MODE_ASYNC, o.pol.Durability, n})
+			rep := o.pol.Replication
+			if n == 0 {
+				rep = walshipv1.ReplicationMode_REPLICATION_MODE_DISABLED
+			}
+			cells = append(cells, benchCell{rep: rep, dur: o.pol.Durability, replicas: n})
 		}
 	case o.matrix:
 		for _, c := range bench.MatrixCells {
-			cells = append(cells, benchCell{replicationByName[c[0]], durabilityByName[c[1]], o.cfg.Replicas})
+			cells = append(cells, benchCell{rep: replicationByName[c[0]], dur: durabilityByName[c[1]], replicas: o.cfg.Replicas})
 		}
 	default:
-		cells = append(cells, benchCell{o.pol.Replication, o.pol.Durability, o.cfg.Replicas})
+		cells = append(cells, benchCell{rep: o.pol.Replication, dur: o.pol.Durability, replicas: o.cfg.Replicas})
 	}
 	return cells, nil
 }
@@ -330,22 +389,30 @@ var durabilityByName = map[string]walshipv1.Durability{
 
 func writeCPUScaling(env *Env, rows []bench.Row) {
 	w := tabwriter.NewWriter(env.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "workload\tcodec\treplicas\tReplication/Durability\ttxn/s\tprimary commits\tprimary CPU ms per 1000 commits\tvs first\tconsistent\t")
-	base := map[string]float64{}
+	fmt.Fprintln(w, "workload\tcodec\treplicas\tlog store\tReplication/Durability\ttxn/s\tprimary commits\tprimary CPU ms per 1000 commits\tvs first\tconsistent\t")
+	base := map[string]bench.Row{}
 	for _, r := range rows {
 		k := r.Workload + "/" + r.Codec
 		if _, ok := base[k]; !ok {
-			base[k] = r.CPUMsPer1000
+			base[k] = r
 		}
 		ratio := "-"
-		if base[k] > 0 {
-			ratio = fmt.Sprintf("%.2fx", r.CPUMsPer1000/base[k])
+		if x, ok := bench.CPURatio(r, base[k]); ok {
+			ratio = fmt.Sprintf("%.2fx", x)
 		}
-		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%.1f\t%d\t%.1f\t%s\t%v\t\n", r.Workload, r.Codec, r.Replicas, r.Label(), r.TxnPerS, r.ServerCommits, r.CPUMsPer1000, ratio, r.Consistent)
+		ls := "yes"
+		if r.NoLogStore {
+			ls = "no"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%.1f\t%d\t%.1f\t%s\t%v\t\n", r.Workload, r.Codec, r.Replicas, ls, r.Label(), r.TxnPerS, r.ServerCommits, r.CPUMsPer1000, ratio, r.Consistent)
 	}
 	w.Flush()
 	if len(rows) > 0 {
-		fmt.Fprintf(env.Stdout, "\n(CPU: %s, utime+stime from /proc/<pid>/stat over the measured window)\n", rows[0].CPUScope)
+		rounds := ""
+		if n := len(rows[0].CPURuns); n > 1 {
+			rounds = fmt.Sprintf("; medians of %d rounds, vs first paired by round", n)
+		}
+		fmt.Fprintf(env.Stdout, "\n(CPU: %s, utime+stime from /proc/<pid>/stat over the measured window%s)\n", rows[0].CPUScope, rounds)
 	}
 }
 

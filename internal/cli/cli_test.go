@@ -106,39 +106,50 @@ func TestListFlag(t *testing.T) {
 	}
 }
 
-// TestBenchCPUScalingFromZero runs `walship bench --cpu-scaling` with
-// replica counts 0 and 1 against real processes: both rows are measured at
-// the same offered load, consistent, with the primary's own CPU per commit.
+// TestBenchCPUScalingFromZero runs `walship bench --cpu-scaling` with the
+// primary alone, then with a log store and replica counts 0 and 1, against
+// real processes: every row is measured at the same offered load,
+// consistent, with the primary's own CPU per commit. (--placement shared:
+// separate would pin this test process to half the CPUs.)
 func TestBenchCPUScalingFromZero(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
 	t.Setenv("WALSHIP_BIN", testkit.Walship(t))
-	code, out, errOut := run(t, "bench", "--workload", "tpcb", "--scale", "1", "--accounts", "100",
-		"--cpu-scaling", "--cpu-scaling-replicas", "0,1", "--rate", "100", "--terminals", "2",
+	code, out, errOut := run(t, "bench", "--workload", "tpcb", "--scale", "1", "--accounts", "100", "--placement", "shared",
+		"--cpu-scaling", "--cpu-scaling-replicas", "none,0,1", "--rate", "100", "--terminals", "2",
 		"--duration", "1s", "--warmup", "200ms", "--data-dir", t.TempDir())
 	if code != 0 {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr (tail):\n%s", code, out, tail(errOut, 2000))
 	}
+	want := []struct{ replicas, logStore, cell string }{{"0", "no", "Disabled/Sync"}, {"0", "yes", "Disabled/Sync"}, {"1", "yes", "Async/Sync"}}
 	rows := 0
 	for _, line := range strings.Split(out, "\n") {
 		f := strings.Fields(line)
-		if len(f) < 9 || f[0] != "tpcb" {
+		if len(f) < 10 || f[0] != "tpcb" {
 			continue
 		}
+		if rows < len(want) {
+			if w := want[rows]; f[2] != w.replicas || f[3] != w.logStore || f[4] != w.cell || f[len(f)-1] != "true" {
+				t.Errorf("row %d: replicas %s, log store %s, cell %s, consistent %s; want %+v:\n%s", rows, f[2], f[3], f[4], f[len(f)-1], w, line)
+			}
+		}
 		rows++
-		if want := strconv.Itoa(rows - 1); f[2] != want || f[len(f)-1] != "true" {
-			t.Errorf("row %d: replicas %s (want %s), consistent %s:\n%s", rows, f[2], want, f[len(f)-1], line)
-		}
-		if ms, err := strconv.ParseFloat(f[6], 64); err != nil || ms <= 0 {
-			t.Errorf("row %d: primary CPU ms per 1,000 commits %q", rows, f[6])
+		if ms, err := strconv.ParseFloat(f[7], 64); err != nil || ms <= 0 {
+			t.Errorf("row %d: primary CPU ms per 1,000 commits %q", rows, f[7])
 		}
 	}
-	if rows != 2 {
-		t.Fatalf("%d result rows, want 2:\n%s", rows, out)
+	if rows != len(want) {
+		t.Fatalf("%d result rows, want %d:\n%s", rows, len(want), out)
 	}
-	if code, _, errOut := run(t, "bench", "--cpu-scaling", "--cpu-scaling-replicas", "-1"); code != 2 || !strings.Contains(errOut, `--cpu-scaling-replicas: "-1"`) {
-		t.Errorf("--cpu-scaling-replicas -1: exit %d, stderr %q", code, errOut)
+	for _, tc := range []struct{ args, want []string }{
+		{[]string{"--cpu-scaling", "--cpu-scaling-replicas", "-1"}, []string{`--cpu-scaling-replicas: "-1"`}},
+		{[]string{"--placement", "apart"}, []string{`--placement: "apart"`}},
+		{[]string{"--placement", "separate", "--primary", "127.0.0.1:1"}, []string{"--placement separate: only for a cluster the bench starts"}},
+	} {
+		if code, _, errOut := run(t, append([]string{"bench"}, tc.args...)...); code != 2 || !strings.Contains(errOut, tc.want[0]) {
+			t.Errorf("%v: exit %d, stderr %q, want 2 and %q", tc.args, code, errOut, tc.want[0])
+		}
 	}
 }
 
