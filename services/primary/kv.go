@@ -3,6 +3,7 @@ package primary
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
@@ -90,8 +91,8 @@ func (k *kvServer) Txn(ctx context.Context, req *walshipv1.TxnRequest) (*walship
 	cmps := make([]state.Compare, len(req.GetCompares()))
 	for i, c := range req.GetCompares() {
 		var err error
-		if cmps[i], err = convertCompare(fmt.Sprintf("compares[%d]", i), c); err != nil {
-			return nil, err
+		if cmps[i], err = convertCompare(c); err != nil {
+			return nil, within(fmt.Sprintf("compares[%d]", i), err)
 		}
 	}
 	success, err := k.s.convertOps("success", req.GetSuccess())
@@ -154,38 +155,63 @@ func (s *Server) validateValue(field string, v []byte) error {
 	return nil
 }
 
+// convertOps converts the ops of field (success or failure). The names
+// of its fields are formatted only for an error: a commit's validation
+// formats no strings.
 func (s *Server) convertOps(field string, in []*walshipv1.TxnOp) ([]op, error) {
 	out := make([]op, len(in))
 	for i, o := range in {
-		f := fmt.Sprintf("%s[%d]", field, i)
-		switch x := o.GetOp().(type) {
-		case *walshipv1.TxnOp_Put:
-			if err := keyspace.ValidateKey(f+".put.key", x.Put.GetKey()); err != nil {
-				return nil, err
-			}
-			if err := s.validateValue(f+".put.value", x.Put.GetValue()); err != nil {
-				return nil, err
-			}
-			out[i] = op{kind: codec.OpPut, key: x.Put.GetKey(), value: x.Put.GetValue()}
-		case *walshipv1.TxnOp_Delete:
-			if err := keyspace.ValidateKey(f+".delete.key", x.Delete.GetKey()); err != nil {
-				return nil, err
-			}
-			out[i] = op{kind: codec.OpDelete, key: x.Delete.GetKey()}
-		case *walshipv1.TxnOp_Get:
-			if err := keyspace.ValidateKey(f+".get.key", x.Get.GetKey()); err != nil {
-				return nil, err
-			}
-			out[i] = op{kind: opGet, key: x.Get.GetKey()}
-		default:
-			return nil, rpcerr.Invalid(f, "no op set (want put, delete or get)")
+		var err error
+		if out[i], err = s.convertOp(o); err != nil {
+			return nil, within(fmt.Sprintf("%s[%d]", field, i), err)
 		}
 	}
 	return out, nil
 }
 
-func convertCompare(field string, c *walshipv1.Compare) (state.Compare, error) {
-	if err := keyspace.ValidateKey(field+".key", c.GetKey()); err != nil {
+// convertOp converts one op; an error names the field within it (put.key).
+func (s *Server) convertOp(o *walshipv1.TxnOp) (op, error) {
+	switch x := o.GetOp().(type) {
+	case *walshipv1.TxnOp_Put:
+		if err := keyspace.ValidateKey("put.key", x.Put.GetKey()); err != nil {
+			return op{}, err
+		}
+		if err := s.validateValue("put.value", x.Put.GetValue()); err != nil {
+			return op{}, err
+		}
+		return op{kind: codec.OpPut, key: x.Put.GetKey(), value: x.Put.GetValue()}, nil
+	case *walshipv1.TxnOp_Delete:
+		if err := keyspace.ValidateKey("delete.key", x.Delete.GetKey()); err != nil {
+			return op{}, err
+		}
+		return op{kind: codec.OpDelete, key: x.Delete.GetKey()}, nil
+	case *walshipv1.TxnOp_Get:
+		if err := keyspace.ValidateKey("get.key", x.Get.GetKey()); err != nil {
+			return op{}, err
+		}
+		return op{kind: opGet, key: x.Get.GetKey()}, nil
+	default:
+		return op{}, status.Error(codes.InvalidArgument, ": no op set (want put, delete or get)")
+	}
+}
+
+// within names the field of err, an INVALID_ARGUMENT of a part of the
+// request, by where that part is: "put.key: empty" within "success[2]" is
+// "success[2].put.key: empty" (and ": no op set" is "success[2]: no op
+// set").
+func within(part string, err error) error {
+	st := status.Convert(err)
+	msg := st.Message()
+	if !strings.HasPrefix(msg, ":") {
+		msg = "." + msg
+	}
+	return status.Error(st.Code(), part+msg)
+}
+
+// convertCompare converts one compare; an error names the field within
+// it (key).
+func convertCompare(c *walshipv1.Compare) (state.Compare, error) {
+	if err := keyspace.ValidateKey("key", c.GetKey()); err != nil {
 		return state.Compare{}, err
 	}
 	out := state.Compare{Key: []byte(c.GetKey())}
@@ -199,32 +225,32 @@ func convertCompare(field string, c *walshipv1.Compare) (state.Compare, error) {
 	case walshipv1.CompareResult_COMPARE_RESULT_GREATER:
 		out.Result = state.Greater
 	default:
-		return out, rpcerr.Invalid(field+".result", "%v is not EQUAL, NOT_EQUAL, LESS or GREATER", c.GetResult())
+		return out, rpcerr.Invalid("result", "%v is not EQUAL, NOT_EQUAL, LESS or GREATER", c.GetResult())
 	}
 	switch c.GetTarget() {
 	case walshipv1.CompareTarget_COMPARE_TARGET_VALUE:
 		v, ok := c.GetOperand().(*walshipv1.Compare_Value)
 		if !ok {
-			return out, rpcerr.Invalid(field+".value", "required for target VALUE")
+			return out, rpcerr.Invalid("value", "required for target VALUE")
 		}
 		out.Target, out.Value = state.TargetValue, v.Value
 	case walshipv1.CompareTarget_COMPARE_TARGET_VERSION:
 		v, ok := c.GetOperand().(*walshipv1.Compare_VersionLsn)
 		if !ok {
-			return out, rpcerr.Invalid(field+".version_lsn", "required for target VERSION")
+			return out, rpcerr.Invalid("version_lsn", "required for target VERSION")
 		}
 		out.Target, out.Version = state.TargetVersion, v.VersionLsn
 	case walshipv1.CompareTarget_COMPARE_TARGET_EXISTS:
 		v, ok := c.GetOperand().(*walshipv1.Compare_Exists)
 		if !ok {
-			return out, rpcerr.Invalid(field+".exists", "required for target EXISTS")
+			return out, rpcerr.Invalid("exists", "required for target EXISTS")
 		}
 		out.Target, out.Exists = state.TargetExists, v.Exists
 	default:
-		return out, rpcerr.Invalid(field+".target", "%v is not VALUE, VERSION or EXISTS", c.GetTarget())
+		return out, rpcerr.Invalid("target", "%v is not VALUE, VERSION or EXISTS", c.GetTarget())
 	}
 	if err := out.Validate(); err != nil {
-		return out, rpcerr.Invalid(field+".result", "%v", err)
+		return out, rpcerr.Invalid("result", "%v", err)
 	}
 	return out, nil
 }
