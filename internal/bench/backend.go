@@ -412,6 +412,22 @@ func parseProcStat(s string) (time.Duration, error) {
 	return time.Duration(u+st) * time.Second / clockTicks, nil
 }
 
+// histogramSum adds the sample counts and sums of a histogram family's
+// series.
+func histogramSum(mfs map[string]*dto.MetricFamily, name string) (count, sum float64, ok bool) {
+	mf, ok := mfs[name]
+	if !ok {
+		return 0, 0, false
+	}
+	for _, m := range mf.GetMetric() {
+		if h := m.GetHistogram(); h != nil {
+			count += float64(h.GetSampleCount())
+			sum += h.GetSampleSum()
+		}
+	}
+	return count, sum, true
+}
+
 // metricSum adds the values of a counter or gauge family's series whose
 // labels include every pair of match.
 func metricSum(mfs map[string]*dto.MetricFamily, name string, match map[string]string) (float64, bool) {

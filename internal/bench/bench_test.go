@@ -376,12 +376,14 @@ func TestWriteTable(t *testing.T) {
 	rows := sampleRows()
 	rows[0].CPUMsPer1000 = 1234.4 // the others: not measured
 	rows[0].CPUCores = 1.734
+	rows[0].CommitsPerBatch, rows[0].FsyncMs = 4.26, 0.734
 	if err := WriteTable(&b, rows); err != nil {
 		t.Fatal(err)
 	}
 	out := b.String()
 	for _, want := range []string{"TPCC, msgpack, 8 terminals", "Replication  Durability  Reqs per second", "vs Disabled/Sync",
-		"WAL MB/s  CPU ms/1k commits  CPU cores  consistent", "0.00               1234       1.73        true", "0.00                  -          -        true",
+		"WAL MB/s  txn/batch  fsync ms  CPU ms/1k commits  CPU cores  consistent", "0.00        4.3      0.73               1234       1.73        true",
+		"0.00          -         -                  -          -        true",
 		"TPCC codec gap", "msgpack/json"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)

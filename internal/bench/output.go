@@ -80,7 +80,7 @@ func WriteTable(w io.Writer, rows []Row) error {
 		// CPU per commit and cores busy sit beside the throughput because,
 		// on a machine where the replicas share the primary's cores, a run
 		// near the core count is CPU-bound and its ratios follow the CPU.
-		fmt.Fprintln(tw, "Replication\tDurability\tReqs per second\trounds\tvs Disabled/Sync\tp50 ms\tp99 ms\taborts\tretries\tlag p99 s\tlag p99 recs\tWAL MB/s\tCPU ms/1k commits\tCPU cores\tconsistent\t")
+		fmt.Fprintln(tw, "Replication\tDurability\tReqs per second\trounds\tvs Disabled/Sync\tp50 ms\tp99 ms\taborts\tretries\tlag p99 s\tlag p99 recs\tWAL MB/s\ttxn/batch\tfsync ms\tCPU ms/1k commits\tCPU cores\tconsistent\t")
 		for _, r := range g.rows {
 			vs := "-"
 			if base != nil {
@@ -95,8 +95,15 @@ func WriteTable(w io.Writer, rows []Row) error {
 			if r.CPUCores > 0 {
 				cores = fmt.Sprintf("%.2f", r.CPUCores)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%.1f\t%s\t%s\t%.2f\t%.2f\t%d\t%d\t%.3f\t%.0f\t%.2f\t%s\t%s\t%v\t\n",
-				r.Replication, r.Durability, r.TxnPerS, spread(r), vs, r.P50Ms, r.P99Ms, r.Aborts, r.Retries, r.ReplicaLagP99S, r.ReplicaLagP99Records, r.WALMBPerS, cpu, cores, r.Consistent)
+			group, fsync := "-", "-"
+			if r.CommitsPerBatch > 0 {
+				group = fmt.Sprintf("%.1f", r.CommitsPerBatch)
+			}
+			if r.FsyncMs > 0 {
+				fsync = fmt.Sprintf("%.2f", r.FsyncMs)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%.1f\t%s\t%s\t%.2f\t%.2f\t%d\t%d\t%.3f\t%.0f\t%.2f\t%s\t%s\t%s\t%s\t%v\t\n",
+				r.Replication, r.Durability, r.TxnPerS, spread(r), vs, r.P50Ms, r.P99Ms, r.Aborts, r.Retries, r.ReplicaLagP99S, r.ReplicaLagP99Records, r.WALMBPerS, group, fsync, cpu, cores, r.Consistent)
 		}
 		if err := tw.Flush(); err != nil {
 			return err

@@ -189,6 +189,9 @@ func TestRunProcesses(t *testing.T) {
 	if row.Mode != ModeProcesses || row.ReplicaNice != 5 || row.CPUScope != "primary process" || row.CPUMsPer1000 <= 0 {
 		t.Errorf("mode %q, replica nice %d, CPU scope %q, %.1f ms per 1,000 commits", row.Mode, row.ReplicaNice, row.CPUScope, row.CPUMsPer1000)
 	}
+	if row.CommitsPerBatch < 1 || row.FsyncMs <= 0 {
+		t.Errorf("%.2f commits per WAL entry, fsyncs of %.3f ms: every commit is in an entry, and sync durability fsyncs", row.CommitsPerBatch, row.FsyncMs)
+	}
 	checkPrimaryProfile(t, filepath.Join(cfg.ProfileDir, "Sync-Sync-msgpack-tpcb-1replicas-1.pprof"))
 }
 

@@ -237,29 +237,36 @@ type Row struct {
 	Retries        int64   `json:"retries"`
 	ReplicaLagP99S float64 `json:"replica_lag_p99_s"`
 	WALMBPerS      float64 `json:"wal_mb_per_s"`
-	Consistent     bool    `json:"consistent"`
-	Notes          string  `json:"notes"`
+	// CommitsPerBatch is the primary's commits per WAL entry (a group
+	// commit is one entry): what one message to each replica carries.
+	CommitsPerBatch float64 `json:"commits_per_batch,omitempty"`
+	// FsyncMs is the primary's mean WAL fsync over the window: on one
+	// machine, it shows the replicas' and log store's fsyncs sharing its
+	// disk.
+	FsyncMs    float64 `json:"fsync_ms,omitempty"`
+	Consistent bool    `json:"consistent"`
+	Notes      string  `json:"notes"`
 
 	// Beyond the issue's list.
 	// ReplicaLagP99Records is the p99 of the worst replica's apply lag in
 	// records (LSNs), sampled every 100 ms from the primary's Status.
-	ReplicaLagP99Records float64            `json:"replica_lag_p99_records"`
-	Mode                 string             `json:"mode"`
-	ReplicaNice          int                `json:"replica_nice,omitempty"`
-	ReplicaIdle          bool               `json:"replica_idle,omitempty"`
-	ReplicaCPUs          string             `json:"replica_cpus,omitempty"`
-	PrimaryCPUs          string             `json:"primary_cpus,omitempty"`
-	SpeculativeReads     bool               `json:"speculative_reads"`
-	Replicas             int                `json:"replicas"`
-	NoLogStore           bool               `json:"no_log_store,omitempty"`
+	ReplicaLagP99Records float64 `json:"replica_lag_p99_records"`
+	Mode                 string  `json:"mode"`
+	ReplicaNice          int     `json:"replica_nice,omitempty"`
+	ReplicaIdle          bool    `json:"replica_idle,omitempty"`
+	ReplicaCPUs          string  `json:"replica_cpus,omitempty"`
+	PrimaryCPUs          string  `json:"primary_cpus,omitempty"`
+	SpeculativeReads     bool    `json:"speculative_reads"`
+	Replicas             int     `json:"replicas"`
+	NoLogStore           bool    `json:"no_log_store,omitempty"`
 	// CPURuns are the runs' CPU ms per 1,000 commits, one per round, in
 	// the order of Runs.
-	CPURuns []float64 `json:"cpu_runs,omitempty"`
-	Errors               int64              `json:"errors"`
-	ByKind               map[string]int64   `json:"by_kind"`
-	ByKindP99Ms          map[string]float64 `json:"by_kind_p99_ms"`
-	CPUMsPer1000         float64            `json:"cpu_ms_per_1000_commits"`
-	CPUScope             string             `json:"cpu_scope,omitempty"`
+	CPURuns      []float64          `json:"cpu_runs,omitempty"`
+	Errors       int64              `json:"errors"`
+	ByKind       map[string]int64   `json:"by_kind"`
+	ByKindP99Ms  map[string]float64 `json:"by_kind_p99_ms"`
+	CPUMsPer1000 float64            `json:"cpu_ms_per_1000_commits"`
+	CPUScope     string             `json:"cpu_scope,omitempty"`
 	// CPUCores is the CPU time of the same scope over the measured window
 	// divided by its length: how many cores it kept busy. Near the
 	// machine's core count the run is CPU-bound, and then the cells'
@@ -667,9 +674,12 @@ type snap struct {
 	at               time.Time
 	walBytes, commit float64
 	metrics          bool
-	cpu              time.Duration
-	cpuOK            bool
-	retries          int64
+	// The primary's WAL entries (groups) and fsyncs, when it reports them.
+	batches, fsyncs, fsyncSecs float64
+	groups                     bool
+	cpu                        time.Duration
+	cpuOK                      bool
+	retries                    int64
 }
 
 // takeSnap reads the primary's WAL bytes and commits (when its metrics
@@ -682,6 +692,10 @@ func takeSnap(ctx context.Context, b *backend, sessions []*session) snap {
 			s.walBytes, ok1 = metricSum(mfs, "walship_wal_written_bytes_total", nil)
 			s.commit, ok2 = metricSum(mfs, "walship_commits_total", map[string]string{"result": "ok"})
 			s.metrics = ok1 && ok2
+			var ok3, ok4 bool
+			s.batches, ok3 = metricSum(mfs, "walship_wal_batches_total", nil)
+			s.fsyncs, s.fsyncSecs, ok4 = histogramSum(mfs, "walship_wal_fsync_duration_seconds")
+			s.groups = ok3 && ok4
 		}
 	}
 	if b.cpu != nil {
@@ -759,6 +773,14 @@ func (m *measurement) fill(row *Row, kinds []string, b *backend) []string {
 	}
 	if m.s0.metrics && m.s1.metrics {
 		row.WALMBPerS = (m.s1.walBytes - m.s0.walBytes) / window / 1e6
+		if m.s0.groups && m.s1.groups {
+			if n := m.s1.batches - m.s0.batches; n > 0 {
+				row.CommitsPerBatch = (m.s1.commit - m.s0.commit) / n
+			}
+			if n := m.s1.fsyncs - m.s0.fsyncs; n > 0 {
+				row.FsyncMs = (m.s1.fsyncSecs - m.s0.fsyncSecs) / n * 1000
+			}
+		}
 		row.ServerCommits = int64(m.s1.commit - m.s0.commit)
 	} else {
 		notes = append(notes, "WAL MB/s unknown (no primary metrics)")
