@@ -199,7 +199,7 @@ func runFake(t *testing.T, w workload, terminals, n int) *fakeKV {
 }
 
 func smallParams() WorkloadParams {
-	return WorkloadParams{Warehouses: 2, Items: 200, Customers: 30, Scale: 2, Accounts: 100, Records: 100, ValueBytes: 20, Theta: 0.99, Seed: 5, RunID: "t", counts: &runCounts{}}
+	return WorkloadParams{Warehouses: 2, Items: 200, Customers: 30, Scale: 2, Accounts: 100, Records: 100, ValueBytes: 20, Theta: 0.99, Seed: 5, PutBytes: 16, RunID: "t", counts: &runCounts{}}
 }
 
 func TestTPCCConsistency(t *testing.T) {
@@ -249,6 +249,33 @@ func TestTPCBConsistency(t *testing.T) {
 	f.set(tKey(3), val{v: r.encode(), found: true})
 	if v := f.check(w.checker()); len(v) != 1 || !strings.Contains(v[0], "sum(tellers)") {
 		t.Errorf("broken teller balance: violations %q", v)
+	}
+}
+
+// TestPutConsistency: after a run every Put the terminals saw commit is
+// there with its size; a lost key, a wrong size and a Put not counted are
+// each caught; another run's keys are not this run's business.
+func TestPutConsistency(t *testing.T) {
+	p := smallParams()
+	w := newPut(p)
+	f := runFake(t, w, 4, 100)
+	if p.counts.puts.Load() != 400 {
+		t.Fatalf("%d puts counted, want 400", p.counts.puts.Load())
+	}
+	f.set("put/other-run/00/000000000001", val{v: []byte("x"), found: true})
+	if v := f.check(w.checker()); len(v) > 0 {
+		t.Fatalf("inconsistent: %v", v)
+	}
+	for name, brk := range map[string]func(f *fakeKV){
+		"puts: 399 keys present": func(f *fakeKV) { f.remove("put/t/02/000000000007") },
+		"3 bytes, want 16":       func(f *fakeKV) { f.set("put/t/01/000000000001", val{v: []byte("abc"), found: true}) },
+		"puts: 401 keys present": func(f *fakeKV) { f.set("put/t/09/000000000001", val{v: make([]byte, 16), found: true}) },
+	} {
+		g := clone(f)
+		brk(g)
+		if v := g.check(w.checker()); !strings.Contains(strings.Join(v, "\n"), name) {
+			t.Errorf("%s: violations %q", name, v)
+		}
 	}
 }
 

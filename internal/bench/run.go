@@ -144,6 +144,10 @@ func (c *Config) Validate() error {
 		if p.Scale < 1 || p.Accounts < 1 {
 			errs = append(errs, fmt.Errorf("--scale %d, --accounts %d: must be positive", p.Scale, p.Accounts))
 		}
+	case "put":
+		if p.PutBytes < 0 {
+			errs = append(errs, fmt.Errorf("--put-bytes %d: must not be negative", p.PutBytes))
+		}
 	case "ycsb-a":
 		if p.Records < 2 || p.ValueBytes < 0 || p.Theta <= 0 || p.Theta >= 1 {
 			errs = append(errs, fmt.Errorf("--records %d, --value-bytes %d, --zipf-theta %v: need records >= 2 and theta in (0,1)", p.Records, p.ValueBytes, p.Theta))
@@ -553,7 +557,7 @@ func runTerminal(ctx context.Context, cfg Config, i int, term terminal, s *sessi
 			return
 		default:
 			rec.fail(err)
-			if kind == 1 && cfg.Workload == "ycsb-a" {
+			if (kind == 1 && cfg.Workload == "ycsb-a") || cfg.Workload == "put" {
 				counts.unknown.Add(1)
 			}
 		}

@@ -210,6 +210,7 @@ func (t *ycsbTerminal) next(ctx context.Context, s *session) (int, error) {
 // (an error after the Txn was sent), which makes the count inexact.
 type runCounts struct {
 	updates atomic.Int64
+	puts    atomic.Int64 // the put workload's
 	unknown atomic.Int64
 }
 

@@ -46,6 +46,8 @@ type WorkloadParams struct {
 	// Records, ValueBytes and Theta shape YCSB.
 	Records, ValueBytes int
 	Theta               float64
+	// PutBytes is the value size of the put workload.
+	PutBytes int
 	// Seed makes every terminal's choices reproducible.
 	Seed int64
 	// RunID makes inserted keys (history rows) unique across runs on one
@@ -63,12 +65,14 @@ func newWorkload(name string, p WorkloadParams) (workload, error) {
 		return newTPCB(p), nil
 	case "ycsb-a":
 		return newYCSB(p), nil
+	case "put":
+		return newPut(p), nil
 	}
-	return nil, fmt.Errorf("unknown workload %q (want tpcc, tpcb or ycsb-a)", name)
+	return nil, fmt.Errorf("unknown workload %q (want tpcc, tpcb, ycsb-a or put)", name)
 }
 
 // Workloads lists the workload names.
-var Workloads = []string{"tpcc", "tpcb", "ycsb-a"}
+var Workloads = []string{"tpcc", "tpcb", "ycsb-a", "put"}
 
 // loader writes initial data in Txns of up to maxOps puts, several in
 // flight, with async durability: loading is setup, not measured.

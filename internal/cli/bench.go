@@ -72,7 +72,7 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 			Terminals: 8, Duration: 60 * time.Second, Warmup: 10 * time.Second, MaxRetries: 10,
 			Codec: "msgpack", Replicas: 2, Mode: bench.ModeInProcess, SpeculativeReads: true,
 			Params: bench.WorkloadParams{Warehouses: 1, Items: 10000, Customers: 300, Scale: 8, Accounts: 10000,
-				Records: 10000, ValueBytes: 1000, Theta: 0.99, Seed: 1},
+				Records: 10000, ValueBytes: 1000, Theta: 0.99, Seed: 1, PutBytes: 100},
 		},
 		pol:         primary.DefaultPolicy(),
 		cpuReplicas: []string{"1", "3"},
@@ -96,6 +96,7 @@ func (o *benchOptions) workloadFlags(fs *flag.FlagSet) {
 	fs.IntVar(&cfg.Params.Records, "records", cfg.Params.Records, "ycsb-a: records")
 	fs.IntVar(&cfg.Params.ValueBytes, "value-bytes", cfg.Params.ValueBytes, "ycsb-a: bytes per record")
 	fs.Float64Var(&cfg.Params.Theta, "zipf-theta", cfg.Params.Theta, "ycsb-a: zipfian constant")
+	fs.IntVar(&cfg.Params.PutBytes, "put-bytes", cfg.Params.PutBytes, "put: bytes per value")
 	fs.Int64Var(&cfg.Params.Seed, "seed", cfg.Params.Seed, "random seed of the data and the terminals")
 	fs.IntVar(&cfg.Terminals, "terminals", cfg.Terminals, "concurrent closed-loop clients")
 	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "measured time per run")
