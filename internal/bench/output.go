@@ -113,6 +113,11 @@ func WriteTable(w io.Writer, rows []Row) error {
 				fmt.Fprintf(w, "  %s: %s\n", r.Label(), rowProblems(r))
 			}
 		}
+		for _, r := range g.rows {
+			if len(r.PrimaryCPUShares) > 0 {
+				fmt.Fprintf(w, "  %s primary CPU: %s\n", r.Label(), formatShares(r.PrimaryCPUShares))
+			}
+		}
 	}
 	return writeCodecGap(w, rows)
 }

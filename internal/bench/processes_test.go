@@ -193,6 +193,9 @@ func TestRunProcesses(t *testing.T) {
 		t.Errorf("%.2f commits per WAL entry, fsyncs of %.3f ms: every commit is in an entry, and sync durability fsyncs", row.CommitsPerBatch, row.FsyncMs)
 	}
 	checkPrimaryProfile(t, filepath.Join(cfg.ProfileDir, "Sync-Sync-msgpack-tpcb-1replicas-1.pprof"))
+	if row.PrimaryProfile != filepath.Join(cfg.ProfileDir, "Sync-Sync-msgpack-tpcb-1replicas-1.pprof") || row.PrimaryCPUShares[ownerWalship] <= 0 || row.PrimaryCPUShares[ownerGRPC] <= 0 {
+		t.Errorf("profile %q, shares %v: want walship's and gRPC's", row.PrimaryProfile, row.PrimaryCPUShares)
+	}
 }
 
 // checkPrimaryProfile parses the CPU profile at path and checks that it is

@@ -247,9 +247,14 @@ type Row struct {
 	// FsyncMs is the primary's mean WAL fsync over the window: on one
 	// machine, it shows the replicas' and log store's fsyncs sharing its
 	// disk.
-	FsyncMs    float64 `json:"fsync_ms,omitempty"`
-	Consistent bool    `json:"consistent"`
-	Notes      string  `json:"notes"`
+	FsyncMs float64 `json:"fsync_ms,omitempty"`
+	// PrimaryProfile is the file of the primary's CPU profile over the
+	// window (Config.ProfileDir), and PrimaryCPUShares how its samples
+	// split between walship's code, gRPC, fsync, the GC and the runtime.
+	PrimaryProfile   string             `json:"primary_profile,omitempty"`
+	PrimaryCPUShares map[string]float64 `json:"primary_cpu_shares,omitempty"`
+	Consistent       bool               `json:"consistent"`
+	Notes            string             `json:"notes"`
 
 	// Beyond the issue's list.
 	// ReplicaLagP99Records is the p99 of the worst replica's apply lag in
@@ -469,6 +474,8 @@ type measurement struct {
 	rec    *recorder
 	lag    *lagSamples
 	s0, s1 snap
+	// profile is the primary's CPU profile of the window, if one was taken.
+	profile string
 }
 
 // measure runs the terminals through the warmup and the measured window,
@@ -512,9 +519,11 @@ func measure(ctx context.Context, cfg Config, b *backend, c *conns, w workload, 
 		runErr = sleep(gctx, cfg.Duration)
 		m.rec.measuring.Store(false)
 		m.s1 = takeSnap(ctx, b, sessions)
-		if err := <-profiled; err != nil && runErr == nil {
-			runErr = fmt.Errorf("profile of the primary: %w", err)
+		p := <-profiled
+		if p.err != nil && runErr == nil {
+			runErr = fmt.Errorf("profile of the primary: %w", p.err)
 		}
+		m.profile = p.path
 	}
 	stop.set()
 	if err := g.Wait(); err != nil && runErr == nil {
@@ -713,14 +722,21 @@ func takeSnap(ctx context.Context, b *backend, sessions []*session) snap {
 	return s
 }
 
+// profiled is a profile of the primary taken over a measured window: its
+// file, or why there is none.
+type profiled struct {
+	path string
+	err  error
+}
+
 // profilePrimary starts taking a CPU profile of the primary over the
 // measured window into cfg.ProfileDir, named after label and numbered
-// after the runs before it; the channel says how it ended (at once, nil,
-// when there is no profile to take).
-func profilePrimary(ctx context.Context, cfg Config, b *backend, label string) <-chan error {
-	done := make(chan error, 1)
+// after the runs before it; the channel says how it ended (at once, with
+// no path, when there is no profile to take).
+func profilePrimary(ctx context.Context, cfg Config, b *backend, label string) <-chan profiled {
+	done := make(chan profiled, 1)
 	if cfg.ProfileDir == "" || b.profile == nil {
-		done <- nil
+		done <- profiled{}
 		return done
 	}
 	name := fmt.Sprintf("%s-%dreplicas", strings.NewReplacer("/", "-", " ", "-").Replace(label), len(b.replicas))
@@ -729,12 +745,12 @@ func profilePrimary(ctx context.Context, cfg Config, b *backend, label string) <
 	}
 	f, err := createNumbered(cfg.ProfileDir, name, ".pprof")
 	if err != nil {
-		done <- err
+		done <- profiled{err: err}
 		return done
 	}
 	go func() {
 		err := b.profile(ctx, cfg.Duration, f)
-		done <- errors.Join(err, f.Close())
+		done <- profiled{path: f.Name(), err: errors.Join(err, f.Close())}
 	}()
 	return done
 }
@@ -798,6 +814,14 @@ func (m *measurement) fill(row *Row, kinds []string, b *backend) []string {
 		if commits > 0 {
 			row.CPUMsPer1000 = ms(m.s1.cpu-m.s0.cpu) / commits * 1000
 			row.CPUScope = b.cpuScope
+		}
+	}
+	if m.profile != "" {
+		row.PrimaryProfile = m.profile
+		if shares, err := profileShares(m.profile); err != nil {
+			notes = append(notes, fmt.Sprintf("profile %s: %v", m.profile, err))
+		} else {
+			row.PrimaryCPUShares = shares
 		}
 	}
 	if row.Errors > 0 {

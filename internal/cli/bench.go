@@ -174,7 +174,11 @@ func (o *benchOptions) run(ctx context.Context, env *Env) error {
 		return err
 	}
 	rows, err := bench.RunInterleaved(ctx, runs, o.repeat, func(r bench.Row) {
-		fmt.Fprintf(env.Stderr, "done: %s %s %s: %.1f txn/s, p99 %.2fms, consistent=%v\n", r.Workload, r.Label(), r.Codec, r.TxnPerS, r.P99Ms, r.Consistent)
+		cpu := ""
+		if r.CPUMsPer1000 > 0 {
+			cpu = fmt.Sprintf(", %s CPU %.1f ms per 1,000 commits", r.CPUScope, r.CPUMsPer1000)
+		}
+		fmt.Fprintf(env.Stderr, "done: %s %s %s (%d replicas): %.1f txn/s, p99 %.2fms%s, consistent=%v\n", r.Workload, r.Label(), r.Codec, r.Replicas, r.TxnPerS, r.P99Ms, cpu, r.Consistent)
 	})
 	if err != nil && !(errors.Is(err, context.Canceled) && len(rows) > 0) {
 		return err
