@@ -67,7 +67,7 @@ func (p *pipeline) committer(ctx context.Context) error {
 			// applying to the state): Run stops the primary.
 			return finish(p.err())
 		}
-		async, needSync, err := p.writeQueue(&spare)
+		async, needSync, err := p.writeQueue(&spare, asked != nil)
 		if asked != nil {
 			asked <- err
 		} else if needSync {
@@ -162,8 +162,8 @@ func (p *pipeline) askWrite(ctx context.Context, asked chan error) error {
 // when the syncer asks right before its fsync, so that a group of durable
 // commits becomes one entry (up to MaxBatchBytes). It reports commit's
 // async and needSync; a failed write fails the transactions and is
-// returned.
-func (p *pipeline) writeQueue(spare *[]*txn) (async, needSync bool, err error) {
+// returned. forSync says the syncer asked: its fsync follows the write.
+func (p *pipeline) writeQueue(spare *[]*txn, forSync bool) (async, needSync bool, err error) {
 	batch := p.takeQueue(*spare)
 	defer func() {
 		clear(batch)
@@ -172,7 +172,7 @@ func (p *pipeline) writeQueue(spare *[]*txn) (async, needSync bool, err error) {
 	if len(batch) == 0 {
 		return false, false, nil
 	}
-	if async, needSync, err = p.commit(batch); err != nil {
+	if async, needSync, err = p.commit(batch, forSync); err != nil {
 		p.fail(err, batch)
 		return false, false, err
 	}
@@ -314,7 +314,7 @@ func (p *pipeline) syncWaiting() int {
 // need no fsync and registers the others with the syncer. It reports
 // whether any async commit was written (for the flush timer) and whether
 // any needs an fsync (for the committer to wake the syncer).
-func (p *pipeline) commit(txns []*txn) (async, needSync bool, err error) {
+func (p *pipeline) commit(txns []*txn, forSync bool) (async, needSync bool, err error) {
 	entries := p.entries[:0]
 	start := 0
 	for start < len(txns) {
@@ -337,6 +337,15 @@ func (p *pipeline) commit(txns []*txn) (async, needSync bool, err error) {
 		start = end
 	}
 	p.entries = entries[:0]
+	if forSync {
+		// The syncer's fsync of this group follows the write: ask the
+		// replicas for their flush of it now, so that each batch carries
+		// the ask (reply_at) to them. Asked after the write, as the
+		// syncer does for batches written without it, the streams would
+		// mostly have sent the batches already and would send each
+		// replica a second message, a heartbeat asking for the reply.
+		p.askReplicaFlush(entries[len(entries)-1].LastLSN)
+	}
 	// Registered before the write, so the syncer cannot miss them.
 	p.durMu.Lock()
 	for _, t := range txns {

@@ -470,9 +470,11 @@ func TestSpeculativeReadModifyWrite(t *testing.T) {
 }
 
 // TestGroupFlushAsked: a durability-sync commit that waits for a replica's
-// flush gets it asked for — on its batch or in a heartbeat after it, once
-// the group's fsync starts — and returns on the replica's flush ack, not
-// before; a write-stage commit's batch asks for the write ack itself.
+// flush gets it asked for on its own batch — the group is written when
+// its fsync is about to start, and asked for before the write, so no
+// heartbeat has to follow the batch to ask — and returns on the replica's
+// flush ack, not before; a write-stage commit's batch asks for the write
+// ack itself.
 func TestGroupFlushAsked(t *testing.T) {
 	cfg := testConfig(t, t.TempDir())
 	// No idle heartbeat (it asks for a reply too) during the test: a flush
@@ -499,16 +501,16 @@ func TestGroupFlushAsked(t *testing.T) {
 			done <- err
 		}()
 		var last uint64
-		for asked := false; !asked; {
+		for last == 0 {
 			m, err := s.Recv()
 			if err != nil {
 				t.Fatalf("%v: %v", level, err)
 			}
 			if b := m.GetBatch(); b != nil {
 				last = b.GetLastLsn()
-				asked = slices.Contains(m.GetReplyAt(), level)
-			} else if last > 0 && level == walshipv1.SyncLevel_SYNC_LEVEL_FLUSH {
-				asked = m.GetHeartbeat().GetReplyRequested()
+				if !slices.Contains(m.GetReplyAt(), level) {
+					t.Fatalf("%v: the commit's batch asks for a reply at %v", level, m.GetReplyAt())
+				}
 			}
 		}
 		select {
