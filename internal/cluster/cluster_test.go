@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"github.com/walship/walship/internal/testkit"
 	"math/rand/v2"
 	"path/filepath"
 	"runtime/pprof"
@@ -537,4 +538,85 @@ func TestEmptyLogStoreVouchesForNothing(t *testing.T) {
 	if err != nil || st.FirstLsn == 0 || st.FirstLsn > put.Lsn || st.DurableLsn < put.Lsn {
 		t.Fatalf("log store after a commit that waited for it (LSN %d): %v, %v; want it to hold that LSN", put.Lsn, st, err)
 	}
+}
+
+// TestShipDelayOnlyForWhatNoOneWaitsOn: with the longest --ship-delay the
+// default lease allows (a tenth of it), a
+// commit that waits on a replica or on the log stores is never held back
+// by it (no delay is counted while they commit, at every stage), while
+// batches no commit waits on are, and still reach the replica and the log
+// store.
+func TestShipDelayOnlyForWhatNoOneWaitsOn(t *testing.T) {
+	c := startCluster(t, Config{LogStores: 1, Replicas: 1, Primary: func(cfg *primary.Config) { cfg.ShipDelay = cfg.LeaseTimeout / 10 }})
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	kv := walshipv1.NewKVServiceClient(c.Conn(c.Primary))
+	reg := c.Primary.Registry
+	delays := func(to string) float64 {
+		return metric(t, reg, "walship_ship_delays_total", map[string]string{"to": to})
+	}
+	// Settle what the cluster's start wrote (its epoch record) first.
+	waitConverged(t, c)
+	testkit.Until(t, "the log store has the epoch record", func() bool {
+		st, err := c.Status(ctx, c.Primary)
+		return err == nil && logStoreFlushed(st) >= st.VisibleLsn
+	})
+	before := map[string]float64{"replica": delays("replica"), "logstore": delays("logstore")}
+
+	waited := []*walshipv1.CommitPolicy{
+		{Replication: walshipv1.ReplicationMode_REPLICATION_MODE_SYNC, SyncLevel: walshipv1.SyncLevel_SYNC_LEVEL_WRITE},
+		{Replication: walshipv1.ReplicationMode_REPLICATION_MODE_SYNC, SyncLevel: walshipv1.SyncLevel_SYNC_LEVEL_FLUSH},
+		{Replication: walshipv1.ReplicationMode_REPLICATION_MODE_SYNC, SyncLevel: walshipv1.SyncLevel_SYNC_LEVEL_APPLY},
+		{Durability: walshipv1.Durability_DURABILITY_ASYNC, Replication: walshipv1.ReplicationMode_REPLICATION_MODE_SYNC, SyncLevel: walshipv1.SyncLevel_SYNC_LEVEL_WRITE},
+		{Replication: walshipv1.ReplicationMode_REPLICATION_MODE_SYNC, SyncLevel: walshipv1.SyncLevel_SYNC_LEVEL_FLUSH, Logstore: walshipv1.LogStoreAck_LOG_STORE_ACK_SYNC},
+	}
+	for i, pol := range waited {
+		pol.SyncReplicas, pol.SyncTimeout = 1, durationpb.New(time.Minute)
+		if _, err := kv.Put(ctx, &walshipv1.PutRequest{Key: fmt.Sprintf("waited/%d", i), Value: []byte("v"), Policy: pol}); err != nil {
+			t.Fatalf("commit %d (%v): %v", i, pol, err)
+		}
+	}
+	if got := delays("replica"); got != before["replica"] {
+		t.Errorf("%v ship delays to the replica while every commit waited on it", got-before["replica"])
+	}
+	// Only the last waited on the log store; the others' batches went
+	// before it, so none was held back either... unless the stream
+	// lingered on one of them: the log store count is checked after a
+	// commit that waits on it alone.
+	before["logstore"] = delays("logstore")
+	if _, err := kv.Put(ctx, &walshipv1.PutRequest{Key: "logstore", Value: []byte("v"), Policy: &walshipv1.CommitPolicy{
+		Logstore: walshipv1.LogStoreAck_LOG_STORE_ACK_SYNC, SyncTimeout: durationpb.New(time.Minute)}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := delays("logstore"); got != before["logstore"] {
+		t.Errorf("%v ship delays to the log store while the commit waited on it", got-before["logstore"])
+	}
+
+	// Async everything: held back, and there all the same.
+	last, err := kv.Put(ctx, &walshipv1.PutRequest{Key: "async", Value: []byte("v"), Policy: &walshipv1.CommitPolicy{
+		Replication: walshipv1.ReplicationMode_REPLICATION_MODE_ASYNC, Logstore: walshipv1.LogStoreAck_LOG_STORE_ACK_ASYNC}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := walshipv1.NewKVServiceClient(c.Conn(c.Replicas[0])).Get(ctx, &walshipv1.GetRequest{Key: "async", MinLsn: last.Lsn, WaitTimeout: durationpb.New(30 * time.Second)}); err != nil {
+		t.Fatalf("the replica never got the async commit: %v", err)
+	}
+	testkit.Until(t, "the log store has the async commit", func() bool {
+		st, err := c.Status(ctx, c.Primary)
+		return err == nil && logStoreFlushed(st) >= last.Lsn
+	})
+	if delays("replica") <= before["replica"] || delays("logstore") <= before["logstore"] {
+		t.Errorf("ship delays: replica %v → %v, log store %v → %v; want both held back", before["replica"], delays("replica"), before["logstore"], delays("logstore"))
+	}
+}
+
+// logStoreFlushed is the durable LSN the primary's status reports for its
+// (first) log store.
+func logStoreFlushed(st *walshipv1.StatusResponse) uint64 {
+	for _, p := range st.GetPeers() {
+		if p.GetRole() == walshipv1.Role_ROLE_LOGSTORE {
+			return p.GetFlushedLsn()
+		}
+	}
+	return 0
 }

@@ -95,6 +95,12 @@ type Config struct {
 	// MaxReplicaLagBytes cuts off a replica stream that falls further behind
 	// (0 = no limit); the replica catches up from a log store.
 	MaxReplicaLagBytes int64
+	// ShipDelay is the longest a written batch waits to go to a replica,
+	// or a durable one to a log store, that no commit waits on, so that
+	// the batches written meanwhile go with it: one socket write and one
+	// round on the peer for several. A batch a commit waits on goes at
+	// once. 0 sends every batch as soon as it can.
+	ShipDelay time.Duration
 
 	// Logger receives structured logs; nil discards them.
 	Logger *slog.Logger
@@ -113,6 +119,11 @@ type Config struct {
 // DefaultLogStoreSnapshotTimeout bounds one snapshot upload to a log
 // store: a few GiB of state at the speed of a loaded disk.
 const DefaultLogStoreSnapshotTimeout = 10 * time.Minute
+
+// DefaultShipDelay is Config.ShipDelay's default: what an async
+// replica's or log store's lag may grow by, against a socket write and a
+// peer round per batch at low and middling rates.
+const DefaultShipDelay = 2 * time.Millisecond
 
 // DefaultLeaseTimeout is the primary's default lease: long enough that a
 // loaded machine does not drop it between heartbeats (sent every quarter of
@@ -140,6 +151,7 @@ func DefaultConfig() Config {
 		MaxTxnOps:          DefaultTxnOps,
 		Codec:              codec.MsgPack,
 		HeartbeatInterval:  time.Second,
+		ShipDelay:          DefaultShipDelay,
 		LeaseTimeout:       DefaultLeaseTimeout,
 		WALRetentionBytes:  1 << 30,
 
@@ -178,6 +190,11 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxBatchBytes < 64<<10 || c.MaxBatchBytes > maxBatchLimit {
 		errs = append(errs, fmt.Errorf("MaxBatchBytes: %d is not in 64KiB..%d (a batch must fit a replication stream message)", c.MaxBatchBytes, maxBatchLimit))
+	}
+	if c.ShipDelay < 0 || c.ShipDelay > time.Second || (c.LeaseTimeout > 0 && c.ShipDelay > c.LeaseTimeout/10) {
+		// A log store stream that holds a batch sends no lease heartbeat
+		// meanwhile: a tenth of the lease leaves the renewals their room.
+		errs = append(errs, fmt.Errorf("--ship-delay: %v is not in [0, 1s] and at most a tenth of --lease-timeout %v", c.ShipDelay, c.LeaseTimeout))
 	}
 	if c.HeartbeatInterval <= 0 || c.HeartbeatInterval > time.Minute {
 		errs = append(errs, fmt.Errorf("--heartbeat-interval: %v is not in (0, 1m]", c.HeartbeatInterval))

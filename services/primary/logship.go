@@ -278,6 +278,10 @@ func (s *Server) shipEntries(ctx context.Context, stream walshipv1.LogStoreServi
 	renewEvery := s.cfg.LeaseTimeout / 4
 	lastBeat := time.Now()
 	want := from // first LSN of the entry to send next
+	var lingerUntil time.Time
+	linger := time.NewTimer(time.Hour)
+	linger.Stop()
+	defer linger.Stop()
 	for {
 		if time.Since(lastBeat) >= renewEvery {
 			if err := stream.Send(beats.next(true)); err != nil {
@@ -290,6 +294,7 @@ func (s *Server) shipEntries(ctx context.Context, stream walshipv1.LogStoreServi
 		if s.wal.DurableLSN() >= want {
 			e, err = rd.Next(ctx) // available: no timer needed
 		} else {
+			lingerUntil = time.Time{} // caught up: the next batch may be held
 			nctx, ncancel := context.WithTimeout(ctx, min(s.cfg.HeartbeatInterval, renewEvery))
 			e, err = rd.Next(nctx)
 			ncancel()
@@ -304,6 +309,9 @@ func (s *Server) shipEntries(ctx context.Context, stream walshipv1.LogStoreServi
 		case err != nil:
 			return err
 		default:
+			if err = s.holdForLogStore(ctx, e.FirstLSN, &lingerUntil, linger); err != nil {
+				return err
+			}
 			err = stream.Send(withRawBatch(&walshipv1.AppendRequest{}, e.Data))
 			if err == nil && (s.pipe.want.logStoreNow(e.LastLSN) || s.peers.lsWaiting.Load() > 0) {
 				err = stream.Send(beats.next(true))
@@ -312,6 +320,36 @@ func (s *Server) shipEntries(ctx context.Context, stream walshipv1.LogStoreServi
 		}
 		if err != nil {
 			return err
+		}
+	}
+}
+
+// holdForLogStore holds a durable batch that starts at first back, if no
+// commit waits on the log stores for it or any after it, until ShipDelay
+// after the stream first held one since it was last caught up (*until,
+// timer t); the batches made durable meanwhile then go right after it,
+// back to back: one socket write and one round on the log store for
+// several. A commit that starts waiting on the log stores ends the hold.
+func (s *Server) holdForLogStore(ctx context.Context, first uint64, until *time.Time, t *time.Timer) error {
+	for {
+		changed := s.wal.Changed() // before the look: a write after it wakes the wait
+		if s.cfg.ShipDelay <= 0 || s.pipe.want.logStore.Load() >= first || s.peers.lsWaiting.Load() > 0 {
+			return nil
+		}
+		now := time.Now()
+		if until.IsZero() {
+			*until = now.Add(s.cfg.ShipDelay)
+			t.Reset(s.cfg.ShipDelay)
+			s.metrics.shipDelays.WithLabelValues("logstore").Inc()
+		}
+		if !now.Before(*until) {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-t.C:
+		case <-ctx.Done():
+			return ctx.Err()
 		}
 	}
 }

@@ -23,6 +23,7 @@ type metrics struct {
 
 	fsyncErrors       prometheus.Counter
 	sentBytes         *prometheus.CounterVec
+	shipDelays        *prometheus.CounterVec
 	replicaOutOfRange prometheus.Counter
 	replicaDiverged   prometheus.Counter
 	snapshotsStreamed prometheus.Counter
@@ -95,6 +96,10 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		Name: "walship_replication_sent_bytes_total",
 		Help: "WAL bytes sent to each replica.",
 	}, []string{"replica"})
+	m.shipDelays = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "walship_ship_delays_total",
+		Help: "Times a stream held a batch no commit waited on back for --ship-delay, to send it with the batches after it; to is replica or logstore.",
+	}, []string{"to"})
 	m.replicaOutOfRange = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "walship_replication_out_of_range_total",
 		Help: "Replica streams refused because the replica needed WAL the primary no longer retains.",
@@ -128,7 +133,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		Help: "The primary's WAL retention limit (--wal-retention-bytes).",
 	}, func() float64 { return float64(s.cfg.WALRetentionBytes) })
 	m.collectors = []prometheus.Collector{m.commits, m.commitSeconds, m.walBatches, m.walRecords, m.fsyncSeconds, m.fsyncErrors,
-		encode, written, last, durable, visible, walBytes, m.sentBytes, m.replicaOutOfRange, m.replicaDiverged, m.snapshotsStreamed, retention,
+		encode, written, last, durable, visible, walBytes, m.sentBytes, m.shipDelays, m.replicaOutOfRange, m.replicaDiverged, m.snapshotsStreamed, retention,
 		m.clusterMismatch, m.snapshotUploads, m.snapshotUploadSeconds, newReplCollector(s)}
 	for _, c := range m.collectors {
 		reg.MustRegister(c)

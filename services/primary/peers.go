@@ -47,6 +47,17 @@ type waitClass struct {
 	k     int
 }
 
+// anyReplicaWaiting reports whether a sync commit waits on replicas, at
+// any stage.
+func (p *peers) anyReplicaWaiting() bool {
+	for i := range p.waiting {
+		if p.waiting[i].Load() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // lsnWaiter is one waiting commit; done is closed when it is released.
 type lsnWaiter struct {
 	lsn  uint64

@@ -737,6 +737,8 @@ func TestConfigValidate(t *testing.T) {
 		{"small batches", func(c *Config) { c.MaxBatchBytes = 1 << 10 }, "MaxBatchBytes"},
 		{"batch past a stream message", func(c *Config) { c.MaxBatchBytes = maxBatchLimit + 1 }, "MaxBatchBytes"},
 		{"no heartbeat", func(c *Config) { c.HeartbeatInterval = 0 }, "--heartbeat-interval"},
+		{"negative ship delay", func(c *Config) { c.ShipDelay = -time.Millisecond }, "--ship-delay"},
+		{"ship delay past the lease", func(c *Config) { c.ShipDelay, c.LeaseTimeout = 200*time.Millisecond, time.Second }, "--ship-delay"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := DefaultConfig()

@@ -247,14 +247,22 @@ func (r *replServer) send(ctx context.Context, id string, next uint64, rd *wal.R
 	if err := stream.Send(r.heartbeat(x.sentDurable, true)); err != nil {
 		return err
 	}
+	x.lingerT = time.NewTimer(time.Hour)
+	x.lingerT.Stop()
+	defer x.lingerT.Stop()
 	for {
 		changed := s.wal.Changed()
 		ask, askChanged := s.pipe.want.flushAsk.Changed()
 		var err error
-		if s.wal.LastLSN() < x.want {
+		var waited bool
+		switch {
+		case s.wal.LastLSN() < x.want:
+			x.lingerUntil = time.Time{}
 			err = x.caughtUp(ctx, ask, changed, askChanged)
-		} else {
-			err = x.sendEntry(ctx, ask)
+		default:
+			if waited, err = x.linger(ctx, changed, askChanged); err == nil && !waited {
+				err = x.sendEntry(ctx, ask)
+			}
 		}
 		if err != nil {
 			return err
@@ -281,6 +289,40 @@ type replicaSender struct {
 	sent    prometheus.Counter
 	entries int // sent, for the lag check
 	replyAt [len(syncStages)]walshipv1.SyncLevel
+	// While a batch no commit waits on is held back (linger), lingerUntil
+	// is when it goes, lingerT fires then.
+	lingerUntil time.Time
+	lingerT     *time.Timer
+}
+
+// linger holds the next batch back, if no commit waits on the replica for
+// it or any batch after it, until ShipDelay after the stream first found
+// it unsent; the batches written meanwhile then go with it, back to back
+// (one socket write, one round on the replica). A write that a commit
+// waits on, or a flush ask, ends the wait at once. It reports whether it
+// waited (the caller looks again).
+func (x *replicaSender) linger(ctx context.Context, changed, askChanged <-chan struct{}) (bool, error) {
+	s := x.r.s
+	if s.cfg.ShipDelay <= 0 || s.pipe.want.replicasWaitFrom(x.want) || s.peers.anyReplicaWaiting() {
+		return false, nil
+	}
+	now := time.Now()
+	if x.lingerUntil.IsZero() {
+		x.lingerUntil = now.Add(s.cfg.ShipDelay)
+		x.lingerT.Reset(s.cfg.ShipDelay)
+		s.metrics.shipDelays.WithLabelValues("replica").Inc()
+	}
+	if !now.Before(x.lingerUntil) {
+		return false, nil
+	}
+	select {
+	case <-changed:
+	case <-askChanged:
+	case <-x.lingerT.C:
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+	return true, nil
 }
 
 // caughtUp runs while the replica has every written entry: it forwards a

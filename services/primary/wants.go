@@ -90,6 +90,21 @@ func (w *wants) applyUrgent(sentDurable uint64) bool {
 	return sentDurable < w.apply.Load()
 }
 
+// replicasWaitFrom reports whether a batch from LSN from on holds a
+// commit that waits for replicas (at any stage): a stream sends it at
+// once, without its ship delay.
+func (w *wants) replicasWaitFrom(from uint64) bool {
+	if w.group.Load() >= from || w.apply.Load() >= from {
+		return true
+	}
+	for i := range w.replica {
+		if w.replica[i].Load() >= from {
+			return true
+		}
+	}
+	return false
+}
+
 // logStoreNow reports whether the batch ending at last holds, or comes
 // before, a commit that waits for a log store majority: the stream asks
 // for the log store's round at once.
