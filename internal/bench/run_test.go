@@ -44,6 +44,10 @@ func TestRun(t *testing.T) {
 			if len(row.Nodes) != 2 || row.Nodes[0].Digest != row.Nodes[1].Digest || row.WALMBPerS <= 0 {
 				t.Errorf("nodes %+v, WAL %v MB/s", row.Nodes, row.WALMBPerS)
 			}
+			// The replica's lag was sampled from the primary's metrics.
+			if strings.Contains(row.Notes, "replica lag in seconds unknown") {
+				t.Errorf("no lag sample: %s", row.Notes)
+			}
 			// CPU: cores busy within the machine, and the same CPU time as
 			// the per-commit figure (cores = ms per commit × commits/s).
 			if row.CPUCores <= 0 || row.CPUCores > 1.1*float64(runtime.NumCPU()) || row.CPUMsPer1000 <= 0 || row.ServerCommits <= 0 {
