@@ -43,6 +43,7 @@ var knownMetrics = []knownMetric{
 	{"walship_replication_connected_replicas", gauge, nil},
 	{"walship_replication_replica_connected", gauge, []string{"replica"}},
 	{"walship_replication_sent_bytes_total", counter, []string{"replica"}},
+	{"walship_ship_delays_total", counter, []string{"to"}},
 	{"walship_replication_out_of_range_total", counter, nil},
 	{"walship_replication_diverged_total", counter, nil},
 	{"walship_replication_snapshots_sent_total", counter, nil},

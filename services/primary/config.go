@@ -191,10 +191,14 @@ func (c *Config) Validate() error {
 	if c.MaxBatchBytes < 64<<10 || c.MaxBatchBytes > maxBatchLimit {
 		errs = append(errs, fmt.Errorf("MaxBatchBytes: %d is not in 64KiB..%d (a batch must fit a replication stream message)", c.MaxBatchBytes, maxBatchLimit))
 	}
-	if c.ShipDelay < 0 || c.ShipDelay > time.Second || (c.LeaseTimeout > 0 && c.ShipDelay > c.LeaseTimeout/10) {
+	lease := c.LeaseTimeout
+	if lease == 0 {
+		lease = DefaultLeaseTimeout // as New fills it in
+	}
+	if c.ShipDelay < 0 || c.ShipDelay > time.Second || c.ShipDelay > lease/10 {
 		// A log store stream that holds a batch sends no lease heartbeat
 		// meanwhile: a tenth of the lease leaves the renewals their room.
-		errs = append(errs, fmt.Errorf("--ship-delay: %v is not in [0, 1s] and at most a tenth of --lease-timeout %v", c.ShipDelay, c.LeaseTimeout))
+		errs = append(errs, fmt.Errorf("--ship-delay: %v is not in [0, 1s] and at most a tenth of --lease-timeout %v", c.ShipDelay, lease))
 	}
 	if c.HeartbeatInterval <= 0 || c.HeartbeatInterval > time.Minute {
 		errs = append(errs, fmt.Errorf("--heartbeat-interval: %v is not in (0, 1m]", c.HeartbeatInterval))

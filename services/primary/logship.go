@@ -329,10 +329,12 @@ func (s *Server) shipEntries(ctx context.Context, stream walshipv1.LogStoreServi
 // after the stream first held one since it was last caught up (*until,
 // timer t); the batches made durable meanwhile then go right after it,
 // back to back: one socket write and one round on the log store for
-// several. A commit that starts waiting on the log stores ends the hold.
+// several. A commit that starts waiting on the log stores (or any wait on
+// peers that begins) ends the hold.
 func (s *Server) holdForLogStore(ctx context.Context, first uint64, until *time.Time, t *time.Timer) error {
 	for {
-		changed := s.wal.Changed() // before the look: a write after it wakes the wait
+		// Before the look: a write or a wait begun after it wakes the hold.
+		changed, begun := s.wal.Changed(), s.peers.waitsBegin()
 		if s.cfg.ShipDelay <= 0 || s.pipe.want.logStore.Load() >= first || s.peers.lsWaiting.Load() > 0 {
 			return nil
 		}
@@ -347,6 +349,7 @@ func (s *Server) holdForLogStore(ctx context.Context, first uint64, until *time.
 		}
 		select {
 		case <-changed:
+		case <-begun:
 		case <-t.C:
 		case <-ctx.Done():
 			return ctx.Err()

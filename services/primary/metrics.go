@@ -98,7 +98,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	}, []string{"replica"})
 	m.shipDelays = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "walship_ship_delays_total",
-		Help: "Times a stream held a batch no commit waited on back for --ship-delay, to send it with the batches after it; to is replica or logstore.",
+		Help: "Times a stream began holding back a batch nothing waited on, for at most --ship-delay, to send it with the batches after it; to is replica or logstore.",
 	}, []string{"to"})
 	m.replicaOutOfRange = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "walship_replication_out_of_range_total",

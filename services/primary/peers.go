@@ -39,6 +39,37 @@ type peers struct {
 	// changed is closed (and dropped) by the next replica update, for
 	// waitReplica; guarded by mu.
 	changed chan struct{}
+	// switching counts switchovers waiting for their target to flush
+	// (waitReplica), which no stream may hold a batch back from.
+	switching atomic.Int64
+	// arrived is closed (and dropped) when a wait on peers begins, so that
+	// a stream holding a batch back (--ship-delay) sends it at once;
+	// guarded by arrivedMu. nil while no stream listens.
+	arrivedMu sync.Mutex
+	arrived   chan struct{}
+}
+
+// waitsBegin returns a channel closed when the next wait on peers (a sync
+// commit's, an epoch's, a switchover's) begins. Take it before looking at
+// the counts: a wait counted after the look closes it.
+func (p *peers) waitsBegin() <-chan struct{} {
+	p.arrivedMu.Lock()
+	defer p.arrivedMu.Unlock()
+	if p.arrived == nil {
+		p.arrived = make(chan struct{})
+	}
+	return p.arrived
+}
+
+// announceWait wakes the streams waiting on waitsBegin; a wait calls it
+// after it is counted.
+func (p *peers) announceWait() {
+	p.arrivedMu.Lock()
+	defer p.arrivedMu.Unlock()
+	if p.arrived != nil {
+		close(p.arrived)
+		p.arrived = nil
+	}
 }
 
 // waitClass is what a sync commit waits for: k replicas at a stage.
@@ -48,8 +79,11 @@ type waitClass struct {
 }
 
 // anyReplicaWaiting reports whether a sync commit waits on replicas, at
-// any stage.
+// any stage, or a switchover on its target.
 func (p *peers) anyReplicaWaiting() bool {
+	if p.switching.Load() > 0 {
+		return true
+	}
 	for i := range p.waiting {
 		if p.waiting[i].Load() > 0 {
 			return true
@@ -257,6 +291,7 @@ func (p *peers) waitReplicas(ctx context.Context, lsn uint64, k int, level walsh
 	waiting := &p.waiting[level]
 	waiting.Add(1)
 	defer waiting.Add(-1)
+	p.announceWait()
 	c := waitClass{level: level, k: k}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -308,6 +343,7 @@ var errNoLogStore = errors.New("no log store is configured (--logstore)")
 func (p *peers) waitLogStores(ctx context.Context, lsn uint64) error {
 	p.lsWaiting.Add(1)
 	defer p.lsWaiting.Add(-1)
+	p.announceWait()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.quorum == 0 {
@@ -344,6 +380,9 @@ func (p *peers) snapshot() ([]replicaPos, []logstorePos) {
 
 // waitReplica blocks until replica id has flushed lsn, or ctx ends.
 func (p *peers) waitReplica(ctx context.Context, id string, lsn uint64) error {
+	p.switching.Add(1)
+	defer p.switching.Add(-1)
+	p.announceWait()
 	for {
 		p.mu.Lock()
 		r := p.replicas[id]

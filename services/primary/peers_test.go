@@ -152,3 +152,47 @@ func BenchmarkAckRelease(b *testing.B) {
 }
 
 func waitingAt(p *peers, level walshipv1.SyncLevel) int64 { return p.waiting[level].Load() }
+
+// TestWaitsBeginWakesHolds: every kind of wait on peers — a sync commit's
+// on replicas, one on the log stores, a switchover's on its target —
+// closes the channel a stream holding a batch back (--ship-delay) took
+// before it looked, and is counted while it waits, so that a stream
+// looking later sends at once.
+func TestWaitsBeginWakesHolds(t *testing.T) {
+	for name, wait := range map[string]func(context.Context, *peers) error{
+		"replicas": func(ctx context.Context, p *peers) error {
+			return p.waitReplicas(ctx, 5, 1, walshipv1.SyncLevel_SYNC_LEVEL_FLUSH)
+		},
+		"log stores": func(ctx context.Context, p *peers) error { return p.waitLogStores(ctx, 5) },
+		"switchover": func(ctx context.Context, p *peers) error { return p.waitReplica(ctx, "r", 5) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			p := newPeers()
+			p.quorum = 1
+			p.logstores["ls"] = &logstorePos{addr: "ls"}
+			begun := p.waitsBegin()
+			ctx, cancel := context.WithCancel(t.Context())
+			done := make(chan error, 1)
+			go func() { done <- wait(ctx, p) }()
+			select {
+			case <-begun:
+			case <-time.After(time.Minute):
+				t.Fatal("the wait began and the channel stayed open")
+			}
+			counted := p.anyReplicaWaiting()
+			if name == "log stores" {
+				counted = p.lsWaiting.Load() > 0
+			}
+			if !counted {
+				t.Error("the wait is under way but not counted")
+			}
+			cancel()
+			if err := <-done; err == nil {
+				t.Error("a wait nothing satisfied returned nil")
+			}
+			if p.anyReplicaWaiting() || p.lsWaiting.Load() != 0 {
+				t.Error("a wait that ended is still counted")
+			}
+		})
+	}
+}

@@ -739,6 +739,7 @@ func TestConfigValidate(t *testing.T) {
 		{"no heartbeat", func(c *Config) { c.HeartbeatInterval = 0 }, "--heartbeat-interval"},
 		{"negative ship delay", func(c *Config) { c.ShipDelay = -time.Millisecond }, "--ship-delay"},
 		{"ship delay past the lease", func(c *Config) { c.ShipDelay, c.LeaseTimeout = 200*time.Millisecond, time.Second }, "--ship-delay"},
+		{"ship delay past the default lease", func(c *Config) { c.ShipDelay, c.LeaseTimeout = 200*time.Millisecond, 0 }, "--ship-delay"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := DefaultConfig()

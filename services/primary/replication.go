@@ -260,7 +260,7 @@ func (r *replServer) send(ctx context.Context, id string, next uint64, rd *wal.R
 			x.lingerUntil = time.Time{}
 			err = x.caughtUp(ctx, ask, changed, askChanged)
 		default:
-			if waited, err = x.linger(ctx, changed, askChanged); err == nil && !waited {
+			if waited, err = x.linger(ctx, ask, changed, askChanged); err == nil && !waited {
 				err = x.sendEntry(ctx, ask)
 			}
 		}
@@ -295,15 +295,19 @@ type replicaSender struct {
 	lingerT     *time.Timer
 }
 
-// linger holds the next batch back, if no commit waits on the replica for
-// it or any batch after it, until ShipDelay after the stream first found
-// it unsent; the batches written meanwhile then go with it, back to back
-// (one socket write, one round on the replica). A write that a commit
-// waits on, or a flush ask, ends the wait at once. It reports whether it
-// waited (the caller looks again).
-func (x *replicaSender) linger(ctx context.Context, changed, askChanged <-chan struct{}) (bool, error) {
+// linger holds the next batch back, if nothing waits on the replica, until
+// ShipDelay after the stream first found it unsent; the batches written
+// meanwhile then go with it, back to back (one socket write, one round on
+// the replica). Nothing waits when no commit is noted for it or a batch
+// after it, no flush ask is to be forwarded, no commit waiting to apply
+// needs a newer durable LSN, and no wait on replicas is under way; one
+// that begins (a write, an ask, a wait) ends the hold at once. It reports
+// whether it waited (the caller looks again).
+func (x *replicaSender) linger(ctx context.Context, ask uint64, changed, askChanged <-chan struct{}) (bool, error) {
 	s := x.r.s
-	if s.cfg.ShipDelay <= 0 || s.pipe.want.replicasWaitFrom(x.want) || s.peers.anyReplicaWaiting() {
+	begun := s.peers.waitsBegin() // before the look: a wait counted after it wakes the hold
+	if s.cfg.ShipDelay <= 0 || ask > x.asked || s.pipe.want.replicasWaitFrom(x.want) || s.peers.anyReplicaWaiting() ||
+		(s.wal.DurableLSN() > x.sentDurable && s.pipe.want.applyUrgent(x.sentDurable)) {
 		return false, nil
 	}
 	now := time.Now()
@@ -318,6 +322,7 @@ func (x *replicaSender) linger(ctx context.Context, changed, askChanged <-chan s
 	select {
 	case <-changed:
 	case <-askChanged:
+	case <-begun:
 	case <-x.lingerT.C:
 	case <-ctx.Done():
 		return false, ctx.Err()
