@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime/pprof"
 	"strconv"
@@ -222,7 +223,9 @@ func (o *benchOptions) setMode(env *Env) error {
 	}
 	if o.placement == "" {
 		o.placement = bench.PlacementShared
-		if _, _, err := bench.SplitCPUs(); err == nil && (o.matrix || o.cpuScaling) && o.cfg.PrimaryAddr == "" {
+		_, _, err := bench.SplitCPUs()
+		_, noTaskset := exec.LookPath("taskset")
+		if err == nil && noTaskset == nil && (o.matrix || o.cpuScaling) && o.cfg.PrimaryAddr == "" {
 			o.placement = bench.PlacementSeparate
 		}
 	}
@@ -231,6 +234,9 @@ func (o *benchOptions) setMode(env *Env) error {
 	case bench.PlacementSeparate:
 		if o.cfg.PrimaryAddr != "" {
 			return benchUsage(env, "--placement separate: only for a cluster the bench starts")
+		}
+		if _, err := exec.LookPath("taskset"); err != nil {
+			return benchUsage(env, "--placement separate: needs taskset (util-linux) to place the nodes: "+err.Error())
 		}
 		if err := o.placeApart(env); err != nil {
 			return err
