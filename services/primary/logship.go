@@ -278,10 +278,8 @@ func (s *Server) shipEntries(ctx context.Context, stream walshipv1.LogStoreServi
 	renewEvery := s.cfg.LeaseTimeout / 4
 	lastBeat := time.Now()
 	want := from // first LSN of the entry to send next
-	var lingerUntil time.Time
-	linger := time.NewTimer(time.Hour)
-	linger.Stop()
-	defer linger.Stop()
+	hold := newShipHold(s.cfg.ShipDelay, s.metrics.shipDelays.WithLabelValues("logstore"))
+	defer hold.stop()
 	for {
 		if time.Since(lastBeat) >= renewEvery {
 			if err := stream.Send(beats.next(true)); err != nil {
@@ -294,7 +292,7 @@ func (s *Server) shipEntries(ctx context.Context, stream walshipv1.LogStoreServi
 		if s.wal.DurableLSN() >= want {
 			e, err = rd.Next(ctx) // available: no timer needed
 		} else {
-			lingerUntil = time.Time{} // caught up: the next batch may be held
+			hold.caughtUp()
 			nctx, ncancel := context.WithTimeout(ctx, min(s.cfg.HeartbeatInterval, renewEvery))
 			e, err = rd.Next(nctx)
 			ncancel()
@@ -309,7 +307,7 @@ func (s *Server) shipEntries(ctx context.Context, stream walshipv1.LogStoreServi
 		case err != nil:
 			return err
 		default:
-			if err = s.holdForLogStore(ctx, e.FirstLSN, &lingerUntil, linger); err != nil {
+			if err = s.holdForLogStore(ctx, e.FirstLSN, hold); err != nil {
 				return err
 			}
 			err = stream.Send(withRawBatch(&walshipv1.AppendRequest{}, e.Data))
@@ -324,37 +322,23 @@ func (s *Server) shipEntries(ctx context.Context, stream walshipv1.LogStoreServi
 	}
 }
 
-// holdForLogStore holds a durable batch that starts at first back, if no
-// commit waits on the log stores for it or any after it, until ShipDelay
-// after the stream first held one since it was last caught up (*until,
-// timer t); the batches made durable meanwhile then go right after it,
-// back to back: one socket write and one round on the log store for
-// several. A commit that starts waiting on the log stores (or any wait on
-// peers that begins) ends the hold.
-func (s *Server) holdForLogStore(ctx context.Context, first uint64, until *time.Time, t *time.Timer) error {
-	for {
+// holdForLogStore holds a durable batch that starts at first back (hold),
+// if no commit waits on the log stores for it or any after it; the
+// batches made durable meanwhile then go right after it: one socket write
+// and one round on the log store for several. A write noting a commit that
+// waits on the log stores, or any wait on peers that begins, ends the hold.
+func (s *Server) holdForLogStore(ctx context.Context, first uint64, hold *shipHold) error {
+	for hold.delay > 0 {
 		// Before the look: a write or a wait begun after it wakes the hold.
 		changed, begun := s.wal.Changed(), s.peers.waitsBegin()
-		if s.cfg.ShipDelay <= 0 || s.pipe.want.logStore.Load() >= first || s.peers.lsWaiting.Load() > 0 {
+		if s.pipe.want.logStore.Load() >= first || s.peers.lsWaiting.Load() > 0 {
 			return nil
 		}
-		now := time.Now()
-		if until.IsZero() {
-			*until = now.Add(s.cfg.ShipDelay)
-			t.Reset(s.cfg.ShipDelay)
-			s.metrics.shipDelays.WithLabelValues("logstore").Inc()
-		}
-		if !now.Before(*until) {
-			return nil
-		}
-		select {
-		case <-changed:
-		case <-begun:
-		case <-t.C:
-		case <-ctx.Done():
-			return ctx.Err()
+		if waited, err := hold.wait(ctx, changed, begun, nil); err != nil || !waited {
+			return err
 		}
 	}
+	return nil
 }
 
 // streamMessageBytes bounds a replication or log store stream message. It

@@ -247,9 +247,8 @@ func (r *replServer) send(ctx context.Context, id string, next uint64, rd *wal.R
 	if err := stream.Send(r.heartbeat(x.sentDurable, true)); err != nil {
 		return err
 	}
-	x.lingerT = time.NewTimer(time.Hour)
-	x.lingerT.Stop()
-	defer x.lingerT.Stop()
+	x.hold = newShipHold(s.cfg.ShipDelay, s.metrics.shipDelays.WithLabelValues("replica"))
+	defer x.hold.stop()
 	for {
 		changed := s.wal.Changed()
 		ask, askChanged := s.pipe.want.flushAsk.Changed()
@@ -257,7 +256,7 @@ func (r *replServer) send(ctx context.Context, id string, next uint64, rd *wal.R
 		var waited bool
 		switch {
 		case s.wal.LastLSN() < x.want:
-			x.lingerUntil = time.Time{}
+			x.hold.caughtUp()
 			err = x.caughtUp(ctx, ask, changed, askChanged)
 		default:
 			if waited, err = x.linger(ctx, ask, changed, askChanged); err == nil && !waited {
@@ -289,10 +288,7 @@ type replicaSender struct {
 	sent    prometheus.Counter
 	entries int // sent, for the lag check
 	replyAt [len(syncStages)]walshipv1.SyncLevel
-	// While a batch no commit waits on is held back (linger), lingerUntil
-	// is when it goes, lingerT fires then.
-	lingerUntil time.Time
-	lingerT     *time.Timer
+	hold    *shipHold // the ship delay (linger)
 }
 
 // linger holds the next batch back, if nothing waits on the replica, until
@@ -305,29 +301,15 @@ type replicaSender struct {
 // whether it waited (the caller looks again).
 func (x *replicaSender) linger(ctx context.Context, ask uint64, changed, askChanged <-chan struct{}) (bool, error) {
 	s := x.r.s
+	if x.hold.delay <= 0 {
+		return false, nil
+	}
 	begun := s.peers.waitsBegin() // before the look: a wait counted after it wakes the hold
-	if s.cfg.ShipDelay <= 0 || ask > x.asked || s.pipe.want.replicasWaitFrom(x.want) || s.peers.anyReplicaWaiting() ||
+	if ask > x.asked || s.pipe.want.replicasWaitFrom(x.want) || s.peers.anyReplicaWaiting() ||
 		(s.wal.DurableLSN() > x.sentDurable && s.pipe.want.applyUrgent(x.sentDurable)) {
 		return false, nil
 	}
-	now := time.Now()
-	if x.lingerUntil.IsZero() {
-		x.lingerUntil = now.Add(s.cfg.ShipDelay)
-		x.lingerT.Reset(s.cfg.ShipDelay)
-		s.metrics.shipDelays.WithLabelValues("replica").Inc()
-	}
-	if !now.Before(x.lingerUntil) {
-		return false, nil
-	}
-	select {
-	case <-changed:
-	case <-askChanged:
-	case <-begun:
-	case <-x.lingerT.C:
-	case <-ctx.Done():
-		return false, ctx.Err()
-	}
-	return true, nil
+	return x.hold.wait(ctx, changed, askChanged, begun)
 }
 
 // caughtUp runs while the replica has every written entry: it forwards a
