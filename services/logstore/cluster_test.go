@@ -20,9 +20,7 @@ const (
 func (a *appender) beat(epoch uint64, cluster string) {
 	a.t.Helper()
 	hb := &walshipv1.Heartbeat{Epoch: epoch, TimeUnixNano: time.Now().UnixNano(), ReplyRequested: true, PrimaryId: "p", PrimaryAddr: "p:1", ClusterId: cluster}
-	if err := a.stream.Send(&walshipv1.AppendRequest{Heartbeat: hb}); err != nil {
-		a.t.Fatalf("Send heartbeat: %v", err)
-	}
+	a.sendOrEnded(&walshipv1.AppendRequest{Heartbeat: hb}, "heartbeat")
 }
 
 // TestClusterIdentity: a log store with no cluster id adopts the first
