@@ -104,22 +104,35 @@ func scraper(addr string) func(ctx context.Context) (map[string]*dto.MetricFamil
 		url = "http://" + addr + "/metrics"
 	}
 	return func(ctx context.Context) (map[string]*dto.MetricFamily, error) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			return nil, err
-		}
-		req.Header.Set("Accept", "text/plain")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return nil, err
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
-		}
-		p := expfmt.NewTextParser(model.UTF8Validation)
-		return p.TextToMetricFamilies(resp.Body)
+		var mfs map[string]*dto.MetricFamily
+		err := httpGet(ctx, url, "text/plain", func(body io.Reader) (err error) {
+			p := expfmt.NewTextParser(model.UTF8Validation)
+			mfs, err = p.TextToMetricFamilies(body)
+			return err
+		})
+		return mfs, err
 	}
+}
+
+// httpGet GETs url (with an Accept header, if given) and hands a 200
+// answer's body to read.
+func httpGet(ctx context.Context, url, accept string, read func(io.Reader) error) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	if accept != "" {
+		req.Header.Set("Accept", accept)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return read(resp.Body)
 }
 
 // profiler returns a function that takes a CPU profile from the
@@ -129,20 +142,10 @@ func profiler(addr string) func(ctx context.Context, d time.Duration, w io.Write
 	return func(ctx context.Context, d time.Duration, w io.Writer) error {
 		secs := max(1, int(math.Ceil(d.Seconds())))
 		url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, secs)
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
+		return httpGet(ctx, url, "", func(body io.Reader) error {
+			_, err := io.Copy(w, body)
 			return err
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("GET %s: %s", url, resp.Status)
-		}
-		_, err = io.Copy(w, resp.Body)
-		return err
+		})
 	}
 }
 
