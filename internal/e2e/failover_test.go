@@ -181,7 +181,7 @@ func TestFailoverSIGSTOP(t *testing.T) {
 		_, err := kv0.Put(ctx, &walshipv1.PutRequest{Key: "before", Value: []byte("x")}, grpc.WaitForReady(true))
 		return err == nil
 	})
-	c.nodes[0].p.signal(syscall.SIGSTOP)
+	c.nodes[0].p.pause()
 	stopped := time.Now()
 	type result struct {
 		policy string
@@ -382,7 +382,7 @@ func switchoverStuck(t *testing.T, ctx context.Context, c *failoverCluster, time
 	if st, err := admin0.Status(ctx, &walshipv1.StatusRequest{}); err != nil || !st.GetTakingWrites() {
 		t.Fatalf("n0 under load before the switchover: taking_writes %v, %v", st.GetTakingWrites(), err)
 	}
-	c.nodes[1].p.signal(syscall.SIGSTOP)
+	c.nodes[1].p.pause()
 	res := make(chan error, 1)
 	go func() {
 		_, err := admin0.Switchover(ctx, &walshipv1.SwitchoverRequest{Target: "n1", Timeout: durationpb.New(timeout)})

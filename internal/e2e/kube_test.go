@@ -546,7 +546,7 @@ func TestKubeFlappingReplicaCausesNoEpochs(t *testing.T) {
 	}
 	// Its connection to the primary flaps too.
 	for range 3 {
-		c.nodes[2].p.signal(syscall.SIGSTOP)
+		c.nodes[2].p.pause()
 		<-time.After(1500 * time.Millisecond)
 		c.nodes[2].p.signal(syscall.SIGCONT)
 		<-time.After(500 * time.Millisecond)

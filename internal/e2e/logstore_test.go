@@ -39,7 +39,7 @@ func TestLogStoresCutOff(t *testing.T) {
 		return err == nil
 	})
 
-	c.logstores[0].p.signal(syscall.SIGSTOP)
+	c.logstores[0].p.pause()
 	var last uint64
 	for i := range 10 {
 		p, took, err := put(fmt.Sprintf("one-cut-off/%d", i))
@@ -52,7 +52,7 @@ func TestLogStoresCutOff(t *testing.T) {
 		last = p.Lsn
 	}
 
-	c.logstores[1].p.signal(syscall.SIGSTOP)
+	c.logstores[1].p.pause()
 	// The commit in flight waits for a majority until its sync timeout —
 	// unless it arrives after the lease ran out, when it is refused at
 	// once; either way UNAVAILABLE.
