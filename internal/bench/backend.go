@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -303,14 +304,17 @@ func waitServing(ctx context.Context, addr string) error {
 
 // procCluster is how startProcesses starts its processes: the binary,
 // where the primary and where its peers (the log store and the replicas)
-// run, whether the primary serves its profiles (Config.ProfileDir), and
-// the TLS flags every process gets.
+// run, whether the primary serves its profiles (Config.ProfileDir), the
+// TLS flags every process gets, and the flags the user adds to the
+// primary's and the replicas' (Config.PrimaryFlags, ReplicaFlags).
 type procCluster struct {
 	bin            string
 	primary, peers placement
 	pprof          bool
 	noLogStore     bool // the primary alone (no replicas then)
 	tlsFlags       []string
+	primaryFlags   []string
+	replicaFlags   []string
 }
 
 // startProcesses runs a log store, a primary and n replicas as separate
@@ -350,7 +354,7 @@ func startProcesses(ctx context.Context, pc procCluster, dir string, n int, c co
 	if pc.pprof {
 		args = append(args, "--pprof")
 	}
-	pr, err := startProc(ctx, pc.bin, pc.primary, "primary", "primary serving", append(args, pc.tlsFlags...)...)
+	pr, err := startProc(ctx, pc.bin, pc.primary, "primary", "primary serving", slices.Concat(args, pc.tlsFlags, pc.primaryFlags)...)
 	if err != nil {
 		return nil, err
 	}
@@ -365,7 +369,7 @@ func startProcesses(ctx context.Context, pc procCluster, dir string, n int, c co
 	for i := 0; i < n; i++ {
 		id := fmt.Sprintf("replica-%d", i)
 		rp, err := startProc(ctx, pc.bin, pc.peers, id, "replica serving", append([]string{"replica", "--listen", loop, "--metrics-listen", loop,
-			"--data-dir", filepath.Join(dir, id), "--id", id, "--primary", pr.addr}, append(lsArgs, pc.tlsFlags...)...)...)
+			"--data-dir", filepath.Join(dir, id), "--id", id, "--primary", pr.addr}, slices.Concat(lsArgs, pc.tlsFlags, pc.replicaFlags)...)...)
 		if err != nil {
 			return nil, err
 		}

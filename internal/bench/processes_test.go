@@ -97,6 +97,57 @@ func TestProcessesReplicaNice(t *testing.T) {
 	}
 }
 
+// TestProcessesExtraFlags starts a cluster of walship processes with
+// --primary-flags and --replica-flags: the primary's and the replica's
+// command lines end with them, after the bench's own flags (so they
+// override them), and the log store's has neither; a flag the node does
+// not know stops the start with the node's own error.
+func TestProcessesExtraFlags(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	bin := testkit.Walship(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pc := procCluster{bin: bin, primaryFlags: []string{"--ship-delay", "7ms"}, replicaFlags: []string{"--flush-delay", "3ms"}}
+	b, err := startProcesses(ctx, pc, t.TempDir(), 1, codec.MsgPack, primary.DefaultPolicy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := b.stop(); err != nil {
+			t.Error(err)
+		}
+	}()
+	want := map[string]string{"logstore": "", "primary": "--ship-delay 7ms", "replica-0": "--flush-delay 3ms"}
+	for _, p := range b.procs {
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.cmd.Process.Pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		args := strings.Join(strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00"), " ")
+		w, ok := want[p.name]
+		if !ok {
+			t.Fatalf("unexpected process %s", p.name)
+		}
+		for _, f := range []string{"--ship-delay", "--flush-delay"} {
+			if has := strings.Contains(args, f); has != strings.HasPrefix(w, f) {
+				t.Errorf("%s: %s in its command line: %v (%s)", p.name, f, has, args)
+			}
+		}
+		if w != "" && !strings.HasSuffix(args, " "+w+" --log-format json") {
+			t.Errorf("%s: command line %q does not end with %q before its log format", p.name, args, w)
+		}
+	}
+	pc.primaryFlags = []string{"--no-such-flag"}
+	if b2, err := startProcesses(ctx, pc, t.TempDir(), 0, codec.MsgPack, primary.DefaultPolicy()); err == nil {
+		_ = b2.stop()
+		t.Fatal("a primary given --no-such-flag started")
+	} else if !strings.Contains(err.Error(), "no-such-flag") {
+		t.Errorf("start with --no-such-flag: %v (does not name the flag)", err)
+	}
+}
+
 // TestProcessesReplicaIdle starts a cluster of walship processes with
 // --replica-idle: every thread of the log store and the replicas runs
 // under SCHED_IDLE, the primary's under the bench's own policy.

@@ -105,6 +105,11 @@ type Config struct {
 	// the primary process over each run's measured window (the primary
 	// runs with --pprof), named after the run.
 	ProfileDir string
+	// PrimaryFlags and ReplicaFlags (ModeProcesses only) are added to the
+	// command lines of the started primary and replicas (after the
+	// bench's own, so they override them): to measure a setting such as
+	// --ship-delay or --flush-delay.
+	PrimaryFlags, ReplicaFlags []string
 	// Dir holds a started cluster's data ("" = a temporary directory).
 	Dir string
 	// PrimaryAddr, ReplicaAddrs and PrimaryMetrics locate an external cluster.
@@ -198,6 +203,12 @@ func (c *Config) Validate() error {
 	}
 	if c.NoLogStore && (c.Mode != ModeProcesses || c.Replicas > 0 || c.Replication != walshipv1.ReplicationMode_REPLICATION_MODE_DISABLED) {
 		errs = append(errs, errors.New("no log store: only for a primary alone, as a process (--processes, no replicas, --replication disabled)"))
+	}
+	if len(c.PrimaryFlags) > 0 && c.Mode != ModeProcesses {
+		errs = append(errs, errors.New("--primary-flags: needs --processes"))
+	}
+	if len(c.ReplicaFlags) > 0 && c.Mode != ModeProcesses {
+		errs = append(errs, errors.New("--replica-flags: needs --processes"))
 	}
 	if c.ProfileDir != "" && c.Mode != ModeProcesses {
 		errs = append(errs, errors.New("--primary-profiles: needs --processes (profile this process with --cpuprofile)"))
@@ -365,7 +376,8 @@ func Run(ctx context.Context, cfg Config) (row Row, err error) {
 		if cfg.Mode == ModeProcesses {
 			b, err = startProcesses(ctx, procCluster{bin: cfg.Bin, primary: placement{cpus: cfg.PrimaryCPUs},
 				peers: placement{cpus: cfg.ReplicaCPUs, nice: cfg.ReplicaNice, idle: cfg.ReplicaIdle},
-				pprof: cfg.ProfileDir != "", noLogStore: cfg.NoLogStore, tlsFlags: cfg.TLSFlags}, dir, replicas, c, pol)
+				pprof: cfg.ProfileDir != "", noLogStore: cfg.NoLogStore, tlsFlags: cfg.TLSFlags,
+				primaryFlags: cfg.PrimaryFlags, replicaFlags: cfg.ReplicaFlags}, dir, replicas, c, pol)
 		} else {
 			b, err = startInProcess(ctx, dir, replicas, c, pol, cfg.Logger, cfg.Security)
 		}

@@ -87,6 +87,9 @@ func TestConfigValidate(t *testing.T) {
 		"primary-cpus":      func(c *Config) { c.PrimaryCPUs = "0" },
 		"primary-cpus list": func(c *Config) { c.Mode, c.Bin, c.PrimaryCPUs = ModeProcesses, "walship", "0-" },
 		"primary-profiles":  func(c *Config) { c.ProfileDir = "/tmp" },
+		// Flags for the started nodes: only for processes.
+		"primary-flags": func(c *Config) { c.PrimaryFlags = []string{"--ship-delay", "5ms"} },
+		"replica-flags": func(c *Config) { c.ReplicaFlags = []string{"--flush-delay", "1ms"} },
 		// The primary alone: only as a process, and without replicas.
 		"no log store":          func(c *Config) { c.NoLogStore = true },
 		"no log store replicas": func(c *Config) { c.Mode, c.Bin, c.NoLogStore, c.Replicas = ModeProcesses, "walship", true, 1 },

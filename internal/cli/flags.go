@@ -117,3 +117,19 @@ func (l listFlag) Set(s string) error {
 	}
 	return nil
 }
+
+// fieldsFlag is a list of words separated by spaces (a command line's
+// flags, without quoting).
+type fieldsFlag struct{ p *[]string }
+
+func (f fieldsFlag) String() string {
+	if f.p == nil {
+		return ""
+	}
+	return strings.Join(*f.p, " ")
+}
+
+func (f fieldsFlag) Set(s string) error {
+	*f.p = strings.Fields(s)
+	return nil
+}
