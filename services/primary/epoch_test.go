@@ -4,6 +4,9 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/vfs"
@@ -18,7 +21,10 @@ import (
 // restart knows. A fence of its own epoch or older is refused.
 func TestFencedPrimaryStepsDown(t *testing.T) {
 	dir := t.TempDir()
-	r := start(t, testConfig(t, dir))
+	cfg := testConfig(t, dir)
+	reg := prometheus.NewRegistry()
+	cfg.Registry = reg
+	r := start(t, cfg)
 	c := ctx(t)
 	put, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "k", Value: []byte("v")})
 	if err != nil {
@@ -34,6 +40,13 @@ func TestFencedPrimaryStepsDown(t *testing.T) {
 	}
 	if !resp.Granted || !resp.Primary || resp.LastLsn != put.Lsn || resp.LastEpoch != r.s.epoch || len(resp.History) == 0 {
 		t.Fatalf("fence = %v", resp)
+	}
+	// An operator sees the grant: the refused fence does not count.
+	if n, err := testutil.GatherAndCount(reg, "walship_fences_granted_total"); err != nil || n != 1 {
+		t.Fatalf("walship_fences_granted_total exported %d times, %v", n, err)
+	}
+	if v := testutil.ToFloat64(r.s.metrics.fences); v != 1 {
+		t.Fatalf("walship_fences_granted_total = %v after one granted fence, want 1", v)
 	}
 	_, err = r.kv.Put(c, &walshipv1.PutRequest{Key: "k", Value: []byte("w")})
 	if status.Code(err) != codes.Unavailable {
