@@ -49,6 +49,9 @@ type backend struct {
 	// cpu returns the CPU time (user+system) of what cpuScope names.
 	cpu      func() (time.Duration, error)
 	cpuScope string
+	// syscalls returns how many read and write system calls the primary
+	// process has made (nil: unknown, or not the primary's alone).
+	syscalls func() (reads, writes uint64, err error)
 	// profile writes a CPU profile of the primary over the next d to w
 	// (nil: the primary serves no profiles).
 	profile func(ctx context.Context, d time.Duration, w io.Writer) error
@@ -363,6 +366,7 @@ func startProcesses(ctx context.Context, pc procCluster, dir string, n int, c co
 		cpuScope: "primary process"}
 	pid := pr.cmd.Process.Pid
 	b.cpu = func() (time.Duration, error) { return procCPU(pid) }
+	b.syscalls = func() (uint64, uint64, error) { return procSyscalls(pid) }
 	if pc.pprof {
 		b.profile = profiler(pr.metrics)
 	}
@@ -398,6 +402,41 @@ func procCPU(pid int) (time.Duration, error) {
 		return 0, err
 	}
 	return parseProcStat(string(b))
+}
+
+// procSyscalls reads how many read and write system calls pid has made
+// (syscr and syscw of /proc/<pid>/io: read, write and their vector and
+// positional forms, on sockets and files alike; the kernel counts them
+// per thread and sums the live and the ended threads).
+func procSyscalls(pid int) (reads, writes uint64, err error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	return parseProcIO(string(b))
+}
+
+func parseProcIO(s string) (reads, writes uint64, err error) {
+	var haveR, haveW bool
+	for _, line := range strings.Split(s, "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok || (k != "syscr" && k != "syscw") {
+			continue
+		}
+		n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+		if err != nil {
+			return 0, 0, fmt.Errorf("proc io: %s: %w", k, err)
+		}
+		if k == "syscr" {
+			reads, haveR = n, true
+		} else {
+			writes, haveW = n, true
+		}
+	}
+	if !haveR || !haveW {
+		return 0, 0, errors.New("proc io: no syscr or syscw")
+	}
+	return reads, writes, nil
 }
 
 func parseProcStat(s string) (time.Duration, error) {

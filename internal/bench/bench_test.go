@@ -9,6 +9,8 @@ import (
 	"io"
 	"math"
 	"os"
+	"path/filepath"
+	"runtime"
 	"slices"
 	"sort"
 	"strings"
@@ -497,6 +499,52 @@ func TestParseProcStat(t *testing.T) {
 	}
 	if _, err := parseProcStat("garbage"); err == nil {
 		t.Error("no error for garbage")
+	}
+}
+
+func TestParseProcIO(t *testing.T) {
+	s := "rchar: 12345\nwchar: 678\nsyscr: 42\nsyscw: 17\nread_bytes: 0\nwrite_bytes: 4096\ncancelled_write_bytes: 0\n"
+	r, w, err := parseProcIO(s)
+	if err != nil || r != 42 || w != 17 {
+		t.Errorf("got %d, %d, %v; want 42, 17", r, w, err)
+	}
+	for _, bad := range []string{"rchar: 1\n", "syscr: 1\n", "syscr: x\nsyscw: 1\n"} {
+		if _, _, err := parseProcIO(bad); err == nil {
+			t.Errorf("%q: no error", bad)
+		}
+	}
+}
+
+// TestProcSyscallsCounts: the write system calls this process makes show
+// in its count, as the bench reads the primary's.
+func TestProcSyscallsCounts(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("/proc/<pid>/io is Linux's")
+	}
+	f, err := os.Create(filepath.Join(t.TempDir(), "w"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	r0, w0, err := procSyscalls(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 50
+	for range n {
+		if _, err := f.Write([]byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := f.ReadAt(make([]byte, 1), 0); err != nil {
+		t.Fatal(err)
+	}
+	r1, w1, err := procSyscalls(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w1-w0 < n || r1-r0 < 1 {
+		t.Errorf("%d writes and a read made %d write and %d read system calls", n, w1-w0, r1-r0)
 	}
 }
 

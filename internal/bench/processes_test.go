@@ -240,6 +240,11 @@ func TestRunProcesses(t *testing.T) {
 	if row.Mode != ModeProcesses || row.ReplicaNice != 5 || row.CPUScope != "primary process" || row.CPUMsPer1000 <= 0 {
 		t.Errorf("mode %q, replica nice %d, CPU scope %q, %.1f ms per 1,000 commits", row.Mode, row.ReplicaNice, row.CPUScope, row.CPUMsPer1000)
 	}
+	// Each commit reads its request and sends its answer and batch; the
+	// counts bound that from below and sanity from above.
+	if row.ReadSyscallsPerCommit <= 0 || row.WriteSyscallsPerCommit <= 0 || row.ReadSyscallsPerCommit > 100 || row.WriteSyscallsPerCommit > 100 {
+		t.Errorf("%.2f read and %.2f write system calls per commit", row.ReadSyscallsPerCommit, row.WriteSyscallsPerCommit)
+	}
 	if row.CommitsPerBatch < 1 || row.FsyncMs <= 0 {
 		t.Errorf("%.2f commits per WAL entry, fsyncs of %.3f ms: every commit is in an entry, and sync durability fsyncs", row.CommitsPerBatch, row.FsyncMs)
 	}

@@ -286,7 +286,13 @@ type Row struct {
 	ByKind       map[string]int64   `json:"by_kind"`
 	ByKindP99Ms  map[string]float64 `json:"by_kind_p99_ms"`
 	CPUMsPer1000 float64            `json:"cpu_ms_per_1000_commits"`
-	CPUScope     string             `json:"cpu_scope,omitempty"`
+	// ReadSyscallsPerCommit and WriteSyscallsPerCommit (ModeProcesses)
+	// are the primary process's read and write system calls (sockets and
+	// files) per commit over the measured window, from /proc/<pid>/io: the
+	// messages it receives and sends, which replication adds to.
+	ReadSyscallsPerCommit  float64 `json:"primary_read_syscalls_per_commit,omitempty"`
+	WriteSyscallsPerCommit float64 `json:"primary_write_syscalls_per_commit,omitempty"`
+	CPUScope               string  `json:"cpu_scope,omitempty"`
 	// CPUCores is the CPU time of the same scope over the measured window
 	// divided by its length: how many cores it kept busy. Near the
 	// machine's core count the run is CPU-bound, and then the cells'
@@ -719,7 +725,10 @@ type snap struct {
 	groups                     bool
 	cpu                        time.Duration
 	cpuOK                      bool
-	retries                    int64
+	// The primary process's read and write system calls, when known.
+	sysReads, sysWrites uint64
+	syscallsOK          bool
+	retries             int64
 }
 
 // takeSnap reads the primary's WAL bytes and commits (when its metrics
@@ -741,6 +750,11 @@ func takeSnap(ctx context.Context, b *backend, sessions []*session) snap {
 	if b.cpu != nil {
 		if c, err := b.cpu(); err == nil {
 			s.cpu, s.cpuOK = c, true
+		}
+	}
+	if b.syscalls != nil {
+		if r, w, err := b.syscalls(); err == nil {
+			s.sysReads, s.sysWrites, s.syscallsOK = r, w, true
 		}
 	}
 	for _, x := range sessions {
@@ -842,6 +856,12 @@ func (m *measurement) fill(row *Row, kinds []string, b *backend) []string {
 			row.CPUMsPer1000 = ms(m.s1.cpu-m.s0.cpu) / commits * 1000
 			row.CPUScope = b.cpuScope
 		}
+	}
+	if commits := float64(row.ServerCommits); m.s0.syscallsOK && m.s1.syscallsOK && commits > 0 {
+		// Counts, not times: what a change to the message pattern does
+		// shows here through the machine's noise.
+		row.ReadSyscallsPerCommit = float64(m.s1.sysReads-m.s0.sysReads) / commits
+		row.WriteSyscallsPerCommit = float64(m.s1.sysWrites-m.s0.sysWrites) / commits
 	}
 	if m.profile != "" {
 		row.PrimaryProfile = m.profile

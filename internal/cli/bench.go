@@ -402,7 +402,7 @@ var durabilityByName = map[string]walshipv1.Durability{
 
 func writeCPUScaling(env *Env, rows []bench.Row) {
 	w := tabwriter.NewWriter(env.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "workload\tcodec\treplicas\tlog store\tReplication/Durability\ttxn/s\tprimary commits\tprimary CPU ms per 1000 commits\tvs first\tconsistent\t")
+	fmt.Fprintln(w, "workload\tcodec\treplicas\tlog store\tReplication/Durability\ttxn/s\tprimary commits\tprimary CPU ms per 1000 commits\tvs first\treads/commit\twrites/commit\tconsistent\t")
 	base := map[string]bench.Row{}
 	for _, r := range rows {
 		k := r.Workload + "/" + r.Codec
@@ -417,7 +417,11 @@ func writeCPUScaling(env *Env, rows []bench.Row) {
 		if r.NoLogStore {
 			ls = "no"
 		}
-		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%.1f\t%d\t%.1f\t%s\t%v\t\n", r.Workload, r.Codec, r.Replicas, ls, r.Label(), r.TxnPerS, r.ServerCommits, r.CPUMsPer1000, ratio, r.Consistent)
+		reads, writes := "-", "-"
+		if r.ReadSyscallsPerCommit > 0 || r.WriteSyscallsPerCommit > 0 {
+			reads, writes = fmt.Sprintf("%.2f", r.ReadSyscallsPerCommit), fmt.Sprintf("%.2f", r.WriteSyscallsPerCommit)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%.1f\t%d\t%.1f\t%s\t%s\t%s\t%v\t\n", r.Workload, r.Codec, r.Replicas, ls, r.Label(), r.TxnPerS, r.ServerCommits, r.CPUMsPer1000, ratio, reads, writes, r.Consistent)
 	}
 	w.Flush()
 	if len(rows) > 0 {
@@ -425,7 +429,7 @@ func writeCPUScaling(env *Env, rows []bench.Row) {
 		if n := len(rows[0].CPURuns); n > 1 {
 			rounds = fmt.Sprintf("; medians of %d rounds, vs first paired by round", n)
 		}
-		fmt.Fprintf(env.Stdout, "\n(CPU: %s, utime+stime from /proc/<pid>/stat over the measured window%s)\n", rows[0].CPUScope, rounds)
+		fmt.Fprintf(env.Stdout, "\n(CPU: %s, utime+stime from /proc/<pid>/stat over the measured window%s; reads and writes: its read and write system calls, sockets and files, from /proc/<pid>/io)\n", rows[0].CPUScope, rounds)
 	}
 }
 
