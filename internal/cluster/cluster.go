@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"path/filepath"
 	"runtime/pprof"
 	"sync"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/freeport"
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/services/logstore"
 	"github.com/walship/walship/services/node"
@@ -321,15 +321,9 @@ func (n *Node) stop() error {
 }
 
 // freeAddr picks a free port on host (for members' addresses, which every
-// data node must know before any binds).
-func freeAddr(host string) (string, error) {
-	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
-}
+// data node must know before any binds, and a restarted node binds again),
+// outside the ephemeral range (freeport.Pick).
+func freeAddr(host string) (string, error) { return freeport.Pick(host) }
 
 // Nodes returns every node: log stores, primary, replicas.
 func (c *Cluster) Nodes() []*Node {

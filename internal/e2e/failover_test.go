@@ -46,7 +46,7 @@ func newFailoverCluster(t *testing.T, name func(int) string) *failoverCluster {
 	c := &failoverCluster{}
 	var lsAddrs []string
 	for range 3 {
-		lsAddrs = append(lsAddrs, freeAddr(t))
+		lsAddrs = append(lsAddrs, testkit.FreeAddr(t))
 	}
 	for i, addr := range lsAddrs {
 		// Every log store gets the whole list as its peers, itself
@@ -56,7 +56,7 @@ func newFailoverCluster(t *testing.T, name func(int) string) *failoverCluster {
 	}
 	var peers []string
 	for i := range 3 {
-		addr := freeAddr(t)
+		addr := testkit.FreeAddr(t)
 		peers = append(peers, fmt.Sprintf("%s=%s", name(i), addr))
 		c.nodes = append(c.nodes, &procNode{name: name(i), addr: addr})
 	}

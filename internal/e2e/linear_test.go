@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -14,6 +13,7 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/check"
+	"github.com/walship/walship/internal/testkit"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
@@ -41,30 +41,20 @@ type procCluster struct {
 	replicas          []*procNode
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // startProcCluster starts the cluster; primaryArgs are the primary's
 // policy flags.
 func startProcCluster(t *testing.T, replicas int, primaryArgs ...string) *procCluster {
 	t.Helper()
 	dir := t.TempDir()
 	c := &procCluster{}
-	lsAddr, pAddr := freeAddr(t), freeAddr(t)
+	lsAddr, pAddr := testkit.FreeAddr(t), testkit.FreeAddr(t)
 	c.logstore = &procNode{name: "logstore", serving: "log store serving", addr: lsAddr, args: []string{"logstore",
 		"--listen", lsAddr, "--metrics-listen", "", "--data-dir", filepath.Join(dir, "ls")}}
 	c.primary = &procNode{name: "primary", serving: "primary serving", addr: pAddr, args: append([]string{"primary",
 		"--listen", pAddr, "--metrics-listen", "", "--data-dir", filepath.Join(dir, "p"), "--logstore", lsAddr,
 		"--heartbeat-interval", "100ms", "--sync-timeout", "3s"}, primaryArgs...)}
 	for i := range replicas {
-		addr := freeAddr(t)
+		addr := testkit.FreeAddr(t)
 		c.replicas = append(c.replicas, &procNode{name: fmt.Sprintf("r%d", i), serving: "replica serving", addr: addr, args: []string{"replica",
 			"--listen", addr, "--metrics-listen", "", "--data-dir", filepath.Join(dir, fmt.Sprintf("r%d", i)),
 			"--id", fmt.Sprintf("r%d", i), "--primary", pAddr, "--logstore", lsAddr, "--heartbeat-interval", "100ms"}})

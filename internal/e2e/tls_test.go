@@ -49,7 +49,7 @@ func TestTLSRotationUnderLoad(t *testing.T) {
 	flags := func(f tlsid.Files) []string {
 		return []string{"--tls-cert", f.Cert, "--tls-key", f.Key, "--tls-ca", f.CA, "--trust-domain", "e2e", "--tls-reload-interval", "100ms"}
 	}
-	lsAddr, pAddr, rAddr, pMetrics := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
+	lsAddr, pAddr, rAddr, pMetrics := testkit.FreeAddr(t), testkit.FreeAddr(t), testkit.FreeAddr(t), testkit.FreeAddr(t)
 	pFiles := issue("primary", tlsid.ClassNode)
 	nodes := []*procNode{
 		{name: "logstore", serving: "log store serving", addr: lsAddr, args: append([]string{"logstore",

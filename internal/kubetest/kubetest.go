@@ -29,6 +29,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/walship/walship/internal/freeport"
 )
 
 // Env names the binaries: WALSHIP_KUBE_APISERVER, WALSHIP_KUBECTL and
@@ -297,22 +299,15 @@ func writeKey(path string) error {
 	return os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(k)}), 0o600)
 }
 
-// freePorts returns three free loopback addresses.
+// freePorts returns three distinct free loopback addresses, outside the
+// ephemeral range (freeport.Pick): etcd and the API server bind them
+// after this returns.
 func freePorts() (a, b, c string, err error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
+	var addrs [3]string
+	for i := range addrs {
+		if addrs[i], err = freeport.Pick("127.0.0.1"); err != nil {
+			return "", "", "", err
 		}
-	}()
-	var addrs []string
-	for range 3 {
-		l, lerr := net.Listen("tcp", "127.0.0.1:0")
-		if lerr != nil {
-			return "", "", "", lerr
-		}
-		ls = append(ls, l)
-		addrs = append(addrs, l.Addr().String())
 	}
 	return addrs[0], addrs[1], addrs[2], nil
 }

@@ -145,15 +145,19 @@ func startWalship(t *testing.T, bin, name, servingMsg string, args ...string) *p
 	}
 }
 
-// freePort returns a loopback port that was free a moment ago.
+// freePort returns a loopback port that was free a moment ago
+// (testkit.FreeAddr's).
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	_, port, err := net.SplitHostPort(testkit.FreeAddr(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	n, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // startPrometheus runs prometheus with config on a free loopback port and

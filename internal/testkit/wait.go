@@ -7,7 +7,9 @@
 //     ([Walship], [Main]);
 //   - Docker, for tests that need hosts of their own ([NewDockerRun]);
 //   - a data directory's files, to check a refusal changed nothing
-//     ([DirContents], [SameContents]).
+//     ([DirContents], [SameContents]);
+//   - loopback addresses for nodes a test starts, and restarts, later
+//     ([FreeAddr], internal/freeport's).
 //
 // The Kubernetes API server that tests run is internal/kubetest's.
 package testkit

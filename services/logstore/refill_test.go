@@ -1,7 +1,6 @@
 package logstore
 
 import (
-	"net"
 	"testing"
 	"time"
 
@@ -13,17 +12,6 @@ import (
 	"golang.org/x/sync/semaphore"
 	"google.golang.org/grpc/codes"
 )
-
-// freeAddr is a loopback address nothing listens on (yet).
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
 
 // refilled waits until r is no longer refilling.
 func (r *running) refilled(t *testing.T) *walshipv1.LogStoreServiceStatusResponse {
@@ -50,7 +38,7 @@ func TestRefillEmptyFromPeers(t *testing.T) {
 	ap.waitDurable(60)
 
 	cfg := testConfig(t, t.TempDir())
-	cfg.Listen = freeAddr(t)
+	cfg.Listen = testkit.FreeAddr(t)
 	cfg.Peers = []string{cfg.Listen, a.s.Addr()}
 	b := start(t, cfg)
 	st := b.refilled(t)
@@ -84,7 +72,7 @@ func TestRefillEmptyFromPeers(t *testing.T) {
 // empty log stores that peer each other (a new cluster) take appends at
 // once.
 func TestRefillWaitsForAPeer(t *testing.T) {
-	peerAddr := freeAddr(t)
+	peerAddr := testkit.FreeAddr(t)
 	cfg := testConfig(t, t.TempDir())
 	cfg.Peers = []string{peerAddr}
 	b := start(t, cfg)
@@ -125,7 +113,7 @@ func TestRefillNewCluster(t *testing.T) {
 	var addrs []string
 	for range 3 {
 		cfg := testConfig(t, t.TempDir())
-		cfg.Listen = freeAddr(t)
+		cfg.Listen = testkit.FreeAddr(t)
 		addrs = append(addrs, cfg.Listen)
 		cfgs = append(cfgs, cfg)
 	}
@@ -146,7 +134,7 @@ func TestRefillNewCluster(t *testing.T) {
 // list for every pod, scaled down to one) does not wait for anyone.
 func TestRefillOnlyItself(t *testing.T) {
 	cfg := testConfig(t, t.TempDir())
-	cfg.Listen = freeAddr(t)
+	cfg.Listen = testkit.FreeAddr(t)
 	cfg.Peers = []string{cfg.Listen}
 	r := start(t, cfg)
 	r.refilled(t)

@@ -91,7 +91,7 @@ func TestPrimaryWithoutLogStoresGivesTheElectionUp(t *testing.T) {
 	}
 	lsRun := run(t, ls.Run)
 	c := &cluster{dir: dir, ls: ls.Addr(), nodes: map[string]*Node{}, runs: map[string]*running{},
-		members: []primary.Member{{ID: "n0", Addr: freeAddr(t)}}}
+		members: []primary.Member{{ID: "n0", Addr: testkit.FreeAddr(t)}}}
 	cfg := c.config("n0", RolePrimary)
 	cfg.Primary.Policy.Replication = walshipv1.ReplicationMode_REPLICATION_MODE_DISABLED
 	el := &memElection{id: "n0"}

@@ -42,7 +42,7 @@ func loneReplica(t *testing.T, id, ls, cluster string) (*Node, walshipv1.AdminSe
 	p.HeartbeatInterval, p.LeaseTimeout, p.StopTimeout = 100*time.Millisecond, 300*time.Millisecond, 5*time.Second
 	r := replica.DefaultConfig()
 	r.HeartbeatInterval, r.StopTimeout = 100*time.Millisecond, 5*time.Second
-	r.Primary = freeAddr(t) // nobody: it follows no one until it promotes
+	r.Primary = testkit.FreeAddr(t) // nobody: it follows no one until it promotes
 	n, err := New(Config{ID: id, DataDir: dir, Listen: "127.0.0.1:0", LogStores: []string{ls}, Role: RoleReplica,
 		Primary: p, Replica: r, Registry: serve.NewRegistry(), Logger: testLogger()})
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -27,16 +26,6 @@ import (
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
 
 // running is a node or a log store run in-process.
 type running struct {
@@ -127,7 +116,7 @@ func newCluster(t *testing.T) *cluster {
 	c := &cluster{dir: dir, nodes: map[string]*Node{}, runs: map[string]*running{}}
 	c.ls = startLogStore(t, dir)
 	for i := range 3 {
-		c.members = append(c.members, primary.Member{ID: fmt.Sprintf("n%d", i), Addr: freeAddr(t)})
+		c.members = append(c.members, primary.Member{ID: fmt.Sprintf("n%d", i), Addr: testkit.FreeAddr(t)})
 	}
 	c.start(t, "n0", RolePrimary)
 	c.start(t, "n1", RoleReplica)
@@ -257,10 +246,10 @@ func TestPromotionRefusedWithoutQuorum(t *testing.T) {
 	c := &cluster{dir: dir, nodes: map[string]*Node{}, runs: map[string]*running{}}
 	c.ls = startLogStore(t, dir)
 	for i := range 2 {
-		c.members = append(c.members, primary.Member{ID: fmt.Sprintf("n%d", i), Addr: freeAddr(t)})
+		c.members = append(c.members, primary.Member{ID: fmt.Sprintf("n%d", i), Addr: testkit.FreeAddr(t)})
 	}
 	cfg := c.config("n1", RoleReplica)
-	cfg.LogStores = append(cfg.LogStores, freeAddr(t), freeAddr(t)) // nothing listens there
+	cfg.LogStores = append(cfg.LogStores, testkit.FreeAddr(t), testkit.FreeAddr(t)) // nothing listens there
 	n, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -387,7 +376,7 @@ func TestRestartChoosesTheRoleFromTheVoteAndTheHistory(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			c := &cluster{dir: dir, ls: "127.0.0.1:1", members: []primary.Member{{ID: "n0", Addr: freeAddr(t)}, {ID: "n1", Addr: freeAddr(t)}}}
+			c := &cluster{dir: dir, ls: "127.0.0.1:1", members: []primary.Member{{ID: "n0", Addr: testkit.FreeAddr(t)}, {ID: "n1", Addr: testkit.FreeAddr(t)}}}
 			cfg := c.config("n1", RoleReplica)
 			if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 				t.Fatal(err)

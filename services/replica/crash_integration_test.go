@@ -3,7 +3,6 @@ package replica
 import (
 	"context"
 	"errors"
-	"net"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -27,7 +26,7 @@ import (
 // batch, and converges on the primary's new history.
 func TestRealPrimaryCrashDuringFsync(t *testing.T) {
 	mem := vfs.NewMem()
-	addr := freeAddr(t)
+	addr := testkit.FreeAddr(t)
 	pcfg := primary.DefaultConfig()
 	pcfg.Listen = addr
 	pcfg.DataDir = "/p"
@@ -108,17 +107,6 @@ func TestRealPrimaryCrashDuringFsync(t *testing.T) {
 	if v := r.metric(t, "walship_replica_diverged_total"); v != 1 {
 		t.Fatalf("walship_replica_diverged_total = %v, want 1", v)
 	}
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr
 }
 
 // runPrimary starts a primary and returns a function that stops it.
