@@ -178,11 +178,7 @@ func pairedRatio(xs, bases []float64, x, base float64) (float64, bool) {
 			}
 			rs[i] = xs[i] / bases[i]
 		}
-		slices.Sort(rs)
-		if n%2 == 1 {
-			return rs[n/2], true
-		}
-		return (rs[n/2-1] + rs[n/2]) / 2, true
+		return medianOf(rs), true
 	}
 	if base <= 0 {
 		return 0, false

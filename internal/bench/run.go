@@ -1000,7 +1000,8 @@ func RunInterleaved(ctx context.Context, cfgs []Config, n int, done func(Row)) (
 }
 
 // medians returns, for each config's runs, the one with the median
-// throughput (the lower middle one for an even count), annotated with all.
+// throughput (the lower middle one for an even count), annotated with all,
+// with the median CPU and system calls per commit of all.
 func medians(runs [][]Row) []Row {
 	var rows []Row
 	for _, rs := range runs {
@@ -1015,11 +1016,17 @@ func medians(runs [][]Row) []Row {
 		sort.Slice(sorted, func(i, j int) bool { return sorted[i].TxnPerS < sorted[j].TxnPerS })
 		med := sorted[(len(sorted)-1)/2]
 		med.Runs, med.CPURuns = nil, nil
+		var reads, writes []float64
 		for _, r := range rs {
 			med.Runs = append(med.Runs, r.TxnPerS)
 			med.CPURuns = append(med.CPURuns, r.CPUMsPer1000)
+			reads, writes = append(reads, r.ReadSyscallsPerCommit), append(writes, r.WriteSyscallsPerCommit)
 			med.Consistent = med.Consistent && r.Consistent
 		}
+		// Paced runs (--rate) have the same throughput: the costs per
+		// commit are medians of their own, not the median run's.
+		med.CPUMsPer1000 = medianOf(med.CPURuns)
+		med.ReadSyscallsPerCommit, med.WriteSyscallsPerCommit = medianOf(reads), medianOf(writes)
 		rows = append(rows, med)
 	}
 	return rows
@@ -1028,4 +1035,17 @@ func medians(runs [][]Row) []Row {
 // MatrixCells are the seed's table's cells: Replication × Durability.
 var MatrixCells = [][2]string{
 	{"sync", "sync"}, {"sync", "async"}, {"async", "sync"}, {"async", "async"}, {"disabled", "sync"}, {"disabled", "async"},
+}
+
+// medianOf is the median of xs (the mean of the middle two for an even
+// count; 0 for none).
+func medianOf(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Sorted(slices.Values(xs))
+	if n := len(s); n%2 == 0 {
+		return (s[n/2-1] + s[n/2]) / 2
+	}
+	return s[len(s)/2]
 }

@@ -140,4 +140,15 @@ func TestMediansKeepOrderAndAllRuns(t *testing.T) {
 	if got[2].TxnPerS != 1 || got[2].Runs != nil {
 		t.Errorf("c = %+v; a single run is reported as is", got[2])
 	}
+	// Paced runs: equal throughput, so the costs are medians of their own.
+	paced := func(cpu, reads, writes float64) Row {
+		return Row{TxnPerS: 1500, CPUMsPer1000: cpu, ReadSyscallsPerCommit: reads, WriteSyscallsPerCommit: writes, Consistent: true}
+	}
+	m := medians([][]Row{{paced(300, 4, 1), paced(200, 3, 3), paced(250, 5, 2)}})[0]
+	if m.CPUMsPer1000 != 250 || m.ReadSyscallsPerCommit != 4 || m.WriteSyscallsPerCommit != 2 || !slices.Equal(m.CPURuns, []float64{300, 200, 250}) {
+		t.Errorf("paced = CPU %v (runs %v), %v reads, %v writes; want the medians 250, 4, 2", m.CPUMsPer1000, m.CPURuns, m.ReadSyscallsPerCommit, m.WriteSyscallsPerCommit)
+	}
+	if m := medians([][]Row{{paced(300, 4, 1), paced(200, 2, 3)}})[0]; m.CPUMsPer1000 != 250 || m.ReadSyscallsPerCommit != 3 {
+		t.Errorf("two runs: CPU %v, %v reads; want the means of the middle two, 250 and 3", m.CPUMsPer1000, m.ReadSyscallsPerCommit)
+	}
 }
