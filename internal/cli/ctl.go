@@ -71,8 +71,11 @@ func ctlStatusFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 			}
 			role := strings.ToLower(strings.TrimPrefix(st.GetRole().String(), "ROLE_"))
 			writes := "-"
-			if st.GetRole() == walshipv1.Role_ROLE_PRIMARY {
+			switch {
+			case st.GetRole() == walshipv1.Role_ROLE_PRIMARY:
 				writes = fmt.Sprint(st.GetTakingWrites())
+			case st.GetRefilling():
+				writes = "refilling" // a log store that takes none yet
 			}
 			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\t%d\t%d\t%d\t%s\t%v\t%s\t%d\t%s\n", r.addr, st.GetId(), role, st.GetEpoch(), st.GetVoteEpoch(),
 				st.GetPrimaryId(), st.GetLastLsn(), st.GetDurableLsn(), st.GetVisibleLsn(), lag, st.GetServing(), writes, len(st.GetOrphans()), cluster)

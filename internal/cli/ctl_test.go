@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/walship/walship/internal/cluster"
+	"github.com/walship/walship/internal/testkit"
 )
 
 // TestCtlStatusShowsClusters: `walship ctl status` shows each node's
@@ -37,5 +38,22 @@ func TestCtlStatusShowsClusters(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "warning: these nodes belong to 2 different clusters") ||
 		!strings.Contains(out, idA+": "+a.Primary.Addr) || !strings.Contains(out, idB+": "+b.Primary.Addr) {
 		t.Fatalf("two clusters: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+}
+
+// TestCtlStatusShowsRefilling: a log store copying what it missed from its
+// peers says so in `walship ctl status`, where it takes no writes yet.
+func TestCtlStatusShowsRefilling(t *testing.T) {
+	// Its only peer is not there: it waits to refill.
+	addr := serveLogStore(t, t.TempDir(), testkit.FreeAddr(t))
+	code, out, errOut := run(t, "ctl", "status", "--nodes", addr)
+	var row string
+	for _, line := range strings.Split(out, "\n") {
+		if strings.HasPrefix(line, addr) {
+			row = line
+		}
+	}
+	if code != 0 || !strings.Contains(row, "logstore") || !strings.Contains(row, "refilling") {
+		t.Fatalf("exit %d, row %q\nstdout:\n%s\nstderr:\n%s", code, row, out, errOut)
 	}
 }

@@ -52,11 +52,11 @@ func archive(t *testing.T, dir string, n int, damage func(int, *walshipv1.WalBat
 	}
 }
 
-// serveLogStore runs a log store on dir until the test ends.
-func serveLogStore(t *testing.T, dir string) string {
+// serveLogStore runs a log store on dir, with peers, until the test ends.
+func serveLogStore(t *testing.T, dir string, peers ...string) string {
 	t.Helper()
 	cfg := logstore.DefaultConfig()
-	cfg.Listen, cfg.MetricsListen, cfg.DataDir = "127.0.0.1:0", "", dir
+	cfg.Listen, cfg.MetricsListen, cfg.DataDir, cfg.Peers = "127.0.0.1:0", "", dir, peers
 	cfg.Registry = prometheus.NewRegistry()
 	cfg.StopTimeout = 5 * time.Second
 	s, err := logstore.New(cfg)

@@ -74,6 +74,7 @@ func (a *adminServer) Status(context.Context, *walshipv1.StatusRequest) (*walshi
 		WalFirstLsn: s.wal.FirstLSN(),
 		Serving:     s.srv.Serving(),
 		ClusterId:   s.cluster.ID(),
+		Refilling:   s.refilling.Load(),
 	}
 	orphans, err := datadir.ListOrphans(s.fs, s.cfg.DataDir)
 	if err != nil {

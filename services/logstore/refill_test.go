@@ -79,6 +79,11 @@ func TestRefillWaitsForAPeer(t *testing.T) {
 	if st := b.status(t); !st.Refilling {
 		t.Fatalf("empty log store with an unreachable peer: %v; want refilling", st)
 	}
+	// Operators see it in the status every node answers (walship ctl
+	// status), not only in the log store's own.
+	if st, err := b.admin.Status(t.Context(), &walshipv1.StatusRequest{}); err != nil || !st.Refilling {
+		t.Fatalf("AdminService.Status while refilling: %v, %v; want refilling", st, err)
+	}
 	ap := b.append(t)
 	// The log store may end the stream before the heartbeat is sent
 	// (Send then says io.EOF): the refusal is the stream's status.
@@ -102,6 +107,9 @@ func TestRefillWaitsForAPeer(t *testing.T) {
 	}
 	if v := metricValue(t, b.cfg.Registry, "walship_logstore_refilling"); v != 0 {
 		t.Errorf("walship_logstore_refilling = %v after the refill", v)
+	}
+	if st, err := b.admin.Status(t.Context(), &walshipv1.StatusRequest{}); err != nil || st.Refilling {
+		t.Errorf("AdminService.Status after the refill: %v, %v; want not refilling", st, err)
 	}
 }
 

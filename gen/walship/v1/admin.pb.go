@@ -233,7 +233,11 @@ type StatusResponse struct {
 	// cluster_id is the cluster this process belongs to: made when the
 	// cluster's first primary started, stamped in every data directory
 	// (empty on a node that has not joined one yet).
-	ClusterId     string `protobuf:"bytes,25,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	ClusterId string `protobuf:"bytes,25,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	// refilling: a log store copying what it missed from its peers; it
+	// refuses the primary's batches and counts for no quorum until done.
+	// Always false on a primary or a replica.
+	Refilling     bool `protobuf:"varint,26,opt,name=refilling,proto3" json:"refilling,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -441,6 +445,13 @@ func (x *StatusResponse) GetClusterId() string {
 		return x.ClusterId
 	}
 	return ""
+}
+
+func (x *StatusResponse) GetRefilling() bool {
+	if x != nil {
+		return x.Refilling
+	}
+	return false
 }
 
 // OrphanStatus is one orphan file.
@@ -1223,7 +1234,7 @@ const file_walship_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"\x16walship/v1/admin.proto\x12\n" +
 	"walship.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x16walship/v1/epoch.proto\x1a\x17walship/v1/policy.proto\"\x0f\n" +
-	"\rStatusRequest\"\xc5\a\n" +
+	"\rStatusRequest\"\xe3\a\n" +
 	"\x0eStatusResponse\x12$\n" +
 	"\x04role\x18\x01 \x01(\x0e2\x10.walship.v1.RoleR\x04role\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x14\n" +
@@ -1255,7 +1266,8 @@ const file_walship_v1_admin_proto_rawDesc = "" +
 	"\ahistory\x18\x17 \x03(\v2\x16.walship.v1.EpochStartR\ahistory\x12#\n" +
 	"\rtaking_writes\x18\x18 \x01(\bR\ftakingWrites\x12\x1d\n" +
 	"\n" +
-	"cluster_id\x18\x19 \x01(\tR\tclusterId\"\xb3\x01\n" +
+	"cluster_id\x18\x19 \x01(\tR\tclusterId\x12\x1c\n" +
+	"\trefilling\x18\x1a \x01(\bR\trefilling\"\xb3\x01\n" +
 	"\fOrphanStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1b\n" +
