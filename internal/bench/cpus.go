@@ -26,9 +26,22 @@ const (
 // half for the primary and its clients, the rest for the log store and the
 // replicas, each as a taskset list. It fails with fewer than two CPUs.
 func SplitCPUs() (primaryCPUs, peerCPUs string, err error) {
+	cpus, err := allowedCPUs()
+	if err != nil {
+		return "", "", err
+	}
+	if len(cpus) < 2 {
+		return "", "", fmt.Errorf("this process may use %d CPU(s); placing the nodes apart needs two", len(cpus))
+	}
+	half := len(cpus) / 2
+	return cpuListOf(cpus[:half]), cpuListOf(cpus[half:]), nil
+}
+
+// allowedCPUs lists, ascending, the CPUs this process may run on.
+func allowedCPUs() ([]int, error) {
 	var set unix.CPUSet
 	if err := unix.SchedGetaffinity(0, &set); err != nil {
-		return "", "", fmt.Errorf("CPUs this process may use: %w", err)
+		return nil, fmt.Errorf("CPUs this process may use: %w", err)
 	}
 	var cpus []int
 	for i := 0; i < len(set)*64; i++ {
@@ -36,11 +49,7 @@ func SplitCPUs() (primaryCPUs, peerCPUs string, err error) {
 			cpus = append(cpus, i)
 		}
 	}
-	if len(cpus) < 2 {
-		return "", "", fmt.Errorf("this process may use %d CPU(s); placing the nodes apart needs two", len(cpus))
-	}
-	half := len(cpus) / 2
-	return cpuListOf(cpus[:half]), cpuListOf(cpus[half:]), nil
+	return cpus, nil
 }
 
 // cpuListOf writes cpus (ascending) as a taskset list, ranges folded.

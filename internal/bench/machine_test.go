@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/walship/walship/internal/cpustat"
 )
 
@@ -59,15 +57,9 @@ func BenchmarkLoopbackMessage(b *testing.B) {
 	if _, err := exec.LookPath("taskset"); err != nil {
 		b.Skip("needs taskset (util-linux) to pin the reader")
 	}
-	var orig unix.CPUSet
-	if err := unix.SchedGetaffinity(0, &orig); err != nil {
+	cpus, err := allowedCPUs()
+	if err != nil {
 		b.Fatal(err)
-	}
-	var cpus []int
-	for i := 0; i < len(orig)*64; i++ {
-		if orig.IsSet(i) {
-			cpus = append(cpus, i)
-		}
 	}
 	if len(cpus) < 2 {
 		b.Skip("this process may use one CPU")
