@@ -109,7 +109,9 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	for i := 0; i < cfg.LogStores; i++ {
 		addr, _ := c.logStoreAddr(i)
 		if cfg.BasePort == 0 && cfg.LogStores > 1 {
-			if addr, err = freeAddr(cfg.Host); err != nil {
+			// Known before any log store binds, and bound again by a
+			// restart: outside the ephemeral range.
+			if addr, err = freeport.Pick(cfg.Host); err != nil {
 				return nil, err
 			}
 		}
@@ -131,7 +133,7 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 		for i := range c.members {
 			if cfg.BasePort != 0 {
 				c.members[i].Addr, _ = c.addr(1 + i)
-			} else if c.members[i].Addr, err = freeAddr(cfg.Host); err != nil {
+			} else if c.members[i].Addr, err = freeport.Pick(cfg.Host); err != nil {
 				return nil, err
 			}
 		}
@@ -319,11 +321,6 @@ func (n *Node) stop() error {
 	n.cancel = nil
 	return <-n.done
 }
-
-// freeAddr picks a free port on host (for members' addresses, which every
-// data node must know before any binds, and a restarted node binds again),
-// outside the ephemeral range (freeport.Pick).
-func freeAddr(host string) (string, error) { return freeport.Pick(host) }
 
 // Nodes returns every node: log stores, primary, replicas.
 func (c *Cluster) Nodes() []*Node {
