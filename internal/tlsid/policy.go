@@ -1,12 +1,14 @@
 package tlsid
 
 import (
+	"bytes"
 	"context"
 	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -202,6 +204,9 @@ func (a *Authz) remember(k allowKey) {
 // NewAuthz builds the policy check.
 func NewAuthz(td string, r Reflection, policyFile string, refresh time.Duration) (*Authz, error) {
 	if policyFile != "" {
+		if _, err := readPolicy(policyFile); err != nil {
+			return nil, err
+		}
 		w, err := authz.NewFileWatcher(policyFile, refresh)
 		if err != nil {
 			return nil, fmt.Errorf("--authz-policy %s: %w", policyFile, err)
@@ -216,6 +221,25 @@ func NewAuthz(td string, r Reflection, policyFile string, refresh time.Duration)
 		return nil, fmt.Errorf("the default authorization policy: %w", err)
 	}
 	return &Authz{in: s, close: func() {}, td: td}, nil
+}
+
+// readPolicy reads and checks an A43 policy file. grpc's file watcher
+// takes an empty file for an unchanged one and then serves with no policy
+// at all (a nil pointer at the first call): so the file is read and
+// checked here, naming the flag and the file.
+func readPolicy(file string) (*authz.StaticInterceptor, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("--authz-policy: %w", err)
+	}
+	if len(bytes.TrimSpace(b)) == 0 {
+		return nil, fmt.Errorf("--authz-policy %s: the file is empty", file)
+	}
+	in, err := authz.NewStatic(string(b))
+	if err != nil {
+		return nil, fmt.Errorf("--authz-policy %s: %w", file, err)
+	}
+	return in, nil
 }
 
 // Close stops a policy file's watcher.
