@@ -39,7 +39,7 @@ func addSecurityFlags(fs *flag.FlagSet, server bool) *securityFlags {
 	}
 	fs.BoolVar(&sf.plaintext, "plaintext", false, "serve without TLS on a non-loopback address: anyone who reaches the port can read the log and write (loopback needs no flag)")
 	fs.StringVar(&sf.trust, "trust-domain", "walship.local", "SPIFFE trust domain of the default authorization policy: identities spiffe://DOMAIN/walship/{node,logstore,client,admin}/NAME")
-	fs.StringVar(&sf.policy, "authz-policy", "", "gRPC authorization policy file (A43 JSON, reloaded when it changes) instead of the default policy")
+	fs.StringVar(&sf.policy, "authz-policy", "", "gRPC authorization policy file (A43 JSON, checked every --tls-reload-interval; a bad edit keeps the policy in force) instead of the default policy")
 	fs.Var(&sf.reflection, "reflection", "who may use server reflection under TLS: all, admin or off")
 	fs.BoolVar(&sf.pprof, "pprof", false, "serve Go's CPU, heap and goroutine profiles at /debug/pprof/ on --metrics-listen (anyone who reaches that port can read them)")
 	fs.DurationVar(&sf.maxAge, "max-connection-age", time.Hour, "with TLS, close connections this old so they re-handshake with rotated certificates (streams resume); 0 = never")
@@ -87,14 +87,11 @@ func (sf *securityFlags) serve(ctx context.Context, logger *slog.Logger, listen 
 	if err != nil {
 		return serve.Security{}, err
 	}
-	az, err := tlsid.NewAuthz(sf.trust, sf.reflection, sf.policy, sf.reload)
+	az, err := tlsid.NewAuthz(tlsid.AuthzConfig{TrustDomain: sf.trust, Reflection: sf.reflection, PolicyFile: sf.policy, Logger: logger})
 	if err != nil {
 		return serve.Security{}, err
 	}
-	go func() {
-		<-ctx.Done()
-		az.Close()
-	}()
+	go az.Watch(ctx, sf.reload)
 	go src.Watch(ctx, sf.reload)
 	serve.UseTLS(src)
 	logger.Info("serving TLS 1.3 with client certificates", "identity", src.Identity(), "not_after", src.NotAfter(), "policy", policyName(sf.policy, sf.trust))

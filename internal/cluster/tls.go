@@ -46,7 +46,7 @@ func DevTLS(dir, host string) (serve.Security, error) {
 	if err != nil {
 		return serve.Security{}, err
 	}
-	az, err := tlsid.NewAuthz(DevTrustDomain, tlsid.ReflectionAll, "", 0)
+	az, err := tlsid.NewAuthz(tlsid.AuthzConfig{TrustDomain: DevTrustDomain, Reflection: tlsid.ReflectionAll})
 	if err != nil {
 		return serve.Security{}, err
 	}

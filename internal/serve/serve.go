@@ -196,6 +196,11 @@ func (s *Server) serverOptions() ([]grpc.ServerOption, error) {
 		}
 	}
 	if sec.Authz != nil {
+		if opts.Registry != nil {
+			if err := sec.Authz.Register(opts.Registry); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
+				return nil, err
+			}
+		}
 		// First: nothing runs for a caller the policy refuses.
 		unary = append([]grpc.UnaryServerInterceptor{sec.Authz.Unary}, unary...)
 		stream = append([]grpc.StreamServerInterceptor{sec.Authz.Stream}, stream...)

@@ -3,10 +3,12 @@ package tlsid
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"os"
 	"strings"
@@ -14,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 
 	"google.golang.org/grpc"
@@ -128,20 +131,18 @@ func DefaultPolicy(td string, r Reflection) string {
 	return string(b)
 }
 
-// interceptor is what grpc-go's static and file-watching authz
-// interceptors both are.
-type interceptor interface {
-	UnaryInterceptor(context.Context, any, *grpc.UnaryServerInfo, grpc.UnaryHandler) (any, error)
-	StreamInterceptor(any, grpc.ServerStream, *grpc.StreamServerInfo, grpc.StreamHandler) error
-}
-
-// Authz checks every RPC against a policy: policyFile (A43 JSON, reloaded
-// when it changes, every refresh) if set, else DefaultPolicy(td, r). A
-// refused call fails PERMISSION_DENIED naming the caller and the method.
+// Authz checks every RPC against a policy: a policy file (A43 JSON,
+// reloaded by Watch when it changes) if one is named, else
+// DefaultPolicy. A refused call fails PERMISSION_DENIED naming the caller
+// and the method.
 type Authz struct {
-	in    interceptor
-	close func()
-	// td is set under the default policy, which also requires each peer
+	// policy is the policy in force: grpc's static interceptor, swapped
+	// whole when the file changes.
+	policy atomic.Pointer[authz.StaticInterceptor]
+	// file is the policy file, "" under the default policy.
+	file   string
+	logger *slog.Logger
+	// td is the trust domain. The default policy also requires each peer
 	// to be one well-formed SPIFFE ID (grpc's matching would accept any of
 	// several URI or DNS names, by raw prefix) and limits what a node may
 	// ask of Promote.
@@ -153,6 +154,12 @@ type Authz struct {
 	// pointer is never reused; cleared when it holds maxAllowed pairs.
 	allowed  sync.Map // allowKey -> struct{}
 	nAllowed atomic.Int64
+
+	// reloadMu orders Reloads; seen identifies the file's contents (or
+	// read error) the last Reload looked at, current those in force.
+	reloadMu      sync.Mutex
+	seen, current [sha256.Size]byte
+	reloads       *prometheus.CounterVec
 }
 
 type allowKey struct {
@@ -179,7 +186,7 @@ func leaf(ctx context.Context) *x509.Certificate {
 // certificate to call method (never for Promote, whose rule reads the
 // request).
 func (a *Authz) cached(ctx context.Context, method string) (allowKey, bool) {
-	if a.td == "" || method == "/walship.v1.AdminService/Promote" {
+	if a.file != "" || method == "/walship.v1.AdminService/Promote" {
 		return allowKey{}, false
 	}
 	k := allowKey{leaf(ctx), method}
@@ -201,37 +208,65 @@ func (a *Authz) remember(k allowKey) {
 	a.allowed.Store(k, struct{}{})
 }
 
-// NewAuthz builds the policy check.
-func NewAuthz(td string, r Reflection, policyFile string, refresh time.Duration) (*Authz, error) {
-	if policyFile != "" {
-		if _, err := readPolicy(policyFile); err != nil {
+// AuthzConfig configures NewAuthz.
+type AuthzConfig struct {
+	// TrustDomain is the default policy's SPIFFE trust domain; required
+	// without PolicyFile.
+	TrustDomain string
+	// Reflection says who the default policy lets use server reflection.
+	Reflection Reflection
+	// PolicyFile, if set, is the policy (A43 JSON) instead of the default.
+	PolicyFile string
+	// Logger logs policy reloads.
+	Logger *slog.Logger
+}
+
+// NewAuthz builds the policy check; a policy file must be good from the
+// start.
+func NewAuthz(cfg AuthzConfig) (*Authz, error) {
+	a := &Authz{file: cfg.PolicyFile, logger: cfg.Logger, td: cfg.TrustDomain}
+	if a.logger == nil {
+		a.logger = slog.New(slog.DiscardHandler)
+	}
+	a.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "walship_authz_policy_reloads_total",
+		Help: "Reads of a changed --authz-policy file, by result: ok (its policy swapped in) or error (the policy in force kept).",
+	}, []string{"result"})
+	for _, r := range []string{"ok", "error"} {
+		a.reloads.WithLabelValues(r) // exported at 0 from the start
+	}
+	if a.file != "" {
+		b, err := os.ReadFile(a.file)
+		if err != nil {
+			return nil, fmt.Errorf("--authz-policy: %w", err)
+		}
+		in, err := parsePolicy(a.file, b)
+		if err != nil {
 			return nil, err
 		}
-		w, err := authz.NewFileWatcher(policyFile, refresh)
-		if err != nil {
-			return nil, fmt.Errorf("--authz-policy %s: %w", policyFile, err)
-		}
-		return &Authz{in: w, close: w.Close}, nil
+		a.policy.Store(in)
+		a.seen = sha256.Sum256(b)
+		a.current = a.seen
+		return a, nil
 	}
-	if td == "" {
+	if a.td == "" {
 		return nil, fmt.Errorf("--trust-domain: required with TLS (or give --authz-policy)")
 	}
-	s, err := authz.NewStatic(DefaultPolicy(td, r))
+	in, err := authz.NewStatic(DefaultPolicy(a.td, cfg.Reflection))
 	if err != nil {
 		return nil, fmt.Errorf("the default authorization policy: %w", err)
 	}
-	return &Authz{in: s, close: func() {}, td: td}, nil
+	a.policy.Store(in)
+	return a, nil
 }
 
-// readPolicy reads and checks an A43 policy file. grpc's file watcher
-// takes an empty file for an unchanged one and then serves with no policy
-// at all (a nil pointer at the first call): so the file is read and
-// checked here, naming the flag and the file.
-func readPolicy(file string) (*authz.StaticInterceptor, error) {
-	b, err := os.ReadFile(file)
-	if err != nil {
-		return nil, fmt.Errorf("--authz-policy: %w", err)
-	}
+// Register adds the authorization metrics to reg.
+func (a *Authz) Register(reg prometheus.Registerer) error {
+	return reg.Register(a.reloads)
+}
+
+// parsePolicy checks an A43 policy file's contents b.
+func parsePolicy(file string, b []byte) (*authz.StaticInterceptor, error) {
 	if len(bytes.TrimSpace(b)) == 0 {
 		return nil, fmt.Errorf("--authz-policy %s: the file is empty", file)
 	}
@@ -242,8 +277,68 @@ func readPolicy(file string) (*authz.StaticInterceptor, error) {
 	return in, nil
 }
 
-// Close stops a policy file's watcher.
-func (a *Authz) Close() { a.close() }
+// Reload reads the policy file again and swaps in its policy if it
+// changed and checks out; on an error the policy in force stays. It
+// reports whether it swapped. Contents (or a read error) the last Reload
+// saw are not looked at again, so a bad edit is counted and reported
+// once, not at every poll. grpc's own file watcher is not used: it logs a
+// bad edit only through grpclog, and serves no policy at all when the
+// file starts empty.
+func (a *Authz) Reload() (bool, error) {
+	if a.file == "" {
+		return false, nil
+	}
+	a.reloadMu.Lock()
+	defer a.reloadMu.Unlock()
+	b, readErr := os.ReadFile(a.file)
+	sum := sha256.Sum256(b)
+	if readErr != nil {
+		sum = sha256.Sum256([]byte("read: " + readErr.Error()))
+	}
+	if sum == a.seen {
+		return false, nil
+	}
+	a.seen = sum
+	if sum == a.current {
+		return false, nil // back to the policy in force
+	}
+	in, err := parsePolicy(a.file, b)
+	if readErr != nil {
+		err = fmt.Errorf("--authz-policy: %w", readErr)
+	}
+	if err != nil {
+		a.reloads.WithLabelValues("error").Inc()
+		return false, err
+	}
+	a.policy.Store(in)
+	a.current = sum
+	a.reloads.WithLabelValues("ok").Inc()
+	return true, nil
+}
+
+// Watch reloads the policy file every interval until ctx ends (a
+// Kubernetes ConfigMap volume changes by a symlink swap, which polling
+// sees); it returns at once under the default policy.
+func (a *Authz) Watch(ctx context.Context, every time.Duration) {
+	if a.file == "" {
+		return
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		switch swapped, err := a.Reload(); {
+		case err != nil:
+			a.logger.Error("authorization policy file changed but does not check out; keeping the policy in force", "file", a.file, "err", err)
+		case swapped:
+			a.logger.Info("authorization policy reloaded", "file", a.file)
+		}
+	}
+}
 
 func denied(ctx context.Context, method string, err error) error {
 	if status.Code(err) != codes.PermissionDenied {
@@ -293,7 +388,7 @@ func spiffeID(ctx context.Context) (*url.URL, error) {
 // well-formed SPIFFE ID per peer, and a node's Promote only as a
 // switching primary sends it (no force, dry run or epoch: admins' tools).
 func (a *Authz) check(ctx context.Context, method string, req any) error {
-	if a.td == "" || strings.HasPrefix(method, "/grpc.health.v1.Health/") {
+	if a.file != "" || strings.HasPrefix(method, "/grpc.health.v1.Health/") {
 		return nil
 	}
 	u, err := spiffeID(ctx)
@@ -318,7 +413,7 @@ func (a *Authz) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, 
 		return nil, err
 	}
 	called := false
-	resp, err := a.in.UnaryInterceptor(ctx, req, info, func(ctx context.Context, req any) (any, error) {
+	resp, err := a.policy.Load().UnaryInterceptor(ctx, req, info, func(ctx context.Context, req any) (any, error) {
 		called = true
 		a.remember(k)
 		return handler(ctx, req)
@@ -335,7 +430,7 @@ func (a *Authz) Stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInf
 		return err
 	}
 	called := false
-	err := a.in.StreamInterceptor(srv, ss, info, func(srv any, ss grpc.ServerStream) error {
+	err := a.policy.Load().StreamInterceptor(srv, ss, info, func(srv any, ss grpc.ServerStream) error {
 		called = true
 		return handler(srv, ss)
 	})

@@ -1,19 +1,24 @@
 package tlsid
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/testkit"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -243,7 +248,7 @@ func TestAuthzDefaultPolicy(t *testing.T) {
 	dir := t.TempDir()
 	ca := newCA(t, "ca")
 	srv := load(t, write(t, ca, dir, "server", Leaf{URI: URI("td", ClassNode, "n0"), IPs: localhost}))
-	az, err := NewAuthz("td", ReflectionAdmin, "", time.Second)
+	az, err := NewAuthz(AuthzConfig{TrustDomain: "td", Reflection: ReflectionAdmin})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -451,27 +456,22 @@ func TestAuthzPolicyFileCheckedAtStart(t *testing.T) {
 		"no allow rules": `{"name": "p"}`,
 	} {
 		p := writePolicy(t, t.TempDir(), contents)
-		az, err := NewAuthz("td", ReflectionAll, p, time.Second)
-		if err == nil {
-			az.Close()
+		if _, err := NewAuthz(AuthzConfig{TrustDomain: "td", PolicyFile: p}); err == nil {
 			t.Errorf("%s: NewAuthz accepted the file", name)
-			continue
-		}
-		if !strings.Contains(err.Error(), "--authz-policy") || !strings.Contains(err.Error(), p) {
+		} else if !strings.Contains(err.Error(), "--authz-policy") || !strings.Contains(err.Error(), p) {
 			t.Errorf("%s: %v; want the flag and the file named", name, err)
 		}
 	}
 	missing := filepath.Join(t.TempDir(), "nope.json")
-	if _, err := NewAuthz("td", ReflectionAll, missing, time.Second); err == nil || !strings.Contains(err.Error(), "--authz-policy") || !strings.Contains(err.Error(), missing) {
+	if _, err := NewAuthz(AuthzConfig{TrustDomain: "td", PolicyFile: missing}); err == nil || !strings.Contains(err.Error(), "--authz-policy") || !strings.Contains(err.Error(), missing) {
 		t.Errorf("a missing file: %v; want the flag and the file named", err)
 	}
 
 	ca := newCA(t, "ca")
-	az, err := NewAuthz("td", ReflectionAll, writePolicy(t, t.TempDir(), DefaultPolicy("td", ReflectionAll)), time.Second)
+	az, err := NewAuthz(AuthzConfig{TrustDomain: "td", PolicyFile: writePolicy(t, t.TempDir(), DefaultPolicy("td", ReflectionAll))})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(az.Close)
 	cc := serveAuthz(t, ca, az)(Leaf{URI: URI("td", ClassClient, "app")})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -481,4 +481,120 @@ func TestAuthzPolicyFileCheckedAtStart(t *testing.T) {
 	if _, err := walshipv1.NewAdminServiceClient(cc).SetPolicy(ctx, &walshipv1.SetPolicyRequest{}); status.Code(err) != codes.PermissionDenied {
 		t.Fatalf("a client's SetPolicy under the default policy as a file: %v; want PERMISSION_DENIED", err)
 	}
+}
+
+// syncBuffer is a log destination that tests read while a goroutine
+// writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// allowClients is an A43 policy that lets clients of trust domain td call
+// paths.
+func allowClients(td string, paths ...string) string {
+	b, err := json.Marshal(map[string]any{"name": "p", "allow_rules": []any{map[string]any{
+		"name":    "clients",
+		"source":  map[string]any{"principals": []string{URI(td, ClassClient, "*")}},
+		"request": map[string]any{"paths": paths},
+	}}})
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
+}
+
+// TestAuthzPolicyReload: a changed policy file is swapped in; an empty,
+// malformed or missing one keeps the policy in force, each counted once
+// (walship_authz_policy_reloads_total{result="error"}) however often it
+// is polled, and Watch logs it at ERROR.
+func TestAuthzPolicyReload(t *testing.T) {
+	ca, dir := newCA(t, "ca"), t.TempDir()
+	p := writePolicy(t, dir, allowClients("td", "/walship.v1.AdminService/Status"))
+	var logs syncBuffer
+	az, err := NewAuthz(AuthzConfig{TrustDomain: "td", PolicyFile: p, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	if err := az.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	cc := serveAuthz(t, ca, az)(Leaf{URI: URI("td", ClassClient, "app")})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	setPolicy := func() codes.Code {
+		_, err := walshipv1.NewAdminServiceClient(cc).SetPolicy(ctx, &walshipv1.SetPolicyRequest{})
+		return status.Code(err)
+	}
+	if c := setPolicy(); c != codes.PermissionDenied {
+		t.Fatalf("SetPolicy before the edit: %v", c)
+	}
+	if swapped, err := az.Reload(); swapped || err != nil {
+		t.Fatalf("Reload of an unchanged file = %v, %v", swapped, err)
+	}
+	good := allowClients("td", "/walship.v1.AdminService/Status", "/walship.v1.AdminService/SetPolicy")
+	writePolicy(t, dir, good)
+	if swapped, err := az.Reload(); !swapped || err != nil {
+		t.Fatalf("Reload of a good edit = %v, %v", swapped, err)
+	}
+	if c := setPolicy(); c != codes.Unimplemented {
+		t.Fatalf("SetPolicy after the edit: %v; want the handler's UNIMPLEMENTED", c)
+	}
+	for name, bad := range map[string]func(){
+		"empty":    func() { writePolicy(t, dir, "") },
+		"not JSON": func() { writePolicy(t, dir, "{") },
+		"missing": func() {
+			if err := os.Remove(p); err != nil {
+				t.Fatal(err)
+			}
+		},
+	} {
+		bad()
+		if swapped, err := az.Reload(); swapped || err == nil || !strings.Contains(err.Error(), "--authz-policy") {
+			t.Errorf("%s: Reload = %v, %v; want an error naming the flag", name, swapped, err)
+		}
+		if swapped, err := az.Reload(); swapped || err != nil {
+			t.Errorf("%s polled again: Reload = %v, %v; want nothing new", name, swapped, err)
+		}
+		if c := setPolicy(); c != codes.Unimplemented {
+			t.Errorf("%s: SetPolicy = %v; want the policy in force kept", name, c)
+		}
+	}
+	// Back to the contents in force: nothing to swap.
+	writePolicy(t, dir, good)
+	if swapped, err := az.Reload(); swapped || err != nil {
+		t.Fatalf("Reload back to the policy in force = %v, %v", swapped, err)
+	}
+	if v := testutil.ToFloat64(az.reloads.WithLabelValues("error")); v != 3 {
+		t.Errorf(`reloads{result="error"} = %v, want 3`, v)
+	}
+	if v := testutil.ToFloat64(az.reloads.WithLabelValues("ok")); v != 1 {
+		t.Errorf(`reloads{result="ok"} = %v, want 1`, v)
+	}
+
+	wctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); az.Watch(wctx, 10*time.Millisecond) }()
+	writePolicy(t, dir, `{"name": "p"}`)
+	testkit.Until(t, "Watch to log the bad edit", func() bool {
+		return strings.Contains(logs.String(), "level=ERROR") && strings.Contains(logs.String(), "does not check out")
+	})
+	writePolicy(t, dir, allowClients("td", "/walship.v1.AdminService/Status"))
+	testkit.Until(t, "Watch to swap in the good edit", func() bool { return setPolicy() == codes.PermissionDenied })
+	testkit.Until(t, "Watch to log the reload", func() bool { return strings.Contains(logs.String(), "authorization policy reloaded") })
+	stop()
+	<-done
 }

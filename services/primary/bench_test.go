@@ -147,7 +147,7 @@ func benchTLS(b *testing.B) serve.Security {
 	if err != nil {
 		b.Fatal(err)
 	}
-	az, err := tlsid.NewAuthz("bench", tlsid.ReflectionAll, "", 0)
+	az, err := tlsid.NewAuthz(tlsid.AuthzConfig{TrustDomain: "bench", Reflection: tlsid.ReflectionAll})
 	if err != nil {
 		b.Fatal(err)
 	}
