@@ -1,22 +1,31 @@
 package cluster
 
 import (
+	"context"
 	"os"
+	"path/filepath"
 	"regexp"
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/serve"
+	"github.com/walship/walship/internal/tlsid"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // TestMetricsDocumented compares the walship_* metrics every service
 // registers, gathered from a cluster that did some work, with the tables of
 // docs/METRICS.md, both ways.
 func TestMetricsDocumented(t *testing.T) {
-	// Over mTLS, so that the TLS metrics are registered too.
-	sec, err := DevTLS(t.TempDir(), "127.0.0.1")
+	// Over mTLS, so that the TLS and authorization metrics are registered
+	// too, with one refused call.
+	tlsDir := t.TempDir()
+	sec, err := DevTLS(tlsDir, "127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -24,6 +33,7 @@ func TestMetricsDocumented(t *testing.T) {
 	c := startCluster(t, Config{LogStores: 1, Replicas: 1, Security: sec})
 	randomLoad(t, walshipv1.NewKVServiceClient(c.Conn(c.Primary)), 2, 20, nil)
 	waitConverged(t, c)
+	refuseOneCall(t, tlsDir, c.Primary.Addr)
 
 	registered := map[string]string{} // name -> node that registered it
 	for _, n := range c.Nodes() {
@@ -67,5 +77,25 @@ func TestMetricsDocumented(t *testing.T) {
 	}
 	if len(documented) < 30 {
 		t.Fatalf("found only %d documented metrics: is the table format of docs/METRICS.md still | `name` | ... |?", len(documented))
+	}
+}
+
+// refuseOneCall asks addr for SetPolicy as DevTLS's client, which the
+// default policy refuses.
+func refuseOneCall(t *testing.T, tlsDir, addr string) {
+	t.Helper()
+	src, err := tlsid.Load(tlsid.Files{Cert: filepath.Join(tlsDir, "client.crt"), Key: filepath.Join(tlsDir, "client.key"), CA: filepath.Join(tlsDir, "ca.crt")}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(src.Credentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if _, err := walshipv1.NewAdminServiceClient(conn).SetPolicy(ctx, &walshipv1.SetPolicyRequest{}); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("a client's SetPolicy: %v; want PERMISSION_DENIED", err)
 	}
 }

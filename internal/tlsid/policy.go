@@ -25,6 +25,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
 )
 
 // Identity classes. walship's default policy knows them by a SPIFFE path
@@ -160,6 +162,10 @@ type Authz struct {
 	reloadMu      sync.Mutex
 	seen, current [sha256.Size]byte
 	reloads       *prometheus.CounterVec
+
+	denied  *prometheus.CounterVec
+	denials denialLog
+	now     func() time.Time
 }
 
 type allowKey struct {
@@ -217,14 +223,14 @@ type AuthzConfig struct {
 	Reflection Reflection
 	// PolicyFile, if set, is the policy (A43 JSON) instead of the default.
 	PolicyFile string
-	// Logger logs policy reloads.
+	// Logger logs policy reloads and refused calls.
 	Logger *slog.Logger
 }
 
 // NewAuthz builds the policy check; a policy file must be good from the
 // start.
 func NewAuthz(cfg AuthzConfig) (*Authz, error) {
-	a := &Authz{file: cfg.PolicyFile, logger: cfg.Logger, td: cfg.TrustDomain}
+	a := &Authz{file: cfg.PolicyFile, logger: cfg.Logger, td: cfg.TrustDomain, now: time.Now}
 	if a.logger == nil {
 		a.logger = slog.New(slog.DiscardHandler)
 	}
@@ -235,6 +241,10 @@ func NewAuthz(cfg AuthzConfig) (*Authz, error) {
 	for _, r := range []string{"ok", "error"} {
 		a.reloads.WithLabelValues(r) // exported at 0 from the start
 	}
+	a.denied = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "walship_authz_denied_total",
+		Help: "Calls refused by the authorization policy or the identity rules, by method (unknown: one no service here declares) and caller class (node, logstore, client, admin; other: another SPIFFE ID; none: no certificate identity that keeps the rules).",
+	}, []string{"method", "class"})
 	if a.file != "" {
 		b, err := os.ReadFile(a.file)
 		if err != nil {
@@ -262,7 +272,12 @@ func NewAuthz(cfg AuthzConfig) (*Authz, error) {
 
 // Register adds the authorization metrics to reg.
 func (a *Authz) Register(reg prometheus.Registerer) error {
-	return reg.Register(a.reloads)
+	for _, c := range []prometheus.Collector{a.reloads, a.denied} {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // parsePolicy checks an A43 policy file's contents b.
@@ -340,6 +355,95 @@ func (a *Authz) Watch(ctx context.Context, every time.Duration) {
 	}
 }
 
+// refuse counts and (rate-limited) logs a refused call, and returns err,
+// the refusal.
+func (a *Authz) refuse(ctx context.Context, method string, err error) error {
+	class, m := a.classOf(ctx), methodLabel(method)
+	a.denied.WithLabelValues(m, class).Inc()
+	if ok, held := a.denials.let(class, m, a.now()); ok {
+		var addr string
+		if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+			addr = p.Addr.String()
+		}
+		a.logger.Warn("call refused by the authorization policy", "method", m, "class", class, "peer", Peer(ctx), "addr", addr,
+			"reason", status.Convert(err).Message(), "held_back", held)
+	}
+	return err
+}
+
+// Caller classes of walship_authz_denied_total besides the four of the
+// default policy.
+const (
+	classOther = "other" // a well-formed SPIFFE ID outside walship's classes
+	classNone  = "none"  // no certificate identity that keeps the identity rules
+)
+
+// classOf is the class of the call's peer for the metrics and logs.
+func (a *Authz) classOf(ctx context.Context) string {
+	u, err := spiffeID(ctx)
+	if err != nil {
+		return classNone
+	}
+	id := u.String()
+	for _, c := range []string{ClassNode, ClassLogStore, ClassClient, ClassAdmin} {
+		if a.td != "" && strings.HasPrefix(id, "spiffe://"+a.td+"/walship/"+c+"/") {
+			return c
+		}
+	}
+	return classOther
+}
+
+// methodLabel is method if a service compiled into this binary declares
+// it, else "unknown", so that the label's values stay bounded whatever a
+// peer asks for (gRPC runs interceptors only for registered methods
+// anyway).
+func methodLabel(method string) string {
+	svc, m, ok := strings.Cut(strings.TrimPrefix(method, "/"), "/")
+	if !ok {
+		return "unknown"
+	}
+	d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(svc))
+	if err != nil {
+		return "unknown"
+	}
+	if sd, ok := d.(protoreflect.ServiceDescriptor); !ok || sd.Methods().ByName(protoreflect.Name(m)) == nil {
+		return "unknown"
+	}
+	return method
+}
+
+// denialLog lets through at most one log line a second per class and
+// method of refused calls, and counts the refusals it held back: a peer
+// retrying a refused call in a loop must not flood the log.
+type denialLog struct {
+	mu   sync.Mutex
+	last map[[2]string]denialSeen // bounded: classes x methodLabel's values
+}
+
+type denialSeen struct {
+	at   time.Time
+	held int
+}
+
+// let reports whether a refusal of method for class at now is logged, and
+// how many were held back since the last one that was.
+func (d *denialLog) let(class, method string, now time.Time) (bool, int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	k := [2]string{class, method}
+	s, ok := d.last[k]
+	if ok && now.Sub(s.at) < time.Second {
+		s.held++
+		d.last[k] = s
+		return false, 0
+	}
+	if d.last == nil {
+		d.last = map[[2]string]denialSeen{}
+	}
+	d.last[k] = denialSeen{at: now}
+	return true, s.held
+}
+
 func denied(ctx context.Context, method string, err error) error {
 	if status.Code(err) != codes.PermissionDenied {
 		return err
@@ -410,7 +514,7 @@ func (a *Authz) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, 
 		return handler(ctx, req)
 	}
 	if err := a.check(ctx, info.FullMethod, req); err != nil {
-		return nil, err
+		return nil, a.refuse(ctx, info.FullMethod, err)
 	}
 	called := false
 	resp, err := a.policy.Load().UnaryInterceptor(ctx, req, info, func(ctx context.Context, req any) (any, error) {
@@ -419,7 +523,7 @@ func (a *Authz) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, 
 		return handler(ctx, req)
 	})
 	if !called {
-		return nil, denied(ctx, info.FullMethod, err)
+		return nil, a.refuse(ctx, info.FullMethod, denied(ctx, info.FullMethod, err))
 	}
 	return resp, err
 }
@@ -427,7 +531,7 @@ func (a *Authz) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, 
 // Stream is the stream server interceptor.
 func (a *Authz) Stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	if err := a.check(ss.Context(), info.FullMethod, nil); err != nil {
-		return err
+		return a.refuse(ss.Context(), info.FullMethod, err)
 	}
 	called := false
 	err := a.policy.Load().StreamInterceptor(srv, ss, info, func(srv any, ss grpc.ServerStream) error {
@@ -435,7 +539,7 @@ func (a *Authz) Stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInf
 		return handler(srv, ss)
 	})
 	if !called {
-		return denied(ss.Context(), info.FullMethod, err)
+		return a.refuse(ss.Context(), info.FullMethod, denied(ss.Context(), info.FullMethod, err))
 	}
 	return err
 }

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -407,14 +408,15 @@ func damagedBundle(t *testing.T, dir string, ca *CA) string {
 	return p
 }
 
-// serveAuthz serves AdminService (every method UNIMPLEMENTED once
-// authorized) and health over mTLS behind az until the test ends, and
+// serveAuthz serves AdminService and ReplicationService (every method
+// UNIMPLEMENTED once authorized) and health over mTLS behind az until the test ends, and
 // returns a dialer of certificates that ca issues.
 func serveAuthz(t *testing.T, ca *CA, az *Authz) func(Leaf) *grpc.ClientConn {
 	t.Helper()
 	srv := load(t, write(t, ca, t.TempDir(), "server", Leaf{URI: URI("td", ClassNode, "n0"), IPs: localhost}))
 	g := grpc.NewServer(grpc.Creds(credentials.NewTLS(srv.ServerConfig())), grpc.ChainUnaryInterceptor(az.Unary), grpc.ChainStreamInterceptor(az.Stream))
 	walshipv1.RegisterAdminServiceServer(g, admin{})
+	walshipv1.RegisterReplicationServiceServer(g, walshipv1.UnimplementedReplicationServiceServer{})
 	healthpb.RegisterHealthServer(g, health.NewServer())
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -597,4 +599,110 @@ func TestAuthzPolicyReload(t *testing.T) {
 	testkit.Until(t, "Watch to log the reload", func() bool { return strings.Contains(logs.String(), "authorization policy reloaded") })
 	stop()
 	<-done
+}
+
+// TestAuthzDenialsCountedAndLogged: every refused call is counted by
+// method and caller class (walship_authz_denied_total), allowed ones are
+// not; refusals are logged at most once a second per class and method,
+// the next line saying how many were held back.
+func TestAuthzDenialsCountedAndLogged(t *testing.T) {
+	ca := newCA(t, "ca")
+	var logs syncBuffer
+	az, err := NewAuthz(AuthzConfig{TrustDomain: "td", Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var clock atomic.Int64
+	clock.Store(time.Now().UnixNano())
+	az.now = func() time.Time { return time.Unix(0, clock.Load()) }
+	dial := serveAuthz(t, ca, az)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	setPolicy := func(cc *grpc.ClientConn) error {
+		_, err := walshipv1.NewAdminServiceClient(cc).SetPolicy(ctx, &walshipv1.SetPolicyRequest{})
+		return err
+	}
+	const setPolicyM, streamM = "/walship.v1.AdminService/SetPolicy", "/walship.v1.ReplicationService/Stream"
+	denials := func(method, class string) float64 {
+		return testutil.ToFloat64(az.denied.WithLabelValues(method, class))
+	}
+	lines := func() int { return strings.Count(logs.String(), "call refused by the authorization policy") }
+
+	app := dial(Leaf{URI: URI("td", ClassClient, "app")})
+	for range 3 {
+		if err := setPolicy(app); status.Code(err) != codes.PermissionDenied {
+			t.Fatalf("a client's SetPolicy: %v", err)
+		}
+	}
+	if _, err := walshipv1.NewAdminServiceClient(app).Status(ctx, &walshipv1.StatusRequest{}); status.Code(err) != codes.Unimplemented {
+		t.Fatalf("a client's Status: %v", err)
+	}
+	if v := denials(setPolicyM, ClassClient); v != 3 {
+		t.Errorf("denied{SetPolicy, client} = %v, want 3", v)
+	}
+	if n := lines(); n != 1 {
+		t.Fatalf("%d log lines for 3 refusals within a second, want 1:\n%s", n, logs.String())
+	}
+	clock.Add(int64(time.Second))
+	if err := setPolicy(app); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("a client's SetPolicy: %v", err)
+	}
+	if n := lines(); n != 2 || !strings.Contains(logs.String(), "held_back=2") {
+		t.Fatalf("a second later: %d lines, want 2, the last with held_back=2:\n%s", n, logs.String())
+	}
+	if !strings.Contains(logs.String(), "level=WARN") || !strings.Contains(logs.String(), "peer=spiffe://td/walship/client/app") ||
+		!strings.Contains(logs.String(), "method="+setPolicyM) {
+		t.Errorf("the log line does not name level, peer and method:\n%s", logs.String())
+	}
+
+	// A stream; another class, method, trust domain; a broken identity:
+	// each its own series, and its own log line.
+	s, err := walshipv1.NewReplicationServiceClient(dial(Leaf{URI: URI("td", ClassLogStore, "ls")})).Stream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Recv(); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("a log store's Stream: %v", err)
+	}
+	if err := setPolicy(dial(Leaf{URI: URI("elsewhere", ClassAdmin, "ops")})); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("another trust domain's SetPolicy: %v", err)
+	}
+	if err := setPolicy(dial(Leaf{URI: URI("td", ClassClient, "x"), AlsoURIs: []string{URI("td", ClassAdmin, "x")}})); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("two URIs' SetPolicy: %v", err)
+	}
+	for _, c := range []struct {
+		method, class string
+	}{{streamM, ClassLogStore}, {setPolicyM, classOther}, {setPolicyM, classNone}} {
+		if v := denials(c.method, c.class); v != 1 {
+			t.Errorf("denied{%s, %s} = %v, want 1", c.method, c.class, v)
+		}
+	}
+	if n := lines(); n != 5 {
+		t.Errorf("%d log lines, want 5:\n%s", n, logs.String())
+	}
+	if n, err := testutil.GatherAndCount(mustRegistry(t, az), "walship_authz_denied_total"); err != nil || n != 4 {
+		t.Errorf("walship_authz_denied_total has %d series (%v), want 4: allowed calls count for nothing", n, err)
+	}
+
+	for method, want := range map[string]string{
+		setPolicyM:                      setPolicyM,
+		"/grpc.health.v1.Health/Watch":  "/grpc.health.v1.Health/Watch",
+		"/walship.v1.AdminService/Nope": "unknown",
+		"/no.Such/Method":               "unknown",
+		"garbage":                       "unknown",
+	} {
+		if got := methodLabel(method); got != want {
+			t.Errorf("methodLabel(%q) = %q, want %q", method, got, want)
+		}
+	}
+}
+
+// mustRegistry is a registry holding az's metrics.
+func mustRegistry(t *testing.T, az *Authz) *prometheus.Registry {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	if err := az.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	return reg
 }
