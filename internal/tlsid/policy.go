@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/authz"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -135,8 +136,10 @@ func DefaultPolicy(td string, r Reflection) string {
 
 // Authz checks every RPC against a policy: a policy file (A43 JSON,
 // reloaded by Watch when it changes) if one is named, else
-// DefaultPolicy. A refused call fails PERMISSION_DENIED naming the caller
-// and the method.
+// DefaultPolicy. Whatever the policy, a peer must be one well-formed
+// SPIFFE ID, and only an admin may Promote with force, dry run or epoch
+// (check). A refused call fails PERMISSION_DENIED naming the caller and
+// the method.
 type Authz struct {
 	// policy is the policy in force: grpc's static interceptor, swapped
 	// whole when the file changes.
@@ -144,10 +147,8 @@ type Authz struct {
 	// file is the policy file, "" under the default policy.
 	file   string
 	logger *slog.Logger
-	// td is the trust domain. The default policy also requires each peer
-	// to be one well-formed SPIFFE ID (grpc's matching would accept any of
-	// several URI or DNS names, by raw prefix) and limits what a node may
-	// ask of Promote.
+	// td is the trust domain: the default policy's, and the one whose
+	// classes the denials are counted by.
 	td string
 	// allowed caches, under the default policy (which looks only at the
 	// peer's certificate and the method), the pairs it allowed: a commit
@@ -192,7 +193,7 @@ func leaf(ctx context.Context) *x509.Certificate {
 // certificate to call method (never for Promote, whose rule reads the
 // request).
 func (a *Authz) cached(ctx context.Context, method string) (allowKey, bool) {
-	if a.file != "" || method == "/walship.v1.AdminService/Promote" {
+	if a.file != "" || method == promoteMethod {
 		return allowKey{}, false
 	}
 	k := allowKey{leaf(ctx), method}
@@ -488,24 +489,59 @@ func spiffeID(ctx context.Context) (*url.URL, error) {
 	return u, nil
 }
 
-// check applies the default policy's rules beyond grpc's: one
-// well-formed SPIFFE ID per peer, and a node's Promote only as a
-// switching primary sends it (no force, dry run or epoch: admins' tools).
+// check applies the rules that hold whatever the policy says, which then
+// only decides which identity may call what: one well-formed SPIFFE ID
+// per peer (grpc's matching would accept any of several URI or DNS names,
+// by raw prefix), and Promote with force, dry run or epoch (admins' tools)
+// only for an admin — a node asks only for a plain promotion (a
+// switchover).
 func (a *Authz) check(ctx context.Context, method string, req any) error {
-	if a.file != "" || strings.HasPrefix(method, "/grpc.health.v1.Health/") {
+	if strings.HasPrefix(method, "/grpc.health.v1.Health/") {
 		return nil
 	}
 	u, err := spiffeID(ctx)
 	if err != nil {
 		return status.Errorf(codes.PermissionDenied, "%s may not call %s: the certificate's identity: %v", Peer(ctx), method, err)
 	}
-	if method == "/walship.v1.AdminService/Promote" && strings.HasPrefix(u.String(), "spiffe://"+a.td+"/walship/"+ClassNode+"/") {
-		if pr, ok := req.(*walshipv1.PromoteRequest); !ok || pr.GetForce() || pr.GetDryRun() || pr.GetEpoch() != 0 {
-			return status.Errorf(codes.PermissionDenied, "%s may not call %s with force, dry_run or epoch: a node asks only for a plain promotion (a switchover); the rest is for admins", u, method)
+	if method == promoteMethod {
+		if pr, ok := req.(*walshipv1.PromoteRequest); (!ok || pr.GetForce() || pr.GetDryRun() || pr.GetEpoch() != 0) && !a.admin(ctx) {
+			return status.Errorf(codes.PermissionDenied, "%s may not call %s with force, dry_run or epoch: a node asks only for a plain promotion (a switchover); the rest is for admins, whom the policy lets call every AdminService method", u, method)
 		}
 	}
 	return nil
 }
+
+const promoteMethod = "/walship.v1.AdminService/Promote"
+
+// admin reports whether the policy in force lets the call's peer call
+// every AdminService method: what an admin is under any policy, so that
+// a custom policy need not name walship's classes. (Under the default
+// policy: the admin class.) A Promote costs a few RBAC evaluations; it
+// is rare.
+func (a *Authz) admin(ctx context.Context) bool {
+	in := a.policy.Load()
+	allow := func(context.Context, any) (any, error) { return nil, nil }
+	for _, m := range walshipv1.AdminService_ServiceDesc.Methods {
+		full := "/" + walshipv1.AdminService_ServiceDesc.ServiceName + "/" + m.MethodName
+		// grpc's RBAC engine reads the method from the call's stream.
+		mctx := grpc.NewContextWithServerTransportStream(ctx, probe(full))
+		if _, err := in.UnaryInterceptor(mctx, nil, &grpc.UnaryServerInfo{FullMethod: full}, allow); err != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// probe is the stream of a call that asks the policy about another
+// method of the same peer: it names the method and carries nothing.
+type probe string
+
+func (p probe) Method() string             { return string(p) }
+func (probe) SetHeader(metadata.MD) error  { return errProbe }
+func (probe) SendHeader(metadata.MD) error { return errProbe }
+func (probe) SetTrailer(metadata.MD) error { return errProbe }
+
+var errProbe = errors.New("tlsid: a policy probe carries no headers")
 
 // Unary is the unary server interceptor.
 func (a *Authz) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {

@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net"
 	"os"
@@ -705,4 +706,88 @@ func mustRegistry(t *testing.T, az *Authz) *prometheus.Registry {
 		t.Fatal(err)
 	}
 	return reg
+}
+
+// TestAuthzCustomPolicyKeepsTheIdentityRules: under a policy file — the
+// default policy's own JSON, or one of Kubernetes service-account
+// identities — a certificate whose only SAN is a DNS name that looks like
+// an admin's SPIFFE ID, or that carries two URIs, is refused; and only a
+// caller the policy lets call every AdminService method may Promote with
+// force, dry run or epoch.
+func TestAuthzCustomPolicyKeepsTheIdentityRules(t *testing.T) {
+	ca := newCA(t, "ca")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	call := func(cc *grpc.ClientConn, rpc string) error {
+		a := walshipv1.NewAdminServiceClient(cc)
+		var err error
+		switch rpc {
+		case "SetPolicy":
+			_, err = a.SetPolicy(ctx, &walshipv1.SetPolicyRequest{})
+		case "Promote":
+			_, err = a.Promote(ctx, &walshipv1.PromoteRequest{})
+		case "Promote force":
+			_, err = a.Promote(ctx, &walshipv1.PromoteRequest{Force: true})
+		case "Promote dry_run":
+			_, err = a.Promote(ctx, &walshipv1.PromoteRequest{DryRun: true})
+		case "Promote epoch":
+			_, err = a.Promote(ctx, &walshipv1.PromoteRequest{Epoch: 7})
+		default:
+			panic(rpc)
+		}
+		return err
+	}
+	sa := func(ns, name string) string { return "spiffe://td/ns/" + ns + "/sa/" + name }
+	k8s, err := json.Marshal(map[string]any{"name": "k8s", "allow_rules": []any{
+		map[string]any{"name": "ops", "source": map[string]any{"principals": []string{sa("prod", "ops")}},
+			"request": map[string]any{"paths": []string{"/walship.v1.AdminService/*"}}},
+		map[string]any{"name": "nodes", "source": map[string]any{"principals": []string{sa("prod", "walship")}},
+			"request": map[string]any{"paths": []string{"/walship.v1.AdminService/Status", "/walship.v1.AdminService/Promote"}}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		policy string
+		who    Leaf
+		rpc    string
+		// identity: refused for the certificate's identity; else
+		// allowed or refused by the rules.
+		identity, allowed bool
+	}{
+		{DefaultPolicy("td", ReflectionAll), Leaf{DNS: []string{URI("td", ClassAdmin, "a1")}}, "SetPolicy", true, false},
+		{DefaultPolicy("td", ReflectionAll), Leaf{URI: URI("td", ClassAdmin, "a1"), AlsoURIs: []string{URI("td", ClassAdmin, "a2")}}, "SetPolicy", true, false},
+		{DefaultPolicy("td", ReflectionAll), Leaf{URI: URI("td", ClassClient, "c"), AlsoURIs: []string{URI("td", ClassAdmin, "a2")}}, "SetPolicy", true, false},
+		{DefaultPolicy("td", ReflectionAll), Leaf{URI: "spiffe://td/walship/admin/../admin/x"}, "SetPolicy", true, false},
+		{DefaultPolicy("td", ReflectionAll), Leaf{URI: URI("td", ClassAdmin, "a1")}, "SetPolicy", false, true},
+		{DefaultPolicy("td", ReflectionAll), Leaf{URI: URI("td", ClassNode, "n1")}, "Promote", false, true},
+		{DefaultPolicy("td", ReflectionAll), Leaf{URI: URI("td", ClassNode, "n1")}, "Promote force", false, false},
+		{DefaultPolicy("td", ReflectionAll), Leaf{URI: URI("td", ClassNode, "n1")}, "Promote epoch", false, false},
+		{DefaultPolicy("td", ReflectionAll), Leaf{URI: URI("td", ClassAdmin, "a1")}, "Promote force", false, true},
+		{string(k8s), Leaf{URI: sa("prod", "ops")}, "SetPolicy", false, true},
+		{string(k8s), Leaf{URI: sa("prod", "ops")}, "Promote force", false, true},
+		{string(k8s), Leaf{URI: sa("prod", "walship")}, "Promote", false, true},
+		{string(k8s), Leaf{URI: sa("prod", "walship")}, "Promote force", false, false},
+		{string(k8s), Leaf{URI: sa("prod", "walship")}, "Promote dry_run", false, false},
+		{string(k8s), Leaf{URI: sa("prod", "walship")}, "Promote epoch", false, false},
+		{string(k8s), Leaf{URI: sa("prod", "walship")}, "SetPolicy", false, false},
+		{string(k8s), Leaf{URI: sa("prod", "walship"), AlsoURIs: []string{sa("prod", "ops")}}, "SetPolicy", true, false},
+		{string(k8s), Leaf{DNS: []string{sa("prod", "ops")}}, "SetPolicy", true, false},
+	} {
+		az, err := NewAuthz(AuthzConfig{TrustDomain: "td", PolicyFile: writePolicy(t, t.TempDir(), tc.policy)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := fmt.Sprintf("%s %s %v", tc.rpc, tc.who.URI, append(tc.who.AlsoURIs, tc.who.DNS...))
+		err = call(serveAuthz(t, ca, az)(tc.who), tc.rpc)
+		msg := status.Convert(err).Message()
+		switch {
+		case tc.identity && (status.Code(err) != codes.PermissionDenied || !strings.Contains(msg, "the certificate's identity")):
+			t.Errorf("%s: %v; want PERMISSION_DENIED for the certificate's identity", name, err)
+		case !tc.identity && tc.allowed && status.Code(err) != codes.Unimplemented:
+			t.Errorf("%s: %v; want the handler's UNIMPLEMENTED", name, err)
+		case !tc.identity && !tc.allowed && status.Code(err) != codes.PermissionDenied:
+			t.Errorf("%s: %v; want PERMISSION_DENIED", name, err)
+		}
+	}
 }
