@@ -174,11 +174,10 @@ func (s *Server) serverOptions() ([]grpc.ServerOption, error) {
 	if sec.MaxConcurrentStreams == 0 {
 		sec.MaxConcurrentStreams = 1000
 	}
-	utf8c := newUTF8Codec()
-	unary := []grpc.UnaryServerInterceptor{utf8c.interceptor}
-	stream := []grpc.StreamServerInterceptor{s.endStreamsOnStop}
+	unary := []grpc.UnaryServerInterceptor{utf8Unary}
+	stream := []grpc.StreamServerInterceptor{utf8Stream, s.endStreamsOnStop}
 	sopts := append(transportOptions(),
-		grpc.ForceServerCodecV2(utf8c),
+		grpc.ForceServerCodecV2(newUTF8Codec()),
 		grpc.MaxRecvMsgSize(opts.MaxMessageBytes),
 		grpc.MaxSendMsgSize(opts.MaxSendBytes),
 		grpc.MaxConcurrentStreams(sec.MaxConcurrentStreams),
