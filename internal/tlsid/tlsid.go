@@ -2,8 +2,9 @@
 // its key and the CA bundle it trusts, read from files as one generation,
 // checked, and swapped atomically when the files change — so certificates
 // and CA bundles rotate without a restart (etcd reloads leaf certificates
-// but not CA bundles, etcd-io/etcd#11555). A bad update keeps the last good
-// generation, logged and counted.
+// but not CA bundles, etcd-io/etcd#11555). A bad update, or one whose
+// certificate names another identity, keeps the last good generation,
+// logged and counted.
 //
 // Servers require a client certificate from the current bundle; clients
 // verify the server against the current bundle and present the current
@@ -24,6 +25,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -233,8 +235,16 @@ func (s *Source) Reload() (bool, error) {
 		s.reloads.WithLabelValues("error").Inc()
 		return false, err
 	}
-	if g.sum == s.gen.Load().sum {
+	cur := s.gen.Load()
+	if g.sum == cur.sum {
 		return false, nil
+	}
+	// A process keeps its identity: peers know it by it (a replica's
+	// primary, the policy's class), and a node turned client would be
+	// refused at every call and go on trying. Changing it takes a restart.
+	if was, is := identityOf(cur.leaf), identityOf(g.leaf); is != was {
+		s.reloads.WithLabelValues("error").Inc()
+		return false, fmt.Errorf("--tls-cert %s: identity %s, but this process runs as %s: a reload may not change it (restart to)", s.files.Cert, is, was)
 	}
 	s.gen.Store(g)
 	s.reloads.WithLabelValues("ok").Inc()
@@ -323,6 +333,24 @@ func (c clientCreds) Clone() credentials.TransportCredentials { return c }
 
 //nolint:staticcheck // part of the interface
 func (c clientCreds) OverrideServerName(string) error { return nil }
+
+// identityOf is what a reload must keep of a certificate: its URI SANs
+// (one SPIFFE ID, for walship's identities), else its first DNS SAN, else
+// its common name — each tagged with its kind, so that a DNS name spelled
+// as the SPIFFE ID it replaces is another identity.
+func identityOf(c *x509.Certificate) string {
+	switch {
+	case len(c.URIs) > 0:
+		ids := make([]string, len(c.URIs))
+		for i, u := range c.URIs {
+			ids[i] = "URI:" + u.String()
+		}
+		return strings.Join(ids, ",")
+	case len(c.DNSNames) > 0:
+		return "DNS:" + c.DNSNames[0]
+	}
+	return "CN:" + c.Subject.CommonName
+}
 
 // Principal is a certificate's identity: its first URI SAN, else its
 // first DNS SAN, else its subject's common name.

@@ -791,3 +791,61 @@ func TestAuthzCustomPolicyKeepsTheIdentityRules(t *testing.T) {
 		}
 	}
 }
+
+// TestReloadKeepsTheIdentity: a reload whose certificate names another
+// identity — another class, another name, a second URI — is refused,
+// counted as an error and logged at ERROR, and the running certificate
+// stays; a new certificate of the same identity is swapped in.
+func TestReloadKeepsTheIdentity(t *testing.T) {
+	dir, ca := t.TempDir(), newCA(t, "ca")
+	me := Leaf{URI: URI("td", ClassNode, "n1"), IPs: localhost}
+	f := write(t, ca, dir, "server", me)
+	var logs syncBuffer
+	src, err := Load(f, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := serveTLS(t, src)
+	cli := load(t, write(t, ca, t.TempDir(), "client", Leaf{URI: URI("td", ClassClient, "c")}))
+	first, err := handshake(t, addr, cli.ClientConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, l := range map[string]Leaf{
+		"node to client":  {URI: URI("td", ClassClient, "n1"), IPs: localhost},
+		"another name":    {URI: URI("td", ClassNode, "n2"), IPs: localhost},
+		"a second URI":    {URI: URI("td", ClassNode, "n1"), AlsoURIs: []string{URI("td", ClassAdmin, "n1")}, IPs: localhost},
+		"no URI, DNS one": {DNS: []string{URI("td", ClassNode, "n1")}, IPs: localhost},
+	} {
+		write(t, ca, dir, "server", l)
+		if swapped, err := src.Reload(); swapped || err == nil || !strings.Contains(err.Error(), "spiffe://td/walship/node/n1") {
+			t.Errorf("%s: Reload = %v, %v; want refused naming the running identity", name, swapped, err)
+		}
+		if c, err := handshake(t, addr, cli.ClientConfig()); err != nil || c.SerialNumber.Cmp(first.SerialNumber) != 0 {
+			t.Errorf("%s: the server presents %v, %v; want the running certificate", name, c.SerialNumber, err)
+		}
+		if src.Identity() != URI("td", ClassNode, "n1") {
+			t.Errorf("%s: identity %s", name, src.Identity())
+		}
+	}
+	if v := testutil.ToFloat64(src.reloads.WithLabelValues("error")); v != 4 {
+		t.Errorf(`reloads{result="error"} = %v, want 4`, v)
+	}
+
+	ctx, stop := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); src.Watch(ctx, 10*time.Millisecond) }()
+	write(t, ca, dir, "server", Leaf{URI: URI("td", ClassClient, "n1"), IPs: localhost})
+	testkit.Until(t, "Watch to log the refused identity", func() bool {
+		l := logs.String()
+		return strings.Contains(l, "level=ERROR") && strings.Contains(l, "may not change it")
+	})
+	// The same identity, a new key: swapped in.
+	write(t, ca, dir, "server", me)
+	testkit.Until(t, "a new certificate of the same identity", func() bool {
+		c, err := handshake(t, addr, cli.ClientConfig())
+		return err == nil && c.SerialNumber.Cmp(first.SerialNumber) != 0
+	})
+	stop()
+	<-done
+}
