@@ -3,11 +3,16 @@ package cli
 import (
 	"bytes"
 	"context"
+	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/walship/walship/internal/testkit"
+	"github.com/walship/walship/internal/tlsid"
 )
 
 func run(t *testing.T, args ...string) (code int, stdout, stderr string) {
@@ -175,6 +180,43 @@ func TestPlaintextOnlyOnLoopbackOrWhenAsked(t *testing.T) {
 		{[]string{"logstore", "--listen", "127.0.0.1:0", "--metrics-listen", "", "--data-dir", t.TempDir(), "--plaintext",
 			"--tls-cert", "c", "--tls-key", "k", "--tls-ca", "a"}, "--plaintext: not with"},
 		{[]string{"ctl", "status", "--nodes", "127.0.0.1:1", "--tls-cert", "c"}, "--tls-key: required"},
+	} {
+		code, _, errOut := run(t, tc.args...)
+		if code == 0 || !strings.Contains(errOut, tc.want) {
+			t.Errorf("walship %s: exit %d, %q; want an error containing %q", strings.Join(tc.args, " "), code, errOut, tc.want)
+		}
+	}
+}
+
+// TestSecurityFilesCheckedAtStart: a bad --tls-crl (servers and
+// dialers) or an empty --authz-policy stops the command at start, naming
+// the flag.
+func TestSecurityFilesCheckedAtStart(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := tlsid.NewCA("cli test CA", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := ca.WriteFiles(dir, "n", tlsid.Leaf{URI: tlsid.URI("walship.local", tlsid.ClassNode, "n"), IPs: []net.IP{net.ParseIP("127.0.0.1")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad, empty := filepath.Join(dir, "bad"), filepath.Join(dir, "empty")
+	if err := os.WriteFile(bad, []byte("not a list"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(empty, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tlsFlags := []string{"--tls-cert", f.Cert, "--tls-key", f.Key, "--tls-ca", f.CA}
+	logstore := []string{"logstore", "--listen", "127.0.0.1:0", "--metrics-listen", "", "--data-dir", t.TempDir()}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{append(append(logstore, tlsFlags...), "--tls-crl", bad), "--tls-crl " + bad},
+		{append(append(logstore, tlsFlags...), "--authz-policy", empty), "--authz-policy " + empty + ": the file is empty"},
+		{append(append([]string{"ctl", "status", "--nodes", "127.0.0.1:1"}, tlsFlags...), "--tls-crl", bad), "--tls-crl " + bad},
 	} {
 		code, _, errOut := run(t, tc.args...)
 		if code == 0 || !strings.Contains(errOut, tc.want) {

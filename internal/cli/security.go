@@ -33,6 +33,7 @@ func addSecurityFlags(fs *flag.FlagSet, server bool) *securityFlags {
 	fs.StringVar(&sf.files.Cert, "tls-cert", "", "PEM certificate chain of this process's identity (TLS 1.3, reloaded when it changes)")
 	fs.StringVar(&sf.files.Key, "tls-key", "", "PEM private key of --tls-cert")
 	fs.StringVar(&sf.files.CA, "tls-ca", "", "PEM bundle of the CAs whose certificates peers must present (old and new together while rotating)")
+	fs.StringVar(&sf.files.CRL, "tls-crl", "", "optional certificate revocation lists (PEM, or one DER list) signed by CAs of --tls-ca, reloaded with them: a peer whose certificate one lists fails the handshake")
 	fs.DurationVar(&sf.reload, "tls-reload-interval", 10*time.Second, "how often the TLS files are checked for changes")
 	if !server {
 		return sf

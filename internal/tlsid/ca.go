@@ -137,6 +137,20 @@ func (ca *CA) WriteFiles(dir, name string, l Leaf, extraCA ...[]byte) (Files, er
 	return f, nil
 }
 
+// CRL signs a revocation list of revoked, certificates the CA issued,
+// promising the next at nextUpdate, and returns it as PEM.
+func (ca *CA) CRL(nextUpdate time.Time, revoked ...*x509.Certificate) ([]byte, error) {
+	tmpl := &x509.RevocationList{Number: serial(), ThisUpdate: time.Now().Add(-time.Minute), NextUpdate: nextUpdate}
+	for _, c := range revoked {
+		tmpl.RevokedCertificateEntries = append(tmpl.RevokedCertificateEntries, x509.RevocationListEntry{SerialNumber: c.SerialNumber, RevocationTime: time.Now()})
+	}
+	der, err := x509.CreateRevocationList(rand.Reader, tmpl, ca.cert, ca.key)
+	if err != nil {
+		return nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "X509 CRL", Bytes: der}), nil
+}
+
 func serial() *big.Int {
 	n, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
 	return n

@@ -40,10 +40,14 @@ type Files struct {
 	Cert string // certificate chain, leaf first
 	Key  string // its private key
 	CA   string // the bundle of CAs trusted for peers (old and new during a CA rotation)
+	// CRL, optional, holds certificate revocation lists (PEM, or one DER
+	// list) of CAs of the bundle: a peer whose certificate one lists
+	// fails the handshake.
+	CRL string
 }
 
 // Set reports whether any file is named.
-func (f Files) Set() bool { return f.Cert != "" || f.Key != "" || f.CA != "" }
+func (f Files) Set() bool { return f.Cert != "" || f.Key != "" || f.CA != "" || f.CRL != "" }
 
 // Check says which file is missing, naming its flag.
 func (f Files) Check() error {
@@ -58,12 +62,37 @@ func (f Files) Check() error {
 	return nil
 }
 
-// generation is one consistent read of the three files.
+// generation is one consistent read of the files.
 type generation struct {
 	cert tls.Certificate
 	leaf *x509.Certificate
 	pool *x509.CertPool
-	sum  [sha256.Size]byte
+	// revoked holds the CRL's entries, nil without --tls-crl;
+	// crlNextUpdate is when the CRL's issuers promise the next (the
+	// earliest of them; zero: none promised, or no CRL).
+	revoked       map[revokedKey]struct{}
+	crlNextUpdate time.Time
+	sum           [sha256.Size]byte
+}
+
+// revokedKey is a revoked certificate: its issuer's raw subject and its
+// serial number.
+type revokedKey struct{ issuer, serial string }
+
+func revokedKeyOf(c *x509.Certificate) revokedKey {
+	return revokedKey{string(c.RawIssuer), c.SerialNumber.Text(16)}
+}
+
+// contents are what a generation's files hold.
+type contents struct{ cert, key, ca, crl []byte }
+
+func (f contents) equal(g contents) bool {
+	return bytes.Equal(f.cert, g.cert) && bytes.Equal(f.key, g.key) && bytes.Equal(f.ca, g.ca) && bytes.Equal(f.crl, g.crl)
+}
+
+// sum identifies the contents of a generation's files.
+func (f contents) sum() [sha256.Size]byte {
+	return sha256.Sum256(bytes.Join([][]byte{f.cert, f.key, f.ca, f.crl}, []byte{0}))
 }
 
 // Source holds the current generation.
@@ -75,6 +104,7 @@ type Source struct {
 
 	reloads *prometheus.CounterVec
 	expiry  prometheus.GaugeFunc
+	crlNext prometheus.GaugeFunc
 }
 
 // Load reads and checks the files; the first generation must be good.
@@ -94,6 +124,15 @@ func Load(files Files, logger *slog.Logger) (*Source, error) {
 		Name: "walship_tls_cert_expiry_timestamp_seconds",
 		Help: "When the certificate in use expires (Unix seconds).",
 	}, func() float64 { return float64(s.NotAfter().Unix()) })
+	s.crlNext = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "walship_tls_crl_next_update_timestamp_seconds",
+		Help: "When the revocation list in use (--tls-crl) says the next is due (Unix seconds; the earliest of its issuers'); 0 without one.",
+	}, func() float64 {
+		if t := s.gen.Load().crlNextUpdate; !t.IsZero() {
+			return float64(t.Unix())
+		}
+		return 0
+	})
 	for _, r := range []string{"ok", "error"} {
 		s.reloads.WithLabelValues(r) // exported at 0 from the start
 	}
@@ -102,12 +141,15 @@ func Load(files Files, logger *slog.Logger) (*Source, error) {
 		return nil, err
 	}
 	s.gen.Store(g)
+	if g.selfRevoked() {
+		logger.Error("this process's certificate is revoked by --tls-crl: peers that read the same list refuse it", "identity", s.Identity(), "crl", files.CRL)
+	}
 	return s, nil
 }
 
 // Register adds the reload and expiry metrics to reg.
 func (s *Source) Register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{s.reloads, s.expiry} {
+	for _, c := range []prometheus.Collector{s.reloads, s.expiry, s.crlNext} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}
@@ -121,29 +163,32 @@ func (s *Source) NotAfter() time.Time { return s.gen.Load().leaf.NotAfter }
 // Identity is the certificate in use's principal (URI SAN, else DNS SAN).
 func (s *Source) Identity() string { return Principal(s.gen.Load().leaf) }
 
-// read loads the three files and checks them as one generation: the key
+// read loads the files and checks them as one generation: the key
 // matches the certificate, the certificate is valid now and chains to the
 // bundle (so a rotation that swaps CA and certificate in the wrong order
-// is caught here, not at the first handshake).
+// is caught here, not at the first handshake), and the CRL, if any, is
+// signed by a CA of the bundle. A list that revokes this process's own
+// certificate is taken all the same (refusing it would keep every
+// revocation it brings out), and said (selfRevoked).
 func (s *Source) read() (*generation, error) {
 	// Read until two reads in a row agree, so that files replaced while
 	// they were read (one by one, or by a Secret volume's symlink swap
 	// between two of them) are never taken as a mixed generation.
-	var certPEM, keyPEM, caPEM []byte
+	var f contents
 	for tries := 0; ; tries++ {
-		c, k, a, err := s.readFiles()
+		g, err := s.readFiles()
 		if err != nil {
 			return nil, err
 		}
-		if bytes.Equal(c, certPEM) && bytes.Equal(k, keyPEM) && bytes.Equal(a, caPEM) {
+		if tries > 0 && g.equal(f) {
 			break
 		}
 		if tries == 5 {
 			return nil, errors.New("the TLS files kept changing while they were read")
 		}
-		certPEM, keyPEM, caPEM = c, k, a
+		f = g
 	}
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	cert, err := tls.X509KeyPair(f.cert, f.key)
 	if err != nil {
 		return nil, fmt.Errorf("--tls-cert and --tls-key: %w", err)
 	}
@@ -155,7 +200,7 @@ func (s *Source) read() (*generation, error) {
 	if now.Before(leaf.NotBefore) || now.After(leaf.NotAfter) {
 		return nil, fmt.Errorf("--tls-cert %s: not valid now (valid %s to %s)", s.files.Cert, leaf.NotBefore.Format(time.RFC3339), leaf.NotAfter.Format(time.RFC3339))
 	}
-	pool, err := parseBundle(caPEM)
+	pool, cas, err := parseBundle(f.ca)
 	if err != nil {
 		return nil, fmt.Errorf("--tls-ca %s: %w", s.files.CA, err)
 	}
@@ -169,32 +214,39 @@ func (s *Source) read() (*generation, error) {
 		return nil, fmt.Errorf("--tls-cert %s does not chain to --tls-ca %s: %w", s.files.Cert, s.files.CA, err)
 	}
 	cert.Leaf = leaf
-	return &generation{cert: cert, leaf: leaf, pool: pool, sum: sumOf(certPEM, keyPEM, caPEM)}, nil
+	g := &generation{cert: cert, leaf: leaf, pool: pool, sum: f.sum()}
+	if s.files.CRL != "" {
+		if g.revoked, g.crlNextUpdate, err = parseCRLs(f.crl, cas); err != nil {
+			return nil, fmt.Errorf("--tls-crl %s: %w", s.files.CRL, err)
+		}
+	}
+	return g, nil
 }
 
-// sumOf identifies the contents of a generation's three files.
-func sumOf(certPEM, keyPEM, caPEM []byte) [sha256.Size]byte {
-	return sha256.Sum256(bytes.Join([][]byte{certPEM, keyPEM, caPEM}, []byte{0}))
-}
-
-func (s *Source) readFiles() (certPEM, keyPEM, caPEM []byte, err error) {
-	if certPEM, err = os.ReadFile(s.files.Cert); err != nil {
-		return nil, nil, nil, fmt.Errorf("--tls-cert: %w", err)
+func (s *Source) readFiles() (f contents, err error) {
+	if f.cert, err = os.ReadFile(s.files.Cert); err != nil {
+		return contents{}, fmt.Errorf("--tls-cert: %w", err)
 	}
-	if keyPEM, err = os.ReadFile(s.files.Key); err != nil {
-		return nil, nil, nil, fmt.Errorf("--tls-key: %w", err)
+	if f.key, err = os.ReadFile(s.files.Key); err != nil {
+		return contents{}, fmt.Errorf("--tls-key: %w", err)
 	}
-	if caPEM, err = os.ReadFile(s.files.CA); err != nil {
-		return nil, nil, nil, fmt.Errorf("--tls-ca: %w", err)
+	if f.ca, err = os.ReadFile(s.files.CA); err != nil {
+		return contents{}, fmt.Errorf("--tls-ca: %w", err)
 	}
-	return certPEM, keyPEM, caPEM, nil
+	if s.files.CRL != "" {
+		if f.crl, err = os.ReadFile(s.files.CRL); err != nil {
+			return contents{}, fmt.Errorf("--tls-crl: %w", err)
+		}
+	}
+	return f, nil
 }
 
 // parseBundle parses every certificate of a PEM bundle: one that does not
 // parse fails the bundle, rather than being dropped (which would leave a
 // CA rotation's new CA out without a word).
-func parseBundle(b []byte) (*x509.CertPool, error) {
+func parseBundle(b []byte) (*x509.CertPool, []*x509.Certificate, error) {
 	pool := x509.NewCertPool()
+	var cas []*x509.Certificate
 	n := 0
 	for {
 		var blk *pem.Block
@@ -203,22 +255,111 @@ func parseBundle(b []byte) (*x509.CertPool, error) {
 			break
 		}
 		if blk.Type != "CERTIFICATE" {
-			return nil, fmt.Errorf("a %q block in a CA bundle", blk.Type)
+			return nil, nil, fmt.Errorf("a %q block in a CA bundle", blk.Type)
 		}
 		c, err := x509.ParseCertificate(blk.Bytes)
 		if err != nil {
-			return nil, fmt.Errorf("certificate %d: %w", n+1, err)
+			return nil, nil, fmt.Errorf("certificate %d: %w", n+1, err)
 		}
 		pool.AddCert(c)
+		cas = append(cas, c)
 		n++
 	}
 	if len(bytes.TrimSpace(b)) > 0 {
-		return nil, fmt.Errorf("%d bytes after certificate %d are not PEM", len(bytes.TrimSpace(b)), n)
+		return nil, nil, fmt.Errorf("%d bytes after certificate %d are not PEM", len(bytes.TrimSpace(b)), n)
 	}
 	if n == 0 {
-		return nil, errors.New("no PEM certificate in it")
+		return nil, nil, errors.New("no PEM certificate in it")
 	}
-	return pool, nil
+	return pool, cas, nil
+}
+
+// parseCRLs parses the revocation lists of b (PEM "X509 CRL" blocks, or
+// one DER list) and checks that a CA of cas signed each: a list nobody
+// trusted could sign would let anyone cut peers off. It returns the
+// revoked certificates and the earliest next update promised. Whether a
+// list is past its next update is not checked: a stale list still revokes
+// what it lists, and refusing it would only keep an older one.
+func parseCRLs(b []byte, cas []*x509.Certificate) (map[revokedKey]struct{}, time.Time, error) {
+	var ders [][]byte
+	rest := b
+	for {
+		var blk *pem.Block
+		blk, rest = pem.Decode(rest)
+		if blk == nil {
+			break
+		}
+		if blk.Type != "X509 CRL" {
+			return nil, time.Time{}, fmt.Errorf("a %q block, want X509 CRL", blk.Type)
+		}
+		ders = append(ders, blk.Bytes)
+	}
+	switch {
+	case len(ders) == 0 && len(bytes.TrimSpace(b)) == 0:
+		return nil, time.Time{}, errors.New("no revocation list in it (empty)")
+	case len(ders) == 0:
+		ders = [][]byte{b} // DER
+	case len(bytes.TrimSpace(rest)) > 0:
+		return nil, time.Time{}, fmt.Errorf("%d bytes after list %d are not PEM", len(bytes.TrimSpace(rest)), len(ders))
+	}
+	revoked := map[revokedKey]struct{}{}
+	var next time.Time
+	for i, der := range ders {
+		l, err := x509.ParseRevocationList(der)
+		if err != nil {
+			return nil, time.Time{}, fmt.Errorf("list %d: %w", i+1, err)
+		}
+		signed := false
+		for _, ca := range cas {
+			if bytes.Equal(ca.RawSubject, l.RawIssuer) && l.CheckSignatureFrom(ca) == nil {
+				signed = true
+				break
+			}
+		}
+		if !signed {
+			return nil, time.Time{}, fmt.Errorf("list %d (issuer %s) is not signed by a CA of --tls-ca", i+1, l.Issuer)
+		}
+		for _, e := range l.RevokedCertificateEntries {
+			revoked[revokedKey{string(l.RawIssuer), e.SerialNumber.Text(16)}] = struct{}{}
+		}
+		if !l.NextUpdate.IsZero() && (next.IsZero() || l.NextUpdate.Before(next)) {
+			next = l.NextUpdate
+		}
+	}
+	return revoked, next, nil
+}
+
+// selfRevoked reports whether the generation's CRL lists its own
+// certificate: peers that read the same list refuse it.
+func (g *generation) selfRevoked() bool {
+	_, ok := g.revoked[revokedKeyOf(g.leaf)]
+	return ok
+}
+
+// checkRevoked is a tls.Config's VerifyConnection: under a CRL, the
+// peer's certificate is refused if every chain it was verified by holds
+// a revoked certificate.
+func (g *generation) checkRevoked(cs tls.ConnectionState) error {
+	if g.revoked == nil {
+		return nil
+	}
+	var hit *x509.Certificate
+	for _, chain := range cs.VerifiedChains {
+		ok := true
+		for _, c := range chain {
+			if _, r := g.revoked[revokedKeyOf(c)]; r {
+				ok, hit = false, c
+				break
+			}
+		}
+		if ok {
+			return nil
+		}
+	}
+	if hit == nil {
+		return errors.New("tlsid: no verified chain to check against the revocation list")
+	}
+	return fmt.Errorf("tlsid: certificate %s (serial %s) is revoked (--tls-crl)", Principal(hit), hit.SerialNumber.Text(16))
 }
 
 // Reload reads the files again and swaps in a new generation if they
@@ -227,7 +368,7 @@ func parseBundle(b []byte) (*x509.CertPool, error) {
 func (s *Source) Reload() (bool, error) {
 	// Unchanged files, the usual case, cost one read: no second read, no
 	// parsing, no chain verification.
-	if c, k, a, err := s.readFiles(); err == nil && sumOf(c, k, a) == s.gen.Load().sum {
+	if f, err := s.readFiles(); err == nil && f.sum() == s.gen.Load().sum {
 		return false, nil
 	}
 	g, err := s.read()
@@ -270,6 +411,9 @@ func (s *Source) Watch(ctx context.Context, every time.Duration) {
 			lastErr = err.Error()
 		case err == nil && swapped:
 			s.logger.Info("TLS certificate reloaded", "identity", s.Identity(), "not_after", s.NotAfter())
+			if s.gen.Load().selfRevoked() {
+				s.logger.Error("this process's certificate is revoked by --tls-crl: peers that read the same list refuse it", "identity", s.Identity(), "crl", s.files.CRL)
+			}
 			lastErr = ""
 		case err == nil:
 			lastErr = ""
@@ -285,11 +429,12 @@ func (s *Source) ServerConfig() *tls.Config {
 		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
 			g := s.gen.Load()
 			return &tls.Config{
-				MinVersion:   tls.VersionTLS13,
-				Certificates: []tls.Certificate{g.cert},
-				ClientAuth:   tls.RequireAndVerifyClientCert,
-				ClientCAs:    g.pool,
-				NextProtos:   []string{"h2"}, // gRPC requires ALPN
+				MinVersion:       tls.VersionTLS13,
+				Certificates:     []tls.Certificate{g.cert},
+				ClientAuth:       tls.RequireAndVerifyClientCert,
+				ClientCAs:        g.pool,
+				VerifyConnection: g.checkRevoked,
+				NextProtos:       []string{"h2"}, // gRPC requires ALPN
 			}, nil
 		},
 	}
@@ -303,9 +448,10 @@ func (s *Source) ServerConfig() *tls.Config {
 func (s *Source) ClientConfig() *tls.Config {
 	g := s.gen.Load()
 	return &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{g.cert},
-		RootCAs:      g.pool,
+		MinVersion:       tls.VersionTLS13,
+		Certificates:     []tls.Certificate{g.cert},
+		RootCAs:          g.pool,
+		VerifyConnection: g.checkRevoked,
 	}
 }
 

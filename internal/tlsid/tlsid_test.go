@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"log/slog"
 	"net"
@@ -848,4 +849,146 @@ func TestReloadKeepsTheIdentity(t *testing.T) {
 	})
 	stop()
 	<-done
+}
+
+// certOf parses the leaf certificate of f.
+func certOf(t *testing.T, f Files) *x509.Certificate {
+	t.Helper()
+	b, err := os.ReadFile(f.Cert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blk, _ := pem.Decode(b)
+	if blk == nil {
+		t.Fatalf("%s: no PEM", f.Cert)
+	}
+	c, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// TestRevocation: with --tls-crl, a server refuses the handshake of a
+// client whose certificate the list revokes and a client refuses such a
+// server, at every new handshake; the list is reloaded with the other
+// files (one generation): a new list applies to the next handshakes, a
+// bad one (garbage, empty, signed by a CA not in the bundle) is refused,
+// counted, and the last good list stays; a bad list at start is refused
+// naming the flag.
+func TestRevocation(t *testing.T) {
+	dir, ca := t.TempDir(), newCA(t, "ca")
+	srvFiles := write(t, ca, dir, "server", Leaf{URI: URI("td", ClassNode, "n0"), IPs: localhost})
+	c1Files := write(t, ca, t.TempDir(), "c1", Leaf{URI: URI("td", ClassClient, "c1")})
+	c2Files := write(t, ca, t.TempDir(), "c2", Leaf{URI: URI("td", ClassClient, "c2")})
+	c1, c2 := load(t, c1Files), load(t, c2Files)
+	next := time.Now().Add(time.Hour).Truncate(time.Second)
+	writeCRL := func(b []byte) {
+		t.Helper()
+		if err := os.WriteFile(srvFiles.CRL, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	crl := func(by *CA, revoked ...*x509.Certificate) []byte {
+		t.Helper()
+		b, err := by.CRL(next, revoked...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	srvFiles.CRL = filepath.Join(dir, "crl.pem")
+	writeCRL(crl(ca, certOf(t, c1Files)))
+	srv := load(t, srvFiles)
+	reg := prometheus.NewRegistry()
+	if err := srv.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	addr := serveTLS(t, srv)
+	refused := func(who *Source) bool { _, err := handshake(t, addr, who.ClientConfig()); return err != nil }
+	if !refused(c1) {
+		t.Fatal("a revoked client's handshake succeeded")
+	}
+	if refused(c2) {
+		t.Fatal("a good client's handshake failed")
+	}
+	if v := testutil.ToFloat64(srv.crlNext); v != float64(next.Unix()) {
+		t.Errorf("crl next update gauge = %v, want %v", v, next.Unix())
+	}
+
+	// A new list revoking c2 too, as DER: the next handshakes use it.
+	blk, _ := pem.Decode(crl(ca, certOf(t, c1Files), certOf(t, c2Files)))
+	writeCRL(blk.Bytes)
+	if swapped, err := srv.Reload(); !swapped || err != nil {
+		t.Fatalf("Reload of a new list = %v, %v", swapped, err)
+	}
+	if !refused(c2) {
+		t.Fatal("c2's handshake succeeded after the list revoking it was reloaded")
+	}
+	// Bad lists keep the last good one.
+	for name, b := range map[string][]byte{
+		"garbage":        []byte("-----BEGIN X509 CRL-----\nnot base64\n-----END X509 CRL-----\n"),
+		"empty":          nil,
+		"another CA's":   crl(newCA(t, "stranger")),
+		"a certificate":  ca.PEM(),
+		"trailing bytes": append(crl(ca), "junk"...),
+	} {
+		writeCRL(b)
+		if swapped, err := srv.Reload(); swapped || err == nil || !strings.Contains(err.Error(), "--tls-crl") {
+			t.Errorf("%s: Reload = %v, %v; want refused naming --tls-crl", name, swapped, err)
+		}
+		if !refused(c2) || !refused(c1) {
+			t.Errorf("%s: the last good list no longer applies", name)
+		}
+		if _, err := Load(srvFiles, nil); err == nil || !strings.Contains(err.Error(), "--tls-crl") {
+			t.Errorf("%s at start: Load = %v; want refused naming --tls-crl", name, err)
+		}
+	}
+	if v := testutil.ToFloat64(srv.reloads.WithLabelValues("error")); v != 5 {
+		t.Errorf(`reloads{result="error"} = %v, want 5`, v)
+	}
+	// A list that revokes c1 only: c2 is back.
+	writeCRL(crl(ca, certOf(t, c1Files)))
+	if _, err := srv.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if refused(c2) || !refused(c1) {
+		t.Fatal("after a list revoking c1 only: want c2 accepted and c1 refused")
+	}
+
+	// A client with a list refuses a revoked server, through gRPC's
+	// credentials as well as a plain dial.
+	other := write(t, ca, t.TempDir(), "other", Leaf{URI: URI("td", ClassNode, "n9"), IPs: localhost})
+	otherAddr := serveTLS(t, load(t, other))
+	cliFiles := write(t, ca, t.TempDir(), "cli", Leaf{URI: URI("td", ClassClient, "cli")})
+	cliFiles.CRL = filepath.Join(t.TempDir(), "crl.pem")
+	if err := os.WriteFile(cliFiles.CRL, crl(ca, certOf(t, other)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cli := load(t, cliFiles)
+	if _, err := handshake(t, otherAddr, cli.ClientConfig()); err == nil || !strings.Contains(err.Error(), "revoked") {
+		t.Fatalf("a client with a list dialled a revoked server: %v", err)
+	}
+	raw, err := net.Dial("tcp", otherAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	if _, _, err := cli.Credentials().ClientHandshake(context.Background(), otherAddr, raw); err == nil {
+		t.Fatal("gRPC credentials accepted a revoked server")
+	}
+	if _, err := handshake(t, addr, cli.ClientConfig()); err != nil {
+		t.Fatalf("a client with a list dialling a good server: %v", err)
+	}
+
+	// A list revoking this process's own certificate is taken, and said.
+	var logs syncBuffer
+	self := srvFiles
+	self.CRL = filepath.Join(t.TempDir(), "self.pem")
+	if err := os.WriteFile(self.CRL, crl(ca, certOf(t, srvFiles)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(self, slog.New(slog.NewTextHandler(&logs, nil))); err != nil || !strings.Contains(logs.String(), "level=ERROR") || !strings.Contains(logs.String(), "revoked") {
+		t.Fatalf("Load with a list revoking its own certificate: %v\n%s", err, logs.String())
+	}
 }
