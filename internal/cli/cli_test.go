@@ -167,8 +167,8 @@ func tail(s string, n int) string {
 
 // TestPlaintextOnlyOnLoopbackOrWhenAsked: without TLS files a server
 // refuses a non-loopback address unless --plaintext asks for it, and
-// --plaintext with TLS files, or half the TLS files, are refused naming
-// the flag.
+// --plaintext with TLS files, half the TLS files, or a negative
+// connection age (servers and dev) are refused naming the flag.
 func TestPlaintextOnlyOnLoopbackOrWhenAsked(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
@@ -180,6 +180,9 @@ func TestPlaintextOnlyOnLoopbackOrWhenAsked(t *testing.T) {
 		{[]string{"logstore", "--listen", "127.0.0.1:0", "--metrics-listen", "", "--data-dir", t.TempDir(), "--plaintext",
 			"--tls-cert", "c", "--tls-key", "k", "--tls-ca", "a"}, "--plaintext: not with"},
 		{[]string{"ctl", "status", "--nodes", "127.0.0.1:1", "--tls-cert", "c"}, "--tls-key: required"},
+		{[]string{"logstore", "--listen", "127.0.0.1:0", "--metrics-listen", "", "--data-dir", t.TempDir(), "--max-connection-age", "-1s",
+			"--tls-cert", "c", "--tls-key", "k", "--tls-ca", "a"}, "--max-connection-age: -1s is negative"},
+		{[]string{"dev", "--max-connection-age", "-1s"}, "--max-connection-age: -1s is negative"},
 	} {
 		code, _, errOut := run(t, tc.args...)
 		if code == 0 || !strings.Contains(errOut, tc.want) {

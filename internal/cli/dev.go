@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/cluster"
@@ -38,9 +39,14 @@ func devFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	syncLevelFlag(fs, &pol.SyncLevel)
 	var withTLS bool
 	fs.BoolVar(&withTLS, "tls", false, "serve mTLS with a throwaway CA and certificates (in DATA_DIR/tls) for the nodes, a client and an admin")
+	maxAge := time.Hour
+	fs.DurationVar(&maxAge, "max-connection-age", maxAge, "with --tls, close connections this old so they re-handshake (streams resume); 0 = never")
 	return func(ctx context.Context) error {
 		if logstores < 1 {
 			return fmt.Errorf("--logstores: %d, want at least 1 (the quorum of the epoch vote)", logstores)
+		}
+		if maxAge < 0 {
+			return fmt.Errorf("--max-connection-age: %v is negative (0 = never)", maxAge)
 		}
 		if dataDir == "" {
 			d, err := os.MkdirTemp("", "walship-dev-")
@@ -60,6 +66,7 @@ func devFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 			if sec, err = cluster.DevTLS(tlsDir, host); err != nil {
 				return fmt.Errorf("--tls: %w", err)
 			}
+			sec.MaxConnectionAge = maxAge
 			defer serve.UseTLS(nil)
 		}
 		c, err := cluster.Start(ctx, cluster.Config{

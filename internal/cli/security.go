@@ -73,6 +73,9 @@ func (sf *securityFlags) serve(ctx context.Context, logger *slog.Logger, listen 
 	if sf.reload <= 0 {
 		return serve.Security{}, fmt.Errorf("--tls-reload-interval: %v is not positive", sf.reload)
 	}
+	if sf.maxAge < 0 {
+		return serve.Security{}, fmt.Errorf("--max-connection-age: %v is negative (0 = never)", sf.maxAge)
+	}
 	if !sf.files.Set() {
 		if !sf.plaintext && !loopback(listen) {
 			return serve.Security{}, fmt.Errorf("--listen %s: serving plaintext beyond loopback needs --plaintext (or give --tls-cert, --tls-key and --tls-ca)", listen)
