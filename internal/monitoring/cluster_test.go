@@ -2,7 +2,9 @@ package monitoring
 
 import (
 	"context"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"io"
 	"maps"
@@ -28,6 +30,8 @@ import (
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/tlsid"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
@@ -121,6 +125,28 @@ func TestClusterObservability(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
+	// One call the policy refuses (a client may not SetPolicy), so that
+	// the primary exports its refusals.
+	if _, err := walshipv1.NewAdminServiceClient(conn).SetPolicy(ctx, &walshipv1.SetPolicyRequest{}); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("a client's SetPolicy: %v; want PERMISSION_DENIED", err)
+	}
+	// A client whose certificate the processes' --tls-crl revokes does
+	// not get past the handshake.
+	revokedTLS, err := tlsid.Load(tlsFiles(filepath.Join(dir, "tls"), "revoked"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	revokedConn, err := grpc.NewClient(primary.addr, grpc.WithTransportCredentials(revokedTLS.Credentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
+	_, err = walshipv1.NewAdminServiceClient(revokedConn).Status(rctx, &walshipv1.StatusRequest{})
+	rcancel()
+	revokedConn.Close()
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("a revoked client's Status: %v; want UNAVAILABLE (no handshake)", err)
+	}
 	kv := walshipv1.NewKVServiceClient(conn)
 	// Stopped by cancelling, not by a deadline: a call that fails because
 	// the load ended then always sees its context done, so only real
@@ -887,9 +913,10 @@ func checkRules(t *testing.T, ctx context.Context, prom *promClient) {
 	t.Logf("recording rules with data: %v", records)
 }
 
-// tlsFlags makes a CA and a client certificate ("load") in dir and
-// returns a function giving the --tls-* flags of a process of class
-// named name, with a certificate of its own (reached at 127.0.0.1).
+// tlsFlags makes a CA, a client certificate ("load"), a revoked one
+// ("revoked") and the CA's revocation list in dir, and returns a function
+// giving the --tls-* flags of a process of class named name, with a
+// certificate of its own (reached at 127.0.0.1) and the list.
 func tlsFlags(t *testing.T, dir string) func(class, name string) []string {
 	t.Helper()
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -907,9 +934,29 @@ func tlsFlags(t *testing.T, dir string) func(class, name string) []string {
 		return f
 	}
 	issue(tlsid.ClassClient, "load")
+	revoked, err := os.ReadFile(issue(tlsid.ClassClient, "revoked").Cert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blk, _ := pem.Decode(revoked)
+	if blk == nil {
+		t.Fatal("revoked.crt: no PEM")
+	}
+	rc, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	crl, err := ca.CRL(time.Now().Add(time.Hour), rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	crlPath := filepath.Join(dir, "crl.pem")
+	if err := os.WriteFile(crlPath, crl, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	return func(class, name string) []string {
 		f := issue(class, name)
-		return []string{"--tls-cert", f.Cert, "--tls-key", f.Key, "--tls-ca", f.CA, "--trust-domain", "test"}
+		return []string{"--tls-cert", f.Cert, "--tls-key", f.Key, "--tls-ca", f.CA, "--tls-crl", crlPath, "--trust-domain", "test"}
 	}
 }
 
