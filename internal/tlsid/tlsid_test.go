@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 )
 
@@ -990,5 +991,26 @@ func TestRevocation(t *testing.T) {
 	}
 	if _, err := Load(self, slog.New(slog.NewTextHandler(&logs, nil))); err != nil || !strings.Contains(logs.String(), "level=ERROR") || !strings.Contains(logs.String(), "revoked") {
 		t.Fatalf("Load with a list revoking its own certificate: %v\n%s", err, logs.String())
+	}
+}
+
+// TestIdentityRulesCostNoAllocation: under a policy file every call
+// passes the identity rules (there is no cache of the policy's answers);
+// checking a good certificate allocates nothing.
+func TestIdentityRulesCostNoAllocation(t *testing.T) {
+	ca := newCA(t, "ca")
+	f := write(t, ca, t.TempDir(), "c", Leaf{URI: "spiffe://td/ns/prod/sa/app", DNS: []string{"app.prod.svc"}})
+	c := certOf(t, f)
+	ctx := peer.NewContext(context.Background(), &peer.Peer{AuthInfo: credentials.TLSInfo{State: tls.ConnectionState{PeerCertificates: []*x509.Certificate{c}}}})
+	az, err := NewAuthz(AuthzConfig{TrustDomain: "td", PolicyFile: writePolicy(t, t.TempDir(), allowClients("td", "/walship.v1.KVService/*"))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &walshipv1.PutRequest{Key: "k"}
+	if err := az.check(ctx, "/walship.v1.KVService/Put", req); err != nil {
+		t.Fatal(err)
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = az.check(ctx, "/walship.v1.KVService/Put", req) }); n != 0 {
+		t.Errorf("the identity rules allocate %v times per call", n)
 	}
 }
