@@ -270,3 +270,26 @@ func TestInvalidUTF8HoldsNoMemory(t *testing.T) {
 		t.Fatalf("the heap grew %s after %d refused and %d streamed requests of 1 MiB with invalid UTF-8: they are held", fmt.Sprintf("%.1f MiB", float64(grew)/(1<<20)), n, n)
 	}
 }
+
+// BenchmarkUTF8Check is what every unary request pays for the check: the
+// codec's decoding of a small Put and the interceptor's test.
+func BenchmarkUTF8Check(b *testing.B) {
+	buf, err := protov2.Marshal(&walshipv1.PutRequest{Key: "bench/key/0001", Value: make([]byte, 100)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	data := mem.BufferSlice{mem.SliceBuffer(buf)}
+	c := newUTF8Codec()
+	handler := func(context.Context, any) (any, error) { return nil, nil }
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		req := new(walshipv1.PutRequest)
+		if err := c.Unmarshal(data, req); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := utf8Unary(ctx, req, nil, handler); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
