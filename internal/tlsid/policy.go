@@ -318,9 +318,12 @@ func (a *Authz) Reload() (bool, error) {
 	if sum == a.current {
 		return false, nil // back to the policy in force
 	}
-	in, err := parsePolicy(a.file, b)
-	if readErr != nil {
-		err = fmt.Errorf("--authz-policy: %w", readErr)
+	var in *authz.StaticInterceptor
+	err := readErr
+	if err != nil {
+		err = fmt.Errorf("--authz-policy: %w", err)
+	} else {
+		in, err = parsePolicy(a.file, b)
 	}
 	if err != nil {
 		a.reloads.WithLabelValues("error").Inc()
