@@ -84,18 +84,18 @@ func TestInvalidUTF8FieldPath(t *testing.T) {
 	bad := []byte{0xff}
 	md := (&walshipv1.TxnRequest{}).ProtoReflect().Descriptor()
 	msg := append(field(2, field(1, field(1, []byte("ok")))), field(3, field(2, field(1, bad)))...)
-	if got := invalidUTF8Field(msg, md); got != "failure[0].delete.key" {
-		t.Fatalf("path = %q", got)
+	if where, why := malformed(msg, md, 0); where != "failure[0].delete.key" || why != notUTF8 {
+		t.Fatalf("path = %q, %q", where, why)
 	}
 	cmp := append(field(1, field(1, []byte("ok"))), field(1, field(1, bad))...)
-	if got := invalidUTF8Field(cmp, md); got != "compares[1].key" {
-		t.Fatalf("path = %q", got)
+	if where, why := malformed(cmp, md, 0); where != "compares[1].key" || why != notUTF8 {
+		t.Fatalf("path = %q, %q", where, why)
 	}
-	if got := invalidUTF8Field(field(2, field(1, field(1, []byte("fine")))), md); got != "" {
-		t.Fatalf("valid message reported %q", got)
+	if where, why := malformed(field(2, field(1, field(1, []byte("fine")))), md, 0); where != "" || why != "" {
+		t.Fatalf("valid message reported %q, %q", where, why)
 	}
-	if got := invalidUTF8Field([]byte{0xff, 0xff, 0xff}, md); got != "" {
-		t.Fatalf("garbage reported %q", got)
+	if _, why := malformed([]byte{0xff, 0xff, 0xff}, md, 0); why == notUTF8 || why == "" {
+		t.Fatalf("garbage reported %q", why)
 	}
 }
 

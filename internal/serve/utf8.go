@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"unicode/utf8"
 
 	"google.golang.org/grpc"
@@ -17,11 +18,16 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
-// Keys are proto3 strings, and the protobuf runtime refuses a request whose
-// string holds invalid UTF-8 before any handler runs; gRPC then reports it as
-// INTERNAL with no field name. utf8Codec turns that into what it is, a bad
-// argument: the call fails INVALID_ARGUMENT naming the offending field
-// ("success[2].put.key: not valid UTF-8"), unary or streaming.
+// A request that does not decode — invalid UTF-8 in a proto3 string, a
+// truncated field, a wire type or field number that does not exist — is
+// refused by the protobuf runtime before any handler runs, and gRPC then
+// reports it as INTERNAL with no field name, for a unary call before any
+// interceptor runs: a caller the policy refuses would learn INTERNAL, not
+// PERMISSION_DENIED. utf8Codec turns it into what it is, a bad argument,
+// after authorization: the call fails INVALID_ARGUMENT naming the field
+// where there is one ("success[2].put.key: not valid UTF-8", "request:
+// malformed protobuf: success[2].put.value: truncated"), unary or
+// streaming, on every message of a stream.
 //
 // Nothing is kept between the codec and the interceptors: a map from
 // request to error, emptied by an interceptor, kept every request whose
@@ -33,9 +39,17 @@ import (
 // it a single unknown field, utf8Mark, holding the error, and reports
 // success; utf8Unary, and utf8Stream around every RecvMsg, refuse a message
 // so marked. Every other message costs them a length test of its unknown
-// fields. The codec replaces a mark a client sends itself with a refusal of
-// its own, so a client can make the server refuse its call and nothing
-// else: never put its own words in the server's answer.
+// fields, and the codec nothing more than protobuf's decoding: where a
+// request went wrong is found by walking it again, only once protobuf has
+// refused it. The codec replaces a mark a client sends itself with a
+// refusal of its own, so a client can make the server refuse its call and
+// nothing else: never put its own words in the server's answer.
+//
+// What gRPC refuses before the codec is left as it is: a message over the
+// receive limit (RESOURCE_EXHAUSTED), a compressed one (the server has no
+// decompressor: UNIMPLEMENTED), and framing errors — a message cut short
+// by the end of the stream, a unary call with no request or with two
+// (INTERNAL, as gRPC words them).
 type utf8Codec struct {
 	inner encoding.CodecV2
 }
@@ -65,16 +79,27 @@ func (c utf8Codec) Unmarshal(data mem.BufferSlice, v any) error {
 		}
 		return nil
 	}
-	var u interface{ InvalidUTF8() bool }
-	if !errors.As(err, &u) || !u.InvalidUTF8() {
-		return err
-	}
-	field := invalidUTF8Field(data.Materialize(), m.ProtoReflect().Descriptor())
-	if field == "" {
-		field = "request"
-	}
-	mark(m, field+": not valid UTF-8")
+	mark(m, refusal(data, m.ProtoReflect().Descriptor(), err))
 	return nil
+}
+
+// refusal is what the caller of a request that protobuf refused with err
+// is told: where and why, found by walking the request again, else
+// protobuf's own words.
+func refusal(data mem.BufferSlice, md protoreflect.MessageDescriptor, err error) string {
+	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
+	defer buf.Free()
+	const prefix = "request: malformed protobuf: "
+	switch where, why := malformed(buf.ReadOnlyData(), md, 0); {
+	case why == "":
+		return prefix + err.Error()
+	case why == notUTF8:
+		return where + ": " + why
+	case where == "":
+		return prefix + why
+	default:
+		return prefix + where + ": " + why
+	}
 }
 
 // mark empties m, dropping whatever was decoded, and leaves in it only
@@ -145,45 +170,141 @@ func (s utf8Checked) RecvMsg(m any) error {
 	return marked(m)
 }
 
-// invalidUTF8Field walks wire-format b as message md and returns the path of
-// the first string field holding invalid UTF-8, or "".
-func invalidUTF8Field(b []byte, md protoreflect.MessageDescriptor) string {
-	counts := map[protowire.Number]int{}
+// notUTF8 is why a string field does not decode.
+const notUTF8 = "not valid UTF-8"
+
+// malformed walks wire-format b as message md, depth messages deep, as
+// protobuf decodes it, and returns the first thing protobuf would refuse:
+// where (the path of the field; "" for b itself) and why. It returns two
+// empty strings if it finds nothing.
+func malformed(b []byte, md protoreflect.MessageDescriptor, depth int) (where, why string) {
+	if depth >= protowire.DefaultRecursionLimit {
+		return "", "messages nested too deep"
+	}
+	var elems map[protowire.Number]int // elements so far of each repeated field
 	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
+		tag, n := protowire.ConsumeVarint(b)
 		if n < 0 {
-			return ""
+			return "", "field tag: " + valueError(protowire.VarintType, n)
+		}
+		num, typ := protowire.Number(tag>>3), protowire.Type(tag&7)
+		if tag>>3 < uint64(protowire.MinValidNumber) || tag>>3 > uint64(protowire.MaxValidNumber) {
+			return "", fmt.Sprintf("field tag: field number %d is not in %d..%d", tag>>3, protowire.MinValidNumber, protowire.MaxValidNumber)
 		}
 		b = b[n:]
 		fd := md.Fields().ByNumber(num)
-		if typ != protowire.BytesType || fd == nil {
-			n = protowire.ConsumeFieldValue(num, typ, b)
-			if n < 0 {
-				return ""
+		elem, packed := -1, false
+		if fd != nil && fd.Cardinality() == protoreflect.Repeated {
+			packed = typ == protowire.BytesType && packable(fd.Kind())
+			if !packed {
+				if elems == nil {
+					elems = map[protowire.Number]int{}
+				}
+				elem = elems[num]
+				elems[num]++
 			}
-			b = b[n:]
-			continue
 		}
-		v, n := protowire.ConsumeBytes(b)
-		if n < 0 {
-			return ""
+		var below string
+		if fd != nil && typ == protowire.BytesType {
+			var v []byte
+			if v, n = protowire.ConsumeBytes(b); n < 0 {
+				why = valueError(typ, n)
+			} else {
+				switch k := fd.Kind(); {
+				case k == protoreflect.StringKind && checksUTF8(fd) && !utf8.Valid(v):
+					why = notUTF8
+				case k == protoreflect.MessageKind:
+					below, why = malformed(v, fd.Message(), depth+1)
+				case packed:
+					why = packedProblem(v, k)
+				}
+			}
+		} else if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
+			why = valueError(typ, n)
+		}
+		if why != "" {
+			return fieldPath(fd, num, elem, below), why
 		}
 		b = b[n:]
-		name := string(fd.Name())
-		if fd.IsList() {
-			name = fmt.Sprintf("%s[%d]", name, counts[num])
-			counts[num]++
-		}
-		switch fd.Kind() {
-		case protoreflect.StringKind:
-			if !utf8.Valid(v) {
-				return name
+	}
+	return "", ""
+}
+
+// fieldPath names field num of a message (fd, nil if unknown), its
+// element elem (-1: not an element), then the path below it.
+func fieldPath(fd protoreflect.FieldDescriptor, num protowire.Number, elem int, below string) string {
+	name := fmt.Sprintf("field %d", num)
+	if fd != nil {
+		name = string(fd.Name())
+	}
+	if elem >= 0 {
+		name = fmt.Sprintf("%s[%d]", name, elem)
+	}
+	if below != "" {
+		name += "." + below
+	}
+	return name
+}
+
+// valueError is why protowire could not consume a value of wire type typ
+// (n < 0), in words of our own: protobuf's vary on purpose.
+func valueError(typ protowire.Type, n int) string {
+	switch {
+	case errors.Is(protowire.ParseError(n), io.ErrUnexpectedEOF):
+		return "truncated"
+	case typ == protowire.VarintType:
+		return "varint overflows 64 bits" // a varint's one other error
+	case typ == protowire.BytesType:
+		return "length overflows 64 bits"
+	case typ == protowire.StartGroupType:
+		return "group does not parse"
+	case typ == protowire.EndGroupType:
+		return "end of a group that was never started"
+	default:
+		return fmt.Sprintf("wire type %d does not exist", typ)
+	}
+}
+
+// checksUTF8 is whether protobuf refuses invalid UTF-8 in string field fd:
+// in proto3, or under editions' utf8_validation = VERIFY, as its decoder
+// decides.
+func checksUTF8(fd protoreflect.FieldDescriptor) bool {
+	if e, ok := fd.(interface{ EnforceUTF8() bool }); ok && fd.Syntax() == protoreflect.Editions {
+		return e.EnforceUTF8()
+	}
+	return fd.Syntax() == protoreflect.Proto3
+}
+
+// packable is whether a repeated field of kind k may be packed: a scalar
+// number.
+func packable(k protoreflect.Kind) bool {
+	switch k {
+	case protoreflect.StringKind, protoreflect.BytesKind, protoreflect.MessageKind, protoreflect.GroupKind:
+		return false
+	}
+	return true
+}
+
+// packedProblem is why packed values v of kind k do not decode, or "".
+func packedProblem(v []byte, k protoreflect.Kind) string {
+	var size int
+	switch k {
+	case protoreflect.Fixed32Kind, protoreflect.Sfixed32Kind, protoreflect.FloatKind:
+		size = 4
+	case protoreflect.Fixed64Kind, protoreflect.Sfixed64Kind, protoreflect.DoubleKind:
+		size = 8
+	default:
+		for len(v) > 0 {
+			_, n := protowire.ConsumeVarint(v)
+			if n < 0 {
+				return "packed values: " + valueError(protowire.VarintType, n)
 			}
-		case protoreflect.MessageKind:
-			if sub := invalidUTF8Field(v, fd.Message()); sub != "" {
-				return name + "." + sub
-			}
+			v = v[n:]
 		}
+		return ""
+	}
+	if len(v)%size != 0 {
+		return fmt.Sprintf("packed values: %d bytes, not a multiple of %d", len(v), size)
 	}
 	return ""
 }

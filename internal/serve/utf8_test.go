@@ -1,11 +1,14 @@
 package serve
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -44,19 +47,27 @@ func field(num protowire.Number, v []byte) []byte {
 
 var badUTF8 = []byte{0xff, 0xfe}
 
-// callRaw sends req to method as the only message of a stream (a unary
-// call when unary), reads every response, and returns the call's status.
-func callRaw(ctx context.Context, conn *grpc.ClientConn, method string, unary bool, req []byte) error {
+// callRaw sends reqs to method, the first as a unary call's request when
+// unary, else as the messages of a stream; it reads every response and
+// returns the call's status.
+func callRaw(ctx context.Context, conn *grpc.ClientConn, method string, unary bool, reqs ...[]byte) error {
+	return callRawWith(ctx, conn, method, unary, reqs, grpc.ForceCodecV2(rawCodec{}))
+}
+
+// callRawWith is callRaw with call options of its own.
+func callRawWith(ctx context.Context, conn *grpc.ClientConn, method string, unary bool, reqs [][]byte, opts ...grpc.CallOption) error {
 	if unary {
 		var resp []byte
-		return conn.Invoke(ctx, method, req, &resp, grpc.ForceCodecV2(rawCodec{}))
+		return conn.Invoke(ctx, method, reqs[0], &resp, opts...)
 	}
-	s, err := conn.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, method, grpc.ForceCodecV2(rawCodec{}))
+	s, err := conn.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, method, opts...)
 	if err != nil {
 		return err
 	}
-	if err := s.SendMsg(req); err != nil && !errors.Is(err, io.EOF) {
-		return err
+	for _, req := range reqs {
+		if err := s.SendMsg(req); err != nil && !errors.Is(err, io.EOF) {
+			return err
+		}
 	}
 	if err := s.CloseSend(); err != nil {
 		return err
@@ -72,17 +83,22 @@ func callRaw(ctx context.Context, conn *grpc.ClientConn, method string, unary bo
 	}
 }
 
-// recvStreams are replication and log store streams that read their
-// first message, as the real services do, then end UNIMPLEMENTED.
+// recvRepl and recvLogStore are replication and log store streams that
+// read, as the real services do: a replication stream every message until
+// the client is done, a log store stream its first; then they end
+// UNIMPLEMENTED.
 type recvRepl struct {
 	walshipv1.UnimplementedReplicationServiceServer
 }
 
 func (recvRepl) Stream(s walshipv1.ReplicationService_StreamServer) error {
-	if _, err := s.Recv(); err != nil {
-		return err
+	for {
+		if _, err := s.Recv(); errors.Is(err, io.EOF) {
+			return status.Error(codes.Unimplemented, "test server")
+		} else if err != nil {
+			return err
+		}
 	}
-	return status.Error(codes.Unimplemented, "test server")
 }
 
 type recvLogStore struct {
@@ -102,6 +118,17 @@ func (recvLogStore) Append(s walshipv1.LogStoreService_AppendServer) error {
 // connection to it.
 func utf8Server(t *testing.T, sec Security) *grpc.ClientConn {
 	t.Helper()
+	conn, err := grpc.NewClient(serveRecv(t, sec), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// serveRecv serves what utf8Server describes and returns its address.
+func serveRecv(t *testing.T, sec Security) string {
+	t.Helper()
 	s, err := New(Options{Listen: "127.0.0.1:0", StreamGrace: 50 * time.Millisecond, Security: sec}, func(g *grpc.Server) {
 		walshipv1.RegisterKVServiceServer(g, walshipv1.UnimplementedKVServiceServer{})
 		walshipv1.RegisterReplicationServiceServer(g, recvRepl{})
@@ -114,18 +141,13 @@ func utf8Server(t *testing.T, sec Security) *grpc.ClientConn {
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(ctx, nil) }()
 	s.SetServing(true)
-	conn, err := grpc.NewClient(s.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
 	t.Cleanup(func() {
-		conn.Close()
 		cancel()
 		if err := <-done; err != nil {
 			t.Error(err)
 		}
 	})
-	return conn
+	return s.Addr()
 }
 
 // TestInvalidUTF8OnEveryKindOfCall: invalid UTF-8 in a string field is
@@ -290,6 +312,228 @@ func BenchmarkUTF8Check(b *testing.B) {
 		}
 		if _, err := utf8Unary(ctx, req, nil, handler); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// wireTag encodes a field tag.
+func wireTag(num protowire.Number, typ protowire.Type) []byte {
+	return protowire.AppendTag(nil, num, typ)
+}
+
+// cat concatenates wire-format pieces.
+func cat(parts ...[]byte) []byte {
+	var b []byte
+	for _, p := range parts {
+		b = append(b, p...)
+	}
+	return b
+}
+
+// malformedCase is a request protobuf refuses to decode, and what the
+// server says of it.
+type malformedCase struct {
+	name string
+	msg  protov2.Message // an empty message of the type to decode as
+	req  []byte
+	want string
+}
+
+// malformedCases are requests of each kind of problem, in every position
+// the walk tells apart. The packed field is of a response (no request has
+// one), decoded as the codec would.
+func malformedCases() []malformedCase {
+	return []malformedCase{
+		{"a value cut short", &walshipv1.PutRequest{}, cat(wireTag(1, protowire.BytesType), []byte{5, 'a', 'b'}), "request: malformed protobuf: key: truncated"},
+		{"a tag cut short", &walshipv1.PutRequest{}, cat(field(1, []byte("k")), []byte{0x80}), "request: malformed protobuf: field tag: truncated"},
+		{"a wire type that does not exist", &walshipv1.PutRequest{}, cat(field(1, []byte("k")), wireTag(2, 7)), "request: malformed protobuf: value: wire type 7 does not exist"},
+		{"field number 0", &walshipv1.PutRequest{}, []byte{0x02, 0x00}, "request: malformed protobuf: field tag: field number 0 is not in 1..536870911"},
+		{"a field number above protobuf's", &walshipv1.PutRequest{}, cat(wireTag(protowire.MaxValidNumber+1, protowire.VarintType), []byte{1}), "request: malformed protobuf: field tag: field number 536870912 is not in 1..536870911"},
+		{"a varint past 64 bits", &walshipv1.PutRequest{}, cat(wireTag(10, protowire.VarintType), bytes.Repeat([]byte{0xff}, 10), []byte{1}), "request: malformed protobuf: field 10: varint overflows 64 bits"},
+		{"a group never closed", &walshipv1.PutRequest{}, cat(wireTag(20, protowire.StartGroupType), field(1, []byte("x"))), "request: malformed protobuf: field 20: truncated"},
+		{"a group end never opened", &walshipv1.PutRequest{}, wireTag(5, protowire.EndGroupType), "request: malformed protobuf: field 5: end of a group that was never started"},
+		{"deep in a Txn", &walshipv1.TxnRequest{}, cat(field(2, field(1, field(1, []byte("ok")))), field(2, field(1, cat(wireTag(1, protowire.BytesType), []byte{3, 'a'})))), "request: malformed protobuf: success[1].put.key: truncated"},
+		{"a sub-message cut short", &walshipv1.TxnRequest{}, cat(field(3, field(2, field(1, []byte("ok")))), field(3, cat(wireTag(2, protowire.BytesType), []byte{9, 0x0a}))), "request: malformed protobuf: failure[1].delete: truncated"},
+		{"a stream message", &walshipv1.StreamRequest{}, field(1, cat(wireTag(1, protowire.BytesType), []byte{9, 'r'})), "request: malformed protobuf: hello.replica_id: truncated"},
+		{"packed values cut short", &walshipv1.StreamResponse{}, field(5, []byte{0x01, 0x80}), "request: malformed protobuf: reply_at: packed values: truncated"},
+		{"invalid UTF-8", &walshipv1.PutRequest{}, cat(field(2, []byte("v")), field(1, badUTF8)), "key: not valid UTF-8"},
+	}
+}
+
+// TestMalformedRequestSaysWhatIsWrong: every request protobuf refuses is
+// answered INVALID_ARGUMENT with where and why, and nothing that was
+// decoded before the problem is kept; a known field of the wrong wire type
+// is no problem, protobuf keeps it as an unknown field.
+func TestMalformedRequestSaysWhatIsWrong(t *testing.T) {
+	c := newUTF8Codec()
+	for _, tc := range malformedCases() {
+		if err := protov2.Unmarshal(tc.req, tc.msg); err == nil {
+			t.Fatalf("%s: protobuf decodes %x", tc.name, tc.req)
+		}
+		m := tc.msg.ProtoReflect().New().Interface()
+		if err := c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(tc.req)}, m); err != nil {
+			t.Errorf("%s: the codec fails: %v", tc.name, err)
+			continue
+		}
+		err := marked(m)
+		if status.Code(err) != codes.InvalidArgument || status.Convert(err).Message() != tc.want {
+			t.Errorf("%s: %v; want INVALID_ARGUMENT %q", tc.name, err, tc.want)
+		}
+		if m.ProtoReflect().SetUnknown(nil); !protov2.Equal(m, tc.msg.ProtoReflect().New().Interface()) {
+			t.Errorf("%s: besides its refusal, the message holds %v", tc.name, m)
+		}
+	}
+	m := &walshipv1.PutRequest{}
+	if err := c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(cat(wireTag(1, protowire.VarintType), []byte{7}, field(2, []byte("v"))))}, m); err != nil || marked(m) != nil || string(m.Value) != "v" {
+		t.Errorf("key sent as a varint: %v, %v, %v; want it decoded, the key an unknown field", err, marked(m), m)
+	}
+}
+
+// FuzzMalformed: the walk that says what is wrong with a request finds a
+// problem exactly when protobuf refuses the request, whatever the bytes.
+func FuzzMalformed(f *testing.F) {
+	for _, tc := range malformedCases() {
+		f.Add(tc.req)
+	}
+	f.Add(field(2, field(1, field(1, []byte("ok")))))
+	f.Add(field(1, field(1, []byte("replica"))))
+	f.Add(field(5, []byte{1, 2, 3}))
+	types := []protov2.Message{&walshipv1.PutRequest{}, &walshipv1.TxnRequest{}, &walshipv1.StreamRequest{}, &walshipv1.StreamResponse{}, &walshipv1.AppendRequest{}}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		for _, typ := range types {
+			m := typ.ProtoReflect().New().Interface()
+			err := protov2.Unmarshal(b, m)
+			where, why := malformed(b, m.ProtoReflect().Descriptor(), 0)
+			if (err != nil) != (why != "") {
+				t.Fatalf("%T %x: protobuf says %v, the walk %q %q", m, b, err, where, why)
+			}
+		}
+	})
+}
+
+// mtlsServer serves what utf8Server describes over mTLS under the default
+// policy of trust domain td, and returns a dialer of certificates of its
+// CA with the given SPIFFE ID ("": no identity).
+func mtlsServer(t *testing.T) func(uri string) *grpc.ClientConn {
+	t.Helper()
+	ca, err := tlsid.NewCA("test", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	load := func(name string, l tlsid.Leaf) *tlsid.Source {
+		f, err := ca.WriteFiles(t.TempDir(), name, l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		src, err := tlsid.Load(f, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return src
+	}
+	az, err := tlsid.NewAuthz(tlsid.AuthzConfig{TrustDomain: "td"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := load("server", tlsid.Leaf{URI: tlsid.URI("td", tlsid.ClassNode, "n0"), IPs: []net.IP{net.IPv4(127, 0, 0, 1)}})
+	addr := serveRecv(t, Security{TLS: srv, Authz: az})
+	return func(uri string) *grpc.ClientConn {
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(load("caller", tlsid.Leaf{URI: uri}).Credentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		return conn
+	}
+}
+
+// TestMalformedAfterAuthorization: a request that does not decode is
+// INVALID_ARGUMENT saying what is wrong for a caller the policy lets call
+// the method, and PERMISSION_DENIED for any other, whatever it sent; on
+// unary calls, on server and bidirectional streams, on a stream's first
+// message and on a later one. (gRPC alone answers INTERNAL, for a unary
+// call before authorization.)
+func TestMalformedAfterAuthorization(t *testing.T) {
+	dial := mtlsServer(t)
+	callers := map[string]*grpc.ClientConn{}
+	for _, class := range []string{tlsid.ClassNode, tlsid.ClassClient, tlsid.ClassLogStore} {
+		callers[class] = dial(tlsid.URI("td", class, "c1"))
+	}
+	callers["none"] = dial("")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	hello := field(1, field(1, []byte("r1")))
+	truncHello := field(1, cat(wireTag(1, protowire.BytesType), []byte{9, 'r'}))
+	for _, tc := range []struct {
+		method  string
+		unary   bool
+		reqs    [][]byte
+		want    string
+		allowed []string
+	}{
+		{"/walship.v1.KVService/Put", true, [][]byte{cat(wireTag(1, protowire.BytesType), []byte{5, 'a', 'b'})}, "key: truncated", []string{"node", "client"}},
+		{"/walship.v1.KVService/Txn", true, [][]byte{field(2, field(1, cat(wireTag(1, protowire.BytesType), []byte{3, 'a'})))}, "success[0].put.key: truncated", []string{"node", "client"}},
+		{"/walship.v1.KVService/Get", true, [][]byte{cat(field(1, []byte("k")), wireTag(1, 6))}, "key: wire type 6 does not exist", []string{"node", "client"}},
+		{"/walship.v1.ReplicationService/Stream", false, [][]byte{truncHello}, "hello.replica_id: truncated", []string{"node"}},
+		{"/walship.v1.ReplicationService/Stream", false, [][]byte{hello, hello, {0x02, 0x00}}, "field tag: field number 0 is not in 1..536870911", []string{"node"}},
+		{"/walship.v1.LogStoreService/Read", false, [][]byte{{0x08}}, "from_lsn: truncated", []string{"node", "logstore"}},
+		{"/grpc.health.v1.Health/Check", true, [][]byte{{0x0a, 0x01}}, "service: truncated", []string{"node", "client", "logstore", "none"}},
+		{"/grpc.health.v1.Health/Watch", false, [][]byte{{0x0a, 0x01}}, "service: truncated", []string{"node", "client", "logstore", "none"}},
+	} {
+		for class, conn := range callers {
+			cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
+			err := callRaw(cctx, conn, tc.method, tc.unary, tc.reqs...)
+			ccancel()
+			if slices.Contains(tc.allowed, class) {
+				if want := "request: malformed protobuf: " + tc.want; status.Code(err) != codes.InvalidArgument || status.Convert(err).Message() != want {
+					t.Errorf("%s as %s, %d messages: %v; want INVALID_ARGUMENT %q", tc.method, class, len(tc.reqs), err, want)
+				}
+			} else if status.Code(err) != codes.PermissionDenied {
+				t.Errorf("%s as %s: %v; want PERMISSION_DENIED", tc.method, class, err)
+			}
+		}
+	}
+	// Good requests reach the handlers.
+	if err := callRaw(ctx, callers["node"], "/walship.v1.ReplicationService/Stream", false, hello, hello); status.Code(err) != codes.Unimplemented {
+		t.Errorf("a good stream: %v; want the handler's UNIMPLEMENTED", err)
+	}
+	if err := callRaw(ctx, callers["client"], "/walship.v1.KVService/Put", true, field(1, []byte("k"))); status.Code(err) != codes.Unimplemented {
+		t.Errorf("a good Put: %v; want the handler's UNIMPLEMENTED", err)
+	}
+}
+
+// TestMalformedBeyondTheCodec: what gRPC refuses before the codec keeps
+// its code: a request over the receive limit, malformed or not, is
+// RESOURCE_EXHAUSTED, and a compressed one UNIMPLEMENTED (the server has
+// no decompressor, so a payload that does not decompress never reaches
+// one).
+func TestMalformedBeyondTheCodec(t *testing.T) {
+	addr := serveRecv(t, Security{})
+	dial := func(opts ...grpc.DialOption) *grpc.ClientConn {
+		conn, err := grpc.NewClient(addr, append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		return conn
+	}
+	// The client's own compressor, not registered in the process (which
+	// would give the server one too).
+	plain, gzipped := dial(), dial(grpc.WithCompressor(grpc.NewGZIPCompressor())) //nolint:staticcheck // see above
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	big := cat(field(2, make([]byte, 5<<20)), []byte{0x0a, 0x05})
+	for _, tc := range []struct {
+		method string
+		unary  bool
+	}{{"/walship.v1.KVService/Put", true}, {"/walship.v1.ReplicationService/Stream", false}} {
+		if err := callRaw(ctx, plain, tc.method, tc.unary, big); status.Code(err) != codes.ResourceExhausted {
+			t.Errorf("%s, 5 MiB and malformed: %v; want RESOURCE_EXHAUSTED", tc.method, err)
+		}
+		for _, req := range [][]byte{{0x0a, 0x05}, field(1, []byte("k"))} {
+			if err := callRaw(ctx, gzipped, tc.method, tc.unary, req); status.Code(err) != codes.Unimplemented {
+				t.Errorf("%s compressed (%x): %v; want UNIMPLEMENTED", tc.method, req, err)
+			}
 		}
 	}
 }
