@@ -84,8 +84,8 @@ func ownerOf(s *profile.Sample) string {
 				if strings.HasPrefix(name, "github.com/walship/walship/gen/") {
 					return ownerGRPC // generated handlers and message code
 				}
-				if strings.HasPrefix(name, "github.com/walship/walship/internal/serve.utf8Codec") {
-					return ownerGRPC // the codec: protobuf with a UTF-8 check
+				if strings.HasPrefix(name, "github.com/walship/walship/internal/serve.checkedCodec") {
+					return ownerGRPC // the codec: protobuf, and what it refused
 				}
 				return ownerWalship
 			case strings.HasPrefix(name, "google.golang.org/grpc"),

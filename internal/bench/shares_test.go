@@ -39,7 +39,7 @@ func TestCPUShares(t *testing.T) {
 	}
 	sample(300, "runtime.mallocgc", "github.com/walship/walship/internal/state.(*Store).Apply", "github.com/walship/walship/services/primary.(*pipeline).resolve")
 	sample(200, "internal/runtime/syscall/linux.Syscall6", "syscall.write", "google.golang.org/grpc/internal/transport.(*loopyWriter).run")
-	sample(100, "runtime.mallocgc", "google.golang.org/protobuf/internal/impl.(*MessageInfo).unmarshalPointer", "github.com/walship/walship/internal/serve.utf8Codec.Unmarshal")
+	sample(100, "runtime.mallocgc", "google.golang.org/protobuf/internal/impl.(*MessageInfo).unmarshalPointer", "github.com/walship/walship/internal/serve.checkedCodec.Unmarshal")
 	sample(150, "internal/runtime/syscall/linux.Syscall6", "golang.org/x/sys/unix.Fdatasync", "github.com/walship/walship/internal/wal.(*Log).Sync")
 	sample(120, "runtime.scanobject", "runtime.gcDrain", "runtime.gcBgMarkWorker")
 	sample(80, "runtime.findRunnable", "runtime.schedule")

@@ -164,7 +164,7 @@ func withDefaults(opts Options) Options {
 }
 
 // serverOptions are the gRPC server's: the transport's, the codec that
-// checks UTF-8, the message and stream limits, keepalive, TLS, and the
+// refuses what does not decode (decode.go), the message and stream limits, keepalive, TLS, and the
 // interceptors (authorization first).
 func (s *Server) serverOptions() ([]grpc.ServerOption, error) {
 	opts, sec := s.opts, s.opts.Security
@@ -174,10 +174,10 @@ func (s *Server) serverOptions() ([]grpc.ServerOption, error) {
 	if sec.MaxConcurrentStreams == 0 {
 		sec.MaxConcurrentStreams = 1000
 	}
-	unary := []grpc.UnaryServerInterceptor{utf8Unary}
-	stream := []grpc.StreamServerInterceptor{utf8Stream, s.endStreamsOnStop}
+	unary := []grpc.UnaryServerInterceptor{refuseMarkedUnary}
+	stream := []grpc.StreamServerInterceptor{refuseMarkedStream, s.endStreamsOnStop}
 	sopts := append(transportOptions(),
-		grpc.ForceServerCodecV2(newUTF8Codec()),
+		grpc.ForceServerCodecV2(newCheckedCodec()),
 		grpc.MaxRecvMsgSize(opts.MaxMessageBytes),
 		grpc.MaxSendMsgSize(opts.MaxSendBytes),
 		grpc.MaxConcurrentStreams(sec.MaxConcurrentStreams),

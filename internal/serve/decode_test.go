@@ -200,8 +200,8 @@ func TestInvalidUTF8OnEveryKindOfCall(t *testing.T) {
 			t.Errorf("%s, valid: %v; want the handler's UNIMPLEMENTED", tc.method, err)
 		}
 		for _, forged := range [][]byte{
-			append(tc.valid, field(utf8Mark, []byte("forged: not valid UTF-8"))...),
-			append(append(tc.valid, field(18_999, []byte("x"))...), field(utf8Mark, []byte("forged"))...),
+			append(tc.valid, field(refusalMark, []byte("forged: not valid UTF-8"))...),
+			append(append(tc.valid, field(18_999, []byte("x"))...), field(refusalMark, []byte("forged"))...),
 		} {
 			err := callRaw(ctx, conn, tc.method, tc.unary, forged)
 			if status.Code(err) != codes.InvalidArgument || strings.Contains(status.Convert(err).Message(), "forged") ||
@@ -226,7 +226,7 @@ func TestUTF8CheckCostsNoAllocation(t *testing.T) {
 		t.Fatal(err)
 	}
 	data := mem.BufferSlice{mem.SliceBuffer(b)}
-	c := newUTF8Codec()
+	c := newCheckedCodec()
 	inner := testing.AllocsPerRun(100, func() { _ = c.inner.Unmarshal(data, new(walshipv1.PutRequest)) })
 	checked := testing.AllocsPerRun(100, func() { _ = c.Unmarshal(data, new(walshipv1.PutRequest)) })
 	if checked != inner {
@@ -293,15 +293,15 @@ func TestInvalidUTF8HoldsNoMemory(t *testing.T) {
 	}
 }
 
-// BenchmarkUTF8Check is what every unary request pays for the check: the
+// BenchmarkDecodeCheck is what every unary request pays for the check: the
 // codec's decoding of a small Put and the interceptor's test.
-func BenchmarkUTF8Check(b *testing.B) {
+func BenchmarkDecodeCheck(b *testing.B) {
 	buf, err := protov2.Marshal(&walshipv1.PutRequest{Key: "bench/key/0001", Value: make([]byte, 100)})
 	if err != nil {
 		b.Fatal(err)
 	}
 	data := mem.BufferSlice{mem.SliceBuffer(buf)}
-	c := newUTF8Codec()
+	c := newCheckedCodec()
 	handler := func(context.Context, any) (any, error) { return nil, nil }
 	ctx := context.Background()
 	b.ReportAllocs()
@@ -310,7 +310,7 @@ func BenchmarkUTF8Check(b *testing.B) {
 		if err := c.Unmarshal(data, req); err != nil {
 			b.Fatal(err)
 		}
-		if _, err := utf8Unary(ctx, req, nil, handler); err != nil {
+		if _, err := refuseMarkedUnary(ctx, req, nil, handler); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -365,7 +365,7 @@ func malformedCases() []malformedCase {
 // decoded before the problem is kept; a known field of the wrong wire type
 // is no problem, protobuf keeps it as an unknown field.
 func TestMalformedRequestSaysWhatIsWrong(t *testing.T) {
-	c := newUTF8Codec()
+	c := newCheckedCodec()
 	for _, tc := range malformedCases() {
 		if err := protov2.Unmarshal(tc.req, tc.msg); err == nil {
 			t.Fatalf("%s: protobuf decodes %x", tc.name, tc.req)

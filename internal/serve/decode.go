@@ -23,7 +23,7 @@ import (
 // refused by the protobuf runtime before any handler runs, and gRPC then
 // reports it as INTERNAL with no field name, for a unary call before any
 // interceptor runs: a caller the policy refuses would learn INTERNAL, not
-// PERMISSION_DENIED. utf8Codec turns it into what it is, a bad argument,
+// PERMISSION_DENIED. checkedCodec turns it into what it is, a bad argument,
 // after authorization: the call fails INVALID_ARGUMENT naming the field
 // where there is one ("success[2].put.key: not valid UTF-8", "request:
 // malformed protobuf: success[2].put.value: truncated"), unary or
@@ -36,46 +36,47 @@ import (
 // message limit), for good. gRPC decodes a unary request before any
 // interceptor runs and reports any codec error as INTERNAL, so the codec
 // cannot fail the call itself. Instead it empties the message and leaves in
-// it a single unknown field, utf8Mark, holding the error, and reports
-// success; utf8Unary, and utf8Stream around every RecvMsg, refuse a message
-// so marked. Every other message costs them a length test of its unknown
-// fields, and the codec nothing more than protobuf's decoding: where a
-// request went wrong is found by walking it again, only once protobuf has
-// refused it. The codec replaces a mark a client sends itself with a
-// refusal of its own, so a client can make the server refuse its call and
-// nothing else: never put its own words in the server's answer.
+// it a single unknown field, refusalMark, holding the error, and reports
+// success; refuseMarkedUnary, and refuseMarkedStream around every RecvMsg,
+// refuse a message so marked. Every other message costs them a length test
+// of its unknown fields, and the codec nothing more than protobuf's
+// decoding: where a request went wrong is found by walking it again, only
+// once protobuf has refused it. The codec replaces a mark a client sends
+// itself with a refusal of its own, so a client can make the server refuse
+// its call and nothing else: never put its own words in the server's
+// answer.
 //
 // What gRPC refuses before the codec is left as it is: a message over the
 // receive limit (RESOURCE_EXHAUSTED), a compressed one (the server has no
-// decompressor: UNIMPLEMENTED), and framing errors — a message cut short
-// by the end of the stream, a unary call with no request or with two
+// decompressor: UNIMPLEMENTED), and framing errors — a message cut short by
+// the end of the stream, a unary call with no request or with two
 // (INTERNAL, as gRPC words them).
-type utf8Codec struct {
+type checkedCodec struct {
 	inner encoding.CodecV2
 }
 
-// utf8Mark is the unknown field that carries a decoding refusal. It is in
+// refusalMark is the unknown field that carries a decoding refusal. It is in
 // the range protobuf reserves for itself (19000-19999), which no .proto may
 // declare.
-const utf8Mark protowire.Number = 19_000
+const refusalMark protowire.Number = 19_000
 
-func newUTF8Codec() utf8Codec {
-	return utf8Codec{inner: encoding.GetCodecV2(proto.Name)}
+func newCheckedCodec() checkedCodec {
+	return checkedCodec{inner: encoding.GetCodecV2(proto.Name)}
 }
 
-func (c utf8Codec) Name() string { return proto.Name }
+func (c checkedCodec) Name() string { return proto.Name }
 
-func (c utf8Codec) Marshal(v any) (mem.BufferSlice, error) { return c.inner.Marshal(v) }
+func (c checkedCodec) Marshal(v any) (mem.BufferSlice, error) { return c.inner.Marshal(v) }
 
-func (c utf8Codec) Unmarshal(data mem.BufferSlice, v any) error {
+func (c checkedCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	err := c.inner.Unmarshal(data, v)
 	m, ok := v.(protov2.Message)
 	if !ok {
 		return err
 	}
 	if err == nil {
-		if u := m.ProtoReflect().GetUnknown(); len(u) > 0 && hasField(u, utf8Mark) {
-			mark(m, fmt.Sprintf("field %d: reserved for protobuf, not to be sent", utf8Mark))
+		if u := m.ProtoReflect().GetUnknown(); len(u) > 0 && hasField(u, refusalMark) {
+			mark(m, fmt.Sprintf("field %d: reserved for protobuf, not to be sent", refusalMark))
 		}
 		return nil
 	}
@@ -103,10 +104,10 @@ func refusal(data mem.BufferSlice, md protoreflect.MessageDescriptor, err error)
 }
 
 // mark empties m, dropping whatever was decoded, and leaves in it only
-// utf8Mark holding msg.
+// refusalMark holding msg.
 func mark(m protov2.Message, msg string) {
 	protov2.Reset(m)
-	m.ProtoReflect().SetUnknown(protowire.AppendString(protowire.AppendTag(nil, utf8Mark, protowire.BytesType), msg))
+	m.ProtoReflect().SetUnknown(protowire.AppendString(protowire.AppendTag(nil, refusalMark, protowire.BytesType), msg))
 }
 
 // marked is the INVALID_ARGUMENT error of a message the codec marked, else
@@ -121,7 +122,7 @@ func marked(v any) error {
 		return nil
 	}
 	num, typ, n := protowire.ConsumeTag(u)
-	if num != utf8Mark || typ != protowire.BytesType {
+	if num != refusalMark || typ != protowire.BytesType {
 		return nil
 	}
 	msg, _ := protowire.ConsumeBytes(u[n:])
@@ -147,23 +148,24 @@ func hasField(b []byte, num protowire.Number) bool {
 	return false
 }
 
-// utf8Unary answers a request the codec marked without calling the handler.
-func utf8Unary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+// refuseMarkedUnary answers a request the codec marked without calling the
+// handler.
+func refuseMarkedUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	if err := marked(req); err != nil {
 		return nil, err
 	}
 	return handler(ctx, req)
 }
 
-// utf8Stream makes RecvMsg fail on a message the codec marked: the
+// refuseMarkedStream makes RecvMsg fail on a message the codec marked: the
 // handler sees the error, never the message.
-func utf8Stream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	return handler(srv, utf8Checked{ss})
+func refuseMarkedStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	return handler(srv, checkedStream{ss})
 }
 
-type utf8Checked struct{ grpc.ServerStream }
+type checkedStream struct{ grpc.ServerStream }
 
-func (s utf8Checked) RecvMsg(m any) error {
+func (s checkedStream) RecvMsg(m any) error {
 	if err := s.ServerStream.RecvMsg(m); err != nil {
 		return err
 	}
