@@ -52,8 +52,8 @@ type appendStream struct {
 	recvDone bool                      // the client half-closed the stream
 	stopping bool                      // graceful stop: end once inflight is 0
 	err      error                     // terminal error, sent after the last ack
-	// epoch is the sender's epoch, as its heartbeats declare it (or its
-	// batches, without one). Writer-only.
+	// epoch is the sender's epoch, as its heartbeats declare it (the
+	// first message's must). Writer-only.
 	epoch uint64
 	// refused is set when the writer refused one of the stream's requests:
 	// it then drops the requests the stream queued after that one. (An
@@ -175,7 +175,7 @@ func (s *Server) closeStream(st *appendStream) {
 // them for the writer. It returns when the stream ends or fails.
 func (s *Server) receive(stream walshipv1.LogStoreService_AppendServer, st *appendStream) {
 	ctx := stream.Context()
-	for {
+	for first := true; ; first = false {
 		req, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
 			st.endRecv()
@@ -189,6 +189,9 @@ func (s *Server) receive(stream walshipv1.LogStoreService_AppendServer, st *appe
 			return
 		}
 		r, err := checkRequest(req)
+		if err == nil && first {
+			err = checkDeclared(req)
+		}
 		if err != nil {
 			st.setErr(err)
 			return
@@ -298,6 +301,17 @@ func checkRequest(req *walshipv1.AppendRequest) (*appendReq, error) {
 		r.env, r.data, r.weight = b, data, int64(len(data))+1
 	}
 	return r, nil
+}
+
+// checkDeclared refuses the first request of a stream unless its heartbeat
+// declares the sender's epoch. Every rule of admit is about that epoch: a
+// stream that never stated one would pass the fence as "no epoch", and
+// its truncate would cut any log.
+func checkDeclared(req *walshipv1.AppendRequest) error {
+	if req.GetHeartbeat().GetEpoch() == 0 {
+		return refuse(rpcerr.ErrInvalid, "heartbeat.epoch: the first message of an Append stream must carry a heartbeat declaring the sender's epoch")
+	}
+	return nil
 }
 
 func checkBatch(b *walshipv1.WalBatch) error {
@@ -536,16 +550,17 @@ func (s *Server) round(reqs []*appendReq) error {
 // an accepted batch to entries (and moves last); a retransmission of exactly
 // what is stored is accepted without being stored again.
 //
-// Two epochs are checked. The sender's — what its heartbeats declare, or
-// its batch's epoch without one — must be at least the epoch promised
-// (a fence, or a newer primary seen): a deposed primary is refused, batches
-// and heartbeats alike, so an idle one learns it too. A batch's own epoch
-// is that of the primary that wrote it: a new primary catching the log
-// store up ships the batches of earlier epochs byte for byte. Along the log
-// it never goes down: a batch of an epoch older than the newest stored is
-// refused unless it is an exact retransmission. A newer epoch is saved in
-// the history, and a newer sender epoch promised, before the batch that
-// brings it is acknowledged — never from a refused request.
+// Two epochs are checked. The sender's — what its heartbeats declare, the
+// first one before anything else (checkDeclared) — must be at least the
+// epoch promised (a fence, or a newer primary seen): a deposed primary is
+// refused, batches, heartbeats and cuts alike, so an idle one learns it
+// too. A batch's own epoch is that of the primary that wrote it: a new
+// primary catching the log store up ships the batches of earlier epochs
+// byte for byte. Along the log it never goes down: a batch of an epoch
+// older than the newest stored is refused unless it is an exact
+// retransmission. A newer epoch is saved in the history, and a newer
+// sender epoch promised, before the batch that brings it is acknowledged —
+// never from a refused request.
 func (s *Server) admit(r *appendReq, walLast uint64, last *uint64, entries *[]wal.Entry) (refused, fatal error) {
 	if r.refill != nil {
 		return s.admitRefill(r, walLast, last, entries)
@@ -564,23 +579,22 @@ func (s *Server) admit(r *appendReq, walLast uint64, last *uint64, entries *[]wa
 	if hb != nil && hb.Epoch > st.epoch {
 		st.epoch = hb.Epoch
 	}
-	if v := s.vote.Load(); st.epoch != 0 && st.epoch < v.Epoch {
-		return refuse(rpcerr.ErrStaleEpoch, "stale epoch %d, log store is at epoch %d%s", st.epoch, v.Epoch, primaryName(*v)), nil
+	sender := st.epoch
+	if sender == 0 {
+		// receive refuses such a stream at its first message; nothing
+		// undeclared may pass the fence as "no epoch".
+		return refuse(rpcerr.ErrInvalid, "heartbeat.epoch: the stream has not declared the sender's epoch"), nil
+	}
+	if v := s.vote.Load(); sender < v.Epoch {
+		return refuse(rpcerr.ErrStaleEpoch, "stale epoch %d, log store is at epoch %d%s", sender, v.Epoch, primaryName(*v)), nil
 	}
 	if b != nil && hb != nil && hb.Epoch != 0 && hb.Epoch < b.Epoch {
 		// The sender is at an older epoch than the primary that wrote the
 		// batch: no primary sends that.
 		return refuse(rpcerr.ErrInvalid, "heartbeat.epoch: %d is older than its batch's epoch %d", hb.Epoch, b.Epoch), nil
 	}
-	sender := st.epoch
 	if b != nil && b.Epoch > sender {
-		if st.epoch != 0 {
-			return refuse(rpcerr.ErrInvalid, "batch.epoch: %d is newer than the stream's epoch %d", b.Epoch, st.epoch), nil
-		}
-		sender = b.Epoch
-	}
-	if v := s.vote.Load(); sender != 0 && sender < v.Epoch {
-		return refuse(rpcerr.ErrStaleEpoch, "stale epoch %d, log store is at epoch %d%s", sender, v.Epoch, primaryName(*v)), nil
+		return refuse(rpcerr.ErrInvalid, "batch.epoch: %d is newer than the stream's epoch %d", b.Epoch, sender), nil
 	}
 	// A primary this log store accepts and whose cluster it did not know
 	// yet: its cluster's id is saved before anything it sent is acted on.
@@ -590,7 +604,7 @@ func (s *Server) admit(r *appendReq, walLast uint64, last *uint64, entries *[]wa
 		}
 	}
 	if r.cut {
-		return s.cut(r.cutAfter)
+		return s.cut(r.cutAfter, sender)
 	}
 	if b != nil {
 		overlap := *last != 0 && b.FirstLsn <= *last

@@ -20,6 +20,7 @@ const (
 func (a *appender) beat(epoch uint64, cluster string) {
 	a.t.Helper()
 	hb := &walshipv1.Heartbeat{Epoch: epoch, TimeUnixNano: time.Now().UnixNano(), ReplyRequested: true, PrimaryId: "p", PrimaryAddr: "p:1", ClusterId: cluster}
+	a.declared = true
 	a.sendOrEnded(&walshipv1.AppendRequest{Heartbeat: hb}, "heartbeat")
 }
 

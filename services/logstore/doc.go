@@ -12,6 +12,12 @@
 // goroutine owns the WAL. Each round it takes every queued request of every
 // stream, in arrival order, and applies the log's rules:
 //
+//   - the first message of a stream must carry a heartbeat declaring the
+//     sender's epoch (INVALID_ARGUMENT otherwise): every rule below is
+//     about it, and a stream that declared none would pass them as "no
+//     epoch". A cut (truncate_after_lsn) must come from an epoch newer
+//     than every entry it removes: a primary cuts only a tail of epochs
+//     its history lacks;
 //   - a batch that is exactly a stored one (same LSN range, same bytes) is
 //     a retransmission: acknowledged without being stored twice, whatever
 //     its epoch (a new primary catching the log store up ships the batches

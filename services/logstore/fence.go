@@ -157,12 +157,19 @@ func (s *Server) id() string {
 
 // cut removes the stored entries after lsn, keeping them in an orphan
 // file: a primary whose history does not have them asked for it. Writer
-// only, walMu held. A cut at or past the end is a no-op; one inside a batch
+// only, walMu held. A cut at or past the end is a no-op; one inside a batch,
+// or one that would remove entries of the sender's epoch or a newer one,
 // is refused.
-func (s *Server) cut(lsn uint64) (refused, fatal error) {
+func (s *Server) cut(lsn, sender uint64) (refused, fatal error) {
 	last := s.durableLSN()
 	if lsn >= last {
 		return nil, nil
+	}
+	if le := s.logEpoch.Load(); le >= sender {
+		// The entries a primary cuts are of epochs its history lacks:
+		// older than its own, since entries of its epoch came from it and
+		// a newer one would have been promised, refusing it.
+		return refuse(rpcerr.ErrInvalid, "truncate_after_lsn: %d would cut stored entries of epoch %d, not older than the stream's epoch %d", lsn, le, sender), nil
 	}
 	if lsn < s.wal.FirstLSN()-1 && s.wal.FirstLSN() != 0 {
 		return refuse(errOutOfRange, "truncate_after_lsn: %d is before the first stored LSN %d", lsn, s.wal.FirstLSN()), nil

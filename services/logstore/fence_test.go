@@ -87,14 +87,15 @@ func TestFence(t *testing.T) {
 	if n := counterValue(t, r.s.metrics.orphaned); n != 2 {
 		t.Fatalf("orphaned records = %v, want 2", n)
 	}
-	// A cut inside a batch is refused.
+	// A cut of entries of the stream's own epoch is refused: a primary
+	// never cuts what it wrote (TestCut has a cut inside a batch).
 	b := r.append(t)
 	b.heartbeat(4)
 	b.ack()
 	if err := b.stream.Send(&walshipv1.AppendRequest{Truncate: true, TruncateAfterLsn: 5, Heartbeat: &walshipv1.Heartbeat{Epoch: 4}}); err != nil {
 		t.Fatal(err)
 	}
-	wantCode(t, b.failure(), codes.InvalidArgument, "falls inside the entry 5..6")
+	wantCode(t, b.failure(), codes.InvalidArgument, "truncate_after_lsn: 5 would cut stored entries of epoch 4, not older than the stream's epoch 4")
 	// The promise and the history survive a restart.
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
@@ -102,5 +103,75 @@ func TestFence(t *testing.T) {
 	r = start(t, testConfig(t, dir))
 	if st := r.status(t); st.VoteEpoch != 4 || st.LastEpoch != 4 || st.DurableLsn != 6 || st.PrimaryId != "r1" {
 		t.Fatalf("status after a restart: %v", st)
+	}
+}
+
+// TestCut: a cut must come from a stream that declared an epoch newer than
+// every entry it removes. A stream whose first message declares no epoch —
+// a bare truncate, a batch alone, a heartbeat of epoch 0 — is refused
+// before anything is stored or cut (any node certificate could otherwise
+// cut the whole log into orphans/), and so is a cut from the epoch that
+// wrote the entries. A cut inside a batch is refused; one at a batch's end
+// from a newer epoch keeps the rest in an orphan file.
+func TestCut(t *testing.T) {
+	dir := t.TempDir()
+	r := start(t, testConfig(t, dir))
+	r.appendAll(t, chain(t, 1, 1, 3, 10)...) // LSNs 1..6 of epoch 1
+	unchanged := func(what string) {
+		t.Helper()
+		if st := r.status(t); st.DurableLsn != 6 || st.FirstLsn != 1 || st.VoteEpoch != 1 {
+			t.Fatalf("%s: status %v, want LSNs 1..6 and epoch 1 promised", what, st)
+		}
+		if orphans, err := datadir.ListOrphans(vfs.OS, dir); err != nil || len(orphans) != 0 {
+			t.Fatalf("%s: orphans %v, %v", what, orphans, err)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		req  *walshipv1.AppendRequest
+	}{
+		{"bare truncate", &walshipv1.AppendRequest{Truncate: true}},
+		{"truncate with a heartbeat of epoch 0", &walshipv1.AppendRequest{Truncate: true, Heartbeat: &walshipv1.Heartbeat{ReplyRequested: true}}},
+		{"batch alone", &walshipv1.AppendRequest{Batch: batch(t, 1, 7, 1, 10)}},
+		{"heartbeat of epoch 0", &walshipv1.AppendRequest{Heartbeat: &walshipv1.Heartbeat{ReplyRequested: true}}},
+	} {
+		a := r.append(t)
+		if err := a.stream.Send(tc.req); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.stream.CloseSend(); err != nil {
+			t.Fatal(err)
+		}
+		wantCode(t, a.failure(), codes.InvalidArgument, "heartbeat.epoch", "first message")
+		unchanged(tc.name)
+	}
+	a := r.append(t)
+	a.heartbeat(1)
+	a.ack()
+	if err := a.stream.Send(&walshipv1.AppendRequest{Truncate: true}); err != nil {
+		t.Fatal(err)
+	}
+	wantCode(t, a.failure(), codes.InvalidArgument, "truncate_after_lsn: 0 would cut stored entries of epoch 1, not older than the stream's epoch 1")
+	unchanged("a cut from the epoch that wrote the entries")
+
+	a = r.append(t)
+	a.heartbeat(2)
+	a.ack()
+	if err := a.stream.Send(&walshipv1.AppendRequest{Truncate: true, TruncateAfterLsn: 3}); err != nil {
+		t.Fatal(err)
+	}
+	wantCode(t, a.failure(), codes.InvalidArgument, "falls inside the entry 3..4")
+
+	a = r.append(t)
+	a.heartbeat(2)
+	a.ack()
+	if err := a.stream.Send(&walshipv1.AppendRequest{Truncate: true, TruncateAfterLsn: 2, Heartbeat: &walshipv1.Heartbeat{Epoch: 2, ReplyRequested: true}}); err != nil {
+		t.Fatal(err)
+	}
+	if ack := a.ack(); ack.DurableLsn != 2 {
+		t.Fatalf("ack after the cut = %v, want durable 2", ack)
+	}
+	if orphans, err := datadir.ListOrphans(vfs.OS, dir); err != nil || len(orphans) != 1 || orphans[0].FirstLSN != 3 || orphans[0].LastLSN != 6 {
+		t.Fatalf("orphans after the cut: %v, %v", orphans, err)
 	}
 }

@@ -158,6 +158,9 @@ type appender struct {
 	t      *testing.T
 	stream walshipv1.LogStoreService_AppendClient
 	cancel context.CancelFunc
+	// declared: a heartbeat stated the sender's epoch, as the first
+	// message of a stream must (send declares the batch's otherwise).
+	declared bool
 }
 
 func (r *running) append(t *testing.T) *appender {
@@ -173,15 +176,22 @@ func (r *running) append(t *testing.T) *appender {
 	return a
 }
 
+// send sends bs; on a stream that has not declared its epoch yet the first
+// carries a heartbeat declaring its own, as a primary's first message does.
 func (a *appender) send(bs ...*walshipv1.WalBatch) {
 	a.t.Helper()
 	for _, b := range bs {
-		a.sendOrEnded(&walshipv1.AppendRequest{Batch: b}, fmt.Sprintf("batch %d..%d", b.FirstLsn, b.LastLsn))
+		req := &walshipv1.AppendRequest{Batch: b}
+		if !a.declared {
+			req.Heartbeat, a.declared = &walshipv1.Heartbeat{Epoch: b.Epoch}, true
+		}
+		a.sendOrEnded(req, fmt.Sprintf("batch %d..%d", b.FirstLsn, b.LastLsn))
 	}
 }
 
 func (a *appender) heartbeat(epoch uint64) {
 	a.t.Helper()
+	a.declared = true
 	a.sendOrEnded(&walshipv1.AppendRequest{Heartbeat: &walshipv1.Heartbeat{Epoch: epoch, TimeUnixNano: time.Now().UnixNano(), ReplyRequested: true}}, "heartbeat")
 }
 
@@ -235,6 +245,14 @@ func (a *appender) failure() error {
 func (r *running) appendAll(t *testing.T, bs ...*walshipv1.WalBatch) *walshipv1.AppendResponse {
 	t.Helper()
 	a := r.append(t)
+	// The sender is a primary of the newest epoch among them: it may ship
+	// the batches of earlier epochs too.
+	epoch := uint64(0)
+	for _, b := range bs {
+		epoch = max(epoch, b.Epoch)
+	}
+	a.sendOrEnded(&walshipv1.AppendRequest{Heartbeat: &walshipv1.Heartbeat{Epoch: epoch}}, "heartbeat")
+	a.declared = true
 	a.send(bs...)
 	resp := a.waitDurable(bs[len(bs)-1].LastLsn)
 	if err := a.stream.CloseSend(); err != nil {

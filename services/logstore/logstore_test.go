@@ -378,11 +378,7 @@ func TestInvalidBatches(t *testing.T) {
 	// while batches before it are stored and acknowledged first.
 	a := r.append(t)
 	bad := mod(batch(t, 1, 3, 1, 10), func(b *walshipv1.WalBatch) { b.Crc32C ^= 1 })
-	for _, b := range []*walshipv1.WalBatch{short, bad, batch(t, 1, 3, 1, 10)} {
-		if err := a.stream.Send(&walshipv1.AppendRequest{Batch: b}); err != nil {
-			break // the server may already have ended the stream
-		}
-	}
+	a.send(short, bad, batch(t, 1, 3, 1, 10)) // the server may end the stream before the last
 	var acked uint64
 	var err error
 	for err == nil {
@@ -644,6 +640,7 @@ func TestConcurrentAppendStreams(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := 0; i < streams; i++ {
 		a := r.append(t)
+		a.heartbeat(1)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
