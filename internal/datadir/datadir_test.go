@@ -2,12 +2,15 @@ package datadir
 
 import (
 	"bytes"
+	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/vfs"
 )
 
@@ -69,9 +72,12 @@ func TestAppliedRoundTrip(t *testing.T) {
 
 func TestHistory(t *testing.T) {
 	var h History
-	h = h.Begin(0, 1)  // 1@1
-	h = h.Begin(0, 10) // 2@10
-	h = h.Begin(5, 20) // 6@20
+	for _, b := range []struct{ seen, first uint64 }{{0, 1}, {0, 10}, {5, 20}} { // 1@1, 2@10, 6@20
+		var err error
+		if h, err = h.Begin(b.seen, b.first); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if got := string(h.Marshal()); got != "1 1\n2 10\n6 20\n" {
 		t.Fatalf("history %q", got)
 	}
@@ -231,5 +237,35 @@ func TestSharedUpTo(t *testing.T) {
 		if lsn != tc.lsn || all != tc.all || known != tc.known {
 			t.Errorf("%s: %d, %v, %v; want %d, %v, %v", tc.name, lsn, all, known, tc.lsn, tc.all, tc.known)
 		}
+	}
+}
+
+// TestEpochBound: no epoch after MaxEpoch is ever begun — the one after
+// every epoch seen never wraps to 0 — and a history or an epoch a peer
+// states above it is refused, naming the entry.
+func TestEpochBound(t *testing.T) {
+	if e, err := NextEpoch(MaxEpoch - 1); err != nil || e != MaxEpoch {
+		t.Fatalf("NextEpoch(MaxEpoch-1) = %d, %v", e, err)
+	}
+	for _, seen := range []uint64{MaxEpoch, MaxEpoch + 1, math.MaxUint64} {
+		if e, err := NextEpoch(seen); !errors.Is(err, ErrNoEpochLeft) {
+			t.Errorf("NextEpoch(%d) = %d, %v; want ErrNoEpochLeft", seen, e, err)
+		}
+		if h, err := (History{{Epoch: 1, FirstLSN: 1}}).Begin(seen, 5); !errors.Is(err, ErrNoEpochLeft) {
+			t.Errorf("Begin(%d) = %v, %v; want ErrNoEpochLeft", seen, h, err)
+		}
+	}
+	if h, err := (History{{Epoch: MaxEpoch, FirstLSN: 1}}).Begin(0, 5); !errors.Is(err, ErrNoEpochLeft) {
+		t.Errorf("Begin after a history at MaxEpoch = %v, %v; want ErrNoEpochLeft", h, err)
+	}
+	if err := CheckEpoch(MaxEpoch); err != nil {
+		t.Errorf("CheckEpoch(MaxEpoch) = %v", err)
+	}
+	if err := CheckEpoch(math.MaxUint64); err == nil || !strings.Contains(err.Error(), "above the highest epoch") {
+		t.Errorf("CheckEpoch(2^64-1) = %v", err)
+	}
+	err := CheckProto([]*walshipv1.EpochStart{{Epoch: 1, FirstLsn: 1}, {Epoch: math.MaxUint64, FirstLsn: 9}})
+	if err == nil || !strings.Contains(err.Error(), "[1].epoch") {
+		t.Errorf("CheckProto with an epoch of 2^64-1 = %v", err)
 	}
 }

@@ -88,13 +88,13 @@ func (h History) Marshal() []byte {
 }
 
 // Begin returns the history with a new epoch starting at firstLSN, newer
-// than every epoch in it and than seen.
-func (h History) Begin(seen, firstLSN uint64) History {
-	e := seen + 1
-	if n := len(h); n > 0 {
-		e = max(e, h[n-1].Epoch+1)
+// than every epoch in it and than seen; ErrNoEpochLeft if there is none.
+func (h History) Begin(seen, firstLSN uint64) (History, error) {
+	e, err := NextEpoch(max(seen, h.Current().Epoch))
+	if err != nil {
+		return nil, err
 	}
-	return h.With(e, firstLSN)
+	return h.With(e, firstLSN), nil
 }
 
 // With returns h (cut after firstLSN-1) with epoch e starting at firstLSN:
@@ -182,13 +182,15 @@ func (h History) Proto() []*walshipv1.EpochStart {
 }
 
 // CheckProto checks a history received from a peer: epochs and first
-// LSNs at least 1, epochs increasing, first LSNs not decreasing. The error
-// names the bad entry's index.
+// LSNs at least 1, epochs increasing up to MaxEpoch, first LSNs not
+// decreasing. The error names the bad entry's index.
 func CheckProto(hs []*walshipv1.EpochStart) error {
 	for i, e := range hs {
 		switch {
 		case e.GetEpoch() == 0 || e.GetFirstLsn() == 0:
 			return fmt.Errorf("[%d]: epoch and first_lsn must be at least 1 (got epoch %d, first_lsn %d)", i, e.GetEpoch(), e.GetFirstLsn())
+		case CheckEpoch(e.GetEpoch()) != nil:
+			return fmt.Errorf("[%d].epoch: %v", i, CheckEpoch(e.GetEpoch()))
 		case i > 0 && (e.GetEpoch() <= hs[i-1].GetEpoch() || e.GetFirstLsn() < hs[i-1].GetFirstLsn()):
 			return fmt.Errorf("[%d]: epochs must increase and first LSNs must not decrease (epoch %d at LSN %d after epoch %d at LSN %d)",
 				i, e.GetEpoch(), e.GetFirstLsn(), hs[i-1].GetEpoch(), hs[i-1].GetFirstLsn())

@@ -289,6 +289,9 @@ func checkRequest(req *walshipv1.AppendRequest) (*appendReq, error) {
 	if err := checkClusterID("heartbeat.cluster_id", hb.GetClusterId()); err != nil {
 		return nil, err
 	}
+	if err := datadir.CheckEpoch(hb.GetEpoch()); err != nil {
+		return nil, refuse(rpcerr.ErrInvalid, "heartbeat.epoch: %v", err)
+	}
 	r := &appendReq{hb: hb, weight: 1, cut: req.GetTruncate(), cutAfter: req.GetTruncateAfterLsn()}
 	if b != nil {
 		if err := checkBatch(b); err != nil {
@@ -318,6 +321,8 @@ func checkBatch(b *walshipv1.WalBatch) error {
 	switch {
 	case b.Epoch == 0:
 		return refuse(rpcerr.ErrInvalid, "batch.epoch: must be at least 1")
+	case datadir.CheckEpoch(b.Epoch) != nil:
+		return refuse(rpcerr.ErrInvalid, "batch.epoch: %v", datadir.CheckEpoch(b.Epoch))
 	case b.FirstLsn == 0:
 		return refuse(rpcerr.ErrInvalid, "batch.first_lsn: must be at least 1 (LSNs start at 1)")
 	case b.LastLsn < b.FirstLsn:

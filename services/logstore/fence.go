@@ -69,6 +69,8 @@ func checkFence(req *walshipv1.FenceRequest) error {
 	switch {
 	case req.GetEpoch() == 0:
 		return refuse(rpcerr.ErrInvalid, "epoch: must be at least 1")
+	case datadir.CheckEpoch(req.GetEpoch()) != nil:
+		return refuse(rpcerr.ErrInvalid, "epoch: %v", datadir.CheckEpoch(req.GetEpoch()))
 	case !nodeIDPattern.MatchString(req.GetCandidateId()):
 		return refuse(rpcerr.ErrInvalid, "candidate_id: %q is not 1..64 of [A-Za-z0-9._-]", req.GetCandidateId())
 	}

@@ -1,6 +1,7 @@
 package logstore
 
 import (
+	"math"
 	"testing"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
@@ -55,6 +56,8 @@ func TestFence(t *testing.T) {
 	}{
 		{&walshipv1.FenceRequest{CandidateId: "r1", CandidateAddr: "a"}, "epoch"},
 		{&walshipv1.FenceRequest{Epoch: 9, CandidateId: "no spaces", CandidateAddr: "a"}, "candidate_id"},
+		{&walshipv1.FenceRequest{Epoch: math.MaxUint64, CandidateId: "r9", CandidateAddr: "a"}, "epoch: 18446744073709551615 is above the highest epoch"},
+		{&walshipv1.FenceRequest{Epoch: datadir.MaxEpoch + 1, CandidateId: "r9", CandidateAddr: "a"}, "epoch: 9223372036854775808 is above the highest epoch"},
 	} {
 		_, err := fence.Fence(t.Context(), bad.req)
 		wantCode(t, err, codes.InvalidArgument, bad.want)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -352,6 +353,10 @@ func TestInvalidBatches(t *testing.T) {
 	}{
 		{"empty request", &walshipv1.AppendRequest{}, codes.InvalidArgument, []string{"batch, heartbeat or truncate required"}},
 		{"epoch 0", &walshipv1.AppendRequest{Batch: mod(good(), func(b *walshipv1.WalBatch) { b.Epoch = 0 })}, codes.InvalidArgument, []string{"batch.epoch"}},
+		{"epoch above the maximum", &walshipv1.AppendRequest{Batch: mod(good(), func(b *walshipv1.WalBatch) { b.Epoch = math.MaxUint64 }), Heartbeat: &walshipv1.Heartbeat{Epoch: 1}},
+			codes.InvalidArgument, []string{"batch.epoch", "above the highest epoch"}},
+		{"heartbeat epoch above the maximum", &walshipv1.AppendRequest{Heartbeat: &walshipv1.Heartbeat{Epoch: datadir.MaxEpoch + 1}},
+			codes.InvalidArgument, []string{"heartbeat.epoch", "above the highest epoch"}},
 		{"first_lsn 0", &walshipv1.AppendRequest{Batch: mod(good(), func(b *walshipv1.WalBatch) { b.FirstLsn = 0 })}, codes.InvalidArgument, []string{"batch.first_lsn"}},
 		{"last before first", &walshipv1.AppendRequest{Batch: mod(good(), func(b *walshipv1.WalBatch) { b.FirstLsn, b.PrevLsn = 5, 4 })}, codes.InvalidArgument, []string{"batch.last_lsn: 4 is before first_lsn 5"}},
 		{"prev mismatch", &walshipv1.AppendRequest{Batch: mod(good(), func(b *walshipv1.WalBatch) { b.PrevLsn = 7 })}, codes.InvalidArgument, []string{"batch.prev_lsn: 7, want first_lsn-1 = 0"}},

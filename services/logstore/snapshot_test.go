@@ -6,6 +6,7 @@ import (
 	"errors"
 	"hash/crc32"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/envelope"
 	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/pkg/codec"
@@ -264,6 +266,14 @@ func TestPutSnapshotRefuses(t *testing.T) {
 		{"empty stream", nil, codes.InvalidArgument, []string{"header: missing"}},
 		{"chunk first", good[1:], codes.InvalidArgument, []string{"header: the first message must be the header, not a chunk"}},
 		{"lsn 0", with(func(m []*walshipv1.PutSnapshotRequest) []*walshipv1.PutSnapshotRequest { hdr(m).Lsn = 0; return m }), codes.InvalidArgument, []string{"header.lsn"}},
+		{"epoch above the maximum", with(func(m []*walshipv1.PutSnapshotRequest) []*walshipv1.PutSnapshotRequest {
+			hdr(m).Epoch = datadir.MaxEpoch + 1
+			return m
+		}), codes.InvalidArgument, []string{"header.epoch", "above the highest epoch"}},
+		{"history above the maximum", with(func(m []*walshipv1.PutSnapshotRequest) []*walshipv1.PutSnapshotRequest {
+			hdr(m).History = []*walshipv1.EpochStart{{Epoch: 1, FirstLsn: 1}, {Epoch: math.MaxUint64, FirstLsn: 5}}
+			return m
+		}), codes.InvalidArgument, []string{"header.history[1].epoch", "above the highest epoch"}},
 		{"no history", with(func(m []*walshipv1.PutSnapshotRequest) []*walshipv1.PutSnapshotRequest {
 			hdr(m).History = nil
 			return m

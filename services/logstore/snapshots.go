@@ -361,6 +361,8 @@ func checkSnapshotHeader(hdr *walshipv1.SnapshotHeader) error {
 		return refuse(rpcerr.ErrInvalid, "header.lsn: must be at least 1")
 	case hdr.GetEpoch() == 0:
 		return refuse(rpcerr.ErrInvalid, "header.epoch: must be at least 1")
+	case datadir.CheckEpoch(hdr.GetEpoch()) != nil:
+		return refuse(rpcerr.ErrInvalid, "header.epoch: %v", datadir.CheckEpoch(hdr.GetEpoch()))
 	case len(hdr.GetHistory()) == 0:
 		return refuse(rpcerr.ErrInvalid, "header.history: required (the epochs of the log up to header.lsn)")
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -300,6 +301,50 @@ func TestPromoteArguments(t *testing.T) {
 		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Switchover(%v) = %v; want INVALID_ARGUMENT naming %s", tc.req, err, tc.want)
 		}
+	}
+}
+
+// TestPromoteEpochBound: Promote to an epoch above datadir.MaxEpoch is
+// a bad argument naming the field, and fences nobody. Promoting to the
+// maximum itself works; after it no epoch is left, and every later
+// promotion — its dry run too — says so (FAILED_PRECONDITION) instead of
+// wrapping to epoch 0 (a promotion to 2^64-1 once made every later one
+// and every switchover fail with "epoch 0" while the dry run said quorum
+// true).
+func TestPromoteEpochBound(t *testing.T) {
+	c := newCluster(t)
+	put(t, c.conn(t, "n0"), "k", "v")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	admin1, admin2 := walshipv1.NewAdminServiceClient(c.conn(t, "n1")), walshipv1.NewAdminServiceClient(c.conn(t, "n2"))
+	before := c.nodes["n1"].Replica().Vote()
+	for _, e := range []uint64{math.MaxUint64, datadir.MaxEpoch + 1} {
+		for _, dry := range []bool{true, false} {
+			_, err := admin1.Promote(ctx, &walshipv1.PromoteRequest{Epoch: e, DryRun: dry})
+			if status.Code(err) != codes.InvalidArgument || !contains(err.Error(), fmt.Sprintf("epoch: %d is above the highest epoch", e)) {
+				t.Fatalf("Promote to epoch %d (dry run %v) = %v; want INVALID_ARGUMENT naming epoch", e, dry, err)
+			}
+		}
+	}
+	if v := c.nodes["n1"].Replica().Vote(); v != before {
+		t.Fatalf("a refused promotion changed n1's vote: %v, was %v", v, before)
+	}
+	resp, err := admin1.Promote(ctx, &walshipv1.PromoteRequest{Epoch: datadir.MaxEpoch})
+	if err != nil || resp.Epoch != datadir.MaxEpoch {
+		t.Fatalf("Promote to the maximum epoch = %v, %v", resp, err)
+	}
+	put(t, c.conn(t, "n1"), "k", "w")
+	testkit.Until(t, "n2 to promise the maximum epoch", func() bool {
+		return c.nodes["n2"].Replica() != nil && c.nodes["n2"].Replica().Vote().Epoch == datadir.MaxEpoch
+	})
+	for _, dry := range []bool{true, false} {
+		resp, err := admin2.Promote(ctx, &walshipv1.PromoteRequest{DryRun: dry})
+		if status.Code(err) != codes.FailedPrecondition || !contains(err.Error(), "no epoch is left", fmt.Sprint(datadir.MaxEpoch)) {
+			t.Fatalf("Promote after the maximum epoch (dry run %v) = %v, %v; want FAILED_PRECONDITION: no epoch is left", dry, resp, err)
+		}
+	}
+	if v := c.nodes["n2"].Replica().Vote(); v.Epoch != datadir.MaxEpoch {
+		t.Fatalf("n2's vote after the refused promotion: %v", v)
 	}
 }
 

@@ -220,6 +220,9 @@ func levelName(l walshipv1.SyncLevel) string {
 
 // promote serves AdminService.Promote on the replica (steps 1-3).
 func (n *Node) promote(ctx context.Context, req *walshipv1.PromoteRequest) (*walshipv1.PromoteResponse, error) {
+	if err := datadir.CheckEpoch(req.GetEpoch()); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "epoch: %v", err)
+	}
 	rep := n.Replica()
 	if rep == nil {
 		return nil, status.Error(codes.FailedPrecondition, "already the primary")
@@ -393,10 +396,16 @@ func highestEpoch(answers []answer) uint64 {
 }
 
 // newEpoch is the epoch to promote to: the one asked for, which must
-// exceed every epoch seen, or the next after them.
+// exceed every epoch seen (and be at most datadir.MaxEpoch: promote
+// checks it first), or the next after them. None is left once an epoch
+// seen is the maximum: FAILED_PRECONDITION, never a wrap to 0.
 func newEpoch(asked, seen uint64) (uint64, error) {
 	if asked == 0 {
-		return seen + 1, nil
+		e, err := datadir.NextEpoch(seen)
+		if err != nil {
+			return 0, status.Errorf(codes.FailedPrecondition, "cannot promote: %v; nothing was fenced", err)
+		}
+		return e, nil
 	}
 	if asked <= seen {
 		return 0, status.Errorf(codes.InvalidArgument, "epoch: %d does not exceed every epoch seen (%d)", asked, seen)
@@ -538,9 +547,25 @@ func (n *Node) survey(ctx context.Context, enough func([]answer) bool) []answer 
 					}
 				}
 			}
+			a.checkEpochs()
 		}()
 	}
 	return collect(jobs2ids(len(jobs), func(i int) string { return jobs[i].id }), ch, enough)
+}
+
+// checkEpochs makes an answer that states an epoch above datadir.MaxEpoch
+// an error: no node promises or writes one, and believing it would leave
+// no epoch for this promotion.
+func (a *answer) checkEpochs() {
+	if a.err != nil {
+		return
+	}
+	for _, e := range []uint64{a.epoch, a.lastEpoch, a.history.Current().Epoch} {
+		if err := datadir.CheckEpoch(e); err != nil {
+			a.err = fmt.Errorf("states epoch %w", err)
+			return
+		}
+	}
 }
 
 // fenceAll fences every log store and member at once (this node through
@@ -583,6 +608,7 @@ func (n *Node) fenceAll(ctx context.Context, rep interface {
 				a.contract = resp.GetContract()
 				a.cluster = resp.GetClusterId()
 			}
+			a.checkEpochs()
 			ch <- a
 		}()
 	}
@@ -801,6 +827,9 @@ func copyFrom(ctx context.Context, addr string, log *wal.Log, last, epoch uint64
 		}
 		if err := envelope.Verify(b); err != nil {
 			return records, bytes, newest, fmt.Errorf("batch %d..%d: %w", b.GetFirstLsn(), b.GetLastLsn(), err)
+		}
+		if err := datadir.CheckEpoch(b.GetEpoch()); err != nil {
+			return records, bytes, newest, fmt.Errorf("batch %d..%d: epoch: %w", b.GetFirstLsn(), b.GetLastLsn(), err)
 		}
 		if b.GetFirstLsn() != log.LastLSN()+1 {
 			return records, bytes, newest, fmt.Errorf("the donor sent LSNs %d..%d after LSN %d", b.GetFirstLsn(), b.GetLastLsn(), log.LastLSN())

@@ -88,7 +88,10 @@ func (s *Server) proposeEpoch(seen, next uint64) error {
 		return err
 	}
 	// A directory a replica wrote may hold a vote newer than its log.
-	h = h.Begin(max(seen, v.Epoch), next)
+	h, err = h.Begin(max(seen, v.Epoch), next)
+	if err != nil {
+		return fmt.Errorf("begin an epoch at LSN %d: %w", next, err)
+	}
 	s.epochs, s.epoch = h, h.Current().Epoch
 	return nil
 }
@@ -161,6 +164,9 @@ func (s *Server) fenceLogStores(ctx context.Context, req *walshipv1.FenceRequest
 			answers, foreign = append(answers, line), append(foreign, line)
 		case a.err != nil:
 			answers = append(answers, fmt.Sprintf("%s: %v", a.addr, a.err))
+		case datadir.CheckEpoch(a.resp.GetEpoch()) != nil:
+			// Not believed: no node promises such an epoch.
+			answers = append(answers, fmt.Sprintf("%s: epoch: %v", a.addr, datadir.CheckEpoch(a.resp.GetEpoch())))
 		case a.resp.GetGranted():
 			granted++
 			answers = append(answers, a.addr+": granted")
@@ -385,6 +391,8 @@ func (h *epochServer) Fence(ctx context.Context, req *walshipv1.FenceRequest) (*
 	switch {
 	case req.GetEpoch() == 0:
 		return nil, status.Error(codes.InvalidArgument, "epoch: must be at least 1")
+	case datadir.CheckEpoch(req.GetEpoch()) != nil:
+		return nil, status.Errorf(codes.InvalidArgument, "epoch: %v", datadir.CheckEpoch(req.GetEpoch()))
 	case !replicaIDPattern.MatchString(req.GetCandidateId()):
 		return nil, status.Errorf(codes.InvalidArgument, "candidate_id: %q is not 1..64 of [A-Za-z0-9._-]", req.GetCandidateId())
 	case req.GetCandidateAddr() == "":

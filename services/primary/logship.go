@@ -90,6 +90,11 @@ func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceC
 	if err := s.otherClusterLogStore(addr, st); err != nil {
 		return err
 	}
+	if err := datadir.CheckEpoch(st.Epoch); err != nil {
+		// Not believed: no node promises such an epoch, and deposing this
+		// primary for it would leave no epoch for the next one.
+		return fmt.Errorf("status: epoch: %w", err)
+	}
 	if st.Epoch > s.epoch {
 		err := &DeposedError{Vote: datadir.Vote{Epoch: st.Epoch, Primary: st.PrimaryId, Addr: st.PrimaryAddr},
 			Why: fmt.Sprintf("log store %s has promised epoch %d", addr, st.Epoch)}
@@ -143,7 +148,7 @@ func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceC
 	if status.Code(rerr) == codes.FailedPrecondition && !rpcerr.IsOtherCluster(rerr) {
 		// Refused for its epoch: a newer one was promised (or the log store
 		// says so now).
-		if st, err := client.Status(ctx, &walshipv1.LogStoreServiceStatusRequest{}); err == nil && st.Epoch > s.epoch && s.otherClusterLogStore(addr, st) == nil {
+		if st, err := client.Status(ctx, &walshipv1.LogStoreServiceStatusRequest{}); err == nil && st.Epoch > s.epoch && datadir.CheckEpoch(st.Epoch) == nil && s.otherClusterLogStore(addr, st) == nil {
 			s.depose(&DeposedError{Vote: datadir.Vote{Epoch: st.Epoch, Primary: st.PrimaryId, Addr: st.PrimaryAddr},
 				Why: fmt.Sprintf("log store %s refused this primary's epoch: %v", addr, rerr)})
 		}

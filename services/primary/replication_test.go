@@ -3,6 +3,7 @@ package primary
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -39,6 +40,11 @@ func TestReplicationStreamBadInput(t *testing.T) {
 		m.GetHello().History = hs
 		return m
 	}
+	withFenced := func(e uint64) *walshipv1.StreamRequest {
+		m := hello("r1", 1, 1)
+		m.GetHello().FencedEpoch = e
+		return m
+	}
 	for _, tc := range []struct {
 		name  string
 		msgs  []*walshipv1.StreamRequest
@@ -53,6 +59,10 @@ func TestReplicationStreamBadInput(t *testing.T) {
 		{"bad id", []*walshipv1.StreamRequest{hello("a b/c", 1, 1)}, codes.InvalidArgument, "hello.replica_id"},
 		{"next_lsn 0", []*walshipv1.StreamRequest{hello("r1", 1, 0)}, codes.InvalidArgument, "hello.next_lsn"},
 		{"newer epoch", []*walshipv1.StreamRequest{hello("r1", 7, 1)}, codes.FailedPrecondition, "hello.epoch"},
+		{"epoch above the maximum", []*walshipv1.StreamRequest{hello("r1", math.MaxUint64, 1)}, codes.InvalidArgument, "hello.epoch: 18446744073709551615 is above the highest epoch"},
+		{"fenced epoch above the maximum", []*walshipv1.StreamRequest{withFenced(math.MaxUint64)}, codes.InvalidArgument, "hello.fenced_epoch: 18446744073709551615 is above"},
+		{"history above the maximum", []*walshipv1.StreamRequest{withHistory(&walshipv1.EpochStart{Epoch: 1, FirstLsn: 1}, &walshipv1.EpochStart{Epoch: math.MaxUint64, FirstLsn: 2})},
+			codes.InvalidArgument, "hello.history[1].epoch"},
 		{"ahead of the primary", []*walshipv1.StreamRequest{hello("r1", 1, p.Lsn+5)}, codes.FailedPrecondition, "hello.next_lsn"},
 		{"not a batch boundary", []*walshipv1.StreamRequest{hello("r1", 1, p.Lsn)}, codes.FailedPrecondition, "hello.next_lsn"},
 		{"hello twice", []*walshipv1.StreamRequest{hello("r1", 1, 1), hello("r1", 1, 1)}, codes.InvalidArgument, "hello"},

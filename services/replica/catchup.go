@@ -228,6 +228,9 @@ func (s *Server) reseedFromLogStore(ctx context.Context, addr string, ls walship
 	// The header's epoch is that of the batch ending at its LSN: the
 	// newest entry this replica's log will hold. A log whose newest entry
 	// is of a newer epoch than that, at a lower LSN, is of another history.
+	if err := datadir.CheckEpoch(hdr.GetEpoch()); err != nil {
+		return false, fmt.Errorf("the log store's snapshot at LSN %d: header.epoch: %w", hdr.GetLsn(), err)
+	}
 	if e := s.epoch.Load(); hdr.GetEpoch() < e {
 		return false, fmt.Errorf("the log store's snapshot at LSN %d is of epoch %d, this replica's log is at epoch %d", hdr.GetLsn(), hdr.GetEpoch(), e)
 	}
@@ -323,6 +326,9 @@ func (s *Server) reseedFromPrimary(ctx context.Context) (bool, error) {
 	}
 	if err := s.checkPeerCluster(hdr.GetClusterId(), "header.cluster_id", "the primary's snapshot"); err != nil {
 		return false, err
+	}
+	if err := datadir.CheckEpoch(hdr.GetEpoch()); err != nil {
+		return false, &refusal{reason: reasonEpoch, err: fmt.Errorf("snapshot header.epoch: %w", err)}
 	}
 	if e := s.epoch.Load(); hdr.GetEpoch() < e {
 		return false, &refusal{reason: reasonEpoch, err: fmt.Errorf("snapshot from epoch %d, this replica has seen epoch %d", hdr.GetEpoch(), e)}

@@ -234,6 +234,8 @@ func (h *epochServer) Fence(ctx context.Context, req *walshipv1.FenceRequest) (*
 	switch {
 	case req.GetEpoch() == 0:
 		return nil, status.Error(codes.InvalidArgument, "epoch: must be at least 1")
+	case datadir.CheckEpoch(req.GetEpoch()) != nil:
+		return nil, status.Errorf(codes.InvalidArgument, "epoch: %v", datadir.CheckEpoch(req.GetEpoch()))
 	case !nodeIDPattern.MatchString(req.GetCandidateId()):
 		return nil, status.Errorf(codes.InvalidArgument, "candidate_id: %q is not 1..64 of [A-Za-z0-9._-]", req.GetCandidateId())
 	case req.GetCandidateAddr() == "":
@@ -357,7 +359,7 @@ func primaryFrom(err error) (v datadir.Vote, cluster string, ok bool) {
 		if ei, isInfo := d.(*errdetails.ErrorInfo); isInfo && ei.GetReason() == notPrimaryReason {
 			md := ei.GetMetadata()
 			e, err := strconv.ParseUint(md["epoch"], 10, 64)
-			if err != nil || md["primary_addr"] == "" {
+			if err != nil || datadir.CheckEpoch(e) != nil || md["primary_addr"] == "" {
 				return datadir.Vote{}, "", false
 			}
 			return datadir.Vote{Epoch: e, Primary: md["primary_id"], Addr: md["primary_addr"]}, md["cluster_id"], true
@@ -471,7 +473,7 @@ func (s *Server) askLogStore(ctx context.Context) {
 		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		st, err := ls.client.Status(actx, &walshipv1.LogStoreServiceStatusRequest{})
 		cancel()
-		if err != nil || st.GetPrimaryAddr() == "" || st.GetVoteEpoch() <= newest.Epoch {
+		if err != nil || st.GetPrimaryAddr() == "" || st.GetVoteEpoch() <= newest.Epoch || datadir.CheckEpoch(st.GetVoteEpoch()) != nil {
 			continue
 		}
 		if ours, theirs := s.cluster.ID(), st.GetClusterId(); ours != "" && theirs != "" && ours != theirs {

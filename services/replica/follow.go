@@ -675,6 +675,9 @@ func (s *Server) check(env *walshipv1.WalBatch, next, epoch uint64, c *checked) 
 		}
 		return &refusal{reason: reason, err: err}
 	}
+	if err := datadir.CheckEpoch(env.GetEpoch()); err != nil {
+		return &refusal{reason: reasonEpoch, err: fmt.Errorf("LSNs %d..%d: batch.epoch: %w", env.GetFirstLsn(), env.GetLastLsn(), err)}
+	}
 	if e := epoch; env.GetEpoch() < e {
 		return &refusal{reason: reasonEpoch, err: fmt.Errorf("LSNs %d..%d are from epoch %d, this replica has seen epoch %d",
 			env.GetFirstLsn(), env.GetLastLsn(), env.GetEpoch(), e)}
@@ -716,6 +719,9 @@ func (s *Server) acceptPrimary(hb *walshipv1.Heartbeat) error {
 	defer s.voteMu.Unlock()
 	if err := s.checkPeerCluster(hb.GetClusterId(), "heartbeat.cluster_id", primaryPeer(hb)); err != nil {
 		return err
+	}
+	if err := datadir.CheckEpoch(hb.GetEpoch()); err != nil {
+		return &refusal{reason: reasonEpoch, err: fmt.Errorf("heartbeat.epoch: %w", err)}
 	}
 	v := s.vote.Load()
 	if e := hb.GetEpoch(); e < v.Epoch {
