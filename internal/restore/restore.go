@@ -34,6 +34,7 @@ import (
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/envelope"
 	"github.com/walship/walship/internal/recovery"
+	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/internal/vfs"
@@ -106,6 +107,8 @@ type Options struct {
 	// writing anything.
 	DryRun bool
 	// ClusterID, when set, is the cluster the log stores must belong to.
+	// Unset, it is the one the answering log stores state (they must not
+	// state different ones). Reads state it either way.
 	ClusterID string
 	// NewClusterID is the id stamped in the restored directory; empty
 	// makes one.
@@ -326,6 +329,22 @@ func (r *restorer) survey(ctx context.Context) error {
 	}
 	if best < 0 {
 		return fmt.Errorf("no log store answered: %s", strings.Join(failed, "; "))
+	}
+	if r.o.ClusterID == "" {
+		// One restore reads one cluster's log: log stores at LSNs that mean
+		// different things must not be mixed. The id is stated on every
+		// read, as a node states its own.
+		ids := map[string]string{}
+		for _, s := range r.sources {
+			if s.Err == nil {
+				ids[s.Addr] = s.ClusterID
+			}
+		}
+		id, err := datadir.OneClusterID(ids)
+		if err != nil {
+			return fmt.Errorf("%w; name the cluster to restore with --cluster-id", rpcerr.Mismatch("%v", err))
+		}
+		r.o.ClusterID = id
 	}
 	r.lineage = r.sources[best].History
 	for i := range r.sources {
