@@ -26,6 +26,9 @@ const ClusterMismatchReason = "CLUSTER_MISMATCH"
 // refused side ("the primary", "the candidate c1", "the request").
 func OtherCluster(role, ours, peer, theirs string) error {
 	st := status.Newf(codes.FailedPrecondition, "%v: this %s belongs to cluster %s, %s is of cluster %s", ErrOtherCluster, role, ours, peer, theirs)
+	if theirs == "" {
+		st = status.Newf(codes.FailedPrecondition, "%v: this %s belongs to cluster %s, %s states no cluster id", ErrOtherCluster, role, ours, peer)
+	}
 	if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: ClusterMismatchReason, Domain: "walship.io",
 		Metadata: map[string]string{"cluster_id": ours, "peer_cluster_id": theirs}}); err == nil {
 		st = d
@@ -35,9 +38,26 @@ func OtherCluster(role, ours, peer, theirs string) error {
 
 // CheckCluster refuses a peer of another cluster: OtherCluster when both
 // ids are known and differ, nil otherwise (a node that has no id yet
-// adopts the peer's; a peer that states none predates cluster ids).
+// adopts the peer's). It is for what changes nothing on this node — a
+// read, a replica's hello, a peer's Status — whose sender may have no id
+// yet: a new replica, an emptied log store refilling.
 func CheckCluster(role, ours, peer, theirs string) error {
 	if ours == "" || theirs == "" || ours == theirs {
+		return nil
+	}
+	return OtherCluster(role, ours, peer, theirs)
+}
+
+// RequireCluster is CheckCluster for what would change this node — a
+// fence, an append, a snapshot to install, a primary to follow: once it
+// has an id, the peer must state the same one, and an empty id is refused
+// too. Only a node that has none yet takes a peer that states none (a
+// cluster's first primary fencing new log stores). Every walship sender
+// states its id once it has one, so an empty id at a node that has one is
+// a node of another cluster, or of none: a directory made elsewhere, a
+// wrong address.
+func RequireCluster(role, ours, peer, theirs string) error {
+	if ours == "" || ours == theirs {
 		return nil
 	}
 	return OtherCluster(role, ours, peer, theirs)

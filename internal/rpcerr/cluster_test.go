@@ -11,7 +11,8 @@ import (
 
 // TestOtherCluster: the refusal is FAILED_PRECONDITION naming both ids in
 // the agreed words, and is recognised after a trip over the wire and
-// through wrapping; CheckCluster refuses only two known, different ids.
+// through wrapping; CheckCluster refuses only two known, different ids,
+// RequireCluster also a peer that states none to a node that has one.
 func TestOtherCluster(t *testing.T) {
 	const a, b = "0f1e2d3c-4b5a-4968-8776-655443322110", "1f1e2d3c-4b5a-4968-8776-655443322110"
 	err := OtherCluster("log store", a, "the primary", b)
@@ -38,11 +39,18 @@ func TestOtherCluster(t *testing.T) {
 		t.Errorf("Mismatch: IsOtherCluster %v, code %v", IsOtherCluster(m), Code(m))
 	}
 	for _, tc := range []struct {
-		ours, theirs string
-		refused      bool
-	}{{a, b, true}, {a, a, false}, {"", b, false}, {a, "", false}, {"", "", false}} {
+		ours, theirs      string
+		refused, required bool
+	}{{a, b, true, true}, {a, a, false, false}, {"", b, false, false}, {a, "", false, true}, {"", "", false, false}} {
 		if got := CheckCluster("replica", tc.ours, "the primary", tc.theirs) != nil; got != tc.refused {
 			t.Errorf("CheckCluster(%q, %q) refused = %v", tc.ours, tc.theirs, got)
 		}
+		if got := RequireCluster("replica", tc.ours, "the primary", tc.theirs) != nil; got != tc.required {
+			t.Errorf("RequireCluster(%q, %q) refused = %v", tc.ours, tc.theirs, got)
+		}
+	}
+	none := RequireCluster("log store", a, "the candidate c9", "")
+	if st := status.Convert(none); st.Code() != codes.FailedPrecondition || st.Message() != "cluster id mismatch: this log store belongs to cluster "+a+", the candidate c9 states no cluster id" || !IsOtherCluster(none) {
+		t.Errorf("RequireCluster with no id stated = %v %q", st.Code(), st.Message())
 	}
 }

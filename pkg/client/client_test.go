@@ -99,7 +99,12 @@ func TestReadsAreNeverAnsweredByAReplica(t *testing.T) {
 	defer cancel()
 	cand, voter := c.Replicas[0], c.Replicas[1]
 	// The voter promises epoch 2 to the candidate; nobody else hears of it.
-	fr, err := walshipv1.NewEpochServiceClient(c.Conn(voter)).Fence(ctx, &walshipv1.FenceRequest{Epoch: 2, CandidateId: cand.Name, CandidateAddr: cand.Addr})
+	// The candidate states the cluster's id, as every candidate does.
+	st, err := c.Status(ctx, voter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fr, err := walshipv1.NewEpochServiceClient(c.Conn(voter)).Fence(ctx, &walshipv1.FenceRequest{Epoch: 2, CandidateId: cand.Name, CandidateAddr: cand.Addr, ClusterId: st.GetClusterId()})
 	if err != nil || !fr.GetGranted() {
 		t.Fatalf("Fence: %v, %v", fr, err)
 	}

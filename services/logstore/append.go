@@ -576,8 +576,8 @@ func (s *Server) admit(r *appendReq, walLast uint64, last *uint64, entries *[]wa
 		return s.errRefilling(), nil
 	}
 	st, hb, b := r.st, r.hb, r.env
-	if id := hb.GetClusterId(); id != "" {
-		if err := s.refuseOtherCluster(id, primaryPeer(hb)); err != nil {
+	if hb != nil {
+		if err := s.requireCluster(hb.GetClusterId(), primaryPeer(hb)); err != nil {
 			return err, nil
 		}
 	}

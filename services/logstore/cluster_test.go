@@ -28,8 +28,11 @@ func (a *appender) beat(epoch uint64, cluster string) {
 // granted fence's, durably, and reports it everywhere; from then on a
 // candidate, a primary or a reader of another cluster is refused with
 // FAILED_PRECONDITION naming both ids, counted, and nothing on disk
-// changes — across a restart too. A primary that states no id (one that
-// predates cluster ids) is served; a malformed id is INVALID_ARGUMENT
+// changes — across a restart too. A candidate it would grant, or a primary,
+// that states no id is refused the same way (every walship sender states
+// its id once it has one: a fence of none is a node of another cluster,
+// or of none); a reader that states none reads (a new replica, an emptied
+// log store refilling have none yet). A malformed id is INVALID_ARGUMENT
 // naming the field.
 func TestClusterIdentity(t *testing.T) {
 	dir := t.TempDir()
@@ -51,15 +54,11 @@ func TestClusterIdentity(t *testing.T) {
 	if st, err := r.admin.Status(t.Context(), &walshipv1.StatusRequest{}); err != nil || st.ClusterId != clusterA {
 		t.Fatalf("AdminService.Status = %v, %v", st, err)
 	}
-	// Its primary ships; one that states no cluster id is served as well.
+	// Its primary ships.
 	a := r.append(t)
 	a.beat(1, clusterA)
 	a.send(chain(t, 1, 1, 2, 10)...)
 	a.waitDurable(4)
-	old := r.append(t)
-	old.heartbeat(1)
-	old.send(batch(t, 1, 5, 1, 10))
-	old.waitDurable(6)
 
 	before := testkit.DirContents(t, dir)
 	refusals := counterValue(t, r.s.metrics.clusterMismatch)
@@ -71,12 +70,27 @@ func TestClusterIdentity(t *testing.T) {
 	wantCode(t, other.failure(), codes.FailedPrecondition, "this log store belongs to cluster "+clusterA+", the primary p is of cluster "+clusterB)
 	_, err = r.readAll(t, &walshipv1.ReadRequest{FromLsn: 1, ClusterId: clusterB})
 	wantCode(t, err, codes.FailedPrecondition, "the request is of cluster "+clusterB, clusterA)
-	if got := counterValue(t, r.s.metrics.clusterMismatch) - refusals; got != 3 {
-		t.Errorf("walship_cluster_mismatch_total rose by %v, want 3", got)
+	// Stating none: another cluster's node whose directory has no id,
+	// say, which would otherwise depose this cluster's primary or cut the
+	// log.
+	_, err = fence.Fence(t.Context(), &walshipv1.FenceRequest{Epoch: 7, CandidateId: "n1", CandidateAddr: "n1:1"})
+	wantCode(t, err, codes.FailedPrecondition, "cluster id mismatch: this log store belongs to cluster "+clusterA+", the candidate n1 states no cluster id")
+	// One it would not grant anyway is answered, naming the holder: a
+	// primary that restarts from a directory older than cluster ids learns
+	// it was deposed, and rejoins.
+	if resp, err := fence.Fence(t.Context(), &walshipv1.FenceRequest{Epoch: 1, CandidateId: "n1", CandidateAddr: "n1:1"}); err != nil || resp.Granted || resp.Epoch != 1 || resp.PrimaryId != "a1" {
+		t.Fatalf("a fence of an epoch not newer, stating no cluster: %v, %v; want not granted, naming a1 at epoch 1", resp, err)
+	}
+	none := r.append(t)
+	none.heartbeat(1)
+	none.send(batch(t, 1, 5, 1, 10))
+	wantCode(t, none.failure(), codes.FailedPrecondition, "this log store belongs to cluster "+clusterA+", the primary states no cluster id")
+	if got := counterValue(t, r.s.metrics.clusterMismatch) - refusals; got != 5 {
+		t.Errorf("walship_cluster_mismatch_total rose by %v, want 5", got)
 	}
 	// Readers of its own cluster, or stating none, read.
 	for _, id := range []string{clusterA, ""} {
-		if got, err := r.readAll(t, &walshipv1.ReadRequest{FromLsn: 1, ClusterId: id}); err != nil || len(got) != 3 {
+		if got, err := r.readAll(t, &walshipv1.ReadRequest{FromLsn: 1, ClusterId: id}); err != nil || len(got) != 2 {
 			t.Fatalf("read as %q: %d batches, %v", id, len(got), err)
 		}
 	}
@@ -93,7 +107,7 @@ func TestClusterIdentity(t *testing.T) {
 	} {
 		wantCode(t, bad.err, codes.InvalidArgument, bad.field, "not a cluster id")
 	}
-	if st := r.status(t); st.VoteEpoch != 1 || st.DurableLsn != 6 || st.ClusterId != clusterA {
+	if st := r.status(t); st.VoteEpoch != 1 || st.DurableLsn != 4 || st.ClusterId != clusterA {
 		t.Fatalf("after the refusals: %v", st)
 	}
 	testkit.SameContents(t, "refusing peers of another cluster", testkit.DirContents(t, dir), before)
@@ -108,6 +122,8 @@ func TestClusterIdentity(t *testing.T) {
 	}
 	_, err = walshipv1.NewEpochServiceClient(r.conn).Fence(t.Context(), &walshipv1.FenceRequest{Epoch: 7, CandidateId: "b1", CandidateAddr: "b1:1", ClusterId: clusterB})
 	wantCode(t, err, codes.FailedPrecondition, clusterA, clusterB)
+	_, err = walshipv1.NewEpochServiceClient(r.conn).Fence(t.Context(), &walshipv1.FenceRequest{Epoch: 7, CandidateId: "n1", CandidateAddr: "n1:1"})
+	wantCode(t, err, codes.FailedPrecondition, clusterA, "states no cluster id")
 }
 
 // TestClusterAdoptedFromHeartbeat: a log store with no cluster id adopts

@@ -81,11 +81,17 @@
 // One with no cluster id yet adopts the id of the first fence it grants or
 // of the first primary's heartbeat it accepts, saving it before it acts
 // on anything that came with it. From then on a Fence, an Append
-// heartbeat or a Read that states another cluster's id is refused with
-// FAILED_PRECONDITION ("cluster id mismatch: this log store belongs to
-// cluster X, the primary p is of cluster Y"), before anything is changed
-// on disk, and counted (walship_cluster_mismatch_total). A peer that
-// states no id (one older than cluster ids) is not refused for it.
+// heartbeat, a snapshot upload or a Read that states another cluster's id
+// is refused with FAILED_PRECONDITION ("cluster id mismatch: this log
+// store belongs to cluster X, the primary p is of cluster Y"), before
+// anything is changed on disk, and counted (walship_cluster_mismatch_total).
+// So is an Append heartbeat, a snapshot upload or a fence it would grant
+// that states no id ("... the candidate c states no cluster id"): every
+// walship sender states its id once it has one, and one that states none
+// could be another cluster's node. A fence it would not grant is answered
+// as ever (a primary restarting from a directory older than cluster ids
+// learns it was deposed), and a Read that states none is served: a new
+// replica and an emptied log store refilling have none yet.
 //
 // # Refill
 //

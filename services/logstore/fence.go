@@ -91,7 +91,8 @@ func checkClusterID(field, id string) error {
 
 // handleFence answers a fence on the writer goroutine (walMu held by no
 // one else meanwhile): refuse a candidate of another cluster, changing
-// nothing; grant it if its epoch is newer than the promise, persisting
+// nothing; grant it if its epoch is newer than the promise — and it states
+// the log store's cluster id, once the log store has one — persisting
 // the candidate's cluster id (if the log store had none) and the new
 // promise first, and end every Append stream of an older epoch so that a
 // deposed primary learns at once. An error is fatal.
@@ -99,7 +100,8 @@ func (s *Server) handleFence(r *appendReq) error {
 	s.walMu.Lock()
 	defer s.walMu.Unlock()
 	req := r.fence
-	if err := s.refuseOtherCluster(req.GetClusterId(), "the candidate "+req.GetCandidateId()); err != nil {
+	candidate := "the candidate " + req.GetCandidateId()
+	if err := s.refuseOtherCluster(req.GetClusterId(), candidate); err != nil {
 		r.fenced <- fenceResult{err: err}
 		return nil
 	}
@@ -109,10 +111,19 @@ func (s *Server) handleFence(r *appendReq) error {
 		resp.SincePrimaryContact = durationpb.New(time.Since(s.lastContact))
 	}
 	if req.GetEpoch() <= v.Epoch {
-		// The same candidate asking again (a retry) gets the same answer.
-		resp.Granted = req.GetEpoch() == v.Epoch && req.GetCandidateId() == v.Primary
+		// The same candidate asking again (a retry) gets the same answer;
+		// any other learns who holds the epoch, as Status tells, which
+		// deposes a primary that restarted without a cluster id.
+		resp.Granted = req.GetEpoch() == v.Epoch && req.GetCandidateId() == v.Primary && s.requireCluster(req.GetClusterId(), candidate) == nil
 		resp.Epoch, resp.PrimaryId, resp.PrimaryAddr = v.Epoch, v.Primary, v.Addr
 		r.fenced <- fenceResult{resp: resp}
+		return nil
+	}
+	// A promise needs the cluster's id: a fence that states none would
+	// otherwise let a node of another cluster (or of none) depose this
+	// cluster's primary and cut its log.
+	if err := s.requireCluster(req.GetClusterId(), candidate); err != nil {
+		r.fenced <- fenceResult{err: err}
 		return nil
 	}
 	nv := datadir.Vote{Epoch: req.GetEpoch(), Primary: req.GetCandidateId(), Addr: req.GetCandidateAddr()}

@@ -256,9 +256,23 @@ func (s *Server) saveVote(v datadir.Vote) error {
 
 // refuseOtherCluster refuses a peer that states another cluster than the
 // log store's (nil if either id is unknown or they agree), logging and
-// counting it. peer names it in the refusal ("the primary").
+// counting it: for reads, whose reader may have no id yet (a new replica,
+// an emptied log store refilling; rpcerr.CheckCluster). peer names it in
+// the refusal ("the request").
 func (s *Server) refuseOtherCluster(theirs, peer string) error {
-	err := rpcerr.CheckCluster("log store", s.cluster.ID(), peer, theirs)
+	return s.clusterRefusal(rpcerr.CheckCluster("log store", s.cluster.ID(), peer, theirs), theirs, peer)
+}
+
+// requireCluster is refuseOtherCluster for what changes the log store —
+// a fence, an Append stream's heartbeats, a snapshot upload: once it has
+// an id, an empty one is refused too (rpcerr.RequireCluster).
+func (s *Server) requireCluster(theirs, peer string) error {
+	return s.clusterRefusal(rpcerr.RequireCluster("log store", s.cluster.ID(), peer, theirs), theirs, peer)
+}
+
+// clusterRefusal logs and counts err, a refusal of peer for its cluster
+// id theirs, if not nil.
+func (s *Server) clusterRefusal(err error, theirs, peer string) error {
 	if err != nil {
 		s.metrics.clusterMismatch.Inc()
 		s.logger.Warn("refused a peer of another cluster", "cluster_id", s.cluster.ID(), "peer", peer, "peer_cluster_id", theirs)

@@ -521,8 +521,9 @@ func FuzzDecodeBaseMeta(f *testing.F) {
 }
 
 // TestSnapshotsStayInTheirCluster: once the log store belongs to a cluster
-// (here, from a snapshot's uploader), an upload or a GetSnapshot of
-// another cluster is refused, naming both ids, and stores nothing.
+// (here, from its primary's stream), an upload of another cluster or of
+// none, or a GetSnapshot of another cluster, is refused, naming the ids,
+// and stores nothing.
 func TestSnapshotsStayInTheirCluster(t *testing.T) {
 	r := start(t, testConfig(t, t.TempDir()))
 	ap := r.append(t)
@@ -538,6 +539,13 @@ func TestSnapshotsStayInTheirCluster(t *testing.T) {
 		t.Fatal("an upload of another cluster was stored")
 	} else {
 		wantCode(t, err, codes.FailedPrecondition, clusterB)
+	}
+	none := upload(stateAt(t, bs, 40), 1)
+	none[0].GetHeader().ClusterId = ""
+	if _, err := r.put(t, none); err == nil {
+		t.Fatal("an upload that states no cluster was stored")
+	} else {
+		wantCode(t, err, codes.FailedPrecondition, clusterA, "the snapshot's uploader states no cluster id")
 	}
 	if st := r.status(t); len(st.Snapshots) != 1 || st.Snapshots[0].Lsn != 20 {
 		t.Fatalf("snapshots after a refused upload: %v", st.Snapshots)

@@ -330,7 +330,7 @@ func (s *Server) putSnapshot(ctx context.Context, stream walshipv1.LogStoreServi
 	if err := checkClusterID("header.cluster_id", hdr.GetClusterId()); err != nil {
 		return nil, false, err
 	}
-	if err := s.refuseOtherCluster(hdr.GetClusterId(), "the snapshot's uploader"); err != nil {
+	if err := s.requireCluster(hdr.GetClusterId(), "the snapshot's uploader"); err != nil {
 		return nil, false, err
 	}
 	if v := s.vote.Load(); hdr.GetEpoch() < v.Epoch {

@@ -31,7 +31,9 @@ const (
 // in its heartbeats and snapshot headers, and keeps it across a restart.
 // A replica, a candidate or a reader of another cluster is refused with
 // FAILED_PRECONDITION naming both ids — the candidate without deposing
-// the primary — and a malformed id is INVALID_ARGUMENT naming the field.
+// the primary — and so is a candidate that states no id (a replica or a
+// reader that states none has none yet, and is served); a malformed id
+// is INVALID_ARGUMENT naming the field.
 func TestClusterIDMadeAndKept(t *testing.T) {
 	dir := t.TempDir()
 	r := start(t, testConfig(t, dir))
@@ -80,21 +82,30 @@ func TestClusterIDMadeAndKept(t *testing.T) {
 		_, err = rd.Recv()
 	}
 	wantStatus(t, err, codes.FailedPrecondition, "the request is of cluster "+clusterB)
-	if got := counter(t, r.s.metrics.clusterMismatch) - refusals; got != 3 {
-		t.Errorf("walship_cluster_mismatch_total rose by %v, want 3", got)
+	_, err = walshipv1.NewEpochServiceClient(r.conn).Fence(c, &walshipv1.FenceRequest{Epoch: 99, CandidateId: "n1", CandidateAddr: "n1:1"})
+	wantStatus(t, err, codes.FailedPrecondition, "cluster id mismatch: this primary belongs to cluster "+id+", the candidate n1 states no cluster id")
+	sn, err := repl.Snapshot(c, &walshipv1.SnapshotRequest{ReplicaId: "r9", ClusterId: clusterB})
+	if err == nil {
+		_, err = sn.Recv()
 	}
-	// Not deposed by the candidate of another cluster.
+	wantStatus(t, err, codes.FailedPrecondition, "the replica r9 is of cluster "+clusterB)
+	if got := counter(t, r.s.metrics.clusterMismatch) - refusals; got != 5 {
+		t.Errorf("walship_cluster_mismatch_total rose by %v, want 5", got)
+	}
+	// Not deposed by the candidates of another cluster, or of none.
 	if _, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "k", Value: []byte("w")}); err != nil {
 		t.Fatalf("Put after refusing a candidate of another cluster: %v", err)
 	}
 	_, err = walshipv1.NewEpochServiceClient(r.conn).Fence(c, &walshipv1.FenceRequest{Epoch: 99, CandidateId: "b1", CandidateAddr: "b1:1", ClusterId: "B"})
 	wantStatus(t, err, codes.InvalidArgument, "cluster_id")
-	snap, err := repl.Snapshot(c, &walshipv1.SnapshotRequest{ReplicaId: "r1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if m, err := snap.Recv(); err != nil || m.GetHeader().GetClusterId() != id {
-		t.Fatalf("snapshot header %v, %v; want cluster %s", m, err, id)
+	for _, theirs := range []string{id, ""} {
+		snap, err := repl.Snapshot(c, &walshipv1.SnapshotRequest{ReplicaId: "r1", ClusterId: theirs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m, err := snap.Recv(); err != nil || m.GetHeader().GetClusterId() != id {
+			t.Fatalf("snapshot header to a replica of %q: %v, %v; want cluster %s", theirs, m, err, id)
+		}
 	}
 
 	if err := r.stop(t); err != nil {

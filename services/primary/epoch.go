@@ -112,8 +112,15 @@ func (s *Server) elect(ctx context.Context) error {
 		granted, newer, answers, ids, foreign := s.fenceLogStores(ctx, req)
 		if len(foreign) > len(s.cfg.LogStores)-s.peers.quorum {
 			s.metrics.clusterMismatch.Add(float64(len(foreign)))
-			err := rpcerr.Mismatch("primary %s of cluster %s cannot win epoch %d: %d of the %d log stores belong to another cluster, and a majority (%d) must grant it: %s",
-				s.cfg.ID, s.cluster.ID(), s.epoch, len(foreign), len(s.cfg.LogStores), s.peers.quorum, strings.Join(foreign, "; "))
+			of := "of cluster " + s.cluster.ID()
+			if s.cluster.ID() == "" {
+				// Log stores that have an id refuse a fence that states
+				// none: a directory without one joins a cluster as a
+				// replica, adopting its primary's.
+				of = "with no cluster id (start it as a replica to join the log stores' cluster)"
+			}
+			err := rpcerr.Mismatch("primary %s %s cannot win epoch %d: %d of the %d log stores belong to another cluster, and a majority (%d) must grant it: %s",
+				s.cfg.ID, of, s.epoch, len(foreign), len(s.cfg.LogStores), s.peers.quorum, strings.Join(foreign, "; "))
 			s.logger.Error("the log stores belong to another cluster: not starting (check --logstore and the data directory)", "err", err)
 			return err
 		}
@@ -403,7 +410,8 @@ func (h *epochServer) Fence(ctx context.Context, req *walshipv1.FenceRequest) (*
 	}
 	// Before anything else: a candidate of another cluster must not
 	// depose this primary.
-	if err := s.refuseOtherCluster(req.GetClusterId(), "the candidate "+req.GetCandidateId()); err != nil {
+	candidate := "the candidate " + req.GetCandidateId()
+	if err := s.refuseOtherCluster(req.GetClusterId(), candidate); err != nil {
 		return nil, err
 	}
 	resp := &walshipv1.FenceResponse{Id: s.cfg.ID, Primary: true, LastEpoch: s.epoch, History: s.epochs.Proto(), ClusterId: s.cluster.ID()}
@@ -411,6 +419,11 @@ func (h *epochServer) Fence(ctx context.Context, req *walshipv1.FenceRequest) (*
 		v := s.vote.Load()
 		resp.Epoch, resp.PrimaryId, resp.PrimaryAddr, resp.LastLsn = v.Epoch, v.Primary, v.Addr, s.wal.DurableLSN()
 		return resp, nil
+	}
+	// Nor one that states no cluster id (a node of another cluster whose
+	// directory has none): every candidate of this one states it.
+	if err := s.requireCluster(req.GetClusterId(), candidate); err != nil {
+		return nil, err
 	}
 	v := datadir.Vote{Epoch: req.GetEpoch(), Primary: req.GetCandidateId(), Addr: req.GetCandidateAddr()}
 	s.depose(&DeposedError{Vote: v, Why: fmt.Sprintf("fenced by candidate %s", v.Primary)})

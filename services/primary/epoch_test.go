@@ -33,16 +33,17 @@ func TestFencedPrimaryStepsDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	fence := walshipv1.NewEpochServiceClient(r.conn)
-	if resp, err := fence.Fence(c, &walshipv1.FenceRequest{Epoch: r.s.epoch, CandidateId: "c1", CandidateAddr: "x:1"}); err != nil || resp.Granted {
+	id := r.s.cluster.ID()
+	if resp, err := fence.Fence(c, &walshipv1.FenceRequest{Epoch: r.s.epoch, CandidateId: "c1", CandidateAddr: "x:1", ClusterId: id}); err != nil || resp.Granted {
 		t.Fatalf("fence of the primary's own epoch = %v, %v", resp, err)
 	}
 	// An epoch above the maximum is a bad argument: the primary keeps
 	// serving (the epoch after it would wrap to 0).
-	if resp, err := fence.Fence(c, &walshipv1.FenceRequest{Epoch: math.MaxUint64, CandidateId: "c1", CandidateAddr: "x:1"}); status.Code(err) != codes.InvalidArgument ||
+	if resp, err := fence.Fence(c, &walshipv1.FenceRequest{Epoch: math.MaxUint64, CandidateId: "c1", CandidateAddr: "x:1", ClusterId: id}); status.Code(err) != codes.InvalidArgument ||
 		!strings.Contains(status.Convert(err).Message(), "epoch: 18446744073709551615 is above the highest epoch") {
 		t.Fatalf("fence of epoch 2^64-1 = %v, %v; want INVALID_ARGUMENT naming epoch", resp, err)
 	}
-	resp, err := fence.Fence(c, &walshipv1.FenceRequest{Epoch: r.s.epoch + 1, CandidateId: "c1", CandidateAddr: "10.0.0.9:7401"})
+	resp, err := fence.Fence(c, &walshipv1.FenceRequest{Epoch: r.s.epoch + 1, CandidateId: "c1", CandidateAddr: "10.0.0.9:7401", ClusterId: id})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -463,8 +463,16 @@ func (r *replServer) Snapshot(req *walshipv1.SnapshotRequest, stream walshipv1.R
 	if id := req.GetReplicaId(); id != "" && !replicaIDPattern.MatchString(id) {
 		return status.Errorf(codes.InvalidArgument, "replica_id: %q is not 1..64 of [A-Za-z0-9._-]", id)
 	}
+	if err := checkClusterID("cluster_id", req.GetClusterId()); err != nil {
+		return err
+	}
 	s := r.s
 	if err := s.serving(); err != nil {
+		return err
+	}
+	// Before the state is read: a replica of another cluster would refuse
+	// the header anyway. One with no id yet adopts it from the header.
+	if err := s.refuseOtherCluster(req.GetClusterId(), "the replica "+req.GetReplicaId()); err != nil {
 		return err
 	}
 	v := s.store.Snapshot()

@@ -80,9 +80,11 @@ func (s *Server) logStoreHolds(ctx context.Context, ls *logStore, next uint64) (
 	switch v, ours := s.Vote(), s.cluster.ID(); {
 	case err != nil:
 		return nil, fmt.Errorf("the log store %s: status: %w", ls.addr, err)
-	case ours != "" && st.GetClusterId() != "" && st.GetClusterId() != ours:
+	case ours != "" && st.GetClusterId() != ours:
+		// A log store that states no id, to a replica that has one, holds
+		// a log of no cluster's or of an older one's: not taken either.
 		s.metrics.clusterMismatch.Inc()
-		return nil, rpcerr.Mismatch("the log store %s belongs to cluster %s, this replica to cluster %s (check --logstore)", ls.addr, st.GetClusterId(), ours)
+		return nil, rpcerr.Mismatch("the log store %s belongs to cluster %q, this replica to cluster %s (check --logstore)", ls.addr, st.GetClusterId(), ours)
 	case st.GetVoteEpoch() < v.Epoch:
 		return nil, fmt.Errorf("the log store %s is at epoch %d, older than this replica's %d: it may hold a deposed primary's tail", ls.addr, st.GetVoteEpoch(), v.Epoch)
 	case st.GetFirstLsn() == 0 || st.GetFirstLsn() > next || st.GetDurableLsn() < next:
@@ -311,7 +313,7 @@ func (s *Server) reseedFromPrimary(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	stream, err := repl.Snapshot(rctx, &walshipv1.SnapshotRequest{ReplicaId: s.cfg.ID})
+	stream, err := repl.Snapshot(rctx, &walshipv1.SnapshotRequest{ReplicaId: s.cfg.ID, ClusterId: s.cluster.ID()})
 	if err != nil {
 		return false, err
 	}

@@ -56,7 +56,9 @@ func files(t *testing.T, dir string) map[string]string {
 // cluster is refused — the replica promises it nothing, does not follow
 // it and writes nothing it sent — as are a candidate and a reader of
 // another cluster, and a node of another cluster naming its primary is
-// not believed. After a restart it is still of that cluster.
+// not believed. A primary or a candidate that states no cluster id is
+// refused the same way (a reader that states none reads: it has none
+// yet). After a restart it is still of that cluster.
 func TestClusterAdoptedFromThePrimary(t *testing.T) {
 	fp := newFakePrimary(t)
 	dir := t.TempDir()
@@ -97,10 +99,30 @@ func TestClusterAdoptedFromThePrimary(t *testing.T) {
 	if st := r.status(t); st.LastLsn != b.LastLsn || st.VisibleLsn != b.LastLsn {
 		t.Fatalf("wrote what a primary of another cluster sent: %v", st)
 	}
+	// A primary that states no cluster id, at a newer epoch.
+	again.clusterBeat(t, 8, b.LastLsn+2, "n1", "n1:7401", "")
+	again.send(t, m.txn(put("c", "3")))
+	again = fp.next(t)
+	if got := r.metric(t, "walship_cluster_mismatch_total") - refusals; got != 2 {
+		t.Errorf("walship_cluster_mismatch_total rose by %v, want 2", got)
+	}
+	if v := r.s.Vote(); v.Epoch != 1 || r.s.primary() != fp.addr {
+		t.Fatalf("after a primary that states no cluster: vote %v, following %s", v, r.s.primary())
+	}
+	if st := r.status(t); st.LastLsn != b.LastLsn {
+		t.Fatalf("wrote what a primary that states no cluster sent: %v", st)
+	}
 
 	// A candidate of another cluster; a reader of another cluster.
 	_, err := walshipv1.NewEpochServiceClient(r.conn).Fence(tctx(t), &walshipv1.FenceRequest{Epoch: 9, CandidateId: "b2", CandidateAddr: "b2:1", ClusterId: clusterB})
 	wantRefusal(t, err, codes.FailedPrecondition, "cluster id mismatch: this replica r1 belongs to cluster "+clusterA+", the candidate b2 is of cluster "+clusterB)
+	_, err = walshipv1.NewEpochServiceClient(r.conn).Fence(tctx(t), &walshipv1.FenceRequest{Epoch: 9, CandidateId: "n2", CandidateAddr: "n2:1"})
+	wantRefusal(t, err, codes.FailedPrecondition, "cluster id mismatch: this replica r1 belongs to cluster "+clusterA+", the candidate n2 states no cluster id")
+	if rd, err := walshipv1.NewLogStoreServiceClient(r.conn).Read(tctx(t), &walshipv1.ReadRequest{FromLsn: 1, ToLsn: b.LastLsn}); err != nil {
+		t.Fatal(err)
+	} else if m, err := rd.Recv(); err != nil || m.GetBatch().GetLastLsn() != b.LastLsn {
+		t.Fatalf("a read that states no cluster: %v, %v", m, err)
+	}
 	rd, err := walshipv1.NewLogStoreServiceClient(r.conn).Read(tctx(t), &walshipv1.ReadRequest{FromLsn: 1, ClusterId: clusterB})
 	if err == nil {
 		_, err = rd.Recv()
@@ -129,7 +151,7 @@ func TestClusterAdoptedFromThePrimary(t *testing.T) {
 	r.s.followPrimary(other)
 	again.end <- status.Error(codes.Unavailable, "bye")
 	testkit.Until(t, "the refusal of a node of another cluster", func() bool {
-		return r.metric(t, "walship_cluster_mismatch_total")-refusals >= 4
+		return r.metric(t, "walship_cluster_mismatch_total")-refusals >= 6
 	})
 	if v := r.s.Vote(); v.Epoch != 1 || r.s.primary() != other {
 		t.Fatalf("after a node of another cluster named its primary: vote %v, following %s", v, r.s.primary())
@@ -146,7 +168,9 @@ func TestClusterAdoptedFromThePrimary(t *testing.T) {
 
 // TestClusterAdoptedFromASnapshot: a replica with no cluster id re-seeded
 // from its primary's snapshot adopts the snapshot's cluster id; one of
-// another cluster refuses such a snapshot and installs nothing.
+// another cluster refuses such a snapshot and installs nothing, and so
+// does one whose snapshot states no cluster id. The request states the
+// replica's id.
 func TestClusterAdoptedFromASnapshot(t *testing.T) {
 	m := newModel(t)
 	ref := m.ref
@@ -158,10 +182,19 @@ func TestClusterAdoptedFromASnapshot(t *testing.T) {
 	}{
 		{"adopts", "", clusterA, true},
 		{"refuses", clusterB, clusterA, false},
+		{"refuses none", clusterB, "", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fp := newFakePrimary(t)
-			fp.snapshot = withCluster(snapshotOf(ref.Snapshot(), 1), tc.snap)
+			asked := make(chan string, 10)
+			serve := withCluster(snapshotOf(ref.Snapshot(), 1), tc.snap)
+			fp.snapshot = func(req *walshipv1.SnapshotRequest, st grpc.ServerStreamingServer[walshipv1.SnapshotResponse]) error {
+				select {
+				case asked <- req.GetClusterId():
+				default: // a retry: the first is the one checked
+				}
+				return serve(req, st)
+			}
 			dir := t.TempDir()
 			if tc.own != "" {
 				if err := datadir.SaveCluster(vfs.OS, dir, tc.own); err != nil {
@@ -181,6 +214,9 @@ func TestClusterAdoptedFromASnapshot(t *testing.T) {
 			testkit.Until(t, "the refusal of the snapshot", func() bool { return r.metric(t, "walship_cluster_mismatch_total") >= 1 })
 			if st := r.status(t); st.SnapshotLsn != 0 || st.VisibleLsn != 0 || st.ClusterId != tc.own {
 				t.Fatalf("after a snapshot of another cluster: %v", st)
+			}
+			if got := <-asked; got != tc.own {
+				t.Fatalf("the snapshot request stated cluster %q, want the replica's %q", got, tc.own)
 			}
 		})
 	}

@@ -248,17 +248,28 @@ func (h *epochServer) Fence(ctx context.Context, req *walshipv1.FenceRequest) (*
 }
 
 // Fence is EpochService.Fence (also called directly by a node that
-// promotes this replica's data directory). A candidate of another cluster
-// is refused before anything is done; one whose fence is granted gives
-// its cluster id to a replica that had none (saved before the promise).
+// promotes this replica's data directory). A candidate of another cluster,
+// or one that states no cluster id to a replica that has one and would be
+// granted, is refused before anything is done; one whose fence is granted
+// gives its cluster id to a replica that had none (saved before the
+// promise).
 func (s *Server) Fence(req *walshipv1.FenceRequest) (*walshipv1.FenceResponse, error) {
 	if s.cfg.ReadOnly {
 		return nil, status.Errorf(codes.FailedPrecondition, "replica %s is read-only (a restored directory): it promises no epoch", s.cfg.ID)
 	}
 	s.voteMu.Lock()
 	defer s.voteMu.Unlock()
-	if err := s.refuseOtherCluster(req.GetClusterId(), "the candidate "+req.GetCandidateId()); err != nil {
+	candidate := "the candidate " + req.GetCandidateId()
+	if err := s.refuseOtherCluster(req.GetClusterId(), candidate); err != nil {
 		return nil, err
+	}
+	// A promise needs the cluster's id once the replica has one: a fence
+	// that states none could be a node of another cluster's. One that
+	// would not be granted (not newer) is answered as ever.
+	if v := s.vote.Load(); req.GetEpoch() > v.Epoch || (v.Epoch == req.GetEpoch() && v.Primary == req.GetCandidateId()) {
+		if err := s.requireCluster(req.GetClusterId(), candidate); err != nil {
+			return nil, err
+		}
 	}
 	// walMu: no batch is written between the flush and the promise.
 	s.walMu.Lock()
@@ -420,12 +431,13 @@ func isNotPrimary(err error) bool {
 }
 
 // namedByOtherCluster reports whether err is a NotPrimary refusal from a
-// node of another cluster than this replica's (whose word for the primary
-// it must not take), logging and counting it.
+// node of another cluster than this replica's, or of none once the
+// replica has an id (whose word for the primary it must not take),
+// logging and counting it.
 func (s *Server) namedByOtherCluster(err error) bool {
 	_, theirs, ok := primaryFrom(err)
 	ours := s.cluster.ID()
-	if !ok || ours == "" || theirs == "" || ours == theirs {
+	if !ok || ours == "" || ours == theirs {
 		return false
 	}
 	s.metrics.clusterMismatch.Inc()
@@ -436,10 +448,10 @@ func (s *Server) namedByOtherCluster(err error) bool {
 
 // learnPrimary takes a NotPrimary refusal's word for who the primary is,
 // if it names a newer epoch than promised (or the same one's primary) and
-// comes from a node of this replica's cluster.
+// comes from a node of this replica's cluster (any, while it has none).
 func (s *Server) learnPrimary(err error) bool {
 	v, theirs, ok := primaryFrom(err)
-	if !ok || (theirs != "" && s.cluster.ID() != "" && theirs != s.cluster.ID()) {
+	if !ok || (s.cluster.ID() != "" && theirs != s.cluster.ID()) {
 		return false
 	}
 	s.voteMu.Lock()
@@ -476,8 +488,8 @@ func (s *Server) askLogStore(ctx context.Context) {
 		if err != nil || st.GetPrimaryAddr() == "" || st.GetVoteEpoch() <= newest.Epoch || datadir.CheckEpoch(st.GetVoteEpoch()) != nil {
 			continue
 		}
-		if ours, theirs := s.cluster.ID(), st.GetClusterId(); ours != "" && theirs != "" && ours != theirs {
-			s.logger.Error("the log store belongs to another cluster: not taking its word for the primary (check --logstore)",
+		if ours, theirs := s.cluster.ID(), st.GetClusterId(); ours != "" && ours != theirs {
+			s.logger.Error("the log store belongs to another cluster, or states none: not taking its word for the primary (check --logstore)",
 				"logstore", ls.addr, "cluster_id", ours, "logstore_cluster_id", theirs)
 			continue
 		}

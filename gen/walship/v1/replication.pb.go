@@ -502,7 +502,11 @@ func (x *Diverged) GetEpoch() uint64 {
 type SnapshotRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// replica_id of the requester, for logs and metrics.
-	ReplicaId     string `protobuf:"bytes,1,opt,name=replica_id,json=replicaId,proto3" json:"replica_id,omitempty"`
+	ReplicaId string `protobuf:"bytes,1,opt,name=replica_id,json=replicaId,proto3" json:"replica_id,omitempty"`
+	// cluster_id is the replica's cluster, empty if it has none yet (it
+	// adopts the one in the header). A primary of another cluster refuses
+	// with FAILED_PRECONDITION naming both ids.
+	ClusterId     string `protobuf:"bytes,2,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -540,6 +544,13 @@ func (*SnapshotRequest) Descriptor() ([]byte, []int) {
 func (x *SnapshotRequest) GetReplicaId() string {
 	if x != nil {
 		return x.ReplicaId
+	}
+	return ""
+}
+
+func (x *SnapshotRequest) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
 	}
 	return ""
 }
@@ -871,10 +882,12 @@ const file_walship_v1_replication_proto_rawDesc = "" +
 	"\x03msg\"N\n" +
 	"\bDiverged\x12,\n" +
 	"\x12truncate_after_lsn\x18\x01 \x01(\x04R\x10truncateAfterLsn\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"0\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"O\n" +
 	"\x0fSnapshotRequest\x12\x1d\n" +
 	"\n" +
-	"replica_id\x18\x01 \x01(\tR\treplicaId\"\xbc\x01\n" +
+	"replica_id\x18\x01 \x01(\tR\treplicaId\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x02 \x01(\tR\tclusterId\"\xbc\x01\n" +
 	"\x10SnapshotResponse\x124\n" +
 	"\x06header\x18\x01 \x01(\v2\x1a.walship.v1.SnapshotHeaderH\x00R\x06header\x121\n" +
 	"\x05chunk\x18\x02 \x01(\v2\x19.walship.v1.SnapshotChunkH\x00R\x05chunk\x127\n" +
