@@ -308,7 +308,7 @@ func waitServing(ctx context.Context, addr string) error {
 // procCluster is how startProcesses starts its processes: the binary,
 // where the primary and where its peers (the log store and the replicas)
 // run, whether the primary serves its profiles (Config.ProfileDir), the
-// TLS flags every process gets, and the flags the user adds to the
+// TLS flags the processes get, and the flags the user adds to the
 // primary's and the replicas' (Config.PrimaryFlags, ReplicaFlags).
 type procCluster struct {
 	bin            string
@@ -316,6 +316,7 @@ type procCluster struct {
 	pprof          bool
 	noLogStore     bool // the primary alone (no replicas then)
 	tlsFlags       []string
+	lsTLSFlags     []string // the log store's
 	primaryFlags   []string
 	replicaFlags   []string
 }
@@ -344,7 +345,7 @@ func startProcesses(ctx context.Context, pc procCluster, dir string, n int, c co
 	var lsArgs []string
 	if !pc.noLogStore {
 		ls, err := startProc(ctx, pc.bin, pc.peers, "logstore", "log store serving", append([]string{"logstore", "--listen", loop, "--metrics-listen", loop,
-			"--data-dir", filepath.Join(dir, "logstore-0")}, pc.tlsFlags...)...)
+			"--data-dir", filepath.Join(dir, "logstore-0")}, pc.lsTLSFlags...)...)
 		if err != nil {
 			return nil, err
 		}

@@ -34,8 +34,10 @@ type Config struct {
 	// Security is the in-process cluster's TLS and authorization (zero:
 	// plaintext); the bench dials with the process's credentials.
 	Security serve.Security
-	// TLSFlags are the --tls-* flags every process gets (ModeProcesses).
-	TLSFlags []string
+	// TLSFlags are the --tls-* flags every data node process gets
+	// (ModeProcesses); LogStoreTLSFlags the log store's, whose certificate
+	// must be a log store's (a primary checks the class of what it dials).
+	TLSFlags, LogStoreTLSFlags []string
 
 	Workload string
 	Params   WorkloadParams
@@ -382,7 +384,7 @@ func Run(ctx context.Context, cfg Config) (row Row, err error) {
 		if cfg.Mode == ModeProcesses {
 			b, err = startProcesses(ctx, procCluster{bin: cfg.Bin, primary: placement{cpus: cfg.PrimaryCPUs},
 				peers: placement{cpus: cfg.ReplicaCPUs, nice: cfg.ReplicaNice, idle: cfg.ReplicaIdle},
-				pprof: cfg.ProfileDir != "", noLogStore: cfg.NoLogStore, tlsFlags: cfg.TLSFlags,
+				pprof: cfg.ProfileDir != "", noLogStore: cfg.NoLogStore, tlsFlags: cfg.TLSFlags, lsTLSFlags: cfg.LogStoreTLSFlags,
 				primaryFlags: cfg.PrimaryFlags, replicaFlags: cfg.ReplicaFlags}, dir, replicas, c, pol)
 		} else {
 			b, err = startInProcess(ctx, dir, replicas, c, pol, cfg.Logger, cfg.Security)

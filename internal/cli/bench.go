@@ -203,10 +203,13 @@ func (o *benchOptions) useTLS(env *Env) (func(), error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("--tls: %w", err)
 	}
-	o.cfg.TLSFlags = []string{"--tls-cert", filepath.Join(dir, "node.crt"), "--tls-key", filepath.Join(dir, "node.key"),
-		"--tls-ca", filepath.Join(dir, "ca.crt"), "--trust-domain", cluster.DevTrustDomain}
+	flags := func(name string) []string {
+		return []string{"--tls-cert", filepath.Join(dir, name+".crt"), "--tls-key", filepath.Join(dir, name+".key"),
+			"--tls-ca", filepath.Join(dir, "ca.crt"), "--trust-domain", cluster.DevTrustDomain}
+	}
+	o.cfg.TLSFlags, o.cfg.LogStoreTLSFlags = flags("node"), flags("logstore")
 	return func() {
-		serve.UseTLS(nil)
+		serve.UseTLS(nil, "")
 		os.RemoveAll(dir)
 	}, nil
 }

@@ -67,7 +67,7 @@ func devFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 				return fmt.Errorf("--tls: %w", err)
 			}
 			sec.MaxConnectionAge = maxAge
-			defer serve.UseTLS(nil)
+			defer serve.UseTLS(nil, "")
 		}
 		c, err := cluster.Start(ctx, cluster.Config{
 			Dir: dataDir, LogStores: logstores, Replicas: replicas, Host: host, BasePort: basePort, Metrics: true, Failover: true,

@@ -48,13 +48,15 @@ func addSecurityFlags(fs *flag.FlagSet, server bool) *securityFlags {
 }
 
 // dial sets the process's client credentials (walship ctl, bench, check):
-// TLS from the files, or plaintext. It starts the reload loop.
+// TLS from the files, or plaintext. It starts the reload loop. Tools
+// address whichever node the operator names, of any class: they check
+// the server's name and chain, not its class.
 func (sf *securityFlags) dial(ctx context.Context, logger *slog.Logger) error {
 	if sf.reload <= 0 {
 		return fmt.Errorf("--tls-reload-interval: %v is not positive", sf.reload)
 	}
 	if !sf.files.Set() {
-		serve.UseTLS(nil)
+		serve.UseTLS(nil, "")
 		return nil
 	}
 	src, err := tlsid.Load(sf.files, logger)
@@ -62,7 +64,7 @@ func (sf *securityFlags) dial(ctx context.Context, logger *slog.Logger) error {
 		return err
 	}
 	go src.Watch(ctx, sf.reload)
-	serve.UseTLS(src)
+	serve.UseTLS(src, "")
 	return nil
 }
 
@@ -81,7 +83,7 @@ func (sf *securityFlags) serve(ctx context.Context, logger *slog.Logger, listen 
 			return serve.Security{}, fmt.Errorf("--listen %s: serving plaintext beyond loopback needs --plaintext (or give --tls-cert, --tls-key and --tls-ca)", listen)
 		}
 		logger.Warn("serving plaintext: no TLS, no authentication, no authorization; anyone who reaches the port can read the log and write", "listen", listen)
-		serve.UseTLS(nil)
+		serve.UseTLS(nil, "")
 		return serve.Security{Pprof: sf.pprof}, nil
 	}
 	if sf.plaintext {
@@ -97,7 +99,14 @@ func (sf *securityFlags) serve(ctx context.Context, logger *slog.Logger, listen 
 	}
 	go az.Watch(ctx, sf.reload)
 	go src.Watch(ctx, sf.reload)
-	serve.UseTLS(src)
+	// Under the default policy identities follow its scheme, so a server
+	// dialled for a purpose (a replica's primary, a log store) must be of
+	// the class it needs; a custom policy's need not.
+	classTrust := sf.trust
+	if sf.policy != "" {
+		classTrust = ""
+	}
+	serve.UseTLS(src, classTrust)
 	logger.Info("serving TLS 1.3 with client certificates", "identity", src.Identity(), "not_after", src.NotAfter(), "policy", policyName(sf.policy, sf.trust))
 	return serve.Security{TLS: src, Authz: az, MaxConnectionAge: sf.maxAge, Pprof: sf.pprof}, nil
 }

@@ -29,7 +29,7 @@ func TestMetricsDocumented(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { serve.UseTLS(nil) })
+	t.Cleanup(func() { serve.UseTLS(nil, "") })
 	c := startCluster(t, Config{LogStores: 1, Replicas: 1, Security: sec})
 	randomLoad(t, walshipv1.NewKVServiceClient(c.Conn(c.Primary)), 2, 20, nil)
 	waitConverged(t, c)

@@ -13,10 +13,12 @@ import (
 const DevTrustDomain = "walship.dev"
 
 // DevTLS makes a throwaway CA in dir and certificates for the nodes (one
-// node identity, reached at host), a client (client.crt) and an admin
-// (admin.crt); it makes this process dial as the nodes do (serve.UseTLS)
-// and returns the servers' security: mTLS under the default policy. For
-// `walship dev --tls` and tests, never production.
+// node identity, reached at host), log stores run as processes of their
+// own (logstore.crt, reached at host too), a client (client.crt) and an
+// admin (admin.crt); it makes this process dial as the nodes do
+// (serve.UseTLS) and returns the in-process servers' security: mTLS under
+// the default policy. For `walship dev --tls`, `walship bench --tls` and
+// tests, never production.
 func DevTLS(dir, host string) (serve.Security, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return serve.Security{}, err
@@ -37,6 +39,13 @@ func DevTLS(dir, host string) (serve.Security, error) {
 	if err != nil {
 		return serve.Security{}, err
 	}
+	// A log store process dialled by a primary process must hold a log
+	// store's certificate (the primary checks its class).
+	ls := at
+	ls.URI = tlsid.URI(DevTrustDomain, tlsid.ClassLogStore, "dev")
+	if _, err := ca.WriteFiles(dir, "logstore", ls); err != nil {
+		return serve.Security{}, err
+	}
 	for _, class := range []string{tlsid.ClassClient, tlsid.ClassAdmin} {
 		if _, err := ca.WriteFiles(dir, class, tlsid.Leaf{URI: tlsid.URI(DevTrustDomain, class, "dev")}); err != nil {
 			return serve.Security{}, err
@@ -50,6 +59,8 @@ func DevTLS(dir, host string) (serve.Security, error) {
 	if err != nil {
 		return serve.Security{}, err
 	}
-	serve.UseTLS(src)
+	// Every server of the process serves the one node identity, log
+	// stores too: a dial cannot tell a log store by its class here.
+	serve.UseTLS(src, "")
 	return serve.Security{TLS: src, Authz: az}, nil
 }

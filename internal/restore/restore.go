@@ -37,6 +37,7 @@ import (
 	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/state"
+	"github.com/walship/walship/internal/tlsid"
 	"github.com/walship/walship/internal/vfs"
 	"github.com/walship/walship/pkg/codec"
 	"golang.org/x/sync/errgroup"
@@ -264,7 +265,7 @@ func dial(o Options) (map[string]*client, error) {
 		if _, dup := conns[addr]; dup {
 			continue
 		}
-		cc, err := grpc.NewClient(addr, serve.DialOptions(append([]grpc.DialOption{
+		cc, err := grpc.NewClient(addr, serve.DialOptions(append([]grpc.DialOption{serve.PeerClass(tlsid.ClassLogStore),
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessageBytes))}, o.DialOptions...)...)...)
 		if err != nil {
 			closeAll(conns)

@@ -51,28 +51,53 @@ func transportOptions() []grpc.ServerOption {
 	}
 }
 
-// clientCreds are the transport credentials of every walship dialer in
-// this process: plaintext until UseTLS.
-var clientCreds atomic.Pointer[credentials.TransportCredentials]
+// dialTLS is the process's client identity, with the trust domain whose
+// classes PeerClass checks ("" for none).
+type dialTLS struct {
+	src   *tlsid.Source
+	creds credentials.TransportCredentials
+	trust string
+}
+
+// clientTLS is the transport security of every walship dialer in this
+// process: plaintext until UseTLS.
+var clientTLS atomic.Pointer[dialTLS]
 
 // UseTLS makes every later DialOptions dial with TLS from src: the
 // process's one identity, set once at start by the command that runs it
-// (nil: back to plaintext).
-func UseTLS(src *tlsid.Source) {
+// (nil: back to plaintext). trustDomain is that of the default identity
+// scheme (spiffe://DOMAIN/walship/CLASS/NAME), under which a dial that
+// names the classes it accepts (PeerClass) refuses a server of any other;
+// "" checks no class (a custom authorization policy, whose identities
+// need not follow the scheme; or one identity for every server of the
+// process, as walship dev has).
+func UseTLS(src *tlsid.Source, trustDomain string) {
 	if src == nil {
-		clientCreds.Store(nil)
+		clientTLS.Store(nil)
 		return
 	}
-	c := src.Credentials()
-	clientCreds.Store(&c)
+	clientTLS.Store(&dialTLS{src: src, creds: src.Credentials(), trust: trustDomain})
 }
 
 // TransportCredentials are the credentials DialOptions uses.
 func TransportCredentials() credentials.TransportCredentials {
-	if c := clientCreds.Load(); c != nil {
-		return *c
+	if c := clientTLS.Load(); c != nil {
+		return c.creds
 	}
 	return insecure.NewCredentials()
+}
+
+// PeerClass is the dial option of a dialer that knows what it dials: the
+// server must be of one of classes (tlsid.ClassNode, ClassLogStore...),
+// checked at each handshake, when the process dials with TLS under the
+// default identity scheme (UseTLS); otherwise it changes nothing. Given
+// to DialOptions, it replaces the credentials those start with.
+func PeerClass(classes ...string) grpc.DialOption {
+	c := clientTLS.Load()
+	if c == nil || c.trust == "" {
+		return grpc.EmptyDialOption{}
+	}
+	return grpc.WithTransportCredentials(c.src.PeerCredentials(c.trust, classes...))
 }
 
 // DialOptions returns the options every walship client connection starts

@@ -470,7 +470,12 @@ func spiffeID(ctx context.Context) (*url.URL, error) {
 	if !ok || len(ti.State.PeerCertificates) == 0 {
 		return nil, errors.New("no client certificate")
 	}
-	c := ti.State.PeerCertificates[0]
+	return certSPIFFEID(ti.State.PeerCertificates[0])
+}
+
+// certSPIFFEID is c's one SPIFFE ID, or an error saying why c does not
+// have exactly one well-formed ID.
+func certSPIFFEID(c *x509.Certificate) (*url.URL, error) {
 	for _, d := range c.DNSNames {
 		if len(d) >= len("spiffe:") && strings.EqualFold(d[:len("spiffe:")], "spiffe:") {
 			return nil, fmt.Errorf("DNS name %q looks like a SPIFFE ID", d)

@@ -8,7 +8,8 @@
 //
 // Servers require a client certificate from the current bundle; clients
 // verify the server against the current bundle and present the current
-// certificate. Both are TLS 1.3 only. The peer's identity is its
+// certificate, and a client that knows what it dials also checks the
+// server's class (PeerCredentials). Both are TLS 1.3 only. The peer's identity is its
 // certificate's first URI SAN (SPIFFE style, spiffe://TRUST-DOMAIN/...),
 // else its first DNS SAN: the principal grpc's authz policies match.
 package tlsid
@@ -459,12 +460,17 @@ func (s *Source) ClientConfig() *tls.Config {
 // generation current at each handshake (so a rotated certificate or CA
 // bundle applies to the next connection), verifying the server as
 // ClientConfig does; gRPC sets the name to verify from the target.
-func (s *Source) Credentials() credentials.TransportCredentials { return clientCreds{s} }
+func (s *Source) Credentials() credentials.TransportCredentials { return clientCreds{s: s} }
 
-type clientCreds struct{ s *Source }
+type clientCreds struct {
+	s *Source
+	// class, if set, is the server's class check beyond its chain and
+	// name (PeerCredentials). A pointer keeps the credentials comparable.
+	class *classCheck
+}
 
 func (c clientCreds) ClientHandshake(ctx context.Context, authority string, conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	return credentials.NewTLS(c.s.ClientConfig()).ClientHandshake(ctx, authority, conn)
+	return credentials.NewTLS(c.clientConfig()).ClientHandshake(ctx, authority, conn)
 }
 
 func (c clientCreds) ServerHandshake(net.Conn) (net.Conn, credentials.AuthInfo, error) {

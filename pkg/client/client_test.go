@@ -141,7 +141,7 @@ func TestFailoverOverMTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { serve.UseTLS(nil) })
+	t.Cleanup(func() { serve.UseTLS(nil, "") })
 	// The operator's calls with the admin certificate DevTLS wrote.
 	admin, err := tlsid.Load(tlsid.Files{Cert: filepath.Join(dir, "admin.crt"), Key: filepath.Join(dir, "admin.key"), CA: filepath.Join(dir, "ca.crt")}, nil)
 	if err != nil {

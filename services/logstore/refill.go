@@ -17,6 +17,7 @@ import (
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/serve"
+	"github.com/walship/walship/internal/tlsid"
 	"github.com/walship/walship/internal/wal"
 	"golang.org/x/sync/semaphore"
 	"google.golang.org/grpc"
@@ -131,7 +132,7 @@ func (s *Server) endRefill() {
 func (s *Server) refiller(ctx context.Context) {
 	peers := make([]*peer, 0, len(s.cfg.Peers))
 	for _, addr := range s.cfg.Peers {
-		conn, err := grpc.NewClient(addr, serve.DialOptions(
+		conn, err := grpc.NewClient(addr, serve.DialOptions(serve.PeerClass(tlsid.ClassLogStore),
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(s.cfg.MaxMessageBytes)))...)
 		if err != nil {
 			s.logger.Error("bad peer address; not refilling from it", "peer", addr, "err", err)

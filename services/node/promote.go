@@ -17,6 +17,7 @@ import (
 	"github.com/walship/walship/internal/envelope"
 	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/serve"
+	"github.com/walship/walship/internal/tlsid"
 	"github.com/walship/walship/internal/wal"
 	"github.com/walship/walship/services/primary"
 	"github.com/walship/walship/services/replica"
@@ -594,7 +595,7 @@ func (n *Node) fenceAll(ctx context.Context, rep interface {
 			if j.self {
 				resp, err = rep.Fence(req)
 			} else {
-				resp, err = fence(ctx, j.addr, req)
+				resp, err = fence(ctx, j.addr, j.ls, req)
 			}
 			a := answer{id: j.id, addr: j.addr, logstore: j.ls, err: err}
 			if j.self {
@@ -656,26 +657,36 @@ func jobs2ids(n int, id func(int) string) []string {
 	return out
 }
 
-func dial(addr string) (*grpc.ClientConn, error) {
-	return grpc.NewClient(addr, serve.DialOptions(grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(wal.MaxEntrySize+1<<20)))...)
+// peerClass is the class a promotion's peer must be (under the default
+// identity scheme): a log store, or a member, a data node. A server of
+// another class at its address neither votes nor donates.
+func peerClass(logstore bool) grpc.DialOption {
+	if logstore {
+		return serve.PeerClass(tlsid.ClassLogStore)
+	}
+	return serve.PeerClass(tlsid.ClassNode)
 }
 
-func fence(ctx context.Context, addr string, req *walshipv1.FenceRequest) (*walshipv1.FenceResponse, error) {
+func dial(addr string, logstore bool) (*grpc.ClientConn, error) {
+	return grpc.NewClient(addr, serve.DialOptions(peerClass(logstore), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(wal.MaxEntrySize+1<<20)))...)
+}
+
+func fence(ctx context.Context, addr string, logstore bool, req *walshipv1.FenceRequest) (*walshipv1.FenceResponse, error) {
 	return serve.Call(ctx, addr, 3*time.Second, func(ctx context.Context, cc *grpc.ClientConn) (*walshipv1.FenceResponse, error) {
 		return walshipv1.NewEpochServiceClient(cc).Fence(ctx, req)
-	})
+	}, peerClass(logstore))
 }
 
 func logStoreStatus(ctx context.Context, addr string) (*walshipv1.LogStoreServiceStatusResponse, error) {
 	return serve.Call(ctx, addr, 2*time.Second, func(ctx context.Context, cc *grpc.ClientConn) (*walshipv1.LogStoreServiceStatusResponse, error) {
 		return walshipv1.NewLogStoreServiceClient(cc).Status(ctx, &walshipv1.LogStoreServiceStatusRequest{})
-	})
+	}, peerClass(true))
 }
 
 func nodeStatus(ctx context.Context, addr string) (*walshipv1.StatusResponse, error) {
 	return serve.Call(ctx, addr, 2*time.Second, func(ctx context.Context, cc *grpc.ClientConn) (*walshipv1.StatusResponse, error) {
 		return walshipv1.NewAdminServiceClient(cc).Status(ctx, &walshipv1.StatusRequest{})
-	})
+	}, peerClass(false))
 }
 
 // carryOut does steps 4-6 with the replica role stopped.
@@ -724,7 +735,7 @@ func (n *Node) carryOut(ctx context.Context, p *plan) error {
 	// Copy what the donor has beyond this log.
 	if p.donor.lastLSN > log.LastLSN() {
 		own = own.Cut(log.LastLSN())
-		records, bytes, err := copyFromRetrying(ctx, p.donor.addr, log, p.donor.lastLSN, own.Current().Epoch, p.cluster)
+		records, bytes, err := copyFromRetrying(ctx, p.donor.addr, p.donor.logstore, log, p.donor.lastLSN, own.Current().Epoch, p.cluster)
 		if err != nil {
 			return fmt.Errorf("catch up from %s: %w", p.donor.id, err)
 		}
@@ -775,12 +786,12 @@ const donorPatience = 5 * time.Second
 // copyFromRetrying is copyFrom, resumed from the log's end after an
 // UNAVAILABLE (the donor unreachable, or its stream cut) until
 // donorPatience has passed without progress.
-func copyFromRetrying(ctx context.Context, addr string, log *wal.Log, last, epoch uint64, cluster string) (records, bytes uint64, err error) {
+func copyFromRetrying(ctx context.Context, addr string, logstore bool, log *wal.Log, last, epoch uint64, cluster string) (records, bytes uint64, err error) {
 	var bo backoff.Backoff
 	since := time.Now()
 	for {
 		before := log.LastLSN()
-		r, b, e, err := copyFrom(ctx, addr, log, last, epoch, cluster)
+		r, b, e, err := copyFrom(ctx, addr, logstore, log, last, epoch, cluster)
 		records, bytes, epoch = records+r, bytes+b, e
 		if err == nil || status.Code(err) != codes.Unavailable {
 			return records, bytes, err
@@ -795,13 +806,14 @@ func copyFromRetrying(ctx context.Context, addr string, log *wal.Log, last, epoc
 }
 
 // copyFrom reads the batches after log's end up to last from addr (a log
-// store, or a replica serving its log) and appends them, checked; the
-// donor refuses if it is not of cluster (when both know theirs). epoch is
+// store if logstore, else a replica serving its log, whose certificate
+// must be of that class) and appends them, checked; the donor refuses if
+// it is not of cluster (when both know theirs). epoch is
 // the epoch of log's newest entry; it returns that of the newest one it
 // appended (or epoch).
-func copyFrom(ctx context.Context, addr string, log *wal.Log, last, epoch uint64, cluster string) (records, bytes, newest uint64, err error) {
+func copyFrom(ctx context.Context, addr string, logstore bool, log *wal.Log, last, epoch uint64, cluster string) (records, bytes, newest uint64, err error) {
 	newest = epoch
-	conn, err := dial(addr)
+	conn, err := dial(addr, logstore)
 	if err != nil {
 		return 0, 0, newest, err
 	}

@@ -151,8 +151,8 @@ func benchTLS(b *testing.B) serve.Security {
 	if err != nil {
 		b.Fatal(err)
 	}
-	serve.UseTLS(src)
-	b.Cleanup(func() { serve.UseTLS(nil) })
+	serve.UseTLS(src, "")
+	b.Cleanup(func() { serve.UseTLS(nil, "") })
 	return serve.Security{TLS: src, Authz: az}
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/serve"
+	"github.com/walship/walship/internal/tlsid"
 	"github.com/walship/walship/internal/wal"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -25,7 +26,7 @@ import (
 // cumulative durable acks. It reconnects with backoff until ctx ends.
 func (s *Server) shipLogStore(ctx context.Context, addr string) {
 	log := s.logger.With("logstore", addr)
-	conn, err := grpc.NewClient(addr, serve.DialOptions(
+	conn, err := grpc.NewClient(addr, serve.DialOptions(serve.PeerClass(tlsid.ClassLogStore),
 		// Find a dead connection (a partition sends no FIN) within ~15s.
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(streamMessageBytes), grpc.MaxCallSendMsgSize(streamMessageBytes)))...)

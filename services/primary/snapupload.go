@@ -15,6 +15,7 @@ import (
 	"github.com/walship/walship/internal/recovery"
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/state"
+	"github.com/walship/walship/internal/tlsid"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -167,7 +168,7 @@ func (s *Server) offerRecovered() {
 // ctx ends.
 func (s *Server) uploadSnapshots(ctx context.Context, addr string, kick <-chan struct{}) {
 	log := s.logger.With("logstore", addr)
-	conn, err := grpc.NewClient(addr, serve.DialOptions(
+	conn, err := grpc.NewClient(addr, serve.DialOptions(serve.PeerClass(tlsid.ClassLogStore),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(streamMessageBytes), grpc.MaxCallSendMsgSize(streamMessageBytes)))...)
 	if err != nil {
 		log.Error("bad log store address", "err", err)

@@ -207,7 +207,7 @@ func (s *Server) replClient() (walshipv1.ReplicationServiceClient, error) {
 	if s.primaryConn != nil && s.connAddr == addr {
 		return s.repl, nil
 	}
-	conn, err := grpc.NewClient(addr, s.dial...)
+	conn, err := grpc.NewClient(addr, s.dialPrimary...)
 	if err != nil {
 		return nil, fmt.Errorf("primary %s: %w", addr, err)
 	}

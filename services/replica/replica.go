@@ -73,6 +73,7 @@ import (
 	"github.com/walship/walship/internal/recovery"
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/state"
+	"github.com/walship/walship/internal/tlsid"
 	"github.com/walship/walship/internal/vfs"
 	"github.com/walship/walship/internal/wal"
 	"github.com/walship/walship/internal/watermark"
@@ -104,7 +105,7 @@ type Server struct {
 	// connMu guards the connection to the primary, which changes when the
 	// replica follows a new one (replClient).
 	connMu      sync.Mutex
-	dial        []grpc.DialOption
+	dialPrimary []grpc.DialOption
 	primaryConn *grpc.ClientConn
 	connAddr    string
 	repl        walshipv1.ReplicationServiceClient
@@ -195,24 +196,29 @@ func New(cfg Config) (*Server, error) {
 			_ = s.wal.Close()
 		}
 	}()
-	dial := append(serve.DialOptions(
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvBytes)),
-		// Find a dead connection (a partition sends no FIN) within ~15s.
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
-		// Reconnect at the follower's own pace (50ms..2s), not grpc's
-		// (1s after the first failure): a new primary that is opening its
-		// server is found as soon as it listens, and its epoch record waits
-		// for this replica's flush.
-		grpc.WithConnectParams(grpc.ConnectParams{MinConnectTimeout: 5 * time.Second,
-			Backoff: grpcbackoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second}}),
-	), cfg.DialOptions...)
-	s.dial = dial
+	// The primary must be a node, a log store a log store (under the
+	// default identity scheme): a server holding another class's
+	// certificate at the address is neither followed nor read.
+	dial := func(class string) []grpc.DialOption {
+		return append(serve.DialOptions(serve.PeerClass(class),
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvBytes)),
+			// Find a dead connection (a partition sends no FIN) within ~15s.
+			grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
+			// Reconnect at the follower's own pace (50ms..2s), not grpc's
+			// (1s after the first failure): a new primary that is opening its
+			// server is found as soon as it listens, and its epoch record waits
+			// for this replica's flush.
+			grpc.WithConnectParams(grpc.ConnectParams{MinConnectTimeout: 5 * time.Second,
+				Backoff: grpcbackoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second}}),
+		), cfg.DialOptions...)
+	}
+	s.dialPrimary = dial(tlsid.ClassNode)
 	var err error
 	if _, err = s.replClient(); err != nil {
 		return nil, fmt.Errorf("--primary %s: %w", s.primary(), err)
 	}
 	for _, addr := range cfg.LogStores {
-		conn, err := grpc.NewClient(addr, dial...)
+		conn, err := grpc.NewClient(addr, dial(tlsid.ClassLogStore)...)
 		if err != nil {
 			return nil, fmt.Errorf("--logstore %s: %w", addr, err)
 		}
