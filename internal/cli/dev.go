@@ -2,8 +2,10 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -37,16 +39,20 @@ func devFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	replicationFlag(fs, &pol.Replication)
 	fs.IntVar(&pol.SyncReplicas, "sync-replicas", pol.SyncReplicas, "k in 'any k replicas' for --replication sync")
 	syncLevelFlag(fs, &pol.SyncLevel)
-	var withTLS bool
+	var withTLS, plaintext bool
 	fs.BoolVar(&withTLS, "tls", false, "serve mTLS with a throwaway CA and certificates (in DATA_DIR/tls) for the nodes, a client and an admin")
 	maxAge := time.Hour
 	fs.DurationVar(&maxAge, "max-connection-age", maxAge, "with --tls, close connections this old so they re-handshake (streams resume); 0 = never")
+	fs.BoolVar(&plaintext, "plaintext", false, "serve without TLS on a non-loopback --host: anyone who reaches the ports can read the log and write (loopback needs no flag)")
 	return func(ctx context.Context) error {
 		if logstores < 1 {
 			return fmt.Errorf("--logstores: %d, want at least 1 (the quorum of the epoch vote)", logstores)
 		}
 		if maxAge < 0 {
 			return fmt.Errorf("--max-connection-age: %v is negative (0 = never)", maxAge)
+		}
+		if err := devTransport(env, host, withTLS, plaintext); err != nil {
+			return err
 		}
 		if dataDir == "" {
 			d, err := os.MkdirTemp("", "walship-dev-")
@@ -106,6 +112,21 @@ func devFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 		fmt.Fprintln(env.Stdout, "\nstopping the cluster...")
 		return c.Stop()
 	}
+}
+
+// devTransport refuses to serve plaintext beyond loopback unless
+// --plaintext asks for it, as every other command does (and says so in
+// the log when it does).
+func devTransport(env *Env, host string, withTLS, plaintext bool) error {
+	switch {
+	case withTLS && plaintext:
+		return errors.New("--plaintext: not with --tls")
+	case !withTLS && !plaintext && !loopback(net.JoinHostPort(host, "0")):
+		return fmt.Errorf("--host %s: serving plaintext beyond loopback needs --plaintext (or --tls)", host)
+	case !withTLS:
+		env.Logger.Warn("serving plaintext: no TLS, no authentication, no authorization; anyone who reaches the ports can read the log and write", "host", host)
+	}
+	return nil
 }
 
 func printDev(env *Env, c *cluster.Cluster, dataDir, tlsDir, clusterID string) {
