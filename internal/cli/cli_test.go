@@ -246,3 +246,50 @@ func TestSecurityFilesCheckedAtStart(t *testing.T) {
 		}
 	}
 }
+
+// TestMetricsAndProfilesOnLoopback: every server's metrics listener —
+// plain HTTP even under TLS — binds loopback unless told otherwise, like
+// its gRPC listener; --pprof is refused on a listener beyond loopback
+// unless --pprof-public asks for it (then logged), and without a metrics
+// listener at all.
+func TestMetricsAndProfilesOnLoopback(t *testing.T) {
+	for _, cmd := range []string{"primary", "replica", "logstore"} {
+		fs, _ := NewFlagSet(cmd, &Env{})
+		for _, name := range []string{"listen", "metrics-listen"} {
+			if def := fs.Lookup(name).DefValue; !loopback(def) {
+				t.Errorf("walship %s --%s defaults to %q, beyond loopback", cmd, name, def)
+			}
+		}
+	}
+	over, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--metrics-listen", ":0", "--pprof"}, "--pprof: --metrics-listen :0 is not loopback"},
+		{[]string{"--metrics-listen", "0.0.0.0:0", "--pprof"}, "add --pprof-public"},
+		{[]string{"--metrics-listen", "", "--pprof"}, "--pprof: needs --metrics-listen"},
+		{[]string{"--metrics-listen", "127.0.0.1:0", "--pprof-public"}, "--pprof-public: only with --pprof"},
+	} {
+		for _, cmd := range []string{"logstore", "primary"} {
+			args := append([]string{cmd, "--listen", "127.0.0.1:0", "--data-dir", t.TempDir()}, tc.args...)
+			var out, errb bytes.Buffer
+			if code := Main(over, args, &out, &errb); code == 0 || !strings.Contains(errb.String(), tc.want) {
+				t.Errorf("walship %s: exit %d, %q; want an error containing %q", strings.Join(args, " "), code, errb.String(), tc.want)
+			}
+		}
+	}
+	for _, tc := range []struct {
+		metrics string
+		public  bool
+		warned  bool
+	}{{"127.0.0.1:0", false, false}, {"localhost:9401", false, false}, {":9401", true, true}} {
+		var logs bytes.Buffer
+		sf := &securityFlags{pprof: true, pprofPublic: tc.public}
+		err := sf.checkPprof(slog.New(slog.NewTextHandler(&logs, nil)), tc.metrics)
+		if err != nil || strings.Contains(logs.String(), "beyond loopback") != tc.warned {
+			t.Errorf("--pprof on %s (public %v): %v, log %q; want served, warned %v", tc.metrics, tc.public, err, logs.String(), tc.warned)
+		}
+	}
+}

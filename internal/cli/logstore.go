@@ -10,7 +10,7 @@ import (
 func logstoreFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	cfg := logstore.DefaultConfig()
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "gRPC listen address")
-	fs.StringVar(&cfg.MetricsListen, "metrics-listen", cfg.MetricsListen, "HTTP listen address for /metrics (empty disables)")
+	fs.StringVar(&cfg.MetricsListen, "metrics-listen", cfg.MetricsListen, metricsListenHelp)
 	fs.StringVar(&cfg.DataDir, "data-dir", "", "directory for the WAL and the epoch file (required)")
 	fs.Int64Var(&cfg.RetentionBytes, "retention-bytes", cfg.RetentionBytes, "keep at most this many WAL bytes, removing whole old segments (0 = unlimited)")
 	fs.DurationVar(&cfg.RetentionAge, "retention-age", cfg.RetentionAge, "remove segments whose newest batch was committed longer ago than this (0 = unlimited)")
@@ -21,7 +21,7 @@ func logstoreFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	return func(ctx context.Context) error {
 		cfg.Logger = env.Logger.With("service", "logstore")
 		cfg.Registry = newRegistry()
-		sec, err := sf.serve(ctx, cfg.Logger, cfg.Listen)
+		sec, err := sf.serve(ctx, cfg.Logger, cfg.Listen, cfg.MetricsListen)
 		if err != nil {
 			return err
 		}

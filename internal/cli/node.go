@@ -22,9 +22,12 @@ import (
 func nodeFlags(fs *flag.FlagSet, env *Env, role node.Role) func(context.Context) error {
 	pc := primary.DefaultConfig()
 	rc := replica.DefaultConfig()
-	listen, metrics, id := "127.0.0.1:7401", ":9401", "primary"
+	// Both on loopback by default: the metrics listener is plain HTTP
+	// whatever the gRPC one is (a deployment binds what Prometheus and
+	// its probes need, as deploy/k8s does).
+	listen, metrics, id := "127.0.0.1:7401", "127.0.0.1:9401", "primary"
 	if role == node.RoleReplica {
-		listen, metrics, id = "127.0.0.1:7402", ":9402", ""
+		listen, metrics, id = "127.0.0.1:7402", "127.0.0.1:9402", ""
 	}
 	var (
 		cfg       node.Config
@@ -32,7 +35,7 @@ func nodeFlags(fs *flag.FlagSet, env *Env, role node.Role) func(context.Context)
 		peers     peersFlag
 	)
 	fs.StringVar(&cfg.Listen, "listen", listen, "gRPC listen address")
-	fs.StringVar(&cfg.MetricsListen, "metrics-listen", metrics, "HTTP listen address for /metrics (empty disables)")
+	fs.StringVar(&cfg.MetricsListen, "metrics-listen", metrics, metricsListenHelp)
 	fs.StringVar(&cfg.DataDir, "data-dir", "", "directory for the WAL, snapshots and votes (required)")
 	fs.StringVar(&cfg.ID, "id", id, "node id, stable across restarts: 1..64 of [A-Za-z0-9._-]")
 	fs.Var(&peers, "peers", "the cluster's data nodes, this one among them, as id=address,... (needed to fail over: the contract counts them)")
@@ -83,7 +86,7 @@ func nodeFlags(fs *flag.FlagSet, env *Env, role node.Role) func(context.Context)
 		if err := applyKube(kf, &cfg, cfg.Logger); err != nil {
 			return err
 		}
-		sec, err := sf.serve(ctx, cfg.Logger, cfg.Listen)
+		sec, err := sf.serve(ctx, cfg.Logger, cfg.Listen, cfg.MetricsListen)
 		if err != nil {
 			return err
 		}

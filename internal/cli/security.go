@@ -13,6 +13,9 @@ import (
 	"github.com/walship/walship/internal/tlsid"
 )
 
+// metricsListenHelp is --metrics-listen's help, the same for every server.
+const metricsListenHelp = "HTTP listen address of /metrics, /healthz and /readyz: plain HTTP even with TLS, so loopback by default (bind what Prometheus and probes need, e.g. :9401); empty disables"
+
 // securityFlags are the TLS and authorization flags of every walship
 // command that serves or dials.
 type securityFlags struct {
@@ -24,6 +27,8 @@ type securityFlags struct {
 	reload     time.Duration
 	maxAge     time.Duration
 	pprof      bool
+	// pprofPublic allows --pprof on a metrics listener beyond loopback.
+	pprofPublic bool
 }
 
 // addSecurityFlags registers the flags; server says whether the command
@@ -42,7 +47,8 @@ func addSecurityFlags(fs *flag.FlagSet, server bool) *securityFlags {
 	fs.StringVar(&sf.trust, "trust-domain", "walship.local", "SPIFFE trust domain of the default authorization policy: identities spiffe://DOMAIN/walship/{node,logstore,client,admin}/NAME")
 	fs.StringVar(&sf.policy, "authz-policy", "", "gRPC authorization policy file (A43 JSON, checked every --tls-reload-interval; a bad edit keeps the policy in force) instead of the default policy")
 	fs.Var(&sf.reflection, "reflection", "who may use server reflection under TLS: all, admin or off")
-	fs.BoolVar(&sf.pprof, "pprof", false, "serve Go's CPU, heap and goroutine profiles at /debug/pprof/ on --metrics-listen (anyone who reaches that port can read them)")
+	fs.BoolVar(&sf.pprof, "pprof", false, "serve Go's CPU, heap and goroutine profiles at /debug/pprof/ on --metrics-listen, which must be loopback unless --pprof-public")
+	fs.BoolVar(&sf.pprofPublic, "pprof-public", false, "allow --pprof on a --metrics-listen beyond loopback: anyone who reaches that port can read the profiles and spend the process's CPU on them")
 	fs.DurationVar(&sf.maxAge, "max-connection-age", time.Hour, "with TLS, close connections this old so they re-handshake with rotated certificates (streams resume); 0 = never")
 	return sf
 }
@@ -70,13 +76,18 @@ func (sf *securityFlags) dial(ctx context.Context, logger *slog.Logger) error {
 
 // serve is dial plus the server's security for listen: TLS with the
 // authorization policy, or plaintext — refused on a non-loopback address
-// unless --plaintext asks for it, and logged.
-func (sf *securityFlags) serve(ctx context.Context, logger *slog.Logger, listen string) (serve.Security, error) {
+// unless --plaintext asks for it, and logged. Profiles go on the metrics
+// listener (plain HTTP, TLS or not) only on loopback unless --pprof-public
+// asks for more.
+func (sf *securityFlags) serve(ctx context.Context, logger *slog.Logger, listen, metricsListen string) (serve.Security, error) {
 	if sf.reload <= 0 {
 		return serve.Security{}, fmt.Errorf("--tls-reload-interval: %v is not positive", sf.reload)
 	}
 	if sf.maxAge < 0 {
 		return serve.Security{}, fmt.Errorf("--max-connection-age: %v is negative (0 = never)", sf.maxAge)
+	}
+	if err := sf.checkPprof(logger, metricsListen); err != nil {
+		return serve.Security{}, err
 	}
 	if !sf.files.Set() {
 		if !sf.plaintext && !loopback(listen) {
@@ -109,6 +120,24 @@ func (sf *securityFlags) serve(ctx context.Context, logger *slog.Logger, listen 
 	serve.UseTLS(src, classTrust)
 	logger.Info("serving TLS 1.3 with client certificates", "identity", src.Identity(), "not_after", src.NotAfter(), "policy", policyName(sf.policy, sf.trust))
 	return serve.Security{TLS: src, Authz: az, MaxConnectionAge: sf.maxAge, Pprof: sf.pprof}, nil
+}
+
+// checkPprof refuses --pprof where its profiles would reach beyond
+// loopback, unless --pprof-public says so (and then it is logged).
+func (sf *securityFlags) checkPprof(logger *slog.Logger, metricsListen string) error {
+	switch {
+	case sf.pprofPublic && !sf.pprof:
+		return errors.New("--pprof-public: only with --pprof")
+	case !sf.pprof:
+		return nil
+	case metricsListen == "":
+		return errors.New("--pprof: needs --metrics-listen (the profiles are served there)")
+	case !loopback(metricsListen) && !sf.pprofPublic:
+		return fmt.Errorf("--pprof: --metrics-listen %s is not loopback, and the profiles would be open to anyone who reaches it (plain HTTP): bind it to loopback, or add --pprof-public", metricsListen)
+	case !loopback(metricsListen):
+		logger.Warn("serving Go profiles beyond loopback (--pprof-public): anyone who reaches the metrics port can read them", "metrics_listen", metricsListen)
+	}
+	return nil
 }
 
 func policyName(file, trust string) string {

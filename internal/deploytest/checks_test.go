@@ -659,18 +659,23 @@ func expand(s string, env map[string]string, referenced map[string]bool) (string
 }
 
 // checkPodFlags checks that the flags fit the pod: walship listens where
-// the container ports say, keeps its data on a persistent volume, and
-// bounds its WAL to the volume's size.
+// the container ports say, on the pod's address (its listeners default to
+// loopback, which neither peers, Prometheus nor the kubelet's probes
+// reach), keeps its data on a persistent volume, and bounds its WAL to the
+// volume's size.
 func (c *checker) checkPodFlags(where string, p *pod) error {
 	var errs []string
 	for _, l := range []struct{ flag, port string }{{"listen", "grpc"}, {"metrics-listen", "metrics"}} {
 		addr := p.flags.Lookup(l.flag).Value.String()
-		_, portStr, err := net.SplitHostPort(addr)
+		host, portStr, err := net.SplitHostPort(addr)
 		port, perr := strconv.Atoi(portStr)
 		want, ok := containerPort(p.container, l.port)
+		ip := net.ParseIP(host)
 		switch {
 		case err != nil || perr != nil:
 			errs = append(errs, fmt.Sprintf("--%s %q is not host:port", l.flag, addr))
+		case host == "localhost" || (ip != nil && ip.IsLoopback()):
+			errs = append(errs, fmt.Sprintf("--%s %s binds loopback only: the pod is reached at its own address (set it, e.g. :%d)", l.flag, addr, port))
 		case !ok:
 			errs = append(errs, fmt.Sprintf("no container port named %s for --%s %s", l.port, l.flag, addr))
 		case int32(port) != want:

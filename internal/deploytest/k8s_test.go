@@ -314,6 +314,11 @@ func TestChecksCatchMistakes(t *testing.T) {
 		}, `no key "level"`},
 		{"listen elsewhere than the container port", func(o *objects) { node(o).Args = append(node(o).Args, "--listen=:8000") },
 			"--listen :8000, but container port grpc is 7401"},
+		{"metrics on their loopback default", func(o *objects) {
+			node(o).Args = slices.DeleteFunc(node(o).Args, func(a string) bool { return strings.HasPrefix(a, "--metrics-listen") })
+		}, "--metrics-listen 127.0.0.1:9401 binds loopback only"},
+		{"listen on loopback", func(o *objects) { logstore(o).Args = append(logstore(o).Args, "--listen=127.0.0.1:7400") },
+			"--listen 127.0.0.1:7400 binds loopback only"},
 		{"retention larger than the volume", func(o *objects) { configMap(o, "walship-logstore").Data["WALSHIP_RETENTION_BYTES"] = "1099511627776" },
 			"exceeds 80% of the 1Gi volume"},
 

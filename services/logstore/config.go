@@ -76,7 +76,7 @@ const (
 func DefaultConfig() Config {
 	return Config{
 		Listen:          "127.0.0.1:7400",
-		MetricsListen:   ":9400",
+		MetricsListen:   "127.0.0.1:9400",
 		SegmentBytes:    DefaultSegmentBytes,
 		RetentionBytes:  DefaultRetentionBytes,
 		MaxMessageBytes: DefaultMaxMessageBytes,

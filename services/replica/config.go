@@ -95,7 +95,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		Listen:             "127.0.0.1:7402",
-		MetricsListen:      ":9402",
+		MetricsListen:      "127.0.0.1:9402",
 		SegmentBytes:       64 << 20,
 		SnapshotEveryBytes: 64 << 20,
 		HeartbeatInterval:  time.Second,
