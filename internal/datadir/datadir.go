@@ -140,7 +140,7 @@ func SaveApplied(fsys vfs.FS, dir string, lsn uint64, durable bool) error {
 		return vfs.WriteFileAtomic(fsys, path, data)
 	}
 	tmp := path + ".tmp"
-	if err := vfs.WriteFile(fsys, tmp, data, 0o644); err != nil {
+	if err := vfs.WriteFile(fsys, tmp, data, vfs.FilePerm); err != nil {
 		return err
 	}
 	return fsys.Rename(tmp, path)

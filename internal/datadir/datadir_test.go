@@ -155,6 +155,19 @@ func TestOrphans(t *testing.T) {
 	if err != nil || len(back) != 2 || !bytes.Equal(back[0].Data, []byte("abc")) || back[1].FirstLSN != 8 {
 		t.Fatalf("read back %v, %v", back, err)
 	}
+	// The log's cut entries are the database's: the owner's alone.
+	if err := SaveVote(vfs.OS, dir, Vote{Epoch: 3}); err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]os.FileMode{filepath.Join(dir, "orphans"): 0o700, filepath.Join(dir, "orphans", o.Name): 0o600, filepath.Join(dir, "vote"): 0o600} {
+		fi, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm()&^want != 0 {
+			t.Errorf("%s: mode %v; want nothing beyond %v", path, fi.Mode(), want)
+		}
+	}
 	if _, err := SaveOrphan(vfs.OS, dir, 3, nil, time.Now()); err == nil {
 		t.Fatal("an empty orphan was saved")
 	}

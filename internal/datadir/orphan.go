@@ -56,7 +56,7 @@ func SaveOrphan(fsys vfs.FS, dir string, epoch uint64, entries []OrphanEntry, no
 		return Orphan{}, errors.New("save orphan: no entries")
 	}
 	od := filepath.Join(dir, orphanDir)
-	if err := fsys.MkdirAll(od, 0o755); err != nil {
+	if err := fsys.MkdirAll(od, vfs.DirPerm); err != nil {
 		return Orphan{}, fmt.Errorf("save orphan: %w", err)
 	}
 	o := Orphan{Epoch: epoch, FirstLSN: entries[0].FirstLSN, LastLSN: entries[len(entries)-1].LastLSN, Entries: len(entries), CutAt: now}

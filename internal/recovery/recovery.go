@@ -68,7 +68,7 @@ func Open(o Options) (*Result, error) {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	snapDir := SnapshotDir(o.DataDir)
-	if err := o.FS.MkdirAll(snapDir, 0o755); err != nil {
+	if err := o.FS.MkdirAll(snapDir, vfs.DirPerm); err != nil {
 		return nil, fmt.Errorf("create %s: %w", snapDir, err)
 	}
 	store, snapPath, err := state.LoadLatestSnapshot(o.FS, snapDir)

@@ -729,7 +729,7 @@ func (r *restorer) readBatches(ctx context.Context, st grpc.ServerStreamingClien
 // directory.
 func (r *restorer) write(res *Result) error {
 	fsys, dir := r.o.FS, r.o.DataDir
-	if err := fsys.MkdirAll(dir, 0o755); err != nil {
+	if err := fsys.MkdirAll(dir, vfs.DirPerm); err != nil {
 		return fmt.Errorf("create %s: %w", dir, err)
 	}
 	id := r.o.NewClusterID
@@ -744,7 +744,7 @@ func (r *restorer) write(res *Result) error {
 		return err
 	}
 	snapDir := recovery.SnapshotDir(dir)
-	if err := fsys.MkdirAll(snapDir, 0o755); err != nil {
+	if err := fsys.MkdirAll(snapDir, vfs.DirPerm); err != nil {
 		return fmt.Errorf("create %s: %w", snapDir, err)
 	}
 	if _, err := state.SaveSnapshot(fsys, snapDir, r.store.Snapshot()); err != nil {

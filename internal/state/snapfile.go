@@ -76,7 +76,7 @@ func SaveSnapshot(fsys vfs.FS, dir string, v *View) (path string, err error) {
 }
 
 func writeSnapshotFile(fsys vfs.FS, name string, v *View) error {
-	f, err := fsys.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	f, err := fsys.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, vfs.FilePerm)
 	if err != nil {
 		return fmt.Errorf("state: save snapshot: %w", err)
 	}

@@ -12,7 +12,7 @@ import (
 // syncs the directory.
 func WriteFileAtomic(fs FS, name string, data []byte) error {
 	tmp := name + ".tmp"
-	f, err := fs.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	f, err := fs.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, FilePerm)
 	if err != nil {
 		return err
 	}

@@ -28,6 +28,16 @@ import (
 	"os"
 )
 
+// DirPerm and FilePerm are the modes walship creates its data with: the
+// WAL, snapshots, votes and orphans are the database, readable by the
+// process's user alone. A directory that exists keeps its mode (a
+// Kubernetes volume's root is the kubelet's to set, for fsGroup; a
+// directory an older walship made 0755 is the operator's to tighten).
+const (
+	DirPerm  os.FileMode = 0o700
+	FilePerm os.FileMode = 0o600
+)
+
 // File is an open file. A File is not safe for concurrent use except that
 // ReadAt may be called concurrently with other methods, and Sync
 // concurrently with Write and WriteAt, as with *os.File.

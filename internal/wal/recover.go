@@ -243,7 +243,7 @@ func (l *Log) cutTail(r io.ReaderAt, path string, off, size int64, reason string
 	tail = tail[:lastNonZero(tail)]
 	debris := int64(len(tail))
 	tornPath := fmt.Sprintf("%s.%d%s", path, off, tornExt)
-	if err := vfs.WriteFile(l.fs, tornPath, tail, 0o644); err != nil {
+	if err := vfs.WriteFile(l.fs, tornPath, tail, vfs.FilePerm); err != nil {
 		return fmt.Errorf("wal: save torn tail: %w", err)
 	}
 	f, err := l.fs.OpenFile(path, os.O_RDWR, 0)

@@ -267,3 +267,59 @@ func TestRecoveryOnDisk(t *testing.T) {
 		t.Fatalf("segment not truncated: %v %v", fi.Size(), err)
 	}
 }
+
+// TestFilesArePrivate: the WAL's directory (and any parent Open makes),
+// its segments, a reset marker and a torn tail's copy are the owner's
+// alone: 0700 and 0600 (the umask can only take bits away). A directory
+// that already exists with a wider mode, as older versions made it, is
+// opened as it is and keeps its mode.
+func TestFilesArePrivate(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "node", "wal")
+	l, err := Open(Options{Dir: dir, SegmentSize: mxSegSize, Preallocate: -1})
+	mustNoErr(t, err)
+	mustNoErr(t, l.Append(seqEntries(1, 6, mxData)...))
+	mustNoErr(t, l.Close())
+	last := filepath.Join(dir, segmentName(5))
+	b, err := os.ReadFile(last)
+	mustNoErr(t, err)
+	mustNoErr(t, os.WriteFile(last, b[:len(b)-7], 0o600))
+	l, err = Open(Options{Dir: dir, SegmentSize: mxSegSize, Preallocate: -1})
+	mustNoErr(t, err)
+	mustNoErr(t, l.Reset(100))
+	mustNoErr(t, l.Append(seqEntries(100, 2, mxData)...))
+	mustNoErr(t, l.Close())
+	private := func(path string, want os.FileMode) {
+		t.Helper()
+		fi, err := os.Stat(path)
+		mustNoErr(t, err)
+		if extra := fi.Mode().Perm() &^ want; extra != 0 {
+			t.Errorf("%s: mode %v grants %v beyond %v", path, fi.Mode(), extra, want)
+		}
+	}
+	private(filepath.Join(root, "node"), 0o700)
+	private(dir, 0o700)
+	names, err := os.ReadDir(dir)
+	mustNoErr(t, err)
+	kinds := map[string]bool{}
+	for _, n := range names {
+		private(filepath.Join(dir, n.Name()), 0o600)
+		kinds[filepath.Ext(n.Name())] = true
+	}
+	if !kinds[segmentExt] || !kinds[tornExt] {
+		t.Fatalf("files %v: want segments and a torn tail's copy", names)
+	}
+
+	// An older version's 0755 directory opens, and keeps its mode.
+	old := filepath.Join(root, "old")
+	mustNoErr(t, os.Mkdir(old, 0o755))
+	mustNoErr(t, os.Chmod(old, 0o755))
+	l, err = Open(Options{Dir: old, SegmentSize: mxSegSize, Preallocate: -1})
+	mustNoErr(t, err)
+	mustNoErr(t, l.Append(seqEntries(1, 2, mxData)...))
+	mustNoErr(t, l.Close())
+	if fi, err := os.Stat(old); err != nil || fi.Mode().Perm() != 0o755 {
+		t.Fatalf("an existing 0755 directory: %v, %v; want it kept", fi.Mode(), err)
+	}
+	private(filepath.Join(old, segmentName(1)), 0o600)
+}

@@ -217,7 +217,7 @@ func Open(opts Options) (*Log, error) {
 	if l.logger == nil {
 		l.logger = slog.New(slog.DiscardHandler)
 	}
-	if err := l.fs.MkdirAll(l.dir, 0o755); err != nil {
+	if err := l.fs.MkdirAll(l.dir, vfs.DirPerm); err != nil {
 		return nil, fmt.Errorf("wal: create dir: %w", err)
 	}
 	if err := l.recover(); err != nil {
@@ -540,7 +540,7 @@ func (l *Log) preallocate(seg *segment, end int64) error {
 // syncMu.
 func (l *Log) createSegment(firstLSN uint64) error {
 	name := segmentName(firstLSN)
-	f, err := l.fs.OpenFile(l.path(name), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+	f, err := l.fs.OpenFile(l.path(name), os.O_RDWR|os.O_CREATE|os.O_EXCL, vfs.FilePerm)
 	if err != nil {
 		return l.failUnsynced(fmt.Errorf("create segment %s: %w", name, err))
 	}
@@ -896,7 +896,7 @@ func (l *Log) Reset(nextLSN uint64) error {
 		return fmt.Errorf("wal: reset: invalid next LSN %d", nextLSN)
 	}
 	marker := resetName(nextLSN)
-	f, err := l.fs.OpenFile(l.path(marker), os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	f, err := l.fs.OpenFile(l.path(marker), os.O_RDWR|os.O_CREATE|os.O_TRUNC, vfs.FilePerm)
 	if err != nil {
 		return l.fail(fmt.Errorf("reset: create %s: %w", marker, err))
 	}

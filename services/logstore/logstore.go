@@ -190,7 +190,7 @@ func New(cfg Config) (*Server, error) {
 
 // recover reads the vote and the epoch history and opens the WAL.
 func (s *Server) recover() error {
-	if err := s.fs.MkdirAll(s.cfg.DataDir, 0o755); err != nil {
+	if err := s.fs.MkdirAll(s.cfg.DataDir, vfs.DirPerm); err != nil {
 		return fmt.Errorf("create %s: %w", s.cfg.DataDir, err)
 	}
 	v, err := datadir.LoadVote(s.fs, s.cfg.DataDir)

@@ -18,6 +18,7 @@ import (
 	"github.com/walship/walship/internal/envelope"
 	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/state"
+	"github.com/walship/walship/internal/vfs"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -129,7 +130,7 @@ func (s *Server) snapDir() string { return filepath.Join(s.cfg.DataDir, "snapsho
 // interrupted) — is removed.
 func (s *Server) recoverSnapshots() error {
 	dir := s.snapDir()
-	if err := s.fs.MkdirAll(dir, 0o755); err != nil {
+	if err := s.fs.MkdirAll(dir, vfs.DirPerm); err != nil {
 		return fmt.Errorf("create %s: %w", dir, err)
 	}
 	ents, err := s.fs.ReadDir(dir)
@@ -480,7 +481,7 @@ func (s *Server) writeSnapshot(stream walshipv1.LogStoreService_PutSnapshotServe
 	if err != nil {
 		return nil, refuse(rpcerr.ErrInvalid, "header: %v", err)
 	}
-	f, err := s.fs.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	f, err := s.fs.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, vfs.FilePerm)
 	if err != nil {
 		return nil, storeErr(err)
 	}

@@ -161,7 +161,7 @@ func New(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("--peers: this node's --id %q is not among them", cfg.ID)
 	}
 	n := &Node{cfg: cfg, logger: cfg.Logger.With("node", cfg.ID), fs: cfg.FS, plans: make(chan *plan, 1)}
-	if err := cfg.FS.MkdirAll(cfg.DataDir, 0o755); err != nil {
+	if err := cfg.FS.MkdirAll(cfg.DataDir, vfs.DirPerm); err != nil {
 		return nil, err
 	}
 	v, err := datadir.LoadVote(cfg.FS, cfg.DataDir)
