@@ -10,6 +10,7 @@ import (
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/cluster"
 	"github.com/walship/walship/internal/serve"
+	"github.com/walship/walship/internal/testkit"
 	"github.com/walship/walship/internal/tlsid"
 	"github.com/walship/walship/pkg/client"
 	"google.golang.org/grpc"
@@ -100,10 +101,14 @@ func TestReadsAreNeverAnsweredByAReplica(t *testing.T) {
 	cand, voter := c.Replicas[0], c.Replicas[1]
 	// The voter promises epoch 2 to the candidate; nobody else hears of it.
 	// The candidate states the cluster's id, as every candidate does.
-	st, err := c.Status(ctx, voter)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The voter adopts the id from its primary's first heartbeat: wait
+	// for it, or the fence below states none.
+	var st *walshipv1.StatusResponse
+	testkit.Until(t, "the voter to know the cluster's id", func() bool {
+		var err error
+		st, err = c.Status(ctx, voter)
+		return err == nil && st.GetClusterId() != ""
+	})
 	fr, err := walshipv1.NewEpochServiceClient(c.Conn(voter)).Fence(ctx, &walshipv1.FenceRequest{Epoch: 2, CandidateId: cand.Name, CandidateAddr: cand.Addr, ClusterId: st.GetClusterId()})
 	if err != nil || !fr.GetGranted() {
 		t.Fatalf("Fence: %v, %v", fr, err)
