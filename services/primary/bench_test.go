@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"github.com/walship/walship/internal/tlsid"
 	"github.com/walship/walship/internal/vfs"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // BenchmarkCommit measures commits through the real gRPC server on
@@ -201,6 +203,49 @@ func BenchmarkCommitDistant(b *testing.B) {
 			if syncs := s.wal.Stats().Syncs - st0.Syncs; syncs > 0 {
 				b.ReportMetric(float64(n0+int(farCommits.Load()))/float64(syncs), "commits/fsync")
 			}
+		})
+	}
+}
+
+// BenchmarkCommitWaitingReads is BenchmarkCommit's 8 sync committers
+// beside reads that wait for an LSN far in the future (Get with min_lsn),
+// spread over connections of their own, 250 reads each: a commit that
+// woke every waiting read would pay for all of them at each advance of the
+// visible LSN (issue 33: 3,000 such reads made commits 15× slower).
+func BenchmarkCommitWaitingReads(b *testing.B) {
+	for _, waiting := range []int{0, 3000} {
+		b.Run(fmt.Sprintf("waiting=%d", waiting), func(b *testing.B) {
+			s := startBench(b, walshipv1.Durability_DURABILITY_SYNC)
+			ctx, cancel := context.WithCancel(context.Background())
+			var readers sync.WaitGroup
+			var conns []*grpc.ClientConn
+			defer func() {
+				cancel()
+				readers.Wait()
+				for _, c := range conns {
+					c.Close()
+				}
+			}()
+			before := runtime.NumGoroutine()
+			for c := 0; c < waiting; c += 250 {
+				conn := dialBench(b, s.Addr())
+				conns = append(conns, conn)
+				kv := walshipv1.NewKVServiceClient(conn)
+				for range min(250, waiting-c) {
+					readers.Go(func() {
+						_, err := kv.Get(ctx, &walshipv1.GetRequest{Key: "far", MinLsn: 1 << 60, WaitTimeout: durationpb.New(5 * time.Minute)})
+						if ctx.Err() == nil {
+							b.Errorf("a read for a far LSN returned %v", err)
+						}
+					})
+				}
+			}
+			// Each waiting read is a goroutine here and, past the stream
+			// workers, one in the server.
+			testkit.Until(b, "the reads to wait", func() bool { return runtime.NumGoroutine() >= before+2*waiting-64 })
+			conn := dialBench(b, s.Addr())
+			defer conn.Close()
+			putLoop(b, walshipv1.NewKVServiceClient(conn), 8, "commits/s")
 		})
 	}
 }
