@@ -6,6 +6,7 @@ package kvread
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
@@ -13,6 +14,7 @@ import (
 	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/internal/watermark"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
@@ -29,6 +31,13 @@ const (
 	DefaultWait = 5 * time.Second
 	// MaxWait is the longest wait a request may ask for.
 	MaxWait = 5 * time.Minute
+	// DefaultMaxWaiting bounds the reads that wait for their min_lsn at
+	// once on one server, and DefaultMaxWaitingPerConn those of one
+	// connection: each holds a goroutine and its stream (about 16 KiB)
+	// for up to MaxWait, so a client asking for an LSN far ahead must
+	// not be able to pile them up without end.
+	DefaultMaxWaiting        = 4096
+	DefaultMaxWaitingPerConn = 256
 )
 
 // validateBound checks a Scan bound, which may be empty.
@@ -46,11 +55,57 @@ type Reader struct {
 	View func() *state.View
 	// Visible is advanced after the Store applies; reads wait on it.
 	Visible *watermark.Watermark
+	// MaxWaiting and MaxWaitingPerConn bound the reads waiting for their
+	// min_lsn at once, on the server and per connection; a read past
+	// either fails with RESOURCE_EXHAUSTED. 0: DefaultMaxWaiting,
+	// DefaultMaxWaitingPerConn.
+	MaxWaiting, MaxWaitingPerConn int
+
+	mu      sync.Mutex
+	waiting int            // reads waiting now
+	perConn map[string]int // of them, by the connection's remote address
+}
+
+// admitWait counts a read about to wait, or refuses it past the limits;
+// release uncounts it.
+func (r *Reader) admitWait(ctx context.Context) (release func(), err error) {
+	conn := ""
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		conn = p.Addr.String()
+	}
+	maxAll, maxConn := r.MaxWaiting, r.MaxWaitingPerConn
+	if maxAll <= 0 {
+		maxAll = DefaultMaxWaiting
+	}
+	if maxConn <= 0 {
+		maxConn = DefaultMaxWaitingPerConn
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case r.perConn[conn] >= maxConn:
+		return nil, status.Errorf(codes.ResourceExhausted, "min_lsn: %d reads of this connection already wait for an LSN to become visible, the most one connection may; retry once some are answered", maxConn)
+	case r.waiting >= maxAll:
+		return nil, status.Errorf(codes.ResourceExhausted, "min_lsn: %d reads already wait for an LSN to become visible on this server, the most it keeps waiting; retry once some are answered", maxAll)
+	}
+	if r.perConn == nil {
+		r.perConn = map[string]int{}
+	}
+	r.waiting++
+	r.perConn[conn]++
+	return func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.waiting--
+		if r.perConn[conn]--; r.perConn[conn] == 0 {
+			delete(r.perConn, conn)
+		}
+	}, nil
 }
 
 // WaitVisible waits until lsn is visible, bounded by wait (nil = DefaultWait)
 // and ctx. Past the bound it returns a DeadlineExceeded status naming the
-// LSN reached.
+// LSN reached; past the limits on waiting reads, a ResourceExhausted one.
 func (r *Reader) WaitVisible(ctx context.Context, lsn uint64, wait *durationpb.Duration) error {
 	if lsn == 0 {
 		return nil
@@ -68,6 +123,11 @@ func (r *Reader) WaitVisible(ctx context.Context, lsn uint64, wait *durationpb.D
 	if r.Visible.Load() >= lsn {
 		return nil
 	}
+	release, err := r.admitWait(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
 	wctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	got, err := r.Visible.Wait(wctx, lsn)

@@ -3,8 +3,12 @@ package kvread
 import (
 	"context"
 	"fmt"
+	"net"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
@@ -12,6 +16,7 @@ import (
 	"github.com/walship/walship/internal/watermark"
 	"github.com/walship/walship/pkg/codec"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
@@ -73,4 +78,77 @@ func TestScanLimitsAndWaits(t *testing.T) {
 			t.Errorf("Scan(%v) = %v; want InvalidArgument naming %s", tc.req, err, tc.want)
 		}
 	}
+}
+
+// TestWaitingReadsAreBounded: at most 256 reads of one connection and
+// 4,096 of the server wait for their min_lsn at once; one more fails at
+// once with RESOURCE_EXHAUSTED instead of holding a goroutine and a stream
+// for up to MaxWait. Answered reads free their places.
+func TestWaitingReadsAreBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r, _, w := reader(t, 1)
+		far := w.Load() + 1
+		conn := func(i int) context.Context {
+			return peer.NewContext(t.Context(), &peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 10000 + i}})
+		}
+		get := func(ctx context.Context) error {
+			_, err := r.Get(ctx, &walshipv1.GetRequest{Key: "k000", MinLsn: far, WaitTimeout: durationpb.New(MaxWait)})
+			return err
+		}
+		var wg sync.WaitGroup
+		var served atomic.Int64
+		wait := func(ctx context.Context) {
+			wg.Go(func() {
+				if err := get(ctx); err != nil {
+					t.Errorf("a read within the limits: %v", err)
+				}
+				served.Add(1)
+			})
+		}
+		// try runs one read that should be refused, and reports what it
+		// returned once every other read is asleep (nil: still waiting).
+		try := func(ctx context.Context) (err error, returned bool) {
+			done := make(chan error, 1)
+			wg.Go(func() { done <- get(ctx) })
+			synctest.Wait()
+			select {
+			case err := <-done:
+				return err, true
+			default:
+				return nil, false
+			}
+		}
+		for range 256 {
+			wait(conn(0))
+		}
+		synctest.Wait()
+		if err, ok := try(conn(0)); !ok || status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "this connection") {
+			t.Errorf("read 257 of one connection: returned %v, %v; want RESOURCE_EXHAUSTED naming the connection", ok, err)
+		}
+		for c := 1; c < 16; c++ {
+			for range 256 {
+				wait(conn(c))
+			}
+		}
+		synctest.Wait()
+		if err, ok := try(conn(99)); !ok || status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "this server") {
+			t.Errorf("read 4,097 of the server: returned %v, %v; want RESOURCE_EXHAUSTED naming the server", ok, err)
+		}
+		w.Advance(far)
+		wg.Wait()
+		if n := served.Load(); n != 4096 {
+			t.Errorf("%d reads served; want 4096", n)
+		}
+		far++
+		// Their places are free again.
+		for range 256 {
+			wait(conn(0))
+		}
+		synctest.Wait()
+		if err, ok := try(conn(0)); !ok || status.Code(err) != codes.ResourceExhausted {
+			t.Errorf("read 257 of one connection after the first 256 were answered: returned %v, %v", ok, err)
+		}
+		w.Advance(far + 1)
+		wg.Wait()
+	})
 }
