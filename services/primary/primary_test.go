@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -251,6 +252,82 @@ func TestTxnComparesAndResults(t *testing.T) {
 		resp, err := r.kv.Txn(c, &walshipv1.TxnRequest{Compares: []*walshipv1.Compare{tc.cmp}})
 		if err != nil || resp.Succeeded != tc.want {
 			t.Errorf("%s: Txn = %v, %v; want succeeded=%v", tc.name, resp, err, tc.want)
+		}
+	}
+}
+
+// TestTxnReadsAreBudgeted: the values a Txn's gets return are counted
+// before any response is built. A Txn reading one 1 MiB value a hundred
+// times (a 2 KB request) made the primary build and marshal a 100 MiB
+// response for gRPC to refuse; it now fails with RESOURCE_EXHAUSTED
+// naming the get that crossed the 4 MiB budget, allocating next to
+// nothing, and writes nothing even when its branch writes. Reads within
+// the budget, and one large value alone, are served.
+func TestTxnReadsAreBudgeted(t *testing.T) {
+	cfg := testConfig(t, t.TempDir())
+	cfg.MaxValueBytes = 5 << 20
+	r := start(t, cfg)
+	c := ctx(t)
+	mib := make([]byte, 1<<20)
+	for _, k := range []string{"big", "huge"} {
+		v := mib
+		if k == "huge" {
+			v = make([]byte, 5<<20)
+		}
+		if _, err := r.kv.Put(c, &walshipv1.PutRequest{Key: k, Value: v}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gets := func(n int, key string) []*walshipv1.TxnOp {
+		var ops []*walshipv1.TxnOp
+		for range n {
+			ops = append(ops, txnGet(key))
+		}
+		return ops
+	}
+	noCompare := &walshipv1.Compare{Key: "big", Target: walshipv1.CompareTarget_COMPARE_TARGET_EXISTS,
+		Result: walshipv1.CompareResult_COMPARE_RESULT_EQUAL, Operand: &walshipv1.Compare_Exists{Exists: false}}
+	before, err := r.admin.Status(c, &walshipv1.StatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m0, m1 runtime.MemStats
+	runtime.ReadMemStats(&m0)
+	for _, tc := range []struct {
+		name string
+		req  *walshipv1.TxnRequest
+		want string
+	}{
+		{"reads only", &walshipv1.TxnRequest{Success: gets(100, "big")}, "success[4].get"},
+		{"speculative", &walshipv1.TxnRequest{Success: gets(100, "big"), Speculative: true}, "success[4].get"},
+		{"failure branch", &walshipv1.TxnRequest{Compares: []*walshipv1.Compare{noCompare}, Failure: gets(100, "big")}, "failure[4].get"},
+		{"with a write", &walshipv1.TxnRequest{Success: append([]*walshipv1.TxnOp{txnPut("w", []byte("x"))}, gets(100, "big")...)}, "success[5].get"},
+		{"after a large value", &walshipv1.TxnRequest{Success: []*walshipv1.TxnOp{txnGet("huge"), txnGet("big")}}, "success[1].get"},
+	} {
+		_, err := r.kv.Txn(c, tc.req)
+		if status.Code(err) != codes.ResourceExhausted || !strings.HasPrefix(status.Convert(err).Message(), tc.want+": ") {
+			t.Errorf("%s: Txn = %v; want RESOURCE_EXHAUSTED naming %s", tc.name, err, tc.want)
+		}
+	}
+	runtime.ReadMemStats(&m1)
+	if alloc := m1.TotalAlloc - m0.TotalAlloc; alloc > 64<<20 {
+		t.Errorf("refusing the Txns allocated %d MiB (client and server)", alloc>>20)
+	}
+	after, err := r.admin.Status(c, &walshipv1.StatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.LastLsn != before.LastLsn {
+		t.Errorf("a refused Txn wrote: last LSN %d -> %d", before.LastLsn, after.LastLsn)
+	}
+	big := grpc.MaxCallRecvMsgSize(8 << 20)
+	for _, tc := range []struct {
+		name string
+		ops  []*walshipv1.TxnOp
+	}{{"4 MiB of values", gets(4, "big")}, {"one large value", gets(1, "huge")}} {
+		resp, err := r.kv.Txn(c, &walshipv1.TxnRequest{Success: tc.ops}, big)
+		if err != nil || len(resp.Results) != len(tc.ops) {
+			t.Errorf("%s: Txn = %v", tc.name, err)
 		}
 	}
 }

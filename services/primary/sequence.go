@@ -5,9 +5,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/walship/walship/internal/kvread"
 	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/pkg/codec"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // txn is one sequenced transaction on its way through the pipeline.
@@ -72,9 +75,9 @@ func (p *pipeline) sequence(pol Policy, cmps []state.Compare, success, failure [
 			break
 		}
 	}
-	ops := success
+	ops, budget := success, readBudget{branch: "success"}
 	if !res.succeeded {
-		ops = failure
+		ops, budget.branch = failure, "failure"
 	}
 	writes := 0
 	for _, o := range ops {
@@ -83,14 +86,43 @@ func (p *pipeline) sequence(pol Policy, cmps []state.Compare, success, failure [
 		}
 	}
 	if writes == 0 {
-		p.readLocked(&res, cmps, ops)
-		return res, nil, nil
+		return res, nil, p.readLocked(&res, cmps, ops, &budget)
 	}
-	return res, p.stageLocked(&res, pol, ops, writes, start), nil
+	t, err = p.stageLocked(&res, pol, ops, writes, start, &budget)
+	return res, t, err
+}
+
+// maxTxnReadBytes bounds the values one Txn's gets return, as
+// kvread.MaxScanBytes bounds a Scan's, so that the response fits a gRPC
+// message; a single get may return one value of any size.
+const maxTxnReadBytes = kvread.MaxScanBytes
+
+// readBudget counts the value bytes a branch's gets return, before any
+// response is built: one 1 MiB value read by 1,000 gets would otherwise
+// have the primary build (and marshal) a 1 GiB response, only for gRPC to
+// refuse to send it.
+type readBudget struct {
+	branch string // success or failure
+	gets   int
+	total  int
+}
+
+// add counts the value the get at ops[i] returns. Past the budget it
+// refuses the transaction with RESOURCE_EXHAUSTED naming that get: the
+// request is well-formed, and the same one reading smaller values would
+// pass (what exceeds is the response, whose size depends on the data).
+func (b *readBudget) add(i int, v []byte) error {
+	b.gets++
+	b.total += len(v)
+	if b.gets == 1 || b.total <= maxTxnReadBytes {
+		return nil
+	}
+	return status.Errorf(codes.ResourceExhausted, "%s[%d].get: the values this Txn reads reach %d bytes, more than one Txn response carries (%d); read them with fewer gets per Txn",
+		b.branch, i, b.total, maxTxnReadBytes)
 }
 
 // readLocked answers a branch of reads only at the sequenced state.
-func (p *pipeline) readLocked(res *execResult, cmps []state.Compare, ops []op) {
+func (p *pipeline) readLocked(res *execResult, cmps []state.Compare, ops []op, budget *readBudget) error {
 	res.results = make([]opResult, len(ops))
 	res.lsn = p.visible.Load()
 	for i := range cmps {
@@ -99,15 +131,20 @@ func (p *pipeline) readLocked(res *execResult, cmps []state.Compare, ops []op) {
 	}
 	for i, o := range ops {
 		v, ver, ok, after := p.overlay.Read([]byte(o.key))
+		if err := budget.add(i, v); err != nil {
+			return err
+		}
 		res.results[i] = opResult{kind: opGet, found: ok, value: v, version: ver}
 		res.lsn = max(res.lsn, after)
 	}
+	return nil
 }
 
 // stageLocked turns ops (writes among them) into a txn: LSNs assigned,
 // reads answered from its own earlier writes and the overlay, records
-// staged in the overlay, the txn queued for its writer.
-func (p *pipeline) stageLocked(res *execResult, pol Policy, ops []op, writes int, start time.Time) *txn {
+// staged in the overlay, the txn queued for its writer. A read past the
+// budget refuses the txn before anything is staged.
+func (p *pipeline) stageLocked(res *execResult, pol Policy, ops []op, writes int, start time.Time, budget *readBudget) (*txn, error) {
 	t := &txn{policy: pol, local: make(chan error, 1), start: start}
 	first := p.nextLSN
 	t.commitLSN = first + uint64(writes)
@@ -128,6 +165,9 @@ func (p *pipeline) stageLocked(res *execResult, pol Policy, ops []op, writes int
 			view.local[o.key] = &opResult{}
 		default:
 			r.value, r.version, r.found = view.get(o.key)
+			if err := budget.add(i, r.value); err != nil {
+				return nil, err
+			}
 		}
 	}
 	t.recs = append(t.recs, codec.Record{LSN: t.commitLSN, TxnID: txnID, Op: codec.OpCommit})
@@ -135,7 +175,7 @@ func (p *pipeline) stageLocked(res *execResult, pol Policy, ops []op, writes int
 	p.nextTxn++
 	p.overlay.Stage(t.recs)
 	p.enqueueLocked(t)
-	return t
+	return t, nil
 }
 
 // txnView is what a transaction's own ops read: its earlier writes, then
