@@ -137,6 +137,12 @@ const (
 	DefaultTxnOps     = 1000
 )
 
+// maxTxnOpsLimit bounds --max-txn-ops: a Txn's ops, compares and results
+// are each held as a slice and a response entry, and ops of a few bytes
+// each fit a request by the hundred thousand; like a Scan's pairs
+// (kvread.MaxScanLimit), ten thousand is the most one call answers.
+const maxTxnOpsLimit = 10000
+
 // DefaultConfig returns a Config with every default filled in; callers set
 // DataDir and the addresses.
 func DefaultConfig() Config {
@@ -185,8 +191,8 @@ func (c *Config) Validate() error {
 	if c.MaxValueBytes < 1 || c.MaxValueBytes > maxValueLimit {
 		errs = append(errs, fmt.Errorf("--max-value-bytes: %d is not in 1..%d (a batch holding one such value must fit a replication stream message)", c.MaxValueBytes, maxValueLimit))
 	}
-	if c.MaxTxnOps < 1 {
-		errs = append(errs, fmt.Errorf("--max-txn-ops: %d must be positive", c.MaxTxnOps))
+	if c.MaxTxnOps < 1 || c.MaxTxnOps > maxTxnOpsLimit {
+		errs = append(errs, fmt.Errorf("--max-txn-ops: %d is not in 1..%d", c.MaxTxnOps, maxTxnOpsLimit))
 	}
 	if c.MaxBatchBytes < 64<<10 || c.MaxBatchBytes > maxBatchLimit {
 		errs = append(errs, fmt.Errorf("MaxBatchBytes: %d is not in 64KiB..%d (a batch must fit a replication stream message)", c.MaxBatchBytes, maxBatchLimit))

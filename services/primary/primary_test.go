@@ -811,6 +811,8 @@ func TestConfigValidate(t *testing.T) {
 		{"value past a stream message", func(c *Config) { c.MaxValueBytes = streamMessageBytes }, "--max-value-bytes"},
 		{"value one past the limit", func(c *Config) { c.MaxValueBytes = maxValueLimit + 1 }, "--max-value-bytes"},
 		{"no txn ops", func(c *Config) { c.MaxTxnOps = 0 }, "--max-txn-ops"},
+		{"most txn ops", func(c *Config) { c.MaxTxnOps = 10000 }, ""},
+		{"txn ops past the limit", func(c *Config) { c.MaxTxnOps = 10001 }, "--max-txn-ops"},
 		{"small batches", func(c *Config) { c.MaxBatchBytes = 1 << 10 }, "MaxBatchBytes"},
 		{"batch past a stream message", func(c *Config) { c.MaxBatchBytes = maxBatchLimit + 1 }, "MaxBatchBytes"},
 		{"no heartbeat", func(c *Config) { c.HeartbeatInterval = 0 }, "--heartbeat-interval"},
