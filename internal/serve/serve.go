@@ -32,6 +32,7 @@ import (
 	reflectionv1 "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	reflectionv1alpha "google.golang.org/grpc/reflection/grpc_reflection_v1alpha"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 )
 
 // Options configures a Server.
@@ -200,7 +201,15 @@ func (s *Server) serverOptions() ([]grpc.ServerOption, error) {
 				return nil, err
 			}
 		}
-		// First: nothing runs for a caller the policy refuses.
+		// Before anything of the call is read (tlsid.Authz.Tap), then
+		// first among the interceptors, which alone see a request:
+		// nothing runs for a caller the policy refuses.
+		sopts = append(sopts, grpc.InTapHandle(func(ctx context.Context, info *tap.Info) (context.Context, error) {
+			if err := sec.Authz.Tap(ctx, info.FullMethodName); err != nil {
+				return nil, err
+			}
+			return ctx, nil
+		}))
 		unary = append([]grpc.UnaryServerInterceptor{sec.Authz.Unary}, unary...)
 		stream = append([]grpc.StreamServerInterceptor{sec.Authz.Stream}, stream...)
 	}

@@ -1,0 +1,137 @@
+package serve
+
+import (
+	"context"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/tlsid"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+const testDomain = "serve.test"
+
+// tlsServer is a Server under TLS and the default policy, with a KV
+// service whose Put answers at once.
+type tlsServer struct {
+	*Server
+	ca    *tlsid.CA
+	certs string
+}
+
+type okKV struct {
+	walshipv1.UnimplementedKVServiceServer
+}
+
+func (okKV) Put(context.Context, *walshipv1.PutRequest) (*walshipv1.PutResponse, error) {
+	return &walshipv1.PutResponse{Lsn: 1}, nil
+}
+
+func serveTLS(t *testing.T, opts Options) *tlsServer {
+	t.Helper()
+	ca, err := tlsid.NewCA("serve test", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := &tlsServer{ca: ca, certs: t.TempDir()}
+	src, err := tlsid.Load(ts.files(t, tlsid.ClassNode, "server"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	az, err := tlsid.NewAuthz(tlsid.AuthzConfig{TrustDomain: testDomain, Reflection: tlsid.ReflectionAll})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.Listen = "127.0.0.1:0"
+	opts.StreamGrace = 50 * time.Millisecond
+	opts.Security.TLS, opts.Security.Authz = src, az
+	s, err := New(opts, func(g *grpc.Server) { walshipv1.RegisterKVServiceServer(g, okKV{}) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, nil) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	s.SetServing(true)
+	ts.Server = s
+	return ts
+}
+
+// files issues a certificate of class and name; class "" has no identity.
+func (ts *tlsServer) files(t *testing.T, class, name string) tlsid.Files {
+	t.Helper()
+	l := tlsid.Leaf{IPs: []net.IP{net.ParseIP("127.0.0.1")}}
+	if class != "" {
+		l.URI = tlsid.URI(testDomain, class, name)
+	}
+	f, err := ts.ca.WriteFiles(ts.certs, class+"-"+name, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// dial is a client connection as a certificate of class and name.
+func (ts *tlsServer) dial(t *testing.T, class, name string) *grpc.ClientConn {
+	t.Helper()
+	src, err := tlsid.Load(ts.files(t, class, name), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(ts.Addr(), grpc.WithTransportCredentials(src.Credentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// openPut starts a Put whose request never comes: gRPC sends a stream's
+// headers when it is created, the message only with SendMsg. It returns
+// the stream; RecvMsg returns when the server ends it.
+func openPut(ctx context.Context, t *testing.T, conn *grpc.ClientConn) grpc.ClientStream {
+	t.Helper()
+	cs, err := conn.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, "/walship.v1.KVService/Put")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
+
+// TestRefusedOnHeaders: a call the policy refuses fails PERMISSION_DENIED
+// on its headers alone, naming the caller and the method, before the
+// server reads any of its request — a peer it refuses holds nothing
+// there. Without the tap, the server waited for the request (which gRPC
+// reads whole, up to the message limit, before authorization) and the
+// call ended only at its deadline.
+func TestRefusedOnHeaders(t *testing.T) {
+	ts := serveTLS(t, Options{})
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	for _, tc := range []struct{ class, want string }{
+		{"", "may not call /walship.v1.KVService/Put"},
+		{tlsid.ClassLogStore, "spiffe://serve.test/walship/logstore/ls may not call /walship.v1.KVService/Put"},
+	} {
+		cs := openPut(ctx, t, ts.dial(t, tc.class, "ls"))
+		err := cs.RecvMsg(new(walshipv1.PutResponse))
+		if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("a Put without its request, as %q: %v; want PERMISSION_DENIED %q", tc.class, err, tc.want)
+		}
+	}
+	// An allowed caller's call is read and answered as before.
+	kv := walshipv1.NewKVServiceClient(ts.dial(t, tlsid.ClassClient, "app"))
+	if _, err := kv.Put(ctx, &walshipv1.PutRequest{Key: "k"}); err != nil {
+		t.Fatalf("a client's Put: %v", err)
+	}
+}

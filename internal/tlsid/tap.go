@@ -1,0 +1,76 @@
+package tlsid
+
+import (
+	"context"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+)
+
+// Tap authorizes a call from its headers alone — the peer's certificate,
+// the method, the metadata — before any of its messages is read: gRPC
+// reads a unary request whole (up to the message limit) before the
+// interceptors run, and buffers a stream's data up to its flow-control
+// window, so a peer the policy refuses could otherwise make a server hold
+// memory it was never allowed to use. ctx is a grpc.InTapHandle's (it
+// carries the peer and the connection). A refusal is Unary's error. The
+// interceptors still run: they alone see a Promote's request.
+func (a *Authz) Tap(ctx context.Context, method string) error {
+	k, ok := a.cached(ctx, method)
+	if ok {
+		return nil
+	}
+	// The rules beyond grpc's: the identity's form now, a Promote's
+	// arguments once the request is read (a plain one passes here).
+	var req any
+	if method == promoteMethod {
+		req = &walshipv1.PromoteRequest{}
+	}
+	if err := a.check(ctx, method, req); err != nil {
+		return a.refuse(ctx, method, err)
+	}
+	if err := a.allows(ctx, method); err != nil {
+		return a.refuse(ctx, method, denied(ctx, method, err))
+	}
+	a.remember(k) // a no-op unless cached could have found it
+	return nil
+}
+
+// allows evaluates grpc's policy for a call of method from ctx's peer, as
+// its stream interceptor would: the tap's context lacks only the method,
+// which grpc's RBAC engine reads from the server transport stream.
+func (a *Authz) allows(ctx context.Context, method string) error {
+	ctx = grpc.NewContextWithServerTransportStream(ctx, tapStream(method))
+	if _, ok := metadata.FromIncomingContext(ctx); !ok {
+		ctx = metadata.NewIncomingContext(ctx, metadata.MD{})
+	}
+	called := false
+	err := a.policy.Load().StreamInterceptor(nil, tapServerStream{ctx}, &grpc.StreamServerInfo{FullMethod: method, IsClientStream: true, IsServerStream: true},
+		func(any, grpc.ServerStream) error {
+			called = true
+			return nil
+		})
+	if called {
+		return nil
+	}
+	return err
+}
+
+// tapStream names the method to grpc.Method for the RBAC engine; a tap
+// sends nothing.
+type tapStream string
+
+func (m tapStream) Method() string                   { return string(m) }
+func (tapStream) SetHeader(metadata.MD) error        { return nil }
+func (tapStream) SendHeader(metadata.MD) error       { return nil }
+func (tapStream) SetTrailer(metadata.MD) error       { return nil }
+func (tapServerStream) SetHeader(metadata.MD) error  { return nil }
+func (tapServerStream) SendHeader(metadata.MD) error { return nil }
+func (tapServerStream) SetTrailer(metadata.MD)       {}
+func (s tapServerStream) Context() context.Context   { return s.ctx }
+func (tapServerStream) SendMsg(any) error            { return nil }
+func (tapServerStream) RecvMsg(any) error            { return nil }
+
+// tapServerStream is the stream grpc's interceptor is shown: its context.
+type tapServerStream struct{ ctx context.Context }
