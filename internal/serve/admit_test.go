@@ -8,6 +8,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/testkit"
 	"github.com/walship/walship/internal/tlsid"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -66,6 +67,13 @@ func serveTLS(t *testing.T, opts Options) *tlsServer {
 	s.SetServing(true)
 	ts.Server = s
 	return ts
+}
+
+// calls is how many calls the server counts for identity id.
+func (ts *tlsServer) calls(id string) int {
+	ts.adm.calls.mu.Lock()
+	defer ts.adm.calls.mu.Unlock()
+	return ts.adm.calls.n[id]
 }
 
 // files issues a certificate of class and name; class "" has no identity.
@@ -134,4 +142,49 @@ func TestRefusedOnHeaders(t *testing.T) {
 	if _, err := kv.Put(ctx, &walshipv1.PutRequest{Key: "k"}); err != nil {
 		t.Fatalf("a client's Put: %v", err)
 	}
+}
+
+// TestPeerCallsAreBounded: one identity that is not a data node has at
+// most MaxPeerCalls calls in progress on the server, over all its
+// connections; the next fails RESOURCE_EXHAUSTED naming the peer, at once.
+// Another identity, and a data node's many calls, are served meanwhile,
+// and a call that ends frees its place.
+func TestPeerCallsAreBounded(t *testing.T) {
+	ts := serveTLS(t, Options{Security: Security{MaxPeerCalls: 6}})
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	a1, a2 := ts.dial(t, tlsid.ClassClient, "a"), ts.dial(t, tlsid.ClassClient, "a")
+	hctx, hcancel := context.WithCancel(ctx)
+	defer hcancel()
+	for i := range 6 {
+		conn := a1
+		if i%2 == 1 {
+			conn = a2
+		}
+		openPut(hctx, t, conn)
+	}
+	testkit.Until(t, "the server to count the six calls", func() bool { return ts.calls("spiffe://serve.test/walship/client/a") == 6 })
+	kv := walshipv1.NewKVServiceClient(a2)
+	_, err := kv.Put(ctx, &walshipv1.PutRequest{Key: "k"})
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "spiffe://serve.test/walship/client/a has 6 calls in progress on this server") {
+		t.Fatalf("a seventh call: %v; want RESOURCE_EXHAUSTED naming the peer and its calls", err)
+	}
+	if _, err := walshipv1.NewKVServiceClient(ts.dial(t, tlsid.ClassClient, "b")).Put(ctx, &walshipv1.PutRequest{Key: "k"}); err != nil {
+		t.Fatalf("another identity's call: %v", err)
+	}
+	node := ts.dial(t, tlsid.ClassNode, "n")
+	nctx, ncancel := context.WithCancel(ctx)
+	defer ncancel()
+	for range 10 {
+		openPut(nctx, t, node)
+	}
+	if _, err := walshipv1.NewKVServiceClient(node).Put(ctx, &walshipv1.PutRequest{Key: "k"}); err != nil {
+		t.Fatalf("a data node's 11th call: %v", err)
+	}
+	// The held calls end: their places are free.
+	hcancel()
+	testkit.Until(t, "a call of the identity to be served again", func() bool {
+		_, err := kv.Put(ctx, &walshipv1.PutRequest{Key: "k"})
+		return err == nil
+	})
 }

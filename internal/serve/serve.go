@@ -32,7 +32,6 @@ import (
 	reflectionv1 "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	reflectionv1alpha "google.golang.org/grpc/reflection/grpc_reflection_v1alpha"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/tap"
 )
 
 // Options configures a Server.
@@ -81,6 +80,10 @@ type Security struct {
 	// one client cannot hold all of a node's stream workers and memory.
 	// 0 = 1000.
 	MaxConcurrentStreams uint32
+	// MaxPeerCalls bounds the calls one identity that is not a data node
+	// may have in progress on the server (admit.go); past it a call fails
+	// RESOURCE_EXHAUSTED. 0 = DefaultPeerCalls.
+	MaxPeerCalls int
 	// Pprof serves Go's profiles (/debug/pprof/) on the metrics listener:
 	// anyone who reaches that port can read them and spend the process's
 	// CPU on a profile, so it is off unless asked for.
@@ -93,6 +96,7 @@ type Server struct {
 	endStreams chan struct{} // closed StreamGrace after a graceful stop begins
 	serving    atomic.Bool
 	grpc       *grpc.Server
+	adm        *admission
 	health     *health.Server
 	lis        net.Listener
 	metrics    *http.Server
@@ -175,6 +179,14 @@ func (s *Server) serverOptions() ([]grpc.ServerOption, error) {
 	if sec.MaxConcurrentStreams == 0 {
 		sec.MaxConcurrentStreams = 1000
 	}
+	var reg prometheus.Registerer
+	if opts.Registry != nil {
+		reg = opts.Registry
+	}
+	var err error
+	if s.adm, err = newAdmission(sec, reg); err != nil {
+		return nil, err
+	}
 	unary := []grpc.UnaryServerInterceptor{refuseMarkedUnary}
 	stream := []grpc.StreamServerInterceptor{refuseMarkedStream, s.endStreamsOnStop}
 	sopts := append(transportOptions(),
@@ -204,12 +216,9 @@ func (s *Server) serverOptions() ([]grpc.ServerOption, error) {
 		// Before anything of the call is read (tlsid.Authz.Tap), then
 		// first among the interceptors, which alone see a request:
 		// nothing runs for a caller the policy refuses.
-		sopts = append(sopts, grpc.InTapHandle(func(ctx context.Context, info *tap.Info) (context.Context, error) {
-			if err := sec.Authz.Tap(ctx, info.FullMethodName); err != nil {
-				return nil, err
-			}
-			return ctx, nil
-		}))
+		// The tap also counts the calls of peers that are not data
+		// nodes (admit.go).
+		sopts = append(sopts, grpc.InTapHandle(s.adm.tap), grpc.StatsHandler(connStats{}))
 		unary = append([]grpc.UnaryServerInterceptor{sec.Authz.Unary}, unary...)
 		stream = append([]grpc.StreamServerInterceptor{sec.Authz.Stream}, stream...)
 	}

@@ -8,6 +8,11 @@ import (
 	"google.golang.org/grpc/metadata"
 )
 
+// NodeMethod is a method only data nodes may call under the default
+// policy (appending to a log store's WAL): a peer the policy lets call it
+// is trusted with a node's resources (Trusted).
+const NodeMethod = "/walship.v1.LogStoreService/Append"
+
 // Tap authorizes a call from its headers alone — the peer's certificate,
 // the method, the metadata — before any of its messages is read: gRPC
 // reads a unary request whole (up to the message limit) before the
@@ -35,6 +40,22 @@ func (a *Authz) Tap(ctx context.Context, method string) error {
 	}
 	a.remember(k) // a no-op unless cached could have found it
 	return nil
+}
+
+// Trusted reports whether the policy lets the peer of a tap's ctx call
+// NodeMethod: a data node, whose calls (replication streams, appends of
+// WAL batches) the per-peer limits of internal/serve must not throttle.
+func (a *Authz) Trusted(ctx context.Context) bool {
+	if _, ok := a.cached(ctx, NodeMethod); ok {
+		return true
+	}
+	if a.check(ctx, NodeMethod, nil) != nil || a.allows(ctx, NodeMethod) != nil {
+		return false
+	}
+	if a.td != "" {
+		a.remember(allowKey{leaf(ctx), NodeMethod})
+	}
+	return true
 }
 
 // allows evaluates grpc's policy for a call of method from ctx's peer, as
