@@ -30,6 +30,7 @@ type securityFlags struct {
 	// pprofPublic allows --pprof on a metrics listener beyond loopback.
 	pprofPublic bool
 	peerCalls   int
+	peerConns   int
 }
 
 // addSecurityFlags registers the flags; server says whether the command
@@ -52,6 +53,7 @@ func addSecurityFlags(fs *flag.FlagSet, server bool) *securityFlags {
 	fs.BoolVar(&sf.pprofPublic, "pprof-public", false, "allow --pprof on a --metrics-listen beyond loopback: anyone who reaches that port can read the profiles and spend the process's CPU on them")
 	fs.DurationVar(&sf.maxAge, "max-connection-age", time.Hour, "with TLS, close connections this old so they re-handshake with rotated certificates (streams resume); 0 = never")
 	fs.IntVar(&sf.peerCalls, "max-peer-calls", serve.DefaultPeerCalls, "with TLS, most calls one identity that is not a data node may have in progress on this server (each may hold about twice the message limit); more fail RESOURCE_EXHAUSTED")
+	fs.IntVar(&sf.peerConns, "max-peer-conns", serve.DefaultPeerConns, "with TLS, most connections one identity may hold to this server (about 55 KiB each); more are closed after the handshake")
 	return sf
 }
 
@@ -102,8 +104,8 @@ func (sf *securityFlags) serve(ctx context.Context, logger *slog.Logger, listen,
 	if sf.plaintext {
 		return serve.Security{}, errors.New("--plaintext: not with --tls-cert, --tls-key and --tls-ca")
 	}
-	if sf.peerCalls < 1 {
-		return serve.Security{}, fmt.Errorf("--max-peer-calls: %d must be positive", sf.peerCalls)
+	if sf.peerCalls < 1 || sf.peerConns < 1 {
+		return serve.Security{}, fmt.Errorf("--max-peer-calls %d, --max-peer-conns %d: both must be positive", sf.peerCalls, sf.peerConns)
 	}
 	src, err := tlsid.Load(sf.files, logger)
 	if err != nil {
@@ -124,7 +126,7 @@ func (sf *securityFlags) serve(ctx context.Context, logger *slog.Logger, listen,
 	}
 	serve.UseTLS(src, classTrust)
 	logger.Info("serving TLS 1.3 with client certificates", "identity", src.Identity(), "not_after", src.NotAfter(), "policy", policyName(sf.policy, sf.trust))
-	return serve.Security{TLS: src, Authz: az, MaxConnectionAge: sf.maxAge, Pprof: sf.pprof, MaxPeerCalls: sf.peerCalls}, nil
+	return serve.Security{TLS: src, Authz: az, MaxConnectionAge: sf.maxAge, Pprof: sf.pprof, MaxPeerCalls: sf.peerCalls, MaxPeerConns: sf.peerConns}, nil
 }
 
 // checkPprof refuses --pprof where its profiles would reach beyond

@@ -4,17 +4,22 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/walship/walship/internal/tlsid"
+	"golang.org/x/sync/semaphore"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
 )
 
-// What one peer may hold on a server.
+// What one peer may hold on a server, and what peers that have not
+// finished their TLS handshake may.
 //
 // A gRPC server reads a unary request whole — up to its message limit —
 // before any interceptor runs, and then reads on until the client ends
@@ -26,21 +31,39 @@ import (
 // sent but for its last byte, took a primary from 46 MiB to 1.5 GiB RSS
 // in 20 s (and on, at the sender's pace).
 //
-// Every call is authorized from its headers (tlsid.Authz.Tap) before
-// any of its data is read, so a refused peer holds nothing; a peer that
-// is not a data node may have at most Security.MaxPeerCalls calls in
-// progress on the server, its identity's connections together.
+// The defences, in the order a connection meets them:
+//   - handshakes: at most maxHandshakes in progress, each within
+//     handshakeTimeout (grpc's default is 120 s), so peers that never
+//     finish one (about 11 KiB each) cannot pile up;
+//   - connections: at most Security.MaxPeerConns per identity (an idle
+//     TLS connection holds about 55 KiB);
+//   - calls: every call is authorized from its headers (tlsid.Authz.Tap)
+//     before any of its data is read, so a refused peer holds nothing; a
+//     peer that is not a data node may have at most Security.MaxPeerCalls
+//     calls in progress on the server, its identity's connections
+//     together.
 //
 // Data nodes (tlsid.Authz.Trusted: the peers the policy lets append to a
 // log) are not limited in calls.
-// DefaultPeerCalls is Security.MaxPeerCalls's default: with the
-// primary's 2 MiB message limit, at most 32 × 2 × 2 MiB = 128 MiB for one
-// identity's calls.
-const DefaultPeerCalls = 32
+const (
+	// DefaultPeerCalls is Security.MaxPeerCalls's default: with the
+	// primary's 2 MiB message limit, at most 32 × 2 × 2 MiB = 128 MiB for
+	// one identity's calls.
+	DefaultPeerCalls = 32
+	// DefaultPeerConns is Security.MaxPeerConns's default: 256 idle
+	// connections hold about 14 MiB.
+	DefaultPeerConns = 256
+	// maxHandshakes bounds the TLS handshakes in progress (about 11 MiB).
+	maxHandshakes = 1024
+	// handshakeTimeout bounds one connection's TLS handshake and HTTP/2
+	// preface.
+	handshakeTimeout = 10 * time.Second
+)
 
-// peerCounts counts what each identity holds and refuses past a limit.
+// peerCounts counts what each identity holds (its calls, or its
+// connections) and refuses past a limit.
 type peerCounts struct {
-	what  string // "calls in progress"
+	what  string // "calls in progress", "connections"
 	limit int
 	mu    sync.Mutex
 	n     map[string]int
@@ -77,21 +100,27 @@ func (c *peerCounts) acquire(id string) (release func(), err error) {
 
 // admission is a Server's state for these limits.
 type admission struct {
-	authz   *tlsid.Authz
-	calls   *peerCounts
-	refused *prometheus.CounterVec
+	authz      *tlsid.Authz
+	calls      *peerCounts
+	conns      *peerCounts
+	handshakes *semaphore.Weighted
+	refused    *prometheus.CounterVec
 }
 
 func newAdmission(sec Security, reg prometheus.Registerer) (*admission, error) {
-	calls := sec.MaxPeerCalls
+	calls, conns := sec.MaxPeerCalls, sec.MaxPeerConns
 	if calls <= 0 {
 		calls = DefaultPeerCalls
 	}
-	a := &admission{authz: sec.Authz, calls: newPeerCounts("calls in progress", calls),
+	if conns <= 0 {
+		conns = DefaultPeerConns
+	}
+	a := &admission{authz: sec.Authz, calls: newPeerCounts("calls in progress", calls), conns: newPeerCounts("connections", conns),
+		handshakes: semaphore.NewWeighted(maxHandshakes),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "walship_server_refusals_total",
-			Help: "Calls a server refused past a resource limit, by limit: peer_calls (one identity's calls in progress)."},
+			Help: "Connections and calls a server refused past a resource limit, by limit: handshakes (TLS handshakes in progress), peer_conns (one identity's connections), peer_calls (one identity's calls in progress)."},
 			[]string{"limit"})}
-	for _, l := range []string{"peer_calls"} {
+	for _, l := range []string{"handshakes", "peer_conns", "peer_calls"} {
 		a.refused.WithLabelValues(l)
 	}
 	if reg != nil {
@@ -156,3 +185,51 @@ func (connStats) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Contex
 	return ctx
 }
 func (connStats) HandleRPC(context.Context, stats.RPCStats) {}
+
+// serverCreds are the TLS credentials of a server's listener, with the
+// handshake and connection limits.
+type serverCreds struct {
+	credentials.TransportCredentials
+	adm *admission
+}
+
+var errTooManyHandshakes = errors.New("serve: too many TLS handshakes in progress")
+
+func (c *serverCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	if !c.adm.handshakes.TryAcquire(1) {
+		c.adm.refused.WithLabelValues("handshakes").Inc()
+		return nil, nil, errTooManyHandshakes
+	}
+	conn, info, err := c.TransportCredentials.ServerHandshake(raw)
+	c.adm.handshakes.Release(1)
+	if err != nil {
+		return nil, nil, err
+	}
+	id := ""
+	if ti, ok := info.(credentials.TLSInfo); ok && len(ti.State.PeerCertificates) > 0 {
+		id = tlsid.Principal(ti.State.PeerCertificates[0])
+	}
+	release, err := c.adm.conns.acquire(id)
+	if err != nil {
+		c.adm.refused.WithLabelValues("peer_conns").Inc()
+		conn.Close()
+		return nil, nil, err
+	}
+	return &countedConn{Conn: conn, release: release}, info, nil
+}
+
+func (c *serverCreds) Clone() credentials.TransportCredentials {
+	return &serverCreds{TransportCredentials: c.TransportCredentials.Clone(), adm: c.adm}
+}
+
+// countedConn uncounts its peer's connection when closed.
+type countedConn struct {
+	net.Conn
+	release func()
+}
+
+func (c *countedConn) Close() error {
+	err := c.Conn.Close()
+	c.release()
+	return err
+}

@@ -2,6 +2,9 @@ package serve
 
 import (
 	"context"
+	"crypto/tls"
+	"errors"
+	"io"
 	"net"
 	"strings"
 	"testing"
@@ -187,4 +190,114 @@ func TestPeerCallsAreBounded(t *testing.T) {
 		_, err := kv.Put(ctx, &walshipv1.PutRequest{Key: "k"})
 		return err == nil
 	})
+}
+
+// TestPeerConnsAreBounded: one identity has at most MaxPeerConns
+// connections; the next is closed after its handshake, while another
+// identity connects; a closed connection frees its place.
+func TestPeerConnsAreBounded(t *testing.T) {
+	ts := serveTLS(t, Options{Security: Security{MaxPeerConns: 3}})
+	cfg := func(name string) *tls.Config {
+		src, err := tlsid.Load(ts.files(t, tlsid.ClassClient, name), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := src.ClientConfig()
+		c.NextProtos = []string{"h2"}
+		return c
+	}
+	// open connects and reads the server's first frame (its settings):
+	// an error if the server closed the connection instead.
+	open := func(name string) (net.Conn, error) {
+		c, err := tls.Dial("tcp", ts.Addr(), cfg(name))
+		if err != nil {
+			return nil, err
+		}
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(c, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"); err != nil {
+			c.Close()
+			return nil, err
+		}
+		if _, err := c.Read(make([]byte, 9)); err != nil {
+			c.Close()
+			return nil, err
+		}
+		return c, nil
+	}
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := range 3 {
+		c, err := open("a")
+		if err != nil {
+			t.Fatalf("connection %d: %v", i+1, err)
+		}
+		conns = append(conns, c)
+	}
+	if c, err := open("a"); err == nil {
+		c.Close()
+		t.Fatal("a fourth connection of one identity was served")
+	}
+	c, err := open("b")
+	if err != nil {
+		t.Fatalf("another identity's connection: %v", err)
+	}
+	conns = append(conns, c)
+	conns[0].Close()
+	testkit.Until(t, "a closed connection to free its place", func() bool {
+		c, err := open("a")
+		if err == nil {
+			conns = append(conns, c)
+		}
+		return err == nil
+	})
+}
+
+// TestHandshakesAreBounded: connections that never finish their TLS
+// handshake hold at most maxHandshakes places; one more is closed at once
+// (each pending one would hold its goroutine and buffers for gRPC's
+// 120 s), and a handshake that completes afterwards is served.
+func TestHandshakesAreBounded(t *testing.T) {
+	ts := serveTLS(t, Options{})
+	var raw []net.Conn
+	closeRaw := func() {
+		for _, c := range raw {
+			c.Close()
+		}
+		raw = nil
+	}
+	defer closeRaw()
+	for range maxHandshakes {
+		c, err := net.Dial("tcp", ts.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw = append(raw, c)
+	}
+	testkit.Until(t, "every pending handshake to hold its place", func() bool {
+		if !ts.adm.handshakes.TryAcquire(1) {
+			return true
+		}
+		ts.adm.handshakes.Release(1)
+		return false
+	})
+	c, err := net.Dial("tcp", ts.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !strings.Contains(err.Error(), "reset") {
+		t.Fatalf("a connection past the pending handshakes: read %v; want it closed", err)
+	}
+	closeRaw()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	kv := walshipv1.NewKVServiceClient(ts.dial(t, tlsid.ClassClient, "app"))
+	if _, err := kv.Put(ctx, &walshipv1.PutRequest{Key: "k"}, grpc.WaitForReady(true)); err != nil {
+		t.Fatalf("a client after the pending handshakes went: %v", err)
+	}
 }

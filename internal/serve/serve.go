@@ -84,6 +84,9 @@ type Security struct {
 	// may have in progress on the server (admit.go); past it a call fails
 	// RESOURCE_EXHAUSTED. 0 = DefaultPeerCalls.
 	MaxPeerCalls int
+	// MaxPeerConns bounds one identity's connections; past it a
+	// connection is closed after its handshake. 0 = DefaultPeerConns.
+	MaxPeerConns int
 	// Pprof serves Go's profiles (/debug/pprof/) on the metrics listener:
 	// anyone who reaches that port can read them and spend the process's
 	// CPU on a profile, so it is off unless asked for.
@@ -197,9 +200,10 @@ func (s *Server) serverOptions() ([]grpc.ServerOption, error) {
 		// Replication streams are long-lived; let peers ping them, but
 		// not more often than every 5 s (a flood of pings is refused).
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		grpc.ConnectionTimeout(handshakeTimeout),
 	)
 	if sec.TLS != nil {
-		sopts = append(sopts, grpc.Creds(credentials.NewTLS(sec.TLS.ServerConfig())))
+		sopts = append(sopts, grpc.Creds(&serverCreds{TransportCredentials: credentials.NewTLS(sec.TLS.ServerConfig()), adm: s.adm}))
 		if opts.Registry != nil {
 			// A data node's next role's server registers them again.
 			if err := sec.TLS.Register(opts.Registry); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
