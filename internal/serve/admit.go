@@ -11,9 +11,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/walship/walship/internal/tlsid"
 	"golang.org/x/sync/semaphore"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/stats"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
 )
@@ -105,6 +106,7 @@ type admission struct {
 	conns      *peerCounts
 	handshakes *semaphore.Weighted
 	refused    *prometheus.CounterVec
+	byAddr     sync.Map // net.Addr (the connection's own) -> *connState, while connected
 }
 
 func newAdmission(sec Security, reg prometheus.Registerer) (*admission, error) {
@@ -138,7 +140,8 @@ func newAdmission(sec Security, reg prometheus.Registerer) (*admission, error) {
 
 // tap is the servers' grpc.InTapHandle: it authorizes the call, and
 // counts it against its peer's calls unless the peer is a data node. The
-// count ends with the call (its context's end).
+// count ends with the call: when its handler returns (callDone), or when
+// its stream ends if no handler ran.
 func (a *admission) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
 	if a.authz == nil {
 		return ctx, nil
@@ -146,21 +149,55 @@ func (a *admission) tap(ctx context.Context, info *tap.Info) (context.Context, e
 	if err := a.authz.Tap(ctx, info.FullMethodName); err != nil {
 		return nil, err
 	}
-	cs, _ := ctx.Value(connKey{}).(*connState)
+	cs := a.connOf(ctx)
 	if cs == nil || cs.trusted(ctx, a.authz) {
 		return ctx, nil
 	}
-	release, err := a.calls.acquire(tlsid.Peer(ctx))
+	release, err := a.calls.acquire(cs.id)
 	if err != nil {
 		a.refused.WithLabelValues("peer_calls").Inc()
 		return nil, status.Errorf(codes.ResourceExhausted, "%s: %v (--max-peer-calls); retry once some are answered", info.FullMethodName, err)
 	}
-	context.AfterFunc(ctx, release)
-	return ctx, nil
+	// A stream that never reaches a handler (an unknown method, a
+	// deadline already past) ends with its context.
+	stop := context.AfterFunc(ctx, release)
+	return context.WithValue(ctx, slotKey{}, &callSlot{release: release, stop: stop}), nil
 }
 
-// connState is what the servers know of one connection, set by connStats.
+// callSlot is a counted call's place, freed by callDone or its stream's
+// end, whichever comes first.
+type callSlot struct {
+	release func()
+	stop    func() bool
+}
+
+type slotKey struct{}
+
+// callDone frees a call's place when its handler returns (without the
+// goroutine context.AfterFunc starts at the stream's end).
+func callDone(ctx context.Context) {
+	if c, ok := ctx.Value(slotKey{}).(*callSlot); ok && c.stop() {
+		c.release()
+	}
+}
+
+// unaryDone and streamDone run callDone after the handler; they are the
+// outermost interceptors.
+func unaryDone(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	defer callDone(ctx)
+	return handler(ctx, req)
+}
+
+func streamDone(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	defer callDone(ss.Context())
+	return handler(srv, ss)
+}
+
+// connState is what the servers know of one connection: its peer's
+// identity, and whether it is a data node (asked of the policy at its
+// first call).
 type connState struct {
+	id      string // tlsid.Principal of the peer's certificate
 	once    sync.Once
 	isTrust bool
 }
@@ -171,20 +208,19 @@ func (c *connState) trusted(ctx context.Context, az *tlsid.Authz) bool {
 	return c.isTrust
 }
 
-type connKey struct{}
-
-// connStats gives every connection's context a connState, which the tap
-// of each of its calls finds there.
-type connStats struct{}
-
-func (connStats) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
-	return context.WithValue(ctx, connKey{}, &connState{})
+// connOf is the state of a tap's connection, which serverCreds recorded
+// at the handshake (nil over plaintext). It is keyed by the connection's
+// remote address as its net.Conn returns it — the very value gRPC puts in
+// the peer of each call, compared without formatting it.
+func (a *admission) connOf(ctx context.Context) *connState {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.Addr == nil {
+		return nil
+	}
+	cs, _ := a.byAddr.Load(p.Addr)
+	c, _ := cs.(*connState)
+	return c
 }
-func (connStats) HandleConn(context.Context, stats.ConnStats) {}
-func (connStats) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context {
-	return ctx
-}
-func (connStats) HandleRPC(context.Context, stats.RPCStats) {}
 
 // serverCreds are the TLS credentials of a server's listener, with the
 // handshake and connection limits.
@@ -215,7 +251,13 @@ func (c *serverCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthI
 		conn.Close()
 		return nil, nil, err
 	}
-	return &countedConn{Conn: conn, release: release}, info, nil
+	addr := conn.RemoteAddr()
+	cs := &connState{id: id}
+	c.adm.byAddr.Store(addr, cs)
+	return &countedConn{Conn: conn, release: func() {
+		c.adm.byAddr.CompareAndDelete(addr, cs)
+		release()
+	}}, info, nil
 }
 
 func (c *serverCreds) Clone() credentials.TransportCredentials {
@@ -226,10 +268,11 @@ func (c *serverCreds) Clone() credentials.TransportCredentials {
 type countedConn struct {
 	net.Conn
 	release func()
+	once    sync.Once
 }
 
 func (c *countedConn) Close() error {
 	err := c.Conn.Close()
-	c.release()
+	c.once.Do(c.release)
 	return err
 }

@@ -222,9 +222,9 @@ func (s *Server) serverOptions() ([]grpc.ServerOption, error) {
 		// nothing runs for a caller the policy refuses.
 		// The tap also counts the calls of peers that are not data
 		// nodes (admit.go).
-		sopts = append(sopts, grpc.InTapHandle(s.adm.tap), grpc.StatsHandler(connStats{}))
-		unary = append([]grpc.UnaryServerInterceptor{sec.Authz.Unary}, unary...)
-		stream = append([]grpc.StreamServerInterceptor{sec.Authz.Stream}, stream...)
+		sopts = append(sopts, grpc.InTapHandle(s.adm.tap))
+		unary = append([]grpc.UnaryServerInterceptor{unaryDone, sec.Authz.Unary}, unary...)
+		stream = append([]grpc.StreamServerInterceptor{streamDone, sec.Authz.Stream}, stream...)
 	}
 	if sec.MaxConnectionAge > 0 {
 		grace := min(time.Minute, sec.MaxConnectionAge/2)
