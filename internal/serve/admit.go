@@ -42,10 +42,13 @@ import (
 //     before any of its data is read, so a refused peer holds nothing; a
 //     peer that is not a data node may have at most Security.MaxPeerCalls
 //     calls in progress on the server, its identity's connections
-//     together.
+//     together, and under the default policy its connections are served
+//     with an edge transport (Options.EdgeMaxMessageBytes, edgeWindow,
+//     MaxPeerCalls streams per connection; serverOptions).
 //
 // Data nodes (tlsid.Authz.Trusted: the peers the policy lets append to a
-// log) are not limited in calls.
+// log) are not limited in calls and keep the transport measured for
+// commits and replication.
 const (
 	// DefaultPeerCalls is Security.MaxPeerCalls's default: with the
 	// primary's 2 MiB message limit, at most 32 × 2 × 2 MiB = 128 MiB for
@@ -59,6 +62,11 @@ const (
 	// handshakeTimeout bounds one connection's TLS handshake and HTTP/2
 	// preface.
 	handshakeTimeout = 10 * time.Second
+	// edgeWindow is the stream flow-control window of the edge transport:
+	// what a stream whose handler does not read (server reflection waiting
+	// to send) may have buffered. A larger request is read all the same:
+	// gRPC widens a stream's window for the message it is reading.
+	edgeWindow = 256 << 10
 )
 
 // peerCounts counts what each identity holds (its calls, or its
@@ -223,10 +231,12 @@ func (a *admission) connOf(ctx context.Context) *connState {
 }
 
 // serverCreds are the TLS credentials of a server's listener, with the
-// handshake and connection limits.
+// handshake and connection limits, and (nodes set) the dispatch of data
+// nodes' connections to the server of their own.
 type serverCreds struct {
 	credentials.TransportCredentials
-	adm *admission
+	adm   *admission
+	nodes *chanListener // nil: no dispatch
 }
 
 var errTooManyHandshakes = errors.New("serve: too many TLS handshakes in progress")
@@ -254,14 +264,22 @@ func (c *serverCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthI
 	addr := conn.RemoteAddr()
 	cs := &connState{id: id}
 	c.adm.byAddr.Store(addr, cs)
-	return &countedConn{Conn: conn, release: func() {
+	counted := &countedConn{Conn: conn, release: func() {
 		c.adm.byAddr.CompareAndDelete(addr, cs)
 		release()
-	}}, info, nil
+	}}
+	if c.nodes != nil && c.adm.authz != nil && c.adm.authz.TrustedIdentity(id) {
+		if !c.nodes.dispatch(&handshaken{Conn: counted, info: info}) {
+			counted.Close()
+			return nil, nil, net.ErrClosed
+		}
+		return nil, nil, credentials.ErrConnDispatched
+	}
+	return counted, info, nil
 }
 
 func (c *serverCreds) Clone() credentials.TransportCredentials {
-	return &serverCreds{TransportCredentials: c.TransportCredentials.Clone(), adm: c.adm}
+	return &serverCreds{TransportCredentials: c.TransportCredentials.Clone(), adm: c.adm, nodes: c.nodes}
 }
 
 // countedConn uncounts its peer's connection when closed.
@@ -276,3 +294,64 @@ func (c *countedConn) Close() error {
 	c.once.Do(c.release)
 	return err
 }
+
+// handshaken is a connection whose TLS handshake serverCreds did, passed
+// to the data nodes' server with what it learned.
+type handshaken struct {
+	net.Conn
+	info credentials.AuthInfo
+}
+
+// nodeCreds are the data nodes' server's: its connections come handshaken.
+type nodeCreds struct {
+	credentials.TransportCredentials
+}
+
+func (nodeCreds) ServerHandshake(c net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	h, ok := c.(*handshaken)
+	if !ok {
+		return nil, nil, errors.New("serve: a connection that did not come through the listener's handshake")
+	}
+	return h.Conn, h.info, nil
+}
+
+func (c nodeCreds) Clone() credentials.TransportCredentials { return c }
+
+// chanListener is the data nodes' server's listener: the connections
+// serverCreds hands it.
+type chanListener struct {
+	addr  net.Addr
+	conns chan net.Conn
+	done  chan struct{}
+	once  sync.Once
+}
+
+func newChanListener(addr net.Addr) *chanListener {
+	return &chanListener{addr: addr, conns: make(chan net.Conn), done: make(chan struct{})}
+}
+
+// dispatch hands c to the server, or says the listener is closed.
+func (l *chanListener) dispatch(c net.Conn) bool {
+	select {
+	case l.conns <- c:
+		return true
+	case <-l.done:
+		return false
+	}
+}
+
+func (l *chanListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *chanListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return nil
+}
+
+func (l *chanListener) Addr() net.Addr { return l.addr }

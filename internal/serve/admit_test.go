@@ -301,3 +301,26 @@ func TestHandshakesAreBounded(t *testing.T) {
 		t.Fatalf("a client after the pending handshakes went: %v", err)
 	}
 }
+
+// TestEdgeTransport: under the default policy, a peer that is not a data
+// node is served with the edge transport: a message over
+// EdgeMaxMessageBytes fails RESOURCE_EXHAUSTED on its length prefix, and
+// its connections take at most MaxPeerCalls streams each; a data node's
+// message up to MaxMessageBytes is read and answered.
+func TestEdgeTransport(t *testing.T) {
+	ts := serveTLS(t, Options{MaxMessageBytes: 4 << 20, EdgeMaxMessageBytes: 64 << 10})
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	big := &walshipv1.PutRequest{Key: "k", Value: make([]byte, 1<<20)}
+	client := walshipv1.NewKVServiceClient(ts.dial(t, tlsid.ClassClient, "app"))
+	if _, err := client.Put(ctx, big); status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("a client's 1 MiB request to a 64 KiB edge: %v; want RESOURCE_EXHAUSTED", err)
+	}
+	if _, err := client.Put(ctx, &walshipv1.PutRequest{Key: "k", Value: make([]byte, 32<<10)}); err != nil {
+		t.Errorf("a client's 32 KiB request: %v", err)
+	}
+	node := walshipv1.NewKVServiceClient(ts.dial(t, tlsid.ClassNode, "n"))
+	if _, err := node.Put(ctx, big); err != nil {
+		t.Errorf("a data node's 1 MiB request: %v", err)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -60,6 +61,12 @@ type Options struct {
 	// received ones (a primary streams batches bigger than any request);
 	// 0 means MaxMessageBytes.
 	MaxSendBytes int
+	// EdgeMaxMessageBytes bounds the messages received from peers that are
+	// not data nodes, when the server tells them apart (TLS under the
+	// default policy): the largest request such a peer has reason to send
+	// (a log store receives WAL batches from nodes only). 0 means
+	// MaxMessageBytes.
+	EdgeMaxMessageBytes int
 	// Security is TLS and authorization; the zero value serves plaintext.
 	Security Security
 }
@@ -94,11 +101,20 @@ type Security struct {
 }
 
 // Server is a listening gRPC server with health, reflection and metrics.
+//
+// With TLS under the default policy it is two gRPC servers on one
+// listener: the listener's, which does every TLS handshake and serves the
+// peers that are not data nodes with the edge transport (admit.go), and
+// one for the data nodes' connections, which the handshake hands over
+// (credentials.ErrConnDispatched), with the transport measured for
+// commits and replication.
 type Server struct {
 	opts       Options
 	endStreams chan struct{} // closed StreamGrace after a graceful stop begins
 	serving    atomic.Bool
 	grpc       *grpc.Server
+	nodes      *grpc.Server  // nil unless the peers are told apart
+	nodeLis    *chanListener // nodes' listener
 	adm        *admission
 	health     *health.Server
 	lis        net.Listener
@@ -125,18 +141,25 @@ func New(opts Options, register func(*grpc.Server)) (*Server, error) {
 		return nil, fmt.Errorf("listen %s: %w", opts.Listen, err)
 	}
 	s := &Server{opts: opts, lis: lis, endStreams: make(chan struct{})}
-	sopts, err := s.serverOptions()
+	sopts, nodeOpts, err := s.serverOptions()
 	if err != nil {
 		lis.Close()
 		return nil, err
 	}
 	s.grpc = grpc.NewServer(sopts...)
 	s.health = health.NewServer()
-	register(s.grpc)
-	healthpb.RegisterHealthServer(s.grpc, s.health)
-	if err := registerReflection(s.grpc); err != nil {
-		lis.Close()
-		return nil, err
+	servers := []*grpc.Server{s.grpc}
+	if nodeOpts != nil {
+		s.nodes = grpc.NewServer(nodeOpts...)
+		servers = append(servers, s.nodes)
+	}
+	for _, g := range servers {
+		register(g)
+		healthpb.RegisterHealthServer(g, s.health)
+		if err := registerReflection(g); err != nil {
+			lis.Close()
+			return nil, err
+		}
 	}
 	for name := range s.grpc.GetServiceInfo() {
 		s.services = append(s.services, name)
@@ -165,19 +188,27 @@ func withDefaults(opts Options) Options {
 	if opts.MaxSendBytes <= 0 {
 		opts.MaxSendBytes = opts.MaxMessageBytes
 	}
+	if opts.EdgeMaxMessageBytes <= 0 {
+		opts.EdgeMaxMessageBytes = opts.MaxMessageBytes
+	}
 	if opts.StreamGrace <= 0 {
 		opts.StreamGrace = time.Second
 	}
 	return opts
 }
 
-// serverOptions are the gRPC server's: the transport's, the codec that
-// refuses what does not decode (decode.go), the message and stream limits, keepalive, TLS, and the
-// interceptors (authorization first).
-func (s *Server) serverOptions() ([]grpc.ServerOption, error) {
+// serverOptions are the gRPC servers': the listener's, and the data
+// nodes' (nil unless the peers are told apart). Both have the codec that
+// refuses what does not decode (decode.go), keepalive, the tap that
+// authorizes and counts calls (admit.go) and the interceptors
+// (authorization first); they differ in transport: the nodes' has the
+// fixed windows measured for commits and replication (transport.go),
+// MaxMessageBytes and MaxConcurrentStreams; the edge's, small windows,
+// EdgeMaxMessageBytes and MaxPeerCalls streams per connection.
+func (s *Server) serverOptions() (edge, nodes []grpc.ServerOption, err error) {
 	opts, sec := s.opts, s.opts.Security
 	if sec.TLS != nil && sec.Authz == nil {
-		return nil, errors.New("serve: TLS without an authorization policy would let any certificate of the CA call everything")
+		return nil, nil, errors.New("serve: TLS without an authorization policy would let any certificate of the CA call everything")
 	}
 	if sec.MaxConcurrentStreams == 0 {
 		sec.MaxConcurrentStreams = 1000
@@ -186,51 +217,72 @@ func (s *Server) serverOptions() ([]grpc.ServerOption, error) {
 	if opts.Registry != nil {
 		reg = opts.Registry
 	}
-	var err error
 	if s.adm, err = newAdmission(sec, reg); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	unary := []grpc.UnaryServerInterceptor{refuseMarkedUnary}
 	stream := []grpc.StreamServerInterceptor{refuseMarkedStream, s.endStreamsOnStop}
-	sopts := append(transportOptions(),
+	common := []grpc.ServerOption{
 		grpc.ForceServerCodecV2(newCheckedCodec()),
-		grpc.MaxRecvMsgSize(opts.MaxMessageBytes),
 		grpc.MaxSendMsgSize(opts.MaxSendBytes),
-		grpc.MaxConcurrentStreams(sec.MaxConcurrentStreams),
+		grpc.NumStreamWorkers(streamWorkers()),
 		// Replication streams are long-lived; let peers ping them, but
 		// not more often than every 5 s (a flood of pings is refused).
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.ConnectionTimeout(handshakeTimeout),
-	)
+	}
+	if sec.Authz != nil {
+		// Before anything of the call is read (tlsid.Authz.Tap); it also
+		// counts the calls of peers that are not data nodes (admit.go).
+		common = append(common, grpc.InTapHandle(s.adm.tap))
+	}
+	nodeTransport := append(transportOptions(),
+		grpc.MaxRecvMsgSize(opts.MaxMessageBytes),
+		grpc.MaxConcurrentStreams(sec.MaxConcurrentStreams))
+	split := sec.TLS != nil && sec.Authz.DefaultPolicy()
+	edgeTransport := nodeTransport
+	if split {
+		s.nodeLis = newChanListener(s.lis.Addr())
+		edgeTransport = []grpc.ServerOption{
+			grpc.InitialWindowSize(edgeWindow),
+			grpc.InitialConnWindowSize(connWindow),
+			grpc.MaxRecvMsgSize(opts.EdgeMaxMessageBytes),
+			grpc.MaxConcurrentStreams(uint32(s.adm.calls.limit)),
+		}
+	}
+	edge = append(append([]grpc.ServerOption{}, common...), edgeTransport...)
 	if sec.TLS != nil {
-		sopts = append(sopts, grpc.Creds(&serverCreds{TransportCredentials: credentials.NewTLS(sec.TLS.ServerConfig()), adm: s.adm}))
+		edge = append(edge, grpc.Creds(&serverCreds{TransportCredentials: credentials.NewTLS(sec.TLS.ServerConfig()), adm: s.adm, nodes: s.nodeLis}))
 		if opts.Registry != nil {
 			// A data node's next role's server registers them again.
 			if err := sec.TLS.Register(opts.Registry); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
-				return nil, err
+				return nil, nil, err
 			}
 		}
 	}
 	if sec.Authz != nil {
 		if opts.Registry != nil {
 			if err := sec.Authz.Register(opts.Registry); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
-				return nil, err
+				return nil, nil, err
 			}
 		}
-		// Before anything of the call is read (tlsid.Authz.Tap), then
-		// first among the interceptors, which alone see a request:
+		// Then first among the interceptors, which alone see a request:
 		// nothing runs for a caller the policy refuses.
-		// The tap also counts the calls of peers that are not data
-		// nodes (admit.go).
-		sopts = append(sopts, grpc.InTapHandle(s.adm.tap))
 		unary = append([]grpc.UnaryServerInterceptor{unaryDone, sec.Authz.Unary}, unary...)
 		stream = append([]grpc.StreamServerInterceptor{streamDone, sec.Authz.Stream}, stream...)
 	}
+	var tail []grpc.ServerOption
 	if sec.MaxConnectionAge > 0 {
 		grace := min(time.Minute, sec.MaxConnectionAge/2)
-		sopts = append(sopts, grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: sec.MaxConnectionAge, MaxConnectionAgeGrace: grace}))
+		tail = append(tail, grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: sec.MaxConnectionAge, MaxConnectionAgeGrace: grace}))
 	}
-	return append(sopts, grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...)), nil
+	tail = append(tail, grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...))
+	edge = append(edge, tail...)
+	if split {
+		nodes = append(append(append(append([]grpc.ServerOption{}, common...), nodeTransport...),
+			grpc.Creds(nodeCreds{credentials.NewTLS(sec.TLS.ServerConfig())})), tail...)
+	}
+	return edge, nodes, nil
 }
 
 // registerReflection registers server reflection, v1 and v1alpha. It
@@ -332,6 +384,14 @@ func (s *Server) Serve(ctx context.Context, beforeStop func()) error {
 		}
 		return nil
 	})
+	if s.nodes != nil {
+		g.Go(func() error {
+			if err := s.nodes.Serve(s.nodeLis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+				return fmt.Errorf("grpc serve (data nodes): %w", err)
+			}
+			return nil
+		})
+	}
 	if s.metrics != nil {
 		g.Go(func() error {
 			if err := s.metrics.Serve(s.metricLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -351,7 +411,11 @@ func (s *Server) Serve(ctx context.Context, beforeStop func()) error {
 		defer grace.Stop()
 		done := make(chan struct{})
 		go func() {
-			s.grpc.GracefulStop()
+			var wg sync.WaitGroup
+			for _, g := range s.servers() {
+				wg.Go(g.GracefulStop)
+			}
+			wg.Wait()
 			close(done)
 		}()
 		t := time.NewTimer(s.opts.StopTimeout)
@@ -360,7 +424,9 @@ func (s *Server) Serve(ctx context.Context, beforeStop func()) error {
 		case <-done:
 		case <-t.C:
 			s.opts.Logger.Warn("graceful stop timed out; closing connections", "timeout", s.opts.StopTimeout)
-			s.grpc.Stop()
+			for _, g := range s.servers() {
+				g.Stop()
+			}
 			<-done
 		}
 		if s.metrics != nil {
@@ -375,10 +441,24 @@ func (s *Server) Serve(ctx context.Context, beforeStop func()) error {
 
 // Close releases the listeners of a server that was never served.
 func (s *Server) Close() {
-	s.grpc.Stop()
+	for _, g := range s.servers() {
+		g.Stop()
+	}
+	if s.nodeLis != nil {
+		s.nodeLis.Close()
+	}
+	s.lis.Close() // a listener never served is not the gRPC server's to close
 	if s.metricLis != nil {
 		s.metricLis.Close()
 	}
+}
+
+// servers are the gRPC servers: the listener's, and the data nodes'.
+func (s *Server) servers() []*grpc.Server {
+	if s.nodes == nil {
+		return []*grpc.Server{s.grpc}
+	}
+	return []*grpc.Server{s.grpc, s.nodes}
 }
 
 // endStreamsOnStop gives every streaming call a context that ends

@@ -42,12 +42,12 @@ func streamWorkers() uint32 {
 	return uint32(max(16, 8*runtime.GOMAXPROCS(0)))
 }
 
-// transportOptions are the server options behind the comment above.
+// transportOptions are the server options behind the comment above (the
+// data nodes' transport; admit.go has the edge's).
 func transportOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.InitialWindowSize(streamWindow),
 		grpc.InitialConnWindowSize(connWindow),
-		grpc.NumStreamWorkers(streamWorkers()),
 	}
 }
 

@@ -2,6 +2,7 @@ package tlsid
 
 import (
 	"context"
+	"strings"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"google.golang.org/grpc"
@@ -57,6 +58,20 @@ func (a *Authz) Trusted(ctx context.Context) bool {
 	}
 	return true
 }
+
+// TrustedIdentity reports whether id (Principal of a certificate) names a
+// data node under the default policy (spiffe://TRUST-DOMAIN/walship/node/
+// NAME), for decisions made at the TLS handshake, before any call gives a
+// context the policy can be evaluated in. A certificate whose identity is
+// malformed is refused at its first call all the same. Under a policy
+// file it knows no classes and says false.
+func (a *Authz) TrustedIdentity(id string) bool {
+	return a.td != "" && strings.HasPrefix(id, "spiffe://"+a.td+"/walship/"+ClassNode+"/")
+}
+
+// DefaultPolicy reports whether a is walship's default policy (not a
+// policy file).
+func (a *Authz) DefaultPolicy() bool { return a.td != "" }
 
 // allows evaluates grpc's policy for a call of method from ctx's peer, as
 // its stream interceptor would: the tap's context lacks only the method,
