@@ -269,6 +269,10 @@ func (n *Node) become(role Role, v datadir.Vote) error {
 		cfg.ID, cfg.DataDir, cfg.FS = n.cfg.ID, n.cfg.DataDir, n.cfg.FS
 		cfg.Listen, cfg.MetricsListen = listen, metricsListen
 		cfg.Logger, cfg.Registry = n.logger.With("role", "replica"), n.cfg.Registry
+		if cfg.MaxValueBytes == 0 {
+			// The writes it refuses are the ones it would take as primary.
+			cfg.MaxValueBytes = n.cfg.Primary.MaxValueBytes
+		}
 		if len(cfg.LogStores) == 0 {
 			cfg.LogStores = n.cfg.LogStores
 		}

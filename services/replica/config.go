@@ -42,6 +42,12 @@ type Config struct {
 	// reads from any of them that holds the LSN (catchup.go). Empty skips
 	// that rung of the catch-up ladder.
 	LogStores []string
+	// MaxValueBytes is the largest value a write may carry (the
+	// primary's --max-value-bytes; 0: 1 MiB). A replica refuses writes,
+	// but reads one whole to answer where the primary is, so its gRPC
+	// receive limit is this plus the largest key and 1 MiB; nothing else
+	// it is sent comes near that.
+	MaxValueBytes int
 	// FS is the filesystem; nil means the real one. Tests inject faults here.
 	FS vfs.FS
 

@@ -69,6 +69,7 @@ import (
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/envelope"
+	"github.com/walship/walship/internal/keyspace"
 	"github.com/walship/walship/internal/kvread"
 	"github.com/walship/walship/internal/recovery"
 	"github.com/walship/walship/internal/serve"
@@ -82,9 +83,23 @@ import (
 	"google.golang.org/grpc/keepalive"
 )
 
-// maxMessageBytes bounds the replica's own gRPC messages: a Scan response
-// (up to kvread.MaxScanBytes, or one pair with a large value) plus headroom.
-const maxMessageBytes = 72 << 20
+// maxSendBytes bounds the messages the replica's server sends: a Scan
+// response (up to kvread.MaxScanBytes, or one pair with a large value), a
+// WAL batch a candidate copies (LogStoreService.Read), plus headroom.
+const maxSendBytes = 72 << 20
+
+// maxRequestBytes bounds the messages the replica's server receives: the
+// largest write (which it refuses, naming the primary); every other
+// request — reads, acks, fences, a candidate's reads — is far smaller.
+// (It was maxSendBytes too: a peer could make the replica hold 72 MiB per
+// call before any handler ran.)
+func (c *Config) maxRequestBytes() int {
+	v := c.MaxValueBytes
+	if v <= 0 {
+		v = 1 << 20
+	}
+	return v + keyspace.MaxKeyBytes + 1<<20
+}
 
 // maxRecvBytes bounds one message from the primary or the log store: a
 // WAL batch can be as large as a WAL entry.
@@ -230,7 +245,8 @@ func New(cfg Config) (*Server, error) {
 		Security:        cfg.Security,
 		Listen:          cfg.Listen,
 		MetricsListen:   cfg.MetricsListen,
-		MaxMessageBytes: maxMessageBytes,
+		MaxMessageBytes: cfg.maxRequestBytes(),
+		MaxSendBytes:    maxSendBytes,
 		Registry:        reg,
 		Logger:          s.logger,
 		StopTimeout:     cfg.StopTimeout,

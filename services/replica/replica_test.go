@@ -625,3 +625,21 @@ func TestFailedFsyncIsNotReportedWritten(t *testing.T) {
 		t.Fatalf("positions after the failed fsync = %v; want written and flushed %d, not the unsynced %d", pos, b1.LastLsn, b2.LastLsn)
 	}
 }
+
+// TestRequestLimit: the replica reads a request up to the largest write
+// it may be sent (MaxValueBytes plus the largest key plus 1 MiB), which
+// it refuses naming the primary; a larger message fails
+// RESOURCE_EXHAUSTED on its length prefix. The limit was 72 MiB, the
+// size of what the replica sends, so one call could make it hold 72 MiB
+// before any handler ran.
+func TestRequestLimit(t *testing.T) {
+	fp := newFakePrimary(t)
+	cfg := testConfig(t, t.TempDir(), fp.addr)
+	cfg.MaxValueBytes = 1 << 20
+	r := start(t, cfg)
+	c := tctx(t)
+	_, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "x", Value: make([]byte, 1<<20)})
+	wantCode(t, "Put of the largest value", err, codes.FailedPrecondition, "send writes to the primary at "+fp.addr)
+	_, err = r.kv.Put(c, &walshipv1.PutRequest{Key: "x", Value: make([]byte, 3<<20)}, grpc.MaxCallSendMsgSize(8<<20))
+	wantCode(t, "Put past the request limit", err, codes.ResourceExhausted, "larger than max")
+}
