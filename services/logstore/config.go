@@ -71,6 +71,13 @@ const (
 	MinSegmentBytes = 4 << 10
 )
 
+// edgeMessageBytes bounds a request from a peer that is not a data node
+// (a log store refilling, an admin's verify or restore, Status): they are
+// a few hundred bytes, and a peer must not make the log store hold
+// MaxMessageBytes per call for them (internal/serve's edge transport,
+// under TLS and the default policy).
+const edgeMessageBytes = 1 << 20
+
 // DefaultConfig returns a Config with every default filled in; callers set
 // DataDir (and usually the addresses).
 func DefaultConfig() Config {

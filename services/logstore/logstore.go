@@ -171,9 +171,12 @@ func New(cfg Config) (*Server, error) {
 		Listen:          cfg.Listen,
 		MetricsListen:   cfg.MetricsListen,
 		MaxMessageBytes: cfg.MaxMessageBytes,
-		Registry:        reg,
-		Logger:          s.logger,
-		StopTimeout:     cfg.StopTimeout,
+		// Only data nodes send WAL batches (Append) and snapshots
+		// (PutSnapshot); every other peer's requests are a few bytes.
+		EdgeMaxMessageBytes: edgeMessageBytes,
+		Registry:            reg,
+		Logger:              s.logger,
+		StopTimeout:         cfg.StopTimeout,
 	}, func(g *grpc.Server) {
 		walshipv1.RegisterLogStoreServiceServer(g, &logStoreServer{s: s})
 		walshipv1.RegisterEpochServiceServer(g, &epochServer{s: s})
