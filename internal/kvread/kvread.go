@@ -23,9 +23,13 @@ import (
 const (
 	// MaxScanLimit is the most pairs one Scan returns.
 	MaxScanLimit = 10000
-	// MaxScanBytes bounds the keys and values of one Scan response, so it
-	// fits a gRPC message; a longer range is cut short with more=true.
-	MaxScanBytes = 4 << 20
+	// MaxScanBytes bounds the keys and values of one Scan response (one
+	// pair may exceed it alone); a longer range is cut short with
+	// more=true. A response is marshalled into a buffer of its own and
+	// held until the peer has taken it: 16 concurrent Scans of 4 MiB
+	// pages (one client's calls) took a primary's RSS from 120 to 450
+	// MiB; of 1 MiB pages, to 121.
+	MaxScanBytes = 1 << 20
 	// DefaultWait is how long a read waits for min_lsn when the request
 	// does not say.
 	DefaultWait = 5 * time.Second

@@ -152,3 +152,41 @@ func TestWaitingReadsAreBounded(t *testing.T) {
 		wg.Wait()
 	})
 }
+
+// TestScanPagesAtOneMiB: a Scan stops before its keys and values pass
+// 1 MiB (more=true), except that one pair larger than that is returned
+// alone; each response is marshalled and held until the peer takes it, so
+// its size times the calls in progress is what a server holds for Scans.
+func TestScanPagesAtOneMiB(t *testing.T) {
+	st := state.New()
+	var b codec.Batch
+	for i, n := range []int{500 << 10, 500 << 10, 500 << 10, 3 << 20, 10} {
+		b.Records = append(b.Records, codec.Record{LSN: uint64(i + 1), TxnID: 1, Op: codec.OpPut, Key: []byte(fmt.Sprintf("v%d", i)), Value: make([]byte, n)})
+	}
+	b.Records = append(b.Records, codec.Record{LSN: 6, TxnID: 1, Op: codec.OpCommit})
+	if err := st.Apply(&b); err != nil {
+		t.Fatal(err)
+	}
+	var w watermark.Watermark
+	w.Advance(st.AppliedLSN())
+	r := &Reader{View: st.Snapshot, Visible: &w}
+	var pages [][]string
+	for start := ""; ; {
+		resp, err := r.Scan(context.Background(), &walshipv1.ScanRequest{Start: start})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var keys []string
+		for _, kv := range resp.Kvs {
+			keys = append(keys, kv.Key)
+		}
+		pages = append(pages, keys)
+		if !resp.More {
+			break
+		}
+		start = keys[len(keys)-1] + "\x00"
+	}
+	if got, want := fmt.Sprint(pages), "[[v0 v1] [v2] [v3] [v4]]"; got != want {
+		t.Fatalf("pages %s; want %s", got, want)
+	}
+}

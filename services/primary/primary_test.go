@@ -260,21 +260,16 @@ func TestTxnComparesAndResults(t *testing.T) {
 // before any response is built. A Txn reading one 1 MiB value a hundred
 // times (a 2 KB request) made the primary build and marshal a 100 MiB
 // response for gRPC to refuse; it now fails with RESOURCE_EXHAUSTED
-// naming the get that crossed the 4 MiB budget, allocating next to
-// nothing, and writes nothing even when its branch writes. Reads within
-// the budget, and one large value alone, are served.
+// naming the get that crossed the budget (kvread.MaxScanBytes),
+// allocating next to nothing, and writes nothing even when its branch
+// writes. Reads within the budget, and one large value alone, are served.
 func TestTxnReadsAreBudgeted(t *testing.T) {
 	cfg := testConfig(t, t.TempDir())
 	cfg.MaxValueBytes = 5 << 20
 	r := start(t, cfg)
 	c := ctx(t)
-	mib := make([]byte, 1<<20)
-	for _, k := range []string{"big", "huge"} {
-		v := mib
-		if k == "huge" {
-			v = make([]byte, 5<<20)
-		}
-		if _, err := r.kv.Put(c, &walshipv1.PutRequest{Key: k, Value: v}); err != nil {
+	for k, n := range map[string]int{"quarter": 256 << 10, "big": 1 << 20, "huge": 5 << 20} {
+		if _, err := r.kv.Put(c, &walshipv1.PutRequest{Key: k, Value: make([]byte, n)}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -298,11 +293,12 @@ func TestTxnReadsAreBudgeted(t *testing.T) {
 		req  *walshipv1.TxnRequest
 		want string
 	}{
-		{"reads only", &walshipv1.TxnRequest{Success: gets(100, "big")}, "success[4].get"},
-		{"speculative", &walshipv1.TxnRequest{Success: gets(100, "big"), Speculative: true}, "success[4].get"},
-		{"failure branch", &walshipv1.TxnRequest{Compares: []*walshipv1.Compare{noCompare}, Failure: gets(100, "big")}, "failure[4].get"},
-		{"with a write", &walshipv1.TxnRequest{Success: append([]*walshipv1.TxnOp{txnPut("w", []byte("x"))}, gets(100, "big")...)}, "success[5].get"},
-		{"after a large value", &walshipv1.TxnRequest{Success: []*walshipv1.TxnOp{txnGet("huge"), txnGet("big")}}, "success[1].get"},
+		{"reads only", &walshipv1.TxnRequest{Success: gets(100, "big")}, "success[1].get"},
+		{"past the budget", &walshipv1.TxnRequest{Success: gets(5, "quarter")}, "success[4].get"},
+		{"speculative", &walshipv1.TxnRequest{Success: gets(100, "big"), Speculative: true}, "success[1].get"},
+		{"failure branch", &walshipv1.TxnRequest{Compares: []*walshipv1.Compare{noCompare}, Failure: gets(100, "big")}, "failure[1].get"},
+		{"with a write", &walshipv1.TxnRequest{Success: append([]*walshipv1.TxnOp{txnPut("w", []byte("x"))}, gets(100, "big")...)}, "success[2].get"},
+		{"after a large value", &walshipv1.TxnRequest{Success: []*walshipv1.TxnOp{txnGet("huge"), txnGet("quarter")}}, "success[1].get"},
 	} {
 		_, err := r.kv.Txn(c, tc.req)
 		if status.Code(err) != codes.ResourceExhausted || !strings.HasPrefix(status.Convert(err).Message(), tc.want+": ") {
@@ -324,7 +320,7 @@ func TestTxnReadsAreBudgeted(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		ops  []*walshipv1.TxnOp
-	}{{"4 MiB of values", gets(4, "big")}, {"one large value", gets(1, "huge")}} {
+	}{{"1 MiB of values", gets(4, "quarter")}, {"one large value", gets(1, "huge")}} {
 		resp, err := r.kv.Txn(c, &walshipv1.TxnRequest{Success: tc.ops}, big)
 		if err != nil || len(resp.Results) != len(tc.ops) {
 			t.Errorf("%s: Txn = %v", tc.name, err)

@@ -93,8 +93,10 @@ func (p *pipeline) sequence(pol Policy, cmps []state.Compare, success, failure [
 }
 
 // maxTxnReadBytes bounds the values one Txn's gets return, as
-// kvread.MaxScanBytes bounds a Scan's, so that the response fits a gRPC
-// message; a single get may return one value of any size.
+// kvread.MaxScanBytes bounds a Scan's page: a response is marshalled and
+// held until the peer takes it, so its size times the calls in progress
+// is what the primary holds. A single get may return one value of any
+// size.
 const maxTxnReadBytes = kvread.MaxScanBytes
 
 // readBudget counts the value bytes a branch's gets return, before any
