@@ -50,10 +50,14 @@ import (
 // log) are not limited in calls and keep the transport measured for
 // commits and replication.
 const (
-	// DefaultPeerCalls is Security.MaxPeerCalls's default: with the
-	// primary's 2 MiB message limit, at most 32 × 2 × 2 MiB = 128 MiB for
-	// one identity's calls.
-	DefaultPeerCalls = 32
+	// DefaultPeerCalls is Security.MaxPeerCalls's default. A call may
+	// hold about twice the request limit (2 MiB on a primary) or a 4 MiB
+	// Scan response, and the Go heap grows to twice what is live between
+	// collections: 16 calls keep one identity within about 128 MiB of
+	// heap. The edge transport allows as many streams per connection, so
+	// a client on one connection queues its calls past it rather than
+	// have them refused.
+	DefaultPeerCalls = 16
 	// DefaultPeerConns is Security.MaxPeerConns's default: 256 idle
 	// connections hold about 14 MiB.
 	DefaultPeerConns = 256
