@@ -44,17 +44,19 @@ import (
 //     calls in progress on the server, its identity's connections
 //     together, and under the default policy its connections are served
 //     with an edge transport (Options.EdgeMaxMessageBytes, edgeWindow,
-//     MaxPeerCalls streams per connection; serverOptions).
+//     MaxPeerCalls streams per connection; serverOptions);
+//   - refusals: an identity refused over and over is answered at most
+//     about a hundred times a second (pacer), so that refusing it does
+//     not take the CPU of the peers that are served.
 //
 // Data nodes (tlsid.Authz.Trusted: the peers the policy lets append to a
 // log) are not limited in calls and keep the transport measured for
 // commits and replication.
 const (
 	// DefaultPeerCalls is Security.MaxPeerCalls's default. A call may
-	// hold about twice the request limit (2 MiB on a primary) or a 4 MiB
-	// Scan response, and the Go heap grows to twice what is live between
-	// collections: 16 calls keep one identity within about 128 MiB of
-	// heap. The edge transport allows as many streams per connection, so
+	// hold about twice the request limit (2 MiB on a primary), and the Go
+	// heap grows to twice what is live between collections: 16 calls keep
+	// one identity within about 128 MiB of heap. The edge transport allows as many streams per connection, so
 	// a client on one connection queues its calls past it rather than
 	// have them refused.
 	DefaultPeerCalls = 16
@@ -118,6 +120,7 @@ type admission struct {
 	conns      *peerCounts
 	handshakes *semaphore.Weighted
 	refused    *prometheus.CounterVec
+	pace       pacer
 	byAddr     sync.Map // net.Addr (the connection's own) -> *connState, while connected
 }
 
@@ -158,27 +161,34 @@ func (a *admission) tap(ctx context.Context, info *tap.Info) (context.Context, e
 	if a.authz == nil {
 		return ctx, nil
 	}
+	cs := a.connOf(ctx)
 	if err := a.authz.Tap(ctx, info.FullMethodName); err != nil {
+		if cs != nil {
+			// The tap runs in the connection's reader: the refused
+			// peer's next frames wait with it (pacer).
+			time.Sleep(a.pace.pause(cs.id))
+		}
 		return nil, err
 	}
-	cs := a.connOf(ctx)
 	if cs == nil || cs.trusted(ctx, a.authz) {
 		return ctx, nil
 	}
 	release, err := a.calls.acquire(cs.id)
 	if err != nil {
 		a.refused.WithLabelValues("peer_calls").Inc()
+		time.Sleep(a.pace.pause(cs.id))
 		return nil, status.Errorf(codes.ResourceExhausted, "%s: %v (--max-peer-calls); retry once some are answered", info.FullMethodName, err)
 	}
 	// A stream that never reaches a handler (an unknown method, a
 	// deadline already past) ends with its context.
 	stop := context.AfterFunc(ctx, release)
-	return context.WithValue(ctx, slotKey{}, &callSlot{release: release, stop: stop}), nil
+	return context.WithValue(ctx, slotKey{}, &callSlot{id: cs.id, release: release, stop: stop}), nil
 }
 
 // callSlot is a counted call's place, freed by callDone or its stream's
 // end, whichever comes first.
 type callSlot struct {
+	id      string
 	release func()
 	stop    func() bool
 }
@@ -193,16 +203,94 @@ func callDone(ctx context.Context) {
 	}
 }
 
-// unaryDone and streamDone run callDone after the handler; they are the
-// outermost interceptors.
-func unaryDone(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+// unaryDone and streamDone are the outermost interceptors: after the
+// handler they pace a counted call refused for its peer's limits or
+// rights (RESOURCE_EXHAUSTED, PERMISSION_DENIED), holding its place
+// meanwhile, and then free the place (callDone).
+func (a *admission) unaryDone(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	defer callDone(ctx)
-	return handler(ctx, req)
+	resp, err := handler(ctx, req)
+	a.paceRefusal(ctx, err)
+	return resp, err
 }
 
-func streamDone(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+func (a *admission) streamDone(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	defer callDone(ss.Context())
-	return handler(srv, ss)
+	err := handler(srv, ss)
+	a.paceRefusal(ss.Context(), err)
+	return err
+}
+
+func (a *admission) paceRefusal(ctx context.Context, err error) {
+	c, ok := ctx.Value(slotKey{}).(*callSlot)
+	if !ok || err == nil {
+		return
+	}
+	if code := status.Code(err); code != codes.ResourceExhausted && code != codes.PermissionDenied {
+		return
+	}
+	t := time.NewTimer(a.pace.pause(c.id))
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// pacer spaces out the refusals of each identity: a refused call costs
+// its peer about as little as it costs the server, so a peer that is
+// refused in a loop — past its calls, past the reads that may wait, a
+// Txn reading past its budget, a method it may not call — would take
+// the server's CPU from everyone else (internal/hostile's
+// BenchmarkWellBehavedClient: a well-behaved client kept a fifth of its
+// commits/s under such loops). A refusal of an identity that was refused
+// refusalInterval ago or less is answered once that much time has passed
+// since (at most maxRefusalPause later): about 100 refusals a second per
+// identity, whatever its connections, and none delayed for a peer
+// refused now and then. The tap pauses in its connection's reader, so
+// the refused peer's next frames wait too; a refused handler's call
+// keeps its place meanwhile.
+type pacer struct {
+	now  func() time.Time // nil: time.Now
+	mu   sync.Mutex
+	next map[string]time.Time // earliest time of each identity's next refusal
+}
+
+const (
+	refusalInterval = 10 * time.Millisecond
+	maxRefusalPause = time.Second
+)
+
+// pause is how long to hold a refusal of id now.
+func (p *pacer) pause(id string) time.Duration {
+	now := time.Now()
+	if p.now != nil {
+		now = p.now()
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.next == nil {
+		p.next = map[string]time.Time{}
+	}
+	if len(p.next) > 4096 {
+		for k, t := range p.next {
+			if t.Before(now) {
+				delete(p.next, k)
+			}
+		}
+	}
+	at := now
+	if n := p.next[id]; n.After(now) {
+		at = n
+	}
+	wait := at.Sub(now)
+	if wait > maxRefusalPause {
+		// Past the longest pause the queue does not grow: the refusal
+		// goes out, and the next waits its interval after it.
+		at, wait = now.Add(maxRefusalPause), maxRefusalPause
+	}
+	p.next[id] = at.Add(refusalInterval)
+	return wait
 }
 
 // connState is what the servers know of one connection: its peer's

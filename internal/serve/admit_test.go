@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -172,6 +173,12 @@ func TestPeerCallsAreBounded(t *testing.T) {
 	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "spiffe://serve.test/walship/client/a has 6 calls in progress on this server") {
 		t.Fatalf("a seventh call: %v; want RESOURCE_EXHAUSTED naming the peer and its calls", err)
 	}
+	ts.adm.pace.mu.Lock()
+	_, paced := ts.adm.pace.next["spiffe://serve.test/walship/client/a"]
+	ts.adm.pace.mu.Unlock()
+	if !paced {
+		t.Error("the refusal did not go through the identity's pacing")
+	}
 	if _, err := walshipv1.NewKVServiceClient(ts.dial(t, tlsid.ClassClient, "b")).Put(ctx, &walshipv1.PutRequest{Key: "k"}); err != nil {
 		t.Fatalf("another identity's call: %v", err)
 	}
@@ -322,5 +329,41 @@ func TestEdgeTransport(t *testing.T) {
 	node := walshipv1.NewKVServiceClient(ts.dial(t, tlsid.ClassNode, "n"))
 	if _, err := node.Put(ctx, big); err != nil {
 		t.Errorf("a data node's 1 MiB request: %v", err)
+	}
+}
+
+// TestRefusalsArePaced: an identity's refusals are answered at most one
+// every 10 ms — the first at once, a burst spaced out, a pause never
+// above a second (nor the queue beyond it) — each identity on its own,
+// and one refused now and then is never delayed.
+func TestRefusalsArePaced(t *testing.T) {
+	now := time.Unix(1000, 0)
+	p := &pacer{now: func() time.Time { return now }}
+	var got []time.Duration
+	for range 4 {
+		got = append(got, p.pause("a"))
+	}
+	if want := []time.Duration{0, 10 * time.Millisecond, 20 * time.Millisecond, 30 * time.Millisecond}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("a burst of 4 refusals paused %v; want %v", got, want)
+	}
+	if d := p.pause("b"); d != 0 {
+		t.Fatalf("another identity's first refusal paused %v", d)
+	}
+	for range 200 {
+		p.pause("a")
+	}
+	if d := p.pause("a"); d != time.Second {
+		t.Fatalf("after 204 refusals at once: pause %v; want the longest, 1s", d)
+	}
+	now = now.Add(time.Second + 10*time.Millisecond)
+	if d := p.pause("a"); d != 0 {
+		t.Fatalf("a refusal after the queue drained paused %v", d)
+	}
+	now = now.Add(time.Minute)
+	for range 3 {
+		if d := p.pause("c"); d > 20*time.Millisecond {
+			t.Fatalf("a refusal now and then paused %v", d)
+		}
+		now = now.Add(10 * time.Millisecond)
 	}
 }

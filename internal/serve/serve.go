@@ -268,8 +268,8 @@ func (s *Server) serverOptions() (edge, nodes []grpc.ServerOption, err error) {
 		}
 		// Then first among the interceptors, which alone see a request:
 		// nothing runs for a caller the policy refuses.
-		unary = append([]grpc.UnaryServerInterceptor{unaryDone, sec.Authz.Unary}, unary...)
-		stream = append([]grpc.StreamServerInterceptor{streamDone, sec.Authz.Stream}, stream...)
+		unary = append([]grpc.UnaryServerInterceptor{s.adm.unaryDone, sec.Authz.Unary}, unary...)
+		stream = append([]grpc.StreamServerInterceptor{s.adm.streamDone, sec.Authz.Stream}, stream...)
 	}
 	var tail []grpc.ServerOption
 	if sec.MaxConnectionAge > 0 {
