@@ -68,6 +68,7 @@ var knownMetrics = []knownMetric{
 	{"walship_step_downs_total", counter, nil},
 	{"walship_tls_reloads_total", counter, []string{"result"}},
 	{"walship_tls_cert_expiry_timestamp_seconds", gauge, nil},
+	{"walship_server_refusals_total", counter, []string{"limit"}},
 	{"walship_tls_crl_next_update_timestamp_seconds", gauge, nil},
 	{"walship_authz_policy_reloads_total", counter, []string{"result"}},
 	{"walship_authz_denied_total", counter, []string{"class", "method"}},
