@@ -2,61 +2,26 @@ package logstore
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
-	"hash/crc32"
-	"io"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/basesnap"
 	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/internal/vfs"
-	"google.golang.org/protobuf/proto"
 )
 
-// A base snapshot file (docs/FORMAT.md, "Base snapshots in a log store")
-// is a state snapshot with what a restore needs to know of it in front:
-//
-//	prefix   (16 bytes) magic "WSHPBASE", format version u32 = 1,
-//	                    meta length u32 (m, at most maxMetaBytes)
-//	meta     (m bytes)  a walship.v1.SnapshotHeader, protobuf: the LSN,
-//	                    the epoch and commit time of the batch ending at
-//	                    it, the pair count, the cluster id, the epoch
-//	                    history up to the LSN
-//	meta CRC (4 bytes)  CRC-32C (Castagnoli) of the prefix and the meta
-//	state               a state snapshot (docs/FORMAT.md, "State
-//	                    snapshots") of the same LSN and pair count, to the
-//	                    end of the file; its own trailer holds the digest
-//	                    and a CRC-32C of the state part
-//
-// little-endian, named base-<LSN, 20 decimal digits>.snap in
-// DATA_DIR/snapshots. The meta is written first, so a snapshot streamed in
-// goes to disk as it arrives.
+// Base snapshot files (internal/basesnap) are named
+// base-<LSN, 20 decimal digits>.snap in DATA_DIR/snapshots, so that names
+// sort by LSN.
 const (
-	baseMagic      = "WSHPBASE"
-	baseVersion    = 1
-	basePrefixSize = 8 + 4 + 4
-	baseCRCSize    = 4
-	// maxMetaBytes bounds the meta: an epoch history of tens of thousands
-	// of epochs fits.
-	maxMetaBytes = 1 << 20
-	// stateHeaderSize and stateTrailerSize are the state snapshot's
-	// header and trailer (docs/FORMAT.md, "State snapshots").
-	stateHeaderSize  = 32
-	stateTrailerSize = state.DigestSize + 4
-
 	basePrefix = "base-"
 	baseSuffix = ".snap"
 	tmpSuffix  = ".tmp"
 )
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
-// errBadBase marks a base snapshot file whose bytes are wrong: corruption.
-var errBadBase = errors.New("bad base snapshot file")
 
 // baseName is the file name of the base snapshot at lsn; names sort by LSN.
 func baseName(lsn uint64) string { return fmt.Sprintf("%s%020d%s", basePrefix, lsn, baseSuffix) }
@@ -72,63 +37,6 @@ func parseBaseName(name string) (uint64, bool) {
 	}
 	lsn, err := strconv.ParseUint(digits, 10, 64)
 	return lsn, err == nil
-}
-
-// encodeBaseMeta returns the prefix, meta and meta CRC of a base snapshot
-// file for hdr.
-func encodeBaseMeta(hdr *walshipv1.SnapshotHeader) ([]byte, error) {
-	meta, err := proto.MarshalOptions{Deterministic: true}.Marshal(hdr)
-	if err != nil {
-		return nil, fmt.Errorf("encode snapshot meta: %w", err)
-	}
-	if len(meta) > maxMetaBytes {
-		return nil, fmt.Errorf("snapshot meta of %d bytes exceeds %d (a history of %d epochs)", len(meta), maxMetaBytes, len(hdr.GetHistory()))
-	}
-	b := make([]byte, 0, basePrefixSize+len(meta)+baseCRCSize)
-	b = append(b, baseMagic...)
-	b = binary.LittleEndian.AppendUint32(b, baseVersion)
-	b = binary.LittleEndian.AppendUint32(b, uint32(len(meta)))
-	b = append(b, meta...)
-	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli)), nil
-}
-
-// decodeBaseMeta reads the prefix, meta and meta CRC at the start of r (of
-// size bytes) and returns the meta and the offset of the state snapshot.
-// Every error caused by the bytes wraps errBadBase.
-func decodeBaseMeta(r io.ReaderAt, size int64) (*walshipv1.SnapshotHeader, int64, error) {
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s", errBadBase, fmt.Sprintf(format, args...))
-	}
-	if size < basePrefixSize+baseCRCSize {
-		return nil, 0, bad("%d bytes is too short for the prefix", size)
-	}
-	var pre [basePrefixSize]byte
-	if _, err := r.ReadAt(pre[:], 0); err != nil {
-		return nil, 0, fmt.Errorf("read snapshot prefix: %w", err)
-	}
-	if string(pre[:8]) != baseMagic {
-		return nil, 0, bad("bad magic %q", pre[:8])
-	}
-	if v := binary.LittleEndian.Uint32(pre[8:]); v != baseVersion {
-		return nil, 0, bad("unsupported format version %d", v)
-	}
-	m := int64(binary.LittleEndian.Uint32(pre[12:]))
-	if m > maxMetaBytes || basePrefixSize+m+baseCRCSize > size {
-		return nil, 0, bad("meta length %d does not fit (file of %d bytes, at most %d)", m, size, maxMetaBytes)
-	}
-	buf := make([]byte, basePrefixSize+m+baseCRCSize)
-	if _, err := r.ReadAt(buf, 0); err != nil {
-		return nil, 0, fmt.Errorf("read snapshot meta: %w", err)
-	}
-	body := buf[:basePrefixSize+m]
-	if got, want := binary.LittleEndian.Uint32(buf[basePrefixSize+m:]), crc32.Checksum(body, castagnoli); got != want {
-		return nil, 0, bad("meta CRC-32C %#08x, computed %#08x", got, want)
-	}
-	var hdr walshipv1.SnapshotHeader
-	if err := proto.Unmarshal(body[basePrefixSize:], &hdr); err != nil {
-		return nil, 0, bad("meta: %v", err)
-	}
-	return &hdr, basePrefixSize + m + baseCRCSize, nil
 }
 
 // baseSnap is one stored base snapshot.
@@ -152,11 +60,11 @@ func (b *baseSnap) info() *walshipv1.SnapshotInfo {
 // the state snapshot's header and the digest in its trailer — without
 // reading the pairs (Verify and GetSnapshot read those, checking them).
 // The file's name must agree with the LSNs inside it. Errors caused by the
-// bytes wrap errBadBase.
+// bytes wrap basesnap.ErrBad.
 func openBase(fsys vfs.FS, dir, name string) (*baseSnap, error) {
 	lsn, ok := parseBaseName(name)
 	if !ok {
-		return nil, fmt.Errorf("%w: %s is not a base snapshot name", errBadBase, name)
+		return nil, fmt.Errorf("%w: %s is not a base snapshot name", basesnap.ErrBad, name)
 	}
 	f, err := fsys.OpenFile(filepath.Join(dir, name), os.O_RDONLY, 0)
 	if err != nil {
@@ -168,20 +76,20 @@ func openBase(fsys vfs.FS, dir, name string) (*baseSnap, error) {
 		return nil, err
 	}
 	size := fi.Size()
-	hdr, off, err := decodeBaseMeta(f, size)
+	hdr, off, err := basesnap.DecodeMeta(f, size)
 	if err != nil {
 		return nil, err
 	}
 	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s", errBadBase, fmt.Sprintf(format, args...))
+		return fmt.Errorf("%w: %s", basesnap.ErrBad, fmt.Sprintf(format, args...))
 	}
 	if hdr.GetLsn() != lsn {
 		return nil, bad("meta says LSN %d, the name %d", hdr.GetLsn(), lsn)
 	}
-	if size-off < stateHeaderSize+stateTrailerSize {
+	if size-off < basesnap.StateHeaderSize+basesnap.StateTrailerSize {
 		return nil, bad("the state snapshot is %d bytes, too short", size-off)
 	}
-	var sh [stateHeaderSize]byte
+	var sh [basesnap.StateHeaderSize]byte
 	if _, err := f.ReadAt(sh[:], off); err != nil {
 		return nil, fmt.Errorf("read state header: %w", err)
 	}
@@ -192,7 +100,7 @@ func openBase(fsys vfs.FS, dir, name string) (*baseSnap, error) {
 		return nil, bad("state snapshot at LSN %d with %d pairs, the meta says LSN %d with %d", l, n, lsn, hdr.GetKeys())
 	}
 	var dig [state.DigestSize]byte
-	if _, err := f.ReadAt(dig[:], size-stateTrailerSize); err != nil {
+	if _, err := f.ReadAt(dig[:], size-basesnap.StateTrailerSize); err != nil {
 		return nil, fmt.Errorf("read state trailer: %w", err)
 	}
 	d, err := state.DigestFromBytes(dig[:])
@@ -204,8 +112,8 @@ func openBase(fsys vfs.FS, dir, name string) (*baseSnap, error) {
 
 // scanBase reads a stored base snapshot's pairs, checking the state
 // snapshot whole (order, versions, count, CRC, digest), and calls fn with
-// each. An error caused by the bytes wraps errBadBase (and names the file);
-// fn's error is returned as is.
+// each. An error caused by the bytes wraps basesnap.ErrBad (and names the
+// file); fn's error is returned as is.
 func scanBase(fsys vfs.FS, dir string, b *baseSnap, fn func(key, value []byte, version uint64) error) (state.Digest, error) {
 	path := filepath.Join(dir, b.name)
 	f, err := fsys.OpenFile(path, os.O_RDONLY, 0)
@@ -213,30 +121,5 @@ func scanBase(fsys vfs.FS, dir string, b *baseSnap, fn func(key, value []byte, v
 		return state.Digest{}, err
 	}
 	defer f.Close() // read-only
-	sc, err := state.NewSnapshotScanner(io.NewSectionReader(f, b.stateOff, b.bytes-b.stateOff), b.bytes-b.stateOff)
-	if err != nil {
-		return state.Digest{}, wrapBase(path, err)
-	}
-	if sc.LSN() != b.lsn || sc.Count() != b.hdr.GetKeys() {
-		return state.Digest{}, fmt.Errorf("%w: %s: state snapshot at LSN %d with %d pairs, the meta says LSN %d with %d",
-			errBadBase, path, sc.LSN(), sc.Count(), b.lsn, b.hdr.GetKeys())
-	}
-	var fnErr error
-	d, err := sc.Scan(func(k, v []byte, ver uint64) error {
-		fnErr = fn(k, v, ver)
-		return fnErr
-	})
-	if err != nil && fnErr == nil {
-		return state.Digest{}, wrapBase(path, err)
-	}
-	return d, err
-}
-
-// wrapBase words a state snapshot error of a base snapshot file: damage
-// wraps errBadBase.
-func wrapBase(path string, err error) error {
-	if errors.Is(err, state.ErrCorruptSnapshot) {
-		return fmt.Errorf("%w: %s: %v", errBadBase, path, err)
-	}
-	return fmt.Errorf("%s: %w", path, err)
+	return basesnap.Scan(f, b.bytes, b.stateOff, b.hdr, path, fn)
 }

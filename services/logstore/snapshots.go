@@ -14,6 +14,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/basesnap"
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/envelope"
 	"github.com/walship/walship/internal/rpcerr"
@@ -477,7 +478,7 @@ func (s *Server) writeSnapshot(stream walshipv1.LogStoreService_PutSnapshotServe
 	dir := s.snapDir()
 	name := baseName(meta.GetLsn())
 	tmp := filepath.Join(dir, name+tmpSuffix)
-	prefix, err := encodeBaseMeta(meta)
+	prefix, err := basesnap.EncodeMeta(meta)
 	if err != nil {
 		return nil, refuse(rpcerr.ErrInvalid, "header: %v", err)
 	}
@@ -657,7 +658,7 @@ func (s *Server) getSnapshot(ctx context.Context, req *walshipv1.GetSnapshotRequ
 		}
 		return ctx.Err()
 	})
-	if errors.Is(err, errBadBase) {
+	if errors.Is(err, basesnap.ErrBad) {
 		// Everything sent so far goes unconfirmed: no trailer follows.
 		return refuse(rpcerr.ErrCorrupt, "stored snapshot at LSN %d is damaged: %v", b.lsn, err)
 	}

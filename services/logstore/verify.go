@@ -11,6 +11,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/basesnap"
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/envelope"
 	"github.com/walship/walship/internal/wal"
@@ -354,7 +355,7 @@ func (v *verifier) checkSnapshot(name string) (*walshipv1.SnapshotInfo, bool) {
 // snapshotKind is the problem kind of a snapshot file error: damage, or
 // an I/O error.
 func snapshotKind(err error) string {
-	if errors.Is(err, errBadBase) {
+	if errors.Is(err, basesnap.ErrBad) {
 		return problemSnapshot
 	}
 	return problemRead

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/basesnap"
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/envelope"
 	"github.com/walship/walship/internal/state"
@@ -236,7 +237,7 @@ func TestVerifyDamagedSnapshot(t *testing.T) {
 		if _, err := r.s.enforceRetention(t.Context()); err != nil {
 			t.Fatal(err)
 		}
-		flipByte(t, filepath.Join(dir, "snapshots", baseName(80)), basePrefixSize+2)
+		flipByte(t, filepath.Join(dir, "snapshots", baseName(80)), basesnap.PrefixSize+2)
 		resp := r.verify(t)
 		wantProblems(t, resp, &walshipv1.VerifyProblem{Kind: problemSnapshot, Lsn: 80, Message: "meta CRC-32C"})
 		wantRange(t, resp, 0, 0)
