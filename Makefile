@@ -12,6 +12,9 @@ export WALSHIP_GRPCURL := $(BIN)/grpcurl
 # tools/kube/go.mod; etcd comes from Debian's etcd-server.
 export WALSHIP_KUBE_APISERVER := $(BIN)/kube-apiserver
 export WALSHIP_KUBECTL := $(BIN)/kubectl
+# The archive tests run a real S3-compatible server, SeaweedFS, built from
+# tools/seaweedfs/go.mod.
+export WALSHIP_WEED := $(BIN)/weed
 
 TOOL_PKGS := \
 	buf=github.com/bufbuild/buf/cmd/buf \
@@ -26,7 +29,7 @@ tool_pkg = $(patsubst $(1)=%,%,$(filter $(1)=%,$(TOOL_PKGS)))
 FUZZTIME ?= 5000x
 BENCHCOUNT ?= 6
 
-.PHONY: all build tools kube test lint generate check-generate manifests bench fuzz ci clean
+.PHONY: all build tools kube seaweedfs test lint generate check-generate manifests bench fuzz ci clean
 
 all: build
 
@@ -47,10 +50,17 @@ $(BIN)/kube-apiserver $(BIN)/kubectl: tools/kube/go.mod tools/kube/go.sum
 
 kube: $(BIN)/kube-apiserver $(BIN)/kubectl
 
+# SeaweedFS's weed (Apache-2.0), the S3 server of the archive tests (about
+# 4 minutes and 230 MB the first time; never committed).
+$(BIN)/weed: tools/seaweedfs/go.mod tools/seaweedfs/go.sum
+	CGO_ENABLED=0 $(GO) build -modfile=tools/seaweedfs/go.mod -trimpath -o $@ github.com/seaweedfs/seaweedfs/weed
+
+seaweedfs: $(BIN)/weed
+
 tools: $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/grpcurl $(BIN)/benchstat
 
 # The README's test command. Everything runs with the race detector.
-test: $(BIN)/walship $(BIN)/grpcurl $(BIN)/kube-apiserver $(BIN)/kubectl
+test: $(BIN)/walship $(BIN)/grpcurl $(BIN)/kube-apiserver $(BIN)/kubectl $(BIN)/weed
 	$(GO) test -race -count=1 -timeout 20m ./...
 	# The deploy tests are a module of their own (kustomize, k8s.io/api and
 	# the Prometheus Operator's API are theirs, not the server's).
