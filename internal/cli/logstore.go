@@ -17,6 +17,7 @@ func logstoreFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	fs.Int64Var(&cfg.SegmentBytes, "segment-bytes", cfg.SegmentBytes, "WAL segment size: the unit retention removes")
 	fs.DurationVar(&cfg.FlushDelay, "flush-delay", cfg.FlushDelay, "space write rounds (one fsync each) this far apart while no commit waits on the log store (0 = fsync every arrival)")
 	fs.Var(listFlag{&cfg.Peers}, "peers", "the cluster's log stores, comma-separated (this one may be among them): an empty log store, or one whose primary no longer has what follows its log, refills from them")
+	addArchiveUploadFlags(fs, &cfg.Archive)
 	sf := addSecurityFlags(fs, true)
 	return func(ctx context.Context) error {
 		cfg.Logger = env.Logger.With("service", "logstore")

@@ -34,7 +34,16 @@ func (s *Server) Status() *walshipv1.LogStoreServiceStatusResponse {
 		ClusterId:   s.cluster.ID(),
 		Refilling:   s.refilling.Load(),
 		Snapshots:   s.snaps.infos(),
+		Archive:     s.archiveStatus(),
 	}
+}
+
+// archiveStatus is the archive's part of Status (nil without one).
+func (s *Server) archiveStatus() *walshipv1.ArchiveStatus {
+	if s.arch == nil {
+		return nil
+	}
+	return s.arch.status()
 }
 
 // durableLSN is the last LSN the log store holds durably, as it reports it
@@ -75,6 +84,7 @@ func (a *adminServer) Status(context.Context, *walshipv1.StatusRequest) (*walshi
 		Serving:     s.srv.Serving(),
 		ClusterId:   s.cluster.ID(),
 		Refilling:   s.refilling.Load(),
+		Archive:     s.archiveStatus(),
 	}
 	orphans, err := datadir.ListOrphans(s.fs, s.cfg.DataDir)
 	if err != nil {

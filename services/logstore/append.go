@@ -166,6 +166,9 @@ func (s *Server) closeStream(st *appendStream) {
 	s.mu.Lock()
 	delete(s.streams, st)
 	s.mu.Unlock()
+	if s.arch != nil {
+		s.arch.streamEnded(st)
+	}
 	s.metrics.appendStreams.Dec()
 	s.active.Done()
 }
@@ -505,6 +508,7 @@ func (s *Server) round(reqs []*appendReq) error {
 		}
 		if r.hb != nil {
 			o.echo = max(o.echo, r.hb.GetTimeUnixNano())
+			s.noteHeartbeat(r.st, r.hb)
 		}
 		if len(entries) > n {
 			newBytes += len(r.data)
@@ -544,7 +548,7 @@ func (s *Server) round(reqs []*appendReq) error {
 	for st, o := range outs {
 		var ack *walshipv1.AppendResponse
 		if o.ack {
-			ack = &walshipv1.AppendResponse{DurableLsn: durable, Epoch: epoch, HeartbeatTimeUnixNano: o.echo}
+			ack = &walshipv1.AppendResponse{DurableLsn: durable, Epoch: epoch, HeartbeatTimeUnixNano: o.echo, ArchivedLsn: s.archivedLSN()}
 		}
 		st.finish(ack, o.err, o.n, o.weight)
 	}

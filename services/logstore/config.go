@@ -49,6 +49,10 @@ type Config struct {
 	// from the peer that holds it before it takes the primary's stream
 	// again (refill.go). Empty: it never refills.
 	Peers []string
+	// Archive, if its URL is set, is the archive this log store uploads
+	// its log and base snapshots to when the primary asks it to, and
+	// keeps against retention what is not there yet (archive.go).
+	Archive ArchiveOptions
 
 	// Now is the clock retention by age compares commit times with; nil
 	// means time.Now.
@@ -125,6 +129,9 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("--peers: %s is listed twice", p))
 		}
 		seen[p] = true
+	}
+	if err := c.Archive.validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.StopTimeout < 0 {
 		errs = append(errs, fmt.Errorf("stop timeout: %v is negative", c.StopTimeout))

@@ -207,6 +207,7 @@ func (s *Server) cut(lsn, sender uint64) (refused, fatal error) {
 	s.history.Store(&h)
 	s.logEpoch.Store(h.Current().Epoch)
 	s.dropSnapshotsAbove(lsn)
+	s.forgetArchivedAbove(lsn)
 	s.orphanedRecords.Add(records)
 	s.metrics.orphaned.Add(float64(records))
 	s.logger.Warn("cut stored entries the primary's history does not have; kept in an orphan file",

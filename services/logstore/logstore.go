@@ -109,6 +109,12 @@ type Server struct {
 	snaps  snapshotList
 	putSem chan struct{}
 	pins   pins
+	// arch uploads to the archive (nil without one); archivedHeard is the
+	// archived LSN the primary's heartbeats last said (writer-only
+	// writes): with arch's own uploads, what retention keeps after.
+	arch          *archiver
+	archivedHeard atomic.Uint64
+
 	// snapshotWait bounds PutSnapshot's wait for its LSN to be durable
 	// here (snapshotDurableWait; tests shorten it).
 	snapshotWait time.Duration
@@ -159,6 +165,13 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("register metrics: %w", err)
 	}
 	s.metrics = m
+	if cfg.Archive.Set() {
+		if err := s.openArchive(reg); err != nil {
+			m.unregister()
+			_ = s.wal.Close()
+			return nil, err
+		}
+	}
 	if len(cfg.Peers) > 0 && s.wal.FirstLSN() == 0 {
 		// Empty, with peers: copy what they keep first, rather than start
 		// at the primary's oldest batch without the history before it.
@@ -336,6 +349,14 @@ func (s *Server) Run(ctx context.Context) error {
 			retFailed <- err
 		}
 	}()
+	// The archive's uploader stops when the graceful stop begins.
+	archDone := make(chan struct{})
+	go func() {
+		defer close(archDone)
+		if s.arch != nil {
+			s.arch.run(refillCtx)
+		}
+	}()
 
 	serveCtx, stopServe := context.WithCancel(ctx)
 	defer stopServe()
@@ -374,6 +395,7 @@ func (s *Server) Run(ctx context.Context) error {
 	<-retDone
 	stopRefill()
 	<-refillDone
+	<-archDone
 	s.active.Wait()
 	if err := s.wal.Close(); err != nil && !errors.Is(err, wal.ErrClosed) && fatal == nil {
 		fatal = fmt.Errorf("close wal: %w", err)

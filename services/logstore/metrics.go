@@ -125,7 +125,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 	}, func() float64 { return float64(s.snaps.bytes()) })
 	held := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "walship_logstore_retention_held_bytes",
-		Help: "WAL bytes retention would remove but keeps because the newest base snapshot is older: the log after a snapshot stays restorable. Grows while no new snapshot arrives.",
+		Help: "WAL bytes retention would remove but keeps: the log after the newest base snapshot stays restorable, and, with an archive, nothing leaves before it is archived. Grows while no new snapshot arrives or archiving is behind.",
 	}, func() float64 { return float64(s.heldBytes.Load()) })
 	m.collectors = []prometheus.Collector{m.appendedBytes, m.readBytes, m.fsyncSeconds, m.fsyncErrors,
 		m.appendStreams, m.readStreams, m.fences, m.orphaned, m.clusterMismatch, m.refillBatches, m.refillBytes, refilling, durable, first, stored, epoch,
@@ -145,4 +145,13 @@ func (m *metrics) unregister() {
 	for _, c := range m.collectors {
 		m.reg.Unregister(c)
 	}
+}
+
+// register adds c to the registry, to be unregistered with the rest.
+func (m *metrics) register(c prometheus.Collector) error {
+	if err := m.reg.Register(c); err != nil {
+		return err
+	}
+	m.collectors = append(m.collectors, c)
+	return nil
 }

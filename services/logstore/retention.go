@@ -104,7 +104,11 @@ func (s *Server) enforceRetention(ctx context.Context) (int, error) {
 	s.pins.mu.Lock()
 	defer s.pins.mu.Unlock()
 	snaps := s.snaps.snapshot()
-	cut, held := keepRestorable(segs, cut, snaps, s.pins.minLocked())
+	archived := uint64(math.MaxUint64)
+	if s.arch != nil {
+		archived = s.archivedLSN()
+	}
+	cut, held := keepRestorable(segs, cut, snaps, s.pins.minLocked(), archived)
 	s.heldBytes.Store(held)
 	removed := 0
 	var err error
@@ -129,8 +133,10 @@ func (s *Server) enforceRetention(ctx context.Context) (int, error) {
 }
 
 // keepRestorable lowers a retention cut (remove segs[:cut]) so that what
-// is left stays restorable and nothing pinned is removed, and returns it
-// with the bytes of the segments it kept only for the snapshots.
+// is left stays restorable, nothing pinned is removed, and nothing after
+// archived (the end of what the archive holds; MaxUint64 without an
+// archive) is, and returns it with the bytes of the segments it kept for
+// the snapshots and the archive.
 //
 // A restore starts from a base snapshot at LSN s and replays the log from
 // s+1, so the log must start at or before s+1 for some stored snapshot:
@@ -139,13 +145,16 @@ func (s *Server) enforceRetention(ctx context.Context) (int, error) {
 // nothing is restorable from a snapshot and the cut stands (as before
 // snapshots were stored). A pin at LSN p (the first LSN a reader still
 // needs) keeps every segment holding an LSN at or after p.
-func keepRestorable(segs []wal.SegmentInfo, cut int, snaps []*baseSnap, pinned uint64) (int, int64) {
+func keepRestorable(segs []wal.SegmentInfo, cut int, snaps []*baseSnap, pinned, archived uint64) (int, int64) {
 	want := cut
 	if n := len(snaps); n > 0 {
 		newest := snaps[n-1].lsn
 		for cut > 0 && segs[cut].FirstLSN > newest+1 {
 			cut--
 		}
+	}
+	for cut > 0 && segs[cut-1].LastLSN > archived {
+		cut--
 	}
 	var held int64
 	for _, seg := range segs[cut:want] {

@@ -38,21 +38,26 @@ func TestKeepRestorable(t *testing.T) {
 		cut      int
 		snaps    []*baseSnap
 		pin      uint64
+		archived uint64
 		want     int
 		wantHeld int64
 	}{
-		{"no snapshot: the cut stands", 3, nil, none, 3, 0},
-		{"the log stays from just after the newest snapshot", 3, snaps(15), none, 1, 200},
-		{"a newer snapshot lets it go", 3, snaps(15, 30), none, 3, 0},
-		{"a snapshot at a segment's end", 3, snaps(20), none, 2, 100},
-		{"nothing to cut", 0, snaps(15), none, 0, 0},
-		{"a reader pinned LSN 25 keeps its segment", 3, nil, 25, 2, 0},
-		{"a reader pinned LSN 11 keeps the segments from 11", 3, nil, 11, 1, 0},
-		{"a reader pinned LSN 1 keeps everything", 3, snaps(30), 1, 0, 0},
-		{"pins and snapshots together", 3, snaps(30), 15, 1, 0},
+		{"no snapshot: the cut stands", 3, nil, none, none, 3, 0},
+		{"the log stays from just after the newest snapshot", 3, snaps(15), none, none, 1, 200},
+		{"a newer snapshot lets it go", 3, snaps(15, 30), none, none, 3, 0},
+		{"a snapshot at a segment's end", 3, snaps(20), none, none, 2, 100},
+		{"nothing to cut", 0, snaps(15), none, none, 0, 0},
+		{"a reader pinned LSN 25 keeps its segment", 3, nil, 25, none, 2, 0},
+		{"a reader pinned LSN 11 keeps the segments from 11", 3, nil, 11, none, 1, 0},
+		{"a reader pinned LSN 1 keeps everything", 3, snaps(30), 1, none, 0, 0},
+		{"pins and snapshots together", 3, snaps(30), 15, none, 1, 0},
+		{"nothing after the archived LSN 25 is cut", 3, nil, none, 25, 2, 100},
+		{"an archive that holds it all lets the cut stand", 3, nil, none, 45, 3, 0},
+		{"an archive behind a snapshot holds more than it", 3, snaps(30), none, 12, 1, 200},
+		{"nothing archived keeps everything", 3, nil, none, 0, 0, 300},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, held := keepRestorable(segs, tc.cut, tc.snaps, tc.pin)
+			got, held := keepRestorable(segs, tc.cut, tc.snaps, tc.pin, tc.archived)
 			if got != tc.want || held != tc.wantHeld {
 				t.Fatalf("keepRestorable(cut %d) = %d (held %d bytes), want %d (held %d)", tc.cut, got, held, tc.want, tc.wantHeld)
 			}

@@ -54,6 +54,11 @@ func (s *Server) Status() *walshipv1.StatusResponse {
 	if s.lease.quorum > 0 {
 		resp.LeaseRemaining = durationpb.New(s.lease.remaining())
 	}
+	if url, archived := s.peers.archived(); url != "" {
+		bytes, age := s.pipe.index.lag(archived, time.Now())
+		resp.Archive = &walshipv1.ArchiveStatus{Url: url, ArchivedLsn: archived, UploaderAddr: s.peers.archiver(s.cfg.LogStores),
+			LagSeconds: age.Seconds(), LagBytes: bytes}
+	}
 	replicas, logstores := s.peers.snapshot()
 	for _, r := range replicas {
 		resp.Peers = append(resp.Peers, &walshipv1.PeerStatus{

@@ -127,9 +127,12 @@ func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceC
 	if err != nil {
 		return fmt.Errorf("append: %w", err)
 	}
-	s.peers.updateLogStore(addr, func(l *logstorePos) { l.connected, l.durable = true, max(l.durable, durable) })
+	s.peers.updateLogStore(addr, func(l *logstorePos) {
+		l.connected, l.durable = true, max(l.durable, durable)
+		l.archive, l.archived = st.GetArchive().GetUrl(), max(l.archived, st.GetArchive().GetArchivedLsn())
+	})
 	s.logger.Info("shipping to log store", "logstore", addr, "from_lsn", from)
-	beats := &leaseBeats{s: s, sent: map[int64]time.Time{}}
+	beats := &leaseBeats{s: s, addr: addr, sent: map[int64]time.Time{}}
 	recvDone := make(chan error, 1)
 	go func() { recvDone <- s.receiveLogStoreAcks(stream, addr, beats) }()
 	// The first message declares this primary's epoch (the log store
@@ -228,6 +231,7 @@ func (s *Server) logStoreStart(addr string, st *walshipv1.LogStoreServiceStatusR
 // back to the (monotonic) time it was sent.
 type leaseBeats struct {
 	s    *Server
+	addr string // the log store's
 	mu   sync.Mutex
 	sent map[int64]time.Time // by the wall-clock nanoseconds it carries
 }
@@ -244,8 +248,10 @@ func (b *leaseBeats) next(reply bool) *walshipv1.AppendRequest {
 		}
 	}
 	b.mu.Unlock()
+	_, archived := s.peers.archived()
 	return &walshipv1.AppendRequest{Heartbeat: &walshipv1.Heartbeat{Epoch: s.epoch, LastLsn: s.wal.DurableLSN(), TimeUnixNano: now.UnixNano(),
-		ReplyRequested: reply, PrimaryId: s.cfg.ID, PrimaryAddr: s.Advertise(), ClusterId: s.cluster.ID()}}
+		ReplyRequested: reply, PrimaryId: s.cfg.ID, PrimaryAddr: s.Advertise(), ClusterId: s.cluster.ID(),
+		LogstoreQuorumLsn: s.peers.logStoreQuorum(), Archiver: s.peers.archiver(s.cfg.LogStores) == b.addr, ArchivedLsn: archived}}
 }
 
 // sentAt is when the heartbeat a log store echoed was sent.
@@ -271,6 +277,7 @@ func (s *Server) receiveLogStoreAcks(stream walshipv1.LogStoreService_AppendClie
 		}
 		s.peers.updateLogStore(addr, func(l *logstorePos) {
 			l.durable = max(l.durable, ack.DurableLsn)
+			l.archived = max(l.archived, ack.ArchivedLsn)
 			l.lastAck = time.Now()
 		})
 	}

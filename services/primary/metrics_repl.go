@@ -17,6 +17,7 @@ type replCollector struct {
 	connected, replicaConnected      *prometheus.Desc
 	lsAcked, lsLag, lsConnected      *prometheus.Desc
 	waiting                          *prometheus.Desc
+	archived, archLagSec, archLagB   *prometheus.Desc
 }
 
 func newReplCollector(s *Server) *replCollector {
@@ -38,13 +39,20 @@ func newReplCollector(s *Server) *replCollector {
 			"WAL records the log store has not made durable yet.", []string{"logstore"}, nil),
 		lsConnected: prometheus.NewDesc("walship_replication_logstore_connected",
 			"1 if the append stream to the log store is open.", []string{"logstore"}, nil),
+		archived: prometheus.NewDesc("walship_archive_lsn",
+			"End of what the archive holds, as the log stores report it (exported while a log store has an archive).", nil, nil),
+		archLagSec: prometheus.NewDesc("walship_archive_lag_seconds",
+			"How long ago the oldest durable commit the archive lacks was made (0 when it has everything).", nil, nil),
+		archLagB: prometheus.NewDesc("walship_archive_lag_bytes",
+			"Durable WAL bytes the archive lacks.", nil, nil),
 		waiting: prometheus.NewDesc("walship_sync_commits_waiting",
 			"Commits waiting now for replicas at a stage (peers=replicas) or for a log store majority (peers=logstores).", []string{"peers", "stage"}, nil),
 	}
 }
 
 func (c *replCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.lagSeconds, c.lagBytes, c.lagRecords, c.connected, c.replicaConnected, c.lsAcked, c.lsLag, c.lsConnected, c.waiting} {
+	for _, d := range []*prometheus.Desc{c.lagSeconds, c.lagBytes, c.lagRecords, c.connected, c.replicaConnected, c.lsAcked, c.lsLag, c.lsConnected, c.waiting,
+		c.archived, c.archLagSec, c.archLagB} {
 		ch <- d
 	}
 }
@@ -76,6 +84,12 @@ func (c *replCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.lsAcked, prometheus.GaugeValue, float64(l.durable), l.addr)
 		ch <- prometheus.MustNewConstMetric(c.lsLag, prometheus.GaugeValue, float64(last-min(last, l.durable)), l.addr)
 		ch <- prometheus.MustNewConstMetric(c.lsConnected, prometheus.GaugeValue, b2f(l.connected), l.addr)
+	}
+	if url, archived := s.peers.archived(); url != "" {
+		bytes, age := s.pipe.index.lag(archived, now)
+		ch <- prometheus.MustNewConstMetric(c.archived, prometheus.GaugeValue, float64(archived))
+		ch <- prometheus.MustNewConstMetric(c.archLagSec, prometheus.GaugeValue, age.Seconds())
+		ch <- prometheus.MustNewConstMetric(c.archLagB, prometheus.GaugeValue, float64(bytes))
 	}
 }
 

@@ -47,6 +47,9 @@ type peers struct {
 	// guarded by arrivedMu. nil while no stream listens.
 	arrivedMu sync.Mutex
 	arrived   chan struct{}
+	// uploader is the log store asked to upload to the archive (see
+	// archiver); guarded by mu.
+	uploader string
 }
 
 // waitsBegin returns a channel closed when the next wait on peers (a sync
@@ -155,6 +158,10 @@ type logstorePos struct {
 	connected bool
 	durable   uint64
 	lastAck   time.Time
+	// archive is the archive the log store says it has ("" for none);
+	// archived how far it says the archive goes.
+	archive  string
+	archived uint64
 }
 
 func newPeers() *peers {
@@ -252,6 +259,47 @@ func (p *peers) logStoreQuorumLocked() uint64 {
 		pos = append(pos, l.durable)
 	}
 	return kthHighest(pos, p.quorum)
+}
+
+// logStoreQuorum is logStoreQuorumLocked, locking.
+func (p *peers) logStoreQuorum() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.logStoreQuorumLocked()
+}
+
+// archiver returns the log store that uploads to the archive: the one
+// that does now while its stream is open, else the first of order with
+// an archive and an open stream ("" if none). Sticky, so that the job
+// moves only when its log store goes away.
+func (p *peers) archiver(order []string) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if l := p.logstores[p.uploader]; l != nil && l.connected && l.archive != "" {
+		return p.uploader
+	}
+	p.uploader = ""
+	for _, addr := range order {
+		if l := p.logstores[addr]; l != nil && l.connected && l.archive != "" {
+			p.uploader = addr
+			break
+		}
+	}
+	return p.uploader
+}
+
+// archived returns the archive's URL and the highest archived LSN the log
+// stores report ("" and 0 when none has an archive).
+func (p *peers) archived() (url string, lsn uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, l := range p.logstores {
+		if l.archive != "" && (url == "" || l.addr == p.uploader) {
+			url = l.archive
+		}
+		lsn = max(lsn, l.archived)
+	}
+	return url, lsn
 }
 
 // kthHighest returns the k-th highest of pos (sorting it), or 0 if there

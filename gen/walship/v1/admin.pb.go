@@ -237,7 +237,10 @@ type StatusResponse struct {
 	// refilling: a log store copying what it missed from its peers; it
 	// refuses the primary's batches and counts for no quorum until done.
 	// Always false on a primary or a replica.
-	Refilling     bool `protobuf:"varint,26,opt,name=refilling,proto3" json:"refilling,omitempty"`
+	Refilling bool `protobuf:"varint,26,opt,name=refilling,proto3" json:"refilling,omitempty"`
+	// archive: on a log store, its archive; on a primary, what its log
+	// stores report of theirs (unset when none archives).
+	Archive       *ArchiveStatus `protobuf:"bytes,27,opt,name=archive,proto3" json:"archive,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -452,6 +455,13 @@ func (x *StatusResponse) GetRefilling() bool {
 		return x.Refilling
 	}
 	return false
+}
+
+func (x *StatusResponse) GetArchive() *ArchiveStatus {
+	if x != nil {
+		return x.Archive
+	}
+	return nil
 }
 
 // OrphanStatus is one orphan file.
@@ -1233,8 +1243,8 @@ var File_walship_v1_admin_proto protoreflect.FileDescriptor
 const file_walship_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"\x16walship/v1/admin.proto\x12\n" +
-	"walship.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x16walship/v1/epoch.proto\x1a\x17walship/v1/policy.proto\"\x0f\n" +
-	"\rStatusRequest\"\xe3\a\n" +
+	"walship.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x16walship/v1/epoch.proto\x1a\x14walship/v1/wal.proto\x1a\x17walship/v1/policy.proto\"\x0f\n" +
+	"\rStatusRequest\"\x98\b\n" +
 	"\x0eStatusResponse\x12$\n" +
 	"\x04role\x18\x01 \x01(\x0e2\x10.walship.v1.RoleR\x04role\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x14\n" +
@@ -1267,7 +1277,8 @@ const file_walship_v1_admin_proto_rawDesc = "" +
 	"\rtaking_writes\x18\x18 \x01(\bR\ftakingWrites\x12\x1d\n" +
 	"\n" +
 	"cluster_id\x18\x19 \x01(\tR\tclusterId\x12\x1c\n" +
-	"\trefilling\x18\x1a \x01(\bR\trefilling\"\xb3\x01\n" +
+	"\trefilling\x18\x1a \x01(\bR\trefilling\x123\n" +
+	"\aarchive\x18\x1b \x01(\v2\x19.walship.v1.ArchiveStatusR\aarchive\"\xb3\x01\n" +
 	"\fOrphanStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1b\n" +
@@ -1385,6 +1396,7 @@ var file_walship_v1_admin_proto_goTypes = []any{
 	(*Contract)(nil),            // 14: walship.v1.Contract
 	(*durationpb.Duration)(nil), // 15: google.protobuf.Duration
 	(*EpochStart)(nil),          // 16: walship.v1.EpochStart
+	(*ArchiveStatus)(nil),       // 17: walship.v1.ArchiveStatus
 }
 var file_walship_v1_admin_proto_depIdxs = []int32{
 	0,  // 0: walship.v1.StatusResponse.role:type_name -> walship.v1.Role
@@ -1396,26 +1408,27 @@ var file_walship_v1_admin_proto_depIdxs = []int32{
 	5,  // 6: walship.v1.StatusResponse.last_failover:type_name -> walship.v1.FailoverTimeline
 	15, // 7: walship.v1.StatusResponse.lease_remaining:type_name -> google.protobuf.Duration
 	16, // 8: walship.v1.StatusResponse.history:type_name -> walship.v1.EpochStart
-	15, // 9: walship.v1.FailoverTimeline.lease_wait:type_name -> google.protobuf.Duration
-	0,  // 10: walship.v1.PeerStatus.role:type_name -> walship.v1.Role
-	5,  // 11: walship.v1.PromoteResponse.timeline:type_name -> walship.v1.FailoverTimeline
-	15, // 12: walship.v1.SwitchoverRequest.timeout:type_name -> google.protobuf.Duration
-	15, // 13: walship.v1.SwitchoverResponse.paused:type_name -> google.protobuf.Duration
-	13, // 14: walship.v1.SetPolicyRequest.policy:type_name -> walship.v1.CommitPolicy
-	13, // 15: walship.v1.SetPolicyResponse.policy:type_name -> walship.v1.CommitPolicy
-	2,  // 16: walship.v1.AdminService.Status:input_type -> walship.v1.StatusRequest
-	7,  // 17: walship.v1.AdminService.Promote:input_type -> walship.v1.PromoteRequest
-	9,  // 18: walship.v1.AdminService.Switchover:input_type -> walship.v1.SwitchoverRequest
-	11, // 19: walship.v1.AdminService.SetPolicy:input_type -> walship.v1.SetPolicyRequest
-	3,  // 20: walship.v1.AdminService.Status:output_type -> walship.v1.StatusResponse
-	8,  // 21: walship.v1.AdminService.Promote:output_type -> walship.v1.PromoteResponse
-	10, // 22: walship.v1.AdminService.Switchover:output_type -> walship.v1.SwitchoverResponse
-	12, // 23: walship.v1.AdminService.SetPolicy:output_type -> walship.v1.SetPolicyResponse
-	20, // [20:24] is the sub-list for method output_type
-	16, // [16:20] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	17, // 9: walship.v1.StatusResponse.archive:type_name -> walship.v1.ArchiveStatus
+	15, // 10: walship.v1.FailoverTimeline.lease_wait:type_name -> google.protobuf.Duration
+	0,  // 11: walship.v1.PeerStatus.role:type_name -> walship.v1.Role
+	5,  // 12: walship.v1.PromoteResponse.timeline:type_name -> walship.v1.FailoverTimeline
+	15, // 13: walship.v1.SwitchoverRequest.timeout:type_name -> google.protobuf.Duration
+	15, // 14: walship.v1.SwitchoverResponse.paused:type_name -> google.protobuf.Duration
+	13, // 15: walship.v1.SetPolicyRequest.policy:type_name -> walship.v1.CommitPolicy
+	13, // 16: walship.v1.SetPolicyResponse.policy:type_name -> walship.v1.CommitPolicy
+	2,  // 17: walship.v1.AdminService.Status:input_type -> walship.v1.StatusRequest
+	7,  // 18: walship.v1.AdminService.Promote:input_type -> walship.v1.PromoteRequest
+	9,  // 19: walship.v1.AdminService.Switchover:input_type -> walship.v1.SwitchoverRequest
+	11, // 20: walship.v1.AdminService.SetPolicy:input_type -> walship.v1.SetPolicyRequest
+	3,  // 21: walship.v1.AdminService.Status:output_type -> walship.v1.StatusResponse
+	8,  // 22: walship.v1.AdminService.Promote:output_type -> walship.v1.PromoteResponse
+	10, // 23: walship.v1.AdminService.Switchover:output_type -> walship.v1.SwitchoverResponse
+	12, // 24: walship.v1.AdminService.SetPolicy:output_type -> walship.v1.SetPolicyResponse
+	21, // [21:25] is the sub-list for method output_type
+	17, // [17:21] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_walship_v1_admin_proto_init() }
@@ -1424,6 +1437,7 @@ func file_walship_v1_admin_proto_init() {
 		return
 	}
 	file_walship_v1_epoch_proto_init()
+	file_walship_v1_wal_proto_init()
 	file_walship_v1_policy_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{

@@ -110,8 +110,11 @@ type AppendResponse struct {
 	// heartbeat this ack covers, so that the primary knows when it last had
 	// the log store's word (its lease).
 	HeartbeatTimeUnixNano int64 `protobuf:"varint,3,opt,name=heartbeat_time_unix_nano,json=heartbeatTimeUnixNano,proto3" json:"heartbeat_time_unix_nano,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// archived_lsn is the end of what the archive holds, as far as the log
+	// store knows (its own uploads, or what the primary said).
+	ArchivedLsn   uint64 `protobuf:"varint,4,opt,name=archived_lsn,json=archivedLsn,proto3" json:"archived_lsn,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AppendResponse) Reset() {
@@ -161,6 +164,13 @@ func (x *AppendResponse) GetEpoch() uint64 {
 func (x *AppendResponse) GetHeartbeatTimeUnixNano() int64 {
 	if x != nil {
 		return x.HeartbeatTimeUnixNano
+	}
+	return 0
+}
+
+func (x *AppendResponse) GetArchivedLsn() uint64 {
+	if x != nil {
+		return x.ArchivedLsn
 	}
 	return 0
 }
@@ -351,7 +361,9 @@ type LogStoreServiceStatusResponse struct {
 	Snapshots []*SnapshotInfo `protobuf:"bytes,12,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
 	// refilling: the log store is copying what it missed from its peers and
 	// takes no Append stream until it is done.
-	Refilling     bool `protobuf:"varint,13,opt,name=refilling,proto3" json:"refilling,omitempty"`
+	Refilling bool `protobuf:"varint,13,opt,name=refilling,proto3" json:"refilling,omitempty"`
+	// archive describes the log store's archive (unset without --archive).
+	Archive       *ArchiveStatus `protobuf:"bytes,14,opt,name=archive,proto3" json:"archive,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -475,6 +487,13 @@ func (x *LogStoreServiceStatusResponse) GetRefilling() bool {
 		return x.Refilling
 	}
 	return false
+}
+
+func (x *LogStoreServiceStatusResponse) GetArchive() *ArchiveStatus {
+	if x != nil {
+		return x.Archive
+	}
+	return nil
 }
 
 // SnapshotInfo describes one stored base snapshot.
@@ -1110,12 +1129,13 @@ const file_walship_v1_logstore_proto_rawDesc = "" +
 	"\x05batch\x18\x01 \x01(\v2\x14.walship.v1.WalBatchR\x05batch\x123\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x15.walship.v1.HeartbeatR\theartbeat\x12,\n" +
 	"\x12truncate_after_lsn\x18\x03 \x01(\x04R\x10truncateAfterLsn\x12\x1a\n" +
-	"\btruncate\x18\x04 \x01(\bR\btruncate\"\x80\x01\n" +
+	"\btruncate\x18\x04 \x01(\bR\btruncate\"\xa3\x01\n" +
 	"\x0eAppendResponse\x12\x1f\n" +
 	"\vdurable_lsn\x18\x01 \x01(\x04R\n" +
 	"durableLsn\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x127\n" +
-	"\x18heartbeat_time_unix_nano\x18\x03 \x01(\x03R\x15heartbeatTimeUnixNano\"v\n" +
+	"\x18heartbeat_time_unix_nano\x18\x03 \x01(\x03R\x15heartbeatTimeUnixNano\x12!\n" +
+	"\farchived_lsn\x18\x04 \x01(\x04R\varchivedLsn\"v\n" +
 	"\vReadRequest\x12\x19\n" +
 	"\bfrom_lsn\x18\x01 \x01(\x04R\afromLsn\x12\x16\n" +
 	"\x06follow\x18\x02 \x01(\bR\x06follow\x12\x15\n" +
@@ -1124,7 +1144,7 @@ const file_walship_v1_logstore_proto_rawDesc = "" +
 	"cluster_id\x18\x04 \x01(\tR\tclusterId\":\n" +
 	"\fReadResponse\x12*\n" +
 	"\x05batch\x18\x01 \x01(\v2\x14.walship.v1.WalBatchR\x05batch\"\x1e\n" +
-	"\x1cLogStoreServiceStatusRequest\"\xd9\x03\n" +
+	"\x1cLogStoreServiceStatusRequest\"\x8e\x04\n" +
 	"\x1dLogStoreServiceStatusResponse\x12\x1b\n" +
 	"\tfirst_lsn\x18\x01 \x01(\x04R\bfirstLsn\x12\x1f\n" +
 	"\vdurable_lsn\x18\x02 \x01(\x04R\n" +
@@ -1144,7 +1164,8 @@ const file_walship_v1_logstore_proto_rawDesc = "" +
 	"\n" +
 	"cluster_id\x18\v \x01(\tR\tclusterId\x126\n" +
 	"\tsnapshots\x18\f \x03(\v2\x18.walship.v1.SnapshotInfoR\tsnapshots\x12\x1c\n" +
-	"\trefilling\x18\r \x01(\bR\trefilling\"\xb6\x01\n" +
+	"\trefilling\x18\r \x01(\bR\trefilling\x123\n" +
+	"\aarchive\x18\x0e \x01(\v2\x19.walship.v1.ArchiveStatusR\aarchive\"\xb6\x01\n" +
 	"\fSnapshotInfo\x12\x10\n" +
 	"\x03lsn\x18\x01 \x01(\x04R\x03lsn\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x121\n" +
@@ -1222,9 +1243,10 @@ var file_walship_v1_logstore_proto_goTypes = []any{
 	(*WalBatch)(nil),                      // 14: walship.v1.WalBatch
 	(*Heartbeat)(nil),                     // 15: walship.v1.Heartbeat
 	(*EpochStart)(nil),                    // 16: walship.v1.EpochStart
-	(*SnapshotHeader)(nil),                // 17: walship.v1.SnapshotHeader
-	(*SnapshotChunk)(nil),                 // 18: walship.v1.SnapshotChunk
-	(*SnapshotTrailer)(nil),               // 19: walship.v1.SnapshotTrailer
+	(*ArchiveStatus)(nil),                 // 17: walship.v1.ArchiveStatus
+	(*SnapshotHeader)(nil),                // 18: walship.v1.SnapshotHeader
+	(*SnapshotChunk)(nil),                 // 19: walship.v1.SnapshotChunk
+	(*SnapshotTrailer)(nil),               // 20: walship.v1.SnapshotTrailer
 }
 var file_walship_v1_logstore_proto_depIdxs = []int32{
 	14, // 0: walship.v1.AppendRequest.batch:type_name -> walship.v1.WalBatch
@@ -1232,33 +1254,34 @@ var file_walship_v1_logstore_proto_depIdxs = []int32{
 	14, // 2: walship.v1.ReadResponse.batch:type_name -> walship.v1.WalBatch
 	16, // 3: walship.v1.LogStoreServiceStatusResponse.history:type_name -> walship.v1.EpochStart
 	6,  // 4: walship.v1.LogStoreServiceStatusResponse.snapshots:type_name -> walship.v1.SnapshotInfo
-	17, // 5: walship.v1.PutSnapshotRequest.header:type_name -> walship.v1.SnapshotHeader
-	18, // 6: walship.v1.PutSnapshotRequest.chunk:type_name -> walship.v1.SnapshotChunk
-	19, // 7: walship.v1.PutSnapshotRequest.trailer:type_name -> walship.v1.SnapshotTrailer
-	6,  // 8: walship.v1.PutSnapshotResponse.snapshot:type_name -> walship.v1.SnapshotInfo
-	17, // 9: walship.v1.GetSnapshotResponse.header:type_name -> walship.v1.SnapshotHeader
-	18, // 10: walship.v1.GetSnapshotResponse.chunk:type_name -> walship.v1.SnapshotChunk
-	19, // 11: walship.v1.GetSnapshotResponse.trailer:type_name -> walship.v1.SnapshotTrailer
-	6,  // 12: walship.v1.VerifyResponse.snapshots:type_name -> walship.v1.SnapshotInfo
-	13, // 13: walship.v1.VerifyResponse.problems:type_name -> walship.v1.VerifyProblem
-	16, // 14: walship.v1.VerifyResponse.history:type_name -> walship.v1.EpochStart
-	0,  // 15: walship.v1.LogStoreService.Append:input_type -> walship.v1.AppendRequest
-	2,  // 16: walship.v1.LogStoreService.Read:input_type -> walship.v1.ReadRequest
-	4,  // 17: walship.v1.LogStoreService.Status:input_type -> walship.v1.LogStoreServiceStatusRequest
-	7,  // 18: walship.v1.LogStoreService.PutSnapshot:input_type -> walship.v1.PutSnapshotRequest
-	9,  // 19: walship.v1.LogStoreService.GetSnapshot:input_type -> walship.v1.GetSnapshotRequest
-	11, // 20: walship.v1.LogStoreService.Verify:input_type -> walship.v1.VerifyRequest
-	1,  // 21: walship.v1.LogStoreService.Append:output_type -> walship.v1.AppendResponse
-	3,  // 22: walship.v1.LogStoreService.Read:output_type -> walship.v1.ReadResponse
-	5,  // 23: walship.v1.LogStoreService.Status:output_type -> walship.v1.LogStoreServiceStatusResponse
-	8,  // 24: walship.v1.LogStoreService.PutSnapshot:output_type -> walship.v1.PutSnapshotResponse
-	10, // 25: walship.v1.LogStoreService.GetSnapshot:output_type -> walship.v1.GetSnapshotResponse
-	12, // 26: walship.v1.LogStoreService.Verify:output_type -> walship.v1.VerifyResponse
-	21, // [21:27] is the sub-list for method output_type
-	15, // [15:21] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	17, // 5: walship.v1.LogStoreServiceStatusResponse.archive:type_name -> walship.v1.ArchiveStatus
+	18, // 6: walship.v1.PutSnapshotRequest.header:type_name -> walship.v1.SnapshotHeader
+	19, // 7: walship.v1.PutSnapshotRequest.chunk:type_name -> walship.v1.SnapshotChunk
+	20, // 8: walship.v1.PutSnapshotRequest.trailer:type_name -> walship.v1.SnapshotTrailer
+	6,  // 9: walship.v1.PutSnapshotResponse.snapshot:type_name -> walship.v1.SnapshotInfo
+	18, // 10: walship.v1.GetSnapshotResponse.header:type_name -> walship.v1.SnapshotHeader
+	19, // 11: walship.v1.GetSnapshotResponse.chunk:type_name -> walship.v1.SnapshotChunk
+	20, // 12: walship.v1.GetSnapshotResponse.trailer:type_name -> walship.v1.SnapshotTrailer
+	6,  // 13: walship.v1.VerifyResponse.snapshots:type_name -> walship.v1.SnapshotInfo
+	13, // 14: walship.v1.VerifyResponse.problems:type_name -> walship.v1.VerifyProblem
+	16, // 15: walship.v1.VerifyResponse.history:type_name -> walship.v1.EpochStart
+	0,  // 16: walship.v1.LogStoreService.Append:input_type -> walship.v1.AppendRequest
+	2,  // 17: walship.v1.LogStoreService.Read:input_type -> walship.v1.ReadRequest
+	4,  // 18: walship.v1.LogStoreService.Status:input_type -> walship.v1.LogStoreServiceStatusRequest
+	7,  // 19: walship.v1.LogStoreService.PutSnapshot:input_type -> walship.v1.PutSnapshotRequest
+	9,  // 20: walship.v1.LogStoreService.GetSnapshot:input_type -> walship.v1.GetSnapshotRequest
+	11, // 21: walship.v1.LogStoreService.Verify:input_type -> walship.v1.VerifyRequest
+	1,  // 22: walship.v1.LogStoreService.Append:output_type -> walship.v1.AppendResponse
+	3,  // 23: walship.v1.LogStoreService.Read:output_type -> walship.v1.ReadResponse
+	5,  // 24: walship.v1.LogStoreService.Status:output_type -> walship.v1.LogStoreServiceStatusResponse
+	8,  // 25: walship.v1.LogStoreService.PutSnapshot:output_type -> walship.v1.PutSnapshotResponse
+	10, // 26: walship.v1.LogStoreService.GetSnapshot:output_type -> walship.v1.GetSnapshotResponse
+	12, // 27: walship.v1.LogStoreService.Verify:output_type -> walship.v1.VerifyResponse
+	22, // [22:28] is the sub-list for method output_type
+	16, // [16:22] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_walship_v1_logstore_proto_init() }

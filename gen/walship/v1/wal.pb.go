@@ -213,7 +213,19 @@ type Heartbeat struct {
 	// cluster_id is the sending primary's cluster (primaries only): a log
 	// store or replica of another cluster refuses the stream with
 	// FAILED_PRECONDITION naming both ids; one that has none yet adopts it.
-	ClusterId     string `protobuf:"bytes,7,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	ClusterId string `protobuf:"bytes,7,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	// logstore_quorum_lsn is the highest LSN a majority of the log stores has
+	// made durable in the sending primary's log (primaries only, on Append
+	// streams): no failover cuts it, so an archiver uploads up to it and no
+	// further.
+	LogstoreQuorumLsn uint64 `protobuf:"varint,8,opt,name=logstore_quorum_lsn,json=logstoreQuorumLsn,proto3" json:"logstore_quorum_lsn,omitempty"`
+	// archiver asks the receiving log store to upload the log to the
+	// archive (primaries only, on one Append stream at a time).
+	Archiver bool `protobuf:"varint,9,opt,name=archiver,proto3" json:"archiver,omitempty"`
+	// archived_lsn is the end of what the archive holds, as the primary last
+	// heard from its archiver (primaries only): log stores keep what is
+	// after it.
+	ArchivedLsn   uint64 `protobuf:"varint,10,opt,name=archived_lsn,json=archivedLsn,proto3" json:"archived_lsn,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -297,6 +309,130 @@ func (x *Heartbeat) GetClusterId() string {
 	return ""
 }
 
+func (x *Heartbeat) GetLogstoreQuorumLsn() uint64 {
+	if x != nil {
+		return x.LogstoreQuorumLsn
+	}
+	return 0
+}
+
+func (x *Heartbeat) GetArchiver() bool {
+	if x != nil {
+		return x.Archiver
+	}
+	return false
+}
+
+func (x *Heartbeat) GetArchivedLsn() uint64 {
+	if x != nil {
+		return x.ArchivedLsn
+	}
+	return 0
+}
+
+// ArchiveStatus is where the history is archived and how far.
+type ArchiveStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// url of the archive (s3://BUCKET/PREFIX or file:///DIR).
+	Url string `protobuf:"bytes,1,opt,name=url,proto3" json:"url,omitempty"`
+	// archived_lsn: every LSN of the lineage up to it is in the archive.
+	ArchivedLsn uint64 `protobuf:"varint,2,opt,name=archived_lsn,json=archivedLsn,proto3" json:"archived_lsn,omitempty"`
+	// uploader: on a log store, it is the one uploading now (the
+	// primary's choice).
+	Uploader bool `protobuf:"varint,3,opt,name=uploader,proto3" json:"uploader,omitempty"`
+	// uploader_addr is, on a primary, the log store it asked to upload.
+	UploaderAddr string `protobuf:"bytes,4,opt,name=uploader_addr,json=uploaderAddr,proto3" json:"uploader_addr,omitempty"`
+	// lag_seconds is how long ago the oldest commit not yet archived was
+	// committed (0 when everything durable is archived).
+	LagSeconds float64 `protobuf:"fixed64,5,opt,name=lag_seconds,json=lagSeconds,proto3" json:"lag_seconds,omitempty"`
+	// lag_bytes is the WAL not yet archived.
+	LagBytes uint64 `protobuf:"varint,6,opt,name=lag_bytes,json=lagBytes,proto3" json:"lag_bytes,omitempty"`
+	// error is the last upload's failure, while it lasts ("" when uploads
+	// succeed).
+	Error         string `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ArchiveStatus) Reset() {
+	*x = ArchiveStatus{}
+	mi := &file_walship_v1_wal_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ArchiveStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ArchiveStatus) ProtoMessage() {}
+
+func (x *ArchiveStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_walship_v1_wal_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ArchiveStatus.ProtoReflect.Descriptor instead.
+func (*ArchiveStatus) Descriptor() ([]byte, []int) {
+	return file_walship_v1_wal_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ArchiveStatus) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
+func (x *ArchiveStatus) GetArchivedLsn() uint64 {
+	if x != nil {
+		return x.ArchivedLsn
+	}
+	return 0
+}
+
+func (x *ArchiveStatus) GetUploader() bool {
+	if x != nil {
+		return x.Uploader
+	}
+	return false
+}
+
+func (x *ArchiveStatus) GetUploaderAddr() string {
+	if x != nil {
+		return x.UploaderAddr
+	}
+	return ""
+}
+
+func (x *ArchiveStatus) GetLagSeconds() float64 {
+	if x != nil {
+		return x.LagSeconds
+	}
+	return 0
+}
+
+func (x *ArchiveStatus) GetLagBytes() uint64 {
+	if x != nil {
+		return x.LagBytes
+	}
+	return 0
+}
+
+func (x *ArchiveStatus) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 var File_walship_v1_wal_proto protoreflect.FileDescriptor
 
 const file_walship_v1_wal_proto_rawDesc = "" +
@@ -311,7 +447,7 @@ const file_walship_v1_wal_proto_rawDesc = "" +
 	"\x15commit_time_unix_nano\x18\x05 \x01(\x03R\x12commitTimeUnixNano\x12'\n" +
 	"\x05codec\x18\x06 \x01(\x0e2\x11.walship.v1.CodecR\x05codec\x12\x18\n" +
 	"\apayload\x18\a \x01(\fR\apayload\x12\x16\n" +
-	"\x06crc32c\x18\b \x01(\aR\x06crc32c\"\xec\x01\n" +
+	"\x06crc32c\x18\b \x01(\aR\x06crc32c\"\xdb\x02\n" +
 	"\tHeartbeat\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x19\n" +
 	"\blast_lsn\x18\x02 \x01(\x04R\alastLsn\x12$\n" +
@@ -321,7 +457,20 @@ const file_walship_v1_wal_proto_rawDesc = "" +
 	"\n" +
 	"primary_id\x18\x06 \x01(\tR\tprimaryId\x12\x1d\n" +
 	"\n" +
-	"cluster_id\x18\a \x01(\tR\tclusterId*A\n" +
+	"cluster_id\x18\a \x01(\tR\tclusterId\x12.\n" +
+	"\x13logstore_quorum_lsn\x18\b \x01(\x04R\x11logstoreQuorumLsn\x12\x1a\n" +
+	"\barchiver\x18\t \x01(\bR\barchiver\x12!\n" +
+	"\farchived_lsn\x18\n" +
+	" \x01(\x04R\varchivedLsn\"\xd9\x01\n" +
+	"\rArchiveStatus\x12\x10\n" +
+	"\x03url\x18\x01 \x01(\tR\x03url\x12!\n" +
+	"\farchived_lsn\x18\x02 \x01(\x04R\varchivedLsn\x12\x1a\n" +
+	"\buploader\x18\x03 \x01(\bR\buploader\x12#\n" +
+	"\ruploader_addr\x18\x04 \x01(\tR\fuploaderAddr\x12\x1f\n" +
+	"\vlag_seconds\x18\x05 \x01(\x01R\n" +
+	"lagSeconds\x12\x1b\n" +
+	"\tlag_bytes\x18\x06 \x01(\x04R\blagBytes\x12\x14\n" +
+	"\x05error\x18\a \x01(\tR\x05error*A\n" +
 	"\x05Codec\x12\x15\n" +
 	"\x11CODEC_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rCODEC_MSGPACK\x10\x01\x12\x0e\n" +
@@ -341,11 +490,12 @@ func file_walship_v1_wal_proto_rawDescGZIP() []byte {
 }
 
 var file_walship_v1_wal_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_walship_v1_wal_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_walship_v1_wal_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
 var file_walship_v1_wal_proto_goTypes = []any{
-	(Codec)(0),        // 0: walship.v1.Codec
-	(*WalBatch)(nil),  // 1: walship.v1.WalBatch
-	(*Heartbeat)(nil), // 2: walship.v1.Heartbeat
+	(Codec)(0),            // 0: walship.v1.Codec
+	(*WalBatch)(nil),      // 1: walship.v1.WalBatch
+	(*Heartbeat)(nil),     // 2: walship.v1.Heartbeat
+	(*ArchiveStatus)(nil), // 3: walship.v1.ArchiveStatus
 }
 var file_walship_v1_wal_proto_depIdxs = []int32{
 	0, // 0: walship.v1.WalBatch.codec:type_name -> walship.v1.Codec
@@ -367,7 +517,7 @@ func file_walship_v1_wal_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_walship_v1_wal_proto_rawDesc), len(file_walship_v1_wal_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   2,
+			NumMessages:   3,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
