@@ -8,11 +8,12 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/walship/walship/internal/archive"
 	"github.com/walship/walship/internal/restore"
 )
 
-// walship restore: point-in-time recovery from the log stores
-// (internal/restore), into a new data directory.
+// walship restore: point-in-time recovery from the log stores or from the
+// archive (internal/restore), into a new data directory.
 
 func restoreFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	var (
@@ -24,11 +25,13 @@ func restoreFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 		dryRun    bool
 		clusterID string
 	)
-	fs.Var(listFlag{&logstores}, "logstore", "gRPC addresses of the log stores to restore from, comma-separated (required)")
+	var arch archive.Config
+	fs.Var(listFlag{&logstores}, "logstore", "gRPC addresses of the log stores to restore from, comma-separated (or --archive)")
+	addArchiveFlags(fs, &arch)
 	fs.StringVar(&dataDir, "data-dir", "", "the data directory to build; it must not exist or be empty (required unless --dry-run)")
 	fs.Uint64Var(&lsn, "lsn", 0, "restore to exactly this LSN (a commit's LSN)")
 	fs.StringVar(&at, "time", "", "restore to the last commit at or before this time (RFC 3339, e.g. 2026-12-03T14:02:00Z)")
-	fs.BoolVar(&latest, "latest", false, "restore to the newest LSN a majority of the given log stores hold")
+	fs.BoolVar(&latest, "latest", false, "restore to the newest LSN a majority of the given log stores hold, or the newest the archive holds")
 	fs.BoolVar(&dryRun, "dry-run", false, "resolve and check the restore (target, snapshot, lineage, every batch's CRC) without writing anything")
 	fs.StringVar(&clusterID, "cluster-id", "", "refuse log stores of any other cluster than this one")
 	sf := addSecurityFlags(fs, false)
@@ -54,13 +57,23 @@ func restoreFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 		if n != 1 {
 			return usageErr(env, "give exactly one of --lsn, --time and --latest")
 		}
-		if len(logstores) == 0 {
-			return usageErr(env, "--logstore: required")
+		if len(logstores) == 0 && !arch.Set() {
+			return usageErr(env, "--logstore or --archive: say where to restore from")
+		}
+		if len(logstores) > 0 && arch.Set() {
+			return usageErr(env, "--logstore and --archive: restore from one or the other")
+		}
+		var a *archive.Archive
+		if arch.Set() {
+			var err error
+			if a, err = archive.Open(ctx, arch, env.Logger); err != nil {
+				return err
+			}
 		}
 		if dataDir == "" && !dryRun {
 			return usageErr(env, "--data-dir: required (or --dry-run)")
 		}
-		res, err := restore.Run(ctx, restore.Options{LogStores: logstores, DataDir: dataDir, Target: target, DryRun: dryRun,
+		res, err := restore.Run(ctx, restore.Options{LogStores: logstores, Archive: a, DataDir: dataDir, Target: target, DryRun: dryRun,
 			ClusterID: clusterID, Logger: env.Logger})
 		if err != nil {
 			return err

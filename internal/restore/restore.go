@@ -31,6 +31,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/archive"
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/envelope"
 	"github.com/walship/walship/internal/recovery"
@@ -98,8 +99,15 @@ func (t Target) validate() error {
 
 // Options is what to restore, from where, to where.
 type Options struct {
-	// LogStores are the log stores' gRPC addresses (at least one).
+	// LogStores are the log stores' gRPC addresses: one or more, or none
+	// with Archive.
 	LogStores []string
+	// Archive, if set, is where to restore from instead of log stores
+	// (archive.go): the history outlives every log store.
+	Archive *archive.Archive
+	// TmpDir holds a snapshot downloaded from the archive while it is
+	// read ("": the data directory's parent).
+	TmpDir string
 	// DataDir is the directory to build: it must not exist, or be empty.
 	DataDir string
 	Target  Target
@@ -191,6 +199,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err := o.fill(); err != nil {
 		return nil, err
 	}
+	if o.Archive != nil {
+		return runArchive(ctx, o, start)
+	}
 	conns, err := dial(o)
 	if err != nil {
 		return nil, err
@@ -224,8 +235,11 @@ func (o *Options) fill() error {
 	if err := o.Target.validate(); err != nil {
 		return err
 	}
-	if len(o.LogStores) == 0 {
-		return errors.New("--logstore: at least one log store address is required")
+	switch {
+	case len(o.LogStores) == 0 && o.Archive == nil:
+		return errors.New("--logstore or --archive: say where to restore from")
+	case len(o.LogStores) > 0 && o.Archive != nil:
+		return errors.New("--logstore and --archive: restore from one or the other")
 	}
 	if o.DataDir == "" && !o.DryRun {
 		return errors.New("--data-dir: required (the directory to build)")
@@ -302,6 +316,8 @@ type restorer struct {
 	store   *state.Store // the state being rebuilt
 	// replayer applies the batches to store.
 	replayer *state.Replayer
+	// arch is the archive restored from (nil: the log stores).
+	arch *archiveSource
 }
 
 // survey asks every log store what it holds and picks the lineage: the
@@ -536,18 +552,24 @@ func (r *restorer) replay(ctx context.Context) (*Result, error) {
 	}
 	// The batches' stream is opened before the snapshot is read: the log
 	// store then keeps the WAL after the snapshot while it is read.
-	var batches grpc.ServerStreamingClient[walshipv1.ReadResponse]
+	var batches batchStream
 	if r.p.BatchesFrom != "" {
 		var err error
-		batches, err = r.conns[r.p.BatchesFrom].Read(ctx, &walshipv1.ReadRequest{FromLsn: base + 1, ToLsn: r.p.LSN, ClusterId: r.o.ClusterID})
-		if err != nil {
+		if r.arch != nil {
+			batches = r.arch.batches(ctx, base)
+		} else if batches, err = r.conns[r.p.BatchesFrom].Read(ctx, &walshipv1.ReadRequest{FromLsn: base + 1, ToLsn: r.p.LSN, ClusterId: r.o.ClusterID}); err != nil {
 			return nil, fmt.Errorf("read batches from %s at LSN %d: %w", r.p.BatchesFrom, base+1, err)
 		}
 	}
 	r.store = state.New()
 	if r.p.Snapshot != nil && !r.o.DryRun {
 		var err error
-		if r.store, err = r.fetchSnapshot(ctx); err != nil {
+		if r.arch != nil {
+			r.store, err = r.arch.snapshot(ctx)
+		} else {
+			r.store, err = r.fetchSnapshot(ctx)
+		}
+		if err != nil {
 			return nil, err
 		}
 	}
@@ -618,7 +640,7 @@ func (r *restorer) fetchSnapshot(ctx context.Context) (*state.Store, error) {
 // applyBatches reads the batches after base, up to the target, and applies
 // them: one goroutine receives, checks and decodes (readBatches), this one
 // applies, so the two overlap.
-func (r *restorer) applyBatches(ctx context.Context, st grpc.ServerStreamingClient[walshipv1.ReadResponse], base uint64) error {
+func (r *restorer) applyBatches(ctx context.Context, st batchStream, base uint64) error {
 	g, ctx := errgroup.WithContext(ctx)
 	batches := make(chan decoded, 8)
 	var end readEnd
@@ -648,6 +670,12 @@ func (r *restorer) applyBatches(ctx context.Context, st grpc.ServerStreamingClie
 	return nil
 }
 
+// batchStream is where the batches after the snapshot come from: a log
+// store's Read, or the archive's chunks (archive.go).
+type batchStream interface {
+	Recv() (*walshipv1.ReadResponse, error)
+}
+
 // decoded is one checked batch on its way to the replayer.
 type decoded struct {
 	batch       *codec.Batch // nil in a dry run
@@ -667,7 +695,7 @@ type readEnd struct {
 // checked — its CRC, its continuity, its epoch against the lineage, not
 // past the target — and decoded (but in a dry run). It stops after the
 // target LSN, or before the first batch committed after a target time.
-func (r *restorer) readBatches(ctx context.Context, st grpc.ServerStreamingClient[walshipv1.ReadResponse], base uint64, out chan<- decoded) (readEnd, error) {
+func (r *restorer) readBatches(ctx context.Context, st batchStream, base uint64, out chan<- decoded) (readEnd, error) {
 	t := r.o.Target
 	from, target := r.p.BatchesFrom, r.p.LSN
 	end := readEnd{last: base}
