@@ -51,11 +51,11 @@ func ctlStatusFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 			rows[i].st, rows[i].err = nodeStatus(ctx, a)
 		}
 		w := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(w, "ADDRESS\tID\tROLE\tEPOCH\tPROMISED\tPRIMARY\tLAST\tDURABLE\tVISIBLE\tLAG\tSERVING\tWRITES\tORPHANS\tCLUSTER")
+		fmt.Fprintln(w, "ADDRESS\tID\tROLE\tEPOCH\tPROMISED\tPRIMARY\tLAST\tDURABLE\tVISIBLE\tLAG\tSERVING\tWRITES\tARCHIVED\tORPHANS\tCLUSTER")
 		clusters := map[string][]string{}
 		for _, r := range rows {
 			if r.err != nil {
-				fmt.Fprintf(w, "%s\t-\tunreachable\t\t\t\t\t\t\t\t\t%v\n", r.addr, r.err)
+				fmt.Fprintf(w, "%s\t-\tunreachable\t\t\t\t\t\t\t\t\t\t%v\n", r.addr, r.err)
 				continue
 			}
 			cluster := r.st.GetClusterId()
@@ -77,8 +77,15 @@ func ctlStatusFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 			case st.GetRefilling():
 				writes = "refilling" // a log store that takes none yet
 			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\t%d\t%d\t%d\t%s\t%v\t%s\t%d\t%s\n", r.addr, st.GetId(), role, st.GetEpoch(), st.GetVoteEpoch(),
-				st.GetPrimaryId(), st.GetLastLsn(), st.GetDurableLsn(), st.GetVisibleLsn(), lag, st.GetServing(), writes, len(st.GetOrphans()), cluster)
+			archived := "-"
+			if a := st.GetArchive(); a != nil {
+				archived = fmt.Sprint(a.GetArchivedLsn())
+				if a.GetUploader() {
+					archived += " (uploading)"
+				}
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\t%d\t%d\t%d\t%s\t%v\t%s\t%s\t%d\t%s\n", r.addr, st.GetId(), role, st.GetEpoch(), st.GetVoteEpoch(),
+				st.GetPrimaryId(), st.GetLastLsn(), st.GetDurableLsn(), st.GetVisibleLsn(), lag, st.GetServing(), writes, archived, len(st.GetOrphans()), cluster)
 		}
 		if err := w.Flush(); err != nil {
 			return err
@@ -94,6 +101,7 @@ func ctlStatusFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 				fmt.Fprintf(env.Stdout, "  %s: %s\n", id, strings.Join(clusters[id], ", "))
 			}
 		}
+		printArchiveStatus(env, rows2archive(rows, func(r row) (*walshipv1.StatusResponse, error) { return r.st, r.err }))
 		for _, r := range rows {
 			if tl := r.st.GetLastFailover(); tl != nil {
 				fmt.Fprintf(env.Stdout, "\nlast promotion by %s:\n", r.st.GetId())
@@ -101,6 +109,45 @@ func ctlStatusFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 			}
 		}
 		return nil
+	}
+}
+
+// rows2archive returns the archive statuses of the rows that answered.
+func rows2archive[R any](rows []R, get func(R) (*walshipv1.StatusResponse, error)) []*walshipv1.StatusResponse {
+	var out []*walshipv1.StatusResponse
+	for _, r := range rows {
+		if st, err := get(r); err == nil && st.GetArchive() != nil {
+			out = append(out, st)
+		}
+	}
+	return out
+}
+
+// printArchiveStatus says where the archive is and how far behind, from
+// the primary's view if it is among sts, and any upload error a log
+// store reports.
+func printArchiveStatus(env *Env, sts []*walshipv1.StatusResponse) {
+	if len(sts) == 0 {
+		return
+	}
+	var view *walshipv1.ArchiveStatus
+	for _, st := range sts {
+		if st.GetRole() == walshipv1.Role_ROLE_PRIMARY {
+			view = st.GetArchive()
+		}
+	}
+	if view == nil {
+		view = sts[0].GetArchive()
+	}
+	fmt.Fprintf(env.Stdout, "\narchive %s: archived LSN %d", view.GetUrl(), view.GetArchivedLsn())
+	if view.GetUploaderAddr() != "" {
+		fmt.Fprintf(env.Stdout, ", %.1fs (%s) behind, uploaded by %s", view.GetLagSeconds(), byteSize(view.GetLagBytes()), view.GetUploaderAddr())
+	}
+	fmt.Fprintln(env.Stdout)
+	for _, st := range sts {
+		if e := st.GetArchive().GetError(); e != "" {
+			fmt.Fprintf(env.Stdout, "  %s cannot upload: %s\n", st.GetId(), e)
+		}
 	}
 }
 

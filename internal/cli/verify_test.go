@@ -18,9 +18,9 @@ import (
 	"github.com/walship/walship/services/logstore"
 )
 
-// archive writes n one-transaction batches (LSNs 1..2n) into a log
+// fillLogStore writes n one-transaction batches (LSNs 1..2n) into a log
 // store's WAL in dir; damage(i, b) may spoil batch i first.
-func archive(t *testing.T, dir string, n int, damage func(int, *walshipv1.WalBatch)) {
+func fillLogStore(t *testing.T, dir string, n int, damage func(int, *walshipv1.WalBatch)) {
 	t.Helper()
 	log, err := wal.Open(wal.Options{Dir: filepath.Join(dir, "wal")})
 	if err != nil {
@@ -80,12 +80,12 @@ func serveLogStore(t *testing.T, dir string, peers ...string) string {
 // (nothing restorable) and an unreachable one exit 1, each named.
 func TestCtlVerify(t *testing.T) {
 	good := t.TempDir()
-	archive(t, good, 5, nil)
+	fillLogStore(t, good, 5, nil)
 	if err := datadir.SaveHistory(vfs.OS, good, datadir.History{{Epoch: 1, FirstLSN: 1}}); err != nil {
 		t.Fatal(err)
 	}
 	bad := t.TempDir()
-	archive(t, bad, 5, func(i int, b *walshipv1.WalBatch) {
+	fillLogStore(t, bad, 5, func(i int, b *walshipv1.WalBatch) {
 		if i == 3 {
 			b.Crc32C ^= 1
 		}
@@ -123,8 +123,8 @@ func TestCtlVerify(t *testing.T) {
 		t.Errorf("the error names the sound log store:\n%s", errOut)
 	}
 
-	if code, _, errOut := run(t, "ctl", "verify"); code != 2 || !strings.Contains(errOut, "--logstore: required") {
-		t.Fatalf("without --logstore: exit %d, %q", code, errOut)
+	if code, _, errOut := run(t, "ctl", "verify"); code != 2 || !strings.Contains(errOut, "--logstore or --archive") {
+		t.Fatalf("without --logstore or --archive: exit %d, %q", code, errOut)
 	}
 }
 
