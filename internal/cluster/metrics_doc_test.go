@@ -11,8 +11,11 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/archive"
 	"github.com/walship/walship/internal/serve"
+	"github.com/walship/walship/internal/testkit"
 	"github.com/walship/walship/internal/tlsid"
+	"github.com/walship/walship/services/logstore"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -30,10 +33,18 @@ func TestMetricsDocumented(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { serve.UseTLS(nil, "") })
-	c := startCluster(t, Config{LogStores: 1, Replicas: 1, Security: sec})
+	// With an archive, so that its metrics are registered too.
+	archiveDir := t.TempDir()
+	c := startCluster(t, Config{LogStores: 1, Replicas: 1, Security: sec, LogStore: func(_ int, l *logstore.Config) {
+		l.Archive = logstore.ArchiveOptions{Config: archive.Config{URL: "file://" + archiveDir}, Interval: 20 * time.Millisecond}
+	}})
 	randomLoad(t, walshipv1.NewKVServiceClient(c.Conn(c.Primary)), 2, 20, nil)
 	waitConverged(t, c)
 	refuseOneCall(t, tlsDir, c.Primary.Addr)
+	testkit.Until(t, "the primary to report the archive", func() bool {
+		st, err := c.Status(t.Context(), c.Primary)
+		return err == nil && st.GetArchive().GetArchivedLsn() > 0
+	})
 
 	registered := map[string]string{} // name -> node that registered it
 	for _, n := range c.Nodes() {

@@ -71,7 +71,10 @@ func TestClusterObservability(t *testing.T) {
 	// mTLS everywhere, as in production: the TLS metrics are exported.
 	tlsFor := tlsFlags(t, filepath.Join(dir, "tls"))
 	ls := startWalship(t, bin, "logstore", "log store serving", append([]string{"logstore",
-		"--data-dir", filepath.Join(dir, "logstore"), "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"}, tlsFor(tlsid.ClassLogStore, "ls")...)...)
+		"--data-dir", filepath.Join(dir, "logstore"), "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+		// An archive in a directory, so that the archive's metrics and
+		// panels are there too.
+		"--archive", "file://" + filepath.Join(dir, "archive"), "--archive-interval", "200ms"}, tlsFor(tlsid.ClassLogStore, "ls")...)...)
 	// --replica-timeout: the stalled replica must stay connected long
 	// enough for WalshipReplicaLagHigh (10s) and then be cut off
 	// (checkStalledLag, checkCutOff).

@@ -54,6 +54,9 @@ var knownMetrics = []knownMetric{
 	{"walship_replication_logstore_connected", gauge, []string{"logstore"}},
 	{"walship_sync_commits_waiting", gauge, []string{"peers", "stage"}},
 	{"walship_codec_encode_duration_seconds", histogram, []string{"codec"}},
+	{"walship_archive_lsn", gauge, nil},
+	{"walship_archive_lag_seconds", gauge, nil},
+	{"walship_archive_lag_bytes", gauge, nil},
 
 	// Primary, replicas and log stores.
 	{"walship_wal_fsync_duration_seconds", histogram, nil},
@@ -105,6 +108,14 @@ var knownMetrics = []knownMetric{
 	{"walship_logstore_snapshots_served_total", counter, nil},
 	{"walship_logstore_snapshot_sent_bytes_total", counter, nil},
 	{"walship_logstore_retention_held_bytes", gauge, nil},
+	{"walship_logstore_archived_lsn", gauge, nil},
+	{"walship_archive_uploader", gauge, nil},
+	{"walship_archive_chunks_uploaded_total", counter, nil},
+	{"walship_archive_uploaded_bytes_total", counter, nil},
+	{"walship_archive_snapshots_uploaded_total", counter, nil},
+	{"walship_archive_upload_errors_total", counter, nil},
+	{"walship_archive_deleted_objects_total", counter, nil},
+	{"walship_archive_chunk_upload_duration_seconds", histogram, nil},
 }
 
 // lookupMetric finds a known metric by registered name.

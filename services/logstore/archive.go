@@ -559,7 +559,7 @@ func (s *Server) openArchive(reg prometheus.Registerer) error {
 		uploadSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "walship_archive_chunk_upload_duration_seconds",
 			Help: "Duration of one WAL chunk's upload.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 14)}),
 	}
-	archived := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "walship_archive_archived_lsn",
+	archived := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "walship_logstore_archived_lsn",
 		Help: "End of what the archive holds of this log's lineage, as this log store knows it (its uploads, or the primary's word)."},
 		func() float64 { return float64(s.archivedLSN()) })
 	uploader := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "walship_archive_uploader",
