@@ -319,6 +319,7 @@ type procCluster struct {
 	lsTLSFlags     []string // the log store's
 	primaryFlags   []string
 	replicaFlags   []string
+	logstoreFlags  []string
 }
 
 // startProcesses runs a log store, a primary and n replicas as separate
@@ -345,7 +346,7 @@ func startProcesses(ctx context.Context, pc procCluster, dir string, n int, c co
 	var lsArgs []string
 	if !pc.noLogStore {
 		ls, err := startProc(ctx, pc.bin, pc.peers, "logstore", "log store serving", append([]string{"logstore", "--listen", loop, "--metrics-listen", loop,
-			"--data-dir", filepath.Join(dir, "logstore-0")}, pc.lsTLSFlags...)...)
+			"--data-dir", filepath.Join(dir, "logstore-0")}, slices.Concat(pc.lsTLSFlags, pc.logstoreFlags)...)...)
 		if err != nil {
 			return nil, err
 		}

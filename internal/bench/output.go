@@ -118,6 +118,11 @@ func WriteTable(w io.Writer, rows []Row) error {
 				fmt.Fprintf(w, "  %s primary CPU: %s\n", r.Label(), formatShares(r.PrimaryCPUShares))
 			}
 		}
+		for _, r := range g.rows {
+			if r.ArchiveLagMaxS > 0 || r.ArchiveLagP99S > 0 {
+				fmt.Fprintf(w, "  %s archive lag: p99 %.2f s, max %.2f s\n", r.Label(), r.ArchiveLagP99S, r.ArchiveLagMaxS)
+			}
+		}
 	}
 	return writeCodecGap(w, rows)
 }

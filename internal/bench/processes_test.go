@@ -98,10 +98,10 @@ func TestProcessesReplicaNice(t *testing.T) {
 }
 
 // TestProcessesExtraFlags starts a cluster of walship processes with
-// --primary-flags and --replica-flags: the primary's and the replica's
-// command lines end with them, after the bench's own flags (so they
-// override them), and the log store's has neither; a flag the node does
-// not know stops the start with the node's own error.
+// --primary-flags, --replica-flags and --logstore-flags: each node's
+// command line ends with its own, after the bench's own flags (so they
+// override them), and has no other's; a flag the node does not know
+// stops the start with the node's own error.
 func TestProcessesExtraFlags(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
@@ -109,7 +109,8 @@ func TestProcessesExtraFlags(t *testing.T) {
 	bin := testkit.Walship(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pc := procCluster{bin: bin, primaryFlags: []string{"--ship-delay", "7ms"}, replicaFlags: []string{"--flush-delay", "3ms"}}
+	pc := procCluster{bin: bin, primaryFlags: []string{"--ship-delay", "7ms"}, replicaFlags: []string{"--flush-delay", "3ms"},
+		logstoreFlags: []string{"--archive-interval", "2s"}}
 	b, err := startProcesses(ctx, pc, t.TempDir(), 1, codec.MsgPack, primary.DefaultPolicy())
 	if err != nil {
 		t.Fatal(err)
@@ -119,7 +120,7 @@ func TestProcessesExtraFlags(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	want := map[string]string{"logstore": "", "primary": "--ship-delay 7ms", "replica-0": "--flush-delay 3ms"}
+	want := map[string]string{"logstore": "--archive-interval 2s", "primary": "--ship-delay 7ms", "replica-0": "--flush-delay 3ms"}
 	for _, p := range b.procs {
 		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.cmd.Process.Pid))
 		if err != nil {
@@ -130,7 +131,7 @@ func TestProcessesExtraFlags(t *testing.T) {
 		if !ok {
 			t.Fatalf("unexpected process %s", p.name)
 		}
-		for _, f := range []string{"--ship-delay", "--flush-delay"} {
+		for _, f := range []string{"--ship-delay", "--flush-delay", "--archive-interval"} {
 			if has := strings.Contains(args, f); has != strings.HasPrefix(w, f) {
 				t.Errorf("%s: %s in its command line: %v (%s)", p.name, f, has, args)
 			}

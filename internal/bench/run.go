@@ -112,6 +112,9 @@ type Config struct {
 	// bench's own, so they override them): to measure a setting such as
 	// --ship-delay or --flush-delay.
 	PrimaryFlags, ReplicaFlags []string
+	// LogStoreFlags (ModeProcesses only) are added to the log store's
+	// command line (e.g. an --archive to measure archiving).
+	LogStoreFlags []string
 	// Dir holds a started cluster's data ("" = a temporary directory).
 	Dir string
 	// PrimaryAddr, ReplicaAddrs and PrimaryMetrics locate an external cluster.
@@ -212,6 +215,9 @@ func (c *Config) Validate() error {
 	if len(c.ReplicaFlags) > 0 && c.Mode != ModeProcesses {
 		errs = append(errs, errors.New("--replica-flags: needs --processes"))
 	}
+	if len(c.LogStoreFlags) > 0 && (c.Mode != ModeProcesses || c.NoLogStore) {
+		errs = append(errs, errors.New("--logstore-flags: needs --processes and a log store"))
+	}
 	if c.ProfileDir != "" && c.Mode != ModeProcesses {
 		errs = append(errs, errors.New("--primary-profiles: needs --processes (profile this process with --cpuprofile)"))
 	}
@@ -253,6 +259,11 @@ type Row struct {
 	Aborts         int64   `json:"aborts"`
 	Retries        int64   `json:"retries"`
 	ReplicaLagP99S float64 `json:"replica_lag_p99_s"`
+	// ArchiveLagP99S and ArchiveLagMaxS are the primary's
+	// walship_archive_lag_seconds over the window, when its log store
+	// archives (--logstore-flags "--archive ...").
+	ArchiveLagP99S float64 `json:"archive_lag_p99_s,omitempty"`
+	ArchiveLagMaxS float64 `json:"archive_lag_max_s,omitempty"`
 	WALMBPerS      float64 `json:"wal_mb_per_s"`
 	// CommitsPerBatch is the primary's commits per WAL entry (a group
 	// commit is one entry): what one message to each replica carries.
@@ -385,7 +396,7 @@ func Run(ctx context.Context, cfg Config) (row Row, err error) {
 			b, err = startProcesses(ctx, procCluster{bin: cfg.Bin, primary: placement{cpus: cfg.PrimaryCPUs},
 				peers: placement{cpus: cfg.ReplicaCPUs, nice: cfg.ReplicaNice, idle: cfg.ReplicaIdle},
 				pprof: cfg.ProfileDir != "", noLogStore: cfg.NoLogStore, tlsFlags: cfg.TLSFlags, lsTLSFlags: cfg.LogStoreTLSFlags,
-				primaryFlags: cfg.PrimaryFlags, replicaFlags: cfg.ReplicaFlags}, dir, replicas, c, pol)
+				primaryFlags: cfg.PrimaryFlags, replicaFlags: cfg.ReplicaFlags, logstoreFlags: cfg.LogStoreFlags}, dir, replicas, c, pol)
 		} else {
 			b, err = startInProcess(ctx, dir, replicas, c, pol, cfg.Logger, cfg.Security)
 		}
@@ -609,6 +620,7 @@ type lagSamples struct {
 	mu      sync.Mutex
 	seconds []float64
 	records []float64
+	archive []float64 // the archive's lag in seconds, if it has one
 }
 
 // lagSampleEvery spaces the lag samples: each is a scrape of the
@@ -628,7 +640,15 @@ func (l *lagSamples) sample(ctx context.Context, b *backend, admin walshipv1.Adm
 			return
 		case <-t.C:
 		}
-		if !rec.measuring.Load() || len(b.replicas) == 0 {
+		if !rec.measuring.Load() {
+			continue
+		}
+		if a, ok := archiveLag(ctx, b); ok {
+			l.mu.Lock()
+			l.archive = append(l.archive, a)
+			l.mu.Unlock()
+		}
+		if len(b.replicas) == 0 {
 			continue
 		}
 		seconds, records, ok := worstApplyLag(ctx, b)
@@ -673,6 +693,23 @@ func worstApplyLag(ctx context.Context, b *backend) (seconds, records float64, o
 	seconds, ok1 := worst("walship_replication_lag_seconds")
 	records, ok2 := worst("walship_replication_lag_records")
 	return seconds, records, ok1 && ok2
+}
+
+// archiveLag is the primary's walship_archive_lag_seconds; ok is false
+// when it exports none (no log store archives).
+func archiveLag(ctx context.Context, b *backend) (float64, bool) {
+	if b.gather == nil {
+		return 0, false
+	}
+	mfs, err := b.gather(ctx)
+	if err != nil {
+		return 0, false
+	}
+	mf, ok := mfs["walship_archive_lag_seconds"]
+	if !ok || len(mf.GetMetric()) == 0 {
+		return 0, false
+	}
+	return mf.GetMetric()[0].GetGauge().GetValue(), true
 }
 
 // worstLagRecords is the largest replica lag in records of the primary's
@@ -831,6 +868,10 @@ func (m *measurement) fill(row *Row, kinds []string, b *backend) []string {
 	row.Retries = m.s1.retries - m.s0.retries
 	row.ReplicaLagP99S = percentileF(m.lag.seconds, 0.99)
 	row.ReplicaLagP99Records = percentileF(m.lag.records, 0.99)
+	if len(m.lag.archive) > 0 {
+		row.ArchiveLagP99S = percentileF(m.lag.archive, 0.99)
+		row.ArchiveLagMaxS = slices.Max(m.lag.archive)
+	}
 	if len(b.replicas) > 0 && len(m.lag.seconds) == 0 {
 		notes = append(notes, "replica lag in seconds unknown (no primary metrics)")
 	}

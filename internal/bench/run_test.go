@@ -88,8 +88,13 @@ func TestConfigValidate(t *testing.T) {
 		"primary-cpus list": func(c *Config) { c.Mode, c.Bin, c.PrimaryCPUs = ModeProcesses, "walship", "0-" },
 		"primary-profiles":  func(c *Config) { c.ProfileDir = "/tmp" },
 		// Flags for the started nodes: only for processes.
-		"primary-flags": func(c *Config) { c.PrimaryFlags = []string{"--ship-delay", "5ms"} },
-		"replica-flags": func(c *Config) { c.ReplicaFlags = []string{"--flush-delay", "1ms"} },
+		"primary-flags":  func(c *Config) { c.PrimaryFlags = []string{"--ship-delay", "5ms"} },
+		"replica-flags":  func(c *Config) { c.ReplicaFlags = []string{"--flush-delay", "1ms"} },
+		"logstore-flags": func(c *Config) { c.LogStoreFlags = []string{"--flush-delay", "1ms"} },
+		"logstore-flags without a log store": func(c *Config) {
+			c.Mode, c.Bin, c.NoLogStore, c.Replicas, c.Replication = ModeProcesses, "walship", true, 0, walshipv1.ReplicationMode_REPLICATION_MODE_DISABLED
+			c.LogStoreFlags = []string{"--flush-delay", "1ms"}
+		},
 		// The primary alone: only as a process, and without replicas.
 		"no log store":          func(c *Config) { c.NoLogStore = true },
 		"no log store replicas": func(c *Config) { c.Mode, c.Bin, c.NoLogStore, c.Replicas = ModeProcesses, "walship", true, 1 },
