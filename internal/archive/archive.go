@@ -523,13 +523,18 @@ func (a *Archive) PutSnapshot(ctx context.Context, cluster string, ref SnapshotR
 	return a.bucket.Put(ctx, name, body, bodySize, meta)
 }
 
+// SnapshotTempPattern is the name (a filepath.Glob pattern) of the
+// temporary files FetchSnapshot makes: a caller whose process may crash
+// during a download removes leftovers by it.
+const SnapshotTempPattern = "archive-snapshot-*"
+
 // FetchSnapshot downloads the snapshot ref into a new file in tmpDir,
 // checking its checksum and decrypting it, and returns the file (at
 // offset 0, holding the base snapshot file's bytes) and its size. The
 // caller closes and removes it.
 func (a *Archive) FetchSnapshot(ctx context.Context, cluster string, ref SnapshotRef, tmpDir string) (*os.File, int64, error) {
 	name := SnapshotName(ref)
-	stored, err := os.CreateTemp(tmpDir, "archive-snapshot-*")
+	stored, err := os.CreateTemp(tmpDir, SnapshotTempPattern)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -548,7 +553,7 @@ func (a *Archive) FetchSnapshot(ctx context.Context, cluster string, ref Snapsho
 		if _, err := stored.Seek(0, io.SeekStart); err != nil {
 			return nil, 0, err
 		}
-		plain, err := os.CreateTemp(tmpDir, "archive-snapshot-*")
+		plain, err := os.CreateTemp(tmpDir, SnapshotTempPattern)
 		if err != nil {
 			return nil, 0, err
 		}

@@ -8,7 +8,8 @@ import (
 )
 
 // addArchiveFlags adds the flags that say where an archive is and how to
-// reach it (walship logstore, restore, ctl verify, dev). Credentials are
+// reach it (walship logstore, restore, ctl verify, dev, and the data
+// nodes, which only read it). Credentials are
 // never flags: the AWS SDK's default chain reads them (AWS_ACCESS_KEY_ID
 // and AWS_SECRET_ACCESS_KEY, AWS_PROFILE and the shared files, a web
 // identity token, the instance's role).

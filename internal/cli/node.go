@@ -71,6 +71,9 @@ func nodeFlags(fs *flag.FlagSet, env *Env, role node.Role) func(context.Context)
 	if role == node.RoleReplica {
 		fs.BoolVar(&rc.ReadOnly, "read-only", false, "serve reads of --data-dir as it is, following no primary and never promoted (a directory walship restore built)")
 	}
+	// A replica reads the archive when neither the primary nor a log store
+	// can serve it; data nodes never upload (the log stores do).
+	addArchiveFlags(fs, &rc.Archive)
 	fs.Uint64Var(&rc.ReadyMaxLag, "ready-max-lag", rc.ReadyMaxLag, "a replica says it is ready (/readyz) within this many LSNs of the primary (0 = any)")
 	kf := addKubeFlags(fs, &cfg)
 	sf := addSecurityFlags(fs, true)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/archive"
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/vfs"
@@ -280,7 +281,7 @@ func (n *Node) become(role Role, v datadir.Vote) error {
 			cfg.Primary = addr
 		}
 		if cfg.ReadOnly {
-			cfg.Primary, cfg.LogStores = "", nil // follows no one
+			cfg.Primary, cfg.LogStores, cfg.Archive = "", nil, archive.Config{} // follows no one
 		} else if cfg.Primary == "" {
 			// Any other member: one that is not the primary names the one
 			// it knows (replication's NotPrimary).

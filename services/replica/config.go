@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/archive"
 	"github.com/walship/walship/internal/vfs"
 	"google.golang.org/grpc"
 )
@@ -48,6 +49,11 @@ type Config struct {
 	// receive limit is this plus the largest key and 1 MiB; nothing else
 	// it is sent comes near that.
 	MaxValueBytes int
+	// Archive is the cluster's archive (internal/archive), read when
+	// neither the primary nor a log store can serve the replica: the
+	// archive rung (archive.go). The replica only reads it. Unset skips
+	// that rung.
+	Archive archive.Config
 	// FS is the filesystem; nil means the real one. Tests inject faults here.
 	FS vfs.FS
 
@@ -137,8 +143,8 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("--id: %w", err))
 	}
 	switch {
-	case c.ReadOnly && (c.Primary != "" || len(c.LogStores) > 0):
-		errs = append(errs, errors.New("--read-only: a read-only node follows no primary and no log store (drop --primary and --logstore)"))
+	case c.ReadOnly && (c.Primary != "" || len(c.LogStores) > 0 || c.Archive.Set()):
+		errs = append(errs, errors.New("--read-only: a read-only node follows no primary, no log store and no archive (drop --primary, --logstore and --archive)"))
 	case c.Primary == "" && !c.ReadOnly:
 		errs = append(errs, errors.New("--primary: required"))
 	}
@@ -153,6 +159,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxUnappliedBytes < 0 {
 		errs = append(errs, fmt.Errorf("--max-unapplied-bytes: %d is negative", c.MaxUnappliedBytes))
+	}
+	if err := c.Archive.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	for i, ls := range c.LogStores {
 		if ls == "" {

@@ -98,7 +98,20 @@ type ladder struct {
 	bo          backoff.Backoff
 	failures    int    // streams ended by a failure since one made progress
 	lastPrimary string // the primary followed when the last failure was waited out
+	// primaryDown: the archive rung was taken because the primary kept
+	// failing; after it the replica goes back to the primary, not to the
+	// log stores (whose tail may not have reached a majority yet, and a
+	// failover may be under way). archiveAsked is when that last happened:
+	// while the primary stays down the archive is listed again only every
+	// archiveWhilePrimaryDown.
+	primaryDown  bool
+	archiveAsked time.Time
 }
+
+// archiveWhilePrimaryDown is how often a replica whose primary does not
+// answer looks in the archive for what it lacks (a listing of the whole
+// archive each time).
+const archiveWhilePrimaryDown = 30 * time.Second
 
 // retry is how soon the follower climbs its next rung.
 type retry int
@@ -110,13 +123,16 @@ const (
 )
 
 // climb runs one rung: a stream from the primary, a read from the log
-// store or a re-seed. progress reports whether anything was applied.
+// store, a re-seed or a read of the archive. progress reports whether
+// anything was applied.
 func (s *Server) climb(ctx context.Context, rung walshipv1.CatchUpRung) (progress bool, err error) {
 	switch rung {
 	case walshipv1.CatchUpRung_CATCH_UP_RUNG_PRIMARY:
 		return s.streamFromPrimary(ctx)
 	case walshipv1.CatchUpRung_CATCH_UP_RUNG_LOGSTORE:
 		return s.readLogStore(ctx)
+	case walshipv1.CatchUpRung_CATCH_UP_RUNG_ARCHIVE:
+		return s.readArchive(ctx)
 	default:
 		return s.reseed(ctx)
 	}
@@ -133,6 +149,8 @@ func (s *Server) afterRung(ctx context.Context, l *ladder, progress bool, err er
 		return s.afterLogStore(l, progress, err), nil
 	case l.rung == walshipv1.CatchUpRung_CATCH_UP_RUNG_SNAPSHOT:
 		return s.afterReseed(l, err), nil
+	case l.rung == walshipv1.CatchUpRung_CATCH_UP_RUNG_ARCHIVE:
+		return s.afterArchive(l, progress, err), nil
 	default:
 		return s.afterStream(ctx, l, progress, err), nil
 	}
@@ -180,12 +198,46 @@ func (s *Server) afterReseed(l *ladder, err error) retry {
 		return retryNow
 	}
 	if !s.reseedBack {
+		if s.arch != nil {
+			// Neither the log stores nor the primary could re-seed this
+			// replica: the archive may.
+			s.logger.Warn("re-seeding from the primary's snapshot failed; trying the archive", "err", err)
+			l.rung = walshipv1.CatchUpRung_CATCH_UP_RUNG_ARCHIVE
+			return retryNow
+		}
 		// A forward re-seed can fall back to streaming; one that must undo
 		// a diverged tail has to finish first (the primary would stream
 		// onto that tail).
 		l.rung = walshipv1.CatchUpRung_CATCH_UP_RUNG_PRIMARY
 	}
 	s.logger.Error("re-seeding from the primary's snapshot failed", "err", err, "retry_rung", rungLabel(l.rung))
+	return retryAfterBackoff
+}
+
+// afterArchive goes on after the archive rung: if it brought the replica
+// forward, to the log stores for what follows the archive (or straight to
+// the primary when it was the primary's failures that led here, or there
+// is no log store); if not, back to the primary, after the failures'
+// backoff.
+func (s *Server) afterArchive(l *ladder, progress bool, err error) retry {
+	down := l.primaryDown
+	l.primaryDown = false
+	l.rung = walshipv1.CatchUpRung_CATCH_UP_RUNG_PRIMARY
+	if progress {
+		if len(s.logstores) > 0 && !down {
+			l.rung = walshipv1.CatchUpRung_CATCH_UP_RUNG_LOGSTORE
+		}
+		if err != nil {
+			s.logger.Warn("the archive rung stopped early", "applied_lsn", s.appliedLSN(), "err", err)
+		}
+		l.bo.Reset()
+		return retryNow
+	}
+	if errors.Is(err, errNothingArchived) {
+		s.logger.Info("nothing in the archive for this replica; back to the primary", "next_lsn", s.wal.LastLSN()+1, "why", err)
+	} else {
+		s.logger.Warn("the archive cannot serve this replica; back to the primary", "next_lsn", s.wal.LastLSN()+1, "err", err)
+	}
 	return retryAfterBackoff
 }
 
@@ -244,7 +296,16 @@ func (s *Server) afterStream(ctx context.Context, l *ladder, progress bool, err 
 			// The primary has been away a while: a failover may have
 			// happened while this replica could not be fenced. The log
 			// store knows the newest epoch's primary.
+			before := s.primary()
 			s.askLogStore(ctx)
+			if s.arch != nil && s.primary() == before && time.Since(l.archiveAsked) >= archiveWhilePrimaryDown {
+				// Meanwhile the archive may hold what this replica lacks
+				// (it is new, or it was away): only LSNs a log-store
+				// majority held, which no failover takes back.
+				s.logger.Info("the primary is still unreachable; reading the archive meanwhile", "primary", before, "next_lsn", s.wal.LastLSN()+1)
+				l.rung, l.primaryDown, l.archiveAsked = walshipv1.CatchUpRung_CATCH_UP_RUNG_ARCHIVE, true, time.Now()
+				return retryNow
+			}
 		}
 	}
 	return retryAfterBackoff

@@ -34,6 +34,8 @@ type metrics struct {
 	// clusterMismatch counts primaries, candidates and requests refused
 	// for another cluster.
 	clusterMismatch prometheus.Counter
+	// The archive rung's (registered only with an archive).
+	archiveBatches, archiveReseeds, archiveErrors prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
@@ -59,7 +61,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	})
 	m.rung = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "walship_replica_catchup_rung",
-		Help: "The catch-up rung the replica is on (1) or not (0): primary (streaming), logstore (reading a gap), snapshot (re-seeding).",
+		Help: "The catch-up rung the replica is on (1) or not (0): primary (streaming), logstore (reading a gap), snapshot (re-seeding), archive (reading the archive).",
 	}, []string{"rung"})
 	connected := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "walship_replica_connected",
@@ -112,6 +114,18 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		Name: "walship_cluster_mismatch_total",
 		Help: "Times this node met a peer of another cluster (a cluster id other than its own): requests and streams it refused, or that refused it. Both ids are logged.",
 	})
+	m.archiveBatches = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "walship_replica_archive_batches_total",
+		Help: "WAL batches the replica applied from the archive's chunks (the archive rung: neither the primary nor a log store could serve it).",
+	})
+	m.archiveReseeds = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "walship_replica_archive_reseeds_total",
+		Help: "Times the replica re-seeded its state from a base snapshot in the archive.",
+	})
+	m.archiveErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "walship_replica_archive_errors_total",
+		Help: "Archive rungs that failed (the archive unreachable, an object damaged, nothing in it for this replica); the replica goes back to the primary with backoff.",
+	})
 	for _, r := range []string{reasonCRC, reasonEpoch, reasonGap, reasonDecode} {
 		m.refused.WithLabelValues(r)
 	}
@@ -122,6 +136,9 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		stage("apply", s.appliedLSN),
 		m.appliedRecords, m.appliedBytes, m.rung, connected, m.refused, m.diverged, m.unapplied, m.spilled, m.decodeSeconds, m.fsyncSeconds, m.fsyncErrors,
 		m.fences, m.orphaned, m.clusterMismatch,
+	}
+	if s.arch != nil {
+		m.collectors = append(m.collectors, m.archiveBatches, m.archiveReseeds, m.archiveErrors)
 	}
 	for _, c := range m.collectors {
 		reg.MustRegister(c)
@@ -138,13 +155,15 @@ func rungLabel(r walshipv1.CatchUpRung) string {
 		return "logstore"
 	case walshipv1.CatchUpRung_CATCH_UP_RUNG_SNAPSHOT:
 		return "snapshot"
+	case walshipv1.CatchUpRung_CATCH_UP_RUNG_ARCHIVE:
+		return "archive"
 	}
 	return ""
 }
 
 // setRung makes r the one rung reported as 1 (none for UNSPECIFIED).
 func (m *metrics) setRung(r walshipv1.CatchUpRung) {
-	for _, l := range []string{"primary", "logstore", "snapshot"} {
+	for _, l := range []string{"primary", "logstore", "snapshot", "archive"} {
 		v := 0.0
 		if l == rungLabel(r) {
 			v = 1

@@ -13,10 +13,15 @@
 // snapshot (rung snapshot): the log store's newest base snapshot and its
 // batches after it if the log store has one newer than the replica's
 // state, else one streamed by the primary; after both it goes back to the
-// primary. Failures reconnect with exponential backoff (50ms..2s with
-// jitter). Nothing on this path ever deletes data the replica cannot get
-// back: a primary that says the replica is ahead or in a newer epoch
-// (FAILED_PRECONDITION) is logged and retried, never obeyed by wiping.
+// primary. With an archive configured (Config.Archive), a replica that
+// none of them can serve — the primary unreachable, or unable to stream a
+// snapshot, and the log stores past its next LSN — reads the archive
+// (rung archive, archive.go): its chunks from the replica's next LSN, or
+// its newest usable base snapshot and the chunks after it. Failures
+// reconnect with exponential backoff (50ms..2s with jitter). Nothing on
+// this path ever deletes data the replica cannot get back: a primary that
+// says the replica is ahead or in a newer epoch (FAILED_PRECONDITION) is
+// logged and retried, never obeyed by wiping.
 //
 // On a replication stream one goroutine receives and one sends; the
 // follower processes what was received in rounds: it drains every batch
@@ -67,6 +72,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/archive"
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/envelope"
 	"github.com/walship/walship/internal/keyspace"
@@ -126,6 +132,8 @@ type Server struct {
 	repl        walshipv1.ReplicationServiceClient
 	primaryAddr atomic.Pointer[string]
 	logstores   []*logStore // Config.LogStores, dialled
+	// arch is Config.Archive, opened (nil: none); the archive rung reads it.
+	arch *archive.Archive
 
 	// walMu serialises the WAL's writer calls: the follower appends, syncs
 	// and resets; the snapshotter truncates.
@@ -238,6 +246,13 @@ func New(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("--logstore %s: %w", addr, err)
 		}
 		s.logstores = append(s.logstores, &logStore{addr: addr, conn: conn, client: walshipv1.NewLogStoreServiceClient(conn)})
+	}
+	if cfg.Archive.Set() {
+		// Opening reaches nothing: a wrong address or credentials show
+		// when the rung first reads it.
+		if s.arch, err = archive.Open(context.Background(), cfg.Archive, s.logger); err != nil {
+			return nil, err
+		}
 	}
 	s.lag = newLagTracker(cfg.HeartbeatInterval, s.appliedLSN(), s.now())
 	s.reads = &kvread.Reader{View: func() *state.View { return s.store.Load().Snapshot() }, Visible: &s.visible}

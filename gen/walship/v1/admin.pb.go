@@ -91,6 +91,10 @@ const (
 	CatchUpRung_CATCH_UP_RUNG_LOGSTORE CatchUpRung = 2
 	// CATCH_UP_RUNG_SNAPSHOT: re-seeding from the primary's snapshot.
 	CatchUpRung_CATCH_UP_RUNG_SNAPSHOT CatchUpRung = 3
+	// CATCH_UP_RUNG_ARCHIVE: reading the archive's WAL chunks, or re-seeding
+	// from its base snapshot, when neither the primary nor a log store can
+	// serve the replica.
+	CatchUpRung_CATCH_UP_RUNG_ARCHIVE CatchUpRung = 4
 )
 
 // Enum value maps for CatchUpRung.
@@ -100,12 +104,14 @@ var (
 		1: "CATCH_UP_RUNG_PRIMARY",
 		2: "CATCH_UP_RUNG_LOGSTORE",
 		3: "CATCH_UP_RUNG_SNAPSHOT",
+		4: "CATCH_UP_RUNG_ARCHIVE",
 	}
 	CatchUpRung_value = map[string]int32{
 		"CATCH_UP_RUNG_UNSPECIFIED": 0,
 		"CATCH_UP_RUNG_PRIMARY":     1,
 		"CATCH_UP_RUNG_LOGSTORE":    2,
 		"CATCH_UP_RUNG_SNAPSHOT":    3,
+		"CATCH_UP_RUNG_ARCHIVE":     4,
 	}
 )
 
@@ -1351,12 +1357,13 @@ const file_walship_v1_admin_proto_rawDesc = "" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fROLE_PRIMARY\x10\x01\x12\x10\n" +
 	"\fROLE_REPLICA\x10\x02\x12\x11\n" +
-	"\rROLE_LOGSTORE\x10\x03*\x7f\n" +
+	"\rROLE_LOGSTORE\x10\x03*\x9a\x01\n" +
 	"\vCatchUpRung\x12\x1d\n" +
 	"\x19CATCH_UP_RUNG_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15CATCH_UP_RUNG_PRIMARY\x10\x01\x12\x1a\n" +
 	"\x16CATCH_UP_RUNG_LOGSTORE\x10\x02\x12\x1a\n" +
-	"\x16CATCH_UP_RUNG_SNAPSHOT\x10\x032\xaa\x02\n" +
+	"\x16CATCH_UP_RUNG_SNAPSHOT\x10\x03\x12\x19\n" +
+	"\x15CATCH_UP_RUNG_ARCHIVE\x10\x042\xaa\x02\n" +
 	"\fAdminService\x12?\n" +
 	"\x06Status\x12\x19.walship.v1.StatusRequest\x1a\x1a.walship.v1.StatusResponse\x12B\n" +
 	"\aPromote\x12\x1a.walship.v1.PromoteRequest\x1a\x1b.walship.v1.PromoteResponse\x12K\n" +

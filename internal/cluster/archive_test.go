@@ -1,0 +1,177 @@
+package cluster
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/archive"
+	"github.com/walship/walship/internal/s3test"
+	"github.com/walship/walship/internal/testkit"
+	"github.com/walship/walship/services/logstore"
+	"github.com/walship/walship/services/replica"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// archives are the kinds of archive the tests run against: a directory,
+// and a SeaweedFS bucket (skipped, saying how to build it, without weed).
+func archives(t *testing.T) map[string]func(t *testing.T) archive.Config {
+	return map[string]func(t *testing.T) archive.Config{
+		"file": func(t *testing.T) archive.Config {
+			return archive.Config{URL: "file://" + filepath.Join(t.TempDir(), "archive")}
+		},
+		"s3": func(t *testing.T) archive.Config {
+			srv := s3test.Start(t, "walship")
+			for _, kv := range srv.Env() {
+				k, v, _ := strings.Cut(kv, "=")
+				t.Setenv(k, v)
+			}
+			return archive.Config{URL: "s3://walship/cluster", Endpoint: srv.Endpoint, PathStyle: true}
+		},
+	}
+}
+
+// archiving makes a cluster's log stores archive to a (small chunks, an
+// upload every 20ms) and keep little (96 KiB), and its primary keep
+// little WAL (256 KiB) and snapshot often: the archive soon reaches back
+// further than anyone else.
+func archiving(cfg Config, a archive.Config) Config {
+	cfg.Primary = retainLittle
+	cfg.LogStore = func(_ int, l *logstore.Config) {
+		l.SegmentBytes, l.RetentionBytes = 16<<10, 96<<10
+		l.Archive = logstore.ArchiveOptions{Config: a, ChunkBytes: 8 << 10, Interval: 20 * time.Millisecond}
+	}
+	return cfg
+}
+
+// waitArchived waits until the primary reports the archive holding lsn.
+func waitArchived(t *testing.T, c *Cluster, lsn uint64) {
+	t.Helper()
+	testkit.UntilWithin(t, time.Minute, "the archive to hold the last commit", func() bool {
+		st, err := c.Status(t.Context(), c.Primary)
+		return err == nil && st.GetArchive().GetArchivedLsn() >= lsn
+	})
+}
+
+// waitAt waits until node n serves reads at lsn, and returns its status.
+func waitAt(t *testing.T, c *Cluster, n *Node, lsn uint64, within time.Duration) *walshipv1.StatusResponse {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), within)
+	defer cancel()
+	kv := walshipv1.NewKVServiceClient(c.Conn(n))
+	if _, err := kv.Get(ctx, &walshipv1.GetRequest{Key: "k", MinLsn: lsn, WaitTimeout: durationpb.New(within)}, grpc.WaitForReady(true)); err != nil {
+		t.Fatalf("%s never reached LSN %d: %v", n.Name, lsn, err)
+	}
+	st, err := c.Status(t.Context(), n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// TestReplicasReseedFromTheArchive: replicas that neither the primary nor
+// the log stores can serve catch up from the archive. Replica 0 is
+// stopped; the primary's WAL and every log store's retention then move
+// past it (the archive keeps it all); replica 1 loses its disk; the
+// primary stops. Restarted, replica 0 reads the archive's chunks from
+// where it was, and replica 1 — new, with no cluster id — its newest base
+// snapshot and the chunks after it; both reach the archive's end with the
+// state digest the primary had there. Replica 2 is then promoted, and
+// both follow the new primary.
+func TestReplicasReseedFromTheArchive(t *testing.T) {
+	for kind, archiveOf := range archives(t) {
+		t.Run(kind, func(t *testing.T) {
+			a := archiveOf(t)
+			cfg := archiving(Config{LogStores: 3, Replicas: 3, Failover: true}, a)
+			cfg.Replica = func(_ int, r *replica.Config) { r.Archive = a }
+			c := startCluster(t, cfg)
+			kv := walshipv1.NewKVServiceClient(c.Conn(c.Primary))
+			fill(t, kv, "before", 20, 100)
+			waitConverged(t, c)
+			left := waitAt(t, c, c.Replicas[0], 1, time.Minute).VisibleLsn
+			if err := c.StopReplica(0); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.StopReplica(1); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.RemoveAll(filepath.Join(c.cfg.Dir, "replica-1")); err != nil {
+				t.Fatal(err)
+			}
+			fill(t, kv, "away", 600, 1000) // ~600 KiB: past every retention
+			last, err := kv.Put(t.Context(), &walshipv1.PutRequest{Key: "last", Value: []byte("v"), Policy: logStoreSync(10 * time.Second)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitArchived(t, c, last.Lsn)
+			ps, err := c.Status(t.Context(), c.Primary)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ps.VisibleLsn != last.Lsn || ps.WalFirstLsn <= left+1 {
+				t.Fatalf("primary at LSN %d, WAL from %d: want it at %d with retention past replica 0's LSN %d", ps.VisibleLsn, ps.WalFirstLsn, last.Lsn, left)
+			}
+			for i := range c.LogStores {
+				if st := lsStatus(t, c, i); st.FirstLsn <= left+1 {
+					t.Fatalf("%s still holds LSN %d (from %d): the test wants its retention past replica 0", c.LogStores[i].Name, left+1, st.FirstLsn)
+				}
+			}
+			if err := c.StopNode(c.Primary); err != nil {
+				t.Fatal(err)
+			}
+
+			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+			defer cancel()
+			for i := range 2 {
+				if err := c.RestartReplica(ctx, i); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for i, used := range []string{"walship_replica_archive_batches_total", "walship_replica_archive_reseeds_total"} {
+				r := c.Replicas[i]
+				st := waitAt(t, c, r, last.Lsn, 45*time.Second)
+				if st.VisibleLsn != ps.VisibleLsn || st.StateDigest != ps.StateDigest || st.Keys != ps.Keys || st.ClusterId != ps.ClusterId {
+					t.Fatalf("%s at LSN %d, digest %s, %d keys, cluster %s; the primary had LSN %d, digest %s, %d keys, cluster %s",
+						r.Name, st.VisibleLsn, st.StateDigest, st.Keys, st.ClusterId, ps.VisibleLsn, ps.StateDigest, ps.Keys, ps.ClusterId)
+				}
+				if n := metric(t, r.Registry, used, nil); n == 0 {
+					t.Fatalf("%s caught up with %s = 0", r.Name, used)
+				}
+			}
+
+			// A promotion: replica 2 is the primary of a new epoch, and the
+			// two follow it.
+			admin := walshipv1.NewAdminServiceClient(c.Conn(c.Replicas[2]))
+			if _, err := admin.Promote(ctx, &walshipv1.PromoteRequest{}, grpc.WaitForReady(true)); err != nil {
+				t.Fatal(err)
+			}
+			testkit.UntilWithin(t, 30*time.Second, "replica-2 to take writes", func() bool {
+				p := c.Replicas[2].DataNode().Primary()
+				return p != nil && p.TakingWrites()
+			})
+			kv2 := walshipv1.NewKVServiceClient(c.Conn(c.Replicas[2]))
+			after, err := kv2.Put(ctx, &walshipv1.PutRequest{Key: "after", Value: []byte("v"), Policy: logStoreSync(10 * time.Second)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			np, err := c.Status(t.Context(), c.Replicas[2])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if np.VisibleLsn < after.Lsn {
+				t.Fatalf("the new primary shows LSN %d after a commit at %d", np.VisibleLsn, after.Lsn)
+			}
+			for _, r := range c.Replicas[:2] {
+				if st := waitAt(t, c, r, np.VisibleLsn, 30*time.Second); st.Epoch != np.Epoch || st.VisibleLsn != np.VisibleLsn || st.StateDigest != np.StateDigest {
+					t.Fatalf("%s after the promotion: epoch %d, LSN %d, digest %s; the new primary: epoch %d, LSN %d, digest %s",
+						r.Name, st.Epoch, st.VisibleLsn, st.StateDigest, np.Epoch, np.VisibleLsn, np.StateDigest)
+				}
+			}
+		})
+	}
+}
