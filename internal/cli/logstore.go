@@ -16,7 +16,7 @@ func logstoreFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	fs.DurationVar(&cfg.RetentionAge, "retention-age", cfg.RetentionAge, "remove segments whose newest batch was committed longer ago than this (0 = unlimited)")
 	fs.Int64Var(&cfg.SegmentBytes, "segment-bytes", cfg.SegmentBytes, "WAL segment size: the unit retention removes")
 	fs.DurationVar(&cfg.FlushDelay, "flush-delay", cfg.FlushDelay, "space write rounds (one fsync each) this far apart while no commit waits on the log store (0 = fsync every arrival)")
-	fs.Var(listFlag{&cfg.Peers}, "peers", "the cluster's log stores, comma-separated (this one may be among them): an empty log store, or one whose primary no longer has what follows its log, refills from them")
+	fs.Var(listFlag{&cfg.Peers}, "peers", "the cluster's log stores, comma-separated (this one may be among them): an empty log store, or one whose primary no longer has what follows its log, refills from them (and from --archive what they no longer hold)")
 	addArchiveUploadFlags(fs, &cfg.Archive)
 	sf := addSecurityFlags(fs, true)
 	return func(ctx context.Context) error {

@@ -15,6 +15,7 @@ import (
 	"github.com/walship/walship/services/logstore"
 	"github.com/walship/walship/services/replica"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
@@ -174,4 +175,105 @@ func TestReplicasReseedFromTheArchive(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestLogStoreRefillsFromTheArchive: a log store away while the primary's
+// WAL and its peers' retention moved past its end (only the archive still
+// holds what it lacks) refills from the archive, then from its peers or
+// the primary for the rest, and takes the primary's stream again, ending
+// with its peers' log: the same end and history, the same batches where
+// both hold them, and nothing wrong in it (Verify). (That a refill goes on
+// from a peer after the archive: TestRefillGapFromTheArchive in
+// services/logstore; here the archive keeps up with the peers.)
+func TestLogStoreRefillsFromTheArchive(t *testing.T) {
+	for kind, archiveOf := range archives(t) {
+		t.Run(kind, func(t *testing.T) {
+			c := startCluster(t, archiving(Config{LogStores: 3}, archiveOf(t)))
+			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+			defer cancel()
+			kv := walshipv1.NewKVServiceClient(c.Conn(c.Primary))
+			fill(t, kv, "before", 20, 100)
+			p, err := kv.Put(ctx, &walshipv1.PutRequest{Key: "all-three", Value: []byte("v"), Policy: logStoreSync(10 * time.Second)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			testkit.UntilWithin(t, 30*time.Second, "logstore-0 to hold the commit", func() bool { return lsStatus(t, c, 0).DurableLsn >= p.Lsn })
+			if err := c.StopNode(c.LogStores[0]); err != nil {
+				t.Fatal(err)
+			}
+			fill(t, kv, "away", 600, 1000)
+			last, err := kv.Put(ctx, &walshipv1.PutRequest{Key: "last", Value: []byte("v"), Policy: logStoreSync(10 * time.Second)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitArchived(t, c, last.Lsn)
+			ps, err := c.Status(ctx, c.Primary)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ps.WalFirstLsn <= p.Lsn+1 {
+				t.Fatalf("the primary's WAL starts at LSN %d: it could fill logstore-0 (at %d) itself", ps.WalFirstLsn, p.Lsn)
+			}
+			for i := 1; i < 3; i++ {
+				if st := lsStatus(t, c, i); st.FirstLsn <= p.Lsn+1 {
+					t.Fatalf("%s keeps LSNs from %d: it could fill logstore-0 (at %d) itself", c.LogStores[i].Name, st.FirstLsn, p.Lsn)
+				}
+			}
+			if err := c.RestartLogStore(ctx, 0); err != nil {
+				t.Fatal(err)
+			}
+			after := shippedAgain(t, c, kv, 0)
+			// What the archive held; the rest (here little or nothing: it
+			// keeps up) from a peer or the primary.
+			if n := metric(t, c.LogStores[0].Registry, "walship_logstore_refill_archive_batches_total", nil); n == 0 {
+				t.Fatal("logstore-0 refilled without a batch from the archive")
+			}
+			// The same log as a peer's.
+			var mine, theirs *walshipv1.VerifyResponse
+			testkit.UntilWithin(t, 30*time.Second, "logstore-0 and logstore-1 to end at the same LSN", func() bool {
+				mine, theirs = verify(t, c, 0), verify(t, c, 1)
+				return mine.LastLsn == theirs.LastLsn && mine.LastLsn >= after
+			})
+			// Its retention may have cut what it copied meanwhile: the
+			// archive holds it.
+			if len(mine.Problems) != 0 || mine.FirstLsn == 0 {
+				t.Fatalf("logstore-0 after its refill: LSNs %d..%d, problems %v", mine.FirstLsn, mine.LastLsn, mine.Problems)
+			}
+			if !sameHistory(mine.History, theirs.History) {
+				t.Fatalf("logstore-0's history %v, its peer's %v", mine.History, theirs.History)
+			}
+			from := max(mine.FirstLsn, theirs.FirstLsn)
+			got, want := readLogStore(t, c, 0, from, theirs.LastLsn), readLogStore(t, c, 1, from, theirs.LastLsn)
+			if len(got) != len(want) || len(got) == 0 {
+				t.Fatalf("from LSN %d: logstore-0 holds %d batches, logstore-1 %d", from, len(got), len(want))
+			}
+			for i := range got {
+				if !proto.Equal(got[i], want[i]) {
+					t.Fatalf("batch %d: logstore-0 %d..%d, logstore-1 %d..%d (or different bytes)", i, got[i].FirstLsn, got[i].LastLsn, want[i].FirstLsn, want[i].LastLsn)
+				}
+			}
+		})
+	}
+}
+
+// verify is log store i's Verify.
+func verify(t *testing.T, c *Cluster, i int) *walshipv1.VerifyResponse {
+	t.Helper()
+	v, err := walshipv1.NewLogStoreServiceClient(c.Conn(c.LogStores[i])).Verify(t.Context(), &walshipv1.VerifyRequest{})
+	if err != nil {
+		t.Fatalf("%s: verify: %v", c.LogStores[i].Name, err)
+	}
+	return v
+}
+
+func sameHistory(a, b []*walshipv1.EpochStart) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if !proto.Equal(a[i], b[i]) {
+			return false
+		}
+	}
+	return true
 }

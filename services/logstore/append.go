@@ -485,7 +485,7 @@ func (s *Server) round(reqs []*appendReq) error {
 		last = 0
 	}
 	var entries []wal.Entry
-	var newBytes, refillBatches, refillBytes int
+	var newBytes, refillBatches, refillBytes, archiveBatches int
 	for _, r := range reqs {
 		o := outs[r.st]
 		if o == nil {
@@ -515,6 +515,9 @@ func (s *Server) round(reqs []*appendReq) error {
 			if r.refill != nil {
 				refillBatches++
 				refillBytes += len(r.data)
+				if r.refill.fromArchive {
+					archiveBatches++
+				}
 			}
 		}
 		o.ack = true
@@ -537,6 +540,9 @@ func (s *Server) round(reqs []*appendReq) error {
 		s.metrics.appendedBytes.Add(float64(newBytes))
 		s.metrics.refillBatches.Add(float64(refillBatches))
 		s.metrics.refillBytes.Add(float64(refillBytes))
+		if archiveBatches > 0 {
+			s.arch.m.refillBatches.Add(float64(archiveBatches))
+		}
 		s.nWrites++
 		s.writes.Advance(s.nWrites)
 		select {
@@ -690,6 +696,23 @@ func (s *Server) noteEpoch(e, first uint64) error {
 	}
 	s.history.Store(&h)
 	s.logEpoch.Store(e)
+	return nil
+}
+
+// adoptHistory makes h, durably, the history of the log store's empty log
+// (writer only): a refill that starts it past LSN 1 keeps the epochs of
+// its source's log before it, as the source does after its retention cut
+// them. An error is fatal.
+func (s *Server) adoptHistory(h datadir.History) error {
+	if len(h) == 0 {
+		return nil
+	}
+	if err := datadir.SaveHistory(s.fs, s.cfg.DataDir, h); err != nil {
+		s.metrics.fsyncErrors.Inc()
+		return err
+	}
+	s.history.Store(&h)
+	s.logEpoch.Store(h.Current().Epoch)
 	return nil
 }
 

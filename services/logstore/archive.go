@@ -535,6 +535,8 @@ type archiveMetrics struct {
 	chunks, snapshots, errors, deleted prometheus.Counter
 	chunkBytes                         prometheus.Counter
 	uploadSeconds                      prometheus.Histogram
+	// refillBatches counts batches refills copied from the archive.
+	refillBatches prometheus.Counter
 }
 
 // openArchive opens the configured archive and registers its metrics on
@@ -558,6 +560,8 @@ func (s *Server) openArchive(reg prometheus.Registerer) error {
 			Help: "Objects the archive's retention deleted (--archive-retention, --archive-keep-snapshots)."}),
 		uploadSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "walship_archive_chunk_upload_duration_seconds",
 			Help: "Duration of one WAL chunk's upload.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 14)}),
+		refillBatches: prometheus.NewCounter(prometheus.CounterOpts{Name: "walship_logstore_refill_archive_batches_total",
+			Help: "Batches refills copied from the archive, because no peer held them (stored; also in walship_logstore_refill_batches_total)."}),
 	}
 	archived := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "walship_logstore_archived_lsn",
 		Help: "End of what the archive holds of this log's lineage, as this log store knows it (its uploads, or the primary's word)."},
@@ -565,7 +569,7 @@ func (s *Server) openArchive(reg prometheus.Registerer) error {
 	uploader := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "walship_archive_uploader",
 		Help: "1 while the primary has this log store upload to the archive."},
 		func() float64 { return b2f(ar.asked()) })
-	for _, c := range []prometheus.Collector{m.chunks, m.chunkBytes, m.snapshots, m.errors, m.deleted, m.uploadSeconds, archived, uploader} {
+	for _, c := range []prometheus.Collector{m.chunks, m.chunkBytes, m.snapshots, m.errors, m.deleted, m.uploadSeconds, m.refillBatches, archived, uploader} {
 		if err := s.metrics.register(c); err != nil {
 			return err
 		}

@@ -47,11 +47,12 @@ type Config struct {
 	// store with peers that starts empty, or finds that its log ends
 	// before the oldest batch its primary still has, copies what it lacks
 	// from the peer that holds it before it takes the primary's stream
-	// again (refill.go). Empty: it never refills.
+	// again (refill.go). Empty, and no Archive: it never refills.
 	Peers []string
 	// Archive, if its URL is set, is the archive this log store uploads
 	// its log and base snapshots to when the primary asks it to, and
-	// keeps against retention what is not there yet (archive.go).
+	// keeps against retention what is not there yet (archive.go); a
+	// refill copies from it what no peer holds (refill_archive.go).
 	Archive ArchiveOptions
 
 	// Now is the clock retention by age compares commit times with; nil

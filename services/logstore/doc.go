@@ -130,6 +130,17 @@
 // times in a row once the log store holds something: the primary's next
 // stream asks again).
 //
+// With an archive (Config.Archive), what no peer can supply — their
+// retention cut it, no peer answers, none fits — is copied from the
+// archive through the same writer and checks (refill_archive.go): the
+// chunks of the archive's lineage, which must hold this log store's whole
+// log and end in an epoch at least its promise; then the peers are asked
+// again for what follows. An empty log store starts at the newest point
+// (LSN 1 or a base snapshot of the lineage) from which the archive's
+// chunks reach furthest, and takes the lineage's epochs before it as its
+// history. A log store with an archive and no peers refills a gap from the
+// archive alone; one that starts empty without peers does not refill.
+//
 // # Base snapshots
 //
 // PutSnapshot stores a base snapshot of the state from a primary, so that

@@ -251,7 +251,9 @@ func (r *running) appendAll(t *testing.T, bs ...*walshipv1.WalBatch) *walshipv1.
 	for _, b := range bs {
 		epoch = max(epoch, b.Epoch)
 	}
-	a.sendOrEnded(&walshipv1.AppendRequest{Heartbeat: &walshipv1.Heartbeat{Epoch: epoch}}, "heartbeat")
+	// It states the log store's cluster, as a primary of that cluster does
+	// (none if the log store has none yet).
+	a.sendOrEnded(&walshipv1.AppendRequest{Heartbeat: &walshipv1.Heartbeat{Epoch: epoch, ClusterId: r.status(t).GetClusterId()}}, "heartbeat")
 	a.declared = true
 	a.send(bs...)
 	resp := a.waitDurable(bs[len(bs)-1].LastLsn)

@@ -69,11 +69,11 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 	})
 	m.refillBatches = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "walship_logstore_refill_batches_total",
-		Help: "Batches copied from peer log stores by refills (stored; retransmissions not counted).",
+		Help: "Batches copied by refills from peer log stores or the archive (stored; retransmissions not counted).",
 	})
 	m.refillBytes = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "walship_logstore_refill_bytes_total",
-		Help: "Envelope bytes copied from peer log stores by refills (also in walship_logstore_appended_bytes_total).",
+		Help: "Envelope bytes copied by refills from peer log stores or the archive (also in walship_logstore_appended_bytes_total).",
 	})
 	refilling := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "walship_logstore_refilling",

@@ -34,7 +34,8 @@ import (
 // primary's (CRC and shape, continuity, epochs along the log) and also
 // against the peer's epoch history, and stops if the log store promises an
 // epoch newer than the peer's log meanwhile: the peer may then hold a tail
-// that epoch's primary cut.
+// that epoch's primary cut. What no peer can supply comes from the archive,
+// if one is configured (refill_archive.go).
 
 // instanceHeader is the response header of LogStoreService.Status that
 // carries the process's instance token, so that a log store listed among
@@ -88,13 +89,19 @@ type refill struct {
 	// clusterID is the peer's cluster: a log store with none yet adopts
 	// it with the first batch it copies.
 	clusterID string
+	// adoptHistory: the log store is empty; with its first batch it takes
+	// the source's history up to that batch (the epochs before it too),
+	// not only the epochs of what it copies.
+	adoptHistory bool
+	// fromArchive marks a refill from the archive (counted apart).
+	fromArchive bool
 }
 
 // beginRefill starts a refill (the writer calls it, walMu held, on a gap
 // in its primary's stream) and ends every Append stream. It returns false
-// when the log store has no peer to refill from.
+// when the log store has neither a peer nor an archive to refill from.
 func (s *Server) beginRefill(why string) bool {
-	if len(s.cfg.Peers) <= int(s.skippedPeers.Load()) {
+	if len(s.cfg.Peers) <= int(s.skippedPeers.Load()) && s.arch == nil {
 		return false
 	}
 	s.refillWhy.Store(&why)
@@ -118,7 +125,14 @@ func (s *Server) errRefilling() error {
 	if w := s.refillWhy.Load(); w != nil {
 		why = ": " + *w
 	}
-	return refuse(rpcerr.ErrUnavailable, "refilling from peers%s (durable LSN %d); retry later", why, s.durableLSN())
+	from := "peers"
+	if s.arch != nil {
+		from = "peers and the archive"
+		if len(s.cfg.Peers) <= int(s.skippedPeers.Load()) {
+			from = "the archive"
+		}
+	}
+	return refuse(rpcerr.ErrUnavailable, "refilling from %s%s (durable LSN %d); retry later", from, why, s.durableLSN())
 }
 
 // endRefill ends a refill: Append streams are taken again.
@@ -171,6 +185,10 @@ func (s *Server) refiller(ctx context.Context) {
 			failures, lastNote = 0, ""
 			bo.Reset()
 			s.endRefill()
+		case refillMore:
+			// Copied from the archive: its peers may hold what follows.
+			failures, lastNote = 0, ""
+			bo.Reset()
 		case refillNothing:
 			s.logger.Info("nothing to refill: no peer holds anything either (a new cluster)", "why", err)
 			s.endRefill()
@@ -209,14 +227,40 @@ const (
 	refillNoSource                        // peers answered; none holds what is missing
 	refillUnreachable                     // no peer answered
 	refillFailed                          // the copy failed (retry)
+	refillMore                            // copied from the archive; peers may hold what follows
 )
 
 // refillOnce asks every peer where it is, picks the one to copy from and
-// copies from it.
+// copies from it; when no peer can serve, it copies what the archive
+// holds (refillArchive).
 func (s *Server) refillOnce(ctx context.Context, peers []*peer) (refillResult, error) {
+	res, err := s.refillFromPeers(ctx, peers)
+	switch {
+	case res == refillDone || res == refillFailed || s.arch == nil:
+		return res, err
+	case res == refillNothing:
+		// Empty, and so is every peer that answered: a new cluster, whose
+		// archive holds nothing of it either (an archive of this prefix
+		// with a history is another cluster's, or an old one's).
+		return res, err
+	}
+	n, aerr := s.refillArchive(ctx)
+	switch {
+	case aerr == nil && n > 0:
+		return refillMore, nil
+	case aerr != nil && !errors.Is(aerr, errArchiveCannot):
+		return refillFailed, fmt.Errorf("copy from the archive %s: %w", s.arch.a, aerr)
+	case aerr != nil:
+		err = errors.Join(err, aerr)
+	}
+	return res, err
+}
+
+// refillFromPeers is refillOnce's part with the peers.
+func (s *Server) refillFromPeers(ctx context.Context, peers []*peer) (refillResult, error) {
 	srcs, notes := s.survey(ctx, peers)
 	if !slices.ContainsFunc(peers, func(p *peer) bool { return !p.self }) {
-		// Only itself is listed: there is no one to wait for.
+		// Only itself is listed (or none): there is no one to wait for.
 		if s.wal.FirstLSN() == 0 {
 			return refillNothing, errors.New("no peer other than this log store")
 		}
@@ -363,28 +407,51 @@ func (s *Server) copyFrom(ctx context.Context, src *refillSource) error {
 	if err != nil {
 		return err
 	}
-	st := &appendStream{budget: semaphore.NewWeighted(2 * int64(s.cfg.MaxMessageBytes)), wake: make(chan struct{}, 1)}
 	var silent atomic.Bool
 	guard := time.AfterFunc(refillSilence, func() { silent.Store(true); cancel() })
 	defer guard.Stop()
+	batches, err := s.feed(ctx, rf, func() (*walshipv1.WalBatch, error) {
+		guard.Reset(refillSilence)
+		resp, err := stream.Recv()
+		if err != nil {
+			guard.Stop()
+			if silent.Load() {
+				err = fmt.Errorf("the peer sent nothing for %v: %w", refillSilence, err)
+			}
+			return nil, err
+		}
+		if resp.GetBatch() == nil {
+			return nil, refuse(rpcerr.ErrInvalid, "read response without a batch")
+		}
+		return resp.GetBatch(), nil
+	})
+	switch {
+	case err != nil:
+		return err
+	case s.durableLSN() < to:
+		return fmt.Errorf("the peer's Read ended at LSN %d, before its durable LSN %d", s.durableLSN(), to)
+	}
+	s.logger.Info("refilled from a peer", "peer", src.p.addr, "from_lsn", src.from, "durable_lsn", s.durableLSN(),
+		"batches", batches, "took", time.Since(start))
+	return nil
+}
+
+// feed hands the batches next returns, until io.EOF, to the writer as a
+// refill rf's (admitRefill checks and stores them), and waits until the
+// writer has handled every one: the refill's end must not let the
+// primary's appends in ahead of it. It returns how many it handed over,
+// and the writer's refusal if any, else next's error.
+func (s *Server) feed(ctx context.Context, rf *refill, next func() (*walshipv1.WalBatch, error)) (int, error) {
+	st := &appendStream{budget: semaphore.NewWeighted(2 * int64(s.cfg.MaxMessageBytes)), wake: make(chan struct{}, 1)}
 	var readErr error
 	batches := 0
 	for {
-		guard.Reset(refillSilence)
-		resp, err := stream.Recv()
+		b, err := next()
 		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
-			if silent.Load() {
-				err = fmt.Errorf("the peer sent nothing for %v: %w", refillSilence, err)
-			}
 			readErr = err
-			break
-		}
-		b := resp.GetBatch()
-		if b == nil {
-			readErr = refuse(rpcerr.ErrInvalid, "read response without a batch")
 			break
 		}
 		r, err := checkRequest(&walshipv1.AppendRequest{Batch: b})
@@ -393,7 +460,7 @@ func (s *Server) copyFrom(ctx context.Context, src *refillSource) error {
 			break
 		}
 		r.st, r.refill = st, rf
-		if err := st.budget.Acquire(rctx, r.weight); err != nil {
+		if err := st.budget.Acquire(ctx, r.weight); err != nil {
 			readErr = err
 			break
 		}
@@ -407,21 +474,10 @@ func (s *Server) copyFrom(ctx context.Context, src *refillSource) error {
 			break
 		}
 	}
-	guard.Stop()
-	// Whatever was queued is stored (or refused) before this returns: the
-	// refill's end must not let the primary's appends in ahead of it.
-	werr := s.awaitStream(ctx, st)
-	switch {
-	case werr != nil:
-		return werr
-	case readErr != nil:
-		return readErr
-	case s.durableLSN() < to:
-		return fmt.Errorf("the peer's Read ended at LSN %d, before its durable LSN %d", s.durableLSN(), to)
+	if werr := s.awaitStream(ctx, st); werr != nil {
+		return batches, werr
 	}
-	s.logger.Info("refilled from a peer", "peer", src.p.addr, "from_lsn", src.from, "durable_lsn", s.durableLSN(),
-		"batches", batches, "took", time.Since(start))
-	return nil
+	return batches, readErr
 }
 
 // awaitStream waits until the writer has handled every request st queued
@@ -472,6 +528,11 @@ func (s *Server) admitRefill(r *appendReq, walLast uint64, last *uint64, entries
 	}
 	if err := s.adoptCluster(rf.clusterID, "the refill from "+rf.peer); err != nil {
 		return nil, err
+	}
+	if *last == 0 && rf.adoptHistory {
+		if err := s.adoptHistory(rf.history.Cut(b.FirstLsn)); err != nil {
+			return nil, err
+		}
 	}
 	if err := s.noteEpoch(b.Epoch, b.FirstLsn); err != nil {
 		return nil, err
