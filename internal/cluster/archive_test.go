@@ -277,3 +277,60 @@ func sameHistory(a, b []*walshipv1.EpochStart) bool {
 	}
 	return true
 }
+
+// TestEmptiedLogStoreBesideTheArchive: a log store that lost its disk
+// while its peers' retention cut the old history refills from its peers,
+// which hold everything after the archive (they keep it against
+// retention), not from the archive: and it ends with a peer's log — the
+// same end, the same history (the epochs before its first LSN too), the
+// same batches, nothing wrong in it.
+func TestEmptiedLogStoreBesideTheArchive(t *testing.T) {
+	c := startCluster(t, archiving(Config{LogStores: 3}, archives(t)["file"](t)))
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	kv := walshipv1.NewKVServiceClient(c.Conn(c.Primary))
+	fill(t, kv, "before", 600, 1000)
+	last, err := kv.Put(ctx, &walshipv1.PutRequest{Key: "last", Value: []byte("v"), Policy: logStoreSync(10 * time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitArchived(t, c, last.Lsn)
+	if st := lsStatus(t, c, 1); st.FirstLsn <= 1 {
+		t.Fatalf("logstore-1 keeps LSNs from %d: the test wants its retention to have cut the oldest", st.FirstLsn)
+	}
+	if err := c.StopNode(c.LogStores[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(c.LogStoreDir(0)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.RestartLogStore(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	after := shippedAgain(t, c, kv, 0)
+	var mine, theirs *walshipv1.VerifyResponse
+	testkit.UntilWithin(t, 30*time.Second, "logstore-0 and logstore-1 to end at the same LSN", func() bool {
+		mine, theirs = verify(t, c, 0), verify(t, c, 1)
+		return mine.LastLsn == theirs.LastLsn && mine.LastLsn >= after
+	})
+	if len(mine.Problems) != 0 || !sameHistory(mine.History, theirs.History) {
+		t.Fatalf("logstore-0 after its refill: LSNs %d..%d, history %v, problems %v; logstore-1's history %v",
+			mine.FirstLsn, mine.LastLsn, mine.History, mine.Problems, theirs.History)
+	}
+	if n := metric(t, c.LogStores[0].Registry, "walship_logstore_refill_batches_total", nil); n == 0 {
+		t.Fatal("logstore-0 refilled nothing")
+	}
+	if n := metric(t, c.LogStores[0].Registry, "walship_logstore_refill_archive_batches_total", nil); n != 0 {
+		t.Fatalf("logstore-0 copied %v batches from the archive; its peers held what it needed", n)
+	}
+	from := max(mine.FirstLsn, theirs.FirstLsn)
+	got, want := readLogStore(t, c, 0, from, theirs.LastLsn), readLogStore(t, c, 1, from, theirs.LastLsn)
+	if len(got) != len(want) || len(got) == 0 {
+		t.Fatalf("from LSN %d: logstore-0 holds %d batches, logstore-1 %d", from, len(got), len(want))
+	}
+	for i := range got {
+		if !proto.Equal(got[i], want[i]) {
+			t.Fatalf("batch %d: logstore-0 %d..%d, logstore-1 %d..%d (or different bytes)", i, got[i].FirstLsn, got[i].LastLsn, want[i].FirstLsn, want[i].LastLsn)
+		}
+	}
+}

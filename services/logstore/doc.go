@@ -124,11 +124,13 @@
 // history says wrote its first LSN, and stops the refill if a fence
 // promised an epoch newer than the peer's log meanwhile. A copied batch of
 // an epoch newer than the promise raises the promise to it (that epoch's
-// primary has opened, so its predecessors are deposed). The refill ends
-// when it has copied through the peer's end, or when no peer can supply
-// what is missing; a copy that fails is retried with backoff (at most three
-// times in a row once the log store holds something: the primary's next
-// stream asks again).
+// primary has opened, so its predecessors are deposed). An empty log
+// store takes, with its first batch, the peer's history up to it: the
+// epochs before its first LSN too, which the peer keeps after its
+// retention cut their batches. The refill ends when it has copied through
+// the peer's end, or when no peer can supply what is missing; a copy that
+// fails is retried with backoff (at most three times in a row once the log
+// store holds something: the primary's next stream asks again).
 //
 // With an archive (Config.Archive), what no peer can supply — their
 // retention cut it, no peer answers, none fits — is copied from the

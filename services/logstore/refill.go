@@ -397,8 +397,12 @@ func cmpDesc(a, b uint64) int {
 func (s *Server) copyFrom(ctx context.Context, src *refillSource) error {
 	start := time.Now()
 	to := src.st.GetDurableLsn()
+	// An empty log store takes the peer's history whole: the peer's own
+	// retention may have cut the batches of its oldest epochs, not their
+	// lines.
 	rf := &refill{peer: src.p.addr, lastEpoch: src.st.GetLastEpoch(), history: src.history, clusterID: src.st.GetClusterId(),
-		vote: datadir.Vote{Epoch: src.st.GetVoteEpoch(), Primary: src.st.GetPrimaryId(), Addr: src.st.GetPrimaryAddr()}}
+		vote:         datadir.Vote{Epoch: src.st.GetVoteEpoch(), Primary: src.st.GetPrimaryId(), Addr: src.st.GetPrimaryAddr()},
+		adoptHistory: s.wal.FirstLSN() == 0}
 	s.logger.Info("refilling from a peer", "peer", src.p.addr, "from_lsn", src.from, "to_lsn", to,
 		"peer_epoch", src.st.GetLastEpoch(), "durable_lsn", s.durableLSN())
 	rctx, cancel := context.WithCancel(ctx)

@@ -356,3 +356,35 @@ func TestRefillStaysInItsCluster(t *testing.T) {
 		t.Fatalf("a log store of cluster B with a peer of cluster A: LSNs from %d, cluster %q; want nothing copied, still %s", st.FirstLsn, st.ClusterId, clusterB)
 	}
 }
+
+// TestRefillEmptyKeepsThePeersHistory: an empty log store whose peer's
+// retention cut its oldest batches copies the peer's log from where it
+// starts, and takes its history whole — the epochs before its first LSN
+// too — ending with the peer's Status: a history that started at its
+// first LSN would tell a restore, a primary or the archive's uploader
+// nothing of the epochs before it.
+func TestRefillEmptyKeepsThePeersHistory(t *testing.T) {
+	clock := &ageClock{}
+	a := start(t, retentionByAge(t, t.TempDir(), clock))
+	bs := append(chain(t, 1, 1, 30, 500), chain(t, 2, 61, 30, 500)...) // 1..60 of epoch 1, 61..120 of epoch 2
+	a.appendAll(t, bs...)
+	clock.set(baseTime.Add(2 * time.Hour)) // every sealed segment is old now
+	if _, err := a.s.enforceRetention(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	peer := a.status(t)
+	if peer.FirstLsn <= 61 || len(peer.History) != 2 {
+		t.Fatalf("the peer after its retention: %v; want it to keep only epoch 2's last batches, with both epochs in its history", peer)
+	}
+	cfg := testConfig(t, t.TempDir())
+	cfg.Peers = []string{a.s.Addr()}
+	b := start(t, cfg)
+	st := b.refilled(t)
+	if st.FirstLsn != peer.FirstLsn || st.DurableLsn != peer.DurableLsn || st.LastEpoch != peer.LastEpoch {
+		t.Fatalf("after the refill: LSNs %d..%d of epoch %d; the peer's %d..%d of epoch %d",
+			st.FirstLsn, st.DurableLsn, st.LastEpoch, peer.FirstLsn, peer.DurableLsn, peer.LastEpoch)
+	}
+	if got, want := datadir.HistoryFromProto(st.History), datadir.HistoryFromProto(peer.History); len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
+		t.Fatalf("history %v after the refill, the peer's %v", got, want)
+	}
+}
