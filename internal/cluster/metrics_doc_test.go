@@ -16,6 +16,7 @@ import (
 	"github.com/walship/walship/internal/testkit"
 	"github.com/walship/walship/internal/tlsid"
 	"github.com/walship/walship/services/logstore"
+	"github.com/walship/walship/services/replica"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -33,11 +34,12 @@ func TestMetricsDocumented(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { serve.UseTLS(nil, "") })
-	// With an archive, so that its metrics are registered too.
+	// With an archive (uploaded by the log store, read by the replica),
+	// so that its metrics are registered too.
 	archiveDir := t.TempDir()
 	c := startCluster(t, Config{LogStores: 1, Replicas: 1, Security: sec, LogStore: func(_ int, l *logstore.Config) {
 		l.Archive = logstore.ArchiveOptions{Config: archive.Config{URL: "file://" + archiveDir}, Interval: 20 * time.Millisecond}
-	}})
+	}, Replica: func(_ int, r *replica.Config) { r.Archive = archive.Config{URL: "file://" + archiveDir} }})
 	randomLoad(t, walshipv1.NewKVServiceClient(c.Conn(c.Primary)), 2, 20, nil)
 	waitConverged(t, c)
 	refuseOneCall(t, tlsDir, c.Primary.Addr)
