@@ -9,13 +9,16 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/archive"
 	"github.com/walship/walship/internal/cluster"
 	"github.com/walship/walship/internal/serve"
+	"github.com/walship/walship/services/logstore"
 	"github.com/walship/walship/services/primary"
 )
 
@@ -44,6 +47,9 @@ func devFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	maxAge := time.Hour
 	fs.DurationVar(&maxAge, "max-connection-age", maxAge, "with --tls, close connections this old so they re-handshake (streams resume); 0 = never")
 	fs.BoolVar(&plaintext, "plaintext", false, "serve without TLS on a non-loopback --host: anyone who reaches the ports can read the log and write (loopback needs no flag)")
+	// Every log store gets the archive; the primary has one of them upload.
+	var arch archive.Config
+	addArchiveFlags(fs, &arch)
 	return func(ctx context.Context) error {
 		if logstores < 1 {
 			return fmt.Errorf("--logstores: %d, want at least 1 (the quorum of the epoch vote)", logstores)
@@ -53,6 +59,9 @@ func devFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 		}
 		if err := devTransport(env, host, withTLS, plaintext); err != nil {
 			return err
+		}
+		if err := arch.Validate(); err != nil {
+			return usageErr(env, "%v", err)
 		}
 		if dataDir == "" {
 			d, err := os.MkdirTemp("", "walship-dev-")
@@ -78,6 +87,7 @@ func devFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 		c, err := cluster.Start(ctx, cluster.Config{
 			Dir: dataDir, LogStores: logstores, Replicas: replicas, Host: host, BasePort: basePort, Metrics: true, Failover: true,
 			Primary:  func(cfg *primary.Config) { cfg.Policy = pol },
+			LogStore: func(_ int, cfg *logstore.Config) { cfg.Archive.Config = arch },
 			Logger:   env.Logger,
 			Security: sec,
 		})
@@ -89,6 +99,9 @@ func devFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 			clusterID = st.GetClusterId()
 		}
 		printDev(env, c, dataDir, tlsDir, clusterID)
+		if arch.Set() {
+			printDevArchive(env, c, dataDir, host, basePort, arch)
+		}
 		// SIGUSR1 stops whichever data node is the primary, as if its
 		// machine died: then promote a replica.
 		usr1 := make(chan os.Signal, 1)
@@ -182,4 +195,72 @@ Check that it is linearizable (a bounded workload of its own, checked with porcu
   walship check linear --primary %[1]s --replica %[2]s --duration 10s
 
 `, p, r, walshipv1.KVService_ServiceDesc.ServiceName, strings.Join(addrs, ","), os.Getpid(), g)
+}
+
+// printDevArchive says where the dev cluster archives and how to check
+// and restore from it: the commands as a user would type them, with the
+// archive's flags.
+func printDevArchive(env *Env, c *cluster.Cluster, dataDir, host string, basePort int, arch archive.Config) {
+	flags := archiveArgs(arch)
+	var addrs []string
+	for _, n := range c.Nodes() {
+		addrs = append(addrs, n.Addr)
+	}
+	// Beside the dev cluster's directory, so that it outlives it.
+	restored := dataDir + "-restored"
+	roPort := 0
+	if basePort != 0 {
+		roPort = basePort + 100
+	}
+	creds := ""
+	if strings.HasPrefix(arch.URL, "s3:") {
+		creds = "Credentials come from the AWS SDK's chain (AWS_ACCESS_KEY_ID and\nAWS_SECRET_ACCESS_KEY, or AWS_PROFILE). "
+	}
+	fmt.Fprintf(env.Stdout, `Archive: every log store has %[1]s; the primary has one of them
+upload what a majority of the log stores holds. A new dev cluster (a new
+--data-dir) is another cluster: give it its own --archive, or its log stores
+refuse to upload. %[6]sA restore needs nothing but the archive:
+
+  walship ctl status --nodes %[2]s     # ARCHIVED column, archive lag and uploader
+  walship ctl verify %[3]s
+  walship restore %[3]s --latest --data-dir %[4]s
+  walship replica --read-only --data-dir %[4]s --listen %[5]s --metrics-listen ''
+
+`, arch.URL, strings.Join(addrs, ","), flags, shellQuote(restored), net.JoinHostPort(host, strconv.Itoa(roPort)), creds)
+}
+
+// archiveArgs are the command-line flags that reach the archive a.
+func archiveArgs(a archive.Config) string {
+	args := []string{"--archive", shellQuote(a.URL)}
+	if a.Endpoint != "" {
+		args = append(args, "--archive-endpoint", shellQuote(a.Endpoint))
+	}
+	if a.Region != "" {
+		args = append(args, "--archive-region", shellQuote(a.Region))
+	}
+	if a.PathStyle {
+		args = append(args, "--archive-path-style")
+	}
+	if a.CAFile != "" {
+		args = append(args, "--archive-ca-file", shellQuote(a.CAFile))
+	}
+	if a.KeyFile != "" {
+		args = append(args, "--archive-key-file", shellQuote(a.KeyFile))
+	}
+	return strings.Join(args, " ")
+}
+
+// shellQuote quotes s for a POSIX shell if it needs it.
+func shellQuote(s string) string {
+	safe := s != ""
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_./:=@%+,", r)) {
+			safe = false
+			break
+		}
+	}
+	if safe {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }

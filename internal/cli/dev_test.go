@@ -1,0 +1,222 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/s3test"
+	"github.com/walship/walship/internal/testkit"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// lockedBuffer is the output of a command running in the background,
+// read by the test meanwhile.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// devRun is `walship dev` running in the background.
+type devRun struct {
+	out, errOut *lockedBuffer
+	cancel      context.CancelFunc
+	code        chan int
+}
+
+// startDev runs `walship dev args...` until the test ends, and returns
+// once it printed that the cluster is up.
+func startDev(t *testing.T, args ...string) *devRun {
+	t.Helper()
+	// Made before the cleanup that stops dev is registered, so that it is
+	// removed after dev stopped.
+	dir := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	d := &devRun{out: &lockedBuffer{}, errOut: &lockedBuffer{}, cancel: cancel, code: make(chan int, 1)}
+	go func() {
+		d.code <- Main(ctx, append([]string{"dev", "--base-port", "0", "--data-dir", dir}, args...), d.out, d.errOut)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if code := <-d.code; code != 0 {
+			t.Errorf("walship dev exit %d\nstderr:\n%s", code, d.errOut.String())
+		}
+	})
+	testkit.UntilWithin(t, time.Minute, "walship dev to print its hints", func() bool {
+		select {
+		case code := <-d.code:
+			t.Fatalf("walship dev exit %d\nstdout:\n%s\nstderr:\n%s", code, d.out.String(), d.errOut.String())
+		default:
+		}
+		return strings.Contains(d.out.String(), "Check that it is linearizable")
+	})
+	return d
+}
+
+// node is the gRPC address of node name in dev's table.
+func (d *devRun) node(t *testing.T, name string) string {
+	t.Helper()
+	for _, line := range strings.Split(d.out.String(), "\n") {
+		if f := strings.Fields(line); len(f) == 3 && f[0] == name {
+			return f[1]
+		}
+	}
+	t.Fatalf("no node %s in:\n%s", name, d.out.String())
+	return ""
+}
+
+// hint is the argument list of the printed command line that starts with
+// prefix ("walship restore"), without "walship".
+func (d *devRun) hint(t *testing.T, prefix string) []string {
+	t.Helper()
+	for _, line := range strings.Split(d.out.String(), "\n") {
+		if line = strings.TrimSpace(line); strings.HasPrefix(line, prefix+" ") {
+			if i := strings.Index(line, "  #"); i > 0 {
+				line = line[:i]
+			}
+			f := strings.Fields(line)
+			for i, a := range f {
+				if a == "''" {
+					f[i] = ""
+				} else if strings.ContainsAny(a, `'"`) {
+					t.Fatalf("the hint %q quotes an argument; the test splits on spaces", line)
+				}
+			}
+			return f[1:]
+		}
+	}
+	t.Fatalf("no hint %q in:\n%s", prefix, d.out.String())
+	return nil
+}
+
+func devConn(t *testing.T, addr string) *grpc.ClientConn {
+	t.Helper()
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
+// TestDevArchive: `walship dev --archive` gives the archive to every log
+// store, the primary has one of them upload, and the commands it prints —
+// verify, then restore — work as printed against what was written: the
+// restore reaches the primary's LSN and state digest. With an encrypted
+// directory (the key file in the hints) and with a SeaweedFS bucket (its
+// endpoint and path style in the hints).
+func TestDevArchive(t *testing.T) {
+	for _, kind := range []string{"file", "s3"} {
+		t.Run(kind, func(t *testing.T) {
+			// Encrypted: the printed commands work only if they carry the key.
+			keys := filepath.Join(t.TempDir(), "archive.keys")
+			if err := os.WriteFile(keys, []byte("k1 "+base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{7}, 32))+"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			args := []string{"--archive", "file://" + filepath.Join(t.TempDir(), "archive"), "--archive-key-file", keys}
+			if kind == "s3" {
+				srv := s3test.Start(t, "walship")
+				for _, kv := range srv.Env() {
+					k, v, _ := strings.Cut(kv, "=")
+					t.Setenv(k, v)
+				}
+				args = []string{"--archive", "s3://walship/dev", "--archive-endpoint", srv.Endpoint, "--archive-path-style"}
+			}
+			d := startDev(t, append([]string{"--logstores", "3", "--replicas", "1"}, args...)...)
+			out := d.out.String()
+			if !strings.Contains(out, "Archive: every log store has "+args[1]) {
+				t.Fatalf("no archive section:\n%s", out)
+			}
+			ctx := t.Context()
+			pc := devConn(t, d.node(t, "primary"))
+			var last uint64
+			for i := range 20 {
+				r, err := walshipv1.NewKVServiceClient(pc).Put(ctx, &walshipv1.PutRequest{Key: fmt.Sprintf("k%d", i%7), Value: []byte(fmt.Sprint(i))})
+				if err != nil {
+					t.Fatal(err)
+				}
+				last = r.Lsn
+			}
+			var st *walshipv1.StatusResponse
+			testkit.UntilWithin(t, 30*time.Second, fmt.Sprintf("the archive to hold LSN %d", last), func() bool {
+				var err error
+				st, err = walshipv1.NewAdminServiceClient(pc).Status(ctx, &walshipv1.StatusRequest{})
+				return err == nil && st.GetArchive().GetArchivedLsn() >= last
+			})
+			if st.GetArchive().GetUrl() != args[1] || st.GetVisibleLsn() != last {
+				t.Fatalf("primary's archive status %v at visible LSN %d; want %s archived to %d", st.GetArchive(), st.GetVisibleLsn(), args[1], last)
+			}
+			for i := range 3 {
+				ls, err := walshipv1.NewLogStoreServiceClient(devConn(t, d.node(t, fmt.Sprintf("logstore-%d", i)))).Status(ctx, &walshipv1.LogStoreServiceStatusRequest{})
+				if err != nil || ls.GetArchive().GetUrl() != args[1] {
+					t.Fatalf("logstore-%d: archive %v, %v; want %s", i, ls.GetArchive(), err, args[1])
+				}
+			}
+
+			verify := d.hint(t, "walship ctl verify")
+			code, vout, verr := run(t, verify...)
+			if code != 0 || !hasLine(vout, "problems", "none") {
+				t.Fatalf("walship %s: exit %d\n%s%s", strings.Join(verify, " "), code, vout, verr)
+			}
+			restore := d.hint(t, "walship restore")
+			code, rout, rerr := run(t, restore...)
+			want := fmt.Sprintf("LSN %d, %d keys, state digest %s", last, st.GetKeys(), st.GetStateDigest())
+			if code != 0 || !strings.Contains(rout, want) {
+				t.Fatalf("walship %s: exit %d, want %q\n%s%s", strings.Join(restore, " "), code, want, rout, rerr)
+			}
+			ro := d.hint(t, "walship replica")
+			if ro[3] != restore[len(restore)-1] {
+				t.Fatalf("the read-only replica's hint starts %s, the restore wrote %s", ro[3], restore[len(restore)-1])
+			}
+		})
+	}
+}
+
+// TestDevWithoutArchive: without --archive, walship dev prints no archive
+// section and no log store has one; --archive-* flags without --archive
+// are a usage error naming --archive.
+func TestDevWithoutArchive(t *testing.T) {
+	d := startDev(t, "--replicas", "1")
+	if out := d.out.String(); strings.Contains(out, "archive") {
+		t.Fatalf("walship dev without --archive mentions an archive:\n%s", out)
+	}
+	st, err := walshipv1.NewAdminServiceClient(devConn(t, d.node(t, "primary"))).Status(t.Context(), &walshipv1.StatusRequest{})
+	if err != nil || st.GetArchive() != nil {
+		t.Fatalf("primary's archive status without --archive: %v, %v", st.GetArchive(), err)
+	}
+	code, _, errOut := run(t, "dev", "--archive-endpoint", "http://127.0.0.1:1")
+	if code != 2 || !strings.Contains(errOut, "--archive: required with the other --archive-* flags") {
+		t.Fatalf("dev --archive-endpoint alone: exit %d, %q", code, errOut)
+	}
+}
+
+// hasLine reports whether out has a line of exactly these fields.
+func hasLine(out string, fields ...string) bool {
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Join(strings.Fields(line), " ") == strings.Join(fields, " ") {
+			return true
+		}
+	}
+	return false
+}
