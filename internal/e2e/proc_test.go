@@ -2,13 +2,10 @@ package e2e
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"os/exec"
 	"runtime"
@@ -135,9 +132,8 @@ func (p *proc) signal(sig syscall.Signal) {
 }
 
 // pause stops the process (SIGSTOP) and returns once every one of its
-// threads is stopped. The signal alone is not enough: the kernel stops a
-// process thread by thread, and on a loaded machine a thread still
-// running can take a request sent after kill(2) returned — and answer it.
+// threads is stopped (testkit.ThreadsStopped says why the signal alone is
+// not enough).
 func (p *proc) pause() {
 	p.t.Helper()
 	p.signal(syscall.SIGSTOP)
@@ -148,47 +144,12 @@ func (p *proc) pause() {
 			p.t.Fatalf("pid %d exited instead of stopping:\n%s", pid, p.logs())
 		default:
 		}
-		stopped, err := allThreadsStopped(pid)
+		stopped, err := testkit.ThreadsStopped(pid)
 		if err != nil {
 			p.t.Fatalf("pid %d: %v\n%s", pid, err, p.logs())
 		}
 		return stopped
 	})
-}
-
-// allThreadsStopped reports whether every thread of pid is stopped (state
-// T, or t under a tracer), from /proc/pid/task/*/stat; a thread that ends
-// while it looks is skipped. A zombie thread is an error: the process is
-// exiting, not stopping.
-func allThreadsStopped(pid int) (bool, error) {
-	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	if err != nil {
-		return false, err
-	}
-	seen := 0
-	for _, task := range tasks {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
-		if errors.Is(err, fs.ErrNotExist) {
-			continue // the thread ended
-		}
-		if err != nil {
-			return false, err
-		}
-		seen++
-		// "tid (comm) S ...": the state follows the last ')'.
-		f := bytes.Fields(b[bytes.LastIndexByte(b, ')')+1:])
-		if len(f) == 0 {
-			return false, fmt.Errorf("thread %s: no state in %q", task.Name(), b)
-		}
-		switch string(f[0]) {
-		case "T", "t":
-		case "Z", "X":
-			return false, fmt.Errorf("thread %s is exiting (state %s)", task.Name(), f[0])
-		default:
-			return false, nil
-		}
-	}
-	return seen > 0, nil
 }
 
 // dial connects to the process and waits until its health check is SERVING.

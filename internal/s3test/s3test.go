@@ -23,6 +23,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+
+	"github.com/walship/walship/internal/testkit"
 )
 
 // EnvWeed names the weed binary; make test sets it to bin/weed.
@@ -169,8 +171,23 @@ func (s *Server) Env() []string {
 }
 
 // Pause stops the server's processes (SIGSTOP): requests hang, as with a
-// store that cannot be reached. Resume undoes it.
-func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
+// store that cannot be reached. It returns once every thread of the
+// server is stopped, so that no request sent after it is answered.
+// Resume undoes it.
+func (s *Server) Pause() {
+	s.tb.Helper()
+	s.signal(syscall.SIGSTOP)
+	s.mu.Lock()
+	pid := s.cmd.Process.Pid
+	s.mu.Unlock()
+	testkit.Until(s.tb, fmt.Sprintf("every thread of weed (pid %d) to stop", pid), func() bool {
+		stopped, err := testkit.ThreadsStopped(pid)
+		if err != nil {
+			s.tb.Fatalf("pause weed (pid %d): %v\n%s", pid, err, s.logs.tail(4000))
+		}
+		return stopped
+	})
+}
 
 // Resume continues a paused server.
 func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
