@@ -51,6 +51,11 @@ type Config struct {
 	CAFile string
 	// KeyFile holds the encryption keys (Keyring); empty stores plaintext.
 	KeyFile string
+	// Timeout bounds each request to an S3 store: its answer, an
+	// upload's body (plus a second per MiB of it), a download's next
+	// bytes. A store that stops answering fails the request after it
+	// rather than holding the uploader or a restore. 0: DefaultTimeout.
+	Timeout time.Duration
 }
 
 // Set reports whether an archive is configured.
@@ -67,6 +72,9 @@ func (c Config) Validate() error {
 	scheme, _, _, err := parseURL(c.URL)
 	if err != nil {
 		return err
+	}
+	if c.Timeout < 0 {
+		return fmt.Errorf("--archive-timeout: %v is negative", c.Timeout)
 	}
 	if scheme == "file" && (c.Endpoint != "" || c.Region != "" || c.PathStyle || c.CAFile != "") {
 		return errors.New("--archive: a file:// archive takes no endpoint, region, path style or CA file")

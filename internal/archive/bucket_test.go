@@ -8,6 +8,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/walship/walship/internal/s3test"
 )
@@ -175,5 +176,80 @@ func TestS3Multipart(t *testing.T) {
 	rc.Close()
 	if !bytes.Equal(got, big) || info.Meta["walship-format"] != "1" {
 		t.Fatalf("a multipart object came back as %d bytes (want %d), meta %v", len(got), len(big), info.Meta)
+	}
+}
+
+// TestS3StalledServer: a server that stops answering (SIGSTOP: its
+// connections open, nothing read or sent) fails every request after the
+// timeout with an error naming the bucket and --archive-timeout — a
+// download that stalls in the middle of its body too — instead of
+// holding its caller for the HTTP client's minutes; once it answers
+// again, requests succeed.
+func TestS3StalledServer(t *testing.T) {
+	srv := s3test.Start(t, "walship")
+	ctx := context.Background()
+	b := s3BucketOf(t, srv, "s3://walship/stall")
+	b.timeout = 500 * time.Millisecond
+	// More than the loopback's socket buffers hold, so that the body
+	// stalls when the server stops.
+	big := bytes.Repeat([]byte("walship archive "), (40<<20)/16)
+	if err := b.Put(ctx, "snapshots/big", bytes.NewReader(big), int64(len(big)), nil); err != nil {
+		t.Fatal(err)
+	}
+	small := []byte("small")
+	if err := b.Put(ctx, "wal/small", bytes.NewReader(small), int64(len(small)), nil); err != nil {
+		t.Fatal(err)
+	}
+	rc, _, err := b.Get(ctx, "snapshots/big")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	if _, err := io.ReadFull(rc, make([]byte, 1<<20)); err != nil {
+		t.Fatal(err)
+	}
+	srv.Pause()
+	defer srv.Resume()
+	// Without a deadline of its own each of these would wait for the
+	// kernel or the HTTP client's timeout, minutes; a minute is plenty for
+	// a 500 ms one on a loaded machine.
+	stalled := func(what string, req func() error) {
+		t.Helper()
+		done := make(chan error, 1)
+		go func() { done <- req() }()
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(err.Error(), "--archive-timeout") {
+				t.Errorf("%s from a stopped server: %v; want an error naming --archive-timeout", what, err)
+			}
+			if what != "the rest of a download" && !strings.Contains(err.Error(), "s3://walship/stall") {
+				t.Errorf("%s from a stopped server: %v does not name the bucket", what, err)
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("%s from a stopped server still waits after a minute", what)
+		}
+	}
+	stalled("the rest of a download", func() error {
+		n, err := io.Copy(io.Discard, rc)
+		if err == nil {
+			return fmt.Errorf("read the whole %d bytes", n+1<<20)
+		}
+		return err
+	})
+	stalled("put", func() error { return b.Put(ctx, "wal/new", bytes.NewReader(small), int64(len(small)), nil) })
+	stalled("get", func() error {
+		rc, _, err := b.Get(ctx, "wal/small")
+		if err == nil {
+			rc.Close()
+		}
+		return err
+	})
+	stalled("head", func() error { _, err := b.Head(ctx, "wal/small"); return err })
+	stalled("list", func() error { return b.List(ctx, "wal/", "", func(Object) bool { return true }) })
+	stalled("delete", func() error { return b.Delete(ctx, "wal/small") })
+
+	srv.Resume()
+	if err := b.Put(ctx, "wal/after", bytes.NewReader(small), int64(len(small)), nil); err != nil {
+		t.Fatalf("put once the server answers again: %v", err)
 	}
 }

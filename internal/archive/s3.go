@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -33,14 +34,27 @@ type s3Bucket struct {
 	bucket         string
 	prefix         string // "" or ending in "/"
 	desc           string
+	// timeout bounds each request (see Config.Timeout).
+	timeout time.Duration
 }
+
+// DefaultTimeout is Config.Timeout's default.
+const DefaultTimeout = 30 * time.Second
+
+// uploadPace is the time an upload's deadline allows per byte on top of
+// the timeout: a body sent at 1 MiB/s still makes it.
+const uploadPace = time.Second / (1 << 20)
 
 func newS3Bucket(ctx context.Context, c Config, bucket, prefix string) (*s3Bucket, error) {
 	var opts []func(*config.LoadOptions) error
 	if c.Region != "" {
 		opts = append(opts, config.WithRegion(c.Region))
 	}
-	hc := awshttp.NewBuildableClient().WithTimeout(2 * time.Minute)
+	// No timeout for a whole HTTP exchange: a large snapshot may take
+	// longer than any fixed bound to transfer. Each request has a
+	// deadline of its own instead, and a download one on its progress
+	// (timeout).
+	hc := awshttp.NewBuildableClient()
 	if c.CAFile != "" {
 		pem, err := os.ReadFile(c.CAFile)
 		if err != nil {
@@ -83,8 +97,39 @@ func newS3Bucket(ctx context.Context, c Config, bucket, prefix string) (*s3Bucke
 		o.Concurrency = 4
 		o.RequestChecksumCalculation = aws.RequestChecksumCalculationWhenRequired
 	})
-	return &s3Bucket{client: client, tm: tm, multipartAbove: multipartAbove, bucket: bucket, prefix: prefix, desc: desc}, nil
+	timeout := c.Timeout
+	if timeout <= 0 {
+		timeout = DefaultTimeout
+	}
+	return &s3Bucket{client: client, tm: tm, multipartAbove: multipartAbove, bucket: bucket, prefix: prefix, desc: desc, timeout: timeout}, nil
 }
+
+// within runs req with a deadline d from now. A store that does not
+// answer (or take a body) within it — stopped, or cut off without a
+// reset — fails the request with an error that says so, rather than
+// holding its caller until the kernel gives up on the connection.
+func (b *s3Bucket) within(ctx context.Context, d time.Duration, req func(context.Context) error) error {
+	rctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	err := req(rctx)
+	if err != nil && ctx.Err() == nil && errors.Is(rctx.Err(), context.DeadlineExceeded) {
+		return &timeoutError{d: d, err: err}
+	}
+	return err
+}
+
+// timeoutError is a request the store did not complete within its
+// deadline.
+type timeoutError struct {
+	d   time.Duration
+	err error
+}
+
+func (e *timeoutError) Error() string {
+	return fmt.Sprintf("no answer within %v (--archive-timeout): %v", e.d, e.err)
+}
+
+func (e *timeoutError) Unwrap() error { return e.err }
 
 func (b *s3Bucket) String() string { return b.desc }
 
@@ -125,30 +170,82 @@ const (
 )
 
 func (b *s3Bucket) Put(ctx context.Context, name string, body io.ReadSeeker, size int64, meta map[string]string) error {
-	if size > b.multipartAbove {
-		_, err := b.tm.UploadObject(ctx, &transfermanager.UploadObjectInput{
+	err := b.within(ctx, b.timeout+time.Duration(size)*uploadPace, func(ctx context.Context) error {
+		if size > b.multipartAbove {
+			_, err := b.tm.UploadObject(ctx, &transfermanager.UploadObjectInput{
+				Bucket: aws.String(b.bucket), Key: b.key(name), Body: body, ContentLength: aws.Int64(size),
+				Metadata: meta, ContentType: aws.String("application/octet-stream"),
+			})
+			return err
+		}
+		_, err := b.client.PutObject(ctx, &s3.PutObjectInput{
 			Bucket: aws.String(b.bucket), Key: b.key(name), Body: body, ContentLength: aws.Int64(size),
 			Metadata: meta, ContentType: aws.String("application/octet-stream"),
 		})
-		return b.explain("put", name, err)
-	}
-	_, err := b.client.PutObject(ctx, &s3.PutObjectInput{
-		Bucket: aws.String(b.bucket), Key: b.key(name), Body: body, ContentLength: aws.Int64(size),
-		Metadata: meta, ContentType: aws.String("application/octet-stream"),
+		return err
 	})
 	return b.explain("put", name, err)
 }
 
+// Get's body may take any time to read, as long as it makes progress: a
+// watchdog ends the request when the store sends nothing for the timeout,
+// before the answer or in the middle of the body.
 func (b *s3Bucket) Get(ctx context.Context, name string) (io.ReadCloser, Info, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	body := &watchedBody{timeout: b.timeout, cancel: cancel}
+	body.watch = time.AfterFunc(b.timeout, func() {
+		body.stalled.Store(true)
+		cancel()
+	})
 	out, err := b.client.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(b.bucket), Key: b.key(name)})
 	if err != nil {
+		body.watch.Stop()
+		cancel()
+		if body.stalled.Load() {
+			err = &timeoutError{d: b.timeout, err: err}
+		}
 		return nil, Info{}, b.explain("get", name, err)
 	}
-	return out.Body, Info{Size: aws.ToInt64(out.ContentLength), Meta: lowerKeys(out.Metadata)}, nil
+	body.rc = out.Body
+	return body, Info{Size: aws.ToInt64(out.ContentLength), Meta: lowerKeys(out.Metadata)}, nil
+}
+
+// watchedBody is a download whose request ends when no byte arrives for
+// timeout. Its reader must read as the bytes come (the archive's callers
+// copy a download out, or read it whole, at once): time it spends
+// between reads counts as the store's.
+type watchedBody struct {
+	rc      io.ReadCloser
+	timeout time.Duration
+	watch   *time.Timer
+	stalled atomic.Bool
+	cancel  context.CancelFunc
+}
+
+func (w *watchedBody) Read(p []byte) (int, error) {
+	n, err := w.rc.Read(p)
+	if n > 0 {
+		w.watch.Reset(w.timeout)
+	}
+	if err != nil && !errors.Is(err, io.EOF) && w.stalled.Load() {
+		err = fmt.Errorf("no data for %v (--archive-timeout): %w", w.timeout, err)
+	}
+	return n, err
+}
+
+func (w *watchedBody) Close() error {
+	w.watch.Stop()
+	err := w.rc.Close()
+	w.cancel()
+	return err
 }
 
 func (b *s3Bucket) Head(ctx context.Context, name string) (Info, error) {
-	out, err := b.client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String(b.bucket), Key: b.key(name)})
+	var out *s3.HeadObjectOutput
+	err := b.within(ctx, b.timeout, func(ctx context.Context) (err error) {
+		out, err = b.client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String(b.bucket), Key: b.key(name)})
+		return err
+	})
 	if err != nil {
 		return Info{}, b.explain("head", name, err)
 	}
@@ -172,7 +269,12 @@ func (b *s3Bucket) List(ctx context.Context, prefix, startAfter string, fn func(
 	}
 	p := s3.NewListObjectsV2Paginator(b.client, in)
 	for p.HasMorePages() {
-		page, err := p.NextPage(ctx)
+		// A deadline per page: a long listing is many requests.
+		var page *s3.ListObjectsV2Output
+		err := b.within(ctx, b.timeout, func(ctx context.Context) (err error) {
+			page, err = p.NextPage(ctx)
+			return err
+		})
 		if err != nil {
 			return b.explain("list", prefix, err)
 		}
@@ -193,8 +295,12 @@ func (b *s3Bucket) Delete(ctx context.Context, names ...string) error {
 		for i, name := range names[:n] {
 			ids[i] = types.ObjectIdentifier{Key: b.key(name)}
 		}
-		out, err := b.client.DeleteObjects(ctx, &s3.DeleteObjectsInput{Bucket: aws.String(b.bucket),
-			Delete: &types.Delete{Objects: ids, Quiet: aws.Bool(true)}})
+		var out *s3.DeleteObjectsOutput
+		err := b.within(ctx, b.timeout, func(ctx context.Context) (err error) {
+			out, err = b.client.DeleteObjects(ctx, &s3.DeleteObjectsInput{Bucket: aws.String(b.bucket),
+				Delete: &types.Delete{Objects: ids, Quiet: aws.Bool(true)}})
+			return err
+		})
 		if err != nil {
 			return b.explain("delete", names[0], err)
 		}

@@ -19,6 +19,7 @@ func addArchiveFlags(fs *flag.FlagSet, c *archive.Config) {
 	fs.StringVar(&c.Region, "archive-region", "", "S3 region (empty: the SDK's configuration, else us-east-1)")
 	fs.BoolVar(&c.PathStyle, "archive-path-style", false, "address the bucket in the URL path (most S3-compatible stores) rather than the host name")
 	fs.StringVar(&c.CAFile, "archive-ca-file", "", "PEM file of CAs to trust for --archive-endpoint, besides the system's")
+	fs.DurationVar(&c.Timeout, "archive-timeout", archive.DefaultTimeout, "fail a request to the S3 store that gets no answer (or a download no data) within this, an upload given a second more per MiB of it: an unreachable store shows as errors, which a log store retries with backoff, not as a hang")
 	fs.StringVar(&c.KeyFile, "archive-key-file", "", "encrypt the archive on the client (AES-256-GCM) with the keys in this file: lines of \"ID BASE64-32-BYTE-KEY\", the last one encrypts, all decrypt")
 }
 

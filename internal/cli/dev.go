@@ -247,6 +247,9 @@ func archiveArgs(a archive.Config) string {
 	if a.KeyFile != "" {
 		args = append(args, "--archive-key-file", shellQuote(a.KeyFile))
 	}
+	if a.Timeout != archive.DefaultTimeout {
+		args = append(args, "--archive-timeout", a.Timeout.String())
+	}
 	return strings.Join(args, " ")
 }
 
