@@ -203,7 +203,7 @@ func (src *archiveSource) snapshot(ctx context.Context) (*state.Store, error) {
 	}
 	f, size, err := src.a.FetchSnapshot(ctx, src.cat.ClusterID, ref, tmp)
 	if err != nil {
-		return nil, err
+		return nil, dataLoss(err)
 	}
 	defer os.Remove(f.Name())
 	defer f.Close()
@@ -238,6 +238,16 @@ func (src *archiveSource) snapshot(ctx context.Context) (*state.Store, error) {
 	}
 	r.p.Snapshot.Keys, r.p.Snapshot.StateDigest = hdr.GetKeys(), d.String()
 	return store, nil
+}
+
+// dataLoss is err as DATA_LOSS if it is an archive object's damage
+// (archive.CorruptError), else err.
+func dataLoss(err error) error {
+	var ce *archive.CorruptError
+	if errors.As(err, &ce) {
+		return status.Error(codes.DataLoss, err.Error())
+	}
+	return err
 }
 
 // fetched is one downloaded chunk, or why it could not be.
@@ -300,12 +310,7 @@ func (s *chunkStream) Recv() (*walshipv1.ReadResponse, error) {
 			return nil, s.ctx.Err()
 		}
 		if f.err != nil {
-			var ce *archive.CorruptError
-			if errors.As(f.err, &ce) {
-				s.failed = status.Error(codes.DataLoss, f.err.Error())
-			} else {
-				s.failed = f.err
-			}
+			s.failed = dataLoss(f.err)
 			return nil, s.failed
 		}
 		for _, env := range f.envs {

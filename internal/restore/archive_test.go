@@ -210,6 +210,42 @@ func TestRestoreFromADamagedArchiveFailsClosed(t *testing.T) {
 	}
 }
 
+// TestRestoreFromADamagedArchiveSnapshot: a base snapshot damaged in the
+// bucket fails the restore that starts from it with DATA_LOSS naming it,
+// as a damaged chunk does.
+func TestRestoreFromADamagedArchiveSnapshot(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "archive")
+	cfg := archive.Config{URL: "file://" + dir}
+	c := archived(t, cfg, 1)
+	var last point
+	for i := range 120 {
+		last = write(t, c, c.Primary, i, 600)
+	}
+	waitArchived(t, c, last.lsn)
+	a := openArchive(t, cfg)
+	cat, err := a.Catalog(t.Context(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cat.Snapshots) == 0 {
+		t.Fatalf("no snapshot in the archive: %d chunks", len(cat.Chunks))
+	}
+	sn := cat.Snapshots[len(cat.Snapshots)-1]
+	path := filepath.Join(dir, archive.SnapshotName(sn))
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)/2] ^= 0x01
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	res, err := restore.Run(t.Context(), restore.Options{Archive: a, DataDir: filepath.Join(t.TempDir(), "r"), Target: restore.AtLSN(sn.LSN)})
+	if status.Code(err) != codes.DataLoss || !strings.Contains(err.Error(), archive.SnapshotName(sn)) {
+		t.Fatalf("restore to LSN %d from a damaged snapshot: %v, %v; want DATA_LOSS naming %s", sn.LSN, res, err, archive.SnapshotName(sn))
+	}
+}
+
 func isCorrupt(err error) bool {
 	var ce *archive.CorruptError
 	return errors.As(err, &ce)
