@@ -26,13 +26,17 @@ type procNode struct {
 	name, serving string
 	addr          string
 	args          []string
+	// env is added to the process's environment (credentials of an
+	// archive); metrics is its --metrics-listen address, if it has one.
+	env     []string
+	metrics string
 	// t owns the process: the test that started the cluster, so that a
 	// node restarted by a subtest outlives it.
 	t *testing.T
 	p *proc
 }
 
-func (n *procNode) start() { n.p = startProc(n.t, n.serving, n.args...) }
+func (n *procNode) start() { n.p = startProcEnv(n.t, n.env, n.serving, n.args...) }
 
 // procCluster is a log store, a primary and replicas as real processes on
 // loopback, each on a fixed port so it can be killed and restarted.

@@ -39,9 +39,15 @@ type proc struct {
 // logs the line whose msg is servingMsg, taking its addr attribute.
 func startProc(t *testing.T, servingMsg string, args ...string) *proc {
 	t.Helper()
+	return startProcEnv(t, nil, servingMsg, args...)
+}
+
+// startProcEnv is startProc with env added to the process's environment.
+func startProcEnv(t *testing.T, env []string, servingMsg string, args ...string) *proc {
+	t.Helper()
 	args = append(args, "--log-format", "json")
 	cmd := exec.Command(walshipBin(t), args...)
-	cmd.Env = cleanEnv()
+	cmd.Env = append(cleanEnv(), env...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
