@@ -20,6 +20,7 @@ import (
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/services/logstore"
 	"github.com/walship/walship/services/primary"
+	"github.com/walship/walship/services/replica"
 )
 
 func devFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
@@ -88,6 +89,8 @@ func devFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 			Dir: dataDir, LogStores: logstores, Replicas: replicas, Host: host, BasePort: basePort, Metrics: true, Failover: true,
 			Primary:  func(cfg *primary.Config) { cfg.Policy = pol },
 			LogStore: func(_ int, cfg *logstore.Config) { cfg.Archive.Config = arch },
+			// Data nodes read it: a replica no one else can serve re-seeds from it.
+			Replica:  func(_ int, cfg *replica.Config) { cfg.Archive = arch },
 			Logger:   env.Logger,
 			Security: sec,
 		})
