@@ -52,10 +52,10 @@ func commands() []command {
 		{name: "ctl status", summary: "show every node's role, epoch, positions and last promotion", flags: ctlStatusFlags},
 		{name: "ctl promote", summary: "promote a replica by an epoch vote (--dry-run: what it would see and risk)", flags: ctlPromoteFlags},
 		{name: "ctl switchover", summary: "hand the primary's role to a replica without losing anything", flags: ctlSwitchoverFlags},
-		{name: "ctl verify", summary: "check log stores' archives (CRCs, gaps, epochs, snapshots) and say what a restore can reach; exit 1 on any problem", flags: ctlVerifyFlags},
+		{name: "ctl verify", summary: "check the log stores and the archive (checksums, gaps, epochs, snapshots) and say what a restore can reach; exit 1 on any problem", flags: ctlVerifyFlags},
 		{name: "check linear", summary: "check a cluster's reads and writes for linearizability (porcupine) with a bounded workload of its own", flags: checkLinearFlags},
 		{name: "check failover", summary: "check that a failover (a switchover, or a kill and a promotion) loses no acknowledged write and stays linearizable", flags: checkFailoverFlags},
-		{name: "restore", summary: "rebuild a data directory as of an LSN or a time from the log stores (point-in-time recovery, into a new cluster)", flags: restoreFlags},
+		{name: "restore", summary: "rebuild a data directory as of an LSN or a time from the log stores or the archive (point-in-time recovery, into a new cluster)", flags: restoreFlags},
 		{name: "dev", summary: "run a local cluster (log store, primary, 2 replicas) with data in a temp dir", flags: devFlags},
 		{name: "version", summary: "print the version", flags: versionFlags},
 	}
