@@ -86,7 +86,10 @@ func TestClusterObservability(t *testing.T) {
 		id := fmt.Sprintf("replica-%d", i)
 		replicas = append(replicas, startWalship(t, bin, id, "replica serving", append([]string{"replica",
 			"--id", id, "--data-dir", filepath.Join(dir, id), "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
-			"--primary", primary.addr, "--logstore", ls.addr, "--heartbeat-interval", "200ms"}, tlsFor(tlsid.ClassNode, id)...)...))
+			"--primary", primary.addr, "--logstore", ls.addr, "--heartbeat-interval", "200ms",
+			// The replicas read the archive (the archive rung), so that
+			// its metrics are exported too.
+			"--archive", "file://" + filepath.Join(dir, "archive")}, tlsFor(tlsid.ClassNode, id)...)...))
 	}
 	all := append([]*proc{ls, primary}, replicas...)
 

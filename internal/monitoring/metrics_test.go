@@ -88,6 +88,9 @@ var knownMetrics = []knownMetric{
 	{"walship_replica_unapplied_bytes", gauge, nil},
 	{"walship_replica_spilled_batches_total", counter, nil},
 	{"walship_codec_decode_duration_seconds", histogram, []string{"codec"}},
+	{"walship_replica_archive_batches_total", counter, nil},
+	{"walship_replica_archive_reseeds_total", counter, nil},
+	{"walship_replica_archive_errors_total", counter, nil},
 
 	// Log store.
 	{"walship_logstore_durable_lsn", gauge, nil},
@@ -109,6 +112,7 @@ var knownMetrics = []knownMetric{
 	{"walship_logstore_snapshot_sent_bytes_total", counter, nil},
 	{"walship_logstore_retention_held_bytes", gauge, nil},
 	{"walship_logstore_archived_lsn", gauge, nil},
+	{"walship_logstore_refill_archive_batches_total", counter, nil},
 	{"walship_archive_uploader", gauge, nil},
 	{"walship_archive_chunks_uploaded_total", counter, nil},
 	{"walship_archive_uploaded_bytes_total", counter, nil},
