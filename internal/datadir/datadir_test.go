@@ -3,6 +3,7 @@ package datadir
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -271,14 +272,97 @@ func TestEpochBound(t *testing.T) {
 	if h, err := (History{{Epoch: MaxEpoch, FirstLSN: 1}}).Begin(0, 5); !errors.Is(err, ErrNoEpochLeft) {
 		t.Errorf("Begin after a history at MaxEpoch = %v, %v; want ErrNoEpochLeft", h, err)
 	}
-	if err := CheckEpoch(MaxEpoch); err != nil {
+	if err := CheckEpoch(MaxEpoch, MaxEpoch-1, MaxEpochJump); err != nil {
 		t.Errorf("CheckEpoch(MaxEpoch) = %v", err)
 	}
-	if err := CheckEpoch(math.MaxUint64); err == nil || !strings.Contains(err.Error(), "above the highest epoch") {
+	if err := CheckEpoch(math.MaxUint64, MaxEpoch, MaxEpochJump); err == nil || !strings.Contains(err.Error(), "above the highest epoch") {
 		t.Errorf("CheckEpoch(2^64-1) = %v", err)
 	}
-	err := CheckProto([]*walshipv1.EpochStart{{Epoch: 1, FirstLsn: 1}, {Epoch: math.MaxUint64, FirstLsn: 9}})
+	err := CheckProto([]*walshipv1.EpochStart{{Epoch: 1, FirstLsn: 1}, {Epoch: math.MaxUint64, FirstLsn: 9}}, MaxEpoch, MaxEpochGap)
 	if err == nil || !strings.Contains(err.Error(), "[1].epoch") {
 		t.Errorf("CheckProto with an epoch of 2^64-1 = %v", err)
+	}
+}
+
+// TestEpochJump: an epoch from outside is at most a bound above the
+// newest one the receiver knows — a node that knows none included: 2^20
+// for what a message makes it promise or write (so that no message moves
+// a node's epoch by more, and exhausting the epochs takes 2^43 accepted
+// messages, not one), 2^30 for what it believes from the peers it asks.
+// Older ones and the bound itself pass, and the error names the bound and
+// what the receiver knows.
+func TestEpochJump(t *testing.T) {
+	for _, c := range []struct {
+		e, known, bound uint64
+		ok              bool
+		what            string
+	}{
+		{1, 0, MaxEpochJump, true, ""},
+		{MaxEpochJump, 0, MaxEpochJump, true, ""},
+		{MaxEpochJump + 1, 0, MaxEpochJump, false, "one message may move an epoch"},
+		{5, 9, MaxEpochJump, true, ""}, // older: each receiver's own rule (stale) decides
+		{9 + MaxEpochJump, 9, MaxEpochJump, true, ""},
+		{10 + MaxEpochJump, 9, MaxEpochJump, false, "one message may move an epoch"},
+		{MaxEpoch, 0, MaxEpochJump, false, "one message may move an epoch"}, // the message a fuzzer sent a log store
+		{MaxEpoch, MaxEpoch - MaxEpochJump, MaxEpochJump, true, ""},
+		{10 + MaxEpochJump, 9, MaxEpochGap, true, ""},
+		{9 + MaxEpochGap, 9, MaxEpochGap, true, ""},
+		{10 + MaxEpochGap, 9, MaxEpochGap, false, "a node catches up by at once"},
+		{MaxEpoch, 0, MaxEpochGap, false, "a node catches up by at once"},
+	} {
+		err := CheckEpoch(c.e, c.known, c.bound)
+		if (err == nil) != c.ok {
+			t.Errorf("CheckEpoch(%d, known %d, bound %d) = %v; want ok %v", c.e, c.known, c.bound, err, c.ok)
+		}
+		if want := fmt.Sprintf("%d is more than %d (the most %s) above %d, the newest epoch known here", c.e, c.bound, c.what, c.known); err != nil && err.Error() != want {
+			t.Errorf("CheckEpoch(%d, known %d, bound %d) = %q; want %q", c.e, c.known, c.bound, err, want)
+		}
+	}
+	if err := CheckEpoch(math.MaxUint64, math.MaxUint64-1, MaxEpochGap); err == nil || !strings.Contains(err.Error(), "above the highest epoch") {
+		t.Errorf("CheckEpoch(2^64-1) just above what is known = %v", err)
+	}
+	hs := []*walshipv1.EpochStart{{Epoch: 1, FirstLsn: 1}, {Epoch: 3 + MaxEpochJump, FirstLsn: 9}}
+	if err := CheckProto(hs, 2, MaxEpochJump); err == nil || !strings.Contains(err.Error(), "[1].epoch") || !strings.Contains(err.Error(), "more than 1048576") {
+		t.Errorf("CheckProto with an entry past the jump = %v", err)
+	}
+	if err := CheckProto(hs, 3, MaxEpochJump); err != nil {
+		t.Errorf("CheckProto within the jump = %v", err)
+	}
+	if err := CheckProto(hs, 2, MaxEpochGap); err != nil {
+		t.Errorf("CheckProto within the gap = %v", err)
+	}
+}
+
+// TestEpochSteps: the fences that bring a node's promise to an epoch
+// more than MaxEpochJump above it are each at most the jump above the
+// one before (the node's promise first) and below the target, which is
+// within the jump of the last; none within the jump; none beyond the
+// gap (not bridged).
+func TestEpochSteps(t *testing.T) {
+	for _, c := range []struct {
+		from, to uint64
+		n        int
+	}{
+		{0, 5, 0},
+		{5, 5 + MaxEpochJump, 0},
+		{5, 6 + MaxEpochJump, 1},
+		{5, 5 + 2*MaxEpochJump, 1},
+		{5, 6 + 2*MaxEpochJump, 2},
+		{0, MaxEpochGap + MaxEpochJump, MaxEpochGap / MaxEpochJump},
+		{0, MaxEpochGap + MaxEpochJump + 1, 0},
+		{9, 3, 0},
+	} {
+		steps := EpochSteps(c.from, c.to)
+		if len(steps) != c.n {
+			t.Errorf("EpochSteps(%d, %d) has %d steps, want %d", c.from, c.to, len(steps), c.n)
+			continue
+		}
+		prev := c.from
+		for _, e := range append(steps, c.to) {
+			if c.n > 0 && (e <= prev || e-prev > MaxEpochJump) {
+				t.Errorf("EpochSteps(%d, %d): %d after %d", c.from, c.to, e, prev)
+			}
+			prev = e
+		}
 	}
 }

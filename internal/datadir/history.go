@@ -182,15 +182,16 @@ func (h History) Proto() []*walshipv1.EpochStart {
 }
 
 // CheckProto checks a history received from a peer: epochs and first
-// LSNs at least 1, epochs increasing up to MaxEpoch, first LSNs not
-// decreasing. The error names the bad entry's index.
-func CheckProto(hs []*walshipv1.EpochStart) error {
+// LSNs at least 1, epochs increasing and within CheckEpoch's bound of
+// known (the newest epoch the receiver knows), first LSNs not decreasing.
+// The error names the bad entry's index.
+func CheckProto(hs []*walshipv1.EpochStart, known, bound uint64) error {
 	for i, e := range hs {
 		switch {
 		case e.GetEpoch() == 0 || e.GetFirstLsn() == 0:
 			return fmt.Errorf("[%d]: epoch and first_lsn must be at least 1 (got epoch %d, first_lsn %d)", i, e.GetEpoch(), e.GetFirstLsn())
-		case CheckEpoch(e.GetEpoch()) != nil:
-			return fmt.Errorf("[%d].epoch: %v", i, CheckEpoch(e.GetEpoch()))
+		case CheckEpoch(e.GetEpoch(), known, bound) != nil:
+			return fmt.Errorf("[%d].epoch: %v", i, CheckEpoch(e.GetEpoch(), known, bound))
 		case i > 0 && (e.GetEpoch() <= hs[i-1].GetEpoch() || e.GetFirstLsn() < hs[i-1].GetFirstLsn()):
 			return fmt.Errorf("[%d]: epochs must increase and first LSNs must not decrease (epoch %d at LSN %d after epoch %d at LSN %d)",
 				i, e.GetEpoch(), e.GetFirstLsn(), hs[i-1].GetEpoch(), hs[i-1].GetFirstLsn())

@@ -191,7 +191,7 @@ func (s *Server) receive(stream walshipv1.LogStoreService_AppendServer, st *appe
 		if st.failed() {
 			return
 		}
-		r, err := checkRequest(req)
+		r, err := checkRequest(req, s.knownEpoch(), datadir.MaxEpochJump)
 		if err == nil && first {
 			err = checkDeclared(req)
 		}
@@ -279,32 +279,35 @@ func (s *Server) sendAcks(stream walshipv1.LogStoreService_AppendServer, st *app
 }
 
 // checkRequest validates a request on its own, before it reaches the
-// writer: an envelope with a bad shape is a bad argument, a payload whose
-// CRC does not match is data loss.
-func checkRequest(req *walshipv1.AppendRequest) (*appendReq, error) {
-	b, hb := req.GetBatch(), req.GetHeartbeat()
-	if b == nil && hb == nil && !req.GetTruncate() {
+// writer: an envelope with a bad shape, or an epoch more than bound above
+// known (the log store's newest epoch: it only grows, so what passes here
+// passes at the writer too; bound is datadir.MaxEpochJump for a
+// primary's stream, MaxEpochGap for a refill's peer), is a bad argument,
+// a payload whose CRC does not match is data loss.
+func checkRequest(req *walshipv1.AppendRequest, known, bound uint64) (*appendReq, error) {
+	hb := req.GetHeartbeat()
+	if req.GetBatch() == nil && hb == nil && !req.GetTruncate() {
 		return nil, refuse(rpcerr.ErrInvalid, "append request: batch, heartbeat or truncate required")
 	}
-	if req.GetTruncate() && b != nil {
+	if req.GetTruncate() && req.GetBatch() != nil {
 		return nil, refuse(rpcerr.ErrInvalid, "append request: truncate and a batch in one request")
 	}
 	if err := checkClusterID("heartbeat.cluster_id", hb.GetClusterId()); err != nil {
 		return nil, err
 	}
-	if err := datadir.CheckEpoch(hb.GetEpoch()); err != nil {
+	if err := datadir.CheckEpoch(hb.GetEpoch(), known, bound); err != nil {
 		return nil, refuse(rpcerr.ErrInvalid, "heartbeat.epoch: %v", err)
 	}
 	r := &appendReq{hb: hb, weight: 1, cut: req.GetTruncate(), cutAfter: req.GetTruncateAfterLsn()}
-	if b != nil {
-		if err := checkBatch(b); err != nil {
+	if env := req.GetBatch(); env != nil {
+		if err := checkBatch(env, known, bound); err != nil {
 			return nil, err
 		}
-		data, err := envelope.Marshal(b)
+		data, err := envelope.Marshal(env)
 		if err != nil {
-			return nil, fmt.Errorf("marshal batch %d..%d: %w", b.FirstLsn, b.LastLsn, err)
+			return nil, fmt.Errorf("marshal batch %d..%d: %w", env.FirstLsn, env.LastLsn, err)
 		}
-		r.env, r.data, r.weight = b, data, int64(len(data))+1
+		r.env, r.data, r.weight = env, data, int64(len(data))+1
 	}
 	return r, nil
 }
@@ -320,12 +323,12 @@ func checkDeclared(req *walshipv1.AppendRequest) error {
 	return nil
 }
 
-func checkBatch(b *walshipv1.WalBatch) error {
+func checkBatch(b *walshipv1.WalBatch, known, bound uint64) error {
 	switch {
 	case b.Epoch == 0:
 		return refuse(rpcerr.ErrInvalid, "batch.epoch: must be at least 1")
-	case datadir.CheckEpoch(b.Epoch) != nil:
-		return refuse(rpcerr.ErrInvalid, "batch.epoch: %v", datadir.CheckEpoch(b.Epoch))
+	case datadir.CheckEpoch(b.Epoch, known, bound) != nil:
+		return refuse(rpcerr.ErrInvalid, "batch.epoch: %v", datadir.CheckEpoch(b.Epoch, known, bound))
 	case b.FirstLsn == 0:
 		return refuse(rpcerr.ErrInvalid, "batch.first_lsn: must be at least 1 (LSNs start at 1)")
 	case b.LastLsn < b.FirstLsn:

@@ -33,10 +33,10 @@ var nodeIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
 // queue order: every batch queued before it is stored and fsynced first,
 // and nothing of an older epoch is accepted after it.
 func (h *epochServer) Fence(ctx context.Context, req *walshipv1.FenceRequest) (*walshipv1.FenceResponse, error) {
-	if err := checkFence(req); err != nil {
+	s := h.s
+	if err := checkFence(req, s.knownEpoch()); err != nil {
 		return nil, toStatus(err)
 	}
-	s := h.s
 	r := &appendReq{fence: req, fenced: make(chan fenceResult, 1)}
 	s.mu.Lock()
 	switch {
@@ -64,13 +64,15 @@ func (h *epochServer) Fence(ctx context.Context, req *walshipv1.FenceRequest) (*
 	}
 }
 
-// checkFence validates a FenceRequest; the error names the field.
-func checkFence(req *walshipv1.FenceRequest) error {
+// checkFence validates a FenceRequest against known, the log store's
+// newest epoch (a promise only grows, so one that passes here is still
+// within the bound when the writer grants it); the error names the field.
+func checkFence(req *walshipv1.FenceRequest, known uint64) error {
 	switch {
 	case req.GetEpoch() == 0:
 		return refuse(rpcerr.ErrInvalid, "epoch: must be at least 1")
-	case datadir.CheckEpoch(req.GetEpoch()) != nil:
-		return refuse(rpcerr.ErrInvalid, "epoch: %v", datadir.CheckEpoch(req.GetEpoch()))
+	case datadir.CheckEpoch(req.GetEpoch(), known, datadir.MaxEpochJump) != nil:
+		return refuse(rpcerr.ErrInvalid, "epoch: %v", datadir.CheckEpoch(req.GetEpoch(), known, datadir.MaxEpochJump))
 	case !nodeIDPattern.MatchString(req.GetCandidateId()):
 		return refuse(rpcerr.ErrInvalid, "candidate_id: %q is not 1..64 of [A-Za-z0-9._-]", req.GetCandidateId())
 	}

@@ -270,6 +270,10 @@ func (s *Server) saveVote(v datadir.Vote) error {
 	return nil
 }
 
+// knownEpoch is the newest epoch the log store knows, promised or stored:
+// datadir.CheckEpoch bounds what a peer may state from it.
+func (s *Server) knownEpoch() uint64 { return max(s.epoch.Load(), s.logEpoch.Load()) }
+
 // refuseOtherCluster refuses a peer that states another cluster than the
 // log store's (nil if either id is unknown or they agree), logging and
 // counting it: for reads, whose reader may have no id yet (a new replica,

@@ -304,7 +304,7 @@ func (s *Server) survey(ctx context.Context, peers []*peer) (srcs []*refillSourc
 			continue
 		}
 		src := &refillSource{p: p, st: st}
-		if err := datadir.CheckProto(st.GetHistory()); err == nil {
+		if err := datadir.CheckProto(st.GetHistory(), s.knownEpoch(), datadir.MaxEpochGap); err == nil {
 			src.history = datadir.HistoryFromProto(st.GetHistory())
 		}
 		srcs = append(srcs, src)
@@ -458,7 +458,7 @@ func (s *Server) feed(ctx context.Context, rf *refill, next func() (*walshipv1.W
 			readErr = err
 			break
 		}
-		r, err := checkRequest(&walshipv1.AppendRequest{Batch: b})
+		r, err := checkRequest(&walshipv1.AppendRequest{Batch: b}, s.knownEpoch(), datadir.MaxEpochGap)
 		if err != nil {
 			readErr = err
 			break

@@ -8,6 +8,7 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/archive"
+	"github.com/walship/walship/internal/datadir"
 )
 
 // A refill that no peer can serve — their retention cut what the log
@@ -58,6 +59,11 @@ func (s *Server) refillArchive(ctx context.Context) (int, error) {
 	lineage := cat.Lineage
 	if len(lineage) == 0 {
 		return cannot("it holds no epoch history: which batches are the cluster's cannot be told")
+	}
+	// The archive is a source this log store asks itself, as a refill
+	// peer: what its lineage says is believed only within the gap bound.
+	if err := datadir.CheckProto(lineage.Proto(), s.knownEpoch(), datadir.MaxEpochGap); err != nil {
+		return cannot("its lineage: %v", err)
 	}
 	if e, v := lineage.Current().Epoch, s.vote.Load().Epoch; e < v {
 		return cannot("its lineage ends in epoch %d, older than this log store's promise (epoch %d): epoch %d's history is not in it yet", e, v, v)

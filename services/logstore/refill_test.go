@@ -313,7 +313,7 @@ func (r *running) queueRefill(t *testing.T, rf *refill, bs ...*walshipv1.WalBatc
 	t.Helper()
 	st := &appendStream{budget: semaphore.NewWeighted(1), wake: make(chan struct{}, 1)}
 	for _, b := range bs {
-		req, err := checkRequest(&walshipv1.AppendRequest{Batch: b})
+		req, err := checkRequest(&walshipv1.AppendRequest{Batch: b}, r.s.knownEpoch(), datadir.MaxEpochGap)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -273,6 +273,14 @@ func TestPutSnapshotRefuses(t *testing.T) {
 			hdr(m).History = []*walshipv1.EpochStart{{Epoch: 1, FirstLsn: 1}, {Epoch: math.MaxUint64, FirstLsn: 5}}
 			return m
 		}), codes.InvalidArgument, []string{"header.history[1].epoch", "above the highest epoch"}},
+		{"epoch past the jump", with(func(m []*walshipv1.PutSnapshotRequest) []*walshipv1.PutSnapshotRequest {
+			hdr(m).Epoch = 2 + datadir.MaxEpochJump // the log store is at epoch 1
+			return m
+		}), codes.InvalidArgument, []string{"header.epoch: 1048578 is more than 1048576 (the most one message may move an epoch) above 1"}},
+		{"history past the jump", with(func(m []*walshipv1.PutSnapshotRequest) []*walshipv1.PutSnapshotRequest {
+			hdr(m).History = []*walshipv1.EpochStart{{Epoch: 1, FirstLsn: 1}, {Epoch: 2 + datadir.MaxEpochJump, FirstLsn: 5}}
+			return m
+		}), codes.InvalidArgument, []string{"header.history[1].epoch: 1048578 is more than 1048576"}},
 		{"no history", with(func(m []*walshipv1.PutSnapshotRequest) []*walshipv1.PutSnapshotRequest {
 			hdr(m).History = nil
 			return m

@@ -326,7 +326,7 @@ func (s *Server) putSnapshot(ctx context.Context, stream walshipv1.LogStoreServi
 	if hdr == nil {
 		return nil, false, refuse(rpcerr.ErrInvalid, "header: the first message must be the header, not %s", partName(first.GetPart()))
 	}
-	if err := checkSnapshotHeader(hdr); err != nil {
+	if err := checkSnapshotHeader(hdr, s.knownEpoch()); err != nil {
 		return nil, false, err
 	}
 	if err := checkClusterID("header.cluster_id", hdr.GetClusterId()); err != nil {
@@ -356,19 +356,20 @@ func (s *Server) putSnapshot(ctx context.Context, stream walshipv1.LogStoreServi
 	return b.info(), false, nil
 }
 
-// checkSnapshotHeader validates an uploaded header; the error names the field.
-func checkSnapshotHeader(hdr *walshipv1.SnapshotHeader) error {
+// checkSnapshotHeader validates an uploaded header, its epochs against
+// known (the log store's newest epoch); the error names the field.
+func checkSnapshotHeader(hdr *walshipv1.SnapshotHeader, known uint64) error {
 	switch {
 	case hdr.GetLsn() == 0:
 		return refuse(rpcerr.ErrInvalid, "header.lsn: must be at least 1")
 	case hdr.GetEpoch() == 0:
 		return refuse(rpcerr.ErrInvalid, "header.epoch: must be at least 1")
-	case datadir.CheckEpoch(hdr.GetEpoch()) != nil:
-		return refuse(rpcerr.ErrInvalid, "header.epoch: %v", datadir.CheckEpoch(hdr.GetEpoch()))
+	case datadir.CheckEpoch(hdr.GetEpoch(), known, datadir.MaxEpochJump) != nil:
+		return refuse(rpcerr.ErrInvalid, "header.epoch: %v", datadir.CheckEpoch(hdr.GetEpoch(), known, datadir.MaxEpochJump))
 	case len(hdr.GetHistory()) == 0:
 		return refuse(rpcerr.ErrInvalid, "header.history: required (the epochs of the log up to header.lsn)")
 	}
-	if err := datadir.CheckProto(hdr.GetHistory()); err != nil {
+	if err := datadir.CheckProto(hdr.GetHistory(), known, datadir.MaxEpochJump); err != nil {
 		return refuse(rpcerr.ErrInvalid, "header.history%v", err)
 	}
 	if h := datadir.HistoryFromProto(hdr.GetHistory()); h.EpochOf(hdr.GetLsn()) == 0 {

@@ -67,7 +67,7 @@ func TestCatchUpWaitsOutADonorRestarting(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer log.Close()
-	records, _, err := copyFromRetrying(t.Context(), l.Addr().String(), true, log, 10, 1, "")
+	records, _, err := copyFromRetrying(t.Context(), l.Addr().String(), true, log, 10, 1, 2, "")
 	if err != nil || records != 10 || log.LastLSN() != 10 || d.calls.Load() != 3 {
 		t.Fatalf("catch-up: %d records, log at LSN %d, %d calls, %v; want 10 records after 2 refusals", records, log.LastLSN(), d.calls.Load(), err)
 	}

@@ -485,7 +485,7 @@ func (n *Node) findPrimary(ctx context.Context, v datadir.Vote) datadir.Vote {
 	own, _ := datadir.LoadCluster(n.fs, n.cfg.DataDir)
 	for _, addr := range n.cfg.LogStores {
 		st, err := logStoreStatus(ctx, addr)
-		if err == nil && rpcerr.CheckCluster("node", own, "log store", st.GetClusterId()) == nil && st.GetVoteEpoch() >= v.Epoch && datadir.CheckEpoch(st.GetVoteEpoch()) == nil && st.GetPrimaryAddr() != "" {
+		if err == nil && rpcerr.CheckCluster("node", own, "log store", st.GetClusterId()) == nil && st.GetVoteEpoch() >= v.Epoch && datadir.CheckEpoch(st.GetVoteEpoch(), v.Epoch, datadir.MaxEpochGap) == nil && st.GetPrimaryAddr() != "" {
 			return datadir.Vote{Epoch: st.GetVoteEpoch(), Primary: st.GetPrimaryId(), Addr: st.GetPrimaryAddr()}
 		}
 	}

@@ -112,13 +112,32 @@ func (c *cluster) start(t *testing.T, id string, role Role) *Node {
 	return n
 }
 
-func newCluster(t *testing.T) *cluster {
+func newCluster(t *testing.T) *cluster { return newClusterAt(t, 0) }
+
+// newClusterAt is newCluster as if n0 had been the primary of epoch
+// (none if 0) and every directory had promised it: n0 restarts as the
+// primary of the epoch after it.
+func newClusterAt(t *testing.T, epoch uint64) *cluster {
 	dir := t.TempDir()
 	c := &cluster{dir: dir, nodes: map[string]*Node{}, runs: map[string]*running{}}
-	c.ls = startLogStore(t, dir)
 	for i := range 3 {
 		c.members = append(c.members, primary.Member{ID: fmt.Sprintf("n%d", i), Addr: testkit.FreeAddr(t)})
 	}
+	if epoch != 0 {
+		for _, d := range []string{"ls", "n0", "n1", "n2"} {
+			d = filepath.Join(dir, d)
+			if err := vfs.OS.MkdirAll(d, vfs.DirPerm); err != nil {
+				t.Fatal(err)
+			}
+			if err := datadir.SaveVote(vfs.OS, d, datadir.Vote{Epoch: epoch, Primary: "n0", Addr: c.members[0].Addr}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := datadir.SaveHistory(vfs.OS, filepath.Join(dir, "n0"), datadir.History{{Epoch: epoch, FirstLSN: 1}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.ls = startLogStore(t, dir)
 	c.start(t, "n0", RolePrimary)
 	c.start(t, "n1", RoleReplica)
 	c.start(t, "n2", RoleReplica)
@@ -310,13 +329,15 @@ func TestPromoteArguments(t *testing.T) {
 // promotion — its dry run too — says so (FAILED_PRECONDITION) instead of
 // wrapping to epoch 0 (a promotion to 2^64-1 once made every later one
 // and every switchover fail with "epoch 0" while the dry run said quorum
-// true).
+// true). The cluster starts a few epochs below the maximum: no promotion
+// jumps there from epoch 1 (TestPromoteEpochJump).
 func TestPromoteEpochBound(t *testing.T) {
-	c := newCluster(t)
+	c := newClusterAt(t, datadir.MaxEpoch-3)
 	put(t, c.conn(t, "n0"), "k", "v")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	admin1, admin2 := walshipv1.NewAdminServiceClient(c.conn(t, "n1")), walshipv1.NewAdminServiceClient(c.conn(t, "n2"))
+	testkit.Until(t, "n1 to follow the primary's epoch", func() bool { return c.nodes["n1"].Replica().Vote().Epoch == datadir.MaxEpoch-2 })
 	before := c.nodes["n1"].Replica().Vote()
 	for _, e := range []uint64{math.MaxUint64, datadir.MaxEpoch + 1} {
 		for _, dry := range []bool{true, false} {
@@ -346,6 +367,49 @@ func TestPromoteEpochBound(t *testing.T) {
 	if v := c.nodes["n2"].Replica().Vote(); v.Epoch != datadir.MaxEpoch {
 		t.Fatalf("n2's vote after the refused promotion: %v", v)
 	}
+}
+
+// TestPromoteEpochJump: Promote to an epoch more than
+// datadir.MaxEpochJump above every epoch seen is a bad argument naming
+// the bound, dry run or not, and fences nobody: one admin call must not
+// use up 2^20 epochs of the 2^63 at once. One at the bound is an
+// ordinary promotion, which every node follows.
+func TestPromoteEpochJump(t *testing.T) {
+	c := newCluster(t)
+	put(t, c.conn(t, "n0"), "k", "v")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	admin1 := walshipv1.NewAdminServiceClient(c.conn(t, "n1"))
+	epoch := status1(t, c.conn(t, "n0")).Epoch
+	testkit.Until(t, "n1 to follow the primary's epoch", func() bool { return c.nodes["n1"].Replica().Vote().Epoch == epoch })
+	before := c.nodes["n1"].Replica().Vote()
+	far := before.Epoch + datadir.MaxEpochJump + 1
+	for _, dry := range []bool{true, false} {
+		_, err := admin1.Promote(ctx, &walshipv1.PromoteRequest{Epoch: far, DryRun: dry})
+		if status.Code(err) != codes.InvalidArgument ||
+			!contains(err.Error(), fmt.Sprintf("epoch: %d is more than 1048576 (the most one message may move an epoch) above %d", far, before.Epoch), "nothing was fenced") {
+			t.Fatalf("Promote to epoch %d (dry run %v) = %v; want INVALID_ARGUMENT naming the bound", far, dry, err)
+		}
+	}
+	if v := c.nodes["n1"].Replica().Vote(); v != before {
+		t.Fatalf("a refused promotion changed n1's vote: %v, was %v", v, before)
+	}
+	if st := status1(t, c.conn(t, "n0")); st.Role != walshipv1.Role_ROLE_PRIMARY || st.Epoch != before.Epoch {
+		t.Fatalf("n0 after the refused promotions: %v in epoch %d; want the primary of epoch %d", st.Role, st.Epoch, before.Epoch)
+	}
+	resp, err := admin1.Promote(ctx, &walshipv1.PromoteRequest{Epoch: far - 1})
+	if err != nil || resp.Epoch != far-1 {
+		t.Fatalf("Promote to the bound = %v, %v", resp, err)
+	}
+	put(t, c.conn(t, "n1"), "k", "w")
+	testkit.Until(t, "n0 and n2 to follow n1", func() bool {
+		for _, id := range []string{"n0", "n2"} {
+			if r := c.nodes[id].Replica(); r == nil || r.Vote().Epoch != far-1 {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 func contains(s string, subs ...string) bool {

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
@@ -221,7 +222,9 @@ func levelName(l walshipv1.SyncLevel) string {
 
 // promote serves AdminService.Promote on the replica (steps 1-3).
 func (n *Node) promote(ctx context.Context, req *walshipv1.PromoteRequest) (*walshipv1.PromoteResponse, error) {
-	if err := datadir.CheckEpoch(req.GetEpoch()); err != nil {
+	// Above the maximum is refused before anything is asked; how far above
+	// every epoch seen it may be, once the survey has seen them (newEpoch).
+	if err := datadir.CheckEpoch(req.GetEpoch(), datadir.MaxEpoch, datadir.MaxEpochJump); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "epoch: %v", err)
 	}
 	rep := n.Replica()
@@ -269,7 +272,7 @@ func (n *Node) promote(ctx context.Context, req *walshipv1.PromoteRequest) (*wal
 		return nil, status.Errorf(codes.FailedPrecondition, "promotion needs %s; nothing was fenced. Reachable: %s. Not: %s",
 			pre.needed, strings.Join(pre.granted, ", "), strings.Join(pre.refused, "; "))
 	}
-	answers, known := n.fenceEpoch(ctx, rep, epoch, prev.Primary, cluster, known)
+	answers, known := n.fenceEpoch(ctx, rep, epoch, prev.Primary, cluster, known, promisesOf(survey))
 	tl.FencedUnixNano = time.Now().UnixNano()
 	v := judgeAll(known, prev.Primary, answers, promised)
 	v.report(resp, tl)
@@ -323,10 +326,11 @@ func reachable(a answer) bool { return a.err == nil }
 func promised(a answer) bool { return a.err == nil && a.granted }
 
 // surveyAll is step 1: self and every other answer to the survey, and the
-// contracts they know, this node's first.
+// contracts they know, this node's first. An answer is believed only
+// within datadir.MaxEpochGap of the newest epoch this node knows.
 func (n *Node) surveyAll(ctx context.Context, self answer, prev string) ([]answer, []*walshipv1.Contract) {
 	known := []*walshipv1.Contract{n.contract()}
-	survey := append([]answer{self}, n.survey(ctx, func(as []answer) bool {
+	survey := append([]answer{self}, n.survey(ctx, max(self.epoch, self.lastEpoch), func(as []answer) bool {
 		return judgeAll(known, prev, append([]answer{self}, as...), reachable).quorum
 	})...)
 	// Every contract an answer knows counts: a node that applied a newer
@@ -335,12 +339,24 @@ func (n *Node) surveyAll(ctx context.Context, self answer, prev string) ([]answe
 }
 
 // fenceEpoch is step 2: it asks this node and every other to promise
-// epoch as a candidate of cluster, and returns their answers and known
-// with the contracts they know.
-func (n *Node) fenceEpoch(ctx context.Context, rep *replica.Server, epoch uint64, prev, cluster string, known []*walshipv1.Contract) ([]answer, []*walshipv1.Contract) {
+// epoch as a candidate of cluster — those whose promise the survey found
+// more than datadir.MaxEpochJump behind it in steps (fenceStepping) —
+// and returns their answers and known with the contracts they know.
+func (n *Node) fenceEpoch(ctx context.Context, rep *replica.Server, epoch uint64, prev, cluster string, known []*walshipv1.Contract, promises map[string]uint64) ([]answer, []*walshipv1.Contract) {
 	fr := &walshipv1.FenceRequest{Epoch: epoch, CandidateId: n.cfg.ID, CandidateAddr: n.advertise(), ClusterId: cluster}
-	answers := n.fenceAll(ctx, rep, fr, func(as []answer) bool { return judgeAll(known, prev, as, promised).quorum })
+	answers := n.fenceAll(ctx, rep, fr, promises, func(as []answer) bool { return judgeAll(known, prev, as, promised).quorum })
 	return answers, withContracts(known, answers)
+}
+
+// promisesOf maps each answer believed to the epoch it has promised.
+func promisesOf(answers []answer) map[string]uint64 {
+	m := map[string]uint64{}
+	for _, a := range answers {
+		if a.err == nil {
+			m[a.id] = a.epoch
+		}
+	}
+	return m
 }
 
 // clusterOf is the cluster a promotion fences as: this node's id (own),
@@ -397,9 +413,10 @@ func highestEpoch(answers []answer) uint64 {
 }
 
 // newEpoch is the epoch to promote to: the one asked for, which must
-// exceed every epoch seen (and be at most datadir.MaxEpoch: promote
-// checks it first), or the next after them. None is left once an epoch
-// seen is the maximum: FAILED_PRECONDITION, never a wrap to 0.
+// exceed every epoch seen by at most datadir.MaxEpochJump (an admin's
+// epoch is a message like any other), or the next after them. None is
+// left once an epoch seen is the maximum: FAILED_PRECONDITION, never a
+// wrap to 0.
 func newEpoch(asked, seen uint64) (uint64, error) {
 	if asked == 0 {
 		e, err := datadir.NextEpoch(seen)
@@ -410,6 +427,9 @@ func newEpoch(asked, seen uint64) (uint64, error) {
 	}
 	if asked <= seen {
 		return 0, status.Errorf(codes.InvalidArgument, "epoch: %d does not exceed every epoch seen (%d)", asked, seen)
+	}
+	if err := datadir.CheckEpoch(asked, seen, datadir.MaxEpochJump); err != nil {
+		return 0, status.Errorf(codes.InvalidArgument, "epoch: %v; nothing was fenced", err)
 	}
 	return asked, nil
 }
@@ -510,8 +530,9 @@ func (n *Node) selfAnswer(rep interface {
 }
 
 // survey asks every log store and other member where its log ends,
-// returning once everyone answered, or soon after enough had.
-func (n *Node) survey(ctx context.Context, enough func([]answer) bool) []answer {
+// returning once everyone answered, or soon after enough had; an answer
+// more than datadir.MaxEpochGap above known is an error.
+func (n *Node) survey(ctx context.Context, known uint64, enough func([]answer) bool) []answer {
 	type job struct {
 		id, addr string
 		ls       bool
@@ -548,21 +569,23 @@ func (n *Node) survey(ctx context.Context, enough func([]answer) bool) []answer 
 					}
 				}
 			}
-			a.checkEpochs()
+			a.checkEpochs(known)
 		}()
 	}
 	return collect(jobs2ids(len(jobs), func(i int) string { return jobs[i].id }), ch, enough)
 }
 
-// checkEpochs makes an answer that states an epoch above datadir.MaxEpoch
-// an error: no node promises or writes one, and believing it would leave
-// no epoch for this promotion.
-func (a *answer) checkEpochs() {
+// checkEpochs makes an answer that states an epoch more than
+// datadir.MaxEpochGap above known (the newest epoch this node knows, or
+// the one it fences) an error: no honest peer gets that far ahead, and
+// this promotion would fence the one after it, further than its steps
+// bridge.
+func (a *answer) checkEpochs(known uint64) {
 	if a.err != nil {
 		return
 	}
 	for _, e := range []uint64{a.epoch, a.lastEpoch, a.history.Current().Epoch} {
-		if err := datadir.CheckEpoch(e); err != nil {
+		if err := datadir.CheckEpoch(e, known, datadir.MaxEpochGap); err != nil {
 			a.err = fmt.Errorf("states epoch %w", err)
 			return
 		}
@@ -570,10 +593,12 @@ func (a *answer) checkEpochs() {
 }
 
 // fenceAll fences every log store and member at once (this node through
-// its replica directly) and returns every answer.
+// its replica directly; the others from the epoch promises says they
+// promised, fenceStepping) and returns every answer; one stating an epoch
+// more than datadir.MaxEpochGap above the epoch fenced is an error.
 func (n *Node) fenceAll(ctx context.Context, rep interface {
 	Fence(*walshipv1.FenceRequest) (*walshipv1.FenceResponse, error)
-}, req *walshipv1.FenceRequest, enough func([]answer) bool) []answer {
+}, req *walshipv1.FenceRequest, promises map[string]uint64, enough func([]answer) bool) []answer {
 	type job struct {
 		id, addr string
 		ls, self bool
@@ -595,7 +620,7 @@ func (n *Node) fenceAll(ctx context.Context, rep interface {
 			if j.self {
 				resp, err = rep.Fence(req)
 			} else {
-				resp, err = fence(ctx, j.addr, j.ls, req)
+				resp, err = fenceStepping(ctx, j.addr, j.ls, req, promises[j.id])
 			}
 			a := answer{id: j.id, addr: j.addr, logstore: j.ls, err: err}
 			if j.self {
@@ -609,7 +634,7 @@ func (n *Node) fenceAll(ctx context.Context, rep interface {
 				a.contract = resp.GetContract()
 				a.cluster = resp.GetClusterId()
 			}
-			a.checkEpochs()
+			a.checkEpochs(req.GetEpoch())
 			ch <- a
 		}()
 	}
@@ -677,6 +702,37 @@ func fence(ctx context.Context, addr string, logstore bool, req *walshipv1.Fence
 	}, peerClass(logstore))
 }
 
+// fenceStepping fences the node at addr with req, first at each of
+// datadir.EpochSteps from the epoch it has promised (as the survey found
+// it) when that is more than datadir.MaxEpochJump behind req's: one
+// accepted message may put some nodes that far ahead of the others, and
+// the epoch after theirs must still be granted by the others, which
+// refuse a fence beyond the jump. Each step is a promise to this
+// candidate, superseded by req's; the answer is req's.
+func fenceStepping(ctx context.Context, addr string, logstore bool, req *walshipv1.FenceRequest, promised uint64) (*walshipv1.FenceResponse, error) {
+	steps := datadir.EpochSteps(promised, req.GetEpoch())
+	if len(steps) == 0 {
+		return fence(ctx, addr, logstore, req)
+	}
+	return serve.Call(ctx, addr, time.Duration(len(steps)+1)*3*time.Second, func(ctx context.Context, cc *grpc.ClientConn) (*walshipv1.FenceResponse, error) {
+		client := walshipv1.NewEpochServiceClient(cc)
+		for p := promised; ; {
+			if p >= req.GetEpoch() || req.GetEpoch()-p <= datadir.MaxEpochJump {
+				return client.Fence(ctx, req)
+			}
+			step := proto.Clone(req).(*walshipv1.FenceRequest)
+			step.Epoch = p + datadir.MaxEpochJump
+			resp, err := client.Fence(ctx, step)
+			if err != nil {
+				return nil, fmt.Errorf("fence epoch %d on the way to %d: %w", step.Epoch, req.GetEpoch(), err)
+			}
+			// Granted, it promised the step; refused, it holds a newer
+			// epoch already: either way the next step is from there.
+			p = max(step.Epoch, resp.GetEpoch())
+		}
+	}, peerClass(logstore))
+}
+
 func logStoreStatus(ctx context.Context, addr string) (*walshipv1.LogStoreServiceStatusResponse, error) {
 	return serve.Call(ctx, addr, 2*time.Second, func(ctx context.Context, cc *grpc.ClientConn) (*walshipv1.LogStoreServiceStatusResponse, error) {
 		return walshipv1.NewLogStoreServiceClient(cc).Status(ctx, &walshipv1.LogStoreServiceStatusRequest{})
@@ -735,7 +791,7 @@ func (n *Node) carryOut(ctx context.Context, p *plan) error {
 	// Copy what the donor has beyond this log.
 	if p.donor.lastLSN > log.LastLSN() {
 		own = own.Cut(log.LastLSN())
-		records, bytes, err := copyFromRetrying(ctx, p.donor.addr, p.donor.logstore, log, p.donor.lastLSN, own.Current().Epoch, p.cluster)
+		records, bytes, err := copyFromRetrying(ctx, p.donor.addr, p.donor.logstore, log, p.donor.lastLSN, own.Current().Epoch, p.epoch, p.cluster)
 		if err != nil {
 			return fmt.Errorf("catch up from %s: %w", p.donor.id, err)
 		}
@@ -786,12 +842,12 @@ const donorPatience = 5 * time.Second
 // copyFromRetrying is copyFrom, resumed from the log's end after an
 // UNAVAILABLE (the donor unreachable, or its stream cut) until
 // donorPatience has passed without progress.
-func copyFromRetrying(ctx context.Context, addr string, logstore bool, log *wal.Log, last, epoch uint64, cluster string) (records, bytes uint64, err error) {
+func copyFromRetrying(ctx context.Context, addr string, logstore bool, log *wal.Log, last, epoch, opening uint64, cluster string) (records, bytes uint64, err error) {
 	var bo backoff.Backoff
 	since := time.Now()
 	for {
 		before := log.LastLSN()
-		r, b, e, err := copyFrom(ctx, addr, logstore, log, last, epoch, cluster)
+		r, b, e, err := copyFrom(ctx, addr, logstore, log, last, epoch, opening, cluster)
 		records, bytes, epoch = records+r, bytes+b, e
 		if err == nil || status.Code(err) != codes.Unavailable {
 			return records, bytes, err
@@ -810,8 +866,9 @@ func copyFromRetrying(ctx context.Context, addr string, logstore bool, log *wal.
 // must be of that class) and appends them, checked; the donor refuses if
 // it is not of cluster (when both know theirs). epoch is
 // the epoch of log's newest entry; it returns that of the newest one it
-// appended (or epoch).
-func copyFrom(ctx context.Context, addr string, logstore bool, log *wal.Log, last, epoch uint64, cluster string) (records, bytes, newest uint64, err error) {
+// appended (or epoch). opening is the epoch the promotion opens: a
+// batch's epoch must be within datadir.MaxEpochJump of it.
+func copyFrom(ctx context.Context, addr string, logstore bool, log *wal.Log, last, epoch, opening uint64, cluster string) (records, bytes, newest uint64, err error) {
 	newest = epoch
 	conn, err := dial(addr, logstore)
 	if err != nil {
@@ -840,7 +897,7 @@ func copyFrom(ctx context.Context, addr string, logstore bool, log *wal.Log, las
 		if err := envelope.Verify(b); err != nil {
 			return records, bytes, newest, fmt.Errorf("batch %d..%d: %w", b.GetFirstLsn(), b.GetLastLsn(), err)
 		}
-		if err := datadir.CheckEpoch(b.GetEpoch()); err != nil {
+		if err := datadir.CheckEpoch(b.GetEpoch(), opening, datadir.MaxEpochJump); err != nil {
 			return records, bytes, newest, fmt.Errorf("batch %d..%d: epoch: %w", b.GetFirstLsn(), b.GetLastLsn(), err)
 		}
 		if b.GetFirstLsn() != log.LastLSN()+1 {

@@ -172,9 +172,9 @@ func (s *Server) fenceLogStores(ctx context.Context, req *walshipv1.FenceRequest
 			answers, foreign = append(answers, line), append(foreign, line)
 		case a.err != nil:
 			answers = append(answers, fmt.Sprintf("%s: %v", a.addr, a.err))
-		case datadir.CheckEpoch(a.resp.GetEpoch()) != nil:
-			// Not believed: no node promises such an epoch.
-			answers = append(answers, fmt.Sprintf("%s: epoch: %v", a.addr, datadir.CheckEpoch(a.resp.GetEpoch())))
+		case datadir.CheckEpoch(a.resp.GetEpoch(), req.GetEpoch(), datadir.MaxEpochGap) != nil:
+			// Not believed: no honest log store gets that far ahead.
+			answers = append(answers, fmt.Sprintf("%s: epoch: %v", a.addr, datadir.CheckEpoch(a.resp.GetEpoch(), req.GetEpoch(), datadir.MaxEpochGap)))
 		case a.resp.GetGranted():
 			granted++
 			answers = append(answers, a.addr+": granted")
@@ -399,8 +399,8 @@ func (h *epochServer) Fence(ctx context.Context, req *walshipv1.FenceRequest) (*
 	switch {
 	case req.GetEpoch() == 0:
 		return nil, status.Error(codes.InvalidArgument, "epoch: must be at least 1")
-	case datadir.CheckEpoch(req.GetEpoch()) != nil:
-		return nil, status.Errorf(codes.InvalidArgument, "epoch: %v", datadir.CheckEpoch(req.GetEpoch()))
+	case datadir.CheckEpoch(req.GetEpoch(), s.epoch, datadir.MaxEpochJump) != nil:
+		return nil, status.Errorf(codes.InvalidArgument, "epoch: %v", datadir.CheckEpoch(req.GetEpoch(), s.epoch, datadir.MaxEpochJump))
 	case !replicaIDPattern.MatchString(req.GetCandidateId()):
 		return nil, status.Errorf(codes.InvalidArgument, "candidate_id: %q is not 1..64 of [A-Za-z0-9._-]", req.GetCandidateId())
 	case req.GetCandidateAddr() == "":

@@ -1,17 +1,26 @@
 package primary
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"math"
+	"net"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
+	"github.com/walship/walship/internal/testkit"
 	"github.com/walship/walship/internal/vfs"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -43,11 +52,20 @@ func TestFencedPrimaryStepsDown(t *testing.T) {
 		!strings.Contains(status.Convert(err).Message(), "epoch: 18446744073709551615 is above the highest epoch") {
 		t.Fatalf("fence of epoch 2^64-1 = %v, %v; want INVALID_ARGUMENT naming epoch", resp, err)
 	}
+	// So is one more than 2^20 above the primary's: it keeps serving.
+	far := r.s.epoch + datadir.MaxEpochJump + 1
+	if resp, err := fence.Fence(c, &walshipv1.FenceRequest{Epoch: far, CandidateId: "c1", CandidateAddr: "x:1", ClusterId: id}); status.Code(err) != codes.InvalidArgument ||
+		!strings.Contains(status.Convert(err).Message(), fmt.Sprintf("epoch: %d is more than 1048576 (the most one message may move an epoch) above %d", far, r.s.epoch)) {
+		t.Fatalf("fence of epoch %d = %v, %v; want INVALID_ARGUMENT naming the bound", far, resp, err)
+	}
+	if _, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "k", Value: []byte("v")}); err != nil {
+		t.Fatalf("Put after the refused fences: %v", err)
+	}
 	resp, err := fence.Fence(c, &walshipv1.FenceRequest{Epoch: r.s.epoch + 1, CandidateId: "c1", CandidateAddr: "10.0.0.9:7401", ClusterId: id})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !resp.Granted || !resp.Primary || resp.LastLsn != put.Lsn || resp.LastEpoch != r.s.epoch || len(resp.History) == 0 {
+	if !resp.Granted || !resp.Primary || resp.LastLsn != put.Lsn+2 || resp.LastEpoch != r.s.epoch || len(resp.History) == 0 {
 		t.Fatalf("fence = %v", resp)
 	}
 	// An operator sees the grant: the refused fence does not count.
@@ -72,4 +90,202 @@ func TestFencedPrimaryStepsDown(t *testing.T) {
 	if v, err := datadir.LoadVote(vfs.OS, dir); err != nil || v.Primary != "c1" || v.Epoch != resp.Epoch {
 		t.Fatalf("vote after stepping down: %v, %v", v, err)
 	}
+}
+
+// TestLogStoreEpochJump: a log store's answer naming an epoch more than
+// datadir.MaxEpochGap above the primary's is not believed — at the
+// election (a fence's refusal) or while shipping (Status) — so the
+// primary does not step down for it nor promise it: a deposed primary
+// saves the epoch that deposed it, and one answer must not move it to the
+// last epoch. A newer epoch within the bound deposes it as ever, though
+// further ahead than one message may move an epoch: the log store took
+// it a jump at a time.
+func TestLogStoreEpochJump(t *testing.T) {
+	newer := func(jump uint64) fenceFunc {
+		return func(req *walshipv1.FenceRequest) (*walshipv1.FenceResponse, error) {
+			return &walshipv1.FenceResponse{Epoch: req.Epoch + jump, PrimaryId: "x", PrimaryAddr: "x:1"}, nil
+		}
+	}
+	grant := func(req *walshipv1.FenceRequest) (*walshipv1.FenceResponse, error) {
+		return &walshipv1.FenceResponse{Granted: true, Epoch: req.Epoch}, nil
+	}
+	t.Run("election", func(t *testing.T) {
+		// One log store of three names an epoch past the gap: the two
+		// others elect the primary, which keeps its own vote.
+		dir := t.TempDir()
+		cfg := testConfig(t, dir)
+		cfg.LogStores = []string{fakeLogStore(t, grant), fakeLogStore(t, newer(datadir.MaxEpochGap+1)), fakeLogStore(t, grant)}
+		s, stop, _ := run(t, cfg)
+		testkit.Until(t, "the primary to win its epoch", func() bool { return s.epochReady.Load() })
+		if v, err := datadir.LoadVote(vfs.OS, dir); err != nil || v.Primary != s.cfg.ID || v.Epoch != s.epoch {
+			t.Fatalf("vote %v, %v; want this primary's own, epoch %d", v, err, s.epoch)
+		}
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
+		// Within the bound, the same answer deposes it (it was deposed
+		// while it was down).
+		cfg.LogStores = []string{fakeLogStore(t, grant), fakeLogStore(t, newer(datadir.MaxEpochGap)), fakeLogStore(t, grant)}
+		s, _, wait := run(t, cfg)
+		var deposed *DeposedError
+		if err := wait(); !errors.As(err, &deposed) || deposed.Vote.Epoch != s.epoch+datadir.MaxEpochGap {
+			t.Fatalf("Run = %v; want a DeposedError of epoch %d", err, s.epoch+datadir.MaxEpochGap)
+		}
+	})
+	t.Run("shipping", func(t *testing.T) {
+		for _, jump := range []uint64{datadir.MaxEpochGap + 1, datadir.MaxEpochGap} {
+			dir := t.TempDir()
+			cfg := testConfig(t, dir)
+			ls := &statusLogStore{jump: jump}
+			cfg.LogStores = []string{ls.serve(t)}
+			s, err := New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			ended := make(chan error, 1)
+			go func() { ended <- s.Run(ctx) }()
+			if jump == datadir.MaxEpochGap {
+				var deposed *DeposedError
+				if err := <-ended; !errors.As(err, &deposed) || deposed.Vote.Epoch != ls.fenced.Load()+jump {
+					t.Fatalf("Run = %v; want a DeposedError of epoch %d", err, ls.fenced.Load()+jump)
+				}
+				cancel()
+				continue
+			}
+			// Asked again after its answer: it was read, and not believed.
+			testkit.Until(t, "the primary to ask the log store twice", func() bool { return ls.calls.Load() >= 2 || len(ended) > 0 })
+			select {
+			case err := <-ended:
+				t.Fatalf("Run = %v after a log store named epoch %d; want it still running", err, ls.fenced.Load()+jump)
+			default:
+			}
+			if v, err := datadir.LoadVote(vfs.OS, dir); err != nil || v.Primary != s.cfg.ID || v.Epoch != ls.fenced.Load() {
+				t.Fatalf("vote %v, %v; want this primary's own, of the epoch it won (%d)", v, err, ls.fenced.Load())
+			}
+			cancel()
+			if err := <-ended; err != nil {
+				t.Fatalf("Run after cancel = %v", err)
+			}
+		}
+	})
+}
+
+// statusLogStore grants every fence and answers Status with a promise
+// jump epochs above the newest fence (Append is not served: shipping to
+// it fails and retries).
+type statusLogStore struct {
+	walshipv1.UnimplementedEpochServiceServer
+	walshipv1.UnimplementedLogStoreServiceServer
+	jump   uint64
+	fenced atomic.Uint64
+	calls  atomic.Int32
+}
+
+func (l *statusLogStore) Fence(_ context.Context, req *walshipv1.FenceRequest) (*walshipv1.FenceResponse, error) {
+	l.fenced.Store(req.GetEpoch())
+	return &walshipv1.FenceResponse{Granted: true, Epoch: req.GetEpoch()}, nil
+}
+
+func (l *statusLogStore) Status(context.Context, *walshipv1.LogStoreServiceStatusRequest) (*walshipv1.LogStoreServiceStatusResponse, error) {
+	l.calls.Add(1)
+	return &walshipv1.LogStoreServiceStatusResponse{Epoch: l.fenced.Load() + l.jump, VoteEpoch: l.fenced.Load() + l.jump, PrimaryId: "x", PrimaryAddr: "x:1"}, nil
+}
+
+func (l *statusLogStore) serve(t *testing.T) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	walshipv1.RegisterEpochServiceServer(g, l)
+	walshipv1.RegisterLogStoreServiceServer(g, l)
+	go func() { _ = g.Serve(lis) }()
+	t.Cleanup(g.Stop)
+	return lis.Addr().String()
+}
+
+// TestLaggingLogStoreFencedInSteps: a log store whose promise is more
+// than datadir.MaxEpochJump behind the primary's epoch would refuse its
+// heartbeat (one message may not move an epoch that far) — it was away
+// while a promotion fenced the others in steps, or it emptied its
+// directory in an old cluster. The primary fences it, as itself, at each
+// of datadir.EpochSteps first, then ships to it.
+func TestLaggingLogStoreFencedInSteps(t *testing.T) {
+	dir := t.TempDir()
+	const seen = 3 * datadir.MaxEpochJump // the primary begins the epoch after it
+	if err := datadir.SaveVote(vfs.OS, dir, datadir.Vote{Epoch: seen, Primary: "primary"}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t, dir)
+	ls := &laggingLogStore{promised: 1, appends: make(chan struct{}, 1)}
+	cfg.LogStores = []string{ls.serve(t)}
+	_, stop, _ := run(t, cfg)
+	select {
+	case <-ls.appends:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("no Append stream after the fences %v", ls.fences())
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	// The election's fence, then the steps from the log store's promise,
+	// each within the jump of the one before, the last within it of the
+	// primary's epoch (its heartbeat's).
+	want := []uint64{seen + 1, 1 + datadir.MaxEpochJump, 1 + 2*datadir.MaxEpochJump}
+	if got := ls.fences(); !slices.Equal(got[:min(len(got), len(want))], want) {
+		t.Fatalf("fences %v; want %v first", got, want)
+	}
+}
+
+// laggingLogStore grants every fence, says in Status that it promised
+// epoch promised whatever it granted, and signals each Append stream (it
+// serves none).
+type laggingLogStore struct {
+	walshipv1.UnimplementedEpochServiceServer
+	walshipv1.UnimplementedLogStoreServiceServer
+	promised uint64
+	appends  chan struct{}
+	mu       sync.Mutex
+	fenced   []uint64
+}
+
+func (l *laggingLogStore) Fence(_ context.Context, req *walshipv1.FenceRequest) (*walshipv1.FenceResponse, error) {
+	l.mu.Lock()
+	l.fenced = append(l.fenced, req.GetEpoch())
+	l.mu.Unlock()
+	return &walshipv1.FenceResponse{Granted: true, Epoch: req.GetEpoch()}, nil
+}
+
+func (l *laggingLogStore) fences() []uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.fenced)
+}
+
+func (l *laggingLogStore) Status(context.Context, *walshipv1.LogStoreServiceStatusRequest) (*walshipv1.LogStoreServiceStatusResponse, error) {
+	return &walshipv1.LogStoreServiceStatusResponse{Epoch: l.promised, VoteEpoch: l.promised}, nil
+}
+
+func (l *laggingLogStore) Append(grpc.BidiStreamingServer[walshipv1.AppendRequest, walshipv1.AppendResponse]) error {
+	select {
+	case l.appends <- struct{}{}:
+	default:
+	}
+	return status.Error(codes.Unavailable, "not serving appends")
+}
+
+func (l *laggingLogStore) serve(t *testing.T) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	walshipv1.RegisterEpochServiceServer(g, l)
+	walshipv1.RegisterLogStoreServiceServer(g, l)
+	go func() { _ = g.Serve(lis) }()
+	t.Cleanup(g.Stop)
+	return lis.Addr().String()
 }

@@ -35,12 +35,12 @@ func (s *Server) shipLogStore(ctx context.Context, addr string) {
 		return
 	}
 	defer conn.Close()
-	client := walshipv1.NewLogStoreServiceClient(conn)
+	client, fencer := walshipv1.NewLogStoreServiceClient(conn), walshipv1.NewEpochServiceClient(conn)
 	var bo backoff.Backoff
 	behind := false // the log store's gap was reported and lasts
 	for ctx.Err() == nil {
 		began := time.Now()
-		err := s.shipOnce(ctx, client, addr)
+		err := s.shipOnce(ctx, client, fencer, addr)
 		if time.Since(began) > 10*time.Second {
 			bo.Reset() // it was healthy for a while: retry quickly
 		}
@@ -79,9 +79,10 @@ func (s *Server) shipLogStore(ctx context.Context, addr string) {
 
 // shipOnce runs one Append stream to a log store: it asks where the log
 // store is (cutting a tail of an epoch this primary's history does not
-// have), then ships durable batches from there with lease heartbeats,
-// until the stream or ctx ends.
-func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceClient, addr string) error {
+// have; fencing it in steps first if its promise is too far behind for
+// its heartbeat, catchUpEpoch), then ships durable batches from there
+// with lease heartbeats, until the stream or ctx ends.
+func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceClient, fencer walshipv1.EpochServiceClient, addr string) error {
 	st, err := client.Status(ctx, &walshipv1.LogStoreServiceStatusRequest{}, grpc.WaitForReady(true))
 	if err != nil {
 		return fmt.Errorf("status: %w", err)
@@ -91,9 +92,9 @@ func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceC
 	if err := s.otherClusterLogStore(addr, st); err != nil {
 		return err
 	}
-	if err := datadir.CheckEpoch(st.Epoch); err != nil {
-		// Not believed: no node promises such an epoch, and deposing this
-		// primary for it would leave no epoch for the next one.
+	if err := datadir.CheckEpoch(st.Epoch, s.epoch, datadir.MaxEpochGap); err != nil {
+		// Not believed: no honest log store gets that far ahead of its
+		// primary, and this node would promise it as it steps down.
 		return fmt.Errorf("status: epoch: %w", err)
 	}
 	if st.Epoch > s.epoch {
@@ -104,6 +105,9 @@ func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceC
 	}
 	if st.Refilling {
 		return &logStoreGapError{durable: st.DurableLsn, first: s.wal.FirstLSN(), refilling: true}
+	}
+	if err := s.catchUpEpoch(ctx, fencer, addr, st.Epoch); err != nil {
+		return err
 	}
 	from, durable, cut := s.logStoreStart(addr, st)
 	rd, err := s.wal.NewReader(from, true)
@@ -152,7 +156,7 @@ func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceC
 	if status.Code(rerr) == codes.FailedPrecondition && !rpcerr.IsOtherCluster(rerr) {
 		// Refused for its epoch: a newer one was promised (or the log store
 		// says so now).
-		if st, err := client.Status(ctx, &walshipv1.LogStoreServiceStatusRequest{}); err == nil && st.Epoch > s.epoch && datadir.CheckEpoch(st.Epoch) == nil && s.otherClusterLogStore(addr, st) == nil {
+		if st, err := client.Status(ctx, &walshipv1.LogStoreServiceStatusRequest{}); err == nil && st.Epoch > s.epoch && datadir.CheckEpoch(st.Epoch, s.epoch, datadir.MaxEpochGap) == nil && s.otherClusterLogStore(addr, st) == nil {
 			s.depose(&DeposedError{Vote: datadir.Vote{Epoch: st.Epoch, Primary: st.PrimaryId, Addr: st.PrimaryAddr},
 				Why: fmt.Sprintf("log store %s refused this primary's epoch: %v", addr, rerr)})
 		}
@@ -166,6 +170,30 @@ func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceC
 		return &logStoreGapError{durable: durable, first: from, err: err}
 	}
 	return err
+}
+
+// catchUpEpoch brings a log store that has promised only epoch promised,
+// more than datadir.MaxEpochJump behind this primary's, within the jump
+// of it, so that it takes this primary's heartbeat: it fences it, as this
+// primary, at each of datadir.EpochSteps. Such a log store was away while
+// a promotion bridged a gap the same way (one accepted message can put
+// some nodes that far ahead of the others), or has emptied its directory
+// in a cluster of more than 2^20 epochs.
+func (s *Server) catchUpEpoch(ctx context.Context, fencer walshipv1.EpochServiceClient, addr string, promised uint64) error {
+	steps := datadir.EpochSteps(promised, s.epoch)
+	if len(steps) == 0 {
+		return nil
+	}
+	s.logger.Info("fencing a log store that is far behind this primary's epoch in steps", "logstore", addr, "promised", promised, "epoch", s.epoch, "steps", len(steps))
+	for _, e := range steps {
+		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := fencer.Fence(fctx, &walshipv1.FenceRequest{Epoch: e, CandidateId: s.cfg.ID, CandidateAddr: s.Advertise(), ClusterId: s.cluster.ID()})
+		cancel()
+		if err != nil {
+			return fmt.Errorf("fence epoch %d on the way to %d: %w", e, s.epoch, err)
+		}
+	}
+	return nil
 }
 
 // otherClusterLogStore is an error naming both ids when the log store at

@@ -89,12 +89,12 @@ func (s *Server) checkHello(hello *walshipv1.ReplicaHello) error {
 		return status.Errorf(codes.InvalidArgument, "hello.replica_id: %q is not 1..64 of [A-Za-z0-9._-]", hello.GetReplicaId())
 	case hello.GetNextLsn() == 0:
 		return status.Error(codes.InvalidArgument, "hello.next_lsn: must be at least 1")
-	case datadir.CheckEpoch(hello.GetEpoch()) != nil:
-		return status.Errorf(codes.InvalidArgument, "hello.epoch: %v", datadir.CheckEpoch(hello.GetEpoch()))
-	case datadir.CheckEpoch(hello.GetFencedEpoch()) != nil:
-		return status.Errorf(codes.InvalidArgument, "hello.fenced_epoch: %v", datadir.CheckEpoch(hello.GetFencedEpoch()))
-	case datadir.CheckProto(hello.GetHistory()) != nil:
-		return status.Errorf(codes.InvalidArgument, "hello.history%v", datadir.CheckProto(hello.GetHistory()))
+	case datadir.CheckEpoch(hello.GetEpoch(), s.epoch, datadir.MaxEpochJump) != nil:
+		return status.Errorf(codes.InvalidArgument, "hello.epoch: %v", datadir.CheckEpoch(hello.GetEpoch(), s.epoch, datadir.MaxEpochJump))
+	case datadir.CheckEpoch(hello.GetFencedEpoch(), s.epoch, datadir.MaxEpochJump) != nil:
+		return status.Errorf(codes.InvalidArgument, "hello.fenced_epoch: %v", datadir.CheckEpoch(hello.GetFencedEpoch(), s.epoch, datadir.MaxEpochJump))
+	case datadir.CheckProto(hello.GetHistory(), s.epoch, datadir.MaxEpochJump) != nil:
+		return status.Errorf(codes.InvalidArgument, "hello.history%v", datadir.CheckProto(hello.GetHistory(), s.epoch, datadir.MaxEpochJump))
 	case checkClusterID("hello.cluster_id", hello.GetClusterId()) != nil:
 		return checkClusterID("hello.cluster_id", hello.GetClusterId())
 	case !s.epochReady.Load():

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/testkit"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -63,6 +64,12 @@ func TestReplicationStreamBadInput(t *testing.T) {
 		{"fenced epoch above the maximum", []*walshipv1.StreamRequest{withFenced(math.MaxUint64)}, codes.InvalidArgument, "hello.fenced_epoch: 18446744073709551615 is above"},
 		{"history above the maximum", []*walshipv1.StreamRequest{withHistory(&walshipv1.EpochStart{Epoch: 1, FirstLsn: 1}, &walshipv1.EpochStart{Epoch: math.MaxUint64, FirstLsn: 2})},
 			codes.InvalidArgument, "hello.history[1].epoch"},
+		// The primary is at epoch 1: 2 + 2^20 is one past the jump.
+		{"epoch past the jump", []*walshipv1.StreamRequest{hello("r1", 2+datadir.MaxEpochJump, 1)}, codes.InvalidArgument,
+			"hello.epoch: 1048578 is more than 1048576 (the most one message may move an epoch) above 1"},
+		{"fenced epoch past the jump", []*walshipv1.StreamRequest{withFenced(2 + datadir.MaxEpochJump)}, codes.InvalidArgument, "hello.fenced_epoch: 1048578 is more than 1048576"},
+		{"history past the jump", []*walshipv1.StreamRequest{withHistory(&walshipv1.EpochStart{Epoch: 1, FirstLsn: 1}, &walshipv1.EpochStart{Epoch: 2 + datadir.MaxEpochJump, FirstLsn: 2})},
+			codes.InvalidArgument, "hello.history[1].epoch: 1048578 is more than 1048576"},
 		{"ahead of the primary", []*walshipv1.StreamRequest{hello("r1", 1, p.Lsn+5)}, codes.FailedPrecondition, "hello.next_lsn"},
 		{"not a batch boundary", []*walshipv1.StreamRequest{hello("r1", 1, p.Lsn)}, codes.FailedPrecondition, "hello.next_lsn"},
 		{"hello twice", []*walshipv1.StreamRequest{hello("r1", 1, 1), hello("r1", 1, 1)}, codes.InvalidArgument, "hello"},

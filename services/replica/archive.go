@@ -70,6 +70,10 @@ func (s *Server) readArchive(ctx context.Context) (progress bool, err error) {
 	if len(cat.Lineage) == 0 {
 		return false, fmt.Errorf("the archive %s holds no epoch history: it cannot tell which batches are the cluster's", s.arch)
 	}
+	// A source the replica asks itself: believed within the gap bound.
+	if err := datadir.CheckProto(cat.Lineage.Proto(), s.vote.Load().Epoch, datadir.MaxEpochGap); err != nil {
+		return false, fmt.Errorf("the archive %s: its lineage: %w", s.arch, err)
+	}
 	if last := s.wal.LastLSN(); last > 0 {
 		own := logHistory(*s.history.Load(), last)
 		if keep, all, known := cat.Lineage.SharedUpTo(own); !all && (!known || keep < last) {

@@ -230,7 +230,7 @@ func (s *Server) reseedFromLogStore(ctx context.Context, addr string, ls walship
 	// The header's epoch is that of the batch ending at its LSN: the
 	// newest entry this replica's log will hold. A log whose newest entry
 	// is of a newer epoch than that, at a lower LSN, is of another history.
-	if err := datadir.CheckEpoch(hdr.GetEpoch()); err != nil {
+	if err := datadir.CheckEpoch(hdr.GetEpoch(), s.Vote().Epoch, datadir.MaxEpochGap); err != nil {
 		return false, fmt.Errorf("the log store's snapshot at LSN %d: header.epoch: %w", hdr.GetLsn(), err)
 	}
 	if e := s.epoch.Load(); hdr.GetEpoch() < e {
@@ -329,7 +329,7 @@ func (s *Server) reseedFromPrimary(ctx context.Context) (bool, error) {
 	if err := s.checkPeerCluster(hdr.GetClusterId(), "header.cluster_id", "the primary's snapshot"); err != nil {
 		return false, err
 	}
-	if err := datadir.CheckEpoch(hdr.GetEpoch()); err != nil {
+	if err := datadir.CheckEpoch(hdr.GetEpoch(), s.Vote().Epoch, datadir.MaxEpochJump); err != nil {
 		return false, &refusal{reason: reasonEpoch, err: fmt.Errorf("snapshot header.epoch: %w", err)}
 	}
 	if e := s.epoch.Load(); hdr.GetEpoch() < e {

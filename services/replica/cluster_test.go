@@ -139,7 +139,7 @@ func TestClusterAdoptedFromThePrimary(t *testing.T) {
 	if err == nil {
 		_, err = snap.Recv()
 	}
-	if _, cluster, ok := primaryFrom(err); !ok || cluster != clusterA {
+	if _, cluster, ok := primaryFrom(err, r.s.Vote().Epoch); !ok || cluster != clusterA {
 		t.Fatalf("Snapshot of a replica = %v; want NotPrimary naming cluster %s", err, clusterA)
 	}
 	sameFiles(t, "refusing peers of another cluster", files(t, dir), before)

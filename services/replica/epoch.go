@@ -234,8 +234,10 @@ func (h *epochServer) Fence(ctx context.Context, req *walshipv1.FenceRequest) (*
 	switch {
 	case req.GetEpoch() == 0:
 		return nil, status.Error(codes.InvalidArgument, "epoch: must be at least 1")
-	case datadir.CheckEpoch(req.GetEpoch()) != nil:
-		return nil, status.Errorf(codes.InvalidArgument, "epoch: %v", datadir.CheckEpoch(req.GetEpoch()))
+	case datadir.CheckEpoch(req.GetEpoch(), h.s.Vote().Epoch, datadir.MaxEpochJump) != nil:
+		// Against the promise before Fence takes voteMu: it only grows, so
+		// an epoch within the bound now still is when it is granted.
+		return nil, status.Errorf(codes.InvalidArgument, "epoch: %v", datadir.CheckEpoch(req.GetEpoch(), h.s.Vote().Epoch, datadir.MaxEpochJump))
 	case !nodeIDPattern.MatchString(req.GetCandidateId()):
 		return nil, status.Errorf(codes.InvalidArgument, "candidate_id: %q is not 1..64 of [A-Za-z0-9._-]", req.GetCandidateId())
 	case req.GetCandidateAddr() == "":
@@ -359,9 +361,11 @@ func (s *Server) notPrimary() error {
 	return NotPrimary("replica "+s.cfg.ID, s.Vote(), s.cluster.ID())
 }
 
-// primaryFrom reads a NotPrimary refusal (ok false for any other error):
-// the primary it names, and the cluster of the node that named it.
-func primaryFrom(err error) (v datadir.Vote, cluster string, ok bool) {
+// primaryFrom reads a NotPrimary refusal (ok false for any other error,
+// or one naming an epoch more than datadir.MaxEpochJump above known, the
+// replica's promise: not believed): the primary it names, and the cluster
+// of the node that named it.
+func primaryFrom(err error, known uint64) (v datadir.Vote, cluster string, ok bool) {
 	st, isStatus := status.FromError(err)
 	if !isStatus || st.Code() != codes.FailedPrecondition {
 		return datadir.Vote{}, "", false
@@ -370,7 +374,7 @@ func primaryFrom(err error) (v datadir.Vote, cluster string, ok bool) {
 		if ei, isInfo := d.(*errdetails.ErrorInfo); isInfo && ei.GetReason() == notPrimaryReason {
 			md := ei.GetMetadata()
 			e, err := strconv.ParseUint(md["epoch"], 10, 64)
-			if err != nil || datadir.CheckEpoch(e) != nil || md["primary_addr"] == "" {
+			if err != nil || datadir.CheckEpoch(e, known, datadir.MaxEpochJump) != nil || md["primary_addr"] == "" {
 				return datadir.Vote{}, "", false
 			}
 			return datadir.Vote{Epoch: e, Primary: md["primary_id"], Addr: md["primary_addr"]}, md["cluster_id"], true
@@ -424,10 +428,20 @@ func (l *logServer) Status(context.Context, *walshipv1.LogStoreServiceStatusRequ
 		ClusterId: s.cluster.ID()}, nil
 }
 
-// isNotPrimary reports whether err is a NotPrimary refusal.
-func isNotPrimary(err error) bool {
-	_, _, ok := primaryFrom(err)
+// isNotPrimary reports whether err is a NotPrimary refusal this replica
+// believes.
+func (s *Server) isNotPrimary(err error) bool {
+	_, _, ok := primaryFrom(err, s.Vote().Epoch)
 	return ok
+}
+
+// namedAhead reports whether err is a NotPrimary refusal naming an epoch
+// more than datadir.MaxEpochJump above the replica's promise: not
+// believed, but its log stores may vouch for it (askLogStore).
+func (s *Server) namedAhead(err error) bool {
+	_, _, named := primaryFrom(err, datadir.MaxEpoch)
+	_, _, believed := primaryFrom(err, s.Vote().Epoch)
+	return named && !believed
 }
 
 // namedByOtherCluster reports whether err is a NotPrimary refusal from a
@@ -435,7 +449,7 @@ func isNotPrimary(err error) bool {
 // replica has an id (whose word for the primary it must not take),
 // logging and counting it.
 func (s *Server) namedByOtherCluster(err error) bool {
-	_, theirs, ok := primaryFrom(err)
+	_, theirs, ok := primaryFrom(err, s.Vote().Epoch)
 	ours := s.cluster.ID()
 	if !ok || ours == "" || ours == theirs {
 		return false
@@ -450,13 +464,13 @@ func (s *Server) namedByOtherCluster(err error) bool {
 // if it names a newer epoch than promised (or the same one's primary) and
 // comes from a node of this replica's cluster (any, while it has none).
 func (s *Server) learnPrimary(err error) bool {
-	v, theirs, ok := primaryFrom(err)
-	if !ok || (s.cluster.ID() != "" && theirs != s.cluster.ID()) {
-		return false
-	}
 	s.voteMu.Lock()
 	defer s.voteMu.Unlock()
 	cur := s.vote.Load()
+	v, theirs, ok := primaryFrom(err, cur.Epoch)
+	if !ok || (s.cluster.ID() != "" && theirs != s.cluster.ID()) {
+		return false
+	}
 	switch {
 	case v.Epoch > cur.Epoch:
 		if _, err := s.promiseLocked(v); err != nil {
@@ -485,7 +499,7 @@ func (s *Server) askLogStore(ctx context.Context) {
 		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		st, err := ls.client.Status(actx, &walshipv1.LogStoreServiceStatusRequest{})
 		cancel()
-		if err != nil || st.GetPrimaryAddr() == "" || st.GetVoteEpoch() <= newest.Epoch || datadir.CheckEpoch(st.GetVoteEpoch()) != nil {
+		if err != nil || st.GetPrimaryAddr() == "" || st.GetVoteEpoch() <= newest.Epoch || datadir.CheckEpoch(st.GetVoteEpoch(), s.Vote().Epoch, datadir.MaxEpochGap) != nil {
 			continue
 		}
 		if ours, theirs := s.cluster.ID(), st.GetClusterId(); ours != "" && ours != theirs {

@@ -35,6 +35,10 @@ var errFatal = errors.New("replica: fatal")
 type refusal struct {
 	reason string
 	err    error
+	// ahead: the primary stated an epoch more than datadir.MaxEpochJump
+	// above the promise. It is not taken from the primary; the log stores
+	// may vouch for it (askLogStore).
+	ahead bool
 }
 
 func (r *refusal) Error() string { return fmt.Sprintf("refused batch (%s): %v", r.reason, r.err) }
@@ -268,17 +272,27 @@ func (s *Server) afterStream(ctx context.Context, l *ladder, progress bool, err 
 	case errors.As(err, &ref):
 		s.logger.Error("refused a batch from the primary; reconnecting", "reason", ref.reason, "err", ref.err,
 			"next_lsn", s.wal.LastLSN()+1)
+		if ref.ahead {
+			// A promotion while this replica was away may have fenced the
+			// others in steps past the jump: the log stores know.
+			s.askLogStore(ctx)
+		}
 	case s.namedByOtherCluster(err):
 		// A node of another cluster named its primary: not ours to follow.
 	case s.learnPrimary(err):
 		// Asked a node that is not the primary: it named the one it
 		// knows, which this replica follows from now on.
 		return retryNow
-	case isNotPrimary(err):
+	case s.isNotPrimary(err):
 		// The node this replica promised is not the primary yet: a
 		// candidate still catching up or waiting out the old primary's
 		// lease. Ask again shortly; it opens within a lease.
 		return retrySoon
+	case s.namedAhead(err):
+		// A promotion while this replica was away may have fenced the
+		// others in steps past the jump: the log stores know.
+		s.logger.Warn("a node that is not the primary names a primary too far ahead to take its word for; asking the log stores", "node", s.primary(), "err", err)
+		s.askLogStore(ctx)
 	case code == codes.FailedPrecondition:
 		// Diverged, ahead of the primary, or in a newer epoch: this needs
 		// an operator's judgement, never an automatic wipe.
@@ -724,8 +738,10 @@ type checked struct {
 }
 
 // check verifies one batch against the position it must continue (next):
-// CRC and envelope sanity, epoch, continuity, then decoding.
-func (s *Server) check(env *walshipv1.WalBatch, next, epoch uint64, c *checked) error {
+// CRC and envelope sanity, epoch (at most bound above the promise: the
+// primary's batches by datadir.MaxEpochJump, a log store's it asked for
+// by MaxEpochGap), continuity, then decoding.
+func (s *Server) check(env *walshipv1.WalBatch, next, epoch, bound uint64, c *checked) error {
 	if env == nil {
 		return &refusal{reason: reasonDecode, err: errors.New("empty batch message")}
 	}
@@ -736,8 +752,8 @@ func (s *Server) check(env *walshipv1.WalBatch, next, epoch uint64, c *checked) 
 		}
 		return &refusal{reason: reason, err: err}
 	}
-	if err := datadir.CheckEpoch(env.GetEpoch()); err != nil {
-		return &refusal{reason: reasonEpoch, err: fmt.Errorf("LSNs %d..%d: batch.epoch: %w", env.GetFirstLsn(), env.GetLastLsn(), err)}
+	if err := datadir.CheckEpoch(env.GetEpoch(), s.vote.Load().Epoch, bound); err != nil {
+		return &refusal{reason: reasonEpoch, err: fmt.Errorf("LSNs %d..%d: batch.epoch: %w", env.GetFirstLsn(), env.GetLastLsn(), err), ahead: true}
 	}
 	if e := epoch; env.GetEpoch() < e {
 		return &refusal{reason: reasonEpoch, err: fmt.Errorf("LSNs %d..%d are from epoch %d, this replica has seen epoch %d",
@@ -781,10 +797,10 @@ func (s *Server) acceptPrimary(hb *walshipv1.Heartbeat) error {
 	if err := s.checkPeerCluster(hb.GetClusterId(), "heartbeat.cluster_id", primaryPeer(hb)); err != nil {
 		return err
 	}
-	if err := datadir.CheckEpoch(hb.GetEpoch()); err != nil {
-		return &refusal{reason: reasonEpoch, err: fmt.Errorf("heartbeat.epoch: %w", err)}
-	}
 	v := s.vote.Load()
+	if err := datadir.CheckEpoch(hb.GetEpoch(), v.Epoch, datadir.MaxEpochJump); err != nil {
+		return &refusal{reason: reasonEpoch, err: fmt.Errorf("heartbeat.epoch: %w", err), ahead: true}
+	}
 	if e := hb.GetEpoch(); e < v.Epoch {
 		return &refusal{reason: reasonEpoch, err: fmt.Errorf("heartbeat from epoch %d: this replica has promised epoch %d (%s)", e, v.Epoch, v.String())}
 	}
@@ -808,10 +824,14 @@ func (s *Server) acceptPrimary(hb *walshipv1.Heartbeat) error {
 func (s *Server) write(round []*walshipv1.WalBatch, streamEpoch uint64, written func()) error {
 	good := make([]checked, len(round))
 	next, epoch := s.wal.LastLSN()+1, s.epoch.Load()
+	bound := uint64(datadir.MaxEpochJump)
+	if streamEpoch == 0 {
+		bound = datadir.MaxEpochGap // from a log store
+	}
 	var refused error
 	n := 0
 	for i, env := range round {
-		if err := s.check(env, next, epoch, &good[i]); err != nil {
+		if err := s.check(env, next, epoch, bound, &good[i]); err != nil {
 			var ref *refusal
 			if errors.As(err, &ref) {
 				s.metrics.refused.WithLabelValues(ref.reason).Inc()

@@ -61,6 +61,8 @@ import (
 //	start [primary=<p>] [fs=mem] [heartbeat=D] [flush-delay=D]
 //	stop, restart                   print what Run returned
 //	set-applied-marker <lsn>        (stopped) DataDir/applied says lsn
+//	set-vote <epoch>                (stopped) DataDir/vote promises epoch
+//	                                to no one in particular
 //	fail-snapshot-save              (fs=mem) the next snapshot save fails
 //	injected                        how many injected failures happened
 //
@@ -165,6 +167,7 @@ var commands = map[string]command{
 	"stop":                    {0, nil, (*transcript).stop},
 	"restart":                 {0, nil, (*transcript).restart},
 	"set-applied-marker":      {1, nil, (*transcript).setAppliedMarker},
+	"set-vote":                {1, nil, (*transcript).setVote},
 	"fail-snapshot-save":      {0, nil, (*transcript).failSnapshotSave},
 	"injected":                {0, nil, (*transcript).injected},
 	"accept":                  {1, nil, (*transcript).accept},
@@ -242,6 +245,16 @@ func (e *transcript) setAppliedMarker(t *testing.T, td *datadriven.TestData) str
 	}
 	lsn := uintArg(t, td, 0)
 	if err := datadir.SaveApplied(e.fs(), e.cfg.DataDir, lsn, true); err != nil {
+		t.Fatal(err)
+	}
+	return ""
+}
+
+func (e *transcript) setVote(t *testing.T, td *datadriven.TestData) string {
+	if e.r != nil {
+		t.Fatal("set-vote: the replica is running")
+	}
+	if err := datadir.SaveVote(e.fs(), e.cfg.DataDir, datadir.Vote{Epoch: uintArg(t, td, 0)}); err != nil {
 		t.Fatal(err)
 	}
 	return ""
@@ -378,7 +391,7 @@ func (e *transcript) streamFromReplica(t *testing.T, _ *datadriven.TestData) str
 	}
 	_, err = st.Recv()
 	out := fmtErr(err)
-	if v, _, ok := primaryFrom(err); ok {
+	if v, _, ok := primaryFrom(err, e.running(t).s.Vote().Epoch); ok {
 		out += fmt.Sprintf("\nnames primary_id=%q primary=%s epoch=%d", v.Primary, v.Addr, v.Epoch)
 	}
 	return out
