@@ -103,3 +103,25 @@ func TestSuperseded(t *testing.T) {
 		}
 	}
 }
+
+// TestUnbelievedAnswerSetsNoEpoch: an answer whose epoch is more than
+// datadir.MaxEpochGap above what the candidate knows is an error, and its
+// epoch does not count among those seen: the candidate promotes to the
+// epoch after the ones it believes, which the others grant, not to the
+// one after the answer's, which they refuse and no steps bridge.
+func TestUnbelievedAnswerSetsNoEpoch(t *testing.T) {
+	answers := []answer{
+		{id: "n1", granted: true, epoch: 5, lastEpoch: 5},
+		{id: "ls0", logstore: true, epoch: 5 + datadir.MaxEpochGap + 1, lastEpoch: 5},
+		{id: "ls1", logstore: true, epoch: 5, lastEpoch: 5},
+	}
+	for i := range answers[1:] {
+		answers[i+1].checkEpochs(5)
+	}
+	if answers[1].err == nil || answers[2].err != nil {
+		t.Fatalf("answers after the check: %v", answers)
+	}
+	if seen := highestEpoch(answers); seen != 5 {
+		t.Fatalf("highest epoch seen = %d; want 5, the unbelieved answer's not counted", seen)
+	}
+}

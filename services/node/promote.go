@@ -403,11 +403,17 @@ func withContracts(known []*walshipv1.Contract, answers []answer) []*walshipv1.C
 	return known
 }
 
-// highestEpoch is the newest epoch any answer holds or has in its log.
+// highestEpoch is the newest epoch any answer holds or has in its log,
+// of the answers believed: one that is an error (another cluster's, an
+// epoch beyond datadir.MaxEpochGap) counts for nothing, its epoch
+// included — else the promotion would fence the epoch after it, which
+// every node that knows less refuses.
 func highestEpoch(answers []answer) uint64 {
 	seen := uint64(0)
 	for _, a := range answers {
-		seen = max(seen, a.epoch, a.lastEpoch)
+		if a.err == nil {
+			seen = max(seen, a.epoch, a.lastEpoch)
+		}
 	}
 	return seen
 }
