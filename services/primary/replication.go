@@ -44,6 +44,10 @@ func withRawBatch[M proto.Message](m M, data []byte) M {
 func (r *replServer) Stream(stream walshipv1.ReplicationService_StreamServer) (retErr error) {
 	s := r.s
 	first, err := stream.Recv()
+	if errors.Is(err, io.EOF) {
+		// Returned as it is, the client would see UNKNOWN "EOF".
+		return status.Error(codes.InvalidArgument, "hello: the stream ended before its first message, which must be a hello")
+	}
 	if err != nil {
 		return err
 	}

@@ -19,6 +19,29 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
+// TestReplicationStreamEndsBeforeHello: a stream closed before its first
+// message is a bad argument naming the hello, not UNKNOWN "EOF" (the
+// handler returned the receive's io.EOF as it was), and the primary
+// keeps serving.
+func TestReplicationStreamEndsBeforeHello(t *testing.T) {
+	r := start(t, testConfig(t, t.TempDir()))
+	c := ctx(t)
+	s, err := walshipv1.NewReplicationServiceClient(r.conn).Stream(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Recv()
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), "hello: the stream ended before its first message") {
+		t.Fatalf("a stream closed before its hello: %v; want INVALID_ARGUMENT naming the hello", err)
+	}
+	if _, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "k", Value: []byte("v")}); err != nil {
+		t.Fatalf("Put after the empty stream: %v", err)
+	}
+}
+
 // TestReplicationStreamBadInput opens replication streams the way a broken
 // or hostile replica would; each is refused with the right code naming the
 // field, and the primary keeps serving.
