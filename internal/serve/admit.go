@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -122,6 +123,9 @@ type admission struct {
 	refused    *prometheus.CounterVec
 	pace       pacer
 	byAddr     sync.Map // net.Addr (the connection's own) -> *connState, while connected
+	// methods are the full names of the methods the server registers,
+	// set once they are (nil until then: every call is authorized).
+	methods atomic.Pointer[map[string]bool]
 }
 
 func newAdmission(sec Security, reg prometheus.Registerer) (*admission, error) {
@@ -159,6 +163,12 @@ func newAdmission(sec Security, reg prometheus.Registerer) (*admission, error) {
 // its stream ends if no handler ran.
 func (a *admission) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
 	if a.authz == nil {
+		return ctx, nil
+	}
+	if m := a.methods.Load(); m != nil && !(*m)[info.FullMethodName] {
+		// No such method here: gRPC answers UNIMPLEMENTED without reading
+		// the call, and a caller (a typo in grpcurl) learns that, not a
+		// refusal of a method that does not exist.
 		return ctx, nil
 	}
 	cs := a.connOf(ctx)

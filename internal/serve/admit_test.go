@@ -141,6 +141,13 @@ func TestRefusedOnHeaders(t *testing.T) {
 			t.Errorf("a Put without its request, as %q: %v; want PERMISSION_DENIED %q", tc.class, err, tc.want)
 		}
 	}
+	// A method the server does not have is UNIMPLEMENTED, whoever asks.
+	for _, class := range []string{"", tlsid.ClassClient} {
+		err := ts.dial(t, class, "x").Invoke(ctx, "/walship.v1.NoSuchService/Nothing", &walshipv1.PutRequest{}, new(walshipv1.PutResponse))
+		if status.Code(err) != codes.Unimplemented {
+			t.Errorf("an unknown method, as %q: %v; want UNIMPLEMENTED", class, err)
+		}
+	}
 	// An allowed caller's call is read and answered as before.
 	kv := walshipv1.NewKVServiceClient(ts.dial(t, tlsid.ClassClient, "app"))
 	if _, err := kv.Put(ctx, &walshipv1.PutRequest{Key: "k"}); err != nil {

@@ -161,9 +161,14 @@ func New(opts Options, register func(*grpc.Server)) (*Server, error) {
 			return nil, err
 		}
 	}
-	for name := range s.grpc.GetServiceInfo() {
+	methods := map[string]bool{}
+	for name, info := range s.grpc.GetServiceInfo() {
 		s.services = append(s.services, name)
+		for _, m := range info.Methods {
+			methods["/"+name+"/"+m.Name] = true
+		}
 	}
+	s.adm.methods.Store(&methods)
 	s.SetServing(false)
 	if opts.MetricsListen != "" {
 		if err := s.listenMetrics(); err != nil {
