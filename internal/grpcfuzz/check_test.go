@@ -9,6 +9,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/services/primary"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/proto"
@@ -230,6 +231,29 @@ func (e *env) disruptive(in input, out outcome) bool {
 		return false
 	}
 	return true
+}
+
+// settle waits (bounded) until every data node that takes writes has
+// heard from its log stores after end, the end of a batch that may have
+// changed their state: a log store moved to another epoch, or fenced,
+// tells the primary only in its answer to the next heartbeat, and the
+// checks must see what that answer does.
+func (e *env) settle(end time.Time) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	for _, n := range dataNodes() {
+		for ctx.Err() == nil {
+			st, err := e.status(ctx, n)
+			if err != nil || !st.GetTakingWrites() {
+				break
+			}
+			// The lease runs from the last answer of a log store majority.
+			if heard := time.Now().Add(st.GetLeaseRemaining().AsDuration() - primary.DefaultLeaseTimeout); heard.After(end) {
+				break
+			}
+			pause(ctx)
+		}
+	}
 }
 
 // orphans is how many orphan files the log store reports (-1 if it does
