@@ -164,8 +164,10 @@ func seedInput(s seed) input {
 }
 
 // extremeInputs are s with each integer field (at the top or one message
-// down) set to the largest value of its type, and signed ones to -1: the
-// epochs, LSNs, limits and counts nothing may wrap around.
+// down) set to the largest value of its type, unsigned 64-bit ones also
+// to 2^63-1 (the largest an int64 holds, a natural bound to pick), and
+// signed ones to -1: the epochs, LSNs, limits and counts nothing may
+// wrap around or get stuck at.
 func extremeInputs(s seed) []input {
 	var out []input
 	var visit func(m protoreflect.Message, depth int)
@@ -186,7 +188,7 @@ func extremeInputs(s seed) []input {
 			var vals []protoreflect.Value
 			switch fd.Kind() {
 			case protoreflect.Uint64Kind, protoreflect.Fixed64Kind:
-				vals = []protoreflect.Value{protoreflect.ValueOfUint64(math.MaxUint64)}
+				vals = []protoreflect.Value{protoreflect.ValueOfUint64(math.MaxUint64), protoreflect.ValueOfUint64(math.MaxInt64)}
 			case protoreflect.Uint32Kind, protoreflect.Fixed32Kind:
 				vals = []protoreflect.Value{protoreflect.ValueOfUint32(math.MaxUint32)}
 			case protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Sfixed64Kind:
