@@ -238,7 +238,7 @@ func (a *Archive) put(ctx context.Context, name, cluster string, plain []byte, e
 	for k, v := range extra {
 		meta[k] = v
 	}
-	return a.bucket.Put(ctx, name, bytes.NewReader(stored), int64(len(stored)), meta)
+	return a.bucket.Put(withPayloadSHA256(ctx, meta[metaSHA256]), name, bytes.NewReader(stored), int64(len(stored)), meta)
 }
 
 // get reads name whole, checks its size and checksum against its
@@ -528,7 +528,7 @@ func (a *Archive) PutSnapshot(ctx context.Context, cluster string, ref SnapshotR
 	if _, err := body.Seek(0, io.SeekStart); err != nil {
 		return err
 	}
-	return a.bucket.Put(ctx, name, body, bodySize, meta)
+	return a.bucket.Put(withPayloadSHA256(ctx, meta[metaSHA256]), name, body, bodySize, meta)
 }
 
 // SnapshotTempPattern is the name (a filepath.Glob pattern) of the

@@ -78,8 +78,8 @@ func (b *ChunkBuilder) Add(data []byte, env *walshipv1.WalBatch) error {
 	return nil
 }
 
-// Finish returns the chunk's bytes (valid until the next Add) and resets
-// the builder.
+// Finish returns the chunk's bytes, which the caller now owns (the
+// builder starts a new buffer), and resets the builder.
 func (b *ChunkBuilder) Finish() ([]byte, Chunk) {
 	h := b.data[:chunkHeaderSize]
 	copy(h, chunkMagic)
@@ -91,7 +91,7 @@ func (b *ChunkBuilder) Finish() ([]byte, Chunk) {
 	binary.LittleEndian.PutUint32(h[40:], 0)
 	binary.LittleEndian.PutUint32(h[44:], codec.Checksum(h[:44]))
 	data, c := b.data, b.c
-	b.data, b.c = b.data[:0], Chunk{}
+	b.data, b.c = nil, Chunk{}
 	return data, c
 }
 

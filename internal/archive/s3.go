@@ -14,12 +14,14 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/feature/s3/transfermanager"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/aws/smithy-go"
+	"github.com/aws/smithy-go/middleware"
 )
 
 // s3Bucket is a Bucket in an S3-compatible object store, through the AWS
@@ -181,10 +183,41 @@ func (b *s3Bucket) Put(ctx context.Context, name string, body io.ReadSeeker, siz
 		_, err := b.client.PutObject(ctx, &s3.PutObjectInput{
 			Bucket: aws.String(b.bucket), Key: b.key(name), Body: body, ContentLength: aws.Int64(size),
 			Metadata: meta, ContentType: aws.String("application/octet-stream"),
-		})
+		}, signedAs(payloadSHA256(ctx))...)
 		return err
 	})
 	return b.explain("put", name, err)
+}
+
+// payloadKey carries, in a Put's context, the SHA-256 (hex) of exactly
+// the bytes it uploads, when the caller already computed it.
+type payloadKey struct{}
+
+// withPayloadSHA256 says that sum is the SHA-256 of the body the Put
+// under ctx sends (the archive's checksum of the stored bytes).
+func withPayloadSHA256(ctx context.Context, sum string) context.Context {
+	return context.WithValue(ctx, payloadKey{}, sum)
+}
+
+func payloadSHA256(ctx context.Context) string {
+	s, _ := ctx.Value(payloadKey{}).(string)
+	return s
+}
+
+// signedAs has SigV4 sign sum as the payload's SHA-256 (hex) rather than
+// the SDK reading and hashing the body once more: the archive's checksum
+// of an object is the SHA-256 of exactly the bytes it sends. An empty sum
+// changes nothing.
+func signedAs(sum string) []func(*s3.Options) {
+	if sum == "" {
+		return nil
+	}
+	return []func(*s3.Options){s3.WithAPIOptions(func(st *middleware.Stack) error {
+		return st.Finalize.Insert(middleware.FinalizeMiddlewareFunc("walshipPayloadHash",
+			func(ctx context.Context, in middleware.FinalizeInput, next middleware.FinalizeHandler) (middleware.FinalizeOutput, middleware.Metadata, error) {
+				return next.HandleFinalize(v4.SetPayloadHash(ctx, sum), in)
+			}), "ComputePayloadHash", middleware.Before)
+	})}
 }
 
 // Get's body may take any time to read, as long as it makes progress: a

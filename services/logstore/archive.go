@@ -388,7 +388,7 @@ func (ar *archiver) uploadChunks(ctx context.Context, cluster string, sess *sess
 			}
 		}
 		u := &chunkUpload{c: c, done: make(chan error, 1)}
-		body := append([]byte(nil), data...)
+		body := data // the builder starts a new buffer
 		go func() {
 			start := time.Now()
 			err := ar.a.PutChunk(uctx, cluster, body, c)
