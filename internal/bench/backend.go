@@ -324,6 +324,18 @@ type procCluster struct {
 
 // startProcesses runs a log store, a primary and n replicas as separate
 // `walship` processes, so the primary's CPU time is its own, each placed
+// runFlags is flags with every "{run}" replaced by a name of this run's
+// own (its directory's): each run starts a new cluster, and something it
+// must not share with the runs before — an archive's prefix, which a
+// second cluster is refused — can say so.
+func runFlags(flags []string, dir string) []string {
+	out := make([]string, len(flags))
+	for i, f := range flags {
+		out[i] = strings.ReplaceAll(f, "{run}", filepath.Base(dir))
+	}
+	return out
+}
+
 // as pc says.
 func startProcesses(ctx context.Context, pc procCluster, dir string, n int, c codec.Codec, pol primary.Policy) (*backend, error) {
 	var procs []*proc
@@ -346,7 +358,7 @@ func startProcesses(ctx context.Context, pc procCluster, dir string, n int, c co
 	var lsArgs []string
 	if !pc.noLogStore {
 		ls, err := startProc(ctx, pc.bin, pc.peers, "logstore", "log store serving", append([]string{"logstore", "--listen", loop, "--metrics-listen", loop,
-			"--data-dir", filepath.Join(dir, "logstore-0")}, slices.Concat(pc.lsTLSFlags, pc.logstoreFlags)...)...)
+			"--data-dir", filepath.Join(dir, "logstore-0")}, slices.Concat(pc.lsTLSFlags, runFlags(pc.logstoreFlags, dir))...)...)
 		if err != nil {
 			return nil, err
 		}

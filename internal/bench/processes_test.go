@@ -109,9 +109,11 @@ func TestProcessesExtraFlags(t *testing.T) {
 	bin := testkit.Walship(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	// {run} in a log store flag becomes the run's own name (its directory's).
+	dir, archives := t.TempDir(), t.TempDir()
 	pc := procCluster{bin: bin, primaryFlags: []string{"--ship-delay", "7ms"}, replicaFlags: []string{"--flush-delay", "3ms"},
-		logstoreFlags: []string{"--archive-interval", "2s"}}
-	b, err := startProcesses(ctx, pc, t.TempDir(), 1, codec.MsgPack, primary.DefaultPolicy())
+		logstoreFlags: []string{"--archive-interval", "2s", "--archive", "file://" + archives + "/{run}"}}
+	b, err := startProcesses(ctx, pc, dir, 1, codec.MsgPack, primary.DefaultPolicy())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +122,7 @@ func TestProcessesExtraFlags(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	want := map[string]string{"logstore": "--archive-interval 2s", "primary": "--ship-delay 7ms", "replica-0": "--flush-delay 3ms"}
+	want := map[string]string{"logstore": "--archive-interval 2s --archive file://" + archives + "/" + filepath.Base(dir), "primary": "--ship-delay 7ms", "replica-0": "--flush-delay 3ms"}
 	for _, p := range b.procs {
 		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.cmd.Process.Pid))
 		if err != nil {

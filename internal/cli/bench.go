@@ -130,7 +130,7 @@ func (o *benchOptions) clusterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&cfg.PrimaryCPUs, "primary-cpus", "", "with --processes: pin the primary and the bench's clients to these CPUs (a taskset list, e.g. 0); --placement separate: the first half of the CPUs")
 	fs.StringVar(&cfg.ProfileDir, "primary-profiles", "", "with --processes: write a CPU profile of the primary process over each run's measured window into this directory (go tool pprof reads them)")
 	fs.Var(fieldsFlag{&cfg.PrimaryFlags}, "primary-flags", "with --processes: flags added to the started primary's command line, space-separated (e.g. \"--ship-delay 5ms\"), to measure a setting")
-	fs.Var(fieldsFlag{&cfg.LogStoreFlags}, "logstore-flags", "with --processes: flags added to the started log store's command line, space-separated (e.g. \"--archive s3://BUCKET/PREFIX --archive-endpoint URL\")")
+	fs.Var(fieldsFlag{&cfg.LogStoreFlags}, "logstore-flags", "with --processes: flags added to the started log store's command line, space-separated, {run} replaced by a name of each run's own (e.g. \"--archive s3://BUCKET/PREFIX/{run} --archive-endpoint URL\": each run is a new cluster)")
 	fs.Var(fieldsFlag{&cfg.ReplicaFlags}, "replica-flags", "with --processes: flags added to each started replica's command line, space-separated (e.g. \"--flush-delay 5ms\")")
 	fs.StringVar(&cfg.Dir, "data-dir", "", "parent of the clusters' data directories (default: temporary, removed)")
 	fs.BoolVar(&o.withTLS, "tls", false, "run the started cluster (in-process or --processes) over mTLS: a throwaway CA, the default authorization policy")
