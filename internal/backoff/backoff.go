@@ -35,3 +35,20 @@ func (b *Backoff) Wait(ctx context.Context) bool {
 		return false
 	}
 }
+
+// Sleep waits d (not at all if d <= 0) or until ctx ends, and reports
+// whether ctx is still live: the one wait of every walship loop that
+// paces itself.
+func Sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

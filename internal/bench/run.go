@@ -20,6 +20,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/backoff"
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/pkg/codec"
 	"github.com/walship/walship/services/primary"
@@ -542,12 +543,17 @@ func measure(ctx context.Context, cfg Config, b *backend, c *conns, w workload, 
 	start := time.Now()
 	sg.Go(func() { reportProgress(sampleCtx, cfg, m.rec, start, label) })
 
-	runErr := sleep(gctx, cfg.Warmup)
+	var runErr error
+	if !backoff.Sleep(gctx, cfg.Warmup) {
+		runErr = gctx.Err()
+	}
 	if runErr == nil {
 		m.s0 = takeSnap(ctx, b, sessions)
 		m.rec.measuring.Store(true)
 		profiled := profilePrimary(gctx, cfg, b, label)
-		runErr = sleep(gctx, cfg.Duration)
+		if !backoff.Sleep(gctx, cfg.Duration) {
+			runErr = gctx.Err()
+		}
 		m.rec.measuring.Store(false)
 		m.s1 = takeSnap(ctx, b, sessions)
 		p := <-profiled
@@ -601,16 +607,6 @@ func runTerminal(ctx context.Context, cfg Config, i int, term terminal, s *sessi
 				counts.unknown.Add(1)
 			}
 		}
-	}
-}
-
-// sleep waits d, or returns ctx's error if ctx ends first.
-func sleep(ctx context.Context, d time.Duration) error {
-	select {
-	case <-time.After(d):
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/backoff"
 )
 
 // Automatic failover (Config.Election; on Kubernetes a Lease, internal/kube):
@@ -79,18 +80,18 @@ func (n *Node) autoFailover(ctx context.Context) {
 		if prim := n.Primary(); prim != nil && !prim.HasLease() {
 			// Cut off from the log stores it cannot take writes: it does
 			// not contend, so that a replica that can may.
-			sleep(ctx, n.retry())
+			backoff.Sleep(ctx, n.retry())
 			continue
 		}
 		if n.Role() != RolePrimary {
 			why, behind := n.eligible(ctx)
 			if why != "" {
-				sleep(ctx, n.retry())
+				backoff.Sleep(ctx, n.retry())
 				continue
 			}
 			if behind {
 				// A more advanced node may contend: let it go first.
-				sleep(ctx, 4*n.retry())
+				backoff.Sleep(ctx, 4*n.retry())
 			}
 		}
 		cctx, cancel := context.WithCancel(ctx)
@@ -103,7 +104,7 @@ func (n *Node) autoFailover(ctx context.Context) {
 		}
 		cancel()
 		<-watched
-		sleep(ctx, n.retry())
+		backoff.Sleep(ctx, n.retry())
 	}
 }
 
@@ -119,7 +120,7 @@ func (n *Node) retry() time.Duration {
 func (n *Node) watchCampaign(ctx context.Context, cancel func(), leading *atomic.Bool) {
 	startRole := n.Role()
 	for {
-		sleep(ctx, 4*n.retry())
+		backoff.Sleep(ctx, 4*n.retry())
 		if ctx.Err() != nil {
 			return
 		}
@@ -235,7 +236,7 @@ func (n *Node) lead(ctx context.Context, giveUp func(), leading *atomic.Bool) {
 		el.Event(context.WithoutCancel(ctx), eventNormal, "Promoting", fmt.Sprintf("promoting to epoch %d: the election's holder, fenced a quorum", resp.GetEpoch()))
 		// Run carries the plan out; wait until it did or gave up.
 		for ctx.Err() == nil && n.promoting.Load() {
-			sleep(ctx, n.retry()/5)
+			backoff.Sleep(ctx, n.retry()/5)
 		}
 		if n.Role() != RolePrimary {
 			giveUp()
@@ -244,7 +245,7 @@ func (n *Node) lead(ctx context.Context, giveUp func(), leading *atomic.Bool) {
 	}
 	var lost time.Time
 	for ctx.Err() == nil && n.Role() == RolePrimary {
-		sleep(ctx, n.retry())
+		backoff.Sleep(ctx, n.retry())
 		prim := n.Primary()
 		switch {
 		case prim == nil || prim.HasLease():
@@ -284,7 +285,7 @@ func (n *Node) opened(ctx context.Context, epoch uint64) {
 			return
 		}
 		n.logger.Warn("could not take the election over", "epoch", epoch, "err", err)
-		sleep(ctx, n.retry())
+		backoff.Sleep(ctx, n.retry())
 	}
 }
 
@@ -306,15 +307,6 @@ func (n *Node) labels(ctx context.Context) {
 			n.logger.Warn("could not label the pod", "role", role, "err", err)
 		}
 		cancel()
-		sleep(ctx, n.retry())
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
+		backoff.Sleep(ctx, n.retry())
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/backoff"
 	"github.com/walship/walship/internal/envelope"
 	"github.com/walship/walship/internal/recovery"
 	"github.com/walship/walship/internal/serve"
@@ -194,7 +195,7 @@ func (s *Server) uploadSnapshots(ctx context.Context, addr string, kick <-chan s
 				break
 			}
 			if every := s.cfg.LogStoreSnapshotEvery; !lastTry.IsZero() && time.Since(lastTry) < every {
-				if !sleep(ctx, every-time.Since(lastTry)) {
+				if !backoff.Sleep(ctx, every-time.Since(lastTry)) {
 					return
 				}
 				continue // a newer one may have come meanwhile
@@ -221,7 +222,7 @@ func (s *Server) uploadSnapshots(ctx context.Context, addr string, kick <-chan s
 				log.Warn("snapshot upload to the log store failed", "lsn", o.header.GetLsn(), "attempt", attempts, "err", err)
 				if attempts >= maxUploadAttempts || !retriable(err) {
 					done = o.header.GetLsn() // leave it; the next snapshot is offered
-				} else if !sleep(ctx, uploadRetryDelay*time.Duration(attempts)) {
+				} else if !backoff.Sleep(ctx, uploadRetryDelay*time.Duration(attempts)) {
 					return
 				}
 			}
@@ -243,18 +244,6 @@ func retriable(err error) bool {
 		return true
 	}
 	return false
-}
-
-// sleep waits d or until ctx ends; it reports whether ctx is live.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
 
 // uploadSnapshot streams the offered snapshot to one log store, unless it
