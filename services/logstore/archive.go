@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/archive"
+	"github.com/walship/walship/internal/backoff"
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/envelope"
 	"github.com/walship/walship/internal/wal"
@@ -217,7 +218,7 @@ func (ar *archiver) run(ctx context.Context) {
 	t := time.NewTicker(ar.cfg.Interval)
 	defer t.Stop()
 	var sess *session
-	backoff := time.Duration(0)
+	delay := time.Duration(0) // the backoff after a failed step
 	for {
 		select {
 		case <-ctx.Done():
@@ -234,13 +235,20 @@ func (ar *archiver) run(ctx context.Context) {
 			continue
 		}
 		ar.active.Store(true)
+		began := time.Now()
 		err := ar.step(ctx, &sess)
 		if ctx.Err() != nil {
 			return
 		}
 		if err == nil {
 			ar.lastErr.Store(nil)
-			backoff = 0
+			delay = 0
+			// At most one step per Interval, however often heartbeats
+			// bring a higher quorum LSN: each step is at least one object
+			// (a PUT, billed), and a step uploads all there is.
+			if !backoff.Sleep(ctx, ar.cfg.Interval-time.Since(began)) {
+				return
+			}
 			continue
 		}
 		msg := err.Error()
@@ -250,13 +258,9 @@ func (ar *archiver) run(ctx context.Context) {
 		ar.lastErr.Store(&msg)
 		ar.m.errors.Inc()
 		sess = nil // read the archive again: it may have changed meanwhile
-		backoff = min(max(2*backoff, time.Second), maxArchiveBackoff)
-		timer := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			timer.Stop()
+		delay = min(max(2*delay, time.Second), maxArchiveBackoff)
+		if !backoff.Sleep(ctx, delay) {
 			return
-		case <-timer.C:
 		}
 	}
 }
