@@ -232,14 +232,25 @@ func (a *admission) streamDone(srv any, ss grpc.ServerStream, _ *grpc.StreamServ
 }
 
 func (a *admission) paceRefusal(ctx context.Context, err error) {
-	c, ok := ctx.Value(slotKey{}).(*callSlot)
-	if !ok || err == nil {
+	if err == nil {
 		return
 	}
 	if code := status.Code(err); code != codes.ResourceExhausted && code != codes.PermissionDenied {
 		return
 	}
-	t := time.NewTimer(a.pace.pause(c.id))
+	// The identity's: a counted call's, or, for a data node (whose calls
+	// are not counted), its connection's — a node certificate refused
+	// over and over (thousands of reads past the waiting-read bound) is
+	// paced like any other.
+	var id string
+	if c, ok := ctx.Value(slotKey{}).(*callSlot); ok {
+		id = c.id
+	} else if cs := a.connOf(ctx); cs != nil {
+		id = cs.id
+	} else {
+		return
+	}
+	t := time.NewTimer(a.pace.pause(id))
 	defer t.Stop()
 	select {
 	case <-t.C:

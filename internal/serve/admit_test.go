@@ -33,6 +33,11 @@ type okKV struct {
 	walshipv1.UnimplementedKVServiceServer
 }
 
+// Get is refused as past a bound, as a read past the waiting-read bound is.
+func (okKV) Get(context.Context, *walshipv1.GetRequest) (*walshipv1.GetResponse, error) {
+	return nil, status.Error(codes.ResourceExhausted, "min_lsn: too many reads wait")
+}
+
 func (okKV) Put(context.Context, *walshipv1.PutRequest) (*walshipv1.PutResponse, error) {
 	return &walshipv1.PutResponse{Lsn: 1}, nil
 }
@@ -372,5 +377,24 @@ func TestRefusalsArePaced(t *testing.T) {
 			t.Fatalf("a refusal now and then paused %v", d)
 		}
 		now = now.Add(10 * time.Millisecond)
+	}
+}
+
+// TestNodesRefusalsArePaced: a handler's RESOURCE_EXHAUSTED to a data
+// node — whose calls are not counted — is paced like any identity's: a
+// node certificate refused over and over cannot make a server answer
+// refusals as fast as it asks.
+func TestNodesRefusalsArePaced(t *testing.T) {
+	ts := serveTLS(t, Options{})
+	kv := walshipv1.NewKVServiceClient(ts.dial(t, tlsid.ClassNode, "n1"))
+	for range 3 {
+		if _, err := kv.Get(t.Context(), &walshipv1.GetRequest{Key: "k"}); status.Code(err) != codes.ResourceExhausted {
+			t.Fatalf("Get: %v", err)
+		}
+	}
+	ts.adm.pace.mu.Lock()
+	defer ts.adm.pace.mu.Unlock()
+	if _, ok := ts.adm.pace.next["spiffe://serve.test/walship/node/n1"]; !ok {
+		t.Fatalf("three refusals of a node were not paced: the pacer knows %v", ts.adm.pace.next)
 	}
 }
