@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,28 +18,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 )
 
-// lockedBuffer is the output of a command running in the background,
-// read by the test meanwhile.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // devRun is `walship dev` running in the background.
 type devRun struct {
-	out, errOut *lockedBuffer
+	out, errOut *testkit.Output
 	cancel      context.CancelFunc
 	code        chan int
 }
@@ -53,7 +33,7 @@ func startDev(t *testing.T, args ...string) *devRun {
 	// removed after dev stopped.
 	dir := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
-	d := &devRun{out: &lockedBuffer{}, errOut: &lockedBuffer{}, cancel: cancel, code: make(chan int, 1)}
+	d := &devRun{out: &testkit.Output{}, errOut: &testkit.Output{}, cancel: cancel, code: make(chan int, 1)}
 	go func() {
 		d.code <- Main(ctx, append([]string{"dev", "--base-port", "0", "--data-dir", dir}, args...), d.out, d.errOut)
 	}()

@@ -11,7 +11,6 @@
 package kubetest
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/rsa"
@@ -31,6 +30,7 @@ import (
 	"time"
 
 	"github.com/walship/walship/internal/freeport"
+	"github.com/walship/walship/internal/testkit"
 )
 
 // Env names the binaries: WALSHIP_KUBE_APISERVER, WALSHIP_KUBECTL and
@@ -56,7 +56,7 @@ type Server struct {
 	users  []string // token file lines
 	cancel func()
 	done   chan struct{}
-	logs   *lockedBuffer
+	logs   *testkit.Output
 }
 
 // Binaries returns the API server and etcd binaries, or skips tb with the
@@ -99,12 +99,12 @@ func Kubectl(tb testing.TB) string {
 // Kubeconfig only if they were named here (the token file is read at
 // start): users are "name" or "name|group1,group2".
 func Start(ctx context.Context, apiserver, etcd, dir string, users ...string) (*Server, error) {
-	s := &Server{dir: dir, tokens: map[string]string{}, done: make(chan struct{}), logs: &lockedBuffer{}}
+	s := &Server{dir: dir, tokens: map[string]string{}, done: make(chan struct{}), logs: &testkit.Output{}}
 	ctx, cancel := context.WithCancel(ctx)
 	s.cancel = cancel
 	fail := func(err error) (*Server, error) {
 		s.Close()
-		return nil, fmt.Errorf("%w\n%s", err, s.logs.head(3000))
+		return nil, fmt.Errorf("%w\n%s", err, s.logs.Head(3000))
 	}
 	etcdClient, etcdPeer, apiPort, err := freePorts()
 	if err != nil {
@@ -201,7 +201,7 @@ func (s *Server) Close() {
 }
 
 // Logs is the tail of what etcd and the API server wrote.
-func (s *Server) Logs() string { return s.logs.tail(8000) }
+func (s *Server) Logs() string { return s.logs.Tail(8000) }
 
 // Kubeconfig writes a kubeconfig for user (named at Start) and returns its
 // path. server, if given, replaces the API server's address (a proxy's).
@@ -310,35 +310,4 @@ func freePorts() (a, b, c string, err error) {
 		}
 	}
 	return addrs[0], addrs[1], addrs[2], nil
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) tail(n int) string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	b := l.b.Bytes()
-	if len(b) > n {
-		b = b[len(b)-n:]
-	}
-	return string(b)
-}
-
-func (l *lockedBuffer) head(n int) string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	b := l.b.Bytes()
-	if len(b) > n {
-		b = b[:n]
-	}
-	return string(b)
 }

@@ -7,7 +7,6 @@ package monitoring
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -19,7 +18,6 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -41,30 +39,11 @@ func cleanEnv() []string {
 	return env
 }
 
-// syncBuffer is a bytes.Buffer safe for the process's output copier and
-// the test to use at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // proc is a child process whose output is kept for error messages.
 type proc struct {
 	name    string
 	cmd     *exec.Cmd
-	out     syncBuffer
+	out     testkit.Output
 	done    chan struct{}
 	addr    string // walship: gRPC address from the serving line
 	metrics string // walship: metrics address from the serving line

@@ -6,7 +6,6 @@
 package s3test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -49,7 +48,7 @@ type Server struct {
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done chan struct{}
-	logs *lockedBuffer
+	logs *testkit.Output
 }
 
 // Binary returns the weed binary, or skips tb saying how to build it.
@@ -80,7 +79,7 @@ func Start(tb testing.TB, bucket string) *Server {
 		Bucket:   bucket,
 		tb:       tb,
 		dir:      dir,
-		logs:     &lockedBuffer{},
+		logs:     &testkit.Output{},
 		args: []string{"mini", "-dir=" + filepath.Join(dir, "data"), "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
 			"-s3.port=" + strconv.Itoa(s3Port), "-master.port=" + strconv.Itoa(master), "-volume.port=" + strconv.Itoa(volume),
 			"-filer.port=" + strconv.Itoa(filer), "-admin.port=" + strconv.Itoa(admin), "-admin.port.legacy=0",
@@ -131,7 +130,7 @@ func (s *Server) WaitReady(within time.Duration) {
 		s.mu.Unlock()
 		select {
 		case <-done:
-			s.tb.Fatalf("weed exited before it was ready: %s", s.logs.tail(4000))
+			s.tb.Fatalf("weed exited before it was ready: %s", s.logs.Tail(4000))
 		default:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -147,7 +146,7 @@ func (s *Server) WaitReady(within time.Duration) {
 			t.Stop()
 		}
 	}
-	s.tb.Fatalf("weed not ready within %v (%v): %s", within, last, s.logs.tail(4000))
+	s.tb.Fatalf("weed not ready within %v (%v): %s", within, last, s.logs.Tail(4000))
 }
 
 // Client is an S3 client of the server with its access key.
@@ -183,7 +182,7 @@ func (s *Server) Pause() {
 	testkit.Until(s.tb, fmt.Sprintf("every thread of weed (pid %d) to stop", pid), func() bool {
 		stopped, err := testkit.ThreadsStopped(pid)
 		if err != nil {
-			s.tb.Fatalf("pause weed (pid %d): %v\n%s", pid, err, s.logs.tail(4000))
+			s.tb.Fatalf("pause weed (pid %d): %v\n%s", pid, err, s.logs.Tail(4000))
 		}
 		return stopped
 	})
@@ -214,7 +213,7 @@ func (s *Server) Stop() {
 }
 
 // Logs is the end of the server's output.
-func (s *Server) Logs() string { return s.logs.tail(8000) }
+func (s *Server) Logs() string { return s.logs.Tail(8000) }
 
 // pickPorts returns n ports p, each with p and p+10000 free and below the
 // ephemeral range.
@@ -245,25 +244,4 @@ func free(port int) bool {
 	}
 	l.Close()
 	return true
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) tail(n int) string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	b := l.b.Bytes()
-	if len(b) > n {
-		b = b[len(b)-n:]
-	}
-	return fmt.Sprintf("%s", b)
 }

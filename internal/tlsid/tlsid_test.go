@@ -1,7 +1,6 @@
 package tlsid
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -13,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -488,25 +486,6 @@ func TestAuthzPolicyFileCheckedAtStart(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log destination that tests read while a goroutine
-// writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // allowClients is an A43 policy that lets clients of trust domain td call
 // paths.
 func allowClients(td string, paths ...string) string {
@@ -528,7 +507,7 @@ func allowClients(td string, paths ...string) string {
 func TestAuthzPolicyReload(t *testing.T) {
 	ca, dir := newCA(t, "ca"), t.TempDir()
 	p := writePolicy(t, dir, allowClients("td", "/walship.v1.AdminService/Status"))
-	var logs syncBuffer
+	var logs testkit.Output
 	az, err := NewAuthz(AuthzConfig{TrustDomain: "td", PolicyFile: p, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -610,7 +589,7 @@ func TestAuthzPolicyReload(t *testing.T) {
 // the next line saying how many were held back.
 func TestAuthzDenialsCountedAndLogged(t *testing.T) {
 	ca := newCA(t, "ca")
-	var logs syncBuffer
+	var logs testkit.Output
 	az, err := NewAuthz(AuthzConfig{TrustDomain: "td", Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -802,7 +781,7 @@ func TestReloadKeepsTheIdentity(t *testing.T) {
 	dir, ca := t.TempDir(), newCA(t, "ca")
 	me := Leaf{URI: URI("td", ClassNode, "n1"), IPs: localhost}
 	f := write(t, ca, dir, "server", me)
-	var logs syncBuffer
+	var logs testkit.Output
 	src, err := Load(f, slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
@@ -983,7 +962,7 @@ func TestRevocation(t *testing.T) {
 	}
 
 	// A list revoking this process's own certificate is taken, and said.
-	var logs syncBuffer
+	var logs testkit.Output
 	self := srvFiles
 	self.CRL = filepath.Join(t.TempDir(), "self.pem")
 	if err := os.WriteFile(self.CRL, crl(ca, certOf(t, srvFiles)), 0o644); err != nil {
