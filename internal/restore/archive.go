@@ -64,19 +64,7 @@ func runArchive(ctx context.Context, o Options, start time.Time) (*Result, error
 	}
 	o.Logger.Info("restore planned", "target", o.Target.String(), "lsn", r.p.LSN, "archive", o.Archive.String(),
 		"snapshot_from", r.p.SnapshotFrom, "chunks", len(src.run.Chunks), "dry_run", o.DryRun)
-	res, err := r.replay(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if !o.DryRun {
-		if err := r.write(res); err != nil {
-			return nil, err
-		}
-	}
-	res.Took = time.Since(start)
-	o.Logger.Info("restore done", "lsn", res.LSN, "batches", res.Batches, "bytes", res.Bytes, "digest", res.Digest,
-		"took", res.Took, "dry_run", o.DryRun)
-	return res, nil
+	return r.finish(ctx, start)
 }
 
 // start is a point a restore can begin from: LSN 0 (nil) or a snapshot.

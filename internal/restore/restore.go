@@ -216,19 +216,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	o.Logger.Info("restore planned", "target", o.Target.String(), "lsn", r.p.LSN, "batches_from", r.p.BatchesFrom,
 		"snapshot_from", r.p.SnapshotFrom, "dry_run", o.DryRun)
-	res, err := r.replay(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if !o.DryRun {
-		if err := r.write(res); err != nil {
-			return nil, err
-		}
-	}
-	res.Took = time.Since(start)
-	o.Logger.Info("restore done", "lsn", res.LSN, "batches", res.Batches, "bytes", res.Bytes, "digest", res.Digest,
-		"took", res.Took, "dry_run", o.DryRun)
-	return res, nil
+	return r.finish(ctx, start)
 }
 
 func (o *Options) fill() error {
@@ -256,6 +244,25 @@ func (o *Options) fill() error {
 		}
 	}
 	return nil
+}
+
+// finish replays the plan, writes the directory (but in a dry run) and
+// says so: the same for log stores and the archive.
+func (r *restorer) finish(ctx context.Context, start time.Time) (*Result, error) {
+	o := r.o
+	res, err := r.replay(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if !o.DryRun {
+		if err := r.write(res); err != nil {
+			return nil, err
+		}
+	}
+	res.Took = time.Since(start)
+	o.Logger.Info("restore done", "lsn", res.LSN, "batches", res.Batches, "bytes", res.Bytes, "digest", res.Digest,
+		"took", res.Took, "dry_run", o.DryRun)
+	return res, nil
 }
 
 // checkEmpty refuses to restore over anything.
