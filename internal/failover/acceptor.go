@@ -1,0 +1,400 @@
+package failover
+
+import (
+	"fmt"
+
+	"github.com/walship/walship/internal/datadir"
+)
+
+// State is what an acceptor (a log store, or a replica) has persisted of
+// the protocol: its promise, the newest epoch of its log and its cluster.
+// A handler never changes a State: it returns the next one in its Step,
+// which the caller adopts once the Step's effects are durable.
+type State struct {
+	// Vote is the promise: the acceptor refuses every sender of an older
+	// epoch, and grants no other candidate this one (I1, I4).
+	Vote datadir.Vote
+	// LogEpoch is the epoch of the newest entry of its log (its history's
+	// current epoch): never above Vote.Epoch (I2).
+	LogEpoch uint64
+	// Cluster is its cluster id, "" until it has one (I8).
+	Cluster string
+}
+
+// Known is the newest epoch the acceptor knows, promised or stored:
+// datadir.CheckEpoch bounds what a peer may state from it (I9).
+func (s State) Known() uint64 { return max(s.Vote.Epoch, s.LogEpoch) }
+
+// An Effect is something to persist before a Step's answer is sent, in
+// the order the Step lists them.
+type Effect interface{ isEffect() }
+
+// SaveVote makes Vote the promise, durably (I1). Why says what for, for
+// the log.
+type SaveVote struct {
+	Vote datadir.Vote
+	Why  string
+}
+
+// AdoptCluster saves ID as the acceptor's cluster id (it had none) before
+// anything that came with it is acted on (I8). From names the message.
+type AdoptCluster struct{ ID, From string }
+
+// NoteEpoch records, durably, that the log continues in Epoch from
+// FirstLSN, before the entry that begins it is written (I3).
+type NoteEpoch struct{ Epoch, FirstLSN uint64 }
+
+// CutAfter moves the log's entries after LSN into an orphan file (never
+// deletes them) and cuts its history there (I6).
+type CutAfter struct{ LSN uint64 }
+
+func (SaveVote) isEffect()     {}
+func (AdoptCluster) isEffect() {}
+func (NoteEpoch) isEffect()    {}
+func (CutAfter) isEffect()     {}
+
+// Reason is why a message was refused.
+type Reason int
+
+// The reasons a handler refuses a message. Nothing of a refused message
+// is persisted: a refusal's Step has no effects.
+const (
+	// OtherCluster: the message states another cluster's id than the
+	// acceptor's, or none once the acceptor has one, for something that
+	// would change it (I8).
+	OtherCluster Reason = iota + 1
+	// EpochAhead: the sender's (or the batch's) epoch is more than the
+	// bound above the newest the acceptor knows (I9).
+	EpochAhead
+	// StaleEpoch: the sender's epoch is older than the promise (I1).
+	StaleEpoch
+	// StaleBatch: the batch's epoch is older than the log's newest (I3).
+	StaleBatch
+	// Undeclared: the sender stated no epoch (a truncate or a batch on a
+	// stream whose heartbeat declared none).
+	Undeclared
+	// SenderBehindBatch: the heartbeat that came with the batch is of an
+	// older epoch than the batch's: no primary sends that.
+	SenderBehindBatch
+	// BatchAheadOfSender: the batch's epoch is newer than its sender's.
+	BatchAheadOfSender
+	// CutOwnEpoch: the truncate would cut entries of the sender's epoch
+	// or a newer one — never of an epoch the sender's history lacks (I6).
+	CutOwnEpoch
+	// Overlap: the batch overlaps the log and is not an exact
+	// retransmission of what it holds.
+	Overlap
+	// Gap: the batch starts past the log's end.
+	Gap
+)
+
+var reasonNames = map[Reason]string{
+	OtherCluster: "other-cluster", EpochAhead: "epoch-ahead", StaleEpoch: "stale-epoch", StaleBatch: "stale-batch",
+	Undeclared: "undeclared", SenderBehindBatch: "sender-behind-batch", BatchAheadOfSender: "batch-ahead-of-sender",
+	CutOwnEpoch: "cut-own-epoch", Overlap: "overlap", Gap: "gap",
+}
+
+func (r Reason) String() string {
+	if n, ok := reasonNames[r]; ok {
+		return n
+	}
+	return fmt.Sprintf("reason(%d)", int(r))
+}
+
+// Refusal is a refused message: why, and what the caller needs to say so
+// in its own words (each service keeps its messages and gRPC codes).
+type Refusal struct {
+	Reason Reason
+	// Epoch is the epoch refused (the sender's, the batch's); Known the
+	// one it was refused against (the promise, the log's epoch).
+	Epoch, Known uint64
+	// Vote is the promise when refused.
+	Vote datadir.Vote
+	// Err is the bound's error for EpochAhead.
+	Err error
+}
+
+func (r *Refusal) Error() string {
+	switch r.Reason {
+	case EpochAhead:
+		return fmt.Sprintf("%v: %v", r.Reason, r.Err)
+	case OtherCluster:
+		return r.Reason.String()
+	case Undeclared:
+		return "undeclared: the sender has stated no epoch"
+	}
+	return fmt.Sprintf("%v: epoch %d, known %d (%s)", r.Reason, r.Epoch, r.Known, r.Vote)
+}
+
+// Step is a handler's decision: a refusal (and nothing else), or the
+// effects to persist in order before answering, and the state once they
+// are.
+type Step struct {
+	Refused *Refusal
+	// Granted: a fence was granted (a new promise or the same candidate's
+	// retry).
+	Granted bool
+	Effects []Effect
+	// Next is the state once the effects are persisted. After a CutAfter
+	// the log's epoch is the caller's to lower to its cut history's.
+	Next State
+}
+
+func refused(s State, r *Refusal) Step {
+	r.Vote = s.Vote
+	return Step{Refused: r, Next: s}
+}
+
+// requireCluster reports whether a message stating theirs may change an
+// acceptor of ours (rpcerr.RequireCluster's rule).
+func requireCluster(ours, theirs string) bool { return ours == "" || ours == theirs }
+
+// adopt appends the AdoptCluster effect a message of cluster theirs
+// calls for, if the acceptor has no id yet.
+func (st *Step) adopt(theirs, from string) {
+	if theirs != "" && st.Next.Cluster == "" {
+		st.Effects = append(st.Effects, AdoptCluster{ID: theirs, From: from})
+		st.Next.Cluster = theirs
+	}
+}
+
+func (st *Step) saveVote(v datadir.Vote, why string) {
+	st.Effects = append(st.Effects, SaveVote{Vote: v, Why: why})
+	st.Next.Vote = v
+}
+
+// Fence is a candidate's request for the promise of Epoch.
+type Fence struct {
+	Epoch           uint64
+	Candidate, Addr string
+	Cluster         string
+}
+
+// Fence answers a candidate (EpochService.Fence). A candidate of another
+// cluster is refused, changing nothing (I8). A newer epoch is granted —
+// if the candidate states the acceptor's cluster id once it has one —
+// adopting the candidate's cluster id first if the acceptor had none,
+// then persisting the promise (I1); the same candidate asking again for
+// the epoch it was granted is granted again, with no effect; anyone else
+// is answered with the promise as it stands, not granted (I4). Epoch
+// bounds and field checks are the caller's, at its edge.
+func (s State) Fence(m Fence) Step {
+	if m.Cluster != "" && s.Cluster != "" && m.Cluster != s.Cluster {
+		return refused(s, &Refusal{Reason: OtherCluster, Epoch: m.Epoch, Known: s.Vote.Epoch})
+	}
+	retry := m.Epoch == s.Vote.Epoch && m.Candidate == s.Vote.Primary
+	grant := m.Epoch > s.Vote.Epoch
+	if (grant || retry) && !requireCluster(s.Cluster, m.Cluster) {
+		return refused(s, &Refusal{Reason: OtherCluster, Epoch: m.Epoch, Known: s.Vote.Epoch})
+	}
+	st := Step{Next: s, Granted: grant || retry}
+	if grant {
+		st.adopt(m.Cluster, "the fence of candidate "+m.Candidate)
+		st.saveVote(datadir.Vote{Epoch: m.Epoch, Primary: m.Candidate, Addr: m.Addr}, "promised a newer epoch")
+	}
+	return st
+}
+
+// Heartbeat is a primary's heartbeat: the epoch it is primary of, who
+// and where it is, and its cluster.
+type Heartbeat struct {
+	Epoch         uint64
+	Primary, Addr string
+	Cluster       string
+	// Bound is how far above the promise Epoch may be
+	// (datadir.MaxEpochJump); 0: checked by the caller already.
+	Bound uint64
+}
+
+// Heartbeat takes a primary's word, as a replica does on its stream: a
+// primary of another cluster (or of none, once the acceptor has one) is
+// refused (I8), and so is an epoch more than m.Bound above the promise
+// (I9) or older than it (I1: a deposed primary). The primary's cluster id
+// is adopted if the acceptor had none; a newer epoch is promised to that
+// primary; the primary of the epoch promised, if the promise names none
+// (it was made for the log's entries alone), is recorded as its primary.
+func (s State) Heartbeat(m Heartbeat) Step {
+	if !requireCluster(s.Cluster, m.Cluster) {
+		return refused(s, &Refusal{Reason: OtherCluster, Epoch: m.Epoch, Known: s.Vote.Epoch})
+	}
+	if m.Bound != 0 {
+		if err := datadir.CheckEpoch(m.Epoch, s.Vote.Epoch, m.Bound); err != nil {
+			return refused(s, &Refusal{Reason: EpochAhead, Epoch: m.Epoch, Known: s.Vote.Epoch, Err: err})
+		}
+	}
+	if m.Epoch < s.Vote.Epoch {
+		return refused(s, &Refusal{Reason: StaleEpoch, Epoch: m.Epoch, Known: s.Vote.Epoch})
+	}
+	st := Step{Next: s}
+	st.adopt(m.Cluster, "the heartbeat of "+primaryPeer(m.Primary))
+	v, cur := datadir.Vote{Epoch: m.Epoch, Primary: m.Primary, Addr: m.Addr}, s.Vote
+	switch {
+	case v.Epoch > cur.Epoch:
+		st.saveVote(v, "promised a newer epoch")
+	case v.Epoch != 0 && v.Epoch == cur.Epoch && cur.Primary == "" && cur.Addr == "" && (v.Primary != "" || v.Addr != ""):
+		st.saveVote(v, "learnt the primary of the epoch promised")
+	}
+	return st
+}
+
+func primaryPeer(id string) string {
+	if id != "" {
+		return "the primary " + id
+	}
+	return "the primary"
+}
+
+// Entry is the head of one batch to be written: its epoch and LSNs.
+type Entry struct{ Epoch, FirstLSN, LastLSN uint64 }
+
+// Entries decides what writing es (checked, contiguous, in order, the
+// log's next entries) needs first, as a replica writes a round: batches
+// whose sender — the primary streaming them, 0 for entries that come
+// without their primary (a log store's, a snapshot's) — is older than the
+// promise are refused (I1: none is written after a fence); entries of an
+// epoch newer than the promise raise it first, naming no primary (I2);
+// each new epoch is noted in the history before its first entry (I3).
+func (s State) Entries(sender uint64, es []Entry) Step {
+	if sender != 0 && sender < s.Vote.Epoch {
+		return refused(s, &Refusal{Reason: StaleEpoch, Epoch: sender, Known: s.Vote.Epoch})
+	}
+	st := Step{Next: s}
+	var newest uint64
+	for _, e := range es {
+		newest = max(newest, e.Epoch)
+	}
+	if newest > s.Vote.Epoch {
+		st.saveVote(datadir.Vote{Epoch: newest}, "promised a newer epoch")
+	}
+	for _, e := range es {
+		if e.Epoch > st.Next.LogEpoch {
+			st.Effects = append(st.Effects, NoteEpoch{Epoch: e.Epoch, FirstLSN: e.FirstLSN})
+			st.Next.LogEpoch = e.Epoch
+		}
+	}
+	return st
+}
+
+// Append is one request on a log store's Append stream: a heartbeat, a
+// batch or a truncate (a batch comes with a heartbeat or alone).
+type Append struct {
+	// Sender is the epoch the stream's heartbeats declared before this
+	// request (0 if none yet).
+	Sender uint64
+	HB     *Heartbeat
+	Batch  *Entry
+	// Truncate asks to cut the log after TruncateAfter.
+	Truncate      bool
+	TruncateAfter uint64
+	// Last is the log's last LSN (0 if it holds nothing): the batch must
+	// follow it, and a truncate at or past it is a no-op.
+	Last uint64
+	// Differs, for a batch that overlaps the log (FirstLSN <= Last), is
+	// why it is not an exact retransmission of what the log holds there
+	// ("" if it is: accepted, not stored again).
+	Differs string
+}
+
+// AppendStep is Append's decision: the Step, and the sender's epoch the
+// stream declares from now on.
+type AppendStep struct {
+	Step
+	Sender uint64
+	// Store: the batch is to be written (after the effects).
+	Store bool
+	// Why: the reason of an Overlap refusal.
+	Why string
+}
+
+// Append applies the log store's rules to one request of a primary's
+// Append stream. The sender's epoch — what its heartbeats declare — must
+// be at least the promise (I1): a deposed primary is refused, batches,
+// heartbeats and truncates alike. A batch's own epoch is that of the
+// primary that wrote it, at most the sender's; along the log it never goes
+// down (I3) unless the batch is an exact retransmission. A truncate cuts
+// only entries of epochs older than the sender's (I6). A newer epoch is
+// noted in the history, and a newer sender promised (naming it if its
+// heartbeat did), before the request is acknowledged — never for a
+// refused request. The sender's cluster id is adopted first (I8).
+func (s State) Append(m Append) AppendStep {
+	as := AppendStep{Sender: m.Sender}
+	hb, b := m.HB, m.Batch
+	if hb != nil {
+		if !requireCluster(s.Cluster, hb.Cluster) {
+			as.Step = refused(s, &Refusal{Reason: OtherCluster, Epoch: hb.Epoch, Known: s.Vote.Epoch})
+			return as
+		}
+		as.Sender = max(as.Sender, hb.Epoch)
+	}
+	sender := as.Sender
+	switch {
+	case sender == 0:
+		as.Step = refused(s, &Refusal{Reason: Undeclared})
+		return as
+	case sender < s.Vote.Epoch:
+		as.Step = refused(s, &Refusal{Reason: StaleEpoch, Epoch: sender, Known: s.Vote.Epoch})
+		return as
+	case b != nil && hb != nil && hb.Epoch != 0 && hb.Epoch < b.Epoch:
+		as.Step = refused(s, &Refusal{Reason: SenderBehindBatch, Epoch: hb.Epoch, Known: b.Epoch})
+		return as
+	case b != nil && b.Epoch > sender:
+		as.Step = refused(s, &Refusal{Reason: BatchAheadOfSender, Epoch: b.Epoch, Known: sender})
+		return as
+	}
+	as.Step = Step{Next: s}
+	if hb != nil {
+		as.adopt(hb.Cluster, "the heartbeat of "+primaryPeer(hb.Primary))
+	}
+	if m.Truncate {
+		switch {
+		case m.TruncateAfter >= m.Last:
+		case s.LogEpoch >= sender:
+			// The entries a primary cuts are of epochs its history lacks:
+			// older than its own, since entries of its epoch came from it
+			// and a newer one would have been promised, refusing it.
+			as.Step = refused(s, &Refusal{Reason: CutOwnEpoch, Epoch: sender, Known: s.LogEpoch})
+		default:
+			as.Effects = append(as.Effects, CutAfter{LSN: m.TruncateAfter})
+		}
+		return as
+	}
+	if b != nil {
+		overlap := m.Last != 0 && b.FirstLSN <= m.Last
+		if overlap && m.Differs == "" {
+			return as // a retransmission: stored already
+		}
+		switch {
+		case b.Epoch < s.LogEpoch:
+			as.Step = refused(s, &Refusal{Reason: StaleBatch, Epoch: b.Epoch, Known: s.LogEpoch})
+			return as
+		case overlap:
+			as.Step = refused(s, &Refusal{Reason: Overlap, Epoch: b.Epoch, Known: m.Last})
+			as.Why = m.Differs
+			return as
+		case m.Last != 0 && b.FirstLSN > m.Last+1:
+			as.Step = refused(s, &Refusal{Reason: Gap, Epoch: b.Epoch, Known: m.Last})
+			return as
+		}
+		if b.Epoch > s.LogEpoch {
+			as.Effects = append(as.Effects, NoteEpoch{Epoch: b.Epoch, FirstLSN: b.FirstLSN})
+			as.Next.LogEpoch = b.Epoch
+		}
+		as.Store = true
+	}
+	if sender > s.Vote.Epoch {
+		v := datadir.Vote{Epoch: sender}
+		if hb != nil && hb.Epoch == sender {
+			v.Primary, v.Addr = hb.Primary, hb.Addr
+		}
+		as.saveVote(v, "promised a newer epoch")
+	}
+	return as
+}
+
+// Opens reports whether a candidate (id) that won epoch may open it: only
+// if the promise it holds is still its own. While it waited out the old
+// primary's lease it may have granted a newer epoch to another candidate
+// (a second promotion); it keeps that promise and does not open (I4).
+func (s State) Opens(epoch uint64, id string) bool {
+	return s.Vote.Epoch == epoch && s.Vote.Primary == id
+}
