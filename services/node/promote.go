@@ -15,6 +15,7 @@ import (
 	"github.com/walship/walship/internal/backoff"
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/envelope"
+	"github.com/walship/walship/internal/failover"
 	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/tlsid"
@@ -147,70 +148,44 @@ func (n *Node) logStores() []string {
 	return out
 }
 
-// judge applies the quorum rule to answers (those that count: granted
-// ones after a fence, reachable ones in a survey) under contract c, where
-// prev is the replaced primary's id.
+// judge applies the quorum rule (failover.Judge) to answers (those that
+// count: granted ones after a fence, reachable ones in a survey) under
+// contract c, where prev is the replaced primary's id. Every promotion
+// quorum it accepts meets every set that could have acknowledged a commit
+// under c (docs/ARCHITECTURE.md, Failover invariants, I5).
 func judge(c *walshipv1.Contract, prev string, answers []answer, counts func(answer) bool) verdict {
 	var v verdict
-	ls := 0
-	eligible := map[string]bool{}
+	fc := failover.Contract{LogStores: c.GetLogstores(), K: int(c.GetSyncReplicas()), LogStoreSync: c.GetLogstoreSync()}
 	for _, m := range c.GetMembers() {
-		if m.GetId() != prev {
-			eligible[m.GetId()] = true
-		}
+		fc.Members = append(fc.Members, m.GetId())
 	}
-	inContract := map[string]bool{}
-	for _, l := range c.GetLogstores() {
-		inContract[l] = true
-	}
-	reps := 0
+	var counted []answer
+	var fcounted, fall []failover.Answer
 	for _, a := range answers {
+		fa := failover.Answer{ID: a.id, LogStore: a.logstore, LastEpoch: a.lastEpoch, LastLSN: a.lastLSN,
+			PrimaryLast: a.primaryLast, PrimaryDurable: a.primaryDurable}
+		fall = append(fall, fa)
 		if !counts(a) {
 			v.refused = append(v.refused, a.String())
 			continue
 		}
 		v.granted = append(v.granted, a.id)
-		if a.logstore {
-			if inContract[a.id] {
-				ls++
-			}
-		} else if eligible[a.id] {
-			reps++
-		}
-		if v.donor.id == "" || a.lastEpoch > v.donor.lastEpoch || (a.lastEpoch == v.donor.lastEpoch && a.lastLSN > v.donor.lastLSN) {
-			v.donor = a
-		}
+		counted, fcounted = append(counted, a), append(fcounted, fa)
+	}
+	fv := failover.Judge(fc, prev, fcounted, fall)
+	v.quorum, v.atRisk, v.atRiskDurable = fv.Quorum, fv.AtRisk, fv.AtRiskDurable
+	if fv.Donor >= 0 {
+		v.donor = counted[fv.Donor]
 	}
 	nls := len(c.GetLogstores())
-	lsNeed := nls/2 + 1
-	repNeed := 0
-	k := int(c.GetSyncReplicas())
-	switch {
-	case c.GetLogstoreSync():
-		// Every acknowledged commit is on a log store majority.
-	case k > 0:
-		repNeed = len(eligible) - k + 1
-	}
-	v.quorum = nls > 0 && ls >= lsNeed && reps >= repNeed && (k == 0 || c.GetLogstoreSync() || len(eligible) > 0)
-	v.needed = fmt.Sprintf("%d of %d log stores", lsNeed, nls)
-	if repNeed > 0 {
-		v.needed += fmt.Sprintf(" and %d of the %d sync-eligible members (contract: any %d at %s)", repNeed, len(eligible), k, levelName(c.GetSyncLevel()))
+	v.needed = fmt.Sprintf("%d of %d log stores", fv.NeedLogStores, nls)
+	if fv.NeedMembers > 0 {
+		v.needed += fmt.Sprintf(" and %d of the %d sync-eligible members (contract: any %d at %s)", fv.NeedMembers, fv.Eligible, fc.K, levelName(c.GetSyncLevel()))
 	}
 	if nls == 0 {
 		v.needed = "a log store majority, but no log store is configured"
 	}
-	v.needed += fmt.Sprintf("; have %d log stores and %d members", ls, reps)
-	// What the old primary may have written that no answer holds.
-	var last, durable uint64
-	for _, a := range answers {
-		last, durable = max(last, a.primaryLast), max(durable, a.primaryDurable)
-	}
-	if last > v.donor.lastLSN {
-		v.atRisk = [2]uint64{v.donor.lastLSN + 1, last}
-		if durable > v.donor.lastLSN {
-			v.atRiskDurable = min(durable, last)
-		}
-	}
+	v.needed += fmt.Sprintf("; have %d log stores and %d members", fv.LogStores, fv.Members)
 	sort.Strings(v.granted)
 	sort.Strings(v.refused)
 	return v
@@ -276,7 +251,7 @@ func (n *Node) promote(ctx context.Context, req *walshipv1.PromoteRequest) (*wal
 	tl.FencedUnixNano = time.Now().UnixNano()
 	v := judgeAll(known, prev.Primary, answers, promised)
 	v.report(resp, tl)
-	if !v.quorum && !(req.GetForce() && countLogStores(answers) >= len(n.logStores())/2+1) {
+	if !v.quorum && !(req.GetForce() && countLogStores(answers) >= failover.Majority(len(n.logStores()))) {
 		n.metrics.promotions.WithLabelValues("failed").Inc()
 		n.setTimeline(tl)
 		return nil, status.Errorf(codes.FailedPrecondition, "promotion to epoch %d needs %s; the epoch is fenced where granted (the old primary may have lost its lease: promote again, or restart it to rejoin). Answers: %s",

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/failover"
 )
 
 // peers tracks the acknowledged positions of replicas and log stores, and
@@ -241,7 +242,7 @@ func (p *peers) replicaQuorumLocked(c waitClass) uint64 {
 			pos = append(pos, r.at(c.level))
 		}
 	}
-	return kthHighest(pos, c.k)
+	return failover.AckLSN(pos, c.k) // I5: the ack quorum a promotion meets
 }
 
 // counts reports whether replica id's acks count for sync commits.
@@ -258,7 +259,7 @@ func (p *peers) logStoreQuorumLocked() uint64 {
 	for _, l := range p.logstores {
 		pos = append(pos, l.durable)
 	}
-	return kthHighest(pos, p.quorum)
+	return failover.AckLSN(pos, p.quorum) // I5
 }
 
 // logStoreQuorum is logStoreQuorumLocked, locking.
@@ -300,16 +301,6 @@ func (p *peers) archived() (url string, lsn uint64) {
 		lsn = max(lsn, l.archived)
 	}
 	return url, lsn
-}
-
-// kthHighest returns the k-th highest of pos (sorting it), or 0 if there
-// are fewer than k.
-func kthHighest(pos []uint64, k int) uint64 {
-	if k < 1 || len(pos) < k {
-		return 0
-	}
-	slices.Sort(pos)
-	return pos[len(pos)-k]
 }
 
 // addSent counts bytes sent to a replica. It wakes no waiter: sending

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/failover"
 	"github.com/walship/walship/internal/testkit"
 )
 
@@ -111,8 +112,8 @@ func TestKthHighest(t *testing.T) {
 		{nil, 1, 0}, {[]uint64{5}, 1, 5}, {[]uint64{5}, 2, 0}, {[]uint64{3, 9, 7}, 1, 9},
 		{[]uint64{3, 9, 7}, 2, 7}, {[]uint64{3, 9, 7}, 3, 3}, {[]uint64{3, 9, 7}, 0, 0},
 	} {
-		if got := kthHighest(append([]uint64(nil), c.pos...), c.k); got != c.want {
-			t.Errorf("kthHighest(%v, %d) = %d, want %d", c.pos, c.k, got, c.want)
+		if got := failover.AckLSN(append([]uint64(nil), c.pos...), c.k); got != c.want {
+			t.Errorf("AckLSN(%v, %d) = %d, want %d", c.pos, c.k, got, c.want)
 		}
 	}
 }

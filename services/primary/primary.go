@@ -20,6 +20,7 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
+	"github.com/walship/walship/internal/failover"
 	"github.com/walship/walship/internal/kvread"
 	"github.com/walship/walship/internal/recovery"
 	"github.com/walship/walship/internal/serve"
@@ -104,9 +105,7 @@ func New(cfg Config) (*Server, error) {
 	for _, a := range cfg.LogStores {
 		s.peers.logstores[a] = &logstorePos{addr: a}
 	}
-	if n := len(cfg.LogStores); n > 0 {
-		s.peers.quorum = n/2 + 1
-	}
+	s.peers.quorum = failover.Majority(len(cfg.LogStores))
 	s.lease = newLease(cfg.LeaseTimeout, s.peers.quorum)
 	if len(cfg.Members) > 0 {
 		s.peers.eligible = map[string]bool{}
