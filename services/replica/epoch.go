@@ -9,7 +9,9 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
+	"github.com/walship/walship/internal/failover"
 	"github.com/walship/walship/internal/keyspace"
+	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/walserve"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -261,17 +263,13 @@ func (s *Server) Fence(req *walshipv1.FenceRequest) (*walshipv1.FenceResponse, e
 	}
 	s.voteMu.Lock()
 	defer s.voteMu.Unlock()
-	candidate := "the candidate " + req.GetCandidateId()
-	if err := s.refuseOtherCluster(req.GetClusterId(), candidate); err != nil {
-		return nil, err
-	}
-	// A promise needs the cluster's id once the replica has one: a fence
-	// that states none could be a node of another cluster's. One that
-	// would not be granted (not newer) is answered as ever.
-	if v := s.vote.Load(); req.GetEpoch() > v.Epoch || (v.Epoch == req.GetEpoch() && v.Primary == req.GetCandidateId()) {
-		if err := s.requireCluster(req.GetClusterId(), candidate); err != nil {
-			return nil, err
-		}
+	// The rule is the failover core's (I1, I4, I8): another cluster's
+	// candidate, or one stating no id to a replica that has one and would
+	// be granted, is refused; one that would not be granted is answered
+	// as ever.
+	st := s.acceptor().Fence(failover.Fence{Epoch: req.GetEpoch(), Candidate: req.GetCandidateId(), Addr: req.GetCandidateAddr(), Cluster: req.GetClusterId()})
+	if st.Refused != nil {
+		return nil, s.clusterRefused(req.GetClusterId(), "the candidate "+req.GetCandidateId())
 	}
 	// walMu: no batch is written between the flush and the promise.
 	s.walMu.Lock()
@@ -281,27 +279,69 @@ func (s *Server) Fence(req *walshipv1.FenceRequest) (*walshipv1.FenceResponse, e
 		return nil, status.Errorf(codes.Unavailable, "replica %s: wal fsync: %v", s.cfg.ID, err)
 	}
 	resp := s.fenceState()
-	if v := s.vote.Load(); v.Epoch == req.GetEpoch() && v.Primary == req.GetCandidateId() {
-		// The same candidate asking again (a retry): the same answer.
-		resp.Granted, resp.Epoch, resp.PrimaryId, resp.PrimaryAddr = true, v.Epoch, v.Primary, v.Addr
-		return resp, nil
-	}
-	if v := s.vote.Load(); req.GetEpoch() > v.Epoch {
-		if err := s.adoptCluster(req.GetClusterId(), "the fence of candidate "+req.GetCandidateId()); err != nil {
-			return nil, status.Errorf(codes.Unavailable, "replica %s: save the cluster id: %v", s.cfg.ID, err)
+	promised := false
+	for _, e := range st.Effects {
+		switch e := e.(type) {
+		case failover.AdoptCluster:
+			if err := s.adoptCluster(e.ID, e.From); err != nil {
+				return nil, status.Errorf(codes.Unavailable, "replica %s: save the cluster id: %v", s.cfg.ID, err)
+			}
+		case failover.SaveVote:
+			if err := s.saveVoteLocked(e.Vote, e.Why); err != nil {
+				s.metrics.fsyncErrors.Inc()
+				return nil, status.Errorf(codes.Unavailable, "replica %s: save the vote: %v", s.cfg.ID, err)
+			}
+			promised = true
 		}
 	}
-	granted, err := s.promiseLocked(datadir.Vote{Epoch: req.GetEpoch(), Primary: req.GetCandidateId(), Addr: req.GetCandidateAddr()})
-	if err != nil {
-		s.metrics.fsyncErrors.Inc()
-		return nil, status.Errorf(codes.Unavailable, "replica %s: save the vote: %v", s.cfg.ID, err)
-	}
 	v := s.vote.Load()
-	resp.Granted, resp.Epoch, resp.PrimaryId, resp.PrimaryAddr, resp.ClusterId = granted, v.Epoch, v.Primary, v.Addr, s.cluster.ID()
-	if granted {
+	resp.Granted, resp.Epoch, resp.PrimaryId, resp.PrimaryAddr, resp.ClusterId = st.Granted, v.Epoch, v.Primary, v.Addr, s.cluster.ID()
+	if promised {
 		s.metrics.fences.Inc()
 	}
 	return resp, nil
+}
+
+// acceptor is the replica's part of the protocol as the failover core
+// reads it: its promise, its log's newest epoch and its cluster.
+func (s *Server) acceptor() failover.State {
+	return failover.State{Vote: *s.vote.Load(), LogEpoch: s.epoch.Load(), Cluster: s.cluster.ID()}
+}
+
+// persist carries out the effects of a failover core step, in order,
+// before the step's message is acted on; an error is fatal to the
+// follower. Callers hold voteMu if a vote is saved, and walMu (or are the
+// only writer) if an epoch is noted.
+func (s *Server) persist(effects []failover.Effect) error {
+	for _, e := range effects {
+		switch e := e.(type) {
+		case failover.AdoptCluster:
+			if err := s.adoptCluster(e.ID, e.From); err != nil {
+				return err
+			}
+		case failover.SaveVote:
+			if err := s.saveVoteLocked(e.Vote, e.Why); err != nil {
+				return fmt.Errorf("%w: save the vote: %w", errFatal, err)
+			}
+		case failover.NoteEpoch:
+			if err := s.noteEpoch(e.Epoch, e.FirstLSN); err != nil {
+				return fmt.Errorf("%w: %w", errFatal, err)
+			}
+		default:
+			return fmt.Errorf("%w: the replica does not carry out %T", errFatal, e)
+		}
+	}
+	return nil
+}
+
+// clusterRefused is the refusal of peer, which states the cluster id
+// theirs, for a message the failover core refused as another cluster's
+// (logged and counted by requireCluster).
+func (s *Server) clusterRefused(theirs, peer string) error {
+	if err := s.requireCluster(theirs, peer); err != nil {
+		return err
+	}
+	return s.clusterRefusal(rpcerr.OtherCluster("replica "+s.cfg.ID, s.cluster.ID(), peer, theirs), theirs, peer)
 }
 
 // fenceState describes the replica's log for a FenceResponse.

@@ -12,8 +12,8 @@ import (
 	"github.com/walship/walship/internal/backoff"
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/envelope"
+	"github.com/walship/walship/internal/failover"
 	"github.com/walship/walship/internal/rpcerr"
-	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/internal/wal"
 	"github.com/walship/walship/pkg/codec"
 	"google.golang.org/grpc/codes"
@@ -737,43 +737,24 @@ type checked struct {
 	held    int64
 }
 
-// check verifies one batch against the position it must continue (next):
-// CRC and envelope sanity, epoch (at most bound above the promise: the
-// primary's batches by datadir.MaxEpochJump, a log store's it asked for
-// by MaxEpochGap), continuity, then decoding.
+// check verifies one batch against the position it must continue (next)
+// with the donor-batch check every copy of a batch runs
+// (failover.CheckDonorBatch, as a candidate's catch-up does): CRC and
+// envelope sanity, epoch (at most bound above the promise: the primary's
+// batches by datadir.MaxEpochJump, a log store's it asked for by
+// MaxEpochGap; not older than the log's), continuity, then decoding into
+// whole transactions.
 func (s *Server) check(env *walshipv1.WalBatch, next, epoch, bound uint64, c *checked) error {
-	if env == nil {
-		return &refusal{reason: reasonDecode, err: errors.New("empty batch message")}
-	}
-	if err := envelope.Verify(env); err != nil {
-		reason := reasonDecode
-		if errors.Is(err, envelope.ErrChecksum) {
-			reason = reasonCRC
-		}
-		return &refusal{reason: reason, err: err}
-	}
-	if err := datadir.CheckEpoch(env.GetEpoch(), s.vote.Load().Epoch, bound); err != nil {
-		return &refusal{reason: reasonEpoch, err: fmt.Errorf("LSNs %d..%d: batch.epoch: %w", env.GetFirstLsn(), env.GetLastLsn(), err), ahead: true}
-	}
-	if e := epoch; env.GetEpoch() < e {
-		return &refusal{reason: reasonEpoch, err: fmt.Errorf("LSNs %d..%d are from epoch %d, this replica has seen epoch %d",
-			env.GetFirstLsn(), env.GetLastLsn(), env.GetEpoch(), e)}
-	}
-	if env.GetFirstLsn() != next {
-		return &refusal{reason: reasonGap, err: fmt.Errorf("batch starts at LSN %d, want %d", env.GetFirstLsn(), next)}
+	if err := failover.CheckDonorHead(env, next, epoch, s.vote.Load().Epoch, bound); err != nil {
+		return donorRefusal(err)
 	}
 	start := time.Now()
-	err := envelope.DecodePayload(env, &c.batch)
+	err := failover.CheckDonorWhole(env, &c.batch)
 	if cd, cerr := codec.ByID(codec.ID(env.GetCodec())); cerr == nil {
 		s.metrics.decodeSeconds.WithLabelValues(cd.Name()).Observe(time.Since(start).Seconds())
 	}
 	if err != nil {
-		return &refusal{reason: reasonDecode, err: err}
-	}
-	// One the state could never apply (a record of one transaction inside
-	// another's) is refused here, not stored and then fatal at every apply.
-	if err := state.CheckBatch(&c.batch); err != nil {
-		return &refusal{reason: reasonDecode, err: err}
+		return donorRefusal(err)
 	}
 	data, err := envelope.Marshal(env)
 	if err != nil {
@@ -781,6 +762,25 @@ func (s *Server) check(env *walshipv1.WalBatch, next, epoch, bound uint64, c *ch
 	}
 	c.env, c.data = env, data
 	return nil
+}
+
+// donorRefusal is the replica's refusal for a failed donor-batch check.
+func donorRefusal(err error) error {
+	var de *failover.DonorError
+	if !errors.As(err, &de) {
+		return &refusal{reason: reasonDecode, err: err}
+	}
+	switch de.Reason {
+	case failover.DonorCRC:
+		return &refusal{reason: reasonCRC, err: de.Err}
+	case failover.DonorEpochAhead:
+		return &refusal{reason: reasonEpoch, err: de.Err, ahead: true}
+	case failover.DonorEpochStale:
+		return &refusal{reason: reasonEpoch, err: de.Err}
+	case failover.DonorGap:
+		return &refusal{reason: reasonGap, err: de.Err}
+	}
+	return &refusal{reason: reasonDecode, err: de.Err}
 }
 
 // acceptPrimary checks a heartbeat against the replica's cluster and
@@ -794,23 +794,21 @@ func (s *Server) check(env *walshipv1.WalBatch, next, epoch, bound uint64, c *ch
 func (s *Server) acceptPrimary(hb *walshipv1.Heartbeat) error {
 	s.voteMu.Lock()
 	defer s.voteMu.Unlock()
-	if err := s.checkPeerCluster(hb.GetClusterId(), "heartbeat.cluster_id", primaryPeer(hb)); err != nil {
-		return err
+	if err := checkClusterID("heartbeat.cluster_id", hb.GetClusterId()); err != nil {
+		return &refusal{reason: reasonDecode, err: err}
 	}
-	v := s.vote.Load()
-	if err := datadir.CheckEpoch(hb.GetEpoch(), v.Epoch, datadir.MaxEpochJump); err != nil {
-		return &refusal{reason: reasonEpoch, err: fmt.Errorf("heartbeat.epoch: %w", err), ahead: true}
+	st := s.acceptor().Heartbeat(failover.Heartbeat{Epoch: hb.GetEpoch(), Primary: hb.GetPrimaryId(), Addr: hb.GetPrimaryAddr(),
+		Cluster: hb.GetClusterId(), Bound: datadir.MaxEpochJump})
+	if r := st.Refused; r != nil {
+		switch r.Reason {
+		case failover.OtherCluster:
+			return s.clusterRefused(hb.GetClusterId(), primaryPeer(hb))
+		case failover.EpochAhead:
+			return &refusal{reason: reasonEpoch, err: fmt.Errorf("heartbeat.epoch: %w", r.Err), ahead: true}
+		}
+		return &refusal{reason: reasonEpoch, err: fmt.Errorf("heartbeat from epoch %d: this replica has promised epoch %d (%s)", r.Epoch, r.Vote.Epoch, r.Vote.String())}
 	}
-	if e := hb.GetEpoch(); e < v.Epoch {
-		return &refusal{reason: reasonEpoch, err: fmt.Errorf("heartbeat from epoch %d: this replica has promised epoch %d (%s)", e, v.Epoch, v.String())}
-	}
-	if err := s.adoptCluster(hb.GetClusterId(), "the heartbeat of "+primaryPeer(hb)); err != nil {
-		return err
-	}
-	if _, err := s.learnLocked(datadir.Vote{Epoch: hb.GetEpoch(), Primary: hb.GetPrimaryId(), Addr: hb.GetPrimaryAddr()}); err != nil {
-		return fmt.Errorf("%w: save the vote: %w", errFatal, err)
-	}
-	return nil
+	return s.persist(st.Effects)
 }
 
 // write runs the first half of a round: it checks the batches in order,
@@ -820,7 +818,7 @@ func (s *Server) acceptPrimary(hb *walshipv1.Heartbeat) error {
 // sending primary's epoch (0 from a log store): batches from a primary
 // older than the replica's promise are refused, checked under walMu so
 // that none is written after a fence. Batches of an epoch newer than the
-// promise raise it first (promiseLogEpochLocked).
+// promise raise it first (failover.State.Entries; I2).
 func (s *Server) write(round []*walshipv1.WalBatch, streamEpoch uint64, written func()) error {
 	good := make([]checked, len(round))
 	next, epoch := s.wal.LastLSN()+1, s.epoch.Load()
@@ -869,21 +867,26 @@ func (s *Server) appendRound(good []checked, streamEpoch, newest uint64) error {
 	}
 	s.walMu.Lock()
 	defer s.walMu.Unlock()
-	if v := s.vote.Load(); streamEpoch != 0 && streamEpoch < v.Epoch {
+	heads := make([]failover.Entry, len(good))
+	for i := range good {
+		heads[i] = failover.Entry{Epoch: good[i].env.GetEpoch(), FirstLSN: good[i].env.GetFirstLsn(), LastLSN: good[i].env.GetLastLsn()}
+	}
+	// The history decides which epochs are new to the log (a directory
+	// from before histories may know a newer epoch than its history).
+	as := s.acceptor()
+	as.LogEpoch = s.history.Load().Current().Epoch
+	st := as.Entries(streamEpoch, heads)
+	if r := st.Refused; r != nil {
 		s.metrics.refused.WithLabelValues(reasonEpoch).Add(float64(len(good)))
-		return &refusal{reason: reasonEpoch, err: fmt.Errorf("batches from a primary of epoch %d: this replica has promised epoch %d (%s)", streamEpoch, v.Epoch, v.String())}
+		return &refusal{reason: reasonEpoch, err: fmt.Errorf("batches from a primary of epoch %d: this replica has promised epoch %d (%s)", streamEpoch, r.Vote.Epoch, r.Vote.String())}
 	}
-	if newest > s.vote.Load().Epoch { // voteMu held: taken above
-		if err := s.promiseLogEpochLocked(newest); err != nil {
-			return fmt.Errorf("%w: %w", errFatal, err)
-		}
+	// The promise and the history are durable before anything of a new
+	// epoch is written (voteMu held if the promise grows: taken above).
+	if err := s.persist(st.Effects); err != nil {
+		return err
 	}
-	// The history is durable before anything of a new epoch is written.
 	entries := make([]wal.Entry, len(good))
 	for i := range good {
-		if err := s.noteEpoch(good[i].env.GetEpoch(), good[i].env.GetFirstLsn()); err != nil {
-			return fmt.Errorf("%w: %w", errFatal, err)
-		}
 		entries[i] = wal.Entry{FirstLSN: good[i].env.GetFirstLsn(), LastLSN: good[i].env.GetLastLsn(), Data: good[i].data}
 	}
 	if err := s.wal.Append(entries...); err != nil {
