@@ -13,6 +13,7 @@ import (
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/envelope"
+	"github.com/walship/walship/internal/failover"
 	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/wal"
 	"github.com/walship/walship/pkg/codec"
@@ -564,21 +565,23 @@ func (s *Server) round(reqs []*appendReq) error {
 	return nil
 }
 
-// admit applies the epoch and continuity rules to one request. It appends
-// an accepted batch to entries (and moves last); a retransmission of exactly
-// what is stored is accepted without being stored again.
+// admit applies the epoch and continuity rules — the failover core's
+// Append (internal/failover) — to one request, and carries out what it
+// decides. It appends an accepted batch to entries (and moves last); a
+// retransmission of exactly what is stored is accepted without being
+// stored again.
 //
 // Two epochs are checked. The sender's — what its heartbeats declare, the
 // first one before anything else (checkDeclared) — must be at least the
 // epoch promised (a fence, or a newer primary seen): a deposed primary is
 // refused, batches, heartbeats and cuts alike, so an idle one learns it
-// too. A batch's own epoch is that of the primary that wrote it: a new
-// primary catching the log store up ships the batches of earlier epochs
-// byte for byte. Along the log it never goes down: a batch of an epoch
-// older than the newest stored is refused unless it is an exact
-// retransmission. A newer epoch is saved in the history, and a newer
-// sender epoch promised, before the batch that brings it is acknowledged —
-// never from a refused request.
+// too (I1). A batch's own epoch is that of the primary that wrote it: a
+// new primary catching the log store up ships the batches of earlier
+// epochs byte for byte. Along the log it never goes down: a batch of an
+// epoch older than the newest stored is refused unless it is an exact
+// retransmission (I3). A newer epoch is saved in the history, and a newer
+// sender epoch promised, before the batch that brings it is acknowledged
+// — never from a refused request.
 func (s *Server) admit(r *appendReq, walLast uint64, last *uint64, entries *[]wal.Entry) (refused, fatal error) {
 	if r.refill != nil {
 		return s.admitRefill(r, walLast, last, entries)
@@ -589,81 +592,90 @@ func (s *Server) admit(r *appendReq, walLast uint64, last *uint64, entries *[]wa
 		return s.errRefilling(), nil
 	}
 	st, hb, b := r.st, r.hb, r.env
+	m := failover.Append{Sender: st.epoch, Truncate: r.cut, TruncateAfter: r.cutAfter, Last: *last}
 	if hb != nil {
-		if err := s.requireCluster(hb.GetClusterId(), primaryPeer(hb)); err != nil {
-			return err, nil
+		m.HB = &failover.Heartbeat{Epoch: hb.GetEpoch(), Primary: hb.GetPrimaryId(), Addr: hb.GetPrimaryAddr(), Cluster: hb.GetClusterId()}
+	}
+	if r.cut {
+		m.Last = s.durableLSN()
+	}
+	if b != nil {
+		m.Batch = &failover.Entry{Epoch: b.Epoch, FirstLSN: b.FirstLsn, LastLSN: b.LastLsn}
+		if *last != 0 && b.FirstLsn <= *last {
+			// "" for a retransmission of what is stored: acked (if the
+			// stream passes the core's rules), not stored again.
+			m.Differs = s.differsFromStored(b, r.data, walLast, *entries)
 		}
 	}
-	if hb != nil && hb.Epoch > st.epoch {
-		st.epoch = hb.Epoch
+	as := s.acceptor().Append(m)
+	st.epoch = as.Sender
+	if ref := as.Refused; ref != nil {
+		return s.appendRefusal(ref, hb, b, r.cutAfter, *last, as.Why), nil
 	}
-	sender := st.epoch
-	if sender == 0 {
-		// receive refuses such a stream at its first message; nothing
-		// undeclared may pass the fence as "no epoch".
-		return refuse(rpcerr.ErrInvalid, "heartbeat.epoch: the stream has not declared the sender's epoch"), nil
-	}
-	if v := s.vote.Load(); sender < v.Epoch {
-		return refuse(rpcerr.ErrStaleEpoch, "stale epoch %d, log store is at epoch %d%s", sender, v.Epoch, primaryName(*v)), nil
-	}
-	if b != nil && hb != nil && hb.Epoch != 0 && hb.Epoch < b.Epoch {
-		// The sender is at an older epoch than the primary that wrote the
-		// batch: no primary sends that.
-		return refuse(rpcerr.ErrInvalid, "heartbeat.epoch: %d is older than its batch's epoch %d", hb.Epoch, b.Epoch), nil
-	}
-	if b != nil && b.Epoch > sender {
-		return refuse(rpcerr.ErrInvalid, "batch.epoch: %d is newer than the stream's epoch %d", b.Epoch, sender), nil
-	}
-	// A primary this log store accepts and whose cluster it did not know
-	// yet: its cluster's id is saved before anything it sent is acted on.
-	if id := hb.GetClusterId(); id != "" && s.cluster.ID() == "" {
-		if err := s.adoptCluster(id, "the heartbeat of "+primaryPeer(hb)); err != nil {
-			return nil, err
+	for _, e := range as.Effects {
+		switch e := e.(type) {
+		case failover.AdoptCluster:
+			if err := s.adoptCluster(e.ID, e.From); err != nil {
+				return nil, err
+			}
+		case failover.CutAfter:
+			if refused, fatal := s.cut(e.LSN); refused != nil || fatal != nil {
+				return refused, fatal
+			}
+		case failover.NoteEpoch:
+			if err := s.noteEpoch(e.Epoch, e.FirstLSN); err != nil {
+				return nil, err
+			}
+		case failover.SaveVote:
+			if err := s.saveVote(e.Vote); err != nil {
+				return nil, err
+			}
+		default:
+			return nil, fmt.Errorf("the log store does not carry out %T", e)
 		}
 	}
 	if r.cut {
-		return s.cut(r.cutAfter, sender)
+		return nil, nil
 	}
-	if b != nil {
-		overlap := *last != 0 && b.FirstLsn <= *last
-		var why string
-		if overlap {
-			if why = s.differsFromStored(b, r.data, walLast, *entries); why == "" {
-				s.lastContact = time.Now()
-				return nil, nil
-			}
-		}
-		if le := s.logEpoch.Load(); b.Epoch < le {
-			return refuse(rpcerr.ErrStaleEpoch, "stale epoch %d: batch LSNs %d..%d would follow stored batches of epoch %d", b.Epoch, b.FirstLsn, b.LastLsn, le), nil
-		}
-		switch {
-		case overlap:
-			return refuse(errOutOfRange, "overlap: batch LSNs %d..%d, log store ends at LSN %d and %s", b.FirstLsn, b.LastLsn, *last, why), nil
-		case *last != 0 && b.FirstLsn > *last+1:
-			// The primary no longer has what follows this log: its peers
-			// may, if it has any.
-			if s.beginRefill(fmt.Sprintf("the primary's oldest batch starts at LSN %d, after this log store's last LSN %d", b.FirstLsn, *last)) {
-				return s.errRefilling(), nil
-			}
-			return refuse(rpcerr.ErrInvalid, "gap: batch starts at LSN %d, log store ends at LSN %d", b.FirstLsn, *last), nil
-		}
-		if err := s.noteEpoch(b.Epoch, b.FirstLsn); err != nil {
-			return nil, err
-		}
+	if as.Store {
 		*entries = append(*entries, wal.Entry{FirstLSN: b.FirstLsn, LastLSN: b.LastLsn, Data: r.data})
 		*last = b.LastLsn
 	}
-	if v := s.vote.Load(); sender > v.Epoch {
-		nv := datadir.Vote{Epoch: sender}
-		if hb != nil && hb.Epoch == sender {
-			nv.Primary, nv.Addr = hb.PrimaryId, hb.PrimaryAddr
-		}
-		if err := s.saveVote(nv); err != nil {
-			return nil, err
-		}
-	}
 	s.lastContact = time.Now()
 	return nil, nil
+}
+
+// appendRefusal is the log store's answer to an Append request the
+// failover core refused: each reason in its own words and gRPC code.
+func (s *Server) appendRefusal(ref *failover.Refusal, hb *walshipv1.Heartbeat, b *walshipv1.WalBatch, cutAfter, last uint64, why string) error {
+	switch ref.Reason {
+	case failover.OtherCluster:
+		return s.clusterRefused(hb.GetClusterId(), primaryPeer(hb))
+	case failover.Undeclared:
+		// receive refuses such a stream at its first message; nothing
+		// undeclared may pass the fence as "no epoch".
+		return refuse(rpcerr.ErrInvalid, "heartbeat.epoch: the stream has not declared the sender's epoch")
+	case failover.StaleEpoch:
+		return refuse(rpcerr.ErrStaleEpoch, "stale epoch %d, log store is at epoch %d%s", ref.Epoch, ref.Vote.Epoch, primaryName(ref.Vote))
+	case failover.SenderBehindBatch:
+		return refuse(rpcerr.ErrInvalid, "heartbeat.epoch: %d is older than its batch's epoch %d", ref.Epoch, ref.Known)
+	case failover.BatchAheadOfSender:
+		return refuse(rpcerr.ErrInvalid, "batch.epoch: %d is newer than the stream's epoch %d", ref.Epoch, ref.Known)
+	case failover.CutOwnEpoch:
+		return refuse(rpcerr.ErrInvalid, "truncate_after_lsn: %d would cut stored entries of epoch %d, not older than the stream's epoch %d", cutAfter, ref.Known, ref.Epoch)
+	case failover.StaleBatch:
+		return refuse(rpcerr.ErrStaleEpoch, "stale epoch %d: batch LSNs %d..%d would follow stored batches of epoch %d", b.Epoch, b.FirstLsn, b.LastLsn, ref.Known)
+	case failover.Overlap:
+		return refuse(errOutOfRange, "overlap: batch LSNs %d..%d, log store ends at LSN %d and %s", b.FirstLsn, b.LastLsn, last, why)
+	case failover.Gap:
+		// The primary no longer has what follows this log: its peers
+		// may, if it has any.
+		if s.beginRefill(fmt.Sprintf("the primary's oldest batch starts at LSN %d, after this log store's last LSN %d", b.FirstLsn, last)) {
+			return s.errRefilling()
+		}
+		return refuse(rpcerr.ErrInvalid, "gap: batch starts at LSN %d, log store ends at LSN %d", b.FirstLsn, last)
+	}
+	return refuse(rpcerr.ErrInvalid, "append request refused: %v", ref)
 }
 
 // primaryPeer names the primary that sent hb, for a refusal.

@@ -10,6 +10,7 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
+	"github.com/walship/walship/internal/failover"
 	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/wal"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -92,63 +93,76 @@ func checkClusterID(field, id string) error {
 }
 
 // handleFence answers a fence on the writer goroutine (walMu held by no
-// one else meanwhile): refuse a candidate of another cluster, changing
-// nothing; grant it if its epoch is newer than the promise — and it states
-// the log store's cluster id, once the log store has one — persisting
-// the candidate's cluster id (if the log store had none) and the new
-// promise first, and end every Append stream of an older epoch so that a
-// deposed primary learns at once. An error is fatal.
+// one else meanwhile) by the failover core's rule (I1, I4, I8): refuse a
+// candidate of another cluster, changing nothing; grant it if its epoch is
+// newer than the promise — and it states the log store's cluster id, once
+// the log store has one — persisting the candidate's cluster id (if the
+// log store had none) and the new promise first, and end every Append
+// stream of an older epoch so that a deposed primary learns at once; the
+// same candidate asking again is granted again. An error is fatal.
 func (s *Server) handleFence(r *appendReq) error {
 	s.walMu.Lock()
 	defer s.walMu.Unlock()
 	req := r.fence
-	candidate := "the candidate " + req.GetCandidateId()
-	if err := s.refuseOtherCluster(req.GetClusterId(), candidate); err != nil {
-		r.fenced <- fenceResult{err: err}
+	st := s.acceptor().Fence(failover.Fence{Epoch: req.GetEpoch(), Candidate: req.GetCandidateId(), Addr: req.GetCandidateAddr(), Cluster: req.GetClusterId()})
+	if st.Refused != nil {
+		r.fenced <- fenceResult{err: s.clusterRefused(req.GetClusterId(), "the candidate "+req.GetCandidateId())}
 		return nil
 	}
-	v := *s.vote.Load()
 	resp := s.fenceState()
 	if !s.lastContact.IsZero() {
 		resp.SincePrimaryContact = durationpb.New(time.Since(s.lastContact))
 	}
-	if req.GetEpoch() <= v.Epoch {
-		// The same candidate asking again (a retry) gets the same answer;
-		// any other learns who holds the epoch, as Status tells, which
-		// deposes a primary that restarted without a cluster id.
-		resp.Granted = req.GetEpoch() == v.Epoch && req.GetCandidateId() == v.Primary && s.requireCluster(req.GetClusterId(), candidate) == nil
-		resp.Epoch, resp.PrimaryId, resp.PrimaryAddr = v.Epoch, v.Primary, v.Addr
-		r.fenced <- fenceResult{resp: resp}
-		return nil
-	}
-	// A promise needs the cluster's id: a fence that states none would
-	// otherwise let a node of another cluster (or of none) depose this
-	// cluster's primary and cut its log.
-	if err := s.requireCluster(req.GetClusterId(), candidate); err != nil {
-		r.fenced <- fenceResult{err: err}
-		return nil
-	}
-	nv := datadir.Vote{Epoch: req.GetEpoch(), Primary: req.GetCandidateId(), Addr: req.GetCandidateAddr()}
-	if err := s.adoptCluster(req.GetClusterId(), "the fence of candidate "+req.GetCandidateId()); err != nil {
-		r.fenced <- fenceResult{err: refuse(rpcerr.ErrUnavailable, "log store failed: %v", err)}
-		return err
-	}
-	if err := s.saveVote(nv); err != nil {
-		r.fenced <- fenceResult{err: refuse(rpcerr.ErrUnavailable, "log store failed: %v", err)}
-		return err
-	}
-	s.metrics.fences.Inc()
-	resp.Granted, resp.Epoch, resp.PrimaryId, resp.PrimaryAddr, resp.ClusterId = true, nv.Epoch, nv.Primary, nv.Addr, s.cluster.ID()
-	stale := refuse(rpcerr.ErrStaleEpoch, "fenced: the log store promised epoch %d to %s (%s)", nv.Epoch, nv.Primary, nv.Addr)
-	s.mu.Lock()
-	for st := range s.streams {
-		if st.epoch < nv.Epoch {
-			st.setErr(stale)
+	promised := false
+	for _, e := range st.Effects {
+		var err error
+		switch e := e.(type) {
+		case failover.AdoptCluster:
+			err = s.adoptCluster(e.ID, e.From)
+		case failover.SaveVote:
+			err, promised = s.saveVote(e.Vote), true
+		default:
+			err = fmt.Errorf("the log store does not carry out %T", e)
+		}
+		if err != nil {
+			r.fenced <- fenceResult{err: refuse(rpcerr.ErrUnavailable, "log store failed: %v", err)}
+			return err
 		}
 	}
-	s.mu.Unlock()
+	// Any other candidate learns who holds the epoch, as Status tells,
+	// which deposes a primary that restarted without a cluster id.
+	v := *s.vote.Load()
+	resp.Granted, resp.Epoch, resp.PrimaryId, resp.PrimaryAddr = st.Granted, v.Epoch, v.Primary, v.Addr
+	if promised {
+		s.metrics.fences.Inc()
+		resp.ClusterId = s.cluster.ID()
+		stale := refuse(rpcerr.ErrStaleEpoch, "fenced: the log store promised epoch %d to %s (%s)", v.Epoch, v.Primary, v.Addr)
+		s.mu.Lock()
+		for st := range s.streams {
+			if st.epoch < v.Epoch {
+				st.setErr(stale)
+			}
+		}
+		s.mu.Unlock()
+	}
 	r.fenced <- fenceResult{resp: resp}
 	return nil
+}
+
+// acceptor is the log store's part of the protocol as the failover core
+// reads it: its promise, its log's newest epoch and its cluster.
+func (s *Server) acceptor() failover.State {
+	return failover.State{Vote: *s.vote.Load(), LogEpoch: s.logEpoch.Load(), Cluster: s.cluster.ID()}
+}
+
+// clusterRefused is the refusal of peer, which states the cluster id
+// theirs, for a message the failover core refused as another cluster's
+// (logged and counted by requireCluster).
+func (s *Server) clusterRefused(theirs, peer string) error {
+	if err := s.requireCluster(theirs, peer); err != nil {
+		return err
+	}
+	return s.clusterRefusal(rpcerr.OtherCluster("log store", s.cluster.ID(), peer, theirs), theirs, peer)
 }
 
 // fenceState is the part of a FenceResponse that describes the stored log.
@@ -171,20 +185,14 @@ func (s *Server) id() string {
 }
 
 // cut removes the stored entries after lsn, keeping them in an orphan
-// file: a primary whose history does not have them asked for it. Writer
-// only, walMu held. A cut at or past the end is a no-op; one inside a batch,
-// or one that would remove entries of the sender's epoch or a newer one,
-// is refused.
-func (s *Server) cut(lsn, sender uint64) (refused, fatal error) {
+// file (I6): a primary whose history does not have them asked for it, and
+// the failover core checked that they are of epochs older than its own.
+// Writer only, walMu held. A cut at or past the end is a no-op; one inside
+// a batch, or before the first stored LSN, is refused.
+func (s *Server) cut(lsn uint64) (refused, fatal error) {
 	last := s.durableLSN()
 	if lsn >= last {
 		return nil, nil
-	}
-	if le := s.logEpoch.Load(); le >= sender {
-		// The entries a primary cuts are of epochs its history lacks:
-		// older than its own, since entries of its epoch came from it and
-		// a newer one would have been promised, refusing it.
-		return refuse(rpcerr.ErrInvalid, "truncate_after_lsn: %d would cut stored entries of epoch %d, not older than the stream's epoch %d", lsn, le, sender), nil
 	}
 	if lsn < s.wal.FirstLSN()-1 && s.wal.FirstLSN() != 0 {
 		return refuse(errOutOfRange, "truncate_after_lsn: %d is before the first stored LSN %d", lsn, s.wal.FirstLSN()), nil
