@@ -20,6 +20,7 @@ import (
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/tlsid"
 	"github.com/walship/walship/internal/wal"
+	"github.com/walship/walship/pkg/codec"
 	"github.com/walship/walship/services/primary"
 	"github.com/walship/walship/services/replica"
 	"google.golang.org/grpc"
@@ -438,7 +439,8 @@ func answerOf(answers []answer, id string) answer {
 // primary, plus a tenth; none if the primary of the newest epoch seen
 // promised (it has stepped down: an older primary's promise says nothing
 // of a newer one), else less the shortest time since a promising log
-// store last heard from a primary.
+// store last heard from a primary. With the primary's side (lease.valid)
+// it is docs/ARCHITECTURE.md's Failover invariant 7.
 func (n *Node) leaseWait(known []*walshipv1.Contract, answers []answer, seen uint64) time.Duration {
 	lease := n.cfg.Primary.LeaseTimeout
 	for _, c := range known {
@@ -875,19 +877,12 @@ func copyFrom(ctx context.Context, addr string, logstore bool, log *wal.Log, las
 		if b.GetLastLsn() <= log.LastLSN() {
 			continue
 		}
-		if err := envelope.Verify(b); err != nil {
-			return records, bytes, newest, fmt.Errorf("batch %d..%d: %w", b.GetFirstLsn(), b.GetLastLsn(), err)
-		}
-		if err := datadir.CheckEpoch(b.GetEpoch(), opening, datadir.MaxEpochJump); err != nil {
-			return records, bytes, newest, fmt.Errorf("batch %d..%d: epoch: %w", b.GetFirstLsn(), b.GetLastLsn(), err)
-		}
-		if b.GetFirstLsn() != log.LastLSN()+1 {
-			return records, bytes, newest, fmt.Errorf("the donor sent LSNs %d..%d after LSN %d", b.GetFirstLsn(), b.GetLastLsn(), log.LastLSN())
-		}
-		if b.GetEpoch() < epoch {
-			// Epochs only grow along a log: the donor's history and this
-			// one's part earlier than the cut said.
-			return records, bytes, newest, fmt.Errorf("the donor sent LSNs %d..%d of epoch %d after entries of epoch %d", b.GetFirstLsn(), b.GetLastLsn(), b.GetEpoch(), epoch)
+		// The check a replica's catch-up runs (I3, I9): CRC, epoch within
+		// datadir.MaxEpochJump of the one opened and not older than the
+		// log's, continuity, and whole transactions a replica can apply.
+		var cb codec.Batch
+		if err := failover.CheckDonorBatch(b, log.LastLSN()+1, epoch, opening, datadir.MaxEpochJump, &cb); err != nil {
+			return records, bytes, newest, fmt.Errorf("the donor's batch %d..%d: %w", b.GetFirstLsn(), b.GetLastLsn(), err)
 		}
 		epoch, newest = b.GetEpoch(), b.GetEpoch()
 		data, err := envelope.Marshal(b)
