@@ -485,6 +485,10 @@ func (l *lease) renew(addr string, sent time.Time) {
 	}
 }
 
+// valid reports whether the primary may still answer: a log store
+// majority echoed a heartbeat sent less than the lease ago
+// (docs/ARCHITECTURE.md, Failover invariant 7; the candidate's side is
+// node's leaseWait).
 func (l *lease) valid() bool {
 	if l.quorum == 0 {
 		return true
