@@ -24,6 +24,7 @@ import (
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/archive"
 	"github.com/walship/walship/internal/datadir"
+	"github.com/walship/walship/internal/failover"
 	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/vfs"
 	"github.com/walship/walship/services/primary"
@@ -383,13 +384,20 @@ func (n *Node) Run(ctx context.Context) error {
 		} else {
 			go func() { done <- rep.Run(rctx) }()
 		}
+		// The loop is failover.Transition's state machine: state is where
+		// the node is, each outcome below an event.
+		state := failover.Replica
+		if role == RolePrimary {
+			state = failover.Primary
+		}
 		var err error
 		var p *plan
 		select {
 		case err = <-done:
 		case p = <-n.plans:
+			state = n.transition(state, failover.Planned)
 			// The old primary's lease runs out first, while this replica
-			// (fenced, following no one) still serves its reads.
+			// (fenced, following no one) still serves its reads (I7).
 			n.waitLease(ctx, p)
 			cancel()
 			err = <-done
@@ -400,16 +408,18 @@ func (n *Node) Run(ctx context.Context) error {
 		cancel()
 		var deposed *primary.DeposedError
 		if ctx.Err() != nil {
+			n.transition(state, failover.Stop)
 			if errors.As(err, &deposed) {
 				return nil // told to stop, it handed over (or was fenced) first
 			}
 			return err
 		}
 		switch {
-		case p != nil && err == nil:
+		case state == failover.LeaseWait && err == nil:
+			state = n.transition(state, failover.RoleStoppedForPromotion)
 			n.logger.Info("replica stopped for its promotion", "epoch", p.epoch)
 			// While it waited out the lease, the replica may have promised
-			// a newer epoch to another candidate: it keeps that promise.
+			// a newer epoch to another candidate: it keeps that promise (I4).
 			perr := superseded(rep.Vote(), p.epoch, n.cfg.ID)
 			if perr == nil {
 				perr = n.carryOut(ctx, p)
@@ -420,13 +430,21 @@ func (n *Node) Run(ctx context.Context) error {
 			}
 			n.promoting.Store(false)
 			if perr != nil {
+				e := failover.OpenFailed
+				if errors.Is(perr, errSuperseded) {
+					e = failover.Superseded
+				}
+				n.transition(state, e)
 				n.logger.Error("promotion stopped after fencing; back to the replica role", "epoch", p.epoch, "err", perr)
 				n.noteFailure(p, perr)
 				if err := n.become(RoleReplica, datadir.Vote{}); err != nil {
 					return err
 				}
+			} else {
+				n.transition(state, failover.Opened)
 			}
-		case role == RolePrimary && errors.As(err, &deposed):
+		case state == failover.Primary && errors.As(err, &deposed):
+			n.transition(state, failover.Deposed)
 			n.metrics.stepDowns.Inc()
 			v := n.findPrimary(ctx, deposed.Vote)
 			n.logger.Warn("stepped down; rejoining as a replica", "why", deposed.Why, "epoch", v.Epoch, "primary", v.Primary, "addr", v.Addr)
@@ -434,9 +452,20 @@ func (n *Node) Run(ctx context.Context) error {
 				return err
 			}
 		default:
+			n.transition(state, failover.RoleExited)
 			return err
 		}
 	}
+}
+
+// transition is failover.Transition for the run loop: an event that
+// cannot happen where the node is would be a bug in Run, logged.
+func (n *Node) transition(s failover.NodeState, e failover.NodeEvent) failover.NodeState {
+	next, ok := failover.Transition(s, e)
+	if !ok {
+		n.logger.Error("the run loop took an event its state does not have", "state", s.String(), "event", e.String())
+	}
+	return next
 }
 
 // handOver switches over to the most advanced connected replica, if any
@@ -469,11 +498,14 @@ func (n *Node) handOver(prim *primary.Server) {
 // superseded is the error of a promotion to epoch whose candidate (id)
 // has since promised a newer epoch, or nil if its vote is still its own.
 func superseded(v datadir.Vote, epoch uint64, id string) error {
-	if v.Epoch == epoch && v.Primary == id {
+	if (failover.State{Vote: v}).Opens(epoch, id) {
 		return nil
 	}
-	return fmt.Errorf("superseded: this node promised epoch %d to %s (%s) while it waited to open epoch %d", v.Epoch, v.Primary, v.Addr, epoch)
+	return fmt.Errorf("%w: this node promised epoch %d to %s (%s) while it waited to open epoch %d", errSuperseded, v.Epoch, v.Primary, v.Addr, epoch)
 }
+
+// errSuperseded marks a promotion that another, newer, superseded.
+var errSuperseded = errors.New("superseded")
 
 // findPrimary completes what a deposition said about the new primary with
 // what the log stores say (the candidate's address, which a refusing
