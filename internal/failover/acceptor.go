@@ -227,14 +227,37 @@ func (s State) Heartbeat(m Heartbeat) Step {
 	}
 	st := Step{Next: s}
 	st.adopt(m.Cluster, "the heartbeat of "+primaryPeer(m.Primary))
-	v, cur := datadir.Vote{Epoch: m.Epoch, Primary: m.Primary, Addr: m.Addr}, s.Vote
-	switch {
-	case v.Epoch > cur.Epoch:
+	v := datadir.Vote{Epoch: m.Epoch, Primary: m.Primary, Addr: m.Addr}
+	if v.Epoch > s.Vote.Epoch {
 		st.saveVote(v, "promised a newer epoch")
-	case v.Epoch != 0 && v.Epoch == cur.Epoch && cur.Primary == "" && cur.Addr == "" && (v.Primary != "" || v.Addr != ""):
-		st.saveVote(v, "learnt the primary of the epoch promised")
+	} else if why := learns(s.Vote, v); why != "" {
+		st.saveVote(v, why)
 	}
 	return st
+}
+
+// learns says why the heartbeat of v's primary, of the epoch promised
+// (cur), names the primary the promise should name ("" if it names it
+// already, or names no one). A primary streams only once it has won its
+// epoch from a log store majority, and only one candidate wins an epoch
+// (I4), so its heartbeat names the epoch's primary: a promise of that
+// epoch that names no one (made for the log's entries alone) learns it;
+// one that names another candidate — one that fenced this node and lost
+// the epoch, such as an old primary restarting with its original command
+// line after a promotion it missed, or the loser of two promotions that
+// chose the same epoch — is corrected, so that Status, and whoever asks
+// this node who the primary is, names the one primary of the epoch.
+// Granting is unchanged: it takes a newer epoch.
+func learns(cur, v datadir.Vote) string {
+	switch {
+	case v.Epoch == 0 || v.Epoch != cur.Epoch || (v.Primary == "" && v.Addr == ""):
+		return ""
+	case cur.Primary == "" && cur.Addr == "":
+		return "learnt the primary of the epoch promised"
+	case v.Primary != "" && v.Addr != "" && cur.Primary != "" && v.Primary != cur.Primary:
+		return "the primary of the epoch promised is another than the candidate it was promised to"
+	}
+	return ""
 }
 
 func primaryPeer(id string) string {
@@ -381,12 +404,14 @@ func (s State) Append(m Append) AppendStep {
 		}
 		as.Store = true
 	}
+	v := datadir.Vote{Epoch: sender}
+	if hb != nil && hb.Epoch == sender {
+		v.Primary, v.Addr = hb.Primary, hb.Addr
+	}
 	if sender > s.Vote.Epoch {
-		v := datadir.Vote{Epoch: sender}
-		if hb != nil && hb.Epoch == sender {
-			v.Primary, v.Addr = hb.Primary, hb.Addr
-		}
 		as.saveVote(v, "promised a newer epoch")
+	} else if why := learns(s.Vote, v); why != "" {
+		as.saveVote(v, why)
 	}
 	return as
 }

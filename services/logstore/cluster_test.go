@@ -77,9 +77,11 @@ func TestClusterIdentity(t *testing.T) {
 	wantCode(t, err, codes.FailedPrecondition, "cluster id mismatch: this log store belongs to cluster "+clusterA+", the candidate n1 states no cluster id")
 	// One it would not grant anyway is answered, naming the holder: a
 	// primary that restarts from a directory older than cluster ids learns
-	// it was deposed, and rejoins.
-	if resp, err := fence.Fence(t.Context(), &walshipv1.FenceRequest{Epoch: 1, CandidateId: "n1", CandidateAddr: "n1:1"}); err != nil || resp.Granted || resp.Epoch != 1 || resp.PrimaryId != "a1" {
-		t.Fatalf("a fence of an epoch not newer, stating no cluster: %v, %v; want not granted, naming a1 at epoch 1", resp, err)
+	// it was deposed, and rejoins. The holder is the primary that streams
+	// in epoch 1, p (the fence granted it to a1, but only the winner of an
+	// epoch streams in it: failover, learns).
+	if resp, err := fence.Fence(t.Context(), &walshipv1.FenceRequest{Epoch: 1, CandidateId: "n1", CandidateAddr: "n1:1"}); err != nil || resp.Granted || resp.Epoch != 1 || resp.PrimaryId != "p" {
+		t.Fatalf("a fence of an epoch not newer, stating no cluster: %v, %v; want not granted, naming p at epoch 1", resp, err)
 	}
 	none := r.append(t)
 	none.heartbeat(1)

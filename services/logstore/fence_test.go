@@ -3,6 +3,7 @@ package logstore
 import (
 	"math"
 	"testing"
+	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
@@ -176,5 +177,41 @@ func TestCut(t *testing.T) {
 	}
 	if orphans, err := datadir.ListOrphans(vfs.OS, dir); err != nil || len(orphans) != 1 || orphans[0].FirstLSN != 3 || orphans[0].LastLSN != 6 {
 		t.Fatalf("orphans after the cut: %v, %v", orphans, err)
+	}
+}
+
+// TestMissedPromotionNamesTheWinner (issue 35, item 7): a log store that
+// missed the promotion of c1 to epoch 4 grants epoch 4 to the old primary
+// p1, restarting with its original command line (it proposes the epoch
+// after the newest it knows). p1 loses that election — the log stores that
+// promised c1 refuse it, and a majority is needed — and rejoins as a
+// replica: safe. But the log store kept naming p1 as the primary of epoch
+// 4 while c1 streamed to it, so Status (and `walship ctl status`) showed
+// two primaries for one epoch. The heartbeat of the epoch's primary names
+// it: only the winner of an epoch streams in it.
+func TestMissedPromotionNamesTheWinner(t *testing.T) {
+	dir := t.TempDir()
+	r := start(t, testConfig(t, dir))
+	old := r.append(t)
+	old.heartbeat(3)
+	old.send(chain(t, 3, 1, 2, 10)...)
+	old.waitDurable(4)
+	resp, err := walshipv1.NewEpochServiceClient(r.conn).Fence(t.Context(), &walshipv1.FenceRequest{Epoch: 4, CandidateId: "p1", CandidateAddr: "p1:7401"})
+	if err != nil || !resp.Granted {
+		t.Fatalf("the restarted old primary's fence: %v, %v; want granted (this log store missed the promotion)", resp, err)
+	}
+	winner := r.append(t)
+	winner.declared = true
+	winner.sendOrEnded(&walshipv1.AppendRequest{Heartbeat: &walshipv1.Heartbeat{Epoch: 4, PrimaryId: "c1", PrimaryAddr: "c1:7401",
+		TimeUnixNano: time.Now().UnixNano(), ReplyRequested: true}}, "heartbeat")
+	if ack := winner.ack(); ack.Epoch != 4 {
+		t.Fatalf("the winner's heartbeat: ack of epoch %d, want 4", ack.Epoch)
+	}
+	st, err := walshipv1.NewLogStoreServiceClient(r.conn).Status(t.Context(), &walshipv1.LogStoreServiceStatusRequest{})
+	if err != nil || st.GetVoteEpoch() != 4 || st.GetPrimaryId() != "c1" || st.GetPrimaryAddr() != "c1:7401" {
+		t.Fatalf("status after the winner's heartbeat: epoch %d held by %q at %q, %v; want c1 at c1:7401", st.GetVoteEpoch(), st.GetPrimaryId(), st.GetPrimaryAddr(), err)
+	}
+	if v, err := datadir.LoadVote(vfs.OS, dir); err != nil || v != (datadir.Vote{Epoch: 4, Primary: "c1", Addr: "c1:7401"}) {
+		t.Fatalf("vote: %v, %v; want epoch 4 held by c1", v, err)
 	}
 }

@@ -172,7 +172,7 @@ var commands = map[string]command{
 	"injected":                {0, nil, (*transcript).injected},
 	"accept":                  {1, nil, (*transcript).accept},
 	"send":                    {3, []string{"durable", "reply-at"}, (*transcript).send},
-	"heartbeat":               {1, []string{"epoch", "last", "durable", "reply", "primary-id"}, (*transcript).heartbeat},
+	"heartbeat":               {1, []string{"epoch", "last", "durable", "reply", "primary-id", "advertise"}, (*transcript).heartbeat},
 	"end":                     {1, []string{"code", "msg"}, (*transcript).end},
 	"diverged":                {1, []string{"keep", "epoch", "durable"}, (*transcript).diverged},
 	"await-ack":               {1, []string{"forbid"}, (*transcript).awaitAck},
@@ -286,10 +286,14 @@ func (e *transcript) heartbeat(t *testing.T, td *datadriven.TestData) string {
 	td.ScanArgs(t, "last", &last)
 	durable := last
 	td.MaybeScanArgs(t, "durable", &durable)
-	var id string
+	var id, addr string
 	td.MaybeScanArgs(t, "primary-id", &id)
+	if td.HasArg("advertise") {
+		// The primary's own address, as a primary advertises it.
+		addr = e.primaries[arg(t, td, 0)].addr
+	}
 	e.streamSend(t, arg(t, td, 0), &walshipv1.StreamResponse{DurableLsn: durable, Msg: &walshipv1.StreamResponse_Heartbeat{Heartbeat: &walshipv1.Heartbeat{
-		Epoch: epoch, LastLsn: last, TimeUnixNano: time.Now().UnixNano(), ReplyRequested: td.HasArg("reply"), PrimaryId: id,
+		Epoch: epoch, LastLsn: last, TimeUnixNano: time.Now().UnixNano(), ReplyRequested: td.HasArg("reply"), PrimaryId: id, PrimaryAddr: addr,
 	}}})
 	return ""
 }
