@@ -423,3 +423,34 @@ func (s State) Append(m Append) AppendStep {
 func (s State) Opens(epoch uint64, id string) bool {
 	return s.Vote.Epoch == epoch && s.Vote.Primary == id
 }
+
+// LearnFromLogStores is the primary an acceptor learns from its log
+// stores' promises (their Status answers, votes, of n log stores) for the
+// epoch it has promised, and why ("" if none): a primary other than the
+// one its promise names, named by a majority of the log stores. A
+// majority's promise of an epoch to one primary means that primary won
+// the epoch (I4: every majority meets every other, and an acceptor
+// grants an epoch to one candidate; the log stores a winner streams to
+// name it), so the promise held names a candidate that lost — such as
+// this node itself after a promotion that did not open, which would
+// otherwise keep dialing the old primary forever (issue 35, item 8).
+// A minority, or an answer without an address, teaches nothing; newer
+// epochs are the caller's rule.
+func (s State) LearnFromLogStores(votes []datadir.Vote, n int) (datadir.Vote, string) {
+	cur := s.Vote
+	if cur.Epoch == 0 {
+		return datadir.Vote{}, ""
+	}
+	count := map[datadir.Vote]int{}
+	for _, v := range votes {
+		if v.Epoch == cur.Epoch && v.Primary != "" && v.Addr != "" && v.Primary != cur.Primary {
+			count[v]++
+		}
+	}
+	for v, c := range count {
+		if c >= Majority(n) {
+			return v, "a log store majority names the primary of the epoch promised, another than the candidate it was promised to"
+		}
+	}
+	return datadir.Vote{}, ""
+}

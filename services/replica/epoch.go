@@ -532,14 +532,19 @@ func (s *Server) learnPrimary(err error) bool {
 // askLogStore asks the log stores which epoch they have promised and to
 // whom, and follows the newest primary named if it is newer than this
 // replica's promise (or names the primary of the epoch promised, if the
-// promise names none). A log store of another cluster is not asked.
+// promise names none), or — for the epoch promised — the primary a
+// majority of them names, if the promise names another candidate: one
+// that lost, this node itself after a promotion that did not open
+// (failover.State.LearnFromLogStores). A log store of another cluster is
+// not asked.
 func (s *Server) askLogStore(ctx context.Context) {
 	var newest datadir.Vote
+	var named []datadir.Vote
 	for _, ls := range s.logstores {
 		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		st, err := ls.client.Status(actx, &walshipv1.LogStoreServiceStatusRequest{})
 		cancel()
-		if err != nil || st.GetPrimaryAddr() == "" || st.GetVoteEpoch() <= newest.Epoch || datadir.CheckEpoch(st.GetVoteEpoch(), s.Vote().Epoch, datadir.MaxEpochGap) != nil {
+		if err != nil || st.GetPrimaryAddr() == "" || datadir.CheckEpoch(st.GetVoteEpoch(), s.Vote().Epoch, datadir.MaxEpochGap) != nil {
 			continue
 		}
 		if ours, theirs := s.cluster.ID(), st.GetClusterId(); ours != "" && ours != theirs {
@@ -547,7 +552,11 @@ func (s *Server) askLogStore(ctx context.Context) {
 				"logstore", ls.addr, "cluster_id", ours, "logstore_cluster_id", theirs)
 			continue
 		}
-		newest = datadir.Vote{Epoch: st.GetVoteEpoch(), Primary: st.GetPrimaryId(), Addr: st.GetPrimaryAddr()}
+		v := datadir.Vote{Epoch: st.GetVoteEpoch(), Primary: st.GetPrimaryId(), Addr: st.GetPrimaryAddr()}
+		named = append(named, v)
+		if v.Epoch > newest.Epoch {
+			newest = v
+		}
 	}
 	if newest.Epoch == 0 {
 		return
@@ -556,6 +565,12 @@ func (s *Server) askLogStore(ctx context.Context) {
 	defer s.voteMu.Unlock()
 	if changed, err := s.learnLocked(newest); err == nil && changed {
 		s.logger.Info("a log store named the primary", "vote", newest.String())
+		return
+	}
+	if v, why := s.acceptor().LearnFromLogStores(named, len(s.logstores)); why != "" {
+		if err := s.saveVoteLocked(v, why); err != nil {
+			s.logger.Warn("cannot save the vote for the primary the log stores named", "vote", v.String(), "err", err)
+		}
 	}
 }
 

@@ -214,12 +214,15 @@ type fakeLogStore struct {
 	// first and durable are the LSNs its Status says it holds; unless a
 	// test sets them, everything (whatever its Read then does).
 	first, durable atomic.Uint64
+	// votePrimary and voteAddr: the primary its promise names (mu).
+	votePrimary, voteAddr string
 }
 
 func (f *fakeLogStore) Status(context.Context, *walshipv1.LogStoreServiceStatusRequest) (*walshipv1.LogStoreServiceStatusResponse, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	st := &walshipv1.LogStoreServiceStatusResponse{VoteEpoch: f.voteEpoch.Load(), FirstLsn: f.first.Load(), DurableLsn: f.durable.Load()}
+	st := &walshipv1.LogStoreServiceStatusResponse{VoteEpoch: f.voteEpoch.Load(), FirstLsn: f.first.Load(), DurableLsn: f.durable.Load(),
+		PrimaryId: f.votePrimary, PrimaryAddr: f.voteAddr}
 	if f.snap != nil {
 		st.Snapshots = []*walshipv1.SnapshotInfo{{Lsn: f.snap.AppliedLSN(), Epoch: f.snapEpoch, Keys: uint64(f.snap.Len()), StateDigest: f.snap.Digest().String()}}
 	}

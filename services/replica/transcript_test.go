@@ -47,7 +47,7 @@ import (
 //
 //	new-primary <p>...              scripted ReplicationServices
 //	serve-snapshot <p> <h>          p's Snapshot serves h's state as of now
-//	logstore [serve=<h>] [first=N] [out-of-range] [silent] [vote-epoch=E]
+//	logstore [serve=<h>] [first=N] [out-of-range] [silent] [vote-epoch=E] [vote-primary=ID@pN]
 //	                                the log store (created at first use;
 //	                                then given to the replica at start):
 //	                                Read serves h's batches as of now (none
@@ -160,7 +160,7 @@ var commands = map[string]command{
 	"fork":                    {1, []string{"from", "at"}, (*transcript).fork},
 	"new-primary":             {-1, nil, (*transcript).newPrimaries},
 	"serve-snapshot":          {2, nil, (*transcript).serveSnapshot},
-	"logstore":                {0, []string{"serve", "first", "out-of-range", "silent", "vote-epoch"}, (*transcript).logstore},
+	"logstore":                {0, []string{"serve", "first", "out-of-range", "silent", "vote-epoch", "vote-primary"}, (*transcript).logstore},
 	"logstore-snapshot":       {1, nil, (*transcript).logstoreSnapshot},
 	"logstore-snapshot-calls": {0, nil, (*transcript).logstoreSnapshotCalls},
 	"start":                   {0, []string{"primary", "fs", "heartbeat", "flush-delay"}, (*transcript).start},
@@ -596,6 +596,14 @@ func (e *transcript) logstore(t *testing.T, td *datadriven.TestData) string {
 	var epoch uint64
 	if td.MaybeScanArgs(t, "vote-epoch", &epoch) {
 		e.ls.voteEpoch.Store(epoch)
+	}
+	var primary string
+	if td.MaybeScanArgs(t, "vote-primary", &primary) {
+		// "id@pN": the primary its promise names, at fake primary pN's address.
+		id, name, _ := strings.Cut(primary, "@")
+		e.ls.mu.Lock()
+		e.ls.votePrimary, e.ls.voteAddr = id, e.primaries[name].addr
+		e.ls.mu.Unlock()
 	}
 	return ""
 }
