@@ -149,13 +149,15 @@ func refused(s State, r *Refusal) Step {
 // acceptor of ours (rpcerr.RequireCluster's rule).
 func requireCluster(ours, theirs string) bool { return ours == "" || ours == theirs }
 
-// adopt appends the AdoptCluster effect a message of cluster theirs
-// calls for, if the acceptor has no id yet.
+// adopts reports whether a message of cluster theirs makes the acceptor
+// adopt it (it has no id yet).
+func (st *Step) adopts(theirs string) bool { return theirs != "" && st.Next.Cluster == "" }
+
+// adopt appends the AdoptCluster effect for theirs; callers check adopts
+// first, so that the common path builds no string.
 func (st *Step) adopt(theirs, from string) {
-	if theirs != "" && st.Next.Cluster == "" {
-		st.Effects = append(st.Effects, AdoptCluster{ID: theirs, From: from})
-		st.Next.Cluster = theirs
-	}
+	st.Effects = append(st.Effects, AdoptCluster{ID: theirs, From: from})
+	st.Next.Cluster = theirs
 }
 
 func (st *Step) saveVote(v datadir.Vote, why string) {
@@ -189,7 +191,9 @@ func (s State) Fence(m Fence) Step {
 	}
 	st := Step{Next: s, Granted: grant || retry}
 	if grant {
-		st.adopt(m.Cluster, "the fence of candidate "+m.Candidate)
+		if st.adopts(m.Cluster) {
+			st.adopt(m.Cluster, "the fence of candidate "+m.Candidate)
+		}
 		st.saveVote(datadir.Vote{Epoch: m.Epoch, Primary: m.Candidate, Addr: m.Addr}, "promised a newer epoch")
 	}
 	return st
@@ -226,7 +230,9 @@ func (s State) Heartbeat(m Heartbeat) Step {
 		return refused(s, &Refusal{Reason: StaleEpoch, Epoch: m.Epoch, Known: s.Vote.Epoch})
 	}
 	st := Step{Next: s}
-	st.adopt(m.Cluster, "the heartbeat of "+primaryPeer(m.Primary))
+	if st.adopts(m.Cluster) {
+		st.adopt(m.Cluster, "the heartbeat of "+primaryPeer(m.Primary))
+	}
 	v := datadir.Vote{Epoch: m.Epoch, Primary: m.Primary, Addr: m.Addr}
 	if v.Epoch > s.Vote.Epoch {
 		st.saveVote(v, "promised a newer epoch")
@@ -366,7 +372,9 @@ func (s State) Append(m Append) AppendStep {
 	}
 	as.Step = Step{Next: s}
 	if hb != nil {
-		as.adopt(hb.Cluster, "the heartbeat of "+primaryPeer(hb.Primary))
+		if as.adopts(hb.Cluster) {
+			as.adopt(hb.Cluster, "the heartbeat of "+primaryPeer(hb.Primary))
+		}
 	}
 	if m.Truncate {
 		switch {
