@@ -35,8 +35,11 @@ all: build
 
 build: $(BIN)/walship
 
+# The same flags as `go run` and `go test`, so that it shares their build
+# cache (a static, trimmed build shares none of it: 12 minutes cold on two
+# cores). `make image` builds the static one.
 $(BIN)/walship: FORCE
-	CGO_ENABLED=0 $(GO) build -trimpath -o $@ ./cmd/walship
+	$(GO) build -o $@ ./cmd/walship
 
 FORCE:
 
