@@ -253,7 +253,7 @@ func TestSecurityFilesCheckedAtStart(t *testing.T) {
 // unless --pprof-public asks for it (then logged), and without a metrics
 // listener at all.
 func TestMetricsAndProfilesOnLoopback(t *testing.T) {
-	for _, cmd := range []string{"primary", "replica", "logstore"} {
+	for _, cmd := range []string{"primary", "replica", "node", "logstore"} {
 		fs, _ := NewFlagSet(cmd, &Env{})
 		for _, name := range []string{"listen", "metrics-listen"} {
 			if def := fs.Lookup(name).DefValue; !loopback(def) {

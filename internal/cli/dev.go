@@ -227,7 +227,7 @@ refuse to upload. %[6]sA restore needs nothing but the archive:
   walship ctl status --nodes %[2]s     # ARCHIVED column, archive lag and uploader
   walship ctl verify %[3]s
   walship restore %[3]s --latest --data-dir %[4]s
-  walship replica --read-only --data-dir %[4]s --listen %[5]s --metrics-listen ''
+  walship replica --read-only --id restored --data-dir %[4]s --listen %[5]s --metrics-listen ''
 
 `, arch.URL, strings.Join(addrs, ","), flags, shellQuote(restored), net.JoinHostPort(host, strconv.Itoa(roPort)), creds)
 }

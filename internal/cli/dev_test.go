@@ -70,8 +70,17 @@ func (d *devRun) node(t *testing.T, name string) string {
 // prefix ("walship restore"), without "walship".
 func (d *devRun) hint(t *testing.T, prefix string) []string {
 	t.Helper()
-	for _, line := range strings.Split(d.out.String(), "\n") {
-		if line = strings.TrimSpace(line); strings.HasPrefix(line, prefix+" ") {
+	return hintIn(t, d.out.String(), prefix)
+}
+
+// hintIn is the argument list of the command line in out that starts
+// with prefix, without "walship".
+func hintIn(t *testing.T, out, prefix string) []string {
+	t.Helper()
+	for _, line := range strings.Split(out, "\n") {
+		// The command may follow a label on its line ("Start it: walship ...").
+		if i := strings.Index(line, prefix+" "); i >= 0 {
+			line = line[i:]
 			if i := strings.Index(line, "  #"); i > 0 {
 				line = line[:i]
 			}
@@ -86,8 +95,20 @@ func (d *devRun) hint(t *testing.T, prefix string) []string {
 			return f[1:]
 		}
 	}
-	t.Fatalf("no hint %q in:\n%s", prefix, d.out.String())
+	t.Fatalf("no hint %q in:\n%s", prefix, out)
 	return nil
+}
+
+// flagValue is the value of --name in args (a hint's argument list).
+func flagValue(t *testing.T, args []string, name string) string {
+	t.Helper()
+	for i, a := range args {
+		if a == "--"+name && i+1 < len(args) {
+			return args[i+1]
+		}
+	}
+	t.Fatalf("no --%s in %q", name, args)
+	return ""
 }
 
 func devConn(t *testing.T, addr string) *grpc.ClientConn {
@@ -166,9 +187,11 @@ func TestDevArchive(t *testing.T) {
 				t.Fatalf("walship %s: exit %d, want %q\n%s%s", strings.Join(restore, " "), code, want, rout, rerr)
 			}
 			ro := d.hint(t, "walship replica")
-			if ro[3] != restore[len(restore)-1] {
-				t.Fatalf("the read-only replica's hint starts %s, the restore wrote %s", ro[3], restore[len(restore)-1])
+			if dir := flagValue(t, ro, "data-dir"); dir != flagValue(t, restore, "data-dir") {
+				t.Fatalf("the read-only replica's hint serves %s, the restore wrote %s", dir, flagValue(t, restore, "data-dir"))
 			}
+			// As printed, it serves (it has an --id, and ports of its own).
+			runHint(t, ro, "replica serving")()
 		})
 	}
 }

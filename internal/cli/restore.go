@@ -4,11 +4,16 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
+	"net"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/walship/walship/internal/archive"
+	"github.com/walship/walship/internal/freeport"
 	"github.com/walship/walship/internal/restore"
 )
 
@@ -134,6 +139,59 @@ func printRestore(env *Env, res *restore.Result, dryRun bool, dataDir string) {
 	fmt.Fprintf(w, "took\t%v (replay %v, %.1f MB/s)\n", res.Took.Round(time.Millisecond), res.Replayed.Round(time.Millisecond), res.ReplayMBps())
 	fmt.Fprintf(w, "data dir\t%s, new cluster %s\n", dataDir, res.ClusterID)
 	_ = w.Flush()
-	fmt.Fprintf(env.Stdout, "\nStart it as a read-only node:  walship replica --read-only --data-dir %s\n", dataDir)
-	fmt.Fprintf(env.Stdout, "or as the primary of a new cluster (new log stores):  walship primary --data-dir %s --logstore NEW-LOG-STORES\n", dataDir)
+	printRestoredNext(env.Stdout, dataDir)
+}
+
+// printRestoredNext prints the commands that start the restored directory,
+// runnable as printed beside whatever else runs here (walship dev's nodes
+// take 7400.. and 9400..): an id, and free gRPC and metrics ports on
+// loopback, the first pair from 7409 and 9409 on.
+func printRestoredNext(w io.Writer, dataDir string) {
+	id := filepath.Base(dataDir)
+	if !validNodeID(id) {
+		id = "restored"
+	}
+	listen, metrics := freePair("127.0.0.1", 7409, 9409, 90)
+	args := fmt.Sprintf("--id %s --data-dir %s --listen %s --metrics-listen %s", id, shellQuote(dataDir), listen, metrics)
+	fmt.Fprintf(w, "\nStart it as a read-only node (Get and Scan of the restored state; no writes):\n  walship replica --read-only %s\n", args)
+	fmt.Fprintf(w, "or as the primary of a new cluster, taking writes from the restored state on:\n  walship primary %s\n", args)
+}
+
+// validNodeID reports whether id is a valid --id: 1..64 of [A-Za-z0-9._-].
+func validNodeID(id string) bool {
+	if id == "" || len(id) > 64 || id == "." || id == ".." {
+		return false
+	}
+	for _, r := range id {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("._-", r)) {
+			return false
+		}
+	}
+	return true
+}
+
+// freePair returns host:a and host:b, the first pair of ports a, b =
+// grpcFrom+i, metricsFrom+i (i < n) that nothing listens on, so that a
+// printed command is predictable and yet runs; else two ports freeport
+// picks.
+func freePair(host string, grpcFrom, metricsFrom, n int) (string, string) {
+	free := func(port int) bool {
+		l, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+		if err != nil {
+			return false
+		}
+		return l.Close() == nil
+	}
+	for i := range n {
+		if free(grpcFrom+i) && free(metricsFrom+i) {
+			return net.JoinHostPort(host, strconv.Itoa(grpcFrom+i)), net.JoinHostPort(host, strconv.Itoa(metricsFrom+i))
+		}
+	}
+	a, errA := freeport.Pick(host)
+	b, errB := freeport.Pick(host)
+	if errA != nil || errB != nil {
+		// Nothing better to offer than the first pair, taken or not.
+		return net.JoinHostPort(host, strconv.Itoa(grpcFrom)), net.JoinHostPort(host, strconv.Itoa(metricsFrom))
+	}
+	return a, b
 }
