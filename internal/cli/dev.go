@@ -97,11 +97,16 @@ func devFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 		if err != nil {
 			return err
 		}
-		clusterID := "-"
-		if st, err := c.Status(ctx, c.Primary); err == nil && st.GetClusterId() != "" {
-			clusterID = st.GetClusterId()
+		clusterID, putLSN := "-", uint64(0)
+		if st, err := c.Status(ctx, c.Primary); err == nil {
+			if st.GetClusterId() != "" {
+				clusterID = st.GetClusterId()
+			}
+			// The LSN the printed Put will return, if it is the next
+			// write: a Put is two records, the put and its commit.
+			putLSN = st.GetLastLsn() + 2
 		}
-		printDev(env, c, dataDir, tlsDir, clusterID)
+		printDev(env, c, dataDir, tlsDir, clusterID, putLSN)
 		if arch.Set() {
 			printDevArchive(env, c, dataDir, host, basePort, arch)
 		}
@@ -145,7 +150,7 @@ func devTransport(env *Env, host string, withTLS, plaintext bool) error {
 	return nil
 }
 
-func printDev(env *Env, c *cluster.Cluster, dataDir, tlsDir, clusterID string) {
+func printDev(env *Env, c *cluster.Cluster, dataDir, tlsDir, clusterID string, putLSN uint64) {
 	w := env.Stdout
 	fmt.Fprintf(w, "\nwalship dev cluster is up (data in %s). Ctrl-C stops it.\n", dataDir)
 	fmt.Fprintf(w, "Cluster id %s: stamped in every node's DATA_DIR/cluster; a node of another cluster is refused.\n\n", clusterID)
@@ -180,7 +185,7 @@ Try it (grpcurl needs no .proto files: every node serves reflection):
 
   grpcurl %[6]s %[1]s list
   grpcurl %[6]s -d '{"key":"hello","value":"d29ybGQ="}' %[1]s %[3]s/Put
-  grpcurl %[6]s -d '{"key":"hello","min_lsn":"<lsn from Put>"}' %[2]s %[3]s/Get
+  grpcurl %[6]s -d '{"key":"hello","min_lsn":"%[7]d"}' %[2]s %[3]s/Get      # %[7]d: the LSN the Put returned
   grpcurl %[6]s -d '{"key":"hello","policy":{"replication":"REPLICATION_MODE_SYNC","sync_replicas":2,"sync_level":"SYNC_LEVEL_APPLY"}}' %[1]s %[3]s/Put
   grpcurl %[6]s %[1]s walship.v1.AdminService/Status
   grpcurl %[6]s %[2]s walship.v1.AdminService/Status
@@ -197,7 +202,7 @@ Check that it is linearizable (a bounded workload of its own, checked with porcu
 
   walship check linear --primary %[1]s --replica %[2]s --duration 10s
 
-`, p, r, walshipv1.KVService_ServiceDesc.ServiceName, strings.Join(addrs, ","), os.Getpid(), g)
+`, p, r, walshipv1.KVService_ServiceDesc.ServiceName, strings.Join(addrs, ","), os.Getpid(), g, putLSN)
 }
 
 // printDevArchive says where the dev cluster archives and how to check

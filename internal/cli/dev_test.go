@@ -223,3 +223,23 @@ func hasLine(out string, fields ...string) bool {
 	}
 	return false
 }
+
+// TestDevGetHintNamesThePutsLSN: the read-your-write hint walship dev
+// prints runs as printed: its min_lsn is the LSN the printed Put returns
+// (a placeholder would be refused as an invalid uint64).
+func TestDevGetHintNamesThePutsLSN(t *testing.T) {
+	d := startDev(t, "--replicas", "1")
+	var get string
+	for _, line := range strings.Split(d.out.String(), "\n") {
+		if strings.Contains(line, `"min_lsn":`) {
+			get = line
+		}
+	}
+	put, err := walshipv1.NewKVServiceClient(devConn(t, d.node(t, "primary"))).Put(t.Context(), &walshipv1.PutRequest{Key: "hello", Value: []byte("world")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf(`"min_lsn":"%d"`, put.GetLsn()); !strings.Contains(get, want) {
+		t.Fatalf("the Get hint %q; want %s, the LSN the Put returned", get, want)
+	}
+}
