@@ -10,9 +10,9 @@ import (
 )
 
 // The walship binary of this test binary: $WALSHIP_BIN when it names a file
-// (make test sets it), else cmd/walship built once (statically,
-// CGO_ENABLED=0) into a temporary directory, which [Main] removes when the
-// tests are done.
+// (make test sets it), else cmd/walship built once into a temporary
+// directory, which [Main] removes when the tests are done: with `go run`'s
+// flags, as `make build` does, so that it shares their build cache.
 var (
 	binOnce sync.Once
 	binPath string
@@ -47,7 +47,6 @@ func Walship(tb testing.TB) string {
 		}
 		binDir, binPath = dir, filepath.Join(dir, "walship")
 		cmd := exec.Command("go", "build", "-o", binPath, "github.com/walship/walship/cmd/walship")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			binErr = fmt.Errorf("go build walship: %v\n%s", err, out)
 		}
