@@ -40,7 +40,9 @@ import (
 // dev` first stops the one before it; the others stop at the end of their
 // block; a `walship dev --archive` counts as serving once its archive
 // holds what its primary wrote: a person typing the next command is
-// slower than that first upload); every other command must exit 0. A command's trailing comment
+// slower than that first upload); every other command must exit 0, or
+// fail when its comment starts with "fails". Each runs in bash with the
+// environment the commands before it exported, as in one terminal. A command's trailing comment
 // says what it prints: every `"name": value` pair in it (grpcurl's JSON)
 // and every `backquoted` text must be in its output (runs of spaces count
 // as one).
@@ -279,6 +281,7 @@ func TestReadme(t *testing.T) {
 	env := append(cleanEnv(), "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"))
 	base := readmeBasePort(t)
 	tmp := t.TempDir()
+	envFile := filepath.Join(t.TempDir(), "env")
 	rewrite := func(s string) string {
 		s = portRE.ReplaceAllStringFunc(s, func(m string) string {
 			sm := portRE.FindStringSubmatch(m)
@@ -342,14 +345,18 @@ func TestReadme(t *testing.T) {
 			}
 			ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 			var out bytes.Buffer
-			cmd := exec.CommandContext(ctx, "bash", "-c", text)
+			// The command, then its environment for the next ones.
+			cmd := exec.CommandContext(ctx, "bash", "-c", text+"\n__rc=$?; env -0 >"+envFile+"; exit $__rc")
 			cmd.Env, cmd.Stdout, cmd.Stderr = env, &out, &out
 			t0 := time.Now()
 			err := cmd.Run()
 			cancel()
 			t.Logf("README.md:%d (%v): %s", c.line, time.Since(t0).Round(time.Millisecond), strings.Join(strings.Fields(text), " "))
-			if err != nil {
-				t.Fatalf("README.md:%d: %s\n%v\n%s", c.line, text, err, out.String())
+			if fails := strings.HasPrefix(c.comment, "fails"); (err != nil) != fails {
+				t.Fatalf("README.md:%d: %s\nerror %v, want it to fail: %v\n%s", c.line, text, err, fails, out.String())
+			}
+			if b, err := os.ReadFile(envFile); err == nil && len(b) > 0 {
+				env = strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
 			}
 			got := spacesRE.ReplaceAllString(out.String(), " ")
 			for _, want := range expectations(c.comment) {
