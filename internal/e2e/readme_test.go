@@ -32,17 +32,19 @@ import (
 //   - 127.0.0.1:74NN becomes 127.0.0.1:B+NN and 127.0.0.1:94NN becomes
 //     127.0.0.1:B+2000+NN, where B is the --base-port the test gives every
 //     `walship dev` (dev puts metrics at +2000);
-//   - /tmp/ becomes a directory of the test's own.
+//   - /tmp/ and /var/lib/walship/ become directories of the test's own.
 //
 // A command is what a shell reads as one: lines continue after a trailing
 // backslash or inside quotes. `walship dev|primary|replica|logstore|node`
 // are servers: they run in the background until they serve (a `walship
-// dev` first stops the one before it; the others stop at the end of their
-// block; a `walship dev --archive` counts as serving once its archive
+// dev` first stops the one before it, and so does the first other
+// server of a block, since it takes dev's ports; they stop at the end of
+// their block; a `walship dev --archive` counts as serving once its archive
 // holds what its primary wrote: a person typing the next command is
 // slower than that first upload); every other command must exit 0, or
 // fail when its comment starts with "fails". Each runs in bash with the
-// environment the commands before it exported, as in one terminal. A command's trailing comment
+// environment the commands before it exported, as in one terminal; the
+// servers run as in terminals of their own, without it. A command's trailing comment
 // says what it prints: every `"name": value` pair in it (grpcurl's JSON)
 // and every `backquoted` text must be in its output (runs of spaces count
 // as one).
@@ -278,7 +280,8 @@ func TestReadme(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	env := append(cleanEnv(), "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+	terminal := append(cleanEnv(), "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+	env := terminal
 	base := readmeBasePort(t)
 	tmp := t.TempDir()
 	envFile := filepath.Join(t.TempDir(), "env")
@@ -291,6 +294,7 @@ func TestReadme(t *testing.T) {
 			}
 			return "127.0.0.1:" + strconv.Itoa(base+n)
 		})
+		s = strings.ReplaceAll(s, "/var/lib/walship/", filepath.Join(tmp, "var-lib-walship")+"/")
 		return strings.ReplaceAll(s, "/tmp/", tmp+"/")
 	}
 
@@ -305,11 +309,16 @@ func TestReadme(t *testing.T) {
 		t.Helper()
 		s := &readmeServer{done: make(chan struct{})}
 		s.cmd = exec.Command("bash", "-c", "exec "+text)
-		s.cmd.Env, s.cmd.Stdout, s.cmd.Stderr = env, &s.out, &s.err
+		s.cmd.Env, s.cmd.Stdout, s.cmd.Stderr = terminal, &s.out, &s.err
 		if err := s.cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
 		go func() { _ = s.cmd.Wait(); close(s.done) }()
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("README.md:%d: %s\nstdout:\n%s\nstderr:\n%s", c.line, text, s.out.Tail(20), s.err.Tail(20))
+			}
+		})
 		testkit.UntilWithin(t, time.Minute, fmt.Sprintf("README.md:%d to serve", c.line), func() bool {
 			select {
 			case <-s.done:
@@ -335,10 +344,16 @@ func TestReadme(t *testing.T) {
 			if f := strings.Fields(text); len(f) > 1 && f[0] == "walship" {
 				switch f[1] {
 				case "dev":
-					dev.stop(t)
+					if dev != nil {
+						dev.stop(t)
+					}
 					dev = start(c, strings.Replace(text, "walship dev", "walship dev --base-port "+strconv.Itoa(base), 1))
 					continue
 				case "primary", "replica", "logstore", "node":
+					if dev != nil {
+						dev.stop(t)
+						dev = nil
+					}
 					servers = append(servers, start(c, text))
 					continue
 				}
