@@ -1,15 +1,48 @@
-// Package client is a Go client of a walship cluster. Given any list of
-// its nodes it finds the primary — and finds it again after a failover —
+// Package client is the Go client of a walship cluster, for programs
+// outside this repository. Given any list of the cluster's nodes it finds
+// the primary — and finds it again after a failover or a switchover —
 // sends writes and linearizable reads there, and reads its own writes on
 // replicas with min_lsn.
 //
-// A write is retried only when the cluster says it did not happen: a node
-// that is not the primary refused it, or the primary refused it before
-// sequencing it (it was opening its epoch, or had lost its lease). Any
-// other failure — a timeout, a broken connection, a primary that failed
-// or stepped down with the write in flight — is reported as an
-// *UnknownOutcomeError: the write may be committed, and a caller that
-// needs to know reads it back.
+// # Connect
+//
+// Give New every data node's address you know (a stale list will do: the
+// client learns the primary's address from the nodes that answer). Over
+// mutual TLS, name the files of a client certificate, its key and the CA
+// bundle in Options.TLS; they are read again every
+// TLSFiles.ReloadInterval, so a rotated certificate or bundle is used for
+// the next connections without a restart:
+//
+//	cl, err := client.New([]string{"db-0:7401", "db-1:7401", "db-2:7401"}, client.Options{
+//		TLS: &client.TLSFiles{Cert: "client.crt", Key: "client.key", CA: "ca.crt"},
+//	})
+//	defer cl.Close()
+//
+// # Write, and read your write
+//
+// Put, Delete and Txn go to the primary and return the commit's LSN. Get
+// and Scan read on the primary, linearizably. GetReplica and ScanReplica
+// read on a replica once it has applied an LSN — pass the one your write
+// returned to read your own write there, off the primary:
+//
+//	lsn, err := cl.Put(ctx, "user/42", []byte("alice"), nil)
+//	g, err := cl.GetReplica(ctx, "user/42", lsn) // g.Value == "alice"
+//
+// # Survive a failover
+//
+// A call is retried — on the primary the client finds again — for up to
+// Options.Retry, but a write only when the cluster says it did not apply
+// it: a node that is not the primary refused it, the primary refused it
+// before sequencing it (it was opening its epoch, handing over in a
+// switchover, had lost its lease, or was over a resource bound such as
+// its in-flight commit bytes or the caller's byte-rate quota), or the
+// call never reached a server. Any other failure of a write — a timeout, a
+// broken connection, a primary that failed or stepped down with the write
+// in flight — is reported as an *UnknownOutcomeError: the write may be
+// committed, and a caller that needs to know reads it back (or makes its
+// writes idempotent, e.g. with a Txn comparing a version). Reads change
+// nothing, so a read that fails during a hand-over (refused, cut off,
+// unavailable) is retried like a write the cluster did not apply.
 package client
 
 import (
@@ -22,6 +55,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/tlsid"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -43,16 +77,41 @@ func (e *UnknownOutcomeError) Unwrap() error { return e.Err }
 
 // Options configure a Client.
 type Options struct {
-	// DialOptions are used for every node (default: insecure transport).
+	// DialOptions are used for every node (default: insecure transport,
+	// or TLS's credentials when it is set).
 	DialOptions []grpc.DialOption
 	// Retry bounds how long a call keeps looking for the primary (default 10 s).
 	Retry time.Duration
+	// TLS, if set, connects with mutual TLS 1.3 from these files,
+	// reloaded when they change. It takes precedence over transport
+	// credentials in DialOptions.
+	TLS *TLSFiles
+}
+
+// TLSFiles name the PEM files of a client's identity: in Kubernetes,
+// files of a whole Secret volume (not a subPath mount: those never
+// update).
+type TLSFiles struct {
+	// Cert is the client certificate chain, leaf first; Key its private
+	// key; CA the bundle of CAs the servers' certificates chain to (old
+	// and new during a CA rotation).
+	Cert, Key, CA string
+	// ReloadInterval is how often the files are read again (default
+	// 10 s). New connections use the newest files that check out (the
+	// key matches the certificate, which chains to the bundle); a bad or
+	// half-written update keeps the last good one. The identity in the
+	// certificate may not change.
+	ReloadInterval time.Duration
 }
 
 // Client routes calls to a cluster's nodes. It is safe for concurrent use.
 type Client struct {
 	opts  Options
 	nodes []string
+
+	tls       *tlsid.Source  // nil without Options.TLS
+	stopWatch func()         // ends the TLS reload goroutine
+	watching  sync.WaitGroup // the TLS reload goroutine
 
 	mu      sync.Mutex
 	conns   map[string]*grpc.ClientConn
@@ -65,17 +124,44 @@ func New(addrs []string, opts Options) (*Client, error) {
 	if len(addrs) == 0 {
 		return nil, errors.New("walship client: no node address")
 	}
-	if opts.DialOptions == nil {
-		opts.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
-	}
 	if opts.Retry <= 0 {
 		opts.Retry = 10 * time.Second
 	}
-	return &Client{opts: opts, nodes: append([]string(nil), addrs...), conns: map[string]*grpc.ClientConn{}}, nil
+	c := &Client{opts: opts, nodes: append([]string(nil), addrs...), conns: map[string]*grpc.ClientConn{}, stopWatch: func() {}}
+	if opts.TLS != nil {
+		f := *opts.TLS
+		for _, n := range []struct{ field, path string }{{"Cert", f.Cert}, {"Key", f.Key}, {"CA", f.CA}} {
+			if n.path == "" {
+				return nil, fmt.Errorf("walship client: TLSFiles.%s: required (the certificate, its key and the CA bundle)", n.field)
+			}
+		}
+		src, err := tlsid.Load(tlsid.Files{Cert: f.Cert, Key: f.Key, CA: f.CA}, nil)
+		if err != nil {
+			return nil, fmt.Errorf("walship client: TLS: %w", err)
+		}
+		every := f.ReloadInterval
+		if every <= 0 {
+			every = 10 * time.Second
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		c.tls, c.stopWatch = src, cancel
+		c.watching.Add(1)
+		go func() {
+			defer c.watching.Done()
+			src.Watch(ctx, every)
+		}()
+		// Last, so that it wins over credentials in DialOptions.
+		c.opts.DialOptions = append(append([]grpc.DialOption(nil), opts.DialOptions...), grpc.WithTransportCredentials(src.Credentials()))
+	} else if opts.DialOptions == nil {
+		c.opts.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	}
+	return c, nil
 }
 
-// Close closes every connection.
+// Close closes every connection and stops reloading the TLS files.
 func (c *Client) Close() error {
+	c.stopWatch()
+	c.watching.Wait()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var errs []error
@@ -188,9 +274,11 @@ func (c *Client) forget(addr string) {
 }
 
 // NotApplied reports whether err says the cluster did not apply a write:
-// a node that is not the primary refused it (FAILED_PRECONDITION), or the
+// a node that is not the primary refused it (FAILED_PRECONDITION), the
 // primary refused it before sequencing it (an ErrorInfo of reason
-// NOT_SERVING), or the call never reached a server.
+// NOT_SERVING, or one whose metadata says outcome "not_applied": a
+// RESOURCE_EXHAUSTED past a bound or a quota), or the call never reached
+// a server.
 func NotApplied(err error) bool {
 	st, ok := status.FromError(err)
 	if !ok {
@@ -205,19 +293,48 @@ func NotApplied(err error) bool {
 		return true
 	}
 	for _, d := range st.Details() {
-		if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.GetReason() == "NOT_SERVING" {
+		if ei, ok := d.(*errdetails.ErrorInfo); ok && (ei.GetReason() == "NOT_SERVING" || ei.GetMetadata()["outcome"] == "not_applied") {
 			return true
 		}
 	}
 	return false
 }
 
+// retryDelay is the wait a refusal asks for (a RetryInfo detail), or 0.
+func retryDelay(err error) time.Duration {
+	st, _ := status.FromError(err)
+	for _, d := range st.Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok {
+			return ri.GetRetryDelay().AsDuration()
+		}
+	}
+	return 0
+}
+
+// retryRead reports whether a read that failed with err may be sent
+// again: a read changes nothing, so any failure of the node or of the
+// connection — a primary handing over, stepping down or stopping, a
+// replica changing role — is retried, as a write the cluster did not
+// apply is.
+func retryRead(err error) bool {
+	if NotApplied(err) {
+		return true
+	}
+	switch status.Code(err) {
+	case codes.Unavailable, codes.Aborted:
+		return true
+	}
+	return false
+}
+
 // onPrimary runs call against the primary, finding it again and retrying
-// while the cluster says the call was not applied, within Options.Retry.
+// while the cluster says the call was not applied (any read that may be
+// retried, retryRead), within Options.Retry.
 func (c *Client) onPrimary(ctx context.Context, write bool, call func(walshipv1.KVServiceClient) error) error {
 	deadline := time.Now().Add(c.opts.Retry)
 	wait := 20 * time.Millisecond
 	for {
+		var pause time.Duration
 		addr, err := c.Primary(ctx)
 		if err == nil {
 			var conn *grpc.ClientConn
@@ -226,16 +343,20 @@ func (c *Client) onPrimary(ctx context.Context, write bool, call func(walshipv1.
 				if err == nil {
 					return nil
 				}
-				if !NotApplied(err) {
-					if write {
-						c.forget(addr)
-						return &UnknownOutcomeError{Err: err}
-					}
-					if status.Code(err) != codes.Unavailable {
-						return err
-					}
+				if write && !NotApplied(err) {
+					c.forget(addr)
+					return &UnknownOutcomeError{Err: err}
 				}
-				c.forget(addr)
+				if !write && !retryRead(err) {
+					return err
+				}
+				if status.Code(err) == codes.ResourceExhausted {
+					// The primary is busy, not gone: it says when to
+					// come back (a quota's throttle time).
+					pause = retryDelay(err)
+				} else {
+					c.forget(addr)
+				}
 			}
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
@@ -244,16 +365,24 @@ func (c *Client) onPrimary(ctx context.Context, write bool, call func(walshipv1.
 			}
 			return err
 		}
-		t := time.NewTimer(wait + time.Duration(rand.Int64N(int64(wait))))
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
+		if err := sleep(ctx, max(pause, wait+time.Duration(rand.Int64N(int64(wait))))); err != nil {
+			return err
 		}
 		// At most 250-500 ms between tries: a failover's new primary is
 		// found within a quarter second or so of opening.
 		wait = min(2*wait, 250*time.Millisecond)
+	}
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
@@ -311,15 +440,110 @@ func (c *Client) Get(ctx context.Context, key string) (*walshipv1.GetResponse, e
 	return resp, err
 }
 
+// Scan reads the keys in [req.start, req.end) on the primary:
+// linearizable, as Get.
+func (c *Client) Scan(ctx context.Context, req *walshipv1.ScanRequest) (*walshipv1.ScanResponse, error) {
+	return c.KV().Scan(ctx, req)
+}
+
 // GetAt reads key on the node at addr (a replica, typically) once it has
 // applied minLSN — the LSN a write of this client returned: read your
-// writes on any replica.
+// writes on any replica. A node that is changing role (a hand-over) or
+// unreachable is asked again within Options.Retry.
 func (c *Client) GetAt(ctx context.Context, addr, key string, minLSN uint64) (*walshipv1.GetResponse, error) {
-	conn, err := c.conn(addr)
-	if err != nil {
-		return nil, err
+	var out *walshipv1.GetResponse
+	err := c.onNodes(ctx, []string{addr}, func(kv walshipv1.KVServiceClient) (err error) {
+		out, err = kv.Get(ctx, &walshipv1.GetRequest{Key: key, MinLsn: minLSN})
+		return err
+	})
+	return out, err
+}
+
+// GetReplica reads key on a replica once it has applied minLSN (read your
+// writes: pass the LSN a write returned), off the primary. It asks the
+// data nodes it knows other than the primary in turn, and the primary
+// only when none answers. The state read is at least minLSN's; it can
+// trail writes of other clients that the primary already acknowledged.
+func (c *Client) GetReplica(ctx context.Context, key string, minLSN uint64) (*walshipv1.GetResponse, error) {
+	var out *walshipv1.GetResponse
+	err := c.onNodes(ctx, c.replicasFirst(), func(kv walshipv1.KVServiceClient) (err error) {
+		out, err = kv.Get(ctx, &walshipv1.GetRequest{Key: key, MinLsn: minLSN})
+		return err
+	})
+	return out, err
+}
+
+// ScanReplica is Scan on a replica once it has applied minLSN, as
+// GetReplica (req.MinLsn is set to minLSN, req.RequirePrimary cleared).
+func (c *Client) ScanReplica(ctx context.Context, req *walshipv1.ScanRequest, minLSN uint64) (*walshipv1.ScanResponse, error) {
+	req = proto.CloneOf(req)
+	req.MinLsn, req.RequirePrimary = minLSN, false
+	var out *walshipv1.ScanResponse
+	err := c.onNodes(ctx, c.replicasFirst(), func(kv walshipv1.KVServiceClient) (err error) {
+		out, err = kv.Scan(ctx, req)
+		return err
+	})
+	return out, err
+}
+
+// replicasFirst is the known nodes with the primary, if known, last,
+// starting at a random one, so that replica reads spread.
+func (c *Client) replicasFirst() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	start := rand.IntN(len(c.nodes))
+	for i := range c.nodes {
+		if a := c.nodes[(start+i)%len(c.nodes)]; a != c.primary {
+			out = append(out, a)
+		}
 	}
-	return walshipv1.NewKVServiceClient(conn).Get(ctx, &walshipv1.GetRequest{Key: key, MinLsn: minLSN}, grpc.WaitForReady(true))
+	if c.primary != "" {
+		out = append(out, c.primary)
+	}
+	return out
+}
+
+// onNodes runs a read against addrs in turn until one answers, and the
+// round again while the failures may pass (retryRead; a node that is no
+// data node, a log store, is skipped), within Options.Retry.
+func (c *Client) onNodes(ctx context.Context, addrs []string, call func(walshipv1.KVServiceClient) error) error {
+	deadline := time.Now().Add(c.opts.Retry)
+	wait := 20 * time.Millisecond
+	for {
+		var err error
+		var errs []string
+		for _, addr := range addrs {
+			var conn *grpc.ClientConn
+			if conn, err = c.conn(addr); err == nil {
+				if err = call(walshipv1.NewKVServiceClient(conn)); err == nil {
+					return nil
+				}
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if code := status.Code(err); code == codes.DeadlineExceeded || code == codes.InvalidArgument {
+				// min_lsn's wait ran out, or the request is bad: asking
+				// again will not help.
+				return err
+			}
+			errs = append(errs, fmt.Sprintf("%s: %v", addr, err))
+		}
+		if len(addrs) > 1 {
+			err = fmt.Errorf("walship client: no node answered (%s): %w", strings.Join(errs[:len(errs)-1], "; "), err)
+		}
+		if !retryRead(err) && status.Code(err) != codes.Unimplemented && len(addrs) == 1 {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		if err := sleep(ctx, wait+time.Duration(rand.Int64N(int64(wait)))); err != nil {
+			return err
+		}
+		wait = min(2*wait, 250*time.Millisecond)
+	}
 }
 
 // KV is a KVServiceClient that routes every call to the current primary
