@@ -101,6 +101,15 @@ type Config struct {
 	// round on the peer for several. A batch a commit waits on goes at
 	// once. 0 sends every batch as soon as it can.
 	ShipDelay time.Duration
+	// MaxInflightCommitBytes bounds the bytes of the write requests the
+	// primary holds, all connections together, from their arrival until
+	// they are answered; past it a write is refused RESOURCE_EXHAUSTED,
+	// not applied (admit.go). 0 = no bound.
+	MaxInflightCommitBytes int64
+	// WriteQuotaBytesPerSecond is each identity's write byte rate, as
+	// Kafka's client quotas (admit.go); over it its writes are refused
+	// RESOURCE_EXHAUSTED, not applied, with the time to wait. 0 = no quota.
+	WriteQuotaBytesPerSecond int64
 
 	// Logger receives structured logs; nil discards them.
 	Logger *slog.Logger
@@ -115,6 +124,13 @@ type Config struct {
 	// its failover timeline).
 	StatusHook func(*walshipv1.StatusResponse)
 }
+
+// DefaultInflightCommitBytes is Config.MaxInflightCommitBytes's default:
+// with the Go heap growing to twice what is live, writes in flight keep
+// the primary within about 512 MiB, and at 1 KiB a write it admits about
+// 256k of them at once, far more than group commit needs to keep the
+// disk busy.
+const DefaultInflightCommitBytes = 256 << 20
 
 // DefaultLogStoreSnapshotTimeout bounds one snapshot upload to a log
 // store: a few GiB of state at the speed of a loaded disk.
@@ -163,6 +179,7 @@ func DefaultConfig() Config {
 
 		LogStoreSnapshotTimeout: DefaultLogStoreSnapshotTimeout,
 		MaxReplicaLagBytes:      256 << 20,
+		MaxInflightCommitBytes:  DefaultInflightCommitBytes,
 		StopTimeout:             30 * time.Second,
 	}
 }
@@ -233,6 +250,12 @@ func (c *Config) Validate() error {
 	}
 	if c.LogStoreSnapshotTimeout < 0 {
 		errs = append(errs, fmt.Errorf("--logstore-snapshot-timeout: %v must not be negative", c.LogStoreSnapshotTimeout))
+	}
+	if c.MaxInflightCommitBytes != 0 && c.MaxInflightCommitBytes < int64(c.MaxValueBytes) {
+		errs = append(errs, fmt.Errorf("--max-inflight-commit-bytes: %d is below --max-value-bytes %d (0 = no bound)", c.MaxInflightCommitBytes, c.MaxValueBytes))
+	}
+	if c.WriteQuotaBytesPerSecond < 0 {
+		errs = append(errs, fmt.Errorf("--write-quota-bytes-per-second: %d must not be negative (0 = no quota)", c.WriteQuotaBytesPerSecond))
 	}
 	if c.MaxReplicaLagBytes < 0 {
 		errs = append(errs, fmt.Errorf("--max-replica-lag-bytes: %d must not be negative", c.MaxReplicaLagBytes))

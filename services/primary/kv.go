@@ -13,6 +13,7 @@ import (
 	"github.com/walship/walship/pkg/codec"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 )
 
 // kvServer is the primary's KVService.
@@ -60,6 +61,11 @@ func (k *kvServer) Put(ctx context.Context, req *walshipv1.PutRequest) (*walship
 	if err := k.s.serving(); err != nil {
 		return nil, err
 	}
+	release, err := k.s.admit.admit(ctx, proto.Size(req))
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	res, err := k.s.exec(ctx, req.GetPolicy(), nil, []op{{kind: codec.OpPut, key: req.GetKey(), value: req.GetValue()}})
 	if err != nil {
 		return nil, err
@@ -74,6 +80,11 @@ func (k *kvServer) Delete(ctx context.Context, req *walshipv1.DeleteRequest) (*w
 	if err := k.s.serving(); err != nil {
 		return nil, err
 	}
+	release, err := k.s.admit.admit(ctx, proto.Size(req))
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	res, err := k.s.exec(ctx, req.GetPolicy(), nil, []op{{kind: codec.OpDelete, key: req.GetKey()}})
 	if err != nil {
 		return nil, err
@@ -106,6 +117,13 @@ func (k *kvServer) Txn(ctx context.Context, req *walshipv1.TxnRequest) (*walship
 	if err := k.s.serving(); err != nil {
 		return nil, err
 	}
+	if writes(success) || writes(failure) {
+		release, err := k.s.admit.admit(ctx, proto.Size(req))
+		if err != nil {
+			return nil, err
+		}
+		defer release()
+	}
 	res, err := k.s.execTxn(ctx, req.GetPolicy(), cmps, success, failure, req.GetSpeculative())
 	if err != nil {
 		return nil, err
@@ -122,6 +140,16 @@ func (k *kvServer) Txn(ctx context.Context, req *walshipv1.TxnRequest) (*walship
 		}
 	}
 	return resp, nil
+}
+
+// writes reports whether ops write.
+func writes(ops []op) bool {
+	for _, o := range ops {
+		if o.kind != opGet {
+			return true
+		}
+	}
+	return false
 }
 
 // opGet is the kind of a read inside a Txn (not a WAL op).

@@ -135,6 +135,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	m.collectors = []prometheus.Collector{m.commits, m.commitSeconds, m.walBatches, m.walRecords, m.fsyncSeconds, m.fsyncErrors,
 		encode, written, last, durable, visible, walBytes, m.sentBytes, m.shipDelays, m.replicaOutOfRange, m.replicaDiverged, m.snapshotsStreamed, retention,
 		m.fences, m.clusterMismatch, m.snapshotUploads, m.snapshotUploadSeconds, newReplCollector(s)}
+	m.collectors = append(m.collectors, s.admit.collectors()...)
 	for _, c := range m.collectors {
 		reg.MustRegister(c)
 	}

@@ -41,6 +41,7 @@ type Server struct {
 	pipe    *pipeline // the write path
 	reads   *kvread.Reader
 	metrics *metrics
+	admit   *admission // write admission: in-flight bytes, quotas
 	peers   *peers
 	epoch   uint64          // this run's epoch: epochs.Current()
 	epochs  datadir.History // fixed after recover
@@ -120,6 +121,7 @@ func New(cfg Config) (*Server, error) {
 	if err := s.recover(); err != nil {
 		return nil, err
 	}
+	s.admit = newAdmission(cfg.MaxInflightCommitBytes, cfg.WriteQuotaBytesPerSecond)
 	s.metrics = newMetrics(reg, s)
 	s.pipe.metrics = s.metrics
 	s.pipe.written = s.maybeSnapshot

@@ -1,0 +1,68 @@
+package logstore
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/walship/walship/internal/vfs"
+)
+
+// TestAppendBudgetBoundsQueuedBytes: while the log store's disk does not
+// finish an fsync, a primary that keeps sending has at most twice
+// MaxMessageBytes of batches queued for the writer (the stream's budget);
+// the rest waits in the sender's flow control, not in the log store's
+// memory. Once the fsync returns, every batch is written.
+func TestAppendBudgetBoundsQueuedBytes(t *testing.T) {
+	fs := vfs.NewMem()
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	var once sync.Once
+	fs.InjectSyncError(func(name string) error {
+		if strings.HasSuffix(name, ".wal") {
+			once.Do(func() {
+				close(entered)
+				<-release
+			})
+		}
+		return nil
+	})
+	cfg := testConfig(t, "/data")
+	cfg.FS = fs
+	cfg.MaxMessageBytes = 1 << 20 // a budget of 2 MiB
+	r := start(t, cfg)
+	var releaseOnce sync.Once
+	unblock := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(unblock)           // before the log store stops, on failure too
+	const n, size = 96, 64 << 10 // 6 MiB: within gRPC's 8 MiB stream window
+	bs := chain(t, 1, 1, n, size)
+
+	a := r.append(t)
+	a.send(bs[0])
+	select {
+	case <-entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the first fsync never started")
+	}
+	base := r.s.queued.Load() // batch 0, in the writer's round
+	a.send(bs[1:]...)
+	// The budget holds batch 0 and what is queued behind it: 2 MiB of
+	// batches of 64 KiB and a few bytes.
+	most := uint64(2*cfg.MaxMessageBytes/size) - 1
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	if _, err := r.s.queued.Wait(ctx, base+most-1); err != nil {
+		t.Fatalf("the budget's worth of batches never queued: %v", err)
+	}
+	// No more may: give the receiver half a second to go past the budget.
+	short, cancelShort := context.WithTimeout(t.Context(), 500*time.Millisecond)
+	defer cancelShort()
+	if got, err := r.s.queued.Wait(short, base+most+1); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("%d batches of %d bytes queued behind a blocked fsync (%v); the budget allows %d", got-base, size, err, most)
+	}
+	unblock()
+	a.waitDurable(bs[n-1].LastLsn)
+}
