@@ -211,11 +211,19 @@ func ctlPromoteFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 		}
 		fmt.Fprintf(env.Stdout, "%s epoch %d on %s: quorum %v (needs %s)\n", verb, resp.GetEpoch(), addr, resp.GetQuorum(), resp.GetNeeded())
 		fmt.Fprintf(env.Stdout, "most advanced log: LSN %d on %s\n", resp.GetHighestLsn(), resp.GetTimeline().GetDonor())
-		if resp.GetAtRiskToLsn() != 0 {
+		switch {
+		case resp.GetAtRiskToLsn() != 0:
 			fmt.Fprintf(env.Stdout, "at risk: LSNs %d..%d the old primary reported and no answer holds (fsynced there up to %d: sync-durability commits may have been acknowledged)\n",
 				resp.GetAtRiskFromLsn(), resp.GetAtRiskToLsn(), resp.GetAtRiskDurableToLsn())
-		} else {
+		case resp.GetQuorum():
 			fmt.Fprintln(env.Stdout, "at risk: nothing (every LSN the old primary reported is held by an answer)")
+		}
+		if !resp.GetQuorum() {
+			// What the members that did not answer hold, no answer can
+			// tell: the range above is a lower bound, and here the loss
+			// is known to start only.
+			fmt.Fprintf(env.Stdout, "at risk without a quorum: any commit after LSN %d that only the members that did not answer hold; how many, the answers cannot say (a forced promotion loses them; those members keep them in orphan files when they rejoin: walship ctl orphans)\n",
+				resp.GetHighestLsn())
 		}
 		if dry {
 			return nil

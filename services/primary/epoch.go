@@ -326,6 +326,32 @@ func (s *Server) serving() error {
 	return nil
 }
 
+// servingSnapshots is serving's condition for a re-seeding snapshot
+// (ReplicationService.Snapshot): the same, except that a primary still
+// opening its epoch streams them too. Its epoch record meets the contract
+// only once enough replicas flush it, and a replica that applied entries
+// the new primary's history lacks (the tail of a forced promotion) can
+// only come back by a snapshot: refusing it until the primary opens left
+// a promotion under k = 1 with that replica as the only other one open
+// for ever. A snapshot holds what is durable on the primary, as the
+// stream's batches a replica applies do, so it promises nothing the
+// stream does not.
+func (s *Server) servingSnapshots() error {
+	if err := s.serving(); err == nil || s.opened.Load() {
+		return err
+	}
+	switch {
+	case s.failedErr() != nil:
+		return notServing("primary cannot serve: %v", s.failedErr())
+	case !s.lease.valid():
+		return notServing("primary has not heard from a log store majority for %v (its lease): it may have been deposed", s.cfg.LeaseTimeout)
+	}
+	if err := s.gated(); err != nil {
+		return notServing("primary does not take reads and writes: %v", err)
+	}
+	return nil
+}
+
 // gated is Config.Gate's word (nil without a gate).
 func (s *Server) gated() error {
 	if s.cfg.Gate == nil {

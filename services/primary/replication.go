@@ -471,7 +471,7 @@ func (r *replServer) Snapshot(req *walshipv1.SnapshotRequest, stream walshipv1.R
 		return err
 	}
 	s := r.s
-	if err := s.serving(); err != nil {
+	if err := s.servingSnapshots(); err != nil {
 		return err
 	}
 	// Before the state is read: a replica of another cluster would refuse
