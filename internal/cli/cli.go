@@ -52,6 +52,9 @@ func commands() []command {
 		{name: "ctl status", summary: "show every node's role, epoch, positions and last promotion", flags: ctlStatusFlags},
 		{name: "ctl promote", summary: "promote a replica by an epoch vote (--dry-run: what it would see and risk)", flags: ctlPromoteFlags},
 		{name: "ctl switchover", summary: "hand the primary's role to a replica without losing anything", flags: ctlSwitchoverFlags},
+		{name: "ctl orphans list", summary: "list the orphan files of a data directory or of nodes (entries cut because the cluster's history went another way)", flags: ctlOrphansListFlags},
+		{name: "ctl orphans show", summary: "decode an orphan file: each write's key, value, commit LSN and commit time", flags: ctlOrphansShowFlags},
+		{name: "ctl orphans diff", summary: "compare an orphan file's writes with the primary's current state, key by key; exit 1 if any differs", flags: ctlOrphansDiffFlags},
 		{name: "ctl verify", summary: "check the log stores and the archive (checksums, gaps, epochs, snapshots) and say what a restore can reach; exit 1 on any problem", flags: ctlVerifyFlags},
 		{name: "check linear", summary: "check a cluster's reads and writes for linearizability (porcupine) with a bounded workload of its own", flags: checkLinearFlags},
 		{name: "check failover", summary: "check that a failover (a switchover, or a kill and a promotion) loses no acknowledged write and stays linearizable", flags: checkFailoverFlags},
@@ -115,6 +118,11 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // commandName splits the command's name off args: one word, or two for
 // a command with sub-commands ("check linear").
 func commandName(args []string) (name string, rest []string) {
+	if len(args) > 2 && !strings.HasPrefix(args[1], "-") && !strings.HasPrefix(args[2], "-") {
+		if _, ok := lookup(strings.Join(args[:3], " ")); ok {
+			return strings.Join(args[:3], " "), args[3:]
+		}
+	}
 	if len(args) > 1 && !strings.HasPrefix(args[1], "-") {
 		if _, ok := lookup(args[0] + " " + args[1]); ok {
 			return args[0] + " " + args[1], args[2:]

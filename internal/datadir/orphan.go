@@ -196,3 +196,17 @@ func OrphanTail(fsys vfs.FS, dir string, log *wal.Log, keep uint64, now time.Tim
 	}
 	return o, out[len(out)-1].LastLSN - keep, nil
 }
+
+// ReadOrphanFile reads the entries of the orphan file at path, wherever
+// it is (an operator may have copied it out of DATA_DIR/orphans).
+func ReadOrphanFile(fsys vfs.FS, path string) ([]OrphanEntry, error) {
+	b, err := vfs.ReadFile(fsys, path)
+	if err != nil {
+		return nil, err
+	}
+	return decodeOrphan(filepath.Base(path), b)
+}
+
+// ParseOrphanName parses an orphan file's name
+// (orphan-e<epoch>-<first>-<last>-<unix_nanos>.wal); Bytes is left 0.
+func ParseOrphanName(name string) (Orphan, bool) { return parseOrphanName(name) }
