@@ -77,6 +77,9 @@ func newAdmission(limit, rate int64) *admission {
 func (a *admission) collectors() []prometheus.Collector {
 	a.refused.WithLabelValues("inflight_bytes")
 	a.refused.WithLabelValues("quota")
+	// Exported from the start, as the refusals are; other identities
+	// appear once throttled.
+	a.throttled.WithLabelValues("")
 	return []prometheus.Collector{a.refused, a.throttled, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "walship_write_inflight_bytes",
 		Help: "Bytes of the write requests the primary holds, from their arrival until they are answered (bounded by --max-inflight-commit-bytes).",
