@@ -93,3 +93,38 @@ func TestCtlOrphans(t *testing.T) {
 		t.Fatalf("show without --file: exit %d, %s", code, errOut)
 	}
 }
+
+// TestCtlPromoteDryRunWithoutQuorum: with the tail's holders down, the
+// dry run's answers hold nothing of the tail and name no range at risk;
+// `ctl promote --dry-run` does not say "at risk: nothing" then, but where
+// the loss of a forced promotion starts (after the most advanced log that
+// answered) and that its end is unknown. The forced promotion then loses
+// exactly the commits after that LSN.
+func TestCtlPromoteDryRunWithoutQuorum(t *testing.T) {
+	c, err := cluster.Start(t.Context(), cluster.Config{Dir: t.TempDir(), LogStores: 1, Replicas: 2, Failover: true, Primary: cluster.TailLossConfig})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Stop() })
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	loss, err := c.StageTailLoss(ctx, []string{"a", "b"}, []string{"c", "d"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	highest := loss.Kept[len(loss.Kept)-1].LSN
+	_, out, errOut := run(t, "ctl", "promote", "--dry-run", "--node", c.Replicas[1].Addr)
+	if !strings.Contains(out, "quorum false") || strings.Contains(out, "at risk: nothing") ||
+		!strings.Contains(out, fmt.Sprintf("at risk without a quorum: any commit after LSN %d that only the members that did not answer hold", highest)) {
+		t.Fatalf("dry run without a quorum:\n%s%s", out, errOut)
+	}
+	if _, err := walshipv1.NewAdminServiceClient(c.Conn(c.Replicas[1])).Promote(ctx, &walshipv1.PromoteRequest{Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.FinishTailLoss(ctx, loss); err != nil {
+		t.Fatal(err)
+	}
+	if o := loss.Orphans[0]; o.FirstLSN != highest+1 || o.LastLSN != loss.Tail[len(loss.Tail)-1].LSN {
+		t.Fatalf("lost %d..%d; the dry run said after %d", o.FirstLSN, o.LastLSN, highest)
+	}
+}

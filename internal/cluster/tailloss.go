@@ -54,18 +54,38 @@ type TailLoss struct {
 }
 
 // TailLoss stages the loss a forced promotion causes, on a cluster
-// started with Failover, one log store, two replicas and TailLossConfig:
-// commits acknowledged under the contract by replica-0 only (replica-1
-// and the log store are down) are held by nobody who answers once the
-// primary and replica-0 are down too; replica-1's promotion then lacks a
-// quorum and is forced; replica-0, restarted, rejoins the new primary and
-// cuts them into an orphan file, and the new primary opens (its epoch
-// record needs replica-0's flush under the contract). kept and tail name
-// the keys written before and during the outage. The returned loss says
-// what was acknowledged, what the dry run said and where the orphans are.
+// started with Failover, one log store, two replicas and TailLossConfig
+// (StageTailLoss), then promotes replica-1 by force and has replica-0
+// rejoin (FinishTailLoss): replica-1's promotion lacks a quorum and is
+// forced; replica-0, restarted, rejoins the new primary and cuts the tail
+// into an orphan file, and the new primary opens (its epoch record needs
+// replica-0's flush under the contract). kept and tail name the keys
+// written before and during the outage. The returned loss says what was
+// acknowledged, what the dry run said and where the orphans are.
 func (c *Cluster) TailLoss(ctx context.Context, kept, tail []string) (*TailLoss, error) {
-	if !c.cfg.Failover || len(c.LogStores) != 1 || len(c.Replicas) != 2 {
-		return nil, errors.New("tail loss: needs Failover, one log store and two replicas")
+	out, err := c.StageTailLoss(ctx, kept, tail)
+	if err != nil {
+		return nil, err
+	}
+	admin := walshipv1.NewAdminServiceClient(c.Conn(c.Replicas[1]))
+	if out.DryRun, err = admin.Promote(ctx, &walshipv1.PromoteRequest{DryRun: true}); err != nil {
+		return nil, fmt.Errorf("tail loss: dry run: %w", err)
+	}
+	if out.Promoted, err = admin.Promote(ctx, &walshipv1.PromoteRequest{Force: true}); err != nil {
+		return nil, fmt.Errorf("tail loss: forced promotion: %w", err)
+	}
+	return out, c.FinishTailLoss(ctx, out)
+}
+
+// StageTailLoss writes the kept commits, then — replica-1 and the log
+// store down — the tail, acknowledged by replica-0 alone under the
+// contract (k = 1); then stops the primary and replica-0, the tail's only
+// holders, and brings the log store and replica-1 back: replica-1 is the
+// survivor a promotion would start from, and nothing that answers holds
+// the tail.
+func (c *Cluster) StageTailLoss(ctx context.Context, kept, tail []string) (*TailLoss, error) {
+	if !c.cfg.Failover || len(c.LogStores) != 1 || len(c.Replicas) != 2 || len(kept) == 0 {
+		return nil, errors.New("tail loss: needs Failover, one log store, two replicas and a kept key")
 	}
 	kv := walshipv1.NewKVServiceClient(c.Conn(c.Primary))
 	put := func(k, v string) (Commit, error) {
@@ -115,33 +135,30 @@ func (c *Cluster) TailLoss(ctx context.Context, kept, tail []string) (*TailLoss,
 	if err := c.RestartReplica(ctx, 1); err != nil {
 		return nil, fmt.Errorf("tail loss: restart replica-1: %w", err)
 	}
-	admin := walshipv1.NewAdminServiceClient(c.Conn(c.Replicas[1]))
-	var err error
-	if out.DryRun, err = admin.Promote(ctx, &walshipv1.PromoteRequest{DryRun: true}); err != nil {
-		return nil, fmt.Errorf("tail loss: dry run: %w", err)
-	}
-	if out.Promoted, err = admin.Promote(ctx, &walshipv1.PromoteRequest{Force: true}); err != nil {
-		return nil, fmt.Errorf("tail loss: forced promotion: %w", err)
-	}
-	// The new primary opens once its epoch record meets the contract: a
-	// replica's flush, replica-0's, once it is back and has cut its tail.
+	return out, nil
+}
+
+// FinishTailLoss, once replica-1's forced promotion is under way, brings
+// replica-0 back: it rejoins the new primary, which then opens, and cuts
+// the tail into an orphan file (loss.Orphans).
+func (c *Cluster) FinishTailLoss(ctx context.Context, loss *TailLoss) error {
 	if err := c.RestartReplica(ctx, 0); err != nil {
-		return nil, fmt.Errorf("tail loss: restart replica-0: %w", err)
+		return fmt.Errorf("tail loss: restart replica-0: %w", err)
 	}
 	if err := c.waitTakingWrites(ctx, c.Replicas[1]); err != nil {
-		return nil, err
+		return err
 	}
 	for {
-		os, err := datadir.ListOrphans(vfs.OS, out.OrphanDir)
+		os, err := datadir.ListOrphans(vfs.OS, loss.OrphanDir)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if len(os) > 0 {
-			out.Orphans = os
-			return out, nil
+			loss.Orphans = os
+			return nil
 		}
 		if err := pause(ctx, 20*time.Millisecond); err != nil {
-			return nil, fmt.Errorf("tail loss: waiting for replica-0's orphan file: %w", err)
+			return fmt.Errorf("tail loss: waiting for replica-0's orphan file: %w", err)
 		}
 	}
 }
