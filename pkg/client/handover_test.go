@@ -18,6 +18,10 @@ import (
 	"github.com/walship/walship/internal/testkit"
 	"github.com/walship/walship/internal/tlsid"
 	"github.com/walship/walship/pkg/client"
+	"github.com/walship/walship/services/primary"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // TestReadsSurviveSwitchovers: linearizable reads (Get, Scan) and replica
@@ -112,30 +116,7 @@ func TestReadsSurviveSwitchovers(t *testing.T) {
 // has, a connection to a node it never dialled before handshakes with the
 // rotated certificate, which the server takes.
 func TestTLSFilesRotate(t *testing.T) {
-	dir := t.TempDir()
-	ca, err := tlsid.NewCA("test CA", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	nodeFiles, err := ca.WriteFiles(dir, "node", tlsid.Leaf{URI: tlsid.URI(cluster.DevTrustDomain, tlsid.ClassNode, "n"), IPs: []net.IP{net.IPv4(127, 0, 0, 1)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	src, err := tlsid.Load(nodeFiles, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	az, err := tlsid.NewAuthz(tlsid.AuthzConfig{TrustDomain: cluster.DevTrustDomain})
-	if err != nil {
-		t.Fatal(err)
-	}
-	serve.UseTLS(src, "")
-	t.Cleanup(func() { serve.UseTLS(nil, "") })
-	c, err := cluster.Start(t.Context(), cluster.Config{Dir: t.TempDir(), LogStores: 1, Replicas: 1, Failover: true, Security: serve.Security{TLS: src, Authz: az}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Stop() })
+	c, ca, dir := tlsCluster(t, nil)
 
 	me := tlsid.URI(cluster.DevTrustDomain, tlsid.ClassClient, "app")
 	short := time.Now().Add(3 * time.Second)
@@ -182,6 +163,102 @@ func TestTLSFilesRotate(t *testing.T) {
 
 	if _, err := client.New([]string{c.Primary.Addr}, client.Options{TLS: &client.TLSFiles{Cert: files.Cert, Key: files.Key}}); err == nil || !contains(err.Error(), "TLSFiles.CA: required") {
 		t.Fatalf("New without a CA file = %v", err)
+	}
+}
+
+// tlsCluster starts a cluster (a log store, a primary and a replica) over
+// mutual TLS under the default policy, its primary's config adjusted by
+// p; it returns the CA, to issue clients' certificates, and the
+// directory of its files (ca.crt is the bundle).
+func tlsCluster(t *testing.T, p func(*primary.Config)) (*cluster.Cluster, *tlsid.CA, string) {
+	t.Helper()
+	dir := t.TempDir()
+	ca, err := tlsid.NewCA("test CA", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeFiles, err := ca.WriteFiles(dir, "node", tlsid.Leaf{URI: tlsid.URI(cluster.DevTrustDomain, tlsid.ClassNode, "n"), IPs: []net.IP{net.IPv4(127, 0, 0, 1)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := tlsid.Load(nodeFiles, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	az, err := tlsid.NewAuthz(tlsid.AuthzConfig{TrustDomain: cluster.DevTrustDomain})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serve.UseTLS(src, "")
+	t.Cleanup(func() { serve.UseTLS(nil, "") })
+	c, err := cluster.Start(t.Context(), cluster.Config{Dir: t.TempDir(), LogStores: 1, Replicas: 1, Failover: true, Security: serve.Security{TLS: src, Authz: az}, Primary: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Stop() })
+	return c, ca, dir
+}
+
+// TestWriteQuotaPerIdentity: over mutual TLS, the primary's write quota
+// (--write-quota-bytes-per-second) is each client certificate's: one
+// identity over its byte rate is refused (RESOURCE_EXHAUSTED, not
+// applied, with the time to wait) while another writes at once, and the
+// throttle time is counted under the throttled identity.
+func TestWriteQuotaPerIdentity(t *testing.T) {
+	c, ca, dir := tlsCluster(t, func(p *primary.Config) { p.WriteQuotaBytesPerSecond = 10_000 })
+	kv := func(name string) (walshipv1.KVServiceClient, string) {
+		id := tlsid.URI(cluster.DevTrustDomain, tlsid.ClassClient, name)
+		f, err := ca.WriteFiles(dir, name, tlsid.Leaf{URI: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		src, err := tlsid.Load(f, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cc, err := grpc.NewClient(c.Primary.Addr, grpc.WithTransportCredentials(src.Credentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cc.Close() })
+		return walshipv1.NewKVServiceClient(cc), id
+	}
+	a, idA := kv("app-a")
+	b, _ := kv("app-b")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	value := make([]byte, 9_000)
+	for i := range 2 {
+		if _, err := a.Put(ctx, &walshipv1.PutRequest{Key: "a", Value: value}, grpc.WaitForReady(true)); err != nil {
+			t.Fatalf("app-a's write %d within its quota: %v", i, err)
+		}
+	}
+	_, err := a.Put(ctx, &walshipv1.PutRequest{Key: "a", Value: value})
+	if status.Code(err) != codes.ResourceExhausted || !client.NotApplied(err) || !strings.Contains(err.Error(), idA) {
+		t.Fatalf("app-a over its quota = %v; want RESOURCE_EXHAUSTED, not applied, naming %s", err, idA)
+	}
+	if _, err := b.Put(ctx, &walshipv1.PutRequest{Key: "b", Value: value}, grpc.WaitForReady(true)); err != nil {
+		t.Fatalf("app-b while app-a is throttled: %v", err)
+	}
+	mfs, err := c.Primary.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var throttled float64
+	for _, mf := range mfs {
+		if mf.GetName() != "walship_write_quota_throttle_seconds_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "identity" && l.GetValue() == idA {
+					throttled = m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	if throttled < 0.5 {
+		t.Fatalf("walship_write_quota_throttle_seconds_total{identity=%q} = %v; want the ~0.8 s asked", idA, throttled)
 	}
 }
 
