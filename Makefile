@@ -28,8 +28,10 @@ tool_pkg = $(patsubst $(1)=%,%,$(filter $(1)=%,$(TOOL_PKGS)))
 # "context deadline exceeded" when a duration expires mid-exec (go.dev/issue/75804).
 FUZZTIME ?= 5000x
 BENCHCOUNT ?= 6
+# make sim: the failover simulation's long run (go test runs 1,000,000 steps).
+SIMSTEPS ?= 100000000
 
-.PHONY: all build tools kube seaweedfs test lint generate check-generate manifests bench fuzz ci clean
+.PHONY: all build tools kube seaweedfs test lint generate check-generate manifests bench fuzz sim ci clean
 
 all: build
 
@@ -99,6 +101,12 @@ check-generate: generate
 bench: $(BIN)/benchstat
 	$(GO) test -run='^$$' -bench=. -benchmem -count=$(BENCHCOUNT) ./... | tee bench.out
 	benchstat bench.out
+
+# The failover protocol's deterministic simulation, SIMSTEPS steps over as
+# many seeds as it takes, and each re-injected bug found within them. A
+# failure prints its seed: go test -run 'TestSim$$' ./internal/failover -seed N
+sim:
+	$(GO) test -count=1 -v -timeout 30m -run '^TestSim(FindsInjectedBugs)?$$' ./internal/failover -sim.steps $(SIMSTEPS)
 
 # Every fuzz target for FUZZTIME each (CI runs a short pass; run longer locally: make fuzz FUZZTIME=2000000x).
 # FuzzGRPC drives a whole TLS cluster per input (about 0.3 s each under the

@@ -1,0 +1,1268 @@
+package failover
+
+// A deterministic simulation of the failover protocol (issue 35, item 4;
+// FoundationDB's and TigerBeetle's simulation testing). Log stores and
+// data nodes — replicas, candidates and a primary — exchange messages
+// through a simulated network, and every protocol decision is the core's:
+// State.Fence, Heartbeat, Entries, Append, Opens and LearnFromLogStores,
+// Judge and AckLSN. One seeded scheduler (math/rand/v2, PCG) chooses every
+// step: which message is delivered (in any order, after any delay), which
+// is dropped or duplicated, which party ticks, crashes (losing what it
+// did not persist: the effects model says what is) or restarts, and who
+// starts a promotion. After every step the invariants of
+// docs/ARCHITECTURE.md, "Failover invariants", that can be checked are;
+// once the faults stop, a primary must take writes within a bound
+// (liveness: issue 35, item 8).
+//
+// Everything the model needs beyond the core is the services' glue,
+// simplified: a primary streams one batch (one entry) per request and
+// finds where a follower's log parts from its own by the follower's last
+// (epoch, LSN), Kafka's leader-epoch rule; a candidate fences every party
+// at once, opens after the lease wait once Judge says it has its quorum
+// and Opens that the promise is still its own, and copies the donor's
+// log. Time is the step count; a lease is a number of steps.
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/walship/walship/internal/datadir"
+)
+
+// simBug is a test-only mutation of the model: each re-injects a failover
+// bug fixed in round 2 (or a rule the protocol depends on) so that a test
+// can show that the simulation finds it.
+type simBug string
+
+const (
+	// bugAckKMinus1: the primary acknowledges with k−1 sync replicas (and
+	// a log store majority less one): the ack quorum no longer meets every
+	// promotion quorum (I5; quorum.go's AckLSN).
+	bugAckKMinus1 simBug = "ack-k-1"
+	// bugPromotionNK: a promotion needs N−k members, not N−k+1 (I5).
+	bugPromotionNK simBug = "quorum-n-k"
+	// bugVoteNotDurable: a granted fence answers before its promise is
+	// persisted; a crash forgets it (I1).
+	bugVoteNotDurable simBug = "promise-not-persisted"
+	// bugLowerEpoch: an acceptor takes an Append stream or heartbeat of an
+	// epoch older than its promise (I1; a deposed primary keeps acking).
+	bugLowerEpoch simBug = "accept-lower-epoch"
+	// bugNoLearn: a replica does not learn the winner of its epoch from a
+	// log store majority (no LearnFromLogStores, 5cf0b32): the loser of
+	// two promotions of one epoch dials the old primary for ever (item 8).
+	bugNoLearn simBug = "no-learn-from-log-stores"
+	// bugEntriesNoVote: entries of a newer epoch do not raise the promise
+	// (f254bbc, I2).
+	bugEntriesNoVote simBug = "entries-keep-the-promise"
+	// bugNoLeaseWait: a candidate opens without waiting out the old
+	// primary's lease (I7).
+	bugNoLeaseWait simBug = "no-lease-wait"
+	// bugRefusedBatchStored: a log store stores the batch of a request
+	// whose heartbeat it refused as stale (d6b7c3f).
+	bugRefusedBatchStored simBug = "refused-batch-stored"
+)
+
+var allBugs = []simBug{bugAckKMinus1, bugPromotionNK, bugVoteNotDurable, bugLowerEpoch, bugNoLearn,
+	bugEntriesNoVote, bugNoLeaseWait, bugRefusedBatchStored}
+
+// simConfig is one simulated cluster and its fault budget.
+type simConfig struct {
+	LogStores, Nodes int
+	K                int  // sync replicas (at flush)
+	LogStoreSync     bool // commits wait for a log store majority
+	Lease            int64
+	FaultSteps       int // steps with faults
+	LiveBound        int // steps after the faults stop within which a write must be acknowledged
+	Bug              simBug
+}
+
+// simConfigs are the clusters a seed picks from: the contract of the item
+// 8 report (sync K at flush), and log store sync.
+var simConfigs = []simConfig{
+	{LogStores: 3, Nodes: 3, K: 1},
+	{LogStores: 3, Nodes: 4, K: 2},
+	{LogStores: 3, Nodes: 3, K: 0, LogStoreSync: true},
+	{LogStores: 5, Nodes: 3, K: 1, LogStoreSync: true},
+}
+
+type ent struct{ Epoch, LSN uint64 }
+
+type role uint8
+
+const (
+	roleReplica role = iota
+	roleCandidate
+	rolePrimary
+)
+
+func (r role) String() string { return [...]string{"replica", "candidate", "primary"}[r] }
+
+type kind uint8
+
+const (
+	mFence kind = iota
+	mFenceResp
+	mStream // a primary's request on a follower's stream (Append to a log store, the replication stream to a replica)
+	mStreamResp
+	mSubscribe // a replica dials the primary
+	mStatus    // a replica asks a log store who the primary is
+	mStatusResp
+	mCopy // a candidate copies its donor's log
+	mCopyResp
+)
+
+type msg struct {
+	kind     kind
+	from, to int
+	at       int64 // deliverable from this step
+	// mFence, mFenceResp, mStream: the epoch stated; mFence's candidate.
+	epoch   uint64
+	cand    string
+	cluster string
+	// answers
+	granted, refused, primary bool
+	vote                      datadir.Vote
+	lastEpoch, lastLSN        uint64
+	// mStream
+	sid, seq   uint64 // the stream, and the request's place in it
+	sent       int64  // when the heartbeat was sent (echoed: the lease)
+	batch      []ent
+	truncate   bool
+	truncAfter uint64
+	// truncFor is the follower's last (epoch, LSN) the cut was computed
+	// from: a Diverged answer is for the handshake it answers.
+	truncFor [2]uint64
+	// mCopyResp
+	log   []ent
+	round int
+}
+
+// follower is what a primary knows of one follower's stream.
+type follower struct {
+	on       bool // streaming (log stores always; replicas once they dial)
+	known    bool // its position is known
+	trunc    bool // its tail must be cut after shared
+	shared   uint64
+	from     [2]uint64 // its last (epoch, LSN) when trunc was decided
+	next     uint64
+	matched  uint64
+	sid      uint64 // the stream: a refusal ends it, the next starts afresh
+	seq      uint64 // last request sent
+	replySeq uint64 // last reply taken
+	echo     int64  // newest heartbeat time it echoed (log stores: the lease)
+	sentAt   int64  // when the last request went
+}
+
+// window is how many requests a stream has in flight (flow control); a
+// stream silent for staleStream steps is taken for broken and restarted.
+const (
+	window      = 4
+	staleStream = 80
+)
+
+// streamPos is where a follower is in a primary's stream.
+type streamPos struct {
+	epoch, sid, seq uint64
+	broken          bool
+}
+
+type candidacy struct {
+	epoch      uint64
+	prev       string
+	start      int64
+	answers    []Answer
+	votes      []bool // per party: answered
+	planned    bool
+	donor      int // party index
+	donorLSN   uint64
+	donorEpoch uint64
+	leaseUntil int64
+	copying    bool
+	copySent   int64
+}
+
+type party struct {
+	idx  int
+	id   string
+	ls   bool
+	up   bool
+	st   State // what it acts on
+	dur  State // what it persisted
+	log  []ent // persisted before it is acknowledged
+	role role
+	// replica
+	following int
+	followEp  uint64 // the epoch following was chosen for
+	heard     int64
+	dials     int
+	askRound  int
+	askVotes  []datadir.Vote
+	askFrom   []bool
+	seen      uint64 // newest epoch it heard of
+	lastFrom  map[int]streamPos
+	// candidate
+	cand *candidacy
+	// primary
+	epoch uint64
+	fol   []follower
+	acked uint64
+}
+
+// sim is one run: the parties, the network, the ghost state the checks
+// read, and the scheduler.
+type sim struct {
+	cfg     simConfig
+	seed    uint64
+	rng     *rand.Rand
+	now     int64
+	steps   int
+	ps      []*party
+	net     []msg
+	calm    bool
+	calmAt  int64
+	keepOut int // a node left down after the faults stop (-1: none)
+
+	// ghost state
+	acked     []uint64          // by LSN−1: the epoch of the write acknowledged there, 0 if none
+	opened    map[uint64]string // epoch → the candidate that opened it
+	openedAt  map[uint64]int64
+	maxOpened uint64
+	votes     []uint64 // per party: the newest persisted promise (I1)
+	granted   []uint64 // per party: the newest epoch granted in an answer
+	liveFrom  uint64   // after the faults stop: an LSN past every write before
+	lived     bool
+	trace     []string
+	err       error
+	// refusedNow: the stream request being handled was refused.
+	refusedNow bool
+}
+
+const simCluster = "c1"
+
+func newSim(cfg simConfig, seed uint64) *sim {
+	s := &sim{cfg: cfg, seed: seed, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+		opened: map[uint64]string{}, openedAt: map[uint64]int64{}, keepOut: -1}
+	n := cfg.LogStores + cfg.Nodes
+	for i := range n {
+		p := &party{idx: i, up: true, lastFrom: map[int]streamPos{}}
+		if i < cfg.LogStores {
+			p.id, p.ls = fmt.Sprintf("l%d", i), true
+		} else {
+			p.id = fmt.Sprintf("n%d", i-cfg.LogStores)
+		}
+		p.st = State{Vote: datadir.Vote{Epoch: 1, Primary: "n0", Addr: "n0"}, LogEpoch: 1, Cluster: simCluster}
+		p.dur = p.st
+		p.log = []ent{{1, 1}}
+		p.following = cfg.LogStores
+		s.ps = append(s.ps, p)
+	}
+	s.votes, s.granted = make([]uint64, n), make([]uint64, n)
+	s.opened[1], s.openedAt[1], s.maxOpened = "n0", 0, 1
+	p0 := s.ps[cfg.LogStores]
+	s.becomePrimary(p0, 1)
+	return s
+}
+
+func (s *sim) nodeIdx(id string) int {
+	for _, p := range s.ps {
+		if p.id == id {
+			return p.idx
+		}
+	}
+	return -1
+}
+
+func (s *sim) has(b simBug) bool { return s.cfg.Bug == b }
+
+func (s *sim) logf(format string, args ...any) {
+	if len(s.trace) >= 200 {
+		s.trace = s.trace[1:]
+	}
+	s.trace = append(s.trace, fmt.Sprintf("%6d ", s.now)+fmt.Sprintf(format, args...))
+}
+
+func (s *sim) fail(inv, format string, args ...any) {
+	if s.err == nil {
+		s.err = fmt.Errorf("%s violated at step %d: %s", inv, s.steps, fmt.Sprintf(format, args...))
+	}
+}
+
+func (s *sim) contract() Contract {
+	c := Contract{K: s.cfg.K, LogStoreSync: s.cfg.LogStoreSync}
+	for _, p := range s.ps {
+		if p.ls {
+			c.LogStores = append(c.LogStores, p.id)
+		} else {
+			c.Members = append(c.Members, p.id)
+		}
+	}
+	return c
+}
+
+// send queues m with a delay; under faults it may be dropped or sent twice.
+func (s *sim) send(m msg) {
+	m.at = s.now + 1
+	if !s.calm {
+		if s.rng.IntN(100) < 3 {
+			return // dropped
+		}
+		m.at += int64(s.rng.IntN(30))
+		if s.rng.IntN(100) < 2 && !m.stream() {
+			d := m
+			d.at += int64(s.rng.IntN(30))
+			s.net = append(s.net, d)
+		}
+	} else {
+		m.at += int64(s.rng.IntN(3))
+	}
+	s.net = append(s.net, m)
+}
+
+// stream reports whether m travels on a stream (gRPC's: in order, no
+// duplicates; a loss breaks it).
+func (m msg) stream() bool { return m.kind == mStream || m.kind == mStreamResp }
+
+// apply carries out a Step's effects — what a service persists before
+// answering — and adopts its next state. Under bugVoteNotDurable a
+// fence's promise is not persisted.
+func (s *sim) apply(p *party, st Step, fence bool) {
+	for _, e := range st.Effects {
+		switch e := e.(type) {
+		case SaveVote:
+			if !(fence && s.has(bugVoteNotDurable)) {
+				p.dur.Vote = e.Vote
+			}
+		case AdoptCluster:
+			p.dur.Cluster = e.ID
+		case NoteEpoch:
+			p.dur.LogEpoch = e.Epoch
+		case CutAfter:
+			s.cut(p, e.LSN)
+		}
+	}
+	p.st = st.Next
+	for _, e := range st.Effects {
+		if _, ok := e.(CutAfter); ok {
+			p.st.LogEpoch = lastEpoch(p.log)
+			p.dur.LogEpoch = p.st.LogEpoch
+		}
+	}
+	if !fence || !s.has(bugVoteNotDurable) {
+		p.dur.Vote = p.st.Vote
+	}
+	if p.st.Vote.Epoch > p.seen {
+		p.seen = p.st.Vote.Epoch
+	}
+}
+
+// cut orphans p's log after lsn: I6, what is cut was never acknowledged.
+func (s *sim) cut(p *party, lsn uint64) {
+	if lsn >= uint64(len(p.log)) {
+		return
+	}
+	for _, e := range p.log[lsn:] {
+		if s.ackedAt(e.LSN) == e.Epoch {
+			s.fail("I6", "%s cut acknowledged write %d (epoch %d)", p.id, e.LSN, e.Epoch)
+		}
+	}
+	s.logf("%s cuts after %d (had %d)", p.id, lsn, len(p.log))
+	p.log = slices.Clone(p.log[:lsn])
+}
+
+func (s *sim) ackedAt(lsn uint64) uint64 {
+	if lsn == 0 || lsn > uint64(len(s.acked)) {
+		return 0
+	}
+	return s.acked[lsn-1]
+}
+
+func lastEpoch(log []ent) uint64 {
+	if len(log) == 0 {
+		return 0
+	}
+	return log[len(log)-1].Epoch
+}
+
+func (p *party) last() (uint64, uint64) { return lastEpoch(p.log), uint64(len(p.log)) }
+
+// appendLog writes entries that follow p's log (I3 is checked here).
+// sender is the epoch of the primary that sent them (0: copied, or its
+// own): I1, no batch of a sender older than the promise is stored.
+func (s *sim) appendLog(p *party, es []ent, sender uint64) {
+	if sender != 0 && sender < p.st.Vote.Epoch {
+		s.fail("I1", "%s stores a batch of a sender of epoch %d after promising %d", p.id, sender, p.st.Vote.Epoch)
+	}
+	for _, e := range es {
+		if e.LSN != uint64(len(p.log))+1 {
+			s.fail("model", "%s writes LSN %d after %d", p.id, e.LSN, len(p.log))
+			return
+		}
+		if e.Epoch < lastEpoch(p.log) {
+			s.fail("I3", "%s writes epoch %d after epoch %d", p.id, e.Epoch, lastEpoch(p.log))
+		}
+		if e.Epoch > p.dur.LogEpoch && !p.ls {
+			s.fail("I3", "%s writes epoch %d before its history notes it (%d)", p.id, e.Epoch, p.dur.LogEpoch)
+		}
+		p.log = append(p.log, e)
+	}
+}
+
+// sharedUpTo is where a follower whose log ends at (epoch, lsn) parts
+// from log: the end of log's entries of epochs up to epoch (Kafka's
+// leader-epoch rule), one back if that does not settle it.
+func sharedUpTo(log []ent, epoch, lsn uint64) uint64 {
+	if lsn == 0 {
+		return 0
+	}
+	if lsn <= uint64(len(log)) && log[lsn-1].Epoch == epoch {
+		return lsn
+	}
+	n := uint64(sort.Search(len(log), func(i int) bool { return log[i].Epoch > epoch }))
+	if n >= lsn {
+		n = lsn - 1
+	}
+	return n
+}
+
+// --- the primary ----------------------------------------------------------
+
+func (s *sim) becomePrimary(p *party, epoch uint64) {
+	p.role, p.epoch, p.cand = rolePrimary, epoch, nil
+	p.fol = make([]follower, len(s.ps))
+	for i := range s.cfg.LogStores {
+		p.fol[i].on = true
+	}
+	p.acked = 0
+	s.logf("%s opens epoch %d at LSN %d", p.id, epoch, len(p.log))
+}
+
+func (s *sim) leaseValid(p *party) bool {
+	n := 0
+	for i := range s.cfg.LogStores {
+		if p.fol[i].echo > 0 && p.fol[i].echo > s.now-s.cfg.Lease {
+			n++
+		}
+	}
+	return n >= Majority(s.cfg.LogStores)
+}
+
+// primaryTick: maybe take a write, then send every follower its next
+// request.
+func (s *sim) primaryTick(p *party) {
+	if s.leaseValid(p) && s.rng.IntN(3) == 0 {
+		e := ent{p.epoch, uint64(len(p.log)) + 1}
+		s.appendLog(p, []ent{e}, p.epoch)
+	}
+	for i := range p.fol {
+		f := &p.fol[i]
+		if !f.on || i == p.idx {
+			continue
+		}
+		if f.seq != f.replySeq && s.now-f.sentAt >= staleStream {
+			f.replySeq, f.known = f.seq, false // the stream broke: start over
+			f.sid++
+		}
+		idle := f.known && !f.trunc && f.next > uint64(len(p.log))
+		if f.seq-f.replySeq >= window || ((idle || f.trunc) && f.seq != f.replySeq) {
+			continue // enough on its way (a heartbeat, if nothing is new)
+		}
+		for range 1 + s.rng.IntN(window-int(f.seq-f.replySeq)) {
+			m := msg{kind: mStream, from: p.idx, to: i, epoch: p.epoch, cand: p.id, cluster: simCluster, sent: s.now}
+			switch {
+			case !f.known:
+			case f.trunc:
+				m.truncate, m.truncAfter, m.truncFor = true, f.shared, f.from
+			case f.next <= uint64(len(p.log)):
+				m.batch = []ent{p.log[f.next-1]}
+				if !s.ps[i].ls {
+					end := min(uint64(len(p.log)), f.next+3)
+					m.batch = slices.Clone(p.log[f.next-1 : end])
+				}
+				f.next += uint64(len(m.batch))
+			}
+			f.seq++
+			m.sid, m.seq, f.sentAt = f.sid, f.seq, s.now
+			s.send(m)
+			if !f.known || f.trunc || f.next > uint64(len(p.log)) {
+				break
+			}
+		}
+	}
+}
+
+func (s *sim) primaryReply(p *party, m msg) {
+	f := &p.fol[m.from]
+	if m.epoch != p.epoch || m.sid != f.sid || m.seq <= f.replySeq {
+		return // a reply to an older stream, or out of order
+	}
+	f.replySeq = m.seq
+	if m.refused && m.vote.Epoch > p.epoch {
+		s.stepDown(p, m.vote)
+		return
+	}
+	if m.refused {
+		// The refusal ended the stream: what was sent after it is void.
+		f.sid++
+		f.replySeq = f.seq
+	}
+	if m.vote.Epoch <= p.epoch && m.sent > f.echo { // its heartbeat was taken
+		f.echo = m.sent
+	}
+	f.known = true
+	sh := sharedUpTo(p.log, m.lastEpoch, m.lastLSN)
+	if sh < m.lastLSN {
+		f.trunc, f.shared, f.from = true, sh, [2]uint64{m.lastEpoch, m.lastLSN}
+		f.next = sh + 1
+		return
+	}
+	f.trunc = false
+	f.matched = m.lastLSN // its log is this one's up to there
+	if m.refused {
+		f.next = m.lastLSN + 1 // resend from its end
+	} else {
+		f.next = max(f.next, m.lastLSN+1)
+	}
+	s.primaryAck(p)
+}
+
+// primaryAck: the commit rule (AckLSN over the sync replicas; a log store
+// majority under log store sync), and only while the lease holds (I7).
+func (s *sim) primaryAck(p *party) {
+	if !s.leaseValid(p) {
+		return
+	}
+	ack := uint64(len(p.log))
+	k := s.cfg.K
+	if s.has(bugAckKMinus1) {
+		k--
+	}
+	if s.cfg.K > 0 {
+		var pos []uint64
+		for i := s.cfg.LogStores; i < len(s.ps); i++ {
+			if i != p.idx && p.fol[i].on {
+				pos = append(pos, p.fol[i].matched)
+			}
+		}
+		if k > 0 {
+			ack = min(ack, AckLSN(pos, k))
+		}
+	}
+	if s.cfg.LogStoreSync {
+		var pos []uint64
+		for i := range s.cfg.LogStores {
+			pos = append(pos, p.fol[i].matched)
+		}
+		need := Majority(s.cfg.LogStores)
+		if s.has(bugAckKMinus1) {
+			need--
+		}
+		if need > 0 {
+			ack = min(ack, AckLSN(pos, need))
+		}
+	}
+	for ; p.acked < ack; p.acked++ {
+		e := p.log[p.acked]
+		if e.Epoch != p.epoch {
+			continue // acknowledged by an older primary, or never
+		}
+		if s.maxOpened > p.epoch {
+			s.fail("I7", "%s (epoch %d) acknowledges LSN %d after epoch %d opened", p.id, p.epoch, e.LSN, s.maxOpened)
+		}
+		if ep := s.ackedAt(e.LSN); ep != 0 && ep != e.Epoch {
+			s.fail("I5", "%s acknowledges LSN %d of epoch %d; LSN %d of epoch %d was acknowledged", p.id, e.LSN, e.Epoch, e.LSN, ep)
+		}
+		for uint64(len(s.acked)) < e.LSN {
+			s.acked = append(s.acked, 0)
+		}
+		s.acked[e.LSN-1] = e.Epoch
+		if s.calm && e.LSN >= s.liveFrom {
+			s.lived = true
+		}
+	}
+}
+
+func (s *sim) stepDown(p *party, v datadir.Vote) {
+	s.logf("%s steps down from epoch %d (%s holds %d)", p.id, p.epoch, v.Primary, v.Epoch)
+	p.role, p.fol, p.epoch = roleReplica, nil, 0
+	p.heard = s.now
+	if i := s.nodeIdx(v.Primary); i >= 0 && i != p.idx {
+		p.following = i
+	}
+}
+
+// --- the acceptors ---------------------------------------------------------
+
+func (s *sim) answerFence(p *party, m msg) {
+	before := p.st
+	st := p.st.Fence(Fence{Epoch: m.epoch, Candidate: m.cand, Addr: m.cand, Cluster: m.cluster})
+	if m.cluster != simCluster {
+		if st.Granted || len(st.Effects) > 0 {
+			s.fail("I8", "%s changed by a fence of cluster %q: %+v", p.id, m.cluster, st)
+		}
+		if p.st != before {
+			s.fail("I8", "%s changed by a fence of cluster %q", p.id, m.cluster)
+		}
+		return
+	}
+	wasPrimary := p.role == rolePrimary
+	if st.Refused == nil {
+		s.apply(p, st, true)
+	}
+	le, ll := p.last()
+	r := msg{kind: mFenceResp, from: p.idx, to: m.from, epoch: m.epoch, granted: st.Granted, vote: p.st.Vote,
+		lastEpoch: le, lastLSN: ll, primary: wasPrimary}
+	if st.Granted {
+		s.granted[p.idx] = max(s.granted[p.idx], m.epoch)
+		if wasPrimary && m.epoch > p.epoch {
+			s.stepDown(p, p.st.Vote)
+		}
+		if !p.ls && p.role == roleReplica {
+			if i := s.nodeIdx(m.cand); i >= 0 && i != p.idx {
+				p.following = i
+			}
+		}
+	}
+	s.send(r)
+}
+
+// logStoreAppend is a log store's Append handler: the core decides, the
+// store persists the effects and the batch, then answers.
+func (s *sim) logStoreAppend(p *party, m msg) {
+	le, ll := p.last()
+	a := Append{Sender: 0, HB: &Heartbeat{Epoch: m.epoch, Primary: m.cand, Addr: m.cand, Cluster: m.cluster}, Last: ll}
+	if m.truncate && m.truncFor == [2]uint64{le, ll} {
+		a.Truncate, a.TruncateAfter = true, m.truncAfter
+	}
+	var b *ent
+	if len(m.batch) > 0 {
+		b = &m.batch[0]
+		a.Batch = &Entry{Epoch: b.Epoch, FirstLSN: b.LSN, LastLSN: b.LSN}
+		if b.LSN <= ll && p.log[b.LSN-1].Epoch != b.Epoch {
+			a.Differs = "another epoch"
+		}
+	}
+	st := p.st
+	if s.has(bugLowerEpoch) && m.epoch < st.Vote.Epoch {
+		st.Vote.Epoch = m.epoch
+	}
+	as := st.Append(a)
+	if as.Refused != nil && s.has(bugLowerEpoch) {
+		as.Next = p.st
+	}
+	r := msg{kind: mStreamResp, from: p.idx, to: m.from, epoch: m.epoch, sid: m.sid, seq: m.seq, sent: m.sent}
+	if as.Refused != nil {
+		if s.has(bugRefusedBatchStored) && as.Refused.Reason == StaleEpoch && b != nil && b.LSN == ll+1 && b.Epoch >= le {
+			s.appendLog(p, []ent{*b}, m.epoch)
+		}
+		r.refused, r.vote, s.refusedNow = true, p.st.Vote, true
+		r.lastEpoch, r.lastLSN = p.last()
+		s.send(r)
+		return
+	}
+	if s.has(bugLowerEpoch) {
+		as.Next.Vote = maxVote(p.st.Vote, as.Next.Vote)
+	}
+	s.apply(p, as.Step, false)
+	if as.Store {
+		p.st.LogEpoch = max(p.st.LogEpoch, b.Epoch)
+		s.appendLog(p, []ent{*b}, m.epoch)
+	}
+	r.vote = p.st.Vote
+	r.lastEpoch, r.lastLSN = p.last()
+	s.send(r)
+}
+
+func maxVote(a, b datadir.Vote) datadir.Vote {
+	if b.Epoch > a.Epoch {
+		return b
+	}
+	return a
+}
+
+// replicaStream is a replica's side of the replication stream: the
+// primary's heartbeat (Heartbeat), a cut of a divergent tail, and entries
+// (Entries), each decided by the core.
+func (s *sim) replicaStream(p *party, m msg) {
+	if p.role != roleReplica && !(p.role == roleCandidate && !p.cand.planned) {
+		return // a candidate past its quorum, or a primary, takes no stream
+	}
+	r := msg{kind: mStreamResp, from: p.idx, to: m.from, epoch: m.epoch, sid: m.sid, seq: m.seq, sent: m.sent}
+	reply := func(refused bool) {
+		r.refused, r.vote, s.refusedNow = refused, p.st.Vote, refused
+		r.lastEpoch, r.lastLSN = p.last()
+		s.send(r)
+	}
+	st := p.st
+	if s.has(bugLowerEpoch) && m.epoch < st.Vote.Epoch {
+		st.Vote.Epoch = m.epoch
+	}
+	hs := st.Heartbeat(Heartbeat{Epoch: m.epoch, Primary: m.cand, Addr: m.cand, Cluster: m.cluster})
+	if hs.Refused != nil {
+		reply(true)
+		return
+	}
+	if s.has(bugLowerEpoch) {
+		hs.Next.Vote = maxVote(p.st.Vote, hs.Next.Vote)
+	}
+	s.apply(p, hs, false)
+	p.heard, p.dials, p.following = s.now, 0, m.from
+	if le, ll := p.last(); m.truncate && m.truncFor == [2]uint64{le, ll} && m.truncAfter < ll {
+		if p.st.LogEpoch >= m.epoch {
+			reply(true)
+			return
+		}
+		s.apply(p, Step{Effects: []Effect{CutAfter{LSN: m.truncAfter}}, Next: p.st}, false)
+	}
+	es := m.batch
+	for len(es) > 0 && es[0].LSN <= uint64(len(p.log)) {
+		if p.log[es[0].LSN-1].Epoch != es[0].Epoch {
+			reply(true)
+			return
+		}
+		es = es[1:]
+	}
+	if len(es) == 0 {
+		reply(false)
+		return
+	}
+	if es[0].LSN != uint64(len(p.log))+1 || es[0].Epoch < p.st.LogEpoch {
+		reply(true)
+		return
+	}
+	var in []Entry
+	for _, e := range es {
+		in = append(in, Entry{Epoch: e.Epoch, FirstLSN: e.LSN, LastLSN: e.LSN})
+	}
+	est := p.st.Entries(m.epoch, in)
+	if est.Refused != nil {
+		reply(true)
+		return
+	}
+	if s.has(bugEntriesNoVote) {
+		est.Effects = slices.DeleteFunc(est.Effects, func(e Effect) bool { _, ok := e.(SaveVote); return ok })
+		est.Next.Vote = p.st.Vote
+	}
+	s.apply(p, est, false)
+	s.appendLog(p, es, m.epoch)
+	reply(false)
+}
+
+// --- replicas: dialing and learning -----------------------------------------
+
+const dialPeriod = 20
+
+func (s *sim) replicaTick(p *party) {
+	if s.now-p.heard < dialPeriod {
+		return
+	}
+	p.heard = s.now
+	if i := s.nodeIdx(p.st.Vote.Primary); i >= 0 && i != p.idx && p.st.Vote.Epoch >= p.followEp {
+		p.following = i // the primary its promise names
+	}
+	if p.following >= 0 && p.following != p.idx {
+		s.send(msg{kind: mSubscribe, from: p.idx, to: p.following})
+	}
+	p.dials++
+	if p.dials >= 3 {
+		// The replica asks its log stores who the primary is.
+		p.dials = 0
+		p.askRound++
+		p.askVotes, p.askFrom = nil, make([]bool, s.cfg.LogStores)
+		for i := range s.cfg.LogStores {
+			s.send(msg{kind: mStatus, from: p.idx, to: i, round: p.askRound})
+		}
+		// And reads what it lacks from one of them (the ladder's log
+		// store rung): entries that come without their primary.
+		s.send(msg{kind: mCopy, from: p.idx, to: s.rng.IntN(s.cfg.LogStores), round: p.askRound})
+	}
+}
+
+func (s *sim) statusResp(p *party, m msg) {
+	if m.round != p.askRound || p.askFrom == nil || p.askFrom[m.from] || p.role != roleReplica {
+		return
+	}
+	p.askFrom[m.from] = true
+	v := m.vote
+	p.askVotes = append(p.askVotes, v)
+	if v.Epoch > p.st.Vote.Epoch && v.Primary != "" {
+		if i := s.nodeIdx(v.Primary); i >= 0 && i != p.idx {
+			p.following, p.followEp = i, v.Epoch // a newer epoch's primary: follow it, its heartbeat raises the promise
+		}
+		return
+	}
+	if s.has(bugNoLearn) {
+		return
+	}
+	if w, why := p.st.LearnFromLogStores(p.askVotes, s.cfg.LogStores); why != "" {
+		next := p.st
+		next.Vote = w
+		s.apply(p, Step{Effects: []Effect{SaveVote{Vote: w, Why: why}}, Next: next}, false)
+		if i := s.nodeIdx(w.Primary); i >= 0 && i != p.idx {
+			p.following = i
+		}
+		s.logf("%s learns %s is the primary of epoch %d", p.id, w.Primary, w.Epoch)
+	}
+}
+
+// catchUp appends what a log store holds beyond p's log, if p's log is a
+// prefix of it: Entries decides (a newer epoch raises the promise, I2).
+func (s *sim) catchUp(p *party, from []ent) {
+	le, ll := p.last()
+	if ll >= uint64(len(from)) || (ll > 0 && from[ll-1].Epoch != le) {
+		return
+	}
+	rest := from[ll:min(len(from), int(ll)+16)]
+	if rest[0].Epoch < p.st.LogEpoch {
+		return
+	}
+	var in []Entry
+	for _, e := range rest {
+		in = append(in, Entry{Epoch: e.Epoch, FirstLSN: e.LSN, LastLSN: e.LSN})
+	}
+	st := p.st.Entries(0, in)
+	if st.Refused != nil {
+		return
+	}
+	if s.has(bugEntriesNoVote) {
+		st.Effects = slices.DeleteFunc(st.Effects, func(e Effect) bool { _, ok := e.(SaveVote); return ok })
+		st.Next.Vote = p.st.Vote
+	}
+	s.apply(p, st, false)
+	s.appendLog(p, rest, 0)
+}
+
+// --- candidates ------------------------------------------------------------
+
+// promote starts a promotion at p: it fences itself, then every party.
+func (s *sim) promote(p *party) {
+	epoch, err := datadir.NextEpoch(max(p.seen, p.st.Known()))
+	if err != nil {
+		return
+	}
+	prev := p.st.Vote.Primary
+	st := p.st.Fence(Fence{Epoch: epoch, Candidate: p.id, Addr: p.id, Cluster: simCluster})
+	if !st.Granted {
+		return
+	}
+	s.apply(p, st, true)
+	s.granted[p.idx] = max(s.granted[p.idx], epoch)
+	le, ll := p.last()
+	c := &candidacy{epoch: epoch, prev: prev, start: s.now, votes: make([]bool, len(s.ps))}
+	c.answers = append(c.answers, Answer{ID: p.id, LastEpoch: le, LastLSN: ll})
+	c.votes[p.idx] = true
+	p.role, p.cand = roleCandidate, c
+	s.logf("%s promotes to epoch %d (prev %s, log %d@%d)", p.id, epoch, prev, ll, le)
+	for _, q := range s.ps {
+		if q != p {
+			s.send(msg{kind: mFence, from: p.idx, to: q.idx, epoch: epoch, cand: p.id, cluster: simCluster})
+		}
+	}
+}
+
+func (s *sim) fenceResp(p *party, m msg) {
+	if m.vote.Epoch > p.seen {
+		p.seen = m.vote.Epoch
+	}
+	c := p.cand
+	if p.role != roleCandidate || m.epoch != c.epoch || c.votes[m.from] || c.planned {
+		return
+	}
+	c.votes[m.from] = true
+	if !m.granted {
+		return
+	}
+	q := s.ps[m.from]
+	c.answers = append(c.answers, Answer{ID: q.id, LogStore: q.ls, LastEpoch: m.lastEpoch, LastLSN: m.lastLSN})
+	ct := s.contract()
+	if s.has(bugPromotionNK) && ct.K > 0 && !ct.LogStoreSync {
+		ct.K++
+	}
+	v := Judge(ct, c.prev, c.answers, c.answers)
+	if !v.Quorum {
+		return
+	}
+	d := c.answers[v.Donor]
+	c.planned, c.donor, c.donorLSN, c.donorEpoch = true, s.nodeIdx(d.ID), d.LastLSN, d.LastEpoch
+	// The lease wait: none if the newest primary granted (it stepped down).
+	var seen uint64
+	for _, a := range c.answers {
+		seen = max(seen, a.LastEpoch)
+	}
+	wait := s.cfg.Lease * 11 / 10
+	if m.primary && m.lastEpoch >= seen {
+		wait = 0
+	}
+	if s.has(bugNoLeaseWait) {
+		wait = 0
+	}
+	c.leaseUntil = s.now + wait
+	s.logf("%s won epoch %d: donor %s (%d@%d), lease wait %d", p.id, c.epoch, d.ID, d.LastLSN, d.LastEpoch, wait)
+}
+
+const candTimeout = 200
+
+func (s *sim) candidateTick(p *party) {
+	c := p.cand
+	switch {
+	case !c.planned:
+		if s.now-c.start > candTimeout {
+			s.logf("%s gives up epoch %d", p.id, c.epoch)
+			p.role, p.cand, p.heard = roleReplica, nil, s.now
+		}
+	case s.now < c.leaseUntil:
+	case !p.st.Opens(c.epoch, p.id):
+		s.logf("%s superseded in epoch %d by %s %d", p.id, c.epoch, p.st.Vote.Primary, p.st.Vote.Epoch)
+		p.role, p.cand, p.heard = roleReplica, nil, s.now
+		if i := s.nodeIdx(p.st.Vote.Primary); i >= 0 && i != p.idx {
+			p.following = i
+		}
+	case c.donor == p.idx:
+		s.open(p, nil)
+	case !c.copying || s.now-c.copySent > candTimeout:
+		if c.copying {
+			s.logf("%s: no copy from %s", p.id, s.ps[c.donor].id)
+			p.role, p.cand, p.heard = roleReplica, nil, s.now
+			return
+		}
+		c.copying, c.copySent = true, s.now
+		s.send(msg{kind: mCopy, from: p.idx, to: c.donor, epoch: c.epoch})
+	}
+}
+
+// open is the catch-up (cut what the donor's log lacks, copy what it has
+// beyond) and the start as primary, with the checks of I4 and I5.
+func (s *sim) open(p *party, donor []ent) {
+	c := p.cand
+	if donor != nil {
+		if uint64(len(donor)) < c.donorLSN || (c.donorLSN > 0 && donor[c.donorLSN-1].Epoch != c.donorEpoch) {
+			s.logf("%s: donor moved", p.id)
+			p.role, p.cand, p.heard = roleReplica, nil, s.now
+			return
+		}
+		donor = donor[:c.donorLSN]
+		n := 0
+		for n < len(p.log) && n < len(donor) && p.log[n] == donor[n] {
+			n++
+		}
+		if n < len(p.log) {
+			s.apply(p, Step{Effects: []Effect{CutAfter{LSN: uint64(n)}}, Next: p.st}, false)
+		}
+		if rest := donor[n:]; len(rest) > 0 {
+			var in []Entry
+			for _, e := range rest {
+				in = append(in, Entry{Epoch: e.Epoch, FirstLSN: e.LSN, LastLSN: e.LSN})
+			}
+			if rest[0].Epoch < p.st.LogEpoch {
+				s.fail("model", "%s copies epoch %d onto %d", p.id, rest[0].Epoch, p.st.LogEpoch)
+				return
+			}
+			st := p.st.Entries(0, in)
+			s.apply(p, st, false)
+			s.appendLog(p, rest, 0)
+		}
+	}
+	if !p.st.Opens(c.epoch, p.id) {
+		p.role, p.cand, p.heard = roleReplica, nil, s.now
+		return
+	}
+	if o, ok := s.opened[c.epoch]; ok && o != p.id {
+		s.fail("I4", "%s and %s both open epoch %d", o, p.id, c.epoch)
+	}
+	for i, ep := range s.acked {
+		lsn := uint64(i) + 1
+		if ep != 0 && ep < c.epoch && (lsn > uint64(len(p.log)) || p.log[lsn-1].Epoch != ep) {
+			s.fail("I5", "%s opens epoch %d without acknowledged LSN %d of epoch %d", p.id, c.epoch, lsn, ep)
+		}
+	}
+	s.opened[c.epoch], s.openedAt[c.epoch] = p.id, s.now
+	s.maxOpened = max(s.maxOpened, c.epoch)
+	next := uint64(len(p.log)) + 1
+	s.apply(p, Step{Effects: []Effect{NoteEpoch{Epoch: c.epoch, FirstLSN: next}}, Next: State{Vote: p.st.Vote, LogEpoch: c.epoch, Cluster: p.st.Cluster}}, false)
+	s.appendLog(p, []ent{{c.epoch, next}}, 0) // the epoch record
+	s.becomePrimary(p, c.epoch)
+}
+
+// --- the scheduler ---------------------------------------------------------
+
+func (s *sim) deliver(m msg) {
+	p := s.ps[m.to]
+	if !p.up {
+		return
+	}
+	switch m.kind {
+	case mFence:
+		s.answerFence(p, m)
+	case mFenceResp:
+		s.fenceResp(p, m)
+	case mStream:
+		l, ok := p.lastFrom[m.from]
+		if ok && l.epoch == m.epoch && (m.sid < l.sid || (m.sid == l.sid && (m.seq <= l.seq || l.broken))) {
+			return // a stream is ordered, and ends at a refusal
+		}
+		s.refusedNow = false
+		if p.ls {
+			s.logStoreAppend(p, m)
+		} else {
+			s.replicaStream(p, m)
+		}
+		p.lastFrom[m.from] = streamPos{m.epoch, m.sid, m.seq, s.refusedNow}
+	case mStreamResp:
+		if p.role == rolePrimary {
+			s.primaryReply(p, m)
+		}
+	case mSubscribe:
+		if p.role == rolePrimary && !p.fol[m.from].on {
+			p.fol[m.from] = follower{on: true}
+		}
+	case mStatus:
+		s.send(msg{kind: mStatusResp, from: p.idx, to: m.from, vote: p.st.Vote, round: m.round})
+	case mStatusResp:
+		s.statusResp(p, m)
+	case mCopy:
+		s.send(msg{kind: mCopyResp, from: p.idx, to: m.from, epoch: m.epoch, round: m.round, log: slices.Clone(p.log)})
+	case mCopyResp:
+		if p.role == roleReplica && m.epoch == 0 && m.round == p.askRound {
+			s.catchUp(p, m.log)
+		}
+		if p.role == roleCandidate && p.cand.planned && p.cand.copying && m.epoch == p.cand.epoch && m.from == p.cand.donor {
+			s.open(p, m.log)
+		}
+	}
+}
+
+func (s *sim) crash(p *party) {
+	s.logf("%s crashes (%s)", p.id, p.role)
+	p.up = false
+	p.st = p.dur // what was not persisted is lost
+	p.role, p.cand, p.fol, p.epoch = roleReplica, nil, nil, 0
+	p.lastFrom = map[int]streamPos{}
+	s.net = slices.DeleteFunc(s.net, func(m msg) bool { return m.to == p.idx || m.from == p.idx })
+}
+
+func (s *sim) restart(p *party) {
+	s.logf("%s restarts", p.id)
+	p.up, p.heard, p.dials, p.seen = true, s.now, 0, p.st.Known()
+	p.following = s.cfg.LogStores // the address it was started with
+	if i := s.nodeIdx(p.st.Vote.Primary); i >= 0 && i != p.idx {
+		p.following = i
+	}
+}
+
+func (s *sim) tick(p *party) {
+	if !p.up || p.ls {
+		return
+	}
+	switch p.role {
+	case rolePrimary:
+		s.primaryTick(p)
+	case roleReplica:
+		s.replicaTick(p)
+	case roleCandidate:
+		s.candidateTick(p)
+	}
+}
+
+// step is one scheduler decision.
+func (s *sim) step() {
+	s.steps++
+	s.now++
+	r := s.rng.IntN(1000)
+	switch {
+	case !s.calm && r < 4: // crash
+		p := s.ps[s.rng.IntN(len(s.ps))]
+		if p.up && s.downCount() < 2 {
+			s.crash(p)
+		}
+	case !s.calm && r < 12: // restart
+		p := s.ps[s.rng.IntN(len(s.ps))]
+		if !p.up {
+			s.restart(p)
+		}
+	case !s.calm && r < 16: // a promotion, or two at once (item 8)
+		s.tryPromote()
+		if s.rng.IntN(2) == 0 {
+			s.tryPromote()
+		}
+	case !s.calm && r < 17: // a fence from another cluster (I8)
+		p := s.ps[s.rng.IntN(len(s.ps))]
+		if p.up {
+			s.answerFence(p, msg{kind: mFence, from: p.idx, to: p.idx, epoch: p.st.Known() + 1, cand: "x", cluster: "other"})
+		}
+	case r < 300:
+		p := s.ps[s.cfg.LogStores+s.rng.IntN(s.cfg.Nodes)]
+		s.tick(p)
+	default:
+		s.deliverOne()
+	}
+	if s.calm {
+		s.operator()
+	}
+	s.check()
+}
+
+func (s *sim) downCount() int {
+	n := 0
+	for _, p := range s.ps {
+		if !p.up {
+			n++
+		}
+	}
+	return n
+}
+
+// deliverOne delivers a message due now, chosen at random (reordering).
+func (s *sim) deliverOne() {
+	var due []int
+	for i, m := range s.net {
+		if m.at <= s.now {
+			due = append(due, i)
+		}
+		if len(due) == 8 {
+			break
+		}
+	}
+	if len(due) == 0 {
+		return
+	}
+	i := due[s.rng.IntN(len(due))]
+	m := s.net[i]
+	if m.stream() {
+		// In order within its stream: the first of it still in flight.
+		for j, o := range s.net[:i] {
+			if o.stream() && o.kind == m.kind && o.from == m.from && o.to == m.to {
+				i, m = j, o
+				break
+			}
+		}
+	}
+	s.net = slices.Delete(s.net, i, i+1)
+	s.deliver(m)
+}
+
+func (s *sim) tryPromote() {
+	p := s.ps[s.cfg.LogStores+s.rng.IntN(s.cfg.Nodes)]
+	if p.up && p.role == roleReplica {
+		s.promote(p)
+	}
+}
+
+// operator, once the faults stopped: like an operator running walship ctl
+// promote (sometimes on two nodes at once) when no node is the primary
+// or promoting. A primary that takes no writes is left alone: "already
+// the primary".
+func (s *sim) operator() {
+	for _, p := range s.ps {
+		if p.up && (p.role == rolePrimary || p.role == roleCandidate) {
+			return
+		}
+	}
+	if s.rng.IntN(20) != 0 {
+		return
+	}
+	s.tryPromote()
+	if s.rng.IntN(2) == 0 {
+		s.tryPromote()
+	}
+}
+
+// stopFaults: every party comes back but, in the cluster of the item 8
+// report, the primary that was killed.
+func (s *sim) stopFaults() {
+	s.calm, s.calmAt = true, s.now
+	var last *party
+	for _, p := range s.ps {
+		if p.role == rolePrimary && p.up && (last == nil || p.epoch > last.epoch) {
+			last = p
+		}
+	}
+	if s.cfg.Nodes >= 4 && s.rng.IntN(2) == 0 {
+		if last == nil {
+			if i := s.nodeIdx(s.opened[s.maxOpened]); i >= 0 {
+				last = s.ps[i]
+			}
+		}
+		if last != nil {
+			s.keepOut = last.idx
+			if last.up {
+				s.crash(last)
+			}
+		}
+	}
+	for _, p := range s.ps {
+		if !p.up && p.idx != s.keepOut {
+			s.restart(p)
+		}
+	}
+	for _, p := range s.ps {
+		s.liveFrom = max(s.liveFrom, uint64(len(p.log))+1)
+	}
+	s.logf("faults stop (%s left down)", s.idOf(s.keepOut))
+}
+
+func (s *sim) idOf(i int) string {
+	if i < 0 {
+		return "none"
+	}
+	return s.ps[i].id
+}
+
+// check is every invariant that can be checked after any step.
+func (s *sim) check() {
+	for _, p := range s.ps {
+		// I1: a promise only grows, and what was answered is durable.
+		if p.dur.Vote.Epoch < s.votes[p.idx] {
+			s.fail("I1", "%s's persisted promise went from %d to %d", p.id, s.votes[p.idx], p.dur.Vote.Epoch)
+		}
+		s.votes[p.idx] = p.dur.Vote.Epoch
+		if p.dur.Vote.Epoch < s.granted[p.idx] {
+			s.fail("I1", "%s granted epoch %d but persisted a promise of %d", p.id, s.granted[p.idx], p.dur.Vote.Epoch)
+		}
+		// I2: never older than the log's newest epoch.
+		if le := lastEpoch(p.log); le > p.dur.Vote.Epoch || p.dur.LogEpoch > p.dur.Vote.Epoch {
+			s.fail("I2", "%s's log is at epoch %d (history %d), its promise %d", p.id, le, p.dur.LogEpoch, p.dur.Vote.Epoch)
+		}
+		// I9: bounded.
+		if p.dur.Vote.Epoch > datadir.MaxEpoch {
+			s.fail("I9", "%s promised %d", p.id, p.dur.Vote.Epoch)
+		}
+		// I7: a primary whose lease holds is of the newest epoch opened.
+		if p.up && p.role == rolePrimary && p.epoch < s.maxOpened && s.leaseValid(p) {
+			s.fail("I7", "%s (epoch %d) holds its lease after epoch %d opened at %d", p.id, p.epoch, s.maxOpened, s.openedAt[s.maxOpened])
+		}
+	}
+}
+
+// run runs the faults, then checks liveness. It returns the steps taken.
+func (s *sim) run() error {
+	for s.steps < s.cfg.FaultSteps && s.err == nil {
+		s.step()
+	}
+	if s.err != nil {
+		return s.report()
+	}
+	s.stopFaults()
+	for s.err == nil && !s.lived && s.steps < s.cfg.FaultSteps+s.cfg.LiveBound {
+		s.step()
+	}
+	if s.err == nil && !s.lived {
+		var b strings.Builder
+		for _, p := range s.ps {
+			fmt.Fprintf(&b, "\n  %s up=%v %s vote=%v log=%d@%d following=%s", p.id, p.up, p.role, p.st.Vote, len(p.log), lastEpoch(p.log), s.idOf(p.following))
+			if p.role == rolePrimary {
+				fmt.Fprintf(&b, " lease=%v acked=%d followers=%+v", s.leaseValid(p), p.acked, p.fol)
+			}
+		}
+		s.err = fmt.Errorf("liveness violated: no write acknowledged within %d steps after the faults stopped (step %d)%s", s.cfg.LiveBound, s.calmAt, b.String())
+	}
+	return s.report()
+}
+
+func (s *sim) report() error {
+	if s.err == nil {
+		return nil
+	}
+	return fmt.Errorf("seed %d (%+v, %d messages in flight): %w\nlast events:\n%s", s.seed, s.cfg, len(s.net), s.err, strings.Join(s.trace, "\n"))
+}
