@@ -15,12 +15,34 @@ package failover
 // (liveness: issue 35, item 8).
 //
 // Everything the model needs beyond the core is the services' glue,
-// simplified: a primary streams one batch (one entry) per request and
-// finds where a follower's log parts from its own by the follower's last
-// (epoch, LSN), Kafka's leader-epoch rule; a candidate fences every party
-// at once, opens after the lease wait once Judge says it has its quorum
-// and Opens that the promise is still its own, and copies the donor's
-// log. Time is the step count; a lease is a number of steps.
+// simplified, and these are its assumptions:
+//   - A primary's stream to a follower (Append to a log store, the
+//     replication stream to a replica) is in order without duplicates, may
+//     lose its tail, and ends at the first refusal (gRPC's; the log store
+//     answers a refusal with an error); the primary starts a new one.
+//     Other messages (fences, status, copies, dials) are reordered,
+//     delayed, dropped and duplicated freely.
+//   - A primary finds where a follower's log parts from its own by the
+//     follower's last (epoch, LSN) (Kafka's leader-epoch rule) and sends
+//     a cut computed from that answer, which the follower carries out only
+//     if its log still ends there (a Diverged answer is for the handshake
+//     it answers). The core's own rule for a cut (only epochs older than
+//     the sender's) does not stop a stale cut from removing entries the
+//     sender holds: the seed that showed it cut an acknowledged write.
+//   - A candidate fences every party at once (no survey), judges with
+//     Judge, waits out the lease as services/node's leaseWait does, checks
+//     Opens, copies its donor's log, notes its epoch and writes its epoch
+//     record. A replica follows the primary its promise names, dials it,
+//     asks its log stores who the primary is after three silent dials
+//     (a newer epoch's primary, or LearnFromLogStores for its own epoch),
+//     and reads what it lacks from a log store (Entries, with no sender).
+//   - Time is the step count; a lease is a number of steps, and a log
+//     store's echo of a heartbeat counts from when the heartbeat was sent.
+//   - Faults: crashes (a party keeps only its persisted State and log;
+//     messages to and from it are lost), restarts, partitions of some or
+//     all of one party's links, promotions at random and by an elector on
+//     a replica whose primary is silent, sometimes two at once, and fences
+//     of another cluster.
 
 import (
 	"fmt"
@@ -77,7 +99,11 @@ type simConfig struct {
 	FaultSteps       int // steps with faults
 	LiveBound        int // steps after the faults stop within which a write must be acknowledged
 	Bug              simBug
+	// Strict: the operator never promotes again while a primary is up.
+	Strict bool
 }
+
+const strandedAfter = 1000
 
 // simConfigs are the clusters a seed picks from: the contract of the item
 // 8 report (sync K at flush), and log store sync.
@@ -135,6 +161,10 @@ type msg struct {
 	// truncFor is the follower's last (epoch, LSN) the cut was computed
 	// from: a Diverged answer is for the handshake it answers.
 	truncFor [2]uint64
+	// mFenceResp: the promise before the fence, and how long ago a log
+	// store last admitted a primary's request (0: not since it started).
+	prior uint64
+	since int64
 	// mCopyResp
 	log   []ent
 	round int
@@ -163,6 +193,12 @@ const (
 	staleStream = 80
 )
 
+// fenceExtra is what leaseWait (services/node) reads of a fence answer.
+type fenceExtra struct {
+	primary bool // it was a primary when it granted
+	since   int64
+}
+
 // streamPos is where a follower is in a primary's stream.
 type streamPos struct {
 	epoch, sid, seq uint64
@@ -174,7 +210,9 @@ type candidacy struct {
 	prev       string
 	start      int64
 	answers    []Answer
-	votes      []bool // per party: answered
+	extra      []fenceExtra // by answer: what the lease wait reads
+	seen       uint64       // the newest epoch any answer stated before the fence
+	votes      []bool       // per party: answered
 	planned    bool
 	donor      int // party index
 	donorLSN   uint64
@@ -203,6 +241,8 @@ type party struct {
 	askFrom   []bool
 	seen      uint64 // newest epoch it heard of
 	lastFrom  map[int]streamPos
+	contact   int64   // a log store: when it last admitted a primary's request (volatile)
+	cutOff    []int64 // by party: the link to it is cut until then
 	// candidate
 	cand *candidacy
 	// primary
@@ -226,16 +266,18 @@ type sim struct {
 	keepOut int // a node left down after the faults stop (-1: none)
 
 	// ghost state
-	acked     []uint64          // by LSN−1: the epoch of the write acknowledged there, 0 if none
-	opened    map[uint64]string // epoch → the candidate that opened it
-	openedAt  map[uint64]int64
-	maxOpened uint64
-	votes     []uint64 // per party: the newest persisted promise (I1)
-	granted   []uint64 // per party: the newest epoch granted in an answer
-	liveFrom  uint64   // after the faults stop: an LSN past every write before
-	lived     bool
-	trace     []string
-	err       error
+	acked      []uint64          // by LSN−1: the epoch of the write acknowledged there, 0 if none
+	opened     map[uint64]string // epoch → the candidate that opened it
+	openedAt   map[uint64]int64
+	maxOpened  uint64
+	votes      []uint64 // per party: the newest persisted promise (I1)
+	granted    []uint64 // per party: the newest epoch granted in an answer
+	liveFrom   uint64   // after the faults stop: an LSN past every write before
+	lived      bool
+	trace      []string
+	err        error
+	stranded   int   // times the operator promoted again (see operator)
+	strandedAt int64 // when it last did
 	// refusedNow: the stream request being handled was refused.
 	refusedNow bool
 }
@@ -257,6 +299,7 @@ func newSim(cfg simConfig, seed uint64) *sim {
 		p.dur = p.st
 		p.log = []ent{{1, 1}}
 		p.following = cfg.LogStores
+		p.cutOff = make([]int64, n)
 		s.ps = append(s.ps, p)
 	}
 	s.votes, s.granted = make([]uint64, n), make([]uint64, n)
@@ -305,6 +348,9 @@ func (s *sim) contract() Contract {
 // send queues m with a delay; under faults it may be dropped or sent twice.
 func (s *sim) send(m msg) {
 	m.at = s.now + 1
+	if s.ps[m.from].cutOff[m.to] > s.now {
+		return // a partition
+	}
 	if !s.calm {
 		if s.rng.IntN(100) < 3 {
 			return // dropped
@@ -607,13 +653,16 @@ func (s *sim) answerFence(p *party, m msg) {
 		}
 		return
 	}
-	wasPrimary := p.role == rolePrimary
+	wasPrimary, prior := p.role == rolePrimary, p.st.Known()
 	if st.Refused == nil {
 		s.apply(p, st, true)
 	}
 	le, ll := p.last()
 	r := msg{kind: mFenceResp, from: p.idx, to: m.from, epoch: m.epoch, granted: st.Granted, vote: p.st.Vote,
-		lastEpoch: le, lastLSN: ll, primary: wasPrimary}
+		lastEpoch: le, lastLSN: ll, primary: wasPrimary, prior: prior}
+	if p.ls && p.contact > 0 {
+		r.since = s.now - p.contact
+	}
 	if st.Granted {
 		s.granted[p.idx] = max(s.granted[p.idx], m.epoch)
 		if wasPrimary && m.epoch > p.epoch {
@@ -666,6 +715,7 @@ func (s *sim) logStoreAppend(p *party, m msg) {
 		as.Next.Vote = maxVote(p.st.Vote, as.Next.Vote)
 	}
 	s.apply(p, as.Step, false)
+	p.contact = s.now
 	if as.Store {
 		p.st.LogEpoch = max(p.st.LogEpoch, b.Epoch)
 		s.appendLog(p, []ent{*b}, m.epoch)
@@ -766,6 +816,11 @@ func (s *sim) replicaTick(p *party) {
 		s.send(msg{kind: mSubscribe, from: p.idx, to: p.following})
 	}
 	p.dials++
+	if !s.calm && p.dials >= 2 && s.rng.IntN(4) == 0 {
+		// An automatic failover's elector: the primary is silent, promote.
+		s.promote(p)
+		return
+	}
 	if p.dials >= 3 {
 		// The replica asks its log stores who the primary is.
 		p.dials = 0
@@ -850,8 +905,9 @@ func (s *sim) promote(p *party) {
 	s.apply(p, st, true)
 	s.granted[p.idx] = max(s.granted[p.idx], epoch)
 	le, ll := p.last()
-	c := &candidacy{epoch: epoch, prev: prev, start: s.now, votes: make([]bool, len(s.ps))}
+	c := &candidacy{epoch: epoch, prev: prev, start: s.now, votes: make([]bool, len(s.ps)), seen: max(p.seen, p.st.Known())}
 	c.answers = append(c.answers, Answer{ID: p.id, LastEpoch: le, LastLSN: ll})
+	c.extra = append(c.extra, fenceExtra{})
 	c.votes[p.idx] = true
 	p.role, p.cand = roleCandidate, c
 	s.logf("%s promotes to epoch %d (prev %s, log %d@%d)", p.id, epoch, prev, ll, le)
@@ -871,11 +927,13 @@ func (s *sim) fenceResp(p *party, m msg) {
 		return
 	}
 	c.votes[m.from] = true
+	c.seen = max(c.seen, m.prior, m.lastEpoch)
 	if !m.granted {
 		return
 	}
 	q := s.ps[m.from]
 	c.answers = append(c.answers, Answer{ID: q.id, LogStore: q.ls, LastEpoch: m.lastEpoch, LastLSN: m.lastLSN})
+	c.extra = append(c.extra, fenceExtra{primary: m.primary, since: m.since})
 	ct := s.contract()
 	if s.has(bugPromotionNK) && ct.K > 0 && !ct.LogStoreSync {
 		ct.K++
@@ -886,20 +944,34 @@ func (s *sim) fenceResp(p *party, m msg) {
 	}
 	d := c.answers[v.Donor]
 	c.planned, c.donor, c.donorLSN, c.donorEpoch = true, s.nodeIdx(d.ID), d.LastLSN, d.LastEpoch
-	// The lease wait: none if the newest primary granted (it stepped down).
-	var seen uint64
-	for _, a := range c.answers {
-		seen = max(seen, a.LastEpoch)
-	}
-	wait := s.cfg.Lease * 11 / 10
-	if m.primary && m.lastEpoch >= seen {
-		wait = 0
-	}
-	if s.has(bugNoLeaseWait) {
-		wait = 0
-	}
+	wait := s.leaseWait(c)
 	c.leaseUntil = s.now + wait
 	s.logf("%s won epoch %d: donor %s (%d@%d), lease wait %d", p.id, c.epoch, d.ID, d.LastLSN, d.LastEpoch, wait)
+}
+
+// leaseWait is services/node's leaseWait: the lease and a tenth; none if
+// the primary of the newest epoch seen granted (it stepped down); else
+// less the shortest time since a granting log store last heard from a
+// primary.
+func (s *sim) leaseWait(c *candidacy) int64 {
+	if s.has(bugNoLeaseWait) {
+		return 0
+	}
+	wait := s.cfg.Lease * 11 / 10
+	minSince := int64(-1)
+	for i, a := range c.answers {
+		x := c.extra[i]
+		if x.primary && a.LastEpoch >= c.seen {
+			return 0
+		}
+		if a.LogStore && (minSince < 0 || x.since < minSince) {
+			minSince = x.since
+		}
+	}
+	if minSince > 0 {
+		return max(0, wait-minSince)
+	}
+	return wait
 }
 
 const candTimeout = 200
@@ -1039,6 +1111,7 @@ func (s *sim) crash(p *party) {
 	p.st = p.dur // what was not persisted is lost
 	p.role, p.cand, p.fol, p.epoch = roleReplica, nil, nil, 0
 	p.lastFrom = map[int]streamPos{}
+	p.contact = 0
 	s.net = slices.DeleteFunc(s.net, func(m msg) bool { return m.to == p.idx || m.from == p.idx })
 }
 
@@ -1086,7 +1159,18 @@ func (s *sim) step() {
 		if s.rng.IntN(2) == 0 {
 			s.tryPromote()
 		}
-	case !s.calm && r < 17: // a fence from another cluster (I8)
+	case !s.calm && r < 18: // a partition: some (or all) links of one party cut
+		p := s.ps[s.rng.IntN(len(s.ps))]
+		until, all := s.now+20+int64(s.rng.IntN(400)), s.rng.IntN(3) == 0
+		var cut []string
+		for _, q := range s.ps {
+			if q != p && (all || s.rng.IntN(2) == 0) {
+				p.cutOff[q.idx], q.cutOff[p.idx] = until, until
+				cut = append(cut, q.id)
+			}
+		}
+		s.logf("%s cut off from %s until %d", p.id, strings.Join(cut, ","), until)
+	case !s.calm && r < 19: // a fence from another cluster (I8)
 		p := s.ps[s.rng.IntN(len(s.ps))]
 		if p.up {
 			s.answerFence(p, msg{kind: mFence, from: p.idx, to: p.idx, epoch: p.st.Known() + 1, cand: "x", cluster: "other"})
@@ -1153,7 +1237,30 @@ func (s *sim) tryPromote() {
 // promote (sometimes on two nodes at once) when no node is the primary
 // or promoting. A primary that takes no writes is left alone: "already
 // the primary".
+//
+// One situation the protocol does not heal by itself: a candidacy that
+// won a promise from replicas but not from a log store majority (it
+// crashed, or was cut off) leaves them promised an epoch newer than the
+// primary's; they refuse its stream, the log stores name no primary of
+// their epoch, so nothing teaches them, and a primary whose contract needs
+// their flush takes no writes. The runbook's remedy is to promote again;
+// the operator does so once the primary has taken no write for
+// strandedAfter steps and such a replica exists (counted: sim.stranded),
+// unless cfg.Strict.
 func (s *sim) operator() {
+	for _, p := range s.ps {
+		if p.up && p.role == rolePrimary && !s.cfg.Strict && s.now-s.calmAt > strandedAfter && s.now-s.strandedAt > strandedAfter {
+			for _, q := range s.ps {
+				if q.up && !q.ls && q.role == roleReplica && q.st.Vote.Epoch > p.epoch {
+					s.logf("operator: %s promised epoch %d, newer than primary %s's %d: promote %s again", q.id, q.st.Vote.Epoch, p.id, p.epoch, q.id)
+					s.stranded++
+					s.strandedAt = s.now
+					s.promote(q)
+					return
+				}
+			}
+		}
+	}
 	for _, p := range s.ps {
 		if p.up && (p.role == rolePrimary || p.role == roleCandidate) {
 			return
@@ -1172,6 +1279,9 @@ func (s *sim) operator() {
 // report, the primary that was killed.
 func (s *sim) stopFaults() {
 	s.calm, s.calmAt = true, s.now
+	for _, p := range s.ps {
+		clear(p.cutOff)
+	}
 	var last *party
 	for _, p := range s.ps {
 		if p.role == rolePrimary && p.up && (last == nil || p.epoch > last.epoch) {
@@ -1258,6 +1368,22 @@ func (s *sim) run() error {
 		s.err = fmt.Errorf("liveness violated: no write acknowledged within %d steps after the faults stopped (step %d)%s", s.cfg.LiveBound, s.calmAt, b.String())
 	}
 	return s.report()
+}
+
+// loser names a replica in item 8's state: it promised the epoch of the
+// primary that is up, to a candidate that lost it ("" if there is none).
+func (s *sim) loser() string {
+	for _, p := range s.ps {
+		if !p.up || p.role != rolePrimary {
+			continue
+		}
+		for _, q := range s.ps {
+			if q.up && !q.ls && q.role == roleReplica && q.st.Vote.Epoch == p.epoch && q.st.Vote.Primary != p.id {
+				return fmt.Sprintf("%s promised epoch %d to %s, whose primary is %s", q.id, p.epoch, q.st.Vote.Primary, p.id)
+			}
+		}
+	}
+	return ""
 }
 
 func (s *sim) report() error {
