@@ -85,10 +85,18 @@ const (
 	// bugRefusedBatchStored: a log store stores the batch of a request
 	// whose heartbeat it refused as stale (d6b7c3f).
 	bugRefusedBatchStored simBug = "refused-batch-stored"
+	// bugNoWinnerName: the heartbeat of an epoch's primary does not make
+	// a promise of that epoch name it (3d67323, item 7): a node that
+	// granted the epoch to a candidate that lost it names two primaries.
+	bugNoWinnerName simBug = "heartbeat-keeps-the-loser"
+	// bugStoreVouches: a log store's answer to a batch it refused (a gap,
+	// an overlap) reports the batch's end as its position: it vouches for
+	// what it does not hold (c706685, 34c3f99).
+	bugStoreVouches simBug = "log-store-vouches-for-a-refused-batch"
 )
 
 var allBugs = []simBug{bugAckKMinus1, bugPromotionNK, bugVoteNotDurable, bugLowerEpoch, bugNoLearn,
-	bugEntriesNoVote, bugNoLeaseWait, bugRefusedBatchStored}
+	bugEntriesNoVote, bugNoLeaseWait, bugRefusedBatchStored, bugNoWinnerName, bugStoreVouches}
 
 // simConfig is one simulated cluster and its fault budget.
 type simConfig struct {
@@ -557,6 +565,11 @@ func (s *sim) primaryReply(p *party, m msg) {
 	if m.vote.Epoch <= p.epoch && m.sent > f.echo { // its heartbeat was taken
 		f.echo = m.sent
 	}
+	if !m.refused && m.vote.Epoch == p.epoch && m.vote.Primary != p.id {
+		// I4: the heartbeat of an epoch's primary makes a promise of that
+		// epoch name it: no node names two primaries for one epoch.
+		s.fail("I4", "%s took the heartbeat of %s, primary of epoch %d, and names %s", s.ps[m.from].id, p.id, p.epoch, m.vote.Primary)
+	}
 	f.known = true
 	sh := sharedUpTo(p.log, m.lastEpoch, m.lastLSN)
 	if sh < m.lastLSN {
@@ -639,6 +652,15 @@ func (s *sim) stepDown(p *party, v datadir.Vote) {
 	}
 }
 
+// forgetLearning undoes a heartbeat's correction of the primary its
+// promise of the same epoch names (bugNoWinnerName).
+func forgetLearning(st *Step, cur datadir.Vote) {
+	if st.Next.Vote.Epoch == cur.Epoch {
+		st.Effects = slices.DeleteFunc(st.Effects, func(e Effect) bool { _, ok := e.(SaveVote); return ok })
+		st.Next.Vote = cur
+	}
+}
+
 // --- the acceptors ---------------------------------------------------------
 
 func (s *sim) answerFence(p *party, m msg) {
@@ -708,11 +730,17 @@ func (s *sim) logStoreAppend(p *party, m msg) {
 		}
 		r.refused, r.vote, s.refusedNow = true, p.st.Vote, true
 		r.lastEpoch, r.lastLSN = p.last()
+		if s.has(bugStoreVouches) && b != nil && (as.Refused.Reason == Gap || as.Refused.Reason == Overlap) {
+			r.lastEpoch, r.lastLSN = b.Epoch, b.LSN // its position, as if it held the batch
+		}
 		s.send(r)
 		return
 	}
 	if s.has(bugLowerEpoch) {
 		as.Next.Vote = maxVote(p.st.Vote, as.Next.Vote)
+	}
+	if s.has(bugNoWinnerName) {
+		forgetLearning(&as.Step, p.st.Vote)
 	}
 	s.apply(p, as.Step, false)
 	p.contact = s.now
@@ -756,6 +784,9 @@ func (s *sim) replicaStream(p *party, m msg) {
 	}
 	if s.has(bugLowerEpoch) {
 		hs.Next.Vote = maxVote(p.st.Vote, hs.Next.Vote)
+	}
+	if s.has(bugNoWinnerName) {
+		forgetLearning(&hs, p.st.Vote)
 	}
 	s.apply(p, hs, false)
 	p.heard, p.dials, p.following = s.now, 0, m.from

@@ -77,6 +77,8 @@ var bugFinds = map[simBug]struct {
 	bugEntriesNoVote:      {[]string{"I2"}, nil},
 	bugNoLeaseWait:        {[]string{"I7"}, nil},
 	bugRefusedBatchStored: {[]string{"I1"}, nil},
+	bugNoWinnerName:       {[]string{"I4"}, nil},
+	bugStoreVouches:       {[]string{"I5", "I6"}, nil},
 }
 
 // TestSimFindsInjectedBugs re-injects, one at a time, failover bugs fixed
