@@ -146,6 +146,7 @@ const (
 	mStatusResp
 	mCopy // a candidate copies its donor's log
 	mCopyResp
+	mNotPrimary // a node a replica dialed is not the primary: it names the one it knows
 )
 
 type msg struct {
@@ -653,9 +654,10 @@ func (s *sim) stepDown(p *party, v datadir.Vote) {
 }
 
 // forgetLearning undoes a heartbeat's correction of the primary its
-// promise of the same epoch names (bugNoWinnerName).
+// promise of the same epoch names, if it names one (bugNoWinnerName; a
+// promise that named none learnt it before 3d67323 too).
 func forgetLearning(st *Step, cur datadir.Vote) {
-	if st.Next.Vote.Epoch == cur.Epoch {
+	if st.Next.Vote.Epoch == cur.Epoch && cur.Primary != "" {
 		st.Effects = slices.DeleteFunc(st.Effects, func(e Effect) bool { _, ok := e.(SaveVote); return ok })
 		st.Next.Vote = cur
 	}
@@ -879,6 +881,11 @@ func (s *sim) statusResp(p *party, m msg) {
 		}
 		return
 	}
+	if v.Epoch == p.st.Vote.Epoch && p.st.Vote.Primary == "" && learns(p.st.Vote, v) != "" {
+		// The primary of the epoch promised, which the promise names not.
+		s.learnPrimary(p, v)
+		return
+	}
 	if s.has(bugNoLearn) {
 		return
 	}
@@ -890,6 +897,28 @@ func (s *sim) statusResp(p *party, m msg) {
 			p.following = i
 		}
 		s.logf("%s learns %s is the primary of epoch %d", p.id, w.Primary, w.Epoch)
+	}
+}
+
+// learnPrimary is the replica's rule for a NotPrimary answer naming v
+// (services/replica, learnPrimary): a newer epoch's primary is followed; a
+// primary of the epoch promised, other than the one it follows, is
+// learnt (the heartbeat's rule, learns) and followed.
+func (s *sim) learnPrimary(p *party, v datadir.Vote) {
+	i := s.nodeIdx(v.Primary)
+	if p.role != roleReplica || i < 0 || i == p.idx {
+		return
+	}
+	switch {
+	case v.Epoch > p.st.Vote.Epoch:
+		p.following, p.followEp = i, v.Epoch
+	case v.Epoch == p.st.Vote.Epoch && i != p.following:
+		if why := learns(p.st.Vote, v); why != "" {
+			next := p.st
+			next.Vote = v
+			s.apply(p, Step{Effects: []Effect{SaveVote{Vote: v, Why: why}}, Next: next}, false)
+		}
+		p.following, p.followEp = i, v.Epoch
 	}
 }
 
@@ -1117,9 +1146,14 @@ func (s *sim) deliver(m msg) {
 			s.primaryReply(p, m)
 		}
 	case mSubscribe:
-		if p.role == rolePrimary && !p.fol[m.from].on {
+		switch {
+		case p.role == rolePrimary && !p.fol[m.from].on:
 			p.fol[m.from] = follower{on: true}
+		case p.role != rolePrimary:
+			s.send(msg{kind: mNotPrimary, from: p.idx, to: m.from, vote: p.st.Vote})
 		}
+	case mNotPrimary:
+		s.learnPrimary(p, m.vote)
 	case mStatus:
 		s.send(msg{kind: mStatusResp, from: p.idx, to: m.from, vote: p.st.Vote, round: m.round})
 	case mStatusResp:
@@ -1409,7 +1443,7 @@ func (s *sim) loser() string {
 			continue
 		}
 		for _, q := range s.ps {
-			if q.up && !q.ls && q.role == roleReplica && q.st.Vote.Epoch == p.epoch && q.st.Vote.Primary != p.id {
+			if q.up && !q.ls && q.role == roleReplica && q.st.Vote.Epoch == p.epoch && q.st.Vote.Primary != p.id && q.st.Vote.Primary != "" {
 				return fmt.Sprintf("%s promised epoch %d to %s, whose primary is %s", q.id, p.epoch, q.st.Vote.Primary, p.id)
 			}
 		}
