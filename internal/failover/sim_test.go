@@ -109,6 +109,9 @@ type simConfig struct {
 	Bug              simBug
 	// Strict: the operator never promotes again while a primary is up.
 	Strict bool
+	// Scripted: a test set the cluster up; no party is killed when the
+	// faults stop.
+	Scripted bool
 }
 
 const strandedAfter = 1000
@@ -555,7 +558,14 @@ func (s *sim) primaryReply(p *party, m msg) {
 	}
 	f.replySeq = m.seq
 	if m.refused && m.vote.Epoch > p.epoch {
-		s.stepDown(p, m.vote)
+		if s.ps[m.from].ls {
+			// A log store's newer promise deposes the primary
+			// (services/primary, logship); a replica's only ends its
+			// stream.
+			s.stepDown(p, m.vote)
+			return
+		}
+		f.on = false
 		return
 	}
 	if m.refused {
@@ -838,7 +848,7 @@ func (s *sim) replicaStream(p *party, m msg) {
 const dialPeriod = 20
 
 func (s *sim) replicaTick(p *party) {
-	if s.now-p.heard < dialPeriod {
+	if s.now-p.heard < dialPeriod<<min(p.dials, 3) { // backing off
 		return
 	}
 	p.heard = s.now
@@ -854,9 +864,8 @@ func (s *sim) replicaTick(p *party) {
 		s.promote(p)
 		return
 	}
-	if p.dials >= 3 {
+	if p.dials%3 == 0 {
 		// The replica asks its log stores who the primary is.
-		p.dials = 0
 		p.askRound++
 		p.askVotes, p.askFrom = nil, make([]bool, s.cfg.LogStores)
 		for i := range s.cfg.LogStores {
@@ -1240,7 +1249,9 @@ func (s *sim) step() {
 		if p.up {
 			s.answerFence(p, msg{kind: mFence, from: p.idx, to: p.idx, epoch: p.st.Known() + 1, cand: "x", cluster: "other"})
 		}
-	case r < 300:
+	case r < 300 && (len(s.net) < 64 || r < 50):
+		// A node's timer; fewer while messages queue up (nodes are busy
+		// with them), so that the network cannot collapse.
 		p := s.ps[s.cfg.LogStores+s.rng.IntN(s.cfg.Nodes)]
 		s.tick(p)
 	default:
@@ -1353,7 +1364,7 @@ func (s *sim) stopFaults() {
 			last = p
 		}
 	}
-	if s.cfg.Nodes >= 4 && s.rng.IntN(2) == 0 {
+	if s.keepOut < 0 && !s.cfg.Scripted && s.cfg.Nodes >= 4 && s.rng.IntN(2) == 0 {
 		if last == nil {
 			if i := s.nodeIdx(s.opened[s.maxOpened]); i >= 0 {
 				last = s.ps[i]
