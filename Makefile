@@ -30,6 +30,7 @@ FUZZTIME ?= 5000x
 BENCHCOUNT ?= 6
 # make sim: the failover simulation's long run (go test runs 1,000,000 steps).
 SIMSTEPS ?= 100000000
+SIMFIRST ?= 1
 
 .PHONY: all build tools kube seaweedfs test lint generate check-generate manifests bench fuzz sim ci clean
 
@@ -103,10 +104,11 @@ bench: $(BIN)/benchstat
 	benchstat bench.out
 
 # The failover protocol's deterministic simulation, SIMSTEPS steps over as
-# many seeds as it takes, and each re-injected bug found within them. A
-# failure prints its seed: go test -run 'TestSim$$' ./internal/failover -seed N
+# many seeds as it takes from SIMFIRST, and each re-injected bug found
+# within them. A failure prints its seed; replay it with
+# go test -run 'TestSim$$' ./internal/failover -seed N
 sim:
-	$(GO) test -count=1 -v -timeout 30m -run '^TestSim(FindsInjectedBugs)?$$' ./internal/failover -sim.steps $(SIMSTEPS)
+	$(GO) test -count=1 -v -timeout 30m -run '^TestSim(FindsInjectedBugs)?$$' ./internal/failover -sim.steps $(SIMSTEPS) -sim.first $(SIMFIRST)
 
 # Every fuzz target for FUZZTIME each (CI runs a short pass; run longer locally: make fuzz FUZZTIME=2000000x).
 # FuzzGRPC drives a whole TLS cluster per input (about 0.3 s each under the

@@ -461,7 +461,7 @@ func (s *sim) appendLog(p *party, es []ent, sender uint64) {
 		if e.Epoch < lastEpoch(p.log) {
 			s.fail("I3", "%s writes epoch %d after epoch %d", p.id, e.Epoch, lastEpoch(p.log))
 		}
-		if e.Epoch > p.dur.LogEpoch && !p.ls {
+		if e.Epoch > p.dur.LogEpoch {
 			s.fail("I3", "%s writes epoch %d before its history notes it (%d)", p.id, e.Epoch, p.dur.LogEpoch)
 		}
 		p.log = append(p.log, e)

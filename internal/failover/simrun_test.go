@@ -15,12 +15,15 @@ var (
 	simSeed  = flag.Uint64("seed", 0, "run the simulation of this seed alone (as a failure prints it)")
 	simSteps = flag.Int("sim.steps", 1_000_000, "protocol steps TestSim runs, over as many seeds as it takes")
 	simBugF  = flag.String("sim.bug", "", "with -seed: inject this bug (see allBugs)")
+	simFirst = flag.Uint64("sim.first", 1, "the first seed TestSim runs")
 )
 
-// simConfigFor is the cluster and budget of a seed.
+// simConfigFor is the cluster, lease and fault budget of a seed.
 func simConfigFor(seed uint64) simConfig {
 	c := simConfigs[seed%uint64(len(simConfigs))]
-	c.Lease, c.FaultSteps, c.LiveBound = 100, 3000, 4000
+	c.Lease = []int64{100, 50, 200}[seed/4%3]
+	c.FaultSteps = []int{3000, 1000, 6000}[seed/12%3]
+	c.LiveBound = 4000
 	return c
 }
 
@@ -41,7 +44,7 @@ func TestSim(t *testing.T) {
 	}
 	start := time.Now()
 	steps, seeds, opened, acked, stranded := 0, 0, 0, 0, 0
-	for seed := uint64(1); steps < *simSteps; seed++ {
+	for seed := *simFirst; steps < *simSteps; seed++ {
 		s := newSim(simConfigFor(seed), seed)
 		err := s.run()
 		steps, seeds, opened, acked, stranded = steps+s.steps, seeds+1, opened+len(s.opened), acked+s.ackedCount(), stranded+s.stranded
