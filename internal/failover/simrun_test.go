@@ -146,16 +146,17 @@ func scripted(cfg simConfig) *sim {
 	return newSim(cfg, 1)
 }
 
-// TestSimItem8 is issue 35's item 8 in the simulation. The primary n0 is
-// killed; n1 and n2 promote at once to epoch 2; n2 wins (its own promise,
-// l0 and l1: a log store majority, and n1... not: n1 promised itself) —
-// under K=1 with n0 excluded, n2 needs N−k+1 = 2 of {n1, n2}, so the
-// state is the report's with 4 nodes and K=2 — and opens; n1 keeps its
-// self-vote and l2 its promise to n1. Without LearnFromLogStores (the
-// injected bug) n1 dials the dead n0 for ever and n2, whose contract needs
-// two replicas' flush, takes no writes; with it, n1 asks its log stores,
-// a majority names n2 for epoch 2, and n1 follows it. The random runs
-// find the same (TestSimFindsInjectedBugs checks the loser's shape).
+// TestSimItem8 is issue 35's item 8 in the simulation, set up by hand in
+// a cluster of 3 log stores and 4 nodes under K=2 at flush (the report's
+// state; with 3 nodes and K=1 the winner would need the loser's promise
+// too). The primary n0 is killed; n1 and n2 promote at once to epoch 2;
+// n2 wins (l0, l1, n3 and itself: a log store majority and N−k+1 = 2 of
+// the 3 members other than n0) and opens; n1 keeps its self-vote, and l2
+// its promise to n1. Without LearnFromLogStores (the injected bug) n1
+// dials the address it was started with, the dead n0, for ever, and n2,
+// whose contract needs two replicas' flush, takes no write; with it, n1
+// asks its log stores, a majority names n2 for epoch 2, and it follows
+// n2. TestSimFindsInjectedBugs finds the same state in random runs.
 func TestSimItem8(t *testing.T) {
 	run := func(bug simBug) *sim {
 		s := scripted(simConfig{LogStores: 3, Nodes: 4, K: 2, Bug: bug})
@@ -188,10 +189,11 @@ func TestSimItem8(t *testing.T) {
 }
 
 // TestSimStrandedPromise shows a liveness gap the simulation found that
-// the protocol does not heal by itself (sim.operator; random runs such as
-// seed 5229 of an earlier model reach it). n0 is the primary of epoch 1
-// and holds its lease; n1 promoted to epoch 2, was granted by itself and
-// n3 but by no log store, and crashed and restarted. The contract (K=2 at
+// the protocol does not heal by itself (sim.operator; random runs reach
+// it, and TestSim counts the times the operator had to promote again).
+// n0 is the primary of epoch 1 and holds its lease; n1 promoted to epoch
+// 2, was granted by itself and n3 but by no log store, and crashed and
+// restarted. The contract (K=2 at
 // flush) needs two of n1, n2, n3; n1 and n3 refuse n0's stream as stale,
 // no log store names a primary of epoch 2 to teach them anything, and no
 // write is acknowledged. Promoting one of them again heals it.
