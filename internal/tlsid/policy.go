@@ -448,13 +448,19 @@ func (d *denialLog) let(class, method string, now time.Time) (bool, int) {
 	return true, s.held
 }
 
-func denied(ctx context.Context, method string, err error) error {
+func (a *Authz) deniedErr(ctx context.Context, method string, err error) error {
 	if status.Code(err) != codes.PermissionDenied {
 		return err
 	}
 	who := Peer(ctx)
 	if who == "" {
 		who = "a peer without a certificate identity"
+	}
+	// The usual cause of a refusal: a certificate of another trust
+	// domain (dev certificates are of walship.dev), which the default
+	// policy never lets in. Say which one this server expects.
+	if u, err := spiffeID(ctx); err == nil && a.td != "" && !strings.EqualFold(u.Host, a.td) {
+		return status.Errorf(codes.PermissionDenied, "%s may not call %s (authorization policy): its trust domain is %s, this server expects %s (its --trust-domain)", who, method, u.Host, a.td)
 	}
 	return status.Errorf(codes.PermissionDenied, "%s may not call %s (authorization policy)", who, method)
 }
@@ -568,7 +574,7 @@ func (a *Authz) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, 
 		return handler(ctx, req)
 	})
 	if !called {
-		return nil, a.refuse(ctx, info.FullMethod, denied(ctx, info.FullMethod, err))
+		return nil, a.refuse(ctx, info.FullMethod, a.deniedErr(ctx, info.FullMethod, err))
 	}
 	return resp, err
 }
@@ -584,7 +590,7 @@ func (a *Authz) Stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInf
 		return handler(srv, ss)
 	})
 	if !called {
-		return a.refuse(ss.Context(), info.FullMethod, denied(ss.Context(), info.FullMethod, err))
+		return a.refuse(ss.Context(), info.FullMethod, a.deniedErr(ss.Context(), info.FullMethod, err))
 	}
 	return err
 }

@@ -37,7 +37,7 @@ func (a *Authz) Tap(ctx context.Context, method string) error {
 		return a.refuse(ctx, method, err)
 	}
 	if err := a.allows(ctx, method); err != nil {
-		return a.refuse(ctx, method, denied(ctx, method, err))
+		return a.refuse(ctx, method, a.deniedErr(ctx, method, err))
 	}
 	a.remember(k) // a no-op unless cached could have found it
 	return nil

@@ -73,7 +73,9 @@ type generation struct {
 	// earliest of them; zero: none promised, or no CRL).
 	revoked       map[revokedKey]struct{}
 	crlNextUpdate time.Time
-	sum           [sha256.Size]byte
+	// caNotAfter is when the first CA of the bundle expires.
+	caNotAfter time.Time
+	sum        [sha256.Size]byte
 }
 
 // revokedKey is a revoked certificate: its issuer's raw subject and its
@@ -103,9 +105,11 @@ type Source struct {
 	now    func() time.Time
 	gen    atomic.Pointer[generation]
 
-	reloads *prometheus.CounterVec
-	expiry  prometheus.GaugeFunc
-	crlNext prometheus.GaugeFunc
+	reloads  *prometheus.CounterVec
+	reloadOK prometheus.Gauge
+	expiry   prometheus.GaugeFunc
+	caExpiry prometheus.GaugeFunc
+	crlNext  prometheus.GaugeFunc
 }
 
 // Load reads and checks the files; the first generation must be good.
@@ -125,6 +129,15 @@ func Load(files Files, logger *slog.Logger) (*Source, error) {
 		Name: "walship_tls_cert_expiry_timestamp_seconds",
 		Help: "When the certificate in use expires (Unix seconds).",
 	}, func() float64 { return float64(s.NotAfter().Unix()) })
+	s.reloadOK = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "walship_tls_last_reload_success",
+		Help: "1 if the last read of the TLS files found them unchanged or swapped them in, 0 if they changed but did not check out (the last good generation is kept): a later good read sets it back to 1.",
+	})
+	s.reloadOK.Set(1)
+	s.caExpiry = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "walship_tls_ca_expiry_timestamp_seconds",
+		Help: "When the first CA certificate of the bundle in use (--tls-ca) expires (Unix seconds): past it, no certificate it issued verifies.",
+	}, func() float64 { return float64(s.gen.Load().caNotAfter.Unix()) })
 	s.crlNext = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "walship_tls_crl_next_update_timestamp_seconds",
 		Help: "When the revocation list in use (--tls-crl) says the next is due (Unix seconds; the earliest of its issuers'); 0 without one.",
@@ -150,7 +163,7 @@ func Load(files Files, logger *slog.Logger) (*Source, error) {
 
 // Register adds the reload and expiry metrics to reg.
 func (s *Source) Register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{s.reloads, s.expiry, s.crlNext} {
+	for _, c := range []prometheus.Collector{s.reloads, s.reloadOK, s.expiry, s.caExpiry, s.crlNext} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}
@@ -216,6 +229,11 @@ func (s *Source) read() (*generation, error) {
 	}
 	cert.Leaf = leaf
 	g := &generation{cert: cert, leaf: leaf, pool: pool, sum: f.sum()}
+	for _, ca := range cas {
+		if g.caNotAfter.IsZero() || ca.NotAfter.Before(g.caNotAfter) {
+			g.caNotAfter = ca.NotAfter
+		}
+	}
 	if s.files.CRL != "" {
 		if g.revoked, g.crlNextUpdate, err = parseCRLs(f.crl, cas); err != nil {
 			return nil, fmt.Errorf("--tls-crl %s: %w", s.files.CRL, err)
@@ -367,6 +385,18 @@ func (g *generation) checkRevoked(cs tls.ConnectionState) error {
 // changed and check out; on an error the current one stays. It reports
 // whether it swapped.
 func (s *Source) Reload() (bool, error) {
+	swapped, err := s.reload()
+	// The files as they are now: a later good read (files fixed, or put
+	// back as they were) ends a failure, so that its alert clears.
+	if err != nil {
+		s.reloadOK.Set(0)
+	} else {
+		s.reloadOK.Set(1)
+	}
+	return swapped, err
+}
+
+func (s *Source) reload() (bool, error) {
 	// Unchanged files, the usual case, cost one read: no second read, no
 	// parsing, no chain verification.
 	if f, err := s.readFiles(); err == nil && f.sum() == s.gen.Load().sum {

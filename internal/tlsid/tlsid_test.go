@@ -187,6 +187,22 @@ func TestRotation(t *testing.T) {
 	if v := testutil.ToFloat64(srv.reloads.WithLabelValues("ok")); v != 1 {
 		t.Errorf("reloads{ok} = %v", v)
 	}
+	if v := testutil.ToFloat64(srv.reloadOK); v != 0 {
+		t.Errorf("last reload success = %v after a broken update; want 0", v)
+	}
+	// Good files again: swapped in, and the failure is over (its alert
+	// clears).
+	write(t, ca, dir, "server", Leaf{URI: URI("td", ClassNode, "n1"), IPs: localhost})
+	if swapped, err := srv.Reload(); err != nil || !swapped {
+		t.Fatalf("Reload of good files after a broken update = %v, %v", swapped, err)
+	}
+	if v := testutil.ToFloat64(srv.reloadOK); v != 1 {
+		t.Errorf("last reload success = %v after a good update; want 1", v)
+	}
+	second, err = handshake(t, addr, cli.ClientConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	// CA rotation: the server trusts old and new; a client of the new CA
 	// is accepted, and so is one of the old.
@@ -236,6 +252,11 @@ func TestRotation(t *testing.T) {
 	}
 	if v, err := testutil.GatherAndCount(reg, "walship_tls_cert_expiry_timestamp_seconds"); err != nil || v != 1 {
 		t.Fatalf("expiry gauge: %v, %v", v, err)
+	}
+	// The bundle holds the old and the next CA: the first to expire.
+	want := min(ca.cert.NotAfter.Unix(), next.cert.NotAfter.Unix())
+	if v := testutil.ToFloat64(srv.caExpiry); v != float64(want) {
+		t.Errorf("CA expiry gauge = %v, want %v", v, want)
 	}
 }
 
@@ -365,6 +386,11 @@ func TestAuthzDefaultPolicy(t *testing.T) {
 		}
 		if !denied && status.Code(err) != codes.Unimplemented {
 			t.Errorf("%s calling %s: %v; want the handler's UNIMPLEMENTED", tc.who, tc.rpc, err)
+		}
+		// Another trust domain is told which one the server expects
+		// (dev certificates need --trust-domain walship.dev).
+		if other := !strings.HasPrefix(tc.who, "spiffe://td/"); denied && other != strings.Contains(status.Convert(err).Message(), "its trust domain is elsewhere, this server expects td") {
+			t.Errorf("%s calling %s: message %q; want the trust domains named only for another trust domain", tc.who, tc.rpc, status.Convert(err).Message())
 		}
 	}
 	// Decisions cached per connection and method never leak: on one
