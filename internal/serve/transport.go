@@ -101,7 +101,8 @@ func PeerClass(classes ...string) grpc.DialOption {
 }
 
 // DialOptions returns the options every walship client connection starts
-// with: the process's transport credentials (UseTLS), the fixed flow-control windows above, and a
+// with: the process's transport credentials (UseTLS), errors that say
+// what a failed connection means (explain.go), the fixed flow-control windows above, and a
 // reconnect backoff of 50 ms to 2 s (gRPC's own starts at 1 s and grows to
 // 2 minutes: a node that changes role restarts its server within tens of
 // milliseconds, and its peers must find it again as fast). Callers append
@@ -109,6 +110,7 @@ func PeerClass(classes ...string) grpc.DialOption {
 func DialOptions(extra ...grpc.DialOption) []grpc.DialOption {
 	return append([]grpc.DialOption{
 		grpc.WithTransportCredentials(TransportCredentials()),
+		grpc.WithChainUnaryInterceptor(explainUnary(clientTLS.Load() != nil)),
 		grpc.WithInitialWindowSize(streamWindow),
 		grpc.WithInitialConnWindowSize(connWindow),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2,
