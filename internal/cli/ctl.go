@@ -101,6 +101,13 @@ func ctlStatusFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 				fmt.Fprintf(env.Stdout, "  %s: %s\n", id, strings.Join(clusters[id], ", "))
 			}
 		}
+		for _, r := range rows {
+			if r.err == nil && r.st.GetRole() == walshipv1.Role_ROLE_PRIMARY && len(r.st.GetPeers()) > 0 {
+				if err := printPeers(env, r.addr, r.st); err != nil {
+					return err
+				}
+			}
+		}
 		printArchiveStatus(env, rows2archive(rows, func(r row) (*walshipv1.StatusResponse, error) { return r.st, r.err }))
 		for _, r := range rows {
 			if tl := r.st.GetLastFailover(); tl != nil {
@@ -110,6 +117,25 @@ func ctlStatusFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 		}
 		return nil
 	}
+}
+
+// printPeers shows every hop of a primary's: each replica and log store,
+// whether its stream is up, the LSN it reached (a replica's applied, a
+// log store's durable) and how far behind that is in records, bytes and
+// seconds.
+func printPeers(env *Env, addr string, st *walshipv1.StatusResponse) error {
+	fmt.Fprintf(env.Stdout, "\npeers of primary %s (%s):\n", st.GetId(), addr)
+	w := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "  PEER\tROLE\tCONNECTED\tREACHED\tLAG RECORDS\tLAG BYTES\tLAG SECONDS")
+	for _, p := range st.GetPeers() {
+		role := strings.ToLower(strings.TrimPrefix(p.GetRole().String(), "ROLE_"))
+		reached := p.GetAppliedLsn()
+		if p.GetRole() == walshipv1.Role_ROLE_LOGSTORE {
+			reached = p.GetFlushedLsn()
+		}
+		fmt.Fprintf(w, "  %s\t%s\t%v\t%d\t%d\t%s\t%.2f\n", p.GetId(), role, p.GetConnected(), reached, p.GetLagRecords(), byteSize(p.GetLagBytes()), p.GetLagSeconds())
+	}
+	return w.Flush()
 }
 
 // rows2archive returns the archive statuses of the rows that answered.

@@ -34,6 +34,12 @@ func TestCtlStatusShowsClusters(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "CLUSTER") || strings.Count(out, idA) != 2 || strings.Contains(out, "warning") {
 		t.Fatalf("one cluster: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 	}
+	// Every hop of the primary's, with its lag in records, bytes and
+	// seconds.
+	_, peers, _ := strings.Cut(out, "peers of primary")
+	if !strings.Contains(peers, "LAG BYTES") || !strings.Contains(peers, "LAG SECONDS") || !strings.Contains(peers, a.LogStores[0].Addr+" ") {
+		t.Fatalf("no peers block naming the log store with its lag:\n%s", out)
+	}
 	code, out, errOut = run(t, "ctl", "status", "--nodes", a.Primary.Addr+","+b.Primary.Addr)
 	if code != 0 || !strings.Contains(out, "warning: these nodes belong to 2 different clusters") ||
 		!strings.Contains(out, idA+": "+a.Primary.Addr) || !strings.Contains(out, idB+": "+b.Primary.Addr) {

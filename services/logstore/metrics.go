@@ -2,6 +2,7 @@ package logstore
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/walship/walship/internal/serve"
 )
 
 // metrics are the log store's Prometheus metrics, registered on the injected
@@ -129,7 +130,13 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 	}, func() float64 { return float64(s.heldBytes.Load()) })
 	m.collectors = []prometheus.Collector{m.appendedBytes, m.readBytes, m.fsyncSeconds, m.fsyncErrors,
 		m.appendStreams, m.readStreams, m.fences, m.orphaned, m.clusterMismatch, m.refillBatches, m.refillBytes, refilling, durable, first, stored, epoch,
-		m.snapshotPuts, m.snapshotsServed, m.snapshotSentBytes, snapshots, snapshotBytes, held}
+		m.snapshotPuts, m.snapshotsServed, m.snapshotSentBytes, snapshots, snapshotBytes, held,
+		serve.NewInfo("", func() string {
+			if s.srv == nil {
+				return s.cfg.Listen
+			}
+			return s.srv.Addr()
+		})}
 	for i, c := range m.collectors {
 		if err := reg.Register(c); err != nil {
 			for _, r := range m.collectors[:i] {

@@ -1,6 +1,8 @@
 package node
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -13,7 +15,20 @@ type metrics struct {
 	role       *prometheus.GaugeVec
 	promotions *prometheus.CounterVec
 	stepDowns  prometheus.Counter
+	phases     *prometheus.HistogramVec
 }
+
+// The phases of a promotion, the phase label of
+// walship_promotion_phase_duration_seconds (docs of promote.go's steps).
+const (
+	phaseSurvey    = "survey"     // 1: ask every log store and member where its log ends
+	phaseFence     = "fence"      // 2-3: the new epoch promised by a quorum
+	phaseLeaseWait = "lease_wait" // 5: the old primary's lease runs out
+	phaseCatchUp   = "catch_up"   // 4: the tail this node lacks copied from the donor
+	phaseEpochOpen = "epoch_open" // 6: from the primary's start until it takes writes
+)
+
+var phases = []string{phaseSurvey, phaseFence, phaseLeaseWait, phaseCatchUp, phaseEpochOpen}
 
 func newMetrics(reg prometheus.Registerer, n *Node) *metrics {
 	m := &metrics{reg: reg}
@@ -32,6 +47,14 @@ func newMetrics(reg prometheus.Registerer, n *Node) *metrics {
 	for _, r := range []string{"opened", "refused", "failed"} {
 		m.promotions.WithLabelValues(r)
 	}
+	m.phases = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "walship_promotion_phase_duration_seconds",
+		Help:    "Duration of each phase of a promotion this node carried out (a failover or the target's side of a switchover): survey, fence, lease_wait (the old primary's lease), catch_up (copying the donor's tail), epoch_open (until it takes writes).",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 18), // 1 ms to 131 s
+	}, []string{"phase"})
+	for _, p := range phases {
+		m.phases.WithLabelValues(p)
+	}
 	epoch := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "walship_epoch",
 		Help: "The epoch a data node is in: the primary's own, or the newest a replica has promised.",
@@ -45,7 +68,7 @@ func newMetrics(reg prometheus.Registerer, n *Node) *metrics {
 		}
 		return 0
 	})
-	m.collectors = []prometheus.Collector{m.role, m.promotions, m.stepDowns, epoch, held}
+	m.collectors = []prometheus.Collector{m.role, m.promotions, m.stepDowns, m.phases, epoch, held}
 	if reg != nil {
 		for _, c := range m.collectors {
 			reg.MustRegister(c)
@@ -62,6 +85,11 @@ func (m *metrics) setRole(r Role) {
 		}
 		m.role.WithLabelValues(x.String()).Set(v)
 	}
+}
+
+// phase observes that a promotion's phase took since start.
+func (m *metrics) phase(name string, start time.Time) {
+	m.phases.WithLabelValues(name).Observe(time.Since(start).Seconds())
 }
 
 func (m *metrics) unregister() {

@@ -320,6 +320,21 @@ func (n *Node) newPrimary(listen, metricsListen string, elected *primary.Elected
 	cfg.Logger, cfg.Registry = n.logger.With("role", "primary"), n.cfg.Registry
 	cfg.Elected = elected
 	cfg.StatusHook = n.statusHook
+	if elected != nil {
+		// A promotion's last phase: until the epoch record meets the
+		// contract and the primary holds its lease.
+		starting := time.Now()
+		cfg.Opened = func() {
+			n.metrics.phase(phaseEpochOpen, starting)
+			n.mu.Lock()
+			if tl := n.timeline; tl != nil && tl.GetEpoch() == elected.Epoch {
+				tl = proto.Clone(tl).(*walshipv1.FailoverTimeline)
+				tl.OpenedUnixNano = time.Now().UnixNano()
+				n.timeline = tl
+			}
+			n.mu.Unlock()
+		}
+	}
 	if n.cfg.Election != nil {
 		cfg.Gate = n.gate
 	}
@@ -398,7 +413,9 @@ func (n *Node) Run(ctx context.Context) error {
 			state = n.transition(state, failover.Planned)
 			// The old primary's lease runs out first, while this replica
 			// (fenced, following no one) still serves its reads (I7).
+			waiting := time.Now()
 			n.waitLease(ctx, p)
+			n.metrics.phase(phaseLeaseWait, waiting)
 			cancel()
 			err = <-done
 		}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/serve"
@@ -220,8 +221,28 @@ func TestPromoteAndRejoin(t *testing.T) {
 	}
 	lsn := put(t, c1, "after", "v1")
 	st1 := status1(t, c1)
-	if st1.Role != walshipv1.Role_ROLE_PRIMARY || st1.Epoch != resp.Epoch || lsn <= last || st1.LastFailover.GetOpenedUnixNano() == 0 && st1.LastFailover.GetStartLsn() == 0 {
+	if st1.Role != walshipv1.Role_ROLE_PRIMARY || st1.Epoch != resp.Epoch || lsn <= last || st1.LastFailover.GetOpenedUnixNano() == 0 || st1.LastFailover.GetStartLsn() == 0 {
 		t.Fatalf("n1 after the promotion: %v (put at %d)", st1, lsn)
+	}
+	// The failover metrics moved: one promotion opened, each of its
+	// phases timed once; nothing refused or failed.
+	reg := c.nodes["n1"].cfg.Registry
+	for _, want := range []struct {
+		name, label, value string
+		n                  uint64
+	}{
+		{"walship_promotions_total", "result", "opened", 1},
+		{"walship_promotions_total", "result", "refused", 0},
+		{"walship_promotions_total", "result", "failed", 0},
+		{"walship_promotion_phase_duration_seconds", "phase", phaseSurvey, 1},
+		{"walship_promotion_phase_duration_seconds", "phase", phaseFence, 1},
+		{"walship_promotion_phase_duration_seconds", "phase", phaseLeaseWait, 1},
+		{"walship_promotion_phase_duration_seconds", "phase", phaseCatchUp, 1},
+		{"walship_promotion_phase_duration_seconds", "phase", phaseEpochOpen, 1},
+	} {
+		if got := metricCount(t, reg, want.name, want.label, want.value); got != want.n {
+			t.Errorf("%s{%s=%q} = %d after one promotion; want %d", want.name, want.label, want.value, got, want.n)
+		}
 	}
 	for i := range 20 {
 		g, err := walshipv1.NewKVServiceClient(c1).Get(ctx, &walshipv1.GetRequest{Key: fmt.Sprintf("k%02d", i)})
@@ -510,4 +531,31 @@ func TestRestartChoosesTheRoleFromTheVoteAndTheHistory(t *testing.T) {
 			}
 		})
 	}
+}
+
+// metricCount is a counter's value, or a histogram's count of
+// observations, of the series of name with label=value in reg.
+func metricCount(t *testing.T, reg *prometheus.Registry, name, label, value string) uint64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					if h := m.GetHistogram(); h != nil {
+						return h.GetSampleCount()
+					}
+					return uint64(m.GetCounter().GetValue())
+				}
+			}
+		}
+	}
+	t.Fatalf("no %s{%s=%q}", name, label, value)
+	return 0
 }

@@ -243,13 +243,16 @@ func (n *Node) promote(ctx context.Context, req *walshipv1.PromoteRequest) (*wal
 	if req.GetDryRun() {
 		return resp, nil
 	}
+	n.metrics.phase(phaseSurvey, started)
 	if !pre.quorum && !req.GetForce() {
 		n.metrics.promotions.WithLabelValues("refused").Inc()
 		return nil, status.Errorf(codes.FailedPrecondition, "promotion needs %s; nothing was fenced. Reachable: %s. Not: %s",
 			pre.needed, strings.Join(pre.granted, ", "), strings.Join(pre.refused, "; "))
 	}
+	fencing := time.Now()
 	answers, known := n.fenceEpoch(ctx, rep, epoch, prev.Primary, cluster, known, promisesOf(survey))
 	tl.FencedUnixNano = time.Now().UnixNano()
+	n.metrics.phase(phaseFence, fencing)
 	v := judgeAll(known, prev.Primary, answers, promised)
 	v.report(resp, tl)
 	if !v.quorum && !(req.GetForce() && countLogStores(answers) >= failover.Majority(len(n.logStores()))) {
@@ -730,6 +733,7 @@ func nodeStatus(ctx context.Context, addr string) (*walshipv1.StatusResponse, er
 
 // carryOut does steps 4-6 with the replica role stopped.
 func (n *Node) carryOut(ctx context.Context, p *plan) error {
+	catchingUp := time.Now()
 	log, err := wal.Open(wal.Options{Dir: filepath.Join(n.cfg.DataDir, "wal"), FS: n.fs, SegmentSize: n.cfg.Replica.SegmentBytes, Logger: n.logger})
 	if err != nil {
 		return fmt.Errorf("open wal: %w", err)
@@ -806,6 +810,7 @@ func (n *Node) carryOut(ctx context.Context, p *plan) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
+	n.metrics.phase(phaseCatchUp, catchingUp)
 	listen, metrics := n.listen()
 	if err := n.newPrimary(listen, metrics, &primary.Elected{Epoch: p.epoch, History: h}); err != nil {
 		return err

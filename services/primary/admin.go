@@ -59,18 +59,26 @@ func (s *Server) Status() *walshipv1.StatusResponse {
 		resp.Archive = &walshipv1.ArchiveStatus{Url: url, ArchivedLsn: archived, UploaderAddr: s.peers.archiver(s.cfg.LogStores),
 			LagSeconds: age.Seconds(), LagBytes: bytes}
 	}
+	// Every hop's lag as the metrics give it (replCollector): records,
+	// bytes and seconds, from the applied LSN of a replica and the
+	// durable LSN of a log store.
 	replicas, logstores := s.peers.snapshot()
+	now := time.Now()
 	for _, r := range replicas {
+		bytes, age := s.pipe.index.lag(r.applied, now)
 		resp.Peers = append(resp.Peers, &walshipv1.PeerStatus{
 			Id: r.id, Role: walshipv1.Role_ROLE_REPLICA, Connected: r.connected,
 			WrittenLsn: r.written, FlushedLsn: r.flushed, AppliedLsn: r.applied,
 			LagRecords: last - min(last, r.applied), SentBytes: r.sentBytes,
+			LagSeconds: age.Seconds(), LagBytes: bytes,
 		})
 	}
 	for _, l := range logstores {
+		bytes, age := s.pipe.index.lag(l.durable, now)
 		resp.Peers = append(resp.Peers, &walshipv1.PeerStatus{
 			Id: l.addr, Role: walshipv1.Role_ROLE_LOGSTORE, Connected: l.connected,
 			FlushedLsn: l.durable, LagRecords: last - min(last, l.durable),
+			LagSeconds: age.Seconds(), LagBytes: bytes,
 		})
 	}
 	return resp

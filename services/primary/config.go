@@ -123,6 +123,10 @@ type Config struct {
 	// StatusHook adds to every AdminService.Status answer (a node adds
 	// its failover timeline).
 	StatusHook func(*walshipv1.StatusResponse)
+	// Opened, if set, is called once, as the primary's epoch opens, just
+	// before it takes writes: a node times its promotion's last phase by
+	// it.
+	Opened func()
 }
 
 // DefaultInflightCommitBytes is Config.MaxInflightCommitBytes's default:

@@ -241,8 +241,7 @@ func (s *Server) openEpoch(ctx context.Context) error {
 		if err := s.lease.wait(ctx); err != nil {
 			return fmt.Errorf("epoch %d: no lease from the log stores: %w", s.epoch, err)
 		}
-		s.opened.Store(true)
-		s.srv.SetServing(true)
+		s.open()
 		return nil
 	}
 	rec := &walshipv1.EpochRecord{Epoch: s.epoch, FirstLsn: s.epochs.Current().FirstLSN, PrimaryId: s.cfg.ID, PrimaryAddr: s.Advertise(),
@@ -280,10 +279,19 @@ func (s *Server) openEpoch(ctx context.Context) error {
 	if err := s.lease.wait(wctx); err != nil {
 		return fmt.Errorf("epoch %d: no lease from the log stores: %w", s.epoch, err)
 	}
-	s.opened.Store(true)
-	s.srv.SetServing(true)
+	s.open()
 	s.logger.Info("epoch open", "epoch", s.epoch, "epoch_record_lsn", res.lsn, "contract", c.String())
 	return nil
+}
+
+// open opens the primary for reads and writes, saying so first
+// (Config.Opened), so that whoever sees a write taken sees it said.
+func (s *Server) open() {
+	if s.cfg.Opened != nil {
+		s.cfg.Opened()
+	}
+	s.opened.Store(true)
+	s.srv.SetServing(true)
 }
 
 // needsRecord reports whether this run writes an epoch record: in a
@@ -310,20 +318,51 @@ func (s *Server) needsRecord() bool {
 // if it can): it has not opened its epoch, it lost its lease, it failed or
 // was deposed.
 func (s *Server) serving() error {
+	_, err := s.refusal()
+	return err
+}
+
+// Why a primary refuses writes: the reason label of
+// walship_primary_refused_writes_total, one per case of refusal.
+const (
+	refusedFailed   = "failed"   // the primary failed (a fatal error) or was deposed
+	refusedOpening  = "opening"  // its epoch record does not meet the contract yet
+	refusedHandover = "handover" // a switchover is handing its role over
+	refusedNoLease  = "no_lease" // no log store majority heard within its lease
+	refusedGated    = "election" // Config.Gate: it does not hold the election
+)
+
+// refusedReasons are every reason label, exported at 0 from the start.
+var refusedReasons = []string{refusedFailed, refusedOpening, refusedHandover, refusedNoLease, refusedGated}
+
+// refusal is serving's answer with the reason label of its refusal ("" and
+// nil when the primary serves).
+func (s *Server) refusal() (reason string, err error) {
 	switch {
 	case s.failedErr() != nil:
-		return notServing("primary cannot serve: %v", s.failedErr())
+		return refusedFailed, notServing("primary cannot serve: %v", s.failedErr())
 	case !s.opened.Load():
-		return notServing("primary is opening epoch %d: its epoch record does not meet the contract yet", s.epoch)
+		return refusedOpening, notServing("primary is opening epoch %d: its epoch record does not meet the contract yet", s.epoch)
 	case s.pipe.handover.Load():
-		return notServing("primary is handing over to another node (switchover)")
+		return refusedHandover, notServing("primary is handing over to another node (switchover)")
 	case !s.lease.valid():
-		return notServing("primary has not heard from a log store majority for %v (its lease): it may have been deposed", s.cfg.LeaseTimeout)
+		return refusedNoLease, notServing("primary has not heard from a log store majority for %v (its lease): it may have been deposed", s.cfg.LeaseTimeout)
 	}
 	if err := s.gated(); err != nil {
-		return notServing("primary does not take reads and writes: %v", err)
+		return refusedGated, notServing("primary does not take reads and writes: %v", err)
 	}
-	return nil
+	return "", nil
+}
+
+// takingWrite is serving for a write: a refusal is counted by its reason,
+// so that a primary that takes no writes shows (and pages) however few
+// clients retry.
+func (s *Server) takingWrite() error {
+	reason, err := s.refusal()
+	if err != nil {
+		s.metrics.refusedWrites.WithLabelValues(reason).Inc()
+	}
+	return err
 }
 
 // servingSnapshots is serving's condition for a re-seeding snapshot

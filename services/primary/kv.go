@@ -58,7 +58,7 @@ func (k *kvServer) Put(ctx context.Context, req *walshipv1.PutRequest) (*walship
 	if err := k.s.validateValue("value", req.GetValue()); err != nil {
 		return nil, err
 	}
-	if err := k.s.serving(); err != nil {
+	if err := k.s.takingWrite(); err != nil {
 		return nil, err
 	}
 	release, err := k.s.admit.admit(ctx, proto.Size(req))
@@ -77,7 +77,7 @@ func (k *kvServer) Delete(ctx context.Context, req *walshipv1.DeleteRequest) (*w
 	if err := keyspace.ValidateKey("key", req.GetKey()); err != nil {
 		return nil, err
 	}
-	if err := k.s.serving(); err != nil {
+	if err := k.s.takingWrite(); err != nil {
 		return nil, err
 	}
 	release, err := k.s.admit.admit(ctx, proto.Size(req))
@@ -114,7 +114,11 @@ func (k *kvServer) Txn(ctx context.Context, req *walshipv1.TxnRequest) (*walship
 	if err != nil {
 		return nil, err
 	}
-	if err := k.s.serving(); err != nil {
+	check := k.s.serving
+	if writes(success) || writes(failure) {
+		check = k.s.takingWrite
+	}
+	if err := check(); err != nil {
 		return nil, err
 	}
 	if writes(success) || writes(failure) {
@@ -142,7 +146,7 @@ func (k *kvServer) Txn(ctx context.Context, req *walshipv1.TxnRequest) (*walship
 	return resp, nil
 }
 
-// writes reports whether ops write.
+// writes reports whether ops put or delete anything.
 func writes(ops []op) bool {
 	for _, o := range ops {
 		if o.kind != opGet {

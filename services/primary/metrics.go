@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/rpcerr"
+	"github.com/walship/walship/internal/serve"
 )
 
 // metrics are the primary's Prometheus metrics, registered on the injected
@@ -32,6 +33,8 @@ type metrics struct {
 
 	snapshotUploads       *prometheus.CounterVec
 	snapshotUploadSeconds prometheus.Histogram
+
+	refusedWrites *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
@@ -128,13 +131,37 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		Help:    "Time one snapshot upload to a log store took (asking the log store, streaming, its fsync).",
 		Buckets: prometheus.ExponentialBuckets(0.01, 2, 16),
 	})
+	m.refusedWrites = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "walship_primary_refused_writes_total",
+		Help: "Writes (Put, Delete, Txn with writes) the primary refused UNAVAILABLE before doing anything, by reason: opening (its epoch record does not meet the contract yet), no_lease (no log store majority heard within --lease-timeout), handover (a switchover), election (it does not hold the --kube-lease election), failed (a fatal error, or deposed).",
+	}, []string{"reason"})
+	for _, r := range refusedReasons {
+		m.refusedWrites.WithLabelValues(r)
+	}
+	takingWrites := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "walship_primary_taking_writes",
+		Help: "1 while the primary takes writes (and reads), 0 while it refuses them: opening its epoch, without a log store majority (its lease), handing over, without the election, failed.",
+	}, func() float64 { return b2f(s.TakingWrites()) })
+	contractK := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "walship_primary_contract_sync_replicas",
+		Help: "The contract's k: replicas that must acknowledge a commit under the default policy (0 without sync replication). walship_replication_connected_replicas below it means sync commits stall.",
+	}, func() float64 { return float64(s.contract().GetSyncReplicas()) })
 	retention := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "walship_wal_retention_limit_bytes",
 		Help: "The primary's WAL retention limit (--wal-retention-bytes).",
 	}, func() float64 { return float64(s.cfg.WALRetentionBytes) })
 	m.collectors = []prometheus.Collector{m.commits, m.commitSeconds, m.walBatches, m.walRecords, m.fsyncSeconds, m.fsyncErrors,
 		encode, written, last, durable, visible, walBytes, m.sentBytes, m.shipDelays, m.replicaOutOfRange, m.replicaDiverged, m.snapshotsStreamed, retention,
-		m.fences, m.clusterMismatch, m.snapshotUploads, m.snapshotUploadSeconds, newReplCollector(s)}
+		m.fences, m.clusterMismatch, m.snapshotUploads, m.snapshotUploadSeconds, newReplCollector(s), m.refusedWrites, takingWrites, contractK,
+		serve.NewInfo(s.cfg.ID, func() string {
+			if a := s.Advertise(); a != "" {
+				return a
+			}
+			if s.srv == nil {
+				return s.cfg.Listen
+			}
+			return s.srv.Addr()
+		})}
 	m.collectors = append(m.collectors, s.admit.collectors()...)
 	for _, c := range m.collectors {
 		reg.MustRegister(c)

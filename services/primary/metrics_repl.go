@@ -16,6 +16,7 @@ type replCollector struct {
 	lagSeconds, lagBytes, lagRecords *prometheus.Desc
 	connected, replicaConnected      *prometheus.Desc
 	lsAcked, lsLag, lsConnected      *prometheus.Desc
+	lsLagSeconds, lsLagBytes         *prometheus.Desc
 	waiting                          *prometheus.Desc
 	archived, archLagSec, archLagB   *prometheus.Desc
 }
@@ -37,6 +38,10 @@ func newReplCollector(s *Server) *replCollector {
 			"Last LSN the log store acknowledged as durable.", []string{"logstore"}, nil),
 		lsLag: prometheus.NewDesc("walship_replication_logstore_lag_records",
 			"WAL records the log store has not made durable yet.", []string{"logstore"}, nil),
+		lsLagSeconds: prometheus.NewDesc("walship_replication_logstore_lag_seconds",
+			"How long ago the oldest commit the log store has not made durable was made (0 when caught up).", []string{"logstore"}, nil),
+		lsLagBytes: prometheus.NewDesc("walship_replication_logstore_lag_bytes",
+			"WAL bytes the log store has not made durable yet.", []string{"logstore"}, nil),
 		lsConnected: prometheus.NewDesc("walship_replication_logstore_connected",
 			"1 if the append stream to the log store is open.", []string{"logstore"}, nil),
 		archived: prometheus.NewDesc("walship_archive_lsn",
@@ -51,7 +56,7 @@ func newReplCollector(s *Server) *replCollector {
 }
 
 func (c *replCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.lagSeconds, c.lagBytes, c.lagRecords, c.connected, c.replicaConnected, c.lsAcked, c.lsLag, c.lsConnected, c.waiting,
+	for _, d := range []*prometheus.Desc{c.lagSeconds, c.lagBytes, c.lagRecords, c.connected, c.replicaConnected, c.lsAcked, c.lsLag, c.lsLagSeconds, c.lsLagBytes, c.lsConnected, c.waiting,
 		c.archived, c.archLagSec, c.archLagB} {
 		ch <- d
 	}
@@ -83,6 +88,9 @@ func (c *replCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, l := range logstores {
 		ch <- prometheus.MustNewConstMetric(c.lsAcked, prometheus.GaugeValue, float64(l.durable), l.addr)
 		ch <- prometheus.MustNewConstMetric(c.lsLag, prometheus.GaugeValue, float64(last-min(last, l.durable)), l.addr)
+		bytes, age := s.pipe.index.lag(l.durable, now)
+		ch <- prometheus.MustNewConstMetric(c.lsLagSeconds, prometheus.GaugeValue, age.Seconds(), l.addr)
+		ch <- prometheus.MustNewConstMetric(c.lsLagBytes, prometheus.GaugeValue, float64(bytes), l.addr)
 		ch <- prometheus.MustNewConstMetric(c.lsConnected, prometheus.GaugeValue, b2f(l.connected), l.addr)
 	}
 	if url, archived := s.peers.archived(); url != "" {

@@ -3,6 +3,7 @@ package replica
 import (
 	"github.com/prometheus/client_golang/prometheus"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/serve"
 )
 
 // Refusal reasons, the label values of walship_replica_refused_batches_total.
@@ -136,6 +137,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		stage("apply", s.appliedLSN),
 		m.appliedRecords, m.appliedBytes, m.rung, connected, m.refused, m.diverged, m.unapplied, m.spilled, m.decodeSeconds, m.fsyncSeconds, m.fsyncErrors,
 		m.fences, m.orphaned, m.clusterMismatch,
+		serve.NewInfo(s.cfg.ID, s.srv.Addr),
 	}
 	if s.arch != nil {
 		m.collectors = append(m.collectors, m.archiveBatches, m.archiveReseeds, m.archiveErrors)

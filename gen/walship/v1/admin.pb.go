@@ -752,10 +752,14 @@ type PeerStatus struct {
 	AppliedLsn uint64 `protobuf:"varint,6,opt,name=applied_lsn,json=appliedLsn,proto3" json:"applied_lsn,omitempty"`
 	// lag_records is last_lsn minus the peer's applied (log store: durable) LSN.
 	LagRecords uint64 `protobuf:"varint,7,opt,name=lag_records,json=lagRecords,proto3" json:"lag_records,omitempty"`
-	// lag_seconds is how long ago the oldest not-yet-applied commit was made (0 when caught up).
+	// lag_seconds is how long ago the oldest commit the peer has not applied
+	// (log store: made durable) was made; 0 when caught up.
 	LagSeconds float64 `protobuf:"fixed64,8,opt,name=lag_seconds,json=lagSeconds,proto3" json:"lag_seconds,omitempty"`
 	// sent_bytes is the number of bytes sent to the peer since it connected.
-	SentBytes     uint64 `protobuf:"varint,9,opt,name=sent_bytes,json=sentBytes,proto3" json:"sent_bytes,omitempty"`
+	SentBytes uint64 `protobuf:"varint,9,opt,name=sent_bytes,json=sentBytes,proto3" json:"sent_bytes,omitempty"`
+	// lag_bytes is the WAL bytes the peer has not applied (log store: made
+	// durable); 0 when caught up. Set in a primary's Status.
+	LagBytes      uint64 `protobuf:"varint,10,opt,name=lag_bytes,json=lagBytes,proto3" json:"lag_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -849,6 +853,13 @@ func (x *PeerStatus) GetLagSeconds() float64 {
 func (x *PeerStatus) GetSentBytes() uint64 {
 	if x != nil {
 		return x.SentBytes
+	}
+	return 0
+}
+
+func (x *PeerStatus) GetLagBytes() uint64 {
+	if x != nil {
+		return x.LagBytes
 	}
 	return 0
 }
@@ -1310,7 +1321,7 @@ const file_walship_v1_admin_proto_rawDesc = "" +
 	"\tstart_lsn\x18\r \x01(\x04R\bstartLsn\x12\x1f\n" +
 	"\vcut_records\x18\x0e \x01(\x04R\n" +
 	"cutRecords\x12\x18\n" +
-	"\afailure\x18\x0f \x01(\tR\afailure\"\xa4\x02\n" +
+	"\afailure\x18\x0f \x01(\tR\afailure\"\xc1\x02\n" +
 	"\n" +
 	"PeerStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12$\n" +
@@ -1327,7 +1338,9 @@ const file_walship_v1_admin_proto_rawDesc = "" +
 	"\vlag_seconds\x18\b \x01(\x01R\n" +
 	"lagSeconds\x12\x1d\n" +
 	"\n" +
-	"sent_bytes\x18\t \x01(\x04R\tsentBytes\"U\n" +
+	"sent_bytes\x18\t \x01(\x04R\tsentBytes\x12\x1b\n" +
+	"\tlag_bytes\x18\n" +
+	" \x01(\x04R\blagBytes\"U\n" +
 	"\x0ePromoteRequest\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x17\n" +
 	"\adry_run\x18\x02 \x01(\bR\x06dryRun\x12\x14\n" +
