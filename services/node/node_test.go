@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/serve"
@@ -485,6 +486,25 @@ func TestSwitchover(t *testing.T) {
 		}
 	}
 	testkit.Until(t, "n0 to follow n1", func() bool { return c.nodes["n0"].Role() == RoleReplica })
+	// The failover metrics moved on both sides: the target opened one
+	// epoch, each phase timed once, and the old primary stepped down.
+	for _, want := range []struct {
+		node, name, label, value string
+		n                        uint64
+	}{
+		{"n1", "walship_promotions_total", "result", "opened", 1},
+		{"n1", "walship_promotion_phase_duration_seconds", "phase", phaseFence, 1},
+		{"n1", "walship_promotion_phase_duration_seconds", "phase", phaseCatchUp, 1},
+		{"n1", "walship_promotion_phase_duration_seconds", "phase", phaseEpochOpen, 1},
+		{"n0", "walship_promotions_total", "result", "opened", 0},
+	} {
+		if got := metricCount(t, c.nodes[want.node].cfg.Registry, want.name, want.label, want.value); got != want.n {
+			t.Errorf("%s: %s{%s=%q} = %d after a switchover; want %d", want.node, want.name, want.label, want.value, got, want.n)
+		}
+	}
+	if got := metricCount(t, c.nodes["n0"].cfg.Registry, "walship_step_downs_total", "", ""); got != 1 {
+		t.Errorf("n0: walship_step_downs_total = %d after a switchover; want 1", got)
+	}
 	lsn := put(t, c1, "after", "y")
 	if _, err := walshipv1.NewKVServiceClient(c0).Get(ctx, &walshipv1.GetRequest{Key: "after", MinLsn: lsn, WaitTimeout: durationpb.New(15 * time.Second)}, grpc.WaitForReady(true)); err != nil {
 		t.Fatalf("old primary reading the new one's write: %v", err)
@@ -534,7 +554,8 @@ func TestRestartChoosesTheRoleFromTheVoteAndTheHistory(t *testing.T) {
 }
 
 // metricCount is a counter's value, or a histogram's count of
-// observations, of the series of name with label=value in reg.
+// observations, of the series of name with label=value in reg (label ""
+// for a metric without labels).
 func metricCount(t *testing.T, reg *prometheus.Registry, name, label, value string) uint64 {
 	t.Helper()
 	mfs, err := reg.Gather()
@@ -546,7 +567,7 @@ func metricCount(t *testing.T, reg *prometheus.Registry, name, label, value stri
 			continue
 		}
 		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
+			for _, l := range append(m.GetLabel(), &dto.LabelPair{Name: new(""), Value: new("")}) {
 				if l.GetName() == label && l.GetValue() == value {
 					if h := m.GetHistogram(); h != nil {
 						return h.GetSampleCount()
