@@ -96,7 +96,7 @@ func TestClusterObservability(t *testing.T) {
 	// Prometheus, scraping every second.
 	cfg := filepath.Join(dir, "prometheus.yml")
 	if err := os.WriteFile(cfg, []byte(scrapeConfig(filepath.Join(repoRoot(t), filepath.FromSlash(rulesPath)),
-		map[string][]*proc{"walship-primary": {primary}, "walship-replica": replicas, "walship-logstore": {ls}})), 0o644); err != nil {
+		map[string][]*proc{"walship-node": append([]*proc{primary}, replicas...), "walship-logstore": {ls}})), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	_, prom := startPrometheus(t, promBin, cfg, filepath.Join(dir, "prometheus-data"))
@@ -193,7 +193,7 @@ func TestClusterObservability(t *testing.T) {
 		checkDashboardData(t, ctx, prom, loadEnd)
 	})
 	t.Run("dashboard variables have values", func(t *testing.T) {
-		checkDashboardVariables(t, ctx, prom, replicas)
+		checkDashboardVariables(t, ctx, prom, primary, ls, replicas)
 	})
 	t.Run("lag stays 0 while the primary is idle", func(t *testing.T) {
 		checkIdleLag(t, ctx, prom)
@@ -244,7 +244,54 @@ func TestClusterObservability(t *testing.T) {
 	t.Run("rules evaluate and recording rules have data", func(t *testing.T) {
 		checkRules(t, ctx, prom)
 	})
+	// Last, the log store stopped: the primary loses its lease and takes
+	// no writes. The writer would see them refused: it stops first.
+	stopWriter()
+	writer.wait()
+	t.Run("a primary without a log store majority takes no writes and WalshipPrimaryNotTakingWrites's expression fires", func(t *testing.T) {
+		ls.signal(t, syscall.SIGSTOP)
+		defer func() {
+			if err := ls.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+				t.Errorf("%s: SIGCONT: %v", ls.name, err)
+			}
+		}()
+		checkNotTakingWrites(t, ctx, prom, kv, primary)
+	})
 	t.Logf("total %v", time.Since(began).Round(time.Millisecond))
+}
+
+// checkNotTakingWrites: with its only log store stopped, the primary's
+// writes are refused (counted under no_lease), walship_primary_taking_writes
+// drops to 0, the real WalshipPrimaryNotTakingWrites expression (without
+// its for:) returns the primary and only it, and the recording rule the
+// alert's grpc_address annotation reads names the primary's gRPC address.
+func checkNotTakingWrites(t *testing.T, ctx context.Context, prom *promClient, kv walshipv1.KVServiceClient, primary *proc) {
+	expr := alertExpr(t, "WalshipPrimaryNotTakingWrites")
+	stopped := time.Now()
+	poll(t, 30*time.Second, "a Put refused UNAVAILABLE", func() (bool, string) {
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		_, err := kv.Put(pctx, &walshipv1.PutRequest{Key: "no-lease", Value: []byte("x")})
+		return status.Code(err) == codes.Unavailable && strings.Contains(err.Error(), "log store majority"), fmt.Sprint(err)
+	})
+	t.Logf("writes refused %v after the log store stopped", time.Since(stopped).Round(time.Millisecond))
+	var fired []sample
+	poll(t, 30*time.Second, "WalshipPrimaryNotTakingWrites's expression returns the primary", func() (bool, string) {
+		res, err := prom.query(ctx, expr, time.Time{})
+		fired = res
+		return err == nil && len(res) > 0, fmt.Sprint(res, err)
+	})
+	if len(fired) != 1 || fired[0].Metric["instance"] != primary.metrics {
+		t.Errorf("WalshipPrimaryNotTakingWrites's expression: %v, want exactly the primary %s", fired, primary.metrics)
+	}
+	poll(t, 30*time.Second, "refused writes counted under no_lease", func() (bool, string) {
+		res, err := prom.query(ctx, `walship_primary_refused_writes_total{reason="no_lease"} > 0`, time.Time{})
+		return err == nil && len(res) == 1, fmt.Sprint(res, err)
+	})
+	res, err := prom.query(ctx, fmt.Sprintf(`walship:server_info:last1h{instance=%q}`, primary.metrics), time.Time{})
+	if err != nil || len(res) != 1 || res[0].Metric["grpc_address"] != primary.addr || res[0].Metric["id"] == "" {
+		t.Errorf("walship:server_info:last1h of the primary: %v, %v; want its gRPC address %s and its id", res, err, primary.addr)
+	}
 }
 
 // scrapeConfig is a Prometheus configuration scraping the jobs every second
@@ -539,6 +586,7 @@ var liveVars = strings.NewReplacer(
 	"$job", ".*",
 	"$namespace", ".*",
 	"$replica", ".*",
+	"$instance", ".*",
 )
 
 // emptyPanelsAllowed lists the titles of panels whose queries may return
@@ -547,10 +595,12 @@ var liveVars = strings.NewReplacer(
 // Empty today: the panels about failures (Failed commits/s, Fsync errors)
 // end in `or vector(0)` or use counters the services create at 0, so they
 // return 0, which checkDashboardData requires for them.
-var emptyPanelsAllowed = map[string]string{}
+var emptyPanelsAllowed = map[string]string{
+	"Promotion phase durations": "no promotion happens in this test (services/node's TestPromoteAndRejoin checks every phase is observed)",
+}
 
 // zeroPanels are panels about failures that must read 0 on a healthy cluster.
-var zeroPanels = []string{"Failed commits/s", "Fsync errors (range)", "fsync errors"}
+var zeroPanels = []string{"Failed commits/s", "Fsync errors (range)", "fsync errors", "Writes refused/s"}
 
 func checkDashboardData(t *testing.T, ctx context.Context, prom *promClient, at time.Time) {
 	d := loadDashboard(t)
@@ -612,11 +662,15 @@ func checkDashboardData(t *testing.T, ctx context.Context, prom *promClient, at 
 
 var labelValuesRe = regexp.MustCompile(`^label_values\((.+),\s*([a-zA-Z_][a-zA-Z0-9_]*)\)$`)
 
-func checkDashboardVariables(t *testing.T, ctx context.Context, prom *promClient, replicas []*proc) {
+func checkDashboardVariables(t *testing.T, ctx context.Context, prom *promClient, primary, ls *proc, replicas []*proc) {
 	want := map[string][]string{
 		"namespace": {"test"},
-		"job":       {"walship-logstore", "walship-primary", "walship-replica"},
+		"job":       {"walship-logstore", "walship-node"},
 	}
+	for _, p := range append([]*proc{primary}, append(replicas, ls)...) {
+		want["instance"] = append(want["instance"], p.metrics)
+	}
+	slices.Sort(want["instance"])
 	for _, r := range replicas {
 		want["replica"] = append(want["replica"], r.name)
 	}

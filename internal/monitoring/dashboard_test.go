@@ -120,7 +120,7 @@ func TestDashboardModel(t *testing.T) {
 	if v, ok := vars["datasource"]; !ok || v.Type != "datasource" || v.queryString() != "prometheus" {
 		t.Errorf("variable datasource: want type datasource with query prometheus, got %+v", v)
 	}
-	for _, name := range []string{"job", "namespace", "replica"} {
+	for _, name := range []string{"job", "namespace", "instance", "replica"} {
 		v, ok := vars[name]
 		if !ok {
 			t.Errorf("variable %s missing", name)
@@ -192,7 +192,7 @@ func TestDashboardQueries(t *testing.T) {
 				continue
 			}
 			used[m.Name] = true
-			want := []string{`job=~"$job"`, `namespace=~"$namespace"`}
+			want := []string{`job=~"$job"`, `namespace=~"$namespace"`, `instance=~"$instance"`}
 			if slices.Contains(m.Labels, "replica") {
 				want = append(want, `replica=~"$replica"`)
 			}

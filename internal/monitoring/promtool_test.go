@@ -70,6 +70,7 @@ var grafanaVars = strings.NewReplacer(
 	"$job", ".*",
 	"$namespace", ".*",
 	"$replica", ".*",
+	"$instance", ".*",
 )
 
 // TestDashboardPromQL parses every dashboard query by wrapping them in

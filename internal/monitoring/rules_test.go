@@ -16,6 +16,7 @@ var wantAlerts = []string{
 	"WalshipLogStoreBehind",
 	"WalshipWALRetentionNearLimit",
 	"WalshipFsyncErrors",
+	"WalshipPrimaryNotTakingWrites",
 }
 
 func loadRules(t *testing.T) []rule {
@@ -55,6 +56,14 @@ func TestAlertRules(t *testing.T) {
 		}
 		if d := r.Annotations["description"]; !strings.Contains(d, "$labels") || !strings.Contains(d, "$value") {
 			t.Errorf("%s: description should name the affected series ($labels) and the value ($value): %q", where, d)
+		}
+		// The RUNBOOK's commands take a gRPC address; Prometheus knows the
+		// metrics address: every alert names both.
+		if g := r.Annotations["grpc_address"]; !strings.Contains(g, "walship:server_info:last1h") {
+			t.Errorf("%s: annotation grpc_address %q does not read walship:server_info:last1h", where, g)
+		}
+		if m := r.Annotations["metrics_address"]; m != "{{ $labels.instance }}" {
+			t.Errorf("%s: annotation metrics_address %q, want {{ $labels.instance }}", where, m)
 		}
 		url := r.Annotations["runbook_url"]
 		_, anchor, ok := strings.Cut(url, "docs/RUNBOOK.md#")
