@@ -2,6 +2,7 @@ package serve
 
 import (
 	"context"
+	"io"
 	"strings"
 	"time"
 
@@ -26,6 +27,34 @@ func explainUnary(dialsTLS bool) grpc.UnaryClientInterceptor {
 		}
 		return explain(cc.Target(), dialsTLS, time.Since(start), err)
 	}
+}
+
+// explainStream is explainUnary for streams: the connection's failure
+// shows at the stream's creation or at its first message.
+func explainStream(dialsTLS bool) grpc.StreamClientInterceptor {
+	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		start := time.Now()
+		s, err := streamer(ctx, desc, cc, method, opts...)
+		if err != nil {
+			return nil, explain(cc.Target(), dialsTLS, time.Since(start), err)
+		}
+		return &explainedStream{ClientStream: s, addr: cc.Target(), dialsTLS: dialsTLS, start: start}, nil
+	}
+}
+
+type explainedStream struct {
+	grpc.ClientStream
+	addr     string
+	dialsTLS bool
+	start    time.Time
+}
+
+func (s *explainedStream) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	if err == nil || err == io.EOF {
+		return err
+	}
+	return explain(s.addr, s.dialsTLS, time.Since(s.start), err)
 }
 
 // explain is err with what it means for a call to addr, or err itself

@@ -12,6 +12,7 @@ import (
 	"github.com/walship/walship/internal/tlsid"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 )
 
@@ -50,6 +51,21 @@ func TestDialMistakesExplained(t *testing.T) {
 			!strings.Contains(status.Convert(err).Message(), tc.want) {
 			t.Errorf("%s: %v; want %v naming %s and saying %q", tc.name, err, tc.code, tc.addr, tc.want)
 		}
+	}
+	// A stream's too, at its first message.
+	conn, err := grpc.NewClient(ts.Addr(), DialOptions()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	sctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	w, err := healthpb.NewHealthClient(conn).Watch(sctx, &healthpb.HealthCheckRequest{})
+	if err == nil {
+		_, err = w.Recv()
+	}
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "it serves TLS") {
+		t.Errorf("a plaintext stream to a TLS server: %v; want UNAVAILABLE saying it serves TLS", err)
 	}
 	// A call that reached the server keeps its error as it was.
 	_, err = Call(t.Context(), plain.Addr(), 5*time.Second, func(ctx context.Context, cc *grpc.ClientConn) (*walshipv1.StatusResponse, error) {

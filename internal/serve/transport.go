@@ -111,6 +111,7 @@ func DialOptions(extra ...grpc.DialOption) []grpc.DialOption {
 	return append([]grpc.DialOption{
 		grpc.WithTransportCredentials(TransportCredentials()),
 		grpc.WithChainUnaryInterceptor(explainUnary(clientTLS.Load() != nil)),
+		grpc.WithChainStreamInterceptor(explainStream(clientTLS.Load() != nil)),
 		grpc.WithInitialWindowSize(streamWindow),
 		grpc.WithInitialConnWindowSize(connWindow),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2,
