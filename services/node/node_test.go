@@ -245,6 +245,7 @@ func TestPromoteAndRejoin(t *testing.T) {
 			t.Errorf("%s{%s=%q} = %d after one promotion; want %d", want.name, want.label, want.value, got, want.n)
 		}
 	}
+	t.Logf("promotion phases: %s", phaseSums(t, reg))
 	for i := range 20 {
 		g, err := walshipv1.NewKVServiceClient(c1).Get(ctx, &walshipv1.GetRequest{Key: fmt.Sprintf("k%02d", i)})
 		if err != nil || string(g.Value) != "v0" {
@@ -579,4 +580,23 @@ func metricCount(t *testing.T, reg *prometheus.Registry, name, label, value stri
 	}
 	t.Fatalf("no %s{%s=%q}", name, label, value)
 	return 0
+}
+
+// phaseSums says how long each promotion phase took in all, from reg.
+func phaseSums(t *testing.T, reg *prometheus.Registry) string {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, mf := range mfs {
+		if mf.GetName() != "walship_promotion_phase_duration_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			out = append(out, fmt.Sprintf("%s %v", m.GetLabel()[0].GetValue(), time.Duration(m.GetHistogram().GetSampleSum()*float64(time.Second)).Round(time.Microsecond)))
+		}
+	}
+	return strings.Join(out, ", ")
 }
