@@ -5,10 +5,13 @@ package testkit
 // networks the test creates and cuts, and cleanup that also finds what a
 // killed run left behind.
 //
-// Every object a DockerRun creates carries two labels: the run's id and the
-// test process's pid. Cleanup removes the run's objects; NewDockerRun first
-// sweeps the objects of runs whose process is gone (go test -timeout,
-// SIGKILL).
+// Every object a DockerRun creates carries labels: the run's id, the test
+// process's pid, and where that pid means something — the host and its boot
+// (hostname and boot id) and the PID namespace. Cleanup removes the run's
+// objects; NewDockerRun first sweeps the objects of runs whose process is
+// gone (go test -timeout, SIGKILL), but only runs of this host's boot and
+// this PID namespace: on a Docker engine shared by several hosts or
+// containers, a pid that does not exist here may be a live test elsewhere.
 
 import (
 	"context"
@@ -30,7 +33,56 @@ import (
 const (
 	labelRun = "io.walship.test.run"
 	labelPID = "io.walship.test.pid"
+	// labelHost is "hostname/boot id" and labelPIDNS the inode of the PID
+	// namespace: a pid is checked only where it was taken.
+	labelHost  = "io.walship.test.host"
+	labelPIDNS = "io.walship.test.pidns"
 )
+
+// origin is where a test process's pid means something: the host, its
+// boot, and the PID namespace. The inode alone is not enough: every host's
+// initial PID namespace has the same one.
+type origin struct {
+	host  string // hostname + "/" + /proc/sys/kernel/random/boot_id
+	pidns string // the inode of /proc/self/ns/pid
+}
+
+// selfOrigin is this process's origin; its fields are "" where the system
+// does not say (not Linux), and then no run is ever swept.
+func selfOrigin() origin {
+	var o origin
+	host, herr := os.Hostname()
+	boot, berr := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if herr == nil && berr == nil && host != "" && len(strings.TrimSpace(string(boot))) > 0 {
+		o.host = host + "/" + strings.TrimSpace(string(boot))
+	}
+	// "pid:[4026531836]"
+	if ns, err := os.Readlink("/proc/self/ns/pid"); err == nil {
+		if inode, ok := strings.CutPrefix(ns, "pid:["); ok {
+			o.pidns = strings.TrimSuffix(inode, "]")
+		}
+	}
+	return o
+}
+
+// abandoned reports whether a run whose objects carry these labels was
+// started by a process of self's host, boot and PID namespace that is gone
+// (alive says whether a pid exists here). Objects without the host and
+// namespace labels, or with another's, are never swept: their pid means
+// nothing here.
+func abandoned(self origin, host, pidns, pid string, alive func(int) bool) bool {
+	if self.host == "" || self.pidns == "" || host != self.host || pidns != self.pidns {
+		return false
+	}
+	n, err := strconv.Atoi(pid)
+	if err != nil || n <= 0 || n == os.Getpid() {
+		return false
+	}
+	return !alive(n)
+}
+
+// pidAlive says whether pid exists in this PID namespace.
+func pidAlive(pid int) bool { return !errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) }
 
 // scratchDockerfile is the test image: the static binary and a /data the
 // unprivileged user owns — the same as `make image` builds.
@@ -78,7 +130,9 @@ func NewDockerRun(t testing.TB) *DockerRun {
 
 // Labels are the docker flags that label an object as this run's.
 func (r *DockerRun) Labels() []string {
-	return []string{"--label", labelRun + "=" + r.ID, "--label", labelPID + "=" + strconv.Itoa(os.Getpid())}
+	o := selfOrigin()
+	return []string{"--label", labelRun + "=" + r.ID, "--label", labelPID + "=" + strconv.Itoa(os.Getpid()),
+		"--label", labelHost + "=" + o.host, "--label", labelPIDNS + "=" + o.pidns}
 }
 
 // docker runs the docker CLI and returns its trimmed output.
@@ -208,25 +262,31 @@ func removeByLabel(filter string, patience time.Duration) []error {
 	return errs
 }
 
-// sweepAbandoned removes the objects of runs whose test process is gone.
+// sweepAbandoned removes the objects of runs whose test process is gone:
+// runs of this host's boot and PID namespace only (abandoned).
 func sweepAbandoned(t testing.TB) {
+	self := selfOrigin()
+	if self.host == "" || self.pidns == "" {
+		return
+	}
 	seen := map[string]bool{}
+	var fields []string
+	for _, l := range []string{labelRun, labelPID, labelHost, labelPIDNS} {
+		fields = append(fields, `{{.Label "`+l+`"}}`)
+	}
+	format := strings.Join(fields, "\t")
 	for _, list := range [][]string{{"ps", "-a"}, {"network", "ls"}} {
-		out, err := docker(time.Minute, append(list, "--filter", "label="+labelPID, "--format", `{{.Label "`+labelRun+`"}} {{.Label "`+labelPID+`"}}`)...)
+		out, err := docker(time.Minute, append(list, "--filter", "label="+labelPID, "--format", format)...)
 		if err != nil || out == "" {
 			continue
 		}
 		for _, line := range strings.Split(out, "\n") {
-			f := strings.Fields(line)
-			if len(f) != 2 || seen[f[0]] {
-				continue
-			}
-			pid, err := strconv.Atoi(f[1])
-			if err != nil || pid == os.Getpid() || !errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) {
+			f := strings.Split(line, "\t")
+			if len(f) != 4 || f[0] == "" || seen[f[0]] || !abandoned(self, f[2], f[3], f[1], pidAlive) {
 				continue
 			}
 			seen[f[0]] = true
-			t.Logf("removing Docker objects of an abandoned run %s (pid %d)", f[0], pid)
+			t.Logf("removing Docker objects of an abandoned run %s (pid %s, gone from this host's PID namespace)", f[0], f[1])
 			for _, err := range removeByLabel(labelRun+"="+f[0], 0) {
 				t.Logf("  %v", err)
 			}
