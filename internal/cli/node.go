@@ -77,6 +77,11 @@ func nodeFlags(fs *flag.FlagSet, env *Env, role node.Role) func(context.Context)
 	// can serve it; data nodes never upload (the log stores do).
 	addArchiveFlags(fs, &rc.Archive)
 	fs.Uint64Var(&rc.ReadyMaxLag, "ready-max-lag", rc.ReadyMaxLag, "a replica says it is ready (/readyz) within this many LSNs of the primary (0 = any)")
+	// On bare metal as on Kubernetes: a primary stopped for maintenance
+	// leaves a primary behind rather than a cluster waiting for an operator
+	// to promote one.
+	fs.BoolVar(&cfg.SwitchoverOnStop, "switchover-on-stop", true, "a primary told to stop (SIGTERM, Ctrl-C) first switches over to its most advanced connected replica, within --switchover-timeout, then stops (false: stop at once, leaving no primary until one is promoted)")
+	fs.DurationVar(&cfg.SwitchoverTimeout, "switchover-timeout", node.DefaultSwitchoverTimeout, "how long a primary told to stop tries to switch over first (--switchover-on-stop); past it, it stops anyway")
 	kf := addKubeFlags(fs, &cfg)
 	sf := addSecurityFlags(fs, true)
 	return func(ctx context.Context) error {
@@ -157,7 +162,6 @@ func addKubeFlags(fs *flag.FlagSet, cfg *node.Config) *kube.Config {
 	fs.DurationVar(&k.RetryPeriod, "kube-retry-period", k.RetryPeriod, "how often the Lease is renewed or tried")
 	fs.Uint64Var(&cfg.MaxFailoverLag, "max-failover-lag", node.DefaultMaxFailoverLag, "a replica contends for the Lease only within this many LSNs of the most advanced log")
 	fs.DurationVar(&cfg.FailoverHolddown, "failover-holddown", node.DefaultFailoverHolddown, "no replica contends this soon after it saw the epoch change (against flapping)")
-	fs.DurationVar(&cfg.SwitchoverTimeout, "switchover-timeout", node.DefaultSwitchoverTimeout, "with --kube-lease, a primary told to stop (SIGTERM) first switches over to its most advanced replica within this")
 	return k
 }
 
@@ -176,6 +180,5 @@ func applyKube(k *kube.Config, cfg *node.Config, logger *slog.Logger) error {
 	}
 	cfg.Election = c
 	cfg.ElectionRetry = k.RetryPeriod
-	cfg.SwitchoverOnStop = true
 	return nil
 }

@@ -485,31 +485,54 @@ func (n *Node) transition(s failover.NodeState, e failover.NodeEvent) failover.N
 	return next
 }
 
-// handOver switches over to the most advanced connected replica, if any
-// (SwitchoverOnStop).
+// handOver switches over to the most advanced connected replica that is a
+// member of the cluster (SwitchoverOnStop), within SwitchoverTimeout. It
+// logs why it did not, and never fails the stop: the primary stops anyway.
 func (n *Node) handOver(prim *primary.Server) {
-	var target string
-	var best uint64
-	for _, p := range prim.Status().GetPeers() {
-		if p.GetRole() == walshipv1.Role_ROLE_REPLICA && p.GetConnected() && (target == "" || p.GetFlushedLsn() > best) {
-			target, best = p.GetId(), p.GetFlushedLsn()
-		}
+	target, best, why := handOverTarget(prim.Status().GetPeers(), n.cfg.Members, n.cfg.ID)
+	if target != "" && !prim.TakingWrites() {
+		target, why = "", "this primary is not taking writes"
 	}
-	if target == "" || !prim.TakingWrites() {
-		n.logger.Info("stopping without a switchover", "why", "no connected replica, or not taking writes")
+	if target == "" {
+		n.logger.Warn("stopping without a switchover: the cluster has no primary until one is promoted", "why", why)
 		return
 	}
 	timeout := n.cfg.SwitchoverTimeout
 	if timeout <= 0 {
 		timeout = DefaultSwitchoverTimeout
 	}
-	n.logger.Info("stopping: switching over first", "target", target, "timeout", timeout)
+	n.logger.Info("stopping: switching over first", "target", target, "flushed_lsn", best, "timeout", timeout)
 	resp, err := prim.Switchover(context.Background(), target, timeout)
 	if err != nil {
 		n.logger.Error("switchover before stopping failed; stopping anyway", "target", target, "err", err)
 		return
 	}
 	n.logger.Info("switched over before stopping", "target", target, "epoch", resp.GetEpoch(), "paused", resp.GetPaused().AsDuration())
+}
+
+// handOverTarget is the connected replica, among the other members, that
+// has flushed the most (ties: the first member listed), or "" and why none.
+func handOverTarget(peers []*walshipv1.PeerStatus, members []primary.Member, self string) (target string, flushed uint64, why string) {
+	order := map[string]int{}
+	for i, m := range members {
+		if m.ID != self {
+			order[m.ID] = i + 1
+		}
+	}
+	if len(order) == 0 {
+		return "", 0, "no other member to switch over to (--peers)"
+	}
+	why = "no replica among --peers is connected"
+	for _, p := range peers {
+		o := order[p.GetId()]
+		if p.GetRole() != walshipv1.Role_ROLE_REPLICA || !p.GetConnected() || o == 0 {
+			continue
+		}
+		if target == "" || p.GetFlushedLsn() > flushed || (p.GetFlushedLsn() == flushed && o < order[target]) {
+			target, flushed, why = p.GetId(), p.GetFlushedLsn(), ""
+		}
+	}
+	return target, flushed, why
 }
 
 // superseded is the error of a promotion to epoch whose candidate (id)

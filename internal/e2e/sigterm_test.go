@@ -1,0 +1,116 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/testkit"
+	"github.com/walship/walship/pkg/client"
+)
+
+// TestSIGTERMSwitchesOver: on bare metal (no --kube-lease), SIGTERM of the
+// primary under load, async writes included, hands its role to the most
+// advanced replica before the process exits: the process exits cleanly, a
+// replica is the primary and takes writes, and every acknowledged write is
+// on it. With --switchover-on-stop=false the primary stops at once and
+// leaves no primary.
+func TestSIGTERMSwitchesOver(t *testing.T) {
+	needLinux(t)
+	c := startFailoverCluster(t)
+	cl, err := client.New(c.addrs(), client.Options{Retry: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	async := &walshipv1.CommitPolicy{Durability: walshipv1.Durability_DURABILITY_ASYNC,
+		Replication: walshipv1.ReplicationMode_REPLICATION_MODE_ASYNC, Logstore: walshipv1.LogStoreAck_LOG_STORE_ACK_ASYNC}
+	wctx, stopLoad := context.WithCancel(ctx)
+	var mu sync.Mutex
+	var acked []string
+	var gaps []time.Duration
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		prev := time.Now()
+		for i := 0; wctx.Err() == nil; i++ {
+			key := fmt.Sprintf("term/%d", i)
+			pol := async
+			if i%2 == 1 {
+				pol = nil // the cluster's contract: sync
+			}
+			if _, err := cl.Put(wctx, key, []byte("v"), pol); err == nil {
+				mu.Lock()
+				acked = append(acked, key)
+				gaps = append(gaps, time.Since(prev))
+				mu.Unlock()
+				prev = time.Now()
+			}
+		}
+	}()
+	ackedSoFar := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(acked)
+	}
+	testkit.UntilWithin(t, time.Minute, "50 writes before the SIGTERM", func() bool { return ackedSoFar() >= 50 })
+
+	began := time.Now()
+	c.nodes[0].p.stop() // SIGTERM; fails the test unless it exits cleanly
+	stopped := time.Since(began)
+	logs := c.nodes[0].p.logs()
+	if !strings.Contains(logs, "switched over before stopping") {
+		t.Fatalf("the primary did not switch over before it stopped:\n%s", logs)
+	}
+	// The hand-over happened before the exit: a replica is the primary now.
+	var newPrim *procNode
+	for _, n := range c.nodes[1:] {
+		if st := nodeStatusOf(t, ctx, n.addr); st.GetRole() == walshipv1.Role_ROLE_PRIMARY {
+			newPrim = n
+		}
+	}
+	if newPrim == nil {
+		t.Fatalf("no replica is the primary once the old one exited")
+	}
+	at := ackedSoFar()
+	testkit.UntilWithin(t, time.Minute, "50 writes on the new primary", func() bool { return ackedSoFar() >= at+50 })
+	stopLoad()
+	<-done
+	var pause time.Duration
+	for _, g := range gaps {
+		pause = max(pause, g)
+	}
+	t.Logf("SIGTERM to exit %v; %s took over; %d writes acknowledged (half async); longest gap between acknowledgements %v",
+		stopped.Round(time.Millisecond), newPrim.name, len(acked), pause.Round(time.Millisecond))
+	kv := walshipv1.NewKVServiceClient(conn(t, newPrim.addr))
+	for _, k := range acked {
+		r, err := kv.Get(ctx, &walshipv1.GetRequest{Key: k})
+		if err != nil || !r.GetFound() {
+			t.Fatalf("%s was acknowledged but is not on the new primary %s: %v", k, newPrim.name, err)
+		}
+	}
+
+	// --switchover-on-stop=false: n0 comes back, takes the role back by
+	// a switchover, and stops at once when told to.
+	c.nodes[0].args = append(c.nodes[0].args, "--switchover-on-stop=false")
+	c.nodes[0].serving = "replica serving"
+	c.nodes[0].start()
+	converge(t, ctx, newPrim.addr, c.nodes[0].addr)
+	t.Logf("ctl switchover:\n%s", ctl(t, "switchover", "--primary", newPrim.addr, "--target", "n0", "--timeout", "30s"))
+	epoch := nodeStatusOf(t, ctx, c.nodes[0].addr).GetEpoch()
+	c.nodes[0].p.stop()
+	if logs := c.nodes[0].p.logs(); strings.Contains(logs, "switching over first") {
+		t.Fatalf("--switchover-on-stop=false, and the primary switched over:\n%s", logs)
+	}
+	for _, n := range c.nodes[1:] {
+		if st := nodeStatusOf(t, ctx, n.addr); st.GetRole() != walshipv1.Role_ROLE_REPLICA || st.GetVoteEpoch() != epoch {
+			t.Fatalf("%s after the primary stopped without a switchover: %v in vote epoch %d; want a replica of epoch %d", n.name, st.GetRole(), st.GetVoteEpoch(), epoch)
+		}
+	}
+}
