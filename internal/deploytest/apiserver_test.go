@@ -241,6 +241,22 @@ func TestAPIServer(t *testing.T) {
 		})
 	}
 
+	// prod with the optional components (storage-class, zone-strict),
+	// as a user's overlay adds them.
+	t.Run("dry-run/prod-options", func(t *testing.T) {
+		k := &kubectlRunner{t: t, bin: bin, admin: s.Admin}
+		dir := optionsOverlay(t, "standard")
+		build := kustomizeBuild(t, dir)
+		if out, err := k.run(nil, "create", "namespace", overlayWants["prod"].namespace); err != nil && !strings.Contains(out, "AlreadyExists") {
+			t.Fatalf("kubectl create namespace: %v\n%s", err, out)
+		}
+		out := k.must(nil, "apply", "--dry-run=server", "--validate=strict", "-k", dir)
+		if got, want := strings.Count(out, "(server dry run)"), len(build); got != want {
+			t.Errorf("kubectl apply -k prod-options: %d objects went to the server, the build has %d:\n%s", got, want, out)
+		}
+		compareBuilds(t, "prod-options", build, []byte(k.must(nil, "kustomize", dir)))
+	})
+
 	// The server would refuse a mistake: the dry runs above check
 	// something. Each case breaks one object of the prod build.
 	t.Run("rejects", func(t *testing.T) {

@@ -67,6 +67,7 @@ func check(o *objects, namespace string) []error {
 	c.checkServices()
 	c.checkPDBs()
 	c.checkPodMonitors()
+	c.checkNetworkPolicies()
 	c.checkCluster()
 	c.checkRBAC()
 	c.checkIssuers()
@@ -82,7 +83,10 @@ func (c *checker) checkMetadata() {
 				c.errorf("%s %s: no label %s", m.kind, m.obj.Name, l)
 			}
 		}
-		if m.kind == "Namespace" {
+		if m.kind == "Namespace" || m.kind == "PriorityClass" { // cluster-scoped
+			if m.obj.Namespace != "" {
+				c.errorf("%s %s: cluster-scoped, but namespace %q", m.kind, m.obj.Name, m.obj.Namespace)
+			}
 			continue
 		}
 		if m.obj.Namespace != c.namespace {
@@ -181,6 +185,11 @@ func (c *checker) checkPodSpec(where string, sts *appsv1.StatefulSet, claims map
 	spec := &sts.Spec.Template.Spec
 	if spec.ServiceAccountName != "" && c.o.serviceAccounts[spec.ServiceAccountName] == nil {
 		c.errorf("%s: serviceAccountName %q: no such ServiceAccount", where, spec.ServiceAccountName)
+	}
+	// A missing class is not an error the API server reports at apply: the
+	// StatefulSet is accepted and its pods are refused, one by one.
+	if pc := spec.PriorityClassName; pc != "" && c.o.priorityClasses[pc] == nil && pc != "system-cluster-critical" && pc != "system-node-critical" {
+		c.errorf("%s: priorityClassName %q: no such PriorityClass in the build", where, pc)
 	}
 	// Service links put <SERVICE>_PORT variables in the environment; for a
 	// Service named walship-rw those are WALSHIP_RW_*, the

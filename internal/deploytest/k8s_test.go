@@ -32,6 +32,11 @@ type overlayWant struct {
 	antiAffinity bool
 	// maxMemoryLimit bounds every container's memory limit ("" = no bound).
 	maxMemoryLimit string
+	// networkPolicy: NetworkPolicies restrict who reaches which port
+	// (checkNetworkPolicies says what they must allow and refuse).
+	networkPolicy bool
+	// priorityClass: every pod has a priorityClassName.
+	priorityClass bool
 }
 
 var overlayWants = map[string]overlayWant{
@@ -50,6 +55,9 @@ var overlayWants = map[string]overlayWant{
 		monitoring:   true,
 		tls:          true,
 		antiAffinity: true,
+		// components/network-policy and components/priority-class.
+		networkPolicy: true,
+		priorityClass: true,
 	},
 }
 
@@ -138,6 +146,12 @@ func checkOverlayWant(t *testing.T, o *objects, want overlayWant) {
 		if want.antiAffinity {
 			checkAntiAffinity(t, sts)
 		}
+		if pc := sts.Spec.Template.Spec.PriorityClassName; (pc != "") != want.priorityClass {
+			t.Errorf("StatefulSet %s: priorityClassName %q; want one: %v", name, pc, want.priorityClass)
+		}
+	}
+	if got := len(o.networkPolicies) > 0; got != want.networkPolicy {
+		t.Errorf("%d NetworkPolicies; want them: %v", len(o.networkPolicies), want.networkPolicy)
 	}
 	c := &checker{o: o, namespace: want.namespace}
 	if sts := o.statefulSets["walship"]; sts != nil {

@@ -11,8 +11,10 @@ import (
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
@@ -70,6 +72,8 @@ type objects struct {
 	rules           map[string]*monitoringv1.PrometheusRule
 	certificates    map[string]*cmCertificate
 	issuers         map[string]*cmIssuer
+	networkPolicies map[string]*networkingv1.NetworkPolicy
+	priorityClasses map[string]*schedulingv1.PriorityClass
 }
 
 // kindKey names an API type as apiVersion/kind.
@@ -97,6 +101,8 @@ func decodeObjects(docs [][]byte) (*objects, error) {
 		rules:           map[string]*monitoringv1.PrometheusRule{},
 		certificates:    map[string]*cmCertificate{},
 		issuers:         map[string]*cmIssuer{},
+		networkPolicies: map[string]*networkingv1.NetworkPolicy{},
+		priorityClasses: map[string]*schedulingv1.PriorityClass{},
 	}
 	for _, doc := range docs {
 		var tm metav1.TypeMeta
@@ -142,6 +148,10 @@ func decodeObjects(docs [][]byte) (*objects, error) {
 			err = decodeInto(doc, name, o.certificates)
 		case kindKey{"cert-manager.io/v1", "Issuer"}:
 			err = decodeInto(doc, name, o.issuers)
+		case kindKey{"networking.k8s.io/v1", "NetworkPolicy"}:
+			err = decodeInto(doc, name, o.networkPolicies)
+		case kindKey{"scheduling.k8s.io/v1", "PriorityClass"}:
+			err = decodeInto(doc, name, o.priorityClasses)
 		default:
 			// A kind the test does not decode is not checked at all: add it
 			// here (with its checks) rather than let it through.
@@ -223,6 +233,12 @@ func (o *objects) all() []meta {
 	}
 	for _, v := range o.rules {
 		add("PrometheusRule", &v.ObjectMeta)
+	}
+	for _, v := range o.networkPolicies {
+		add("NetworkPolicy", &v.ObjectMeta)
+	}
+	for _, v := range o.priorityClasses {
+		add("PriorityClass", &v.ObjectMeta)
 	}
 	sort.Slice(ms, func(i, j int) bool {
 		if ms[i].kind != ms[j].kind {
