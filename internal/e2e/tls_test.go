@@ -11,7 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
+	"sync"
 	"testing"
 	"time"
 
@@ -102,18 +102,7 @@ func TestTLSRotationUnderLoad(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	lctx, stop := context.WithCancel(ctx)
-	var commits atomic.Int64
-	loadErr := make(chan error, 1)
-	go func() {
-		for i := 0; lctx.Err() == nil; i++ {
-			if _, err := cl.Put(lctx, fmt.Sprintf("load/%d", i%100), []byte("v"), nil); err != nil && lctx.Err() == nil {
-				loadErr <- err
-				return
-			}
-			commits.Add(1)
-		}
-		loadErr <- nil
-	}()
+	load := startTLSLoad(lctx, cl)
 	serial := func() string {
 		conn, err := tls.Dial("tcp", pAddr, src.ClientConfig())
 		if err != nil {
@@ -122,37 +111,35 @@ func TestTLSRotationUnderLoad(t *testing.T) {
 		defer conn.Close()
 		return conn.ConnectionState().PeerCertificates[0].SerialNumber.String()
 	}
-	testkit.Until(t, "commits under load", func() bool { return commits.Load() > 50 })
+	load.waitFor(t, "50 commits under load", 50)
 	before := serial()
 
 	// Rotate the primary's certificate (same CA, new key).
 	if _, err := ca.WriteFiles(certs, "primary", tlsid.Leaf{URI: tlsid.URI("e2e", tlsid.ClassNode, "primary"), IPs: local}); err != nil {
 		t.Fatal(err)
 	}
-	testkit.Until(t, "new handshakes to get the new certificate", func() bool { s := serial(); return s != before && !strings.HasPrefix(s, "dial") })
+	testkit.UntilWithin(t, time.Minute, "new handshakes to get the new certificate", func() bool { s := serial(); return s != before && !strings.HasPrefix(s, "dial") })
 	rotated := serial()
-	at := commits.Load()
-	testkit.Until(t, "commits after the rotation", func() bool { return commits.Load() > at+50 })
+	load.waitFor(t, "50 commits after the rotation", load.count()+50)
 
 	// A broken update: the last good certificate stays, and it is counted.
 	if err := os.WriteFile(pFiles.Key, []byte("not a key"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	testkit.Until(t, "the primary to count the broken update", func() bool {
+	testkit.UntilWithin(t, time.Minute, "the primary to count the broken update", func() bool {
 		return scrape(t, pMetrics, `walship_tls_reloads_total{result="error"}`) >= 1
 	})
 	if s := serial(); s != rotated {
 		t.Fatalf("after a broken update the primary presents %s; want the last good %s", s, rotated)
 	}
-	at = commits.Load()
-	testkit.Until(t, "commits after the broken update", func() bool { return commits.Load() > at+50 })
+	load.waitFor(t, "50 commits after the broken update", load.count()+50)
 	stop()
-	if err := <-loadErr; err != nil {
+	if err := load.stop(); err != nil {
 		t.Fatalf("a commit failed during the rotation: %v", err)
 	}
 	// The replica's stream re-handshook (the primary closes connections a
 	// second old) and is connected; the primary's reloads were counted.
-	testkit.Until(t, "the replica's stream to be re-established", func() bool {
+	testkit.UntilWithin(t, time.Minute, "the replica's stream to be re-established", func() bool {
 		return strings.Count(nodes[1].p.logs(), `"msg":"replica connected"`) >= 3
 	})
 	st, err := walshipv1.NewAdminServiceClient(tlsConn(t, pAddr, src)).Status(ctx, &walshipv1.StatusRequest{})
@@ -167,7 +154,89 @@ func TestTLSRotationUnderLoad(t *testing.T) {
 	if v := scrape(t, pMetrics, `walship_tls_reloads_total{result="ok"}`); v < 1 {
 		t.Fatalf("reloads ok = %v", v)
 	}
-	t.Logf("%d sync commits across a certificate rotation and a broken update, none failed", commits.Load())
+	t.Logf("%d sync commits across a certificate rotation and a broken update, none failed", load.count())
+}
+
+// tlsLoad is sync load from one client: Puts one after another until its
+// context ends or one fails, which ends it.
+type tlsLoad struct {
+	mu      sync.Mutex
+	commits int
+	err     error         // the Put that failed
+	changed chan struct{} // closed and replaced at each commit, and at the end
+	done    chan struct{}
+}
+
+func startTLSLoad(ctx context.Context, cl *client.Client) *tlsLoad {
+	l := &tlsLoad{changed: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(l.done)
+		for i := 0; ctx.Err() == nil; i++ {
+			key := fmt.Sprintf("load/%d", i%100)
+			_, err := cl.Put(ctx, key, []byte("v"), nil)
+			if ctx.Err() != nil {
+				err = nil // stopped, not failed
+			}
+			l.mu.Lock()
+			if err != nil {
+				l.err = fmt.Errorf("Put %q, after %d commits: %w", key, l.commits, err)
+			} else {
+				l.commits++
+			}
+			close(l.changed)
+			l.changed = make(chan struct{})
+			l.mu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return l
+}
+
+func (l *tlsLoad) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.commits
+}
+
+// waitFor waits until the load has made n commits. It fails t at once with
+// the load's own error if a Put failed, and if no commit came for a minute
+// (a loaded machine slows the load down; only a stall fails it).
+func (l *tlsLoad) waitFor(t *testing.T, what string, n int) {
+	t.Helper()
+	const stall = time.Minute
+	timer := time.NewTimer(stall)
+	defer timer.Stop()
+	for {
+		l.mu.Lock()
+		commits, err, changed := l.commits, l.err, l.changed
+		l.mu.Unlock()
+		switch {
+		case err != nil:
+			t.Fatalf("waiting for %s: the load failed: %v", what, err)
+		case commits >= n:
+			return
+		}
+		select {
+		case <-changed:
+			timer.Reset(stall)
+		case <-l.done:
+			if l.count() < n {
+				t.Fatalf("waiting for %s: the load ended after %d of %d commits: %v", what, l.count(), n, context.Cause(t.Context()))
+			}
+		case <-timer.C:
+			t.Fatalf("waiting for %s: no commit for %v, %d of %d made", what, stall, commits, n)
+		}
+	}
+}
+
+// stop waits for the load (its context ended) and returns its error.
+func (l *tlsLoad) stop() error {
+	<-l.done
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
 }
 
 func tlsConn(t *testing.T, addr string, src *tlsid.Source) *grpc.ClientConn {
