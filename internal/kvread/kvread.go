@@ -64,6 +64,9 @@ type Reader struct {
 	// either fails with RESOURCE_EXHAUSTED. 0: DefaultMaxWaiting,
 	// DefaultMaxWaitingPerConn.
 	MaxWaiting, MaxWaitingPerConn int
+	// Lag reports how far the served state trails the primary, in LSNs
+	// and in time, for max_lag; nil: not at all (the primary).
+	Lag func() (lsns uint64, behind time.Duration)
 
 	mu      sync.Mutex
 	waiting int            // reads waiting now
@@ -144,15 +147,64 @@ func (r *Reader) WaitVisible(ctx context.Context, lsn uint64, wait *durationpb.D
 	return status.Errorf(codes.DeadlineExceeded, "min_lsn: LSN %d not visible within %v (visible LSN is %d)", lsn, d, got)
 }
 
+// view waits until minLSN is visible and returns the view to read. A
+// replica that restarted has no view until the commit watermark covers
+// what it had applied: a read without min_lsn then waits for the first,
+// bounded as a min_lsn wait, and fails with UNAVAILABLE past the bound.
+func (r *Reader) view(ctx context.Context, minLSN uint64, wait *durationpb.Duration) (*state.View, error) {
+	if err := r.WaitVisible(ctx, minLSN, wait); err != nil {
+		return nil, err
+	}
+	if v := r.View(); v != nil {
+		return v, nil
+	}
+	if err := r.WaitVisible(ctx, 1, wait); err != nil {
+		if status.Code(err) == codes.DeadlineExceeded {
+			return nil, status.Errorf(codes.Unavailable, "no state is readable here yet: the commit watermark has not reached what this replica applied before it restarted")
+		}
+		return nil, err
+	}
+	if v := r.View(); v != nil {
+		return v, nil
+	}
+	return nil, status.Errorf(codes.Unavailable, "no state is readable here yet")
+}
+
+// checkLag refuses a read whose staleness bound the served state misses.
+func (r *Reader) checkLag(maxLSNs uint64, maxTime *durationpb.Duration) error {
+	if maxTime != nil {
+		if err := maxTime.CheckValid(); err != nil {
+			return status.Errorf(codes.InvalidArgument, "max_lag_time: %v", err)
+		}
+		if maxTime.AsDuration() < 0 {
+			return status.Errorf(codes.InvalidArgument, "max_lag_time: %v is negative", maxTime.AsDuration())
+		}
+	}
+	if r.Lag == nil || (maxLSNs == 0 && maxTime == nil) {
+		return nil
+	}
+	lsns, behind := r.Lag()
+	if maxLSNs > 0 && lsns > maxLSNs {
+		return status.Errorf(codes.FailedPrecondition, "max_lag_lsns: this replica serves a state %d LSNs behind the primary, more than %d; read from the primary or a replica closer to it", lsns, maxLSNs)
+	}
+	if maxTime != nil && behind > maxTime.AsDuration() {
+		return status.Errorf(codes.FailedPrecondition, "max_lag_time: this replica serves a state %v behind the primary, more than %v; read from the primary or a replica closer to it", behind.Round(time.Millisecond), maxTime.AsDuration())
+	}
+	return nil
+}
+
 // Get serves KVService.Get.
 func (r *Reader) Get(ctx context.Context, req *walshipv1.GetRequest) (*walshipv1.GetResponse, error) {
 	if err := keyspace.ValidateKey("key", req.GetKey()); err != nil {
 		return nil, err
 	}
-	if err := r.WaitVisible(ctx, req.GetMinLsn(), req.GetWaitTimeout()); err != nil {
+	v, err := r.view(ctx, req.GetMinLsn(), req.GetWaitTimeout())
+	if err != nil {
 		return nil, err
 	}
-	v := r.View()
+	if err := r.checkLag(req.GetMaxLagLsns(), req.GetMaxLagTime()); err != nil {
+		return nil, err
+	}
 	val, ver, ok := v.Get([]byte(req.GetKey()))
 	return &walshipv1.GetResponse{Found: ok, Value: val, VersionLsn: ver, AppliedLsn: v.AppliedLSN()}, nil
 }
@@ -175,10 +227,13 @@ func (r *Reader) Scan(ctx context.Context, req *walshipv1.ScanRequest) (*walship
 	if limit == 0 {
 		limit = MaxScanLimit
 	}
-	if err := r.WaitVisible(ctx, req.GetMinLsn(), req.GetWaitTimeout()); err != nil {
+	v, err := r.view(ctx, req.GetMinLsn(), req.GetWaitTimeout())
+	if err != nil {
 		return nil, err
 	}
-	v := r.View()
+	if err := r.checkLag(req.GetMaxLagLsns(), req.GetMaxLagTime()); err != nil {
+		return nil, err
+	}
 	resp := &walshipv1.ScanResponse{AppliedLsn: v.AppliedLSN()}
 	size := 0
 	// One more than the limit tells whether the range goes on.

@@ -388,6 +388,9 @@ func (p *pipeline) encode(txns []*txn) (wal.Entry, error) {
 	p.payload = payload
 	first, last := p.batch.FirstLSN(), p.batch.LastLSN()
 	p.batchTime = time.Now()
+	for _, t := range txns {
+		t.commitTime = p.batchTime.UnixNano()
+	}
 	env := &walshipv1.WalBatch{
 		Epoch:              p.epoch,
 		FirstLsn:           first,

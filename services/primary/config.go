@@ -29,6 +29,13 @@ type Config struct {
 
 	// Policy is the default commit policy for writes that do not set their own.
 	Policy Policy
+	// WatchMaxBytes bounds the ring of recent transactions watches are
+	// served from (0: changefeed.DefaultMaxBytes); older positions are read
+	// from the WAL, without previous values.
+	WatchMaxBytes int
+	// WatchStall is how long a watcher may leave a Send blocked (it does
+	// not read) before it is cut off (0: changefeed.DefaultStall).
+	WatchStall time.Duration
 	// AsyncFlushInterval bounds how long an async-durability commit stays
 	// unsynced: what a crash can lose.
 	AsyncFlushInterval time.Duration

@@ -290,7 +290,7 @@ func (s *Server) open() {
 	if s.cfg.Opened != nil {
 		s.cfg.Opened()
 	}
-	s.opened.Store(true)
+	s.markOpened()
 	s.srv.SetServing(true)
 }
 

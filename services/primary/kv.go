@@ -7,6 +7,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/changefeed"
 	"github.com/walship/walship/internal/keyspace"
 	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/state"
@@ -370,4 +371,10 @@ func (s *Server) stillPrimary(commitLSN uint64) error {
 		return fmt.Errorf("%w: commit LSN %d is in the log, but the primary may no longer be the primary (%v): its outcome is unknown", rpcerr.ErrUnavailable, commitLSN, gerr)
 	}
 	return nil
+}
+
+// Watch serves the transactions made visible here, up to the commit
+// watermark (commitmark.go): never one a failover could take back.
+func (k *kvServer) Watch(req *walshipv1.WatchRequest, stream walshipv1.KVService_WatchServer) error {
+	return changefeed.Serve(changefeed.Source{Feed: k.s.pipe.feed, WAL: k.s.wal, Stall: k.s.cfg.WatchStall}, req, stream)
 }

@@ -51,6 +51,28 @@ type peers struct {
 	// uploader is the log store asked to upload to the archive (see
 	// archiver); guarded by mu.
 	uploader string
+	// moved is closed (and dropped) by the next update of any replica or
+	// log store, for the commit watermark (trackCommit); guarded by mu.
+	moved chan struct{}
+}
+
+// movedCh returns a channel closed by the next position update. Take it
+// before reading the positions.
+func (p *peers) movedCh() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.moved == nil {
+		p.moved = make(chan struct{})
+	}
+	return p.moved
+}
+
+// movedLocked wakes movedCh's callers.
+func (p *peers) movedLocked() {
+	if p.moved != nil {
+		close(p.moved)
+		p.moved = nil
+	}
 }
 
 // waitsBegin returns a channel closed when the next wait on peers (a sync
@@ -180,6 +202,7 @@ func (p *peers) updateReplica(id string, f func(r *replicaPos)) {
 		p.replicas[id] = r
 	}
 	f(r)
+	p.movedLocked()
 	if p.changed != nil {
 		close(p.changed)
 		p.changed = nil
@@ -227,6 +250,7 @@ func (p *peers) updateLogStore(addr string, f func(l *logstorePos)) {
 		p.logstores[addr] = l
 	}
 	f(l)
+	p.movedLocked()
 	if len(p.lsWaiters) > 0 {
 		p.lsWaiters.release(p.logStoreQuorumLocked())
 	}

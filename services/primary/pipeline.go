@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/walship/walship/internal/changefeed"
 	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/internal/wal"
 	"github.com/walship/walship/internal/watermark"
@@ -82,6 +83,9 @@ type pipeline struct {
 
 	// visible is the end of the resolved prefix: what reads see.
 	visible watermark.Watermark
+	// feed holds the transactions made visible, for watches (resolve
+	// appends them; its bound is set by trackCommit).
+	feed *changefeed.Feed
 	// want are the writer's hints to the streams (wants).
 	want wants
 	// alive ends when the pipeline fails (or the primary is deposed):

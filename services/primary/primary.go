@@ -19,6 +19,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/changefeed"
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/failover"
 	"github.com/walship/walship/internal/kvread"
@@ -27,6 +28,7 @@ import (
 	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/internal/vfs"
 	"github.com/walship/walship/internal/wal"
+	"github.com/walship/walship/internal/watermark"
 	"google.golang.org/grpc"
 )
 
@@ -54,8 +56,13 @@ type Server struct {
 	// meets the contract: reads and writes are served from then on.
 	epochReady atomic.Bool
 	opened     atomic.Bool
-	lease      *lease
-	deposeOnce sync.Once
+	openedCh   chan struct{} // closed once opened is set (markOpened)
+	// commit is the commit watermark (commitmark.go), computed under
+	// commitContract, this run's contract.
+	commit         watermark.Watermark
+	commitContract *walshipv1.Contract
+	lease          *lease
+	deposeOnce     sync.Once
 
 	policy atomic.Pointer[Policy] // default commit policy
 
@@ -102,12 +109,14 @@ func New(cfg Config) (*Server, error) {
 	}
 	p := cfg.Policy
 	s.policy.Store(&p)
+	s.openedCh = make(chan struct{})
 	s.peers = newPeers()
 	for _, a := range cfg.LogStores {
 		s.peers.logstores[a] = &logstorePos{addr: a}
 	}
 	s.peers.quorum = failover.Majority(len(cfg.LogStores))
 	s.lease = newLease(cfg.LeaseTimeout, s.peers.quorum)
+	s.commitContract = ContractOf(cfg.Policy, cfg.Members, cfg.LogStores, cfg.LeaseTimeout)
 	if len(cfg.Members) > 0 {
 		s.peers.eligible = map[string]bool{}
 		for _, m := range cfg.Members {
@@ -168,6 +177,7 @@ func (s *Server) recover() error {
 	s.snapshotLSN.Store(res.SnapshotLSN)
 	s.snaps.Taken(int64(s.wal.Stats().BytesWritten), res.SnapshotBytes)
 	s.pipe = newPipeline(s.cfg, s.wal, s.store, s.peers, s.logger)
+	s.pipe.feed = changefeed.New(s.store.AppliedLSN(), s.cfg.WatchMaxBytes, 0)
 	if err := s.proposeEpoch(res.Epoch, s.store.AppliedLSN()+1); err != nil {
 		_ = s.wal.Close()
 		return err
@@ -231,6 +241,8 @@ func (s *Server) Run(ctx context.Context) error {
 		})
 	})
 	stopShipping := background(context.Background(), s.shipToLogStores)
+	stopCommit := background(serveCtx, s.trackCommit)
+	defer stopCommit()
 	// Snapshot uploads end as soon as the stop begins: they are best effort.
 	stopUploads := background(serveCtx, s.uploadToLogStores)
 	defer stopUploads()

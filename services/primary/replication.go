@@ -251,8 +251,7 @@ func (r *replServer) send(ctx context.Context, id string, next uint64, rd *wal.R
 	defer x.due.Stop()
 	// An immediate heartbeat tells the replica it is connected and where
 	// the primary is, before any batch.
-	x.sentDurable = s.wal.DurableLSN()
-	if err := stream.Send(r.heartbeat(x.sentDurable, true)); err != nil {
+	if err := x.sendHeartbeat(s.wal.DurableLSN(), s.commit.Load(), true); err != nil {
 		return err
 	}
 	x.hold = newShipHold(s.cfg.ShipDelay, s.metrics.shipDelays.WithLabelValues("replica"))
@@ -260,12 +259,13 @@ func (r *replServer) send(ctx context.Context, id string, next uint64, rd *wal.R
 	for {
 		changed := s.wal.Changed()
 		ask, askChanged := s.pipe.want.flushAsk.Changed()
+		commit, commitChanged := s.commit.Changed()
 		var err error
 		var waited bool
 		switch {
 		case s.wal.LastLSN() < x.want:
 			x.hold.caughtUp()
-			err = x.caughtUp(ctx, ask, changed, askChanged)
+			err = x.caughtUp(ctx, ask, commit, changed, askChanged, commitChanged)
 		default:
 			if waited, err = x.linger(ctx, ask, changed, askChanged); err == nil && !waited {
 				err = x.sendEntry(ctx, ask)
@@ -287,9 +287,10 @@ type replicaSender struct {
 	next   uint64 // the hello's: the first entry must start there
 	want   uint64 // first LSN of the entry to send next
 	// sentDurable is the newest durable LSN the replica has heard of;
-	// asked, the flush ask (wants.flushAsk) forwarded to it.
-	sentDurable, asked uint64
-	idle               *time.Timer // a heartbeat after an interval of silence
+	// asked, the flush ask (wants.flushAsk) forwarded to it; sentCommit,
+	// the newest commit watermark.
+	sentDurable, asked, sentCommit uint64
+	idle                           *time.Timer // a heartbeat after an interval of silence
 	// A durable LSN not yet sent is sent by dueAt at the latest (due).
 	dueAt   time.Time
 	due     *time.Timer
@@ -322,22 +323,22 @@ func (x *replicaSender) linger(ctx context.Context, ask uint64, changed, askChan
 
 // caughtUp runs while the replica has every written entry: it forwards a
 // group's flush ask, tells the replica of a newer durable LSN (at once if
-// a commit waits for replicas to apply, else by durableUpdateDelay), and
-// otherwise waits for a write, an ask, that delay or the idle heartbeat.
-func (x *replicaSender) caughtUp(ctx context.Context, ask uint64, changed, askChanged <-chan struct{}) error {
+// a commit waits for replicas to apply, else by durableUpdateDelay) or a
+// newer commit watermark (by durableUpdateDelay), and otherwise waits for
+// a write, an ask, that delay or the idle heartbeat.
+func (x *replicaSender) caughtUp(ctx context.Context, ask, commit uint64, changed, askChanged, commitChanged <-chan struct{}) error {
 	s := x.r.s
 	durable := s.wal.DurableLSN()
 	if ask > x.asked && ask < x.want {
 		// A group's fsync started after its batches went out: ask for
 		// the replica's flush (and ack) now.
-		if err := x.stream.Send(x.r.heartbeat(durable, true)); err != nil {
+		if err := x.sendHeartbeat(durable, commit, true); err != nil {
 			return err
 		}
-		x.asked, x.sentDurable = ask, max(x.sentDurable, durable)
-		x.idle.Reset(s.cfg.HeartbeatInterval)
+		x.asked = ask
 		return nil
 	}
-	if durable > x.sentDurable {
+	if durable > x.sentDurable || commit > x.sentCommit {
 		// Urgent while an apply-stage commit waits, or is about to: its
 		// batch became durable before it began to wait.
 		urgent := s.peers.waiting[walshipv1.SyncLevel_SYNC_LEVEL_APPLY].Load() > 0 || s.pipe.want.applyUrgent(x.sentDurable)
@@ -346,27 +347,41 @@ func (x *replicaSender) caughtUp(ctx context.Context, ask uint64, changed, askCh
 			x.due.Reset(durableUpdateDelay)
 		}
 		if urgent || !time.Now().Before(x.dueAt) {
-			if err := x.stream.Send(x.r.heartbeat(durable, urgent)); err != nil {
+			if err := x.sendHeartbeat(durable, commit, urgent); err != nil {
 				return err
 			}
-			x.sentDurable, x.dueAt = durable, time.Time{}
-			x.idle.Reset(s.cfg.HeartbeatInterval)
+			x.dueAt = time.Time{}
 			return nil
 		}
+	}
+	var commitMoved <-chan struct{}
+	if commit <= x.sentCommit {
+		commitMoved = commitChanged
 	}
 	select {
 	case <-changed:
 	case <-askChanged:
+	case <-commitMoved:
 	case <-x.due.C:
 	case <-x.idle.C:
-		if err := x.stream.Send(x.r.heartbeat(durable, true)); err != nil {
+		if err := x.sendHeartbeat(durable, commit, true); err != nil {
 			return err
 		}
-		x.sentDurable = max(x.sentDurable, durable)
-		x.idle.Reset(s.cfg.HeartbeatInterval)
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	return nil
+}
+
+// sendHeartbeat sends a heartbeat carrying durable and commit.
+func (x *replicaSender) sendHeartbeat(durable, commit uint64, reply bool) error {
+	m := x.r.heartbeat(durable, reply)
+	m.CommitLsn = commit
+	if err := x.stream.Send(m); err != nil {
+		return err
+	}
+	x.sentDurable, x.sentCommit = max(x.sentDurable, durable), max(x.sentCommit, commit)
+	x.idle.Reset(x.r.s.cfg.HeartbeatInterval)
 	return nil
 }
 
@@ -395,11 +410,12 @@ func (x *replicaSender) sendEntry(ctx context.Context, ask uint64) error {
 	}
 	writeWaiting := s.peers.waiting[walshipv1.SyncLevel_SYNC_LEVEL_WRITE].Load() > 0
 	reply := s.pipe.want.replyAt(e.LastLSN, flush, writeWaiting, x.replyAt[:0])
-	m := withRawBatch(&walshipv1.StreamResponse{DurableLsn: durable, ReplyAt: reply}, e.Data)
+	commit := s.commit.Load()
+	m := withRawBatch(&walshipv1.StreamResponse{DurableLsn: durable, ReplyAt: reply, CommitLsn: commit}, e.Data)
 	if err := x.stream.Send(m); err != nil {
 		return err
 	}
-	x.sentDurable = max(x.sentDurable, durable)
+	x.sentDurable, x.sentCommit = max(x.sentDurable, durable), max(x.sentCommit, commit)
 	if x.sentDurable >= x.want-1 {
 		x.dueAt = time.Time{} // nothing left to report
 	}
@@ -489,7 +505,7 @@ func (r *replServer) Snapshot(req *walshipv1.SnapshotRequest, stream walshipv1.R
 	}
 	s.logger.Info("streaming snapshot", "replica", req.GetReplicaId(), "lsn", v.AppliedLSN(), "keys", v.Len())
 	if err := stream.Send(&walshipv1.SnapshotResponse{Part: &walshipv1.SnapshotResponse_Header{Header: &walshipv1.SnapshotHeader{
-		Epoch: s.epoch, Lsn: v.AppliedLSN(), Keys: uint64(v.Len()), ClusterId: s.cluster.ID()}}}); err != nil {
+		Epoch: s.epoch, Lsn: v.AppliedLSN(), Keys: uint64(v.Len()), ClusterId: s.cluster.ID(), CommitLsn: s.commit.Load()}}}); err != nil {
 		return err
 	}
 	if err := sendSnapshotChunks(v, stream); err != nil {

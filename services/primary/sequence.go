@@ -21,10 +21,13 @@ type txn struct {
 	// local receives the writer's verdict, once (decide): nil once the txn
 	// is in the WAL (synced if policy.needsLocalSync()), else the WAL's
 	// error. Buffered.
-	local    chan error
-	decided  atomic.Bool
-	start    time.Time
-	resolved bool // guarded by pipeline.visMu
+	local   chan error
+	decided atomic.Bool
+	start   time.Time
+	// commitTime is its batch's commit time (set by encode, before the
+	// write, read after await's receive).
+	commitTime int64
+	resolved   bool // guarded by pipeline.visMu
 	// shown is closed once commitLSN is visible, for a writer that resolved
 	// before an earlier transaction did (nil until then). Guarded by visMu.
 	shown chan struct{}

@@ -131,6 +131,7 @@ func (s *Server) offerSnapshot(path string, lsn, keys uint64, digest string) {
 		CommitTimeUnixNano: env.CommitTimeUnixNano,
 		History:            s.epochs.Cut(lsn).Proto(),
 		ClusterId:          s.cluster.ID(),
+		CommitLsn:          s.commit.Load(),
 	}})
 }
 

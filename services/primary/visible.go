@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/changefeed"
 	"github.com/walship/walship/internal/rpcerr"
 )
 
@@ -114,9 +115,20 @@ func (p *pipeline) resolveLocked(t *txn) (<-chan struct{}, error) {
 	for _, u := range p.unresolved[:n] {
 		p.applyBatch.Records = append(p.applyBatch.Records, u.recs...)
 	}
+	// The watch feed's transactions, with their previous values, are
+	// built from the state before the apply; commit times come in LSN
+	// order.
+	i := 0
+	txns := changefeed.Build(p.applyBatch.Records, func(lsn uint64) int64 {
+		for i < n-1 && p.unresolved[i].commitLSN < lsn {
+			i++
+		}
+		return p.unresolved[i].commitTime
+	}, p.store)
 	if err := p.store.Apply(&p.applyBatch); err != nil {
 		return nil, fmt.Errorf("apply sequenced records: %w", err)
 	}
+	p.feed.Append(txns)
 	last := p.unresolved[n-1].commitLSN
 	p.overlay.Release(last)
 	p.visible.Advance(last)

@@ -253,6 +253,7 @@ func (s *Server) reseedFromLogStore(ctx context.Context, addr string, ls walship
 	if err := s.install(store, hdr.GetEpoch()); err != nil {
 		return false, err
 	}
+	s.rd.committed(hdr.GetCommitLsn())
 	s.logger.Info("re-seeded from the log store's snapshot", "logstore", addr, "lsn", hdr.GetLsn(), "keys", hdr.GetKeys(), "took", time.Since(start))
 	// Then what the log store holds after it, rather than from the primary.
 	if _, err := s.readLogStore(ctx); err != nil && !errors.Is(err, errFatal) {
@@ -351,6 +352,7 @@ func (s *Server) reseedFromPrimary(ctx context.Context) (bool, error) {
 	if err := s.install(st, hdr.GetEpoch()); err != nil {
 		return false, err
 	}
+	s.rd.committed(hdr.GetCommitLsn())
 	s.logger.Info("re-seeded from the primary's snapshot", "lsn", hdr.GetLsn(), "keys", hdr.GetKeys(), "took", time.Since(start))
 	return true, nil
 }
@@ -399,6 +401,12 @@ func (s *Server) install(st *state.Store, epoch uint64) error {
 		s.primaryDurable = max(s.primaryDurable, lsn)
 	}
 	s.store.Store(st)
+	s.feed.Reset(lsn)
+	if s.reseedBack {
+		s.rd.back(st.Snapshot())
+	} else {
+		s.rd.reset(st.Snapshot())
+	}
 	if s.reseedBack {
 		s.visible.Reset(lsn)
 		s.lag.reset(lsn)

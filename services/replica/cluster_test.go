@@ -27,7 +27,7 @@ const (
 // epoch and durable LSN last.
 func (s *session) clusterBeat(t *testing.T, epoch, last uint64, id, addr, cluster string) {
 	t.Helper()
-	s.sendOrEnded(t, &walshipv1.StreamResponse{DurableLsn: last, Msg: &walshipv1.StreamResponse_Heartbeat{Heartbeat: &walshipv1.Heartbeat{
+	s.sendOrEnded(t, &walshipv1.StreamResponse{DurableLsn: last, CommitLsn: last, Msg: &walshipv1.StreamResponse_Heartbeat{Heartbeat: &walshipv1.Heartbeat{
 		Epoch: epoch, LastLsn: last, TimeUnixNano: time.Now().UnixNano(), ReplyRequested: true, PrimaryId: id, PrimaryAddr: addr, ClusterId: cluster,
 	}}}, "heartbeat")
 }

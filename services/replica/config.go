@@ -35,6 +35,13 @@ type Config struct {
 	// ReadOnly serves reads of the data directory as it is, following no
 	// one and promising nothing (a restored directory: walship restore).
 	ReadOnly bool
+	// WatchMaxBytes bounds the ring of recent transactions watches are
+	// served from (0: changefeed.DefaultMaxBytes); older positions are read
+	// from the WAL, without previous values.
+	WatchMaxBytes int
+	// WatchStall is how long a watcher may leave a Send blocked (it does
+	// not read) before it is cut off (0: changefeed.DefaultStall).
+	WatchStall time.Duration
 	// ReadyMaxLag is how many LSNs behind the primary's last report the
 	// replica may be and still say it is ready (/readyz); 0 means any.
 	ReadyMaxLag uint64

@@ -10,6 +10,7 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/backoff"
+	"github.com/walship/walship/internal/changefeed"
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/envelope"
 	"github.com/walship/walship/internal/failover"
@@ -559,6 +560,7 @@ func (ps *primaryStream) take(m *walshipv1.StreamResponse) error {
 		}
 		s.primaryDurable = max(s.primaryDurable, m.GetDurableLsn())
 		s.primaryDurableSeen.Store(s.primaryDurable)
+		s.rd.committed(m.GetCommitLsn())
 		switch x := m.GetMsg().(type) {
 		case *walshipv1.StreamResponse_Batch:
 			r.batches = append(r.batches, x.Batch)
@@ -923,6 +925,7 @@ func (s *Server) applyReady() (int, error) {
 		}
 	}()
 	n := 0
+	commit := s.rd.commitLSN()
 	for ; n < len(s.unapplied) && s.unapplied[n].env.GetLastLsn() <= limit; n++ {
 		c := &s.unapplied[n]
 		if c.spilled {
@@ -931,6 +934,8 @@ func (s *Server) applyReady() (int, error) {
 				return n, err
 			}
 		}
+		commitTime := c.env.GetCommitTimeUnixNano()
+		txns := changefeed.Build(c.batch.Records, func(uint64) int64 { return commitTime }, st)
 		if err := st.Apply(&c.batch); err != nil {
 			// Written and synced but not appliable: the WAL and the state
 			// disagree, and recovery would fail the same way. Stop rather
@@ -939,12 +944,19 @@ func (s *Server) applyReady() (int, error) {
 			s.dropUnapplied(n) // c points into s.unapplied: formatted first
 			return n, err
 		}
+		s.feed.Append(txns)
 		s.metrics.appliedRecords.Add(float64(len(c.batch.Records)))
 		s.metrics.appliedBytes.Add(float64(len(c.env.GetPayload())))
+		if last := c.env.GetLastLsn(); last == commit && n+1 < len(s.unapplied) && s.unapplied[n+1].env.GetLastLsn() <= limit {
+			// The watermark ends here and the round goes on: keep a view
+			// of this point, readable at once.
+			s.rd.applied(st.Snapshot())
+		}
 	}
 	if n == 0 {
 		return 0, nil
 	}
+	s.rd.applied(st.Snapshot())
 	s.dropUnapplied(n)
 	applied := st.AppliedLSN()
 	s.visible.Advance(applied)

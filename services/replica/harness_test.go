@@ -105,11 +105,12 @@ func (s *session) send(t *testing.T, bs ...*walshipv1.WalBatch) {
 	}
 }
 
-// sendDurable sends batches reporting the primary's durable LSN as durable.
+// sendDurable sends batches reporting the primary's durable LSN as durable,
+// and as its commit watermark (a contract of the primary's fsync alone).
 func (s *session) sendDurable(t *testing.T, durable uint64, bs ...*walshipv1.WalBatch) {
 	t.Helper()
 	for _, b := range bs {
-		s.sendOrEnded(t, &walshipv1.StreamResponse{DurableLsn: durable, Msg: &walshipv1.StreamResponse_Batch{Batch: b}},
+		s.sendOrEnded(t, &walshipv1.StreamResponse{DurableLsn: durable, CommitLsn: durable, Msg: &walshipv1.StreamResponse_Batch{Batch: b}},
 			fmt.Sprintf("batch %d..%d", b.FirstLsn, b.LastLsn))
 	}
 }
@@ -136,7 +137,7 @@ func (s *session) heartbeat(t *testing.T, epoch, last uint64, reply bool) {
 
 func (s *session) heartbeatDurable(t *testing.T, epoch, last, durable uint64, reply bool) {
 	t.Helper()
-	s.sendOrEnded(t, &walshipv1.StreamResponse{DurableLsn: durable, Msg: &walshipv1.StreamResponse_Heartbeat{Heartbeat: &walshipv1.Heartbeat{
+	s.sendOrEnded(t, &walshipv1.StreamResponse{DurableLsn: durable, CommitLsn: durable, Msg: &walshipv1.StreamResponse_Heartbeat{Heartbeat: &walshipv1.Heartbeat{
 		Epoch: epoch, LastLsn: last, TimeUnixNano: time.Now().UnixNano(), ReplyRequested: reply,
 	}}}, "heartbeat")
 }
@@ -161,7 +162,7 @@ func (s *session) waitAck(t *testing.T, lsn uint64) *walshipv1.ReplicaAck {
 func snapshotOf(v *state.View, epoch uint64) func(*walshipv1.SnapshotRequest, grpc.ServerStreamingServer[walshipv1.SnapshotResponse]) error {
 	return func(_ *walshipv1.SnapshotRequest, st grpc.ServerStreamingServer[walshipv1.SnapshotResponse]) error {
 		if err := st.Send(&walshipv1.SnapshotResponse{Part: &walshipv1.SnapshotResponse_Header{Header: &walshipv1.SnapshotHeader{
-			Epoch: epoch, Lsn: v.AppliedLSN(), Keys: uint64(v.Len()),
+			Epoch: epoch, Lsn: v.AppliedLSN(), Keys: uint64(v.Len()), CommitLsn: v.AppliedLSN(),
 		}}}); err != nil {
 			return err
 		}
@@ -242,7 +243,7 @@ func (f *fakeLogStore) GetSnapshot(req *walshipv1.GetSnapshotRequest, st grpc.Se
 		return status.Errorf(codes.OutOfRange, "no snapshot at or before LSN %d", at)
 	}
 	if err := st.Send(&walshipv1.GetSnapshotResponse{Part: &walshipv1.GetSnapshotResponse_Header{Header: &walshipv1.SnapshotHeader{
-		Epoch: epoch, Lsn: v.AppliedLSN(), Keys: uint64(v.Len()), History: []*walshipv1.EpochStart{{Epoch: epoch, FirstLsn: 1}}}}}); err != nil {
+		Epoch: epoch, Lsn: v.AppliedLSN(), Keys: uint64(v.Len()), CommitLsn: v.AppliedLSN(), History: []*walshipv1.EpochStart{{Epoch: epoch, FirstLsn: 1}}}}}); err != nil {
 		return err
 	}
 	if err := inChunks(v, func(kvs []*walshipv1.KeyValue) error {

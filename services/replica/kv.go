@@ -4,6 +4,7 @@ import (
 	"context"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/changefeed"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -48,4 +49,10 @@ func (k *kvServer) Delete(context.Context, *walshipv1.DeleteRequest) (*walshipv1
 
 func (k *kvServer) Txn(context.Context, *walshipv1.TxnRequest) (*walshipv1.TxnResponse, error) {
 	return nil, k.readOnly()
+}
+
+// Watch serves the transactions this replica has applied, up to the
+// primary's commit watermark (readable.go).
+func (k *kvServer) Watch(req *walshipv1.WatchRequest, stream walshipv1.KVService_WatchServer) error {
+	return changefeed.Serve(changefeed.Source{Feed: k.s.feed, WAL: k.s.wal, Stall: k.s.cfg.WatchStall}, req, stream)
 }

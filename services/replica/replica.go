@@ -73,6 +73,7 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/archive"
+	"github.com/walship/walship/internal/changefeed"
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/envelope"
 	"github.com/walship/walship/internal/keyspace"
@@ -141,7 +142,12 @@ type Server struct {
 	wal   *wal.Log
 	// store is swapped whole when the replica is re-seeded from a snapshot.
 	store   atomic.Pointer[state.Store]
-	visible watermark.Watermark
+	visible watermark.Watermark // the applied LSN
+	// rd is what reads and watches are served from: the newest applied
+	// view at or below the primary's commit watermark (readable.go);
+	// feed, the transactions applied, for watches.
+	rd   readable
+	feed *changefeed.Feed
 	// epoch is the epoch of the newest entry of the log, history its epoch
 	// history, vote the highest epoch promised (epoch.go). voteMu
 	// serialises promises.
@@ -255,7 +261,7 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	s.lag = newLagTracker(cfg.HeartbeatInterval, s.appliedLSN(), s.now())
-	s.reads = &kvread.Reader{View: func() *state.View { return s.store.Load().Snapshot() }, Visible: &s.visible}
+	s.reads = &kvread.Reader{View: func() *state.View { v, _ := s.rd.current(); return v }, Visible: s.rd.lsn, Lag: s.readLag}
 	srv, err := serve.New(serve.Options{
 		Security:        cfg.Security,
 		Listen:          cfg.Listen,
@@ -346,6 +352,17 @@ func (s *Server) recover() error {
 	s.markerLSN = res.Store.AppliedLSN()
 	s.store.Store(res.Store)
 	s.visible.Advance(res.Store.AppliedLSN())
+	// What was applied before the restart becomes readable once the
+	// primary's commit watermark covers it; a read-only replica follows
+	// no primary and serves its state as it is.
+	s.feed = changefeed.New(res.Store.AppliedLSN(), s.cfg.WatchMaxBytes, 0)
+	s.rd.lsn = &s.feed.Bound
+	s.rd.applied(res.Store.Snapshot())
+	if s.cfg.ReadOnly || res.Store.AppliedLSN() <= max(marker, res.SnapshotLSN) {
+		// The marker and this replica's snapshots are at LSNs reads were
+		// served at: acknowledged under the contract.
+		s.rd.committed(res.Store.AppliedLSN())
+	}
 	s.snapshotLSN.Store(res.SnapshotLSN)
 	snaps, err := listSnapshots(s.fs, s.snapDir())
 	if err != nil {
@@ -430,7 +447,10 @@ func listSnapshots(fsys vfs.FS, dir string) ([]uint64, error) {
 // DataDir/applied holds an LSN this replica had applied, so every batch up
 // to it was durable on the primary: a restart replays the log up to it (or
 // up to the newest snapshot, if that is later) and keeps the rest unapplied
-// until the primary reports it durable. It is saved at most every
+// until the primary reports it durable. It is the LSN reads were served at
+// (the commit watermark, readable.go), not the applied one: what a restart
+// replays to is then known acknowledged, and readable at once, before the
+// primary is heard from. It is saved at most every
 // markerInterval without an fsync (a lost or stale marker only makes the
 // replica wait for the primary a little longer after a crash) and with one
 // at a clean stop.
@@ -451,7 +471,7 @@ func (s *Server) loadAppliedMarker() uint64 {
 // write and rename only, and then at most every markerInterval. Errors are
 // logged, not returned: the marker is an optimisation of restarts.
 func (s *Server) saveAppliedMarker(sync bool) {
-	lsn := s.appliedLSN()
+	lsn := min(s.rd.lsn.Load(), s.appliedLSN())
 	if lsn == s.markerLSN || (!sync && time.Since(s.markerTime) < markerInterval) {
 		return
 	}
@@ -470,6 +490,14 @@ func (s *Server) writeAppliedMarker(lsn uint64, sync bool) error {
 }
 
 func (s *Server) appliedLSN() uint64 { return s.store.Load().AppliedLSN() }
+
+// readLag is how far the readable state trails the primary: in LSNs, from
+// the primary's last report; in time, as walship_replica_lag_seconds.
+func (s *Server) readLag() (uint64, time.Duration) {
+	served := s.rd.lsn.Load()
+	lsns := max(s.lag.primaryLSN(), served) - served
+	return lsns, time.Duration(s.lag.seconds(s.now()) * float64(time.Second))
+}
 
 // Addr is the gRPC address the replica listens on.
 func (s *Server) Addr() string { return s.srv.Addr() }
@@ -565,7 +593,12 @@ func (s *Server) maybeSnapshot() { s.snaps.Written(int64(s.wal.Stats().BytesWrit
 func (s *Server) takeSnapshot() error {
 	s.snapMu.Lock()
 	defer s.snapMu.Unlock()
-	v := s.store.Load().Snapshot()
+	// The state reads are served at: a restart from it can serve reads
+	// before the primary's commit watermark is heard again.
+	v, _ := s.rd.current()
+	if v == nil {
+		return nil
+	}
 	lsn := v.AppliedLSN()
 	if lsn == 0 || lsn <= s.snapshotLSN.Load() {
 		return nil

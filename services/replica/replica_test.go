@@ -564,7 +564,7 @@ func TestSnapshotTruncationFsyncFailureIsFatal(t *testing.T) {
 		for i := range 25 {
 			b := m.txn(put(keyN((wave*25+i)%50), value))
 			// Not sess.send: once a removal failed the replica may be gone.
-			if err := sess.stream.Send(&walshipv1.StreamResponse{DurableLsn: b.LastLsn, Msg: &walshipv1.StreamResponse_Batch{Batch: b}}); err != nil && !removed() {
+			if err := sess.stream.Send(&walshipv1.StreamResponse{DurableLsn: b.LastLsn, CommitLsn: b.LastLsn, Msg: &walshipv1.StreamResponse_Batch{Batch: b}}); err != nil && !removed() {
 				t.Fatalf("send batch %d..%d: %v", b.FirstLsn, b.LastLsn, err)
 			}
 		}

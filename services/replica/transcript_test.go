@@ -292,7 +292,7 @@ func (e *transcript) heartbeat(t *testing.T, td *datadriven.TestData) string {
 		// The primary's own address, as a primary advertises it.
 		addr = e.primaries[arg(t, td, 0)].addr
 	}
-	e.streamSend(t, arg(t, td, 0), &walshipv1.StreamResponse{DurableLsn: durable, Msg: &walshipv1.StreamResponse_Heartbeat{Heartbeat: &walshipv1.Heartbeat{
+	e.streamSend(t, arg(t, td, 0), &walshipv1.StreamResponse{DurableLsn: durable, CommitLsn: durable, Msg: &walshipv1.StreamResponse_Heartbeat{Heartbeat: &walshipv1.Heartbeat{
 		Epoch: epoch, LastLsn: last, TimeUnixNano: time.Now().UnixNano(), ReplyRequested: td.HasArg("reply"), PrimaryId: id, PrimaryAddr: addr,
 	}}})
 	return ""
@@ -738,7 +738,7 @@ func (e *transcript) send(t *testing.T, td *datadriven.TestData) string {
 		if b.FirstLsn != next {
 			break
 		}
-		m := &walshipv1.StreamResponse{DurableLsn: b.LastLsn, ReplyAt: replyAt, Msg: &walshipv1.StreamResponse_Batch{Batch: b}}
+		m := &walshipv1.StreamResponse{DurableLsn: b.LastLsn, CommitLsn: b.LastLsn, ReplyAt: replyAt, Msg: &walshipv1.StreamResponse_Batch{Batch: b}}
 		if durable != nil {
 			m.DurableLsn = *durable
 		}

@@ -140,6 +140,59 @@ func (CompareResult) EnumDescriptor() ([]byte, []int) {
 	return file_walship_v1_kv_proto_rawDescGZIP(), []int{1}
 }
 
+// WatchEventType is the kind of a write.
+type WatchEventType int32
+
+const (
+	// WATCH_EVENT_TYPE_UNSPECIFIED is never sent.
+	WatchEventType_WATCH_EVENT_TYPE_UNSPECIFIED WatchEventType = 0
+	// WATCH_EVENT_TYPE_PUT sets key to value.
+	WatchEventType_WATCH_EVENT_TYPE_PUT WatchEventType = 1
+	// WATCH_EVENT_TYPE_DELETE removes key (it may not have existed).
+	WatchEventType_WATCH_EVENT_TYPE_DELETE WatchEventType = 2
+)
+
+// Enum value maps for WatchEventType.
+var (
+	WatchEventType_name = map[int32]string{
+		0: "WATCH_EVENT_TYPE_UNSPECIFIED",
+		1: "WATCH_EVENT_TYPE_PUT",
+		2: "WATCH_EVENT_TYPE_DELETE",
+	}
+	WatchEventType_value = map[string]int32{
+		"WATCH_EVENT_TYPE_UNSPECIFIED": 0,
+		"WATCH_EVENT_TYPE_PUT":         1,
+		"WATCH_EVENT_TYPE_DELETE":      2,
+	}
+)
+
+func (x WatchEventType) Enum() *WatchEventType {
+	p := new(WatchEventType)
+	*p = x
+	return p
+}
+
+func (x WatchEventType) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (WatchEventType) Descriptor() protoreflect.EnumDescriptor {
+	return file_walship_v1_kv_proto_enumTypes[2].Descriptor()
+}
+
+func (WatchEventType) Type() protoreflect.EnumType {
+	return &file_walship_v1_kv_proto_enumTypes[2]
+}
+
+func (x WatchEventType) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use WatchEventType.Descriptor instead.
+func (WatchEventType) EnumDescriptor() ([]byte, []int) {
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{2}
+}
+
 // PutRequest sets one key.
 type PutRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -377,8 +430,17 @@ type GetRequest struct {
 	// primary it knows. A client that found "the primary" from a stale view
 	// sets it so that a replica never answers in the primary's place.
 	RequirePrimary bool `protobuf:"varint,4,opt,name=require_primary,json=requirePrimary,proto3" json:"require_primary,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// max_lag bounds the staleness of a replica's answer: a replica whose
+	// visible state trails what the primary has written by more than this
+	// many LSNs refuses the read with FAILED_PRECONDITION naming its lag.
+	// 0 = no bound. The primary always meets it.
+	MaxLagLsns uint64 `protobuf:"varint,5,opt,name=max_lag_lsns,json=maxLagLsns,proto3" json:"max_lag_lsns,omitempty"`
+	// max_lag_time bounds it in time: how long the primary has had an LSN
+	// the replica does not serve yet (as in walship_replica_lag_seconds).
+	// Unset = no bound.
+	MaxLagTime    *durationpb.Duration `protobuf:"bytes,6,opt,name=max_lag_time,json=maxLagTime,proto3" json:"max_lag_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetRequest) Reset() {
@@ -437,6 +499,20 @@ func (x *GetRequest) GetRequirePrimary() bool {
 		return x.RequirePrimary
 	}
 	return false
+}
+
+func (x *GetRequest) GetMaxLagLsns() uint64 {
+	if x != nil {
+		return x.MaxLagLsns
+	}
+	return 0
+}
+
+func (x *GetRequest) GetMaxLagTime() *durationpb.Duration {
+	if x != nil {
+		return x.MaxLagTime
+	}
+	return nil
 }
 
 // GetResponse is the key's state at applied_lsn.
@@ -1331,8 +1407,12 @@ type ScanRequest struct {
 	WaitTimeout *durationpb.Duration `protobuf:"bytes,5,opt,name=wait_timeout,json=waitTimeout,proto3" json:"wait_timeout,omitempty"`
 	// require_primary asks for a linearizable scan, as in GetRequest.
 	RequirePrimary bool `protobuf:"varint,6,opt,name=require_primary,json=requirePrimary,proto3" json:"require_primary,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// max_lag_lsns bounds a replica's staleness, as in GetRequest.
+	MaxLagLsns uint64 `protobuf:"varint,7,opt,name=max_lag_lsns,json=maxLagLsns,proto3" json:"max_lag_lsns,omitempty"`
+	// max_lag_time bounds a replica's staleness in time, as in GetRequest.
+	MaxLagTime    *durationpb.Duration `protobuf:"bytes,8,opt,name=max_lag_time,json=maxLagTime,proto3" json:"max_lag_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ScanRequest) Reset() {
@@ -1405,6 +1485,20 @@ func (x *ScanRequest) GetRequirePrimary() bool {
 		return x.RequirePrimary
 	}
 	return false
+}
+
+func (x *ScanRequest) GetMaxLagLsns() uint64 {
+	if x != nil {
+		return x.MaxLagLsns
+	}
+	return 0
+}
+
+func (x *ScanRequest) GetMaxLagTime() *durationpb.Duration {
+	if x != nil {
+		return x.MaxLagTime
+	}
+	return nil
 }
 
 // KeyValue is one pair of a Scan.
@@ -1535,6 +1629,411 @@ func (x *ScanResponse) GetAppliedLsn() uint64 {
 	return 0
 }
 
+// WatchRequest opens a Watch. key and prefix select what is watched; both
+// empty watch every key; both set is INVALID_ARGUMENT.
+type WatchRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// key watches exactly this key (1..4096 bytes of valid UTF-8).
+	Key string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// prefix watches every key that starts with it.
+	Prefix string `protobuf:"bytes,2,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	// start_lsn is the first LSN to deliver: every transaction whose commit
+	// LSN is at least start_lsn is sent. To resume, pass the last lsn
+	// received (a transaction's or a progress notification's) + 1. 0 = from
+	// now: the first transaction committed after the commit watermark the
+	// node holds when the stream starts. A start_lsn beyond the node's
+	// commit watermark + 1 waits up to wait_timeout for it, then fails with
+	// OUT_OF_RANGE.
+	StartLsn uint64 `protobuf:"varint,3,opt,name=start_lsn,json=startLsn,proto3" json:"start_lsn,omitempty"`
+	// prev_values asks for each event's previous value (the key's value just
+	// before the transaction). Nodes keep what it takes for recent
+	// transactions only: an older start_lsn fails with OUT_OF_RANGE naming
+	// the oldest LSN with previous values.
+	PrevValues bool `protobuf:"varint,4,opt,name=prev_values,json=prevValues,proto3" json:"prev_values,omitempty"`
+	// progress_interval is how often a WatchProgress is sent while no
+	// transaction is (default 1s, at least 10ms, at most 1 minute).
+	ProgressInterval *durationpb.Duration `protobuf:"bytes,5,opt,name=progress_interval,json=progressInterval,proto3" json:"progress_interval,omitempty"`
+	// wait_timeout bounds the wait for a start_lsn beyond the commit
+	// watermark (default 5s, at most 5 minutes).
+	WaitTimeout   *durationpb.Duration `protobuf:"bytes,6,opt,name=wait_timeout,json=waitTimeout,proto3" json:"wait_timeout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchRequest) Reset() {
+	*x = WatchRequest{}
+	mi := &file_walship_v1_kv_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchRequest) ProtoMessage() {}
+
+func (x *WatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_walship_v1_kv_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
+func (*WatchRequest) Descriptor() ([]byte, []int) {
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *WatchRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *WatchRequest) GetPrefix() string {
+	if x != nil {
+		return x.Prefix
+	}
+	return ""
+}
+
+func (x *WatchRequest) GetStartLsn() uint64 {
+	if x != nil {
+		return x.StartLsn
+	}
+	return 0
+}
+
+func (x *WatchRequest) GetPrevValues() bool {
+	if x != nil {
+		return x.PrevValues
+	}
+	return false
+}
+
+func (x *WatchRequest) GetProgressInterval() *durationpb.Duration {
+	if x != nil {
+		return x.ProgressInterval
+	}
+	return nil
+}
+
+func (x *WatchRequest) GetWaitTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.WaitTimeout
+	}
+	return nil
+}
+
+// WatchResponse is one message of a Watch stream.
+type WatchResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// msg is a transaction or a progress notification.
+	//
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*WatchResponse_Txn
+	//	*WatchResponse_Progress
+	Msg           isWatchResponse_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchResponse) Reset() {
+	*x = WatchResponse{}
+	mi := &file_walship_v1_kv_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchResponse) ProtoMessage() {}
+
+func (x *WatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_walship_v1_kv_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
+func (*WatchResponse) Descriptor() ([]byte, []int) {
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *WatchResponse) GetMsg() isWatchResponse_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *WatchResponse) GetTxn() *WatchTxn {
+	if x != nil {
+		if x, ok := x.Msg.(*WatchResponse_Txn); ok {
+			return x.Txn
+		}
+	}
+	return nil
+}
+
+func (x *WatchResponse) GetProgress() *WatchProgress {
+	if x != nil {
+		if x, ok := x.Msg.(*WatchResponse_Progress); ok {
+			return x.Progress
+		}
+	}
+	return nil
+}
+
+type isWatchResponse_Msg interface {
+	isWatchResponse_Msg()
+}
+
+type WatchResponse_Txn struct {
+	// txn is one committed transaction, with its matching writes only.
+	Txn *WatchTxn `protobuf:"bytes,1,opt,name=txn,proto3,oneof"`
+}
+
+type WatchResponse_Progress struct {
+	// progress says how far the stream has come while nothing matched.
+	Progress *WatchProgress `protobuf:"bytes,2,opt,name=progress,proto3,oneof"`
+}
+
+func (*WatchResponse_Txn) isWatchResponse_Msg() {}
+
+func (*WatchResponse_Progress) isWatchResponse_Msg() {}
+
+// WatchTxn is one committed transaction's writes of the watched keys, in
+// the order the transaction made them.
+type WatchTxn struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// lsn is the transaction's commit LSN (the version_lsn of every key it wrote).
+	Lsn uint64 `protobuf:"varint,1,opt,name=lsn,proto3" json:"lsn,omitempty"`
+	// first_lsn is the LSN of the transaction's first record.
+	FirstLsn uint64 `protobuf:"varint,2,opt,name=first_lsn,json=firstLsn,proto3" json:"first_lsn,omitempty"`
+	// commit_time_unix_nano is the primary's clock when it wrote the
+	// transaction to its log.
+	CommitTimeUnixNano int64 `protobuf:"varint,3,opt,name=commit_time_unix_nano,json=commitTimeUnixNano,proto3" json:"commit_time_unix_nano,omitempty"`
+	// events are the transaction's writes of watched keys.
+	Events        []*WatchEvent `protobuf:"bytes,4,rep,name=events,proto3" json:"events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchTxn) Reset() {
+	*x = WatchTxn{}
+	mi := &file_walship_v1_kv_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchTxn) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchTxn) ProtoMessage() {}
+
+func (x *WatchTxn) ProtoReflect() protoreflect.Message {
+	mi := &file_walship_v1_kv_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchTxn.ProtoReflect.Descriptor instead.
+func (*WatchTxn) Descriptor() ([]byte, []int) {
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *WatchTxn) GetLsn() uint64 {
+	if x != nil {
+		return x.Lsn
+	}
+	return 0
+}
+
+func (x *WatchTxn) GetFirstLsn() uint64 {
+	if x != nil {
+		return x.FirstLsn
+	}
+	return 0
+}
+
+func (x *WatchTxn) GetCommitTimeUnixNano() int64 {
+	if x != nil {
+		return x.CommitTimeUnixNano
+	}
+	return 0
+}
+
+func (x *WatchTxn) GetEvents() []*WatchEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+// WatchEvent is one write of a watched key.
+type WatchEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// type is PUT or DELETE.
+	Type WatchEventType `protobuf:"varint,1,opt,name=type,proto3,enum=walship.v1.WatchEventType" json:"type,omitempty"`
+	// key written.
+	Key string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	// value set (empty for a DELETE).
+	Value []byte `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
+	// prev_found says whether the key existed just before the write (with
+	// prev_values only).
+	PrevFound bool `protobuf:"varint,4,opt,name=prev_found,json=prevFound,proto3" json:"prev_found,omitempty"`
+	// prev_value is its value then (with prev_values only).
+	PrevValue []byte `protobuf:"bytes,5,opt,name=prev_value,json=prevValue,proto3" json:"prev_value,omitempty"`
+	// prev_version_lsn is its version then (0 if it did not exist; with
+	// prev_values only).
+	PrevVersionLsn uint64 `protobuf:"varint,6,opt,name=prev_version_lsn,json=prevVersionLsn,proto3" json:"prev_version_lsn,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *WatchEvent) Reset() {
+	*x = WatchEvent{}
+	mi := &file_walship_v1_kv_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchEvent) ProtoMessage() {}
+
+func (x *WatchEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_walship_v1_kv_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
+func (*WatchEvent) Descriptor() ([]byte, []int) {
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *WatchEvent) GetType() WatchEventType {
+	if x != nil {
+		return x.Type
+	}
+	return WatchEventType_WATCH_EVENT_TYPE_UNSPECIFIED
+}
+
+func (x *WatchEvent) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *WatchEvent) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+func (x *WatchEvent) GetPrevFound() bool {
+	if x != nil {
+		return x.PrevFound
+	}
+	return false
+}
+
+func (x *WatchEvent) GetPrevValue() []byte {
+	if x != nil {
+		return x.PrevValue
+	}
+	return nil
+}
+
+func (x *WatchEvent) GetPrevVersionLsn() uint64 {
+	if x != nil {
+		return x.PrevVersionLsn
+	}
+	return 0
+}
+
+// WatchProgress reports that every matching transaction with a commit LSN
+// at most lsn has been sent: resume from lsn + 1.
+type WatchProgress struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// lsn the stream has reached (the node's commit watermark when sent).
+	Lsn           uint64 `protobuf:"varint,1,opt,name=lsn,proto3" json:"lsn,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchProgress) Reset() {
+	*x = WatchProgress{}
+	mi := &file_walship_v1_kv_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchProgress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchProgress) ProtoMessage() {}
+
+func (x *WatchProgress) ProtoReflect() protoreflect.Message {
+	mi := &file_walship_v1_kv_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchProgress.ProtoReflect.Descriptor instead.
+func (*WatchProgress) Descriptor() ([]byte, []int) {
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *WatchProgress) GetLsn() uint64 {
+	if x != nil {
+		return x.Lsn
+	}
+	return 0
+}
+
 var File_walship_v1_kv_proto protoreflect.FileDescriptor
 
 const file_walship_v1_kv_proto_rawDesc = "" +
@@ -1553,13 +2052,17 @@ const file_walship_v1_kv_proto_rawDesc = "" +
 	"\x06policy\x18\x02 \x01(\v2\x18.walship.v1.CommitPolicyR\x06policy\"<\n" +
 	"\x0eDeleteResponse\x12\x10\n" +
 	"\x03lsn\x18\x01 \x01(\x04R\x03lsn\x12\x18\n" +
-	"\aexisted\x18\x02 \x01(\bR\aexisted\"\x9e\x01\n" +
+	"\aexisted\x18\x02 \x01(\bR\aexisted\"\xfd\x01\n" +
 	"\n" +
 	"GetRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x17\n" +
 	"\amin_lsn\x18\x02 \x01(\x04R\x06minLsn\x12<\n" +
 	"\fwait_timeout\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\vwaitTimeout\x12'\n" +
-	"\x0frequire_primary\x18\x04 \x01(\bR\x0erequirePrimary\"{\n" +
+	"\x0frequire_primary\x18\x04 \x01(\bR\x0erequirePrimary\x12 \n" +
+	"\fmax_lag_lsns\x18\x05 \x01(\x04R\n" +
+	"maxLagLsns\x12;\n" +
+	"\fmax_lag_time\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"maxLagTime\"{\n" +
 	"\vGetResponse\x12\x14\n" +
 	"\x05found\x18\x01 \x01(\bR\x05found\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12\x1f\n" +
@@ -1611,14 +2114,18 @@ const file_walship_v1_kv_proto_rawDesc = "" +
 	"\vTxnResponse\x12\x1c\n" +
 	"\tsucceeded\x18\x01 \x01(\bR\tsucceeded\x12\x10\n" +
 	"\x03lsn\x18\x02 \x01(\x04R\x03lsn\x121\n" +
-	"\aresults\x18\x03 \x03(\v2\x17.walship.v1.TxnOpResultR\aresults\"\xcb\x01\n" +
+	"\aresults\x18\x03 \x03(\v2\x17.walship.v1.TxnOpResultR\aresults\"\xaa\x02\n" +
 	"\vScanRequest\x12\x14\n" +
 	"\x05start\x18\x01 \x01(\tR\x05start\x12\x10\n" +
 	"\x03end\x18\x02 \x01(\tR\x03end\x12\x14\n" +
 	"\x05limit\x18\x03 \x01(\rR\x05limit\x12\x17\n" +
 	"\amin_lsn\x18\x04 \x01(\x04R\x06minLsn\x12<\n" +
 	"\fwait_timeout\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\vwaitTimeout\x12'\n" +
-	"\x0frequire_primary\x18\x06 \x01(\bR\x0erequirePrimary\"S\n" +
+	"\x0frequire_primary\x18\x06 \x01(\bR\x0erequirePrimary\x12 \n" +
+	"\fmax_lag_lsns\x18\a \x01(\x04R\n" +
+	"maxLagLsns\x12;\n" +
+	"\fmax_lag_time\x18\b \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"maxLagTime\"S\n" +
 	"\bKeyValue\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12\x1f\n" +
@@ -1628,7 +2135,36 @@ const file_walship_v1_kv_proto_rawDesc = "" +
 	"\x03kvs\x18\x01 \x03(\v2\x14.walship.v1.KeyValueR\x03kvs\x12\x12\n" +
 	"\x04more\x18\x02 \x01(\bR\x04more\x12\x1f\n" +
 	"\vapplied_lsn\x18\x03 \x01(\x04R\n" +
-	"appliedLsn*\x80\x01\n" +
+	"appliedLsn\"\xfc\x01\n" +
+	"\fWatchRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x16\n" +
+	"\x06prefix\x18\x02 \x01(\tR\x06prefix\x12\x1b\n" +
+	"\tstart_lsn\x18\x03 \x01(\x04R\bstartLsn\x12\x1f\n" +
+	"\vprev_values\x18\x04 \x01(\bR\n" +
+	"prevValues\x12F\n" +
+	"\x11progress_interval\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x10progressInterval\x12<\n" +
+	"\fwait_timeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\vwaitTimeout\"y\n" +
+	"\rWatchResponse\x12(\n" +
+	"\x03txn\x18\x01 \x01(\v2\x14.walship.v1.WatchTxnH\x00R\x03txn\x127\n" +
+	"\bprogress\x18\x02 \x01(\v2\x19.walship.v1.WatchProgressH\x00R\bprogressB\x05\n" +
+	"\x03msg\"\x9c\x01\n" +
+	"\bWatchTxn\x12\x10\n" +
+	"\x03lsn\x18\x01 \x01(\x04R\x03lsn\x12\x1b\n" +
+	"\tfirst_lsn\x18\x02 \x01(\x04R\bfirstLsn\x121\n" +
+	"\x15commit_time_unix_nano\x18\x03 \x01(\x03R\x12commitTimeUnixNano\x12.\n" +
+	"\x06events\x18\x04 \x03(\v2\x16.walship.v1.WatchEventR\x06events\"\xcc\x01\n" +
+	"\n" +
+	"WatchEvent\x12.\n" +
+	"\x04type\x18\x01 \x01(\x0e2\x1a.walship.v1.WatchEventTypeR\x04type\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x03 \x01(\fR\x05value\x12\x1d\n" +
+	"\n" +
+	"prev_found\x18\x04 \x01(\bR\tprevFound\x12\x1d\n" +
+	"\n" +
+	"prev_value\x18\x05 \x01(\fR\tprevValue\x12(\n" +
+	"\x10prev_version_lsn\x18\x06 \x01(\x04R\x0eprevVersionLsn\"!\n" +
+	"\rWatchProgress\x12\x10\n" +
+	"\x03lsn\x18\x01 \x01(\x04R\x03lsn*\x80\x01\n" +
 	"\rCompareTarget\x12\x1e\n" +
 	"\x1aCOMPARE_TARGET_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14COMPARE_TARGET_VALUE\x10\x01\x12\x1a\n" +
@@ -1639,13 +2175,18 @@ const file_walship_v1_kv_proto_rawDesc = "" +
 	"\x14COMPARE_RESULT_EQUAL\x10\x01\x12\x1c\n" +
 	"\x18COMPARE_RESULT_NOT_EQUAL\x10\x02\x12\x17\n" +
 	"\x13COMPARE_RESULT_LESS\x10\x03\x12\x1a\n" +
-	"\x16COMPARE_RESULT_GREATER\x10\x042\xaf\x02\n" +
+	"\x16COMPARE_RESULT_GREATER\x10\x04*i\n" +
+	"\x0eWatchEventType\x12 \n" +
+	"\x1cWATCH_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14WATCH_EVENT_TYPE_PUT\x10\x01\x12\x1b\n" +
+	"\x17WATCH_EVENT_TYPE_DELETE\x10\x022\xef\x02\n" +
 	"\tKVService\x126\n" +
 	"\x03Put\x12\x16.walship.v1.PutRequest\x1a\x17.walship.v1.PutResponse\x12?\n" +
 	"\x06Delete\x12\x19.walship.v1.DeleteRequest\x1a\x1a.walship.v1.DeleteResponse\x126\n" +
 	"\x03Get\x12\x16.walship.v1.GetRequest\x1a\x17.walship.v1.GetResponse\x126\n" +
 	"\x03Txn\x12\x16.walship.v1.TxnRequest\x1a\x17.walship.v1.TxnResponse\x129\n" +
-	"\x04Scan\x12\x17.walship.v1.ScanRequest\x1a\x18.walship.v1.ScanResponseB5Z3github.com/walship/walship/gen/walship/v1;walshipv1b\x06proto3"
+	"\x04Scan\x12\x17.walship.v1.ScanRequest\x1a\x18.walship.v1.ScanResponse\x12>\n" +
+	"\x05Watch\x12\x18.walship.v1.WatchRequest\x1a\x19.walship.v1.WatchResponse0\x01B5Z3github.com/walship/walship/gen/walship/v1;walshipv1b\x06proto3"
 
 var (
 	file_walship_v1_kv_proto_rawDescOnce sync.Once
@@ -1659,68 +2200,84 @@ func file_walship_v1_kv_proto_rawDescGZIP() []byte {
 	return file_walship_v1_kv_proto_rawDescData
 }
 
-var file_walship_v1_kv_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_walship_v1_kv_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_walship_v1_kv_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_walship_v1_kv_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_walship_v1_kv_proto_goTypes = []any{
 	(CompareTarget)(0),          // 0: walship.v1.CompareTarget
 	(CompareResult)(0),          // 1: walship.v1.CompareResult
-	(*PutRequest)(nil),          // 2: walship.v1.PutRequest
-	(*PutResponse)(nil),         // 3: walship.v1.PutResponse
-	(*DeleteRequest)(nil),       // 4: walship.v1.DeleteRequest
-	(*DeleteResponse)(nil),      // 5: walship.v1.DeleteResponse
-	(*GetRequest)(nil),          // 6: walship.v1.GetRequest
-	(*GetResponse)(nil),         // 7: walship.v1.GetResponse
-	(*Compare)(nil),             // 8: walship.v1.Compare
-	(*TxnOp)(nil),               // 9: walship.v1.TxnOp
-	(*PutOp)(nil),               // 10: walship.v1.PutOp
-	(*DeleteOp)(nil),            // 11: walship.v1.DeleteOp
-	(*GetOp)(nil),               // 12: walship.v1.GetOp
-	(*TxnRequest)(nil),          // 13: walship.v1.TxnRequest
-	(*TxnOpResult)(nil),         // 14: walship.v1.TxnOpResult
-	(*PutOpResult)(nil),         // 15: walship.v1.PutOpResult
-	(*DeleteOpResult)(nil),      // 16: walship.v1.DeleteOpResult
-	(*GetOpResult)(nil),         // 17: walship.v1.GetOpResult
-	(*TxnResponse)(nil),         // 18: walship.v1.TxnResponse
-	(*ScanRequest)(nil),         // 19: walship.v1.ScanRequest
-	(*KeyValue)(nil),            // 20: walship.v1.KeyValue
-	(*ScanResponse)(nil),        // 21: walship.v1.ScanResponse
-	(*CommitPolicy)(nil),        // 22: walship.v1.CommitPolicy
-	(*durationpb.Duration)(nil), // 23: google.protobuf.Duration
+	(WatchEventType)(0),         // 2: walship.v1.WatchEventType
+	(*PutRequest)(nil),          // 3: walship.v1.PutRequest
+	(*PutResponse)(nil),         // 4: walship.v1.PutResponse
+	(*DeleteRequest)(nil),       // 5: walship.v1.DeleteRequest
+	(*DeleteResponse)(nil),      // 6: walship.v1.DeleteResponse
+	(*GetRequest)(nil),          // 7: walship.v1.GetRequest
+	(*GetResponse)(nil),         // 8: walship.v1.GetResponse
+	(*Compare)(nil),             // 9: walship.v1.Compare
+	(*TxnOp)(nil),               // 10: walship.v1.TxnOp
+	(*PutOp)(nil),               // 11: walship.v1.PutOp
+	(*DeleteOp)(nil),            // 12: walship.v1.DeleteOp
+	(*GetOp)(nil),               // 13: walship.v1.GetOp
+	(*TxnRequest)(nil),          // 14: walship.v1.TxnRequest
+	(*TxnOpResult)(nil),         // 15: walship.v1.TxnOpResult
+	(*PutOpResult)(nil),         // 16: walship.v1.PutOpResult
+	(*DeleteOpResult)(nil),      // 17: walship.v1.DeleteOpResult
+	(*GetOpResult)(nil),         // 18: walship.v1.GetOpResult
+	(*TxnResponse)(nil),         // 19: walship.v1.TxnResponse
+	(*ScanRequest)(nil),         // 20: walship.v1.ScanRequest
+	(*KeyValue)(nil),            // 21: walship.v1.KeyValue
+	(*ScanResponse)(nil),        // 22: walship.v1.ScanResponse
+	(*WatchRequest)(nil),        // 23: walship.v1.WatchRequest
+	(*WatchResponse)(nil),       // 24: walship.v1.WatchResponse
+	(*WatchTxn)(nil),            // 25: walship.v1.WatchTxn
+	(*WatchEvent)(nil),          // 26: walship.v1.WatchEvent
+	(*WatchProgress)(nil),       // 27: walship.v1.WatchProgress
+	(*CommitPolicy)(nil),        // 28: walship.v1.CommitPolicy
+	(*durationpb.Duration)(nil), // 29: google.protobuf.Duration
 }
 var file_walship_v1_kv_proto_depIdxs = []int32{
-	22, // 0: walship.v1.PutRequest.policy:type_name -> walship.v1.CommitPolicy
-	22, // 1: walship.v1.DeleteRequest.policy:type_name -> walship.v1.CommitPolicy
-	23, // 2: walship.v1.GetRequest.wait_timeout:type_name -> google.protobuf.Duration
-	0,  // 3: walship.v1.Compare.target:type_name -> walship.v1.CompareTarget
-	1,  // 4: walship.v1.Compare.result:type_name -> walship.v1.CompareResult
-	10, // 5: walship.v1.TxnOp.put:type_name -> walship.v1.PutOp
-	11, // 6: walship.v1.TxnOp.delete:type_name -> walship.v1.DeleteOp
-	12, // 7: walship.v1.TxnOp.get:type_name -> walship.v1.GetOp
-	8,  // 8: walship.v1.TxnRequest.compares:type_name -> walship.v1.Compare
-	9,  // 9: walship.v1.TxnRequest.success:type_name -> walship.v1.TxnOp
-	9,  // 10: walship.v1.TxnRequest.failure:type_name -> walship.v1.TxnOp
-	22, // 11: walship.v1.TxnRequest.policy:type_name -> walship.v1.CommitPolicy
-	15, // 12: walship.v1.TxnOpResult.put:type_name -> walship.v1.PutOpResult
-	16, // 13: walship.v1.TxnOpResult.delete:type_name -> walship.v1.DeleteOpResult
-	17, // 14: walship.v1.TxnOpResult.get:type_name -> walship.v1.GetOpResult
-	14, // 15: walship.v1.TxnResponse.results:type_name -> walship.v1.TxnOpResult
-	23, // 16: walship.v1.ScanRequest.wait_timeout:type_name -> google.protobuf.Duration
-	20, // 17: walship.v1.ScanResponse.kvs:type_name -> walship.v1.KeyValue
-	2,  // 18: walship.v1.KVService.Put:input_type -> walship.v1.PutRequest
-	4,  // 19: walship.v1.KVService.Delete:input_type -> walship.v1.DeleteRequest
-	6,  // 20: walship.v1.KVService.Get:input_type -> walship.v1.GetRequest
-	13, // 21: walship.v1.KVService.Txn:input_type -> walship.v1.TxnRequest
-	19, // 22: walship.v1.KVService.Scan:input_type -> walship.v1.ScanRequest
-	3,  // 23: walship.v1.KVService.Put:output_type -> walship.v1.PutResponse
-	5,  // 24: walship.v1.KVService.Delete:output_type -> walship.v1.DeleteResponse
-	7,  // 25: walship.v1.KVService.Get:output_type -> walship.v1.GetResponse
-	18, // 26: walship.v1.KVService.Txn:output_type -> walship.v1.TxnResponse
-	21, // 27: walship.v1.KVService.Scan:output_type -> walship.v1.ScanResponse
-	23, // [23:28] is the sub-list for method output_type
-	18, // [18:23] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	28, // 0: walship.v1.PutRequest.policy:type_name -> walship.v1.CommitPolicy
+	28, // 1: walship.v1.DeleteRequest.policy:type_name -> walship.v1.CommitPolicy
+	29, // 2: walship.v1.GetRequest.wait_timeout:type_name -> google.protobuf.Duration
+	29, // 3: walship.v1.GetRequest.max_lag_time:type_name -> google.protobuf.Duration
+	0,  // 4: walship.v1.Compare.target:type_name -> walship.v1.CompareTarget
+	1,  // 5: walship.v1.Compare.result:type_name -> walship.v1.CompareResult
+	11, // 6: walship.v1.TxnOp.put:type_name -> walship.v1.PutOp
+	12, // 7: walship.v1.TxnOp.delete:type_name -> walship.v1.DeleteOp
+	13, // 8: walship.v1.TxnOp.get:type_name -> walship.v1.GetOp
+	9,  // 9: walship.v1.TxnRequest.compares:type_name -> walship.v1.Compare
+	10, // 10: walship.v1.TxnRequest.success:type_name -> walship.v1.TxnOp
+	10, // 11: walship.v1.TxnRequest.failure:type_name -> walship.v1.TxnOp
+	28, // 12: walship.v1.TxnRequest.policy:type_name -> walship.v1.CommitPolicy
+	16, // 13: walship.v1.TxnOpResult.put:type_name -> walship.v1.PutOpResult
+	17, // 14: walship.v1.TxnOpResult.delete:type_name -> walship.v1.DeleteOpResult
+	18, // 15: walship.v1.TxnOpResult.get:type_name -> walship.v1.GetOpResult
+	15, // 16: walship.v1.TxnResponse.results:type_name -> walship.v1.TxnOpResult
+	29, // 17: walship.v1.ScanRequest.wait_timeout:type_name -> google.protobuf.Duration
+	29, // 18: walship.v1.ScanRequest.max_lag_time:type_name -> google.protobuf.Duration
+	21, // 19: walship.v1.ScanResponse.kvs:type_name -> walship.v1.KeyValue
+	29, // 20: walship.v1.WatchRequest.progress_interval:type_name -> google.protobuf.Duration
+	29, // 21: walship.v1.WatchRequest.wait_timeout:type_name -> google.protobuf.Duration
+	25, // 22: walship.v1.WatchResponse.txn:type_name -> walship.v1.WatchTxn
+	27, // 23: walship.v1.WatchResponse.progress:type_name -> walship.v1.WatchProgress
+	26, // 24: walship.v1.WatchTxn.events:type_name -> walship.v1.WatchEvent
+	2,  // 25: walship.v1.WatchEvent.type:type_name -> walship.v1.WatchEventType
+	3,  // 26: walship.v1.KVService.Put:input_type -> walship.v1.PutRequest
+	5,  // 27: walship.v1.KVService.Delete:input_type -> walship.v1.DeleteRequest
+	7,  // 28: walship.v1.KVService.Get:input_type -> walship.v1.GetRequest
+	14, // 29: walship.v1.KVService.Txn:input_type -> walship.v1.TxnRequest
+	20, // 30: walship.v1.KVService.Scan:input_type -> walship.v1.ScanRequest
+	23, // 31: walship.v1.KVService.Watch:input_type -> walship.v1.WatchRequest
+	4,  // 32: walship.v1.KVService.Put:output_type -> walship.v1.PutResponse
+	6,  // 33: walship.v1.KVService.Delete:output_type -> walship.v1.DeleteResponse
+	8,  // 34: walship.v1.KVService.Get:output_type -> walship.v1.GetResponse
+	19, // 35: walship.v1.KVService.Txn:output_type -> walship.v1.TxnResponse
+	22, // 36: walship.v1.KVService.Scan:output_type -> walship.v1.ScanResponse
+	24, // 37: walship.v1.KVService.Watch:output_type -> walship.v1.WatchResponse
+	32, // [32:38] is the sub-list for method output_type
+	26, // [26:32] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_walship_v1_kv_proto_init() }
@@ -1744,13 +2301,17 @@ func file_walship_v1_kv_proto_init() {
 		(*TxnOpResult_Delete)(nil),
 		(*TxnOpResult_Get)(nil),
 	}
+	file_walship_v1_kv_proto_msgTypes[21].OneofWrappers = []any{
+		(*WatchResponse_Txn)(nil),
+		(*WatchResponse_Progress)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_walship_v1_kv_proto_rawDesc), len(file_walship_v1_kv_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   20,
+			NumEnums:      3,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -24,6 +24,7 @@ const (
 	KVService_Get_FullMethodName    = "/walship.v1.KVService/Get"
 	KVService_Txn_FullMethodName    = "/walship.v1.KVService/Txn"
 	KVService_Scan_FullMethodName   = "/walship.v1.KVService/Scan"
+	KVService_Watch_FullMethodName  = "/walship.v1.KVService/Watch"
 )
 
 // KVServiceClient is the client API for KVService service.
@@ -61,6 +62,16 @@ type KVServiceClient interface {
 	Txn(ctx context.Context, in *TxnRequest, opts ...grpc.CallOption) (*TxnResponse, error)
 	// Scan returns keys in [start, end) in ascending order at the visible LSN.
 	Scan(ctx context.Context, in *ScanRequest, opts ...grpc.CallOption) (*ScanResponse, error)
+	// Watch streams the committed transactions that write a key or a prefix,
+	// in LSN order, from start_lsn (or from now), each as one message keeping
+	// the transaction whole, with progress notifications while nothing
+	// matches. Only transactions at or below the commit watermark (what the
+	// cluster's contract has acknowledged, so no failover can take them back)
+	// are sent, by the primary and by replicas alike. A start_lsn the node no
+	// longer holds fails with OUT_OF_RANGE naming the oldest LSN it serves; a
+	// watcher that does not read what is sent is cut off with
+	// RESOURCE_EXHAUSTED after a bound, never buffered without limit.
+	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error)
 }
 
 type kVServiceClient struct {
@@ -121,6 +132,25 @@ func (c *kVServiceClient) Scan(ctx context.Context, in *ScanRequest, opts ...grp
 	return out, nil
 }
 
+func (c *kVServiceClient) Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &KVService_ServiceDesc.Streams[0], KVService_Watch_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchRequest, WatchResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type KVService_WatchClient = grpc.ServerStreamingClient[WatchResponse]
+
 // KVServiceServer is the server API for KVService service.
 // All implementations must embed UnimplementedKVServiceServer
 // for forward compatibility.
@@ -156,6 +186,16 @@ type KVServiceServer interface {
 	Txn(context.Context, *TxnRequest) (*TxnResponse, error)
 	// Scan returns keys in [start, end) in ascending order at the visible LSN.
 	Scan(context.Context, *ScanRequest) (*ScanResponse, error)
+	// Watch streams the committed transactions that write a key or a prefix,
+	// in LSN order, from start_lsn (or from now), each as one message keeping
+	// the transaction whole, with progress notifications while nothing
+	// matches. Only transactions at or below the commit watermark (what the
+	// cluster's contract has acknowledged, so no failover can take them back)
+	// are sent, by the primary and by replicas alike. A start_lsn the node no
+	// longer holds fails with OUT_OF_RANGE naming the oldest LSN it serves; a
+	// watcher that does not read what is sent is cut off with
+	// RESOURCE_EXHAUSTED after a bound, never buffered without limit.
+	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error
 	mustEmbedUnimplementedKVServiceServer()
 }
 
@@ -180,6 +220,9 @@ func (UnimplementedKVServiceServer) Txn(context.Context, *TxnRequest) (*TxnRespo
 }
 func (UnimplementedKVServiceServer) Scan(context.Context, *ScanRequest) (*ScanResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Scan not implemented")
+}
+func (UnimplementedKVServiceServer) Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error {
+	return status.Error(codes.Unimplemented, "method Watch not implemented")
 }
 func (UnimplementedKVServiceServer) mustEmbedUnimplementedKVServiceServer() {}
 func (UnimplementedKVServiceServer) testEmbeddedByValue()                   {}
@@ -292,6 +335,17 @@ func _KVService_Scan_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _KVService_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(KVServiceServer).Watch(m, &grpc.GenericServerStream[WatchRequest, WatchResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type KVService_WatchServer = grpc.ServerStreamingServer[WatchResponse]
+
 // KVService_ServiceDesc is the grpc.ServiceDesc for KVService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -320,6 +374,12 @@ var KVService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _KVService_Scan_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Watch",
+			Handler:       _KVService_Watch_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "walship/v1/kv.proto",
 }

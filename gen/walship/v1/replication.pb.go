@@ -326,7 +326,15 @@ type StreamResponse struct {
 	// on its own batch: on the next batch sent, or on a heartbeat with
 	// reply_requested once the stream has sent everything — so a replica
 	// fsyncs once per group, alongside the primary.
-	ReplyAt       []SyncLevel `protobuf:"varint,5,rep,packed,name=reply_at,json=replyAt,proto3,enum=walship.v1.SyncLevel" json:"reply_at,omitempty"`
+	ReplyAt []SyncLevel `protobuf:"varint,5,rep,packed,name=reply_at,json=replyAt,proto3,enum=walship.v1.SyncLevel" json:"reply_at,omitempty"`
+	// commit_lsn is the primary's commit watermark when it sent this message:
+	// every LSN up to it met the cluster's contract (the primary's fsync, k
+	// replicas at the contract's stage, a log store majority if the contract
+	// asks for one), so no failover takes it back. A replica serves plain
+	// reads and watches at most up to it. It is sent on batches and
+	// heartbeats, and a heartbeat follows when it advances on an idle stream.
+	// 0 = none known yet (the primary has not opened its epoch).
+	CommitLsn     uint64 `protobuf:"varint,6,opt,name=commit_lsn,json=commitLsn,proto3" json:"commit_lsn,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -407,6 +415,13 @@ func (x *StreamResponse) GetReplyAt() []SyncLevel {
 		return x.ReplyAt
 	}
 	return nil
+}
+
+func (x *StreamResponse) GetCommitLsn() uint64 {
+	if x != nil {
+		return x.CommitLsn
+	}
+	return 0
 }
 
 type isStreamResponse_Msg interface {
@@ -674,7 +689,11 @@ type SnapshotHeader struct {
 	// (0 if unknown).
 	CommitTimeUnixNano int64 `protobuf:"varint,5,opt,name=commit_time_unix_nano,json=commitTimeUnixNano,proto3" json:"commit_time_unix_nano,omitempty"`
 	// history is the epoch history of the log up to lsn.
-	History       []*EpochStart `protobuf:"bytes,6,rep,name=history,proto3" json:"history,omitempty"`
+	History []*EpochStart `protobuf:"bytes,6,rep,name=history,proto3" json:"history,omitempty"`
+	// commit_lsn is the primary's commit watermark when it took the
+	// snapshot (see StreamResponse.commit_lsn): a replica serves the
+	// snapshot's state to reads at once only if it is at or below it.
+	CommitLsn     uint64 `protobuf:"varint,7,opt,name=commit_lsn,json=commitLsn,proto3" json:"commit_lsn,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -749,6 +768,13 @@ func (x *SnapshotHeader) GetHistory() []*EpochStart {
 		return x.History
 	}
 	return nil
+}
+
+func (x *SnapshotHeader) GetCommitLsn() uint64 {
+	if x != nil {
+		return x.CommitLsn
+	}
+	return 0
 }
 
 // SnapshotChunk is a run of pairs.
@@ -871,14 +897,16 @@ const file_walship_v1_replication_proto_rawDesc = "" +
 	"flushedLsn\x12\x1f\n" +
 	"\vapplied_lsn\x18\x03 \x01(\x04R\n" +
 	"appliedLsn\x12$\n" +
-	"\x0etime_unix_nano\x18\x04 \x01(\x03R\ftimeUnixNano\"\x83\x02\n" +
+	"\x0etime_unix_nano\x18\x04 \x01(\x03R\ftimeUnixNano\"\xa2\x02\n" +
 	"\x0eStreamResponse\x12,\n" +
 	"\x05batch\x18\x01 \x01(\v2\x14.walship.v1.WalBatchH\x00R\x05batch\x125\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x15.walship.v1.HeartbeatH\x00R\theartbeat\x122\n" +
 	"\bdiverged\x18\x03 \x01(\v2\x14.walship.v1.DivergedH\x00R\bdiverged\x12\x1f\n" +
 	"\vdurable_lsn\x18\x04 \x01(\x04R\n" +
 	"durableLsn\x120\n" +
-	"\breply_at\x18\x05 \x03(\x0e2\x15.walship.v1.SyncLevelR\areplyAtB\x05\n" +
+	"\breply_at\x18\x05 \x03(\x0e2\x15.walship.v1.SyncLevelR\areplyAt\x12\x1d\n" +
+	"\n" +
+	"commit_lsn\x18\x06 \x01(\x04R\tcommitLsnB\x05\n" +
 	"\x03msg\"N\n" +
 	"\bDiverged\x12,\n" +
 	"\x12truncate_after_lsn\x18\x01 \x01(\x04R\x10truncateAfterLsn\x12\x14\n" +
@@ -892,7 +920,7 @@ const file_walship_v1_replication_proto_rawDesc = "" +
 	"\x06header\x18\x01 \x01(\v2\x1a.walship.v1.SnapshotHeaderH\x00R\x06header\x121\n" +
 	"\x05chunk\x18\x02 \x01(\v2\x19.walship.v1.SnapshotChunkH\x00R\x05chunk\x127\n" +
 	"\atrailer\x18\x03 \x01(\v2\x1b.walship.v1.SnapshotTrailerH\x00R\atrailerB\x06\n" +
-	"\x04part\"\xd0\x01\n" +
+	"\x04part\"\xef\x01\n" +
 	"\x0eSnapshotHeader\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x10\n" +
 	"\x03lsn\x18\x02 \x01(\x04R\x03lsn\x12\x12\n" +
@@ -900,7 +928,9 @@ const file_walship_v1_replication_proto_rawDesc = "" +
 	"\n" +
 	"cluster_id\x18\x04 \x01(\tR\tclusterId\x121\n" +
 	"\x15commit_time_unix_nano\x18\x05 \x01(\x03R\x12commitTimeUnixNano\x120\n" +
-	"\ahistory\x18\x06 \x03(\v2\x16.walship.v1.EpochStartR\ahistory\"7\n" +
+	"\ahistory\x18\x06 \x03(\v2\x16.walship.v1.EpochStartR\ahistory\x12\x1d\n" +
+	"\n" +
+	"commit_lsn\x18\a \x01(\x04R\tcommitLsn\"7\n" +
 	"\rSnapshotChunk\x12&\n" +
 	"\x03kvs\x18\x01 \x03(\v2\x14.walship.v1.KeyValueR\x03kvs\"4\n" +
 	"\x0fSnapshotTrailer\x12!\n" +

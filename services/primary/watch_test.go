@@ -1,0 +1,124 @@
+package primary
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/testkit"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// TestCommitWatermarkBoundsWatches: under a contract of one replica at
+// WRITE, a commit made with a weaker policy (async replication) is
+// visible on the primary at once but not acknowledged under the contract:
+// watches do not deliver it, and the replication stream's commit_lsn stays
+// below it, until the replica acks it; then a heartbeat carries the new
+// watermark and the watch delivers the transaction, whole, with its commit
+// time and previous values.
+func TestCommitWatermarkBoundsWatches(t *testing.T) {
+	cfg := testConfig(t, t.TempDir())
+	cfg.Policy.Replication = walshipv1.ReplicationMode_REPLICATION_MODE_SYNC
+	cfg.Policy.SyncReplicas = 1
+	cfg.Policy.SyncLevel = walshipv1.SyncLevel_SYNC_LEVEL_WRITE
+	cfg.HeartbeatInterval = 50 * time.Millisecond
+	r := start(t, cfg)
+	c := ctx(t)
+	async := &walshipv1.CommitPolicy{Replication: walshipv1.ReplicationMode_REPLICATION_MODE_ASYNC}
+	first, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "w/a", Value: []byte("1"), Policy: async})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	repl, err := walshipv1.NewReplicationServiceClient(r.conn).Stream(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := repl.Send(&walshipv1.StreamRequest{Msg: &walshipv1.StreamRequest_Hello{Hello: &walshipv1.ReplicaHello{
+		ReplicaId: "r1", Epoch: r.s.epoch, NextLsn: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	commits := make(chan uint64, 1024)
+	go func() {
+		for {
+			m, err := repl.Recv()
+			if err != nil {
+				close(commits)
+				return
+			}
+			commits <- m.GetCommitLsn()
+		}
+	}()
+
+	w, err := r.kv.Watch(c, &walshipv1.WatchRequest{Prefix: "w/", StartLsn: 1, PrevValues: true, ProgressInterval: durationpb.New(10 * time.Millisecond)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "w/a", Value: []byte("2"), Policy: async})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Visible on the primary, but the watch reports progress below it.
+	if got, err := r.kv.Get(c, &walshipv1.GetRequest{Key: "w/a"}); err != nil || string(got.Value) != "2" {
+		t.Fatalf("Get = %v, %v", got, err)
+	}
+	for range 3 {
+		m, err := w.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.GetTxn() != nil || m.GetProgress().GetLsn() >= first.Lsn {
+			t.Fatalf("watch before the replica acked: %v", m)
+		}
+	}
+	// The replica acks the first commit only.
+	if err := repl.Send(&walshipv1.StreamRequest{Msg: &walshipv1.StreamRequest_Ack{Ack: &walshipv1.ReplicaAck{WrittenLsn: first.Lsn}}}); err != nil {
+		t.Fatal(err)
+	}
+	var got *walshipv1.WatchTxn
+	for got == nil {
+		m, err := w.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = m.GetTxn()
+		if p := m.GetProgress(); p != nil && p.GetLsn() >= second.Lsn {
+			t.Fatalf("progress at %d past the watermark", p.GetLsn())
+		}
+	}
+	if got.Lsn != first.Lsn || len(got.Events) != 1 || string(got.Events[0].Value) != "1" || got.Events[0].PrevFound || got.CommitTimeUnixNano == 0 {
+		t.Fatalf("first txn = %v", got)
+	}
+	testkit.Until(t, fmt.Sprintf("the stream to carry commit_lsn %d", first.Lsn), func() bool {
+		for {
+			select {
+			case l := <-commits:
+				if l >= second.Lsn {
+					t.Fatalf("commit_lsn %d past what the contract acknowledged", l)
+				}
+				if l == first.Lsn {
+					return true
+				}
+			default:
+				return false
+			}
+		}
+	})
+	if err := repl.Send(&walshipv1.StreamRequest{Msg: &walshipv1.StreamRequest_Ack{Ack: &walshipv1.ReplicaAck{WrittenLsn: second.Lsn}}}); err != nil {
+		t.Fatal(err)
+	}
+	for got = nil; got == nil; {
+		m, err := w.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = m.GetTxn()
+	}
+	if got.Lsn != second.Lsn || !got.Events[0].PrevFound || string(got.Events[0].PrevValue) != "1" || got.Events[0].PrevVersionLsn != first.Lsn {
+		t.Fatalf("second txn = %v", got)
+	}
+	if r.s.CommitLSN() != second.Lsn {
+		t.Fatalf("CommitLSN = %d, want %d", r.s.CommitLSN(), second.Lsn)
+	}
+}

@@ -1,0 +1,134 @@
+package replica
+
+import (
+	"sync"
+
+	"github.com/walship/walship/internal/state"
+	"github.com/walship/walship/internal/watermark"
+)
+
+// A replica applies what its primary has made durable, which can be ahead
+// of what the cluster's contract has acknowledged (it must be: a commit
+// that waits for a replica to apply commits only once applied). A failover
+// whose quorum misses this replica can drop such a write. So plain reads
+// and watches are served from a view at most at the commit watermark the
+// primary sends (commit_lsn): state applied above it is kept in views not
+// yet readable (MVCC by copy-on-write clones of the store, one per apply
+// round), and the newest view at or below the watermark is published when
+// the watermark reaches it.
+
+// maxPendingViews bounds the views kept above the watermark. Each is an
+// O(1) clone, but it makes the next apply copy the nodes it touches; when
+// the watermark stalls (a member is down) every other view is dropped,
+// which only makes reads staler, never newer than the watermark.
+const maxPendingViews = 64
+
+// readable holds the view reads are served from and the views waiting for
+// the watermark.
+type readable struct {
+	mu      sync.Mutex
+	commit  uint64        // highest commit watermark heard
+	pending []*state.View // applied, above commit; ascending LSN
+	view    *state.View   // served; nil until one is at or below commit
+	// lsn is the served view's LSN, which reads (min_lsn) and watches
+	// wait on: the watch feed's bound. Set before first use.
+	lsn *watermark.Watermark
+}
+
+// applied records a view of the state after an apply, and publishes it
+// at once if the watermark already covers it.
+func (r *readable) applied(v *state.View) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if n := len(r.pending); n > 0 && r.pending[n-1].AppliedLSN() >= v.AppliedLSN() {
+		r.pending[n-1] = v // same LSN (nothing new applied) or a reset
+	} else {
+		r.pending = append(r.pending, v)
+	}
+	if len(r.pending) > maxPendingViews {
+		kept := r.pending[:0]
+		for i, p := range r.pending {
+			if i%2 == 1 || i == len(r.pending)-1 {
+				kept = append(kept, p)
+			}
+		}
+		clear(r.pending[len(kept):])
+		r.pending = kept
+	}
+	r.publishLocked()
+}
+
+// reset drops every pending view (the store was replaced: a re-seed) and
+// records v, the new store's view.
+func (r *readable) reset(v *state.View) {
+	r.mu.Lock()
+	clear(r.pending)
+	r.pending = r.pending[:0]
+	r.mu.Unlock()
+	r.applied(v)
+}
+
+// back replaces everything with v, a state behind the served one (a
+// re-seed backwards after a divergence). The protocol never lets reads
+// get there — they stay at or below the watermark, which no failover
+// cuts — but a replica that applied entries it was not told were durable
+// (a safety net, as in epoch.go) must not keep serving them: the view is
+// dropped, and the watermark heard lowered to v, so reads wait for the new
+// primary's word.
+func (r *readable) back(v *state.View) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	clear(r.pending)
+	r.pending = append(r.pending[:0], v)
+	if r.view != nil && r.view.AppliedLSN() > v.AppliedLSN() {
+		r.view = nil
+		r.commit = min(r.commit, v.AppliedLSN())
+		r.lsn.Reset(0)
+	}
+	r.publishLocked()
+}
+
+// committed records the primary's commit watermark.
+func (r *readable) committed(lsn uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if lsn <= r.commit {
+		return
+	}
+	r.commit = lsn
+	r.publishLocked()
+}
+
+// publishLocked serves the newest pending view at or below the watermark.
+func (r *readable) publishLocked() {
+	n := 0
+	for n < len(r.pending) && r.pending[n].AppliedLSN() <= r.commit {
+		n++
+	}
+	if n == 0 {
+		return
+	}
+	v := r.pending[n-1]
+	rest := copy(r.pending, r.pending[n:])
+	clear(r.pending[rest:])
+	r.pending = r.pending[:rest]
+	if r.view != nil && v.AppliedLSN() < r.view.AppliedLSN() {
+		return // never back in time
+	}
+	r.view = v
+	r.lsn.Advance(v.AppliedLSN())
+}
+
+// current returns the served view (nil if none yet) and the watermark.
+func (r *readable) current() (*state.View, uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.view, r.commit
+}
+
+// commitLSN returns the highest commit watermark heard.
+func (r *readable) commitLSN() uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.commit
+}

@@ -1,0 +1,139 @@
+package replica
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/testkit"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// TestAppliedAboveTheContractIsNeverShown: the primary made a write
+// durable that its contract has not acknowledged (commit_lsn is below it);
+// the replica applies it, but neither a plain read nor a watch shows it.
+// A failover then drops it (the new primary's Diverged cuts it, and the
+// replica, having applied it, re-seeds backwards): no reader ever saw it.
+// min_lsn reads keep their meaning: they wait for the watermark.
+func TestAppliedAboveTheContractIsNeverShown(t *testing.T) {
+	fp := newFakePrimary(t)
+	r := start(t, testConfig(t, t.TempDir(), fp.addr))
+	main := newModel(t)
+	b1 := main.txn(put("k", "acked"))
+	lost := forkModel(t, main, b1)
+	b2 := lost.txn(put("k", "lost"), put("x", "lost"))
+	main.epoch = 2
+	b3 := main.txn(put("k", "new"))
+
+	sess := fp.next(t)
+	c := tctx(t)
+	for _, b := range []*walshipv1.WalBatch{b1, b2} {
+		sess.sendOrEnded(t, &walshipv1.StreamResponse{DurableLsn: b2.LastLsn, CommitLsn: b1.LastLsn,
+			Msg: &walshipv1.StreamResponse_Batch{Batch: b}}, "batch")
+	}
+	sess.sendOrEnded(t, &walshipv1.StreamResponse{DurableLsn: b2.LastLsn, CommitLsn: b1.LastLsn, Msg: &walshipv1.StreamResponse_Heartbeat{
+		Heartbeat: &walshipv1.Heartbeat{Epoch: 1, LastLsn: b2.LastLsn, ReplyRequested: true}}}, "heartbeat")
+	r.waitApplied(t, b2.LastLsn) // applied (and acked as applied) above the contract
+
+	// A watch from the start sees b1 only, then progress at b1.
+	w, err := r.kv.Watch(c, &walshipv1.WatchRequest{StartLsn: 1, ProgressInterval: durationpb.New(10 * time.Millisecond)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen []string
+	for {
+		m, err := w.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if x := m.GetTxn(); x != nil {
+			for _, e := range x.Events {
+				seen = append(seen, e.Key+"="+string(e.Value))
+			}
+			continue
+		}
+		if m.GetProgress().GetLsn() != b1.LastLsn {
+			t.Fatalf("progress at %d, want the watermark %d", m.GetProgress().GetLsn(), b1.LastLsn)
+		}
+		break
+	}
+	if strings.Join(seen, " ") != "k=acked" {
+		t.Fatalf("watch saw %v, want only k=acked", seen)
+	}
+	if got, err := r.kv.Get(c, &walshipv1.GetRequest{Key: "k"}); err != nil || string(got.Value) != "acked" || got.AppliedLsn != b1.LastLsn {
+		t.Fatalf("plain Get above the watermark = %v, %v; want acked at %d", got, err, b1.LastLsn)
+	}
+	if got, err := r.kv.Scan(c, &walshipv1.ScanRequest{}); err != nil || len(got.Kvs) != 1 {
+		t.Fatalf("plain Scan = %v, %v; want k only", got, err)
+	}
+	_, err = r.kv.Get(c, &walshipv1.GetRequest{Key: "k", MinLsn: b2.LastLsn, WaitTimeout: durationpb.New(50 * time.Millisecond)})
+	if status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("Get with min_lsn above the watermark = %v; want DEADLINE_EXCEEDED", err)
+	}
+
+	// The failover: the new primary (epoch 2) never had b2.
+	fp.snapshot = snapshotOf(main.ref.Snapshot(), 2)
+	sess.diverged(t, b1.LastLsn, 2, 0)
+	sess2 := fp.next(t)
+	sess2.heartbeat(t, 2, b3.LastLsn, true)
+	got, err := r.kv.Get(c, &walshipv1.GetRequest{Key: "k", MinLsn: b3.LastLsn})
+	if err != nil || string(got.Value) != "new" {
+		t.Fatalf("Get after the failover = %v, %v; want new", got, err)
+	}
+	if got, err := r.kv.Get(c, &walshipv1.GetRequest{Key: "x"}); err != nil || got.Found {
+		t.Fatalf("Get x after the failover = %v, %v; want not found", got, err)
+	}
+	// The watch goes on, or is told its position is gone; it never sees b2.
+	for {
+		m, err := w.Recv()
+		if err != nil {
+			if status.Code(err) != codes.OutOfRange {
+				t.Fatalf("watch after the re-seed: %v; want OUT_OF_RANGE", err)
+			}
+			break
+		}
+		if x := m.GetTxn(); x != nil {
+			t.Fatalf("watch after the re-seed sent %v", x)
+		}
+		if m.GetProgress().GetLsn() >= b3.LastLsn {
+			t.Fatalf("watch skipped to %d over a re-seed", m.GetProgress().GetLsn())
+		}
+	}
+}
+
+// TestMaxLag: a read bounded by max_lag fails with FAILED_PRECONDITION
+// naming the lag when the replica serves a state further behind.
+func TestMaxLag(t *testing.T) {
+	fp := newFakePrimary(t)
+	r := start(t, testConfig(t, t.TempDir(), fp.addr))
+	m := newModel(t)
+	sess := fp.next(t)
+	b1 := m.txn(put("k", "1"))
+	sess.send(t, b1)
+	r.waitApplied(t, b1.LastLsn)
+	c := tctx(t)
+	// The primary says it is 100 LSNs further.
+	sess.heartbeatDurable(t, 1, b1.LastLsn+100, b1.LastLsn, false)
+	testkit.Until(t, "the replica to hear of the primary's last LSN", func() bool { return r.s.lag.primaryLSN() == b1.LastLsn+100 })
+	_, err := r.kv.Get(c, &walshipv1.GetRequest{Key: "k", MaxLagLsns: 10})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "100 LSNs behind") {
+		t.Fatalf("Get max_lag_lsns 10 = %v; want FAILED_PRECONDITION naming 100 LSNs", err)
+	}
+	_, err = r.kv.Scan(c, &walshipv1.ScanRequest{MaxLagLsns: 10})
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("Scan max_lag_lsns 10 = %v; want FAILED_PRECONDITION", err)
+	}
+	if _, err := r.kv.Get(c, &walshipv1.GetRequest{Key: "k", MaxLagLsns: 100}); err != nil {
+		t.Fatalf("Get max_lag_lsns 100 = %v", err)
+	}
+	_, err = r.kv.Get(c, &walshipv1.GetRequest{Key: "k", MaxLagTime: durationpb.New(-time.Second)})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "max_lag_time") {
+		t.Fatalf("Get max_lag_time -1s = %v; want INVALID_ARGUMENT naming max_lag_time", err)
+	}
+	if _, err := r.kv.Get(c, &walshipv1.GetRequest{Key: "k", MaxLagTime: durationpb.New(time.Hour)}); err != nil {
+		t.Fatalf("Get max_lag_time 1h = %v", err)
+	}
+}
