@@ -43,22 +43,20 @@ type Txn struct {
 	size          int
 
 	once     sync.Once
-	withPrev *walshipv1.WatchResponse // every event, with previous values
-	noPrev   *walshipv1.WatchResponse // every event, without
+	withPrev *walshipv1.WatchTxn // every event, with previous values
+	noPrev   *walshipv1.WatchTxn // every event, without
 }
 
-// Full returns the message of every event of t, with or without previous
-// values: built once and shared by every watcher that takes all of t.
-func (t *Txn) Full(prev bool) *walshipv1.WatchResponse {
+// Full returns every event of t, with or without previous values: built
+// once and shared by every watcher that takes all of t.
+func (t *Txn) Full(prev bool) *walshipv1.WatchTxn {
 	t.once.Do(func() {
-		t.withPrev = &walshipv1.WatchResponse{Msg: &walshipv1.WatchResponse_Txn{Txn: &walshipv1.WatchTxn{
-			Lsn: t.LSN, FirstLsn: t.FirstLSN, CommitTimeUnixNano: t.CommitTime, Events: t.Events}}}
+		t.withPrev = &walshipv1.WatchTxn{Lsn: t.LSN, FirstLsn: t.FirstLSN, CommitTimeUnixNano: t.CommitTime, Events: t.Events}
 		evs := make([]*Event, len(t.Events))
 		for i, e := range t.Events {
 			evs[i] = stripPrev(e)
 		}
-		t.noPrev = &walshipv1.WatchResponse{Msg: &walshipv1.WatchResponse_Txn{Txn: &walshipv1.WatchTxn{
-			Lsn: t.LSN, FirstLsn: t.FirstLSN, CommitTimeUnixNano: t.CommitTime, Events: evs}}}
+		t.noPrev = &walshipv1.WatchTxn{Lsn: t.LSN, FirstLsn: t.FirstLSN, CommitTimeUnixNano: t.CommitTime, Events: evs}
 	})
 	if prev {
 		return t.withPrev

@@ -113,17 +113,22 @@ func (n *node) commit(t testing.TB, kvs ...string) uint64 {
 	return n.lsn
 }
 
+// received holds, per stream, transactions received and not yet taken.
+var received = map[walshipv1.KVService_WatchClient][]*walshipv1.WatchTxn{}
+
+// recvTxn returns the stream's next transaction, skipping progress.
 func recvTxn(t *testing.T, s walshipv1.KVService_WatchClient) *walshipv1.WatchTxn {
 	t.Helper()
-	for {
+	for len(received[s]) == 0 {
 		m, err := s.Recv()
 		if err != nil {
 			t.Fatalf("Recv: %v", err)
 		}
-		if x := m.GetTxn(); x != nil {
-			return x
-		}
+		received[s] = m.GetTxns().GetTxns()
 	}
+	x := received[s][0]
+	received[s] = received[s][1:]
+	return x
 }
 
 func events(x *walshipv1.WatchTxn) string {

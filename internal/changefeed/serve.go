@@ -30,8 +30,11 @@ const (
 	// watcher is cut off.
 	DefaultStall = 10 * time.Second
 	// readAhead is how many transactions a watcher takes from the ring at
-	// once.
+	// once, and sends in one message at most.
 	readAhead = 256
+	// maxMessageBytes bounds the events of one message (one transaction
+	// may exceed it alone).
+	maxMessageBytes = 1 << 20
 )
 
 // Source is what a node serves watches from.
@@ -60,10 +63,10 @@ func (f *filter) match(key string) bool {
 	return strings.HasPrefix(key, f.prefix)
 }
 
-// message returns t's message for this watcher: the shared one when every
-// event matches, else one of its own with the matching events (nil if
-// none matches).
-func (f *filter) message(t *Txn) *walshipv1.WatchResponse {
+// message returns t for this watcher: the shared one when every event
+// matches, else one of its own with the matching events (nil if none
+// matches).
+func (f *filter) message(t *Txn) *walshipv1.WatchTxn {
 	n := 0
 	for _, e := range t.Events {
 		if f.match(e.Key) {
@@ -85,8 +88,7 @@ func (f *filter) message(t *Txn) *walshipv1.WatchResponse {
 			evs = append(evs, e)
 		}
 	}
-	return &walshipv1.WatchResponse{Msg: &walshipv1.WatchResponse_Txn{Txn: &walshipv1.WatchTxn{
-		Lsn: t.LSN, FirstLsn: t.FirstLSN, CommitTimeUnixNano: t.CommitTime, Events: evs}}}
+	return &walshipv1.WatchTxn{Lsn: t.LSN, FirstLsn: t.FirstLSN, CommitTimeUnixNano: t.CommitTime, Events: evs}
 }
 
 func duration(field string, d *durationpb.Duration, def, lo, hi time.Duration) (time.Duration, error) {
@@ -256,13 +258,8 @@ func (w *watcher) loop(ctx context.Context) error {
 			}
 			continue
 		}
-		for _, t := range txns {
-			if m := w.f.message(t); m != nil {
-				if err := w.send(m); err != nil {
-					return err
-				}
-			}
-			w.next = t.LSN + 1
+		if err := w.sendTxns(txns); err != nil {
+			return err
 		}
 		if len(txns) < readAhead {
 			w.next = max(w.next, bound+1) // nothing else committed up to bound
@@ -270,6 +267,35 @@ func (w *watcher) loop(ctx context.Context) error {
 		clear(txns)
 		w.buf = txns[:0]
 	}
+}
+
+// sendTxns sends the matching transactions of txns (LSN order, from
+// w.next on), as few messages as maxMessageBytes allows, and moves w.next
+// past them.
+func (w *watcher) sendTxns(txns []*Txn) error {
+	var out []*walshipv1.WatchTxn
+	size := 0
+	flush := func() error {
+		if len(out) == 0 {
+			return nil
+		}
+		err := w.send(&walshipv1.WatchResponse{Msg: &walshipv1.WatchResponse_Txns{Txns: &walshipv1.WatchTxns{Txns: out}}})
+		out, size = nil, 0
+		return err
+	}
+	for _, t := range txns {
+		if m := w.f.message(t); m != nil {
+			if len(out) > 0 && size+t.size > maxMessageBytes {
+				if err := flush(); err != nil {
+					return err
+				}
+			}
+			out = append(out, m)
+			size += t.size
+		}
+		w.next = t.LSN + 1
+	}
+	return flush()
 }
 
 // maybeProgress sends a progress notification if nothing was sent for the
@@ -310,20 +336,19 @@ func (w *watcher) history(ctx context.Context) error {
 		if err := envelope.DecodeStored(e.Data, &env, &b); err != nil {
 			return status.Errorf(codes.DataLoss, "read LSNs %d..%d from the log: %v", e.FirstLSN, e.LastLSN, err)
 		}
-		for _, t := range Build(b.Records, func(uint64) int64 { return env.GetCommitTimeUnixNano() }, nil) {
-			if t.LSN < w.next {
-				continue
-			}
-			// The log may hold what the watermark does not cover yet.
-			if _, err := feed.Bound.Wait(ctx, t.LSN); err != nil {
-				return status.FromContextError(err).Err()
-			}
-			if m := w.f.message(t); m != nil {
-				if err := w.send(m); err != nil {
-					return err
-				}
-			}
-			w.next = t.LSN + 1
+		txns := Build(b.Records, func(uint64) int64 { return env.GetCommitTimeUnixNano() }, nil)
+		for len(txns) > 0 && txns[0].LSN < w.next {
+			txns = txns[1:]
+		}
+		if len(txns) == 0 {
+			continue
+		}
+		// The log may hold what the watermark does not cover yet.
+		if _, err := feed.Bound.Wait(ctx, txns[len(txns)-1].LSN); err != nil {
+			return status.FromContextError(err).Err()
+		}
+		if err := w.sendTxns(txns); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -68,8 +68,10 @@ func (w *Watcher) Recv() (*walshipv1.WatchResponse, error) {
 			m, err := w.stream.Recv()
 			if err == nil {
 				switch x := m.GetMsg().(type) {
-				case *walshipv1.WatchResponse_Txn:
-					w.next = x.Txn.GetLsn() + 1
+				case *walshipv1.WatchResponse_Txns:
+					if n := len(x.Txns.GetTxns()); n > 0 {
+						w.next = x.Txns.GetTxns()[n-1].GetLsn() + 1
+					}
 				case *walshipv1.WatchResponse_Progress:
 					w.next = max(w.next, x.Progress.GetLsn()+1)
 				}

@@ -68,7 +68,7 @@ func TestCommitWatermarkBoundsWatches(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if m.GetTxn() != nil || m.GetProgress().GetLsn() >= first.Lsn {
+		if m.GetTxns() != nil || m.GetProgress().GetLsn() >= first.Lsn {
 			t.Fatalf("watch before the replica acked: %v", m)
 		}
 	}
@@ -82,7 +82,9 @@ func TestCommitWatermarkBoundsWatches(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got = m.GetTxn()
+		if x := m.GetTxns().GetTxns(); len(x) > 0 {
+			got = x[0]
+		}
 		if p := m.GetProgress(); p != nil && p.GetLsn() >= second.Lsn {
 			t.Fatalf("progress at %d past the watermark", p.GetLsn())
 		}
@@ -113,7 +115,9 @@ func TestCommitWatermarkBoundsWatches(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got = m.GetTxn()
+		if x := m.GetTxns().GetTxns(); len(x) > 0 {
+			got = x[0]
+		}
 	}
 	if got.Lsn != second.Lsn || !got.Events[0].PrevFound || string(got.Events[0].PrevValue) != "1" || got.Events[0].PrevVersionLsn != first.Lsn {
 		t.Fatalf("second txn = %v", got)

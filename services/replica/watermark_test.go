@@ -49,9 +49,11 @@ func TestAppliedAboveTheContractIsNeverShown(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if x := m.GetTxn(); x != nil {
-			for _, e := range x.Events {
-				seen = append(seen, e.Key+"="+string(e.Value))
+		if m.GetTxns() != nil {
+			for _, x := range m.GetTxns().GetTxns() {
+				for _, e := range x.Events {
+					seen = append(seen, e.Key+"="+string(e.Value))
+				}
 			}
 			continue
 		}
@@ -95,7 +97,7 @@ func TestAppliedAboveTheContractIsNeverShown(t *testing.T) {
 			}
 			break
 		}
-		if x := m.GetTxn(); x != nil {
+		if x := m.GetTxns(); x != nil {
 			t.Fatalf("watch after the re-seed sent %v", x)
 		}
 		if m.GetProgress().GetLsn() >= b3.LastLsn {

@@ -1735,11 +1735,11 @@ func (x *WatchRequest) GetWaitTimeout() *durationpb.Duration {
 // WatchResponse is one message of a Watch stream.
 type WatchResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// msg is a transaction or a progress notification.
+	// msg is transactions or a progress notification.
 	//
 	// Types that are valid to be assigned to Msg:
 	//
-	//	*WatchResponse_Txn
+	//	*WatchResponse_Txns
 	//	*WatchResponse_Progress
 	Msg           isWatchResponse_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
@@ -1783,10 +1783,10 @@ func (x *WatchResponse) GetMsg() isWatchResponse_Msg {
 	return nil
 }
 
-func (x *WatchResponse) GetTxn() *WatchTxn {
+func (x *WatchResponse) GetTxns() *WatchTxns {
 	if x != nil {
-		if x, ok := x.Msg.(*WatchResponse_Txn); ok {
-			return x.Txn
+		if x, ok := x.Msg.(*WatchResponse_Txns); ok {
+			return x.Txns
 		}
 	}
 	return nil
@@ -1805,9 +1805,11 @@ type isWatchResponse_Msg interface {
 	isWatchResponse_Msg()
 }
 
-type WatchResponse_Txn struct {
-	// txn is one committed transaction, with its matching writes only.
-	Txn *WatchTxn `protobuf:"bytes,1,opt,name=txn,proto3,oneof"`
+type WatchResponse_Txns struct {
+	// txns are committed transactions, with their matching writes only,
+	// in LSN order: as many as were ready to send at once (a watcher
+	// that falls behind catches up in fewer, larger messages).
+	Txns *WatchTxns `protobuf:"bytes,1,opt,name=txns,proto3,oneof"`
 }
 
 type WatchResponse_Progress struct {
@@ -1815,9 +1817,55 @@ type WatchResponse_Progress struct {
 	Progress *WatchProgress `protobuf:"bytes,2,opt,name=progress,proto3,oneof"`
 }
 
-func (*WatchResponse_Txn) isWatchResponse_Msg() {}
+func (*WatchResponse_Txns) isWatchResponse_Msg() {}
 
 func (*WatchResponse_Progress) isWatchResponse_Msg() {}
+
+// WatchTxns is a run of transactions of a Watch, in LSN order.
+type WatchTxns struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// txns in LSN order; the stream resumes after the last one's lsn.
+	Txns          []*WatchTxn `protobuf:"bytes,1,rep,name=txns,proto3" json:"txns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchTxns) Reset() {
+	*x = WatchTxns{}
+	mi := &file_walship_v1_kv_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchTxns) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchTxns) ProtoMessage() {}
+
+func (x *WatchTxns) ProtoReflect() protoreflect.Message {
+	mi := &file_walship_v1_kv_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchTxns.ProtoReflect.Descriptor instead.
+func (*WatchTxns) Descriptor() ([]byte, []int) {
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *WatchTxns) GetTxns() []*WatchTxn {
+	if x != nil {
+		return x.Txns
+	}
+	return nil
+}
 
 // WatchTxn is one committed transaction's writes of the watched keys, in
 // the order the transaction made them.
@@ -1838,7 +1886,7 @@ type WatchTxn struct {
 
 func (x *WatchTxn) Reset() {
 	*x = WatchTxn{}
-	mi := &file_walship_v1_kv_proto_msgTypes[22]
+	mi := &file_walship_v1_kv_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1850,7 +1898,7 @@ func (x *WatchTxn) String() string {
 func (*WatchTxn) ProtoMessage() {}
 
 func (x *WatchTxn) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[22]
+	mi := &file_walship_v1_kv_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1863,7 +1911,7 @@ func (x *WatchTxn) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchTxn.ProtoReflect.Descriptor instead.
 func (*WatchTxn) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{22}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *WatchTxn) GetLsn() uint64 {
@@ -1917,7 +1965,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_walship_v1_kv_proto_msgTypes[23]
+	mi := &file_walship_v1_kv_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1929,7 +1977,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[23]
+	mi := &file_walship_v1_kv_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1942,7 +1990,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{23}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *WatchEvent) GetType() WatchEventType {
@@ -1999,7 +2047,7 @@ type WatchProgress struct {
 
 func (x *WatchProgress) Reset() {
 	*x = WatchProgress{}
-	mi := &file_walship_v1_kv_proto_msgTypes[24]
+	mi := &file_walship_v1_kv_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2011,7 +2059,7 @@ func (x *WatchProgress) String() string {
 func (*WatchProgress) ProtoMessage() {}
 
 func (x *WatchProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[24]
+	mi := &file_walship_v1_kv_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2024,7 +2072,7 @@ func (x *WatchProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchProgress.ProtoReflect.Descriptor instead.
 func (*WatchProgress) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{24}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *WatchProgress) GetLsn() uint64 {
@@ -2143,11 +2191,13 @@ const file_walship_v1_kv_proto_rawDesc = "" +
 	"\vprev_values\x18\x04 \x01(\bR\n" +
 	"prevValues\x12F\n" +
 	"\x11progress_interval\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x10progressInterval\x12<\n" +
-	"\fwait_timeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\vwaitTimeout\"y\n" +
-	"\rWatchResponse\x12(\n" +
-	"\x03txn\x18\x01 \x01(\v2\x14.walship.v1.WatchTxnH\x00R\x03txn\x127\n" +
+	"\fwait_timeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\vwaitTimeout\"|\n" +
+	"\rWatchResponse\x12+\n" +
+	"\x04txns\x18\x01 \x01(\v2\x15.walship.v1.WatchTxnsH\x00R\x04txns\x127\n" +
 	"\bprogress\x18\x02 \x01(\v2\x19.walship.v1.WatchProgressH\x00R\bprogressB\x05\n" +
-	"\x03msg\"\x9c\x01\n" +
+	"\x03msg\"5\n" +
+	"\tWatchTxns\x12(\n" +
+	"\x04txns\x18\x01 \x03(\v2\x14.walship.v1.WatchTxnR\x04txns\"\x9c\x01\n" +
 	"\bWatchTxn\x12\x10\n" +
 	"\x03lsn\x18\x01 \x01(\x04R\x03lsn\x12\x1b\n" +
 	"\tfirst_lsn\x18\x02 \x01(\x04R\bfirstLsn\x121\n" +
@@ -2201,7 +2251,7 @@ func file_walship_v1_kv_proto_rawDescGZIP() []byte {
 }
 
 var file_walship_v1_kv_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_walship_v1_kv_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_walship_v1_kv_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_walship_v1_kv_proto_goTypes = []any{
 	(CompareTarget)(0),          // 0: walship.v1.CompareTarget
 	(CompareResult)(0),          // 1: walship.v1.CompareResult
@@ -2228,17 +2278,18 @@ var file_walship_v1_kv_proto_goTypes = []any{
 	(*ScanResponse)(nil),        // 22: walship.v1.ScanResponse
 	(*WatchRequest)(nil),        // 23: walship.v1.WatchRequest
 	(*WatchResponse)(nil),       // 24: walship.v1.WatchResponse
-	(*WatchTxn)(nil),            // 25: walship.v1.WatchTxn
-	(*WatchEvent)(nil),          // 26: walship.v1.WatchEvent
-	(*WatchProgress)(nil),       // 27: walship.v1.WatchProgress
-	(*CommitPolicy)(nil),        // 28: walship.v1.CommitPolicy
-	(*durationpb.Duration)(nil), // 29: google.protobuf.Duration
+	(*WatchTxns)(nil),           // 25: walship.v1.WatchTxns
+	(*WatchTxn)(nil),            // 26: walship.v1.WatchTxn
+	(*WatchEvent)(nil),          // 27: walship.v1.WatchEvent
+	(*WatchProgress)(nil),       // 28: walship.v1.WatchProgress
+	(*CommitPolicy)(nil),        // 29: walship.v1.CommitPolicy
+	(*durationpb.Duration)(nil), // 30: google.protobuf.Duration
 }
 var file_walship_v1_kv_proto_depIdxs = []int32{
-	28, // 0: walship.v1.PutRequest.policy:type_name -> walship.v1.CommitPolicy
-	28, // 1: walship.v1.DeleteRequest.policy:type_name -> walship.v1.CommitPolicy
-	29, // 2: walship.v1.GetRequest.wait_timeout:type_name -> google.protobuf.Duration
-	29, // 3: walship.v1.GetRequest.max_lag_time:type_name -> google.protobuf.Duration
+	29, // 0: walship.v1.PutRequest.policy:type_name -> walship.v1.CommitPolicy
+	29, // 1: walship.v1.DeleteRequest.policy:type_name -> walship.v1.CommitPolicy
+	30, // 2: walship.v1.GetRequest.wait_timeout:type_name -> google.protobuf.Duration
+	30, // 3: walship.v1.GetRequest.max_lag_time:type_name -> google.protobuf.Duration
 	0,  // 4: walship.v1.Compare.target:type_name -> walship.v1.CompareTarget
 	1,  // 5: walship.v1.Compare.result:type_name -> walship.v1.CompareResult
 	11, // 6: walship.v1.TxnOp.put:type_name -> walship.v1.PutOp
@@ -2247,37 +2298,38 @@ var file_walship_v1_kv_proto_depIdxs = []int32{
 	9,  // 9: walship.v1.TxnRequest.compares:type_name -> walship.v1.Compare
 	10, // 10: walship.v1.TxnRequest.success:type_name -> walship.v1.TxnOp
 	10, // 11: walship.v1.TxnRequest.failure:type_name -> walship.v1.TxnOp
-	28, // 12: walship.v1.TxnRequest.policy:type_name -> walship.v1.CommitPolicy
+	29, // 12: walship.v1.TxnRequest.policy:type_name -> walship.v1.CommitPolicy
 	16, // 13: walship.v1.TxnOpResult.put:type_name -> walship.v1.PutOpResult
 	17, // 14: walship.v1.TxnOpResult.delete:type_name -> walship.v1.DeleteOpResult
 	18, // 15: walship.v1.TxnOpResult.get:type_name -> walship.v1.GetOpResult
 	15, // 16: walship.v1.TxnResponse.results:type_name -> walship.v1.TxnOpResult
-	29, // 17: walship.v1.ScanRequest.wait_timeout:type_name -> google.protobuf.Duration
-	29, // 18: walship.v1.ScanRequest.max_lag_time:type_name -> google.protobuf.Duration
+	30, // 17: walship.v1.ScanRequest.wait_timeout:type_name -> google.protobuf.Duration
+	30, // 18: walship.v1.ScanRequest.max_lag_time:type_name -> google.protobuf.Duration
 	21, // 19: walship.v1.ScanResponse.kvs:type_name -> walship.v1.KeyValue
-	29, // 20: walship.v1.WatchRequest.progress_interval:type_name -> google.protobuf.Duration
-	29, // 21: walship.v1.WatchRequest.wait_timeout:type_name -> google.protobuf.Duration
-	25, // 22: walship.v1.WatchResponse.txn:type_name -> walship.v1.WatchTxn
-	27, // 23: walship.v1.WatchResponse.progress:type_name -> walship.v1.WatchProgress
-	26, // 24: walship.v1.WatchTxn.events:type_name -> walship.v1.WatchEvent
-	2,  // 25: walship.v1.WatchEvent.type:type_name -> walship.v1.WatchEventType
-	3,  // 26: walship.v1.KVService.Put:input_type -> walship.v1.PutRequest
-	5,  // 27: walship.v1.KVService.Delete:input_type -> walship.v1.DeleteRequest
-	7,  // 28: walship.v1.KVService.Get:input_type -> walship.v1.GetRequest
-	14, // 29: walship.v1.KVService.Txn:input_type -> walship.v1.TxnRequest
-	20, // 30: walship.v1.KVService.Scan:input_type -> walship.v1.ScanRequest
-	23, // 31: walship.v1.KVService.Watch:input_type -> walship.v1.WatchRequest
-	4,  // 32: walship.v1.KVService.Put:output_type -> walship.v1.PutResponse
-	6,  // 33: walship.v1.KVService.Delete:output_type -> walship.v1.DeleteResponse
-	8,  // 34: walship.v1.KVService.Get:output_type -> walship.v1.GetResponse
-	19, // 35: walship.v1.KVService.Txn:output_type -> walship.v1.TxnResponse
-	22, // 36: walship.v1.KVService.Scan:output_type -> walship.v1.ScanResponse
-	24, // 37: walship.v1.KVService.Watch:output_type -> walship.v1.WatchResponse
-	32, // [32:38] is the sub-list for method output_type
-	26, // [26:32] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	30, // 20: walship.v1.WatchRequest.progress_interval:type_name -> google.protobuf.Duration
+	30, // 21: walship.v1.WatchRequest.wait_timeout:type_name -> google.protobuf.Duration
+	25, // 22: walship.v1.WatchResponse.txns:type_name -> walship.v1.WatchTxns
+	28, // 23: walship.v1.WatchResponse.progress:type_name -> walship.v1.WatchProgress
+	26, // 24: walship.v1.WatchTxns.txns:type_name -> walship.v1.WatchTxn
+	27, // 25: walship.v1.WatchTxn.events:type_name -> walship.v1.WatchEvent
+	2,  // 26: walship.v1.WatchEvent.type:type_name -> walship.v1.WatchEventType
+	3,  // 27: walship.v1.KVService.Put:input_type -> walship.v1.PutRequest
+	5,  // 28: walship.v1.KVService.Delete:input_type -> walship.v1.DeleteRequest
+	7,  // 29: walship.v1.KVService.Get:input_type -> walship.v1.GetRequest
+	14, // 30: walship.v1.KVService.Txn:input_type -> walship.v1.TxnRequest
+	20, // 31: walship.v1.KVService.Scan:input_type -> walship.v1.ScanRequest
+	23, // 32: walship.v1.KVService.Watch:input_type -> walship.v1.WatchRequest
+	4,  // 33: walship.v1.KVService.Put:output_type -> walship.v1.PutResponse
+	6,  // 34: walship.v1.KVService.Delete:output_type -> walship.v1.DeleteResponse
+	8,  // 35: walship.v1.KVService.Get:output_type -> walship.v1.GetResponse
+	19, // 36: walship.v1.KVService.Txn:output_type -> walship.v1.TxnResponse
+	22, // 37: walship.v1.KVService.Scan:output_type -> walship.v1.ScanResponse
+	24, // 38: walship.v1.KVService.Watch:output_type -> walship.v1.WatchResponse
+	33, // [33:39] is the sub-list for method output_type
+	27, // [27:33] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_walship_v1_kv_proto_init() }
@@ -2302,7 +2354,7 @@ func file_walship_v1_kv_proto_init() {
 		(*TxnOpResult_Get)(nil),
 	}
 	file_walship_v1_kv_proto_msgTypes[21].OneofWrappers = []any{
-		(*WatchResponse_Txn)(nil),
+		(*WatchResponse_Txns)(nil),
 		(*WatchResponse_Progress)(nil),
 	}
 	type x struct{}
@@ -2311,7 +2363,7 @@ func file_walship_v1_kv_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_walship_v1_kv_proto_rawDesc), len(file_walship_v1_kv_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   25,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
