@@ -61,6 +61,7 @@ type Server struct {
 	// commitContract, this run's contract.
 	commit         watermark.Watermark
 	commitContract *walshipv1.Contract
+	peerContract   bool // the contract waits for replicas or log stores
 	lease          *lease
 	deposeOnce     sync.Once
 
@@ -117,6 +118,7 @@ func New(cfg Config) (*Server, error) {
 	s.peers.quorum = failover.Majority(len(cfg.LogStores))
 	s.lease = newLease(cfg.LeaseTimeout, s.peers.quorum)
 	s.commitContract = ContractOf(cfg.Policy, cfg.Members, cfg.LogStores, cfg.LeaseTimeout)
+	s.peerContract = s.commitContract.GetSyncReplicas() > 0 || s.commitContract.GetLogstoreSync()
 	if len(cfg.Members) > 0 {
 		s.peers.eligible = map[string]bool{}
 		for _, m := range cfg.Members {

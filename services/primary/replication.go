@@ -324,7 +324,7 @@ func (x *replicaSender) linger(ctx context.Context, ask uint64, changed, askChan
 // caughtUp runs while the replica has every written entry: it forwards a
 // group's flush ask, tells the replica of a newer durable LSN (at once if
 // a commit waits for replicas to apply, else by durableUpdateDelay) or a
-// newer commit watermark (by durableUpdateDelay), and otherwise waits for
+// newer commit watermark (at once), and otherwise waits for
 // a write, an ask, that delay or the idle heartbeat.
 func (x *replicaSender) caughtUp(ctx context.Context, ask, commit uint64, changed, askChanged, commitChanged <-chan struct{}) error {
 	s := x.r.s
@@ -342,11 +342,17 @@ func (x *replicaSender) caughtUp(ctx context.Context, ask, commit uint64, change
 		// Urgent while an apply-stage commit waits, or is about to: its
 		// batch became durable before it began to wait.
 		urgent := s.peers.waiting[walshipv1.SyncLevel_SYNC_LEVEL_APPLY].Load() > 0 || s.pipe.want.applyUrgent(x.sentDurable)
-		if x.dueAt.IsZero() && !urgent {
+		// A new commit watermark goes at once when peers' acks move it
+		// (coalesced, at most one per replica per 10 ms): it is what makes
+		// the replica's reads and watches catch up. One that only follows
+		// the durable LSN (a contract of the primary's fsync alone) goes
+		// with it.
+		now := commit > x.sentCommit && s.peerContract
+		if x.dueAt.IsZero() && !urgent && !now {
 			x.dueAt = time.Now().Add(durableUpdateDelay)
 			x.due.Reset(durableUpdateDelay)
 		}
-		if urgent || !time.Now().Before(x.dueAt) {
+		if urgent || now || !time.Now().Before(x.dueAt) {
 			if err := x.sendHeartbeat(durable, commit, urgent); err != nil {
 				return err
 			}

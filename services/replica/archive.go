@@ -167,6 +167,9 @@ func (s *Server) reseedFromArchive(ctx context.Context, cat *archive.Catalog, re
 	if err := s.install(store, hdr.GetEpoch()); err != nil {
 		return err
 	}
+	// The archive holds only what a log store majority made durable,
+	// which no failover cuts: readable at once (readable.go).
+	s.rd.committed(hdr.GetLsn())
 	s.metrics.archiveReseeds.Inc()
 	s.logger.Info("re-seeded from the archive's snapshot", "archive", s.arch.String(), "lsn", hdr.GetLsn(), "keys", hdr.GetKeys(), "took", time.Since(start))
 	return nil
@@ -196,6 +199,11 @@ func (s *Server) readChunks(ctx context.Context, cat *archive.Catalog, run archi
 		}
 		n, err := s.process(round, nil)
 		applied += n
+		if n > 0 {
+			// Only what a log store majority made durable is archived,
+			// and no failover cuts that: readable at once (readable.go).
+			s.rd.committed(min(s.appliedLSN(), round[len(round)-1].GetLastLsn()))
+		}
 		s.metrics.archiveBatches.Add(float64(n))
 		clear(round)
 		round = round[:0]
