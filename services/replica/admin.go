@@ -28,8 +28,8 @@ func (a *adminServer) Status(context.Context, *walshipv1.StatusRequest) (*walshi
 // ready is /readyz's condition: applied within ReadyMaxLag of what the
 // primary last reported.
 func (s *Server) ready() error {
-	applied := s.positions().AppliedLsn
-	lag := max(s.lag.primaryLSN(), applied) - applied
+	// Behind as reads see it: the state served (at the commit watermark).
+	lag, _ := s.readLag()
 	if s.cfg.ReadyMaxLag > 0 && lag > s.cfg.ReadyMaxLag {
 		return fmt.Errorf("%d LSNs behind the primary (ready within %d)", lag, s.cfg.ReadyMaxLag)
 	}

@@ -139,3 +139,26 @@ func TestMaxLag(t *testing.T) {
 		t.Fatalf("Get max_lag_time 1h = %v", err)
 	}
 }
+
+// TestReadyMaxLag: --ready-max-lag cuts readiness by how far the state
+// reads are served at trails the primary's last report.
+func TestReadyMaxLag(t *testing.T) {
+	fp := newFakePrimary(t)
+	cfg := testConfig(t, t.TempDir(), fp.addr)
+	cfg.ReadyMaxLag = 10
+	r := start(t, cfg)
+	m := newModel(t)
+	sess := fp.next(t)
+	b1 := m.txn(put("k", "1"))
+	sess.send(t, b1)
+	r.waitApplied(t, b1.LastLsn)
+	testkit.Until(t, "ready", func() bool { return r.s.ready() == nil })
+	// Durable and applied up to b1, but the primary is 100 LSNs further.
+	sess.heartbeatDurable(t, 1, b1.LastLsn+100, b1.LastLsn, false)
+	testkit.Until(t, "not ready 100 LSNs behind", func() bool {
+		err := r.s.ready()
+		return err != nil && strings.Contains(err.Error(), "100 LSNs behind the primary (ready within 10)")
+	})
+	sess.heartbeatDurable(t, 1, b1.LastLsn+5, b1.LastLsn, false)
+	testkit.Until(t, "ready 5 LSNs behind", func() bool { return r.s.ready() == nil })
+}
