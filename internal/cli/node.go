@@ -82,6 +82,8 @@ func nodeFlags(fs *flag.FlagSet, env *Env, role node.Role) func(context.Context)
 	// to promote one.
 	fs.BoolVar(&cfg.SwitchoverOnStop, "switchover-on-stop", true, "a primary told to stop (SIGTERM, Ctrl-C) first switches over to its most advanced connected replica, within --switchover-timeout, then stops (false: stop at once, leaving no primary until one is promoted)")
 	fs.DurationVar(&cfg.SwitchoverTimeout, "switchover-timeout", node.DefaultSwitchoverTimeout, "how long a primary told to stop tries to switch over first (--switchover-on-stop); past it, it stops anyway")
+	fs.IntVar(&pc.WatchMaxBytes, "watch-ring-bytes", 0, "memory for the recent transactions KVService.Watch serves from, with previous values (0 = 16 MiB); older positions are read from the WAL, without them")
+	fs.DurationVar(&pc.WatchStall, "watch-stall", 0, "cut off a watcher that leaves a send blocked (does not read) this long (0 = 10s)")
 	kf := addKubeFlags(fs, &cfg)
 	sf := addSecurityFlags(fs, true)
 	return func(ctx context.Context) error {
@@ -102,6 +104,7 @@ func nodeFlags(fs *flag.FlagSet, env *Env, role node.Role) func(context.Context)
 		}
 		pc.Security, rc.Security = sec, sec
 		rc.SegmentBytes, rc.SnapshotEveryBytes, rc.HeartbeatInterval = pc.SegmentBytes, pc.SnapshotEveryBytes, pc.HeartbeatInterval
+		rc.WatchMaxBytes, rc.WatchStall = pc.WatchMaxBytes, pc.WatchStall
 		cfg.Role, cfg.Members, cfg.LogStores, cfg.Primary, cfg.Replica = role, peers.members, logstores, pc, rc
 		n, err := node.New(cfg)
 		if err != nil {
