@@ -1,13 +1,16 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/testkit"
 )
 
 // TestRestoreProcesses: a log store and a primary as processes, a write
@@ -102,6 +105,52 @@ func TestRestoreProcesses(t *testing.T) {
 		t.Fatalf("Get k12 on the restored primary = %v, %v", got, err)
 	}
 	np.stop()
+
+	// As the RUNBOOK says, with new, empty log stores: the new cluster
+	// opens its epoch on them and acknowledges through them.
+	dir3 := filepath.Join(t.TempDir(), "restored3")
+	restore("--data-dir", dir3, "--lsn", lsn)
+	ls3 := startProc(t, "log store serving", "logstore", "--listen", "127.0.0.1:0", "--metrics-listen", "", "--data-dir", t.TempDir())
+	np3 := startProc(t, "primary serving", "primary", "--listen", "127.0.0.1:0", "--metrics-listen", "", "--data-dir", dir3,
+		"--logstore", ls3.addr, "--logstore-ack", "sync", "--snapshot-every-bytes", "8192")
+	nkv3 := walshipv1.NewKVServiceClient(np3.dial(ctx))
+	// The primary opens its epoch once the new log store holds its epoch
+	// record. It never did when the primary could not ship to an empty
+	// log store from a WAL that starts after the restored snapshot.
+	var after *walshipv1.PutResponse
+	testkit.UntilWithin(t, time.Minute, "the restored primary to take a write through a new log store", func() bool {
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		r, err := nkv3.Put(pctx, &walshipv1.PutRequest{Key: "after", Value: []byte("restore")})
+		after = r
+		return err == nil
+	})
+	if after.Lsn <= want.lsn {
+		t.Fatalf("Put on the restored primary with a new log store at LSN %d; want an LSN after %d", after.Lsn, want.lsn)
+	}
+	if got, err := nkv3.Get(ctx, &walshipv1.GetRequest{Key: "k12"}); err != nil || string(got.Value) != "v25" {
+		t.Fatalf("Get k12 on the restored primary with a new log store = %v, %v", got, err)
+	}
+	// The new cluster's own log stores can restore it once the primary
+	// has uploaded a snapshot taken after the restore (the restored one
+	// is not uploaded: its batch, which names its commit time, is not in
+	// the new WAL). Writes until one is there.
+	ls3Admin := walshipv1.NewLogStoreServiceClient(ls3.dial(ctx))
+	var upto uint64
+	testkit.UntilWithin(t, time.Minute, "the new log store to hold a base snapshot of the new cluster", func() bool {
+		if r, err := nkv3.Put(ctx, &walshipv1.PutRequest{Key: "fill", Value: make([]byte, 1024)}); err == nil {
+			upto = r.Lsn
+		}
+		st, err := ls3Admin.Status(ctx, &walshipv1.LogStoreServiceStatusRequest{})
+		return err == nil && len(st.Snapshots) > 0
+	})
+	cmd3 := exec.Command(walshipBin(t), "restore", "--logstore", ls3.addr, "--data-dir", filepath.Join(t.TempDir(), "again"), "--lsn", fmt.Sprint(upto))
+	cmd3.Env = cleanEnv()
+	if out, err := cmd3.CombinedOutput(); err != nil {
+		t.Fatalf("restore from the new cluster's log store to LSN %d: %v\n%s", upto, err, out)
+	}
+	np3.stop()
+	ls3.stop()
 
 	// Pointed at the source's log store, a restored directory is refused:
 	// it is another cluster, never mistaken for the source.

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/walship/walship/internal/vfs"
 )
@@ -423,5 +424,42 @@ func TestTruncateAfterConcurrentReaders(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Error(err)
+	}
+}
+
+// TestFirstReadableLSN: a log that holds no entry yet — new, or Reset to
+// start after a snapshot, as a restored data directory's — can still be
+// read from the LSN its next entry will have, and a reader placed there
+// gets that entry. FirstLSN is 0 there, and a reader from FirstLSN (or 1)
+// is refused: how a primary on a restored directory failed to ship to an
+// empty log store.
+func TestFirstReadableLSN(t *testing.T) {
+	l := openMem(t, vfs.NewMem(), 0)
+	defer l.Close()
+	if got := l.FirstReadableLSN(); got != 1 {
+		t.Fatalf("new log: FirstReadableLSN %d, want 1", got)
+	}
+	mustNoErr(t, l.Reset(9))
+	if l.FirstLSN() != 0 {
+		t.Fatalf("after Reset(9): FirstLSN %d, want 0", l.FirstLSN())
+	}
+	if got := l.FirstReadableLSN(); got != 9 {
+		t.Fatalf("after Reset(9): FirstReadableLSN %d, want 9", got)
+	}
+	_, err := l.NewReader(1, false)
+	wantErr(t, err, ErrCompacted)
+	r, err := l.NewReader(l.FirstReadableLSN(), false)
+	mustNoErr(t, err)
+	defer r.Close()
+	mustNoErr(t, l.Append(mkEntry(9, 10, 8)))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	e, err := r.Next(ctx)
+	mustNoErr(t, err)
+	if e.FirstLSN != 9 || e.LastLSN != 10 {
+		t.Fatalf("the reader got LSNs %d..%d, want 9..10", e.FirstLSN, e.LastLSN)
+	}
+	if got := l.FirstReadableLSN(); got != 9 || l.FirstLSN() != 9 {
+		t.Fatalf("with entries: FirstReadableLSN %d, FirstLSN %d, want 9 and 9", got, l.FirstLSN())
 	}
 }

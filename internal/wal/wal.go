@@ -287,6 +287,20 @@ func (l *Log) DurableLSN() uint64 {
 	return l.durableLSN
 }
 
+// FirstReadableLSN returns the oldest LSN a Reader can start at: the
+// first kept entry's, or, while the log holds no entry (a new log, one
+// Reset to start after a snapshot), the LSN its next entry will have.
+// Unlike FirstLSN followed by LastLSN, it reads both under one lock, so an
+// entry appended in between is not skipped.
+func (l *Log) FirstReadableLSN() uint64 {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if len(l.segs) == 0 {
+		return l.lastLSN + 1
+	}
+	return l.segs[0].firstLSN
+}
+
 // FirstLSN returns the first LSN of the oldest entry kept, or 0 if the log
 // holds no entries.
 func (l *Log) FirstLSN() uint64 {

@@ -118,7 +118,7 @@ func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceC
 		// has peers, refills from them (and refuses the stream meanwhile);
 		// without peers it refuses the gap.
 		gap = true
-		from = s.wal.FirstLSN()
+		from = s.wal.FirstReadableLSN()
 		rd, err = s.wal.NewReader(from, true)
 	}
 	if err != nil {
@@ -229,11 +229,14 @@ func (e *logStoreGapError) Unwrap() error { return e.err }
 // store keeps it as an orphan).
 func (s *Server) logStoreStart(addr string, st *walshipv1.LogStoreServiceStatusResponse) (from, durable uint64, cut bool) {
 	if st.FirstLsn == 0 {
-		// An empty log store starts at the oldest batch we still have. It
-		// may report a durable LSN even so (a WAL anchored by a segment
-		// header written before a crash); holding nothing, it vouches for
-		// nothing.
-		return max(s.wal.FirstLSN(), 1), 0, false
+		// An empty log store starts at the oldest batch we still have,
+		// or, holding none yet (a primary started on a restored
+		// directory: its state is a snapshot, its WAL starts after it),
+		// at the next one; the base snapshot reaches the log store by
+		// upload. It may report a durable LSN even so (a WAL anchored by
+		// a segment header written before a crash); holding nothing, it
+		// vouches for nothing.
+		return max(s.wal.FirstReadableLSN(), 1), 0, false
 	}
 	from, durable = st.DurableLsn+1, st.DurableLsn
 	keep, all, known := s.epochs.KeepUpTo(st.LastEpoch)
