@@ -62,9 +62,9 @@ type backend struct {
 
 // startInProcess starts a log store, a primary and n replicas in this
 // process (internal/cluster), the way `walship dev` does.
-func startInProcess(ctx context.Context, dir string, n int, c codec.Codec, pol primary.Policy, logger *slog.Logger, sec serve.Security) (*backend, error) {
+func startInProcess(ctx context.Context, dir string, n int, c codec.Codec, pol primary.Policy, logger *slog.Logger, sec serve.Security, basePort int) (*backend, error) {
 	cl, err := cluster.Start(ctx, cluster.Config{
-		Dir: dir, LogStores: 1, Replicas: n,
+		Dir: dir, LogStores: 1, Replicas: n, BasePort: basePort,
 		Primary:  func(cfg *primary.Config) { cfg.Codec, cfg.Policy = c, pol },
 		Logger:   logger,
 		Security: sec,
@@ -320,6 +320,17 @@ type procCluster struct {
 	primaryFlags   []string
 	replicaFlags   []string
 	logstoreFlags  []string
+	basePort       int // 0: any free ports
+}
+
+// addrs are the gRPC and metrics listen addresses of the node at offset
+// from the base port (log store 0, primary 1, replicas from 2), or any
+// free ports without one.
+func (pc procCluster) addrs(offset int) (grpcAddr, metrics string) {
+	if pc.basePort == 0 {
+		return "127.0.0.1:0", "127.0.0.1:0"
+	}
+	return fmt.Sprintf("127.0.0.1:%d", pc.basePort+offset), fmt.Sprintf("127.0.0.1:%d", pc.basePort+2000+offset)
 }
 
 // startProcesses runs a log store, a primary and n replicas as separate
@@ -352,12 +363,13 @@ func startProcesses(ctx context.Context, pc procCluster, dir string, n int, c co
 			_ = stopAll()
 		}
 	}()
-	loop := "127.0.0.1:0"
-	args := []string{"primary", "--listen", loop, "--metrics-listen", loop,
+	pl, pm := pc.addrs(1)
+	args := []string{"primary", "--listen", pl, "--metrics-listen", pm,
 		"--data-dir", filepath.Join(dir, "primary"), "--codec", c.Name()}
 	var lsArgs []string
 	if !pc.noLogStore {
-		ls, err := startProc(ctx, pc.bin, pc.peers, "logstore", "log store serving", append([]string{"logstore", "--listen", loop, "--metrics-listen", loop,
+		ll, lm := pc.addrs(0)
+		ls, err := startProc(ctx, pc.bin, pc.peers, "logstore", "log store serving", append([]string{"logstore", "--listen", ll, "--metrics-listen", lm,
 			"--data-dir", filepath.Join(dir, "logstore-0")}, slices.Concat(pc.lsTLSFlags, runFlags(pc.logstoreFlags, dir))...)...)
 		if err != nil {
 			return nil, err
@@ -386,7 +398,8 @@ func startProcesses(ctx context.Context, pc procCluster, dir string, n int, c co
 	}
 	for i := 0; i < n; i++ {
 		id := fmt.Sprintf("replica-%d", i)
-		rp, err := startProc(ctx, pc.bin, pc.peers, id, "replica serving", append([]string{"replica", "--listen", loop, "--metrics-listen", loop,
+		rl, rm := pc.addrs(2 + i)
+		rp, err := startProc(ctx, pc.bin, pc.peers, id, "replica serving", append([]string{"replica", "--listen", rl, "--metrics-listen", rm,
 			"--data-dir", filepath.Join(dir, id), "--id", id, "--primary", pr.addr}, slices.Concat(lsArgs, pc.tlsFlags, pc.replicaFlags)...)...)
 		if err != nil {
 			return nil, err

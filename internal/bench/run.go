@@ -118,6 +118,11 @@ type Config struct {
 	LogStoreFlags []string
 	// Dir holds a started cluster's data ("" = a temporary directory).
 	Dir string
+	// BasePort, if not 0, puts a started cluster on fixed ports, as
+	// walship dev's --base-port does: the log store at BasePort, the
+	// primary at +1, the replicas from +2, metrics at the same +2000.
+	// Each run reuses them once the run before has stopped.
+	BasePort int
 	// PrimaryAddr, ReplicaAddrs and PrimaryMetrics locate an external cluster.
 	PrimaryAddr    string
 	ReplicaAddrs   []string
@@ -397,9 +402,9 @@ func Run(ctx context.Context, cfg Config) (row Row, err error) {
 			b, err = startProcesses(ctx, procCluster{bin: cfg.Bin, primary: placement{cpus: cfg.PrimaryCPUs},
 				peers: placement{cpus: cfg.ReplicaCPUs, nice: cfg.ReplicaNice, idle: cfg.ReplicaIdle},
 				pprof: cfg.ProfileDir != "", noLogStore: cfg.NoLogStore, tlsFlags: cfg.TLSFlags, lsTLSFlags: cfg.LogStoreTLSFlags,
-				primaryFlags: cfg.PrimaryFlags, replicaFlags: cfg.ReplicaFlags, logstoreFlags: cfg.LogStoreFlags}, dir, replicas, c, pol)
+				primaryFlags: cfg.PrimaryFlags, replicaFlags: cfg.ReplicaFlags, logstoreFlags: cfg.LogStoreFlags, basePort: cfg.BasePort}, dir, replicas, c, pol)
 		} else {
-			b, err = startInProcess(ctx, dir, replicas, c, pol, cfg.Logger, cfg.Security)
+			b, err = startInProcess(ctx, dir, replicas, c, pol, cfg.Logger, cfg.Security, cfg.BasePort)
 		}
 		if err != nil {
 			return row, fmt.Errorf("start cluster: %w", err)

@@ -133,6 +133,7 @@ func (o *benchOptions) clusterFlags(fs *flag.FlagSet) {
 	fs.Var(fieldsFlag{&cfg.LogStoreFlags}, "logstore-flags", "with --processes: flags added to the started log store's command line, space-separated, {run} replaced by a name of each run's own (e.g. \"--archive s3://BUCKET/PREFIX/{run} --archive-endpoint URL\": each run is a new cluster)")
 	fs.Var(fieldsFlag{&cfg.ReplicaFlags}, "replica-flags", "with --processes: flags added to each started replica's command line, space-separated (e.g. \"--flush-delay 5ms\")")
 	fs.StringVar(&cfg.Dir, "data-dir", "", "parent of the clusters' data directories (default: temporary, removed)")
+	fs.IntVar(&cfg.BasePort, "base-port", 0, "put a started cluster on fixed ports on 127.0.0.1: the log store at this port, the primary at +1, replicas from +2, metrics at the same +2000 (0: any free ports); every run reuses them")
 	fs.BoolVar(&o.withTLS, "tls", false, "run the started cluster (in-process or --processes) over mTLS: a throwaway CA, the default authorization policy")
 }
 
@@ -177,6 +178,11 @@ func (o *benchOptions) run(ctx context.Context, env *Env) error {
 	if err != nil {
 		return err
 	}
+	if n := len(runs) * o.repeat; n > 1 {
+		each := o.cfg.Warmup + o.cfg.Duration
+		fmt.Fprintf(env.Stderr, "%d runs (%d cells x %d codecs x %d repeats), each %v warm-up + %v measured: at least %v, plus starting and loading a cluster for each\n",
+			n, len(runs)/len(o.codecs), len(o.codecs), o.repeat, o.cfg.Warmup, o.cfg.Duration, time.Duration(n)*each)
+	}
 	rows, err := bench.RunInterleaved(ctx, runs, o.repeat, func(r bench.Row) {
 		cpu := ""
 		if r.CPUMsPer1000 > 0 {
@@ -219,10 +225,16 @@ func (o *benchOptions) useTLS(env *Env) (func(), error) {
 // or one they start as processes (--processes, --cpu-scaling) or in this
 // process.
 func (o *benchOptions) setMode(env *Env) error {
+	if o.cfg.BasePort < 0 || o.cfg.BasePort > 65535-2000-2-o.cfg.Replicas {
+		return benchUsage(env, fmt.Sprintf("--base-port: %d leaves no room for the nodes' ports and their metrics' (+2000) below 65536", o.cfg.BasePort))
+	}
 	if o.cfg.PrimaryAddr != "" {
 		o.cfg.Mode = bench.ModeExternal
 		if o.processes || o.cpuScaling {
 			return benchUsage(env, "--primary: an external cluster cannot be run as --processes or --cpu-scaling")
+		}
+		if o.cfg.BasePort != 0 {
+			return benchUsage(env, "--base-port: only for a cluster the bench starts, not with --primary")
 		}
 	} else if len(o.cfg.ReplicaAddrs) > 0 {
 		return benchUsage(env, "--replicas: addresses need --primary")

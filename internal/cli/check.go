@@ -130,9 +130,34 @@ func primaryStatus(ctx context.Context, conn *grpc.ClientConn, addr string) (*wa
 		return nil, fmt.Errorf("--primary %s: status: %w", addr, err)
 	}
 	if st.Role != walshipv1.Role_ROLE_PRIMARY {
-		return nil, fmt.Errorf("--primary %s is a %s, not the primary", addr, st.Role)
+		return nil, fmt.Errorf("--primary %s is %s, not the primary%s", addr, roleName(st.Role), primaryHint(st))
 	}
 	return st, nil
+}
+
+// roleName is role in words: "a replica", "a log store".
+func roleName(role walshipv1.Role) string {
+	switch role {
+	case walshipv1.Role_ROLE_REPLICA:
+		return "a replica"
+	case walshipv1.Role_ROLE_LOGSTORE:
+		return "a log store"
+	case walshipv1.Role_ROLE_PRIMARY:
+		return "the primary"
+	}
+	return "a " + role.String()
+}
+
+// primaryHint is "; the primary is <id> at <addr>" from a node's status,
+// or "" if it knows of none.
+func primaryHint(st *walshipv1.StatusResponse) string {
+	if st.GetPrimary() == "" {
+		return ""
+	}
+	if st.GetPrimaryId() == "" {
+		return "; the primary is at " + st.GetPrimary()
+	}
+	return fmt.Sprintf("; the primary is %s at %s", st.GetPrimaryId(), st.GetPrimary())
 }
 
 // reportLinear prints the verdict of `check linear` and the replica's
@@ -219,6 +244,10 @@ func (c *failoverCheck) validate(env *Env) error {
 	return nil
 }
 
+// afterFaultKey is the key of the write that shows a primary takes writes
+// after the fault.
+func (c *failoverCheck) afterFaultKey() string { return c.prefix + "after-fault" }
+
 // run runs the workload through the fault, reads every key back and
 // checks the history.
 func (c *failoverCheck) run(ctx context.Context, env *Env) error {
@@ -238,6 +267,10 @@ func (c *failoverCheck) run(ctx context.Context, env *Env) error {
 	res := check.Check(h, 5*time.Minute)
 	if _, err := w.DeleteKeys(context.WithoutCancel(ctx), h); err != nil {
 		env.Logger.Warn("could not delete the check's keys", "prefix", c.prefix, "err", err)
+	}
+	// Not in the history: the write that showed the new primary took writes.
+	if _, _, err := cl.Delete(context.WithoutCancel(ctx), c.afterFaultKey(), nil); err != nil {
+		env.Logger.Warn("could not delete the check's key", "key", c.afterFaultKey(), "err", err)
 	}
 	fmt.Fprintln(env.Stdout, res)
 	if res.OK() {
@@ -276,7 +309,7 @@ func (c *failoverCheck) runWithFault(ctx context.Context, env *Env, cl *client.C
 		<-done
 		return err
 	}
-	if _, err := cl.Put(ctx, c.prefix+"after-fault", []byte("x"), nil); err != nil {
+	if _, err := cl.Put(ctx, c.afterFaultKey(), []byte("x"), nil); err != nil {
 		<-done
 		return fmt.Errorf("no write acknowledged after the fault: %w", err)
 	}

@@ -6,6 +6,7 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/cluster"
+	"github.com/walship/walship/pkg/client"
 )
 
 // TestCheckLinear runs `walship check linear` against an in-process
@@ -63,9 +64,28 @@ func TestCheckFailover(t *testing.T) {
 		}
 	})
 	nodes := c.Primary.Addr + "," + c.Replicas[0].Addr + "," + c.Replicas[1].Addr
-	code, out, errOut := run(t, "check", "failover", "--nodes", nodes, "--duration", "3s", "--rate", "1000")
+	code, out, errOut := run(t, "check", "failover", "--nodes", nodes, "--duration", "3s", "--rate", "1000", "--prefix", "cli-failover/")
 	if code != 0 || !strings.Contains(out, "\nlinearizable: ") || !strings.Contains(out, "switched over to replica-") {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	// No key left behind, the one written after the fault included; and
+	// Status counts none (the epoch record is walship's, not a client's).
+	cl, err := client.New(strings.Split(nodes, ","), client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	scan, err := cl.KV().Scan(t.Context(), &walshipv1.ScanRequest{Start: "cli-failover/", End: "cli-failover0"})
+	if err != nil || len(scan.GetKvs()) != 0 {
+		t.Fatalf("keys left behind: %v, %v", scan, err)
+	}
+	addr, err := cl.Primary(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := nodeStatus(t.Context(), addr)
+	if err != nil || st.GetKeys() != 0 {
+		t.Fatalf("the primary's Status counts %d keys (%v); want 0", st.GetKeys(), err)
 	}
 	if code, _, errOut := run(t, "check", "failover", "--nodes", nodes, "--fault", "kill"); code != 2 || !strings.Contains(errOut, "--kill-command: required") {
 		t.Fatalf("--fault kill without a command: exit %d, %q", code, errOut)

@@ -78,9 +78,22 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		usage(stdout)
 		return 0
 	}
+	if args[0] == "--version" || args[0] == "-version" {
+		args = append([]string{"version"}, args[1:]...)
+	}
 	name, rest := commandName(args)
 	cmd, ok := lookup(name)
 	if !ok {
+		if group := groupOf(name); group != "" {
+			// "walship ctl" alone, or with a sub-command it does not have.
+			if name != group {
+				fmt.Fprintf(stderr, "walship %s: unknown command %q\n\n", group, strings.TrimPrefix(name, group+" "))
+			} else if len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
+				fmt.Fprintf(stderr, "walship %s: unknown command %q\n\n", group, rest[0])
+			}
+			groupUsage(stderr, group)
+			return 2
+		}
 		fmt.Fprintf(stderr, "walship: unknown command %q\n\n", name)
 		usage(stderr)
 		return 2
@@ -129,6 +142,31 @@ func commandName(args []string) (name string, rest []string) {
 		}
 	}
 	return args[0], args[1:]
+}
+
+// groupOf is the group of commands name is or belongs to ("ctl" for "ctl"
+// and "ctl nope"), or "" if none: a word that only starts commands.
+func groupOf(name string) string {
+	first, _, _ := strings.Cut(name, " ")
+	for _, c := range commands() {
+		if strings.HasPrefix(c.name, first+" ") {
+			return first
+		}
+	}
+	return ""
+}
+
+// groupUsage lists the commands of group.
+func groupUsage(w io.Writer, group string) {
+	fmt.Fprintf(w, "Usage: walship %s <command> [flags]\n\nCommands:\n", group)
+	cmds := commands()
+	sort.Slice(cmds, func(i, j int) bool { return cmds[i].name < cmds[j].name })
+	for _, c := range cmds {
+		if sub, ok := strings.CutPrefix(c.name, group+" "); ok {
+			fmt.Fprintf(w, "  %-15s %s\n", sub, c.summary)
+		}
+	}
+	fmt.Fprintf(w, "\nRun 'walship help %s <command>' for a command's flags.\n", group)
 }
 
 func lookup(name string) (command, bool) {
@@ -223,6 +261,10 @@ func usage(w io.Writer) {
 
 func helpCommand(name string, stdout, stderr io.Writer) int {
 	if _, ok := lookup(name); !ok {
+		if group := groupOf(name); group == name {
+			groupUsage(stdout, group)
+			return 0
+		}
 		fmt.Fprintf(stderr, "walship: unknown command %q\n", name)
 		return 2
 	}

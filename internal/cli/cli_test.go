@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/walship/walship/internal/freeport"
 	"github.com/walship/walship/internal/testkit"
 	"github.com/walship/walship/internal/tlsid"
 )
@@ -33,8 +35,27 @@ func TestHelpAndVersion(t *testing.T) {
 			t.Errorf("help does not list %q:\n%s", c, out)
 		}
 	}
-	if code, out, _ := run(t, "version"); code != 0 || !strings.HasPrefix(out, "walship ") {
-		t.Fatalf("version: %d %q", code, out)
+	for _, args := range [][]string{{"version"}, {"--version"}, {"-version"}} {
+		if code, out, _ := run(t, args...); code != 0 || !strings.HasPrefix(out, "walship ") || !strings.Contains(out, " go1.") {
+			t.Fatalf("%v: %d %q", args, code, out)
+		}
+	}
+	// A group alone lists its commands (exit 2, as any usage error);
+	// `help ctl` lists them on stdout.
+	for _, args := range [][]string{{"ctl"}, {"check"}, {"ctl", "nope"}, {"ctl", "--nodes", "x"}} {
+		code, _, errOut := run(t, args...)
+		if code != 2 || !strings.Contains(errOut, "Usage: walship "+args[0]+" <command>") || strings.Contains(errOut, `unknown command "`+args[0]+`"`) {
+			t.Errorf("%v: exit %d, stderr:\n%s", args, code, errOut)
+		}
+		if args[0] == "ctl" && (!strings.Contains(errOut, "  status ") || !strings.Contains(errOut, "  promote ")) {
+			t.Errorf("%v: the ctl commands are not listed:\n%s", args, errOut)
+		}
+	}
+	if code, _, errOut := run(t, "ctl", "nope"); !strings.Contains(errOut, `walship ctl: unknown command "nope"`) {
+		t.Errorf("ctl nope: exit %d, stderr:\n%s", code, errOut)
+	}
+	if code, out, _ := run(t, "help", "ctl"); code != 0 || !strings.Contains(out, "  switchover ") {
+		t.Errorf("help ctl: exit %d, stdout:\n%s", code, out)
 	}
 	if code, out, _ := run(t, "help", "primary"); code != 0 || !strings.Contains(out, "WALSHIP_DATA_DIR") || !strings.Contains(out, "-durability") {
 		t.Fatalf("help primary: %d\n%s", code, out)
@@ -291,5 +312,38 @@ func TestMetricsAndProfilesOnLoopback(t *testing.T) {
 		if err != nil || strings.Contains(logs.String(), "beyond loopback") != tc.warned {
 			t.Errorf("--pprof on %s (public %v): %v, log %q; want served, warned %v", tc.metrics, tc.public, err, logs.String(), tc.warned)
 		}
+	}
+}
+
+// TestBenchMatrixBasePort: `walship bench --matrix` says up front how long
+// it will run, and --base-port puts its clusters on fixed ports: with the
+// primary's port taken it fails naming it; with the ports free every
+// cell runs on them, one after the other.
+func TestBenchMatrixBasePort(t *testing.T) {
+	addr, err := freeport.Pick("127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, p, _ := net.SplitHostPort(addr)
+	base, _ := strconv.Atoi(p)
+	base = min(base, 30000) // room for +2000
+	args := []string{"bench", "--matrix", "--workload", "put", "--terminals", "1", "--replicas", "1", "--placement", "shared",
+		"--duration", "200ms", "--warmup", "100ms", "--data-dir", t.TempDir(), "--base-port", strconv.Itoa(base)}
+	taken, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(base+1)))
+	if err != nil {
+		t.Skipf("the primary's port: %v", err)
+	}
+	code, out, errOut := run(t, args...)
+	taken.Close()
+	if code != 1 || !strings.Contains(errOut, "6 runs (6 cells x 1 codecs x 1 repeats), each 100ms warm-up + 200ms measured: at least 1.8s") ||
+		!strings.Contains(errOut, fmt.Sprintf("127.0.0.1:%d", base+1)) {
+		t.Fatalf("with the primary's port taken: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, tail(errOut, 3000))
+	}
+	code, out, errOut = run(t, args...)
+	if code != 0 || strings.Count(out, " true\n") != 6 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, tail(errOut, 3000))
+	}
+	if code, _, errOut := run(t, "bench", "--primary", "127.0.0.1:1", "--base-port", "7400"); code != 2 || !strings.Contains(errOut, "--base-port: only for a cluster the bench starts") {
+		t.Fatalf("--base-port with --primary: exit %d, %q", code, errOut)
 	}
 }

@@ -53,9 +53,14 @@ func ctlStatusFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 		w := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(w, "ADDRESS\tID\tROLE\tEPOCH\tPROMISED\tPRIMARY\tLAST\tDURABLE\tVISIBLE\tLAG\tSERVING\tWRITES\tARCHIVED\tORPHANS\tCLUSTER")
 		clusters := map[string][]string{}
+		var unreachable []row
 		for _, r := range rows {
 			if r.err != nil {
-				fmt.Fprintf(w, "%s\t-\tunreachable\t\t\t\t\t\t\t\t\t\t%v\n", r.addr, r.err)
+				// Every column filled, the error below the table: a row
+				// with fewer cells would end tabwriter's column blocks
+				// and shift the rows after it.
+				fmt.Fprintf(w, "%s\t-\tunreachable%s\n", r.addr, strings.Repeat("\t-", 12))
+				unreachable = append(unreachable, r)
 				continue
 			}
 			cluster := r.st.GetClusterId()
@@ -65,7 +70,7 @@ func ctlStatusFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 				clusters[cluster] = append(clusters[cluster], r.addr)
 			}
 			st := r.st
-			lag := ""
+			lag := "-"
 			if st.GetRole() == walshipv1.Role_ROLE_REPLICA && len(st.GetPeers()) > 0 {
 				lag = fmt.Sprintf("%d rec, %.2fs", st.GetPeers()[0].GetLagRecords(), st.GetPeers()[0].GetLagSeconds())
 			}
@@ -85,10 +90,16 @@ func ctlStatusFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 				}
 			}
 			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\t%d\t%d\t%d\t%s\t%v\t%s\t%s\t%d\t%s\n", r.addr, st.GetId(), role, st.GetEpoch(), st.GetVoteEpoch(),
-				st.GetPrimaryId(), st.GetLastLsn(), st.GetDurableLsn(), st.GetVisibleLsn(), lag, st.GetServing(), writes, archived, len(st.GetOrphans()), cluster)
+				dash(st.GetPrimaryId()), st.GetLastLsn(), st.GetDurableLsn(), st.GetVisibleLsn(), lag, st.GetServing(), writes, archived, len(st.GetOrphans()), cluster)
 		}
 		if err := w.Flush(); err != nil {
 			return err
+		}
+		if len(unreachable) > 0 {
+			fmt.Fprintln(env.Stdout)
+			for _, r := range unreachable {
+				fmt.Fprintf(env.Stdout, "%s unreachable: %v\n", r.addr, r.err)
+			}
 		}
 		if len(clusters) > 1 {
 			fmt.Fprintf(env.Stdout, "\nwarning: these nodes belong to %d different clusters; a node of another cluster is refused by the others (docs/RUNBOOK.md, \"Cluster id mismatch\"):\n", len(clusters))
@@ -115,6 +126,9 @@ func ctlStatusFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 				printTimeline(env, tl)
 			}
 		}
+		if len(unreachable) > 0 {
+			return fmt.Errorf("%d of %d nodes unreachable", len(unreachable), len(rows))
+		}
 		return nil
 	}
 }
@@ -136,6 +150,14 @@ func printPeers(env *Env, addr string, st *walshipv1.StatusResponse) error {
 		fmt.Fprintf(w, "  %s\t%s\t%v\t%d\t%d\t%s\t%.2f\n", p.GetId(), role, p.GetConnected(), reached, p.GetLagRecords(), byteSize(p.GetLagBytes()), p.GetLagSeconds())
 	}
 	return w.Flush()
+}
+
+// dash is s, or "-" for an empty cell.
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 // rows2archive returns the archive statuses of the rows that answered.
@@ -207,7 +229,7 @@ func ctlPromoteFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	)
 	fs.StringVar(&addr, "node", "", "gRPC address of the replica to promote (required)")
 	fs.BoolVar(&dry, "dry-run", false, "only report what a promotion would see, need and risk")
-	fs.BoolVar(&force, "force", false, "promote with a log store majority even without the replicas the contract needs (may lose the commits a dry run names)")
+	fs.BoolVar(&force, "force", false, "promote with a log store majority even without the replicas the contract needs (may lose the commits a dry run names), or while a primary is serving (use switchover for that: it loses nothing)")
 	fs.Uint64Var(&epoch, "epoch", 0, "epoch to open (0: the highest seen + 1)")
 	fs.DurationVar(&wait, "wait", 30*time.Second, "how long to wait for the new primary to take writes")
 	sf := addSecurityFlags(fs, false)
@@ -251,7 +273,20 @@ func ctlPromoteFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 			fmt.Fprintf(env.Stdout, "at risk without a quorum: any commit after LSN %d that only the members that did not answer hold; how many, the answers cannot say (a forced promotion loses them; those members keep them in orphan files when they rejoin: walship ctl orphans)\n",
 				resp.GetHighestLsn())
 		}
+		sp := resp.GetServingPrimary()
+		if sp != nil {
+			fmt.Fprintf(env.Stdout, "serving primary: %s at %s takes writes in epoch %d; a promotion would depose it and lose what it has not shipped: use `walship ctl switchover --primary %s --target %s` instead (nothing lost), or --force\n",
+				sp.GetId(), sp.GetAddr(), sp.GetEpoch(), sp.GetAddr(), nodeID(ctx, addr))
+		}
 		if dry {
+			// A dry run fails when the promotion would: a script that
+			// checks first then promotes must not go on.
+			switch {
+			case !resp.GetQuorum() && !force:
+				return fmt.Errorf("a promotion of %s would fail: it needs %s (--force goes on with a log store majority, losing what the missing replicas alone hold)", addr, resp.GetNeeded())
+			case sp != nil && !force:
+				return fmt.Errorf("a promotion of %s would be refused: %s is the primary and takes writes; use `walship ctl switchover --primary %s --target %s`", addr, sp.GetId(), sp.GetAddr(), nodeID(ctx, addr))
+			}
 			return nil
 		}
 		for {
@@ -294,7 +329,7 @@ func ctlSwitchoverFlags(fs *flag.FlagSet, env *Env) func(context.Context) error 
 			return err
 		}
 		if target == "" {
-			return usageErr(env, "--target: required")
+			return usageErr(env, "--target: required: the node id of the member to hand over to%s", memberHint(ctx, addr))
 		}
 		conn, err := dialNode(addr)
 		if err != nil {
@@ -308,4 +343,32 @@ func ctlSwitchoverFlags(fs *flag.FlagSet, env *Env) func(context.Context) error 
 		fmt.Fprintf(env.Stdout, "%s is the primary of epoch %d; it had flushed LSN %d; writes paused %v\n", target, resp.GetEpoch(), resp.GetLsn(), resp.GetPaused().AsDuration().Round(time.Millisecond))
 		return nil
 	}
+}
+
+// memberHint lists the members the primary at addr could hand over to
+// (", one of a, b"), or says nothing if it cannot tell.
+func memberHint(ctx context.Context, addr string) string {
+	st, err := nodeStatus(ctx, addr)
+	if err != nil {
+		return ""
+	}
+	var ids []string
+	for _, m := range st.GetContract().GetMembers() {
+		if m.GetId() != st.GetId() {
+			ids = append(ids, m.GetId())
+		}
+	}
+	if len(ids) == 0 {
+		return ""
+	}
+	return ", one of " + strings.Join(ids, ", ")
+}
+
+// nodeID is the node id of the data node at addr ("<node id>" if it does
+// not say).
+func nodeID(ctx context.Context, addr string) string {
+	if st, err := nodeStatus(ctx, addr); err == nil && st.GetId() != "" {
+		return st.GetId()
+	}
+	return "<node id>"
 }

@@ -111,19 +111,18 @@ func devFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 			printDevArchive(env, c, dataDir, host, basePort, arch)
 		}
 		// SIGUSR1 stops whichever data node is the primary, as if its
-		// machine died: then promote a replica.
-		usr1 := make(chan os.Signal, 1)
-		signal.Notify(usr1, syscall.SIGUSR1)
-		defer signal.Stop(usr1)
+		// machine died: then promote a replica. SIGUSR2 starts the
+		// stopped nodes again.
+		sigs := make(chan os.Signal, 1)
+		signal.Notify(sigs, syscall.SIGUSR1, syscall.SIGUSR2)
+		defer signal.Stop(sigs)
 		for {
 			select {
-			case <-usr1:
-				for _, n := range append([]*cluster.Node{c.Primary}, c.Replicas...) {
-					if dn := n.DataNode(); dn != nil && dn.Primary() != nil {
-						fmt.Fprintf(env.Stdout, "\nstopping %s, the primary (as if its machine died); promote a replica:\n  walship ctl promote --node %s\n", n.Name, c.Replicas[0].Addr)
-						_ = c.StopNode(n)
-						break
-					}
+			case sig := <-sigs:
+				if sig == syscall.SIGUSR1 {
+					devStopPrimary(env, c)
+				} else {
+					devRestart(ctx, env, c)
 				}
 				continue
 			case <-ctx.Done():
@@ -133,6 +132,67 @@ func devFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 		fmt.Fprintln(env.Stdout, "\nstopping the cluster...")
 		return c.Stop()
 	}
+}
+
+// devStopPrimary stops the data node that is the primary (SIGUSR1) and
+// prints the promotion of a replica that still runs.
+func devStopPrimary(env *Env, c *cluster.Cluster) {
+	// The primary of the newest epoch: one a switchover or a promotion
+	// replaced may not have stepped down yet.
+	var stopped *cluster.Node
+	var epoch uint64
+	for _, n := range devDataNodes(c) {
+		if dn := n.DataNode(); !n.Stopped() && dn != nil {
+			if p := dn.Primary(); p != nil && (stopped == nil || p.Epoch() > epoch) {
+				stopped, epoch = n, p.Epoch()
+			}
+		}
+	}
+	if stopped == nil {
+		fmt.Fprintf(env.Stdout, "\nno data node is the primary now: nothing to stop (kill -USR2 %d starts the stopped nodes again)\n", os.Getpid())
+		return
+	}
+	var live *cluster.Node
+	for _, n := range devDataNodes(c) {
+		if n != stopped && !n.Stopped() && n.DataNode() != nil {
+			live = n
+			break
+		}
+	}
+	fmt.Fprintf(env.Stdout, "\nstopping %s, the primary (as if its machine died)\n", stopped.Name)
+	if live == nil {
+		fmt.Fprintf(env.Stdout, "no replica runs to promote; start the stopped nodes again:\n  kill -USR2 %d\n", os.Getpid())
+	} else {
+		fmt.Fprintf(env.Stdout, "promote a replica that runs, e.g. %s:\n  walship ctl promote --node %s\nthen start %s again (it rejoins as a replica):\n  kill -USR2 %d\n",
+			live.Name, live.Addr, stopped.Name, os.Getpid())
+	}
+	if err := c.StopNode(stopped); err != nil {
+		env.Logger.Warn("stopping the primary", "node", stopped.Name, "err", err)
+	}
+	fmt.Fprintf(env.Stdout, "%s stopped\n", stopped.Name)
+}
+
+// devRestart starts the stopped nodes again (SIGUSR2).
+func devRestart(ctx context.Context, env *Env, c *cluster.Cluster) {
+	started, err := c.RestartStopped(ctx)
+	for _, n := range started {
+		role := "a log store"
+		if dn := n.DataNode(); dn != nil {
+			role = "the " + dn.Role().String()
+		}
+		fmt.Fprintf(env.Stdout, "\nstarted %s again at %s: %s\n", n.Name, n.Addr, role)
+	}
+	if err != nil {
+		fmt.Fprintf(env.Stdout, "\ncould not start every stopped node: %v\n", err)
+	}
+	if len(started) == 0 && err == nil {
+		fmt.Fprintln(env.Stdout, "\nno node is stopped: nothing to start")
+	}
+}
+
+// devDataNodes are the cluster's data nodes, the first primary first.
+func devDataNodes(c *cluster.Cluster) []*cluster.Node {
+	return append([]*cluster.Node{c.Primary}, c.Replicas...)
 }
 
 // devTransport refuses to serve plaintext beyond loopback unless
@@ -163,9 +223,12 @@ func printDev(env *Env, c *cluster.Cluster, dataDir, tlsDir, clusterID string, p
 	for _, n := range c.Nodes() {
 		addrs = append(addrs, n.Addr)
 	}
-	r := p
+	r, promote := p, p
 	if len(c.Replicas) > 0 {
 		r = c.Replicas[0].Addr
+		// The switchover below hands the role to replica-0, which
+		// kill -USR1 then stops: promote another one.
+		promote = c.Replicas[len(c.Replicas)-1].Addr
 	}
 	g := "-plaintext"
 	if tlsDir != "" {
@@ -195,14 +258,15 @@ Fail over (the nodes are members of one cluster; the log stores are the quorum):
   walship ctl status --nodes %[4]s
   walship ctl switchover --primary %[1]s --target replica-0     # planned: nothing lost
   kill -USR1 %[5]d                                          # stop the primary, as if its machine died
-  walship ctl promote --node %[2]s --dry-run                    # what a promotion would see and risk
-  walship ctl promote --node %[2]s
+  walship ctl promote --node %[8]s --dry-run                    # what a promotion would see and risk
+  walship ctl promote --node %[8]s
+  kill -USR2 %[5]d                                          # start the stopped node again: it rejoins as a replica
 
 Check that it is linearizable (a bounded workload of its own, checked with porcupine):
 
   walship check linear --primary %[1]s --replica %[2]s --duration 10s
 
-`, p, r, walshipv1.KVService_ServiceDesc.ServiceName, strings.Join(addrs, ","), os.Getpid(), g, putLSN)
+`, p, r, walshipv1.KVService_ServiceDesc.ServiceName, strings.Join(addrs, ","), os.Getpid(), g, putLSN, promote)
 }
 
 // printDevArchive says where the dev cluster archives and how to check

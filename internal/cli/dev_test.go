@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -241,5 +242,60 @@ func TestDevGetHintNamesThePutsLSN(t *testing.T) {
 	}
 	if want := fmt.Sprintf(`"min_lsn":"%d"`, put.GetLsn()); !strings.Contains(get, want) {
 		t.Fatalf("the Get hint %q; want %s, the LSN the Put returned", get, want)
+	}
+}
+
+// TestDevStopAndRestart follows walship dev's own hints in the README's
+// order: a switchover to replica-0, kill -USR1 (which stops replica-0,
+// the primary now), the promotion it prints — of a replica that still
+// runs — and kill -USR2, which starts the stopped node again as a
+// replica of the new primary.
+func TestDevStopAndRestart(t *testing.T) {
+	d := startDev(t, "--replicas", "2")
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("walship dev's output:\n%s", d.out.String())
+		}
+	})
+	p := d.node(t, "primary")
+	code, out, errOut := run(t, "ctl", "switchover", "--primary", p, "--target", "replica-0")
+	if code != 0 {
+		t.Fatalf("switchover: exit %d\n%s%s", code, out, errOut)
+	}
+	signalDev(t, syscall.SIGUSR1)
+	testkit.UntilWithin(t, time.Minute, "walship dev to stop replica-0", func() bool {
+		return strings.Contains(d.out.String(), "\nreplica-0 stopped\n")
+	})
+	after := d.out.String()[strings.Index(d.out.String(), "stopping replica-0, the primary"):]
+	promote := ""
+	for _, line := range strings.Split(after, "\n") {
+		if line = strings.TrimSpace(line); strings.HasPrefix(line, "walship ctl promote --node ") {
+			promote = strings.TrimPrefix(line, "walship ctl promote --node ")
+		}
+	}
+	stopped := d.node(t, "replica-0")
+	if promote == "" || promote == stopped {
+		t.Fatalf("the hint promotes %q; replica-0 (%s) is the stopped node:\n%s", promote, stopped, after)
+	}
+	if code, out, errOut := run(t, "ctl", "promote", "--node", promote); code != 0 {
+		t.Fatalf("the printed promotion: exit %d\n%s%s", code, out, errOut)
+	}
+	signalDev(t, syscall.SIGUSR2)
+	testkit.UntilWithin(t, time.Minute, "walship dev to start replica-0 again", func() bool {
+		return strings.Contains(d.out.String(), "started replica-0 again at "+stopped+": the replica")
+	})
+	nodes := strings.Join([]string{p, stopped, d.node(t, "replica-1")}, ",")
+	testkit.UntilWithin(t, 30*time.Second, "every node to answer ctl status", func() bool {
+		code, _, _ := run(t, "ctl", "status", "--nodes", nodes)
+		return code == 0
+	})
+}
+
+// signalDev sends sig to this process, where walship dev runs and
+// catches it.
+func signalDev(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	if err := syscall.Kill(os.Getpid(), sig); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -87,7 +87,7 @@ func nodeFlags(fs *flag.FlagSet, env *Env, role node.Role) func(context.Context)
 	kf := addKubeFlags(fs, &cfg)
 	sf := addSecurityFlags(fs, true)
 	return func(ctx context.Context) error {
-		cfg.Logger = env.Logger.With("service", "node", "id", cfg.ID)
+		cfg.Logger = env.Logger.With("service", "node") // the node adds node=<id>
 		cfg.Registry = newRegistry()
 		if role == 0 {
 			role = node.RoleReplica

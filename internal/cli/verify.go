@@ -110,7 +110,13 @@ func printVerify(w io.Writer, addr string, r *walshipv1.VerifyResponse) error {
 		fmt.Fprintf(tw, "  epochs\t%s\n", strings.Join(epochs, ", "))
 	}
 	if len(r.GetSnapshots()) == 0 {
-		fmt.Fprintf(tw, "  snapshots\tnone intact\n")
+		damaged := 0
+		for _, p := range r.GetProblems() {
+			if p.GetKind() == "snapshot" || strings.HasPrefix(p.GetMessage(), "snapshot file") {
+				damaged++
+			}
+		}
+		fmt.Fprintf(tw, "  snapshots\t%s\n", noSnapshots(damaged))
 	}
 	for i, s := range r.GetSnapshots() {
 		label := ""
@@ -165,7 +171,13 @@ func printArchiveVerify(w io.Writer, url string, r *archive.Report) error {
 		}
 	}
 	if len(r.Snapshots) == 0 {
-		fmt.Fprintf(tw, "  snapshots\tnone intact\n")
+		damaged := 0
+		for _, p := range r.Problems {
+			if p.Kind == "snapshot" || (cat != nil && isSnapshotObject(cat, p.Object)) {
+				damaged++
+			}
+		}
+		fmt.Fprintf(tw, "  snapshots\t%s\n", noSnapshots(damaged))
 	}
 	for i, s := range r.Snapshots {
 		label := ""
@@ -212,6 +224,26 @@ func printArchiveVerify(w io.Writer, url string, r *archive.Report) error {
 		fmt.Fprintf(tw, "    %s\t%d\t%s\t%s\n", p.Kind, p.LSN, obj, p.Message)
 	}
 	return tw.Flush()
+}
+
+// noSnapshots says why no snapshot is listed: damaged ones (the problems
+// name them), or none was ever stored — not a problem: a restore replays
+// the log from its first LSN.
+func noSnapshots(damaged int) string {
+	if damaged > 0 {
+		return fmt.Sprintf("none intact (%d damaged: see the problems)", damaged)
+	}
+	return "none stored yet"
+}
+
+// isSnapshotObject reports whether obj is one of the catalog's snapshots.
+func isSnapshotObject(cat *archive.Catalog, obj string) bool {
+	for _, sn := range cat.Snapshots {
+		if obj != "" && archive.SnapshotName(sn) == obj {
+			return true
+		}
+	}
+	return false
 }
 
 func timeOrDash(t time.Time) string {

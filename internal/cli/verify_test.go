@@ -97,7 +97,7 @@ func TestCtlVerify(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("sound archive: exit %d\n%s\n%s", code, out, errOut)
 	}
-	for _, want := range []string{"log store " + goodAddr, "log LSNs 1..10, 5 batches", "epochs 1 from LSN 1", "snapshots none intact", "restorable LSNs 0..10", "problems none"} {
+	for _, want := range []string{"log store " + goodAddr, "log LSNs 1..10, 5 batches", "epochs 1 from LSN 1", "snapshots none stored yet", "restorable LSNs 0..10", "problems none"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output does not mention %q:\n%s", want, out)
 		}

@@ -101,6 +101,14 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	ok := false
 	defer func() {
 		if !ok {
+			// A node made but not started holds its listeners: run it,
+			// so that Stop closes them (a later Start on the same ports
+			// would find them taken).
+			for _, n := range c.Nodes() {
+				if n.Stopped() {
+					n.start()
+				}
+			}
 			_ = c.Stop()
 		}
 	}()
@@ -242,7 +250,7 @@ func (c *Cluster) dataNode(name string, role node.Role, i int, listen, metrics s
 	rc.Listen, rc.MetricsListen = listen, metrics
 	cfg := node.Config{ID: name, DataDir: filepath.Join(c.cfg.Dir, name), Listen: listen, MetricsListen: metrics,
 		LogStores: logstores, Role: role, Primary: pc, Replica: rc, Registry: serve.NewRegistry(),
-		Logger: c.cfg.Logger.With("node", name)}
+		Logger: c.cfg.Logger} // the node adds node=<id> to its logs itself
 	if c.cfg.Failover {
 		cfg.Members = c.members
 	}
@@ -403,6 +411,72 @@ func (c *Cluster) RestartPrimary(ctx context.Context) error {
 
 // StopNode stops n (a data node or a log store) gracefully.
 func (c *Cluster) StopNode(n *Node) error { return n.stop() }
+
+// Stopped reports whether n was stopped (StopNode) and not started again.
+func (n *Node) Stopped() bool { return n.cancel == nil }
+
+// RestartStopped starts every stopped node again on its address and
+// data directory, and returns them once they serve. A data node starts in
+// the role its vote says: a primary another node has since replaced
+// rejoins as that node's replica.
+func (c *Cluster) RestartStopped(ctx context.Context) ([]*Node, error) {
+	var started []*Node
+	for i, old := range c.LogStores {
+		if !old.Stopped() {
+			continue
+		}
+		n, err := c.newLogStoreAt(i, old.Addr, old.MetricsAddr)
+		if err != nil {
+			return started, err
+		}
+		c.LogStores[i] = n
+		n.start()
+		started = append(started, n)
+	}
+	if old := c.Primary; old != nil && old.Stopped() {
+		n, err := c.newPrimaryAt(c.logStoreAddrs(), old.Addr, old.MetricsAddr)
+		if err != nil {
+			return started, err
+		}
+		c.Primary = n
+		n.start()
+		started = append(started, n)
+	}
+	for i, old := range c.Replicas {
+		if !old.Stopped() {
+			continue
+		}
+		n, err := c.dataNode(old.Name, node.RoleReplica, i, old.Addr, old.MetricsAddr, c.logStoreAddrs())
+		if err != nil {
+			return started, err
+		}
+		c.Replicas[i] = n
+		n.start()
+		started = append(started, n)
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	for _, n := range started {
+		// A primary that was replaced starts as the primary its vote
+		// says, learns of the newer epoch and restarts its server as a
+		// replica on the same address: wait through that.
+		for {
+			err := c.WaitServing(ctx, n)
+			if err == nil {
+				break
+			}
+			if ctx.Err() != nil {
+				return started, err
+			}
+			t := time.NewTimer(50 * time.Millisecond)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+			}
+		}
+	}
+	return started, nil
+}
 
 // DataNode is n's data node (nil for a log store).
 func (n *Node) DataNode() *node.Node { return n.node }

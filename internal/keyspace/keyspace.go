@@ -56,3 +56,14 @@ func EpochRecord(v *state.View) (*walshipv1.EpochRecord, error) {
 	}
 	return rec, nil
 }
+
+// UserKeys is how many keys of v are clients': all but walship's own
+// (ReservedPrefix), which no client can read or write.
+func UserKeys(v *state.View) uint64 {
+	reserved := 0
+	v.Scan([]byte(ReservedPrefix), []byte{ReservedPrefix[0] + 1}, 0, func(_, _ []byte, _ uint64) bool {
+		reserved++
+		return true
+	})
+	return uint64(v.Len() - reserved)
+}

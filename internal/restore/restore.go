@@ -34,6 +34,7 @@ import (
 	"github.com/walship/walship/internal/archive"
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/envelope"
+	"github.com/walship/walship/internal/keyspace"
 	"github.com/walship/walship/internal/recovery"
 	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/serve"
@@ -174,7 +175,8 @@ type Plan struct {
 type Result struct {
 	Plan
 	// Digest and Keys describe the restored state (the digest Status
-	// reports at LSN on every node that applied the same log).
+	// reports at LSN on every node that applied the same log; the
+	// clients' keys, as Status counts them).
 	Digest string
 	Keys   int
 	// ClusterID is the new cluster id stamped in the directory.
@@ -594,7 +596,7 @@ func (r *restorer) replay(ctx context.Context) (*Result, error) {
 	res.Plan.Lineage = r.lineage.Cut(res.LSN)
 	if !r.o.DryRun {
 		v := r.store.Snapshot()
-		res.Digest, res.Keys = v.Digest().String(), v.Len()
+		res.Digest, res.Keys = v.Digest().String(), int(keyspace.UserKeys(v))
 	}
 	return res, nil
 }

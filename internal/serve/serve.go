@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -69,6 +70,12 @@ type Options struct {
 	EdgeMaxMessageBytes int
 	// Security is TLS and authorization; the zero value serves plaintext.
 	Security Security
+	// WrongNode, if set, says what this node is — "127.0.0.1:7400 is a
+	// log store; the primary is p1 at 127.0.0.1:7401" — to a call it does
+	// not serve (a service or a method of another kind of node), which is
+	// answered UNIMPLEMENTED "<method> is not served here: <WrongNode>"
+	// rather than gRPC's bare "unknown service".
+	WrongNode func() string
 }
 
 // Security is how a server authenticates and authorizes its peers.
@@ -277,6 +284,15 @@ func (s *Server) serverOptions() (edge, nodes []grpc.ServerOption, err error) {
 		stream = append([]grpc.StreamServerInterceptor{s.adm.streamDone, sec.Authz.Stream}, stream...)
 	}
 	var tail []grpc.ServerOption
+	if opts.WrongNode != nil {
+		// Last in the chains: only what the handler itself answers.
+		unary = append(unary, s.wrongNodeUnary)
+		stream = append(stream, s.wrongNodeStream)
+		tail = append(tail, grpc.UnknownServiceHandler(func(_ any, ss grpc.ServerStream) error {
+			method, _ := grpc.MethodFromServerStream(ss)
+			return s.wrongNode(method)
+		}))
+	}
 	if sec.MaxConnectionAge > 0 {
 		grace := min(time.Minute, sec.MaxConnectionAge/2)
 		tail = append(tail, grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: sec.MaxConnectionAge, MaxConnectionAgeGrace: grace}))
@@ -499,3 +515,36 @@ type stoppableStream struct {
 }
 
 func (s *stoppableStream) Context() context.Context { return s.ctx }
+
+// wrongNode is the answer to a call of method this node does not serve.
+func (s *Server) wrongNode(method string) error {
+	return status.Errorf(codes.Unimplemented, "%s is not served here: %s", method, s.opts.WrongNode())
+}
+
+// isStub reports whether err is the answer of a generated
+// Unimplemented<Service>Server method: a method of a service this node
+// registers but does not serve (a log store's Verify on a data node).
+func isStub(err error) bool {
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.Unimplemented {
+		return false
+	}
+	m := st.Message()
+	return strings.HasPrefix(m, "method ") && strings.HasSuffix(m, " not implemented")
+}
+
+func (s *Server) wrongNodeUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	resp, err := handler(ctx, req)
+	if isStub(err) {
+		return nil, s.wrongNode(info.FullMethod)
+	}
+	return resp, err
+}
+
+func (s *Server) wrongNodeStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	err := handler(srv, ss)
+	if isStub(err) {
+		return s.wrongNode(info.FullMethod)
+	}
+	return err
+}

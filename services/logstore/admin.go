@@ -2,6 +2,7 @@ package logstore
 
 import (
 	"context"
+	"fmt"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
@@ -110,4 +111,14 @@ func (a *adminServer) Promote(context.Context, *walshipv1.PromoteRequest) (*wals
 
 func (a *adminServer) SetPolicy(context.Context, *walshipv1.SetPolicyRequest) (*walshipv1.SetPolicyResponse, error) {
 	return nil, toStatus(refuse(rpcerr.ErrWrongRole, "not a primary: a log store has no commit policy"))
+}
+
+// wrongNode says what this node is, to a call it does not serve (KVService
+// or a switchover, which data nodes serve), and where the primary is.
+func (s *Server) wrongNode() string {
+	v := s.vote.Load()
+	if v.Primary == "" || v.Addr == "" {
+		return s.id() + " is a log store, not a data node; it knows of no primary yet"
+	}
+	return fmt.Sprintf("%s is a log store, not a data node; the primary of epoch %d is %s at %s", s.id(), v.Epoch, v.Primary, v.Addr)
 }

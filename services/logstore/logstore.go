@@ -190,6 +190,7 @@ func New(cfg Config) (*Server, error) {
 		Registry:            reg,
 		Logger:              s.logger,
 		StopTimeout:         cfg.StopTimeout,
+		WrongNode:           s.wrongNode,
 	}, func(g *grpc.Server) {
 		walshipv1.RegisterLogStoreServiceServer(g, &logStoreServer{s: s})
 		walshipv1.RegisterEpochServiceServer(g, &epochServer{s: s})

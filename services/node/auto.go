@@ -226,7 +226,7 @@ func (n *Node) lead(ctx context.Context, giveUp func(), leading *atomic.Bool) {
 	el := n.cfg.Election
 	if n.Role() != RolePrimary {
 		n.logger.Info("holding the election; promoting this replica")
-		resp, err := n.promote(ctx, &walshipv1.PromoteRequest{})
+		resp, err := n.promoteAs(ctx, &walshipv1.PromoteRequest{}, true)
 		if err != nil {
 			n.logger.Warn("automatic promotion refused; giving the election up", "err", err)
 			el.Event(context.WithoutCancel(ctx), eventWarning, "PromotionFailed", err.Error())

@@ -75,6 +75,8 @@ type answer struct {
 	contract *walshipv1.Contract
 	// cluster is the cluster id it stated ("" if none).
 	cluster string
+	// takingWrites: a member that is the primary and takes writes (survey).
+	takingWrites bool
 }
 
 func (a answer) String() string {
@@ -198,6 +200,13 @@ func levelName(l walshipv1.SyncLevel) string {
 
 // promote serves AdminService.Promote on the replica (steps 1-3).
 func (n *Node) promote(ctx context.Context, req *walshipv1.PromoteRequest) (*walshipv1.PromoteResponse, error) {
+	return n.promoteAs(ctx, req, false)
+}
+
+// promoteAs is promote; elected says this node holds the election
+// (auto.go), whose lease keeps the old primary from taking writes: a
+// primary the survey finds serving is then no reason to refuse.
+func (n *Node) promoteAs(ctx context.Context, req *walshipv1.PromoteRequest, elected bool) (*walshipv1.PromoteResponse, error) {
 	// Above the maximum is refused before anything is asked; how far above
 	// every epoch seen it may be, once the survey has seen them (newEpoch).
 	if err := datadir.CheckEpoch(req.GetEpoch(), datadir.MaxEpoch, datadir.MaxEpochJump); err != nil {
@@ -240,8 +249,17 @@ func (n *Node) promote(ctx context.Context, req *walshipv1.PromoteRequest) (*wal
 	tl.Epoch = epoch
 	resp := &walshipv1.PromoteResponse{Epoch: epoch, Timeline: tl}
 	pre.report(resp, tl)
+	self := survey[0]
+	serving := servingPrimary(survey, max(prev.Epoch, self.epoch, self.lastEpoch))
+	resp.ServingPrimary = serving
 	if req.GetDryRun() {
 		return resp, nil
+	}
+	if serving != nil && !req.GetForce() && !elected {
+		n.metrics.promotions.WithLabelValues("refused").Inc()
+		return nil, status.Errorf(codes.FailedPrecondition, "%s at %s is the primary of epoch %d and takes writes: a promotion would depose it and lose what it has not shipped; "+
+			"use `walship ctl switchover --primary %s --target %s` to hand its role over without losing anything, or force the promotion; nothing was fenced",
+			serving.GetId(), serving.GetAddr(), serving.GetEpoch(), serving.GetAddr(), n.cfg.ID)
 	}
 	n.metrics.phase(phaseSurvey, started)
 	if !pre.quorum && !req.GetForce() {
@@ -281,6 +299,17 @@ func (n *Node) promote(ctx context.Context, req *walshipv1.PromoteRequest) (*wal
 	n.logger.Info("promotion fenced; opening as primary", "epoch", epoch, "granted", strings.Join(v.granted, ","), "donor", v.donor.id,
 		"donor_last_lsn", v.donor.lastLSN, "lease_wait", wait)
 	return resp, nil
+}
+
+// servingPrimary is the member of answers that is the primary of epoch
+// known or a newer one and takes writes (nil: none is).
+func servingPrimary(answers []answer, known uint64) *walshipv1.ServingPrimary {
+	for _, a := range answers {
+		if a.err == nil && !a.logstore && a.primary && a.takingWrites && a.lastEpoch >= known {
+			return &walshipv1.ServingPrimary{Id: a.id, Addr: a.addr, Epoch: a.lastEpoch}
+		}
+	}
+	return nil
 }
 
 // startPromoting takes the promoting flag for a promotion; a dry run
@@ -548,6 +577,7 @@ func (n *Node) survey(ctx context.Context, known uint64, enough func([]answer) b
 				if a.err = err; err == nil {
 					a.epoch, a.holder, a.lastEpoch, a.lastLSN, a.history = st.GetVoteEpoch(), st.GetPrimaryId(), st.GetEpoch(), st.GetDurableLsn(), datadir.HistoryFromProto(st.GetHistory())
 					a.primary = st.GetRole() == walshipv1.Role_ROLE_PRIMARY
+					a.takingWrites = a.primary && st.GetTakingWrites()
 					a.contract = st.GetContract()
 					a.cluster = st.GetClusterId()
 					if len(st.GetPeers()) > 0 && !a.primary {

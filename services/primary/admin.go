@@ -2,9 +2,12 @@ package primary
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/keyspace"
 	"github.com/walship/walship/internal/rpcerr"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -40,7 +43,7 @@ func (s *Server) Status() *walshipv1.StatusResponse {
 		WalFirstLsn:   s.wal.FirstLSN(),
 		SnapshotLsn:   s.snapshotLSN.Load(),
 		StateDigest:   v.Digest().String(),
-		Keys:          uint64(v.Len()),
+		Keys:          keyspace.UserKeys(v),
 		DefaultPolicy: s.policy.Load().Proto(),
 		Serving:       s.srv.Serving(),
 		TakingWrites:  s.TakingWrites(),
@@ -101,6 +104,9 @@ func (a *adminServer) SetPolicy(_ context.Context, req *walshipv1.SetPolicyReque
 		if err != nil {
 			return nil, rpcerr.Invalid("policy", "%v", err)
 		}
+		if err := a.s.checkSyncReplicas(next); err != nil {
+			return nil, rpcerr.Invalid("policy", "%v", err)
+		}
 		if a.s.policy.CompareAndSwap(cur, &next) {
 			a.s.logger.Info("default commit policy changed", "policy", next.Proto().String())
 			return &walshipv1.SetPolicyResponse{Policy: next.Proto()}, nil
@@ -123,4 +129,19 @@ func (a *adminServer) Switchover(ctx context.Context, req *walshipv1.SwitchoverR
 		return nil, rpcerr.Invalid("target", "required: the node id of the replica to hand over to")
 	}
 	return a.s.Switchover(ctx, req.GetTarget(), timeout)
+}
+
+// wrongNode says what this node is, to a call it does not serve (a log
+// store's Verify, say).
+func (s *Server) wrongNode() string {
+	return fmt.Sprintf("%s is a data node, the primary %s of epoch %d, not a log store; its log stores are %s",
+		s.Advertise(), s.cfg.ID, s.epoch, orNone(s.cfg.LogStores))
+}
+
+// orNone lists addrs, or says there are none.
+func orNone(addrs []string) string {
+	if len(addrs) == 0 {
+		return "none"
+	}
+	return strings.Join(addrs, ",")
 }

@@ -253,6 +253,9 @@ func (c *Config) Validate() error {
 	if len(c.Members) > 0 && c.ID != "" && !ids[c.ID] {
 		errs = append(errs, fmt.Errorf("--peers: this node's --id %q is not among them", c.ID))
 	}
+	if others := len(ids) - 1; len(c.Members) > 0 && c.Policy.Replication == walshipv1.ReplicationMode_REPLICATION_MODE_SYNC && c.Policy.SyncReplicas > others {
+		errs = append(errs, fmt.Errorf("--sync-replicas: %d is more than the %d other members (--peers) that can acknowledge a sync commit", c.Policy.SyncReplicas, others))
+	}
 	if c.ReplicaTimeout < 0 {
 		errs = append(errs, fmt.Errorf("--replica-timeout: %v must not be negative", c.ReplicaTimeout))
 	}

@@ -601,7 +601,7 @@ func (s *Server) Switchover(ctx context.Context, target string, timeout time.Dur
 		}
 	}
 	if addr == "" {
-		return nil, status.Errorf(codes.InvalidArgument, "target: %q is not another member of the cluster (--peers)", target)
+		return nil, status.Errorf(codes.InvalidArgument, "target: %q is not another member of the cluster (--peers): %s", target, s.otherMembers())
 	}
 	if err := s.serving(); err != nil {
 		return nil, err
@@ -658,6 +658,20 @@ func (s *Server) Switchover(ctx context.Context, target string, timeout time.Dur
 	paused := time.Since(start)
 	s.logger.Info("switched over", "target", target, "epoch", resp.GetEpoch(), "lsn", last, "paused", paused)
 	return &walshipv1.SwitchoverResponse{Epoch: resp.GetEpoch(), Lsn: last, Paused: durationpb.New(paused)}, nil
+}
+
+// otherMembers says which node ids a switchover may target.
+func (s *Server) otherMembers() string {
+	var ids []string
+	for _, m := range s.cfg.Members {
+		if m.ID != s.cfg.ID {
+			ids = append(ids, m.ID)
+		}
+	}
+	if len(ids) == 0 {
+		return "this primary has no other member (start the data nodes with --peers)"
+	}
+	return "want one of " + strings.Join(ids, ", ")
 }
 
 // Epoch is this run's epoch.

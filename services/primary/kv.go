@@ -308,6 +308,9 @@ func (s *Server) execTxn(ctx context.Context, p *walshipv1.CommitPolicy, cmps []
 	if err != nil {
 		return execResult{}, rpcerr.Invalid("policy", "%v", err)
 	}
+	if err := s.checkSyncReplicas(pol); err != nil {
+		return execResult{}, rpcerr.Invalid("policy", "%v", err)
+	}
 	if err := ctx.Err(); err != nil {
 		return execResult{}, status.FromContextError(err).Err()
 	}

@@ -2,6 +2,9 @@ package primary
 
 import (
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
@@ -138,6 +141,21 @@ func validatePolicyEnums(p *walshipv1.CommitPolicy) error {
 		if err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// checkSyncReplicas refuses a sync commit policy that waits for more
+// replicas than the cluster has members to acknowledge it (the members
+// but this primary): such a commit would be written and then time out,
+// its outcome unknown. Without members (--peers) every replica counts
+// and none is known in advance: nothing is refused.
+func (s *Server) checkSyncReplicas(p Policy) error {
+	if p.Replication != walshipv1.ReplicationMode_REPLICATION_MODE_SYNC || s.peers.eligible == nil {
+		return nil
+	}
+	if n := len(s.peers.eligible); p.SyncReplicas > n {
+		return fmt.Errorf("sync_replicas: %d is more than the %d other members that can acknowledge a commit (%s)", p.SyncReplicas, n, strings.Join(slices.Sorted(maps.Keys(s.peers.eligible)), ", "))
 	}
 	return nil
 }

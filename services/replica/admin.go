@@ -3,6 +3,7 @@ package replica
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
@@ -61,7 +62,7 @@ func (s *Server) Status() *walshipv1.StatusResponse {
 		WalFirstLsn: s.wal.FirstLSN(),
 		SnapshotLsn: s.snapshotLSN.Load(),
 		StateDigest: v.Digest().String(),
-		Keys:        uint64(v.Len()),
+		Keys:        keyspace.UserKeys(v),
 		Rung:        walshipv1.CatchUpRung(s.rung.Load()),
 		Primary:     s.primary(),
 		PrimaryId:   vote.Primary,
@@ -96,4 +97,31 @@ func (a *adminServer) Promote(ctx context.Context, req *walshipv1.PromoteRequest
 
 func (a *adminServer) SetPolicy(context.Context, *walshipv1.SetPolicyRequest) (*walshipv1.SetPolicyResponse, error) {
 	return nil, status.Error(codes.FailedPrecondition, "not a primary: set the commit policy on the primary at "+a.s.primary())
+}
+
+// wrongNode says what this node is, to a call it does not serve (a log
+// store's Verify, say).
+func (s *Server) wrongNode() string {
+	addr := s.cfg.Listen
+	if s.srv != nil {
+		addr = s.srv.Addr()
+	}
+	if s.cfg.ReadOnly {
+		return fmt.Sprintf("%s is a data node, the read-only replica %s (it follows no primary)", addr, s.cfg.ID)
+	}
+	v := s.Vote()
+	primary := "the primary is " + s.primary()
+	if v.Primary != "" && v.Addr != "" {
+		primary = fmt.Sprintf("the primary of epoch %d is %s at %s", v.Epoch, v.Primary, v.Addr)
+	}
+	logstores := "none"
+	if len(s.cfg.LogStores) > 0 {
+		logstores = strings.Join(s.cfg.LogStores, ",")
+	}
+	return fmt.Sprintf("%s is a data node, the replica %s, not a log store or the primary; %s; the log stores are %s", addr, s.cfg.ID, primary, logstores)
+}
+
+// Switchover is the primary's: a replica answers where the primary is.
+func (a *adminServer) Switchover(context.Context, *walshipv1.SwitchoverRequest) (*walshipv1.SwitchoverResponse, error) {
+	return nil, a.s.notPrimary()
 }

@@ -273,6 +273,7 @@ func New(cfg Config) (*Server, error) {
 		StopTimeout:     cfg.StopTimeout,
 		StreamGrace:     cfg.StreamGrace,
 		Ready:           s.ready,
+		WrongNode:       s.wrongNode,
 	}, func(g *grpc.Server) {
 		walshipv1.RegisterKVServiceServer(g, &kvServer{s: s})
 		walshipv1.RegisterAdminServiceServer(g, &adminServer{s: s})

@@ -203,7 +203,8 @@ type StatusResponse struct {
 	// state_digest is a digest of the state at visible_lsn: equal on every
 	// process that has applied the same LSNs, so convergence can be checked.
 	StateDigest string `protobuf:"bytes,10,opt,name=state_digest,json=stateDigest,proto3" json:"state_digest,omitempty"`
-	// keys is the number of keys at visible_lsn.
+	// keys is the number of clients' keys at visible_lsn (walship's own, the
+	// epoch record, not counted).
 	Keys uint64 `protobuf:"varint,11,opt,name=keys,proto3" json:"keys,omitempty"`
 	// default_policy is the primary's default commit policy.
 	DefaultPolicy *CommitPolicy `protobuf:"bytes,12,opt,name=default_policy,json=defaultPolicy,proto3" json:"default_policy,omitempty"`
@@ -874,7 +875,11 @@ type PromoteRequest struct {
 	DryRun bool `protobuf:"varint,2,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
 	// force: go on with a log store majority even without the replicas the
 	// contract needs. Commits acknowledged only by the replicas that did not
-	// answer may be lost; a dry run first says which LSNs.
+	// answer may be lost; a dry run first says which LSNs. It also lets a
+	// promotion depose a primary that is serving (reachable and taking
+	// writes in the newest epoch this node knows, or a newer one), which
+	// is refused FAILED_PRECONDITION without it: hand that primary's role
+	// over with AdminService.Switchover instead, which loses nothing.
 	Force         bool `protobuf:"varint,3,opt,name=force,proto3" json:"force,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -954,8 +959,13 @@ type PromoteResponse struct {
 	// fsynced, so that commits under durability sync may have been
 	// acknowledged there (the rest can hold only async-durability commits).
 	AtRiskDurableToLsn uint64 `protobuf:"varint,8,opt,name=at_risk_durable_to_lsn,json=atRiskDurableToLsn,proto3" json:"at_risk_durable_to_lsn,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// serving_primary is the primary the survey found serving (reachable
+	// and taking writes in the newest epoch this node knows, or a newer
+	// one), if any: a promotion would depose it, and without force it is
+	// refused. A dry run reports it.
+	ServingPrimary *ServingPrimary `protobuf:"bytes,9,opt,name=serving_primary,json=servingPrimary,proto3" json:"serving_primary,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *PromoteResponse) Reset() {
@@ -1044,6 +1054,77 @@ func (x *PromoteResponse) GetAtRiskDurableToLsn() uint64 {
 	return 0
 }
 
+func (x *PromoteResponse) GetServingPrimary() *ServingPrimary {
+	if x != nil {
+		return x.ServingPrimary
+	}
+	return nil
+}
+
+// ServingPrimary is a primary found serving.
+type ServingPrimary struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// id is its node id.
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// addr is its gRPC address.
+	Addr string `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`
+	// epoch is the epoch it serves.
+	Epoch         uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ServingPrimary) Reset() {
+	*x = ServingPrimary{}
+	mi := &file_walship_v1_admin_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServingPrimary) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServingPrimary) ProtoMessage() {}
+
+func (x *ServingPrimary) ProtoReflect() protoreflect.Message {
+	mi := &file_walship_v1_admin_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServingPrimary.ProtoReflect.Descriptor instead.
+func (*ServingPrimary) Descriptor() ([]byte, []int) {
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ServingPrimary) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ServingPrimary) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+func (x *ServingPrimary) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
 // SwitchoverRequest asks the primary to hand over to target.
 type SwitchoverRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1057,7 +1138,7 @@ type SwitchoverRequest struct {
 
 func (x *SwitchoverRequest) Reset() {
 	*x = SwitchoverRequest{}
-	mi := &file_walship_v1_admin_proto_msgTypes[7]
+	mi := &file_walship_v1_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1069,7 +1150,7 @@ func (x *SwitchoverRequest) String() string {
 func (*SwitchoverRequest) ProtoMessage() {}
 
 func (x *SwitchoverRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[7]
+	mi := &file_walship_v1_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1082,7 +1163,7 @@ func (x *SwitchoverRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SwitchoverRequest.ProtoReflect.Descriptor instead.
 func (*SwitchoverRequest) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *SwitchoverRequest) GetTarget() string {
@@ -1114,7 +1195,7 @@ type SwitchoverResponse struct {
 
 func (x *SwitchoverResponse) Reset() {
 	*x = SwitchoverResponse{}
-	mi := &file_walship_v1_admin_proto_msgTypes[8]
+	mi := &file_walship_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1126,7 +1207,7 @@ func (x *SwitchoverResponse) String() string {
 func (*SwitchoverResponse) ProtoMessage() {}
 
 func (x *SwitchoverResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[8]
+	mi := &file_walship_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1139,7 +1220,7 @@ func (x *SwitchoverResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SwitchoverResponse.ProtoReflect.Descriptor instead.
 func (*SwitchoverResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SwitchoverResponse) GetEpoch() uint64 {
@@ -1174,7 +1255,7 @@ type SetPolicyRequest struct {
 
 func (x *SetPolicyRequest) Reset() {
 	*x = SetPolicyRequest{}
-	mi := &file_walship_v1_admin_proto_msgTypes[9]
+	mi := &file_walship_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1186,7 +1267,7 @@ func (x *SetPolicyRequest) String() string {
 func (*SetPolicyRequest) ProtoMessage() {}
 
 func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[9]
+	mi := &file_walship_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1199,7 +1280,7 @@ func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyRequest.ProtoReflect.Descriptor instead.
 func (*SetPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SetPolicyRequest) GetPolicy() *CommitPolicy {
@@ -1220,7 +1301,7 @@ type SetPolicyResponse struct {
 
 func (x *SetPolicyResponse) Reset() {
 	*x = SetPolicyResponse{}
-	mi := &file_walship_v1_admin_proto_msgTypes[10]
+	mi := &file_walship_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1232,7 +1313,7 @@ func (x *SetPolicyResponse) String() string {
 func (*SetPolicyResponse) ProtoMessage() {}
 
 func (x *SetPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[10]
+	mi := &file_walship_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1245,7 +1326,7 @@ func (x *SetPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyResponse.ProtoReflect.Descriptor instead.
 func (*SetPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SetPolicyResponse) GetPolicy() *CommitPolicy {
@@ -1344,7 +1425,7 @@ const file_walship_v1_admin_proto_rawDesc = "" +
 	"\x0ePromoteRequest\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x17\n" +
 	"\adry_run\x18\x02 \x01(\bR\x06dryRun\x12\x14\n" +
-	"\x05force\x18\x03 \x01(\bR\x05force\"\xb4\x02\n" +
+	"\x05force\x18\x03 \x01(\bR\x05force\"\xf9\x02\n" +
 	"\x0fPromoteResponse\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x128\n" +
 	"\btimeline\x18\x02 \x01(\v2\x1c.walship.v1.FailoverTimelineR\btimeline\x12\x16\n" +
@@ -1354,7 +1435,12 @@ const file_walship_v1_admin_proto_rawDesc = "" +
 	"highestLsn\x12'\n" +
 	"\x10at_risk_from_lsn\x18\x06 \x01(\x04R\ratRiskFromLsn\x12#\n" +
 	"\x0eat_risk_to_lsn\x18\a \x01(\x04R\vatRiskToLsn\x122\n" +
-	"\x16at_risk_durable_to_lsn\x18\b \x01(\x04R\x12atRiskDurableToLsn\"`\n" +
+	"\x16at_risk_durable_to_lsn\x18\b \x01(\x04R\x12atRiskDurableToLsn\x12C\n" +
+	"\x0fserving_primary\x18\t \x01(\v2\x1a.walship.v1.ServingPrimaryR\x0eservingPrimary\"J\n" +
+	"\x0eServingPrimary\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\"`\n" +
 	"\x11SwitchoverRequest\x12\x16\n" +
 	"\x06target\x18\x01 \x01(\tR\x06target\x123\n" +
 	"\atimeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\atimeout\"o\n" +
@@ -1397,7 +1483,7 @@ func file_walship_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_walship_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_walship_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_walship_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_walship_v1_admin_proto_goTypes = []any{
 	(Role)(0),                   // 0: walship.v1.Role
 	(CatchUpRung)(0),            // 1: walship.v1.CatchUpRung
@@ -1408,47 +1494,49 @@ var file_walship_v1_admin_proto_goTypes = []any{
 	(*PeerStatus)(nil),          // 6: walship.v1.PeerStatus
 	(*PromoteRequest)(nil),      // 7: walship.v1.PromoteRequest
 	(*PromoteResponse)(nil),     // 8: walship.v1.PromoteResponse
-	(*SwitchoverRequest)(nil),   // 9: walship.v1.SwitchoverRequest
-	(*SwitchoverResponse)(nil),  // 10: walship.v1.SwitchoverResponse
-	(*SetPolicyRequest)(nil),    // 11: walship.v1.SetPolicyRequest
-	(*SetPolicyResponse)(nil),   // 12: walship.v1.SetPolicyResponse
-	(*CommitPolicy)(nil),        // 13: walship.v1.CommitPolicy
-	(*Contract)(nil),            // 14: walship.v1.Contract
-	(*durationpb.Duration)(nil), // 15: google.protobuf.Duration
-	(*EpochStart)(nil),          // 16: walship.v1.EpochStart
-	(*ArchiveStatus)(nil),       // 17: walship.v1.ArchiveStatus
+	(*ServingPrimary)(nil),      // 9: walship.v1.ServingPrimary
+	(*SwitchoverRequest)(nil),   // 10: walship.v1.SwitchoverRequest
+	(*SwitchoverResponse)(nil),  // 11: walship.v1.SwitchoverResponse
+	(*SetPolicyRequest)(nil),    // 12: walship.v1.SetPolicyRequest
+	(*SetPolicyResponse)(nil),   // 13: walship.v1.SetPolicyResponse
+	(*CommitPolicy)(nil),        // 14: walship.v1.CommitPolicy
+	(*Contract)(nil),            // 15: walship.v1.Contract
+	(*durationpb.Duration)(nil), // 16: google.protobuf.Duration
+	(*EpochStart)(nil),          // 17: walship.v1.EpochStart
+	(*ArchiveStatus)(nil),       // 18: walship.v1.ArchiveStatus
 }
 var file_walship_v1_admin_proto_depIdxs = []int32{
 	0,  // 0: walship.v1.StatusResponse.role:type_name -> walship.v1.Role
-	13, // 1: walship.v1.StatusResponse.default_policy:type_name -> walship.v1.CommitPolicy
+	14, // 1: walship.v1.StatusResponse.default_policy:type_name -> walship.v1.CommitPolicy
 	6,  // 2: walship.v1.StatusResponse.peers:type_name -> walship.v1.PeerStatus
 	1,  // 3: walship.v1.StatusResponse.rung:type_name -> walship.v1.CatchUpRung
-	14, // 4: walship.v1.StatusResponse.contract:type_name -> walship.v1.Contract
+	15, // 4: walship.v1.StatusResponse.contract:type_name -> walship.v1.Contract
 	4,  // 5: walship.v1.StatusResponse.orphans:type_name -> walship.v1.OrphanStatus
 	5,  // 6: walship.v1.StatusResponse.last_failover:type_name -> walship.v1.FailoverTimeline
-	15, // 7: walship.v1.StatusResponse.lease_remaining:type_name -> google.protobuf.Duration
-	16, // 8: walship.v1.StatusResponse.history:type_name -> walship.v1.EpochStart
-	17, // 9: walship.v1.StatusResponse.archive:type_name -> walship.v1.ArchiveStatus
-	15, // 10: walship.v1.FailoverTimeline.lease_wait:type_name -> google.protobuf.Duration
+	16, // 7: walship.v1.StatusResponse.lease_remaining:type_name -> google.protobuf.Duration
+	17, // 8: walship.v1.StatusResponse.history:type_name -> walship.v1.EpochStart
+	18, // 9: walship.v1.StatusResponse.archive:type_name -> walship.v1.ArchiveStatus
+	16, // 10: walship.v1.FailoverTimeline.lease_wait:type_name -> google.protobuf.Duration
 	0,  // 11: walship.v1.PeerStatus.role:type_name -> walship.v1.Role
 	5,  // 12: walship.v1.PromoteResponse.timeline:type_name -> walship.v1.FailoverTimeline
-	15, // 13: walship.v1.SwitchoverRequest.timeout:type_name -> google.protobuf.Duration
-	15, // 14: walship.v1.SwitchoverResponse.paused:type_name -> google.protobuf.Duration
-	13, // 15: walship.v1.SetPolicyRequest.policy:type_name -> walship.v1.CommitPolicy
-	13, // 16: walship.v1.SetPolicyResponse.policy:type_name -> walship.v1.CommitPolicy
-	2,  // 17: walship.v1.AdminService.Status:input_type -> walship.v1.StatusRequest
-	7,  // 18: walship.v1.AdminService.Promote:input_type -> walship.v1.PromoteRequest
-	9,  // 19: walship.v1.AdminService.Switchover:input_type -> walship.v1.SwitchoverRequest
-	11, // 20: walship.v1.AdminService.SetPolicy:input_type -> walship.v1.SetPolicyRequest
-	3,  // 21: walship.v1.AdminService.Status:output_type -> walship.v1.StatusResponse
-	8,  // 22: walship.v1.AdminService.Promote:output_type -> walship.v1.PromoteResponse
-	10, // 23: walship.v1.AdminService.Switchover:output_type -> walship.v1.SwitchoverResponse
-	12, // 24: walship.v1.AdminService.SetPolicy:output_type -> walship.v1.SetPolicyResponse
-	21, // [21:25] is the sub-list for method output_type
-	17, // [17:21] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	9,  // 13: walship.v1.PromoteResponse.serving_primary:type_name -> walship.v1.ServingPrimary
+	16, // 14: walship.v1.SwitchoverRequest.timeout:type_name -> google.protobuf.Duration
+	16, // 15: walship.v1.SwitchoverResponse.paused:type_name -> google.protobuf.Duration
+	14, // 16: walship.v1.SetPolicyRequest.policy:type_name -> walship.v1.CommitPolicy
+	14, // 17: walship.v1.SetPolicyResponse.policy:type_name -> walship.v1.CommitPolicy
+	2,  // 18: walship.v1.AdminService.Status:input_type -> walship.v1.StatusRequest
+	7,  // 19: walship.v1.AdminService.Promote:input_type -> walship.v1.PromoteRequest
+	10, // 20: walship.v1.AdminService.Switchover:input_type -> walship.v1.SwitchoverRequest
+	12, // 21: walship.v1.AdminService.SetPolicy:input_type -> walship.v1.SetPolicyRequest
+	3,  // 22: walship.v1.AdminService.Status:output_type -> walship.v1.StatusResponse
+	8,  // 23: walship.v1.AdminService.Promote:output_type -> walship.v1.PromoteResponse
+	11, // 24: walship.v1.AdminService.Switchover:output_type -> walship.v1.SwitchoverResponse
+	13, // 25: walship.v1.AdminService.SetPolicy:output_type -> walship.v1.SetPolicyResponse
+	22, // [22:26] is the sub-list for method output_type
+	18, // [18:22] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_walship_v1_admin_proto_init() }
@@ -1465,7 +1553,7 @@ func file_walship_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_walship_v1_admin_proto_rawDesc), len(file_walship_v1_admin_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   11,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
