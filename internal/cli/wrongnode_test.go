@@ -3,9 +3,11 @@ package cli
 import (
 	"strings"
 	"testing"
+	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/cluster"
+	"github.com/walship/walship/internal/testkit"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -26,9 +28,11 @@ func TestWrongKindOfNode(t *testing.T) {
 		}
 	})
 	p, r, ls := c.Primary.Addr, c.Replicas[0].Addr, c.LogStores[0].Addr
-	if err := c.WaitServing(t.Context(), c.Replicas[0]); err != nil {
-		t.Fatal(err)
-	}
+	// The replica knows the primary once it has applied its epoch record.
+	testkit.UntilWithin(t, 30*time.Second, "the replica to know the primary", func() bool {
+		st, err := nodeStatus(t.Context(), r)
+		return err == nil && st.GetPrimaryId() == "primary" && st.GetPrimary() == p
+	})
 	atPrimary := "primary at " + p
 	for _, tc := range []struct {
 		args []string

@@ -81,7 +81,11 @@ func TestOneMessageDoesNotUseUpTheEpochs(t *testing.T) {
 		t.Fatalf("the primary after the refused message: %v, %v", st, err)
 	}
 
-	// And failover is not wedged: the replica opens the next epoch.
+	// And failover is not wedged: once the primary is gone, the replica
+	// opens the next epoch.
+	if err := c.StopNode(c.Primary); err != nil {
+		t.Fatal(err)
+	}
 	resp, err := walshipv1.NewAdminServiceClient(c.Conn(c.Replicas[0])).Promote(ctx, &walshipv1.PromoteRequest{})
 	if err != nil || resp.Epoch != epoch+1 {
 		t.Fatalf("Promote = %v, %v; want epoch %d", resp, err, epoch+1)
@@ -110,11 +114,12 @@ func TestLogStoreAwayForPromotionsFollows(t *testing.T) {
 	if err := c.StopNode(c.LogStores[0]); err != nil {
 		t.Fatal(err)
 	}
-	// Every data node in turn becomes the primary: three promotions.
+	// Every data node in turn becomes the primary: three promotions,
+	// forced (each deposes a primary that serves).
 	var last uint64
 	for i, n := range []*Node{c.Replicas[0], c.Replicas[1], c.Primary} {
 		testkit.UntilWithin(t, 30*time.Second, n.Name+" to promote itself", func() bool {
-			_, err := walshipv1.NewAdminServiceClient(c.Conn(n)).Promote(ctx, &walshipv1.PromoteRequest{})
+			_, err := walshipv1.NewAdminServiceClient(c.Conn(n)).Promote(ctx, &walshipv1.PromoteRequest{Force: true})
 			return err == nil
 		})
 		last = putOn(t, c, n, "k", fmt.Sprint(i+1))
