@@ -74,8 +74,11 @@ type Options struct {
 	// log store; the primary is p1 at 127.0.0.1:7401" — to a call it does
 	// not serve (a service or a method of another kind of node), which is
 	// answered UNIMPLEMENTED "<method> is not served here: <WrongNode>"
-	// rather than gRPC's bare "unknown service".
-	WrongNode func() string
+	// rather than gRPC's bare "unknown service". With full false it names
+	// the node's role alone: the answer to a method no policy rule can
+	// have let through (the server does not register it) goes out before
+	// authorization, and tells a caller nothing Status would not.
+	WrongNode func(full bool) string
 }
 
 // Security is how a server authenticates and authorizes its peers.
@@ -285,12 +288,21 @@ func (s *Server) serverOptions() (edge, nodes []grpc.ServerOption, err error) {
 	}
 	var tail []grpc.ServerOption
 	if opts.WrongNode != nil {
+		// A method the server does not register is answered first (after
+		// the admission's count), UNIMPLEMENTED as gRPC would, whoever
+		// asks: the handler below only routes it into the chain.
+		unknown := []grpc.StreamServerInterceptor{s.unregisteredStream}
+		if sec.Authz != nil {
+			stream = append(append([]grpc.StreamServerInterceptor{stream[0]}, unknown...), stream[1:]...)
+		} else {
+			stream = append(unknown, stream...)
+		}
 		// Last in the chains: only what the handler itself answers.
 		unary = append(unary, s.wrongNodeUnary)
 		stream = append(stream, s.wrongNodeStream)
 		tail = append(tail, grpc.UnknownServiceHandler(func(_ any, ss grpc.ServerStream) error {
 			method, _ := grpc.MethodFromServerStream(ss)
-			return s.wrongNode(method)
+			return s.wrongNode(method, sec.Authz == nil)
 		}))
 	}
 	if sec.MaxConnectionAge > 0 {
@@ -516,9 +528,21 @@ type stoppableStream struct {
 
 func (s *stoppableStream) Context() context.Context { return s.ctx }
 
-// wrongNode is the answer to a call of method this node does not serve.
-func (s *Server) wrongNode(method string) error {
-	return status.Errorf(codes.Unimplemented, "%s is not served here: %s", method, s.opts.WrongNode())
+// wrongNode is the answer to a call of method this node does not serve;
+// full says what WrongNode may say.
+func (s *Server) wrongNode(method string, full bool) error {
+	return status.Errorf(codes.Unimplemented, "%s is not served here: %s", method, s.opts.WrongNode(full))
+}
+
+// unregisteredStream answers a method the server does not register (an
+// unknown service or method reaches the chain as a stream) before the
+// authorization, which would refuse it PERMISSION_DENIED: no policy rule
+// names it. Without authorization every caller may read the full answer.
+func (s *Server) unregisteredStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if m := s.adm.methods.Load(); m != nil && !(*m)[info.FullMethod] {
+		return s.wrongNode(info.FullMethod, s.opts.Security.Authz == nil)
+	}
+	return handler(srv, ss)
 }
 
 // isStub reports whether err is the answer of a generated
@@ -536,7 +560,7 @@ func isStub(err error) bool {
 func (s *Server) wrongNodeUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	resp, err := handler(ctx, req)
 	if isStub(err) {
-		return nil, s.wrongNode(info.FullMethod)
+		return nil, s.wrongNode(info.FullMethod, true) // past the authorization
 	}
 	return resp, err
 }
@@ -544,7 +568,7 @@ func (s *Server) wrongNodeUnary(ctx context.Context, req any, info *grpc.UnarySe
 func (s *Server) wrongNodeStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	err := handler(srv, ss)
 	if isStub(err) {
-		return s.wrongNode(info.FullMethod)
+		return s.wrongNode(info.FullMethod, true) // past the authorization
 	}
 	return err
 }

@@ -115,8 +115,11 @@ func (a *adminServer) SetPolicy(context.Context, *walshipv1.SetPolicyRequest) (*
 
 // wrongNode says what this node is, to a call it does not serve (KVService
 // or a switchover, which data nodes serve), and where the primary is.
-func (s *Server) wrongNode() string {
+func (s *Server) wrongNode(full bool) string {
 	v := s.vote.Load()
+	if !full {
+		return s.id() + " is a log store, not a data node"
+	}
 	if v.Primary == "" || v.Addr == "" {
 		return s.id() + " is a log store, not a data node; it knows of no primary yet"
 	}

@@ -133,7 +133,10 @@ func (a *adminServer) Switchover(ctx context.Context, req *walshipv1.SwitchoverR
 
 // wrongNode says what this node is, to a call it does not serve (a log
 // store's Verify, say).
-func (s *Server) wrongNode() string {
+func (s *Server) wrongNode(full bool) string {
+	if !full {
+		return s.Advertise() + " is a data node, the primary"
+	}
 	return fmt.Sprintf("%s is a data node, the primary %s of epoch %d, not a log store; its log stores are %s",
 		s.Advertise(), s.cfg.ID, s.epoch, orNone(s.cfg.LogStores))
 }

@@ -101,10 +101,13 @@ func (a *adminServer) SetPolicy(context.Context, *walshipv1.SetPolicyRequest) (*
 
 // wrongNode says what this node is, to a call it does not serve (a log
 // store's Verify, say).
-func (s *Server) wrongNode() string {
+func (s *Server) wrongNode(full bool) string {
 	addr := s.cfg.Listen
 	if s.srv != nil {
 		addr = s.srv.Addr()
+	}
+	if !full {
+		return addr + " is a data node, a replica"
 	}
 	if s.cfg.ReadOnly {
 		return fmt.Sprintf("%s is a data node, the read-only replica %s (it follows no primary)", addr, s.cfg.ID)
