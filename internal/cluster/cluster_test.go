@@ -470,8 +470,13 @@ func TestSyncCommitFlushesLazyReplicas(t *testing.T) {
 		if err != nil {
 			t.Fatalf("sync-apply + log store sync commit %d against replicas and a log store with a 1s flush delay: %v", i, err)
 		}
+		// Applied on both: a read there shows the commit as soon as the
+		// replica hears the commit watermark reach it, which the primary
+		// sends at once (the wait is for that message, never for the
+		// 1 s flush delay or the minute-long heartbeat).
 		for _, r := range c.Replicas {
-			g, err := walshipv1.NewKVServiceClient(c.Conn(r)).Get(ctx, &walshipv1.GetRequest{Key: fmt.Sprintf("k%d", i)})
+			g, err := walshipv1.NewKVServiceClient(c.Conn(r)).Get(ctx, &walshipv1.GetRequest{Key: fmt.Sprintf("k%d", i), MinLsn: p.Lsn,
+				WaitTimeout: durationpb.New(500 * time.Millisecond)})
 			if err != nil || g.AppliedLsn < p.Lsn {
 				t.Fatalf("%s after a sync-apply commit: %v %v", r.Name, g, err)
 			}

@@ -147,7 +147,10 @@ const (
 	SyncLevel_SYNC_LEVEL_WRITE SyncLevel = 1
 	// SYNC_LEVEL_FLUSH: the replica has fsynced the batch.
 	SyncLevel_SYNC_LEVEL_FLUSH SyncLevel = 2
-	// SYNC_LEVEL_APPLY: the replica has applied the batch; reads on it see the commit.
+	// SYNC_LEVEL_APPLY: the replica has applied the batch. Its plain reads
+	// see the commit once it hears the commit watermark reach it (sent at
+	// once, usually before the commit is answered); a read with min_lsn at
+	// the commit's LSN sees it for certain.
 	SyncLevel_SYNC_LEVEL_APPLY SyncLevel = 3
 )
 
