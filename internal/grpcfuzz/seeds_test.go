@@ -85,6 +85,8 @@ func seeds(bigValue int) []seed {
 		&walshipv1.TxnRequest{Success: manyGets, Speculative: true})
 	add(targetPrimary, classClient, kv+"Scan", &walshipv1.ScanRequest{Start: "fuzz/", End: "fuzz0", Limit: 10})
 	add(targetReplica, classClient, kv+"Scan", &walshipv1.ScanRequest{})
+	add(targetPrimary, classClient, kv+"Watch", &walshipv1.WatchRequest{Prefix: "fuzz/", StartLsn: 1, PrevValues: true, ProgressInterval: durationpb.New(50 * time.Millisecond)})
+	add(targetReplica, classClient, kv+"Watch", &walshipv1.WatchRequest{Key: "fuzz/a"})
 
 	admin := "/walship.v1.AdminService/"
 	add(targetPrimary, classAdmin, admin+"Status", &walshipv1.StatusRequest{})
