@@ -8,9 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/envelope"
 	"github.com/walship/walship/internal/state"
+	"github.com/walship/walship/internal/testkit"
 	"github.com/walship/walship/internal/vfs"
 	"github.com/walship/walship/internal/wal"
 	"github.com/walship/walship/pkg/codec"
@@ -31,7 +33,7 @@ type node struct {
 	feed *Feed
 	lsn  uint64
 	kv   walshipv1.KVServiceClient
-	cut  chan struct{} // a watcher was cut off
+	m    *Metrics
 }
 
 type watchServer struct {
@@ -51,13 +53,14 @@ func newNode(t testing.TB, maxBytes int, stall time.Duration) *node {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := &node{st: state.New(), log: log, feed: New(0, maxBytes, 0), cut: make(chan struct{}, 16)}
+	n := &node{st: state.New(), log: log, feed: New(0, maxBytes, 0)}
+	n.m = NewMetrics(n.feed)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	g := grpc.NewServer(grpc.InitialWindowSize(64<<10), grpc.InitialConnWindowSize(64<<10))
-	walshipv1.RegisterKVServiceServer(g, &watchServer{src: Source{Feed: n.feed, WAL: log, Stall: stall, CutOff: func() { n.cut <- struct{}{} }}})
+	walshipv1.RegisterKVServiceServer(g, &watchServer{src: Source{Feed: n.feed, WAL: log, Stall: stall, Metrics: n.m}})
 	go func() { _ = g.Serve(lis) }()
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
@@ -265,11 +268,9 @@ func TestWatchNonReaderCutOff(t *testing.T) {
 	n.feed.Bound.Advance(n.lsn)
 	// Read nothing until the server gave up, then drain what was
 	// buffered: the stream ends with the cut-off.
-	select {
-	case <-n.cut:
-	case <-ctx.Done():
-		t.Fatal("the watcher was never cut off")
-	}
+	testkit.Until(t, "the watcher to be cut off", func() bool {
+		return testutil.ToFloat64(n.m.cutoffs.WithLabelValues(CutStalled)) == 1
+	})
 	var got error
 	for got == nil {
 		_, got = s.Recv()

@@ -44,9 +44,8 @@ type Source struct {
 	WAL *wal.Log
 	// Stall bounds a blocked Send (0: DefaultStall).
 	Stall time.Duration
-	// CutOff, if set, is called when a watcher is cut off for not reading
-	// (a metric).
-	CutOff func()
+	// Metrics, if set, count the node's watches.
+	Metrics *Metrics
 }
 
 // filter is what one watcher selects.
@@ -133,6 +132,8 @@ func Serve(src Source, req *walshipv1.WatchRequest, stream Stream) error {
 	if err != nil {
 		return err
 	}
+	src.Metrics.opened(1)
+	defer src.Metrics.opened(-1)
 	ctx := stream.Context()
 	next := req.GetStartLsn()
 	if next == 0 {
@@ -147,7 +148,7 @@ func Serve(src Source, req *walshipv1.WatchRequest, stream Stream) error {
 				if ctx.Err() != nil {
 					return status.FromContextError(ctx.Err()).Err()
 				}
-				return status.Errorf(codes.Unavailable, "no state is readable here yet: the commit watermark (%d) has not reached LSN %d, where this node started (waited %v)", got, o, wait)
+				return src.Metrics.cut(CutUnavailable, status.Errorf(codes.Unavailable, "no state is readable here yet: the commit watermark (%d) has not reached LSN %d, where this node started (waited %v)", got, o, wait))
 			}
 		}
 		next = src.Feed.Bound.Load() + 1
@@ -159,11 +160,11 @@ func Serve(src Source, req *walshipv1.WatchRequest, stream Stream) error {
 			if ctx.Err() != nil {
 				return status.FromContextError(ctx.Err()).Err()
 			}
-			return status.Errorf(codes.OutOfRange, "start_lsn: %d is in the future: this node's commit watermark is %d (waited %v); resume at most from %d here, or on a node further ahead", next, got, wait, got+1)
+			return src.Metrics.cut(CutOutOfRange, status.Errorf(codes.OutOfRange, "start_lsn: %d is in the future: this node's commit watermark is %d (waited %v); resume at most from %d here, or on a node further ahead", next, got, wait, got+1))
 		}
 	}
 	if f.prev && next < src.Feed.From() {
-		return status.Errorf(codes.OutOfRange, "start_lsn: %d is older than this node keeps previous values for: the oldest LSN it serves with prev_values is %d", next, src.Feed.From())
+		return src.Metrics.cut(CutOutOfRange, status.Errorf(codes.OutOfRange, "start_lsn: %d is older than this node keeps previous values for: the oldest LSN it serves with prev_values is %d", next, src.Feed.From()))
 	}
 	w := &watcher{src: src, f: f, stream: stream, next: next, progress: progress}
 	return w.run(ctx)
@@ -206,10 +207,7 @@ func (w *watcher) run(ctx context.Context) error {
 			return err
 		case <-tick.C:
 			if since := w.sending.Load(); since != 0 && time.Since(time.Unix(0, since)) > stall {
-				if w.src.CutOff != nil {
-					w.src.CutOff()
-				}
-				return status.Errorf(codes.ResourceExhausted, "watcher did not read for %v: cut off; resume from LSN %d", stall, w.resume.Load())
+				return w.src.Metrics.cut(CutStalled, status.Errorf(codes.ResourceExhausted, "watcher did not read for %v: cut off; resume from LSN %d", stall, w.resume.Load()))
 			}
 		}
 	}
@@ -251,7 +249,7 @@ func (w *watcher) loop(ctx context.Context) error {
 		txns, ok, _ := feed.read(w.next, bound, readAhead, w.buf[:0])
 		if !ok {
 			if w.f.prev {
-				return status.Errorf(codes.OutOfRange, "watcher fell behind what this node keeps previous values for: resume from LSN %d (the oldest it serves with prev_values is %d), or without prev_values", w.next, feed.From())
+				return w.src.Metrics.cut(CutOutOfRange, status.Errorf(codes.OutOfRange, "watcher fell behind what this node keeps previous values for: resume from LSN %d (the oldest it serves with prev_values is %d), or without prev_values", w.next, feed.From()))
 			}
 			if err := w.history(ctx); err != nil {
 				return err
@@ -280,6 +278,9 @@ func (w *watcher) sendTxns(txns []*Txn) error {
 			return nil
 		}
 		err := w.send(&walshipv1.WatchResponse{Msg: &walshipv1.WatchResponse_Txns{Txns: &walshipv1.WatchTxns{Txns: out}}})
+		if err == nil {
+			w.src.Metrics.sentTxns(len(out))
+		}
 		out, size = nil, 0
 		return err
 	}
@@ -312,7 +313,7 @@ func (w *watcher) maybeProgress() error {
 func (w *watcher) history(ctx context.Context) error {
 	feed, log := w.src.Feed, w.src.WAL
 	if log == nil {
-		return status.Errorf(codes.OutOfRange, "start_lsn: LSN %d is no longer held here: the oldest LSN this node serves is %d", w.next, feed.From())
+		return w.src.Metrics.cut(CutOutOfRange, status.Errorf(codes.OutOfRange, "start_lsn: LSN %d is no longer held here: the oldest LSN this node serves is %d", w.next, feed.From()))
 	}
 	rd, err := log.NewReader(w.next, false)
 	if err != nil {
@@ -334,7 +335,7 @@ func (w *watcher) history(ctx context.Context) error {
 			continue
 		}
 		if err := envelope.DecodeStored(e.Data, &env, &b); err != nil {
-			return status.Errorf(codes.DataLoss, "read LSNs %d..%d from the log: %v", e.FirstLSN, e.LastLSN, err)
+			return w.src.Metrics.cut(CutDataLoss, status.Errorf(codes.DataLoss, "read LSNs %d..%d from the log: %v", e.FirstLSN, e.LastLSN, err))
 		}
 		txns := Build(b.Records, func(uint64) int64 { return env.GetCommitTimeUnixNano() }, nil)
 		for len(txns) > 0 && txns[0].LSN < w.next {
@@ -362,11 +363,11 @@ func (w *watcher) historyErr(err error) error {
 		if oldest == 0 {
 			oldest = w.src.Feed.From()
 		}
-		return status.Errorf(codes.OutOfRange, "start_lsn: LSN %d is no longer held here (retention, or a re-seed from a snapshot): the oldest LSN this node serves is %d", w.next, oldest)
+		return w.src.Metrics.cut(CutOutOfRange, status.Errorf(codes.OutOfRange, "start_lsn: LSN %d is no longer held here (retention, or a re-seed from a snapshot): the oldest LSN this node serves is %d", w.next, oldest))
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return status.FromContextError(err).Err()
 	default:
-		return status.Errorf(codes.Unavailable, "read the log from LSN %d: %v; resume from there", w.next, err)
+		return w.src.Metrics.cut(CutUnavailable, status.Errorf(codes.Unavailable, "read the log from LSN %d: %v; resume from there", w.next, err))
 	}
 }
 

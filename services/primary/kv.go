@@ -379,5 +379,5 @@ func (s *Server) stillPrimary(commitLSN uint64) error {
 // Watch serves the transactions made visible here, up to the commit
 // watermark (commitmark.go): never one a failover could take back.
 func (k *kvServer) Watch(req *walshipv1.WatchRequest, stream walshipv1.KVService_WatchServer) error {
-	return changefeed.Serve(changefeed.Source{Feed: k.s.pipe.feed, WAL: k.s.wal, Stall: k.s.cfg.WatchStall}, req, stream)
+	return changefeed.Serve(changefeed.Source{Feed: k.s.pipe.feed, WAL: k.s.wal, Stall: k.s.cfg.WatchStall, Metrics: k.s.metrics.watch}, req, stream)
 }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/changefeed"
 	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/serve"
 )
@@ -35,6 +36,8 @@ type metrics struct {
 	snapshotUploadSeconds prometheus.Histogram
 
 	refusedWrites *prometheus.CounterVec
+
+	watch *changefeed.Metrics
 }
 
 func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
@@ -163,6 +166,8 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 			return s.srv.Addr()
 		})}
 	m.collectors = append(m.collectors, s.admit.collectors()...)
+	m.watch = changefeed.NewMetrics(s.pipe.feed)
+	m.collectors = append(m.collectors, m.watch.Collectors()...)
 	for _, c := range m.collectors {
 		reg.MustRegister(c)
 	}

@@ -1,12 +1,19 @@
 package primary
 
 import (
+	"bytes"
+	"context"
 	"fmt"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/testkit"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
@@ -124,5 +131,102 @@ func TestCommitWatermarkBoundsWatches(t *testing.T) {
 	}
 	if r.s.CommitLSN() != second.Lsn {
 		t.Fatalf("CommitLSN = %d, want %d", r.s.CommitLSN(), second.Lsn)
+	}
+}
+
+// TestWatchMetrics: the walship_watch_* metrics move with real watchers
+// over real gRPC: watchers open, transactions sent, the ring's oldest LSN
+// as it drops transactions, and cut-offs by reason (a prev_values watch
+// from below the ring, a watcher that does not read).
+func TestWatchMetrics(t *testing.T) {
+	cfg := testConfig(t, t.TempDir())
+	reg := prometheus.NewRegistry()
+	cfg.Registry = reg
+	cfg.WatchMaxBytes = 64 << 10
+	cfg.WatchStall = 200 * time.Millisecond
+	r := start(t, cfg)
+	c := ctx(t)
+	metric := func(name string, kv ...string) float64 { return gaugeValue(t, reg, name, kv...) }
+	oldest := metric("walship_watch_ring_oldest_lsn")
+	if n := metric("walship_watch_watchers"); n != 0 {
+		t.Fatalf("walship_watch_watchers = %v before any watch", n)
+	}
+
+	wctx, stop := context.WithCancel(c)
+	w, err := r.kv.Watch(wctx, &walshipv1.WatchRequest{Prefix: "m/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testkit.Until(t, "walship_watch_watchers to be 1", func() bool { return metric("walship_watch_watchers") == 1 })
+	for i := range 2 {
+		if _, err := r.kv.Put(c, &walshipv1.PutRequest{Key: fmt.Sprintf("m/%d", i), Value: []byte("v")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for got := 0; got < 2; {
+		m, err := w.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got += len(m.GetTxns().GetTxns())
+	}
+	if n := metric("walship_watch_sent_transactions_total"); n != 2 {
+		t.Fatalf("walship_watch_sent_transactions_total = %v, want 2", n)
+	}
+	stop()
+	testkit.Until(t, "walship_watch_watchers to be 0", func() bool { return metric("walship_watch_watchers") == 0 })
+
+	// 2 MiB through a 64 KiB ring: it drops what is older.
+	big := bytes.Repeat([]byte("v"), 128<<10)
+	var last uint64
+	for i := range 16 {
+		p, err := r.kv.Put(c, &walshipv1.PutRequest{Key: fmt.Sprintf("big/%d", i), Value: big})
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = p.Lsn
+	}
+	if got := metric("walship_watch_ring_oldest_lsn"); got <= oldest || got > float64(last) {
+		t.Fatalf("walship_watch_ring_oldest_lsn = %v after 2 MiB through a 64 KiB ring; want in (%v, %d]", got, oldest, last)
+	}
+
+	// Previous values from below the ring: OUT_OF_RANGE.
+	pw, err := r.kv.Watch(c, &walshipv1.WatchRequest{StartLsn: 1, PrevValues: true})
+	if err == nil {
+		_, err = pw.Recv()
+	}
+	if status.Code(err) != codes.OutOfRange {
+		t.Fatalf("prev_values watch from LSN 1 = %v; want OUT_OF_RANGE", err)
+	}
+	if n := metric("walship_watch_cutoffs_total", "reason", "out_of_range"); n != 1 {
+		t.Fatalf("walship_watch_cutoffs_total{reason=out_of_range} = %v, want 1", n)
+	}
+
+	// A watcher that does not read, over small flow-control windows, is
+	// cut off once a Send stays blocked for WatchStall.
+	conn, err := grpc.NewClient(r.s.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	nr, err := walshipv1.NewKVServiceClient(conn).Watch(c, &walshipv1.WatchRequest{Prefix: "big/", StartLsn: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testkit.Until(t, "the non-reader to be cut off", func() bool {
+		return metric("walship_watch_cutoffs_total", "reason", "stalled") == 1
+	})
+	for err == nil {
+		_, err = nr.Recv()
+	}
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("non-reader: %v; want RESOURCE_EXHAUSTED", err)
+	}
+	testkit.Until(t, "walship_watch_watchers to be 0", func() bool { return metric("walship_watch_watchers") == 0 })
+	for _, reason := range []string{"unavailable", "data_loss"} {
+		if n := metric("walship_watch_cutoffs_total", "reason", reason); n != 0 {
+			t.Fatalf("walship_watch_cutoffs_total{reason=%s} = %v, want 0", reason, n)
+		}
 	}
 }

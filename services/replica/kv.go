@@ -54,5 +54,5 @@ func (k *kvServer) Txn(context.Context, *walshipv1.TxnRequest) (*walshipv1.TxnRe
 // Watch serves the transactions this replica has applied, up to the
 // primary's commit watermark (readable.go).
 func (k *kvServer) Watch(req *walshipv1.WatchRequest, stream walshipv1.KVService_WatchServer) error {
-	return changefeed.Serve(changefeed.Source{Feed: k.s.feed, WAL: k.s.wal, Stall: k.s.cfg.WatchStall}, req, stream)
+	return changefeed.Serve(changefeed.Source{Feed: k.s.feed, WAL: k.s.wal, Stall: k.s.cfg.WatchStall, Metrics: k.s.metrics.watch}, req, stream)
 }

@@ -3,6 +3,7 @@ package replica
 import (
 	"github.com/prometheus/client_golang/prometheus"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/changefeed"
 	"github.com/walship/walship/internal/serve"
 )
 
@@ -37,6 +38,7 @@ type metrics struct {
 	clusterMismatch prometheus.Counter
 	// The archive rung's (registered only with an archive).
 	archiveBatches, archiveReseeds, archiveErrors prometheus.Counter
+	watch                                         *changefeed.Metrics
 }
 
 func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
@@ -139,6 +141,8 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		m.fences, m.orphaned, m.clusterMismatch,
 		serve.NewInfo(s.cfg.ID, s.srv.Addr),
 	}
+	m.watch = changefeed.NewMetrics(s.feed)
+	m.collectors = append(m.collectors, m.watch.Collectors()...)
 	if s.arch != nil {
 		m.collectors = append(m.collectors, m.archiveBatches, m.archiveReseeds, m.archiveErrors)
 	}

@@ -1,6 +1,8 @@
 package replica
 
 import (
+	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -161,4 +163,63 @@ func TestReadyMaxLag(t *testing.T) {
 	})
 	sess.heartbeatDurable(t, 1, b1.LastLsn+5, b1.LastLsn, false)
 	testkit.Until(t, "ready 5 LSNs behind", func() bool { return r.s.ready() == nil })
+}
+
+// TestWatchMetrics: a replica's walship_watch_* metrics move with real
+// watchers over real gRPC: watchers open, transactions sent (from its WAL
+// and its ring), the ring's oldest LSN, and a prev_values watch from
+// below the ring cut off as out_of_range.
+func TestWatchMetrics(t *testing.T) {
+	fp := newFakePrimary(t)
+	cfg := testConfig(t, t.TempDir(), fp.addr)
+	cfg.WatchMaxBytes = 1 // the ring keeps the newest transaction only
+	r := start(t, cfg)
+	m := newModel(t)
+	sess := fp.next(t)
+	var bs []*walshipv1.WalBatch
+	for i := range 3 {
+		bs = append(bs, m.txn(put(fmt.Sprintf("w/%d", i), "v")))
+	}
+	sess.send(t, bs...)
+	r.waitApplied(t, bs[2].LastLsn)
+	testkit.Until(t, "the watermark to reach the last batch", func() bool { return r.s.feed.Bound.Load() >= bs[2].LastLsn })
+	if got := r.metric(t, "walship_watch_ring_oldest_lsn"); got != float64(bs[1].LastLsn+1) {
+		t.Fatalf("walship_watch_ring_oldest_lsn = %v, want %d (the ring keeps the last transaction)", got, bs[1].LastLsn+1)
+	}
+
+	c := tctx(t)
+	wctx, stop := context.WithCancel(c)
+	w, err := r.kv.Watch(wctx, &walshipv1.WatchRequest{Prefix: "w/", StartLsn: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for got := 0; got < 3; {
+		msg, err := w.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got += len(msg.GetTxns().GetTxns())
+	}
+	if n := r.metric(t, "walship_watch_watchers"); n != 1 {
+		t.Fatalf("walship_watch_watchers = %v, want 1", n)
+	}
+	if n := r.metric(t, "walship_watch_sent_transactions_total"); n != 3 {
+		t.Fatalf("walship_watch_sent_transactions_total = %v, want 3", n)
+	}
+	stop()
+	testkit.Until(t, "walship_watch_watchers to be 0", func() bool { return r.metric(t, "walship_watch_watchers") == 0 })
+
+	pw, err := r.kv.Watch(c, &walshipv1.WatchRequest{StartLsn: 1, PrevValues: true})
+	if err == nil {
+		_, err = pw.Recv()
+	}
+	if status.Code(err) != codes.OutOfRange {
+		t.Fatalf("prev_values watch from LSN 1 = %v; want OUT_OF_RANGE", err)
+	}
+	if n := r.metric(t, "walship_watch_cutoffs_total", "reason", "out_of_range"); n != 1 {
+		t.Fatalf("walship_watch_cutoffs_total{reason=out_of_range} = %v, want 1", n)
+	}
+	if n := r.metric(t, "walship_watch_cutoffs_total", "reason", "stalled"); n != 0 {
+		t.Fatalf("walship_watch_cutoffs_total{reason=stalled} = %v, want 0", n)
+	}
 }
