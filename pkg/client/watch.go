@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"time"
@@ -167,14 +168,23 @@ func (s *watchStream) RecvMsg(m any) error {
 	return nil
 }
 
-// GetStale reads key on any node whose state is at most maxLagLSNs behind
-// the primary's (bounded-staleness read): the nodes in list order, each
-// refusing with FAILED_PRECONDITION if it lags more (or serving no state
-// yet), then the primary. The response's applied_lsn says which state it
-// is.
+// GetStale reads key on a data node whose state is at most maxLagLSNs
+// behind the primary's (a bounded-staleness read; 0 sets no bound, as
+// max_lag_lsns 0 does), off the primary when a replica can serve it: the
+// data nodes it knows other than the primary, from a random one so that
+// reads spread, each refusing with FAILED_PRECONDITION if it lags more;
+// then the primary (a linearizable read, Get). A node that does not
+// answer, or is no data node (a log store in the list), is skipped. The
+// response's applied_lsn says which state it is.
 func (c *Client) GetStale(ctx context.Context, key string, maxLagLSNs uint64) (*walshipv1.GetResponse, error) {
+	c.mu.Lock()
+	primary := c.primary
+	c.mu.Unlock()
 	var lastErr error
-	for _, addr := range c.nodes {
+	for _, addr := range c.replicasFirst() {
+		if addr == primary {
+			continue // asked last, below, as the primary
+		}
 		conn, err := c.conn(addr)
 		if err != nil {
 			lastErr = err
@@ -184,18 +194,22 @@ func (c *Client) GetStale(ctx context.Context, key string, maxLagLSNs uint64) (*
 		if err == nil {
 			return r, nil
 		}
-		lastErr = err
+		lastErr = fmt.Errorf("%s: %w", addr, err)
 		switch status.Code(err) {
-		case codes.FailedPrecondition, codes.Unavailable, codes.DeadlineExceeded:
-			continue // too far behind, or not reachable: the next node
+		case codes.FailedPrecondition, codes.Unavailable, codes.DeadlineExceeded, codes.Unimplemented:
+			continue // too far behind, not reachable, or no data node: the next node
 		}
-		return nil, err
+		return nil, lastErr
 	}
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
-	if r, err := c.Get(ctx, key); err == nil {
+	r, err := c.Get(ctx, key)
+	switch {
+	case err == nil:
 		return r, nil
+	case lastErr == nil:
+		return nil, err
 	}
-	return nil, lastErr
+	return nil, fmt.Errorf("walship client: no replica served the read within %d LSNs (last: %v), nor the primary: %w", maxLagLSNs, lastErr, err)
 }
