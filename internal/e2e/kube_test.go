@@ -471,31 +471,7 @@ func nodeStatusOf(t *testing.T, ctx context.Context, addr string) *walshipv1.Sta
 // logged, and the Lease and the label move to the target.
 func TestKubeSIGTERMSwitchesOver(t *testing.T) {
 	c, cl, ctx := startKubeWithClient(t, 3*time.Minute)
-	async := &walshipv1.CommitPolicy{Durability: walshipv1.Durability_DURABILITY_ASYNC,
-		Replication: walshipv1.ReplicationMode_REPLICATION_MODE_ASYNC, Logstore: walshipv1.LogStoreAck_LOG_STORE_ACK_ASYNC}
-	wctx, stop := context.WithCancel(ctx)
-	var mu sync.Mutex
-	var acked []string
-	var gaps []time.Duration
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		prev := time.Now()
-		for i := 0; wctx.Err() == nil; i++ {
-			key := fmt.Sprintf("term/%d", i)
-			pol := async
-			if i%2 == 1 {
-				pol = nil // the contract's default: sync
-			}
-			if _, err := cl.Put(wctx, key, []byte("v"), pol); err == nil {
-				mu.Lock()
-				acked = append(acked, key)
-				gaps = append(gaps, time.Since(prev))
-				mu.Unlock()
-				prev = time.Now()
-			}
-		}
-	}()
+	load := startAlternatingLoad(ctx, cl)
 	<-time.After(1500 * time.Millisecond)
 	c.nodes[0].p.stop() // SIGTERM; fails the test unless it exits cleanly
 	var holder string
@@ -505,23 +481,12 @@ func TestKubeSIGTERMSwitchesOver(t *testing.T) {
 	})
 	c.waitLabels(t, map[string]string{holder: "primary"})
 	<-time.After(500 * time.Millisecond)
-	stop()
-	<-done
+	acked, pause := load.stop()
 	if !strings.Contains(c.nodes[0].p.logs(), "switched over before stopping") {
 		t.Fatalf("the primary did not switch over before it stopped:\n%s", c.nodes[0].p.logs())
 	}
-	var pause time.Duration
-	for _, g := range gaps {
-		pause = max(pause, g)
-	}
 	t.Logf("%d writes acknowledged (half async); longest gap between acknowledgements across the switchover: %v", len(acked), pause)
-	kv := walshipv1.NewKVServiceClient(conn(t, c.byName(holder).addr))
-	for _, k := range acked {
-		r, err := kv.Get(ctx, &walshipv1.GetRequest{Key: k})
-		if err != nil || !r.GetFound() {
-			t.Fatalf("%s was acknowledged but is not on the new primary %s: %v", k, holder, err)
-		}
-	}
+	checkAcked(t, ctx, acked, c.byName(holder).addr, holder)
 }
 
 // TestKubeFlappingReplicaCausesNoEpochs: a replica that keeps dying and

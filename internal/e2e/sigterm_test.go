@@ -29,36 +29,8 @@ func TestSIGTERMSwitchesOver(t *testing.T) {
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
-	async := &walshipv1.CommitPolicy{Durability: walshipv1.Durability_DURABILITY_ASYNC,
-		Replication: walshipv1.ReplicationMode_REPLICATION_MODE_ASYNC, Logstore: walshipv1.LogStoreAck_LOG_STORE_ACK_ASYNC}
-	wctx, stopLoad := context.WithCancel(ctx)
-	var mu sync.Mutex
-	var acked []string
-	var gaps []time.Duration
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		prev := time.Now()
-		for i := 0; wctx.Err() == nil; i++ {
-			key := fmt.Sprintf("term/%d", i)
-			pol := async
-			if i%2 == 1 {
-				pol = nil // the cluster's contract: sync
-			}
-			if _, err := cl.Put(wctx, key, []byte("v"), pol); err == nil {
-				mu.Lock()
-				acked = append(acked, key)
-				gaps = append(gaps, time.Since(prev))
-				mu.Unlock()
-				prev = time.Now()
-			}
-		}
-	}()
-	ackedSoFar := func() int {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(acked)
-	}
+	load := startAlternatingLoad(ctx, cl)
+	ackedSoFar := load.count
 	testkit.UntilWithin(t, time.Minute, "50 writes before the SIGTERM", func() bool { return ackedSoFar() >= 50 })
 
 	began := time.Now()
@@ -80,21 +52,10 @@ func TestSIGTERMSwitchesOver(t *testing.T) {
 	}
 	at := ackedSoFar()
 	testkit.UntilWithin(t, time.Minute, "50 writes on the new primary", func() bool { return ackedSoFar() >= at+50 })
-	stopLoad()
-	<-done
-	var pause time.Duration
-	for _, g := range gaps {
-		pause = max(pause, g)
-	}
+	acked, pause := load.stop()
 	t.Logf("SIGTERM to exit %v; %s took over; %d writes acknowledged (half async); longest gap between acknowledgements %v",
 		stopped.Round(time.Millisecond), newPrim.name, len(acked), pause.Round(time.Millisecond))
-	kv := walshipv1.NewKVServiceClient(conn(t, newPrim.addr))
-	for _, k := range acked {
-		r, err := kv.Get(ctx, &walshipv1.GetRequest{Key: k})
-		if err != nil || !r.GetFound() {
-			t.Fatalf("%s was acknowledged but is not on the new primary %s: %v", k, newPrim.name, err)
-		}
-	}
+	checkAcked(t, ctx, acked, newPrim.addr, newPrim.name)
 
 	// --switchover-on-stop=false: n0 comes back, takes the role back by
 	// a switchover, and stops at once when told to.
@@ -111,6 +72,71 @@ func TestSIGTERMSwitchesOver(t *testing.T) {
 	for _, n := range c.nodes[1:] {
 		if st := nodeStatusOf(t, ctx, n.addr); st.GetRole() != walshipv1.Role_ROLE_REPLICA || st.GetVoteEpoch() != epoch {
 			t.Fatalf("%s after the primary stopped without a switchover: %v in vote epoch %d; want a replica of epoch %d", n.name, st.GetRole(), st.GetVoteEpoch(), epoch)
+		}
+	}
+}
+
+// alternatingLoad writes keys term/0, term/1, … one after another through
+// a client that follows the primary, every other one async (the others
+// under the cluster's contract), recording those acknowledged and the
+// gaps between acknowledgements.
+type alternatingLoad struct {
+	stopLoad context.CancelFunc
+	done     chan struct{}
+	mu       sync.Mutex
+	acked    []string
+	pause    time.Duration // the longest gap between acknowledgements
+}
+
+func startAlternatingLoad(ctx context.Context, cl *client.Client) *alternatingLoad {
+	async := &walshipv1.CommitPolicy{Durability: walshipv1.Durability_DURABILITY_ASYNC,
+		Replication: walshipv1.ReplicationMode_REPLICATION_MODE_ASYNC, Logstore: walshipv1.LogStoreAck_LOG_STORE_ACK_ASYNC}
+	wctx, stop := context.WithCancel(ctx)
+	l := &alternatingLoad{stopLoad: stop, done: make(chan struct{})}
+	go func() {
+		defer close(l.done)
+		prev := time.Now()
+		for i := 0; wctx.Err() == nil; i++ {
+			key := fmt.Sprintf("term/%d", i)
+			pol := async
+			if i%2 == 1 {
+				pol = nil // the cluster's contract
+			}
+			if _, err := cl.Put(wctx, key, []byte("v"), pol); err == nil {
+				l.mu.Lock()
+				l.acked = append(l.acked, key)
+				l.pause = max(l.pause, time.Since(prev))
+				l.mu.Unlock()
+				prev = time.Now()
+			}
+		}
+	}()
+	return l
+}
+
+// count is how many writes were acknowledged so far.
+func (l *alternatingLoad) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.acked)
+}
+
+// stop ends the load and returns the keys acknowledged and the longest
+// gap between acknowledgements.
+func (l *alternatingLoad) stop() ([]string, time.Duration) {
+	l.stopLoad()
+	<-l.done
+	return l.acked, l.pause
+}
+
+// checkAcked fails t unless every key in acked is on the node at addr.
+func checkAcked(t *testing.T, ctx context.Context, acked []string, addr, name string) {
+	t.Helper()
+	kv := walshipv1.NewKVServiceClient(conn(t, addr))
+	for _, k := range acked {
+		r, err := kv.Get(ctx, &walshipv1.GetRequest{Key: k})
+		if err != nil || !r.GetFound() {
+			t.Fatalf("%s was acknowledged but is not on the new primary %s: %v", k, name, err)
 		}
 	}
 }
