@@ -30,7 +30,13 @@ func (s *Server) commitLSN() uint64 {
 	if k := int(c.GetSyncReplicas()); k > 0 {
 		w = min(w, s.peers.replicaQuorumLocked(waitClass{level: c.GetSyncLevel(), k: k}))
 	}
-	if c.GetLogstoreSync() {
+	switch {
+	case c.GetLogstoreSync():
+		w = min(w, s.peers.logStoreQuorumLocked())
+	case c.GetSyncReplicas() == 0 && s.peers.quorum > 0:
+		// A contract of the primary's fsync alone: a promotion needs no
+		// member (failover.PromotionNeed is 0), only a log store
+		// majority, so only what a majority of them holds survives one.
 		w = min(w, s.peers.logStoreQuorumLocked())
 	}
 	return w
