@@ -277,6 +277,13 @@ func TestDevStopAndRestart(t *testing.T) {
 	if promote == "" || promote == stopped {
 		t.Fatalf("the hint promotes %q; replica-0 (%s) is the stopped node:\n%s", promote, stopped, after)
 	}
+	// The node the hint names may be the old primary, which restarts its
+	// server as a replica after the switchover: promote once it answers,
+	// as someone reading the hint would.
+	testkit.UntilWithin(t, 30*time.Second, "the node the hint names to answer", func() bool {
+		code, _, _ := run(t, "ctl", "status", "--nodes", promote)
+		return code == 0
+	})
 	if code, out, errOut := run(t, "ctl", "promote", "--node", promote); code != 0 {
 		t.Fatalf("the printed promotion: exit %d\n%s%s", code, out, errOut)
 	}
