@@ -388,6 +388,10 @@ func (e *env) judge(in input, md protoreflect.MethodDescriptor, out *outcome) {
 	case out.code == codes.Unimplemented:
 		// Right for a method the server does not serve, and for one a
 		// role registers without implementing (a replica's Switchover).
+	case out.code == codes.Internal && !validHeaderValue(in.Method) && strings.Contains(out.message, "RST_STREAM"):
+		// A method name with a control character is not a valid HTTP/2
+		// :path: the server's HTTP/2 layer resets the stream
+		// (PROTOCOL_ERROR) before gRPC, let alone walship, sees a call.
 	case !served && out.code != codes.Canceled && out.code != codes.DeadlineExceeded && out.code != codes.Unavailable:
 		bad("%s from a method %s does not register (want UNIMPLEMENTED)", out.code, e.name(n))
 	case out.code == codes.DataLoss:
@@ -464,4 +468,16 @@ func trim(s string, n int) string {
 		return s
 	}
 	return s[:n] + fmt.Sprintf("... (%d bytes)", len(s))
+}
+
+// validHeaderValue reports whether v may be an HTTP/2 header field value
+// (RFC 9113 §8.2.1 as Go's HTTP/2 server checks it: no control character
+// but a tab).
+func validHeaderValue(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if b := v[i]; (b < 0x20 && b != '\t') || b == 0x7f {
+			return false
+		}
+	}
+	return true
 }
