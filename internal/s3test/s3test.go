@@ -7,6 +7,7 @@ package s3test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -14,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -68,13 +70,35 @@ func Binary(tb testing.TB) string {
 func Start(tb testing.TB, bucket string) *Server {
 	tb.Helper()
 	bin := Binary(tb)
-	dir := tb.TempDir()
 	// weed's gRPC ports are its HTTP ports + 10000: both must be free,
 	// and below the ephemeral range, where no outgoing connection takes
-	// them meanwhile.
+	// them meanwhile (newServer). A port picked free can still be taken
+	// by another test process before weed binds it; weed then exits
+	// ("address already in use") and is started again on other ports.
+	for attempt := 1; ; attempt++ {
+		dir := tb.TempDir() // a new one each time: nothing of a failed start stays
+		if err := os.MkdirAll(filepath.Join(dir, "data"), 0o700); err != nil {
+			tb.Fatal(err)
+		}
+		s := newServer(tb, bucket, dir)
+		s.start(bin)
+		err := s.waitReady(90 * time.Second)
+		if err == nil {
+			tb.Cleanup(s.Stop)
+			return s
+		}
+		s.Stop()
+		if !errors.Is(err, errExited) || !strings.Contains(s.logs.String(), "address already in use") || attempt == 3 {
+			tb.Fatalf("%v: %s", err, s.logs.Tail(4000))
+		}
+	}
+}
+
+// newServer is a server on ports picked now, not started.
+func newServer(tb testing.TB, bucket, dir string) *Server {
 	ports := pickPorts(tb, 5)
 	s3Port, master, volume, filer, admin := ports[0], ports[1], ports[2], ports[3], ports[4]
-	s := &Server{
+	return &Server{
 		Endpoint: "http://127.0.0.1:" + strconv.Itoa(s3Port),
 		Bucket:   bucket,
 		tb:       tb,
@@ -87,13 +111,6 @@ func Start(tb testing.TB, bucket string) *Server {
 			"-filer.localSocket=" + filepath.Join(dir, "filer.sock"), "-s3.localSocket=" + filepath.Join(dir, "s3.sock"),
 			"-bucket=" + bucket},
 	}
-	if err := os.MkdirAll(filepath.Join(dir, "data"), 0o700); err != nil {
-		tb.Fatal(err)
-	}
-	s.start(bin)
-	tb.Cleanup(s.Stop)
-	s.WaitReady(90 * time.Second)
-	return s
 }
 
 func (s *Server) start(bin string) {
@@ -121,6 +138,17 @@ func (s *Server) start(bin string) {
 // server's log.
 func (s *Server) WaitReady(within time.Duration) {
 	s.tb.Helper()
+	if err := s.waitReady(within); err != nil {
+		s.tb.Fatalf("%v: %s", err, s.logs.Tail(4000))
+	}
+}
+
+// errExited is waitReady's error when weed exits before it is ready.
+var errExited = errors.New("weed exited before it was ready")
+
+// waitReady waits until the bucket answers, weed exits (errExited) or
+// within passes.
+func (s *Server) waitReady(within time.Duration) error {
 	client := s.Client()
 	deadline := time.Now().Add(within)
 	var last error
@@ -130,14 +158,14 @@ func (s *Server) WaitReady(within time.Duration) {
 		s.mu.Unlock()
 		select {
 		case <-done:
-			s.tb.Fatalf("weed exited before it was ready: %s", s.logs.Tail(4000))
+			return errExited
 		default:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		_, last = client.HeadBucket(ctx, &s3.HeadBucketInput{Bucket: aws.String(s.Bucket)})
 		cancel()
 		if last == nil {
-			return
+			return nil
 		}
 		t := time.NewTimer(100 * time.Millisecond)
 		select {
@@ -146,7 +174,7 @@ func (s *Server) WaitReady(within time.Duration) {
 			t.Stop()
 		}
 	}
-	s.tb.Fatalf("weed not ready within %v (%v): %s", within, last, s.logs.Tail(4000))
+	return fmt.Errorf("weed not ready within %v (%v)", within, last)
 }
 
 // Client is an S3 client of the server with its access key.
