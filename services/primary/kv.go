@@ -115,14 +115,15 @@ func (k *kvServer) Txn(ctx context.Context, req *walshipv1.TxnRequest) (*walship
 	if err != nil {
 		return nil, err
 	}
+	writing := writes(success) || writes(failure)
 	check := k.s.serving
-	if writes(success) || writes(failure) {
+	if writing {
 		check = k.s.takingWrite
 	}
 	if err := check(); err != nil {
 		return nil, err
 	}
-	if writes(success) || writes(failure) {
+	if writing {
 		release, err := k.s.admit.admit(ctx, proto.Size(req))
 		if err != nil {
 			return nil, err
