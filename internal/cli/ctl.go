@@ -224,12 +224,14 @@ func ctlPromoteFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	var (
 		addr       string
 		dry, force bool
+		depose     bool
 		epoch      uint64
 		wait       time.Duration
 	)
 	fs.StringVar(&addr, "node", "", "gRPC address of the replica to promote (required)")
 	fs.BoolVar(&dry, "dry-run", false, "only report what a promotion would see, need and risk")
-	fs.BoolVar(&force, "force", false, "promote with a log store majority even without the replicas the contract needs (may lose the commits a dry run names), or while a primary is serving (use switchover for that: it loses nothing)")
+	fs.BoolVar(&force, "force", false, "promote with a log store majority even without the replicas the contract needs (may lose the commits a dry run names)")
+	fs.BoolVar(&depose, "depose", false, "promote although a primary is serving, fencing it and losing what it has not shipped (use switchover for that: it loses nothing)")
 	fs.Uint64Var(&epoch, "epoch", 0, "epoch to open (0: the highest seen + 1)")
 	fs.DurationVar(&wait, "wait", 30*time.Second, "how long to wait for the new primary to take writes")
 	sf := addSecurityFlags(fs, false)
@@ -249,7 +251,7 @@ func ctlPromoteFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 		start := time.Now()
 		pctx, cancel := context.WithTimeout(ctx, wait)
 		defer cancel()
-		resp, err := admin.Promote(pctx, &walshipv1.PromoteRequest{Epoch: epoch, DryRun: dry, Force: force})
+		resp, err := admin.Promote(pctx, &walshipv1.PromoteRequest{Epoch: epoch, DryRun: dry, Force: force, Depose: depose})
 		if err != nil {
 			return fmt.Errorf("promote %s: %w", addr, err)
 		}
@@ -275,7 +277,7 @@ func ctlPromoteFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 		}
 		sp := resp.GetServingPrimary()
 		if sp != nil {
-			fmt.Fprintf(env.Stdout, "serving primary: %s at %s takes writes in epoch %d; a promotion would depose it and lose what it has not shipped: use `walship ctl switchover --primary %s --target %s` instead (nothing lost), or --force\n",
+			fmt.Fprintf(env.Stdout, "serving primary: %s at %s takes writes in epoch %d; a promotion would depose it and lose what it has not shipped: use `walship ctl switchover --primary %s --target %s` instead (nothing lost), or --depose\n",
 				sp.GetId(), sp.GetAddr(), sp.GetEpoch(), sp.GetAddr(), nodeID(ctx, addr))
 		}
 		if dry {
@@ -284,7 +286,7 @@ func ctlPromoteFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 			switch {
 			case !resp.GetQuorum() && !force:
 				return fmt.Errorf("a promotion of %s would fail: it needs %s (--force goes on with a log store majority, losing what the missing replicas alone hold)", addr, resp.GetNeeded())
-			case sp != nil && !force:
+			case sp != nil && !depose:
 				return fmt.Errorf("a promotion of %s would be refused: %s is the primary and takes writes; use `walship ctl switchover --primary %s --target %s`", addr, sp.GetId(), sp.GetAddr(), nodeID(ctx, addr))
 			}
 			return nil

@@ -109,7 +109,8 @@ func TestCtlStatusUnreachable(t *testing.T) {
 // TestCtlPromoteRefusesServingPrimary: `walship ctl promote` does not
 // depose a primary that takes writes: its dry run names it and exits 1,
 // and the promotion is refused (the server's FAILED_PRECONDITION) with
-// the switchover to use instead, the primary untouched. Once the primary
+// the switchover to use instead, the primary untouched; --force too (it
+// waives votes, only --depose deposes). Once the primary
 // is gone the dry run passes; without a log store majority it exits 1
 // (quorum false), where it said "at risk: nothing" and exited 0.
 func TestCtlPromoteRefusesServingPrimary(t *testing.T) {
@@ -137,8 +138,22 @@ func TestCtlPromoteRefusesServingPrimary(t *testing.T) {
 		!strings.Contains(errOut, switchover) {
 		t.Fatalf("promotion with a serving primary: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 	}
+	// --force waives a dead replica's vote; it is no licence to depose a
+	// primary that takes writes: that needs --depose.
+	code, out, errOut = run(t, "ctl", "promote", "--node", r, "--dry-run", "--force")
+	if code != 1 || !strings.Contains(errOut, "would be refused") {
+		t.Fatalf("forced dry run with a serving primary: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	code, out, errOut = run(t, "ctl", "promote", "--node", r, "--force", "--wait", "5s")
+	if code != 1 || !strings.Contains(errOut, "FailedPrecondition") || !strings.Contains(errOut, "depose it (depose: true; force alone does not)") {
+		t.Fatalf("forced promotion with a serving primary: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
 	if st, err := nodeStatus(t.Context(), p); err != nil || st.GetRole() != walshipv1.Role_ROLE_PRIMARY || !st.GetTakingWrites() || st.GetEpoch() != 1 {
-		t.Fatalf("the primary after the refused promotion: %v, %v", st, err)
+		t.Fatalf("the primary after the refused promotions: %v, %v", st, err)
+	}
+	code, out, errOut = run(t, "ctl", "promote", "--node", r, "--dry-run", "--depose")
+	if code != 0 || !strings.Contains(out, "serving primary: primary at "+p) {
+		t.Fatalf("dry run with --depose and a serving primary: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 	}
 
 	if err := c.StopNode(c.Primary); err != nil {

@@ -146,9 +146,9 @@ func TestReplicasReseedFromTheArchive(t *testing.T) {
 			}
 
 			// A promotion: replica 2 is the primary of a new epoch, and the
-			// two follow it (forced: the primary still serves).
+			// two follow it (with depose: the primary still serves).
 			admin := walshipv1.NewAdminServiceClient(c.Conn(c.Replicas[2]))
-			if _, err := admin.Promote(ctx, &walshipv1.PromoteRequest{Force: true}, grpc.WaitForReady(true)); err != nil {
+			if _, err := admin.Promote(ctx, &walshipv1.PromoteRequest{Depose: true}, grpc.WaitForReady(true)); err != nil {
 				t.Fatal(err)
 			}
 			testkit.UntilWithin(t, 30*time.Second, "replica-2 to take writes", func() bool {

@@ -115,11 +115,11 @@ func TestLogStoreAwayForPromotionsFollows(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Every data node in turn becomes the primary: three promotions,
-	// forced (each deposes a primary that serves).
+	// with depose (each deposes a primary that serves).
 	var last uint64
 	for i, n := range []*Node{c.Replicas[0], c.Replicas[1], c.Primary} {
 		testkit.UntilWithin(t, 30*time.Second, n.Name+" to promote itself", func() bool {
-			_, err := walshipv1.NewAdminServiceClient(c.Conn(n)).Promote(ctx, &walshipv1.PromoteRequest{Force: true})
+			_, err := walshipv1.NewAdminServiceClient(c.Conn(n)).Promote(ctx, &walshipv1.PromoteRequest{Depose: true})
 			return err == nil
 		})
 		last = putOn(t, c, n, "k", fmt.Sprint(i+1))

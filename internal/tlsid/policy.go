@@ -507,7 +507,7 @@ func certSPIFFEID(c *x509.Certificate) (*url.URL, error) {
 // check applies the rules that hold whatever the policy says, which then
 // only decides which identity may call what: one well-formed SPIFFE ID
 // per peer (grpc's matching would accept any of several URI or DNS names,
-// by raw prefix), and Promote with force, dry run or epoch (admins' tools)
+// by raw prefix), and Promote with force, depose, dry run or epoch (admins' tools)
 // only for an admin — a node asks only for a plain promotion (a
 // switchover).
 func (a *Authz) check(ctx context.Context, method string, req any) error {
@@ -519,8 +519,8 @@ func (a *Authz) check(ctx context.Context, method string, req any) error {
 		return status.Errorf(codes.PermissionDenied, "%s may not call %s: the certificate's identity: %v", Peer(ctx), method, err)
 	}
 	if method == promoteMethod {
-		if pr, ok := req.(*walshipv1.PromoteRequest); (!ok || pr.GetForce() || pr.GetDryRun() || pr.GetEpoch() != 0) && !a.admin(ctx) {
-			return status.Errorf(codes.PermissionDenied, "%s may not call %s with force, dry_run or epoch: a node asks only for a plain promotion (a switchover); the rest is for admins, whom the policy lets call every AdminService method", u, method)
+		if pr, ok := req.(*walshipv1.PromoteRequest); (!ok || pr.GetForce() || pr.GetDepose() || pr.GetDryRun() || pr.GetEpoch() != 0) && !a.admin(ctx) {
+			return status.Errorf(codes.PermissionDenied, "%s may not call %s with force, depose, dry_run or epoch: a node asks only for a plain promotion (a switchover); the rest is for admins, whom the policy lets call every AdminService method", u, method)
 		}
 	}
 	return nil

@@ -305,6 +305,9 @@ func TestAuthzDefaultPolicy(t *testing.T) {
 		case "Promote force":
 			_, err := walshipv1.NewAdminServiceClient(cc).Promote(ctx, &walshipv1.PromoteRequest{Force: true})
 			return err
+		case "Promote depose":
+			_, err := walshipv1.NewAdminServiceClient(cc).Promote(ctx, &walshipv1.PromoteRequest{Depose: true})
+			return err
 		case "SetPolicy":
 			_, err := walshipv1.NewAdminServiceClient(cc).SetPolicy(ctx, &walshipv1.SetPolicyRequest{})
 			return err
@@ -372,7 +375,9 @@ func TestAuthzDefaultPolicy(t *testing.T) {
 		{URI("td", ClassNode, "n1"), "Verify", true},
 		{URI("td", ClassClient, "app"), "Verify", false},
 		{URI("td", ClassAdmin, "ops"), "Stream", false},
-		{URI("td", ClassNode, "n1"), "Promote force", false},   // a node asks only for a plain promotion
+		{URI("td", ClassNode, "n1"), "Promote force", false}, // a node asks only for a plain promotion
+		{URI("td", ClassNode, "n1"), "Promote depose", false},
+		{URI("td", ClassAdmin, "ops"), "Promote depose", true},
 		{URI("elsewhere", ClassAdmin, "ops"), "Status", false}, // another trust domain
 		{URI("elsewhere", ClassNode, "n1"), "Stream", false},
 	} {
@@ -735,6 +740,8 @@ func TestAuthzCustomPolicyKeepsTheIdentityRules(t *testing.T) {
 			_, err = a.Promote(ctx, &walshipv1.PromoteRequest{})
 		case "Promote force":
 			_, err = a.Promote(ctx, &walshipv1.PromoteRequest{Force: true})
+		case "Promote depose":
+			_, err = a.Promote(ctx, &walshipv1.PromoteRequest{Depose: true})
 		case "Promote dry_run":
 			_, err = a.Promote(ctx, &walshipv1.PromoteRequest{DryRun: true})
 		case "Promote epoch":
@@ -769,6 +776,7 @@ func TestAuthzCustomPolicyKeepsTheIdentityRules(t *testing.T) {
 		{DefaultPolicy("td", ReflectionAll), Leaf{URI: URI("td", ClassAdmin, "a1")}, "SetPolicy", false, true},
 		{DefaultPolicy("td", ReflectionAll), Leaf{URI: URI("td", ClassNode, "n1")}, "Promote", false, true},
 		{DefaultPolicy("td", ReflectionAll), Leaf{URI: URI("td", ClassNode, "n1")}, "Promote force", false, false},
+		{DefaultPolicy("td", ReflectionAll), Leaf{URI: URI("td", ClassNode, "n1")}, "Promote depose", false, false},
 		{DefaultPolicy("td", ReflectionAll), Leaf{URI: URI("td", ClassNode, "n1")}, "Promote epoch", false, false},
 		{DefaultPolicy("td", ReflectionAll), Leaf{URI: URI("td", ClassAdmin, "a1")}, "Promote force", false, true},
 		{string(k8s), Leaf{URI: sa("prod", "ops")}, "SetPolicy", false, true},

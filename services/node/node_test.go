@@ -373,8 +373,8 @@ func TestPromoteEpochBound(t *testing.T) {
 	if v := c.nodes["n1"].Replica().Vote(); v != before {
 		t.Fatalf("a refused promotion changed n1's vote: %v, was %v", v, before)
 	}
-	// n0 serves: only a forced promotion deposes it.
-	resp, err := admin1.Promote(ctx, &walshipv1.PromoteRequest{Epoch: datadir.MaxEpoch, Force: true})
+	// n0 serves: only a promotion with depose deposes it.
+	resp, err := admin1.Promote(ctx, &walshipv1.PromoteRequest{Epoch: datadir.MaxEpoch, Depose: true})
 	if err != nil || resp.Epoch != datadir.MaxEpoch {
 		t.Fatalf("Promote to the maximum epoch = %v, %v", resp, err)
 	}
@@ -421,7 +421,7 @@ func TestPromoteEpochJump(t *testing.T) {
 	if st := status1(t, c.conn(t, "n0")); st.Role != walshipv1.Role_ROLE_PRIMARY || st.Epoch != before.Epoch {
 		t.Fatalf("n0 after the refused promotions: %v in epoch %d; want the primary of epoch %d", st.Role, st.Epoch, before.Epoch)
 	}
-	resp, err := admin1.Promote(ctx, &walshipv1.PromoteRequest{Epoch: far - 1, Force: true}) // n0 serves: forced
+	resp, err := admin1.Promote(ctx, &walshipv1.PromoteRequest{Epoch: far - 1, Depose: true}) // n0 serves: deposed
 	if err != nil || resp.Epoch != far-1 {
 		t.Fatalf("Promote to the bound = %v, %v", resp, err)
 	}

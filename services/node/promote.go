@@ -255,10 +255,10 @@ func (n *Node) promoteAs(ctx context.Context, req *walshipv1.PromoteRequest, ele
 	if req.GetDryRun() {
 		return resp, nil
 	}
-	if serving != nil && !req.GetForce() && !elected {
+	if serving != nil && !req.GetDepose() && !elected {
 		n.metrics.promotions.WithLabelValues("refused").Inc()
 		return nil, status.Errorf(codes.FailedPrecondition, "%s at %s is the primary of epoch %d and takes writes: a promotion would depose it and lose what it has not shipped; "+
-			"use `walship ctl switchover --primary %s --target %s` to hand its role over without losing anything, or force the promotion; nothing was fenced",
+			"use `walship ctl switchover --primary %s --target %s` to hand its role over without losing anything, or depose it (depose: true; force alone does not); nothing was fenced",
 			serving.GetId(), serving.GetAddr(), serving.GetEpoch(), serving.GetAddr(), n.cfg.ID)
 	}
 	n.metrics.phase(phaseSurvey, started)

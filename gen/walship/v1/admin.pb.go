@@ -875,12 +875,17 @@ type PromoteRequest struct {
 	DryRun bool `protobuf:"varint,2,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
 	// force: go on with a log store majority even without the replicas the
 	// contract needs. Commits acknowledged only by the replicas that did not
-	// answer may be lost; a dry run first says which LSNs. It also lets a
-	// promotion depose a primary that is serving (reachable and taking
-	// writes in the newest epoch this node knows, or a newer one), which
-	// is refused FAILED_PRECONDITION without it: hand that primary's role
-	// over with AdminService.Switchover instead, which loses nothing.
-	Force         bool `protobuf:"varint,3,opt,name=force,proto3" json:"force,omitempty"`
+	// answer may be lost; a dry run first says which LSNs. It does not
+	// depose a serving primary: that is depose's.
+	Force bool `protobuf:"varint,3,opt,name=force,proto3" json:"force,omitempty"`
+	// depose: go on although a primary is serving (reachable and taking
+	// writes in the newest epoch this node knows, or a newer one), which is
+	// refused FAILED_PRECONDITION without it; the promotion fences it and
+	// loses what it has not shipped. Hand a serving primary's role over with
+	// AdminService.Switchover instead, which loses nothing. A separate flag
+	// from force, so that waiving a dead replica's vote never also deposes
+	// a primary that is taking writes.
+	Depose        bool `protobuf:"varint,4,opt,name=depose,proto3" json:"depose,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -936,6 +941,13 @@ func (x *PromoteRequest) GetForce() bool {
 	return false
 }
 
+func (x *PromoteRequest) GetDepose() bool {
+	if x != nil {
+		return x.Depose
+	}
+	return false
+}
+
 // PromoteResponse reports the promotion.
 type PromoteResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -961,7 +973,7 @@ type PromoteResponse struct {
 	AtRiskDurableToLsn uint64 `protobuf:"varint,8,opt,name=at_risk_durable_to_lsn,json=atRiskDurableToLsn,proto3" json:"at_risk_durable_to_lsn,omitempty"`
 	// serving_primary is the primary the survey found serving (reachable
 	// and taking writes in the newest epoch this node knows, or a newer
-	// one), if any: a promotion would depose it, and without force it is
+	// one), if any: a promotion would depose it, and without depose it is
 	// refused. A dry run reports it.
 	ServingPrimary *ServingPrimary `protobuf:"bytes,9,opt,name=serving_primary,json=servingPrimary,proto3" json:"serving_primary,omitempty"`
 	unknownFields  protoimpl.UnknownFields
@@ -1421,11 +1433,12 @@ const file_walship_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"sent_bytes\x18\t \x01(\x04R\tsentBytes\x12\x1b\n" +
 	"\tlag_bytes\x18\n" +
-	" \x01(\x04R\blagBytes\"U\n" +
+	" \x01(\x04R\blagBytes\"m\n" +
 	"\x0ePromoteRequest\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x17\n" +
 	"\adry_run\x18\x02 \x01(\bR\x06dryRun\x12\x14\n" +
-	"\x05force\x18\x03 \x01(\bR\x05force\"\xf9\x02\n" +
+	"\x05force\x18\x03 \x01(\bR\x05force\x12\x16\n" +
+	"\x06depose\x18\x04 \x01(\bR\x06depose\"\xf9\x02\n" +
 	"\x0fPromoteResponse\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x128\n" +
 	"\btimeline\x18\x02 \x01(\v2\x1c.walship.v1.FailoverTimelineR\btimeline\x12\x16\n" +
