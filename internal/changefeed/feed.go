@@ -45,6 +45,21 @@ type Txn struct {
 	once     sync.Once
 	withPrev *walshipv1.WatchTxn // every event, with previous values
 	noPrev   *walshipv1.WatchTxn // every event, without
+
+	// enc are the encoded elements of withPrev and noPrev, and partial
+	// those of filters that match some of the events (see encode.go):
+	// what watchers send, encoded once for all of them.
+	enc          [2]encoding
+	mu           sync.Mutex
+	partial      map[filter][]byte
+	partialBytes int
+}
+
+// encoding is an element encoded on first use.
+type encoding struct {
+	once sync.Once
+	b    []byte
+	err  error
 }
 
 // Full returns every event of t, with or without previous values: built
@@ -53,8 +68,14 @@ func (t *Txn) Full(prev bool) *walshipv1.WatchTxn {
 	t.once.Do(func() {
 		t.withPrev = &walshipv1.WatchTxn{Lsn: t.LSN, FirstLsn: t.FirstLSN, CommitTimeUnixNano: t.CommitTime, Events: t.Events}
 		evs := make([]*Event, len(t.Events))
+		stripped := false
 		for i, e := range t.Events {
 			evs[i] = stripPrev(e)
+			stripped = stripped || evs[i] != e
+		}
+		if !stripped { // no previous values to leave out: one message (and one encoding) for both
+			t.noPrev = t.withPrev
+			return
 		}
 		t.noPrev = &walshipv1.WatchTxn{Lsn: t.LSN, FirstLsn: t.FirstLSN, CommitTimeUnixNano: t.CommitTime, Events: evs}
 	})

@@ -62,10 +62,10 @@ func (f *filter) match(key string) bool {
 	return strings.HasPrefix(key, f.prefix)
 }
 
-// message returns t for this watcher: the shared one when every event
-// matches, else one of its own with the matching events (nil if none
-// matches).
-func (f *filter) message(t *Txn) *walshipv1.WatchTxn {
+// elem returns t's encoded element for this watcher (see encode.go): the
+// shared one of all events when every event matches, else the shared one
+// of this filter's subset (nil if none matches).
+func (f *filter) elem(t *Txn) ([]byte, error) {
 	n := 0
 	for _, e := range t.Events {
 		if f.match(e.Key) {
@@ -74,20 +74,11 @@ func (f *filter) message(t *Txn) *walshipv1.WatchTxn {
 	}
 	switch {
 	case n == 0:
-		return nil
+		return nil, nil
 	case n == len(t.Events):
-		return t.Full(f.prev)
+		return t.elem(f.prev)
 	}
-	evs := make([]*Event, 0, n)
-	for _, e := range t.Events {
-		if f.match(e.Key) {
-			if !f.prev {
-				e = stripPrev(e)
-			}
-			evs = append(evs, e)
-		}
-	}
-	return &walshipv1.WatchTxn{Lsn: t.LSN, FirstLsn: t.FirstLSN, CommitTimeUnixNano: t.CommitTime, Events: evs}
+	return t.partialElem(*f)
 }
 
 func duration(field string, d *durationpb.Duration, def, lo, hi time.Duration) (time.Duration, error) {
@@ -179,6 +170,7 @@ type watcher struct {
 	progress time.Duration
 	lastSent time.Time
 	buf      []*Txn
+	msg      message // the message being assembled, its buffer reused
 	// sending is when the Send under way began (unix ns; 0: none);
 	// resume is the first LSN not yet sent, for the cut-off's message.
 	sending atomic.Int64
@@ -271,28 +263,31 @@ func (w *watcher) loop(ctx context.Context) error {
 // w.next on), as few messages as maxMessageBytes allows, and moves w.next
 // past them.
 func (w *watcher) sendTxns(txns []*Txn) error {
-	var out []*walshipv1.WatchTxn
-	size := 0
+	m := &w.msg
+	m.reset()
 	flush := func() error {
-		if len(out) == 0 {
+		if m.txns == 0 {
 			return nil
 		}
-		err := w.send(&walshipv1.WatchResponse{Msg: &walshipv1.WatchResponse_Txns{Txns: &walshipv1.WatchTxns{Txns: out}}})
+		err := w.send(m.response())
 		if err == nil {
-			w.src.Metrics.sentTxns(len(out))
+			w.src.Metrics.sentTxns(m.txns)
 		}
-		out, size = nil, 0
+		m.reset()
 		return err
 	}
 	for _, t := range txns {
-		if m := w.f.message(t); m != nil {
-			if len(out) > 0 && size+t.size > maxMessageBytes {
+		elem, err := w.f.elem(t)
+		if err != nil {
+			return status.Errorf(codes.Internal, "%v; resume from LSN %d", err, w.next)
+		}
+		if elem != nil {
+			if m.txns > 0 && m.bytes+t.size > maxMessageBytes {
 				if err := flush(); err != nil {
 					return err
 				}
 			}
-			out = append(out, m)
-			size += t.size
+			m.add(elem, t.size)
 		}
 		w.next = t.LSN + 1
 	}

@@ -1,0 +1,137 @@
+package changefeed
+
+import (
+	"bytes"
+	"fmt"
+	"testing"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/state"
+	"github.com/walship/walship/pkg/codec"
+	"google.golang.org/protobuf/proto"
+)
+
+// records turns fuzz input into transactions of puts and deletes over a
+// few keys under a/ and b/ (so that prefixes match all, some or none of
+// a transaction's writes), each byte one write; 0xff ends a transaction.
+func records(data []byte) []codec.Record {
+	var recs []codec.Record
+	lsn, start := uint64(0), 0
+	commit := func() {
+		lsn++
+		for i := start; i < len(recs); i++ {
+			recs[i].TxnID = lsn
+		}
+		recs = append(recs, codec.Record{LSN: lsn, TxnID: lsn, Op: codec.OpCommit})
+		start = len(recs)
+	}
+	for _, c := range data {
+		if c == 0xff {
+			commit()
+			continue
+		}
+		lsn++
+		r := codec.Record{LSN: lsn, Op: codec.OpPut, Key: fmt.Appendf(nil, "%c/%d", "ab"[c&1], c>>1&3), Value: bytes.Repeat([]byte{c}, int(c>>3))}
+		if c&0x80 != 0 {
+			r.Op, r.Value = codec.OpDelete, nil
+		}
+		recs = append(recs, r)
+	}
+	commit()
+	return recs
+}
+
+// want is the message a watcher with f gets for txns, built event by
+// event as a watcher did before messages were assembled from shared
+// encodings.
+func want(f filter, txns []*Txn) *walshipv1.WatchResponse {
+	out := &walshipv1.WatchTxns{}
+	for _, t := range txns {
+		var evs []*Event
+		for _, e := range t.Events {
+			if !f.match(e.Key) {
+				continue
+			}
+			if !f.prev {
+				e = &Event{Type: e.Type, Key: e.Key, Value: e.Value}
+			}
+			evs = append(evs, e)
+		}
+		if len(evs) > 0 {
+			out.Txns = append(out.Txns, &walshipv1.WatchTxn{Lsn: t.LSN, FirstLsn: t.FirstLSN, CommitTimeUnixNano: t.CommitTime, Events: evs})
+		}
+	}
+	return &walshipv1.WatchResponse{Msg: &walshipv1.WatchResponse_Txns{Txns: out}}
+}
+
+// checkAssembled checks that the message assembled from shared encodings
+// is, byte for byte, the marshalled message built event by event, for
+// every kind of filter, twice (the second time from the kept encodings).
+func checkAssembled(t *testing.T, data []byte) {
+	st := state.New()
+	var b codec.Batch
+	// The state before: some keys exist, for previous values.
+	for i, k := range []string{"a/0", "a/2", "b/1"} {
+		b.Records = append(b.Records, codec.Record{LSN: uint64(i + 1), TxnID: 4, Op: codec.OpPut, Key: []byte(k), Value: []byte("old")})
+	}
+	b.Records = append(b.Records, codec.Record{LSN: 4, TxnID: 4, Op: codec.OpCommit})
+	if err := st.Apply(&b); err != nil {
+		t.Fatal(err)
+	}
+	recs := records(data)
+	for i := range recs {
+		recs[i].LSN += 4
+		recs[i].TxnID += 4
+	}
+	txns := Build(recs, func(lsn uint64) int64 { return int64(lsn) * 7 }, st)
+	for range 2 {
+		for _, f := range []filter{{}, {prefix: "a/"}, {prefix: "b/1"}, {prefix: "c/"}, {key: "a/1", exact: true}, {key: "a", exact: true}} {
+			for _, prev := range []bool{false, true} {
+				f.prev = prev
+				var m message
+				m.reset()
+				for _, x := range txns {
+					elem, err := f.elem(x)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if elem != nil {
+						m.add(elem, x.size)
+					}
+				}
+				got, err := proto.Marshal(m.response())
+				if err != nil {
+					t.Fatal(err)
+				}
+				w, err := proto.Marshal(want(f, txns))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(got, w) {
+					t.Fatalf("filter %+v: assembled\n%x\nwant\n%x", f, got, w)
+				}
+			}
+		}
+	}
+}
+
+func TestAssembledMessage(t *testing.T) {
+	for _, data := range [][]byte{
+		nil,                            // an empty transaction
+		{0x00, 0xff, 0x01, 0x02, 0xff}, // whole matches
+		{0x00, 0x01, 0x02, 0x03, 0x80, 0x81, 0x40, 0x7e}, // partial matches, deletes, previous values from earlier writes
+		bytes.Repeat([]byte{0xf8}, 300),                  // large values: multi-byte lengths
+	} {
+		checkAssembled(t, data)
+	}
+}
+
+func FuzzAssembledMessage(f *testing.F) {
+	f.Add([]byte{0x00, 0x01, 0x02, 0x03, 0xff, 0x80, 0x81, 0x40, 0x7e})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) > 4096 {
+			return
+		}
+		checkAssembled(t, data)
+	})
+}
