@@ -3,6 +3,7 @@ package changefeed
 import (
 	"encoding/binary"
 	"fmt"
+	"sync"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -101,42 +102,64 @@ func appendElem(b []byte, x *walshipv1.WatchTxn) ([]byte, error) {
 // length) takes at most, kept free in front of a message's body.
 const headroom = 1 + binary.MaxVarintLen64
 
-// message assembles WatchResponses from encoded elements. The zero value
-// is empty; reset before reuse.
+// message assembles WatchResponses from encoded elements. Its buffer
+// comes from the feed's pool while a message is assembled and sent, and
+// goes back once sent: 1,000 caught-up watchers share a few buffers
+// instead of keeping one each.
 type message struct {
-	buf   []byte // headroom, then the body
+	pool  *sync.Pool // of *[]byte
+	buf   *[]byte    // headroom, then the body; nil when empty
 	txns  int
 	bytes int // the transactions' sizes (Txn.size), to bound a message
 }
 
-func (m *message) reset() {
-	if cap(m.buf) > maxKeptBuffer {
-		m.buf = nil // a large catch-up message: do not keep it per watcher
+// release returns the buffer to the pool and empties m.
+func (m *message) release() {
+	if m.buf != nil {
+		if cap(*m.buf) <= maxPooledBuffer {
+			*m.buf = (*m.buf)[:0]
+			m.pool.Put(m.buf)
+		}
+		m.buf = nil
 	}
-	m.buf = append(m.buf[:0], make([]byte, headroom)...)
 	m.txns, m.bytes = 0, 0
 }
 
-// maxKeptBuffer is the largest message buffer a watcher keeps between
-// messages (a caught-up watcher's messages are a round of transactions,
-// far smaller): 1,000 watchers keep at most 64 MiB.
-const maxKeptBuffer = 64 << 10
+// maxPooledBuffer is the largest message buffer kept for reuse (a
+// caught-up watcher's messages are a round of transactions, far smaller;
+// a catch-up message may reach maxMessageBytes).
+const maxPooledBuffer = 256 << 10
+
+// grab takes a buffer from the pool if m has none.
+func (m *message) grab() {
+	if m.buf == nil {
+		if b, ok := m.pool.Get().(*[]byte); ok {
+			m.buf = b
+		} else {
+			m.buf = new([]byte)
+		}
+		*m.buf = append((*m.buf)[:0], make([]byte, headroom)...)
+	}
+}
 
 func (m *message) add(elem []byte, size int) {
-	m.buf = append(m.buf, elem...)
+	m.grab()
+	*m.buf = append(*m.buf, elem...)
 	m.txns++
 	m.bytes += size
 }
 
 // response returns the message as a WatchResponse whose encoding is the
-// assembled bytes. It refers to m's buffer until m is reset.
+// assembled bytes. It refers to m's buffer until m is released.
 func (m *message) response() *walshipv1.WatchResponse {
-	body := m.buf[headroom:]
+	m.grab()
+	buf := *m.buf
+	body := buf[headroom:]
 	h := protowire.SizeTag(1) + protowire.SizeVarint(uint64(len(body)))
-	hdr := m.buf[headroom-h : headroom : headroom]
+	hdr := buf[headroom-h : headroom : headroom]
 	hdr = protowire.AppendTag(hdr[:0], 1, protowire.BytesType)
 	protowire.AppendVarint(hdr, uint64(len(body)))
 	r := &walshipv1.WatchResponse{}
-	r.ProtoReflect().SetUnknown(m.buf[headroom-h:])
+	r.ProtoReflect().SetUnknown(buf[headroom-h:])
 	return r
 }

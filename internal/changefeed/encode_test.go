@@ -3,6 +3,7 @@ package changefeed
 import (
 	"bytes"
 	"fmt"
+	"sync"
 	"testing"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
@@ -88,8 +89,7 @@ func checkAssembled(t *testing.T, data []byte) {
 		for _, f := range []filter{{}, {prefix: "a/"}, {prefix: "b/1"}, {prefix: "c/"}, {key: "a/1", exact: true}, {key: "a", exact: true}} {
 			for _, prev := range []bool{false, true} {
 				f.prev = prev
-				var m message
-				m.reset()
+				m := message{pool: &sync.Pool{}}
 				for _, x := range txns {
 					elem, err := f.elem(x)
 					if err != nil {
@@ -110,6 +110,7 @@ func checkAssembled(t *testing.T, data []byte) {
 				if !bytes.Equal(got, w) {
 					t.Fatalf("filter %+v: assembled\n%x\nwant\n%x", f, got, w)
 				}
+				m.release()
 			}
 		}
 	}

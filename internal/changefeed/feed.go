@@ -49,14 +49,14 @@ type Txn struct {
 	// enc are the encoded elements of withPrev and noPrev, and partial
 	// those of filters that match some of the events (see encode.go):
 	// what watchers send, encoded once for all of them.
-	enc          [2]encoding
+	enc          [2]lazyElem
 	mu           sync.Mutex
 	partial      map[filter][]byte
 	partialBytes int
 }
 
-// encoding is an element encoded on first use.
-type encoding struct {
+// lazyElem is an element encoded on first use.
+type lazyElem struct {
 	once sync.Once
 	b    []byte
 	err  error
@@ -176,6 +176,9 @@ type Feed struct {
 	origin uint64
 	// changed is closed (and dropped) by the next Append or Reset.
 	changed chan struct{}
+
+	// bufs are the buffers watchers assemble messages in (*[]byte).
+	bufs sync.Pool
 }
 
 // New returns a Feed holding nothing, covering LSNs after lsn; maxBytes

@@ -170,7 +170,6 @@ type watcher struct {
 	progress time.Duration
 	lastSent time.Time
 	buf      []*Txn
-	msg      message // the message being assembled, its buffer reused
 	// sending is when the Send under way began (unix ns; 0: none);
 	// resume is the first LSN not yet sent, for the cut-off's message.
 	sending atomic.Int64
@@ -263,8 +262,8 @@ func (w *watcher) loop(ctx context.Context) error {
 // w.next on), as few messages as maxMessageBytes allows, and moves w.next
 // past them.
 func (w *watcher) sendTxns(txns []*Txn) error {
-	m := &w.msg
-	m.reset()
+	m := &message{pool: &w.src.Feed.bufs}
+	defer m.release()
 	flush := func() error {
 		if m.txns == 0 {
 			return nil
@@ -273,7 +272,7 @@ func (w *watcher) sendTxns(txns []*Txn) error {
 		if err == nil {
 			w.src.Metrics.sentTxns(m.txns)
 		}
-		m.reset()
+		m.release()
 		return err
 	}
 	for _, t := range txns {
