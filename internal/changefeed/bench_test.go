@@ -47,7 +47,7 @@ func BenchmarkFanout(b *testing.B) {
 			recv = "raw"
 		}
 		b.Run(fmt.Sprintf("watchers=%d/prefix=%s/recv=%s", tc.watchers, tc.prefix, recv), func(b *testing.B) {
-			n := newNode(b, 0, 0)
+			n := newNodeWith(b, 0, 0, grpc.ForceServerCodecV2(sharedCodec{}))
 			benchFanout(b, n, tc.watchers, tc.prefix, tc.raw)
 		})
 	}

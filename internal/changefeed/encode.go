@@ -6,8 +6,10 @@ import (
 	"sync"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // Fan-out without a copy per watcher. Protobuf's wire format is
@@ -99,29 +101,38 @@ func appendElem(b []byte, x *walshipv1.WatchTxn) ([]byte, error) {
 }
 
 // headroom is what a message's header (WatchResponse.txns' tag and
-// length) takes at most, kept free in front of a message's body.
+// length) takes at most.
 const headroom = 1 + binary.MaxVarintLen64
 
-// message assembles WatchResponses from encoded elements. Its buffer
-// comes from the feed's pool while a message is assembled and sent, and
-// goes back once sent: 1,000 caught-up watchers share a few buffers
-// instead of keeping one each.
+// message is one WatchResponse of transactions, made of encoded elements
+// shared with other watchers. A server codec that knows EncodedBuffers
+// (internal/serve's) sends the elements as they are, behind a header of
+// the message's own: no copy per watcher but the transport's. Any other
+// codec marshals ProtoReflect's message: the elements assembled once, in
+// a buffer from the feed's pool, as the unknown fields of an empty
+// WatchResponse.
 type message struct {
 	pool  *sync.Pool // of *[]byte
-	buf   *[]byte    // headroom, then the body; nil when empty
+	elems [][]byte
 	txns  int
 	bytes int // the transactions' sizes (Txn.size), to bound a message
+
+	flat *[]byte // the assembled message, from pool; nil until asked for
+	resp *walshipv1.WatchResponse
 }
 
-// release returns the buffer to the pool and empties m.
+// release returns the buffer to the pool and empties m, once the message
+// was sent (gRPC encoded it and holds no reference to what m owns).
 func (m *message) release() {
-	if m.buf != nil {
-		if cap(*m.buf) <= maxPooledBuffer {
-			*m.buf = (*m.buf)[:0]
-			m.pool.Put(m.buf)
+	if m.flat != nil {
+		if cap(*m.flat) <= maxPooledBuffer {
+			*m.flat = (*m.flat)[:0]
+			m.pool.Put(m.flat)
 		}
-		m.buf = nil
+		m.flat = nil
 	}
+	clear(m.elems)
+	m.elems, m.resp = m.elems[:0], nil
 	m.txns, m.bytes = 0, 0
 }
 
@@ -130,36 +141,52 @@ func (m *message) release() {
 // a catch-up message may reach maxMessageBytes).
 const maxPooledBuffer = 256 << 10
 
-// grab takes a buffer from the pool if m has none.
-func (m *message) grab() {
-	if m.buf == nil {
-		if b, ok := m.pool.Get().(*[]byte); ok {
-			m.buf = b
-		} else {
-			m.buf = new([]byte)
-		}
-		*m.buf = append((*m.buf)[:0], make([]byte, headroom)...)
-	}
-}
-
 func (m *message) add(elem []byte, size int) {
-	m.grab()
-	*m.buf = append(*m.buf, elem...)
+	m.elems = append(m.elems, elem)
 	m.txns++
 	m.bytes += size
 }
 
-// response returns the message as a WatchResponse whose encoding is the
-// assembled bytes. It refers to m's buffer until m is released.
-func (m *message) response() *walshipv1.WatchResponse {
-	m.grab()
-	buf := *m.buf
-	body := buf[headroom:]
-	h := protowire.SizeTag(1) + protowire.SizeVarint(uint64(len(body)))
-	hdr := buf[headroom-h : headroom : headroom]
-	hdr = protowire.AppendTag(hdr[:0], 1, protowire.BytesType)
-	protowire.AppendVarint(hdr, uint64(len(body)))
-	r := &walshipv1.WatchResponse{}
-	r.ProtoReflect().SetUnknown(buf[headroom-h:])
-	return r
+// header returns WatchResponse.txns' tag and the body's length.
+func (m *message) header(b []byte) []byte {
+	n := 0
+	for _, e := range m.elems {
+		n += len(e)
+	}
+	b = protowire.AppendTag(b, 1, protowire.BytesType)
+	return protowire.AppendVarint(b, uint64(n))
+}
+
+// EncodedBuffers returns the message's encoding: a header of its own,
+// then the shared elements, uncopied. gRPC holds them until the transport
+// wrote them, after the Send returned: nothing in it is ever modified.
+func (m *message) EncodedBuffers() mem.BufferSlice {
+	out := make(mem.BufferSlice, 0, 1+len(m.elems))
+	out = append(out, mem.SliceBuffer(m.header(make([]byte, 0, headroom))))
+	for _, e := range m.elems {
+		out = append(out, mem.SliceBuffer(e))
+	}
+	return out
+}
+
+// ProtoReflect makes m a proto.Message for codecs that marshal it: the
+// elements assembled behind the header, as an empty WatchResponse's
+// unknown fields (protobuf marshals those verbatim). It refers to m's
+// buffer until m is released.
+func (m *message) ProtoReflect() protoreflect.Message {
+	if m.resp == nil {
+		if b, ok := m.pool.Get().(*[]byte); ok {
+			m.flat = b
+		} else {
+			m.flat = new([]byte)
+		}
+		b := m.header((*m.flat)[:0])
+		for _, e := range m.elems {
+			b = append(b, e...)
+		}
+		*m.flat = b
+		m.resp = &walshipv1.WatchResponse{}
+		m.resp.ProtoReflect().SetUnknown(b)
+	}
+	return m.resp.ProtoReflect()
 }

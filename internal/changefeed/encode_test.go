@@ -2,13 +2,18 @@ package changefeed
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/pkg/codec"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -99,9 +104,12 @@ func checkAssembled(t *testing.T, data []byte) {
 						m.add(elem, x.size)
 					}
 				}
-				got, err := proto.Marshal(m.response())
+				got, err := proto.Marshal(&m)
 				if err != nil {
 					t.Fatal(err)
+				}
+				if shared := m.EncodedBuffers().Materialize(); !bytes.Equal(shared, got) {
+					t.Fatalf("filter %+v: EncodedBuffers\n%x\nmarshalled\n%x", f, shared, got)
 				}
 				w, err := proto.Marshal(want(f, txns))
 				if err != nil {
@@ -135,4 +143,60 @@ func FuzzAssembledMessage(f *testing.F) {
 		}
 		checkAssembled(t, data)
 	})
+}
+
+// sharedCodec is the server codec of internal/serve as far as messages go:
+// a message that carries its encoding is sent as it is.
+type sharedCodec struct{}
+
+func (sharedCodec) Name() string { return "proto" }
+
+func (sharedCodec) Marshal(v any) (mem.BufferSlice, error) {
+	if p, ok := v.(interface{ EncodedBuffers() mem.BufferSlice }); ok {
+		return p.EncodedBuffers(), nil
+	}
+	return encoding.GetCodecV2("proto").Marshal(v)
+}
+
+func (sharedCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	return encoding.GetCodecV2("proto").Unmarshal(data, v)
+}
+
+// Through a server codec that sends shared encodings as they are, many
+// watchers of one prefix, with and without previous values, get every
+// transaction whole or filtered, in order, from the ring and from the WAL.
+func TestWatchSharedEncodings(t *testing.T) {
+	n := newNodeWith(t, 0, 0, grpc.ForceServerCodecV2(sharedCodec{}))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	l1 := n.commit(t, "a/1", "x", "b/1", "y")
+	l2 := n.commit(t, "a/1", "x2", "a/2", "z")
+	n.feed.Bound.Advance(l2)
+	type watch struct {
+		req  *walshipv1.WatchRequest
+		want []string
+	}
+	var watches []watch
+	for range 20 {
+		watches = append(watches,
+			watch{&walshipv1.WatchRequest{Prefix: "a/", StartLsn: 1, PrevValues: true}, []string{"a/1=x", fmt.Sprintf("a/1=x2(was x@%d) a/2=z", l1)}},
+			watch{&walshipv1.WatchRequest{Prefix: "a/", StartLsn: 1}, []string{"a/1=x", "a/1=x2 a/2=z"}},
+			watch{&walshipv1.WatchRequest{StartLsn: 1}, []string{"a/1=x b/1=y", "a/1=x2 a/2=z"}},
+			watch{&walshipv1.WatchRequest{Key: "a/2", StartLsn: 1}, []string{"a/2=z"}})
+	}
+	streams := make([]walshipv1.KVService_WatchClient, len(watches))
+	for i, w := range watches {
+		s, err := n.kv.Watch(ctx, w.req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams[i] = s
+	}
+	for i, w := range watches {
+		for _, want := range w.want {
+			if got := events(recvTxn(t, streams[i])); got != want {
+				t.Fatalf("watch %d (%v): %s, want %s", i, w.req, got, want)
+			}
+		}
+	}
 }

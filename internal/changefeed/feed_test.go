@@ -49,6 +49,12 @@ func (w *watchServer) Watch(req *walshipv1.WatchRequest, stream walshipv1.KVServ
 // feed; maxBytes bounds the ring.
 func newNode(t testing.TB, maxBytes int, stall time.Duration) *node {
 	t.Helper()
+	return newNodeWith(t, maxBytes, stall)
+}
+
+// newNodeWith is newNode with more server options.
+func newNodeWith(t testing.TB, maxBytes int, stall time.Duration, sopts ...grpc.ServerOption) *node {
+	t.Helper()
 	log, err := wal.Open(wal.Options{Dir: "wal", FS: vfs.NewMem(), SegmentSize: 4096})
 	if err != nil {
 		t.Fatal(err)
@@ -59,7 +65,7 @@ func newNode(t testing.TB, maxBytes int, stall time.Duration) *node {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := grpc.NewServer(grpc.InitialWindowSize(64<<10), grpc.InitialConnWindowSize(64<<10))
+	g := grpc.NewServer(append([]grpc.ServerOption{grpc.InitialWindowSize(64 << 10), grpc.InitialConnWindowSize(64 << 10)}, sopts...)...)
 	walshipv1.RegisterKVServiceServer(g, &watchServer{src: Source{Feed: n.feed, WAL: log, Stall: stall, Metrics: n.m}})
 	go func() { _ = g.Serve(lis) }()
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),

@@ -15,6 +15,7 @@ import (
 	"github.com/walship/walship/pkg/codec"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
@@ -95,10 +96,13 @@ func duration(field string, d *durationpb.Duration, def, lo, hi time.Duration) (
 	return v, nil
 }
 
-// Stream is the sending side of a Watch.
+// Stream is the sending side of a Watch. SendMsg is sent a
+// *WatchResponse, or a proto.Message that also carries its encoding
+// (EncodedBuffers() mem.BufferSlice) for the server's codec to send as it
+// is: a message of transactions encoded once for every watcher.
 type Stream interface {
 	Context() context.Context
-	Send(*walshipv1.WatchResponse) error
+	SendMsg(m any) error
 }
 
 // Serve runs one Watch until the stream ends or fails.
@@ -204,10 +208,11 @@ func (w *watcher) run(ctx context.Context) error {
 	}
 }
 
-// send sends m, noting while it is blocked.
-func (w *watcher) send(m *walshipv1.WatchResponse) error {
+// send sends m (a *WatchResponse, or a *message of encoded
+// transactions), noting while it is blocked.
+func (w *watcher) send(m proto.Message) error {
 	w.sending.Store(time.Now().UnixNano())
-	err := w.stream.Send(m)
+	err := w.stream.SendMsg(m)
 	w.sending.Store(0)
 	w.lastSent = time.Now()
 	return err
@@ -268,7 +273,7 @@ func (w *watcher) sendTxns(txns []*Txn) error {
 		if m.txns == 0 {
 			return nil
 		}
-		err := w.send(m.response())
+		err := w.send(m)
 		if err == nil {
 			w.src.Metrics.sentTxns(m.txns)
 		}

@@ -66,7 +66,20 @@ func newCheckedCodec() checkedCodec {
 
 func (c checkedCodec) Name() string { return proto.Name }
 
-func (c checkedCodec) Marshal(v any) (mem.BufferSlice, error) { return c.inner.Marshal(v) }
+// preEncoded is a message that carries its own encoding, sent as it is:
+// a Watch's run of transactions, made of encodings shared by every watcher
+// of the same keys (internal/changefeed), which marshalling would copy
+// once per watcher.
+type preEncoded interface {
+	EncodedBuffers() mem.BufferSlice
+}
+
+func (c checkedCodec) Marshal(v any) (mem.BufferSlice, error) {
+	if p, ok := v.(preEncoded); ok {
+		return p.EncodedBuffers(), nil
+	}
+	return c.inner.Marshal(v)
+}
 
 func (c checkedCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	err := c.inner.Unmarshal(data, v)
