@@ -1,7 +1,6 @@
 package changefeed
 
 import (
-	"encoding/binary"
 	"fmt"
 	"sync"
 
@@ -36,13 +35,13 @@ const (
 
 // elem returns t's element with every event, with or without previous
 // values: encoded on first use, then shared by every watcher.
-func (t *Txn) elem(prev bool) ([]byte, error) {
+func (t *Txn) elem(prev bool) (mem.Buffer, error) {
 	i := encNoPrev
 	if prev || t.Full(false) == t.Full(true) {
 		i = encWithPrev
 	}
 	e := &t.enc[i]
-	e.once.Do(func() { e.b, e.err = appendElem(nil, t.Full(prev)) })
+	e.once.Do(func() { e.b, e.err = encodeElem(t.Full(prev)) })
 	return e.b, e.err
 }
 
@@ -50,7 +49,7 @@ func (t *Txn) elem(prev bool) ([]byte, error) {
 // all of t's: encoded once per distinct filter, while what t keeps of them
 // stays within t's own size (beyond, each watcher encodes its own; that
 // bounds memory when many different filters each match a part of t).
-func (t *Txn) partialElem(f filter) ([]byte, error) {
+func (t *Txn) partialElem(f filter) (mem.Buffer, error) {
 	t.mu.Lock()
 	b, ok := t.partial[f]
 	t.mu.Unlock()
@@ -66,7 +65,7 @@ func (t *Txn) partialElem(f filter) ([]byte, error) {
 			evs = append(evs, e)
 		}
 	}
-	b, err := appendElem(nil, &walshipv1.WatchTxn{Lsn: t.LSN, FirstLsn: t.FirstLSN, CommitTimeUnixNano: t.CommitTime, Events: evs})
+	b, err := encodeElem(&walshipv1.WatchTxn{Lsn: t.LSN, FirstLsn: t.FirstLSN, CommitTimeUnixNano: t.CommitTime, Events: evs})
 	if err != nil {
 		return nil, err
 	}
@@ -75,98 +74,170 @@ func (t *Txn) partialElem(f filter) ([]byte, error) {
 	if old, ok := t.partial[f]; ok { // another watcher of f was first
 		return old, nil
 	}
-	if t.partialBytes+len(b) <= t.size {
+	if t.partialBytes+b.Len() <= t.size {
 		if t.partial == nil {
-			t.partial = map[filter][]byte{}
+			t.partial = map[filter]mem.Buffer{}
 		}
 		t.partial[f] = b
-		t.partialBytes += len(b)
+		t.partialBytes += b.Len()
 	}
 	return b, nil
 }
 
-// appendElem appends x as one element of WatchTxns.txns.
-func appendElem(b []byte, x *walshipv1.WatchTxn) ([]byte, error) {
+// encodeElem encodes x as one element of WatchTxns.txns, as a mem.Buffer
+// (made an interface value once, not per watcher). It is never modified,
+// nor freed (a SliceBuffer's Free does nothing): gRPC may write it to many
+// streams at once, after their Sends returned.
+func encodeElem(x *walshipv1.WatchTxn) (mem.Buffer, error) {
 	n := proto.Size(x)
-	if b == nil {
-		b = make([]byte, 0, protowire.SizeTag(1)+protowire.SizeVarint(uint64(n))+n)
-	}
+	b := make([]byte, 0, protowire.SizeTag(1)+protowire.SizeVarint(uint64(n))+n)
 	b = protowire.AppendTag(b, 1, protowire.BytesType)
 	b = protowire.AppendVarint(b, uint64(n))
 	b, err := proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(b, x)
 	if err != nil {
 		return nil, fmt.Errorf("encode transaction %d: %w", x.GetLsn(), err)
 	}
-	return b, nil
+	return mem.SliceBuffer(b), nil
 }
-
-// headroom is what a message's header (WatchResponse.txns' tag and
-// length) takes at most.
-const headroom = 1 + binary.MaxVarintLen64
 
 // message is one WatchResponse of transactions, made of encoded elements
 // shared with other watchers. A server codec that knows EncodedBuffers
-// (internal/serve's) sends the elements as they are, behind a header of
-// the message's own: no copy per watcher but the transport's. Any other
-// codec marshals ProtoReflect's message: the elements assembled once, in
-// a buffer from the feed's pool, as the unknown fields of an empty
-// WatchResponse.
+// (internal/serve's) sends what it returns as it is; any other marshals
+// ProtoReflect's message, the same bytes.
 type message struct {
-	pool  *sync.Pool // of *[]byte
-	elems [][]byte
-	txns  int
-	bytes int // the transactions' sizes (Txn.size), to bound a message
+	pool   *bufferPool
+	runs   *runCache // nil: the transactions are this watcher's own (read from the WAL)
+	filter filter    // nil: the transactions are this watcher's own (read from the WAL)
+	elems  []mem.Buffer
+	first  *Txn // the first and last transactions of elems
+	last   *Txn
+	txns   int
+	bytes  int // the transactions' sizes (Txn.size), to bound a message
 
 	flat *[]byte // the assembled message, from pool; nil until asked for
 	resp *walshipv1.WatchResponse
 }
 
-// release returns the buffer to the pool and empties m, once the message
-// was sent (gRPC encoded it and holds no reference to what m owns).
+// release empties m once the message was sent (gRPC encoded it and holds
+// no reference to what m owns).
 func (m *message) release() {
 	if m.flat != nil {
-		if cap(*m.flat) <= maxPooledBuffer {
-			*m.flat = (*m.flat)[:0]
-			m.pool.Put(m.flat)
-		}
+		m.pool.Put(m.flat)
 		m.flat = nil
 	}
 	clear(m.elems)
 	m.elems, m.resp = m.elems[:0], nil
+	m.first, m.last = nil, nil
 	m.txns, m.bytes = 0, 0
 }
 
-// maxPooledBuffer is the largest message buffer kept for reuse (a
-// caught-up watcher's messages are a round of transactions, far smaller;
-// a catch-up message may reach maxMessageBytes).
-const maxPooledBuffer = 256 << 10
-
-func (m *message) add(elem []byte, size int) {
+func (m *message) add(elem mem.Buffer, t *Txn) {
 	m.elems = append(m.elems, elem)
+	if m.first == nil {
+		m.first = t
+	}
+	m.last = t
 	m.txns++
-	m.bytes += size
+	m.bytes += t.size
 }
 
-// header returns WatchResponse.txns' tag and the body's length.
-func (m *message) header(b []byte) []byte {
+// assemble returns a buffer from the pool holding WatchResponse.txns' tag
+// and length, then the elements.
+func (m *message) assemble() *[]byte {
 	n := 0
 	for _, e := range m.elems {
-		n += len(e)
+		n += e.Len()
 	}
-	b = protowire.AppendTag(b, 1, protowire.BytesType)
-	return protowire.AppendVarint(b, uint64(n))
+	bp := m.pool.Get(protowire.SizeTag(1) + protowire.SizeVarint(uint64(n)) + n)
+	b := protowire.AppendTag((*bp)[:0], 1, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(n))
+	for _, e := range m.elems {
+		b = append(b, e.ReadOnlyData()...)
+	}
+	*bp = b
+	return bp
 }
 
-// EncodedBuffers returns the message's encoding: a header of its own,
-// then the shared elements, uncopied. gRPC holds them until the transport
-// wrote them, after the Send returned: nothing in it is ever modified.
+// EncodedBuffers returns the message's encoding without a copy per
+// watcher. One element is sent as it is behind a header of the message's
+// own. More are assembled once per selection and run of the ring — the
+// same for every caught-up watcher of the same keys — and shared: gRPC's
+// transport gathers a frame's buffers in a list it stops reusing beyond 64
+// of them, and a round of ~150-byte transactions is hundreds, so handing
+// it every element costs more than one shared copy. A watcher's own
+// transactions (from the WAL) are copied into a pooled buffer that gRPC
+// frees (back to the pool) once its transport wrote it.
 func (m *message) EncodedBuffers() mem.BufferSlice {
-	out := make(mem.BufferSlice, 0, 1+len(m.elems))
-	out = append(out, mem.SliceBuffer(m.header(make([]byte, 0, headroom))))
-	for _, e := range m.elems {
-		out = append(out, mem.SliceBuffer(e))
+	switch {
+	case len(m.elems) == 1:
+		n := uint64(m.elems[0].Len())
+		hdr := make([]byte, 0, protowire.SizeTag(1)+protowire.SizeVarint(n))
+		hdr = protowire.AppendVarint(protowire.AppendTag(hdr, 1, protowire.BytesType), n)
+		return mem.BufferSlice{mem.SliceBuffer(hdr), m.elems[0]}
+	case m.runs != nil:
+		return mem.BufferSlice{m.runs.get(runKey{m.filter, m.first, m.last, len(m.elems)}, m.assembleShared)}
 	}
-	return out
+	return mem.BufferSlice{mem.NewBuffer(m.assemble(), m.pool)}
+}
+
+// assembleShared returns the message assembled in a buffer of its own,
+// never modified nor freed once shared.
+func (m *message) assembleShared() []byte {
+	bp := m.assemble()
+	b := make([]byte, len(*bp))
+	copy(b, *bp)
+	m.pool.Put(bp)
+	return b
+}
+
+// runKey names a message made of the ring's transactions: the same
+// filter and first and last transactions (the same *Txn: not others of the
+// same LSNs, after a Reset) select the same ones in between.
+type runKey struct {
+	f           filter
+	first, last *Txn
+	n           int
+}
+
+// runCache keeps messages assembled for one watcher for the others of the
+// same selection at the same place, up to a bound (then forgets them all:
+// caught-up watchers ask for the newest runs).
+type runCache struct {
+	mu    sync.Mutex
+	runs  map[runKey]mem.Buffer
+	bytes int
+}
+
+// Bounds of a feed's runCache.
+const (
+	maxRunCacheBytes = 8 << 20
+	maxRunCacheRuns  = 4096
+)
+
+// get returns the run k, assembled by build if it is not kept.
+func (c *runCache) get(k runKey, build func() []byte) mem.Buffer {
+	c.mu.Lock()
+	b, ok := c.runs[k]
+	c.mu.Unlock()
+	if ok {
+		return b
+	}
+	b = mem.SliceBuffer(build())
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if old, ok := c.runs[k]; ok { // another watcher was first
+		return old
+	}
+	if c.bytes+b.Len() > maxRunCacheBytes || len(c.runs) >= maxRunCacheRuns {
+		clear(c.runs)
+		c.bytes = 0
+	}
+	if c.runs == nil {
+		c.runs = map[runKey]mem.Buffer{}
+	}
+	c.runs[k] = b
+	c.bytes += b.Len()
+	return b
 }
 
 // ProtoReflect makes m a proto.Message for codecs that marshal it: the
@@ -175,18 +246,36 @@ func (m *message) EncodedBuffers() mem.BufferSlice {
 // buffer until m is released.
 func (m *message) ProtoReflect() protoreflect.Message {
 	if m.resp == nil {
-		if b, ok := m.pool.Get().(*[]byte); ok {
-			m.flat = b
-		} else {
-			m.flat = new([]byte)
-		}
-		b := m.header((*m.flat)[:0])
-		for _, e := range m.elems {
-			b = append(b, e...)
-		}
-		*m.flat = b
+		m.flat = m.assemble()
 		m.resp = &walshipv1.WatchResponse{}
-		m.resp.ProtoReflect().SetUnknown(b)
+		m.resp.ProtoReflect().SetUnknown(*m.flat)
 	}
 	return m.resp.ProtoReflect()
+}
+
+// bufferPool is a mem.BufferPool of message buffers that, unlike gRPC's,
+// does not clear what it hands out: every byte of it is written over.
+type bufferPool struct{ p sync.Pool }
+
+// maxPooledBuffer is the largest message buffer kept for reuse (a
+// caught-up watcher's messages are a round of transactions, far smaller;
+// a catch-up message may reach maxMessageBytes).
+const maxPooledBuffer = 256 << 10
+
+// Get returns a buffer of length n.
+func (p *bufferPool) Get(n int) *[]byte {
+	bp, _ := p.p.Get().(*[]byte)
+	if bp == nil || cap(*bp) < n {
+		b := make([]byte, n)
+		return &b
+	}
+	*bp = (*bp)[:n]
+	return bp
+}
+
+// Put returns a buffer to the pool.
+func (p *bufferPool) Put(bp *[]byte) {
+	if cap(*bp) <= maxPooledBuffer {
+		p.p.Put(bp)
+	}
 }

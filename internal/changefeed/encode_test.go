@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -90,25 +89,29 @@ func checkAssembled(t *testing.T, data []byte) {
 		recs[i].TxnID += 4
 	}
 	txns := Build(recs, func(lsn uint64) int64 { return int64(lsn) * 7 }, st)
+	runs := &runCache{}
 	for range 2 {
 		for _, f := range []filter{{}, {prefix: "a/"}, {prefix: "b/1"}, {prefix: "c/"}, {key: "a/1", exact: true}, {key: "a", exact: true}} {
 			for _, prev := range []bool{false, true} {
 				f.prev = prev
-				m := message{pool: &sync.Pool{}}
+				m := message{pool: &bufferPool{}, filter: f, runs: runs}
 				for _, x := range txns {
 					elem, err := f.elem(x)
 					if err != nil {
 						t.Fatal(err)
 					}
 					if elem != nil {
-						m.add(elem, x.size)
+						m.add(elem, x)
 					}
 				}
 				got, err := proto.Marshal(&m)
 				if err != nil {
 					t.Fatal(err)
 				}
-				if shared := m.EncodedBuffers().Materialize(); !bytes.Equal(shared, got) {
+				eb := m.EncodedBuffers()
+				shared := eb.Materialize()
+				eb.Free()
+				if !bytes.Equal(shared, got) {
 					t.Fatalf("filter %+v: EncodedBuffers\n%x\nmarshalled\n%x", f, shared, got)
 				}
 				w, err := proto.Marshal(want(f, txns))

@@ -23,6 +23,7 @@ import (
 	"github.com/walship/walship/internal/keyspace"
 	"github.com/walship/walship/internal/watermark"
 	"github.com/walship/walship/pkg/codec"
+	"google.golang.org/grpc/mem"
 )
 
 // Default bounds of a Feed's ring.
@@ -51,14 +52,14 @@ type Txn struct {
 	// what watchers send, encoded once for all of them.
 	enc          [2]lazyElem
 	mu           sync.Mutex
-	partial      map[filter][]byte
+	partial      map[filter]mem.Buffer
 	partialBytes int
 }
 
 // lazyElem is an element encoded on first use.
 type lazyElem struct {
 	once sync.Once
-	b    []byte
+	b    mem.Buffer
 	err  error
 }
 
@@ -177,8 +178,10 @@ type Feed struct {
 	// changed is closed (and dropped) by the next Append or Reset.
 	changed chan struct{}
 
-	// bufs are the buffers watchers assemble messages in (*[]byte).
-	bufs sync.Pool
+	// bufs are the buffers watchers assemble messages in; runs the
+	// messages shared by watchers.
+	bufs bufferPool
+	runs runCache
 }
 
 // New returns a Feed holding nothing, covering LSNs after lsn; maxBytes

@@ -14,6 +14,7 @@ import (
 	"github.com/walship/walship/internal/wal"
 	"github.com/walship/walship/pkg/codec"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -66,7 +67,7 @@ func (f *filter) match(key string) bool {
 // elem returns t's encoded element for this watcher (see encode.go): the
 // shared one of all events when every event matches, else the shared one
 // of this filter's subset (nil if none matches).
-func (f *filter) elem(t *Txn) ([]byte, error) {
+func (f *filter) elem(t *Txn) (mem.Buffer, error) {
 	n := 0
 	for _, e := range t.Events {
 		if f.match(e.Key) {
@@ -174,6 +175,7 @@ type watcher struct {
 	progress time.Duration
 	lastSent time.Time
 	buf      []*Txn
+	msg      message // its list of elements reused from one message to the next
 	// sending is when the Send under way began (unix ns; 0: none);
 	// resume is the first LSN not yet sent, for the cut-off's message.
 	sending atomic.Int64
@@ -252,7 +254,7 @@ func (w *watcher) loop(ctx context.Context) error {
 			}
 			continue
 		}
-		if err := w.sendTxns(txns); err != nil {
+		if err := w.sendTxns(txns, true); err != nil {
 			return err
 		}
 		if len(txns) < readAhead {
@@ -266,8 +268,12 @@ func (w *watcher) loop(ctx context.Context) error {
 // sendTxns sends the matching transactions of txns (LSN order, from
 // w.next on), as few messages as maxMessageBytes allows, and moves w.next
 // past them.
-func (w *watcher) sendTxns(txns []*Txn) error {
-	m := &message{pool: &w.src.Feed.bufs}
+func (w *watcher) sendTxns(txns []*Txn, fromRing bool) error {
+	m := &w.msg
+	m.pool, m.filter, m.runs = &w.src.Feed.bufs, w.f, nil
+	if fromRing {
+		m.runs = &w.src.Feed.runs
+	}
 	defer m.release()
 	flush := func() error {
 		if m.txns == 0 {
@@ -291,7 +297,7 @@ func (w *watcher) sendTxns(txns []*Txn) error {
 					return err
 				}
 			}
-			m.add(elem, t.size)
+			m.add(elem, t)
 		}
 		w.next = t.LSN + 1
 	}
@@ -347,7 +353,7 @@ func (w *watcher) history(ctx context.Context) error {
 		if _, err := feed.Bound.Wait(ctx, txns[len(txns)-1].LSN); err != nil {
 			return status.FromContextError(err).Err()
 		}
-		if err := w.sendTxns(txns); err != nil {
+		if err := w.sendTxns(txns, false); err != nil {
 			return err
 		}
 	}
