@@ -18,14 +18,22 @@ import (
 //	body = elem elem ...           (WatchTxns.txns, field 1, repeated)
 //	elem = 0x0a len(txn) txn       (one encoded WatchTxn)
 //
-// so a transaction's element is encoded once per distinct selection (all of
-// its events, with or without previous values, or one filter's subset) and
-// kept on the Txn; a watcher's message is those elements copied one after
-// another behind a header, sent as the unknown fields of an empty
-// WatchResponse (which gRPC's proto codec writes out verbatim, and a
-// client decodes as the txns field). Per watcher and message that is one
-// memmove and gRPC's own framing, instead of walking and marshalling every
-// event of every transaction.
+// so a transaction's element is encoded once per distinct selection (all
+// of its events, with or without previous values, or one filter's subset)
+// and kept on the Txn, and a watcher's message is a list of elements. The
+// server's codec (internal/serve) asks the message for its bytes
+// (EncodedBuffers): watchers of the same selection that are caught up
+// read the same run of the ring, and get the same buffer, assembled by
+// the first of them (runCache). Per watcher and message that leaves
+// gRPC's own framing and the socket write, instead of walking and
+// marshalling every event of every transaction. Under any other codec the
+// message marshals as an empty WatchResponse whose unknown fields are the
+// assembled bytes (protobuf writes those verbatim; a client decodes the
+// txns field).
+//
+//	apply ─▶ Txn ─ elem (once per selection) ─┐
+//	watcher 1 ─ [elem elem ...] ─ runCache ───┼─▶ one buffer ─▶ stream 1
+//	watcher 2 ─ [elem elem ...] ─ (same key) ─┘               └▶ stream 2
 
 // Encodings kept on a Txn, by what they select.
 const (
@@ -41,7 +49,7 @@ func (t *Txn) elem(prev bool) (mem.Buffer, error) {
 		i = encWithPrev
 	}
 	e := &t.enc[i]
-	e.once.Do(func() { e.b, e.err = encodeElem(t.Full(prev)) })
+	e.once.Do(func() { e.b, e.err = encodeElem(t.Full(i == encWithPrev)) })
 	return e.b, e.err
 }
 
