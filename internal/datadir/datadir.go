@@ -8,7 +8,8 @@
 //	          primary it followed), and that epoch's primary
 //	epochs    the epoch history of the node's log: one "epoch first_lsn"
 //	          line per epoch that wrote part of it
-//	applied   (replicas) an LSN the node had applied
+//	applied   (replicas) an LSN the node had applied, and whether reads
+//	          were served there (AppliedMarker)
 //	orphans/  entries cut from the log because the cluster's history went
 //	          another way, kept for an operator (see Orphan)
 //
@@ -124,18 +125,85 @@ func loadUint(fsys vfs.FS, path string) (uint64, error) {
 	return v, nil
 }
 
-// LoadApplied reads dir's applied marker: an LSN the node had applied as a
-// replica, 0 when there is none.
-func LoadApplied(fsys vfs.FS, dir string) (uint64, error) {
-	return loadUint(fsys, filepath.Join(dir, appliedFile))
+// AppliedMarker is a replica's DataDir/applied: LSN is an LSN it had
+// applied (so its primary had made every batch up to it durable), the
+// point a restart replays its log to. Readable says more: LSN was at or
+// below a commit watermark the replica had heard, saved before any read
+// or watch was served at it, so a restart may serve reads there at once
+// without going back in time or past what the contract acknowledged.
+// Markers written before the readable form existed hold the applied LSN
+// alone, possibly above the watermark: Readable false.
+type AppliedMarker struct {
+	LSN      uint64
+	Readable bool
 }
 
-// SaveApplied replaces dir's applied marker with lsn: durably when durable,
-// else by a write and a rename without fsync, for a replica that saves it
-// often and for which a lost or stale marker only means waiting for its
-// primary a little longer after a crash.
+// readableSuffix follows the LSN in a readable marker: "<lsn> readable\n".
+// A bare "<lsn>\n" is the older form (applied, readability unknown), which
+// is also what a version that predates the suffix reads and writes; such a
+// version refuses the suffixed form as "not a number" and replays up to
+// its newest snapshot, which is safe.
+const readableSuffix = "readable"
+
+// ParseApplied decodes an applied marker's bytes (path names it in errors).
+func ParseApplied(path string, b []byte) (AppliedMarker, error) {
+	f := strings.Fields(string(b))
+	var m AppliedMarker
+	var err error
+	switch {
+	case len(f) == 1:
+	case len(f) == 2 && f[1] == readableSuffix:
+		m.Readable = true
+	default:
+		return AppliedMarker{}, fmt.Errorf("%s holds %q: want \"<lsn>\" or \"<lsn> readable\"", path, b)
+	}
+	if m.LSN, err = strconv.ParseUint(f[0], 10, 64); err != nil {
+		return AppliedMarker{}, fmt.Errorf("%s holds %q, not a number: %w", path, b, err)
+	}
+	return m, nil
+}
+
+// Marshal encodes m as ParseApplied reads it.
+func (m AppliedMarker) Marshal() []byte {
+	s := strconv.FormatUint(m.LSN, 10)
+	if m.Readable {
+		s += " " + readableSuffix
+	}
+	return []byte(s + "\n")
+}
+
+// LoadAppliedMarker reads dir's applied marker; a missing one is the zero
+// AppliedMarker.
+func LoadAppliedMarker(fsys vfs.FS, dir string) (AppliedMarker, error) {
+	path := filepath.Join(dir, appliedFile)
+	b, err := vfs.ReadFile(fsys, path)
+	if errors.Is(err, os.ErrNotExist) {
+		return AppliedMarker{}, nil
+	}
+	if err != nil {
+		return AppliedMarker{}, err
+	}
+	return ParseApplied(path, b)
+}
+
+// LoadApplied reads dir's applied marker's LSN: an LSN the node had
+// applied as a replica, 0 when there is none.
+func LoadApplied(fsys vfs.FS, dir string) (uint64, error) {
+	m, err := LoadAppliedMarker(fsys, dir)
+	return m.LSN, err
+}
+
+// SaveApplied replaces dir's applied marker with lsn, applied but not
+// known readable (see SaveAppliedMarker).
 func SaveApplied(fsys vfs.FS, dir string, lsn uint64, durable bool) error {
-	path, data := filepath.Join(dir, appliedFile), []byte(strconv.FormatUint(lsn, 10)+"\n")
+	return SaveAppliedMarker(fsys, dir, AppliedMarker{LSN: lsn}, durable)
+}
+
+// SaveAppliedMarker replaces dir's applied marker with m: durably when
+// durable, else by a write and a rename without fsync, which survives a
+// crash of the process but not of the machine.
+func SaveAppliedMarker(fsys vfs.FS, dir string, m AppliedMarker, durable bool) error {
+	path, data := filepath.Join(dir, appliedFile), m.Marshal()
 	if durable {
 		return vfs.WriteFileAtomic(fsys, path, data)
 	}
