@@ -371,8 +371,9 @@ func (s *Server) install(st *state.Store, epoch uint64) error {
 	if s.reseedBack {
 		// Moving backwards: first lower the applied marker, then remove
 		// the newer snapshots — they hold entries the primary lost — so
-		// that no restart replays or loads them.
-		if err := s.writeAppliedMarker(lsn, true); err != nil {
+		// that no restart replays or loads them. Not readable: the new
+		// primary has not said that its state at lsn is acknowledged.
+		if err := s.writeAppliedMarker(datadir.AppliedMarker{LSN: lsn}, true); err != nil {
 			return fmt.Errorf("lower the applied marker to LSN %d: %w", lsn, err)
 		}
 		if err := state.RemoveSnapshotsAbove(s.fs, s.snapDir(), lsn); err != nil {

@@ -160,9 +160,14 @@ func (s *session) waitAck(t *testing.T, lsn uint64) *walshipv1.ReplicaAck {
 
 // snapshotOf streams v as the primary's Snapshot does, in chunks of 3.
 func snapshotOf(v *state.View, epoch uint64) func(*walshipv1.SnapshotRequest, grpc.ServerStreamingServer[walshipv1.SnapshotResponse]) error {
+	return snapshotAt(v, epoch, v.AppliedLSN())
+}
+
+// snapshotAt is snapshotOf with the header's commit watermark commit.
+func snapshotAt(v *state.View, epoch, commit uint64) func(*walshipv1.SnapshotRequest, grpc.ServerStreamingServer[walshipv1.SnapshotResponse]) error {
 	return func(_ *walshipv1.SnapshotRequest, st grpc.ServerStreamingServer[walshipv1.SnapshotResponse]) error {
 		if err := st.Send(&walshipv1.SnapshotResponse{Part: &walshipv1.SnapshotResponse_Header{Header: &walshipv1.SnapshotHeader{
-			Epoch: epoch, Lsn: v.AppliedLSN(), Keys: uint64(v.Len()), CommitLsn: v.AppliedLSN(),
+			Epoch: epoch, Lsn: v.AppliedLSN(), Keys: uint64(v.Len()), CommitLsn: commit,
 		}}}); err != nil {
 			return err
 		}

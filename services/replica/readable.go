@@ -2,6 +2,7 @@ package replica
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/internal/watermark"
@@ -16,6 +17,13 @@ import (
 // yet readable (MVCC by copy-on-write clones of the store, one per apply
 // round), and the newest view at or below the watermark is published when
 // the watermark reaches it.
+//
+// Across a restart: before a view is published its LSN is saved, durably,
+// as the readable applied marker (replica.go, persistReadable), so a
+// restart that replays to the marker serves reads there at once, neither
+// past the watermark nor behind anything served before. State above the
+// marker (applied later, or a re-seed's snapshot at the primary's visible
+// LSN) waits for the primary's watermark again.
 
 // maxPendingViews bounds the views kept above the watermark. Each is an
 // O(1) clone, but it makes the next apply copy the nodes it touches; when
@@ -24,15 +32,21 @@ import (
 const maxPendingViews = 64
 
 // readable holds the view reads are served from and the views waiting for
-// the watermark.
+// the watermark. Only the follower changes it (and New, before).
 type readable struct {
 	mu      sync.Mutex
 	commit  uint64        // highest commit watermark heard
 	pending []*state.View // applied, above commit; ascending LSN
-	view    *state.View   // served; nil until one is at or below commit
+	// view is served; nil until one is at or below commit. Readers load
+	// it without mu, which persist (an fsync) is called under.
+	view atomic.Pointer[state.View]
 	// lsn is the served view's LSN, which reads (min_lsn) and watches
 	// wait on: the watch feed's bound. Set before first use.
 	lsn *watermark.Watermark
+	// persist, if set, makes lsn durable as the LSN reads are served at,
+	// before a view at it is published; false (it failed) keeps the
+	// served view where it is.
+	persist func(lsn uint64) bool
 }
 
 // applied records a view of the state after an apply, and publishes it
@@ -80,8 +94,8 @@ func (r *readable) back(v *state.View) {
 	defer r.mu.Unlock()
 	clear(r.pending)
 	r.pending = append(r.pending[:0], v)
-	if r.view != nil && r.view.AppliedLSN() > v.AppliedLSN() {
-		r.view = nil
+	if cur := r.view.Load(); cur != nil && cur.AppliedLSN() > v.AppliedLSN() {
+		r.view.Store(nil)
 		r.commit = min(r.commit, v.AppliedLSN())
 		r.lsn.Reset(0)
 	}
@@ -109,22 +123,28 @@ func (r *readable) publishLocked() {
 		return
 	}
 	v := r.pending[n-1]
-	rest := copy(r.pending, r.pending[n:])
-	clear(r.pending[rest:])
-	r.pending = r.pending[:rest]
-	if r.view != nil && v.AppliedLSN() < r.view.AppliedLSN() {
+	cur := r.view.Load()
+	if cur != nil && v.AppliedLSN() < cur.AppliedLSN() {
+		r.dropPublishable(n)
 		return // never back in time
 	}
-	r.view = v
+	if (cur == nil || v.AppliedLSN() > cur.AppliedLSN()) && r.persist != nil && !r.persist(v.AppliedLSN()) {
+		return // kept pending: the next call tries again
+	}
+	r.dropPublishable(n)
+	r.view.Store(v)
 	r.lsn.Advance(v.AppliedLSN())
 }
 
-// current returns the served view (nil if none yet) and the watermark.
-func (r *readable) current() (*state.View, uint64) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.view, r.commit
+// dropPublishable removes the first n pending views.
+func (r *readable) dropPublishable(n int) {
+	rest := copy(r.pending, r.pending[n:])
+	clear(r.pending[rest:])
+	r.pending = r.pending[:rest]
 }
+
+// current returns the served view, nil if none yet.
+func (r *readable) current() *state.View { return r.view.Load() }
 
 // commitLSN returns the highest commit watermark heard.
 func (r *readable) commitLSN() uint64 {

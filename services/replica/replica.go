@@ -183,10 +183,12 @@ type Server struct {
 	spillWarned    time.Time // when spilling was last logged (at most once a minute)
 	primaryDurable uint64
 	reseedBack     bool
-	// markerLSN and markerTime: the applied LSN last saved to
-	// DataDir/applied, and when.
-	markerLSN  uint64
-	markerTime time.Time
+	// markerLSN and markerReadable: the applied marker last saved
+	// (DataDir/applied); markerWarned, when a failure to save it was
+	// last logged.
+	markerLSN      uint64
+	markerReadable bool
+	markerWarned   time.Time
 
 	// snapMu serialises snapshot writing and re-seeding (SaveSnapshot must
 	// not run concurrently for one directory).
@@ -261,7 +263,7 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	s.lag = newLagTracker(cfg.HeartbeatInterval, s.appliedLSN(), s.now())
-	s.reads = &kvread.Reader{View: func() *state.View { v, _ := s.rd.current(); return v }, Visible: s.rd.lsn, Lag: s.readLag}
+	s.reads = &kvread.Reader{View: s.rd.current, Visible: s.rd.lsn, Lag: s.readLag}
 	srv, err := serve.New(serve.Options{
 		Security:        cfg.Security,
 		Listen:          cfg.Listen,
@@ -323,7 +325,7 @@ func (s *Server) recover() error {
 	}
 	marker := s.loadAppliedMarker()
 	res, err := recovery.Open(recovery.Options{DataDir: s.cfg.DataDir, FS: s.fs, SegmentBytes: s.cfg.SegmentBytes, Logger: s.logger,
-		LimitReplay: true, ReplayUpTo: marker, PendingDataBytes: s.cfg.MaxUnappliedBytes})
+		LimitReplay: true, ReplayUpTo: marker.LSN, PendingDataBytes: s.cfg.MaxUnappliedBytes})
 	if err != nil {
 		return err
 	}
@@ -350,18 +352,25 @@ func (s *Server) recover() error {
 			"from_lsn", res.Pending[0].FirstLSN, "to_lsn", res.Pending[n-1].LastLSN)
 	}
 	s.primaryDurable = res.Store.AppliedLSN()
-	s.markerLSN = res.Store.AppliedLSN()
+	s.markerLSN, s.markerReadable = marker.LSN, marker.Readable
 	s.store.Store(res.Store)
 	s.visible.Advance(res.Store.AppliedLSN())
 	// What was applied before the restart becomes readable once the
 	// primary's commit watermark covers it; a read-only replica follows
-	// no primary and serves its state as it is.
+	// no primary and serves its state as it is (and saves no marker: it
+	// learns nothing about the watermark).
 	s.feed = changefeed.New(res.Store.AppliedLSN(), s.cfg.WatchMaxBytes, 0)
 	s.rd.lsn = &s.feed.Bound
+	if !s.cfg.ReadOnly {
+		s.rd.persist = s.persistReadable
+	}
 	s.rd.applied(res.Store.Snapshot())
-	if s.cfg.ReadOnly || res.Store.AppliedLSN() <= max(marker, res.SnapshotLSN) {
-		// The marker and this replica's snapshots are at LSNs reads were
-		// served at: acknowledged under the contract.
+	if s.cfg.ReadOnly || (marker.Readable && res.Store.AppliedLSN() <= marker.LSN) {
+		// A readable marker holds an LSN at or below a watermark heard,
+		// saved before reads were served there: at once is neither past
+		// the contract nor behind what was served. Not so for state past
+		// it — a re-seed's snapshot is at the primary's visible LSN — nor
+		// for a marker of the older form, which holds the applied LSN.
 		s.rd.committed(res.Store.AppliedLSN())
 	}
 	s.snapshotLSN.Store(res.SnapshotLSN)
@@ -445,48 +454,67 @@ func listSnapshots(fsys vfs.FS, dir string) ([]uint64, error) {
 	return lsns, nil
 }
 
-// DataDir/applied holds an LSN this replica had applied, so every batch up
-// to it was durable on the primary: a restart replays the log up to it (or
-// up to the newest snapshot, if that is later) and keeps the rest unapplied
-// until the primary reports it durable. It is the LSN reads were served at
-// (the commit watermark, readable.go), not the applied one: what a restart
-// replays to is then known acknowledged, and readable at once, before the
-// primary is heard from. It is saved at most every
-// markerInterval without an fsync (a lost or stale marker only makes the
-// replica wait for the primary a little longer after a crash) and with one
-// at a clean stop.
-const markerInterval = time.Second
+// DataDir/applied (datadir.AppliedMarker) holds an LSN this replica had
+// applied, so every batch up to it was durable on the primary: a restart
+// replays the log up to it (or up to the newest snapshot, if that is later)
+// and keeps the rest unapplied until the primary reports it durable. In
+// its readable form it is the LSN reads were served at (readable.go):
+// saved durably before a view is published (persistReadable), so that a
+// restart which serves at once at it serves neither state a failover can
+// take back nor state older than it served before — even after a crash of
+// the machine, which can lose a write that was not fsynced. Safety alone
+// would need no fsync (any saved value was at or below a watermark); not
+// going back in time needs the marker at or above every LSN a read was
+// answered at, so it is durable before the first such read.
 
-// loadAppliedMarker returns the saved applied LSN, or 0 if there is none or
-// it cannot be read (then replay stops at the newest snapshot).
-func (s *Server) loadAppliedMarker() uint64 {
-	lsn, err := datadir.LoadApplied(s.fs, s.cfg.DataDir)
+// loadAppliedMarker returns the saved applied marker, or the zero marker
+// if there is none or it cannot be read (then replay stops at the newest
+// snapshot and reads wait for the primary's watermark).
+func (s *Server) loadAppliedMarker() datadir.AppliedMarker {
+	m, err := datadir.LoadAppliedMarker(s.fs, s.cfg.DataDir)
 	if err != nil {
 		s.logger.Warn("cannot read the applied marker; replaying up to the newest snapshot only", "err", err)
-		return 0
+		return datadir.AppliedMarker{}
 	}
-	return lsn
+	return m
 }
 
-// saveAppliedMarker records the applied LSN: durably when sync, else by
-// write and rename only, and then at most every markerInterval. Errors are
-// logged, not returned: the marker is an optimisation of restarts.
+// saveAppliedMarker records the LSN reads are served at as the readable
+// marker, durably when sync. Errors are logged, not returned: the marker
+// is an optimisation of restarts. A read-only replica keeps its marker.
 func (s *Server) saveAppliedMarker(sync bool) {
 	lsn := min(s.rd.lsn.Load(), s.appliedLSN())
-	if lsn == s.markerLSN || (!sync && time.Since(s.markerTime) < markerInterval) {
-		return
+	if s.cfg.ReadOnly || lsn == 0 || (lsn == s.markerLSN && s.markerReadable) {
+		return // nothing served (yet, or since a re-seed backwards), or saved
 	}
-	if err := s.writeAppliedMarker(lsn, sync); err != nil {
+	if err := s.writeAppliedMarker(datadir.AppliedMarker{LSN: lsn, Readable: true}, sync); err != nil {
 		s.logger.Warn("cannot save the applied marker", "err", err)
 	}
 }
 
-// writeAppliedMarker writes lsn as the applied marker.
-func (s *Server) writeAppliedMarker(lsn uint64, sync bool) error {
-	if err := datadir.SaveApplied(s.fs, s.cfg.DataDir, lsn, sync); err != nil {
+// persistReadable is readable.persist: lsn is saved durably as the
+// readable marker before a view at it is published. It fails (and the
+// view waits) rather than let reads get ahead of the marker.
+func (s *Server) persistReadable(lsn uint64) bool {
+	if lsn == 0 || (lsn == s.markerLSN && s.markerReadable) {
+		return true // the empty state, or saved
+	}
+	if err := s.writeAppliedMarker(datadir.AppliedMarker{LSN: lsn, Readable: true}, true); err != nil {
+		if now := time.Now(); now.Sub(s.markerWarned) >= time.Minute {
+			s.markerWarned = now
+			s.logger.Warn("cannot save the readable marker; reads stay at the last one saved", "lsn", lsn, "err", err)
+		}
+		return false
+	}
+	return true
+}
+
+// writeAppliedMarker replaces the applied marker with m.
+func (s *Server) writeAppliedMarker(m datadir.AppliedMarker, sync bool) error {
+	if err := datadir.SaveAppliedMarker(s.fs, s.cfg.DataDir, m, sync); err != nil {
 		return err
 	}
-	s.markerLSN, s.markerTime = lsn, time.Now()
+	s.markerLSN, s.markerReadable = m.LSN, m.Readable
 	return nil
 }
 
@@ -596,7 +624,7 @@ func (s *Server) takeSnapshot() error {
 	defer s.snapMu.Unlock()
 	// The state reads are served at: a restart from it can serve reads
 	// before the primary's commit watermark is heard again.
-	v, _ := s.rd.current()
+	v := s.rd.current()
 	if v == nil {
 		return nil
 	}

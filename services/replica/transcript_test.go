@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -46,7 +47,9 @@ import (
 // Peers (fakes; their addresses print as their names):
 //
 //	new-primary <p>...              scripted ReplicationServices
-//	serve-snapshot <p> <h>          p's Snapshot serves h's state as of now
+//	serve-snapshot <p> <h> [commit=N]
+//	                                p's Snapshot serves h's state as of now,
+//	                                its commit_lsn N (default: its LSN)
 //	logstore [serve=<h>] [first=N] [out-of-range] [silent] [vote-epoch=E] [vote-primary=ID@pN]
 //	                                the log store (created at first use;
 //	                                then given to the replica at start):
@@ -60,7 +63,10 @@ import (
 //
 //	start [primary=<p>] [fs=mem] [heartbeat=D] [flush-delay=D]
 //	stop, restart                   print what Run returned
-//	set-applied-marker <lsn>        (stopped) DataDir/applied says lsn
+//	set-applied-marker <lsn> [readable]
+//	                                (stopped) DataDir/applied says lsn
+//	                                (applied; readable: reads were served
+//	                                there)
 //	set-vote <epoch>                (stopped) DataDir/vote promises epoch
 //	                                to no one in particular
 //	fail-snapshot-save              (fs=mem) the next snapshot save fails
@@ -70,10 +76,12 @@ import (
 //
 //	accept <p>                      wait for the replica's next stream to p;
 //	                                prints its hello
-//	send <p> <h> A..B [durable=N] [reply-at=(write,flush,apply)]
-//	                                h's batches A..B; durable_lsn defaults
-//	                                to each batch's last LSN
-//	heartbeat <p> epoch=E last=L [durable=N] [reply] [primary-id=ID]
+//	send <p> <h> A..B [durable=N] [commit=N] [reply-at=(write,flush,apply)]
+//	                                h's batches A..B; durable_lsn and
+//	                                commit_lsn default to each batch's
+//	                                last LSN
+//	heartbeat <p> epoch=E last=L [durable=N] [commit=N] [reply] [primary-id=ID]
+//	                                commit_lsn defaults to durable_lsn
 //	end <p> [code=C] [msg=(M)]      end the stream: EOF, or status C
 //	diverged <p> keep=N epoch=E [durable=N]
 //	                                answer with Diverged and end the stream
@@ -91,6 +99,9 @@ import (
 //	status                          positions, epochs, rung, history, orphans
 //	state                           every pair, checked against the digest
 //	get <key> [min-lsn=N] [wait=D]
+//	watch [from=N] [wait=D]         a Watch of every key from start_lsn N
+//	                                (default: now): its first message, or
+//	                                its error
 //	wait-applied <lsn>              wait for it, print the visible LSN
 //	wait-vote <epoch>               wait for the promise, print it
 //	metric <name> [label=value]
@@ -134,8 +145,9 @@ type transcript struct {
 
 // servedSnapshot is what a primary's Snapshot serves.
 type servedSnapshot struct {
-	view  *state.View
-	epoch uint64
+	view   *state.View
+	epoch  uint64
+	commit uint64 // the header's commit_lsn
 }
 
 // history is a primary's log as the test built it: its batches and a
@@ -159,20 +171,20 @@ var commands = map[string]command{
 	"batch":                   {1, []string{"epoch", "lsns"}, (*transcript).batch},
 	"fork":                    {1, []string{"from", "at"}, (*transcript).fork},
 	"new-primary":             {-1, nil, (*transcript).newPrimaries},
-	"serve-snapshot":          {2, nil, (*transcript).serveSnapshot},
+	"serve-snapshot":          {2, []string{"commit"}, (*transcript).serveSnapshot},
 	"logstore":                {0, []string{"serve", "first", "out-of-range", "silent", "vote-epoch", "vote-primary"}, (*transcript).logstore},
 	"logstore-snapshot":       {1, nil, (*transcript).logstoreSnapshot},
 	"logstore-snapshot-calls": {0, nil, (*transcript).logstoreSnapshotCalls},
 	"start":                   {0, []string{"primary", "fs", "heartbeat", "flush-delay"}, (*transcript).start},
 	"stop":                    {0, nil, (*transcript).stop},
 	"restart":                 {0, nil, (*transcript).restart},
-	"set-applied-marker":      {1, nil, (*transcript).setAppliedMarker},
+	"set-applied-marker":      {1, []string{"readable"}, (*transcript).setAppliedMarker},
 	"set-vote":                {1, nil, (*transcript).setVote},
 	"fail-snapshot-save":      {0, nil, (*transcript).failSnapshotSave},
 	"injected":                {0, nil, (*transcript).injected},
 	"accept":                  {1, nil, (*transcript).accept},
-	"send":                    {3, []string{"durable", "reply-at"}, (*transcript).send},
-	"heartbeat":               {1, []string{"epoch", "last", "durable", "reply", "primary-id", "advertise"}, (*transcript).heartbeat},
+	"send":                    {3, []string{"durable", "commit", "reply-at"}, (*transcript).send},
+	"heartbeat":               {1, []string{"epoch", "last", "durable", "commit", "reply", "primary-id", "advertise"}, (*transcript).heartbeat},
 	"end":                     {1, []string{"code", "msg"}, (*transcript).end},
 	"diverged":                {1, []string{"keep", "epoch", "durable"}, (*transcript).diverged},
 	"await-ack":               {1, []string{"forbid"}, (*transcript).awaitAck},
@@ -181,6 +193,7 @@ var commands = map[string]command{
 	"status":                  {0, nil, (*transcript).status},
 	"state":                   {0, nil, (*transcript).state},
 	"get":                     {1, []string{"min-lsn", "wait"}, (*transcript).get},
+	"watch":                   {0, []string{"from", "wait"}, (*transcript).watch},
 	"wait-applied":            {1, nil, (*transcript).waitApplied},
 	"wait-vote":               {1, nil, (*transcript).waitVote},
 	"metric":                  {1, nil, (*transcript).metric},
@@ -228,7 +241,10 @@ func (e *transcript) newPrimaries(t *testing.T, td *datadriven.TestData) string 
 func (e *transcript) serveSnapshot(t *testing.T, td *datadriven.TestData) string {
 	h := e.history(t, arg(t, td, 1))
 	e.mu.Lock()
-	e.snapshots[arg(t, td, 0)] = servedSnapshot{view: h.m.ref.Snapshot(), epoch: h.m.epoch}
+	snap := servedSnapshot{view: h.m.ref.Snapshot(), epoch: h.m.epoch}
+	snap.commit = snap.view.AppliedLSN()
+	td.MaybeScanArgs(t, "commit", &snap.commit)
+	e.snapshots[arg(t, td, 0)] = snap
 	e.mu.Unlock()
 	return ""
 }
@@ -243,8 +259,8 @@ func (e *transcript) setAppliedMarker(t *testing.T, td *datadriven.TestData) str
 	if e.r != nil {
 		t.Fatal("set-applied-marker: the replica is running")
 	}
-	lsn := uintArg(t, td, 0)
-	if err := datadir.SaveApplied(e.fs(), e.cfg.DataDir, lsn, true); err != nil {
+	m := datadir.AppliedMarker{LSN: uintArg(t, td, 0), Readable: td.HasArg("readable")}
+	if err := datadir.SaveAppliedMarker(e.fs(), e.cfg.DataDir, m, true); err != nil {
 		t.Fatal(err)
 	}
 	return ""
@@ -286,13 +302,15 @@ func (e *transcript) heartbeat(t *testing.T, td *datadriven.TestData) string {
 	td.ScanArgs(t, "last", &last)
 	durable := last
 	td.MaybeScanArgs(t, "durable", &durable)
+	commit := durable
+	td.MaybeScanArgs(t, "commit", &commit)
 	var id, addr string
 	td.MaybeScanArgs(t, "primary-id", &id)
 	if td.HasArg("advertise") {
 		// The primary's own address, as a primary advertises it.
 		addr = e.primaries[arg(t, td, 0)].addr
 	}
-	e.streamSend(t, arg(t, td, 0), &walshipv1.StreamResponse{DurableLsn: durable, CommitLsn: durable, Msg: &walshipv1.StreamResponse_Heartbeat{Heartbeat: &walshipv1.Heartbeat{
+	e.streamSend(t, arg(t, td, 0), &walshipv1.StreamResponse{DurableLsn: durable, CommitLsn: commit, Msg: &walshipv1.StreamResponse_Heartbeat{Heartbeat: &walshipv1.Heartbeat{
 		Epoch: epoch, LastLsn: last, TimeUnixNano: time.Now().UnixNano(), ReplyRequested: td.HasArg("reply"), PrimaryId: id, PrimaryAddr: addr,
 	}}})
 	return ""
@@ -564,7 +582,7 @@ func (e *transcript) newPrimary(t *testing.T, name string) {
 		if !ok {
 			return status.Errorf(codes.Unimplemented, "%s serves no snapshot", name)
 		}
-		return snapshotOf(snap.view, snap.epoch)(req, st)
+		return snapshotAt(snap.view, snap.epoch, snap.commit)(req, st)
 	}
 	e.primaries[name] = fp
 	e.names = append(e.names, fp.addr, name)
@@ -720,6 +738,11 @@ func (e *transcript) send(t *testing.T, td *datadriven.TestData) string {
 	if td.MaybeScanArgs(t, "durable", &d) {
 		durable = &d
 	}
+	var commit *uint64
+	var c uint64
+	if td.MaybeScanArgs(t, "commit", &c) {
+		commit = &c
+	}
 	var replyAt []walshipv1.SyncLevel
 	if a, ok := td.Arg("reply-at"); ok {
 		for _, l := range a.Vals {
@@ -741,6 +764,9 @@ func (e *transcript) send(t *testing.T, td *datadriven.TestData) string {
 		m := &walshipv1.StreamResponse{DurableLsn: b.LastLsn, CommitLsn: b.LastLsn, ReplyAt: replyAt, Msg: &walshipv1.StreamResponse_Batch{Batch: b}}
 		if durable != nil {
 			m.DurableLsn = *durable
+		}
+		if commit != nil {
+			m.CommitLsn = *commit
 		}
 		e.streamSend(t, p, m)
 		next = b.LastLsn + 1
@@ -905,6 +931,37 @@ func (e *transcript) get(t *testing.T, td *datadriven.TestData) string {
 		return fmt.Sprintf("not found applied=%d", got.AppliedLsn)
 	}
 	return fmt.Sprintf("%s@%d applied=%d", got.Value, got.VersionLsn, got.AppliedLsn)
+}
+
+func (e *transcript) watch(t *testing.T, td *datadriven.TestData) string {
+	req := &walshipv1.WatchRequest{}
+	td.MaybeScanArgs(t, "from", &req.StartLsn)
+	var wait time.Duration
+	if maybeDuration(t, td, "wait", &wait) {
+		req.WaitTimeout = durationpb.New(wait)
+	}
+	ctx, cancel := context.WithCancel(tctx(t))
+	defer cancel()
+	stream, err := e.running(t).kv.Watch(ctx, req)
+	if err != nil {
+		return fmtErr(err)
+	}
+	m, err := stream.Recv()
+	if err != nil {
+		return fmtErr(err)
+	}
+	var b strings.Builder
+	if p := m.GetProgress(); p != nil {
+		fmt.Fprintf(&b, "progress lsn=%d", p.GetLsn())
+	}
+	for _, tx := range m.GetTxns().GetTxns() {
+		fmt.Fprintf(&b, "txn lsn=%d", tx.GetLsn())
+		for _, ev := range tx.GetEvents() {
+			fmt.Fprintf(&b, " %s %s=%s", strings.TrimPrefix(ev.GetType().String(), "WATCH_EVENT_TYPE_"), ev.GetKey(), ev.GetValue())
+		}
+		b.WriteString("\n")
+	}
+	return strings.TrimSuffix(b.String(), "\n")
 }
 
 func (e *transcript) fence(t *testing.T, td *datadriven.TestData) string {
