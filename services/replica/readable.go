@@ -87,18 +87,22 @@ func (r *readable) reset(v *state.View) {
 // get there — they stay at or below the watermark, which no failover
 // cuts — but a replica that applied entries it was not told were durable
 // (a safety net, as in epoch.go) must not keep serving them: the view is
-// dropped, and the watermark heard lowered to v, so reads wait for the new
-// primary's word.
+// dropped. The watermark heard is forgotten down to what stays served:
+// it was heard along a history the replica has just left, so v, like a
+// restart's state above its marker, waits for the new primary's word.
 func (r *readable) back(v *state.View) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	clear(r.pending)
 	r.pending = append(r.pending[:0], v)
+	served := uint64(0)
 	if cur := r.view.Load(); cur != nil && cur.AppliedLSN() > v.AppliedLSN() {
 		r.view.Store(nil)
-		r.commit = min(r.commit, v.AppliedLSN())
 		r.lsn.Reset(0)
+	} else if cur != nil {
+		served = cur.AppliedLSN()
 	}
+	r.commit = min(r.commit, served)
 	r.publishLocked()
 }
 
