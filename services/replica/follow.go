@@ -962,6 +962,7 @@ func (s *Server) applyReady() (int, error) {
 	s.visible.Advance(applied)
 	s.lag.advance(applied)
 	s.maybeSnapshot()
+	s.saveAppliedMarker(false)
 	return n, nil
 }
 

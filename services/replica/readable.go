@@ -18,12 +18,12 @@ import (
 // round), and the newest view at or below the watermark is published when
 // the watermark reaches it.
 //
-// Across a restart: before a view is published its LSN is saved, durably,
-// as the readable applied marker (replica.go, persistReadable), so a
-// restart that replays to the marker serves reads there at once, neither
-// past the watermark nor behind anything served before. State above the
-// marker (applied later, or a re-seed's snapshot at the primary's visible
-// LSN) waits for the primary's watermark again.
+// Across a restart: a clean stop saves the served view's LSN as the
+// readable applied marker (replica.go), and a restart that replays to it
+// serves reads there at once, neither past the watermark nor behind
+// anything served before. Anything else — state above it (a re-seed's
+// snapshot at the primary's visible LSN), a restart after a crash, an
+// older version's marker — waits for the primary's watermark again.
 
 // maxPendingViews bounds the views kept above the watermark. Each is an
 // O(1) clone, but it makes the next apply copy the nodes it touches; when
@@ -38,15 +38,11 @@ type readable struct {
 	commit  uint64        // highest commit watermark heard
 	pending []*state.View // applied, above commit; ascending LSN
 	// view is served; nil until one is at or below commit. Readers load
-	// it without mu, which persist (an fsync) is called under.
+	// it without mu.
 	view atomic.Pointer[state.View]
 	// lsn is the served view's LSN, which reads (min_lsn) and watches
 	// wait on: the watch feed's bound. Set before first use.
 	lsn *watermark.Watermark
-	// persist, if set, makes lsn durable as the LSN reads are served at,
-	// before a view at it is published; false (it failed) keeps the
-	// served view where it is.
-	persist func(lsn uint64) bool
 }
 
 // applied records a view of the state after an apply, and publishes it
@@ -131,9 +127,6 @@ func (r *readable) publishLocked() {
 	if cur != nil && v.AppliedLSN() < cur.AppliedLSN() {
 		r.dropPublishable(n)
 		return // never back in time
-	}
-	if (cur == nil || v.AppliedLSN() > cur.AppliedLSN()) && r.persist != nil && !r.persist(v.AppliedLSN()) {
-		return // kept pending: the next call tries again
 	}
 	r.dropPublishable(n)
 	r.view.Store(v)

@@ -183,12 +183,11 @@ type Server struct {
 	spillWarned    time.Time // when spilling was last logged (at most once a minute)
 	primaryDurable uint64
 	reseedBack     bool
-	// markerLSN and markerReadable: the applied marker last saved
-	// (DataDir/applied); markerWarned, when a failure to save it was
-	// last logged.
+	// markerLSN, markerReadable and markerTime: the applied marker last
+	// saved (DataDir/applied), and when.
 	markerLSN      uint64
 	markerReadable bool
-	markerWarned   time.Time
+	markerTime     time.Time
 
 	// snapMu serialises snapshot writing and re-seeding (SaveSnapshot must
 	// not run concurrently for one directory).
@@ -361,16 +360,23 @@ func (s *Server) recover() error {
 	// learns nothing about the watermark).
 	s.feed = changefeed.New(res.Store.AppliedLSN(), s.cfg.WatchMaxBytes, 0)
 	s.rd.lsn = &s.feed.Bound
-	if !s.cfg.ReadOnly {
-		s.rd.persist = s.persistReadable
-	}
 	s.rd.applied(res.Store.Snapshot())
-	if s.cfg.ReadOnly || (marker.Readable && res.Store.AppliedLSN() <= marker.LSN) {
-		// A readable marker holds an LSN at or below a watermark heard,
-		// saved before reads were served there: at once is neither past
+	switch {
+	case s.cfg.ReadOnly:
+		s.rd.committed(res.Store.AppliedLSN())
+	case marker.Readable && res.Store.AppliedLSN() <= marker.LSN:
+		// A readable marker is the LSN reads were served at when the
+		// replica last stopped cleanly: at or below a watermark heard,
+		// and the last LSN served. Serving there at once is neither past
 		// the contract nor behind what was served. Not so for state past
 		// it — a re-seed's snapshot is at the primary's visible LSN — nor
-		// for a marker of the older form, which holds the applied LSN.
+		// after a crash, nor for a marker of the older form, which holds
+		// the applied LSN. The marker is made plain first, durably: a
+		// crash after reads moved past it must not find it readable.
+		if err := s.writeAppliedMarker(datadir.AppliedMarker{LSN: marker.LSN}, true); err != nil {
+			s.logger.Warn("cannot save the applied marker; reads wait for the primary's commit watermark", "err", err)
+			break
+		}
 		s.rd.committed(res.Store.AppliedLSN())
 	}
 	s.snapshotLSN.Store(res.SnapshotLSN)
@@ -457,15 +463,21 @@ func listSnapshots(fsys vfs.FS, dir string) ([]uint64, error) {
 // DataDir/applied (datadir.AppliedMarker) holds an LSN this replica had
 // applied, so every batch up to it was durable on the primary: a restart
 // replays the log up to it (or up to the newest snapshot, if that is later)
-// and keeps the rest unapplied until the primary reports it durable. In
-// its readable form it is the LSN reads were served at (readable.go):
-// saved durably before a view is published (persistReadable), so that a
-// restart which serves at once at it serves neither state a failover can
-// take back nor state older than it served before — even after a crash of
-// the machine, which can lose a write that was not fsynced. Safety alone
-// would need no fsync (any saved value was at or below a watermark); not
-// going back in time needs the marker at or above every LSN a read was
-// answered at, so it is durable before the first such read.
+// and keeps the rest unapplied until the primary reports it durable. It is
+// the LSN reads were served at (readable.go), saved at most every
+// markerInterval without an fsync (a lost or stale marker only makes the
+// replica wait for the primary a little longer after a crash).
+//
+// Only a clean stop saves it in its readable form, durably: then it is
+// the last LSN reads were served at, and a restart serves there at once
+// (and makes it plain again before serving more). After a crash the
+// marker can be behind what was served — a view is published without
+// waiting for a marker write, which would cost an fsync per apply round
+// (sync apply commits measured at well under half the rate) — so reads
+// wait for the primary's watermark, which is at or above anything served.
+
+// markerInterval is how often the plain marker is saved while applying.
+const markerInterval = time.Second
 
 // loadAppliedMarker returns the saved applied marker, or the zero marker
 // if there is none or it cannot be read (then replay stops at the newest
@@ -479,34 +491,30 @@ func (s *Server) loadAppliedMarker() datadir.AppliedMarker {
 	return m
 }
 
-// saveAppliedMarker records the LSN reads are served at as the readable
-// marker, durably when sync. Errors are logged, not returned: the marker
+// saveAppliedMarker records the LSN reads are served at as the plain
+// marker: durably when sync, else by write and rename only, and then at
+// most every markerInterval. Errors are logged, not returned: the marker
 // is an optimisation of restarts. A read-only replica keeps its marker.
 func (s *Server) saveAppliedMarker(sync bool) {
 	lsn := min(s.rd.lsn.Load(), s.appliedLSN())
-	if s.cfg.ReadOnly || lsn == 0 || (lsn == s.markerLSN && s.markerReadable) {
-		return // nothing served (yet, or since a re-seed backwards), or saved
+	if s.cfg.ReadOnly || lsn == 0 || (lsn == s.markerLSN && !s.markerReadable) || (!sync && time.Since(s.markerTime) < markerInterval) {
+		return // nothing served (yet, or since a re-seed backwards), saved, or saved lately
 	}
-	if err := s.writeAppliedMarker(datadir.AppliedMarker{LSN: lsn, Readable: true}, sync); err != nil {
+	if err := s.writeAppliedMarker(datadir.AppliedMarker{LSN: lsn}, sync); err != nil {
 		s.logger.Warn("cannot save the applied marker", "err", err)
 	}
 }
 
-// persistReadable is readable.persist: lsn is saved durably as the
-// readable marker before a view at it is published. It fails (and the
-// view waits) rather than let reads get ahead of the marker.
-func (s *Server) persistReadable(lsn uint64) bool {
-	if lsn == 0 || (lsn == s.markerLSN && s.markerReadable) {
-		return true // the empty state, or saved
+// saveStopMarker records, at a clean stop (nothing is served any more),
+// the LSN reads were served at as the readable marker, durably.
+func (s *Server) saveStopMarker() {
+	lsn := min(s.rd.lsn.Load(), s.appliedLSN())
+	if s.cfg.ReadOnly || lsn == 0 {
+		return
 	}
 	if err := s.writeAppliedMarker(datadir.AppliedMarker{LSN: lsn, Readable: true}, true); err != nil {
-		if now := time.Now(); now.Sub(s.markerWarned) >= time.Minute {
-			s.markerWarned = now
-			s.logger.Warn("cannot save the readable marker; reads stay at the last one saved", "lsn", lsn, "err", err)
-		}
-		return false
+		s.logger.Warn("cannot save the applied marker", "err", err)
 	}
-	return true
 }
 
 // writeAppliedMarker replaces the applied marker with m.
@@ -514,7 +522,7 @@ func (s *Server) writeAppliedMarker(m datadir.AppliedMarker, sync bool) error {
 	if err := datadir.SaveAppliedMarker(s.fs, s.cfg.DataDir, m, sync); err != nil {
 		return err
 	}
-	s.markerLSN, s.markerReadable = m.LSN, m.Readable
+	s.markerLSN, s.markerReadable, s.markerTime = m.LSN, m.Readable, time.Now()
 	return nil
 }
 
@@ -605,7 +613,7 @@ func (s *Server) Run(ctx context.Context) error {
 		if err := s.takeSnapshot(); err != nil {
 			s.logger.Warn("final snapshot failed", "err", err)
 		}
-		s.saveAppliedMarker(true)
+		s.saveStopMarker()
 	}
 	if err := s.wal.Close(); err != nil && !errors.Is(err, wal.ErrClosed) && fatal == nil {
 		fatal = fmt.Errorf("close wal: %w", err)

@@ -63,6 +63,9 @@ import (
 //
 //	start [primary=<p>] [fs=mem] [heartbeat=D] [flush-delay=D]
 //	stop, restart                   print what Run returned
+//	crash                           (fs=mem) the machine dies: nothing more
+//	                                reaches the disk, what was not synced
+//	                                is lost, and the replica is stopped
 //	set-applied-marker <lsn> [readable]
 //	                                (stopped) DataDir/applied says lsn
 //	                                (applied; readable: reads were served
@@ -141,6 +144,7 @@ type transcript struct {
 
 	failSave  atomic.Bool  // the next snapshot save fails
 	saveFails atomic.Int32 // snapshot saves failed so far
+	crashed   atomic.Bool  // every operation that changes the disk fails
 }
 
 // servedSnapshot is what a primary's Snapshot serves.
@@ -177,6 +181,7 @@ var commands = map[string]command{
 	"logstore-snapshot-calls": {0, nil, (*transcript).logstoreSnapshotCalls},
 	"start":                   {0, []string{"primary", "fs", "heartbeat", "flush-delay"}, (*transcript).start},
 	"stop":                    {0, nil, (*transcript).stop},
+	"crash":                   {0, nil, (*transcript).crash},
 	"restart":                 {0, nil, (*transcript).restart},
 	"set-applied-marker":      {1, []string{"readable"}, (*transcript).setAppliedMarker},
 	"set-vote":                {1, nil, (*transcript).setVote},
@@ -686,6 +691,9 @@ func (e *transcript) start(t *testing.T, td *datadriven.TestData) string {
 		if fs == "mem" {
 			e.mem, dir = vfs.NewMem(), "/data"
 			e.mem.InjectError(func(op vfs.Op, name string) error {
+				if e.crashed.Load() && op != vfs.OpRead && op != vfs.OpStat && op != vfs.OpReadDir && op != vfs.OpClose {
+					return vfs.ErrInjected
+				}
 				if op == vfs.OpRename && strings.HasSuffix(name, ".snap.tmp") && e.failSave.CompareAndSwap(true, false) {
 					e.saveFails.Add(1)
 					return vfs.ErrInjected
@@ -720,6 +728,21 @@ func (e *transcript) stop(t *testing.T, _ *datadriven.TestData) string {
 		return "stopped: " + err.Error()
 	}
 	return "stopped"
+}
+
+// crash stops the replica as a machine crash would: the disk first stops
+// taking anything (so that Run's clean stop saves nothing), then loses
+// what was not synced.
+func (e *transcript) crash(t *testing.T, _ *datadriven.TestData) string {
+	if e.mem == nil {
+		t.Fatal("crash needs start fs=mem")
+	}
+	e.crashed.Store(true)
+	e.mem.Crash()
+	_ = e.running(t).stop(t) // fails in ways of no interest: the disk is gone
+	e.r = nil
+	e.crashed.Store(false)
+	return "crashed"
 }
 
 // streamSend sends m on p's stream.
