@@ -123,12 +123,10 @@ func (r *readable) publishLocked() {
 		return
 	}
 	v := r.pending[n-1]
-	cur := r.view.Load()
-	if cur != nil && v.AppliedLSN() < cur.AppliedLSN() {
-		r.dropPublishable(n)
+	r.dropPublishable(n)
+	if cur := r.view.Load(); cur != nil && v.AppliedLSN() < cur.AppliedLSN() {
 		return // never back in time
 	}
-	r.dropPublishable(n)
 	r.view.Store(v)
 	r.lsn.Advance(v.AppliedLSN())
 }
