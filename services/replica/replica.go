@@ -364,12 +364,13 @@ func (s *Server) recover() error {
 	switch {
 	case s.cfg.ReadOnly:
 		s.rd.committed(res.Store.AppliedLSN())
-	case marker.Readable && res.Store.AppliedLSN() <= marker.LSN:
+	case marker.Readable && res.Store.AppliedLSN() == marker.LSN:
 		// A readable marker is the LSN reads were served at when the
 		// replica last stopped cleanly: at or below a watermark heard,
 		// and the last LSN served. Serving there at once is neither past
 		// the contract nor behind what was served. Not so for state past
-		// it — a re-seed's snapshot is at the primary's visible LSN — nor
+		// it — a re-seed's snapshot is at the primary's visible LSN — or
+		// short of it (what was served is not all here), nor
 		// after a crash, nor for a marker of the older form, which holds
 		// the applied LSN. The marker is made plain first, durably: a
 		// crash after reads moved past it must not find it readable.
