@@ -625,3 +625,62 @@ func logStoreFlushed(st *walshipv1.StatusResponse) uint64 {
 	}
 	return 0
 }
+
+// TestSyncApplyIsReadable: a commit at SYNC_LEVEL_APPLY is answered once
+// the replicas that acknowledged it serve it to plain reads (their
+// visible LSN), not merely once they applied it. The contract here is 2
+// replicas at flush: with one of them down the commit watermark stalls,
+// so the live replica applies new commits but serves none of them, and
+// an apply-level commit on it fails its sync timeout instead of being
+// answered unreadable there. Both up, an apply-level commit is readable
+// on both the moment it is answered.
+func TestSyncApplyIsReadable(t *testing.T) {
+	c := startCluster(t, Config{LogStores: 1, Replicas: 2, Primary: func(p *primary.Config) {
+		p.Policy.Replication = walshipv1.ReplicationMode_REPLICATION_MODE_SYNC
+		p.Policy.SyncReplicas = 2
+		p.Policy.SyncLevel = walshipv1.SyncLevel_SYNC_LEVEL_FLUSH
+	}})
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	kv := walshipv1.NewKVServiceClient(c.Conn(c.Primary))
+	apply := func(k uint32, timeout time.Duration) *walshipv1.CommitPolicy {
+		return &walshipv1.CommitPolicy{Replication: walshipv1.ReplicationMode_REPLICATION_MODE_SYNC, SyncReplicas: k,
+			SyncLevel: walshipv1.SyncLevel_SYNC_LEVEL_APPLY, SyncTimeout: durationpb.New(timeout)}
+	}
+	readable := func(i int, key string, lsn uint64) bool {
+		g, err := walshipv1.NewKVServiceClient(c.Conn(c.Replicas[i])).Get(ctx, &walshipv1.GetRequest{Key: key})
+		return err == nil && g.Found && g.VersionLsn == lsn
+	}
+	p, err := kv.Put(ctx, &walshipv1.PutRequest{Key: "both", Value: []byte("v"), Policy: apply(2, 10*time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range c.Replicas {
+		if !readable(i, "both", p.Lsn) {
+			t.Fatalf("replica-%d right after a sync-apply Put of both: not readable", i)
+		}
+	}
+
+	if err := c.StopReplica(1); err != nil {
+		t.Fatal(err)
+	}
+	_, err = kv.Put(ctx, &walshipv1.PutRequest{Key: "one", Value: []byte("v"), Policy: apply(1, 500*time.Millisecond)})
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("sync-apply K=1 while the commit watermark stalls: %v; want UNAVAILABLE", err)
+	}
+	if !strings.Contains(err.Error(), "at apply") {
+		t.Errorf("the error does not name the stage: %v", err)
+	}
+	// The contract's member comes back: the watermark, and with it the
+	// live replica's reads, move on.
+	if err := c.RestartReplica(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	p, err = kv.Put(ctx, &walshipv1.PutRequest{Key: "again", Value: []byte("v"), Policy: apply(1, 10*time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !readable(0, "again", p.Lsn) && !readable(1, "again", p.Lsn) {
+		t.Fatal("a sync-apply K=1 Put is readable on neither replica")
+	}
+}

@@ -267,7 +267,7 @@ func (s *Server) openEpoch(ctx context.Context) error {
 	defer stop()
 	c := rec.Contract
 	if k := int(c.SyncReplicas); k > 0 {
-		if err := s.peers.waitReplicas(wctx, res.lsn, k, c.SyncLevel); err != nil {
+		if err := s.peers.waitReplicas(wctx, res.lsn, waitClass{level: c.SyncLevel, k: k}); err != nil {
 			return fmt.Errorf("epoch record at LSN %d: %w", res.lsn, err)
 		}
 	}

@@ -99,9 +99,15 @@ func (p *peers) announceWait() {
 }
 
 // waitClass is what a sync commit waits for: k replicas at a stage.
+// visible (at SYNC_LEVEL_APPLY) counts what replicas serve to plain reads
+// rather than what they applied: a commit at apply waits for it, while
+// the commit watermark and the epoch record count applied (their
+// visibility on replicas follows the watermark, so waiting for it there
+// would wait for itself).
 type waitClass struct {
-	level walshipv1.SyncLevel
-	k     int
+	level   walshipv1.SyncLevel
+	k       int
+	visible bool
 }
 
 // anyReplicaWaiting reports whether a sync commit waits on replicas, at
@@ -168,8 +174,13 @@ type replicaPos struct {
 	id                        string
 	connected                 bool
 	written, flushed, applied uint64
-	sentBytes                 uint64
-	lastAck                   time.Time
+	// visible is the LSN the replica serves plain reads at;
+	// reportsVisible, whether it has ever said (older versions do not,
+	// and then count applied).
+	visible        uint64
+	reportsVisible bool
+	sentBytes      uint64
+	lastAck        time.Time
 	// session is bumped by every new stream, so the end of an old stream
 	// cannot mark a newer one disconnected.
 	session uint64
@@ -224,6 +235,7 @@ func (p *peers) connectReplica(id string, next uint64) (session uint64) {
 		r.session++
 		session = r.session
 		r.written, r.flushed, r.applied = next-1, min(r.flushed, next-1), min(r.applied, next-1)
+		r.visible = min(r.visible, next-1)
 		r.lastAck = time.Now()
 	})
 	return session
@@ -263,7 +275,7 @@ func (p *peers) replicaQuorumLocked(c waitClass) uint64 {
 	pos := buf[:0]
 	for _, r := range p.replicas {
 		if r.connected && p.counts(r.id) {
-			pos = append(pos, r.at(c.level))
+			pos = append(pos, r.pos(c))
 		}
 	}
 	return failover.AckLSN(pos, c.k) // I5: the ack quorum a promotion meets
@@ -337,6 +349,14 @@ func (p *peers) addSent(id string, n uint64) {
 	}
 }
 
+// pos is r's position for c.
+func (r *replicaPos) pos(c waitClass) uint64 {
+	if c.visible && c.level == walshipv1.SyncLevel_SYNC_LEVEL_APPLY && r.reportsVisible {
+		return r.visible
+	}
+	return r.at(c.level)
+}
+
 func (r *replicaPos) at(level walshipv1.SyncLevel) uint64 {
 	switch level {
 	case walshipv1.SyncLevel_SYNC_LEVEL_WRITE:
@@ -348,14 +368,13 @@ func (r *replicaPos) at(level walshipv1.SyncLevel) uint64 {
 	}
 }
 
-// waitReplicas blocks until k connected replicas report lsn at level, or ctx
-// ends; the error then says how many did.
-func (p *peers) waitReplicas(ctx context.Context, lsn uint64, k int, level walshipv1.SyncLevel) error {
-	waiting := &p.waiting[level]
+// waitReplicas blocks until k connected replicas report lsn at c's stage,
+// or ctx ends; the error then says how many did.
+func (p *peers) waitReplicas(ctx context.Context, lsn uint64, c waitClass) error {
+	waiting := &p.waiting[c.level]
 	waiting.Add(1)
 	defer waiting.Add(-1)
 	p.announceWait()
-	c := waitClass{level: level, k: k}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.replicaQuorumLocked(c) >= lsn {
@@ -373,7 +392,7 @@ func (p *peers) waitReplicas(ctx context.Context, lsn uint64, k int, level walsh
 	for _, r := range p.replicas {
 		if r.connected && p.counts(r.id) {
 			connected++
-			if r.at(level) >= lsn {
+			if r.pos(c) >= lsn {
 				have++
 			}
 		}

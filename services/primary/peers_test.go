@@ -41,7 +41,7 @@ func TestAckReleasesOnlyTheCommitsItCovers(t *testing.T) {
 	for _, w := range waits {
 		ch := make(chan error, 1)
 		done[w.name] = ch
-		go func() { ch <- p.waitReplicas(ctx, w.lsn, w.k, w.level) }()
+		go func() { ch <- p.waitReplicas(ctx, w.lsn, waitClass{level: w.level, k: w.k}) }()
 	}
 	queued := func() int {
 		p.mu.Lock()
@@ -134,7 +134,7 @@ func BenchmarkAckRelease(b *testing.B) {
 		var wg sync.WaitGroup
 		for i := range uint64(waiters) {
 			wg.Go(func() {
-				if err := p.waitReplicas(ctx, base+i+1, 1, walshipv1.SyncLevel_SYNC_LEVEL_FLUSH); err != nil {
+				if err := p.waitReplicas(ctx, base+i+1, waitClass{level: walshipv1.SyncLevel_SYNC_LEVEL_FLUSH, k: 1}); err != nil {
 					b.Error(err)
 				}
 			})
@@ -162,7 +162,7 @@ func waitingAt(p *peers, level walshipv1.SyncLevel) int64 { return p.waiting[lev
 func TestWaitsBeginWakesHolds(t *testing.T) {
 	for name, wait := range map[string]func(context.Context, *peers) error{
 		"replicas": func(ctx context.Context, p *peers) error {
-			return p.waitReplicas(ctx, 5, 1, walshipv1.SyncLevel_SYNC_LEVEL_FLUSH)
+			return p.waitReplicas(ctx, 5, waitClass{level: walshipv1.SyncLevel_SYNC_LEVEL_FLUSH, k: 1})
 		},
 		"log stores": func(ctx context.Context, p *peers) error { return p.waitLogStores(ctx, 5) },
 		"switchover": func(ctx context.Context, p *peers) error { return p.waitReplica(ctx, "r", 5) },

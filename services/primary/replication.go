@@ -206,8 +206,8 @@ func (r *replServer) receiveAcks(ctx context.Context, id string, stream walshipv
 		switch x := m.GetMsg().(type) {
 		case *walshipv1.StreamRequest_Ack:
 			a := x.Ack
-			if a.WrittenLsn < a.FlushedLsn || a.FlushedLsn < a.AppliedLsn {
-				return status.Errorf(codes.InvalidArgument, "ack: written %d >= flushed %d >= applied %d does not hold", a.WrittenLsn, a.FlushedLsn, a.AppliedLsn)
+			if a.WrittenLsn < a.FlushedLsn || a.FlushedLsn < a.AppliedLsn || a.AppliedLsn < a.GetVisibleLsn() {
+				return status.Errorf(codes.InvalidArgument, "ack: written %d >= flushed %d >= applied %d >= visible %d does not hold", a.WrittenLsn, a.FlushedLsn, a.AppliedLsn, a.GetVisibleLsn())
 			}
 			if last := r.s.wal.LastLSN(); a.WrittenLsn > last {
 				return status.Errorf(codes.InvalidArgument, "ack.written_lsn: %d is beyond the primary's last LSN %d", a.WrittenLsn, last)
@@ -215,6 +215,9 @@ func (r *replServer) receiveAcks(ctx context.Context, id string, stream walshipv
 			r.s.peers.updateReplica(id, func(p *replicaPos) {
 				// Cumulative: a reordered or repeated ack never moves a position back.
 				p.written, p.flushed, p.applied = max(p.written, a.WrittenLsn), max(p.flushed, a.FlushedLsn), max(p.applied, a.AppliedLsn)
+				if a.VisibleLsn != nil {
+					p.visible, p.reportsVisible = max(p.visible, a.GetVisibleLsn()), true
+				}
 				p.lastAck = time.Now()
 			})
 		case *walshipv1.StreamRequest_Heartbeat:

@@ -53,7 +53,9 @@ func (p *pipeline) awaitPeers(t *txn) error {
 	ctx, cancel := context.WithTimeout(p.alive, t.policy.SyncTimeout)
 	defer cancel()
 	if t.policy.Replication == walshipv1.ReplicationMode_REPLICATION_MODE_SYNC {
-		if err := p.peers.waitReplicas(ctx, t.commitLSN, t.policy.SyncReplicas, t.policy.SyncLevel); err != nil {
+		// At apply: served to plain reads there (waitClass.visible).
+		c := waitClass{level: t.policy.SyncLevel, k: t.policy.SyncReplicas, visible: true}
+		if err := p.peers.waitReplicas(ctx, t.commitLSN, c); err != nil {
 			return fmt.Errorf("%w: commit LSN %d is durable on the primary but was not confirmed by %d replica(s) at %s within %v: %v",
 				rpcerr.ErrUnavailable, t.commitLSN, t.policy.SyncReplicas, levelName(t.policy.SyncLevel), t.policy.SyncTimeout, err)
 		}

@@ -19,6 +19,7 @@ import (
 	"github.com/walship/walship/pkg/codec"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 )
 
 // maxRound bounds the batches one processing round takes, so a burst still
@@ -716,6 +717,7 @@ func (s *Server) sendLoop(ctx context.Context, stream walshipv1.ReplicationServi
 // positions reads the cumulative positions, latest stage first, so that
 // applied <= flushed <= written holds in every ack.
 func (s *Server) positions() *walshipv1.ReplicaAck {
+	visible := s.rd.lsn.Load()
 	applied := s.appliedLSN()
 	flushed := s.wal.DurableLSN()
 	written := s.wal.LastLSN()
@@ -725,7 +727,7 @@ func (s *Server) positions() *walshipv1.ReplicaAck {
 		// replica is on its way down; this is its last word).
 		written = max(flushed, applied)
 	}
-	return &walshipv1.ReplicaAck{WrittenLsn: written, FlushedLsn: max(flushed, applied), AppliedLsn: applied}
+	return &walshipv1.ReplicaAck{WrittenLsn: written, FlushedLsn: max(flushed, applied), AppliedLsn: applied, VisibleLsn: proto.Uint64(min(visible, applied))}
 }
 
 // checked is a batch that passed every check, decoded, waiting to be applied.

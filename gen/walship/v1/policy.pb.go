@@ -147,10 +147,10 @@ const (
 	SyncLevel_SYNC_LEVEL_WRITE SyncLevel = 1
 	// SYNC_LEVEL_FLUSH: the replica has fsynced the batch.
 	SyncLevel_SYNC_LEVEL_FLUSH SyncLevel = 2
-	// SYNC_LEVEL_APPLY: the replica has applied the batch. Its plain reads
-	// see the commit once it hears the commit watermark reach it (sent at
-	// once, usually before the commit is answered); a read with min_lsn at
-	// the commit's LSN sees it for certain.
+	// SYNC_LEVEL_APPLY: the replica has applied the batch and serves it to
+	// plain reads and watches (its visible LSN, which follows the commit
+	// watermark, has reached it): a plain read there sees the commit once
+	// it is answered. The contract's commit watermark counts applied.
 	SyncLevel_SYNC_LEVEL_APPLY SyncLevel = 3
 )
 

@@ -234,7 +234,12 @@ type ReplicaAck struct {
 	// applied_lsn: applied to the replica's state (readable there).
 	AppliedLsn uint64 `protobuf:"varint,3,opt,name=applied_lsn,json=appliedLsn,proto3" json:"applied_lsn,omitempty"`
 	// time_unix_nano is the replica's clock when it sent the ack.
-	TimeUnixNano  int64 `protobuf:"varint,4,opt,name=time_unix_nano,json=timeUnixNano,proto3" json:"time_unix_nano,omitempty"`
+	TimeUnixNano int64 `protobuf:"varint,4,opt,name=time_unix_nano,json=timeUnixNano,proto3" json:"time_unix_nano,omitempty"`
+	// visible_lsn: served to the replica's plain reads and watches (at most
+	// the commit watermark it has heard; at most applied_lsn), which a
+	// commit at SYNC_LEVEL_APPLY waits for. Unset from older versions: the
+	// primary then counts applied_lsn.
+	VisibleLsn    *uint64 `protobuf:"varint,5,opt,name=visible_lsn,json=visibleLsn,proto3,oneof" json:"visible_lsn,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -293,6 +298,13 @@ func (x *ReplicaAck) GetAppliedLsn() uint64 {
 func (x *ReplicaAck) GetTimeUnixNano() int64 {
 	if x != nil {
 		return x.TimeUnixNano
+	}
+	return 0
+}
+
+func (x *ReplicaAck) GetVisibleLsn() uint64 {
+	if x != nil && x.VisibleLsn != nil {
+		return *x.VisibleLsn
 	}
 	return 0
 }
@@ -888,7 +900,7 @@ const file_walship_v1_replication_proto_rawDesc = "" +
 	"\ffenced_epoch\x18\x04 \x01(\x04R\vfencedEpoch\x120\n" +
 	"\ahistory\x18\x05 \x03(\v2\x16.walship.v1.EpochStartR\ahistory\x12\x1d\n" +
 	"\n" +
-	"cluster_id\x18\x06 \x01(\tR\tclusterId\"\x95\x01\n" +
+	"cluster_id\x18\x06 \x01(\tR\tclusterId\"\xcb\x01\n" +
 	"\n" +
 	"ReplicaAck\x12\x1f\n" +
 	"\vwritten_lsn\x18\x01 \x01(\x04R\n" +
@@ -897,7 +909,10 @@ const file_walship_v1_replication_proto_rawDesc = "" +
 	"flushedLsn\x12\x1f\n" +
 	"\vapplied_lsn\x18\x03 \x01(\x04R\n" +
 	"appliedLsn\x12$\n" +
-	"\x0etime_unix_nano\x18\x04 \x01(\x03R\ftimeUnixNano\"\xa2\x02\n" +
+	"\x0etime_unix_nano\x18\x04 \x01(\x03R\ftimeUnixNano\x12$\n" +
+	"\vvisible_lsn\x18\x05 \x01(\x04H\x00R\n" +
+	"visibleLsn\x88\x01\x01B\x0e\n" +
+	"\f_visible_lsn\"\xa2\x02\n" +
 	"\x0eStreamResponse\x12,\n" +
 	"\x05batch\x18\x01 \x01(\v2\x14.walship.v1.WalBatchH\x00R\x05batch\x125\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x15.walship.v1.HeartbeatH\x00R\theartbeat\x122\n" +
@@ -1008,6 +1023,7 @@ func file_walship_v1_replication_proto_init() {
 		(*StreamRequest_Ack)(nil),
 		(*StreamRequest_Heartbeat)(nil),
 	}
+	file_walship_v1_replication_proto_msgTypes[2].OneofWrappers = []any{}
 	file_walship_v1_replication_proto_msgTypes[3].OneofWrappers = []any{
 		(*StreamResponse_Batch)(nil),
 		(*StreamResponse_Heartbeat)(nil),
