@@ -1,6 +1,10 @@
 package failover
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/walship/walship/internal/datadir"
+)
 
 // The election register: what each log store keeps so that automatic
 // failover needs no coordinator beside the log stores. It says which node
@@ -19,17 +23,9 @@ import "fmt"
 //     any request, so one that reached a majority spreads to the others,
 //     and any majority a campaign needs holds at least one paused store.
 
-// Register is a log store's persisted election register.
-type Register struct {
-	// Holder is the node id of the holder ("" never held).
-	Holder string
-	// Term is the holder's term; every grant raises it.
-	Term uint64
-	// PauseVersion numbers the operator's pauses and resumes; Paused is
-	// the state as of that version.
-	PauseVersion uint64
-	Paused       bool
-}
+// Register is a log store's persisted election register (the file is
+// datadir's).
+type Register = datadir.Election
 
 // RegisterOp is what a request does to a Register.
 type RegisterOp int
