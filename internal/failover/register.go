@@ -19,6 +19,7 @@ import (
 //     holder is not alive — or is the candidate — and automatic failover
 //     is not paused: so while a majority still hear the primary renew, no
 //     replica can gather a majority, whatever it sees of the primary;
+//   - while paused, no node but the holder may campaign;
 //   - a pause or resume is numbered; a log store adopts a newer one from
 //     any request, so one that reached a majority spreads to the others,
 //     and any majority a campaign needs holds at least one paused store.
@@ -110,7 +111,9 @@ func DecideRegister(r Register, alive bool, req RegisterRequest) RegisterDecisio
 		case holds:
 			// The same campaign asking again (a retry).
 			return grant(r.Holder, r.Term)
-		case d.Next.Paused:
+		case d.Next.Paused && r.Holder != req.Candidate:
+			// Paused, failover is; the holder (the primary, restarted)
+			// keeps it.
 			return refuse("automatic failover is paused (walship ctl failover resume)")
 		case r.Term == 0 && r.Holder == "" && !req.Create:
 			return refuse("the election was never held: only a new cluster's primary takes it first")

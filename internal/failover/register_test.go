@@ -32,6 +32,8 @@ func TestDecideRegister(t *testing.T) {
 		{"the same campaign again is granted again", held, true, RegisterRequest{Op: RegCampaign, Candidate: "a", Term: 3}, true, held, false, true, false},
 		{"no campaign while paused", Register{Holder: "a", Term: 3, PauseVersion: 2, Paused: true}, false, RegisterRequest{Op: RegCampaign, Candidate: "b", Term: 4},
 			false, paused, false, false, false},
+		{"the holder campaigns again while paused", paused, true, RegisterRequest{Op: RegCampaign, Candidate: "a", Term: 4},
+			true, Register{Holder: "a", Term: 4, PauseVersion: 2, Paused: true}, true, true, false},
 		{"a campaign that brings a resume", paused, false, RegisterRequest{Op: RegCampaign, Candidate: "b", Term: 4, PauseVersion: 3},
 			true, Register{Holder: "b", Term: 4, PauseVersion: 3}, true, true, false},
 		{"a campaign that brings a pause", held, false, RegisterRequest{Op: RegCampaign, Candidate: "b", Term: 4, PauseVersion: 1, Paused: true},

@@ -115,6 +115,9 @@ type Server struct {
 	arch          *archiver
 	archivedHeard atomic.Uint64
 
+	// elect is the election register automatic failover runs on (elect.go).
+	elect electReg
+
 	// snapshotWait bounds PutSnapshot's wait for its LSN to be durable
 	// here (snapshotDurableWait; tests shorten it).
 	snapshotWait time.Duration
@@ -157,6 +160,10 @@ func New(cfg Config) (*Server, error) {
 		reg = serve.NewRegistry()
 	}
 	if err := s.recover(); err != nil {
+		return nil, err
+	}
+	if err := s.loadElection(); err != nil {
+		_ = s.wal.Close()
 		return nil, err
 	}
 	m, err := newMetrics(reg, s)

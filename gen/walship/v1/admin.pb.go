@@ -247,7 +247,10 @@ type StatusResponse struct {
 	Refilling bool `protobuf:"varint,26,opt,name=refilling,proto3" json:"refilling,omitempty"`
 	// archive: on a log store, its archive; on a primary, what its log
 	// stores report of theirs (unset when none archives).
-	Archive       *ArchiveStatus `protobuf:"bytes,27,opt,name=archive,proto3" json:"archive,omitempty"`
+	Archive *ArchiveStatus `protobuf:"bytes,27,opt,name=archive,proto3" json:"archive,omitempty"`
+	// election is this data node's view of automatic failover's election
+	// (--auto-failover; unset without it).
+	Election      *ElectionStatus `protobuf:"bytes,28,opt,name=election,proto3" json:"election,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -471,6 +474,13 @@ func (x *StatusResponse) GetArchive() *ArchiveStatus {
 	return nil
 }
 
+func (x *StatusResponse) GetElection() *ElectionStatus {
+	if x != nil {
+		return x.Election
+	}
+	return nil
+}
+
 // OrphanStatus is one orphan file.
 type OrphanStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -562,6 +572,137 @@ func (x *OrphanStatus) GetCutTimeUnixNano() int64 {
 	return 0
 }
 
+// ElectionStatus is a data node's view of the election automatic failover
+// runs on the log stores.
+type ElectionStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// holder_id is the node the log stores name as the election's holder.
+	HolderId string `protobuf:"bytes,1,opt,name=holder_id,json=holderId,proto3" json:"holder_id,omitempty"`
+	// term is the holder's term.
+	Term uint64 `protobuf:"varint,2,opt,name=term,proto3" json:"term,omitempty"`
+	// primary_alive: a majority of the log stores reached judge the holder
+	// alive (it renewed within its lease, on their clocks).
+	PrimaryAlive bool `protobuf:"varint,3,opt,name=primary_alive,json=primaryAlive,proto3" json:"primary_alive,omitempty"`
+	// alive_at and reached: how many log stores judge it alive, of how many
+	// answered (the last time this node looked).
+	AliveAt uint32 `protobuf:"varint,4,opt,name=alive_at,json=aliveAt,proto3" json:"alive_at,omitempty"`
+	// reached is how many log stores answered.
+	Reached uint32 `protobuf:"varint,5,opt,name=reached,proto3" json:"reached,omitempty"`
+	// paused: automatic failover is paused (walship ctl failover pause).
+	Paused bool `protobuf:"varint,6,opt,name=paused,proto3" json:"paused,omitempty"`
+	// holding: this node holds the election.
+	Holding bool `protobuf:"varint,7,opt,name=holding,proto3" json:"holding,omitempty"`
+	// contend says why this node does not contend now, or "contending".
+	Contend string `protobuf:"bytes,8,opt,name=contend,proto3" json:"contend,omitempty"`
+	// last_outcome is the last thing the election did on this node
+	// (won, lost, released, promoted, refused...), with when.
+	LastOutcome string `protobuf:"bytes,9,opt,name=last_outcome,json=lastOutcome,proto3" json:"last_outcome,omitempty"`
+	// last_outcome_unix_nano is when.
+	LastOutcomeUnixNano int64 `protobuf:"varint,10,opt,name=last_outcome_unix_nano,json=lastOutcomeUnixNano,proto3" json:"last_outcome_unix_nano,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *ElectionStatus) Reset() {
+	*x = ElectionStatus{}
+	mi := &file_walship_v1_admin_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ElectionStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ElectionStatus) ProtoMessage() {}
+
+func (x *ElectionStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_walship_v1_admin_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ElectionStatus.ProtoReflect.Descriptor instead.
+func (*ElectionStatus) Descriptor() ([]byte, []int) {
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ElectionStatus) GetHolderId() string {
+	if x != nil {
+		return x.HolderId
+	}
+	return ""
+}
+
+func (x *ElectionStatus) GetTerm() uint64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
+func (x *ElectionStatus) GetPrimaryAlive() bool {
+	if x != nil {
+		return x.PrimaryAlive
+	}
+	return false
+}
+
+func (x *ElectionStatus) GetAliveAt() uint32 {
+	if x != nil {
+		return x.AliveAt
+	}
+	return 0
+}
+
+func (x *ElectionStatus) GetReached() uint32 {
+	if x != nil {
+		return x.Reached
+	}
+	return 0
+}
+
+func (x *ElectionStatus) GetPaused() bool {
+	if x != nil {
+		return x.Paused
+	}
+	return false
+}
+
+func (x *ElectionStatus) GetHolding() bool {
+	if x != nil {
+		return x.Holding
+	}
+	return false
+}
+
+func (x *ElectionStatus) GetContend() string {
+	if x != nil {
+		return x.Contend
+	}
+	return ""
+}
+
+func (x *ElectionStatus) GetLastOutcome() string {
+	if x != nil {
+		return x.LastOutcome
+	}
+	return ""
+}
+
+func (x *ElectionStatus) GetLastOutcomeUnixNano() int64 {
+	if x != nil {
+		return x.LastOutcomeUnixNano
+	}
+	return 0
+}
+
 // FailoverTimeline is what a promotion did, step by step.
 type FailoverTimeline struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -603,7 +744,7 @@ type FailoverTimeline struct {
 
 func (x *FailoverTimeline) Reset() {
 	*x = FailoverTimeline{}
-	mi := &file_walship_v1_admin_proto_msgTypes[3]
+	mi := &file_walship_v1_admin_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -615,7 +756,7 @@ func (x *FailoverTimeline) String() string {
 func (*FailoverTimeline) ProtoMessage() {}
 
 func (x *FailoverTimeline) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[3]
+	mi := &file_walship_v1_admin_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -628,7 +769,7 @@ func (x *FailoverTimeline) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailoverTimeline.ProtoReflect.Descriptor instead.
 func (*FailoverTimeline) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{3}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *FailoverTimeline) GetEpoch() uint64 {
@@ -767,7 +908,7 @@ type PeerStatus struct {
 
 func (x *PeerStatus) Reset() {
 	*x = PeerStatus{}
-	mi := &file_walship_v1_admin_proto_msgTypes[4]
+	mi := &file_walship_v1_admin_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -779,7 +920,7 @@ func (x *PeerStatus) String() string {
 func (*PeerStatus) ProtoMessage() {}
 
 func (x *PeerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[4]
+	mi := &file_walship_v1_admin_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -792,7 +933,7 @@ func (x *PeerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerStatus.ProtoReflect.Descriptor instead.
 func (*PeerStatus) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{4}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PeerStatus) GetId() string {
@@ -892,7 +1033,7 @@ type PromoteRequest struct {
 
 func (x *PromoteRequest) Reset() {
 	*x = PromoteRequest{}
-	mi := &file_walship_v1_admin_proto_msgTypes[5]
+	mi := &file_walship_v1_admin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -904,7 +1045,7 @@ func (x *PromoteRequest) String() string {
 func (*PromoteRequest) ProtoMessage() {}
 
 func (x *PromoteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[5]
+	mi := &file_walship_v1_admin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -917,7 +1058,7 @@ func (x *PromoteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteRequest.ProtoReflect.Descriptor instead.
 func (*PromoteRequest) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{5}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *PromoteRequest) GetEpoch() uint64 {
@@ -982,7 +1123,7 @@ type PromoteResponse struct {
 
 func (x *PromoteResponse) Reset() {
 	*x = PromoteResponse{}
-	mi := &file_walship_v1_admin_proto_msgTypes[6]
+	mi := &file_walship_v1_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -994,7 +1135,7 @@ func (x *PromoteResponse) String() string {
 func (*PromoteResponse) ProtoMessage() {}
 
 func (x *PromoteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[6]
+	mi := &file_walship_v1_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1007,7 +1148,7 @@ func (x *PromoteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteResponse.ProtoReflect.Descriptor instead.
 func (*PromoteResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *PromoteResponse) GetEpoch() uint64 {
@@ -1088,7 +1229,7 @@ type ServingPrimary struct {
 
 func (x *ServingPrimary) Reset() {
 	*x = ServingPrimary{}
-	mi := &file_walship_v1_admin_proto_msgTypes[7]
+	mi := &file_walship_v1_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1100,7 +1241,7 @@ func (x *ServingPrimary) String() string {
 func (*ServingPrimary) ProtoMessage() {}
 
 func (x *ServingPrimary) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[7]
+	mi := &file_walship_v1_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1113,7 +1254,7 @@ func (x *ServingPrimary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServingPrimary.ProtoReflect.Descriptor instead.
 func (*ServingPrimary) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ServingPrimary) GetId() string {
@@ -1150,7 +1291,7 @@ type SwitchoverRequest struct {
 
 func (x *SwitchoverRequest) Reset() {
 	*x = SwitchoverRequest{}
-	mi := &file_walship_v1_admin_proto_msgTypes[8]
+	mi := &file_walship_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1162,7 +1303,7 @@ func (x *SwitchoverRequest) String() string {
 func (*SwitchoverRequest) ProtoMessage() {}
 
 func (x *SwitchoverRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[8]
+	mi := &file_walship_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1175,7 +1316,7 @@ func (x *SwitchoverRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SwitchoverRequest.ProtoReflect.Descriptor instead.
 func (*SwitchoverRequest) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SwitchoverRequest) GetTarget() string {
@@ -1207,7 +1348,7 @@ type SwitchoverResponse struct {
 
 func (x *SwitchoverResponse) Reset() {
 	*x = SwitchoverResponse{}
-	mi := &file_walship_v1_admin_proto_msgTypes[9]
+	mi := &file_walship_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1219,7 +1360,7 @@ func (x *SwitchoverResponse) String() string {
 func (*SwitchoverResponse) ProtoMessage() {}
 
 func (x *SwitchoverResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[9]
+	mi := &file_walship_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1232,7 +1373,7 @@ func (x *SwitchoverResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SwitchoverResponse.ProtoReflect.Descriptor instead.
 func (*SwitchoverResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SwitchoverResponse) GetEpoch() uint64 {
@@ -1267,7 +1408,7 @@ type SetPolicyRequest struct {
 
 func (x *SetPolicyRequest) Reset() {
 	*x = SetPolicyRequest{}
-	mi := &file_walship_v1_admin_proto_msgTypes[10]
+	mi := &file_walship_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1279,7 +1420,7 @@ func (x *SetPolicyRequest) String() string {
 func (*SetPolicyRequest) ProtoMessage() {}
 
 func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[10]
+	mi := &file_walship_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1292,7 +1433,7 @@ func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyRequest.ProtoReflect.Descriptor instead.
 func (*SetPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SetPolicyRequest) GetPolicy() *CommitPolicy {
@@ -1313,7 +1454,7 @@ type SetPolicyResponse struct {
 
 func (x *SetPolicyResponse) Reset() {
 	*x = SetPolicyResponse{}
-	mi := &file_walship_v1_admin_proto_msgTypes[11]
+	mi := &file_walship_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1325,7 +1466,7 @@ func (x *SetPolicyResponse) String() string {
 func (*SetPolicyResponse) ProtoMessage() {}
 
 func (x *SetPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[11]
+	mi := &file_walship_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1338,7 +1479,7 @@ func (x *SetPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyResponse.ProtoReflect.Descriptor instead.
 func (*SetPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SetPolicyResponse) GetPolicy() *CommitPolicy {
@@ -1354,7 +1495,7 @@ const file_walship_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"\x16walship/v1/admin.proto\x12\n" +
 	"walship.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x16walship/v1/epoch.proto\x1a\x14walship/v1/wal.proto\x1a\x17walship/v1/policy.proto\"\x0f\n" +
-	"\rStatusRequest\"\x98\b\n" +
+	"\rStatusRequest\"\xd0\b\n" +
 	"\x0eStatusResponse\x12$\n" +
 	"\x04role\x18\x01 \x01(\x0e2\x10.walship.v1.RoleR\x04role\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x14\n" +
@@ -1388,14 +1529,27 @@ const file_walship_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"cluster_id\x18\x19 \x01(\tR\tclusterId\x12\x1c\n" +
 	"\trefilling\x18\x1a \x01(\bR\trefilling\x123\n" +
-	"\aarchive\x18\x1b \x01(\v2\x19.walship.v1.ArchiveStatusR\aarchive\"\xb3\x01\n" +
+	"\aarchive\x18\x1b \x01(\v2\x19.walship.v1.ArchiveStatusR\aarchive\x126\n" +
+	"\belection\x18\x1c \x01(\v2\x1a.walship.v1.ElectionStatusR\belection\"\xb3\x01\n" +
 	"\fOrphanStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1b\n" +
 	"\tfirst_lsn\x18\x03 \x01(\x04R\bfirstLsn\x12\x19\n" +
 	"\blast_lsn\x18\x04 \x01(\x04R\alastLsn\x12\x14\n" +
 	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\x12+\n" +
-	"\x12cut_time_unix_nano\x18\x06 \x01(\x03R\x0fcutTimeUnixNano\"\xaa\x04\n" +
+	"\x12cut_time_unix_nano\x18\x06 \x01(\x03R\x0fcutTimeUnixNano\"\xbf\x02\n" +
+	"\x0eElectionStatus\x12\x1b\n" +
+	"\tholder_id\x18\x01 \x01(\tR\bholderId\x12\x12\n" +
+	"\x04term\x18\x02 \x01(\x04R\x04term\x12#\n" +
+	"\rprimary_alive\x18\x03 \x01(\bR\fprimaryAlive\x12\x19\n" +
+	"\balive_at\x18\x04 \x01(\rR\aaliveAt\x12\x18\n" +
+	"\areached\x18\x05 \x01(\rR\areached\x12\x16\n" +
+	"\x06paused\x18\x06 \x01(\bR\x06paused\x12\x18\n" +
+	"\aholding\x18\a \x01(\bR\aholding\x12\x18\n" +
+	"\acontend\x18\b \x01(\tR\acontend\x12!\n" +
+	"\flast_outcome\x18\t \x01(\tR\vlastOutcome\x123\n" +
+	"\x16last_outcome_unix_nano\x18\n" +
+	" \x01(\x03R\x13lastOutcomeUnixNano\"\xaa\x04\n" +
 	"\x10FailoverTimeline\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12%\n" +
 	"\x0eprevious_epoch\x18\x02 \x01(\x04R\rpreviousEpoch\x12)\n" +
@@ -1496,60 +1650,62 @@ func file_walship_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_walship_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_walship_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_walship_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_walship_v1_admin_proto_goTypes = []any{
 	(Role)(0),                   // 0: walship.v1.Role
 	(CatchUpRung)(0),            // 1: walship.v1.CatchUpRung
 	(*StatusRequest)(nil),       // 2: walship.v1.StatusRequest
 	(*StatusResponse)(nil),      // 3: walship.v1.StatusResponse
 	(*OrphanStatus)(nil),        // 4: walship.v1.OrphanStatus
-	(*FailoverTimeline)(nil),    // 5: walship.v1.FailoverTimeline
-	(*PeerStatus)(nil),          // 6: walship.v1.PeerStatus
-	(*PromoteRequest)(nil),      // 7: walship.v1.PromoteRequest
-	(*PromoteResponse)(nil),     // 8: walship.v1.PromoteResponse
-	(*ServingPrimary)(nil),      // 9: walship.v1.ServingPrimary
-	(*SwitchoverRequest)(nil),   // 10: walship.v1.SwitchoverRequest
-	(*SwitchoverResponse)(nil),  // 11: walship.v1.SwitchoverResponse
-	(*SetPolicyRequest)(nil),    // 12: walship.v1.SetPolicyRequest
-	(*SetPolicyResponse)(nil),   // 13: walship.v1.SetPolicyResponse
-	(*CommitPolicy)(nil),        // 14: walship.v1.CommitPolicy
-	(*Contract)(nil),            // 15: walship.v1.Contract
-	(*durationpb.Duration)(nil), // 16: google.protobuf.Duration
-	(*EpochStart)(nil),          // 17: walship.v1.EpochStart
-	(*ArchiveStatus)(nil),       // 18: walship.v1.ArchiveStatus
+	(*ElectionStatus)(nil),      // 5: walship.v1.ElectionStatus
+	(*FailoverTimeline)(nil),    // 6: walship.v1.FailoverTimeline
+	(*PeerStatus)(nil),          // 7: walship.v1.PeerStatus
+	(*PromoteRequest)(nil),      // 8: walship.v1.PromoteRequest
+	(*PromoteResponse)(nil),     // 9: walship.v1.PromoteResponse
+	(*ServingPrimary)(nil),      // 10: walship.v1.ServingPrimary
+	(*SwitchoverRequest)(nil),   // 11: walship.v1.SwitchoverRequest
+	(*SwitchoverResponse)(nil),  // 12: walship.v1.SwitchoverResponse
+	(*SetPolicyRequest)(nil),    // 13: walship.v1.SetPolicyRequest
+	(*SetPolicyResponse)(nil),   // 14: walship.v1.SetPolicyResponse
+	(*CommitPolicy)(nil),        // 15: walship.v1.CommitPolicy
+	(*Contract)(nil),            // 16: walship.v1.Contract
+	(*durationpb.Duration)(nil), // 17: google.protobuf.Duration
+	(*EpochStart)(nil),          // 18: walship.v1.EpochStart
+	(*ArchiveStatus)(nil),       // 19: walship.v1.ArchiveStatus
 }
 var file_walship_v1_admin_proto_depIdxs = []int32{
 	0,  // 0: walship.v1.StatusResponse.role:type_name -> walship.v1.Role
-	14, // 1: walship.v1.StatusResponse.default_policy:type_name -> walship.v1.CommitPolicy
-	6,  // 2: walship.v1.StatusResponse.peers:type_name -> walship.v1.PeerStatus
+	15, // 1: walship.v1.StatusResponse.default_policy:type_name -> walship.v1.CommitPolicy
+	7,  // 2: walship.v1.StatusResponse.peers:type_name -> walship.v1.PeerStatus
 	1,  // 3: walship.v1.StatusResponse.rung:type_name -> walship.v1.CatchUpRung
-	15, // 4: walship.v1.StatusResponse.contract:type_name -> walship.v1.Contract
+	16, // 4: walship.v1.StatusResponse.contract:type_name -> walship.v1.Contract
 	4,  // 5: walship.v1.StatusResponse.orphans:type_name -> walship.v1.OrphanStatus
-	5,  // 6: walship.v1.StatusResponse.last_failover:type_name -> walship.v1.FailoverTimeline
-	16, // 7: walship.v1.StatusResponse.lease_remaining:type_name -> google.protobuf.Duration
-	17, // 8: walship.v1.StatusResponse.history:type_name -> walship.v1.EpochStart
-	18, // 9: walship.v1.StatusResponse.archive:type_name -> walship.v1.ArchiveStatus
-	16, // 10: walship.v1.FailoverTimeline.lease_wait:type_name -> google.protobuf.Duration
-	0,  // 11: walship.v1.PeerStatus.role:type_name -> walship.v1.Role
-	5,  // 12: walship.v1.PromoteResponse.timeline:type_name -> walship.v1.FailoverTimeline
-	9,  // 13: walship.v1.PromoteResponse.serving_primary:type_name -> walship.v1.ServingPrimary
-	16, // 14: walship.v1.SwitchoverRequest.timeout:type_name -> google.protobuf.Duration
-	16, // 15: walship.v1.SwitchoverResponse.paused:type_name -> google.protobuf.Duration
-	14, // 16: walship.v1.SetPolicyRequest.policy:type_name -> walship.v1.CommitPolicy
-	14, // 17: walship.v1.SetPolicyResponse.policy:type_name -> walship.v1.CommitPolicy
-	2,  // 18: walship.v1.AdminService.Status:input_type -> walship.v1.StatusRequest
-	7,  // 19: walship.v1.AdminService.Promote:input_type -> walship.v1.PromoteRequest
-	10, // 20: walship.v1.AdminService.Switchover:input_type -> walship.v1.SwitchoverRequest
-	12, // 21: walship.v1.AdminService.SetPolicy:input_type -> walship.v1.SetPolicyRequest
-	3,  // 22: walship.v1.AdminService.Status:output_type -> walship.v1.StatusResponse
-	8,  // 23: walship.v1.AdminService.Promote:output_type -> walship.v1.PromoteResponse
-	11, // 24: walship.v1.AdminService.Switchover:output_type -> walship.v1.SwitchoverResponse
-	13, // 25: walship.v1.AdminService.SetPolicy:output_type -> walship.v1.SetPolicyResponse
-	22, // [22:26] is the sub-list for method output_type
-	18, // [18:22] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	6,  // 6: walship.v1.StatusResponse.last_failover:type_name -> walship.v1.FailoverTimeline
+	17, // 7: walship.v1.StatusResponse.lease_remaining:type_name -> google.protobuf.Duration
+	18, // 8: walship.v1.StatusResponse.history:type_name -> walship.v1.EpochStart
+	19, // 9: walship.v1.StatusResponse.archive:type_name -> walship.v1.ArchiveStatus
+	5,  // 10: walship.v1.StatusResponse.election:type_name -> walship.v1.ElectionStatus
+	17, // 11: walship.v1.FailoverTimeline.lease_wait:type_name -> google.protobuf.Duration
+	0,  // 12: walship.v1.PeerStatus.role:type_name -> walship.v1.Role
+	6,  // 13: walship.v1.PromoteResponse.timeline:type_name -> walship.v1.FailoverTimeline
+	10, // 14: walship.v1.PromoteResponse.serving_primary:type_name -> walship.v1.ServingPrimary
+	17, // 15: walship.v1.SwitchoverRequest.timeout:type_name -> google.protobuf.Duration
+	17, // 16: walship.v1.SwitchoverResponse.paused:type_name -> google.protobuf.Duration
+	15, // 17: walship.v1.SetPolicyRequest.policy:type_name -> walship.v1.CommitPolicy
+	15, // 18: walship.v1.SetPolicyResponse.policy:type_name -> walship.v1.CommitPolicy
+	2,  // 19: walship.v1.AdminService.Status:input_type -> walship.v1.StatusRequest
+	8,  // 20: walship.v1.AdminService.Promote:input_type -> walship.v1.PromoteRequest
+	11, // 21: walship.v1.AdminService.Switchover:input_type -> walship.v1.SwitchoverRequest
+	13, // 22: walship.v1.AdminService.SetPolicy:input_type -> walship.v1.SetPolicyRequest
+	3,  // 23: walship.v1.AdminService.Status:output_type -> walship.v1.StatusResponse
+	9,  // 24: walship.v1.AdminService.Promote:output_type -> walship.v1.PromoteResponse
+	12, // 25: walship.v1.AdminService.Switchover:output_type -> walship.v1.SwitchoverResponse
+	14, // 26: walship.v1.AdminService.SetPolicy:output_type -> walship.v1.SetPolicyResponse
+	23, // [23:27] is the sub-list for method output_type
+	19, // [19:23] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_walship_v1_admin_proto_init() }
@@ -1566,7 +1722,7 @@ func file_walship_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_walship_v1_admin_proto_rawDesc), len(file_walship_v1_admin_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -22,6 +22,299 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// ElectOp is what an ElectRequest does to the register.
+type ElectOp int32
+
+const (
+	ElectOp_ELECT_OP_UNSPECIFIED ElectOp = 0
+	// READ changes nothing (beyond adopting a newer pause_version).
+	ElectOp_ELECT_OP_READ ElectOp = 1
+	// CAMPAIGN makes the candidate the holder at term, if term is newer than
+	// the register's, the holder is not alive (or is the candidate) and
+	// automatic failover is not paused.
+	ElectOp_ELECT_OP_CAMPAIGN ElectOp = 2
+	// RENEW restarts the holder's lease, if the candidate holds term.
+	ElectOp_ELECT_OP_RENEW ElectOp = 3
+	// RELEASE ends the holder's lease at once, if the candidate holds term.
+	ElectOp_ELECT_OP_RELEASE ElectOp = 4
+	// TAKE_OVER makes the candidate the holder at term, if term is newer,
+	// whoever holds it and paused or not: for a node that has just won an
+	// epoch vote (a manual promotion), so that the election follows the epoch.
+	ElectOp_ELECT_OP_TAKE_OVER ElectOp = 5
+)
+
+// Enum value maps for ElectOp.
+var (
+	ElectOp_name = map[int32]string{
+		0: "ELECT_OP_UNSPECIFIED",
+		1: "ELECT_OP_READ",
+		2: "ELECT_OP_CAMPAIGN",
+		3: "ELECT_OP_RENEW",
+		4: "ELECT_OP_RELEASE",
+		5: "ELECT_OP_TAKE_OVER",
+	}
+	ElectOp_value = map[string]int32{
+		"ELECT_OP_UNSPECIFIED": 0,
+		"ELECT_OP_READ":        1,
+		"ELECT_OP_CAMPAIGN":    2,
+		"ELECT_OP_RENEW":       3,
+		"ELECT_OP_RELEASE":     4,
+		"ELECT_OP_TAKE_OVER":   5,
+	}
+)
+
+func (x ElectOp) Enum() *ElectOp {
+	p := new(ElectOp)
+	*p = x
+	return p
+}
+
+func (x ElectOp) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ElectOp) Descriptor() protoreflect.EnumDescriptor {
+	return file_walship_v1_epoch_proto_enumTypes[0].Descriptor()
+}
+
+func (ElectOp) Type() protoreflect.EnumType {
+	return &file_walship_v1_epoch_proto_enumTypes[0]
+}
+
+func (x ElectOp) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ElectOp.Descriptor instead.
+func (ElectOp) EnumDescriptor() ([]byte, []int) {
+	return file_walship_v1_epoch_proto_rawDescGZIP(), []int{0}
+}
+
+// ElectRequest is one operation on a log store's election register.
+type ElectRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// op to carry out.
+	Op ElectOp `protobuf:"varint,1,opt,name=op,proto3,enum=walship.v1.ElectOp" json:"op,omitempty"`
+	// candidate_id is the node id of the one asking (1..64 of [A-Za-z0-9._-]);
+	// empty for READ and for an operator's pause or resume.
+	CandidateId string `protobuf:"bytes,2,opt,name=candidate_id,json=candidateId,proto3" json:"candidate_id,omitempty"`
+	// term of the holding CAMPAIGN, RENEW, RELEASE or TAKE_OVER asks for or holds.
+	Term uint64 `protobuf:"varint,3,opt,name=term,proto3" json:"term,omitempty"`
+	// create lets a CAMPAIGN take a register never held (a new cluster's
+	// first primary).
+	Create bool `protobuf:"varint,4,opt,name=create,proto3" json:"create,omitempty"`
+	// lease is how long after this request, on the log store's clock, the
+	// holder stays alive without another renewal (CAMPAIGN, RENEW, TAKE_OVER):
+	// in (0, 1m].
+	Lease *durationpb.Duration `protobuf:"bytes,5,opt,name=lease,proto3" json:"lease,omitempty"`
+	// pause_version and paused: whether automatic failover is paused, as of
+	// the operator's pause_version-th pause or resume. A log store adopts a
+	// newer version than its own (persisted) before it carries out op, so
+	// that a pause or resume that reached a majority spreads to the others.
+	PauseVersion uint64 `protobuf:"varint,6,opt,name=pause_version,json=pauseVersion,proto3" json:"pause_version,omitempty"`
+	// paused is the state at pause_version.
+	Paused        bool `protobuf:"varint,7,opt,name=paused,proto3" json:"paused,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ElectRequest) Reset() {
+	*x = ElectRequest{}
+	mi := &file_walship_v1_epoch_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ElectRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ElectRequest) ProtoMessage() {}
+
+func (x *ElectRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_walship_v1_epoch_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ElectRequest.ProtoReflect.Descriptor instead.
+func (*ElectRequest) Descriptor() ([]byte, []int) {
+	return file_walship_v1_epoch_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ElectRequest) GetOp() ElectOp {
+	if x != nil {
+		return x.Op
+	}
+	return ElectOp_ELECT_OP_UNSPECIFIED
+}
+
+func (x *ElectRequest) GetCandidateId() string {
+	if x != nil {
+		return x.CandidateId
+	}
+	return ""
+}
+
+func (x *ElectRequest) GetTerm() uint64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
+func (x *ElectRequest) GetCreate() bool {
+	if x != nil {
+		return x.Create
+	}
+	return false
+}
+
+func (x *ElectRequest) GetLease() *durationpb.Duration {
+	if x != nil {
+		return x.Lease
+	}
+	return nil
+}
+
+func (x *ElectRequest) GetPauseVersion() uint64 {
+	if x != nil {
+		return x.PauseVersion
+	}
+	return 0
+}
+
+func (x *ElectRequest) GetPaused() bool {
+	if x != nil {
+		return x.Paused
+	}
+	return false
+}
+
+// ElectResponse is the register after the request.
+type ElectResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// granted: the operation did what it asked (READ: always).
+	Granted bool `protobuf:"varint,1,opt,name=granted,proto3" json:"granted,omitempty"`
+	// holder_id is the holder's node id ("" never held).
+	HolderId string `protobuf:"bytes,2,opt,name=holder_id,json=holderId,proto3" json:"holder_id,omitempty"`
+	// term is the register's term.
+	Term uint64 `protobuf:"varint,3,opt,name=term,proto3" json:"term,omitempty"`
+	// alive: the holder renewed within its lease, on this log store's clock.
+	Alive bool `protobuf:"varint,4,opt,name=alive,proto3" json:"alive,omitempty"`
+	// since_renewal is how long ago the holder last acquired or renewed.
+	SinceRenewal *durationpb.Duration `protobuf:"bytes,5,opt,name=since_renewal,json=sinceRenewal,proto3" json:"since_renewal,omitempty"`
+	// pause_version and paused: the register's pause state.
+	PauseVersion uint64 `protobuf:"varint,6,opt,name=pause_version,json=pauseVersion,proto3" json:"pause_version,omitempty"`
+	// paused is whether automatic failover is paused.
+	Paused bool `protobuf:"varint,7,opt,name=paused,proto3" json:"paused,omitempty"`
+	// why the operation was refused (empty if granted).
+	Why string `protobuf:"bytes,8,opt,name=why,proto3" json:"why,omitempty"`
+	// id of the log store (its address).
+	Id            string `protobuf:"bytes,9,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ElectResponse) Reset() {
+	*x = ElectResponse{}
+	mi := &file_walship_v1_epoch_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ElectResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ElectResponse) ProtoMessage() {}
+
+func (x *ElectResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_walship_v1_epoch_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ElectResponse.ProtoReflect.Descriptor instead.
+func (*ElectResponse) Descriptor() ([]byte, []int) {
+	return file_walship_v1_epoch_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ElectResponse) GetGranted() bool {
+	if x != nil {
+		return x.Granted
+	}
+	return false
+}
+
+func (x *ElectResponse) GetHolderId() string {
+	if x != nil {
+		return x.HolderId
+	}
+	return ""
+}
+
+func (x *ElectResponse) GetTerm() uint64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
+func (x *ElectResponse) GetAlive() bool {
+	if x != nil {
+		return x.Alive
+	}
+	return false
+}
+
+func (x *ElectResponse) GetSinceRenewal() *durationpb.Duration {
+	if x != nil {
+		return x.SinceRenewal
+	}
+	return nil
+}
+
+func (x *ElectResponse) GetPauseVersion() uint64 {
+	if x != nil {
+		return x.PauseVersion
+	}
+	return 0
+}
+
+func (x *ElectResponse) GetPaused() bool {
+	if x != nil {
+		return x.Paused
+	}
+	return false
+}
+
+func (x *ElectResponse) GetWhy() string {
+	if x != nil {
+		return x.Why
+	}
+	return ""
+}
+
+func (x *ElectResponse) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
 // FenceRequest asks for a promise.
 type FenceRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -43,7 +336,7 @@ type FenceRequest struct {
 
 func (x *FenceRequest) Reset() {
 	*x = FenceRequest{}
-	mi := &file_walship_v1_epoch_proto_msgTypes[0]
+	mi := &file_walship_v1_epoch_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -55,7 +348,7 @@ func (x *FenceRequest) String() string {
 func (*FenceRequest) ProtoMessage() {}
 
 func (x *FenceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_epoch_proto_msgTypes[0]
+	mi := &file_walship_v1_epoch_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -68,7 +361,7 @@ func (x *FenceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceRequest.ProtoReflect.Descriptor instead.
 func (*FenceRequest) Descriptor() ([]byte, []int) {
-	return file_walship_v1_epoch_proto_rawDescGZIP(), []int{0}
+	return file_walship_v1_epoch_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *FenceRequest) GetEpoch() uint64 {
@@ -140,7 +433,7 @@ type FenceResponse struct {
 
 func (x *FenceResponse) Reset() {
 	*x = FenceResponse{}
-	mi := &file_walship_v1_epoch_proto_msgTypes[1]
+	mi := &file_walship_v1_epoch_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -152,7 +445,7 @@ func (x *FenceResponse) String() string {
 func (*FenceResponse) ProtoMessage() {}
 
 func (x *FenceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_epoch_proto_msgTypes[1]
+	mi := &file_walship_v1_epoch_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -165,7 +458,7 @@ func (x *FenceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceResponse.ProtoReflect.Descriptor instead.
 func (*FenceResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_epoch_proto_rawDescGZIP(), []int{1}
+	return file_walship_v1_epoch_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *FenceResponse) GetGranted() bool {
@@ -286,7 +579,7 @@ type EpochStart struct {
 
 func (x *EpochStart) Reset() {
 	*x = EpochStart{}
-	mi := &file_walship_v1_epoch_proto_msgTypes[2]
+	mi := &file_walship_v1_epoch_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -298,7 +591,7 @@ func (x *EpochStart) String() string {
 func (*EpochStart) ProtoMessage() {}
 
 func (x *EpochStart) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_epoch_proto_msgTypes[2]
+	mi := &file_walship_v1_epoch_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -311,7 +604,7 @@ func (x *EpochStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochStart.ProtoReflect.Descriptor instead.
 func (*EpochStart) Descriptor() ([]byte, []int) {
-	return file_walship_v1_epoch_proto_rawDescGZIP(), []int{2}
+	return file_walship_v1_epoch_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *EpochStart) GetEpoch() uint64 {
@@ -341,7 +634,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_walship_v1_epoch_proto_msgTypes[3]
+	mi := &file_walship_v1_epoch_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -353,7 +646,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_epoch_proto_msgTypes[3]
+	mi := &file_walship_v1_epoch_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -366,7 +659,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_walship_v1_epoch_proto_rawDescGZIP(), []int{3}
+	return file_walship_v1_epoch_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Member) GetId() string {
@@ -408,7 +701,7 @@ type Contract struct {
 
 func (x *Contract) Reset() {
 	*x = Contract{}
-	mi := &file_walship_v1_epoch_proto_msgTypes[4]
+	mi := &file_walship_v1_epoch_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -420,7 +713,7 @@ func (x *Contract) String() string {
 func (*Contract) ProtoMessage() {}
 
 func (x *Contract) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_epoch_proto_msgTypes[4]
+	mi := &file_walship_v1_epoch_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -433,7 +726,7 @@ func (x *Contract) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Contract.ProtoReflect.Descriptor instead.
 func (*Contract) Descriptor() ([]byte, []int) {
-	return file_walship_v1_epoch_proto_rawDescGZIP(), []int{4}
+	return file_walship_v1_epoch_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Contract) GetSyncReplicas() uint32 {
@@ -503,7 +796,7 @@ type EpochRecord struct {
 
 func (x *EpochRecord) Reset() {
 	*x = EpochRecord{}
-	mi := &file_walship_v1_epoch_proto_msgTypes[5]
+	mi := &file_walship_v1_epoch_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -515,7 +808,7 @@ func (x *EpochRecord) String() string {
 func (*EpochRecord) ProtoMessage() {}
 
 func (x *EpochRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_epoch_proto_msgTypes[5]
+	mi := &file_walship_v1_epoch_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -528,7 +821,7 @@ func (x *EpochRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochRecord.ProtoReflect.Descriptor instead.
 func (*EpochRecord) Descriptor() ([]byte, []int) {
-	return file_walship_v1_epoch_proto_rawDescGZIP(), []int{5}
+	return file_walship_v1_epoch_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *EpochRecord) GetEpoch() uint64 {
@@ -585,7 +878,25 @@ var File_walship_v1_epoch_proto protoreflect.FileDescriptor
 const file_walship_v1_epoch_proto_rawDesc = "" +
 	"\n" +
 	"\x16walship/v1/epoch.proto\x12\n" +
-	"walship.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x17walship/v1/policy.proto\"\x8d\x01\n" +
+	"walship.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x17walship/v1/policy.proto\"\xf0\x01\n" +
+	"\fElectRequest\x12#\n" +
+	"\x02op\x18\x01 \x01(\x0e2\x13.walship.v1.ElectOpR\x02op\x12!\n" +
+	"\fcandidate_id\x18\x02 \x01(\tR\vcandidateId\x12\x12\n" +
+	"\x04term\x18\x03 \x01(\x04R\x04term\x12\x16\n" +
+	"\x06create\x18\x04 \x01(\bR\x06create\x12/\n" +
+	"\x05lease\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x05lease\x12#\n" +
+	"\rpause_version\x18\x06 \x01(\x04R\fpauseVersion\x12\x16\n" +
+	"\x06paused\x18\a \x01(\bR\x06paused\"\x8f\x02\n" +
+	"\rElectResponse\x12\x18\n" +
+	"\agranted\x18\x01 \x01(\bR\agranted\x12\x1b\n" +
+	"\tholder_id\x18\x02 \x01(\tR\bholderId\x12\x12\n" +
+	"\x04term\x18\x03 \x01(\x04R\x04term\x12\x14\n" +
+	"\x05alive\x18\x04 \x01(\bR\x05alive\x12>\n" +
+	"\rsince_renewal\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\fsinceRenewal\x12#\n" +
+	"\rpause_version\x18\x06 \x01(\x04R\fpauseVersion\x12\x16\n" +
+	"\x06paused\x18\a \x01(\bR\x06paused\x12\x10\n" +
+	"\x03why\x18\b \x01(\tR\x03why\x12\x0e\n" +
+	"\x02id\x18\t \x01(\tR\x02id\"\x8d\x01\n" +
 	"\fFenceRequest\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12!\n" +
 	"\fcandidate_id\x18\x02 \x01(\tR\vcandidateId\x12%\n" +
@@ -636,9 +947,17 @@ const file_walship_v1_epoch_proto_rawDesc = "" +
 	"\fprimary_addr\x18\x04 \x01(\tR\vprimaryAddr\x120\n" +
 	"\bcontract\x18\x05 \x01(\v2\x14.walship.v1.ContractR\bcontract\x12$\n" +
 	"\x0etime_unix_nano\x18\x06 \x01(\x03R\ftimeUnixNano\x120\n" +
-	"\ahistory\x18\a \x03(\v2\x16.walship.v1.EpochStartR\ahistory2L\n" +
+	"\ahistory\x18\a \x03(\v2\x16.walship.v1.EpochStartR\ahistory*\x8f\x01\n" +
+	"\aElectOp\x12\x18\n" +
+	"\x14ELECT_OP_UNSPECIFIED\x10\x00\x12\x11\n" +
+	"\rELECT_OP_READ\x10\x01\x12\x15\n" +
+	"\x11ELECT_OP_CAMPAIGN\x10\x02\x12\x12\n" +
+	"\x0eELECT_OP_RENEW\x10\x03\x12\x14\n" +
+	"\x10ELECT_OP_RELEASE\x10\x04\x12\x16\n" +
+	"\x12ELECT_OP_TAKE_OVER\x10\x052\x8a\x01\n" +
 	"\fEpochService\x12<\n" +
-	"\x05Fence\x12\x18.walship.v1.FenceRequest\x1a\x19.walship.v1.FenceResponseB5Z3github.com/walship/walship/gen/walship/v1;walshipv1b\x06proto3"
+	"\x05Fence\x12\x18.walship.v1.FenceRequest\x1a\x19.walship.v1.FenceResponse\x12<\n" +
+	"\x05Elect\x12\x18.walship.v1.ElectRequest\x1a\x19.walship.v1.ElectResponseB5Z3github.com/walship/walship/gen/walship/v1;walshipv1b\x06proto3"
 
 var (
 	file_walship_v1_epoch_proto_rawDescOnce sync.Once
@@ -652,33 +971,42 @@ func file_walship_v1_epoch_proto_rawDescGZIP() []byte {
 	return file_walship_v1_epoch_proto_rawDescData
 }
 
-var file_walship_v1_epoch_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_walship_v1_epoch_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_walship_v1_epoch_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_walship_v1_epoch_proto_goTypes = []any{
-	(*FenceRequest)(nil),        // 0: walship.v1.FenceRequest
-	(*FenceResponse)(nil),       // 1: walship.v1.FenceResponse
-	(*EpochStart)(nil),          // 2: walship.v1.EpochStart
-	(*Member)(nil),              // 3: walship.v1.Member
-	(*Contract)(nil),            // 4: walship.v1.Contract
-	(*EpochRecord)(nil),         // 5: walship.v1.EpochRecord
-	(*durationpb.Duration)(nil), // 6: google.protobuf.Duration
-	(SyncLevel)(0),              // 7: walship.v1.SyncLevel
+	(ElectOp)(0),                // 0: walship.v1.ElectOp
+	(*ElectRequest)(nil),        // 1: walship.v1.ElectRequest
+	(*ElectResponse)(nil),       // 2: walship.v1.ElectResponse
+	(*FenceRequest)(nil),        // 3: walship.v1.FenceRequest
+	(*FenceResponse)(nil),       // 4: walship.v1.FenceResponse
+	(*EpochStart)(nil),          // 5: walship.v1.EpochStart
+	(*Member)(nil),              // 6: walship.v1.Member
+	(*Contract)(nil),            // 7: walship.v1.Contract
+	(*EpochRecord)(nil),         // 8: walship.v1.EpochRecord
+	(*durationpb.Duration)(nil), // 9: google.protobuf.Duration
+	(SyncLevel)(0),              // 10: walship.v1.SyncLevel
 }
 var file_walship_v1_epoch_proto_depIdxs = []int32{
-	2, // 0: walship.v1.FenceResponse.history:type_name -> walship.v1.EpochStart
-	6, // 1: walship.v1.FenceResponse.since_primary_contact:type_name -> google.protobuf.Duration
-	4, // 2: walship.v1.FenceResponse.contract:type_name -> walship.v1.Contract
-	7, // 3: walship.v1.Contract.sync_level:type_name -> walship.v1.SyncLevel
-	3, // 4: walship.v1.Contract.members:type_name -> walship.v1.Member
-	6, // 5: walship.v1.Contract.lease_timeout:type_name -> google.protobuf.Duration
-	4, // 6: walship.v1.EpochRecord.contract:type_name -> walship.v1.Contract
-	2, // 7: walship.v1.EpochRecord.history:type_name -> walship.v1.EpochStart
-	0, // 8: walship.v1.EpochService.Fence:input_type -> walship.v1.FenceRequest
-	1, // 9: walship.v1.EpochService.Fence:output_type -> walship.v1.FenceResponse
-	9, // [9:10] is the sub-list for method output_type
-	8, // [8:9] is the sub-list for method input_type
-	8, // [8:8] is the sub-list for extension type_name
-	8, // [8:8] is the sub-list for extension extendee
-	0, // [0:8] is the sub-list for field type_name
+	0,  // 0: walship.v1.ElectRequest.op:type_name -> walship.v1.ElectOp
+	9,  // 1: walship.v1.ElectRequest.lease:type_name -> google.protobuf.Duration
+	9,  // 2: walship.v1.ElectResponse.since_renewal:type_name -> google.protobuf.Duration
+	5,  // 3: walship.v1.FenceResponse.history:type_name -> walship.v1.EpochStart
+	9,  // 4: walship.v1.FenceResponse.since_primary_contact:type_name -> google.protobuf.Duration
+	7,  // 5: walship.v1.FenceResponse.contract:type_name -> walship.v1.Contract
+	10, // 6: walship.v1.Contract.sync_level:type_name -> walship.v1.SyncLevel
+	6,  // 7: walship.v1.Contract.members:type_name -> walship.v1.Member
+	9,  // 8: walship.v1.Contract.lease_timeout:type_name -> google.protobuf.Duration
+	7,  // 9: walship.v1.EpochRecord.contract:type_name -> walship.v1.Contract
+	5,  // 10: walship.v1.EpochRecord.history:type_name -> walship.v1.EpochStart
+	3,  // 11: walship.v1.EpochService.Fence:input_type -> walship.v1.FenceRequest
+	1,  // 12: walship.v1.EpochService.Elect:input_type -> walship.v1.ElectRequest
+	4,  // 13: walship.v1.EpochService.Fence:output_type -> walship.v1.FenceResponse
+	2,  // 14: walship.v1.EpochService.Elect:output_type -> walship.v1.ElectResponse
+	13, // [13:15] is the sub-list for method output_type
+	11, // [11:13] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_walship_v1_epoch_proto_init() }
@@ -692,13 +1020,14 @@ func file_walship_v1_epoch_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_walship_v1_epoch_proto_rawDesc), len(file_walship_v1_epoch_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   6,
+			NumEnums:      1,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_walship_v1_epoch_proto_goTypes,
 		DependencyIndexes: file_walship_v1_epoch_proto_depIdxs,
+		EnumInfos:         file_walship_v1_epoch_proto_enumTypes,
 		MessageInfos:      file_walship_v1_epoch_proto_msgTypes,
 	}.Build()
 	File_walship_v1_epoch_proto = out.File

@@ -20,6 +20,7 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	EpochService_Fence_FullMethodName = "/walship.v1.EpochService/Fence"
+	EpochService_Elect_FullMethodName = "/walship.v1.EpochService/Elect"
 )
 
 // EpochServiceClient is the client API for EpochService service.
@@ -38,6 +39,13 @@ type EpochServiceClient interface {
 	// answers not granted, naming the epoch it holds and that epoch's primary.
 	// A primary that grants a fence steps down at once.
 	Fence(ctx context.Context, in *FenceRequest, opts ...grpc.CallOption) (*FenceResponse, error)
+	// Elect reads or changes the log store's election register, which says
+	// which node may TRY to become primary under automatic failover (`walship
+	// node --auto-failover`): no fence (the epoch vote is), only liveness. A
+	// node holds it by a majority of log stores; each judges the holder alive
+	// while its renewals arrive within the lease, on its own clock. Data nodes
+	// answer UNIMPLEMENTED.
+	Elect(ctx context.Context, in *ElectRequest, opts ...grpc.CallOption) (*ElectResponse, error)
 }
 
 type epochServiceClient struct {
@@ -52,6 +60,16 @@ func (c *epochServiceClient) Fence(ctx context.Context, in *FenceRequest, opts .
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(FenceResponse)
 	err := c.cc.Invoke(ctx, EpochService_Fence_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *epochServiceClient) Elect(ctx context.Context, in *ElectRequest, opts ...grpc.CallOption) (*ElectResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ElectResponse)
+	err := c.cc.Invoke(ctx, EpochService_Elect_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -74,6 +92,13 @@ type EpochServiceServer interface {
 	// answers not granted, naming the epoch it holds and that epoch's primary.
 	// A primary that grants a fence steps down at once.
 	Fence(context.Context, *FenceRequest) (*FenceResponse, error)
+	// Elect reads or changes the log store's election register, which says
+	// which node may TRY to become primary under automatic failover (`walship
+	// node --auto-failover`): no fence (the epoch vote is), only liveness. A
+	// node holds it by a majority of log stores; each judges the holder alive
+	// while its renewals arrive within the lease, on its own clock. Data nodes
+	// answer UNIMPLEMENTED.
+	Elect(context.Context, *ElectRequest) (*ElectResponse, error)
 	mustEmbedUnimplementedEpochServiceServer()
 }
 
@@ -86,6 +111,9 @@ type UnimplementedEpochServiceServer struct{}
 
 func (UnimplementedEpochServiceServer) Fence(context.Context, *FenceRequest) (*FenceResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Fence not implemented")
+}
+func (UnimplementedEpochServiceServer) Elect(context.Context, *ElectRequest) (*ElectResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Elect not implemented")
 }
 func (UnimplementedEpochServiceServer) mustEmbedUnimplementedEpochServiceServer() {}
 func (UnimplementedEpochServiceServer) testEmbeddedByValue()                      {}
@@ -126,6 +154,24 @@ func _EpochService_Fence_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _EpochService_Elect_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ElectRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(EpochServiceServer).Elect(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: EpochService_Elect_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(EpochServiceServer).Elect(ctx, req.(*ElectRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // EpochService_ServiceDesc is the grpc.ServiceDesc for EpochService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -136,6 +182,10 @@ var EpochService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Fence",
 			Handler:    _EpochService_Fence_Handler,
+		},
+		{
+			MethodName: "Elect",
+			Handler:    _EpochService_Elect_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
