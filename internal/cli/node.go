@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -9,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/walship/walship/internal/kube"
+	"github.com/walship/walship/internal/logelect"
 	"github.com/walship/walship/services/node"
 	"github.com/walship/walship/services/primary"
 	"github.com/walship/walship/services/replica"
@@ -85,6 +87,7 @@ func nodeFlags(fs *flag.FlagSet, env *Env, role node.Role) func(context.Context)
 	fs.IntVar(&pc.WatchMaxBytes, "watch-ring-bytes", 0, "memory for the recent transactions KVService.Watch serves from, with previous values (0 = 16 MiB); older positions are read from the WAL, without them")
 	fs.DurationVar(&pc.WatchStall, "watch-stall", 0, "cut off a watcher that leaves a send blocked (does not read) this long (0 = 10s)")
 	kf := addKubeFlags(fs, &cfg)
+	af := addAutoFailoverFlags(fs)
 	sf := addSecurityFlags(fs, true)
 	return func(ctx context.Context) error {
 		cfg.Logger = env.Logger.With("service", "node") // the node adds node=<id>
@@ -106,6 +109,11 @@ func nodeFlags(fs *flag.FlagSet, env *Env, role node.Role) func(context.Context)
 		rc.SegmentBytes, rc.SnapshotEveryBytes, rc.HeartbeatInterval = pc.SegmentBytes, pc.SnapshotEveryBytes, pc.HeartbeatInterval
 		rc.WatchMaxBytes, rc.WatchStall = pc.WatchMaxBytes, pc.WatchStall
 		cfg.Role, cfg.Members, cfg.LogStores, cfg.Primary, cfg.Replica = role, peers.members, logstores, pc, rc
+		closeElection, err := applyAutoFailover(af, kf, &cfg)
+		if err != nil {
+			return err
+		}
+		defer closeElection()
 		n, err := node.New(cfg)
 		if err != nil {
 			return err
@@ -166,6 +174,43 @@ func addKubeFlags(fs *flag.FlagSet, cfg *node.Config) *kube.Config {
 	fs.Uint64Var(&cfg.MaxFailoverLag, "max-failover-lag", node.DefaultMaxFailoverLag, "a replica contends for the Lease only within this many LSNs of the most advanced log")
 	fs.DurationVar(&cfg.FailoverHolddown, "failover-holddown", node.DefaultFailoverHolddown, "no replica contends this soon after it saw the epoch change (against flapping)")
 	return k
+}
+
+// autoFailoverFlags are the flags of automatic failover on the log stores.
+type autoFailoverFlags struct {
+	on  bool
+	cfg logelect.Config
+}
+
+// addAutoFailoverFlags adds the flags of automatic failover held on the
+// log stores (internal/logelect); --max-failover-lag and
+// --failover-holddown (addKubeFlags) apply to it as well.
+func addAutoFailoverFlags(fs *flag.FlagSet) *autoFailoverFlags {
+	a := &autoFailoverFlags{cfg: logelect.Config{LeaseDuration: logelect.DefaultLeaseDuration, RenewDeadline: logelect.DefaultRenewDeadline, RetryPeriod: logelect.DefaultRetryPeriod}}
+	fs.BoolVar(&a.on, "auto-failover", false, "fail over automatically with no outside coordinator: the log stores hold the election that says which node may try to become primary, and the most advanced eligible replica promotes itself when the primary stops renewing it (not with --kube-lease)")
+	fs.DurationVar(&a.cfg.LeaseDuration, "election-lease", a.cfg.LeaseDuration, "--auto-failover: how long after the primary's last renewal, on each log store's clock, another node may win the election (a dead primary's failover waits this, or --lease-timeout if longer)")
+	fs.DurationVar(&a.cfg.RenewDeadline, "election-renew-deadline", a.cfg.RenewDeadline, "--auto-failover: a primary that has not renewed the election at a log store majority for this long stops taking writes (at most 0.9 × --election-lease)")
+	fs.DurationVar(&a.cfg.RetryPeriod, "election-retry-period", a.cfg.RetryPeriod, "--auto-failover: how often the election is renewed, and a replica checks whether it may contend")
+	return a
+}
+
+// applyAutoFailover makes cfg fail over by the log stores' election, if
+// --auto-failover is set; the returned func closes its connections.
+func applyAutoFailover(a *autoFailoverFlags, k *kube.Config, cfg *node.Config) (func(), error) {
+	if !a.on {
+		return func() {}, nil
+	}
+	if k.Lease != "" {
+		return nil, errors.New("--auto-failover: not with --kube-lease (one election at a time: the Lease on Kubernetes, the log stores' elsewhere)")
+	}
+	c := a.cfg
+	c.ID, c.LogStores, c.Logger = cfg.ID, cfg.LogStores, cfg.Logger.With("election", "logstores")
+	el, err := logelect.New(c)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Election, cfg.ElectionRetry = el, c.RetryPeriod
+	return func() { _ = el.Close() }, nil
 }
 
 // applyKube makes cfg fail over by k's Lease, if --kube-lease is set.

@@ -9,6 +9,7 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/backoff"
+	"github.com/walship/walship/internal/logelect"
 )
 
 // Automatic failover (Config.Election; on Kubernetes a Lease, internal/kube):
@@ -51,6 +52,21 @@ type Election interface {
 	Exists(ctx context.Context) (bool, error)
 }
 
+// ElectionViewer is an Election that can say what its quorum sees (the
+// log stores' election, internal/logelect): whether the primary still
+// renews it there, and whether failover is paused. A replica then does
+// not contend while the primary is alive at the log stores, whatever its
+// own stream to the primary says, nor while failover is paused.
+type ElectionViewer interface {
+	Election
+	// Read asks the quorum now.
+	Read(ctx context.Context) (logelect.View, error)
+	// LastView is what the last read, renewal or campaign saw.
+	LastView() logelect.View
+	// LastOutcome is the last thing the election did on this node.
+	LastOutcome() logelect.Outcome
+}
+
 // Event kinds (Kubernetes': corev1.EventTypeNormal and Warning).
 const (
 	eventNormal  = "Normal"
@@ -70,7 +86,7 @@ func (n *Node) gate() error {
 	if n.cfg.Election.Held() {
 		return nil
 	}
-	return errors.New("it does not hold the election (Kubernetes Lease) that says who may be primary")
+	return errors.New("it does not hold the election (the Kubernetes Lease, or the log stores' with --auto-failover) that says who may be primary")
 }
 
 // autoFailover runs the election until ctx ends.
@@ -166,6 +182,17 @@ func (n *Node) eligibility(ctx context.Context, changed time.Time) (why string, 
 		return "a promotion is under way", false
 	case time.Since(changed) < n.cfg.FailoverHolddown:
 		return fmt.Sprintf("the epoch changed less than %v ago (--failover-holddown)", n.cfg.FailoverHolddown), false
+	}
+	if ev, ok := n.cfg.Election.(ElectionViewer); ok {
+		v, err := ev.Read(ctx)
+		switch {
+		case err != nil:
+			return "cannot read the election from the log stores: " + err.Error(), false
+		case v.Paused:
+			return "automatic failover is paused (walship ctl failover resume)", false
+		case v.Alive && v.Holder != n.cfg.ID:
+			return fmt.Sprintf("the primary %s is alive: it renews the election at %d of %d log stores", v.Holder, v.AliveAt, v.Stores), false
+		}
 	}
 	last, logEpoch, _ := rep.LogPosition()
 	e := max(rep.Vote().Epoch, logEpoch)

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/walship/walship/internal/logelect"
 )
 
 // metrics are the node's own: its role, promotions and step-downs. The
@@ -69,6 +70,41 @@ func newMetrics(reg prometheus.Registerer, n *Node) *metrics {
 		return 0
 	})
 	m.collectors = []prometheus.Collector{m.role, m.promotions, m.stepDowns, m.phases, epoch, held}
+	if ev, ok := n.cfg.Election.(ElectionViewer); ok {
+		view := func(f func(v logelect.View) bool) func() float64 {
+			return func() float64 {
+				if f(ev.LastView()) {
+					return 1
+				}
+				return 0
+			}
+		}
+		m.collectors = append(m.collectors,
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "walship_election_primary_alive",
+				Help: "1 while, as this data node last saw, so many log stores hear the election's holder renew it that no other node can win it (--auto-failover).",
+			}, view(func(v logelect.View) bool { return v.Alive })),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "walship_election_paused",
+				Help: "1 while automatic failover is paused (walship ctl failover pause), as this data node last saw the log stores (--auto-failover).",
+			}, view(func(v logelect.View) bool { return v.Paused })),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "walship_election_term",
+				Help: "The newest election term this data node saw at the log stores: it grows by one or more at every election won (--auto-failover).",
+			}, func() float64 { return float64(ev.LastView().Term) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "walship_election_contending",
+				Help: "1 while this replica may contend for the election (it is eligible: the holder is dead at the log stores, failover is not paused, the dry run finds a quorum...); Status says why not (--auto-failover).",
+			}, func() float64 {
+				n.mu.Lock()
+				defer n.mu.Unlock()
+				if n.role == RoleReplica && n.notEligible == "" && n.seenEpoch != 0 {
+					return 1
+				}
+				return 0
+			}),
+		)
+	}
 	if reg != nil {
 		for _, c := range m.collectors {
 			reg.MustRegister(c)

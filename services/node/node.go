@@ -564,12 +564,34 @@ func (n *Node) findPrimary(ctx context.Context, v datadir.Vote) datadir.Vote {
 	return v
 }
 
-// statusHook adds the node's failover timeline to Status.
+// statusHook adds the node's failover timeline and its view of the
+// election to Status.
 func (n *Node) statusHook(resp *walshipv1.StatusResponse) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.timeline != nil {
 		resp.LastFailover = proto.Clone(n.timeline).(*walshipv1.FailoverTimeline)
+	}
+	if ev, ok := n.cfg.Election.(ElectionViewer); ok {
+		v, o := ev.LastView(), ev.LastOutcome()
+		st := &walshipv1.ElectionStatus{
+			HolderId: v.Holder, Term: v.Term, PrimaryAlive: v.Alive, AliveAt: uint32(v.AliveAt), Reached: uint32(v.Reached),
+			Paused: v.Paused, Holding: ev.Held(), LastOutcome: o.What,
+		}
+		if !o.At.IsZero() {
+			st.LastOutcomeUnixNano = o.At.UnixNano()
+		}
+		switch {
+		case n.role == RolePrimary && st.Holding:
+			st.Contend = "primary: holds the election"
+		case n.role == RolePrimary:
+			st.Contend = "primary: does not hold the election, so it takes no writes"
+		case n.notEligible != "":
+			st.Contend = n.notEligible
+		default:
+			st.Contend = "contending"
+		}
+		resp.Election = st
 	}
 }
 
