@@ -51,6 +51,8 @@ func commands() []command {
 		{name: "bench", summary: "run a benchmark workload and print the seed's table", flags: benchFlags},
 		{name: "ctl status", summary: "show every node's role, epoch, positions and last promotion", flags: ctlStatusFlags},
 		{name: "ctl promote", summary: "promote a replica by an epoch vote (--dry-run: what it would see and risk)", flags: ctlPromoteFlags},
+		{name: "ctl failover pause", summary: "pause automatic failover (--auto-failover) in the log stores: every node honours it, across restarts", flags: ctlFailoverFlags(true)},
+		{name: "ctl failover resume", summary: "resume automatic failover after ctl failover pause", flags: ctlFailoverFlags(false)},
 		{name: "ctl switchover", summary: "hand the primary's role to a replica without losing anything", flags: ctlSwitchoverFlags},
 		{name: "ctl orphans list", summary: "list the orphan files of a data directory or of nodes (entries cut because the cluster's history went another way)", flags: ctlOrphansListFlags},
 		{name: "ctl orphans show", summary: "decode an orphan file: each write's key, value, commit LSN and commit time", flags: ctlOrphansShowFlags},

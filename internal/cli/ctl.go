@@ -10,6 +10,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/logelect"
 	"github.com/walship/walship/internal/serve"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -120,6 +121,15 @@ func ctlStatusFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 			}
 		}
 		printArchiveStatus(env, rows2archive(rows, func(r row) (*walshipv1.StatusResponse, error) { return r.st, r.err }))
+		var els []*walshipv1.StatusResponse
+		for _, r := range rows {
+			if r.err == nil && r.st.GetElection() != nil {
+				els = append(els, r.st)
+			}
+		}
+		if err := printElection(env, els); err != nil {
+			return err
+		}
 		for _, r := range rows {
 			if tl := r.st.GetLastFailover(); tl != nil {
 				fmt.Fprintf(env.Stdout, "\nlast promotion by %s:\n", r.st.GetId())
@@ -130,6 +140,64 @@ func ctlStatusFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 			return fmt.Errorf("%d of %d nodes unreachable", len(unreachable), len(rows))
 		}
 		return nil
+	}
+}
+
+// printElection shows each data node's view of automatic failover's
+// election on the log stores (--auto-failover): who holds it, whether the
+// log stores hear the holder, and why the node contends or not.
+func printElection(env *Env, sts []*walshipv1.StatusResponse) error {
+	if len(sts) == 0 {
+		return nil
+	}
+	fmt.Fprintln(env.Stdout, "\nELECTION (automatic failover, each data node's view of the log stores'):")
+	w := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "ID\tHOLDER\tTERM\tHOLDER ALIVE\tPAUSED\tHOLDING\tCONTENDS\tLAST OUTCOME")
+	for _, st := range sts {
+		e := st.GetElection()
+		alive := fmt.Sprintf("%v (%d of %d log stores)", e.GetPrimaryAlive(), e.GetAliveAt(), e.GetReached())
+		last := dash(e.GetLastOutcome())
+		if ns := e.GetLastOutcomeUnixNano(); ns != 0 {
+			last = fmt.Sprintf("%s ago: %s", time.Since(time.Unix(0, ns)).Round(time.Millisecond), last)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%v\t%v\t%s\t%s\n", st.GetId(), dash(e.GetHolderId()), e.GetTerm(), alive, e.GetPaused(), e.GetHolding(), e.GetContend(), last)
+	}
+	return w.Flush()
+}
+
+// ctlFailoverFlags is walship ctl failover pause|resume: the pause state
+// of automatic failover, kept in the log stores' election registers so
+// that every node honours it and it survives restarts.
+func ctlFailoverFlags(paused bool) func(fs *flag.FlagSet, env *Env) func(context.Context) error {
+	return func(fs *flag.FlagSet, env *Env) func(context.Context) error {
+		var logstores []string
+		fs.Var(listFlag{&logstores}, "logstores", "the cluster's log store addresses, comma-separated (all of them: a majority must hold the change)")
+		sf := addSecurityFlags(fs, false)
+		return func(ctx context.Context) error {
+			if err := sf.dial(ctx, env.Logger); err != nil {
+				return err
+			}
+			if len(logstores) == 0 {
+				return usageErr(env, "--logstores: required")
+			}
+			c, err := logelect.New(logelect.Config{LogStores: logstores, LeaseDuration: logelect.DefaultLeaseDuration,
+				RenewDeadline: logelect.DefaultRenewDeadline, RetryPeriod: logelect.DefaultRetryPeriod})
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			v, err := c.SetPaused(ctx, paused)
+			if err != nil {
+				return fmt.Errorf("--logstores: %w", err)
+			}
+			what := "resumed: a replica promotes itself when the primary dies"
+			if paused {
+				what = "paused: no replica promotes itself until walship ctl failover resume (walship ctl promote still works)"
+			}
+			fmt.Fprintf(env.Stdout, "automatic failover %s\nelection: holder %s, term %d, holder alive at %d of %d log stores, pause version %d\n",
+				what, dash(v.Holder), v.Term, v.AliveAt, v.Reached, v.PauseVersion)
+			return nil
+		}
 	}
 }
 

@@ -187,7 +187,18 @@ func (c *Client) send(ctx context.Context, req *walshipv1.ElectRequest, timeout 
 			break
 		}
 	}
-	cancel() // ends the calls still out; their goroutines send into ch's room
+	if rest := len(c.clients) - len(got); rest > 0 {
+		// The calls still out go on until the timeout: a renewal the
+		// caller no longer waits for still keeps that log store's lease.
+		go func() {
+			defer cancel()
+			for range rest {
+				<-ch
+			}
+		}()
+	} else {
+		cancel()
+	}
 	c.learn(got)
 	return got
 }

@@ -82,7 +82,8 @@ type rule struct {
 // replication, log-store and epoch RPCs (and Promote, which a switching
 // primary calls on its target) for data nodes; LogStoreService.Read for
 // log stores (a refill from a peer); reads and writes for clients, admins
-// and nodes; every admin RPC, and a log store's Verify, for admins;
+// and nodes; every admin RPC, a log store's Verify and its election
+// register (a pause of automatic failover), for admins;
 // reflection as r says.
 func DefaultPolicy(td string, r Reflection) string {
 	class := func(cs ...string) []string {
@@ -115,6 +116,10 @@ func DefaultPolicy(td string, r Reflection) string {
 	// bench) dial as their nodes.
 	add("clients", class(ClassClient, ClassAdmin, ClassNode), "/walship.v1.KVService/*")
 	add("admins", class(ClassAdmin), "/walship.v1.AdminService/*")
+	// walship ctl failover pause|resume writes the log stores' election
+	// registers (an admin may already Promote, which overrides the
+	// election).
+	add("failover-pause", class(ClassAdmin), "/walship.v1.EpochService/Elect")
 	// Checking an archive (walship ctl verify) and restoring from it
 	// (walship restore) read what it holds, as a node may, and write
 	// nothing there.
