@@ -32,12 +32,14 @@ func devFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 		pol       = primary.DefaultPolicy()
 		keep      bool
 		logstores = 1
+		auto      = true
 	)
 	fs.StringVar(&dataDir, "data-dir", "", "root directory for every node's data (default: a new temporary directory, removed on exit)")
 	fs.IntVar(&replicas, "replicas", 2, "number of replicas")
 	fs.IntVar(&logstores, "logstores", logstores, "number of log stores (3: a majority survives the loss of one; each refills from the others)")
 	fs.IntVar(&basePort, "base-port", 7400, "first log store at this port, primary at +1, replicas from +2, further log stores after them; metrics at the same ports +2000")
 	fs.StringVar(&host, "host", "127.0.0.1", "address every node listens on")
+	fs.BoolVar(&auto, "auto-failover", auto, "fail over by itself when the primary dies (the log stores hold the election, as walship node --auto-failover); false: kill -USR1 leaves promoting a replica to you")
 	fs.BoolVar(&keep, "keep", false, "keep the temporary data directory on exit")
 	durabilityFlag(fs, &pol.Durability)
 	replicationFlag(fs, &pol.Replication)
@@ -86,7 +88,7 @@ func devFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 			defer serve.UseTLS(nil, "")
 		}
 		c, err := cluster.Start(ctx, cluster.Config{
-			Dir: dataDir, LogStores: logstores, Replicas: replicas, Host: host, BasePort: basePort, Metrics: true, Failover: true,
+			Dir: dataDir, LogStores: logstores, Replicas: replicas, Host: host, BasePort: basePort, Metrics: true, Failover: true, AutoFailover: auto,
 			Primary:  func(cfg *primary.Config) { cfg.Policy = pol },
 			LogStore: func(_ int, cfg *logstore.Config) { cfg.Archive.Config = arch },
 			// Data nodes read it: a replica no one else can serve re-seeds from it.
@@ -106,12 +108,13 @@ func devFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 			// write: a Put is two records, the put and its commit.
 			putLSN = st.GetLastLsn() + 2
 		}
-		printDev(env, c, dataDir, tlsDir, clusterID, putLSN)
+		printDev(env, c, dataDir, tlsDir, clusterID, putLSN, auto)
 		if arch.Set() {
 			printDevArchive(env, c, dataDir, host, basePort, arch)
 		}
 		// SIGUSR1 stops whichever data node is the primary, as if its
-		// machine died: then promote a replica. SIGUSR2 starts the
+		// machine died: a replica promotes itself (or, without
+		// --auto-failover, is promoted by hand). SIGUSR2 starts the
 		// stopped nodes again.
 		sigs := make(chan os.Signal, 1)
 		signal.Notify(sigs, syscall.SIGUSR1, syscall.SIGUSR2)
@@ -120,7 +123,7 @@ func devFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 			select {
 			case sig := <-sigs:
 				if sig == syscall.SIGUSR1 {
-					devStopPrimary(env, c)
+					devStopPrimary(env, c, auto)
 				} else {
 					devRestart(ctx, env, c)
 				}
@@ -135,8 +138,9 @@ func devFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 }
 
 // devStopPrimary stops the data node that is the primary (SIGUSR1) and
-// prints the promotion of a replica that still runs.
-func devStopPrimary(env *Env, c *cluster.Cluster) {
+// prints how to watch the automatic failover, or the promotion of a
+// replica that still runs.
+func devStopPrimary(env *Env, c *cluster.Cluster, auto bool) {
 	// The primary of the newest epoch: one a switchover or a promotion
 	// replaced may not have stepped down yet.
 	var stopped *cluster.Node
@@ -160,9 +164,17 @@ func devStopPrimary(env *Env, c *cluster.Cluster) {
 		}
 	}
 	fmt.Fprintf(env.Stdout, "\nstopping %s, the primary (as if its machine died)\n", stopped.Name)
-	if live == nil {
-		fmt.Fprintf(env.Stdout, "no replica runs to promote; start the stopped nodes again:\n  kill -USR2 %d\n", os.Getpid())
-	} else {
+	var addrs []string
+	for _, n := range c.Nodes() {
+		addrs = append(addrs, n.Addr)
+	}
+	switch {
+	case live == nil:
+		fmt.Fprintf(env.Stdout, "no replica runs to take over; start the stopped nodes again:\n  kill -USR2 %d\n", os.Getpid())
+	case auto:
+		fmt.Fprintf(env.Stdout, "failover is automatic: once the log stores stop hearing it (about a second), the most advanced replica promotes itself. Watch it (ELECTION shows each node's view):\n  walship ctl status --nodes %s\nthen start %s again (it rejoins as a replica):\n  kill -USR2 %d\n",
+			strings.Join(addrs, ","), stopped.Name, os.Getpid())
+	default:
 		fmt.Fprintf(env.Stdout, "promote a replica that runs, e.g. %s:\n  walship ctl promote --node %s\nthen start %s again (it rejoins as a replica):\n  kill -USR2 %d\n",
 			live.Name, live.Addr, stopped.Name, os.Getpid())
 	}
@@ -210,7 +222,7 @@ func devTransport(env *Env, host string, withTLS, plaintext bool) error {
 	return nil
 }
 
-func printDev(env *Env, c *cluster.Cluster, dataDir, tlsDir, clusterID string, putLSN uint64) {
+func printDev(env *Env, c *cluster.Cluster, dataDir, tlsDir, clusterID string, putLSN uint64, auto bool) {
 	w := env.Stdout
 	fmt.Fprintf(w, "\nwalship dev cluster is up (data in %s). Ctrl-C stops it.\n", dataDir)
 	fmt.Fprintf(w, "Cluster id %s: stamped in every node's DATA_DIR/cluster; a node of another cluster is refused.\n\n", clusterID)
@@ -257,16 +269,30 @@ Fail over (the nodes are members of one cluster; the log stores are the quorum):
 
   walship ctl status --nodes %[4]s
   walship ctl switchover --primary %[1]s --target replica-0     # planned: nothing lost
-  kill -USR1 %[5]d                                          # stop the primary, as if its machine died
-  walship ctl promote --node %[8]s --dry-run                    # what a promotion would see and risk
-  walship ctl promote --node %[8]s
-  kill -USR2 %[5]d                                          # start the stopped node again: it rejoins as a replica
+%[9]s  kill -USR2 %[5]d                                          # start the stopped node again: it rejoins as a replica
 
 Check that it is linearizable (a bounded workload of its own, checked with porcupine):
 
   walship check linear --primary %[1]s --replica %[2]s --duration 10s
 
-`, p, r, walshipv1.KVService_ServiceDesc.ServiceName, strings.Join(addrs, ","), os.Getpid(), g, putLSN, promote)
+`, p, r, walshipv1.KVService_ServiceDesc.ServiceName, strings.Join(addrs, ","), os.Getpid(), g, putLSN, promote, devFailoverLines(auto, promote, strings.Join(c.LogStoreAddrs(), ",")))
+}
+
+// devFailoverLines are printDev's lines between the switchover and the
+// restart: what to do once the primary died.
+func devFailoverLines(auto bool, promote, logstores string) string {
+	pid := os.Getpid()
+	if auto {
+		return fmt.Sprintf(`  kill -USR1 %[1]d                                          # stop the primary, as if its machine died: a replica promotes itself
+  walship ctl status --nodes %[2]s    # watch it: ELECTION says who holds it and why each node contends or not
+  walship ctl failover pause --logstores %[3]s    # for maintenance: no automatic failover until resume
+  walship ctl failover resume --logstores %[3]s
+`, pid, promote, logstores)
+	}
+	return fmt.Sprintf(`  kill -USR1 %[1]d                                          # stop the primary, as if its machine died
+  walship ctl promote --node %[2]s --dry-run                    # what a promotion would see and risk
+  walship ctl promote --node %[2]s
+`, pid, promote)
 }
 
 // printDevArchive says where the dev cluster archives and how to check

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/freeport"
+	"github.com/walship/walship/internal/logelect"
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/services/logstore"
 	"github.com/walship/walship/services/node"
@@ -52,6 +53,10 @@ type Config struct {
 	// replica-0, ...): a replica can then be promoted by an epoch vote
 	// (AdminService.Promote), and every epoch starts with its epoch record.
 	Failover bool
+	// AutoFailover makes every data node fail over by itself, on the log
+	// stores' election (internal/logelect) with its shipped defaults and
+	// node.DefaultFailoverHolddown (needs Failover).
+	AutoFailover bool
 	// Security is every server's TLS and authorization (zero: plaintext);
 	// the nodes dial with the process's credentials (serve.UseTLS).
 	Security serve.Security
@@ -133,6 +138,18 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 		c.LogStores = append(c.LogStores, n)
 		lsAddrs = append(lsAddrs, n.Addr)
 	}
+	if cfg.AutoFailover {
+		// A data node asks the log stores' election whether the cluster
+		// exists before it bootstraps: they must serve first.
+		for _, n := range c.LogStores {
+			n.start()
+		}
+		for _, n := range c.LogStores {
+			if err := c.WaitServing(ctx, n); err != nil {
+				return nil, err
+			}
+		}
+	}
 	if cfg.Failover {
 		c.members = append(c.members, primary.Member{ID: "primary"})
 		for i := 0; i < cfg.Replicas; i++ {
@@ -159,7 +176,9 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 		c.Replicas = append(c.Replicas, rn)
 	}
 	for _, n := range c.Nodes() {
-		n.start()
+		if n.Stopped() {
+			n.start()
+		}
 	}
 	for _, n := range c.Nodes() {
 		if err := c.WaitServing(ctx, n); err != nil {
@@ -257,11 +276,26 @@ func (c *Cluster) dataNode(name string, role node.Role, i int, listen, metrics s
 	if rc.Primary == "" && c.Primary != nil {
 		cfg.Replica.Primary = c.Primary.Addr
 	}
+	closeElection := func() {}
+	if c.cfg.AutoFailover {
+		el, err := logelect.New(logelect.Config{ID: name, LogStores: logstores, LeaseDuration: logelect.DefaultLeaseDuration,
+			RenewDeadline: logelect.DefaultRenewDeadline, RetryPeriod: logelect.DefaultRetryPeriod, Logger: c.cfg.Logger.With("node", name)})
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		cfg.Election, cfg.ElectionRetry, cfg.FailoverHolddown = el, logelect.DefaultRetryPeriod, node.DefaultFailoverHolddown
+		closeElection = func() { _ = el.Close() }
+	}
 	n, err := labeled(name, func() (*node.Node, error) { return node.New(cfg) })
 	if err != nil {
+		closeElection()
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	return &Node{Name: name, Addr: n.Addr(), MetricsAddr: n.MetricsAddr(), Registry: cfg.Registry, run: n.Run, node: n}, nil
+	run := func(ctx context.Context) error {
+		defer closeElection()
+		return n.Run(ctx)
+	}
+	return &Node{Name: name, Addr: n.Addr(), MetricsAddr: n.MetricsAddr(), Registry: cfg.Registry, run: run, node: n}, nil
 }
 
 func (c *Cluster) newPrimaryAt(logstores []string, listen, metrics string) (*Node, error) {
@@ -358,6 +392,9 @@ func (c *Cluster) Stop() error {
 	c.mu.Unlock()
 	return errors.Join(errs...)
 }
+
+// LogStoreAddrs are the log stores' addresses.
+func (c *Cluster) LogStoreAddrs() []string { return c.logStoreAddrs() }
 
 // StopReplica stops replica i gracefully.
 func (c *Cluster) StopReplica(i int) error { return c.Replicas[i].stop() }
