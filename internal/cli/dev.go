@@ -99,6 +99,14 @@ func devFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 		if err != nil {
 			return err
 		}
+		// SIGUSR1 stops whichever data node is the primary, as if its
+		// machine died: a replica promotes itself (or, without
+		// --auto-failover, is promoted by hand). SIGUSR2 starts the
+		// stopped nodes again. Caught before the banner that tells of
+		// them: a signal sent as soon as it shows must not end the process.
+		sigs := make(chan os.Signal, 1)
+		signal.Notify(sigs, syscall.SIGUSR1, syscall.SIGUSR2)
+		defer signal.Stop(sigs)
 		clusterID, putLSN := "-", uint64(0)
 		if st, err := c.Status(ctx, c.Primary); err == nil {
 			if st.GetClusterId() != "" {
@@ -112,13 +120,6 @@ func devFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 		if arch.Set() {
 			printDevArchive(env, c, dataDir, host, basePort, arch)
 		}
-		// SIGUSR1 stops whichever data node is the primary, as if its
-		// machine died: a replica promotes itself (or, without
-		// --auto-failover, is promoted by hand). SIGUSR2 starts the
-		// stopped nodes again.
-		sigs := make(chan os.Signal, 1)
-		signal.Notify(sigs, syscall.SIGUSR1, syscall.SIGUSR2)
-		defer signal.Stop(sigs)
 		for {
 			select {
 			case sig := <-sigs:
@@ -275,19 +276,19 @@ Check that it is linearizable (a bounded workload of its own, checked with porcu
 
   walship check linear --primary %[1]s --replica %[2]s --duration 10s
 
-`, p, r, walshipv1.KVService_ServiceDesc.ServiceName, strings.Join(addrs, ","), os.Getpid(), g, putLSN, promote, devFailoverLines(auto, promote, strings.Join(c.LogStoreAddrs(), ",")))
+`, p, r, walshipv1.KVService_ServiceDesc.ServiceName, strings.Join(addrs, ","), os.Getpid(), g, putLSN, promote, devFailoverLines(auto, promote, strings.Join(addrs, ","), strings.Join(c.LogStoreAddrs(), ",")))
 }
 
 // devFailoverLines are printDev's lines between the switchover and the
 // restart: what to do once the primary died.
-func devFailoverLines(auto bool, promote, logstores string) string {
+func devFailoverLines(auto bool, promote, nodes, logstores string) string {
 	pid := os.Getpid()
 	if auto {
 		return fmt.Sprintf(`  kill -USR1 %[1]d                                          # stop the primary, as if its machine died: a replica promotes itself
   walship ctl status --nodes %[2]s    # watch it: ELECTION says who holds it and why each node contends or not
   walship ctl failover pause --logstores %[3]s    # for maintenance: no automatic failover until resume
   walship ctl failover resume --logstores %[3]s
-`, pid, promote, logstores)
+`, pid, nodes, logstores)
 	}
 	return fmt.Sprintf(`  kill -USR1 %[1]d                                          # stop the primary, as if its machine died
   walship ctl promote --node %[2]s --dry-run                    # what a promotion would see and risk

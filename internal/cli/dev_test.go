@@ -251,7 +251,7 @@ func TestDevGetHintNamesThePutsLSN(t *testing.T) {
 // runs — and kill -USR2, which starts the stopped node again as a
 // replica of the new primary.
 func TestDevStopAndRestart(t *testing.T) {
-	d := startDev(t, "--replicas", "2")
+	d := startDev(t, "--replicas", "2", "--auto-failover=false")
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("walship dev's output:\n%s", d.out.String())
@@ -296,6 +296,52 @@ func TestDevStopAndRestart(t *testing.T) {
 		code, _, _ := run(t, "ctl", "status", "--nodes", nodes)
 		return code == 0
 	})
+}
+
+// TestDevFailsOverByItself: by default kill -USR1 heals with no command —
+// a replica promotes itself on the log stores' election — and kill -USR2
+// brings the stopped primary back as a replica of the new one.
+func TestDevFailsOverByItself(t *testing.T) {
+	d := startDev(t, "--replicas", "2", "--logstores", "3")
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("walship dev's output:\n%s", d.out.String())
+		}
+	})
+	if !strings.Contains(d.out.String(), "a replica promotes itself") {
+		t.Fatalf("walship dev does not say failover is automatic:\n%s", d.out.String())
+	}
+	p, r0, r1 := d.node(t, "primary"), d.node(t, "replica-0"), d.node(t, "replica-1")
+	signalDev(t, syscall.SIGUSR1)
+	testkit.UntilWithin(t, time.Minute, "walship dev to stop the primary", func() bool {
+		return strings.Contains(d.out.String(), "\nprimary stopped\n")
+	})
+	if !strings.Contains(d.out.String(), "failover is automatic") {
+		t.Fatalf("kill -USR1's text does not say failover is automatic:\n%s", d.out.String())
+	}
+	newPrimary := ""
+	testkit.UntilWithin(t, time.Minute, "a replica to promote itself and take writes", func() bool {
+		for _, a := range []string{r0, r1} {
+			st, err := walshipv1.NewAdminServiceClient(devConn(t, a)).Status(t.Context(), &walshipv1.StatusRequest{})
+			if err == nil && st.GetRole() == walshipv1.Role_ROLE_PRIMARY && st.GetTakingWrites() {
+				newPrimary = a
+				return true
+			}
+		}
+		return false
+	})
+	if _, err := walshipv1.NewKVServiceClient(devConn(t, newPrimary)).Put(t.Context(), &walshipv1.PutRequest{Key: "after", Value: []byte("failover")}); err != nil {
+		t.Fatal(err)
+	}
+	signalDev(t, syscall.SIGUSR2)
+	testkit.UntilWithin(t, time.Minute, "the old primary to rejoin as a replica", func() bool {
+		st, err := walshipv1.NewAdminServiceClient(devConn(t, p)).Status(t.Context(), &walshipv1.StatusRequest{})
+		return err == nil && st.GetRole() == walshipv1.Role_ROLE_REPLICA && st.GetPrimaryId() != "primary"
+	})
+	code, out, _ := run(t, "ctl", "status", "--nodes", strings.Join([]string{p, r0, r1}, ","))
+	if code != 0 || !strings.Contains(out, "ELECTION") {
+		t.Fatalf("ctl status: exit %d, no election view:\n%s", code, out)
+	}
 }
 
 // signalDev sends sig to this process, where walship dev runs and

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -31,6 +32,19 @@ func startAutoCluster(t *testing.T, extra ...string) *failoverCluster {
 	}
 	c.start(t)
 	return c
+}
+
+// withoutFlags drops each of flags, and its value, from args.
+func withoutFlags(args []string, flags ...string) []string {
+	var out []string
+	for i := 0; i < len(args); i++ {
+		if slices.Contains(flags, args[i]) {
+			i++
+			continue
+		}
+		out = append(out, args[i])
+	}
+	return out
 }
 
 // logstoreAddrs are the cluster's log store addresses, comma-separated.
@@ -285,7 +299,12 @@ func TestAutoFailoverSIGSTOP(t *testing.T) {
 func TestMeasureAutoFailover(t *testing.T) {
 	runs := measureRuns(t, "WALSHIP_AUTOFAILOVER_RUNS", "automatic failover times")
 	needLinux(t)
-	c := startAutoCluster(t, "--failover-holddown", "1s")
+	c := newFailoverCluster(t, func(i int) string { return fmt.Sprintf("n%d", i) })
+	for _, n := range c.nodes {
+		// The shipped lease and heartbeat, not the failover cluster's.
+		n.args = append(withoutFlags(n.args, "--lease-timeout", "--heartbeat-interval"), "--auto-failover", "--failover-holddown", "1s")
+	}
+	c.start(t)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Duration(runs)*time.Minute)
 	defer cancel()
 	cl, err := client.New(c.addrs(), client.Options{Retry: 30 * time.Second})
