@@ -296,6 +296,7 @@ func TestAutoFailoverSIGSTOP(t *testing.T) {
 // another faster than it). Each cycle kills the current primary, waits
 // for the first acknowledged write through a client of every node, and
 // restarts the killed node, which rejoins as a replica and catches up.
+// WALSHIP_AUTOFAILOVER_FLAGS adds flags to every data node.
 func TestMeasureAutoFailover(t *testing.T) {
 	runs := measureRuns(t, "WALSHIP_AUTOFAILOVER_RUNS", "automatic failover times")
 	needLinux(t)
@@ -303,6 +304,8 @@ func TestMeasureAutoFailover(t *testing.T) {
 	for _, n := range c.nodes {
 		// The shipped lease and heartbeat, not the failover cluster's.
 		n.args = append(withoutFlags(n.args, "--lease-timeout", "--heartbeat-interval"), "--auto-failover", "--failover-holddown", "1s")
+		// Tuning to compare with the defaults, e.g. "--lease-timeout 700ms".
+		n.args = append(n.args, strings.Fields(os.Getenv("WALSHIP_AUTOFAILOVER_FLAGS"))...)
 	}
 	c.start(t)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Duration(runs)*time.Minute)

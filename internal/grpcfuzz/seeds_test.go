@@ -98,6 +98,11 @@ func seeds(bigValue int) []seed {
 	add(targetReplica, classNode, "/walship.v1.EpochService/Fence",
 		&walshipv1.FenceRequest{Epoch: epoch + 1, CandidateId: "replica-0", CandidateAddr: "${replica_addr}", ClusterId: "${cluster_id}"})
 
+	add(targetLogStore, classNode, "/walship.v1.EpochService/Elect",
+		&walshipv1.ElectRequest{Op: walshipv1.ElectOp_ELECT_OP_READ},
+		&walshipv1.ElectRequest{Op: walshipv1.ElectOp_ELECT_OP_CAMPAIGN, CandidateId: "replica-0", Term: 1, Create: true, Lease: durationpb.New(time.Second)},
+		&walshipv1.ElectRequest{Op: walshipv1.ElectOp_ELECT_OP_RENEW, CandidateId: "replica-0", Term: 1, Lease: durationpb.New(time.Second)})
+
 	repl := "/walship.v1.ReplicationService/"
 	add(targetPrimary, classNode, repl+"Stream",
 		&walshipv1.StreamRequest{Msg: &walshipv1.StreamRequest_Hello{Hello: &walshipv1.ReplicaHello{ReplicaId: "fuzz-r", Epoch: epoch, NextLsn: 1,
