@@ -196,6 +196,9 @@ type failoverCheck struct {
 	duration, after             time.Duration
 	clients                     int
 	rate                        float64
+	// auto: for --fault kill, the cluster fails over by itself
+	// (--auto-failover): the check promotes no one, it waits.
+	auto bool
 }
 
 func checkFailoverFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
@@ -203,6 +206,7 @@ func checkFailoverFlags(fs *flag.FlagSet, env *Env) func(context.Context) error 
 	fs.Var(listFlag{&c.nodes}, "nodes", "gRPC addresses of the cluster's data nodes, comma-separated (required)")
 	fs.StringVar(&c.fault, "fault", "switchover", "the fault: switchover (planned: nothing may be lost), or kill (run --kill-command, then promote the most advanced replica)")
 	fs.StringVar(&c.killCmd, "kill-command", "", "for --fault kill: a shell command that kills the primary (kill -9, SIGSTOP, a VM power-off)")
+	fs.BoolVar(&c.auto, "auto-failover", false, "for --fault kill: promote no one, wait for the cluster's automatic failover (walship node --auto-failover, walship dev) to make a replica the primary")
 	fs.DurationVar(&c.duration, "duration", 20*time.Second, "how long to run the workload (at most 1h)")
 	fs.DurationVar(&c.after, "fault-after", 0, "when to inject the fault (default: a third of --duration)")
 	fs.IntVar(&c.clients, "concurrency", 6, "concurrent clients (at most 64)")
@@ -305,7 +309,7 @@ func (c *failoverCheck) runWithFault(ctx context.Context, env *Env, cl *client.C
 	case <-t.C:
 	}
 	faultAt := time.Now()
-	if err := injectFault(ctx, env, h, c.fault, c.killCmd, primaryAddr, c.nodes); err != nil {
+	if err := injectFault(ctx, env, h, c.fault, c.killCmd, primaryAddr, c.nodes, c.auto); err != nil {
 		<-done
 		return err
 	}
@@ -320,7 +324,7 @@ func (c *failoverCheck) runWithFault(ctx context.Context, env *Env, cl *client.C
 
 // injectFault switches over to another data node, or runs killCmd and
 // promotes the most advanced replica that can reach its quorum.
-func injectFault(ctx context.Context, env *Env, h *check.History, fault, killCmd, primaryAddr string, nodes []string) error {
+func injectFault(ctx context.Context, env *Env, h *check.History, fault, killCmd, primaryAddr string, nodes []string, auto bool) error {
 	statuses := map[string]*walshipv1.StatusResponse{}
 	for _, a := range nodes {
 		if st, err := nodeStatus(ctx, a); err == nil {
@@ -360,6 +364,9 @@ func injectFault(ctx context.Context, env *Env, h *check.History, fault, killCmd
 		if out, err := exec.CommandContext(ctx, "sh", "-c", killCmd).CombinedOutput(); err != nil {
 			return fmt.Errorf("--kill-command: %v\n%s", err, out)
 		}
+		if auto {
+			return awaitAutoFailover(ctx, env, h, cands, statuses)
+		}
 		var errs []string
 		for _, a := range cands {
 			resp, err := serve.Call(ctx, a, 30*time.Second, func(ctx context.Context, cc *grpc.ClientConn) (*walshipv1.PromoteResponse, error) {
@@ -374,6 +381,35 @@ func injectFault(ctx context.Context, env *Env, h *check.History, fault, killCmd
 			errs = append(errs, fmt.Sprintf("%s: %v", a, err))
 		}
 		return fmt.Errorf("no replica could be promoted: %s", strings.Join(errs, "; "))
+	}
+}
+
+// awaitAutoFailover waits, up to a minute, for one of cands to be the
+// primary and take writes by the cluster's automatic failover.
+func awaitAutoFailover(ctx context.Context, env *Env, h *check.History, cands []string, statuses map[string]*walshipv1.StatusResponse) error {
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	for {
+		for _, a := range cands {
+			st, err := nodeStatus(ctx, a)
+			if err == nil && st.GetRole() == walshipv1.Role_ROLE_PRIMARY && st.GetTakingWrites() {
+				h.Note("%s promoted itself (epoch %d)", st.GetId(), st.GetEpoch())
+				fmt.Fprintf(env.Stdout, "%s promoted itself to epoch %d, %v after the kill\n", st.GetId(), st.GetEpoch(), time.Since(start).Round(time.Millisecond))
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			var why []string
+			for _, a := range cands {
+				if st, err := nodeStatus(context.WithoutCancel(ctx), a); err == nil {
+					why = append(why, fmt.Sprintf("%s: %s", statuses[a].GetId(), dash(st.GetElection().GetContend())))
+				}
+			}
+			return fmt.Errorf("--auto-failover: no replica promoted itself within a minute of the kill (%s)", strings.Join(why, "; "))
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 }
 
