@@ -185,6 +185,16 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 			return nil, err
 		}
 	}
+	if cfg.AutoFailover {
+		// Serving is not yet taking writes: the primary first wins the
+		// election it creates.
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := c.waitTakingWrites(wctx, c.Primary)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+	}
 	ok = true
 	return c, nil
 }
