@@ -25,7 +25,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // baseTime is the commit time of test batches unless a test chooses one.
 var baseTime = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
 
-func testConfig(t *testing.T, dir string) Config {
+func testConfig(t testing.TB, dir string) Config {
 	t.Helper()
 	cfg := DefaultConfig()
 	cfg.Listen = "127.0.0.1:0"
@@ -40,7 +40,7 @@ func testConfig(t *testing.T, dir string) Config {
 
 // running is a log store served in-process on loopback with real gRPC clients.
 type running struct {
-	t      *testing.T
+	t      testing.TB
 	s      *Server
 	cfg    Config
 	conn   *grpc.ClientConn
@@ -53,7 +53,7 @@ type running struct {
 }
 
 // start serves a log store; opts change the Server before it runs.
-func start(t *testing.T, cfg Config, opts ...func(*Server)) *running {
+func start(t testing.TB, cfg Config, opts ...func(*Server)) *running {
 	t.Helper()
 	s, err := New(cfg)
 	if err != nil {
@@ -110,12 +110,12 @@ func (r *running) wait() error {
 // batch builds a real envelope: txns whole transactions (a put and a
 // commit each, so 2 LSNs per transaction) from LSN first, encoded once with
 // MessagePack.
-func batch(t *testing.T, epoch, first uint64, txns, valueBytes int) *walshipv1.WalBatch {
+func batch(t testing.TB, epoch, first uint64, txns, valueBytes int) *walshipv1.WalBatch {
 	t.Helper()
 	return batchAt(t, epoch, first, txns, valueBytes, baseTime)
 }
 
-func batchAt(t *testing.T, epoch, first uint64, txns, valueBytes int, at time.Time) *walshipv1.WalBatch {
+func batchAt(t testing.TB, epoch, first uint64, txns, valueBytes int, at time.Time) *walshipv1.WalBatch {
 	t.Helper()
 	var b codec.Batch
 	lsn := first
@@ -143,7 +143,7 @@ func batchAt(t *testing.T, epoch, first uint64, txns, valueBytes int, at time.Ti
 }
 
 // chain builds n consecutive batches of one transaction each from LSN first.
-func chain(t *testing.T, epoch, first uint64, n, valueBytes int) []*walshipv1.WalBatch {
+func chain(t testing.TB, epoch, first uint64, n, valueBytes int) []*walshipv1.WalBatch {
 	var out []*walshipv1.WalBatch
 	for i := 0; i < n; i++ {
 		b := batch(t, epoch, first, 1, valueBytes)
@@ -155,7 +155,7 @@ func chain(t *testing.T, epoch, first uint64, n, valueBytes int) []*walshipv1.Wa
 
 // appender is a client Append stream.
 type appender struct {
-	t      *testing.T
+	t      testing.TB
 	stream walshipv1.LogStoreService_AppendClient
 	cancel context.CancelFunc
 	// declared: a heartbeat stated the sender's epoch, as the first
@@ -163,7 +163,7 @@ type appender struct {
 	declared bool
 }
 
-func (r *running) append(t *testing.T) *appender {
+func (r *running) append(t testing.TB) *appender {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	stream, err := r.ls.Append(ctx)
@@ -242,7 +242,7 @@ func (a *appender) failure() error {
 }
 
 // appendAll appends bs on a new stream and waits for their durable ack.
-func (r *running) appendAll(t *testing.T, bs ...*walshipv1.WalBatch) *walshipv1.AppendResponse {
+func (r *running) appendAll(t testing.TB, bs ...*walshipv1.WalBatch) *walshipv1.AppendResponse {
 	t.Helper()
 	a := r.append(t)
 	// The sender is a primary of the newest epoch among them: it may ship
@@ -267,7 +267,7 @@ func (r *running) appendAll(t *testing.T, bs ...*walshipv1.WalBatch) *walshipv1.
 }
 
 // readAll runs a Read and returns what it sent and how it ended.
-func (r *running) readAll(t *testing.T, req *walshipv1.ReadRequest) ([]*walshipv1.WalBatch, error) {
+func (r *running) readAll(t testing.TB, req *walshipv1.ReadRequest) ([]*walshipv1.WalBatch, error) {
 	t.Helper()
 	stream, err := r.ls.Read(t.Context(), req)
 	if err != nil {
@@ -286,7 +286,7 @@ func (r *running) readAll(t *testing.T, req *walshipv1.ReadRequest) ([]*walshipv
 	}
 }
 
-func sameBatches(t *testing.T, got, want []*walshipv1.WalBatch) {
+func sameBatches(t testing.TB, got, want []*walshipv1.WalBatch) {
 	t.Helper()
 	if len(got) != len(want) {
 		t.Fatalf("got %d batches %s, want %d %s", len(got), ranges(got), len(want), ranges(want))
@@ -307,7 +307,7 @@ func ranges(bs []*walshipv1.WalBatch) string {
 }
 
 // wantCode checks err's gRPC code and that its message holds every substring.
-func wantCode(t *testing.T, err error, code codes.Code, subs ...string) {
+func wantCode(t testing.TB, err error, code codes.Code, subs ...string) {
 	t.Helper()
 	if err == nil {
 		t.Fatalf("got no error, want %v %q", code, subs)
@@ -323,7 +323,7 @@ func wantCode(t *testing.T, err error, code codes.Code, subs ...string) {
 	}
 }
 
-func (r *running) status(t *testing.T) *walshipv1.LogStoreServiceStatusResponse {
+func (r *running) status(t testing.TB) *walshipv1.LogStoreServiceStatusResponse {
 	t.Helper()
 	st, err := r.ls.Status(t.Context(), &walshipv1.LogStoreServiceStatusRequest{})
 	if err != nil {
