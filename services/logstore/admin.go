@@ -14,7 +14,7 @@ import (
 // Status reports what the log store holds.
 func (h *logStoreServer) Status(ctx context.Context, _ *walshipv1.LogStoreServiceStatusRequest) (*walshipv1.LogStoreServiceStatusResponse, error) {
 	// A log store listed among its own peers knows itself by this.
-	_ = grpc.SetHeader(ctx, metadata.Pairs(instanceHeader, h.s.instance))
+	_ = grpc.SetHeader(ctx, metadata.Pairs(instanceHeader, h.s.fill.instance))
 	return h.s.Status(), nil
 }
 
@@ -33,7 +33,7 @@ func (s *Server) Status() *walshipv1.LogStoreServiceStatusResponse {
 		PrimaryId:   v.Primary,
 		PrimaryAddr: v.Addr,
 		ClusterId:   s.cluster.ID(),
-		Refilling:   s.refilling.Load(),
+		Refilling:   s.fill.refilling.Load(),
 		Snapshots:   s.snaps.infos(),
 		Archive:     s.archiveStatus(),
 	}
@@ -84,7 +84,7 @@ func (a *adminServer) Status(context.Context, *walshipv1.StatusRequest) (*walshi
 		WalFirstLsn: s.wal.FirstLSN(),
 		Serving:     s.srv.Serving(),
 		ClusterId:   s.cluster.ID(),
-		Refilling:   s.refilling.Load(),
+		Refilling:   s.fill.refilling.Load(),
 		Archive:     s.archiveStatus(),
 	}
 	orphans, err := datadir.ListOrphans(s.fs, s.cfg.DataDir)

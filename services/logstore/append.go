@@ -16,6 +16,7 @@ import (
 	"github.com/walship/walship/internal/failover"
 	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/wal"
+	"github.com/walship/walship/internal/watermark"
 	"github.com/walship/walship/pkg/codec"
 	"golang.org/x/sync/semaphore"
 )
@@ -150,7 +151,7 @@ func (s *Server) openStream() (*appendStream, error) {
 		return nil, refuse(rpcerr.ErrUnavailable, "log store failed: %v", s.fatal)
 	case s.stopping:
 		return nil, errStopping
-	case s.refilling.Load():
+	case s.fill.refilling.Load():
 		return nil, s.errRefilling()
 	}
 	st := &appendStream{
@@ -218,7 +219,7 @@ func (s *Server) enqueue(r *appendReq) error {
 	switch {
 	case s.fatal != nil:
 		return refuse(rpcerr.ErrUnavailable, "log store failed: %v", s.fatal)
-	case s.stopping, s.queueClosed:
+	case s.stopping, s.w.closed:
 		return errStopping
 	}
 	r.st.mu.Lock()
@@ -230,14 +231,14 @@ func (s *Server) enqueue(r *appendReq) error {
 	if stopping {
 		return errStopping
 	}
-	s.queue = append(s.queue, r)
+	s.w.queue = append(s.w.queue, r)
 	if r.hb.GetReplyRequested() {
-		s.urgent = true
+		s.w.urgent = true
 	}
-	s.nQueued++
-	s.queued.Advance(s.nQueued)
+	s.w.nQueued++
+	s.w.queued.Advance(s.w.nQueued)
 	select {
-	case s.kick <- struct{}{}:
+	case s.w.kick <- struct{}{}:
 	default:
 	}
 	return nil
@@ -359,6 +360,37 @@ func checkBatch(b *walshipv1.WalBatch, known, bound uint64) error {
 	return nil
 }
 
+// writerState is the writer goroutine's (writer, below): the queue every
+// Append stream, fence and refill feeds, and what only the writer changes.
+//
+//   - queue, urgent and closed are guarded by Server.mu (the receiving
+//     goroutines and Fence append, the writer takes the whole queue each
+//     round); kick (capacity 1) wakes the writer after a push.
+//   - nQueued is guarded by Server.mu too; queued publishes it.
+//   - nWrites and lastContact are the writer's alone (walMu held);
+//     writes publishes nWrites for Read streams of an empty log store.
+//
+// The writer holds walMu for a whole round or fence; under it, it takes
+// Server.mu (failAll, beginRefill, a fence ending stale streams), then a
+// stream's mu (finish, setErr). The package's lock order is in doc.go.
+type writerState struct {
+	queue  []*appendReq
+	urgent bool // the queue holds a heartbeat or fence asking for a reply
+	closed bool // the writer has exited or is about to: nothing more is queued
+	kick   chan struct{}
+
+	nQueued uint64              // requests ever queued
+	queued  watermark.Watermark // nQueued, for waiters (tests)
+
+	// nWrites counts the rounds that appended; writes publishes it for
+	// followers of an empty log store.
+	nWrites uint64
+	writes  watermark.Watermark
+	// lastContact is when the writer last admitted a request of a
+	// primary that was not refused (a fence reports it).
+	lastContact time.Time
+}
+
 // writer is the goroutine that owns the WAL's append side. Each round takes
 // every queued request from every stream, writes the accepted batches with
 // one Append call, fsyncs once and then acknowledges each stream once. It
@@ -377,10 +409,10 @@ func (s *Server) writer(stop <-chan struct{}) error {
 			return err
 		}
 		s.mu.Lock()
-		reqs := s.queue
-		s.queue = nil
-		s.urgent = false
-		closed := s.queueClosed
+		reqs := s.w.queue
+		s.w.queue = nil
+		s.w.urgent = false
+		closed := s.w.closed
 		s.mu.Unlock()
 		if len(reqs) > 0 {
 			if err := s.rounds(reqs); err != nil {
@@ -393,10 +425,10 @@ func (s *Server) writer(stop <-chan struct{}) error {
 			return nil
 		}
 		select {
-		case <-s.kick:
+		case <-s.w.kick:
 		case <-stop:
 			s.mu.Lock()
-			s.queueClosed = true
+			s.w.closed = true
 			s.mu.Unlock()
 		}
 	}
@@ -449,7 +481,7 @@ func (s *Server) awaitRound(lastRound time.Time, stop <-chan struct{}) error {
 	defer t.Stop()
 	for {
 		s.mu.Lock()
-		done := s.urgent || s.queueClosed || s.stopping
+		done := s.w.urgent || s.w.closed || s.stopping
 		s.mu.Unlock()
 		if done {
 			return nil
@@ -457,7 +489,7 @@ func (s *Server) awaitRound(lastRound time.Time, stop <-chan struct{}) error {
 		select {
 		case <-t.C:
 			return nil
-		case <-s.kick:
+		case <-s.w.kick:
 		case <-stop:
 			return nil
 		}
@@ -547,10 +579,10 @@ func (s *Server) round(reqs []*appendReq) error {
 		if archiveBatches > 0 {
 			s.arch.m.refillBatches.Add(float64(archiveBatches))
 		}
-		s.nWrites++
-		s.writes.Advance(s.nWrites)
+		s.w.nWrites++
+		s.w.writes.Advance(s.w.nWrites)
 		select {
-		case s.retKick <- struct{}{}:
+		case s.ret.kick <- struct{}{}:
 		default:
 		}
 	}
@@ -586,7 +618,7 @@ func (s *Server) admit(r *appendReq, walLast uint64, last *uint64, entries *[]wa
 	if r.refill != nil {
 		return s.admitRefill(r, walLast, last, entries)
 	}
-	if s.refilling.Load() {
+	if s.fill.refilling.Load() {
 		// Queued before the refill began: the refill is the only writer
 		// until it ends.
 		return s.errRefilling(), nil
@@ -641,7 +673,7 @@ func (s *Server) admit(r *appendReq, walLast uint64, last *uint64, entries *[]wa
 		*entries = append(*entries, wal.Entry{FirstLSN: b.FirstLsn, LastLSN: b.LastLsn, Data: r.data})
 		*last = b.LastLsn
 	}
-	s.lastContact = time.Now()
+	s.w.lastContact = time.Now()
 	return nil, nil
 }
 
@@ -779,9 +811,9 @@ func (s *Server) failAll(err error, round []*appendReq) {
 	}
 	s.mu.Lock()
 	s.fatal = err
-	s.queueClosed = true
-	queued := s.queue
-	s.queue = nil
+	s.w.closed = true
+	queued := s.w.queue
+	s.w.queue = nil
 	for st := range s.streams {
 		st.setErr(failure)
 	}

@@ -47,20 +47,20 @@ func TestAppendBudgetBoundsQueuedBytes(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("the first fsync never started")
 	}
-	base := r.s.queued.Load() // batch 0, in the writer's round
+	base := r.s.w.queued.Load() // batch 0, in the writer's round
 	a.send(bs[1:]...)
 	// The budget holds batch 0 and what is queued behind it: 2 MiB of
 	// batches of 64 KiB and a few bytes.
 	most := uint64(2*cfg.MaxMessageBytes/size) - 1
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
-	if _, err := r.s.queued.Wait(ctx, base+most-1); err != nil {
+	if _, err := r.s.w.queued.Wait(ctx, base+most-1); err != nil {
 		t.Fatalf("the budget's worth of batches never queued: %v", err)
 	}
 	// No more may: give the receiver half a second to go past the budget.
 	short, cancelShort := context.WithTimeout(t.Context(), 500*time.Millisecond)
 	defer cancelShort()
-	if got, err := r.s.queued.Wait(short, base+most+1); !errors.Is(err, context.DeadlineExceeded) {
+	if got, err := r.s.w.queued.Wait(short, base+most+1); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("%d batches of %d bytes queued behind a blocked fsync (%v); the budget allows %d", got-base, size, err, most)
 	}
 	unblock()

@@ -227,6 +227,31 @@
 // that happened since the log store started, and damage inside intact
 // frames (a payload CRC, an epoch, LSNs) that recovery does not look at.
 //
+// # Goroutines and locks
+//
+// Run starts four goroutines besides gRPC's, each owning one job and the
+// state of its own type: the writer (writerState, append.go) owns the
+// WAL's append side, the epoch files and the queue's consumer end;
+// retention (retentionState, retention.go) removes old segments and
+// snapshots; the refiller (refillState, refill.go) copies what the log
+// store lacks from its peers through the writer; the archiver (archiver,
+// archive.go) uploads. Each Append stream has a receiving goroutine and
+// a sending one (appendStream); Read, GetSnapshot, PutSnapshot and Verify
+// handlers run on gRPC's.
+//
+// Lock order — a goroutine holding one of these takes only those after it:
+//
+//	ret.mu → pins.mu → walMu → mu → appendStream.mu
+//
+// ret.mu makes a retention pass exclusive; pins.mu keeps readers from
+// pinning what the pass cuts; walMu serialises the WAL's single-writer
+// operations (a writer round or fence, retention's cut); mu guards the
+// streams, the lifecycle flags and the writer's queue (the writer takes
+// it under walMu to end streams: beginRefill, a fence); a stream's mu
+// its acks. snaps.mu and archiver.mu are leaves: taken under any of the
+// above, nothing is taken under them. putSem (one PutSnapshot at a time)
+// is held for a whole upload and taken before any mutex.
+//
 // # Lifecycle
 //
 // New recovers the WAL (a torn tail is cut) and the epoch, and listens;

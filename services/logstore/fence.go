@@ -44,15 +44,15 @@ func (h *epochServer) Fence(ctx context.Context, req *walshipv1.FenceRequest) (*
 	case s.fatal != nil:
 		s.mu.Unlock()
 		return nil, toStatus(refuse(rpcerr.ErrUnavailable, "log store failed: %v", s.fatal))
-	case s.stopping, s.queueClosed:
+	case s.stopping, s.w.closed:
 		s.mu.Unlock()
 		return nil, toStatus(errStopping)
 	}
-	s.queue = append(s.queue, r)
-	s.urgent = true
+	s.w.queue = append(s.w.queue, r)
+	s.w.urgent = true
 	s.mu.Unlock()
 	select {
-	case s.kick <- struct{}{}:
+	case s.w.kick <- struct{}{}:
 	default:
 	}
 	select {
@@ -110,8 +110,8 @@ func (s *Server) handleFence(r *appendReq) error {
 		return nil
 	}
 	resp := s.fenceState()
-	if !s.lastContact.IsZero() {
-		resp.SincePrimaryContact = durationpb.New(time.Since(s.lastContact))
+	if !s.w.lastContact.IsZero() {
+		resp.SincePrimaryContact = durationpb.New(time.Since(s.w.lastContact))
 	}
 	promised := false
 	for _, e := range st.Effects {

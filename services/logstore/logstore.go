@@ -16,7 +16,6 @@ import (
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/vfs"
 	"github.com/walship/walship/internal/wal"
-	"github.com/walship/walship/internal/watermark"
 	"google.golang.org/grpc"
 )
 
@@ -45,33 +44,20 @@ type Server struct {
 	// adopted from the first fence or primary's heartbeat that states one,
 	// by the writer; peers of another cluster are refused.
 	cluster *datadir.Cluster
-	// lastContact is when the writer last admitted a request of a
-	// primary that was not refused (writer-only; a fence reports it).
-	lastContact time.Time
 	// orphans counts entries cut into orphan files (for Status and metrics).
 	orphanedRecords atomic.Uint64
 
-	// nWrites counts the writer's rounds that appended (writer-only);
-	// writes publishes it for followers of an empty log store.
-	nWrites uint64
-	writes  watermark.Watermark
-
 	// walMu serialises the WAL's single-writer operations: the writer's
-	// Append+Sync rounds and retention's TruncateBefore.
+	// Append+Sync rounds and fences, and retention's TruncateBefore.
 	walMu sync.Mutex
 
-	// mu guards the append queue, the registered streams and the
-	// lifecycle flags below.
-	mu          sync.Mutex
-	queue       []*appendReq
-	urgent      bool // the queue holds a heartbeat asking for a reply
-	streams     map[*appendStream]struct{}
-	stopping    bool  // graceful stop began: no new streams or requests
-	queueClosed bool  // the writer has exited or is about to
-	fatal       error // the WAL failed; set once
-	kick        chan struct{}
-	nQueued     uint64              // requests ever queued
-	queued      watermark.Watermark // nQueued, for waiters (tests)
+	// mu guards the registered streams, the lifecycle flags below and the
+	// writer's queue (w.queue, w.urgent, w.closed): a request is admitted
+	// (not stopping, not failed) and queued in one critical section.
+	mu       sync.Mutex
+	streams  map[*appendStream]struct{}
+	stopping bool  // graceful stop began: no new streams or requests
+	fatal    error // the WAL failed; set once
 
 	// active tracks RPC handlers and their receive goroutines, so Run
 	// closes the WAL only after every one has returned. Add is only called
@@ -83,29 +69,13 @@ type Server struct {
 	stopReads       context.Context
 	cancelStopReads context.CancelFunc
 
-	// refilling is set while the log store copies what it lacks from its
-	// peers (refill.go): Append is refused meanwhile. refillWhy says why;
-	// refillKick wakes the refiller; skippedPeers counts the peers it
-	// will not use (this log store itself, found in the list, or a bad
-	// address); instance is the token that tells it itself.
-	refilling    atomic.Bool
-	refillWhy    atomic.Pointer[string]
-	refillKick   chan struct{}
-	skippedPeers atomic.Int32
-	instance     string
-
-	retKick   chan struct{}
-	firstKept watermark.Watermark  // FirstLSN after each retention pass, for waiters
-	retMu     sync.Mutex           // one retention pass at a time; guards commitAt
-	commitAt  map[uint64]time.Time // segment first LSN -> commit time of its newest batch
-	// heldBytes is what the last retention pass kept only so that the log
-	// after the newest snapshot stays restorable.
-	heldBytes atomic.Int64
+	w    writerState    // the writer goroutine (append.go)
+	ret  retentionState // the retention goroutine (retention.go)
+	fill refillState    // the refiller goroutine (refill.go)
 
 	// snaps are the stored base snapshots (DataDir/snapshots); putSem lets
 	// one upload through at a time; pins are the positions of readers
-	// that retention must not cut. Lock order: retMu, pins.mu, walMu,
-	// snaps.mu.
+	// that retention must not cut (lock order: see the package's).
 	snaps  snapshotList
 	putSem chan struct{}
 	pins   pins
@@ -130,18 +100,15 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{
-		cfg:      cfg,
-		logger:   cfg.Logger,
-		fs:       cfg.FS,
-		now:      cfg.Now,
-		streams:  make(map[*appendStream]struct{}),
-		kick:     make(chan struct{}, 1),
-		retKick:  make(chan struct{}, 1),
-		commitAt: make(map[uint64]time.Time),
-
-		refillKick: make(chan struct{}, 1),
-		instance:   newInstance(),
-		putSem:     make(chan struct{}, 1),
+		cfg:     cfg,
+		logger:  cfg.Logger,
+		fs:      cfg.FS,
+		now:     cfg.Now,
+		streams: make(map[*appendStream]struct{}),
+		w:       writerState{kick: make(chan struct{}, 1)},
+		ret:     retentionState{kick: make(chan struct{}, 1), commitAt: make(map[uint64]time.Time)},
+		fill:    refillState{kick: make(chan struct{}, 1), instance: newInstance()},
+		putSem:  make(chan struct{}, 1),
 
 		snapshotWait: snapshotDurableWait,
 	}
@@ -183,8 +150,8 @@ func New(cfg Config) (*Server, error) {
 		// Empty, with peers: copy what they keep first, rather than start
 		// at the primary's oldest batch without the history before it.
 		why := "this log store is empty"
-		s.refillWhy.Store(&why)
-		s.refilling.Store(true)
+		s.fill.why.Store(&why)
+		s.fill.refilling.Store(true)
 	}
 	srv, err := serve.New(serve.Options{
 		Security:        cfg.Security,
@@ -254,7 +221,7 @@ func (s *Server) recover() error {
 	if ri := log.Recovery(); ri.TornSegment != "" {
 		s.logger.Warn("cut a torn WAL tail", "segment", ri.TornSegment, "offset", ri.TornOffset, "bytes", ri.TornBytes, "reason", ri.TornReason)
 	}
-	s.firstKept.Advance(log.FirstLSN())
+	s.ret.firstKept.Advance(log.FirstLSN())
 	if err := s.recoverSnapshots(); err != nil {
 		_ = log.Close()
 		return err
@@ -376,7 +343,7 @@ func (s *Server) Run(ctx context.Context) error {
 	go func() { serveDone <- s.srv.Serve(serveCtx, s.beginStop) }()
 	s.srv.SetServing(true)
 	s.logger.Info("log store serving", "addr", s.Addr(), "metrics", s.MetricsAddr(), "cluster_id", s.cluster.ID(), "epoch", s.epoch.Load(),
-		"first_lsn", s.wal.FirstLSN(), "durable_lsn", s.wal.DurableLSN(), "peers", len(s.cfg.Peers), "refilling", s.refilling.Load(),
+		"first_lsn", s.wal.FirstLSN(), "durable_lsn", s.wal.DurableLSN(), "peers", len(s.cfg.Peers), "refilling", s.fill.refilling.Load(),
 		"retention_bytes", s.cfg.RetentionBytes, "retention_age", s.cfg.RetentionAge)
 
 	var serveErr, fatal error

@@ -461,7 +461,7 @@ func TestRestartKeepsDurable(t *testing.T) {
 	r = start(t, cfg)
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
-	if _, err := r.s.firstKept.Wait(ctx, 2); err != nil {
+	if _, err := r.s.ret.firstKept.Wait(ctx, 2); err != nil {
 		t.Fatalf("retention did not run at start: %v", err)
 	}
 	if st := r.status(t); st.DurableLsn != 82 || st.FirstLsn <= 1 {
@@ -483,7 +483,7 @@ func TestRetentionBytes(t *testing.T) {
 	// first LSN, then run one more pass to be sure it has settled.
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
-	if _, err := r.s.firstKept.Wait(ctx, 2); err != nil {
+	if _, err := r.s.ret.firstKept.Wait(ctx, 2); err != nil {
 		t.Fatalf("retention never removed a segment: %v", err)
 	}
 	if _, err := r.s.enforceRetention(ctx); err != nil {
@@ -581,7 +581,7 @@ func TestGroupFsync(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("the first fsync never started")
 	}
-	base := r.s.queued.Load() // batch 0
+	base := r.s.w.queued.Load() // batch 0
 	a.send(bs[1:]...)
 	const others = 3
 	var hbs []*appender
@@ -593,7 +593,7 @@ func TestGroupFsync(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
-	if _, err := r.s.queued.Wait(ctx, base+uint64(len(bs)-1+2*others)); err != nil {
+	if _, err := r.s.w.queued.Wait(ctx, base+uint64(len(bs)-1+2*others)); err != nil {
 		t.Fatalf("requests never queued: %v", err)
 	}
 	close(release)

@@ -80,7 +80,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		Name: "walship_logstore_refilling",
 		Help: "1 while the log store copies what it lacks from its peers and refuses Append streams.",
 	}, func() float64 {
-		if s.refilling.Load() {
+		if s.fill.refilling.Load() {
 			return 1
 		}
 		return 0
@@ -127,7 +127,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 	held := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "walship_logstore_retention_held_bytes",
 		Help: "WAL bytes retention would remove but keeps: the log after the newest base snapshot stays restorable, and, with an archive, nothing leaves before it is archived. Grows while no new snapshot arrives or archiving is behind.",
-	}, func() float64 { return float64(s.heldBytes.Load()) })
+	}, func() float64 { return float64(s.ret.heldBytes.Load()) })
 	m.collectors = []prometheus.Collector{m.appendedBytes, m.readBytes, m.fsyncSeconds, m.fsyncErrors,
 		m.appendStreams, m.readStreams, m.fences, m.orphaned, m.clusterMismatch, m.refillBatches, m.refillBytes, refilling, durable, first, stored, epoch,
 		m.snapshotPuts, m.snapshotsServed, m.snapshotSentBytes, snapshots, snapshotBytes, held,

@@ -67,14 +67,14 @@ func (s *Server) read(ctx context.Context, req *walshipv1.ReadRequest, stream wa
 		// From the oldest LSN kept; a follower of an empty log store waits
 		// for the first batch, whatever its LSN.
 		for {
-			rounds := s.writes.Load()
+			rounds := s.w.writes.Load()
 			if from = s.wal.FirstLSN(); from != 0 {
 				break
 			}
 			if !follow {
 				return nil
 			}
-			if _, err := s.writes.Wait(ctx, rounds+1); err != nil {
+			if _, err := s.w.writes.Wait(ctx, rounds+1); err != nil {
 				return err
 			}
 		}

@@ -37,6 +37,29 @@ import (
 // that epoch's primary cut. What no peer can supply comes from the archive,
 // if one is configured (refill_archive.go).
 
+// refillState is the refiller goroutine's (refiller, below), and what the
+// rest of the log store reads of it. All of it is atomic or a channel: no
+// lock guards it.
+//
+//   - refilling is set by New (an empty log store with peers) or by the
+//     writer (beginRefill, on a gap) and cleared by the refiller when the
+//     copy ends; while set, Append is refused and the writer admits only
+//     the refill's own batches (admitRefill). why says why.
+//   - kick (capacity 1) wakes the refiller after beginRefill.
+//   - skippedPeers counts the peers the refiller will not use (this log
+//     store itself, found in the list, or a bad address); instance is
+//     the token by which it recognises itself (immutable).
+//
+// The refiller holds no lock while it copies: it queues each batch to the
+// writer as a stream would.
+type refillState struct {
+	refilling    atomic.Bool
+	why          atomic.Pointer[string]
+	kick         chan struct{}
+	skippedPeers atomic.Int32
+	instance     string
+}
+
 // instanceHeader is the response header of LogStoreService.Status that
 // carries the process's instance token, so that a log store listed among
 // its own peers (one list for every pod) recognises itself.
@@ -101,11 +124,11 @@ type refill struct {
 // in its primary's stream) and ends every Append stream. It returns false
 // when the log store has neither a peer nor an archive to refill from.
 func (s *Server) beginRefill(why string) bool {
-	if len(s.cfg.Peers) <= int(s.skippedPeers.Load()) && s.arch == nil {
+	if len(s.cfg.Peers) <= int(s.fill.skippedPeers.Load()) && s.arch == nil {
 		return false
 	}
-	s.refillWhy.Store(&why)
-	s.refilling.Store(true)
+	s.fill.why.Store(&why)
+	s.fill.refilling.Store(true)
 	s.logger.Warn("refilling from peers", "why", why, "durable_lsn", s.durableLSN())
 	s.mu.Lock()
 	for st := range s.streams {
@@ -113,7 +136,7 @@ func (s *Server) beginRefill(why string) bool {
 	}
 	s.mu.Unlock()
 	select {
-	case s.refillKick <- struct{}{}:
+	case s.fill.kick <- struct{}{}:
 	default:
 	}
 	return true
@@ -122,13 +145,13 @@ func (s *Server) beginRefill(why string) bool {
 // errRefilling refuses an Append while the log store refills.
 func (s *Server) errRefilling() error {
 	why := ""
-	if w := s.refillWhy.Load(); w != nil {
+	if w := s.fill.why.Load(); w != nil {
 		why = ": " + *w
 	}
 	from := "peers"
 	if s.arch != nil {
 		from = "peers and the archive"
-		if len(s.cfg.Peers) <= int(s.skippedPeers.Load()) {
+		if len(s.cfg.Peers) <= int(s.fill.skippedPeers.Load()) {
 			from = "the archive"
 		}
 	}
@@ -137,8 +160,8 @@ func (s *Server) errRefilling() error {
 
 // endRefill ends a refill: Append streams are taken again.
 func (s *Server) endRefill() {
-	s.refilling.Store(false)
-	s.refillWhy.Store(nil)
+	s.fill.refilling.Store(false)
+	s.fill.why.Store(nil)
 }
 
 // refiller runs a refill whenever one is asked for, until ctx ends. It
@@ -150,7 +173,7 @@ func (s *Server) refiller(ctx context.Context) {
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(s.cfg.MaxMessageBytes)))...)
 		if err != nil {
 			s.logger.Error("bad peer address; not refilling from it", "peer", addr, "err", err)
-			s.skippedPeers.Add(1) // counted out, like this log store itself
+			s.fill.skippedPeers.Add(1) // counted out, like this log store itself
 			continue
 		}
 		defer conn.Close()
@@ -168,11 +191,11 @@ func (s *Server) refiller(ctx context.Context) {
 		}
 	}
 	for {
-		if !s.refilling.Load() {
+		if !s.fill.refilling.Load() {
 			select {
 			case <-ctx.Done():
 				return
-			case <-s.refillKick:
+			case <-s.fill.kick:
 			}
 			continue
 		}
@@ -297,9 +320,9 @@ func (s *Server) survey(ctx context.Context, peers []*peer) (srcs []*refillSourc
 			notes = append(notes, fmt.Sprintf("%s: %v", p.addr, err))
 			continue
 		}
-		if v := md.Get(instanceHeader); len(v) > 0 && v[0] == s.instance {
+		if v := md.Get(instanceHeader); len(v) > 0 && v[0] == s.fill.instance {
 			p.self = true
-			s.skippedPeers.Add(1)
+			s.fill.skippedPeers.Add(1)
 			s.logger.Info("this log store is among its own peers; skipping it", "peer", p.addr)
 			continue
 		}

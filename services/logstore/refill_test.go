@@ -56,8 +56,8 @@ func TestRefillEmptyFromPeers(t *testing.T) {
 	if n := counterValue(t, b.s.metrics.refillBytes); n == 0 {
 		t.Error("walship_logstore_refill_bytes_total = 0 after a refill")
 	}
-	if b.s.skippedPeers.Load() != 1 {
-		t.Errorf("%d peers skipped, want 1 (itself)", b.s.skippedPeers.Load())
+	if b.s.fill.skippedPeers.Load() != 1 {
+		t.Errorf("%d peers skipped, want 1 (itself)", b.s.fill.skippedPeers.Load())
 	}
 	// The primary of epoch 3 goes on where the peers end.
 	next := batch(t, 3, 61, 1, 10)

@@ -12,7 +12,31 @@ import (
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/envelope"
 	"github.com/walship/walship/internal/wal"
+	"github.com/walship/walship/internal/watermark"
 )
+
+// retentionState is the retention goroutine's (retention, below), which
+// removes old segments and the snapshots the log no longer needs.
+//
+//   - kick (capacity 1) is pushed by the writer after every round that
+//     wrote and by a stored snapshot; the goroutine also ticks with an
+//     age limit.
+//   - mu makes a pass exclusive (the goroutine's, and tests' direct
+//     calls) and guards commitAt.
+//   - firstKept publishes FirstLSN after each pass, for waiters;
+//     heldBytes is what the last pass kept only so that the log after
+//     the newest snapshot stays restorable (Status, metrics).
+//
+// A pass holds mu, then pins.mu (no reader pins a position meanwhile),
+// then walMu for the cut itself, then snaps.mu for the list; the package's
+// lock order is in doc.go.
+type retentionState struct {
+	kick      chan struct{}
+	mu        sync.Mutex
+	commitAt  map[uint64]time.Time // segment first LSN -> commit time of its newest batch
+	firstKept watermark.Watermark
+	heldBytes atomic.Int64
+}
 
 // retention removes old segments whenever the writer made the log grow and,
 // with an age limit, on a ticker (the age of a segment grows without any
@@ -36,7 +60,7 @@ func (s *Server) retention(ctx context.Context) error {
 			select {
 			case <-ctx.Done():
 				return nil
-			case <-s.retKick:
+			case <-s.ret.kick:
 			case <-tick:
 			}
 		}
@@ -68,8 +92,8 @@ func (s *Server) retention(ctx context.Context) error {
 // the snapshots older than the one the log then starts from are removed.
 // Nothing an open Read, GetSnapshot or Verify still needs is cut (pins).
 func (s *Server) enforceRetention(ctx context.Context) (int, error) {
-	s.retMu.Lock()
-	defer s.retMu.Unlock()
+	s.ret.mu.Lock()
+	defer s.ret.mu.Unlock()
 	segs := s.wal.SegmentInfos()
 	durable := s.wal.DurableLSN()
 	total := s.wal.Size()
@@ -109,7 +133,7 @@ func (s *Server) enforceRetention(ctx context.Context) (int, error) {
 		archived = s.archivedLSN()
 	}
 	cut, held := keepRestorable(segs, cut, snaps, s.pins.minLocked(), archived)
-	s.heldBytes.Store(held)
+	s.ret.heldBytes.Store(held)
 	removed := 0
 	var err error
 	if cut > 0 {
@@ -117,11 +141,11 @@ func (s *Server) enforceRetention(ctx context.Context) (int, error) {
 		removed, err = s.wal.TruncateBefore(segs[cut].FirstLSN)
 		s.walMu.Unlock()
 		for _, seg := range segs[:removed] {
-			delete(s.commitAt, seg.FirstLSN)
+			delete(s.ret.commitAt, seg.FirstLSN)
 		}
 	}
 	first := s.wal.FirstLSN()
-	s.firstKept.Advance(first)
+	s.ret.firstKept.Advance(first)
 	if removed > 0 {
 		s.logger.Info("retention removed segments", "segments", removed, "first_lsn", first, "stored_bytes", s.wal.Size())
 	}
@@ -262,7 +286,7 @@ func (s *Server) pinLog(lsn uint64) *pin {
 // segmentTime returns the commit time of a sealed segment's newest batch,
 // cached: a sealed segment never changes.
 func (s *Server) segmentTime(ctx context.Context, seg wal.SegmentInfo) (time.Time, error) {
-	if t, ok := s.commitAt[seg.FirstLSN]; ok {
+	if t, ok := s.ret.commitAt[seg.FirstLSN]; ok {
 		return t, nil
 	}
 	r, err := s.wal.NewReader(seg.LastLSN, true)
@@ -279,6 +303,6 @@ func (s *Server) segmentTime(ctx context.Context, seg wal.SegmentInfo) (time.Tim
 		return time.Time{}, fmt.Errorf("read segment %s: LSNs %d..%d: %w", seg.Name, e.FirstLSN, e.LastLSN, err)
 	}
 	t := time.Unix(0, env.CommitTimeUnixNano)
-	s.commitAt[seg.FirstLSN] = t
+	s.ret.commitAt[seg.FirstLSN] = t
 	return t, nil
 }

@@ -102,8 +102,8 @@ func TestRetentionKeepsTheLogAfterASnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	first := r.s.wal.FirstLSN()
-	if first <= 1 || first > 21 || r.s.heldBytes.Load() == 0 {
-		t.Fatalf("with a snapshot at LSN 20 retention cut the log to start at LSN %d, holding %d bytes", first, r.s.heldBytes.Load())
+	if first <= 1 || first > 21 || r.s.ret.heldBytes.Load() == 0 {
+		t.Fatalf("with a snapshot at LSN 20 retention cut the log to start at LSN %d, holding %d bytes", first, r.s.ret.heldBytes.Load())
 	}
 	if _, err := r.readAll(t, &walshipv1.ReadRequest{FromLsn: 21}); err != nil {
 		t.Fatalf("the log after the snapshot: %v", err)
@@ -116,8 +116,8 @@ func TestRetentionKeepsTheLogAfterASnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	first = r.s.wal.FirstLSN()
-	if first <= 21 || first > 101 || r.s.heldBytes.Load() == 0 {
-		t.Fatalf("with a snapshot at LSN 100 retention cut the log to start at LSN %d, holding %d bytes", first, r.s.heldBytes.Load())
+	if first <= 21 || first > 101 || r.s.ret.heldBytes.Load() == 0 {
+		t.Fatalf("with a snapshot at LSN 100 retention cut the log to start at LSN %d, holding %d bytes", first, r.s.ret.heldBytes.Load())
 	}
 	if got := r.status(t).Snapshots; len(got) != 1 || got[0].Lsn != 100 {
 		t.Fatalf("Status.snapshots = %v, want only LSN 100", got)
@@ -140,8 +140,8 @@ func TestRetentionWithoutSnapshotsIsUnchanged(t *testing.T) {
 	if _, err := r.s.enforceRetention(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	if segs := r.s.wal.SegmentInfos(); len(segs) != 1 || r.s.heldBytes.Load() != 0 {
-		t.Fatalf("retention left %d segments, holding %d bytes; want only the active one", len(segs), r.s.heldBytes.Load())
+	if segs := r.s.wal.SegmentInfos(); len(segs) != 1 || r.s.ret.heldBytes.Load() != 0 {
+		t.Fatalf("retention left %d segments, holding %d bytes; want only the active one", len(segs), r.s.ret.heldBytes.Load())
 	}
 }
 

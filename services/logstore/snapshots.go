@@ -585,7 +585,7 @@ func (s *Server) listSnapshot(ctx context.Context, b *baseSnap, gen uint64) erro
 			s.snaps.mu.Unlock()
 			// A newer snapshot may let retention cut what it held.
 			select {
-			case s.retKick <- struct{}{}:
+			case s.ret.kick <- struct{}{}:
 			default:
 			}
 			return nil
