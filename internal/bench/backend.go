@@ -193,7 +193,7 @@ func (p placement) command(bin string, args []string) (string, []string) {
 
 // startProc runs `bin args... --log-format json` placed as at and waits
 // for its "<servingMsg>" log line, which carries its addresses.
-func startProc(ctx context.Context, bin string, at placement, name, servingMsg string, args ...string) (*proc, error) {
+func startProc(ctx context.Context, d serve.Dialer, bin string, at placement, name, servingMsg string, args ...string) (*proc, error) {
 	args = append(args, "--log-format", "json")
 	path, argv := at.command(bin, args)
 	cmd := exec.Command(path, argv...)
@@ -249,7 +249,7 @@ func startProc(ctx context.Context, bin string, at placement, name, servingMsg s
 		p.kill()
 		return nil, ctx.Err()
 	}
-	if err := waitServing(ctx, p.addr); err != nil {
+	if err := waitServing(ctx, d, p.addr); err != nil {
 		p.kill()
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
@@ -282,8 +282,8 @@ func (p *proc) stop() error {
 	return nil
 }
 
-func waitServing(ctx context.Context, addr string) error {
-	conn, err := grpc.NewClient(addr, serve.DialOptions()...)
+func waitServing(ctx context.Context, d serve.Dialer, addr string) error {
+	conn, err := d.Dial(addr)
 	if err != nil {
 		return err
 	}
@@ -311,6 +311,7 @@ func waitServing(ctx context.Context, addr string) error {
 // TLS flags the processes get, and the flags the user adds to the
 // primary's and the replicas' (Config.PrimaryFlags, ReplicaFlags).
 type procCluster struct {
+	dialer         serve.Dialer // how the bench dials the processes (their TLS flags' identity)
 	bin            string
 	primary, peers placement
 	pprof          bool
@@ -369,7 +370,7 @@ func startProcesses(ctx context.Context, pc procCluster, dir string, n int, c co
 	var lsArgs []string
 	if !pc.noLogStore {
 		ll, lm := pc.addrs(0)
-		ls, err := startProc(ctx, pc.bin, pc.peers, "logstore", "log store serving", append([]string{"logstore", "--listen", ll, "--metrics-listen", lm,
+		ls, err := startProc(ctx, pc.dialer, pc.bin, pc.peers, "logstore", "log store serving", append([]string{"logstore", "--listen", ll, "--metrics-listen", lm,
 			"--data-dir", filepath.Join(dir, "logstore-0")}, slices.Concat(pc.lsTLSFlags, runFlags(pc.logstoreFlags, dir))...)...)
 		if err != nil {
 			return nil, err
@@ -383,7 +384,7 @@ func startProcesses(ctx context.Context, pc procCluster, dir string, n int, c co
 	if pc.pprof {
 		args = append(args, "--pprof")
 	}
-	pr, err := startProc(ctx, pc.bin, pc.primary, "primary", "primary serving", slices.Concat(args, pc.tlsFlags, pc.primaryFlags)...)
+	pr, err := startProc(ctx, pc.dialer, pc.bin, pc.primary, "primary", "primary serving", slices.Concat(args, pc.tlsFlags, pc.primaryFlags)...)
 	if err != nil {
 		return nil, err
 	}
@@ -399,7 +400,7 @@ func startProcesses(ctx context.Context, pc procCluster, dir string, n int, c co
 	for i := 0; i < n; i++ {
 		id := fmt.Sprintf("replica-%d", i)
 		rl, rm := pc.addrs(2 + i)
-		rp, err := startProc(ctx, pc.bin, pc.peers, id, "replica serving", append([]string{"replica", "--listen", rl, "--metrics-listen", rm,
+		rp, err := startProc(ctx, pc.dialer, pc.bin, pc.peers, id, "replica serving", append([]string{"replica", "--listen", rl, "--metrics-listen", rm,
 			"--data-dir", filepath.Join(dir, id), "--id", id, "--primary", pr.addr}, slices.Concat(lsArgs, pc.tlsFlags, pc.replicaFlags)...)...)
 		if err != nil {
 			return nil, err

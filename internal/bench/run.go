@@ -33,7 +33,7 @@ import (
 // durability) with one codec.
 type Config struct {
 	// Security is the in-process cluster's TLS and authorization (zero:
-	// plaintext); the bench dials with the process's credentials.
+	// plaintext); the bench dials with Security.Dialer, processes too.
 	Security serve.Security
 	// TLSFlags are the --tls-* flags every data node process gets
 	// (ModeProcesses); LogStoreTLSFlags the log store's, whose certificate
@@ -399,7 +399,7 @@ func Run(ctx context.Context, cfg Config) (row Row, err error) {
 		}
 		c, _ := codec.ByName(cfg.Codec)
 		if cfg.Mode == ModeProcesses {
-			b, err = startProcesses(ctx, procCluster{bin: cfg.Bin, primary: placement{cpus: cfg.PrimaryCPUs},
+			b, err = startProcesses(ctx, procCluster{dialer: cfg.Security.Dialer, bin: cfg.Bin, primary: placement{cpus: cfg.PrimaryCPUs},
 				peers: placement{cpus: cfg.ReplicaCPUs, nice: cfg.ReplicaNice, idle: cfg.ReplicaIdle},
 				pprof: cfg.ProfileDir != "", noLogStore: cfg.NoLogStore, tlsFlags: cfg.TLSFlags, lsTLSFlags: cfg.LogStoreTLSFlags,
 				primaryFlags: cfg.PrimaryFlags, replicaFlags: cfg.ReplicaFlags, logstoreFlags: cfg.LogStoreFlags, basePort: cfg.BasePort}, dir, replicas, c, pol)
@@ -423,7 +423,7 @@ func Run(ctx context.Context, cfg Config) (row Row, err error) {
 
 // drive loads, runs and checks; it fills row and returns notes.
 func drive(ctx context.Context, cfg Config, b *backend, row *Row) ([]string, error) {
-	c, err := dialBackend(b)
+	c, err := dialBackend(cfg.Security.Dialer, b)
 	if err != nil {
 		return nil, err
 	}
@@ -458,14 +458,14 @@ type conns struct {
 	replicas []*grpc.ClientConn
 }
 
-func dialBackend(b *backend) (*conns, error) {
-	p, err := grpc.NewClient(b.primary, serve.DialOptions()...)
+func dialBackend(d serve.Dialer, b *backend) (*conns, error) {
+	p, err := d.Dial(b.primary)
 	if err != nil {
 		return nil, err
 	}
 	c := &conns{primary: p}
 	for _, a := range b.replicas {
-		r, err := grpc.NewClient(a, serve.DialOptions()...)
+		r, err := d.Dial(a)
 		if err != nil {
 			c.close()
 			return nil, err

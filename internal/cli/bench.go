@@ -17,7 +17,6 @@ import (
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/bench"
 	"github.com/walship/walship/internal/cluster"
-	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/services/primary"
 )
 
@@ -216,7 +215,6 @@ func (o *benchOptions) useTLS(env *Env) (func(), error) {
 	}
 	o.cfg.TLSFlags, o.cfg.LogStoreTLSFlags = flags("node"), flags("logstore")
 	return func() {
-		serve.UseTLS(nil, "")
 		os.RemoveAll(dir)
 	}, nil
 }

@@ -51,7 +51,8 @@ func checkLinearFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	fs.StringVar(&out, "out", "", "directory for the history and its visualisation when the check fails (default: a new temporary directory)")
 	sf := addSecurityFlags(fs, false)
 	return func(ctx context.Context) error {
-		if err := sf.dial(ctx, env.Logger); err != nil {
+		d, err := sf.dial(ctx, env.Logger)
+		if err != nil {
 			return err
 		}
 		if err := checkLoadBounds(env, duration, rate, clients); err != nil {
@@ -63,7 +64,7 @@ func checkLinearFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 		if prefix == "" {
 			prefix = newCheckPrefix()
 		}
-		pc, err := grpc.NewClient(primaryAddr, serve.DialOptions()...)
+		pc, err := d.Dial(primaryAddr)
 		if err != nil {
 			return fmt.Errorf("--primary %s: %w", primaryAddr, err)
 		}
@@ -78,7 +79,7 @@ func checkLinearFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 			w.Policy = check.RandomPolicy
 		}
 		if replicaAddr != "" {
-			rc, err := grpc.NewClient(replicaAddr, serve.DialOptions()...)
+			rc, err := d.Dial(replicaAddr)
 			if err != nil {
 				return fmt.Errorf("--replica %s: %w", replicaAddr, err)
 			}
@@ -191,6 +192,7 @@ func usageErr(env *Env, format string, args ...any) error {
 
 // failoverCheck is `walship check failover`: its flags, and the check.
 type failoverCheck struct {
+	dialer                      serve.Dialer // the tool's (--tls-*)
 	nodes                       []string
 	fault, killCmd, prefix, out string
 	duration, after             time.Duration
@@ -215,7 +217,8 @@ func checkFailoverFlags(fs *flag.FlagSet, env *Env) func(context.Context) error 
 	fs.StringVar(&c.out, "out", "", "directory for the history and its visualisation when the check fails (default: a new temporary directory)")
 	sf := addSecurityFlags(fs, false)
 	return func(ctx context.Context) error {
-		if err := sf.dial(ctx, env.Logger); err != nil {
+		var err error
+		if c.dialer, err = sf.dial(ctx, env.Logger); err != nil {
 			return err
 		}
 		if err := c.validate(env); err != nil {
@@ -255,7 +258,7 @@ func (c *failoverCheck) afterFaultKey() string { return c.prefix + "after-fault"
 // run runs the workload through the fault, reads every key back and
 // checks the history.
 func (c *failoverCheck) run(ctx context.Context, env *Env) error {
-	cl, err := client.New(c.nodes, client.Options{Retry: 30 * time.Second, DialOptions: serve.DialOptions()})
+	cl, err := client.New(c.nodes, client.Options{Retry: 30 * time.Second, DialOptions: c.dialer.Options()})
 	if err != nil {
 		return err
 	}
@@ -309,7 +312,7 @@ func (c *failoverCheck) runWithFault(ctx context.Context, env *Env, cl *client.C
 	case <-t.C:
 	}
 	faultAt := time.Now()
-	if err := injectFault(ctx, env, h, c.fault, c.killCmd, primaryAddr, c.nodes, c.auto); err != nil {
+	if err := injectFault(ctx, c.dialer, env, h, c.fault, c.killCmd, primaryAddr, c.nodes, c.auto); err != nil {
 		<-done
 		return err
 	}
@@ -324,10 +327,10 @@ func (c *failoverCheck) runWithFault(ctx context.Context, env *Env, cl *client.C
 
 // injectFault switches over to another data node, or runs killCmd and
 // promotes the most advanced replica that can reach its quorum.
-func injectFault(ctx context.Context, env *Env, h *check.History, fault, killCmd, primaryAddr string, nodes []string, auto bool) error {
+func injectFault(ctx context.Context, d serve.Dialer, env *Env, h *check.History, fault, killCmd, primaryAddr string, nodes []string, auto bool) error {
 	statuses := map[string]*walshipv1.StatusResponse{}
 	for _, a := range nodes {
-		if st, err := nodeStatus(ctx, a); err == nil {
+		if st, err := nodeStatus(ctx, d, a); err == nil {
 			statuses[a] = st
 		}
 	}
@@ -348,7 +351,7 @@ func injectFault(ctx context.Context, env *Env, h *check.History, fault, killCmd
 	switch fault {
 	case "switchover":
 		h.Note("switchover to %s", statuses[cands[0]].GetId())
-		conn, err := dialNode(primaryAddr)
+		conn, err := dialNode(d, primaryAddr)
 		if err != nil {
 			return err
 		}
@@ -365,11 +368,11 @@ func injectFault(ctx context.Context, env *Env, h *check.History, fault, killCmd
 			return fmt.Errorf("--kill-command: %v\n%s", err, out)
 		}
 		if auto {
-			return awaitAutoFailover(ctx, env, h, cands, statuses)
+			return awaitAutoFailover(ctx, d, env, h, cands, statuses)
 		}
 		var errs []string
 		for _, a := range cands {
-			resp, err := serve.Call(ctx, a, 30*time.Second, func(ctx context.Context, cc *grpc.ClientConn) (*walshipv1.PromoteResponse, error) {
+			resp, err := serve.Call(ctx, d, a, 30*time.Second, func(ctx context.Context, cc *grpc.ClientConn) (*walshipv1.PromoteResponse, error) {
 				return walshipv1.NewAdminServiceClient(cc).Promote(ctx, &walshipv1.PromoteRequest{})
 			})
 			if err == nil {
@@ -386,13 +389,13 @@ func injectFault(ctx context.Context, env *Env, h *check.History, fault, killCmd
 
 // awaitAutoFailover waits, up to a minute, for one of cands to be the
 // primary and take writes by the cluster's automatic failover.
-func awaitAutoFailover(ctx context.Context, env *Env, h *check.History, cands []string, statuses map[string]*walshipv1.StatusResponse) error {
+func awaitAutoFailover(ctx context.Context, d serve.Dialer, env *Env, h *check.History, cands []string, statuses map[string]*walshipv1.StatusResponse) error {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	for {
 		for _, a := range cands {
-			st, err := nodeStatus(ctx, a)
+			st, err := nodeStatus(ctx, d, a)
 			if err == nil && st.GetRole() == walshipv1.Role_ROLE_PRIMARY && st.GetTakingWrites() {
 				h.Note("%s promoted itself (epoch %d)", st.GetId(), st.GetEpoch())
 				fmt.Fprintf(env.Stdout, "%s promoted itself to epoch %d, %v after the kill\n", st.GetId(), st.GetEpoch(), time.Since(start).Round(time.Millisecond))
@@ -403,7 +406,7 @@ func awaitAutoFailover(ctx context.Context, env *Env, h *check.History, cands []
 		case <-ctx.Done():
 			var why []string
 			for _, a := range cands {
-				if st, err := nodeStatus(context.WithoutCancel(ctx), a); err == nil {
+				if st, err := nodeStatus(context.WithoutCancel(ctx), d, a); err == nil {
 					why = append(why, fmt.Sprintf("%s: %s", statuses[a].GetId(), dash(st.GetElection().GetContend())))
 				}
 			}

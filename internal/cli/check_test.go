@@ -6,6 +6,7 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/cluster"
+	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/pkg/client"
 )
 
@@ -83,7 +84,7 @@ func TestCheckFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := nodeStatus(t.Context(), addr)
+	st, err := nodeStatus(t.Context(), serve.Dialer{}, addr)
 	if err != nil || st.GetKeys() != 0 {
 		t.Fatalf("the primary's Status counts %d keys (%v); want 0", st.GetKeys(), err)
 	}

@@ -19,13 +19,13 @@ import (
 // walship ctl: the operator's commands over AdminService (what patronictl
 // or the cnpg plugin are to their systems); grpcurl works as well.
 
-func dialNode(addr string) (*grpc.ClientConn, error) {
-	return grpc.NewClient(addr, serve.DialOptions()...)
+func dialNode(d serve.Dialer, addr string) (*grpc.ClientConn, error) {
+	return d.Dial(addr)
 }
 
 // nodeStatus is the Status of the walship process at addr.
-func nodeStatus(ctx context.Context, addr string) (*walshipv1.StatusResponse, error) {
-	return serve.Call(ctx, addr, 3*time.Second, func(ctx context.Context, cc *grpc.ClientConn) (*walshipv1.StatusResponse, error) {
+func nodeStatus(ctx context.Context, d serve.Dialer, addr string) (*walshipv1.StatusResponse, error) {
+	return serve.Call(ctx, d, addr, 3*time.Second, func(ctx context.Context, cc *grpc.ClientConn) (*walshipv1.StatusResponse, error) {
 		return walshipv1.NewAdminServiceClient(cc).Status(ctx, &walshipv1.StatusRequest{})
 	})
 }
@@ -35,7 +35,8 @@ func ctlStatusFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	fs.Var(listFlag{&nodes}, "nodes", "gRPC addresses of the nodes to show, comma-separated (data nodes and log stores)")
 	sf := addSecurityFlags(fs, false)
 	return func(ctx context.Context) error {
-		if err := sf.dial(ctx, env.Logger); err != nil {
+		d, err := sf.dial(ctx, env.Logger)
+		if err != nil {
 			return err
 		}
 		if len(nodes) == 0 {
@@ -49,7 +50,7 @@ func ctlStatusFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 		rows := make([]row, len(nodes))
 		for i, a := range nodes {
 			rows[i].addr = a
-			rows[i].st, rows[i].err = nodeStatus(ctx, a)
+			rows[i].st, rows[i].err = nodeStatus(ctx, d, a)
 		}
 		w := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(w, "ADDRESS\tID\tROLE\tEPOCH\tPROMISED\tPRIMARY\tLAST\tDURABLE\tVISIBLE\tLAG\tSERVING\tWRITES\tARCHIVED\tORPHANS\tCLUSTER")
@@ -174,14 +175,15 @@ func ctlFailoverFlags(paused bool) func(fs *flag.FlagSet, env *Env) func(context
 		fs.Var(listFlag{&logstores}, "logstores", "the cluster's log store addresses, comma-separated (all of them: a majority must hold the change)")
 		sf := addSecurityFlags(fs, false)
 		return func(ctx context.Context) error {
-			if err := sf.dial(ctx, env.Logger); err != nil {
+			d, err := sf.dial(ctx, env.Logger)
+			if err != nil {
 				return err
 			}
 			if len(logstores) == 0 {
 				return usageErr(env, "--logstores: required")
 			}
 			c, err := logelect.New(logelect.Config{LogStores: logstores, LeaseDuration: logelect.DefaultLeaseDuration,
-				RenewDeadline: logelect.DefaultRenewDeadline, RetryPeriod: logelect.DefaultRetryPeriod})
+				RenewDeadline: logelect.DefaultRenewDeadline, RetryPeriod: logelect.DefaultRetryPeriod, Dialer: d})
 			if err != nil {
 				return err
 			}
@@ -304,13 +306,14 @@ func ctlPromoteFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	fs.DurationVar(&wait, "wait", 30*time.Second, "how long to wait for the new primary to take writes")
 	sf := addSecurityFlags(fs, false)
 	return func(ctx context.Context) error {
-		if err := sf.dial(ctx, env.Logger); err != nil {
+		d, err := sf.dial(ctx, env.Logger)
+		if err != nil {
 			return err
 		}
 		if addr == "" {
 			return usageErr(env, "--node: required")
 		}
-		conn, err := dialNode(addr)
+		conn, err := dialNode(d, addr)
 		if err != nil {
 			return err
 		}
@@ -346,7 +349,7 @@ func ctlPromoteFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 		sp := resp.GetServingPrimary()
 		if sp != nil {
 			fmt.Fprintf(env.Stdout, "serving primary: %s at %s takes writes in epoch %d; a promotion would depose it and lose what it has not shipped: use `walship ctl switchover --primary %s --target %s` instead (nothing lost), or --depose\n",
-				sp.GetId(), sp.GetAddr(), sp.GetEpoch(), sp.GetAddr(), nodeID(ctx, addr))
+				sp.GetId(), sp.GetAddr(), sp.GetEpoch(), sp.GetAddr(), nodeID(ctx, d, addr))
 		}
 		if dry {
 			// A dry run fails when the promotion would: a script that
@@ -355,7 +358,7 @@ func ctlPromoteFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 			case !resp.GetQuorum() && !force:
 				return fmt.Errorf("a promotion of %s would fail: it needs %s (--force goes on with a log store majority, losing what the missing replicas alone hold)", addr, resp.GetNeeded())
 			case sp != nil && !depose:
-				return fmt.Errorf("a promotion of %s would be refused: %s is the primary and takes writes; use `walship ctl switchover --primary %s --target %s`", addr, sp.GetId(), sp.GetAddr(), nodeID(ctx, addr))
+				return fmt.Errorf("a promotion of %s would be refused: %s is the primary and takes writes; use `walship ctl switchover --primary %s --target %s`", addr, sp.GetId(), sp.GetAddr(), nodeID(ctx, d, addr))
 			}
 			return nil
 		}
@@ -395,13 +398,14 @@ func ctlSwitchoverFlags(fs *flag.FlagSet, env *Env) func(context.Context) error 
 	fs.DurationVar(&timeout, "timeout", 10*time.Second, "how long the target may take to catch up")
 	sf := addSecurityFlags(fs, false)
 	return func(ctx context.Context) error {
-		if err := sf.dial(ctx, env.Logger); err != nil {
+		d, err := sf.dial(ctx, env.Logger)
+		if err != nil {
 			return err
 		}
 		if target == "" {
-			return usageErr(env, "--target: required: the node id of the member to hand over to%s", memberHint(ctx, addr))
+			return usageErr(env, "--target: required: the node id of the member to hand over to%s", memberHint(ctx, d, addr))
 		}
-		conn, err := dialNode(addr)
+		conn, err := dialNode(d, addr)
 		if err != nil {
 			return err
 		}
@@ -417,8 +421,8 @@ func ctlSwitchoverFlags(fs *flag.FlagSet, env *Env) func(context.Context) error 
 
 // memberHint lists the members the primary at addr could hand over to
 // (", one of a, b"), or says nothing if it cannot tell.
-func memberHint(ctx context.Context, addr string) string {
-	st, err := nodeStatus(ctx, addr)
+func memberHint(ctx context.Context, d serve.Dialer, addr string) string {
+	st, err := nodeStatus(ctx, d, addr)
 	if err != nil {
 		return ""
 	}
@@ -436,8 +440,8 @@ func memberHint(ctx context.Context, addr string) string {
 
 // nodeID is the node id of the data node at addr ("<node id>" if it does
 // not say).
-func nodeID(ctx context.Context, addr string) string {
-	if st, err := nodeStatus(ctx, addr); err == nil && st.GetId() != "" {
+func nodeID(ctx context.Context, d serve.Dialer, addr string) string {
+	if st, err := nodeStatus(ctx, d, addr); err == nil && st.GetId() != "" {
 		return st.GetId()
 	}
 	return "<node id>"

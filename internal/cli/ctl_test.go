@@ -7,6 +7,7 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/cluster"
+	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/testkit"
 )
 
@@ -148,7 +149,7 @@ func TestCtlPromoteRefusesServingPrimary(t *testing.T) {
 	if code != 1 || !strings.Contains(errOut, "FailedPrecondition") || !strings.Contains(errOut, "depose it (depose: true; force alone does not)") {
 		t.Fatalf("forced promotion with a serving primary: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 	}
-	if st, err := nodeStatus(t.Context(), p); err != nil || st.GetRole() != walshipv1.Role_ROLE_PRIMARY || !st.GetTakingWrites() || st.GetEpoch() != 1 {
+	if st, err := nodeStatus(t.Context(), serve.Dialer{}, p); err != nil || st.GetRole() != walshipv1.Role_ROLE_PRIMARY || !st.GetTakingWrites() || st.GetEpoch() != 1 {
 		t.Fatalf("the primary after the refused promotions: %v, %v", st, err)
 	}
 	code, out, errOut = run(t, "ctl", "promote", "--node", r, "--dry-run", "--depose")

@@ -85,7 +85,6 @@ func devFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 				return fmt.Errorf("--tls: %w", err)
 			}
 			sec.MaxConnectionAge = maxAge
-			defer serve.UseTLS(nil, "")
 		}
 		c, err := cluster.Start(ctx, cluster.Config{
 			Dir: dataDir, LogStores: logstores, Replicas: replicas, Host: host, BasePort: basePort, Metrics: true, Failover: true, AutoFailover: auto,

@@ -204,7 +204,7 @@ func applyAutoFailover(a *autoFailoverFlags, k *kube.Config, cfg *node.Config) (
 		return nil, errors.New("--auto-failover: not with --kube-lease (one election at a time: the Lease on Kubernetes, the log stores' elsewhere)")
 	}
 	c := a.cfg
-	c.ID, c.LogStores, c.Logger = cfg.ID, cfg.LogStores, cfg.Logger.With("election", "logstores")
+	c.ID, c.LogStores, c.Logger, c.Dialer = cfg.ID, cfg.LogStores, cfg.Logger.With("election", "logstores"), cfg.Primary.Security.Dialer
 	el, err := logelect.New(c)
 	if err != nil {
 		return nil, err

@@ -16,7 +16,6 @@ import (
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/envelope"
 	"github.com/walship/walship/internal/keyspace"
-	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/vfs"
 	"github.com/walship/walship/pkg/client"
 	"github.com/walship/walship/pkg/codec"
@@ -50,12 +49,13 @@ func ctlOrphansListFlags(fs *flag.FlagSet, env *Env) func(context.Context) error
 			}
 			return w.Flush()
 		}
-		if err := sf.dial(ctx, env.Logger); err != nil {
+		d, err := sf.dial(ctx, env.Logger)
+		if err != nil {
 			return err
 		}
 		var errs []error
 		for _, a := range nodes {
-			st, err := nodeStatus(ctx, a)
+			st, err := nodeStatus(ctx, d, a)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("%s: %w", a, err))
 				continue
@@ -184,7 +184,8 @@ func ctlOrphansDiffFlags(fs *flag.FlagSet, env *Env) func(context.Context) error
 		if err != nil {
 			return err
 		}
-		if err := sf.dial(ctx, env.Logger); err != nil {
+		d, err := sf.dial(ctx, env.Logger)
+		if err != nil {
 			return err
 		}
 		// Each key's last write in the orphan: what its writer left it at.
@@ -199,7 +200,7 @@ func ctlOrphansDiffFlags(fs *flag.FlagSet, env *Env) func(context.Context) error
 			keys = append(keys, k)
 		}
 		sort.Strings(keys)
-		cl, err := client.New(nodes, client.Options{DialOptions: serve.DialOptions()})
+		cl, err := client.New(nodes, client.Options{DialOptions: d.Options()})
 		if err != nil {
 			return err
 		}

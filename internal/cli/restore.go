@@ -41,7 +41,8 @@ func restoreFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	fs.StringVar(&clusterID, "cluster-id", "", "refuse log stores of any other cluster than this one")
 	sf := addSecurityFlags(fs, false)
 	return func(ctx context.Context) error {
-		if err := sf.dial(ctx, env.Logger); err != nil {
+		d, err := sf.dial(ctx, env.Logger)
+		if err != nil {
 			return err
 		}
 		var target restore.Target
@@ -79,7 +80,7 @@ func restoreFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 			return usageErr(env, "--data-dir: required (or --dry-run)")
 		}
 		res, err := restore.Run(ctx, restore.Options{LogStores: logstores, Archive: a, DataDir: dataDir, Target: target, DryRun: dryRun,
-			ClusterID: clusterID, Logger: env.Logger})
+			ClusterID: clusterID, Dialer: d, Logger: env.Logger})
 		if err != nil {
 			return err
 		}

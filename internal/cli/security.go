@@ -57,28 +57,26 @@ func addSecurityFlags(fs *flag.FlagSet, server bool) *securityFlags {
 	return sf
 }
 
-// dial sets the process's client credentials (walship ctl, bench, check):
-// TLS from the files, or plaintext. It starts the reload loop. Tools
+// dial returns the tool's dialer (walship ctl, check, restore): TLS from
+// the files, or plaintext. It starts the reload loop. Tools
 // address whichever node the operator names, of any class: they check
 // the server's name and chain, not its class.
-func (sf *securityFlags) dial(ctx context.Context, logger *slog.Logger) error {
+func (sf *securityFlags) dial(ctx context.Context, logger *slog.Logger) (serve.Dialer, error) {
 	if sf.reload <= 0 {
-		return fmt.Errorf("--tls-reload-interval: %v is not positive", sf.reload)
+		return serve.Dialer{}, fmt.Errorf("--tls-reload-interval: %v is not positive", sf.reload)
 	}
 	if !sf.files.Set() {
-		serve.UseTLS(nil, "")
-		return nil
+		return serve.Dialer{}, nil
 	}
 	src, err := tlsid.Load(sf.files, logger)
 	if err != nil {
-		return err
+		return serve.Dialer{}, err
 	}
 	go src.Watch(ctx, sf.reload)
-	serve.UseTLS(src, "")
-	return nil
+	return serve.NewDialer(src, ""), nil
 }
 
-// serve is dial plus the server's security for listen: TLS with the
+// serve is the server's security for listen, with its dialer: TLS with the
 // authorization policy, or plaintext — refused on a non-loopback address
 // unless --plaintext asks for it, and logged. Profiles go on the metrics
 // listener (plain HTTP, TLS or not) only on loopback unless --pprof-public
@@ -98,7 +96,6 @@ func (sf *securityFlags) serve(ctx context.Context, logger *slog.Logger, listen,
 			return serve.Security{}, fmt.Errorf("--listen %s: serving plaintext beyond loopback needs --plaintext (or give --tls-cert, --tls-key and --tls-ca)", listen)
 		}
 		logger.Warn("serving plaintext: no TLS, no authentication, no authorization; anyone who reaches the port can read the log and write", "listen", listen)
-		serve.UseTLS(nil, "")
 		return serve.Security{Pprof: sf.pprof}, nil
 	}
 	if sf.plaintext {
@@ -124,9 +121,8 @@ func (sf *securityFlags) serve(ctx context.Context, logger *slog.Logger, listen,
 	if sf.policy != "" {
 		classTrust = ""
 	}
-	serve.UseTLS(src, classTrust)
 	logger.Info("serving TLS 1.3 with client certificates", "identity", src.Identity(), "not_after", src.NotAfter(), "policy", policyName(sf.policy, sf.trust))
-	return serve.Security{TLS: src, Authz: az, MaxConnectionAge: sf.maxAge, Pprof: sf.pprof, MaxPeerCalls: sf.peerCalls, MaxPeerConns: sf.peerConns}, nil
+	return serve.Security{TLS: src, Dialer: serve.NewDialer(src, classTrust), Authz: az, MaxConnectionAge: sf.maxAge, Pprof: sf.pprof, MaxPeerCalls: sf.peerCalls, MaxPeerConns: sf.peerConns}, nil
 }
 
 // checkPprof refuses --pprof where its profiles would reach beyond

@@ -33,7 +33,8 @@ func ctlVerifyFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 	fs.DurationVar(&timeout, "timeout", 30*time.Minute, "how long one log store may take to read its whole archive")
 	sf := addSecurityFlags(fs, false)
 	return func(ctx context.Context) error {
-		if err := sf.dial(ctx, env.Logger); err != nil {
+		d, err := sf.dial(ctx, env.Logger)
+		if err != nil {
 			return err
 		}
 		if len(addrs) == 0 && !arch.Set() {
@@ -68,7 +69,7 @@ func ctlVerifyFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 			if i > 0 {
 				fmt.Fprintln(env.Stdout)
 			}
-			resp, err := serve.Call(ctx, addr, timeout, func(ctx context.Context, cc *grpc.ClientConn) (*walshipv1.VerifyResponse, error) {
+			resp, err := serve.Call(ctx, d, addr, timeout, func(ctx context.Context, cc *grpc.ClientConn) (*walshipv1.VerifyResponse, error) {
 				return walshipv1.NewLogStoreServiceClient(cc).Verify(ctx, &walshipv1.VerifyRequest{})
 			})
 			if err != nil {

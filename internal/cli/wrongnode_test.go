@@ -7,6 +7,7 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/cluster"
+	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/testkit"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -30,7 +31,7 @@ func TestWrongKindOfNode(t *testing.T) {
 	p, r, ls := c.Primary.Addr, c.Replicas[0].Addr, c.LogStores[0].Addr
 	// The replica knows the primary once it has applied its epoch record.
 	testkit.UntilWithin(t, 30*time.Second, "the replica to know the primary", func() bool {
-		st, err := nodeStatus(t.Context(), r)
+		st, err := nodeStatus(t.Context(), serve.Dialer{}, r)
 		return err == nil && st.GetPrimaryId() == "primary" && st.GetPrimary() == p
 	})
 	atPrimary := "primary at " + p

@@ -58,7 +58,7 @@ type Config struct {
 	// node.DefaultFailoverHolddown (needs Failover).
 	AutoFailover bool
 	// Security is every server's TLS and authorization (zero: plaintext);
-	// the nodes dial with the process's credentials (serve.UseTLS).
+	// the nodes dial with Security.Dialer, and so does Conn.
 	Security serve.Security
 }
 
@@ -289,7 +289,8 @@ func (c *Cluster) dataNode(name string, role node.Role, i int, listen, metrics s
 	closeElection := func() {}
 	if c.cfg.AutoFailover {
 		el, err := logelect.New(logelect.Config{ID: name, LogStores: logstores, LeaseDuration: logelect.DefaultLeaseDuration,
-			RenewDeadline: logelect.DefaultRenewDeadline, RetryPeriod: logelect.DefaultRetryPeriod, Logger: c.cfg.Logger.With("node", name)})
+			RenewDeadline: logelect.DefaultRenewDeadline, RetryPeriod: logelect.DefaultRetryPeriod, Logger: c.cfg.Logger.With("node", name),
+			Dialer: c.cfg.Security.Dialer})
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", name, err)
 		}
@@ -530,7 +531,7 @@ func (n *Node) DataNode() *node.Node { return n.node }
 
 // Conn returns a client connection to n (closed by Stop).
 func (c *Cluster) Conn(n *Node) *grpc.ClientConn {
-	conn, err := grpc.NewClient(n.Addr, serve.DialOptions()...)
+	conn, err := c.cfg.Security.Dialer.Dial(n.Addr)
 	if err != nil {
 		panic(fmt.Sprintf("cluster: dial %s: %v", n.Addr, err)) // addresses come from listeners we own
 	}

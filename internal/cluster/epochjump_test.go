@@ -9,7 +9,6 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
-	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/testkit"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -31,7 +30,6 @@ func TestOneMessageDoesNotUseUpTheEpochs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { serve.UseTLS(nil, "") })
 	c := startCluster(t, Config{LogStores: 1, Replicas: 1, Failover: true, Security: sec})
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()

@@ -12,7 +12,6 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/archive"
-	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/testkit"
 	"github.com/walship/walship/internal/tlsid"
 	"github.com/walship/walship/services/logstore"
@@ -33,7 +32,6 @@ func TestMetricsDocumented(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { serve.UseTLS(nil, "") })
 	// With an archive (uploaded by the log store, read by the replica),
 	// so that its metrics are registered too.
 	archiveDir := t.TempDir()

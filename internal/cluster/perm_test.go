@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
-	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/vfs"
 )
 
@@ -30,7 +29,6 @@ func TestDataIsPrivate(t *testing.T) {
 	if _, err := DevTLS(filepath.Join(dir, "tls"), "127.0.0.1"); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { serve.UseTLS(nil, "") })
 	seen := map[string]int{}
 	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil || path == dir {

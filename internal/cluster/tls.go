@@ -15,9 +15,8 @@ const DevTrustDomain = "walship.dev"
 // DevTLS makes a throwaway CA in dir and certificates for the nodes (one
 // node identity, reached at host), log stores run as processes of their
 // own (logstore.crt, reached at host too), a client (client.crt) and an
-// admin (admin.crt); it makes this process dial as the nodes do
-// (serve.UseTLS) and returns the in-process servers' security: mTLS under
-// the default policy. For `walship dev --tls`, `walship bench --tls` and
+// admin (admin.crt), and returns the in-process servers' security: mTLS
+// under the default policy, dialling as the nodes do (Security.Dialer). For `walship dev --tls`, `walship bench --tls` and
 // tests, never production.
 func DevTLS(dir, host string) (serve.Security, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -27,8 +26,9 @@ func DevTLS(dir, host string) (serve.Security, error) {
 	if err != nil {
 		return serve.Security{}, err
 	}
-	// The process dials as its nodes, and so do the in-process tools
-	// (bench, tests): the default policy lets nodes read and write.
+	// The nodes dial as nodes, and so do the in-process tools given
+	// Security.Dialer (bench, tests): the default policy lets nodes read
+	// and write.
 	at := tlsid.Leaf{URI: tlsid.URI(DevTrustDomain, tlsid.ClassNode, "dev"), DNS: []string{"localhost"}}
 	if ip := net.ParseIP(host); ip != nil {
 		at.IPs = []net.IP{ip}
@@ -61,6 +61,5 @@ func DevTLS(dir, host string) (serve.Security, error) {
 	}
 	// Every server of the process serves the one node identity, log
 	// stores too: a dial cannot tell a log store by its class here.
-	serve.UseTLS(src, "")
-	return serve.Security{TLS: src, Authz: az}, nil
+	return serve.Security{TLS: src, Authz: az, Dialer: serve.NewDialer(src, "")}, nil
 }

@@ -105,8 +105,7 @@ type env struct {
 }
 
 // startEnv starts the cluster in dir, makes certificates of every class
-// from the cluster's CA and connects as each. The servers' TLS identity
-// becomes the process's (serve.UseTLS) until stop.
+// from the cluster's CA and connects as each.
 func startEnv(dir string, maxBytes int) (_ *env, err error) {
 	e := &env{dir: dir, logs: newLogBuffer(200), maxBytes: maxBytes}
 	defer func() {
@@ -145,11 +144,10 @@ func startEnv(dir string, maxBytes int) (_ *env, err error) {
 	if err != nil {
 		return nil, err
 	}
-	serve.UseTLS(nodeSrc, "")
 	if e.allowed, err = policyTable(tlsid.DefaultPolicy(trustDomain, tlsid.ReflectionAll)); err != nil {
 		return nil, err
 	}
-	e.sec = serve.Security{TLS: nodeSrc, Authz: az}
+	e.sec = serve.Security{TLS: nodeSrc, Authz: az, Dialer: serve.NewDialer(nodeSrc, "")}
 	if err := e.start(); err != nil {
 		return nil, err
 	}
@@ -223,7 +221,6 @@ func (e *env) stop() error {
 		err = e.cluster.Stop()
 		e.cluster = nil
 	}
-	serve.UseTLS(nil, "")
 	return err
 }
 

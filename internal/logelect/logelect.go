@@ -61,6 +61,8 @@ type Config struct {
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 	// Logger receives the election's logs; nil discards them.
 	Logger *slog.Logger
+	// Dialer is the identity the node dials the log stores with.
+	Dialer serve.Dialer
 }
 
 // Validate checks c, naming the flag of what is wrong.
@@ -133,7 +135,7 @@ func New(cfg Config) (*Client, error) {
 	}
 	c := &Client{cfg: cfg, logger: cfg.Logger}
 	for _, addr := range cfg.LogStores {
-		cc, err := grpc.NewClient(addr, serve.DialOptions(serve.PeerClass(tlsid.ClassLogStore))...)
+		cc, err := cfg.Dialer.Dial(addr, cfg.Dialer.PeerClass(tlsid.ClassLogStore))
 		if err != nil {
 			_ = c.Close()
 			return nil, fmt.Errorf("--logstore %s: %w", addr, err)

@@ -125,7 +125,9 @@ type Options struct {
 	NewClusterID string
 	FS           vfs.FS
 	Logger       *slog.Logger
-	// DialOptions are added to the transport's (serve.DialOptions).
+	// Dialer dials the log stores (zero: plaintext); DialOptions are
+	// added to its options.
+	Dialer      serve.Dialer
 	DialOptions []grpc.DialOption
 }
 
@@ -288,8 +290,8 @@ func dial(o Options) (map[string]*client, error) {
 		if _, dup := conns[addr]; dup {
 			continue
 		}
-		cc, err := grpc.NewClient(addr, serve.DialOptions(append([]grpc.DialOption{serve.PeerClass(tlsid.ClassLogStore),
-			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessageBytes))}, o.DialOptions...)...)...)
+		cc, err := o.Dialer.Dial(addr, append([]grpc.DialOption{o.Dialer.PeerClass(tlsid.ClassLogStore),
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessageBytes))}, o.DialOptions...)...)
 		if err != nil {
 			closeAll(conns)
 			return nil, fmt.Errorf("--logstore %s: %w", addr, err)

@@ -12,12 +12,11 @@ import (
 )
 
 // explainUnary is the client interceptor of every walship dial
-// (DialOptions): a call that failed because nothing of gRPC was said
+// (Dialer.Options): a call that failed because nothing of gRPC was said
 // keeps its code, and its message says which mistake it was, so that a
 // plaintext-versus-TLS mismatch (refused at once) is told apart from a
 // process that does not answer (a timeout) and from a port nothing
-// listens on. Dialled with TLS or not is the process's (UseTLS) as it
-// was when the connection was made.
+// listens on. Dialled with TLS or not is the Dialer's.
 func explainUnary(dialsTLS bool) grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		start := time.Now()

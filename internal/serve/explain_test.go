@@ -44,7 +44,7 @@ func TestDialMistakesExplained(t *testing.T) {
 		{"no answer", mute.Addr().String(), nil, codes.DeadlineExceeded, "did not answer within"},
 		{"nothing listening", testkit.FreeAddr(t), nil, codes.Unavailable, "nothing listens at"},
 	} {
-		_, err := Call(t.Context(), tc.addr, time.Second, func(ctx context.Context, cc *grpc.ClientConn) (*walshipv1.StatusResponse, error) {
+		_, err := Call(t.Context(), Dialer{}, tc.addr, time.Second, func(ctx context.Context, cc *grpc.ClientConn) (*walshipv1.StatusResponse, error) {
 			return walshipv1.NewAdminServiceClient(cc).Status(ctx, &walshipv1.StatusRequest{})
 		}, tc.opts...)
 		if status.Code(err) != tc.code || !strings.Contains(status.Convert(err).Message(), tc.addr+" ") && !strings.Contains(status.Convert(err).Message(), tc.addr+":") ||
@@ -53,7 +53,7 @@ func TestDialMistakesExplained(t *testing.T) {
 		}
 	}
 	// A stream's too, at its first message.
-	conn, err := grpc.NewClient(ts.Addr(), DialOptions()...)
+	conn, err := Dialer{}.Dial(ts.Addr())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +68,7 @@ func TestDialMistakesExplained(t *testing.T) {
 		t.Errorf("a plaintext stream to a TLS server: %v; want UNAVAILABLE saying it serves TLS", err)
 	}
 	// A call that reached the server keeps its error as it was.
-	_, err = Call(t.Context(), plain.Addr(), 5*time.Second, func(ctx context.Context, cc *grpc.ClientConn) (*walshipv1.StatusResponse, error) {
+	_, err = Call(t.Context(), Dialer{}, plain.Addr(), 5*time.Second, func(ctx context.Context, cc *grpc.ClientConn) (*walshipv1.StatusResponse, error) {
 		return walshipv1.NewAdminServiceClient(cc).Status(ctx, &walshipv1.StatusRequest{})
 	})
 	if status.Code(err) != codes.Unimplemented || strings.Contains(err.Error(), "serves") {

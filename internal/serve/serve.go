@@ -108,6 +108,9 @@ type Security struct {
 	// anyone who reaches that port can read them and spend the process's
 	// CPU on a profile, so it is off unless asked for.
 	Pprof bool
+	// Dialer is how the service dials its peers: its client identity,
+	// usually TLS's (NewDialer(TLS, trust domain)); zero: plaintext.
+	Dialer Dialer
 }
 
 // Server is a listening gRPC server with health, reflection and metrics.

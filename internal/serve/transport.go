@@ -3,7 +3,6 @@ package serve
 import (
 	"context"
 	"runtime"
-	"sync/atomic"
 	"time"
 
 	"github.com/walship/walship/internal/tlsid"
@@ -51,67 +50,72 @@ func transportOptions() []grpc.ServerOption {
 	}
 }
 
-// dialTLS is the process's client identity, with the trust domain whose
-// classes PeerClass checks ("" for none).
+// Dialer is how a walship service dials its peers: its client identity
+// (TLS from a tlsid.Source, or plaintext: the zero Dialer) and the trust
+// domain whose classes PeerClass checks. It is a value in each service's
+// config (Security.Dialer), not the process's: two services of one
+// process — walship dev's nodes and log stores, a test's cluster — may
+// dial as different identities.
+type Dialer struct {
+	tls *dialTLS // nil: plaintext
+}
+
+// dialTLS is a Dialer's identity, with the trust domain whose classes
+// PeerClass checks ("" for none).
 type dialTLS struct {
 	src   *tlsid.Source
 	creds credentials.TransportCredentials
 	trust string
 }
 
-// clientTLS is the transport security of every walship dialer in this
-// process: plaintext until UseTLS.
-var clientTLS atomic.Pointer[dialTLS]
-
-// UseTLS makes every later DialOptions dial with TLS from src: the
-// process's one identity, set once at start by the command that runs it
-// (nil: back to plaintext). trustDomain is that of the default identity
-// scheme (spiffe://DOMAIN/walship/CLASS/NAME), under which a dial that
-// names the classes it accepts (PeerClass) refuses a server of any other;
-// "" checks no class (a custom authorization policy, whose identities
-// need not follow the scheme; or one identity for every server of the
-// process, as walship dev has).
-func UseTLS(src *tlsid.Source, trustDomain string) {
+// NewDialer dials with TLS from src (nil: plaintext). trustDomain is that
+// of the default identity scheme (spiffe://DOMAIN/walship/CLASS/NAME),
+// under which a dial that names the classes it accepts (PeerClass)
+// refuses a server of any other; "" checks no class (a custom
+// authorization policy, whose identities need not follow the scheme; or
+// one identity for every server of the process, as walship dev has).
+func NewDialer(src *tlsid.Source, trustDomain string) Dialer {
 	if src == nil {
-		clientTLS.Store(nil)
-		return
+		return Dialer{}
 	}
-	clientTLS.Store(&dialTLS{src: src, creds: src.Credentials(), trust: trustDomain})
+	return Dialer{tls: &dialTLS{src: src, creds: src.Credentials(), trust: trustDomain}}
 }
 
-// TransportCredentials are the credentials DialOptions uses.
-func TransportCredentials() credentials.TransportCredentials {
-	if c := clientTLS.Load(); c != nil {
-		return c.creds
+// TLS reports whether d dials with TLS.
+func (d Dialer) TLS() bool { return d.tls != nil }
+
+// Credentials are the transport credentials Options starts with.
+func (d Dialer) Credentials() credentials.TransportCredentials {
+	if d.tls != nil {
+		return d.tls.creds
 	}
 	return insecure.NewCredentials()
 }
 
 // PeerClass is the dial option of a dialer that knows what it dials: the
 // server must be of one of classes (tlsid.ClassNode, ClassLogStore...),
-// checked at each handshake, when the process dials with TLS under the
-// default identity scheme (UseTLS); otherwise it changes nothing. Given
-// to DialOptions, it replaces the credentials those start with.
-func PeerClass(classes ...string) grpc.DialOption {
-	c := clientTLS.Load()
-	if c == nil || c.trust == "" {
+// checked at each handshake, when d dials with TLS under the default
+// identity scheme; otherwise it changes nothing. Given to Options, it
+// replaces the credentials those start with.
+func (d Dialer) PeerClass(classes ...string) grpc.DialOption {
+	if d.tls == nil || d.tls.trust == "" {
 		return grpc.EmptyDialOption{}
 	}
-	return grpc.WithTransportCredentials(c.src.PeerCredentials(c.trust, classes...))
+	return grpc.WithTransportCredentials(d.tls.src.PeerCredentials(d.tls.trust, classes...))
 }
 
-// DialOptions returns the options every walship client connection starts
-// with: the process's transport credentials (UseTLS), errors that say
-// what a failed connection means (explain.go), the fixed flow-control windows above, and a
-// reconnect backoff of 50 ms to 2 s (gRPC's own starts at 1 s and grows to
-// 2 minutes: a node that changes role restarts its server within tens of
-// milliseconds, and its peers must find it again as fast). Callers append
-// their own (message sizes, keepalive).
-func DialOptions(extra ...grpc.DialOption) []grpc.DialOption {
+// Options returns the options every walship client connection starts
+// with: d's transport credentials, errors that say what a failed
+// connection means (explain.go), the fixed flow-control windows above,
+// and a reconnect backoff of 50 ms to 2 s (gRPC's own starts at 1 s and
+// grows to 2 minutes: a node that changes role restarts its server within
+// tens of milliseconds, and its peers must find it again as fast).
+// Callers append their own (message sizes, keepalive, PeerClass).
+func (d Dialer) Options(extra ...grpc.DialOption) []grpc.DialOption {
 	return append([]grpc.DialOption{
-		grpc.WithTransportCredentials(TransportCredentials()),
-		grpc.WithChainUnaryInterceptor(explainUnary(clientTLS.Load() != nil)),
-		grpc.WithChainStreamInterceptor(explainStream(clientTLS.Load() != nil)),
+		grpc.WithTransportCredentials(d.Credentials()),
+		grpc.WithChainUnaryInterceptor(explainUnary(d.TLS())),
+		grpc.WithChainStreamInterceptor(explainStream(d.TLS())),
 		grpc.WithInitialWindowSize(streamWindow),
 		grpc.WithInitialConnWindowSize(connWindow),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2,
@@ -119,12 +123,17 @@ func DialOptions(extra ...grpc.DialOption) []grpc.DialOption {
 	}, extra...)
 }
 
+// Dial is grpc.NewClient(addr, d.Options(extra...)...).
+func (d Dialer) Dial(addr string, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
+	return grpc.NewClient(addr, d.Options(extra...)...)
+}
+
 // Call makes one call to the walship process at addr: it dials with
-// DialOptions(extra...), runs rpc on the connection under timeout, and
+// d.Options(extra...), runs rpc on the connection under timeout, and
 // closes the connection (a vote, a status survey, an operator's command).
-func Call[T any](ctx context.Context, addr string, timeout time.Duration, rpc func(context.Context, *grpc.ClientConn) (T, error), extra ...grpc.DialOption) (T, error) {
+func Call[T any](ctx context.Context, d Dialer, addr string, timeout time.Duration, rpc func(context.Context, *grpc.ClientConn) (T, error), extra ...grpc.DialOption) (T, error) {
 	var zero T
-	conn, err := grpc.NewClient(addr, DialOptions(extra...)...)
+	conn, err := d.Dial(addr, extra...)
 	if err != nil {
 		return zero, err
 	}

@@ -9,7 +9,6 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/cluster"
-	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/testkit"
 	"github.com/walship/walship/internal/tlsid"
 	"github.com/walship/walship/pkg/client"
@@ -146,7 +145,6 @@ func TestFailoverOverMTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { serve.UseTLS(nil, "") })
 	// The operator's calls with the admin certificate DevTLS wrote.
 	admin, err := tlsid.Load(tlsid.Files{Cert: filepath.Join(dir, "admin.crt"), Key: filepath.Join(dir, "admin.key"), CA: filepath.Join(dir, "ca.crt")}, nil)
 	if err != nil {
@@ -166,7 +164,7 @@ func TestFailoverOverMTLS(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = c.Stop() })
 	addrs := nodeAddrs(c)
-	cl, err := client.New(addrs, client.Options{Retry: 20 * time.Second, DialOptions: serve.DialOptions()})
+	cl, err := client.New(addrs, client.Options{Retry: 20 * time.Second, DialOptions: sec.Dialer.Options()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -189,9 +189,8 @@ func tlsCluster(t *testing.T, p func(*primary.Config)) (*cluster.Cluster, *tlsid
 	if err != nil {
 		t.Fatal(err)
 	}
-	serve.UseTLS(src, "")
-	t.Cleanup(func() { serve.UseTLS(nil, "") })
-	c, err := cluster.Start(t.Context(), cluster.Config{Dir: t.TempDir(), LogStores: 1, Replicas: 1, Failover: true, Security: serve.Security{TLS: src, Authz: az}, Primary: p})
+	c, err := cluster.Start(t.Context(), cluster.Config{Dir: t.TempDir(), LogStores: 1, Replicas: 1, Failover: true,
+		Security: serve.Security{TLS: src, Authz: az, Dialer: serve.NewDialer(src, "")}, Primary: p})
 	if err != nil {
 		t.Fatal(err)
 	}

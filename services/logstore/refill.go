@@ -16,7 +16,6 @@ import (
 	"github.com/walship/walship/internal/backoff"
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/rpcerr"
-	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/tlsid"
 	"github.com/walship/walship/internal/wal"
 	"golang.org/x/sync/semaphore"
@@ -169,8 +168,8 @@ func (s *Server) endRefill() {
 func (s *Server) refiller(ctx context.Context) {
 	peers := make([]*peer, 0, len(s.cfg.Peers))
 	for _, addr := range s.cfg.Peers {
-		conn, err := grpc.NewClient(addr, serve.DialOptions(serve.PeerClass(tlsid.ClassLogStore),
-			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(s.cfg.MaxMessageBytes)))...)
+		conn, err := s.cfg.Security.Dialer.Dial(addr, s.cfg.Security.Dialer.PeerClass(tlsid.ClassLogStore),
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(s.cfg.MaxMessageBytes)))
 		if err != nil {
 			s.logger.Error("bad peer address; not refilling from it", "peer", addr, "err", err)
 			s.fill.skippedPeers.Add(1) // counted out, like this log store itself

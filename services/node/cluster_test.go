@@ -49,7 +49,7 @@ func loneReplica(t *testing.T, id, ls, cluster string) (*Node, walshipv1.AdminSe
 		t.Fatal(err)
 	}
 	run(t, n.Run)
-	conn, err := grpc.NewClient(n.Addr(), serve.DialOptions()...)
+	conn, err := serve.Dialer{}.Dial(n.Addr())
 	if err != nil {
 		t.Fatal(err)
 	}

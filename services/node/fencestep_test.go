@@ -9,6 +9,7 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
+	"github.com/walship/walship/internal/serve"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -69,7 +70,7 @@ func TestFenceStepping(t *testing.T) {
 			go func() { _ = g.Serve(lis) }()
 			defer g.Stop()
 			req := &walshipv1.FenceRequest{Epoch: tc.epoch, CandidateId: "n1", CandidateAddr: "n1:7401"}
-			resp, err := fenceStepping(t.Context(), lis.Addr().String(), false, req, tc.surveyed)
+			resp, err := fenceStepping(t.Context(), serve.Dialer{}, lis.Addr().String(), false, req, tc.surveyed)
 			if tc.granted && (err != nil || !resp.GetGranted() || resp.GetEpoch() != tc.epoch) {
 				t.Fatalf("fenceStepping = %v, %v; want epoch %d granted", resp, err, tc.epoch)
 			}

@@ -556,7 +556,7 @@ func (n *Node) findPrimary(ctx context.Context, v datadir.Vote) datadir.Vote {
 	}
 	own, _ := datadir.LoadCluster(n.fs, n.cfg.DataDir)
 	for _, addr := range n.cfg.LogStores {
-		st, err := logStoreStatus(ctx, addr)
+		st, err := logStoreStatus(ctx, n.dialer(), addr)
 		if err == nil && rpcerr.CheckCluster("node", own, "log store", st.GetClusterId()) == nil && st.GetVoteEpoch() >= v.Epoch && datadir.CheckEpoch(st.GetVoteEpoch(), v.Epoch, datadir.MaxEpochGap) == nil && st.GetPrimaryAddr() != "" {
 			return datadir.Vote{Epoch: st.GetVoteEpoch(), Primary: st.GetPrimaryId(), Addr: st.GetPrimaryAddr()}
 		}

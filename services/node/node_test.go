@@ -147,7 +147,7 @@ func newClusterAt(t *testing.T, epoch uint64) *cluster {
 }
 
 func (c *cluster) conn(t *testing.T, id string) *grpc.ClientConn {
-	conn, err := grpc.NewClient(c.nodes[id].Addr(), serve.DialOptions()...)
+	conn, err := serve.Dialer{}.Dial(c.nodes[id].Addr())
 	if err != nil {
 		t.Fatal(err)
 	}

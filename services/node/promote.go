@@ -567,13 +567,13 @@ func (n *Node) survey(ctx context.Context, known uint64, enough func([]answer) b
 			a := answer{id: j.id, addr: j.addr, logstore: j.ls}
 			defer func() { ch <- a }()
 			if j.ls {
-				st, err := logStoreStatus(ctx, j.addr)
+				st, err := logStoreStatus(ctx, n.dialer(), j.addr)
 				if a.err = err; err == nil {
 					a.epoch, a.holder, a.lastEpoch, a.lastLSN, a.history = st.GetVoteEpoch(), st.GetPrimaryId(), st.GetLastEpoch(), st.GetDurableLsn(), datadir.HistoryFromProto(st.GetHistory())
 					a.cluster = st.GetClusterId()
 				}
 			} else {
-				st, err := nodeStatus(ctx, j.addr)
+				st, err := nodeStatus(ctx, n.dialer(), j.addr)
 				if a.err = err; err == nil {
 					a.epoch, a.holder, a.lastEpoch, a.lastLSN, a.history = st.GetVoteEpoch(), st.GetPrimaryId(), st.GetEpoch(), st.GetDurableLsn(), datadir.HistoryFromProto(st.GetHistory())
 					a.primary = st.GetRole() == walshipv1.Role_ROLE_PRIMARY
@@ -636,7 +636,7 @@ func (n *Node) fenceAll(ctx context.Context, rep interface {
 			if j.self {
 				resp, err = rep.Fence(req)
 			} else {
-				resp, err = fenceStepping(ctx, j.addr, j.ls, req, promises[j.id])
+				resp, err = fenceStepping(ctx, n.dialer(), j.addr, j.ls, req, promises[j.id])
 			}
 			a := answer{id: j.id, addr: j.addr, logstore: j.ls, err: err}
 			if j.self {
@@ -698,24 +698,28 @@ func jobs2ids(n int, id func(int) string) []string {
 	return out
 }
 
+// dialer is how the node dials its peers (its roles' Security.Dialer:
+// one identity for both).
+func (n *Node) dialer() serve.Dialer { return n.cfg.Primary.Security.Dialer }
+
 // peerClass is the class a promotion's peer must be (under the default
 // identity scheme): a log store, or a member, a data node. A server of
 // another class at its address neither votes nor donates.
-func peerClass(logstore bool) grpc.DialOption {
+func peerClass(d serve.Dialer, logstore bool) grpc.DialOption {
 	if logstore {
-		return serve.PeerClass(tlsid.ClassLogStore)
+		return d.PeerClass(tlsid.ClassLogStore)
 	}
-	return serve.PeerClass(tlsid.ClassNode)
+	return d.PeerClass(tlsid.ClassNode)
 }
 
-func dial(addr string, logstore bool) (*grpc.ClientConn, error) {
-	return grpc.NewClient(addr, serve.DialOptions(peerClass(logstore), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(wal.MaxEntrySize+1<<20)))...)
+func dial(d serve.Dialer, addr string, logstore bool) (*grpc.ClientConn, error) {
+	return d.Dial(addr, peerClass(d, logstore), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(wal.MaxEntrySize+1<<20)))
 }
 
-func fence(ctx context.Context, addr string, logstore bool, req *walshipv1.FenceRequest) (*walshipv1.FenceResponse, error) {
-	return serve.Call(ctx, addr, 3*time.Second, func(ctx context.Context, cc *grpc.ClientConn) (*walshipv1.FenceResponse, error) {
+func fence(ctx context.Context, d serve.Dialer, addr string, logstore bool, req *walshipv1.FenceRequest) (*walshipv1.FenceResponse, error) {
+	return serve.Call(ctx, d, addr, 3*time.Second, func(ctx context.Context, cc *grpc.ClientConn) (*walshipv1.FenceResponse, error) {
 		return walshipv1.NewEpochServiceClient(cc).Fence(ctx, req)
-	}, peerClass(logstore))
+	}, peerClass(d, logstore))
 }
 
 // fenceStepping fences the node at addr with req, first at each of
@@ -725,12 +729,12 @@ func fence(ctx context.Context, addr string, logstore bool, req *walshipv1.Fence
 // the epoch after theirs must still be granted by the others, which
 // refuse a fence beyond the jump. Each step is a promise to this
 // candidate, superseded by req's; the answer is req's.
-func fenceStepping(ctx context.Context, addr string, logstore bool, req *walshipv1.FenceRequest, promised uint64) (*walshipv1.FenceResponse, error) {
+func fenceStepping(ctx context.Context, d serve.Dialer, addr string, logstore bool, req *walshipv1.FenceRequest, promised uint64) (*walshipv1.FenceResponse, error) {
 	steps := datadir.EpochSteps(promised, req.GetEpoch())
 	if len(steps) == 0 {
-		return fence(ctx, addr, logstore, req)
+		return fence(ctx, d, addr, logstore, req)
 	}
-	return serve.Call(ctx, addr, time.Duration(len(steps)+1)*3*time.Second, func(ctx context.Context, cc *grpc.ClientConn) (*walshipv1.FenceResponse, error) {
+	return serve.Call(ctx, d, addr, time.Duration(len(steps)+1)*3*time.Second, func(ctx context.Context, cc *grpc.ClientConn) (*walshipv1.FenceResponse, error) {
 		client := walshipv1.NewEpochServiceClient(cc)
 		for p := promised; ; {
 			if p >= req.GetEpoch() || req.GetEpoch()-p <= datadir.MaxEpochJump {
@@ -746,19 +750,19 @@ func fenceStepping(ctx context.Context, addr string, logstore bool, req *walship
 			// epoch already: either way the next step is from there.
 			p = max(step.Epoch, resp.GetEpoch())
 		}
-	}, peerClass(logstore))
+	}, peerClass(d, logstore))
 }
 
-func logStoreStatus(ctx context.Context, addr string) (*walshipv1.LogStoreServiceStatusResponse, error) {
-	return serve.Call(ctx, addr, 2*time.Second, func(ctx context.Context, cc *grpc.ClientConn) (*walshipv1.LogStoreServiceStatusResponse, error) {
+func logStoreStatus(ctx context.Context, d serve.Dialer, addr string) (*walshipv1.LogStoreServiceStatusResponse, error) {
+	return serve.Call(ctx, d, addr, 2*time.Second, func(ctx context.Context, cc *grpc.ClientConn) (*walshipv1.LogStoreServiceStatusResponse, error) {
 		return walshipv1.NewLogStoreServiceClient(cc).Status(ctx, &walshipv1.LogStoreServiceStatusRequest{})
-	}, peerClass(true))
+	}, peerClass(d, true))
 }
 
-func nodeStatus(ctx context.Context, addr string) (*walshipv1.StatusResponse, error) {
-	return serve.Call(ctx, addr, 2*time.Second, func(ctx context.Context, cc *grpc.ClientConn) (*walshipv1.StatusResponse, error) {
+func nodeStatus(ctx context.Context, d serve.Dialer, addr string) (*walshipv1.StatusResponse, error) {
+	return serve.Call(ctx, d, addr, 2*time.Second, func(ctx context.Context, cc *grpc.ClientConn) (*walshipv1.StatusResponse, error) {
 		return walshipv1.NewAdminServiceClient(cc).Status(ctx, &walshipv1.StatusRequest{})
-	}, peerClass(false))
+	}, peerClass(d, false))
 }
 
 // carryOut does steps 4-6 with the replica role stopped.
@@ -808,7 +812,7 @@ func (n *Node) carryOut(ctx context.Context, p *plan) error {
 	// Copy what the donor has beyond this log.
 	if p.donor.lastLSN > log.LastLSN() {
 		own = own.Cut(log.LastLSN())
-		records, bytes, err := copyFromRetrying(ctx, p.donor.addr, p.donor.logstore, log, p.donor.lastLSN, own.Current().Epoch, p.epoch, p.cluster)
+		records, bytes, err := copyFromRetrying(ctx, n.dialer(), p.donor.addr, p.donor.logstore, log, p.donor.lastLSN, own.Current().Epoch, p.epoch, p.cluster)
 		if err != nil {
 			return fmt.Errorf("catch up from %s: %w", p.donor.id, err)
 		}
@@ -860,12 +864,12 @@ const donorPatience = 5 * time.Second
 // copyFromRetrying is copyFrom, resumed from the log's end after an
 // UNAVAILABLE (the donor unreachable, or its stream cut) until
 // donorPatience has passed without progress.
-func copyFromRetrying(ctx context.Context, addr string, logstore bool, log *wal.Log, last, epoch, opening uint64, cluster string) (records, bytes uint64, err error) {
+func copyFromRetrying(ctx context.Context, d serve.Dialer, addr string, logstore bool, log *wal.Log, last, epoch, opening uint64, cluster string) (records, bytes uint64, err error) {
 	var bo backoff.Backoff
 	since := time.Now()
 	for {
 		before := log.LastLSN()
-		r, b, e, err := copyFrom(ctx, addr, logstore, log, last, epoch, opening, cluster)
+		r, b, e, err := copyFrom(ctx, d, addr, logstore, log, last, epoch, opening, cluster)
 		records, bytes, epoch = records+r, bytes+b, e
 		if err == nil || status.Code(err) != codes.Unavailable {
 			return records, bytes, err
@@ -886,9 +890,9 @@ func copyFromRetrying(ctx context.Context, addr string, logstore bool, log *wal.
 // the epoch of log's newest entry; it returns that of the newest one it
 // appended (or epoch). opening is the epoch the promotion opens: a
 // batch's epoch must be within datadir.MaxEpochJump of it.
-func copyFrom(ctx context.Context, addr string, logstore bool, log *wal.Log, last, epoch, opening uint64, cluster string) (records, bytes, newest uint64, err error) {
+func copyFrom(ctx context.Context, d serve.Dialer, addr string, logstore bool, log *wal.Log, last, epoch, opening uint64, cluster string) (records, bytes, newest uint64, err error) {
 	newest = epoch
-	conn, err := dial(addr, logstore)
+	conn, err := dial(d, addr, logstore)
 	if err != nil {
 		return 0, 0, newest, err
 	}

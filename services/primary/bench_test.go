@@ -120,7 +120,7 @@ func BenchmarkCommitTLS(b *testing.B) {
 					sec = benchTLS(b)
 				}
 				s := startBench(b, durability, func(c *Config) { c.Security = sec })
-				conn := dialBench(b, s.Addr())
+				conn := dialBenchWith(b, sec.Dialer, s.Addr())
 				defer conn.Close()
 				kv := walshipv1.NewKVServiceClient(conn)
 				testkit.Until(b, "the primary to open its epoch", func() bool {
@@ -133,8 +133,8 @@ func BenchmarkCommitTLS(b *testing.B) {
 	}
 }
 
-// benchTLS makes a CA and a node certificate, dials with it until the
-// benchmark ends, and returns the server's security.
+// benchTLS makes a CA and a node certificate and returns the server's
+// security, whose Dialer the benchmark's clients dial with.
 func benchTLS(b *testing.B) serve.Security {
 	b.Helper()
 	ca, err := tlsid.NewCA("bench", time.Hour)
@@ -153,9 +153,7 @@ func benchTLS(b *testing.B) serve.Security {
 	if err != nil {
 		b.Fatal(err)
 	}
-	serve.UseTLS(src, "")
-	b.Cleanup(func() { serve.UseTLS(nil, "") })
-	return serve.Security{TLS: src, Authz: az}
+	return serve.Security{TLS: src, Authz: az, Dialer: serve.NewDialer(src, "")}
 }
 
 // BenchmarkCommitDistant is BenchmarkCommit's 7 sync committers, alone or
@@ -300,7 +298,7 @@ func (floorKV) Put(context.Context, *walshipv1.PutRequest) (*walshipv1.PutRespon
 
 // BenchmarkRoundTripFloor is BenchmarkCommit's loop against a KV server
 // whose Put does nothing, on the same transport (internal/serve's server,
-// serve.DialOptions): what the gRPC round trip alone costs on loopback, in
+// Dialer.Options): what the gRPC round trip alone costs on loopback, in
 // CPU per call and calls/s. No commit path can go faster than this on the
 // same machine: a target of commits/s as a multiple of the disk's
 // append+fdatasync rate is out of reach wherever that multiple is above it.

@@ -15,7 +15,6 @@ import (
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/keyspace"
 	"github.com/walship/walship/internal/rpcerr"
-	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/tlsid"
 	"github.com/walship/walship/internal/walserve"
 	"github.com/walship/walship/pkg/codec"
@@ -192,7 +191,7 @@ func (s *Server) fenceLogStores(ctx context.Context, req *walshipv1.FenceRequest
 }
 
 func (s *Server) fenceOne(ctx context.Context, addr string, req *walshipv1.FenceRequest) (*walshipv1.FenceResponse, error) {
-	conn, err := grpc.NewClient(addr, serve.DialOptions(serve.PeerClass(tlsid.ClassLogStore))...)
+	conn, err := s.dialer().Dial(addr, s.dialer().PeerClass(tlsid.ClassLogStore))
 	if err != nil {
 		return nil, err
 	}
@@ -630,8 +629,8 @@ func (s *Server) Switchover(ctx context.Context, target string, timeout time.Dur
 		return nil, status.Errorf(codes.DeadlineExceeded, "switchover to %s: it did not flush LSN %d within %v: %v", target, last, timeout, err)
 	}
 	// The target restarts its server as it changes role: reconnect fast.
-	conn, err := grpc.NewClient(addr, serve.DialOptions(serve.PeerClass(tlsid.ClassNode), grpc.WithConnectParams(grpc.ConnectParams{
-		Backoff: grpcbackoff.Config{BaseDelay: 5 * time.Millisecond, Multiplier: 1.6, MaxDelay: 100 * time.Millisecond}, MinConnectTimeout: time.Second}))...)
+	conn, err := s.dialer().Dial(addr, s.dialer().PeerClass(tlsid.ClassNode), grpc.WithConnectParams(grpc.ConnectParams{
+		Backoff: grpcbackoff.Config{BaseDelay: 5 * time.Millisecond, Multiplier: 1.6, MaxDelay: 100 * time.Millisecond}, MinConnectTimeout: time.Second}))
 	if err != nil {
 		return nil, err
 	}

@@ -21,15 +21,19 @@ import (
 	"google.golang.org/grpc/status"
 )
 
+// dialer is how the primary dials its log stores and, in a switchover,
+// its target (Config.Security.Dialer).
+func (s *Server) dialer() serve.Dialer { return s.cfg.Security.Dialer }
+
 // shipLogStore keeps one log store fed: it dials, asks where the log store
 // is, streams durable WAL batches from there, and records the log store's
 // cumulative durable acks. It reconnects with backoff until ctx ends.
 func (s *Server) shipLogStore(ctx context.Context, addr string) {
 	log := s.logger.With("logstore", addr)
-	conn, err := grpc.NewClient(addr, serve.DialOptions(serve.PeerClass(tlsid.ClassLogStore),
+	conn, err := s.dialer().Dial(addr, s.dialer().PeerClass(tlsid.ClassLogStore),
 		// Find a dead connection (a partition sends no FIN) within ~15s.
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(streamMessageBytes), grpc.MaxCallSendMsgSize(streamMessageBytes)))...)
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(streamMessageBytes), grpc.MaxCallSendMsgSize(streamMessageBytes)))
 	if err != nil {
 		log.Error("bad log store address", "err", err)
 		return

@@ -783,7 +783,12 @@ func field(num protowire.Number, v []byte) []byte {
 }
 
 func dialBench(b *testing.B, addr string) *grpc.ClientConn {
-	conn, err := grpc.NewClient(addr, serve.DialOptions()...)
+	return dialBenchWith(b, serve.Dialer{}, addr)
+}
+
+// dialBenchWith is dialBench as d dials (TLS).
+func dialBenchWith(b *testing.B, d serve.Dialer, addr string) *grpc.ClientConn {
+	conn, err := d.Dial(addr)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -14,7 +14,6 @@ import (
 	"github.com/walship/walship/internal/backoff"
 	"github.com/walship/walship/internal/envelope"
 	"github.com/walship/walship/internal/recovery"
-	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/internal/tlsid"
 	"google.golang.org/grpc"
@@ -170,8 +169,8 @@ func (s *Server) offerRecovered() {
 // ctx ends.
 func (s *Server) uploadSnapshots(ctx context.Context, addr string, kick <-chan struct{}) {
 	log := s.logger.With("logstore", addr)
-	conn, err := grpc.NewClient(addr, serve.DialOptions(serve.PeerClass(tlsid.ClassLogStore),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(streamMessageBytes), grpc.MaxCallSendMsgSize(streamMessageBytes)))...)
+	conn, err := s.dialer().Dial(addr, s.dialer().PeerClass(tlsid.ClassLogStore),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(streamMessageBytes), grpc.MaxCallSendMsgSize(streamMessageBytes)))
 	if err != nil {
 		log.Error("bad log store address", "err", err)
 		return

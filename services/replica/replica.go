@@ -230,7 +230,7 @@ func New(cfg Config) (*Server, error) {
 	// default identity scheme): a server holding another class's
 	// certificate at the address is neither followed nor read.
 	dial := func(class string) []grpc.DialOption {
-		return append(serve.DialOptions(serve.PeerClass(class),
+		return append(cfg.Security.Dialer.Options(cfg.Security.Dialer.PeerClass(class),
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvBytes)),
 			// Find a dead connection (a partition sends no FIN) within ~15s.
 			grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),

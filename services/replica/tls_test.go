@@ -38,13 +38,17 @@ func TestPrimaryMustBeANode(t *testing.T) {
 		}
 		return s
 	}
-	serve.UseTLS(source(tlsid.ClassNode, "r1"), td)
-	t.Cleanup(func() { serve.UseTLS(nil, "") })
+	dialer := serve.NewDialer(source(tlsid.ClassNode, "r1"), td)
+	config := func(primary string) Config {
+		cfg := testConfig(t, t.TempDir(), primary)
+		cfg.Security.Dialer = dialer
+		return cfg
+	}
 
 	for _, class := range []string{tlsid.ClassLogStore, tlsid.ClassClient} {
 		t.Run("a "+class+" as the primary", func(t *testing.T) {
 			impostor, hellos := newTLSFakePrimary(t, source(class, "x"))
-			r := start(t, testConfig(t, t.TempDir(), impostor.addr))
+			r := start(t, config(impostor.addr))
 			// The replica dials, is refused by its own check, and dials
 			// again: a second TLS hello means the first came to nothing.
 			testkit.Until(t, "the replica to try the impostor twice, or open a stream", func() bool {
@@ -62,7 +66,7 @@ func TestPrimaryMustBeANode(t *testing.T) {
 	}
 	t.Run("a node as the primary", func(t *testing.T) {
 		node, _ := newTLSFakePrimary(t, source(tlsid.ClassNode, "p1"))
-		start(t, testConfig(t, t.TempDir(), node.addr))
+		start(t, config(node.addr))
 		if s := node.next(t); s.hello.GetReplicaId() != "r1" {
 			t.Fatalf("hello %v", s.hello)
 		}
