@@ -588,12 +588,8 @@ func runTerminal(ctx context.Context, cfg Config, i int, term terminal, s *sessi
 	}
 	for !stop.stopped() && ctx.Err() == nil {
 		if every > 0 {
-			if d := time.Until(nextStart); d > 0 {
-				select {
-				case <-time.After(d):
-				case <-ctx.Done():
-					return
-				}
+			if !backoff.Sleep(ctx, time.Until(nextStart)) {
+				return
 			}
 			nextStart = nextStart.Add(every)
 		}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/backoff"
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/vfs"
 	"github.com/walship/walship/services/primary"
@@ -157,8 +158,8 @@ func (c *Cluster) FinishTailLoss(ctx context.Context, loss *TailLoss) error {
 			loss.Orphans = os
 			return nil
 		}
-		if err := pause(ctx, 20*time.Millisecond); err != nil {
-			return fmt.Errorf("tail loss: waiting for replica-0's orphan file: %w", err)
+		if !backoff.Sleep(ctx, 20*time.Millisecond) {
+			return fmt.Errorf("tail loss: waiting for replica-0's orphan file: %w", ctx.Err())
 		}
 	}
 }
@@ -169,21 +170,8 @@ func (c *Cluster) waitTakingWrites(ctx context.Context, n *Node) error {
 		if p := n.DataNode().Primary(); p != nil && p.TakingWrites() {
 			return nil
 		}
-		if err := pause(ctx, 20*time.Millisecond); err != nil {
-			return fmt.Errorf("waiting for %s to take writes: %w", n.Name, err)
+		if !backoff.Sleep(ctx, 20*time.Millisecond) {
+			return fmt.Errorf("waiting for %s to take writes: %w", n.Name, ctx.Err())
 		}
-	}
-}
-
-// pause waits d or until ctx ends: the poll of a condition nothing
-// notifies (a file appearing, a role changing), within ctx's deadline.
-func pause(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }

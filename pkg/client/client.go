@@ -55,6 +55,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/backoff"
 	"github.com/walship/walship/internal/tlsid"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -365,24 +366,12 @@ func (c *Client) onPrimary(ctx context.Context, write bool, call func(walshipv1.
 			}
 			return err
 		}
-		if err := sleep(ctx, max(pause, wait+time.Duration(rand.Int64N(int64(wait))))); err != nil {
-			return err
+		if !backoff.Sleep(ctx, max(pause, wait+time.Duration(rand.Int64N(int64(wait))))) {
+			return ctx.Err()
 		}
 		// At most 250-500 ms between tries: a failover's new primary is
 		// found within a quarter second or so of opening.
 		wait = min(2*wait, 250*time.Millisecond)
-	}
-}
-
-// sleep waits d or until ctx ends.
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }
 
@@ -539,8 +528,8 @@ func (c *Client) onNodes(ctx context.Context, addrs []string, call func(walshipv
 		if time.Now().After(deadline) {
 			return err
 		}
-		if err := sleep(ctx, wait+time.Duration(rand.Int64N(int64(wait)))); err != nil {
-			return err
+		if !backoff.Sleep(ctx, wait+time.Duration(rand.Int64N(int64(wait)))) {
+			return ctx.Err()
 		}
 		wait = min(2*wait, 250*time.Millisecond)
 	}
