@@ -399,8 +399,8 @@ func (r *restorer) status(ctx context.Context, addr string) Source {
 		src.Err = err
 		return src
 	}
-	if id := r.o.ClusterID; id != "" && st.GetClusterId() != "" && st.GetClusterId() != id {
-		src.Err = status.Errorf(codes.FailedPrecondition, "cluster id mismatch: the log store belongs to cluster %s, the restore asks for cluster %s", st.GetClusterId(), id)
+	if err := rpcerr.CheckPeer("restore", r.o.ClusterID, "the log store", st.GetClusterId()); err != nil {
+		src.Err = status.Error(codes.FailedPrecondition, err.Error())
 		return src
 	}
 	src.FirstLSN, src.Durable, src.VoteEpoch = st.GetFirstLsn(), st.GetDurableLsn(), max(st.GetVoteEpoch(), st.GetEpoch())

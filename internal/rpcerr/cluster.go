@@ -92,6 +92,35 @@ func ClusterIDs(err error) (refuser, refused string, ok bool) {
 	return "", "", false
 }
 
+// CheckPeer is this node's own check of what a peer said of itself (its
+// Status) — CheckCluster's rule, on the side that reads: a Mismatch
+// "<peer> belongs to cluster <theirs>, this <role> to cluster <ours>"
+// when both ids are known and differ, nil otherwise. Callers add the
+// flag to check, if any ("(check --peers)").
+func CheckPeer(role, ours, peer, theirs string) error {
+	if ours == "" || theirs == "" || ours == theirs {
+		return nil
+	}
+	return peerMismatch(role, ours, peer, theirs)
+}
+
+// RequirePeer is CheckPeer with RequireCluster's rule, for a peer whose
+// data this node would take: once this node has an id, a peer that states
+// none is refused too (its log is of no cluster's, or an older one's).
+func RequirePeer(role, ours, peer, theirs string) error {
+	if ours == "" || ours == theirs {
+		return nil
+	}
+	return peerMismatch(role, ours, peer, theirs)
+}
+
+func peerMismatch(role, ours, peer, theirs string) error {
+	if theirs == "" {
+		return Mismatch("%s states no cluster id, this %s belongs to cluster %s", peer, role, ours)
+	}
+	return Mismatch("%s belongs to cluster %s, this %s to cluster %s", peer, theirs, role, ours)
+}
+
 // Mismatch is an error of this node's own finding — not a peer's
 // refusal — that a peer belongs to another cluster: it wraps
 // ErrOtherCluster (FAILED_PRECONDITION at the edge) and names both ids.

@@ -9,6 +9,33 @@ import (
 	"google.golang.org/grpc/status"
 )
 
+// TestCheckPeer: a node's own finding names both ids, wraps
+// ErrOtherCluster, and follows CheckCluster's and RequireCluster's rules.
+func TestCheckPeer(t *testing.T) {
+	const a, b = "0f1e2d3c-4b5a-4968-8776-655443322110", "1f1e2d3c-4b5a-4968-8776-655443322110"
+	for _, tc := range []struct {
+		name               string
+		check              func(role, ours, peer, theirs string) error
+		ours, theirs, want string
+	}{
+		{"check: differ", CheckPeer, a, b, "cluster id mismatch: log store x belongs to cluster " + b + ", this primary to cluster " + a},
+		{"check: same", CheckPeer, a, a, ""},
+		{"check: peer states none", CheckPeer, a, "", ""},
+		{"check: this one has none", CheckPeer, "", b, ""},
+		{"require: differ", RequirePeer, a, b, "cluster id mismatch: log store x belongs to cluster " + b + ", this primary to cluster " + a},
+		{"require: peer states none", RequirePeer, a, "", "cluster id mismatch: log store x states no cluster id, this primary belongs to cluster " + a},
+		{"require: this one has none", RequirePeer, "", b, ""},
+	} {
+		err := tc.check("primary", tc.ours, "log store x", tc.theirs)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v; want nil", tc.name, err)
+		case tc.want != "" && (err == nil || err.Error() != tc.want || !errors.Is(err, ErrOtherCluster) || !IsOtherCluster(err)):
+			t.Errorf("%s: %v; want %q wrapping ErrOtherCluster", tc.name, err, tc.want)
+		}
+	}
+}
+
 // TestOtherCluster: the refusal is FAILED_PRECONDITION naming both ids in
 // the agreed words, and is recognised after a trip over the wire and
 // through wrapping; CheckCluster refuses only two known, different ids,

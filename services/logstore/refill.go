@@ -358,10 +358,11 @@ func (s *Server) pickSource(srcs []*refillSource) (*refillSource, string) {
 			from = st.GetFirstLsn()
 		}
 		var reason string
+		mismatch := rpcerr.CheckPeer("log store", s.cluster.ID(), "the peer", st.GetClusterId())
 		switch {
-		case st.GetClusterId() != "" && s.cluster.ID() != "" && st.GetClusterId() != s.cluster.ID():
+		case mismatch != nil:
 			s.metrics.clusterMismatch.Inc()
-			reason = fmt.Sprintf("cluster id mismatch: this log store belongs to cluster %s, the peer to cluster %s (check --peers)", s.cluster.ID(), st.GetClusterId())
+			reason = fmt.Sprintf("%v (check --peers)", mismatch)
 		case st.GetRefilling():
 			reason = "refilling itself"
 		case st.GetFirstLsn() == 0:

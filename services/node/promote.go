@@ -382,8 +382,8 @@ func (n *Node) clusterOf(own string, survey []answer) (string, error) {
 		return id, nil
 	}
 	for i, a := range survey {
-		if a.err == nil && a.cluster != "" && a.cluster != own {
-			survey[i].err = rpcerr.Mismatch("%s belongs to cluster %s, this node to cluster %s", a.id, a.cluster, own)
+		if err := rpcerr.CheckPeer("node", own, a.id, a.cluster); a.err == nil && err != nil {
+			survey[i].err = err
 			n.logger.Warn("a node the promotion asked belongs to another cluster; it does not count", "peer", a.id, "cluster_id", own, "peer_cluster_id", a.cluster)
 		}
 	}

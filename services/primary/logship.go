@@ -203,10 +203,7 @@ func (s *Server) catchUpEpoch(ctx context.Context, fencer walshipv1.EpochService
 // otherClusterLogStore is an error naming both ids when the log store at
 // addr, in state st, belongs to another cluster than this primary's.
 func (s *Server) otherClusterLogStore(addr string, st *walshipv1.LogStoreServiceStatusResponse) error {
-	if ours, theirs := s.cluster.ID(), st.GetClusterId(); ours != "" && theirs != "" && ours != theirs {
-		return rpcerr.Mismatch("log store %s belongs to cluster %s, this primary to cluster %s", addr, theirs, ours)
-	}
-	return nil
+	return rpcerr.CheckPeer("primary", s.cluster.ID(), "log store "+addr, st.GetClusterId())
 }
 
 // logStoreGapError ends a stream to a log store whose log ends before

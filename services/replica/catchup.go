@@ -77,14 +77,15 @@ func (s *Server) logStoreHolds(ctx context.Context, ls *logStore, next uint64) (
 	sctx, cancel := context.WithTimeout(ctx, logStoreStatusTimeout)
 	defer cancel()
 	st, err := ls.client.Status(sctx, &walshipv1.LogStoreServiceStatusRequest{})
-	switch v, ours := s.Vote(), s.cluster.ID(); {
+	// A log store that states no id, to a replica that has one, holds a
+	// log of no cluster's or of an older one's: not taken either.
+	mismatch := rpcerr.RequirePeer("replica", s.cluster.ID(), "the log store "+ls.addr, st.GetClusterId())
+	switch v := s.Vote(); {
 	case err != nil:
 		return nil, fmt.Errorf("the log store %s: status: %w", ls.addr, err)
-	case ours != "" && st.GetClusterId() != ours:
-		// A log store that states no id, to a replica that has one, holds
-		// a log of no cluster's or of an older one's: not taken either.
+	case mismatch != nil:
 		s.metrics.clusterMismatch.Inc()
-		return nil, rpcerr.Mismatch("the log store %s belongs to cluster %q, this replica to cluster %s (check --logstore)", ls.addr, st.GetClusterId(), ours)
+		return nil, fmt.Errorf("%w (check --logstore)", mismatch)
 	case st.GetVoteEpoch() < v.Epoch:
 		return nil, fmt.Errorf("the log store %s is at epoch %d, older than this replica's %d: it may hold a deposed primary's tail", ls.addr, st.GetVoteEpoch(), v.Epoch)
 	case st.GetFirstLsn() == 0 || st.GetFirstLsn() > next || st.GetDurableLsn() < next:
