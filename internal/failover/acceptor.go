@@ -44,6 +44,11 @@ type AdoptCluster struct{ ID, From string }
 // FirstLSN, before the entry that begins it is written (I3).
 type NoteEpoch struct{ Epoch, FirstLSN uint64 }
 
+// AdoptHistory makes History, durably, the epoch history of the empty
+// log, before its first entry is written: a refill that starts it past
+// LSN 1 keeps the epochs of its source's log before that entry.
+type AdoptHistory struct{ History datadir.History }
+
 // CutAfter moves the log's entries after LSN into an orphan file (never
 // deletes them) and cuts its history there (I6).
 type CutAfter struct{ LSN uint64 }
@@ -52,6 +57,7 @@ func (SaveVote) isEffect()     {}
 func (AdoptCluster) isEffect() {}
 func (NoteEpoch) isEffect()    {}
 func (CutAfter) isEffect()     {}
+func (AdoptHistory) isEffect() {}
 
 // Reason is why a message was refused.
 type Reason int
@@ -86,12 +92,19 @@ const (
 	Overlap
 	// Gap: the batch starts past the log's end.
 	Gap
+	// SourceBehind: a refill's batch, after the acceptor promised an
+	// epoch newer than the source's log: the source may hold a tail that
+	// epoch's primary cut.
+	SourceBehind
+	// SourceHistory: a refill's batch is not of the epoch the source's
+	// history says wrote its first LSN.
+	SourceHistory
 )
 
 var reasonNames = map[Reason]string{
 	OtherCluster: "other-cluster", EpochAhead: "epoch-ahead", StaleEpoch: "stale-epoch", StaleBatch: "stale-batch",
 	Undeclared: "undeclared", SenderBehindBatch: "sender-behind-batch", BatchAheadOfSender: "batch-ahead-of-sender",
-	CutOwnEpoch: "cut-own-epoch", Overlap: "overlap", Gap: "gap",
+	CutOwnEpoch: "cut-own-epoch", Overlap: "overlap", Gap: "gap", SourceBehind: "source-behind", SourceHistory: "source-history",
 }
 
 func (r Reason) String() string {
@@ -421,6 +434,94 @@ func (s State) Append(m Append) AppendStep {
 	} else if why := learns(s.Vote, v); why != "" {
 		as.saveVote(v, why)
 	}
+	return as
+}
+
+// Refill is one batch a log store copies from a peer (or the archive)
+// while it refills: no primary sends it, so it has no sender epoch; it is
+// checked against the source's log as the source described it when the
+// refill began.
+type Refill struct {
+	Batch Entry
+	// Last and Differs are Append's: the log's last LSN (0 if it holds
+	// nothing), and for a batch that overlaps it why it is not an exact
+	// retransmission ("" if it is).
+	Last    uint64
+	Differs string
+	// Source names the source, for the log. SourceEpoch is the newest
+	// epoch of its log, SourceHistory its epoch history, SourceVote its
+	// promise and SourceCluster its cluster id ("" if none).
+	Source        string
+	SourceEpoch   uint64
+	SourceHistory datadir.History
+	SourceVote    datadir.Vote
+	SourceCluster string
+	// AdoptHistory: the log is empty, and with its first batch takes the
+	// source's history up to it (the epochs before it too), not only the
+	// epochs of what it copies.
+	AdoptHistory bool
+}
+
+// Refill applies the log's rules to a refill's batch, as Append does to
+// a primary's. A promise newer than the source's log stops the refill
+// (I1: the source may hold a tail the newer epoch's primary cut); the
+// batch must be of the epoch the source's history says wrote it, follow
+// the log without a gap or an overlap (an exact retransmission is
+// accepted, not stored again) and not be older than the log's newest
+// epoch (I3). The source's cluster id is adopted first (I8); on an empty
+// log the source's history before the batch is adopted; the batch's epoch
+// is noted in the history (NoteEpoch: a no-op for an epoch the history
+// holds already) and, if newer than the promise, promised — naming the
+// source's primary if the source's promise is of that epoch — before the
+// batch is acknowledged.
+func (s State) Refill(m Refill) AppendStep {
+	b := m.Batch
+	if s.Vote.Epoch > m.SourceEpoch {
+		return AppendStep{Step: refused(s, &Refusal{Reason: SourceBehind, Epoch: m.SourceEpoch, Known: s.Vote.Epoch})}
+	}
+	if e := m.SourceHistory.EpochOf(b.FirstLSN); e != b.Epoch {
+		return AppendStep{Step: refused(s, &Refusal{Reason: SourceHistory, Epoch: b.Epoch, Known: e})}
+	}
+	as := AppendStep{Step: Step{Next: s}}
+	if overlap := m.Last != 0 && b.FirstLSN <= m.Last; overlap {
+		if m.Differs == "" {
+			return as // a retransmission: stored already
+		}
+		as.Step = refused(s, &Refusal{Reason: Overlap, Epoch: b.Epoch, Known: m.Last})
+		as.Why = m.Differs
+		return as
+	}
+	switch {
+	case b.Epoch < s.LogEpoch:
+		return AppendStep{Step: refused(s, &Refusal{Reason: StaleBatch, Epoch: b.Epoch, Known: s.LogEpoch})}
+	case m.Last != 0 && b.FirstLSN > m.Last+1:
+		return AppendStep{Step: refused(s, &Refusal{Reason: Gap, Epoch: b.Epoch, Known: m.Last})}
+	}
+	// The source was checked to be of this cluster when the refill chose
+	// it; an id that differs now fails the adoption (carried out as
+	// datadir.Cluster.Adopt does).
+	if m.SourceCluster != "" && m.SourceCluster != s.Cluster {
+		as.Effects = append(as.Effects, AdoptCluster{ID: m.SourceCluster, From: "the refill from " + m.Source})
+		if s.Cluster == "" {
+			as.Next.Cluster = m.SourceCluster
+		}
+	}
+	if m.Last == 0 && m.AdoptHistory {
+		if h := m.SourceHistory.Cut(b.FirstLSN); len(h) > 0 {
+			as.Effects = append(as.Effects, AdoptHistory{History: h})
+			as.Next.LogEpoch = h.Current().Epoch
+		}
+	}
+	as.Effects = append(as.Effects, NoteEpoch{Epoch: b.Epoch, FirstLSN: b.FirstLSN})
+	as.Next.LogEpoch = max(as.Next.LogEpoch, b.Epoch)
+	if b.Epoch > s.Vote.Epoch {
+		v := datadir.Vote{Epoch: b.Epoch}
+		if m.SourceVote.Epoch == b.Epoch {
+			v.Primary, v.Addr = m.SourceVote.Primary, m.SourceVote.Addr
+		}
+		as.saveVote(v, "promised the epoch of a refilled batch")
+	}
+	as.Store = true
 	return as
 }
 

@@ -1,6 +1,7 @@
 package failover
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/walship/walship/internal/datadir"
@@ -29,6 +30,62 @@ func TestLearnFromLogStores(t *testing.T) {
 			got, why := State{Vote: tc.cur}.LearnFromLogStores(tc.votes, tc.n)
 			if got != tc.want || (why != "") != (tc.want != datadir.Vote{}) {
 				t.Fatalf("LearnFromLogStores = %v, %q; want %v", got, why, tc.want)
+			}
+		})
+	}
+}
+
+// TestRefill: a refill's batch is refused once the promise is newer than
+// the source's log, when it is not of the epoch the source's history
+// says, on an overlap that is not a retransmission, below the log's epoch
+// and after a gap; otherwise the source's cluster, the history before it
+// (on an empty log), its epoch and a newer promise come first, in order.
+func TestRefill(t *testing.T) {
+	h := datadir.History{{Epoch: 2, FirstLSN: 1}, {Epoch: 3, FirstLSN: 41}}
+	src := Refill{Source: "ls2", SourceEpoch: 3, SourceHistory: h, SourceVote: datadir.Vote{Epoch: 3, Primary: "p3", Addr: "p3:1"}, SourceCluster: "c"}
+	with := func(b Entry, last uint64, f func(*Refill)) Refill {
+		m := src
+		m.Batch, m.Last = b, last
+		if f != nil {
+			f(&m)
+		}
+		return m
+	}
+	for _, tc := range []struct {
+		name    string
+		s       State
+		m       Refill
+		refused Reason
+		effects []Effect
+		store   bool
+	}{
+		{"promised past the source", State{Vote: datadir.Vote{Epoch: 4}, LogEpoch: 2, Cluster: "c"}, with(Entry{3, 41, 42}, 40, nil), SourceBehind, nil, false},
+		{"not the source history's epoch", State{Vote: datadir.Vote{Epoch: 2}, LogEpoch: 2, Cluster: "c"}, with(Entry{2, 41, 42}, 40, nil), SourceHistory, nil, false},
+		{"a retransmission", State{Vote: datadir.Vote{Epoch: 3}, LogEpoch: 3, Cluster: "c"}, with(Entry{3, 41, 42}, 42, nil), 0, nil, false},
+		{"an overlap", State{Vote: datadir.Vote{Epoch: 3}, LogEpoch: 3, Cluster: "c"}, with(Entry{3, 41, 42}, 42, func(m *Refill) { m.Differs = "holds different data" }), Overlap, nil, false},
+		{"below the log's epoch", State{Vote: datadir.Vote{Epoch: 3}, LogEpoch: 3, Cluster: "c"}, with(Entry{2, 39, 40}, 38, nil), StaleBatch, nil, false},
+		{"a gap", State{Vote: datadir.Vote{Epoch: 3}, LogEpoch: 2, Cluster: "c"}, with(Entry{3, 43, 44}, 40, nil), Gap, nil, false},
+		{"the next batch", State{Vote: datadir.Vote{Epoch: 3}, LogEpoch: 3, Cluster: "c"}, with(Entry{3, 43, 44}, 42, nil), 0,
+			[]Effect{NoteEpoch{3, 43}}, true},
+		{"a new epoch, promised with the source's primary", State{Vote: datadir.Vote{Epoch: 2}, LogEpoch: 2, Cluster: "c"}, with(Entry{3, 41, 42}, 40, nil), 0,
+			[]Effect{NoteEpoch{3, 41}, SaveVote{Vote: datadir.Vote{Epoch: 3, Primary: "p3", Addr: "p3:1"}, Why: "promised the epoch of a refilled batch"}}, true},
+		{"an empty log of no cluster", State{}, with(Entry{3, 41, 42}, 0, func(m *Refill) { m.AdoptHistory = true }), 0,
+			[]Effect{AdoptCluster{ID: "c", From: "the refill from ls2"}, AdoptHistory{History: h[:2]}, NoteEpoch{3, 41},
+				SaveVote{Vote: datadir.Vote{Epoch: 3, Primary: "p3", Addr: "p3:1"}, Why: "promised the epoch of a refilled batch"}}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			as := tc.s.Refill(tc.m)
+			switch {
+			case tc.refused != 0:
+				if as.Refused == nil || as.Refused.Reason != tc.refused || len(as.Effects) > 0 || as.Store {
+					t.Fatalf("Refill = %+v; want refused %v, nothing else", as, tc.refused)
+				}
+				return
+			case as.Refused != nil:
+				t.Fatalf("refused: %v", as.Refused)
+			}
+			if as.Store != tc.store || fmt.Sprint(as.Effects) != fmt.Sprint(tc.effects) {
+				t.Fatalf("Refill: store %v, effects %v; want %v, %v", as.Store, as.Effects, tc.store, tc.effects)
 			}
 		})
 	}

@@ -15,6 +15,7 @@ import (
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/backoff"
 	"github.com/walship/walship/internal/datadir"
+	"github.com/walship/walship/internal/failover"
 	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/tlsid"
 	"github.com/walship/walship/internal/wal"
@@ -533,47 +534,55 @@ func (s *Server) awaitStream(ctx context.Context, st *appendStream) error {
 // is acknowledged.
 func (s *Server) admitRefill(r *appendReq, walLast uint64, last *uint64, entries *[]wal.Entry) (refused, fatal error) {
 	b, rf := r.env, r.refill
-	if v := s.vote.Load(); v.Epoch > rf.lastEpoch {
-		return refuse(rpcerr.ErrStaleEpoch, "refill from %s stopped: this log store promised epoch %d, newer than the peer's log (epoch %d)", rf.peer, v.Epoch, rf.lastEpoch), nil
+	m := failover.Refill{Batch: failover.Entry{Epoch: b.Epoch, FirstLSN: b.FirstLsn, LastLSN: b.LastLsn}, Last: *last,
+		Source: rf.peer, SourceEpoch: rf.lastEpoch, SourceHistory: rf.history, SourceVote: rf.vote, SourceCluster: rf.clusterID,
+		AdoptHistory: rf.adoptHistory}
+	if *last != 0 && b.FirstLsn <= *last {
+		m.Differs = s.differsFromStored(b, r.data, walLast, *entries)
 	}
-	if e := rf.history.EpochOf(b.FirstLsn); e != b.Epoch {
-		return refuse(rpcerr.ErrCorrupt, "refill from %s: batch LSNs %d..%d is of epoch %d, but the peer's history says epoch %d wrote LSN %d", rf.peer, b.FirstLsn, b.LastLsn, b.Epoch, e, b.FirstLsn), nil
+	as := s.acceptor().Refill(m)
+	if ref := as.Refused; ref != nil {
+		return refillRefusal(ref, rf, b, *last, as.Why), nil
 	}
-	overlap := *last != 0 && b.FirstLsn <= *last
-	if overlap {
-		why := s.differsFromStored(b, r.data, walLast, *entries)
-		if why == "" {
-			return nil, nil
+	for _, e := range as.Effects {
+		var err error
+		switch e := e.(type) {
+		case failover.AdoptCluster:
+			err = s.adoptCluster(e.ID, e.From)
+		case failover.AdoptHistory:
+			err = s.adoptHistory(e.History)
+		case failover.NoteEpoch:
+			err = s.noteEpoch(e.Epoch, e.FirstLSN)
+		case failover.SaveVote:
+			err = s.saveVote(e.Vote)
+		default:
+			err = fmt.Errorf("the log store does not carry out %T", e)
 		}
-		return refuse(errOutOfRange, "refill from %s: overlap: batch LSNs %d..%d, log store ends at LSN %d and %s", rf.peer, b.FirstLsn, b.LastLsn, *last, why), nil
-	}
-	if le := s.logEpoch.Load(); b.Epoch < le {
-		return refuse(rpcerr.ErrStaleEpoch, "refill from %s: stale epoch %d: batch LSNs %d..%d would follow stored batches of epoch %d", rf.peer, b.Epoch, b.FirstLsn, b.LastLsn, le), nil
-	}
-	if *last != 0 && b.FirstLsn > *last+1 {
-		return refuse(rpcerr.ErrInvalid, "refill from %s: gap: batch starts at LSN %d, log store ends at LSN %d", rf.peer, b.FirstLsn, *last), nil
-	}
-	if err := s.adoptCluster(rf.clusterID, "the refill from "+rf.peer); err != nil {
-		return nil, err
-	}
-	if *last == 0 && rf.adoptHistory {
-		if err := s.adoptHistory(rf.history.Cut(b.FirstLsn)); err != nil {
+		if err != nil {
 			return nil, err
 		}
 	}
-	if err := s.noteEpoch(b.Epoch, b.FirstLsn); err != nil {
-		return nil, err
-	}
-	*entries = append(*entries, wal.Entry{FirstLSN: b.FirstLsn, LastLSN: b.LastLsn, Data: r.data})
-	*last = b.LastLsn
-	if v := s.vote.Load(); b.Epoch > v.Epoch {
-		nv := datadir.Vote{Epoch: b.Epoch}
-		if rf.vote.Epoch == b.Epoch {
-			nv.Primary, nv.Addr = rf.vote.Primary, rf.vote.Addr
-		}
-		if err := s.saveVote(nv); err != nil {
-			return nil, err
-		}
+	if as.Store {
+		*entries = append(*entries, wal.Entry{FirstLSN: b.FirstLsn, LastLSN: b.LastLsn, Data: r.data})
+		*last = b.LastLsn
 	}
 	return nil, nil
+}
+
+// refillRefusal is the log store's answer to a refill's batch the
+// failover core refused, in its own words and gRPC code.
+func refillRefusal(ref *failover.Refusal, rf *refill, b *walshipv1.WalBatch, last uint64, why string) error {
+	switch ref.Reason {
+	case failover.SourceBehind:
+		return refuse(rpcerr.ErrStaleEpoch, "refill from %s stopped: this log store promised epoch %d, newer than the peer's log (epoch %d)", rf.peer, ref.Known, ref.Epoch)
+	case failover.SourceHistory:
+		return refuse(rpcerr.ErrCorrupt, "refill from %s: batch LSNs %d..%d is of epoch %d, but the peer's history says epoch %d wrote LSN %d", rf.peer, b.FirstLsn, b.LastLsn, b.Epoch, ref.Known, b.FirstLsn)
+	case failover.Overlap:
+		return refuse(errOutOfRange, "refill from %s: overlap: batch LSNs %d..%d, log store ends at LSN %d and %s", rf.peer, b.FirstLsn, b.LastLsn, last, why)
+	case failover.StaleBatch:
+		return refuse(rpcerr.ErrStaleEpoch, "refill from %s: stale epoch %d: batch LSNs %d..%d would follow stored batches of epoch %d", rf.peer, b.Epoch, b.FirstLsn, b.LastLsn, ref.Known)
+	case failover.Gap:
+		return refuse(rpcerr.ErrInvalid, "refill from %s: gap: batch starts at LSN %d, log store ends at LSN %d", rf.peer, b.FirstLsn, last)
+	}
+	return refuse(rpcerr.ErrInvalid, "refill from %s: batch refused: %v", rf.peer, ref)
 }
