@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -105,41 +104,7 @@ func TestWatchAcrossRestarts(t *testing.T) {
 	finish()
 
 	// The end marker, then the final primary's whole log from LSN 1.
-	final, err := client.New([]string{c.nodes[2].addr}, client.Options{Retry: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer final.Close()
-	end, err := final.Put(ctx, "watch/~end", []byte("x"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := &watchLog{}
-	fctx, stopFinal := context.WithCancel(ctx)
-	fw := final.Watch(fctx, &walshipv1.WatchRequest{Prefix: "watch/", StartLsn: 1})
-	var fwg sync.WaitGroup
-	fwg.Go(func() { want.follow(fw) })
-	for i, l := range append([]*watchLog{want}, logs...) {
-		testkit.UntilWithin(t, time.Minute, fmt.Sprintf("watcher %d to reach the end marker at LSN %d", i, end), func() bool { return l.lastLSN() >= end })
-	}
-	stopWatch()
-	stopFinal()
-	wg.Wait()
-	fwg.Wait()
-	if len(want.lines) < 100 {
-		t.Fatalf("the final log holds %d transactions: too few to say anything", len(want.lines))
-	}
-	for i, l := range logs {
-		t.Logf("watcher starting at n%d: %d transactions, %d resumes", i, len(l.lines), l.resumes)
-		if got, exp := strings.Join(l.lines, "\n"), strings.Join(want.lines, "\n"); got != exp {
-			for j := range min(len(l.lines), len(want.lines)) {
-				if l.lines[j] != want.lines[j] {
-					t.Fatalf("watcher starting at n%d parts from the final log at transaction %d:\n got  %s\n want %s", i, j, l.lines[j], want.lines[j])
-				}
-			}
-			t.Fatalf("watcher starting at n%d got %d transactions, the final log has %d", i, len(l.lines), len(want.lines))
-		}
-	}
+	matchFinalLog(t, ctx, c.nodes[2].addr, logs, stopWatch, &wg)
 	converge(t, ctx, c.nodes[2].addr, c.nodes[0].addr, c.nodes[1].addr)
 }
 

@@ -104,7 +104,17 @@ func TestWatchAcrossSwitchoverAndKill9(t *testing.T) {
 	c.nodes[1].start()
 
 	// The end marker, then the final primary's whole log from LSN 1.
-	final, err := client.New([]string{c.nodes[2].addr}, client.Options{Retry: 30 * time.Second})
+	matchFinalLog(t, ctx, c.nodes[2].addr, logs, stopWatch, &wg)
+	converge(t, ctx, c.nodes[2].addr, c.nodes[0].addr, c.nodes[1].addr)
+}
+
+// matchFinalLog writes an end marker on the final primary, follows its
+// whole log from LSN 1, waits until every watcher has reached the marker,
+// stops them, and fails unless each watcher's transactions are exactly
+// the final log's.
+func matchFinalLog(t *testing.T, ctx context.Context, primary string, logs []*watchLog, stopWatch func(), wg *sync.WaitGroup) {
+	t.Helper()
+	final, err := client.New([]string{primary}, client.Options{Retry: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,5 +149,4 @@ func TestWatchAcrossSwitchoverAndKill9(t *testing.T) {
 			t.Fatalf("watcher starting at n%d got %d transactions, the final log has %d", i, len(l.lines), len(want.lines))
 		}
 	}
-	converge(t, ctx, c.nodes[2].addr, c.nodes[0].addr, c.nodes[1].addr)
 }
