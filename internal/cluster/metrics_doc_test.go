@@ -32,10 +32,11 @@ func TestMetricsDocumented(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// With an archive (uploaded by the log store, read by the replica),
-	// so that its metrics are registered too.
+	// With an archive (uploaded by the log store, read by the replica)
+	// and automatic failover on the log stores' election, so that their
+	// metrics are registered too.
 	archiveDir := t.TempDir()
-	c := startCluster(t, Config{LogStores: 1, Replicas: 1, Security: sec, LogStore: func(_ int, l *logstore.Config) {
+	c := startCluster(t, Config{LogStores: 1, Replicas: 1, Security: sec, Failover: true, AutoFailover: true, LogStore: func(_ int, l *logstore.Config) {
 		l.Archive = logstore.ArchiveOptions{Config: archive.Config{URL: "file://" + archiveDir}, Interval: 20 * time.Millisecond}
 	}, Replica: func(_ int, r *replica.Config) { r.Archive = archive.Config{URL: "file://" + archiveDir} }})
 	randomLoad(t, walshipv1.NewKVServiceClient(c.Conn(c.Primary)), 2, 20, nil)
