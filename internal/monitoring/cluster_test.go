@@ -77,10 +77,11 @@ func TestClusterObservability(t *testing.T) {
 		"--archive", "file://" + filepath.Join(dir, "archive"), "--archive-interval", "200ms"}, tlsFor(tlsid.ClassLogStore, "ls")...)...)
 	// --replica-timeout: the stalled replica must stay connected long
 	// enough for WalshipReplicaLagHigh (10s) and then be cut off
-	// (checkStalledLag, checkCutOff).
+	// (checkStalledLag, checkCutOff). --auto-failover: the primary holds
+	// the log stores' election, so that its gauges are exported too.
 	primary := startWalship(t, bin, "primary", "primary serving", append([]string{"primary",
 		"--data-dir", filepath.Join(dir, "primary"), "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
-		"--logstore", ls.addr, "--heartbeat-interval", "200ms", "--replica-timeout", replicaTimeout.String()}, tlsFor(tlsid.ClassNode, "primary")...)...)
+		"--logstore", ls.addr, "--heartbeat-interval", "200ms", "--replica-timeout", replicaTimeout.String(), "--auto-failover"}, tlsFor(tlsid.ClassNode, "primary")...)...)
 	var replicas []*proc
 	for i := range 2 {
 		id := fmt.Sprintf("replica-%d", i)
