@@ -32,7 +32,7 @@ BENCHCOUNT ?= 6
 SIMSTEPS ?= 100000000
 SIMFIRST ?= 1
 
-.PHONY: all build tools kube seaweedfs test lint generate check-generate manifests bench fuzz sim ci clean
+.PHONY: all build tools kube kube-node realkube-images kube-up kube-down seaweedfs test lint generate check-generate manifests bench fuzz sim ci clean
 
 all: build
 
@@ -55,6 +55,34 @@ $(BIN)/kube-apiserver $(BIN)/kubectl: tools/kube/go.mod tools/kube/go.sum
 	CGO_ENABLED=0 $(GO) build -modfile=tools/kube/go.mod -trimpath -o $@ k8s.io/kubernetes/cmd/$(notdir $@)
 
 kube: $(BIN)/kube-apiserver $(BIN)/kubectl
+
+# The rest of a single-node cluster for internal/realkube, from the same
+# module and flags (so they share kube-apiserver's build cache).
+KUBE_NODE_BINS := $(addprefix $(BIN)/,kubelet kube-controller-manager kube-scheduler kube-proxy)
+$(KUBE_NODE_BINS): tools/kube/go.mod tools/kube/go.sum
+	CGO_ENABLED=0 $(GO) build -modfile=tools/kube/go.mod -trimpath -o $@ k8s.io/kubernetes/cmd/$(notdir $@)
+
+kube-node: kube $(KUBE_NODE_BINS)
+
+# CoreDNS (Apache-2.0), the realkube cluster's DNS, run on the host.
+$(BIN)/coredns: tools/coredns/go.mod tools/coredns/go.sum
+	CGO_ENABLED=0 $(GO) build -modfile=tools/coredns/go.mod -trimpath -o $@ github.com/coredns/coredns
+
+# A single-node cluster (internal/realkube) in KUBE_DIR, started in the
+# background: make kube-up prints the KUBECONFIG to use; make kube-down
+# stops every process it started, by PID. Root only (containerd, kubelet,
+# iptables); needs Debian's etcd-server containerd runc
+# containernetworking-plugins iptables conntrack.
+KUBE_DIR ?= /tmp/walship-realkube
+kube-up: kube-node $(BIN)/coredns
+	mkdir -p $(KUBE_DIR)
+	$(GO) build -o $(BIN)/realkube ./internal/realkube/cmd/realkube
+	nohup $(BIN)/realkube up $(BIN) $(KUBE_DIR) > $(KUBE_DIR)/up.log 2>&1 &
+	$(BIN)/realkube wait $(KUBE_DIR)
+
+kube-down:
+	$(GO) build -o $(BIN)/realkube ./internal/realkube/cmd/realkube
+	$(BIN)/realkube down $(KUBE_DIR)
 
 # SeaweedFS's weed (Apache-2.0), the S3 server of the archive tests (about
 # 4 minutes and 230 MB the first time; never committed).
