@@ -1,0 +1,189 @@
+package realkube
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// EnvBin names the directory with the cluster's binaries (make kube-node
+// and make coredns build them into bin/).
+const EnvBin = "WALSHIP_REALKUBE_BIN"
+
+// The cluster is shared by the package's tests: starting one takes about
+// a minute, most of it kubelet and the node becoming Ready.
+var shared struct {
+	once sync.Once
+	c    *Cluster
+	dir  string
+	skip string
+	err  error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if shared.c != nil {
+		shared.c.Close()
+	}
+	if shared.dir != "" && code == 0 {
+		_ = os.RemoveAll(shared.dir)
+	} else if shared.dir != "" {
+		fmt.Fprintf(os.Stderr, "realkube: cluster files kept in %s\n", shared.dir)
+	}
+	os.Exit(code)
+}
+
+// missing says what this machine lacks to run the cluster, or "".
+func missing() string {
+	if os.Geteuid() != 0 {
+		return "not root: containerd, kubelet and kube-proxy need root"
+	}
+	bin := os.Getenv(EnvBin)
+	if bin == "" {
+		return EnvBin + " is not set: build the cluster with `make kube-node coredns` and set it to bin/"
+	}
+	for _, b := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy", "kubectl", "coredns"} {
+		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
+			return fmt.Sprintf("%s: %v (make kube-node coredns)", b, err)
+		}
+	}
+	for _, b := range []string{"etcd", "containerd", "containerd-shim-runc-v2", "runc", "ctr", "iptables", "/usr/lib/cni/bridge"} {
+		if _, err := exec.LookPath(b); err != nil {
+			return fmt.Sprintf("%s: %v (apt-get install etcd-server containerd runc containernetworking-plugins iptables)", b, err)
+		}
+	}
+	return ""
+}
+
+// cluster returns the shared cluster, starting it on first use, or skips
+// t with what the machine lacks.
+func cluster(t *testing.T) *Cluster {
+	t.Helper()
+	shared.once.Do(func() {
+		if shared.skip = missing(); shared.skip != "" {
+			return
+		}
+		dir, err := os.MkdirTemp("", "realkube-")
+		if err != nil {
+			shared.err = err
+			return
+		}
+		shared.dir = dir
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+		defer cancel()
+		root, _ := filepath.Abs("../..")
+		images, err := BuildImages(ctx, root, dir)
+		if err != nil {
+			shared.err = err
+			return
+		}
+		shared.c, shared.err = Start(ctx, Config{Bin: os.Getenv(EnvBin), Dir: filepath.Join(dir, "cluster"), Images: images})
+	})
+	if shared.skip != "" {
+		t.Skip(shared.skip)
+	}
+	if shared.err != nil {
+		t.Fatalf("start the cluster: %v", shared.err)
+	}
+	return shared.c
+}
+
+const devNamespace = "walship-dev"
+
+// TestDevOverlay applies the dev overlay as a user does (through the test
+// overlay: images imported, local volumes) and waits for every pod to be
+// Ready; all the data nodes must then be of one cluster.
+func TestDevOverlay(t *testing.T) {
+	c := cluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	dirs := deployDev(t, c)
+	ids := map[string][]string{}
+	_ = ctx
+	for _, d := range dirs {
+		b, err := os.ReadFile(filepath.Join(d, "cluster"))
+		if err != nil {
+			continue // a log store's volume
+		}
+		id := strings.TrimSpace(string(b))
+		ids[id] = append(ids[id], filepath.Base(d))
+	}
+	var n int
+	for _, vols := range ids {
+		n += len(vols)
+	}
+	if len(ids) != 1 || n != 3 {
+		t.Fatalf("cluster ids on the data nodes' volumes = %v, want one id on 3 volumes", ids)
+	}
+}
+
+var dev struct {
+	once sync.Once
+	dirs []string
+	err  error
+}
+
+// deployDev applies the test overlay once for the package (later tests
+// find it deployed) and waits for every pod to be Ready. It returns the
+// local volumes' directories.
+func deployDev(t *testing.T, c *Cluster) []string {
+	t.Helper()
+	dev.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		if dev.dirs, dev.err = c.CreateLocalPVs(ctx, 6, "1Gi"); dev.err != nil {
+			return
+		}
+		if dev.err = c.Kubectl(ctx, nil, "apply", "-k", "testdata/overlay"); dev.err != nil {
+			return
+		}
+		dev.err = waitAllReady(ctx, c, 8*time.Minute)
+	})
+	if dev.err != nil {
+		dump(t, c)
+		t.Fatalf("deploy the dev overlay: %v", dev.err)
+	}
+	return dev.dirs
+}
+
+// waitAllReady waits for both StatefulSets to be rolled out and every pod
+// of the namespace to be Ready.
+func waitAllReady(ctx context.Context, c *Cluster, timeout time.Duration) error {
+	for _, sts := range []string{"walship-logstore", "walship"} {
+		if err := waitFor(ctx, timeout, "statefulset "+sts, func() error {
+			return c.Kubectl(ctx, nil, "-n", devNamespace, "rollout", "status", "statefulset/"+sts, "--timeout=10s")
+		}); err != nil {
+			return err
+		}
+	}
+	return c.Kubectl(ctx, nil, "-n", devNamespace, "wait", "--for=condition=Ready", "pod", "--all", "--timeout=2m")
+}
+
+// dump logs what a failed test needs to see: the pods, their events, the
+// containers' logs and the node's.
+func dump(t *testing.T, c *Cluster) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, args := range [][]string{
+		{"get", "pods,pvc,pv", "-A", "-o", "wide"},
+		{"-n", devNamespace, "get", "events", "--sort-by=.lastTimestamp"},
+	} {
+		out, err := c.KubectlOutput(ctx, nil, args...)
+		t.Logf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	out, _ := c.KubectlOutput(ctx, nil, "-n", devNamespace, "get", "pods", "-o", "name")
+	pods := strings.Fields(string(out))
+	sort.Strings(pods)
+	for _, p := range pods {
+		logs, err := c.KubectlOutput(ctx, nil, "-n", devNamespace, "logs", p, "--tail=30")
+		t.Logf("logs %s: %v\n%s", p, err, logs)
+	}
+	t.Logf("kubelet:\n%s", c.Logs("kubelet", 6000))
+}
