@@ -138,6 +138,9 @@ func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
 		"--service-account-issuer", "https://kubernetes.default.svc",
 		"--service-account-key-file", saKey, "--service-account-signing-key-file", saKey,
 		"--service-cluster-ip-range", ServiceCIDR, "--allow-privileged",
+		// The node's name does not resolve on the host: kubectl logs and
+		// exec reach the kubelet by its address.
+		"--kubelet-preferred-address-types", "InternalIP",
 		"--v", "0"); err != nil {
 		return nil, err
 	}

@@ -50,7 +50,10 @@ state = %q
 }
 
 // cniConfig puts the pods on a bridge of their own. hairpinMode lets a pod
-// reach itself through a Service (a primary dialing walship-rw).
+// reach itself through a Service (a primary dialing walship-rw). The
+// firewall plugin accepts the pods' traffic in FORWARD: Docker sets its
+// policy to DROP, and with bridge-nf-call-iptables bridged pod-to-pod
+// packets pass through it (seen: walship-0 could not reach any log store).
 func cniConfig(ipamDir string) string {
 	return fmt.Sprintf(`{
   "cniVersion": "0.4.0",
@@ -70,6 +73,7 @@ func cniConfig(ipamDir string) string {
       }
     },
     {"type": "portmap", "capabilities": {"portMappings": true}},
+    {"type": "firewall", "backend": "iptables"},
     {"type": "loopback"}
   ]
 }
