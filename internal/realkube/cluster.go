@@ -349,6 +349,7 @@ func (c *Cluster) Close() {
 	// under its state directory.
 	unmountUnder("/var/run/netns/cni-")
 	removeCNIRules()
+	removeKubeletRules()
 	_ = exec.Command("ip", "link", "del", bridgeName).Run()
 }
 
@@ -437,6 +438,21 @@ func removeCNIRules() {
 		if f := strings.Fields(line); len(f) == 2 && f[0] == "-N" && strings.HasPrefix(f[1], "CNI-") {
 			_ = exec.Command("iptables", "-t", "nat", "-F", f[1]).Run()
 			_ = exec.Command("iptables", "-t", "nat", "-X", f[1]).Run()
+		}
+	}
+}
+
+// removeKubeletRules deletes the chains kubelet adds and kube-proxy
+// --cleanup leaves: KUBE-FIREWALL (jumped to from INPUT and OUTPUT) and
+// the KUBE-KUBELET-CANARY and KUBE-IPTABLES-HINT markers.
+func removeKubeletRules() {
+	for _, hook := range []string{"INPUT", "OUTPUT"} {
+		_ = exec.Command("iptables", "-D", hook, "-j", "KUBE-FIREWALL").Run()
+	}
+	for _, table := range []string{"filter", "nat", "mangle"} {
+		for _, ch := range []string{"KUBE-FIREWALL", "KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT"} {
+			_ = exec.Command("iptables", "-t", table, "-F", ch).Run()
+			_ = exec.Command("iptables", "-t", table, "-X", ch).Run()
 		}
 	}
 }
