@@ -446,6 +446,14 @@ func removeCNIRules() {
 // --cleanup leaves: KUBE-FIREWALL (jumped to from INPUT and OUTPUT) and
 // the KUBE-KUBELET-CANARY and KUBE-IPTABLES-HINT markers.
 func removeKubeletRules() {
+	// The CNI firewall plugin's, likewise left by killed sandboxes.
+	_ = exec.Command("iptables", "-D", "FORWARD", "-m", "comment", "--comment", "CNI firewall plugin rules", "-j", "CNI-FORWARD").Run()
+	for _, ch := range []string{"CNI-FORWARD", "CNI-ADMIN"} {
+		_ = exec.Command("iptables", "-F", ch).Run()
+	}
+	for _, ch := range []string{"CNI-FORWARD", "CNI-ADMIN"} {
+		_ = exec.Command("iptables", "-X", ch).Run()
+	}
 	for _, hook := range []string{"INPUT", "OUTPUT"} {
 		_ = exec.Command("iptables", "-D", hook, "-j", "KUBE-FIREWALL").Run()
 	}

@@ -99,7 +99,8 @@ const devNamespace = "walship-dev"
 
 // TestDevOverlay applies the dev overlay as a user does (through the test
 // overlay: images imported, local volumes) and waits for every pod to be
-// Ready; all the data nodes must then be of one cluster.
+// Ready; every volume (three data nodes, three log stores) must then
+// hold one cluster id.
 func TestDevOverlay(t *testing.T) {
 	c := cluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -108,9 +109,11 @@ func TestDevOverlay(t *testing.T) {
 	ids := map[string][]string{}
 	_ = ctx
 	for _, d := range dirs {
+		// Data nodes and log stores alike stamp it.
 		b, err := os.ReadFile(filepath.Join(d, "cluster"))
 		if err != nil {
-			continue // a log store's volume
+			t.Errorf("%s: %v", filepath.Base(d), err)
+			continue
 		}
 		id := strings.TrimSpace(string(b))
 		ids[id] = append(ids[id], filepath.Base(d))
@@ -119,8 +122,8 @@ func TestDevOverlay(t *testing.T) {
 	for _, vols := range ids {
 		n += len(vols)
 	}
-	if len(ids) != 1 || n != 3 {
-		t.Fatalf("cluster ids on the data nodes' volumes = %v, want one id on 3 volumes", ids)
+	if len(ids) != 1 || n != len(dirs) {
+		t.Fatalf("cluster ids on the volumes = %v, want one id on all %d", ids, len(dirs))
 	}
 }
 
