@@ -32,7 +32,7 @@ BENCHCOUNT ?= 6
 SIMSTEPS ?= 100000000
 SIMFIRST ?= 1
 
-.PHONY: all build tools kube kube-node realkube-images kube-up kube-down seaweedfs test lint generate check-generate manifests bench fuzz sim ci clean
+.PHONY: all build tools kube kube-node coredns kube-up kube-down seaweedfs test lint generate check-generate manifests bench fuzz sim ci clean
 
 all: build
 
@@ -67,6 +67,8 @@ kube-node: kube $(KUBE_NODE_BINS)
 # CoreDNS (Apache-2.0), the realkube cluster's DNS, run on the host.
 $(BIN)/coredns: tools/coredns/go.mod tools/coredns/go.sum
 	CGO_ENABLED=0 $(GO) build -modfile=tools/coredns/go.mod -trimpath -o $@ github.com/coredns/coredns
+
+coredns: $(BIN)/coredns
 
 # A single-node cluster (internal/realkube) in KUBE_DIR, started in the
 # background: make kube-up prints the KUBECONFIG to use; make kube-down
