@@ -46,22 +46,8 @@ func TestWatchAcrossRestarts(t *testing.T) {
 	defer cancel()
 	h, finish := runChecked(t, ctx, cl, "watch/", 15*time.Second)
 
-	wctx, stopWatch := context.WithCancel(ctx)
+	logs, stopWatch, wg := startWatchers(t, ctx, c.addrs())
 	defer stopWatch()
-	addrs := c.addrs()
-	logs := make([]*watchLog, len(addrs))
-	var wg sync.WaitGroup
-	for i := range addrs {
-		order := append(append([]string{}, addrs[i:]...), addrs[:i]...)
-		wcl, err := client.New(order, client.Options{Retry: 30 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { wcl.Close() })
-		logs[i] = &watchLog{}
-		w := wcl.Watch(wctx, &walshipv1.WatchRequest{Prefix: "watch/", StartLsn: 1, ProgressInterval: durationpb.New(100 * time.Millisecond)})
-		wg.Go(func() { logs[i].follow(w) })
-	}
 	// Each step waits for the watchers to move on by some transactions:
 	// a step then happens under load, whatever the machine's pace.
 	most := func() int {
@@ -104,7 +90,7 @@ func TestWatchAcrossRestarts(t *testing.T) {
 	finish()
 
 	// The end marker, then the final primary's whole log from LSN 1.
-	matchFinalLog(t, ctx, c.nodes[2].addr, logs, stopWatch, &wg)
+	matchFinalLog(t, ctx, c.nodes[2].addr, logs, stopWatch, wg)
 	converge(t, ctx, c.nodes[2].addr, c.nodes[0].addr, c.nodes[1].addr)
 }
 

@@ -72,22 +72,8 @@ func (l *watchLog) lastLSN() uint64 {
 func TestWatchAcrossSwitchoverAndKill9(t *testing.T) {
 	needLinux(t)
 	c, _, ctx, h, finish := failoverUnderLoad(t, "watch/")
-	wctx, stopWatch := context.WithCancel(ctx)
+	logs, stopWatch, wg := startWatchers(t, ctx, c.addrs())
 	defer stopWatch()
-	addrs := c.addrs()
-	logs := make([]*watchLog, len(addrs))
-	var wg sync.WaitGroup
-	for i := range addrs {
-		order := append(append([]string{}, addrs[i:]...), addrs[:i]...)
-		cl, err := client.New(order, client.Options{Retry: 30 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cl.Close() })
-		logs[i] = &watchLog{}
-		w := cl.Watch(wctx, &walshipv1.WatchRequest{Prefix: "watch/", StartLsn: 1, ProgressInterval: durationpb.New(100 * time.Millisecond)})
-		wg.Go(func() { logs[i].follow(w) })
-	}
 	<-time.After(time.Second)
 	h.Note("switchover n0 -> n1")
 	admin0 := walshipv1.NewAdminServiceClient(conn(t, c.nodes[0].addr))
@@ -104,7 +90,7 @@ func TestWatchAcrossSwitchoverAndKill9(t *testing.T) {
 	c.nodes[1].start()
 
 	// The end marker, then the final primary's whole log from LSN 1.
-	matchFinalLog(t, ctx, c.nodes[2].addr, logs, stopWatch, &wg)
+	matchFinalLog(t, ctx, c.nodes[2].addr, logs, stopWatch, wg)
 	converge(t, ctx, c.nodes[2].addr, c.nodes[0].addr, c.nodes[1].addr)
 }
 
@@ -149,4 +135,27 @@ func matchFinalLog(t *testing.T, ctx context.Context, primary string, logs []*wa
 			t.Fatalf("watcher starting at n%d got %d transactions, the final log has %d", i, len(l.lines), len(want.lines))
 		}
 	}
+}
+
+// startWatchers starts one watcher of "watch/" from LSN 1 per node, each
+// with a client that tries that node first, and returns their logs, the
+// cancel that stops them and the group that ends when they have.
+func startWatchers(t *testing.T, ctx context.Context, addrs []string) ([]*watchLog, context.CancelFunc, *sync.WaitGroup) {
+	t.Helper()
+	wctx, stopWatch := context.WithCancel(ctx)
+	logs := make([]*watchLog, len(addrs))
+	wg := new(sync.WaitGroup)
+	for i := range addrs {
+		order := append(append([]string{}, addrs[i:]...), addrs[:i]...)
+		cl, err := client.New(order, client.Options{Retry: 30 * time.Second})
+		if err != nil {
+			stopWatch()
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cl.Close() })
+		logs[i] = &watchLog{}
+		w := cl.Watch(wctx, &walshipv1.WatchRequest{Prefix: "watch/", StartLsn: 1, ProgressInterval: durationpb.New(100 * time.Millisecond)})
+		wg.Go(func() { logs[i].follow(w) })
+	}
+	return logs, stopWatch, wg
 }
