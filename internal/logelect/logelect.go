@@ -32,6 +32,7 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/backoff"
+	"github.com/walship/walship/internal/failover"
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/tlsid"
 	"google.golang.org/grpc"
@@ -155,7 +156,8 @@ func (c *Client) Close() error {
 	return errors.Join(errs...)
 }
 
-func (c *Client) majority() int { return len(c.cfg.LogStores)/2 + 1 }
+// majority is the log-store majority, the quorum rule of internal/failover.
+func (c *Client) majority() int { return failover.Majority(len(c.cfg.LogStores)) }
 
 // answer is one log store's reply.
 type answer struct {
