@@ -255,6 +255,27 @@ func (s State) Heartbeat(m Heartbeat) Step {
 	return st
 }
 
+// EchoNow reports whether an acceptor may answer m at once, ahead of
+// the requests its stream queued before it (a log store answers those in
+// queue order, after a write and an fsync): only a heartbeat that would
+// change nothing — of this cluster, of the epoch promised, naming the
+// primary the promise names — from a stream whose declared epoch
+// (admitted, taken by Heartbeat or Append already) is that epoch.
+//
+// The echo renews the primary's lease (I7), which needs only that no newer
+// epoch was promised when it was answered: a candidate's wait starts once
+// its promise is durable and answered, after any echo answered before it.
+// Held behind a long disk round instead, the echo would depose a primary
+// whose log store is merely slow: under a bulk load the round can take
+// longer than the lease.
+func (s State) EchoNow(m Heartbeat, admitted uint64) bool {
+	if m.Epoch == 0 || m.Epoch != admitted || m.Epoch != s.Vote.Epoch {
+		return false
+	}
+	st := s.Heartbeat(m)
+	return st.Refused == nil && len(st.Effects) == 0
+}
+
 // learns says why the heartbeat of v's primary, of the epoch promised
 // (cur), names the primary the promise should name ("" if it names it
 // already, or names no one). A primary streams only once it has won its

@@ -118,6 +118,17 @@ func (h *harness) run(d *datadriven.TestData) (string, error) {
 			hb.Bound = datadir.MaxEpochJump
 		}
 		h.step(&b, h.s.Heartbeat(hb))
+	case "echo-now":
+		e, err := a.epoch("epoch")
+		if err != nil {
+			return "", err
+		}
+		admitted, err := a.epoch("admitted")
+		if err != nil {
+			return "", err
+		}
+		hb := Heartbeat{Epoch: e, Primary: a["primary"], Addr: a["addr"], Cluster: a["cluster"]}
+		fmt.Fprintf(&b, "echo now: %v\n", h.s.EchoNow(hb, admitted))
 	case "entries":
 		sender, err := a.epoch("sender")
 		if err != nil {

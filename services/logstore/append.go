@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
@@ -57,6 +58,10 @@ type appendStream struct {
 	// epoch is the sender's epoch, as its heartbeats declare it (the
 	// first message's must). Writer-only.
 	epoch uint64
+	// admitted is the epoch the writer last took a heartbeat of this
+	// stream at (0: none yet): a heartbeat of that epoch may be echoed at
+	// once (echo.go).
+	admitted atomic.Uint64
 	// refused is set when the writer refused one of the stream's requests:
 	// it then drops the requests the stream queued after that one. (An
 	// error found by the receiving goroutine stops it from queuing more, so
@@ -111,6 +116,9 @@ func (st *appendStream) endRecv() {
 func (st *appendStream) finish(ack *walshipv1.AppendResponse, err error, n int, weight int64) {
 	st.mu.Lock()
 	if ack != nil {
+		if st.ack != nil { // a heartbeat echoed at once, not sent yet
+			ack.HeartbeatTimeUnixNano = max(ack.HeartbeatTimeUnixNano, st.ack.HeartbeatTimeUnixNano)
+		}
 		st.ack = ack
 	}
 	if err != nil {
@@ -122,6 +130,21 @@ func (st *appendStream) finish(ack *walshipv1.AppendResponse, err error, n int, 
 	st.inflight -= n
 	st.mu.Unlock()
 	st.budget.Release(weight)
+	st.signal()
+}
+
+// echo sends the echo of a heartbeat sent at t, answered at once
+// (echo.go): with the ack not sent yet, if there is one; else alone, with
+// durable_lsn and archived_lsn 0 — it says nothing of the log, which may
+// be about to change (a cut queued before it).
+func (st *appendStream) echo(epoch uint64, t int64) {
+	st.mu.Lock()
+	if st.ack == nil {
+		st.ack = &walshipv1.AppendResponse{Epoch: epoch, HeartbeatTimeUnixNano: t}
+	} else { // sendAcks takes it under mu: not shared yet
+		st.ack.HeartbeatTimeUnixNano = max(st.ack.HeartbeatTimeUnixNano, t)
+	}
+	st.mu.Unlock()
 	st.signal()
 }
 
@@ -209,6 +232,11 @@ func (s *Server) receive(stream walshipv1.LogStoreService_AppendServer, st *appe
 			st.budget.Release(r.weight)
 			st.setErr(err)
 			return
+		}
+		if r.hb.GetReplyRequested() && r.env == nil && !r.cut {
+			// A heartbeat alone (one that comes with a batch or a cut is
+			// answered with its effect).
+			s.echoNow(st, r.hb)
 		}
 	}
 }
@@ -543,6 +571,7 @@ func (s *Server) round(reqs []*appendReq) error {
 			continue
 		}
 		if r.hb != nil {
+			r.st.admitted.Store(r.st.epoch)
 			o.echo = max(o.echo, r.hb.GetTimeUnixNano())
 			s.noteHeartbeat(r.st, r.hb)
 		}

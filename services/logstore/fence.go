@@ -110,9 +110,6 @@ func (s *Server) handleFence(r *appendReq) error {
 		return nil
 	}
 	resp := s.fenceState()
-	if !s.w.lastContact.IsZero() {
-		resp.SincePrimaryContact = durationpb.New(time.Since(s.w.lastContact))
-	}
 	promised := false
 	for _, e := range st.Effects {
 		var err error
@@ -128,6 +125,11 @@ func (s *Server) handleFence(r *appendReq) error {
 			r.fenced <- fenceResult{err: refuse(rpcerr.ErrUnavailable, "log store failed: %v", err)}
 			return err
 		}
+	}
+	// The primary's last contact, read once the promise is published: it
+	// covers every heartbeat echoed at once before it (echo.go).
+	if last := s.lastContact(); !last.IsZero() {
+		resp.SincePrimaryContact = durationpb.New(time.Since(last))
 	}
 	// Any other candidate learns who holds the epoch, as Status tells,
 	// which deposes a primary that restarted without a cluster id.

@@ -70,6 +70,7 @@ type Server struct {
 	cancelStopReads context.CancelFunc
 
 	w    writerState    // the writer goroutine (append.go)
+	echo echoState      // heartbeats answered at once (echo.go)
 	ret  retentionState // the retention goroutine (retention.go)
 	fill refillState    // the refiller goroutine (refill.go)
 
@@ -106,6 +107,7 @@ func New(cfg Config) (*Server, error) {
 		now:     cfg.Now,
 		streams: make(map[*appendStream]struct{}),
 		w:       writerState{kick: make(chan struct{}, 1)},
+		echo:    echoState{base: time.Now()},
 		ret:     retentionState{kick: make(chan struct{}, 1), commitAt: make(map[uint64]time.Time)},
 		fill:    refillState{kick: make(chan struct{}, 1), instance: newInstance()},
 		putSem:  make(chan struct{}, 1),

@@ -103,6 +103,9 @@ func (x *AppendRequest) GetTruncate() bool {
 type AppendResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// durable_lsn is the last LSN fsynced by the log store (cumulative).
+	// 0 (and archived_lsn 0) in an ack that only echoes a heartbeat answered
+	// at once, ahead of the requests the stream queued before it: it says
+	// nothing of the log.
 	DurableLsn uint64 `protobuf:"varint,1,opt,name=durable_lsn,json=durableLsn,proto3" json:"durable_lsn,omitempty"`
 	// epoch is the highest epoch the log store has seen.
 	Epoch uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
