@@ -40,11 +40,19 @@ func (s *Server) shipLogStore(ctx context.Context, addr string) {
 	}
 	defer conn.Close()
 	client, fencer := walshipv1.NewLogStoreServiceClient(conn), walshipv1.NewEpochServiceClient(conn)
+	up := newGate()
+	leaseDone := make(chan struct{})
+	go func() {
+		defer close(leaseDone)
+		s.keepLease(ctx, client, addr, up)
+	}()
+	defer func() { <-leaseDone }() // before conn.Close
 	var bo backoff.Backoff
 	behind := false // the log store's gap was reported and lasts
 	for ctx.Err() == nil {
 		began := time.Now()
-		err := s.shipOnce(ctx, client, fencer, addr)
+		err := s.shipOnce(ctx, client, fencer, addr, up)
+		up.set(false)
 		if time.Since(began) > 10*time.Second {
 			bo.Reset() // it was healthy for a while: retry quickly
 		}
@@ -86,7 +94,7 @@ func (s *Server) shipLogStore(ctx context.Context, addr string) {
 // have; fencing it in steps first if its promise is too far behind for
 // its heartbeat, catchUpEpoch), then ships durable batches from there
 // with lease heartbeats, until the stream or ctx ends.
-func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceClient, fencer walshipv1.EpochServiceClient, addr string) error {
+func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceClient, fencer walshipv1.EpochServiceClient, addr string, up *gate) error {
 	st, err := client.Status(ctx, &walshipv1.LogStoreServiceStatusRequest{}, grpc.WaitForReady(true))
 	if err != nil {
 		return fmt.Errorf("status: %w", err)
@@ -154,6 +162,7 @@ func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceC
 		<-recvDone
 		return err
 	}
+	up.set(true)
 	sendErr := s.shipEntries(sctx, stream, rd, from, beats)
 	cancel()
 	rerr := <-recvDone
@@ -258,14 +267,121 @@ func (s *Server) logStoreStart(addr string, st *walshipv1.LogStoreServiceStatusR
 	return from, durable, false
 }
 
+// keepLease renews the lease (Failover invariant 7) through an Append
+// stream of its own to the log store, which carries heartbeats only: their
+// echoes never wait behind batches, neither in this primary's sends (the
+// log stream's flow control) nor in the log store's queue, which answers
+// such a heartbeat at once (services/logstore, echo.go). Otherwise a bulk
+// load on a log store's slow disk — a round of up to its stream budget of
+// batches and an fsync before the echo — would cost a healthy primary its
+// lease. The log stream's heartbeats renew it too. It runs while the log
+// stream is up (past its checks: the epoch, the cluster, a refill — a
+// refusal is the log stream's to act on), reopening with backoff, until
+// ctx ends.
+func (s *Server) keepLease(ctx context.Context, client walshipv1.LogStoreServiceClient, addr string, logUp *gate) {
+	var bo backoff.Backoff
+	for ctx.Err() == nil {
+		if !logUp.wait(ctx) {
+			return
+		}
+		began := time.Now()
+		err := s.leaseOnce(ctx, client, addr)
+		if time.Since(began) > 10*time.Second {
+			bo.Reset()
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		s.logger.Debug("lease stream to the log store ended; reopening", "logstore", addr, "err", err)
+		if !bo.Wait(ctx) {
+			return
+		}
+	}
+}
+
+// leaseOnce runs one lease stream: a heartbeat asking for its echo every
+// quarter of the lease, until the stream or ctx ends.
+func (s *Server) leaseOnce(ctx context.Context, client walshipv1.LogStoreServiceClient, addr string) error {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := client.Append(sctx, grpc.WaitForReady(true))
+	if err != nil {
+		return fmt.Errorf("append: %w", err)
+	}
+	beats := &leaseBeats{s: s, addr: addr, sent: map[int64]time.Time{}, leaseOnly: true}
+	recvDone := make(chan error, 1)
+	go func() {
+		for {
+			ack, err := stream.Recv()
+			if err != nil {
+				recvDone <- err
+				return
+			}
+			if t, ok := beats.sentAt(ack.GetHeartbeatTimeUnixNano()); ok {
+				s.lease.renew(addr, t)
+			}
+		}
+	}()
+	tick := time.NewTicker(s.cfg.LeaseTimeout / 4)
+	defer tick.Stop()
+	for {
+		if err := stream.Send(beats.next(true)); err != nil {
+			cancel()
+			return errors.Join(err, <-recvDone)
+		}
+		select {
+		case <-tick.C:
+		case err := <-recvDone:
+			return err
+		}
+	}
+}
+
+// gate is a condition goroutines wait for.
+type gate struct {
+	mu   sync.Mutex
+	open bool
+	ch   chan struct{} // closed when the gate opens
+}
+
+func newGate() *gate { return &gate{ch: make(chan struct{})} }
+
+func (g *gate) set(open bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	switch {
+	case open && !g.open:
+		close(g.ch)
+	case !open && g.open:
+		g.ch = make(chan struct{})
+	}
+	g.open = open
+}
+
+// wait returns true once the gate is open, false if ctx ends first.
+func (g *gate) wait(ctx context.Context) bool {
+	g.mu.Lock()
+	ch := g.ch
+	g.mu.Unlock()
+	select {
+	case <-ch:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
 // leaseBeats makes the heartbeats of one log store stream. They renew the
 // lease: the log store echoes each one's time in its ack, which is mapped
 // back to the (monotonic) time it was sent.
 type leaseBeats struct {
 	s    *Server
 	addr string // the log store's
-	mu   sync.Mutex
-	sent map[int64]time.Time // by the wall-clock nanoseconds it carries
+	// leaseOnly: the lease stream's (keepLease), which never names the
+	// log store the archiver (the log stream does).
+	leaseOnly bool
+	mu        sync.Mutex
+	sent      map[int64]time.Time // by the wall-clock nanoseconds it carries
 }
 
 // next returns a heartbeat sent now.
@@ -283,7 +399,7 @@ func (b *leaseBeats) next(reply bool) *walshipv1.AppendRequest {
 	_, archived := s.peers.archived()
 	return &walshipv1.AppendRequest{Heartbeat: &walshipv1.Heartbeat{Epoch: s.epoch, LastLsn: s.wal.DurableLSN(), TimeUnixNano: now.UnixNano(),
 		ReplyRequested: reply, PrimaryId: s.cfg.ID, PrimaryAddr: s.Advertise(), ClusterId: s.cluster.ID(),
-		LogstoreQuorumLsn: s.peers.logStoreQuorum(), Archiver: s.peers.archiver(s.cfg.LogStores) == b.addr, ArchivedLsn: archived}}
+		LogstoreQuorumLsn: s.peers.logStoreQuorum(), Archiver: !b.leaseOnly && s.peers.archiver(s.cfg.LogStores) == b.addr, ArchivedLsn: archived}}
 }
 
 // sentAt is when the heartbeat a log store echoed was sent.
