@@ -319,6 +319,7 @@ func (s *Server) leaseOnce(ctx context.Context, client walshipv1.LogStoreService
 			}
 			if t, ok := beats.sentAt(ack.GetHeartbeatTimeUnixNano()); ok {
 				s.lease.renew(addr, t)
+				s.leaseEchoes.Add(1)
 			}
 		}
 	}()

@@ -63,6 +63,7 @@ type Server struct {
 	commitContract *walshipv1.Contract
 	peerContract   bool // the contract waits for replicas or log stores
 	lease          *lease
+	leaseEchoes    atomic.Uint64 // echoes on the lease streams (keepLease)
 	deposeOnce     sync.Once
 
 	policy atomic.Pointer[Policy] // default commit policy

@@ -1,0 +1,90 @@
+package primary
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/testkit"
+	"github.com/walship/walship/internal/vfs"
+	"github.com/walship/walship/services/logstore"
+)
+
+// TestLeaseOutlastsAStalledLogStoreDisk: a log store whose WAL fsync
+// hangs for several leases — a slow disk under a bulk load — takes no
+// batch, but still echoes the primary's lease heartbeats, so the primary
+// keeps answering async writes (it did not before: the echo waited behind
+// the stalled round, and the primary refused everything "not heard from a
+// log store majority"). Once the disk returns, the batches are durable.
+func TestLeaseOutlastsAStalledLogStoreDisk(t *testing.T) {
+	fs := vfs.NewMem()
+	var armed atomic.Bool
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once, releaseOnce sync.Once
+	fs.InjectSyncError(func(name string) error {
+		if armed.Load() && strings.HasSuffix(name, ".wal") {
+			once.Do(func() {
+				close(entered)
+				<-release
+			})
+		}
+		return nil
+	})
+	unblock := func() { releaseOnce.Do(func() { close(release) }) }
+	lcfg := logstore.DefaultConfig()
+	lcfg.Listen, lcfg.MetricsListen, lcfg.DataDir, lcfg.FS = "127.0.0.1:0", "", "/ls", fs
+	lcfg.StopTimeout = 5 * time.Second
+	ls, err := logstore.New(lcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lctx, lcancel := context.WithCancel(context.Background())
+	ldone := make(chan error, 1)
+	go func() { ldone <- ls.Run(lctx) }()
+	t.Cleanup(func() {
+		lcancel()
+		<-ldone
+	})
+	t.Cleanup(unblock) // runs first: the log store can stop
+
+	cfg := testConfig(t, filepath.Join(t.TempDir(), "p"))
+	cfg.LogStores = []string{ls.Addr()}
+	cfg.LeaseTimeout = 500 * time.Millisecond
+	cfg.Policy.Durability = walshipv1.Durability_DURABILITY_ASYNC
+	cfg.Policy.Replication = walshipv1.ReplicationMode_REPLICATION_MODE_ASYNC
+	r := start(t, cfg)
+	put := func(k string) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err := r.kv.Put(ctx, &walshipv1.PutRequest{Key: k, Value: []byte("v")})
+		return err
+	}
+	testkit.UntilWithin(t, 30*time.Second, "the primary to answer", func() bool { return put("first") == nil })
+	// The lease stream is up: the log store has admitted it.
+	testkit.UntilWithin(t, 30*time.Second, "an echo on the lease stream", func() bool { return r.s.leaseEchoes.Load() > 0 })
+
+	armed.Store(true)
+	if err := put("stalls-the-log-store"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the log store's fsync never began")
+	}
+	stalled := time.Now()
+	// Time passing is the condition here: four leases.
+	testkit.UntilWithin(t, 30*time.Second, "four leases to pass", func() bool { return time.Since(stalled) > 4*cfg.LeaseTimeout })
+	if err := put("during-the-stall"); err != nil {
+		t.Fatalf("Put %v after the log store's disk stalled for %v: %v", cfg.LeaseTimeout, time.Since(stalled), err)
+	}
+	if !r.s.HasLease() {
+		t.Fatal("the primary lost its lease while its log store's disk stalled")
+	}
+	unblock()
+}
