@@ -224,9 +224,11 @@ func floorTCP(b *testing.B, msgs *roundMessages, watchers, conns int) {
 		})
 	}
 	b.ResetTimer()
+	cpu := cpuTime(b)
 	msgs.rounds(b.N, func(_ []byte, k int) { bc.publish(k) })
 	testkit.UntilWithin(b, 10*time.Minute, "every reader to receive every byte", func() bool { return received.Load() >= want })
 	b.StopTimer()
+	reportCPU(b, cpu)
 	cancel()
 	writers.Wait()
 	for _, s := range servers {
@@ -310,6 +312,7 @@ func floorGRPC(b *testing.B, msgs *roundMessages, watchers, conns int) {
 		})
 	}
 	b.ResetTimer()
+	cpu := cpuTime(b)
 	sent := int64(0)
 	msgs.rounds(b.N, func(_ []byte, k int) {
 		bc.publish(k)
@@ -317,6 +320,7 @@ func floorGRPC(b *testing.B, msgs *roundMessages, watchers, conns int) {
 	})
 	testkit.UntilWithin(b, 10*time.Minute, "every watcher to receive every transaction", func() bool { return received.Load() >= sent*int64(watchers) })
 	b.StopTimer()
+	reportCPU(b, cpu)
 	cancel()
 	wg.Wait()
 }
