@@ -20,20 +20,21 @@ import (
 //
 // so a transaction's element is encoded once per distinct selection (all
 // of its events, with or without previous values, or one filter's subset)
-// and kept on the Txn, and a watcher's message is a list of elements. The
-// server's codec (internal/serve) asks the message for its bytes
-// (EncodedBuffers): watchers of the same selection that are caught up
-// read the same run of the ring, and get the same buffer, assembled by
-// the first of them (runCache). Per watcher and message that leaves
-// gRPC's own framing and the socket write, instead of walking and
-// marshalling every event of every transaction. Under any other codec the
-// message marshals as an empty WatchResponse whose unknown fields are the
-// assembled bytes (protobuf writes those verbatim; a client decodes the
-// txns field).
+// and kept on the Txn, and a message is a list of elements. Watchers of
+// the same selection that are caught up read the same run of the ring:
+// the first of them to read it matches its transactions, picks their
+// elements and assembles the run's messages (runCache); every other
+// sends those buffers as they are. The server's codec (internal/serve)
+// asks a message for its bytes (EncodedBuffers). Per watcher and round
+// that leaves one look-up, and gRPC's own framing and socket write,
+// instead of walking every transaction (or marshalling every event).
+// Under any other codec a message marshals as an empty WatchResponse
+// whose unknown fields are the assembled bytes (protobuf writes those
+// verbatim; a client decodes the txns field).
 //
 //	apply ─▶ Txn ─ elem (once per selection) ─┐
-//	watcher 1 ─ [elem elem ...] ─ runCache ───┼─▶ one buffer ─▶ stream 1
-//	watcher 2 ─ [elem elem ...] ─ (same key) ─┘               └▶ stream 2
+//	watcher 1 ─ read run ─ runCache: build ───┼─▶ messages ─▶ stream 1
+//	watcher 2 ─ read run ─ (same key): hit ───┘           └▶ stream 2
 
 // Encodings kept on a Txn, by what they select.
 const (
@@ -108,19 +109,17 @@ func encodeElem(x *walshipv1.WatchTxn) (mem.Buffer, error) {
 	return mem.SliceBuffer(b), nil
 }
 
-// message is one WatchResponse of transactions, made of encoded elements
-// shared with other watchers. A server codec that knows EncodedBuffers
+// message is one WatchResponse of transactions being made of encoded
+// elements shared with other watchers. A server codec that knows EncodedBuffers
 // (internal/serve's) sends what it returns as it is; any other marshals
 // ProtoReflect's message, the same bytes.
 type message struct {
-	pool   *bufferPool
-	runs   *runCache // nil: the transactions are this watcher's own (read from the WAL)
-	filter filter    // nil: the transactions are this watcher's own (read from the WAL)
-	elems  []mem.Buffer
-	first  *Txn // the first and last transactions of elems
-	last   *Txn
-	txns   int
-	bytes  int // the transactions' sizes (Txn.size), to bound a message
+	pool  *bufferPool
+	elems []mem.Buffer
+	first *Txn // the first and last transactions of elems
+	last  *Txn
+	txns  int
+	bytes int // the transactions' sizes (Txn.size), to bound a message
 
 	flat *[]byte // the assembled message, from pool; nil until asked for
 	resp *walshipv1.WatchResponse
@@ -166,53 +165,83 @@ func (m *message) assemble() *[]byte {
 	return bp
 }
 
-// EncodedBuffers returns the message's encoding without a copy per
-// watcher. One element is sent as it is behind a header of the message's
-// own. More are assembled once per selection and run of the ring — the
-// same for every caught-up watcher of the same keys — and shared: gRPC's
+// EncodedBuffers returns the message's encoding, copied into a pooled
+// buffer that gRPC frees (back to the pool) once its transport wrote it: a
+// watcher's own transactions, read from the WAL. (The ring's are sent as
+// runs shared by every watcher of the same selection: see runCache.)
+func (m *message) EncodedBuffers() mem.BufferSlice {
+	return mem.BufferSlice{mem.NewBuffer(m.assemble(), m.pool)}
+}
+
+// shared returns the message's encoding in buffers of its own, never
+// modified nor freed, to be sent to many watchers. One element is sent as
+// it is behind a header of the message's own; more are assembled: gRPC's
 // transport gathers a frame's buffers in a list it stops reusing beyond 64
 // of them, and a round of ~150-byte transactions is hundreds, so handing
-// it every element costs more than one shared copy. A watcher's own
-// transactions (from the WAL) are copied into a pooled buffer that gRPC
-// frees (back to the pool) once its transport wrote it.
-func (m *message) EncodedBuffers() mem.BufferSlice {
-	switch {
-	case len(m.elems) == 1:
+// it every element costs more than one shared copy.
+func (m *message) shared() mem.BufferSlice {
+	if len(m.elems) == 1 {
 		n := uint64(m.elems[0].Len())
 		hdr := make([]byte, 0, protowire.SizeTag(1)+protowire.SizeVarint(n))
 		hdr = protowire.AppendVarint(protowire.AppendTag(hdr, 1, protowire.BytesType), n)
 		return mem.BufferSlice{mem.SliceBuffer(hdr), m.elems[0]}
-	case m.runs != nil:
-		return mem.BufferSlice{m.runs.get(runKey{m.filter, m.first, m.last, len(m.elems)}, m.assembleShared)}
 	}
-	return mem.BufferSlice{mem.NewBuffer(m.assemble(), m.pool)}
-}
-
-// assembleShared returns the message assembled in a buffer of its own,
-// never modified nor freed once shared.
-func (m *message) assembleShared() []byte {
 	bp := m.assemble()
 	b := make([]byte, len(*bp))
 	copy(b, *bp)
 	m.pool.Put(bp)
-	return b
+	return mem.BufferSlice{mem.SliceBuffer(b)}
 }
 
-// runKey names a message made of the ring's transactions: the same
-// filter and first and last transactions (the same *Txn: not others of the
-// same LSNs, after a Reset) select the same ones in between.
+// runKey names a run of the ring read by a watcher and what it selects
+// of it: the same filter and first and last transactions (the same *Txn,
+// not others of the same LSNs after a Reset) and their number select the
+// same transactions in between, and so the same messages.
 type runKey struct {
 	f           filter
 	first, last *Txn
 	n           int
 }
 
-// runCache keeps messages assembled for one watcher for the others of the
+// run is the messages a run of the ring makes for one selection, built
+// once by the first watcher to read it, then sent as they are by every
+// other: caught-up watchers of the same keys read the same runs, so the
+// per-transaction work (matching, choosing the element, assembling) is
+// done once per selection and round, not once per watcher.
+type run struct {
+	once  sync.Once
+	msgs  []runMsg
+	err   error
+	bytes int
+}
+
+// runMsg is one message of a run: its encoding, how many transactions it
+// carries, and the LSN of its last one.
+type runMsg struct {
+	bufs mem.BufferSlice
+	txns int
+	last uint64
+}
+
+// EncodedBuffers returns the message's shared encoding (see
+// internal/serve's codec), sent as it is.
+func (m *runMsg) EncodedBuffers() mem.BufferSlice { return m.bufs }
+
+// ProtoReflect makes m a proto.Message for codecs that marshal it (not
+// internal/serve's): an empty WatchResponse whose unknown fields are the
+// encoding, which protobuf marshals verbatim.
+func (m *runMsg) ProtoReflect() protoreflect.Message {
+	r := &walshipv1.WatchResponse{}
+	r.ProtoReflect().SetUnknown(m.bufs.Materialize())
+	return r.ProtoReflect()
+}
+
+// runCache keeps the runs built for one watcher for the others of the
 // same selection at the same place, up to a bound (then forgets them all:
 // caught-up watchers ask for the newest runs).
 type runCache struct {
 	mu    sync.Mutex
-	runs  map[runKey]mem.Buffer
+	runs  map[runKey]*run
 	bytes int
 }
 
@@ -222,30 +251,36 @@ const (
 	maxRunCacheRuns  = 4096
 )
 
-// get returns the run k, assembled by build if it is not kept.
-func (c *runCache) get(k runKey, build func() []byte) mem.Buffer {
+// get returns the messages of run k, built by build if it is not kept.
+// Watchers that ask for k while it is being built wait for it, so that it
+// is built once.
+func (c *runCache) get(k runKey, build func() ([]runMsg, error)) ([]runMsg, error) {
 	c.mu.Lock()
-	b, ok := c.runs[k]
+	r, ok := c.runs[k]
+	if !ok {
+		if c.bytes > maxRunCacheBytes || len(c.runs) >= maxRunCacheRuns {
+			clear(c.runs)
+			c.bytes = 0
+		}
+		if c.runs == nil {
+			c.runs = map[runKey]*run{}
+		}
+		r = &run{}
+		c.runs[k] = r
+	}
 	c.mu.Unlock()
-	if ok {
-		return b
-	}
-	b = mem.SliceBuffer(build())
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if old, ok := c.runs[k]; ok { // another watcher was first
-		return old
-	}
-	if c.bytes+b.Len() > maxRunCacheBytes || len(c.runs) >= maxRunCacheRuns {
-		clear(c.runs)
-		c.bytes = 0
-	}
-	if c.runs == nil {
-		c.runs = map[runKey]mem.Buffer{}
-	}
-	c.runs[k] = b
-	c.bytes += b.Len()
-	return b
+	r.once.Do(func() {
+		r.msgs, r.err = build()
+		for _, m := range r.msgs {
+			r.bytes += m.bufs.Len()
+		}
+		c.mu.Lock()
+		if c.runs[k] == r {
+			c.bytes += r.bytes
+		}
+		c.mu.Unlock()
+	})
+	return r.msgs, r.err
 }
 
 // ProtoReflect makes m a proto.Message for codecs that marshal it: the

@@ -89,12 +89,11 @@ func checkAssembled(t *testing.T, data []byte) {
 		recs[i].TxnID += 4
 	}
 	txns := Build(recs, func(lsn uint64) int64 { return int64(lsn) * 7 }, st)
-	runs := &runCache{}
 	for range 2 {
 		for _, f := range []filter{{}, {prefix: "a/"}, {prefix: "b/1"}, {prefix: "c/"}, {key: "a/1", exact: true}, {key: "a", exact: true}} {
 			for _, prev := range []bool{false, true} {
 				f.prev = prev
-				m := message{pool: &bufferPool{}, filter: f, runs: runs}
+				m := message{pool: &bufferPool{}}
 				for _, x := range txns {
 					elem, err := f.elem(x)
 					if err != nil {
@@ -109,10 +108,13 @@ func checkAssembled(t *testing.T, data []byte) {
 					t.Fatal(err)
 				}
 				eb := m.EncodedBuffers()
-				shared := eb.Materialize()
+				own := eb.Materialize()
 				eb.Free()
-				if !bytes.Equal(shared, got) {
-					t.Fatalf("filter %+v: EncodedBuffers\n%x\nmarshalled\n%x", f, shared, got)
+				if !bytes.Equal(own, got) {
+					t.Fatalf("filter %+v: EncodedBuffers\n%x\nmarshalled\n%x", f, own, got)
+				}
+				if shared := m.shared().Materialize(); !bytes.Equal(shared, got) {
+					t.Fatalf("filter %+v: shared\n%x\nmarshalled\n%x", f, shared, got)
 				}
 				w, err := proto.Marshal(want(f, txns))
 				if err != nil {

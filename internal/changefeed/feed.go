@@ -178,8 +178,8 @@ type Feed struct {
 	// changed is closed (and dropped) by the next Append or Reset.
 	changed chan struct{}
 
-	// bufs are the buffers watchers assemble messages in; runs the
-	// messages shared by watchers.
+	// bufs are the buffers messages are assembled in; runs the runs of
+	// messages shared by the watchers that read them.
 	bufs bufferPool
 	runs runCache
 }

@@ -77,15 +77,11 @@ func newRoundMessages(tb testing.TB) *roundMessages {
 	}
 	txns := Build(recs, func(l uint64) int64 { return int64(l) * 1000 }, nil)
 	for k := 1; k <= round; k++ {
-		m := message{pool: &bufferPool{}, filter: filter{prefix: "k/"}}
-		for _, t := range txns[:k] {
-			e, err := m.filter.elem(t)
-			if err != nil {
-				tb.Fatal(err)
-			}
-			m.add(e, t)
+		msgs, err := buildRun(filter{prefix: "k/"}, txns[:k], &bufferPool{}, &message{}, true)
+		if err != nil || len(msgs) != 1 {
+			tb.Fatalf("build a message of %d transactions: %d messages, %v", k, len(msgs), err)
 		}
-		r.byTxns[k] = m.assembleShared()
+		r.byTxns[k] = msgs[0].bufs.Materialize()
 	}
 	return r
 }

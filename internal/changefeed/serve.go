@@ -267,41 +267,81 @@ func (w *watcher) loop(ctx context.Context) error {
 
 // sendTxns sends the matching transactions of txns (LSN order, from
 // w.next on), as few messages as maxMessageBytes allows, and moves w.next
-// past them.
+// past them. Those from the ring are sent as the run of messages every
+// watcher of the same selection that read the same run shares (built by
+// the first: see runCache); those from the WAL, the watcher's own, are
+// assembled for it.
 func (w *watcher) sendTxns(txns []*Txn, fromRing bool) error {
-	m := &w.msg
-	m.pool, m.filter, m.runs = &w.src.Feed.bufs, w.f, nil
-	if fromRing {
-		m.runs = &w.src.Feed.runs
+	if len(txns) == 0 {
+		return nil
 	}
-	defer m.release()
-	flush := func() error {
-		if m.txns == 0 {
-			return nil
-		}
-		err := w.send(m)
-		if err == nil {
-			w.src.Metrics.sentTxns(m.txns)
-		}
-		m.release()
-		return err
-	}
-	for _, t := range txns {
-		elem, err := w.f.elem(t)
+	if !fromRing {
+		msgs, err := buildRun(w.f, txns, &w.src.Feed.bufs, &w.msg, false)
 		if err != nil {
 			return status.Errorf(codes.Internal, "%v; resume from LSN %d", err, w.next)
 		}
-		if elem != nil {
-			if m.txns > 0 && m.bytes+t.size > maxMessageBytes {
-				if err := flush(); err != nil {
-					return err
-				}
-			}
-			m.add(elem, t)
-		}
-		w.next = t.LSN + 1
+		return w.sendRun(msgs, txns)
 	}
-	return flush()
+	k := runKey{f: w.f, first: txns[0], last: txns[len(txns)-1], n: len(txns)}
+	msgs, err := w.src.Feed.runs.get(k, func() ([]runMsg, error) {
+		var m message
+		return buildRun(w.f, txns, &w.src.Feed.bufs, &m, true)
+	})
+	if err != nil {
+		return status.Errorf(codes.Internal, "%v; resume from LSN %d", err, w.next)
+	}
+	return w.sendRun(msgs, txns)
+}
+
+// sendRun sends msgs, the messages of txns, and moves w.next past txns.
+func (w *watcher) sendRun(msgs []runMsg, txns []*Txn) error {
+	for i := range msgs {
+		if err := w.send(&msgs[i]); err != nil {
+			return err
+		}
+		w.src.Metrics.sentTxns(msgs[i].txns)
+		w.next = msgs[i].last + 1
+	}
+	w.next = max(w.next, txns[len(txns)-1].LSN+1)
+	return nil
+}
+
+// buildRun returns the messages that send f's transactions of txns, each
+// of at most maxMessageBytes (one transaction may exceed it alone), made
+// in m: shared (buffers of their own, to be sent to many watchers), or
+// one watcher's (assembled on sending, in a pooled buffer).
+func buildRun(f filter, txns []*Txn, pool *bufferPool, m *message, shared bool) ([]runMsg, error) {
+	m.pool = pool
+	defer m.release()
+	var out []runMsg
+	flush := func() {
+		if m.txns == 0 {
+			return
+		}
+		rm := runMsg{txns: m.txns, last: m.last.LSN}
+		if shared {
+			rm.bufs = m.shared()
+		} else {
+			rm.bufs = m.EncodedBuffers()
+		}
+		out = append(out, rm)
+		m.release()
+	}
+	for _, t := range txns {
+		elem, err := f.elem(t)
+		if err != nil {
+			return nil, err
+		}
+		if elem == nil {
+			continue
+		}
+		if m.txns > 0 && m.bytes+t.size > maxMessageBytes {
+			flush()
+		}
+		m.add(elem, t)
+	}
+	flush()
+	return out, nil
 }
 
 // maybeProgress sends a progress notification if nothing was sent for the
