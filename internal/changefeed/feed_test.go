@@ -243,6 +243,10 @@ func TestWatchRefusals(t *testing.T) {
 		{"reserved prefix", &walshipv1.WatchRequest{Prefix: "\x00w"}, codes.InvalidArgument, "prefix"},
 		{"bad key", &walshipv1.WatchRequest{Key: strings.Repeat("k", 5000)}, codes.InvalidArgument, "key"},
 		{"bad progress", &walshipv1.WatchRequest{ProgressInterval: durationpb.New(time.Hour)}, codes.InvalidArgument, "progress_interval"},
+		{"progress too short", &walshipv1.WatchRequest{ProgressInterval: durationpb.New(time.Millisecond)}, codes.InvalidArgument, "progress_interval"},
+		{"malformed progress", &walshipv1.WatchRequest{ProgressInterval: &durationpb.Duration{Seconds: 1, Nanos: -5}}, codes.InvalidArgument, "progress_interval"},
+		{"bad wait", &walshipv1.WatchRequest{WaitTimeout: durationpb.New(time.Hour)}, codes.InvalidArgument, "wait_timeout"},
+		{"negative wait", &walshipv1.WatchRequest{WaitTimeout: durationpb.New(-time.Second)}, codes.InvalidArgument, "wait_timeout"},
 		{"future", &walshipv1.WatchRequest{StartLsn: n.lsn + 5, WaitTimeout: durationpb.New(20 * time.Millisecond)}, codes.OutOfRange, "in the future"},
 		{"prev too old", &walshipv1.WatchRequest{StartLsn: 1, PrevValues: true}, codes.OutOfRange, fmt.Sprintf("oldest LSN it serves with prev_values is %d", n.feed.From())},
 		{"below retention", &walshipv1.WatchRequest{StartLsn: 1}, codes.OutOfRange, fmt.Sprintf("the oldest LSN this node serves is %d", n.log.FirstLSN())},
@@ -254,6 +258,26 @@ func TestWatchRefusals(t *testing.T) {
 		if status.Code(err) != tc.code || !strings.Contains(status.Convert(err).Message(), tc.msg) {
 			t.Errorf("%s: %v; want %v naming %q", tc.name, err, tc.code, tc.msg)
 		}
+	}
+}
+
+// A watch "from now" on a node whose commit watermark has not reached
+// the state it started from (nothing it holds is readable yet) is
+// UNAVAILABLE once its wait_timeout passes, naming the watermark and the
+// LSN it waits for.
+func TestWatchNowBeforeReadable(t *testing.T) {
+	n := newNode(t, 0, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	n.commit(t, "k", "v")
+	n.feed.Reset(n.lsn) // the node restarted at n.lsn; the watermark is still 0
+	s, err := n.kv.Watch(ctx, &walshipv1.WatchRequest{WaitTimeout: durationpb.New(20 * time.Millisecond)})
+	if err == nil {
+		_, err = s.Recv()
+	}
+	want := fmt.Sprintf("the commit watermark (0) has not reached LSN %d", n.lsn)
+	if status.Code(err) != codes.Unavailable || !strings.Contains(status.Convert(err).Message(), want) {
+		t.Fatalf("watch from now: %v; want UNAVAILABLE naming %q", err, want)
 	}
 }
 
