@@ -13,6 +13,7 @@ import (
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/testkit"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -43,19 +44,42 @@ func BenchmarkFanout(b *testing.B) {
 		watchers int
 		prefix   string
 		raw      bool
-	}{{0, "", false}, {1000, "other/", false}, {1000, "k/", false}, {1000, "k/", true}} {
+		windows  bool
+	}{{0, "", false, false}, {1000, "other/", false, false}, {1000, "k/", false, false}, {1000, "k/", true, false}, {1000, "k/", true, true}} {
 		recv := "decode"
 		if tc.raw {
 			recv = "raw"
 		}
-		b.Run(fmt.Sprintf("watchers=%d/prefix=%s/recv=%s", tc.watchers, tc.prefix, recv), func(b *testing.B) {
+		name := fmt.Sprintf("watchers=%d/prefix=%s/recv=%s", tc.watchers, tc.prefix, recv)
+		if tc.windows {
+			name += "/windows=grpc-default"
+		}
+		b.Run(name, func(b *testing.B) {
 			n := newNodeWith(b, 0, 0, grpc.ForceServerCodecV2(sharedCodec{}))
-			benchFanout(b, n, tc.watchers, tc.prefix, tc.raw)
+			kv := n.kv
+			if tc.windows {
+				kv = defaultWindowsClient(b, n.addr)
+			}
+			benchFanout(b, n, kv, tc.watchers, tc.prefix, tc.raw)
 		})
 	}
 }
 
-func benchFanout(b *testing.B, n *node, watchers int, prefix string, raw bool) {
+// defaultWindowsClient returns a client of addr with gRPC's default
+// flow-control windows, as pkg/client dials: 64 KiB to start, grown by
+// BDP estimation (newNode's client has fixed 64 KiB windows, for the
+// stall tests; 1,000 streams on one connection then share 64 KiB in
+// flight, and the server waits for a window update every few messages).
+func defaultWindowsClient(b *testing.B, addr string) walshipv1.KVServiceClient {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = conn.Close() })
+	return walshipv1.NewKVServiceClient(conn)
+}
+
+func benchFanout(b *testing.B, n *node, kv walshipv1.KVServiceClient, watchers int, prefix string, raw bool) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var received atomic.Int64
@@ -66,7 +90,7 @@ func benchFanout(b *testing.B, n *node, watchers int, prefix string, raw bool) {
 		opts = append(opts, grpc.ForceCodecV2(countingCodec{}))
 	}
 	for range watchers {
-		s, err := n.kv.Watch(ctx, &walshipv1.WatchRequest{Prefix: prefix, StartLsn: start, ProgressInterval: durationpb.New(time.Minute)}, opts...)
+		s, err := kv.Watch(ctx, &walshipv1.WatchRequest{Prefix: prefix, StartLsn: start, ProgressInterval: durationpb.New(time.Minute)}, opts...)
 		if err != nil {
 			b.Fatal(err)
 		}

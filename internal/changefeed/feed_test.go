@@ -34,6 +34,7 @@ type node struct {
 	lsn  uint64
 	kv   walshipv1.KVServiceClient
 	m    *Metrics
+	addr string // the gRPC server's
 }
 
 type watchServer struct {
@@ -79,6 +80,7 @@ func newNodeWith(t testing.TB, maxBytes int, stall time.Duration, sopts ...grpc.
 		_ = log.Close()
 	})
 	n.kv = walshipv1.NewKVServiceClient(conn)
+	n.addr = lis.Addr().String()
 	return n
 }
 

@@ -36,17 +36,25 @@ import (
 //     BenchmarkFanout's watchers are, each Send of the pre-encoded message
 //     (no codec work), received by a recv=raw client (countingCodec).
 //   - grpc/conns=1000: the same, one connection per stream.
+//   - grpc/conns=1/windows=grpc-default: grpc/conns=1 with the client's
+//     flow-control windows gRPC's defaults (as pkg/client's), not fixed
+//     64 KiB ones (as BenchmarkFanout's, but for its windows=grpc-default).
 func BenchmarkFanoutFloor(b *testing.B) {
 	const watchers = 1000
 	for _, tc := range []struct {
-		name  string
-		conns int
-		grpc  bool
-	}{{"tcp", 1000, false}, {"tcp", 1, false}, {"grpc", 1, true}, {"grpc", 1000, true}} {
-		b.Run(fmt.Sprintf("%s/conns=%d", tc.name, tc.conns), func(b *testing.B) {
+		name    string
+		conns   int
+		grpc    bool
+		windows bool
+	}{{"tcp", 1000, false, false}, {"tcp", 1, false, false}, {"grpc", 1, true, false}, {"grpc", 1000, true, false}, {"grpc", 1, true, true}} {
+		name := fmt.Sprintf("%s/conns=%d", tc.name, tc.conns)
+		if tc.windows {
+			name += "/windows=grpc-default"
+		}
+		b.Run(name, func(b *testing.B) {
 			msgs := newRoundMessages(b)
 			if tc.grpc {
-				floorGRPC(b, msgs, watchers, tc.conns)
+				floorGRPC(b, msgs, watchers, tc.conns, tc.windows)
 			} else {
 				floorTCP(b, msgs, watchers, tc.conns)
 			}
@@ -248,7 +256,7 @@ func (floorCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	return nil
 }
 
-func floorGRPC(b *testing.B, msgs *roundMessages, watchers, conns int) {
+func floorGRPC(b *testing.B, msgs *roundMessages, watchers, conns int, defaultWindows bool) {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
@@ -276,8 +284,11 @@ func floorGRPC(b *testing.B, msgs *roundMessages, watchers, conns int) {
 	defer g.Stop()
 	clients := make([]*grpc.ClientConn, conns)
 	for i := range clients {
-		c, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+		opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+		if !defaultWindows {
+			opts = append(opts, grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+		}
+		c, err := grpc.NewClient(lis.Addr().String(), opts...)
 		if err != nil {
 			b.Fatal(err)
 		}
