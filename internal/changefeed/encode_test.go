@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -202,6 +204,53 @@ func TestWatchSharedEncodings(t *testing.T) {
 			if got := events(recvTxn(t, streams[i])); got != want {
 				t.Fatalf("watch %d (%v): %s, want %s", i, w.req, got, want)
 			}
+		}
+	}
+}
+
+// A run of the ring larger than maxMessageBytes is sent as several
+// messages, built once and shared: every watcher of the selection gets
+// the same split, whole transactions in LSN order, none lost or repeated.
+func TestWatchSharedRunSplit(t *testing.T) {
+	n := newNodeWith(t, 0, 0, grpc.ForceServerCodecV2(sharedCodec{}))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var lsns []uint64
+	big := strings.Repeat("v", 300<<10)
+	for i := range 5 { // 1.5 MiB: a message takes 3 of them, the next 2
+		lsns = append(lsns, n.commit(t, fmt.Sprintf("a/%d", i), big))
+	}
+	var streams []walshipv1.KVService_WatchClient
+	for range 4 {
+		s, err := n.kv.Watch(ctx, &walshipv1.WatchRequest{Prefix: "a/", StartLsn: 1}, grpc.MaxCallRecvMsgSize(4<<20))
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams = append(streams, s)
+	}
+	n.feed.Bound.Advance(n.lsn)
+	for i, s := range streams {
+		var got []uint64
+		var split []int
+		for len(got) < len(lsns) {
+			m, err := s.Recv()
+			if err != nil {
+				t.Fatalf("watcher %d: %v", i, err)
+			}
+			txns := m.GetTxns().GetTxns()
+			if len(txns) == 0 {
+				continue // progress
+			}
+			split = append(split, len(txns))
+			for _, x := range txns {
+				if len(x.GetEvents()) != 1 || len(x.GetEvents()[0].GetValue()) != len(big) {
+					t.Fatalf("watcher %d: transaction %d not whole: %d events", i, x.GetLsn(), len(x.GetEvents()))
+				}
+				got = append(got, x.GetLsn())
+			}
+		}
+		if !slices.Equal(got, lsns) || !slices.Equal(split, []int{3, 2}) {
+			t.Fatalf("watcher %d: transactions %v in messages of %v; want %v in messages of [3 2]", i, got, split, lsns)
 		}
 	}
 }
