@@ -1,6 +1,7 @@
 package primary
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -161,7 +162,6 @@ func TestNoCommitLeftBehind(t *testing.T) {
 // and fails the test if any Put fails.
 func putConcurrently(t *testing.T, r *running, writers, each, keys int, value []byte) {
 	t.Helper()
-	c := ctx(t)
 	var wg sync.WaitGroup
 	errs := make(chan error, writers)
 	for w := 0; w < writers; w++ {
@@ -173,8 +173,14 @@ func putConcurrently(t *testing.T, r *running, writers, each, keys int, value []
 				d = walshipv1.Durability_DURABILITY_ASYNC
 			}
 			for i := 0; i < each; i++ {
-				if _, err := r.kv.Put(c, &walshipv1.PutRequest{Key: fmt.Sprintf("w%02d/%d", w, i%keys), Value: value,
-					Policy: &walshipv1.CommitPolicy{Durability: d}}); err != nil {
+				// A deadline per Put, not for the run: a commit left
+				// behind never completes, while a loaded machine only
+				// makes the run slow.
+				c, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				_, err := r.kv.Put(c, &walshipv1.PutRequest{Key: fmt.Sprintf("w%02d/%d", w, i%keys), Value: value,
+					Policy: &walshipv1.CommitPolicy{Durability: d}})
+				cancel()
+				if err != nil {
 					errs <- fmt.Errorf("writer %d, put %d: %w", w, i, err)
 					return
 				}
