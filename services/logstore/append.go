@@ -322,7 +322,7 @@ func checkRequest(req *walshipv1.AppendRequest, known, bound uint64) (*appendReq
 	if req.GetTruncate() && req.GetBatch() != nil {
 		return nil, refuse(rpcerr.ErrInvalid, "append request: truncate and a batch in one request")
 	}
-	if err := checkClusterID("heartbeat.cluster_id", hb.GetClusterId()); err != nil {
+	if err := rpcerr.CheckClusterID("heartbeat.cluster_id", hb.GetClusterId()); err != nil {
 		return nil, err
 	}
 	if err := datadir.CheckEpoch(hb.GetEpoch(), known, bound); err != nil {

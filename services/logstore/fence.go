@@ -77,19 +77,7 @@ func checkFence(req *walshipv1.FenceRequest, known uint64) error {
 	case !nodeIDPattern.MatchString(req.GetCandidateId()):
 		return refuse(rpcerr.ErrInvalid, "candidate_id: %q is not 1..64 of [A-Za-z0-9._-]", req.GetCandidateId())
 	}
-	return checkClusterID("cluster_id", req.GetClusterId())
-}
-
-// checkClusterID validates a cluster id a request states ("" states
-// none); the error names the field.
-func checkClusterID(field, id string) error {
-	if id == "" {
-		return nil
-	}
-	if err := datadir.ValidateClusterID(id); err != nil {
-		return refuse(rpcerr.ErrInvalid, "%s: %v", field, err)
-	}
-	return nil
+	return rpcerr.CheckClusterID("cluster_id", req.GetClusterId())
 }
 
 // handleFence answers a fence on the writer goroutine (walMu held by no
@@ -161,10 +149,10 @@ func (s *Server) acceptor() failover.State {
 // theirs, for a message the failover core refused as another cluster's
 // (logged and counted by requireCluster).
 func (s *Server) clusterRefused(theirs, peer string) error {
-	if err := s.requireCluster(theirs, peer); err != nil {
+	if err := s.guard.Require(theirs, peer); err != nil {
 		return err
 	}
-	return s.clusterRefusal(rpcerr.OtherCluster("log store", s.cluster.ID(), peer, theirs), theirs, peer)
+	return s.guard.Refusal(rpcerr.OtherCluster("log store", s.cluster.ID(), peer, theirs), theirs, peer)
 }
 
 // fenceState is the part of a FenceResponse that describes the stored log.

@@ -44,6 +44,7 @@ type Server struct {
 	// adopted from the first fence or primary's heartbeat that states one,
 	// by the writer; peers of another cluster are refused.
 	cluster *datadir.Cluster
+	guard   rpcerr.ClusterGuard // refuses peers of another cluster
 	// orphans counts entries cut into orphan files (for Status and metrics).
 	orphanedRecords atomic.Uint64
 
@@ -141,6 +142,8 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("register metrics: %w", err)
 	}
 	s.metrics = m
+	s.guard = rpcerr.ClusterGuard{Role: "log store", ID: func() string { return s.cluster.ID() },
+		Refused: m.clusterMismatch.Inc, Logger: s.logger}
 	if cfg.Archive.Set() {
 		if err := s.openArchive(reg); err != nil {
 			m.unregister()
@@ -250,32 +253,6 @@ func (s *Server) saveVote(v datadir.Vote) error {
 // knownEpoch is the newest epoch the log store knows, promised or stored:
 // datadir.CheckEpoch bounds what a peer may state from it.
 func (s *Server) knownEpoch() uint64 { return max(s.epoch.Load(), s.logEpoch.Load()) }
-
-// refuseOtherCluster refuses a peer that states another cluster than the
-// log store's (nil if either id is unknown or they agree), logging and
-// counting it: for reads, whose reader may have no id yet (a new replica,
-// an emptied log store refilling; rpcerr.CheckCluster). peer names it in
-// the refusal ("the request").
-func (s *Server) refuseOtherCluster(theirs, peer string) error {
-	return s.clusterRefusal(rpcerr.CheckCluster("log store", s.cluster.ID(), peer, theirs), theirs, peer)
-}
-
-// requireCluster is refuseOtherCluster for what changes the log store —
-// a fence, an Append stream's heartbeats, a snapshot upload: once it has
-// an id, an empty one is refused too (rpcerr.RequireCluster).
-func (s *Server) requireCluster(theirs, peer string) error {
-	return s.clusterRefusal(rpcerr.RequireCluster("log store", s.cluster.ID(), peer, theirs), theirs, peer)
-}
-
-// clusterRefusal logs and counts err, a refusal of peer for its cluster
-// id theirs, if not nil.
-func (s *Server) clusterRefusal(err error, theirs, peer string) error {
-	if err != nil {
-		s.metrics.clusterMismatch.Inc()
-		s.logger.Warn("refused a peer of another cluster", "cluster_id", s.cluster.ID(), "peer", peer, "peer_cluster_id", theirs)
-	}
-	return err
-}
 
 // adoptCluster makes id the log store's cluster id if it has none, saved
 // before anything that came with it is acted on. Writer-only. An error

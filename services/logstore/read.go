@@ -53,10 +53,10 @@ func (s *Server) closeRead() {
 }
 
 func (s *Server) read(ctx context.Context, req *walshipv1.ReadRequest, stream walshipv1.LogStoreService_ReadServer) error {
-	if err := checkClusterID("cluster_id", req.GetClusterId()); err != nil {
+	if err := rpcerr.CheckClusterID("cluster_id", req.GetClusterId()); err != nil {
 		return err
 	}
-	if err := s.refuseOtherCluster(req.GetClusterId(), "the request"); err != nil {
+	if err := s.guard.Check(req.GetClusterId(), "the request"); err != nil {
 		return err
 	}
 	from, to, follow := req.GetFromLsn(), req.GetToLsn(), req.GetFollow()

@@ -329,10 +329,10 @@ func (s *Server) putSnapshot(ctx context.Context, stream walshipv1.LogStoreServi
 	if err := checkSnapshotHeader(hdr, s.knownEpoch()); err != nil {
 		return nil, false, err
 	}
-	if err := checkClusterID("header.cluster_id", hdr.GetClusterId()); err != nil {
+	if err := rpcerr.CheckClusterID("header.cluster_id", hdr.GetClusterId()); err != nil {
 		return nil, false, err
 	}
-	if err := s.requireCluster(hdr.GetClusterId(), "the snapshot's uploader"); err != nil {
+	if err := s.guard.Require(hdr.GetClusterId(), "the snapshot's uploader"); err != nil {
 		return nil, false, err
 	}
 	if v := s.vote.Load(); hdr.GetEpoch() < v.Epoch {
@@ -623,10 +623,10 @@ func (h *logStoreServer) GetSnapshot(req *walshipv1.GetSnapshotRequest, stream w
 }
 
 func (s *Server) getSnapshot(ctx context.Context, req *walshipv1.GetSnapshotRequest, stream walshipv1.LogStoreService_GetSnapshotServer) error {
-	if err := checkClusterID("cluster_id", req.GetClusterId()); err != nil {
+	if err := rpcerr.CheckClusterID("cluster_id", req.GetClusterId()); err != nil {
 		return err
 	}
-	if err := s.refuseOtherCluster(req.GetClusterId(), "the request"); err != nil {
+	if err := s.guard.Check(req.GetClusterId(), "the request"); err != nil {
 		return err
 	}
 	b, p, err := s.pinSnapshot(req.GetAtMostLsn())

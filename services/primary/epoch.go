@@ -470,13 +470,13 @@ func (h *epochServer) Fence(ctx context.Context, req *walshipv1.FenceRequest) (*
 	case req.GetCandidateAddr() == "":
 		return nil, status.Error(codes.InvalidArgument, "candidate_addr: required (the candidate's advertised gRPC address)")
 	}
-	if err := checkClusterID("cluster_id", req.GetClusterId()); err != nil {
+	if err := rpcerr.CheckClusterID("cluster_id", req.GetClusterId()); err != nil {
 		return nil, err
 	}
 	// Before anything else: a candidate of another cluster must not
 	// depose this primary.
 	candidate := "the candidate " + req.GetCandidateId()
-	if err := s.refuseOtherCluster(req.GetClusterId(), candidate); err != nil {
+	if err := s.guard.Check(req.GetClusterId(), candidate); err != nil {
 		return nil, err
 	}
 	resp := &walshipv1.FenceResponse{Id: s.cfg.ID, Primary: true, LastEpoch: s.epoch, History: s.epochs.Proto(), ClusterId: s.cluster.ID()}
@@ -487,7 +487,7 @@ func (h *epochServer) Fence(ctx context.Context, req *walshipv1.FenceRequest) (*
 	}
 	// Nor one that states no cluster id (a node of another cluster whose
 	// directory has none): every candidate of this one states it.
-	if err := s.requireCluster(req.GetClusterId(), candidate); err != nil {
+	if err := s.guard.Require(req.GetClusterId(), candidate); err != nil {
 		return nil, err
 	}
 	v := datadir.Vote{Epoch: req.GetEpoch(), Primary: req.GetCandidateId(), Addr: req.GetCandidateAddr()}
@@ -685,10 +685,10 @@ type logServer struct {
 }
 
 func (l *logServer) Read(req *walshipv1.ReadRequest, stream walshipv1.LogStoreService_ReadServer) error {
-	if err := checkClusterID("cluster_id", req.GetClusterId()); err != nil {
+	if err := rpcerr.CheckClusterID("cluster_id", req.GetClusterId()); err != nil {
 		return err
 	}
-	if err := l.s.refuseOtherCluster(req.GetClusterId(), "the request"); err != nil {
+	if err := l.s.guard.Check(req.GetClusterId(), "the request"); err != nil {
 		return err
 	}
 	return walserve.Read(l.s.wal, "primary "+l.s.cfg.ID, req, stream)

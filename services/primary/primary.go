@@ -24,6 +24,7 @@ import (
 	"github.com/walship/walship/internal/failover"
 	"github.com/walship/walship/internal/kvread"
 	"github.com/walship/walship/internal/recovery"
+	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/internal/vfs"
@@ -64,6 +65,7 @@ type Server struct {
 	peerContract   bool // the contract waits for replicas or log stores
 	lease          *lease
 	leaseEchoes    atomic.Uint64 // echoes on the lease streams (keepLease)
+	guard          rpcerr.ClusterGuard
 	deposeOnce     sync.Once
 
 	policy atomic.Pointer[Policy] // default commit policy
@@ -136,6 +138,8 @@ func New(cfg Config) (*Server, error) {
 	s.admit = newAdmission(cfg.MaxInflightCommitBytes, cfg.WriteQuotaBytesPerSecond)
 	s.metrics = newMetrics(reg, s)
 	s.pipe.metrics = s.metrics
+	s.guard = rpcerr.ClusterGuard{Role: "primary", ID: func() string { return s.cluster.ID() },
+		Refused: s.metrics.clusterMismatch.Inc, Logger: s.logger}
 	s.pipe.written = s.maybeSnapshot
 	s.reads = &kvread.Reader{View: func() *state.View { return s.store.Snapshot() }, Visible: &s.pipe.visible}
 	srv, err := serve.New(serve.Options{

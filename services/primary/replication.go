@@ -99,8 +99,8 @@ func (s *Server) checkHello(hello *walshipv1.ReplicaHello) error {
 		return status.Errorf(codes.InvalidArgument, "hello.fenced_epoch: %v", datadir.CheckEpoch(hello.GetFencedEpoch(), s.epoch, datadir.MaxEpochJump))
 	case datadir.CheckProto(hello.GetHistory(), s.epoch, datadir.MaxEpochJump) != nil:
 		return status.Errorf(codes.InvalidArgument, "hello.history%v", datadir.CheckProto(hello.GetHistory(), s.epoch, datadir.MaxEpochJump))
-	case checkClusterID("hello.cluster_id", hello.GetClusterId()) != nil:
-		return checkClusterID("hello.cluster_id", hello.GetClusterId())
+	case rpcerr.CheckClusterID("hello.cluster_id", hello.GetClusterId()) != nil:
+		return rpcerr.CheckClusterID("hello.cluster_id", hello.GetClusterId())
 	case !s.epochReady.Load():
 		return status.Errorf(codes.Unavailable, "primary is still winning epoch %d from the log stores", s.epoch)
 	case hello.GetEpoch() > s.epoch:
@@ -112,7 +112,7 @@ func (s *Server) checkHello(hello *walshipv1.ReplicaHello) error {
 		return status.Errorf(codes.FailedPrecondition, "hello.fenced_epoch: replica has promised epoch %d, newer than this primary's %d: this primary is deposed", hello.GetFencedEpoch(), s.epoch)
 	}
 	// The epoch is won, so the cluster id is settled.
-	return s.refuseOtherCluster(hello.GetClusterId(), "the replica "+hello.GetReplicaId())
+	return s.guard.Check(hello.GetClusterId(), "the replica "+hello.GetReplicaId())
 }
 
 // replicaDiverged reports whether the replica's log holds entries past
@@ -492,7 +492,7 @@ func (r *replServer) Snapshot(req *walshipv1.SnapshotRequest, stream walshipv1.R
 	if id := req.GetReplicaId(); id != "" && !replicaIDPattern.MatchString(id) {
 		return status.Errorf(codes.InvalidArgument, "replica_id: %q is not 1..64 of [A-Za-z0-9._-]", id)
 	}
-	if err := checkClusterID("cluster_id", req.GetClusterId()); err != nil {
+	if err := rpcerr.CheckClusterID("cluster_id", req.GetClusterId()); err != nil {
 		return err
 	}
 	s := r.s
@@ -501,7 +501,7 @@ func (r *replServer) Snapshot(req *walshipv1.SnapshotRequest, stream walshipv1.R
 	}
 	// Before the state is read: a replica of another cluster would refuse
 	// the header anyway. One with no id yet adopts it from the header.
-	if err := s.refuseOtherCluster(req.GetClusterId(), "the replica "+req.GetReplicaId()); err != nil {
+	if err := s.guard.Check(req.GetClusterId(), "the replica "+req.GetReplicaId()); err != nil {
 		return err
 	}
 	v := s.store.Snapshot()
