@@ -14,6 +14,125 @@ import (
 	"github.com/walship/walship/pkg/client"
 )
 
+// dockerNode is a walship container of a dockerCluster.
+type dockerNode struct {
+	alias string // its name on the cluster network
+	name  string // the container's
+	addr  string // where the test reaches it, on the clients' network
+}
+
+// dockerCluster is three log stores and three data nodes (n0 the primary)
+// as containers on a cluster network, and each is also on a second network
+// that only the test's clients use, so that a node can be cut off the
+// cluster (docker network disconnect) while clients still reach it.
+type dockerCluster struct {
+	r                     *testkit.DockerRun
+	clusterNet, clientNet string
+	nodes                 []*dockerNode
+}
+
+// startDockerCluster starts the cluster under the contract of the
+// failover issue (K=1 at flush plus a log store majority) with a 2 s
+// lease, so that the writes sent to n0 just after a cut reach it within
+// its lease however slowly docker disconnects; extra is added to every
+// data node's flags.
+func startDockerCluster(t *testing.T, extra ...string) *dockerCluster {
+	t.Helper()
+	needLinux(t)
+	if testing.Short() {
+		t.Skip("skipping the Docker partition test in -short mode")
+	}
+	testkit.NeedDocker(t)
+	r := testkit.NewDockerRun(t)
+	image := r.Image()
+	c := &dockerCluster{r: r, clusterNet: r.Network("cluster"), clientNet: r.Network("clients")}
+
+	const nodePort, lsPort = 7000, 7100
+	var lsAddrs, peers []string
+	for i := range 3 {
+		lsAddrs = append(lsAddrs, fmt.Sprintf("ls%d:%d", i, lsPort))
+		peers = append(peers, fmt.Sprintf("n%d=n%d:%d", i, i, nodePort))
+	}
+	var all []*dockerNode
+	run := func(alias string, port int, args ...string) *dockerNode {
+		n := &dockerNode{alias: alias, name: "walship-test-" + r.ID + "-" + alias}
+		all = append(all, n)
+		// Created on the clients' network, where the test reaches it, with
+		// no alias there: no node resolves another on it. The alias peers
+		// use is on the cluster network only.
+		r.Must(append(append(append([]string{"create", "--name", n.name, "--network", c.clientNet}, r.Labels()...), image), args...)...)
+		r.Must("network", "connect", "--alias", alias, c.clusterNet, n.name)
+		r.Must("start", n.name)
+		n.addr = net.JoinHostPort(r.IP(n.name, c.clientNet), strconv.Itoa(port))
+		return n
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, n := range all {
+				t.Logf("--- docker logs %s ---\n%s", n.alias, testkit.DockerLogs(n.name, 40))
+			}
+		}
+	})
+	for i := range 3 {
+		run(fmt.Sprintf("ls%d", i), lsPort, "logstore", "--listen", fmt.Sprintf(":%d", lsPort), "--plaintext", "--metrics-listen", "", "--data-dir", "/data")
+	}
+	for i := range 3 {
+		role := "replica"
+		if i == 0 {
+			role = "primary"
+		}
+		c.nodes = append(c.nodes, run(fmt.Sprintf("n%d", i), nodePort, append([]string{role, "--id", fmt.Sprintf("n%d", i),
+			"--listen", fmt.Sprintf(":%d", nodePort), "--plaintext", "--metrics-listen", "", "--data-dir", "/data",
+			"--peers", strings.Join(peers, ","), "--logstore", strings.Join(lsAddrs, ","), "--primary", fmt.Sprintf("n0:%d", nodePort),
+			"--durability", "sync", "--replication", "sync", "--sync-replicas", "1", "--sync-level", "flush", "--logstore-ack", "sync",
+			"--sync-timeout", "3s", "--heartbeat-interval", "100ms", "--lease-timeout", "2s"}, extra...)...))
+	}
+	return c
+}
+
+// addrs are the data nodes' addresses on the clients' network.
+func (c *dockerCluster) addrs() []string {
+	var out []string
+	for _, n := range c.nodes {
+		out = append(out, n.addr)
+	}
+	return out
+}
+
+// cut takes n off the cluster network; heal puts it back.
+func (c *dockerCluster) cut(n *dockerNode) { c.r.Must("network", "disconnect", c.clusterNet, n.name) }
+
+func (c *dockerCluster) heal(n *dockerNode) {
+	c.r.Must("network", "connect", "--alias", n.alias, c.clusterNet, n.name)
+}
+
+// writesToCutPrimary sends count sync writes under prefix straight to n,
+// cut off from every log store and replica, and returns how many it took
+// into its log (refusals that are not "not applied"); it fails the test
+// if n acknowledged any.
+func writesToCutPrimary(t *testing.T, ctx context.Context, n *dockerNode, prefix string, count int) int {
+	t.Helper()
+	kv := walshipv1.NewKVServiceClient(conn(t, n.addr))
+	errs := make(chan error, count)
+	for i := range count {
+		go func() {
+			_, err := kv.Put(ctx, &walshipv1.PutRequest{Key: fmt.Sprintf("%s%d", prefix, i), Value: []byte("x")})
+			errs <- err
+		}()
+	}
+	taken := 0
+	for range count {
+		err := <-errs
+		if err == nil {
+			t.Fatalf("%s, cut off from every log store and replica, acknowledged a sync write", n.alias)
+		}
+		if !client.NotApplied(err) {
+			taken++
+		}
+	}
+	return taken
+}
+
 // TestFailoverPartition: three log stores and three data nodes run as
 // containers on a cluster network, and each is also on a second network
 // that only the test's clients use. Under checked load, the primary is cut
@@ -24,65 +143,12 @@ import (
 // old primary rejoins as a replica, keeping what it wrote alone in an
 // orphan file, and the three data nodes converge on one state digest.
 func TestFailoverPartition(t *testing.T) {
-	needLinux(t)
-	if testing.Short() {
-		t.Skip("skipping the Docker partition test in -short mode")
-	}
-	testkit.NeedDocker(t)
-	r := testkit.NewDockerRun(t)
-	image := r.Image()
-	clusterNet, clientNet := r.Network("cluster"), r.Network("clients")
-
-	const nodePort, lsPort = 7000, 7100
-	var lsAddrs, peers []string
-	for i := range 3 {
-		lsAddrs = append(lsAddrs, fmt.Sprintf("ls%d:%d", i, lsPort))
-		peers = append(peers, fmt.Sprintf("n%d=n%d:%d", i, i, nodePort))
-	}
-	type ctr struct{ alias, name, addr string }
-	var all []*ctr
-	run := func(alias string, port int, args ...string) *ctr {
-		c := &ctr{alias: alias, name: "walship-test-" + r.ID + "-" + alias}
-		all = append(all, c)
-		// Created on the clients' network, where the test reaches it, with
-		// no alias there: no node resolves another on it. The alias peers
-		// use is on the cluster network only.
-		r.Must(append(append(append([]string{"create", "--name", c.name, "--network", clientNet}, r.Labels()...), image), args...)...)
-		r.Must("network", "connect", "--alias", alias, clusterNet, c.name)
-		r.Must("start", c.name)
-		c.addr = net.JoinHostPort(r.IP(c.name, clientNet), strconv.Itoa(port))
-		return c
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			for _, c := range all {
-				t.Logf("--- docker logs %s ---\n%s", c.alias, testkit.DockerLogs(c.name, 40))
-			}
-		}
-	})
-	for i := range 3 {
-		run(fmt.Sprintf("ls%d", i), lsPort, "logstore", "--listen", fmt.Sprintf(":%d", lsPort), "--plaintext", "--metrics-listen", "", "--data-dir", "/data")
-	}
-	// The contract of the failover issue (K=1 at flush plus a log store
-	// majority); a 2 s lease, so that the writes sent to n0 just after the
-	// cut reach it within its lease however slowly docker disconnects.
-	var nodes []*ctr
-	for i := range 3 {
-		role := "replica"
-		if i == 0 {
-			role = "primary"
-		}
-		nodes = append(nodes, run(fmt.Sprintf("n%d", i), nodePort, role, "--id", fmt.Sprintf("n%d", i),
-			"--listen", fmt.Sprintf(":%d", nodePort), "--plaintext", "--metrics-listen", "", "--data-dir", "/data",
-			"--peers", strings.Join(peers, ","), "--logstore", strings.Join(lsAddrs, ","), "--primary", fmt.Sprintf("n0:%d", nodePort),
-			"--durability", "sync", "--replication", "sync", "--sync-replicas", "1", "--sync-level", "flush", "--logstore-ack", "sync",
-			"--sync-timeout", "3s", "--heartbeat-interval", "100ms", "--lease-timeout", "2s"))
-	}
-	n0, n1, n2 := nodes[0], nodes[1], nodes[2]
+	c := startDockerCluster(t)
+	n0, n1, n2 := c.nodes[0], c.nodes[1], c.nodes[2]
 
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
-	cl, err := client.New([]string{n0.addr, n1.addr, n2.addr}, client.Options{Retry: 20 * time.Second})
+	cl, err := client.New(c.addrs(), client.Options{Retry: 20 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,28 +165,12 @@ func TestFailoverPartition(t *testing.T) {
 	h, finish := runChecked(t, ctx, cl, "partition/", 6*time.Second)
 	<-time.After(1500 * time.Millisecond)
 	h.Note("n0 (the primary) cut off the cluster network")
-	r.Must("network", "disconnect", clusterNet, n0.name)
+	c.cut(n0)
 	// Writes straight to n0 after the cut, within its lease: it takes them
 	// into its log, which nobody else will hear of — the tail it must keep
 	// in an orphan file. None may be acknowledged.
-	kv0 := walshipv1.NewKVServiceClient(conn(t, n0.addr))
-	cutWrites := make(chan error, 5)
-	for i := range cap(cutWrites) {
-		go func() {
-			_, err := kv0.Put(ctx, &walshipv1.PutRequest{Key: fmt.Sprintf("orphan/%d", i), Value: []byte("x")})
-			cutWrites <- err
-		}()
-	}
-	taken := 0
-	for range cap(cutWrites) {
-		err := <-cutWrites
-		if err == nil {
-			t.Fatal("n0, cut off from every log store and replica, acknowledged a sync write")
-		}
-		if !client.NotApplied(err) {
-			taken++
-		}
-	}
+	const cutWrites = 5
+	taken := writesToCutPrimary(t, ctx, n0, "orphan/", cutWrites)
 	if taken == 0 {
 		t.Fatal("n0 refused every write after the cut: its lease ran out before they reached it")
 	}
@@ -135,7 +185,7 @@ func TestFailoverPartition(t *testing.T) {
 	// hears from clients.
 	<-time.After(time.Second)
 	h.Note("the network heals")
-	r.Must("network", "connect", "--alias", n0.alias, clusterNet, n0.name)
+	c.heal(n0)
 	finish()
 
 	admin0 := walshipv1.NewAdminServiceClient(conn(t, n0.addr))
@@ -151,7 +201,7 @@ func TestFailoverPartition(t *testing.T) {
 		t.Fatalf("n0 keeps orphans %v; want its unshipped tail of epoch %d (%d writes after the cut) in an orphan file", o, before.Epoch, taken)
 	}
 	kv1 := walshipv1.NewKVServiceClient(conn(t, n1.addr))
-	for i := range cap(cutWrites) {
+	for i := range cutWrites {
 		if g, err := kv1.Get(ctx, &walshipv1.GetRequest{Key: fmt.Sprintf("orphan/%d", i)}); err != nil || g.Found {
 			t.Fatalf("orphan/%d on the new primary: %v, %v (n0 took it alone, after the cut)", i, g, err)
 		}
