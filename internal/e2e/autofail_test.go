@@ -333,6 +333,14 @@ func TestMeasureAutoFailover(t *testing.T) {
 			t.Fatalf("run %d: no primary after the failover", i)
 		}
 		st := nodeStatusOf(t, ctx, p.addr)
+		// Where the time went, from the kill: the promotion's start (the
+		// election won), the quorum's promises, the end of the lease wait,
+		// the epoch record committed, and the client's first write.
+		tl := st.GetLastFailover()
+		at := func(unixNano int64) time.Duration { return time.Unix(0, unixNano).Sub(killed).Round(time.Millisecond) }
+		t.Logf("run %d: %s to epoch %d: promotion started %v, fenced %v, lease waited %v, opened %v, first ack %v",
+			i, p.name, tl.GetEpoch(), at(tl.GetStartedUnixNano()), at(tl.GetFencedUnixNano()), tl.GetLeaseWait().AsDuration().Round(time.Millisecond),
+			at(tl.GetOpenedUnixNano()), failovers[len(failovers)-1].Round(time.Millisecond))
 		for _, n := range c.nodes {
 			if n == p {
 				continue
