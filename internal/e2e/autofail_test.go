@@ -78,6 +78,32 @@ func (c *failoverCluster) primaryOf(ctx context.Context, t *testing.T) (*procNod
 	return nil, 0
 }
 
+// exactlyOnePrimary fails the test unless exactly one live data node is
+// a primary (taking writes or not), and no live node has promised an
+// epoch beyond epoch: a second winner of the same death would be one or
+// the other.
+func (c *failoverCluster) exactlyOnePrimary(ctx context.Context, t *testing.T, epoch uint64) {
+	t.Helper()
+	var primaries []string
+	for _, n := range c.nodes {
+		select {
+		case <-n.p.done:
+			continue // killed
+		default:
+		}
+		st := nodeStatusOf(t, ctx, n.addr)
+		if st.GetRole() == walshipv1.Role_ROLE_PRIMARY {
+			primaries = append(primaries, fmt.Sprintf("%s (epoch %d)", n.name, st.GetEpoch()))
+		}
+		if st.GetVoteEpoch() > epoch {
+			t.Fatalf("%s promised epoch %d beyond the primary's %d: a second election after one death", n.name, st.GetVoteEpoch(), epoch)
+		}
+	}
+	if len(primaries) != 1 {
+		t.Fatalf("primaries %v in epoch %d: want exactly one", primaries, epoch)
+	}
+}
+
 // TestAutoFailoverKill9Repeated: under checked sync load, the primary is
 // killed (kill -9) three times; each time a replica promotes itself with
 // no command, exactly one epoch opens per death (both replicas see it;
@@ -96,6 +122,7 @@ func TestAutoFailoverKill9Repeated(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
 	firstAck(t, ctx, cl, "auto/warm")
+	_, first := c.primaryOf(ctx, t)
 	h, finish := runChecked(t, ctx, cl, "auto/", 20*time.Second)
 	for round := range 3 {
 		<-time.After(1500 * time.Millisecond)
@@ -111,15 +138,23 @@ func TestAutoFailoverKill9Repeated(t *testing.T) {
 		var next *procNode
 		var now uint64
 		testkit.UntilWithin(t, 30*time.Second, "a new primary", func() bool { next, now = c.primaryOf(ctx, t); return next != nil })
+		// Both replicas saw the death and were eligible; exactly one won:
+		// one epoch opened, one node is the primary, and the other has
+		// promised no epoch beyond it (it follows the winner).
 		if now != epoch+1 {
 			t.Fatalf("round %d: epoch %d after the death of %s in epoch %d: want exactly one new epoch", round, now, old.name, epoch)
 		}
+		c.exactlyOnePrimary(ctx, t, now)
 		h.Note("%s promoted itself to epoch %d", next.name, now)
 		old.serving = "replica serving"
 		old.start()
 	}
 	finish()
-	p, _ := c.primaryOf(ctx, t)
+	p, last := c.primaryOf(ctx, t)
+	if last != first+3 {
+		t.Fatalf("epoch %d after three deaths from epoch %d: want one epoch per death", last, first)
+	}
+	c.exactlyOnePrimary(ctx, t, last)
 	var rest []string
 	for _, n := range c.nodes {
 		if n != p {
