@@ -395,3 +395,130 @@ func TestMeasureAutoFailover(t *testing.T) {
 		_ = os.WriteFile(os.Getenv("WALSHIP_AUTOFAILOVER_OUT"), []byte(fmt.Sprintf("median %v max %v runs %d\n%v\n", fm, fx, runs, failovers)), 0o644)
 	}
 }
+
+// TestAutoFailoverFlapping: no more than one epoch per real failure, with
+// nodes that flap under checked sync load and shipped election settings.
+//
+//  1. A replica stopped (SIGSTOP) past the election's lease and its
+//     stream's timeout, resumed, four times: it loses its stream to the
+//     primary each time, but the log stores hear the primary renew, so
+//     no epoch opens.
+//  2. The primary stopped for 200 ms, a fifth of its lease, five times:
+//     it renews again before any log store frees the election, so it
+//     stays the primary and no epoch opens.
+//  3. The primary killed (kill -9) while a replica flaps: exactly one new
+//     epoch, one primary; the killed node restarted rejoins it.
+//
+// The history is linearizable, every acknowledged write is read back and
+// every node ends with one state digest.
+func TestAutoFailoverFlapping(t *testing.T) {
+	needLinux(t)
+	if testing.Short() {
+		t.Skip("skipping the flapping nodes test in -short mode")
+	}
+	c := startAutoCluster(t)
+	n0, n1, n2 := c.nodes[0], c.nodes[1], c.nodes[2]
+	cl, err := client.New(c.addrs(), client.Options{Retry: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	firstAck(t, ctx, cl, "flap/warm")
+	p, epoch := c.primaryOf(ctx, t)
+	if p != n0 {
+		t.Fatalf("%v is the primary; want n0", p)
+	}
+	// steady fails the test unless n0 is still the primary of epoch, with
+	// no node promised a newer one.
+	steady := func(what string) {
+		t.Helper()
+		testkit.UntilWithin(t, 30*time.Second, "n0 to take writes after "+what, func() bool { p, _ := c.primaryOf(ctx, t); return p == n0 })
+		if _, now := c.primaryOf(ctx, t); now != epoch {
+			t.Fatalf("after %s: epoch %d, was %d; the primary never failed", what, now, epoch)
+		}
+		c.exactlyOnePrimary(ctx, t, epoch)
+	}
+	h, finish := runChecked(t, ctx, cl, "flap/", 20*time.Second)
+
+	h.Note("n2 flaps: stopped 1.5 s, resumed, four times")
+	for range 4 {
+		n2.p.pause()
+		<-time.After(1500 * time.Millisecond)
+		n2.p.signal(syscall.SIGCONT)
+		<-time.After(300 * time.Millisecond)
+	}
+	steady("a flapping replica")
+	// Why the flapping replica does not contend: the log stores say the
+	// primary is alive, whatever its own stream said while it was stopped.
+	admin2 := walshipv1.NewAdminServiceClient(conn(t, n2.addr))
+	testkit.UntilWithin(t, 30*time.Second, "n2 to say the primary is alive", func() bool {
+		st, err := admin2.Status(ctx, &walshipv1.StatusRequest{})
+		return err == nil && strings.Contains(st.GetElection().GetContend(), "the primary n0 is alive")
+	})
+
+	h.Note("n0 (the primary) flaps: stopped 200 ms, resumed, five times")
+	for range 5 {
+		n0.p.pause()
+		<-time.After(200 * time.Millisecond)
+		n0.p.signal(syscall.SIGCONT)
+		<-time.After(300 * time.Millisecond)
+	}
+	steady("a primary stopped for less than its lease")
+
+	h.Note("n1 flaps (stopped 400 ms, resumed 400 ms) while n0 is killed")
+	stopFlap, flapped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(flapped)
+		pid := n1.p.cmd.Process.Pid
+		defer func() { _ = syscall.Kill(pid, syscall.SIGCONT) }()
+		for {
+			_ = syscall.Kill(pid, syscall.SIGSTOP)
+			select {
+			case <-stopFlap:
+				return
+			case <-time.After(400 * time.Millisecond):
+			}
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+			select {
+			case <-stopFlap:
+				return
+			case <-time.After(400 * time.Millisecond):
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-stopFlap:
+		default:
+			close(stopFlap)
+		}
+		<-flapped
+	})
+	n0.p.kill()
+	var next *procNode
+	var now uint64
+	testkit.UntilWithin(t, 60*time.Second, "a new primary", func() bool { next, now = c.primaryOf(ctx, t); return next != nil })
+	close(stopFlap)
+	<-flapped
+	if now != epoch+1 {
+		t.Fatalf("epoch %d after the death of n0 in epoch %d amid flapping: want exactly one new epoch", now, epoch)
+	}
+	c.exactlyOnePrimary(ctx, t, now)
+	h.Note("%s promoted itself to epoch %d; n1 stops flapping", next.name, now)
+	n0.serving = "replica serving"
+	n0.start()
+	finish()
+	var rest []string
+	for _, n := range c.nodes {
+		if n != next {
+			rest = append(rest, n.addr)
+		}
+	}
+	converge(t, ctx, next.addr, rest...)
+	if p, last := c.primaryOf(ctx, t); p != next || last != epoch+1 {
+		t.Fatalf("in the end %v is the primary of epoch %d; want %s of epoch %d: one epoch for one failure", p, last, next.name, epoch+1)
+	}
+	c.exactlyOnePrimary(ctx, t, epoch+1)
+}
