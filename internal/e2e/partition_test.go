@@ -208,3 +208,107 @@ func TestFailoverPartition(t *testing.T) {
 	}
 	t.Logf("n0 took %d writes after the cut and orphaned LSNs %d..%d", taken, o[0].GetFirstLsn(), o[len(o)-1].GetLastLsn())
 }
+
+// TestAutoFailoverPartition is TestFailoverPartition with automatic
+// failover (issue #37) and no command: under checked load, the primary
+// is cut off the cluster network while clients still reach it; a replica
+// on the majority side promotes itself (the log stores stop hearing the
+// primary renew the election) to exactly one new epoch; the cut-off
+// primary acknowledges nothing after the cut (writes sent straight to it,
+// the linearizability check and the read back of every acknowledged write
+// show it); the network heals, the old primary rejoins as a replica, no
+// further epoch opens, and the three data nodes converge on one digest.
+func TestAutoFailoverPartition(t *testing.T) {
+	c := startDockerCluster(t, "--auto-failover")
+	n0 := c.nodes[0]
+
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	cl, err := client.New(c.addrs(), client.Options{Retry: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	testkit.Until(t, "the primary to take a write", func() bool {
+		_, err := cl.Put(ctx, "autopart/ready", []byte("x"), nil)
+		return err == nil
+	})
+	before := nodeStatusOf(t, ctx, n0.addr)
+	if before.GetRole() != walshipv1.Role_ROLE_PRIMARY || before.GetElection().GetHolderId() != "n0" {
+		t.Fatalf("n0 before the cut: %v, election %v; want the primary holding the election", before.GetRole(), before.GetElection())
+	}
+
+	h, finish := runChecked(t, ctx, cl, "autopart/", 8*time.Second)
+	<-time.After(1500 * time.Millisecond)
+	h.Note("n0 (the primary of epoch %d) cut off the cluster network", before.GetEpoch())
+	c.cut(n0)
+	// Writes straight to n0 after the cut: it may take some into its log
+	// until it stops renewing the election, but acknowledges none.
+	const cutWrites = 5
+	taken := writesToCutPrimary(t, ctx, n0, "orphan/", cutWrites)
+
+	var next *dockerNode
+	var last map[string]*walshipv1.StatusResponse
+	t.Cleanup(func() {
+		if t.Failed() {
+			for addr, st := range last {
+				t.Logf("%s: %v in epoch %d, election %v", addr, st.GetRole(), st.GetEpoch(), st.GetElection())
+			}
+		}
+	})
+	testkit.UntilWithin(t, 60*time.Second, "a replica on the majority side to promote itself", func() bool {
+		last = map[string]*walshipv1.StatusResponse{}
+		for _, n := range c.nodes[1:] {
+			cctx, ccancel := context.WithTimeout(ctx, time.Second)
+			st, err := walshipv1.NewAdminServiceClient(conn(t, n.addr)).Status(cctx, &walshipv1.StatusRequest{})
+			ccancel()
+			if err != nil {
+				continue
+			}
+			last[n.addr] = st
+			if st.GetRole() == walshipv1.Role_ROLE_PRIMARY && st.GetTakingWrites() {
+				next = n
+			}
+		}
+		return next != nil
+	})
+	st := nodeStatusOf(t, ctx, next.addr)
+	if st.GetEpoch() != before.GetEpoch()+1 {
+		t.Fatalf("%s promoted itself to epoch %d; want exactly one new epoch, %d", next.alias, st.GetEpoch(), before.GetEpoch()+1)
+	}
+	h.Note("%s promoted itself to epoch %d", next.alias, st.GetEpoch())
+	firstAck(t, ctx, cl, "autopart/first-after")
+	// A second of load on the new primary while n0, still cut off, still
+	// hears from clients.
+	<-time.After(time.Second)
+	h.Note("the network heals")
+	c.heal(n0)
+	finish()
+
+	testkit.UntilWithin(t, 60*time.Second, "the old primary to rejoin as a replica", func() bool {
+		st, err := walshipv1.NewAdminServiceClient(conn(t, n0.addr)).Status(ctx, &walshipv1.StatusRequest{})
+		return err == nil && st.GetRole() == walshipv1.Role_ROLE_REPLICA && st.GetEpoch() > before.GetEpoch()
+	})
+	var rest []string
+	for _, n := range c.nodes {
+		if n != next {
+			rest = append(rest, n.addr)
+		}
+	}
+	sts := converge(t, ctx, next.addr, rest...)
+	// converge checked every replica is in the primary's epoch: still the
+	// one the failover opened, so the healed n0 opened none.
+	if p := nodeStatusOf(t, ctx, next.addr); p.GetEpoch() != before.GetEpoch()+1 || p.GetRole() != walshipv1.Role_ROLE_PRIMARY {
+		t.Fatalf("after the heal %s is %v in epoch %d; want the primary of epoch %d (one epoch for one failure)", next.alias, p.GetRole(), p.GetEpoch(), before.GetEpoch()+1)
+	}
+	kv := walshipv1.NewKVServiceClient(conn(t, next.addr))
+	for i := range cutWrites {
+		if g, err := kv.Get(ctx, &walshipv1.GetRequest{Key: fmt.Sprintf("orphan/%d", i)}); err != nil || g.GetFound() {
+			t.Fatalf("orphan/%d on the new primary: %v, %v (n0 took it alone, after the cut)", i, g, err)
+		}
+	}
+	if o := sts[n0.addr].GetOrphans(); taken > 0 && (len(o) == 0 || o[0].GetEpoch() != before.GetEpoch()) {
+		t.Fatalf("n0 keeps orphans %v; want its unshipped tail of epoch %d (%d writes after the cut) in an orphan file", o, before.GetEpoch(), taken)
+	}
+	t.Logf("n0 took %d of %d writes sent straight to it after the cut, acknowledged none; %s opened epoch %d", taken, cutWrites, next.alias, before.GetEpoch()+1)
+}
