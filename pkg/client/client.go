@@ -384,11 +384,16 @@ func (c *Client) onPrimary(ctx context.Context, write bool, call func(walshipv1.
 		if !backoff.Sleep(ctx, max(pause, wait+time.Duration(rand.Int64N(int64(wait))))) {
 			return ctx.Err()
 		}
-		// At most 250-500 ms between tries: a failover's new primary is
-		// found within a quarter second or so of opening.
-		wait = min(2*wait, 250*time.Millisecond)
+		// At most 100-200 ms between tries: a failover's new primary is
+		// found within a tenth of a second or so of opening (a try costs
+		// a Status call to each node while the primary is unknown).
+		wait = min(2*wait, maxRetryWait)
 	}
 }
+
+// maxRetryWait bounds the wait between two tries of a call (it is
+// spread over up to twice as long).
+const maxRetryWait = 100 * time.Millisecond
 
 // Put sets key to value under policy (nil: the server's defaults) and
 // returns the commit LSN.
@@ -546,7 +551,7 @@ func (c *Client) onNodes(ctx context.Context, addrs []string, call func(walshipv
 		if !backoff.Sleep(ctx, wait+time.Duration(rand.Int64N(int64(wait)))) {
 			return ctx.Err()
 		}
-		wait = min(2*wait, 250*time.Millisecond)
+		wait = min(2*wait, maxRetryWait)
 	}
 }
 
