@@ -114,6 +114,11 @@ func WriteTable(w io.Writer, rows []Row) error {
 			}
 		}
 		for _, r := range g.rows {
+			if r.CPUUsPerRequest > 0 {
+				fmt.Fprintf(w, "  %s CPU per request: %s\n", r.Label(), formatPerRequest(r))
+			}
+		}
+		for _, r := range g.rows {
 			if len(r.PrimaryCPUShares) > 0 {
 				fmt.Fprintf(w, "  %s primary CPU: %s\n", r.Label(), formatShares(r.PrimaryCPUShares))
 			}
@@ -407,4 +412,21 @@ func fmtTick(v float64) string {
 		return fmt.Sprintf("%gk", v/1000)
 	}
 	return fmt.Sprintf("%g", v)
+}
+
+// formatPerRequest says what one request cost in CPU: the CPU scope's
+// (the primary's with --processes) and, when known, the client's.
+func formatPerRequest(r Row) string {
+	who := r.CPUScope
+	if r.Mode == ModeProcesses {
+		who = "primary"
+	}
+	out := fmt.Sprintf("%s %.1f µs", who, r.CPUUsPerRequest)
+	if r.ClientCPUUsPerRequest > 0 {
+		out += fmt.Sprintf(", client %.1f µs", r.ClientCPUUsPerRequest)
+	}
+	if r.Pipeline > 0 {
+		out += fmt.Sprintf(" (pipelined, %d in flight per terminal)", r.Pipeline)
+	}
+	return out
 }

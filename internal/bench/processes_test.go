@@ -243,6 +243,10 @@ func TestRunProcesses(t *testing.T) {
 	if row.Mode != ModeProcesses || row.ReplicaNice != 5 || row.CPUScope != "primary process" || row.CPUMsPer1000 <= 0 {
 		t.Errorf("mode %q, replica nice %d, CPU scope %q, %.1f ms per 1,000 commits", row.Mode, row.ReplicaNice, row.CPUScope, row.CPUMsPer1000)
 	}
+	// The primary's CPU and the bench process's (the clients') per request.
+	if row.CPUUsPerRequest <= 0 || row.ClientCPUUsPerRequest <= 0 {
+		t.Errorf("CPU per request: primary %.1f µs, client %.1f µs; want both", row.CPUUsPerRequest, row.ClientCPUUsPerRequest)
+	}
 	// Each commit reads its request and sends its answer and batch; the
 	// counts bound that from below and sanity from above.
 	if row.ReadSyscallsPerCommit <= 0 || row.WriteSyscallsPerCommit <= 0 || row.ReadSyscallsPerCommit > 100 || row.WriteSyscallsPerCommit > 100 {

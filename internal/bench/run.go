@@ -21,6 +21,7 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/backoff"
+	"github.com/walship/walship/internal/cpustat"
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/pkg/codec"
 	"github.com/walship/walship/services/primary"
@@ -317,6 +318,21 @@ type Row struct {
 	// machine's core count the run is CPU-bound, and then the cells'
 	// ratios follow their CPU per commit.
 	CPUCores float64 `json:"cpu_cores"`
+	// CPUUsPerRequest is CPUScope's CPU time over the measured window per
+	// request the clients had answered in it (a Put, a transaction), in
+	// µs: with --processes, the primary process's.
+	CPUUsPerRequest float64 `json:"cpu_us_per_request,omitempty"`
+	// ClientCPUUsPerRequest is the bench process's own CPU time per
+	// request, when it runs the clients only (--processes, or an external
+	// cluster): what a request costs its client.
+	ClientCPUUsPerRequest float64 `json:"client_cpu_us_per_request,omitempty"`
+	// CPUUsRuns and ClientCPUUsRuns are the runs' figures, one per round,
+	// in the order of Runs.
+	CPUUsRuns       []float64 `json:"cpu_us_runs,omitempty"`
+	ClientCPUUsRuns []float64 `json:"client_cpu_us_runs,omitempty"`
+	// Pipeline is the operations each terminal keeps in flight on one
+	// KVService.Pipeline stream (--pipeline); 0: one unary call at a time.
+	Pipeline int `json:"pipeline,omitempty"`
 	// ServerCommits is the primary's walship_commits_total{result="ok"}
 	// increase over the measured window (write transactions only).
 	ServerCommits int64       `json:"server_commits"`
@@ -761,6 +777,10 @@ type snap struct {
 	groups                     bool
 	cpu                        time.Duration
 	cpuOK                      bool
+	// The bench process's own CPU time (its clients'), when it runs no
+	// node.
+	clientCPU   time.Duration
+	clientCPUOK bool
 	// The primary process's read and write system calls, when known.
 	sysReads, sysWrites uint64
 	syscallsOK          bool
@@ -786,6 +806,11 @@ func takeSnap(ctx context.Context, b *backend, sessions []*session) snap {
 	if b.cpu != nil {
 		if c, err := b.cpu(); err == nil {
 			s.cpu, s.cpuOK = c, true
+		}
+	}
+	if b.mode != ModeInProcess {
+		if c, err := cpustat.Self(); err == nil {
+			s.clientCPU, s.clientCPUOK = c, true
 		}
 	}
 	if b.syscalls != nil {
@@ -896,6 +921,12 @@ func (m *measurement) fill(row *Row, kinds []string, b *backend) []string {
 			row.CPUMsPer1000 = ms(m.s1.cpu-m.s0.cpu) / commits * 1000
 			row.CPUScope = b.cpuScope
 		}
+		if reqs := row.Commits + row.Aborts; reqs > 0 {
+			row.CPUUsPerRequest = us(m.s1.cpu-m.s0.cpu) / float64(reqs)
+		}
+	}
+	if reqs := row.Commits + row.Aborts; m.s0.clientCPUOK && m.s1.clientCPUOK && reqs > 0 {
+		row.ClientCPUUsPerRequest = us(m.s1.clientCPU-m.s0.clientCPU) / float64(reqs)
 	}
 	if commits := float64(row.ServerCommits); m.s0.syscallsOK && m.s1.syscallsOK && commits > 0 {
 		// Counts, not times: what a change to the message pattern does
@@ -1055,17 +1086,20 @@ func medians(runs [][]Row) []Row {
 		sorted := slices.Clone(rs)
 		sort.Slice(sorted, func(i, j int) bool { return sorted[i].TxnPerS < sorted[j].TxnPerS })
 		med := sorted[(len(sorted)-1)/2]
-		med.Runs, med.CPURuns = nil, nil
+		med.Runs, med.CPURuns, med.CPUUsRuns, med.ClientCPUUsRuns = nil, nil, nil, nil
 		var reads, writes []float64
 		for _, r := range rs {
 			med.Runs = append(med.Runs, r.TxnPerS)
 			med.CPURuns = append(med.CPURuns, r.CPUMsPer1000)
+			med.CPUUsRuns = append(med.CPUUsRuns, r.CPUUsPerRequest)
+			med.ClientCPUUsRuns = append(med.ClientCPUUsRuns, r.ClientCPUUsPerRequest)
 			reads, writes = append(reads, r.ReadSyscallsPerCommit), append(writes, r.WriteSyscallsPerCommit)
 			med.Consistent = med.Consistent && r.Consistent
 		}
 		// Paced runs (--rate) have the same throughput: the costs per
 		// commit are medians of their own, not the median run's.
 		med.CPUMsPer1000 = medianOf(med.CPURuns)
+		med.CPUUsPerRequest, med.ClientCPUUsPerRequest = medianOf(med.CPUUsRuns), medianOf(med.ClientCPUUsRuns)
 		med.ReadSyscallsPerCommit, med.WriteSyscallsPerCommit = medianOf(reads), medianOf(writes)
 		rows = append(rows, med)
 	}

@@ -57,6 +57,13 @@ func TestRun(t *testing.T) {
 			if fromCommits := row.CPUMsPer1000 / 1000 * float64(row.ServerCommits) / 1000 / window; math.Abs(fromCommits-row.CPUCores) > 0.001*row.CPUCores {
 				t.Errorf("CPU cores %.3f, but %.1f ms per 1,000 of %d commits in %.3fs make %.3f", row.CPUCores, row.CPUMsPer1000, row.ServerCommits, window, fromCommits)
 			}
+			// Per request: the same CPU time over the requests answered;
+			// in one process the clients' CPU is not told apart.
+			if reqs := row.Commits + row.Aborts; row.CPUUsPerRequest <= 0 || row.ClientCPUUsPerRequest != 0 {
+				t.Errorf("%.1f µs per request, client %.1f µs: want >0, and 0 in-process", row.CPUUsPerRequest, row.ClientCPUUsPerRequest)
+			} else if fromReqs := row.CPUUsPerRequest * float64(reqs) / 1e6 / window; math.Abs(fromReqs-row.CPUCores) > 0.001*row.CPUCores {
+				t.Errorf("CPU cores %.3f, but %.1f µs per request of %d in %.3fs make %.3f", row.CPUCores, row.CPUUsPerRequest, reqs, window, fromReqs)
+			}
 		})
 	}
 }
@@ -147,11 +154,14 @@ func TestMediansKeepOrderAndAllRuns(t *testing.T) {
 	}
 	// Paced runs: equal throughput, so the costs are medians of their own.
 	paced := func(cpu, reads, writes float64) Row {
-		return Row{TxnPerS: 1500, CPUMsPer1000: cpu, ReadSyscallsPerCommit: reads, WriteSyscallsPerCommit: writes, Consistent: true}
+		return Row{TxnPerS: 1500, CPUMsPer1000: cpu, CPUUsPerRequest: cpu / 10, ClientCPUUsPerRequest: cpu / 100, ReadSyscallsPerCommit: reads, WriteSyscallsPerCommit: writes, Consistent: true}
 	}
 	m := medians([][]Row{{paced(300, 4, 1), paced(200, 3, 3), paced(250, 5, 2)}})[0]
 	if m.CPUMsPer1000 != 250 || m.ReadSyscallsPerCommit != 4 || m.WriteSyscallsPerCommit != 2 || !slices.Equal(m.CPURuns, []float64{300, 200, 250}) {
 		t.Errorf("paced = CPU %v (runs %v), %v reads, %v writes; want the medians 250, 4, 2", m.CPUMsPer1000, m.CPURuns, m.ReadSyscallsPerCommit, m.WriteSyscallsPerCommit)
+	}
+	if m.CPUUsPerRequest != 25 || m.ClientCPUUsPerRequest != 2.5 || !slices.Equal(m.CPUUsRuns, []float64{30, 20, 25}) {
+		t.Errorf("paced = %v µs per request (runs %v), client %v µs; want the medians 25 and 2.5", m.CPUUsPerRequest, m.CPUUsRuns, m.ClientCPUUsPerRequest)
 	}
 	if m := medians([][]Row{{paced(300, 4, 1), paced(200, 2, 3)}})[0]; m.CPUMsPer1000 != 250 || m.ReadSyscallsPerCommit != 3 {
 		t.Errorf("two runs: CPU %v, %v reads; want the means of the middle two, 250 and 3", m.CPUMsPer1000, m.ReadSyscallsPerCommit)
