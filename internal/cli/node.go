@@ -58,6 +58,7 @@ func nodeFlags(fs *flag.FlagSet, env *Env, role node.Role) func(context.Context)
 	fs.Int64Var(&pc.SnapshotEveryBytes, "snapshot-every-bytes", pc.SnapshotEveryBytes, "take a state snapshot after this many WAL bytes, or after as many as the last snapshot had if that is more")
 	fs.IntVar(&pc.MaxValueBytes, "max-value-bytes", pc.MaxValueBytes, "largest value accepted")
 	fs.IntVar(&pc.MaxTxnOps, "max-txn-ops", pc.MaxTxnOps, "most ops in one Txn (at most 10000)")
+	fs.IntVar(&pc.MaxPipelineOps, "max-pipeline-ops", pc.MaxPipelineOps, "most operations of one KVService.Pipeline stream running at once; past it the stream is not read until one is answered (0 = 256)")
 	fs.Var(codecFlag{&pc.Codec}, "codec", "WAL batch codec: msgpack or json")
 	fs.DurationVar(&pc.HeartbeatInterval, "heartbeat-interval", pc.HeartbeatInterval, "heartbeat period on idle streams; a replica acks at least this often")
 	fs.DurationVar(&pc.ReplicaTimeout, "replica-timeout", 0, "end a replica stream silent this long (0 = 10 heartbeat intervals)")
@@ -107,7 +108,7 @@ func nodeFlags(fs *flag.FlagSet, env *Env, role node.Role) func(context.Context)
 		}
 		pc.Security, rc.Security = sec, sec
 		rc.SegmentBytes, rc.SnapshotEveryBytes, rc.HeartbeatInterval = pc.SegmentBytes, pc.SnapshotEveryBytes, pc.HeartbeatInterval
-		rc.WatchMaxBytes, rc.WatchStall = pc.WatchMaxBytes, pc.WatchStall
+		rc.WatchMaxBytes, rc.WatchStall, rc.MaxPipelineOps = pc.WatchMaxBytes, pc.WatchStall, pc.MaxPipelineOps
 		cfg.Role, cfg.Members, cfg.LogStores, cfg.Primary, cfg.Replica = role, peers.members, logstores, pc, rc
 		closeElection, err := applyAutoFailover(af, kf, &cfg)
 		if err != nil {

@@ -56,6 +56,7 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/backoff"
+	"github.com/walship/walship/internal/kvpipe"
 	"github.com/walship/walship/internal/tlsid"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -89,6 +90,15 @@ type Options struct {
 	// reloaded when they change. It takes precedence over transport
 	// credentials in DialOptions.
 	TLS *TLSFiles
+	// Pipelining sends Put, Delete, Txn and Get (the primary's) as
+	// operations of one KVService.Pipeline stream per node, shared by
+	// every concurrent caller, rather than one unary call each: a busy
+	// client pays gRPC's per-call cost once per stream. Each call is
+	// answered, retried and classified exactly as its unary call is; a
+	// stream that breaks gives each write in flight on it an
+	// *UnknownOutcomeError, as a connection broken under a unary write
+	// does. A node that does not serve Pipeline gets unary calls.
+	Pipelining bool
 }
 
 // TLSFiles name the PEM files of a client's identity: in Kubernetes,
@@ -118,7 +128,8 @@ type Client struct {
 
 	mu      sync.Mutex
 	conns   map[string]*grpc.ClientConn
-	primary string // address of the primary, "" until found
+	muxes   map[string]*kvpipe.Mux // with Options.Pipelining, one per node
+	primary string                 // address of the primary, "" until found
 }
 
 // New returns a client of the cluster whose nodes (any of them: the
@@ -130,7 +141,7 @@ func New(addrs []string, opts Options) (*Client, error) {
 	if opts.Retry <= 0 {
 		opts.Retry = 10 * time.Second
 	}
-	c := &Client{opts: opts, nodes: append([]string(nil), addrs...), conns: map[string]*grpc.ClientConn{}, stopWatch: func() {}}
+	c := &Client{opts: opts, nodes: append([]string(nil), addrs...), conns: map[string]*grpc.ClientConn{}, muxes: map[string]*kvpipe.Mux{}, stopWatch: func() {}}
 	if opts.TLS != nil {
 		f := *opts.TLS
 		for _, n := range []struct{ field, path string }{{"Cert", f.Cert}, {"Key", f.Key}, {"CA", f.CA}} {
@@ -180,6 +191,10 @@ func (c *Client) Close() error {
 	c.watching.Wait()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	for _, m := range c.muxes {
+		m.Close()
+	}
+	c.muxes = map[string]*kvpipe.Mux{}
 	var errs []error
 	for _, conn := range c.conns {
 		errs = append(errs, conn.Close())
@@ -200,6 +215,79 @@ func (c *Client) conn(addr string) (*grpc.ClientConn, error) {
 	}
 	c.conns[addr] = conn
 	return conn, nil
+}
+
+// kv is the KVService client of the node at addr over conn: its
+// pipeline with Options.Pipelining (unless it does not serve one).
+func (c *Client) kv(addr string, conn *grpc.ClientConn) walshipv1.KVServiceClient {
+	kv := walshipv1.NewKVServiceClient(conn)
+	if !c.opts.Pipelining {
+		return kv
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m, ok := c.muxes[addr]
+	if !ok {
+		m = kvpipe.NewMux(kv)
+		c.muxes[addr] = m
+	}
+	if m == nil {
+		return kv
+	}
+	return unaryIfUnimplemented{m: m, kv: kv, off: func() {
+		c.mu.Lock()
+		if c.muxes[addr] == m {
+			c.muxes[addr] = nil // Close closes it
+			defer m.Close()
+		}
+		c.mu.Unlock()
+	}}
+}
+
+// unaryIfUnimplemented sends through a node's pipeline, and as unary
+// calls once the node says it has none (an older walship): an operation
+// of a stream the node refused as UNIMPLEMENTED never ran.
+type unaryIfUnimplemented struct {
+	m   *kvpipe.Mux
+	kv  walshipv1.KVServiceClient
+	off func()
+}
+
+func fallBack[Req, Resp any](x unaryIfUnimplemented, ctx context.Context, in Req, piped, unary func(context.Context, Req, ...grpc.CallOption) (Resp, error)) (Resp, error) {
+	r, err := piped(ctx, in)
+	if st, ok := status.FromError(err); ok && st.Code() == codes.Unimplemented && strings.Contains(st.Message(), "Pipeline") {
+		x.off()
+		return unary(ctx, in)
+	}
+	return r, err
+}
+
+func (x unaryIfUnimplemented) Put(ctx context.Context, in *walshipv1.PutRequest, _ ...grpc.CallOption) (*walshipv1.PutResponse, error) {
+	return fallBack(x, ctx, in, x.m.Put, x.kv.Put)
+}
+
+func (x unaryIfUnimplemented) Delete(ctx context.Context, in *walshipv1.DeleteRequest, _ ...grpc.CallOption) (*walshipv1.DeleteResponse, error) {
+	return fallBack(x, ctx, in, x.m.Delete, x.kv.Delete)
+}
+
+func (x unaryIfUnimplemented) Txn(ctx context.Context, in *walshipv1.TxnRequest, _ ...grpc.CallOption) (*walshipv1.TxnResponse, error) {
+	return fallBack(x, ctx, in, x.m.Txn, x.kv.Txn)
+}
+
+func (x unaryIfUnimplemented) Get(ctx context.Context, in *walshipv1.GetRequest, _ ...grpc.CallOption) (*walshipv1.GetResponse, error) {
+	return fallBack(x, ctx, in, x.m.Get, x.kv.Get)
+}
+
+func (x unaryIfUnimplemented) Scan(ctx context.Context, in *walshipv1.ScanRequest, opts ...grpc.CallOption) (*walshipv1.ScanResponse, error) {
+	return x.kv.Scan(ctx, in, opts...)
+}
+
+func (x unaryIfUnimplemented) Watch(ctx context.Context, in *walshipv1.WatchRequest, opts ...grpc.CallOption) (walshipv1.KVService_WatchClient, error) {
+	return x.kv.Watch(ctx, in, opts...)
+}
+
+func (x unaryIfUnimplemented) Pipeline(ctx context.Context, opts ...grpc.CallOption) (walshipv1.KVService_PipelineClient, error) {
+	return x.kv.Pipeline(ctx, opts...)
 }
 
 // Primary returns the primary's address, finding it if needed: the node
@@ -355,7 +443,7 @@ func (c *Client) onPrimary(ctx context.Context, write bool, call func(walshipv1.
 		if err == nil {
 			var conn *grpc.ClientConn
 			if conn, err = c.conn(addr); err == nil {
-				err = call(walshipv1.NewKVServiceClient(conn))
+				err = call(c.kv(addr, conn))
 				if err == nil {
 					return nil
 				}
@@ -601,4 +689,18 @@ func (r routed) Txn(ctx context.Context, in *walshipv1.TxnRequest, opts ...grpc.
 	var out *walshipv1.TxnResponse
 	err := r.c.onPrimary(ctx, write, func(kv walshipv1.KVServiceClient) (err error) { out, err = kv.Txn(ctx, in); return })
 	return out, err
+}
+
+// Pipeline opens a Pipeline stream on the current primary, as it is: the
+// caller's own stream, neither routed again nor retried.
+func (r routed) Pipeline(ctx context.Context, opts ...grpc.CallOption) (walshipv1.KVService_PipelineClient, error) {
+	addr, err := r.c.Primary(ctx)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := r.c.conn(addr)
+	if err != nil {
+		return nil, err
+	}
+	return walshipv1.NewKVServiceClient(conn).Pipeline(ctx, opts...)
 }

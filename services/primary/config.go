@@ -50,6 +50,10 @@ type Config struct {
 	MaxValueBytes int
 	// MaxTxnOps bounds the ops of one Txn (both branches together).
 	MaxTxnOps int
+	// MaxPipelineOps bounds the operations of one KVService.Pipeline
+	// stream running at once; past it the server reads no more of the
+	// stream until one is answered (0: kvpipe.DefaultMaxOps).
+	MaxPipelineOps int
 	// Codec encodes WAL batches.
 	Codec codec.Codec
 
@@ -170,6 +174,10 @@ const (
 // (kvread.MaxScanLimit), ten thousand is the most one call answers.
 const maxTxnOpsLimit = 10000
 
+// maxPipelineOpsLimit bounds --max-pipeline-ops: each operation in flight
+// holds a goroutine and its request.
+const maxPipelineOpsLimit = 65536
+
 // DefaultConfig returns a Config with every default filled in; callers set
 // DataDir and the addresses.
 func DefaultConfig() Config {
@@ -221,6 +229,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxTxnOps < 1 || c.MaxTxnOps > maxTxnOpsLimit {
 		errs = append(errs, fmt.Errorf("--max-txn-ops: %d is not in 1..%d", c.MaxTxnOps, maxTxnOpsLimit))
+	}
+	if c.MaxPipelineOps < 0 || c.MaxPipelineOps > maxPipelineOpsLimit {
+		errs = append(errs, fmt.Errorf("--max-pipeline-ops: %d is not in 0..%d", c.MaxPipelineOps, maxPipelineOpsLimit))
 	}
 	if c.MaxBatchBytes < 64<<10 || c.MaxBatchBytes > maxBatchLimit {
 		errs = append(errs, fmt.Errorf("MaxBatchBytes: %d is not in 64KiB..%d (a batch must fit a replication stream message)", c.MaxBatchBytes, maxBatchLimit))

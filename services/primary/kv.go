@@ -9,6 +9,7 @@ import (
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/changefeed"
 	"github.com/walship/walship/internal/keyspace"
+	"github.com/walship/walship/internal/kvpipe"
 	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/pkg/codec"
@@ -375,6 +376,13 @@ func (s *Server) stillPrimary(commitLSN uint64) error {
 		return fmt.Errorf("%w: commit LSN %d is in the log, but the primary may no longer be the primary (%v): its outcome is unknown", rpcerr.ErrUnavailable, commitLSN, gerr)
 	}
 	return nil
+}
+
+// Pipeline runs each operation of the stream as its unary call
+// (kvpipe.Serve): the same validation, lease checks, admission and
+// answers, at most Config.MaxPipelineOps at once.
+func (k *kvServer) Pipeline(stream walshipv1.KVService_PipelineServer) error {
+	return kvpipe.Serve(stream, k, k.s.cfg.MaxPipelineOps)
 }
 
 // Watch serves the transactions made visible here, up to the commit

@@ -42,6 +42,9 @@ type Config struct {
 	// WatchStall is how long a watcher may leave a Send blocked (it does
 	// not read) before it is cut off (0: changefeed.DefaultStall).
 	WatchStall time.Duration
+	// MaxPipelineOps bounds the operations of one KVService.Pipeline
+	// stream running at once (0: kvpipe.DefaultMaxOps), as the primary's.
+	MaxPipelineOps int
 	// ReadyMaxLag is how many LSNs behind the primary's last report the
 	// replica may be and still say it is ready (/readyz); 0 means any.
 	ReadyMaxLag uint64

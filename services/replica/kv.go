@@ -5,6 +5,7 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/changefeed"
+	"github.com/walship/walship/internal/kvpipe"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -49,6 +50,12 @@ func (k *kvServer) Delete(context.Context, *walshipv1.DeleteRequest) (*walshipv1
 
 func (k *kvServer) Txn(context.Context, *walshipv1.TxnRequest) (*walshipv1.TxnResponse, error) {
 	return nil, k.readOnly()
+}
+
+// Pipeline runs each operation of the stream as its unary call
+// (kvpipe.Serve): reads served here, writes refused naming the primary.
+func (k *kvServer) Pipeline(stream walshipv1.KVService_PipelineServer) error {
+	return kvpipe.Serve(stream, k, k.s.cfg.MaxPipelineOps)
 }
 
 // Watch serves the transactions this replica has applied, up to the

@@ -9,6 +9,7 @@ package walshipv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	anypb "google.golang.org/protobuf/types/known/anypb"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	reflect "reflect"
 	sync "sync"
@@ -193,6 +194,361 @@ func (WatchEventType) EnumDescriptor() ([]byte, []int) {
 	return file_walship_v1_kv_proto_rawDescGZIP(), []int{2}
 }
 
+// PipelineRequest is one operation of a Pipeline stream.
+type PipelineRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// id is the client's name for the operation, returned in its response.
+	Id uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// op is the operation, as the unary call's request.
+	//
+	// Types that are valid to be assigned to Op:
+	//
+	//	*PipelineRequest_Put
+	//	*PipelineRequest_Delete
+	//	*PipelineRequest_Txn
+	//	*PipelineRequest_Get
+	Op isPipelineRequest_Op `protobuf_oneof:"op"`
+	// timeout bounds the operation as a unary call's deadline does (unset:
+	// only the stream's deadline). A write past it has an unknown outcome.
+	Timeout       *durationpb.Duration `protobuf:"bytes,6,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PipelineRequest) Reset() {
+	*x = PipelineRequest{}
+	mi := &file_walship_v1_kv_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PipelineRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PipelineRequest) ProtoMessage() {}
+
+func (x *PipelineRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_walship_v1_kv_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PipelineRequest.ProtoReflect.Descriptor instead.
+func (*PipelineRequest) Descriptor() ([]byte, []int) {
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *PipelineRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *PipelineRequest) GetOp() isPipelineRequest_Op {
+	if x != nil {
+		return x.Op
+	}
+	return nil
+}
+
+func (x *PipelineRequest) GetPut() *PutRequest {
+	if x != nil {
+		if x, ok := x.Op.(*PipelineRequest_Put); ok {
+			return x.Put
+		}
+	}
+	return nil
+}
+
+func (x *PipelineRequest) GetDelete() *DeleteRequest {
+	if x != nil {
+		if x, ok := x.Op.(*PipelineRequest_Delete); ok {
+			return x.Delete
+		}
+	}
+	return nil
+}
+
+func (x *PipelineRequest) GetTxn() *TxnRequest {
+	if x != nil {
+		if x, ok := x.Op.(*PipelineRequest_Txn); ok {
+			return x.Txn
+		}
+	}
+	return nil
+}
+
+func (x *PipelineRequest) GetGet() *GetRequest {
+	if x != nil {
+		if x, ok := x.Op.(*PipelineRequest_Get); ok {
+			return x.Get
+		}
+	}
+	return nil
+}
+
+func (x *PipelineRequest) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+type isPipelineRequest_Op interface {
+	isPipelineRequest_Op()
+}
+
+type PipelineRequest_Put struct {
+	// put is a Put.
+	Put *PutRequest `protobuf:"bytes,2,opt,name=put,proto3,oneof"`
+}
+
+type PipelineRequest_Delete struct {
+	// delete is a Delete.
+	Delete *DeleteRequest `protobuf:"bytes,3,opt,name=delete,proto3,oneof"`
+}
+
+type PipelineRequest_Txn struct {
+	// txn is a Txn.
+	Txn *TxnRequest `protobuf:"bytes,4,opt,name=txn,proto3,oneof"`
+}
+
+type PipelineRequest_Get struct {
+	// get is a Get.
+	Get *GetRequest `protobuf:"bytes,5,opt,name=get,proto3,oneof"`
+}
+
+func (*PipelineRequest_Put) isPipelineRequest_Op() {}
+
+func (*PipelineRequest_Delete) isPipelineRequest_Op() {}
+
+func (*PipelineRequest_Txn) isPipelineRequest_Op() {}
+
+func (*PipelineRequest_Get) isPipelineRequest_Op() {}
+
+// PipelineResponse is the answer to one operation of a Pipeline stream.
+type PipelineResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// id is the id of the request answered.
+	Id uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// result is the operation's response, or its error.
+	//
+	// Types that are valid to be assigned to Result:
+	//
+	//	*PipelineResponse_Put
+	//	*PipelineResponse_Delete
+	//	*PipelineResponse_Txn
+	//	*PipelineResponse_Get
+	//	*PipelineResponse_Error
+	Result        isPipelineResponse_Result `protobuf_oneof:"result"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PipelineResponse) Reset() {
+	*x = PipelineResponse{}
+	mi := &file_walship_v1_kv_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PipelineResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PipelineResponse) ProtoMessage() {}
+
+func (x *PipelineResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_walship_v1_kv_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PipelineResponse.ProtoReflect.Descriptor instead.
+func (*PipelineResponse) Descriptor() ([]byte, []int) {
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *PipelineResponse) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *PipelineResponse) GetResult() isPipelineResponse_Result {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *PipelineResponse) GetPut() *PutResponse {
+	if x != nil {
+		if x, ok := x.Result.(*PipelineResponse_Put); ok {
+			return x.Put
+		}
+	}
+	return nil
+}
+
+func (x *PipelineResponse) GetDelete() *DeleteResponse {
+	if x != nil {
+		if x, ok := x.Result.(*PipelineResponse_Delete); ok {
+			return x.Delete
+		}
+	}
+	return nil
+}
+
+func (x *PipelineResponse) GetTxn() *TxnResponse {
+	if x != nil {
+		if x, ok := x.Result.(*PipelineResponse_Txn); ok {
+			return x.Txn
+		}
+	}
+	return nil
+}
+
+func (x *PipelineResponse) GetGet() *GetResponse {
+	if x != nil {
+		if x, ok := x.Result.(*PipelineResponse_Get); ok {
+			return x.Get
+		}
+	}
+	return nil
+}
+
+func (x *PipelineResponse) GetError() *PipelineStatus {
+	if x != nil {
+		if x, ok := x.Result.(*PipelineResponse_Error); ok {
+			return x.Error
+		}
+	}
+	return nil
+}
+
+type isPipelineResponse_Result interface {
+	isPipelineResponse_Result()
+}
+
+type PipelineResponse_Put struct {
+	// put answers a Put.
+	Put *PutResponse `protobuf:"bytes,2,opt,name=put,proto3,oneof"`
+}
+
+type PipelineResponse_Delete struct {
+	// delete answers a Delete.
+	Delete *DeleteResponse `protobuf:"bytes,3,opt,name=delete,proto3,oneof"`
+}
+
+type PipelineResponse_Txn struct {
+	// txn answers a Txn.
+	Txn *TxnResponse `protobuf:"bytes,4,opt,name=txn,proto3,oneof"`
+}
+
+type PipelineResponse_Get struct {
+	// get answers a Get.
+	Get *GetResponse `protobuf:"bytes,5,opt,name=get,proto3,oneof"`
+}
+
+type PipelineResponse_Error struct {
+	// error is the operation's failure, as the unary call would have
+	// failed.
+	Error *PipelineStatus `protobuf:"bytes,6,opt,name=error,proto3,oneof"`
+}
+
+func (*PipelineResponse_Put) isPipelineResponse_Result() {}
+
+func (*PipelineResponse_Delete) isPipelineResponse_Result() {}
+
+func (*PipelineResponse_Txn) isPipelineResponse_Result() {}
+
+func (*PipelineResponse_Get) isPipelineResponse_Result() {}
+
+func (*PipelineResponse_Error) isPipelineResponse_Result() {}
+
+// PipelineStatus is an operation's error: google.rpc.Status, field for
+// field and on the wire (decode it as one), so that its code, message and
+// details (an ErrorInfo saying the write was not applied, a RetryInfo)
+// are those of the unary call.
+type PipelineStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// code is a google.rpc.Code (gRPC status code), never OK.
+	Code int32 `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
+	// message is the error's message.
+	Message string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	// details are the error's details (google.rpc.ErrorInfo, RetryInfo...).
+	Details       []*anypb.Any `protobuf:"bytes,3,rep,name=details,proto3" json:"details,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PipelineStatus) Reset() {
+	*x = PipelineStatus{}
+	mi := &file_walship_v1_kv_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PipelineStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PipelineStatus) ProtoMessage() {}
+
+func (x *PipelineStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_walship_v1_kv_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PipelineStatus.ProtoReflect.Descriptor instead.
+func (*PipelineStatus) Descriptor() ([]byte, []int) {
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *PipelineStatus) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *PipelineStatus) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *PipelineStatus) GetDetails() []*anypb.Any {
+	if x != nil {
+		return x.Details
+	}
+	return nil
+}
+
 // PutRequest sets one key.
 type PutRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -208,7 +564,7 @@ type PutRequest struct {
 
 func (x *PutRequest) Reset() {
 	*x = PutRequest{}
-	mi := &file_walship_v1_kv_proto_msgTypes[0]
+	mi := &file_walship_v1_kv_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -220,7 +576,7 @@ func (x *PutRequest) String() string {
 func (*PutRequest) ProtoMessage() {}
 
 func (x *PutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[0]
+	mi := &file_walship_v1_kv_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -233,7 +589,7 @@ func (x *PutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRequest.ProtoReflect.Descriptor instead.
 func (*PutRequest) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{0}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *PutRequest) GetKey() string {
@@ -268,7 +624,7 @@ type PutResponse struct {
 
 func (x *PutResponse) Reset() {
 	*x = PutResponse{}
-	mi := &file_walship_v1_kv_proto_msgTypes[1]
+	mi := &file_walship_v1_kv_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -280,7 +636,7 @@ func (x *PutResponse) String() string {
 func (*PutResponse) ProtoMessage() {}
 
 func (x *PutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[1]
+	mi := &file_walship_v1_kv_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -293,7 +649,7 @@ func (x *PutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutResponse.ProtoReflect.Descriptor instead.
 func (*PutResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{1}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *PutResponse) GetLsn() uint64 {
@@ -316,7 +672,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_walship_v1_kv_proto_msgTypes[2]
+	mi := &file_walship_v1_kv_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -328,7 +684,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[2]
+	mi := &file_walship_v1_kv_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -341,7 +697,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{2}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *DeleteRequest) GetKey() string {
@@ -371,7 +727,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_walship_v1_kv_proto_msgTypes[3]
+	mi := &file_walship_v1_kv_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -383,7 +739,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[3]
+	mi := &file_walship_v1_kv_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -396,7 +752,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{3}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *DeleteResponse) GetLsn() uint64 {
@@ -445,7 +801,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_walship_v1_kv_proto_msgTypes[4]
+	mi := &file_walship_v1_kv_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -457,7 +813,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[4]
+	mi := &file_walship_v1_kv_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -470,7 +826,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{4}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetRequest) GetKey() string {
@@ -532,7 +888,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_walship_v1_kv_proto_msgTypes[5]
+	mi := &file_walship_v1_kv_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -544,7 +900,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[5]
+	mi := &file_walship_v1_kv_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -557,7 +913,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{5}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetResponse) GetFound() bool {
@@ -612,7 +968,7 @@ type Compare struct {
 
 func (x *Compare) Reset() {
 	*x = Compare{}
-	mi := &file_walship_v1_kv_proto_msgTypes[6]
+	mi := &file_walship_v1_kv_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -624,7 +980,7 @@ func (x *Compare) String() string {
 func (*Compare) ProtoMessage() {}
 
 func (x *Compare) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[6]
+	mi := &file_walship_v1_kv_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -637,7 +993,7 @@ func (x *Compare) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Compare.ProtoReflect.Descriptor instead.
 func (*Compare) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{6}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Compare) GetKey() string {
@@ -738,7 +1094,7 @@ type TxnOp struct {
 
 func (x *TxnOp) Reset() {
 	*x = TxnOp{}
-	mi := &file_walship_v1_kv_proto_msgTypes[7]
+	mi := &file_walship_v1_kv_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -750,7 +1106,7 @@ func (x *TxnOp) String() string {
 func (*TxnOp) ProtoMessage() {}
 
 func (x *TxnOp) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[7]
+	mi := &file_walship_v1_kv_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -763,7 +1119,7 @@ func (x *TxnOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TxnOp.ProtoReflect.Descriptor instead.
 func (*TxnOp) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{7}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *TxnOp) GetOp() isTxnOp_Op {
@@ -838,7 +1194,7 @@ type PutOp struct {
 
 func (x *PutOp) Reset() {
 	*x = PutOp{}
-	mi := &file_walship_v1_kv_proto_msgTypes[8]
+	mi := &file_walship_v1_kv_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -850,7 +1206,7 @@ func (x *PutOp) String() string {
 func (*PutOp) ProtoMessage() {}
 
 func (x *PutOp) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[8]
+	mi := &file_walship_v1_kv_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -863,7 +1219,7 @@ func (x *PutOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutOp.ProtoReflect.Descriptor instead.
 func (*PutOp) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{8}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PutOp) GetKey() string {
@@ -891,7 +1247,7 @@ type DeleteOp struct {
 
 func (x *DeleteOp) Reset() {
 	*x = DeleteOp{}
-	mi := &file_walship_v1_kv_proto_msgTypes[9]
+	mi := &file_walship_v1_kv_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -903,7 +1259,7 @@ func (x *DeleteOp) String() string {
 func (*DeleteOp) ProtoMessage() {}
 
 func (x *DeleteOp) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[9]
+	mi := &file_walship_v1_kv_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -916,7 +1272,7 @@ func (x *DeleteOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteOp.ProtoReflect.Descriptor instead.
 func (*DeleteOp) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{9}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DeleteOp) GetKey() string {
@@ -937,7 +1293,7 @@ type GetOp struct {
 
 func (x *GetOp) Reset() {
 	*x = GetOp{}
-	mi := &file_walship_v1_kv_proto_msgTypes[10]
+	mi := &file_walship_v1_kv_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -949,7 +1305,7 @@ func (x *GetOp) String() string {
 func (*GetOp) ProtoMessage() {}
 
 func (x *GetOp) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[10]
+	mi := &file_walship_v1_kv_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -962,7 +1318,7 @@ func (x *GetOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetOp.ProtoReflect.Descriptor instead.
 func (*GetOp) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{10}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetOp) GetKey() string {
@@ -1007,7 +1363,7 @@ type TxnRequest struct {
 
 func (x *TxnRequest) Reset() {
 	*x = TxnRequest{}
-	mi := &file_walship_v1_kv_proto_msgTypes[11]
+	mi := &file_walship_v1_kv_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1019,7 +1375,7 @@ func (x *TxnRequest) String() string {
 func (*TxnRequest) ProtoMessage() {}
 
 func (x *TxnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[11]
+	mi := &file_walship_v1_kv_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1032,7 +1388,7 @@ func (x *TxnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TxnRequest.ProtoReflect.Descriptor instead.
 func (*TxnRequest) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{11}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *TxnRequest) GetCompares() []*Compare {
@@ -1087,7 +1443,7 @@ type TxnOpResult struct {
 
 func (x *TxnOpResult) Reset() {
 	*x = TxnOpResult{}
-	mi := &file_walship_v1_kv_proto_msgTypes[12]
+	mi := &file_walship_v1_kv_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1099,7 +1455,7 @@ func (x *TxnOpResult) String() string {
 func (*TxnOpResult) ProtoMessage() {}
 
 func (x *TxnOpResult) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[12]
+	mi := &file_walship_v1_kv_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1112,7 +1468,7 @@ func (x *TxnOpResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TxnOpResult.ProtoReflect.Descriptor instead.
 func (*TxnOpResult) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{12}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *TxnOpResult) GetResult() isTxnOpResult_Result {
@@ -1183,7 +1539,7 @@ type PutOpResult struct {
 
 func (x *PutOpResult) Reset() {
 	*x = PutOpResult{}
-	mi := &file_walship_v1_kv_proto_msgTypes[13]
+	mi := &file_walship_v1_kv_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1195,7 +1551,7 @@ func (x *PutOpResult) String() string {
 func (*PutOpResult) ProtoMessage() {}
 
 func (x *PutOpResult) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[13]
+	mi := &file_walship_v1_kv_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1208,7 +1564,7 @@ func (x *PutOpResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutOpResult.ProtoReflect.Descriptor instead.
 func (*PutOpResult) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{13}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{16}
 }
 
 // DeleteOpResult is the result of a DeleteOp.
@@ -1222,7 +1578,7 @@ type DeleteOpResult struct {
 
 func (x *DeleteOpResult) Reset() {
 	*x = DeleteOpResult{}
-	mi := &file_walship_v1_kv_proto_msgTypes[14]
+	mi := &file_walship_v1_kv_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1234,7 +1590,7 @@ func (x *DeleteOpResult) String() string {
 func (*DeleteOpResult) ProtoMessage() {}
 
 func (x *DeleteOpResult) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[14]
+	mi := &file_walship_v1_kv_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1247,7 +1603,7 @@ func (x *DeleteOpResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteOpResult.ProtoReflect.Descriptor instead.
 func (*DeleteOpResult) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{14}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *DeleteOpResult) GetExisted() bool {
@@ -1273,7 +1629,7 @@ type GetOpResult struct {
 
 func (x *GetOpResult) Reset() {
 	*x = GetOpResult{}
-	mi := &file_walship_v1_kv_proto_msgTypes[15]
+	mi := &file_walship_v1_kv_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1285,7 +1641,7 @@ func (x *GetOpResult) String() string {
 func (*GetOpResult) ProtoMessage() {}
 
 func (x *GetOpResult) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[15]
+	mi := &file_walship_v1_kv_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1298,7 +1654,7 @@ func (x *GetOpResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetOpResult.ProtoReflect.Descriptor instead.
 func (*GetOpResult) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{15}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetOpResult) GetFound() bool {
@@ -1343,7 +1699,7 @@ type TxnResponse struct {
 
 func (x *TxnResponse) Reset() {
 	*x = TxnResponse{}
-	mi := &file_walship_v1_kv_proto_msgTypes[16]
+	mi := &file_walship_v1_kv_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1355,7 +1711,7 @@ func (x *TxnResponse) String() string {
 func (*TxnResponse) ProtoMessage() {}
 
 func (x *TxnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[16]
+	mi := &file_walship_v1_kv_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1368,7 +1724,7 @@ func (x *TxnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TxnResponse.ProtoReflect.Descriptor instead.
 func (*TxnResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{16}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *TxnResponse) GetSucceeded() bool {
@@ -1417,7 +1773,7 @@ type ScanRequest struct {
 
 func (x *ScanRequest) Reset() {
 	*x = ScanRequest{}
-	mi := &file_walship_v1_kv_proto_msgTypes[17]
+	mi := &file_walship_v1_kv_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1429,7 +1785,7 @@ func (x *ScanRequest) String() string {
 func (*ScanRequest) ProtoMessage() {}
 
 func (x *ScanRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[17]
+	mi := &file_walship_v1_kv_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1442,7 +1798,7 @@ func (x *ScanRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScanRequest.ProtoReflect.Descriptor instead.
 func (*ScanRequest) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{17}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ScanRequest) GetStart() string {
@@ -1516,7 +1872,7 @@ type KeyValue struct {
 
 func (x *KeyValue) Reset() {
 	*x = KeyValue{}
-	mi := &file_walship_v1_kv_proto_msgTypes[18]
+	mi := &file_walship_v1_kv_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1528,7 +1884,7 @@ func (x *KeyValue) String() string {
 func (*KeyValue) ProtoMessage() {}
 
 func (x *KeyValue) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[18]
+	mi := &file_walship_v1_kv_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1541,7 +1897,7 @@ func (x *KeyValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyValue.ProtoReflect.Descriptor instead.
 func (*KeyValue) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{18}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *KeyValue) GetKey() string {
@@ -1580,7 +1936,7 @@ type ScanResponse struct {
 
 func (x *ScanResponse) Reset() {
 	*x = ScanResponse{}
-	mi := &file_walship_v1_kv_proto_msgTypes[19]
+	mi := &file_walship_v1_kv_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1592,7 +1948,7 @@ func (x *ScanResponse) String() string {
 func (*ScanResponse) ProtoMessage() {}
 
 func (x *ScanResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[19]
+	mi := &file_walship_v1_kv_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1605,7 +1961,7 @@ func (x *ScanResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScanResponse.ProtoReflect.Descriptor instead.
 func (*ScanResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{19}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ScanResponse) GetKvs() []*KeyValue {
@@ -1662,7 +2018,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_walship_v1_kv_proto_msgTypes[20]
+	mi := &file_walship_v1_kv_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1674,7 +2030,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[20]
+	mi := &file_walship_v1_kv_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1687,7 +2043,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{20}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *WatchRequest) GetKey() string {
@@ -1748,7 +2104,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_walship_v1_kv_proto_msgTypes[21]
+	mi := &file_walship_v1_kv_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1760,7 +2116,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[21]
+	mi := &file_walship_v1_kv_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1773,7 +2129,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{21}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *WatchResponse) GetMsg() isWatchResponse_Msg {
@@ -1832,7 +2188,7 @@ type WatchTxns struct {
 
 func (x *WatchTxns) Reset() {
 	*x = WatchTxns{}
-	mi := &file_walship_v1_kv_proto_msgTypes[22]
+	mi := &file_walship_v1_kv_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1844,7 +2200,7 @@ func (x *WatchTxns) String() string {
 func (*WatchTxns) ProtoMessage() {}
 
 func (x *WatchTxns) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[22]
+	mi := &file_walship_v1_kv_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1857,7 +2213,7 @@ func (x *WatchTxns) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchTxns.ProtoReflect.Descriptor instead.
 func (*WatchTxns) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{22}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *WatchTxns) GetTxns() []*WatchTxn {
@@ -1886,7 +2242,7 @@ type WatchTxn struct {
 
 func (x *WatchTxn) Reset() {
 	*x = WatchTxn{}
-	mi := &file_walship_v1_kv_proto_msgTypes[23]
+	mi := &file_walship_v1_kv_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1898,7 +2254,7 @@ func (x *WatchTxn) String() string {
 func (*WatchTxn) ProtoMessage() {}
 
 func (x *WatchTxn) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[23]
+	mi := &file_walship_v1_kv_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1911,7 +2267,7 @@ func (x *WatchTxn) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchTxn.ProtoReflect.Descriptor instead.
 func (*WatchTxn) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{23}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *WatchTxn) GetLsn() uint64 {
@@ -1965,7 +2321,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_walship_v1_kv_proto_msgTypes[24]
+	mi := &file_walship_v1_kv_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1977,7 +2333,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[24]
+	mi := &file_walship_v1_kv_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1990,7 +2346,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{24}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *WatchEvent) GetType() WatchEventType {
@@ -2047,7 +2403,7 @@ type WatchProgress struct {
 
 func (x *WatchProgress) Reset() {
 	*x = WatchProgress{}
-	mi := &file_walship_v1_kv_proto_msgTypes[25]
+	mi := &file_walship_v1_kv_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2059,7 +2415,7 @@ func (x *WatchProgress) String() string {
 func (*WatchProgress) ProtoMessage() {}
 
 func (x *WatchProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[25]
+	mi := &file_walship_v1_kv_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2072,7 +2428,7 @@ func (x *WatchProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchProgress.ProtoReflect.Descriptor instead.
 func (*WatchProgress) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{25}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *WatchProgress) GetLsn() uint64 {
@@ -2087,7 +2443,27 @@ var File_walship_v1_kv_proto protoreflect.FileDescriptor
 const file_walship_v1_kv_proto_rawDesc = "" +
 	"\n" +
 	"\x13walship/v1/kv.proto\x12\n" +
-	"walship.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x17walship/v1/policy.proto\"f\n" +
+	"walship.v1\x1a\x19google/protobuf/any.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x17walship/v1/policy.proto\"\x95\x02\n" +
+	"\x0fPipelineRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12*\n" +
+	"\x03put\x18\x02 \x01(\v2\x16.walship.v1.PutRequestH\x00R\x03put\x123\n" +
+	"\x06delete\x18\x03 \x01(\v2\x19.walship.v1.DeleteRequestH\x00R\x06delete\x12*\n" +
+	"\x03txn\x18\x04 \x01(\v2\x16.walship.v1.TxnRequestH\x00R\x03txn\x12*\n" +
+	"\x03get\x18\x05 \x01(\v2\x16.walship.v1.GetRequestH\x00R\x03get\x123\n" +
+	"\atimeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\atimeoutB\x04\n" +
+	"\x02op\"\x9d\x02\n" +
+	"\x10PipelineResponse\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12+\n" +
+	"\x03put\x18\x02 \x01(\v2\x17.walship.v1.PutResponseH\x00R\x03put\x124\n" +
+	"\x06delete\x18\x03 \x01(\v2\x1a.walship.v1.DeleteResponseH\x00R\x06delete\x12+\n" +
+	"\x03txn\x18\x04 \x01(\v2\x17.walship.v1.TxnResponseH\x00R\x03txn\x12+\n" +
+	"\x03get\x18\x05 \x01(\v2\x17.walship.v1.GetResponseH\x00R\x03get\x122\n" +
+	"\x05error\x18\x06 \x01(\v2\x1a.walship.v1.PipelineStatusH\x00R\x05errorB\b\n" +
+	"\x06result\"n\n" +
+	"\x0ePipelineStatus\x12\x12\n" +
+	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12.\n" +
+	"\adetails\x18\x03 \x03(\v2\x14.google.protobuf.AnyR\adetails\"f\n" +
 	"\n" +
 	"PutRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
@@ -2229,14 +2605,15 @@ const file_walship_v1_kv_proto_rawDesc = "" +
 	"\x0eWatchEventType\x12 \n" +
 	"\x1cWATCH_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14WATCH_EVENT_TYPE_PUT\x10\x01\x12\x1b\n" +
-	"\x17WATCH_EVENT_TYPE_DELETE\x10\x022\xef\x02\n" +
+	"\x17WATCH_EVENT_TYPE_DELETE\x10\x022\xba\x03\n" +
 	"\tKVService\x126\n" +
 	"\x03Put\x12\x16.walship.v1.PutRequest\x1a\x17.walship.v1.PutResponse\x12?\n" +
 	"\x06Delete\x12\x19.walship.v1.DeleteRequest\x1a\x1a.walship.v1.DeleteResponse\x126\n" +
 	"\x03Get\x12\x16.walship.v1.GetRequest\x1a\x17.walship.v1.GetResponse\x126\n" +
 	"\x03Txn\x12\x16.walship.v1.TxnRequest\x1a\x17.walship.v1.TxnResponse\x129\n" +
 	"\x04Scan\x12\x17.walship.v1.ScanRequest\x1a\x18.walship.v1.ScanResponse\x12>\n" +
-	"\x05Watch\x12\x18.walship.v1.WatchRequest\x1a\x19.walship.v1.WatchResponse0\x01B5Z3github.com/walship/walship/gen/walship/v1;walshipv1b\x06proto3"
+	"\x05Watch\x12\x18.walship.v1.WatchRequest\x1a\x19.walship.v1.WatchResponse0\x01\x12I\n" +
+	"\bPipeline\x12\x1b.walship.v1.PipelineRequest\x1a\x1c.walship.v1.PipelineResponse(\x010\x01B5Z3github.com/walship/walship/gen/walship/v1;walshipv1b\x06proto3"
 
 var (
 	file_walship_v1_kv_proto_rawDescOnce sync.Once
@@ -2251,85 +2628,102 @@ func file_walship_v1_kv_proto_rawDescGZIP() []byte {
 }
 
 var file_walship_v1_kv_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_walship_v1_kv_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_walship_v1_kv_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_walship_v1_kv_proto_goTypes = []any{
 	(CompareTarget)(0),          // 0: walship.v1.CompareTarget
 	(CompareResult)(0),          // 1: walship.v1.CompareResult
 	(WatchEventType)(0),         // 2: walship.v1.WatchEventType
-	(*PutRequest)(nil),          // 3: walship.v1.PutRequest
-	(*PutResponse)(nil),         // 4: walship.v1.PutResponse
-	(*DeleteRequest)(nil),       // 5: walship.v1.DeleteRequest
-	(*DeleteResponse)(nil),      // 6: walship.v1.DeleteResponse
-	(*GetRequest)(nil),          // 7: walship.v1.GetRequest
-	(*GetResponse)(nil),         // 8: walship.v1.GetResponse
-	(*Compare)(nil),             // 9: walship.v1.Compare
-	(*TxnOp)(nil),               // 10: walship.v1.TxnOp
-	(*PutOp)(nil),               // 11: walship.v1.PutOp
-	(*DeleteOp)(nil),            // 12: walship.v1.DeleteOp
-	(*GetOp)(nil),               // 13: walship.v1.GetOp
-	(*TxnRequest)(nil),          // 14: walship.v1.TxnRequest
-	(*TxnOpResult)(nil),         // 15: walship.v1.TxnOpResult
-	(*PutOpResult)(nil),         // 16: walship.v1.PutOpResult
-	(*DeleteOpResult)(nil),      // 17: walship.v1.DeleteOpResult
-	(*GetOpResult)(nil),         // 18: walship.v1.GetOpResult
-	(*TxnResponse)(nil),         // 19: walship.v1.TxnResponse
-	(*ScanRequest)(nil),         // 20: walship.v1.ScanRequest
-	(*KeyValue)(nil),            // 21: walship.v1.KeyValue
-	(*ScanResponse)(nil),        // 22: walship.v1.ScanResponse
-	(*WatchRequest)(nil),        // 23: walship.v1.WatchRequest
-	(*WatchResponse)(nil),       // 24: walship.v1.WatchResponse
-	(*WatchTxns)(nil),           // 25: walship.v1.WatchTxns
-	(*WatchTxn)(nil),            // 26: walship.v1.WatchTxn
-	(*WatchEvent)(nil),          // 27: walship.v1.WatchEvent
-	(*WatchProgress)(nil),       // 28: walship.v1.WatchProgress
-	(*CommitPolicy)(nil),        // 29: walship.v1.CommitPolicy
-	(*durationpb.Duration)(nil), // 30: google.protobuf.Duration
+	(*PipelineRequest)(nil),     // 3: walship.v1.PipelineRequest
+	(*PipelineResponse)(nil),    // 4: walship.v1.PipelineResponse
+	(*PipelineStatus)(nil),      // 5: walship.v1.PipelineStatus
+	(*PutRequest)(nil),          // 6: walship.v1.PutRequest
+	(*PutResponse)(nil),         // 7: walship.v1.PutResponse
+	(*DeleteRequest)(nil),       // 8: walship.v1.DeleteRequest
+	(*DeleteResponse)(nil),      // 9: walship.v1.DeleteResponse
+	(*GetRequest)(nil),          // 10: walship.v1.GetRequest
+	(*GetResponse)(nil),         // 11: walship.v1.GetResponse
+	(*Compare)(nil),             // 12: walship.v1.Compare
+	(*TxnOp)(nil),               // 13: walship.v1.TxnOp
+	(*PutOp)(nil),               // 14: walship.v1.PutOp
+	(*DeleteOp)(nil),            // 15: walship.v1.DeleteOp
+	(*GetOp)(nil),               // 16: walship.v1.GetOp
+	(*TxnRequest)(nil),          // 17: walship.v1.TxnRequest
+	(*TxnOpResult)(nil),         // 18: walship.v1.TxnOpResult
+	(*PutOpResult)(nil),         // 19: walship.v1.PutOpResult
+	(*DeleteOpResult)(nil),      // 20: walship.v1.DeleteOpResult
+	(*GetOpResult)(nil),         // 21: walship.v1.GetOpResult
+	(*TxnResponse)(nil),         // 22: walship.v1.TxnResponse
+	(*ScanRequest)(nil),         // 23: walship.v1.ScanRequest
+	(*KeyValue)(nil),            // 24: walship.v1.KeyValue
+	(*ScanResponse)(nil),        // 25: walship.v1.ScanResponse
+	(*WatchRequest)(nil),        // 26: walship.v1.WatchRequest
+	(*WatchResponse)(nil),       // 27: walship.v1.WatchResponse
+	(*WatchTxns)(nil),           // 28: walship.v1.WatchTxns
+	(*WatchTxn)(nil),            // 29: walship.v1.WatchTxn
+	(*WatchEvent)(nil),          // 30: walship.v1.WatchEvent
+	(*WatchProgress)(nil),       // 31: walship.v1.WatchProgress
+	(*durationpb.Duration)(nil), // 32: google.protobuf.Duration
+	(*anypb.Any)(nil),           // 33: google.protobuf.Any
+	(*CommitPolicy)(nil),        // 34: walship.v1.CommitPolicy
 }
 var file_walship_v1_kv_proto_depIdxs = []int32{
-	29, // 0: walship.v1.PutRequest.policy:type_name -> walship.v1.CommitPolicy
-	29, // 1: walship.v1.DeleteRequest.policy:type_name -> walship.v1.CommitPolicy
-	30, // 2: walship.v1.GetRequest.wait_timeout:type_name -> google.protobuf.Duration
-	30, // 3: walship.v1.GetRequest.max_lag_time:type_name -> google.protobuf.Duration
-	0,  // 4: walship.v1.Compare.target:type_name -> walship.v1.CompareTarget
-	1,  // 5: walship.v1.Compare.result:type_name -> walship.v1.CompareResult
-	11, // 6: walship.v1.TxnOp.put:type_name -> walship.v1.PutOp
-	12, // 7: walship.v1.TxnOp.delete:type_name -> walship.v1.DeleteOp
-	13, // 8: walship.v1.TxnOp.get:type_name -> walship.v1.GetOp
-	9,  // 9: walship.v1.TxnRequest.compares:type_name -> walship.v1.Compare
-	10, // 10: walship.v1.TxnRequest.success:type_name -> walship.v1.TxnOp
-	10, // 11: walship.v1.TxnRequest.failure:type_name -> walship.v1.TxnOp
-	29, // 12: walship.v1.TxnRequest.policy:type_name -> walship.v1.CommitPolicy
-	16, // 13: walship.v1.TxnOpResult.put:type_name -> walship.v1.PutOpResult
-	17, // 14: walship.v1.TxnOpResult.delete:type_name -> walship.v1.DeleteOpResult
-	18, // 15: walship.v1.TxnOpResult.get:type_name -> walship.v1.GetOpResult
-	15, // 16: walship.v1.TxnResponse.results:type_name -> walship.v1.TxnOpResult
-	30, // 17: walship.v1.ScanRequest.wait_timeout:type_name -> google.protobuf.Duration
-	30, // 18: walship.v1.ScanRequest.max_lag_time:type_name -> google.protobuf.Duration
-	21, // 19: walship.v1.ScanResponse.kvs:type_name -> walship.v1.KeyValue
-	30, // 20: walship.v1.WatchRequest.progress_interval:type_name -> google.protobuf.Duration
-	30, // 21: walship.v1.WatchRequest.wait_timeout:type_name -> google.protobuf.Duration
-	25, // 22: walship.v1.WatchResponse.txns:type_name -> walship.v1.WatchTxns
-	28, // 23: walship.v1.WatchResponse.progress:type_name -> walship.v1.WatchProgress
-	26, // 24: walship.v1.WatchTxns.txns:type_name -> walship.v1.WatchTxn
-	27, // 25: walship.v1.WatchTxn.events:type_name -> walship.v1.WatchEvent
-	2,  // 26: walship.v1.WatchEvent.type:type_name -> walship.v1.WatchEventType
-	3,  // 27: walship.v1.KVService.Put:input_type -> walship.v1.PutRequest
-	5,  // 28: walship.v1.KVService.Delete:input_type -> walship.v1.DeleteRequest
-	7,  // 29: walship.v1.KVService.Get:input_type -> walship.v1.GetRequest
-	14, // 30: walship.v1.KVService.Txn:input_type -> walship.v1.TxnRequest
-	20, // 31: walship.v1.KVService.Scan:input_type -> walship.v1.ScanRequest
-	23, // 32: walship.v1.KVService.Watch:input_type -> walship.v1.WatchRequest
-	4,  // 33: walship.v1.KVService.Put:output_type -> walship.v1.PutResponse
-	6,  // 34: walship.v1.KVService.Delete:output_type -> walship.v1.DeleteResponse
-	8,  // 35: walship.v1.KVService.Get:output_type -> walship.v1.GetResponse
-	19, // 36: walship.v1.KVService.Txn:output_type -> walship.v1.TxnResponse
-	22, // 37: walship.v1.KVService.Scan:output_type -> walship.v1.ScanResponse
-	24, // 38: walship.v1.KVService.Watch:output_type -> walship.v1.WatchResponse
-	33, // [33:39] is the sub-list for method output_type
-	27, // [27:33] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	6,  // 0: walship.v1.PipelineRequest.put:type_name -> walship.v1.PutRequest
+	8,  // 1: walship.v1.PipelineRequest.delete:type_name -> walship.v1.DeleteRequest
+	17, // 2: walship.v1.PipelineRequest.txn:type_name -> walship.v1.TxnRequest
+	10, // 3: walship.v1.PipelineRequest.get:type_name -> walship.v1.GetRequest
+	32, // 4: walship.v1.PipelineRequest.timeout:type_name -> google.protobuf.Duration
+	7,  // 5: walship.v1.PipelineResponse.put:type_name -> walship.v1.PutResponse
+	9,  // 6: walship.v1.PipelineResponse.delete:type_name -> walship.v1.DeleteResponse
+	22, // 7: walship.v1.PipelineResponse.txn:type_name -> walship.v1.TxnResponse
+	11, // 8: walship.v1.PipelineResponse.get:type_name -> walship.v1.GetResponse
+	5,  // 9: walship.v1.PipelineResponse.error:type_name -> walship.v1.PipelineStatus
+	33, // 10: walship.v1.PipelineStatus.details:type_name -> google.protobuf.Any
+	34, // 11: walship.v1.PutRequest.policy:type_name -> walship.v1.CommitPolicy
+	34, // 12: walship.v1.DeleteRequest.policy:type_name -> walship.v1.CommitPolicy
+	32, // 13: walship.v1.GetRequest.wait_timeout:type_name -> google.protobuf.Duration
+	32, // 14: walship.v1.GetRequest.max_lag_time:type_name -> google.protobuf.Duration
+	0,  // 15: walship.v1.Compare.target:type_name -> walship.v1.CompareTarget
+	1,  // 16: walship.v1.Compare.result:type_name -> walship.v1.CompareResult
+	14, // 17: walship.v1.TxnOp.put:type_name -> walship.v1.PutOp
+	15, // 18: walship.v1.TxnOp.delete:type_name -> walship.v1.DeleteOp
+	16, // 19: walship.v1.TxnOp.get:type_name -> walship.v1.GetOp
+	12, // 20: walship.v1.TxnRequest.compares:type_name -> walship.v1.Compare
+	13, // 21: walship.v1.TxnRequest.success:type_name -> walship.v1.TxnOp
+	13, // 22: walship.v1.TxnRequest.failure:type_name -> walship.v1.TxnOp
+	34, // 23: walship.v1.TxnRequest.policy:type_name -> walship.v1.CommitPolicy
+	19, // 24: walship.v1.TxnOpResult.put:type_name -> walship.v1.PutOpResult
+	20, // 25: walship.v1.TxnOpResult.delete:type_name -> walship.v1.DeleteOpResult
+	21, // 26: walship.v1.TxnOpResult.get:type_name -> walship.v1.GetOpResult
+	18, // 27: walship.v1.TxnResponse.results:type_name -> walship.v1.TxnOpResult
+	32, // 28: walship.v1.ScanRequest.wait_timeout:type_name -> google.protobuf.Duration
+	32, // 29: walship.v1.ScanRequest.max_lag_time:type_name -> google.protobuf.Duration
+	24, // 30: walship.v1.ScanResponse.kvs:type_name -> walship.v1.KeyValue
+	32, // 31: walship.v1.WatchRequest.progress_interval:type_name -> google.protobuf.Duration
+	32, // 32: walship.v1.WatchRequest.wait_timeout:type_name -> google.protobuf.Duration
+	28, // 33: walship.v1.WatchResponse.txns:type_name -> walship.v1.WatchTxns
+	31, // 34: walship.v1.WatchResponse.progress:type_name -> walship.v1.WatchProgress
+	29, // 35: walship.v1.WatchTxns.txns:type_name -> walship.v1.WatchTxn
+	30, // 36: walship.v1.WatchTxn.events:type_name -> walship.v1.WatchEvent
+	2,  // 37: walship.v1.WatchEvent.type:type_name -> walship.v1.WatchEventType
+	6,  // 38: walship.v1.KVService.Put:input_type -> walship.v1.PutRequest
+	8,  // 39: walship.v1.KVService.Delete:input_type -> walship.v1.DeleteRequest
+	10, // 40: walship.v1.KVService.Get:input_type -> walship.v1.GetRequest
+	17, // 41: walship.v1.KVService.Txn:input_type -> walship.v1.TxnRequest
+	23, // 42: walship.v1.KVService.Scan:input_type -> walship.v1.ScanRequest
+	26, // 43: walship.v1.KVService.Watch:input_type -> walship.v1.WatchRequest
+	3,  // 44: walship.v1.KVService.Pipeline:input_type -> walship.v1.PipelineRequest
+	7,  // 45: walship.v1.KVService.Put:output_type -> walship.v1.PutResponse
+	9,  // 46: walship.v1.KVService.Delete:output_type -> walship.v1.DeleteResponse
+	11, // 47: walship.v1.KVService.Get:output_type -> walship.v1.GetResponse
+	22, // 48: walship.v1.KVService.Txn:output_type -> walship.v1.TxnResponse
+	25, // 49: walship.v1.KVService.Scan:output_type -> walship.v1.ScanResponse
+	27, // 50: walship.v1.KVService.Watch:output_type -> walship.v1.WatchResponse
+	4,  // 51: walship.v1.KVService.Pipeline:output_type -> walship.v1.PipelineResponse
+	45, // [45:52] is the sub-list for method output_type
+	38, // [38:45] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_walship_v1_kv_proto_init() }
@@ -2338,22 +2732,35 @@ func file_walship_v1_kv_proto_init() {
 		return
 	}
 	file_walship_v1_policy_proto_init()
-	file_walship_v1_kv_proto_msgTypes[6].OneofWrappers = []any{
+	file_walship_v1_kv_proto_msgTypes[0].OneofWrappers = []any{
+		(*PipelineRequest_Put)(nil),
+		(*PipelineRequest_Delete)(nil),
+		(*PipelineRequest_Txn)(nil),
+		(*PipelineRequest_Get)(nil),
+	}
+	file_walship_v1_kv_proto_msgTypes[1].OneofWrappers = []any{
+		(*PipelineResponse_Put)(nil),
+		(*PipelineResponse_Delete)(nil),
+		(*PipelineResponse_Txn)(nil),
+		(*PipelineResponse_Get)(nil),
+		(*PipelineResponse_Error)(nil),
+	}
+	file_walship_v1_kv_proto_msgTypes[9].OneofWrappers = []any{
 		(*Compare_Value)(nil),
 		(*Compare_VersionLsn)(nil),
 		(*Compare_Exists)(nil),
 	}
-	file_walship_v1_kv_proto_msgTypes[7].OneofWrappers = []any{
+	file_walship_v1_kv_proto_msgTypes[10].OneofWrappers = []any{
 		(*TxnOp_Put)(nil),
 		(*TxnOp_Delete)(nil),
 		(*TxnOp_Get)(nil),
 	}
-	file_walship_v1_kv_proto_msgTypes[12].OneofWrappers = []any{
+	file_walship_v1_kv_proto_msgTypes[15].OneofWrappers = []any{
 		(*TxnOpResult_Put)(nil),
 		(*TxnOpResult_Delete)(nil),
 		(*TxnOpResult_Get)(nil),
 	}
-	file_walship_v1_kv_proto_msgTypes[21].OneofWrappers = []any{
+	file_walship_v1_kv_proto_msgTypes[24].OneofWrappers = []any{
 		(*WatchResponse_Txns)(nil),
 		(*WatchResponse_Progress)(nil),
 	}
@@ -2363,7 +2770,7 @@ func file_walship_v1_kv_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_walship_v1_kv_proto_rawDesc), len(file_walship_v1_kv_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   26,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,12 +19,13 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	KVService_Put_FullMethodName    = "/walship.v1.KVService/Put"
-	KVService_Delete_FullMethodName = "/walship.v1.KVService/Delete"
-	KVService_Get_FullMethodName    = "/walship.v1.KVService/Get"
-	KVService_Txn_FullMethodName    = "/walship.v1.KVService/Txn"
-	KVService_Scan_FullMethodName   = "/walship.v1.KVService/Scan"
-	KVService_Watch_FullMethodName  = "/walship.v1.KVService/Watch"
+	KVService_Put_FullMethodName      = "/walship.v1.KVService/Put"
+	KVService_Delete_FullMethodName   = "/walship.v1.KVService/Delete"
+	KVService_Get_FullMethodName      = "/walship.v1.KVService/Get"
+	KVService_Txn_FullMethodName      = "/walship.v1.KVService/Txn"
+	KVService_Scan_FullMethodName     = "/walship.v1.KVService/Scan"
+	KVService_Watch_FullMethodName    = "/walship.v1.KVService/Watch"
+	KVService_Pipeline_FullMethodName = "/walship.v1.KVService/Pipeline"
 )
 
 // KVServiceClient is the client API for KVService service.
@@ -72,6 +73,22 @@ type KVServiceClient interface {
 	// watcher that does not read what is sent is cut off with
 	// RESOURCE_EXHAUSTED after a bound, never buffered without limit.
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error)
+	// Pipeline carries many independent operations on one stream, so that a
+	// busy client pays gRPC's per-call cost once per stream rather than once
+	// per write. Each request names an operation (Put, Delete, Txn or Get)
+	// and an id the client chooses; each response carries that id and the
+	// operation's answer or error — the same response, code and message as
+	// the unary call — and is sent as soon as that operation completes, in
+	// whatever order they complete. Operations do not wait for one another:
+	// each keeps its own policy, LSN and outcome, and runs exactly as its
+	// unary call does (validation, authorization, lease, limits). A server
+	// runs at most --max-pipeline-ops operations of one stream at once
+	// (default 256) and reads no further request until one completes.
+	// A stream that breaks leaves the outcome of every write it has not
+	// answered unknown, as a unary write cut off does. A replica answers
+	// every write with FAILED_PRECONDITION naming the primary, as its unary
+	// calls do. Ids are not checked for uniqueness: they are the client's.
+	Pipeline(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PipelineRequest, PipelineResponse], error)
 }
 
 type kVServiceClient struct {
@@ -151,6 +168,19 @@ func (c *kVServiceClient) Watch(ctx context.Context, in *WatchRequest, opts ...g
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type KVService_WatchClient = grpc.ServerStreamingClient[WatchResponse]
 
+func (c *kVServiceClient) Pipeline(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PipelineRequest, PipelineResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &KVService_ServiceDesc.Streams[1], KVService_Pipeline_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[PipelineRequest, PipelineResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type KVService_PipelineClient = grpc.BidiStreamingClient[PipelineRequest, PipelineResponse]
+
 // KVServiceServer is the server API for KVService service.
 // All implementations must embed UnimplementedKVServiceServer
 // for forward compatibility.
@@ -196,6 +226,22 @@ type KVServiceServer interface {
 	// watcher that does not read what is sent is cut off with
 	// RESOURCE_EXHAUSTED after a bound, never buffered without limit.
 	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error
+	// Pipeline carries many independent operations on one stream, so that a
+	// busy client pays gRPC's per-call cost once per stream rather than once
+	// per write. Each request names an operation (Put, Delete, Txn or Get)
+	// and an id the client chooses; each response carries that id and the
+	// operation's answer or error — the same response, code and message as
+	// the unary call — and is sent as soon as that operation completes, in
+	// whatever order they complete. Operations do not wait for one another:
+	// each keeps its own policy, LSN and outcome, and runs exactly as its
+	// unary call does (validation, authorization, lease, limits). A server
+	// runs at most --max-pipeline-ops operations of one stream at once
+	// (default 256) and reads no further request until one completes.
+	// A stream that breaks leaves the outcome of every write it has not
+	// answered unknown, as a unary write cut off does. A replica answers
+	// every write with FAILED_PRECONDITION naming the primary, as its unary
+	// calls do. Ids are not checked for uniqueness: they are the client's.
+	Pipeline(grpc.BidiStreamingServer[PipelineRequest, PipelineResponse]) error
 	mustEmbedUnimplementedKVServiceServer()
 }
 
@@ -223,6 +269,9 @@ func (UnimplementedKVServiceServer) Scan(context.Context, *ScanRequest) (*ScanRe
 }
 func (UnimplementedKVServiceServer) Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error {
 	return status.Error(codes.Unimplemented, "method Watch not implemented")
+}
+func (UnimplementedKVServiceServer) Pipeline(grpc.BidiStreamingServer[PipelineRequest, PipelineResponse]) error {
+	return status.Error(codes.Unimplemented, "method Pipeline not implemented")
 }
 func (UnimplementedKVServiceServer) mustEmbedUnimplementedKVServiceServer() {}
 func (UnimplementedKVServiceServer) testEmbeddedByValue()                   {}
@@ -346,6 +395,13 @@ func _KVService_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type KVService_WatchServer = grpc.ServerStreamingServer[WatchResponse]
 
+func _KVService_Pipeline_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(KVServiceServer).Pipeline(&grpc.GenericServerStream[PipelineRequest, PipelineResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type KVService_PipelineServer = grpc.BidiStreamingServer[PipelineRequest, PipelineResponse]
+
 // KVService_ServiceDesc is the grpc.ServiceDesc for KVService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -379,6 +435,12 @@ var KVService_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "Watch",
 			Handler:       _KVService_Watch_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "Pipeline",
+			Handler:       _KVService_Pipeline_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "walship/v1/kv.proto",

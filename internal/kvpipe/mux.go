@@ -1,0 +1,245 @@
+package kvpipe
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// Mux is a walshipv1.KVServiceClient that sends the Put, Delete, Txn and
+// Get calls of concurrent callers as operations of one Pipeline stream
+// (Scan, Watch and Pipeline go as they are). Each call returns what the
+// unary call would: the response, or an error of the same code, message
+// and details. A call whose stream breaks before its answer fails with the
+// stream's error — UNAVAILABLE when the connection or the server goes, as
+// a unary call cut off mid-flight does: for a write, an unknown outcome.
+// The next call opens a new stream. A call's deadline is sent as its
+// operation's timeout; a call whose context ends first returns at once,
+// its operation left to run on the server as a unary call's would be.
+// Call options are ignored. Safe for concurrent use; Close ends it.
+type Mux struct {
+	kv walshipv1.KVServiceClient
+
+	mu     sync.Mutex
+	cur    *pipe // the open stream, nil when none
+	nextID uint64
+	closed bool
+	wg     sync.WaitGroup // the streams' receivers
+}
+
+// NewMux returns a Mux whose streams go through kv.
+func NewMux(kv walshipv1.KVServiceClient) *Mux { return &Mux{kv: kv} }
+
+// pipe is one Pipeline stream and the calls waiting for its answers.
+type pipe struct {
+	stream walshipv1.KVService_PipelineClient
+	cancel context.CancelFunc
+
+	sendMu sync.Mutex // one Send at a time (grpc-go's rule for streams)
+
+	mu      sync.Mutex
+	waiting map[uint64]chan answer
+	err     error // why the stream ended; nil while it is open
+}
+
+type answer struct {
+	resp *walshipv1.PipelineResponse
+	err  error
+}
+
+// errClosed is what a call of a closed Mux returns.
+var errClosed = status.Error(codes.Canceled, "walship: pipeline closed")
+
+// Close ends the stream: calls waiting for answers fail with CANCELED
+// (their writes' outcome unknown), later calls at once.
+func (m *Mux) Close() {
+	m.mu.Lock()
+	m.closed = true
+	p := m.cur
+	m.cur = nil
+	m.mu.Unlock()
+	if p != nil {
+		p.cancel()
+	}
+	m.wg.Wait()
+}
+
+// open returns the open stream, opening one if there is none.
+func (m *Mux) open() (*pipe, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, errClosed
+	}
+	if m.cur != nil {
+		return m.cur, nil
+	}
+	// The stream outlives every call on it: its context is the Mux's.
+	ctx, cancel := context.WithCancel(context.Background())
+	stream, err := m.kv.Pipeline(ctx)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	p := &pipe{stream: stream, cancel: cancel, waiting: map[uint64]chan answer{}}
+	m.cur = p
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		p.receive()
+		m.mu.Lock()
+		if m.cur == p {
+			m.cur = nil
+		}
+		m.mu.Unlock()
+		cancel()
+	}()
+	return p, nil
+}
+
+// receive hands each answer to its caller until the stream ends, then
+// fails every call still waiting with the stream's error.
+func (p *pipe) receive() {
+	for {
+		resp, err := p.stream.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				// The server ended the stream with OK while calls wait:
+				// it never does, but if it did their outcome is unknown.
+				err = status.Error(codes.Unavailable, "walship: pipeline stream ended before answering")
+			}
+			p.mu.Lock()
+			p.err = err
+			waiting := p.waiting
+			p.waiting = nil
+			p.mu.Unlock()
+			for _, ch := range waiting {
+				ch <- answer{err: err}
+			}
+			return
+		}
+		p.mu.Lock()
+		ch, ok := p.waiting[resp.GetId()]
+		delete(p.waiting, resp.GetId())
+		p.mu.Unlock()
+		if ok {
+			ch <- answer{resp: resp}
+		}
+	}
+}
+
+// do sends req as an operation and waits for its answer.
+func (m *Mux) do(ctx context.Context, req *walshipv1.PipelineRequest) (*walshipv1.PipelineResponse, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, status.FromContextError(err).Err()
+	}
+	p, err := m.open()
+	if err != nil {
+		return nil, err
+	}
+	ch := make(chan answer, 1)
+	m.mu.Lock()
+	m.nextID++
+	req.Id = m.nextID
+	m.mu.Unlock()
+	p.mu.Lock()
+	if p.err != nil {
+		err := p.err
+		p.mu.Unlock()
+		return nil, err
+	}
+	p.waiting[req.Id] = ch
+	p.mu.Unlock()
+	if dl, ok := ctx.Deadline(); ok {
+		req.Timeout = durationpb.New(max(time.Until(dl), time.Nanosecond))
+	}
+	p.sendMu.Lock()
+	err = p.stream.Send(req)
+	p.sendMu.Unlock()
+	if err != nil && !errors.Is(err, io.EOF) {
+		// The request did not go (it does not marshal): nothing was sent.
+		p.forget(req.Id)
+		return nil, status.Error(codes.Internal, "walship: "+err.Error())
+	}
+	// On io.EOF the stream has ended and the receiver hands ch the
+	// reason (grpc-go reports it from Recv, not Send).
+	select {
+	case a := <-ch:
+		if a.err != nil {
+			return nil, a.err
+		}
+		if e := a.resp.GetError(); e != nil {
+			return nil, status.ErrorProto(&spb.Status{Code: e.GetCode(), Message: e.GetMessage(), Details: e.GetDetails()})
+		}
+		return a.resp, nil
+	case <-ctx.Done():
+		p.forget(req.Id)
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+}
+
+func (p *pipe) forget(id uint64) {
+	p.mu.Lock()
+	delete(p.waiting, id)
+	p.mu.Unlock()
+}
+
+// Put is KVService.Put as an operation of the stream.
+func (m *Mux) Put(ctx context.Context, in *walshipv1.PutRequest, _ ...grpc.CallOption) (*walshipv1.PutResponse, error) {
+	r, err := m.do(ctx, &walshipv1.PipelineRequest{Op: &walshipv1.PipelineRequest_Put{Put: in}})
+	if err != nil {
+		return nil, err
+	}
+	return r.GetPut(), nil
+}
+
+// Delete is KVService.Delete as an operation of the stream.
+func (m *Mux) Delete(ctx context.Context, in *walshipv1.DeleteRequest, _ ...grpc.CallOption) (*walshipv1.DeleteResponse, error) {
+	r, err := m.do(ctx, &walshipv1.PipelineRequest{Op: &walshipv1.PipelineRequest_Delete{Delete: in}})
+	if err != nil {
+		return nil, err
+	}
+	return r.GetDelete(), nil
+}
+
+// Txn is KVService.Txn as an operation of the stream.
+func (m *Mux) Txn(ctx context.Context, in *walshipv1.TxnRequest, _ ...grpc.CallOption) (*walshipv1.TxnResponse, error) {
+	r, err := m.do(ctx, &walshipv1.PipelineRequest{Op: &walshipv1.PipelineRequest_Txn{Txn: in}})
+	if err != nil {
+		return nil, err
+	}
+	return r.GetTxn(), nil
+}
+
+// Get is KVService.Get as an operation of the stream.
+func (m *Mux) Get(ctx context.Context, in *walshipv1.GetRequest, _ ...grpc.CallOption) (*walshipv1.GetResponse, error) {
+	r, err := m.do(ctx, &walshipv1.PipelineRequest{Op: &walshipv1.PipelineRequest_Get{Get: in}})
+	if err != nil {
+		return nil, err
+	}
+	return r.GetGet(), nil
+}
+
+// Scan is KVService.Scan, a unary call.
+func (m *Mux) Scan(ctx context.Context, in *walshipv1.ScanRequest, opts ...grpc.CallOption) (*walshipv1.ScanResponse, error) {
+	return m.kv.Scan(ctx, in, opts...)
+}
+
+// Watch is KVService.Watch, a stream of its own.
+func (m *Mux) Watch(ctx context.Context, in *walshipv1.WatchRequest, opts ...grpc.CallOption) (walshipv1.KVService_WatchClient, error) {
+	return m.kv.Watch(ctx, in, opts...)
+}
+
+// Pipeline opens a Pipeline stream of the caller's own.
+func (m *Mux) Pipeline(ctx context.Context, opts ...grpc.CallOption) (walshipv1.KVService_PipelineClient, error) {
+	return m.kv.Pipeline(ctx, opts...)
+}
