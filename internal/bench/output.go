@@ -68,8 +68,12 @@ func WriteTable(w io.Writer, rows []Row) error {
 		if n := len(r0.Runs); n > 1 {
 			rounds = fmt.Sprintf("; medians of %d rounds, ratios paired by round", n)
 		}
-		fmt.Fprintf(w, "%s, %s, %d terminals, %gs measured (%s cluster, %d replicas when replicating, %s%s)\n\n",
-			strings.ToUpper(g.workload), g.codec, r0.Terminals, r0.DurationS, mode, maxReplicas(g.rows), reads, rounds)
+		terminals := fmt.Sprintf("%d terminals", r0.Terminals)
+		if r0.Pipeline > 0 {
+			terminals += fmt.Sprintf(" pipelining %d each", r0.Pipeline)
+		}
+		fmt.Fprintf(w, "%s, %s, %s, %gs measured (%s cluster, %d replicas when replicating, %s%s)\n\n",
+			strings.ToUpper(g.workload), g.codec, terminals, r0.DurationS, mode, maxReplicas(g.rows), reads, rounds)
 		var base *Row
 		for i, r := range g.rows {
 			if r.Label() == "Disabled/Sync" {

@@ -22,6 +22,7 @@ import (
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/backoff"
 	"github.com/walship/walship/internal/cpustat"
+	"github.com/walship/walship/internal/kvpipe"
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/pkg/codec"
 	"github.com/walship/walship/services/primary"
@@ -53,6 +54,11 @@ type Config struct {
 	// second in total (each terminal starts one every Terminals/Rate), so
 	// that runs compared for CPU cost carry the same load.
 	Rate float64
+	// Pipeline, if positive, makes each terminal a client that keeps this
+	// many operations in flight on one KVService.Pipeline stream of its
+	// own (Terminals × Pipeline closed loops in all) instead of one unary
+	// call at a time.
+	Pipeline int
 	// ReplicaReads sends reads to the replicas (round robin by terminal)
 	// with min_lsn = the terminal's last commit.
 	ReplicaReads bool
@@ -144,6 +150,10 @@ func (c *Config) Validate() error {
 	switch {
 	case c.Terminals < 1:
 		errs = append(errs, fmt.Errorf("--terminals: %d must be positive", c.Terminals))
+	case c.Pipeline < 0 || c.Pipeline > 4096:
+		errs = append(errs, fmt.Errorf("--pipeline: %d is not in 0..4096", c.Pipeline))
+	case c.Pipeline > 0 && c.Rate > 0:
+		errs = append(errs, errors.New("--pipeline: not with --rate (which paces one call per terminal)"))
 	case c.Duration <= 0:
 		errs = append(errs, fmt.Errorf("--duration: %v must be positive", c.Duration))
 	case c.Warmup < 0:
@@ -388,7 +398,7 @@ func Run(ctx context.Context, cfg Config) (row Row, err error) {
 	rep, dur := Cell(cfg.Replication, cfg.Durability)
 	pol := cfg.policy()
 	row = Row{Workload: cfg.Workload, Codec: cfg.Codec, Replication: rep, Durability: dur,
-		SyncReplicas: pol.SyncReplicas, SyncLevel: policyName(pol.SyncLevel.String()), Terminals: cfg.Terminals,
+		SyncReplicas: pol.SyncReplicas, SyncLevel: policyName(pol.SyncLevel.String()), Terminals: cfg.Terminals, Pipeline: cfg.Pipeline,
 		DurationS: cfg.Duration.Seconds(), Mode: cfg.Mode, ReplicaNice: cfg.ReplicaNice, ReplicaIdle: cfg.ReplicaIdle, ReplicaCPUs: cfg.ReplicaCPUs, PrimaryCPUs: cfg.PrimaryCPUs, SpeculativeReads: cfg.SpeculativeReads,
 		ByKind: map[string]int64{}, ByKindP99Ms: map[string]float64{}}
 	var notes []string
@@ -538,9 +548,26 @@ func measure(ctx context.Context, cfg Config, b *backend, c *conns, w workload, 
 	m := &measurement{rec: newRecorder(len(w.kinds())), lag: &lagSamples{}}
 	kv := walshipv1.NewKVServiceClient(c.primary)
 	policy := cfg.commitPolicy()
-	sessions := make([]*session, cfg.Terminals)
+	loops := cfg.Terminals
+	var muxes []*kvpipe.Mux
+	if cfg.Pipeline > 0 {
+		// A client per terminal, each with its stream and Pipeline loops.
+		loops = cfg.Terminals * cfg.Pipeline
+		for range cfg.Terminals {
+			muxes = append(muxes, kvpipe.NewMux(kv))
+		}
+		defer func() {
+			for _, m := range muxes {
+				m.Close()
+			}
+		}()
+	}
+	sessions := make([]*session, loops)
 	for i := range sessions {
 		s := &session{kv: kv, policy: policy, maxRetries: cfg.MaxRetries, lastLSN: loadLSN, speculative: cfg.SpeculativeReads}
+		if muxes != nil {
+			s.kv = muxes[i/cfg.Pipeline]
+		}
 		if cfg.ReplicaReads && len(c.replicas) > 0 {
 			s.read = walshipv1.NewKVServiceClient(c.replicas[i%len(c.replicas)])
 		}

@@ -68,18 +68,44 @@ func TestRun(t *testing.T) {
 	}
 }
 
+// TestRunPipelined runs the put workload with each terminal pipelining on
+// a stream of its own: every Put the terminals saw commit is there, and
+// the row says how it ran and what a request cost.
+func TestRunPipelined(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a cluster")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg := Config{
+		Workload: "put", Params: smallParams(), Terminals: 2, Pipeline: 8, Duration: time.Second, Warmup: 200 * time.Millisecond,
+		MaxRetries: 10, Codec: "msgpack", Mode: ModeInProcess, Dir: t.TempDir(),
+		Replication: walshipv1.ReplicationMode_REPLICATION_MODE_DISABLED, Durability: walshipv1.Durability_DURABILITY_ASYNC,
+	}
+	row, err := Run(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !row.Consistent || row.Errors > 0 || row.Commits <= 0 || row.Pipeline != 8 || row.Terminals != 2 || row.CPUUsPerRequest <= 0 {
+		t.Fatalf("consistent=%v errors=%d commits=%d pipeline=%d terminals=%d %.1f µs/request nodes=%+v notes=%s",
+			row.Consistent, row.Errors, row.Commits, row.Pipeline, row.Terminals, row.CPUUsPerRequest, row.Nodes, row.Notes)
+	}
+}
+
 func TestConfigValidate(t *testing.T) {
 	base := Config{Workload: "tpcb", Params: smallParams(), Terminals: 1, Duration: time.Second, Codec: "msgpack", Mode: ModeInProcess, Replicas: 1}
 	if err := base.Validate(); err != nil {
 		t.Fatal(err)
 	}
 	for name, mut := range map[string]func(*Config){
-		"workload":  func(c *Config) { c.Workload = "tpch" },
-		"terminals": func(c *Config) { c.Terminals = 0 },
-		"codec":     func(c *Config) { c.Codec = "xml" },
-		"sync":      func(c *Config) { c.Replication, c.SyncReplicas = walshipv1.ReplicationMode_REPLICATION_MODE_SYNC, 2 },
-		"external":  func(c *Config) { c.Mode = ModeExternal },
-		"processes": func(c *Config) { c.Mode = ModeProcesses },
+		"workload":      func(c *Config) { c.Workload = "tpch" },
+		"terminals":     func(c *Config) { c.Terminals = 0 },
+		"pipeline":      func(c *Config) { c.Pipeline = -1 },
+		"pipeline rate": func(c *Config) { c.Pipeline, c.Rate = 4, 100 },
+		"codec":         func(c *Config) { c.Codec = "xml" },
+		"sync":          func(c *Config) { c.Replication, c.SyncReplicas = walshipv1.ReplicationMode_REPLICATION_MODE_SYNC, 2 },
+		"external":      func(c *Config) { c.Mode = ModeExternal },
+		"processes":     func(c *Config) { c.Mode = ModeProcesses },
 		// --replica-nice: only for processes, and only lower priority.
 		"replica-nice":       func(c *Config) { c.ReplicaNice = 5 },
 		"replica-nice range": func(c *Config) { c.Mode, c.Bin, c.ReplicaNice = ModeProcesses, "walship", 20 },

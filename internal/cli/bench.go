@@ -99,6 +99,7 @@ func (o *benchOptions) workloadFlags(fs *flag.FlagSet) {
 	fs.IntVar(&cfg.Params.PutBytes, "put-bytes", cfg.Params.PutBytes, "put: bytes per value")
 	fs.Int64Var(&cfg.Params.Seed, "seed", cfg.Params.Seed, "random seed of the data and the terminals")
 	fs.IntVar(&cfg.Terminals, "terminals", cfg.Terminals, "concurrent closed-loop clients")
+	fs.IntVar(&cfg.Pipeline, "pipeline", 0, "operations each terminal keeps in flight on one KVService.Pipeline stream of its own (0 = one unary call at a time)")
 	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "measured time per run")
 	fs.DurationVar(&cfg.Warmup, "warmup", cfg.Warmup, "unmeasured time before each measurement")
 	fs.Float64Var(&cfg.Rate, "rate", 0, "pace the terminals to this many txn/s in total (0 = as fast as they go); --cpu-scaling uses it to compare runs at equal load")
