@@ -112,6 +112,38 @@ func TestGrpcurlAgainstPrimary(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &tr); err != nil || !tr.Succeeded || len(tr.Results) != 2 || tr.Results[1].Get == nil || tr.Results[1].Get.Value != "d29ybGQ=" {
 		t.Fatalf("Txn output %q: %v", out, err)
 	}
+	// Pipeline: several operations on one stream (grpcurl sends each JSON
+	// message of -d), each answered with its id, a bad one as the unary
+	// call would fail.
+	out = runGrpcurl(t, "-plaintext", "-d", `{"id":"1","put":{"key":"p1","value":"dg=="}} {"id":"2","delete":{"key":"p0"}} {"id":"3","put":{"key":""}}`,
+		p.addr, "walship.v1.KVService/Pipeline")
+	type answer struct {
+		ID     string `json:"id"`
+		Put    *struct{ Lsn string }
+		Delete *struct{ Lsn string }
+		Error  *struct {
+			Code    int
+			Message string
+		}
+	}
+	answers := map[string]answer{}
+	dec := json.NewDecoder(strings.NewReader(out))
+	for dec.More() {
+		var a answer
+		if err := dec.Decode(&a); err != nil {
+			t.Fatalf("Pipeline output %q: %v", out, err)
+		}
+		answers[a.ID] = a
+	}
+	if a := answers["1"]; a.Put == nil || a.Put.Lsn == "" {
+		t.Errorf("Pipeline put: %q", out)
+	}
+	if a := answers["2"]; a.Delete == nil || a.Delete.Lsn == "" {
+		t.Errorf("Pipeline delete: %q", out)
+	}
+	if a := answers["3"]; a.Error == nil || a.Error.Code != 3 || !strings.HasPrefix(a.Error.Message, "key:") {
+		t.Errorf("Pipeline put with an empty key: want INVALID_ARGUMENT (3) naming key: %q", out)
+	}
 	status := runGrpcurl(t, "-plaintext", p.addr, "walship.v1.AdminService/Status")
 	if !strings.Contains(status, `"ROLE_PRIMARY"`) || !strings.Contains(status, `"stateDigest"`) {
 		t.Errorf("Status output: %s", status)
