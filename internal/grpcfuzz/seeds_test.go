@@ -83,6 +83,16 @@ func seeds(bigValue int) []seed {
 			Failure: []*walshipv1.TxnOp{get(bigKey)},
 		},
 		&walshipv1.TxnRequest{Success: manyGets, Speculative: true})
+	// Pipeline: a stream of several kinds of operation (the plan mixes
+	// the seeds of one method), a replica refusing its writes.
+	add(targetPrimary, classClient, kv+"Pipeline",
+		&walshipv1.PipelineRequest{Id: 1, Op: &walshipv1.PipelineRequest_Put{Put: &walshipv1.PutRequest{Key: "fuzz/q", Value: []byte("v"), Policy: policy}}},
+		&walshipv1.PipelineRequest{Id: 2, Op: &walshipv1.PipelineRequest_Delete{Delete: &walshipv1.DeleteRequest{Key: "fuzz/q"}}, Timeout: durationpb.New(time.Second)},
+		&walshipv1.PipelineRequest{Id: 3, Op: &walshipv1.PipelineRequest_Txn{Txn: &walshipv1.TxnRequest{Success: []*walshipv1.TxnOp{get(smallKey)}}}},
+		&walshipv1.PipelineRequest{Id: 4, Op: &walshipv1.PipelineRequest_Get{Get: &walshipv1.GetRequest{Key: bigKey, RequirePrimary: true}}})
+	add(targetReplica, classClient, kv+"Pipeline",
+		&walshipv1.PipelineRequest{Id: 1, Op: &walshipv1.PipelineRequest_Put{Put: &walshipv1.PutRequest{Key: "fuzz/q"}}},
+		&walshipv1.PipelineRequest{Id: 2, Op: &walshipv1.PipelineRequest_Get{Get: &walshipv1.GetRequest{Key: smallKey}}})
 	add(targetPrimary, classClient, kv+"Scan", &walshipv1.ScanRequest{Start: "fuzz/", End: "fuzz0", Limit: 10})
 	add(targetReplica, classClient, kv+"Scan", &walshipv1.ScanRequest{})
 	add(targetPrimary, classClient, kv+"Watch", &walshipv1.WatchRequest{Prefix: "fuzz/", StartLsn: 1, PrevValues: true, ProgressInterval: durationpb.New(50 * time.Millisecond)})
