@@ -1,0 +1,156 @@
+package kvpipe_test
+
+import (
+	"context"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/kvpipe"
+	"github.com/walship/walship/internal/testkit"
+	"go.uber.org/goleak"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// fake is a KVService whose Puts of key "slow/..." wait for release, and
+// whose Deletes fail as a primary that is not serving does.
+type fake struct {
+	walshipv1.UnimplementedKVServiceServer
+	maxOps           int
+	release          chan struct{}
+	running, maxSeen atomic.Int64
+	lsn              atomic.Uint64
+}
+
+func (f *fake) Put(ctx context.Context, in *walshipv1.PutRequest) (*walshipv1.PutResponse, error) {
+	n := f.running.Add(1)
+	defer f.running.Add(-1)
+	for m := f.maxSeen.Load(); n > m && !f.maxSeen.CompareAndSwap(m, n); m = f.maxSeen.Load() {
+	}
+	if len(in.GetKey()) > 5 && in.GetKey()[:5] == "slow/" {
+		select {
+		case <-f.release:
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+	}
+	return &walshipv1.PutResponse{Lsn: f.lsn.Add(1)}, nil
+}
+
+func (f *fake) Delete(context.Context, *walshipv1.DeleteRequest) (*walshipv1.DeleteResponse, error) {
+	st, _ := status.New(codes.Unavailable, "primary is opening its epoch").WithDetails(&errdetails.ErrorInfo{Reason: "NOT_SERVING", Domain: "walship"})
+	return nil, st.Err()
+}
+
+func (f *fake) Pipeline(stream walshipv1.KVService_PipelineServer) error {
+	return kvpipe.Serve(stream, f, f.maxOps)
+}
+
+func serve(t *testing.T, f *fake) walshipv1.KVServiceClient {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	walshipv1.RegisterKVServiceServer(g, f)
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = g.Serve(lis) })
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		conn.Close()
+		g.Stop()
+		wg.Wait()
+	})
+	return walshipv1.NewKVServiceClient(conn)
+}
+
+// TestServeRunsAtMostMaxOps: with maxOps 2 and every operation held, the
+// server runs two, reads no further until one is answered, and answers
+// every one once released; a fast operation sent after a held one is
+// answered first (no head-of-line waiting).
+func TestServeRunsAtMostMaxOps(t *testing.T) {
+	f := &fake{maxOps: 2, release: make(chan struct{})}
+	kv := serve(t, f)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := kv.Pipeline(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(id uint64, key string) *walshipv1.PipelineRequest {
+		return &walshipv1.PipelineRequest{Id: id, Op: &walshipv1.PipelineRequest_Put{Put: &walshipv1.PutRequest{Key: key}}}
+	}
+	if err := s.Send(put(1, "slow/1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(put(2, "fast")); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := s.Recv(); err != nil || r.GetId() != 2 || r.GetPut().GetLsn() == 0 {
+		t.Fatalf("first answer %v, %v; want the fast put's (2) while 1 is held", r, err)
+	}
+	for id := uint64(3); id <= 6; id++ {
+		if err := s.Send(put(id, "slow/x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Until(t, "two operations held", func() bool { return f.running.Load() == 2 })
+	answered := map[uint64]bool{2: true}
+	for len(answered) < 6 {
+		f.release <- struct{}{}
+		r, err := s.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if answered[r.GetId()] || r.GetPut() == nil {
+			t.Fatalf("answer %v: a second one, or not a put's", r)
+		}
+		answered[r.GetId()] = true
+	}
+	if _, err := s.Recv(); err == nil {
+		t.Fatal("the stream goes on after every operation is answered")
+	}
+	if m := f.maxSeen.Load(); m != 2 {
+		t.Errorf("%d operations ran at once; want at most (and here exactly) 2", m)
+	}
+}
+
+// TestMuxErrorsAsUnary: a pipelined call's error carries the unary
+// call's code, message and details (the client's "not applied" test
+// reads an ErrorInfo), and a call after Close fails at once.
+func TestMuxErrorsAsUnary(t *testing.T) {
+	kv := serve(t, &fake{})
+	m := kvpipe.NewMux(kv)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, unary := kv.Delete(ctx, &walshipv1.DeleteRequest{Key: "k"})
+	_, piped := m.Delete(ctx, &walshipv1.DeleteRequest{Key: "k"})
+	u, p := status.Convert(unary), status.Convert(piped)
+	if !proto.Equal(u.Proto(), p.Proto()) {
+		t.Errorf("pipelined %v, unary %v: want the same status", p.Proto(), u.Proto())
+	}
+	if r, err := m.Put(ctx, &walshipv1.PutRequest{Key: "k"}); err != nil || r.GetLsn() == 0 {
+		t.Errorf("put: %v, %v", r, err)
+	}
+	m.Close()
+	if _, err := m.Put(ctx, &walshipv1.PutRequest{Key: "k"}); status.Code(err) != codes.Canceled {
+		t.Errorf("put after Close: %v; want CANCELED", err)
+	}
+}
