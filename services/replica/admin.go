@@ -63,7 +63,7 @@ func (s *Server) Status() *walshipv1.StatusResponse {
 		SnapshotLsn: s.snapshotLSN.Load(),
 		StateDigest: v.Digest().String(),
 		Keys:        keyspace.UserKeys(v),
-		Rung:        walshipv1.CatchUpRung(s.rung.Load()),
+		Rung:        walshipv1.CatchUpRung(s.follower.rung.Load()),
 		Primary:     s.primary(),
 		PrimaryId:   vote.Primary,
 		VoteEpoch:   vote.Epoch,
@@ -74,7 +74,7 @@ func (s *Server) Status() *walshipv1.StatusResponse {
 		Peers: []*walshipv1.PeerStatus{{
 			Id:         s.primary(),
 			Role:       walshipv1.Role_ROLE_PRIMARY,
-			Connected:  s.connected.Load(),
+			Connected:  s.follower.connected.Load(),
 			WrittenLsn: pos.WrittenLsn,
 			FlushedLsn: pos.FlushedLsn,
 			AppliedLsn: pos.AppliedLsn,

@@ -86,7 +86,7 @@ func donorRefusal(err error) error {
 }
 
 // write runs the first half of a round: it checks the batches in order,
-// writes the good prefix with one append, adds it to s.unapplied (to be
+// writes the good prefix with one append, adds it to s.follower.unapplied (to be
 // flushed and applied) and calls written (to ack the write at once). It
 // returns the first refusal (or a fatal WAL error). streamEpoch is the
 // sending primary's epoch (0 from a log store): batches from a primary
@@ -172,7 +172,7 @@ func (s *Server) appendRound(good []checked, streamEpoch, newest uint64) error {
 // flushApply runs the second half of one or more rounds: one fsync for
 // every written batch, then applyReady.
 func (s *Server) flushApply() (int, error) {
-	if len(s.unapplied) == 0 {
+	if len(s.follower.unapplied) == 0 {
 		return 0, nil
 	}
 	if s.wal.DurableLSN() < s.wal.LastLSN() {
@@ -188,7 +188,7 @@ func (s *Server) flushApply() (int, error) {
 // fsync, and a replica must never serve a write that a crash of the primary
 // could take back. It returns how many it applied.
 func (s *Server) applyReady() (int, error) {
-	limit := min(s.wal.DurableLSN(), s.primaryDurable)
+	limit := min(s.wal.DurableLSN(), s.follower.primaryDurable)
 	st := s.store.Load()
 	var rd *wal.Reader // reads spilled batches back, if any
 	defer func() {
@@ -198,8 +198,8 @@ func (s *Server) applyReady() (int, error) {
 	}()
 	n := 0
 	commit := s.rd.commitLSN()
-	for ; n < len(s.unapplied) && s.unapplied[n].env.GetLastLsn() <= limit; n++ {
-		c := &s.unapplied[n]
+	for ; n < len(s.follower.unapplied) && s.follower.unapplied[n].env.GetLastLsn() <= limit; n++ {
+		c := &s.follower.unapplied[n]
 		if c.spilled {
 			if err := s.unspill(&rd, c); err != nil {
 				s.dropUnapplied(n)
@@ -213,13 +213,13 @@ func (s *Server) applyReady() (int, error) {
 			// disagree, and recovery would fail the same way. Stop rather
 			// than serve a state that skips a batch.
 			err = fmt.Errorf("%w: apply LSNs %d..%d: %w", errFatal, c.env.GetFirstLsn(), c.env.GetLastLsn(), err)
-			s.dropUnapplied(n) // c points into s.unapplied: formatted first
+			s.dropUnapplied(n) // c points into s.follower.unapplied: formatted first
 			return n, err
 		}
 		s.feed.Append(txns)
 		s.metrics.appliedRecords.Add(float64(len(c.batch.Records)))
 		s.metrics.appliedBytes.Add(float64(len(c.env.GetPayload())))
-		if last := c.env.GetLastLsn(); last == commit && n+1 < len(s.unapplied) && s.unapplied[n+1].env.GetLastLsn() <= limit {
+		if last := c.env.GetLastLsn(); last == commit && n+1 < len(s.follower.unapplied) && s.follower.unapplied[n+1].env.GetLastLsn() <= limit {
 			// The watermark ends here and the round goes on: keep a view
 			// of this point, readable at once.
 			s.rd.applied(st.Snapshot())
@@ -238,7 +238,7 @@ func (s *Server) applyReady() (int, error) {
 	return n, nil
 }
 
-// keepUnapplied adds written batches to s.unapplied. Decoded batches are
+// keepUnapplied adds written batches to s.follower.unapplied. Decoded batches are
 // kept in memory up to MaxUnappliedBytes of payload; past that only their
 // LSNs are, and applyReady reads them back from the WAL. The bound matters
 // when the primary's durable LSN stalls (a slow or stuck fsync, a long
@@ -249,24 +249,24 @@ func (s *Server) keepUnapplied(cs []checked) {
 		c := &cs[i]
 		c.data = nil // written to the WAL: not needed again
 		size := int64(len(c.env.GetPayload()))
-		if s.unappliedBytes+size <= s.cfg.MaxUnappliedBytes {
+		if s.follower.unappliedBytes+size <= s.cfg.MaxUnappliedBytes {
 			c.held = size
-			s.unappliedBytes += size
+			s.follower.unappliedBytes += size
 			continue
 		}
-		if now := s.now(); now.Sub(s.spillWarned) >= time.Minute {
-			s.spillWarned = now
+		if now := s.now(); now.Sub(s.follower.spillWarned) >= time.Minute {
+			s.follower.spillWarned = now
 			s.logger.Warn("batches waiting for the primary's durable LSN exceed --max-unapplied-bytes; the rest are kept on disk only and read back to be applied",
-				"max_unapplied_bytes", s.cfg.MaxUnappliedBytes, "primary_durable_lsn", s.primaryDurable, "from_lsn", c.env.GetFirstLsn())
+				"max_unapplied_bytes", s.cfg.MaxUnappliedBytes, "primary_durable_lsn", s.follower.primaryDurable, "from_lsn", c.env.GetFirstLsn())
 		}
 		*c = spilledBatch(c.env.GetFirstLsn(), c.env.GetLastLsn())
 		spilled++
 	}
-	s.unapplied = append(s.unapplied, cs...)
+	s.follower.unapplied = append(s.follower.unapplied, cs...)
 	s.observeUnapplied(spilled)
 }
 
-// spilledBatch is a batch of s.unapplied kept in the WAL only.
+// spilledBatch is a batch of s.follower.unapplied kept in the WAL only.
 func spilledBatch(first, last uint64) checked {
 	return checked{env: &walshipv1.WalBatch{FirstLsn: first, LastLsn: last}, spilled: true}
 }
@@ -308,31 +308,31 @@ func (s *Server) unspill(rd **wal.Reader, c *checked) error {
 	return nil
 }
 
-// dropUnapplied removes the first n batches of s.unapplied.
+// dropUnapplied removes the first n batches of s.follower.unapplied.
 func (s *Server) dropUnapplied(n int) {
-	s.forgetUnapplied(s.unapplied[:n])
-	rest := copy(s.unapplied, s.unapplied[n:])
-	clear(s.unapplied[rest:])
-	s.unapplied = s.unapplied[:rest]
+	s.forgetUnapplied(s.follower.unapplied[:n])
+	rest := copy(s.follower.unapplied, s.follower.unapplied[n:])
+	clear(s.follower.unapplied[rest:])
+	s.follower.unapplied = s.follower.unapplied[:rest]
 }
 
 // forgetUnapplied releases the memory accounting of batches leaving
-// s.unapplied.
+// s.follower.unapplied.
 func (s *Server) forgetUnapplied(cs []checked) {
 	for i := range cs {
-		s.unappliedBytes -= cs[i].held
+		s.follower.unappliedBytes -= cs[i].held
 	}
 	s.observeUnapplied(0)
 }
 
 // observeUnapplied updates the metrics after batches were spilled or
-// s.unapplied changed.
+// s.follower.unapplied changed.
 func (s *Server) observeUnapplied(spilled int) {
 	if s.metrics == nil {
 		return // recovering: New reports them once the metrics exist
 	}
 	s.metrics.spilled.Add(float64(spilled))
-	s.metrics.unapplied.Set(float64(s.unappliedBytes))
+	s.metrics.unapplied.Set(float64(s.follower.unappliedBytes))
 }
 
 // process runs one whole round (write, fsync, apply), for the log store
@@ -340,13 +340,13 @@ func (s *Server) observeUnapplied(spilled int) {
 func (s *Server) process(round []*walshipv1.WalBatch, written func()) (int, error) {
 	before := s.wal.LastLSN()
 	refused := s.write(round, 0, written)
-	if len(s.unapplied) == 0 {
+	if len(s.follower.unapplied) == 0 {
 		return 0, refused
 	}
 	// Only what this round wrote is the log store's word; what the primary
 	// sent before it (still unapplied) is durable only as far as that goes.
 	if last := s.wal.LastLSN(); last > before {
-		s.primaryDurable = max(s.primaryDurable, last)
+		s.follower.primaryDurable = max(s.follower.primaryDurable, last)
 	}
 	n, err := s.flushApply()
 	if err != nil {

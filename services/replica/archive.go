@@ -49,7 +49,7 @@ func (s *Server) readArchive(ctx context.Context) (progress bool, err error) {
 	if s.arch == nil {
 		return false, errors.New("no archive is configured (--archive)")
 	}
-	if s.reseedBack {
+	if s.follower.reseedBack {
 		// Moving back (after a divergence) is the primary's state to take.
 		return false, errors.New("this replica must re-seed from its primary to undo a diverged tail, not from the archive")
 	}

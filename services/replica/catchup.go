@@ -168,7 +168,7 @@ var errSnapshot = errors.New("bad snapshot stream")
 // that must move the state backwards (after a divergence) asks the
 // primary: its state is the one to go back to.
 func (s *Server) reseed(ctx context.Context) (bool, error) {
-	if !s.reseedBack {
+	if !s.follower.reseedBack {
 		for _, ls := range s.logstores {
 			ok, err := s.reseedFromLogStore(ctx, ls.addr, ls.client)
 			if ok {
@@ -337,7 +337,7 @@ func (s *Server) reseedFromPrimary(ctx context.Context) (bool, error) {
 	if e := s.epoch.Load(); hdr.GetEpoch() < e {
 		return false, &refusal{reason: reasonEpoch, err: fmt.Errorf("snapshot from epoch %d, this replica has seen epoch %d", hdr.GetEpoch(), e)}
 	}
-	if applied := s.appliedLSN(); hdr.GetLsn() < applied && !s.reseedBack {
+	if applied := s.appliedLSN(); hdr.GetLsn() < applied && !s.follower.reseedBack {
 		// Taking it would move reads backwards; the primary's state will
 		// move past ours soon enough.
 		return false, fmt.Errorf("%w: snapshot at LSN %d is behind this replica's applied LSN %d", errSnapshot, hdr.GetLsn(), applied)
@@ -369,7 +369,7 @@ func (s *Server) install(st *state.Store, epoch uint64) error {
 	s.snapMu.Lock()
 	defer s.snapMu.Unlock()
 	lsn := st.AppliedLSN()
-	if s.reseedBack {
+	if s.follower.reseedBack {
 		// Moving backwards: first lower the applied marker, then remove
 		// the newer snapshots — they hold entries the primary lost — so
 		// that no restart replays or loads them. Not readable: the new
@@ -394,25 +394,25 @@ func (s *Server) install(st *state.Store, epoch uint64) error {
 	if err := s.resetHistory(epoch, lsn); err != nil {
 		return fmt.Errorf("%w: %w", errFatal, err)
 	}
-	s.dropUnapplied(len(s.unapplied))
-	if s.reseedBack {
+	s.dropUnapplied(len(s.follower.unapplied))
+	if s.follower.reseedBack {
 		// What the old primary reported durable above lsn was of the
 		// history it lost; the new one has said nothing yet.
-		s.primaryDurable = lsn
+		s.follower.primaryDurable = lsn
 	} else {
-		s.primaryDurable = max(s.primaryDurable, lsn)
+		s.follower.primaryDurable = max(s.follower.primaryDurable, lsn)
 	}
 	s.store.Store(st)
 	s.feed.Reset(lsn)
-	if s.reseedBack {
+	if s.follower.reseedBack {
 		s.rd.back(st.Snapshot())
 	} else {
 		s.rd.reset(st.Snapshot())
 	}
-	if s.reseedBack {
+	if s.follower.reseedBack {
 		s.visible.Reset(lsn)
 		s.lag.reset(lsn)
-		s.reseedBack = false
+		s.follower.reseedBack = false
 	}
 	s.visible.Advance(lsn)
 	s.lag.advance(lsn)
@@ -448,7 +448,7 @@ func (s *Server) cutDiverged(keep uint64) (bool, error) {
 			s.logger.Warn("cannot keep the entries past the cut in an orphan file before re-seeding", "truncate_after_lsn", keep, "err", err)
 		}
 		s.walMu.Unlock()
-		s.reseedBack = true
+		s.follower.reseedBack = true
 		return false, nil
 	}
 	s.walMu.Lock()
@@ -474,18 +474,18 @@ func (s *Server) cutDiverged(keep uint64) (bool, error) {
 			err = fmt.Errorf("LSN %d is inside an entry", keep)
 		}
 		s.logger.Warn("cannot cut the log where the primary says; re-seeding", "truncate_after_lsn", keep, "err", err)
-		s.reseedBack = true
+		s.follower.reseedBack = true
 		return false, nil
 	}
-	n := len(s.unapplied)
-	for n > 0 && s.unapplied[n-1].env.GetFirstLsn() > keep {
+	n := len(s.follower.unapplied)
+	for n > 0 && s.follower.unapplied[n-1].env.GetFirstLsn() > keep {
 		n--
 	}
-	s.forgetUnapplied(s.unapplied[n:])
-	clear(s.unapplied[n:])
-	s.unapplied = s.unapplied[:n]
+	s.forgetUnapplied(s.follower.unapplied[n:])
+	clear(s.follower.unapplied[n:])
+	s.follower.unapplied = s.follower.unapplied[:n]
 	// A durable LSN above keep was reported of the lost history.
-	s.primaryDurable = min(s.primaryDurable, keep)
+	s.follower.primaryDurable = min(s.follower.primaryDurable, keep)
 	return true, nil
 }
 

@@ -186,13 +186,13 @@ func (s *Server) followPrimary(addr string) {
 		return
 	}
 	s.logger.Info("following a new primary", "primary", addr)
-	s.streamMu.Lock()
-	if s.streamCancel != nil {
-		s.streamCancel()
+	s.follower.streamMu.Lock()
+	if s.follower.streamCancel != nil {
+		s.follower.streamCancel()
 	}
-	s.streamMu.Unlock()
+	s.follower.streamMu.Unlock()
 	select {
-	case s.newPrimary <- struct{}{}:
+	case s.follower.newPrimary <- struct{}{}:
 	default:
 	}
 }
@@ -204,20 +204,20 @@ func (s *Server) primary() string { return *s.primaryAddr.Load() }
 // it if it changed.
 func (s *Server) replClient() (walshipv1.ReplicationServiceClient, error) {
 	addr := s.primary()
-	s.connMu.Lock()
-	defer s.connMu.Unlock()
-	if s.primaryConn != nil && s.connAddr == addr {
-		return s.repl, nil
+	s.follower.connMu.Lock()
+	defer s.follower.connMu.Unlock()
+	if s.follower.primaryConn != nil && s.follower.connAddr == addr {
+		return s.follower.repl, nil
 	}
-	conn, err := grpc.NewClient(addr, s.dialPrimary...)
+	conn, err := grpc.NewClient(addr, s.follower.dialPrimary...)
 	if err != nil {
 		return nil, fmt.Errorf("primary %s: %w", addr, err)
 	}
-	if s.primaryConn != nil {
-		_ = s.primaryConn.Close()
+	if s.follower.primaryConn != nil {
+		_ = s.follower.primaryConn.Close()
 	}
-	s.primaryConn, s.connAddr, s.repl = conn, addr, walshipv1.NewReplicationServiceClient(conn)
-	return s.repl, nil
+	s.follower.primaryConn, s.follower.connAddr, s.follower.repl = conn, addr, walshipv1.NewReplicationServiceClient(conn)
+	return s.follower.repl, nil
 }
 
 // epochServer is the replica's EpochService.
@@ -353,7 +353,7 @@ func (s *Server) fenceState() *walshipv1.FenceResponse {
 		LastLsn:           s.wal.DurableLSN(),
 		History:           h.Proto(),
 		AppliedLsn:        s.appliedLSN(),
-		PrimaryDurableLsn: s.primaryDurableSeen.Load(),
+		PrimaryDurableLsn: s.follower.primaryDurableSeen.Load(),
 		PrimaryLastLsn:    s.lag.primaryLSN(),
 		ClusterId:         s.cluster.ID(),
 	}

@@ -16,7 +16,7 @@ import (
 var errFatal = errors.New("replica: fatal")
 
 func (s *Server) setRung(r walshipv1.CatchUpRung) {
-	if walshipv1.CatchUpRung(s.rung.Swap(int32(r))) != r {
+	if walshipv1.CatchUpRung(s.follower.rung.Swap(int32(r))) != r {
 		s.logger.Info("catch-up rung", "rung", rungLabel(r), "next_lsn", s.wal.LastLSN()+1)
 	}
 	s.metrics.setRung(r)
@@ -172,7 +172,7 @@ func (s *Server) afterReseed(l *ladder, err error) retry {
 		l.bo.Reset()
 		return retryNow
 	}
-	if !s.reseedBack {
+	if !s.follower.reseedBack {
 		if s.arch != nil {
 			// Neither the log stores nor the primary could re-seed this
 			// replica: the archive may.
@@ -303,7 +303,7 @@ func (s *Server) waitRetry(ctx context.Context, bo *backoff.Backoff) bool {
 	defer cancel()
 	go func() {
 		select {
-		case <-s.newPrimary:
+		case <-s.follower.newPrimary:
 			cancel()
 		case <-wctx.Done():
 		}

@@ -70,7 +70,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		Name: "walship_replica_connected",
 		Help: "1 while a replication stream from the primary is up, else 0.",
 	}, func() float64 {
-		if s.connected.Load() {
+		if s.follower.connected.Load() {
 			return 1
 		}
 		return 0

@@ -124,13 +124,7 @@ type Server struct {
 	reads   *kvread.Reader
 	lag     *lagTracker
 
-	// connMu guards the connection to the primary, which changes when the
-	// replica follows a new one (replClient).
-	connMu      sync.Mutex
-	dialPrimary []grpc.DialOption
-	primaryConn *grpc.ClientConn
-	connAddr    string
-	repl        walshipv1.ReplicationServiceClient
+	// primaryAddr is the primary to follow: set by the vote (followPrimary).
 	primaryAddr atomic.Pointer[string]
 	logstores   []*logStore // Config.LogStores, dialled
 	// arch is Config.Archive, opened (nil: none); the archive rung reads it.
@@ -159,35 +153,9 @@ type Server struct {
 	// adopted from the first primary, snapshot or granted fence that
 	// states one (cluster.go).
 	cluster *datadir.Cluster
-	// streamCancel ends the current stream from the primary (a promise to
-	// a newer epoch does); guarded by streamMu.
-	streamMu     sync.Mutex
-	streamCancel context.CancelFunc
-	// newPrimary wakes a follower waiting out its backoff when the
-	// primary to follow changes (followPrimary).
-	newPrimary chan struct{}
-	// primaryDurableSeen mirrors primaryDurable for readers.
-	primaryDurableSeen atomic.Uint64
-
-	rung      atomic.Int32 // walshipv1.CatchUpRung
-	connected atomic.Bool
-
-	// Follower-only state. unapplied holds written batches, in LSN order,
-	// not yet applied: not flushed here, or not yet durable on the primary
-	// (primaryDurable, the highest durable LSN the primary reported).
-	// reseedBack lets the next re-seed move the state backwards: after a
-	// divergence, what this replica applied beyond the cut is not the
-	// primary's history.
-	unapplied      []checked
-	unappliedBytes int64     // payload bytes of the batches in unapplied kept in memory
-	spillWarned    time.Time // when spilling was last logged (at most once a minute)
-	primaryDurable uint64
-	reseedBack     bool
-	// markerLSN, markerReadable and markerTime: the applied marker last
-	// saved (DataDir/applied), and when.
-	markerLSN      uint64
-	markerReadable bool
-	markerTime     time.Time
+	// follower is the following goroutine's state and the replication
+	// position it owns (follower.go).
+	follower follower
 
 	// snapMu serialises snapshot writing and re-seeding (SaveSnapshot must
 	// not run concurrently for one directory).
@@ -204,8 +172,8 @@ func New(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, logger: cfg.Logger, fs: cfg.FS, now: time.Now, snaps: recovery.NewSnapshotSchedule(cfg.SnapshotEveryBytes),
-		newPrimary: make(chan struct{}, 1)}
+	s := &Server{cfg: cfg, logger: cfg.Logger, fs: cfg.FS, now: time.Now, snaps: recovery.NewSnapshotSchedule(cfg.SnapshotEveryBytes)}
+	s.follower.newPrimary = make(chan struct{}, 1)
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)
 	}
@@ -242,7 +210,7 @@ func New(cfg Config) (*Server, error) {
 				Backoff: grpcbackoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second}}),
 		), cfg.DialOptions...)
 	}
-	s.dialPrimary = dial(tlsid.ClassNode)
+	s.follower.dialPrimary = dial(tlsid.ClassNode)
 	var err error
 	if _, err = s.replClient(); err != nil {
 		return nil, fmt.Errorf("--primary %s: %w", s.primary(), err)
@@ -291,7 +259,7 @@ func New(cfg Config) (*Server, error) {
 	s.srv = srv
 	s.metrics = newMetrics(reg, s)
 	spilled := 0
-	for _, c := range s.unapplied {
+	for _, c := range s.follower.unapplied {
 		if c.spilled {
 			spilled++
 		}
@@ -302,12 +270,12 @@ func New(cfg Config) (*Server, error) {
 }
 
 func (s *Server) closeConns() {
-	s.connMu.Lock()
-	if s.primaryConn != nil {
-		_ = s.primaryConn.Close()
-		s.primaryConn = nil
+	s.follower.connMu.Lock()
+	if s.follower.primaryConn != nil {
+		_ = s.follower.primaryConn.Close()
+		s.follower.primaryConn = nil
 	}
-	s.connMu.Unlock()
+	s.follower.connMu.Unlock()
 	for _, ls := range s.logstores {
 		_ = ls.conn.Close()
 	}
@@ -335,7 +303,7 @@ func (s *Server) recover() error {
 	// (or to say they diverged).
 	for _, e := range res.Pending {
 		if e.Data == nil { // past the memory bound: read back when applied
-			s.unapplied = append(s.unapplied, spilledBatch(e.FirstLSN, e.LastLSN))
+			s.follower.unapplied = append(s.follower.unapplied, spilledBatch(e.FirstLSN, e.LastLSN))
 			continue
 		}
 		var c checked
@@ -350,8 +318,8 @@ func (s *Server) recover() error {
 		s.logger.Info("batches not yet known durable on the primary wait to be applied", "batches", n,
 			"from_lsn", res.Pending[0].FirstLSN, "to_lsn", res.Pending[n-1].LastLSN)
 	}
-	s.primaryDurable = res.Store.AppliedLSN()
-	s.markerLSN, s.markerReadable = marker.LSN, marker.Readable
+	s.follower.primaryDurable = res.Store.AppliedLSN()
+	s.follower.markerLSN, s.follower.markerReadable = marker.LSN, marker.Readable
 	s.store.Store(res.Store)
 	s.visible.Advance(res.Store.AppliedLSN())
 	// What was applied before the restart becomes readable once the
@@ -498,7 +466,7 @@ func (s *Server) loadAppliedMarker() datadir.AppliedMarker {
 // is an optimisation of restarts. A read-only replica keeps its marker.
 func (s *Server) saveAppliedMarker(sync bool) {
 	lsn := min(s.rd.lsn.Load(), s.appliedLSN())
-	if s.cfg.ReadOnly || lsn == 0 || (lsn == s.markerLSN && !s.markerReadable) || (!sync && time.Since(s.markerTime) < markerInterval) {
+	if s.cfg.ReadOnly || lsn == 0 || (lsn == s.follower.markerLSN && !s.follower.markerReadable) || (!sync && time.Since(s.follower.markerTime) < markerInterval) {
 		return // nothing served (yet, or since a re-seed backwards), saved, or saved lately
 	}
 	if err := s.writeAppliedMarker(datadir.AppliedMarker{LSN: lsn}, sync); err != nil {
@@ -523,7 +491,7 @@ func (s *Server) writeAppliedMarker(m datadir.AppliedMarker, sync bool) error {
 	if err := datadir.SaveAppliedMarker(s.fs, s.cfg.DataDir, m, sync); err != nil {
 		return err
 	}
-	s.markerLSN, s.markerReadable, s.markerTime = m.LSN, m.Readable, time.Now()
+	s.follower.markerLSN, s.follower.markerReadable, s.follower.markerTime = m.LSN, m.Readable, time.Now()
 	return nil
 }
 
@@ -606,7 +574,7 @@ func (s *Server) Run(ctx context.Context) error {
 		fatal = <-followDone
 	}
 	s.srv.SetServing(false)
-	s.connected.Store(false)
+	s.follower.connected.Store(false)
 	stopSnap()
 	<-snapDone
 	s.closeConns()

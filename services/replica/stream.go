@@ -41,13 +41,13 @@ func (s *Server) streamFromPrimary(ctx context.Context) (progress bool, err erro
 	ps := s.startStream(sctx, cancel, stream)
 	defer func() {
 		ps.stop()
-		s.connected.Store(false)
+		s.follower.connected.Store(false)
 	}()
 	defer ps.flushTimer.Stop()
 	// Whatever was written when the stream ends is flushed, and applied as
-	// far as the primary said it is durable; the rest waits in s.unapplied.
+	// far as the primary said it is durable; the rest waits in s.follower.unapplied.
 	defer func() {
-		if len(s.unapplied) > 0 {
+		if len(s.follower.unapplied) > 0 {
 			if ferr := ps.flush(); ferr != nil && err == nil {
 				err = ferr
 			}
@@ -61,9 +61,9 @@ func (s *Server) streamFromPrimary(ctx context.Context) (progress bool, err erro
 // setStreamCancel records how to end the current stream from the primary
 // (nil: there is none).
 func (s *Server) setStreamCancel(cancel context.CancelFunc) {
-	s.streamMu.Lock()
-	s.streamCancel = cancel
-	s.streamMu.Unlock()
+	s.follower.streamMu.Lock()
+	s.follower.streamCancel = cancel
+	s.follower.streamMu.Unlock()
 }
 
 // primaryStream is one replication stream from the primary: its one
@@ -183,7 +183,7 @@ func (ps *primaryStream) run(ctx context.Context) error {
 		if m == nil {
 			return ps.ended(ok)
 		}
-		s.connected.Store(true)
+		s.follower.connected.Store(true)
 		if err := ps.take(m); err != nil {
 			return err
 		}
@@ -230,8 +230,8 @@ func (ps *primaryStream) take(m *walshipv1.StreamResponse) error {
 			// accepted them as its own history.
 			return &divergedError{keep: d.GetTruncateAfterLsn(), epoch: d.GetEpoch()}
 		}
-		s.primaryDurable = max(s.primaryDurable, m.GetDurableLsn())
-		s.primaryDurableSeen.Store(s.primaryDurable)
+		s.follower.primaryDurable = max(s.follower.primaryDurable, m.GetDurableLsn())
+		s.follower.primaryDurableSeen.Store(s.follower.primaryDurable)
 		s.rd.committed(m.GetCommitLsn())
 		switch x := m.GetMsg().(type) {
 		case *walshipv1.StreamResponse_Batch:
@@ -292,7 +292,7 @@ func (ps *primaryStream) process() error {
 	unflushed := s.wal.DurableLSN() < s.wal.LastLSN()
 	replyNow := r.replyNow || r.ackFlushed
 	switch {
-	case replyNow || refused != nil || (unflushed && len(s.unapplied) >= maxRound) || s.cfg.FlushDelay <= 0:
+	case replyNow || refused != nil || (unflushed && len(s.follower.unapplied) >= maxRound) || s.cfg.FlushDelay <= 0:
 		if err := ps.flush(); err != nil {
 			return err
 		}
