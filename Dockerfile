@@ -22,7 +22,7 @@ RUN go mod download
 COPY . .
 ARG VERSION=dev
 RUN CGO_ENABLED=0 go build -trimpath \
-        -ldflags "-s -w -X github.com/walship/walship/internal/cli.Version=${VERSION}" \
+        -ldflags "-s -w -X github.com/walship/walship/app/cli.Version=${VERSION}" \
         -o /out/walship ./cmd/walship \
     && mkdir -p /out/data
 

@@ -172,7 +172,7 @@ IMAGE_CTX := $(CURDIR)/dist/image
 .PHONY: image
 image:
 	rm -rf $(IMAGE_CTX) && mkdir -p $(IMAGE_CTX)/data
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X github.com/walship/walship/internal/cli.Version=$(IMAGE_VERSION)" -o $(IMAGE_CTX)/walship ./cmd/walship
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X github.com/walship/walship/app/cli.Version=$(IMAGE_VERSION)" -o $(IMAGE_CTX)/walship ./cmd/walship
 	printf '%s\n' 'FROM scratch' 'COPY walship /walship' 'COPY --chown=65532:65532 data /data' 'USER 65532:65532' \
 		'EXPOSE 7400 7401 7402 9400 9401 9402' 'ENTRYPOINT ["/walship"]' 'CMD ["help"]' > $(IMAGE_CTX)/Dockerfile
 	docker build -t $(IMAGE) $(IMAGE_CTX)

@@ -9,7 +9,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/walship/walship/internal/cli"
+	"github.com/walship/walship/app/cli"
 )
 
 func main() {

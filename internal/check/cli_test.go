@@ -9,9 +9,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/walship/walship/app/cli"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/check"
-	"github.com/walship/walship/internal/cli"
 	"github.com/walship/walship/internal/cluster"
 	"google.golang.org/grpc"
 )

@@ -19,7 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/walship/walship/internal/cli"
+	"github.com/walship/walship/app/cli"
 )
 
 // Labels every object carries (app.kubernetes.io/*, set by the base's

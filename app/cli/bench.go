@@ -14,8 +14,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/walship/walship/app/bench"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
-	"github.com/walship/walship/internal/bench"
 	"github.com/walship/walship/internal/cluster"
 	"github.com/walship/walship/services/primary"
 )

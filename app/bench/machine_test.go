@@ -49,7 +49,7 @@ func loopbackReader() int {
 // hosts falls to the NIC and the receiver. paced/none is the pacing
 // alone (the loop without the write), to subtract from the paced cases.
 //
-//	go test -run '^$' -bench BenchmarkLoopbackMessage -benchtime 3000x ./internal/bench
+//	go test -run '^$' -bench BenchmarkLoopbackMessage -benchtime 3000x ./app/bench
 func BenchmarkLoopbackMessage(b *testing.B) {
 	if runtime.GOOS != "linux" || runtime.NumCPU() < 2 {
 		b.Skip("needs Linux and two CPUs (pins the sender and the reader)")
@@ -143,7 +143,7 @@ func loopbackSend(b *testing.B, readerCPU string, paced bool) {
 // moves. On such a machine every message replication adds slows the
 // primary's commit path too, not only by the call's own time.
 //
-//	go test -run '^$' -bench BenchmarkLookupsAfterSyscall -count 3 ./internal/bench
+//	go test -run '^$' -bench BenchmarkLookupsAfterSyscall -count 3 ./app/bench
 func BenchmarkLookupsAfterSyscall(b *testing.B) {
 	if runtime.GOOS != "linux" {
 		b.Skip("uses getppid(2) through package syscall on Linux")

@@ -19,7 +19,7 @@ import (
 	"github.com/walship/walship/internal/serve"
 )
 
-// Version is set at link time (-ldflags "-X github.com/walship/walship/internal/cli.Version=v1.2.3").
+// Version is set at link time (-ldflags "-X github.com/walship/walship/app/cli.Version=v1.2.3").
 var Version = "dev"
 
 // command is one subcommand.
