@@ -68,8 +68,9 @@ import (
 // closeConns), the cluster id's lock (datadir.Cluster, under voteMu and
 // walMu), rd.mu (readable.go; it advances the feed's bound, a watermark,
 // under it) and lag.mu (lag.go). snapMu is never taken with voteMu or
-// walMu held: its only takers are the snapshotter and the follower's
-// install, both holding nothing.
+// walMu held: its only takers are takeSnapshot (the snapshotter, and
+// Run's final snapshot once the follower has ended) and the follower's
+// install, all holding nothing.
 type follower struct {
 	// Set from outside the follower (a vote naming a new primary:
 	// followPrimary), read by it.

@@ -39,6 +39,11 @@
 // cumulative positions read when they are sent, so they coalesce by
 // construction; the sender also acks at least every heartbeat interval.
 //
+// The follower's state is a type of its own (follower.go, whose header
+// lists its stages, goroutines and the package's lock order); follow.go
+// holds the ladder, stream.go a stream from the primary, apply.go the
+// rounds.
+//
 // # Storage
 //
 // The data directory has the primary's layout (internal/recovery): WAL
