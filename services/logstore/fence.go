@@ -147,7 +147,7 @@ func (s *Server) acceptor() failover.State {
 
 // clusterRefused is the refusal of peer, which states the cluster id
 // theirs, for a message the failover core refused as another cluster's
-// (logged and counted by requireCluster).
+// (logged and counted by guard.Require).
 func (s *Server) clusterRefused(theirs, peer string) error {
 	if err := s.guard.Require(theirs, peer); err != nil {
 		return err

@@ -4,7 +4,6 @@ import (
 	"fmt"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
-	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/rpcerr"
 )
 
@@ -17,44 +16,18 @@ import (
 // both, counted in walship_cluster_mismatch_total): the replica neither
 // promises it anything nor follows it, and nothing changes on disk. So
 // is a primary, a snapshot, a log store to catch up from or a candidate
-// it would grant that states no id (requireCluster); a reader that states
+// it would grant that states no id (guard.Require); a reader that states
 // none is served.
-
-// refuseOtherCluster refuses a peer that states another cluster than the
-// replica's (nil if either id is unknown or they agree), logging and
-// counting it: for a read of the replica's log, which changes nothing
-// here (rpcerr.CheckCluster). peer names it ("the request").
-func (s *Server) refuseOtherCluster(theirs, peer string) error {
-	return s.clusterRefusal(rpcerr.CheckCluster("replica "+s.cfg.ID, s.cluster.ID(), peer, theirs), theirs, peer)
-}
-
-// requireCluster is refuseOtherCluster for what changes the replica — a
-// candidate's fence, a primary to follow, a log or a snapshot to take:
-// once the replica has an id, an empty one is refused too
-// (rpcerr.RequireCluster). peer names it ("the primary p1").
-func (s *Server) requireCluster(theirs, peer string) error {
-	return s.clusterRefusal(rpcerr.RequireCluster("replica "+s.cfg.ID, s.cluster.ID(), peer, theirs), theirs, peer)
-}
-
-// clusterRefusal logs and counts err, a refusal of peer for its cluster
-// id theirs, if not nil.
-func (s *Server) clusterRefusal(err error, theirs, peer string) error {
-	if err != nil {
-		s.metrics.clusterMismatch.Inc()
-		s.logger.Warn("refused a peer of another cluster", "cluster_id", s.cluster.ID(), "peer", peer, "peer_cluster_id", theirs)
-	}
-	return err
-}
 
 // checkPeerCluster checks a cluster id a peer this replica takes from (the
 // primary's stream or snapshot, a log store) states: a malformed one is a
 // refusal of the message, another cluster's (or none, once the replica has
-// an id) requireCluster's.
+// an id) guard.Require's.
 func (s *Server) checkPeerCluster(theirs, field, peer string) error {
-	if err := checkClusterID(field, theirs); err != nil {
+	if err := rpcerr.CheckClusterID(field, theirs); err != nil {
 		return &refusal{reason: reasonDecode, err: err}
 	}
-	return s.requireCluster(theirs, peer)
+	return s.guard.Require(theirs, peer)
 }
 
 // adoptCluster makes id the replica's cluster id if it has none (and id
@@ -70,18 +43,6 @@ func (s *Server) adoptCluster(id, from string) error {
 	}
 	if adopted {
 		s.logger.Info("joined a cluster", "cluster_id", id, "from", from)
-	}
-	return nil
-}
-
-// checkClusterID validates a cluster id a message states ("" states
-// none): INVALID_ARGUMENT naming field.
-func checkClusterID(field, id string) error {
-	if id == "" {
-		return nil
-	}
-	if err := datadir.ValidateClusterID(id); err != nil {
-		return rpcerr.Invalid(field, "%v", err)
 	}
 	return nil
 }

@@ -245,7 +245,7 @@ func (h *epochServer) Fence(ctx context.Context, req *walshipv1.FenceRequest) (*
 	case req.GetCandidateAddr() == "":
 		return nil, status.Error(codes.InvalidArgument, "candidate_addr: required (the candidate's advertised gRPC address)")
 	}
-	if err := checkClusterID("cluster_id", req.GetClusterId()); err != nil {
+	if err := rpcerr.CheckClusterID("cluster_id", req.GetClusterId()); err != nil {
 		return nil, err
 	}
 	return h.s.Fence(req)
@@ -336,12 +336,12 @@ func (s *Server) persist(effects []failover.Effect) error {
 
 // clusterRefused is the refusal of peer, which states the cluster id
 // theirs, for a message the failover core refused as another cluster's
-// (logged and counted by requireCluster).
+// (logged and counted by guard.Require).
 func (s *Server) clusterRefused(theirs, peer string) error {
-	if err := s.requireCluster(theirs, peer); err != nil {
+	if err := s.guard.Require(theirs, peer); err != nil {
 		return err
 	}
-	return s.clusterRefusal(rpcerr.OtherCluster("replica "+s.cfg.ID, s.cluster.ID(), peer, theirs), theirs, peer)
+	return s.guard.Refusal(rpcerr.OtherCluster("replica "+s.cfg.ID, s.cluster.ID(), peer, theirs), theirs, peer)
 }
 
 // fenceState describes the replica's log for a FenceResponse.
@@ -450,10 +450,10 @@ type logServer struct {
 
 // Read streams the replica's durable WAL entries (internal/walserve).
 func (l *logServer) Read(req *walshipv1.ReadRequest, stream walshipv1.LogStoreService_ReadServer) error {
-	if err := checkClusterID("cluster_id", req.GetClusterId()); err != nil {
+	if err := rpcerr.CheckClusterID("cluster_id", req.GetClusterId()); err != nil {
 		return err
 	}
-	if err := l.s.refuseOtherCluster(req.GetClusterId(), "the request"); err != nil {
+	if err := l.s.guard.Check(req.GetClusterId(), "the request"); err != nil {
 		return err
 	}
 	return walserve.Read(l.s.wal, "replica "+l.s.cfg.ID, req, stream)

@@ -84,6 +84,7 @@ import (
 	"github.com/walship/walship/internal/keyspace"
 	"github.com/walship/walship/internal/kvread"
 	"github.com/walship/walship/internal/recovery"
+	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/internal/tlsid"
@@ -158,6 +159,7 @@ type Server struct {
 	// adopted from the first primary, snapshot or granted fence that
 	// states one (cluster.go).
 	cluster *datadir.Cluster
+	guard   rpcerr.ClusterGuard // refuses peers of another cluster
 	// follower is the following goroutine's state and the replication
 	// position it owns (follower.go).
 	follower follower
@@ -263,6 +265,8 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.srv = srv
 	s.metrics = newMetrics(reg, s)
+	s.guard = rpcerr.ClusterGuard{Role: "replica " + cfg.ID, ID: func() string { return s.cluster.ID() },
+		Refused: s.metrics.clusterMismatch.Inc, Logger: s.logger}
 	spilled := 0
 	for _, c := range s.follower.unapplied {
 		if c.spilled {

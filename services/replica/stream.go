@@ -11,6 +11,7 @@ import (
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/failover"
+	"github.com/walship/walship/internal/rpcerr"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -412,7 +413,7 @@ func (s *Server) positions() *walshipv1.ReplicaAck {
 func (s *Server) acceptPrimary(hb *walshipv1.Heartbeat) error {
 	s.voteMu.Lock()
 	defer s.voteMu.Unlock()
-	if err := checkClusterID("heartbeat.cluster_id", hb.GetClusterId()); err != nil {
+	if err := rpcerr.CheckClusterID("heartbeat.cluster_id", hb.GetClusterId()); err != nil {
 		return &refusal{reason: reasonDecode, err: err}
 	}
 	st := s.acceptor().Heartbeat(failover.Heartbeat{Epoch: hb.GetEpoch(), Primary: hb.GetPrimaryId(), Addr: hb.GetPrimaryAddr(),
