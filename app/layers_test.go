@@ -30,12 +30,6 @@ func (l layer) String() string {
 	return [...]string{"leaf", "service", "composition root", "main"}[l]
 }
 
-// roots are composition roots outside app/ (doc.go says why each is
-// there). Shrink this list; do not grow it.
-var roots = []string{
-	"internal/cluster",
-}
-
 // serviceImports are the services that import another service: from →
 // the services it may import. Shrink this list; do not grow it.
 var serviceImports = map[string][]string{
@@ -45,8 +39,6 @@ var serviceImports = map[string][]string{
 func layerOf(pkg string) layer {
 	top, _, _ := strings.Cut(pkg, "/")
 	switch {
-	case slices.Contains(roots, pkg):
-		return root
 	case top == "cmd":
 		return mainPkg
 	case top == "app":
@@ -161,11 +153,6 @@ func TestImportLayers(t *testing.T) {
 			}
 		}
 	}
-	for _, r := range roots {
-		if _, ok := imports[r]; !ok {
-			t.Errorf("roots lists %s, which is gone or imports nothing of the module: remove it", r)
-		}
-	}
 }
 
 // TestAllowed pins the rule itself.
@@ -176,9 +163,9 @@ func TestAllowed(t *testing.T) {
 	}{
 		{"cmd/walship", "app/cli", true},
 		{"app/cli", "services/replica", true},
-		{"app/cli", "internal/cluster", true},
+		{"app/cli", "app/cluster", true},
 		{"app/bench", "internal/serve", true},
-		{"internal/cluster", "services/primary", true},
+		{"app/cluster", "services/primary", true},
 		{"services/replica", "internal/wal", true},
 		{"services/replica/x", "services/replica", true},
 		{"services/node", "services/replica", true},
@@ -188,7 +175,7 @@ func TestAllowed(t *testing.T) {
 		{"pkg/client", "services/primary", false},
 		{"internal/serve", "app/cli", false},
 		{"services/replica", "app/cli", false},
-		{"services/replica", "internal/cluster", false},
+		{"services/replica", "app/cluster", false},
 		{"services/replica", "services/primary", false},
 		{"services/logstore", "services/node", false},
 		{"app/cli", "cmd/walship", false},

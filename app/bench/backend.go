@@ -23,7 +23,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
-	"github.com/walship/walship/internal/cluster"
+	"github.com/walship/walship/app/cluster"
 	"github.com/walship/walship/internal/cpustat"
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/pkg/codec"
@@ -61,7 +61,7 @@ type backend struct {
 }
 
 // startInProcess starts a log store, a primary and n replicas in this
-// process (internal/cluster), the way `walship dev` does.
+// process (app/cluster), the way `walship dev` does.
 func startInProcess(ctx context.Context, dir string, n int, c codec.Codec, pol primary.Policy, logger *slog.Logger, sec serve.Security, basePort int) (*backend, error) {
 	cl, err := cluster.Start(ctx, cluster.Config{
 		Dir: dir, LogStores: 1, Replicas: n, BasePort: basePort,

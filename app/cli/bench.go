@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/walship/walship/app/bench"
+	"github.com/walship/walship/app/cluster"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
-	"github.com/walship/walship/internal/cluster"
 	"github.com/walship/walship/services/primary"
 )
 

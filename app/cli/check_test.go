@@ -4,8 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/walship/walship/app/cluster"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
-	"github.com/walship/walship/internal/cluster"
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/pkg/client"
 )

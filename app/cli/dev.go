@@ -14,9 +14,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/walship/walship/app/cluster"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/archive"
-	"github.com/walship/walship/internal/cluster"
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/services/logstore"
 	"github.com/walship/walship/services/primary"

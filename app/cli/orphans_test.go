@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/walship/walship/app/cluster"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
-	"github.com/walship/walship/internal/cluster"
 )
 
 // TestCtlOrphans: a forced promotion loses the tail replica-0 alone

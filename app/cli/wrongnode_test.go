@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/walship/walship/app/cluster"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
-	"github.com/walship/walship/internal/cluster"
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/testkit"
 	"google.golang.org/grpc/codes"

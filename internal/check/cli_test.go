@@ -10,9 +10,9 @@ import (
 	"testing"
 
 	"github.com/walship/walship/app/cli"
+	"github.com/walship/walship/app/cluster"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/check"
-	"github.com/walship/walship/internal/cluster"
 	"google.golang.org/grpc"
 )
 

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/walship/walship/app/cluster"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
-	"github.com/walship/walship/internal/cluster"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"

@@ -11,8 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/walship/walship/app/cluster"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
-	"github.com/walship/walship/internal/cluster"
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/tlsid"
 	"github.com/walship/walship/services/logstore"

@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/walship/walship/app/cluster"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/archive"
-	"github.com/walship/walship/internal/cluster"
 	"github.com/walship/walship/internal/restore"
 	"github.com/walship/walship/internal/s3test"
 	"github.com/walship/walship/internal/testkit"

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/walship/walship/app/cluster"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
-	"github.com/walship/walship/internal/cluster"
 	"github.com/walship/walship/internal/keyspace"
 	"github.com/walship/walship/internal/recovery"
 	"github.com/walship/walship/internal/restore"

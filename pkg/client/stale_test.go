@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/walship/walship/app/cluster"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
-	"github.com/walship/walship/internal/cluster"
 	"github.com/walship/walship/internal/testkit"
 	"github.com/walship/walship/pkg/client"
 	"github.com/walship/walship/services/primary"
