@@ -190,6 +190,56 @@ func TestPutGetDeleteScan(t *testing.T) {
 	}
 }
 
+// TestTxnReadsItsOwnWrites: each op of a Txn reads the writes of the ops
+// before it, a delete included, and the last op's write, kept for no later
+// op, is still committed.
+func TestTxnReadsItsOwnWrites(t *testing.T) {
+	r := start(t, testConfig(t, t.TempDir()))
+	c := ctx(t)
+	if _, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "old", Value: []byte("o")}); err != nil {
+		t.Fatal(err)
+	}
+	put := func(k, v string) *walshipv1.TxnOp {
+		return &walshipv1.TxnOp{Op: &walshipv1.TxnOp_Put{Put: &walshipv1.PutOp{Key: k, Value: []byte(v)}}}
+	}
+	del := func(k string) *walshipv1.TxnOp {
+		return &walshipv1.TxnOp{Op: &walshipv1.TxnOp_Delete{Delete: &walshipv1.DeleteOp{Key: k}}}
+	}
+	get := func(k string) *walshipv1.TxnOp {
+		return &walshipv1.TxnOp{Op: &walshipv1.TxnOp_Get{Get: &walshipv1.GetOp{Key: k}}}
+	}
+	resp, err := r.kv.Txn(c, &walshipv1.TxnRequest{Success: []*walshipv1.TxnOp{
+		put("a", "1"), del("a"), get("a"), // 0-2: a written, then deleted
+		del("old"), get("old"), // 3-4: a stored key deleted
+		put("b", "2"), get("b"), put("b", "3"), // 5-7: b written twice, the last by the last op
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := resp.GetResults()
+	if len(res) != 8 {
+		t.Fatalf("Txn results = %v, want 8", res)
+	}
+	if !res[1].GetDelete().GetExisted() {
+		t.Errorf("delete after put in the txn: existed = false, want true")
+	}
+	if res[2].GetGet().GetFound() {
+		t.Errorf("get after delete in the txn = %v, want not found", res[2].GetGet())
+	}
+	if !res[3].GetDelete().GetExisted() || res[4].GetGet().GetFound() {
+		t.Errorf("delete then get of a stored key = %v, %v; want existed, then not found", res[3], res[4])
+	}
+	if g := res[6].GetGet(); !g.GetFound() || string(g.GetValue()) != "2" || g.GetVersionLsn() != resp.GetLsn() {
+		t.Errorf("get after put in the txn = %v, want 2 at LSN %d", g, resp.GetLsn())
+	}
+	for k, want := range map[string]string{"a": "", "old": "", "b": "3"} {
+		got, err := r.kv.Get(c, &walshipv1.GetRequest{Key: k})
+		if err != nil || got.GetFound() != (want != "") || string(got.GetValue()) != want {
+			t.Errorf("Get %s after the txn = %v, %v; want %q", k, got, err, want)
+		}
+	}
+}
+
 func TestTxnComparesAndResults(t *testing.T) {
 	r := start(t, testConfig(t, t.TempDir()))
 	c := ctx(t)

@@ -154,7 +154,7 @@ func (p *pipeline) stageLocked(res *execResult, pol Policy, ops []op, writes int
 	first := p.nextLSN
 	t.commitLSN = first + uint64(writes)
 	txnID := p.nextTxn
-	view := txnView{base: p.overlay, local: make(map[string]*opResult, len(ops))}
+	view := txnView{base: p.overlay}
 	t.recs = make([]codec.Record, 0, writes+1)
 	res.results = make([]opResult, len(ops))
 	for i, o := range ops {
@@ -163,11 +163,15 @@ func (p *pipeline) stageLocked(res *execResult, pol Policy, ops []op, writes int
 		switch o.kind {
 		case codec.OpPut:
 			t.recs = append(t.recs, codec.Record{LSN: first + uint64(len(t.recs)), TxnID: txnID, Op: codec.OpPut, Key: []byte(o.key), Value: o.value})
-			view.local[o.key] = &opResult{found: true, value: o.value, version: t.commitLSN}
+			if i < len(ops)-1 {
+				view.set(o.key, opResult{found: true, value: o.value, version: t.commitLSN}, len(ops))
+			}
 		case codec.OpDelete:
 			_, _, r.existed = view.get(o.key)
 			t.recs = append(t.recs, codec.Record{LSN: first + uint64(len(t.recs)), TxnID: txnID, Op: codec.OpDelete, Key: []byte(o.key)})
-			view.local[o.key] = &opResult{}
+			if i < len(ops)-1 {
+				view.set(o.key, opResult{}, len(ops))
+			}
 		default:
 			r.value, r.version, r.found = view.get(o.key)
 			if err := budget.add(i, r.value); err != nil {
@@ -184,10 +188,21 @@ func (p *pipeline) stageLocked(res *execResult, pol Policy, ops []op, writes int
 }
 
 // txnView is what a transaction's own ops read: its earlier writes, then
-// every sequenced write (the overlay).
+// every sequenced write (the overlay). Only a write that a later op of
+// the same transaction may read is kept in local, made on the first such
+// write: a single Put or Delete, the common request, allocates no map.
 type txnView struct {
 	base  *state.Overlay
-	local map[string]*opResult
+	local map[string]opResult
+}
+
+// set records the write of op key for the ops after it; ops is the
+// transaction's op count, a bound on the keys it writes.
+func (v *txnView) set(key string, r opResult, ops int) {
+	if v.local == nil {
+		v.local = make(map[string]opResult, ops)
+	}
+	v.local[key] = r
 }
 
 func (v *txnView) get(key string) (value []byte, version uint64, ok bool) {
