@@ -87,15 +87,15 @@ func (a *admission) collectors() []prometheus.Collector {
 }
 
 // admit admits a write of n bytes from ctx's peer, or refuses it; the
-// caller calls release once the write is answered.
-func (a *admission) admit(ctx context.Context, n int) (release func(), err error) {
+// caller releases what it returns, once, when the write is answered.
+func (a *admission) admit(ctx context.Context, n int) (admitted, error) {
 	if a.rate > 0 {
 		if err := a.charge(tlsid.Peer(ctx), n); err != nil {
-			return nil, err
+			return admitted{}, err
 		}
 	}
 	if a.limit <= 0 {
-		return func() {}, nil
+		return admitted{}, nil
 	}
 	w := int64(n)
 	// A write larger than the bound passes when nothing else is in
@@ -103,11 +103,25 @@ func (a *admission) admit(ctx context.Context, n int) (release func(), err error
 	if now := a.inflight.Add(w); now > a.limit && now != w {
 		a.inflight.Add(-w)
 		a.refused.WithLabelValues("inflight_bytes").Inc()
-		return nil, notApplied(codes.ResourceExhausted, "INFLIGHT_BYTES", 50*time.Millisecond,
+		return admitted{}, notApplied(codes.ResourceExhausted, "INFLIGHT_BYTES", 50*time.Millisecond,
 			"primary holds %d bytes of writes in flight, --max-inflight-commit-bytes is %d: write refused, not applied; retry", now-w, a.limit)
 	}
-	var once sync.Once
-	return func() { once.Do(func() { a.inflight.Add(-w) }) }, nil
+	return admitted{a: a, bytes: w}, nil
+}
+
+// admitted is a write admit let in: a value, not a closure, so that a
+// write allocates nothing to be admitted. Each caller releases it once
+// (with defer).
+type admitted struct {
+	a     *admission // nil if nothing is held
+	bytes int64
+}
+
+// release gives back the write's bytes of the in-flight bound.
+func (h admitted) release() {
+	if h.a != nil {
+		h.a.inflight.Add(-h.bytes)
+	}
 }
 
 // charge takes n bytes from id's bucket, or refuses while it is in debt.

@@ -63,11 +63,11 @@ func (k *kvServer) Put(ctx context.Context, req *walshipv1.PutRequest) (*walship
 	if err := k.s.takingWrite(); err != nil {
 		return nil, err
 	}
-	release, err := k.s.admit.admit(ctx, proto.Size(req))
+	held, err := k.s.admit.admit(ctx, proto.Size(req))
 	if err != nil {
 		return nil, err
 	}
-	defer release()
+	defer held.release()
 	res, err := k.s.exec(ctx, req.GetPolicy(), nil, []op{{kind: codec.OpPut, key: req.GetKey(), value: req.GetValue()}})
 	if err != nil {
 		return nil, err
@@ -82,11 +82,11 @@ func (k *kvServer) Delete(ctx context.Context, req *walshipv1.DeleteRequest) (*w
 	if err := k.s.takingWrite(); err != nil {
 		return nil, err
 	}
-	release, err := k.s.admit.admit(ctx, proto.Size(req))
+	held, err := k.s.admit.admit(ctx, proto.Size(req))
 	if err != nil {
 		return nil, err
 	}
-	defer release()
+	defer held.release()
 	res, err := k.s.exec(ctx, req.GetPolicy(), nil, []op{{kind: codec.OpDelete, key: req.GetKey()}})
 	if err != nil {
 		return nil, err
@@ -125,11 +125,11 @@ func (k *kvServer) Txn(ctx context.Context, req *walshipv1.TxnRequest) (*walship
 		return nil, err
 	}
 	if writing {
-		release, err := k.s.admit.admit(ctx, proto.Size(req))
+		held, err := k.s.admit.admit(ctx, proto.Size(req))
 		if err != nil {
 			return nil, err
 		}
-		defer release()
+		defer held.release()
 	}
 	res, err := k.s.execTxn(ctx, req.GetPolicy(), cmps, success, failure, req.GetSpeculative())
 	if err != nil {
