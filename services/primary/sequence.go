@@ -18,12 +18,15 @@ type txn struct {
 	recs      []codec.Record // puts/deletes then one commit record
 	commitLSN uint64
 	policy    Policy
-	// local receives the writer's verdict, once (decide): nil once the txn
-	// is in the WAL (synced if policy.needsLocalSync()), else the WAL's
-	// error. Buffered.
-	local   chan error
-	decided atomic.Bool
-	start   time.Time
+	// local is signalled once the writer's verdict is in localErr, once
+	// (decide): nil once the txn is in the WAL (synced if
+	// policy.needsLocalSync()), else the WAL's error. Buffered. A channel
+	// of struct{} rather than of error: one allocation per transaction
+	// fewer, a channel of pointers needing its buffer apart.
+	local    chan struct{}
+	localErr error // written before the send on local, read after the receive
+	decided  atomic.Bool
+	start    time.Time
 	// commitTime is its batch's commit time (set by encode, before the
 	// write, read after await's receive).
 	commitTime int64
@@ -37,7 +40,8 @@ type txn struct {
 // the committer and the syncer may both fail the same transaction.
 func (t *txn) decide(err error) {
 	if t.decided.CompareAndSwap(false, true) {
-		t.local <- err
+		t.localErr = err
+		t.local <- struct{}{}
 	}
 }
 
@@ -150,7 +154,7 @@ func (p *pipeline) readLocked(res *execResult, cmps []state.Compare, ops []op, b
 // staged in the overlay, the txn queued for its writer. A read past the
 // budget refuses the txn before anything is staged.
 func (p *pipeline) stageLocked(res *execResult, pol Policy, ops []op, writes int, start time.Time, budget *readBudget) (*txn, error) {
-	t := &txn{policy: pol, local: make(chan error, 1), start: start}
+	t := &txn{policy: pol, local: make(chan struct{}, 1), start: start}
 	first := p.nextLSN
 	t.commitLSN = first + uint64(writes)
 	txnID := p.nextTxn
