@@ -36,9 +36,10 @@ import (
 //
 // The primary:
 //
-//	start [cluster=ID]              start it (cluster: its saved cluster id,
-//	                                written before the first start; default
-//	                                none, so it makes one)
+//	start [cluster=ID] [logstores=a,b]
+//	                                start it, as p1 (cluster: its saved
+//	                                cluster id, written before the first
+//	                                start; default none, so it makes one)
 //	stop                            stop it gracefully; prints what Run returned
 //	crash                           the machine dies: nothing more reaches
 //	                                the disk, what was not synced is lost, a
@@ -51,11 +52,25 @@ import (
 //	history                         the epoch history as saved (epoch@first LSN)
 //	metric <name>                   a counter or gauge of the primary's registry
 //
+// Fake log stores (scriptedLogStore; their addresses print as their names):
+//
+//	logstore <name> [hold]          a log store, to be given to start
+//	                                (logstores=a,b); it grants newer fences,
+//	                                echoes heartbeats at once, and acknowledges
+//	                                batches as durable at once (hold: only
+//	                                when logstore-ack says)
+//	logstore-recv <name> [lsn=N]    wait until it has received LSN N; print
+//	                                the fences, cuts and batches it was sent
+//	                                since the last time
+//	logstore-ack <name> durable=N   the held log store's log is durable to N
+//	await-logstore-wait             wait until a commit waits on the log stores
+//
 // A client:
 //
-//	put key=K value=V [durability=async] [sync=flush|write|apply] [as=NAME]
-//	                                a Put (sync: wait for one replica at that
-//	                                level); prints "lsn N" or the error's
+//	put key=K value=V [durability=async] [sync=flush|write|apply]
+//	    [logstore=sync] [as=NAME]   a Put (sync: wait for one replica at that
+//	                                level; logstore: for a majority of the
+//	                                log stores); prints "lsn N" or the error's
 //	                                code and message; with as, it runs in the
 //	                                background and prints nothing
 //	await-put NAME                  wait for the background Put, print its
@@ -79,7 +94,8 @@ import (
 //	close id=R                      end the stream from the replica's side
 func TestTranscripts(t *testing.T) {
 	datadriven.Walk(t, "testdata", func(t *testing.T, path string) {
-		e := &transcript{streams: map[string]*fakeReplica{}, puts: map[string]chan error{}, putLSN: map[string]*uint64{}}
+		e := &transcript{streams: map[string]*fakeReplica{}, puts: map[string]chan error{}, putLSN: map[string]*uint64{},
+			logstores: map[string]*scriptedLogStore{}}
 		datadriven.RunTest(t, path, e.run)
 	})
 }
@@ -95,6 +111,9 @@ type transcript struct {
 	puts    map[string]chan error // background Puts by name
 	putLSN  map[string]*uint64
 	gate    *fsyncGate // non-nil while fsyncs of the WAL are held
+
+	logstores     map[string]*scriptedLogStore // by name
+	logstoreNames []string
 }
 
 // fsyncGate holds the WAL's fsyncs until it opens: they then succeed, or
@@ -110,31 +129,36 @@ type fakeReplica struct {
 	cancel context.CancelFunc
 }
 
-// tcommand is a command: the names of its arguments, and what it does.
+// tcommand is a command: how many plain arguments it takes first, the
+// names of the others, and what it does.
 type tcommand struct {
-	args []string
-	run  func(e *transcript, t *testing.T, td *datadriven.TestData) string
+	plain int
+	args  []string
+	run   func(e *transcript, t *testing.T, td *datadriven.TestData) string
 }
 
-// transcriptCommands are the commands TestTranscripts lists; metric and
-// await-put take one plain argument.
+// transcriptCommands are the commands TestTranscripts lists.
 var transcriptCommands = map[string]tcommand{
-	"start":         {[]string{"cluster"}, (*transcript).start},
-	"stop":          {nil, (*transcript).stop},
-	"crash":         {nil, (*transcript).crash},
-	"restart":       {nil, (*transcript).restart},
-	"hold-fsync":    {nil, (*transcript).holdFsync},
-	"release-fsync": {nil, (*transcript).releaseFsync},
-	"status":        {nil, (*transcript).status},
-	"history":       {nil, (*transcript).history},
-	"metric":        {nil, (*transcript).metric},
-	"put":           {[]string{"key", "value", "durability", "sync", "as"}, (*transcript).put},
-	"await-put":     {nil, (*transcript).awaitPut},
-	"stream":        {[]string{"id", "next", "epoch", "fenced", "cluster"}, (*transcript).stream},
-	"recv":          {[]string{"id"}, (*transcript).recv},
-	"recv-durable":  {[]string{"id", "lsn"}, (*transcript).recvDurable},
-	"ack":           {[]string{"id", "written", "flushed", "applied"}, (*transcript).ack},
-	"close":         {[]string{"id"}, (*transcript).closeStream},
+	"start":               {0, []string{"cluster", "logstores"}, (*transcript).start},
+	"stop":                {0, nil, (*transcript).stop},
+	"crash":               {0, nil, (*transcript).crash},
+	"restart":             {0, nil, (*transcript).restart},
+	"hold-fsync":          {0, nil, (*transcript).holdFsync},
+	"release-fsync":       {0, nil, (*transcript).releaseFsync},
+	"status":              {0, nil, (*transcript).status},
+	"history":             {0, nil, (*transcript).history},
+	"metric":              {1, nil, (*transcript).metric},
+	"put":                 {0, []string{"key", "value", "durability", "sync", "logstore", "as"}, (*transcript).put},
+	"await-put":           {1, nil, (*transcript).awaitPut},
+	"stream":              {0, []string{"id", "next", "epoch", "fenced", "cluster"}, (*transcript).stream},
+	"recv":                {0, []string{"id"}, (*transcript).recv},
+	"recv-durable":        {0, []string{"id", "lsn"}, (*transcript).recvDurable},
+	"ack":                 {0, []string{"id", "written", "flushed", "applied"}, (*transcript).ack},
+	"close":               {0, []string{"id"}, (*transcript).closeStream},
+	"logstore":            {1, []string{"hold"}, (*transcript).logstore},
+	"logstore-recv":       {1, []string{"lsn"}, (*transcript).logstoreRecv},
+	"logstore-ack":        {1, []string{"durable"}, (*transcript).logstoreAck},
+	"await-logstore-wait": {0, nil, (*transcript).awaitLogStoreWait},
 }
 
 // run runs one command, checking its arguments first: a typo must not
@@ -144,16 +168,24 @@ func (e *transcript) run(t *testing.T, td *datadriven.TestData) string {
 	if !ok {
 		td.Fatalf(t, "unknown command %q", td.Cmd)
 	}
-	plain := td.Cmd == "metric" || td.Cmd == "await-put"
 	for i, a := range td.CmdArgs {
-		if !slices.Contains(c.args, a.Key) && (!plain || i > 0 || len(a.Vals) > 0) {
+		if i < c.plain {
+			if len(a.Vals) > 0 {
+				td.Fatalf(t, "%s: argument %d must be plain, not %s", td.Cmd, i+1, a.String())
+			}
+		} else if !slices.Contains(c.args, a.Key) {
 			td.Fatalf(t, "%s does not take %s", td.Cmd, a.String())
 		}
 	}
-	if plain && (len(td.CmdArgs) != 1 || len(td.CmdArgs[0].Vals) > 0) {
-		td.Fatalf(t, "%s takes one plain argument", td.Cmd)
+	if len(td.CmdArgs) < c.plain {
+		td.Fatalf(t, "%s takes %d plain arguments first", td.Cmd, c.plain)
 	}
-	return c.run(e, t, td)
+	out := c.run(e, t, td)
+	// The fake log stores' addresses print as their names.
+	for _, name := range e.logstoreNames {
+		out = strings.ReplaceAll(out, e.logstores[name].addr, name)
+	}
+	return out
 }
 
 func (e *transcript) start(t *testing.T, td *datadriven.TestData) string {
@@ -163,6 +195,21 @@ func (e *transcript) start(t *testing.T, td *datadriven.TestData) string {
 	e.mem = vfs.NewMem()
 	e.cfg = testConfig(t, "/data")
 	e.cfg.FS = e.mem
+	e.cfg.ID = "p1"
+	if td.HasArg("logstores") {
+		for _, a := range td.CmdArgs {
+			if a.Key != "logstores" {
+				continue
+			}
+			for _, name := range a.Vals {
+				l, ok := e.logstores[name]
+				if !ok {
+					td.Fatalf(t, "start: no log store %s", name)
+				}
+				e.cfg.LogStores = append(e.cfg.LogStores, l.addr)
+			}
+		}
+	}
 	// Async commits stay unsynced until something else is synced, and an
 	// idle stream stays quiet: the transcript decides what happens when.
 	e.cfg.AsyncFlushInterval = time.Minute
@@ -309,13 +356,22 @@ func (e *transcript) put(t *testing.T, td *datadriven.TestData) string {
 	td.ScanArgs(t, "key", &key)
 	td.ScanArgs(t, "value", &value)
 	req := &walshipv1.PutRequest{Key: key, Value: []byte(value)}
+	policy := &walshipv1.CommitPolicy{}
 	if td.HasArg("durability") {
 		var d string
 		td.ScanArgs(t, "durability", &d)
 		if d != "async" {
 			td.Fatalf(t, "put: durability=%s; only async", d)
 		}
-		req.Policy = &walshipv1.CommitPolicy{Durability: walshipv1.Durability_DURABILITY_ASYNC}
+		policy.Durability = walshipv1.Durability_DURABILITY_ASYNC
+	}
+	if td.HasArg("logstore") {
+		var mode string
+		td.ScanArgs(t, "logstore", &mode)
+		if mode != "sync" {
+			td.Fatalf(t, "put: logstore=%s; only sync", mode)
+		}
+		policy.Logstore = walshipv1.LogStoreAck_LOG_STORE_ACK_SYNC
 	}
 	if td.HasArg("sync") {
 		var lvl string
@@ -324,8 +380,11 @@ func (e *transcript) put(t *testing.T, td *datadriven.TestData) string {
 		if !ok {
 			td.Fatalf(t, "put: sync=%s", lvl)
 		}
-		req.Policy = &walshipv1.CommitPolicy{Replication: walshipv1.ReplicationMode_REPLICATION_MODE_SYNC, SyncReplicas: 1,
-			SyncLevel: walshipv1.SyncLevel(level), SyncTimeout: durationpb.New(10 * time.Second)}
+		policy.Replication, policy.SyncReplicas = walshipv1.ReplicationMode_REPLICATION_MODE_SYNC, 1
+		policy.SyncLevel, policy.SyncTimeout = walshipv1.SyncLevel(level), durationpb.New(10*time.Second)
+	}
+	if td.HasArg("durability") || td.HasArg("logstore") || td.HasArg("sync") {
+		req.Policy = policy
 	}
 	c := ctx(t)
 	if !td.HasArg("as") {
