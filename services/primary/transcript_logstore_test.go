@@ -13,6 +13,7 @@ import (
 
 	"github.com/cockroachdb/datadriven"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/testkit"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -21,7 +22,8 @@ import (
 
 // scriptedLogStore is a transcript's fake log store: a gRPC server of
 // LogStoreService (Append, Status) and EpochService (Fence) whose answers
-// the script controls. It grants a fence of a newer epoch (or a retry of
+// the script controls. It refuses a fence or a heartbeat of another
+// cluster than its own (if it has one yet), grants a fence of a newer epoch (or a retry of
 // its own candidate's), echoes every heartbeat that asks for a reply at
 // once (so the primary's lease holds without the script's help), stores
 // the batches it is sent, and acknowledges them as durable at once or,
@@ -72,6 +74,12 @@ func (l *scriptedLogStore) change() {
 func (l *scriptedLogStore) Fence(_ context.Context, req *walshipv1.FenceRequest) (*walshipv1.FenceResponse, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.cluster != "" && req.ClusterId != l.cluster {
+		err := rpcerr.OtherCluster("log store", l.cluster, "the candidate "+req.CandidateId, req.ClusterId)
+		l.events = append(l.events, fmt.Sprintf("fence epoch=%d candidate=%s cluster=%s: %v", req.Epoch, req.CandidateId, req.ClusterId, status.Convert(err).Message()))
+		l.change()
+		return nil, err
+	}
 	granted := req.Epoch > l.promise || (req.Epoch == l.promise && req.CandidateId == l.candidate)
 	verdict := "refused"
 	if granted {
@@ -170,6 +178,9 @@ func (l *scriptedLogStore) receive(req *walshipv1.AppendRequest) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if hb := req.GetHeartbeat(); hb != nil {
+		if l.cluster != "" && hb.ClusterId != l.cluster {
+			return rpcerr.OtherCluster("log store", l.cluster, "the primary "+hb.PrimaryId, hb.ClusterId)
+		}
 		if hb.Epoch < l.promise {
 			return status.Errorf(codes.FailedPrecondition, "heartbeat.epoch: %d is older than the promised %d", hb.Epoch, l.promise)
 		}
@@ -214,6 +225,7 @@ func (e *transcript) logstore(t *testing.T, td *datadriven.TestData) string {
 		td.Fatalf(t, "logstore: before start")
 	}
 	l := newScriptedLogStore(t, name, td.HasArg("hold"))
+	td.MaybeScanArgs(t, "cluster", &l.cluster)
 	e.logstores[name] = l
 	e.logstoreNames = append(e.logstoreNames, name)
 	return ""

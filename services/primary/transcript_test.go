@@ -54,8 +54,11 @@ import (
 //
 // Fake log stores (scriptedLogStore; their addresses print as their names):
 //
-//	logstore <name> [hold]          a log store, to be given to start
-//	                                (logstores=a,b); it grants newer fences,
+//	logstore <name> [hold] [cluster=ID]
+//	                                a log store, to be given to start
+//	                                (logstores=a,b), of cluster ID (default:
+//	                                the first it is fenced with); it refuses
+//	                                another cluster's fences, grants newer ones,
 //	                                echoes heartbeats at once, and acknowledges
 //	                                batches as durable at once (hold: only
 //	                                when logstore-ack says)
@@ -155,7 +158,7 @@ var transcriptCommands = map[string]tcommand{
 	"recv-durable":        {0, []string{"id", "lsn"}, (*transcript).recvDurable},
 	"ack":                 {0, []string{"id", "written", "flushed", "applied"}, (*transcript).ack},
 	"close":               {0, []string{"id"}, (*transcript).closeStream},
-	"logstore":            {1, []string{"hold"}, (*transcript).logstore},
+	"logstore":            {1, []string{"hold", "cluster"}, (*transcript).logstore},
 	"logstore-recv":       {1, []string{"lsn"}, (*transcript).logstoreRecv},
 	"logstore-ack":        {1, []string{"durable"}, (*transcript).logstoreAck},
 	"await-logstore-wait": {0, nil, (*transcript).awaitLogStoreWait},
@@ -201,7 +204,7 @@ func (e *transcript) start(t *testing.T, td *datadriven.TestData) string {
 			if a.Key != "logstores" {
 				continue
 			}
-			for _, name := range a.Vals {
+			for _, name := range strings.Split(strings.Join(a.Vals, ","), ",") {
 				l, ok := e.logstores[name]
 				if !ok {
 					td.Fatalf(t, "start: no log store %s", name)
