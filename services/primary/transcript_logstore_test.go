@@ -282,3 +282,21 @@ func (e *transcript) awaitLogStoreWait(t *testing.T, _ *datadriven.TestData) str
 	testkit.UntilWithin(t, 20*time.Second, "a commit to wait on the log stores", func() bool { return r.s.peers.lsWaiting.Load() > 0 })
 	return fmt.Sprintf("waiting: %d", r.s.peers.lsWaiting.Load())
 }
+
+// logstorePromise makes the log store promise a newer epoch to another
+// candidate, as if that candidate had fenced it.
+func (e *transcript) logstorePromise(t *testing.T, td *datadriven.TestData) string {
+	l := e.scripted(t, td)
+	var epoch uint64
+	td.ScanArgs(t, "epoch", &epoch)
+	candidate := "n2"
+	td.MaybeScanArgs(t, "primary", &candidate)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if epoch <= l.promise {
+		td.Fatalf(t, "logstore-promise: %s has promised %d already", l.name, l.promise)
+	}
+	l.promise, l.candidate = epoch, candidate
+	l.change()
+	return ""
+}

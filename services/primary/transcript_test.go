@@ -46,10 +46,13 @@ import (
 //	                                held fsync fails; once the background
 //	                                Puts are answered, the primary is stopped
 //	restart                         start it again on what the disk kept
+//	await-exit                      wait for Run to return by itself; print
+//	                                what it returned
 //	hold-fsync                      the next fsyncs of the WAL wait
 //	release-fsync                   they go on, and later ones do not wait
 //	status                          epoch, last and durable LSNs
 //	history                         the epoch history as saved (epoch@first LSN)
+//	vote                            the vote as saved: its epoch and primary
 //	metric <name>                   a counter or gauge of the primary's registry
 //
 // Fake log stores (scriptedLogStore; their addresses print as their names):
@@ -66,6 +69,9 @@ import (
 //	                                the fences, cuts and batches it was sent
 //	                                since the last time
 //	logstore-ack <name> durable=N   the held log store's log is durable to N
+//	logstore-promise <name> epoch=E [primary=ID]
+//	                                it has promised epoch E to ID (default
+//	                                n2): it refuses heartbeats of older ones
 //	await-logstore-wait             wait until a commit waits on the log stores
 //
 // A client:
@@ -150,6 +156,7 @@ var transcriptCommands = map[string]tcommand{
 	"release-fsync":       {0, nil, (*transcript).releaseFsync},
 	"status":              {0, nil, (*transcript).status},
 	"history":             {0, nil, (*transcript).history},
+	"vote":                {0, nil, (*transcript).voteFile},
 	"metric":              {1, nil, (*transcript).metric},
 	"put":                 {0, []string{"key", "value", "durability", "sync", "logstore", "as"}, (*transcript).put},
 	"await-put":           {1, nil, (*transcript).awaitPut},
@@ -160,6 +167,8 @@ var transcriptCommands = map[string]tcommand{
 	"close":               {0, []string{"id"}, (*transcript).closeStream},
 	"logstore":            {1, []string{"hold", "cluster"}, (*transcript).logstore},
 	"logstore-recv":       {1, []string{"lsn"}, (*transcript).logstoreRecv},
+	"logstore-promise":    {1, []string{"epoch", "primary"}, (*transcript).logstorePromise},
+	"await-exit":          {0, nil, (*transcript).awaitExit},
 	"logstore-ack":        {1, []string{"durable"}, (*transcript).logstoreAck},
 	"await-logstore-wait": {0, nil, (*transcript).awaitLogStoreWait},
 }
@@ -252,6 +261,12 @@ func (e *transcript) stop(t *testing.T, _ *datadriven.TestData) string {
 	return "stopped"
 }
 
+func (e *transcript) awaitExit(t *testing.T, _ *datadriven.TestData) string {
+	r := e.running(t)
+	e.r = nil
+	return fmt.Sprintf("Run returned: %v", r.failed(t, "await-exit"))
+}
+
 func (e *transcript) crash(t *testing.T, _ *datadriven.TestData) string {
 	r := e.running(t)
 	e.r = nil
@@ -331,6 +346,14 @@ func (e *transcript) history(t *testing.T, _ *datadriven.TestData) string {
 		out = append(out, fmt.Sprintf("%d@%d", x.Epoch, x.FirstLSN))
 	}
 	return strings.Join(out, ",")
+}
+
+func (e *transcript) voteFile(t *testing.T, _ *datadriven.TestData) string {
+	v, err := datadir.LoadVote(e.mem, e.cfg.DataDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("epoch=%d primary=%q", v.Epoch, v.Primary)
 }
 
 func (e *transcript) metric(t *testing.T, td *datadriven.TestData) string {
