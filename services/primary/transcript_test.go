@@ -103,7 +103,7 @@ import (
 //	close id=R                      end the stream from the replica's side
 func TestTranscripts(t *testing.T) {
 	datadriven.Walk(t, "testdata", func(t *testing.T, path string) {
-		e := &transcript{streams: map[string]*fakeReplica{}, puts: map[string]chan error{}, putLSN: map[string]*uint64{},
+		e := &transcript{streams: map[string]*fakeReplica{}, puts: map[string]chan putResult{},
 			logstores: map[string]*scriptedLogStore{}}
 		datadriven.RunTest(t, path, e.run)
 	})
@@ -117,12 +117,17 @@ type transcript struct {
 	reg     *prometheus.Registry
 	r       *running // nil while stopped
 	streams map[string]*fakeReplica
-	puts    map[string]chan error // background Puts by name
-	putLSN  map[string]*uint64
-	gate    *fsyncGate // non-nil while fsyncs of the WAL are held
+	puts    map[string]chan putResult // background Puts by name
+	gate    *fsyncGate                // non-nil while fsyncs of the WAL are held
 
 	logstores     map[string]*scriptedLogStore // by name
 	logstoreNames []string
+}
+
+// putResult is a background Put's answer.
+type putResult struct {
+	lsn uint64
+	err error
 }
 
 // fsyncGate holds the WAL's fsyncs until it opens: they then succeed, or
@@ -222,8 +227,8 @@ func (e *transcript) start(t *testing.T, td *datadriven.TestData) string {
 			}
 		}
 	}
-	// Async commits stay unsynced until something else is synced, and an
-	// idle stream stays quiet: the transcript decides what happens when.
+	// Async commits stay unsynced until a sync commit syncs them: the
+	// transcript decides when.
 	e.cfg.AsyncFlushInterval = time.Minute
 	if td.HasArg("cluster") {
 		var id string
@@ -282,8 +287,8 @@ func (e *transcript) crash(t *testing.T, _ *datadriven.TestData) string {
 	// its connection close).
 	for name, res := range e.puts {
 		select {
-		case err := <-res:
-			res <- err // for await-put
+		case p := <-res:
+			res <- p // for await-put
 		case <-time.After(20 * time.Second):
 			t.Fatalf("crash: the put %s was not answered", name)
 		}
@@ -426,15 +431,11 @@ func (e *transcript) put(t *testing.T, td *datadriven.TestData) string {
 	if _, dup := e.puts[name]; dup {
 		td.Fatalf(t, "put: %s is already a name", name)
 	}
-	res := make(chan error, 1)
-	lsn := new(uint64)
-	e.puts[name], e.putLSN[name] = res, lsn
+	res := make(chan putResult, 1)
+	e.puts[name] = res
 	go func() {
 		resp, err := r.kv.Put(c, req)
-		if err == nil {
-			*lsn = resp.Lsn
-		}
-		res <- err
+		res <- putResult{resp.GetLsn(), err}
 	}()
 	return ""
 }
@@ -446,12 +447,12 @@ func (e *transcript) awaitPut(t *testing.T, td *datadriven.TestData) string {
 		td.Fatalf(t, "await-put: no put named %s", name)
 	}
 	select {
-	case err := <-res:
+	case p := <-res:
 		delete(e.puts, name)
-		if err != nil {
-			return fmt.Sprintf("error %v", status.Code(err))
+		if p.err != nil {
+			return fmt.Sprintf("error %v", status.Code(p.err))
 		}
-		return fmt.Sprintf("lsn %d", *e.putLSN[name])
+		return fmt.Sprintf("lsn %d", p.lsn)
 	case <-time.After(20 * time.Second):
 		td.Fatalf(t, "await-put: %s did not return", name)
 		return ""
