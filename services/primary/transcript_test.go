@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
+	"github.com/walship/walship/internal/testkit"
 	"github.com/walship/walship/internal/vfs"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -101,6 +102,13 @@ import (
 //	                                the durable LSN reached
 //	ack id=R written=W flushed=F applied=A
 //	close id=R                      end the stream from the replica's side
+//	await-replica-wait level=L      wait until a commit waits on the replicas
+//	                                at level L (write, flush or apply)
+//	await-replica id=R [written=W] [flushed=F] [applied=A]
+//	                                wait until the primary has recorded R's
+//	                                positions at least there; print them and
+//	                                how many sync commits wait on replicas at
+//	                                each level
 func TestTranscripts(t *testing.T) {
 	datadriven.Walk(t, "testdata", func(t *testing.T, path string) {
 		e := &transcript{streams: map[string]*fakeReplica{}, puts: map[string]chan putResult{},
@@ -170,6 +178,8 @@ var transcriptCommands = map[string]tcommand{
 	"recv-durable":        {0, []string{"id", "lsn"}, (*transcript).recvDurable},
 	"ack":                 {0, []string{"id", "written", "flushed", "applied"}, (*transcript).ack},
 	"close":               {0, []string{"id"}, (*transcript).closeStream},
+	"await-replica":       {0, []string{"id", "written", "flushed", "applied"}, (*transcript).awaitReplica},
+	"await-replica-wait":  {0, []string{"level"}, (*transcript).awaitReplicaWait},
 	"logstore":            {1, []string{"hold", "cluster"}, (*transcript).logstore},
 	"logstore-recv":       {1, []string{"lsn"}, (*transcript).logstoreRecv},
 	"logstore-promise":    {1, []string{"epoch", "primary"}, (*transcript).logstorePromise},
@@ -557,6 +567,43 @@ func (e *transcript) ack(t *testing.T, td *datadriven.TestData) string {
 		t.Fatal(err)
 	}
 	return ""
+}
+
+func (e *transcript) awaitReplica(t *testing.T, td *datadriven.TestData) string {
+	r := e.running(t)
+	var id string
+	var want replicaPos
+	td.ScanArgs(t, "id", &id)
+	td.MaybeScanArgs(t, "written", &want.written)
+	td.MaybeScanArgs(t, "flushed", &want.flushed)
+	td.MaybeScanArgs(t, "applied", &want.applied)
+	var got replicaPos
+	testkit.Until(t, fmt.Sprintf("the primary to record %s's ack", id), func() bool {
+		rs, _ := r.s.peers.snapshot()
+		for _, p := range rs {
+			if p.id == id {
+				got = p
+				return p.written >= want.written && p.flushed >= want.flushed && p.applied >= want.applied
+			}
+		}
+		return false
+	})
+	w := &r.s.peers.waiting
+	return fmt.Sprintf("%s written=%d flushed=%d applied=%d\nwaiting write=%d flush=%d apply=%d", id, got.written, got.flushed, got.applied,
+		w[walshipv1.SyncLevel_SYNC_LEVEL_WRITE].Load(), w[walshipv1.SyncLevel_SYNC_LEVEL_FLUSH].Load(), w[walshipv1.SyncLevel_SYNC_LEVEL_APPLY].Load())
+}
+
+func (e *transcript) awaitReplicaWait(t *testing.T, td *datadriven.TestData) string {
+	r := e.running(t)
+	var lvl string
+	td.ScanArgs(t, "level", &lvl)
+	level, ok := walshipv1.SyncLevel_value["SYNC_LEVEL_"+strings.ToUpper(lvl)]
+	if !ok {
+		td.Fatalf(t, "await-replica-wait: level=%s", lvl)
+	}
+	w := &r.s.peers.waiting[level]
+	testkit.Until(t, "a commit to wait on the replicas at "+lvl, func() bool { return w.Load() > 0 })
+	return fmt.Sprintf("waiting: %d", w.Load())
 }
 
 func (e *transcript) closeStream(t *testing.T, td *datadriven.TestData) string {
