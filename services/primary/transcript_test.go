@@ -85,6 +85,7 @@ import (
 //	                                background and prints nothing
 //	await-put NAME                  wait for the background Put, print its
 //	                                result (an error as its code only)
+//	peek-put NAME                   "no answer yet", or its answer: no wait
 //
 // A fake replica (id: its replica_id, and the name of its stream):
 //
@@ -173,6 +174,7 @@ var transcriptCommands = map[string]tcommand{
 	"metric":              {1, nil, (*transcript).metric},
 	"put":                 {0, []string{"key", "value", "durability", "sync", "logstore", "as"}, (*transcript).put},
 	"await-put":           {1, nil, (*transcript).awaitPut},
+	"peek-put":            {1, nil, (*transcript).peekPut},
 	"stream":              {0, []string{"id", "next", "epoch", "fenced", "cluster"}, (*transcript).stream},
 	"recv":                {0, []string{"id"}, (*transcript).recv},
 	"recv-durable":        {0, []string{"id", "lsn"}, (*transcript).recvDurable},
@@ -466,6 +468,25 @@ func (e *transcript) awaitPut(t *testing.T, td *datadriven.TestData) string {
 	case <-time.After(20 * time.Second):
 		td.Fatalf(t, "await-put: %s did not return", name)
 		return ""
+	}
+}
+
+// peekPut prints whether the background Put has been answered yet,
+// without waiting: "no answer yet" is only ever printed truthfully, so a
+// transcript may say it where the Put cannot have been answered (its
+// fsync held); a premature answer shows there, at least sometimes.
+func (e *transcript) peekPut(t *testing.T, td *datadriven.TestData) string {
+	name := td.CmdArgs[0].Key
+	res, ok := e.puts[name]
+	if !ok {
+		td.Fatalf(t, "peek-put: no put named %s", name)
+	}
+	select {
+	case p := <-res:
+		res <- p // for await-put
+		return fmt.Sprintf("answered: lsn %d, %v", p.lsn, p.err)
+	default:
+		return "no answer yet"
 	}
 }
 
