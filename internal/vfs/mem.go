@@ -175,6 +175,26 @@ func (m *MemFS) FailDirSyncAfterRemove(suffix string, err error) (removed func()
 	return done.Load
 }
 
+// HoldNextSync makes the next File.Sync of a file whose name ends in
+// suffix wait until release is called — a disk stuck in an fsync; later
+// syncs do not wait. entered is closed once that sync has begun. It
+// replaces the InjectSyncError hook; release may be called more than
+// once (tests call it on cleanup too, so that what waits can stop).
+func (m *MemFS) HoldNextSync(suffix string) (entered <-chan struct{}, release func()) {
+	in, out := make(chan struct{}), make(chan struct{})
+	var held, released sync.Once
+	m.InjectSyncError(func(name string) error {
+		if strings.HasSuffix(name, suffix) {
+			held.Do(func() {
+				close(in)
+				<-out
+			})
+		}
+		return nil
+	})
+	return in, func() { released.Do(func() { close(out) }) }
+}
+
 // InjectError installs fn to be called before every operation; a non-nil
 // error fails the operation without effect. Writes reach this hook as OpWrite
 // before the InjectWriteError hook. nil removes the hook.

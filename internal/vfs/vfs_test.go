@@ -480,3 +480,43 @@ func TestMemInjectError(t *testing.T) {
 		t.Fatal("Op.String")
 	}
 }
+
+// TestMemHoldNextSync: the first sync of a matching file waits for
+// release; other files and later syncs do not wait.
+func TestMemHoldNextSync(t *testing.T) {
+	m := NewMem()
+	entered, release := m.HoldNextSync(".wal")
+	t.Cleanup(release)
+	other, err := m.OpenFile("/x.snap", os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Sync(); err != nil {
+		t.Fatalf("a file that does not match: %v", err)
+	}
+	select {
+	case <-entered:
+		t.Fatal("entered before a matching sync")
+	default:
+	}
+	f, err := m.OpenFile("/1.wal", os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- f.Sync() }()
+	<-entered
+	select {
+	case err := <-done:
+		t.Fatalf("the held sync returned (%v) before release", err)
+	default:
+	}
+	release()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatalf("a later sync: %v", err)
+	}
+	release() // again: no panic
+}

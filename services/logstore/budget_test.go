@@ -3,12 +3,8 @@ package logstore
 import (
 	"context"
 	"errors"
-	"strings"
-	"sync"
 	"testing"
 	"time"
-
-	"github.com/walship/walship/internal/vfs"
 )
 
 // TestAppendBudgetBoundsQueuedBytes: while the log store's disk does not
@@ -17,36 +13,16 @@ import (
 // the rest waits in the sender's flow control, not in the log store's
 // memory. Once the fsync returns, every batch is written.
 func TestAppendBudgetBoundsQueuedBytes(t *testing.T) {
-	fs := vfs.NewMem()
-	entered := make(chan struct{})
-	release := make(chan struct{})
-	var once sync.Once
-	fs.InjectSyncError(func(name string) error {
-		if strings.HasSuffix(name, ".wal") {
-			once.Do(func() {
-				close(entered)
-				<-release
-			})
-		}
-		return nil
-	})
 	cfg := testConfig(t, "/data")
-	cfg.FS = fs
 	cfg.MaxMessageBytes = 1 << 20 // a budget of 2 MiB
+	entered, unblock := stalledSync(t, &cfg)
 	r := start(t, cfg)
-	var releaseOnce sync.Once
-	unblock := func() { releaseOnce.Do(func() { close(release) }) }
-	t.Cleanup(unblock)           // before the log store stops, on failure too
 	const n, size = 96, 64 << 10 // 6 MiB: within gRPC's 8 MiB stream window
 	bs := chain(t, 1, 1, n, size)
 
 	a := r.append(t)
 	a.send(bs[0])
-	select {
-	case <-entered:
-	case <-time.After(20 * time.Second):
-		t.Fatal("the first fsync never started")
-	}
+	waitClosed(t, entered, "the first fsync")
 	base := r.s.w.queued.Load() // batch 0, in the writer's round
 	a.send(bs[1:]...)
 	// The budget holds batch 0 and what is queued behind it: 2 MiB of

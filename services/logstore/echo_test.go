@@ -2,7 +2,6 @@ package logstore
 
 import (
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -11,26 +10,14 @@ import (
 	"github.com/walship/walship/internal/vfs"
 )
 
-// stalledSync makes the log store's next WAL fsync block until release is
-// called: entered is closed once it has begun.
+// stalledSync makes the log store's next WAL fsync wait until release.
 func stalledSync(t *testing.T, cfg *Config) (entered <-chan struct{}, release func()) {
 	t.Helper()
 	fs := vfs.NewMem()
-	in, out := make(chan struct{}), make(chan struct{})
-	var once, releaseOnce sync.Once
-	fs.InjectSyncError(func(name string) error {
-		if strings.HasSuffix(name, ".wal") {
-			once.Do(func() {
-				close(in)
-				<-out
-			})
-		}
-		return nil
-	})
-	cfg.FS = fs
-	release = func() { releaseOnce.Do(func() { close(out) }) }
+	entered, release = fs.HoldNextSync(".wal")
 	t.Cleanup(release) // before the log store stops, on failure too
-	return in, release
+	cfg.FS = fs
+	return entered, release
 }
 
 func waitClosed(t *testing.T, ch <-chan struct{}, what string) {
@@ -103,10 +90,11 @@ func TestFenceCoversEarlyEchoes(t *testing.T) {
 		}
 		return false
 	})
-	// A gap of time (not a wait for an event) between the writer's last
-	// admission and the heartbeat, so that a contact counted from the
+	// Time passing is the condition here: a gap between the writer's
+	// last admission and the heartbeat, so that a contact counted from the
 	// former is seen to be too old.
-	time.Sleep(300 * time.Millisecond)
+	queued := time.Now()
+	testkit.UntilWithin(t, 20*time.Second, "300 ms to pass", func() bool { return time.Since(queued) > 300*time.Millisecond })
 	sent := time.Now()
 	a.sendOrEnded(&walshipv1.AppendRequest{Heartbeat: &walshipv1.Heartbeat{Epoch: 1, TimeUnixNano: sent.UnixNano(), ReplyRequested: true}}, "heartbeat")
 	if ack := a.ack(); ack.HeartbeatTimeUnixNano != sent.UnixNano() {

@@ -3,9 +3,6 @@ package primary
 import (
 	"context"
 	"path/filepath"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,19 +20,6 @@ import (
 // log store majority"). Once the disk returns, the batches are durable.
 func TestLeaseOutlastsAStalledLogStoreDisk(t *testing.T) {
 	fs := vfs.NewMem()
-	var armed atomic.Bool
-	entered, release := make(chan struct{}), make(chan struct{})
-	var once, releaseOnce sync.Once
-	fs.InjectSyncError(func(name string) error {
-		if armed.Load() && strings.HasSuffix(name, ".wal") {
-			once.Do(func() {
-				close(entered)
-				<-release
-			})
-		}
-		return nil
-	})
-	unblock := func() { releaseOnce.Do(func() { close(release) }) }
 	lcfg := logstore.DefaultConfig()
 	lcfg.Listen, lcfg.MetricsListen, lcfg.DataDir, lcfg.FS = "127.0.0.1:0", "", "/ls", fs
 	lcfg.StopTimeout = 5 * time.Second
@@ -50,7 +34,6 @@ func TestLeaseOutlastsAStalledLogStoreDisk(t *testing.T) {
 		lcancel()
 		<-ldone
 	})
-	t.Cleanup(unblock) // runs first: the log store can stop
 
 	cfg := testConfig(t, filepath.Join(t.TempDir(), "p"))
 	cfg.LogStores = []string{ls.Addr()}
@@ -68,7 +51,8 @@ func TestLeaseOutlastsAStalledLogStoreDisk(t *testing.T) {
 	// The lease stream is up: the log store has admitted it.
 	testkit.UntilWithin(t, 30*time.Second, "an echo on the lease stream", func() bool { return r.s.leaseEchoes.Load() > 0 })
 
-	armed.Store(true)
+	entered, unblock := fs.HoldNextSync(".wal")
+	t.Cleanup(unblock) // runs first: the log store can stop
 	if err := put("stalls-the-log-store"); err != nil {
 		t.Fatal(err)
 	}
