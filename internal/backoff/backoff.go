@@ -7,6 +7,9 @@ import (
 	"context"
 	"math/rand/v2"
 	"time"
+
+	"google.golang.org/grpc"
+	grpcbackoff "google.golang.org/grpc/backoff"
 )
 
 // Bounds of the delay.
@@ -14,6 +17,17 @@ const (
 	Min = 50 * time.Millisecond
 	Max = 2 * time.Second
 )
+
+// Connect is the same delay as a gRPC connection's reconnect backoff, for
+// every walship client connection (internal/serve's Dialer, pkg/client):
+// gRPC's own starts at 1 s and grows to 2 minutes, while a node that
+// changes role — a replica promoted by a failover — restarts its server on
+// the same address within tens of milliseconds, and its peers and clients
+// must find it again as fast.
+var Connect = grpc.WithConnectParams(grpc.ConnectParams{
+	Backoff:           grpcbackoff.Config{BaseDelay: Min, Multiplier: 1.6, Jitter: 0.2, MaxDelay: Max},
+	MinConnectTimeout: 5 * time.Second,
+})
 
 // Backoff is an exponential delay with jitter. The zero value is ready.
 type Backoff struct{ next time.Duration }

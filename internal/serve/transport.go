@@ -8,8 +8,8 @@ import (
 	"github.com/walship/walship/internal/tlsid"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/walship/walship/internal/backoff"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 )
 
@@ -118,8 +118,7 @@ func (d Dialer) Options(extra ...grpc.DialOption) []grpc.DialOption {
 		grpc.WithChainStreamInterceptor(explainStream(d.TLS())),
 		grpc.WithInitialWindowSize(streamWindow),
 		grpc.WithInitialConnWindowSize(connWindow),
-		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2,
-			MaxDelay: 2 * time.Second}, MinConnectTimeout: 5 * time.Second}),
+		backoff.Connect,
 	}, extra...)
 }
 

@@ -60,7 +60,6 @@ import (
 	"github.com/walship/walship/internal/tlsid"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
-	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
@@ -170,20 +169,9 @@ func New(addrs []string, opts Options) (*Client, error) {
 		c.opts.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	}
 	// First, so that the caller's own connect parameters win.
-	c.opts.DialOptions = append([]grpc.DialOption{reconnect}, c.opts.DialOptions...)
+	c.opts.DialOptions = append([]grpc.DialOption{backoff.Connect}, c.opts.DialOptions...)
 	return c, nil
 }
-
-// reconnect is the connections' reconnect backoff, 50 ms growing to 2 s
-// as the nodes' own (internal/serve): gRPC's default starts at 1 s, and a
-// node that changes role — a replica promoted by a failover — restarts its
-// server on the same address, so a client that tried it meanwhile would
-// not try again for a second after the new primary opened (half the
-// automatic failover's time, docs/BENCHMARKS.md).
-var reconnect = grpc.WithConnectParams(grpc.ConnectParams{
-	Backoff:           grpcbackoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second},
-	MinConnectTimeout: 5 * time.Second,
-})
 
 // Close closes every connection and stops reloading the TLS files.
 func (c *Client) Close() error {

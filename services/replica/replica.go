@@ -92,7 +92,6 @@ import (
 	"github.com/walship/walship/internal/wal"
 	"github.com/walship/walship/internal/watermark"
 	"google.golang.org/grpc"
-	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/keepalive"
 )
 
@@ -209,12 +208,6 @@ func New(cfg Config) (*Server, error) {
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvBytes)),
 			// Find a dead connection (a partition sends no FIN) within ~15s.
 			grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
-			// Reconnect at the follower's own pace (50ms..2s), not grpc's
-			// (1s after the first failure): a new primary that is opening its
-			// server is found as soon as it listens, and its epoch record waits
-			// for this replica's flush.
-			grpc.WithConnectParams(grpc.ConnectParams{MinConnectTimeout: 5 * time.Second,
-				Backoff: grpcbackoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second}}),
 		), cfg.DialOptions...)
 	}
 	s.follower.dialPrimary = dial(tlsid.ClassNode)
