@@ -361,7 +361,7 @@ func TestSecondPromotionBeforeTheFirstOpened(t *testing.T) {
 	r := <-first
 	t.Logf("ctl promote n1: %v\n%s", r.err, r.out)
 	if r.err == nil || !strings.Contains(r.out, "did not open it: superseded") {
-		t.Fatalf("ctl promote on n1, superseded before it opened: %v\n%s", r.err, r.out)
+		t.Fatalf("ctl promote on n1, superseded before it opened: %v\n%s\nn1's log:\n%s", r.err, r.out, c.nodes[1].p.logs())
 	}
 	finish()
 	c.nodes[0].serving = "replica serving"

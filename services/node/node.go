@@ -326,6 +326,7 @@ func (n *Node) newPrimary(listen, metricsListen string, elected *primary.Elected
 		starting := time.Now()
 		cfg.Opened = func() {
 			n.metrics.phase(phaseEpochOpen, starting)
+			n.metrics.promotions.WithLabelValues("opened").Inc()
 			n.mu.Lock()
 			if tl := n.timeline; tl != nil && tl.GetEpoch() == elected.Epoch {
 				tl = proto.Clone(tl).(*walshipv1.FailoverTimeline)
@@ -463,6 +464,9 @@ func (n *Node) Run(ctx context.Context) error {
 		case state == failover.Primary && errors.As(err, &deposed):
 			n.transition(state, failover.Deposed)
 			n.metrics.stepDowns.Inc()
+			// A promotion whose epoch a newer one fenced before it opened
+			// failed: its timeline says so, as the caller waits on it.
+			n.failUnopened(prim.Epoch(), fmt.Errorf("%w: %s before this node opened epoch %d", errSuperseded, deposed.Error(), prim.Epoch()))
 			v := n.findPrimary(ctx, deposed.Vote)
 			n.logger.Warn("stepped down; rejoining as a replica", "why", deposed.Why, "epoch", v.Epoch, "primary", v.Primary, "addr", v.Addr)
 			if err := n.become(RoleReplica, v); err != nil {

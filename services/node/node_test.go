@@ -66,6 +66,7 @@ type cluster struct {
 	members []primary.Member
 	nodes   map[string]*Node
 	runs    map[string]*running
+	tweak   func(*Config) // if set, changes every node's config
 }
 
 func startLogStore(t *testing.T, dir string) string {
@@ -99,8 +100,12 @@ func (c *cluster) config(id string, role Role) Config {
 			listen = m.Addr
 		}
 	}
-	return Config{ID: id, DataDir: filepath.Join(c.dir, id), Listen: listen, Members: c.members, LogStores: []string{c.ls},
+	cfg := Config{ID: id, DataDir: filepath.Join(c.dir, id), Listen: listen, Members: c.members, LogStores: []string{c.ls},
 		Role: role, Primary: p, Replica: r, Registry: serve.NewRegistry(), Logger: testLogger()}
+	if c.tweak != nil {
+		c.tweak(&cfg)
+	}
+	return cfg
 }
 
 func (c *cluster) start(t *testing.T, id string, role Role) *Node {
@@ -114,14 +119,15 @@ func (c *cluster) start(t *testing.T, id string, role Role) *Node {
 	return n
 }
 
-func newCluster(t *testing.T) *cluster { return newClusterAt(t, 0) }
+func newCluster(t *testing.T) *cluster { return newClusterAt(t, 0, nil) }
 
 // newClusterAt is newCluster as if n0 had been the primary of epoch
 // (none if 0) and every directory had promised it: n0 restarts as the
-// primary of the epoch after it.
-func newClusterAt(t *testing.T, epoch uint64) *cluster {
+// primary of the epoch after it. tweak, if not nil, changes every node's
+// config.
+func newClusterAt(t *testing.T, epoch uint64, tweak func(*Config)) *cluster {
 	dir := t.TempDir()
-	c := &cluster{dir: dir, nodes: map[string]*Node{}, runs: map[string]*running{}}
+	c := &cluster{dir: dir, nodes: map[string]*Node{}, runs: map[string]*running{}, tweak: tweak}
 	for i := range 3 {
 		c.members = append(c.members, primary.Member{ID: fmt.Sprintf("n%d", i), Addr: testkit.FreeAddr(t)})
 	}
@@ -280,6 +286,66 @@ func TestPromoteAndRejoin(t *testing.T) {
 	})
 }
 
+// TestPromotionSupersededBeforeItOpened: once a candidate has waited out
+// the old primary's lease and stopped its replica, a newer epoch fences
+// the log store (its replica no longer answers, so nothing tells it): it
+// starts as the primary of its epoch, finds the log store promised to
+// another, steps down, and its timeline says the promotion failed,
+// superseded, never opened — what `walship ctl promote` waits on.
+func TestPromotionSupersededBeforeItOpened(t *testing.T) {
+	mem := vfs.NewMem()
+	c := newClusterAt(t, 0, func(cfg *Config) {
+		if cfg.ID == "n1" {
+			cfg.FS = mem
+		}
+	})
+	c0, c1 := c.conn(t, "n0"), c.conn(t, "n1")
+	put(t, c0, "k", "v")
+	cluster := status1(t, c0).GetClusterId()
+	if err := c.runs["n0"].stop(t); err != nil {
+		t.Fatalf("n0 stop: %v", err)
+	}
+	// The candidate's last write before it starts as primary: its epoch
+	// history, with the new epoch.
+	entered, release := mem.HoldNextSync("epochs.tmp")
+	t.Cleanup(release)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	resp, err := walshipv1.NewAdminServiceClient(c1).Promote(ctx, &walshipv1.PromoteRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-entered:
+	case <-ctx.Done():
+		t.Fatal("n1 did not save its epoch history for its promotion")
+	}
+	ls, err := serve.Dialer{}.Dial(c.ls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ls.Close()
+	f, err := walshipv1.NewEpochServiceClient(ls).Fence(ctx, &walshipv1.FenceRequest{Epoch: resp.GetEpoch() + 1, CandidateId: "n2", CandidateAddr: c.nodes["n2"].Addr(), ClusterId: cluster})
+	if err != nil || !f.GetGranted() {
+		t.Fatalf("fence of epoch %d at the log store: %v, %v", resp.GetEpoch()+1, f, err)
+	}
+	release()
+	var tl *walshipv1.FailoverTimeline
+	testkit.Until(t, "n1's timeline to say its promotion failed", func() bool {
+		st, err := walshipv1.NewAdminServiceClient(c1).Status(ctx, &walshipv1.StatusRequest{}, grpc.WaitForReady(true))
+		tl = st.GetLastFailover()
+		return err == nil && tl.GetEpoch() == resp.GetEpoch() && tl.GetFailure() != ""
+	})
+	if tl.GetOpenedUnixNano() != 0 || !strings.Contains(tl.GetFailure(), "superseded") {
+		t.Fatalf("n1's timeline: %v; want a superseded failure and no opening", tl)
+	}
+	testkit.Until(t, "n1 to be a replica again", func() bool { return c.nodes["n1"].Role() == RoleReplica })
+	reg := c.nodes["n1"].cfg.Registry
+	if opened, failed := metricCount(t, reg, "walship_promotions_total", "result", "opened"), metricCount(t, reg, "walship_promotions_total", "result", "failed"); opened != 0 || failed != 1 {
+		t.Fatalf("walship_promotions_total: opened %d, failed %d; want 0 and 1", opened, failed)
+	}
+}
+
 // TestPromotionRefusedWithoutQuorum: with two of three log stores down a
 // promotion is refused before anything is fenced, naming what it needed;
 // a dry run says so too; an epoch that does not exceed every one seen is a
@@ -355,7 +421,7 @@ func TestPromoteArguments(t *testing.T) {
 // true). The cluster starts a few epochs below the maximum: no promotion
 // jumps there from epoch 1 (TestPromoteEpochJump).
 func TestPromoteEpochBound(t *testing.T) {
-	c := newClusterAt(t, datadir.MaxEpoch-3)
+	c := newClusterAt(t, datadir.MaxEpoch-3, nil)
 	put(t, c.conn(t, "n0"), "k", "v")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

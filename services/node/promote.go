@@ -526,6 +526,22 @@ func (n *Node) noteFailure(p *plan, err error) {
 	}
 }
 
+// failUnopened records err as the failure of this node's promotion to
+// epoch if it started as that epoch's primary but never opened (a newer
+// epoch fenced the log stores first); otherwise it does nothing.
+func (n *Node) failUnopened(epoch uint64, err error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	tl := n.timeline
+	if tl == nil || tl.GetEpoch() != epoch || tl.GetOpenedUnixNano() != 0 || tl.GetFailure() != "" {
+		return
+	}
+	tl = proto.Clone(tl).(*walshipv1.FailoverTimeline)
+	tl.Failure = err.Error()
+	n.timeline = tl
+	n.metrics.promotions.WithLabelValues("failed").Inc()
+}
+
 func (n *Node) advertise() string {
 	if n.cfg.Advertise != "" {
 		return n.cfg.Advertise
@@ -850,7 +866,6 @@ func (n *Node) carryOut(ctx context.Context, p *plan) error {
 		return err
 	}
 	p.timeline.StartLsn = last + 1
-	n.metrics.promotions.WithLabelValues("opened").Inc()
 	n.setTimeline(p.timeline)
 	return nil
 }
