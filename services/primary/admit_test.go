@@ -134,6 +134,24 @@ func TestWriteQuota(t *testing.T) {
 	cfg := testConfig(t, t.TempDir())
 	cfg.WriteQuotaBytesPerSecond = 10_000
 	r := start(t, cfg)
+	// The bucket's clock stands still until the client's retries below,
+	// then runs from there: a slow machine refills nothing meanwhile.
+	var (
+		clockMu sync.Mutex
+		frozen  = time.Now()
+		running time.Time
+	)
+	clock := func() time.Time {
+		clockMu.Lock()
+		defer clockMu.Unlock()
+		if running.IsZero() {
+			return frozen
+		}
+		return frozen.Add(time.Since(running))
+	}
+	r.s.admit.mu.Lock()
+	r.s.admit.now = clock
+	r.s.admit.mu.Unlock()
 	c := ctx(t)
 	value := make([]byte, 9_000)
 	for i := range 2 {
@@ -160,6 +178,9 @@ func TestWriteQuota(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
+	clockMu.Lock()
+	running = time.Now()
+	clockMu.Unlock()
 	start := time.Now()
 	if _, err := cl.Put(c, "k2", value, nil); err != nil {
 		t.Fatalf("pkg/client Put over the quota: %v", err)
