@@ -11,7 +11,11 @@
 //   - quorum.go: the quorum rules — a commit acknowledged by k replicas at
 //     a level, a log store majority, a promotion's N−k+1 — in one place,
 //     with the proof (a test over every N ≤ 7) that every promotion quorum
-//     meets every ack quorum.
+//     meets every ack quorum; and the joint rules of a membership change
+//     (JointAckLSN, JudgeJoint, Config, ValidChange), with the proof (a
+//     test over every pair of configurations of up to 5 voters) that every
+//     joint promotion quorum meets every ack quorum of the old, joint and
+//     new contracts.
 //   - donor.go: the one check of a batch copied from a donor (a log store
 //     or a replica's log), used by a replica's catch-up and a candidate's
 //     copy alike.

@@ -1,6 +1,9 @@
 package failover
 
-import "slices"
+import (
+	"fmt"
+	"slices"
+)
 
 // The quorum rules, all in this file: what acknowledges a commit, and
 // what a promotion needs so that it sees every commit acknowledged (I5).
@@ -131,4 +134,138 @@ func Judge(c Contract, prev string, answers, all []Answer) Verdict {
 		}
 	}
 	return v
+}
+
+// Membership change (issue 38) moves the cluster from a contract C_old to
+// C_new through a joint contract C_old,new, one record each in the epoch
+// log. While the newest contract record is joint, every rule needs both
+// halves: a commit is acknowledged when the old half acknowledges it and
+// the new half does (JointAckLSN over AckQuorums of each), and a
+// promotion needs the promotion quorum of each (JudgeJoint). Any joint
+// promotion quorum then contains a promotion quorum of C_old and one of
+// C_new, so it meets every ack quorum of C_old (commits before the joint
+// record), of the joint contract and of C_new (commits after the final
+// record): TestJointPromotionMeetsEveryAck checks it for every pair of
+// configurations of up to 5 members and 5 log stores. Learners are in
+// neither half: they are shipped to and count for nothing.
+
+// Quorum is one ack rule: the voters whose positions count and how many of
+// them must reach an LSN (0: the rule waits for nobody).
+type Quorum struct {
+	Voters []string
+	Need   int
+}
+
+// AckQuorums are c's two ack rules for a primary named primary: k of the
+// members other than the primary, and (under log store sync) a majority
+// of the log stores.
+func (c Contract) AckQuorums(primary string) (members, logStores Quorum) {
+	for _, m := range c.Members {
+		if m != primary {
+			members.Voters = append(members.Voters, m)
+		}
+	}
+	members.Need = max(c.K, 0)
+	logStores.Voters = slices.Clone(c.LogStores)
+	if c.LogStoreSync {
+		logStores.Need = Majority(len(c.LogStores))
+	}
+	return members, logStores
+}
+
+// JointAckLSN is the highest LSN that every quorum in qs acknowledges
+// (AckLSN over the positions of its voters; a voter pos lacks is at 0),
+// capped at last, the primary's own end. Under a joint contract qs holds
+// the AckQuorums of both halves; under a plain contract those of one.
+func JointAckLSN(pos map[string]uint64, last uint64, qs ...Quorum) uint64 {
+	ack := last
+	buf := make([]uint64, 0, 8)
+	for _, q := range qs {
+		if q.Need <= 0 {
+			continue
+		}
+		buf = buf[:0]
+		for _, v := range q.Voters {
+			buf = append(buf, pos[v])
+		}
+		ack = min(ack, AckLSN(buf, q.Need))
+	}
+	return ack
+}
+
+// JointVerdict is what a set of answers allows under a joint contract:
+// the verdict of each half (Old, New) and both together.
+type JointVerdict struct {
+	Verdict  // Quorum: both halves have theirs; Donor, AtRisk: over all answers
+	Old, New Verdict
+}
+
+// JudgeJoint applies the promotion rule under the joint contract
+// C_old,new: a quorum of old and a quorum of new (a log store majority
+// of each set, N−k+1 of each set's members), so that the promise holders
+// meet every commit either half could have acknowledged (I5).
+func JudgeJoint(old, new Contract, prev string, answers, all []Answer) JointVerdict {
+	o := Judge(old, prev, answers, all)
+	n := Judge(new, prev, answers, all)
+	v := JointVerdict{Verdict: o, Old: o, New: n}
+	v.Quorum = o.Quorum && n.Quorum
+	return v
+}
+
+// Config is the contract in force as the newest contract record states
+// it: Old alone, or, while a change is in progress, Old and New (Joint).
+// Learners are shipped to and count for nothing.
+type Config struct {
+	Old      Contract
+	New      Contract
+	Joint    bool
+	Learners []string
+}
+
+// AckQuorums are the ack rules under cfg for a primary named primary: the
+// two of Old, and while joint the two of New as well.
+func (cfg Config) AckQuorums(primary string) []Quorum {
+	m, l := cfg.Old.AckQuorums(primary)
+	qs := []Quorum{m, l}
+	if cfg.Joint {
+		m, l = cfg.New.AckQuorums(primary)
+		qs = append(qs, m, l)
+	}
+	return qs
+}
+
+// Judge applies the promotion rule of cfg: Judge under Old, or JudgeJoint
+// while a change is in progress.
+func (cfg Config) Judge(prev string, answers, all []Answer) JointVerdict {
+	if !cfg.Joint {
+		v := Judge(cfg.Old, prev, answers, all)
+		return JointVerdict{Verdict: v, Old: v}
+	}
+	return JudgeJoint(cfg.Old, cfg.New, prev, answers, all)
+}
+
+// ValidChange reports whether a membership change may go from old to new
+// with primary as the primary in both. Both halves must keep whether
+// commits wait at all (k > 0, log store sync): a candidate that has not
+// seen the joint record judges under old alone, and its quorum meets the
+// joint ack quorums only through old's own ack rule — an old contract
+// that waits for nobody protects nothing written while joint
+// (TestJointPromotionMeetsEveryAck). k may differ within that; the
+// primary stays a member (hand its role over first: Switchover); k must
+// leave the new half able to acknowledge (k ≤ its members other than
+// the primary), and a contract needs a log store.
+func ValidChange(old, new Contract, primary string) error {
+	switch {
+	case (old.K > 0) != (new.K > 0):
+		return fmt.Errorf("sync_replicas cannot go between 0 and more in a membership change (old %d, new %d): change it at an epoch start", old.K, new.K)
+	case old.LogStoreSync != new.LogStoreSync:
+		return fmt.Errorf("logstore_sync cannot change in a membership change: change it at an epoch start")
+	case !slices.Contains(new.Members, primary):
+		return fmt.Errorf("members: the new configuration leaves out the primary %q: hand its role over first (switchover)", primary)
+	case new.K > len(new.Members)-1:
+		return fmt.Errorf("members: %d members besides the primary cannot meet sync_replicas %d", len(new.Members)-1, new.K)
+	case len(new.LogStores) == 0:
+		return fmt.Errorf("logstores: the new configuration has none")
+	}
+	return nil
 }
