@@ -104,6 +104,7 @@ func seeds(bigValue int) []seed {
 	add(targetReplica, classAdmin, admin+"Promote", &walshipv1.PromoteRequest{DryRun: true}, &walshipv1.PromoteRequest{})
 	add(targetPrimary, classAdmin, admin+"Switchover", &walshipv1.SwitchoverRequest{Target: "replica-0", Timeout: durationpb.New(2 * time.Second)})
 	add(targetPrimary, classAdmin, admin+"SetPolicy", &walshipv1.SetPolicyRequest{Policy: policy})
+	add(targetPrimary, classAdmin, admin+"ListMembers", &walshipv1.ListMembersRequest{})
 
 	add(targetReplica, classNode, "/walship.v1.EpochService/Fence",
 		&walshipv1.FenceRequest{Epoch: epoch + 1, CandidateId: "replica-0", CandidateAddr: "${replica_addr}", ClusterId: "${cluster_id}"})

@@ -113,6 +113,11 @@ func (a *adminServer) SetPolicy(context.Context, *walshipv1.SetPolicyRequest) (*
 	return nil, toStatus(refuse(rpcerr.ErrWrongRole, "not a primary: a log store has no commit policy"))
 }
 
+// ListMembers is the primary's: a log store names the primary it knows.
+func (a *adminServer) ListMembers(context.Context, *walshipv1.ListMembersRequest) (*walshipv1.ListMembersResponse, error) {
+	return nil, toStatus(refuse(rpcerr.ErrWrongRole, "%s: list the members at the primary", a.s.wrongNode(true)))
+}
+
 // wrongNode says what this node is, to a call it does not serve (KVService
 // or a switchover, which data nodes serve), and where the primary is.
 func (s *Server) wrongNode(full bool) string {

@@ -53,6 +53,7 @@ func (s *Server) Status() *walshipv1.StatusResponse {
 		Contract:      s.contract(),
 		History:       s.epochs.Proto(),
 		ClusterId:     s.cluster.ID(),
+		Membership:    s.membership(time.Now()),
 	}
 	if s.lease.quorum > 0 {
 		resp.LeaseRemaining = durationpb.New(s.lease.remaining())

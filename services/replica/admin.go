@@ -124,6 +124,11 @@ func (s *Server) wrongNode(full bool) string {
 	return fmt.Sprintf("%s is a data node, the replica %s, not a log store or the primary; %s; the log stores are %s", addr, s.cfg.ID, primary, logstores)
 }
 
+// ListMembers is the primary's: a replica answers where the primary is.
+func (a *adminServer) ListMembers(context.Context, *walshipv1.ListMembersRequest) (*walshipv1.ListMembersResponse, error) {
+	return nil, a.s.notPrimary()
+}
+
 // Switchover is the primary's: a replica answers where the primary is.
 func (a *adminServer) Switchover(context.Context, *walshipv1.SwitchoverRequest) (*walshipv1.SwitchoverResponse, error) {
 	return nil, a.s.notPrimary()

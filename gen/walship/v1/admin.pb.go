@@ -142,6 +142,74 @@ func (CatchUpRung) EnumDescriptor() ([]byte, []int) {
 	return file_walship_v1_admin_proto_rawDescGZIP(), []int{1}
 }
 
+// MemberVoice is what a member counts for.
+type MemberVoice int32
+
+const (
+	// MEMBER_VOICE_UNSPECIFIED is never reported.
+	MemberVoice_MEMBER_VOICE_UNSPECIFIED MemberVoice = 0
+	// MEMBER_VOICE_PRIMARY: the primary itself.
+	MemberVoice_MEMBER_VOICE_PRIMARY MemberVoice = 1
+	// MEMBER_VOICE_VOTER: counts in the configuration (in both halves while
+	// joint).
+	MemberVoice_MEMBER_VOICE_VOTER MemberVoice = 2
+	// MEMBER_VOICE_LEAVING: counts in the current half of a joint
+	// configuration only; out once the change completes.
+	MemberVoice_MEMBER_VOICE_LEAVING MemberVoice = 3
+	// MEMBER_VOICE_JOINING: counts in next only; a voter once the change
+	// completes.
+	MemberVoice_MEMBER_VOICE_JOINING MemberVoice = 4
+	// MEMBER_VOICE_LEARNER: shipped to, counts for nothing.
+	MemberVoice_MEMBER_VOICE_LEARNER MemberVoice = 5
+)
+
+// Enum value maps for MemberVoice.
+var (
+	MemberVoice_name = map[int32]string{
+		0: "MEMBER_VOICE_UNSPECIFIED",
+		1: "MEMBER_VOICE_PRIMARY",
+		2: "MEMBER_VOICE_VOTER",
+		3: "MEMBER_VOICE_LEAVING",
+		4: "MEMBER_VOICE_JOINING",
+		5: "MEMBER_VOICE_LEARNER",
+	}
+	MemberVoice_value = map[string]int32{
+		"MEMBER_VOICE_UNSPECIFIED": 0,
+		"MEMBER_VOICE_PRIMARY":     1,
+		"MEMBER_VOICE_VOTER":       2,
+		"MEMBER_VOICE_LEAVING":     3,
+		"MEMBER_VOICE_JOINING":     4,
+		"MEMBER_VOICE_LEARNER":     5,
+	}
+)
+
+func (x MemberVoice) Enum() *MemberVoice {
+	p := new(MemberVoice)
+	*p = x
+	return p
+}
+
+func (x MemberVoice) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (MemberVoice) Descriptor() protoreflect.EnumDescriptor {
+	return file_walship_v1_admin_proto_enumTypes[2].Descriptor()
+}
+
+func (MemberVoice) Type() protoreflect.EnumType {
+	return &file_walship_v1_admin_proto_enumTypes[2]
+}
+
+func (x MemberVoice) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use MemberVoice.Descriptor instead.
+func (MemberVoice) EnumDescriptor() ([]byte, []int) {
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{2}
+}
+
 // StatusRequest asks for the status.
 type StatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -250,7 +318,10 @@ type StatusResponse struct {
 	Archive *ArchiveStatus `protobuf:"bytes,27,opt,name=archive,proto3" json:"archive,omitempty"`
 	// election is this data node's view of automatic failover's election
 	// (--auto-failover; unset without it).
-	Election      *ElectionStatus `protobuf:"bytes,28,opt,name=election,proto3" json:"election,omitempty"`
+	Election *ElectionStatus `protobuf:"bytes,28,opt,name=election,proto3" json:"election,omitempty"`
+	// membership is the configuration and each member's position, as
+	// ListMembers reports it (a primary's Status only).
+	Membership    *MembershipStatus `protobuf:"bytes,29,opt,name=membership,proto3" json:"membership,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -481,6 +552,311 @@ func (x *StatusResponse) GetElection() *ElectionStatus {
 	return nil
 }
 
+func (x *StatusResponse) GetMembership() *MembershipStatus {
+	if x != nil {
+		return x.Membership
+	}
+	return nil
+}
+
+// ListMembersRequest asks the primary for the cluster's configuration.
+type ListMembersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListMembersRequest) Reset() {
+	*x = ListMembersRequest{}
+	mi := &file_walship_v1_admin_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListMembersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListMembersRequest) ProtoMessage() {}
+
+func (x *ListMembersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_walship_v1_admin_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListMembersRequest.ProtoReflect.Descriptor instead.
+func (*ListMembersRequest) Descriptor() ([]byte, []int) {
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{2}
+}
+
+// ListMembersResponse is the cluster's configuration and who is where.
+type ListMembersResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// membership as the primary holds it.
+	Membership    *MembershipStatus `protobuf:"bytes,1,opt,name=membership,proto3" json:"membership,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListMembersResponse) Reset() {
+	*x = ListMembersResponse{}
+	mi := &file_walship_v1_admin_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListMembersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListMembersResponse) ProtoMessage() {}
+
+func (x *ListMembersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_walship_v1_admin_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListMembersResponse.ProtoReflect.Descriptor instead.
+func (*ListMembersResponse) Descriptor() ([]byte, []int) {
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ListMembersResponse) GetMembership() *MembershipStatus {
+	if x != nil {
+		return x.Membership
+	}
+	return nil
+}
+
+// MembershipStatus is the configuration in force and each member's place
+// in it.
+type MembershipStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// epoch the configuration is held in.
+	Epoch uint64 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// primary_id is the primary's node id.
+	PrimaryId string `protobuf:"bytes,2,opt,name=primary_id,json=primaryId,proto3" json:"primary_id,omitempty"`
+	// contract in force: members, log stores and k, with next set while a
+	// change is in progress (joint), and the learners.
+	Contract *Contract `protobuf:"bytes,3,opt,name=contract,proto3" json:"contract,omitempty"`
+	// joint: a membership change is in progress; commits and promotions need
+	// a quorum of the current configuration and of next.
+	Joint bool `protobuf:"varint,4,opt,name=joint,proto3" json:"joint,omitempty"`
+	// members lists every data node and log store of the current
+	// configuration, of next and the learners, each once.
+	Members []*MemberStatus `protobuf:"bytes,5,rep,name=members,proto3" json:"members,omitempty"`
+	// last_lsn is the primary's last LSN, from which lag is counted.
+	LastLsn       uint64 `protobuf:"varint,6,opt,name=last_lsn,json=lastLsn,proto3" json:"last_lsn,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MembershipStatus) Reset() {
+	*x = MembershipStatus{}
+	mi := &file_walship_v1_admin_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MembershipStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MembershipStatus) ProtoMessage() {}
+
+func (x *MembershipStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_walship_v1_admin_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MembershipStatus.ProtoReflect.Descriptor instead.
+func (*MembershipStatus) Descriptor() ([]byte, []int) {
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *MembershipStatus) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *MembershipStatus) GetPrimaryId() string {
+	if x != nil {
+		return x.PrimaryId
+	}
+	return ""
+}
+
+func (x *MembershipStatus) GetContract() *Contract {
+	if x != nil {
+		return x.Contract
+	}
+	return nil
+}
+
+func (x *MembershipStatus) GetJoint() bool {
+	if x != nil {
+		return x.Joint
+	}
+	return false
+}
+
+func (x *MembershipStatus) GetMembers() []*MemberStatus {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+func (x *MembershipStatus) GetLastLsn() uint64 {
+	if x != nil {
+		return x.LastLsn
+	}
+	return 0
+}
+
+// MemberStatus is one member: a data node or a log store.
+type MemberStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// id of a data node; a log store's address.
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// addr is a data node's advertised address (a log store's, again).
+	Addr string `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`
+	// role: ROLE_PRIMARY or ROLE_REPLICA for a data node, ROLE_LOGSTORE.
+	Role Role `protobuf:"varint,3,opt,name=role,proto3,enum=walship.v1.Role" json:"role,omitempty"`
+	// voice is what it counts for.
+	Voice MemberVoice `protobuf:"varint,4,opt,name=voice,proto3,enum=walship.v1.MemberVoice" json:"voice,omitempty"`
+	// connected: its stream from the primary is up.
+	Connected bool `protobuf:"varint,5,opt,name=connected,proto3" json:"connected,omitempty"`
+	// reached_lsn: a replica's applied LSN, a log store's durable LSN (the
+	// primary's last LSN for the primary).
+	ReachedLsn uint64 `protobuf:"varint,6,opt,name=reached_lsn,json=reachedLsn,proto3" json:"reached_lsn,omitempty"`
+	// lag_records, lag_bytes, lag_seconds: how far reached_lsn is behind
+	// the primary, as PeerStatus counts it.
+	LagRecords uint64 `protobuf:"varint,7,opt,name=lag_records,json=lagRecords,proto3" json:"lag_records,omitempty"`
+	// lag_bytes of WAL not reached.
+	LagBytes uint64 `protobuf:"varint,8,opt,name=lag_bytes,json=lagBytes,proto3" json:"lag_bytes,omitempty"`
+	// lag_seconds since the oldest commit not reached was made.
+	LagSeconds    float64 `protobuf:"fixed64,9,opt,name=lag_seconds,json=lagSeconds,proto3" json:"lag_seconds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MemberStatus) Reset() {
+	*x = MemberStatus{}
+	mi := &file_walship_v1_admin_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MemberStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MemberStatus) ProtoMessage() {}
+
+func (x *MemberStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_walship_v1_admin_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MemberStatus.ProtoReflect.Descriptor instead.
+func (*MemberStatus) Descriptor() ([]byte, []int) {
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *MemberStatus) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *MemberStatus) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+func (x *MemberStatus) GetRole() Role {
+	if x != nil {
+		return x.Role
+	}
+	return Role_ROLE_UNSPECIFIED
+}
+
+func (x *MemberStatus) GetVoice() MemberVoice {
+	if x != nil {
+		return x.Voice
+	}
+	return MemberVoice_MEMBER_VOICE_UNSPECIFIED
+}
+
+func (x *MemberStatus) GetConnected() bool {
+	if x != nil {
+		return x.Connected
+	}
+	return false
+}
+
+func (x *MemberStatus) GetReachedLsn() uint64 {
+	if x != nil {
+		return x.ReachedLsn
+	}
+	return 0
+}
+
+func (x *MemberStatus) GetLagRecords() uint64 {
+	if x != nil {
+		return x.LagRecords
+	}
+	return 0
+}
+
+func (x *MemberStatus) GetLagBytes() uint64 {
+	if x != nil {
+		return x.LagBytes
+	}
+	return 0
+}
+
+func (x *MemberStatus) GetLagSeconds() float64 {
+	if x != nil {
+		return x.LagSeconds
+	}
+	return 0
+}
+
 // OrphanStatus is one orphan file.
 type OrphanStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -502,7 +878,7 @@ type OrphanStatus struct {
 
 func (x *OrphanStatus) Reset() {
 	*x = OrphanStatus{}
-	mi := &file_walship_v1_admin_proto_msgTypes[2]
+	mi := &file_walship_v1_admin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -514,7 +890,7 @@ func (x *OrphanStatus) String() string {
 func (*OrphanStatus) ProtoMessage() {}
 
 func (x *OrphanStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[2]
+	mi := &file_walship_v1_admin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -527,7 +903,7 @@ func (x *OrphanStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OrphanStatus.ProtoReflect.Descriptor instead.
 func (*OrphanStatus) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{2}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *OrphanStatus) GetName() string {
@@ -605,7 +981,7 @@ type ElectionStatus struct {
 
 func (x *ElectionStatus) Reset() {
 	*x = ElectionStatus{}
-	mi := &file_walship_v1_admin_proto_msgTypes[3]
+	mi := &file_walship_v1_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -617,7 +993,7 @@ func (x *ElectionStatus) String() string {
 func (*ElectionStatus) ProtoMessage() {}
 
 func (x *ElectionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[3]
+	mi := &file_walship_v1_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -630,7 +1006,7 @@ func (x *ElectionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ElectionStatus.ProtoReflect.Descriptor instead.
 func (*ElectionStatus) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{3}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ElectionStatus) GetHolderId() string {
@@ -744,7 +1120,7 @@ type FailoverTimeline struct {
 
 func (x *FailoverTimeline) Reset() {
 	*x = FailoverTimeline{}
-	mi := &file_walship_v1_admin_proto_msgTypes[4]
+	mi := &file_walship_v1_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -756,7 +1132,7 @@ func (x *FailoverTimeline) String() string {
 func (*FailoverTimeline) ProtoMessage() {}
 
 func (x *FailoverTimeline) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[4]
+	mi := &file_walship_v1_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -769,7 +1145,7 @@ func (x *FailoverTimeline) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailoverTimeline.ProtoReflect.Descriptor instead.
 func (*FailoverTimeline) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{4}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *FailoverTimeline) GetEpoch() uint64 {
@@ -908,7 +1284,7 @@ type PeerStatus struct {
 
 func (x *PeerStatus) Reset() {
 	*x = PeerStatus{}
-	mi := &file_walship_v1_admin_proto_msgTypes[5]
+	mi := &file_walship_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -920,7 +1296,7 @@ func (x *PeerStatus) String() string {
 func (*PeerStatus) ProtoMessage() {}
 
 func (x *PeerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[5]
+	mi := &file_walship_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -933,7 +1309,7 @@ func (x *PeerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerStatus.ProtoReflect.Descriptor instead.
 func (*PeerStatus) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{5}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PeerStatus) GetId() string {
@@ -1033,7 +1409,7 @@ type PromoteRequest struct {
 
 func (x *PromoteRequest) Reset() {
 	*x = PromoteRequest{}
-	mi := &file_walship_v1_admin_proto_msgTypes[6]
+	mi := &file_walship_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1045,7 +1421,7 @@ func (x *PromoteRequest) String() string {
 func (*PromoteRequest) ProtoMessage() {}
 
 func (x *PromoteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[6]
+	mi := &file_walship_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1058,7 +1434,7 @@ func (x *PromoteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteRequest.ProtoReflect.Descriptor instead.
 func (*PromoteRequest) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *PromoteRequest) GetEpoch() uint64 {
@@ -1123,7 +1499,7 @@ type PromoteResponse struct {
 
 func (x *PromoteResponse) Reset() {
 	*x = PromoteResponse{}
-	mi := &file_walship_v1_admin_proto_msgTypes[7]
+	mi := &file_walship_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1135,7 +1511,7 @@ func (x *PromoteResponse) String() string {
 func (*PromoteResponse) ProtoMessage() {}
 
 func (x *PromoteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[7]
+	mi := &file_walship_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1148,7 +1524,7 @@ func (x *PromoteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteResponse.ProtoReflect.Descriptor instead.
 func (*PromoteResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PromoteResponse) GetEpoch() uint64 {
@@ -1229,7 +1605,7 @@ type ServingPrimary struct {
 
 func (x *ServingPrimary) Reset() {
 	*x = ServingPrimary{}
-	mi := &file_walship_v1_admin_proto_msgTypes[8]
+	mi := &file_walship_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1241,7 +1617,7 @@ func (x *ServingPrimary) String() string {
 func (*ServingPrimary) ProtoMessage() {}
 
 func (x *ServingPrimary) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[8]
+	mi := &file_walship_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1254,7 +1630,7 @@ func (x *ServingPrimary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServingPrimary.ProtoReflect.Descriptor instead.
 func (*ServingPrimary) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ServingPrimary) GetId() string {
@@ -1291,7 +1667,7 @@ type SwitchoverRequest struct {
 
 func (x *SwitchoverRequest) Reset() {
 	*x = SwitchoverRequest{}
-	mi := &file_walship_v1_admin_proto_msgTypes[9]
+	mi := &file_walship_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1303,7 +1679,7 @@ func (x *SwitchoverRequest) String() string {
 func (*SwitchoverRequest) ProtoMessage() {}
 
 func (x *SwitchoverRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[9]
+	mi := &file_walship_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1316,7 +1692,7 @@ func (x *SwitchoverRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SwitchoverRequest.ProtoReflect.Descriptor instead.
 func (*SwitchoverRequest) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SwitchoverRequest) GetTarget() string {
@@ -1348,7 +1724,7 @@ type SwitchoverResponse struct {
 
 func (x *SwitchoverResponse) Reset() {
 	*x = SwitchoverResponse{}
-	mi := &file_walship_v1_admin_proto_msgTypes[10]
+	mi := &file_walship_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1360,7 +1736,7 @@ func (x *SwitchoverResponse) String() string {
 func (*SwitchoverResponse) ProtoMessage() {}
 
 func (x *SwitchoverResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[10]
+	mi := &file_walship_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1373,7 +1749,7 @@ func (x *SwitchoverResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SwitchoverResponse.ProtoReflect.Descriptor instead.
 func (*SwitchoverResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SwitchoverResponse) GetEpoch() uint64 {
@@ -1408,7 +1784,7 @@ type SetPolicyRequest struct {
 
 func (x *SetPolicyRequest) Reset() {
 	*x = SetPolicyRequest{}
-	mi := &file_walship_v1_admin_proto_msgTypes[11]
+	mi := &file_walship_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1420,7 +1796,7 @@ func (x *SetPolicyRequest) String() string {
 func (*SetPolicyRequest) ProtoMessage() {}
 
 func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[11]
+	mi := &file_walship_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1433,7 +1809,7 @@ func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyRequest.ProtoReflect.Descriptor instead.
 func (*SetPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SetPolicyRequest) GetPolicy() *CommitPolicy {
@@ -1454,7 +1830,7 @@ type SetPolicyResponse struct {
 
 func (x *SetPolicyResponse) Reset() {
 	*x = SetPolicyResponse{}
-	mi := &file_walship_v1_admin_proto_msgTypes[12]
+	mi := &file_walship_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1466,7 +1842,7 @@ func (x *SetPolicyResponse) String() string {
 func (*SetPolicyResponse) ProtoMessage() {}
 
 func (x *SetPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[12]
+	mi := &file_walship_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1479,7 +1855,7 @@ func (x *SetPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyResponse.ProtoReflect.Descriptor instead.
 func (*SetPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SetPolicyResponse) GetPolicy() *CommitPolicy {
@@ -1495,7 +1871,7 @@ const file_walship_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"\x16walship/v1/admin.proto\x12\n" +
 	"walship.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x16walship/v1/epoch.proto\x1a\x14walship/v1/wal.proto\x1a\x17walship/v1/policy.proto\"\x0f\n" +
-	"\rStatusRequest\"\xd0\b\n" +
+	"\rStatusRequest\"\x8e\t\n" +
 	"\x0eStatusResponse\x12$\n" +
 	"\x04role\x18\x01 \x01(\x0e2\x10.walship.v1.RoleR\x04role\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x14\n" +
@@ -1530,7 +1906,36 @@ const file_walship_v1_admin_proto_rawDesc = "" +
 	"cluster_id\x18\x19 \x01(\tR\tclusterId\x12\x1c\n" +
 	"\trefilling\x18\x1a \x01(\bR\trefilling\x123\n" +
 	"\aarchive\x18\x1b \x01(\v2\x19.walship.v1.ArchiveStatusR\aarchive\x126\n" +
-	"\belection\x18\x1c \x01(\v2\x1a.walship.v1.ElectionStatusR\belection\"\xb3\x01\n" +
+	"\belection\x18\x1c \x01(\v2\x1a.walship.v1.ElectionStatusR\belection\x12<\n" +
+	"\n" +
+	"membership\x18\x1d \x01(\v2\x1c.walship.v1.MembershipStatusR\n" +
+	"membership\"\x14\n" +
+	"\x12ListMembersRequest\"S\n" +
+	"\x13ListMembersResponse\x12<\n" +
+	"\n" +
+	"membership\x18\x01 \x01(\v2\x1c.walship.v1.MembershipStatusR\n" +
+	"membership\"\xde\x01\n" +
+	"\x10MembershipStatus\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x1d\n" +
+	"\n" +
+	"primary_id\x18\x02 \x01(\tR\tprimaryId\x120\n" +
+	"\bcontract\x18\x03 \x01(\v2\x14.walship.v1.ContractR\bcontract\x12\x14\n" +
+	"\x05joint\x18\x04 \x01(\bR\x05joint\x122\n" +
+	"\amembers\x18\x05 \x03(\v2\x18.walship.v1.MemberStatusR\amembers\x12\x19\n" +
+	"\blast_lsn\x18\x06 \x01(\x04R\alastLsn\"\xa5\x02\n" +
+	"\fMemberStatus\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04addr\x18\x02 \x01(\tR\x04addr\x12$\n" +
+	"\x04role\x18\x03 \x01(\x0e2\x10.walship.v1.RoleR\x04role\x12-\n" +
+	"\x05voice\x18\x04 \x01(\x0e2\x17.walship.v1.MemberVoiceR\x05voice\x12\x1c\n" +
+	"\tconnected\x18\x05 \x01(\bR\tconnected\x12\x1f\n" +
+	"\vreached_lsn\x18\x06 \x01(\x04R\n" +
+	"reachedLsn\x12\x1f\n" +
+	"\vlag_records\x18\a \x01(\x04R\n" +
+	"lagRecords\x12\x1b\n" +
+	"\tlag_bytes\x18\b \x01(\x04R\blagBytes\x12\x1f\n" +
+	"\vlag_seconds\x18\t \x01(\x01R\n" +
+	"lagSeconds\"\xb3\x01\n" +
 	"\fOrphanStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1b\n" +
@@ -1629,13 +2034,21 @@ const file_walship_v1_admin_proto_rawDesc = "" +
 	"\x15CATCH_UP_RUNG_PRIMARY\x10\x01\x12\x1a\n" +
 	"\x16CATCH_UP_RUNG_LOGSTORE\x10\x02\x12\x1a\n" +
 	"\x16CATCH_UP_RUNG_SNAPSHOT\x10\x03\x12\x19\n" +
-	"\x15CATCH_UP_RUNG_ARCHIVE\x10\x042\xaa\x02\n" +
+	"\x15CATCH_UP_RUNG_ARCHIVE\x10\x04*\xab\x01\n" +
+	"\vMemberVoice\x12\x1c\n" +
+	"\x18MEMBER_VOICE_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14MEMBER_VOICE_PRIMARY\x10\x01\x12\x16\n" +
+	"\x12MEMBER_VOICE_VOTER\x10\x02\x12\x18\n" +
+	"\x14MEMBER_VOICE_LEAVING\x10\x03\x12\x18\n" +
+	"\x14MEMBER_VOICE_JOINING\x10\x04\x12\x18\n" +
+	"\x14MEMBER_VOICE_LEARNER\x10\x052\xfa\x02\n" +
 	"\fAdminService\x12?\n" +
 	"\x06Status\x12\x19.walship.v1.StatusRequest\x1a\x1a.walship.v1.StatusResponse\x12B\n" +
 	"\aPromote\x12\x1a.walship.v1.PromoteRequest\x1a\x1b.walship.v1.PromoteResponse\x12K\n" +
 	"\n" +
 	"Switchover\x12\x1d.walship.v1.SwitchoverRequest\x1a\x1e.walship.v1.SwitchoverResponse\x12H\n" +
-	"\tSetPolicy\x12\x1c.walship.v1.SetPolicyRequest\x1a\x1d.walship.v1.SetPolicyResponseB5Z3github.com/walship/walship/gen/walship/v1;walshipv1b\x06proto3"
+	"\tSetPolicy\x12\x1c.walship.v1.SetPolicyRequest\x1a\x1d.walship.v1.SetPolicyResponse\x12N\n" +
+	"\vListMembers\x12\x1e.walship.v1.ListMembersRequest\x1a\x1f.walship.v1.ListMembersResponseB5Z3github.com/walship/walship/gen/walship/v1;walshipv1b\x06proto3"
 
 var (
 	file_walship_v1_admin_proto_rawDescOnce sync.Once
@@ -1649,63 +2062,76 @@ func file_walship_v1_admin_proto_rawDescGZIP() []byte {
 	return file_walship_v1_admin_proto_rawDescData
 }
 
-var file_walship_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_walship_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_walship_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_walship_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_walship_v1_admin_proto_goTypes = []any{
 	(Role)(0),                   // 0: walship.v1.Role
 	(CatchUpRung)(0),            // 1: walship.v1.CatchUpRung
-	(*StatusRequest)(nil),       // 2: walship.v1.StatusRequest
-	(*StatusResponse)(nil),      // 3: walship.v1.StatusResponse
-	(*OrphanStatus)(nil),        // 4: walship.v1.OrphanStatus
-	(*ElectionStatus)(nil),      // 5: walship.v1.ElectionStatus
-	(*FailoverTimeline)(nil),    // 6: walship.v1.FailoverTimeline
-	(*PeerStatus)(nil),          // 7: walship.v1.PeerStatus
-	(*PromoteRequest)(nil),      // 8: walship.v1.PromoteRequest
-	(*PromoteResponse)(nil),     // 9: walship.v1.PromoteResponse
-	(*ServingPrimary)(nil),      // 10: walship.v1.ServingPrimary
-	(*SwitchoverRequest)(nil),   // 11: walship.v1.SwitchoverRequest
-	(*SwitchoverResponse)(nil),  // 12: walship.v1.SwitchoverResponse
-	(*SetPolicyRequest)(nil),    // 13: walship.v1.SetPolicyRequest
-	(*SetPolicyResponse)(nil),   // 14: walship.v1.SetPolicyResponse
-	(*CommitPolicy)(nil),        // 15: walship.v1.CommitPolicy
-	(*Contract)(nil),            // 16: walship.v1.Contract
-	(*durationpb.Duration)(nil), // 17: google.protobuf.Duration
-	(*EpochStart)(nil),          // 18: walship.v1.EpochStart
-	(*ArchiveStatus)(nil),       // 19: walship.v1.ArchiveStatus
+	(MemberVoice)(0),            // 2: walship.v1.MemberVoice
+	(*StatusRequest)(nil),       // 3: walship.v1.StatusRequest
+	(*StatusResponse)(nil),      // 4: walship.v1.StatusResponse
+	(*ListMembersRequest)(nil),  // 5: walship.v1.ListMembersRequest
+	(*ListMembersResponse)(nil), // 6: walship.v1.ListMembersResponse
+	(*MembershipStatus)(nil),    // 7: walship.v1.MembershipStatus
+	(*MemberStatus)(nil),        // 8: walship.v1.MemberStatus
+	(*OrphanStatus)(nil),        // 9: walship.v1.OrphanStatus
+	(*ElectionStatus)(nil),      // 10: walship.v1.ElectionStatus
+	(*FailoverTimeline)(nil),    // 11: walship.v1.FailoverTimeline
+	(*PeerStatus)(nil),          // 12: walship.v1.PeerStatus
+	(*PromoteRequest)(nil),      // 13: walship.v1.PromoteRequest
+	(*PromoteResponse)(nil),     // 14: walship.v1.PromoteResponse
+	(*ServingPrimary)(nil),      // 15: walship.v1.ServingPrimary
+	(*SwitchoverRequest)(nil),   // 16: walship.v1.SwitchoverRequest
+	(*SwitchoverResponse)(nil),  // 17: walship.v1.SwitchoverResponse
+	(*SetPolicyRequest)(nil),    // 18: walship.v1.SetPolicyRequest
+	(*SetPolicyResponse)(nil),   // 19: walship.v1.SetPolicyResponse
+	(*CommitPolicy)(nil),        // 20: walship.v1.CommitPolicy
+	(*Contract)(nil),            // 21: walship.v1.Contract
+	(*durationpb.Duration)(nil), // 22: google.protobuf.Duration
+	(*EpochStart)(nil),          // 23: walship.v1.EpochStart
+	(*ArchiveStatus)(nil),       // 24: walship.v1.ArchiveStatus
 }
 var file_walship_v1_admin_proto_depIdxs = []int32{
 	0,  // 0: walship.v1.StatusResponse.role:type_name -> walship.v1.Role
-	15, // 1: walship.v1.StatusResponse.default_policy:type_name -> walship.v1.CommitPolicy
-	7,  // 2: walship.v1.StatusResponse.peers:type_name -> walship.v1.PeerStatus
+	20, // 1: walship.v1.StatusResponse.default_policy:type_name -> walship.v1.CommitPolicy
+	12, // 2: walship.v1.StatusResponse.peers:type_name -> walship.v1.PeerStatus
 	1,  // 3: walship.v1.StatusResponse.rung:type_name -> walship.v1.CatchUpRung
-	16, // 4: walship.v1.StatusResponse.contract:type_name -> walship.v1.Contract
-	4,  // 5: walship.v1.StatusResponse.orphans:type_name -> walship.v1.OrphanStatus
-	6,  // 6: walship.v1.StatusResponse.last_failover:type_name -> walship.v1.FailoverTimeline
-	17, // 7: walship.v1.StatusResponse.lease_remaining:type_name -> google.protobuf.Duration
-	18, // 8: walship.v1.StatusResponse.history:type_name -> walship.v1.EpochStart
-	19, // 9: walship.v1.StatusResponse.archive:type_name -> walship.v1.ArchiveStatus
-	5,  // 10: walship.v1.StatusResponse.election:type_name -> walship.v1.ElectionStatus
-	17, // 11: walship.v1.FailoverTimeline.lease_wait:type_name -> google.protobuf.Duration
-	0,  // 12: walship.v1.PeerStatus.role:type_name -> walship.v1.Role
-	6,  // 13: walship.v1.PromoteResponse.timeline:type_name -> walship.v1.FailoverTimeline
-	10, // 14: walship.v1.PromoteResponse.serving_primary:type_name -> walship.v1.ServingPrimary
-	17, // 15: walship.v1.SwitchoverRequest.timeout:type_name -> google.protobuf.Duration
-	17, // 16: walship.v1.SwitchoverResponse.paused:type_name -> google.protobuf.Duration
-	15, // 17: walship.v1.SetPolicyRequest.policy:type_name -> walship.v1.CommitPolicy
-	15, // 18: walship.v1.SetPolicyResponse.policy:type_name -> walship.v1.CommitPolicy
-	2,  // 19: walship.v1.AdminService.Status:input_type -> walship.v1.StatusRequest
-	8,  // 20: walship.v1.AdminService.Promote:input_type -> walship.v1.PromoteRequest
-	11, // 21: walship.v1.AdminService.Switchover:input_type -> walship.v1.SwitchoverRequest
-	13, // 22: walship.v1.AdminService.SetPolicy:input_type -> walship.v1.SetPolicyRequest
-	3,  // 23: walship.v1.AdminService.Status:output_type -> walship.v1.StatusResponse
-	9,  // 24: walship.v1.AdminService.Promote:output_type -> walship.v1.PromoteResponse
-	12, // 25: walship.v1.AdminService.Switchover:output_type -> walship.v1.SwitchoverResponse
-	14, // 26: walship.v1.AdminService.SetPolicy:output_type -> walship.v1.SetPolicyResponse
-	23, // [23:27] is the sub-list for method output_type
-	19, // [19:23] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	21, // 4: walship.v1.StatusResponse.contract:type_name -> walship.v1.Contract
+	9,  // 5: walship.v1.StatusResponse.orphans:type_name -> walship.v1.OrphanStatus
+	11, // 6: walship.v1.StatusResponse.last_failover:type_name -> walship.v1.FailoverTimeline
+	22, // 7: walship.v1.StatusResponse.lease_remaining:type_name -> google.protobuf.Duration
+	23, // 8: walship.v1.StatusResponse.history:type_name -> walship.v1.EpochStart
+	24, // 9: walship.v1.StatusResponse.archive:type_name -> walship.v1.ArchiveStatus
+	10, // 10: walship.v1.StatusResponse.election:type_name -> walship.v1.ElectionStatus
+	7,  // 11: walship.v1.StatusResponse.membership:type_name -> walship.v1.MembershipStatus
+	7,  // 12: walship.v1.ListMembersResponse.membership:type_name -> walship.v1.MembershipStatus
+	21, // 13: walship.v1.MembershipStatus.contract:type_name -> walship.v1.Contract
+	8,  // 14: walship.v1.MembershipStatus.members:type_name -> walship.v1.MemberStatus
+	0,  // 15: walship.v1.MemberStatus.role:type_name -> walship.v1.Role
+	2,  // 16: walship.v1.MemberStatus.voice:type_name -> walship.v1.MemberVoice
+	22, // 17: walship.v1.FailoverTimeline.lease_wait:type_name -> google.protobuf.Duration
+	0,  // 18: walship.v1.PeerStatus.role:type_name -> walship.v1.Role
+	11, // 19: walship.v1.PromoteResponse.timeline:type_name -> walship.v1.FailoverTimeline
+	15, // 20: walship.v1.PromoteResponse.serving_primary:type_name -> walship.v1.ServingPrimary
+	22, // 21: walship.v1.SwitchoverRequest.timeout:type_name -> google.protobuf.Duration
+	22, // 22: walship.v1.SwitchoverResponse.paused:type_name -> google.protobuf.Duration
+	20, // 23: walship.v1.SetPolicyRequest.policy:type_name -> walship.v1.CommitPolicy
+	20, // 24: walship.v1.SetPolicyResponse.policy:type_name -> walship.v1.CommitPolicy
+	3,  // 25: walship.v1.AdminService.Status:input_type -> walship.v1.StatusRequest
+	13, // 26: walship.v1.AdminService.Promote:input_type -> walship.v1.PromoteRequest
+	16, // 27: walship.v1.AdminService.Switchover:input_type -> walship.v1.SwitchoverRequest
+	18, // 28: walship.v1.AdminService.SetPolicy:input_type -> walship.v1.SetPolicyRequest
+	5,  // 29: walship.v1.AdminService.ListMembers:input_type -> walship.v1.ListMembersRequest
+	4,  // 30: walship.v1.AdminService.Status:output_type -> walship.v1.StatusResponse
+	14, // 31: walship.v1.AdminService.Promote:output_type -> walship.v1.PromoteResponse
+	17, // 32: walship.v1.AdminService.Switchover:output_type -> walship.v1.SwitchoverResponse
+	19, // 33: walship.v1.AdminService.SetPolicy:output_type -> walship.v1.SetPolicyResponse
+	6,  // 34: walship.v1.AdminService.ListMembers:output_type -> walship.v1.ListMembersResponse
+	30, // [30:35] is the sub-list for method output_type
+	25, // [25:30] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_walship_v1_admin_proto_init() }
@@ -1721,8 +2147,8 @@ func file_walship_v1_admin_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_walship_v1_admin_proto_rawDesc), len(file_walship_v1_admin_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   13,
+			NumEnums:      3,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

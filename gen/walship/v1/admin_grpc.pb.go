@@ -19,10 +19,11 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	AdminService_Status_FullMethodName     = "/walship.v1.AdminService/Status"
-	AdminService_Promote_FullMethodName    = "/walship.v1.AdminService/Promote"
-	AdminService_Switchover_FullMethodName = "/walship.v1.AdminService/Switchover"
-	AdminService_SetPolicy_FullMethodName  = "/walship.v1.AdminService/SetPolicy"
+	AdminService_Status_FullMethodName      = "/walship.v1.AdminService/Status"
+	AdminService_Promote_FullMethodName     = "/walship.v1.AdminService/Promote"
+	AdminService_Switchover_FullMethodName  = "/walship.v1.AdminService/Switchover"
+	AdminService_SetPolicy_FullMethodName   = "/walship.v1.AdminService/SetPolicy"
+	AdminService_ListMembers_FullMethodName = "/walship.v1.AdminService/ListMembers"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -48,6 +49,12 @@ type AdminServiceClient interface {
 	Switchover(ctx context.Context, in *SwitchoverRequest, opts ...grpc.CallOption) (*SwitchoverResponse, error)
 	// SetPolicy changes the primary's default commit policy for later commits.
 	SetPolicy(ctx context.Context, in *SetPolicyRequest, opts ...grpc.CallOption) (*SetPolicyResponse, error)
+	// ListMembers reports the cluster's configuration as the primary holds
+	// it: the members and log stores that count, the configuration a change
+	// in progress goes to (joint), the learners, and how far behind each
+	// is. Served by the primary; another node answers FAILED_PRECONDITION
+	// naming the primary it knows.
+	ListMembers(ctx context.Context, in *ListMembersRequest, opts ...grpc.CallOption) (*ListMembersResponse, error)
 }
 
 type adminServiceClient struct {
@@ -98,6 +105,16 @@ func (c *adminServiceClient) SetPolicy(ctx context.Context, in *SetPolicyRequest
 	return out, nil
 }
 
+func (c *adminServiceClient) ListMembers(ctx context.Context, in *ListMembersRequest, opts ...grpc.CallOption) (*ListMembersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListMembersResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListMembers_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -121,6 +138,12 @@ type AdminServiceServer interface {
 	Switchover(context.Context, *SwitchoverRequest) (*SwitchoverResponse, error)
 	// SetPolicy changes the primary's default commit policy for later commits.
 	SetPolicy(context.Context, *SetPolicyRequest) (*SetPolicyResponse, error)
+	// ListMembers reports the cluster's configuration as the primary holds
+	// it: the members and log stores that count, the configuration a change
+	// in progress goes to (joint), the learners, and how far behind each
+	// is. Served by the primary; another node answers FAILED_PRECONDITION
+	// naming the primary it knows.
+	ListMembers(context.Context, *ListMembersRequest) (*ListMembersResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -142,6 +165,9 @@ func (UnimplementedAdminServiceServer) Switchover(context.Context, *SwitchoverRe
 }
 func (UnimplementedAdminServiceServer) SetPolicy(context.Context, *SetPolicyRequest) (*SetPolicyResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetPolicy not implemented")
+}
+func (UnimplementedAdminServiceServer) ListMembers(context.Context, *ListMembersRequest) (*ListMembersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListMembers not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -236,6 +262,24 @@ func _AdminService_SetPolicy_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_ListMembers_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListMembersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListMembers(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListMembers_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListMembers(ctx, req.(*ListMembersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -258,6 +302,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetPolicy",
 			Handler:    _AdminService_SetPolicy_Handler,
+		},
+		{
+			MethodName: "ListMembers",
+			Handler:    _AdminService_ListMembers_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

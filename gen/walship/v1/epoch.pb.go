@@ -694,7 +694,19 @@ type Contract struct {
 	Logstores []string `protobuf:"bytes,5,rep,name=logstores,proto3" json:"logstores,omitempty"`
 	// lease_timeout is the primary's lease: how long it answers without word
 	// from a log store majority, which a candidate waits out.
-	LeaseTimeout  *durationpb.Duration `protobuf:"bytes,6,opt,name=lease_timeout,json=leaseTimeout,proto3" json:"lease_timeout,omitempty"`
+	LeaseTimeout *durationpb.Duration `protobuf:"bytes,6,opt,name=lease_timeout,json=leaseTimeout,proto3" json:"lease_timeout,omitempty"`
+	// learners are data nodes the primary ships to that count for nothing:
+	// not for commits, not for promotions, never a candidate. A learner
+	// becomes a member by a membership change once it is within a bound of
+	// the primary (issue 38). Absent in contracts older than learners.
+	Learners []*Member `protobuf:"bytes,7,rep,name=learners,proto3" json:"learners,omitempty"`
+	// next is the configuration the cluster is changing to while a
+	// membership change is in progress (the joint contract C_old,new):
+	// every commit then needs the ack quorum of the fields above and that
+	// of next, every promotion the promotion quorum of both. Unset when no
+	// change is in progress (and in contracts older than membership
+	// change, which a reader takes for "not joint").
+	Next          *Configuration `protobuf:"bytes,8,opt,name=next,proto3" json:"next,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -771,6 +783,88 @@ func (x *Contract) GetLeaseTimeout() *durationpb.Duration {
 	return nil
 }
 
+func (x *Contract) GetLearners() []*Member {
+	if x != nil {
+		return x.Learners
+	}
+	return nil
+}
+
+func (x *Contract) GetNext() *Configuration {
+	if x != nil {
+		return x.Next
+	}
+	return nil
+}
+
+// Configuration is the half of a joint contract a membership change goes
+// to: who counts, and how many must acknowledge. The level, log store
+// sync and lease are the contract's own.
+type Configuration struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// members are the data nodes of the new configuration, the primary
+	// among them.
+	Members []*Member `protobuf:"bytes,1,rep,name=members,proto3" json:"members,omitempty"`
+	// logstores are the log store addresses of the new configuration.
+	Logstores []string `protobuf:"bytes,2,rep,name=logstores,proto3" json:"logstores,omitempty"`
+	// sync_replicas is k of the new configuration (0 only if the old one's
+	// is 0: a change cannot go between waiting for no replica and more).
+	SyncReplicas  uint32 `protobuf:"varint,3,opt,name=sync_replicas,json=syncReplicas,proto3" json:"sync_replicas,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Configuration) Reset() {
+	*x = Configuration{}
+	mi := &file_walship_v1_epoch_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Configuration) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Configuration) ProtoMessage() {}
+
+func (x *Configuration) ProtoReflect() protoreflect.Message {
+	mi := &file_walship_v1_epoch_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Configuration.ProtoReflect.Descriptor instead.
+func (*Configuration) Descriptor() ([]byte, []int) {
+	return file_walship_v1_epoch_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *Configuration) GetMembers() []*Member {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+func (x *Configuration) GetLogstores() []string {
+	if x != nil {
+		return x.Logstores
+	}
+	return nil
+}
+
+func (x *Configuration) GetSyncReplicas() uint32 {
+	if x != nil {
+		return x.SyncReplicas
+	}
+	return 0
+}
+
 // EpochRecord is the first commit of every epoch, stored in the log under
 // the reserved key "\u0000walship/epoch": who the primary is, since when,
 // and the contract it commits under.
@@ -796,7 +890,7 @@ type EpochRecord struct {
 
 func (x *EpochRecord) Reset() {
 	*x = EpochRecord{}
-	mi := &file_walship_v1_epoch_proto_msgTypes[7]
+	mi := &file_walship_v1_epoch_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -808,7 +902,7 @@ func (x *EpochRecord) String() string {
 func (*EpochRecord) ProtoMessage() {}
 
 func (x *EpochRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_epoch_proto_msgTypes[7]
+	mi := &file_walship_v1_epoch_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -821,7 +915,7 @@ func (x *EpochRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochRecord.ProtoReflect.Descriptor instead.
 func (*EpochRecord) Descriptor() ([]byte, []int) {
-	return file_walship_v1_epoch_proto_rawDescGZIP(), []int{7}
+	return file_walship_v1_epoch_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *EpochRecord) GetEpoch() uint64 {
@@ -930,7 +1024,7 @@ const file_walship_v1_epoch_proto_rawDesc = "" +
 	"\tfirst_lsn\x18\x02 \x01(\x04R\bfirstLsn\",\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
-	"\x04addr\x18\x02 \x01(\tR\x04addr\"\x96\x02\n" +
+	"\x04addr\x18\x02 \x01(\tR\x04addr\"\xf5\x02\n" +
 	"\bContract\x12#\n" +
 	"\rsync_replicas\x18\x01 \x01(\rR\fsyncReplicas\x124\n" +
 	"\n" +
@@ -938,7 +1032,13 @@ const file_walship_v1_epoch_proto_rawDesc = "" +
 	"\rlogstore_sync\x18\x03 \x01(\bR\flogstoreSync\x12,\n" +
 	"\amembers\x18\x04 \x03(\v2\x12.walship.v1.MemberR\amembers\x12\x1c\n" +
 	"\tlogstores\x18\x05 \x03(\tR\tlogstores\x12>\n" +
-	"\rlease_timeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\fleaseTimeout\"\x8c\x02\n" +
+	"\rlease_timeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\fleaseTimeout\x12.\n" +
+	"\blearners\x18\a \x03(\v2\x12.walship.v1.MemberR\blearners\x12-\n" +
+	"\x04next\x18\b \x01(\v2\x19.walship.v1.ConfigurationR\x04next\"\x80\x01\n" +
+	"\rConfiguration\x12,\n" +
+	"\amembers\x18\x01 \x03(\v2\x12.walship.v1.MemberR\amembers\x12\x1c\n" +
+	"\tlogstores\x18\x02 \x03(\tR\tlogstores\x12#\n" +
+	"\rsync_replicas\x18\x03 \x01(\rR\fsyncReplicas\"\x8c\x02\n" +
 	"\vEpochRecord\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x1b\n" +
 	"\tfirst_lsn\x18\x02 \x01(\x04R\bfirstLsn\x12\x1d\n" +
@@ -972,7 +1072,7 @@ func file_walship_v1_epoch_proto_rawDescGZIP() []byte {
 }
 
 var file_walship_v1_epoch_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_walship_v1_epoch_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_walship_v1_epoch_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_walship_v1_epoch_proto_goTypes = []any{
 	(ElectOp)(0),                // 0: walship.v1.ElectOp
 	(*ElectRequest)(nil),        // 1: walship.v1.ElectRequest
@@ -982,31 +1082,35 @@ var file_walship_v1_epoch_proto_goTypes = []any{
 	(*EpochStart)(nil),          // 5: walship.v1.EpochStart
 	(*Member)(nil),              // 6: walship.v1.Member
 	(*Contract)(nil),            // 7: walship.v1.Contract
-	(*EpochRecord)(nil),         // 8: walship.v1.EpochRecord
-	(*durationpb.Duration)(nil), // 9: google.protobuf.Duration
-	(SyncLevel)(0),              // 10: walship.v1.SyncLevel
+	(*Configuration)(nil),       // 8: walship.v1.Configuration
+	(*EpochRecord)(nil),         // 9: walship.v1.EpochRecord
+	(*durationpb.Duration)(nil), // 10: google.protobuf.Duration
+	(SyncLevel)(0),              // 11: walship.v1.SyncLevel
 }
 var file_walship_v1_epoch_proto_depIdxs = []int32{
 	0,  // 0: walship.v1.ElectRequest.op:type_name -> walship.v1.ElectOp
-	9,  // 1: walship.v1.ElectRequest.lease:type_name -> google.protobuf.Duration
-	9,  // 2: walship.v1.ElectResponse.since_renewal:type_name -> google.protobuf.Duration
+	10, // 1: walship.v1.ElectRequest.lease:type_name -> google.protobuf.Duration
+	10, // 2: walship.v1.ElectResponse.since_renewal:type_name -> google.protobuf.Duration
 	5,  // 3: walship.v1.FenceResponse.history:type_name -> walship.v1.EpochStart
-	9,  // 4: walship.v1.FenceResponse.since_primary_contact:type_name -> google.protobuf.Duration
+	10, // 4: walship.v1.FenceResponse.since_primary_contact:type_name -> google.protobuf.Duration
 	7,  // 5: walship.v1.FenceResponse.contract:type_name -> walship.v1.Contract
-	10, // 6: walship.v1.Contract.sync_level:type_name -> walship.v1.SyncLevel
+	11, // 6: walship.v1.Contract.sync_level:type_name -> walship.v1.SyncLevel
 	6,  // 7: walship.v1.Contract.members:type_name -> walship.v1.Member
-	9,  // 8: walship.v1.Contract.lease_timeout:type_name -> google.protobuf.Duration
-	7,  // 9: walship.v1.EpochRecord.contract:type_name -> walship.v1.Contract
-	5,  // 10: walship.v1.EpochRecord.history:type_name -> walship.v1.EpochStart
-	3,  // 11: walship.v1.EpochService.Fence:input_type -> walship.v1.FenceRequest
-	1,  // 12: walship.v1.EpochService.Elect:input_type -> walship.v1.ElectRequest
-	4,  // 13: walship.v1.EpochService.Fence:output_type -> walship.v1.FenceResponse
-	2,  // 14: walship.v1.EpochService.Elect:output_type -> walship.v1.ElectResponse
-	13, // [13:15] is the sub-list for method output_type
-	11, // [11:13] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	10, // 8: walship.v1.Contract.lease_timeout:type_name -> google.protobuf.Duration
+	6,  // 9: walship.v1.Contract.learners:type_name -> walship.v1.Member
+	8,  // 10: walship.v1.Contract.next:type_name -> walship.v1.Configuration
+	6,  // 11: walship.v1.Configuration.members:type_name -> walship.v1.Member
+	7,  // 12: walship.v1.EpochRecord.contract:type_name -> walship.v1.Contract
+	5,  // 13: walship.v1.EpochRecord.history:type_name -> walship.v1.EpochStart
+	3,  // 14: walship.v1.EpochService.Fence:input_type -> walship.v1.FenceRequest
+	1,  // 15: walship.v1.EpochService.Elect:input_type -> walship.v1.ElectRequest
+	4,  // 16: walship.v1.EpochService.Fence:output_type -> walship.v1.FenceResponse
+	2,  // 17: walship.v1.EpochService.Elect:output_type -> walship.v1.ElectResponse
+	16, // [16:18] is the sub-list for method output_type
+	14, // [14:16] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_walship_v1_epoch_proto_init() }
@@ -1021,7 +1125,7 @@ func file_walship_v1_epoch_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_walship_v1_epoch_proto_rawDesc), len(file_walship_v1_epoch_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
