@@ -53,6 +53,7 @@ func commands() []command {
 		{name: "ctl promote", summary: "promote a replica by an epoch vote (--dry-run: what it would see and risk)", flags: ctlPromoteFlags},
 		{name: "ctl failover pause", summary: "pause automatic failover (--auto-failover) in the log stores: every node honours it, across restarts", flags: ctlFailoverFlags(true)},
 		{name: "ctl failover resume", summary: "resume automatic failover after ctl failover pause", flags: ctlFailoverFlags(false)},
+		{name: "ctl members list", summary: "show the cluster's configuration: members, log stores, a change in progress, learners and how far behind each is", flags: ctlMembersListFlags},
 		{name: "ctl switchover", summary: "hand the primary's role to a replica without losing anything", flags: ctlSwitchoverFlags},
 		{name: "ctl orphans list", summary: "list the orphan files of a data directory or of nodes (entries cut because the cluster's history went another way)", flags: ctlOrphansListFlags},
 		{name: "ctl orphans show", summary: "decode an orphan file: each write's key, value, commit LSN and commit time", flags: ctlOrphansShowFlags},

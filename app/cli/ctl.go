@@ -115,9 +115,17 @@ func ctlStatusFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 			}
 		}
 		for _, r := range rows {
-			if r.err == nil && r.st.GetRole() == walshipv1.Role_ROLE_PRIMARY && len(r.st.GetPeers()) > 0 {
-				if err := printPeers(env, r.addr, r.st); err != nil {
-					return err
+			if r.err == nil && r.st.GetRole() == walshipv1.Role_ROLE_PRIMARY {
+				if len(r.st.GetPeers()) > 0 {
+					if err := printPeers(env, r.addr, r.st); err != nil {
+						return err
+					}
+				}
+				if ms := r.st.GetMembership(); ms != nil {
+					fmt.Fprintln(env.Stdout)
+					if err := printMembership(env, ms); err != nil {
+						return err
+					}
 				}
 			}
 		}
