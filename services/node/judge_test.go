@@ -24,6 +24,11 @@ func TestJudge(t *testing.T) {
 	lsSync := &walshipv1.Contract{SyncReplicas: 1, LogstoreSync: true, Members: members("p", "r1", "r2"), Logstores: ls}
 	async := &walshipv1.Contract{Members: members("p", "r1", "r2"), Logstores: ls}
 	noLS := &walshipv1.Contract{Members: members("p", "r1")}
+	// A membership change in progress: r3 joins, r2 leaves, ls2 is
+	// replaced by ls3; k=1 in both halves.
+	joint := &walshipv1.Contract{SyncReplicas: 1, SyncLevel: walshipv1.SyncLevel_SYNC_LEVEL_FLUSH, Members: members("p", "r1", "r2"), Logstores: ls,
+		Next:     &walshipv1.Configuration{SyncReplicas: 1, Members: members("p", "r1", "r3"), Logstores: []string{"ls0", "ls1", "ls3"}},
+		Learners: members("r9")}
 	a := func(id string, ls bool, epoch, lsn uint64) answer {
 		return answer{id: id, logstore: ls, granted: true, lastEpoch: epoch, lastLSN: lsn}
 	}
@@ -52,6 +57,14 @@ func TestJudge(t *testing.T) {
 		{"no log store: no vote", noLS, []answer{a("r1", false, 1, 1)}, false, "r1", "no log store is configured"},
 		{"a log store the contract does not name does not count", k1,
 			[]answer{a("r1", false, 3, 10), a("r2", false, 3, 10), a("ls0", true, 3, 9), a("lsX", true, 3, 9)}, false, "r1", "2 of 3 log stores"},
+		{"joint: both halves' quorums", joint,
+			[]answer{a("r1", false, 3, 10), a("r2", false, 3, 10), a("r3", false, 3, 11), a("ls0", true, 3, 9), a("ls1", true, 3, 9)}, true, "r3", "of the one it goes to, 2 of 3 log stores and 2 of the 2"},
+		{"joint: the old half's quorum alone is not enough", joint,
+			[]answer{a("r1", false, 3, 10), a("r2", false, 3, 10), a("ls0", true, 3, 9), a("ls2", true, 3, 9)}, false, "r1", "a membership change is in progress"},
+		{"joint: the new half's quorum alone is not enough", joint,
+			[]answer{a("r1", false, 3, 10), a("r3", false, 3, 10), a("ls0", true, 3, 9), a("ls3", true, 3, 9)}, false, "r1", "have 1 log stores and 1 members; and of the one it goes to"},
+		{"a learner counts for nothing", joint,
+			[]answer{a("r1", false, 3, 10), a("r9", false, 3, 10), a("r3", false, 3, 10), a("ls0", true, 3, 9), a("ls1", true, 3, 9)}, false, "r1", "have 2 log stores and 1 members"},
 		{"refusals and errors do not count", k1,
 			[]answer{a("r1", false, 3, 10), {id: "r2", granted: false, epoch: 5}, a("ls0", true, 3, 9), a("ls1", true, 3, 9)}, false, "r1", "have 2 log stores and 1 members"},
 	} {

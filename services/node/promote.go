@@ -140,10 +140,12 @@ func judgeAll(cs []*walshipv1.Contract, prev string, answers []answer, counts fu
 }
 
 // logStores are the log stores a promotion asks: this node's and every
-// one the contract names.
+// one the contract names, in the configuration a membership change goes
+// to as well.
 func (n *Node) logStores() []string {
 	out := append([]string(nil), n.cfg.LogStores...)
-	for _, l := range n.contract().GetLogstores() {
+	c := n.contract()
+	for _, l := range slices.Concat(c.GetLogstores(), c.GetNext().GetLogstores()) {
 		if !slices.Contains(out, l) {
 			out = append(out, l)
 		}
@@ -151,17 +153,54 @@ func (n *Node) logStores() []string {
 	return out
 }
 
+// members are the data nodes a promotion asks, this one among them: this
+// node's (--peers) and every one the contract names (a member added at
+// run time, one a membership change adds), each id once, the flag's
+// address first.
+func (n *Node) members() []primary.Member {
+	out := append([]primary.Member(nil), n.cfg.Members...)
+	c := n.contract()
+	for _, m := range slices.Concat(c.GetMembers(), c.GetNext().GetMembers()) {
+		if m.GetAddr() != "" && !slices.ContainsFunc(out, func(o primary.Member) bool { return o.ID == m.GetId() }) {
+			out = append(out, primary.Member{ID: m.GetId(), Addr: m.GetAddr()})
+		}
+	}
+	return out
+}
+
+// quorumConfig is c as the failover core reads it: while a membership
+// change is in progress (c.next set) the joint configuration, whose
+// promotion quorum is one of each half (failover.JudgeJoint).
+func quorumConfig(c *walshipv1.Contract) failover.Config {
+	half := func(members []*walshipv1.Member, logstores []string, k uint32) failover.Contract {
+		fc := failover.Contract{LogStores: logstores, K: int(k), LogStoreSync: c.GetLogstoreSync()}
+		for _, m := range members {
+			fc.Members = append(fc.Members, m.GetId())
+		}
+		return fc
+	}
+	cfg := failover.Config{Old: half(c.GetMembers(), c.GetLogstores(), c.GetSyncReplicas())}
+	if nx := c.GetNext(); nx != nil {
+		cfg.New, cfg.Joint = half(nx.GetMembers(), nx.GetLogstores(), nx.GetSyncReplicas()), true
+	}
+	for _, m := range c.GetLearners() {
+		cfg.Learners = append(cfg.Learners, m.GetId())
+	}
+	return cfg
+}
+
 // judge applies the quorum rule (failover.Judge) to answers (those that
 // count: granted ones after a fence, reachable ones in a survey) under
 // contract c, where prev is the replaced primary's id. Every promotion
 // quorum it accepts meets every set that could have acknowledged a commit
 // under c (docs/ARCHITECTURE.md, Failover invariants, I5).
+//
+// While a membership change is in progress (c.next set) the quorum is
+// the joint one: a quorum of the current configuration and one of the
+// configuration it goes to.
 func judge(c *walshipv1.Contract, prev string, answers []answer, counts func(answer) bool) verdict {
 	var v verdict
-	fc := failover.Contract{LogStores: c.GetLogstores(), K: int(c.GetSyncReplicas()), LogStoreSync: c.GetLogstoreSync()}
-	for _, m := range c.GetMembers() {
-		fc.Members = append(fc.Members, m.GetId())
-	}
+	qc := quorumConfig(c)
 	var counted []answer
 	var fcounted, fall []failover.Answer
 	for _, a := range answers {
@@ -175,20 +214,27 @@ func judge(c *walshipv1.Contract, prev string, answers []answer, counts func(ans
 		v.granted = append(v.granted, a.id)
 		counted, fcounted = append(counted, a), append(fcounted, fa)
 	}
-	fv := failover.Judge(fc, prev, fcounted, fall)
+	fv := qc.Judge(prev, fcounted, fall)
 	v.quorum, v.atRisk, v.atRiskDurable = fv.Quorum, fv.AtRisk, fv.AtRiskDurable
 	if fv.Donor >= 0 {
 		v.donor = counted[fv.Donor]
 	}
-	nls := len(c.GetLogstores())
-	v.needed = fmt.Sprintf("%d of %d log stores", fv.NeedLogStores, nls)
-	if fv.NeedMembers > 0 {
-		v.needed += fmt.Sprintf(" and %d of the %d sync-eligible members (contract: any %d at %s)", fv.NeedMembers, fv.Eligible, fc.K, levelName(c.GetSyncLevel()))
+	needed := func(fc failover.Contract, fv failover.Verdict) string {
+		nls := len(fc.LogStores)
+		s := fmt.Sprintf("%d of %d log stores", fv.NeedLogStores, nls)
+		if fv.NeedMembers > 0 {
+			s += fmt.Sprintf(" and %d of the %d sync-eligible members (contract: any %d at %s)", fv.NeedMembers, fv.Eligible, fc.K, levelName(c.GetSyncLevel()))
+		}
+		if nls == 0 {
+			s = "a log store majority, but no log store is configured"
+		}
+		return s + fmt.Sprintf("; have %d log stores and %d members", fv.LogStores, fv.Members)
 	}
-	if nls == 0 {
-		v.needed = "a log store majority, but no log store is configured"
+	v.needed = needed(qc.Old, fv.Old)
+	if qc.Joint {
+		v.needed = "a membership change is in progress, so a quorum of both configurations: of the current one, " + v.needed +
+			"; and of the one it goes to, " + needed(qc.New, fv.New)
 	}
-	v.needed += fmt.Sprintf("; have %d log stores and %d members", fv.LogStores, fv.Members)
 	sort.Strings(v.granted)
 	sort.Strings(v.refused)
 	return v
@@ -221,6 +267,9 @@ func (n *Node) promoteAs(ctx context.Context, req *walshipv1.PromoteRequest, ele
 	}
 	if len(n.cfg.LogStores) == 0 {
 		return nil, status.Error(codes.FailedPrecondition, "cannot promote: no log store is configured (--logstore); an epoch vote needs a log store majority")
+	}
+	if c := n.contract(); slices.ContainsFunc(c.GetLearners(), func(m *walshipv1.Member) bool { return m.GetId() == n.cfg.ID }) {
+		return nil, status.Errorf(codes.FailedPrecondition, "cannot promote %s: it is a learner (it counts for nothing and may lack acknowledged commits); it becomes a member once within a bound of the primary (walship ctl members list)", n.cfg.ID)
 	}
 	if err := n.startPromoting(req.GetDryRun()); err != nil {
 		return nil, err
@@ -572,7 +621,7 @@ func (n *Node) survey(ctx context.Context, known uint64, enough func([]answer) b
 	for _, a := range n.logStores() {
 		jobs = append(jobs, job{a, a, true})
 	}
-	for _, m := range n.cfg.Members {
+	for _, m := range n.members() {
 		if m.ID != n.cfg.ID {
 			jobs = append(jobs, job{m.ID, m.Addr, false})
 		}
@@ -639,7 +688,7 @@ func (n *Node) fenceAll(ctx context.Context, rep interface {
 	for _, a := range n.logStores() {
 		jobs = append(jobs, job{id: a, addr: a, ls: true})
 	}
-	for _, m := range n.cfg.Members {
+	for _, m := range n.members() {
 		if m.ID != n.cfg.ID {
 			jobs = append(jobs, job{id: m.ID, addr: m.Addr})
 		}
