@@ -112,6 +112,17 @@ type simConfig struct {
 	// Scripted: a test set the cluster up; no party is killed when the
 	// faults stop.
 	Scripted bool
+	// Reconfig: the primary changes the members at run time through
+	// joint contract records (sim_members_test.go); Members is how many
+	// of the nodes are members at first (the others follow, counting for
+	// nothing).
+	Reconfig bool
+	Members  int
+	// SlowLogStores: the primary feeds the log stores a quarter as often
+	// as the replicas, so that they lag (only where no commit waits for
+	// them: they would hold every acknowledged write otherwise, and
+	// hide a quorum rule's bug behind them).
+	SlowLogStores bool
 }
 
 const strandedAfter = 1000
@@ -180,6 +191,9 @@ type msg struct {
 	// mCopyResp
 	log   []ent
 	round int
+	// mFenceResp under Reconfig: the configuration the answerer's log is
+	// under (an index in sim.cfgs).
+	cfg int
 }
 
 // follower is what a primary knows of one follower's stream.
@@ -229,6 +243,9 @@ type candidacy struct {
 	donor      int // party index
 	donorLSN   uint64
 	donorEpoch uint64
+	// cfgs (Reconfig) are the configurations it knows of: its own log's
+	// and every answer's; the quorum must hold under each.
+	cfgs       []int
 	leaseUntil int64
 	copying    bool
 	copySent   int64
@@ -292,6 +309,13 @@ type sim struct {
 	strandedAt int64 // when it last did
 	// refusedNow: the stream request being handled was refused.
 	refusedNow bool
+	// Reconfig (sim_members_test.go): every configuration written, and
+	// the entries that are contract records.
+	cfgs []Config
+	recs []cfgRec
+	// changes counts contract records written: joint, final, and final
+	// records a new primary wrote to finish a change it found.
+	joints, finals, finished int
 }
 
 const simCluster = "c1"
@@ -315,6 +339,9 @@ func newSim(cfg simConfig, seed uint64) *sim {
 		s.ps = append(s.ps, p)
 	}
 	s.votes, s.granted = make([]uint64, n), make([]uint64, n)
+	if cfg.Reconfig {
+		s.initConfig()
+	}
 	s.opened[1], s.openedAt[1], s.maxOpened = "n0", 0, 1
 	p0 := s.ps[cfg.LogStores]
 	s.becomePrimary(p0, 1)
@@ -510,6 +537,9 @@ func (s *sim) leaseValid(p *party) bool {
 // primaryTick: maybe take a write, then send every follower its next
 // request.
 func (s *sim) primaryTick(p *party) {
+	if s.cfg.Reconfig && s.leaseValid(p) {
+		s.changeMembers(p)
+	}
 	if s.leaseValid(p) && s.rng.IntN(3) == 0 {
 		e := ent{p.epoch, uint64(len(p.log)) + 1}
 		s.appendLog(p, []ent{e}, p.epoch)
@@ -518,6 +548,9 @@ func (s *sim) primaryTick(p *party) {
 		f := &p.fol[i]
 		if !f.on || i == p.idx {
 			continue
+		}
+		if s.cfg.SlowLogStores && s.ps[i].ls && f.known && s.rng.IntN(4) != 0 {
+			continue // a log store that lags (its acks gate no commit)
 		}
 		if f.seq != f.replySeq && s.now-f.sentAt >= staleStream {
 			f.replySeq, f.known = f.seq, false // the stream broke: start over
@@ -609,7 +642,9 @@ func (s *sim) primaryAck(p *party) {
 	if s.has(bugAckKMinus1) {
 		k--
 	}
-	if s.cfg.K > 0 {
+	if s.cfg.Reconfig {
+		ack = s.jointAck(p)
+	} else if s.cfg.K > 0 {
 		var pos []uint64
 		for i := s.cfg.LogStores; i < len(s.ps); i++ {
 			if i != p.idx && p.fol[i].on {
@@ -620,7 +655,7 @@ func (s *sim) primaryAck(p *party) {
 			ack = min(ack, AckLSN(pos, k))
 		}
 	}
-	if s.cfg.LogStoreSync {
+	if s.cfg.LogStoreSync && !s.cfg.Reconfig {
 		var pos []uint64
 		for i := range s.cfg.LogStores {
 			pos = append(pos, p.fol[i].matched)
@@ -694,6 +729,9 @@ func (s *sim) answerFence(p *party, m msg) {
 	le, ll := p.last()
 	r := msg{kind: mFenceResp, from: p.idx, to: m.from, epoch: m.epoch, granted: st.Granted, vote: p.st.Vote,
 		lastEpoch: le, lastLSN: ll, primary: wasPrimary, prior: prior}
+	if s.cfg.Reconfig {
+		r.cfg = s.cfgOf(p.log)
+	}
 	if p.ls && p.contact > 0 {
 		r.since = s.now - p.contact
 	}
@@ -962,6 +1000,9 @@ func (s *sim) catchUp(p *party, from []ent) {
 
 // promote starts a promotion at p: it fences itself, then every party.
 func (s *sim) promote(p *party) {
+	if s.cfg.Reconfig && !s.member(p) {
+		return // not a member: it cannot be promoted
+	}
 	epoch, err := datadir.NextEpoch(max(p.seen, p.st.Known()))
 	if err != nil {
 		return
@@ -979,6 +1020,9 @@ func (s *sim) promote(p *party) {
 	c.extra = append(c.extra, fenceExtra{})
 	c.votes[p.idx] = true
 	p.role, p.cand = roleCandidate, c
+	if s.cfg.Reconfig {
+		c.cfgs = []int{s.cfgOf(p.log)}
+	}
 	s.logf("%s promotes to epoch %d (prev %s, log %d@%d)", p.id, epoch, prev, ll, le)
 	for _, q := range s.ps {
 		if q != p {
@@ -997,17 +1041,28 @@ func (s *sim) fenceResp(p *party, m msg) {
 	}
 	c.votes[m.from] = true
 	c.seen = max(c.seen, m.prior, m.lastEpoch)
+	if s.cfg.Reconfig && !slices.Contains(c.cfgs, m.cfg) {
+		c.cfgs = append(c.cfgs, m.cfg) // refused or not, it knows that configuration
+	}
 	if !m.granted {
 		return
 	}
 	q := s.ps[m.from]
 	c.answers = append(c.answers, Answer{ID: q.id, LogStore: q.ls, LastEpoch: m.lastEpoch, LastLSN: m.lastLSN})
 	c.extra = append(c.extra, fenceExtra{primary: m.primary, since: m.since})
-	ct := s.contract()
-	if s.has(bugPromotionNK) && ct.K > 0 && !ct.LogStoreSync {
-		ct.K++
+	var v Verdict
+	if s.cfg.Reconfig {
+		var ok bool
+		if v, ok = s.judgeKnown(c); !ok {
+			return
+		}
+	} else {
+		ct := s.contract()
+		if s.has(bugPromotionNK) && ct.K > 0 && !ct.LogStoreSync {
+			ct.K++
+		}
+		v = Judge(ct, c.prev, c.answers, c.answers)
 	}
-	v := Judge(ct, c.prev, c.answers, c.answers)
 	if !v.Quorum {
 		return
 	}
