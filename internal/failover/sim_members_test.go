@@ -2,6 +2,7 @@ package failover
 
 import (
 	"flag"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -33,6 +34,12 @@ const (
 	// its old half only.
 	bugJointJudgedByOld simBug = "membership-joint-judged-by-old-half"
 )
+
+// bugOneStepEpochStart: a new primary's epoch record changes the
+// members in one step (what a promotion or a restart under a changed
+// --peers does today: the epoch record carries the flags' contract and
+// is acknowledged under it alone).
+const bugOneStepEpochStart simBug = "membership-one-step-at-epoch-start"
 
 type cfgRec struct {
 	e   ent
@@ -139,18 +146,8 @@ func (s *sim) changeMembers(p *party) {
 	if s.calm || s.rng.IntN(20) != 0 {
 		return
 	}
-	next := cur.Old
-	next.Members = slices.Clone(cur.Old.Members)
-	n := s.ps[s.cfg.LogStores+s.rng.IntN(s.cfg.Nodes)]
-	switch {
-	case !slices.Contains(next.Members, n.id):
-		next.Members = append(next.Members, n.id)
-	case n != p && len(next.Members)-1 >= s.minMembers():
-		next.Members = slices.DeleteFunc(next.Members, func(id string) bool { return id == n.id })
-	default:
-		return
-	}
-	if ValidChange(cur.Old, next, p.id) != nil {
+	next, ok := s.nextMembers(cur.Old, p)
+	if !ok {
 		return
 	}
 	if s.has(bugOneStepChange) {
@@ -173,6 +170,48 @@ func (s *sim) minMembers() int {
 		return s.cfg.K + 2
 	}
 	return s.cfg.K + 1
+}
+
+// epochStartChange: with EpochStartChange, the epoch record e that p
+// just wrote sometimes changes the members by one node: in one step
+// under bugOneStepEpochStart, else as a joint record (changeMembers
+// finishes it). A log already under a joint record keeps it.
+func (s *sim) epochStartChange(p *party, e ent) {
+	if !s.cfg.EpochStartChange || s.rng.IntN(3) != 0 {
+		return
+	}
+	cur := s.cfgs[s.cfgOf(p.log)]
+	if cur.Joint {
+		return
+	}
+	next, ok := s.nextMembers(cur.Old, p)
+	if !ok {
+		return
+	}
+	c := Config{Old: cur.Old, New: next, Joint: true}
+	if s.has(bugOneStepEpochStart) {
+		c = Config{Old: next}
+	}
+	s.cfgs = append(s.cfgs, c)
+	s.recs = append(s.recs, cfgRec{e, len(s.cfgs) - 1})
+	s.logf("%s: epoch record with members %v (joint %v)", p.id, next.Members, c.Joint)
+}
+
+// nextMembers is cur with one node more or one less (not p), if
+// ValidChange allows it and minMembers remain.
+func (s *sim) nextMembers(cur Contract, p *party) (Contract, bool) {
+	next := cur
+	next.Members = slices.Clone(cur.Members)
+	n := s.ps[s.cfg.LogStores+s.rng.IntN(s.cfg.Nodes)]
+	switch {
+	case !slices.Contains(next.Members, n.id):
+		next.Members = append(next.Members, n.id)
+	case n != p && len(next.Members)-1 >= s.minMembers():
+		next.Members = slices.DeleteFunc(next.Members, func(id string) bool { return id == n.id })
+	default:
+		return cur, false
+	}
+	return next, ValidChange(cur, next, p.id) == nil
 }
 
 // epochStart is the LSN of p's epoch record.
@@ -212,6 +251,7 @@ func TestSimMembership(t *testing.T) {
 	if *simSeed != 0 {
 		c := simMembersConfigFor(*simSeed)
 		c.Bug = simBug(*simBugF)
+		c.EpochStartChange = c.Bug == bugOneStepEpochStart
 		s := newSim(c, *simSeed)
 		if err := s.run(); err != nil {
 			t.Fatalf("%v", err)
@@ -276,5 +316,39 @@ func TestSimMembershipFindsBugs(t *testing.T) {
 			}
 			t.Errorf("bug %s not found in %d steps", bug, steps)
 		})
+	}
+}
+
+// TestSimEpochStartChange: a contract change at an epoch start (a
+// promotion or restart under a changed --peers) is a membership change
+// too. Made in one step — the epoch record carries the new members and
+// is acknowledged under them alone, as services/node and
+// services/primary do today — the simulation loses an acknowledged
+// write; made as a joint record (acknowledged under both) it does not.
+func TestSimEpochStartChange(t *testing.T) {
+	find := func(bug simBug, budget int) (error, int) {
+		steps := 0
+		for seed := uint64(1); steps < budget; seed++ {
+			c := simMembersConfigFor(seed)
+			if c.Nodes != 3 {
+				continue // as in TestSimMembershipFindsBugs
+			}
+			c.EpochStartChange, c.Bug = true, bug
+			s := newSim(c, seed)
+			err := s.run()
+			steps += s.steps
+			if err != nil {
+				return fmt.Errorf("after %d steps (replay: -run 'TestSimMembership$' -seed %d -sim.bug %s): %w", steps, seed, bug, err), steps
+			}
+		}
+		return nil, steps
+	}
+	err, steps := find(bugOneStepEpochStart, *simMembersBugSteps)
+	if err == nil || !(strings.Contains(firstLine(err), "I5 violated") || strings.Contains(firstLine(err), "I6 violated")) {
+		t.Fatalf("one step at the epoch start: want I5 or I6 within %d steps, got %v", steps, err)
+	}
+	t.Logf("one step at the epoch start: %s", firstLine(err))
+	if err, steps := find("", *simSteps/4); err != nil {
+		t.Fatalf("joint at the epoch start, %d steps: %v", steps, err)
 	}
 }

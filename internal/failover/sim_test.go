@@ -118,6 +118,11 @@ type simConfig struct {
 	// nothing).
 	Reconfig bool
 	Members  int
+	// EpochStartChange: a new primary's epoch record sometimes carries
+	// members of its own (its --peers: one node more or less), as
+	// services/node does today; with bugOneStepEpochStart in one step,
+	// else as a joint record that it finishes once acknowledged.
+	EpochStartChange bool
 	// SlowLogStores: the primary feeds the log stores a quarter as often
 	// as the replicas, so that they lag (only where no commit waits for
 	// them: they would hold every acknowledged write otherwise, and
@@ -1178,6 +1183,9 @@ func (s *sim) open(p *party, donor []ent) {
 	next := uint64(len(p.log)) + 1
 	s.apply(p, Step{Effects: []Effect{NoteEpoch{Epoch: c.epoch, FirstLSN: next}}, Next: State{Vote: p.st.Vote, LogEpoch: c.epoch, Cluster: p.st.Cluster}}, false)
 	s.appendLog(p, []ent{{c.epoch, next}}, 0) // the epoch record
+	if s.cfg.Reconfig {
+		s.epochStartChange(p, ent{c.epoch, next})
+	}
 	s.becomePrimary(p, c.epoch)
 }
 
