@@ -44,6 +44,7 @@ func benchApplyFeed(b *testing.B, withFeed bool) {
 	rng := rand.New(rand.NewPCG(1, 1))
 	bt := codec.Batch{Records: make([]codec.Record, 2)}
 	commitTime := func(lsn uint64) int64 { return int64(lsn) }
+	var txns []*Txn
 	b.ReportAllocs()
 	for b.Loop() {
 		lsn := st.AppliedLSN() + 1
@@ -55,10 +56,11 @@ func benchApplyFeed(b *testing.B, withFeed bool) {
 			}
 			continue
 		}
-		txns := Build(bt.Records, commitTime, st)
-		if err := st.Apply(&bt); err != nil {
+		changes, err := st.ApplyChanges(&bt, nil)
+		if err != nil {
 			b.Fatal(err)
 		}
+		txns = FromChanges(txns[:0], bt.Records, changes, commitTime)
 		feed.Append(txns)
 	}
 }

@@ -65,8 +65,9 @@ func (t *Txn) partialElem(f filter) (mem.Buffer, error) {
 	if ok {
 		return b, nil
 	}
-	evs := make([]*Event, 0, len(t.Events))
-	for _, e := range t.Events {
+	events := t.Events()
+	evs := make([]*Event, 0, len(events))
+	for _, e := range events {
 		if f.match(e.Key) {
 			if !f.prev {
 				e = stripPrev(e)

@@ -55,7 +55,7 @@ func want(f filter, txns []*Txn) *walshipv1.WatchResponse {
 	out := &walshipv1.WatchTxns{}
 	for _, t := range txns {
 		var evs []*Event
-		for _, e := range t.Events {
+		for _, e := range t.Events() {
 			if !f.match(e.Key) {
 				continue
 			}
@@ -90,7 +90,11 @@ func checkAssembled(t *testing.T, data []byte) {
 		recs[i].LSN += 4
 		recs[i].TxnID += 4
 	}
-	txns := Build(recs, func(lsn uint64) int64 { return int64(lsn) * 7 }, st)
+	changes, err := st.ApplyChanges(&codec.Batch{Records: recs}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	txns := FromChanges(nil, recs, changes, func(lsn uint64) int64 { return int64(lsn) * 7 })
 	for range 2 {
 		for _, f := range []filter{{}, {prefix: "a/"}, {prefix: "b/1"}, {prefix: "c/"}, {key: "a/1", exact: true}, {key: "a", exact: true}} {
 			for _, prev := range []bool{false, true} {

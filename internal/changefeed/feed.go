@@ -21,6 +21,7 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/keyspace"
+	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/internal/watermark"
 	"github.com/walship/walship/pkg/codec"
 	"google.golang.org/grpc/mem"
@@ -40,9 +41,15 @@ type Event = walshipv1.WatchEvent
 type Txn struct {
 	FirstLSN, LSN uint64
 	CommitTime    int64
-	Events        []*Event // keys of the reserved prefix are left out
 	size          int
 
+	// changes are the transaction's writes as the store applied them
+	// (FromChanges), made into events on first use: a node nobody
+	// watches never builds them. A Txn read from a WAL (Build) has its
+	// events from the start, and no changes.
+	changes  []state.Change
+	evOnce   sync.Once
+	events   []*Event // keys of the reserved prefix are left out
 	once     sync.Once
 	withPrev *walshipv1.WatchTxn // every event, with previous values
 	noPrev   *walshipv1.WatchTxn // every event, without
@@ -63,14 +70,56 @@ type lazyElem struct {
 	err  error
 }
 
+// Events returns t's events (keys of the reserved prefix left out), with
+// previous values if t was applied with them: made once, then shared by
+// every watcher.
+func (t *Txn) Events() []*Event {
+	t.evOnce.Do(t.makeEvents)
+	return t.events
+}
+
+func (t *Txn) makeEvents() {
+	if t.changes == nil {
+		return // built with its events (Build), or none
+	}
+	n := 0
+	for i := range t.changes {
+		if !reserved(t.changes[i].Key) {
+			n++
+		}
+	}
+	// One allocation holds the events, one the list of them.
+	evs := make([]Event, n)
+	t.events = make([]*Event, n)
+	i := 0
+	for _, c := range t.changes {
+		if reserved(c.Key) {
+			continue
+		}
+		e := &evs[i]
+		e.Key, e.Value = c.Key, c.Value
+		e.Type = walshipv1.WatchEventType_WATCH_EVENT_TYPE_PUT
+		if c.Deleted {
+			e.Type = walshipv1.WatchEventType_WATCH_EVENT_TYPE_DELETE
+		}
+		e.PrevFound, e.PrevValue, e.PrevVersionLsn = c.PrevFound, c.Prev, c.PrevVersion
+		t.events[i] = e
+		i++
+	}
+	t.changes = nil
+}
+
+func reserved(key string) bool { return len(key) > 0 && key[0] == keyspace.ReservedPrefix[0] }
+
 // Full returns every event of t, with or without previous values: built
 // once and shared by every watcher that takes all of t.
 func (t *Txn) Full(prev bool) *walshipv1.WatchTxn {
 	t.once.Do(func() {
-		t.withPrev = &walshipv1.WatchTxn{Lsn: t.LSN, FirstLsn: t.FirstLSN, CommitTimeUnixNano: t.CommitTime, Events: t.Events}
-		evs := make([]*Event, len(t.Events))
+		events := t.Events()
+		t.withPrev = &walshipv1.WatchTxn{Lsn: t.LSN, FirstLsn: t.FirstLSN, CommitTimeUnixNano: t.CommitTime, Events: events}
+		evs := make([]*Event, len(events))
 		stripped := false
-		for i, e := range t.Events {
+		for i, e := range events {
 			evs[i] = stripPrev(e)
 			stripped = stripped || evs[i] != e
 		}
@@ -93,24 +142,58 @@ func stripPrev(e *Event) *Event {
 	return &Event{Type: e.Type, Key: e.Key, Value: e.Value}
 }
 
-// Getter reads the state a batch applies to (the previous values).
-type Getter interface {
-	Get(key []byte) (value []byte, version uint64, ok bool)
+// eventSize is what one event counts towards a ring's bound.
+func eventSize(key string, value []byte) int { return len(key) + len(value) + 64 }
+
+// txnSize is what a transaction counts beyond its events.
+const txnSize = 96
+
+// FromChanges appends to dst the transactions of recs (whole
+// transactions, in LSN order) that the store applied with changes (what
+// [state.Store.ApplyChanges] returned for them: their previous values,
+// and their keys and values shared with the store, not copied).
+// commitTime gives a transaction's commit time by its commit LSN. The
+// events are made only once a watcher reads them.
+func FromChanges(dst []*Txn, recs []codec.Record, changes []state.Change, commitTime func(commitLSN uint64) int64) []*Txn {
+	n := 0
+	for i := range recs {
+		if recs[i].Op == codec.OpCommit {
+			n++
+		}
+	}
+	txns := make([]Txn, n) // one allocation for the batch's transactions
+	start, c, k := 0, 0, 0
+	for i := range recs {
+		r := &recs[i]
+		if r.Op != codec.OpCommit {
+			continue
+		}
+		t := &txns[k]
+		k++
+		t.FirstLSN, t.LSN, t.CommitTime = recs[start].LSN, r.LSN, commitTime(r.LSN)
+		w := i - start // the transaction's writes
+		t.changes = changes[c : c+w : c+w]
+		if w == 0 {
+			t.changes = nil
+		}
+		c += w
+		t.size = txnSize
+		for _, ch := range t.changes {
+			if !reserved(ch.Key) {
+				t.size += eventSize(ch.Key, ch.Value)
+			}
+		}
+		dst = append(dst, t)
+		start = i + 1
+	}
+	return dst
 }
 
-// Build turns applied records (whole transactions, in LSN order) into
-// transactions, reading previous values from get — the state just before
-// the records — and from the records' own earlier writes. commitTime
-// gives a transaction's commit time by its commit LSN. With get nil,
-// previous values are left out (history read from a WAL).
-func Build(recs []codec.Record, commitTime func(commitLSN uint64) int64, get Getter) []*Txn {
+// Build turns records read from a WAL (whole transactions, in LSN order)
+// into transactions without previous values. commitTime gives a
+// transaction's commit time by its commit LSN.
+func Build(recs []codec.Record, commitTime func(commitLSN uint64) int64) []*Txn {
 	var out []*Txn
-	type prev struct {
-		value   []byte
-		version uint64
-		found   bool
-	}
-	var written map[string]prev // this call's own writes, for later prevs
 	start := 0
 	for i := range recs {
 		r := &recs[i]
@@ -135,21 +218,10 @@ func Build(recs []codec.Record, commitTime func(commitLSN uint64) int64, get Get
 				buf = append(buf, w.Value...)
 				e.Value = buf[len(buf)-len(w.Value) : len(buf) : len(buf)]
 			}
-			if get != nil {
-				p, ok := written[e.Key]
-				if !ok {
-					p.value, p.version, p.found = get.Get(w.Key)
-				}
-				e.PrevFound, e.PrevValue, e.PrevVersionLsn = p.found, p.value, p.version
-				if written == nil {
-					written = map[string]prev{}
-				}
-				written[e.Key] = prev{value: e.Value, version: r.LSN, found: w.Op != codec.OpDelete}
-			}
-			t.size += len(e.Key) + len(e.Value) + 64
-			t.Events = append(t.Events, e)
+			t.size += eventSize(e.Key, e.Value)
+			t.events = append(t.events, e)
 		}
-		t.size += 96
+		t.size += txnSize
 		out = append(out, t)
 		start = i + 1
 	}

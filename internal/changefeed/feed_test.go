@@ -85,24 +85,37 @@ func newNodeWith(t testing.TB, maxBytes int, stall time.Duration, sopts ...grpc.
 }
 
 // commit applies one transaction of puts (value "" = delete) as the node
-// would: WAL, feed (built from the state before), state; it returns its
+// would: WAL, state (with the previous values), feed; it returns its
 // commit LSN. The bound is not moved.
 func (n *node) commit(t testing.TB, kvs ...string) uint64 {
 	t.Helper()
+	return n.commitBatch(t, kvs)[0]
+}
+
+// commitBatch is commit of several transactions in one batch (one apply,
+// one WAL entry), as a primary resolves them together or a replica
+// receives them; it returns their commit LSNs.
+func (n *node) commitBatch(t testing.TB, txns ...[]string) []uint64 {
+	t.Helper()
 	var b codec.Batch
-	for i := 0; i+1 < len(kvs); i += 2 {
-		n.lsn++
-		r := codec.Record{LSN: n.lsn, TxnID: n.lsn, Op: codec.OpPut, Key: []byte(kvs[i]), Value: []byte(kvs[i+1])}
-		if kvs[i+1] == "" {
-			r.Op, r.Value = codec.OpDelete, nil
+	var lsns []uint64
+	for _, kvs := range txns {
+		start := len(b.Records)
+		for i := 0; i+1 < len(kvs); i += 2 {
+			n.lsn++
+			r := codec.Record{LSN: n.lsn, TxnID: n.lsn, Op: codec.OpPut, Key: []byte(kvs[i]), Value: []byte(kvs[i+1])}
+			if kvs[i+1] == "" {
+				r.Op, r.Value = codec.OpDelete, nil
+			}
+			b.Records = append(b.Records, r)
 		}
-		b.Records = append(b.Records, r)
+		n.lsn++
+		for i := start; i < len(b.Records); i++ {
+			b.Records[i].TxnID = n.lsn
+		}
+		b.Records = append(b.Records, codec.Record{LSN: n.lsn, TxnID: n.lsn, Op: codec.OpCommit})
+		lsns = append(lsns, n.lsn)
 	}
-	n.lsn++
-	for i := range b.Records {
-		b.Records[i].TxnID = n.lsn
-	}
-	b.Records = append(b.Records, codec.Record{LSN: n.lsn, TxnID: n.lsn, Op: codec.OpCommit})
 	payload, err := codec.MsgPack.AppendBatch(nil, &b)
 	if err != nil {
 		t.Fatal(err)
@@ -116,12 +129,12 @@ func (n *node) commit(t testing.TB, kvs ...string) uint64 {
 	if err := n.log.Append(wal.Entry{FirstLSN: env.FirstLsn, LastLSN: env.LastLsn, Data: data}); err != nil {
 		t.Fatal(err)
 	}
-	txns := Build(b.Records, func(uint64) int64 { return env.CommitTimeUnixNano }, n.st)
-	if err := n.st.Apply(&b); err != nil {
+	changes, err := n.st.ApplyChanges(&b, nil)
+	if err != nil {
 		t.Fatal(err)
 	}
-	n.feed.Append(txns)
-	return n.lsn
+	n.feed.Append(FromChanges(nil, b.Records, changes, func(uint64) int64 { return env.CommitTimeUnixNano }))
+	return lsns
 }
 
 // received holds, per stream, transactions received and not yet taken.
@@ -184,6 +197,37 @@ func TestWatchBoundOrderBoundariesAndPrev(t *testing.T) {
 	n.feed.Bound.Advance(l3)
 	if x := recvTxn(t, s); x.Lsn != l3 || len(x.Events) != 1 || x.Events[0].Type != walshipv1.WatchEventType_WATCH_EVENT_TYPE_DELETE {
 		t.Fatalf("after the bound moved: %v", x)
+	}
+}
+
+// A key that did not exist just before a write has no previous version
+// (prev_version_lsn 0, as the API says), also when a delete earlier in
+// the same batch, or in the same transaction, removed it.
+func TestWatchPrevOfDeletedKeyInOneBatch(t *testing.T) {
+	n := newNode(t, 0, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	l := n.commitBatch(t, []string{"k", "v1"}, []string{"k", ""}, []string{"k", "v2"}, []string{"k", "", "k", "v3"})
+	n.feed.Bound.Advance(l[3])
+	s, err := n.kv.Watch(ctx, &walshipv1.WatchRequest{Key: "k", StartLsn: 1, PrevValues: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type prev struct {
+		found   bool
+		value   string
+		version uint64
+	}
+	want := [][]prev{{{}}, {{true, "v1", l[0]}}, {{}}, {{true, "v2", l[2]}, {}}}
+	for i, w := range want {
+		x := recvTxn(t, s)
+		var got []prev
+		for _, e := range x.Events {
+			got = append(got, prev{e.PrevFound, string(e.PrevValue), e.PrevVersionLsn})
+		}
+		if x.Lsn != l[i] || fmt.Sprint(got) != fmt.Sprint(w) {
+			t.Fatalf("txn %d at %d: previous values %v, want %v", x.Lsn, l[i], got, w)
+		}
 	}
 }
 

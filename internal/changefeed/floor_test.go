@@ -83,7 +83,7 @@ func newRoundMessages(tb testing.TB) *roundMessages {
 		lsn++
 		recs = append(recs, codec.Record{LSN: lsn, TxnID: lsn, Op: codec.OpCommit})
 	}
-	txns := Build(recs, func(l uint64) int64 { return int64(l) * 1000 }, nil)
+	txns := Build(recs, func(l uint64) int64 { return int64(l) * 1000 })
 	for k := 1; k <= round; k++ {
 		msgs, err := buildRun(filter{prefix: "k/"}, txns[:k], &bufferPool{}, &message{}, true)
 		if err != nil || len(msgs) != 1 {

@@ -68,8 +68,8 @@ func (f *filter) match(key string) bool {
 // shared one of all events when every event matches, else the shared one
 // of this filter's subset (nil if none matches).
 func (f *filter) elem(t *Txn) (mem.Buffer, error) {
-	n := 0
-	for _, e := range t.Events {
+	n, events := 0, t.Events()
+	for _, e := range events {
 		if f.match(e.Key) {
 			n++
 		}
@@ -77,7 +77,7 @@ func (f *filter) elem(t *Txn) (mem.Buffer, error) {
 	switch {
 	case n == 0:
 		return nil, nil
-	case n == len(t.Events):
+	case n == len(events):
 		return t.elem(f.prev)
 	}
 	return t.partialElem(*f)
@@ -382,7 +382,7 @@ func (w *watcher) history(ctx context.Context) error {
 		if err := envelope.DecodeStored(e.Data, &env, &b); err != nil {
 			return w.src.Metrics.cut(CutDataLoss, status.Errorf(codes.DataLoss, "read LSNs %d..%d from the log: %v", e.FirstLSN, e.LastLSN, err))
 		}
-		txns := Build(b.Records, func(uint64) int64 { return env.GetCommitTimeUnixNano() }, nil)
+		txns := Build(b.Records, func(uint64) int64 { return env.GetCommitTimeUnixNano() })
 		for len(txns) > 0 && txns[0].LSN < w.next {
 			txns = txns[1:]
 		}

@@ -228,10 +228,38 @@ func (s *Store) Scan(start, end []byte, limit int, fn func(key, value []byte, ve
 // so on error the store is untouched. Keys and values are copied: b may be
 // reused as soon as Apply returns.
 func (s *Store) Apply(b *codec.Batch) error {
+	_, err := s.apply(b, nil, false)
+	return err
+}
+
+// Change is what applying one put or delete did to its key: the key, the
+// value written (or that it was deleted) and the key's value and version just
+// before. Its strings and slices are the store's own, immutable entries
+// (no copy): the caller must not modify them, and may keep them.
+type Change struct {
+	Key         string
+	Value       []byte // nil for a delete
+	Deleted     bool
+	Prev        []byte // the value just before (nil if none)
+	PrevVersion uint64 // its version (0 if the key did not exist)
+	PrevFound   bool   // whether the key existed just before
+}
+
+// ApplyChanges is [Store.Apply], and appends to changes one [Change] per
+// put or delete of b, in order: the previous values Apply meets anyway
+// while it replaces entries, for a change feed that would otherwise look
+// each key up again before the apply. A write's previous value is the
+// state just before it, so an earlier write of the same batch counts.
+// On error nothing is applied and changes is returned as it was.
+func (s *Store) ApplyChanges(b *codec.Batch, changes []Change) ([]Change, error) {
+	return s.apply(b, changes, true)
+}
+
+func (s *Store) apply(b *codec.Batch, changes []Change, collect bool) ([]Change, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := validateBatch(b, s.lsn); err != nil {
-		return err
+		return changes, err
 	}
 	t, h := s.tree, s.hasher
 	d := s.digest
@@ -244,18 +272,30 @@ func (s *Store) Apply(b *codec.Batch) error {
 		switch r.Op {
 		case codec.OpPut:
 			e := newEntry(r.Key, r.Value, commit)
-			if old, ok := t.ReplaceOrInsert(e); ok {
+			old, ok := t.ReplaceOrInsert(e)
+			if ok {
 				d.sub(h.sum(old.key, old.version, old.value))
 			}
 			d.add(h.sum(e.key, e.version, e.value))
+			if collect {
+				changes = append(changes, Change{Key: e.key, Value: e.value, Prev: old.value, PrevVersion: old.version, PrevFound: ok})
+			}
 		case codec.OpDelete:
-			if old, ok := t.Delete(probe(r.Key)); ok {
+			old, ok := t.Delete(probe(r.Key))
+			if ok {
 				d.sub(h.sum(old.key, old.version, old.value))
+			}
+			if collect {
+				c := Change{Key: old.key, Deleted: true, Prev: old.value, PrevVersion: old.version, PrevFound: ok}
+				if !ok {
+					c.Key = string(r.Key) // nothing of the store's to share
+				}
+				changes = append(changes, c)
 			}
 		}
 	}
 	s.lsn, s.digest, s.view = b.LastLSN(), d, nil
-	return nil
+	return changes, nil
 }
 
 // commitLSN returns the LSN of the first commit record in recs: a key's

@@ -393,3 +393,63 @@ func TestBuilderRebuildsAStore(t *testing.T) {
 		}
 	}
 }
+
+// ApplyChanges reports, for each put and delete in order, the key's value
+// and version just before it: the state before the batch, or an earlier
+// write of the same batch (of the same transaction too); a key that did
+// not exist has version 0, even when the batch deleted it before.
+func TestApplyChangesPrevious(t *testing.T) {
+	s := New()
+	applyTxns(t, s, txn(put("a", "a1"), put("b", "b1"))) // LSNs 1, 2; commit 3
+	b := batch(4,
+		txn(put("a", "a2"), del("b"), del("c")), // commit 7
+		txn(put("b", "b2"), put("a", "a3")),     // commit 10
+		txn(del("a"), put("a", "a4"), put("d", "")),
+	)
+	before := len(b.Records)
+	got, err := s.ApplyChanges(b, []Change{{Key: "kept"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b.Records) != before {
+		t.Fatalf("batch changed: %d records, was %d", len(b.Records), before)
+	}
+	type change struct {
+		key, value  string
+		deleted     bool
+		prev        string
+		prevVersion uint64
+		prevFound   bool
+	}
+	want := []change{
+		{key: "kept"},
+		{key: "a", value: "a2", prev: "a1", prevVersion: 3, prevFound: true},
+		{key: "b", deleted: true, prev: "b1", prevVersion: 3, prevFound: true},
+		{key: "c", deleted: true},
+		{key: "b", value: "b2"}, // deleted by commit 7: not found, version 0
+		{key: "a", value: "a3", prev: "a2", prevVersion: 7, prevFound: true},
+		{key: "a", deleted: true, prev: "a3", prevVersion: 10, prevFound: true},
+		{key: "a", value: "a4"}, // deleted earlier in its own transaction
+		{key: "d"},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d changes, want %d: %+v", len(got), len(want), got)
+	}
+	for i, c := range got {
+		g := change{key: c.Key, value: string(c.Value), deleted: c.Deleted, prev: string(c.Prev), prevVersion: c.PrevVersion, prevFound: c.PrevFound}
+		if g != want[i] {
+			t.Errorf("change %d = %+v, want %+v", i, g, want[i])
+		}
+		if c.Deleted && c.Value != nil {
+			t.Errorf("change %d: a delete with value %q", i, c.Value)
+		}
+	}
+	// The values are the store's own, shared, not copies.
+	if v, _, _ := s.Get([]byte("a")); &v[0] != &got[len(got)-2].Value[0] {
+		t.Error("the change's value is a copy of the stored one")
+	}
+	// A refused batch changes nothing and reports nothing.
+	if out, err := s.ApplyChanges(batch(1, txn(put("x", "y"))), got[:1]); !errors.Is(err, ErrLSNMismatch) || len(out) != 1 {
+		t.Fatalf("refused batch: %d changes, %v", len(out), err)
+	}
+}

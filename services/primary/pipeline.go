@@ -86,6 +86,9 @@ type pipeline struct {
 	// feed holds the transactions made visible, for watches (resolve
 	// appends them; its bound is set by trackCommit).
 	feed *changefeed.Feed
+	// feedTxns is resolve's list of transactions for feed, reused
+	// (guarded by visMu).
+	feedTxns []*changefeed.Txn
 	// want are the writer's hints to the streams (wants).
 	want wants
 	// alive ends when the pipeline fails (or the primary is deposed):

@@ -118,20 +118,21 @@ func (p *pipeline) resolveLocked(t *txn) (<-chan struct{}, error) {
 	for _, u := range p.unresolved[:n] {
 		p.applyBatch.Records = append(p.applyBatch.Records, u.recs...)
 	}
-	// The watch feed's transactions, with their previous values, are
-	// built from the state before the apply; commit times come in LSN
-	// order.
+	// The apply hands over the previous values the watch feed's
+	// transactions carry; commit times come in LSN order.
+	changes, err := p.store.ApplyChanges(&p.applyBatch, nil)
+	if err != nil {
+		return nil, fmt.Errorf("apply sequenced records: %w", err)
+	}
 	i := 0
-	txns := changefeed.Build(p.applyBatch.Records, func(lsn uint64) int64 {
+	p.feedTxns = changefeed.FromChanges(p.feedTxns[:0], p.applyBatch.Records, changes, func(lsn uint64) int64 {
 		for i < n-1 && p.unresolved[i].commitLSN < lsn {
 			i++
 		}
 		return p.unresolved[i].commitTime
-	}, p.store)
-	if err := p.store.Apply(&p.applyBatch); err != nil {
-		return nil, fmt.Errorf("apply sequenced records: %w", err)
-	}
-	p.feed.Append(txns)
+	})
+	p.feed.Append(p.feedTxns)
+	clear(p.feedTxns) // the ring holds them, not this scratch list
 	last := p.unresolved[n-1].commitLSN
 	p.overlay.Release(last)
 	p.visible.Advance(last)

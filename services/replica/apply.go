@@ -207,8 +207,8 @@ func (s *Server) applyReady() (int, error) {
 			}
 		}
 		commitTime := c.env.GetCommitTimeUnixNano()
-		txns := changefeed.Build(c.batch.Records, func(uint64) int64 { return commitTime }, st)
-		if err := st.Apply(&c.batch); err != nil {
+		changes, err := st.ApplyChanges(&c.batch, nil)
+		if err != nil {
 			// Written and synced but not appliable: the WAL and the state
 			// disagree, and recovery would fail the same way. Stop rather
 			// than serve a state that skips a batch.
@@ -216,7 +216,9 @@ func (s *Server) applyReady() (int, error) {
 			s.dropUnapplied(n) // c points into s.follower.unapplied: formatted first
 			return n, err
 		}
-		s.feed.Append(txns)
+		s.feedTxns = changefeed.FromChanges(s.feedTxns[:0], c.batch.Records, changes, func(uint64) int64 { return commitTime })
+		s.feed.Append(s.feedTxns)
+		clear(s.feedTxns)
 		s.metrics.appliedRecords.Add(float64(len(c.batch.Records)))
 		s.metrics.appliedBytes.Add(float64(len(c.env.GetPayload())))
 		if last := c.env.GetLastLsn(); last == commit && n+1 < len(s.follower.unapplied) && s.follower.unapplied[n+1].env.GetLastLsn() <= limit {

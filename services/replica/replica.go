@@ -147,6 +147,9 @@ type Server struct {
 	// feed, the transactions applied, for watches.
 	rd   readable
 	feed *changefeed.Feed
+	// feedTxns is the apply's list of transactions for feed, reused (the
+	// follower's alone).
+	feedTxns []*changefeed.Txn
 	// epoch is the epoch of the newest entry of the log, history its epoch
 	// history, vote the highest epoch promised (epoch.go). voteMu
 	// serialises promises.
