@@ -49,7 +49,7 @@ func (t *Txn) elem(prev bool) (mem.Buffer, error) {
 	if prev || t.Full(false) == t.Full(true) {
 		i = encWithPrev
 	}
-	e := &t.enc[i]
+	e := &t.read().enc[i]
 	e.once.Do(func() { e.b, e.err = encodeElem(t.Full(i == encWithPrev)) })
 	return e.b, e.err
 }
@@ -59,15 +59,15 @@ func (t *Txn) elem(prev bool) (mem.Buffer, error) {
 // stays within t's own size (beyond, each watcher encodes its own; that
 // bounds memory when many different filters each match a part of t).
 func (t *Txn) partialElem(f filter) (mem.Buffer, error) {
-	t.mu.Lock()
-	b, ok := t.partial[f]
-	t.mu.Unlock()
+	r := t.read()
+	r.mu.Lock()
+	b, ok := r.partial[f]
+	r.mu.Unlock()
 	if ok {
 		return b, nil
 	}
-	events := t.Events()
-	evs := make([]*Event, 0, len(events))
-	for _, e := range events {
+	evs := make([]*Event, 0, len(r.events))
+	for _, e := range r.events {
 		if f.match(e.Key) {
 			if !f.prev {
 				e = stripPrev(e)
@@ -79,17 +79,17 @@ func (t *Txn) partialElem(f filter) (mem.Buffer, error) {
 	if err != nil {
 		return nil, err
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if old, ok := t.partial[f]; ok { // another watcher of f was first
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if old, ok := r.partial[f]; ok { // another watcher of f was first
 		return old, nil
 	}
-	if t.partialBytes+b.Len() <= t.size {
-		if t.partial == nil {
-			t.partial = map[filter]mem.Buffer{}
+	if r.partialBytes+b.Len() <= t.size {
+		if r.partial == nil {
+			r.partial = map[filter]mem.Buffer{}
 		}
-		t.partial[f] = b
-		t.partialBytes += b.Len()
+		r.partial[f] = b
+		r.partialBytes += b.Len()
 	}
 	return b, nil
 }

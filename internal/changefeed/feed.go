@@ -18,6 +18,7 @@ package changefeed
 
 import (
 	"sync"
+	"sync/atomic"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/keyspace"
@@ -44,11 +45,16 @@ type Txn struct {
 	size          int
 
 	// changes are the transaction's writes as the store applied them
-	// (FromChanges), made into events on first use: a node nobody
-	// watches never builds them. A Txn read from a WAL (Build) has its
-	// events from the start, and no changes.
-	changes  []state.Change
-	evOnce   sync.Once
+	// (FromChanges), made into events on first read: a node nobody
+	// watches never builds them, and its ring holds this small header
+	// and the changes only (the garbage collector scans the ring on
+	// every cycle). A Txn read from a WAL (Build) has no changes.
+	changes []state.Change
+	r       atomic.Pointer[txnRead]
+}
+
+// txnRead is what watchers make of a Txn, on the first read, and share.
+type txnRead struct {
 	events   []*Event // keys of the reserved prefix are left out
 	once     sync.Once
 	withPrev *walshipv1.WatchTxn // every event, with previous values
@@ -70,27 +76,35 @@ type lazyElem struct {
 	err  error
 }
 
+// read returns what watchers share of t, made by the first of them.
+func (t *Txn) read() *txnRead {
+	if r := t.r.Load(); r != nil {
+		return r
+	}
+	// Watchers reading t at the same moment may each make one; the
+	// first published is everybody's.
+	t.r.CompareAndSwap(nil, &txnRead{events: t.makeEvents()})
+	return t.r.Load()
+}
+
 // Events returns t's events (keys of the reserved prefix left out), with
 // previous values if t was applied with them: made once, then shared by
 // every watcher.
-func (t *Txn) Events() []*Event {
-	t.evOnce.Do(t.makeEvents)
-	return t.events
-}
+func (t *Txn) Events() []*Event { return t.read().events }
 
-func (t *Txn) makeEvents() {
-	if t.changes == nil {
-		return // built with its events (Build), or none
-	}
+func (t *Txn) makeEvents() []*Event {
 	n := 0
 	for i := range t.changes {
 		if !reserved(t.changes[i].Key) {
 			n++
 		}
 	}
+	if n == 0 {
+		return nil
+	}
 	// One allocation holds the events, one the list of them.
 	evs := make([]Event, n)
-	t.events = make([]*Event, n)
+	out := make([]*Event, n)
 	i := 0
 	for _, c := range t.changes {
 		if reserved(c.Key) {
@@ -103,10 +117,10 @@ func (t *Txn) makeEvents() {
 			e.Type = walshipv1.WatchEventType_WATCH_EVENT_TYPE_DELETE
 		}
 		e.PrevFound, e.PrevValue, e.PrevVersionLsn = c.PrevFound, c.Prev, c.PrevVersion
-		t.events[i] = e
+		out[i] = e
 		i++
 	}
-	t.changes = nil
+	return out
 }
 
 func reserved(key string) bool { return len(key) > 0 && key[0] == keyspace.ReservedPrefix[0] }
@@ -114,25 +128,25 @@ func reserved(key string) bool { return len(key) > 0 && key[0] == keyspace.Reser
 // Full returns every event of t, with or without previous values: built
 // once and shared by every watcher that takes all of t.
 func (t *Txn) Full(prev bool) *walshipv1.WatchTxn {
-	t.once.Do(func() {
-		events := t.Events()
-		t.withPrev = &walshipv1.WatchTxn{Lsn: t.LSN, FirstLsn: t.FirstLSN, CommitTimeUnixNano: t.CommitTime, Events: events}
-		evs := make([]*Event, len(events))
+	r := t.read()
+	r.once.Do(func() {
+		r.withPrev = &walshipv1.WatchTxn{Lsn: t.LSN, FirstLsn: t.FirstLSN, CommitTimeUnixNano: t.CommitTime, Events: r.events}
+		evs := make([]*Event, len(r.events))
 		stripped := false
-		for i, e := range events {
+		for i, e := range r.events {
 			evs[i] = stripPrev(e)
 			stripped = stripped || evs[i] != e
 		}
 		if !stripped { // no previous values to leave out: one message (and one encoding) for both
-			t.noPrev = t.withPrev
+			r.noPrev = r.withPrev
 			return
 		}
-		t.noPrev = &walshipv1.WatchTxn{Lsn: t.LSN, FirstLsn: t.FirstLSN, CommitTimeUnixNano: t.CommitTime, Events: evs}
+		r.noPrev = &walshipv1.WatchTxn{Lsn: t.LSN, FirstLsn: t.FirstLSN, CommitTimeUnixNano: t.CommitTime, Events: evs}
 	})
 	if prev {
-		return t.withPrev
+		return r.withPrev
 	}
-	return t.noPrev
+	return r.noPrev
 }
 
 func stripPrev(e *Event) *Event {
@@ -201,6 +215,7 @@ func Build(recs []codec.Record, commitTime func(commitLSN uint64) int64) []*Txn 
 			continue
 		}
 		t := &Txn{FirstLSN: recs[start].LSN, LSN: r.LSN, CommitTime: commitTime(r.LSN)}
+		var events []*Event
 		// One allocation holds the transaction's keys and values.
 		n := 0
 		for _, w := range recs[start:i] {
@@ -219,8 +234,9 @@ func Build(recs []codec.Record, commitTime func(commitLSN uint64) int64) []*Txn 
 				e.Value = buf[len(buf)-len(w.Value) : len(buf) : len(buf)]
 			}
 			t.size += eventSize(e.Key, e.Value)
-			t.events = append(t.events, e)
+			events = append(events, e)
 		}
+		t.r.Store(&txnRead{events: events})
 		t.size += txnSize
 		out = append(out, t)
 		start = i + 1
