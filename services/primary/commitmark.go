@@ -49,14 +49,23 @@ func (s *Server) trackCommit(ctx context.Context) {
 	for {
 		walChanged := s.wal.Changed()
 		moved := s.peers.movedCh()
-		visible, visChanged := s.pipe.visible.Changed()
 		var opening <-chan struct{}
 		if !s.opened.Load() {
 			opening = s.openedCh
 		}
 		s.commit.Advance(s.commitLSN())
-		// Watches read what is both acknowledged and applied here.
-		s.pipe.feed.Bound.Advance(min(s.commit.Load(), visible))
+		commit := s.commit.Load()
+		// Watches read what is both acknowledged and applied here. While
+		// the visible LSN is at or past the watermark (always under
+		// async durability: commits show before their fsync) only the
+		// watermark moves the bound, so a commit made visible wakes
+		// nothing here.
+		var visChanged <-chan struct{}
+		visible := s.pipe.visible.Load()
+		if visible < commit {
+			visible, visChanged = s.pipe.visible.Changed()
+		}
+		s.pipe.feed.Bound.Advance(min(commit, visible))
 		select {
 		case <-ctx.Done():
 			return
