@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -53,7 +54,7 @@ func (f *fake) Delete(context.Context, *walshipv1.DeleteRequest) (*walshipv1.Del
 }
 
 func (f *fake) Pipeline(stream walshipv1.KVService_PipelineServer) error {
-	return kvpipe.Serve(stream, f, f.maxOps)
+	return kvpipe.Serve(stream, f, kvpipe.Limits{MaxOps: f.maxOps})
 }
 
 func serve(t *testing.T, f *fake) walshipv1.KVServiceClient {
@@ -152,5 +153,57 @@ func TestMuxErrorsAsUnary(t *testing.T) {
 	m.Close()
 	if _, err := m.Put(ctx, &walshipv1.PutRequest{Key: "k"}); status.Code(err) != codes.Canceled {
 		t.Errorf("put after Close: %v; want CANCELED", err)
+	}
+}
+
+// TestServeCancel: the server says in its header how many operations a
+// client may have in progress; a cancel ends the operation of its id
+// with CANCELED at once (a cancel of no such operation is not answered),
+// and one whose timeout passes ends with DEADLINE_EXCEEDED, both freeing
+// their place: with one place, the next operation runs.
+func TestServeCancel(t *testing.T) {
+	f := &fake{maxOps: 1, release: make(chan struct{})}
+	kv := serve(t, f)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := kv.Pipeline(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	md, err := s.Header()
+	if err != nil || len(md.Get(kvpipe.MaxOpsHeader)) != 1 || md.Get(kvpipe.MaxOpsHeader)[0] != "1" {
+		t.Fatalf("header %v, %v; want %s: 1", md, err, kvpipe.MaxOpsHeader)
+	}
+	cancelOp := func(id uint64) *walshipv1.PipelineRequest {
+		return &walshipv1.PipelineRequest{Id: id, Op: &walshipv1.PipelineRequest_Cancel{Cancel: &walshipv1.PipelineCancel{}}}
+	}
+	for _, req := range []*walshipv1.PipelineRequest{
+		{Id: 1, Op: &walshipv1.PipelineRequest_Put{Put: &walshipv1.PutRequest{Key: "slow/1"}}},
+		cancelOp(9),
+		cancelOp(1),
+		{Id: 2, Op: &walshipv1.PipelineRequest_Put{Put: &walshipv1.PutRequest{Key: "slow/2"}}, Timeout: durationpb.New(50 * time.Millisecond)},
+		{Id: 3, Op: &walshipv1.PipelineRequest_Put{Put: &walshipv1.PutRequest{Key: "fast"}}},
+	} {
+		if err := s.Send(req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []struct {
+		id   uint64
+		code codes.Code
+	}{{1, codes.Canceled}, {2, codes.DeadlineExceeded}, {3, codes.OK}} {
+		r, err := s.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := codes.Code(r.GetError().GetCode()); r.GetId() != want.id || got != want.code {
+			t.Fatalf("answer %v; want id %d %v", r, want.id, want.code)
+		}
+	}
+	if r, err := s.Recv(); err == nil {
+		t.Fatalf("an answer %v after every operation's", r)
 	}
 }

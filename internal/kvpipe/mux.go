@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"strconv"
 	"sync"
 	"time"
 
@@ -24,8 +25,11 @@ import (
 // a unary call cut off mid-flight does: for a write, an unknown outcome.
 // The next call opens a new stream. A call's deadline is sent as its
 // operation's timeout; a call whose context ends first returns at once,
-// its operation left to run on the server as a unary call's would be.
-// Call options are ignored. Safe for concurrent use; Close ends it.
+// and its operation is cancelled on the server, as a unary call's would
+// be (a write's outcome is then unknown). At most as many operations as
+// the server says it runs at once (its MaxOpsHeader) are in progress on
+// a stream; more callers wait, as unary calls wait for a stream of a
+// connection that has its most. Call options are ignored. Safe for concurrent use; Close ends it.
 type Mux struct {
 	kv walshipv1.KVServiceClient
 
@@ -43,6 +47,16 @@ func NewMux(kv walshipv1.KVServiceClient) *Mux { return &Mux{kv: kv} }
 type pipe struct {
 	stream walshipv1.KVService_PipelineClient
 	cancel context.CancelFunc
+
+	// ready is closed once the server's header says how many operations
+	// may be in progress (sem's size, set before); done once the stream
+	// has ended (err set before).
+	ready, done chan struct{}
+	// sem holds a place for each operation in progress, one the server
+	// has not answered or been told is cancelled: no more than the
+	// server runs at once, so that it never stops reading the stream and
+	// reads each cancel at once.
+	sem chan struct{}
 
 	sendMu sync.Mutex // one Send at a time (grpc-go's rule for streams)
 
@@ -90,7 +104,7 @@ func (m *Mux) open() (*pipe, error) {
 		cancel()
 		return nil, err
 	}
-	p := &pipe{stream: stream, cancel: cancel, waiting: map[uint64]chan answer{}}
+	p := &pipe{stream: stream, cancel: cancel, waiting: map[uint64]chan answer{}, ready: make(chan struct{}), done: make(chan struct{})}
 	m.cur = p
 	m.wg.Add(1)
 	go func() {
@@ -106,9 +120,21 @@ func (m *Mux) open() (*pipe, error) {
 	return p, nil
 }
 
-// receive hands each answer to its caller until the stream ends, then
-// fails every call still waiting with the stream's error.
+// receive learns from the server's header how many operations may be in
+// progress, then hands each answer to its caller until the stream ends,
+// and then fails every call still waiting with the stream's error.
 func (p *pipe) receive() {
+	n := DefaultMaxOps
+	// No header (an error, an older server): Recv says why or goes on.
+	if md, err := p.stream.Header(); err == nil {
+		if v := md.Get(MaxOpsHeader); len(v) > 0 {
+			if k, err := strconv.Atoi(v[0]); err == nil && k > 0 {
+				n = k
+			}
+		}
+	}
+	p.sem = make(chan struct{}, n)
+	close(p.ready)
 	for {
 		resp, err := p.stream.Recv()
 		if err != nil {
@@ -122,6 +148,7 @@ func (p *pipe) receive() {
 			waiting := p.waiting
 			p.waiting = nil
 			p.mu.Unlock()
+			close(p.done)
 			for _, ch := range waiting {
 				ch <- answer{err: err}
 			}
@@ -137,7 +164,17 @@ func (p *pipe) receive() {
 	}
 }
 
-// do sends req as an operation and waits for its answer.
+// failure is why the stream ended (after done is closed).
+func (p *pipe) failure() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.err
+}
+
+// do sends req as an operation and waits for its answer. A caller that
+// gives up (its context ends) returns at once; the server is sent a
+// cancel for its operation, as gRPC resets the stream of a unary call
+// whose caller gave up, before any later operation takes its place.
 func (m *Mux) do(ctx context.Context, req *walshipv1.PipelineRequest) (*walshipv1.PipelineResponse, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, status.FromContextError(err).Err()
@@ -145,6 +182,18 @@ func (m *Mux) do(ctx context.Context, req *walshipv1.PipelineRequest) (*walshipv
 	p, err := m.open()
 	if err != nil {
 		return nil, err
+	}
+	select {
+	case <-p.ready:
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	select {
+	case p.sem <- struct{}{}:
+	case <-p.done:
+		return nil, p.failure()
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
 	}
 	ch := make(chan answer, 1)
 	m.mu.Lock()
@@ -155,6 +204,7 @@ func (m *Mux) do(ctx context.Context, req *walshipv1.PipelineRequest) (*walshipv
 	if p.err != nil {
 		err := p.err
 		p.mu.Unlock()
+		<-p.sem
 		return nil, err
 	}
 	p.waiting[req.Id] = ch
@@ -168,12 +218,14 @@ func (m *Mux) do(ctx context.Context, req *walshipv1.PipelineRequest) (*walshipv
 	if err != nil && !errors.Is(err, io.EOF) {
 		// The request did not go (it does not marshal): nothing was sent.
 		p.forget(req.Id)
+		<-p.sem
 		return nil, status.Error(codes.Internal, "walship: "+err.Error())
 	}
 	// On io.EOF the stream has ended and the receiver hands ch the
 	// reason (grpc-go reports it from Recv, not Send).
 	select {
 	case a := <-ch:
+		<-p.sem
 		if a.err != nil {
 			return nil, a.err
 		}
@@ -182,15 +234,37 @@ func (m *Mux) do(ctx context.Context, req *walshipv1.PipelineRequest) (*walshipv
 		}
 		return a.resp, nil
 	case <-ctx.Done():
-		p.forget(req.Id)
+		if !p.forget(req.Id) {
+			// Answered, or the stream ended, as the caller gave up.
+			<-p.sem
+		} else {
+			m.sendCancel(p, req.Id)
+		}
 		return nil, status.FromContextError(ctx.Err()).Err()
 	}
 }
 
-func (p *pipe) forget(id uint64) {
+// sendCancel tells the server that operation id's caller gave up, and
+// then frees its place: an operation sent later finds the server's place
+// free. It does not wait: a stream the server does not read holds it
+// until the stream ends (Close).
+func (m *Mux) sendCancel(p *pipe, id uint64) {
+	m.wg.Go(func() {
+		defer func() { <-p.sem }()
+		p.sendMu.Lock()
+		defer p.sendMu.Unlock()
+		// An error is the stream's end, which the receiver reports.
+		_ = p.stream.Send(&walshipv1.PipelineRequest{Id: id, Op: &walshipv1.PipelineRequest_Cancel{Cancel: &walshipv1.PipelineCancel{}}})
+	})
+}
+
+// forget drops id's call from those waiting, and says if it was there.
+func (p *pipe) forget(id uint64) bool {
 	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, ok := p.waiting[id]
 	delete(p.waiting, id)
-	p.mu.Unlock()
+	return ok
 }
 
 // Put is KVService.Put as an operation of the stream.

@@ -15,16 +15,25 @@ import (
 	"context"
 	"errors"
 	"io"
+	"strconv"
 	"sync"
+	"sync/atomic"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/rpcerr"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
 
 // DefaultMaxOps is how many operations of one stream a server runs at
 // once by default.
 const DefaultMaxOps = 256
+
+// MaxOpsHeader is the response header in which Serve tells the client how
+// many operations it may have in progress on the stream: a client that
+// sends no more than that is never held back by a server that stopped
+// reading, so its cancels are read at once.
+const MaxOpsHeader = "walship-pipeline-max-ops"
 
 // Handler is what a Pipeline's operations run on: a node's unary
 // KVService handlers.
@@ -35,21 +44,57 @@ type Handler interface {
 	Get(context.Context, *walshipv1.GetRequest) (*walshipv1.GetResponse, error)
 }
 
+// Calls counts a stream's operations against its peer's calls in
+// progress (internal/serve's --max-peer-calls), so that a peer holds no
+// more through Pipeline streams than through unary calls.
+type Calls interface {
+	// Limit is the most calls the peer may have in progress.
+	Limit() int
+	// Acquire counts one more call of the peer, or returns the error a
+	// unary call past the limit gets (RESOURCE_EXHAUSTED naming it),
+	// after pacing the refusal as the server paces the peer's others.
+	Acquire(ctx context.Context) (release func(), err error)
+}
+
+// Limits are what Serve may hold for one stream.
+type Limits struct {
+	// MaxOps is how many operations of the stream run or wait to be sent
+	// at once (DefaultMaxOps if not positive).
+	MaxOps int
+	// Calls, if not nil, counts each operation in progress as one of the
+	// peer's calls: the stream's own call stands for one of them, and
+	// each other takes a call of its own, refused as a unary call past
+	// the limit is.
+	Calls Calls
+}
+
 // Serve serves one Pipeline stream: it reads operations, runs each on h
 // in a goroutine of its own, and sends each answer as it is ready, until
 // the client closes its side and every operation is answered. At most
-// maxOps operations (DefaultMaxOps if not positive) are running or
-// waiting to be sent at once; with that many, Serve reads no further
-// request until one is sent, so a client that sends faster than the node
-// answers, or that does not read, is held back by the stream's flow
-// control, never buffered without bound. One goroutine receives and one
-// sends (grpc-go's rule for streams); every operation's goroutine ends
+// lim.MaxOps operations are running or waiting to be sent at once; with
+// that many, Serve reads no further request until one is sent, so a
+// client that sends faster than the node answers, or that does not read,
+// is held back by the stream's flow control, never buffered without
+// bound. An operation whose timeout passes, or that the client cancels,
+// is answered at once (DEADLINE_EXCEEDED, CANCELED) and frees its place,
+// as gRPC answers a unary call whose caller gave up; its handler runs on
+// as a unary call's does (a write already sequenced still commits) and
+// its result is dropped. One goroutine receives and one sends (grpc-go's
+// rule for streams); every operation's goroutine, abandoned or not, ends
 // before Serve returns.
-func Serve(stream walshipv1.KVService_PipelineServer, h Handler, maxOps int) error {
+func Serve(stream walshipv1.KVService_PipelineServer, h Handler, lim Limits) error {
+	maxOps := lim.MaxOps
 	if maxOps <= 0 {
 		maxOps = DefaultMaxOps
 	}
 	ctx := stream.Context()
+	advertised := maxOps
+	if lim.Calls != nil {
+		advertised = min(advertised, max(lim.Calls.Limit(), 1))
+	}
+	if err := stream.SendHeader(metadata.Pairs(MaxOpsHeader, strconv.Itoa(advertised))); err != nil {
+		return err
+	}
 	// A slot is held from the moment a request is read until its answer
 	// is handed to the sender: answers never wait on a full channel for
 	// longer than the sender takes to send.
@@ -68,6 +113,10 @@ func Serve(stream walshipv1.KVService_PipelineServer, h Handler, maxOps int) err
 		}
 		sent <- err
 	}()
+	r := &running{byID: map[uint64][]*op{}, answers: answers}
+	if lim.Calls != nil {
+		r.calls, r.own = lim.Calls, make(chan struct{}, 1)
+	}
 	var ops sync.WaitGroup
 	var recvErr error
 	for {
@@ -78,6 +127,10 @@ func Serve(stream walshipv1.KVService_PipelineServer, h Handler, maxOps int) err
 			}
 			break
 		}
+		if _, ok := req.GetOp().(*walshipv1.PipelineRequest_Cancel); ok {
+			r.cancel(req.GetId())
+			continue
+		}
 		select {
 		case slots <- struct{}{}:
 		case <-ctx.Done():
@@ -86,10 +139,11 @@ func Serve(stream walshipv1.KVService_PipelineServer, h Handler, maxOps int) err
 		if recvErr != nil {
 			break
 		}
+		o := r.start(ctx, req)
 		ops.Add(1)
 		go func() {
 			defer ops.Done()
-			answers <- Run(ctx, h, req)
+			r.run(o, h, req)
 		}()
 	}
 	ops.Wait()
@@ -100,20 +154,134 @@ func Serve(stream walshipv1.KVService_PipelineServer, h Handler, maxOps int) err
 	return recvErr
 }
 
-// Run runs one operation on h and returns its answer: the unary
-// handler's response, or its error as the unary call would have failed
-// (code, message and details).
-func Run(ctx context.Context, h Handler, req *walshipv1.PipelineRequest) *walshipv1.PipelineResponse {
-	resp := &walshipv1.PipelineResponse{Id: req.GetId()}
+// running are a stream's operations in progress, by id (ids are the
+// client's: several may share one), and the peer's calls they hold.
+type running struct {
+	answers chan<- *walshipv1.PipelineResponse
+
+	mu   sync.Mutex
+	byID map[uint64][]*op
+
+	calls Calls         // nil: not counted
+	own   chan struct{} // the stream's own call, held by one operation at a time
+}
+
+// op is one operation in progress.
+type op struct {
+	id       uint64
+	ctx      context.Context
+	cancel   context.CancelFunc
+	answered atomic.Bool
+}
+
+func (r *running) start(ctx context.Context, req *walshipv1.PipelineRequest) *op {
+	ctx, cancel := context.WithCancel(ctx)
+	o := &op{id: req.GetId(), ctx: ctx, cancel: cancel}
+	r.mu.Lock()
+	r.byID[o.id] = append(r.byID[o.id], o)
+	r.mu.Unlock()
+	return o
+}
+
+func (r *running) cancel(id uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, o := range r.byID[id] {
+		o.cancel()
+	}
+}
+
+func (r *running) done(o *op) {
+	o.cancel()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	list := r.byID[o.id]
+	for i, x := range list {
+		if x == o {
+			list = append(list[:i], list[i+1:]...)
+			break
+		}
+	}
+	if len(list) == 0 {
+		delete(r.byID, o.id)
+	} else {
+		r.byID[o.id] = list
+	}
+}
+
+// call takes the place among the peer's calls o counts as: the stream's
+// own if no other operation holds it, else one more of the peer's.
+func (r *running) call(ctx context.Context) (release func(), err error) {
+	if r.calls == nil {
+		return func() {}, nil
+	}
+	select {
+	case r.own <- struct{}{}:
+		return func() { <-r.own }, nil
+	default:
+	}
+	return r.calls.Acquire(ctx)
+}
+
+// run runs o and hands its answer to the sender: the handler's, or, if
+// o's caller gives up first (its timeout, a cancel, the stream's end),
+// the unary call's error then, at once. The handler of an abandoned
+// operation runs on in this goroutine and its result is dropped.
+func (r *running) run(o *op, h Handler, req *walshipv1.PipelineRequest) {
+	defer r.done(o)
+	ctx := o.ctx
 	if t := req.GetTimeout(); t != nil {
 		if err := t.CheckValid(); err != nil || t.AsDuration() <= 0 {
-			resp.Result = errorResult(rpcerr.Invalid("timeout", "%v: want a positive duration", t.AsDuration()))
-			return resp
+			r.answer(o, nil, failed(o.id, rpcerr.Invalid("timeout", "%v: want a positive duration", t.AsDuration())))
+			return
 		}
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, t.AsDuration())
 		defer cancel()
 	}
+	release, err := r.call(ctx)
+	if err != nil {
+		r.answer(o, nil, failed(o.id, err))
+		return
+	}
+	if err := ctx.Err(); err != nil {
+		r.answer(o, release, failed(o.id, err))
+		return
+	}
+	fired := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(fired)
+		r.answer(o, release, failed(o.id, ctx.Err()))
+	})
+	resp := runOp(ctx, h, req)
+	if !stop() {
+		<-fired // answered: the answers channel may close once we return
+	}
+	r.answer(o, release, resp)
+}
+
+// answer hands o's first answer to the sender and frees o's place among
+// the peer's calls; later ones are dropped.
+func (r *running) answer(o *op, release func(), resp *walshipv1.PipelineResponse) {
+	if !o.answered.CompareAndSwap(false, true) {
+		return
+	}
+	if release != nil {
+		release()
+	}
+	r.answers <- resp
+}
+
+// failed is the answer to operation id that failed with err.
+func failed(id uint64, err error) *walshipv1.PipelineResponse {
+	return &walshipv1.PipelineResponse{Id: id, Result: errorResult(err)}
+}
+
+// runOp runs one operation on h and returns its answer: the unary
+// handler's response, or its error as the unary call would have failed
+// (code, message and details).
+func runOp(ctx context.Context, h Handler, req *walshipv1.PipelineRequest) *walshipv1.PipelineResponse {
+	resp := &walshipv1.PipelineResponse{Id: req.GetId()}
 	var err error
 	switch op := req.GetOp().(type) {
 	case *walshipv1.PipelineRequest_Put:

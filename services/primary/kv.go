@@ -382,7 +382,7 @@ func (s *Server) stillPrimary(commitLSN uint64) error {
 // (kvpipe.Serve): the same validation, lease checks, admission and
 // answers, at most Config.MaxPipelineOps at once.
 func (k *kvServer) Pipeline(stream walshipv1.KVService_PipelineServer) error {
-	return kvpipe.Serve(stream, k, k.s.cfg.MaxPipelineOps)
+	return kvpipe.Serve(stream, k, kvpipe.Limits{MaxOps: k.s.cfg.MaxPipelineOps})
 }
 
 // Watch serves the transactions made visible here, up to the commit

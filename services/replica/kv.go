@@ -55,7 +55,7 @@ func (k *kvServer) Txn(context.Context, *walshipv1.TxnRequest) (*walshipv1.TxnRe
 // Pipeline runs each operation of the stream as its unary call
 // (kvpipe.Serve): reads served here, writes refused naming the primary.
 func (k *kvServer) Pipeline(stream walshipv1.KVService_PipelineServer) error {
-	return kvpipe.Serve(stream, k, k.s.cfg.MaxPipelineOps)
+	return kvpipe.Serve(stream, k, kvpipe.Limits{MaxOps: k.s.cfg.MaxPipelineOps})
 }
 
 // Watch serves the transactions this replica has applied, up to the

@@ -207,6 +207,7 @@ type PipelineRequest struct {
 	//	*PipelineRequest_Delete
 	//	*PipelineRequest_Txn
 	//	*PipelineRequest_Get
+	//	*PipelineRequest_Cancel
 	Op isPipelineRequest_Op `protobuf_oneof:"op"`
 	// timeout bounds the operation as a unary call's deadline does (unset:
 	// only the stream's deadline). A write past it has an unknown outcome.
@@ -295,6 +296,15 @@ func (x *PipelineRequest) GetGet() *GetRequest {
 	return nil
 }
 
+func (x *PipelineRequest) GetCancel() *PipelineCancel {
+	if x != nil {
+		if x, ok := x.Op.(*PipelineRequest_Cancel); ok {
+			return x.Cancel
+		}
+	}
+	return nil
+}
+
 func (x *PipelineRequest) GetTimeout() *durationpb.Duration {
 	if x != nil {
 		return x.Timeout
@@ -326,6 +336,14 @@ type PipelineRequest_Get struct {
 	Get *GetRequest `protobuf:"bytes,5,opt,name=get,proto3,oneof"`
 }
 
+type PipelineRequest_Cancel struct {
+	// cancel abandons the operations of this id still in progress, as a
+	// unary call's cancellation does: each is answered CANCELED (a write's
+	// outcome unknown) unless it was answered already. A cancel itself is
+	// never answered.
+	Cancel *PipelineCancel `protobuf:"bytes,7,opt,name=cancel,proto3,oneof"`
+}
+
 func (*PipelineRequest_Put) isPipelineRequest_Op() {}
 
 func (*PipelineRequest_Delete) isPipelineRequest_Op() {}
@@ -333,6 +351,46 @@ func (*PipelineRequest_Delete) isPipelineRequest_Op() {}
 func (*PipelineRequest_Txn) isPipelineRequest_Op() {}
 
 func (*PipelineRequest_Get) isPipelineRequest_Op() {}
+
+func (*PipelineRequest_Cancel) isPipelineRequest_Op() {}
+
+// PipelineCancel is a client giving up on an operation of its Pipeline
+// stream: the request's id names it.
+type PipelineCancel struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PipelineCancel) Reset() {
+	*x = PipelineCancel{}
+	mi := &file_walship_v1_kv_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PipelineCancel) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PipelineCancel) ProtoMessage() {}
+
+func (x *PipelineCancel) ProtoReflect() protoreflect.Message {
+	mi := &file_walship_v1_kv_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PipelineCancel.ProtoReflect.Descriptor instead.
+func (*PipelineCancel) Descriptor() ([]byte, []int) {
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{1}
+}
 
 // PipelineResponse is the answer to one operation of a Pipeline stream.
 type PipelineResponse struct {
@@ -355,7 +413,7 @@ type PipelineResponse struct {
 
 func (x *PipelineResponse) Reset() {
 	*x = PipelineResponse{}
-	mi := &file_walship_v1_kv_proto_msgTypes[1]
+	mi := &file_walship_v1_kv_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -367,7 +425,7 @@ func (x *PipelineResponse) String() string {
 func (*PipelineResponse) ProtoMessage() {}
 
 func (x *PipelineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[1]
+	mi := &file_walship_v1_kv_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -380,7 +438,7 @@ func (x *PipelineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PipelineResponse.ProtoReflect.Descriptor instead.
 func (*PipelineResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{1}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *PipelineResponse) GetId() uint64 {
@@ -500,7 +558,7 @@ type PipelineStatus struct {
 
 func (x *PipelineStatus) Reset() {
 	*x = PipelineStatus{}
-	mi := &file_walship_v1_kv_proto_msgTypes[2]
+	mi := &file_walship_v1_kv_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -512,7 +570,7 @@ func (x *PipelineStatus) String() string {
 func (*PipelineStatus) ProtoMessage() {}
 
 func (x *PipelineStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[2]
+	mi := &file_walship_v1_kv_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -525,7 +583,7 @@ func (x *PipelineStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PipelineStatus.ProtoReflect.Descriptor instead.
 func (*PipelineStatus) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{2}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *PipelineStatus) GetCode() int32 {
@@ -564,7 +622,7 @@ type PutRequest struct {
 
 func (x *PutRequest) Reset() {
 	*x = PutRequest{}
-	mi := &file_walship_v1_kv_proto_msgTypes[3]
+	mi := &file_walship_v1_kv_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -576,7 +634,7 @@ func (x *PutRequest) String() string {
 func (*PutRequest) ProtoMessage() {}
 
 func (x *PutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[3]
+	mi := &file_walship_v1_kv_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -589,7 +647,7 @@ func (x *PutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRequest.ProtoReflect.Descriptor instead.
 func (*PutRequest) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{3}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *PutRequest) GetKey() string {
@@ -624,7 +682,7 @@ type PutResponse struct {
 
 func (x *PutResponse) Reset() {
 	*x = PutResponse{}
-	mi := &file_walship_v1_kv_proto_msgTypes[4]
+	mi := &file_walship_v1_kv_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -636,7 +694,7 @@ func (x *PutResponse) String() string {
 func (*PutResponse) ProtoMessage() {}
 
 func (x *PutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[4]
+	mi := &file_walship_v1_kv_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -649,7 +707,7 @@ func (x *PutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutResponse.ProtoReflect.Descriptor instead.
 func (*PutResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{4}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PutResponse) GetLsn() uint64 {
@@ -672,7 +730,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_walship_v1_kv_proto_msgTypes[5]
+	mi := &file_walship_v1_kv_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -684,7 +742,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[5]
+	mi := &file_walship_v1_kv_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -697,7 +755,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{5}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *DeleteRequest) GetKey() string {
@@ -727,7 +785,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_walship_v1_kv_proto_msgTypes[6]
+	mi := &file_walship_v1_kv_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -739,7 +797,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[6]
+	mi := &file_walship_v1_kv_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -752,7 +810,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{6}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *DeleteResponse) GetLsn() uint64 {
@@ -801,7 +859,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_walship_v1_kv_proto_msgTypes[7]
+	mi := &file_walship_v1_kv_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -813,7 +871,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[7]
+	mi := &file_walship_v1_kv_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -826,7 +884,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{7}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetRequest) GetKey() string {
@@ -888,7 +946,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_walship_v1_kv_proto_msgTypes[8]
+	mi := &file_walship_v1_kv_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -900,7 +958,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[8]
+	mi := &file_walship_v1_kv_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -913,7 +971,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{8}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetResponse) GetFound() bool {
@@ -968,7 +1026,7 @@ type Compare struct {
 
 func (x *Compare) Reset() {
 	*x = Compare{}
-	mi := &file_walship_v1_kv_proto_msgTypes[9]
+	mi := &file_walship_v1_kv_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -980,7 +1038,7 @@ func (x *Compare) String() string {
 func (*Compare) ProtoMessage() {}
 
 func (x *Compare) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[9]
+	mi := &file_walship_v1_kv_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -993,7 +1051,7 @@ func (x *Compare) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Compare.ProtoReflect.Descriptor instead.
 func (*Compare) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{9}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Compare) GetKey() string {
@@ -1094,7 +1152,7 @@ type TxnOp struct {
 
 func (x *TxnOp) Reset() {
 	*x = TxnOp{}
-	mi := &file_walship_v1_kv_proto_msgTypes[10]
+	mi := &file_walship_v1_kv_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1106,7 +1164,7 @@ func (x *TxnOp) String() string {
 func (*TxnOp) ProtoMessage() {}
 
 func (x *TxnOp) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[10]
+	mi := &file_walship_v1_kv_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1119,7 +1177,7 @@ func (x *TxnOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TxnOp.ProtoReflect.Descriptor instead.
 func (*TxnOp) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{10}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *TxnOp) GetOp() isTxnOp_Op {
@@ -1194,7 +1252,7 @@ type PutOp struct {
 
 func (x *PutOp) Reset() {
 	*x = PutOp{}
-	mi := &file_walship_v1_kv_proto_msgTypes[11]
+	mi := &file_walship_v1_kv_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1206,7 +1264,7 @@ func (x *PutOp) String() string {
 func (*PutOp) ProtoMessage() {}
 
 func (x *PutOp) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[11]
+	mi := &file_walship_v1_kv_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1219,7 +1277,7 @@ func (x *PutOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutOp.ProtoReflect.Descriptor instead.
 func (*PutOp) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{11}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PutOp) GetKey() string {
@@ -1247,7 +1305,7 @@ type DeleteOp struct {
 
 func (x *DeleteOp) Reset() {
 	*x = DeleteOp{}
-	mi := &file_walship_v1_kv_proto_msgTypes[12]
+	mi := &file_walship_v1_kv_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1259,7 +1317,7 @@ func (x *DeleteOp) String() string {
 func (*DeleteOp) ProtoMessage() {}
 
 func (x *DeleteOp) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[12]
+	mi := &file_walship_v1_kv_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1272,7 +1330,7 @@ func (x *DeleteOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteOp.ProtoReflect.Descriptor instead.
 func (*DeleteOp) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{12}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DeleteOp) GetKey() string {
@@ -1293,7 +1351,7 @@ type GetOp struct {
 
 func (x *GetOp) Reset() {
 	*x = GetOp{}
-	mi := &file_walship_v1_kv_proto_msgTypes[13]
+	mi := &file_walship_v1_kv_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1305,7 +1363,7 @@ func (x *GetOp) String() string {
 func (*GetOp) ProtoMessage() {}
 
 func (x *GetOp) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[13]
+	mi := &file_walship_v1_kv_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1318,7 +1376,7 @@ func (x *GetOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetOp.ProtoReflect.Descriptor instead.
 func (*GetOp) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{13}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetOp) GetKey() string {
@@ -1363,7 +1421,7 @@ type TxnRequest struct {
 
 func (x *TxnRequest) Reset() {
 	*x = TxnRequest{}
-	mi := &file_walship_v1_kv_proto_msgTypes[14]
+	mi := &file_walship_v1_kv_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1375,7 +1433,7 @@ func (x *TxnRequest) String() string {
 func (*TxnRequest) ProtoMessage() {}
 
 func (x *TxnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[14]
+	mi := &file_walship_v1_kv_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1388,7 +1446,7 @@ func (x *TxnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TxnRequest.ProtoReflect.Descriptor instead.
 func (*TxnRequest) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{14}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *TxnRequest) GetCompares() []*Compare {
@@ -1443,7 +1501,7 @@ type TxnOpResult struct {
 
 func (x *TxnOpResult) Reset() {
 	*x = TxnOpResult{}
-	mi := &file_walship_v1_kv_proto_msgTypes[15]
+	mi := &file_walship_v1_kv_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1455,7 +1513,7 @@ func (x *TxnOpResult) String() string {
 func (*TxnOpResult) ProtoMessage() {}
 
 func (x *TxnOpResult) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[15]
+	mi := &file_walship_v1_kv_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1468,7 +1526,7 @@ func (x *TxnOpResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TxnOpResult.ProtoReflect.Descriptor instead.
 func (*TxnOpResult) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{15}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *TxnOpResult) GetResult() isTxnOpResult_Result {
@@ -1539,7 +1597,7 @@ type PutOpResult struct {
 
 func (x *PutOpResult) Reset() {
 	*x = PutOpResult{}
-	mi := &file_walship_v1_kv_proto_msgTypes[16]
+	mi := &file_walship_v1_kv_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1551,7 +1609,7 @@ func (x *PutOpResult) String() string {
 func (*PutOpResult) ProtoMessage() {}
 
 func (x *PutOpResult) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[16]
+	mi := &file_walship_v1_kv_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1564,7 +1622,7 @@ func (x *PutOpResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutOpResult.ProtoReflect.Descriptor instead.
 func (*PutOpResult) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{16}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{17}
 }
 
 // DeleteOpResult is the result of a DeleteOp.
@@ -1578,7 +1636,7 @@ type DeleteOpResult struct {
 
 func (x *DeleteOpResult) Reset() {
 	*x = DeleteOpResult{}
-	mi := &file_walship_v1_kv_proto_msgTypes[17]
+	mi := &file_walship_v1_kv_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1590,7 +1648,7 @@ func (x *DeleteOpResult) String() string {
 func (*DeleteOpResult) ProtoMessage() {}
 
 func (x *DeleteOpResult) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[17]
+	mi := &file_walship_v1_kv_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1603,7 +1661,7 @@ func (x *DeleteOpResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteOpResult.ProtoReflect.Descriptor instead.
 func (*DeleteOpResult) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{17}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DeleteOpResult) GetExisted() bool {
@@ -1629,7 +1687,7 @@ type GetOpResult struct {
 
 func (x *GetOpResult) Reset() {
 	*x = GetOpResult{}
-	mi := &file_walship_v1_kv_proto_msgTypes[18]
+	mi := &file_walship_v1_kv_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1641,7 +1699,7 @@ func (x *GetOpResult) String() string {
 func (*GetOpResult) ProtoMessage() {}
 
 func (x *GetOpResult) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[18]
+	mi := &file_walship_v1_kv_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1654,7 +1712,7 @@ func (x *GetOpResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetOpResult.ProtoReflect.Descriptor instead.
 func (*GetOpResult) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{18}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GetOpResult) GetFound() bool {
@@ -1699,7 +1757,7 @@ type TxnResponse struct {
 
 func (x *TxnResponse) Reset() {
 	*x = TxnResponse{}
-	mi := &file_walship_v1_kv_proto_msgTypes[19]
+	mi := &file_walship_v1_kv_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1711,7 +1769,7 @@ func (x *TxnResponse) String() string {
 func (*TxnResponse) ProtoMessage() {}
 
 func (x *TxnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[19]
+	mi := &file_walship_v1_kv_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1724,7 +1782,7 @@ func (x *TxnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TxnResponse.ProtoReflect.Descriptor instead.
 func (*TxnResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{19}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *TxnResponse) GetSucceeded() bool {
@@ -1773,7 +1831,7 @@ type ScanRequest struct {
 
 func (x *ScanRequest) Reset() {
 	*x = ScanRequest{}
-	mi := &file_walship_v1_kv_proto_msgTypes[20]
+	mi := &file_walship_v1_kv_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1785,7 +1843,7 @@ func (x *ScanRequest) String() string {
 func (*ScanRequest) ProtoMessage() {}
 
 func (x *ScanRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[20]
+	mi := &file_walship_v1_kv_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1798,7 +1856,7 @@ func (x *ScanRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScanRequest.ProtoReflect.Descriptor instead.
 func (*ScanRequest) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{20}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ScanRequest) GetStart() string {
@@ -1872,7 +1930,7 @@ type KeyValue struct {
 
 func (x *KeyValue) Reset() {
 	*x = KeyValue{}
-	mi := &file_walship_v1_kv_proto_msgTypes[21]
+	mi := &file_walship_v1_kv_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1884,7 +1942,7 @@ func (x *KeyValue) String() string {
 func (*KeyValue) ProtoMessage() {}
 
 func (x *KeyValue) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[21]
+	mi := &file_walship_v1_kv_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1897,7 +1955,7 @@ func (x *KeyValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyValue.ProtoReflect.Descriptor instead.
 func (*KeyValue) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{21}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *KeyValue) GetKey() string {
@@ -1936,7 +1994,7 @@ type ScanResponse struct {
 
 func (x *ScanResponse) Reset() {
 	*x = ScanResponse{}
-	mi := &file_walship_v1_kv_proto_msgTypes[22]
+	mi := &file_walship_v1_kv_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1948,7 +2006,7 @@ func (x *ScanResponse) String() string {
 func (*ScanResponse) ProtoMessage() {}
 
 func (x *ScanResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[22]
+	mi := &file_walship_v1_kv_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1961,7 +2019,7 @@ func (x *ScanResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScanResponse.ProtoReflect.Descriptor instead.
 func (*ScanResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{22}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ScanResponse) GetKvs() []*KeyValue {
@@ -2018,7 +2076,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_walship_v1_kv_proto_msgTypes[23]
+	mi := &file_walship_v1_kv_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2030,7 +2088,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[23]
+	mi := &file_walship_v1_kv_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2043,7 +2101,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{23}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *WatchRequest) GetKey() string {
@@ -2104,7 +2162,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_walship_v1_kv_proto_msgTypes[24]
+	mi := &file_walship_v1_kv_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2116,7 +2174,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[24]
+	mi := &file_walship_v1_kv_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2129,7 +2187,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{24}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *WatchResponse) GetMsg() isWatchResponse_Msg {
@@ -2188,7 +2246,7 @@ type WatchTxns struct {
 
 func (x *WatchTxns) Reset() {
 	*x = WatchTxns{}
-	mi := &file_walship_v1_kv_proto_msgTypes[25]
+	mi := &file_walship_v1_kv_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2200,7 +2258,7 @@ func (x *WatchTxns) String() string {
 func (*WatchTxns) ProtoMessage() {}
 
 func (x *WatchTxns) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[25]
+	mi := &file_walship_v1_kv_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2213,7 +2271,7 @@ func (x *WatchTxns) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchTxns.ProtoReflect.Descriptor instead.
 func (*WatchTxns) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{25}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *WatchTxns) GetTxns() []*WatchTxn {
@@ -2242,7 +2300,7 @@ type WatchTxn struct {
 
 func (x *WatchTxn) Reset() {
 	*x = WatchTxn{}
-	mi := &file_walship_v1_kv_proto_msgTypes[26]
+	mi := &file_walship_v1_kv_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2254,7 +2312,7 @@ func (x *WatchTxn) String() string {
 func (*WatchTxn) ProtoMessage() {}
 
 func (x *WatchTxn) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[26]
+	mi := &file_walship_v1_kv_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2267,7 +2325,7 @@ func (x *WatchTxn) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchTxn.ProtoReflect.Descriptor instead.
 func (*WatchTxn) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{26}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *WatchTxn) GetLsn() uint64 {
@@ -2321,7 +2379,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_walship_v1_kv_proto_msgTypes[27]
+	mi := &file_walship_v1_kv_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2333,7 +2391,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[27]
+	mi := &file_walship_v1_kv_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2346,7 +2404,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{27}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *WatchEvent) GetType() WatchEventType {
@@ -2403,7 +2461,7 @@ type WatchProgress struct {
 
 func (x *WatchProgress) Reset() {
 	*x = WatchProgress{}
-	mi := &file_walship_v1_kv_proto_msgTypes[28]
+	mi := &file_walship_v1_kv_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2415,7 +2473,7 @@ func (x *WatchProgress) String() string {
 func (*WatchProgress) ProtoMessage() {}
 
 func (x *WatchProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[28]
+	mi := &file_walship_v1_kv_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2428,7 +2486,7 @@ func (x *WatchProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchProgress.ProtoReflect.Descriptor instead.
 func (*WatchProgress) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{28}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *WatchProgress) GetLsn() uint64 {
@@ -2443,15 +2501,17 @@ var File_walship_v1_kv_proto protoreflect.FileDescriptor
 const file_walship_v1_kv_proto_rawDesc = "" +
 	"\n" +
 	"\x13walship/v1/kv.proto\x12\n" +
-	"walship.v1\x1a\x19google/protobuf/any.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x17walship/v1/policy.proto\"\x95\x02\n" +
+	"walship.v1\x1a\x19google/protobuf/any.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x17walship/v1/policy.proto\"\xcb\x02\n" +
 	"\x0fPipelineRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12*\n" +
 	"\x03put\x18\x02 \x01(\v2\x16.walship.v1.PutRequestH\x00R\x03put\x123\n" +
 	"\x06delete\x18\x03 \x01(\v2\x19.walship.v1.DeleteRequestH\x00R\x06delete\x12*\n" +
 	"\x03txn\x18\x04 \x01(\v2\x16.walship.v1.TxnRequestH\x00R\x03txn\x12*\n" +
-	"\x03get\x18\x05 \x01(\v2\x16.walship.v1.GetRequestH\x00R\x03get\x123\n" +
+	"\x03get\x18\x05 \x01(\v2\x16.walship.v1.GetRequestH\x00R\x03get\x124\n" +
+	"\x06cancel\x18\a \x01(\v2\x1a.walship.v1.PipelineCancelH\x00R\x06cancel\x123\n" +
 	"\atimeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\atimeoutB\x04\n" +
-	"\x02op\"\x9d\x02\n" +
+	"\x02op\"\x10\n" +
+	"\x0ePipelineCancel\"\x9d\x02\n" +
 	"\x10PipelineResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12+\n" +
 	"\x03put\x18\x02 \x01(\v2\x17.walship.v1.PutResponseH\x00R\x03put\x124\n" +
@@ -2628,102 +2688,104 @@ func file_walship_v1_kv_proto_rawDescGZIP() []byte {
 }
 
 var file_walship_v1_kv_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_walship_v1_kv_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_walship_v1_kv_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_walship_v1_kv_proto_goTypes = []any{
 	(CompareTarget)(0),          // 0: walship.v1.CompareTarget
 	(CompareResult)(0),          // 1: walship.v1.CompareResult
 	(WatchEventType)(0),         // 2: walship.v1.WatchEventType
 	(*PipelineRequest)(nil),     // 3: walship.v1.PipelineRequest
-	(*PipelineResponse)(nil),    // 4: walship.v1.PipelineResponse
-	(*PipelineStatus)(nil),      // 5: walship.v1.PipelineStatus
-	(*PutRequest)(nil),          // 6: walship.v1.PutRequest
-	(*PutResponse)(nil),         // 7: walship.v1.PutResponse
-	(*DeleteRequest)(nil),       // 8: walship.v1.DeleteRequest
-	(*DeleteResponse)(nil),      // 9: walship.v1.DeleteResponse
-	(*GetRequest)(nil),          // 10: walship.v1.GetRequest
-	(*GetResponse)(nil),         // 11: walship.v1.GetResponse
-	(*Compare)(nil),             // 12: walship.v1.Compare
-	(*TxnOp)(nil),               // 13: walship.v1.TxnOp
-	(*PutOp)(nil),               // 14: walship.v1.PutOp
-	(*DeleteOp)(nil),            // 15: walship.v1.DeleteOp
-	(*GetOp)(nil),               // 16: walship.v1.GetOp
-	(*TxnRequest)(nil),          // 17: walship.v1.TxnRequest
-	(*TxnOpResult)(nil),         // 18: walship.v1.TxnOpResult
-	(*PutOpResult)(nil),         // 19: walship.v1.PutOpResult
-	(*DeleteOpResult)(nil),      // 20: walship.v1.DeleteOpResult
-	(*GetOpResult)(nil),         // 21: walship.v1.GetOpResult
-	(*TxnResponse)(nil),         // 22: walship.v1.TxnResponse
-	(*ScanRequest)(nil),         // 23: walship.v1.ScanRequest
-	(*KeyValue)(nil),            // 24: walship.v1.KeyValue
-	(*ScanResponse)(nil),        // 25: walship.v1.ScanResponse
-	(*WatchRequest)(nil),        // 26: walship.v1.WatchRequest
-	(*WatchResponse)(nil),       // 27: walship.v1.WatchResponse
-	(*WatchTxns)(nil),           // 28: walship.v1.WatchTxns
-	(*WatchTxn)(nil),            // 29: walship.v1.WatchTxn
-	(*WatchEvent)(nil),          // 30: walship.v1.WatchEvent
-	(*WatchProgress)(nil),       // 31: walship.v1.WatchProgress
-	(*durationpb.Duration)(nil), // 32: google.protobuf.Duration
-	(*anypb.Any)(nil),           // 33: google.protobuf.Any
-	(*CommitPolicy)(nil),        // 34: walship.v1.CommitPolicy
+	(*PipelineCancel)(nil),      // 4: walship.v1.PipelineCancel
+	(*PipelineResponse)(nil),    // 5: walship.v1.PipelineResponse
+	(*PipelineStatus)(nil),      // 6: walship.v1.PipelineStatus
+	(*PutRequest)(nil),          // 7: walship.v1.PutRequest
+	(*PutResponse)(nil),         // 8: walship.v1.PutResponse
+	(*DeleteRequest)(nil),       // 9: walship.v1.DeleteRequest
+	(*DeleteResponse)(nil),      // 10: walship.v1.DeleteResponse
+	(*GetRequest)(nil),          // 11: walship.v1.GetRequest
+	(*GetResponse)(nil),         // 12: walship.v1.GetResponse
+	(*Compare)(nil),             // 13: walship.v1.Compare
+	(*TxnOp)(nil),               // 14: walship.v1.TxnOp
+	(*PutOp)(nil),               // 15: walship.v1.PutOp
+	(*DeleteOp)(nil),            // 16: walship.v1.DeleteOp
+	(*GetOp)(nil),               // 17: walship.v1.GetOp
+	(*TxnRequest)(nil),          // 18: walship.v1.TxnRequest
+	(*TxnOpResult)(nil),         // 19: walship.v1.TxnOpResult
+	(*PutOpResult)(nil),         // 20: walship.v1.PutOpResult
+	(*DeleteOpResult)(nil),      // 21: walship.v1.DeleteOpResult
+	(*GetOpResult)(nil),         // 22: walship.v1.GetOpResult
+	(*TxnResponse)(nil),         // 23: walship.v1.TxnResponse
+	(*ScanRequest)(nil),         // 24: walship.v1.ScanRequest
+	(*KeyValue)(nil),            // 25: walship.v1.KeyValue
+	(*ScanResponse)(nil),        // 26: walship.v1.ScanResponse
+	(*WatchRequest)(nil),        // 27: walship.v1.WatchRequest
+	(*WatchResponse)(nil),       // 28: walship.v1.WatchResponse
+	(*WatchTxns)(nil),           // 29: walship.v1.WatchTxns
+	(*WatchTxn)(nil),            // 30: walship.v1.WatchTxn
+	(*WatchEvent)(nil),          // 31: walship.v1.WatchEvent
+	(*WatchProgress)(nil),       // 32: walship.v1.WatchProgress
+	(*durationpb.Duration)(nil), // 33: google.protobuf.Duration
+	(*anypb.Any)(nil),           // 34: google.protobuf.Any
+	(*CommitPolicy)(nil),        // 35: walship.v1.CommitPolicy
 }
 var file_walship_v1_kv_proto_depIdxs = []int32{
-	6,  // 0: walship.v1.PipelineRequest.put:type_name -> walship.v1.PutRequest
-	8,  // 1: walship.v1.PipelineRequest.delete:type_name -> walship.v1.DeleteRequest
-	17, // 2: walship.v1.PipelineRequest.txn:type_name -> walship.v1.TxnRequest
-	10, // 3: walship.v1.PipelineRequest.get:type_name -> walship.v1.GetRequest
-	32, // 4: walship.v1.PipelineRequest.timeout:type_name -> google.protobuf.Duration
-	7,  // 5: walship.v1.PipelineResponse.put:type_name -> walship.v1.PutResponse
-	9,  // 6: walship.v1.PipelineResponse.delete:type_name -> walship.v1.DeleteResponse
-	22, // 7: walship.v1.PipelineResponse.txn:type_name -> walship.v1.TxnResponse
-	11, // 8: walship.v1.PipelineResponse.get:type_name -> walship.v1.GetResponse
-	5,  // 9: walship.v1.PipelineResponse.error:type_name -> walship.v1.PipelineStatus
-	33, // 10: walship.v1.PipelineStatus.details:type_name -> google.protobuf.Any
-	34, // 11: walship.v1.PutRequest.policy:type_name -> walship.v1.CommitPolicy
-	34, // 12: walship.v1.DeleteRequest.policy:type_name -> walship.v1.CommitPolicy
-	32, // 13: walship.v1.GetRequest.wait_timeout:type_name -> google.protobuf.Duration
-	32, // 14: walship.v1.GetRequest.max_lag_time:type_name -> google.protobuf.Duration
-	0,  // 15: walship.v1.Compare.target:type_name -> walship.v1.CompareTarget
-	1,  // 16: walship.v1.Compare.result:type_name -> walship.v1.CompareResult
-	14, // 17: walship.v1.TxnOp.put:type_name -> walship.v1.PutOp
-	15, // 18: walship.v1.TxnOp.delete:type_name -> walship.v1.DeleteOp
-	16, // 19: walship.v1.TxnOp.get:type_name -> walship.v1.GetOp
-	12, // 20: walship.v1.TxnRequest.compares:type_name -> walship.v1.Compare
-	13, // 21: walship.v1.TxnRequest.success:type_name -> walship.v1.TxnOp
-	13, // 22: walship.v1.TxnRequest.failure:type_name -> walship.v1.TxnOp
-	34, // 23: walship.v1.TxnRequest.policy:type_name -> walship.v1.CommitPolicy
-	19, // 24: walship.v1.TxnOpResult.put:type_name -> walship.v1.PutOpResult
-	20, // 25: walship.v1.TxnOpResult.delete:type_name -> walship.v1.DeleteOpResult
-	21, // 26: walship.v1.TxnOpResult.get:type_name -> walship.v1.GetOpResult
-	18, // 27: walship.v1.TxnResponse.results:type_name -> walship.v1.TxnOpResult
-	32, // 28: walship.v1.ScanRequest.wait_timeout:type_name -> google.protobuf.Duration
-	32, // 29: walship.v1.ScanRequest.max_lag_time:type_name -> google.protobuf.Duration
-	24, // 30: walship.v1.ScanResponse.kvs:type_name -> walship.v1.KeyValue
-	32, // 31: walship.v1.WatchRequest.progress_interval:type_name -> google.protobuf.Duration
-	32, // 32: walship.v1.WatchRequest.wait_timeout:type_name -> google.protobuf.Duration
-	28, // 33: walship.v1.WatchResponse.txns:type_name -> walship.v1.WatchTxns
-	31, // 34: walship.v1.WatchResponse.progress:type_name -> walship.v1.WatchProgress
-	29, // 35: walship.v1.WatchTxns.txns:type_name -> walship.v1.WatchTxn
-	30, // 36: walship.v1.WatchTxn.events:type_name -> walship.v1.WatchEvent
-	2,  // 37: walship.v1.WatchEvent.type:type_name -> walship.v1.WatchEventType
-	6,  // 38: walship.v1.KVService.Put:input_type -> walship.v1.PutRequest
-	8,  // 39: walship.v1.KVService.Delete:input_type -> walship.v1.DeleteRequest
-	10, // 40: walship.v1.KVService.Get:input_type -> walship.v1.GetRequest
-	17, // 41: walship.v1.KVService.Txn:input_type -> walship.v1.TxnRequest
-	23, // 42: walship.v1.KVService.Scan:input_type -> walship.v1.ScanRequest
-	26, // 43: walship.v1.KVService.Watch:input_type -> walship.v1.WatchRequest
-	3,  // 44: walship.v1.KVService.Pipeline:input_type -> walship.v1.PipelineRequest
-	7,  // 45: walship.v1.KVService.Put:output_type -> walship.v1.PutResponse
-	9,  // 46: walship.v1.KVService.Delete:output_type -> walship.v1.DeleteResponse
-	11, // 47: walship.v1.KVService.Get:output_type -> walship.v1.GetResponse
-	22, // 48: walship.v1.KVService.Txn:output_type -> walship.v1.TxnResponse
-	25, // 49: walship.v1.KVService.Scan:output_type -> walship.v1.ScanResponse
-	27, // 50: walship.v1.KVService.Watch:output_type -> walship.v1.WatchResponse
-	4,  // 51: walship.v1.KVService.Pipeline:output_type -> walship.v1.PipelineResponse
-	45, // [45:52] is the sub-list for method output_type
-	38, // [38:45] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	7,  // 0: walship.v1.PipelineRequest.put:type_name -> walship.v1.PutRequest
+	9,  // 1: walship.v1.PipelineRequest.delete:type_name -> walship.v1.DeleteRequest
+	18, // 2: walship.v1.PipelineRequest.txn:type_name -> walship.v1.TxnRequest
+	11, // 3: walship.v1.PipelineRequest.get:type_name -> walship.v1.GetRequest
+	4,  // 4: walship.v1.PipelineRequest.cancel:type_name -> walship.v1.PipelineCancel
+	33, // 5: walship.v1.PipelineRequest.timeout:type_name -> google.protobuf.Duration
+	8,  // 6: walship.v1.PipelineResponse.put:type_name -> walship.v1.PutResponse
+	10, // 7: walship.v1.PipelineResponse.delete:type_name -> walship.v1.DeleteResponse
+	23, // 8: walship.v1.PipelineResponse.txn:type_name -> walship.v1.TxnResponse
+	12, // 9: walship.v1.PipelineResponse.get:type_name -> walship.v1.GetResponse
+	6,  // 10: walship.v1.PipelineResponse.error:type_name -> walship.v1.PipelineStatus
+	34, // 11: walship.v1.PipelineStatus.details:type_name -> google.protobuf.Any
+	35, // 12: walship.v1.PutRequest.policy:type_name -> walship.v1.CommitPolicy
+	35, // 13: walship.v1.DeleteRequest.policy:type_name -> walship.v1.CommitPolicy
+	33, // 14: walship.v1.GetRequest.wait_timeout:type_name -> google.protobuf.Duration
+	33, // 15: walship.v1.GetRequest.max_lag_time:type_name -> google.protobuf.Duration
+	0,  // 16: walship.v1.Compare.target:type_name -> walship.v1.CompareTarget
+	1,  // 17: walship.v1.Compare.result:type_name -> walship.v1.CompareResult
+	15, // 18: walship.v1.TxnOp.put:type_name -> walship.v1.PutOp
+	16, // 19: walship.v1.TxnOp.delete:type_name -> walship.v1.DeleteOp
+	17, // 20: walship.v1.TxnOp.get:type_name -> walship.v1.GetOp
+	13, // 21: walship.v1.TxnRequest.compares:type_name -> walship.v1.Compare
+	14, // 22: walship.v1.TxnRequest.success:type_name -> walship.v1.TxnOp
+	14, // 23: walship.v1.TxnRequest.failure:type_name -> walship.v1.TxnOp
+	35, // 24: walship.v1.TxnRequest.policy:type_name -> walship.v1.CommitPolicy
+	20, // 25: walship.v1.TxnOpResult.put:type_name -> walship.v1.PutOpResult
+	21, // 26: walship.v1.TxnOpResult.delete:type_name -> walship.v1.DeleteOpResult
+	22, // 27: walship.v1.TxnOpResult.get:type_name -> walship.v1.GetOpResult
+	19, // 28: walship.v1.TxnResponse.results:type_name -> walship.v1.TxnOpResult
+	33, // 29: walship.v1.ScanRequest.wait_timeout:type_name -> google.protobuf.Duration
+	33, // 30: walship.v1.ScanRequest.max_lag_time:type_name -> google.protobuf.Duration
+	25, // 31: walship.v1.ScanResponse.kvs:type_name -> walship.v1.KeyValue
+	33, // 32: walship.v1.WatchRequest.progress_interval:type_name -> google.protobuf.Duration
+	33, // 33: walship.v1.WatchRequest.wait_timeout:type_name -> google.protobuf.Duration
+	29, // 34: walship.v1.WatchResponse.txns:type_name -> walship.v1.WatchTxns
+	32, // 35: walship.v1.WatchResponse.progress:type_name -> walship.v1.WatchProgress
+	30, // 36: walship.v1.WatchTxns.txns:type_name -> walship.v1.WatchTxn
+	31, // 37: walship.v1.WatchTxn.events:type_name -> walship.v1.WatchEvent
+	2,  // 38: walship.v1.WatchEvent.type:type_name -> walship.v1.WatchEventType
+	7,  // 39: walship.v1.KVService.Put:input_type -> walship.v1.PutRequest
+	9,  // 40: walship.v1.KVService.Delete:input_type -> walship.v1.DeleteRequest
+	11, // 41: walship.v1.KVService.Get:input_type -> walship.v1.GetRequest
+	18, // 42: walship.v1.KVService.Txn:input_type -> walship.v1.TxnRequest
+	24, // 43: walship.v1.KVService.Scan:input_type -> walship.v1.ScanRequest
+	27, // 44: walship.v1.KVService.Watch:input_type -> walship.v1.WatchRequest
+	3,  // 45: walship.v1.KVService.Pipeline:input_type -> walship.v1.PipelineRequest
+	8,  // 46: walship.v1.KVService.Put:output_type -> walship.v1.PutResponse
+	10, // 47: walship.v1.KVService.Delete:output_type -> walship.v1.DeleteResponse
+	12, // 48: walship.v1.KVService.Get:output_type -> walship.v1.GetResponse
+	23, // 49: walship.v1.KVService.Txn:output_type -> walship.v1.TxnResponse
+	26, // 50: walship.v1.KVService.Scan:output_type -> walship.v1.ScanResponse
+	28, // 51: walship.v1.KVService.Watch:output_type -> walship.v1.WatchResponse
+	5,  // 52: walship.v1.KVService.Pipeline:output_type -> walship.v1.PipelineResponse
+	46, // [46:53] is the sub-list for method output_type
+	39, // [39:46] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_walship_v1_kv_proto_init() }
@@ -2737,30 +2799,31 @@ func file_walship_v1_kv_proto_init() {
 		(*PipelineRequest_Delete)(nil),
 		(*PipelineRequest_Txn)(nil),
 		(*PipelineRequest_Get)(nil),
+		(*PipelineRequest_Cancel)(nil),
 	}
-	file_walship_v1_kv_proto_msgTypes[1].OneofWrappers = []any{
+	file_walship_v1_kv_proto_msgTypes[2].OneofWrappers = []any{
 		(*PipelineResponse_Put)(nil),
 		(*PipelineResponse_Delete)(nil),
 		(*PipelineResponse_Txn)(nil),
 		(*PipelineResponse_Get)(nil),
 		(*PipelineResponse_Error)(nil),
 	}
-	file_walship_v1_kv_proto_msgTypes[9].OneofWrappers = []any{
+	file_walship_v1_kv_proto_msgTypes[10].OneofWrappers = []any{
 		(*Compare_Value)(nil),
 		(*Compare_VersionLsn)(nil),
 		(*Compare_Exists)(nil),
 	}
-	file_walship_v1_kv_proto_msgTypes[10].OneofWrappers = []any{
+	file_walship_v1_kv_proto_msgTypes[11].OneofWrappers = []any{
 		(*TxnOp_Put)(nil),
 		(*TxnOp_Delete)(nil),
 		(*TxnOp_Get)(nil),
 	}
-	file_walship_v1_kv_proto_msgTypes[15].OneofWrappers = []any{
+	file_walship_v1_kv_proto_msgTypes[16].OneofWrappers = []any{
 		(*TxnOpResult_Put)(nil),
 		(*TxnOpResult_Delete)(nil),
 		(*TxnOpResult_Get)(nil),
 	}
-	file_walship_v1_kv_proto_msgTypes[24].OneofWrappers = []any{
+	file_walship_v1_kv_proto_msgTypes[25].OneofWrappers = []any{
 		(*WatchResponse_Txns)(nil),
 		(*WatchResponse_Progress)(nil),
 	}
@@ -2770,7 +2833,7 @@ func file_walship_v1_kv_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_walship_v1_kv_proto_rawDesc), len(file_walship_v1_kv_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   29,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -83,7 +83,14 @@ type KVServiceClient interface {
 	// each keeps its own policy, LSN and outcome, and runs exactly as its
 	// unary call does (validation, authorization, lease, limits). A server
 	// runs at most --max-pipeline-ops operations of one stream at once
-	// (default 256) and reads no further request until one completes.
+	// (default 256) and reads no further request until one completes; it
+	// says how many a client may send before an answer in the response
+	// header walship-pipeline-max-ops (for a peer counted against
+	// --max-peer-calls, at most that: each operation in progress is one of
+	// the peer's calls, and one past its limit is refused RESOURCE_EXHAUSTED
+	// as a unary call would be). An operation ends, as a unary call does,
+	// at its timeout (DEADLINE_EXCEEDED) or when the client sends a cancel
+	// with its id (CANCELED): a write then has an unknown outcome.
 	// A stream that breaks leaves the outcome of every write it has not
 	// answered unknown, as a unary write cut off does. A replica answers
 	// every write with FAILED_PRECONDITION naming the primary, as its unary
@@ -236,7 +243,14 @@ type KVServiceServer interface {
 	// each keeps its own policy, LSN and outcome, and runs exactly as its
 	// unary call does (validation, authorization, lease, limits). A server
 	// runs at most --max-pipeline-ops operations of one stream at once
-	// (default 256) and reads no further request until one completes.
+	// (default 256) and reads no further request until one completes; it
+	// says how many a client may send before an answer in the response
+	// header walship-pipeline-max-ops (for a peer counted against
+	// --max-peer-calls, at most that: each operation in progress is one of
+	// the peer's calls, and one past its limit is refused RESOURCE_EXHAUSTED
+	// as a unary call would be). An operation ends, as a unary call does,
+	// at its timeout (DEADLINE_EXCEEDED) or when the client sends a cancel
+	// with its id (CANCELED): a write then has an unknown outcome.
 	// A stream that breaks leaves the outcome of every write it has not
 	// answered unknown, as a unary write cut off does. A replica answers
 	// every write with FAILED_PRECONDITION naming the primary, as its unary
