@@ -192,15 +192,58 @@ func (a *admission) tap(ctx context.Context, info *tap.Info) (context.Context, e
 	// A stream that never reaches a handler (an unknown method, a
 	// deadline already past) ends with its context.
 	stop := context.AfterFunc(ctx, release)
-	return context.WithValue(ctx, slotKey{}, &callSlot{id: cs.id, release: release, stop: stop}), nil
+	return context.WithValue(ctx, slotKey{}, &callSlot{id: cs.id, method: info.FullMethodName, adm: a, release: release, stop: stop}), nil
 }
 
 // callSlot is a counted call's place, freed by callDone or its stream's
 // end, whichever comes first.
 type callSlot struct {
 	id      string
+	method  string
+	adm     *admission
 	release func()
 	stop    func() bool
+}
+
+// Calls counts the operations a stream carries (KVService.Pipeline)
+// against its peer's calls in progress, as if each were a unary call:
+// kvpipe.Calls.
+type Calls interface {
+	// Limit is the most calls the peer may have in progress
+	// (Security.MaxPeerCalls).
+	Limit() int
+	// Acquire counts one more call of the peer, or refuses it as the tap
+	// refuses a call past the limit: RESOURCE_EXHAUSTED naming the peer
+	// and --max-peer-calls, paced (waiting at most until ctx ends).
+	Acquire(ctx context.Context) (release func(), err error)
+}
+
+// StreamCalls is the Calls of the stream whose context is ctx, or nil if
+// its calls are not counted (plaintext, a data node's).
+func StreamCalls(ctx context.Context) Calls {
+	if c, ok := ctx.Value(slotKey{}).(*callSlot); ok {
+		return c
+	}
+	return nil
+}
+
+// Limit implements Calls.
+func (c *callSlot) Limit() int { return c.adm.calls.limit }
+
+// Acquire implements Calls.
+func (c *callSlot) Acquire(ctx context.Context) (func(), error) {
+	release, err := c.adm.calls.acquire(c.id)
+	if err == nil {
+		return release, nil
+	}
+	c.adm.refused.WithLabelValues("peer_calls").Inc()
+	t := time.NewTimer(c.adm.pace.pause(c.id))
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return nil, status.Errorf(codes.ResourceExhausted, "%s: %v (--max-peer-calls); retry once some are answered", c.method, err)
 }
 
 type slotKey struct{}

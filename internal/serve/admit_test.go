@@ -12,6 +12,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/kvpipe"
 	"github.com/walship/walship/internal/testkit"
 	"github.com/walship/walship/internal/tlsid"
 	"google.golang.org/grpc"
@@ -38,8 +39,27 @@ func (okKV) Get(context.Context, *walshipv1.GetRequest) (*walshipv1.GetResponse,
 	return nil, status.Error(codes.ResourceExhausted, "min_lsn: too many reads wait")
 }
 
-func (okKV) Put(context.Context, *walshipv1.PutRequest) (*walshipv1.PutResponse, error) {
+// Put of key "hold" waits until its caller gives up; any other answers
+// at once.
+func (okKV) Put(ctx context.Context, in *walshipv1.PutRequest) (*walshipv1.PutResponse, error) {
+	if in.GetKey() == "hold" {
+		<-ctx.Done()
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
 	return &walshipv1.PutResponse{Lsn: 1}, nil
+}
+
+func (okKV) Delete(context.Context, *walshipv1.DeleteRequest) (*walshipv1.DeleteResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "no Delete here")
+}
+
+func (okKV) Txn(context.Context, *walshipv1.TxnRequest) (*walshipv1.TxnResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "no Txn here")
+}
+
+// Pipeline runs operations as the nodes do, each counted as a call.
+func (k okKV) Pipeline(stream walshipv1.KVService_PipelineServer) error {
+	return kvpipe.Serve(stream, k, kvpipe.Limits{Calls: StreamCalls(stream.Context())})
 }
 
 func serveTLS(t *testing.T, opts Options) *tlsServer {
@@ -397,4 +417,61 @@ func TestNodesRefusalsArePaced(t *testing.T) {
 	if _, ok := ts.adm.pace.next["spiffe://serve.test/walship/node/n1"]; !ok {
 		t.Fatalf("three refusals of a node were not paced: the pacer knows %v", ts.adm.pace.next)
 	}
+}
+
+// TestPipelineOpsAreCalls: each operation in progress on a Pipeline
+// stream is one of its peer's calls (the stream's own call stands for
+// the first), so a peer cannot hold more through streams than through
+// unary calls. The server tells the client its limit; with it reached on
+// one stream, the peer's next unary call and the stream's next operation
+// are refused RESOURCE_EXHAUSTED naming --max-peer-calls; an operation
+// that ends frees its call. Before, a stream counted once however many
+// operations it carried: the peer's unary Put went through.
+func TestPipelineOpsAreCalls(t *testing.T) {
+	ts := serveTLS(t, Options{Security: Security{MaxPeerCalls: 4}})
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	const id = "spiffe://serve.test/walship/client/a"
+	conn := ts.dial(t, tlsid.ClassClient, "a")
+	kv := walshipv1.NewKVServiceClient(conn)
+	s, err := kv.Pipeline(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if md, err := s.Header(); err != nil || fmt.Sprint(md.Get(kvpipe.MaxOpsHeader)) != "[4]" {
+		t.Fatalf("header %v, %v; want %s: 4, the peer's limit", md, err, kvpipe.MaxOpsHeader)
+	}
+	hold := func(id uint64) *walshipv1.PipelineRequest {
+		return &walshipv1.PipelineRequest{Id: id, Op: &walshipv1.PipelineRequest_Put{Put: &walshipv1.PutRequest{Key: "hold"}}}
+	}
+	for i := range uint64(4) {
+		if err := s.Send(hold(i + 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testkit.Until(t, "the server to count the four operations", func() bool { return ts.calls(id) == 4 })
+	_, err = kv.Put(ctx, &walshipv1.PutRequest{Key: "k"})
+	want := "has 4 calls in progress on this server, the most one peer may (--max-peer-calls)"
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), want) {
+		t.Fatalf("a unary Put with four operations in progress: %v; want RESOURCE_EXHAUSTED %q", err, want)
+	}
+	if err := s.Send(hold(5)); err != nil {
+		t.Fatal(err)
+	}
+	r, err := s.Recv()
+	if err != nil || r.GetId() != 5 || codes.Code(r.GetError().GetCode()) != codes.ResourceExhausted || !strings.Contains(r.GetError().GetMessage(), want) {
+		t.Fatalf("a fifth operation: %v, %v; want it refused RESOURCE_EXHAUSTED %q", r, err, want)
+	}
+	if err := s.Send(&walshipv1.PipelineRequest{Id: 1, Op: &walshipv1.PipelineRequest_Cancel{Cancel: &walshipv1.PipelineCancel{}}}); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := s.Recv(); err != nil || r.GetId() != 1 || codes.Code(r.GetError().GetCode()) != codes.Canceled {
+		t.Fatalf("the cancelled operation: %v, %v; want it CANCELED", r, err)
+	}
+	testkit.Until(t, "the cancelled operation's call to be freed", func() bool { return ts.calls(id) == 3 })
+	if _, err := kv.Put(ctx, &walshipv1.PutRequest{Key: "k"}); err != nil {
+		t.Fatalf("a unary Put with three operations in progress: %v", err)
+	}
+	cancel()
+	testkit.Until(t, "the stream's calls to be freed", func() bool { return ts.calls(id) == 0 })
 }

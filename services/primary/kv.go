@@ -11,6 +11,7 @@ import (
 	"github.com/walship/walship/internal/keyspace"
 	"github.com/walship/walship/internal/kvpipe"
 	"github.com/walship/walship/internal/rpcerr"
+	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/pkg/codec"
 	"google.golang.org/grpc/codes"
@@ -380,9 +381,10 @@ func (s *Server) stillPrimary(commitLSN uint64) error {
 
 // Pipeline runs each operation of the stream as its unary call
 // (kvpipe.Serve): the same validation, lease checks, admission and
-// answers, at most Config.MaxPipelineOps at once.
+// answers, at most Config.MaxPipelineOps at once, each one of its peer's
+// calls in progress (--max-peer-calls).
 func (k *kvServer) Pipeline(stream walshipv1.KVService_PipelineServer) error {
-	return kvpipe.Serve(stream, k, kvpipe.Limits{MaxOps: k.s.cfg.MaxPipelineOps})
+	return kvpipe.Serve(stream, k, kvpipe.Limits{MaxOps: k.s.cfg.MaxPipelineOps, Calls: serve.StreamCalls(stream.Context())})
 }
 
 // Watch serves the transactions made visible here, up to the commit

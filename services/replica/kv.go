@@ -6,6 +6,7 @@ import (
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/changefeed"
 	"github.com/walship/walship/internal/kvpipe"
+	"github.com/walship/walship/internal/serve"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -53,9 +54,10 @@ func (k *kvServer) Txn(context.Context, *walshipv1.TxnRequest) (*walshipv1.TxnRe
 }
 
 // Pipeline runs each operation of the stream as its unary call
-// (kvpipe.Serve): reads served here, writes refused naming the primary.
+// (kvpipe.Serve): reads served here, writes refused naming the primary;
+// each operation in progress is one of its peer's calls.
 func (k *kvServer) Pipeline(stream walshipv1.KVService_PipelineServer) error {
-	return kvpipe.Serve(stream, k, kvpipe.Limits{MaxOps: k.s.cfg.MaxPipelineOps})
+	return kvpipe.Serve(stream, k, kvpipe.Limits{MaxOps: k.s.cfg.MaxPipelineOps, Calls: serve.StreamCalls(stream.Context())})
 }
 
 // Watch serves the transactions this replica has applied, up to the
