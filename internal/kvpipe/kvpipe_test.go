@@ -207,3 +207,91 @@ func TestServeCancel(t *testing.T) {
 		t.Fatalf("an answer %v after every operation's", r)
 	}
 }
+
+// stoppable serves f as serve's endStreamsOnStop does: once stop is
+// called, the context of every stream open then ends (a graceful stop
+// beginning); streams opened later are not stopped. open counts the
+// Pipeline streams opened, active those whose handler has not returned.
+type stoppable struct {
+	stopped      chan struct{}
+	open, active atomic.Int64
+}
+
+func (s *stoppable) interceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	s.open.Add(1)
+	s.active.Add(1)
+	defer s.active.Add(-1)
+	ctx, cancel := context.WithCancel(ss.Context())
+	defer cancel()
+	select {
+	case <-s.stopped:
+	default:
+		stop := context.AfterFunc(ctx, func() {})
+		defer stop()
+		go func() {
+			select {
+			case <-s.stopped:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+	}
+	return handler(srv, &ctxStream{ServerStream: ss, ctx: ctx})
+}
+
+type ctxStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *ctxStream) Context() context.Context { return s.ctx }
+
+// TestMuxDrain: when a graceful stop begins, the server finishes the
+// operation it runs — answered as it would have been, not cut off — and
+// tells the client, whose next call goes on a new stream; the old
+// stream then ends.
+func TestMuxDrain(t *testing.T) {
+	f := &fake{release: make(chan struct{})}
+	st := &stoppable{stopped: make(chan struct{})}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer(grpc.StreamInterceptor(st.interceptor))
+	walshipv1.RegisterKVServiceServer(g, f)
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = g.Serve(lis) })
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		conn.Close()
+		g.Stop()
+		wg.Wait()
+	}()
+	m := kvpipe.NewMux(walshipv1.NewKVServiceClient(conn))
+	defer m.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	held := make(chan error, 1)
+	go func() {
+		_, err := m.Put(ctx, &walshipv1.PutRequest{Key: "slow/1"})
+		held <- err
+	}()
+	testkit.Until(t, "the held Put to run", func() bool { return f.running.Load() == 1 })
+	close(st.stopped)
+	testkit.Until(t, "the next call to go on a new stream", func() bool {
+		_, err := m.Put(ctx, &walshipv1.PutRequest{Key: "fast"})
+		return err == nil && st.open.Load() == 2
+	})
+	select {
+	case f.release <- struct{}{}:
+	case err := <-held:
+		t.Fatalf("the Put running when the stop began ended: %v", err)
+	}
+	if err := <-held; err != nil {
+		t.Fatalf("the Put running when the stop began: %v; want it answered", err)
+	}
+	testkit.Until(t, "the drained stream to end", func() bool { return st.active.Load() == 1 })
+}

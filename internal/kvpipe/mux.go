@@ -58,7 +58,9 @@ type pipe struct {
 	// reads each cancel at once.
 	sem chan struct{}
 
-	sendMu sync.Mutex // one Send at a time (grpc-go's rule for streams)
+	sendMu     sync.Mutex // one Send at a time (grpc-go's rule for streams)
+	sendClosed bool       // under sendMu: the server drained the stream
+	onDrain    func()     // called once on the server's drain
 
 	mu      sync.Mutex
 	waiting map[uint64]chan answer
@@ -105,6 +107,13 @@ func (m *Mux) open() (*pipe, error) {
 		return nil, err
 	}
 	p := &pipe{stream: stream, cancel: cancel, waiting: map[uint64]chan answer{}, ready: make(chan struct{}), done: make(chan struct{})}
+	p.onDrain = func() {
+		m.mu.Lock()
+		if m.cur == p {
+			m.cur = nil // the next call opens a new stream
+		}
+		m.mu.Unlock()
+	}
 	m.cur = p
 	m.wg.Add(1)
 	go func() {
@@ -154,6 +163,16 @@ func (p *pipe) receive() {
 			}
 			return
 		}
+		if resp.GetDrain() != nil {
+			// The server is stopping: what was sent is answered here,
+			// what comes next goes on a new stream.
+			p.onDrain()
+			p.sendMu.Lock()
+			p.sendClosed = true
+			_ = p.stream.CloseSend()
+			p.sendMu.Unlock()
+			continue
+		}
 		p.mu.Lock()
 		ch, ok := p.waiting[resp.GetId()]
 		delete(p.waiting, resp.GetId())
@@ -179,50 +198,14 @@ func (m *Mux) do(ctx context.Context, req *walshipv1.PipelineRequest) (*walshipv
 	if err := ctx.Err(); err != nil {
 		return nil, status.FromContextError(err).Err()
 	}
-	p, err := m.open()
-	if err != nil {
-		return nil, err
+	var p *pipe
+	var ch chan answer
+	for p == nil {
+		var err error
+		if p, ch, err = m.send(ctx, req); err != nil {
+			return nil, err
+		}
 	}
-	select {
-	case <-p.ready:
-	case <-ctx.Done():
-		return nil, status.FromContextError(ctx.Err()).Err()
-	}
-	select {
-	case p.sem <- struct{}{}:
-	case <-p.done:
-		return nil, p.failure()
-	case <-ctx.Done():
-		return nil, status.FromContextError(ctx.Err()).Err()
-	}
-	ch := make(chan answer, 1)
-	m.mu.Lock()
-	m.nextID++
-	req.Id = m.nextID
-	m.mu.Unlock()
-	p.mu.Lock()
-	if p.err != nil {
-		err := p.err
-		p.mu.Unlock()
-		<-p.sem
-		return nil, err
-	}
-	p.waiting[req.Id] = ch
-	p.mu.Unlock()
-	if dl, ok := ctx.Deadline(); ok {
-		req.Timeout = durationpb.New(max(time.Until(dl), time.Nanosecond))
-	}
-	p.sendMu.Lock()
-	err = p.stream.Send(req)
-	p.sendMu.Unlock()
-	if err != nil && !errors.Is(err, io.EOF) {
-		// The request did not go (it does not marshal): nothing was sent.
-		p.forget(req.Id)
-		<-p.sem
-		return nil, status.Error(codes.Internal, "walship: "+err.Error())
-	}
-	// On io.EOF the stream has ended and the receiver hands ch the
-	// reason (grpc-go reports it from Recv, not Send).
 	select {
 	case a := <-ch:
 		<-p.sem
@@ -244,6 +227,63 @@ func (m *Mux) do(ctx context.Context, req *walshipv1.PipelineRequest) (*walshipv
 	}
 }
 
+// send sends req on the open stream and returns it and the channel of
+// its answer, or a nil pipe if the stream was drained before req could
+// go (the caller tries again, on a new one).
+func (m *Mux) send(ctx context.Context, req *walshipv1.PipelineRequest) (*pipe, chan answer, error) {
+	p, err := m.open()
+	if err != nil {
+		return nil, nil, err
+	}
+	select {
+	case <-p.ready:
+	case <-ctx.Done():
+		return nil, nil, status.FromContextError(ctx.Err()).Err()
+	}
+	select {
+	case p.sem <- struct{}{}:
+	case <-p.done:
+		return nil, nil, p.failure()
+	case <-ctx.Done():
+		return nil, nil, status.FromContextError(ctx.Err()).Err()
+	}
+	ch := make(chan answer, 1)
+	m.mu.Lock()
+	m.nextID++
+	req.Id = m.nextID
+	m.mu.Unlock()
+	p.mu.Lock()
+	if p.err != nil {
+		err := p.err
+		p.mu.Unlock()
+		<-p.sem
+		return nil, nil, err
+	}
+	p.waiting[req.Id] = ch
+	p.mu.Unlock()
+	if dl, ok := ctx.Deadline(); ok {
+		req.Timeout = durationpb.New(max(time.Until(dl), time.Nanosecond))
+	}
+	p.sendMu.Lock()
+	if p.sendClosed {
+		p.sendMu.Unlock()
+		p.forget(req.Id)
+		<-p.sem
+		return nil, nil, nil
+	}
+	err = p.stream.Send(req)
+	p.sendMu.Unlock()
+	if err != nil && !errors.Is(err, io.EOF) {
+		// The request did not go (it does not marshal): nothing was sent.
+		p.forget(req.Id)
+		<-p.sem
+		return nil, nil, status.Error(codes.Internal, "walship: "+err.Error())
+	}
+	// On io.EOF the stream has ended and the receiver hands ch the
+	// reason (grpc-go reports it from Recv, not Send).
+	return p, ch, nil
+}
+
 // sendCancel tells the server that operation id's caller gave up, and
 // then frees its place: an operation sent later finds the server's place
 // free. It does not wait: a stream the server does not read holds it
@@ -253,6 +293,9 @@ func (m *Mux) sendCancel(p *pipe, id uint64) {
 		defer func() { <-p.sem }()
 		p.sendMu.Lock()
 		defer p.sendMu.Unlock()
+		if p.sendClosed {
+			return // drained: the server runs it to its end
+		}
 		// An error is the stream's end, which the receiver reports.
 		_ = p.stream.Send(&walshipv1.PipelineRequest{Id: id, Op: &walshipv1.PipelineRequest_Cancel{Cancel: &walshipv1.PipelineCancel{}}})
 	})

@@ -75,8 +75,9 @@ type Limits struct {
 // that many, Serve reads no further request until one is sent, so a
 // client that sends faster than the node answers, or that does not read,
 // is held back by the stream's flow control, never buffered without
-// bound. An operation whose timeout passes, or that the client cancels,
-// is answered at once (DEADLINE_EXCEEDED, CANCELED) and frees its place,
+// bound. A graceful stop (the stream's context ending) is sent as a
+// drain; the operations sent are still run and answered. An operation
+// whose timeout passes, or that the client cancels, is answered at once (DEADLINE_EXCEEDED, CANCELED) and frees its place,
 // as gRPC answers a unary call whose caller gave up; its handler runs on
 // as a unary call's does (a write already sequenced still commits) and
 // its result is dropped. One goroutine receives and one sends (grpc-go's
@@ -97,9 +98,10 @@ func Serve(stream walshipv1.KVService_PipelineServer, h Handler, lim Limits) err
 	}
 	// A slot is held from the moment a request is read until its answer
 	// is handed to the sender: answers never wait on a full channel for
-	// longer than the sender takes to send.
+	// longer than the sender takes to send. The drain takes no slot (the
+	// channel has room for it).
 	slots := make(chan struct{}, maxOps)
-	answers := make(chan *walshipv1.PipelineResponse, maxOps)
+	answers := make(chan *walshipv1.PipelineResponse, maxOps+1)
 	sent := make(chan error, 1)
 	go func() {
 		var err error
@@ -109,10 +111,24 @@ func Serve(stream walshipv1.KVService_PipelineServer, h Handler, lim Limits) err
 			}
 			// After a failed send, keep draining: the operations finish
 			// (their outcome is the client's to find out) and end.
-			<-slots
+			if a.GetDrain() == nil {
+				<-slots
+			}
 		}
 		sent <- err
 	}()
+	// Operations outlive the stream's context, which ends when a graceful
+	// stop begins (serve's endStreamsOnStop): a stopping server finishes
+	// the operations it has, as it finishes unary calls, and tells the
+	// client to move on (drain). They end with the stream itself, when
+	// receiving fails.
+	opsCtx, cancelOps := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelOps()
+	drained := make(chan struct{})
+	stopDrain := context.AfterFunc(ctx, func() {
+		defer close(drained)
+		answers <- &walshipv1.PipelineResponse{Result: &walshipv1.PipelineResponse_Drain{Drain: &walshipv1.PipelineDrain{}}}
+	})
 	r := &running{byID: map[uint64][]*op{}, answers: answers}
 	if lim.Calls != nil {
 		r.calls, r.own = lim.Calls, make(chan struct{}, 1)
@@ -133,20 +149,33 @@ func Serve(stream walshipv1.KVService_PipelineServer, h Handler, lim Limits) err
 		}
 		select {
 		case slots <- struct{}{}:
-		case <-ctx.Done():
-			recvErr = status.FromContextError(ctx.Err()).Err()
+		default:
+			select {
+			case slots <- struct{}{}:
+			case <-ctx.Done():
+				// Full, and stopping: the client's next request may be
+				// the one (a cancel, its close) it waits for; end the
+				// stream.
+				recvErr = status.FromContextError(ctx.Err()).Err()
+			}
 		}
 		if recvErr != nil {
 			break
 		}
-		o := r.start(ctx, req)
+		o := r.start(opsCtx, req)
 		ops.Add(1)
 		go func() {
 			defer ops.Done()
 			r.run(o, h, req)
 		}()
 	}
+	if recvErr != nil {
+		cancelOps() // the stream is gone: abandon what runs
+	}
 	ops.Wait()
+	if !stopDrain() {
+		<-drained
+	}
 	close(answers)
 	if err := <-sent; err != nil && recvErr == nil {
 		return err

@@ -406,6 +406,7 @@ type PipelineResponse struct {
 	//	*PipelineResponse_Txn
 	//	*PipelineResponse_Get
 	//	*PipelineResponse_Error
+	//	*PipelineResponse_Drain
 	Result        isPipelineResponse_Result `protobuf_oneof:"result"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -500,6 +501,15 @@ func (x *PipelineResponse) GetError() *PipelineStatus {
 	return nil
 }
 
+func (x *PipelineResponse) GetDrain() *PipelineDrain {
+	if x != nil {
+		if x, ok := x.Result.(*PipelineResponse_Drain); ok {
+			return x.Drain
+		}
+	}
+	return nil
+}
+
 type isPipelineResponse_Result interface {
 	isPipelineResponse_Result()
 }
@@ -530,6 +540,16 @@ type PipelineResponse_Error struct {
 	Error *PipelineStatus `protobuf:"bytes,6,opt,name=error,proto3,oneof"`
 }
 
+type PipelineResponse_Drain struct {
+	// drain answers no operation (its id is 0): the server is stopping
+	// gracefully. Operations already sent are still run and answered,
+	// as a stopping server finishes the unary calls it has; the client
+	// should send no more on this stream, close its side, and send later
+	// operations on a new stream (the server ends this one once the
+	// client has closed its side and every operation is answered).
+	Drain *PipelineDrain `protobuf:"bytes,7,opt,name=drain,proto3,oneof"`
+}
+
 func (*PipelineResponse_Put) isPipelineResponse_Result() {}
 
 func (*PipelineResponse_Delete) isPipelineResponse_Result() {}
@@ -539,6 +559,45 @@ func (*PipelineResponse_Txn) isPipelineResponse_Result() {}
 func (*PipelineResponse_Get) isPipelineResponse_Result() {}
 
 func (*PipelineResponse_Error) isPipelineResponse_Result() {}
+
+func (*PipelineResponse_Drain) isPipelineResponse_Result() {}
+
+// PipelineDrain tells a Pipeline's client that the server is stopping.
+type PipelineDrain struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PipelineDrain) Reset() {
+	*x = PipelineDrain{}
+	mi := &file_walship_v1_kv_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PipelineDrain) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PipelineDrain) ProtoMessage() {}
+
+func (x *PipelineDrain) ProtoReflect() protoreflect.Message {
+	mi := &file_walship_v1_kv_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PipelineDrain.ProtoReflect.Descriptor instead.
+func (*PipelineDrain) Descriptor() ([]byte, []int) {
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{3}
+}
 
 // PipelineStatus is an operation's error: google.rpc.Status, field for
 // field and on the wire (decode it as one), so that its code, message and
@@ -558,7 +617,7 @@ type PipelineStatus struct {
 
 func (x *PipelineStatus) Reset() {
 	*x = PipelineStatus{}
-	mi := &file_walship_v1_kv_proto_msgTypes[3]
+	mi := &file_walship_v1_kv_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -570,7 +629,7 @@ func (x *PipelineStatus) String() string {
 func (*PipelineStatus) ProtoMessage() {}
 
 func (x *PipelineStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[3]
+	mi := &file_walship_v1_kv_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -583,7 +642,7 @@ func (x *PipelineStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PipelineStatus.ProtoReflect.Descriptor instead.
 func (*PipelineStatus) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{3}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *PipelineStatus) GetCode() int32 {
@@ -622,7 +681,7 @@ type PutRequest struct {
 
 func (x *PutRequest) Reset() {
 	*x = PutRequest{}
-	mi := &file_walship_v1_kv_proto_msgTypes[4]
+	mi := &file_walship_v1_kv_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -634,7 +693,7 @@ func (x *PutRequest) String() string {
 func (*PutRequest) ProtoMessage() {}
 
 func (x *PutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[4]
+	mi := &file_walship_v1_kv_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -647,7 +706,7 @@ func (x *PutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRequest.ProtoReflect.Descriptor instead.
 func (*PutRequest) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{4}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PutRequest) GetKey() string {
@@ -682,7 +741,7 @@ type PutResponse struct {
 
 func (x *PutResponse) Reset() {
 	*x = PutResponse{}
-	mi := &file_walship_v1_kv_proto_msgTypes[5]
+	mi := &file_walship_v1_kv_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -694,7 +753,7 @@ func (x *PutResponse) String() string {
 func (*PutResponse) ProtoMessage() {}
 
 func (x *PutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[5]
+	mi := &file_walship_v1_kv_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -707,7 +766,7 @@ func (x *PutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutResponse.ProtoReflect.Descriptor instead.
 func (*PutResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{5}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *PutResponse) GetLsn() uint64 {
@@ -730,7 +789,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_walship_v1_kv_proto_msgTypes[6]
+	mi := &file_walship_v1_kv_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -742,7 +801,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[6]
+	mi := &file_walship_v1_kv_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -755,7 +814,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{6}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *DeleteRequest) GetKey() string {
@@ -785,7 +844,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_walship_v1_kv_proto_msgTypes[7]
+	mi := &file_walship_v1_kv_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -797,7 +856,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[7]
+	mi := &file_walship_v1_kv_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -810,7 +869,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{7}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DeleteResponse) GetLsn() uint64 {
@@ -859,7 +918,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_walship_v1_kv_proto_msgTypes[8]
+	mi := &file_walship_v1_kv_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -871,7 +930,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[8]
+	mi := &file_walship_v1_kv_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -884,7 +943,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{8}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetRequest) GetKey() string {
@@ -946,7 +1005,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_walship_v1_kv_proto_msgTypes[9]
+	mi := &file_walship_v1_kv_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -958,7 +1017,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[9]
+	mi := &file_walship_v1_kv_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -971,7 +1030,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{9}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetResponse) GetFound() bool {
@@ -1026,7 +1085,7 @@ type Compare struct {
 
 func (x *Compare) Reset() {
 	*x = Compare{}
-	mi := &file_walship_v1_kv_proto_msgTypes[10]
+	mi := &file_walship_v1_kv_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1038,7 +1097,7 @@ func (x *Compare) String() string {
 func (*Compare) ProtoMessage() {}
 
 func (x *Compare) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[10]
+	mi := &file_walship_v1_kv_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1051,7 +1110,7 @@ func (x *Compare) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Compare.ProtoReflect.Descriptor instead.
 func (*Compare) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{10}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Compare) GetKey() string {
@@ -1152,7 +1211,7 @@ type TxnOp struct {
 
 func (x *TxnOp) Reset() {
 	*x = TxnOp{}
-	mi := &file_walship_v1_kv_proto_msgTypes[11]
+	mi := &file_walship_v1_kv_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1164,7 +1223,7 @@ func (x *TxnOp) String() string {
 func (*TxnOp) ProtoMessage() {}
 
 func (x *TxnOp) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[11]
+	mi := &file_walship_v1_kv_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1177,7 +1236,7 @@ func (x *TxnOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TxnOp.ProtoReflect.Descriptor instead.
 func (*TxnOp) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{11}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *TxnOp) GetOp() isTxnOp_Op {
@@ -1252,7 +1311,7 @@ type PutOp struct {
 
 func (x *PutOp) Reset() {
 	*x = PutOp{}
-	mi := &file_walship_v1_kv_proto_msgTypes[12]
+	mi := &file_walship_v1_kv_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1264,7 +1323,7 @@ func (x *PutOp) String() string {
 func (*PutOp) ProtoMessage() {}
 
 func (x *PutOp) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[12]
+	mi := &file_walship_v1_kv_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1277,7 +1336,7 @@ func (x *PutOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutOp.ProtoReflect.Descriptor instead.
 func (*PutOp) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{12}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PutOp) GetKey() string {
@@ -1305,7 +1364,7 @@ type DeleteOp struct {
 
 func (x *DeleteOp) Reset() {
 	*x = DeleteOp{}
-	mi := &file_walship_v1_kv_proto_msgTypes[13]
+	mi := &file_walship_v1_kv_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1317,7 +1376,7 @@ func (x *DeleteOp) String() string {
 func (*DeleteOp) ProtoMessage() {}
 
 func (x *DeleteOp) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[13]
+	mi := &file_walship_v1_kv_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1330,7 +1389,7 @@ func (x *DeleteOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteOp.ProtoReflect.Descriptor instead.
 func (*DeleteOp) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{13}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DeleteOp) GetKey() string {
@@ -1351,7 +1410,7 @@ type GetOp struct {
 
 func (x *GetOp) Reset() {
 	*x = GetOp{}
-	mi := &file_walship_v1_kv_proto_msgTypes[14]
+	mi := &file_walship_v1_kv_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1363,7 +1422,7 @@ func (x *GetOp) String() string {
 func (*GetOp) ProtoMessage() {}
 
 func (x *GetOp) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[14]
+	mi := &file_walship_v1_kv_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1376,7 +1435,7 @@ func (x *GetOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetOp.ProtoReflect.Descriptor instead.
 func (*GetOp) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{14}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetOp) GetKey() string {
@@ -1421,7 +1480,7 @@ type TxnRequest struct {
 
 func (x *TxnRequest) Reset() {
 	*x = TxnRequest{}
-	mi := &file_walship_v1_kv_proto_msgTypes[15]
+	mi := &file_walship_v1_kv_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1433,7 +1492,7 @@ func (x *TxnRequest) String() string {
 func (*TxnRequest) ProtoMessage() {}
 
 func (x *TxnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[15]
+	mi := &file_walship_v1_kv_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1446,7 +1505,7 @@ func (x *TxnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TxnRequest.ProtoReflect.Descriptor instead.
 func (*TxnRequest) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{15}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *TxnRequest) GetCompares() []*Compare {
@@ -1501,7 +1560,7 @@ type TxnOpResult struct {
 
 func (x *TxnOpResult) Reset() {
 	*x = TxnOpResult{}
-	mi := &file_walship_v1_kv_proto_msgTypes[16]
+	mi := &file_walship_v1_kv_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1513,7 +1572,7 @@ func (x *TxnOpResult) String() string {
 func (*TxnOpResult) ProtoMessage() {}
 
 func (x *TxnOpResult) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[16]
+	mi := &file_walship_v1_kv_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1526,7 +1585,7 @@ func (x *TxnOpResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TxnOpResult.ProtoReflect.Descriptor instead.
 func (*TxnOpResult) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{16}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *TxnOpResult) GetResult() isTxnOpResult_Result {
@@ -1597,7 +1656,7 @@ type PutOpResult struct {
 
 func (x *PutOpResult) Reset() {
 	*x = PutOpResult{}
-	mi := &file_walship_v1_kv_proto_msgTypes[17]
+	mi := &file_walship_v1_kv_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1609,7 +1668,7 @@ func (x *PutOpResult) String() string {
 func (*PutOpResult) ProtoMessage() {}
 
 func (x *PutOpResult) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[17]
+	mi := &file_walship_v1_kv_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1622,7 +1681,7 @@ func (x *PutOpResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutOpResult.ProtoReflect.Descriptor instead.
 func (*PutOpResult) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{17}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{18}
 }
 
 // DeleteOpResult is the result of a DeleteOp.
@@ -1636,7 +1695,7 @@ type DeleteOpResult struct {
 
 func (x *DeleteOpResult) Reset() {
 	*x = DeleteOpResult{}
-	mi := &file_walship_v1_kv_proto_msgTypes[18]
+	mi := &file_walship_v1_kv_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1648,7 +1707,7 @@ func (x *DeleteOpResult) String() string {
 func (*DeleteOpResult) ProtoMessage() {}
 
 func (x *DeleteOpResult) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[18]
+	mi := &file_walship_v1_kv_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1661,7 +1720,7 @@ func (x *DeleteOpResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteOpResult.ProtoReflect.Descriptor instead.
 func (*DeleteOpResult) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{18}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DeleteOpResult) GetExisted() bool {
@@ -1687,7 +1746,7 @@ type GetOpResult struct {
 
 func (x *GetOpResult) Reset() {
 	*x = GetOpResult{}
-	mi := &file_walship_v1_kv_proto_msgTypes[19]
+	mi := &file_walship_v1_kv_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1699,7 +1758,7 @@ func (x *GetOpResult) String() string {
 func (*GetOpResult) ProtoMessage() {}
 
 func (x *GetOpResult) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[19]
+	mi := &file_walship_v1_kv_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1712,7 +1771,7 @@ func (x *GetOpResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetOpResult.ProtoReflect.Descriptor instead.
 func (*GetOpResult) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{19}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetOpResult) GetFound() bool {
@@ -1757,7 +1816,7 @@ type TxnResponse struct {
 
 func (x *TxnResponse) Reset() {
 	*x = TxnResponse{}
-	mi := &file_walship_v1_kv_proto_msgTypes[20]
+	mi := &file_walship_v1_kv_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1769,7 +1828,7 @@ func (x *TxnResponse) String() string {
 func (*TxnResponse) ProtoMessage() {}
 
 func (x *TxnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[20]
+	mi := &file_walship_v1_kv_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1782,7 +1841,7 @@ func (x *TxnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TxnResponse.ProtoReflect.Descriptor instead.
 func (*TxnResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{20}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *TxnResponse) GetSucceeded() bool {
@@ -1831,7 +1890,7 @@ type ScanRequest struct {
 
 func (x *ScanRequest) Reset() {
 	*x = ScanRequest{}
-	mi := &file_walship_v1_kv_proto_msgTypes[21]
+	mi := &file_walship_v1_kv_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1843,7 +1902,7 @@ func (x *ScanRequest) String() string {
 func (*ScanRequest) ProtoMessage() {}
 
 func (x *ScanRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[21]
+	mi := &file_walship_v1_kv_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1856,7 +1915,7 @@ func (x *ScanRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScanRequest.ProtoReflect.Descriptor instead.
 func (*ScanRequest) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{21}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ScanRequest) GetStart() string {
@@ -1930,7 +1989,7 @@ type KeyValue struct {
 
 func (x *KeyValue) Reset() {
 	*x = KeyValue{}
-	mi := &file_walship_v1_kv_proto_msgTypes[22]
+	mi := &file_walship_v1_kv_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1942,7 +2001,7 @@ func (x *KeyValue) String() string {
 func (*KeyValue) ProtoMessage() {}
 
 func (x *KeyValue) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[22]
+	mi := &file_walship_v1_kv_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1955,7 +2014,7 @@ func (x *KeyValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyValue.ProtoReflect.Descriptor instead.
 func (*KeyValue) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{22}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *KeyValue) GetKey() string {
@@ -1994,7 +2053,7 @@ type ScanResponse struct {
 
 func (x *ScanResponse) Reset() {
 	*x = ScanResponse{}
-	mi := &file_walship_v1_kv_proto_msgTypes[23]
+	mi := &file_walship_v1_kv_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2006,7 +2065,7 @@ func (x *ScanResponse) String() string {
 func (*ScanResponse) ProtoMessage() {}
 
 func (x *ScanResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[23]
+	mi := &file_walship_v1_kv_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2019,7 +2078,7 @@ func (x *ScanResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScanResponse.ProtoReflect.Descriptor instead.
 func (*ScanResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{23}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ScanResponse) GetKvs() []*KeyValue {
@@ -2076,7 +2135,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_walship_v1_kv_proto_msgTypes[24]
+	mi := &file_walship_v1_kv_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2088,7 +2147,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[24]
+	mi := &file_walship_v1_kv_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2101,7 +2160,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{24}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *WatchRequest) GetKey() string {
@@ -2162,7 +2221,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_walship_v1_kv_proto_msgTypes[25]
+	mi := &file_walship_v1_kv_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2174,7 +2233,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[25]
+	mi := &file_walship_v1_kv_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2187,7 +2246,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{25}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *WatchResponse) GetMsg() isWatchResponse_Msg {
@@ -2246,7 +2305,7 @@ type WatchTxns struct {
 
 func (x *WatchTxns) Reset() {
 	*x = WatchTxns{}
-	mi := &file_walship_v1_kv_proto_msgTypes[26]
+	mi := &file_walship_v1_kv_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2258,7 +2317,7 @@ func (x *WatchTxns) String() string {
 func (*WatchTxns) ProtoMessage() {}
 
 func (x *WatchTxns) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[26]
+	mi := &file_walship_v1_kv_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2271,7 +2330,7 @@ func (x *WatchTxns) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchTxns.ProtoReflect.Descriptor instead.
 func (*WatchTxns) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{26}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *WatchTxns) GetTxns() []*WatchTxn {
@@ -2300,7 +2359,7 @@ type WatchTxn struct {
 
 func (x *WatchTxn) Reset() {
 	*x = WatchTxn{}
-	mi := &file_walship_v1_kv_proto_msgTypes[27]
+	mi := &file_walship_v1_kv_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2312,7 +2371,7 @@ func (x *WatchTxn) String() string {
 func (*WatchTxn) ProtoMessage() {}
 
 func (x *WatchTxn) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[27]
+	mi := &file_walship_v1_kv_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2325,7 +2384,7 @@ func (x *WatchTxn) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchTxn.ProtoReflect.Descriptor instead.
 func (*WatchTxn) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{27}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *WatchTxn) GetLsn() uint64 {
@@ -2379,7 +2438,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_walship_v1_kv_proto_msgTypes[28]
+	mi := &file_walship_v1_kv_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2391,7 +2450,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[28]
+	mi := &file_walship_v1_kv_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2404,7 +2463,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{28}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *WatchEvent) GetType() WatchEventType {
@@ -2461,7 +2520,7 @@ type WatchProgress struct {
 
 func (x *WatchProgress) Reset() {
 	*x = WatchProgress{}
-	mi := &file_walship_v1_kv_proto_msgTypes[29]
+	mi := &file_walship_v1_kv_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2473,7 +2532,7 @@ func (x *WatchProgress) String() string {
 func (*WatchProgress) ProtoMessage() {}
 
 func (x *WatchProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_kv_proto_msgTypes[29]
+	mi := &file_walship_v1_kv_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2486,7 +2545,7 @@ func (x *WatchProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchProgress.ProtoReflect.Descriptor instead.
 func (*WatchProgress) Descriptor() ([]byte, []int) {
-	return file_walship_v1_kv_proto_rawDescGZIP(), []int{29}
+	return file_walship_v1_kv_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *WatchProgress) GetLsn() uint64 {
@@ -2511,15 +2570,17 @@ const file_walship_v1_kv_proto_rawDesc = "" +
 	"\x06cancel\x18\a \x01(\v2\x1a.walship.v1.PipelineCancelH\x00R\x06cancel\x123\n" +
 	"\atimeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\atimeoutB\x04\n" +
 	"\x02op\"\x10\n" +
-	"\x0ePipelineCancel\"\x9d\x02\n" +
+	"\x0ePipelineCancel\"\xd0\x02\n" +
 	"\x10PipelineResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12+\n" +
 	"\x03put\x18\x02 \x01(\v2\x17.walship.v1.PutResponseH\x00R\x03put\x124\n" +
 	"\x06delete\x18\x03 \x01(\v2\x1a.walship.v1.DeleteResponseH\x00R\x06delete\x12+\n" +
 	"\x03txn\x18\x04 \x01(\v2\x17.walship.v1.TxnResponseH\x00R\x03txn\x12+\n" +
 	"\x03get\x18\x05 \x01(\v2\x17.walship.v1.GetResponseH\x00R\x03get\x122\n" +
-	"\x05error\x18\x06 \x01(\v2\x1a.walship.v1.PipelineStatusH\x00R\x05errorB\b\n" +
-	"\x06result\"n\n" +
+	"\x05error\x18\x06 \x01(\v2\x1a.walship.v1.PipelineStatusH\x00R\x05error\x121\n" +
+	"\x05drain\x18\a \x01(\v2\x19.walship.v1.PipelineDrainH\x00R\x05drainB\b\n" +
+	"\x06result\"\x0f\n" +
+	"\rPipelineDrain\"n\n" +
 	"\x0ePipelineStatus\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12.\n" +
@@ -2688,7 +2749,7 @@ func file_walship_v1_kv_proto_rawDescGZIP() []byte {
 }
 
 var file_walship_v1_kv_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_walship_v1_kv_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_walship_v1_kv_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_walship_v1_kv_proto_goTypes = []any{
 	(CompareTarget)(0),          // 0: walship.v1.CompareTarget
 	(CompareResult)(0),          // 1: walship.v1.CompareResult
@@ -2696,96 +2757,98 @@ var file_walship_v1_kv_proto_goTypes = []any{
 	(*PipelineRequest)(nil),     // 3: walship.v1.PipelineRequest
 	(*PipelineCancel)(nil),      // 4: walship.v1.PipelineCancel
 	(*PipelineResponse)(nil),    // 5: walship.v1.PipelineResponse
-	(*PipelineStatus)(nil),      // 6: walship.v1.PipelineStatus
-	(*PutRequest)(nil),          // 7: walship.v1.PutRequest
-	(*PutResponse)(nil),         // 8: walship.v1.PutResponse
-	(*DeleteRequest)(nil),       // 9: walship.v1.DeleteRequest
-	(*DeleteResponse)(nil),      // 10: walship.v1.DeleteResponse
-	(*GetRequest)(nil),          // 11: walship.v1.GetRequest
-	(*GetResponse)(nil),         // 12: walship.v1.GetResponse
-	(*Compare)(nil),             // 13: walship.v1.Compare
-	(*TxnOp)(nil),               // 14: walship.v1.TxnOp
-	(*PutOp)(nil),               // 15: walship.v1.PutOp
-	(*DeleteOp)(nil),            // 16: walship.v1.DeleteOp
-	(*GetOp)(nil),               // 17: walship.v1.GetOp
-	(*TxnRequest)(nil),          // 18: walship.v1.TxnRequest
-	(*TxnOpResult)(nil),         // 19: walship.v1.TxnOpResult
-	(*PutOpResult)(nil),         // 20: walship.v1.PutOpResult
-	(*DeleteOpResult)(nil),      // 21: walship.v1.DeleteOpResult
-	(*GetOpResult)(nil),         // 22: walship.v1.GetOpResult
-	(*TxnResponse)(nil),         // 23: walship.v1.TxnResponse
-	(*ScanRequest)(nil),         // 24: walship.v1.ScanRequest
-	(*KeyValue)(nil),            // 25: walship.v1.KeyValue
-	(*ScanResponse)(nil),        // 26: walship.v1.ScanResponse
-	(*WatchRequest)(nil),        // 27: walship.v1.WatchRequest
-	(*WatchResponse)(nil),       // 28: walship.v1.WatchResponse
-	(*WatchTxns)(nil),           // 29: walship.v1.WatchTxns
-	(*WatchTxn)(nil),            // 30: walship.v1.WatchTxn
-	(*WatchEvent)(nil),          // 31: walship.v1.WatchEvent
-	(*WatchProgress)(nil),       // 32: walship.v1.WatchProgress
-	(*durationpb.Duration)(nil), // 33: google.protobuf.Duration
-	(*anypb.Any)(nil),           // 34: google.protobuf.Any
-	(*CommitPolicy)(nil),        // 35: walship.v1.CommitPolicy
+	(*PipelineDrain)(nil),       // 6: walship.v1.PipelineDrain
+	(*PipelineStatus)(nil),      // 7: walship.v1.PipelineStatus
+	(*PutRequest)(nil),          // 8: walship.v1.PutRequest
+	(*PutResponse)(nil),         // 9: walship.v1.PutResponse
+	(*DeleteRequest)(nil),       // 10: walship.v1.DeleteRequest
+	(*DeleteResponse)(nil),      // 11: walship.v1.DeleteResponse
+	(*GetRequest)(nil),          // 12: walship.v1.GetRequest
+	(*GetResponse)(nil),         // 13: walship.v1.GetResponse
+	(*Compare)(nil),             // 14: walship.v1.Compare
+	(*TxnOp)(nil),               // 15: walship.v1.TxnOp
+	(*PutOp)(nil),               // 16: walship.v1.PutOp
+	(*DeleteOp)(nil),            // 17: walship.v1.DeleteOp
+	(*GetOp)(nil),               // 18: walship.v1.GetOp
+	(*TxnRequest)(nil),          // 19: walship.v1.TxnRequest
+	(*TxnOpResult)(nil),         // 20: walship.v1.TxnOpResult
+	(*PutOpResult)(nil),         // 21: walship.v1.PutOpResult
+	(*DeleteOpResult)(nil),      // 22: walship.v1.DeleteOpResult
+	(*GetOpResult)(nil),         // 23: walship.v1.GetOpResult
+	(*TxnResponse)(nil),         // 24: walship.v1.TxnResponse
+	(*ScanRequest)(nil),         // 25: walship.v1.ScanRequest
+	(*KeyValue)(nil),            // 26: walship.v1.KeyValue
+	(*ScanResponse)(nil),        // 27: walship.v1.ScanResponse
+	(*WatchRequest)(nil),        // 28: walship.v1.WatchRequest
+	(*WatchResponse)(nil),       // 29: walship.v1.WatchResponse
+	(*WatchTxns)(nil),           // 30: walship.v1.WatchTxns
+	(*WatchTxn)(nil),            // 31: walship.v1.WatchTxn
+	(*WatchEvent)(nil),          // 32: walship.v1.WatchEvent
+	(*WatchProgress)(nil),       // 33: walship.v1.WatchProgress
+	(*durationpb.Duration)(nil), // 34: google.protobuf.Duration
+	(*anypb.Any)(nil),           // 35: google.protobuf.Any
+	(*CommitPolicy)(nil),        // 36: walship.v1.CommitPolicy
 }
 var file_walship_v1_kv_proto_depIdxs = []int32{
-	7,  // 0: walship.v1.PipelineRequest.put:type_name -> walship.v1.PutRequest
-	9,  // 1: walship.v1.PipelineRequest.delete:type_name -> walship.v1.DeleteRequest
-	18, // 2: walship.v1.PipelineRequest.txn:type_name -> walship.v1.TxnRequest
-	11, // 3: walship.v1.PipelineRequest.get:type_name -> walship.v1.GetRequest
+	8,  // 0: walship.v1.PipelineRequest.put:type_name -> walship.v1.PutRequest
+	10, // 1: walship.v1.PipelineRequest.delete:type_name -> walship.v1.DeleteRequest
+	19, // 2: walship.v1.PipelineRequest.txn:type_name -> walship.v1.TxnRequest
+	12, // 3: walship.v1.PipelineRequest.get:type_name -> walship.v1.GetRequest
 	4,  // 4: walship.v1.PipelineRequest.cancel:type_name -> walship.v1.PipelineCancel
-	33, // 5: walship.v1.PipelineRequest.timeout:type_name -> google.protobuf.Duration
-	8,  // 6: walship.v1.PipelineResponse.put:type_name -> walship.v1.PutResponse
-	10, // 7: walship.v1.PipelineResponse.delete:type_name -> walship.v1.DeleteResponse
-	23, // 8: walship.v1.PipelineResponse.txn:type_name -> walship.v1.TxnResponse
-	12, // 9: walship.v1.PipelineResponse.get:type_name -> walship.v1.GetResponse
-	6,  // 10: walship.v1.PipelineResponse.error:type_name -> walship.v1.PipelineStatus
-	34, // 11: walship.v1.PipelineStatus.details:type_name -> google.protobuf.Any
-	35, // 12: walship.v1.PutRequest.policy:type_name -> walship.v1.CommitPolicy
-	35, // 13: walship.v1.DeleteRequest.policy:type_name -> walship.v1.CommitPolicy
-	33, // 14: walship.v1.GetRequest.wait_timeout:type_name -> google.protobuf.Duration
-	33, // 15: walship.v1.GetRequest.max_lag_time:type_name -> google.protobuf.Duration
-	0,  // 16: walship.v1.Compare.target:type_name -> walship.v1.CompareTarget
-	1,  // 17: walship.v1.Compare.result:type_name -> walship.v1.CompareResult
-	15, // 18: walship.v1.TxnOp.put:type_name -> walship.v1.PutOp
-	16, // 19: walship.v1.TxnOp.delete:type_name -> walship.v1.DeleteOp
-	17, // 20: walship.v1.TxnOp.get:type_name -> walship.v1.GetOp
-	13, // 21: walship.v1.TxnRequest.compares:type_name -> walship.v1.Compare
-	14, // 22: walship.v1.TxnRequest.success:type_name -> walship.v1.TxnOp
-	14, // 23: walship.v1.TxnRequest.failure:type_name -> walship.v1.TxnOp
-	35, // 24: walship.v1.TxnRequest.policy:type_name -> walship.v1.CommitPolicy
-	20, // 25: walship.v1.TxnOpResult.put:type_name -> walship.v1.PutOpResult
-	21, // 26: walship.v1.TxnOpResult.delete:type_name -> walship.v1.DeleteOpResult
-	22, // 27: walship.v1.TxnOpResult.get:type_name -> walship.v1.GetOpResult
-	19, // 28: walship.v1.TxnResponse.results:type_name -> walship.v1.TxnOpResult
-	33, // 29: walship.v1.ScanRequest.wait_timeout:type_name -> google.protobuf.Duration
-	33, // 30: walship.v1.ScanRequest.max_lag_time:type_name -> google.protobuf.Duration
-	25, // 31: walship.v1.ScanResponse.kvs:type_name -> walship.v1.KeyValue
-	33, // 32: walship.v1.WatchRequest.progress_interval:type_name -> google.protobuf.Duration
-	33, // 33: walship.v1.WatchRequest.wait_timeout:type_name -> google.protobuf.Duration
-	29, // 34: walship.v1.WatchResponse.txns:type_name -> walship.v1.WatchTxns
-	32, // 35: walship.v1.WatchResponse.progress:type_name -> walship.v1.WatchProgress
-	30, // 36: walship.v1.WatchTxns.txns:type_name -> walship.v1.WatchTxn
-	31, // 37: walship.v1.WatchTxn.events:type_name -> walship.v1.WatchEvent
-	2,  // 38: walship.v1.WatchEvent.type:type_name -> walship.v1.WatchEventType
-	7,  // 39: walship.v1.KVService.Put:input_type -> walship.v1.PutRequest
-	9,  // 40: walship.v1.KVService.Delete:input_type -> walship.v1.DeleteRequest
-	11, // 41: walship.v1.KVService.Get:input_type -> walship.v1.GetRequest
-	18, // 42: walship.v1.KVService.Txn:input_type -> walship.v1.TxnRequest
-	24, // 43: walship.v1.KVService.Scan:input_type -> walship.v1.ScanRequest
-	27, // 44: walship.v1.KVService.Watch:input_type -> walship.v1.WatchRequest
-	3,  // 45: walship.v1.KVService.Pipeline:input_type -> walship.v1.PipelineRequest
-	8,  // 46: walship.v1.KVService.Put:output_type -> walship.v1.PutResponse
-	10, // 47: walship.v1.KVService.Delete:output_type -> walship.v1.DeleteResponse
-	12, // 48: walship.v1.KVService.Get:output_type -> walship.v1.GetResponse
-	23, // 49: walship.v1.KVService.Txn:output_type -> walship.v1.TxnResponse
-	26, // 50: walship.v1.KVService.Scan:output_type -> walship.v1.ScanResponse
-	28, // 51: walship.v1.KVService.Watch:output_type -> walship.v1.WatchResponse
-	5,  // 52: walship.v1.KVService.Pipeline:output_type -> walship.v1.PipelineResponse
-	46, // [46:53] is the sub-list for method output_type
-	39, // [39:46] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	34, // 5: walship.v1.PipelineRequest.timeout:type_name -> google.protobuf.Duration
+	9,  // 6: walship.v1.PipelineResponse.put:type_name -> walship.v1.PutResponse
+	11, // 7: walship.v1.PipelineResponse.delete:type_name -> walship.v1.DeleteResponse
+	24, // 8: walship.v1.PipelineResponse.txn:type_name -> walship.v1.TxnResponse
+	13, // 9: walship.v1.PipelineResponse.get:type_name -> walship.v1.GetResponse
+	7,  // 10: walship.v1.PipelineResponse.error:type_name -> walship.v1.PipelineStatus
+	6,  // 11: walship.v1.PipelineResponse.drain:type_name -> walship.v1.PipelineDrain
+	35, // 12: walship.v1.PipelineStatus.details:type_name -> google.protobuf.Any
+	36, // 13: walship.v1.PutRequest.policy:type_name -> walship.v1.CommitPolicy
+	36, // 14: walship.v1.DeleteRequest.policy:type_name -> walship.v1.CommitPolicy
+	34, // 15: walship.v1.GetRequest.wait_timeout:type_name -> google.protobuf.Duration
+	34, // 16: walship.v1.GetRequest.max_lag_time:type_name -> google.protobuf.Duration
+	0,  // 17: walship.v1.Compare.target:type_name -> walship.v1.CompareTarget
+	1,  // 18: walship.v1.Compare.result:type_name -> walship.v1.CompareResult
+	16, // 19: walship.v1.TxnOp.put:type_name -> walship.v1.PutOp
+	17, // 20: walship.v1.TxnOp.delete:type_name -> walship.v1.DeleteOp
+	18, // 21: walship.v1.TxnOp.get:type_name -> walship.v1.GetOp
+	14, // 22: walship.v1.TxnRequest.compares:type_name -> walship.v1.Compare
+	15, // 23: walship.v1.TxnRequest.success:type_name -> walship.v1.TxnOp
+	15, // 24: walship.v1.TxnRequest.failure:type_name -> walship.v1.TxnOp
+	36, // 25: walship.v1.TxnRequest.policy:type_name -> walship.v1.CommitPolicy
+	21, // 26: walship.v1.TxnOpResult.put:type_name -> walship.v1.PutOpResult
+	22, // 27: walship.v1.TxnOpResult.delete:type_name -> walship.v1.DeleteOpResult
+	23, // 28: walship.v1.TxnOpResult.get:type_name -> walship.v1.GetOpResult
+	20, // 29: walship.v1.TxnResponse.results:type_name -> walship.v1.TxnOpResult
+	34, // 30: walship.v1.ScanRequest.wait_timeout:type_name -> google.protobuf.Duration
+	34, // 31: walship.v1.ScanRequest.max_lag_time:type_name -> google.protobuf.Duration
+	26, // 32: walship.v1.ScanResponse.kvs:type_name -> walship.v1.KeyValue
+	34, // 33: walship.v1.WatchRequest.progress_interval:type_name -> google.protobuf.Duration
+	34, // 34: walship.v1.WatchRequest.wait_timeout:type_name -> google.protobuf.Duration
+	30, // 35: walship.v1.WatchResponse.txns:type_name -> walship.v1.WatchTxns
+	33, // 36: walship.v1.WatchResponse.progress:type_name -> walship.v1.WatchProgress
+	31, // 37: walship.v1.WatchTxns.txns:type_name -> walship.v1.WatchTxn
+	32, // 38: walship.v1.WatchTxn.events:type_name -> walship.v1.WatchEvent
+	2,  // 39: walship.v1.WatchEvent.type:type_name -> walship.v1.WatchEventType
+	8,  // 40: walship.v1.KVService.Put:input_type -> walship.v1.PutRequest
+	10, // 41: walship.v1.KVService.Delete:input_type -> walship.v1.DeleteRequest
+	12, // 42: walship.v1.KVService.Get:input_type -> walship.v1.GetRequest
+	19, // 43: walship.v1.KVService.Txn:input_type -> walship.v1.TxnRequest
+	25, // 44: walship.v1.KVService.Scan:input_type -> walship.v1.ScanRequest
+	28, // 45: walship.v1.KVService.Watch:input_type -> walship.v1.WatchRequest
+	3,  // 46: walship.v1.KVService.Pipeline:input_type -> walship.v1.PipelineRequest
+	9,  // 47: walship.v1.KVService.Put:output_type -> walship.v1.PutResponse
+	11, // 48: walship.v1.KVService.Delete:output_type -> walship.v1.DeleteResponse
+	13, // 49: walship.v1.KVService.Get:output_type -> walship.v1.GetResponse
+	24, // 50: walship.v1.KVService.Txn:output_type -> walship.v1.TxnResponse
+	27, // 51: walship.v1.KVService.Scan:output_type -> walship.v1.ScanResponse
+	29, // 52: walship.v1.KVService.Watch:output_type -> walship.v1.WatchResponse
+	5,  // 53: walship.v1.KVService.Pipeline:output_type -> walship.v1.PipelineResponse
+	47, // [47:54] is the sub-list for method output_type
+	40, // [40:47] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_walship_v1_kv_proto_init() }
@@ -2807,23 +2870,24 @@ func file_walship_v1_kv_proto_init() {
 		(*PipelineResponse_Txn)(nil),
 		(*PipelineResponse_Get)(nil),
 		(*PipelineResponse_Error)(nil),
+		(*PipelineResponse_Drain)(nil),
 	}
-	file_walship_v1_kv_proto_msgTypes[10].OneofWrappers = []any{
+	file_walship_v1_kv_proto_msgTypes[11].OneofWrappers = []any{
 		(*Compare_Value)(nil),
 		(*Compare_VersionLsn)(nil),
 		(*Compare_Exists)(nil),
 	}
-	file_walship_v1_kv_proto_msgTypes[11].OneofWrappers = []any{
+	file_walship_v1_kv_proto_msgTypes[12].OneofWrappers = []any{
 		(*TxnOp_Put)(nil),
 		(*TxnOp_Delete)(nil),
 		(*TxnOp_Get)(nil),
 	}
-	file_walship_v1_kv_proto_msgTypes[16].OneofWrappers = []any{
+	file_walship_v1_kv_proto_msgTypes[17].OneofWrappers = []any{
 		(*TxnOpResult_Put)(nil),
 		(*TxnOpResult_Delete)(nil),
 		(*TxnOpResult_Get)(nil),
 	}
-	file_walship_v1_kv_proto_msgTypes[25].OneofWrappers = []any{
+	file_walship_v1_kv_proto_msgTypes[26].OneofWrappers = []any{
 		(*WatchResponse_Txns)(nil),
 		(*WatchResponse_Progress)(nil),
 	}
@@ -2833,7 +2897,7 @@ func file_walship_v1_kv_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_walship_v1_kv_proto_rawDesc), len(file_walship_v1_kv_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   30,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -90,7 +90,9 @@ type KVServiceClient interface {
 	// the peer's calls, and one past its limit is refused RESOURCE_EXHAUSTED
 	// as a unary call would be). An operation ends, as a unary call does,
 	// at its timeout (DEADLINE_EXCEEDED) or when the client sends a cancel
-	// with its id (CANCELED): a write then has an unknown outcome.
+	// with its id (CANCELED): a write then has an unknown outcome. A server
+	// that stops gracefully finishes the operations it has, as it finishes
+	// unary calls, and tells the client to move to a new stream (drain).
 	// A stream that breaks leaves the outcome of every write it has not
 	// answered unknown, as a unary write cut off does. A replica answers
 	// every write with FAILED_PRECONDITION naming the primary, as its unary
@@ -250,7 +252,9 @@ type KVServiceServer interface {
 	// the peer's calls, and one past its limit is refused RESOURCE_EXHAUSTED
 	// as a unary call would be). An operation ends, as a unary call does,
 	// at its timeout (DEADLINE_EXCEEDED) or when the client sends a cancel
-	// with its id (CANCELED): a write then has an unknown outcome.
+	// with its id (CANCELED): a write then has an unknown outcome. A server
+	// that stops gracefully finishes the operations it has, as it finishes
+	// unary calls, and tells the client to move to a new stream (drain).
 	// A stream that breaks leaves the outcome of every write it has not
 	// answered unknown, as a unary write cut off does. A replica answers
 	// every write with FAILED_PRECONDITION naming the primary, as its unary
