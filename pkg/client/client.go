@@ -89,15 +89,17 @@ type Options struct {
 	// reloaded when they change. It takes precedence over transport
 	// credentials in DialOptions.
 	TLS *TLSFiles
-	// Pipelining sends Put, Delete, Txn and Get (the primary's) as
-	// operations of one KVService.Pipeline stream per node, shared by
-	// every concurrent caller, rather than one unary call each: a busy
-	// client pays gRPC's per-call cost once per stream. Each call is
-	// answered, retried and classified exactly as its unary call is; a
-	// stream that breaks gives each write in flight on it an
-	// *UnknownOutcomeError, as a connection broken under a unary write
-	// does. A node that does not serve Pipeline gets unary calls.
-	Pipelining bool
+	// Unary sends every call as a unary call of its own. By default Put,
+	// Delete, Txn and Get (the primary's) go as operations of one
+	// KVService.Pipeline stream per node, shared by every concurrent
+	// caller: a busy client pays gRPC's per-call cost once per stream.
+	// Each call is answered, retried and classified exactly as its unary
+	// call is — its deadline and cancellation reach the server, a write
+	// its caller gave up on has an unknown outcome — and a stream that
+	// breaks gives each write in flight on it an *UnknownOutcomeError, as
+	// a connection broken under a unary write does. A node that does not
+	// serve Pipeline gets unary calls.
+	Unary bool
 }
 
 // TLSFiles name the PEM files of a client's identity: in Kubernetes,
@@ -127,7 +129,7 @@ type Client struct {
 
 	mu      sync.Mutex
 	conns   map[string]*grpc.ClientConn
-	muxes   map[string]*kvpipe.Mux // with Options.Pipelining, one per node
+	muxes   map[string]*kvpipe.Mux // unless Options.Unary, one per node
 	primary string                 // address of the primary, "" until found
 }
 
@@ -206,10 +208,10 @@ func (c *Client) conn(addr string) (*grpc.ClientConn, error) {
 }
 
 // kv is the KVService client of the node at addr over conn: its
-// pipeline with Options.Pipelining (unless it does not serve one).
+// pipeline unless Options.Unary (or it does not serve one).
 func (c *Client) kv(addr string, conn *grpc.ClientConn) walshipv1.KVServiceClient {
 	kv := walshipv1.NewKVServiceClient(conn)
-	if !c.opts.Pipelining {
+	if c.opts.Unary {
 		return kv
 	}
 	c.mu.Lock()

@@ -80,7 +80,7 @@ func TestPipelinedConcurrentCallers(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = c.Stop() })
 	seen := newCalls()
-	cl, err := client.New([]string{c.Primary.Addr}, client.Options{Pipelining: true, DialOptions: seen.dialOptions()})
+	cl, err := client.New([]string{c.Primary.Addr}, client.Options{DialOptions: seen.dialOptions()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +174,7 @@ func TestPipelinedBadInputAsUnary(t *testing.T) {
 	defer cancel()
 	clients := map[bool]*client.Client{}
 	for _, piped := range []bool{false, true} {
-		cl, err := client.New([]string{c.Primary.Addr}, client.Options{Pipelining: piped})
+		cl, err := client.New([]string{c.Primary.Addr}, client.Options{Unary: !piped})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -297,7 +297,7 @@ func TestPipelineBrokenMidFlight(t *testing.T) {
 	t.Cleanup(func() { _ = c.Stop() })
 	px := newProxy(t, c.Primary.Addr)
 	seen := newCalls()
-	cl, err := client.New([]string{px.addr()}, client.Options{Pipelining: true, DialOptions: seen.dialOptions(), Retry: 2 * time.Second})
+	cl, err := client.New([]string{px.addr()}, client.Options{DialOptions: seen.dialOptions(), Retry: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
