@@ -17,7 +17,7 @@ import (
 	"io"
 	"strconv"
 	"sync"
-	"sync/atomic"
+	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/rpcerr"
@@ -122,8 +122,10 @@ func Serve(stream walshipv1.KVService_PipelineServer, h Handler, lim Limits) err
 	// the operations it has, as it finishes unary calls, and tells the
 	// client to move on (drain). They end with the stream itself, when
 	// receiving fails.
-	opsCtx, cancelOps := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelOps()
+	// Each operation's context is a child of base, which cannot be
+	// cancelled: none is registered with a parent (a map insert and
+	// delete per operation); Serve ends them one by one.
+	base := context.WithoutCancel(ctx)
 	drained := make(chan struct{})
 	stopDrain := context.AfterFunc(ctx, func() {
 		defer close(drained)
@@ -162,7 +164,7 @@ func Serve(stream walshipv1.KVService_PipelineServer, h Handler, lim Limits) err
 		if recvErr != nil {
 			break
 		}
-		o := r.start(opsCtx, req)
+		o := r.start(base, req)
 		ops.Add(1)
 		go func() {
 			defer ops.Done()
@@ -170,7 +172,7 @@ func Serve(stream walshipv1.KVService_PipelineServer, h Handler, lim Limits) err
 		}()
 	}
 	if recvErr != nil {
-		cancelOps() // the stream is gone: abandon what runs
+		r.abandonAll() // the stream is gone
 	}
 	ops.Wait()
 	if !stopDrain() {
@@ -197,26 +199,61 @@ type running struct {
 
 // op is one operation in progress.
 type op struct {
-	id       uint64
-	ctx      context.Context
-	cancel   context.CancelFunc
-	answered atomic.Bool
+	id     uint64
+	ctx    context.Context
+	cancel context.CancelFunc
+	// timeout is the request's (0: none); bad, if the request's is not
+	// a valid positive duration.
+	timeout time.Duration
+	bad     error
+
+	mu       sync.Mutex
+	answered bool
+	release  func() // the peer's call it holds, if any
 }
 
-func (r *running) start(ctx context.Context, req *walshipv1.PipelineRequest) *op {
-	ctx, cancel := context.WithCancel(ctx)
-	o := &op{id: req.GetId(), ctx: ctx, cancel: cancel}
+func (r *running) start(base context.Context, req *walshipv1.PipelineRequest) *op {
+	o := &op{id: req.GetId()}
+	if t := req.GetTimeout(); t != nil {
+		if err := t.CheckValid(); err != nil || t.AsDuration() <= 0 {
+			o.bad = rpcerr.Invalid("timeout", "%v: want a positive duration", t.AsDuration())
+		} else {
+			o.timeout = t.AsDuration()
+		}
+	}
+	if o.timeout > 0 {
+		o.ctx, o.cancel = context.WithTimeout(base, o.timeout)
+	} else {
+		o.ctx, o.cancel = context.WithCancel(base)
+	}
 	r.mu.Lock()
 	r.byID[o.id] = append(r.byID[o.id], o)
 	r.mu.Unlock()
 	return o
 }
 
+// cancel abandons the operations of id: a client's cancel.
 func (r *running) cancel(id uint64) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, o := range r.byID[id] {
+	list := append([]*op(nil), r.byID[id]...)
+	r.mu.Unlock()
+	for _, o := range list {
 		o.cancel()
+		r.answer(o, failed(o.id, context.Canceled))
+	}
+}
+
+// abandonAll abandons every operation: the stream is gone.
+func (r *running) abandonAll() {
+	r.mu.Lock()
+	var list []*op
+	for _, l := range r.byID {
+		list = append(list, l...)
+	}
+	r.mu.Unlock()
+	for _, o := range list {
+		o.cancel()
+		r.answer(o, failed(o.id, context.Canceled))
 	}
 }
 
@@ -225,16 +262,15 @@ func (r *running) done(o *op) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	list := r.byID[o.id]
+	if len(list) == 1 {
+		delete(r.byID, o.id)
+		return
+	}
 	for i, x := range list {
 		if x == o {
-			list = append(list[:i], list[i+1:]...)
+			r.byID[o.id] = append(list[:i:i], list[i+1:]...)
 			break
 		}
-	}
-	if len(list) == 0 {
-		delete(r.byID, o.id)
-	} else {
-		r.byID[o.id] = list
 	}
 }
 
@@ -242,7 +278,7 @@ func (r *running) done(o *op) {
 // own if no other operation holds it, else one more of the peer's.
 func (r *running) call(ctx context.Context) (release func(), err error) {
 	if r.calls == nil {
-		return func() {}, nil
+		return nil, nil
 	}
 	select {
 	case r.own <- struct{}{}:
@@ -258,43 +294,63 @@ func (r *running) call(ctx context.Context) (release func(), err error) {
 // operation runs on in this goroutine and its result is dropped.
 func (r *running) run(o *op, h Handler, req *walshipv1.PipelineRequest) {
 	defer r.done(o)
-	ctx := o.ctx
-	if t := req.GetTimeout(); t != nil {
-		if err := t.CheckValid(); err != nil || t.AsDuration() <= 0 {
-			r.answer(o, nil, failed(o.id, rpcerr.Invalid("timeout", "%v: want a positive duration", t.AsDuration())))
-			return
-		}
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, t.AsDuration())
-		defer cancel()
+	if o.bad != nil {
+		r.answer(o, failed(o.id, o.bad))
+		return
 	}
-	release, err := r.call(ctx)
+	if o.timeout > 0 {
+		// The handler sees its context's deadline; this timer answers
+		// for it when the handler does not return then.
+		fired := make(chan struct{})
+		t := time.AfterFunc(o.timeout, func() {
+			defer close(fired)
+			r.answer(o, failed(o.id, context.DeadlineExceeded))
+		})
+		defer func() {
+			if !t.Stop() {
+				<-fired // answered: the answers channel may close once we return
+			}
+		}()
+	}
+	release, err := r.call(o.ctx)
 	if err != nil {
-		r.answer(o, nil, failed(o.id, err))
+		r.answer(o, failed(o.id, err))
 		return
 	}
-	if err := ctx.Err(); err != nil {
-		r.answer(o, release, failed(o.id, err))
+	if release != nil && !o.hold(release) {
+		return // answered meanwhile
+	}
+	if err := o.ctx.Err(); err != nil {
+		r.answer(o, failed(o.id, err))
 		return
 	}
-	fired := make(chan struct{})
-	stop := context.AfterFunc(ctx, func() {
-		defer close(fired)
-		r.answer(o, release, failed(o.id, ctx.Err()))
-	})
-	resp := runOp(ctx, h, req)
-	if !stop() {
-		<-fired // answered: the answers channel may close once we return
+	r.answer(o, runOp(o.ctx, h, req))
+}
+
+// hold records the peer's call o holds, or frees it if o was answered.
+func (o *op) hold(release func()) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.answered {
+		release()
+		return false
 	}
-	r.answer(o, release, resp)
+	o.release = release
+	return true
 }
 
 // answer hands o's first answer to the sender and frees o's place among
 // the peer's calls; later ones are dropped.
-func (r *running) answer(o *op, release func(), resp *walshipv1.PipelineResponse) {
-	if !o.answered.CompareAndSwap(false, true) {
+func (r *running) answer(o *op, resp *walshipv1.PipelineResponse) {
+	o.mu.Lock()
+	if o.answered {
+		o.mu.Unlock()
 		return
 	}
+	o.answered = true
+	release := o.release
+	o.release = nil
+	o.mu.Unlock()
 	if release != nil {
 		release()
 	}
