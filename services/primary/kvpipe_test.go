@@ -11,6 +11,7 @@ import (
 	"github.com/walship/walship/internal/vfs"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // TestPipelineOpGivenUp: a pipelined Put stuck behind a held fsync whose
@@ -79,5 +80,48 @@ func TestPipelineOpGivenUp(t *testing.T) {
 				return err == nil && g.GetFound()
 			})
 		})
+	}
+}
+
+// TestPipelineTimeoutWithoutCancel: a client that sends no cancel
+// (grpcurl) gets the same from the operation's timeout alone: the Put
+// stuck behind the held fsync is answered DEADLINE_EXCEEDED at its
+// timeout and its place freed, so the next operation is answered while
+// the fsync is still held.
+func TestPipelineTimeoutWithoutCancel(t *testing.T) {
+	mem := vfs.NewMem()
+	cfg := testConfig(t, "/data")
+	cfg.FS = mem
+	cfg.MaxPipelineOps = 1
+	r := start(t, cfg)
+	c := ctx(t)
+	if _, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "before", Value: []byte("v")}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := r.kv.Pipeline(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered, release := mem.HoldNextSync(".wal")
+	defer release()
+	if err := s.Send(&walshipv1.PipelineRequest{Id: 1, Op: &walshipv1.PipelineRequest_Put{Put: &walshipv1.PutRequest{Key: "stuck", Value: []byte("v")}},
+		Timeout: durationpb.New(200 * time.Millisecond)}); err != nil {
+		t.Fatal(err)
+	}
+	<-entered
+	if err := s.Send(&walshipv1.PipelineRequest{Id: 2, Op: &walshipv1.PipelineRequest_Get{Get: &walshipv1.GetRequest{Key: "before"}}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []struct {
+		id   uint64
+		code codes.Code
+	}{{1, codes.DeadlineExceeded}, {2, codes.OK}} {
+		a, err := s.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := codes.Code(a.GetError().GetCode()); a.GetId() != want.id || got != want.code {
+			t.Fatalf("answer %v; want id %d %v (the fsync still held)", a, want.id, want.code)
+		}
 	}
 }
