@@ -133,7 +133,7 @@ func Serve(stream walshipv1.KVService_PipelineServer, h Handler, lim Limits) err
 	})
 	r := &running{byID: map[uint64][]*op{}, answers: answers}
 	if lim.Calls != nil {
-		r.calls, r.own = lim.Calls, make(chan struct{}, 1)
+		r.calls = lim.Calls
 	}
 	var ops sync.WaitGroup
 	var recvErr error
@@ -193,8 +193,13 @@ type running struct {
 	mu   sync.Mutex
 	byID map[uint64][]*op
 
-	calls Calls         // nil: not counted
-	own   chan struct{} // the stream's own call, held by one operation at a time
+	calls Calls // nil: not counted
+	// holding is how many operations hold a call; the stream's own
+	// stands for the first, extra are the peer's others they took, freed
+	// as operations end (whichever ends): the peer holds max(1, holding).
+	callMu  sync.Mutex
+	holding int
+	extra   []func()
 }
 
 // op is one operation in progress.
@@ -274,18 +279,46 @@ func (r *running) done(o *op) {
 	}
 }
 
-// call takes the place among the peer's calls o counts as: the stream's
-// own if no other operation holds it, else one more of the peer's.
+// call counts one more operation among the peer's calls: on the
+// stream's own call if none holds it, else on one more of the peer's.
+// release uncounts one (once per operation: answer's rule).
 func (r *running) call(ctx context.Context) (release func(), err error) {
 	if r.calls == nil {
 		return nil, nil
 	}
-	select {
-	case r.own <- struct{}{}:
-		return func() { <-r.own }, nil
-	default:
+	r.callMu.Lock()
+	if r.holding == 0 {
+		r.holding = 1
+		r.callMu.Unlock()
+		return r.leave, nil
 	}
-	return r.calls.Acquire(ctx)
+	r.callMu.Unlock()
+	rel, err := r.calls.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r.callMu.Lock()
+	if r.holding == 0 {
+		rel() // the stream's own came free meanwhile
+	} else {
+		r.extra = append(r.extra, rel)
+	}
+	r.holding++
+	r.callMu.Unlock()
+	return r.leave, nil
+}
+
+// leave uncounts an operation: the peer's call the stream holds past its
+// own, if any, is freed.
+func (r *running) leave() {
+	r.callMu.Lock()
+	defer r.callMu.Unlock()
+	r.holding--
+	if n := len(r.extra); n > 0 {
+		rel := r.extra[n-1]
+		r.extra = r.extra[:n-1]
+		rel()
+	}
 }
 
 // run runs o and hands its answer to the sender: the handler's, or, if
