@@ -29,7 +29,10 @@ import (
 // be (a write's outcome is then unknown). At most as many operations as
 // the server says it runs at once (its MaxOpsHeader) are in progress on
 // a stream; more callers wait, as unary calls wait for a stream of a
-// connection that has its most. Call options are ignored. Safe for concurrent use; Close ends it.
+// connection that has its most. When the server drains the stream (it is
+// stopping gracefully), the calls on it are still answered there and
+// later calls go on a new stream. Call options are ignored. Safe for
+// concurrent use; Close ends it.
 type Mux struct {
 	kv walshipv1.KVServiceClient
 

@@ -62,9 +62,9 @@ type Limits struct {
 	// at once (DefaultMaxOps if not positive).
 	MaxOps int
 	// Calls, if not nil, counts each operation in progress as one of the
-	// peer's calls: the stream's own call stands for one of them, and
-	// each other takes a call of its own, refused as a unary call past
-	// the limit is.
+	// peer's calls: the stream's own call stands for the first, and each
+	// other takes one more, refused as a unary call past the limit is;
+	// the stream holds max(1, operations in progress).
 	Calls Calls
 }
 
@@ -77,10 +77,11 @@ type Limits struct {
 // is held back by the stream's flow control, never buffered without
 // bound. A graceful stop (the stream's context ending) is sent as a
 // drain; the operations sent are still run and answered. An operation
-// whose timeout passes, or that the client cancels, is answered at once (DEADLINE_EXCEEDED, CANCELED) and frees its place,
-// as gRPC answers a unary call whose caller gave up; its handler runs on
-// as a unary call's does (a write already sequenced still commits) and
-// its result is dropped. One goroutine receives and one sends (grpc-go's
+// whose timeout passes, or that the client cancels, is answered at once
+// (DEADLINE_EXCEEDED, CANCELED) and frees its place, as gRPC answers a
+// unary call whose caller gave up; its handler runs on as a unary call's
+// does (a write already sequenced still commits) and its result is
+// dropped. One goroutine receives and one sends (grpc-go's
 // rule for streams); every operation's goroutine, abandoned or not, ends
 // before Serve returns.
 func Serve(stream walshipv1.KVService_PipelineServer, h Handler, lim Limits) error {
@@ -121,20 +122,16 @@ func Serve(stream walshipv1.KVService_PipelineServer, h Handler, lim Limits) err
 	// stop begins (serve's endStreamsOnStop): a stopping server finishes
 	// the operations it has, as it finishes unary calls, and tells the
 	// client to move on (drain). They end with the stream itself, when
-	// receiving fails.
-	// Each operation's context is a child of base, which cannot be
-	// cancelled: none is registered with a parent (a map insert and
-	// delete per operation); Serve ends them one by one.
+	// receiving fails. Each is a child of base, which cannot be
+	// cancelled, so none is registered with a parent (a map insert and
+	// delete per operation): Serve ends them one by one.
 	base := context.WithoutCancel(ctx)
 	drained := make(chan struct{})
 	stopDrain := context.AfterFunc(ctx, func() {
 		defer close(drained)
 		answers <- &walshipv1.PipelineResponse{Result: &walshipv1.PipelineResponse_Drain{Drain: &walshipv1.PipelineDrain{}}}
 	})
-	r := &running{byID: map[uint64][]*op{}, answers: answers}
-	if lim.Calls != nil {
-		r.calls = lim.Calls
-	}
+	r := &running{byID: map[uint64][]*op{}, answers: answers, calls: lim.Calls}
 	var ops sync.WaitGroup
 	var recvErr error
 	for {
