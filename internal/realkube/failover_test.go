@@ -81,6 +81,45 @@ func TestKillPrimaryContainer(t *testing.T) {
 	t.Logf("killed %s's container; primary now %s (%v)", pod, newPod, err)
 }
 
+// TestGracefulDeletePrimary deletes the primary's pod (kubectl delete pod,
+// SIGTERM and the grace period) under the checked workload: the primary
+// switches over to a replica before its container exits, nothing
+// acknowledged is lost, and the StatefulSet's new pod rejoins as a replica.
+func TestGracefulDeletePrimary(t *testing.T) {
+	c := cluster(t)
+	deployDev(t, c)
+	defer dumpOnFailure(t, c)
+	var pod string
+	underLoad(t, c, "delete-primary", func(ctx context.Context, h *check.History) error {
+		var err error
+		if pod, _, err = primaryPod(ctx, c); err != nil {
+			return err
+		}
+		logs, err := followLogs(ctx, c, pod)
+		if err != nil {
+			return err
+		}
+		h.Note("kubectl delete pod %s", pod)
+		if err := c.Kubectl(ctx, nil, "-n", devNamespace, "delete", "pod", pod, "--wait=false"); err != nil {
+			return err
+		}
+		out, err := logs.wait(ctx, 2*time.Minute)
+		if err != nil {
+			return fmt.Errorf("%s's log: %w", pod, err)
+		}
+		if !strings.Contains(out, "switched over before stopping") {
+			return fmt.Errorf("%s did not switch over before it stopped; its log since the delete:\n%s", pod, out)
+		}
+		h.Note("%s switched over and exited", pod)
+		return waitAllReady(ctx, c, 5*time.Minute)
+	})
+	newPod, _, err := primaryPod(context.Background(), c)
+	if err != nil || newPod == pod {
+		t.Fatalf("primary after %s was deleted: %q (%v), want another pod", pod, newPod, err)
+	}
+	t.Logf("deleted %s; primary now %s", pod, newPod)
+}
+
 // dumpOnFailure logs the cluster's state if t failed (deferred).
 func dumpOnFailure(t *testing.T, c *Cluster) {
 	if t.Failed() {
