@@ -2,11 +2,13 @@ package realkube
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/check"
 )
 
@@ -51,6 +53,78 @@ func TestRolloutRestart(t *testing.T) {
 		t.Errorf("%d data nodes were down at once during the rollout, want at most 1", down)
 	}
 	t.Logf("rollout restart: at most %d data node(s) down and %d not Ready at once", down, notReady)
+}
+
+// TestReplicaPodRecreated deletes a replica's pod under the checked
+// workload: the StatefulSet's new pod mounts the same volume, starts from
+// the same log (its WAL still begins where it began) and catches up to the
+// primary's state digest.
+func TestReplicaPodRecreated(t *testing.T) {
+	c := cluster(t)
+	deployDev(t, c)
+	defer dumpOnFailure(t, c)
+	var pod string
+	var was *walshipv1.StatusResponse
+	underLoad(t, c, "recreate-replica", func(ctx context.Context, h *check.History) error {
+		replicas, err := podsWith(ctx, c, "walship.io/role=replica")
+		if err != nil || len(replicas) == 0 {
+			return fmt.Errorf("replicas: %v, %v", replicas, err)
+		}
+		pod = replicas[0]
+		uid, _ := podField(ctx, c, pod, "{.metadata.uid}")
+		pv, err := claimedVolume(ctx, c, "data-"+pod)
+		if err != nil {
+			return err
+		}
+		if was, err = walshipv1.NewAdminServiceClient(podConn(t, c, ctx, pod, "7401")).Status(ctx, &walshipv1.StatusRequest{}); err != nil {
+			return err
+		}
+		h.Note("kubectl delete pod %s", pod)
+		if err := c.Kubectl(ctx, nil, "-n", devNamespace, "delete", "pod", pod); err != nil {
+			return err
+		}
+		if err := waitAllReady(ctx, c, 5*time.Minute); err != nil {
+			return err
+		}
+		if now, _ := podField(ctx, c, pod, "{.metadata.uid}"); now == uid {
+			return fmt.Errorf("%s was not recreated (uid %s)", pod, uid)
+		}
+		if now, err := claimedVolume(ctx, c, "data-"+pod); err != nil || now != pv {
+			return fmt.Errorf("%s's volume: %q (%v), was %q", pod, now, err, pv)
+		}
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	replica := walshipv1.NewAdminServiceClient(podConn(t, c, ctx, pod, "7401"))
+	primary := walshipv1.NewAdminServiceClient(serviceConn(t, c, ctx, "walship-rw"))
+	var r, p *walshipv1.StatusResponse
+	if err := waitFor(ctx, time.Minute, pod+" at the primary's state", func() error {
+		var err error
+		if p, err = primary.Status(ctx, &walshipv1.StatusRequest{}); err != nil {
+			return err
+		}
+		if r, err = replica.Status(ctx, &walshipv1.StatusRequest{}); err != nil {
+			return err
+		}
+		if r.GetVisibleLsn() != p.GetVisibleLsn() || r.GetStateDigest() != p.GetStateDigest() {
+			return fmt.Errorf("%s at LSN %d digest %s; primary %s at %d digest %s", pod, r.GetVisibleLsn(), r.GetStateDigest(), p.GetId(), p.GetVisibleLsn(), p.GetStateDigest())
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if r.GetClusterId() != was.GetClusterId() || r.GetWalFirstLsn() != was.GetWalFirstLsn() || r.GetLastLsn() < was.GetLastLsn() {
+		t.Fatalf("%s after it was recreated: cluster %s, WAL from LSN %d to %d; before: cluster %s, WAL from %d to %d (want the same volume's log, grown)",
+			pod, r.GetClusterId(), r.GetWalFirstLsn(), r.GetLastLsn(), was.GetClusterId(), was.GetWalFirstLsn(), was.GetLastLsn())
+	}
+	t.Logf("%s recreated on its volume: WAL from LSN %d (as before), at LSN %d with the primary's digest %s", pod, r.GetWalFirstLsn(), r.GetVisibleLsn(), r.GetStateDigest())
+}
+
+// claimedVolume returns the PersistentVolume a claim is bound to.
+func claimedVolume(ctx context.Context, c *Cluster, claim string) (string, error) {
+	out, err := c.KubectlOutput(ctx, nil, "-n", devNamespace, "get", "pvc", claim, "-o", "jsonpath={.spec.volumeName}")
+	return strings.TrimSpace(string(out)), err
 }
 
 // podUIDs returns the uid of each pod with a label selector, by name.
