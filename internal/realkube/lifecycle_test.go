@@ -10,6 +10,7 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/check"
+	"google.golang.org/protobuf/proto"
 )
 
 const nodeSelector = "app.kubernetes.io/component=node"
@@ -119,6 +120,106 @@ func TestReplicaPodRecreated(t *testing.T) {
 			pod, r.GetClusterId(), r.GetWalFirstLsn(), r.GetLastLsn(), was.GetClusterId(), was.GetWalFirstLsn(), was.GetLastLsn())
 	}
 	t.Logf("%s recreated on its volume: WAL from LSN %d (as before), at LSN %d with the primary's digest %s", pod, r.GetWalFirstLsn(), r.GetVisibleLsn(), r.GetStateDigest())
+}
+
+// TestLogStoreEmptyVolume replaces a log store's pod and its claim under
+// the checked workload, as when its disk is lost: the new pod gets a new,
+// empty volume and refills from its peers until it holds the same log as
+// they do.
+func TestLogStoreEmptyVolume(t *testing.T) {
+	c := cluster(t)
+	deployDev(t, c)
+	defer dumpOnFailure(t, c)
+	const pod, claim = "walship-logstore-1", "data-walship-logstore-1"
+	var oldPV, newPV string
+	underLoad(t, c, "empty-logstore", func(ctx context.Context, h *check.History) error {
+		var err error
+		if oldPV, err = claimedVolume(ctx, c, claim); err != nil {
+			return err
+		}
+		oldClaim, err := c.KubectlOutput(ctx, nil, "-n", devNamespace, "get", "pvc", claim, "-o", "jsonpath={.metadata.uid}")
+		if err != nil {
+			return err
+		}
+		// The new disk, for the StatefulSet's new claim to bind.
+		if _, err := c.CreateLocalPV(ctx, fmt.Sprintf("realkube-pv-empty-%d", time.Now().UnixNano()), "1Gi"); err != nil {
+			return err
+		}
+		h.Note("kubectl delete pvc,pod %s", pod)
+		if err := c.Kubectl(ctx, nil, "-n", devNamespace, "delete", "pvc", claim, "--wait=false"); err != nil {
+			return err
+		}
+		if err := c.Kubectl(ctx, nil, "-n", devNamespace, "delete", "pod", pod); err != nil {
+			return err
+		}
+		// The StatefulSet may recreate the pod before the old claim is
+		// gone: that pod stays Pending on a claim being deleted, and keeps
+		// it from being deleted. Deleting the pod again ends it (RUNBOOK).
+		var lastDelete time.Time
+		if err := waitFor(ctx, 3*time.Minute, "a new claim "+claim, func() error {
+			uid, err := c.KubectlOutput(ctx, nil, "-n", devNamespace, "get", "pvc", claim, "-o", "jsonpath={.metadata.uid} {.metadata.deletionTimestamp}")
+			if err == nil && len(strings.Fields(string(uid))) == 1 && string(uid) != string(oldClaim) {
+				return nil
+			}
+			if phase, _ := podField(ctx, c, pod, "{.status.phase}"); phase == "Pending" && time.Since(lastDelete) > 10*time.Second {
+				lastDelete = time.Now()
+				h.Note("kubectl delete pod %s (Pending on the old claim)", pod)
+				_ = c.Kubectl(ctx, nil, "-n", devNamespace, "delete", "pod", pod, "--wait=false")
+			}
+			return fmt.Errorf("claim %q, %v", uid, err)
+		}); err != nil {
+			return err
+		}
+		if err := waitAllReady(ctx, c, 5*time.Minute); err != nil {
+			return err
+		}
+		if newPV, err = claimedVolume(ctx, c, claim); err != nil || newPV == oldPV {
+			return fmt.Errorf("%s's volume after the replacement: %q (%v), was %q", pod, newPV, err, oldPV)
+		}
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	refilled := walshipv1.NewLogStoreServiceClient(podConn(t, c, ctx, pod, "7400"))
+	peer := walshipv1.NewLogStoreServiceClient(podConn(t, c, ctx, "walship-logstore-0", "7400"))
+	var got, want *walshipv1.VerifyResponse
+	if err := waitFor(ctx, 2*time.Minute, pod+" holding its peer's log", func() error {
+		st, err := refilled.Status(ctx, &walshipv1.LogStoreServiceStatusRequest{})
+		if err != nil {
+			return err
+		}
+		if st.GetRefilling() {
+			return fmt.Errorf("%s still refilling", pod)
+		}
+		if got, err = refilled.Verify(ctx, &walshipv1.VerifyRequest{}); err != nil {
+			return err
+		}
+		if want, err = peer.Verify(ctx, &walshipv1.VerifyRequest{}); err != nil {
+			return err
+		}
+		if got.GetFirstLsn() != want.GetFirstLsn() || got.GetLastLsn() != want.GetLastLsn() {
+			return fmt.Errorf("%s holds LSNs %d-%d, walship-logstore-0 %d-%d", pod, got.GetFirstLsn(), got.GetLastLsn(), want.GetFirstLsn(), want.GetLastLsn())
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(got.GetProblems()) > 0 || !historiesEqual(got.GetHistory(), want.GetHistory()) {
+		t.Fatalf("%s after its refill: problems %v, epoch history %v; walship-logstore-0's %v", pod, got.GetProblems(), got.GetHistory(), want.GetHistory())
+	}
+	t.Logf("%s on a new empty volume (%s, was %s) refilled: LSNs %d-%d in %d batches, as walship-logstore-0", pod, newPV, oldPV, got.GetFirstLsn(), got.GetLastLsn(), got.GetBatches())
+}
+
+func historiesEqual(a, b []*walshipv1.EpochStart) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if !proto.Equal(a[i], b[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 // claimedVolume returns the PersistentVolume a claim is bound to.

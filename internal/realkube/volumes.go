@@ -19,16 +19,26 @@ const LocalStorageClass = "realkube-local"
 // leaves them: the pods' fsGroup must make them writable. It returns the
 // directories.
 func (c *Cluster) CreateLocalPVs(ctx context.Context, n int, size string) ([]string, error) {
-	var objs []string
 	var dirs []string
 	for i := 0; i < n; i++ {
-		name := fmt.Sprintf("realkube-pv-%d", i)
-		dir := filepath.Join(c.cfg.Dir, "volumes", name)
-		if err := os.MkdirAll(dir, 0o755); err != nil {
+		dir, err := c.CreateLocalPV(ctx, fmt.Sprintf("realkube-pv-%d", i), size)
+		if err != nil {
 			return nil, err
 		}
 		dirs = append(dirs, dir)
-		objs = append(objs, fmt.Sprintf(`apiVersion: v1
+	}
+	return dirs, nil
+}
+
+// CreateLocalPV creates one empty local PersistentVolume, as
+// CreateLocalPVs does, and returns its directory: the disk a replaced
+// machine comes back with.
+func (c *Cluster) CreateLocalPV(ctx context.Context, name, size string) (string, error) {
+	dir := filepath.Join(c.cfg.Dir, "volumes", name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	pv := fmt.Sprintf(`apiVersion: v1
 kind: PersistentVolume
 metadata:
   name: %s
@@ -43,7 +53,6 @@ spec:
       nodeSelectorTerms:
       - matchExpressions:
         - {key: kubernetes.io/hostname, operator: In, values: [%s]}
-`, name, size, LocalStorageClass, dir, NodeName))
-	}
-	return dirs, c.Kubectl(ctx, strings.NewReader(strings.Join(objs, "---\n")), "apply", "-f", "-")
+`, name, size, LocalStorageClass, dir, NodeName)
+	return dir, c.Kubectl(ctx, strings.NewReader(pv), "apply", "-f", "-")
 }
