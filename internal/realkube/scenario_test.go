@@ -267,10 +267,11 @@ func (f *logFollower) Write(p []byte) (int, error) {
 	return f.buf.Write(p)
 }
 
-// followLogs follows a pod's log from now on.
+// followLogs follows a pod's log, from its container's start: a container
+// that exits before the stream is up still shows its whole log.
 func followLogs(ctx context.Context, c *Cluster, pod string) (*logFollower, error) {
 	f := &logFollower{done: make(chan struct{})}
-	cmd := exec.CommandContext(ctx, c.bin("kubectl"), "--kubeconfig", c.Kubeconfig, "-n", devNamespace, "logs", "-f", "--tail=0", pod)
+	cmd := exec.CommandContext(ctx, c.bin("kubectl"), "--kubeconfig", c.Kubeconfig, "-n", devNamespace, "logs", "-f", pod)
 	cmd.Stdout = f
 	if err := cmd.Start(); err != nil {
 		return nil, err
