@@ -31,6 +31,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -344,31 +345,136 @@ func (c *Cluster) Close() {
 	for i := len(c.procs) - 1; i >= 0; i-- {
 		stopProcess(c.procs[i])
 	}
+	if c.ctdSock != "" {
+		c.killShims()
+	}
 	unmountUnder(c.cfg.Dir)
 	// containerd 1.6 keeps the sandboxes' network namespaces here, not
-	// under its state directory.
-	unmountUnder("/var/run/netns/cni-")
+	// under its state directory; /var/run is a link to /run, and
+	// mountinfo names the target.
+	unmountUnder("/run/netns/cni-")
 	removeCNIRules()
 	removeKubeletRules()
 	_ = exec.Command("ip", "link", "del", bridgeName).Run()
 }
 
-// removeContainers kills every container and sandbox of the cluster's
-// containerd and deletes them, which also ends their shims.
+// Leftovers lists what the cluster left on the host once closed: shims of
+// its containerd, mounts under its directory and pod network namespaces,
+// iptables chains and rules of kubelet, kube-proxy and the CNI plugins,
+// and its bridge. Empty after a clean Close.
+func (c *Cluster) Leftovers() []string {
+	var left []string
+	if c.ctdSock != "" {
+		for _, pid := range c.shims() {
+			cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+			left = append(left, fmt.Sprintf("shim %d: %s", pid, strings.ReplaceAll(string(cmd), "\x00", " ")))
+		}
+	}
+	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Fields(line)
+			if len(f) > 4 && (strings.HasPrefix(f[4], c.cfg.Dir+"/") || strings.Contains(f[4], "/netns/cni-")) {
+				left = append(left, "mount "+f[4])
+			}
+		}
+	}
+	for _, save := range []string{"iptables-save", "ip6tables-save"} {
+		out, err := exec.Command(save).Output()
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(out), "\n") {
+			if strings.Contains(line, "KUBE-") || strings.Contains(line, "CNI-") || strings.Contains(line, bridgeName) {
+				left = append(left, save+": "+line)
+			}
+		}
+	}
+	if exec.Command("ip", "link", "show", bridgeName).Run() == nil {
+		left = append(left, "link "+bridgeName)
+	}
+	return left
+}
+
+// removeContainers kills every task (running container) of the cluster's
+// containerd and deletes them and every container, which also ends their
+// shims. It goes by the running tasks first: the containers of pods that
+// restarted have no task, and waiting on each of them once used up the
+// time before the running ones were reached, leaving their shims and
+// processes behind.
 func (c *Cluster) removeContainers() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var out bytes.Buffer
-	if err := c.ctr(ctx, &out, "containers", "ls", "-q"); err != nil {
+	if err := c.ctr(ctx, &out, "tasks", "ls", "-q"); err == nil {
+		for _, id := range strings.Fields(out.String()) {
+			_ = c.ctr(ctx, nil, "tasks", "kill", "-a", "-s", "SIGKILL", id)
+		}
+		for _, id := range strings.Fields(out.String()) {
+			_ = c.ctr(ctx, nil, "tasks", "delete", "-f", id)
+		}
+	}
+	out.Reset()
+	if err := c.ctr(ctx, &out, "containers", "ls", "-q"); err == nil {
+		for _, id := range strings.Fields(out.String()) {
+			_ = c.ctr(ctx, nil, "containers", "delete", id)
+		}
+	}
+}
+
+// killShims kills what containerd could not remove: every shim started by
+// this cluster's containerd (found by its socket in the shim's command
+// line) and the processes it runs (its children), by PID.
+func (c *Cluster) killShims() {
+	shims := c.shims()
+	if len(shims) == 0 {
 		return
 	}
-	for _, id := range strings.Fields(out.String()) {
-		_ = c.ctr(ctx, nil, "tasks", "kill", "-s", "SIGKILL", id)
-		_ = waitFor(ctx, 10*time.Second, "task "+id, func() error {
-			return c.ctr(ctx, nil, "tasks", "delete", id)
-		})
-		_ = c.ctr(ctx, nil, "containers", "delete", id)
+	children := map[int][]int{}
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, p := range stats {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces, so after ")".
+		s := string(b)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+		if len(f) > 1 {
+			ppid, _ := strconv.Atoi(f[1])
+			children[ppid] = append(children[ppid], pid)
+		}
 	}
+	for _, shim := range shims {
+		for _, child := range children[shim] {
+			_ = syscall.Kill(child, syscall.SIGKILL)
+		}
+		_ = syscall.Kill(shim, syscall.SIGKILL)
+	}
+	_ = waitFor(context.Background(), 10*time.Second, "shims gone", func() error {
+		if left := c.shims(); len(left) > 0 {
+			return fmt.Errorf("shims %v", left)
+		}
+		return nil
+	})
+}
+
+// shims returns the PIDs of the shims of this cluster's containerd.
+func (c *Cluster) shims() []int {
+	var pids []int
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if strings.Contains(args[0], "containerd-shim") && slices.Contains(args, c.ctdSock) {
+			pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
 
 func stopProcess(p *process) {
@@ -454,13 +560,16 @@ func removeKubeletRules() {
 	for _, ch := range []string{"CNI-FORWARD", "CNI-ADMIN"} {
 		_ = exec.Command("iptables", "-X", ch).Run()
 	}
-	for _, hook := range []string{"INPUT", "OUTPUT"} {
-		_ = exec.Command("iptables", "-D", hook, "-j", "KUBE-FIREWALL").Run()
-	}
-	for _, table := range []string{"filter", "nat", "mangle"} {
-		for _, ch := range []string{"KUBE-FIREWALL", "KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT"} {
-			_ = exec.Command("iptables", "-t", table, "-F", ch).Run()
-			_ = exec.Command("iptables", "-t", table, "-X", ch).Run()
+	// kubelet adds its chains for IPv6 too, where the host has it.
+	for _, ipt := range []string{"iptables", "ip6tables"} {
+		for _, hook := range []string{"INPUT", "OUTPUT"} {
+			_ = exec.Command(ipt, "-D", hook, "-j", "KUBE-FIREWALL").Run()
+		}
+		for _, table := range []string{"filter", "nat", "mangle"} {
+			for _, ch := range []string{"KUBE-FIREWALL", "KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT"} {
+				_ = exec.Command(ipt, "-t", table, "-F", ch).Run()
+				_ = exec.Command(ipt, "-t", table, "-X", ch).Run()
+			}
 		}
 	}
 }

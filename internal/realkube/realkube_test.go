@@ -31,6 +31,13 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	if shared.c != nil {
 		shared.c.Close()
+		// Close must leave the host as it found it: the next cluster
+		// (or the next test run) would trip over a shim, a mount or a
+		// rule left behind.
+		if left := shared.c.Leftovers(); len(left) > 0 {
+			fmt.Fprintf(os.Stderr, "realkube: Close left behind:\n  %s\n", strings.Join(left, "\n  "))
+			code = 1
+		}
 	}
 	if shared.dir != "" && code == 0 {
 		_ = os.RemoveAll(shared.dir)
@@ -175,7 +182,8 @@ func dump(t *testing.T, c *Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for _, args := range [][]string{
-		{"get", "pods,pvc,pv", "-A", "-o", "wide"},
+		{"get", "pods", "-A", "-o", "wide", "-L", "walship.io/role"},
+		{"get", "pvc,pv", "-A", "-o", "wide"},
 		{"-n", devNamespace, "get", "events", "--sort-by=.lastTimestamp"},
 	} {
 		out, err := c.KubectlOutput(ctx, nil, args...)
