@@ -108,7 +108,13 @@ func underLoad(t *testing.T, c *Cluster, name string, disrupt func(ctx context.C
 		}
 		return nil
 	}); err != nil {
-		t.Fatal(err)
+		// Is it the Service, or the workload's connection through it?
+		fresh := serviceConn(t, c, ctx, "walship-rw")
+		pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
+		_, perr := walshipv1.NewKVServiceClient(fresh).Put(pctx, &walshipv1.PutRequest{Key: w.Prefix + "probe", Value: []byte("x")})
+		pcancel()
+		eps, _ := c.KubectlOutput(ctx, nil, "-n", devNamespace, "get", "endpointslices", "-l", "kubernetes.io/service-name=walship-rw", "-o", "wide")
+		t.Fatalf("%v; a Put through a new connection to walship-rw: %v; its endpoints:\n%s", err, perr, eps)
 	}
 	stopLoad()
 	out := <-done
