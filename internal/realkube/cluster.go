@@ -73,6 +73,7 @@ type Cluster struct {
 
 	cfg     Config
 	ctdSock string
+	apiPort string
 	procs   []*process
 }
 
@@ -129,7 +130,8 @@ func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
 	if err := writeKey(saKey); err != nil {
 		return nil, err
 	}
-	apiURL := "https://" + c.HostIP + ":" + ports["apiserver"]
+	c.apiPort = ports["apiserver"]
+	apiURL := "https://" + c.HostIP + ":" + c.apiPort
 	if err := c.run(ctx, "kube-apiserver", c.bin("kube-apiserver"), "--etcd-servers", etcdURL,
 		"--bind-address", "0.0.0.0", "--advertise-address", c.HostIP, "--secure-port", ports["apiserver"],
 		// Self-signed, for the advertise address, the kubernetes Service's

@@ -1,0 +1,223 @@
+package realkube
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+)
+
+// leaseDuration is WALSHIP_KUBE_LEASE_DURATION of deploy/k8s/base/node.env:
+// a primary cut off from the API server must stop acknowledging within it,
+// since after it another node may take the Lease.
+const leaseDuration = 2 * time.Second
+
+// TestAPIServerCutForThePrimary cuts the primary's pod off from the API
+// server (iptables DROP in the pod's network namespace: plain bridge CNI
+// enforces no NetworkPolicy) with a writer pinned to each data node's pod.
+// The primary stops acknowledging before its Lease can have expired;
+// another node takes the Lease and writes; no write the old primary
+// acknowledged comes after the new one's first, and all of them are in
+// the new epoch's log before it starts. Healed, the old primary's pod
+// rejoins as a replica and a new connection to walship-rw writes.
+//
+// Not under underLoad: a connection through walship-rw made while the
+// cut-off primary still carries the primary label (it cannot relabel
+// itself) stays on that pod once it is a replica, refused
+// (FAILED_PRECONDITION) for good — nothing closes it under plaintext.
+// That is a finding to fix in walship (issue #36's report), not here.
+func TestAPIServerCutForThePrimary(t *testing.T) {
+	c := cluster(t)
+	deployDev(t, c)
+	defer dumpOnFailure(t, c)
+	var (
+		oldPod, holder string
+		cut            time.Time
+		old, first     []pinnedAck
+	)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	if err := func() error {
+		var err error
+		if oldPod, _, err = primaryPod(ctx, c); err != nil {
+			return err
+		}
+		pods, err := podsWith(ctx, c, nodeSelector)
+		if err != nil {
+			return err
+		}
+		wctx, stopWriters := context.WithCancel(ctx)
+		defer stopWriters()
+		var wg sync.WaitGroup
+		writers := map[string]*pinnedWriter{}
+		for _, p := range pods {
+			w := &pinnedWriter{}
+			writers[p] = w
+			kv := walshipv1.NewKVServiceClient(podConn(t, c, ctx, p, "7401"))
+			wg.Add(1)
+			go func() { defer wg.Done(); w.run(wctx, kv, "pinned-"+p+"/") }()
+		}
+		if err := waitFor(ctx, time.Minute, "pinned writes on "+oldPod, func() error {
+			if n := len(writers[oldPod].snapshot()); n < 20 {
+				return fmt.Errorf("%d acknowledged", n)
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		rules := [][]string{
+			{"-d", "10.96.0.1", "-j", "DROP"},
+			{"-d", c.HostIP, "-p", "tcp", "--dport", c.apiPort, "-j", "DROP"},
+		}
+		cut = time.Now()
+		if err := podIptables(ctx, c, oldPod, "-I", rules); err != nil {
+			return err
+		}
+		if err := waitFor(ctx, time.Minute, "another node holding the Lease", func() error {
+			out, err := c.KubectlOutput(ctx, nil, "-n", devNamespace, "get", "lease", "walship", "-o", "jsonpath={.spec.holderIdentity}")
+			if holder = strings.TrimSpace(string(out)); err != nil || holder == oldPod || holder == "" {
+				return fmt.Errorf("held by %q (%v)", holder, err)
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		if writers[holder] == nil {
+			return fmt.Errorf("the Lease is held by %q, not a data node's pod", holder)
+		}
+		if err := waitFor(ctx, time.Minute, "a write acknowledged by "+holder, func() error {
+			for _, a := range writers[holder].snapshot() {
+				if a.at.After(cut) {
+					return nil
+				}
+			}
+			return fmt.Errorf("none since the cut")
+		}); err != nil {
+			return err
+		}
+		stopWriters()
+		wg.Wait()
+		old = writers[oldPod].snapshot()
+		for _, a := range writers[holder].snapshot() {
+			if a.at.After(cut) {
+				first = append(first, a)
+			}
+		}
+		if err := podIptables(ctx, c, oldPod, "-D", rules); err != nil {
+			return err
+		}
+		return waitAllReady(ctx, c, 5*time.Minute)
+	}(); err != nil {
+		t.Fatal(err)
+	}
+	last := old[len(old)-1]
+	t.Logf("cut at +0; %s's (the old primary) last ack at %v; %s's first at %v",
+		oldPod, last.at.Sub(cut).Round(time.Millisecond), holder, first[0].at.Sub(cut).Round(time.Millisecond))
+	if !last.at.Before(first[0].at) {
+		t.Fatalf("two primaries acknowledged at once: %s's last ack (%v after the cut) is after %s's first (%v)",
+			oldPod, last.at.Sub(cut), holder, first[0].at.Sub(cut))
+	}
+	if d := last.at.Sub(cut); d >= leaseDuration {
+		t.Fatalf("%s acknowledged %v after it was cut off from the API server, past the Lease's duration (%v)", oldPod, d, leaseDuration)
+	}
+	newConn := podConn(t, c, ctx, holder, "7401")
+	st, err := walshipv1.NewAdminServiceClient(newConn).Status(ctx, &walshipv1.StatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var start uint64
+	for _, e := range st.GetHistory() {
+		if e.GetEpoch() == st.GetEpoch() {
+			start = e.GetFirstLsn()
+		}
+	}
+	kv := walshipv1.NewKVServiceClient(newConn)
+	for _, a := range old {
+		if a.lsn >= start {
+			t.Fatalf("%s acknowledged LSN %d, at or past the new epoch's first LSN %d", oldPod, a.lsn, start)
+		}
+		r, err := kv.Get(ctx, &walshipv1.GetRequest{Key: a.key})
+		if err != nil || !r.GetFound() {
+			t.Fatalf("%s (acknowledged by %s at LSN %d) is not on %s: %v", a.key, oldPod, a.lsn, holder, err)
+		}
+	}
+	if role, _ := podField(ctx, c, oldPod, "{.metadata.labels.walship\\.io/role}"); role != "replica" {
+		t.Fatalf("%s healed is labelled %q, want replica", oldPod, role)
+	}
+	rw := walshipv1.NewKVServiceClient(serviceConn(t, c, ctx, "walship-rw"))
+	if err := waitFor(ctx, time.Minute, "a write through a new connection to walship-rw", func() error {
+		pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
+		defer pcancel()
+		_, err := rw.Put(pctx, &walshipv1.PutRequest{Key: "apiserver-cut/after", Value: []byte("x")})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// podIptables adds (-I) or deletes (-D) rules of the OUTPUT chain in the
+// network namespace of a pod's container.
+func podIptables(ctx context.Context, c *Cluster, pod, op string, rules [][]string) error {
+	cid, err := podField(ctx, c, pod, "{.status.containerStatuses[0].containerID}")
+	if err != nil {
+		return err
+	}
+	pid, err := c.ContainerPID(ctx, cid)
+	if err != nil {
+		return err
+	}
+	for _, r := range rules {
+		args := append([]string{"-t", fmt.Sprint(pid), "-n", "iptables", op, "OUTPUT"}, r...)
+		if out, err := exec.CommandContext(ctx, "nsenter", args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("nsenter %s: %w: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	return nil
+}
+
+// pinnedWriter puts keys through one data node's pod only (no Service, no
+// client routing) and keeps the time and LSN of each acknowledged write.
+type pinnedWriter struct {
+	mu   sync.Mutex
+	acks []pinnedAck
+}
+
+type pinnedAck struct {
+	at  time.Time
+	lsn uint64
+	key string
+}
+
+func (w *pinnedWriter) run(ctx context.Context, kv walshipv1.KVServiceClient, prefix string) {
+	for i := 0; ctx.Err() == nil; i++ {
+		key := fmt.Sprintf("%s%d", prefix, i)
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		resp, err := kv.Put(cctx, &walshipv1.PutRequest{Key: key, Value: []byte("v")})
+		cancel()
+		if err == nil {
+			w.mu.Lock()
+			w.acks = append(w.acks, pinnedAck{time.Now(), resp.GetLsn(), key})
+			w.mu.Unlock()
+			continue
+		}
+		// A replica or a deposed primary refuses at once: pace the
+		// retries.
+		tm := time.NewTimer(20 * time.Millisecond)
+		select {
+		case <-tm.C:
+		case <-ctx.Done():
+			tm.Stop()
+		}
+	}
+}
+
+func (w *pinnedWriter) snapshot() []pinnedAck {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]pinnedAck(nil), w.acks...)
+}
