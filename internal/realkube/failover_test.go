@@ -61,6 +61,12 @@ func TestKillPrimaryContainer(t *testing.T) {
 	deployDev(t, c)
 	defer dumpOnFailure(t, c)
 	var pod string
+	// Replicas do not contend within the holddown of an epoch change: a
+	// kill right after one (a cluster just deployed) is answered by the
+	// killed node coming back, not by a failover.
+	if err := waitHolddown(context.Background(), c); err != nil {
+		t.Fatal(err)
+	}
 	underLoad(t, c, "kill-primary", func(ctx context.Context, h *check.History) error {
 		var cid string
 		var err error
@@ -118,6 +124,28 @@ func TestGracefulDeletePrimary(t *testing.T) {
 		t.Fatalf("primary after %s was deleted: %q (%v), want another pod", pod, newPod, err)
 	}
 	t.Logf("deleted %s; primary now %s", pod, newPod)
+}
+
+// failoverHolddown is WALSHIP_FAILOVER_HOLDDOWN of deploy/k8s/base/node.env.
+const failoverHolddown = 5 * time.Second
+
+// waitHolddown waits until the Lease has been held longer than the
+// failover holddown (and a second more): every replica may contend again.
+func waitHolddown(ctx context.Context, c *Cluster) error {
+	return waitFor(ctx, time.Minute, "the failover holddown to pass", func() error {
+		out, err := c.KubectlOutput(ctx, nil, "-n", devNamespace, "get", "lease", "walship", "-o", "jsonpath={.spec.acquireTime}")
+		if err != nil {
+			return err
+		}
+		at, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(string(out)))
+		if err != nil {
+			return fmt.Errorf("lease acquireTime %q: %w", out, err)
+		}
+		if held := time.Since(at); held < failoverHolddown+time.Second {
+			return fmt.Errorf("lease held for %v", held)
+		}
+		return nil
+	})
 }
 
 // dumpOnFailure logs the cluster's state if t failed (deferred).
