@@ -116,6 +116,13 @@ func TestGracefulDeletePrimary(t *testing.T) {
 		if !strings.Contains(out, "switched over before stopping") {
 			return fmt.Errorf("%s did not switch over before it stopped; its log since the delete:\n%s", pod, out)
 		}
+		for _, line := range strings.Split(out, "\n") {
+			if strings.Contains(line, "switched over before stopping") {
+				// Its "paused": how long it held writes for the hand-over,
+				// the part of the client's gap that is walship's.
+				t.Logf("%s: %s", pod, line)
+			}
+		}
 		h.Note("%s switched over and exited", pod)
 		return waitAllReady(ctx, c, 5*time.Minute)
 	})
