@@ -114,7 +114,15 @@ func underLoad(t *testing.T, c *Cluster, name string, disrupt func(ctx context.C
 		_, perr := walshipv1.NewKVServiceClient(fresh).Put(pctx, &walshipv1.PutRequest{Key: w.Prefix + "probe", Value: []byte("x")})
 		pcancel()
 		eps, _ := c.KubectlOutput(ctx, nil, "-n", devNamespace, "get", "endpointslices", "-l", "kubernetes.io/service-name=walship-rw", "-o", "wide")
-		t.Fatalf("%v; a Put through a new connection to walship-rw: %v; its endpoints:\n%s", err, perr, eps)
+		// The workload's own errors since: unknown outcomes are in the
+		// history (a refusal that certainly applied nothing is not).
+		errs := map[string]int{}
+		for _, op := range h.Ops() {
+			if op.Call > ended && op.Output.Unknown {
+				errs[op.Output.Err]++
+			}
+		}
+		t.Fatalf("%v; writes of unknown outcome since, by error: %v; a Put through a new connection to walship-rw: %v; its endpoints:\n%s", err, errs, perr, eps)
 	}
 	stopLoad()
 	out := <-done
