@@ -355,8 +355,12 @@ func (c *Cluster) Close() {
 	// under its state directory; /var/run is a link to /run, and
 	// mountinfo names the target.
 	unmountUnder("/run/netns/cni-")
-	removeCNIRules()
-	removeKubeletRules()
+	// Again while a rule is left: a command can lose a race with another
+	// process changing the tables.
+	for i := 0; i < 3 && c.rulesLeft(); i++ {
+		removeCNIRules()
+		removeKubeletRules()
+	}
 	_ = exec.Command("ip", "link", "del", bridgeName).Run()
 }
 
@@ -395,6 +399,16 @@ func (c *Cluster) Leftovers() []string {
 		left = append(left, "link "+bridgeName)
 	}
 	return left
+}
+
+// rulesLeft says whether Leftovers lists an iptables rule or chain.
+func (c *Cluster) rulesLeft() bool {
+	for _, l := range c.Leftovers() {
+		if strings.HasPrefix(l, "iptables-save") || strings.HasPrefix(l, "ip6tables-save") {
+			return true
+		}
+	}
+	return false
 }
 
 // removeContainers kills every task (running container) of the cluster's
@@ -515,13 +529,18 @@ func unmountUnder(dir string) {
 	}
 }
 
+// Every iptables command here waits for the xtables lock (-w): without
+// it a command fails at once while another process (Docker, kube-proxy
+// --cleanup) holds the lock, and a rule stays behind (seen once in nine
+// runs: CNI-FORWARD and its jump from FORWARD).
+
 // removeCNIRules deletes the NAT rules the bridge plugin added for pods
 // whose sandboxes were not torn down through CNI (Close kills them): the
 // POSTROUTING jumps to CNI-* chains, by number from the last (a rule's
 // spec has a quoted comment that iptables -S does not quote back), then
 // the chains.
 func removeCNIRules() {
-	out, err := exec.Command("iptables", "-t", "nat", "-L", "POSTROUTING", "-n", "--line-numbers").Output()
+	out, err := exec.Command("iptables", "-w", "-t", "nat", "-L", "POSTROUTING", "-n", "--line-numbers").Output()
 	if err != nil {
 		return
 	}
@@ -536,16 +555,16 @@ func removeCNIRules() {
 	}
 	sort.Sort(sort.Reverse(sort.IntSlice(nums)))
 	for _, n := range nums {
-		_ = exec.Command("iptables", "-t", "nat", "-D", "POSTROUTING", strconv.Itoa(n)).Run()
+		_ = exec.Command("iptables", "-w", "-t", "nat", "-D", "POSTROUTING", strconv.Itoa(n)).Run()
 	}
-	out, err = exec.Command("iptables", "-t", "nat", "-S").Output()
+	out, err = exec.Command("iptables", "-w", "-t", "nat", "-S").Output()
 	if err != nil {
 		return
 	}
 	for _, line := range strings.Split(string(out), "\n") {
 		if f := strings.Fields(line); len(f) == 2 && f[0] == "-N" && strings.HasPrefix(f[1], "CNI-") {
-			_ = exec.Command("iptables", "-t", "nat", "-F", f[1]).Run()
-			_ = exec.Command("iptables", "-t", "nat", "-X", f[1]).Run()
+			_ = exec.Command("iptables", "-w", "-t", "nat", "-F", f[1]).Run()
+			_ = exec.Command("iptables", "-w", "-t", "nat", "-X", f[1]).Run()
 		}
 	}
 }
@@ -555,22 +574,22 @@ func removeCNIRules() {
 // the KUBE-KUBELET-CANARY and KUBE-IPTABLES-HINT markers.
 func removeKubeletRules() {
 	// The CNI firewall plugin's, likewise left by killed sandboxes.
-	_ = exec.Command("iptables", "-D", "FORWARD", "-m", "comment", "--comment", "CNI firewall plugin rules", "-j", "CNI-FORWARD").Run()
+	_ = exec.Command("iptables", "-w", "-D", "FORWARD", "-m", "comment", "--comment", "CNI firewall plugin rules", "-j", "CNI-FORWARD").Run()
 	for _, ch := range []string{"CNI-FORWARD", "CNI-ADMIN"} {
-		_ = exec.Command("iptables", "-F", ch).Run()
+		_ = exec.Command("iptables", "-w", "-F", ch).Run()
 	}
 	for _, ch := range []string{"CNI-FORWARD", "CNI-ADMIN"} {
-		_ = exec.Command("iptables", "-X", ch).Run()
+		_ = exec.Command("iptables", "-w", "-X", ch).Run()
 	}
 	// kubelet adds its chains for IPv6 too, where the host has it.
 	for _, ipt := range []string{"iptables", "ip6tables"} {
 		for _, hook := range []string{"INPUT", "OUTPUT"} {
-			_ = exec.Command(ipt, "-D", hook, "-j", "KUBE-FIREWALL").Run()
+			_ = exec.Command(ipt, "-w", "-D", hook, "-j", "KUBE-FIREWALL").Run()
 		}
 		for _, table := range []string{"filter", "nat", "mangle"} {
 			for _, ch := range []string{"KUBE-FIREWALL", "KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT"} {
-				_ = exec.Command(ipt, "-t", table, "-F", ch).Run()
-				_ = exec.Command(ipt, "-t", table, "-X", ch).Run()
+				_ = exec.Command(ipt, "-w", "-t", table, "-F", ch).Run()
+				_ = exec.Command(ipt, "-w", "-t", table, "-X", ch).Run()
 			}
 		}
 	}
