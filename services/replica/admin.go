@@ -82,9 +82,7 @@ func (s *Server) Status() *walshipv1.StatusResponse {
 			LagSeconds: s.lag.seconds(s.now()),
 		}},
 	}
-	if rec, err := keyspace.EpochRecord(v); err == nil && rec != nil {
-		resp.Contract = rec.GetContract()
-	}
+	resp.Contract = s.EpochRecord().GetContract()
 	return resp
 }
 

@@ -246,6 +246,7 @@ func (s *Server) applyReady() (int, error) {
 // when the primary's durable LSN stalls (a slow or stuck fsync, a long
 // --async-flush-interval) while its batches keep arriving.
 func (s *Server) keepUnapplied(cs []checked) {
+	s.noteHeldRecords(cs)
 	spilled := 0
 	for i := range cs {
 		c := &cs[i]

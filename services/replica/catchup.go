@@ -403,6 +403,7 @@ func (s *Server) install(st *state.Store, epoch uint64) error {
 		s.follower.primaryDurable = max(s.follower.primaryDurable, lsn)
 	}
 	s.store.Store(st)
+	s.rescanHeldRecords() // nothing is held: the snapshot's record is the newest
 	s.feed.Reset(lsn)
 	if s.follower.reseedBack {
 		s.rd.back(st.Snapshot())
@@ -484,6 +485,7 @@ func (s *Server) cutDiverged(keep uint64) (bool, error) {
 	s.forgetUnapplied(s.follower.unapplied[n:])
 	clear(s.follower.unapplied[n:])
 	s.follower.unapplied = s.follower.unapplied[:n]
+	s.rescanHeldRecords()
 	// A durable LSN above keep was reported of the lost history.
 	s.follower.primaryDurable = min(s.follower.primaryDurable, keep)
 	return true, nil

@@ -360,9 +360,7 @@ func (s *Server) fenceState() *walshipv1.FenceResponse {
 	if c := s.lag.lastContactTime(); !c.IsZero() {
 		resp.SincePrimaryContact = durationpb.New(time.Since(c))
 	}
-	if rec, err := keyspace.EpochRecord(s.store.Load().Snapshot()); err == nil && rec != nil {
-		resp.Contract = rec.GetContract()
-	}
+	resp.Contract = s.EpochRecord().GetContract()
 	return resp
 }
 
@@ -574,12 +572,16 @@ func (s *Server) askLogStore(ctx context.Context) {
 	}
 }
 
-// EpochRecord is the newest epoch record the replica has applied (nil if
-// none).
+// EpochRecord is the newest epoch record in the replica's log (nil if
+// none): the one it applied, or a newer one in a batch it wrote and has
+// not applied yet (heldrecord.go).
 func (s *Server) EpochRecord() *walshipv1.EpochRecord {
 	rec, err := keyspace.EpochRecord(s.store.Load().Snapshot())
 	if err != nil {
-		return nil
+		rec = nil
+	}
+	if h := s.heldRecord.Load(); h != nil && h.GetEpoch() > rec.GetEpoch() {
+		return h
 	}
 	return rec
 }

@@ -1,0 +1,64 @@
+package replica
+
+import (
+	"testing"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/keyspace"
+	"google.golang.org/protobuf/proto"
+)
+
+// TestHeldEpochRecordCounts: a replica reports the contract of the newest
+// epoch record in its log, applied or not: one that waits for the
+// primary's durable LSN counts at once, and still after a restart (which
+// holds back again what the applied marker does not cover); a cut of the
+// log that takes it away takes its contract away too.
+func TestHeldEpochRecordCounts(t *testing.T) {
+	fp := newFakePrimary(t)
+	cfg := testConfig(t, t.TempDir(), fp.addr)
+	r := start(t, cfg)
+	m := newModel(t)
+	sess := fp.next(t)
+
+	first := m.txn(put("a", "1"))
+	sess.send(t, first)
+	r.waitApplied(t, first.LastLsn)
+	rec := &walshipv1.EpochRecord{Epoch: 1, FirstLsn: 1, PrimaryId: "p", Contract: &walshipv1.Contract{SyncReplicas: 1,
+		Members: []*walshipv1.Member{{Id: "p", Addr: "p:1"}, {Id: "r1", Addr: "r1:1"}, {Id: "r2", Addr: "r2:1"}}}}
+	data, err := proto.Marshal(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := m.txn(put(keyspace.EpochRecordKey, string(data)))
+	sess.sendDurable(t, first.LastLsn, held)
+	sess.heartbeatDurable(t, 1, held.LastLsn, first.LastLsn, true)
+	waitAckWhere(t, sess, func(a *walshipv1.ReplicaAck) bool { return a.FlushedLsn == held.LastLsn })
+	check := func(when string, want int) {
+		t.Helper()
+		st := r.status(t)
+		if got := len(st.GetContract().GetMembers()); got != want || st.GetVisibleLsn() >= held.LastLsn {
+			t.Fatalf("%s: Status reports %d members (contract %v) at visible LSN %d; want %d, the record at LSN %d unapplied",
+				when, got, st.GetContract(), st.GetVisibleLsn(), want, held.LastLsn)
+		}
+		if got := len(r.s.EpochRecord().GetContract().GetMembers()); got != want {
+			t.Fatalf("%s: EpochRecord names %d members, want %d", when, got, want)
+		}
+	}
+	check("held", 3)
+
+	sess.end <- nil
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	r = start(t, cfg)
+	check("held after a restart", 3)
+
+	// The primary lost the record: the replica cuts it, and its contract.
+	sess = fp.next(t)
+	sess.diverged(t, first.LastLsn, 2, first.LastLsn)
+	sess = fp.next(t)
+	if sess.hello.GetNextLsn() != first.LastLsn+1 {
+		t.Fatalf("hello after the cut = %v, want next_lsn %d", sess.hello, first.LastLsn+1)
+	}
+	check("cut", 0)
+}
