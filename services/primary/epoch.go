@@ -252,6 +252,11 @@ func (s *Server) openEpoch(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// The contract before this record's, as this log has it.
+	var prev *walshipv1.Contract
+	if p, err := keyspace.EpochRecord(s.store.Snapshot()); err == nil && p != nil {
+		prev = p.GetContract()
+	}
 	// The record itself waits for the local fsync only; the contract is
 	// waited for below, without a timeout: the epoch opens when it can.
 	res, err := s.exec(ctx, &walshipv1.CommitPolicy{Durability: walshipv1.Durability_DURABILITY_SYNC,
@@ -273,6 +278,15 @@ func (s *Server) openEpoch(ctx context.Context) error {
 	if c.LogstoreSync {
 		if err := s.peers.waitLogStores(wctx, res.lsn); err != nil {
 			return fmt.Errorf("epoch record at LSN %d: %w", res.lsn, err)
+		}
+	}
+	if w, ok := epochChangeWait(prev, c, s.cfg.ID); ok {
+		// A changed contract: the record must reach the previous one's
+		// members too (contractchange.go).
+		s.logger.Info("the epoch record changes the contract: waiting until the previous contract's members apply it",
+			"epoch", s.epoch, "lsn", res.lsn, "need", w.need, "of", strings.Join(w.voters, ","), "previous", prev.String())
+		if err := s.peers.waitApplied(wctx, res.lsn, w); err != nil {
+			return fmt.Errorf("epoch record at LSN %d changes the contract, and %s must apply it: %w", res.lsn, w.why, err)
 		}
 	}
 	if err := s.lease.wait(wctx); err != nil {
