@@ -123,6 +123,13 @@ type simConfig struct {
 	// services/node does today; with bugOneStepEpochStart in one step,
 	// else as a joint record that it finishes once acknowledged.
 	EpochStartChange bool
+	// EpochStartWait: with EpochStartChange, the change is made in one
+	// step, as services/primary does, and the primary acknowledges
+	// nothing from its epoch record on until enough members of the
+	// previous configuration hold the record (epochStartWait) — the
+	// services/primary fix, with services/replica reporting the newest
+	// record its log holds.
+	EpochStartWait bool
 	// SlowLogStores: the primary feeds the log stores a quarter as often
 	// as the replicas, so that they lag (only where no commit waits for
 	// them: they would hold every acknowledged write otherwise, and
@@ -321,6 +328,9 @@ type sim struct {
 	// changes counts contract records written: joint, final, and final
 	// records a new primary wrote to finish a change it found.
 	joints, finals, finished int
+	// held counts the primary's ack rounds an epoch start change held
+	// back (EpochStartWait).
+	held int
 }
 
 const simCluster = "c1"
@@ -649,6 +659,10 @@ func (s *sim) primaryAck(p *party) {
 	}
 	if s.cfg.Reconfig {
 		ack = s.jointAck(p)
+		if lsn, ok := s.epochStartWait(p); ok {
+			ack = min(ack, lsn-1)
+			s.held++
+		}
 	} else if s.cfg.K > 0 {
 		var pos []uint64
 		for i := s.cfg.LogStores; i < len(s.ps); i++ {
