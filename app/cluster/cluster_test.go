@@ -3,7 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
-	"github.com/walship/walship/internal/testkit"
+	"log/slog"
 	"math/rand/v2"
 	"path/filepath"
 	"runtime/pprof"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/testkit"
 	"github.com/walship/walship/internal/wal"
 	"github.com/walship/walship/services/logstore"
 	"github.com/walship/walship/services/primary"
@@ -61,6 +62,16 @@ func startCluster(t *testing.T, cfg Config) *Cluster {
 	t.Helper()
 	if cfg.Dir == "" {
 		cfg.Dir = t.TempDir()
+	}
+	if cfg.Logger == nil {
+		// What the cluster logged, for a test that fails.
+		var out testkit.Output
+		cfg.Logger = slog.New(slog.NewTextHandler(&out, nil))
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("the cluster's log, last 64 KiB:\n%s", out.Tail(64<<10))
+			}
+		})
 	}
 	c, err := Start(context.Background(), fast(cfg))
 	if err != nil {
