@@ -270,6 +270,13 @@ func (c *Cluster) ContainerPID(ctx context.Context, containerID string) (int, er
 	return 0, fmt.Errorf("container %s: no running task", id)
 }
 
+// ImportImage imports an OCI archive (BuildWalshipImage) into the
+// cluster's containerd, as `ctr -n k8s.io images import` does on a node:
+// kubelet then finds it by name without pulling.
+func (c *Cluster) ImportImage(ctx context.Context, archive string) error {
+	return c.ctr(ctx, nil, "images", "import", archive)
+}
+
 func (c *Cluster) bin(name string) string { return filepath.Join(c.cfg.Bin, name) }
 
 // ctr runs containerd's client against this cluster's containerd, in the
