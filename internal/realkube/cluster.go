@@ -101,6 +101,11 @@ func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
 	if c.HostIP, err = hostIP(); err != nil {
 		return nil, err
 	}
+	// Before anything can dial a Service: traffic to the Service range
+	// that kube-proxy did not translate stays on this host.
+	if err := containServices(); err != nil {
+		return nil, err
+	}
 	ports := map[string]string{}
 	for _, name := range []string{"etcd-client", "etcd-peer", "apiserver", "kubelet", "kubelet-healthz", "proxy-healthz", "proxy-metrics", "dns"} {
 		addr, err := freeport.Pick("127.0.0.1")
@@ -367,6 +372,7 @@ func (c *Cluster) Close() {
 	for i := 0; i < 3 && c.rulesLeft(); i++ {
 		removeCNIRules()
 		removeKubeletRules()
+		uncontainServices()
 	}
 	_ = exec.Command("ip", "link", "del", bridgeName).Run()
 }
@@ -397,7 +403,7 @@ func (c *Cluster) Leftovers() []string {
 			continue
 		}
 		for _, line := range strings.Split(string(out), "\n") {
-			if strings.Contains(line, "KUBE-") || strings.Contains(line, "CNI-") || strings.Contains(line, bridgeName) {
+			if strings.Contains(line, "KUBE-") || strings.Contains(line, "CNI-") || strings.Contains(line, bridgeName) || strings.Contains(line, containComment) {
 				left = append(left, save+": "+line)
 			}
 		}
@@ -659,4 +665,52 @@ func waitFor(ctx context.Context, timeout time.Duration, what string, check func
 			return ctx.Err()
 		}
 	}
+}
+
+// containComment marks the rules containServices adds.
+const containComment = "walship-realkube-contain"
+
+// containRules are the filter rules that keep the Service range on this
+// host. The filter table sees a packet after kube-proxy's DNAT (nat
+// OUTPUT for the host's own connections, nat PREROUTING for pods'), so a
+// connection to a Service that has an endpoint passes with the endpoint's
+// address; one kube-proxy left untranslated (a Service with no endpoint
+// for a moment, between two of its rule updates) would otherwise follow
+// the default route off the machine: it is refused here instead.
+var containRules = [][]string{
+	{"OUTPUT", "-d", ServiceCIDR, "-m", "comment", "--comment", containComment, "-j", "REJECT"},
+	{"FORWARD", "-d", ServiceCIDR, "-m", "comment", "--comment", containComment, "-j", "REJECT"},
+}
+
+// containServices inserts containRules first in their chains.
+func containServices() error {
+	for _, r := range containRules {
+		args := append([]string{"-w", "-I", r[0], "1"}, r[1:]...)
+		if out, err := exec.Command("iptables", args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("iptables %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	return nil
+}
+
+// uncontainServices deletes every copy of containRules.
+func uncontainServices() {
+	for _, r := range containRules {
+		for range 10 {
+			if exec.Command("iptables", append([]string{"-w", "-D"}, r...)...).Run() != nil {
+				break
+			}
+		}
+	}
+}
+
+// ServicesContained reports whether every rule of containRules is in
+// place (iptables -C), or which is missing.
+func ServicesContained() error {
+	for _, r := range containRules {
+		if out, err := exec.Command("iptables", append([]string{"-w", "-C"}, r...)...).CombinedOutput(); err != nil {
+			return fmt.Errorf("rule %q missing: %v: %s", strings.Join(r, " "), err, out)
+		}
+	}
+	return nil
 }

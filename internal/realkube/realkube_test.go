@@ -2,13 +2,17 @@ package realkube
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -131,6 +135,42 @@ func TestDevOverlay(t *testing.T) {
 	}
 	if len(ids) != 1 || n != len(dirs) {
 		t.Fatalf("cluster ids on the volumes = %v, want one id on all %d", ids, len(dirs))
+	}
+}
+
+// TestServiceRangeStaysOnHost: a connection to an address of the Service
+// range that no Service has (what kube-proxy leaves untranslated while a
+// Service has no endpoint) is refused on this host, not routed off it.
+// It dials only once the containing rules are in place.
+func TestServiceRangeStaysOnHost(t *testing.T) {
+	c := cluster(t)
+	if err := ServicesContained(); err != nil {
+		t.Fatalf("the Service range is not contained (not dialling it): %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := c.KubectlOutput(ctx, nil, "get", "services", "-A", "-o", "jsonpath={..spec.clusterIP}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	used := strings.Fields(string(out))
+	var addr string
+	for _, ip := range []string{"10.96.255.254", "10.96.255.253", "10.96.254.254"} {
+		if !slices.Contains(used, ip) {
+			addr = ip
+			break
+		}
+	}
+	if addr == "" {
+		t.Fatalf("every candidate address has a Service: %v", used)
+	}
+	conn, err := net.DialTimeout("tcp", net.JoinHostPort(addr, "7401"), 10*time.Second)
+	if err == nil {
+		conn.Close()
+		t.Fatalf("a connection to %s, which no Service has, was accepted", addr)
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("dial %s: %v; want connection refused on this host", addr, err)
 	}
 }
 
