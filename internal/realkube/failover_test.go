@@ -39,16 +39,24 @@ func serviceConn(t *testing.T, c *Cluster, ctx context.Context, svc string) *grp
 // primaryPod returns the pod labelled primary and its container's id.
 func primaryPod(ctx context.Context, c *Cluster) (name, containerID string, err error) {
 	out, err := c.KubectlOutput(ctx, nil, "-n", devNamespace, "get", "pods", "-l", "walship.io/role=primary",
-		"-o", `jsonpath={range .items[*]}{.metadata.name} {.status.containerStatuses[0].containerID}{"\n"}{end}`)
+		"-o", `jsonpath={range .items[*]}{.metadata.name} {.status.containerStatuses[0].containerID} {.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}`)
 	if err != nil {
 		return "", "", err
 	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	if len(lines) != 1 || len(strings.Fields(lines[0])) != 2 {
-		return "", "", fmt.Errorf("pods labelled primary: %q, want one", out)
+	// A killed primary's pod keeps its label until its restarted
+	// container relabels it (in a crash loop, for tens of seconds), but it
+	// is not Ready, so the Service does not route to it: only Ready pods
+	// count.
+	var ready [][]string
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if f := strings.Fields(line); len(f) == 3 && f[2] == "True" {
+			ready = append(ready, f)
+		}
 	}
-	f := strings.Fields(lines[0])
-	return f[0], f[1], nil
+	if len(ready) != 1 {
+		return "", "", fmt.Errorf("Ready pods labelled primary among %q: %d, want one", out, len(ready))
+	}
+	return ready[0][0], ready[0][1], nil
 }
 
 // TestKillPrimaryContainer kills the primary container's process (kill -9,
