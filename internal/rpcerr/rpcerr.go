@@ -14,9 +14,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // Sentinels that services wrap to choose a code.
@@ -86,4 +90,19 @@ func Code(err error) codes.Code {
 	default:
 		return codes.Internal
 	}
+}
+
+// NotApplied is a refusal of a call before it ran (a write not
+// sequenced): code, with an ErrorInfo of reason whose metadata says
+// outcome "not_applied" (what pkg/client's NotApplied looks for, so a
+// client knows the write did not happen and may retry it) and a
+// RetryInfo of retry.
+func NotApplied(code codes.Code, reason string, retry time.Duration, format string, args ...any) error {
+	st := status.Newf(code, format, args...)
+	if d, err := st.WithDetails(
+		&errdetails.ErrorInfo{Reason: reason, Domain: "walship.io", Metadata: map[string]string{"outcome": "not_applied", "retry_after_ms": strconv.FormatInt(retry.Milliseconds(), 10)}},
+		&errdetails.RetryInfo{RetryDelay: durationpb.New(retry)}); err == nil {
+		st = d
+	}
+	return st.Err()
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/tlsid"
 	"golang.org/x/sync/semaphore"
 	"google.golang.org/grpc"
@@ -187,7 +188,7 @@ func (a *admission) tap(ctx context.Context, info *tap.Info) (context.Context, e
 	if err != nil {
 		a.refused.WithLabelValues("peer_calls").Inc()
 		time.Sleep(a.pace.pause(cs.id))
-		return nil, status.Errorf(codes.ResourceExhausted, "%s: %v (--max-peer-calls); retry once some are answered", info.FullMethodName, err)
+		return nil, peerCallsRefusal(info.FullMethodName, err)
 	}
 	// A stream that never reaches a handler (an unknown method, a
 	// deadline already past) ends with its context.
@@ -243,7 +244,17 @@ func (c *callSlot) Acquire(ctx context.Context) (func(), error) {
 	case <-t.C:
 	case <-ctx.Done():
 	}
-	return nil, status.Errorf(codes.ResourceExhausted, "%s: %v (--max-peer-calls); retry once some are answered", c.method, err)
+	return nil, peerCallsRefusal(c.method, err)
+}
+
+// peerCallsRetry is the retry a refusal past --max-peer-calls asks for.
+const peerCallsRetry = 100 * time.Millisecond
+
+// peerCallsRefusal refuses a call past --max-peer-calls. The call did
+// not run, so its error says so (rpcerr.NotApplied): a write refused here
+// is known not applied, and pkg/client retries it after the delay.
+func peerCallsRefusal(method string, err error) error {
+	return rpcerr.NotApplied(codes.ResourceExhausted, "PEER_CALLS", peerCallsRetry, "%s: %v (--max-peer-calls); retry once some are answered", method, err)
 }
 
 type slotKey struct{}

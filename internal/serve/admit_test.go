@@ -15,6 +15,8 @@ import (
 	"github.com/walship/walship/internal/kvpipe"
 	"github.com/walship/walship/internal/testkit"
 	"github.com/walship/walship/internal/tlsid"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -452,15 +454,16 @@ func TestPipelineOpsAreCalls(t *testing.T) {
 	testkit.Until(t, "the server to count the four operations", func() bool { return ts.calls(id) == 4 })
 	_, err = kv.Put(ctx, &walshipv1.PutRequest{Key: "k"})
 	want := "has 4 calls in progress on this server, the most one peer may (--max-peer-calls)"
-	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), want) {
-		t.Fatalf("a unary Put with four operations in progress: %v; want RESOURCE_EXHAUSTED %q", err, want)
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), want) || !saysNotApplied(status.Convert(err)) {
+		t.Fatalf("a unary Put with four operations in progress: %v; want RESOURCE_EXHAUSTED %q, not applied", err, want)
 	}
 	if err := s.Send(hold(5)); err != nil {
 		t.Fatal(err)
 	}
 	r, err := s.Recv()
-	if err != nil || r.GetId() != 5 || codes.Code(r.GetError().GetCode()) != codes.ResourceExhausted || !strings.Contains(r.GetError().GetMessage(), want) {
-		t.Fatalf("a fifth operation: %v, %v; want it refused RESOURCE_EXHAUSTED %q", r, err, want)
+	if err != nil || r.GetId() != 5 || codes.Code(r.GetError().GetCode()) != codes.ResourceExhausted || !strings.Contains(r.GetError().GetMessage(), want) ||
+		!saysNotApplied(status.FromProto(&spb.Status{Code: r.GetError().GetCode(), Message: r.GetError().GetMessage(), Details: r.GetError().GetDetails()})) {
+		t.Fatalf("a fifth operation: %v, %v; want it refused RESOURCE_EXHAUSTED %q, not applied", r, err, want)
 	}
 	if err := s.Send(&walshipv1.PipelineRequest{Id: 1, Op: &walshipv1.PipelineRequest_Cancel{Cancel: &walshipv1.PipelineCancel{}}}); err != nil {
 		t.Fatal(err)
@@ -474,4 +477,15 @@ func TestPipelineOpsAreCalls(t *testing.T) {
 	}
 	cancel()
 	testkit.Until(t, "the stream's calls to be freed", func() bool { return ts.calls(id) == 0 })
+}
+
+// saysNotApplied reports whether st carries the ErrorInfo that says the
+// call did not run (rpcerr.NotApplied), which pkg/client reads.
+func saysNotApplied(st *status.Status) bool {
+	for _, d := range st.Details() {
+		if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.GetMetadata()["outcome"] == "not_applied" {
+			return true
+		}
+	}
+	return false
 }

@@ -2,17 +2,14 @@ package primary
 
 import (
 	"context"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/tlsid"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // Write admission: what writes may hold on the primary, and how fast one
@@ -163,15 +160,6 @@ func (a *admission) dropIdle(now time.Time) {
 	}
 }
 
-// notApplied is a refusal of a write before it was sequenced: code, with
-// an ErrorInfo whose metadata says outcome "not_applied" (what
-// pkg/client's NotApplied looks for) and a RetryInfo of retry.
-func notApplied(code codes.Code, reason string, retry time.Duration, format string, args ...any) error {
-	st := status.Newf(code, format, args...)
-	if d, err := st.WithDetails(
-		&errdetails.ErrorInfo{Reason: reason, Domain: "walship.io", Metadata: map[string]string{"outcome": "not_applied", "retry_after_ms": strconv.FormatInt(retry.Milliseconds(), 10)}},
-		&errdetails.RetryInfo{RetryDelay: durationpb.New(retry)}); err == nil {
-		st = d
-	}
-	return st.Err()
-}
+// notApplied is a refusal of a write before it was sequenced
+// (rpcerr.NotApplied).
+var notApplied = rpcerr.NotApplied
