@@ -16,6 +16,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/check"
 	"github.com/walship/walship/internal/kube"
 	"github.com/walship/walship/internal/kubetest"
 	"github.com/walship/walship/internal/testkit"
@@ -318,51 +319,6 @@ func (p *tcpProxy) setCut(cut bool) {
 	}
 }
 
-// pinnedWriter puts keys through one node only (no client routing) and
-// keeps the time and LSN of each write it acknowledged.
-type pinnedWriter struct {
-	mu   sync.Mutex
-	acks []pinnedAck
-}
-
-type pinnedAck struct {
-	at  time.Time
-	lsn uint64
-	key string
-}
-
-func (w *pinnedWriter) run(ctx context.Context, t *testing.T, addr, prefix string) {
-	kv := walshipv1.NewKVServiceClient(conn(t, addr))
-	for i := 0; ctx.Err() == nil; i++ {
-		key := fmt.Sprintf("%s%d", prefix, i)
-		cctx, cancel := context.WithTimeout(ctx, time.Second)
-		resp, err := kv.Put(cctx, &walshipv1.PutRequest{Key: key, Value: []byte("v")})
-		cancel()
-		if err == nil {
-			w.mu.Lock()
-			w.acks = append(w.acks, pinnedAck{time.Now(), resp.GetLsn(), key})
-			w.mu.Unlock()
-		} else {
-			sleep(ctx, 20*time.Millisecond)
-		}
-	}
-}
-
-func (w *pinnedWriter) snapshot() []pinnedAck {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return append([]pinnedAck(nil), w.acks...)
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	tm := time.NewTimer(d)
-	defer tm.Stop()
-	select {
-	case <-tm.C:
-	case <-ctx.Done():
-	}
-}
-
 // TestKubeAPIServerCutForThePrimary: the API server becomes unreachable
 // for the primary alone. It stops acknowledging within its renew
 // deadline, before its Lease can expire; a replica takes the Lease and
@@ -375,11 +331,12 @@ func TestKubeAPIServerCutForThePrimary(t *testing.T) {
 	h, finish := runChecked(t, ctx, cl, "cut/", 8*time.Second)
 	wctx, stopWriters := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	writers := make([]*pinnedWriter, len(c.nodes))
+	writers := make([]*check.PinnedWriter, len(c.nodes))
 	for i, n := range c.nodes {
-		writers[i] = &pinnedWriter{}
+		writers[i] = &check.PinnedWriter{}
+		kv := walshipv1.NewKVServiceClient(conn(t, n.addr))
 		wg.Add(1)
-		go func() { defer wg.Done(); writers[i].run(wctx, t, n.addr, fmt.Sprintf("pinned/%s/", n.name)) }()
+		go func() { defer wg.Done(); writers[i].Run(wctx, kv, fmt.Sprintf("pinned/%s/", n.name)) }()
 	}
 	<-time.After(1500 * time.Millisecond)
 	h.Note("the API server cut off for walship-0 (the primary)")
@@ -394,7 +351,7 @@ func TestKubeAPIServerCutForThePrimary(t *testing.T) {
 	// The first write the new primary acknowledges.
 	testkit.UntilWithin(t, 30*time.Second, "a write acknowledged by "+holder, func() bool {
 		for i, n := range c.nodes {
-			if n.name == holder && len(writers[i].snapshot()) > 0 {
+			if n.name == holder && len(writers[i].Acks()) > 0 {
 				return true
 			}
 		}
@@ -403,11 +360,11 @@ func TestKubeAPIServerCutForThePrimary(t *testing.T) {
 	stopWriters()
 	wg.Wait()
 	finish()
-	old := writers[0].snapshot()
-	var first pinnedAck
+	old := writers[0].Acks()
+	var first check.PinnedAck
 	for i, n := range c.nodes {
 		if n.name == holder {
-			first = writers[i].snapshot()[0]
+			first = writers[i].Acks()[0]
 		}
 	}
 	if len(old) == 0 {
@@ -415,11 +372,11 @@ func TestKubeAPIServerCutForThePrimary(t *testing.T) {
 	}
 	last := old[len(old)-1]
 	t.Logf("cut at +0; the old primary's last ack at %v, the new primary's (%s) first at %v",
-		last.at.Sub(cut), holder, first.at.Sub(cut))
-	if !last.at.Before(first.at) {
-		t.Fatalf("two primaries acknowledged at once: the old one's last ack (%v after the cut) is after the new one's first (%v)", last.at.Sub(cut), first.at.Sub(cut))
+		last.At.Sub(cut), holder, first.At.Sub(cut))
+	if !last.At.Before(first.At) {
+		t.Fatalf("two primaries acknowledged at once: the old one's last ack (%v after the cut) is after the new one's first (%v)", last.At.Sub(cut), first.At.Sub(cut))
 	}
-	if d := last.at.Sub(cut); d >= kube.DefaultLeaseDuration {
+	if d := last.At.Sub(cut); d >= kube.DefaultLeaseDuration {
 		t.Fatalf("the old primary acknowledged %v after it was cut off from the API server, past the Lease's duration (%v)", d, kube.DefaultLeaseDuration)
 	}
 	// Epochs: the new primary's epoch starts after every LSN the old one
@@ -433,16 +390,16 @@ func TestKubeAPIServerCutForThePrimary(t *testing.T) {
 	}
 	kv := walshipv1.NewKVServiceClient(conn(t, newPrim.addr))
 	for _, a := range old {
-		if a.lsn >= start {
-			t.Fatalf("the old primary acknowledged LSN %d, at or past the new epoch's first LSN %d", a.lsn, start)
+		if a.LSN >= start {
+			t.Fatalf("the old primary acknowledged LSN %d, at or past the new epoch's first LSN %d", a.LSN, start)
 		}
-		r, err := kv.Get(ctx, &walshipv1.GetRequest{Key: a.key})
+		r, err := kv.Get(ctx, &walshipv1.GetRequest{Key: a.Key})
 		if err != nil || !r.GetFound() {
-			t.Fatalf("%s (acknowledged by the old primary at LSN %d) is not on the new primary: %v", a.key, a.lsn, err)
+			t.Fatalf("%s (acknowledged by the old primary at LSN %d) is not on the new primary: %v", a.Key, a.LSN, err)
 		}
 	}
-	if first.lsn < start {
-		t.Fatalf("the new primary acknowledged LSN %d, before its epoch's first LSN %d", first.lsn, start)
+	if first.LSN < start {
+		t.Fatalf("the new primary acknowledged LSN %d, before its epoch's first LSN %d", first.LSN, start)
 	}
 	// Healed: the old primary learns of the new epoch and rejoins.
 	c.proxies[0].setCut(false)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/check"
 )
 
 // leaseDuration is WALSHIP_KUBE_LEASE_DURATION of deploy/k8s/base/node.env:
@@ -38,7 +39,7 @@ func TestAPIServerCutForThePrimary(t *testing.T) {
 	var (
 		oldPod, holder string
 		cut            time.Time
-		old, first     []pinnedAck
+		old, first     []check.PinnedAck
 	)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -54,16 +55,16 @@ func TestAPIServerCutForThePrimary(t *testing.T) {
 		wctx, stopWriters := context.WithCancel(ctx)
 		defer stopWriters()
 		var wg sync.WaitGroup
-		writers := map[string]*pinnedWriter{}
+		writers := map[string]*check.PinnedWriter{}
 		for _, p := range pods {
-			w := &pinnedWriter{}
+			w := &check.PinnedWriter{}
 			writers[p] = w
 			kv := walshipv1.NewKVServiceClient(podConn(t, c, ctx, p, "7401"))
 			wg.Add(1)
-			go func() { defer wg.Done(); w.run(wctx, kv, "pinned-"+p+"/") }()
+			go func() { defer wg.Done(); w.Run(wctx, kv, "pinned-"+p+"/") }()
 		}
 		if err := waitFor(ctx, time.Minute, "pinned writes on "+oldPod, func() error {
-			if n := len(writers[oldPod].snapshot()); n < 20 {
+			if n := len(writers[oldPod].Acks()); n < 20 {
 				return fmt.Errorf("%d acknowledged", n)
 			}
 			return nil
@@ -91,8 +92,8 @@ func TestAPIServerCutForThePrimary(t *testing.T) {
 			return fmt.Errorf("the Lease is held by %q, not a data node's pod", holder)
 		}
 		if err := waitFor(ctx, time.Minute, "a write acknowledged by "+holder, func() error {
-			for _, a := range writers[holder].snapshot() {
-				if a.at.After(cut) {
+			for _, a := range writers[holder].Acks() {
+				if a.At.After(cut) {
 					return nil
 				}
 			}
@@ -102,9 +103,9 @@ func TestAPIServerCutForThePrimary(t *testing.T) {
 		}
 		stopWriters()
 		wg.Wait()
-		old = writers[oldPod].snapshot()
-		for _, a := range writers[holder].snapshot() {
-			if a.at.After(cut) {
+		old = writers[oldPod].Acks()
+		for _, a := range writers[holder].Acks() {
+			if a.At.After(cut) {
 				first = append(first, a)
 			}
 		}
@@ -117,12 +118,12 @@ func TestAPIServerCutForThePrimary(t *testing.T) {
 	}
 	last := old[len(old)-1]
 	t.Logf("cut at +0; %s's (the old primary) last ack at %v; %s's first at %v",
-		oldPod, last.at.Sub(cut).Round(time.Millisecond), holder, first[0].at.Sub(cut).Round(time.Millisecond))
-	if !last.at.Before(first[0].at) {
+		oldPod, last.At.Sub(cut).Round(time.Millisecond), holder, first[0].At.Sub(cut).Round(time.Millisecond))
+	if !last.At.Before(first[0].At) {
 		t.Fatalf("two primaries acknowledged at once: %s's last ack (%v after the cut) is after %s's first (%v)",
-			oldPod, last.at.Sub(cut), holder, first[0].at.Sub(cut))
+			oldPod, last.At.Sub(cut), holder, first[0].At.Sub(cut))
 	}
-	if d := last.at.Sub(cut); d >= leaseDuration {
+	if d := last.At.Sub(cut); d >= leaseDuration {
 		t.Fatalf("%s acknowledged %v after it was cut off from the API server, past the Lease's duration (%v)", oldPod, d, leaseDuration)
 	}
 	newConn := podConn(t, c, ctx, holder, "7401")
@@ -138,12 +139,12 @@ func TestAPIServerCutForThePrimary(t *testing.T) {
 	}
 	kv := walshipv1.NewKVServiceClient(newConn)
 	for _, a := range old {
-		if a.lsn >= start {
-			t.Fatalf("%s acknowledged LSN %d, at or past the new epoch's first LSN %d", oldPod, a.lsn, start)
+		if a.LSN >= start {
+			t.Fatalf("%s acknowledged LSN %d, at or past the new epoch's first LSN %d", oldPod, a.LSN, start)
 		}
-		r, err := kv.Get(ctx, &walshipv1.GetRequest{Key: a.key})
+		r, err := kv.Get(ctx, &walshipv1.GetRequest{Key: a.Key})
 		if err != nil || !r.GetFound() {
-			t.Fatalf("%s (acknowledged by %s at LSN %d) is not on %s: %v", a.key, oldPod, a.lsn, holder, err)
+			t.Fatalf("%s (acknowledged by %s at LSN %d) is not on %s: %v", a.Key, oldPod, a.LSN, holder, err)
 		}
 	}
 	if role, _ := podField(ctx, c, oldPod, "{.metadata.labels.walship\\.io/role}"); role != "replica" {
@@ -178,46 +179,4 @@ func podIptables(ctx context.Context, c *Cluster, pod, op string, rules [][]stri
 		}
 	}
 	return nil
-}
-
-// pinnedWriter puts keys through one data node's pod only (no Service, no
-// client routing) and keeps the time and LSN of each acknowledged write.
-type pinnedWriter struct {
-	mu   sync.Mutex
-	acks []pinnedAck
-}
-
-type pinnedAck struct {
-	at  time.Time
-	lsn uint64
-	key string
-}
-
-func (w *pinnedWriter) run(ctx context.Context, kv walshipv1.KVServiceClient, prefix string) {
-	for i := 0; ctx.Err() == nil; i++ {
-		key := fmt.Sprintf("%s%d", prefix, i)
-		cctx, cancel := context.WithTimeout(ctx, time.Second)
-		resp, err := kv.Put(cctx, &walshipv1.PutRequest{Key: key, Value: []byte("v")})
-		cancel()
-		if err == nil {
-			w.mu.Lock()
-			w.acks = append(w.acks, pinnedAck{time.Now(), resp.GetLsn(), key})
-			w.mu.Unlock()
-			continue
-		}
-		// A replica or a deposed primary refuses at once: pace the
-		// retries.
-		tm := time.NewTimer(20 * time.Millisecond)
-		select {
-		case <-tm.C:
-		case <-ctx.Done():
-			tm.Stop()
-		}
-	}
-}
-
-func (w *pinnedWriter) snapshot() []pinnedAck {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return append([]pinnedAck(nil), w.acks...)
 }
