@@ -100,7 +100,7 @@ func (a *admission) admit(ctx context.Context, n int) (admitted, error) {
 	if now := a.inflight.Add(w); now > a.limit && now != w {
 		a.inflight.Add(-w)
 		a.refused.WithLabelValues("inflight_bytes").Inc()
-		return admitted{}, notApplied(codes.ResourceExhausted, "INFLIGHT_BYTES", 50*time.Millisecond,
+		return admitted{}, rpcerr.NotApplied(codes.ResourceExhausted, "INFLIGHT_BYTES", 50*time.Millisecond,
 			"primary holds %d bytes of writes in flight, --max-inflight-commit-bytes is %d: write refused, not applied; retry", now-w, a.limit)
 	}
 	return admitted{a: a, bytes: w}, nil
@@ -144,7 +144,7 @@ func (a *admission) charge(id string, n int) error {
 		if who == "" {
 			who = "plaintext callers"
 		}
-		return notApplied(codes.ResourceExhausted, "QUOTA_EXCEEDED", wait,
+		return rpcerr.NotApplied(codes.ResourceExhausted, "QUOTA_EXCEEDED", wait,
 			"%s wrote over --write-quota-bytes-per-second %.0f: write refused, not applied; retry after %v", who, a.rate, wait.Round(time.Millisecond))
 	}
 	b.tokens -= float64(n)
@@ -159,7 +159,3 @@ func (a *admission) dropIdle(now time.Time) {
 		}
 	}
 }
-
-// notApplied is a refusal of a write before it was sequenced
-// (rpcerr.NotApplied).
-var notApplied = rpcerr.NotApplied
