@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"syscall"
@@ -521,4 +522,36 @@ func TestAutoFailoverFlapping(t *testing.T) {
 		t.Fatalf("in the end %v is the primary of epoch %d; want %s of epoch %d: one epoch for one failure", p, last, next.name, epoch+1)
 	}
 	c.exactlyOnePrimary(ctx, t, epoch+1)
+}
+
+// TestCheckFailoverAutoKill runs the users' own check of the same case:
+// `walship check failover --fault kill --auto-failover` kills the primary
+// with its --kill-command (kill -9), promotes no one, waits for a replica
+// to promote itself, and reads its workload's history back: it must pass
+// (linearizable, nothing acknowledged lost) and say who took over.
+func TestCheckFailoverAutoKill(t *testing.T) {
+	needLinux(t)
+	c := startAutoCluster(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	var p *procNode
+	var epoch uint64
+	testkit.UntilWithin(t, 30*time.Second, "a primary to take writes", func() bool { p, epoch = c.primaryOf(ctx, t); return p != nil })
+	kill := fmt.Sprintf("kill -9 %d", p.p.cmd.Process.Pid)
+	cmd := exec.CommandContext(ctx, walshipBin(t), "check", "failover", "--nodes", strings.Join(c.addrs(), ","),
+		"--fault", "kill", "--auto-failover", "--kill-command", kill, "--duration", "8s", "--rate", "300", "--prefix", "check-auto/")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "promoted itself to epoch") || !strings.Contains(string(out), "\nlinearizable: ") {
+		t.Fatalf("walship check failover --fault kill --auto-failover: %v\n%s", err, out)
+	}
+	select {
+	case <-p.p.done:
+	default:
+		t.Fatalf("%s (pid %d) still runs after the check's %q", p.name, p.p.cmd.Process.Pid, kill)
+	}
+	next, now := c.primaryOf(ctx, t)
+	if next == nil || next == p || now != epoch+1 {
+		t.Fatalf("after the check: primary %v in epoch %d, want another node in epoch %d", next, now, epoch+1)
+	}
+	t.Logf("%s", out)
 }
