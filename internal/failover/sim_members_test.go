@@ -95,6 +95,9 @@ func (s *sim) jointAck(p *party) uint64 {
 		}
 	}
 	qs := c.AckQuorums(p.id)
+	if s.verbose {
+		s.tracef("%s: ack under %s, positions %v", p.id, s.cfgString(s.cfgOf(p.log)), pos)
+	}
 	if s.has(bugAckKMinus1) {
 		for i := range qs {
 			qs[i].Need--
@@ -113,12 +116,23 @@ func (s *sim) judgeKnown(c *candidacy) (Verdict, bool) {
 			cfg.Joint = false
 		}
 		jv := cfg.Judge(c.prev, c.answers, c.answers)
+		s.tracef("  judged under %s: quorum %v (old %d/%d members %d/%d log stores; new %d/%d, %d/%d)", s.cfgString(i), jv.Quorum,
+			jv.Old.Members, jv.Old.NeedMembers, jv.Old.LogStores, jv.Old.NeedLogStores, jv.New.Members, jv.New.NeedMembers, jv.New.LogStores, jv.New.NeedLogStores)
 		if !jv.Quorum {
 			return jv.Verdict, false
 		}
 		v = jv.Verdict
 	}
 	return v, true
+}
+
+// cfgString names configuration i for a trace.
+func (s *sim) cfgString(i int) string {
+	c := s.cfgs[i]
+	if c.Joint {
+		return fmt.Sprintf("cfg%d joint %v→%v", i, c.Old.Members, c.New.Members)
+	}
+	return fmt.Sprintf("cfg%d %v", i, c.Old.Members)
 }
 
 // record appends a contract record of configuration cfg to the
@@ -128,6 +142,7 @@ func (s *sim) record(p *party, cfg Config) {
 	e := ent{p.epoch, uint64(len(p.log)) + 1}
 	s.recs = append(s.recs, cfgRec{e: e, cfg: len(s.cfgs) - 1})
 	s.appendLog(p, []ent{e}, p.epoch)
+	s.tracef("%s: contract record %d@%d is %s", p.id, e.LSN, e.Epoch, s.cfgString(len(s.cfgs)-1))
 }
 
 // changeMembers: finish a joint configuration once its record is
@@ -312,6 +327,7 @@ func TestSimMembership(t *testing.T) {
 		c.Bug = simBug(*simBugF)
 		c.EpochStartChange = c.Bug == bugOneStepEpochStart
 		s := newSim(c, *simSeed)
+		s.verbose = *simTrace
 		if err := s.run(); err != nil {
 			t.Fatalf("%v", err)
 		}

@@ -316,6 +316,7 @@ type sim struct {
 	liveFrom   uint64   // after the faults stop: an LSN past every write before
 	lived      bool
 	trace      []string
+	verbose    bool // -sim.trace: keep every event, and the detailed ones
 	err        error
 	stranded   int   // times the operator promoted again (see operator)
 	strandedAt int64 // when it last did
@@ -375,10 +376,18 @@ func (s *sim) nodeIdx(id string) int {
 func (s *sim) has(b simBug) bool { return s.cfg.Bug == b }
 
 func (s *sim) logf(format string, args ...any) {
-	if len(s.trace) >= 200 {
+	if len(s.trace) >= 200 && !s.verbose {
 		s.trace = s.trace[1:]
 	}
 	s.trace = append(s.trace, fmt.Sprintf("%6d ", s.now)+fmt.Sprintf(format, args...))
+}
+
+// tracef is an event only -sim.trace records: acks, fence answers,
+// verdicts.
+func (s *sim) tracef(format string, args ...any) {
+	if s.verbose {
+		s.logf(format, args...)
+	}
 }
 
 func (s *sim) fail(inv, format string, args ...any) {
@@ -686,6 +695,9 @@ func (s *sim) primaryAck(p *party) {
 		if need > 0 {
 			ack = min(ack, AckLSN(pos, need))
 		}
+	}
+	if ack > p.acked {
+		s.tracef("%s (epoch %d) acknowledges up to LSN %d", p.id, p.epoch, ack)
 	}
 	for ; p.acked < ack; p.acked++ {
 		e := p.log[p.acked]
@@ -1060,6 +1072,9 @@ func (s *sim) fenceResp(p *party, m msg) {
 	}
 	c.votes[m.from] = true
 	c.seen = max(c.seen, m.prior, m.lastEpoch)
+	if s.cfg.Reconfig {
+		s.tracef("%s: fence answer of %s: granted %v, log %d@%d under %s", p.id, s.ps[m.from].id, m.granted, m.lastLSN, m.lastEpoch, s.cfgString(m.cfg))
+	}
 	if s.cfg.Reconfig && !slices.Contains(c.cfgs, m.cfg) {
 		c.cfgs = append(c.cfgs, m.cfg) // refused or not, it knows that configuration
 	}

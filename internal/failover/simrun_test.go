@@ -16,6 +16,7 @@ var (
 	simSteps = flag.Int("sim.steps", 1_000_000, "protocol steps TestSim runs, over as many seeds as it takes")
 	simBugF  = flag.String("sim.bug", "", "with -seed: inject this bug (see allBugs)")
 	simFirst = flag.Uint64("sim.first", 1, "the first seed TestSim runs")
+	simTrace = flag.Bool("sim.trace", false, "with -seed: print every event of the run, acks, fence answers and verdicts too, not the last 200")
 )
 
 // simConfigFor is the cluster, lease and fault budget of a seed.
@@ -36,6 +37,7 @@ func TestSim(t *testing.T) {
 		c := simConfigFor(*simSeed)
 		c.Bug = simBug(*simBugF)
 		s := newSim(c, *simSeed)
+		s.verbose = *simTrace
 		if err := s.run(); err != nil {
 			t.Fatalf("%v", err)
 		}
