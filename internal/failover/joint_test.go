@@ -276,3 +276,24 @@ func TestValidChange(t *testing.T) {
 		}
 	}
 }
+
+func TestConfigLeads(t *testing.T) {
+	old := Contract{Members: []string{"p", "a", "b"}, LogStores: []string{"l0"}, K: 1}
+	new := Contract{Members: []string{"p", "a", "c"}, LogStores: []string{"l0"}, K: 1}
+	for _, tc := range []struct {
+		cfg  Config
+		id   string
+		want bool
+	}{
+		{Config{Old: old}, "a", true},
+		{Config{Old: old}, "c", false}, // removed, or never added
+		{Config{Old: old, New: new, Joint: true}, "p", true},
+		{Config{Old: old, New: new, Joint: true}, "b", false}, // leaving
+		{Config{Old: old, New: new, Joint: true}, "c", false}, // joining
+		{Config{Old: old, Learners: []string{"d"}}, "d", false},
+	} {
+		if got := tc.cfg.Leads(tc.id); got != tc.want {
+			t.Errorf("%+v: Leads(%q) = %v, want %v", tc.cfg, tc.id, got, tc.want)
+		}
+	}
+}

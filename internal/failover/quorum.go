@@ -244,6 +244,24 @@ func (cfg Config) Judge(prev string, answers, all []Answer) JointVerdict {
 	return JudgeJoint(cfg.Old, cfg.New, prev, answers, all)
 }
 
+// Leads reports whether the node id may be the primary under cfg: only
+// as a member of Old and, while a change is in progress, of New. The
+// promotion rule counts on it: N−k+1 of the members other than the
+// replaced primary meet every k members that acknowledged a commit only
+// because the primary that wrote it holds it too, as a member — k+1
+// holders, of which the replaced primary is at most one. A primary
+// outside a half has only its k acks in that half, the replaced primary
+// may be one of them, and a quorum of the others can miss the write.
+// So a candidate checks Leads under the configuration its log is under
+// once caught up — the donor's, which may be newer than every one it
+// judged by: a member removed while it was down promotes under its own
+// log's configuration, which still names it — and gives up rather than
+// open if it fails; ValidChange keeps a primary in every half of a
+// change it starts.
+func (cfg Config) Leads(id string) bool {
+	return slices.Contains(cfg.Old.Members, id) && (!cfg.Joint || slices.Contains(cfg.New.Members, id))
+}
+
 // ValidChange reports whether a membership change may go from old to new
 // with primary as the primary in both. Both halves must keep whether
 // commits wait at all (k > 0, log store sync): a candidate that has not

@@ -22,7 +22,10 @@ import (
 // configuration the primary's log is under; a candidate judges with
 // Config.Judge under every configuration it knows (its own log's and
 // every answerer's), as services/node's judgeAll does; a node that is a
-// member of no configuration it knows is not promoted. The invariants
+// member of no configuration it knows is not promoted, and a candidate
+// whose log, once caught up to its donor, is under a configuration that
+// does not name it in every half gives up instead of opening
+// (Config.Leads; seed 12718). The invariants
 // are TestSim's, I5 above all: every acknowledged write is in every
 // later epoch's log.
 
@@ -34,6 +37,11 @@ const (
 	// its old half only.
 	bugJointJudgedByOld simBug = "membership-joint-judged-by-old-half"
 )
+
+// bugNonMemberLeads: a candidate opens its epoch although the
+// configuration of its log, once caught up to its donor, does not name it
+// (no Config.Leads check): seed 12718's loss.
+const bugNonMemberLeads simBug = "membership-non-member-leads"
 
 // bugOneStepEpochStart: a new primary's epoch record changes the
 // members in one step (what a promotion or a restart under a changed
@@ -78,6 +86,12 @@ func (s *sim) cfgAt(log []ent) (cfg int, lsn uint64) {
 }
 
 func (s *sim) cfgOf(log []ent) int { c, _ := s.cfgAt(log); return c }
+
+// leads: p may open an epoch under the configuration its log is under
+// (Config.Leads).
+func (s *sim) leads(p *party) bool {
+	return s.has(bugNonMemberLeads) || s.cfgs[s.cfgOf(p.log)].Leads(p.id)
+}
 
 // member: p is a member of a half of the configuration its log is under.
 func (s *sim) member(p *party) bool {
@@ -331,6 +345,9 @@ func TestSimMembership(t *testing.T) {
 		if err := s.run(); err != nil {
 			t.Fatalf("%v", err)
 		}
+		if *simTrace {
+			t.Logf("events:\n%s", strings.Join(s.trace, "\n"))
+		}
 		t.Logf("seed %d: %d steps, %d joint and %d final records", *simSeed, s.steps, s.joints, s.finals)
 		return
 	}
@@ -443,4 +460,35 @@ func TestSimEpochStartChange(t *testing.T) {
 		t.Fatalf("one step at the epoch start, waiting for the previous members, %d steps: no ack was ever held back", steps)
 	}
 	t.Logf("one step at the epoch start, waiting for the previous members: %d steps, %d ack rounds held back, no loss", steps, held)
+}
+
+// TestSimMembershipSeed12718 replays the seed that lost an acknowledged
+// write (issue 38): n2, down while the primary removed it, promotes under
+// the configuration its own log is under (one that still names it), wins,
+// copies the donor's log — which is under the configuration without n2 —
+// and opens as the primary of a configuration it is not a member of. Its
+// acks count k of the members other than itself, but its own copy counts
+// in no promotion: LSN 30, held by n0 and n2 alone, was acknowledged, and
+// n1 promoted with its own promise and two log stores, naming n0 as the
+// primary it replaced, without it.
+// With the Config.Leads check at opening, n2 gives up its epoch instead;
+// without it (bugNonMemberLeads) the run still loses LSN 30. The bug is
+// not in TestSimMembershipFindsBugs: searching from seed 1 the first
+// seed to find it is this one, after 15.5 million steps.
+func TestSimMembershipSeed12718(t *testing.T) {
+	const seed = 12718
+	s := newSim(simMembersConfigFor(seed), seed)
+	if err := s.run(); err != nil {
+		t.Fatalf("%v", err)
+	}
+	if s.refusedLead == 0 {
+		t.Fatal("no candidate gave up for want of membership: the run no longer replays the loss")
+	}
+	c := simMembersConfigFor(seed)
+	c.Bug = bugNonMemberLeads
+	s = newSim(c, seed)
+	err := s.run()
+	if err == nil || !strings.HasPrefix(s.err.Error(), "I5 violated at step 2214: n1 opens epoch 8 without acknowledged LSN 30 of epoch 3") {
+		t.Fatalf("with %s: want seed %d's loss of LSN 30, got %v", bugNonMemberLeads, seed, err)
+	}
 }

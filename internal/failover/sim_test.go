@@ -329,6 +329,9 @@ type sim struct {
 	// changes counts contract records written: joint, final, and final
 	// records a new primary wrote to finish a change it found.
 	joints, finals, finished int
+	// refusedLead counts candidates that gave up at opening because
+	// their caught-up log's configuration does not name them.
+	refusedLead int
 	// held counts the primary's ack rounds an epoch start change held
 	// back (EpochStartWait).
 	held int
@@ -1193,6 +1196,14 @@ func (s *sim) open(p *party, donor []ent) {
 			s.apply(p, st, false)
 			s.appendLog(p, rest, 0)
 		}
+	}
+	if s.cfg.Reconfig && !s.leads(p) {
+		// Its log, caught up, is under a configuration that does not
+		// name it (it was removed while it lagged): it may not lead.
+		s.logf("%s: not a member of %s, its log's configuration: gives up epoch %d", p.id, s.cfgString(s.cfgOf(p.log)), c.epoch)
+		s.refusedLead++
+		p.role, p.cand, p.heard = roleReplica, nil, s.now
+		return
 	}
 	if !p.st.Opens(c.epoch, p.id) {
 		p.role, p.cand, p.heard = roleReplica, nil, s.now

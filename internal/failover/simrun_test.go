@@ -41,6 +41,9 @@ func TestSim(t *testing.T) {
 		if err := s.run(); err != nil {
 			t.Fatalf("%v", err)
 		}
+		if *simTrace {
+			t.Logf("events:\n%s", strings.Join(s.trace, "\n"))
+		}
 		t.Logf("seed %d: %d steps, %d epochs opened, %d writes acknowledged", *simSeed, s.steps, len(s.opened), s.ackedCount())
 		return
 	}
