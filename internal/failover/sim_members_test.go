@@ -492,3 +492,24 @@ func TestSimMembershipSeed12718(t *testing.T) {
 		t.Fatalf("with %s: want seed %d's loss of LSN 30, got %v", bugNonMemberLeads, seed, err)
 	}
 }
+
+// TestSimMembershipSeeds replays seeds that once failed for a fault of
+// the model, each of which must now pass.
+func TestSimMembershipSeeds(t *testing.T) {
+	for _, tc := range []struct {
+		seed uint64
+		why  string
+	}{
+		// A liveness failure: n0, removed from the members, and n2
+		// promised epoch 21 to n2, which gave it up; n1, the primary of
+		// epoch 20 under [n1 n2] and k=1, needs n2's flush. The operator
+		// promoted "again" the first stranded replica, n0 — which
+		// promote ignores, not being a member — every time, never n2.
+		{120958, "the operator promotes a stranded member, not a removed node"},
+	} {
+		s := newSim(simMembersConfigFor(tc.seed), tc.seed)
+		if err := s.run(); err != nil {
+			t.Errorf("%s: %v", tc.why, err)
+		}
+	}
+}

@@ -1425,12 +1425,13 @@ func (s *sim) tryPromote() {
 // their flush takes no writes. The runbook's remedy is to promote again;
 // the operator does so once the primary has taken no write for
 // strandedAfter steps and such a replica exists (counted: sim.stranded),
-// unless cfg.Strict.
+// unless cfg.Strict — a member (Reconfig): promote does nothing at a
+// node outside the configuration it knows.
 func (s *sim) operator() {
 	for _, p := range s.ps {
 		if p.up && p.role == rolePrimary && !s.cfg.Strict && s.now-s.calmAt > strandedAfter && s.now-s.strandedAt > strandedAfter {
 			for _, q := range s.ps {
-				if q.up && !q.ls && q.role == roleReplica && q.st.Vote.Epoch > p.epoch {
+				if q.up && !q.ls && q.role == roleReplica && q.st.Vote.Epoch > p.epoch && (!s.cfg.Reconfig || s.member(q)) {
 					s.logf("operator: %s promised epoch %d, newer than primary %s's %d: promote %s again", q.id, q.st.Vote.Epoch, p.id, p.epoch, q.id)
 					s.stranded++
 					s.strandedAt = s.now
