@@ -252,12 +252,14 @@ func (cfg Config) Judge(prev string, answers, all []Answer) JointVerdict {
 // holders, of which the replaced primary is at most one. A primary
 // outside a half has only its k acks in that half, the replaced primary
 // may be one of them, and a quorum of the others can miss the write.
-// So a candidate checks Leads under the configuration its log is under
-// once caught up — the donor's, which may be newer than every one it
-// judged by: a member removed while it was down promotes under its own
-// log's configuration, which still names it — and gives up rather than
-// open if it fails; ValidChange keeps a primary in every half of a
-// change it starts.
+// So a node that does not lead under its own log's configuration does
+// not promote (a member joining or leaving in a change in progress
+// included), and a candidate checks Leads again under the configuration
+// its log is under once caught up — the donor's, which may be newer than
+// every one it judged by: a member removed while it was down promotes
+// under its own log's configuration, which still names it — and gives
+// up rather than open if it fails; ValidChange keeps a primary in every
+// half of a change it starts.
 func (cfg Config) Leads(id string) bool {
 	return slices.Contains(cfg.Old.Members, id) && (!cfg.Joint || slices.Contains(cfg.New.Members, id))
 }

@@ -21,11 +21,11 @@ import (
 // the same way. Acks are JointAckLSN over the AckQuorums of the
 // configuration the primary's log is under; a candidate judges with
 // Config.Judge under every configuration it knows (its own log's and
-// every answerer's), as services/node's judgeAll does; a node that is a
-// member of no configuration it knows is not promoted, and a candidate
-// whose log, once caught up to its donor, is under a configuration that
-// does not name it in every half gives up instead of opening
-// (Config.Leads; seed 12718). The invariants
+// every answerer's), as services/node's judgeAll does. A node may lead
+// only as a member of every half of the configuration its log is under
+// (Config.Leads): one that is not is not promoted, and a candidate whose
+// log, once caught up to its donor, is under a configuration that does
+// not name it so gives up instead of opening (seed 12718). The invariants
 // are TestSim's, I5 above all: every acknowledged write is in every
 // later epoch's log.
 
@@ -87,16 +87,17 @@ func (s *sim) cfgAt(log []ent) (cfg int, lsn uint64) {
 
 func (s *sim) cfgOf(log []ent) int { c, _ := s.cfgAt(log); return c }
 
-// leads: p may open an epoch under the configuration its log is under
-// (Config.Leads).
+// leads: p may be the primary under the configuration its log is under
+// (Config.Leads). A candidate checks it before it promotes, on its own
+// log, and again before it opens, on its log caught up to its donor's.
+// Under bugNonMemberLeads it checks only the first, and only that p is
+// a member of either half.
 func (s *sim) leads(p *party) bool {
-	return s.has(bugNonMemberLeads) || s.cfgs[s.cfgOf(p.log)].Leads(p.id)
-}
-
-// member: p is a member of a half of the configuration its log is under.
-func (s *sim) member(p *party) bool {
 	c := s.cfgs[s.cfgOf(p.log)]
-	return slices.Contains(c.Old.Members, p.id) || (c.Joint && slices.Contains(c.New.Members, p.id))
+	if s.has(bugNonMemberLeads) {
+		return slices.Contains(c.Old.Members, p.id) || (c.Joint && slices.Contains(c.New.Members, p.id))
+	}
+	return c.Leads(p.id)
 }
 
 // jointAck is the primary's ack rule under the configuration of its log.
@@ -506,6 +507,12 @@ func TestSimMembershipSeeds(t *testing.T) {
 		// promoted "again" the first stranded replica, n0 — which
 		// promote ignores, not being a member — every time, never n2.
 		{120958, "the operator promotes a stranded member, not a removed node"},
+		// A liveness failure: under the joint [n0 n1] → [n0 n1 n2] n2, a
+		// member of the new half only, promoted (a member of a half),
+		// won, and gave up at opening (Leads needs both halves) — ten
+		// times, deposing n0's and n1's candidacies each time, until the
+		// bound ran out. A node that may not lead does not promote.
+		{140380, "a node promotes only where it may lead"},
 	} {
 		s := newSim(simMembersConfigFor(tc.seed), tc.seed)
 		if err := s.run(); err != nil {

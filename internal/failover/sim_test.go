@@ -1034,8 +1034,8 @@ func (s *sim) catchUp(p *party, from []ent) {
 
 // promote starts a promotion at p: it fences itself, then every party.
 func (s *sim) promote(p *party) {
-	if s.cfg.Reconfig && !s.member(p) {
-		return // not a member: it cannot be promoted
+	if s.cfg.Reconfig && !s.leads(p) {
+		return // not a member of every half its log knows: it may not lead
 	}
 	epoch, err := datadir.NextEpoch(max(p.seen, p.st.Known()))
 	if err != nil {
@@ -1197,7 +1197,7 @@ func (s *sim) open(p *party, donor []ent) {
 			s.appendLog(p, rest, 0)
 		}
 	}
-	if s.cfg.Reconfig && !s.leads(p) {
+	if s.cfg.Reconfig && !s.has(bugNonMemberLeads) && !s.leads(p) {
 		// Its log, caught up, is under a configuration that does not
 		// name it (it was removed while it lagged): it may not lead.
 		s.logf("%s: not a member of %s, its log's configuration: gives up epoch %d", p.id, s.cfgString(s.cfgOf(p.log)), c.epoch)
@@ -1431,7 +1431,7 @@ func (s *sim) operator() {
 	for _, p := range s.ps {
 		if p.up && p.role == rolePrimary && !s.cfg.Strict && s.now-s.calmAt > strandedAfter && s.now-s.strandedAt > strandedAfter {
 			for _, q := range s.ps {
-				if q.up && !q.ls && q.role == roleReplica && q.st.Vote.Epoch > p.epoch && (!s.cfg.Reconfig || s.member(q)) {
+				if q.up && !q.ls && q.role == roleReplica && q.st.Vote.Epoch > p.epoch && (!s.cfg.Reconfig || s.leads(q)) {
 					s.logf("operator: %s promised epoch %d, newer than primary %s's %d: promote %s again", q.id, q.st.Vote.Epoch, p.id, p.epoch, q.id)
 					s.stranded++
 					s.strandedAt = s.now
