@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/walship/walship/internal/datadir"
 )
 
 // Membership change in the simulation (issue 38). With simConfig.Reconfig
@@ -166,6 +168,13 @@ func (s *sim) changeMembers(p *party) {
 	i, lsn := s.cfgAt(p.log)
 	cur := s.cfgs[i]
 	if cur.Joint {
+		if s.cfg.Rollback && lsn < s.epochStart(p) && !s.decided[p.epoch] {
+			s.decided[p.epoch] = true
+			if s.rng.IntN(2) == 0 {
+				s.rollBack(p, cur)
+				return
+			}
+		}
 		if p.acked >= lsn {
 			s.record(p, Config{Old: cur.New})
 			s.finals++
@@ -192,6 +201,16 @@ func (s *sim) changeMembers(p *party) {
 	s.record(p, Config{Old: cur.Old, New: next, Joint: true})
 	s.joints++
 	s.logf("%s: joint record, members %v → %v", p.id, cur.Old.Members, next.Members)
+}
+
+// rollBack: p rolls back the change cur that an earlier primary began.
+// The record goes from C_new back to C_old, itself joint (the same
+// quorums), and is finished like any other (C_old alone would not do:
+// TestSimRollbackInOneRecord).
+func (s *sim) rollBack(p *party, cur Config) {
+	s.rolledBack++
+	s.record(p, Config{Old: cur.New, New: cur.Old, Joint: true})
+	s.logf("%s: rolls back, joint record, members %v → %v", p.id, cur.New.Members, cur.Old.Members)
 }
 
 // minMembers is how few members a change may leave: k and the primary,
@@ -518,5 +537,140 @@ func TestSimMembershipSeeds(t *testing.T) {
 		if err := s.run(); err != nil {
 			t.Errorf("%s: %v", tc.why, err)
 		}
+	}
+}
+
+// TestSimMembershipRollback: a new primary that finds a change half done
+// may roll it back instead of finishing it (issue 38: "completes or rolls
+// back, and the new primary knows which"), through a joint record from
+// C_new back to C_old, finished like any change: no loss, whether the
+// log stores' fence answers name their configuration or not
+// (MemberConfigsOnly, as services/node). Rolled back in one record, C_old
+// alone, a write can be lost (TestSimRollbackInOneRecord); random runs
+// rolling back so did not find that in 210 M steps: it needs a stale
+// final record on members and a log store that nobody since has cut,
+// five members, and log stores that name no configuration.
+func TestSimMembershipRollback(t *testing.T) {
+	for _, mco := range []bool{false, true} {
+		steps, rolled := 0, 0
+		for seed := *simFirst; steps < *simSteps/20; seed++ {
+			c := simMembersConfigFor(seed)
+			c.Rollback, c.MemberConfigsOnly = true, mco
+			s := newSim(c, seed)
+			err := s.run()
+			steps, rolled = steps+s.steps, rolled+s.rolledBack
+			if err != nil {
+				t.Fatalf("member configurations only %v: %v\nreplay: -run 'TestSimMembershipRollback$' -sim.first %d", mco, err, seed)
+			}
+		}
+		if rolled == 0 {
+			t.Fatalf("member configurations only %v: %d steps, no change rolled back", mco, steps)
+		}
+		t.Logf("member configurations only %v: %d steps, %d changes rolled back, no loss", mco, steps, rolled)
+	}
+}
+
+// rollbackScene is the state TestSimRollbackInOneRecord starts from, in
+// a cluster of 5 members under k=2 and 3 log stores. n0, the primary of
+// epoch 1, wrote the joint record J ([n0..n4] → [n0..n3], removing n4) at
+// LSN 2, acknowledged, and the final record C_new at LSN 3, which n2 and
+// l0 hold and nobody acknowledged; it crashed. n1 promoted to epoch 2
+// under J with n3, n4, l1 and l2 (none holds LSN 3: a quorum of each
+// half and a log store majority), opened at LSN 3 and rolled the change
+// back in record rb at LSN 4 — C_old alone (bugRollbackOneStep) or a
+// joint record back to C_old — and wrote W at LSN 5, which n3 and n4
+// hold, then crashed. n2 had granted epoch 2 too (its answer came after
+// n1 had its quorum), and n0 is back. It returns the sim and whether W
+// is acknowledged under the configuration rb, as n1 counted it.
+func rollbackScene(oneRecord, memberConfigsOnly bool) (*sim, bool) {
+	s := scripted(simConfig{LogStores: 3, Nodes: 5, K: 2, Reconfig: true, MemberConfigsOnly: memberConfigsOnly})
+	old := s.cfgs[0].Old
+	nw := old
+	nw.Members = []string{"n0", "n1", "n2", "n3"}
+	s.cfgs = append(s.cfgs, Config{Old: old, New: nw, Joint: true}, Config{Old: nw})
+	rb := Config{Old: nw, New: old, Joint: true}
+	if oneRecord {
+		rb = Config{Old: old}
+	}
+	s.cfgs = append(s.cfgs, rb)
+	s.recs = append(s.recs, cfgRec{e: ent{1, 2}, cfg: 1}, cfgRec{e: ent{1, 3}, cfg: 2}, cfgRec{e: ent{2, 4}, cfg: 3})
+	epoch1 := []ent{{1, 1}, {1, 2}, {1, 3}}
+	epoch2 := []ent{{1, 1}, {1, 2}, {2, 3}, {2, 4}, {2, 5}}
+	v1, v2 := datadir.Vote{Epoch: 1, Primary: "n0", Addr: "n0"}, datadir.Vote{Epoch: 2, Primary: "n1", Addr: "n1"}
+	for _, set := range []struct {
+		id  string
+		log []ent
+		v   datadir.Vote
+	}{
+		{"n0", epoch1, v1}, {"n1", epoch2, v2}, {"n2", epoch1, v2}, {"n3", epoch2, v2}, {"n4", epoch2, v2},
+		{"l0", epoch1, v1}, {"l1", epoch2[:3], v2}, {"l2", epoch2[:3], v2},
+	} {
+		p := s.ps[s.nodeIdx(set.id)]
+		s.crash(p)
+		p.log = slices.Clone(set.log)
+		p.st = State{Vote: set.v, LogEpoch: lastEpoch(p.log), Cluster: simCluster}
+		p.dur = p.st
+		s.votes[p.idx] = set.v.Epoch
+		if set.id != "n1" {
+			s.restart(p)
+		}
+	}
+	s.opened[2], s.openedAt[2], s.maxOpened = "n1", 0, 2
+	s.acked = []uint64{1, 1, 2, 2, 2}
+	pos := map[string]uint64{"n0": 0, "n2": 0, "n3": 5, "n4": 5, "l1": 3, "l2": 3}
+	return s, JointAckLSN(pos, 5, rb.AckQuorums("n1")...) == 5
+}
+
+// TestSimRollbackInOneRecord: a new primary that rolls back a change it
+// found half done must do it through a joint record, as it goes forward.
+// Rolled back in one record (C_old alone) it acknowledges W with n3 and
+// n4, and n2, whose log ends under the final record C_new that nobody
+// acknowledged, promotes under C_new with n0 (the replaced primary is
+// n1: 2 of n0, n2, n3) and l0 and l1 — the log stores name no
+// configuration, as in services/node, and no member it hears holds the
+// rollback — and opens without W (I5). With a joint record back to C_old
+// n3 and n4 do not acknowledge W: its C_new half needs two of n0, n2, n3.
+// Were the log stores to name their configuration, l1's (J) would make n2
+// judge under J too, and its old half refuses n2 without n3 or n4.
+func TestSimRollbackInOneRecord(t *testing.T) {
+	promote := func(s *sim) {
+		n2 := s.ps[s.nodeIdx("n2")]
+		n2.seen = 2
+		s.promote(n2)
+		hears := map[string]bool{"n0": true, "n2": true, "l0": true, "l1": true}
+		for range 2000 {
+			s.now++
+			var keep []msg
+			for _, m := range s.net {
+				if hears[s.ps[m.from].id] && hears[s.ps[m.to].id] {
+					keep = append(keep, m)
+				}
+			}
+			s.net = nil
+			for _, m := range keep {
+				s.deliver(m)
+			}
+			if n2.role != roleCandidate || s.err != nil {
+				return
+			}
+			s.tick(n2)
+		}
+	}
+	s, acked := rollbackScene(true, true)
+	if !acked {
+		t.Fatal("one record: n3 and n4 do not acknowledge W under C_old")
+	}
+	promote(s)
+	if s.err == nil || !strings.HasPrefix(s.err.Error(), "I5 violated") {
+		t.Fatalf("one record: want I5, got %v (n2 %s, log %v)", s.report(), s.ps[s.nodeIdx("n2")].role, s.ps[s.nodeIdx("n2")].log)
+	}
+	t.Logf("one record: %v", firstLine(s.err))
+	if _, acked := rollbackScene(false, true); acked {
+		t.Fatal("joint record back: n3 and n4 acknowledge W")
+	}
+	s, _ = rollbackScene(true, false)
+	promote(s)
+	if s.err != nil || s.opened[3] != "" {
+		t.Fatalf("one record, log stores naming their configuration: want no promotion, got %v, epoch 3 opened by %q", s.report(), s.opened[3])
 	}
 }

@@ -130,6 +130,15 @@ type simConfig struct {
 	// services/primary fix, with services/replica reporting the newest
 	// record its log holds.
 	EpochStartWait bool
+	// Rollback: a new primary that finds a change an earlier one began
+	// rolls it back half the time (a joint record from C_new back to
+	// C_old, then C_old) instead of finishing it.
+	Rollback bool
+	// MemberConfigsOnly: a log store's fence answer names no
+	// configuration, as services/node reads the contract from data
+	// nodes' answers only; a candidate knows its own log's and its
+	// member answerers' configurations.
+	MemberConfigsOnly bool
 	// SlowLogStores: the primary feeds the log stores a quarter as often
 	// as the replicas, so that they lag (only where no commit waits for
 	// them: they would hold every acknowledged write otherwise, and
@@ -329,6 +338,10 @@ type sim struct {
 	// changes counts contract records written: joint, final, and final
 	// records a new primary wrote to finish a change it found.
 	joints, finals, finished int
+	// rolledBack counts changes a new primary rolled back (Rollback);
+	// decided holds the epochs whose primary chose whether to.
+	rolledBack int
+	decided    map[uint64]bool
 	// refusedLead counts candidates that gave up at opening because
 	// their caught-up log's configuration does not name them.
 	refusedLead int
@@ -341,7 +354,7 @@ const simCluster = "c1"
 
 func newSim(cfg simConfig, seed uint64) *sim {
 	s := &sim{cfg: cfg, seed: seed, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
-		opened: map[uint64]string{}, openedAt: map[uint64]int64{}, keepOut: -1}
+		opened: map[uint64]string{}, openedAt: map[uint64]int64{}, keepOut: -1, decided: map[uint64]bool{}}
 	n := cfg.LogStores + cfg.Nodes
 	for i := range n {
 		p := &party{idx: i, up: true, lastFrom: map[int]streamPos{}}
@@ -1078,7 +1091,7 @@ func (s *sim) fenceResp(p *party, m msg) {
 	if s.cfg.Reconfig {
 		s.tracef("%s: fence answer of %s: granted %v, log %d@%d under %s", p.id, s.ps[m.from].id, m.granted, m.lastLSN, m.lastEpoch, s.cfgString(m.cfg))
 	}
-	if s.cfg.Reconfig && !slices.Contains(c.cfgs, m.cfg) {
+	if s.cfg.Reconfig && !slices.Contains(c.cfgs, m.cfg) && !(s.ps[m.from].ls && s.cfg.MemberConfigsOnly) {
 		c.cfgs = append(c.cfgs, m.cfg) // refused or not, it knows that configuration
 	}
 	if !m.granted {
