@@ -532,6 +532,12 @@ func TestSimMembershipSeeds(t *testing.T) {
 		// times, deposing n0's and n1's candidacies each time, until the
 		// bound ran out. A node that may not lead does not promote.
 		{140380, "a node promotes only where it may lead"},
+		// I7: n2 opened epoch 6 with no lease wait — l1 and l2 had last
+		// admitted a request of n0 118 and 228 steps before their
+		// answers (the lease is 100) — while n0's lease still held: it
+		// had counted the heartbeat of a reply that refused its batch
+		// (a gap) as an echo. Only a reply that took the request does.
+		{157429, "a refused request renews no lease"},
 	} {
 		s := newSim(simMembersConfigFor(tc.seed), tc.seed)
 		if err := s.run(); err != nil {

@@ -646,7 +646,12 @@ func (s *sim) primaryReply(p *party, m msg) {
 		f.sid++
 		f.replySeq = f.seq
 	}
-	if m.vote.Epoch <= p.epoch && m.sent > f.echo { // its heartbeat was taken
+	if !m.refused && m.vote.Epoch <= p.epoch && m.sent > f.echo { // its heartbeat was taken
+		// Only an answer that took the request echoes its heartbeat: a
+		// refused one (a gap, an overlap) noted no contact at the log
+		// store (logStoreAppend), whose fence answer then tells a
+		// candidate that the lease ran out; in services/primary a
+		// refusal is the stream's error and renews no lease.
 		f.echo = m.sent
 	}
 	if !m.refused && m.vote.Epoch == p.epoch && m.vote.Primary != p.id {
