@@ -200,6 +200,11 @@ func (s *sim) changeMembers(p *party) {
 	}
 	s.record(p, Config{Old: cur.Old, New: next, Joint: true})
 	s.joints++
+	for _, m := range cur.Old.Members {
+		if !slices.Contains(next.Members, m) && !s.ps[s.nodeIdx(m)].up {
+			s.deadRemoved++ // removed without its cooperation (issue 38, item 3)
+		}
+	}
 	s.logf("%s: joint record, members %v → %v", p.id, cur.Old.Members, next.Members)
 }
 
@@ -372,21 +377,24 @@ func TestSimMembership(t *testing.T) {
 		return
 	}
 	start := time.Now()
-	steps, seeds, joints, finals, finished, acked := 0, 0, 0, 0, 0, 0
+	steps, seeds, joints, finals, finished, dead, refused, acked := 0, 0, 0, 0, 0, 0, 0, 0
 	for seed := *simFirst; steps < *simSteps/10; seed++ {
 		s := newSim(simMembersConfigFor(seed), seed)
 		err := s.run()
 		steps, seeds = steps+s.steps, seeds+1
 		joints, finals, finished, acked = joints+s.joints, finals+s.finals, finished+s.finished, acked+s.ackedCount()
+		dead, refused = dead+s.deadRemoved, refused+s.refusedLead
 		if err != nil {
 			t.Fatalf("%v\nreplay: go test -run 'TestSimMembership$' ./internal/failover -seed %d", err, seed)
 		}
 	}
-	if joints == 0 || finals == 0 || finished == 0 {
-		t.Fatalf("%d joint records, %d final ones, %d finished by a new primary: the runs exercise no change", joints, finals, finished)
+	if joints == 0 || finals == 0 || finished == 0 || dead == 0 {
+		t.Fatalf("%d joint records, %d final ones, %d finished by a new primary, %d removing a member that was down: the runs exercise no change",
+			joints, finals, finished, dead)
 	}
-	t.Logf("%d steps over %d seeds in %v: %d joint records, %d final (%d finished by a new primary), %d writes acknowledged",
-		steps, seeds, time.Since(start).Round(time.Millisecond), joints, finals, finished, acked)
+	t.Logf("%d steps over %d seeds in %v: %d joint records (%d removing a member that was down), %d final (%d finished by a new primary), "+
+		"%d candidates that gave up for want of membership, %d writes acknowledged",
+		steps, seeds, time.Since(start).Round(time.Millisecond), joints, dead, finals, finished, refused, acked)
 }
 
 var simMembersBugSteps = flag.Int("sim.members.bugsteps", 4_000_000, "protocol steps TestSimMembershipFindsBugs may take to find each bug")

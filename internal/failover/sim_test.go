@@ -338,6 +338,9 @@ type sim struct {
 	// changes counts contract records written: joint, final, and final
 	// records a new primary wrote to finish a change it found.
 	joints, finals, finished int
+	// deadRemoved counts joint records that remove a member that is
+	// down at the time.
+	deadRemoved int
 	// rolledBack counts changes a new primary rolled back (Rollback);
 	// decided holds the epochs whose primary chose whether to.
 	rolledBack int
