@@ -32,7 +32,7 @@ BENCHCOUNT ?= 6
 SIMSTEPS ?= 100000000
 SIMFIRST ?= 1
 
-.PHONY: all build tools kube kube-node coredns kube-up kube-down seaweedfs test lint generate check-generate manifests bench fuzz sim ci clean
+.PHONY: all build tools kube kube-node coredns kube-up kube-down realkube seaweedfs test lint generate check-generate manifests bench fuzz sim ci clean
 
 all: build
 
@@ -70,6 +70,10 @@ $(BIN)/coredns: tools/coredns/go.mod tools/coredns/go.sum
 
 coredns: $(BIN)/coredns
 
+# Root runs the real-cluster tests in make test, so it builds their binaries.
+IS_ROOT := $(filter 0,$(shell id -u))
+REALKUBE_BINS := $(if $(IS_ROOT),$(KUBE_NODE_BINS) $(BIN)/coredns)
+
 # A single-node cluster (internal/realkube) in KUBE_DIR, started in the
 # background: make kube-up prints the KUBECONFIG to use; make kube-down
 # stops every process it started, by PID. Root only (containerd, kubelet,
@@ -96,13 +100,25 @@ seaweedfs: $(BIN)/weed
 tools: $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/grpcurl $(BIN)/benchstat
 
 # The README's test command. Everything runs with the race detector.
-test: $(BIN)/walship $(BIN)/grpcurl $(BIN)/kube-apiserver $(BIN)/kubectl $(BIN)/weed
-	$(GO) test -race -count=1 -timeout 20m ./...
+# As root, it also runs internal/realkube (a single-node Kubernetes with a
+# kubelet, containerd and kube-proxy; the cluster binaries are built here
+# first) on its own after the rest, so that its pods do not share the
+# cores with the other packages' tests; not as root, realkube skips and
+# says why.
+test: $(BIN)/walship $(BIN)/grpcurl $(BIN)/kube-apiserver $(BIN)/kubectl $(BIN)/weed $(REALKUBE_BINS)
+	env -u WALSHIP_REALKUBE_BIN $(GO) test -race -count=1 -timeout 20m ./...
 	# The deploy tests are a module of their own (kustomize, k8s.io/api and
 	# the Prometheus Operator's API are theirs, not the server's).
 	cd internal/deploytest && $(GO) test -race -count=1 -timeout 20m ./...
 	# Allocation targets only hold without the race detector's instrumentation.
 	$(GO) test -count=1 -run 'Allocs' ./pkg/codec
+	$(if $(IS_ROOT),$(MAKE) realkube)
+
+# internal/realkube alone, on the cluster it starts (root; Debian's
+# etcd-server containerd runc containernetworking-plugins iptables
+# conntrack). About 3 minutes once the binaries are built.
+realkube: $(KUBE_NODE_BINS) $(BIN)/kube-apiserver $(BIN)/kubectl $(BIN)/coredns
+	WALSHIP_REALKUBE_BIN=$(BIN) $(GO) test -race -count=1 -timeout 30m ./internal/realkube/
 
 lint: $(BIN)/buf
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
