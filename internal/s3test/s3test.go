@@ -39,7 +39,8 @@ const (
 
 // Server is a running S3 server.
 type Server struct {
-	// Endpoint is the S3 endpoint (http://127.0.0.1:PORT).
+	// Endpoint is the S3 endpoint (http://IP:PORT, IP 127.0.0.1 unless
+	// started by StartOn).
 	Endpoint string
 	// Bucket exists from the start.
 	Bucket string
@@ -66,8 +67,17 @@ func Binary(tb testing.TB) string {
 	return p
 }
 
-// Start runs a server with bucket made, and stops it when tb ends.
+// Start runs a server with bucket made, on loopback, and stops it when tb
+// ends.
 func Start(tb testing.TB, bucket string) *Server {
+	tb.Helper()
+	return StartOn(tb, bucket, "127.0.0.1")
+}
+
+// StartOn is Start on the address ip, for clients that are not on this
+// host's loopback: the pods of a cluster on this host reach it at the
+// host's address.
+func StartOn(tb testing.TB, bucket, ip string) *Server {
 	tb.Helper()
 	bin := Binary(tb)
 	// weed's gRPC ports are its HTTP ports + 10000: both must be free,
@@ -80,7 +90,7 @@ func Start(tb testing.TB, bucket string) *Server {
 		if err := os.MkdirAll(filepath.Join(dir, "data"), 0o700); err != nil {
 			tb.Fatal(err)
 		}
-		s := newServer(tb, bucket, dir)
+		s := newServer(tb, bucket, dir, ip)
 		s.start(bin)
 		err := s.waitReady(90 * time.Second)
 		if err == nil {
@@ -94,17 +104,17 @@ func Start(tb testing.TB, bucket string) *Server {
 	}
 }
 
-// newServer is a server on ports picked now, not started.
-func newServer(tb testing.TB, bucket, dir string) *Server {
-	ports := pickPorts(tb, 5)
+// newServer is a server on ip, on ports picked now, not started.
+func newServer(tb testing.TB, bucket, dir, ip string) *Server {
+	ports := pickPorts(tb, ip, 5)
 	s3Port, master, volume, filer, admin := ports[0], ports[1], ports[2], ports[3], ports[4]
 	return &Server{
-		Endpoint: "http://127.0.0.1:" + strconv.Itoa(s3Port),
+		Endpoint: "http://" + net.JoinHostPort(ip, strconv.Itoa(s3Port)),
 		Bucket:   bucket,
 		tb:       tb,
 		dir:      dir,
 		logs:     &testkit.Output{},
-		args: []string{"mini", "-dir=" + filepath.Join(dir, "data"), "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+		args: []string{"mini", "-dir=" + filepath.Join(dir, "data"), "-ip=" + ip, "-ip.bind=" + ip,
 			"-s3.port=" + strconv.Itoa(s3Port), "-master.port=" + strconv.Itoa(master), "-volume.port=" + strconv.Itoa(volume),
 			"-filer.port=" + strconv.Itoa(filer), "-admin.port=" + strconv.Itoa(admin), "-admin.port.legacy=0",
 			"-admin.ui=false", "-webdav=false", "-s3.autoCreateBucket=false", "-master.telemetry=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
@@ -243,9 +253,9 @@ func (s *Server) Stop() {
 // Logs is the end of the server's output.
 func (s *Server) Logs() string { return s.logs.Tail(8000) }
 
-// pickPorts returns n ports p, each with p and p+10000 free and below the
-// ephemeral range.
-func pickPorts(tb testing.TB, n int) []int {
+// pickPorts returns n ports p, each with p and p+10000 free on ip and
+// below the ephemeral range.
+func pickPorts(tb testing.TB, ip string, n int) []int {
 	tb.Helper()
 	var out []int
 	seen := map[int]bool{}
@@ -255,7 +265,7 @@ func pickPorts(tb testing.TB, n int) []int {
 			continue
 		}
 		seen[p] = true
-		if free(p) && free(p+10000) {
+		if free(ip, p) && free(ip, p+10000) {
 			out = append(out, p)
 		}
 	}
@@ -265,8 +275,8 @@ func pickPorts(tb testing.TB, n int) []int {
 	return out
 }
 
-func free(port int) bool {
-	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+func free(ip string, port int) bool {
+	l, err := net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(port)))
 	if err != nil {
 		return false
 	}
