@@ -32,7 +32,7 @@ BENCHCOUNT ?= 6
 SIMSTEPS ?= 100000000
 SIMFIRST ?= 1
 
-.PHONY: all build tools kube kube-node coredns kube-up kube-down realkube seaweedfs test lint generate check-generate manifests bench fuzz sim ci clean
+.PHONY: all build tools kube kube-node coredns certmanager kube-up kube-down realkube seaweedfs test lint generate check-generate manifests bench fuzz sim ci clean
 
 all: build
 
@@ -69,6 +69,13 @@ $(BIN)/coredns: tools/coredns/go.mod tools/coredns/go.sum
 	CGO_ENABLED=0 $(GO) build -modfile=tools/coredns/go.mod -trimpath -o $@ github.com/coredns/coredns
 
 coredns: $(BIN)/coredns
+
+# cert-manager's controllers (Apache-2.0), run on the host by the realkube
+# prod test to issue components/tls's Certificates (tools/certmanager).
+$(BIN)/cert-manager-controller: tools/certmanager/go.mod tools/certmanager/go.sum tools/certmanager/main.go
+	cd tools/certmanager && CGO_ENABLED=0 $(GO) build -trimpath -o $(abspath $@) .
+
+certmanager: $(BIN)/cert-manager-controller
 
 # Root runs the real-cluster tests in make test, so it builds their binaries.
 IS_ROOT := $(filter 0,$(shell id -u))
