@@ -14,21 +14,33 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 )
 
-// serviceConn dials a Service's ClusterIP from the host, where kube-proxy's
-// rules route it as they route a pod's connection. Reconnects are retried
-// quickly: after a failover the Service has new endpoints within seconds.
+// serviceConn dials a Service of the dev deployment (serviceConnTo).
 func serviceConn(t *testing.T, c *Cluster, ctx context.Context, svc string) *grpc.ClientConn {
 	t.Helper()
-	ip, err := c.KubectlOutput(ctx, nil, "-n", devNamespace, "get", "service", svc, "-o", "jsonpath={.spec.clusterIP}")
+	return serviceConnTo(t, c, ctx, devTarget, svc)
+}
+
+// serviceConnTo dials a Service's ClusterIP from the host, where
+// kube-proxy's rules route it as they route a pod's connection, with the
+// target's credentials. Reconnects are retried quickly: after a failover
+// the Service has new endpoints within seconds.
+func serviceConnTo(t *testing.T, c *Cluster, ctx context.Context, tg target, svc string) *grpc.ClientConn {
+	t.Helper()
+	ip, err := c.KubectlOutput(ctx, nil, "-n", tg.ns, "get", "service", svc, "-o", "jsonpath={.spec.clusterIP}")
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := grpc.NewClient(string(ip)+":7401",
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, MaxDelay: 250 * time.Millisecond},
-			MinConnectTimeout: time.Second,
-		}))
+	creds := insecure.NewCredentials()
+	opts := []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+		Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, MaxDelay: 250 * time.Millisecond},
+		MinConnectTimeout: time.Second,
+	})}
+	if tg.creds != nil {
+		// The server's certificate names the Service, not its address.
+		creds = tg.creds
+		opts = append(opts, grpc.WithAuthority(svc+"."+tg.ns+".svc"))
+	}
+	conn, err := grpc.NewClient(string(ip)+":7401", append(opts, grpc.WithTransportCredentials(creds))...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -203,37 +203,45 @@ func deployDev(t *testing.T, c *Cluster) []string {
 	return dev.dirs
 }
 
-// waitAllReady waits for both StatefulSets to be rolled out and every pod
-// of the namespace to be Ready.
+// waitAllReady waits for both StatefulSets of the dev deployment to be
+// rolled out and every pod of its namespace to be Ready.
 func waitAllReady(ctx context.Context, c *Cluster, timeout time.Duration) error {
+	return waitAllReadyIn(ctx, c, devNamespace, timeout)
+}
+
+// waitAllReadyIn is waitAllReady in namespace ns.
+func waitAllReadyIn(ctx context.Context, c *Cluster, ns string, timeout time.Duration) error {
 	for _, sts := range []string{"walship-logstore", "walship"} {
 		if err := waitFor(ctx, timeout, "statefulset "+sts, func() error {
-			return c.Kubectl(ctx, nil, "-n", devNamespace, "rollout", "status", "statefulset/"+sts, "--timeout=10s")
+			return c.Kubectl(ctx, nil, "-n", ns, "rollout", "status", "statefulset/"+sts, "--timeout=10s")
 		}); err != nil {
 			return err
 		}
 	}
-	return c.Kubectl(ctx, nil, "-n", devNamespace, "wait", "--for=condition=Ready", "pod", "--all", "--timeout=2m")
+	return c.Kubectl(ctx, nil, "-n", ns, "wait", "--for=condition=Ready", "pod", "--all", "--timeout=2m")
 }
 
-// dump logs what a failed test needs to see: the pods, their events, the
-// containers' logs and the node's.
-func dump(t *testing.T, c *Cluster) {
+// dump logs what a failed test needs to see of the dev deployment (dumpNS).
+func dump(t *testing.T, c *Cluster) { dumpNS(t, c, devNamespace) }
+
+// dumpNS logs what a failed test needs to see: the pods, namespace ns's
+// events and containers' logs, and the node's.
+func dumpNS(t *testing.T, c *Cluster, ns string) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for _, args := range [][]string{
 		{"get", "pods", "-A", "-o", "wide", "-L", "walship.io/role"},
 		{"get", "pvc,pv", "-A", "-o", "wide"},
-		{"-n", devNamespace, "get", "events", "--sort-by=.lastTimestamp"},
+		{"-n", ns, "get", "events", "--sort-by=.lastTimestamp"},
 	} {
 		out, err := c.KubectlOutput(ctx, nil, args...)
 		t.Logf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
-	out, _ := c.KubectlOutput(ctx, nil, "-n", devNamespace, "get", "pods", "-o", "name")
+	out, _ := c.KubectlOutput(ctx, nil, "-n", ns, "get", "pods", "-o", "name")
 	pods := strings.Fields(string(out))
 	sort.Strings(pods)
 	for _, p := range pods {
-		logs, err := c.KubectlOutput(ctx, nil, "-n", devNamespace, "logs", p, "--tail=30")
+		logs, err := c.KubectlOutput(ctx, nil, "-n", ns, "logs", p, "--tail=30")
 		t.Logf("logs %s: %v\n%s", p, err, logs)
 	}
 	t.Logf("kubelet:\n%s", c.Logs("kubelet", 6000))

@@ -14,6 +14,7 @@ import (
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/check"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 )
 
@@ -41,7 +42,24 @@ func (r loadRun) String() string {
 		r.Acked, r.ReplicaReads, r.LongestGap.Round(time.Millisecond), r.Recovered.Round(time.Millisecond), len(r.Lost))
 }
 
-// underLoad runs the checked workload through walship-rw (each write's
+// target is a deployment the workload runs against: its namespace and
+// how to dial its Services.
+type target struct {
+	ns string
+	// creds are the client's TLS credentials; nil dials in plaintext.
+	creds credentials.TransportCredentials
+}
+
+// devTarget is the dev overlay's deployment (deployDev): plaintext.
+var devTarget = target{ns: devNamespace}
+
+// underLoad is underLoadOn the dev deployment.
+func underLoad(t *testing.T, c *Cluster, name string, disrupt func(ctx context.Context, h *check.History) error) loadRun {
+	t.Helper()
+	return underLoadOn(t, c, devTarget, name, disrupt)
+}
+
+// underLoadOn runs the checked workload through walship-rw (each write's
 // read-your-writes read through walship-ro), lets it write for a while on
 // the cluster as it is, runs disrupt, and keeps the workload running until
 // 50 more writes are acknowledged after disrupt returned. It then reads
@@ -49,12 +67,12 @@ func (r loadRun) String() string {
 // linearizable, no acknowledged write is lost and the replica reads kept
 // their session guarantees. disrupt returns once the cluster is whole
 // again (every pod Ready), so that the next test starts from one.
-func underLoad(t *testing.T, c *Cluster, name string, disrupt func(ctx context.Context, h *check.History) error) loadRun {
+func underLoadOn(t *testing.T, c *Cluster, tg target, name string, disrupt func(ctx context.Context, h *check.History) error) loadRun {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	rw := serviceConn(t, c, ctx, "walship-rw")
-	ro := serviceConn(t, c, ctx, "walship-ro")
+	rw := serviceConnTo(t, c, ctx, tg, "walship-rw")
+	ro := serviceConnTo(t, c, ctx, tg, "walship-ro")
 	st, err := walshipv1.NewAdminServiceClient(rw).Status(ctx, &walshipv1.StatusRequest{}, grpc.WaitForReady(true))
 	if err != nil {
 		t.Fatalf("status through walship-rw: %v", err)
@@ -109,11 +127,11 @@ func underLoad(t *testing.T, c *Cluster, name string, disrupt func(ctx context.C
 		return nil
 	}); err != nil {
 		// Is it the Service, or the workload's connection through it?
-		fresh := serviceConn(t, c, ctx, "walship-rw")
+		fresh := serviceConnTo(t, c, ctx, tg, "walship-rw")
 		pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
 		_, perr := walshipv1.NewKVServiceClient(fresh).Put(pctx, &walshipv1.PutRequest{Key: w.Prefix + "probe", Value: []byte("x")})
 		pcancel()
-		eps, _ := c.KubectlOutput(ctx, nil, "-n", devNamespace, "get", "endpointslices", "-l", "kubernetes.io/service-name=walship-rw", "-o", "wide")
+		eps, _ := c.KubectlOutput(ctx, nil, "-n", tg.ns, "get", "endpointslices", "-l", "kubernetes.io/service-name=walship-rw", "-o", "wide")
 		// The workload's own errors since: unknown outcomes are in the
 		// history (a refusal that certainly applied nothing is not).
 		errs := map[string]int{}

@@ -19,9 +19,16 @@ const LocalStorageClass = "realkube-local"
 // leaves them: the pods' fsGroup must make them writable. It returns the
 // directories.
 func (c *Cluster) CreateLocalPVs(ctx context.Context, n int, size string) ([]string, error) {
+	return c.CreateLocalPVsIn(ctx, LocalStorageClass, "realkube-pv", n, size)
+}
+
+// CreateLocalPVsIn is CreateLocalPVs in StorageClass class, the volumes
+// named prefix-0, prefix-1, ...: a second deployment's volumes, which the
+// first one's claims never take.
+func (c *Cluster) CreateLocalPVsIn(ctx context.Context, class, prefix string, n int, size string) ([]string, error) {
 	var dirs []string
 	for i := 0; i < n; i++ {
-		dir, err := c.CreateLocalPV(ctx, fmt.Sprintf("realkube-pv-%d", i), size)
+		dir, err := c.createLocalPV(ctx, fmt.Sprintf("%s-%d", prefix, i), class, size)
 		if err != nil {
 			return nil, err
 		}
@@ -34,6 +41,10 @@ func (c *Cluster) CreateLocalPVs(ctx context.Context, n int, size string) ([]str
 // CreateLocalPVs does, and returns its directory: the disk a replaced
 // machine comes back with.
 func (c *Cluster) CreateLocalPV(ctx context.Context, name, size string) (string, error) {
+	return c.createLocalPV(ctx, name, LocalStorageClass, size)
+}
+
+func (c *Cluster) createLocalPV(ctx context.Context, name, class, size string) (string, error) {
 	dir := filepath.Join(c.cfg.Dir, "volumes", name)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
@@ -53,6 +64,6 @@ spec:
       nodeSelectorTerms:
       - matchExpressions:
         - {key: kubernetes.io/hostname, operator: In, values: [%s]}
-`, name, size, LocalStorageClass, dir, NodeName)
+`, name, size, class, dir, NodeName)
 	return dir, c.Kubectl(ctx, strings.NewReader(pv), "apply", "-f", "-")
 }
