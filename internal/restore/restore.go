@@ -15,7 +15,11 @@
 // The restored directory holds the state at the target as a snapshot, the
 // epoch history up to it and a NEW cluster id, so that it is never mistaken
 // for its source: it starts as a read-only node, or as the primary of a new
-// cluster, and every node of the old cluster refuses it.
+// cluster, and every node of the old cluster refuses it. Its WAL holds the
+// batch that ends at the target, as read (tail.go): a primary started on
+// the directory ships it to its new log stores first, which lets them take
+// the restored snapshot as their base at once — so the new cluster is
+// restorable from its own log stores and archive from its first minute.
 package restore
 
 import (
@@ -259,6 +263,7 @@ func (r *restorer) finish(ctx context.Context, start time.Time) (*Result, error)
 		return nil, err
 	}
 	if !o.DryRun {
+		r.findTail(ctx, res.LSN)
 		if err := r.write(res); err != nil {
 			return nil, err
 		}
@@ -329,6 +334,9 @@ type restorer struct {
 	replayer *state.Replayer
 	// arch is the archive restored from (nil: the log stores).
 	arch *archiveSource
+	// tail is the batch that ends at the restored LSN (nil: none read, or
+	// LSN 0): written to the directory's WAL (write, tail.go).
+	tail *walshipv1.WalBatch
 }
 
 // survey asks every log store what it holds and picks the lineage: the
@@ -751,6 +759,7 @@ func (r *restorer) readBatches(ctx context.Context, st batchStream, base uint64,
 			return end, ctx.Err()
 		}
 		end.last = d.last
+		r.tail = env
 		if t.Time.IsZero() && end.last == target {
 			return end, nil
 		}
@@ -764,8 +773,8 @@ func (r *restorer) readBatches(ctx context.Context, st batchStream, base uint64,
 
 // write builds the data directory: a new cluster id first (so nothing in
 // it can be taken for the source, whatever happens next), the lineage up
-// to the target, then the state as a snapshot, which makes it a data
-// directory.
+// to the target, the batch that ends at the target as the WAL (tail.go),
+// then the state as a snapshot, which makes it a data directory.
 func (r *restorer) write(res *Result) error {
 	fsys, dir := r.o.FS, r.o.DataDir
 	if err := fsys.MkdirAll(dir, vfs.DirPerm); err != nil {
@@ -780,6 +789,9 @@ func (r *restorer) write(res *Result) error {
 	}
 	res.ClusterID = id
 	if err := datadir.SaveHistory(fsys, dir, res.Lineage); err != nil {
+		return err
+	}
+	if err := r.writeTail(); err != nil {
 		return err
 	}
 	snapDir := recovery.SnapshotDir(dir)

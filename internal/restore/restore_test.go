@@ -109,6 +109,10 @@ func checkDir(t *testing.T, dir string, want point) {
 		t.Fatalf("restored directory opens at LSN %d, digest %s, %d keys; the primary had %s, %d keys at LSN %d",
 			v.AppliedLSN(), v.Digest(), keyspace.UserKeys(v), want.digest, want.keys, want.lsn)
 	}
+	// Its WAL holds the batch ending there, for the new log stores.
+	if f := res.WAL.FirstLSN(); want.lsn > 0 && (f == 0 || f > want.lsn || res.WAL.LastLSN() != want.lsn) {
+		t.Fatalf("restored directory's WAL ends at LSN %d (first %d); want the batch ending at LSN %d", res.WAL.LastLSN(), res.WAL.FirstLSN(), want.lsn)
+	}
 }
 
 func TestRestoreToAnLSNATimeAndLatest(t *testing.T) {
@@ -248,6 +252,34 @@ func TestRestoreFromABaseSnapshot(t *testing.T) {
 			checkDir(t, dir, tc.want)
 		})
 	}
+	// At a snapshot's own LSN nothing is replayed: the batch ending there
+	// is read on its own for the directory's WAL (checkDir).
+	t.Run("at a snapshot", func(t *testing.T) {
+		st, err := ls.Status(t.Context(), &walshipv1.LogStoreServiceStatusRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want *point
+		for _, sn := range st.Snapshots {
+			for i := range points {
+				if points[i].lsn == sn.Lsn && sn.Lsn >= st.FirstLsn {
+					want = &points[i]
+				}
+			}
+		}
+		if want == nil {
+			t.Skipf("no snapshot whose batch the log store still holds (log from %d, snapshots %v)", st.FirstLsn, st.Snapshots)
+		}
+		dir := filepath.Join(t.TempDir(), "restored")
+		res, err := restore.Run(t.Context(), restore.Options{LogStores: addrs, DataDir: dir, Target: restore.AtLSN(want.lsn)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Batches != 0 || res.Snapshot.GetLsn() != want.lsn {
+			t.Fatalf("restore to the snapshot's LSN %d replayed %d batches from snapshot %v", want.lsn, res.Batches, res.Snapshot)
+		}
+		checkDir(t, dir, *want)
+	})
 	t.Run("outside retention", func(t *testing.T) {
 		_, err := restore.Run(t.Context(), restore.Options{LogStores: addrs, DataDir: filepath.Join(t.TempDir(), "r"), Target: restore.AtLSN(points[0].lsn)})
 		if status.Code(err) != codes.OutOfRange || !strings.Contains(err.Error(), fmt.Sprintf("snapshots at %d", oldest)) {
