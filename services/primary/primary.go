@@ -319,7 +319,12 @@ func (s *Server) shipToLogStores(ctx context.Context) {
 // uploadToLogStores uploads the primary's snapshots to every log store
 // (uploadSnapshots), and the one it recovered from, until ctx ends.
 func (s *Server) uploadToLogStores(ctx context.Context) {
-	if s.cfg.LogStoreSnapshotEvery < 0 || len(s.cfg.LogStores) == 0 {
+	if len(s.cfg.LogStores) == 0 {
+		return
+	}
+	if s.cfg.LogStoreSnapshotEvery < 0 {
+		s.logger.Warn("--logstore-snapshot-every is negative: no snapshot is uploaded to the log stores, so the cluster is not restorable from its log stores or their archive (nor can they re-seed a replica) once their log no longer starts at LSN 1",
+			"wal_first_lsn", s.wal.FirstReadableLSN(), "snapshot_lsn", s.snapshotLSN.Load())
 		return
 	}
 	var wg sync.WaitGroup

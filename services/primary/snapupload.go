@@ -86,25 +86,26 @@ func (u *snapUploads) newest() *snapOffer {
 }
 
 // offerSnapshot offers the snapshot at lsn (of keys pairs with digest,
-// written to path) for upload. The header says what the log stores check
-// it against: the epochs of the log up to lsn and the commit time of the
-// batch that ends there. A snapshot that is not at a batch end (the
-// visible LSN can fall between the transactions of one batch) or that
-// this primary's history does not reach is not offered: the log stores
-// would refuse it.
-func (s *Server) offerSnapshot(path string, lsn, keys uint64, digest string) {
+// written to path) for upload, and reports whether it did. The header
+// says what the log stores check it against: the epochs of the log up to
+// lsn and the commit time of the batch that ends there. A snapshot that
+// is not at a batch end (the visible LSN can fall between the
+// transactions of one batch), whose batch is not in the WAL, or that this
+// primary's history does not reach is not offered: the log stores would
+// refuse it.
+func (s *Server) offerSnapshot(path string, lsn, keys uint64, digest string) bool {
 	if len(s.cfg.LogStores) == 0 || s.cfg.LogStoreSnapshotEvery < 0 {
-		return
+		return false
 	}
 	log := s.logger.With("lsn", lsn, "path", path)
 	if s.epochs.EpochOf(lsn) == 0 {
 		log.Info("not uploading the snapshot to the log stores: this primary's epoch history does not reach its LSN")
-		return
+		return false
 	}
 	r, err := s.wal.NewReader(lsn, true)
 	if err != nil {
 		log.Info("not uploading the snapshot to the log stores: its batch is not in the WAL", "err", err)
-		return
+		return false
 	}
 	defer r.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -112,16 +113,16 @@ func (s *Server) offerSnapshot(path string, lsn, keys uint64, digest string) {
 	e, err := r.Next(ctx) // durable already: the snapshot synced through it
 	if err != nil {
 		log.Info("not uploading the snapshot to the log stores: cannot read its batch", "err", err)
-		return
+		return false
 	}
 	if e.LastLSN != lsn {
 		log.Info("not uploading the snapshot to the log stores: it is inside a batch", "batch_first_lsn", e.FirstLSN, "batch_last_lsn", e.LastLSN)
-		return
+		return false
 	}
 	var env walshipv1.WalBatch
 	if err := envelope.Unmarshal(e.Data, &env); err != nil {
 		log.Warn("not uploading the snapshot to the log stores: its batch does not decode", "err", err)
-		return
+		return false
 	}
 	s.uploads.offer(&snapOffer{path: path, digest: digest, header: &walshipv1.SnapshotHeader{
 		Epoch:              s.epoch,
@@ -132,10 +133,19 @@ func (s *Server) offerSnapshot(path string, lsn, keys uint64, digest string) {
 		ClusterId:          s.cluster.ID(),
 		CommitLsn:          s.commit.Load(),
 	}})
+	return true
 }
 
 // offerRecovered offers the snapshot recovery started from, so that a
-// primary that restarts more often than it snapshots still uploads one.
+// primary that restarts more often than it snapshots still uploads one,
+// and one started on a restored directory, or with log stores that
+// replaced the old ones while it was down, gives them a base snapshot at
+// once: until they hold one, they (and their archive) can restore the
+// cluster, or re-seed a replica, only if their log starts at LSN 1. A
+// snapshot whose batch is not in the WAL (a directory restored before
+// restores wrote it there, or a WAL cut through it) cannot be offered —
+// a log store takes a snapshot only at a batch end it holds — and is
+// warned about: the next snapshot is the first the log stores get.
 func (s *Server) offerRecovered() {
 	lsn := s.snapshotLSN.Load()
 	if lsn == 0 {
@@ -162,7 +172,10 @@ func (s *Server) offerRecovered() {
 		s.logger.Warn("not uploading the recovered snapshot to the log stores", "path", path, "err", err)
 		return
 	}
-	s.offerSnapshot(path, lsn, sc.Count(), d.String())
+	if !s.offerSnapshot(path, lsn, sc.Count(), d.String()) && s.wal.FirstReadableLSN() > lsn {
+		s.logger.Warn("the snapshot this primary recovered from cannot be uploaded to the log stores: unless they hold one already, they and their archive cannot restore the cluster or re-seed a replica until this primary's next snapshot (after --snapshot-every-bytes of writes)",
+			"lsn", lsn, "wal_first_lsn", s.wal.FirstReadableLSN())
+	}
 }
 
 // uploadSnapshots feeds one log store with the snapshots offered, until
