@@ -46,6 +46,9 @@ type archiveOpts struct {
 	// env is every log store's environment besides the server's
 	// credentials (which come first, so that env overrides them).
 	env []string
+	// primaryDir, if set, is the primary's data directory (a restored
+	// one): the runbook's new cluster after a restore.
+	primaryDir string
 }
 
 // archiveFlags are the flags that reach the archive url on srv.
@@ -87,7 +90,11 @@ func newArchiveCluster(t *testing.T, srv *s3test.Server, url string, o archiveOp
 			cmd, serving = "primary", "primary serving"
 		}
 		n.serving = serving
-		n.args = []string{cmd, "--id", n.name, "--listen", n.addr, "--data-dir", filepath.Join(c.dir, n.name),
+		dataDir := filepath.Join(c.dir, n.name)
+		if i == 0 && o.primaryDir != "" {
+			dataDir = o.primaryDir
+		}
+		n.args = []string{cmd, "--id", n.name, "--listen", n.addr, "--data-dir", dataDir,
 			"--peers", strings.Join(peers, ","), "--logstore", strings.Join(lsAddrs, ","), "--primary", c.nodes[0].addr,
 			"--durability", "sync", "--logstore-ack", "sync", "--sync-timeout", "5s", "--heartbeat-interval", "100ms",
 			"--snapshot-every-bytes", "65536"}
@@ -99,6 +106,16 @@ func newArchiveCluster(t *testing.T, srv *s3test.Server, url string, o archiveOp
 	for _, n := range c.all() {
 		n.start()
 	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, n := range c.all() {
+				n.p.mu.Lock()
+				log := n.p.log.String()
+				n.p.mu.Unlock()
+				t.Logf("%s's log, last 4 KiB:\n%s", n.name, log[max(0, len(log)-4096):])
+			}
+		}
+	})
 	c.waitWritable(t)
 	return c
 }
@@ -390,7 +407,10 @@ func checkRestoredWrites(t *testing.T, kv walshipv1.KVServiceClient, l *archiveL
 //     last LSN before the destruction; the restore reaches that LSN with
 //     the primary's state digest there, and a restore to a time older
 //     than what the log stores still keep (they refuse it) gives exactly
-//     the writes acknowledged up to the LSN it resolves to.
+//     the writes acknowledged up to the LSN it resolves to. The restored
+//     directory then runs as the primary of a new cluster with new, empty
+//     log stores archiving to a new prefix, and that prefix alone
+//     restores the new cluster at once, at the new primary's digest.
 //   - mid-load: the destruction comes while the load runs; the restore
 //     reaches at least the last archived LSN reported.
 func TestArchiveDisasterRecovery(t *testing.T) {
@@ -519,6 +539,40 @@ func TestArchiveDisasterRecovery(t *testing.T) {
 			if midLoad {
 				return
 			}
+			// The runbook's next step: the restored directory as the
+			// primary of a new cluster, with new empty log stores that
+			// archive to a new prefix. That prefix alone restores the new
+			// cluster at once (the restored snapshot is uploaded and
+			// archived), and after new writes too.
+			// The replicas keep the old ids: the restored state's epoch
+			// record holds the old contract (one sync replica of n1, n2),
+			// and the new primary opens its epoch once they apply it.
+			url2 := url + "-new"
+			nc := newArchiveCluster(t, srv, url2, archiveOpts{replicas: 2, primaryDir: dir})
+			if _, err := walshipv1.NewKVServiceClient(nc.conn(t, nc.primary().addr)).Put(t.Context(),
+				&walshipv1.PutRequest{Key: "dr/after-restore", Value: []byte("new")}); err != nil {
+				t.Fatal(err)
+			}
+			now := nc.waitArchived(t, time.Minute)
+			var nr restored
+			testkit.UntilWithin(t, time.Minute, "the new prefix alone to restore the new cluster", func() bool {
+				out, code := walshipCmd(t, srv, append(append([]string{"restore"}, archiveFlags(srv, url2)...), "--latest", "--dry-run")...)
+				if code != 0 {
+					return false
+				}
+				_, _ = fmt.Sscanf(field(out, "resolved LSN"), "%d", &nr.lsn)
+				return nr.lsn >= now.GetVisibleLsn()
+			})
+			nr = restoreArchive(t, srv, url2, filepath.Join(t.TempDir(), "new"), "--latest")
+			if nr.lsn != now.GetVisibleLsn() || nr.digest != now.GetStateDigest() {
+				t.Fatalf("restore from the new prefix reached LSN %d, digest %s; the new primary is at LSN %d, digest %s",
+					nr.lsn, nr.digest, now.GetVisibleLsn(), now.GetStateDigest())
+			}
+			t.Logf("the new prefix %s alone restores the new cluster (LSN %d)", url2, nr.lsn)
+			if out, code := verifyArchive(t, srv, url2); code != 0 {
+				t.Errorf("ctl verify --archive %s: exit %d\n%s", url2, code, out)
+			}
+			nc.destroy(t)
 			// A time older than what the log stores kept.
 			tdir := filepath.Join(t.TempDir(), "at-time")
 			tr := restoreArchive(t, srv, url, tdir, "--time", at.UTC().Format(time.RFC3339Nano))
