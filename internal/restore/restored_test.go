@@ -1,6 +1,7 @@
 package restore_test
 
 import (
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/restore"
 	"github.com/walship/walship/internal/testkit"
+	"github.com/walship/walship/services/primary"
 )
 
 // TestRestoredClusterRestoresFromItsOwnLogStores: a primary started on a
@@ -70,6 +72,59 @@ func TestRestoredClusterRestoresFromItsOwnLogStores(t *testing.T) {
 	if latest.LSN != last.lsn || latest.Digest != last.digest || latest.Snapshot.GetLsn() != res.LSN {
 		t.Fatalf("restore from the new log stores reached LSN %d, digest %s, from snapshot %v; the new primary shows LSN %d, digest %s",
 			latest.LSN, latest.Digest, latest.Snapshot, last.lsn, last.digest)
+	}
+	checkDir(t, dir, last)
+}
+
+// TestNewLogStoresGetTheRecoveredSnapshot: log stores replaced while the
+// primary was down (new, empty ones in their place) hold nothing of the
+// history before the primary's WAL, which retention has cut: the primary
+// uploads the snapshot it recovered from as soon as it is back, and the
+// new log stores alone restore the cluster.
+func TestNewLogStoresGetTheRecoveredSnapshot(t *testing.T) {
+	root := t.TempDir()
+	cfg := cluster.Config{Dir: root, LogStores: 1, Primary: func(p *primary.Config) {
+		p.SegmentBytes, p.SnapshotEveryBytes, p.WALRetentionBytes = 64<<10, 64<<10, 256<<10
+	}}
+	c, err := cluster.Start(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last point
+	for i := range 300 {
+		last = write(t, c, c.Primary, i, 1000)
+	}
+	if err := c.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(c.LogStoreDir(0)); err != nil {
+		t.Fatal(err)
+	}
+	c, err = cluster.Start(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	ls := walshipv1.NewLogStoreServiceClient(c.Conn(c.LogStores[0]))
+	var st *walshipv1.LogStoreServiceStatusResponse
+	testkit.UntilWithin(t, 30*time.Second, "the new log store to hold a base snapshot", func() bool {
+		st, err = ls.Status(t.Context(), &walshipv1.LogStoreServiceStatusRequest{})
+		return err == nil && len(st.Snapshots) > 0
+	})
+	if st.FirstLsn <= 1 {
+		t.Fatalf("the new log store holds the log from LSN %d: the primary's WAL was not cut, the test shows nothing", st.FirstLsn)
+	}
+	dir := filepath.Join(t.TempDir(), "r")
+	res, err := restore.Run(t.Context(), restore.Options{LogStores: []string{c.LogStores[0].Addr}, DataDir: dir, Target: restore.AtLSN(last.lsn)})
+	if err != nil {
+		t.Fatalf("restore from the new log store alone (log from LSN %d, snapshots %v): %v", st.FirstLsn, st.Snapshots, err)
+	}
+	if res.Digest != last.digest {
+		t.Fatalf("restore from the new log store reached digest %s at LSN %d; the primary had %s", res.Digest, res.LSN, last.digest)
 	}
 	checkDir(t, dir, last)
 }
