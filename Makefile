@@ -79,7 +79,7 @@ certmanager: $(BIN)/cert-manager-controller
 
 # Root runs the real-cluster tests in make test, so it builds their binaries.
 IS_ROOT := $(filter 0,$(shell id -u))
-REALKUBE_BINS := $(if $(IS_ROOT),$(KUBE_NODE_BINS) $(BIN)/coredns)
+REALKUBE_BINS := $(if $(IS_ROOT),$(KUBE_NODE_BINS) $(BIN)/coredns $(BIN)/cert-manager-controller)
 
 # A single-node cluster (internal/realkube) in KUBE_DIR, started in the
 # background: make kube-up prints the KUBECONFIG to use; make kube-down
@@ -124,7 +124,7 @@ test: $(BIN)/walship $(BIN)/grpcurl $(BIN)/kube-apiserver $(BIN)/kubectl $(BIN)/
 # internal/realkube alone, on the cluster it starts (root; Debian's
 # etcd-server containerd runc containernetworking-plugins iptables
 # conntrack). About 3 minutes once the binaries are built.
-realkube: $(KUBE_NODE_BINS) $(BIN)/kube-apiserver $(BIN)/kubectl $(BIN)/coredns
+realkube: $(KUBE_NODE_BINS) $(BIN)/kube-apiserver $(BIN)/kubectl $(BIN)/coredns $(BIN)/cert-manager-controller $(BIN)/weed
 	WALSHIP_REALKUBE_BIN=$(BIN) $(GO) test -race -count=1 -timeout 30m ./internal/realkube/
 
 lint: $(BIN)/buf
