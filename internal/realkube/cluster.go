@@ -70,6 +70,8 @@ type Cluster struct {
 	Kubeconfig string
 	// HostIP is the node's address, where the API server and CoreDNS listen.
 	HostIP string
+	// ProxyMetrics is kube-proxy's metrics address (host:port).
+	ProxyMetrics string
 
 	cfg     Config
 	ctdSock string
@@ -136,6 +138,7 @@ func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
 		return nil, err
 	}
 	c.apiPort = ports["apiserver"]
+	c.ProxyMetrics = "127.0.0.1:" + ports["proxy-metrics"]
 	apiURL := "https://" + c.HostIP + ":" + c.apiPort
 	if err := c.run(ctx, "kube-apiserver", c.bin("kube-apiserver"), "--etcd-servers", etcdURL,
 		"--bind-address", "0.0.0.0", "--advertise-address", c.HostIP, "--secure-port", ports["apiserver"],

@@ -75,36 +75,53 @@ func primaryPod(ctx context.Context, c *Cluster) (name, containerID string, err 
 // the pod and its network stay) under the checked workload (underLoad):
 // another node takes the Lease and writes through walship-rw, nothing
 // acknowledged is lost, and the killed container restarts in its pod and
-// rejoins as a replica.
+// rejoins as a replica. With WALSHIP_REALKUBE_RUNS it does so that many
+// times and logs the median from the kill to the first acknowledged write
+// through walship-rw, with each run's timeline.
 func TestKillPrimaryContainer(t *testing.T) {
 	c := cluster(t)
 	deployDev(t, c)
 	defer dumpOnFailure(t, c)
-	var pod string
-	// Replicas do not contend within the holddown of an epoch change: a
-	// kill right after one (a cluster just deployed) is answered by the
-	// killed node coming back, not by a failover.
-	if err := waitHolddown(context.Background(), c); err != nil {
-		t.Fatal(err)
+	var recovered []time.Duration
+	for i := range runs() {
+		var pod string
+		// Replicas do not contend within the holddown of an epoch change: a
+		// kill right after one (a cluster just deployed) is answered by the
+		// killed node coming back, not by a failover.
+		if err := waitHolddown(context.Background(), c); err != nil {
+			t.Fatal(err)
+		}
+		var killedAt int64
+		var tl *timeline
+		run := underLoad(t, c, "kill-primary", func(ctx context.Context, h *check.History) error {
+			var cid string
+			var err error
+			if pod, cid, err = primaryPod(ctx, c); err != nil {
+				return err
+			}
+			pid, err := c.ContainerPID(ctx, cid)
+			if err != nil {
+				return err
+			}
+			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+				return fmt.Errorf("kill -9 %d (%s): %w", pid, pod, err)
+			}
+			killedAt = h.Now()
+			tl = startTimeline(ctx, c, time.Now().Add(-time.Duration(h.Now()-killedAt)))
+			h.Note("kill -9 %s (pid %d)", pod, pid)
+			err = waitAllReady(ctx, c, 5*time.Minute)
+			tl.nodeLogs(ctx, c)
+			return err
+		})
+		rec := run.recoveredFrom(killedAt)
+		recovered = append(recovered, rec)
+		newPod, _, err := primaryPod(context.Background(), c)
+		t.Logf("run %d: killed %s's container; primary now %s (%v); kill → first acknowledged write through walship-rw %v (%v from the disruption's start, finding the pod included)",
+			i, pod, newPod, err, rec.Round(time.Millisecond), run.Recovered.Round(time.Millisecond))
+		tl.add(tl.t0.Add(rec), "first acknowledged write through walship-rw after the kill")
+		tl.stop(t, fmt.Sprintf("run %d: kill -9 %s", i, pod))
 	}
-	underLoad(t, c, "kill-primary", func(ctx context.Context, h *check.History) error {
-		var cid string
-		var err error
-		if pod, cid, err = primaryPod(ctx, c); err != nil {
-			return err
-		}
-		pid, err := c.ContainerPID(ctx, cid)
-		if err != nil {
-			return err
-		}
-		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-			return fmt.Errorf("kill -9 %d (%s): %w", pid, pod, err)
-		}
-		h.Note("kill -9 %s (pid %d)", pod, pid)
-		return waitAllReady(ctx, c, 5*time.Minute)
-	})
-	newPod, _, err := primaryPod(context.Background(), c)
-	t.Logf("killed %s's container; primary now %s (%v)", pod, newPod, err)
+	summarize(t, "kill -9 of the primary → first acknowledged write through walship-rw", recovered)
 }
 
 // TestGracefulDeletePrimary deletes the primary's pod (kubectl delete pod,
@@ -115,42 +132,52 @@ func TestGracefulDeletePrimary(t *testing.T) {
 	c := cluster(t)
 	deployDev(t, c)
 	defer dumpOnFailure(t, c)
-	var pod string
-	underLoad(t, c, "delete-primary", func(ctx context.Context, h *check.History) error {
-		var err error
-		if pod, _, err = primaryPod(ctx, c); err != nil {
-			return err
-		}
-		logs, err := followLogs(ctx, c, pod)
-		if err != nil {
-			return err
-		}
-		h.Note("kubectl delete pod %s", pod)
-		if err := c.Kubectl(ctx, nil, "-n", devNamespace, "delete", "pod", pod, "--wait=false"); err != nil {
-			return err
-		}
-		out, err := logs.wait(ctx, 2*time.Minute)
-		if err != nil {
-			return fmt.Errorf("%s's log: %w", pod, err)
-		}
-		if !strings.Contains(out, "switched over before stopping") {
-			return fmt.Errorf("%s did not switch over before it stopped; its log since the delete:\n%s", pod, out)
-		}
-		for _, line := range strings.Split(out, "\n") {
-			if strings.Contains(line, "switched over before stopping") {
-				// Its "paused": how long it held writes for the hand-over,
-				// the part of the client's gap that is walship's.
-				t.Logf("%s: %s", pod, line)
+	var gaps []time.Duration
+	for i := range runs() {
+		var pod string
+		var tl *timeline
+		run := underLoad(t, c, "delete-primary", func(ctx context.Context, h *check.History) error {
+			var err error
+			if pod, _, err = primaryPod(ctx, c); err != nil {
+				return err
 			}
+			logs, err := followLogs(ctx, c, pod)
+			if err != nil {
+				return err
+			}
+			h.Note("kubectl delete pod %s", pod)
+			tl = startTimeline(ctx, c, time.Now())
+			if err := c.Kubectl(ctx, nil, "-n", devNamespace, "delete", "pod", pod, "--wait=false"); err != nil {
+				return err
+			}
+			out, err := logs.wait(ctx, 2*time.Minute)
+			if err != nil {
+				return fmt.Errorf("%s's log: %w", pod, err)
+			}
+			if !strings.Contains(out, "switched over before stopping") {
+				return fmt.Errorf("%s did not switch over before it stopped; its log since the delete:\n%s", pod, out)
+			}
+			for _, line := range strings.Split(out, "\n") {
+				if strings.Contains(line, "switched over before stopping") {
+					// Its "paused": how long it held writes for the hand-over,
+					// the part of the client's gap that is walship's.
+					t.Logf("%s: %s", pod, line)
+				}
+			}
+			h.Note("%s switched over and exited", pod)
+			err = waitAllReady(ctx, c, 5*time.Minute)
+			tl.nodeLogs(ctx, c)
+			return err
+		})
+		gaps = append(gaps, run.LongestGap)
+		tl.stop(t, fmt.Sprintf("run %d: delete %s", i, pod))
+		newPod, _, err := primaryPod(context.Background(), c)
+		if err != nil || newPod == pod {
+			t.Fatalf("primary after %s was deleted: %q (%v), want another pod", pod, newPod, err)
 		}
-		h.Note("%s switched over and exited", pod)
-		return waitAllReady(ctx, c, 5*time.Minute)
-	})
-	newPod, _, err := primaryPod(context.Background(), c)
-	if err != nil || newPod == pod {
-		t.Fatalf("primary after %s was deleted: %q (%v), want another pod", pod, newPod, err)
+		t.Logf("run %d: deleted %s; primary now %s; longest gap %v", i, pod, newPod, run.LongestGap.Round(time.Millisecond))
 	}
-	t.Logf("deleted %s; primary now %s", pod, newPod)
+	summarize(t, "graceful delete of the primary's pod: the client's longest gap", gaps)
 }
 
 // failoverHolddown is WALSHIP_FAILOVER_HOLDDOWN of deploy/k8s/base/node.env.

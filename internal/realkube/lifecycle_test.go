@@ -23,37 +23,47 @@ func TestRolloutRestart(t *testing.T) {
 	c := cluster(t)
 	deployDev(t, c)
 	defer dumpOnFailure(t, c)
-	var before, after map[string]string
-	var down, notReady int
-	underLoad(t, c, "rollout-restart", func(ctx context.Context, h *check.History) error {
-		var err error
-		if before, err = podUIDs(ctx, c, nodeSelector); err != nil {
+	var gaps []time.Duration
+	for i := range runs() {
+		var before, after map[string]string
+		var down, notReady int
+		var tl *timeline
+		run := underLoad(t, c, "rollout-restart", func(ctx context.Context, h *check.History) error {
+			var err error
+			if before, err = podUIDs(ctx, c, nodeSelector); err != nil {
+				return err
+			}
+			watch := watchUnavailable(ctx, c, nodeSelector, len(before))
+			tl = startTimeline(ctx, c, time.Now())
+			if err := c.Kubectl(ctx, nil, "-n", devNamespace, "rollout", "restart", "statefulset/walship"); err != nil {
+				return err
+			}
+			if err := c.Kubectl(ctx, nil, "-n", devNamespace, "rollout", "status", "statefulset/walship", "--timeout=10m"); err != nil {
+				return err
+			}
+			err = waitAllReady(ctx, c, 5*time.Minute)
+			down, notReady = watch.stop()
+			if err != nil {
+				return err
+			}
+			tl.nodeLogs(ctx, c)
+			after, err = podUIDs(ctx, c, nodeSelector)
 			return err
+		})
+		gaps = append(gaps, run.LongestGap)
+		tl.stop(t, fmt.Sprintf("run %d: rollout restart", i))
+		for pod, uid := range before {
+			if after[pod] == uid {
+				t.Errorf("run %d: %s was not replaced by the rollout", i, pod)
+			}
 		}
-		watch := watchUnavailable(ctx, c, nodeSelector, len(before))
-		if err := c.Kubectl(ctx, nil, "-n", devNamespace, "rollout", "restart", "statefulset/walship"); err != nil {
-			return err
+		if down > 1 {
+			t.Errorf("run %d: %d data nodes were down at once during the rollout, want at most 1", i, down)
 		}
-		if err := c.Kubectl(ctx, nil, "-n", devNamespace, "rollout", "status", "statefulset/walship", "--timeout=10m"); err != nil {
-			return err
-		}
-		err = waitAllReady(ctx, c, 5*time.Minute)
-		down, notReady = watch.stop()
-		if err != nil {
-			return err
-		}
-		after, err = podUIDs(ctx, c, nodeSelector)
-		return err
-	})
-	for pod, uid := range before {
-		if after[pod] == uid {
-			t.Errorf("%s was not replaced by the rollout", pod)
-		}
+		t.Logf("run %d: rollout restart: at most %d data node(s) down and %d not Ready at once; longest gap %v",
+			i, down, notReady, run.LongestGap.Round(time.Millisecond))
 	}
-	if down > 1 {
-		t.Errorf("%d data nodes were down at once during the rollout, want at most 1", down)
-	}
-	t.Logf("rollout restart: at most %d data node(s) down and %d not Ready at once", down, notReady)
+	summarize(t, "rollout restart of the data nodes: the client's longest gap", gaps)
 }
 
 // TestReplicaPodRecreated deletes a replica's pod under the checked

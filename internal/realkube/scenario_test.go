@@ -35,6 +35,20 @@ type loadRun struct {
 	Lost []string
 	// ReplicaReads were answered through walship-ro.
 	ReplicaReads int
+
+	acks []int64 // ackTimes, on the history's clock
+}
+
+// recoveredFrom is from at (the history's clock: a kill) to the
+// acknowledgement that ended the longest gap after it.
+func (r loadRun) recoveredFrom(at int64) time.Duration {
+	var gap, rec time.Duration
+	for i := 1; i < len(r.acks); i++ {
+		if g := time.Duration(r.acks[i] - r.acks[i-1]); r.acks[i] > at && g > gap {
+			gap, rec = g, time.Duration(r.acks[i]-at)
+		}
+	}
+	return rec
 }
 
 func (r loadRun) String() string {
@@ -153,7 +167,7 @@ func underLoadOn(t *testing.T, c *Cluster, tg target, name string, disrupt func(
 	ops := h.Ops()
 	run := loadRun{Lost: lostWrites(ops), ReplicaReads: out.session.Reads}
 	acks := ackTimes(ops)
-	run.Acked = len(acks)
+	run.Acked, run.acks = len(acks), acks
 	var gapAfter time.Duration
 	for i := 1; i < len(acks); i++ {
 		gap := time.Duration(acks[i] - acks[i-1])
