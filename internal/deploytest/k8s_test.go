@@ -393,7 +393,7 @@ func TestChecksCatchMistakes(t *testing.T) {
 			p.HTTPGet, p.GRPC = nil, &corev1.GRPCAction{Port: 7401}
 		}, "readinessProbe must be an HTTP probe of /readyz for a data node"},
 		{"slow readiness", func(o *objects) { node(o).ReadinessProbe.PeriodSeconds = 10 },
-			"readinessProbe takes 20s to notice"},
+			"readinessProbe takes 30s to notice"},
 
 		// Automatic failover.
 		{"no token for a node", func(o *objects) { nodes(o).Spec.Template.Spec.AutomountServiceAccountToken = boolPtr(false) },
