@@ -103,12 +103,27 @@ func TestKillPrimaryContainer(t *testing.T) {
 			if err != nil {
 				return err
 			}
+			restarts, err := podField(ctx, c, pod, "{.status.containerStatuses[0].restartCount}")
+			if err != nil {
+				return err
+			}
 			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 				return fmt.Errorf("kill -9 %d (%s): %w", pid, pod, err)
 			}
 			killedAt = h.Now()
 			tl = startTimeline(ctx, c, time.Now().Add(-time.Duration(h.Now()-killedAt)))
 			h.Note("kill -9 %s (pid %d)", pod, pid)
+			// Until kubelet has seen the container die, the pod is still
+			// Ready: wait for its restart, so that the next run does not
+			// kill a primary while this node is still down (two faults).
+			if err := waitFor(ctx, 5*time.Minute, pod+"'s container to restart", func() error {
+				if n, err := podField(ctx, c, pod, "{.status.containerStatuses[0].restartCount}"); err != nil || n == restarts {
+					return fmt.Errorf("restartCount %s (%v)", n, err)
+				}
+				return nil
+			}); err != nil {
+				return err
+			}
 			err = waitAllReady(ctx, c, 5*time.Minute)
 			tl.nodeLogs(ctx, c)
 			return err
