@@ -130,8 +130,10 @@ func proxyLastSync(ctx context.Context, addr string) (float64, error) {
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "kubeproxy_sync_proxy_rules_last_timestamp_seconds "); ok {
-			return strconv.ParseFloat(strings.TrimSpace(v), 64)
+		// kube-proxy v1.34 labels it by IP family; the cluster is IPv4.
+		line := sc.Text()
+		if strings.HasPrefix(line, "kubeproxy_sync_proxy_rules_last_timestamp_seconds") && !strings.Contains(line, "IPv6") {
+			return strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
 		}
 	}
 	return 0, fmt.Errorf("no kubeproxy_sync_proxy_rules_last_timestamp_seconds")
