@@ -150,11 +150,15 @@ func TestAPIServerCutForThePrimary(t *testing.T) {
 	if role, _ := podField(ctx, c, oldPod, "{.metadata.labels.walship\\.io/role}"); role != "replica" {
 		t.Fatalf("%s healed is labelled %q, want replica", oldPod, role)
 	}
-	rw := walshipv1.NewKVServiceClient(serviceConn(t, c, ctx, "walship-rw"))
+	// A connection of its own for each try: one made before kube-proxy
+	// applied the relabelling lands on the old primary and stays there
+	// (plaintext connections are never closed), refused for good.
 	if err := waitFor(ctx, time.Minute, "a write through a new connection to walship-rw", func() error {
+		conn := serviceConn(t, c, ctx, "walship-rw")
+		defer conn.Close()
 		pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
 		defer pcancel()
-		_, err := rw.Put(pctx, &walshipv1.PutRequest{Key: "apiserver-cut/after", Value: []byte("x")})
+		_, err := walshipv1.NewKVServiceClient(conn).Put(pctx, &walshipv1.PutRequest{Key: "apiserver-cut/after", Value: []byte("x")})
 		return err
 	}); err != nil {
 		t.Fatal(err)
