@@ -9,7 +9,6 @@ import (
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/testkit"
 	"github.com/walship/walship/internal/vfs"
-	"github.com/walship/walship/services/logstore"
 )
 
 // TestLeaseOutlastsAStalledLogStoreDisk: a log store whose WAL fsync
@@ -20,23 +19,8 @@ import (
 // log store majority"). Once the disk returns, the batches are durable.
 func TestLeaseOutlastsAStalledLogStoreDisk(t *testing.T) {
 	fs := vfs.NewMem()
-	lcfg := logstore.DefaultConfig()
-	lcfg.Listen, lcfg.MetricsListen, lcfg.DataDir, lcfg.FS = "127.0.0.1:0", "", "/ls", fs
-	lcfg.StopTimeout = 5 * time.Second
-	ls, err := logstore.New(lcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lctx, lcancel := context.WithCancel(context.Background())
-	ldone := make(chan error, 1)
-	go func() { ldone <- ls.Run(lctx) }()
-	t.Cleanup(func() {
-		lcancel()
-		<-ldone
-	})
-
 	cfg := testConfig(t, filepath.Join(t.TempDir(), "p"))
-	cfg.LogStores = []string{ls.Addr()}
+	cfg.LogStores = []string{runLogStore(t, fs)}
 	cfg.LeaseTimeout = 500 * time.Millisecond
 	cfg.Policy.Durability = walshipv1.Durability_DURABILITY_ASYNC
 	cfg.Policy.Replication = walshipv1.ReplicationMode_REPLICATION_MODE_ASYNC

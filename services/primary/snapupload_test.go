@@ -17,10 +17,10 @@ import (
 
 // runLogStore runs a log store on an in-memory filesystem until the test
 // ends and returns its address.
-func runLogStore(t *testing.T) string {
+func runLogStore(t *testing.T, fs vfs.FS) string {
 	t.Helper()
 	cfg := logstore.DefaultConfig()
-	cfg.Listen, cfg.MetricsListen, cfg.DataDir, cfg.FS = "127.0.0.1:0", "", "/ls", vfs.NewMem()
+	cfg.Listen, cfg.MetricsListen, cfg.DataDir, cfg.FS = "127.0.0.1:0", "", "/ls", fs
 	cfg.StopTimeout = 5 * time.Second
 	ls, err := logstore.New(cfg)
 	if err != nil {
@@ -47,7 +47,7 @@ func TestWarnsWhenTheLogStoresGetNoSnapshot(t *testing.T) {
 		var out testkit.Output
 		cfg := testConfig(t, filepath.Join(t.TempDir(), "p"))
 		cfg.Logger = slog.New(slog.NewTextHandler(&out, nil))
-		cfg.LogStores = []string{runLogStore(t)}
+		cfg.LogStores = []string{runLogStore(t, vfs.NewMem())}
 		cfg.LogStoreSnapshotEvery = -1
 		start(t, cfg)
 		testkit.UntilWithin(t, 30*time.Second, "the warning that the log stores cannot restore the cluster", func() bool {
@@ -69,7 +69,7 @@ func TestWarnsWhenTheLogStoresGetNoSnapshot(t *testing.T) {
 		}
 		var out testkit.Output
 		cfg.Logger = slog.New(slog.NewTextHandler(&out, nil))
-		cfg.LogStores = []string{runLogStore(t)}
+		cfg.LogStores = []string{runLogStore(t, vfs.NewMem())}
 		start(t, cfg)
 		testkit.UntilWithin(t, 30*time.Second, "the warning that the recovered snapshot cannot be uploaded", func() bool {
 			return strings.Contains(out.String(), "recovered from cannot be uploaded")
