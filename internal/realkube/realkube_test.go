@@ -114,28 +114,8 @@ const devNamespace = "walship-dev"
 // hold one cluster id.
 func TestDevOverlay(t *testing.T) {
 	c := cluster(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	dirs := deployDev(t, c)
-	ids := map[string][]string{}
-	_ = ctx
-	for _, d := range dirs {
-		// Data nodes and log stores alike stamp it.
-		b, err := os.ReadFile(filepath.Join(d, "cluster"))
-		if err != nil {
-			t.Errorf("%s: %v", filepath.Base(d), err)
-			continue
-		}
-		id := strings.TrimSpace(string(b))
-		ids[id] = append(ids[id], filepath.Base(d))
-	}
-	var n int
-	for _, vols := range ids {
-		n += len(vols)
-	}
-	if len(ids) != 1 || n != len(dirs) {
-		t.Fatalf("cluster ids on the volumes = %v, want one id on all %d", ids, len(dirs))
-	}
+	// Data nodes and log stores alike stamp it.
+	checkOneClusterID(t, deployDev(t, c))
 }
 
 // TestServiceRangeStaysOnHost: a connection to an address of the Service
