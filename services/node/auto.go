@@ -316,24 +316,60 @@ func (n *Node) opened(ctx context.Context, epoch uint64) {
 	}
 }
 
-// labels keeps the node's role label equal to its role: "primary" while
-// it takes writes, "replica" for a replica, none for a primary that does
-// not take writes (it serves neither reads nor writes).
+// labels keeps the node's role label equal to its role (roleLabel).
 func (n *Node) labels(ctx context.Context) {
 	el := n.cfg.Election
+	last, since := labelUnknown, time.Time{}
 	for ctx.Err() == nil {
-		role := "replica"
-		if prim := n.Primary(); prim != nil {
-			role = ""
-			if prim.TakingWrites() {
-				role = "primary"
+		prim := n.Primary()
+		var role string
+		role, since = roleLabel(last, prim != nil, prim != nil && prim.TakingWrites(), since, time.Now())
+		if role != labelUnknown {
+			lctx, cancel := context.WithTimeout(ctx, 10*n.retry())
+			if err := el.Label(lctx, role); err != nil {
+				n.logger.Warn("could not label the pod", "role", role, "err", err)
 			}
+			cancel()
 		}
-		lctx, cancel := context.WithTimeout(ctx, 10*n.retry())
-		if err := el.Label(lctx, role); err != nil {
-			n.logger.Warn("could not label the pod", "role", role, "err", err)
-		}
-		cancel()
+		last = role
 		backoff.Sleep(ctx, n.retry())
 	}
+}
+
+// labelUnknown is the label a node has not set yet: at a start, its Pod
+// may carry the label of the process before it.
+const labelUnknown = "?"
+
+// promotionLabelGrace is how long a node keeps the label it has once it
+// is a primary that does not take writes yet, when that label is replica
+// (a promotion) or one it has not set (a start): a promotion or a
+// restart opens its epoch within it, and relabelling straight to primary
+// changes both Services' EndpointSlices in one update, where replica →
+// none → primary changes them twice and kube-proxy applies the second
+// only a minSyncPeriod (1 s by default) after the first.
+const promotionLabelGrace = 2 * time.Second
+
+// roleLabel is the role label for a node that was last labelled last:
+// "primary" while it takes writes, "replica" for a replica, none for a
+// primary that does not take writes (it serves neither reads nor
+// writes) — but a primary that does not take writes yet keeps a replica
+// or unknown label for promotionLabelGrace after since (when it became
+// one; zero when it is not one), and labelUnknown means leave the label
+// as it is. It returns the label and the new since.
+func roleLabel(last string, primary, takingWrites bool, since, now time.Time) (string, time.Time) {
+	switch {
+	case !primary:
+		return "replica", time.Time{}
+	case takingWrites:
+		return "primary", time.Time{}
+	case last != "replica" && last != labelUnknown:
+		return "", time.Time{}
+	}
+	if since.IsZero() {
+		since = now
+	}
+	if now.Sub(since) < promotionLabelGrace {
+		return last, since
+	}
+	return "", time.Time{}
 }
