@@ -316,11 +316,20 @@ func (n *Node) opened(ctx context.Context, epoch uint64) {
 	}
 }
 
-// labels keeps the node's role label equal to its role (roleLabel).
-func (n *Node) labels(ctx context.Context) {
+// labels keeps the node's role label equal to its role (roleLabel) until
+// the node is told to stop (stopping): a stopping primary that hands over
+// keeps its label, since its pod has left the Services already, and a
+// relabelling would only spend kube-proxy's minSyncPeriod before the new
+// primary's.
+func (n *Node) labels(ctx context.Context, stopping <-chan struct{}) {
 	el := n.cfg.Election
 	last, since := labelUnknown, time.Time{}
 	for ctx.Err() == nil {
+		select {
+		case <-stopping:
+			return
+		default:
+		}
 		prim := n.Primary()
 		var role string
 		role, since = roleLabel(last, prim != nil, prim != nil && prim.TakingWrites(), since, time.Now())

@@ -377,7 +377,7 @@ func (n *Node) Run(ctx context.Context) error {
 	if n.cfg.Election != nil {
 		electionDone.Add(2)
 		go func() { defer electionDone.Done(); n.autoFailover(actx) }()
-		go func() { defer electionDone.Done(); n.labels(actx) }()
+		go func() { defer electionDone.Done(); n.labels(actx, ctx.Done()) }()
 	}
 	for {
 		n.mu.Lock()
