@@ -84,6 +84,7 @@ func nodeFlags(fs *flag.FlagSet, env *Env, role node.Role) func(context.Context)
 	// leaves a primary behind rather than a cluster waiting for an operator
 	// to promote one.
 	fs.BoolVar(&cfg.SwitchoverOnStop, "switchover-on-stop", true, "a primary told to stop (SIGTERM, Ctrl-C) first switches over to its most advanced connected replica, within --switchover-timeout, then stops (false: stop at once, leaving no primary until one is promoted)")
+	fs.DurationVar(&cfg.SwitchoverDelay, "switchover-delay", 0, "a primary told to stop keeps taking writes this long before it switches over (--switchover-on-stop): on Kubernetes, kube-proxy's minSyncPeriod plus a margin, so that the pod's removal from the Services and the new primary's addition reach the clients in separate syncs")
 	fs.DurationVar(&cfg.SwitchoverTimeout, "switchover-timeout", node.DefaultSwitchoverTimeout, "how long a primary told to stop tries to switch over first (--switchover-on-stop); past it, it stops anyway")
 	fs.IntVar(&pc.WatchMaxBytes, "watch-ring-bytes", 0, "memory for the recent transactions KVService.Watch serves from, with previous values (0 = 16 MiB); older positions are read from the WAL, without them")
 	fs.DurationVar(&pc.WatchStall, "watch-stall", 0, "cut off a watcher that leaves a send blocked (does not read) this long (0 = 10s)")

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -139,4 +140,55 @@ func checkAcked(t *testing.T, ctx context.Context, acked []string, addr, name st
 			t.Fatalf("%s was acknowledged but is not on the new primary %s: %v", k, name, err)
 		}
 	}
+}
+
+// TestSIGTERMSwitchoverDelay: with --switchover-delay a primary told to
+// stop keeps taking writes for the delay (its pod has left the Services
+// on Kubernetes; its clients' open connections still reach it), then
+// switches over as without it, and nothing acknowledged is lost.
+func TestSIGTERMSwitchoverDelay(t *testing.T) {
+	needLinux(t)
+	c := newFailoverCluster(t, func(i int) string { return fmt.Sprintf("n%d", i) })
+	c.nodes[0].args = append(c.nodes[0].args, "--switchover-delay", "2s")
+	c.start(t)
+	cl, err := client.New(c.addrs(), client.Options{Retry: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	load := startAlternatingLoad(ctx, cl)
+	testkit.UntilWithin(t, time.Minute, "50 writes before the SIGTERM", func() bool { return load.count() >= 50 })
+	if err := c.nodes[0].p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	testkit.UntilWithin(t, time.Minute, "the primary to log its delay", func() bool {
+		return strings.Contains(c.nodes[0].p.logs(), "taking writes for --switchover-delay")
+	})
+	// Within the delay, the old primary still takes writes.
+	at := load.count()
+	testkit.UntilWithin(t, time.Minute, "20 writes after the SIGTERM", func() bool { return load.count() >= at+20 })
+	if logs := c.nodes[0].p.logs(); strings.Contains(logs, "switching over first") {
+		t.Fatalf("the primary switched over before its writes after the SIGTERM were acknowledged:\n%s", logs)
+	}
+	<-c.nodes[0].p.done
+	if logs := c.nodes[0].p.logs(); !strings.Contains(logs, "switched over before stopping") {
+		t.Fatalf("the primary did not switch over after its delay:\n%s", logs)
+	}
+	var newPrim *procNode
+	testkit.UntilWithin(t, time.Minute, "a replica to be the primary", func() bool {
+		for _, n := range c.nodes[1:] {
+			if st := nodeStatusOf(t, ctx, n.addr); st.GetRole() == walshipv1.Role_ROLE_PRIMARY && st.GetTakingWrites() {
+				newPrim = n
+				return true
+			}
+		}
+		return false
+	})
+	at = load.count()
+	testkit.UntilWithin(t, time.Minute, "20 writes on the new primary", func() bool { return load.count() >= at+20 })
+	acked, pause := load.stop()
+	t.Logf("%s took over; %d writes acknowledged; longest gap %v", newPrim.name, len(acked), pause.Round(time.Millisecond))
+	checkAcked(t, ctx, acked, newPrim.addr, newPrim.name)
 }

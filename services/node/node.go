@@ -108,6 +108,14 @@ type Config struct {
 	// (0: DefaultSwitchoverTimeout).
 	SwitchoverOnStop  bool
 	SwitchoverTimeout time.Duration
+	// SwitchoverDelay is how long a primary told to stop keeps taking
+	// writes before it switches over. On Kubernetes the pod leaves the
+	// Services' endpoints when it is deleted, and kube-proxy applies the
+	// next change (the new primary's) only a minSyncPeriod (1 s by
+	// default) after that: waiting it out on the old primary, which its
+	// clients' open connections still reach, leaves them no gap but the
+	// switchover's pause.
+	SwitchoverDelay time.Duration
 }
 
 // Node is a running data node.
@@ -504,6 +512,19 @@ func (n *Node) handOver(prim *primary.Server) {
 	timeout := n.cfg.SwitchoverTimeout
 	if timeout <= 0 {
 		timeout = DefaultSwitchoverTimeout
+	}
+	if d := n.cfg.SwitchoverDelay; d > 0 {
+		n.logger.Info("stopping: taking writes for --switchover-delay before the switchover", "delay", d)
+		<-time.After(d)
+		// The replicas may have moved on meanwhile.
+		target, best, why = handOverTarget(prim.Status().GetPeers(), n.cfg.Members, n.cfg.ID)
+		if target != "" && !prim.TakingWrites() {
+			target, why = "", "this primary is not taking writes"
+		}
+		if target == "" {
+			n.logger.Warn("stopping without a switchover: the cluster has no primary until one is promoted", "why", why)
+			return
+		}
 	}
 	n.logger.Info("stopping: switching over first", "target", target, "flushed_lsn", best, "timeout", timeout)
 	resp, err := prim.Switchover(context.Background(), target, timeout)
