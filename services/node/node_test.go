@@ -299,9 +299,21 @@ func TestPromotionSupersededBeforeItOpened(t *testing.T) {
 			cfg.FS = mem
 		}
 	})
-	c0, c1 := c.conn(t, "n0"), c.conn(t, "n1")
+	c0, c1, c2 := c.conn(t, "n0"), c.conn(t, "n1"), c.conn(t, "n2")
 	put(t, c0, "k", "v")
 	cluster := status1(t, c0).GetClusterId()
+	// Both replicas follow n0 and hold the write before it stops: one that
+	// has not heard from it yet names no primary to replace, and the
+	// promotion would need n0's own answer.
+	top := status1(t, c0).GetVisibleLsn()
+	testkit.Until(t, "n1 and n2 to follow n0 up to its write", func() bool {
+		for _, cc := range []*grpc.ClientConn{c1, c2} {
+			if st := status1(t, cc); st.GetPrimary() != c.nodes["n0"].Addr() || st.GetVisibleLsn() < top {
+				return false
+			}
+		}
+		return true
+	})
 	if err := c.runs["n0"].stop(t); err != nil {
 		t.Fatalf("n0 stop: %v", err)
 	}
