@@ -501,12 +501,20 @@ func (n *Node) transition(s failover.NodeState, e failover.NodeEvent) failover.N
 // member of the cluster (SwitchoverOnStop), within SwitchoverTimeout. It
 // logs why it did not, and never fails the stop: the primary stops anyway.
 func (n *Node) handOver(prim *primary.Server) {
-	target, best, why := handOverTarget(prim.Status().GetPeers(), n.cfg.Members, n.cfg.ID)
-	if target != "" && !prim.TakingWrites() {
-		target, why = "", "this primary is not taking writes"
+	// target is the replica to hand over to now, or "" once it logged why
+	// there is none.
+	target := func() (string, uint64) {
+		target, best, why := handOverTarget(prim.Status().GetPeers(), n.cfg.Members, n.cfg.ID)
+		if target != "" && !prim.TakingWrites() {
+			target, why = "", "this primary is not taking writes"
+		}
+		if target == "" {
+			n.logger.Warn("stopping without a switchover: the cluster has no primary until one is promoted", "why", why)
+		}
+		return target, best
 	}
-	if target == "" {
-		n.logger.Warn("stopping without a switchover: the cluster has no primary until one is promoted", "why", why)
+	to, best := target()
+	if to == "" {
 		return
 	}
 	timeout := n.cfg.SwitchoverTimeout
@@ -517,22 +525,17 @@ func (n *Node) handOver(prim *primary.Server) {
 		n.logger.Info("stopping: taking writes for --switchover-delay before the switchover", "delay", d)
 		<-time.After(d)
 		// The replicas may have moved on meanwhile.
-		target, best, why = handOverTarget(prim.Status().GetPeers(), n.cfg.Members, n.cfg.ID)
-		if target != "" && !prim.TakingWrites() {
-			target, why = "", "this primary is not taking writes"
-		}
-		if target == "" {
-			n.logger.Warn("stopping without a switchover: the cluster has no primary until one is promoted", "why", why)
+		if to, best = target(); to == "" {
 			return
 		}
 	}
-	n.logger.Info("stopping: switching over first", "target", target, "flushed_lsn", best, "timeout", timeout)
-	resp, err := prim.Switchover(context.Background(), target, timeout)
+	n.logger.Info("stopping: switching over first", "target", to, "flushed_lsn", best, "timeout", timeout)
+	resp, err := prim.Switchover(context.Background(), to, timeout)
 	if err != nil {
-		n.logger.Error("switchover before stopping failed; stopping anyway", "target", target, "err", err)
+		n.logger.Error("switchover before stopping failed; stopping anyway", "target", to, "err", err)
 		return
 	}
-	n.logger.Info("switched over before stopping", "target", target, "epoch", resp.GetEpoch(), "paused", resp.GetPaused().AsDuration())
+	n.logger.Info("switched over before stopping", "target", to, "epoch", resp.GetEpoch(), "paused", resp.GetPaused().AsDuration())
 }
 
 // handOverTarget is the connected replica, among the other members, that
