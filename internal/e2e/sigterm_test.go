@@ -23,16 +23,8 @@ import (
 func TestSIGTERMSwitchesOver(t *testing.T) {
 	needLinux(t)
 	c := startFailoverCluster(t)
-	cl, err := client.New(c.addrs(), client.Options{Retry: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
-	defer cancel()
-	load := startAlternatingLoad(ctx, cl)
+	ctx, load := loadBeforeSIGTERM(t, c)
 	ackedSoFar := load.count
-	testkit.UntilWithin(t, time.Minute, "50 writes before the SIGTERM", func() bool { return ackedSoFar() >= 50 })
 
 	began := time.Now()
 	c.nodes[0].p.stop() // SIGTERM; fails the test unless it exits cleanly
@@ -75,6 +67,23 @@ func TestSIGTERMSwitchesOver(t *testing.T) {
 			t.Fatalf("%s after the primary stopped without a switchover: %v in vote epoch %d; want a replica of epoch %d", n.name, st.GetRole(), st.GetVoteEpoch(), epoch)
 		}
 	}
+}
+
+// loadBeforeSIGTERM runs the alternating load on c through a client that
+// follows the primary, until the test ends (or 3 minutes), and returns
+// once 50 writes are acknowledged, with the load's context.
+func loadBeforeSIGTERM(t *testing.T, c *failoverCluster) (context.Context, *alternatingLoad) {
+	t.Helper()
+	cl, err := client.New(c.addrs(), client.Options{Retry: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	t.Cleanup(cancel)
+	load := startAlternatingLoad(ctx, cl)
+	testkit.UntilWithin(t, time.Minute, "50 writes before the SIGTERM", func() bool { return load.count() >= 50 })
+	return ctx, load
 }
 
 // alternatingLoad writes keys term/0, term/1, … one after another through
@@ -151,15 +160,7 @@ func TestSIGTERMSwitchoverDelay(t *testing.T) {
 	c := newFailoverCluster(t, func(i int) string { return fmt.Sprintf("n%d", i) })
 	c.nodes[0].args = append(c.nodes[0].args, "--switchover-delay", "2s")
 	c.start(t)
-	cl, err := client.New(c.addrs(), client.Options{Retry: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
-	defer cancel()
-	load := startAlternatingLoad(ctx, cl)
-	testkit.UntilWithin(t, time.Minute, "50 writes before the SIGTERM", func() bool { return load.count() >= 50 })
+	ctx, load := loadBeforeSIGTERM(t, c)
 	if err := c.nodes[0].p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
