@@ -26,10 +26,7 @@ func serviceConn(t *testing.T, c *Cluster, ctx context.Context, svc string) *grp
 // the Service has new endpoints within seconds.
 func serviceConnTo(t *testing.T, c *Cluster, ctx context.Context, tg target, svc string) *grpc.ClientConn {
 	t.Helper()
-	ip, err := c.KubectlOutput(ctx, nil, "-n", tg.ns, "get", "service", svc, "-o", "jsonpath={.spec.clusterIP}")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ip := serviceIP(t, c, ctx, tg.ns, svc)
 	creds := insecure.NewCredentials()
 	opts := []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
 		Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, MaxDelay: 250 * time.Millisecond},
@@ -40,7 +37,7 @@ func serviceConnTo(t *testing.T, c *Cluster, ctx context.Context, tg target, svc
 		creds = tg.creds
 		opts = append(opts, grpc.WithAuthority(svc+"."+tg.ns+".svc"))
 	}
-	conn, err := grpc.NewClient(string(ip)+":7401", append(opts, grpc.WithTransportCredentials(creds))...)
+	conn, err := grpc.NewClient(ip+":7401", append(opts, grpc.WithTransportCredentials(creds))...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -102,7 +102,7 @@ func TestProdOverlay(t *testing.T) {
 	tg := target{ns: prodNamespace, creds: client.PeerCredentials(prodTrustDomain, tlsid.ClassNode)}
 
 	// Mutual TLS: a plaintext client is not served.
-	plain, err := grpc.NewClient(serviceIP(t, c, ctx, "walship-rw")+":7401", grpc.WithTransportCredentials(insecure.NewCredentials()))
+	plain, err := grpc.NewClient(serviceIP(t, c, ctx, prodNamespace, "walship-rw")+":7401", grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,10 +185,10 @@ func checkOneClusterID(t *testing.T, dirs []string) {
 	}
 }
 
-// serviceIP is a Service's ClusterIP in the prod namespace.
-func serviceIP(t *testing.T, c *Cluster, ctx context.Context, svc string) string {
+// serviceIP is the ClusterIP of a Service in namespace ns.
+func serviceIP(t *testing.T, c *Cluster, ctx context.Context, ns, svc string) string {
 	t.Helper()
-	ip, err := c.KubectlOutput(ctx, nil, "-n", prodNamespace, "get", "service", svc, "-o", "jsonpath={.spec.clusterIP}")
+	ip, err := c.KubectlOutput(ctx, nil, "-n", ns, "get", "service", svc, "-o", "jsonpath={.spec.clusterIP}")
 	if err != nil {
 		t.Fatal(err)
 	}
