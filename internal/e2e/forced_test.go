@@ -66,7 +66,9 @@ func TestForcedPromotionLosesWhatTheDryRunSays(t *testing.T) {
 		}
 		return r.GetLsn()
 	}
-	kv0 := dial(n0)
+	// The primary answers only once its epoch record meets the contract
+	// (n1's flush): wait for its health to say so.
+	kv0 := walshipv1.NewKVServiceClient(n0.p.dial(ctx))
 	var keptLast uint64
 	for i := range 3 {
 		keptLast = put(kv0, fmt.Sprintf("kept/%d", i))
