@@ -194,6 +194,9 @@ func (n *Node) eligibility(ctx context.Context, changed time.Time) (why string, 
 			return fmt.Sprintf("the primary %s is alive: it renews the election at %d of %d log stores", v.Holder, v.AliveAt, v.Stores), false
 		}
 	}
+	if err := leads(n.cfg.ID, rep.EpochRecord()); err != nil {
+		return err.Error(), false
+	}
 	last, logEpoch, _ := rep.LogPosition()
 	e := max(rep.Vote().Epoch, logEpoch)
 	if e == 0 {

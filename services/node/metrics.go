@@ -29,6 +29,10 @@ const (
 	phaseEpochOpen = "epoch_open" // 6: from the primary's start until it takes writes
 )
 
+// resultNotMember is the result of a promotion of a node that may not lead
+// under its log's contract (walship_promotions_total).
+const resultNotMember = "not_member"
+
 var phases = []string{phaseSurvey, phaseFence, phaseLeaseWait, phaseCatchUp, phaseEpochOpen}
 
 func newMetrics(reg prometheus.Registerer, n *Node) *metrics {
@@ -39,13 +43,13 @@ func newMetrics(reg prometheus.Registerer, n *Node) *metrics {
 	}, []string{"role"})
 	m.promotions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "walship_promotions_total",
-		Help: "Promotions this node attempted, by result: opened, refused (no quorum; nothing changed), failed (after fencing).",
+		Help: "Promotions this node attempted, by result: opened, refused (no quorum; nothing changed), failed (after fencing), not_member (this node may not lead under the newest contract in its log — a learner, a member joining or leaving, one removed — refused before fencing, or given up once caught up).",
 	}, []string{"result"})
 	m.stepDowns = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "walship_step_downs_total",
 		Help: "Times this node stepped down from primary because a newer epoch exists, and rejoined as a replica.",
 	})
-	for _, r := range []string{"opened", "refused", "failed"} {
+	for _, r := range []string{"opened", "refused", "failed", resultNotMember} {
 		m.promotions.WithLabelValues(r)
 	}
 	m.phases = prometheus.NewHistogramVec(prometheus.HistogramOpts{

@@ -126,6 +126,72 @@ func (n *Node) contract() *walshipv1.Contract {
 	return primary.ContractOf(n.cfg.Primary.Policy, n.cfg.Members, n.cfg.LogStores, lease)
 }
 
+// notLeadingError is a promotion of a node that may not be the primary
+// under the contract of the newest epoch record in its log: it is not a
+// member of every configuration of it (failover.Config.Leads).
+type notLeadingError struct {
+	id, why  string
+	epoch    uint64
+	contract *walshipv1.Contract
+}
+
+func (e *notLeadingError) Error() string {
+	return fmt.Sprintf("cannot promote %s: %s; a node may be the primary only as a member of every configuration of the newest contract in its log (epoch %d: %s)",
+		e.id, e.why, e.epoch, describeMembers(e.contract))
+}
+
+// leads returns a *notLeadingError unless id may be the primary under
+// rec, the newest epoch record of its log (failover.Config.Leads): a
+// member of its configuration and, while a membership change is in
+// progress, of the one it goes to. The promotion quorum counts on it: a
+// primary outside a half has only its k acks there, the replaced primary
+// may be one of them, and N−k+1 of the others can miss the write
+// (docs/ARCHITECTURE.md, Membership change, Leading). No record (a
+// cluster without members, whose primary writes none, or a log that has
+// not reached one: its catch-up checks again) allows it.
+func leads(id string, rec *walshipv1.EpochRecord) error {
+	c := rec.GetContract()
+	if c == nil {
+		return nil
+	}
+	qc := quorumConfig(c)
+	if qc.Leads(id) {
+		return nil
+	}
+	e := &notLeadingError{id: id, epoch: rec.GetEpoch(), contract: c}
+	switch {
+	case slices.Contains(qc.Learners, id):
+		e.why = "it is a learner (it counts for nothing and may lack acknowledged commits); it becomes a member once within a bound of the primary (walship ctl members list)"
+	case !slices.Contains(qc.Old.Members, id):
+		e.why = "it is not a member of the current configuration"
+	default:
+		e.why = "it is not a member of the configuration the membership change goes to"
+	}
+	return e
+}
+
+// describeMembers names c's members, those it goes to and its learners.
+func describeMembers(c *walshipv1.Contract) string {
+	ids := func(ms []*walshipv1.Member) string {
+		var s []string
+		for _, m := range ms {
+			s = append(s, m.GetId())
+		}
+		if len(s) == 0 {
+			return "none"
+		}
+		return strings.Join(s, ", ")
+	}
+	out := "members " + ids(c.GetMembers())
+	if nx := c.GetNext(); nx != nil {
+		out += ", changing to " + ids(nx.GetMembers())
+	}
+	if len(c.GetLearners()) > 0 {
+		out += "; learners " + ids(c.GetLearners())
+	}
+	return out
+}
+
 // judgeAll is judge under every contract in cs: the quorum must hold
 // under each (the strictest decides); the verdict is the first failing
 // one's, or the first's.
@@ -268,8 +334,14 @@ func (n *Node) promoteAs(ctx context.Context, req *walshipv1.PromoteRequest, ele
 	if len(n.cfg.LogStores) == 0 {
 		return nil, status.Error(codes.FailedPrecondition, "cannot promote: no log store is configured (--logstore); an epoch vote needs a log store majority")
 	}
-	if c := n.contract(); slices.ContainsFunc(c.GetLearners(), func(m *walshipv1.Member) bool { return m.GetId() == n.cfg.ID }) {
-		return nil, status.Errorf(codes.FailedPrecondition, "cannot promote %s: it is a learner (it counts for nothing and may lack acknowledged commits); it becomes a member once within a bound of the primary (walship ctl members list)", n.cfg.ID)
+	// Only a node that may lead under its log's newest contract record
+	// contends at all (a learner, a member joining or leaving in a change
+	// in progress does not): nothing is asked or fenced.
+	if err := leads(n.cfg.ID, rep.EpochRecord()); err != nil {
+		if !req.GetDryRun() {
+			n.metrics.promotions.WithLabelValues(resultNotMember).Inc()
+		}
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
 	}
 	if err := n.startPromoting(req.GetDryRun()); err != nil {
 		return nil, err

@@ -1,0 +1,186 @@
+package node
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/datadir"
+	"github.com/walship/walship/internal/envelope"
+	"github.com/walship/walship/internal/keyspace"
+	"github.com/walship/walship/internal/serve"
+	"github.com/walship/walship/internal/testkit"
+	"github.com/walship/walship/internal/vfs"
+	"github.com/walship/walship/internal/wal"
+	"github.com/walship/walship/pkg/codec"
+	"github.com/walship/walship/services/primary"
+	"github.com/walship/walship/services/replica"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+)
+
+// writeEpochRecord puts rec in dir's log as its primary would: the
+// epoch's first commit (a transaction of one put of
+// keyspace.EpochRecordKey) at LSN first, in a batch of rec's epoch, with
+// the history and the vote of a replica that wrote it (not applied yet:
+// a replica holds it until the primary says it is durable). It is how
+// these tests give a node a contract that no primary here can write yet
+// (learners, a joint configuration).
+func writeEpochRecord(t *testing.T, dir string, rec *walshipv1.EpochRecord, first uint64) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	data, err := proto.Marshal(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	commit := first + 1
+	b := codec.Batch{Records: []codec.Record{
+		{LSN: first, TxnID: commit, Op: codec.OpPut, Key: []byte(keyspace.EpochRecordKey), Value: data},
+		{LSN: commit, TxnID: commit, Op: codec.OpCommit},
+	}}
+	payload, err := codec.MsgPack.AppendBatch(nil, &b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, err := envelope.Marshal(&walshipv1.WalBatch{Epoch: rec.GetEpoch(), FirstLsn: first, LastLsn: commit, PrevLsn: first - 1,
+		CommitTimeUnixNano: time.Now().UnixNano(), Codec: walshipv1.Codec_CODEC_MSGPACK, Payload: payload, Crc32C: codec.Checksum(payload)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	log, err := wal.Open(wal.Options{Dir: filepath.Join(dir, "wal"), FS: vfs.OS})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := log.Append(wal.Entry{FirstLSN: first, LastLSN: commit, Data: env}); err != nil {
+		t.Fatal(err)
+	}
+	if err := log.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if err := log.Close(); err != nil {
+		t.Fatal(err)
+	}
+	h, err := datadir.LoadHistory(vfs.OS, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.Current().Epoch != rec.GetEpoch() {
+		h = append(h, datadir.Start{Epoch: rec.GetEpoch(), FirstLSN: first})
+	}
+	if err := datadir.SaveHistory(vfs.OS, dir, h); err != nil {
+		t.Fatal(err)
+	}
+	if err := datadir.SaveVote(vfs.OS, dir, datadir.Vote{Epoch: rec.GetEpoch(), Primary: rec.GetPrimaryId(), Addr: rec.GetPrimaryAddr()}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func memberList(ids ...string) []*walshipv1.Member {
+	var ms []*walshipv1.Member
+	for _, id := range ids {
+		ms = append(ms, &walshipv1.Member{Id: id, Addr: id + ".invalid:1"})
+	}
+	return ms
+}
+
+// recordReplica starts a data node id as a replica of nobody, with the log
+// store ls and a log holding rec (writeEpochRecord), under election el
+// (nil: none).
+func recordReplica(t *testing.T, id, ls string, rec *walshipv1.EpochRecord, el Election) *Node {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), id)
+	writeEpochRecord(t, dir, rec, 1)
+	p := primary.DefaultConfig()
+	p.HeartbeatInterval, p.LeaseTimeout, p.StopTimeout = 100*time.Millisecond, 300*time.Millisecond, 5*time.Second
+	r := replica.DefaultConfig()
+	r.HeartbeatInterval, r.StopTimeout = 100*time.Millisecond, 5*time.Second
+	r.Primary = testkit.FreeAddr(t) // nobody
+	cfg := Config{ID: id, DataDir: dir, Listen: "127.0.0.1:0", LogStores: []string{ls}, Role: RoleReplica,
+		Primary: p, Replica: r, Registry: serve.NewRegistry(), Logger: testLogger()}
+	if el != nil {
+		cfg.Election, cfg.ElectionRetry = el, 20*time.Millisecond
+	}
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, n.Run)
+	testkit.Until(t, id+" to report its log's contract", func() bool {
+		rep := n.Replica()
+		return rep != nil && rep.EpochRecord() != nil
+	})
+	return n
+}
+
+// TestOnlyALeaderPromotes: a node may be the primary only as a member of
+// every configuration its log's newest contract record is under
+// (failover.Config.Leads). A learner, a member leaving in a membership
+// change in progress, and a node the contract does not name at all are
+// refused before anything is fenced — manually (Promote, dry runs too)
+// and automatically (the election: the node does not contend, and its
+// Status says why) — though the log store alone would make the quorum
+// (the contract waits for no replica).
+func TestOnlyALeaderPromotes(t *testing.T) {
+	ls := startLogStore(t, t.TempDir())
+	contract := func(members []*walshipv1.Member) *walshipv1.Contract {
+		return &walshipv1.Contract{Members: members, Logstores: []string{ls}}
+	}
+	learner := contract(memberList("p", "m"))
+	learner.Learners = memberList("x")
+	leaving := contract(memberList("p", "x", "m"))
+	leaving.Next = &walshipv1.Configuration{Members: memberList("p", "m"), Logstores: []string{ls}}
+	joining := contract(memberList("p", "m"))
+	joining.Next = &walshipv1.Configuration{Members: memberList("p", "m", "x"), Logstores: []string{ls}}
+	for _, tc := range []struct {
+		name     string
+		contract *walshipv1.Contract
+		why      string
+	}{
+		{"a learner", learner, "it is a learner"},
+		{"a member leaving in a change", leaving, "not a member of the configuration the membership change goes to"},
+		{"a member joining in a change", joining, "not a member of the current configuration"},
+		{"a node the contract does not name", contract(memberList("p", "m")), "not a member of the current configuration"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := &walshipv1.EpochRecord{Epoch: 1, FirstLsn: 1, PrimaryId: "p", PrimaryAddr: "p.invalid:1", Contract: tc.contract}
+			n := recordReplica(t, "x", ls, rec, nil)
+			conn, err := serve.Dialer{}.Dial(n.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			admin := walshipv1.NewAdminServiceClient(conn)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			for _, dry := range []bool{true, false} {
+				_, err := admin.Promote(ctx, &walshipv1.PromoteRequest{DryRun: dry}, grpc.WaitForReady(true))
+				if status.Code(err) != codes.FailedPrecondition || !contains(err.Error(), "cannot promote x", tc.why, "epoch 1") {
+					t.Fatalf("Promote (dry run %v) = %v; want FAILED_PRECONDITION naming x, why (%q) and the contract", dry, err, tc.why)
+				}
+			}
+			if n.Role() != RoleReplica {
+				t.Fatalf("x is %v after its refused promotion", n.Role())
+			}
+
+			// The same node under an election does not contend.
+			el := &memElection{id: "x"}
+			n = recordReplica(t, "x", ls, rec, el)
+			testkit.Until(t, "x to say why it may not contend", func() bool {
+				n.mu.Lock()
+				defer n.mu.Unlock()
+				return strings.Contains(n.notEligible, tc.why)
+			})
+			if c, _ := el.counts(); c != 0 || n.Role() != RoleReplica {
+				t.Fatalf("x campaigned %d times and is %v", c, n.Role())
+			}
+		})
+	}
+}
