@@ -84,7 +84,7 @@ func TestCatchUpWaitsOutADonorRestarting(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer log.Close()
-	records, _, err := copyFromRetrying(t.Context(), serve.Dialer{}, addr, true, log, 10, 1, 2, "")
+	records, _, err := copyFromRetrying(t.Context(), serve.Dialer{}, addr, true, log, 10, 1, 2, "", nil)
 	if err != nil || records != 10 || log.LastLSN() != 10 || d.calls.Load() != 3 {
 		t.Fatalf("catch-up: %d records, log at LSN %d, %d calls, %v; want 10 records after 2 refusals", records, log.LastLSN(), d.calls.Load(), err)
 	}
@@ -124,7 +124,7 @@ func TestCatchUpChecksWholeTransactions(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer log.Close()
-			records, _, err := copyFromRetrying(t.Context(), serve.Dialer{}, addr, true, log, 8, 1, 2, "")
+			records, _, err := copyFromRetrying(t.Context(), serve.Dialer{}, addr, true, log, 8, 1, 2, "", nil)
 			if err == nil || records != 4 || log.LastLSN() != 4 {
 				t.Fatalf("catch-up: %d records, log at LSN %d, %v; want the 4 records before the bad batch and an error", records, log.LastLSN(), err)
 			}

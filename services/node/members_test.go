@@ -184,3 +184,89 @@ func TestOnlyALeaderPromotes(t *testing.T) {
 		})
 	}
 }
+
+// TestRemovedMemberPromotesNowhere: a member removed while it was down
+// still finds itself in its own log's contract, judges under it, and wins
+// a quorum; once caught up from its donor, its log's newest contract
+// record no longer names it, and it gives up before it starts its epoch
+// (failover.Config.Leads; the seed 12718 scenario of the simulation, with
+// real servers). Members {n0, n1, n2}, any 1 at flush; n2 goes down; n0
+// restarts under --peers {n0, n1} (its epoch 2 record removes n2) and
+// dies; n2 comes back with its old log and --peers and is promoted.
+func TestRemovedMemberPromotesNowhere(t *testing.T) {
+	c := &cluster{dir: t.TempDir(), nodes: map[string]*Node{}, runs: map[string]*running{}}
+	for _, id := range []string{"n0", "n1", "n2"} {
+		c.members = append(c.members, primary.Member{ID: id, Addr: testkit.FreeAddr(t)})
+	}
+	peers := map[string][]primary.Member{}
+	c.tweak = func(cfg *Config) {
+		if p := peers[cfg.ID]; p != nil {
+			cfg.Members = p
+		}
+	}
+	c.ls = startLogStore(t, c.dir)
+	c.start(t, "n0", RolePrimary)
+	c.start(t, "n1", RoleReplica)
+	c.start(t, "n2", RoleReplica)
+	put(t, c.conn(t, "n0"), "a", "1")
+	contractOf := func(id string) []*walshipv1.Member {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		st, err := nodeStatus(ctx, serve.Dialer{}, c.nodes[id].Addr())
+		if err != nil {
+			return nil
+		}
+		return st.GetContract().GetMembers()
+	}
+	testkit.Until(t, "n2 to hold the epoch 1 record", func() bool { return len(contractOf("n2")) == 3 })
+	for _, id := range []string{"n2", "n0"} {
+		if err := c.runs[id].stop(t); err != nil {
+			t.Fatalf("%s stop: %v", id, err)
+		}
+	}
+
+	// n2 is removed while it is down: n0's next epoch record names n0 and
+	// n1 only.
+	peers["n0"] = c.members[:2]
+	c.start(t, "n0", RolePrimary)
+	put(t, c.conn(t, "n0"), "b", "2")
+	testkit.Until(t, "n1 to hold the epoch 2 record", func() bool { return len(contractOf("n1")) == 2 })
+	if err := c.runs["n0"].stop(t); err != nil {
+		t.Fatalf("n0 stop: %v", err)
+	}
+
+	n2 := c.start(t, "n2", RoleReplica)
+	c2 := c.conn(t, "n2")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := walshipv1.NewAdminServiceClient(c2).Promote(ctx, &walshipv1.PromoteRequest{}, grpc.WaitForReady(true))
+	if err != nil {
+		// Refused before fencing is as good: it promotes nowhere.
+		if status.Code(err) != codes.FailedPrecondition || !contains(err.Error(), "cannot promote n2") {
+			t.Fatalf("Promote n2: %v", err)
+		}
+		return
+	}
+	var tl *walshipv1.FailoverTimeline
+	testkit.Until(t, "n2's promotion to fail or n2 to start as primary", func() bool {
+		if n2.Role() == RolePrimary {
+			return true
+		}
+		st, err := walshipv1.NewAdminServiceClient(c2).Status(ctx, &walshipv1.StatusRequest{})
+		tl = st.GetLastFailover()
+		return err == nil && tl.GetEpoch() == resp.GetEpoch() && tl.GetFailure() != ""
+	})
+	if n2.Role() == RolePrimary {
+		t.Fatalf("n2, removed from the contract, started as the primary of epoch %d", resp.GetEpoch())
+	}
+	if !contains(tl.GetFailure(), "cannot promote n2", "not a member of the current configuration", "epoch 2: members n0, n1") || tl.GetOpenedUnixNano() != 0 {
+		t.Fatalf("n2's timeline: %v; want a failure naming n2 and the contract of epoch 2", tl)
+	}
+	// It never started its epoch: a restart finds it a replica.
+	if h, err := datadir.LoadHistory(vfs.OS, filepath.Join(c.dir, "n2")); err != nil || h.Current().Epoch >= resp.GetEpoch() {
+		t.Fatalf("n2's history after giving up: %v, %v; want no epoch %d", h, err, resp.GetEpoch())
+	}
+	if got := metricCount(t, n2.cfg.Registry, "walship_promotions_total", "result", resultNotMember); got != 1 {
+		t.Fatalf("walship_promotions_total{result=%q} = %d, want 1", resultNotMember, got)
+	}
+}

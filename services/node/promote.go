@@ -16,6 +16,7 @@ import (
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/envelope"
 	"github.com/walship/walship/internal/failover"
+	"github.com/walship/walship/internal/keyspace"
 	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/tlsid"
@@ -98,6 +99,9 @@ type plan struct {
 	donor      answer
 	leaseUntil time.Time
 	timeline   *walshipv1.FailoverTimeline
+	// record is the newest epoch record in this node's log when it
+	// fenced (applied or held): its catch-up may bring a newer one.
+	record *walshipv1.EpochRecord
 }
 
 // verdict is what the answers allow.
@@ -406,7 +410,9 @@ func (n *Node) promoteAs(ctx context.Context, req *walshipv1.PromoteRequest, ele
 		// nothing: it makes a new id only when none is known.
 		cluster, _ = datadir.OneClusterID(clusterIDs(answers, promised))
 	}
-	p := &plan{epoch: epoch, cluster: cluster, self: answerOf(answers, n.cfg.ID), donor: v.donor, timeline: tl}
+	// Once fenced, this replica follows no one: its log's newest record
+	// stays what it is until the catch-up.
+	p := &plan{epoch: epoch, cluster: cluster, self: answerOf(answers, n.cfg.ID), donor: v.donor, timeline: tl, record: rep.EpochRecord()}
 	wait := n.leaseWait(known, answers, seen)
 	p.leaseUntil = time.Now().Add(wait)
 	tl.LeaseWait = durationpb.New(wait)
@@ -639,7 +645,11 @@ func (n *Node) setTimeline(tl *walshipv1.FailoverTimeline) {
 }
 
 func (n *Node) noteFailure(p *plan, err error) {
-	n.metrics.promotions.WithLabelValues("failed").Inc()
+	result := "failed"
+	if _, ok := errors.AsType[*notLeadingError](err); ok {
+		result = resultNotMember
+	}
+	n.metrics.promotions.WithLabelValues(result).Inc()
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.timeline != nil && n.timeline.GetEpoch() == p.epoch {
@@ -947,9 +957,15 @@ func (n *Node) carryOut(ctx context.Context, p *plan) error {
 		}
 	}
 	// Copy what the donor has beyond this log.
+	rec := p.record
 	if p.donor.lastLSN > log.LastLSN() {
 		own = own.Cut(log.LastLSN())
-		records, bytes, err := copyFromRetrying(ctx, n.dialer(), p.donor.addr, p.donor.logstore, log, p.donor.lastLSN, own.Current().Epoch, p.epoch, p.cluster)
+		note := func(b *codec.Batch) {
+			if r := epochRecordIn(b); r != nil {
+				rec = r
+			}
+		}
+		records, bytes, err := copyFromRetrying(ctx, n.dialer(), p.donor.addr, p.donor.logstore, log, p.donor.lastLSN, own.Current().Epoch, p.epoch, p.cluster, note)
 		if err != nil {
 			return fmt.Errorf("catch up from %s: %w", p.donor.id, err)
 		}
@@ -957,6 +973,19 @@ func (n *Node) carryOut(ctx context.Context, p *plan) error {
 	}
 	if err := log.Sync(); err != nil {
 		return fmt.Errorf("wal sync: %w", err)
+	}
+	// The donor's configuration may be newer than every one this
+	// promotion judged by: a member removed while it was down still finds
+	// itself in its own log. The log's newest record decides, before
+	// anything of the new epoch is saved (a history with it would make
+	// this node restart as that epoch's primary). The promises it took
+	// stay, and are harmless: each fenced node promised an epoch that
+	// never opens — no entry of it exists, no history holds it — and the
+	// next promotion fences the one after it, which they grant; a promise
+	// only refuses older epochs (I1, I4), and the old primary was deposed
+	// by the log store majority anyway.
+	if err := leads(n.cfg.ID, rec); err != nil {
+		return fmt.Errorf("gave up epoch %d once caught up from %s, before opening it: %w", p.epoch, p.donor.id, err)
 	}
 	last := log.LastLSN()
 	closed = true
@@ -1000,12 +1029,12 @@ const donorPatience = 5 * time.Second
 // copyFromRetrying is copyFrom, resumed from the log's end after an
 // UNAVAILABLE (the donor unreachable, or its stream cut) until
 // donorPatience has passed without progress.
-func copyFromRetrying(ctx context.Context, d serve.Dialer, addr string, logstore bool, log *wal.Log, last, epoch, opening uint64, cluster string) (records, bytes uint64, err error) {
+func copyFromRetrying(ctx context.Context, d serve.Dialer, addr string, logstore bool, log *wal.Log, last, epoch, opening uint64, cluster string, note func(*codec.Batch)) (records, bytes uint64, err error) {
 	var bo backoff.Backoff
 	since := time.Now()
 	for {
 		before := log.LastLSN()
-		r, b, e, err := copyFrom(ctx, d, addr, logstore, log, last, epoch, opening, cluster)
+		r, b, e, err := copyFrom(ctx, d, addr, logstore, log, last, epoch, opening, cluster, note)
 		records, bytes, epoch = records+r, bytes+b, e
 		if err == nil || status.Code(err) != codes.Unavailable {
 			return records, bytes, err
@@ -1025,8 +1054,9 @@ func copyFromRetrying(ctx context.Context, d serve.Dialer, addr string, logstore
 // it is not of cluster (when both know theirs). epoch is
 // the epoch of log's newest entry; it returns that of the newest one it
 // appended (or epoch). opening is the epoch the promotion opens: a
-// batch's epoch must be within datadir.MaxEpochJump of it.
-func copyFrom(ctx context.Context, d serve.Dialer, addr string, logstore bool, log *wal.Log, last, epoch, opening uint64, cluster string) (records, bytes, newest uint64, err error) {
+// batch's epoch must be within datadir.MaxEpochJump of it. note, if not
+// nil, sees every batch appended, decoded, in order.
+func copyFrom(ctx context.Context, d serve.Dialer, addr string, logstore bool, log *wal.Log, last, epoch, opening uint64, cluster string, note func(*codec.Batch)) (records, bytes, newest uint64, err error) {
 	newest = epoch
 	conn, err := dial(d, addr, logstore)
 	if err != nil {
@@ -1067,8 +1097,27 @@ func copyFrom(ctx context.Context, d serve.Dialer, addr string, logstore bool, l
 		if err := log.Append(wal.Entry{FirstLSN: b.GetFirstLsn(), LastLSN: b.GetLastLsn(), Data: data}); err != nil {
 			return records, bytes, newest, err
 		}
+		if note != nil {
+			note(&cb)
+		}
 		records += b.GetLastLsn() - b.GetFirstLsn() + 1
 		bytes += uint64(len(data))
 	}
 	return records, bytes, newest, nil
+}
+
+// epochRecordIn is the last epoch record b puts (nil if none, or if it
+// does not decode: the replica's apply will say so).
+func epochRecordIn(b *codec.Batch) *walshipv1.EpochRecord {
+	var found *walshipv1.EpochRecord
+	for _, r := range b.Records {
+		if r.Op != codec.OpPut || string(r.Key) != keyspace.EpochRecordKey {
+			continue
+		}
+		rec := &walshipv1.EpochRecord{}
+		if proto.Unmarshal(r.Value, rec) == nil {
+			found = rec
+		}
+	}
+	return found
 }
