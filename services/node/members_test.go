@@ -270,3 +270,67 @@ func TestRemovedMemberPromotesNowhere(t *testing.T) {
 		t.Fatalf("walship_promotions_total{result=%q} = %d, want 1", resultNotMember, got)
 	}
 }
+
+// TestPeersOutsideTheContractDoNotCount: the contract in the log decides
+// who counts for a promotion; --peers only adds nodes to ask. Members
+// {n0, n1}, any 1 at flush. n1 loses its disk and comes back with
+// --peers {n1, n2}, n2 a node the contract does not name (an empty one:
+// it reports no contract). With nothing in its log, n1 judges by its
+// flags, where n2's promise and its own are a quorum; once caught up
+// from the log store, its log holds the contract {n0, n1}, under which
+// they are not (n0's promise is missing), and it gives up before it
+// starts its epoch.
+func TestPeersOutsideTheContractDoNotCount(t *testing.T) {
+	c := &cluster{dir: t.TempDir(), nodes: map[string]*Node{}, runs: map[string]*running{}}
+	for _, id := range []string{"n0", "n1", "n2"} {
+		c.members = append(c.members, primary.Member{ID: id, Addr: testkit.FreeAddr(t)})
+	}
+	peers := map[string][]primary.Member{"n0": c.members[:2], "n1": c.members[:2]}
+	c.tweak = func(cfg *Config) { cfg.Members = peers[cfg.ID] }
+	c.ls = startLogStore(t, c.dir)
+	c.start(t, "n0", RolePrimary)
+	c.start(t, "n1", RoleReplica)
+	lsn := put(t, c.conn(t, "n0"), "a", "1")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	testkit.Until(t, "the log store to hold the write", func() bool {
+		st, err := logStoreStatus(ctx, serve.Dialer{}, c.ls)
+		return err == nil && st.GetDurableLsn() >= lsn
+	})
+	for _, id := range []string{"n1", "n0"} {
+		if err := c.runs[id].stop(t); err != nil {
+			t.Fatalf("%s stop: %v", id, err)
+		}
+	}
+	if err := os.RemoveAll(filepath.Join(c.dir, "n1")); err != nil {
+		t.Fatal(err)
+	}
+
+	peers["n1"] = []primary.Member{c.members[1], c.members[2]}
+	peers["n2"] = peers["n1"]
+	c.start(t, "n2", RoleReplica)
+	n1 := c.start(t, "n1", RoleReplica)
+	c1 := c.conn(t, "n1")
+	resp, err := walshipv1.NewAdminServiceClient(c1).Promote(ctx, &walshipv1.PromoteRequest{}, grpc.WaitForReady(true))
+	if err != nil {
+		t.Fatalf("Promote n1: %v (its flags make n2 count: the promotion should reach the catch-up)", err)
+	}
+	var tl *walshipv1.FailoverTimeline
+	testkit.Until(t, "n1's promotion to fail or n1 to start as primary", func() bool {
+		if n1.Role() == RolePrimary {
+			return true
+		}
+		st, err := walshipv1.NewAdminServiceClient(c1).Status(ctx, &walshipv1.StatusRequest{})
+		tl = st.GetLastFailover()
+		return err == nil && tl.GetEpoch() == resp.GetEpoch() && tl.GetFailure() != ""
+	})
+	if n1.Role() == RolePrimary {
+		t.Fatalf("n1 started as the primary of epoch %d with the promises of n2, which the contract in its log does not name", resp.GetEpoch())
+	}
+	if !contains(tl.GetFailure(), "gave up epoch", "members n0, n1", "2 of the 2 sync-eligible members") {
+		t.Fatalf("n1's timeline: %v; want a failure naming the contract and what it needs", tl)
+	}
+	if h, err := datadir.LoadHistory(vfs.OS, filepath.Join(c.dir, "n1")); err != nil || h.Current().Epoch >= resp.GetEpoch() {
+		t.Fatalf("n1's history after giving up: %v, %v; want no epoch %d", h, err, resp.GetEpoch())
+	}
+}

@@ -102,6 +102,12 @@ type plan struct {
 	// record is the newest epoch record in this node's log when it
 	// fenced (applied or held): its catch-up may bring a newer one.
 	record *walshipv1.EpochRecord
+	// prev, answers and forced are what the quorum was judged on: the
+	// replaced primary, the fence's answers, and whether it was forced
+	// without one.
+	prev    string
+	answers []answer
+	forced  bool
 }
 
 // verdict is what the answers allow.
@@ -116,7 +122,9 @@ type verdict struct {
 }
 
 // contract is the contract a promotion must honour: the newest epoch
-// record's, else the node's own configuration.
+// record's in this node's log (applied or held), else — a log that holds
+// none — the node's own configuration (--peers and its policy), which a
+// promotion checks again once caught up (carryOut).
 func (n *Node) contract() *walshipv1.Contract {
 	if rep := n.Replica(); rep != nil {
 		if rec := rep.EpochRecord(); rec != nil && rec.GetContract() != nil {
@@ -412,7 +420,8 @@ func (n *Node) promoteAs(ctx context.Context, req *walshipv1.PromoteRequest, ele
 	}
 	// Once fenced, this replica follows no one: its log's newest record
 	// stays what it is until the catch-up.
-	p := &plan{epoch: epoch, cluster: cluster, self: answerOf(answers, n.cfg.ID), donor: v.donor, timeline: tl, record: rep.EpochRecord()}
+	p := &plan{epoch: epoch, cluster: cluster, self: answerOf(answers, n.cfg.ID), donor: v.donor, timeline: tl, record: rep.EpochRecord(),
+		prev: prev.Primary, answers: answers, forced: !v.quorum}
 	wait := n.leaseWait(known, answers, seen)
 	p.leaseUntil = time.Now().Add(wait)
 	tl.LeaseWait = durationpb.New(wait)
@@ -986,6 +995,19 @@ func (n *Node) carryOut(ctx context.Context, p *plan) error {
 	// by the log store majority anyway.
 	if err := leads(n.cfg.ID, rec); err != nil {
 		return fmt.Errorf("gave up epoch %d once caught up from %s, before opening it: %w", p.epoch, p.donor.id, err)
+	}
+	// A log that held no contract record was judged by --peers (contract),
+	// which says nothing of who counts: judge the promises again under the
+	// contract the log holds now. A log that held one was judged under it,
+	// and every newer contract that opened is held by a node of each of
+	// its promotion quorums (services/primary epochChangeWait), which
+	// reported it.
+	if p.record == nil && rec != nil && !p.forced {
+		if v := judge(rec.GetContract(), p.prev, p.answers, promised); !v.quorum {
+			return fmt.Errorf("gave up epoch %d once caught up from %s, before opening it: this node's log held no contract when it judged the promotion by --peers; "+
+				"the contract now in its log (epoch %d: %s) needs %s. Granted: %s",
+				p.epoch, p.donor.id, rec.GetEpoch(), describeMembers(rec.GetContract()), v.needed, strings.Join(v.granted, ", "))
+		}
 	}
 	last := log.LastLSN()
 	closed = true
