@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -332,5 +333,46 @@ func TestPeersOutsideTheContractDoNotCount(t *testing.T) {
 	}
 	if h, err := datadir.LoadHistory(vfs.OS, filepath.Join(c.dir, "n1")); err != nil || h.Current().Epoch >= resp.GetEpoch() {
 		t.Fatalf("n1's history after giving up: %v, %v; want no epoch %d", h, err, resp.GetEpoch())
+	}
+}
+
+// TestContractAddressesWinOverPeers: a promotion asks a member the
+// contract names at the contract's address; --peers supplies addresses
+// only for nodes the contract does not name. n2's --peers has n1 at an
+// address where nothing runs (a stale flag): n2's promotion still finds
+// n1, whose promise its quorum needs (any 1 at flush of {n1, n2}).
+func TestContractAddressesWinOverPeers(t *testing.T) {
+	c := &cluster{dir: t.TempDir(), nodes: map[string]*Node{}, runs: map[string]*running{}}
+	for _, id := range []string{"n0", "n1", "n2"} {
+		c.members = append(c.members, primary.Member{ID: id, Addr: testkit.FreeAddr(t)})
+	}
+	stale := []primary.Member{c.members[0], {ID: "n1", Addr: testkit.FreeAddr(t)}, c.members[2]}
+	c.tweak = func(cfg *Config) {
+		if cfg.ID == "n2" {
+			cfg.Members = stale
+		}
+	}
+	c.ls = startLogStore(t, c.dir)
+	c.start(t, "n0", RolePrimary)
+	c.start(t, "n1", RoleReplica)
+	n2 := c.start(t, "n2", RoleReplica)
+	lsn := put(t, c.conn(t, "n0"), "a", "1")
+	c2 := c.conn(t, "n2")
+	testkit.Until(t, "n2 to follow n0 up to its write", func() bool {
+		st := status1(t, c2)
+		return st.GetVisibleLsn() >= lsn && len(st.GetContract().GetMembers()) == 3
+	})
+	if err := c.runs["n0"].stop(t); err != nil {
+		t.Fatalf("n0 stop: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := walshipv1.NewAdminServiceClient(c2).Promote(ctx, &walshipv1.PromoteRequest{})
+	if err != nil {
+		t.Fatalf("Promote n2 with a stale --peers address for n1: %v", err)
+	}
+	testkit.Until(t, "n2 to open as primary", func() bool { p := n2.Primary(); return p != nil && p.TakingWrites() })
+	if !slices.Contains(resp.GetTimeline().GetGranted(), "n1") {
+		t.Fatalf("n2's promotion: granted %v; want n1 among them", resp.GetTimeline().GetGranted())
 	}
 }

@@ -231,17 +231,25 @@ func (n *Node) logStores() []string {
 	return out
 }
 
-// members are the data nodes a promotion asks, this one among them: this
-// node's (--peers) and every one the contract names (a member added at
-// run time, one a membership change adds), each id once, the flag's
-// address first.
+// members are the data nodes a promotion asks, this one among them: those
+// the contract names (its configuration and the one a change goes to) at
+// the contract's addresses, then those of --peers it does not name (or
+// names without an address). The contract decides who counts (judge);
+// --peers only adds nodes to ask, whose answers may bring a newer
+// contract, and counts only where such a contract names them.
 func (n *Node) members() []primary.Member {
-	out := append([]primary.Member(nil), n.cfg.Members...)
+	var out []primary.Member
+	add := func(id, addr string) {
+		if addr != "" && !slices.ContainsFunc(out, func(o primary.Member) bool { return o.ID == id }) {
+			out = append(out, primary.Member{ID: id, Addr: addr})
+		}
+	}
 	c := n.contract()
 	for _, m := range slices.Concat(c.GetMembers(), c.GetNext().GetMembers()) {
-		if m.GetAddr() != "" && !slices.ContainsFunc(out, func(o primary.Member) bool { return o.ID == m.GetId() }) {
-			out = append(out, primary.Member{ID: m.GetId(), Addr: m.GetAddr()})
-		}
+		add(m.GetId(), m.GetAddr())
+	}
+	for _, m := range n.cfg.Members {
+		add(m.ID, m.Addr)
 	}
 	return out
 }
