@@ -497,14 +497,16 @@ func (n *Node) transition(s failover.NodeState, e failover.NodeEvent) failover.N
 	return next
 }
 
-// handOver switches over to the most advanced connected replica that is a
-// member of the cluster (SwitchoverOnStop), within SwitchoverTimeout. It
+// handOver switches over to the most advanced connected replica that may
+// lead under the primary's contract (SwitchoverOnStop), within
+// SwitchoverTimeout. It
 // logs why it did not, and never fails the stop: the primary stops anyway.
 func (n *Node) handOver(prim *primary.Server) {
 	// target is the replica to hand over to now, or "" once it logged why
 	// there is none.
 	target := func() (string, uint64) {
-		target, best, why := handOverTarget(prim.Status().GetPeers(), n.cfg.Members, n.cfg.ID)
+		st := prim.Status()
+		target, best, why := handOverTarget(st.GetPeers(), st.GetContract(), n.cfg.ID)
 		if target != "" && !prim.TakingWrites() {
 			target, why = "", "this primary is not taking writes"
 		}
@@ -538,19 +540,24 @@ func (n *Node) handOver(prim *primary.Server) {
 	n.logger.Info("switched over before stopping", "target", to, "epoch", resp.GetEpoch(), "paused", resp.GetPaused().AsDuration())
 }
 
-// handOverTarget is the connected replica, among the other members, that
-// has flushed the most (ties: the first member listed), or "" and why none.
-func handOverTarget(peers []*walshipv1.PeerStatus, members []primary.Member, self string) (target string, flushed uint64, why string) {
+// handOverTarget is the connected replica, among the other members of
+// contract c that may lead under it (failover.Config.Leads: no learner,
+// no member joining or leaving in a change in progress — it would refuse
+// to promote), that has flushed the most (ties: the first member
+// listed), or "" and why none. The contract decides, not --peers: a node
+// removed from it at run time may still be in the flag.
+func handOverTarget(peers []*walshipv1.PeerStatus, c *walshipv1.Contract, self string) (target string, flushed uint64, why string) {
+	qc := quorumConfig(c)
 	order := map[string]int{}
-	for i, m := range members {
-		if m.ID != self {
-			order[m.ID] = i + 1
+	for i, m := range qc.Old.Members {
+		if m != self && qc.Leads(m) {
+			order[m] = i + 1
 		}
 	}
 	if len(order) == 0 {
-		return "", 0, "no other member to switch over to (--peers)"
+		return "", 0, "no other member of the contract to switch over to"
 	}
-	why = "no replica among --peers is connected"
+	why = "no replica that may lead under the contract is connected"
 	for _, p := range peers {
 		o := order[p.GetId()]
 		if p.GetRole() != walshipv1.Role_ROLE_REPLICA || !p.GetConnected() || o == 0 {
