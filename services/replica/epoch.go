@@ -576,12 +576,13 @@ func (s *Server) askLogStore(ctx context.Context) {
 // none): the one it applied, or a newer one in a batch it wrote and has
 // not applied yet (heldrecord.go).
 func (s *Server) EpochRecord() *walshipv1.EpochRecord {
-	rec, err := keyspace.EpochRecord(s.store.Load().Snapshot())
-	if err != nil {
-		rec = nil
+	v := s.store.Load().Snapshot()
+	if h := s.heldRecord.Load(); h != nil && h.lsn > v.AppliedLSN() {
+		return h.rec
 	}
-	if h := s.heldRecord.Load(); h != nil && h.GetEpoch() > rec.GetEpoch() {
-		return h
+	rec, err := keyspace.EpochRecord(v)
+	if err != nil {
+		return nil
 	}
 	return rec
 }

@@ -72,11 +72,6 @@ import (
 // Run's final snapshot once the follower has ended) and the follower's
 // install, all holding nothing.
 type follower struct {
-	// recordEpoch is the epoch of the newest epoch record the log holds,
-	// applied or not: heldrecord.go looks for one only in batches of a
-	// later epoch. Follower-owned.
-	recordEpoch uint64
-
 	// Set from outside the follower (a vote naming a new primary:
 	// followPrimary), read by it.
 	//

@@ -23,19 +23,26 @@ import (
 
 var epochRecordKey = []byte(keyspace.EpochRecordKey)
 
+// heldEpochRecord is an epoch record in a batch written but not applied, and
+// the batch's last LSN: it is the log's newest record while the state has
+// not applied that far.
+type heldEpochRecord struct {
+	rec *walshipv1.EpochRecord
+	lsn uint64
+}
+
 // noteHeldRecords takes the newest epoch record in the written batches cs
-// (decoded, not spilled) as held, if newer than the one held. Only
-// batches of an epoch after the newest record's are looked into: an
-// epoch's record is its first commit.
+// (decoded, not spilled), in log order, as held. Every batch is looked
+// into: a membership change writes records of the epoch the state has
+// one of already (learner, joint, final).
 func (s *Server) noteHeldRecords(cs []checked) {
 	for i := range cs {
 		c := &cs[i]
-		if c.spilled || c.env.GetEpoch() <= s.follower.recordEpoch {
+		if c.spilled {
 			continue
 		}
-		if rec := epochRecordIn(&c.batch); rec != nil && rec.GetEpoch() > s.follower.recordEpoch {
-			s.follower.recordEpoch = rec.GetEpoch()
-			s.heldRecord.Store(rec)
+		if rec := epochRecordIn(&c.batch); rec != nil {
+			s.heldRecord.Store(&heldEpochRecord{rec: rec, lsn: c.env.GetLastLsn()})
 		}
 	}
 }
@@ -44,10 +51,6 @@ func (s *Server) noteHeldRecords(cs []checked) {
 // unapplied, after a cut of the log took some away.
 func (s *Server) rescanHeldRecords() {
 	s.heldRecord.Store(nil)
-	s.follower.recordEpoch = 0
-	if rec, err := keyspace.EpochRecord(s.store.Load().Snapshot()); err == nil && rec != nil {
-		s.follower.recordEpoch = rec.GetEpoch()
-	}
 	s.noteHeldRecords(s.follower.unapplied)
 }
 

@@ -62,3 +62,49 @@ func TestHeldEpochRecordCounts(t *testing.T) {
 	}
 	check("cut", 0)
 }
+
+// TestHeldRecordOfTheSameEpoch: a membership change writes several epoch
+// records in one epoch (learner, joint, final). The replica reports the
+// newest in its log: a held record of the epoch it applied one of counts
+// at once, and once a newer one is applied, the older held one no longer
+// does.
+func TestHeldRecordOfTheSameEpoch(t *testing.T) {
+	fp := newFakePrimary(t)
+	r := start(t, testConfig(t, t.TempDir(), fp.addr))
+	m := newModel(t)
+	sess := fp.next(t)
+	record := func(members ...string) *walshipv1.WalBatch {
+		rec := &walshipv1.EpochRecord{Epoch: 1, FirstLsn: 1, PrimaryId: "p", Contract: &walshipv1.Contract{SyncReplicas: 1}}
+		for _, id := range members {
+			rec.Contract.Members = append(rec.Contract.Members, &walshipv1.Member{Id: id, Addr: id + ":1"})
+		}
+		data, err := proto.Marshal(rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m.txn(put(keyspace.EpochRecordKey, string(data)))
+	}
+	check := func(when string, want int) {
+		t.Helper()
+		if got := len(r.s.EpochRecord().GetContract().GetMembers()); got != want {
+			t.Fatalf("%s: EpochRecord names %d members, want %d", when, got, want)
+		}
+	}
+	first := record("p", "r1")
+	sess.send(t, first)
+	r.waitApplied(t, first.LastLsn)
+	check("the first record applied", 2)
+
+	second := record("p", "r1", "r2")
+	sess.sendDurable(t, first.LastLsn, second)
+	sess.heartbeatDurable(t, 1, second.LastLsn, first.LastLsn, true)
+	waitAckWhere(t, sess, func(a *walshipv1.ReplicaAck) bool { return a.FlushedLsn == second.LastLsn })
+	check("a second record of the epoch held", 3)
+
+	sess.heartbeatDurable(t, 1, second.LastLsn, second.LastLsn, false)
+	r.waitApplied(t, second.LastLsn)
+	third := record("p", "r2")
+	sess.send(t, third)
+	r.waitApplied(t, third.LastLsn)
+	check("a third record applied after the held one was", 2)
+}

@@ -141,9 +141,9 @@ type Server struct {
 	wal   *wal.Log
 	// store is swapped whole when the replica is re-seeded from a snapshot.
 	store atomic.Pointer[state.Store]
-	// heldRecord is the newest epoch record in a batch written but not
-	// applied when it was noted, newer than the applied one (heldrecord.go).
-	heldRecord atomic.Pointer[walshipv1.EpochRecord]
+	// heldRecord is the newest epoch record in a batch written, with that
+	// batch's last LSN: the log's newest while not applied (heldrecord.go).
+	heldRecord atomic.Pointer[heldEpochRecord]
 	visible    watermark.Watermark // the applied LSN
 	// rd is what reads and watches are served from: the newest applied
 	// view at or below the primary's commit watermark (readable.go);
@@ -309,9 +309,6 @@ func (s *Server) recover() error {
 	// The log may end in batches the primary had not made durable when they
 	// arrived: they wait, unapplied, for the primary to report them durable
 	// (or to say they diverged).
-	if rec, err := keyspace.EpochRecord(res.Store.Snapshot()); err == nil && rec != nil {
-		s.follower.recordEpoch = rec.GetEpoch() // what heldrecord.go looks past
-	}
 	for _, e := range res.Pending {
 		if e.Data == nil { // past the memory bound: read back when applied
 			s.follower.unapplied = append(s.follower.unapplied, spilledBatch(e.FirstLSN, e.LastLSN))
