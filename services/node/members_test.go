@@ -263,12 +263,34 @@ func TestRemovedMemberPromotesNowhere(t *testing.T) {
 	if !contains(tl.GetFailure(), "cannot promote n2", "not a member of the current configuration", "epoch 2: members n0, n1") || tl.GetOpenedUnixNano() != 0 {
 		t.Fatalf("n2's timeline: %v; want a failure naming n2 and the contract of epoch 2", tl)
 	}
-	// It never started its epoch: a restart finds it a replica.
-	if h, err := datadir.LoadHistory(vfs.OS, filepath.Join(c.dir, "n2")); err != nil || h.Current().Epoch >= resp.GetEpoch() {
-		t.Fatalf("n2's history after giving up: %v, %v; want no epoch %d", h, err, resp.GetEpoch())
+	// It never started its epoch (a restart finds it a replica), and
+	// keeps what it copied under the donor's history.
+	if h, err := datadir.LoadHistory(vfs.OS, filepath.Join(c.dir, "n2")); err != nil || h.Current().Epoch != 2 {
+		t.Fatalf("n2's history after giving up: %v, %v; want epoch 2's last (the donor's), no epoch %d", h, err, resp.GetEpoch())
 	}
 	if got := metricCount(t, n2.cfg.Registry, "walship_promotions_total", "result", resultNotMember); got != 1 {
 		t.Fatalf("walship_promotions_total{result=%q} = %d, want 1", resultNotMember, got)
+	}
+
+	// The promises n2 took are harmless: n0 comes back (a replica now:
+	// epoch 3 is promised), n1 promotes to the epoch after, and n2 follows
+	// it without cutting anything it copied.
+	n0 := c.start(t, "n0", RolePrimary)
+	testkit.Until(t, "n0 to rejoin as a replica", func() bool {
+		_, err := nodeStatus(ctx, serve.Dialer{}, c.members[0].Addr)
+		return n0.Role() == RoleReplica && err == nil
+	})
+	c1 := c.conn(t, "n1")
+	if _, err := walshipv1.NewAdminServiceClient(c1).Promote(ctx, &walshipv1.PromoteRequest{}, grpc.WaitForReady(true)); err != nil {
+		t.Fatalf("Promote n1 after n2 gave up: %v", err)
+	}
+	lsn := put(t, c1, "c", "3")
+	testkit.Until(t, "n2 to follow n1 up to its write", func() bool {
+		st, err := walshipv1.NewAdminServiceClient(c2).Status(ctx, &walshipv1.StatusRequest{})
+		return err == nil && st.GetVisibleLsn() >= lsn
+	})
+	if orphans, err := datadir.ListOrphans(vfs.OS, filepath.Join(c.dir, "n2")); err != nil || len(orphans) != 0 {
+		t.Fatalf("n2's orphans after following n1: %v, %v; want none", orphans, err)
 	}
 }
 
@@ -331,8 +353,8 @@ func TestPeersOutsideTheContractDoNotCount(t *testing.T) {
 	if !contains(tl.GetFailure(), "gave up epoch", "members n0, n1", "2 of the 2 sync-eligible members") {
 		t.Fatalf("n1's timeline: %v; want a failure naming the contract and what it needs", tl)
 	}
-	if h, err := datadir.LoadHistory(vfs.OS, filepath.Join(c.dir, "n1")); err != nil || h.Current().Epoch >= resp.GetEpoch() {
-		t.Fatalf("n1's history after giving up: %v, %v; want no epoch %d", h, err, resp.GetEpoch())
+	if h, err := datadir.LoadHistory(vfs.OS, filepath.Join(c.dir, "n1")); err != nil || h.Current().Epoch != 1 {
+		t.Fatalf("n1's history after giving up: %v, %v; want epoch 1's (the log store's, for what it copied), no epoch %d", h, err, resp.GetEpoch())
 	}
 }
 

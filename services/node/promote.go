@@ -984,43 +984,20 @@ func (n *Node) carryOut(ctx context.Context, p *plan) error {
 		}
 		records, bytes, err := copyFromRetrying(ctx, n.dialer(), p.donor.addr, p.donor.logstore, log, p.donor.lastLSN, own.Current().Epoch, p.epoch, p.cluster, note)
 		if err != nil {
-			return fmt.Errorf("catch up from %s: %w", p.donor.id, err)
+			return n.keepDonorHistory(hist, log.LastLSN(), fmt.Errorf("catch up from %s: %w", p.donor.id, err))
 		}
 		p.timeline.CaughtUpRecords, p.timeline.CaughtUpBytes = records, bytes
 	}
 	if err := log.Sync(); err != nil {
 		return fmt.Errorf("wal sync: %w", err)
 	}
-	// The donor's configuration may be newer than every one this
-	// promotion judged by: a member removed while it was down still finds
-	// itself in its own log. The log's newest record decides, before
-	// anything of the new epoch is saved (a history with it would make
-	// this node restart as that epoch's primary). The promises it took
-	// stay, and are harmless: each fenced node promised an epoch that
-	// never opens — no entry of it exists, no history holds it — and the
-	// next promotion fences the one after it, which they grant; a promise
-	// only refuses older epochs (I1, I4), and the old primary was deposed
-	// by the log store majority anyway.
-	if err := leads(n.cfg.ID, rec); err != nil {
-		return fmt.Errorf("gave up epoch %d once caught up from %s, before opening it: %w", p.epoch, p.donor.id, err)
-	}
-	// A log that held no contract record was judged by --peers (contract),
-	// which says nothing of who counts: judge the promises again under the
-	// contract the log holds now. A log that held one was judged under it,
-	// and every newer contract that opened is held by a node of each of
-	// its promotion quorums (services/primary epochChangeWait), which
-	// reported it.
-	if p.record == nil && rec != nil && !p.forced {
-		if v := judge(rec.GetContract(), p.prev, p.answers, promised); !v.quorum {
-			return fmt.Errorf("gave up epoch %d once caught up from %s, before opening it: this node's log held no contract when it judged the promotion by --peers; "+
-				"the contract now in its log (epoch %d: %s) needs %s. Granted: %s",
-				p.epoch, p.donor.id, rec.GetEpoch(), describeMembers(rec.GetContract()), v.needed, strings.Join(v.granted, ", "))
-		}
-	}
 	last := log.LastLSN()
 	closed = true
 	if err := log.Close(); err != nil {
 		return fmt.Errorf("close wal: %w", err)
+	}
+	if err := mayOpen(n.cfg.ID, p, rec); err != nil {
+		return n.keepDonorHistory(hist, last, err)
 	}
 	// The cluster id before the epoch: the primary starts in it (or makes
 	// one if nobody had any).
@@ -1048,6 +1025,51 @@ func (n *Node) carryOut(ctx context.Context, p *plan) error {
 	p.timeline.StartLsn = last + 1
 	n.setTimeline(p.timeline)
 	return nil
+}
+
+// mayOpen is nil if this node may open the promotion p once caught up,
+// its log's newest epoch record now rec; else why not.
+//
+// The donor's configuration may be newer than every one p judged by: a
+// member removed while it was down still finds itself in its own log.
+// The log's newest record decides, before anything of the new epoch is
+// saved (a history with it would make this node restart as that epoch's
+// primary). The promises p took stay, and are harmless: each fenced node
+// promised an epoch that never opens — no entry of it exists, no history
+// holds it — and the next promotion fences the one after it, which they
+// grant; a promise only refuses older epochs (I1, I4), and the old
+// primary was deposed by the log store majority anyway.
+func mayOpen(id string, p *plan, rec *walshipv1.EpochRecord) error {
+	if err := leads(id, rec); err != nil {
+		return fmt.Errorf("gave up epoch %d once caught up from %s, before opening it: %w", p.epoch, p.donor.id, err)
+	}
+	// A log that held no contract record was judged by --peers (contract),
+	// which says nothing of who counts: judge the promises again under the
+	// contract the log holds now. A log that held one was judged under it,
+	// and every newer contract that opened is held by a node of each of
+	// its promotion quorums (services/primary epochChangeWait), which
+	// reported it.
+	if p.record == nil && rec != nil && !p.forced {
+		if v := judge(rec.GetContract(), p.prev, p.answers, promised); !v.quorum {
+			return fmt.Errorf("gave up epoch %d once caught up from %s, before opening it: this node's log held no contract when it judged the promotion by --peers; "+
+				"the contract now in its log (epoch %d: %s) needs %s. Granted: %s",
+				p.epoch, p.donor.id, rec.GetEpoch(), describeMembers(rec.GetContract()), v.needed, strings.Join(v.granted, ", "))
+		}
+	}
+	return nil
+}
+
+// keepDonorHistory is err, after saving hist, the donor's history, cut at
+// last, as the history of this node's log: a promotion that stops after
+// copying from its donor keeps what it copied, as a replica catching up
+// from it would, and its history must say which epochs that is, or the
+// next primary finds it diverged and it cuts committed entries into an
+// orphan file.
+func (n *Node) keepDonorHistory(hist datadir.History, last uint64, err error) error {
+	if serr := datadir.SaveHistory(n.fs, n.cfg.DataDir, hist.Cut(last)); serr != nil {
+		return errors.Join(err, serr)
+	}
+	return err
 }
 
 // donorPatience is how long a catch-up keeps retrying a donor that is
