@@ -499,8 +499,8 @@ func (n *Node) transition(s failover.NodeState, e failover.NodeEvent) failover.N
 
 // handOver switches over to the most advanced connected replica that may
 // lead under the primary's contract (SwitchoverOnStop), within
-// SwitchoverTimeout. It
-// logs why it did not, and never fails the stop: the primary stops anyway.
+// SwitchoverTimeout. It logs why it did not, and never fails the stop:
+// the primary stops anyway.
 func (n *Node) handOver(prim *primary.Server) {
 	// target is the replica to hand over to now, or "" once it logged why
 	// there is none.

@@ -427,7 +427,9 @@ func (n *Node) promoteAs(ctx context.Context, req *walshipv1.PromoteRequest, ele
 		cluster, _ = datadir.OneClusterID(clusterIDs(answers, promised))
 	}
 	// Once fenced, this replica follows no one: its log's newest record
-	// stays what it is until the catch-up.
+	// stays what it is until the catch-up. One in a tail the catch-up
+	// cuts still counts unless the donor's batches bring a newer one:
+	// only stricter.
 	p := &plan{epoch: epoch, cluster: cluster, self: answerOf(answers, n.cfg.ID), donor: v.donor, timeline: tl, record: rep.EpochRecord(),
 		prev: prev.Primary, answers: answers, forced: !v.quorum}
 	wait := n.leaseWait(known, answers, seen)
