@@ -139,17 +139,17 @@ func (n *Node) contract() *walshipv1.Contract {
 }
 
 // notLeadingError is a promotion of a node that may not be the primary
-// under the contract of the newest epoch record in its log: it is not a
-// member of every configuration of it (failover.Config.Leads).
+// under the newest contract in its log (or the one it will hold once
+// caught up): it is not a member of every configuration of it
+// (failover.Config.Leads).
 type notLeadingError struct {
-	id, why  string
-	epoch    uint64
-	contract *walshipv1.Contract
+	id, why string
+	// under names the contract and where it is from.
+	under string
 }
 
 func (e *notLeadingError) Error() string {
-	return fmt.Sprintf("cannot promote %s: %s; a node may be the primary only as a member of every configuration of the newest contract in its log (epoch %d: %s)",
-		e.id, e.why, e.epoch, describeMembers(e.contract))
+	return fmt.Sprintf("cannot promote %s: %s; a node may be the primary only as a member of every configuration of %s", e.id, e.why, e.under)
 }
 
 // leads returns a *notLeadingError unless id may be the primary under
@@ -166,11 +166,16 @@ func leads(id string, rec *walshipv1.EpochRecord) error {
 	if c == nil {
 		return nil
 	}
+	return leadsUnder(id, c, fmt.Sprintf("the newest contract in its log (epoch %d: %s)", rec.GetEpoch(), describeMembers(c)))
+}
+
+// leadsUnder is leads under contract c, described by under.
+func leadsUnder(id string, c *walshipv1.Contract, under string) error {
 	qc := quorumConfig(c)
 	if qc.Leads(id) {
 		return nil
 	}
-	e := &notLeadingError{id: id, epoch: rec.GetEpoch(), contract: c}
+	e := &notLeadingError{id: id, under: under}
 	switch {
 	case slices.Contains(qc.Learners, id):
 		e.why = "it is a learner (it counts for nothing and may lack acknowledged commits); it becomes a member once within a bound of the primary (walship ctl members list)"
@@ -180,6 +185,31 @@ func leads(id string, rec *walshipv1.EpochRecord) error {
 		e.why = "it is not a member of the configuration the membership change goes to"
 	}
 	return e
+}
+
+// leadsOnceCaughtUp is leads under the contract this node's log will
+// hold once caught up to donor, as far as the survey's answers tell: a
+// replica whose log reaches the donor's epoch reports a record of the
+// donor's log. Entries of one epoch are its primary's alone (I4), so that
+// log is a prefix of the donor's, and the candidate's, once caught up,
+// holds that record or a newer one. A member removed while it was down
+// is then refused before it fences anyone: a promotion that fenced and
+// gave up leaves the promises naming it, and the next candidate judges
+// it the replaced primary. It cannot see a newer record that names this
+// node again (removed, then added back): refusing then costs a retry
+// once it has caught up as a replica, never safety. A primary's answer
+// is not read: its Status reports its own flags' contract.
+func leadsOnceCaughtUp(id string, answers []answer, donor answer) error {
+	for _, a := range answers {
+		if a.err != nil || a.logstore || a.primary || a.id == id || a.contract == nil || a.lastEpoch == 0 || a.lastEpoch != donor.lastEpoch {
+			continue
+		}
+		under := fmt.Sprintf("the contract its log will hold once caught up: %s, whose log reaches the newest epoch (%d), reports %s", a.id, a.lastEpoch, describeMembers(a.contract))
+		if err := leadsUnder(id, a.contract, under); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // describeMembers names c's members, those it goes to and its learners.
@@ -390,6 +420,12 @@ func (n *Node) promoteAs(ctx context.Context, req *walshipv1.PromoteRequest, ele
 	tl.Epoch = epoch
 	resp := &walshipv1.PromoteResponse{Epoch: epoch, Timeline: tl}
 	pre.report(resp, tl)
+	if err := leadsOnceCaughtUp(n.cfg.ID, survey, pre.donor); err != nil {
+		if !req.GetDryRun() {
+			n.metrics.promotions.WithLabelValues(resultNotMember).Inc()
+		}
+		return nil, status.Errorf(codes.FailedPrecondition, "%v; nothing was fenced", err)
+	}
 	self := survey[0]
 	serving := servingPrimary(survey, max(prev.Epoch, self.epoch, self.lastEpoch))
 	resp.ServingPrimary = serving
