@@ -126,9 +126,9 @@ func recordReplica(t *testing.T, id, ls string, rec *walshipv1.EpochRecord, el E
 // (failover.Config.Leads). A learner, a member leaving in a membership
 // change in progress, and a node the contract does not name at all are
 // refused before anything is fenced — manually (Promote, dry runs too)
-// and automatically (the election: the node does not contend, and its
-// Status says why) — though the log store alone would make the quorum
-// (the contract waits for no replica).
+// and automatically (the election: the node does not contend, and the
+// reason it keeps for Status says why) — though the log store alone
+// would make the quorum (the contract waits for no replica).
 func TestOnlyALeaderPromotes(t *testing.T) {
 	ls := startLogStore(t, t.TempDir())
 	contract := func(members []*walshipv1.Member) *walshipv1.Contract {
