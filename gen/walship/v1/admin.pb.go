@@ -660,7 +660,12 @@ type MembershipStatus struct {
 	// configuration, of next and the learners, each once.
 	Members []*MemberStatus `protobuf:"bytes,5,rep,name=members,proto3" json:"members,omitempty"`
 	// last_lsn is the primary's last LSN, from which lag is counted.
-	LastLsn       uint64 `protobuf:"varint,6,opt,name=last_lsn,json=lastLsn,proto3" json:"last_lsn,omitempty"`
+	LastLsn uint64 `protobuf:"varint,6,opt,name=last_lsn,json=lastLsn,proto3" json:"last_lsn,omitempty"`
+	// stage of the newest contract record in the primary's log
+	// (UNSPECIFIED: its epoch's own record).
+	Stage MembershipStage `protobuf:"varint,7,opt,name=stage,proto3,enum=walship.v1.MembershipStage" json:"stage,omitempty"`
+	// change in progress ("" if none): what it does and where it is.
+	Change        string `protobuf:"bytes,8,opt,name=change,proto3" json:"change,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -737,6 +742,201 @@ func (x *MembershipStatus) GetLastLsn() uint64 {
 	return 0
 }
 
+func (x *MembershipStatus) GetStage() MembershipStage {
+	if x != nil {
+		return x.Stage
+	}
+	return MembershipStage_MEMBERSHIP_STAGE_UNSPECIFIED
+}
+
+func (x *MembershipStatus) GetChange() string {
+	if x != nil {
+		return x.Change
+	}
+	return ""
+}
+
+// ChangeMembersRequest is one membership change: exactly one of add and
+// remove.
+type ChangeMembersRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Change:
+	//
+	//	*ChangeMembersRequest_Add
+	//	*ChangeMembersRequest_Remove
+	Change isChangeMembersRequest_Change `protobuf_oneof:"change"`
+	// max_lag_records is how close (in LSNs behind the primary's last) a
+	// learner must come before it becomes a member (0: 1000).
+	MaxLagRecords uint64 `protobuf:"varint,3,opt,name=max_lag_records,json=maxLagRecords,proto3" json:"max_lag_records,omitempty"`
+	// catch_up_timeout bounds the learner stage (unset: 5 minutes); when it
+	// runs out the learner is dropped and the change abandoned.
+	CatchUpTimeout *durationpb.Duration `protobuf:"bytes,4,opt,name=catch_up_timeout,json=catchUpTimeout,proto3" json:"catch_up_timeout,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ChangeMembersRequest) Reset() {
+	*x = ChangeMembersRequest{}
+	mi := &file_walship_v1_admin_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChangeMembersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChangeMembersRequest) ProtoMessage() {}
+
+func (x *ChangeMembersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_walship_v1_admin_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChangeMembersRequest.ProtoReflect.Descriptor instead.
+func (*ChangeMembersRequest) Descriptor() ([]byte, []int) {
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ChangeMembersRequest) GetChange() isChangeMembersRequest_Change {
+	if x != nil {
+		return x.Change
+	}
+	return nil
+}
+
+func (x *ChangeMembersRequest) GetAdd() *Member {
+	if x != nil {
+		if x, ok := x.Change.(*ChangeMembersRequest_Add); ok {
+			return x.Add
+		}
+	}
+	return nil
+}
+
+func (x *ChangeMembersRequest) GetRemove() string {
+	if x != nil {
+		if x, ok := x.Change.(*ChangeMembersRequest_Remove); ok {
+			return x.Remove
+		}
+	}
+	return ""
+}
+
+func (x *ChangeMembersRequest) GetMaxLagRecords() uint64 {
+	if x != nil {
+		return x.MaxLagRecords
+	}
+	return 0
+}
+
+func (x *ChangeMembersRequest) GetCatchUpTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.CatchUpTimeout
+	}
+	return nil
+}
+
+type isChangeMembersRequest_Change interface {
+	isChangeMembersRequest_Change()
+}
+
+type ChangeMembersRequest_Add struct {
+	// add is a data node to add: its id and advertised address. It must
+	// answer, belong to this cluster and not be a member or learner yet.
+	Add *Member `protobuf:"bytes,1,opt,name=add,proto3,oneof"`
+}
+
+type ChangeMembersRequest_Remove struct {
+	// remove is the id of a member to remove (not the primary: hand its
+	// role over first). It need not answer.
+	Remove string `protobuf:"bytes,2,opt,name=remove,proto3,oneof"`
+}
+
+func (*ChangeMembersRequest_Add) isChangeMembersRequest_Change() {}
+
+func (*ChangeMembersRequest_Remove) isChangeMembersRequest_Change() {}
+
+// ChangeMembersResponse is where the change is.
+type ChangeMembersResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// done: the change is over (outcome says how); else it goes on, at stage.
+	Done bool `protobuf:"varint,1,opt,name=done,proto3" json:"done,omitempty"`
+	// stage of the newest contract record it wrote.
+	Stage MembershipStage `protobuf:"varint,2,opt,name=stage,proto3,enum=walship.v1.MembershipStage" json:"stage,omitempty"`
+	// outcome of a change that is over: "done", "abandoned".
+	Outcome string `protobuf:"bytes,3,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	// membership after it (or as it stands).
+	Membership    *MembershipStatus `protobuf:"bytes,4,opt,name=membership,proto3" json:"membership,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChangeMembersResponse) Reset() {
+	*x = ChangeMembersResponse{}
+	mi := &file_walship_v1_admin_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChangeMembersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChangeMembersResponse) ProtoMessage() {}
+
+func (x *ChangeMembersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_walship_v1_admin_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChangeMembersResponse.ProtoReflect.Descriptor instead.
+func (*ChangeMembersResponse) Descriptor() ([]byte, []int) {
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ChangeMembersResponse) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
+func (x *ChangeMembersResponse) GetStage() MembershipStage {
+	if x != nil {
+		return x.Stage
+	}
+	return MembershipStage_MEMBERSHIP_STAGE_UNSPECIFIED
+}
+
+func (x *ChangeMembersResponse) GetOutcome() string {
+	if x != nil {
+		return x.Outcome
+	}
+	return ""
+}
+
+func (x *ChangeMembersResponse) GetMembership() *MembershipStatus {
+	if x != nil {
+		return x.Membership
+	}
+	return nil
+}
+
 // MemberStatus is one member: a data node or a log store.
 type MemberStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -766,7 +966,7 @@ type MemberStatus struct {
 
 func (x *MemberStatus) Reset() {
 	*x = MemberStatus{}
-	mi := &file_walship_v1_admin_proto_msgTypes[5]
+	mi := &file_walship_v1_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -778,7 +978,7 @@ func (x *MemberStatus) String() string {
 func (*MemberStatus) ProtoMessage() {}
 
 func (x *MemberStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[5]
+	mi := &file_walship_v1_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -791,7 +991,7 @@ func (x *MemberStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberStatus.ProtoReflect.Descriptor instead.
 func (*MemberStatus) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{5}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *MemberStatus) GetId() string {
@@ -878,7 +1078,7 @@ type OrphanStatus struct {
 
 func (x *OrphanStatus) Reset() {
 	*x = OrphanStatus{}
-	mi := &file_walship_v1_admin_proto_msgTypes[6]
+	mi := &file_walship_v1_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -890,7 +1090,7 @@ func (x *OrphanStatus) String() string {
 func (*OrphanStatus) ProtoMessage() {}
 
 func (x *OrphanStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[6]
+	mi := &file_walship_v1_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -903,7 +1103,7 @@ func (x *OrphanStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OrphanStatus.ProtoReflect.Descriptor instead.
 func (*OrphanStatus) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *OrphanStatus) GetName() string {
@@ -981,7 +1181,7 @@ type ElectionStatus struct {
 
 func (x *ElectionStatus) Reset() {
 	*x = ElectionStatus{}
-	mi := &file_walship_v1_admin_proto_msgTypes[7]
+	mi := &file_walship_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -993,7 +1193,7 @@ func (x *ElectionStatus) String() string {
 func (*ElectionStatus) ProtoMessage() {}
 
 func (x *ElectionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[7]
+	mi := &file_walship_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1006,7 +1206,7 @@ func (x *ElectionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ElectionStatus.ProtoReflect.Descriptor instead.
 func (*ElectionStatus) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ElectionStatus) GetHolderId() string {
@@ -1120,7 +1320,7 @@ type FailoverTimeline struct {
 
 func (x *FailoverTimeline) Reset() {
 	*x = FailoverTimeline{}
-	mi := &file_walship_v1_admin_proto_msgTypes[8]
+	mi := &file_walship_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1132,7 +1332,7 @@ func (x *FailoverTimeline) String() string {
 func (*FailoverTimeline) ProtoMessage() {}
 
 func (x *FailoverTimeline) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[8]
+	mi := &file_walship_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1145,7 +1345,7 @@ func (x *FailoverTimeline) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailoverTimeline.ProtoReflect.Descriptor instead.
 func (*FailoverTimeline) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *FailoverTimeline) GetEpoch() uint64 {
@@ -1284,7 +1484,7 @@ type PeerStatus struct {
 
 func (x *PeerStatus) Reset() {
 	*x = PeerStatus{}
-	mi := &file_walship_v1_admin_proto_msgTypes[9]
+	mi := &file_walship_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1296,7 +1496,7 @@ func (x *PeerStatus) String() string {
 func (*PeerStatus) ProtoMessage() {}
 
 func (x *PeerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[9]
+	mi := &file_walship_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1309,7 +1509,7 @@ func (x *PeerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerStatus.ProtoReflect.Descriptor instead.
 func (*PeerStatus) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PeerStatus) GetId() string {
@@ -1409,7 +1609,7 @@ type PromoteRequest struct {
 
 func (x *PromoteRequest) Reset() {
 	*x = PromoteRequest{}
-	mi := &file_walship_v1_admin_proto_msgTypes[10]
+	mi := &file_walship_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1421,7 +1621,7 @@ func (x *PromoteRequest) String() string {
 func (*PromoteRequest) ProtoMessage() {}
 
 func (x *PromoteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[10]
+	mi := &file_walship_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1434,7 +1634,7 @@ func (x *PromoteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteRequest.ProtoReflect.Descriptor instead.
 func (*PromoteRequest) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PromoteRequest) GetEpoch() uint64 {
@@ -1499,7 +1699,7 @@ type PromoteResponse struct {
 
 func (x *PromoteResponse) Reset() {
 	*x = PromoteResponse{}
-	mi := &file_walship_v1_admin_proto_msgTypes[11]
+	mi := &file_walship_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1511,7 +1711,7 @@ func (x *PromoteResponse) String() string {
 func (*PromoteResponse) ProtoMessage() {}
 
 func (x *PromoteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[11]
+	mi := &file_walship_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1524,7 +1724,7 @@ func (x *PromoteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteResponse.ProtoReflect.Descriptor instead.
 func (*PromoteResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PromoteResponse) GetEpoch() uint64 {
@@ -1605,7 +1805,7 @@ type ServingPrimary struct {
 
 func (x *ServingPrimary) Reset() {
 	*x = ServingPrimary{}
-	mi := &file_walship_v1_admin_proto_msgTypes[12]
+	mi := &file_walship_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1617,7 +1817,7 @@ func (x *ServingPrimary) String() string {
 func (*ServingPrimary) ProtoMessage() {}
 
 func (x *ServingPrimary) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[12]
+	mi := &file_walship_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1630,7 +1830,7 @@ func (x *ServingPrimary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServingPrimary.ProtoReflect.Descriptor instead.
 func (*ServingPrimary) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ServingPrimary) GetId() string {
@@ -1667,7 +1867,7 @@ type SwitchoverRequest struct {
 
 func (x *SwitchoverRequest) Reset() {
 	*x = SwitchoverRequest{}
-	mi := &file_walship_v1_admin_proto_msgTypes[13]
+	mi := &file_walship_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1679,7 +1879,7 @@ func (x *SwitchoverRequest) String() string {
 func (*SwitchoverRequest) ProtoMessage() {}
 
 func (x *SwitchoverRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[13]
+	mi := &file_walship_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1692,7 +1892,7 @@ func (x *SwitchoverRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SwitchoverRequest.ProtoReflect.Descriptor instead.
 func (*SwitchoverRequest) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SwitchoverRequest) GetTarget() string {
@@ -1724,7 +1924,7 @@ type SwitchoverResponse struct {
 
 func (x *SwitchoverResponse) Reset() {
 	*x = SwitchoverResponse{}
-	mi := &file_walship_v1_admin_proto_msgTypes[14]
+	mi := &file_walship_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1736,7 +1936,7 @@ func (x *SwitchoverResponse) String() string {
 func (*SwitchoverResponse) ProtoMessage() {}
 
 func (x *SwitchoverResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[14]
+	mi := &file_walship_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1749,7 +1949,7 @@ func (x *SwitchoverResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SwitchoverResponse.ProtoReflect.Descriptor instead.
 func (*SwitchoverResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{14}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SwitchoverResponse) GetEpoch() uint64 {
@@ -1784,7 +1984,7 @@ type SetPolicyRequest struct {
 
 func (x *SetPolicyRequest) Reset() {
 	*x = SetPolicyRequest{}
-	mi := &file_walship_v1_admin_proto_msgTypes[15]
+	mi := &file_walship_v1_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1796,7 +1996,7 @@ func (x *SetPolicyRequest) String() string {
 func (*SetPolicyRequest) ProtoMessage() {}
 
 func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[15]
+	mi := &file_walship_v1_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1809,7 +2009,7 @@ func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyRequest.ProtoReflect.Descriptor instead.
 func (*SetPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SetPolicyRequest) GetPolicy() *CommitPolicy {
@@ -1830,7 +2030,7 @@ type SetPolicyResponse struct {
 
 func (x *SetPolicyResponse) Reset() {
 	*x = SetPolicyResponse{}
-	mi := &file_walship_v1_admin_proto_msgTypes[16]
+	mi := &file_walship_v1_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1842,7 +2042,7 @@ func (x *SetPolicyResponse) String() string {
 func (*SetPolicyResponse) ProtoMessage() {}
 
 func (x *SetPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[16]
+	mi := &file_walship_v1_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1855,7 +2055,7 @@ func (x *SetPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyResponse.ProtoReflect.Descriptor instead.
 func (*SetPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SetPolicyResponse) GetPolicy() *CommitPolicy {
@@ -1914,7 +2114,7 @@ const file_walship_v1_admin_proto_rawDesc = "" +
 	"\x13ListMembersResponse\x12<\n" +
 	"\n" +
 	"membership\x18\x01 \x01(\v2\x1c.walship.v1.MembershipStatusR\n" +
-	"membership\"\xde\x01\n" +
+	"membership\"\xa9\x02\n" +
 	"\x10MembershipStatus\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x1d\n" +
 	"\n" +
@@ -1922,7 +2122,22 @@ const file_walship_v1_admin_proto_rawDesc = "" +
 	"\bcontract\x18\x03 \x01(\v2\x14.walship.v1.ContractR\bcontract\x12\x14\n" +
 	"\x05joint\x18\x04 \x01(\bR\x05joint\x122\n" +
 	"\amembers\x18\x05 \x03(\v2\x18.walship.v1.MemberStatusR\amembers\x12\x19\n" +
-	"\blast_lsn\x18\x06 \x01(\x04R\alastLsn\"\xa5\x02\n" +
+	"\blast_lsn\x18\x06 \x01(\x04R\alastLsn\x121\n" +
+	"\x05stage\x18\a \x01(\x0e2\x1b.walship.v1.MembershipStageR\x05stage\x12\x16\n" +
+	"\x06change\x18\b \x01(\tR\x06change\"\xcf\x01\n" +
+	"\x14ChangeMembersRequest\x12&\n" +
+	"\x03add\x18\x01 \x01(\v2\x12.walship.v1.MemberH\x00R\x03add\x12\x18\n" +
+	"\x06remove\x18\x02 \x01(\tH\x00R\x06remove\x12&\n" +
+	"\x0fmax_lag_records\x18\x03 \x01(\x04R\rmaxLagRecords\x12C\n" +
+	"\x10catch_up_timeout\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x0ecatchUpTimeoutB\b\n" +
+	"\x06change\"\xb6\x01\n" +
+	"\x15ChangeMembersResponse\x12\x12\n" +
+	"\x04done\x18\x01 \x01(\bR\x04done\x121\n" +
+	"\x05stage\x18\x02 \x01(\x0e2\x1b.walship.v1.MembershipStageR\x05stage\x12\x18\n" +
+	"\aoutcome\x18\x03 \x01(\tR\aoutcome\x12<\n" +
+	"\n" +
+	"membership\x18\x04 \x01(\v2\x1c.walship.v1.MembershipStatusR\n" +
+	"membership\"\xa5\x02\n" +
 	"\fMemberStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12$\n" +
@@ -2041,14 +2256,15 @@ const file_walship_v1_admin_proto_rawDesc = "" +
 	"\x12MEMBER_VOICE_VOTER\x10\x02\x12\x18\n" +
 	"\x14MEMBER_VOICE_LEAVING\x10\x03\x12\x18\n" +
 	"\x14MEMBER_VOICE_JOINING\x10\x04\x12\x18\n" +
-	"\x14MEMBER_VOICE_LEARNER\x10\x052\xfa\x02\n" +
+	"\x14MEMBER_VOICE_LEARNER\x10\x052\xd0\x03\n" +
 	"\fAdminService\x12?\n" +
 	"\x06Status\x12\x19.walship.v1.StatusRequest\x1a\x1a.walship.v1.StatusResponse\x12B\n" +
 	"\aPromote\x12\x1a.walship.v1.PromoteRequest\x1a\x1b.walship.v1.PromoteResponse\x12K\n" +
 	"\n" +
 	"Switchover\x12\x1d.walship.v1.SwitchoverRequest\x1a\x1e.walship.v1.SwitchoverResponse\x12H\n" +
 	"\tSetPolicy\x12\x1c.walship.v1.SetPolicyRequest\x1a\x1d.walship.v1.SetPolicyResponse\x12N\n" +
-	"\vListMembers\x12\x1e.walship.v1.ListMembersRequest\x1a\x1f.walship.v1.ListMembersResponseB5Z3github.com/walship/walship/gen/walship/v1;walshipv1b\x06proto3"
+	"\vListMembers\x12\x1e.walship.v1.ListMembersRequest\x1a\x1f.walship.v1.ListMembersResponse\x12T\n" +
+	"\rChangeMembers\x12 .walship.v1.ChangeMembersRequest\x1a!.walship.v1.ChangeMembersResponseB5Z3github.com/walship/walship/gen/walship/v1;walshipv1b\x06proto3"
 
 var (
 	file_walship_v1_admin_proto_rawDescOnce sync.Once
@@ -2063,75 +2279,86 @@ func file_walship_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_walship_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_walship_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_walship_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_walship_v1_admin_proto_goTypes = []any{
-	(Role)(0),                   // 0: walship.v1.Role
-	(CatchUpRung)(0),            // 1: walship.v1.CatchUpRung
-	(MemberVoice)(0),            // 2: walship.v1.MemberVoice
-	(*StatusRequest)(nil),       // 3: walship.v1.StatusRequest
-	(*StatusResponse)(nil),      // 4: walship.v1.StatusResponse
-	(*ListMembersRequest)(nil),  // 5: walship.v1.ListMembersRequest
-	(*ListMembersResponse)(nil), // 6: walship.v1.ListMembersResponse
-	(*MembershipStatus)(nil),    // 7: walship.v1.MembershipStatus
-	(*MemberStatus)(nil),        // 8: walship.v1.MemberStatus
-	(*OrphanStatus)(nil),        // 9: walship.v1.OrphanStatus
-	(*ElectionStatus)(nil),      // 10: walship.v1.ElectionStatus
-	(*FailoverTimeline)(nil),    // 11: walship.v1.FailoverTimeline
-	(*PeerStatus)(nil),          // 12: walship.v1.PeerStatus
-	(*PromoteRequest)(nil),      // 13: walship.v1.PromoteRequest
-	(*PromoteResponse)(nil),     // 14: walship.v1.PromoteResponse
-	(*ServingPrimary)(nil),      // 15: walship.v1.ServingPrimary
-	(*SwitchoverRequest)(nil),   // 16: walship.v1.SwitchoverRequest
-	(*SwitchoverResponse)(nil),  // 17: walship.v1.SwitchoverResponse
-	(*SetPolicyRequest)(nil),    // 18: walship.v1.SetPolicyRequest
-	(*SetPolicyResponse)(nil),   // 19: walship.v1.SetPolicyResponse
-	(*CommitPolicy)(nil),        // 20: walship.v1.CommitPolicy
-	(*Contract)(nil),            // 21: walship.v1.Contract
-	(*durationpb.Duration)(nil), // 22: google.protobuf.Duration
-	(*EpochStart)(nil),          // 23: walship.v1.EpochStart
-	(*ArchiveStatus)(nil),       // 24: walship.v1.ArchiveStatus
+	(Role)(0),                     // 0: walship.v1.Role
+	(CatchUpRung)(0),              // 1: walship.v1.CatchUpRung
+	(MemberVoice)(0),              // 2: walship.v1.MemberVoice
+	(*StatusRequest)(nil),         // 3: walship.v1.StatusRequest
+	(*StatusResponse)(nil),        // 4: walship.v1.StatusResponse
+	(*ListMembersRequest)(nil),    // 5: walship.v1.ListMembersRequest
+	(*ListMembersResponse)(nil),   // 6: walship.v1.ListMembersResponse
+	(*MembershipStatus)(nil),      // 7: walship.v1.MembershipStatus
+	(*ChangeMembersRequest)(nil),  // 8: walship.v1.ChangeMembersRequest
+	(*ChangeMembersResponse)(nil), // 9: walship.v1.ChangeMembersResponse
+	(*MemberStatus)(nil),          // 10: walship.v1.MemberStatus
+	(*OrphanStatus)(nil),          // 11: walship.v1.OrphanStatus
+	(*ElectionStatus)(nil),        // 12: walship.v1.ElectionStatus
+	(*FailoverTimeline)(nil),      // 13: walship.v1.FailoverTimeline
+	(*PeerStatus)(nil),            // 14: walship.v1.PeerStatus
+	(*PromoteRequest)(nil),        // 15: walship.v1.PromoteRequest
+	(*PromoteResponse)(nil),       // 16: walship.v1.PromoteResponse
+	(*ServingPrimary)(nil),        // 17: walship.v1.ServingPrimary
+	(*SwitchoverRequest)(nil),     // 18: walship.v1.SwitchoverRequest
+	(*SwitchoverResponse)(nil),    // 19: walship.v1.SwitchoverResponse
+	(*SetPolicyRequest)(nil),      // 20: walship.v1.SetPolicyRequest
+	(*SetPolicyResponse)(nil),     // 21: walship.v1.SetPolicyResponse
+	(*CommitPolicy)(nil),          // 22: walship.v1.CommitPolicy
+	(*Contract)(nil),              // 23: walship.v1.Contract
+	(*durationpb.Duration)(nil),   // 24: google.protobuf.Duration
+	(*EpochStart)(nil),            // 25: walship.v1.EpochStart
+	(*ArchiveStatus)(nil),         // 26: walship.v1.ArchiveStatus
+	(MembershipStage)(0),          // 27: walship.v1.MembershipStage
+	(*Member)(nil),                // 28: walship.v1.Member
 }
 var file_walship_v1_admin_proto_depIdxs = []int32{
 	0,  // 0: walship.v1.StatusResponse.role:type_name -> walship.v1.Role
-	20, // 1: walship.v1.StatusResponse.default_policy:type_name -> walship.v1.CommitPolicy
-	12, // 2: walship.v1.StatusResponse.peers:type_name -> walship.v1.PeerStatus
+	22, // 1: walship.v1.StatusResponse.default_policy:type_name -> walship.v1.CommitPolicy
+	14, // 2: walship.v1.StatusResponse.peers:type_name -> walship.v1.PeerStatus
 	1,  // 3: walship.v1.StatusResponse.rung:type_name -> walship.v1.CatchUpRung
-	21, // 4: walship.v1.StatusResponse.contract:type_name -> walship.v1.Contract
-	9,  // 5: walship.v1.StatusResponse.orphans:type_name -> walship.v1.OrphanStatus
-	11, // 6: walship.v1.StatusResponse.last_failover:type_name -> walship.v1.FailoverTimeline
-	22, // 7: walship.v1.StatusResponse.lease_remaining:type_name -> google.protobuf.Duration
-	23, // 8: walship.v1.StatusResponse.history:type_name -> walship.v1.EpochStart
-	24, // 9: walship.v1.StatusResponse.archive:type_name -> walship.v1.ArchiveStatus
-	10, // 10: walship.v1.StatusResponse.election:type_name -> walship.v1.ElectionStatus
+	23, // 4: walship.v1.StatusResponse.contract:type_name -> walship.v1.Contract
+	11, // 5: walship.v1.StatusResponse.orphans:type_name -> walship.v1.OrphanStatus
+	13, // 6: walship.v1.StatusResponse.last_failover:type_name -> walship.v1.FailoverTimeline
+	24, // 7: walship.v1.StatusResponse.lease_remaining:type_name -> google.protobuf.Duration
+	25, // 8: walship.v1.StatusResponse.history:type_name -> walship.v1.EpochStart
+	26, // 9: walship.v1.StatusResponse.archive:type_name -> walship.v1.ArchiveStatus
+	12, // 10: walship.v1.StatusResponse.election:type_name -> walship.v1.ElectionStatus
 	7,  // 11: walship.v1.StatusResponse.membership:type_name -> walship.v1.MembershipStatus
 	7,  // 12: walship.v1.ListMembersResponse.membership:type_name -> walship.v1.MembershipStatus
-	21, // 13: walship.v1.MembershipStatus.contract:type_name -> walship.v1.Contract
-	8,  // 14: walship.v1.MembershipStatus.members:type_name -> walship.v1.MemberStatus
-	0,  // 15: walship.v1.MemberStatus.role:type_name -> walship.v1.Role
-	2,  // 16: walship.v1.MemberStatus.voice:type_name -> walship.v1.MemberVoice
-	22, // 17: walship.v1.FailoverTimeline.lease_wait:type_name -> google.protobuf.Duration
-	0,  // 18: walship.v1.PeerStatus.role:type_name -> walship.v1.Role
-	11, // 19: walship.v1.PromoteResponse.timeline:type_name -> walship.v1.FailoverTimeline
-	15, // 20: walship.v1.PromoteResponse.serving_primary:type_name -> walship.v1.ServingPrimary
-	22, // 21: walship.v1.SwitchoverRequest.timeout:type_name -> google.protobuf.Duration
-	22, // 22: walship.v1.SwitchoverResponse.paused:type_name -> google.protobuf.Duration
-	20, // 23: walship.v1.SetPolicyRequest.policy:type_name -> walship.v1.CommitPolicy
-	20, // 24: walship.v1.SetPolicyResponse.policy:type_name -> walship.v1.CommitPolicy
-	3,  // 25: walship.v1.AdminService.Status:input_type -> walship.v1.StatusRequest
-	13, // 26: walship.v1.AdminService.Promote:input_type -> walship.v1.PromoteRequest
-	16, // 27: walship.v1.AdminService.Switchover:input_type -> walship.v1.SwitchoverRequest
-	18, // 28: walship.v1.AdminService.SetPolicy:input_type -> walship.v1.SetPolicyRequest
-	5,  // 29: walship.v1.AdminService.ListMembers:input_type -> walship.v1.ListMembersRequest
-	4,  // 30: walship.v1.AdminService.Status:output_type -> walship.v1.StatusResponse
-	14, // 31: walship.v1.AdminService.Promote:output_type -> walship.v1.PromoteResponse
-	17, // 32: walship.v1.AdminService.Switchover:output_type -> walship.v1.SwitchoverResponse
-	19, // 33: walship.v1.AdminService.SetPolicy:output_type -> walship.v1.SetPolicyResponse
-	6,  // 34: walship.v1.AdminService.ListMembers:output_type -> walship.v1.ListMembersResponse
-	30, // [30:35] is the sub-list for method output_type
-	25, // [25:30] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	23, // 13: walship.v1.MembershipStatus.contract:type_name -> walship.v1.Contract
+	10, // 14: walship.v1.MembershipStatus.members:type_name -> walship.v1.MemberStatus
+	27, // 15: walship.v1.MembershipStatus.stage:type_name -> walship.v1.MembershipStage
+	28, // 16: walship.v1.ChangeMembersRequest.add:type_name -> walship.v1.Member
+	24, // 17: walship.v1.ChangeMembersRequest.catch_up_timeout:type_name -> google.protobuf.Duration
+	27, // 18: walship.v1.ChangeMembersResponse.stage:type_name -> walship.v1.MembershipStage
+	7,  // 19: walship.v1.ChangeMembersResponse.membership:type_name -> walship.v1.MembershipStatus
+	0,  // 20: walship.v1.MemberStatus.role:type_name -> walship.v1.Role
+	2,  // 21: walship.v1.MemberStatus.voice:type_name -> walship.v1.MemberVoice
+	24, // 22: walship.v1.FailoverTimeline.lease_wait:type_name -> google.protobuf.Duration
+	0,  // 23: walship.v1.PeerStatus.role:type_name -> walship.v1.Role
+	13, // 24: walship.v1.PromoteResponse.timeline:type_name -> walship.v1.FailoverTimeline
+	17, // 25: walship.v1.PromoteResponse.serving_primary:type_name -> walship.v1.ServingPrimary
+	24, // 26: walship.v1.SwitchoverRequest.timeout:type_name -> google.protobuf.Duration
+	24, // 27: walship.v1.SwitchoverResponse.paused:type_name -> google.protobuf.Duration
+	22, // 28: walship.v1.SetPolicyRequest.policy:type_name -> walship.v1.CommitPolicy
+	22, // 29: walship.v1.SetPolicyResponse.policy:type_name -> walship.v1.CommitPolicy
+	3,  // 30: walship.v1.AdminService.Status:input_type -> walship.v1.StatusRequest
+	15, // 31: walship.v1.AdminService.Promote:input_type -> walship.v1.PromoteRequest
+	18, // 32: walship.v1.AdminService.Switchover:input_type -> walship.v1.SwitchoverRequest
+	20, // 33: walship.v1.AdminService.SetPolicy:input_type -> walship.v1.SetPolicyRequest
+	5,  // 34: walship.v1.AdminService.ListMembers:input_type -> walship.v1.ListMembersRequest
+	8,  // 35: walship.v1.AdminService.ChangeMembers:input_type -> walship.v1.ChangeMembersRequest
+	4,  // 36: walship.v1.AdminService.Status:output_type -> walship.v1.StatusResponse
+	16, // 37: walship.v1.AdminService.Promote:output_type -> walship.v1.PromoteResponse
+	19, // 38: walship.v1.AdminService.Switchover:output_type -> walship.v1.SwitchoverResponse
+	21, // 39: walship.v1.AdminService.SetPolicy:output_type -> walship.v1.SetPolicyResponse
+	6,  // 40: walship.v1.AdminService.ListMembers:output_type -> walship.v1.ListMembersResponse
+	9,  // 41: walship.v1.AdminService.ChangeMembers:output_type -> walship.v1.ChangeMembersResponse
+	36, // [36:42] is the sub-list for method output_type
+	30, // [30:36] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_walship_v1_admin_proto_init() }
@@ -2142,13 +2369,17 @@ func file_walship_v1_admin_proto_init() {
 	file_walship_v1_epoch_proto_init()
 	file_walship_v1_wal_proto_init()
 	file_walship_v1_policy_proto_init()
+	file_walship_v1_admin_proto_msgTypes[5].OneofWrappers = []any{
+		(*ChangeMembersRequest_Add)(nil),
+		(*ChangeMembersRequest_Remove)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_walship_v1_admin_proto_rawDesc), len(file_walship_v1_admin_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   17,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

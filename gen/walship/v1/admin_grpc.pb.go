@@ -19,11 +19,12 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	AdminService_Status_FullMethodName      = "/walship.v1.AdminService/Status"
-	AdminService_Promote_FullMethodName     = "/walship.v1.AdminService/Promote"
-	AdminService_Switchover_FullMethodName  = "/walship.v1.AdminService/Switchover"
-	AdminService_SetPolicy_FullMethodName   = "/walship.v1.AdminService/SetPolicy"
-	AdminService_ListMembers_FullMethodName = "/walship.v1.AdminService/ListMembers"
+	AdminService_Status_FullMethodName        = "/walship.v1.AdminService/Status"
+	AdminService_Promote_FullMethodName       = "/walship.v1.AdminService/Promote"
+	AdminService_Switchover_FullMethodName    = "/walship.v1.AdminService/Switchover"
+	AdminService_SetPolicy_FullMethodName     = "/walship.v1.AdminService/SetPolicy"
+	AdminService_ListMembers_FullMethodName   = "/walship.v1.AdminService/ListMembers"
+	AdminService_ChangeMembers_FullMethodName = "/walship.v1.AdminService/ChangeMembers"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -55,6 +56,14 @@ type AdminServiceClient interface {
 	// is. Served by the primary; another node answers FAILED_PRECONDITION
 	// naming the primary it knows.
 	ListMembers(ctx context.Context, in *ListMembersRequest, opts ...grpc.CallOption) (*ListMembersResponse, error)
+	// ChangeMembers adds a data node (as a learner first, then through a
+	// joint configuration) or removes one (through a joint configuration),
+	// one change at a time: a second while one is in progress is refused
+	// with FAILED_PRECONDITION naming it. It returns when the change is done,
+	// or at the call's deadline with the change's stage: the change goes on
+	// (ListMembers shows it). Served by the primary; another node answers
+	// FAILED_PRECONDITION naming the primary it knows.
+	ChangeMembers(ctx context.Context, in *ChangeMembersRequest, opts ...grpc.CallOption) (*ChangeMembersResponse, error)
 }
 
 type adminServiceClient struct {
@@ -115,6 +124,16 @@ func (c *adminServiceClient) ListMembers(ctx context.Context, in *ListMembersReq
 	return out, nil
 }
 
+func (c *adminServiceClient) ChangeMembers(ctx context.Context, in *ChangeMembersRequest, opts ...grpc.CallOption) (*ChangeMembersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ChangeMembersResponse)
+	err := c.cc.Invoke(ctx, AdminService_ChangeMembers_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -144,6 +163,14 @@ type AdminServiceServer interface {
 	// is. Served by the primary; another node answers FAILED_PRECONDITION
 	// naming the primary it knows.
 	ListMembers(context.Context, *ListMembersRequest) (*ListMembersResponse, error)
+	// ChangeMembers adds a data node (as a learner first, then through a
+	// joint configuration) or removes one (through a joint configuration),
+	// one change at a time: a second while one is in progress is refused
+	// with FAILED_PRECONDITION naming it. It returns when the change is done,
+	// or at the call's deadline with the change's stage: the change goes on
+	// (ListMembers shows it). Served by the primary; another node answers
+	// FAILED_PRECONDITION naming the primary it knows.
+	ChangeMembers(context.Context, *ChangeMembersRequest) (*ChangeMembersResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -168,6 +195,9 @@ func (UnimplementedAdminServiceServer) SetPolicy(context.Context, *SetPolicyRequ
 }
 func (UnimplementedAdminServiceServer) ListMembers(context.Context, *ListMembersRequest) (*ListMembersResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListMembers not implemented")
+}
+func (UnimplementedAdminServiceServer) ChangeMembers(context.Context, *ChangeMembersRequest) (*ChangeMembersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ChangeMembers not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -280,6 +310,24 @@ func _AdminService_ListMembers_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_ChangeMembers_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ChangeMembersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ChangeMembers(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ChangeMembers_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ChangeMembers(ctx, req.(*ChangeMembersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -306,6 +354,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListMembers",
 			Handler:    _AdminService_ListMembers_Handler,
+		},
+		{
+			MethodName: "ChangeMembers",
+			Handler:    _AdminService_ChangeMembers_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -90,6 +90,82 @@ func (ElectOp) EnumDescriptor() ([]byte, []int) {
 	return file_walship_v1_epoch_proto_rawDescGZIP(), []int{0}
 }
 
+// MembershipStage is the step of a membership change an epoch record is
+// (docs/ARCHITECTURE.md, Membership change):
+// C_old -learner-> C_old + learner -joint-> C_old,new -final-> C_new.
+type MembershipStage int32
+
+const (
+	// MEMBERSHIP_STAGE_UNSPECIFIED: the record opens an epoch.
+	MembershipStage_MEMBERSHIP_STAGE_UNSPECIFIED MembershipStage = 0
+	// MEMBERSHIP_STAGE_LEARNER: the contract names a learner, shipped to and
+	// counting for nothing until it catches up.
+	MembershipStage_MEMBERSHIP_STAGE_LEARNER MembershipStage = 1
+	// MEMBERSHIP_STAGE_LEARNER_DROPPED: the learner did not catch up in time;
+	// the contract is the one before it, the change abandoned.
+	MembershipStage_MEMBERSHIP_STAGE_LEARNER_DROPPED MembershipStage = 2
+	// MEMBERSHIP_STAGE_JOINT: the contract is joint (next set): commits and
+	// promotions need both halves.
+	MembershipStage_MEMBERSHIP_STAGE_JOINT MembershipStage = 3
+	// MEMBERSHIP_STAGE_FINAL: the change is done; the contract is C_new.
+	MembershipStage_MEMBERSHIP_STAGE_FINAL MembershipStage = 4
+	// MEMBERSHIP_STAGE_ROLLBACK_JOINT: a new primary rolls a joint record
+	// back: joint again, from C_new to C_old.
+	MembershipStage_MEMBERSHIP_STAGE_ROLLBACK_JOINT MembershipStage = 5
+	// MEMBERSHIP_STAGE_ROLLED_BACK: the roll-back is done; the contract is
+	// C_old again.
+	MembershipStage_MEMBERSHIP_STAGE_ROLLED_BACK MembershipStage = 6
+)
+
+// Enum value maps for MembershipStage.
+var (
+	MembershipStage_name = map[int32]string{
+		0: "MEMBERSHIP_STAGE_UNSPECIFIED",
+		1: "MEMBERSHIP_STAGE_LEARNER",
+		2: "MEMBERSHIP_STAGE_LEARNER_DROPPED",
+		3: "MEMBERSHIP_STAGE_JOINT",
+		4: "MEMBERSHIP_STAGE_FINAL",
+		5: "MEMBERSHIP_STAGE_ROLLBACK_JOINT",
+		6: "MEMBERSHIP_STAGE_ROLLED_BACK",
+	}
+	MembershipStage_value = map[string]int32{
+		"MEMBERSHIP_STAGE_UNSPECIFIED":     0,
+		"MEMBERSHIP_STAGE_LEARNER":         1,
+		"MEMBERSHIP_STAGE_LEARNER_DROPPED": 2,
+		"MEMBERSHIP_STAGE_JOINT":           3,
+		"MEMBERSHIP_STAGE_FINAL":           4,
+		"MEMBERSHIP_STAGE_ROLLBACK_JOINT":  5,
+		"MEMBERSHIP_STAGE_ROLLED_BACK":     6,
+	}
+)
+
+func (x MembershipStage) Enum() *MembershipStage {
+	p := new(MembershipStage)
+	*p = x
+	return p
+}
+
+func (x MembershipStage) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (MembershipStage) Descriptor() protoreflect.EnumDescriptor {
+	return file_walship_v1_epoch_proto_enumTypes[1].Descriptor()
+}
+
+func (MembershipStage) Type() protoreflect.EnumType {
+	return &file_walship_v1_epoch_proto_enumTypes[1]
+}
+
+func (x MembershipStage) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use MembershipStage.Descriptor instead.
+func (MembershipStage) EnumDescriptor() ([]byte, []int) {
+	return file_walship_v1_epoch_proto_rawDescGZIP(), []int{1}
+}
+
 // ElectRequest is one operation on a log store's election register.
 type ElectRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -706,9 +782,15 @@ type Contract struct {
 	// of next, every promotion the promotion quorum of both. Unset when no
 	// change is in progress (and in contracts older than membership
 	// change, which a reader takes for "not joint").
-	Next          *Configuration `protobuf:"bytes,8,opt,name=next,proto3" json:"next,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Next *Configuration `protobuf:"bytes,8,opt,name=next,proto3" json:"next,omitempty"`
+	// members_changed is set once a membership change (AdminService
+	// ChangeMembers) has changed the members at run time: from then on the
+	// log, not the primary's flags (--peers), holds the members and log
+	// stores, and a primary opening an epoch keeps those of its log's
+	// newest record (etcd's --initial-cluster is likewise read once).
+	MembersChanged bool `protobuf:"varint,9,opt,name=members_changed,json=membersChanged,proto3" json:"members_changed,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Contract) Reset() {
@@ -797,6 +879,13 @@ func (x *Contract) GetNext() *Configuration {
 	return nil
 }
 
+func (x *Contract) GetMembersChanged() bool {
+	if x != nil {
+		return x.MembersChanged
+	}
+	return false
+}
+
 // Configuration is the half of a joint contract a membership change goes
 // to: who counts, and how many must acknowledge. The level, log store
 // sync and lease are the contract's own.
@@ -883,7 +972,11 @@ type EpochRecord struct {
 	// time_unix_nano is the primary's clock when it opened the epoch.
 	TimeUnixNano int64 `protobuf:"varint,6,opt,name=time_unix_nano,json=timeUnixNano,proto3" json:"time_unix_nano,omitempty"`
 	// history is the epoch history up to and including this epoch.
-	History       []*EpochStart `protobuf:"bytes,7,rep,name=history,proto3" json:"history,omitempty"`
+	History []*EpochStart `protobuf:"bytes,7,rep,name=history,proto3" json:"history,omitempty"`
+	// stage says which step of a membership change wrote the record
+	// (UNSPECIFIED: an epoch start). A change writes the record again, in
+	// the same epoch, at every step.
+	Stage         MembershipStage `protobuf:"varint,8,opt,name=stage,proto3,enum=walship.v1.MembershipStage" json:"stage,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -967,6 +1060,13 @@ func (x *EpochRecord) GetHistory() []*EpochStart {
 	return nil
 }
 
+func (x *EpochRecord) GetStage() MembershipStage {
+	if x != nil {
+		return x.Stage
+	}
+	return MembershipStage_MEMBERSHIP_STAGE_UNSPECIFIED
+}
+
 var File_walship_v1_epoch_proto protoreflect.FileDescriptor
 
 const file_walship_v1_epoch_proto_rawDesc = "" +
@@ -1024,7 +1124,7 @@ const file_walship_v1_epoch_proto_rawDesc = "" +
 	"\tfirst_lsn\x18\x02 \x01(\x04R\bfirstLsn\",\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
-	"\x04addr\x18\x02 \x01(\tR\x04addr\"\xf5\x02\n" +
+	"\x04addr\x18\x02 \x01(\tR\x04addr\"\x9e\x03\n" +
 	"\bContract\x12#\n" +
 	"\rsync_replicas\x18\x01 \x01(\rR\fsyncReplicas\x124\n" +
 	"\n" +
@@ -1034,11 +1134,12 @@ const file_walship_v1_epoch_proto_rawDesc = "" +
 	"\tlogstores\x18\x05 \x03(\tR\tlogstores\x12>\n" +
 	"\rlease_timeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\fleaseTimeout\x12.\n" +
 	"\blearners\x18\a \x03(\v2\x12.walship.v1.MemberR\blearners\x12-\n" +
-	"\x04next\x18\b \x01(\v2\x19.walship.v1.ConfigurationR\x04next\"\x80\x01\n" +
+	"\x04next\x18\b \x01(\v2\x19.walship.v1.ConfigurationR\x04next\x12'\n" +
+	"\x0fmembers_changed\x18\t \x01(\bR\x0emembersChanged\"\x80\x01\n" +
 	"\rConfiguration\x12,\n" +
 	"\amembers\x18\x01 \x03(\v2\x12.walship.v1.MemberR\amembers\x12\x1c\n" +
 	"\tlogstores\x18\x02 \x03(\tR\tlogstores\x12#\n" +
-	"\rsync_replicas\x18\x03 \x01(\rR\fsyncReplicas\"\x8c\x02\n" +
+	"\rsync_replicas\x18\x03 \x01(\rR\fsyncReplicas\"\xbf\x02\n" +
 	"\vEpochRecord\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x1b\n" +
 	"\tfirst_lsn\x18\x02 \x01(\x04R\bfirstLsn\x12\x1d\n" +
@@ -1047,14 +1148,23 @@ const file_walship_v1_epoch_proto_rawDesc = "" +
 	"\fprimary_addr\x18\x04 \x01(\tR\vprimaryAddr\x120\n" +
 	"\bcontract\x18\x05 \x01(\v2\x14.walship.v1.ContractR\bcontract\x12$\n" +
 	"\x0etime_unix_nano\x18\x06 \x01(\x03R\ftimeUnixNano\x120\n" +
-	"\ahistory\x18\a \x03(\v2\x16.walship.v1.EpochStartR\ahistory*\x8f\x01\n" +
+	"\ahistory\x18\a \x03(\v2\x16.walship.v1.EpochStartR\ahistory\x121\n" +
+	"\x05stage\x18\b \x01(\x0e2\x1b.walship.v1.MembershipStageR\x05stage*\x8f\x01\n" +
 	"\aElectOp\x12\x18\n" +
 	"\x14ELECT_OP_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rELECT_OP_READ\x10\x01\x12\x15\n" +
 	"\x11ELECT_OP_CAMPAIGN\x10\x02\x12\x12\n" +
 	"\x0eELECT_OP_RENEW\x10\x03\x12\x14\n" +
 	"\x10ELECT_OP_RELEASE\x10\x04\x12\x16\n" +
-	"\x12ELECT_OP_TAKE_OVER\x10\x052\x8a\x01\n" +
+	"\x12ELECT_OP_TAKE_OVER\x10\x05*\xf6\x01\n" +
+	"\x0fMembershipStage\x12 \n" +
+	"\x1cMEMBERSHIP_STAGE_UNSPECIFIED\x10\x00\x12\x1c\n" +
+	"\x18MEMBERSHIP_STAGE_LEARNER\x10\x01\x12$\n" +
+	" MEMBERSHIP_STAGE_LEARNER_DROPPED\x10\x02\x12\x1a\n" +
+	"\x16MEMBERSHIP_STAGE_JOINT\x10\x03\x12\x1a\n" +
+	"\x16MEMBERSHIP_STAGE_FINAL\x10\x04\x12#\n" +
+	"\x1fMEMBERSHIP_STAGE_ROLLBACK_JOINT\x10\x05\x12 \n" +
+	"\x1cMEMBERSHIP_STAGE_ROLLED_BACK\x10\x062\x8a\x01\n" +
 	"\fEpochService\x12<\n" +
 	"\x05Fence\x12\x18.walship.v1.FenceRequest\x1a\x19.walship.v1.FenceResponse\x12<\n" +
 	"\x05Elect\x12\x18.walship.v1.ElectRequest\x1a\x19.walship.v1.ElectResponseB5Z3github.com/walship/walship/gen/walship/v1;walshipv1b\x06proto3"
@@ -1071,46 +1181,48 @@ func file_walship_v1_epoch_proto_rawDescGZIP() []byte {
 	return file_walship_v1_epoch_proto_rawDescData
 }
 
-var file_walship_v1_epoch_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_walship_v1_epoch_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
 var file_walship_v1_epoch_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_walship_v1_epoch_proto_goTypes = []any{
 	(ElectOp)(0),                // 0: walship.v1.ElectOp
-	(*ElectRequest)(nil),        // 1: walship.v1.ElectRequest
-	(*ElectResponse)(nil),       // 2: walship.v1.ElectResponse
-	(*FenceRequest)(nil),        // 3: walship.v1.FenceRequest
-	(*FenceResponse)(nil),       // 4: walship.v1.FenceResponse
-	(*EpochStart)(nil),          // 5: walship.v1.EpochStart
-	(*Member)(nil),              // 6: walship.v1.Member
-	(*Contract)(nil),            // 7: walship.v1.Contract
-	(*Configuration)(nil),       // 8: walship.v1.Configuration
-	(*EpochRecord)(nil),         // 9: walship.v1.EpochRecord
-	(*durationpb.Duration)(nil), // 10: google.protobuf.Duration
-	(SyncLevel)(0),              // 11: walship.v1.SyncLevel
+	(MembershipStage)(0),        // 1: walship.v1.MembershipStage
+	(*ElectRequest)(nil),        // 2: walship.v1.ElectRequest
+	(*ElectResponse)(nil),       // 3: walship.v1.ElectResponse
+	(*FenceRequest)(nil),        // 4: walship.v1.FenceRequest
+	(*FenceResponse)(nil),       // 5: walship.v1.FenceResponse
+	(*EpochStart)(nil),          // 6: walship.v1.EpochStart
+	(*Member)(nil),              // 7: walship.v1.Member
+	(*Contract)(nil),            // 8: walship.v1.Contract
+	(*Configuration)(nil),       // 9: walship.v1.Configuration
+	(*EpochRecord)(nil),         // 10: walship.v1.EpochRecord
+	(*durationpb.Duration)(nil), // 11: google.protobuf.Duration
+	(SyncLevel)(0),              // 12: walship.v1.SyncLevel
 }
 var file_walship_v1_epoch_proto_depIdxs = []int32{
 	0,  // 0: walship.v1.ElectRequest.op:type_name -> walship.v1.ElectOp
-	10, // 1: walship.v1.ElectRequest.lease:type_name -> google.protobuf.Duration
-	10, // 2: walship.v1.ElectResponse.since_renewal:type_name -> google.protobuf.Duration
-	5,  // 3: walship.v1.FenceResponse.history:type_name -> walship.v1.EpochStart
-	10, // 4: walship.v1.FenceResponse.since_primary_contact:type_name -> google.protobuf.Duration
-	7,  // 5: walship.v1.FenceResponse.contract:type_name -> walship.v1.Contract
-	11, // 6: walship.v1.Contract.sync_level:type_name -> walship.v1.SyncLevel
-	6,  // 7: walship.v1.Contract.members:type_name -> walship.v1.Member
-	10, // 8: walship.v1.Contract.lease_timeout:type_name -> google.protobuf.Duration
-	6,  // 9: walship.v1.Contract.learners:type_name -> walship.v1.Member
-	8,  // 10: walship.v1.Contract.next:type_name -> walship.v1.Configuration
-	6,  // 11: walship.v1.Configuration.members:type_name -> walship.v1.Member
-	7,  // 12: walship.v1.EpochRecord.contract:type_name -> walship.v1.Contract
-	5,  // 13: walship.v1.EpochRecord.history:type_name -> walship.v1.EpochStart
-	3,  // 14: walship.v1.EpochService.Fence:input_type -> walship.v1.FenceRequest
-	1,  // 15: walship.v1.EpochService.Elect:input_type -> walship.v1.ElectRequest
-	4,  // 16: walship.v1.EpochService.Fence:output_type -> walship.v1.FenceResponse
-	2,  // 17: walship.v1.EpochService.Elect:output_type -> walship.v1.ElectResponse
-	16, // [16:18] is the sub-list for method output_type
-	14, // [14:16] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	11, // 1: walship.v1.ElectRequest.lease:type_name -> google.protobuf.Duration
+	11, // 2: walship.v1.ElectResponse.since_renewal:type_name -> google.protobuf.Duration
+	6,  // 3: walship.v1.FenceResponse.history:type_name -> walship.v1.EpochStart
+	11, // 4: walship.v1.FenceResponse.since_primary_contact:type_name -> google.protobuf.Duration
+	8,  // 5: walship.v1.FenceResponse.contract:type_name -> walship.v1.Contract
+	12, // 6: walship.v1.Contract.sync_level:type_name -> walship.v1.SyncLevel
+	7,  // 7: walship.v1.Contract.members:type_name -> walship.v1.Member
+	11, // 8: walship.v1.Contract.lease_timeout:type_name -> google.protobuf.Duration
+	7,  // 9: walship.v1.Contract.learners:type_name -> walship.v1.Member
+	9,  // 10: walship.v1.Contract.next:type_name -> walship.v1.Configuration
+	7,  // 11: walship.v1.Configuration.members:type_name -> walship.v1.Member
+	8,  // 12: walship.v1.EpochRecord.contract:type_name -> walship.v1.Contract
+	6,  // 13: walship.v1.EpochRecord.history:type_name -> walship.v1.EpochStart
+	1,  // 14: walship.v1.EpochRecord.stage:type_name -> walship.v1.MembershipStage
+	4,  // 15: walship.v1.EpochService.Fence:input_type -> walship.v1.FenceRequest
+	2,  // 16: walship.v1.EpochService.Elect:input_type -> walship.v1.ElectRequest
+	5,  // 17: walship.v1.EpochService.Fence:output_type -> walship.v1.FenceResponse
+	3,  // 18: walship.v1.EpochService.Elect:output_type -> walship.v1.ElectResponse
+	17, // [17:19] is the sub-list for method output_type
+	15, // [15:17] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_walship_v1_epoch_proto_init() }
@@ -1124,7 +1236,7 @@ func file_walship_v1_epoch_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_walship_v1_epoch_proto_rawDesc), len(file_walship_v1_epoch_proto_rawDesc)),
-			NumEnums:      1,
+			NumEnums:      2,
 			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
