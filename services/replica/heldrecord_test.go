@@ -108,3 +108,43 @@ func TestHeldRecordOfTheSameEpoch(t *testing.T) {
 	r.waitApplied(t, third.LastLsn)
 	check("a third record applied after the held one was", 2)
 }
+
+// TestHeldChangeRecordCounts: a membership change writes the epoch record
+// again within the epoch (a joint record, then the final one); a replica
+// reports the newer one while it is held, unapplied, and once applied —
+// a record of the epoch it already has is not passed over.
+func TestHeldChangeRecordCounts(t *testing.T) {
+	fp := newFakePrimary(t)
+	cfg := testConfig(t, t.TempDir(), fp.addr)
+	r := start(t, cfg)
+	m := newModel(t)
+	sess := fp.next(t)
+
+	members := []*walshipv1.Member{{Id: "p", Addr: "p:1"}, {Id: "r1", Addr: "r1:1"}}
+	record := func(c *walshipv1.Contract) string {
+		data, err := proto.Marshal(&walshipv1.EpochRecord{Epoch: 1, FirstLsn: 1, PrimaryId: "p", Contract: c})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(data)
+	}
+	first := m.txn(put(keyspace.EpochRecordKey, record(&walshipv1.Contract{SyncReplicas: 1, Members: members})))
+	sess.send(t, first)
+	r.waitApplied(t, first.LastLsn)
+	if r.s.EpochRecord().GetContract().GetNext() != nil {
+		t.Fatal("the epoch's first record is joint")
+	}
+	joint := m.txn(put(keyspace.EpochRecordKey, record(&walshipv1.Contract{SyncReplicas: 1, Members: members,
+		Next: &walshipv1.Configuration{SyncReplicas: 1, Members: append(members, &walshipv1.Member{Id: "r2", Addr: "r2:1"})}})))
+	sess.sendDurable(t, first.LastLsn, joint)
+	sess.heartbeatDurable(t, 1, joint.LastLsn, first.LastLsn, true)
+	waitAckWhere(t, sess, func(a *walshipv1.ReplicaAck) bool { return a.FlushedLsn == joint.LastLsn })
+	if got := len(r.s.EpochRecord().GetContract().GetNext().GetMembers()); got != 3 {
+		t.Fatalf("held joint record: EpochRecord's next names %d members (%v), want 3", got, r.s.EpochRecord().GetContract())
+	}
+	sess.heartbeatDurable(t, 1, joint.LastLsn, joint.LastLsn, true)
+	r.waitApplied(t, joint.LastLsn)
+	if got := len(r.s.EpochRecord().GetContract().GetNext().GetMembers()); got != 3 {
+		t.Fatalf("applied joint record: EpochRecord's next names %d members, want 3", got)
+	}
+}
