@@ -11,7 +11,6 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
-	"github.com/walship/walship/internal/failover"
 )
 
 // peers tracks the acknowledged positions of replicas and log stores, and
@@ -25,9 +24,11 @@ type peers struct {
 	replicas  map[string]*replicaPos
 	logstores map[string]*logstorePos
 	quorum    int // log store majority; 0 = no log store configured
-	// eligible are the replicas whose acks count for sync commits (the
-	// members other than this primary); nil: every replica.
-	eligible map[string]bool
+	// rule is the ack rule of the configuration in force (ackrule.go);
+	// ruleNow the same, read without mu (checkSyncReplicas, on every
+	// commit). nil before the first setRule: no members.
+	rule    ackRule
+	ruleNow atomic.Pointer[ackRule]
 	// replWaiters and lsWaiters are the waiting commits; guarded by mu.
 	replWaiters map[waitClass]*lsnQueue
 	lsWaiters   lsnQueue
@@ -266,36 +267,6 @@ func (p *peers) updateLogStore(addr string, f func(l *logstorePos)) {
 	if len(p.lsWaiters) > 0 {
 		p.lsWaiters.release(p.logStoreQuorumLocked())
 	}
-}
-
-// replicaQuorumLocked is the highest LSN that c.k connected replicas have
-// reached at c.level (0 if fewer than c.k are connected).
-func (p *peers) replicaQuorumLocked(c waitClass) uint64 {
-	var buf [8]uint64
-	pos := buf[:0]
-	for _, r := range p.replicas {
-		if r.connected && p.counts(r.id) {
-			pos = append(pos, r.pos(c))
-		}
-	}
-	return failover.AckLSN(pos, c.k) // I5: the ack quorum a promotion meets
-}
-
-// counts reports whether replica id's acks count for sync commits.
-func (p *peers) counts(id string) bool { return p.eligible == nil || p.eligible[id] }
-
-// logStoreQuorumLocked is the highest LSN a majority of the configured log
-// stores has made durable (0 without log stores).
-func (p *peers) logStoreQuorumLocked() uint64 {
-	if p.quorum == 0 {
-		return 0
-	}
-	var buf [8]uint64
-	pos := buf[:0]
-	for _, l := range p.logstores {
-		pos = append(pos, l.durable)
-	}
-	return failover.AckLSN(pos, p.quorum) // I5
 }
 
 // logStoreQuorum is logStoreQuorumLocked, locking.

@@ -151,11 +151,19 @@ func validatePolicyEnums(p *walshipv1.CommitPolicy) error {
 // its outcome unknown. Without members (--peers) every replica counts
 // and none is known in advance: nothing is refused.
 func (s *Server) checkSyncReplicas(p Policy) error {
-	if p.Replication != walshipv1.ReplicationMode_REPLICATION_MODE_SYNC || s.peers.eligible == nil {
+	if p.Replication != walshipv1.ReplicationMode_REPLICATION_MODE_SYNC {
 		return nil
 	}
-	if n := len(s.peers.eligible); p.SyncReplicas > n {
-		return fmt.Errorf("sync_replicas: %d is more than the %d other members that can acknowledge a commit (%s)", p.SyncReplicas, n, strings.Join(slices.Sorted(maps.Keys(s.peers.eligible)), ", "))
+	r := s.peers.ruleNow.Load()
+	if r == nil || r.members == nil {
+		return nil
+	}
+	if n := r.minVoters; p.SyncReplicas > n {
+		half := ""
+		if len(r.members) > 1 {
+			half = " in each half of the membership change in progress"
+		}
+		return fmt.Errorf("sync_replicas: %d is more than the %d other members that can acknowledge a commit%s (%s)", p.SyncReplicas, n, half, strings.Join(slices.Sorted(maps.Keys(r.eligible)), ", "))
 	}
 	return nil
 }

@@ -122,14 +122,7 @@ func New(cfg Config) (*Server, error) {
 	s.lease = newLease(cfg.LeaseTimeout, s.peers.quorum)
 	s.commitContract = ContractOf(cfg.Policy, cfg.Members, cfg.LogStores, cfg.LeaseTimeout)
 	s.peerContract = s.commitContract.GetSyncReplicas() > 0 || s.commitContract.GetLogstoreSync()
-	if len(cfg.Members) > 0 {
-		s.peers.eligible = map[string]bool{}
-		for _, m := range cfg.Members {
-			if m.ID != cfg.ID {
-				s.peers.eligible[m.ID] = true
-			}
-		}
-	}
+	s.peers.setRule(ruleOf(s.commitContract, cfg.ID))
 	nv := datadir.Vote{}
 	s.vote.Store(&nv)
 	if err := s.recover(); err != nil {
