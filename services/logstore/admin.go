@@ -118,6 +118,11 @@ func (a *adminServer) ListMembers(context.Context, *walshipv1.ListMembersRequest
 	return nil, toStatus(refuse(rpcerr.ErrWrongRole, "%s: list the members at the primary", a.s.wrongNode(true)))
 }
 
+// ChangeMembers is the primary's: a log store names the primary it knows.
+func (a *adminServer) ChangeMembers(context.Context, *walshipv1.ChangeMembersRequest) (*walshipv1.ChangeMembersResponse, error) {
+	return nil, toStatus(refuse(rpcerr.ErrWrongRole, "%s: change the members at the primary", a.s.wrongNode(true)))
+}
+
 // wrongNode says what this node is, to a call it does not serve (KVService
 // or a switchover, which data nodes serve), and where the primary is.
 func (s *Server) wrongNode(full bool) string {

@@ -93,6 +93,10 @@ type Config struct {
 	// LogStoreSnapshotTimeout bounds one snapshot upload (0:
 	// DefaultLogStoreSnapshotTimeout).
 	LogStoreSnapshotTimeout time.Duration
+	// ChangeResumeGrace is how long a primary whose log ended in a joint
+	// record gives the members the change adds to connect before it rolls
+	// the change back instead of finishing it (0: 10 s; change.go).
+	ChangeResumeGrace time.Duration
 	// HeartbeatInterval is how often an idle stream carries a heartbeat.
 	HeartbeatInterval time.Duration
 	// ReplicaTimeout ends a replica stream that sent nothing for this long

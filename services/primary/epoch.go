@@ -212,9 +212,110 @@ func (s *Server) saveEpoch() error {
 	return datadir.SaveVote(s.fs, s.cfg.DataDir, v)
 }
 
-// contract is the durability contract this run stamps in its epoch record.
+// contract is the contract in force: that of the newest contract record
+// this run wrote (its epoch record, or a membership change's), else the
+// one it will stamp in its epoch record.
 func (s *Server) contract() *walshipv1.Contract {
-	return ContractOf(s.cfg.Policy, s.cfg.Members, s.cfg.LogStores, s.cfg.LeaseTimeout)
+	if c := s.inForce.Load(); c != nil {
+		return c.contract
+	}
+	return s.startContract()
+}
+
+// startContract is the durability contract this run stamps in its epoch
+// record: that of its flags, except that once a membership change has
+// changed the members at run time (members_changed), or while one is in
+// progress (the log's newest record is joint), the members are the log's:
+// a joint record is never replaced by C_old alone (a new primary finishes
+// or rolls it back, change.go), and a finished change is not undone by
+// the flags the node was started with. Log stores are the flags' (a
+// change moves members only). Learners are dropped: a learner stage a
+// failover interrupted is abandoned.
+func (s *Server) startContract() *walshipv1.Contract {
+	c := ContractOf(s.cfg.Policy, s.cfg.Members, s.cfg.LogStores, s.cfg.LeaseTimeout)
+	if len(c.GetMembers()) == 0 || s.store == nil {
+		return c
+	}
+	rec, err := keyspace.EpochRecord(s.store.Snapshot())
+	prev := rec.GetContract()
+	if err != nil || prev == nil || (!prev.GetMembersChanged() && prev.GetNext() == nil) {
+		return c
+	}
+	c.Members, c.MembersChanged = cloneMembers(prev.GetMembers()), true
+	if nx := prev.GetNext(); nx != nil {
+		c.Next = &walshipv1.Configuration{Members: cloneMembers(nx.GetMembers()), Logstores: c.GetLogstores(), SyncReplicas: c.GetSyncReplicas()}
+	}
+	return c
+}
+
+func cloneMembers(ms []*walshipv1.Member) []*walshipv1.Member {
+	out := make([]*walshipv1.Member, 0, len(ms))
+	for _, m := range ms {
+		out = append(out, &walshipv1.Member{Id: m.GetId(), Addr: m.GetAddr()})
+	}
+	return out
+}
+
+// contractInForce is the newest contract record this run wrote and the
+// step of a membership change it is.
+type contractInForce struct {
+	contract *walshipv1.Contract
+	stage    walshipv1.MembershipStage
+}
+
+// useContract makes c the contract in force: acks follow it from now on
+// (ackrule.go). A record is put in force before it is sequenced, so that
+// no commit after it is acknowledged under the rule before it.
+func (s *Server) useContract(c *walshipv1.Contract, stage walshipv1.MembershipStage) {
+	s.inForce.Store(&contractInForce{contract: c, stage: stage})
+	s.peers.setRule(ruleOf(c, s.cfg.ID))
+}
+
+// epochRecord is this epoch's record under contract c, written at the
+// membership change step stage.
+func (s *Server) epochRecord(c *walshipv1.Contract, stage walshipv1.MembershipStage) *walshipv1.EpochRecord {
+	rec := &walshipv1.EpochRecord{Epoch: s.epoch, FirstLsn: s.epochs.Current().FirstLSN, PrimaryId: s.cfg.ID, PrimaryAddr: s.Advertise(),
+		Contract: c, TimeUnixNano: time.Now().UnixNano(), Stage: stage}
+	for _, e := range s.epochs {
+		rec.History = append(rec.History, &walshipv1.EpochStart{Epoch: e.Epoch, FirstLsn: e.FirstLSN})
+	}
+	return rec
+}
+
+// writeRecord puts rec in force and commits it, waiting for the local
+// fsync only (awaitContract waits for the rest). It returns its LSN.
+func (s *Server) writeRecord(ctx context.Context, rec *walshipv1.EpochRecord) (uint64, error) {
+	data, err := proto.Marshal(rec)
+	if err != nil {
+		return 0, err
+	}
+	before := s.inForce.Load()
+	s.useContract(rec.GetContract(), rec.GetStage())
+	res, err := s.exec(ctx, &walshipv1.CommitPolicy{Durability: walshipv1.Durability_DURABILITY_SYNC,
+		Replication: walshipv1.ReplicationMode_REPLICATION_MODE_DISABLED, Logstore: walshipv1.LogStoreAck_LOG_STORE_ACK_ASYNC},
+		nil, []op{{kind: codec.OpPut, key: keyspace.EpochRecordKey, value: data}})
+	if err != nil {
+		if before != nil {
+			s.useContract(before.contract, before.stage)
+		}
+		return 0, err
+	}
+	return res.lsn, nil
+}
+
+// awaitContract waits until lsn is acknowledged under contract c (in
+// force): k of the members of each half at c's level, and, under log
+// store sync, a majority of each half's log stores.
+func (s *Server) awaitContract(ctx context.Context, lsn uint64, c *walshipv1.Contract) error {
+	if k := int(c.GetSyncReplicas()); k > 0 {
+		if err := s.peers.waitReplicas(ctx, lsn, waitClass{level: c.GetSyncLevel(), k: k}); err != nil {
+			return err
+		}
+	}
+	if c.GetLogstoreSync() {
+		return s.peers.waitLogStores(ctx, lsn)
+	}
+	return nil
 }
 
 // ContractOf is the contract of a primary whose default policy is p: the
@@ -237,21 +338,14 @@ func ContractOf(p Policy, members []Member, logstores []string, lease time.Durat
 // and writes. It returns when ctx ends or the primary fails first.
 func (s *Server) openEpoch(ctx context.Context) error {
 	if !s.needsRecord() {
+		s.useContract(s.startContract(), walshipv1.MembershipStage_MEMBERSHIP_STAGE_UNSPECIFIED)
 		if err := s.lease.wait(ctx); err != nil {
 			return fmt.Errorf("epoch %d: no lease from the log stores: %w", s.epoch, err)
 		}
 		s.open()
 		return nil
 	}
-	rec := &walshipv1.EpochRecord{Epoch: s.epoch, FirstLsn: s.epochs.Current().FirstLSN, PrimaryId: s.cfg.ID, PrimaryAddr: s.Advertise(),
-		Contract: s.contract(), TimeUnixNano: time.Now().UnixNano()}
-	for _, e := range s.epochs {
-		rec.History = append(rec.History, &walshipv1.EpochStart{Epoch: e.Epoch, FirstLsn: e.FirstLSN})
-	}
-	data, err := proto.Marshal(rec)
-	if err != nil {
-		return err
-	}
+	rec := s.epochRecord(s.startContract(), walshipv1.MembershipStage_MEMBERSHIP_STAGE_UNSPECIFIED)
 	// The contract before this record's, as this log has it.
 	var prev *walshipv1.Contract
 	if p, err := keyspace.EpochRecord(s.store.Snapshot()); err == nil && p != nil {
@@ -259,26 +353,18 @@ func (s *Server) openEpoch(ctx context.Context) error {
 	}
 	// The record itself waits for the local fsync only; the contract is
 	// waited for below, without a timeout: the epoch opens when it can.
-	res, err := s.exec(ctx, &walshipv1.CommitPolicy{Durability: walshipv1.Durability_DURABILITY_SYNC,
-		Replication: walshipv1.ReplicationMode_REPLICATION_MODE_DISABLED, Logstore: walshipv1.LogStoreAck_LOG_STORE_ACK_ASYNC},
-		nil, []op{{kind: codec.OpPut, key: keyspace.EpochRecordKey, value: data}})
+	lsn, err := s.writeRecord(ctx, rec)
 	if err != nil {
 		return fmt.Errorf("commit the epoch record: %w", err)
 	}
+	res := execResult{lsn: lsn}
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stop := context.AfterFunc(s.pipe.alive, cancel)
 	defer stop()
 	c := rec.Contract
-	if k := int(c.SyncReplicas); k > 0 {
-		if err := s.peers.waitReplicas(wctx, res.lsn, waitClass{level: c.SyncLevel, k: k}); err != nil {
-			return fmt.Errorf("epoch record at LSN %d: %w", res.lsn, err)
-		}
-	}
-	if c.LogstoreSync {
-		if err := s.peers.waitLogStores(wctx, res.lsn); err != nil {
-			return fmt.Errorf("epoch record at LSN %d: %w", res.lsn, err)
-		}
+	if err := s.awaitContract(wctx, res.lsn, c); err != nil {
+		return fmt.Errorf("epoch record at LSN %d: %w", res.lsn, err)
 	}
 	if w, ok := epochChangeWait(prev, c, s.cfg.ID); ok {
 		// A changed contract: the record must reach the previous one's
@@ -294,6 +380,13 @@ func (s *Server) openEpoch(ctx context.Context) error {
 	}
 	s.open()
 	s.logger.Info("epoch open", "epoch", s.epoch, "epoch_record_lsn", res.lsn, "contract", c.String())
+	if c.GetNext() != nil {
+		// The log ended in a joint record: finish it or roll it back.
+		r := &changeRun{resume: true, desc: "finish or roll back the change to " + configLine(c) + " this primary's log ended in", done: make(chan struct{})}
+		if err := s.changes.begin(r); err == nil {
+			return s.submit(ctx, r)
+		}
+	}
 	return nil
 }
 
@@ -321,10 +414,12 @@ func (s *Server) needsRecord() bool {
 		return true
 	}
 	rec, err := keyspace.EpochRecord(s.store.Snapshot())
-	if err != nil || rec == nil {
+	if err != nil || rec == nil || rec.GetContract().GetNext() != nil {
+		// A joint record is written again, and waited for under the joint
+		// rule, before the change it is part of goes on (change.go).
 		return true
 	}
-	return rec.GetPrimaryId() != s.cfg.ID || rec.GetPrimaryAddr() != s.Advertise() || !proto.Equal(rec.GetContract(), s.contract())
+	return rec.GetPrimaryId() != s.cfg.ID || rec.GetPrimaryAddr() != s.Advertise() || !proto.Equal(rec.GetContract(), s.startContract())
 }
 
 // serving reports why the primary cannot answer reads and writes now (nil

@@ -21,7 +21,11 @@ func (a *adminServer) ListMembers(context.Context, *walshipv1.ListMembersRequest
 func (s *Server) membership(now time.Time) *walshipv1.MembershipStatus {
 	c := s.contract()
 	last := s.wal.LastLSN()
-	ms := &walshipv1.MembershipStatus{Epoch: s.epoch, PrimaryId: s.cfg.ID, Contract: c, Joint: c.GetNext() != nil, LastLsn: last}
+	ms := &walshipv1.MembershipStatus{Epoch: s.epoch, PrimaryId: s.cfg.ID, Contract: c, Joint: c.GetNext() != nil, LastLsn: last,
+		Change: s.changes.inProgress()}
+	if f := s.inForce.Load(); f != nil {
+		ms.Stage = f.stage
+	}
 	replicas, logstores := s.peers.snapshot()
 	for _, m := range Voices(c, s.cfg.ID) {
 		switch {

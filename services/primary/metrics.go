@@ -43,6 +43,9 @@ type metrics struct {
 
 	refusedWrites *prometheus.CounterVec
 
+	changeInProgress prometheus.Gauge
+	changes          *prometheus.CounterVec
+
 	watch *changefeed.Metrics
 }
 
@@ -151,6 +154,17 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		Name: "walship_primary_taking_writes",
 		Help: "1 while the primary takes writes (and reads), 0 while it refuses them: opening its epoch, without a log store majority (its lease), handing over, without the election, failed.",
 	}, func() float64 { return b2f(s.TakingWrites()) })
+	m.changeInProgress = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "walship_membership_change_in_progress",
+		Help: "1 while the primary runs a membership change (ChangeMembers, or finishing a joint record its log ended in), else 0.",
+	})
+	m.changes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "walship_membership_changes_total",
+		Help: "Membership changes the primary ran, by outcome: done, abandoned (the learner did not catch up in time), rolled_back (a joint record a new primary rolled back), failed (the primary stopped or a record failed).",
+	}, []string{"outcome"})
+	for _, o := range changeOutcomes {
+		m.changes.WithLabelValues(o)
+	}
 	contractK := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "walship_primary_contract_sync_replicas",
 		Help: "The contract's k: replicas that must acknowledge a commit under the default policy (0 without sync replication). walship_replication_connected_replicas below it means sync commits stall.",
@@ -162,6 +176,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	m.collectors = []prometheus.Collector{m.commits, m.commitSeconds, m.walBatches, m.walRecords, m.fsyncSeconds, m.fsyncErrors,
 		encode, written, last, durable, visible, walBytes, m.sentBytes, m.shipDelays, m.replicaOutOfRange, m.replicaDiverged, m.snapshotsStreamed, retention,
 		m.fences, m.clusterMismatch, m.snapshotUploads, m.snapshotUploadSeconds, newReplCollector(s), m.refusedWrites, takingWrites, contractK,
+		m.changeInProgress, m.changes,
 		serve.NewInfo(s.cfg.ID, func() string {
 			if a := s.Advertise(); a != "" {
 				return a

@@ -69,6 +69,11 @@ type Server struct {
 	deposeOnce     sync.Once
 
 	policy atomic.Pointer[Policy] // default commit policy
+	// inForce is the newest contract record this run wrote (nil before
+	// its epoch record): acks follow it (useContract).
+	inForce atomic.Pointer[contractInForce]
+	// changes is the membership change in progress (change.go).
+	changes changes
 
 	snapMu      sync.Mutex
 	snapshotLSN atomic.Uint64
@@ -91,6 +96,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.LeaseTimeout == 0 {
 		cfg.LeaseTimeout = DefaultLeaseTimeout
+	}
+	if cfg.ChangeResumeGrace == 0 {
+		cfg.ChangeResumeGrace = defaultResumeGrace
 	}
 	if cfg.LogStoreSnapshotTimeout == 0 {
 		cfg.LogStoreSnapshotTimeout = DefaultLogStoreSnapshotTimeout
@@ -123,6 +131,7 @@ func New(cfg Config) (*Server, error) {
 	s.commitContract = ContractOf(cfg.Policy, cfg.Members, cfg.LogStores, cfg.LeaseTimeout)
 	s.peerContract = s.commitContract.GetSyncReplicas() > 0 || s.commitContract.GetLogstoreSync()
 	s.peers.setRule(ruleOf(s.commitContract, cfg.ID))
+	s.changes.ch = make(chan *changeRun)
 	nv := datadir.Vote{}
 	s.vote.Store(&nv)
 	if err := s.recover(); err != nil {
@@ -247,6 +256,8 @@ func (s *Server) Run(ctx context.Context) error {
 	// Snapshot uploads end as soon as the stop begins: they are best effort.
 	stopUploads := background(serveCtx, s.uploadToLogStores)
 	defer stopUploads()
+	stopChanges := background(serveCtx, s.runChanges)
+	defer stopChanges()
 	stopOpen := background(serveCtx, func(ctx context.Context) {
 		if err := s.openEpoch(ctx); err != nil && ctx.Err() == nil && s.pipe.alive.Err() == nil {
 			s.logger.Error("cannot open the epoch", "epoch", s.epoch, "err", err)
@@ -268,6 +279,7 @@ func (s *Server) Run(ctx context.Context) error {
 		fatal = <-committerDone
 	}
 	stopOpen()
+	stopChanges()
 	stopUploads()
 	s.srv.SetServing(false)
 	stopSnap()

@@ -127,6 +127,11 @@ func (a *adminServer) ListMembers(context.Context, *walshipv1.ListMembersRequest
 	return nil, a.s.notPrimary()
 }
 
+// ChangeMembers is the primary's: a replica answers where the primary is.
+func (a *adminServer) ChangeMembers(context.Context, *walshipv1.ChangeMembersRequest) (*walshipv1.ChangeMembersResponse, error) {
+	return nil, a.s.notPrimary()
+}
+
 // Switchover is the primary's: a replica answers where the primary is.
 func (a *adminServer) Switchover(context.Context, *walshipv1.SwitchoverRequest) (*walshipv1.SwitchoverResponse, error) {
 	return nil, a.s.notPrimary()

@@ -1,0 +1,485 @@
+package primary
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/failover"
+	"github.com/walship/walship/internal/rpcerr"
+	"github.com/walship/walship/internal/tlsid"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+)
+
+// Membership change at run time (issue 38; docs/ARCHITECTURE.md,
+// Membership change), on the primary:
+//
+//	C_old ─learner record→ C_old + learner ─joint record (next = C_new)→ C_old,new ─final record→ C_new
+//
+// Each record is a write of the epoch record key in the current epoch
+// (its stage says which step), put in force before it is sequenced
+// (useContract: acks follow the newest record) and acknowledged under it
+// (awaitContract) before the next is written. A removal has no learner
+// stage. One change at a time: one goroutine (runChanges) runs them, and
+// a request finding one in progress is refused.
+//
+// A new primary whose log ends in a joint record writes its epoch record
+// joint too, waits for it under the joint rule like any epoch record, and
+// then finishes the change — or rolls it back, never to C_old in one
+// record (TestSimRollbackInOneRecord) — see resumeChange for which.
+
+const (
+	defaultMaxLagRecords  = 1000
+	defaultCatchUpTimeout = 5 * time.Minute
+	maxCatchUpTimeout     = time.Hour
+	// defaultResumeGrace is how long a new primary gives the members a
+	// joint record adds to connect before it rolls the change back
+	// (Config.ChangeResumeGrace).
+	defaultResumeGrace = 10 * time.Second
+)
+
+// Outcomes of a change: the outcome label of
+// walship_membership_changes_total.
+const (
+	outcomeDone       = "done"
+	outcomeAbandoned  = "abandoned"
+	outcomeRolledBack = "rolled_back"
+	outcomeFailed     = "failed"
+)
+
+var changeOutcomes = []string{outcomeDone, outcomeAbandoned, outcomeRolledBack, outcomeFailed}
+
+// changeRun is one membership change: what it does, and how it ends.
+type changeRun struct {
+	desc    string
+	add     *walshipv1.Member // nil for a removal
+	remove  string
+	maxLag  uint64
+	catchUp time.Duration
+	// resume is a joint record a new primary found: finish or roll back.
+	resume bool
+	done   chan struct{} // closed when it is over; then outcome and err are set
+	// outcome and err are written before done is closed.
+	outcome string
+	err     error
+}
+
+// changes holds the change in progress.
+type changes struct {
+	mu  sync.Mutex
+	cur *changeRun // nil: none in progress
+	ch  chan *changeRun
+}
+
+// begin takes the slot for r, or says which change holds it.
+func (c *changes) begin(r *changeRun) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cur != nil {
+		return status.Errorf(codes.FailedPrecondition, "a membership change is in progress: %s; one change at a time (walship ctl members list shows it)", c.cur.desc)
+	}
+	c.cur = r
+	return nil
+}
+
+func (c *changes) end(r *changeRun) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cur == r {
+		c.cur = nil
+	}
+}
+
+// inProgress describes the change in progress ("" if none).
+func (c *changes) inProgress() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cur == nil {
+		return ""
+	}
+	return c.cur.desc
+}
+
+// runChanges runs the changes handed to it one at a time until ctx ends.
+func (s *Server) runChanges(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case r := <-s.changes.ch:
+			s.metrics.changeInProgress.Set(1)
+			outcome, err := s.runChange(ctx, r)
+			if err != nil {
+				outcome = outcomeFailed
+				s.logger.Error("membership change failed", "change", r.desc, "err", err)
+			} else {
+				s.logger.Info("membership change over", "change", r.desc, "outcome", outcome)
+			}
+			s.metrics.changes.WithLabelValues(outcome).Inc()
+			s.metrics.changeInProgress.Set(0)
+			r.outcome, r.err = outcome, err
+			s.changes.end(r)
+			close(r.done)
+		}
+	}
+}
+
+// submit hands r, which holds the slot, to runChanges.
+func (s *Server) submit(ctx context.Context, r *changeRun) error {
+	select {
+	case s.changes.ch <- r:
+		return nil
+	case <-ctx.Done():
+	case <-s.pipe.alive.Done():
+	}
+	s.changes.end(r)
+	return status.Errorf(codes.Unavailable, "the membership change %s did not start: the primary is stopping or the call ended", r.desc)
+}
+
+// runChange runs r to its end and returns its outcome.
+func (s *Server) runChange(ctx context.Context, r *changeRun) (string, error) {
+	cur := s.contract()
+	if r.resume {
+		return s.resumeChange(ctx, cur)
+	}
+	old := stripped(cur)
+	var next *walshipv1.Contract
+	if r.add != nil {
+		// The learner stage: shipped to, counting for nothing.
+		learning := proto.Clone(old).(*walshipv1.Contract)
+		learning.Learners = []*walshipv1.Member{proto.Clone(r.add).(*walshipv1.Member)}
+		if err := s.changeStep(ctx, learning, walshipv1.MembershipStage_MEMBERSHIP_STAGE_LEARNER); err != nil {
+			return "", err
+		}
+		if err := s.waitCaughtUp(ctx, r); err != nil {
+			s.logger.Warn("the learner did not catch up in time: dropping it", "change", r.desc, "err", err)
+			if err := s.changeStep(ctx, old, walshipv1.MembershipStage_MEMBERSHIP_STAGE_LEARNER_DROPPED); err != nil {
+				return "", err
+			}
+			return outcomeAbandoned, nil
+		}
+		next = proto.Clone(old).(*walshipv1.Contract)
+		next.Members = append(next.Members, proto.Clone(r.add).(*walshipv1.Member))
+	} else {
+		next = proto.Clone(old).(*walshipv1.Contract)
+		next.Members = slices.DeleteFunc(next.Members, func(m *walshipv1.Member) bool { return m.GetId() == r.remove })
+	}
+	next.MembersChanged = true
+	if err := failover.ValidChange(configOf(old).Old, configOf(next).Old, s.cfg.ID); err != nil {
+		return "", err
+	}
+	if err := s.changeStep(ctx, joint(old, next), walshipv1.MembershipStage_MEMBERSHIP_STAGE_JOINT); err != nil {
+		return "", err
+	}
+	if err := s.changeStep(ctx, next, walshipv1.MembershipStage_MEMBERSHIP_STAGE_FINAL); err != nil {
+		return "", err
+	}
+	return outcomeDone, nil
+}
+
+// resumeChange finishes or rolls back the joint contract cur a new
+// primary's epoch record carries (its epoch is open, so that record is
+// acknowledged under the joint rule). The rule: finish when every member
+// the change adds is connected to this primary within Config.ChangeResumeGrace — it
+// then counts in C_new as it did when the joint record was written —
+// else roll back (a joint record from C_new back to C_old, then C_old),
+// so that the cluster does not go on with a member it cannot reach. A
+// removal adds no member: it is always finished.
+func (s *Server) resumeChange(ctx context.Context, cur *walshipv1.Contract) (string, error) {
+	old := stripped(cur)
+	old.Next = nil
+	next := proto.Clone(old).(*walshipv1.Contract)
+	next.Members = cloneMembers(cur.GetNext().GetMembers())
+	next.MembersChanged = true
+	var joining []string
+	for _, m := range next.GetMembers() {
+		if !slices.ContainsFunc(old.GetMembers(), func(o *walshipv1.Member) bool { return o.GetId() == m.GetId() }) {
+			joining = append(joining, m.GetId())
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, s.cfg.ChangeResumeGrace)
+	err := s.peers.waitConnected(wctx, joining)
+	cancel()
+	if err == nil {
+		s.logger.Info("the log ends in a joint record: finishing the membership change", "from", configLine(old), "to", configLine(next))
+		return outcomeDone, s.changeStep(ctx, next, walshipv1.MembershipStage_MEMBERSHIP_STAGE_FINAL)
+	}
+	if ctx.Err() != nil {
+		return "", ctx.Err()
+	}
+	s.logger.Warn("the log ends in a joint record and a member it adds is not connected: rolling the membership change back",
+		"from", configLine(old), "to", configLine(next), "err", err)
+	if err := s.changeStep(ctx, joint(next, old), walshipv1.MembershipStage_MEMBERSHIP_STAGE_ROLLBACK_JOINT); err != nil {
+		return "", err
+	}
+	return outcomeRolledBack, s.changeStep(ctx, old, walshipv1.MembershipStage_MEMBERSHIP_STAGE_ROLLED_BACK)
+}
+
+// stripped is c without a change in progress: no learners, no next.
+func stripped(c *walshipv1.Contract) *walshipv1.Contract {
+	out := proto.Clone(c).(*walshipv1.Contract)
+	out.Learners, out.Next = nil, nil
+	return out
+}
+
+// joint is the contract of a change from old to next: old, with next as
+// its next half.
+func joint(old, next *walshipv1.Contract) *walshipv1.Contract {
+	j := proto.Clone(old).(*walshipv1.Contract)
+	j.Learners = nil
+	j.MembersChanged = true
+	j.Next = &walshipv1.Configuration{Members: cloneMembers(next.GetMembers()), Logstores: slices.Clone(next.GetLogstores()), SyncReplicas: next.GetSyncReplicas()}
+	return j
+}
+
+// changeStep writes the record of contract c at stage and waits until it
+// is acknowledged under c (or the primary fails, or ctx ends).
+func (s *Server) changeStep(ctx context.Context, c *walshipv1.Contract, stage walshipv1.MembershipStage) error {
+	lsn, err := s.writeRecord(ctx, s.epochRecord(c, stage))
+	if err != nil {
+		return fmt.Errorf("write the %s record: %w", stageName(stage), err)
+	}
+	s.logger.Info("membership change record written", "stage", stageName(stage), "lsn", lsn, "contract", configLine(c))
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(s.pipe.alive, cancel)
+	defer stop()
+	if err := s.awaitContract(wctx, lsn, c); err != nil {
+		return fmt.Errorf("the %s record at LSN %d: %w", stageName(stage), lsn, err)
+	}
+	return nil
+}
+
+// waitCaughtUp waits until r's learner has applied the primary's log to
+// within r.maxLag LSNs of its end, for at most r.catchUp.
+func (s *Server) waitCaughtUp(ctx context.Context, r *changeRun) error {
+	ctx, cancel := context.WithTimeout(ctx, r.catchUp)
+	defer cancel()
+	id := r.add.GetId()
+	for {
+		s.peers.mu.Lock()
+		rp := s.peers.replicas[id]
+		var applied uint64
+		connected := rp != nil && rp.connected
+		if rp != nil {
+			applied = min(rp.applied, rp.flushed)
+		}
+		if s.peers.changed == nil {
+			s.peers.changed = make(chan struct{})
+		}
+		ch := s.peers.changed
+		s.peers.mu.Unlock()
+		last := s.wal.LastLSN()
+		if connected && applied+r.maxLag >= last {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-s.wal.Changed():
+		case <-ctx.Done():
+			if !connected {
+				return fmt.Errorf("learner %s is not connected after %v", id, r.catchUp)
+			}
+			return fmt.Errorf("learner %s has applied LSN %d of %d after %v, more than %d behind", id, applied, last, r.catchUp, r.maxLag)
+		}
+	}
+}
+
+// waitConnected waits until every replica of ids has a stream up.
+func (p *peers) waitConnected(ctx context.Context, ids []string) error {
+	for {
+		p.mu.Lock()
+		var missing []string
+		for _, id := range ids {
+			if r := p.replicas[id]; r == nil || !r.connected {
+				missing = append(missing, id)
+			}
+		}
+		if p.changed == nil {
+			p.changed = make(chan struct{})
+		}
+		ch := p.changed
+		p.mu.Unlock()
+		if len(missing) == 0 {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("not connected: %s", strings.Join(missing, ", "))
+		}
+	}
+}
+
+// ChangeMembers validates a change against the contract in force, takes
+// the one slot for changes and hands it to runChanges; it returns when
+// the change is over or ctx ends first (the change goes on).
+func (a *adminServer) ChangeMembers(ctx context.Context, req *walshipv1.ChangeMembersRequest) (*walshipv1.ChangeMembersResponse, error) {
+	s := a.s
+	if err := s.serving(); err != nil {
+		return nil, rpcerr.Status(err)
+	}
+	r, err := s.checkChange(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.changes.begin(r); err != nil {
+		return nil, err
+	}
+	s.logger.Info("membership change requested", "change", r.desc)
+	if err := s.submit(ctx, r); err != nil {
+		return nil, err
+	}
+	select {
+	case <-r.done:
+		if r.err != nil {
+			return nil, status.Errorf(codes.Aborted, "membership change %s: %v (ctl members list shows where it stopped)", r.desc, r.err)
+		}
+		return s.changeResponse(true, r.outcome), nil
+	case <-ctx.Done():
+		return s.changeResponse(false, ""), nil
+	}
+}
+
+func (s *Server) changeResponse(done bool, outcome string) *walshipv1.ChangeMembersResponse {
+	resp := &walshipv1.ChangeMembersResponse{Done: done, Outcome: outcome, Membership: s.membership(time.Now())}
+	if f := s.inForce.Load(); f != nil {
+		resp.Stage = f.stage
+	}
+	return resp
+}
+
+// checkChange refuses a wrong change, changing nothing: an empty or
+// malformed request, an id already a member or learner (add) or not a
+// member (remove), removing the primary, what failover.ValidChange
+// refuses, and a node to add that does not answer or is of another
+// cluster. It returns the change to run.
+func (s *Server) checkChange(ctx context.Context, req *walshipv1.ChangeMembersRequest) (*changeRun, error) {
+	cur := s.contract()
+	if len(cur.GetMembers()) == 0 {
+		return nil, status.Error(codes.FailedPrecondition, "this primary has no members (--peers): there is no membership to change")
+	}
+	if cur.GetNext() != nil || len(cur.GetLearners()) > 0 {
+		return nil, status.Errorf(codes.FailedPrecondition, "a membership change is in progress (%s); one change at a time (walship ctl members list shows it)", configLine(cur))
+	}
+	r := &changeRun{done: make(chan struct{}), maxLag: req.GetMaxLagRecords(), catchUp: defaultCatchUpTimeout}
+	if r.maxLag == 0 {
+		r.maxLag = defaultMaxLagRecords
+	}
+	if t := req.GetCatchUpTimeout(); t != nil {
+		if err := t.CheckValid(); err != nil {
+			return nil, rpcerr.Invalid("catch_up_timeout", "%v", err)
+		}
+		if r.catchUp = t.AsDuration(); r.catchUp <= 0 || r.catchUp > maxCatchUpTimeout {
+			return nil, rpcerr.Invalid("catch_up_timeout", "%v is not in (0, %v]", r.catchUp, maxCatchUpTimeout)
+		}
+	}
+	ids := make([]string, 0, len(cur.GetMembers()))
+	for _, m := range cur.GetMembers() {
+		ids = append(ids, m.GetId())
+	}
+	next := stripped(cur)
+	switch ch := req.GetChange().(type) {
+	case *walshipv1.ChangeMembersRequest_Add:
+		m := ch.Add
+		switch {
+		case m == nil || m.GetId() == "":
+			return nil, rpcerr.Invalid("add.id", "required: the node id of the data node to add")
+		case !replicaIDPattern.MatchString(m.GetId()):
+			return nil, rpcerr.Invalid("add.id", "%q is not 1..64 of [A-Za-z0-9._-]", m.GetId())
+		case m.GetAddr() == "":
+			return nil, rpcerr.Invalid("add.addr", "required: the advertised address of %s", m.GetId())
+		case slices.Contains(ids, m.GetId()):
+			return nil, rpcerr.Invalid("add.id", "%s is already a member (members: %s)", m.GetId(), strings.Join(ids, ", "))
+		}
+		next.Members = append(next.Members, &walshipv1.Member{Id: m.GetId(), Addr: m.GetAddr()})
+		r.add, r.desc = &walshipv1.Member{Id: m.GetId(), Addr: m.GetAddr()}, fmt.Sprintf("add %s at %s", m.GetId(), m.GetAddr())
+	case *walshipv1.ChangeMembersRequest_Remove:
+		id := ch.Remove
+		switch {
+		case id == "":
+			return nil, rpcerr.Invalid("remove", "required: the node id of the member to remove")
+		case id == s.cfg.ID:
+			return nil, status.Errorf(codes.FailedPrecondition, "remove: %s is the primary: hand its role over first (walship ctl switchover), then remove it at the new primary", id)
+		case !slices.Contains(ids, id):
+			return nil, rpcerr.Invalid("remove", "%s is not a member (members: %s)", id, strings.Join(ids, ", "))
+		}
+		next.Members = slices.DeleteFunc(next.Members, func(m *walshipv1.Member) bool { return m.GetId() == id })
+		r.remove, r.desc = id, "remove "+id
+	default:
+		return nil, rpcerr.Invalid("change", "required: add or remove")
+	}
+	if err := failover.ValidChange(configOf(cur).Old, configOf(next).Old, s.cfg.ID); err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "%s: %v", r.desc, err)
+	}
+	if r.add != nil {
+		if err := s.probeNode(ctx, r.add); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+// probeNode asks the data node m to add for its Status: it must answer,
+// be the node m names, not be a primary, and not be of another cluster.
+func (s *Server) probeNode(ctx context.Context, m *walshipv1.Member) error {
+	conn, err := s.dialer().Dial(m.GetAddr(), s.dialer().PeerClass(tlsid.ClassNode))
+	if err != nil {
+		return status.Errorf(codes.FailedPrecondition, "add.addr: cannot dial %s: %v", m.GetAddr(), err)
+	}
+	defer conn.Close()
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	st, err := walshipv1.NewAdminServiceClient(conn).Status(pctx, &walshipv1.StatusRequest{})
+	switch {
+	case err != nil:
+		return status.Errorf(codes.FailedPrecondition, "add.addr: %s does not answer (%v): start the data node as a replica of this cluster first", m.GetAddr(), status.Convert(err).Message())
+	case rpcerr.CheckCluster("primary "+s.cfg.ID, s.cluster.ID(), "the node "+m.GetId()+" at "+m.GetAddr(), st.GetClusterId()) != nil:
+		s.metrics.clusterMismatch.Inc()
+		return rpcerr.CheckCluster("primary "+s.cfg.ID, s.cluster.ID(), "the node "+m.GetId()+" at "+m.GetAddr(), st.GetClusterId())
+	case st.GetId() != m.GetId():
+		return rpcerr.Invalid("add.id", "the node at %s is %q, not %q", m.GetAddr(), st.GetId(), m.GetId())
+	case st.GetRole() != walshipv1.Role_ROLE_REPLICA:
+		return status.Errorf(codes.FailedPrecondition, "add.addr: %s at %s is a %s, not a replica", m.GetId(), m.GetAddr(), roleName(st.GetRole()))
+	}
+	return nil
+}
+
+func roleName(r walshipv1.Role) string {
+	return strings.ToLower(strings.TrimPrefix(r.String(), "ROLE_"))
+}
+
+// configLine is c's members, log stores and k, for logs.
+func configLine(c *walshipv1.Contract) string {
+	var ids []string
+	for _, m := range c.GetMembers() {
+		ids = append(ids, m.GetId())
+	}
+	line := fmt.Sprintf("members %s, log stores %s, sync_replicas %d", strings.Join(ids, ","), orNone(c.GetLogstores()), c.GetSyncReplicas())
+	if nx := c.GetNext(); nx != nil {
+		ids = ids[:0]
+		for _, m := range nx.GetMembers() {
+			ids = append(ids, m.GetId())
+		}
+		line += fmt.Sprintf("; joint, to members %s", strings.Join(ids, ","))
+	}
+	if len(c.GetLearners()) > 0 {
+		ids = ids[:0]
+		for _, m := range c.GetLearners() {
+			ids = append(ids, m.GetId())
+		}
+		line += "; learners " + strings.Join(ids, ",")
+	}
+	return line
+}
+
+// stageName names a stage for logs and messages.
+func stageName(st walshipv1.MembershipStage) string {
+	return strings.ToLower(strings.TrimPrefix(st.String(), "MEMBERSHIP_STAGE_"))
+}

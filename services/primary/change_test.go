@@ -1,0 +1,427 @@
+package primary
+
+import (
+	"context"
+	"errors"
+	"net"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/testkit"
+	"github.com/walship/walship/internal/vfs"
+	"github.com/walship/walship/services/replica"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	grpcstatus "google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// Membership change tests: a real primary with members p1, r1, r2 (any k
+// at flush), a real log store and real replicas (services/replica) on
+// loopback; r2 is down unless a test starts it.
+
+// realReplica is a replica served in-process.
+type realReplica struct {
+	s      *replica.Server
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func startReplica(t *testing.T, id, primary, dir string) *realReplica {
+	t.Helper()
+	cfg := replica.DefaultConfig()
+	cfg.Listen, cfg.MetricsListen = "127.0.0.1:0", ""
+	cfg.ID, cfg.Primary, cfg.DataDir = id, primary, dir
+	cfg.HeartbeatInterval = 100 * time.Millisecond
+	cfg.StopTimeout = 5 * time.Second
+	s, err := replica.New(cfg)
+	if err != nil {
+		t.Fatalf("replica %s: %v", id, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &realReplica{s: s, cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- s.Run(ctx) }()
+	t.Cleanup(func() { r.stop(t) })
+	return r
+}
+
+func (r *realReplica) stop(t *testing.T) {
+	t.Helper()
+	if r.cancel == nil {
+		return
+	}
+	r.cancel()
+	r.cancel = nil
+	if err := <-r.done; err != nil && !errors.Is(err, context.Canceled) {
+		t.Errorf("replica: %v", err)
+	}
+}
+
+// memberCluster is the primary p1 of members p1, r1, r2 and the replicas
+// started.
+type memberCluster struct {
+	cfg  Config
+	p    *running
+	reps map[string]*realReplica
+	dirs map[string]string
+}
+
+// startMembers starts p1 (members p1, r1, r2; sync_replicas k at flush)
+// and the replicas ids (members or not).
+func startMembers(t *testing.T, k int, ids ...string) *memberCluster {
+	t.Helper()
+	cfg := testConfig(t, t.TempDir())
+	cfg.ID = "p1"
+	cfg.LogStores = []string{runLogStore(t, vfs.NewMem())}
+	cfg.Members = []Member{{"p1", "127.0.0.1:1"}, {"r1", "127.0.0.1:2"}, {"r2", "127.0.0.1:3"}}
+	cfg.Policy.Replication = walshipv1.ReplicationMode_REPLICATION_MODE_SYNC
+	cfg.Policy.SyncReplicas = k
+	cfg.Policy.SyncLevel = walshipv1.SyncLevel_SYNC_LEVEL_FLUSH
+	cfg.Policy.SyncTimeout = time.Minute
+	cfg.ChangeResumeGrace = 2 * time.Second
+	c := &memberCluster{cfg: cfg, reps: map[string]*realReplica{}, dirs: map[string]string{}}
+	c.startPrimary(t)
+	c.cfg.Listen = c.p.s.Addr() // a restart listens where the replicas look
+	for _, id := range ids {
+		c.start(t, id)
+	}
+	waitServing(t, c.p.conn)
+	return c
+}
+
+// startPrimary starts p1 without waiting for it to open.
+func (c *memberCluster) startPrimary(t *testing.T) {
+	t.Helper()
+	s, err := New(c.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &running{s: s, cancel: cancel, done: make(chan error, 1)}
+	go func() { p.done <- s.Run(ctx) }()
+	conn, err := grpc.NewClient(s.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.conn, p.kv, p.admin = conn, walshipv1.NewKVServiceClient(conn), walshipv1.NewAdminServiceClient(conn)
+	t.Cleanup(func() { p.stop(t) })
+	c.p = p
+}
+
+func (c *memberCluster) start(t *testing.T, id string) *realReplica {
+	t.Helper()
+	if c.dirs[id] == "" {
+		c.dirs[id] = t.TempDir()
+	}
+	r := startReplica(t, id, c.p.s.Addr(), c.dirs[id])
+	c.reps[id] = r
+	return r
+}
+
+// memberIDs are the contract's members, its next half's and learners.
+func memberIDs(c *walshipv1.Contract) (members, next, learners string) {
+	ids := func(ms []*walshipv1.Member) string {
+		var out []string
+		for _, m := range ms {
+			out = append(out, m.GetId())
+		}
+		return strings.Join(out, ",")
+	}
+	return ids(c.GetMembers()), ids(c.GetNext().GetMembers()), ids(c.GetLearners())
+}
+
+func listMembers(t *testing.T, r *running) *walshipv1.MembershipStatus {
+	t.Helper()
+	resp, err := r.admin.ListMembers(ctx(t), &walshipv1.ListMembersRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.GetMembership()
+}
+
+func syncPut(r *running, key string, k uint32, timeout time.Duration) error {
+	c, cancel := context.WithTimeout(context.Background(), timeout+time.Minute)
+	defer cancel()
+	_, err := r.kv.Put(c, &walshipv1.PutRequest{Key: key, Value: []byte("v"), Policy: &walshipv1.CommitPolicy{
+		Replication: walshipv1.ReplicationMode_REPLICATION_MODE_SYNC, SyncReplicas: k, SyncTimeout: durationpb.New(timeout)}})
+	return err
+}
+
+// TestAddMemberCountsForSyncReplicas: a running replica r3 that is not a
+// member does not count for sync_replicas; added, it is a learner until it
+// has caught up, then a member through a joint record, and then counts: a
+// commit for 2 replicas gets r1's and r3's acks, and with r1 and r3
+// stopped (r2 is down) a commit waits until r3 is back.
+func TestAddMemberCountsForSyncReplicas(t *testing.T) {
+	c := startMembers(t, 1, "r1", "r3")
+	for i := range 20 {
+		if err := syncPut(c.p, "k"+string(rune('a'+i)), 1, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Not a member: 2 of r1, r2 are needed, and r2 is down.
+	if err := syncPut(c.p, "two", 2, 200*time.Millisecond); rpcCode(err) != codes.Unavailable {
+		t.Fatalf("a commit for 2 replicas with r3 not a member: %v, want UNAVAILABLE", err)
+	}
+
+	resp, err := c.p.admin.ChangeMembers(ctx(t), &walshipv1.ChangeMembersRequest{
+		Change: &walshipv1.ChangeMembersRequest_Add{Add: &walshipv1.Member{Id: "r3", Addr: c.reps["r3"].s.Addr()}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !resp.GetDone() || resp.GetOutcome() != outcomeDone || resp.GetStage() != walshipv1.MembershipStage_MEMBERSHIP_STAGE_FINAL {
+		t.Fatalf("add r3: %v", resp)
+	}
+	ms := listMembers(t, c.p)
+	if m, n, l := memberIDs(ms.GetContract()); m != "p1,r1,r2,r3" || n != "" || l != "" || !ms.GetContract().GetMembersChanged() || ms.GetChange() != "" {
+		t.Fatalf("after the add: members %q next %q learners %q, %v", m, n, l, ms)
+	}
+	if got := counter(t, c.p.s.metrics.changes.WithLabelValues(outcomeDone)); got != 1 {
+		t.Fatalf("walship_membership_changes_total{outcome=done} = %v", got)
+	}
+	// The replicas report the final record too.
+	testkit.Until(t, "r1 and r3 to hold the final record", func() bool {
+		for _, id := range []string{"r1", "r3"} {
+			if m, _, _ := memberIDs(c.reps[id].s.EpochRecord().GetContract()); m != "p1,r1,r2,r3" {
+				return false
+			}
+		}
+		return true
+	})
+
+	if err := syncPut(c.p, "two", 2, time.Minute); err != nil {
+		t.Fatalf("a commit for 2 replicas with r1 and r3 members: %v", err)
+	}
+	c.reps["r1"].stop(t)
+	c.reps["r3"].stop(t)
+	done := make(chan error, 1)
+	go func() { done <- syncPut(c.p, "waits", 1, time.Minute) }()
+	testkit.Until(t, "the commit to wait for a replica", func() bool {
+		return c.p.s.peers.waiting[walshipv1.SyncLevel_SYNC_LEVEL_FLUSH].Load() > 0
+	})
+	select {
+	case err := <-done:
+		t.Fatalf("a commit returned (%v) with every member but the primary down", err)
+	default:
+	}
+	c.start(t, "r3")
+	if err := <-done; err != nil {
+		t.Fatalf("the commit r3 alone can acknowledge: %v", err)
+	}
+}
+
+// TestRemoveDownMember: r2, down, is removed without its cooperation;
+// afterwards a commit for 2 replicas is refused up front (only r1 is
+// left), and r2 can be added back once it runs.
+func TestRemoveDownMember(t *testing.T) {
+	c := startMembers(t, 1, "r1")
+	resp, err := c.p.admin.ChangeMembers(ctx(t), &walshipv1.ChangeMembersRequest{Change: &walshipv1.ChangeMembersRequest_Remove{Remove: "r2"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !resp.GetDone() || resp.GetOutcome() != outcomeDone {
+		t.Fatalf("remove r2: %v", resp)
+	}
+	if m, n, _ := memberIDs(listMembers(t, c.p).GetContract()); m != "p1,r1" || n != "" {
+		t.Fatalf("after removing r2: members %q next %q", m, n)
+	}
+	wantStatus(t, syncPut(c.p, "two", 2, time.Second), codes.InvalidArgument, "sync_replicas: 2 is more than the 1 other members")
+	if err := syncPut(c.p, "one", 1, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestChangeMembersRefused: each wrong change is refused with a clear
+// status naming what is wrong, and changes nothing; a second change while
+// one is in progress is refused naming it; a learner that does not catch
+// up in time is dropped and the change abandoned.
+func TestChangeMembersRefused(t *testing.T) {
+	c := startMembers(t, 2, "r1", "r2")
+	before := proto.Clone(c.p.s.contract()).(*walshipv1.Contract)
+	ours := c.p.s.cluster.ID()
+	other := fakeNode(t, "r8", walshipv1.Role_ROLE_REPLICA, clusterB)
+	silent := fakeNode(t, "r9", walshipv1.Role_ROLE_REPLICA, ours)
+	primaryNode := fakeNode(t, "r7", walshipv1.Role_ROLE_PRIMARY, ours)
+	closed := closedAddr(t)
+	add := func(id, addr string) *walshipv1.ChangeMembersRequest {
+		return &walshipv1.ChangeMembersRequest{Change: &walshipv1.ChangeMembersRequest_Add{Add: &walshipv1.Member{Id: id, Addr: addr}}}
+	}
+	remove := func(id string) *walshipv1.ChangeMembersRequest {
+		return &walshipv1.ChangeMembersRequest{Change: &walshipv1.ChangeMembersRequest_Remove{Remove: id}}
+	}
+	for _, tc := range []struct {
+		name string
+		req  *walshipv1.ChangeMembersRequest
+		code codes.Code
+		subs []string
+	}{
+		{"empty", &walshipv1.ChangeMembersRequest{}, codes.InvalidArgument, []string{"change: required"}},
+		{"remove the primary", remove("p1"), codes.FailedPrecondition, []string{"remove: p1 is the primary: hand its role over first"}},
+		{"remove a non-member", remove("r5"), codes.InvalidArgument, []string{"remove: r5 is not a member (members: p1, r1, r2)"}},
+		{"remove below k", remove("r2"), codes.FailedPrecondition, []string{"remove r2", "1 members besides the primary cannot meet sync_replicas 2"}},
+		{"add a member", add("r1", "127.0.0.1:2"), codes.InvalidArgument, []string{"add.id: r1 is already a member"}},
+		{"add without an address", add("r5", ""), codes.InvalidArgument, []string{"add.addr: required"}},
+		{"add a bad id", add("r 5", "127.0.0.1:2"), codes.InvalidArgument, []string{"add.id:"}},
+		{"add an address that does not answer", add("r5", closed), codes.FailedPrecondition, []string{"add.addr: " + closed + " does not answer"}},
+		{"add a node of another cluster", add("r8", other), codes.FailedPrecondition, []string{"cluster id mismatch", clusterB, ours}},
+		{"add under another id", add("r5", silent), codes.InvalidArgument, []string{"add.id: the node at " + silent + ` is "r9", not "r5"`}},
+		{"add a primary", add("r7", primaryNode), codes.FailedPrecondition, []string{"is a primary, not a replica"}},
+		{"bad catch-up timeout", &walshipv1.ChangeMembersRequest{Change: add("r9", silent).Change, CatchUpTimeout: durationpb.New(-time.Second)},
+			codes.InvalidArgument, []string{"catch_up_timeout:"}},
+	} {
+		_, err := c.p.admin.ChangeMembers(ctx(t), tc.req)
+		wantStatus(t, err, tc.code, tc.subs...)
+		if !proto.Equal(c.p.s.contract(), before) {
+			t.Fatalf("%s changed the contract to %v", tc.name, c.p.s.contract())
+		}
+	}
+
+	// r9 answers but never follows: its learner stage runs out.
+	first := make(chan *walshipv1.ChangeMembersResponse, 1)
+	go func() {
+		resp, err := c.p.admin.ChangeMembers(context.Background(), &walshipv1.ChangeMembersRequest{
+			Change: add("r9", silent).Change, CatchUpTimeout: durationpb.New(2 * time.Second)})
+		if err != nil {
+			t.Error(err)
+		}
+		first <- resp
+	}()
+	testkit.Until(t, "the learner stage", func() bool {
+		_, _, l := memberIDs(c.p.s.contract())
+		return l == "r9"
+	})
+	if ms := listMembers(t, c.p); ms.GetChange() != "add r9 at "+silent || ms.GetStage() != walshipv1.MembershipStage_MEMBERSHIP_STAGE_LEARNER ||
+		!slices.ContainsFunc(ms.GetMembers(), func(m *walshipv1.MemberStatus) bool {
+			return m.GetId() == "r9" && m.GetVoice() == walshipv1.MemberVoice_MEMBER_VOICE_LEARNER
+		}) {
+		t.Fatalf("ListMembers during the learner stage: %v", ms)
+	}
+	if got := gaugeOf(t, c.p.s.metrics.changeInProgress); got != 1 {
+		t.Fatalf("walship_membership_change_in_progress = %v during a change", got)
+	}
+	_, err := c.p.admin.ChangeMembers(ctx(t), remove("r2"))
+	wantStatus(t, err, codes.FailedPrecondition, "a membership change is in progress", "r9")
+	resp := <-first
+	if !resp.GetDone() || resp.GetOutcome() != outcomeAbandoned || resp.GetStage() != walshipv1.MembershipStage_MEMBERSHIP_STAGE_LEARNER_DROPPED {
+		t.Fatalf("a learner that never catches up: %v", resp)
+	}
+	if m, n, l := memberIDs(c.p.s.contract()); m != "p1,r1,r2" || n != "" || l != "" {
+		t.Fatalf("after the abandoned change: members %q next %q learners %q", m, n, l)
+	}
+	if got := counter(t, c.p.s.metrics.changes.WithLabelValues(outcomeAbandoned)); got != 1 {
+		t.Fatalf("walship_membership_changes_total{outcome=abandoned} = %v", got)
+	}
+}
+
+// fakeNode serves an AdminService whose Status says it is the node id of
+// role in cluster; it follows no one.
+func fakeNode(t *testing.T, id string, role walshipv1.Role, cluster string) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	walshipv1.RegisterAdminServiceServer(srv, &fakeAdmin{st: &walshipv1.StatusResponse{Id: id, Role: role, ClusterId: cluster}})
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	return lis.Addr().String()
+}
+
+type fakeAdmin struct {
+	walshipv1.UnimplementedAdminServiceServer
+	st *walshipv1.StatusResponse
+}
+
+func (f *fakeAdmin) Status(context.Context, *walshipv1.StatusRequest) (*walshipv1.StatusResponse, error) {
+	return f.st, nil
+}
+
+// closedAddr is a loopback address nothing listens on.
+func closedAddr(t *testing.T) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	lis.Close()
+	return addr
+}
+
+func rpcCode(err error) codes.Code { return grpcstatus.Code(err) }
+
+func gaugeOf(t *testing.T, g prometheus.Gauge) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := g.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetGauge().GetValue()
+}
+
+// TestNewPrimaryResumesJointRecord: a primary whose log ends in a joint
+// record (it stopped between the joint and the final record) opens its
+// next epoch under the joint contract — never C_old alone — and then
+// finishes the change when the member it adds is connected, or rolls it
+// back (a joint record from C_new to C_old, then C_old) when it is not;
+// the replicas end holding the record it ends with, and every
+// acknowledged write is there.
+func TestNewPrimaryResumesJointRecord(t *testing.T) {
+	for _, tc := range []struct {
+		name, add   string
+		outcome     string
+		stage       walshipv1.MembershipStage
+		wantMembers string
+	}{
+		{"finish", "r3", outcomeDone, walshipv1.MembershipStage_MEMBERSHIP_STAGE_FINAL, "p1,r1,r2,r3"},
+		{"roll back", "r4", outcomeRolledBack, walshipv1.MembershipStage_MEMBERSHIP_STAGE_ROLLED_BACK, "p1,r1,r2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := startMembers(t, 1, "r1", "r3")
+			s := c.p.s
+			cur := s.contract()
+			next := stripped(cur)
+			next.Members = append(next.Members, &walshipv1.Member{Id: tc.add, Addr: "127.0.0.1:4"})
+			if tc.add == "r3" {
+				next.Members[len(next.Members)-1].Addr = c.reps["r3"].s.Addr()
+			}
+			if _, err := s.writeRecord(ctx(t), s.epochRecord(joint(cur, next), walshipv1.MembershipStage_MEMBERSHIP_STAGE_JOINT)); err != nil {
+				t.Fatal(err)
+			}
+			if err := syncPut(c.p, "acked", 1, time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.p.stop(t); err != nil {
+				t.Fatal(err)
+			}
+			c.startPrimary(t)
+			waitServing(t, c.p.conn)
+			// Only a primary that opened under the joint contract resumes
+			// the change: one under C_old alone would count no outcome.
+			testkit.Until(t, "the change to be "+tc.outcome, func() bool {
+				return counter(t, c.p.s.metrics.changes.WithLabelValues(tc.outcome)) == 1
+			})
+			f := c.p.s.inForce.Load()
+			if m, n, _ := memberIDs(f.contract); m != tc.wantMembers || n != "" || f.stage != tc.stage {
+				t.Fatalf("after the new primary %s: members %q next %q stage %v", tc.name, m, n, f.stage)
+			}
+			testkit.Until(t, "r1 to hold the last record", func() bool {
+				rec := c.reps["r1"].s.EpochRecord()
+				m, n, _ := memberIDs(rec.GetContract())
+				return rec.GetStage() == tc.stage && m == tc.wantMembers && n == ""
+			})
+			got, err := c.p.kv.Get(ctx(t), &walshipv1.GetRequest{Key: "acked"})
+			if err != nil || string(got.GetValue()) != "v" {
+				t.Fatalf("the acknowledged write: %v, %v", got, err)
+			}
+		})
+	}
+}
