@@ -54,6 +54,8 @@ func commands() []command {
 		{name: "ctl failover pause", summary: "pause automatic failover (--auto-failover) in the log stores: every node honours it, across restarts", flags: ctlFailoverFlags(true)},
 		{name: "ctl failover resume", summary: "resume automatic failover after ctl failover pause", flags: ctlFailoverFlags(false)},
 		{name: "ctl members list", summary: "show the cluster's configuration: members, log stores, a change in progress, learners and how far behind each is", flags: ctlMembersListFlags},
+		{name: "ctl members add", summary: "add a running data node as a member: a learner until it catches up, then through a joint configuration (--member ID=ADDR)", flags: ctlMembersAddFlags},
+		{name: "ctl members remove", summary: "remove a member, down or not, through a joint configuration (--member ID)", flags: ctlMembersRemoveFlags},
 		{name: "ctl switchover", summary: "hand the primary's role to a replica without losing anything", flags: ctlSwitchoverFlags},
 		{name: "ctl orphans list", summary: "list the orphan files of a data directory or of nodes (entries cut because the cluster's history went another way)", flags: ctlOrphansListFlags},
 		{name: "ctl orphans show", summary: "decode an orphan file: each write's key, value, commit LSN and commit time", flags: ctlOrphansShowFlags},

@@ -59,10 +59,17 @@ func listMembers(ctx context.Context, d serve.Dialer, nodes []string) (*walshipv
 func printMembership(env *Env, ms *walshipv1.MembershipStatus) error {
 	c := ms.GetContract()
 	fmt.Fprintf(env.Stdout, "configuration of epoch %d, primary %s: %s\n", ms.GetEpoch(), ms.GetPrimaryId(), configLine(c.GetMembers(), c.GetLogstores(), c.GetSyncReplicas()))
-	if n := c.GetNext(); n != nil {
+	stage := strings.ToLower(strings.TrimPrefix(ms.GetStage().String(), "MEMBERSHIP_STAGE_"))
+	switch n := c.GetNext(); {
+	case n != nil:
 		fmt.Fprintf(env.Stdout, "change in progress (joint: commits and promotions need both): to %s\n", configLine(n.GetMembers(), n.GetLogstores(), n.GetSyncReplicas()))
-	} else {
+	case ms.GetChange() != "":
+		fmt.Fprintf(env.Stdout, "change in progress: %s (last record: %s)\n", ms.GetChange(), stage)
+	default:
 		fmt.Fprintln(env.Stdout, "no change in progress")
+	}
+	if ms.GetChange() != "" && c.GetNext() != nil {
+		fmt.Fprintf(env.Stdout, "the primary runs it: %s (last record: %s)\n", ms.GetChange(), stage)
 	}
 	if ls := c.GetLearners(); len(ls) > 0 {
 		ids := make([]string, len(ls))
