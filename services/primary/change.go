@@ -256,19 +256,29 @@ func (s *Server) changeStep(ctx context.Context, c *walshipv1.Contract, stage wa
 	return nil
 }
 
-// waitCaughtUp waits until r's learner has applied the primary's log to
-// within r.maxLag LSNs of its end, for at most r.catchUp.
+// waitCaughtUp waits until r's learner has reached the primary's log to
+// within r.maxLag LSNs of its end, at the contract's level (the level
+// its acks will count at), for at most r.catchUp. It counts as a wait at
+// that level, so that the streams ask for acks at it.
 func (s *Server) waitCaughtUp(ctx context.Context, r *changeRun) error {
 	ctx, cancel := context.WithTimeout(ctx, r.catchUp)
 	defer cancel()
+	level := s.contract().GetSyncLevel()
+	if level == walshipv1.SyncLevel_SYNC_LEVEL_UNSPECIFIED {
+		level = walshipv1.SyncLevel_SYNC_LEVEL_FLUSH
+	}
+	waiting := &s.peers.waiting[level]
+	waiting.Add(1)
+	defer waiting.Add(-1)
+	s.peers.announceWait()
 	id := r.add.GetId()
 	for {
 		s.peers.mu.Lock()
 		rp := s.peers.replicas[id]
-		var applied uint64
+		var reached uint64
 		connected := rp != nil && rp.connected
 		if rp != nil {
-			applied = min(rp.applied, rp.flushed)
+			reached = rp.at(level)
 		}
 		if s.peers.changed == nil {
 			s.peers.changed = make(chan struct{})
@@ -276,7 +286,7 @@ func (s *Server) waitCaughtUp(ctx context.Context, r *changeRun) error {
 		ch := s.peers.changed
 		s.peers.mu.Unlock()
 		last := s.wal.LastLSN()
-		if connected && applied+r.maxLag >= last {
+		if connected && reached+r.maxLag >= last {
 			return nil
 		}
 		select {
@@ -286,7 +296,7 @@ func (s *Server) waitCaughtUp(ctx context.Context, r *changeRun) error {
 			if !connected {
 				return fmt.Errorf("learner %s is not connected after %v", id, r.catchUp)
 			}
-			return fmt.Errorf("learner %s has applied LSN %d of %d after %v, more than %d behind", id, applied, last, r.catchUp, r.maxLag)
+			return fmt.Errorf("learner %s has reached LSN %d of %d (%s) after %v, more than %d behind", id, reached, last, levelName(level), r.catchUp, r.maxLag)
 		}
 	}
 }
