@@ -1,0 +1,123 @@
+package e2e
+
+import (
+	"context"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/testkit"
+	"github.com/walship/walship/pkg/client"
+)
+
+// TestMembershipChangeKill9: under load checked for linearizability, on
+// the failover cluster (members n0, n1, n2; any 1 at flush and a log
+// store majority):
+//
+//  1. `walship ctl members add` makes n3, a running replica, a member
+//     (learner, joint, final): members n0, n1, n2, n3;
+//  2. with n1 and n3 paused (SIGSTOP), `walship ctl members remove n2`
+//     gets as far as the joint record, which the new half (n1, n3)
+//     cannot acknowledge; the primary is killed (kill -9) there, n1 and
+//     n3 resume, and `walship ctl promote` makes n1 the primary. Its log
+//     ends in the joint record: it opens under the joint contract and
+//     finishes the change (a removal adds no one to wait for) — never
+//     C_old alone.
+//
+// Every acknowledged write is read back, the history is linearizable, and
+// the old primary rejoins and converges.
+func TestMembershipChangeKill9(t *testing.T) {
+	needLinux(t)
+	c := startFailoverCluster(t)
+	n0, n1, n2 := c.nodes[0], c.nodes[1], c.nodes[2]
+	n3 := &procNode{name: "n3", serving: "replica serving", addr: testkit.FreeAddr(t), t: t}
+	n3.args = slices.Clone(n1.args)
+	setFlag(n3.args, "--id", "n3")
+	setFlag(n3.args, "--listen", n3.addr)
+	setFlag(n3.args, "--data-dir", filepath.Join(t.TempDir(), "n3"))
+	setFlag(n3.args, "--peers", flagValue(n1.args, "--peers")+",n3="+n3.addr)
+	n3.start()
+
+	cl, err := client.New([]string{n0.addr, n1.addr, n2.addr, n3.addr}, client.Options{Retry: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	t.Cleanup(cancel)
+	h, finish := runChecked(t, ctx, cl, "members/", 10*time.Second)
+	<-time.After(time.Second)
+
+	h.Note("add n3")
+	t.Logf("ctl members add n3:\n%s", ctl(t, "members", "add", "--member", "n3="+n3.addr, "--nodes", n0.addr))
+	if out := ctl(t, "members", "list", "--nodes", n0.addr); !strings.Contains(out, "members n0, n1, n2, n3;") || !strings.Contains(out, "no change in progress") {
+		t.Fatalf("after adding n3:\n%s", out)
+	}
+
+	// A change the primary dies in: with n1 and n3 paused, the joint
+	// record removing n2 is acknowledged by the old half (n2) and waits
+	// for the new one (n1 or n3).
+	h.Note("pause n1 and n3; remove n2")
+	n1.p.pause()
+	n3.p.pause()
+	removing := exec.Command(walshipBin(t), "ctl", "members", "remove", "--member", "n2", "--nodes", n0.addr, "--timeout", "2m")
+	var removeOut strings.Builder
+	removing.Stdout, removing.Stderr = &removeOut, &removeOut
+	if err := removing.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = removing.Process.Kill(); _ = removing.Wait() })
+	admin2 := walshipv1.NewAdminServiceClient(conn(t, n2.addr))
+	testkit.Until(t, "n2 to hold the joint record", func() bool {
+		st, err := admin2.Status(ctx, &walshipv1.StatusRequest{})
+		return err == nil && st.GetContract().GetNext() != nil
+	})
+	h.Note("kill -9 n0 (the primary) in the joint stage")
+	n0.p.kill()
+	_ = removing.Wait()
+	t.Logf("ctl members remove n2, whose primary was killed:\n%s", removeOut.String())
+	n1.p.signal(syscall.SIGCONT)
+	n3.p.signal(syscall.SIGCONT)
+	t.Logf("ctl promote:\n%s", ctl(t, "promote", "--node", n1.addr, "--wait", "30s"))
+	h.Note("n1 promoted")
+
+	var out string
+	testkit.Until(t, "n1 to finish or roll back the change", func() bool {
+		o, err := exec.Command(walshipBin(t), "ctl", "members", "list", "--nodes", n1.addr).CombinedOutput()
+		out = string(o)
+		return err == nil && strings.Contains(out, "no change in progress")
+	})
+	t.Logf("ctl members list after the failover:\n%s", out)
+	switch {
+	case strings.Contains(out, "members n0, n1, n3;"):
+		t.Log("the new primary finished the change")
+	case strings.Contains(out, "members n0, n1, n2, n3;"):
+		t.Log("the new primary rolled the change back")
+	default:
+		t.Fatalf("after the failover, neither C_new nor C_old:\n%s", out)
+	}
+	finish()
+	n0.serving = "replica serving"
+	n0.start()
+	converge(t, ctx, n1.addr, n0.addr, n2.addr, n3.addr)
+}
+
+// setFlag sets the value following flag in args.
+func setFlag(args []string, flag, value string) {
+	if i := slices.Index(args, flag); i >= 0 && i+1 < len(args) {
+		args[i+1] = value
+	}
+}
+
+// flagValue is the value following flag in args ("" if none).
+func flagValue(args []string, flag string) string {
+	if i := slices.Index(args, flag); i >= 0 && i+1 < len(args) {
+		return args[i+1]
+	}
+	return ""
+}
