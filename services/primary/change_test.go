@@ -219,7 +219,7 @@ func TestAddMemberCountsForSyncReplicas(t *testing.T) {
 
 // TestRemoveDownMember: r2, down, is removed without its cooperation;
 // afterwards a commit for 2 replicas is refused up front (only r1 is
-// left), and r2 can be added back once it runs.
+// left), and so is a switchover to r2.
 func TestRemoveDownMember(t *testing.T) {
 	c := startMembers(t, 1, "r1")
 	resp, err := c.p.admin.ChangeMembers(ctx(t), &walshipv1.ChangeMembersRequest{Change: &walshipv1.ChangeMembersRequest_Remove{Remove: "r2"}})
@@ -233,6 +233,8 @@ func TestRemoveDownMember(t *testing.T) {
 		t.Fatalf("after removing r2: members %q next %q", m, n)
 	}
 	wantStatus(t, syncPut(c.p, "two", 2, time.Second), codes.InvalidArgument, "sync_replicas: 2 is more than the 1 other members")
+	_, err = c.p.admin.Switchover(ctx(t), &walshipv1.SwitchoverRequest{Target: "r2", Timeout: durationpb.New(time.Second)})
+	wantStatus(t, err, codes.InvalidArgument, `target: "r2" is not another member of the cluster (--peers): want one of r1`)
 	if err := syncPut(c.p, "one", 1, time.Minute); err != nil {
 		t.Fatal(err)
 	}

@@ -702,10 +702,13 @@ func (l *lease) wait(ctx context.Context) error {
 // steps down and rejoins as the target's replica) and need not wait out
 // its lease. Bounded by timeout; on failure the primary serves again.
 func (s *Server) Switchover(ctx context.Context, target string, timeout time.Duration) (*walshipv1.SwitchoverResponse, error) {
+	// A member of the contract in force (a membership change moves
+	// them), of every half while one is in progress (failover Leads).
 	var addr string
-	for _, m := range s.cfg.Members {
-		if m.ID == target && m.ID != s.cfg.ID {
-			addr = m.Addr
+	c := s.contract()
+	for _, m := range c.GetMembers() {
+		if m.GetId() == target && target != s.cfg.ID && configOf(c).Leads(target) {
+			addr = m.GetAddr()
 		}
 	}
 	if addr == "" {
@@ -771,9 +774,10 @@ func (s *Server) Switchover(ctx context.Context, target string, timeout time.Dur
 // otherMembers says which node ids a switchover may target.
 func (s *Server) otherMembers() string {
 	var ids []string
-	for _, m := range s.cfg.Members {
-		if m.ID != s.cfg.ID {
-			ids = append(ids, m.ID)
+	c := s.contract()
+	for _, m := range c.GetMembers() {
+		if m.GetId() != s.cfg.ID && configOf(c).Leads(m.GetId()) {
+			ids = append(ids, m.GetId())
 		}
 	}
 	if len(ids) == 0 {
