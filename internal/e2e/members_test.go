@@ -107,6 +107,82 @@ func TestMembershipChangeKill9(t *testing.T) {
 	converge(t, ctx, n1.addr, n0.addr, n2.addr, n3.addr)
 }
 
+// TestMeasureMembershipChange measures, over WALSHIP_MEMBERS_RUNS cycles
+// (skipped without it), the longest gap between two acknowledged writes of
+// 4 writers sending sync writes back to back (any 1 at flush and a log
+// store majority) while `walship ctl members add` adds n3 and `remove`
+// takes it out again, against the longest gap of an equal stretch without
+// a change: what a membership change pauses writes for (issue 38's target:
+// 100 ms).
+func TestMeasureMembershipChange(t *testing.T) {
+	runs := measureRuns(t, "WALSHIP_MEMBERS_RUNS", "membership change pauses")
+	needLinux(t)
+	c := startFailoverCluster(t)
+	n0, n1 := c.nodes[0], c.nodes[1]
+	n3 := &procNode{name: "n3", serving: "replica serving", addr: testkit.FreeAddr(t), t: t}
+	n3.args = slices.Clone(n1.args)
+	setFlag(n3.args, "--id", "n3")
+	setFlag(n3.args, "--listen", n3.addr)
+	setFlag(n3.args, "--data-dir", filepath.Join(t.TempDir(), "n3"))
+	setFlag(n3.args, "--peers", flagValue(n1.args, "--peers")+",n3="+n3.addr)
+	n3.start()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Duration(runs)*time.Minute)
+	defer cancel()
+	kv := walshipv1.NewKVServiceClient(conn(t, n0.addr))
+	testkit.Until(t, "the primary to take a write", func() bool {
+		_, err := kv.Put(ctx, &walshipv1.PutRequest{Key: "m/warm", Value: []byte("x")})
+		return err == nil
+	})
+	// gap runs the writers during fn and returns the longest time between
+	// two acknowledgements, and how many there were.
+	gap := func(fn func()) (time.Duration, int) {
+		acks := make(chan time.Time, 1<<16)
+		wctx, stop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		for w := range 4 {
+			go func() {
+				defer func() { done <- struct{}{} }()
+				for i := 0; wctx.Err() == nil; i++ {
+					if _, err := kv.Put(wctx, &walshipv1.PutRequest{Key: "m/" + string(rune('a'+w)), Value: []byte("x")}); err == nil {
+						acks <- time.Now()
+					}
+				}
+			}()
+		}
+		start := time.Now()
+		fn()
+		stop()
+		for range 4 {
+			<-done
+		}
+		close(acks)
+		var longest time.Duration
+		prev, n := start, 0
+		for a := range acks {
+			longest, prev, n = max(longest, a.Sub(prev)), a, n+1
+		}
+		return longest, n
+	}
+	var during, without []time.Duration
+	for i := range runs {
+		var took time.Duration
+		g, n := gap(func() {
+			began := time.Now()
+			ctl(t, "members", "add", "--member", "n3="+n3.addr, "--nodes", n0.addr)
+			ctl(t, "members", "remove", "--member", "n3", "--nodes", n0.addr)
+			took = time.Since(began)
+		})
+		during = append(during, g)
+		b, m := gap(func() { <-time.After(took) })
+		without = append(without, b)
+		t.Logf("run %d: add+remove took %v: longest gap %v (%d writes); without a change %v (%d writes)", i, took.Round(time.Millisecond), g.Round(time.Millisecond), n, b.Round(time.Millisecond), m)
+	}
+	dm, dx := medianMax(during)
+	wm, wx := medianMax(without)
+	t.Logf("%d runs: longest write gap during add+remove median %v, max %v; without a change median %v, max %v",
+		runs, dm.Round(time.Millisecond), dx.Round(time.Millisecond), wm.Round(time.Millisecond), wx.Round(time.Millisecond))
+}
+
 // setFlag sets the value following flag in args.
 func setFlag(args []string, flag, value string) {
 	if i := slices.Index(args, flag); i >= 0 && i+1 < len(args) {
