@@ -346,13 +346,21 @@ func (a *adminServer) ChangeMembers(ctx context.Context, req *walshipv1.ChangeMe
 	if err := s.submit(ctx, r); err != nil {
 		return nil, err
 	}
+	// Answer a little before the caller's deadline, so that it hears
+	// where the change is rather than DEADLINE_EXCEEDED.
+	wait := ctx
+	if d, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		wait, cancel = context.WithDeadline(ctx, d.Add(-min(time.Second, time.Until(d)/10)))
+		defer cancel()
+	}
 	select {
 	case <-r.done:
 		if r.err != nil {
 			return nil, status.Errorf(codes.Aborted, "membership change %s: %v (ctl members list shows where it stopped)", r.desc, r.err)
 		}
 		return s.changeResponse(true, r.outcome), nil
-	case <-ctx.Done():
+	case <-wait.Done():
 		return s.changeResponse(false, ""), nil
 	}
 }
