@@ -3,6 +3,7 @@ package primary
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"slices"
 	"strings"
@@ -433,5 +434,30 @@ func TestNewPrimaryResumesJointRecord(t *testing.T) {
 				t.Fatalf("the acknowledged write: %v, %v", got, err)
 			}
 		})
+	}
+}
+
+// TestRemovedNodeDoesNotOpen: a primary whose log says a membership
+// change left it out (members_changed, without it) does not open its
+// epoch: it says why, naming what to do, and takes no write.
+func TestRemovedNodeDoesNotOpen(t *testing.T) {
+	c := startMembers(t, 1, "r1")
+	s := c.p.s
+	left := stripped(s.contract())
+	left.Members, left.MembersChanged = left.Members[1:], true // r1, r2
+	if _, err := s.writeRecord(ctx(t), s.epochRecord(left, walshipv1.MembershipStage_MEMBERSHIP_STAGE_FINAL)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.p.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	var out testkit.Output
+	c.cfg.Logger = slog.New(slog.NewTextHandler(&out, nil))
+	c.startPrimary(t)
+	testkit.Until(t, "the primary to say why it does not open", func() bool {
+		return strings.Contains(out.String(), "this node p1 is not a member of the configuration its log holds (members r1,r2")
+	})
+	if c.p.s.TakingWrites() {
+		t.Fatal("a primary its log's configuration leaves out takes writes")
 	}
 }

@@ -337,6 +337,13 @@ func ContractOf(p Policy, members []Member, logstores []string, lease time.Durat
 // and until the primary holds its lease, and opens the primary for reads
 // and writes. It returns when ctx ends or the primary fails first.
 func (s *Server) openEpoch(ctx context.Context) error {
+	if c := s.startContract(); c.GetMembersChanged() && !configOf(c).Leads(s.cfg.ID) {
+		// The members are the log's (a run-time change set them), and
+		// they do not name this node in every half: its acks would not
+		// meet what a promotion under them needs (failover Config.Leads).
+		return fmt.Errorf("epoch %d: this node %s is not a member of the configuration its log holds (%s): a membership change removed it; start it as a replica, or add it back at the primary (walship ctl members add)",
+			s.epoch, s.cfg.ID, configLine(c))
+	}
 	if !s.needsRecord() {
 		s.useContract(s.startContract(), walshipv1.MembershipStage_MEMBERSHIP_STAGE_UNSPECIFIED)
 		if err := s.lease.wait(ctx); err != nil {
