@@ -347,12 +347,19 @@ func (s *Server) uploadToLogStores(ctx context.Context) {
 // 90% means retention is stuck. A replica or log store that still needed the
 // removed segments catches up from a log store or a snapshot; retention
 // never fills the disk waiting for one.
+//
+// The cut keeps the batch that ends at the snapshot's LSN, not only the
+// ones after it (wal.TruncateBefore keeps every entry that holds its LSN or
+// a later one): a log store takes a base snapshot only at a batch end it
+// holds, so a restart from this snapshot with new, empty log stores can
+// upload it at once (offerRecovered) only if the WAL still has that batch.
+// It costs at most one segment more.
 func (s *Server) enforceRetention() {
 	if !s.overRetention() {
 		return
 	}
 	select {
-	case s.pipe.cuts <- s.snapshotLSN.Load() + 1:
+	case s.pipe.cuts <- s.snapshotLSN.Load():
 	default: // one is pending already
 	}
 }
