@@ -20,6 +20,9 @@
 // the directory ships it to its new log stores first, which lets them take
 // the restored snapshot as their base at once — so the new cluster is
 // restorable from its own log stores and archive from its first minute.
+// Given the new cluster's contract (NewCluster), the restore also writes
+// that cluster's first epoch after the restored state, so that its primary
+// need not wait for the old cluster's members (newcluster.go).
 package restore
 
 import (
@@ -29,6 +32,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -127,8 +131,13 @@ type Options struct {
 	// NewClusterID is the id stamped in the restored directory; empty
 	// makes one.
 	NewClusterID string
-	FS           vfs.FS
-	Logger       *slog.Logger
+	// NewCluster, if set, is the first epoch of the new cluster the
+	// directory starts, which the restore writes after the restored state
+	// (newcluster.go): its primary then opens without waiting for the old
+	// cluster's members.
+	NewCluster *NewCluster
+	FS         vfs.FS
+	Logger     *slog.Logger
 	// Dialer dials the log stores (zero: plaintext); DialOptions are
 	// added to its options.
 	Dialer      serve.Dialer
@@ -187,6 +196,10 @@ type Result struct {
 	Keys   int
 	// ClusterID is the new cluster id stamped in the directory.
 	ClusterID string
+	// NewEpoch is the new cluster's first epoch (Options.NewCluster; 0
+	// without), whose epoch record's batch ends at NewEpochLSN: the
+	// directory's state is at that LSN, LSN's state and its record.
+	NewEpoch, NewEpochLSN uint64
 	// Replayed is how long reading and applying the batches took.
 	Replayed time.Duration
 	Took     time.Duration
@@ -240,6 +253,16 @@ func (o *Options) fill() error {
 	if o.DataDir == "" && !o.DryRun {
 		return errors.New("--data-dir: required (the directory to build)")
 	}
+	if nc := o.NewCluster; nc != nil {
+		if err := nc.validate(); err != nil {
+			return err
+		}
+		for _, l := range nc.Contract.GetLogstores() {
+			if slices.Contains(o.LogStores, l) {
+				return fmt.Errorf("--new-logstore: %s is a log store restored from: it belongs to the old cluster, whose id the new one's primary is refused for", l)
+			}
+		}
+	}
 	if o.FS == nil {
 		o.FS = vfs.OS
 	}
@@ -264,6 +287,11 @@ func (r *restorer) finish(ctx context.Context, start time.Time) (*Result, error)
 	}
 	if !o.DryRun {
 		r.findTail(ctx, res.LSN)
+		if o.NewCluster != nil {
+			if err := r.beginCluster(res); err != nil {
+				return nil, err
+			}
+		}
 		if err := r.write(res); err != nil {
 			return nil, err
 		}
@@ -337,6 +365,11 @@ type restorer struct {
 	// tail is the batch that ends at the restored LSN (nil: none read, or
 	// LSN 0): written to the directory's WAL (write, tail.go).
 	tail *walshipv1.WalBatch
+	// first is the new cluster's epoch record's batch, after the tail in
+	// the WAL, and newLineage the lineage with its epoch (nil: no
+	// Options.NewCluster).
+	first      *walshipv1.WalBatch
+	newLineage datadir.History
 }
 
 // survey asks every log store what it holds and picks the lineage: the
@@ -773,8 +806,10 @@ func (r *restorer) readBatches(ctx context.Context, st batchStream, base uint64,
 
 // write builds the data directory: a new cluster id first (so nothing in
 // it can be taken for the source, whatever happens next), the lineage up
-// to the target, the batch that ends at the target as the WAL (tail.go),
-// then the state as a snapshot, which makes it a data directory.
+// to the target (and the new cluster's first epoch), the batch that ends
+// at the target as the WAL (tail.go) and the new cluster's epoch record's
+// batch after it, then the state as a snapshot, which makes it a data
+// directory.
 func (r *restorer) write(res *Result) error {
 	fsys, dir := r.o.FS, r.o.DataDir
 	if err := fsys.MkdirAll(dir, vfs.DirPerm); err != nil {
@@ -788,7 +823,11 @@ func (r *restorer) write(res *Result) error {
 		return err
 	}
 	res.ClusterID = id
-	if err := datadir.SaveHistory(fsys, dir, res.Lineage); err != nil {
+	h := res.Lineage
+	if r.newLineage != nil {
+		h = r.newLineage
+	}
+	if err := datadir.SaveHistory(fsys, dir, h); err != nil {
 		return err
 	}
 	if err := r.writeTail(); err != nil {

@@ -25,7 +25,9 @@ import (
 // new cluster or re-seed a replica.
 //
 // Recovery then finds a WAL that ends at the snapshot's LSN: nothing to
-// replay, and the next batch starts after it.
+// replay, and the next batch starts after it. With Options.NewCluster the
+// WAL also holds, after it, the batch of the new cluster's epoch record
+// (newcluster.go), and the snapshot is at that batch's end.
 
 // findTail sets r.tail to the batch ending at lsn when the replay did not
 // read it (the target is the base snapshot's LSN): from a log store that
@@ -131,20 +133,28 @@ func (src *archiveSource) batchEnding(ctx context.Context, lsn uint64) (*walship
 	return nil, errors.New("no archived chunk of the lineage holds it")
 }
 
-// writeTail writes r.tail, if any, as the directory's WAL.
+// writeTail writes r.tail, if any, and the new cluster's first batch, if
+// any, as the directory's WAL.
 func (r *restorer) writeTail() error {
-	if r.tail == nil {
-		return nil
+	var entries []wal.Entry
+	for _, env := range []*walshipv1.WalBatch{r.tail, r.first} {
+		if env == nil {
+			continue
+		}
+		data, err := envelope.Marshal(env)
+		if err != nil {
+			return fmt.Errorf("write the WAL: %w", err)
+		}
+		entries = append(entries, wal.Entry{FirstLSN: env.GetFirstLsn(), LastLSN: env.GetLastLsn(), Data: data})
 	}
-	data, err := envelope.Marshal(r.tail)
-	if err != nil {
-		return fmt.Errorf("write the WAL: %w", err)
+	if len(entries) == 0 {
+		return nil
 	}
 	log, err := wal.Open(wal.Options{Dir: filepath.Join(r.o.DataDir, "wal"), FS: r.o.FS})
 	if err != nil {
 		return fmt.Errorf("write the WAL: %w", err)
 	}
-	err = log.Append(wal.Entry{FirstLSN: r.tail.GetFirstLsn(), LastLSN: r.tail.GetLastLsn(), Data: data})
+	err = log.Append(entries...)
 	if err == nil {
 		err = log.Sync()
 	}
