@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -12,9 +13,11 @@ import (
 	"text/tabwriter"
 	"time"
 
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/archive"
 	"github.com/walship/walship/internal/freeport"
 	"github.com/walship/walship/internal/restore"
+	"github.com/walship/walship/services/primary"
 )
 
 // walship restore: point-in-time recovery from the log stores or from the
@@ -31,6 +34,7 @@ func restoreFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 		clusterID string
 	)
 	var arch archive.Config
+	nc := addNewClusterFlags(fs)
 	fs.Var(listFlag{&logstores}, "logstore", "gRPC addresses of the log stores to restore from, comma-separated (or --archive)")
 	addArchiveFlags(fs, &arch)
 	fs.StringVar(&dataDir, "data-dir", "", "the data directory to build; it must not exist or be empty (required unless --dry-run)")
@@ -79,12 +83,21 @@ func restoreFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 		if dataDir == "" && !dryRun {
 			return usageErr(env, "--data-dir: required (or --dry-run)")
 		}
+		newCluster, err := nc.newCluster(fs)
+		if err != nil {
+			return usageErr(env, "%v", err)
+		}
 		res, err := restore.Run(ctx, restore.Options{LogStores: logstores, Archive: a, DataDir: dataDir, Target: target, DryRun: dryRun,
-			ClusterID: clusterID, Dialer: d, Logger: env.Logger})
+			ClusterID: clusterID, NewCluster: newCluster, Dialer: d, Logger: env.Logger})
 		if err != nil {
 			return err
 		}
 		printRestore(env, res, dryRun, dataDir)
+		if newCluster != nil && !dryRun {
+			nc.printNext(env.Stdout, dataDir)
+		} else if !dryRun {
+			printRestoredNext(env.Stdout, dataDir)
+		}
 		return nil
 	}
 }
@@ -139,8 +152,10 @@ func printRestore(env *Env, res *restore.Result, dryRun bool, dataDir string) {
 	fmt.Fprintf(w, "restored\tLSN %d, %d keys, state digest %s\n", res.LSN, res.Keys, res.Digest)
 	fmt.Fprintf(w, "took\t%v (replay %v, %.1f MB/s)\n", res.Took.Round(time.Millisecond), res.Replayed.Round(time.Millisecond), res.ReplayMBps())
 	fmt.Fprintf(w, "data dir\t%s, new cluster %s\n", dataDir, res.ClusterID)
+	if res.NewEpoch != 0 {
+		fmt.Fprintf(w, "first epoch\t%d, its epoch record at LSNs %d..%d: the directory is at LSN %d\n", res.NewEpoch, res.LSN+1, res.NewEpochLSN, res.NewEpochLSN)
+	}
 	_ = w.Flush()
-	printRestoredNext(env.Stdout, dataDir)
 }
 
 // printRestoredNext prints the commands that start the restored directory,
@@ -171,6 +186,30 @@ func validNodeID(id string) bool {
 	return true
 }
 
+// freePorts returns n distinct addresses host:port, the first ports from
+// `from` on (at most tries of them) that nothing listens on, then ports
+// freeport picks.
+func freePorts(host string, from, tries, n int) []string {
+	var out []string
+	for port := from; port < from+tries && len(out) < n; port++ {
+		l, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+		if err != nil {
+			continue
+		}
+		if l.Close() == nil {
+			out = append(out, net.JoinHostPort(host, strconv.Itoa(port)))
+		}
+	}
+	for len(out) < n {
+		a, err := freeport.Pick(host)
+		if err != nil {
+			a = net.JoinHostPort(host, strconv.Itoa(from))
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
 // freePair returns host:a and host:b, the first pair of ports a, b =
 // grpcFrom+i, metricsFrom+i (i < n) that nothing listens on, so that a
 // printed command is predictable and yet runs; else two ports freeport
@@ -196,3 +235,87 @@ func freePair(host string, grpcFrom, metricsFrom, n int) (string, string) {
 	}
 	return a, b
 }
+
+// newClusterFlags are walship restore's --members and the contract flags
+// that go with it: the new cluster the restored directory starts, whose
+// first epoch the restore writes (restore.NewCluster). They are the new
+// primary's own flags, so that the contract the restore writes is the one
+// that primary states.
+type newClusterFlags struct {
+	members   peersFlag
+	logstores []string
+	policy    primary.Policy
+	lease     time.Duration
+}
+
+// contractFlags are the flags that need --members.
+var contractFlags = []string{"new-logstore", "replication", "sync-replicas", "sync-level", "logstore-ack", "lease-timeout"}
+
+func addNewClusterFlags(fs *flag.FlagSet) *newClusterFlags {
+	f := &newClusterFlags{policy: primary.DefaultPolicy(), lease: primary.DefaultLeaseTimeout}
+	fs.Var(&f.members, "members", "start the restored directory as the first epoch of a new cluster of these data nodes, as id=address,... "+
+		"(the new primary's --peers), the primary first: the restore writes that cluster's contract after the restored state, so that its primary "+
+		"opens without waiting for the old cluster's members (give the new primary the same --peers, --logstore, --replication, --sync-replicas, "+
+		"--sync-level, --logstore-ack and --lease-timeout)")
+	fs.Var(listFlag{&f.logstores}, "new-logstore", "with --members: the new cluster's log stores, comma-separated (the new primary's --logstore; not the ones restored from)")
+	replicationFlag(fs, &f.policy.Replication)
+	fs.IntVar(&f.policy.SyncReplicas, "sync-replicas", f.policy.SyncReplicas, "with --members: k in 'any k replicas' for --replication sync, as the new primary's")
+	syncLevelFlag(fs, &f.policy.SyncLevel)
+	logstoreAckFlag(fs, &f.policy.LogStore)
+	fs.DurationVar(&f.lease, "lease-timeout", f.lease, "with --members: the new primary's --lease-timeout")
+	return f
+}
+
+// newCluster is the new cluster the flags name (nil without --members).
+func (f *newClusterFlags) newCluster(fs *flag.FlagSet) (*restore.NewCluster, error) {
+	if len(f.members.members) == 0 {
+		for _, name := range contractFlags {
+			if isSet(fs, name) {
+				return nil, fmt.Errorf("--%s: only with --members (the new cluster's data nodes)", name)
+			}
+		}
+		return nil, nil
+	}
+	if err := f.policy.Validate(); err != nil {
+		return nil, fmt.Errorf("--members: the new primary's policy: %w", err)
+	}
+	if f.policy.LogStore == walshipv1.LogStoreAck_LOG_STORE_ACK_SYNC && len(f.logstores) == 0 {
+		return nil, errors.New("--logstore-ack sync: needs the new cluster's log stores (--new-logstore)")
+	}
+	return &restore.NewCluster{Primary: f.members.members[0].ID,
+		Contract: primary.ContractOf(f.policy, f.members.members, f.logstores, f.lease)}, nil
+}
+
+// printNext prints how to start the new cluster: its primary on dataDir
+// with the contract the restore wrote, and the other members as its
+// replicas, each on an empty directory.
+func (f *newClusterFlags) printNext(w io.Writer, dataDir string) {
+	ms := f.members.members
+	peers := shellQuote(f.members.String())
+	contract := fmt.Sprintf("--peers %s", peers)
+	if len(f.logstores) > 0 {
+		contract += " --logstore " + shellQuote(strings.Join(f.logstores, ","))
+	}
+	// Metrics ports nothing listens on now, one per member, as
+	// printRestoredNext's.
+	ports := freePorts("127.0.0.1", 9409, 90, len(ms))
+	metrics := func() string {
+		m := ports[0]
+		ports = ports[1:]
+		return m
+	}
+	fmt.Fprintf(w, "\nStart the new cluster's primary with the contract the restore wrote (its first epoch), on new, empty log stores:\n")
+	fmt.Fprintf(w, "  walship primary --id %s --data-dir %s --listen %s %s --replication %s --sync-replicas %d --sync-level %s --logstore-ack %s --lease-timeout %s --metrics-listen %s\n",
+		ms[0].ID, shellQuote(dataDir), ms[0].Addr, contract, enumName(f.policy.Replication.String(), "REPLICATION_MODE_"), f.policy.SyncReplicas,
+		enumName(f.policy.SyncLevel.String(), "SYNC_LEVEL_"), enumName(f.policy.LogStore.String(), "LOG_STORE_ACK_"), f.lease, metrics())
+	if len(ms) > 1 {
+		fmt.Fprintf(w, "and each other member as its replica, on an empty data directory:\n")
+		for _, m := range ms[1:] {
+			fmt.Fprintf(w, "  walship replica --id %s --data-dir EMPTY-DIR --listen %s %s --primary %s --metrics-listen %s\n", m.ID, m.Addr, contract, ms[0].Addr, metrics())
+		}
+	}
+}
+
+// enumName is a proto enum value's flag name: its name without prefix, in
+// lower case.
+func enumName(name, prefix string) string { return strings.ToLower(strings.TrimPrefix(name, prefix)) }

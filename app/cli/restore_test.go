@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -83,5 +84,79 @@ func TestRestoreHintsRunAsPrinted(t *testing.T) {
 			}
 		}
 		stop()
+	}
+}
+
+// TestRestoreNewClusterHintsRunAsPrinted: walship restore --members
+// writes the new cluster's first epoch, and the commands it prints start
+// that cluster — its primary on the restored directory with new ids and a
+// new, empty log store, and its replica — which opens and takes writes
+// that wait for the replica, where the old cluster's contract (the dev
+// cluster's primary and replica-0, which never come) kept it waiting.
+func TestRestoreNewClusterHintsRunAsPrinted(t *testing.T) {
+	d := startDev(t, "--replicas", "1")
+	ctx := t.Context()
+	put, err := walshipv1.NewKVServiceClient(devConn(t, d.node(t, "primary"))).Put(ctx, &walshipv1.PutRequest{Key: "hello", Value: []byte("world"),
+		Policy: &walshipv1.CommitPolicy{Logstore: walshipv1.LogStoreAck_LOG_STORE_ACK_SYNC}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, n0, n1 := testkit.FreeAddr(t), testkit.FreeAddr(t), testkit.FreeAddr(t)
+	runHint(t, []string{"logstore", "--listen", ls, "--data-dir", t.TempDir(), "--metrics-listen", testkit.FreeAddr(t)}, "log store serving")
+	dir := filepath.Join(t.TempDir(), "new")
+	code, out, errOut := run(t, "restore", "--logstore", d.node(t, "logstore-0"), "--latest", "--data-dir", dir,
+		"--members", "n0="+n0+",n1="+n1, "--new-logstore", ls, "--replication", "sync", "--sync-replicas", "1", "--logstore-ack", "sync")
+	if code != 0 {
+		t.Fatalf("restore: exit %d\n%s%s", code, out, errOut)
+	}
+	p := hintIn(t, out, "walship primary")
+	if got := flagValue(t, p, "data-dir"); got != dir {
+		t.Fatalf("walship primary: --data-dir %s, want %s", got, dir)
+	}
+	runHint(t, p, "primary serving")
+	r := hintIn(t, out, "walship replica")
+	for i, a := range r {
+		if a == "EMPTY-DIR" {
+			r[i] = t.TempDir()
+		}
+	}
+	runHint(t, r, "replica serving")
+	kv := walshipv1.NewKVServiceClient(devConn(t, n0))
+	testkit.UntilWithin(t, 30*time.Second, "the new cluster's primary to take a write its replica acknowledges", func() bool {
+		c, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		r, err := kv.Put(c, &walshipv1.PutRequest{Key: "after", Value: []byte("v"),
+			Policy: &walshipv1.CommitPolicy{Replication: walshipv1.ReplicationMode_REPLICATION_MODE_SYNC, SyncReplicas: 1}})
+		return err == nil && r.GetLsn() > put.GetLsn()
+	})
+	if got, err := kv.Get(ctx, &walshipv1.GetRequest{Key: "hello"}); err != nil || string(got.GetValue()) != "world" {
+		t.Fatalf("Get hello = %v, %v; want world", got, err)
+	}
+}
+
+// TestRestoreNewClusterFlagsRefused: the new cluster's contract flags
+// need --members, and a contract that cannot be is refused, naming the
+// flag, before anything is read or written.
+func TestRestoreNewClusterFlagsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--sync-replicas", "1"}, "--sync-replicas: only with --members"},
+		{[]string{"--new-logstore", "127.0.0.1:1"}, "--new-logstore: only with --members"},
+		{[]string{"--members", "n0=127.0.0.1:1", "--replication", "sync", "--sync-replicas", "1"}, "--sync-replicas: 1, but --members names 0"},
+		{[]string{"--members", "n0=127.0.0.1:1,n0=127.0.0.1:2"}, "--members: n0 is named twice"},
+		{[]string{"--members", "n0=127.0.0.1:1", "--logstore-ack", "sync"}, "--logstore-ack sync: needs the new cluster's log stores"},
+		{[]string{"--members", "n0=127.0.0.1:1", "--new-logstore", "127.0.0.1:9"}, "--new-logstore: 127.0.0.1:9 is a log store restored from"},
+	} {
+		dir := filepath.Join(t.TempDir(), "d")
+		args := append([]string{"restore", "--logstore", "127.0.0.1:9", "--latest", "--data-dir", dir}, tc.args...)
+		code, out, errOut := run(t, args...)
+		if code == 0 || !strings.Contains(errOut, tc.want) {
+			t.Errorf("walship %s: exit %d\n%s%s\nwant an error naming %q", strings.Join(args, " "), code, out, errOut, tc.want)
+		}
+		if _, err := os.Stat(dir); err == nil {
+			t.Errorf("walship %s: made %s", strings.Join(args, " "), dir)
+		}
 	}
 }
