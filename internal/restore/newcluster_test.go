@@ -10,6 +10,7 @@ import (
 
 	"github.com/walship/walship/app/cluster"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/archive"
 	"github.com/walship/walship/internal/freeport"
 	"github.com/walship/walship/internal/keyspace"
 	"github.com/walship/walship/internal/recovery"
@@ -181,23 +182,7 @@ func TestRestoredClusterOpensWithNewMembers(t *testing.T) {
 		if res.LSN != last.lsn || res.Digest != last.digest {
 			t.Fatalf("restore reached LSN %d, digest %s; the old primary showed LSN %d, digest %s", res.LSN, res.Digest, last.lsn, last.digest)
 		}
-		// The directory is the restored state and the new cluster's
-		// epoch record after it, in its state and at the end of its WAL.
-		rec, err := recovery.Open(recovery.Options{DataDir: dir})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rec.WAL.Close()
-		v := rec.Store.Snapshot()
-		er, err := keyspace.EpochRecord(v)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if v.AppliedLSN() != res.NewEpochLSN || res.NewEpochLSN != res.LSN+2 || rec.WAL.LastLSN() != res.NewEpochLSN ||
-			keyspace.UserKeys(v) != last.keys || !proto.Equal(er.GetContract(), nc.Contract) || er.GetEpoch() != res.NewEpoch {
-			t.Fatalf("restored directory at LSN %d (WAL to %d), %d keys, epoch record %v; want LSN %d, %d keys, the new cluster's record of epoch %d",
-				v.AppliedLSN(), rec.WAL.LastLSN(), keyspace.UserKeys(v), er, res.LSN+2, last.keys, res.NewEpoch)
-		}
+		checkNewClusterDir(t, dir, res, nc, last)
 		return dir, res
 	}
 	t.Run("no replicas", func(t *testing.T) {
@@ -265,6 +250,28 @@ func TestRestoredClusterOpensWithNewMembers(t *testing.T) {
 	})
 }
 
+// checkNewClusterDir checks that the directory restored with nc is the
+// restored state (want) and the new cluster's epoch record after it, in
+// its state and at the end of its WAL.
+func checkNewClusterDir(t *testing.T, dir string, res *restore.Result, nc *restore.NewCluster, last point) {
+	t.Helper()
+	rec, err := recovery.Open(recovery.Options{DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rec.WAL.Close()
+	v := rec.Store.Snapshot()
+	er, err := keyspace.EpochRecord(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.AppliedLSN() != res.NewEpochLSN || res.NewEpochLSN != res.LSN+2 || rec.WAL.LastLSN() != res.NewEpochLSN || rec.WAL.FirstLSN() > res.LSN ||
+		keyspace.UserKeys(v) != last.keys || !proto.Equal(er.GetContract(), nc.Contract) || er.GetEpoch() != res.NewEpoch {
+		t.Fatalf("restored directory at LSN %d (WAL %d..%d), %d keys, epoch record %v; want LSN %d, the tail batch kept, %d keys, the new cluster's record of epoch %d",
+			v.AppliedLSN(), rec.WAL.FirstLSN(), rec.WAL.LastLSN(), keyspace.UserKeys(v), er, res.LSN+2, last.keys, res.NewEpoch)
+	}
+}
+
 // dial is a plaintext connection to addr, closed when the test ends.
 func dial(t *testing.T, addr string) *grpc.ClientConn {
 	t.Helper()
@@ -274,4 +281,31 @@ func dial(t *testing.T, addr string) *grpc.ClientConn {
 	}
 	t.Cleanup(func() { _ = cc.Close() })
 	return cc
+}
+
+// TestRestoredFromTheArchiveOpensWithNewMembers: the new cluster's first
+// epoch is written the same way by a restore from the archive alone.
+func TestRestoredFromTheArchiveOpensWithNewMembers(t *testing.T) {
+	cfg := archive.Config{URL: "file://" + t.TempDir()}
+	c := archived(t, cfg, 1)
+	var last point
+	for i := range 8 {
+		last = write(t, c, c.Primary, i, 8)
+	}
+	waitArchived(t, c, last.lsn)
+	ns := newNodes(t, "p")
+	ls := []string{emptyLogStore(t)}
+	pol := policy(0, true)
+	nc := newCluster(ns, ls, pol)
+	dir := filepath.Join(t.TempDir(), "p")
+	res, err := restore.Run(t.Context(), restore.Options{Archive: openArchive(t, cfg), DataDir: dir, Target: restore.AtLSN(last.lsn), NewCluster: nc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.LSN != last.lsn || res.Digest != last.digest {
+		t.Fatalf("restore reached LSN %d, digest %s; the old primary showed LSN %d, digest %s", res.LSN, res.Digest, last.lsn, last.digest)
+	}
+	checkNewClusterDir(t, dir, res, nc, last)
+	p, out := startPrimary(t, dir, ns, ls, pol)
+	opens(t, p, out)
 }
