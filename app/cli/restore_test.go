@@ -147,7 +147,7 @@ func TestRestoreNewClusterFlagsRefused(t *testing.T) {
 		{[]string{"--members", "n0=127.0.0.1:1", "--replication", "sync", "--sync-replicas", "1"}, "--sync-replicas: 1, but --members names 0"},
 		{[]string{"--members", "n0=127.0.0.1:1,n0=127.0.0.1:2"}, "--members: n0 is named twice"},
 		{[]string{"--members", "n0=127.0.0.1:1", "--logstore-ack", "sync"}, "--logstore-ack sync: needs the new cluster's log stores"},
-		{[]string{"--members", "n0=127.0.0.1:1", "--new-logstore", "127.0.0.1:9"}, "--new-logstore: 127.0.0.1:9 is a log store restored from"},
+		{[]string{"--members", "n0=127.0.0.1:1", "--new-logstore", "127.0.0.1:9"}, "--new-logstore: 127.0.0.1:9 is one of the log stores restored from"},
 	} {
 		dir := filepath.Join(t.TempDir(), "d")
 		args := append([]string{"restore", "--logstore", "127.0.0.1:9", "--latest", "--data-dir", dir}, tc.args...)

@@ -198,7 +198,8 @@ type Result struct {
 	ClusterID string
 	// NewEpoch is the new cluster's first epoch (Options.NewCluster; 0
 	// without), whose epoch record's batch ends at NewEpochLSN: the
-	// directory's state is at that LSN, LSN's state and its record.
+	// directory holds the state at LSN with that record put, at
+	// NewEpochLSN.
 	NewEpoch, NewEpochLSN uint64
 	// Replayed is how long reading and applying the batches took.
 	Replayed time.Duration
@@ -259,7 +260,7 @@ func (o *Options) fill() error {
 		}
 		for _, l := range nc.Contract.GetLogstores() {
 			if slices.Contains(o.LogStores, l) {
-				return fmt.Errorf("--new-logstore: %s is a log store restored from: it belongs to the old cluster, whose id the new one's primary is refused for", l)
+				return fmt.Errorf("--new-logstore: %s is one of the log stores restored from: it holds the old cluster's id and refuses the new cluster's primary", l)
 			}
 		}
 	}
