@@ -49,6 +49,12 @@ type archiveOpts struct {
 	// primaryDir, if set, is the primary's data directory (a restored
 	// one): the runbook's new cluster after a restore.
 	primaryDir string
+	// names prefixes the data nodes' ids ("n": n0, the primary, n1...).
+	names string
+	// prepare, if set, is called with the log stores' addresses and the
+	// data nodes' --peers once they are chosen, before anything starts
+	// (to restore primaryDir as the first epoch of this cluster).
+	prepare func(lsAddrs, peers []string)
 }
 
 // archiveFlags are the flags that reach the archive url on srv.
@@ -63,6 +69,9 @@ func newArchiveCluster(t *testing.T, srv *s3test.Server, url string, o archiveOp
 	t.Helper()
 	if o.logstores == 0 {
 		o.logstores = 3
+	}
+	if o.names == "" {
+		o.names = "n"
 	}
 	c := &archiveCluster{dir: t.TempDir(), conns: map[string]*grpc.ClientConn{}}
 	var lsAddrs []string
@@ -80,7 +89,7 @@ func newArchiveCluster(t *testing.T, srv *s3test.Server, url string, o archiveOp
 	}
 	var peers []string
 	for i := range 1 + o.replicas {
-		n := &procNode{name: fmt.Sprintf("n%d", i), addr: testkit.FreeAddr(t), metrics: testkit.FreeAddr(t), t: t}
+		n := &procNode{name: fmt.Sprintf("%s%d", o.names, i), addr: testkit.FreeAddr(t), metrics: testkit.FreeAddr(t), t: t}
 		peers = append(peers, n.name+"="+n.addr)
 		c.nodes = append(c.nodes, n)
 	}
@@ -102,6 +111,9 @@ func newArchiveCluster(t *testing.T, srv *s3test.Server, url string, o archiveOp
 			n.args = append(n.args, "--replication", "sync", "--sync-replicas", "1", "--sync-level", "flush")
 		}
 		n.args = append(n.args, "--metrics-listen", n.metrics)
+	}
+	if o.prepare != nil {
+		o.prepare(lsAddrs, peers)
 	}
 	for _, n := range c.all() {
 		n.start()
@@ -407,10 +419,11 @@ func checkRestoredWrites(t *testing.T, kv walshipv1.KVServiceClient, l *archiveL
 //     last LSN before the destruction; the restore reaches that LSN with
 //     the primary's state digest there, and a restore to a time older
 //     than what the log stores still keep (they refuse it) gives exactly
-//     the writes acknowledged up to the LSN it resolves to. The restored
-//     directory then runs as the primary of a new cluster with new, empty
-//     log stores archiving to a new prefix, and that prefix alone
-//     restores the new cluster at once, at the new primary's digest.
+//     the writes acknowledged up to the LSN it resolves to. A directory
+//     restored with --members then runs as the primary of a new cluster
+//     of new ids with new, empty log stores archiving to a new prefix,
+//     and that prefix alone restores the new cluster at once, at the new
+//     primary's digest.
 //   - mid-load: the destruction comes while the load runs; the restore
 //     reaches at least the last archived LSN reported.
 func TestArchiveDisasterRecovery(t *testing.T) {
@@ -539,16 +552,23 @@ func TestArchiveDisasterRecovery(t *testing.T) {
 			if midLoad {
 				return
 			}
-			// The runbook's next step: the restored directory as the
-			// primary of a new cluster, with new empty log stores that
-			// archive to a new prefix. That prefix alone restores the new
-			// cluster at once (the restored snapshot is uploaded and
-			// archived), and after new writes too.
-			// The replicas keep the old ids: the restored state's epoch
-			// record holds the old contract (one sync replica of n1, n2),
-			// and the new primary opens its epoch once they apply it.
+			// The runbook's next step: a directory restored as the first
+			// epoch of a new cluster (--members: new ids m0, m1, m2, one
+			// sync replica, new empty log stores that archive to a new
+			// prefix), started as its primary. It opens without the old
+			// cluster's members (n1, n2, whose contract the restored state
+			// held). The new prefix alone restores the new cluster at once
+			// (the restored snapshot is uploaded and archived), and after
+			// new writes too.
 			url2 := url + "-new"
-			nc := newArchiveCluster(t, srv, url2, archiveOpts{replicas: 2, primaryDir: dir})
+			ndir := filepath.Join(t.TempDir(), "new-cluster")
+			nc := newArchiveCluster(t, srv, url2, archiveOpts{replicas: 2, primaryDir: ndir, names: "m", prepare: func(lsAddrs, peers []string) {
+				nr := restoreArchive(t, srv, url, ndir, "--latest", "--members", strings.Join(peers, ","), "--new-logstore", strings.Join(lsAddrs, ","),
+					"--replication", "sync", "--sync-replicas", "1", "--sync-level", "flush", "--logstore-ack", "sync")
+				if nr.lsn != r.lsn || nr.digest != r.digest {
+					t.Fatalf("restore --latest --members reached LSN %d, digest %s; without --members LSN %d, digest %s", nr.lsn, nr.digest, r.lsn, r.digest)
+				}
+			}})
 			if _, err := walshipv1.NewKVServiceClient(nc.conn(t, nc.primary().addr)).Put(t.Context(),
 				&walshipv1.PutRequest{Key: "dr/after-restore", Value: []byte("new")}); err != nil {
 				t.Fatal(err)
