@@ -259,10 +259,15 @@ func addNewClusterFlags(fs *flag.FlagSet) *newClusterFlags {
 		"--sync-level, --logstore-ack and --lease-timeout)")
 	fs.Var(listFlag{&f.logstores}, "new-logstore", "with --members: the new cluster's log stores, comma-separated (the new primary's --logstore; not the ones restored from)")
 	replicationFlag(fs, &f.policy.Replication)
-	fs.IntVar(&f.policy.SyncReplicas, "sync-replicas", f.policy.SyncReplicas, "with --members: k in 'any k replicas' for --replication sync, as the new primary's")
+	fs.IntVar(&f.policy.SyncReplicas, "sync-replicas", f.policy.SyncReplicas, "with --members: the new primary's --sync-replicas (k in 'any k replicas' for --replication sync)")
 	syncLevelFlag(fs, &f.policy.SyncLevel)
 	logstoreAckFlag(fs, &f.policy.LogStore)
 	fs.DurationVar(&f.lease, "lease-timeout", f.lease, "with --members: the new primary's --lease-timeout")
+	// The primary's words for these flags would describe this command's
+	// own waits: say whose they are.
+	fs.Lookup("replication").Usage = "with --members: the new primary's --replication: disabled, async or sync"
+	fs.Lookup("sync-level").Usage = "with --members: the new primary's --sync-level: write, flush or apply"
+	fs.Lookup("logstore-ack").Usage = "with --members: the new primary's --logstore-ack: async, or sync (a majority of --new-logstore)"
 	return f
 }
 
