@@ -26,6 +26,13 @@ func serviceConn(t *testing.T, c *Cluster, ctx context.Context, svc string) *grp
 // the Service has new endpoints within seconds.
 func serviceConnTo(t *testing.T, c *Cluster, ctx context.Context, tg target, svc string) *grpc.ClientConn {
 	t.Helper()
+	return tracedServiceConn(t, c, ctx, tg, svc, nil)
+}
+
+// tracedServiceConn is serviceConnTo whose connects and calls tr records,
+// if not nil.
+func tracedServiceConn(t *testing.T, c *Cluster, ctx context.Context, tg target, svc string, tr *dialTrace) *grpc.ClientConn {
+	t.Helper()
 	ip := serviceIP(t, c, ctx, tg.ns, svc)
 	creds := insecure.NewCredentials()
 	opts := []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
@@ -36,6 +43,9 @@ func serviceConnTo(t *testing.T, c *Cluster, ctx context.Context, tg target, svc
 		// The server's certificate names the Service, not its address.
 		creds = tg.creds
 		opts = append(opts, grpc.WithAuthority(svc+"."+tg.ns+".svc"))
+	}
+	if tr != nil {
+		opts = append(opts, grpc.WithContextDialer(tr.dial), grpc.WithChainUnaryInterceptor(tr.intercept))
 	}
 	conn, err := grpc.NewClient(ip+":7401", append(opts, grpc.WithTransportCredentials(creds))...)
 	if err != nil {
@@ -131,6 +141,7 @@ func TestKillPrimaryContainer(t *testing.T) {
 		t.Logf("run %d: killed %s's container; primary now %s (%v); kill → first acknowledged write through walship-rw %v (%v from the disruption's start, finding the pod included)",
 			i, pod, newPod, err, rec.Round(time.Millisecond), run.Recovered.Round(time.Millisecond))
 		tl.add(tl.t0.Add(rec), "first acknowledged write through walship-rw after the kill")
+		tl.merge(run.trace)
 		tl.stop(t, fmt.Sprintf("run %d: kill -9 %s", i, pod))
 	}
 	summarize(t, "kill -9 of the primary → first acknowledged write through walship-rw", recovered)
@@ -182,6 +193,7 @@ func TestGracefulDeletePrimary(t *testing.T) {
 			return err
 		})
 		gaps = append(gaps, run.LongestGap)
+		tl.merge(run.trace)
 		tl.stop(t, fmt.Sprintf("run %d: delete %s", i, pod))
 		newPod, _, err := primaryPod(context.Background(), c)
 		if err != nil || newPod == pod {

@@ -51,6 +51,7 @@ func TestRolloutRestart(t *testing.T) {
 			return err
 		})
 		gaps = append(gaps, run.LongestGap)
+		tl.merge(run.trace)
 		tl.stop(t, fmt.Sprintf("run %d: rollout restart", i))
 		for pod, uid := range before {
 			if after[pod] == uid {

@@ -37,6 +37,8 @@ type loadRun struct {
 	ReplicaReads int
 
 	acks []int64 // ackTimes, on the history's clock
+	// trace is what the workload's connection to walship-rw did.
+	trace *dialTrace
 }
 
 // recoveredFrom is from at (the history's clock: a kill) to the
@@ -85,7 +87,8 @@ func underLoadOn(t *testing.T, c *Cluster, tg target, name string, disrupt func(
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	rw := serviceConnTo(t, c, ctx, tg, "walship-rw")
+	trace := newDialTrace()
+	rw := tracedServiceConn(t, c, ctx, tg, "walship-rw", trace)
 	ro := serviceConnTo(t, c, ctx, tg, "walship-ro")
 	st, err := walshipv1.NewAdminServiceClient(rw).Status(ctx, &walshipv1.StatusRequest{}, grpc.WaitForReady(true))
 	if err != nil {
@@ -104,6 +107,9 @@ func underLoadOn(t *testing.T, c *Cluster, tg target, name string, disrupt func(
 		err     error
 	}
 	done := make(chan outcome, 1)
+	states := make(chan struct{})
+	go func() { defer close(states); trace.watchStates(wctx, rw) }()
+	defer func() { stopLoad(); <-states }()
 	go func() {
 		_, s, err := w.Run(wctx, 14*time.Minute, h)
 		done <- outcome{s, err}
@@ -165,7 +171,7 @@ func underLoadOn(t *testing.T, c *Cluster, tg target, name string, disrupt func(
 		t.Fatal(err)
 	}
 	ops := h.Ops()
-	run := loadRun{Lost: lostWrites(ops), ReplicaReads: out.session.Reads}
+	run := loadRun{Lost: lostWrites(ops), ReplicaReads: out.session.Reads, trace: trace}
 	acks := ackTimes(ops)
 	run.Acked, run.acks = len(acks), acks
 	var gapAfter time.Duration

@@ -92,9 +92,9 @@ func startTimeline(ctx context.Context, c *Cluster, t0 time.Time) *timeline {
 		})
 	}
 	watch("pod", "get", "pods", "-l", nodeSelector, "--watch", "-o",
-		`jsonpath={.metadata.name} role={.metadata.labels.walship\.io/role} ready={.status.conditions[?(@.type=="Ready")].status} started={.status.containerStatuses[0].started} restarts={.status.containerStatuses[0].restartCount}{"\n"}`)
+		`jsonpath={.metadata.name} ip={.status.podIP} deleting={.metadata.deletionTimestamp} role={.metadata.labels.walship\.io/role} ready={.status.conditions[?(@.type=="Ready")].status} started={.status.containerStatuses[0].started} restarts={.status.containerStatuses[0].restartCount}{"\n"}`)
 	watch("walship-rw endpoints:", "get", "endpointslices", "-l", "kubernetes.io/service-name=walship-rw", "--watch", "-o",
-		`jsonpath={range .endpoints[*]}{.targetRef.name}(ready={.conditions.ready}) {end}{"\n"}`)
+		`jsonpath={range .endpoints[*]}{.targetRef.name}(ready={.conditions.ready} serving={.conditions.serving} terminating={.conditions.terminating}) {end}{"\n"}`)
 	if c.ProxyMetrics != "" {
 		// kube-proxy's last sync of its rules, as it stamps it.
 		tl.wg.Go(func() {
@@ -103,7 +103,7 @@ func startTimeline(ctx context.Context, c *Cluster, t0 time.Time) *timeline {
 				if v, err := proxyLastSync(ctx, c.ProxyMetrics); err == nil && v != last {
 					if last != 0 {
 						sec, frac := int64(v), v-float64(int64(v))
-						tl.add(time.Unix(sec, int64(frac*1e9)), "kube-proxy synced its rules")
+						tl.add(time.Unix(sec, int64(frac*1e9)), "kube-proxy synced its rules; walship-rw now: %s", rwRules())
 					}
 					last = v
 				}
@@ -115,6 +115,43 @@ func startTimeline(ctx context.Context, c *Cluster, t0 time.Time) *timeline {
 		})
 	}
 	return tl
+}
+
+// rwRules returns where kube-proxy's iptables rules send walship-rw's
+// connections: the endpoints of its service chain (nat), or that the
+// filter table rejects them (no endpoints).
+func rwRules() string {
+	out, err := exec.Command("iptables-save", "-t", "nat").Output()
+	if err != nil {
+		return err.Error()
+	}
+	svc := "/walship-rw:grpc"
+	var eps []string
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.HasPrefix(line, "-A KUBE-SVC-") && strings.Contains(line, svc+" -> ") {
+			f := line[strings.Index(line, svc+" -> ")+len(svc+" -> "):]
+			eps = append(eps, strings.Trim(strings.Fields(f)[0], `"`))
+		}
+	}
+	out, err = exec.Command("iptables-save", "-t", "filter").Output()
+	if err == nil && strings.Contains(string(out), svc+` has no endpoints`) {
+		eps = append(eps, "REJECT (no endpoints)")
+	}
+	if len(eps) == 0 {
+		return "no rules"
+	}
+	return strings.Join(eps, " ")
+}
+
+// merge adds a client's dial trace, from a second before t0.
+func (tl *timeline) merge(tr *dialTrace) {
+	if tl == nil || tr == nil {
+		return
+	}
+	evs := tr.since(tl.t0.Add(-time.Second))
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	tl.events = append(tl.events, evs...)
 }
 
 // proxyLastSync reads kube-proxy's kubeproxy_sync_proxy_rules_last_timestamp_seconds.
