@@ -93,8 +93,12 @@ func startTimeline(ctx context.Context, c *Cluster, t0 time.Time) *timeline {
 	}
 	watch("pod", "get", "pods", "-l", nodeSelector, "--watch", "-o",
 		`jsonpath={.metadata.name} ip={.status.podIP} deleting={.metadata.deletionTimestamp} role={.metadata.labels.walship\.io/role} ready={.status.conditions[?(@.type=="Ready")].status} started={.status.containerStatuses[0].started} restarts={.status.containerStatuses[0].restartCount}{"\n"}`)
-	watch("walship-rw endpoints:", "get", "endpointslices", "-l", "kubernetes.io/service-name=walship-rw", "--watch", "-o",
-		`jsonpath={range .endpoints[*]}{.targetRef.name}(ready={.conditions.ready} serving={.conditions.serving} terminating={.conditions.terminating}) {end}{"\n"}`)
+	// Both Services' slices: kube-proxy applies a change of either only a
+	// minSyncPeriod after its last sync.
+	for _, svc := range []string{"walship-rw", "walship-ro"} {
+		watch(svc+" endpoints:", "get", "endpointslices", "-l", "kubernetes.io/service-name="+svc, "--watch", "-o",
+			`jsonpath={range .endpoints[*]}{.targetRef.name}(ready={.conditions.ready} serving={.conditions.serving} terminating={.conditions.terminating}) {end}{"\n"}`)
+	}
 	if c.ProxyMetrics != "" {
 		// kube-proxy's last sync of its rules, as it stamps it.
 		tl.wg.Go(func() {
