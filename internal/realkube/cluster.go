@@ -62,6 +62,11 @@ type Config struct {
 	Dir string
 	// Images are OCI archives (BuildImages) imported before kubelet starts.
 	Images []string
+	// ProxyMinSyncPeriod is kube-proxy's iptables minSyncPeriod; 0 leaves
+	// its default, 1 s, which is what users' clusters run. An experiment
+	// knob: how much of a hand-over's client gap is kube-proxy holding a
+	// Service's change back after another's.
+	ProxyMinSyncPeriod time.Duration
 }
 
 // Cluster is a running single-node cluster.

@@ -115,7 +115,11 @@ staticPodPath: ""
 }
 
 func proxyConfig(c *Cluster, ports map[string]string) string {
-	return fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
+	var sync string
+	if d := c.cfg.ProxyMinSyncPeriod; d > 0 {
+		sync = fmt.Sprintf("iptables:\n  minSyncPeriod: %s\n", d)
+	}
+	return sync + fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 mode: iptables
 clientConnection:

@@ -21,6 +21,10 @@ import (
 // and make coredns build them into bin/).
 const EnvBin = "WALSHIP_REALKUBE_BIN"
 
+// EnvProxyMinSync sets kube-proxy's minSyncPeriod (a Go duration) for an
+// experiment; unset, kube-proxy's default (1 s), as on users' clusters.
+const EnvProxyMinSync = "WALSHIP_REALKUBE_PROXY_MIN_SYNC"
+
 // The cluster is shared by the package's tests: starting one takes about
 // a minute, most of it kubelet and the node becoming Ready.
 var shared struct {
@@ -95,7 +99,14 @@ func cluster(t *testing.T) *Cluster {
 			shared.err = err
 			return
 		}
-		shared.c, shared.err = Start(ctx, Config{Bin: os.Getenv(EnvBin), Dir: filepath.Join(dir, "cluster"), Images: images})
+		cfg := Config{Bin: os.Getenv(EnvBin), Dir: filepath.Join(dir, "cluster"), Images: images}
+		if v := os.Getenv(EnvProxyMinSync); v != "" {
+			if cfg.ProxyMinSyncPeriod, err = time.ParseDuration(v); err != nil {
+				shared.err = fmt.Errorf("%s: %w", EnvProxyMinSync, err)
+				return
+			}
+		}
+		shared.c, shared.err = Start(ctx, cfg)
 	})
 	if shared.skip != "" {
 		t.Skip(shared.skip)
