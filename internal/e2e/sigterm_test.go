@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"syscall"
@@ -192,4 +194,59 @@ func TestSIGTERMSwitchoverDelay(t *testing.T) {
 	acked, pause := load.stop()
 	t.Logf("%s took over; %d writes acknowledged; longest gap %v", newPrim.name, len(acked), pause.Round(time.Millisecond))
 	checkAcked(t, ctx, acked, newPrim.addr, newPrim.name)
+}
+
+// TestSIGTERMLingersAfterSwitchover: with --switchover-delay a primary
+// that switched over and stopped keeps its process up for the delay again,
+// its port refusing connections. On Kubernetes its terminating pod is
+// walship-rw's only endpoint until kube-proxy applies the new primary's,
+// up to a minSyncPeriod after the hand-over: the connections kube-proxy
+// sends it meanwhile are refused, and their clients dial again at once,
+// instead of going unanswered, once its pod's network is gone, until the
+// client's connect timeout.
+func TestSIGTERMLingersAfterSwitchover(t *testing.T) {
+	needLinux(t)
+	c := newFailoverCluster(t, func(i int) string { return fmt.Sprintf("n%d", i) })
+	// Long enough that the check below runs within the linger on a busy
+	// machine: the delay is waited twice, before and after the hand-over.
+	c.nodes[0].args = append(c.nodes[0].args, "--switchover-delay", "5s")
+	c.start(t)
+	_, load := loadBeforeSIGTERM(t, c)
+	old := c.nodes[0].p
+	if err := old.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	exited := func() bool {
+		select {
+		case <-old.done:
+			return true
+		default:
+			return false
+		}
+	}
+	testkit.UntilWithin(t, time.Minute, "the stopped primary to linger", func() bool {
+		if logs := old.logs(); strings.Contains(logs, "keeping the process up") {
+			return true
+		} else if exited() {
+			t.Fatalf("the primary exited without lingering after its stop:\n%s", logs)
+		}
+		return false
+	})
+	if logs := old.logs(); !strings.Contains(logs, "switched over before stopping") {
+		t.Fatalf("the primary lingered without switching over first:\n%s", logs)
+	}
+	conn, err := net.Dial("tcp", c.nodes[0].addr)
+	if err == nil {
+		conn.Close()
+		t.Fatalf("%s accepted a connection after it stopped serving", c.nodes[0].addr)
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("a dial of the stopped primary: %v, want connection refused", err)
+	}
+	if exited() {
+		t.Fatalf("the primary exited within its linger (the check came too late on this machine?):\n%s", old.logs())
+	}
+	<-old.done
+	acked, pause := load.stop()
+	t.Logf("%d writes acknowledged; longest gap %v", len(acked), pause.Round(time.Millisecond))
 }

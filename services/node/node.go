@@ -114,7 +114,8 @@ type Config struct {
 	// next change (the new primary's) only a minSyncPeriod (1 s by
 	// default) after that: waiting it out on the old primary, which its
 	// clients' open connections still reach, leaves them no gap but the
-	// switchover's pause.
+	// switchover's pause. After its stop such a primary keeps its process
+	// up as long again (lingerAfterStop), for the same kube-proxy sync.
 	SwitchoverDelay time.Duration
 }
 
@@ -376,6 +377,13 @@ func (n *Node) primaryAddr(v datadir.Vote) string {
 // Run runs the node until ctx ends: its role, and the next when it changes.
 func (n *Node) Run(ctx context.Context) error {
 	defer n.metrics.unregister()
+	// Last, once the role and the election have stopped.
+	linger := false
+	defer func() {
+		if linger {
+			n.lingerAfterStop()
+		}
+	}()
 	// The election outlives ctx until the role has stopped: a primary told
 	// to stop hands over first, holding the Lease meanwhile.
 	actx, stopElection := context.WithCancel(context.WithoutCancel(ctx))
@@ -435,6 +443,7 @@ func (n *Node) Run(ctx context.Context) error {
 		var deposed *primary.DeposedError
 		if ctx.Err() != nil {
 			n.transition(state, failover.Stop)
+			linger = role == RolePrimary && n.cfg.SwitchoverOnStop && n.cfg.SwitchoverDelay > 0
 			if errors.As(err, &deposed) {
 				return nil // told to stop, it handed over (or was fenced) first
 			}
@@ -538,6 +547,22 @@ func (n *Node) handOver(prim *primary.Server) {
 		return
 	}
 	n.logger.Info("switched over before stopping", "target", to, "epoch", resp.GetEpoch(), "paused", resp.GetPaused().AsDuration())
+}
+
+// lingerAfterStop keeps a primary that stopped with SwitchoverDelay up,
+// its listeners closed, for that long again. On Kubernetes its pod is
+// terminating, and walship-rw has no ready endpoint until kube-proxy
+// applies the new primary's (up to its minSyncPeriod, 1 s by default,
+// after the hand-over), so kube-proxy still sends new connections to this
+// pod meanwhile. While the process lives they are refused and the client
+// dials again at once; once it has exited, the pod's network goes with it
+// and they go unanswered until the client's connect timeout (1–20 s).
+func (n *Node) lingerAfterStop() {
+	d := n.cfg.SwitchoverDelay
+	n.logger.Info("stopped; keeping the process up for --switchover-delay so that connections still sent here are refused, not left unanswered", "for", d)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	<-t.C
 }
 
 // handOverTarget is the connected replica, among the other members of
