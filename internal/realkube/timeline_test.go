@@ -94,10 +94,45 @@ func startTimeline(ctx context.Context, c *Cluster, t0 time.Time) *timeline {
 	watch("pod", "get", "pods", "-l", nodeSelector, "--watch", "-o",
 		`jsonpath={.metadata.name} ip={.status.podIP} deleting={.metadata.deletionTimestamp} role={.metadata.labels.walship\.io/role} ready={.status.conditions[?(@.type=="Ready")].status} started={.status.containerStatuses[0].started} restarts={.status.containerStatuses[0].restartCount}{"\n"}`)
 	// Both Services' slices: kube-proxy applies a change of either only a
-	// minSyncPeriod after its last sync.
+	// minSyncPeriod after its last sync. As JSON: kubectl's jsonpath
+	// printer shows a slice watch's first list and none of its updates.
 	for _, svc := range []string{"walship-rw", "walship-ro"} {
-		watch(svc+" endpoints:", "get", "endpointslices", "-l", "kubernetes.io/service-name="+svc, "--watch", "-o",
-			`jsonpath={range .endpoints[*]}{.targetRef.name}(ready={.conditions.ready} serving={.conditions.serving} terminating={.conditions.terminating}) {end}{"\n"}`)
+		cmd := exec.CommandContext(ctx, c.bin("kubectl"), "--kubeconfig", c.Kubeconfig, "-n", devNamespace,
+			"get", "endpointslices", "-l", "kubernetes.io/service-name="+svc, "--watch", "-o", "json")
+		out, err := cmd.StdoutPipe()
+		if err == nil {
+			err = cmd.Start()
+		}
+		if err != nil {
+			tl.add(time.Now(), "%s endpoints: %v", svc, err)
+			continue
+		}
+		tl.wg.Go(func() {
+			defer func() { _ = cmd.Wait() }()
+			dec := json.NewDecoder(out)
+			last := ""
+			for {
+				var es struct {
+					Endpoints []struct {
+						TargetRef  struct{ Name string } `json:"targetRef"`
+						Conditions struct {
+							Ready, Serving, Terminating *bool
+						} `json:"conditions"`
+					} `json:"endpoints"`
+				}
+				if dec.Decode(&es) != nil {
+					return
+				}
+				var b strings.Builder
+				for _, e := range es.Endpoints {
+					fmt.Fprintf(&b, "%s(ready=%s serving=%s terminating=%s) ", e.TargetRef.Name, deref(e.Conditions.Ready), deref(e.Conditions.Serving), deref(e.Conditions.Terminating))
+				}
+				if line := b.String(); line != last {
+					tl.add(time.Now(), "%s endpoints: %s", svc, line)
+					last = line
+				}
+			}
+		})
 	}
 	if c.ProxyMetrics != "" {
 		// kube-proxy's last sync of its rules, as it stamps it.
@@ -119,6 +154,14 @@ func startTimeline(ctx context.Context, c *Cluster, t0 time.Time) *timeline {
 		})
 	}
 	return tl
+}
+
+// deref prints an EndpointSlice condition, "unset" if nil.
+func deref(b *bool) string {
+	if b == nil {
+		return "unset"
+	}
+	return strconv.FormatBool(*b)
 }
 
 // rwRules returns where kube-proxy's iptables rules send walship-rw's
