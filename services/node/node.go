@@ -232,10 +232,18 @@ func isMember(ms []primary.Member, id string) bool {
 }
 
 // Addr is the node's gRPC address.
-func (n *Node) Addr() string { return n.addr }
+func (n *Node) Addr() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.addr
+}
 
 // MetricsAddr is the node's metrics address ("" when disabled).
-func (n *Node) MetricsAddr() string { return n.metricsAddr }
+func (n *Node) MetricsAddr() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.metricsAddr
+}
 
 // Role is the node's current role.
 func (n *Node) Role() Role {
@@ -261,6 +269,8 @@ func (n *Node) Replica() *replica.Server {
 // listen returns the addresses the next role binds: the configured ones
 // the first time, the bound ones after.
 func (n *Node) listen() (grpcAddr, metricsAddr string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
 	if n.addr == "" {
 		return n.cfg.Listen, n.cfg.MetricsListen
 	}
@@ -314,8 +324,8 @@ func (n *Node) become(role Role, v datadir.Vote) error {
 		}
 		n.mu.Lock()
 		n.role, n.rep, n.prim = RoleReplica, s, nil
-		n.mu.Unlock()
 		n.addr, n.metricsAddr = s.Addr(), s.MetricsAddr()
+		n.mu.Unlock()
 	}
 	n.metrics.setRole(role)
 	return nil
@@ -355,8 +365,8 @@ func (n *Node) newPrimary(listen, metricsListen string, elected *primary.Elected
 	}
 	n.mu.Lock()
 	n.role, n.prim, n.rep = RolePrimary, s, nil
-	n.mu.Unlock()
 	n.addr, n.metricsAddr = s.Addr(), s.MetricsAddr()
+	n.mu.Unlock()
 	n.metrics.setRole(RolePrimary)
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -678,4 +679,40 @@ func phaseSums(t *testing.T, reg *prometheus.Registry) string {
 		}
 	}
 	return strings.Join(out, ", ")
+}
+
+// TestAddrDuringRoleChange reads the node's addresses while a promotion
+// changes its role: the run goroutine sets them as each role starts, so
+// -race finds a read that does not hold the node's lock.
+func TestAddrDuringRoleChange(t *testing.T) {
+	c := newCluster(t)
+	put(t, c.conn(t, "n0"), "a", "1")
+	c1 := c.conn(t, "n1")
+	if err := c.runs["n0"].stop(t); err != nil {
+		t.Fatal(err)
+	}
+	n1 := c.nodes["n1"]
+	var stop atomic.Bool
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for !stop.Load() {
+			if n1.Addr() == "" {
+				t.Error("Addr is empty during the role change")
+				return
+			}
+			_ = n1.MetricsAddr()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := walshipv1.NewAdminServiceClient(c1).Promote(ctx, &walshipv1.PromoteRequest{}, grpc.WaitForReady(true))
+	if err == nil {
+		testkit.Until(t, "n1 to be the primary", func() bool { return n1.Role() == RolePrimary })
+	}
+	stop.Store(true)
+	<-done
+	if err != nil {
+		t.Fatalf("Promote n1: %v", err)
+	}
 }

@@ -732,7 +732,7 @@ func (n *Node) advertise() string {
 	if n.cfg.Advertise != "" {
 		return n.cfg.Advertise
 	}
-	return n.addr
+	return n.Addr()
 }
 
 // selfAnswer is this replica's own position.
