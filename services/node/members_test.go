@@ -425,10 +425,10 @@ func TestPeersOutsideTheContractDoNotCount(t *testing.T) {
 }
 
 // TestContractAddressesWinOverPeers: a promotion asks a member the
-// contract names at the contract's address; --peers supplies addresses
-// only for nodes the contract does not name. n2's --peers has n1 at an
-// address where nothing runs (a stale flag): n2's promotion still finds
-// n1, whose promise its quorum needs (any 1 at flush of {n1, n2}).
+// contract names at the contract's address as well as at --peers'. n2's
+// --peers has n1 at an address where nothing runs (a stale flag): n2's
+// promotion still finds n1, whose promise its quorum needs (any 1 at
+// flush of {n1, n2}).
 func TestContractAddressesWinOverPeers(t *testing.T) {
 	c := &cluster{dir: t.TempDir(), nodes: map[string]*Node{}, runs: map[string]*running{}}
 	for _, id := range []string{"n0", "n1", "n2"} {
@@ -462,5 +462,101 @@ func TestContractAddressesWinOverPeers(t *testing.T) {
 	testkit.Until(t, "n2 to open as primary", func() bool { p := n2.Primary(); return p != nil && p.TakingWrites() })
 	if !slices.Contains(resp.GetTimeline().GetGranted(), "n1") {
 		t.Fatalf("n2's promotion: granted %v; want n1 among them", resp.GetTimeline().GetGranted())
+	}
+}
+
+// TestMovedMemberFoundAtPeersAddress is the mirror of
+// TestContractAddressesWinOverPeers: n1 moved to a new address; n1 and n2
+// were restarted with --peers naming it, the primary n0 was not (its
+// epoch record keeps n1's old address), and n0 dies. n2's promotion needs
+// n1's promise (any 1 at flush of {n1, n2}): it asks n1 at both
+// addresses and counts the one that answers as n1.
+func TestMovedMemberFoundAtPeersAddress(t *testing.T) {
+	c := &cluster{dir: t.TempDir(), nodes: map[string]*Node{}, runs: map[string]*running{}}
+	for _, id := range []string{"n0", "n1", "n2"} {
+		c.members = append(c.members, primary.Member{ID: id, Addr: testkit.FreeAddr(t)})
+	}
+	moved := []primary.Member{c.members[0], {ID: "n1", Addr: testkit.FreeAddr(t)}, c.members[2]}
+	useMoved := false
+	c.tweak = func(cfg *Config) {
+		if useMoved && cfg.ID != "n0" {
+			cfg.Members = moved
+			if cfg.ID == "n1" {
+				cfg.Listen = moved[1].Addr
+			}
+		}
+	}
+	c.ls = startLogStore(t, c.dir)
+	c.start(t, "n0", RolePrimary)
+	c.start(t, "n1", RoleReplica)
+	c.start(t, "n2", RoleReplica)
+	lsn := put(t, c.conn(t, "n0"), "a", "1")
+	testkit.Until(t, "n2 to follow n0", func() bool {
+		st := status1(t, c.conn(t, "n2"))
+		return st.GetVisibleLsn() >= lsn && len(st.GetContract().GetMembers()) == 3
+	})
+	for _, id := range []string{"n1", "n2"} {
+		if err := c.runs[id].stop(t); err != nil {
+			t.Fatal(err)
+		}
+	}
+	useMoved = true
+	c.start(t, "n1", RoleReplica)
+	n2 := c.start(t, "n2", RoleReplica)
+	lsn = put(t, c.conn(t, "n0"), "b", "2")
+	testkit.Until(t, "n2 to follow n0 again", func() bool { return status1(t, c.conn(t, "n2")).GetVisibleLsn() >= lsn })
+	if err := c.runs["n0"].stop(t); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := walshipv1.NewAdminServiceClient(c.conn(t, "n2")).Promote(ctx, &walshipv1.PromoteRequest{}, grpc.WaitForReady(true))
+	if err != nil {
+		t.Fatalf("Promote n2 with n1 at its new --peers address, the contract naming the old: %v", err)
+	}
+	testkit.Until(t, "n2 to open as primary", func() bool { p := n2.Primary(); return p != nil && p.TakingWrites() })
+	if !slices.Contains(resp.GetTimeline().GetGranted(), "n1") {
+		t.Fatalf("n2's promotion: granted %v; want n1 among them", resp.GetTimeline().GetGranted())
+	}
+}
+
+// TestAskAtCountsOnlyTheMemberAsked: a member asked at several addresses
+// counts once, through the node that answers as it; a node answering
+// under another id (an address reused) never counts.
+func TestAskAtCountsOnlyTheMemberAsked(t *testing.T) {
+	type reply struct {
+		id  string
+		err error
+	}
+	down := status.Error(codes.Unavailable, "connection refused")
+	tests := []struct {
+		name     string
+		replies  map[string]reply
+		addrs    []string
+		wantAddr string
+		wantErr  string
+	}{
+		{"one address", map[string]reply{"a": {id: "n1"}}, []string{"a"}, "a", ""},
+		{"reused address", map[string]reply{"a": {id: "n2"}}, []string{"a"}, "", `the node at a answers as "n2", not n1`},
+		{"moved: the old address is down", map[string]reply{"a": {err: down}, "b": {id: "n1"}}, []string{"a", "b"}, "b", ""},
+		{"moved: the old address reused", map[string]reply{"a": {id: "n2"}, "b": {id: "n1"}}, []string{"a", "b"}, "b", ""},
+		{"neither", map[string]reply{"a": {id: "n2"}, "b": {err: down}}, []string{"a", "b"}, "", "connection refused"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			resp, addr, err := askAt(context.Background(), "n1", tt.addrs, func(_ context.Context, addr string) (string, string, error) {
+				r := tt.replies[addr]
+				return "from " + addr, r.id, r.err
+			})
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("askAt: %q, %v; want an error containing %q", resp, err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil || addr != tt.wantAddr || resp != "from "+tt.wantAddr {
+				t.Fatalf("askAt: %q at %q, %v; want the answer from %s", resp, addr, err, tt.wantAddr)
+			}
+		})
 	}
 }

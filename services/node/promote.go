@@ -261,17 +261,33 @@ func (n *Node) logStores() []string {
 	return out
 }
 
+// peer is a data node a promotion asks, at every address it may be at.
+type peer struct {
+	id    string
+	addrs []string
+}
+
 // members are the data nodes a promotion asks, this one among them: those
-// the contract names (its configuration and the one a change goes to) at
-// the contract's addresses, then those of --peers it does not name (or
-// names without an address). The contract decides who counts (judge);
-// --peers only adds nodes to ask, whose answers may bring a newer
-// contract, and counts only where such a contract names them.
-func (n *Node) members() []primary.Member {
-	var out []primary.Member
+// the contract names (its configuration and the one a change goes to),
+// then those of --peers it does not name. The contract decides who counts
+// (judge); --peers adds nodes to ask, whose answers may bring a newer
+// contract, and counts only where such a contract names them. A member
+// the contract and --peers place at different addresses is asked at both
+// (askAt), the contract's first: the contract's may be stale (the member
+// moved, and only the primary that wrote the record still names the old
+// one), or --peers' (a stale flag); only a node that answers as that
+// member counts, once.
+func (n *Node) members() []peer {
+	var out []peer
 	add := func(id, addr string) {
-		if addr != "" && !slices.ContainsFunc(out, func(o primary.Member) bool { return o.ID == id }) {
-			out = append(out, primary.Member{ID: id, Addr: addr})
+		if addr == "" {
+			return
+		}
+		i := slices.IndexFunc(out, func(p peer) bool { return p.id == id })
+		if i < 0 {
+			out = append(out, peer{id: id, addrs: []string{addr}})
+		} else if !slices.Contains(out[i].addrs, addr) {
+			out[i].addrs = append(out[i].addrs, addr)
 		}
 	}
 	c := n.contract()
@@ -282,6 +298,44 @@ func (n *Node) members() []primary.Member {
 		add(m.ID, m.Addr)
 	}
 	return out
+}
+
+// askAt asks the member id at each of addrs at once (ask returns the
+// response and the id the node there states) and returns the first
+// response of a node that states id, with its address; the others are
+// cancelled. An address where a node answers as another (a reused one)
+// never counts: when no node answers as id, the error names what each
+// address said.
+func askAt[T any](ctx context.Context, id string, addrs []string, ask func(ctx context.Context, addr string) (T, string, error)) (T, string, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type result struct {
+		resp T
+		addr string
+		err  error
+	}
+	ch := make(chan result, len(addrs))
+	for _, addr := range addrs {
+		go func() {
+			resp, got, err := ask(ctx, addr)
+			if err == nil && got != id {
+				err = fmt.Errorf("the node at %s answers as %q, not %s", addr, got, id)
+			} else if err != nil && len(addrs) > 1 {
+				err = fmt.Errorf("at %s: %w", addr, err)
+			}
+			ch <- result{resp, addr, err}
+		}()
+	}
+	var errs []error
+	for range addrs {
+		r := <-ch
+		if r.err == nil {
+			return r.resp, r.addr, nil
+		}
+		errs = append(errs, r.err)
+	}
+	var zero T
+	return zero, addrs[0], errors.Join(errs...)
 }
 
 // quorumConfig is c as the failover core reads it: while a membership
@@ -751,32 +805,36 @@ func (n *Node) selfAnswer(rep interface {
 // more than datadir.MaxEpochGap above known is an error.
 func (n *Node) survey(ctx context.Context, known uint64, enough func([]answer) bool) []answer {
 	type job struct {
-		id, addr string
-		ls       bool
+		id    string
+		addrs []string
+		ls    bool
 	}
 	var jobs []job
 	for _, a := range n.logStores() {
-		jobs = append(jobs, job{a, a, true})
+		jobs = append(jobs, job{a, []string{a}, true})
 	}
 	for _, m := range n.members() {
-		if m.ID != n.cfg.ID {
-			jobs = append(jobs, job{m.ID, m.Addr, false})
+		if m.id != n.cfg.ID {
+			jobs = append(jobs, job{m.id, m.addrs, false})
 		}
 	}
 	ch := make(chan answer, len(jobs))
 	for _, j := range jobs {
 		go func() {
-			a := answer{id: j.id, addr: j.addr, logstore: j.ls}
+			a := answer{id: j.id, addr: j.addrs[0], logstore: j.ls}
 			defer func() { ch <- a }()
 			if j.ls {
-				st, err := logStoreStatus(ctx, n.dialer(), j.addr)
+				st, err := logStoreStatus(ctx, n.dialer(), j.addrs[0])
 				if a.err = err; err == nil {
 					a.epoch, a.holder, a.lastEpoch, a.lastLSN, a.history = st.GetVoteEpoch(), st.GetPrimaryId(), st.GetLastEpoch(), st.GetDurableLsn(), datadir.HistoryFromProto(st.GetHistory())
 					a.cluster = st.GetClusterId()
 				}
 			} else {
-				st, err := nodeStatus(ctx, n.dialer(), j.addr)
-				if a.err = err; err == nil {
+				st, addr, err := askAt(ctx, j.id, j.addrs, func(ctx context.Context, addr string) (*walshipv1.StatusResponse, string, error) {
+					st, err := nodeStatus(ctx, n.dialer(), addr)
+					return st, st.GetId(), err
+				})
+				if a.addr, a.err = addr, err; err == nil {
 					a.epoch, a.holder, a.lastEpoch, a.lastLSN, a.history = st.GetVoteEpoch(), st.GetPrimaryId(), st.GetEpoch(), st.GetDurableLsn(), datadir.HistoryFromProto(st.GetHistory())
 					a.primary = st.GetRole() == walshipv1.Role_ROLE_PRIMARY
 					a.takingWrites = a.primary && st.GetTakingWrites()
@@ -818,16 +876,17 @@ func (n *Node) fenceAll(ctx context.Context, rep interface {
 	Fence(*walshipv1.FenceRequest) (*walshipv1.FenceResponse, error)
 }, req *walshipv1.FenceRequest, promises map[string]uint64, enough func([]answer) bool) []answer {
 	type job struct {
-		id, addr string
+		id       string
+		addrs    []string
 		ls, self bool
 	}
-	jobs := []job{{id: n.cfg.ID, self: true}}
+	jobs := []job{{id: n.cfg.ID, addrs: []string{n.advertise()}, self: true}}
 	for _, a := range n.logStores() {
-		jobs = append(jobs, job{id: a, addr: a, ls: true})
+		jobs = append(jobs, job{id: a, addrs: []string{a}, ls: true})
 	}
 	for _, m := range n.members() {
-		if m.ID != n.cfg.ID {
-			jobs = append(jobs, job{id: m.ID, addr: m.Addr})
+		if m.id != n.cfg.ID {
+			jobs = append(jobs, job{id: m.id, addrs: m.addrs})
 		}
 	}
 	ch := make(chan answer, len(jobs))
@@ -835,15 +894,19 @@ func (n *Node) fenceAll(ctx context.Context, rep interface {
 		go func() {
 			var resp *walshipv1.FenceResponse
 			var err error
-			if j.self {
+			addr := j.addrs[0]
+			switch {
+			case j.self:
 				resp, err = rep.Fence(req)
-			} else {
-				resp, err = fenceStepping(ctx, n.dialer(), j.addr, j.ls, req, promises[j.id])
+			case j.ls:
+				resp, err = fenceStepping(ctx, n.dialer(), addr, true, req, promises[j.id])
+			default:
+				resp, addr, err = askAt(ctx, j.id, j.addrs, func(ctx context.Context, addr string) (*walshipv1.FenceResponse, string, error) {
+					resp, err := fenceStepping(ctx, n.dialer(), addr, false, req, promises[j.id])
+					return resp, resp.GetId(), err
+				})
 			}
-			a := answer{id: j.id, addr: j.addr, logstore: j.ls, err: err}
-			if j.self {
-				a.addr = n.advertise()
-			}
+			a := answer{id: j.id, addr: addr, logstore: j.ls, err: err}
 			if err == nil {
 				a.granted, a.epoch, a.holder = resp.GetGranted(), resp.GetEpoch(), resp.GetPrimaryId()
 				a.lastEpoch, a.lastLSN, a.history, a.primary = resp.GetLastEpoch(), resp.GetLastLsn(), datadir.HistoryFromProto(resp.GetHistory()), resp.GetPrimary()
