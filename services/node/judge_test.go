@@ -138,3 +138,50 @@ func TestUnbelievedAnswerSetsNoEpoch(t *testing.T) {
 		t.Fatalf("highest epoch seen = %d; want 5, the unbelieved answer's not counted", seen)
 	}
 }
+
+// TestLeadsOnceCaughtUp: which replica's contract a candidate x is judged
+// by before it fences. R1 names {p, m}; R2, a run-time add, {p, m, x}. Only
+// the most advanced replica of the donor's epoch counts, and only if its
+// log is ahead of x's; a candidate that is its own donor copies nothing.
+func TestLeadsOnceCaughtUp(t *testing.T) {
+	members := func(ids ...string) []*walshipv1.Member {
+		var ms []*walshipv1.Member
+		for _, id := range ids {
+			ms = append(ms, &walshipv1.Member{Id: id, Addr: id + ":1"})
+		}
+		return ms
+	}
+	r1 := &walshipv1.Contract{Members: members("p", "m"), Logstores: []string{"ls"}}
+	r2 := &walshipv1.Contract{Members: members("p", "m", "x"), Logstores: []string{"ls"}}
+	at := func(id string, lsn uint64, c *walshipv1.Contract) answer {
+		return answer{id: id, lastEpoch: 1, lastLSN: lsn, contract: c}
+	}
+	logStore := answer{id: "ls", logstore: true, lastEpoch: 1, lastLSN: 9}
+	tests := []struct {
+		name    string
+		self    answer
+		answers []answer
+		donor   string
+		refused string // "" if x may go on
+	}{
+		{"x its own donor; m lags with R1", at("x", 3, r2), []answer{at("m", 1, r1)}, "x", ""},
+		{"the donor a log store; m lags behind x", at("x", 3, r2), []answer{at("m", 1, r1), logStore}, "ls", ""},
+		{"the donor a log store; m level with x", at("x", 3, r2), []answer{at("m", 3, r2), logStore}, "ls", ""},
+		{"m ahead of x, with R2", at("x", 1, r1), []answer{at("m", 5, r2), at("p2", 2, r1), logStore}, "ls", ""},
+		{"m ahead of x, with R1 (x removed, or not yet added)", at("x", 0, nil), []answer{at("m", 5, r1), logStore}, "ls", "m, whose log reaches the newest epoch (1), reports members p, m"},
+		{"the most advanced decides, not a laggard", at("x", 0, nil), []answer{at("m", 2, r1), at("q", 5, r2), logStore}, "ls", ""},
+		{"a replica of an older epoch says nothing", at("x", 0, nil), []answer{{id: "m", lastEpoch: 0, lastLSN: 5, contract: r1}, logStore}, "ls", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			answers := append([]answer{tt.self}, tt.answers...)
+			err := leadsOnceCaughtUp("x", tt.self, answers, answerOf(answers, tt.donor))
+			if tt.refused == "" && err != nil {
+				t.Fatalf("leadsOnceCaughtUp: %v; want x to go on", err)
+			}
+			if tt.refused != "" && (err == nil || !strings.Contains(err.Error(), tt.refused)) {
+				t.Fatalf("leadsOnceCaughtUp: %v; want a refusal naming %q", err, tt.refused)
+			}
+		})
+	}
+}

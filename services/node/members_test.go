@@ -560,3 +560,59 @@ func TestAskAtCountsOnlyTheMemberAsked(t *testing.T) {
 		})
 	}
 }
+
+// TestLaggingReplicaDoesNotBlockTheMostAdvanced: two contract records in
+// one epoch (a run-time add of x: R1 {p, m}, then R2 {p, m, x}). x holds
+// both and is the most advanced log; m lags, holding R1 only. x leads
+// under its own newest record and needs no catch-up (it is its own
+// donor): m's older record must not refuse it.
+func TestLaggingReplicaDoesNotBlockTheMostAdvanced(t *testing.T) {
+	ls := startLogStore(t, t.TempDir())
+	addrs := map[string]string{"p": testkit.FreeAddr(t), "m": testkit.FreeAddr(t), "x": testkit.FreeAddr(t)}
+	mem := func(ids ...string) []*walshipv1.Member {
+		var out []*walshipv1.Member
+		for _, id := range ids {
+			out = append(out, &walshipv1.Member{Id: id, Addr: addrs[id]})
+		}
+		return out
+	}
+	r1 := &walshipv1.EpochRecord{Epoch: 1, FirstLsn: 1, PrimaryId: "p", PrimaryAddr: addrs["p"], Contract: &walshipv1.Contract{Members: mem("p", "m"), Logstores: []string{ls}}}
+	r2 := &walshipv1.EpochRecord{Epoch: 1, FirstLsn: 1, PrimaryId: "p", PrimaryAddr: addrs["p"], Contract: &walshipv1.Contract{Members: mem("p", "m", "x"), Logstores: []string{ls}}}
+	root := t.TempDir()
+	startNode := func(id string, recs ...*walshipv1.EpochRecord) *Node {
+		dir := filepath.Join(root, id)
+		for i, rec := range recs {
+			writeEpochRecord(t, dir, rec, uint64(1+2*i))
+		}
+		p := primary.DefaultConfig()
+		p.HeartbeatInterval, p.LeaseTimeout, p.StopTimeout = 100*time.Millisecond, 300*time.Millisecond, 5*time.Second
+		r := replica.DefaultConfig()
+		r.HeartbeatInterval, r.StopTimeout = 100*time.Millisecond, 5*time.Second
+		r.Primary = addrs["p"] // nobody
+		n, err := New(Config{ID: id, DataDir: dir, Listen: addrs[id], LogStores: []string{ls}, Role: RoleReplica,
+			Primary: p, Replica: r, Registry: serve.NewRegistry(), Logger: testLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		run(t, n.Run)
+		testkit.Until(t, id+" to report its contract", func() bool { rep := n.Replica(); return rep != nil && rep.EpochRecord() != nil })
+		return n
+	}
+	startNode("m", r1)
+	x := startNode("x", r1, r2)
+	if got := len(x.Replica().EpochRecord().GetContract().GetMembers()); got != 3 {
+		t.Fatalf("x reports %d members, want 3 (R2)", got)
+	}
+	conn, err := serve.Dialer{}.Dial(x.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := walshipv1.NewAdminServiceClient(conn).Promote(ctx, &walshipv1.PromoteRequest{DryRun: true}, grpc.WaitForReady(true))
+	t.Logf("dry run of x: quorum %v donor-highest %d err %v", resp.GetQuorum(), resp.GetHighestLsn(), err)
+	if err != nil {
+		t.Fatalf("x, a member of its own newest record and the most advanced log, refused: %v", err)
+	}
+}

@@ -192,24 +192,43 @@ func leadsUnder(id string, c *walshipv1.Contract, under string) error {
 // replica whose log reaches the donor's epoch reports a record of the
 // donor's log. Entries of one epoch are its primary's alone (I4), so that
 // log is a prefix of the donor's, and the candidate's, once caught up,
-// holds that record or a newer one. A member removed while it was down
-// is then refused before it fences anyone: a promotion that fenced and
-// gave up leaves the promises naming it, and the next candidate judges
-// it the replaced primary. It cannot see a newer record that names this
-// node again (removed, then added back): refusing then costs a retry
-// once it has caught up as a replica, never safety. A primary's answer
-// is not read: its Status reports its own flags' contract.
-func leadsOnceCaughtUp(id string, answers []answer, donor answer) error {
-	for _, a := range answers {
+// holds that record or a newer one. Only the most advanced such replica
+// is read, and only if its log is ahead of self's (this node's): a
+// replica that lags reports an older record of the same log, which the
+// newer one supersedes (one of a run-time add, before the member was
+// added), and a log self's reaches holds nothing self has not judged
+// already (leads). A candidate that is its own donor copies nothing. A
+// member removed while it was down is then refused before it fences
+// anyone: a promotion that fenced and gave up leaves the promises naming
+// it, and the next candidate judges it the replaced primary. It cannot
+// see a newer record that names this node again (removed, then added
+// back), or one only the donor holds (carryOut checks again once caught
+// up): refusing then costs a retry once it has caught up as a replica,
+// never safety. A primary's answer is not read: its Status reports its
+// own flags' contract.
+func leadsOnceCaughtUp(id string, self answer, answers []answer, donor answer) error {
+	if donor.id == id {
+		return nil
+	}
+	var ahead *answer
+	for i, a := range answers {
 		if a.err != nil || a.logstore || a.primary || a.id == id || a.contract == nil || a.lastEpoch == 0 || a.lastEpoch != donor.lastEpoch {
 			continue
 		}
-		under := fmt.Sprintf("the contract its log will hold once caught up: %s, whose log reaches the newest epoch (%d), reports %s", a.id, a.lastEpoch, describeMembers(a.contract))
-		if err := leadsUnder(id, a.contract, under); err != nil {
-			return err
+		if ahead == nil || a.lastLSN > ahead.lastLSN {
+			ahead = &answers[i]
 		}
 	}
-	return nil
+	if ahead == nil || !logAhead(*ahead, self) {
+		return nil
+	}
+	under := fmt.Sprintf("the contract its log will hold once caught up: %s, whose log reaches the newest epoch (%d), reports %s", ahead.id, ahead.lastEpoch, describeMembers(ahead.contract))
+	return leadsUnder(id, ahead.contract, under)
+}
+
+// logAhead says whether a's log ends past b's, by (epoch, LSN).
+func logAhead(a, b answer) bool {
+	return a.lastEpoch > b.lastEpoch || a.lastEpoch == b.lastEpoch && a.lastLSN > b.lastLSN
 }
 
 // describeMembers names c's members, those it goes to and its learners.
@@ -474,7 +493,7 @@ func (n *Node) promoteAs(ctx context.Context, req *walshipv1.PromoteRequest, ele
 	tl.Epoch = epoch
 	resp := &walshipv1.PromoteResponse{Epoch: epoch, Timeline: tl}
 	pre.report(resp, tl)
-	if err := leadsOnceCaughtUp(n.cfg.ID, survey, pre.donor); err != nil {
+	if err := leadsOnceCaughtUp(n.cfg.ID, survey[0], survey, pre.donor); err != nil {
 		if !req.GetDryRun() {
 			n.metrics.promotions.WithLabelValues(resultNotMember).Inc()
 		}
