@@ -334,8 +334,12 @@ func TestRemovedMemberGivesUpOnceCaughtUp(t *testing.T) {
 	if h, err := datadir.LoadHistory(vfs.OS, filepath.Join(c.dir, "n2")); err != nil || h.Current().Epoch != 3 {
 		t.Fatalf("n2's history after giving up: %v, %v; want epoch 3's last (the donor's), no epoch %d", h, err, resp.GetEpoch())
 	}
-	if got := metricCount(t, n2.cfg.Registry, "walship_promotions_total", "result", resultNotMember); got != 1 {
-		t.Fatalf("walship_promotions_total{result=%q} = %d, want 1", resultNotMember, got)
+	// A give-up after fencing is a failure, not a refusal: the promises
+	// it took stay (its timeline says why).
+	for result, want := range map[string]uint64{"failed": 1, resultNotMember: 0} {
+		if got := metricCount(t, n2.cfg.Registry, "walship_promotions_total", "result", result); got != want {
+			t.Fatalf("walship_promotions_total{result=%q} = %d, want %d", result, got, want)
+		}
 	}
 
 	// The promises n2 took are harmless: n0 comes back (a replica now:

@@ -29,8 +29,9 @@ const (
 	phaseEpochOpen = "epoch_open" // 6: from the primary's start until it takes writes
 )
 
-// resultNotMember is the result of a promotion of a node that may not lead
-// under its log's contract (walship_promotions_total).
+// resultNotMember is the result of a promotion refused before fencing
+// because this node may not lead under its log's contract
+// (walship_promotions_total).
 const resultNotMember = "not_member"
 
 var phases = []string{phaseSurvey, phaseFence, phaseLeaseWait, phaseCatchUp, phaseEpochOpen}
@@ -43,7 +44,7 @@ func newMetrics(reg prometheus.Registerer, n *Node) *metrics {
 	}, []string{"role"})
 	m.promotions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "walship_promotions_total",
-		Help: "Promotions this node attempted, by result: opened, refused (no quorum; nothing changed), failed (after fencing), not_member (this node may not lead under the newest contract in its log — a learner, a member joining or leaving, one removed — refused before fencing, or given up once caught up).",
+		Help: "Promotions this node attempted, by result: opened, refused (no quorum; nothing changed), failed (after fencing), not_member (this node may not lead under the newest contract in its log — a learner, a member joining or leaving, one removed — refused before fencing; one that gives up for that reason once fenced and caught up is failed, its timeline saying why).",
 	}, []string{"result"})
 	m.stepDowns = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "walship_step_downs_total",

@@ -772,12 +772,12 @@ func (n *Node) setTimeline(tl *walshipv1.FailoverTimeline) {
 	n.mu.Unlock()
 }
 
+// noteFailure counts p, a promotion that failed after fencing, and
+// records err in its timeline. A give-up once caught up (mayOpen) is a
+// failure too, never not_member: that result says nothing was fenced,
+// and this one left promises behind.
 func (n *Node) noteFailure(p *plan, err error) {
-	result := "failed"
-	if _, ok := errors.AsType[*notLeadingError](err); ok {
-		result = resultNotMember
-	}
-	n.metrics.promotions.WithLabelValues(result).Inc()
+	n.metrics.promotions.WithLabelValues("failed").Inc()
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.timeline != nil && n.timeline.GetEpoch() == p.epoch {
