@@ -36,22 +36,34 @@ type heldEpochRecord struct {
 // into: a membership change writes records of the epoch the state has
 // one of already (learner, joint, final).
 func (s *Server) noteHeldRecords(cs []checked) {
+	if h := newestHeldRecord(cs); h != nil {
+		s.heldRecord.Store(h)
+	}
+}
+
+// rescanHeldRecords recomputes the held record from the batches still
+// unapplied, after a cut of the log took some away. It stores the result
+// once: EpochRecord, read meanwhile by a promotion's survey or fence,
+// never sees no held record while one is (it would report the applied
+// state's, older, contract).
+func (s *Server) rescanHeldRecords() {
+	s.heldRecord.Store(newestHeldRecord(s.follower.unapplied))
+}
+
+// newestHeldRecord is the newest epoch record in the batches cs (decoded,
+// not spilled) with its batch's last LSN, or nil.
+func newestHeldRecord(cs []checked) *heldEpochRecord {
+	var h *heldEpochRecord
 	for i := range cs {
 		c := &cs[i]
 		if c.spilled {
 			continue
 		}
 		if rec := epochRecordIn(&c.batch); rec != nil {
-			s.heldRecord.Store(&heldEpochRecord{rec: rec, lsn: c.env.GetLastLsn()})
+			h = &heldEpochRecord{rec: rec, lsn: c.env.GetLastLsn()}
 		}
 	}
-}
-
-// rescanHeldRecords recomputes the held record from the batches still
-// unapplied, after a cut of the log took some away.
-func (s *Server) rescanHeldRecords() {
-	s.heldRecord.Store(nil)
-	s.noteHeldRecords(s.follower.unapplied)
+	return h
 }
 
 // epochRecordIn is the last epoch record b puts (nil if none, or if it
