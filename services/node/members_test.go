@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -618,5 +619,45 @@ func TestLaggingReplicaDoesNotBlockTheMostAdvanced(t *testing.T) {
 	t.Logf("dry run of x: quorum %v donor-highest %d err %v", resp.GetQuorum(), resp.GetHighestLsn(), err)
 	if err != nil {
 		t.Fatalf("x, a member of its own newest record and the most advanced log, refused: %v", err)
+	}
+}
+
+// TestRecordUpToAfterACut: after a promotion's catch-up cuts its log's
+// tail, the log's newest epoch record is the last one at or below the LSN
+// kept (in the entries after the applied LSN, else the applied state's),
+// not one the tail held.
+func TestRecordUpToAfterACut(t *testing.T) {
+	dir := t.TempDir()
+	recs := make([]*walshipv1.EpochRecord, 3)
+	for i := range recs {
+		var ms []*walshipv1.Member
+		for j := 0; j <= i; j++ {
+			ms = append(ms, &walshipv1.Member{Id: fmt.Sprintf("n%d", j), Addr: "a:1"})
+		}
+		recs[i] = &walshipv1.EpochRecord{Epoch: 1, FirstLsn: 1, PrimaryId: "n0", Contract: &walshipv1.Contract{Members: ms}}
+		writeEpochRecord(t, dir, recs[i], uint64(1+2*i)) // LSNs 1-2, 3-4, 5-6
+	}
+	log, err := wal.Open(wal.Options{Dir: filepath.Join(dir, "wal"), FS: vfs.OS})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer log.Close()
+	if err := log.TruncateAfter(4); err != nil {
+		t.Fatal(err)
+	}
+	applied := &walshipv1.EpochRecord{Epoch: 1, PrimaryId: "applied"}
+	for _, tt := range []struct {
+		applied uint64
+		state   *walshipv1.EpochRecord
+		want    *walshipv1.EpochRecord
+	}{
+		{0, nil, recs[1]},
+		{2, applied, recs[1]},
+		{4, applied, applied},
+	} {
+		got, err := recordUpTo(context.Background(), log, tt.applied, tt.state)
+		if err != nil || !proto.Equal(got, tt.want) {
+			t.Fatalf("recordUpTo(applied %d) = %v, %v; want %v", tt.applied, got, err, tt.want)
+		}
 	}
 }

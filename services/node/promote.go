@@ -100,8 +100,13 @@ type plan struct {
 	leaseUntil time.Time
 	timeline   *walshipv1.FailoverTimeline
 	// record is the newest epoch record in this node's log when it
-	// fenced (applied or held): its catch-up may bring a newer one.
-	record *walshipv1.EpochRecord
+	// fenced (applied or held): its catch-up may bring a newer one, or
+	// cut it (a held one), leaving the newest at or below the LSN kept
+	// (recordUpTo), from the entries after appliedLSN or appliedRecord,
+	// the applied state's then.
+	record        *walshipv1.EpochRecord
+	appliedRecord *walshipv1.EpochRecord
+	appliedLSN    uint64
 	// prev, answers and forced are what the quorum was judged on: the
 	// replaced primary, the fence's answers, and whether it was forced
 	// without one.
@@ -536,11 +541,16 @@ func (n *Node) promoteAs(ctx context.Context, req *walshipv1.PromoteRequest, ele
 		cluster, _ = datadir.OneClusterID(clusterIDs(answers, promised))
 	}
 	// Once fenced, this replica follows no one: its log's newest record
-	// stays what it is until the catch-up. One in a tail the catch-up
-	// cuts still counts unless the donor's batches bring a newer one:
-	// only stricter.
-	p := &plan{epoch: epoch, cluster: cluster, self: answerOf(answers, n.cfg.ID), donor: v.donor, timeline: tl, record: rep.EpochRecord(),
+	// stays what it is until the catch-up, which may cut it (recordUpTo)
+	// or bring a newer one.
+	p := &plan{epoch: epoch, cluster: cluster, self: answerOf(answers, n.cfg.ID), donor: v.donor, timeline: tl,
 		prev: prev.Primary, answers: answers, forced: !v.quorum}
+	var held *walshipv1.EpochRecord
+	p.appliedRecord, p.appliedLSN, held = rep.EpochRecords()
+	p.record = p.appliedRecord
+	if held != nil {
+		p.record = held
+	}
 	wait := n.leaseWait(known, answers, seen)
 	p.leaseUntil = time.Now().Add(wait)
 	tl.LeaseWait = durationpb.New(wait)
@@ -1073,6 +1083,7 @@ func (n *Node) carryOut(ctx context.Context, p *plan) error {
 	}
 	// Cut a tail of this node's log that the donor's history does not
 	// have (kept in an orphan file).
+	cut := false
 	if p.donor.id != n.cfg.ID {
 		keep, all, known := hist.SharedUpTo(own)
 		if !known {
@@ -1083,18 +1094,25 @@ func (n *Node) carryOut(ctx context.Context, p *plan) error {
 			if applied > keep {
 				return fmt.Errorf("this node applied LSNs up to %d, past where its history and the donor %s's part (%d): re-seed it first", applied, p.donor.id, keep)
 			}
-			_, cut, err := datadir.OrphanTail(n.fs, n.cfg.DataDir, log, keep, time.Now())
+			_, records, err := datadir.OrphanTail(n.fs, n.cfg.DataDir, log, keep, time.Now())
 			if err != nil {
 				return err
 			}
 			if err := log.TruncateAfter(keep); err != nil {
 				return fmt.Errorf("cut the log after LSN %d: %w", keep, err)
 			}
-			p.timeline.CutRecords = cut
+			p.timeline.CutRecords, cut = records, true
 		}
 	}
 	// Copy what the donor has beyond this log.
 	rec := p.record
+	// The state applied past the cut in memory (its marker on disk did
+	// not): its record is unknown; keep p.record's, only stricter.
+	if cut && p.appliedLSN <= log.LastLSN() {
+		if rec, err = recordUpTo(ctx, log, p.appliedLSN, p.appliedRecord); err != nil {
+			return err
+		}
+	}
 	if p.donor.lastLSN > log.LastLSN() {
 		own = own.Cut(log.LastLSN())
 		note := func(b *codec.Batch) {
@@ -1145,6 +1163,43 @@ func (n *Node) carryOut(ctx context.Context, p *plan) error {
 	p.timeline.StartLsn = last + 1
 	n.setTimeline(p.timeline)
 	return nil
+}
+
+// recordUpTo is the newest epoch record in log, cut after its last LSN:
+// the last one its entries after LSN applied put, else appliedRecord,
+// the applied state's (a cut never goes below what was applied). The
+// record the promotion fenced with may have been in the tail cut, and
+// judging by it would refuse a candidate the log's contract allows.
+func recordUpTo(ctx context.Context, log *wal.Log, applied uint64, appliedRecord *walshipv1.EpochRecord) (*walshipv1.EpochRecord, error) {
+	rec, last := appliedRecord, log.LastLSN()
+	if applied >= last {
+		return rec, nil
+	}
+	if first := log.FirstReadableLSN(); first > applied+1 {
+		return nil, fmt.Errorf("read the log after LSN %d for its epoch records: it begins at LSN %d", applied, first)
+	}
+	r, err := log.NewReader(applied+1, false)
+	if err != nil {
+		return nil, fmt.Errorf("read the log after LSN %d for its epoch records: %w", applied, err)
+	}
+	defer r.Close()
+	for {
+		e, err := r.Next(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("read the log after LSN %d for its epoch records: %w", applied, err)
+		}
+		var env walshipv1.WalBatch
+		var b codec.Batch
+		if err := envelope.DecodeStored(e.Data, &env, &b); err != nil {
+			return nil, fmt.Errorf("the log's batch %d..%d: %w", e.FirstLSN, e.LastLSN, err)
+		}
+		if found := epochRecordIn(&b); found != nil && e.LastLSN > applied {
+			rec = found
+		}
+		if e.LastLSN >= last {
+			return rec, nil
+		}
+	}
 }
 
 // mayOpen is nil if this node may open the promotion p once caught up,

@@ -10,7 +10,6 @@ import (
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/failover"
-	"github.com/walship/walship/internal/keyspace"
 	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/walserve"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -576,13 +575,9 @@ func (s *Server) askLogStore(ctx context.Context) {
 // none): the one it applied, or a newer one in a batch it wrote and has
 // not applied yet (heldrecord.go).
 func (s *Server) EpochRecord() *walshipv1.EpochRecord {
-	v := s.store.Load().Snapshot()
-	if h := s.heldRecord.Load(); h != nil && h.lsn > v.AppliedLSN() {
-		return h.rec
+	applied, _, held := s.EpochRecords()
+	if held != nil {
+		return held
 	}
-	rec, err := keyspace.EpochRecord(v)
-	if err != nil {
-		return nil
-	}
-	return rec
+	return applied
 }

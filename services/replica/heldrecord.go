@@ -23,6 +23,22 @@ import (
 
 var epochRecordKey = []byte(keyspace.EpochRecordKey)
 
+// EpochRecords is what EpochRecord chooses from: the applied state's
+// epoch record (nil if none) and the LSN the state has applied, and the
+// newest record held past that LSN (nil if none). A promotion that cuts
+// its log's tail needs the parts: a held record may be in the tail cut.
+func (s *Server) EpochRecords() (applied *walshipv1.EpochRecord, appliedLSN uint64, held *walshipv1.EpochRecord) {
+	v := s.store.Load().Snapshot()
+	appliedLSN = v.AppliedLSN()
+	if h := s.heldRecord.Load(); h != nil && h.lsn > appliedLSN {
+		held = h.rec
+	}
+	if rec, err := keyspace.EpochRecord(v); err == nil {
+		applied = rec
+	}
+	return applied, appliedLSN, held
+}
+
 // heldEpochRecord is an epoch record in a batch written but not applied, and
 // the batch's last LSN: it is the log's newest record while the state has
 // not applied that far.
