@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/envelope"
 	"github.com/walship/walship/internal/keyspace"
 	"google.golang.org/protobuf/proto"
 )
@@ -66,8 +67,9 @@ func TestHeldEpochRecordCounts(t *testing.T) {
 // TestHeldRecordOfTheSameEpoch: a membership change writes several epoch
 // records in one epoch (learner, joint, final). The replica reports the
 // newest in its log: a held record of the epoch it applied one of counts
-// at once, and once a newer one is applied, the older held one no longer
-// does.
+// at once, and a newer one counts once applied. (That an applied record
+// passes over an older held one, which a held record newer than it
+// replaces here, is TestAppliedRecordPassesOverAnOlderHeldOne's.)
 func TestHeldRecordOfTheSameEpoch(t *testing.T) {
 	fp := newFakePrimary(t)
 	r := start(t, testConfig(t, t.TempDir(), fp.addr))
@@ -106,7 +108,7 @@ func TestHeldRecordOfTheSameEpoch(t *testing.T) {
 	third := record("p", "r2")
 	sess.send(t, third)
 	r.waitApplied(t, third.LastLsn)
-	check("a third record applied after the held one was", 2)
+	check("a third record, applied", 2)
 }
 
 // TestHeldChangeRecordCounts: a membership change writes the epoch record
@@ -147,4 +149,63 @@ func TestHeldChangeRecordCounts(t *testing.T) {
 	if got := len(r.s.EpochRecord().GetContract().GetNext().GetMembers()); got != 3 {
 		t.Fatalf("applied joint record: EpochRecord's next names %d members, want 3", got)
 	}
+}
+
+// TestAppliedRecordPassesOverAnOlderHeldOne: a held record counts only
+// while the state has not applied past it. After a restart whose memory
+// bound spills the batch of a newer record (a spilled batch is not looked
+// into), the older record is the one held; once both apply, the applied
+// state's, newer, record is the log's newest and the held one no longer
+// counts.
+func TestAppliedRecordPassesOverAnOlderHeldOne(t *testing.T) {
+	fp := newFakePrimary(t)
+	cfg := testConfig(t, t.TempDir(), fp.addr)
+	r := start(t, cfg)
+	m := newModel(t)
+	sess := fp.next(t)
+	record := func(members ...string) *walshipv1.WalBatch {
+		rec := &walshipv1.EpochRecord{Epoch: 1, FirstLsn: 1, PrimaryId: "p", Contract: &walshipv1.Contract{SyncReplicas: 1}}
+		for _, id := range members {
+			rec.Contract.Members = append(rec.Contract.Members, &walshipv1.Member{Id: id, Addr: id + ":1"})
+		}
+		data, err := proto.Marshal(rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m.txn(put(keyspace.EpochRecordKey, string(data)))
+	}
+	check := func(when string, want int) {
+		t.Helper()
+		if got := len(r.s.EpochRecord().GetContract().GetMembers()); got != want {
+			t.Fatalf("%s: EpochRecord names %d members (%v), want %d", when, got, r.s.EpochRecord().GetContract(), want)
+		}
+	}
+	first := record("p", "r1")
+	sess.send(t, first)
+	r.waitApplied(t, first.LastLsn)
+	second := record("p", "r1", "r2")
+	third := record("p", "r1", "r2", "r3")
+	sess.sendDurable(t, first.LastLsn, second, third)
+	sess.heartbeatDurable(t, 1, third.LastLsn, first.LastLsn, true)
+	waitAckWhere(t, sess, func(a *walshipv1.ReplicaAck) bool { return a.FlushedLsn == third.LastLsn })
+	check("two records held", 4)
+
+	// Room for the second record's batch only: the third's spills.
+	sess.end <- nil
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	stored, err := envelope.Marshal(second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxUnappliedBytes = int64(len(stored))
+	r = start(t, cfg)
+	if v := r.metric(t, "walship_replica_spilled_batches_total"); v != 1 {
+		t.Fatalf("after restart spilled %v batches, want 1 (the third record's)", v)
+	}
+	sess = fp.next(t)
+	sess.heartbeatDurable(t, 1, third.LastLsn, third.LastLsn, true)
+	r.waitApplied(t, third.LastLsn)
+	check("both applied, the second still noted as held", 4)
 }
