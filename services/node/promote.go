@@ -72,7 +72,10 @@ type answer struct {
 	since time.Duration
 	// primaryLast and primaryDurable: what the old primary last reported (replicas).
 	primaryLast, primaryDurable uint64
-	// contract is the contract of the newest epoch record the node applied.
+	// contract is the contract of the newest epoch record in the node's
+	// log, applied or held (written, waiting for the primary's durable
+	// LSN: services/replica heldrecord.go); nil from a log store or a
+	// node whose log holds none.
 	contract *walshipv1.Contract
 	// cluster is the cluster id it stated ("" if none).
 	cluster string
@@ -1209,11 +1212,15 @@ func recordUpTo(ctx context.Context, log *wal.Log, applied uint64, appliedRecord
 // member removed while it was down still finds itself in its own log.
 // The log's newest record decides, before anything of the new epoch is
 // saved (a history with it would make this node restart as that epoch's
-// primary). The promises p took stay, and are harmless: each fenced node
+// primary). The promises p took stay. They are safe: each fenced node
 // promised an epoch that never opens — no entry of it exists, no history
 // holds it — and the next promotion fences the one after it, which they
 // grant; a promise only refuses older epochs (I1, I4), and the old
-// primary was deposed by the log store majority anyway.
+// primary was deposed by the log store majority anyway. They cost
+// liveness: their holders name this node as the newest epoch's primary,
+// so the next promotion takes it for the replaced primary, and the real
+// old primary stays among the members whose promises the quorum needs
+// (N−k+1 of the others): until it answers, a failover can be refused.
 func mayOpen(id string, p *plan, rec *walshipv1.EpochRecord) error {
 	if err := leads(id, rec); err != nil {
 		return fmt.Errorf("gave up epoch %d once caught up from %s, before opening it: %w", p.epoch, p.donor.id, err)
