@@ -5,6 +5,7 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/keyspace"
+	"github.com/walship/walship/internal/wal"
 	"github.com/walship/walship/pkg/codec"
 	"google.golang.org/protobuf/proto"
 )
@@ -58,12 +59,45 @@ func (s *Server) noteHeldRecords(cs []checked) {
 }
 
 // rescanHeldRecords recomputes the held record from the batches still
-// unapplied, after a cut of the log took some away. It stores the result
-// once: EpochRecord, read meanwhile by a promotion's survey or fence,
-// never sees no held record while one is (it would report the applied
-// state's, older, contract).
+// unapplied: after a cut of the log took some away, and after recovery,
+// whose memory bound may have left batches in the WAL only. A spilled
+// batch is read back to be looked into: one the memory bound left out
+// still holds its record, and reporting an older one would let a
+// promotion judge under a weaker contract. It stores the result once:
+// EpochRecord, read meanwhile by a promotion's survey or fence, never
+// sees no held record while one is (it would report the applied state's,
+// older, contract).
 func (s *Server) rescanHeldRecords() {
-	s.heldRecord.Store(newestHeldRecord(s.follower.unapplied))
+	h, err := s.heldRecordIn(s.follower.unapplied)
+	if err != nil {
+		// Applying the batch reads it back too, and stops there.
+		s.logger.Warn("cannot read a spilled batch back to look for an epoch record", "err", err)
+	}
+	s.heldRecord.Store(h)
+}
+
+// heldRecordIn is newestHeldRecord over cs, spilled batches read back
+// from the WAL (left spilled in cs).
+func (s *Server) heldRecordIn(cs []checked) (*heldEpochRecord, error) {
+	var rd *wal.Reader
+	defer func() {
+		if rd != nil {
+			rd.Close()
+		}
+	}()
+	var h *heldEpochRecord
+	for i := range cs {
+		c := cs[i] // a copy: a spilled batch stays spilled
+		if c.spilled {
+			if err := s.unspill(&rd, &c); err != nil {
+				return h, err
+			}
+		}
+		if found := newestHeldRecord([]checked{c}); found != nil {
+			h = found
+		}
+	}
+	return h, nil
 }
 
 // newestHeldRecord is the newest epoch record in the batches cs (decoded,

@@ -322,6 +322,7 @@ func (s *Server) recover() error {
 		}
 		s.keepUnapplied([]checked{c})
 	}
+	s.rescanHeldRecords() // the spilled ones too
 	if n := len(res.Pending); n > 0 {
 		s.logger.Info("batches not yet known durable on the primary wait to be applied", "batches", n,
 			"from_lsn", res.Pending[0].FirstLSN, "to_lsn", res.Pending[n-1].LastLSN)
