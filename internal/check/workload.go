@@ -10,6 +10,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	walshipclient "github.com/walship/walship/pkg/client"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -331,16 +332,18 @@ func (w Workload) ReadBack(ctx context.Context, h *History) error {
 
 // NotApplied reports whether a write that failed with err certainly did
 // not happen: the server refused it before sequencing it (a bad argument,
-// a node that is not the primary, a refused credential). Anything else —
-// UNAVAILABLE, DEADLINE_EXCEEDED, a broken connection — may have been
-// applied.
+// a node that is not the primary, a refused credential, or what
+// client.NotApplied reads as a refusal: a primary that is opening its
+// epoch, handing over or without its lease says NOT_SERVING). Anything
+// else — UNAVAILABLE without that, DEADLINE_EXCEEDED, a broken
+// connection — may have been applied.
 func NotApplied(err error) bool {
 	switch status.Code(err) {
 	case codes.InvalidArgument, codes.FailedPrecondition, codes.ResourceExhausted,
 		codes.PermissionDenied, codes.Unauthenticated, codes.Unimplemented, codes.OutOfRange:
 		return true
 	}
-	return false
+	return walshipclient.NotApplied(err)
 }
 
 // RandomPolicy gives a write a random policy: either durability, every
