@@ -17,6 +17,7 @@ var wantAlerts = []string{
 	"WalshipWALRetentionNearLimit",
 	"WalshipFsyncErrors",
 	"WalshipPrimaryNotTakingWrites",
+	"WalshipMembershipChangeStuck",
 }
 
 func loadRules(t *testing.T) []rule {
