@@ -757,13 +757,17 @@ func (x *MembershipStatus) GetChange() string {
 }
 
 // ChangeMembersRequest is one membership change: exactly one of add and
-// remove.
+// remove (a data node), add_logstore, remove_logstore and
+// replace_logstore (a log store).
 type ChangeMembersRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Change:
 	//
 	//	*ChangeMembersRequest_Add
 	//	*ChangeMembersRequest_Remove
+	//	*ChangeMembersRequest_AddLogstore
+	//	*ChangeMembersRequest_RemoveLogstore
+	//	*ChangeMembersRequest_ReplaceLogstore
 	Change isChangeMembersRequest_Change `protobuf_oneof:"change"`
 	// max_lag_records is how close (in LSNs behind the primary's last) a
 	// learner must come before it becomes a member (0: 1000).
@@ -830,6 +834,33 @@ func (x *ChangeMembersRequest) GetRemove() string {
 	return ""
 }
 
+func (x *ChangeMembersRequest) GetAddLogstore() string {
+	if x != nil {
+		if x, ok := x.Change.(*ChangeMembersRequest_AddLogstore); ok {
+			return x.AddLogstore
+		}
+	}
+	return ""
+}
+
+func (x *ChangeMembersRequest) GetRemoveLogstore() string {
+	if x != nil {
+		if x, ok := x.Change.(*ChangeMembersRequest_RemoveLogstore); ok {
+			return x.RemoveLogstore
+		}
+	}
+	return ""
+}
+
+func (x *ChangeMembersRequest) GetReplaceLogstore() *LogStoreReplacement {
+	if x != nil {
+		if x, ok := x.Change.(*ChangeMembersRequest_ReplaceLogstore); ok {
+			return x.ReplaceLogstore
+		}
+	}
+	return nil
+}
+
 func (x *ChangeMembersRequest) GetMaxLagRecords() uint64 {
 	if x != nil {
 		return x.MaxLagRecords
@@ -860,9 +891,91 @@ type ChangeMembersRequest_Remove struct {
 	Remove string `protobuf:"bytes,2,opt,name=remove,proto3,oneof"`
 }
 
+type ChangeMembersRequest_AddLogstore struct {
+	// add_logstore is the address of a log store to add: a learner until
+	// it is within max_lag_records of the primary, then through a joint
+	// configuration. It must answer, not be of another cluster and not be
+	// one of the contract's log stores yet.
+	AddLogstore string `protobuf:"bytes,5,opt,name=add_logstore,json=addLogstore,proto3,oneof"`
+}
+
+type ChangeMembersRequest_RemoveLogstore struct {
+	// remove_logstore is the address of one of the contract's log stores
+	// to remove, through a joint configuration. It need not answer.
+	RemoveLogstore string `protobuf:"bytes,6,opt,name=remove_logstore,json=removeLogstore,proto3,oneof"`
+}
+
+type ChangeMembersRequest_ReplaceLogstore struct {
+	// replace_logstore replaces one log store with another in one change:
+	// the new one is a learner first, as for add_logstore.
+	ReplaceLogstore *LogStoreReplacement `protobuf:"bytes,7,opt,name=replace_logstore,json=replaceLogstore,proto3,oneof"`
+}
+
 func (*ChangeMembersRequest_Add) isChangeMembersRequest_Change() {}
 
 func (*ChangeMembersRequest_Remove) isChangeMembersRequest_Change() {}
+
+func (*ChangeMembersRequest_AddLogstore) isChangeMembersRequest_Change() {}
+
+func (*ChangeMembersRequest_RemoveLogstore) isChangeMembersRequest_Change() {}
+
+func (*ChangeMembersRequest_ReplaceLogstore) isChangeMembersRequest_Change() {}
+
+// LogStoreReplacement is a log store to remove (old) and one to add in
+// its place (new), both by address.
+type LogStoreReplacement struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// old is the address of one of the contract's log stores.
+	Old string `protobuf:"bytes,1,opt,name=old,proto3" json:"old,omitempty"`
+	// new is the address of the log store that takes its place.
+	New           string `protobuf:"bytes,2,opt,name=new,proto3" json:"new,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LogStoreReplacement) Reset() {
+	*x = LogStoreReplacement{}
+	mi := &file_walship_v1_admin_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LogStoreReplacement) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LogStoreReplacement) ProtoMessage() {}
+
+func (x *LogStoreReplacement) ProtoReflect() protoreflect.Message {
+	mi := &file_walship_v1_admin_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LogStoreReplacement.ProtoReflect.Descriptor instead.
+func (*LogStoreReplacement) Descriptor() ([]byte, []int) {
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *LogStoreReplacement) GetOld() string {
+	if x != nil {
+		return x.Old
+	}
+	return ""
+}
+
+func (x *LogStoreReplacement) GetNew() string {
+	if x != nil {
+		return x.New
+	}
+	return ""
+}
 
 // ChangeMembersResponse is where the change is.
 type ChangeMembersResponse struct {
@@ -881,7 +994,7 @@ type ChangeMembersResponse struct {
 
 func (x *ChangeMembersResponse) Reset() {
 	*x = ChangeMembersResponse{}
-	mi := &file_walship_v1_admin_proto_msgTypes[6]
+	mi := &file_walship_v1_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -893,7 +1006,7 @@ func (x *ChangeMembersResponse) String() string {
 func (*ChangeMembersResponse) ProtoMessage() {}
 
 func (x *ChangeMembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[6]
+	mi := &file_walship_v1_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -906,7 +1019,7 @@ func (x *ChangeMembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeMembersResponse.ProtoReflect.Descriptor instead.
 func (*ChangeMembersResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ChangeMembersResponse) GetDone() bool {
@@ -966,7 +1079,7 @@ type MemberStatus struct {
 
 func (x *MemberStatus) Reset() {
 	*x = MemberStatus{}
-	mi := &file_walship_v1_admin_proto_msgTypes[7]
+	mi := &file_walship_v1_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -978,7 +1091,7 @@ func (x *MemberStatus) String() string {
 func (*MemberStatus) ProtoMessage() {}
 
 func (x *MemberStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[7]
+	mi := &file_walship_v1_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -991,7 +1104,7 @@ func (x *MemberStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberStatus.ProtoReflect.Descriptor instead.
 func (*MemberStatus) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *MemberStatus) GetId() string {
@@ -1078,7 +1191,7 @@ type OrphanStatus struct {
 
 func (x *OrphanStatus) Reset() {
 	*x = OrphanStatus{}
-	mi := &file_walship_v1_admin_proto_msgTypes[8]
+	mi := &file_walship_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1090,7 +1203,7 @@ func (x *OrphanStatus) String() string {
 func (*OrphanStatus) ProtoMessage() {}
 
 func (x *OrphanStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[8]
+	mi := &file_walship_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1103,7 +1216,7 @@ func (x *OrphanStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OrphanStatus.ProtoReflect.Descriptor instead.
 func (*OrphanStatus) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *OrphanStatus) GetName() string {
@@ -1181,7 +1294,7 @@ type ElectionStatus struct {
 
 func (x *ElectionStatus) Reset() {
 	*x = ElectionStatus{}
-	mi := &file_walship_v1_admin_proto_msgTypes[9]
+	mi := &file_walship_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1193,7 +1306,7 @@ func (x *ElectionStatus) String() string {
 func (*ElectionStatus) ProtoMessage() {}
 
 func (x *ElectionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[9]
+	mi := &file_walship_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1206,7 +1319,7 @@ func (x *ElectionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ElectionStatus.ProtoReflect.Descriptor instead.
 func (*ElectionStatus) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ElectionStatus) GetHolderId() string {
@@ -1320,7 +1433,7 @@ type FailoverTimeline struct {
 
 func (x *FailoverTimeline) Reset() {
 	*x = FailoverTimeline{}
-	mi := &file_walship_v1_admin_proto_msgTypes[10]
+	mi := &file_walship_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1332,7 +1445,7 @@ func (x *FailoverTimeline) String() string {
 func (*FailoverTimeline) ProtoMessage() {}
 
 func (x *FailoverTimeline) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[10]
+	mi := &file_walship_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1345,7 +1458,7 @@ func (x *FailoverTimeline) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailoverTimeline.ProtoReflect.Descriptor instead.
 func (*FailoverTimeline) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *FailoverTimeline) GetEpoch() uint64 {
@@ -1484,7 +1597,7 @@ type PeerStatus struct {
 
 func (x *PeerStatus) Reset() {
 	*x = PeerStatus{}
-	mi := &file_walship_v1_admin_proto_msgTypes[11]
+	mi := &file_walship_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1496,7 +1609,7 @@ func (x *PeerStatus) String() string {
 func (*PeerStatus) ProtoMessage() {}
 
 func (x *PeerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[11]
+	mi := &file_walship_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1509,7 +1622,7 @@ func (x *PeerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerStatus.ProtoReflect.Descriptor instead.
 func (*PeerStatus) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PeerStatus) GetId() string {
@@ -1609,7 +1722,7 @@ type PromoteRequest struct {
 
 func (x *PromoteRequest) Reset() {
 	*x = PromoteRequest{}
-	mi := &file_walship_v1_admin_proto_msgTypes[12]
+	mi := &file_walship_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1621,7 +1734,7 @@ func (x *PromoteRequest) String() string {
 func (*PromoteRequest) ProtoMessage() {}
 
 func (x *PromoteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[12]
+	mi := &file_walship_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1634,7 +1747,7 @@ func (x *PromoteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteRequest.ProtoReflect.Descriptor instead.
 func (*PromoteRequest) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PromoteRequest) GetEpoch() uint64 {
@@ -1699,7 +1812,7 @@ type PromoteResponse struct {
 
 func (x *PromoteResponse) Reset() {
 	*x = PromoteResponse{}
-	mi := &file_walship_v1_admin_proto_msgTypes[13]
+	mi := &file_walship_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1711,7 +1824,7 @@ func (x *PromoteResponse) String() string {
 func (*PromoteResponse) ProtoMessage() {}
 
 func (x *PromoteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[13]
+	mi := &file_walship_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1724,7 +1837,7 @@ func (x *PromoteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteResponse.ProtoReflect.Descriptor instead.
 func (*PromoteResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PromoteResponse) GetEpoch() uint64 {
@@ -1805,7 +1918,7 @@ type ServingPrimary struct {
 
 func (x *ServingPrimary) Reset() {
 	*x = ServingPrimary{}
-	mi := &file_walship_v1_admin_proto_msgTypes[14]
+	mi := &file_walship_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1817,7 +1930,7 @@ func (x *ServingPrimary) String() string {
 func (*ServingPrimary) ProtoMessage() {}
 
 func (x *ServingPrimary) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[14]
+	mi := &file_walship_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1830,7 +1943,7 @@ func (x *ServingPrimary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServingPrimary.ProtoReflect.Descriptor instead.
 func (*ServingPrimary) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{14}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ServingPrimary) GetId() string {
@@ -1867,7 +1980,7 @@ type SwitchoverRequest struct {
 
 func (x *SwitchoverRequest) Reset() {
 	*x = SwitchoverRequest{}
-	mi := &file_walship_v1_admin_proto_msgTypes[15]
+	mi := &file_walship_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1879,7 +1992,7 @@ func (x *SwitchoverRequest) String() string {
 func (*SwitchoverRequest) ProtoMessage() {}
 
 func (x *SwitchoverRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[15]
+	mi := &file_walship_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1892,7 +2005,7 @@ func (x *SwitchoverRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SwitchoverRequest.ProtoReflect.Descriptor instead.
 func (*SwitchoverRequest) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SwitchoverRequest) GetTarget() string {
@@ -1924,7 +2037,7 @@ type SwitchoverResponse struct {
 
 func (x *SwitchoverResponse) Reset() {
 	*x = SwitchoverResponse{}
-	mi := &file_walship_v1_admin_proto_msgTypes[16]
+	mi := &file_walship_v1_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1936,7 +2049,7 @@ func (x *SwitchoverResponse) String() string {
 func (*SwitchoverResponse) ProtoMessage() {}
 
 func (x *SwitchoverResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[16]
+	mi := &file_walship_v1_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1949,7 +2062,7 @@ func (x *SwitchoverResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SwitchoverResponse.ProtoReflect.Descriptor instead.
 func (*SwitchoverResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SwitchoverResponse) GetEpoch() uint64 {
@@ -1984,7 +2097,7 @@ type SetPolicyRequest struct {
 
 func (x *SetPolicyRequest) Reset() {
 	*x = SetPolicyRequest{}
-	mi := &file_walship_v1_admin_proto_msgTypes[17]
+	mi := &file_walship_v1_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1996,7 +2109,7 @@ func (x *SetPolicyRequest) String() string {
 func (*SetPolicyRequest) ProtoMessage() {}
 
 func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[17]
+	mi := &file_walship_v1_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2009,7 +2122,7 @@ func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyRequest.ProtoReflect.Descriptor instead.
 func (*SetPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SetPolicyRequest) GetPolicy() *CommitPolicy {
@@ -2030,7 +2143,7 @@ type SetPolicyResponse struct {
 
 func (x *SetPolicyResponse) Reset() {
 	*x = SetPolicyResponse{}
-	mi := &file_walship_v1_admin_proto_msgTypes[18]
+	mi := &file_walship_v1_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2042,7 +2155,7 @@ func (x *SetPolicyResponse) String() string {
 func (*SetPolicyResponse) ProtoMessage() {}
 
 func (x *SetPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_walship_v1_admin_proto_msgTypes[18]
+	mi := &file_walship_v1_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2055,7 +2168,7 @@ func (x *SetPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyResponse.ProtoReflect.Descriptor instead.
 func (*SetPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_walship_v1_admin_proto_rawDescGZIP(), []int{18}
+	return file_walship_v1_admin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SetPolicyResponse) GetPolicy() *CommitPolicy {
@@ -2124,13 +2237,19 @@ const file_walship_v1_admin_proto_rawDesc = "" +
 	"\amembers\x18\x05 \x03(\v2\x18.walship.v1.MemberStatusR\amembers\x12\x19\n" +
 	"\blast_lsn\x18\x06 \x01(\x04R\alastLsn\x121\n" +
 	"\x05stage\x18\a \x01(\x0e2\x1b.walship.v1.MembershipStageR\x05stage\x12\x16\n" +
-	"\x06change\x18\b \x01(\tR\x06change\"\xcf\x01\n" +
+	"\x06change\x18\b \x01(\tR\x06change\"\xed\x02\n" +
 	"\x14ChangeMembersRequest\x12&\n" +
 	"\x03add\x18\x01 \x01(\v2\x12.walship.v1.MemberH\x00R\x03add\x12\x18\n" +
-	"\x06remove\x18\x02 \x01(\tH\x00R\x06remove\x12&\n" +
+	"\x06remove\x18\x02 \x01(\tH\x00R\x06remove\x12#\n" +
+	"\fadd_logstore\x18\x05 \x01(\tH\x00R\vaddLogstore\x12)\n" +
+	"\x0fremove_logstore\x18\x06 \x01(\tH\x00R\x0eremoveLogstore\x12L\n" +
+	"\x10replace_logstore\x18\a \x01(\v2\x1f.walship.v1.LogStoreReplacementH\x00R\x0freplaceLogstore\x12&\n" +
 	"\x0fmax_lag_records\x18\x03 \x01(\x04R\rmaxLagRecords\x12C\n" +
 	"\x10catch_up_timeout\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x0ecatchUpTimeoutB\b\n" +
-	"\x06change\"\xb6\x01\n" +
+	"\x06change\"9\n" +
+	"\x13LogStoreReplacement\x12\x10\n" +
+	"\x03old\x18\x01 \x01(\tR\x03old\x12\x10\n" +
+	"\x03new\x18\x02 \x01(\tR\x03new\"\xb6\x01\n" +
 	"\x15ChangeMembersResponse\x12\x12\n" +
 	"\x04done\x18\x01 \x01(\bR\x04done\x121\n" +
 	"\x05stage\x18\x02 \x01(\x0e2\x1b.walship.v1.MembershipStageR\x05stage\x12\x18\n" +
@@ -2279,7 +2398,7 @@ func file_walship_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_walship_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_walship_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_walship_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_walship_v1_admin_proto_goTypes = []any{
 	(Role)(0),                     // 0: walship.v1.Role
 	(CatchUpRung)(0),              // 1: walship.v1.CatchUpRung
@@ -2290,75 +2409,77 @@ var file_walship_v1_admin_proto_goTypes = []any{
 	(*ListMembersResponse)(nil),   // 6: walship.v1.ListMembersResponse
 	(*MembershipStatus)(nil),      // 7: walship.v1.MembershipStatus
 	(*ChangeMembersRequest)(nil),  // 8: walship.v1.ChangeMembersRequest
-	(*ChangeMembersResponse)(nil), // 9: walship.v1.ChangeMembersResponse
-	(*MemberStatus)(nil),          // 10: walship.v1.MemberStatus
-	(*OrphanStatus)(nil),          // 11: walship.v1.OrphanStatus
-	(*ElectionStatus)(nil),        // 12: walship.v1.ElectionStatus
-	(*FailoverTimeline)(nil),      // 13: walship.v1.FailoverTimeline
-	(*PeerStatus)(nil),            // 14: walship.v1.PeerStatus
-	(*PromoteRequest)(nil),        // 15: walship.v1.PromoteRequest
-	(*PromoteResponse)(nil),       // 16: walship.v1.PromoteResponse
-	(*ServingPrimary)(nil),        // 17: walship.v1.ServingPrimary
-	(*SwitchoverRequest)(nil),     // 18: walship.v1.SwitchoverRequest
-	(*SwitchoverResponse)(nil),    // 19: walship.v1.SwitchoverResponse
-	(*SetPolicyRequest)(nil),      // 20: walship.v1.SetPolicyRequest
-	(*SetPolicyResponse)(nil),     // 21: walship.v1.SetPolicyResponse
-	(*CommitPolicy)(nil),          // 22: walship.v1.CommitPolicy
-	(*Contract)(nil),              // 23: walship.v1.Contract
-	(*durationpb.Duration)(nil),   // 24: google.protobuf.Duration
-	(*EpochStart)(nil),            // 25: walship.v1.EpochStart
-	(*ArchiveStatus)(nil),         // 26: walship.v1.ArchiveStatus
-	(MembershipStage)(0),          // 27: walship.v1.MembershipStage
-	(*Member)(nil),                // 28: walship.v1.Member
+	(*LogStoreReplacement)(nil),   // 9: walship.v1.LogStoreReplacement
+	(*ChangeMembersResponse)(nil), // 10: walship.v1.ChangeMembersResponse
+	(*MemberStatus)(nil),          // 11: walship.v1.MemberStatus
+	(*OrphanStatus)(nil),          // 12: walship.v1.OrphanStatus
+	(*ElectionStatus)(nil),        // 13: walship.v1.ElectionStatus
+	(*FailoverTimeline)(nil),      // 14: walship.v1.FailoverTimeline
+	(*PeerStatus)(nil),            // 15: walship.v1.PeerStatus
+	(*PromoteRequest)(nil),        // 16: walship.v1.PromoteRequest
+	(*PromoteResponse)(nil),       // 17: walship.v1.PromoteResponse
+	(*ServingPrimary)(nil),        // 18: walship.v1.ServingPrimary
+	(*SwitchoverRequest)(nil),     // 19: walship.v1.SwitchoverRequest
+	(*SwitchoverResponse)(nil),    // 20: walship.v1.SwitchoverResponse
+	(*SetPolicyRequest)(nil),      // 21: walship.v1.SetPolicyRequest
+	(*SetPolicyResponse)(nil),     // 22: walship.v1.SetPolicyResponse
+	(*CommitPolicy)(nil),          // 23: walship.v1.CommitPolicy
+	(*Contract)(nil),              // 24: walship.v1.Contract
+	(*durationpb.Duration)(nil),   // 25: google.protobuf.Duration
+	(*EpochStart)(nil),            // 26: walship.v1.EpochStart
+	(*ArchiveStatus)(nil),         // 27: walship.v1.ArchiveStatus
+	(MembershipStage)(0),          // 28: walship.v1.MembershipStage
+	(*Member)(nil),                // 29: walship.v1.Member
 }
 var file_walship_v1_admin_proto_depIdxs = []int32{
 	0,  // 0: walship.v1.StatusResponse.role:type_name -> walship.v1.Role
-	22, // 1: walship.v1.StatusResponse.default_policy:type_name -> walship.v1.CommitPolicy
-	14, // 2: walship.v1.StatusResponse.peers:type_name -> walship.v1.PeerStatus
+	23, // 1: walship.v1.StatusResponse.default_policy:type_name -> walship.v1.CommitPolicy
+	15, // 2: walship.v1.StatusResponse.peers:type_name -> walship.v1.PeerStatus
 	1,  // 3: walship.v1.StatusResponse.rung:type_name -> walship.v1.CatchUpRung
-	23, // 4: walship.v1.StatusResponse.contract:type_name -> walship.v1.Contract
-	11, // 5: walship.v1.StatusResponse.orphans:type_name -> walship.v1.OrphanStatus
-	13, // 6: walship.v1.StatusResponse.last_failover:type_name -> walship.v1.FailoverTimeline
-	24, // 7: walship.v1.StatusResponse.lease_remaining:type_name -> google.protobuf.Duration
-	25, // 8: walship.v1.StatusResponse.history:type_name -> walship.v1.EpochStart
-	26, // 9: walship.v1.StatusResponse.archive:type_name -> walship.v1.ArchiveStatus
-	12, // 10: walship.v1.StatusResponse.election:type_name -> walship.v1.ElectionStatus
+	24, // 4: walship.v1.StatusResponse.contract:type_name -> walship.v1.Contract
+	12, // 5: walship.v1.StatusResponse.orphans:type_name -> walship.v1.OrphanStatus
+	14, // 6: walship.v1.StatusResponse.last_failover:type_name -> walship.v1.FailoverTimeline
+	25, // 7: walship.v1.StatusResponse.lease_remaining:type_name -> google.protobuf.Duration
+	26, // 8: walship.v1.StatusResponse.history:type_name -> walship.v1.EpochStart
+	27, // 9: walship.v1.StatusResponse.archive:type_name -> walship.v1.ArchiveStatus
+	13, // 10: walship.v1.StatusResponse.election:type_name -> walship.v1.ElectionStatus
 	7,  // 11: walship.v1.StatusResponse.membership:type_name -> walship.v1.MembershipStatus
 	7,  // 12: walship.v1.ListMembersResponse.membership:type_name -> walship.v1.MembershipStatus
-	23, // 13: walship.v1.MembershipStatus.contract:type_name -> walship.v1.Contract
-	10, // 14: walship.v1.MembershipStatus.members:type_name -> walship.v1.MemberStatus
-	27, // 15: walship.v1.MembershipStatus.stage:type_name -> walship.v1.MembershipStage
-	28, // 16: walship.v1.ChangeMembersRequest.add:type_name -> walship.v1.Member
-	24, // 17: walship.v1.ChangeMembersRequest.catch_up_timeout:type_name -> google.protobuf.Duration
-	27, // 18: walship.v1.ChangeMembersResponse.stage:type_name -> walship.v1.MembershipStage
-	7,  // 19: walship.v1.ChangeMembersResponse.membership:type_name -> walship.v1.MembershipStatus
-	0,  // 20: walship.v1.MemberStatus.role:type_name -> walship.v1.Role
-	2,  // 21: walship.v1.MemberStatus.voice:type_name -> walship.v1.MemberVoice
-	24, // 22: walship.v1.FailoverTimeline.lease_wait:type_name -> google.protobuf.Duration
-	0,  // 23: walship.v1.PeerStatus.role:type_name -> walship.v1.Role
-	13, // 24: walship.v1.PromoteResponse.timeline:type_name -> walship.v1.FailoverTimeline
-	17, // 25: walship.v1.PromoteResponse.serving_primary:type_name -> walship.v1.ServingPrimary
-	24, // 26: walship.v1.SwitchoverRequest.timeout:type_name -> google.protobuf.Duration
-	24, // 27: walship.v1.SwitchoverResponse.paused:type_name -> google.protobuf.Duration
-	22, // 28: walship.v1.SetPolicyRequest.policy:type_name -> walship.v1.CommitPolicy
-	22, // 29: walship.v1.SetPolicyResponse.policy:type_name -> walship.v1.CommitPolicy
-	3,  // 30: walship.v1.AdminService.Status:input_type -> walship.v1.StatusRequest
-	15, // 31: walship.v1.AdminService.Promote:input_type -> walship.v1.PromoteRequest
-	18, // 32: walship.v1.AdminService.Switchover:input_type -> walship.v1.SwitchoverRequest
-	20, // 33: walship.v1.AdminService.SetPolicy:input_type -> walship.v1.SetPolicyRequest
-	5,  // 34: walship.v1.AdminService.ListMembers:input_type -> walship.v1.ListMembersRequest
-	8,  // 35: walship.v1.AdminService.ChangeMembers:input_type -> walship.v1.ChangeMembersRequest
-	4,  // 36: walship.v1.AdminService.Status:output_type -> walship.v1.StatusResponse
-	16, // 37: walship.v1.AdminService.Promote:output_type -> walship.v1.PromoteResponse
-	19, // 38: walship.v1.AdminService.Switchover:output_type -> walship.v1.SwitchoverResponse
-	21, // 39: walship.v1.AdminService.SetPolicy:output_type -> walship.v1.SetPolicyResponse
-	6,  // 40: walship.v1.AdminService.ListMembers:output_type -> walship.v1.ListMembersResponse
-	9,  // 41: walship.v1.AdminService.ChangeMembers:output_type -> walship.v1.ChangeMembersResponse
-	36, // [36:42] is the sub-list for method output_type
-	30, // [30:36] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	24, // 13: walship.v1.MembershipStatus.contract:type_name -> walship.v1.Contract
+	11, // 14: walship.v1.MembershipStatus.members:type_name -> walship.v1.MemberStatus
+	28, // 15: walship.v1.MembershipStatus.stage:type_name -> walship.v1.MembershipStage
+	29, // 16: walship.v1.ChangeMembersRequest.add:type_name -> walship.v1.Member
+	9,  // 17: walship.v1.ChangeMembersRequest.replace_logstore:type_name -> walship.v1.LogStoreReplacement
+	25, // 18: walship.v1.ChangeMembersRequest.catch_up_timeout:type_name -> google.protobuf.Duration
+	28, // 19: walship.v1.ChangeMembersResponse.stage:type_name -> walship.v1.MembershipStage
+	7,  // 20: walship.v1.ChangeMembersResponse.membership:type_name -> walship.v1.MembershipStatus
+	0,  // 21: walship.v1.MemberStatus.role:type_name -> walship.v1.Role
+	2,  // 22: walship.v1.MemberStatus.voice:type_name -> walship.v1.MemberVoice
+	25, // 23: walship.v1.FailoverTimeline.lease_wait:type_name -> google.protobuf.Duration
+	0,  // 24: walship.v1.PeerStatus.role:type_name -> walship.v1.Role
+	14, // 25: walship.v1.PromoteResponse.timeline:type_name -> walship.v1.FailoverTimeline
+	18, // 26: walship.v1.PromoteResponse.serving_primary:type_name -> walship.v1.ServingPrimary
+	25, // 27: walship.v1.SwitchoverRequest.timeout:type_name -> google.protobuf.Duration
+	25, // 28: walship.v1.SwitchoverResponse.paused:type_name -> google.protobuf.Duration
+	23, // 29: walship.v1.SetPolicyRequest.policy:type_name -> walship.v1.CommitPolicy
+	23, // 30: walship.v1.SetPolicyResponse.policy:type_name -> walship.v1.CommitPolicy
+	3,  // 31: walship.v1.AdminService.Status:input_type -> walship.v1.StatusRequest
+	16, // 32: walship.v1.AdminService.Promote:input_type -> walship.v1.PromoteRequest
+	19, // 33: walship.v1.AdminService.Switchover:input_type -> walship.v1.SwitchoverRequest
+	21, // 34: walship.v1.AdminService.SetPolicy:input_type -> walship.v1.SetPolicyRequest
+	5,  // 35: walship.v1.AdminService.ListMembers:input_type -> walship.v1.ListMembersRequest
+	8,  // 36: walship.v1.AdminService.ChangeMembers:input_type -> walship.v1.ChangeMembersRequest
+	4,  // 37: walship.v1.AdminService.Status:output_type -> walship.v1.StatusResponse
+	17, // 38: walship.v1.AdminService.Promote:output_type -> walship.v1.PromoteResponse
+	20, // 39: walship.v1.AdminService.Switchover:output_type -> walship.v1.SwitchoverResponse
+	22, // 40: walship.v1.AdminService.SetPolicy:output_type -> walship.v1.SetPolicyResponse
+	6,  // 41: walship.v1.AdminService.ListMembers:output_type -> walship.v1.ListMembersResponse
+	10, // 42: walship.v1.AdminService.ChangeMembers:output_type -> walship.v1.ChangeMembersResponse
+	37, // [37:43] is the sub-list for method output_type
+	31, // [31:37] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_walship_v1_admin_proto_init() }
@@ -2372,6 +2493,9 @@ func file_walship_v1_admin_proto_init() {
 	file_walship_v1_admin_proto_msgTypes[5].OneofWrappers = []any{
 		(*ChangeMembersRequest_Add)(nil),
 		(*ChangeMembersRequest_Remove)(nil),
+		(*ChangeMembersRequest_AddLogstore)(nil),
+		(*ChangeMembersRequest_RemoveLogstore)(nil),
+		(*ChangeMembersRequest_ReplaceLogstore)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2379,7 +2503,7 @@ func file_walship_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_walship_v1_admin_proto_rawDesc), len(file_walship_v1_admin_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   19,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

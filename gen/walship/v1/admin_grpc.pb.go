@@ -56,9 +56,10 @@ type AdminServiceClient interface {
 	// is. Served by the primary; another node answers FAILED_PRECONDITION
 	// naming the primary it knows.
 	ListMembers(ctx context.Context, in *ListMembersRequest, opts ...grpc.CallOption) (*ListMembersResponse, error)
-	// ChangeMembers adds a data node (as a learner first, then through a
-	// joint configuration) or removes one (through a joint configuration),
-	// one change at a time: a second while one is in progress is refused
+	// ChangeMembers adds a data node or a log store (as a learner first,
+	// then through a joint configuration), removes one (through a joint
+	// configuration) or replaces a log store with another, one change at a
+	// time: a second while one is in progress is refused
 	// with FAILED_PRECONDITION naming it. It returns when the change is done,
 	// or at the call's deadline with the change's stage: the change goes on
 	// (ListMembers shows it). Served by the primary; another node answers
@@ -163,9 +164,10 @@ type AdminServiceServer interface {
 	// is. Served by the primary; another node answers FAILED_PRECONDITION
 	// naming the primary it knows.
 	ListMembers(context.Context, *ListMembersRequest) (*ListMembersResponse, error)
-	// ChangeMembers adds a data node (as a learner first, then through a
-	// joint configuration) or removes one (through a joint configuration),
-	// one change at a time: a second while one is in progress is refused
+	// ChangeMembers adds a data node or a log store (as a learner first,
+	// then through a joint configuration), removes one (through a joint
+	// configuration) or replaces a log store with another, one change at a
+	// time: a second while one is in progress is refused
 	// with FAILED_PRECONDITION naming it. It returns when the change is done,
 	// or at the call's deadline with the change's stage: the change goes on
 	// (ListMembers shows it). Served by the primary; another node answers

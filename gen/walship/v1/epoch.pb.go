@@ -785,12 +785,17 @@ type Contract struct {
 	Next *Configuration `protobuf:"bytes,8,opt,name=next,proto3" json:"next,omitempty"`
 	// members_changed is set once a membership change (AdminService
 	// ChangeMembers) has changed the members at run time: from then on the
-	// log, not the primary's flags (--peers), holds the members and log
-	// stores, and a primary opening an epoch keeps those of its log's
+	// log, not the primary's flags (--peers, --logstore), holds the
+	// members and log stores, and a primary opening an epoch keeps those of its log's
 	// newest record (etcd's --initial-cluster is likewise read once).
 	MembersChanged bool `protobuf:"varint,9,opt,name=members_changed,json=membersChanged,proto3" json:"members_changed,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// logstore_learners are log store addresses the primary ships to that
+	// count for nothing (no commit, no lease, no promotion) until they are
+	// within a bound of the primary; a membership change then makes them
+	// log stores of the contract (issue 38).
+	LogstoreLearners []string `protobuf:"bytes,10,rep,name=logstore_learners,json=logstoreLearners,proto3" json:"logstore_learners,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Contract) Reset() {
@@ -884,6 +889,13 @@ func (x *Contract) GetMembersChanged() bool {
 		return x.MembersChanged
 	}
 	return false
+}
+
+func (x *Contract) GetLogstoreLearners() []string {
+	if x != nil {
+		return x.LogstoreLearners
+	}
+	return nil
 }
 
 // Configuration is the half of a joint contract a membership change goes
@@ -1124,7 +1136,7 @@ const file_walship_v1_epoch_proto_rawDesc = "" +
 	"\tfirst_lsn\x18\x02 \x01(\x04R\bfirstLsn\",\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
-	"\x04addr\x18\x02 \x01(\tR\x04addr\"\x9e\x03\n" +
+	"\x04addr\x18\x02 \x01(\tR\x04addr\"\xcb\x03\n" +
 	"\bContract\x12#\n" +
 	"\rsync_replicas\x18\x01 \x01(\rR\fsyncReplicas\x124\n" +
 	"\n" +
@@ -1135,7 +1147,9 @@ const file_walship_v1_epoch_proto_rawDesc = "" +
 	"\rlease_timeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\fleaseTimeout\x12.\n" +
 	"\blearners\x18\a \x03(\v2\x12.walship.v1.MemberR\blearners\x12-\n" +
 	"\x04next\x18\b \x01(\v2\x19.walship.v1.ConfigurationR\x04next\x12'\n" +
-	"\x0fmembers_changed\x18\t \x01(\bR\x0emembersChanged\"\x80\x01\n" +
+	"\x0fmembers_changed\x18\t \x01(\bR\x0emembersChanged\x12+\n" +
+	"\x11logstore_learners\x18\n" +
+	" \x03(\tR\x10logstoreLearners\"\x80\x01\n" +
 	"\rConfiguration\x12,\n" +
 	"\amembers\x18\x01 \x03(\v2\x12.walship.v1.MemberR\amembers\x12\x1c\n" +
 	"\tlogstores\x18\x02 \x03(\tR\tlogstores\x12#\n" +
