@@ -55,12 +55,12 @@ func (s *Server) Status() *walshipv1.StatusResponse {
 		ClusterId:     s.cluster.ID(),
 		Membership:    s.membership(time.Now()),
 	}
-	if s.lease.quorum > 0 {
+	if s.lease.hasStores() {
 		resp.LeaseRemaining = durationpb.New(s.lease.remaining())
 	}
 	if url, archived := s.peers.archived(); url != "" {
 		bytes, age := s.pipe.index.lag(archived, time.Now())
-		resp.Archive = &walshipv1.ArchiveStatus{Url: url, ArchivedLsn: archived, UploaderAddr: s.peers.archiver(s.cfg.LogStores),
+		resp.Archive = &walshipv1.ArchiveStatus{Url: url, ArchivedLsn: archived, UploaderAddr: s.peers.archiver(s.logStores()),
 			LagSeconds: age.Seconds(), LagBytes: bytes}
 	}
 	// Every hop's lag as the metrics give it (replCollector): records,
@@ -139,7 +139,7 @@ func (s *Server) wrongNode(full bool) string {
 		return s.Advertise() + " is a data node, the primary"
 	}
 	return fmt.Sprintf("%s is a data node, the primary %s of epoch %d, not a log store; its log stores are %s",
-		s.Advertise(), s.cfg.ID, s.epoch, orNone(s.cfg.LogStores))
+		s.Advertise(), s.cfg.ID, s.epoch, orNone(s.logStores()))
 }
 
 // orNone lists addrs, or says there are none.

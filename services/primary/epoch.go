@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/backoff"
 	"github.com/walship/walship/internal/datadir"
+	"github.com/walship/walship/internal/failover"
 	"github.com/walship/walship/internal/keyspace"
 	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/tlsid"
@@ -102,15 +104,35 @@ func (s *Server) proposeEpoch(seen, next uint64) error {
 // their answers. Without log stores there is nothing to win. Log stores
 // of another cluster refuse the fence; once too many have for a majority
 // to grant it, elect fails with rpcerr.ErrOtherCluster naming both ids.
+//
+// The log stores are those of the contract it starts under
+// (startContract): while its log ends in a joint record, it needs a
+// majority of each half, as a candidate does (failover.JudgeJoint).
 func (s *Server) elect(ctx context.Context) error {
-	if s.cfg.Elected != nil || len(s.cfg.LogStores) == 0 {
+	start := s.startContract()
+	stores, halves := logStoreSet(start), logStoreHalves(start)
+	if s.cfg.Elected != nil || len(stores) == 0 {
 		return s.joinCluster(nil)
 	}
 	var bo backoff.Backoff
 	req := &walshipv1.FenceRequest{Epoch: s.epoch, CandidateId: s.cfg.ID, CandidateAddr: s.Advertise(), ClusterId: s.cluster.ID()}
 	for {
-		granted, newer, answers, ids, foreign := s.fenceLogStores(ctx, req)
-		if len(foreign) > len(s.cfg.LogStores)-s.peers.quorum {
+		grantedBy, newer, answers, ids, foreign := s.fenceLogStores(ctx, stores, req)
+		granted, won, lost := len(grantedBy), true, false
+		for _, h := range halves {
+			n, refused := 0, 0
+			for _, a := range h {
+				if slices.Contains(grantedBy, a) {
+					n++
+				}
+				if slices.ContainsFunc(foreign, func(f string) bool { return strings.HasPrefix(f, a+": ") }) {
+					refused++
+				}
+			}
+			won = won && n >= failover.Majority(len(h))
+			lost = lost || refused > len(h)-failover.Majority(len(h))
+		}
+		if lost {
 			s.metrics.clusterMismatch.Add(float64(len(foreign)))
 			of := "of cluster " + s.cluster.ID()
 			if s.cluster.ID() == "" {
@@ -120,7 +142,7 @@ func (s *Server) elect(ctx context.Context) error {
 				of = "with no cluster id (start it as a replica to join the log stores' cluster)"
 			}
 			err := rpcerr.Mismatch("primary %s %s cannot win epoch %d: %d of the %d log stores belong to another cluster, and a majority (%d) must grant it: %s",
-				s.cfg.ID, of, s.epoch, len(foreign), len(s.cfg.LogStores), s.peers.quorum, strings.Join(foreign, "; "))
+				s.cfg.ID, of, s.epoch, len(foreign), len(stores), s.peers.quorum, strings.Join(foreign, "; "))
 			s.logger.Error("the log stores belong to another cluster: not starting (check --logstore and the data directory)", "err", err)
 			return err
 		}
@@ -130,8 +152,8 @@ func (s *Server) elect(ctx context.Context) error {
 			}
 			return &DeposedError{Vote: *newer, Why: "a log store has promised a newer epoch: this node was deposed while it was down"}
 		}
-		if granted >= s.peers.quorum {
-			s.logger.Info("won the epoch from the log stores", "epoch", s.epoch, "granted", granted, "of", len(s.cfg.LogStores))
+		if won {
+			s.logger.Info("won the epoch from the log stores", "epoch", s.epoch, "granted", granted, "of", len(stores))
 			return s.joinCluster(ids)
 		}
 		s.logger.Warn("cannot win the epoch from a majority of the log stores yet; retrying", "epoch", s.epoch,
@@ -142,25 +164,25 @@ func (s *Server) elect(ctx context.Context) error {
 	}
 }
 
-// fenceLogStores sends req to every log store at once and returns how many
-// granted it, the newest promise a refusal named (nil if none), a line
+// fenceLogStores sends req to every log store of stores at once and
+// returns those that granted it, the newest promise a refusal named (nil if none), a line
 // per log store, the cluster id each answer stated (by address), and a
 // line per log store that refused it for belonging to another cluster.
-func (s *Server) fenceLogStores(ctx context.Context, req *walshipv1.FenceRequest) (granted int, newer *datadir.Vote, answers []string, ids map[string]string, foreign []string) {
+func (s *Server) fenceLogStores(ctx context.Context, stores []string, req *walshipv1.FenceRequest) (granted []string, newer *datadir.Vote, answers []string, ids map[string]string, foreign []string) {
 	type answer struct {
 		addr string
 		resp *walshipv1.FenceResponse
 		err  error
 	}
-	ch := make(chan answer, len(s.cfg.LogStores))
-	for _, addr := range s.cfg.LogStores {
+	ch := make(chan answer, len(stores))
+	for _, addr := range stores {
 		go func() {
 			resp, err := s.fenceOne(ctx, addr, req)
 			ch <- answer{addr, resp, err}
 		}()
 	}
 	ids = map[string]string{}
-	for range s.cfg.LogStores {
+	for range stores {
 		a := <-ch
 		if a.resp != nil {
 			ids[a.addr] = a.resp.GetClusterId()
@@ -175,7 +197,7 @@ func (s *Server) fenceLogStores(ctx context.Context, req *walshipv1.FenceRequest
 			// Not believed: no honest log store gets that far ahead.
 			answers = append(answers, fmt.Sprintf("%s: epoch: %v", a.addr, datadir.CheckEpoch(a.resp.GetEpoch(), req.GetEpoch(), datadir.MaxEpochGap)))
 		case a.resp.GetGranted():
-			granted++
+			granted = append(granted, a.addr)
 			answers = append(answers, a.addr+": granted")
 		default:
 			v := datadir.Vote{Epoch: a.resp.GetEpoch(), Primary: a.resp.GetPrimaryId(), Addr: a.resp.GetPrimaryAddr()}
@@ -228,8 +250,9 @@ func (s *Server) contract() *walshipv1.Contract {
 // progress (the log's newest record is joint), the members are the log's:
 // a joint record is never replaced by C_old alone (a new primary finishes
 // or rolls it back, change.go), and a finished change is not undone by
-// the flags the node was started with. Log stores are the flags' (a
-// change moves members only). Learners are dropped: a learner stage a
+// the flags the node was started with. The log stores likewise: the
+// log's, not --logstore's, once a change has set members_changed (a
+// change moves log stores too). Learners are dropped: a learner stage a
 // failover interrupted is abandoned.
 func (s *Server) startContract() *walshipv1.Contract {
 	c := ContractOf(s.cfg.Policy, s.cfg.Members, s.cfg.LogStores, s.cfg.LeaseTimeout)
@@ -242,8 +265,16 @@ func (s *Server) startContract() *walshipv1.Contract {
 		return c
 	}
 	c.Members, c.MembersChanged = cloneMembers(prev.GetMembers()), true
+	if len(prev.GetLogstores()) > 0 {
+		c.Logstores = slices.Clone(prev.GetLogstores())
+		c.LogstoreSync = s.cfg.Policy.LogStore == walshipv1.LogStoreAck_LOG_STORE_ACK_SYNC
+	}
 	if nx := prev.GetNext(); nx != nil {
-		c.Next = &walshipv1.Configuration{Members: cloneMembers(nx.GetMembers()), Logstores: c.GetLogstores(), SyncReplicas: c.GetSyncReplicas()}
+		ls := nx.GetLogstores()
+		if len(ls) == 0 {
+			ls = c.GetLogstores()
+		}
+		c.Next = &walshipv1.Configuration{Members: cloneMembers(nx.GetMembers()), Logstores: slices.Clone(ls), SyncReplicas: c.GetSyncReplicas()}
 	}
 	return c
 }
@@ -261,14 +292,19 @@ func cloneMembers(ms []*walshipv1.Member) []*walshipv1.Member {
 type contractInForce struct {
 	contract *walshipv1.Contract
 	stage    walshipv1.MembershipStage
+	// logstores are the contract's (logStoreSet), worked out once.
+	logstores []string
 }
 
 // useContract makes c the contract in force: acks follow it from now on
 // (ackrule.go). A record is put in force before it is sequenced, so that
 // no commit after it is acknowledged under the rule before it.
 func (s *Server) useContract(c *walshipv1.Contract, stage walshipv1.MembershipStage) {
-	s.inForce.Store(&contractInForce{contract: c, stage: stage})
+	before := s.contract()
+	s.inForce.Store(&contractInForce{contract: c, stage: stage, logstores: logStoreSet(c)})
 	s.peers.setRule(ruleOf(c, s.cfg.ID))
+	s.lease.setHalves(logStoreHalves(c))
+	s.noteLogStores(before, c)
 }
 
 // epochRecord is this epoch's record under contract c, written at the
@@ -628,18 +664,70 @@ func (h *epochServer) Fence(ctx context.Context, req *walshipv1.FenceRequest) (*
 // opens, whatever the network does; it relies only on both machines'
 // clocks running at about the same rate (within 10 %), never on their
 // agreeing on the time. Without log stores there is no lease to lose.
+//
+// The majority is of the log stores of the contract in force, of each
+// half while a membership change is joint (setHalves): a candidate that
+// judges by either half, or by both, fences a majority of a half, which
+// meets every majority of it that renews this lease. A learner's echoes
+// count for nothing while it is one, but are kept: an echo says the log
+// store had promised no newer epoch when it echoed, whatever its part, so
+// a joint record that makes it count does not leave the lease short
+// until its next echo.
 type lease struct {
 	timeout time.Duration
-	quorum  int // 0: no log stores, always valid
 
-	mu    sync.Mutex
-	echo  map[string]time.Time // per log store: send time of its newest echoed heartbeat
-	until time.Time
-	ch    chan struct{} // closed when until moves
+	mu sync.Mutex
+	// halves are the log store sets a majority of each of which must echo
+	// (none: no log stores, always valid).
+	halves [][]string
+	echo   map[string]time.Time // per log store: send time of its newest echoed heartbeat
+	until  time.Time
+	ch     chan struct{} // closed when until moves
 }
 
-func newLease(timeout time.Duration, quorum int) *lease {
-	return &lease{timeout: timeout, quorum: quorum, echo: map[string]time.Time{}, ch: make(chan struct{})}
+func newLease(timeout time.Duration, halves [][]string) *lease {
+	l := &lease{timeout: timeout, echo: map[string]time.Time{}, ch: make(chan struct{})}
+	l.setHalves(halves)
+	return l
+}
+
+// setHalves makes halves the log store sets the lease needs a majority
+// of, and works the lease out again: it may end sooner under the new sets
+// (a joint configuration adds one), never because of the change alone
+// later than its echoes allow.
+func (l *lease) setHalves(halves [][]string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.halves = nil
+	for _, h := range halves {
+		if len(h) > 0 {
+			l.halves = append(l.halves, slices.Clone(h))
+		}
+	}
+	l.updateLocked(true)
+}
+
+// heard reports whether addr echoed a heartbeat sent within half the
+// lease: a log store about to count for it (a learner) is echoing.
+func (l *lease) heard(addr string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	t, ok := l.echo[addr]
+	return ok && time.Since(t) < l.timeout/2
+}
+
+// forget drops the echoes of a log store the primary no longer ships to.
+func (l *lease) forget(addr string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.echo, addr)
+}
+
+// hasStores reports whether the primary has log stores, and so a lease.
+func (l *lease) hasStores() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.halves) > 0
 }
 
 // renew records that addr echoed a heartbeat sent at sent.
@@ -650,18 +738,39 @@ func (l *lease) renew(addr string, sent time.Time) {
 		return
 	}
 	l.echo[addr] = sent
-	if len(l.echo) < l.quorum {
-		return
+	l.updateLocked(false)
+}
+
+// updateLocked works until out from the echoes: the send time of the
+// newest heartbeat a majority of every half has echoed, plus the timeout.
+// Under one set of halves it only moves forward; reset lets a change of
+// halves move it back.
+func (l *lease) updateLocked(reset bool) {
+	var until time.Time
+	for i, h := range l.halves {
+		times := make([]time.Time, 0, len(h))
+		for _, addr := range h {
+			if t, ok := l.echo[addr]; ok {
+				times = append(times, t)
+			}
+		}
+		need := failover.Majority(len(h))
+		if len(times) < need {
+			until = time.Time{}
+			break
+		}
+		sort.Slice(times, func(i, j int) bool { return times[i].After(times[j]) })
+		if u := times[need-1].Add(l.timeout); i == 0 || u.Before(until) {
+			until = u
+		}
 	}
-	times := make([]time.Time, 0, len(l.echo))
-	for _, t := range l.echo {
-		times = append(times, t)
-	}
-	sort.Slice(times, func(i, j int) bool { return times[i].After(times[j]) })
-	if u := times[l.quorum-1].Add(l.timeout); u.After(l.until) {
-		l.until = u
-		close(l.ch)
-		l.ch = make(chan struct{})
+	if reset || until.After(l.until) {
+		moved := until.After(l.until)
+		l.until = until
+		if moved {
+			close(l.ch)
+			l.ch = make(chan struct{})
+		}
 	}
 }
 
@@ -670,12 +779,9 @@ func (l *lease) renew(addr string, sent time.Time) {
 // (docs/ARCHITECTURE.md, Failover invariant 7; the candidate's side is
 // node's leaseWait).
 func (l *lease) valid() bool {
-	if l.quorum == 0 {
-		return true
-	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return time.Now().Before(l.until)
+	return len(l.halves) == 0 || time.Now().Before(l.until)
 }
 
 // remaining is how long the lease still holds (0 if it does not).

@@ -400,7 +400,7 @@ func (b *leaseBeats) next(reply bool) *walshipv1.AppendRequest {
 	_, archived := s.peers.archived()
 	return &walshipv1.AppendRequest{Heartbeat: &walshipv1.Heartbeat{Epoch: s.epoch, LastLsn: s.wal.DurableLSN(), TimeUnixNano: now.UnixNano(),
 		ReplyRequested: reply, PrimaryId: s.cfg.ID, PrimaryAddr: s.Advertise(), ClusterId: s.cluster.ID(),
-		LogstoreQuorumLsn: s.peers.logStoreQuorum(), Archiver: !b.leaseOnly && s.peers.archiver(s.cfg.LogStores) == b.addr, ArchivedLsn: archived}}
+		LogstoreQuorumLsn: s.peers.logStoreQuorum(), Archiver: !b.leaseOnly && s.peers.archiver(s.logStores()) == b.addr, ArchivedLsn: archived}}
 }
 
 // sentAt is when the heartbeat a log store echoed was sent.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -405,13 +406,32 @@ func (p *peers) waitLogStores(ctx context.Context, lsn uint64) error {
 	if p.logStoreQuorumLocked() >= lsn || p.waitLocked(ctx, &p.lsWaiters, lsn) {
 		return nil
 	}
-	have := 0
-	for _, l := range p.logstores {
-		if l.durable >= lsn {
-			have++
+	if p.rule.logstores == nil {
+		have := 0
+		for _, l := range p.logstores {
+			if l.durable >= lsn {
+				have++
+			}
 		}
+		return fmt.Errorf("%d of %d log store(s) have it, %d needed", have, len(p.logstores), p.quorum)
 	}
-	return fmt.Errorf("%d of %d log store(s) have it, %d needed", have, len(p.logstores), p.quorum)
+	// Each half of the contract in force: while a membership change is
+	// joint, a majority of both sets.
+	var parts []string
+	for i, q := range p.rule.logstores {
+		have := 0
+		for _, addr := range q.Voters {
+			if l := p.logstores[addr]; l != nil && l.durable >= lsn {
+				have++
+			}
+		}
+		part := fmt.Sprintf("%d of %d log store(s) have it, %d needed", have, len(q.Voters), q.Need)
+		if i > 0 {
+			part = "and of the configuration a membership change goes to, " + part
+		}
+		parts = append(parts, part)
+	}
+	return errors.New(strings.Join(parts, "; "))
 }
 
 // snapshot returns copies of every peer, sorted by id, for Status and metrics.

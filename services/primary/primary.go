@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -74,6 +75,10 @@ type Server struct {
 	inForce atomic.Pointer[contractInForce]
 	// changes is the membership change in progress (change.go).
 	changes changes
+	// lsChanged is closed when the log stores of the contract in force
+	// change (logstores.go); guarded by lsMu.
+	lsMu      sync.Mutex
+	lsChanged chan struct{}
 
 	snapMu      sync.Mutex
 	snapshotLSN atomic.Uint64
@@ -123,19 +128,26 @@ func New(cfg Config) (*Server, error) {
 	s.policy.Store(&p)
 	s.openedCh = make(chan struct{})
 	s.peers = newPeers()
-	for _, a := range cfg.LogStores {
-		s.peers.logstores[a] = &logstorePos{addr: a}
-	}
-	s.peers.quorum = failover.Majority(len(cfg.LogStores))
-	s.lease = newLease(cfg.LeaseTimeout, s.peers.quorum)
-	s.commitContract = ContractOf(cfg.Policy, cfg.Members, cfg.LogStores, cfg.LeaseTimeout)
-	s.peerContract = s.commitContract.GetSyncReplicas() > 0 || s.commitContract.GetLogstoreSync()
-	s.peers.setRule(ruleOf(s.commitContract, cfg.ID))
 	s.changes.ch = make(chan *changeRun)
 	nv := datadir.Vote{}
 	s.vote.Store(&nv)
 	if err := s.recover(); err != nil {
 		return nil, err
+	}
+	// The log stores are the contract's: the flags', unless a membership
+	// change has set them in the log (startContract).
+	start := s.startContract()
+	for _, a := range logStoreSet(start) {
+		s.peers.logstores[a] = &logstorePos{addr: a}
+	}
+	s.peers.quorum = failover.Majority(len(start.GetLogstores()))
+	s.lease = newLease(cfg.LeaseTimeout, logStoreHalves(start))
+	s.commitContract = start
+	s.peerContract = s.commitContract.GetSyncReplicas() > 0 || s.commitContract.GetLogstoreSync()
+	s.peers.setRule(ruleOf(s.commitContract, cfg.ID))
+	if start.GetMembersChanged() && !slices.Equal(logStoreSet(start), cfg.LogStores) {
+		s.logger.Warn("the log stores are those a membership change left in the log, not --logstore's: change them with walship ctl members",
+			"logstores", orNone(logStoreSet(start)), "flag", orNone(cfg.LogStores))
 	}
 	s.admit = newAdmission(cfg.MaxInflightCommitBytes, cfg.WriteQuotaBytesPerSecond)
 	s.metrics = newMetrics(reg, s)
@@ -312,19 +324,21 @@ func background(parent context.Context, fn func(ctx context.Context)) (stop func
 	return func() { cancel(); <-done }
 }
 
-// shipToLogStores keeps every log store fed (shipLogStore) until ctx ends.
+// shipToLogStores keeps every log store of the contract in force fed
+// (shipLogStore) until ctx ends, following the contract as a membership
+// change moves it; one that leaves is forgotten.
 func (s *Server) shipToLogStores(ctx context.Context) {
-	var wg sync.WaitGroup
-	for _, addr := range s.cfg.LogStores {
-		wg.Go(func() { s.shipLogStore(ctx, addr) })
-	}
-	wg.Wait()
+	s.followLogStores(ctx, s.shipLogStore, func(addr string) {
+		s.peers.dropLogStore(addr)
+		s.lease.forget(addr)
+		s.logger.Info("not shipping to the log store any more: it left the contract", "logstore", addr)
+	})
 }
 
 // uploadToLogStores uploads the primary's snapshots to every log store
 // (uploadSnapshots), and the one it recovered from, until ctx ends.
 func (s *Server) uploadToLogStores(ctx context.Context) {
-	if len(s.cfg.LogStores) == 0 {
+	if len(s.logStores()) == 0 {
 		return
 	}
 	if s.cfg.LogStoreSnapshotEvery < 0 {
@@ -333,10 +347,13 @@ func (s *Server) uploadToLogStores(ctx context.Context) {
 		return
 	}
 	var wg sync.WaitGroup
-	for _, addr := range s.cfg.LogStores {
-		kick := s.uploads.watch()
-		wg.Go(func() { s.uploadSnapshots(ctx, addr, kick) })
-	}
+	wg.Go(func() {
+		s.followLogStores(ctx, func(ctx context.Context, addr string) {
+			kick := s.uploads.watch()
+			defer s.uploads.unwatch(kick)
+			s.uploadSnapshots(ctx, addr, kick)
+		}, nil)
+	})
 	wg.Go(s.offerRecovered)
 	wg.Wait()
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -63,6 +64,13 @@ func (u *snapUploads) watch() <-chan struct{} {
 	return ch
 }
 
+// unwatch drops an uploader's channel.
+func (u *snapUploads) unwatch(ch <-chan struct{}) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.kicks = slices.DeleteFunc(u.kicks, func(k chan struct{}) bool { return k == ch })
+}
+
 // offer makes o the snapshot to upload, unless a newer one is.
 func (u *snapUploads) offer(o *snapOffer) {
 	u.mu.Lock()
@@ -94,7 +102,7 @@ func (u *snapUploads) newest() *snapOffer {
 // primary's history does not reach is not offered: the log stores would
 // refuse it.
 func (s *Server) offerSnapshot(path string, lsn, keys uint64, digest string) bool {
-	if len(s.cfg.LogStores) == 0 || s.cfg.LogStoreSnapshotEvery < 0 {
+	if len(s.logStores()) == 0 || s.cfg.LogStoreSnapshotEvery < 0 {
 		return false
 	}
 	log := s.logger.With("lsn", lsn, "path", path)
