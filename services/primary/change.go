@@ -62,6 +62,9 @@ type changeRun struct {
 	remove  string
 	maxLag  uint64
 	catchUp time.Duration
+	// addLogStore and removeLogStore are the log stores the change adds
+	// and removes (both: a replacement).
+	addLogStore, removeLogStore string
 	// resume is a joint record a new primary found: finish or roll back.
 	resume bool
 	done   chan struct{} // closed when it is over; then outcome and err are set
@@ -150,7 +153,13 @@ func (s *Server) runChange(ctx context.Context, r *changeRun) (string, error) {
 	}
 	old := stripped(cur)
 	var next *walshipv1.Contract
-	if r.add != nil {
+	if r.addLogStore != "" || r.removeLogStore != "" {
+		var done bool
+		var err error
+		if next, done, err = s.logStoreChange(ctx, r, old); err != nil || done {
+			return outcomeAbandoned, err
+		}
+	} else if r.add != nil {
 		// The learner stage: shipped to, counting for nothing.
 		learning := proto.Clone(old).(*walshipv1.Contract)
 		learning.Learners = []*walshipv1.Member{proto.Clone(r.add).(*walshipv1.Member)}
@@ -183,6 +192,84 @@ func (s *Server) runChange(ctx context.Context, r *changeRun) (string, error) {
 	return outcomeDone, nil
 }
 
+// logStoreChange runs the learner stage of a log store change r from the
+// contract old (an added log store is shipped to, counting for nothing,
+// until within r.maxLag of the primary) and returns the contract it goes
+// to; done if the learner did not catch up and the change is abandoned.
+func (s *Server) logStoreChange(ctx context.Context, r *changeRun, old *walshipv1.Contract) (next *walshipv1.Contract, done bool, err error) {
+	if r.addLogStore != "" {
+		learning := proto.Clone(old).(*walshipv1.Contract)
+		learning.LogstoreLearners = []string{r.addLogStore}
+		if err := s.changeStep(ctx, learning, walshipv1.MembershipStage_MEMBERSHIP_STAGE_LEARNER); err != nil {
+			return nil, false, err
+		}
+		if err := s.waitLogStoreCaughtUp(ctx, r); err != nil {
+			s.logger.Warn("the log store learner did not catch up in time: dropping it", "change", r.desc, "err", err)
+			if err := s.changeStep(ctx, old, walshipv1.MembershipStage_MEMBERSHIP_STAGE_LEARNER_DROPPED); err != nil {
+				return nil, false, err
+			}
+			return nil, true, nil
+		}
+	}
+	next = proto.Clone(old).(*walshipv1.Contract)
+	next.Logstores = replaceLogStore(next.GetLogstores(), r.removeLogStore, r.addLogStore)
+	return next, false, nil
+}
+
+// replaceLogStore is addrs with remove taken out and add put in (in its
+// place, or last), each when set.
+func replaceLogStore(addrs []string, remove, add string) []string {
+	out := slices.Clone(addrs)
+	if i := slices.Index(out, remove); remove != "" && i >= 0 {
+		if add != "" {
+			out[i] = add
+			return out
+		}
+		return slices.Delete(out, i, i+1)
+	}
+	if add != "" {
+		out = append(out, add)
+	}
+	return out
+}
+
+// waitLogStoreCaughtUp waits until r's log store learner has made the
+// primary's log durable to within r.maxLag LSNs of its end, on a stream
+// that is up and echoing the lease, for at most r.catchUp. A learner that refills from its
+// peers first (services/logstore) refuses the primary's stream until it
+// is done, and counts as not connected meanwhile.
+func (s *Server) waitLogStoreCaughtUp(ctx context.Context, r *changeRun) error {
+	ctx, cancel := context.WithTimeout(ctx, r.catchUp)
+	defer cancel()
+	addr := r.addLogStore
+	for {
+		moved, changed := s.peers.movedCh(), s.wal.Changed()
+		s.peers.mu.Lock()
+		var durable uint64
+		l := s.peers.logstores[addr]
+		connected := l != nil && l.connected
+		if l != nil {
+			durable = l.durable
+		}
+		s.peers.mu.Unlock()
+		last := s.wal.LastLSN()
+		// Echoing the lease too, so that the joint record, which makes it
+		// count for the lease, does not leave the lease short.
+		if connected && durable+r.maxLag >= last && s.lease.heard(addr) {
+			return nil
+		}
+		select {
+		case <-moved: // every ack, echoes included, moves it
+		case <-changed:
+		case <-ctx.Done():
+			if !connected {
+				return fmt.Errorf("log store learner %s has no stream up after %v (down, refilling from its peers, or refusing this primary: its log and the primary's say why)", addr, r.catchUp)
+			}
+			return fmt.Errorf("log store learner %s has made LSN %d of %d durable after %v, more than %d behind", addr, durable, last, r.catchUp, r.maxLag)
+		}
+	}
+}
+
 // resumeChange finishes or rolls back the joint contract cur a new
 // primary's epoch record carries (its epoch is open, so that record is
 // acknowledged under the joint rule). The rule: finish when every member
@@ -196,15 +283,26 @@ func (s *Server) resumeChange(ctx context.Context, cur *walshipv1.Contract) (str
 	old.Next = nil
 	next := proto.Clone(old).(*walshipv1.Contract)
 	next.Members = cloneMembers(cur.GetNext().GetMembers())
+	if ls := cur.GetNext().GetLogstores(); len(ls) > 0 {
+		next.Logstores = slices.Clone(ls)
+	}
 	next.MembersChanged = true
-	var joining []string
+	var joining, joiningStores []string
 	for _, m := range next.GetMembers() {
 		if !slices.ContainsFunc(old.GetMembers(), func(o *walshipv1.Member) bool { return o.GetId() == m.GetId() }) {
 			joining = append(joining, m.GetId())
 		}
 	}
+	for _, l := range next.GetLogstores() {
+		if !slices.Contains(old.GetLogstores(), l) {
+			joiningStores = append(joiningStores, l)
+		}
+	}
 	wctx, cancel := context.WithTimeout(ctx, s.cfg.ChangeResumeGrace)
 	err := s.peers.waitConnected(wctx, joining)
+	if err == nil {
+		err = s.peers.waitLogStoresConnected(wctx, joiningStores)
+	}
 	cancel()
 	if err == nil {
 		s.logger.Info("the log ends in a joint record: finishing the membership change", "from", configLine(old), "to", configLine(next))
@@ -224,7 +322,7 @@ func (s *Server) resumeChange(ctx context.Context, cur *walshipv1.Contract) (str
 // stripped is c without a change in progress: no learners, no next.
 func stripped(c *walshipv1.Contract) *walshipv1.Contract {
 	out := proto.Clone(c).(*walshipv1.Contract)
-	out.Learners, out.Next = nil, nil
+	out.Learners, out.LogstoreLearners, out.Next = nil, nil, nil
 	return out
 }
 
@@ -232,7 +330,7 @@ func stripped(c *walshipv1.Contract) *walshipv1.Contract {
 // its next half.
 func joint(old, next *walshipv1.Contract) *walshipv1.Contract {
 	j := proto.Clone(old).(*walshipv1.Contract)
-	j.Learners = nil
+	j.Learners, j.LogstoreLearners = nil, nil
 	j.MembersChanged = true
 	j.Next = &walshipv1.Configuration{Members: cloneMembers(next.GetMembers()), Logstores: slices.Clone(next.GetLogstores()), SyncReplicas: next.GetSyncReplicas()}
 	return j
@@ -327,6 +425,30 @@ func (p *peers) waitConnected(ctx context.Context, ids []string) error {
 	}
 }
 
+// waitLogStoresConnected waits until every log store of addrs has a
+// stream up.
+func (p *peers) waitLogStoresConnected(ctx context.Context, addrs []string) error {
+	for {
+		moved := p.movedCh()
+		p.mu.Lock()
+		var missing []string
+		for _, a := range addrs {
+			if l := p.logstores[a]; l == nil || !l.connected {
+				missing = append(missing, a)
+			}
+		}
+		p.mu.Unlock()
+		if len(missing) == 0 {
+			return nil
+		}
+		select {
+		case <-moved:
+		case <-ctx.Done():
+			return fmt.Errorf("log stores not connected: %s", strings.Join(missing, ", "))
+		}
+	}
+}
+
 // ChangeMembers validates a change against the contract in force, takes
 // the one slot for changes and hands it to runChanges; it returns when
 // the change is over or ctx ends first (the change goes on).
@@ -383,7 +505,7 @@ func (s *Server) checkChange(ctx context.Context, req *walshipv1.ChangeMembersRe
 	if len(cur.GetMembers()) == 0 {
 		return nil, status.Error(codes.FailedPrecondition, "this primary has no members (--peers): there is no membership to change")
 	}
-	if cur.GetNext() != nil || len(cur.GetLearners()) > 0 {
+	if cur.GetNext() != nil || len(cur.GetLearners()) > 0 || len(cur.GetLogstoreLearners()) > 0 {
 		return nil, status.Errorf(codes.FailedPrecondition, "a membership change is in progress (%s); one change at a time (walship ctl members list shows it)", configLine(cur))
 	}
 	r := &changeRun{done: make(chan struct{}), maxLag: req.GetMaxLagRecords(), catchUp: defaultCatchUpTimeout}
@@ -430,9 +552,32 @@ func (s *Server) checkChange(ctx context.Context, req *walshipv1.ChangeMembersRe
 		}
 		next.Members = slices.DeleteFunc(next.Members, func(m *walshipv1.Member) bool { return m.GetId() == id })
 		r.remove, r.desc = id, "remove "+id
+	case *walshipv1.ChangeMembersRequest_AddLogstore:
+		if err := checkLogStoreAddr("add_logstore", ch.AddLogstore, cur, false); err != nil {
+			return nil, err
+		}
+		r.addLogStore, r.desc = ch.AddLogstore, "add log store "+ch.AddLogstore
+	case *walshipv1.ChangeMembersRequest_RemoveLogstore:
+		if err := checkLogStoreAddr("remove_logstore", ch.RemoveLogstore, cur, true); err != nil {
+			return nil, err
+		}
+		r.removeLogStore, r.desc = ch.RemoveLogstore, "remove log store "+ch.RemoveLogstore
+	case *walshipv1.ChangeMembersRequest_ReplaceLogstore:
+		rp := ch.ReplaceLogstore
+		if rp.GetOld() == "" && rp.GetNew() == "" {
+			return nil, rpcerr.Invalid("replace_logstore", "required: the log store to replace (old) and the one to put in its place (new)")
+		}
+		if err := checkLogStoreAddr("replace_logstore.old", rp.GetOld(), cur, true); err != nil {
+			return nil, err
+		}
+		if err := checkLogStoreAddr("replace_logstore.new", rp.GetNew(), cur, false); err != nil {
+			return nil, err
+		}
+		r.removeLogStore, r.addLogStore, r.desc = rp.GetOld(), rp.GetNew(), fmt.Sprintf("replace log store %s with %s", rp.GetOld(), rp.GetNew())
 	default:
-		return nil, rpcerr.Invalid("change", "required: add or remove")
+		return nil, rpcerr.Invalid("change", "required: add, remove, add_logstore, remove_logstore or replace_logstore")
 	}
+	next.Logstores = replaceLogStore(next.GetLogstores(), r.removeLogStore, r.addLogStore)
 	if err := failover.ValidChange(configOf(cur).Old, configOf(next).Old, s.cfg.ID); err != nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "%s: %v", r.desc, err)
 	}
@@ -441,7 +586,64 @@ func (s *Server) checkChange(ctx context.Context, req *walshipv1.ChangeMembersRe
 			return nil, err
 		}
 	}
+	if r.addLogStore != "" {
+		field := "add_logstore"
+		if r.removeLogStore != "" {
+			field = "replace_logstore.new"
+		}
+		if err := s.probeLogStore(ctx, field, r.addLogStore); err != nil {
+			return nil, err
+		}
+	}
 	return r, nil
+}
+
+// checkLogStoreAddr checks the log store address addr of the request's
+// field against the contract cur: it must be one of cur's log stores
+// (member) or not (!member). A primary without log stores has none to
+// change, and gets none at run time: a first log store brings the lease
+// and the epoch's election, which start with the epoch (--logstore).
+func checkLogStoreAddr(field, addr string, cur *walshipv1.Contract, member bool) error {
+	ls := cur.GetLogstores()
+	switch {
+	case len(ls) == 0:
+		return status.Errorf(codes.FailedPrecondition, "%s: this primary has no log stores (--logstore): the first ones come with an epoch start, not a membership change", field)
+	case addr == "":
+		return rpcerr.Invalid(field, "required: the log store's address (host:port)")
+	case len(addr) > 256 || strings.ContainsAny(addr, " \t\n,"):
+		return rpcerr.Invalid(field, "%q is not a log store address (host:port)", addr)
+	case member && !slices.Contains(ls, addr):
+		return rpcerr.Invalid(field, "%s is not a log store of the contract (log stores: %s)", addr, orNone(ls))
+	case !member && slices.Contains(ls, addr):
+		return rpcerr.Invalid(field, "%s is already a log store of the contract (log stores: %s)", addr, orNone(ls))
+	}
+	return nil
+}
+
+// probeLogStore asks the log store at addr to add (the request's field)
+// for its Status: it must answer as a log store, not be of another
+// cluster, and not have promised an epoch newer than this primary's.
+func (s *Server) probeLogStore(ctx context.Context, field, addr string) error {
+	conn, err := s.dialer().Dial(addr, s.dialer().PeerClass(tlsid.ClassLogStore))
+	if err != nil {
+		return status.Errorf(codes.FailedPrecondition, "%s: cannot dial %s: %v", field, addr, err)
+	}
+	defer conn.Close()
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	st, err := walshipv1.NewLogStoreServiceClient(conn).Status(pctx, &walshipv1.LogStoreServiceStatusRequest{})
+	switch {
+	case status.Code(err) == codes.Unimplemented:
+		return status.Errorf(codes.FailedPrecondition, "%s: %s is not a log store (%v)", field, addr, status.Convert(err).Message())
+	case err != nil:
+		return status.Errorf(codes.FailedPrecondition, "%s: %s does not answer (%v): start the log store first (walship logstore, with --peers naming this cluster's log stores so that it refills their log)", field, addr, status.Convert(err).Message())
+	case s.otherClusterLogStore(addr, st) != nil:
+		s.metrics.clusterMismatch.Inc()
+		return status.Errorf(codes.FailedPrecondition, "%s: %v", field, s.otherClusterLogStore(addr, st))
+	case st.GetEpoch() > s.epoch:
+		return status.Errorf(codes.FailedPrecondition, "%s: the log store %s has promised epoch %d, newer than this primary's %d", field, addr, st.GetEpoch(), s.epoch)
+	}
+	return nil
 }
 
 // probeNode asks the data node m to add for its Status: it must answer,
@@ -485,7 +687,7 @@ func configLine(c *walshipv1.Contract) string {
 		for _, m := range nx.GetMembers() {
 			ids = append(ids, m.GetId())
 		}
-		line += fmt.Sprintf("; joint, to members %s", strings.Join(ids, ","))
+		line += fmt.Sprintf("; joint, to members %s, log stores %s", strings.Join(ids, ","), orNone(nx.GetLogstores()))
 	}
 	if len(c.GetLearners()) > 0 {
 		ids = ids[:0]
@@ -493,6 +695,9 @@ func configLine(c *walshipv1.Contract) string {
 			ids = append(ids, m.GetId())
 		}
 		line += "; learners " + strings.Join(ids, ",")
+	}
+	if len(c.GetLogstoreLearners()) > 0 {
+		line += "; log store learners " + strings.Join(c.GetLogstoreLearners(), ",")
 	}
 	return line
 }

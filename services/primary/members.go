@@ -57,7 +57,7 @@ func (s *Server) membership(now time.Time) *walshipv1.MembershipStatus {
 // named primary among them) once, with what it counts for: in the
 // current configuration and, while c is joint, in next; learners last.
 // Data nodes come first, in the order the contract names them, then log
-// stores, then learners.
+// stores, then learners (data nodes, then log stores).
 func Voices(c *walshipv1.Contract, primary string) []*walshipv1.MemberStatus {
 	next := c.GetNext()
 	joint := next != nil
@@ -106,6 +106,9 @@ func Voices(c *walshipv1.Contract, primary string) []*walshipv1.MemberStatus {
 	}
 	for _, m := range c.GetLearners() {
 		node(m, walshipv1.MemberVoice_MEMBER_VOICE_LEARNER)
+	}
+	for _, l := range c.GetLogstoreLearners() {
+		store(l, walshipv1.MemberVoice_MEMBER_VOICE_LEARNER)
 	}
 	return out
 }
