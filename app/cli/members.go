@@ -78,6 +78,9 @@ func printMembership(env *Env, ms *walshipv1.MembershipStatus) error {
 		}
 		fmt.Fprintf(env.Stdout, "learners (count for nothing): %s\n", strings.Join(ids, ", "))
 	}
+	if ls := c.GetLogstoreLearners(); len(ls) > 0 {
+		fmt.Fprintf(env.Stdout, "log store learners (count for nothing): %s\n", strings.Join(ls, ", "))
+	}
 	w := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "  ID\tADDRESS\tROLE\tVOICE\tCONNECTED\tREACHED\tLAG RECORDS\tLAG BYTES\tLAG SECONDS")
 	for _, m := range ms.GetMembers() {
