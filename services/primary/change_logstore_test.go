@@ -448,3 +448,64 @@ func foreignFence(t *testing.T, addr string) {
 		t.Fatal(err)
 	}
 }
+
+// TestNewPrimaryResumesLogStoreJoint: a primary whose log ends in the
+// joint record of a log store change opens its next epoch under it (with
+// --logstore still the old set) and finishes the change when the log
+// store it adds connects, or rolls it back when it does not; every
+// acknowledged write is there.
+func TestNewPrimaryResumesLogStoreJoint(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		up      bool // the log store added is running
+		outcome string
+		stage   walshipv1.MembershipStage
+	}{
+		{"finish", true, outcomeDone, walshipv1.MembershipStage_MEMBERSHIP_STAGE_FINAL},
+		{"roll back", false, outcomeRolledBack, walshipv1.MembershipStage_MEMBERSHIP_STAGE_ROLLED_BACK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := startLogStoreCluster(t, "a", "b", "c")
+			added := closedAddr(t)
+			if tc.up {
+				c.ls["d"] = startTestLogStore(t, vfs.NewMem(), "", c.addrs("a", "b", "c")...)
+				added = c.ls["d"].addr
+			}
+			s := c.p.s
+			old := stripped(s.contract())
+			next := proto.Clone(old).(*walshipv1.Contract)
+			next.Logstores = []string{c.ls["a"].addr, c.ls["b"].addr, added}
+			if _, err := s.writeRecord(ctx(t), s.epochRecord(joint(old, next), walshipv1.MembershipStage_MEMBERSHIP_STAGE_JOINT)); err != nil {
+				t.Fatal(err)
+			}
+			if err := lsPut(c.p, "acked", time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.p.stop(t); err != nil {
+				t.Fatal(err)
+			}
+			c.start(t)
+			testkit.Until(t, "the change to be "+tc.outcome, func() bool {
+				return counter(t, c.p.s.metrics.changes.WithLabelValues(tc.outcome)) == 1
+			})
+			want := next.GetLogstores()
+			if !tc.up {
+				want = old.GetLogstores()
+			}
+			if f := c.p.s.inForce.Load(); f.stage != tc.stage {
+				t.Fatalf("the last record after the new primary's %s: stage %v", tc.name, f.stage)
+			}
+			wantLogStores(t, c.p.s, want)
+			got, err := c.p.kv.Get(ctx(t), &walshipv1.GetRequest{Key: "acked"})
+			if err != nil || string(got.GetValue()) != "v" {
+				t.Fatalf("the acknowledged write: %v, %v", got, err)
+			}
+			if err := lsPut(c.p, "after", time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			if tc.up {
+				holdsAll(t, c.p.s, "d", c.ls["d"])
+			}
+		})
+	}
+}
