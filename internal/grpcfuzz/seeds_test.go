@@ -105,7 +105,9 @@ func seeds(bigValue int) []seed {
 	add(targetPrimary, classAdmin, admin+"Switchover", &walshipv1.SwitchoverRequest{Target: "replica-0", Timeout: durationpb.New(2 * time.Second)})
 	add(targetPrimary, classAdmin, admin+"SetPolicy", &walshipv1.SetPolicyRequest{Policy: policy})
 	add(targetPrimary, classAdmin, admin+"ListMembers", &walshipv1.ListMembersRequest{})
-	add(targetPrimary, classAdmin, admin+"ChangeMembers", &walshipv1.ChangeMembersRequest{Change: &walshipv1.ChangeMembersRequest_Remove{Remove: "no-such-member"}})
+	add(targetPrimary, classAdmin, admin+"ChangeMembers", &walshipv1.ChangeMembersRequest{Change: &walshipv1.ChangeMembersRequest_Remove{Remove: "no-such-member"}},
+		&walshipv1.ChangeMembersRequest{Change: &walshipv1.ChangeMembersRequest_RemoveLogstore{RemoveLogstore: "no-such-logstore:1"}},
+		&walshipv1.ChangeMembersRequest{Change: &walshipv1.ChangeMembersRequest_ReplaceLogstore{ReplaceLogstore: &walshipv1.LogStoreReplacement{Old: "no-such-logstore:1", New: "127.0.0.1:1"}}})
 
 	add(targetReplica, classNode, "/walship.v1.EpochService/Fence",
 		&walshipv1.FenceRequest{Epoch: epoch + 1, CandidateId: "replica-0", CandidateAddr: "${replica_addr}", ClusterId: "${cluster_id}"})
