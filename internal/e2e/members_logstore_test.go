@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/testkit"
 	"github.com/walship/walship/pkg/client"
 )
@@ -80,4 +81,79 @@ func TestLogStoreMembershipChange(t *testing.T) {
 	}
 	finish()
 	converge(t, ctx, n0.addr, c.nodes[1].addr, c.nodes[2].addr)
+}
+
+// TestMeasureLogStoreChange measures, over WALSHIP_MEMBERS_RUNS cycles
+// (skipped without it), the longest gap between two acknowledged writes of
+// 4 writers sending sync writes back to back (any 1 at flush and a log
+// store majority) while `walship ctl members add --logstore` adds ls3 and
+// `remove` takes it out again, against the longest gap of an equal
+// stretch without a change (issue 38's target: 100 ms), as
+// TestMeasureMembershipChange does for a data node.
+func TestMeasureLogStoreChange(t *testing.T) {
+	runs := measureRuns(t, "WALSHIP_MEMBERS_RUNS", "log store membership change pauses")
+	needLinux(t)
+	c := startFailoverCluster(t)
+	n0 := c.nodes[0]
+	var peers []string
+	for _, l := range c.logstores {
+		peers = append(peers, l.addr)
+	}
+	addr := testkit.FreeAddr(t)
+	ls3 := &procNode{name: "ls3", serving: "log store serving", addr: addr, t: t, args: []string{"logstore",
+		"--listen", addr, "--metrics-listen", "", "--data-dir", filepath.Join(t.TempDir(), "ls3"), "--peers", strings.Join(append(peers, addr), ",")}}
+	ls3.start()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Duration(runs)*time.Minute)
+	defer cancel()
+	kv := walshipv1.NewKVServiceClient(conn(t, n0.addr))
+	testkit.Until(t, "the primary to take a write", func() bool {
+		_, err := kv.Put(ctx, &walshipv1.PutRequest{Key: "m/warm", Value: []byte("x")})
+		return err == nil
+	})
+	gap := func(fn func()) (time.Duration, int) {
+		acks := make(chan time.Time, 1<<16)
+		wctx, stop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		for w := range 4 {
+			go func() {
+				defer func() { done <- struct{}{} }()
+				for wctx.Err() == nil {
+					if _, err := kv.Put(wctx, &walshipv1.PutRequest{Key: "m/" + string(rune('a'+w)), Value: []byte("x")}); err == nil {
+						acks <- time.Now()
+					}
+				}
+			}()
+		}
+		start := time.Now()
+		fn()
+		stop()
+		for range 4 {
+			<-done
+		}
+		close(acks)
+		var longest time.Duration
+		prev, n := start, 0
+		for a := range acks {
+			longest, prev, n = max(longest, a.Sub(prev)), a, n+1
+		}
+		return longest, n
+	}
+	var during, without []time.Duration
+	for i := range runs {
+		var took time.Duration
+		g, n := gap(func() {
+			began := time.Now()
+			ctl(t, "members", "add", "--logstore", ls3.addr, "--nodes", n0.addr)
+			ctl(t, "members", "remove", "--logstore", ls3.addr, "--nodes", n0.addr)
+			took = time.Since(began)
+		})
+		during = append(during, g)
+		b, m := gap(func() { <-time.After(took) })
+		without = append(without, b)
+		t.Logf("run %d: add+remove took %v: longest gap %v (%d writes); without a change %v (%d writes)", i, took.Round(time.Millisecond), g.Round(time.Millisecond), n, b.Round(time.Millisecond), m)
+	}
+	dm, dx := medianMax(during)
+	wm, wx := medianMax(without)
+	t.Logf("%d runs: longest write gap during log store add+remove median %v, max %v; without a change median %v, max %v",
+		runs, dm.Round(time.Millisecond), dx.Round(time.Millisecond), wm.Round(time.Millisecond), wx.Round(time.Millisecond))
 }
