@@ -3,8 +3,10 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -156,4 +158,63 @@ func TestMeasureLogStoreChange(t *testing.T) {
 	wm, wx := medianMax(without)
 	t.Logf("%d runs: longest write gap during log store add+remove median %v, max %v; without a change median %v, max %v",
 		runs, dm.Round(time.Millisecond), dx.Round(time.Millisecond), wm.Round(time.Millisecond), wx.Round(time.Millisecond))
+}
+
+// TestLogStoreRemovalKill9: under load checked for linearizability, on
+// the failover cluster, with ls1 paused (SIGSTOP) `walship ctl members
+// remove --logstore ls2` gets as far as the joint record, which the new
+// set {ls0, ls1} cannot acknowledge; the primary is killed (kill -9)
+// there, ls1 resumes, and `walship ctl promote` makes n1 the primary. Its
+// log ends in the joint record: it opens under the joint contract and
+// finishes the removal. Every acknowledged write is read back, the
+// history is linearizable, and the old primary rejoins and converges.
+func TestLogStoreRemovalKill9(t *testing.T) {
+	needLinux(t)
+	c := startFailoverCluster(t)
+	n0, n1, n2 := c.nodes[0], c.nodes[1], c.nodes[2]
+	ls0, ls1, ls2 := c.logstores[0], c.logstores[1], c.logstores[2]
+	cl, err := client.New(c.addrs(), client.Options{Retry: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	t.Cleanup(cancel)
+	h, finish := runChecked(t, ctx, cl, "ls-kill9/", 10*time.Second)
+	<-time.After(time.Second)
+
+	h.Note("pause ls1; remove ls2")
+	ls1.p.pause()
+	removing := exec.Command(walshipBin(t), "ctl", "members", "remove", "--logstore", ls2.addr, "--nodes", n0.addr, "--timeout", "2m")
+	var removeOut strings.Builder
+	removing.Stdout, removing.Stderr = &removeOut, &removeOut
+	if err := removing.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = removing.Process.Kill(); _ = removing.Wait() })
+	admin1 := walshipv1.NewAdminServiceClient(conn(t, n1.addr))
+	testkit.Until(t, "n1 to hold the joint record", func() bool {
+		st, err := admin1.Status(ctx, &walshipv1.StatusRequest{})
+		return err == nil && st.GetContract().GetNext() != nil
+	})
+	h.Note("kill -9 n0 (the primary) in the joint stage")
+	n0.p.kill()
+	_ = removing.Wait()
+	t.Logf("ctl members remove --logstore ls2, whose primary was killed:\n%s", removeOut.String())
+	ls1.p.signal(syscall.SIGCONT)
+	t.Logf("ctl promote:\n%s", ctl(t, "promote", "--node", n1.addr, "--wait", "30s"))
+	h.Note("n1 promoted")
+
+	var out string
+	want := fmt.Sprintf("; log stores %s, %s;", ls0.addr, ls1.addr)
+	testkit.Until(t, "n1 to finish the removal", func() bool {
+		o, err := exec.Command(walshipBin(t), "ctl", "members", "list", "--nodes", n1.addr).CombinedOutput()
+		out = string(o)
+		return err == nil && strings.Contains(out, "no change in progress") && strings.Contains(out, want)
+	})
+	t.Logf("ctl members list after the failover:\n%s", out)
+	finish()
+	n0.serving = "replica serving"
+	n0.start()
+	converge(t, ctx, n1.addr, n0.addr, n2.addr)
 }
