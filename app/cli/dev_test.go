@@ -15,6 +15,7 @@ import (
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/s3test"
 	"github.com/walship/walship/internal/testkit"
+	"github.com/walship/walship/pkg/client"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )
@@ -236,10 +237,19 @@ func TestDevGetHintNamesThePutsLSN(t *testing.T) {
 			get = line
 		}
 	}
-	put, err := walshipv1.NewKVServiceClient(devConn(t, d.node(t, "primary"))).Put(t.Context(), &walshipv1.PutRequest{Key: "hello", Value: []byte("world")})
-	if err != nil {
-		t.Fatal(err)
-	}
+	// A primary that does not hold the election for a moment (a loaded
+	// machine: the log stores' renewals time out) refuses the Put with
+	// NOT_SERVING, having done nothing: try again until it takes it.
+	kv := walshipv1.NewKVServiceClient(devConn(t, d.node(t, "primary")))
+	var put *walshipv1.PutResponse
+	testkit.UntilWithin(t, time.Minute, "the primary to take the Put", func() bool {
+		var err error
+		put, err = kv.Put(t.Context(), &walshipv1.PutRequest{Key: "hello", Value: []byte("world")})
+		if err != nil && !client.NotApplied(err) {
+			t.Fatal(err)
+		}
+		return err == nil
+	})
 	if want := fmt.Sprintf(`"min_lsn":"%d"`, put.GetLsn()); !strings.Contains(get, want) {
 		t.Fatalf("the Get hint %q; want %s, the LSN the Put returned", get, want)
 	}
