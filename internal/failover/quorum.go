@@ -3,6 +3,8 @@ package failover
 import (
 	"fmt"
 	"slices"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
 )
 
 // The quorum rules, all in this file: what acknowledges a commit, and
@@ -242,6 +244,28 @@ func (cfg Config) Judge(prev string, answers, all []Answer) JointVerdict {
 		return JointVerdict{Verdict: v, Old: v}
 	}
 	return JudgeJoint(cfg.Old, cfg.New, prev, answers, all)
+}
+
+// ConfigOf is the configuration contract c states, as the rules here read
+// it: its members, log stores and k; while a membership change is in
+// progress (c.next set) the joint configuration, whose ack rule and
+// promotion quorum are each half's; its learners apart.
+func ConfigOf(c *walshipv1.Contract) Config {
+	half := func(members []*walshipv1.Member, logstores []string, k uint32) Contract {
+		fc := Contract{LogStores: slices.Clone(logstores), K: int(k), LogStoreSync: c.GetLogstoreSync()}
+		for _, m := range members {
+			fc.Members = append(fc.Members, m.GetId())
+		}
+		return fc
+	}
+	cfg := Config{Old: half(c.GetMembers(), c.GetLogstores(), c.GetSyncReplicas())}
+	if nx := c.GetNext(); nx != nil {
+		cfg.New, cfg.Joint = half(nx.GetMembers(), nx.GetLogstores(), nx.GetSyncReplicas()), true
+	}
+	for _, m := range c.GetLearners() {
+		cfg.Learners = append(cfg.Learners, m.GetId())
+	}
+	return cfg
 }
 
 // Leads reports whether the node id may be the primary under cfg: only

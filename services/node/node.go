@@ -582,7 +582,7 @@ func (n *Node) lingerAfterStop() {
 // listed), or "" and why none. The contract decides, not --peers: a node
 // removed from it at run time may still be in the flag.
 func handOverTarget(peers []*walshipv1.PeerStatus, c *walshipv1.Contract, self string) (target string, flushed uint64, why string) {
-	qc := quorumConfig(c)
+	qc := failover.ConfigOf(c)
 	order := map[string]int{}
 	for i, m := range qc.Old.Members {
 		if m != self && qc.Leads(m) {

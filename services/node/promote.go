@@ -179,7 +179,7 @@ func leads(id string, rec *walshipv1.EpochRecord) error {
 
 // leadsUnder is leads under contract c, described by under.
 func leadsUnder(id string, c *walshipv1.Contract, under string) error {
-	qc := quorumConfig(c)
+	qc := failover.ConfigOf(c)
 	if qc.Leads(id) {
 		return nil
 	}
@@ -365,27 +365,6 @@ func askAt[T any](ctx context.Context, id string, addrs []string, ask func(ctx c
 	return zero, addrs[0], errors.Join(errs...)
 }
 
-// quorumConfig is c as the failover core reads it: while a membership
-// change is in progress (c.next set) the joint configuration, whose
-// promotion quorum is one of each half (failover.JudgeJoint).
-func quorumConfig(c *walshipv1.Contract) failover.Config {
-	half := func(members []*walshipv1.Member, logstores []string, k uint32) failover.Contract {
-		fc := failover.Contract{LogStores: logstores, K: int(k), LogStoreSync: c.GetLogstoreSync()}
-		for _, m := range members {
-			fc.Members = append(fc.Members, m.GetId())
-		}
-		return fc
-	}
-	cfg := failover.Config{Old: half(c.GetMembers(), c.GetLogstores(), c.GetSyncReplicas())}
-	if nx := c.GetNext(); nx != nil {
-		cfg.New, cfg.Joint = half(nx.GetMembers(), nx.GetLogstores(), nx.GetSyncReplicas()), true
-	}
-	for _, m := range c.GetLearners() {
-		cfg.Learners = append(cfg.Learners, m.GetId())
-	}
-	return cfg
-}
-
 // judge applies the quorum rule (failover.Judge) to answers (those that
 // count: granted ones after a fence, reachable ones in a survey) under
 // contract c, where prev is the replaced primary's id. Every promotion
@@ -397,7 +376,7 @@ func quorumConfig(c *walshipv1.Contract) failover.Config {
 // configuration it goes to.
 func judge(c *walshipv1.Contract, prev string, answers []answer, counts func(answer) bool) verdict {
 	var v verdict
-	qc := quorumConfig(c)
+	qc := failover.ConfigOf(c)
 	var counted []answer
 	var fcounted, fall []failover.Answer
 	for _, a := range answers {

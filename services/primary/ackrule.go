@@ -2,7 +2,6 @@ package primary
 
 import (
 	"math"
-	"slices"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/failover"
@@ -31,26 +30,6 @@ type ackRule struct {
 	minVoters int
 }
 
-// configOf is c as the failover core reads it: while c.next is set, the
-// joint configuration.
-func configOf(c *walshipv1.Contract) failover.Config {
-	half := func(members []*walshipv1.Member, logstores []string, k uint32) failover.Contract {
-		fc := failover.Contract{LogStores: slices.Clone(logstores), K: int(k), LogStoreSync: c.GetLogstoreSync()}
-		for _, m := range members {
-			fc.Members = append(fc.Members, m.GetId())
-		}
-		return fc
-	}
-	cfg := failover.Config{Old: half(c.GetMembers(), c.GetLogstores(), c.GetSyncReplicas())}
-	if nx := c.GetNext(); nx != nil {
-		cfg.New, cfg.Joint = half(nx.GetMembers(), nx.GetLogstores(), nx.GetSyncReplicas()), true
-	}
-	for _, m := range c.GetLearners() {
-		cfg.Learners = append(cfg.Learners, m.GetId())
-	}
-	return cfg
-}
-
 // ruleOf is the ack rule of contract c for the primary named self. A
 // contract without members keeps the rule of a primary without --peers:
 // every replica counts, and a majority of the configured log stores.
@@ -59,7 +38,7 @@ func ruleOf(c *walshipv1.Contract, self string) ackRule {
 		return ackRule{}
 	}
 	r := ackRule{eligible: map[string]bool{}, minVoters: math.MaxInt}
-	qs := configOf(c).AckQuorums(self)
+	qs := failover.ConfigOf(c).AckQuorums(self)
 	for i := 0; i+1 < len(qs); i += 2 {
 		m, l := qs[i], qs[i+1]
 		r.members = append(r.members, m.Voters)

@@ -180,7 +180,7 @@ func (s *Server) runChange(ctx context.Context, r *changeRun) (string, error) {
 		next.Members = slices.DeleteFunc(next.Members, func(m *walshipv1.Member) bool { return m.GetId() == r.remove })
 	}
 	next.MembersChanged = true
-	if err := failover.ValidChange(configOf(old).Old, configOf(next).Old, s.cfg.ID); err != nil {
+	if err := failover.ValidChange(failover.ConfigOf(old).Old, failover.ConfigOf(next).Old, s.cfg.ID); err != nil {
 		return "", err
 	}
 	if err := s.changeStep(ctx, joint(old, next), walshipv1.MembershipStage_MEMBERSHIP_STAGE_JOINT); err != nil {
@@ -578,7 +578,7 @@ func (s *Server) checkChange(ctx context.Context, req *walshipv1.ChangeMembersRe
 		return nil, rpcerr.Invalid("change", "required: add, remove, add_logstore, remove_logstore or replace_logstore")
 	}
 	next.Logstores = replaceLogStore(next.GetLogstores(), r.removeLogStore, r.addLogStore)
-	if err := failover.ValidChange(configOf(cur).Old, configOf(next).Old, s.cfg.ID); err != nil {
+	if err := failover.ValidChange(failover.ConfigOf(cur).Old, failover.ConfigOf(next).Old, s.cfg.ID); err != nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "%s: %v", r.desc, err)
 	}
 	if r.add != nil {

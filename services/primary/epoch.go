@@ -373,7 +373,7 @@ func ContractOf(p Policy, members []Member, logstores []string, lease time.Durat
 // and until the primary holds its lease, and opens the primary for reads
 // and writes. It returns when ctx ends or the primary fails first.
 func (s *Server) openEpoch(ctx context.Context) error {
-	if c := s.startContract(); c.GetMembersChanged() && !configOf(c).Leads(s.cfg.ID) {
+	if c := s.startContract(); c.GetMembersChanged() && !failover.ConfigOf(c).Leads(s.cfg.ID) {
 		// The members are the log's (a run-time change set them), and
 		// they do not name this node in every half: its acks would not
 		// meet what a promotion under them needs (failover Config.Leads).
@@ -820,7 +820,7 @@ func (s *Server) Switchover(ctx context.Context, target string, timeout time.Dur
 	var addr string
 	c := s.contract()
 	for _, m := range c.GetMembers() {
-		if m.GetId() == target && target != s.cfg.ID && configOf(c).Leads(target) {
+		if m.GetId() == target && target != s.cfg.ID && failover.ConfigOf(c).Leads(target) {
 			addr = m.GetAddr()
 		}
 	}
@@ -889,7 +889,7 @@ func (s *Server) otherMembers() string {
 	var ids []string
 	c := s.contract()
 	for _, m := range c.GetMembers() {
-		if m.GetId() != s.cfg.ID && configOf(c).Leads(m.GetId()) {
+		if m.GetId() != s.cfg.ID && failover.ConfigOf(c).Leads(m.GetId()) {
 			ids = append(ids, m.GetId())
 		}
 	}
