@@ -1,6 +1,6 @@
 // Package kube is a data node's view of Kubernetes: the Lease that says
 // which node may try to become primary (client-go's leaderelection), the
-// role label Services route on, and Events.
+// labels Services route on, and Events.
 //
 // The Lease is a promotion gate, not a fence (client-go's leaderelection
 // says it guarantees no fencing; its expiry is judged on each node's
@@ -35,9 +35,15 @@ import (
 	"k8s.io/client-go/util/retry"
 )
 
-// RoleLabel is the Pod label a data node sets to its role; the walship-rw
-// and walship-ro Services select on it.
-const RoleLabel = "walship.io/role"
+// The Pod labels a data node sets on its own Pod. The walship-rw Service
+// selects RoleLabel=primary, walship-ro ReadsLabel=true: two labels, so
+// that a hand-over's relabelling (replica → primary) changes only
+// walship-rw's EndpointSlice, and the new primary leaves walship-ro a
+// grace later, in an update of its own (services/node, label.go).
+const (
+	RoleLabel  = "walship.io/role"
+	ReadsLabel = "walship.io/reads"
+)
 
 // The defaults: a primary that has not renewed for 900 ms (five tries)
 // stops taking writes (availability, never safety: the epoch vote
@@ -101,7 +107,8 @@ type Client struct {
 
 	mu        sync.Mutex
 	heldUntil time.Time // with the monotonic clock
-	label     *string   // the role label last set (nil: unknown)
+	role      *string   // the role label last set (nil: unknown)
+	reads     *bool     // the reads label last set (nil: unknown)
 }
 
 // New connects (lazily: no call is made yet).
@@ -310,30 +317,49 @@ func (c *Client) Exists(ctx context.Context) (bool, error) {
 	return err == nil, err
 }
 
-// Label sets this node's Pod's role label (role "" removes it); it skips
-// the call when the label is already role.
-func (c *Client) Label(ctx context.Context, role string) error {
+// Label sets this node's Pod's role label (role "" removes it) and its
+// reads label (true sets it, false removes it, nil leaves it as it is),
+// in one patch; it skips what is already so, and the call when both are.
+func (c *Client) Label(ctx context.Context, role string, reads *bool) error {
 	c.mu.Lock()
-	same := c.label != nil && *c.label == role
+	labels := map[string]any{}
+	if c.role == nil || *c.role != role {
+		labels[RoleLabel] = labelValue(role)
+	}
+	if reads != nil && (c.reads == nil || *c.reads != *reads) {
+		v := ""
+		if *reads {
+			v = "true"
+		}
+		labels[ReadsLabel] = labelValue(v)
+	}
 	c.mu.Unlock()
-	if same {
+	if len(labels) == 0 {
 		return nil
 	}
-	var v any
-	if role != "" {
-		v = role
-	}
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]any{RoleLabel: v}}})
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": labels}})
 	if err != nil {
 		return err
 	}
 	if _, err := c.cs.CoreV1().Pods(c.cfg.Namespace).Patch(ctx, c.cfg.Pod, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-		return fmt.Errorf("label pod %s/%s %s=%s: %w", c.cfg.Namespace, c.cfg.Pod, RoleLabel, role, err)
+		return fmt.Errorf("label pod %s/%s %s: %w", c.cfg.Namespace, c.cfg.Pod, patch, err)
 	}
 	c.mu.Lock()
-	c.label = &role
+	c.role = &role
+	if reads != nil {
+		r := *reads
+		c.reads = &r
+	}
 	c.mu.Unlock()
 	return nil
+}
+
+// labelValue is a merge patch's value for a label: nil (null) removes it.
+func labelValue(v string) any {
+	if v == "" {
+		return nil
+	}
+	return v
 }
 
 // Event records an Event on this node's Pod (best effort: an error is

@@ -78,15 +78,34 @@ func TestLeaseHeldAndTakenOver(t *testing.T) {
 	if err != nil || string(out) != "b" {
 		t.Fatalf("after a's release the Lease's holder is %q (%v), want b", out, err)
 	}
-	if err := a.Label(ctx, "replica"); err != nil {
+	on, off := true, false
+	if err := a.Label(ctx, "replica", &on); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Label(ctx, "primary"); err != nil {
+	if err := b.Label(ctx, "replica", &on); err != nil {
 		t.Fatal(err)
 	}
-	out, err = exec.Command(kubectl, "--kubeconfig", api.Admin, "-n", "w", "get", "pods", "-L", RoleLabel, "--no-headers").CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "replica") || !strings.Contains(string(out), "primary") {
-		t.Fatalf("labels: %v\n%s", err, out)
+	// A promotion: the role changes, the reads label stays (nil leaves it).
+	if err := b.Label(ctx, "primary", nil); err != nil {
+		t.Fatal(err)
+	}
+	labels := func() string {
+		t.Helper()
+		out, err := exec.Command(kubectl, "--kubeconfig", api.Admin, "-n", "w", "get", "pods", "a", "b",
+			"-o", `jsonpath={range .items[*]}{.metadata.name}:{.metadata.labels.walship\.io/role}:{.metadata.labels.walship\.io/reads} {end}`).CombinedOutput()
+		if err != nil {
+			t.Fatalf("labels: %v\n%s", err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	if got, want := labels(), "a:replica:true b:primary:true"; got != want {
+		t.Fatalf("labels %q, want %q", got, want)
+	}
+	if err := b.Label(ctx, "primary", &off); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := labels(), "a:replica:true b:primary:"; got != want {
+		t.Fatalf("labels %q, want %q", got, want)
 	}
 }
 

@@ -478,7 +478,7 @@ func (c *Client) Exists(ctx context.Context) (bool, error) {
 
 // Label does nothing: outside Kubernetes no label routes clients (they
 // find the primary through any node's NotPrimary answer).
-func (c *Client) Label(context.Context, string) error { return nil }
+func (c *Client) Label(context.Context, string, *bool) error { return nil }
 
 // Event logs what happened and keeps it as the last outcome.
 func (c *Client) Event(_ context.Context, kind, reason, message string) {

@@ -30,7 +30,8 @@ import (
 //     gives it up if the promotion fails;
 //   - a node that opens a new epoch takes the election over (the vote has
 //     fenced every other would-be primary), so it follows the epoch, and
-//     labels itself (Kubernetes: the walship.io/role Pod label).
+//     labels itself (Kubernetes: the walship.io/role and walship.io/reads
+//     Pod labels; label.go).
 
 // Election is who may try to become the primary.
 type Election interface {
@@ -42,8 +43,10 @@ type Election interface {
 	Held() bool
 	// TakeOver makes this node the holder, whoever holds it.
 	TakeOver(ctx context.Context) error
-	// Label tells the world this node's role ("primary" or "replica").
-	Label(ctx context.Context, role string) error
+	// Label tells the world this node's role ("primary", "replica", or ""
+	// for none) and whether it serves the clients' reads (reads; nil
+	// leaves that as it is).
+	Label(ctx context.Context, role string, reads *bool) error
 	// Event records something that happened to this node (best effort).
 	Event(ctx context.Context, kind, reason, message string)
 	// Exists reports whether the election was ever held: a node with an
@@ -317,71 +320,4 @@ func (n *Node) opened(ctx context.Context, epoch uint64) {
 		n.logger.Warn("could not take the election over", "epoch", epoch, "err", err)
 		backoff.Sleep(ctx, n.retry())
 	}
-}
-
-// labels keeps the node's role label equal to its role (roleLabel) until
-// the node is told to stop (stopping): a stopping primary that hands over
-// keeps its label, since its pod has left the Services already, and a
-// relabelling would only spend kube-proxy's minSyncPeriod before the new
-// primary's.
-func (n *Node) labels(ctx context.Context, stopping <-chan struct{}) {
-	el := n.cfg.Election
-	last, since := labelUnknown, time.Time{}
-	for ctx.Err() == nil {
-		select {
-		case <-stopping:
-			return
-		default:
-		}
-		prim := n.Primary()
-		var role string
-		role, since = roleLabel(last, prim != nil, prim != nil && prim.TakingWrites(), since, time.Now())
-		if role != labelUnknown {
-			lctx, cancel := context.WithTimeout(ctx, 10*n.retry())
-			if err := el.Label(lctx, role); err != nil {
-				n.logger.Warn("could not label the pod", "role", role, "err", err)
-			}
-			cancel()
-		}
-		last = role
-		backoff.Sleep(ctx, n.retry())
-	}
-}
-
-// labelUnknown is the label a node has not set yet: at a start, its Pod
-// may carry the label of the process before it.
-const labelUnknown = "?"
-
-// promotionLabelGrace is how long a node keeps the label it has once it
-// is a primary that does not take writes yet, when that label is replica
-// (a promotion) or one it has not set (a start): a promotion or a
-// restart opens its epoch within it, and relabelling straight to primary
-// changes both Services' EndpointSlices in one update, where replica →
-// none → primary changes them twice and kube-proxy applies the second
-// only a minSyncPeriod (1 s by default) after the first.
-const promotionLabelGrace = 2 * time.Second
-
-// roleLabel is the role label for a node that was last labelled last:
-// "primary" while it takes writes, "replica" for a replica, none for a
-// primary that does not take writes (it serves neither reads nor
-// writes) — but a primary that does not take writes yet keeps a replica
-// or unknown label for promotionLabelGrace after since (when it became
-// one; zero when it is not one), and labelUnknown means leave the label
-// as it is. It returns the label and the new since.
-func roleLabel(last string, primary, takingWrites bool, since, now time.Time) (string, time.Time) {
-	switch {
-	case !primary:
-		return "replica", time.Time{}
-	case takingWrites:
-		return "primary", time.Time{}
-	case last != "replica" && last != labelUnknown:
-		return "", time.Time{}
-	}
-	if since.IsZero() {
-		since = now
-	}
-	if now.Sub(since) < promotionLabelGrace {
-		return last, since
-	}
-	return "", time.Time{}
 }

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -21,6 +22,7 @@ type memElection struct {
 	mu                  sync.Mutex
 	holder              string
 	campaigns, releases int
+	labels              []string // "role reads" of each Label call (reads "?" when left)
 }
 
 func (e *memElection) Campaign(ctx context.Context, _ bool, lead func(context.Context)) error {
@@ -65,7 +67,17 @@ func (e *memElection) TakeOver(context.Context) error {
 	return nil
 }
 
-func (e *memElection) Label(context.Context, string) error           { return nil }
+func (e *memElection) Label(_ context.Context, role string, reads *bool) error {
+	r := "?"
+	if reads != nil {
+		r = fmt.Sprint(*reads)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.labels = append(e.labels, role+" "+r)
+	return nil
+}
+
 func (e *memElection) Event(context.Context, string, string, string) {}
 func (e *memElection) Exists(context.Context) (bool, error)          { return false, nil }
 

@@ -7,8 +7,8 @@ import (
 
 // TestRoleLabel walks the role label through a promotion, a restart, a
 // primary that stops taking writes and one that never opens: a node
-// relabels once per hand-over (replica → primary, so that one
-// EndpointSlice update moves both Services), and a primary that does not
+// relabels once per hand-over (replica → primary, one patch, which moves
+// walship-rw alone: walship-ro selects the reads label), and a primary that does not
 // take writes loses its label at once when it had taken writes, or after
 // promotionLabelGrace when it is still promoting or starting.
 func TestRoleLabel(t *testing.T) {
@@ -73,6 +73,85 @@ func TestRoleLabel(t *testing.T) {
 					t.Fatalf("step %d (+%v, primary %v, taking writes %v, last %q): label %q, want %q", i, s.at, s.primary, s.takingWrites, last, got, s.want)
 				}
 				last, since = got, next
+			}
+		})
+	}
+}
+
+// TestReadsLabel walks both labels through a hand-over, a restart, a
+// primary that stops taking writes and one that is deposed: a promotion
+// changes the role alone (walship-rw's EndpointSlice), and the reads
+// label goes readsLabelGrace after the new primary takes writes
+// (walship-ro's, in a kube-proxy sync of its own).
+func TestReadsLabel(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	type step struct {
+		at                    time.Duration
+		primary, takingWrites bool
+		role, reads           string
+	}
+	for _, tc := range []struct {
+		name  string
+		steps []step
+	}{
+		{"promotion: the role changes, the reads label a grace later", []step{
+			{0, false, false, "replica", readsOn},
+			{100 * time.Millisecond, true, false, "replica", readsOn},
+			{500 * time.Millisecond, true, true, "primary", readsOn},
+			{2400 * time.Millisecond, true, true, "primary", readsOn},
+			{2500 * time.Millisecond, true, true, "primary", ""},
+			{10 * time.Second, true, true, "primary", ""},
+		}},
+		{"promotion that does not open: both go after the grace", []step{
+			{0, false, false, "replica", readsOn},
+			{100 * time.Millisecond, true, false, "replica", readsOn},
+			{2100 * time.Millisecond, true, false, "", ""},
+			{3 * time.Second, true, true, "primary", ""},
+		}},
+		{"restart as a primary: both left as they are, the reads label a grace after it opens", []step{
+			{0, true, false, labelUnknown, labelUnknown},
+			{1 * time.Second, true, true, "primary", labelUnknown},
+			{2900 * time.Millisecond, true, true, "primary", labelUnknown},
+			{3 * time.Second, true, true, "primary", ""},
+		}},
+		{"restart as a primary that does not open: none after the grace", []step{
+			{0, true, false, labelUnknown, labelUnknown},
+			{2 * time.Second, true, false, "", ""},
+		}},
+		{"restart as a replica: both at once", []step{
+			{0, false, false, "replica", readsOn},
+		}},
+		{"a primary that loses its lease within the grace: none at once, and none back", []step{
+			{0, false, false, "replica", readsOn},
+			{100 * time.Millisecond, true, true, "primary", readsOn},
+			{1 * time.Second, true, false, "", ""},
+			{1200 * time.Millisecond, true, true, "primary", ""},
+		}},
+		{"deposed: replica and reads at once", []step{
+			{0, false, false, "replica", readsOn},
+			{100 * time.Millisecond, true, true, "primary", readsOn},
+			{5 * time.Second, true, true, "primary", ""},
+			{6 * time.Second, false, false, "replica", readsOn},
+		}},
+		{"a second promotion gets a grace of its own", []step{
+			{0, false, false, "replica", readsOn},
+			{100 * time.Millisecond, true, true, "primary", readsOn},
+			{2200 * time.Millisecond, true, true, "primary", ""},
+			{3 * time.Second, false, false, "replica", readsOn},
+			{4 * time.Second, true, false, "replica", readsOn},
+			{4100 * time.Millisecond, true, true, "primary", readsOn},
+			{6 * time.Second, true, true, "primary", readsOn},
+			{6100 * time.Millisecond, true, true, "primary", ""},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			last, times := podLabels{labelUnknown, labelUnknown}, labelTimes{}
+			for i, s := range tc.steps {
+				got, next := nextLabels(last, s.primary, s.takingWrites, times, t0.Add(s.at))
+				if want := (podLabels{s.role, s.reads}); got != want {
+					t.Fatalf("step %d (+%v, primary %v, taking writes %v, last %+v): labels %+v, want %+v", i, s.at, s.primary, s.takingWrites, last, got, want)
+				}
+				last, times = got, next
 			}
 		})
 	}
