@@ -256,6 +256,9 @@ func (n *Node) maxLag() uint64 {
 func (n *Node) lead(ctx context.Context, giveUp func(), leading *atomic.Bool) {
 	leading.Store(true)
 	defer leading.Store(false)
+	// A primary whose epoch opened before it held the election (a
+	// restart) takes writes from now.
+	n.relabelNow()
 	el := n.cfg.Election
 	if n.Role() != RolePrimary {
 		n.logger.Info("holding the election; promoting this replica")
@@ -314,6 +317,8 @@ func (n *Node) opened(ctx context.Context, epoch uint64) {
 		err := el.TakeOver(tctx)
 		cancel()
 		if err == nil {
+			// It takes writes from now if its epoch is open already.
+			n.relabelNow()
 			el.Event(ctx, eventNormal, "Primary", fmt.Sprintf("opened epoch %d as primary", epoch))
 			return
 		}

@@ -78,6 +78,16 @@ func (e *memElection) Label(_ context.Context, role string, reads *bool) error {
 	return nil
 }
 
+// lastLabel is the last Label call's "role reads" ("" before any).
+func (e *memElection) lastLabel() string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.labels) == 0 {
+		return ""
+	}
+	return e.labels[len(e.labels)-1]
+}
+
 func (e *memElection) Event(context.Context, string, string, string) {}
 func (e *memElection) Exists(context.Context) (bool, error)          { return false, nil }
 

@@ -2,7 +2,11 @@ package node
 
 import (
 	"context"
+	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/walship/walship/services/primary"
 )
 
 // Labels (Config.Election's Label; on Kubernetes two labels of the node's
@@ -122,13 +126,48 @@ func readsLabel(last, role string, primary, takingWrites bool, since, now time.T
 	return "", time.Time{}
 }
 
+// labelWake wakes the labels loop when the node's labels should change
+// now rather than at its next poll: a promotion's relabelling is on the
+// clients' path to the new primary.
+type labelWake struct {
+	once sync.Once
+	ch   chan struct{}
+	// opened is the primary whose epoch has just opened (Opened runs
+	// just before it takes writes), until the loop has seen it.
+	opened atomic.Pointer[primary.Server]
+}
+
+func (w *labelWake) wakeCh() chan struct{} {
+	w.once.Do(func() { w.ch = make(chan struct{}, 1) })
+	return w.ch
+}
+
+// relabelNow wakes the labels loop.
+func (n *Node) relabelNow() {
+	select {
+	case n.labelWake.wakeCh() <- struct{}{}:
+	default:
+	}
+}
+
+// labelOpened is the primary's Opened hook for the labels: its epoch
+// opens, and it takes writes right after.
+func (n *Node) labelOpened() {
+	if prim := n.Primary(); prim != nil {
+		n.labelWake.opened.Store(prim)
+		n.relabelNow()
+	}
+}
+
 // labels keeps the node's labels equal to its role (nextLabels), every
-// retry period, until the node is told to stop (stopping): a stopping primary that hands over keeps its
+// retry period and at once when woken (relabelNow), until the node is
+// told to stop (stopping): a stopping primary that hands over keeps its
 // labels, since its pod has left the Services already, and a relabelling
 // would only spend kube-proxy's minSyncPeriod before the new primary's.
 func (n *Node) labels(ctx context.Context, stopping <-chan struct{}) {
 	el := n.cfg.Election
 	last, times := podLabels{labelUnknown, labelUnknown}, labelTimes{}
+	wake := n.labelWake.wakeCh()
 	poll := time.NewTimer(0)
 	defer poll.Stop()
 	for {
@@ -137,10 +176,20 @@ func (n *Node) labels(ctx context.Context, stopping <-chan struct{}) {
 			return
 		case <-stopping:
 			return
+		case <-wake:
 		case <-poll.C:
 		}
 		prim := n.Primary()
+		// Woken by Opened, the primary may not take writes yet: it does
+		// within microseconds if it holds the election (its gate), and the
+		// loop takes its word for it once. Until it holds the election
+		// (a switchover's target takes it over), opened waits for the
+		// wake-up that follows (opened in auto.go).
 		taking := prim != nil && prim.TakingWrites()
+		if prim != nil && n.labelWake.opened.Load() == prim && (taking || el.Held()) {
+			n.labelWake.opened.CompareAndSwap(prim, nil)
+			taking = true
+		}
 		var next podLabels
 		next, times = nextLabels(last, prim != nil, taking, times, time.Now())
 		if next.role != labelUnknown {

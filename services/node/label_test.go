@@ -1,8 +1,14 @@
 package node
 
 import (
+	"path/filepath"
 	"testing"
 	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/testkit"
+	"github.com/walship/walship/services/logstore"
+	"github.com/walship/walship/services/primary"
 )
 
 // TestRoleLabel walks the role label through a promotion, a restart, a
@@ -155,4 +161,35 @@ func TestReadsLabel(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestLabelsFollowTheOpening: a primary is labelled primary as its epoch
+// opens, not at the labels loop's next poll (here an hour away): the
+// relabelling is on the clients' way to it.
+func TestLabelsFollowTheOpening(t *testing.T) {
+	dir := t.TempDir()
+	lcfg := logstore.DefaultConfig()
+	lcfg.Listen, lcfg.MetricsListen, lcfg.DataDir = "127.0.0.1:0", "", filepath.Join(dir, "ls")
+	lcfg.StopTimeout = time.Second
+	ls, err := logstore.New(lcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, ls.Run)
+	c := &cluster{dir: dir, ls: ls.Addr(), nodes: map[string]*Node{}, runs: map[string]*running{},
+		members: []primary.Member{{ID: "n0", Addr: testkit.FreeAddr(t)}}}
+	cfg := c.config("n0", RolePrimary)
+	cfg.Primary.Policy.Replication = walshipv1.ReplicationMode_REPLICATION_MODE_DISABLED
+	// It holds the election from the start; the loop polls once, at its
+	// start, before the epoch opens.
+	el := &memElection{id: "n0", holder: "n0"}
+	cfg.Election, cfg.ElectionRetry = el, time.Hour
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.nodes["n0"] = n
+	run(t, n.Run)
+	testkit.Until(t, "the primary to take writes", func() bool { return n.Primary() != nil && n.Primary().TakingWrites() })
+	testkit.Until(t, "the pod labelled primary", func() bool { return el.lastLabel() == "primary ?" })
 }

@@ -144,6 +144,8 @@ type Node struct {
 	// when it last changed (zero: never seen to); under mu.
 	seenEpoch    uint64
 	epochChanged time.Time
+	// labelWake wakes the labels loop (label.go).
+	labelWake labelWake
 }
 
 // New validates cfg, reads the data directory's vote to choose the role,
@@ -357,6 +359,14 @@ func (n *Node) newPrimary(listen, metricsListen string, elected *primary.Elected
 	}
 	if n.cfg.Election != nil {
 		cfg.Gate = n.gate
+		// The Pod's labels follow the epoch's opening at once.
+		timeOpened := cfg.Opened
+		cfg.Opened = func() {
+			if timeOpened != nil {
+				timeOpened()
+			}
+			n.labelOpened()
+		}
 	}
 	cfg.StreamGrace = 100 * time.Millisecond
 	s, err := primary.New(cfg)
