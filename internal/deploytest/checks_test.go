@@ -32,10 +32,14 @@ var (
 		"app.kubernetes.io/managed-by",
 	}
 	componentLabel = "app.kubernetes.io/component"
-	// roleLabel is the label a data node sets on its own Pod at run time
-	// (internal/kube): primary or replica. Only the client Services may
-	// select on it; no template sets it.
-	roleLabel = "walship.io/role"
+	// roleLabel and readsLabel are the labels a data node sets on its own
+	// Pod at run time (internal/kube): its role, primary or replica, and
+	// "true" while it serves walship-ro's reads. Only the client Services
+	// may select on them; no template sets them.
+	roleLabel  = "walship.io/role"
+	readsLabel = "walship.io/reads"
+	// runTimeLabels are those two.
+	runTimeLabels = []string{roleLabel, readsLabel}
 )
 
 // The component of the data nodes' StatefulSet, whose pods run `walship
@@ -115,18 +119,22 @@ func (c *checker) podsOf(sel *metav1.LabelSelector) []*appsv1.StatefulSet {
 }
 
 // podsOfService returns the StatefulSets whose pods a Service selector
-// selects, reading the role label apart: it is on no template but set at
-// run time, so it narrows the pods to those of that role (role, hasRole).
-func (c *checker) podsOfService(selector map[string]string) (sts []*appsv1.StatefulSet, role string, hasRole bool) {
+// selects, reading the run-time labels apart: they are on no template but
+// set at run time, so they narrow the pods to those the nodes label so
+// (runTime; nil when the selector has none).
+func (c *checker) podsOfService(selector map[string]string) (sts []*appsv1.StatefulSet, runTime map[string]string) {
 	rest := map[string]string{}
 	for k, v := range selector {
-		if k == roleLabel {
-			role, hasRole = v, true
+		if slices.Contains(runTimeLabels, k) {
+			if runTime == nil {
+				runTime = map[string]string{}
+			}
+			runTime[k] = v
 			continue
 		}
 		rest[k] = v
 	}
-	return c.podsOf(&metav1.LabelSelector{MatchLabels: rest}), role, hasRole
+	return c.podsOf(&metav1.LabelSelector{MatchLabels: rest}), runTime
 }
 
 func (c *checker) checkStatefulSet(sts *appsv1.StatefulSet) {
@@ -146,14 +154,16 @@ func (c *checker) checkStatefulSet(sts *appsv1.StatefulSet) {
 			c.errorf("%s: pod template has no label %s", where, l)
 		}
 	}
-	// The nodes patch their role label: in the template it would route a
-	// pod by the role it was created with, in the selector orphan the pod
-	// the moment it changes.
-	if _, ok := tmpl.Labels[roleLabel]; ok {
-		c.errorf("%s: pod template sets %s, which each node sets on its own Pod at run time", where, roleLabel)
-	}
-	if selectorHas(sts.Spec.Selector, roleLabel) {
-		c.errorf("%s: selector uses %s, which changes at run time: pods would leave their StatefulSet", where, roleLabel)
+	// The nodes patch their run-time labels: in the template one would
+	// route a pod by the role it was created with, in the selector orphan
+	// the pod the moment it changes.
+	for _, l := range runTimeLabels {
+		if _, ok := tmpl.Labels[l]; ok {
+			c.errorf("%s: pod template sets %s, which each node sets on its own Pod at run time", where, l)
+		}
+		if selectorHas(sts.Spec.Selector, l) {
+			c.errorf("%s: selector uses %s, which changes at run time: pods would leave their StatefulSet", where, l)
+		}
 	}
 	// The headless Service that gives the pods their DNS names.
 	if svc := c.o.services[sts.Spec.ServiceName]; svc == nil {
@@ -762,7 +772,7 @@ func (c *checker) resolvePeer(addr, comp string) (string, error) {
 			if int(sp.Port) != port {
 				continue
 			}
-			targets, _, _ := c.podsOfService(svc.Spec.Selector)
+			targets, _ := c.podsOfService(svc.Spec.Selector)
 			for _, sts := range targets {
 				if sts.Spec.Template.Labels[componentLabel] != comp {
 					return "", fmt.Errorf("Service %s selects %s pods, want %s", svc.Name, sts.Spec.Template.Labels[componentLabel], comp)
@@ -805,10 +815,11 @@ func (c *checker) resolvePeer(addr, comp string) (string, error) {
 
 // checkServices: each Service selects the pods of one StatefulSet, and
 // every port reaches a port the container listens on. A Service that
-// selects on the role label routes to the pods of that role: the role is
-// primary or replica, and the pods set it (a data node with --kube-lease
-// labels its own Pod); a headless Service publishes pods before they are
-// ready, so that peers resolve them while they recover.
+// selects on a run-time label routes to the pods the nodes label so: the
+// role is primary or replica, reads is "true", and the pods set them (a
+// data node with --kube-lease labels its own Pod); a headless Service
+// publishes pods before they are ready, so that peers resolve them while
+// they recover.
 func (c *checker) checkServices() {
 	for _, name := range sortedKeys(c.o.services) {
 		svc := c.o.services[name]
@@ -817,7 +828,7 @@ func (c *checker) checkServices() {
 			c.errorf("%s: no selector", where)
 			continue
 		}
-		targets, role, hasRole := c.podsOfService(svc.Spec.Selector)
+		targets, runTime := c.podsOfService(svc.Spec.Selector)
 		if len(targets) != 1 {
 			c.errorf("%s: selects the pods of %d StatefulSets, want 1", where, len(targets))
 			continue
@@ -832,17 +843,20 @@ func (c *checker) checkServices() {
 		if svc.Spec.ClusterIP == corev1.ClusterIPNone && !svc.Spec.PublishNotReadyAddresses {
 			c.errorf("%s: headless without publishNotReadyAddresses: peers cannot resolve a pod until it is ready", where)
 		}
-		if !hasRole {
+		if runTime == nil {
 			continue
 		}
-		if role != "primary" && role != "replica" {
+		if role, ok := runTime[roleLabel]; ok && role != "primary" && role != "replica" {
 			c.errorf("%s: selects %s=%q; nodes label themselves primary or replica", where, roleLabel, role)
+		}
+		if reads, ok := runTime[readsLabel]; ok && reads != "true" {
+			c.errorf("%s: selects %s=%q; nodes set it to \"true\" or not at all", where, readsLabel, reads)
 		}
 		if svc.Spec.ClusterIP == corev1.ClusterIPNone || svc.Spec.PublishNotReadyAddresses {
 			c.errorf("%s: routes by role, so it must be a ClusterIP Service of ready pods only", where)
 		}
 		if p, err := c.podConfig(sts, 0); err == nil && !p.callsAPI() {
-			c.errorf("%s: selects %s=%s, but the pods of StatefulSet %s run without --kube-lease and never set it", where, roleLabel, role, sts.Name)
+			c.errorf("%s: selects %v, but the pods of StatefulSet %s run without --kube-lease and never set it", where, runTime, sts.Name)
 		}
 	}
 }
@@ -860,8 +874,8 @@ func (c *checker) checkPDBs() {
 	covered := map[string][]string{}
 	for _, name := range sortedKeys(c.o.pdbs) {
 		pdb := c.o.pdbs[name]
-		if selectorHas(pdb.Spec.Selector, roleLabel) {
-			c.errorf("PodDisruptionBudget %s: selects on %s, which changes at run time", name, roleLabel)
+		if l, ok := selectsRunTime(pdb.Spec.Selector); ok {
+			c.errorf("PodDisruptionBudget %s: selects on %s, which changes at run time", name, l)
 			continue
 		}
 		targets := c.podsOf(pdb.Spec.Selector)
@@ -915,8 +929,8 @@ func (c *checker) checkPodMonitors() {
 	for _, name := range sortedKeys(c.o.podMonitors) {
 		pm := c.o.podMonitors[name]
 		where := "PodMonitor " + name
-		if selectorHas(&pm.Spec.Selector, roleLabel) {
-			c.errorf("%s: selects on %s: a failover would move a pod out of its scrape", where, roleLabel)
+		if l, ok := selectsRunTime(&pm.Spec.Selector); ok {
+			c.errorf("%s: selects on %s: a failover would move a pod out of its scrape", where, l)
 		}
 		targets := c.podsOf(&pm.Spec.Selector)
 		if len(targets) != len(c.o.statefulSets) {
@@ -937,8 +951,10 @@ func (c *checker) checkPodMonitors() {
 				}
 				for _, rc := range ep.RelabelConfigs {
 					for _, sl := range rc.SourceLabels {
-						if string(sl) == "__meta_kubernetes_pod_label_"+sanitize(roleLabel) && rc.Action != "drop" && rc.Action != "keep" {
-							c.errorf("%s: relabels %s from the role label: it changes at a failover and would start new series", where, rc.TargetLabel)
+						for _, l := range runTimeLabels {
+							if string(sl) == "__meta_kubernetes_pod_label_"+sanitize(l) && rc.Action != "drop" && rc.Action != "keep" {
+								c.errorf("%s: relabels %s from the %s label: it changes at a failover and would start new series", where, rc.TargetLabel, l)
+							}
 						}
 					}
 				}
@@ -1037,6 +1053,16 @@ func resolveTargetPort(ct *corev1.Container, sp corev1.ServicePort) (int32, bool
 }
 
 func ptrTrue(b *bool) bool { return b != nil && *b }
+
+// selectsRunTime returns a run-time label sel matches on, if any.
+func selectsRunTime(sel *metav1.LabelSelector) (string, bool) {
+	for _, l := range runTimeLabels {
+		if selectorHas(sel, l) {
+			return l, true
+		}
+	}
+	return "", false
+}
 
 // selectorHas says whether sel matches on label key at all.
 func selectorHas(sel *metav1.LabelSelector, key string) bool {

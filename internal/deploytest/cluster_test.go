@@ -3,6 +3,7 @@ package deploytest
 import (
 	"bytes"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -15,12 +16,20 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/kustomize/kyaml/kio"
 )
 
-// Client Services of the data nodes: writes go to the primary, reads to
-// the replicas, each by the role label the nodes set on their Pods.
-var roleServices = map[string]string{"primary": "walship-rw", "replica": "walship-ro"}
+// Client Services of the data nodes, and the run-time labels each selects
+// (nothing else of them): writes go to the primary by its role label,
+// reads to the pods labelled reads=true — the replicas, and a new primary
+// for a grace — not by role=replica: a hand-over's relabelling (replica →
+// primary) would then change both Services' EndpointSlices, and
+// kube-proxy applies the second a minSyncPeriod (1 s) after the first.
+var roleServices = map[string]map[string]string{
+	"walship-rw": {roleLabel: "primary"},
+	"walship-ro": {readsLabel: "true"},
+}
 
 // stopTimeout is how long a walship server's graceful stop may take
 // (primary.DefaultConfig().StopTimeout, not a flag).
@@ -184,7 +193,7 @@ func (c *checker) checkMembers(p *pod, nodes *appsv1.StatefulSet) {
 //     walship-0 forever), and the grace period covers the switchover a
 //     primary makes on SIGTERM plus its graceful stop, with no exec preStop
 //     hook (the image has no shell);
-//   - walship-rw and walship-ro route on the role label.
+//   - walship-rw routes on the role label, walship-ro on the reads label.
 func (c *checker) checkFailover(pods []*pod, nodes, ls *appsv1.StatefulSet) {
 	for _, p := range pods {
 		if got := p.flag("pod-name"); got != p.name {
@@ -236,16 +245,16 @@ func (c *checker) checkFailover(pods []*pod, nodes, ls *appsv1.StatefulSet) {
 			c.errorf("%s container %s: an exec preStop hook needs a shell, which the image (FROM scratch) lacks; walship handles SIGTERM itself", where, ct.Name)
 		}
 	}
-	for _, role := range sortedKeys(roleServices) {
-		name := roleServices[role]
+	for _, name := range sortedKeys(roleServices) {
+		want := roleServices[name]
 		svc := c.o.services[name]
 		if svc == nil {
-			c.errorf("no Service %s for the %s (%s=%s)", name, role, roleLabel, role)
+			c.errorf("no Service %s (the pods with %s)", name, labels.Set(want))
 			continue
 		}
-		targets, got, hasRole := c.podsOfService(svc.Spec.Selector)
-		if !hasRole || got != role || len(targets) != 1 || targets[0] != nodes {
-			c.errorf("Service %s: selector %v, want the pods of StatefulSet %s with %s=%s", name, svc.Spec.Selector, nodes.Name, roleLabel, role)
+		targets, got := c.podsOfService(svc.Spec.Selector)
+		if !maps.Equal(got, want) || len(targets) != 1 || targets[0] != nodes {
+			c.errorf("Service %s: selector %v, want the pods of StatefulSet %s with %s and no other run-time label", name, svc.Spec.Selector, nodes.Name, labels.Set(want))
 		}
 		if !reachesGRPC(svc, p.container) {
 			c.errorf("Service %s: does not reach the gRPC port of StatefulSet %s", name, nodes.Name)
@@ -303,7 +312,7 @@ func minimalPermissions(lease string) map[permission]string {
 		{"coordination.k8s.io", "leases", "get", lease}:    "the election reads who holds the Lease and until when",
 		{"coordination.k8s.io", "leases", "update", lease}: "the election renews, takes over and releases the Lease",
 		{"coordination.k8s.io", "leases", "create", ""}:    "the first contender creates the Lease (a create names no object RBAC could match)",
-		{"", "pods", "patch", ""}:                          "a node sets the walship.io/role label on its own Pod",
+		{"", "pods", "patch", ""}:                          "a node sets the walship.io/role and walship.io/reads labels on its own Pod",
 		{"", "events", "create", ""}:                       "a node records Events on its own Pod",
 	}
 }

@@ -441,6 +441,20 @@ func TestChecksCatchMistakes(t *testing.T) {
 			"pod template sets walship.io/role"},
 		{"role label in the StatefulSet selector", func(o *objects) { nodes(o).Spec.Selector.MatchLabels[roleLabel] = "replica" },
 			"selector uses walship.io/role"},
+		{"walship-ro by role", func(o *objects) {
+			delete(o.services["walship-ro"].Spec.Selector, readsLabel)
+			o.services["walship-ro"].Spec.Selector[roleLabel] = "replica"
+		}, "Service walship-ro: selector"},
+		{"walship-ro by role and reads", func(o *objects) { o.services["walship-ro"].Spec.Selector[roleLabel] = "replica" },
+			"Service walship-ro: selector"},
+		{"walship-rw by reads too", func(o *objects) { o.services["walship-rw"].Spec.Selector[readsLabel] = "true" },
+			"Service walship-rw: selector"},
+		{"a reads value nobody sets", func(o *objects) { o.services["walship-ro"].Spec.Selector[readsLabel] = "yes" },
+			`selects walship.io/reads="yes"`},
+		{"reads label in the template", func(o *objects) { nodes(o).Spec.Template.Labels[readsLabel] = "true" },
+			"pod template sets walship.io/reads"},
+		{"reads label in the StatefulSet selector", func(o *objects) { nodes(o).Spec.Selector.MatchLabels[readsLabel] = "true" },
+			"selector uses walship.io/reads"},
 		{"role Service without failover", func(o *objects) { nodeEnv(o, "WALSHIP_KUBE_LEASE", "") },
 			"run without --kube-lease and never set it"},
 
@@ -458,6 +472,8 @@ func TestChecksCatchMistakes(t *testing.T) {
 		}, "StatefulSet walship: 3 pods under 2 PodDisruptionBudgets"},
 		{"budget on the role", func(o *objects) { o.pdbs["walship"].Spec.Selector.MatchLabels[roleLabel] = "primary" },
 			"PodDisruptionBudget walship: selects on walship.io/role"},
+		{"budget on reads", func(o *objects) { o.pdbs["walship"].Spec.Selector.MatchLabels[readsLabel] = "true" },
+			"PodDisruptionBudget walship: selects on walship.io/reads"},
 
 		// RBAC.
 		{"list pods", func(o *objects) { rule(o, 2).Verbs = append(rule(o, 2).Verbs, "list") },
@@ -543,9 +559,11 @@ func TestTLSChecksCatchMistakes(t *testing.T) {
 		{"scrape job from the role", func(o *objects) {
 			pm := o.podMonitors["walship"]
 			pm.Spec.PodMetricsEndpoints[0].RelabelConfigs[0].SourceLabels = []monitoringv1.LabelName{"__meta_kubernetes_pod_label_walship_io_role"}
-		}, "relabels job from the role label"},
+		}, "relabels job from the walship.io/role label"},
 		{"scraping by role", func(o *objects) { o.podMonitors["walship"].Spec.Selector.MatchLabels[roleLabel] = "primary" },
 			"PodMonitor walship: selects on walship.io/role"},
+		{"scraping by reads", func(o *objects) { o.podMonitors["walship"].Spec.Selector.MatchLabels[readsLabel] = "true" },
+			"PodMonitor walship: selects on walship.io/reads"},
 	})
 }
 

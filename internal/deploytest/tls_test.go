@@ -157,7 +157,7 @@ func (c *checker) checkTLS(where string, sts *appsv1.StatefulSet, p *pod) {
 		if svc.Spec.ClusterIP == corev1.ClusterIPNone {
 			continue
 		}
-		if targets, _, _ := c.podsOfService(svc.Spec.Selector); len(targets) == 1 && targets[0] == sts {
+		if targets, _ := c.podsOfService(svc.Spec.Selector); len(targets) == 1 && targets[0] == sts {
 			names = append(names, svc.Name)
 			if c.namespace != "" {
 				names = append(names, svc.Name+"."+c.namespace+".svc")
