@@ -221,7 +221,7 @@ func dumpNS(t *testing.T, c *Cluster, ns string) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for _, args := range [][]string{
-		{"get", "pods", "-A", "-o", "wide", "-L", "walship.io/role"},
+		{"get", "pods", "-A", "-o", "wide", "-L", "walship.io/role,walship.io/reads"},
 		{"get", "pvc,pv", "-A", "-o", "wide"},
 		{"-n", ns, "get", "events", "--sort-by=.lastTimestamp"},
 	} {

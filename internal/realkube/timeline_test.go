@@ -92,7 +92,7 @@ func startTimeline(ctx context.Context, c *Cluster, t0 time.Time) *timeline {
 		})
 	}
 	watch("pod", "get", "pods", "-l", nodeSelector, "--watch", "-o",
-		`jsonpath={.metadata.name} ip={.status.podIP} deleting={.metadata.deletionTimestamp} role={.metadata.labels.walship\.io/role} ready={.status.conditions[?(@.type=="Ready")].status} started={.status.containerStatuses[0].started} restarts={.status.containerStatuses[0].restartCount}{"\n"}`)
+		`jsonpath={.metadata.name} ip={.status.podIP} deleting={.metadata.deletionTimestamp} role={.metadata.labels.walship\.io/role} reads={.metadata.labels.walship\.io/reads} ready={.status.conditions[?(@.type=="Ready")].status} started={.status.containerStatuses[0].started} restarts={.status.containerStatuses[0].restartCount}{"\n"}`)
 	// Both Services' slices: kube-proxy applies a change of either only a
 	// minSyncPeriod after its last sync. As JSON: kubectl's jsonpath
 	// printer shows a slice watch's first list and none of its updates.
