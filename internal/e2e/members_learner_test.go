@@ -1,0 +1,252 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/testkit"
+)
+
+// TestMeasureLearnerCatchUp measures, over WALSHIP_MEMBERS_RUNS rounds
+// (skipped without it), what a learner catching up costs the primary
+// (issue 38's target: its commits/s drop by at most 10 %). On the
+// failover cluster (members n0, n1, n2; any 1 at flush and a log store
+// majority), with a log preloaded to WALSHIP_LEARNER_PRELOAD_MB (default
+// 400, a catch-up of several seconds here) of distinct keys, each round
+// runs 4 writers of sync writes back to back for WALSHIP_LEARNER_WINDOW
+// (default 10 s) twice: (a) with no change, (b) while a fresh, empty n3 is
+// started and `walship ctl members add` makes it a learner that catches up
+// from nothing, then a member. It logs the commits/s of each, their ratio
+// b/a, the primary's CPU per commit, when n3 left the learner stage and the
+// commits/s from n3's start until then; n3 is removed and its process and data dropped between
+// rounds. It asserts only that the measurement ran: n3 became a member and
+// writes were acknowledged.
+func TestMeasureLearnerCatchUp(t *testing.T) {
+	runs := measureRuns(t, "WALSHIP_MEMBERS_RUNS", "what a learner catching up costs the primary")
+	needLinux(t)
+	preloadMB := 400
+	if v, err := strconv.Atoi(os.Getenv("WALSHIP_LEARNER_PRELOAD_MB")); err == nil && v > 0 {
+		preloadMB = v
+	}
+	window := 10 * time.Second
+	if v, err := time.ParseDuration(os.Getenv("WALSHIP_LEARNER_WINDOW")); err == nil && v > 0 {
+		window = v
+	}
+	c := startFailoverCluster(t)
+	n0, n1 := c.nodes[0], c.nodes[1]
+	n3addr := testkit.FreeAddr(t)
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute+time.Duration(runs)*(2*window+3*time.Minute))
+	defer cancel()
+	kv := walshipv1.NewKVServiceClient(conn(t, n0.addr))
+	admin0 := walshipv1.NewAdminServiceClient(conn(t, n0.addr))
+	testkit.Until(t, "the primary to take a write", func() bool {
+		_, err := kv.Put(ctx, &walshipv1.PutRequest{Key: "lc/warm", Value: []byte("x")})
+		return err == nil
+	})
+
+	// The preload: distinct keys, so that neither the log nor the state is
+	// small, whichever rung the learner catches up on.
+	began := time.Now()
+	value := make([]byte, 16<<10)
+	puts := preloadMB << 20 / len(value)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := next.Add(1); i <= int64(puts); i = next.Add(1) {
+				if _, err := kv.Put(ctx, &walshipv1.PutRequest{Key: fmt.Sprintf("pre/%08d", i), Value: value}); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		t.Fatalf("preload: %v", err)
+	}
+	st, err := admin0.Status(ctx, &walshipv1.StatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("preloaded %d MiB (%d puts of %d KiB) in %v: the primary's WAL %d MiB from LSN %d to %d",
+		preloadMB, puts, len(value)>>10, time.Since(began).Round(time.Millisecond), st.GetWalBytes()>>20, st.GetWalFirstLsn(), st.GetLastLsn())
+
+	pid := n0.p.cmd.Process.Pid
+	// load runs 4 writers for window while fn runs (fn gets the writers'
+	// context and their count of acknowledgements, and must return by the
+	// window's end or soon after) and returns the commits acknowledged in
+	// the window and the primary's CPU time over it.
+	load := func(fn func(wctx context.Context, acks *atomic.Int64)) (int64, time.Duration) {
+		var acks atomic.Int64
+		wctx, stop := context.WithTimeout(ctx, window)
+		defer stop()
+		cpu0 := procCPU(t, pid)
+		var wg sync.WaitGroup
+		for w := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				key := fmt.Sprintf("lc/%d", w)
+				for wctx.Err() == nil {
+					if _, err := kv.Put(wctx, &walshipv1.PutRequest{Key: key, Value: []byte("x")}); err == nil {
+						acks.Add(1)
+					}
+				}
+			}()
+		}
+		fn(wctx, &acks)
+		<-wctx.Done()
+		n, cpu := acks.Load(), procCPU(t, pid)-cpu0
+		wg.Wait()
+		return n, cpu
+	}
+	perSec := func(n int64) float64 { return float64(n) / window.Seconds() }
+	perCommit := func(cpu time.Duration, n int64) time.Duration {
+		if n == 0 {
+			return 0
+		}
+		return cpu / time.Duration(n)
+	}
+
+	var ratios, catchRatios []float64
+	for round := range runs {
+		a, cpuA := load(func(context.Context, *atomic.Int64) {})
+
+		n3 := &procNode{name: "n3", serving: "replica serving", addr: n3addr, t: t}
+		n3.args = slices.Clone(n1.args)
+		n3dir := filepath.Join(dir, fmt.Sprintf("n3-%d", round))
+		setFlag(n3.args, "--id", "n3")
+		setFlag(n3.args, "--listen", n3.addr)
+		setFlag(n3.args, "--data-dir", n3dir)
+		setFlag(n3.args, "--peers", flagValue(n1.args, "--peers")+",n3="+n3.addr)
+		var (
+			started, addStart, learnerLeft, addDone time.Time
+			acksStarted, acksLeft                   int64
+			addOut                                  []byte
+			addErr                                  error
+			rungs                                   []string
+		)
+		addc := make(chan struct{})
+		b, cpuB := load(func(wctx context.Context, acks *atomic.Int64) {
+			// n3 streams from the primary as soon as it starts, before the
+			// add: its catch-up is counted from here.
+			started, acksStarted = time.Now(), acks.Load()
+			n3.start()
+			admin3 := walshipv1.NewAdminServiceClient(conn(t, n3.addr))
+			addStart = time.Now()
+			go func() {
+				defer close(addc)
+				addOut, addErr = exec.CommandContext(ctx, walshipBin(t), "ctl", "members", "add", "--member", "n3="+n3.addr, "--nodes", n0.addr).CombinedOutput()
+				addDone = time.Now()
+			}()
+			// Note when n3 leaves the learner stage and which rungs it
+			// catches up on, a few times a second, for the window.
+			tick := time.NewTicker(200 * time.Millisecond)
+			defer tick.Stop()
+			for learnerLeft.IsZero() {
+				select {
+				case <-wctx.Done():
+					return
+				case <-tick.C:
+				}
+				if s, err := admin3.Status(wctx, &walshipv1.StatusRequest{}); err == nil {
+					if r := s.GetRung().String(); len(rungs) == 0 || rungs[len(rungs)-1] != r {
+						rungs = append(rungs, r)
+					}
+				}
+				if s, err := admin0.Status(wctx, &walshipv1.StatusRequest{}); err == nil && isVoter(s.GetContract(), "n3") {
+					learnerLeft, acksLeft = time.Now(), acks.Load()
+				}
+			}
+		})
+		<-addc
+		if addErr != nil {
+			t.Fatalf("round %d: walship ctl members add n3: %v\n%s", round, addErr, addOut)
+		}
+		if out := ctl(t, "members", "list", "--nodes", n0.addr); !strings.Contains(out, "members n0, n1, n2, n3;") {
+			t.Fatalf("round %d: after adding n3:\n%s", round, out)
+		}
+		if a == 0 || b == 0 {
+			t.Fatalf("round %d: no write acknowledged (%d without a change, %d with the learner)", round, a, b)
+		}
+		learner, catching := "after the window", ""
+		if !learnerLeft.IsZero() {
+			learner = learnerLeft.Sub(addStart).Round(10 * time.Millisecond).String()
+			d := learnerLeft.Sub(started)
+			rate := float64(acksLeft-acksStarted) / d.Seconds()
+			catching = fmt.Sprintf("; from n3's start to its becoming a voter (%v) %.0f commits/s, ratio %.3f",
+				d.Round(10*time.Millisecond), rate, rate/perSec(a))
+			catchRatios = append(catchRatios, rate/perSec(a))
+		}
+		ratio := float64(b) / float64(a)
+		ratios = append(ratios, ratio)
+		t.Logf("round %d: %.0f commits/s without a change (primary CPU %v/commit); %.0f with n3 catching up (%v/commit): ratio %.3f; n3 a voter %s after the add (add returned after %v), rungs %v%s",
+			round, perSec(a), perCommit(cpuA, a), perSec(b), perCommit(cpuB, b), ratio, learner, addDone.Sub(addStart).Round(10*time.Millisecond), rungs, catching)
+
+		ctl(t, "members", "remove", "--member", "n3", "--nodes", n0.addr)
+		n3.p.kill()
+		if err := os.RemoveAll(n3dir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	slices.Sort(ratios)
+	slices.Sort(catchRatios)
+	loadavg, _ := os.ReadFile("/proc/loadavg")
+	t.Logf("%d rounds: commits/s over the window with n3 added / without a change: median %.3f, min %.3f, max %.3f (load average %s)",
+		runs, ratios[len(ratios)/2], ratios[0], ratios[len(ratios)-1], strings.TrimSpace(string(loadavg)))
+	if len(catchRatios) > 0 {
+		t.Logf("%d rounds: commits/s while n3 caught up (its start to its becoming a voter) / without a change: median %.3f, min %.3f, max %.3f",
+			len(catchRatios), catchRatios[len(catchRatios)/2], catchRatios[0], catchRatios[len(catchRatios)-1])
+	}
+}
+
+// isVoter reports whether the contract (or the next one of a joint
+// change) names id among its members rather than only its learners.
+func isVoter(c *walshipv1.Contract, id string) bool {
+	for _, m := range append(c.GetMembers(), c.GetNext().GetMembers()...) {
+		if m.GetId() == id {
+			return true
+		}
+	}
+	return false
+}
+
+// procCPU is the user+system CPU time of process pid so far, from
+// /proc/pid/stat (in clock ticks of 10 ms, Linux's USER_HZ).
+func procCPU(t *testing.T, pid int) time.Duration {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The command name (field 2) may hold spaces; the fields after its
+	// closing parenthesis start at field 3 (state); utime and stime are
+	// fields 14 and 15.
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	var ticks int64
+	for _, s := range f[11:13] {
+		v, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			t.Fatalf("/proc/%d/stat: %v", pid, err)
+		}
+		ticks += v
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond
+}
