@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -43,8 +45,17 @@ func TestMeasureLearnerCatchUp(t *testing.T) {
 	if v, err := time.ParseDuration(os.Getenv("WALSHIP_LEARNER_WINDOW")); err == nil && v > 0 {
 		window = v
 	}
-	c := startFailoverCluster(t)
+	c := newFailoverCluster(t, func(i int) string { return fmt.Sprintf("n%d", i) })
 	n0, n1 := c.nodes[0], c.nodes[1]
+	// WALSHIP_LEARNER_PPROF names a directory for the primary's CPU profile
+	// of each window (round<i>-<a|b>.pprof).
+	profDir := os.Getenv("WALSHIP_LEARNER_PPROF")
+	if profDir != "" {
+		n0.metrics = testkit.FreeAddr(t)
+		setFlag(n0.args, "--metrics-listen", n0.metrics)
+		n0.args = append(n0.args, "--pprof")
+	}
+	c.start(t)
 	n3addr := testkit.FreeAddr(t)
 	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute+time.Duration(runs)*(2*window+3*time.Minute))
@@ -93,10 +104,18 @@ func TestMeasureLearnerCatchUp(t *testing.T) {
 	// context and their count of acknowledgements, and must return by the
 	// window's end or soon after) and returns the commits acknowledged in
 	// the window and the primary's CPU time over it.
-	load := func(fn func(wctx context.Context, acks *atomic.Int64)) (int64, time.Duration) {
+	load := func(profile string, fn func(wctx context.Context, acks *atomic.Int64)) (int64, time.Duration) {
 		var acks atomic.Int64
 		wctx, stop := context.WithTimeout(ctx, window)
 		defer stop()
+		profiled := make(chan struct{})
+		go func() {
+			defer close(profiled)
+			if profDir != "" {
+				saveProfile(t, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", n0.metrics, int(window.Seconds())-1), filepath.Join(profDir, profile))
+			}
+		}()
+		defer func() { <-profiled }()
 		cpu0 := procCPU(t, pid)
 		var wg sync.WaitGroup
 		for w := range 4 {
@@ -127,7 +146,7 @@ func TestMeasureLearnerCatchUp(t *testing.T) {
 
 	var ratios, catchRatios []float64
 	for round := range runs {
-		a, cpuA := load(func(context.Context, *atomic.Int64) {})
+		a, cpuA := load(fmt.Sprintf("round%d-a.pprof", round), func(context.Context, *atomic.Int64) {})
 
 		n3 := &procNode{name: "n3", serving: "replica serving", addr: n3addr, t: t}
 		n3.args = slices.Clone(n1.args)
@@ -144,7 +163,7 @@ func TestMeasureLearnerCatchUp(t *testing.T) {
 			rungs                                   []string
 		)
 		addc := make(chan struct{})
-		b, cpuB := load(func(wctx context.Context, acks *atomic.Int64) {
+		b, cpuB := load(fmt.Sprintf("round%d-b.pprof", round), func(wctx context.Context, acks *atomic.Int64) {
 			// n3 streams from the primary as soon as it starts, before the
 			// add: its catch-up is counted from here.
 			started, acksStarted = time.Now(), acks.Load()
@@ -200,6 +219,12 @@ func TestMeasureLearnerCatchUp(t *testing.T) {
 		t.Logf("round %d: %.0f commits/s without a change (primary CPU %v/commit); %.0f with n3 catching up (%v/commit): ratio %.3f; n3 a voter %s after the add (add returned after %v), rungs %v%s",
 			round, perSec(a), perCommit(cpuA, a), perSec(b), perCommit(cpuB, b), ratio, learner, addDone.Sub(addStart).Round(10*time.Millisecond), rungs, catching)
 
+		for _, line := range strings.Split(n3.p.logs(), "\n") {
+			if strings.Contains(line, "no longer retains") {
+				t.Logf("round %d: n3: %s", round, line)
+				break
+			}
+		}
 		ctl(t, "members", "remove", "--member", "n3", "--nodes", n0.addr)
 		n3.p.kill()
 		if err := os.RemoveAll(n3dir); err != nil {
@@ -249,4 +274,25 @@ func procCPU(t *testing.T, pid int) time.Duration {
 		ticks += v
 	}
 	return time.Duration(ticks) * 10 * time.Millisecond
+}
+
+// saveProfile fetches url (a pprof CPU profile) into file; a failure is
+// logged, not fatal: the profile is an extra.
+func saveProfile(t *testing.T, url, file string) {
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Logf("profile %s: %v", url, err)
+		return
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("%s: %s", resp.Status, b)
+	}
+	if err == nil {
+		err = os.WriteFile(file, b, 0o644)
+	}
+	if err != nil {
+		t.Logf("profile %s: %v", url, err)
+	}
 }
