@@ -80,9 +80,18 @@ func TestMeasureLearnerCatchUp(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := next.Add(1); i <= int64(puts); i = next.Add(1) {
-				if _, err := kv.Put(ctx, &walshipv1.PutRequest{Key: fmt.Sprintf("pre/%08d", i), Value: value}); err != nil {
-					errs <- err
-					return
+				// A lease that lapses on a loaded machine refuses a write
+				// for a moment: retry it, as a client would.
+				for try := 0; ; try++ {
+					_, err := kv.Put(ctx, &walshipv1.PutRequest{Key: fmt.Sprintf("pre/%08d", i), Value: value})
+					if err == nil {
+						break
+					}
+					if ctx.Err() != nil || try == 20 {
+						errs <- err
+						return
+					}
+					<-time.After(100 * time.Millisecond)
 				}
 			}
 		}()
