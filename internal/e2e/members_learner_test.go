@@ -108,12 +108,28 @@ func TestMeasureLearnerCatchUp(t *testing.T) {
 	t.Logf("preloaded %d MiB (%d puts of %d KiB) in %v: the primary's WAL %d MiB from LSN %d to %d",
 		preloadMB, puts, len(value)>>10, time.Since(began).Round(time.Millisecond), st.GetWalBytes()>>20, st.GetWalFirstLsn(), st.GetLastLsn())
 
-	pid := n0.p.cmd.Process.Pid
+	cluster := append(append([]*procNode{}, c.nodes...), c.logstores...)
+	// cpuAll is the CPU time so far of every process of the cluster but n3.
+	cpuAll := func() []time.Duration {
+		var out []time.Duration
+		for _, n := range cluster {
+			out = append(out, procCPU(t, n.p.cmd.Process.Pid))
+		}
+		return out
+	}
+	// cpuLine names each process's CPU time between before and after.
+	cpuLine := func(before, after []time.Duration) string {
+		var parts []string
+		for i, n := range cluster {
+			parts = append(parts, fmt.Sprintf("%s %v", n.name, (after[i]-before[i]).Round(10*time.Millisecond)))
+		}
+		return strings.Join(parts, ", ")
+	}
 	// load runs 4 writers for window while fn runs (fn gets the writers'
 	// context and their count of acknowledgements, and must return by the
 	// window's end or soon after) and returns the commits acknowledged in
 	// the window and the primary's CPU time over it.
-	load := func(profile string, fn func(wctx context.Context, acks *atomic.Int64)) (int64, time.Duration) {
+	load := func(profile string, fn func(wctx context.Context, acks *atomic.Int64)) (int64, time.Duration, string) {
 		var acks atomic.Int64
 		wctx, stop := context.WithTimeout(ctx, window)
 		defer stop()
@@ -125,7 +141,7 @@ func TestMeasureLearnerCatchUp(t *testing.T) {
 			}
 		}()
 		defer func() { <-profiled }()
-		cpu0 := procCPU(t, pid)
+		cpu0 := cpuAll()
 		var wg sync.WaitGroup
 		for w := range 4 {
 			wg.Add(1)
@@ -141,9 +157,9 @@ func TestMeasureLearnerCatchUp(t *testing.T) {
 		}
 		fn(wctx, &acks)
 		<-wctx.Done()
-		n, cpu := acks.Load(), procCPU(t, pid)-cpu0
+		n, cpu1 := acks.Load(), cpuAll()
 		wg.Wait()
-		return n, cpu
+		return n, cpu1[0] - cpu0[0], cpuLine(cpu0, cpu1)
 	}
 	perSec := func(n int64) float64 { return float64(n) / window.Seconds() }
 	perCommit := func(cpu time.Duration, n int64) time.Duration {
@@ -155,7 +171,7 @@ func TestMeasureLearnerCatchUp(t *testing.T) {
 
 	var ratios, catchRatios []float64
 	for round := range runs {
-		a, cpuA := load(fmt.Sprintf("round%d-a.pprof", round), func(context.Context, *atomic.Int64) {})
+		a, cpuA, cpusA := load(fmt.Sprintf("round%d-a.pprof", round), func(context.Context, *atomic.Int64) {})
 
 		n3 := &procNode{name: "n3", serving: "replica serving", addr: n3addr, t: t}
 		n3.args = slices.Clone(n1.args)
@@ -172,7 +188,7 @@ func TestMeasureLearnerCatchUp(t *testing.T) {
 			rungs                                   []string
 		)
 		addc := make(chan struct{})
-		b, cpuB := load(fmt.Sprintf("round%d-b.pprof", round), func(wctx context.Context, acks *atomic.Int64) {
+		b, cpuB, cpusB := load(fmt.Sprintf("round%d-b.pprof", round), func(wctx context.Context, acks *atomic.Int64) {
 			// n3 streams from the primary as soon as it starts, before the
 			// add: its catch-up is counted from here.
 			started, acksStarted = time.Now(), acks.Load()
@@ -204,6 +220,7 @@ func TestMeasureLearnerCatchUp(t *testing.T) {
 				}
 			}
 		})
+		n3CPU := procCPU(t, n3.p.cmd.Process.Pid)
 		<-addc
 		if addErr != nil {
 			t.Fatalf("round %d: walship ctl members add n3: %v\n%s", round, addErr, addOut)
@@ -227,6 +244,7 @@ func TestMeasureLearnerCatchUp(t *testing.T) {
 		ratios = append(ratios, ratio)
 		t.Logf("round %d: %.0f commits/s without a change (primary CPU %v/commit); %.0f with n3 catching up (%v/commit): ratio %.3f; n3 a voter %s after the add (add returned after %v), rungs %v%s",
 			round, perSec(a), perCommit(cpuA, a), perSec(b), perCommit(cpuB, b), ratio, learner, addDone.Sub(addStart).Round(10*time.Millisecond), rungs, catching)
+		t.Logf("round %d: CPU in the window without a change: %s; with n3: %s, n3 %v", round, cpusA, cpusB, n3CPU.Round(10*time.Millisecond))
 
 		for _, line := range strings.Split(n3.p.logs(), "\n") {
 			if strings.Contains(line, "no longer retains") {
