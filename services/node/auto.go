@@ -200,6 +200,13 @@ func (n *Node) eligibility(ctx context.Context, changed time.Time) (why string, 
 	if err := leads(n.cfg.ID, rep.EpochRecord()); err != nil {
 		return err.Error(), false
 	}
+	if n.cfg.Join {
+		// leads lets a log with no contract pass; a joiner is no member
+		// until the contract names it.
+		if why := joinState(n.cfg.ID, rep.EpochRecord()); why != "" {
+			return "joining (--join): " + why, false
+		}
+	}
 	last, logEpoch, _ := rep.LogPosition()
 	e := max(rep.Vote().Epoch, logEpoch)
 	if e == 0 {

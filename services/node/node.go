@@ -117,6 +117,11 @@ type Config struct {
 	// switchover's pause. After its stop such a primary keeps its process
 	// up as long again (lingerAfterStop), for the same kube-proxy sync.
 	SwitchoverDelay time.Duration
+	// Join lets a node whose ID is not in Members start (a StatefulSet
+	// scaled up): it starts as a replica, never a candidate until the
+	// log's contract names it, and asks the primary to add it at
+	// Advertise (join.go). A node the contract names already asks nothing.
+	Join bool
 }
 
 // Node is a running data node.
@@ -170,8 +175,14 @@ func New(cfg Config) (*Node, error) {
 			}
 		}
 	}
-	if len(cfg.Members) > 0 && !isMember(cfg.Members, cfg.ID) {
-		return nil, fmt.Errorf("--peers: this node's --id %q is not among them", cfg.ID)
+	joining := len(cfg.Members) > 0 && !isMember(cfg.Members, cfg.ID)
+	switch {
+	case joining && !cfg.Join:
+		return nil, fmt.Errorf("--peers: this node's --id %q is not among them (--join lets it start and ask the primary to add it)", cfg.ID)
+	case cfg.Join && cfg.Advertise == "":
+		return nil, errors.New("--advertise: required with --join when --peers does not name this node: the primary adds it at that address")
+	case cfg.Join && cfg.Replica.ReadOnly:
+		return nil, errors.New("--join: a read-only node follows no primary, so it cannot join")
 	}
 	n := &Node{cfg: cfg, logger: cfg.Logger.With("node", cfg.ID), fs: cfg.FS, plans: make(chan *plan, 1)}
 	if err := cfg.FS.MkdirAll(cfg.DataDir, vfs.DirPerm); err != nil {
@@ -195,8 +206,8 @@ func New(cfg Config) (*Node, error) {
 			role = RolePrimary
 		}
 	}
-	if role == 0 {
-		role = RoleReplica
+	if role == 0 || (joining && v.Epoch == 0) {
+		role = RoleReplica // a joiner never bootstraps a cluster
 	}
 	if cfg.Replica.ReadOnly {
 		if cfg.Election != nil {
@@ -338,6 +349,11 @@ func (n *Node) newPrimary(listen, metricsListen string, elected *primary.Elected
 	cfg.ID, cfg.DataDir, cfg.FS = n.cfg.ID, n.cfg.DataDir, n.cfg.FS
 	cfg.Listen, cfg.MetricsListen = listen, metricsListen
 	cfg.Advertise, cfg.Members, cfg.LogStores = n.cfg.Advertise, n.cfg.Members, n.cfg.LogStores
+	if n.cfg.Join && len(cfg.Members) > 0 {
+		// Promoted once the log's contract named it (eligibility), so the
+		// log's members win over these (join.go).
+		cfg.Members = withSelf(cfg.Members, n.cfg.ID, n.cfg.Advertise)
+	}
 	cfg.Logger, cfg.Registry = n.logger.With("role", "primary"), n.cfg.Registry
 	cfg.Elected = elected
 	cfg.StatusHook = n.statusHook
@@ -414,6 +430,10 @@ func (n *Node) Run(ctx context.Context) error {
 		electionDone.Add(2)
 		go func() { defer electionDone.Done(); n.autoFailover(actx) }()
 		go func() { defer electionDone.Done(); n.labels(actx, ctx.Done()) }()
+	}
+	if n.cfg.Join {
+		electionDone.Add(1)
+		go func() { defer electionDone.Done(); n.join(ctx) }()
 	}
 	for {
 		n.mu.Lock()
