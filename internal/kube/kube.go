@@ -20,6 +20,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -377,4 +379,57 @@ func (c *Client) Event(ctx context.Context, kind, reason, message string) {
 	if _, err := c.cs.CoreV1().Events(c.cfg.Namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
 		c.logger.Warn("could not record an event", "reason", reason, "err", err)
 	}
+}
+
+// StatefulSetOrdinal splits a StatefulSet pod's name into its set's name
+// and its ordinal ("walship-3": "walship", 3), or says why it is not one.
+func StatefulSetOrdinal(pod string) (set string, ordinal int, err error) {
+	i := strings.LastIndexByte(pod, '-')
+	if i <= 0 {
+		return "", 0, fmt.Errorf("pod %q is not named <statefulset>-<ordinal>", pod)
+	}
+	n, err := strconv.Atoi(pod[i+1:])
+	if err != nil || n < 0 || strconv.Itoa(n) != pod[i+1:] {
+		return "", 0, fmt.Errorf("pod %q is not named <statefulset>-<ordinal>", pod)
+	}
+	return pod[:i], n, nil
+}
+
+// ScaledDown reports whether this node's Pod is going away for good: its
+// StatefulSet exists, is not being deleted, and wants fewer replicas than
+// its ordinal (StatefulSets remove the highest ordinals first). A rolling
+// update, an eviction, a deleted Pod or the whole StatefulSet deleted is
+// no scale-down: the pod comes back (or the cluster goes as a whole), and
+// it stays a member. why says what was seen, for the log.
+func (c *Client) ScaledDown(ctx context.Context) (down bool, why string, err error) {
+	set, ord, err := StatefulSetOrdinal(c.cfg.Pod)
+	if err != nil {
+		return false, "", err
+	}
+	ss, err := c.cs.AppsV1().StatefulSets(c.cfg.Namespace).Get(ctx, set, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return false, fmt.Sprintf("statefulset %s/%s is gone", c.cfg.Namespace, set), nil
+	}
+	if err != nil {
+		return false, "", fmt.Errorf("get statefulset %s/%s: %w", c.cfg.Namespace, set, err)
+	}
+	replicas := int32(1) // the API's default
+	if ss.Spec.Replicas != nil {
+		replicas = *ss.Spec.Replicas
+	}
+	down, why = ScaledDownTo(ord, replicas, ss.DeletionTimestamp != nil)
+	return down, fmt.Sprintf("statefulset %s/%s: %s", c.cfg.Namespace, set, why), nil
+}
+
+// ScaledDownTo is ScaledDown's decision for the pod of ordinal ord when
+// its StatefulSet wants replicas pods (deleting: the StatefulSet itself
+// is being deleted).
+func ScaledDownTo(ord int, replicas int32, deleting bool) (down bool, why string) {
+	switch {
+	case deleting:
+		return false, "being deleted, with all its pods"
+	case int64(ord) >= int64(replicas):
+		return true, fmt.Sprintf("spec.replicas %d leaves out ordinal %d", replicas, ord)
+	}
+	return false, fmt.Sprintf("spec.replicas %d keeps ordinal %d", replicas, ord)
 }
