@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/backoff"
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/services/primary"
+	"github.com/walship/walship/services/replica"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -133,4 +135,103 @@ func (n *Node) askToJoin(ctx context.Context, primaryAddr string) (*walshipv1.Ch
 		}
 	}
 	return nil, last
+}
+
+// DefaultLeaveTimeout bounds a scaled-down node's removal (Config.Leaving)
+// when Config.LeaveTimeout is 0: a removal has no learner stage, so it
+// takes two records' acknowledgements once the primary answers.
+const DefaultLeaveTimeout = 15 * time.Second
+
+// leaveCallTimeout bounds one ChangeMembers remove call, so that a node
+// that does not answer leaves time to ask the next.
+const leaveCallTimeout = 5 * time.Second
+
+// leaveIfScaledDown is the stop of a node that Config.Leaving says is
+// going away for good (a StatefulSet scaled down): it asks the primary to
+// remove it, within LeaveTimeout, while its role still runs (a replica
+// still acknowledges the change's records). A primary has handed over
+// first (SwitchoverOnStop), since the primary cannot remove itself. Any
+// other stop (a restart, a rolling update) leaves the membership as it
+// is; so does a failure here: the member stays, and the operator removes
+// it (walship ctl members remove), or the node rejoins with --join if it
+// comes back.
+func (n *Node) leaveIfScaledDown(role Role, prim *primary.Server, rep *replica.Server) {
+	if n.cfg.Leaving == nil {
+		return
+	}
+	timeout := n.cfg.LeaveTimeout
+	if timeout <= 0 {
+		timeout = DefaultLeaveTimeout
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	down, why, err := n.cfg.Leaving(ctx)
+	switch {
+	case err != nil:
+		n.logger.Warn("stopping: cannot tell whether this is a scale-down; staying a member", "err", err)
+		return
+	case !down:
+		n.logger.Info("stopping: not a scale-down; staying a member", "why", why)
+		return
+	}
+	n.logger.Info("stopping for a scale-down: asking the primary to remove this node", "why", why, "timeout", timeout)
+	var c *walshipv1.Contract
+	primaryAddr := ""
+	if role == RolePrimary {
+		if prim.TakingWrites() {
+			// The hand-over failed (logged): no other primary to ask, and
+			// a primary cannot remove itself.
+			n.logger.Error("stopping for a scale-down without removing this node from the members: it is still the primary (walship ctl members remove --member " + n.cfg.ID + " at the next one)")
+			return
+		}
+		c = prim.Status().GetContract()
+	} else {
+		c, primaryAddr = rep.EpochRecord().GetContract(), rep.Vote().Addr
+	}
+	if !hasMember(c.GetMembers(), n.cfg.ID) && !hasMember(c.GetNext().GetMembers(), n.cfg.ID) && !hasMember(c.GetLearners(), n.cfg.ID) {
+		n.logger.Info("not a member of the contract: nothing to remove")
+		return
+	}
+	addrs := []string{}
+	add := func(a string) {
+		if a != "" && a != n.cfg.Advertise && !slices.Contains(addrs, a) {
+			addrs = append(addrs, a)
+		}
+	}
+	add(primaryAddr)
+	for _, m := range c.GetMembers() {
+		if m.GetId() != n.cfg.ID {
+			add(m.GetAddr())
+		}
+	}
+	for _, m := range n.cfg.Members {
+		if m.ID != n.cfg.ID {
+			add(m.Addr)
+		}
+	}
+	req := &walshipv1.ChangeMembersRequest{Change: &walshipv1.ChangeMembersRequest_Remove{Remove: n.cfg.ID}}
+	var last error
+	for ctx.Err() == nil {
+		for _, a := range addrs {
+			// A removal takes two records' acknowledgements; a node that
+			// is not the primary refuses at once.
+			resp, err := serve.Call(ctx, n.dialer(), a, leaveCallTimeout, func(ctx context.Context, cc *grpc.ClientConn) (*walshipv1.ChangeMembersResponse, error) {
+				return walshipv1.NewAdminServiceClient(cc).ChangeMembers(ctx, req)
+			}, peerClass(n.dialer(), false))
+			switch {
+			case err == nil && resp.GetDone():
+				n.logger.Info("removed from the cluster's members for the scale-down", "primary", a, "outcome", resp.GetOutcome())
+				return
+			case err == nil:
+				last = fmt.Errorf("%s: the removal had not finished when the timeout came (stage %v)", a, resp.GetStage())
+			case status.Code(err) == codes.InvalidArgument && strings.Contains(err.Error(), "is not a member"):
+				n.logger.Info("not a member at the primary: nothing to remove", "primary", a)
+				return
+			default:
+				last = fmt.Errorf("%s: %w", a, err)
+			}
+		}
+		backoff.Sleep(ctx, 200*time.Millisecond)
+	}
+	n.logger.Error("stopping for a scale-down without removing this node from the members (walship ctl members remove --member "+n.cfg.ID+")", "err", last)
 }

@@ -122,6 +122,13 @@ type Config struct {
 	// log's contract names it, and asks the primary to add it at
 	// Advertise (join.go). A node the contract names already asks nothing.
 	Join bool
+	// Leaving, if set, is asked when the node is told to stop whether it
+	// is going away for good (on Kubernetes: its StatefulSet scaled down
+	// past its ordinal, internal/kube ScaledDown); if so it asks the
+	// primary to remove it, within LeaveTimeout (0:
+	// DefaultLeaveTimeout), after a primary's hand-over (join.go).
+	Leaving      func(ctx context.Context) (down bool, why string, err error)
+	LeaveTimeout time.Duration
 }
 
 // Node is a running data node.
@@ -448,6 +455,7 @@ func (n *Node) Run(ctx context.Context) error {
 			if role == RolePrimary && n.cfg.SwitchoverOnStop {
 				n.handOver(prim)
 			}
+			n.leaveIfScaledDown(role, prim, rep)
 			cancel()
 		})
 		done := make(chan error, 1)
