@@ -347,3 +347,31 @@ func TestBenchMatrixBasePort(t *testing.T) {
 		t.Fatalf("--base-port with --primary: exit %d, %q", code, errOut)
 	}
 }
+
+// TestNodeMembershipFlags: WALSHIP_JOIN and WALSHIP_LEAVE_ON_SCALE_DOWN
+// set the flags (node.env), --leave-on-scale-down needs --kube-lease, and
+// a node outside --peers is refused without --join, naming it.
+func TestNodeMembershipFlags(t *testing.T) {
+	t.Setenv("WALSHIP_JOIN", "true")
+	t.Setenv("WALSHIP_LEAVE_ON_SCALE_DOWN", "true")
+	fs, _ := NewFlagSet("node", &Env{})
+	if err := Parse(fs, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"join", "leave-on-scale-down"} {
+		if got := fs.Lookup(f).Value.String(); got != "true" {
+			t.Errorf("--%s from the environment = %s, want true", f, got)
+		}
+	}
+	t.Setenv("WALSHIP_JOIN", "false")
+	t.Setenv("WALSHIP_LEAVE_ON_SCALE_DOWN", "false")
+	base := []string{"node", "--listen", "127.0.0.1:0", "--metrics-listen", "", "--data-dir", t.TempDir(), "--id", "n3", "--peers", "n0=127.0.0.1:1,n1=127.0.0.1:2"}
+	code, _, errOut := run(t, append(base, "--leave-on-scale-down")...)
+	if code != 1 || !strings.Contains(errOut, "--leave-on-scale-down: needs --kube-lease") {
+		t.Fatalf("node --leave-on-scale-down without --kube-lease: exit %d, %q", code, errOut)
+	}
+	code, _, errOut = run(t, base...)
+	if code != 1 || !strings.Contains(errOut, "is not among them (--join lets it start") {
+		t.Fatalf("node outside --peers without --join: exit %d, %q", code, errOut)
+	}
+}

@@ -42,6 +42,7 @@ func nodeFlags(fs *flag.FlagSet, env *Env, role node.Role) func(context.Context)
 	fs.StringVar(&cfg.ID, "id", id, "node id, stable across restarts: 1..64 of [A-Za-z0-9._-]")
 	fs.Var(&peers, "peers", "the cluster's data nodes, this one among them, as id=address,... (needed to fail over: the contract counts them)")
 	fs.StringVar(&cfg.Advertise, "advertise", "", "gRPC address other nodes and clients reach this node at (default: its --peers entry)")
+	fs.BoolVar(&cfg.Join, "join", false, "a node whose --id is not in --peers starts as a replica, counted for nothing and never promoted, and asks the primary to add it at --advertise (walship ctl members add) until the log's contract names it; a node it names asks nothing (a StatefulSet scaled up)")
 	fs.Var(listFlag{&logstores}, "logstore", "log store addresses, comma-separated: a primary ships to all (a majority makes --logstore-ack sync), a replica catches up from any that holds what it needs")
 	fs.StringVar(&rc.Primary, "primary", "", "gRPC address of the primary a new replica follows (later: whoever won the newest epoch)")
 	durabilityFlag(fs, &pc.Policy.Durability)
@@ -173,6 +174,8 @@ func addKubeFlags(fs *flag.FlagSet, cfg *node.Config) *kube.Config {
 	fs.DurationVar(&k.LeaseDuration, "kube-lease-duration", k.LeaseDuration, "how long after its last renewal others may take the Lease, in whole seconds (a dead primary's failover waits this)")
 	fs.DurationVar(&k.RenewDeadline, "kube-renew-deadline", k.RenewDeadline, "a primary that has not renewed the Lease for this long stops taking writes (at most 0.9 × (--kube-lease-duration − 1s))")
 	fs.DurationVar(&k.RetryPeriod, "kube-retry-period", k.RetryPeriod, "how often the Lease is renewed or tried")
+	fs.BoolVar(&k.LeaveOnScaleDown, "leave-on-scale-down", false, "with --kube-lease: a node told to stop whose StatefulSet's spec.replicas leaves out its pod's ordinal asks the primary to remove it from the members (after a primary's hand-over), within --leave-timeout; any other stop keeps it a member")
+	fs.DurationVar(&cfg.LeaveTimeout, "leave-timeout", node.DefaultLeaveTimeout, "how long a node stopped for a scale-down (--leave-on-scale-down) tries to be removed before it stops anyway")
 	fs.Uint64Var(&cfg.MaxFailoverLag, "max-failover-lag", node.DefaultMaxFailoverLag, "a replica contends for the Lease only within this many LSNs of the most advanced log")
 	fs.DurationVar(&cfg.FailoverHolddown, "failover-holddown", node.DefaultFailoverHolddown, "no replica contends this soon after it saw the epoch change (against flapping)")
 	return k
@@ -218,6 +221,9 @@ func applyAutoFailover(a *autoFailoverFlags, k *kube.Config, cfg *node.Config) (
 // applyKube makes cfg fail over by k's Lease, if --kube-lease is set.
 func applyKube(k *kube.Config, cfg *node.Config, logger *slog.Logger) error {
 	if k.Lease == "" {
+		if k.LeaveOnScaleDown {
+			return errors.New("--leave-on-scale-down: needs --kube-lease (the node reads its StatefulSet from the API server)")
+		}
 		return nil
 	}
 	k.Logger = logger
@@ -230,5 +236,11 @@ func applyKube(k *kube.Config, cfg *node.Config, logger *slog.Logger) error {
 	}
 	cfg.Election = c
 	cfg.ElectionRetry = k.RetryPeriod
+	if k.LeaveOnScaleDown {
+		if _, _, err := kube.StatefulSetOrdinal(k.Pod); err != nil {
+			return fmt.Errorf("--leave-on-scale-down: %w", err)
+		}
+		cfg.Leaving = c.ScaledDown
+	}
 	return nil
 }

@@ -69,6 +69,9 @@ type Config struct {
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 	// Logger receives the client's logs; nil discards them.
 	Logger *slog.Logger
+	// LeaveOnScaleDown is --leave-on-scale-down: the node asks ScaledDown
+	// when told to stop (services/node Config.Leaving).
+	LeaveOnScaleDown bool
 }
 
 // Validate checks c, naming the flag of what is wrong.
