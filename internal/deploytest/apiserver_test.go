@@ -322,6 +322,7 @@ func TestAPIServer(t *testing.T) {
 			{[]string{"create", "leases.coordination.k8s.io"}, "", true},
 			{[]string{"patch", "pods/walship-1"}, "", true},
 			{[]string{"create", "events"}, "", true},
+			{[]string{"get", "statefulsets.apps/walship"}, "", true},
 			// Nothing more.
 			{[]string{"get", "leases.coordination.k8s.io/other"}, "", false},
 			{[]string{"update", "leases.coordination.k8s.io/other"}, "", false},
@@ -339,6 +340,10 @@ func TestAPIServer(t *testing.T) {
 			{[]string{"create", "pods/walship-0", "--subresource=exec"}, "", false},
 			{[]string{"create", "pods/walship-0", "--subresource=eviction"}, "", false},
 			{[]string{"get", "secrets"}, "", false},
+			{[]string{"get", "statefulsets.apps/other"}, "", false},
+			{[]string{"list", "statefulsets.apps"}, "", false},
+			{[]string{"update", "statefulsets.apps/walship"}, "", false},
+			{[]string{"patch", "statefulsets.apps/walship", "--subresource=scale"}, "", false},
 			{[]string{"list", "events"}, "", false},
 			{[]string{"create", "events.events.k8s.io"}, "", false},
 			{[]string{"get", "leases.coordination.k8s.io/walship"}, "default", false},

@@ -236,9 +236,17 @@ func (c *checker) checkFailover(pods []*pod, nodes, ls *appsv1.StatefulSet) {
 	if err != nil {
 		c.errorf("%s: --switchover-timeout %q: %v", where, p.flag("switchover-timeout"), err)
 	}
-	need := max(60*time.Second, switchover+stopTimeout)
+	// A scaled-down node asks to be removed after its switchover, before
+	// its graceful stop (--leave-on-scale-down, up to --leave-timeout).
+	var leave time.Duration
+	if p.flag("leave-on-scale-down") == "true" {
+		if leave, err = time.ParseDuration(p.flag("leave-timeout")); err != nil {
+			c.errorf("%s: --leave-timeout %q: %v", where, p.flag("leave-timeout"), err)
+		}
+	}
+	need := max(60*time.Second, switchover+leave+stopTimeout)
 	if g := nodes.Spec.Template.Spec.TerminationGracePeriodSeconds; g == nil || time.Duration(*g)*time.Second < need {
-		c.errorf("%s: terminationGracePeriodSeconds %v: want at least %v (the SIGTERM switchover, up to --switchover-timeout %v, plus the %v graceful stop)", where, ptrOr(g, 30), int64(need/time.Second), switchover, stopTimeout)
+		c.errorf("%s: terminationGracePeriodSeconds %v: want at least %v (the SIGTERM switchover, up to --switchover-timeout %v, plus a scale-down's removal, up to --leave-timeout %v, plus the %v graceful stop)", where, ptrOr(g, 30), int64(need/time.Second), switchover, leave, stopTimeout)
 	}
 	for _, ct := range nodes.Spec.Template.Spec.Containers {
 		if ct.Lifecycle != nil && ct.Lifecycle.PreStop != nil && ct.Lifecycle.PreStop.Exec != nil {
@@ -304,17 +312,22 @@ func (p permission) String() string {
 	return s
 }
 
-// minimalPermissions are the calls a data node makes with --kube-lease
-// lease (internal/kube), each with what needs it: nothing more (no list,
-// no watch, no other Lease) and nothing less.
-func minimalPermissions(lease string) map[permission]string {
-	return map[permission]string{
+// minimalPermissions are the calls a data node of pod p makes with its
+// --kube-lease (internal/kube), each with what needs it: nothing more (no
+// list, no watch, no other Lease) and nothing less.
+func minimalPermissions(p *pod) map[permission]string {
+	lease := p.flag("kube-lease")
+	perms := map[permission]string{
 		{"coordination.k8s.io", "leases", "get", lease}:    "the election reads who holds the Lease and until when",
 		{"coordination.k8s.io", "leases", "update", lease}: "the election renews, takes over and releases the Lease",
 		{"coordination.k8s.io", "leases", "create", ""}:    "the first contender creates the Lease (a create names no object RBAC could match)",
 		{"", "pods", "patch", ""}:                          "a node sets the walship.io/role and walship.io/reads labels on its own Pod",
 		{"", "events", "create", ""}:                       "a node records Events on its own Pod",
 	}
+	if p.flag("leave-on-scale-down") == "true" {
+		perms[permission{"apps", "statefulsets", "get", p.sts.Name}] = "a node told to stop reads its StatefulSet's spec.replicas: scaled down, it leaves the members"
+	}
+	return perms
 }
 
 // permissionsOf flattens RBAC rules into permissions; nonResourceURLs
@@ -418,7 +431,7 @@ func (c *checker) checkRBAC() {
 				got[perm] = true
 			}
 		}
-		missing, extra := comparePermissions(got, minimalPermissions(p.flag("kube-lease")))
+		missing, extra := comparePermissions(got, minimalPermissions(p))
 		if len(missing) > 0 {
 			c.errorf("StatefulSet %s: ServiceAccount %q (Roles %v) may not: %s", name, sa, rolesOf[sa], strings.Join(missing, "; "))
 		}
@@ -481,7 +494,7 @@ func TestRBACFile(t *testing.T) {
 			t.Fatalf("overlay %s: %v", name, err)
 		}
 		for rn, r := range f.roles {
-			missing, extra := comparePermissions(permissionsOf(r.Rules), minimalPermissions(p.flag("kube-lease")))
+			missing, extra := comparePermissions(permissionsOf(r.Rules), minimalPermissions(p))
 			if len(missing)+len(extra) > 0 {
 				t.Errorf("%s: Role %s for overlay %s: lacks %v; has more: %v", RBACFile, rn, name, missing, extra)
 			}

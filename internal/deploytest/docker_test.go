@@ -84,8 +84,9 @@ func (d *dockerCluster) mustDocker(args ...string) string {
 // kustomize build, peers reaching each other by their Kubernetes DNS names
 // as network aliases), then drives it from the host with grpcurl: writes
 // and reads, a killed replica, a replica cut off the network. The data
-// nodes run without --kube-lease (no API server here): walship-0, the
-// --initial-primary, bootstraps the cluster and stays its primary.
+// nodes run without --kube-lease and --leave-on-scale-down (no API server
+// here): walship-0, the --initial-primary, bootstraps the cluster and
+// stays its primary.
 func TestDockerCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("skipping the Docker cluster test in -short mode")
@@ -263,7 +264,8 @@ func (d *dockerCluster) startPod(p *pod) {
 	}
 	args = append(append(args, d.image), p.args...)
 	if p.command == "node" {
-		args = append(args, "--heartbeat-interval="+testHeartbeat, "--sync-timeout="+testSyncTimeout.String(), "--kube-lease=")
+		// No API server: no Lease, and no StatefulSet to read on a stop.
+		args = append(args, "--heartbeat-interval="+testHeartbeat, "--sync-timeout="+testSyncTimeout.String(), "--kube-lease=", "--leave-on-scale-down=false")
 	}
 	d.pods[p.name] = c // before run: cleanup and logs find it even if run fails
 	d.mustDocker(args...)
