@@ -358,7 +358,7 @@ func TestChecksCatchMistakes(t *testing.T) {
 		{"log store peer at a node", func(o *objects) {
 			configMap(o, "walship-logstore").Data["WALSHIP_PEERS"] = "walship-logstore-0.walship-logstore-headless:7400,walship-1.walship-headless:7401"
 		}, "is a node, want a logstore"},
-		{"node missing from --peers", func(o *objects) { nodes(o).Spec.Replicas = intPtr(4) },
+		{"node missing from --peers", func(o *objects) { nodes(o).Spec.Replicas = intPtr(4); nodeEnv(o, "WALSHIP_JOIN", "false") },
 			"does not list walship-3"},
 		{"peer that is no pod", func(o *objects) {
 			nodeEnv(o, "WALSHIP_PEERS", "walship-0=walship-0.walship-headless:7401,walship-1=walship-1.walship-headless:7401,walship-2=walship-2.walship-headless:7401,walship-5=walship-5.walship-headless:7401")
@@ -504,6 +504,16 @@ func TestChecksCatchMistakes(t *testing.T) {
 			"ClusterRole walship: walship needs no cluster-wide permissions"},
 		{"an unbound Role", func(o *objects) { o.roles["spare"] = &rbacv1.Role{} }, "Role spare: bound to no one"},
 	})
+	// Not a mistake: with --join (node.env) the StatefulSet scales past
+	// --peers, its new pods joining at run time.
+	o, err := decodeObjects(docs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes(o).Spec.Replicas = intPtr(4)
+	if errs := check(o, ns); len(errs) > 0 {
+		t.Errorf("the dev overlay scaled to 4 data nodes with --join fails: %v", errs)
+	}
 }
 
 // TestTLSChecksCatchMistakes: the prod overlay (mTLS with cert-manager)
