@@ -319,8 +319,7 @@ func (w Workload) ReadBack(ctx context.Context, h *History) error {
 		keys[op.Input.Key] = true
 	}
 	for k := range keys {
-		op := Op{Client: w.Concurrency, Input: Input{Kind: KindGet, Key: k}, Call: h.Now()}
-		r, err := w.Primary.Get(ctx, &walshipv1.GetRequest{Key: k}, ready)
+		op, r, err := w.readBack(ctx, h, k)
 		if err != nil {
 			return fmt.Errorf("read back %s: %w", k, err)
 		}
@@ -328,6 +327,27 @@ func (w Workload) ReadBack(ctx context.Context, h *History) error {
 		h.Add(op)
 	}
 	return nil
+}
+
+// readBack reads k from the primary, asking again while it refuses the
+// read as not serving (a primary restarted by the last fault may still be
+// opening its epoch), until ctx ends. A refused read did nothing and is
+// not recorded; op is the call that answered.
+func (w Workload) readBack(ctx context.Context, h *History, k string) (Op, *walshipv1.GetResponse, error) {
+	for {
+		op := Op{Client: w.Concurrency, Input: Input{Kind: KindGet, Key: k}, Call: h.Now()}
+		r, err := w.Primary.Get(ctx, &walshipv1.GetRequest{Key: k}, ready)
+		if err == nil || !walshipclient.NotApplied(err) {
+			return op, r, err
+		}
+		t := time.NewTimer(50 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return op, nil, fmt.Errorf("%w (the primary still refused it when the deadline came: %v)", ctx.Err(), err)
+		case <-t.C:
+		}
+	}
 }
 
 // NotApplied reports whether a write that failed with err certainly did
