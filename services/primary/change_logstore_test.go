@@ -472,6 +472,17 @@ func TestNewPrimaryResumesLogStoreJoint(t *testing.T) {
 				added = c.ls["d"].addr
 			}
 			s := c.p.s
+			// The primary opens on the echoes of a majority of {a, b, c}:
+			// its stream to a or b may still be starting. The joint record
+			// below names an added store that echoes nothing (closed, or
+			// refilling), so its half {a, b, added} holds the lease on a
+			// and b alone; written before both echo, the lease rests on a
+			// stream just starting and may lapse (as it should: no
+			// majority of that half is heard). ChangeMembers never gets
+			// there: it makes a log store count only once it echoes.
+			testkit.Until(t, "a and b to echo the primary's heartbeats", func() bool {
+				return s.lease.heard(c.ls["a"].addr) && s.lease.heard(c.ls["b"].addr)
+			})
 			old := stripped(s.contract())
 			next := proto.Clone(old).(*walshipv1.Contract)
 			next.Logstores = []string{c.ls["a"].addr, c.ls["b"].addr, added}

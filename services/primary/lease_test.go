@@ -56,3 +56,34 @@ func TestLeaseOutlastsAStalledLogStoreDisk(t *testing.T) {
 	}
 	unblock()
 }
+
+// TestLeaseUnderAJointRecord: putting a joint record in force keeps the
+// lease while a majority of each half echoes, and ends it (at once: the
+// new half was never heard) while one does not — as when the primary
+// opened on the echoes of {b, c} and a's stream is still starting, and
+// the joint half {a, b, x} names a store x that never echoes.
+func TestLeaseUnderAJointRecord(t *testing.T) {
+	old, joint := [][]string{{"a", "b", "c"}}, [][]string{{"a", "b", "c"}, {"a", "b", "x"}}
+	l := newLease(time.Minute, old)
+	now := time.Now()
+	l.renew("b", now)
+	l.renew("c", now)
+	if !l.valid() {
+		t.Fatal("no lease from b and c of {a, b, c}")
+	}
+	l.setHalves(joint)
+	if l.valid() {
+		t.Fatal("a lease under {a, b, x} with only b heard")
+	}
+	l.renew("a", now)
+	if !l.valid() {
+		t.Fatal("no lease under the joint record once a and b echoed")
+	}
+	// Echoes are kept across a change of halves: a second joint record
+	// while a, b and c echo does not cost the lease.
+	l.setHalves(old)
+	l.setHalves(joint)
+	if !l.valid() {
+		t.Fatal("lost the lease when a joint record went in force while a majority of each half echoes")
+	}
+}
