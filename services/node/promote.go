@@ -1210,11 +1210,55 @@ func mayOpen(id string, p *plan, rec *walshipv1.EpochRecord) error {
 	// and every newer contract that opened is held by a node of each of
 	// its promotion quorums (services/primary epochChangeWait), which
 	// reported it.
+	if err := fencedEachLogStoreHalf(rec.GetContract(), p.answers); err != nil {
+		return fmt.Errorf("gave up epoch %d once caught up from %s, before opening it: %w", p.epoch, p.donor.id, err)
+	}
 	if p.record == nil && rec != nil && !p.forced {
 		if v := judge(rec.GetContract(), p.prev, p.answers, promised); !v.quorum {
 			return fmt.Errorf("gave up epoch %d once caught up from %s, before opening it: this node's log held no contract when it judged the promotion by --peers; "+
 				"the contract now in its log (epoch %d: %s) needs %s. Granted: %s",
 				p.epoch, p.donor.id, rec.GetEpoch(), describeMembers(rec.GetContract()), v.needed, strings.Join(v.granted, ", "))
+		}
+	}
+	return nil
+}
+
+// fencedEachLogStoreHalf is nil if answers hold promises of this epoch
+// from a majority of every log store set of contract c (its own and,
+// while a change is in progress, the one it goes to); else why not.
+//
+// The old primary's lease and, under log store sync, its acks need a
+// majority of each log store set of the newest contract in its log. A
+// candidate fences the log stores of its flags and of its own log's
+// contract, which may predate a log store change the donor's log holds:
+// when no member's answer is needed (log store sync, or k = 0) none may
+// have told it of the change. Once caught up, its log holds the change:
+// if its promises do not include a majority of each set, the old primary
+// may still renew its lease, and acknowledge, through log stores this
+// candidate never fenced, so it does not open. A forced promotion too:
+// --force waives members' votes, never the log store majority.
+//
+// Only a contract a run-time change wrote (members_changed, or joint)
+// binds the log stores: before one, a primary leases and acknowledges
+// through its --logstore, which a restored cluster, say, changes under
+// an old contract, and a candidate fences its own --logstore too.
+func fencedEachLogStoreHalf(c *walshipv1.Contract, answers []answer) error {
+	if c == nil || (!c.GetMembersChanged() && c.GetNext() == nil) {
+		return nil
+	}
+	for _, set := range [][]string{c.GetLogstores(), c.GetNext().GetLogstores()} {
+		if len(set) == 0 {
+			continue
+		}
+		var granted []string
+		for _, a := range answers {
+			if a.logstore && promised(a) && slices.Contains(set, a.id) {
+				granted = append(granted, a.id)
+			}
+		}
+		if need := failover.Majority(len(set)); len(granted) < need {
+			return fmt.Errorf("the contract now in its log names log stores %s, and only %d of them (%s) promised this epoch; a majority (%d) of each set must, or the primary it replaces may still hold its lease through the others",
+				strings.Join(set, ", "), len(granted), strings.Join(granted, ", "), need)
 		}
 	}
 	return nil
