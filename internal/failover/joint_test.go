@@ -266,6 +266,8 @@ func TestValidChange(t *testing.T) {
 		{"remove the primary", with(func(c *Contract) { c.Members = []string{"a", "b"} }), "primary"},
 		{"below k", with(func(c *Contract) { c.Members = []string{"p"} }), "sync_replicas 1"},
 		{"no log store", with(func(c *Contract) { c.LogStores = nil }), "logstores"},
+		{"a member twice", with(func(c *Contract) { c.Members = []string{"p", "a", "b", "a"} }), `members: "a" twice`},
+		{"a log store twice", with(func(c *Contract) { c.LogStores = []string{"l0", "l1", "l2", "l1"} }), `logstores: "l1" twice`},
 	} {
 		err := ValidChange(base, tc.new, "p")
 		switch {

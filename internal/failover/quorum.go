@@ -310,6 +310,21 @@ func ValidChange(old, new Contract, primary string) error {
 		return fmt.Errorf("members: %d members besides the primary cannot meet sync_replicas %d", len(new.Members)-1, new.K)
 	case len(new.LogStores) == 0:
 		return fmt.Errorf("logstores: the new configuration has none")
+	case duplicate(new.Members) != "":
+		return fmt.Errorf("members: %q twice in the new configuration", duplicate(new.Members))
+	case duplicate(new.LogStores) != "":
+		return fmt.Errorf("logstores: %q twice in the new configuration", duplicate(new.LogStores))
 	}
 	return nil
+}
+
+// duplicate is an element of xs that appears twice, or "": a member or a
+// log store counted twice would meet an ack quorum alone.
+func duplicate(xs []string) string {
+	for i, x := range xs {
+		if slices.Contains(xs[i+1:], x) {
+			return x
+		}
+	}
+	return ""
 }

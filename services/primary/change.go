@@ -151,6 +151,9 @@ func (s *Server) runChange(ctx context.Context, r *changeRun) (string, error) {
 	if r.resume {
 		return s.resumeChange(ctx, cur)
 	}
+	if err := stillApplies(r, cur); err != nil {
+		return "", err
+	}
 	old := stripped(cur)
 	var next *walshipv1.Contract
 	if r.addLogStore != "" || r.removeLogStore != "" {
@@ -214,6 +217,27 @@ func (s *Server) logStoreChange(ctx context.Context, r *changeRun, old *walshipv
 	next = proto.Clone(old).(*walshipv1.Contract)
 	next.Logstores = replaceLogStore(next.GetLogstores(), r.removeLogStore, r.addLogStore)
 	return next, false, nil
+}
+
+// stillApplies refuses r when the contract in force cur no longer
+// allows it: checkChange validated r before it took the one change slot,
+// and another change (a --join retry adding the same node, say) may have
+// ended in between. Checked before any record is written.
+func stillApplies(r *changeRun, cur *walshipv1.Contract) error {
+	member := func(id string) bool {
+		return slices.ContainsFunc(cur.GetMembers(), func(m *walshipv1.Member) bool { return m.GetId() == id })
+	}
+	switch {
+	case r.add != nil && member(r.add.GetId()):
+		return status.Errorf(codes.FailedPrecondition, "%s: %s is a member already (a change that ended meanwhile added it)", r.desc, r.add.GetId())
+	case r.remove != "" && !member(r.remove):
+		return status.Errorf(codes.FailedPrecondition, "%s: %s is no member any more (a change that ended meanwhile removed it)", r.desc, r.remove)
+	case r.addLogStore != "" && slices.Contains(cur.GetLogstores(), r.addLogStore):
+		return status.Errorf(codes.FailedPrecondition, "%s: %s is a log store of the contract already", r.desc, r.addLogStore)
+	case r.removeLogStore != "" && !slices.Contains(cur.GetLogstores(), r.removeLogStore):
+		return status.Errorf(codes.FailedPrecondition, "%s: %s is no log store of the contract any more", r.desc, r.removeLogStore)
+	}
+	return nil
 }
 
 // replaceLogStore is addrs with remove taken out and add put in (in its

@@ -1,0 +1,40 @@
+package primary
+
+import (
+	"strings"
+	"testing"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// TestStillApplies: a change validated before it took the one change
+// slot is refused, before any record, when a change that ended meanwhile
+// made it moot — two requests to add the same node (a --join retry)
+// would otherwise list it twice, and a member listed twice meets an ack
+// quorum alone.
+func TestStillApplies(t *testing.T) {
+	cur := &walshipv1.Contract{Members: []*walshipv1.Member{{Id: "p"}, {Id: "a"}, {Id: "x"}}, Logstores: []string{"l0", "l1", "l2"}}
+	for _, tc := range []struct {
+		name    string
+		r       *changeRun
+		refused string
+	}{
+		{"add a node added meanwhile", &changeRun{add: &walshipv1.Member{Id: "x"}, desc: "add x"}, "x is a member already"},
+		{"add a new node", &changeRun{add: &walshipv1.Member{Id: "y"}, desc: "add y"}, ""},
+		{"remove a member removed meanwhile", &changeRun{remove: "b", desc: "remove b"}, "b is no member"},
+		{"remove a member", &changeRun{remove: "a", desc: "remove a"}, ""},
+		{"add a log store added meanwhile", &changeRun{addLogStore: "l2", desc: "add log store l2"}, "l2 is a log store"},
+		{"replace a log store removed meanwhile", &changeRun{removeLogStore: "l9", addLogStore: "l3", desc: "replace"}, "l9 is no log store"},
+		{"replace a log store", &changeRun{removeLogStore: "l2", addLogStore: "l3", desc: "replace"}, ""},
+	} {
+		err := stillApplies(tc.r, cur)
+		switch {
+		case tc.refused == "" && err != nil:
+			t.Errorf("%s: %v", tc.name, err)
+		case tc.refused != "" && (status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), tc.refused)):
+			t.Errorf("%s: %v, want FAILED_PRECONDITION naming %q", tc.name, err, tc.refused)
+		}
+	}
+}
