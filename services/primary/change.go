@@ -605,6 +605,9 @@ func (s *Server) checkChange(ctx context.Context, req *walshipv1.ChangeMembersRe
 	if err := failover.ValidChange(failover.ConfigOf(cur).Old, failover.ConfigOf(next).Old, s.cfg.ID); err != nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "%s: %v", r.desc, err)
 	}
+	if err := s.canFinish(r, next); err != nil {
+		return nil, err
+	}
 	if r.add != nil {
 		if err := s.probeNode(ctx, r.add); err != nil {
 			return nil, err
@@ -620,6 +623,53 @@ func (s *Server) checkChange(ctx context.Context, req *walshipv1.ChangeMembersRe
 		}
 	}
 	return r, nil
+}
+
+// canFinish refuses a removal that the new configuration next could not
+// acknowledge now: its joint record needs k of next's members other than
+// the primary, and the lease a majority of next's log stores, as soon as
+// it is in force. Removing a healthy member or log store while another is
+// down would otherwise leave the joint record unacknowledged for good,
+// stall every sync commit behind it (and, for log stores, end the lease),
+// with no second change allowed to undo it. An added node or log store
+// passes its learner stage first and counts as connected here.
+func (s *Server) canFinish(r *changeRun, next *walshipv1.Contract) error {
+	replicas, logstores := s.peers.snapshot()
+	if r.remove != "" {
+		connected := 0
+		for _, m := range next.GetMembers() {
+			if m.GetId() != s.cfg.ID && slices.ContainsFunc(replicas, func(p replicaPos) bool { return p.id == m.GetId() && p.connected }) {
+				connected++
+			}
+		}
+		if k := int(next.GetSyncReplicas()); connected < k {
+			return status.Errorf(codes.FailedPrecondition, "%s: the members left (%s) have %d connected besides the primary, and sync_replicas %d needs %d of them to acknowledge the change: bring the others back first (walship ctl members list)",
+				r.desc, strings.Join(idsOf(next.GetMembers()), ", "), connected, k, k)
+		}
+	}
+	if r.removeLogStore != "" {
+		set := next.GetLogstores()
+		connected := 0
+		for _, a := range set {
+			if a == r.addLogStore || slices.ContainsFunc(logstores, func(l logstorePos) bool { return l.addr == a && l.connected }) {
+				connected++
+			}
+		}
+		if need := failover.Majority(len(set)); connected < need {
+			return status.Errorf(codes.FailedPrecondition, "%s: the log stores left (%s) have %d connected, and the lease needs %d of them as soon as the change is joint: bring the others back first (walship ctl members list)",
+				r.desc, strings.Join(set, ", "), connected, need)
+		}
+	}
+	return nil
+}
+
+// idsOf are the ids of ms.
+func idsOf(ms []*walshipv1.Member) []string {
+	out := make([]string, 0, len(ms))
+	for _, m := range ms {
+		out = append(out, m.GetId())
+	}
+	return out
 }
 
 // checkLogStoreAddr checks the log store address addr of the request's

@@ -38,3 +38,20 @@ func TestStillApplies(t *testing.T) {
 		}
 	}
 }
+
+// TestRemovalTheRestCannotAcknowledge: members p1, r1, r2, k = 1, r2
+// down. Removing r1, the one member up, would leave a joint record that
+// only r2 could acknowledge: it is refused, naming why, and nothing
+// changes; removing r2, the one down, goes through.
+func TestRemovalTheRestCannotAcknowledge(t *testing.T) {
+	c := startMembers(t, 1, "r1")
+	_, err := c.p.admin.ChangeMembers(ctx(t), &walshipv1.ChangeMembersRequest{Change: &walshipv1.ChangeMembersRequest_Remove{Remove: "r1"}})
+	wantStatus(t, err, codes.FailedPrecondition, "have 0 connected besides the primary", "sync_replicas 1")
+	if m, n, _ := memberIDs(listMembers(t, c.p).GetContract()); m != "p1,r1,r2" || n != "" {
+		t.Fatalf("after the refused removal: members %q next %q", m, n)
+	}
+	resp, err := c.p.admin.ChangeMembers(ctx(t), &walshipv1.ChangeMembersRequest{Change: &walshipv1.ChangeMembersRequest_Remove{Remove: "r2"}})
+	if err != nil || !resp.GetDone() {
+		t.Fatalf("remove r2: %v %v", resp, err)
+	}
+}
