@@ -110,6 +110,15 @@ func (s *Server) proposeEpoch(seen, next uint64) error {
 // majority of each half, as a candidate does (failover.JudgeJoint).
 func (s *Server) elect(ctx context.Context) error {
 	start := s.startContract()
+	if start.GetMembersChanged() && !failover.ConfigOf(start).Leads(s.cfg.ID) {
+		// The members are the log's (a run-time change set them), and
+		// they do not name this node in every half: its acks would not
+		// meet what a promotion under them needs (failover Config.Leads).
+		// Refused before anything is fenced: fencing the log stores first
+		// would depose the cluster's primary for nothing.
+		return fmt.Errorf("epoch %d: this node %s is not a member of the configuration its log holds (%s): a membership change removed it; start it as a replica, or add it back at the primary (walship ctl members add)",
+			s.epoch, s.cfg.ID, configLine(start))
+	}
 	stores, halves := logStoreSet(start), logStoreHalves(start)
 	if s.cfg.Elected != nil || len(stores) == 0 {
 		return s.joinCluster(nil)
@@ -373,13 +382,6 @@ func ContractOf(p Policy, members []Member, logstores []string, lease time.Durat
 // and until the primary holds its lease, and opens the primary for reads
 // and writes. It returns when ctx ends or the primary fails first.
 func (s *Server) openEpoch(ctx context.Context) error {
-	if c := s.startContract(); c.GetMembersChanged() && !failover.ConfigOf(c).Leads(s.cfg.ID) {
-		// The members are the log's (a run-time change set them), and
-		// they do not name this node in every half: its acks would not
-		// meet what a promotion under them needs (failover Config.Leads).
-		return fmt.Errorf("epoch %d: this node %s is not a member of the configuration its log holds (%s): a membership change removed it; start it as a replica, or add it back at the primary (walship ctl members add)",
-			s.epoch, s.cfg.ID, configLine(c))
-	}
 	if !s.needsRecord() {
 		s.useContract(s.startContract(), walshipv1.MembershipStage_MEMBERSHIP_STAGE_UNSPECIFIED)
 		if err := s.lease.wait(ctx); err != nil {
