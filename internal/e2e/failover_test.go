@@ -401,15 +401,24 @@ func switchoverStuck(t *testing.T, ctx context.Context, c *failoverCluster, time
 func failoverUnderLoad(t *testing.T, prefix string) (*failoverCluster, *client.Client, context.Context, *check.History, func()) {
 	t.Helper()
 	c := startFailoverCluster(t)
+	cl, ctx, h, finish := loadOn(t, c, prefix, 3*time.Minute, 5*time.Second)
+	return c, cl, ctx, h, finish
+}
+
+// loadOn starts d of the checker's workload under prefix on cluster c
+// through a client of every node, within a context of limit; finish
+// waits for it, reads every key back and checks the history.
+func loadOn(t *testing.T, c *failoverCluster, prefix string, limit, d time.Duration) (*client.Client, context.Context, *check.History, func()) {
+	t.Helper()
 	cl, err := client.New(c.addrs(), client.Options{Retry: 20 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cl.Close() })
-	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), limit)
 	t.Cleanup(cancel)
-	h, finish := runChecked(t, ctx, cl, prefix, 5*time.Second)
-	return c, cl, ctx, h, finish
+	h, finish := runChecked(t, ctx, cl, prefix, d)
+	return cl, ctx, h, finish
 }
 
 // runChecked runs the checker's workload for d in the background; the

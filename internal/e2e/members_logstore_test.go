@@ -12,7 +12,6 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/testkit"
-	"github.com/walship/walship/pkg/client"
 )
 
 // TestLogStoreMembershipChange: under load checked for linearizability,
@@ -45,14 +44,7 @@ func TestLogStoreMembershipChange(t *testing.T) {
 	}
 	ls3, ls4, ls5 := newStore("ls3"), newStore("ls4"), newStore("ls5")
 
-	cl, err := client.New(c.addrs(), client.Options{Retry: 20 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cl.Close() })
-	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
-	t.Cleanup(cancel)
-	h, finish := runChecked(t, ctx, cl, "logstores/", 30*time.Second)
+	_, ctx, h, finish := loadOn(t, c, "logstores/", 4*time.Minute, 30*time.Second)
 	<-time.After(time.Second)
 
 	list := func(want ...string) {
@@ -173,14 +165,7 @@ func TestLogStoreRemovalKill9(t *testing.T) {
 	c := startFailoverCluster(t)
 	n0, n1, n2 := c.nodes[0], c.nodes[1], c.nodes[2]
 	ls0, ls1, ls2 := c.logstores[0], c.logstores[1], c.logstores[2]
-	cl, err := client.New(c.addrs(), client.Options{Retry: 20 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cl.Close() })
-	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
-	t.Cleanup(cancel)
-	h, finish := runChecked(t, ctx, cl, "ls-kill9/", 10*time.Second)
+	_, ctx, h, finish := loadOn(t, c, "ls-kill9/", 4*time.Minute, 10*time.Second)
 	<-time.After(time.Second)
 
 	h.Note("pause ls1; remove ls2")
