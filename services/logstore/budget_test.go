@@ -15,8 +15,7 @@ import (
 func TestAppendBudgetBoundsQueuedBytes(t *testing.T) {
 	cfg := testConfig(t, "/data")
 	cfg.MaxMessageBytes = 1 << 20 // a budget of 2 MiB
-	entered, unblock := stalledSync(t, &cfg)
-	r := start(t, cfg)
+	r, entered, unblock := startStalled(t, cfg)
 	const n, size = 96, 64 << 10 // 6 MiB: within gRPC's 8 MiB stream window
 	bs := chain(t, 1, 1, n, size)
 

@@ -10,14 +10,18 @@ import (
 	"github.com/walship/walship/internal/vfs"
 )
 
-// stalledSync makes the log store's next WAL fsync wait until release.
-func stalledSync(t *testing.T, cfg *Config) (entered <-chan struct{}, release func()) {
+// startStalled starts a log store on cfg whose first WAL fsync waits
+// until release.
+func startStalled(t *testing.T, cfg Config) (r *running, entered <-chan struct{}, release func()) {
 	t.Helper()
 	fs := vfs.NewMem()
 	entered, release = fs.HoldNextSync(".wal")
-	t.Cleanup(release) // before the log store stops, on failure too
 	cfg.FS = fs
-	return entered, release
+	r = start(t, cfg)
+	// Registered after start's, so run before it: a test that fails while
+	// the fsync is held must not leave Run waiting on it.
+	t.Cleanup(release)
+	return r, entered, release
 }
 
 func waitClosed(t *testing.T, ch <-chan struct{}, what string) {
@@ -35,9 +39,7 @@ func waitClosed(t *testing.T, ch <-chan struct{}, what string) {
 // is (the batch is not durable yet); the batch's own ack follows the
 // fsync.
 func TestHeartbeatEchoedDuringAStalledRound(t *testing.T) {
-	cfg := testConfig(t, "/data")
-	entered, release := stalledSync(t, &cfg)
-	r := start(t, cfg)
+	r, entered, release := startStalled(t, testConfig(t, "/data"))
 	a := r.append(t)
 	a.heartbeat(1)
 	if ack := a.ack(); ack.Epoch != 1 {
@@ -48,7 +50,7 @@ func TestHeartbeatEchoedDuringAStalledRound(t *testing.T) {
 	waitClosed(t, entered, "the batch's fsync")
 	sent := time.Now().UnixNano()
 	a.sendOrEnded(&walshipv1.AppendRequest{Heartbeat: &walshipv1.Heartbeat{Epoch: 1, TimeUnixNano: sent, ReplyRequested: true}}, "heartbeat")
-	ack := a.ack()
+	ack := a.echoOf(sent) // before release: at once
 	if ack.HeartbeatTimeUnixNano != sent || ack.DurableLsn >= b.LastLsn || ack.Epoch != 1 {
 		t.Fatalf("ack during the stalled fsync = %v, want the heartbeat of %d echoed, durable below %d", ack, sent, b.LastLsn)
 	}
@@ -62,9 +64,7 @@ func TestHeartbeatEchoedDuringAStalledRound(t *testing.T) {
 // count from that echo, or the candidate would open while the old primary
 // still holds its lease (Failover invariant 7).
 func TestFenceCoversEarlyEchoes(t *testing.T) {
-	cfg := testConfig(t, "/data")
-	entered, release := stalledSync(t, &cfg)
-	r := start(t, cfg)
+	r, entered, release := startStalled(t, testConfig(t, "/data"))
 	a := r.append(t)
 	a.heartbeat(1)
 	a.ack()
@@ -97,7 +97,7 @@ func TestFenceCoversEarlyEchoes(t *testing.T) {
 	testkit.UntilWithin(t, 20*time.Second, "300 ms to pass", func() bool { return time.Since(queued) > 300*time.Millisecond })
 	sent := time.Now()
 	a.sendOrEnded(&walshipv1.AppendRequest{Heartbeat: &walshipv1.Heartbeat{Epoch: 1, TimeUnixNano: sent.UnixNano(), ReplyRequested: true}}, "heartbeat")
-	if ack := a.ack(); ack.HeartbeatTimeUnixNano != sent.UnixNano() {
+	if ack := a.echoOf(sent.UnixNano()); ack.HeartbeatTimeUnixNano != sent.UnixNano() {
 		t.Fatalf("ack = %v, want the heartbeat echoed at once", ack)
 	}
 	release()

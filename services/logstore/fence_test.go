@@ -71,7 +71,7 @@ func TestFence(t *testing.T) {
 	if err := a.stream.Send(&walshipv1.AppendRequest{Truncate: true, TruncateAfterLsn: 4, Heartbeat: &walshipv1.Heartbeat{Epoch: 4, ReplyRequested: true}}); err != nil {
 		t.Fatal(err)
 	}
-	if ack := a.ack(); ack.DurableLsn != 4 {
+	if ack := a.logAck(); ack.DurableLsn != 4 {
 		t.Fatalf("ack after the cut = %v, want durable 4", ack)
 	}
 	a.send(batch(t, 4, 5, 1, 10))
@@ -172,7 +172,7 @@ func TestCut(t *testing.T) {
 	if err := a.stream.Send(&walshipv1.AppendRequest{Truncate: true, TruncateAfterLsn: 2, Heartbeat: &walshipv1.Heartbeat{Epoch: 2, ReplyRequested: true}}); err != nil {
 		t.Fatal(err)
 	}
-	if ack := a.ack(); ack.DurableLsn != 2 {
+	if ack := a.logAck(); ack.DurableLsn != 2 {
 		t.Fatalf("ack after the cut = %v, want durable 2", ack)
 	}
 	if orphans, err := datadir.ListOrphans(vfs.OS, dir); err != nil || len(orphans) != 1 || orphans[0].FirstLSN != 3 || orphans[0].LastLSN != 6 {

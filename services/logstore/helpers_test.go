@@ -216,6 +216,30 @@ func (a *appender) ack() *walshipv1.AppendResponse {
 	return resp
 }
 
+// logAck receives acks until one speaks of the log, for a test that
+// expects a durable LSN above 0: a heartbeat echoed at once (echo.go)
+// may come first, alone, with durable_lsn 0.
+func (a *appender) logAck() *walshipv1.AppendResponse {
+	a.t.Helper()
+	for {
+		if resp := a.ack(); resp.DurableLsn != 0 {
+			return resp
+		}
+	}
+}
+
+// echoOf receives acks until the one that echoes the heartbeat sent at
+// t: the heartbeat before it may have been answered twice, at once and by
+// the writer.
+func (a *appender) echoOf(t int64) *walshipv1.AppendResponse {
+	a.t.Helper()
+	for {
+		if resp := a.ack(); resp.HeartbeatTimeUnixNano >= t {
+			return resp
+		}
+	}
+}
+
 // waitDurable receives acks until one reports lsn durable.
 func (a *appender) waitDurable(lsn uint64) *walshipv1.AppendResponse {
 	a.t.Helper()

@@ -416,7 +416,7 @@ func TestHeartbeatAck(t *testing.T) {
 	}
 	r.appendAll(t, chain(t, 1, 1, 2, 10)...)
 	a.heartbeat(0) // no epoch stated
-	if ack := a.ack(); ack.DurableLsn != 4 || ack.Epoch != 1 {
+	if ack := a.logAck(); ack.DurableLsn != 4 || ack.Epoch != 1 {
 		t.Fatalf("heartbeat ack = %v, want durable 4", ack)
 	}
 }
