@@ -294,14 +294,17 @@ func (s *Server) waitLogStoreCaughtUp(ctx context.Context, r *changeRun) error {
 	}
 }
 
-// resumeChange finishes or rolls back the joint contract cur a new
-// primary's epoch record carries (its epoch is open, so that record is
-// acknowledged under the joint rule). The rule: finish when every member
-// the change adds is connected to this primary within Config.ChangeResumeGrace — it
-// then counts in C_new as it did when the joint record was written —
-// else roll back (a joint record from C_new back to C_old, then C_old),
-// so that the cluster does not go on with a member it cannot reach. A
-// removal adds no member: it is always finished.
+// resumeChange finishes or rolls back the joint contract cur, once it is
+// acknowledged under the joint rule (a new primary's epoch record, or the
+// record a failed step left in force: retryChange). The rule: finish when
+// every member the change adds is connected to this primary within
+// Config.ChangeResumeGrace — it then counts in C_new as it did when the
+// joint record was written — else roll back (a joint record from C_new
+// back to C_old, then C_old), so that the cluster does not go on with a
+// member it cannot reach. A removal adds no member: it is always
+// finished. So is a roll-back (cur.next.rollback): its joint record was
+// acknowledged under C_old, the half it returns to, and turned forward
+// again it would go back to the member that did not connect.
 func (s *Server) resumeChange(ctx context.Context, cur *walshipv1.Contract) (string, error) {
 	old := stripped(cur)
 	old.Next = nil
@@ -311,6 +314,10 @@ func (s *Server) resumeChange(ctx context.Context, cur *walshipv1.Contract) (str
 		next.Logstores = slices.Clone(ls)
 	}
 	next.MembersChanged = true
+	if cur.GetNext().GetRollback() {
+		s.logger.Info("the contract is a roll-back's joint one: finishing the roll-back", "from", configLine(old), "to", configLine(next))
+		return outcomeRolledBack, s.changeStep(ctx, next, walshipv1.MembershipStage_MEMBERSHIP_STAGE_ROLLED_BACK)
+	}
 	var joining, joiningStores []string
 	for _, m := range next.GetMembers() {
 		if !slices.ContainsFunc(old.GetMembers(), func(o *walshipv1.Member) bool { return o.GetId() == m.GetId() }) {
@@ -337,7 +344,9 @@ func (s *Server) resumeChange(ctx context.Context, cur *walshipv1.Contract) (str
 	}
 	s.logger.Warn("the log ends in a joint record and a member it adds is not connected: rolling the membership change back",
 		"from", configLine(old), "to", configLine(next), "err", err)
-	if err := s.changeStep(ctx, joint(next, old), walshipv1.MembershipStage_MEMBERSHIP_STAGE_ROLLBACK_JOINT); err != nil {
+	back := joint(next, old)
+	back.Next.Rollback = true
+	if err := s.changeStep(ctx, back, walshipv1.MembershipStage_MEMBERSHIP_STAGE_ROLLBACK_JOINT); err != nil {
 		return "", err
 	}
 	return outcomeRolledBack, s.changeStep(ctx, old, walshipv1.MembershipStage_MEMBERSHIP_STAGE_ROLLED_BACK)

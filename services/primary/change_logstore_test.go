@@ -520,3 +520,49 @@ func TestNewPrimaryResumesLogStoreJoint(t *testing.T) {
 		})
 	}
 }
+
+// TestNewPrimaryResumesLogStoreRollback: a primary whose log ends in the
+// joint record of a roll-back — c's replacement by a log store that never
+// came, rolled back from {a, b, new} to {a, b, c} — finishes the
+// roll-back, {a, b, c} again, even with c down: the roll-back's joint
+// record was acknowledged by a and b, a majority of both halves. Read as
+// a forward change from {a, b, new} to {a, b, c}, c down would roll it
+// "back" to {a, b, new}: a log store that never caught up in c's place.
+func TestNewPrimaryResumesLogStoreRollback(t *testing.T) {
+	c := startLogStoreCluster(t, "a", "b", "c")
+	s := c.p.s
+	testkit.Until(t, "a and b to echo the primary's heartbeats", func() bool {
+		return s.lease.heard(c.ls["a"].addr) && s.lease.heard(c.ls["b"].addr)
+	})
+	old := stripped(s.contract())
+	next := proto.Clone(old).(*walshipv1.Contract)
+	next.Logstores = []string{c.ls["a"].addr, c.ls["b"].addr, closedAddr(t)}
+	if _, err := s.writeRecord(ctx(t), s.epochRecord(joint(old, next), walshipv1.MembershipStage_MEMBERSHIP_STAGE_JOINT)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.writeRecord(ctx(t), s.epochRecord(joint(next, old), walshipv1.MembershipStage_MEMBERSHIP_STAGE_ROLLBACK_JOINT)); err != nil {
+		t.Fatal(err)
+	}
+	if err := lsPut(c.p, "acked", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.p.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	c.ls["c"].stop()
+	c.start(t)
+	testkit.Until(t, "the roll-back to be over", func() bool {
+		return counter(t, c.p.s.metrics.changes.WithLabelValues(outcomeRolledBack)) == 1
+	})
+	if f := c.p.s.inForce.Load(); f.stage != walshipv1.MembershipStage_MEMBERSHIP_STAGE_ROLLED_BACK {
+		t.Fatalf("the last record after the new primary resumed the roll-back: stage %v", f.stage)
+	}
+	wantLogStores(t, c.p.s, old.GetLogstores())
+	got, err := c.p.kv.Get(ctx(t), &walshipv1.GetRequest{Key: "acked"})
+	if err != nil || string(got.GetValue()) != "v" {
+		t.Fatalf("the acknowledged write: %v, %v", got, err)
+	}
+	if err := lsPut(c.p, "after", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+}

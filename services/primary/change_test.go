@@ -469,3 +469,43 @@ func TestRemovedNodeDoesNotOpen(t *testing.T) {
 		t.Fatal("a primary its log's configuration leaves out takes writes")
 	}
 }
+
+// TestNewPrimaryResumesRollback: a primary whose log ends in the joint
+// record of a roll-back (an add of r4, which never connected, rolled
+// back: joint from C_new back to C_old) finishes the roll-back — C_old
+// again, stage rolled_back — rather than taking the record for a forward
+// change from C_new to C_old and counting it done.
+func TestNewPrimaryResumesRollback(t *testing.T) {
+	c := startMembers(t, 1, "r1")
+	s := c.p.s
+	old := stripped(s.contract())
+	next := proto.Clone(old).(*walshipv1.Contract)
+	next.Members = append(next.Members, &walshipv1.Member{Id: "r4", Addr: closedAddr(t)})
+	if _, err := s.writeRecord(ctx(t), s.epochRecord(joint(old, next), walshipv1.MembershipStage_MEMBERSHIP_STAGE_JOINT)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.writeRecord(ctx(t), s.epochRecord(joint(next, old), walshipv1.MembershipStage_MEMBERSHIP_STAGE_ROLLBACK_JOINT)); err != nil {
+		t.Fatal(err)
+	}
+	if err := syncPut(c.p, "acked", 1, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.p.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	c.startPrimary(t)
+	waitServing(t, c.p.conn)
+	testkit.Until(t, "the roll-back to be finished", func() bool {
+		return counter(t, c.p.s.metrics.changes.WithLabelValues(outcomeRolledBack)) == 1
+	})
+	f := c.p.s.inForce.Load()
+	if m, n, _ := memberIDs(f.contract); m != "p1,r1,r2" || n != "" || f.stage != walshipv1.MembershipStage_MEMBERSHIP_STAGE_ROLLED_BACK {
+		t.Fatalf("after the new primary resumed the roll-back: members %q next %q stage %v", m, n, f.stage)
+	}
+	if got := counter(t, c.p.s.metrics.changes.WithLabelValues(outcomeDone)); got != 0 {
+		t.Fatalf("walship_membership_changes_total{outcome=done} = %v after a roll-back", got)
+	}
+	testkit.Until(t, "r1 to hold the rolled_back record", func() bool {
+		return c.reps["r1"].s.EpochRecord().GetStage() == walshipv1.MembershipStage_MEMBERSHIP_STAGE_ROLLED_BACK
+	})
+}

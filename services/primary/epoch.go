@@ -262,7 +262,9 @@ func (s *Server) contract() *walshipv1.Contract {
 // the flags the node was started with. The log stores likewise: the
 // log's, not --logstore's, once a change has set members_changed (a
 // change moves log stores too). Learners are dropped: a learner stage a
-// failover interrupted is abandoned.
+// failover interrupted is abandoned. A roll-back's joint record keeps
+// saying it is one (Configuration.rollback), so that it is finished as a
+// roll-back.
 func (s *Server) startContract() *walshipv1.Contract {
 	c := ContractOf(s.cfg.Policy, s.cfg.Members, s.cfg.LogStores, s.cfg.LeaseTimeout)
 	if len(c.GetMembers()) == 0 || s.store == nil {
@@ -283,7 +285,10 @@ func (s *Server) startContract() *walshipv1.Contract {
 		if len(ls) == 0 {
 			ls = c.GetLogstores()
 		}
-		c.Next = &walshipv1.Configuration{Members: cloneMembers(nx.GetMembers()), Logstores: slices.Clone(ls), SyncReplicas: c.GetSyncReplicas()}
+		// A roll-back stays one: a record older than the rollback field
+		// says so by its stage.
+		rollback := nx.GetRollback() || rec.GetStage() == walshipv1.MembershipStage_MEMBERSHIP_STAGE_ROLLBACK_JOINT
+		c.Next = &walshipv1.Configuration{Members: cloneMembers(nx.GetMembers()), Logstores: slices.Clone(ls), SyncReplicas: c.GetSyncReplicas(), Rollback: rollback}
 	}
 	return c
 }

@@ -910,7 +910,17 @@ type Configuration struct {
 	Logstores []string `protobuf:"bytes,2,rep,name=logstores,proto3" json:"logstores,omitempty"`
 	// sync_replicas is k of the new configuration (0 only if the old one's
 	// is 0: a change cannot go between waiting for no replica and more).
-	SyncReplicas  uint32 `protobuf:"varint,3,opt,name=sync_replicas,json=syncReplicas,proto3" json:"sync_replicas,omitempty"`
+	SyncReplicas uint32 `protobuf:"varint,3,opt,name=sync_replicas,json=syncReplicas,proto3" json:"sync_replicas,omitempty"`
+	// rollback marks the joint contract of a roll-back: this configuration
+	// is the one before the change, which the primary returns to because a
+	// member or log store the change adds did not connect. A primary that
+	// resumes such a contract finishes the roll-back (a record of this
+	// configuration, stage ROLLED_BACK) whoever it can reach: the joint
+	// record was acknowledged under this half too, so it can always be
+	// finished, and resumed as a forward change it would turn back to the
+	// configuration that was given up. Unset in records older than it,
+	// where the record's stage (ROLLBACK_JOINT) says the same.
+	Rollback      bool `protobuf:"varint,4,opt,name=rollback,proto3" json:"rollback,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -964,6 +974,13 @@ func (x *Configuration) GetSyncReplicas() uint32 {
 		return x.SyncReplicas
 	}
 	return 0
+}
+
+func (x *Configuration) GetRollback() bool {
+	if x != nil {
+		return x.Rollback
+	}
+	return false
 }
 
 // EpochRecord is the first commit of every epoch, stored in the log under
@@ -1149,11 +1166,12 @@ const file_walship_v1_epoch_proto_rawDesc = "" +
 	"\x04next\x18\b \x01(\v2\x19.walship.v1.ConfigurationR\x04next\x12'\n" +
 	"\x0fmembers_changed\x18\t \x01(\bR\x0emembersChanged\x12+\n" +
 	"\x11logstore_learners\x18\n" +
-	" \x03(\tR\x10logstoreLearners\"\x80\x01\n" +
+	" \x03(\tR\x10logstoreLearners\"\x9c\x01\n" +
 	"\rConfiguration\x12,\n" +
 	"\amembers\x18\x01 \x03(\v2\x12.walship.v1.MemberR\amembers\x12\x1c\n" +
 	"\tlogstores\x18\x02 \x03(\tR\tlogstores\x12#\n" +
-	"\rsync_replicas\x18\x03 \x01(\rR\fsyncReplicas\"\xbf\x02\n" +
+	"\rsync_replicas\x18\x03 \x01(\rR\fsyncReplicas\x12\x1a\n" +
+	"\brollback\x18\x04 \x01(\bR\brollback\"\xbf\x02\n" +
 	"\vEpochRecord\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x1b\n" +
 	"\tfirst_lsn\x18\x02 \x01(\x04R\bfirstLsn\x12\x1d\n" +
