@@ -32,7 +32,9 @@ import (
 // A new primary whose log ends in a joint record writes its epoch record
 // joint too, waits for it under the joint rule like any epoch record, and
 // then finishes the change — or rolls it back, never to C_old in one
-// record (TestSimRollbackInOneRecord) — see resumeChange for which.
+// record (TestSimRollbackInOneRecord) — see resumeChange for which. A
+// primary whose step failed while it goes on serving does the same by
+// itself, with backoff (retryChange).
 
 const (
 	defaultMaxLagRecords  = 1000
@@ -42,6 +44,11 @@ const (
 	// joint record adds to connect before it rolls the change back
 	// (Config.ChangeResumeGrace).
 	defaultResumeGrace = 10 * time.Second
+	// defaultRetryBackoff and maxRetryBackoff bound the wait before a
+	// primary resumes a change a failed step left unfinished
+	// (Config.ChangeRetryBackoff).
+	defaultRetryBackoff = time.Second
+	maxRetryBackoff     = 30 * time.Second
 )
 
 // Outcomes of a change: the outcome label of
@@ -67,7 +74,9 @@ type changeRun struct {
 	addLogStore, removeLogStore string
 	// resume is a joint record a new primary found: finish or roll back.
 	resume bool
-	done   chan struct{} // closed when it is over; then outcome and err are set
+	// retry resumes, with backoff, what a failed step left in force.
+	retry bool
+	done  chan struct{} // closed when it is over; then outcome and err are set
 	// outcome and err are written before done is closed.
 	outcome string
 	err     error
@@ -77,7 +86,9 @@ type changeRun struct {
 type changes struct {
 	mu  sync.Mutex
 	cur *changeRun // nil: none in progress
-	ch  chan *changeRun
+	// note is where cur stands, when it waits to retry ("" otherwise).
+	note string
+	ch   chan *changeRun
 }
 
 // begin takes the slot for r, or says which change holds it.
@@ -91,11 +102,22 @@ func (c *changes) begin(r *changeRun) error {
 	return nil
 }
 
-func (c *changes) end(r *changeRun) {
+// end frees r's slot, or hands it to then (nil: frees it), so that no
+// other change takes it in between.
+func (c *changes) end(r, then *changeRun) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.cur == r {
-		c.cur = nil
+		c.cur, c.note = then, ""
+	}
+}
+
+// setNote says where r, holding the slot, stands.
+func (c *changes) setNote(r *changeRun, note string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cur == r {
+		c.note = note
 	}
 }
 
@@ -103,34 +125,60 @@ func (c *changes) end(r *changeRun) {
 func (c *changes) inProgress() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.cur == nil {
+	switch {
+	case c.cur == nil:
 		return ""
+	case c.note != "":
+		return c.cur.desc + ": " + c.note
 	}
 	return c.cur.desc
 }
 
-// runChanges runs the changes handed to it one at a time until ctx ends.
+// runChanges runs the changes handed to it one at a time until ctx ends,
+// each followed by the retry of what it left unfinished, if it did.
 func (s *Server) runChanges(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case r := <-s.changes.ch:
-			s.metrics.changeInProgress.Set(1)
-			outcome, err := s.runChange(ctx, r)
-			if err != nil {
-				outcome = outcomeFailed
-				s.logger.Error("membership change failed", "change", r.desc, "err", err)
-			} else {
-				s.logger.Info("membership change over", "change", r.desc, "outcome", outcome)
+			for r != nil {
+				r = s.runOne(ctx, r)
 			}
-			s.metrics.changes.WithLabelValues(outcome).Inc()
-			s.metrics.changeInProgress.Set(0)
-			r.outcome, r.err = outcome, err
-			s.changes.end(r)
-			close(r.done)
 		}
 	}
+}
+
+// runOne runs r, which holds the slot, and answers its caller. When r
+// failed and left a learner or joint contract in force while the primary
+// goes on, it returns the change's retry, which it hands the slot to
+// first (else nil).
+func (s *Server) runOne(ctx context.Context, r *changeRun) (then *changeRun) {
+	s.metrics.changeInProgress.Set(1)
+	outcome, err := s.runChange(ctx, r)
+	if err != nil {
+		outcome = outcomeFailed
+		s.logger.Error("membership change failed", "change", r.desc, "err", err)
+	} else {
+		s.logger.Info("membership change over", "change", r.desc, "outcome", outcome)
+	}
+	s.metrics.changes.WithLabelValues(outcome).Inc()
+	if err != nil && ctx.Err() == nil && s.pipe.alive.Err() == nil && unfinished(s.contract()) {
+		desc := strings.TrimPrefix(r.desc, "finish the failed change: ")
+		then = &changeRun{retry: true, desc: "finish the failed change: " + desc, done: make(chan struct{})}
+		err = fmt.Errorf("%w; the primary resumes it by itself (finishes or rolls it back; walship ctl members list shows it)", err)
+	} else {
+		s.metrics.changeInProgress.Set(0)
+	}
+	r.outcome, r.err = outcome, err
+	s.changes.end(r, then)
+	close(r.done)
+	return then
+}
+
+// unfinished reports whether c is a change's learner or joint contract.
+func unfinished(c *walshipv1.Contract) bool {
+	return c.GetNext() != nil || len(c.GetLearners()) > 0 || len(c.GetLogstoreLearners()) > 0
 }
 
 // submit hands r, which holds the slot, to runChanges.
@@ -141,7 +189,7 @@ func (s *Server) submit(ctx context.Context, r *changeRun) error {
 	case <-ctx.Done():
 	case <-s.pipe.alive.Done():
 	}
-	s.changes.end(r)
+	s.changes.end(r, nil)
 	return status.Errorf(codes.Unavailable, "the membership change %s did not start: the primary is stopping or the call ended", r.desc)
 }
 
@@ -150,6 +198,9 @@ func (s *Server) runChange(ctx context.Context, r *changeRun) (string, error) {
 	cur := s.contract()
 	if r.resume {
 		return s.resumeChange(ctx, cur)
+	}
+	if r.retry {
+		return s.retryChange(ctx, r)
 	}
 	if err := stillApplies(r, cur); err != nil {
 		return "", err
@@ -292,6 +343,81 @@ func (s *Server) waitLogStoreCaughtUp(ctx context.Context, r *changeRun) error {
 			return fmt.Errorf("log store learner %s has made LSN %d of %d durable after %v, more than %d behind", addr, durable, last, r.catchUp, r.maxLag)
 		}
 	}
+}
+
+// retryChange takes up, as a new primary would, the change whose failed
+// step left the learner or joint contract in force while this primary
+// goes on serving (the record sequenced, then the lease or the gate lost
+// for a moment, or a switchover that timed out): otherwise that contract
+// stays, and every later change is refused, until the primary restarts
+// or hands over. It waits Config.ChangeRetryBackoff, doubled after every
+// failed attempt up to maxRetryBackoff, and tries while the primary takes
+// writes (its records would be refused otherwise); ListMembers shows
+// where it stands. It returns when an attempt has ended the change, or
+// ctx ends, or the primary stops.
+func (s *Server) retryChange(ctx context.Context, r *changeRun) (string, error) {
+	wait := s.cfg.ChangeRetryBackoff
+	var last error
+	for attempt := 1; ; attempt++ {
+		note := fmt.Sprintf("attempt %d in %v", attempt, wait)
+		if last != nil {
+			note += fmt.Sprintf(" (attempt %d: %v)", attempt-1, last)
+		}
+		s.changes.setNote(r, note)
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return "", ctx.Err()
+		case <-s.pipe.alive.Done():
+			t.Stop()
+			return "", fmt.Errorf("the primary stopped before it finished the change: its next primary does (last attempt: %v)", last)
+		}
+		if last = s.serving(); last == nil {
+			s.changes.setNote(r, fmt.Sprintf("attempt %d", attempt))
+			outcome, err := s.resumeStep(ctx)
+			if err == nil {
+				return outcome, nil
+			}
+			last = err
+		}
+		s.logger.Warn("resuming the unfinished membership change failed: retrying", "change", r.desc, "attempt", attempt, "err", last)
+		wait = min(2*wait, maxRetryBackoff)
+	}
+}
+
+// resumeStep takes the change on from the contract in force, which is
+// the newest record in the log (writeRecord): it waits until that record
+// is acknowledged under its own rule — as a new primary waits for its
+// epoch record — then drops a learner (a new primary abandons a learner
+// stage) or finishes or rolls back a joint contract (resumeChange). A
+// plain contract is a change's last record, written: the change is over.
+func (s *Server) resumeStep(ctx context.Context) (string, error) {
+	cur := s.contract()
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(s.pipe.alive, cancel)
+	defer stop()
+	// Acks are positions: the log's last LSN acknowledged under cur's rule
+	// covers cur's record, which is at or before it.
+	if err := s.awaitContract(wctx, s.wal.LastLSN(), cur); err != nil {
+		return "", fmt.Errorf("the %s record in force: %w", stageName(s.inForce.Load().stage), err)
+	}
+	switch {
+	case cur.GetNext() != nil:
+		return s.resumeChange(ctx, cur)
+	case len(cur.GetLearners()) > 0 || len(cur.GetLogstoreLearners()) > 0:
+		s.logger.Warn("the learner stage of the failed change is abandoned: dropping the learner", "contract", configLine(cur))
+		return outcomeAbandoned, s.changeStep(ctx, stripped(cur), walshipv1.MembershipStage_MEMBERSHIP_STAGE_LEARNER_DROPPED)
+	}
+	switch s.inForce.Load().stage {
+	case walshipv1.MembershipStage_MEMBERSHIP_STAGE_ROLLED_BACK:
+		return outcomeRolledBack, nil
+	case walshipv1.MembershipStage_MEMBERSHIP_STAGE_LEARNER_DROPPED:
+		return outcomeAbandoned, nil
+	}
+	return outcomeDone, nil
 }
 
 // resumeChange finishes or rolls back the joint contract cur, once it is
@@ -512,7 +638,7 @@ func (a *adminServer) ChangeMembers(ctx context.Context, req *walshipv1.ChangeMe
 	select {
 	case <-r.done:
 		if r.err != nil {
-			return nil, status.Errorf(codes.Aborted, "membership change %s: %v (ctl members list shows where it stopped)", r.desc, r.err)
+			return nil, status.Errorf(codes.Aborted, "membership change %s: %v (walship ctl members list shows where it stopped)", r.desc, r.err)
 		}
 		return s.changeResponse(true, r.outcome), nil
 	case <-wait.Done():

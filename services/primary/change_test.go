@@ -6,6 +6,7 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -77,6 +78,12 @@ type memberCluster struct {
 // and the replicas ids (members or not).
 func startMembers(t *testing.T, k int, ids ...string) *memberCluster {
 	t.Helper()
+	return startMembersWith(t, k, nil, ids...)
+}
+
+// startMembersWith is startMembers with edit applied to p1's Config.
+func startMembersWith(t *testing.T, k int, edit func(*Config), ids ...string) *memberCluster {
+	t.Helper()
 	cfg := testConfig(t, t.TempDir())
 	cfg.ID = "p1"
 	cfg.LogStores = []string{runLogStore(t, vfs.NewMem())}
@@ -86,6 +93,9 @@ func startMembers(t *testing.T, k int, ids ...string) *memberCluster {
 	cfg.Policy.SyncLevel = walshipv1.SyncLevel_SYNC_LEVEL_FLUSH
 	cfg.Policy.SyncTimeout = time.Minute
 	cfg.ChangeResumeGrace = 2 * time.Second
+	if edit != nil {
+		edit(&cfg)
+	}
 	c := &memberCluster{cfg: cfg, reps: map[string]*realReplica{}, dirs: map[string]string{}}
 	c.startPrimary(t)
 	c.cfg.Listen = c.p.s.Addr() // a restart listens where the replicas look
@@ -508,4 +518,107 @@ func TestNewPrimaryResumesRollback(t *testing.T) {
 	testkit.Until(t, "r1 to hold the rolled_back record", func() bool {
 		return c.reps["r1"].s.EpochRecord().GetStage() == walshipv1.MembershipStage_MEMBERSHIP_STAGE_ROLLED_BACK
 	})
+}
+
+// stepGate is a Config.Gate that closes — the primary losing its
+// election for a moment — as soon as the record of stage at is in force,
+// so after that record is sequenced and before its commit is answered,
+// and stays closed until reopened.
+type stepGate struct {
+	mu     sync.Mutex
+	s      *Server
+	at     walshipv1.MembershipStage
+	armed  bool
+	closed bool
+}
+
+func (g *stepGate) gate() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.armed && g.s != nil {
+		if f := g.s.inForce.Load(); f != nil && f.stage == g.at {
+			g.closed = true
+		}
+	}
+	if g.closed {
+		return errors.New("lost the election for a moment")
+	}
+	return nil
+}
+
+func (g *stepGate) arm(s *Server, at walshipv1.MembershipStage) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.s, g.at, g.armed = s, at, true
+}
+
+func (g *stepGate) reopen() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.armed, g.closed = false, false
+}
+
+// TestFailedStepResumes: a step of a change fails while the primary goes
+// on serving — its record sequenced, then the primary's gate closed for
+// a moment, so the commit is not answered — and the primary resumes the
+// change by itself, by the rule a new primary follows: a learner stage
+// is abandoned (the learner dropped), a joint record finished (or rolled
+// back). Until then ListMembers says why it waits, and afterwards the
+// configuration takes changes again.
+func TestFailedStepResumes(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		at      walshipv1.MembershipStage
+		add     bool // add r3, else remove r2
+		outcome string
+		stage   walshipv1.MembershipStage
+		members string
+	}{
+		{"remove, joint fails", walshipv1.MembershipStage_MEMBERSHIP_STAGE_JOINT, false, outcomeDone, walshipv1.MembershipStage_MEMBERSHIP_STAGE_FINAL, "p1,r1"},
+		{"add, learner fails", walshipv1.MembershipStage_MEMBERSHIP_STAGE_LEARNER, true, outcomeAbandoned, walshipv1.MembershipStage_MEMBERSHIP_STAGE_LEARNER_DROPPED, "p1,r1,r2"},
+		{"add, joint fails", walshipv1.MembershipStage_MEMBERSHIP_STAGE_JOINT, true, outcomeDone, walshipv1.MembershipStage_MEMBERSHIP_STAGE_FINAL, "p1,r1,r2,r3"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := &stepGate{}
+			c := startMembersWith(t, 1, func(cfg *Config) {
+				cfg.Gate = g.gate
+				cfg.ChangeRetryBackoff = 100 * time.Millisecond
+			}, "r1", "r3")
+			add := &walshipv1.ChangeMembersRequest{Change: &walshipv1.ChangeMembersRequest_Add{Add: &walshipv1.Member{Id: "r3", Addr: c.reps["r3"].s.Addr()}}}
+			req := &walshipv1.ChangeMembersRequest{Change: &walshipv1.ChangeMembersRequest_Remove{Remove: "r2"}}
+			if tc.add {
+				req = add
+			}
+			g.arm(c.p.s, tc.at)
+			_, err := c.p.admin.ChangeMembers(ctx(t), req)
+			wantStatus(t, err, codes.Aborted, "lost the election for a moment", "the primary resumes it by itself")
+			testkit.Until(t, "ListMembers to say why the change waits", func() bool {
+				return strings.Contains(listMembers(t, c.p).GetChange(), "lost the election for a moment")
+			})
+			g.reopen()
+			testkit.Until(t, "the primary to resume the change", func() bool {
+				return counter(t, c.p.s.metrics.changes.WithLabelValues(tc.outcome)) == 1 && c.p.s.changes.inProgress() == ""
+			})
+			if got := counter(t, c.p.s.metrics.changes.WithLabelValues(outcomeFailed)); got != 1 {
+				t.Fatalf("walship_membership_changes_total{outcome=failed} = %v", got)
+			}
+			f := c.p.s.inForce.Load()
+			if m, n, l := memberIDs(f.contract); m != tc.members || n != "" || l != "" || f.stage != tc.stage {
+				t.Fatalf("after the change resumed: members %q next %q learners %q stage %v", m, n, l, f.stage)
+			}
+			testkit.Until(t, "r1 to hold the last record", func() bool {
+				return c.reps["r1"].s.EpochRecord().GetStage() == tc.stage
+			})
+			if tc.outcome == outcomeAbandoned {
+				// Nothing is left in progress: the add goes through now.
+				resp, err := c.p.admin.ChangeMembers(ctx(t), add)
+				if err != nil || resp.GetOutcome() != outcomeDone {
+					t.Fatalf("add r3 again: %v, %v", resp, err)
+				}
+			}
+			if err := syncPut(c.p, "after", 1, time.Minute); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
 }

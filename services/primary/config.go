@@ -97,6 +97,11 @@ type Config struct {
 	// record gives the members the change adds to connect before it rolls
 	// the change back instead of finishing it (0: 10 s; change.go).
 	ChangeResumeGrace time.Duration
+	// ChangeRetryBackoff is how long a primary waits before it resumes a
+	// membership change that a failed step left unfinished (a learner or
+	// joint contract in force while it goes on serving), doubled after
+	// every attempt that fails, up to 30 s (0: 1 s; change.go).
+	ChangeRetryBackoff time.Duration
 	// HeartbeatInterval is how often an idle stream carries a heartbeat.
 	HeartbeatInterval time.Duration
 	// ReplicaTimeout ends a replica stream that sent nothing for this long

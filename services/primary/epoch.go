@@ -345,12 +345,25 @@ func (s *Server) writeRecord(ctx context.Context, rec *walshipv1.EpochRecord) (u
 		Replication: walshipv1.ReplicationMode_REPLICATION_MODE_DISABLED, Logstore: walshipv1.LogStoreAck_LOG_STORE_ACK_ASYNC},
 		nil, []op{{kind: codec.OpPut, key: keyspace.EpochRecordKey, value: data}})
 	if err != nil {
-		if before != nil {
+		// A record sequenced before its commit failed (the lease or the
+		// gate lost just after it) is in the log, and acks follow the
+		// newest record there: it stays in force, and a membership change
+		// goes on from it (retryChange) as a new primary would. Only a
+		// record never sequenced gives way to the one before.
+		if before != nil && !s.holdsRecord(rec) {
 			s.useContract(before.contract, before.stage)
 		}
 		return 0, err
 	}
 	return res.lsn, nil
+}
+
+// holdsRecord reports whether rec is the epoch record in the primary's
+// state: once a commit is answered, even with an error, it is visible
+// there if it was sequenced and the primary has not failed.
+func (s *Server) holdsRecord(rec *walshipv1.EpochRecord) bool {
+	got, err := keyspace.EpochRecord(s.store.Snapshot())
+	return err == nil && proto.Equal(got, rec)
 }
 
 // awaitContract waits until lsn is acknowledged under contract c (in

@@ -105,6 +105,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.ChangeResumeGrace == 0 {
 		cfg.ChangeResumeGrace = defaultResumeGrace
 	}
+	if cfg.ChangeRetryBackoff <= 0 {
+		cfg.ChangeRetryBackoff = defaultRetryBackoff
+	}
 	if cfg.LogStoreSnapshotTimeout == 0 {
 		cfg.LogStoreSnapshotTimeout = DefaultLogStoreSnapshotTimeout
 	}
