@@ -622,3 +622,34 @@ func TestFailedStepResumes(t *testing.T) {
 		})
 	}
 }
+
+// TestPeerlessPrimaryRefusesChangedLog: a node started as primary without
+// --peers over a log whose configuration a membership change set
+// (members_changed) does not open: it would take any replica's ack for
+// "any k" and write no epoch record, while a candidate judges by the
+// members the log names and may miss what only another node acknowledged.
+// It says why, naming what to do, before it fences anything.
+func TestPeerlessPrimaryRefusesChangedLog(t *testing.T) {
+	c := startMembers(t, 1, "r1")
+	resp, err := c.p.admin.ChangeMembers(ctx(t), &walshipv1.ChangeMembersRequest{Change: &walshipv1.ChangeMembersRequest_Remove{Remove: "r2"}})
+	if err != nil || !resp.GetDone() {
+		t.Fatalf("remove r2: %v, %v", resp, err)
+	}
+	if err := c.p.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	c.cfg.Members = nil
+	c.startPrimary(t)
+	select {
+	case err := <-c.p.done:
+		if err == nil || !strings.Contains(err.Error(), "started without --peers, but its log holds the configuration a membership change set (members p1,r1") {
+			t.Fatalf("Run: %v", err)
+		}
+		c.p.done <- err // for the cleanup's stop
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run of a primary without --peers over a changed configuration did not end")
+	}
+	if c.p.s.TakingWrites() {
+		t.Fatal("a primary without --peers over a changed configuration takes writes")
+	}
+}

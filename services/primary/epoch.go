@@ -110,6 +110,16 @@ func (s *Server) proposeEpoch(seen, next uint64) error {
 // majority of each half, as a candidate does (failover.JudgeJoint).
 func (s *Server) elect(ctx context.Context) error {
 	start := s.startContract()
+	if prev := s.logContract(); len(start.GetMembers()) == 0 && (prev.GetMembersChanged() || prev.GetNext() != nil) {
+		// Once a membership change has set them, the log holds the members
+		// (Contract.members_changed). Without --peers this primary would
+		// write no epoch record and take any replica's ack for "any k",
+		// while a candidate judges by the members the log names and may
+		// miss what only another node acknowledged. Refused before
+		// anything is fenced, as below.
+		return fmt.Errorf("epoch %d: this node %s was started without --peers, but its log holds the configuration a membership change set (%s): start it with --peers (its log's members then win over the flag's)",
+			s.epoch, s.cfg.ID, configLine(prev))
+	}
 	if start.GetMembersChanged() && !failover.ConfigOf(start).Leads(s.cfg.ID) {
 		// The members are the log's (a run-time change set them), and
 		// they do not name this node in every half: its acks would not
@@ -291,6 +301,19 @@ func (s *Server) startContract() *walshipv1.Contract {
 		c.Next = &walshipv1.Configuration{Members: cloneMembers(nx.GetMembers()), Logstores: slices.Clone(ls), SyncReplicas: c.GetSyncReplicas(), Rollback: rollback}
 	}
 	return c
+}
+
+// logContract is the contract of the newest epoch record in the log
+// (nil if none).
+func (s *Server) logContract() *walshipv1.Contract {
+	if s.store == nil {
+		return nil
+	}
+	rec, err := keyspace.EpochRecord(s.store.Snapshot())
+	if err != nil {
+		return nil
+	}
+	return rec.GetContract()
 }
 
 func cloneMembers(ms []*walshipv1.Member) []*walshipv1.Member {
