@@ -653,3 +653,43 @@ func TestPeerlessPrimaryRefusesChangedLog(t *testing.T) {
 		t.Fatal("a primary without --peers over a changed configuration takes writes")
 	}
 }
+
+// TestFailedStepDuringSwitchoverResumes: a learner that never catches up
+// is to be dropped while a switchover is handing the primary's role over
+// (which then times out): the drop's record is refused before it is
+// sequenced, the learner contract stays in force, and once the primary
+// serves again it drops the learner by itself.
+func TestFailedStepDuringSwitchoverResumes(t *testing.T) {
+	c := startMembersWith(t, 1, func(cfg *Config) { cfg.ChangeRetryBackoff = 100 * time.Millisecond }, "r1")
+	silent := fakeNode(t, "r9", walshipv1.Role_ROLE_REPLICA, c.p.s.cluster.ID())
+	failed := make(chan error, 1)
+	go func() {
+		_, err := c.p.admin.ChangeMembers(ctx(t), &walshipv1.ChangeMembersRequest{
+			Change:         &walshipv1.ChangeMembersRequest_Add{Add: &walshipv1.Member{Id: "r9", Addr: silent}},
+			CatchUpTimeout: durationpb.New(time.Second)})
+		failed <- err
+	}()
+	testkit.Until(t, "r1 to hold the learner record", func() bool {
+		_, _, l := memberIDs(c.reps["r1"].s.EpochRecord().GetContract())
+		return l == "r9"
+	})
+	c.p.s.pipe.handover.Store(true) // a switchover hands over
+	wantStatus(t, <-failed, codes.Aborted, "learner_dropped", "handing over", "the primary resumes it by itself")
+	if _, _, l := memberIDs(c.p.s.contract()); l != "r9" {
+		t.Fatalf("learners %q in force after the failed drop", l)
+	}
+	testkit.Until(t, "ListMembers to say why the change waits", func() bool {
+		return strings.Contains(listMembers(t, c.p).GetChange(), "handing over")
+	})
+	c.p.s.pipe.handover.Store(false) // the switchover timed out
+	testkit.Until(t, "the primary to drop the learner", func() bool {
+		return counter(t, c.p.s.metrics.changes.WithLabelValues(outcomeAbandoned)) == 1 && c.p.s.changes.inProgress() == ""
+	})
+	f := c.p.s.inForce.Load()
+	if m, n, l := memberIDs(f.contract); m != "p1,r1,r2" || n != "" || l != "" || f.stage != walshipv1.MembershipStage_MEMBERSHIP_STAGE_LEARNER_DROPPED {
+		t.Fatalf("after the learner was dropped: members %q next %q learners %q stage %v", m, n, l, f.stage)
+	}
+	if err := syncPut(c.p, "after", 1, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+}
