@@ -207,6 +207,15 @@ func changeRecords(p *proc, stage string) []changeRecord {
 	return out
 }
 
+// stagesOf are the stages of recs.
+func stagesOf(recs []changeRecord) []string {
+	var out []string
+	for _, r := range recs {
+		out = append(out, r.stage)
+	}
+	return out
+}
+
 // settledMembers waits until the primary at addr has no change in
 // progress and returns its `walship ctl members list`.
 func settledMembers(t *testing.T, addr string) string {
@@ -258,7 +267,8 @@ func newLogStore(t *testing.T, c *failoverCluster, name string) *procNode {
 //     the change is finished or rolled back — the members exactly
 //     n0, n1, n2, n3 or n0, n1, n2 — and, rolled back, adding n3 once more
 //     works;
-//  3. n0, killed, is removed while down.
+//  3. n0, killed, is removed while down; with n1 paused, a sync write is
+//     acknowledged by n3 alone: it counts for sync_replicas.
 //
 // Every acknowledged write is read back, the history is linearizable,
 // and n1 and n3 converge on n2.
@@ -315,6 +325,13 @@ func TestMemberAddKill9(t *testing.T) {
 	if list := settledMembers(t, n2.addr); !strings.Contains(list, "members n1, n2, n3;") {
 		t.Fatalf("after removing n0:\n%s", list)
 	}
+	// n3 counts for sync_replicas: with n1 paused, it alone acknowledges.
+	h.Note("pause n1; a sync write n3 alone acknowledges")
+	n1.p.pause()
+	if _, err := walshipv1.NewKVServiceClient(conn(t, n2.addr)).Put(ctx, &walshipv1.PutRequest{Key: "counts/n3", Value: []byte("x")}); err != nil {
+		t.Fatalf("a sync write (any 1 at flush) with n1 paused, n3 a member: %v", err)
+	}
+	n1.p.signal(syscall.SIGCONT)
 	finish()
 	converge(t, ctx, n2.addr, n1.addr, n3.addr)
 }
@@ -324,23 +341,25 @@ func TestMemberAddKill9(t *testing.T) {
 //
 //  1. `walship ctl members add --logstore ls3` (empty, refilling from the
 //     others) at n0 is held at its joint record (C_old's replicas, n1 and
-//     n2, paused); n0 is killed (kill -9) and n1 promoted;
+//     n2, paused); n0 is killed (kill -9) and n1 promoted. Its log ends
+//     in the joint record and ls3 is up: it finishes the change (a final
+//     record; the log stores exactly ls0, ls1, ls2, ls3);
 //  2. ls2 is killed, and `walship ctl members replace --logstore ls2=ls5`
 //     (ls5 empty, at a new address) at n1 is held at its joint record (n0
-//     and n2 paused); n1 is killed and n2 promoted.
+//     and n2 paused); ls5 is killed, then n1, and n2 promoted. ls5 does not
+//     connect within the grace (10 s): n2 rolls the change back through a
+//     joint record to exactly C_old (ls2 still named, dead); ls5
+//     restarted, replacing ls2 with it again works.
 //
-// Each time the new primary's log ends in the joint record, and the log
-// store it adds is up: it finishes the change (rolling back is allowed
-// only for a member that does not connect). The log stores are exactly
-// C_new's after each; every acknowledged write is read back, the history
-// is linearizable, and n0 and n1 converge on n2.
+// Every acknowledged write is read back, the history is linearizable, and
+// n0 and n1 converge on n2.
 func TestLogStoreAddKill9(t *testing.T) {
 	needLinux(t)
 	c := startFailoverCluster(t)
 	n0, n1, n2 := c.nodes[0], c.nodes[1], c.nodes[2]
 	ls0, ls1, ls2 := c.logstores[0].addr, c.logstores[1].addr, c.logstores[2].addr
 	ls3, ls5 := newLogStore(t, c, "ls3"), newLogStore(t, c, "ls5")
-	_, ctx, h, finish := loadOn(t, c, "logstore-add-kill9/", 4*time.Minute, 12*time.Second)
+	_, ctx, h, finish := loadOn(t, c, "logstore-add-kill9/", 4*time.Minute, 20*time.Second)
 	<-time.After(time.Second)
 
 	stores := func(addrs ...string) string { return fmt.Sprintf("; log stores %s;", strings.Join(addrs, ", ")) }
@@ -352,8 +371,8 @@ func TestLogStoreAddKill9(t *testing.T) {
 	h.Note("n1 promoted")
 	list := settledMembers(t, n1.addr)
 	t.Logf("ctl members list after the failover:\n%s", list)
-	if !strings.Contains(list, stores(ls0, ls1, ls2, ls3.addr)) {
-		t.Fatalf("after a failover in the joint stage of adding ls3, which is up, want it finished:\n%s", list)
+	if !strings.Contains(list, stores(ls0, ls1, ls2, ls3.addr)) || !slices.Equal(stagesOf(changeRecords(n1.p, "")), []string{"final"}) {
+		t.Fatalf("after a failover in the joint stage of adding ls3, which is up, want it finished (records %v):\n%s", changeRecords(n1.p, ""), list)
 	}
 	n0.serving = "replica serving"
 	n0.start()
@@ -362,13 +381,21 @@ func TestLogStoreAddKill9(t *testing.T) {
 	c.logstores[2].p.kill()
 	replace := startChangeAtLearner(t, ctx, n1, []*procNode{n0, n2}, ls5, ls5.addr, "replace", "--logstore", ls2+"="+ls5.addr)
 	replace.toJoint()
-	h.Note("kill -9 n1 (the primary) in the joint stage")
+	h.Note("kill -9 ls5, then n1 (the primary) in the joint stage")
+	ls5.p.kill()
 	replace.killPrimary(n2)
 	h.Note("n2 promoted")
 	list = settledMembers(t, n2.addr)
 	t.Logf("ctl members list after the failover:\n%s", list)
-	if !strings.Contains(list, stores(ls0, ls1, ls5.addr, ls3.addr)) {
-		t.Fatalf("after a failover in the joint stage of replacing ls2 with ls5, which is up, want it finished:\n%s", list)
+	if !strings.Contains(list, stores(ls0, ls1, ls2, ls3.addr)) || !slices.Equal(stagesOf(changeRecords(n2.p, "")), []string{"rollback_joint", "rolled_back"}) {
+		t.Fatalf("after a failover in the joint stage of replacing ls2 with ls5, which is down, want it rolled back through a joint record (records %v):\n%s",
+			changeRecords(n2.p, ""), list)
+	}
+	h.Note("restart ls5; replace ls2 with it again")
+	ls5.start()
+	t.Logf("ctl members replace --logstore ls2=ls5:\n%s", ctl(t, "members", "replace", "--logstore", ls2+"="+ls5.addr, "--nodes", n2.addr))
+	if list := settledMembers(t, n2.addr); !strings.Contains(list, stores(ls0, ls1, ls5.addr, ls3.addr)) {
+		t.Fatalf("after replacing ls2 with ls5 again:\n%s", list)
 	}
 	n1.serving = "replica serving"
 	n1.start()
