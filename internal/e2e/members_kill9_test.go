@@ -63,9 +63,19 @@ func startChangeAtLearner(t *testing.T, ctx context.Context, primary *procNode, 
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	c.wait = func() string { _ = cmd.Wait(); return out.String() }
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = cmd.Wait()
+	}()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-done })
+	c.wait = func() string { <-done; return out.String() }
 	testkit.UntilWithin(t, 30*time.Second, fmt.Sprintf("%s to be a learner at %s", id, primary.name), func() bool {
+		select {
+		case <-done:
+			t.Fatalf("walship ctl members %s ended before its learner stage:\n%s", strings.Join(args, " "), out.String())
+		default:
+		}
 		m := c.member()
 		return m != nil && m.GetVoice() == walshipv1.MemberVoice_MEMBER_VOICE_LEARNER
 	})
