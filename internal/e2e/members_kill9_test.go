@@ -347,68 +347,88 @@ func TestMemberAddKill9(t *testing.T) {
 }
 
 // TestLogStoreAddKill9: under load checked for linearizability, on the
-// failover cluster (log stores ls0, ls1, ls2):
+// failover cluster (log stores ls0, ls1, ls2), with `walship ctl members`,
+// each primary killed (kill -9) in the middle of a change and the next
+// node promoted:
 //
-//  1. `walship ctl members add --logstore ls3` (empty, refilling from the
-//     others) at n0 is held at its joint record (C_old's replicas, n1 and
-//     n2, paused); n0 is killed (kill -9) and n1 promoted. Its log ends
-//     in the joint record and ls3 is up: it finishes the change (a final
-//     record; the log stores exactly ls0, ls1, ls2, ls3);
-//  2. ls2 is killed, and `walship ctl members replace --logstore ls2=ls5`
-//     (ls5 empty, at a new address) at n1 is held at its joint record (n0
-//     and n2 paused); ls5 is killed, then n1, and n2 promoted. ls5 does not
-//     connect within the grace (10 s): n2 rolls the change back through a
-//     joint record to exactly C_old (ls2 still named, dead); ls5
-//     restarted, replacing ls2 with it again works.
+//  1. `add --logstore ls3` (empty, refilling from the others) at n0 is
+//     held at its learner stage (n1 and n2 paused); n0 is killed and n1
+//     promoted: the change is abandoned (the log stores ls0, ls1, ls2, no
+//     learner, no change record);
+//  2. adding ls3 again, at n1, is held at its joint record (C_old's
+//     replicas, n0 and n2, paused); n1 is killed and n2 promoted. Its log
+//     ends in the joint record and ls3 is up: it finishes the change (a
+//     final record; the log stores exactly ls0, ls1, ls2, ls3);
+//  3. ls2 is killed, and `replace --logstore ls2=ls5` (ls5 empty, at a new
+//     address) at n2 is held at its joint record (n0 and n1 paused); ls5
+//     is killed, then n2, and n0 promoted. ls5 does not connect within the
+//     grace (10 s): n0 rolls the change back through a joint record to
+//     exactly C_old (ls2 still named, dead); ls5 restarted, replacing ls2
+//     with it again works.
 //
 // Every acknowledged write is read back, the history is linearizable, and
-// n0 and n1 converge on n2.
+// n1 and n2 converge on n0.
 func TestLogStoreAddKill9(t *testing.T) {
 	needLinux(t)
 	c := startFailoverCluster(t)
 	n0, n1, n2 := c.nodes[0], c.nodes[1], c.nodes[2]
 	ls0, ls1, ls2 := c.logstores[0].addr, c.logstores[1].addr, c.logstores[2].addr
 	ls3, ls5 := newLogStore(t, c, "ls3"), newLogStore(t, c, "ls5")
-	_, ctx, h, finish := loadOn(t, c, "logstore-add-kill9/", 4*time.Minute, 20*time.Second)
+	_, ctx, h, finish := loadOn(t, c, "logstore-add-kill9/", 4*time.Minute, 25*time.Second)
 	<-time.After(time.Second)
-
 	stores := func(addrs ...string) string { return fmt.Sprintf("; log stores %s;", strings.Join(addrs, ", ")) }
+	// restart brings a killed primary back; it rejoins as a replica.
+	restart := func(n *procNode) {
+		n.serving = "replica serving"
+		n.start()
+	}
+
 	h.Note("pause n1 and n2; add ls3")
 	add := startChangeAtLearner(t, ctx, n0, []*procNode{n1, n2}, ls3, ls3.addr, "add", "--logstore", ls3.addr)
-	add.toJoint()
-	h.Note("kill -9 n0 (the primary) in the joint stage")
+	h.Note("kill -9 n0 (the primary) in the learner stage")
 	add.killPrimary(n1)
 	h.Note("n1 promoted")
 	list := settledMembers(t, n1.addr)
 	t.Logf("ctl members list after the failover:\n%s", list)
-	if !strings.Contains(list, stores(ls0, ls1, ls2, ls3.addr)) || !slices.Equal(stagesOf(changeRecords(n1.p, "")), []string{"final"}) {
-		t.Fatalf("after a failover in the joint stage of adding ls3, which is up, want it finished (records %v):\n%s", changeRecords(n1.p, ""), list)
+	if !strings.Contains(list, stores(ls0, ls1, ls2)) || strings.Contains(list, "learners") || len(changeRecords(n1.p, "")) > 0 {
+		t.Fatalf("after a failover in the learner stage of adding ls3, want it abandoned (records %v):\n%s", changeRecords(n1.p, ""), list)
 	}
-	n0.serving = "replica serving"
-	n0.start()
+	restart(n0)
 
-	h.Note("kill -9 ls2; pause n0 and n2; replace ls2 with ls5")
-	c.logstores[2].p.kill()
-	replace := startChangeAtLearner(t, ctx, n1, []*procNode{n0, n2}, ls5, ls5.addr, "replace", "--logstore", ls2+"="+ls5.addr)
-	replace.toJoint()
-	h.Note("kill -9 ls5, then n1 (the primary) in the joint stage")
-	ls5.p.kill()
-	replace.killPrimary(n2)
+	h.Note("pause n0 and n2; add ls3 again")
+	add = startChangeAtLearner(t, ctx, n1, []*procNode{n0, n2}, ls3, ls3.addr, "add", "--logstore", ls3.addr)
+	add.toJoint()
+	h.Note("kill -9 n1 (the primary) in the joint stage")
+	add.killPrimary(n2)
 	h.Note("n2 promoted")
 	list = settledMembers(t, n2.addr)
 	t.Logf("ctl members list after the failover:\n%s", list)
-	if !strings.Contains(list, stores(ls0, ls1, ls2, ls3.addr)) || !slices.Equal(stagesOf(changeRecords(n2.p, "")), []string{"rollback_joint", "rolled_back"}) {
+	if !strings.Contains(list, stores(ls0, ls1, ls2, ls3.addr)) || !slices.Equal(stagesOf(changeRecords(n2.p, "")), []string{"final"}) {
+		t.Fatalf("after a failover in the joint stage of adding ls3, which is up, want it finished (records %v):\n%s", changeRecords(n2.p, ""), list)
+	}
+	restart(n1)
+
+	h.Note("kill -9 ls2; pause n0 and n1; replace ls2 with ls5")
+	c.logstores[2].p.kill()
+	replace := startChangeAtLearner(t, ctx, n2, []*procNode{n0, n1}, ls5, ls5.addr, "replace", "--logstore", ls2+"="+ls5.addr)
+	replace.toJoint()
+	h.Note("kill -9 ls5, then n2 (the primary) in the joint stage")
+	ls5.p.kill()
+	replace.killPrimary(n0)
+	h.Note("n0 promoted")
+	list = settledMembers(t, n0.addr)
+	t.Logf("ctl members list after the failover:\n%s", list)
+	if !strings.Contains(list, stores(ls0, ls1, ls2, ls3.addr)) || !slices.Equal(stagesOf(changeRecords(n0.p, "")), []string{"rollback_joint", "rolled_back"}) {
 		t.Fatalf("after a failover in the joint stage of replacing ls2 with ls5, which is down, want it rolled back through a joint record (records %v):\n%s",
-			changeRecords(n2.p, ""), list)
+			changeRecords(n0.p, ""), list)
 	}
 	h.Note("restart ls5; replace ls2 with it again")
 	ls5.start()
-	t.Logf("ctl members replace --logstore ls2=ls5:\n%s", ctl(t, "members", "replace", "--logstore", ls2+"="+ls5.addr, "--nodes", n2.addr))
-	if list := settledMembers(t, n2.addr); !strings.Contains(list, stores(ls0, ls1, ls5.addr, ls3.addr)) {
+	t.Logf("ctl members replace --logstore ls2=ls5:\n%s", ctl(t, "members", "replace", "--logstore", ls2+"="+ls5.addr, "--nodes", n0.addr))
+	if list := settledMembers(t, n0.addr); !strings.Contains(list, stores(ls0, ls1, ls5.addr, ls3.addr)) {
 		t.Fatalf("after replacing ls2 with ls5 again:\n%s", list)
 	}
-	n1.serving = "replica serving"
-	n1.start()
+	restart(n2)
 	finish()
-	converge(t, ctx, n2.addr, n0.addr, n1.addr)
+	converge(t, ctx, n0.addr, n1.addr, n2.addr)
 }
