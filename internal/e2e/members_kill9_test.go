@@ -19,9 +19,9 @@ import (
 
 // Issue 38's "kill -9 the primary in the middle of each change", the
 // stages TestMembershipChangeKill9 and TestLogStoreRemovalKill9 leave out:
-// a data node's add at its learner and at its joint stage, a log store's
-// add and replacement at their joint stage. Each stage is reached without
-// a race by what the change waits for:
+// a data node's and a log store's add at its learner and at its joint
+// stage, a log store's replacement at its joint stage. Each stage is
+// reached without a race by what the change waits for:
 //
 //   - the learner record waits for sync_replicas of the members: with the
 //     primary's replicas paused (SIGSTOP) it stays unacknowledged, the
@@ -31,8 +31,9 @@ import (
 //     are resumed and have acknowledged the learner record;
 //   - the joint record waits for sync_replicas of C_old too: with the
 //     replicas paused again and the learner restarted, the learner
-//     catches up, the joint record is written and acknowledged by C_new
-//     alone, and the change is held at its joint stage.
+//     catches up and the joint record is written, on every log store, but
+//     no replica of C_old acknowledges it (an added data node's ack
+//     counts for C_new only): the change is held at its joint stage.
 
 // changeAt is a membership change run by `walship ctl members` against a
 // primary, held at one of its stages.
