@@ -45,6 +45,7 @@ type changeAt struct {
 	learner  *procNode   // the data node or log store the change adds
 	id       string      // the learner's id in the membership: a node id, a log store's address
 	before   int         // the primary's change records logged before this change
+	admin    walshipv1.AdminServiceClient
 	wait     func() string
 }
 
@@ -54,7 +55,8 @@ type changeAt struct {
 // be acknowledged while the replicas are paused.
 func startChangeAtLearner(t *testing.T, ctx context.Context, primary *procNode, replicas []*procNode, learner *procNode, id string, args ...string) *changeAt {
 	t.Helper()
-	c := &changeAt{t: t, ctx: ctx, primary: primary, replicas: replicas, learner: learner, id: id, before: len(changeRecords(primary.p, ""))}
+	c := &changeAt{t: t, ctx: ctx, primary: primary, replicas: replicas, learner: learner, id: id, before: len(changeRecords(primary.p, "")),
+		admin: walshipv1.NewAdminServiceClient(conn(t, primary.addr))}
 	for _, r := range replicas {
 		r.p.pause()
 	}
@@ -87,7 +89,7 @@ func startChangeAtLearner(t *testing.T, ctx context.Context, primary *procNode, 
 func (c *changeAt) membership() *walshipv1.MembershipStatus {
 	cctx, cancel := context.WithTimeout(c.ctx, 2*time.Second)
 	defer cancel()
-	resp, err := walshipv1.NewAdminServiceClient(conn(c.t, c.primary.addr)).ListMembers(cctx, &walshipv1.ListMembersRequest{})
+	resp, err := c.admin.ListMembers(cctx, &walshipv1.ListMembersRequest{})
 	if err != nil {
 		return nil
 	}
