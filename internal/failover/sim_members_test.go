@@ -67,7 +67,7 @@ func (s *sim) initConfig() {
 		members = s.cfg.Nodes
 	}
 	c := Contract{K: s.cfg.K, LogStoreSync: s.cfg.LogStoreSync}
-	for i := range s.cfg.LogStores {
+	for i := range s.cfg.LogStores - s.cfg.SpareLogStores {
 		c.LogStores = append(c.LogStores, s.ps[i].id)
 	}
 	for i := range members {
@@ -146,6 +146,12 @@ func (s *sim) judgeKnown(c *candidacy) (Verdict, bool) {
 // cfgString names configuration i for a trace.
 func (s *sim) cfgString(i int) string {
 	c := s.cfgs[i]
+	if s.cfg.LogStoreChange {
+		if c.Joint {
+			return fmt.Sprintf("cfg%d joint %v %v→%v %v", i, c.Old.Members, c.Old.LogStores, c.New.Members, c.New.LogStores)
+		}
+		return fmt.Sprintf("cfg%d %v %v", i, c.Old.Members, c.Old.LogStores)
+	}
 	if c.Joint {
 		return fmt.Sprintf("cfg%d joint %v→%v", i, c.Old.Members, c.New.Members)
 	}
@@ -185,7 +191,14 @@ func (s *sim) changeMembers(p *party) {
 		}
 		return
 	}
+	if s.cfg.LogStoreChange && s.logStoreLearnerStage(p, i, lsn) {
+		return
+	}
 	if s.calm || s.rng.IntN(20) != 0 {
+		return
+	}
+	if s.cfg.LogStoreChange && s.rng.IntN(2) == 0 {
+		s.startLogStoreChange(p, cur.Old)
 		return
 	}
 	next, ok := s.nextMembers(cur.Old, p)

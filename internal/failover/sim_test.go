@@ -144,6 +144,12 @@ type simConfig struct {
 	// them: they would hold every acknowledged write otherwise, and
 	// hide a quorum rule's bug behind them).
 	SlowLogStores bool
+	// LogStoreChange: the primary changes the log store set too
+	// (sim_logstores_test.go): adds, removes or replaces one, through a
+	// learner stage for the one it adds; SpareLogStores of the LogStores
+	// log stores are in no configuration at first.
+	LogStoreChange bool
+	SpareLogStores int
 }
 
 const strandedAfter = 1000
@@ -351,6 +357,8 @@ type sim struct {
 	// held counts the primary's ack rounds an epoch start change held
 	// back (EpochStartWait).
 	held int
+	// ls: log store set changes (LogStoreChange).
+	ls simLogStores
 }
 
 const simCluster = "c1"
@@ -563,11 +571,17 @@ func (s *sim) becomePrimary(p *party, epoch uint64) {
 	for i := range s.cfg.LogStores {
 		p.fol[i].on = true
 	}
+	if s.cfg.LogStoreChange {
+		s.shipLogStores(p)
+	}
 	p.acked = 0
 	s.logf("%s opens epoch %d at LSN %d", p.id, epoch, len(p.log))
 }
 
 func (s *sim) leaseValid(p *party) bool {
+	if s.cfg.Reconfig {
+		return s.leaseValidHalves(p)
+	}
 	n := 0
 	for i := range s.cfg.LogStores {
 		if p.fol[i].echo > 0 && p.fol[i].echo > s.now-s.cfg.Lease {
@@ -582,6 +596,9 @@ func (s *sim) leaseValid(p *party) bool {
 func (s *sim) primaryTick(p *party) {
 	if s.cfg.Reconfig && s.leaseValid(p) {
 		s.changeMembers(p)
+	}
+	if s.cfg.LogStoreChange {
+		s.shipLogStores(p)
 	}
 	if s.leaseValid(p) && s.rng.IntN(3) == 0 {
 		e := ent{p.epoch, uint64(len(p.log)) + 1}
@@ -1079,7 +1096,14 @@ func (s *sim) promote(p *party) {
 		c.cfgs = []int{s.cfgOf(p.log)}
 	}
 	s.logf("%s promotes to epoch %d (prev %s, log %d@%d)", p.id, epoch, prev, ll, le)
+	var fenced []string
+	if s.cfg.LogStoreChange {
+		fenced = s.fencedLogStores(p)
+	}
 	for _, q := range s.ps {
+		if q.ls && fenced != nil && !slices.Contains(fenced, q.id) {
+			continue // a log store neither its flags nor its log's contract name
+		}
 		if q != p {
 			s.send(msg{kind: mFence, from: p.idx, to: q.idx, epoch: epoch, cand: p.id, cluster: simCluster})
 		}
@@ -1226,6 +1250,14 @@ func (s *sim) open(p *party, donor []ent) {
 		p.role, p.cand, p.heard = roleReplica, nil, s.now
 		return
 	}
+	if s.cfg.LogStoreChange && !s.has(bugNoEachLogStoreHalf) {
+		if why := s.fencedEachLogStoreHalf(p); why != "" {
+			s.logf("%s: %s: gives up epoch %d", p.id, why, c.epoch)
+			s.ls.refused++
+			p.role, p.cand, p.heard = roleReplica, nil, s.now
+			return
+		}
+	}
 	if !p.st.Opens(c.epoch, p.id) {
 		p.role, p.cand, p.heard = roleReplica, nil, s.now
 		return
@@ -1244,6 +1276,9 @@ func (s *sim) open(p *party, donor []ent) {
 	next := uint64(len(p.log)) + 1
 	s.apply(p, Step{Effects: []Effect{NoteEpoch{Epoch: c.epoch, FirstLSN: next}}, Next: State{Vote: p.st.Vote, LogEpoch: c.epoch, Cluster: p.st.Cluster}}, false)
 	s.appendLog(p, []ent{{c.epoch, next}}, 0) // the epoch record
+	if s.cfg.LogStoreChange {
+		s.dropLearnerAtEpochStart(p, ent{c.epoch, next})
+	}
 	if s.cfg.Reconfig {
 		s.epochStartChange(p, ent{c.epoch, next})
 	}
