@@ -29,7 +29,9 @@ package failover
 //     it answers). The core's own rule for a cut (only epochs older than
 //     the sender's) does not stop a stale cut from removing entries the
 //     sender holds: the seed that showed it cut an acknowledged write.
-//   - A candidate fences every party at once (no survey), judges with
+//   - A candidate fences every party at once (no survey; under
+//     LogStoreChange only the log stores its flags and its log name, as
+//     services/node does: sim_logstores_test.go), judges with
 //     Judge, waits out the lease as services/node's leaseWait does, checks
 //     Opens, copies its donor's log, notes its epoch and writes its epoch
 //     record. A replica follows the primary its promise names, dials it,
@@ -978,13 +980,27 @@ func (s *sim) replicaTick(p *party) {
 		// The replica asks its log stores who the primary is.
 		p.askRound++
 		p.askVotes, p.askFrom = nil, make([]bool, s.cfg.LogStores)
-		for i := range s.cfg.LogStores {
+		ls := s.replicaLogStores()
+		for _, i := range ls {
 			s.send(msg{kind: mStatus, from: p.idx, to: i, round: p.askRound})
 		}
 		// And reads what it lacks from one of them (the ladder's log
 		// store rung): entries that come without their primary.
-		s.send(msg{kind: mCopy, from: p.idx, to: s.rng.IntN(s.cfg.LogStores), round: p.askRound})
+		s.send(msg{kind: mCopy, from: p.idx, to: ls[s.rng.IntN(len(ls))], round: p.askRound})
 	}
+}
+
+// replicaLogStores are the log stores a replica asks who the primary is
+// and reads from: every one, or under LogStoreChange those of its flags
+// (services/replica: Config.LogStores), the first configuration's.
+func (s *sim) replicaLogStores() []int {
+	var out []int
+	for i := range s.cfg.LogStores {
+		if !s.cfg.LogStoreChange || slices.Contains(s.cfgs[0].Old.LogStores, s.ps[i].id) {
+			out = append(out, i)
+		}
+	}
+	return out
 }
 
 func (s *sim) statusResp(p *party, m msg) {
@@ -1008,7 +1024,7 @@ func (s *sim) statusResp(p *party, m msg) {
 	if s.has(bugNoLearn) {
 		return
 	}
-	if w, why := p.st.LearnFromLogStores(p.askVotes, s.cfg.LogStores); why != "" {
+	if w, why := p.st.LearnFromLogStores(p.askVotes, len(s.replicaLogStores())); why != "" {
 		next := p.st
 		next.Vote = w
 		s.apply(p, Step{Effects: []Effect{SaveVote{Vote: w, Why: why}}, Next: next}, false)
