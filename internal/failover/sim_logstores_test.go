@@ -46,10 +46,11 @@ import (
 // one peer's log, not services/logstore's.
 //
 // bugNoEachLogStoreHalf removes that last check: a candidate whose log
-// lags behind a change fences the old set, catches up to a log under the
-// new one, and opens while the old primary, cut off from it, still holds
-// its lease through the log stores it never fenced (I7), and under log
-// store sync acknowledges through them (I5).
+// lags behind a change fences the old set, wins with a majority of it,
+// catches up to a log under the new one, and opens without a write a
+// majority of the new set acknowledged (I5); or another candidate wins
+// the same epoch with a majority of the new set, disjoint from its own,
+// and both open it (I4).
 
 // bugNoEachLogStoreHalf: a candidate opens without a fenced majority of
 // each log store set of its caught-up log's configuration.
@@ -72,8 +73,9 @@ type simLogStores struct {
 }
 
 // logStoreLag is how far behind the primary's log a log store learner may
-// be for the change to go on (services/primary, max_lag_records), and
-// learnerPatience how long the primary waits for it.
+// be for the change to go on (services/primary, max_lag_records),
+// learnerPatience how long the primary waits for it, and
+// minLogStoresLeft how few log stores a removal may leave.
 const (
 	logStoreLag      = 4
 	learnerPatience  = 2000
@@ -100,9 +102,9 @@ func (s *sim) logStoreSet(i int) []string {
 }
 
 // shipLogStores starts a stream to each log store of p's log's
-// configuration that has none and drops the one of each that left it, its
-// echoes with it (lease.forget). A stream started again gets a new id, as
-// a new gRPC stream would.
+// configuration that has none, and drops the stream to each one that left
+// it, its echoes with it (lease.forget). A stream started again gets a new
+// id, as a new gRPC stream would.
 func (s *sim) shipLogStores(p *party) {
 	set := s.logStoreSet(s.cfgOf(p.log))
 	for i := range s.cfg.LogStores {
