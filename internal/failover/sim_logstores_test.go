@@ -522,3 +522,48 @@ func TestSimLogStoresSearch(t *testing.T) {
 	}
 	t.Errorf("%s not found in %d steps", bugNoEachLogStoreHalf, steps)
 }
+
+// TestSimLogStoresSeed154153 replays a liveness failure the simulation
+// found with the real rules (200 M steps from seed 100000, the only
+// failure): a replica asks the log stores of its --logstore flags who the
+// primary of its epoch is (services/replica askLogStore, Config.LogStores,
+// never the contract's), and learns a winner only from a majority of
+// them. Log stores {l0, l1, l2} at first, k = 1 under log store sync;
+// n2, then n1, replaced l2 and l1 (now {l0, l3, l4}), and n1 began
+// removing n2 (joint {n0, n1, n2} → {n0, n1}). n1 crashed; n0 and n1 both
+// promoted to epoch 9; n1 won with l0 and l4, and opened; n0 got l1 and l2
+// — removed, so counting for nothing — and gave up, its promise of epoch 9
+// naming itself (issue 35's item 8). n0 asks l0, l1, l2: l1 and l2, which
+// no primary ships to any more, name n0 for ever, l0 alone names n1, and
+// LearnFromLogStores needs 2 of 3. n0 never follows n1, and n1's joint
+// record needs k = 1 of the new half's members other than itself: n0. No
+// write is acknowledged after the faults stop. The same run, switched at
+// step 3500 (n0 stranded) to asking the log stores of the replica's log's
+// contract (ReplicaAsksContract), heals: n0 learns n1 from l0, l3 and l4.
+func TestSimLogStoresSeed154153(t *testing.T) {
+	const seed = 154153
+	s := newSim(simLogStoreConfigFor(seed), seed)
+	if err := s.run(); err == nil || !strings.HasPrefix(s.err.Error(), "liveness violated") || s.loser() == "" {
+		t.Fatalf("asking the flags' log stores: want a liveness failure with a loser, got %v (loser %q)", err, s.loser())
+	}
+	t.Logf("asking the flags' log stores: %s; %s", firstLine(s.err), s.loser())
+	s = newSim(simLogStoreConfigFor(seed), seed)
+	for s.steps < s.cfg.FaultSteps {
+		s.step()
+	}
+	s.stopFaults()
+	for s.steps < 3500 {
+		s.step()
+	}
+	if s.err != nil || s.lived || s.loser() == "" {
+		t.Fatalf("at step 3500: want n0 stranded, got %v, lived %v, loser %q", s.err, s.lived, s.loser())
+	}
+	s.cfg.ReplicaAsksContract = true
+	for s.err == nil && !s.lived && s.steps < s.cfg.FaultSteps+s.cfg.LiveBound {
+		s.step()
+	}
+	if s.err != nil || !s.lived {
+		t.Fatalf("asking the contract's log stores from step 3500: err %v, a write acknowledged %v", s.report(), s.lived)
+	}
+	t.Logf("asking the contract's log stores from step 3500: a write acknowledged by step %d", s.steps)
+}

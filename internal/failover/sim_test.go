@@ -152,6 +152,10 @@ type simConfig struct {
 	// log stores are in no configuration at first.
 	LogStoreChange bool
 	SpareLogStores int
+	// ReplicaAsksContract: a replica asks the log stores of its log's
+	// configuration who the primary is, not those of its flags (a fix
+	// services/replica lacks: TestSimLogStoresSeed154153).
+	ReplicaAsksContract bool
 }
 
 const strandedAfter = 1000
@@ -980,7 +984,7 @@ func (s *sim) replicaTick(p *party) {
 		// The replica asks its log stores who the primary is.
 		p.askRound++
 		p.askVotes, p.askFrom = nil, make([]bool, s.cfg.LogStores)
-		ls := s.replicaLogStores()
+		ls := s.replicaLogStores(p)
 		for _, i := range ls {
 			s.send(msg{kind: mStatus, from: p.idx, to: i, round: p.askRound})
 		}
@@ -990,13 +994,21 @@ func (s *sim) replicaTick(p *party) {
 	}
 }
 
-// replicaLogStores are the log stores a replica asks who the primary is
+// replicaLogStores are the log stores replica p asks who the primary is
 // and reads from: every one, or under LogStoreChange those of its flags
-// (services/replica: Config.LogStores), the first configuration's.
-func (s *sim) replicaLogStores() []int {
+// (services/replica: Config.LogStores), the first configuration's — or,
+// with ReplicaAsksContract, those of its log's configuration.
+func (s *sim) replicaLogStores(p *party) []int {
+	var set []string
+	switch {
+	case s.cfg.ReplicaAsksContract:
+		set = s.logStoreSet(s.cfgOf(p.log))
+	case s.cfg.LogStoreChange:
+		set = s.cfgs[0].Old.LogStores
+	}
 	var out []int
 	for i := range s.cfg.LogStores {
-		if !s.cfg.LogStoreChange || slices.Contains(s.cfgs[0].Old.LogStores, s.ps[i].id) {
+		if set == nil || slices.Contains(set, s.ps[i].id) {
 			out = append(out, i)
 		}
 	}
@@ -1024,7 +1036,7 @@ func (s *sim) statusResp(p *party, m msg) {
 	if s.has(bugNoLearn) {
 		return
 	}
-	if w, why := p.st.LearnFromLogStores(p.askVotes, len(s.replicaLogStores())); why != "" {
+	if w, why := p.st.LearnFromLogStores(p.askVotes, len(s.replicaLogStores(p))); why != "" {
 		next := p.st
 		next.Vote = w
 		s.apply(p, Step{Effects: []Effect{SaveVote{Vote: w, Why: why}}, Next: next}, false)
