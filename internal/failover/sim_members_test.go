@@ -181,7 +181,7 @@ func (s *sim) changeMembers(p *party) {
 				return
 			}
 		}
-		if p.acked >= lsn {
+		if p.acked >= lsn && s.jointHeldByLogStores(p, cur, lsn) {
 			s.record(p, Config{Old: cur.New})
 			s.finals++
 			if lsn < s.epochStart(p) {
