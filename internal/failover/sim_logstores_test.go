@@ -315,6 +315,29 @@ func (s *sim) jointHeldByLogStores(p *party, cur Config, lsn uint64) bool {
 	return true
 }
 
+// split cuts every link between two groups of parties drawn at random
+// (SplitPartitions).
+func (s *sim) split() {
+	until := s.now + 20 + int64(s.rng.IntN(400))
+	in := make([]bool, len(s.ps))
+	var a, b []string
+	for i, p := range s.ps {
+		if in[i] = s.rng.IntN(2) == 0; in[i] {
+			a = append(a, p.id)
+		} else {
+			b = append(b, p.id)
+		}
+	}
+	for i, p := range s.ps {
+		for j, q := range s.ps {
+			if in[i] && !in[j] {
+				p.cutOff[q.idx], q.cutOff[p.idx] = until, until
+			}
+		}
+	}
+	s.logf("%s split from %s until %d", strings.Join(a, ","), strings.Join(b, ","), until)
+}
+
 // dropLearnerAtEpochStart: a new primary whose log ends in a learner
 // stage drops the learner: its epoch record e carries the contract
 // without it.
@@ -670,5 +693,43 @@ func TestSimLogStoreChangeK0(t *testing.T) {
 	s = logStoreChangeK0(true)
 	if s.err != nil || s.opened[2] != "n2" {
 		t.Fatalf("final record once a majority of each set holds the joint one: want n2 to open epoch 2 alone, got %v, epoch 2 opened by %q", s.report(), s.opened[2])
+	}
+}
+
+// simLogStoreK0ConfigFor is a cluster under a contract that waits for
+// nobody (k = 0, log store async: the default policy) whose primary
+// changes log stores, with partitions that split the parties in two.
+func simLogStoreK0ConfigFor(seed uint64) simConfig {
+	c := []simConfig{{LogStores: 4, SpareLogStores: 1, Nodes: 3}, {LogStores: 5, SpareLogStores: 2, Nodes: 3}}[seed%2]
+	c.Reconfig, c.LogStoreChange, c.MemberConfigsOnly, c.SplitPartitions = true, true, true, true
+	c.Lease = []int64{100, 50, 200}[seed/2%3]
+	c.FaultSteps = []int{3000, 1000, 6000}[seed/6%3]
+	c.LiveBound = 4000
+	return c
+}
+
+// TestSimLogStoreChangeK0Seeds: random runs find TestSimLogStoreChangeK0's
+// bug too, once partitions split the cluster in two (40 M steps: these
+// three seeds; with JointWaitsLogStores none in 40 M). Each fails as
+// services/primary does today and passes with the final record waiting
+// for a majority of each set.
+func TestSimLogStoreChangeK0Seeds(t *testing.T) {
+	for _, tc := range []struct {
+		seed uint64
+		want string
+	}{
+		{5651, "I7 violated at step 1868: n1 (epoch 6) holds its lease after epoch 7 opened at 1868"},
+		{6017, "I7 violated at step 299: n0 (epoch 1) holds its lease after epoch 2 opened at 299"},
+		{10477, "I4 violated at step 3001: n2 and n0 both open epoch 4"},
+	} {
+		s := newSim(simLogStoreK0ConfigFor(tc.seed), tc.seed)
+		if err := s.run(); err == nil || !strings.HasPrefix(s.err.Error(), tc.want) {
+			t.Errorf("seed %d: want %q, got %v", tc.seed, tc.want, err)
+		}
+		c := simLogStoreK0ConfigFor(tc.seed)
+		c.JointWaitsLogStores = true
+		if s := newSim(c, tc.seed); s.run() != nil {
+			t.Errorf("seed %d with JointWaitsLogStores: %v", tc.seed, s.report())
+		}
 	}
 }

@@ -161,6 +161,9 @@ type simConfig struct {
 	// whatever the contract waits for (a fix services/primary lacks:
 	// TestSimLogStoreChangeK0).
 	JointWaitsLogStores bool
+	// SplitPartitions: half the partitions split the parties in two
+	// groups at random, every link between them cut.
+	SplitPartitions bool
 }
 
 const strandedAfter = 1000
@@ -1433,6 +1436,8 @@ func (s *sim) step() {
 		if s.rng.IntN(2) == 0 {
 			s.tryPromote()
 		}
+	case !s.calm && r < 18 && s.cfg.SplitPartitions && s.rng.IntN(2) == 0:
+		s.split()
 	case !s.calm && r < 18: // a partition: some (or all) links of one party cut
 		p := s.ps[s.rng.IntN(len(s.ps))]
 		until, all := s.now+20+int64(s.rng.IntN(400)), s.rng.IntN(3) == 0
