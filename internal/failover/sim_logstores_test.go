@@ -672,8 +672,9 @@ func logStoreChangeK0(fix bool) *sim {
 }
 
 // TestSimLogStoreChangeK0 is a bug the model of log store changes shows in
-// services/primary (found by reasoning over it, shown here by hand; 10 M
-// random steps under k = 0 did not reach it): under a contract that waits
+// services/primary (found by reasoning over it, shown here by hand; random
+// runs find it once partitions split the cluster in two:
+// TestSimLogStoreChangeK0Seeds): under a contract that waits
 // for nobody, awaitContract waits for nothing, so a change writes its
 // joint and final records back to back, and the lease moves to the new
 // set at once. n0 leases through l0 and l3, a majority of {l0, l1, l3}.
