@@ -160,3 +160,41 @@ func TestRestoreNewClusterFlagsRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestRestoreAfterMembershipChangeHintRunsAsPrinted: the primary walship
+// restore prints for a directory restored without --members starts too
+// when the cluster restored from had changed its members at run time
+// (walship ctl members remove), as it does for one that never had.
+//
+// Seen failing since c2e2d23 (the primary refuses to start without
+// --peers over a changed configuration): the printed primary exits 1,
+// "started without --peers, but its log holds the configuration a
+// membership change set", and with --peers it would be refused as no
+// member of the old cluster's configuration. Skipped until the restore
+// (or the refusal) is changed: see the review-resume report.
+func TestRestoreAfterMembershipChangeHintRunsAsPrinted(t *testing.T) {
+	t.Skip("known: a restore without --members of a cluster that changed its members at run time cannot start as a new cluster's primary (review-resume)")
+	d := startDev(t, "--replicas", "2")
+	ctx := t.Context()
+	code, out, errOut := run(t, "ctl", "members", "remove", "--member", "replica-1", "--nodes", d.node(t, "primary"))
+	if code != 0 || !strings.Contains(out, "membership change done") {
+		t.Fatalf("remove replica-1: exit %d\n%s%s", code, out, errOut)
+	}
+	put, err := walshipv1.NewKVServiceClient(devConn(t, d.node(t, "primary"))).Put(ctx, &walshipv1.PutRequest{Key: "hello", Value: []byte("world"),
+		Policy: &walshipv1.CommitPolicy{Logstore: walshipv1.LogStoreAck_LOG_STORE_ACK_SYNC}}) // so that --latest reaches it
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "asof")
+	if code, out, errOut := run(t, "restore", "--logstore", d.node(t, "logstore-0"), "--latest", "--data-dir", dir); code != 0 {
+		t.Fatalf("restore: exit %d\n%s%s", code, out, errOut)
+	} else {
+		args := hintIn(t, out, "walship primary")
+		stop := runHint(t, args, "primary serving")
+		defer stop()
+		got, err := walshipv1.NewKVServiceClient(devConn(t, flagValue(t, args, "listen"))).Get(ctx, &walshipv1.GetRequest{Key: "hello"})
+		if err != nil || string(got.GetValue()) != "world" || got.GetVersionLsn() != put.GetLsn() {
+			t.Fatalf("Get hello = %v, %v; want world at LSN %d", got, err, put.GetLsn())
+		}
+	}
+}
