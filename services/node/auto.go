@@ -200,6 +200,9 @@ func (n *Node) eligibility(ctx context.Context, changed time.Time) (why string, 
 	if err := leads(n.cfg.ID, rep.EpochRecord()); err != nil {
 		return err.Error(), false
 	}
+	if err := peerlessUnder(n.cfg.ID, n.cfg.Members, rep.EpochRecord()); err != nil {
+		return err.Error(), false
+	}
 	if n.cfg.Join {
 		// leads lets a log with no contract pass; a joiner is no member
 		// until the contract names it.

@@ -661,3 +661,32 @@ func TestRecordUpToAfterACut(t *testing.T) {
 		}
 	}
 }
+
+// TestPeerlessNodeDoesNotPromoteOverChangedLog: a node without --peers
+// whose log's configuration a membership change set (members_changed)
+// is refused before anything is fenced, as the primary it would become
+// refuses to start (services/primary elect): promoted, it would fence the
+// log stores — deposing the cluster's primary — and then not open.
+func TestPeerlessNodeDoesNotPromoteOverChangedLog(t *testing.T) {
+	ls := startLogStore(t, t.TempDir())
+	c := &walshipv1.Contract{Members: memberList("p", "x", "m"), Logstores: []string{ls}, MembersChanged: true}
+	rec := &walshipv1.EpochRecord{Epoch: 1, FirstLsn: 1, PrimaryId: "p", PrimaryAddr: "p.invalid:1", Contract: c}
+	n := recordReplica(t, "x", ls, rec, nil)
+	conn, err := serve.Dialer{}.Dial(n.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, dry := range []bool{true, false} {
+		_, err := walshipv1.NewAdminServiceClient(conn).Promote(ctx, &walshipv1.PromoteRequest{DryRun: dry}, grpc.WaitForReady(true))
+		if status.Code(err) != codes.FailedPrecondition || !contains(err.Error(), "cannot promote x", "without --peers", "epoch 1") {
+			t.Fatalf("Promote (dry run %v) = %v; want FAILED_PRECONDITION naming x, --peers and the contract", dry, err)
+		}
+	}
+	st, err := logStoreStatus(ctx, serve.Dialer{}, ls)
+	if err != nil || st.GetVoteEpoch() > 1 || n.Role() != RoleReplica {
+		t.Fatalf("after x's refused promotion: log store %v, %v; x %v; want nothing fenced and x a replica", st, err, n.Role())
+	}
+}

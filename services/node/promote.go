@@ -195,6 +195,21 @@ func leadsUnder(id string, c *walshipv1.Contract, under string) error {
 	return e
 }
 
+// peerlessUnder refuses the promotion of a node started without --peers
+// (members) whose log's newest contract record, rec, was set by a
+// membership change (members_changed, or a change in progress): the
+// primary it would become refuses to start over that log (services/primary
+// elect), so fencing first would depose the cluster's primary for no
+// new one. With --peers, any list, the log's members win over the flag's.
+func peerlessUnder(id string, members []primary.Member, rec *walshipv1.EpochRecord) error {
+	c := rec.GetContract()
+	if len(members) > 0 || c == nil || (!c.GetMembersChanged() && c.GetNext() == nil) {
+		return nil
+	}
+	return fmt.Errorf("cannot promote %s: it was started without --peers, and the newest contract in its log (epoch %d: %s) was set by a membership change, which a primary without --peers does not start under: start it with --peers (its log's members then win over the flag's)",
+		id, rec.GetEpoch(), describeMembers(c))
+}
+
 // leadsOnceCaughtUp is leads under the contract this node's log will
 // hold once caught up to donor, as far as the survey's answers tell: a
 // replica whose log reaches the donor's epoch reports a record of the
@@ -450,6 +465,12 @@ func (n *Node) promoteAs(ctx context.Context, req *walshipv1.PromoteRequest, ele
 	if err := leads(n.cfg.ID, rep.EpochRecord()); err != nil {
 		if !req.GetDryRun() {
 			n.metrics.promotions.WithLabelValues(resultNotMember).Inc()
+		}
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	}
+	if err := peerlessUnder(n.cfg.ID, n.cfg.Members, rep.EpochRecord()); err != nil {
+		if !req.GetDryRun() {
+			n.metrics.promotions.WithLabelValues("refused").Inc()
 		}
 		return nil, status.Error(codes.FailedPrecondition, err.Error())
 	}
@@ -1118,6 +1139,9 @@ func (n *Node) carryOut(ctx context.Context, p *plan) error {
 	}
 	if err := mayOpen(n.cfg.ID, p, rec); err != nil {
 		return n.keepDonorHistory(hist, last, err)
+	}
+	if err := peerlessUnder(n.cfg.ID, n.cfg.Members, rec); err != nil {
+		return n.keepDonorHistory(hist, last, fmt.Errorf("gave up epoch %d once caught up from %s, before opening it: %w", p.epoch, p.donor.id, err))
 	}
 	// The cluster id before the epoch: the primary starts in it (or makes
 	// one if nobody had any).
