@@ -73,6 +73,13 @@ type logStoreCluster struct {
 // shipping to them, under log store sync.
 func startLogStoreCluster(t *testing.T, names ...string) *logStoreCluster {
 	t.Helper()
+	return startLogStoreClusterWith(t, nil, names...)
+}
+
+// startLogStoreClusterWith is startLogStoreCluster with edit applied to
+// p1's configuration before it starts.
+func startLogStoreClusterWith(t *testing.T, edit func(*Config), names ...string) *logStoreCluster {
+	t.Helper()
 	c := &logStoreCluster{ls: map[string]*testLogStore{}}
 	c.cfg = testConfig(t, t.TempDir())
 	c.cfg.ID = "p1"
@@ -85,6 +92,9 @@ func startLogStoreCluster(t *testing.T, names ...string) *logStoreCluster {
 	c.cfg.Policy.SyncTimeout = time.Minute
 	c.cfg.LeaseTimeout = 2 * time.Second
 	c.cfg.ChangeResumeGrace = 2 * time.Second
+	if edit != nil {
+		edit(&c.cfg)
+	}
 	c.start(t)
 	return c
 }
@@ -344,6 +354,61 @@ func TestJointLogStoreCommitNeedsBothSets(t *testing.T) {
 	releaseE()
 	if err := <-done; err != nil {
 		t.Fatalf("the commit a and e acknowledge in the new set: %v", err)
+	}
+}
+
+// TestJointLogStoreRecordWaitsUnderAsync: under a contract that waits
+// for nobody (log store async, no sync replicas: the default policy), a
+// joint record that moves log stores, {a, b, c} to {a, b, d} with c down,
+// is done only once a majority of each set holds it: with b's disk
+// stalled, a and d holding it is not enough (a is 1 of the old set), for
+// the next record moves the lease to the new set, and a candidate that
+// fenced b and c would find no joint record there (failover's
+// TestSimLogStoreChangeK0). Once b's disk returns, the step is done.
+func TestJointLogStoreRecordWaitsUnderAsync(t *testing.T) {
+	c := startLogStoreClusterWith(t, func(cfg *Config) { cfg.Policy.LogStore = walshipv1.LogStoreAck_LOG_STORE_ACK_ASYNC }, "a", "b", "c")
+	c.ls["d"] = startTestLogStore(t, vfs.NewMem(), "", c.addrs("a", "b", "c")...)
+	s := c.p.s
+	old := stripped(s.contract())
+	if old.GetLogstoreSync() || old.GetSyncReplicas() != 0 {
+		t.Fatalf("contract %v, want one that waits for nobody", old)
+	}
+	learning := proto.Clone(old).(*walshipv1.Contract)
+	learning.LogstoreLearners = c.addrs("d")
+	lsn, err := s.writeRecord(ctx(t), s.epochRecord(learning, walshipv1.MembershipStage_MEMBERSHIP_STAGE_LEARNER))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testkit.Until(t, "d to take the learner record from the primary", func() bool {
+		_, ls := s.peers.snapshot()
+		return slices.ContainsFunc(ls, func(l logstorePos) bool { return l.addr == c.ls["d"].addr && l.connected && l.durable >= lsn }) &&
+			s.lease.heard(c.ls["d"].addr)
+	})
+	c.ls["c"].stop()
+	enteredB, releaseB := c.ls["b"].fs.HoldNextSync(".wal")
+	t.Cleanup(releaseB)
+	next := proto.Clone(old).(*walshipv1.Contract)
+	next.Logstores = c.addrs("a", "b", "d")
+	done := make(chan error, 1)
+	go func() {
+		done <- s.changeStep(ctx(t), joint(old, next), walshipv1.MembershipStage_MEMBERSHIP_STAGE_JOINT)
+	}()
+	select {
+	case <-enteredB:
+	case err := <-done:
+		t.Fatalf("the joint record's step returned (%v) before b's disk took it", err)
+	}
+	testkit.Until(t, "a and d to make the joint record durable", func() bool {
+		return c.ls["a"].s.Status().GetDurableLsn() >= s.wal.LastLSN() && c.ls["d"].s.Status().GetDurableLsn() >= s.wal.LastLSN()
+	})
+	select {
+	case err := <-done:
+		t.Fatalf("the joint record moving log stores was done (%v) while only a held it of the old set {a, b, c}", err)
+	default:
+	}
+	releaseB()
+	if err := <-done; err != nil {
+		t.Fatalf("the joint record once a and b hold it: %v", err)
 	}
 }
 

@@ -399,7 +399,20 @@ func (s *Server) awaitContract(ctx context.Context, lsn uint64, c *walshipv1.Con
 		}
 	}
 	if c.GetLogstoreSync() {
-		return s.peers.waitLogStores(ctx, lsn)
+		if err := s.peers.waitLogStores(ctx, lsn); err != nil {
+			return err
+		}
+	}
+	if n := c.GetNext(); n != nil && !slices.Equal(c.GetLogstores(), n.GetLogstores()) {
+		// A joint record that moves log stores is done only once a
+		// majority of each set holds it, whatever the commits wait for:
+		// the next record moves the lease to the new set, and a candidate
+		// that fences a majority of the old set must find the joint
+		// record there, or it opens under the old set alone while this
+		// primary leases through the new one (failover's
+		// TestSimLogStoreChangeK0: under k = 0 and log store async, the
+		// default policy, nothing else waits).
+		return s.peers.waitLogStoreSets(ctx, lsn, c.GetLogstores(), n.GetLogstores())
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/failover"
 )
 
 // peers tracks the acknowledged positions of replicas and log stores, and
@@ -391,6 +392,40 @@ func (p *peers) waitLocked(ctx context.Context, q *lsnQueue, lsn uint64) bool {
 // errNoLogStore is returned to a commit that asks for log store acks from a
 // primary that has none.
 var errNoLogStore = errors.New("no log store is configured (--logstore)")
+
+// waitLogStoreSets blocks until a majority of each of sets (log store
+// addresses) has made lsn durable, or ctx ends; it asks the streams for
+// acks meanwhile, as a commit waiting on log stores does.
+func (p *peers) waitLogStoreSets(ctx context.Context, lsn uint64, sets ...[]string) error {
+	p.lsWaiting.Add(1)
+	defer p.lsWaiting.Add(-1)
+	p.announceWait()
+	for {
+		moved := p.movedCh()
+		p.mu.Lock()
+		var short []string
+		for _, set := range sets {
+			have := 0
+			for _, addr := range set {
+				if l := p.logstores[addr]; l != nil && l.durable >= lsn {
+					have++
+				}
+			}
+			if need := failover.Majority(len(set)); have < need {
+				short = append(short, fmt.Sprintf("%d of log stores %s have it, %d needed", have, strings.Join(set, ", "), need))
+			}
+		}
+		p.mu.Unlock()
+		if len(short) == 0 {
+			return nil
+		}
+		select {
+		case <-moved:
+		case <-ctx.Done():
+			return fmt.Errorf("%s", strings.Join(short, "; "))
+		}
+	}
+}
 
 // waitLogStores blocks until a majority of the configured log stores has
 // made lsn durable, or ctx ends.
