@@ -115,6 +115,14 @@ type Config struct {
 	// MaxReplicaLagBytes cuts off a replica stream that falls further behind
 	// (0 = no limit); the replica catches up from a log store.
 	MaxReplicaLagBytes int64
+	// LearnerBytesPerSecond paces the stream to a replica whose acks count
+	// for nothing under the contract in force (a learner, or a node not yet
+	// a member): the WAL goes to it at most this fast (pace.go), so that a
+	// new node catching up from far behind does not take the CPU, disk and
+	// network the members' commits need. A learner catches up only while
+	// the write rate stays below it, at the difference, within the change's
+	// catch-up timeout. A member's stream is never paced. 0 = no limit.
+	LearnerBytesPerSecond int64
 	// ShipDelay is the longest a written batch waits to go to a replica,
 	// or a durable one to a log store, that no commit waits on, so that
 	// the batches written meanwhile go with it: one socket write and one
@@ -155,6 +163,13 @@ type Config struct {
 // 256k of them at once, far more than group commit needs to keep the
 // disk busy.
 const DefaultInflightCommitBytes = 256 << 20
+
+// DefaultLearnerBytesPerSecond is the default pace of a learner's stream:
+// a full --max-replica-lag-bytes (256 MiB) of catch-up in about 30 s,
+// well within the default catch-up timeout of 5 minutes, at a cost a
+// member on shared cores barely notices (docs/BENCHMARKS.md, Membership
+// change).
+const DefaultLearnerBytesPerSecond = 8 << 20
 
 // DefaultLogStoreSnapshotTimeout bounds one snapshot upload to a log
 // store: a few GiB of state at the speed of a loaded disk.
@@ -207,6 +222,7 @@ func DefaultConfig() Config {
 
 		LogStoreSnapshotTimeout: DefaultLogStoreSnapshotTimeout,
 		MaxReplicaLagBytes:      256 << 20,
+		LearnerBytesPerSecond:   DefaultLearnerBytesPerSecond,
 		MaxInflightCommitBytes:  DefaultInflightCommitBytes,
 		StopTimeout:             30 * time.Second,
 	}
@@ -290,6 +306,9 @@ func (c *Config) Validate() error {
 	}
 	if c.WriteQuotaBytesPerSecond < 0 {
 		errs = append(errs, fmt.Errorf("--write-quota-bytes-per-second: %d must not be negative (0 = no quota)", c.WriteQuotaBytesPerSecond))
+	}
+	if c.LearnerBytesPerSecond < 0 {
+		errs = append(errs, fmt.Errorf("--learner-bytes-per-second: %d must not be negative (0 = no limit)", c.LearnerBytesPerSecond))
 	}
 	if c.MaxReplicaLagBytes < 0 {
 		errs = append(errs, fmt.Errorf("--max-replica-lag-bytes: %d must not be negative", c.MaxReplicaLagBytes))

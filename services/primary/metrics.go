@@ -32,6 +32,8 @@ type metrics struct {
 	fsyncErrors       prometheus.Counter
 	sentBytes         *prometheus.CounterVec
 	shipDelays        *prometheus.CounterVec
+	pacedBytes        *prometheus.CounterVec
+	pacedSeconds      *prometheus.CounterVec
 	replicaOutOfRange prometheus.Counter
 	replicaDiverged   prometheus.Counter
 	snapshotsStreamed prometheus.Counter
@@ -115,6 +117,14 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		Name: "walship_ship_delays_total",
 		Help: "Times a stream began holding back a batch nothing waited on, for at most --ship-delay, to send it with the batches after it; to is replica or logstore.",
 	}, []string{"to"})
+	m.pacedBytes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "walship_replication_paced_bytes_total",
+		Help: "WAL bytes sent to a replica whose acks count for nothing (a learner) after waiting for --learner-bytes-per-second.",
+	}, []string{"replica"})
+	m.pacedSeconds = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "walship_replication_paced_seconds_total",
+		Help: "Time a replica stream waited for --learner-bytes-per-second before sending a batch: its replica's acks count for nothing (a learner).",
+	}, []string{"replica"})
 	m.replicaOutOfRange = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "walship_replication_out_of_range_total",
 		Help: "Replica streams refused because the replica needed WAL the primary no longer retains.",
@@ -174,7 +184,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		Help: "The primary's WAL retention limit (--wal-retention-bytes).",
 	}, func() float64 { return float64(s.cfg.WALRetentionBytes) })
 	m.collectors = []prometheus.Collector{m.commits, m.commitSeconds, m.walBatches, m.walRecords, m.fsyncSeconds, m.fsyncErrors,
-		encode, written, last, durable, visible, walBytes, m.sentBytes, m.shipDelays, m.replicaOutOfRange, m.replicaDiverged, m.snapshotsStreamed, retention,
+		encode, written, last, durable, visible, walBytes, m.sentBytes, m.shipDelays, m.pacedBytes, m.pacedSeconds, m.replicaOutOfRange, m.replicaDiverged, m.snapshotsStreamed, retention,
 		m.fences, m.clusterMismatch, m.snapshotUploads, m.snapshotUploadSeconds, newReplCollector(s), m.refusedWrites, takingWrites, contractK,
 		m.changeInProgress, m.changes,
 		serve.NewInfo(s.cfg.ID, func() string {

@@ -259,6 +259,7 @@ func (r *replServer) send(ctx context.Context, id string, next uint64, rd *wal.R
 	}
 	x.hold = newShipHold(s.cfg.ShipDelay, s.metrics.shipDelays.WithLabelValues("replica"))
 	defer x.hold.stop()
+	defer x.paceState.stop()
 	for {
 		changed := s.wal.Changed()
 		ask, askChanged := s.pipe.want.flushAsk.Changed()
@@ -301,6 +302,8 @@ type replicaSender struct {
 	entries int // sent, for the lag check
 	replyAt [len(syncStages)]walshipv1.SyncLevel
 	hold    *shipHold // the ship delay (linger)
+	// paceState paces a replica whose acks count for nothing (pace.go).
+	paceState streamPace
 }
 
 // linger holds the next batch back, if nothing waits on the replica, until
@@ -407,6 +410,9 @@ func (x *replicaSender) sendEntry(ctx context.Context, ask uint64) error {
 	}
 	if x.want == x.next && e.FirstLSN != x.next {
 		return status.Errorf(codes.FailedPrecondition, "hello.next_lsn: %d is not a batch boundary (the batch holding it starts at %d): the replica's log diverged", x.next, e.FirstLSN)
+	}
+	if err := x.pace(ctx, len(e.Data)); err != nil {
+		return err
 	}
 	x.want = e.LastLSN + 1
 	durable := s.wal.DurableLSN()

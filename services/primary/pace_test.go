@@ -1,0 +1,97 @@
+package primary
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/testkit"
+)
+
+// TestPacerTake: the bucket starts full, a batch past what it holds waits
+// for the missing bytes at the rate (a batch larger than the burst too,
+// never forever), and it refills with time up to its burst only.
+func TestPacerTake(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	const rate = 1 << 20 // 1 MiB/s; burst max(rate/10, 256 KiB) = 256 KiB
+	type step struct {
+		after time.Duration // since t0
+		n     int
+		wait  time.Duration
+	}
+	for _, tc := range []struct {
+		name  string
+		steps []step
+	}{
+		{"the burst goes at once", []step{{0, 128 << 10, 0}, {0, 128 << 10, 0}}},
+		{"past the burst waits at the rate", []step{{0, 256 << 10, 0}, {0, 512 << 10, 500 * time.Millisecond}}},
+		{"a batch larger than the burst waits its excess", []step{{0, 1 << 20, 750 * time.Millisecond}}},
+		{"debt is paid before the next batch", []step{{0, 512 << 10, 250 * time.Millisecond}, {250 * time.Millisecond, 256 << 10, 250 * time.Millisecond}}},
+		{"it refills at the rate", []step{{0, 256 << 10, 0}, {125 * time.Millisecond, 128 << 10, 0}, {125 * time.Millisecond, 1 << 10, time.Second / 1024}}},
+		{"it refills to its burst only", []step{{0, 256 << 10, 0}, {time.Hour, 256 << 10, 0}, {time.Hour, 256 << 10, 250 * time.Millisecond}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPacer(rate, 256<<10, t0)
+			for i, s := range tc.steps {
+				if got := p.take(t0.Add(s.after), s.n); (got - s.wait).Abs() > time.Microsecond {
+					t.Fatalf("step %d: take(%v, %d) = %v, want %v", i, s.after, s.n, got, s.wait)
+				}
+			}
+		})
+	}
+}
+
+// TestLearnerStreamIsPaced: with --learner-bytes-per-second set, a replica
+// that is not a member (r3) catches up at that pace while a member behind
+// by as much (r2) is not paced; added, r3 still catches up (nothing is
+// written meanwhile), and as a member its stream is paced no more.
+func TestLearnerStreamIsPaced(t *testing.T) {
+	const rate = 1 << 20
+	c := startMembersWith(t, 1, func(cfg *Config) {
+		cfg.LearnerBytesPerSecond = rate
+		cfg.MaxBatchBytes = 64 << 10
+	}, "r1")
+	value := make([]byte, 16<<10)
+	// About a second and a half of catch-up at the pace, past its burst
+	// (a tenth of a second, or 64 KiB).
+	put := func(prefix string, n int) {
+		t.Helper()
+		for i := range n {
+			if _, err := c.p.kv.Put(ctx(t), &walshipv1.PutRequest{Key: fmt.Sprintf("%s/%03d", prefix, i), Value: value}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	put("a", 100)
+	last := c.p.s.wal.LastLSN()
+	c.start(t, "r2")
+	c.start(t, "r3")
+	for _, id := range []string{"r2", "r3"} {
+		testkit.Until(t, id+" to catch up", func() bool { return c.reps[id].s.Status().GetLastLsn() >= last })
+	}
+	paced := func(id string) (float64, float64) {
+		return counter(t, c.p.s.metrics.pacedBytes.WithLabelValues(id)), counter(t, c.p.s.metrics.pacedSeconds.WithLabelValues(id))
+	}
+	if b, s := paced("r3"); b == 0 || s == 0 {
+		t.Fatalf("r3, not a member, caught up unpaced: paced bytes %v, seconds %v", b, s)
+	}
+	for _, id := range []string{"r1", "r2"} {
+		if b, s := paced(id); b != 0 || s != 0 {
+			t.Fatalf("member %s was paced: bytes %v, seconds %v", id, b, s)
+		}
+	}
+
+	resp, err := c.p.admin.ChangeMembers(ctx(t), &walshipv1.ChangeMembersRequest{
+		Change: &walshipv1.ChangeMembersRequest_Add{Add: &walshipv1.Member{Id: "r3", Addr: c.reps["r3"].s.Addr()}}})
+	if err != nil || resp.GetOutcome() != outcomeDone {
+		t.Fatalf("add r3: %v, %v", resp, err)
+	}
+	before, _ := paced("r3")
+	put("b", 100)
+	last = c.p.s.wal.LastLSN()
+	testkit.Until(t, "r3 to catch up as a member", func() bool { return c.reps["r3"].s.Status().GetLastLsn() >= last })
+	if after, _ := paced("r3"); after != before {
+		t.Fatalf("r3 was paced as a member: paced bytes %v, then %v", before, after)
+	}
+}
