@@ -34,6 +34,11 @@ import (
 // commits/s from n3's start until then; n3 is removed and its process and data dropped between
 // rounds. It asserts only that the measurement ran: n3 became a member and
 // writes were acknowledged.
+//
+// WALSHIP_LEARNER_RATE sets the nodes' --learner-bytes-per-second (bytes/s;
+// unset, the binary's default). WALSHIP_LEARNER_PIN=1 pins n3 to CPU 1 and
+// every other process of the cluster, and this test's, to CPU 0: the
+// learner then has a core of its own, as on a host of its own.
 func TestMeasureLearnerCatchUp(t *testing.T) {
 	runs := measureRuns(t, "WALSHIP_MEMBERS_RUNS", "what a learner catching up costs the primary")
 	needLinux(t)
@@ -55,7 +60,19 @@ func TestMeasureLearnerCatchUp(t *testing.T) {
 		setFlag(n0.args, "--metrics-listen", n0.metrics)
 		n0.args = append(n0.args, "--pprof")
 	}
+	if v := os.Getenv("WALSHIP_LEARNER_RATE"); v != "" {
+		for _, n := range c.nodes {
+			n.args = append(n.args, "--learner-bytes-per-second", v)
+		}
+	}
+	pin := os.Getenv("WALSHIP_LEARNER_PIN") == "1"
 	c.start(t)
+	if pin {
+		pinCPU(t, os.Getpid(), "0")
+		for _, n := range append(append([]*procNode{}, c.nodes...), c.logstores...) {
+			pinCPU(t, n.p.cmd.Process.Pid, "0")
+		}
+	}
 	n3addr := testkit.FreeAddr(t)
 	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute+time.Duration(runs)*(2*window+3*time.Minute))
@@ -193,6 +210,9 @@ func TestMeasureLearnerCatchUp(t *testing.T) {
 			// add: its catch-up is counted from here.
 			started, acksStarted = time.Now(), acks.Load()
 			n3.start()
+			if pin {
+				pinCPU(t, n3.p.cmd.Process.Pid, "1")
+			}
 			admin3 := walshipv1.NewAdminServiceClient(conn(t, n3.addr))
 			addStart = time.Now()
 			go func() {
@@ -266,6 +286,15 @@ func TestMeasureLearnerCatchUp(t *testing.T) {
 	if len(catchRatios) > 0 {
 		t.Logf("%d rounds: commits/s while n3 caught up (its start to its becoming a voter) / without a change: median %.3f, min %.3f, max %.3f",
 			len(catchRatios), catchRatios[len(catchRatios)/2], catchRatios[0], catchRatios[len(catchRatios)-1])
+	}
+}
+
+// pinCPU sets the CPU affinity of every thread of process pid to cpus
+// (taskset's list); the threads it starts later inherit it.
+func pinCPU(t *testing.T, pid int, cpus string) {
+	t.Helper()
+	if out, err := exec.Command("taskset", "-a", "-p", "-c", cpus, strconv.Itoa(pid)).CombinedOutput(); err != nil {
+		t.Fatalf("taskset %d to CPU %s: %v\n%s", pid, cpus, err, out)
 	}
 }
 
