@@ -1,10 +1,13 @@
 package primary
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/testkit"
 )
@@ -93,5 +96,32 @@ func TestLearnerStreamIsPaced(t *testing.T) {
 	testkit.Until(t, "r3 to catch up as a member", func() bool { return c.reps["r3"].s.Status().GetLastLsn() >= last })
 	if after, _ := paced("r3"); after != before {
 		t.Fatalf("r3 was paced as a member: paced bytes %v, then %v", before, after)
+	}
+}
+
+// BenchmarkPace is what pacing costs a stream per batch: nothing with no
+// limit, an atomic load and a compare for a member's stream, and the
+// bucket for a learner's (at a rate it never waits for).
+func BenchmarkPace(b *testing.B) {
+	for _, bc := range []struct {
+		name string
+		rate int64
+		id   string
+	}{{"limit=0", 0, "r1"}, {"member", 8 << 20, "r1"}, {"learner", 1 << 50, "r3"}} {
+		b.Run(bc.name, func(b *testing.B) {
+			s := &Server{cfg: Config{LearnerBytesPerSecond: bc.rate, MaxBatchBytes: 4 << 20}, logger: slog.New(slog.DiscardHandler), peers: newPeers(),
+				metrics: &metrics{pacedBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "b"}, []string{"replica"}),
+					pacedSeconds: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "s"}, []string{"replica"})}}
+			s.peers.ruleNow.Store(&ackRule{members: [][]string{{"r1", "r2"}}, eligible: map[string]bool{"r1": true, "r2": true}})
+			x := &replicaSender{r: &replServer{s: s}, id: bc.id}
+			defer x.paceState.stop()
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := x.pace(ctx, 1<<10); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
