@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/walship/walship/internal/pace"
 )
 
 // Learner pacing (Config.LearnerBytesPerSecond, issue 38): a replica whose
@@ -15,44 +16,12 @@ import (
 // wait on. A member's stream is never paced: it pays one atomic load and
 // a pointer compare per batch, and only while a limit is set.
 
-// pacer is a token bucket in bytes: it fills at rate up to burst, and a
-// batch takes its size from it, going into debt if need be, so that a
-// batch larger than the burst waits its size's worth and never forever.
-type pacer struct {
-	rate   float64 // bytes per second
-	burst  float64
-	tokens float64
-	at     time.Time // when tokens was last brought up to date
-}
-
-// newPacer starts full at now: a stream's first burst goes at once. The
-// burst is a tenth of a second at rate, but at least one largest batch
-// (batch bytes), so that a stream below the limit is never held.
-func newPacer(rate int64, batch int, now time.Time) *pacer {
-	b := float64(max(rate/10, int64(batch)))
-	return &pacer{rate: float64(rate), burst: b, tokens: b, at: now}
-}
-
-// take takes n bytes' tokens at now and returns how long their sender
-// must wait before sending them (0: at once).
-func (p *pacer) take(now time.Time, n int) time.Duration {
-	if el := now.Sub(p.at); el > 0 {
-		p.tokens = min(p.burst, p.tokens+el.Seconds()*p.rate)
-		p.at = now
-	}
-	p.tokens -= float64(n)
-	if p.tokens >= 0 {
-		return 0
-	}
-	return time.Duration(-p.tokens / p.rate * float64(time.Second))
-}
-
 // streamPace is one replica stream's pacing: whether the rule in force
 // paces it (worked out again only when the rule changes) and its bucket.
 type streamPace struct {
 	rule    *ackRule // the rule paced was worked out under
 	paced   bool
-	p       *pacer // nil until first paced
+	p       *pace.Bucket // nil until first paced
 	t       *time.Timer
 	bytes   prometheus.Counter // walship_replication_paced_bytes_total{replica}
 	seconds prometheus.Counter // walship_replication_paced_seconds_total{replica}
@@ -81,13 +50,13 @@ func (x *replicaSender) pace(ctx context.Context, n int) error {
 	}
 	now := time.Now()
 	if sp.p == nil {
-		sp.p = newPacer(rate, s.cfg.MaxBatchBytes, now)
+		sp.p = pace.New(rate, s.cfg.MaxBatchBytes, now)
 		sp.t = time.NewTimer(time.Hour)
 		sp.t.Stop()
 		sp.bytes = s.metrics.pacedBytes.WithLabelValues(x.id)
 		sp.seconds = s.metrics.pacedSeconds.WithLabelValues(x.id)
 	}
-	d := sp.p.take(now, n)
+	d := sp.p.Take(now, n)
 	if d <= 0 {
 		return nil
 	}
