@@ -67,7 +67,7 @@ func nodeFlags(fs *flag.FlagSet, env *Env, role node.Role) func(context.Context)
 	fs.DurationVar(&pc.ShipDelay, "ship-delay", pc.ShipDelay, "longest a batch waits to be sent with the batches after it to a replica or log store no commit waits on (0 = each at once); commits that wait on them are never delayed")
 	fs.Int64Var(&pc.MaxInflightCommitBytes, "max-inflight-commit-bytes", pc.MaxInflightCommitBytes, "bytes of write requests the primary holds until they are answered, all connections together; past it writes are refused RESOURCE_EXHAUSTED, not applied (0 = no bound)")
 	fs.Int64Var(&pc.WriteQuotaBytesPerSecond, "write-quota-bytes-per-second", pc.WriteQuotaBytesPerSecond, "each client identity's write byte rate, as Kafka's client quotas; over it its writes are refused RESOURCE_EXHAUSTED, not applied, with the time to wait (0 = no quota)")
-	fs.Int64Var(&pc.LearnerBytesPerSecond, "learner-bytes-per-second", pc.LearnerBytesPerSecond, "send the WAL at most this fast to a replica whose acks count for nothing (a learner, a node not yet a member), so that its catch-up spares the members; a learner catches up only while writes are slower (0 = no limit)")
+	fs.Int64Var(&pc.LearnerBytesPerSecond, "learner-bytes-per-second", pc.LearnerBytesPerSecond, "pace a learner's catch-up: as primary, send the WAL at most this fast to a replica whose acks count for nothing (a learner, a node not yet a member); as such a node, read from a log store at most this fast; so that the catch-up spares the members. A learner catches up only while writes are slower (0 = no limit)")
 	fs.Int64Var(&pc.MaxReplicaLagBytes, "max-replica-lag-bytes", pc.MaxReplicaLagBytes, "cut off a replica stream this far behind (0 = never); it catches up from a log store")
 	fs.DurationVar(&rc.FlushDelay, "flush-delay", rc.FlushDelay, "longest a replica's written batch waits for its fsync and apply while no sync commit waits on it (0 = every batch at once)")
 	fs.Int64Var(&rc.MaxUnappliedBytes, "max-unapplied-bytes", rc.MaxUnappliedBytes, "memory for a replica's written batches waiting for the primary's durable LSN; beyond it they are read back from the WAL")
@@ -112,6 +112,7 @@ func nodeFlags(fs *flag.FlagSet, env *Env, role node.Role) func(context.Context)
 		pc.Security, rc.Security = sec, sec
 		rc.SegmentBytes, rc.SnapshotEveryBytes, rc.HeartbeatInterval = pc.SegmentBytes, pc.SnapshotEveryBytes, pc.HeartbeatInterval
 		rc.WatchMaxBytes, rc.WatchStall, rc.MaxPipelineOps = pc.WatchMaxBytes, pc.WatchStall, pc.MaxPipelineOps
+		rc.LearnerBytesPerSecond = pc.LearnerBytesPerSecond
 		cfg.Role, cfg.Members, cfg.LogStores, cfg.Primary, cfg.Replica = role, peers.members, logstores, pc, rc
 		closeElection, err := applyAutoFailover(af, kf, &cfg)
 		if err != nil {

@@ -14,6 +14,12 @@ import (
 	"time"
 )
 
+// DefaultLearnerBytesPerSecond is the default pace of a learner's
+// catch-up: a full --max-replica-lag-bytes (256 MiB) in about 30 s, well
+// within the default catch-up timeout of 5 minutes, at a cost the members
+// on shared cores barely notice (docs/BENCHMARKS.md, Membership change).
+const DefaultLearnerBytesPerSecond = 8 << 20
+
 // Bucket fills at rate bytes/s up to burst; a send takes its size from
 // it, going into debt if need be, so that a send larger than the burst
 // waits for its size's worth and never forever.

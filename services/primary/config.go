@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/pace"
 	"github.com/walship/walship/internal/vfs"
 	"github.com/walship/walship/pkg/codec"
 	"google.golang.org/grpc"
@@ -164,12 +165,9 @@ type Config struct {
 // disk busy.
 const DefaultInflightCommitBytes = 256 << 20
 
-// DefaultLearnerBytesPerSecond is the default pace of a learner's stream:
-// a full --max-replica-lag-bytes (256 MiB) of catch-up in about 30 s,
-// well within the default catch-up timeout of 5 minutes, at a cost a
-// member on shared cores barely notices (docs/BENCHMARKS.md, Membership
-// change).
-const DefaultLearnerBytesPerSecond = 8 << 20
+// DefaultLearnerBytesPerSecond is the default pace of a learner's stream
+// (pace.DefaultLearnerBytesPerSecond).
+const DefaultLearnerBytesPerSecond = pace.DefaultLearnerBytesPerSecond
 
 // DefaultLogStoreSnapshotTimeout bounds one snapshot upload to a log
 // store: a few GiB of state at the speed of a loaded disk.

@@ -12,11 +12,13 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
+	"github.com/walship/walship/internal/pace"
 	"github.com/walship/walship/internal/recovery"
 	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/internal/wal"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 )
 
 // logStore is one configured log store (Config.LogStores).
@@ -106,6 +108,8 @@ func (s *Server) readFrom(ctx context.Context, ls *logStore) (progress bool, err
 		return false, err
 	}
 	recv := silenceGuard(s.silence(), cancel, "the log store "+ls.addr, stream.Recv)
+	lp := s.newLearnerPace()
+	defer lp.stop()
 	applied := 0
 	defer func() {
 		if applied > 0 {
@@ -128,12 +132,79 @@ func (s *Server) readFrom(ctx context.Context, ls *logStore) (progress bool, err
 		if env != nil && env.GetLastLsn() <= s.wal.LastLSN() && env.GetFirstLsn() > 0 {
 			continue // already held (a store may start a little earlier)
 		}
+		if err := lp.wait(rctx, env); err != nil {
+			return applied > 0, err
+		}
 		n, err := s.process([]*walshipv1.WalBatch{env}, nil)
 		applied += n
 		if err != nil {
 			return applied > 0, err
 		}
 	}
+}
+
+// learnerPace paces a log store catch-up while this node is not a
+// voter (Config.LearnerBytesPerSecond).
+type learnerPace struct {
+	s       *Server
+	b       *pace.Bucket // nil: no limit
+	t       *time.Timer
+	paced   bool
+	batches int
+}
+
+func (s *Server) newLearnerPace() *learnerPace {
+	lp := &learnerPace{s: s}
+	if rate := s.cfg.LearnerBytesPerSecond; rate > 0 {
+		lp.b = pace.New(rate, 64<<10, time.Now())
+		lp.t = time.NewTimer(time.Hour)
+		lp.t.Stop()
+	}
+	return lp
+}
+
+// wait waits until batch may be processed: at once unless a limit is set
+// and the newest contract the node holds names members and not it (looked
+// at again every 64 batches: the records it reads may change it).
+func (lp *learnerPace) wait(ctx context.Context, batch *walshipv1.WalBatch) error {
+	if lp.b == nil {
+		return nil
+	}
+	if lp.batches%64 == 0 {
+		was := lp.paced
+		lp.paced = !votes(lp.s.EpochRecord().GetContract(), lp.s.cfg.ID)
+		if lp.paced != was {
+			lp.s.logger.Info("log store catch-up pacing", "paced", lp.paced, "bytes_per_second", lp.s.cfg.LearnerBytesPerSecond)
+		}
+	}
+	lp.batches++
+	if !lp.paced {
+		return nil
+	}
+	d, err := lp.b.Wait(ctx, lp.t, proto.Size(batch))
+	lp.s.metrics.pacedSeconds.Add(d.Seconds())
+	return err
+}
+
+func (lp *learnerPace) stop() {
+	if lp.t != nil {
+		lp.t.Stop()
+	}
+}
+
+// votes reports whether node id's acks count under contract c: c names no
+// members (every replica counts), or names id a member of it or of its
+// next configuration. A learner's do not.
+func votes(c *walshipv1.Contract, id string) bool {
+	if len(c.GetMembers()) == 0 {
+		return true
+	}
+	for _, m := range append(c.GetMembers(), c.GetNext().GetMembers()...) {
+		if m.GetId() == id {
+			return true
+		}
+	}
+	return false
 }
 
 // silenceGuard wraps a stream's Recv: one that brings nothing for as long

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/archive"
+	"github.com/walship/walship/internal/pace"
 	"github.com/walship/walship/internal/vfs"
 	"google.golang.org/grpc"
 )
@@ -87,6 +88,13 @@ type Config struct {
 	// decoded in memory while they wait for the primary's durable LSN;
 	// beyond it they are read back from the WAL to be applied. 0 keeps none.
 	MaxUnappliedBytes int64
+	// LearnerBytesPerSecond paces what the replica reads from a log store
+	// while the newest contract it holds names members and not it (a
+	// learner, or a node not yet a member): at most this many batch bytes
+	// a second (catchup.go), as the primary paces its stream to such a
+	// node, so that a new node's catch-up does not take the log stores'
+	// and the cores' time the members' commits need. 0 = no limit.
+	LearnerBytesPerSecond int64
 
 	// Logger receives structured logs; nil discards them.
 	Logger *slog.Logger
@@ -125,6 +133,8 @@ func DefaultConfig() Config {
 		MaxUnappliedBytes:  64 << 20,
 		StopTimeout:        30 * time.Second,
 		ReadyMaxLag:        10000,
+
+		LearnerBytesPerSecond: pace.DefaultLearnerBytesPerSecond,
 	}
 }
 
@@ -169,6 +179,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxUnappliedBytes < 0 {
 		errs = append(errs, fmt.Errorf("--max-unapplied-bytes: %d is negative", c.MaxUnappliedBytes))
+	}
+	if c.LearnerBytesPerSecond < 0 {
+		errs = append(errs, fmt.Errorf("--learner-bytes-per-second: %d must not be negative (0 = no limit)", c.LearnerBytesPerSecond))
 	}
 	if err := c.Archive.Validate(); err != nil {
 		errs = append(errs, err)

@@ -36,6 +36,9 @@ type metrics struct {
 	// clusterMismatch counts primaries, candidates and requests refused
 	// for another cluster.
 	clusterMismatch prometheus.Counter
+	// pacedSeconds is the time log store reads waited for
+	// --learner-bytes-per-second (catchup.go).
+	pacedSeconds prometheus.Counter
 	// The archive rung's (registered only with an archive).
 	archiveBatches, archiveReseeds, archiveErrors prometheus.Counter
 	watch                                         *changefeed.Metrics
@@ -117,6 +120,10 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		Name: "walship_cluster_mismatch_total",
 		Help: "Times this node met a peer of another cluster (a cluster id other than its own): requests and streams it refused, or that refused it. Both ids are logged.",
 	})
+	m.pacedSeconds = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "walship_replica_catchup_paced_seconds_total",
+		Help: "Time the replica waited, reading from a log store, for --learner-bytes-per-second: the newest contract it holds does not name it a member (a learner).",
+	})
 	m.archiveBatches = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "walship_replica_archive_batches_total",
 		Help: "WAL batches the replica applied from the archive's chunks (the archive rung: neither the primary nor a log store could serve it).",
@@ -137,7 +144,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		stage("write", s.wal.LastLSN),
 		stage("flush", s.wal.DurableLSN),
 		stage("apply", s.appliedLSN),
-		m.appliedRecords, m.appliedBytes, m.rung, connected, m.refused, m.diverged, m.unapplied, m.spilled, m.decodeSeconds, m.fsyncSeconds, m.fsyncErrors,
+		m.appliedRecords, m.appliedBytes, m.pacedSeconds, m.rung, connected, m.refused, m.diverged, m.unapplied, m.spilled, m.decodeSeconds, m.fsyncSeconds, m.fsyncErrors,
 		m.fences, m.orphaned, m.clusterMismatch,
 		serve.NewInfo(s.cfg.ID, s.srv.Addr),
 	}
