@@ -186,7 +186,7 @@ func TestMeasureLearnerCatchUp(t *testing.T) {
 		return cpu / time.Duration(n)
 	}
 
-	var ratios, catchRatios []float64
+	var ratios, catchRatios, afterRatios []float64
 	for round := range runs {
 		a, cpuA, cpusA := load(fmt.Sprintf("round%d-a.pprof", round), func(context.Context, *atomic.Int64) {})
 
@@ -259,6 +259,12 @@ func TestMeasureLearnerCatchUp(t *testing.T) {
 			catching = fmt.Sprintf("; from n3's start to its becoming a voter (%v) %.0f commits/s, ratio %.3f",
 				d.Round(10*time.Millisecond), rate, rate/perSec(a))
 			catchRatios = append(catchRatios, rate/perSec(a))
+			// After: n3 a member (a replica more to ship to), its catch-up over.
+			if rest := started.Add(window).Sub(learnerLeft); rest > time.Second {
+				after := float64(b-acksLeft) / rest.Seconds()
+				catching += fmt.Sprintf("; then to the window's end (%v) %.0f commits/s, ratio %.3f", rest.Round(10*time.Millisecond), after, after/perSec(a))
+				afterRatios = append(afterRatios, after/perSec(a))
+			}
 		}
 		ratio := float64(b) / float64(a)
 		ratios = append(ratios, ratio)
@@ -286,6 +292,11 @@ func TestMeasureLearnerCatchUp(t *testing.T) {
 	if len(catchRatios) > 0 {
 		t.Logf("%d rounds: commits/s while n3 caught up (its start to its becoming a voter) / without a change: median %.3f, min %.3f, max %.3f",
 			len(catchRatios), catchRatios[len(catchRatios)/2], catchRatios[0], catchRatios[len(catchRatios)-1])
+	}
+	if len(afterRatios) > 0 {
+		slices.Sort(afterRatios)
+		t.Logf("%d rounds: commits/s from n3's becoming a voter to the window's end / without a change: median %.3f, min %.3f, max %.3f",
+			len(afterRatios), afterRatios[len(afterRatios)/2], afterRatios[0], afterRatios[len(afterRatios)-1])
 	}
 }
 
