@@ -25,9 +25,10 @@ import (
 // (issue 38's target: its commits/s drop by at most 10 %). On the
 // failover cluster (members n0, n1, n2; any 1 at flush and a log store
 // majority), with a log preloaded to WALSHIP_LEARNER_PRELOAD_MB (default
-// 400, a catch-up of several seconds here) of distinct keys, each round
-// runs 4 writers of sync writes back to back for WALSHIP_LEARNER_WINDOW
-// (default 10 s) twice: (a) with no change, (b) while a fresh, empty n3 is
+// 400, a catch-up of about a minute at the default --learner-bytes-per-second)
+// of distinct keys, each round runs 4 writers of sync writes back to back
+// for WALSHIP_LEARNER_WINDOW (default 40 s: 200 MiB paced at 8 MiB/s take
+// 25 s; give go test a -timeout past 10 minutes) twice: (a) with no change, (b) while a fresh, empty n3 is
 // started and `walship ctl members add` makes it a learner that catches up
 // from nothing, then a member. It logs the commits/s of each, their ratio
 // b/a, the primary's CPU per commit, when n3 left the learner stage and the
@@ -46,7 +47,7 @@ func TestMeasureLearnerCatchUp(t *testing.T) {
 	if v, err := strconv.Atoi(os.Getenv("WALSHIP_LEARNER_PRELOAD_MB")); err == nil && v > 0 {
 		preloadMB = v
 	}
-	window := 10 * time.Second
+	window := 40 * time.Second
 	if v, err := time.ParseDuration(os.Getenv("WALSHIP_LEARNER_WINDOW")); err == nil && v > 0 {
 		window = v
 	}
