@@ -15,10 +15,11 @@ import (
 )
 
 // DefaultLearnerBytesPerSecond is the default pace of a learner's
-// catch-up: a full --max-replica-lag-bytes (256 MiB) in about 30 s, well
-// within the default catch-up timeout of 5 minutes, at a cost the members
-// on shared cores barely notice (docs/BENCHMARKS.md, Membership change).
-const DefaultLearnerBytesPerSecond = 8 << 20
+// catch-up: none. Pacing spreads a learner's cost over a longer catch-up
+// rather than removing it, and a learner paced below the write rate never
+// catches up (docs/BENCHMARKS.md, Membership change): it is for a learner
+// that shares the members' cores, disks or links, set knowingly.
+const DefaultLearnerBytesPerSecond = 0
 
 // Bucket fills at rate bytes/s up to burst; a send takes its size from
 // it, going into debt if need be, so that a send larger than the burst

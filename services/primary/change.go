@@ -553,7 +553,11 @@ func (s *Server) waitCaughtUp(ctx context.Context, r *changeRun) error {
 			if !connected {
 				return fmt.Errorf("learner %s is not connected after %v", id, r.catchUp)
 			}
-			return fmt.Errorf("learner %s has reached LSN %d of %d (%s) after %v, more than %d behind", id, reached, last, levelName(level), r.catchUp, r.maxLag)
+			err := fmt.Errorf("learner %s has reached LSN %d of %d (%s) after %v, more than %d behind", id, reached, last, levelName(level), r.catchUp, r.maxLag)
+			if rate := s.cfg.LearnerBytesPerSecond; rate > 0 {
+				err = fmt.Errorf("%w; its stream is paced at --learner-bytes-per-second %d: a learner catches up only while the WAL grows slower (raise it, or 0 for no limit)", err, rate)
+			}
+			return err
 		}
 	}
 }
