@@ -249,6 +249,10 @@ func (r *replServer) send(ctx context.Context, id string, next uint64, rd *wal.R
 	x := &replicaSender{r: r, id: id, stream: stream, rd: rd, next: next, want: next,
 		idle: time.NewTimer(s.cfg.HeartbeatInterval), due: time.NewTimer(time.Hour),
 		sent: s.metrics.sentBytes.WithLabelValues(id)}
+	// Every replica's pacing series exists from its first stream, at 0
+	// unless it is paced (pace.go), as its sent bytes do.
+	s.metrics.pacedBytes.WithLabelValues(id)
+	s.metrics.pacedSeconds.WithLabelValues(id)
 	x.due.Stop()
 	defer x.idle.Stop()
 	defer x.due.Stop()
