@@ -87,8 +87,19 @@ func restoreFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 		if err != nil {
 			return usageErr(env, "%v", err)
 		}
-		res, err := restore.Run(ctx, restore.Options{LogStores: logstores, Archive: a, DataDir: dataDir, Target: target, DryRun: dryRun,
-			ClusterID: clusterID, NewCluster: newCluster, Dialer: d, Logger: env.Logger})
+		opts := restore.Options{LogStores: logstores, Archive: a, DataDir: dataDir, Target: target, DryRun: dryRun,
+			ClusterID: clusterID, NewCluster: newCluster, Dialer: d, Logger: env.Logger}
+		var next restoredNext
+		if newCluster == nil && !dryRun {
+			// The printed primary is a new cluster of one: if the restored
+			// members were changed at run time, the restore writes that
+			// cluster's first epoch (else its log's members would win).
+			next = pickRestoredNext(dataDir)
+			pc := primary.DefaultConfig()
+			opts.NewClusterIfChanged = &restore.NewCluster{Primary: next.id,
+				Contract: primary.ContractOf(pc.Policy, []primary.Member{{ID: next.id, Addr: next.listen}}, nil, pc.LeaseTimeout)}
+		}
+		res, err := restore.Run(ctx, opts)
 		if err != nil {
 			return err
 		}
@@ -96,7 +107,7 @@ func restoreFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 		if newCluster != nil && !dryRun {
 			nc.printNext(env.Stdout, dataDir)
 		} else if !dryRun {
-			printRestoredNext(env.Stdout, dataDir)
+			next.print(env.Stdout, res.NewEpoch != 0)
 		}
 		return nil
 	}
@@ -158,19 +169,35 @@ func printRestore(env *Env, res *restore.Result, dryRun bool, dataDir string) {
 	_ = w.Flush()
 }
 
-// printRestoredNext prints the commands that start the restored directory,
-// runnable as printed beside whatever else runs here (walship dev's nodes
-// take 7400.. and 9400..): an id, and free gRPC and metrics ports on
-// loopback, the first pair from 7409 and 9409 on.
-func printRestoredNext(w io.Writer, dataDir string) {
+// restoredNext is how the commands printed after a restore without
+// --members start the restored directory.
+type restoredNext struct {
+	dataDir, id, listen, metrics string
+}
+
+// pickRestoredNext picks them, runnable as printed beside whatever else
+// runs here (walship dev's nodes take 7400.. and 9400..): an id, and free
+// gRPC and metrics ports on loopback, the first pair from 7409 and 9409
+// on.
+func pickRestoredNext(dataDir string) restoredNext {
 	id := filepath.Base(dataDir)
 	if !validNodeID(id) {
 		id = "restored"
 	}
 	listen, metrics := freePair("127.0.0.1", 7409, 9409, 90)
-	args := fmt.Sprintf("--id %s --data-dir %s --listen %s --metrics-listen %s", id, shellQuote(dataDir), listen, metrics)
+	return restoredNext{dataDir: dataDir, id: id, listen: listen, metrics: metrics}
+}
+
+// print prints the commands; newCluster says the restore wrote the first
+// epoch of the printed primary's cluster.
+func (n restoredNext) print(w io.Writer, newCluster bool) {
+	args := fmt.Sprintf("--id %s --data-dir %s --listen %s --metrics-listen %s", n.id, shellQuote(n.dataDir), n.listen, n.metrics)
 	fmt.Fprintf(w, "\nStart it as a read-only node (Get and Scan of the restored state; no writes):\n  walship replica --read-only %s\n", args)
 	fmt.Fprintf(w, "or as the primary of a new cluster, taking writes from the restored state on:\n  walship primary %s\n", args)
+	if newCluster {
+		fmt.Fprintf(w, "(the restored cluster's members were changed at run time: the restore wrote the first epoch of %s's new cluster of one, "+
+			"so that it starts as printed; restore with --members for another cluster)\n", n.id)
+	}
 }
 
 // validNodeID reports whether id is a valid --id: 1..64 of [A-Za-z0-9._-].

@@ -166,14 +166,12 @@ func TestRestoreNewClusterFlagsRefused(t *testing.T) {
 // when the cluster restored from had changed its members at run time
 // (walship ctl members remove), as it does for one that never had.
 //
-// Seen failing since c2e2d23 (the primary refuses to start without
-// --peers over a changed configuration): the printed primary exits 1,
-// "started without --peers, but its log holds the configuration a
-// membership change set", and with --peers it would be refused as no
-// member of the old cluster's configuration. Skipped until the restore
-// (or the refusal) is changed: see the review-resume report.
+// The restored log's members were changed at run time, so they would win
+// over --peers and a primary without --peers refuses them: the restore
+// writes the printed primary's new cluster of one instead
+// (restore.Options.NewClusterIfChanged). Seen failing without it: the
+// printed primary exited 1.
 func TestRestoreAfterMembershipChangeHintRunsAsPrinted(t *testing.T) {
-	t.Skip("known: a restore without --members of a cluster that changed its members at run time cannot start as a new cluster's primary (review-resume)")
 	d := startDev(t, "--replicas", "2")
 	ctx := t.Context()
 	code, out, errOut := run(t, "ctl", "members", "remove", "--member", "replica-1", "--nodes", d.node(t, "primary"))

@@ -136,8 +136,15 @@ type Options struct {
 	// (newcluster.go): its primary then opens without waiting for the old
 	// cluster's members.
 	NewCluster *NewCluster
-	FS         vfs.FS
-	Logger     *slog.Logger
+	// NewClusterIfChanged, when NewCluster is not set, is written as
+	// NewCluster is if the restored state's epoch record holds members a
+	// run-time change set (members_changed, or a change in progress):
+	// such a log's members win over a primary's --peers, and a primary
+	// without --peers refuses it, so the directory could start as no
+	// cluster's primary but the old members'.
+	NewClusterIfChanged *NewCluster
+	FS                  vfs.FS
+	Logger              *slog.Logger
 	// Dialer dials the log stores (zero: plaintext); DialOptions are
 	// added to its options.
 	Dialer      serve.Dialer
@@ -254,6 +261,11 @@ func (o *Options) fill() error {
 	if o.DataDir == "" && !o.DryRun {
 		return errors.New("--data-dir: required (the directory to build)")
 	}
+	if nc := o.NewClusterIfChanged; nc != nil && o.NewCluster == nil {
+		if err := nc.validate(); err != nil {
+			return err
+		}
+	}
 	if nc := o.NewCluster; nc != nil {
 		if err := nc.validate(); err != nil {
 			return err
@@ -288,6 +300,15 @@ func (r *restorer) finish(ctx context.Context, start time.Time) (*Result, error)
 	}
 	if !o.DryRun {
 		r.findTail(ctx, res.LSN)
+		if o.NewCluster == nil && o.NewClusterIfChanged != nil {
+			rec, err := keyspace.EpochRecord(r.store.Snapshot())
+			if err != nil {
+				return nil, fmt.Errorf("read the restored epoch record: %w", err)
+			}
+			if c := rec.GetContract(); c.GetMembersChanged() || c.GetNext() != nil {
+				r.o.NewCluster, o.NewCluster = o.NewClusterIfChanged, o.NewClusterIfChanged
+			}
+		}
 		if o.NewCluster != nil {
 			if err := r.beginCluster(res); err != nil {
 				return nil, err
