@@ -3,7 +3,6 @@ package replica
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
@@ -115,11 +114,7 @@ func (s *Server) wrongNode(full bool) string {
 	if v.Primary != "" && v.Addr != "" {
 		primary = fmt.Sprintf("the primary of epoch %d is %s at %s", v.Epoch, v.Primary, v.Addr)
 	}
-	logstores := "none"
-	if len(s.cfg.LogStores) > 0 {
-		logstores = strings.Join(s.cfg.LogStores, ",")
-	}
-	return fmt.Sprintf("%s is a data node, the replica %s, not a log store or the primary; %s; the log stores are %s", addr, s.cfg.ID, primary, logstores)
+	return fmt.Sprintf("%s is a data node, the replica %s, not a log store or the primary; %s; the log stores are %s", addr, s.cfg.ID, primary, describeLogStores(s.logStoreSets()))
 }
 
 // ListMembers is the primary's: a replica answers where the primary is.

@@ -21,7 +21,8 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// logStore is one configured log store (Config.LogStores).
+// logStore is one log store dialled: of Config.LogStores, or of the
+// contract in the log (logStoreSets).
 type logStore struct {
 	addr   string
 	conn   *grpc.ClientConn
@@ -45,7 +46,7 @@ func (s *Server) readLogStore(ctx context.Context) (progress bool, err error) {
 	}
 	var cands []candidate
 	var errs []error
-	for _, ls := range s.logstores {
+	for _, ls := range s.logStoresOf(s.logStoreSets()) {
 		st, err := s.logStoreHolds(ctx, ls, next)
 		if err != nil {
 			errs = append(errs, err)
@@ -240,7 +241,7 @@ var errSnapshot = errors.New("bad snapshot stream")
 // primary: its state is the one to go back to.
 func (s *Server) reseed(ctx context.Context) (bool, error) {
 	if !s.follower.reseedBack {
-		for _, ls := range s.logstores {
+		for _, ls := range s.logStoresOf(s.logStoreSets()) {
 			ok, err := s.reseedFromLogStore(ctx, ls.addr, ls.client)
 			if ok {
 				return true, err

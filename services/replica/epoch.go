@@ -532,12 +532,14 @@ func (s *Server) learnPrimary(err error) bool {
 // promise names none), or — for the epoch promised — the primary a
 // majority of them names, if the promise names another candidate: one
 // that lost, this node itself after a promotion that did not open
-// (failover.State.LearnFromLogStores). A log store of another cluster is
-// not asked.
+// (learnFromLogStoreSets). It asks the log stores of the contract in its
+// log once a change moved them, else those of its flags (logStoreSets). A
+// log store of another cluster is not taken at its word.
 func (s *Server) askLogStore(ctx context.Context) {
 	var newest datadir.Vote
-	var named []datadir.Vote
-	for _, ls := range s.logstores {
+	named := map[string]datadir.Vote{}
+	sets := s.logStoreSets()
+	for _, ls := range s.logStoresOf(sets) {
 		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		st, err := ls.client.Status(actx, &walshipv1.LogStoreServiceStatusRequest{})
 		cancel()
@@ -550,7 +552,7 @@ func (s *Server) askLogStore(ctx context.Context) {
 			continue
 		}
 		v := datadir.Vote{Epoch: st.GetVoteEpoch(), Primary: st.GetPrimaryId(), Addr: st.GetPrimaryAddr()}
-		named = append(named, v)
+		named[ls.addr] = v
 		if v.Epoch > newest.Epoch {
 			newest = v
 		}
@@ -564,7 +566,7 @@ func (s *Server) askLogStore(ctx context.Context) {
 		s.logger.Info("a log store named the primary", "vote", newest.String())
 		return
 	}
-	if v, why := s.acceptor().LearnFromLogStores(named, len(s.logstores)); why != "" {
+	if v, why := learnFromLogStoreSets(s.acceptor(), sets, named); why != "" {
 		if err := s.saveVoteLocked(v, why); err != nil {
 			s.logger.Warn("cannot save the vote for the primary the log stores named", "vote", v.String(), "err", err)
 		}

@@ -199,7 +199,7 @@ func (s *Server) afterArchive(l *ladder, progress bool, err error) retry {
 	l.primaryDown = false
 	l.rung = walshipv1.CatchUpRung_CATCH_UP_RUNG_PRIMARY
 	if progress {
-		if len(s.logstores) > 0 && !down {
+		if len(s.logStoreSets()) > 0 && !down {
 			l.rung = walshipv1.CatchUpRung_CATCH_UP_RUNG_LOGSTORE
 		}
 		if err != nil {
@@ -233,7 +233,7 @@ func (s *Server) afterStream(ctx context.Context, l *ladder, progress bool, err 
 			"primary", s.primary(), "cluster_id", s.cluster.ID(), "err", err)
 	case code == codes.OutOfRange:
 		next := walshipv1.CatchUpRung_CATCH_UP_RUNG_SNAPSHOT
-		if len(s.logstores) > 0 {
+		if len(s.logStoreSets()) > 0 {
 			next = walshipv1.CatchUpRung_CATCH_UP_RUNG_LOGSTORE
 		}
 		s.logger.Warn("the primary no longer retains the LSN this replica needs", "next_lsn", s.wal.LastLSN()+1,

@@ -131,7 +131,13 @@ type Server struct {
 
 	// primaryAddr is the primary to follow: set by the vote (followPrimary).
 	primaryAddr atomic.Pointer[string]
-	logstores   []*logStore // Config.LogStores, dialled
+	// logstores are the log stores dialled, by address: Config.LogStores
+	// by New, those of the contract in the log as sets name them
+	// (logStoresOf). lsClosed: closeConns closed them, dial no more.
+	lsMu         sync.Mutex
+	logstores    map[string]*logStore
+	lsClosed     bool
+	dialLogStore []grpc.DialOption
 	// arch is Config.Archive, opened (nil: none); the archive rung reads it.
 	arch *archive.Archive
 
@@ -221,12 +227,14 @@ func New(cfg Config) (*Server, error) {
 	if _, err = s.replClient(); err != nil {
 		return nil, fmt.Errorf("--primary %s: %w", s.primary(), err)
 	}
+	s.dialLogStore = dial(tlsid.ClassLogStore)
+	s.logstores = map[string]*logStore{}
 	for _, addr := range cfg.LogStores {
-		conn, err := grpc.NewClient(addr, dial(tlsid.ClassLogStore)...)
+		conn, err := grpc.NewClient(addr, s.dialLogStore...)
 		if err != nil {
 			return nil, fmt.Errorf("--logstore %s: %w", addr, err)
 		}
-		s.logstores = append(s.logstores, &logStore{addr: addr, conn: conn, client: walshipv1.NewLogStoreServiceClient(conn)})
+		s.logstores[addr] = &logStore{addr: addr, conn: conn, client: walshipv1.NewLogStoreServiceClient(conn)}
 	}
 	if cfg.Archive.Set() {
 		// Opening reaches nothing: a wrong address or credentials show
@@ -284,9 +292,12 @@ func (s *Server) closeConns() {
 		s.follower.primaryConn = nil
 	}
 	s.follower.connMu.Unlock()
+	s.lsMu.Lock()
 	for _, ls := range s.logstores {
 		_ = ls.conn.Close()
 	}
+	s.logstores, s.lsClosed = nil, true
+	s.lsMu.Unlock()
 }
 
 func (s *Server) walDir() string  { return filepath.Join(s.cfg.DataDir, "wal") }
@@ -564,7 +575,7 @@ func (s *Server) Run(ctx context.Context) error {
 	go func() { serveDone <- s.srv.Serve(serveCtx, stopFollow) }()
 	s.srv.SetServing(true)
 	s.logger.Info("replica serving", "addr", s.Addr(), "metrics", s.MetricsAddr(), "id", s.cfg.ID, "cluster_id", s.cluster.ID(),
-		"primary", s.primary(), "logstores", s.cfg.LogStores, "epoch", s.epoch.Load(), "applied_lsn", s.appliedLSN())
+		"primary", s.primary(), "logstores", describeLogStores(s.logStoreSets()), "epoch", s.epoch.Load(), "applied_lsn", s.appliedLSN())
 
 	var serveErr, fatal error
 	select {
