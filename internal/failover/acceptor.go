@@ -584,3 +584,37 @@ func (s State) LearnFromLogStores(votes []datadir.Vote, n int) (datadir.Vote, st
 	}
 	return datadir.Vote{}, ""
 }
+
+// LearnFromLogStoreSets is LearnFromLogStores over each of sets alone —
+// the log store sets of the contract the acceptor's log holds: C_old's
+// and, while joint, C_new's — with votes by log store: a primary other
+// than the promise's, named by a majority of one set. A winner of the
+// epoch holds the promises of a majority of each set of the contract it
+// opened under (services/node fencedEachLogStoreHalf), and a log store
+// promises an epoch to one candidate, so no majority of either set names
+// another candidate. An acceptor whose contract is not the winner's (a
+// lagging one under C_old,new, the winner under C_new) may see one set's
+// majority name one candidate and the other's another: it learns
+// neither, and learns the winner once its log moves on. Log stores of no
+// set count for nothing.
+func (s State) LearnFromLogStoreSets(sets [][]string, votes map[string]datadir.Vote) (datadir.Vote, string) {
+	var learnt datadir.Vote
+	why := ""
+	for _, set := range sets {
+		var named []datadir.Vote
+		for _, id := range set {
+			if v, ok := votes[id]; ok {
+				named = append(named, v)
+			}
+		}
+		v, w := s.LearnFromLogStores(named, len(set))
+		switch {
+		case w == "":
+		case why != "" && v != learnt:
+			return datadir.Vote{}, "" // two sets' majorities name two primaries
+		default:
+			learnt, why = v, w
+		}
+	}
+	return learnt, why
+}

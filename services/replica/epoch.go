@@ -530,11 +530,12 @@ func (s *Server) learnPrimary(err error) bool {
 // whom, and follows the newest primary named if it is newer than this
 // replica's promise (or names the primary of the epoch promised, if the
 // promise names none), or — for the epoch promised — the primary a
-// majority of them names, if the promise names another candidate: one
-// that lost, this node itself after a promotion that did not open
-// (learnFromLogStoreSets). It asks the log stores of the contract in its
-// log once a change moved them, else those of its flags (logStoreSets). A
-// log store of another cluster is not taken at its word.
+// majority of one set of them names, if the promise names another
+// candidate: one that lost, this node itself after a promotion that did
+// not open (failover.State.LearnFromLogStoreSets). It asks the log stores
+// of the contract in its log once a change moved them, else those of its
+// flags (logStoreSets). A log store of another cluster is not taken at
+// its word.
 func (s *Server) askLogStore(ctx context.Context) {
 	var newest datadir.Vote
 	named := map[string]datadir.Vote{}
@@ -566,7 +567,7 @@ func (s *Server) askLogStore(ctx context.Context) {
 		s.logger.Info("a log store named the primary", "vote", newest.String())
 		return
 	}
-	if v, why := learnFromLogStoreSets(s.acceptor(), sets, named); why != "" {
+	if v, why := s.acceptor().LearnFromLogStoreSets(sets, named); why != "" {
 		if err := s.saveVoteLocked(v, why); err != nil {
 			s.logger.Warn("cannot save the vote for the primary the log stores named", "vote", v.String(), "err", err)
 		}

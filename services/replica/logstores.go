@@ -5,8 +5,6 @@ import (
 	"strings"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
-	"github.com/walship/walship/internal/datadir"
-	"github.com/walship/walship/internal/failover"
 	"google.golang.org/grpc"
 )
 
@@ -87,40 +85,4 @@ func (s *Server) logStoresOf(sets [][]string) []*logStore {
 		}
 	}
 	return out
-}
-
-// learnFromLogStoreSets is the primary a replica learns from its log
-// stores' promises (votes, by address) for the epoch it has promised, and
-// why ("" if none): failover.State.LearnFromLogStores over each set of
-// sets alone — a primary other than the promise's, named by a majority of
-// C_old's log stores or, while joint, of C_new's. A winner of the epoch
-// holds the promises of a majority of each set of the contract it opened
-// under (services/node fencedEachLogStoreHalf), a log store promises an
-// epoch to one candidate, and every majority of a set meets every other:
-// under that contract, no majority of either set can name another
-// candidate. A replica whose contract is older or newer than the winner's
-// may see one majority name one candidate and another set's majority
-// another (a lagging replica under C_old,new, a winner under C_new): it
-// learns neither, and learns the winner once its log moves on. The
-// promise is only whom to follow: the epoch checks still apply.
-func learnFromLogStoreSets(st failover.State, sets [][]string, votes map[string]datadir.Vote) (datadir.Vote, string) {
-	var learnt datadir.Vote
-	why := ""
-	for _, set := range sets {
-		var named []datadir.Vote
-		for _, addr := range set {
-			if v, ok := votes[addr]; ok {
-				named = append(named, v)
-			}
-		}
-		v, w := st.LearnFromLogStores(named, len(set))
-		switch {
-		case w == "":
-		case why != "" && v != learnt:
-			return datadir.Vote{}, "" // two sets' majorities name two primaries
-		default:
-			learnt, why = v, w
-		}
-	}
-	return learnt, why
 }

@@ -5,7 +5,6 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
-	"github.com/walship/walship/internal/failover"
 	"github.com/walship/walship/internal/keyspace"
 	"github.com/walship/walship/internal/vfs"
 	"google.golang.org/grpc"
@@ -85,42 +84,6 @@ func TestContractLogStoresNameThePrimary(t *testing.T) {
 			}
 			if v, err := datadir.LoadVote(vfs.OS, dir); err != nil || v != won {
 				t.Fatalf("vote %v, %v; want %v", v, err, won)
-			}
-		})
-	}
-}
-
-// TestLearnFromLogStoreSets: the replica learns the primary of the epoch
-// it promised from a majority of one set of its log stores, counted in
-// that set alone, and nothing when two sets' majorities disagree.
-func TestLearnFromLogStoreSets(t *testing.T) {
-	lost := datadir.Vote{Epoch: 2, Primary: "n0", Addr: "n0:1"}
-	won := datadir.Vote{Epoch: 2, Primary: "n1", Addr: "n1:1"}
-	other := datadir.Vote{Epoch: 2, Primary: "n2", Addr: "n2:1"}
-	st := failover.State{Vote: lost}
-	for _, tc := range []struct {
-		name  string
-		sets  [][]string
-		votes map[string]datadir.Vote
-		want  datadir.Vote // zero: learns nothing
-	}{
-		{"one set, a minority names another", [][]string{{"l0", "l1", "l2"}},
-			map[string]datadir.Vote{"l0": won, "l1": lost, "l2": lost}, datadir.Vote{}},
-		{"one set, a majority names another", [][]string{{"l0", "l3", "l4"}},
-			map[string]datadir.Vote{"l0": won, "l3": won, "l4": lost}, won},
-		{"stores of no set do not count", [][]string{{"l0", "l3", "l4"}},
-			map[string]datadir.Vote{"l0": won, "l1": won, "l2": won}, datadir.Vote{}},
-		{"joint, a majority of each", [][]string{{"l0", "l1", "l2"}, {"l0", "l1", "l3"}},
-			map[string]datadir.Vote{"l0": won, "l1": won, "l2": lost, "l3": lost}, won},
-		{"joint, a majority of the new set alone", [][]string{{"l0", "l1", "l2"}, {"l2", "l3", "l4"}},
-			map[string]datadir.Vote{"l0": lost, "l1": lost, "l3": won, "l4": won}, won},
-		{"joint, two majorities name two primaries", [][]string{{"l0", "l1", "l2"}, {"l0", "l3", "l4"}},
-			map[string]datadir.Vote{"l1": won, "l2": won, "l3": other, "l4": other}, datadir.Vote{}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			v, why := learnFromLogStoreSets(st, tc.sets, tc.votes)
-			if v != tc.want || (why != "") != (tc.want != datadir.Vote{}) {
-				t.Fatalf("learns %v (%q), want %v", v, why, tc.want)
 			}
 		})
 	}
