@@ -308,6 +308,7 @@ type party struct {
 	dials     int
 	askRound  int
 	askVotes  []datadir.Vote
+	askByID   map[string]datadir.Vote // askVotes by log store
 	askFrom   []bool
 	seen      uint64 // newest epoch it heard of
 	lastFrom  map[int]streamPos
@@ -999,7 +1000,7 @@ func (s *sim) replicaTick(p *party) {
 	if p.dials%3 == 0 {
 		// The replica asks its log stores who the primary is.
 		p.askRound++
-		p.askVotes, p.askFrom = nil, make([]bool, s.cfg.LogStores)
+		p.askVotes, p.askByID, p.askFrom = nil, map[string]datadir.Vote{}, make([]bool, s.cfg.LogStores)
 		ls := s.replicaLogStores(p)
 		for _, i := range ls {
 			s.send(msg{kind: mStatus, from: p.idx, to: i, round: p.askRound})
@@ -1013,12 +1014,13 @@ func (s *sim) replicaTick(p *party) {
 // replicaLogStores are the log stores replica p asks who the primary is
 // and reads from: every one, or under LogStoreChange those of its flags
 // (services/replica: Config.LogStores), the first configuration's — or,
-// with ReplicaAsksContract, those of its log's configuration.
+// with ReplicaAsksContract, those of its log's configuration, both halves
+// while joint, learners not (services/replica logStoreSets).
 func (s *sim) replicaLogStores(p *party) []int {
 	var set []string
 	switch {
 	case s.cfg.ReplicaAsksContract:
-		set = s.logStoreSet(s.cfgOf(p.log))
+		set = slices.Concat(s.replicaLogStoreSets(p)...)
 	case s.cfg.LogStoreChange:
 		set = s.cfgs[0].Old.LogStores
 	}
@@ -1031,6 +1033,18 @@ func (s *sim) replicaLogStores(p *party) []int {
 	return out
 }
 
+// replicaLogStoreSets are, with ReplicaAsksContract, the log store sets
+// of p's log's configuration, each counted alone when p learns from them
+// (State.LearnFromLogStoreSets): C_old's and, while joint, C_new's.
+func (s *sim) replicaLogStoreSets(p *party) [][]string {
+	c := s.cfgs[s.cfgOf(p.log)]
+	sets := [][]string{c.Old.LogStores}
+	if c.Joint && !slices.Equal(slices.Sorted(slices.Values(c.New.LogStores)), slices.Sorted(slices.Values(c.Old.LogStores))) {
+		sets = append(sets, c.New.LogStores)
+	}
+	return sets
+}
+
 func (s *sim) statusResp(p *party, m msg) {
 	if m.round != p.askRound || p.askFrom == nil || p.askFrom[m.from] || p.role != roleReplica {
 		return
@@ -1038,6 +1052,7 @@ func (s *sim) statusResp(p *party, m msg) {
 	p.askFrom[m.from] = true
 	v := m.vote
 	p.askVotes = append(p.askVotes, v)
+	p.askByID[s.ps[m.from].id] = v
 	if v.Epoch > p.st.Vote.Epoch && v.Primary != "" {
 		if i := s.nodeIdx(v.Primary); i >= 0 && i != p.idx {
 			p.following, p.followEp = i, v.Epoch // a newer epoch's primary: follow it, its heartbeat raises the promise
@@ -1052,7 +1067,11 @@ func (s *sim) statusResp(p *party, m msg) {
 	if s.has(bugNoLearn) {
 		return
 	}
-	if w, why := p.st.LearnFromLogStores(p.askVotes, len(s.replicaLogStores(p))); why != "" {
+	w, why := p.st.LearnFromLogStores(p.askVotes, len(s.replicaLogStores(p)))
+	if s.cfg.ReplicaAsksContract {
+		w, why = p.st.LearnFromLogStoreSets(s.replicaLogStoreSets(p), p.askByID)
+	}
+	if why != "" {
 		next := p.st
 		next.Vote = w
 		s.apply(p, Step{Effects: []Effect{SaveVote{Vote: w, Why: why}}, Next: next}, false)
