@@ -51,8 +51,11 @@ type Config struct {
 	ReadyMaxLag uint64
 	// LogStores are the gRPC addresses of the log stores to catch up from
 	// when the primary no longer retains what the replica needs: the rung
-	// reads from any of them that holds the LSN (catchup.go). Empty skips
-	// that rung of the catch-up ladder.
+	// reads from any of them that holds the LSN (catchup.go), and to ask
+	// who the primary is. Once a run-time change wrote the newest contract
+	// in the replica's log, that contract's log stores are used instead
+	// (logStoreSets). Empty, with no such contract, skips that rung of the
+	// catch-up ladder.
 	LogStores []string
 	// MaxValueBytes is the largest value a write may carry (the
 	// primary's --max-value-bytes; 0: 1 MiB). A replica refuses writes,

@@ -17,7 +17,7 @@ import (
 // (services/primary startContract): once a change moved the log stores,
 // those the flags name may be removed ones, which no primary ships to any
 // more and which keep naming a candidate that lost. Learners are not
-// asked: they count for no promotion and hold no promise of their own.
+// asked: they count for no promotion, so no majority is counted in them.
 func (s *Server) logStoreSets() [][]string {
 	c := s.EpochRecord().GetContract()
 	if c == nil || (!c.GetMembersChanged() && c.GetNext() == nil) || len(c.GetLogstores()) == 0 {
