@@ -8,6 +8,8 @@ import (
 	"github.com/walship/walship/internal/keyspace"
 	"github.com/walship/walship/internal/vfs"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -86,5 +88,53 @@ func TestContractLogStoresNameThePrimary(t *testing.T) {
 				t.Fatalf("vote %v, %v; want %v", v, err, won)
 			}
 		})
+	}
+}
+
+// TestLogStoreRungReadsTheContractsLogStores: once a run-time change
+// moved the log stores, the log store rung reads from the contract's, not
+// from a removed one its flags still name.
+func TestLogStoreRungReadsTheContractsLogStores(t *testing.T) {
+	fp := newFakePrimary(t)
+	m := newModel(t)
+	var b1, b2, b3 *walshipv1.WalBatch
+	moved := newFakeLogStore(t, func(req *walshipv1.ReadRequest, st grpc.ServerStreamingServer[walshipv1.ReadResponse]) error {
+		for _, b := range []*walshipv1.WalBatch{b1, b2, b3} {
+			if b.LastLsn >= req.GetFromLsn() {
+				if err := st.Send(&walshipv1.ReadResponse{Batch: b}); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	removed := newFakeLogStore(t, func(req *walshipv1.ReadRequest, _ grpc.ServerStreamingServer[walshipv1.ReadResponse]) error {
+		return status.Errorf(codes.OutOfRange, "LSN %d is no longer kept", req.GetFromLsn())
+	})
+	rec := &walshipv1.EpochRecord{Epoch: 1, FirstLsn: 1, PrimaryId: "p", Contract: &walshipv1.Contract{MembersChanged: true,
+		Members: []*walshipv1.Member{{Id: "p", Addr: fp.addr}, {Id: "r1", Addr: "r1:1"}}, Logstores: []string{moved.addr}}}
+	data, err := proto.Marshal(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b1, b2, b3 = m.txn(put(keyspace.EpochRecordKey, string(data))), m.txn(put("b", "2")), m.txn(put("c", "3"))
+	for _, ls := range []*fakeLogStore{moved, removed} {
+		ls.durable.Store(b3.LastLsn)
+	}
+	removed.first.Store(b3.FirstLsn)
+	cfg := testConfig(t, t.TempDir(), fp.addr)
+	cfg.LogStores = []string{removed.addr}
+	r := start(t, cfg)
+	sess := fp.next(t)
+	sess.send(t, b1)
+	r.waitApplied(t, b1.LastLsn)
+	sess.end <- status.Error(codes.OutOfRange, "gone")
+	again := fp.next(t)
+	if again.hello.GetNextLsn() != b3.LastLsn+1 {
+		t.Fatalf("back at the primary from LSN %d; want %d (the contract's log store read through LSN %d)", again.hello.GetNextLsn(), b3.LastLsn+1, b3.LastLsn)
+	}
+	r.waitApplied(t, b3.LastLsn)
+	if n := len(removed.reads); n != 0 {
+		t.Errorf("%d reads from the removed log store", n)
 	}
 }
