@@ -153,8 +153,10 @@ type simConfig struct {
 	LogStoreChange bool
 	SpareLogStores int
 	// ReplicaAsksContract: a replica asks the log stores of its log's
-	// configuration who the primary is, not those of its flags (a fix
-	// services/replica lacks: TestSimLogStoresSeed154153).
+	// configuration who the primary is, not those of its flags, and
+	// learns from a majority of one set (services/replica logStoreSets,
+	// State.LearnFromLogStoreSets); without it, what services/replica did
+	// before (TestSimLogStoresSeed154153).
 	ReplicaAsksContract bool
 	// JointWaitsLogStores: the final record of a change that moves log
 	// stores waits until a majority of each set holds the joint record,
