@@ -403,7 +403,7 @@ func (s *Server) awaitContract(ctx context.Context, lsn uint64, c *walshipv1.Con
 			return err
 		}
 	}
-	if n := c.GetNext(); n != nil && !slices.Equal(c.GetLogstores(), n.GetLogstores()) {
+	if n := c.GetNext(); len(n.GetLogstores()) > 0 && !sameSet(c.GetLogstores(), n.GetLogstores()) {
 		// A joint record that moves log stores is done only once a
 		// majority of each set holds it, whatever the commits wait for:
 		// the next record moves the lease to the new set, and a candidate
