@@ -246,6 +246,15 @@ func (cfg Config) Judge(prev string, answers, all []Answer) JointVerdict {
 	return JudgeJoint(cfg.Old, cfg.New, prev, answers, all)
 }
 
+// SetByChange reports whether contract c was written by a run-time
+// membership change: members_changed set, or a change in progress (next).
+// Such a contract's members and log stores bind every node — they win
+// over --peers and --logstore — where an older one's came from a
+// primary's flags.
+func SetByChange(c *walshipv1.Contract) bool {
+	return c.GetMembersChanged() || c.GetNext() != nil
+}
+
 // ConfigOf is the configuration contract c states, as the rules here read
 // it: its members, log stores and k; while a membership change is in
 // progress (c.next set) the joint configuration, whose ack rule and

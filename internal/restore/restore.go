@@ -42,6 +42,7 @@ import (
 	"github.com/walship/walship/internal/archive"
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/envelope"
+	"github.com/walship/walship/internal/failover"
 	"github.com/walship/walship/internal/keyspace"
 	"github.com/walship/walship/internal/recovery"
 	"github.com/walship/walship/internal/rpcerr"
@@ -305,7 +306,7 @@ func (r *restorer) finish(ctx context.Context, start time.Time) (*Result, error)
 			if err != nil {
 				return nil, fmt.Errorf("read the restored epoch record: %w", err)
 			}
-			if c := rec.GetContract(); c.GetMembersChanged() || c.GetNext() != nil {
+			if failover.SetByChange(rec.GetContract()) {
 				r.o.NewCluster, o.NewCluster = o.NewClusterIfChanged, o.NewClusterIfChanged
 			}
 		}

@@ -203,7 +203,7 @@ func leadsUnder(id string, c *walshipv1.Contract, under string) error {
 // new one. With --peers, any list, the log's members win over the flag's.
 func peerlessUnder(id string, members []primary.Member, rec *walshipv1.EpochRecord) error {
 	c := rec.GetContract()
-	if len(members) > 0 || c == nil || (!c.GetMembersChanged() && c.GetNext() == nil) {
+	if len(members) > 0 || !failover.SetByChange(c) {
 		return nil
 	}
 	return fmt.Errorf("cannot promote %s: it was started without --peers, and the newest contract in its log (epoch %d: %s) was set by a membership change, which a primary without --peers does not start under: start it with --peers (its log's members then win over the flag's)",
@@ -1267,7 +1267,7 @@ func mayOpen(id string, p *plan, rec *walshipv1.EpochRecord) error {
 // through its --logstore, which a restored cluster, say, changes under
 // an old contract, and a candidate fences its own --logstore too.
 func fencedEachLogStoreHalf(c *walshipv1.Contract, answers []answer) error {
-	if c == nil || (!c.GetMembersChanged() && c.GetNext() == nil) {
+	if !failover.SetByChange(c) {
 		return nil
 	}
 	for _, set := range [][]string{c.GetLogstores(), c.GetNext().GetLogstores()} {

@@ -110,7 +110,7 @@ func (s *Server) proposeEpoch(seen, next uint64) error {
 // majority of each half, as a candidate does (failover.JudgeJoint).
 func (s *Server) elect(ctx context.Context) error {
 	start := s.startContract()
-	if prev := s.logContract(); len(start.GetMembers()) == 0 && (prev.GetMembersChanged() || prev.GetNext() != nil) {
+	if prev := s.logContract(); len(start.GetMembers()) == 0 && failover.SetByChange(prev) {
 		// Once a membership change has set them, the log holds the members
 		// (Contract.members_changed). Without --peers this primary would
 		// write no epoch record and take any replica's ack for "any k",
@@ -282,7 +282,7 @@ func (s *Server) startContract() *walshipv1.Contract {
 	}
 	rec, err := keyspace.EpochRecord(s.store.Snapshot())
 	prev := rec.GetContract()
-	if err != nil || prev == nil || (!prev.GetMembersChanged() && prev.GetNext() == nil) {
+	if err != nil || !failover.SetByChange(prev) {
 		return c
 	}
 	c.Members, c.MembersChanged = cloneMembers(prev.GetMembers()), true
@@ -446,10 +446,7 @@ func (s *Server) openEpoch(ctx context.Context) error {
 	}
 	rec := s.epochRecord(s.startContract(), walshipv1.MembershipStage_MEMBERSHIP_STAGE_UNSPECIFIED)
 	// The contract before this record's, as this log has it.
-	var prev *walshipv1.Contract
-	if p, err := keyspace.EpochRecord(s.store.Snapshot()); err == nil && p != nil {
-		prev = p.GetContract()
-	}
+	prev := s.logContract()
 	// The record itself waits for the local fsync only; the contract is
 	// waited for below, without a timeout: the epoch opens when it can.
 	lsn, err := s.writeRecord(ctx, rec)

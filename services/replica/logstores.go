@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/failover"
 	"google.golang.org/grpc"
 )
 
@@ -20,7 +21,7 @@ import (
 // asked: they count for no promotion, so no majority is counted in them.
 func (s *Server) logStoreSets() [][]string {
 	c := s.EpochRecord().GetContract()
-	if c == nil || (!c.GetMembersChanged() && c.GetNext() == nil) || len(c.GetLogstores()) == 0 {
+	if !failover.SetByChange(c) || len(c.GetLogstores()) == 0 {
 		if len(s.cfg.LogStores) == 0 {
 			return nil
 		}
