@@ -89,13 +89,17 @@ func joinNode(t *testing.T, c *cluster, id string, leaving func(context.Context)
 }
 
 // membersAt is the contract's members as the primary reports them
-// (ListMembers: the primary answers), asked at the nodes ids; nil if
-// none answers.
+// (ListMembers: the primary answers) once no change is in progress, asked
+// at the nodes ids; nil if none answers or a change is still under way
+// (the final record can be in force before the change has finished).
 func membersAt(t *testing.T, c *cluster, ids ...string) []string {
 	for _, id := range ids {
 		resp, err := walshipv1.NewAdminServiceClient(c.conn(t, id)).ListMembers(t.Context(), &walshipv1.ListMembersRequest{})
 		if err != nil || resp.GetMembership().GetContract() == nil {
 			continue
+		}
+		if m := resp.GetMembership(); m.GetChange() != "" || m.GetJoint() {
+			return nil
 		}
 		var got []string
 		for _, m := range resp.GetMembership().GetContract().GetMembers() {
