@@ -81,7 +81,9 @@ type rule struct {
 // health for anyone; Status for every identity of the trust domain;
 // replication, log-store and epoch RPCs (and Promote, which a switching
 // primary calls on its target) for data nodes; LogStoreService.Read for
-// log stores (a refill from a peer); reads and writes for clients, admins
+// log stores (a refill from a peer); ChangeMembers for data nodes and log
+// stores, each for its own kind (--join, --leave-on-scale-down); reads
+// and writes for clients, admins
 // and nodes; every admin RPC, a log store's Verify and its election
 // register (a pause of automatic failover), for admins;
 // reflection as r says.
@@ -115,6 +117,10 @@ func DefaultPolicy(td string, r Reflection) string {
 	// so reads and writes add nothing, and in-process tools (walship dev,
 	// bench) dial as their nodes.
 	add("clients", class(ClassClient, ClassAdmin, ClassNode), "/walship.v1.KVService/*")
+	// A data node started with --join or --leave-on-scale-down asks the
+	// primary to add or remove it, and so does a log store; check below
+	// keeps each to its own kind of member.
+	add("members", class(ClassNode, ClassLogStore), changeMembersMethod)
 	add("admins", class(ClassAdmin), "/walship.v1.AdminService/*")
 	// walship ctl failover pause|resume writes the log stores' election
 	// registers (an admin may already Promote, which overrides the
@@ -198,7 +204,7 @@ func leaf(ctx context.Context) *x509.Certificate {
 // certificate to call method (never for Promote, whose rule reads the
 // request).
 func (a *Authz) cached(ctx context.Context, method string) (allowKey, bool) {
-	if a.file != "" || method == promoteMethod {
+	if a.file != "" || method == promoteMethod || method == changeMembersMethod {
 		return allowKey{}, false
 	}
 	k := allowKey{leaf(ctx), method}
@@ -523,15 +529,44 @@ func (a *Authz) check(ctx context.Context, method string, req any) error {
 	if err != nil {
 		return status.Errorf(codes.PermissionDenied, "%s may not call %s: the certificate's identity: %v", Peer(ctx), method, err)
 	}
-	if method == promoteMethod {
+	switch method {
+	case promoteMethod:
 		if pr, ok := req.(*walshipv1.PromoteRequest); (!ok || pr.GetForce() || pr.GetDepose() || pr.GetDryRun() || pr.GetEpoch() != 0) && !a.admin(ctx) {
 			return status.Errorf(codes.PermissionDenied, "%s may not call %s with force, depose, dry_run or epoch: a node asks only for a plain promotion (a switchover); the rest is for admins, whom the policy lets call every AdminService method", u, method)
+		}
+	case changeMembersMethod:
+		// The trust domain is the policy's to check.
+		if class, _ := classOf(u.Host, u.Path, u.Host); selfChange(req) != class && !a.admin(ctx) {
+			return status.Errorf(codes.PermissionDenied, "%s may not call %s with that change: a data node may only ask to add or remove a data node, a log store a log store (--join, --leave-on-scale-down); a replacement and every other change are for admins, whom the policy lets call every AdminService method", u, method)
 		}
 	}
 	return nil
 }
 
-const promoteMethod = "/walship.v1.AdminService/Promote"
+const (
+	promoteMethod       = "/walship.v1.AdminService/Promote"
+	changeMembersMethod = "/walship.v1.AdminService/ChangeMembers"
+)
+
+// selfChange is the class of peer that may ask for the membership change
+// req without being an admin: a data node adds or removes data nodes, a
+// log store adds or removes log stores (each asks for itself; the
+// certificates of a StatefulSet's pods are shared, so the class is what
+// can be checked). "admin" for anything else: a replacement, or what is
+// not a ChangeMembersRequest.
+func selfChange(req any) string {
+	r, ok := req.(*walshipv1.ChangeMembersRequest)
+	if !ok {
+		return ClassAdmin
+	}
+	switch r.GetChange().(type) {
+	case *walshipv1.ChangeMembersRequest_Add, *walshipv1.ChangeMembersRequest_Remove:
+		return ClassNode
+	case *walshipv1.ChangeMembersRequest_AddLogstore, *walshipv1.ChangeMembersRequest_RemoveLogstore:
+		return ClassLogStore
+	}
+	return ClassAdmin
+}
 
 // admin reports whether the policy in force lets the call's peer call
 // every AdminService method: what an admin is under any policy, so that

@@ -311,6 +311,16 @@ func TestAuthzDefaultPolicy(t *testing.T) {
 		case "SetPolicy":
 			_, err := walshipv1.NewAdminServiceClient(cc).SetPolicy(ctx, &walshipv1.SetPolicyRequest{})
 			return err
+		case "add", "remove", "add_logstore", "remove_logstore", "replace_logstore":
+			req := map[string]*walshipv1.ChangeMembersRequest{
+				"add":              {Change: &walshipv1.ChangeMembersRequest_Add{Add: &walshipv1.Member{Id: "n3", Addr: "n3:7300"}}},
+				"remove":           {Change: &walshipv1.ChangeMembersRequest_Remove{Remove: "n3"}},
+				"add_logstore":     {Change: &walshipv1.ChangeMembersRequest_AddLogstore{AddLogstore: "ls3:7400"}},
+				"remove_logstore":  {Change: &walshipv1.ChangeMembersRequest_RemoveLogstore{RemoveLogstore: "ls3:7400"}},
+				"replace_logstore": {Change: &walshipv1.ChangeMembersRequest_ReplaceLogstore{ReplaceLogstore: &walshipv1.LogStoreReplacement{Old: "ls0:7400", New: "ls3:7400"}}},
+			}[what]
+			_, err := walshipv1.NewAdminServiceClient(cc).ChangeMembers(ctx, req)
+			return err
 		case "Status":
 			_, err := walshipv1.NewAdminServiceClient(cc).Status(ctx, &walshipv1.StatusRequest{})
 			return err
@@ -378,6 +388,22 @@ func TestAuthzDefaultPolicy(t *testing.T) {
 		{URI("td", ClassNode, "n1"), "Promote force", false}, // a node asks only for a plain promotion
 		{URI("td", ClassNode, "n1"), "Promote depose", false},
 		{URI("td", ClassAdmin, "ops"), "Promote depose", true},
+		// --join and --leave-on-scale-down: each kind of member asks for
+		// its own kind only; replacements are for admins.
+		{URI("td", ClassNode, "n1"), "add", true},
+		{URI("td", ClassNode, "n1"), "remove", true},
+		{URI("td", ClassNode, "n1"), "add_logstore", false},
+		{URI("td", ClassNode, "n1"), "replace_logstore", false},
+		{URI("td", ClassLogStore, "ls0"), "add_logstore", true},
+		{URI("td", ClassLogStore, "ls0"), "remove_logstore", true},
+		{URI("td", ClassLogStore, "ls0"), "add", false},
+		{URI("td", ClassLogStore, "ls0"), "remove", false},
+		{URI("td", ClassLogStore, "ls0"), "replace_logstore", false},
+		{URI("td", ClassClient, "app"), "add", false},
+		{URI("td", ClassClient, "app"), "add_logstore", false},
+		{URI("td", ClassAdmin, "ops"), "add", true},
+		{URI("td", ClassAdmin, "ops"), "remove_logstore", true},
+		{URI("td", ClassAdmin, "ops"), "replace_logstore", true},
 		{URI("elsewhere", ClassAdmin, "ops"), "Status", false}, // another trust domain
 		{URI("elsewhere", ClassNode, "n1"), "Stream", false},
 	} {
@@ -407,6 +433,7 @@ func TestAuthzDefaultPolicy(t *testing.T) {
 		rpc     string
 		allowed bool
 	}{{node, "Promote", true}, {node, "Promote force", false}, {node, "Promote", true}, {node, "Status", true}, {node, "Status", true},
+		{node, "add", true}, {node, "add_logstore", false}, {node, "remove", true}, {node, "replace_logstore", false},
 		{node, "SetPolicy", false}, {cli, "Status", true}, {cli, "Status", true}, {cli, "SetPolicy", false}, {cli, "Stream", false}} {
 		err := call(step.cc, step.rpc)
 		if denied := status.Code(err) == codes.PermissionDenied; denied == step.allowed {
