@@ -159,11 +159,12 @@ bench: $(BIN)/benchstat
 # The failover protocol's deterministic simulation, SIMSTEPS steps over as
 # many seeds as it takes from SIMFIRST, and each re-injected bug found
 # within them; a tenth as many with membership changes of data nodes
-# (TestSimMembership) and of log stores (TestSimLogStores). A failure
+# (TestSimMembership) and of log stores (TestSimLogStores, and under the
+# default policy TestSimLogStoresDefaultPolicy). A failure
 # prints its seed; replay it with
 # go test -run 'TestSim$$' ./internal/failover -seed N (or that test's name)
 sim:
-	$(GO) test -count=1 -v -timeout 30m -run '^TestSim(FindsInjectedBugs|Membership|LogStores)?$$' ./internal/failover -sim.steps $(SIMSTEPS) -sim.first $(SIMFIRST)
+	$(GO) test -count=1 -v -timeout 30m -run '^TestSim(FindsInjectedBugs|Membership|LogStores|LogStoresDefaultPolicy)?$$' ./internal/failover -sim.steps $(SIMSTEPS) -sim.first $(SIMFIRST)
 
 # Every fuzz target for FUZZTIME each (CI runs a short pass; run longer locally: make fuzz FUZZTIME=2000000x).
 # FuzzGRPC drives a whole TLS cluster per input (about 0.3 s each under the

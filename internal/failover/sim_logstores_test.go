@@ -32,9 +32,14 @@ import (
 //     (services/node, logStores) — not those of a change its log lacks.
 //     A log store's fence answer names no configuration
 //     (MemberConfigsOnly).
-//   - A replica asks the log stores of its flags who the primary is, and
-//     learns from a majority of them (LearnFromLogStores), and reads what
-//     it lacks from one of them (services/replica: Config.LogStores).
+//   - A replica asks the log stores of its log's configuration who the
+//     primary is, and learns from a majority of one set
+//     (LearnFromLogStoreSets; ReplicaAsksContract), and reads what it
+//     lacks from one of them (services/replica logStoreSets).
+//   - The final record of a change that moves log stores follows its
+//     joint record only once a majority of each set holds the joint one,
+//     whatever the commits wait for (JointWaitsLogStores;
+//     services/primary waitLogStoreSets).
 //   - Once caught up to its donor, a candidate opens only if its promises
 //     include a majority of every log store set of its log's
 //     configuration (services/node, fencedEachLogStoreHalf), unless no
@@ -367,6 +372,7 @@ var simLogStoreConfigs = []simConfig{
 func simLogStoreConfigFor(seed uint64) simConfig {
 	c := simLogStoreConfigs[seed%uint64(len(simLogStoreConfigs))]
 	c.Reconfig, c.LogStoreChange, c.MemberConfigsOnly, c.ReplicaAsksContract = true, true, true, true
+	c.JointWaitsLogStores = true
 	c.Lease = []int64{100, 50, 200}[seed/4%3]
 	c.FaultSteps = []int{3000, 1000, 6000}[seed/12%3]
 	c.Rollback = seed/36%2 == 1
@@ -737,4 +743,52 @@ func TestSimLogStoreChangeK0Seeds(t *testing.T) {
 			t.Errorf("seed %d with JointWaitsLogStores: %v", tc.seed, s.report())
 		}
 	}
+}
+
+// simLogStoreDefaultConfigFor is simLogStoreK0ConfigFor as services/primary
+// runs it now: the default policy (k = 0, log store async), partitions that
+// split the cluster in two, the final record of a change that moves log
+// stores only once a majority of each set holds the joint record
+// (waitLogStoreSets), replicas asking their contract's log stores, and
+// half the seeds rolling back a change a new primary finds.
+func simLogStoreDefaultConfigFor(seed uint64) simConfig {
+	c := simLogStoreK0ConfigFor(seed)
+	c.JointWaitsLogStores, c.ReplicaAsksContract = true, true
+	c.Rollback = seed/18%2 == 1
+	return c
+}
+
+// TestSimLogStoresDefaultPolicy runs simLogStoreDefaultConfigFor over
+// consecutive seeds until it has taken a tenth of -sim.steps steps, or
+// the one seed -seed names. TestSimLogStores's clusters all wait for
+// something (log store sync, or k ≥ 1), where a candidate learns of a
+// change from the answers it needs; here nothing does.
+func TestSimLogStoresDefaultPolicy(t *testing.T) {
+	if *simSeed != 0 {
+		s := newSim(simLogStoreDefaultConfigFor(*simSeed), *simSeed)
+		s.verbose = *simTrace
+		if err := s.run(); err != nil {
+			t.Fatalf("%v", err)
+		}
+		if *simTrace {
+			t.Logf("events:\n%s", strings.Join(s.trace, "\n"))
+		}
+		t.Logf("seed %d: %d steps, %d log store joint records", *simSeed, s.steps, s.ls.joints)
+		return
+	}
+	start := time.Now()
+	var steps, seeds, joints, refused int
+	for seed := *simFirst; steps < *simSteps/10; seed++ {
+		s := newSim(simLogStoreDefaultConfigFor(seed), seed)
+		err := s.run()
+		steps, seeds, joints, refused = steps+s.steps, seeds+1, joints+s.ls.joints, refused+s.ls.refused
+		if err != nil {
+			t.Fatalf("%v\nreplay: go test -run 'TestSimLogStoresDefaultPolicy$' ./internal/failover -seed %d", err, seed)
+		}
+	}
+	if joints == 0 {
+		t.Fatalf("no log store joint record in %d steps: the runs exercise no log store change", steps)
+	}
+	t.Logf("%d steps over %d seeds in %v: %d log store joint records, %d candidates that gave up for want of a fenced majority of a log store set",
+		steps, seeds, time.Since(start).Round(time.Millisecond), joints, refused)
 }

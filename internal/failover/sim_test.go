@@ -160,8 +160,8 @@ type simConfig struct {
 	ReplicaAsksContract bool
 	// JointWaitsLogStores: the final record of a change that moves log
 	// stores waits until a majority of each set holds the joint record,
-	// whatever the contract waits for (a fix services/primary lacks:
-	// TestSimLogStoreChangeK0).
+	// whatever the contract waits for, as services/primary does
+	// (waitLogStoreSets; without it: TestSimLogStoreChangeK0).
 	JointWaitsLogStores bool
 	// SplitPartitions: half the partitions split the parties in two
 	// groups at random, every link between them cut.
