@@ -2,6 +2,7 @@ package primary
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -151,8 +152,8 @@ func (s *Server) runChanges(ctx context.Context) {
 
 // runOne runs r, which holds the slot, and answers its caller. When r
 // failed and left a learner or joint contract in force while the primary
-// goes on, it returns the change's retry, which it hands the slot to
-// first (else nil).
+// goes on, or a record of it sequenced but unacknowledged, it returns the
+// change's retry, which it hands the slot to first (else nil).
 func (s *Server) runOne(ctx context.Context, r *changeRun) (then *changeRun) {
 	s.metrics.changeInProgress.Set(1)
 	outcome, err := s.runChange(ctx, r)
@@ -163,7 +164,12 @@ func (s *Server) runOne(ctx context.Context, r *changeRun) (then *changeRun) {
 		s.logger.Info("membership change over", "change", r.desc, "outcome", outcome)
 	}
 	s.metrics.changes.WithLabelValues(outcome).Inc()
-	if err != nil && ctx.Err() == nil && s.pipe.alive.Err() == nil && unfinished(s.contract()) {
+	var inForce *recordInForceError
+	if err != nil && ctx.Err() == nil && s.pipe.alive.Err() == nil && (unfinished(s.contract()) || errors.As(err, &inForce)) {
+		// A change's last record (final, rolled_back, learner_dropped)
+		// sequenced and then unanswered leaves no change in progress, but
+		// the change is over only once it is acknowledged: the retry
+		// waits for that, and says how it ended.
 		desc := strings.TrimPrefix(r.desc, "finish the failed change: ")
 		then = &changeRun{retry: true, desc: "finish the failed change: " + desc, done: make(chan struct{})}
 		err = fmt.Errorf("%w; the primary resumes it by itself (finishes or rolls it back; walship ctl members list shows it)", err)

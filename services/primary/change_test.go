@@ -577,6 +577,9 @@ func TestFailedStepResumes(t *testing.T) {
 		{"remove, joint fails", walshipv1.MembershipStage_MEMBERSHIP_STAGE_JOINT, false, outcomeDone, walshipv1.MembershipStage_MEMBERSHIP_STAGE_FINAL, "p1,r1"},
 		{"add, learner fails", walshipv1.MembershipStage_MEMBERSHIP_STAGE_LEARNER, true, outcomeAbandoned, walshipv1.MembershipStage_MEMBERSHIP_STAGE_LEARNER_DROPPED, "p1,r1,r2"},
 		{"add, joint fails", walshipv1.MembershipStage_MEMBERSHIP_STAGE_JOINT, true, outcomeDone, walshipv1.MembershipStage_MEMBERSHIP_STAGE_FINAL, "p1,r1,r2,r3"},
+		// The final record sequenced, its commit unanswered: it stays in
+		// force, and the change is over once it is acknowledged.
+		{"remove, final fails", walshipv1.MembershipStage_MEMBERSHIP_STAGE_FINAL, false, outcomeDone, walshipv1.MembershipStage_MEMBERSHIP_STAGE_FINAL, "p1,r1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g := &stepGate{}

@@ -373,13 +373,29 @@ func (s *Server) writeRecord(ctx context.Context, rec *walshipv1.EpochRecord) (u
 		// newest record there: it stays in force, and a membership change
 		// goes on from it (retryChange) as a new primary would. Only a
 		// record never sequenced gives way to the one before.
-		if before != nil && !s.holdsRecord(rec) {
-			s.useContract(before.contract, before.stage)
+		if before == nil {
+			return 0, err
 		}
-		return 0, err
+		if !s.holdsRecord(rec) {
+			s.useContract(before.contract, before.stage)
+			return 0, err
+		}
+		return 0, &recordInForceError{err: err}
 	}
 	return res.lsn, nil
 }
+
+// recordInForceError is a record's failed commit after the record was
+// sequenced: it is in the log and stays in force, so the step it was
+// is taken — a final record's change is over once it is acknowledged —
+// and what follows goes on from it (retryChange).
+type recordInForceError struct{ err error }
+
+func (e *recordInForceError) Error() string {
+	return e.err.Error() + "; the record is in the log and stays in force"
+}
+
+func (e *recordInForceError) Unwrap() error { return e.err }
 
 // holdsRecord reports whether rec is the epoch record in the primary's
 // state: once a commit is answered, even with an error, it is visible
