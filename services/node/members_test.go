@@ -100,6 +100,13 @@ func recordReplica(t *testing.T, id, ls string, rec *walshipv1.EpochRecord, el E
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), id)
 	writeEpochRecord(t, dir, rec, 1)
+	return replicaOfNobody(t, id, dir, ls, el)
+}
+
+// replicaOfNobody starts the data node id on dir as a replica of nobody,
+// with the log store ls, under election el (nil: none).
+func replicaOfNobody(t *testing.T, id, dir, ls string, el Election) *Node {
+	t.Helper()
 	p := primary.DefaultConfig()
 	p.HeartbeatInterval, p.LeaseTimeout, p.StopTimeout = 100*time.Millisecond, 300*time.Millisecond, 5*time.Second
 	r := replica.DefaultConfig()
@@ -688,5 +695,51 @@ func TestPeerlessNodeDoesNotPromoteOverChangedLog(t *testing.T) {
 	st, err := logStoreStatus(ctx, serve.Dialer{}, ls)
 	if err != nil || st.GetVoteEpoch() > 1 || n.Role() != RoleReplica {
 		t.Fatalf("after x's refused promotion: log store %v, %v; x %v; want nothing fenced and x a replica", st, err, n.Role())
+	}
+}
+
+// TestPeerlessNodeRefusedByTheContractAhead: a node without --peers whose
+// own log's newest record was set by no change, but whose survey finds a
+// member, m, whose log reaches the newest epoch further and holds a
+// record a membership change set, is refused before anything is fenced,
+// as a node whose own log holds one is: caught up from m, it would give up
+// (the primary it would become does not start without --peers), leaving
+// promises of an epoch that never opens (seen: the log store promised
+// epoch 2 to x, whose timeline said "gave up epoch 2 once caught up from
+// m"). sync_replicas 1, so that the survey waits for m's answer.
+func TestPeerlessNodeRefusedByTheContractAhead(t *testing.T) {
+	ls := startLogStore(t, t.TempDir())
+	changed := &walshipv1.EpochRecord{Epoch: 1, FirstLsn: 1, PrimaryId: "p", PrimaryAddr: "p.invalid:1",
+		Contract: &walshipv1.Contract{Members: memberList("p", "x", "m"), Logstores: []string{ls}, SyncReplicas: 1},
+		Stage:    walshipv1.MembershipStage_MEMBERSHIP_STAGE_UNSPECIFIED}
+	mDir := filepath.Join(t.TempDir(), "m")
+	writeEpochRecord(t, mDir, changed, 1)
+	final := proto.Clone(changed).(*walshipv1.EpochRecord)
+	final.Contract.MembersChanged, final.Stage = true, walshipv1.MembershipStage_MEMBERSHIP_STAGE_FINAL
+	writeEpochRecord(t, mDir, final, 3)
+	m := replicaOfNobody(t, "m", mDir, ls, nil)
+	testkit.Until(t, "m to report the changed contract", func() bool {
+		return m.Replica().EpochRecord().GetContract().GetMembersChanged()
+	})
+
+	plain := proto.Clone(changed).(*walshipv1.EpochRecord)
+	plain.Contract.Members = []*walshipv1.Member{{Id: "p", Addr: "p.invalid:1"}, {Id: "x", Addr: "x.invalid:1"}, {Id: "m", Addr: m.Addr()}}
+	x := recordReplica(t, "x", ls, plain, nil)
+	conn, err := serve.Dialer{}.Dial(x.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, dry := range []bool{true, false} {
+		_, err := walshipv1.NewAdminServiceClient(conn).Promote(ctx, &walshipv1.PromoteRequest{DryRun: dry}, grpc.WaitForReady(true))
+		if status.Code(err) != codes.FailedPrecondition || !contains(err.Error(), "cannot promote x", "without --peers", "m, whose log reaches the newest epoch", "nothing was fenced") {
+			t.Fatalf("Promote (dry run %v) = %v; want FAILED_PRECONDITION naming x, --peers and m's contract", dry, err)
+		}
+	}
+	st, err := logStoreStatus(ctx, serve.Dialer{}, ls)
+	if err != nil || st.GetVoteEpoch() > 1 || x.Role() != RoleReplica {
+		t.Fatalf("after x's refused promotion: log store %v, %v; x %v; want nothing fenced and x a replica", st, err, x.Role())
 	}
 }

@@ -230,6 +230,19 @@ func peerlessUnder(id string, members []primary.Member, rec *walshipv1.EpochReco
 // never safety. A primary's answer is not read: its Status reports its
 // own flags' contract.
 func leadsOnceCaughtUp(id string, self answer, answers []answer, donor answer) error {
+	ahead := answerAhead(id, self, answers, donor)
+	if ahead == nil {
+		return nil
+	}
+	under := fmt.Sprintf("the contract its log will hold once caught up: %s, whose log reaches the newest epoch (%d), reports %s", ahead.id, ahead.lastEpoch, describeMembers(ahead.contract))
+	return leadsUnder(id, ahead.contract, under)
+}
+
+// answerAhead is the most advanced data node's answer whose log reaches
+// the donor's epoch and ends past this node's log (self), with the
+// contract its log holds: a record of the log this node will hold once
+// caught up (nil if there is none, or this node is its own donor).
+func answerAhead(id string, self answer, answers []answer, donor answer) *answer {
 	if donor.id == id {
 		return nil
 	}
@@ -245,8 +258,24 @@ func leadsOnceCaughtUp(id string, self answer, answers []answer, donor answer) e
 	if ahead == nil || !logAhead(*ahead, self) {
 		return nil
 	}
-	under := fmt.Sprintf("the contract its log will hold once caught up: %s, whose log reaches the newest epoch (%d), reports %s", ahead.id, ahead.lastEpoch, describeMembers(ahead.contract))
-	return leadsUnder(id, ahead.contract, under)
+	return ahead
+}
+
+// peerlessOnceCaughtUp is peerlessUnder under the contract this node's
+// log will hold once caught up, as far as the survey's answers tell
+// (answerAhead): a node without --peers whose own log's record was set
+// by no change would otherwise fence, catch up to a record a change set,
+// and give up (carryOut), leaving promises of an epoch that never opens.
+func peerlessOnceCaughtUp(id string, members []primary.Member, self answer, answers []answer, donor answer) error {
+	if len(members) > 0 {
+		return nil
+	}
+	ahead := answerAhead(id, self, answers, donor)
+	if ahead == nil || !failover.SetByChange(ahead.contract) {
+		return nil
+	}
+	return fmt.Errorf("cannot promote %s: it was started without --peers, and the contract its log will hold once caught up — %s, whose log reaches the newest epoch (%d), reports %s — was set by a membership change, which a primary without --peers does not start under: start it with --peers (its log's members then win over the flag's)",
+		id, ahead.id, ahead.lastEpoch, describeMembers(ahead.contract))
 }
 
 // logAhead says whether a's log ends past b's, by (epoch, LSN).
@@ -504,6 +533,12 @@ func (n *Node) promoteAs(ctx context.Context, req *walshipv1.PromoteRequest, ele
 	if err := leadsOnceCaughtUp(n.cfg.ID, survey[0], survey, pre.donor); err != nil {
 		if !req.GetDryRun() {
 			n.metrics.promotions.WithLabelValues(resultNotMember).Inc()
+		}
+		return nil, status.Errorf(codes.FailedPrecondition, "%v; nothing was fenced", err)
+	}
+	if err := peerlessOnceCaughtUp(n.cfg.ID, n.cfg.Members, survey[0], survey, pre.donor); err != nil {
+		if !req.GetDryRun() {
+			n.metrics.promotions.WithLabelValues("refused").Inc()
 		}
 		return nil, status.Errorf(codes.FailedPrecondition, "%v; nothing was fenced", err)
 	}
