@@ -172,7 +172,11 @@ func (s *Server) runOne(ctx context.Context, r *changeRun) (then *changeRun) {
 		// waits for that, and says how it ended.
 		desc := strings.TrimPrefix(r.desc, "finish the failed change: ")
 		then = &changeRun{retry: true, desc: "finish the failed change: " + desc, done: make(chan struct{})}
-		err = fmt.Errorf("%w; the primary resumes it by itself (finishes or rolls it back; walship ctl members list shows it)", err)
+		how := "finishes or rolls it back"
+		if !unfinished(s.contract()) {
+			how = "it is over once that record is acknowledged"
+		}
+		err = fmt.Errorf("%w; the primary resumes it by itself (%s; walship ctl members list shows it)", err, how)
 	} else {
 		s.metrics.changeInProgress.Set(0)
 	}
