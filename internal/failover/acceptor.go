@@ -17,8 +17,51 @@ type State struct {
 	// LogEpoch is the epoch of the newest entry of its log (its history's
 	// current epoch): never above Vote.Epoch (I2).
 	LogEpoch uint64
+	// LogPrimary is the primary of LogEpoch once the promise names
+	// another epoch's: a promise of the log's epoch that named its
+	// primary, kept (persisted before the promise that replaces it) when
+	// a newer epoch is promised. It describes the log only while its
+	// Epoch is LogEpoch (PrimaryOfLog). Without it a candidate that
+	// fenced and gave up would leave every promise naming itself, and
+	// the next candidate could not tell which primary it replaces.
+	LogPrimary datadir.Vote
 	// Cluster is its cluster id, "" until it has one (I8).
 	Cluster string
+}
+
+// PrimaryOfLog is the primary of the log's newest epoch (LogEpoch), as
+// the acceptor knows it: its promise, while that is of the log's epoch
+// and names one, else LogPrimary if it is of that epoch; the zero Vote
+// if it knows none. Entries of an epoch are its primary's alone (I4), so
+// this names the primary that may have acknowledged what the log ends
+// with, and none of a newer epoch that a candidate fenced and never
+// opened: fence and Status answers carry it, and a promotion excludes
+// that primary's promise (Judge's prev), not the one of the candidate
+// the promises name.
+func (s State) PrimaryOfLog() datadir.Vote {
+	switch {
+	case s.LogEpoch == 0:
+		return datadir.Vote{}
+	case s.Vote.Epoch == s.LogEpoch && s.Vote.Primary != "":
+		return s.Vote
+	case s.LogPrimary.Epoch == s.LogEpoch && s.LogPrimary.Primary != "":
+		return s.LogPrimary
+	}
+	return datadir.Vote{}
+}
+
+// KeepsLogPrimary reports whether promising v replaces the only record
+// of the primary of the log's newest epoch — a promise of that epoch
+// naming it — and returns that record, to persist as LogPrimary before v
+// is. Every path that raises a promise goes through it: the handlers here
+// (Step.saveVote) and the services' own (a replica learning a newer
+// epoch from a peer, a primary that steps down).
+func (s State) KeepsLogPrimary(v datadir.Vote) (datadir.Vote, bool) {
+	cur := s.Vote
+	if v.Epoch <= cur.Epoch || cur.Epoch != s.LogEpoch || cur.Epoch == 0 || cur.Primary == "" || s.LogPrimary == cur {
+		return datadir.Vote{}, false
+	}
+	return cur, true
 }
 
 // Known is the newest epoch the acceptor knows, promised or stored:
@@ -30,7 +73,9 @@ func (s State) Known() uint64 { return max(s.Vote.Epoch, s.LogEpoch) }
 type Effect interface{ isEffect() }
 
 // SaveVote makes Vote the promise, durably (I1). Why says what for, for
-// the log.
+// the log. A promise of a newer epoch that replaces one of the log's
+// epoch naming its primary keeps that one as LogPrimary, persisted first
+// (State.KeepsLogPrimary).
 type SaveVote struct {
 	Vote datadir.Vote
 	Why  string
@@ -173,7 +218,14 @@ func (st *Step) adopt(theirs, from string) {
 	st.Next.Cluster = theirs
 }
 
+// saveVote makes v the promise of the next state. The caller persists
+// the SaveVote effect by the same rule (KeepsLogPrimary on the state it
+// holds), so the log's primary it replaces is kept in LogPrimary there as
+// here.
 func (st *Step) saveVote(v datadir.Vote, why string) {
+	if kept, ok := st.Next.KeepsLogPrimary(v); ok {
+		st.Next.LogPrimary = kept
+	}
 	st.Effects = append(st.Effects, SaveVote{Vote: v, Why: why})
 	st.Next.Vote = v
 }

@@ -166,6 +166,19 @@ type simConfig struct {
 	// SplitPartitions: half the partitions split the parties in two
 	// groups at random, every link between them cut.
 	SplitPartitions bool
+	// KeepOut3: in a cluster of 3 nodes too, the primary of the newest
+	// epoch is left down when the faults stop (as with 4 or more), so
+	// that the 2 left must promote without it: N−k+1 = 2 of the 2
+	// members other than it under K=1, which a candidate gets only if it
+	// excludes that primary's promise (TestSimKeepOut3).
+	KeepOut3 bool
+	// PrevFromLog: a candidate takes the primary of the newest log epoch
+	// its answers hold (their State.PrimaryOfLog) for the replaced
+	// primary, whose promise does not count; without it, the primary its
+	// own promise names, as services/node does today — after a promotion
+	// that fenced and gave up, the candidate that gave up
+	// (TestSimGaveUpAfterFencing).
+	PrevFromLog bool
 }
 
 const strandedAfter = 1000
@@ -231,6 +244,9 @@ type msg struct {
 	// store last admitted a primary's request (0: not since it started).
 	prior uint64
 	since int64
+	// mFenceResp: the primary of the newest epoch of the answerer's log
+	// (State.PrimaryOfLog), the zero Vote if it knows none.
+	logPrimary datadir.Vote
 	// mCopyResp
 	log   []ent
 	round int
@@ -275,8 +291,15 @@ type streamPos struct {
 }
 
 type candidacy struct {
-	epoch      uint64
+	epoch uint64
+	// prev is the replaced primary, whose promise does not count: the
+	// primary of the newest log epoch any answer holds (newestLog),
+	// named by an answer of that epoch (its PrimaryOfLog), under
+	// PrevFromLog; else ownPrev, the primary the candidate's own promise
+	// named when it began.
 	prev       string
+	ownPrev    string
+	newestLog  uint64
 	start      int64
 	answers    []Answer
 	extra      []fenceExtra // by answer: what the lease wait reads
@@ -486,6 +509,11 @@ func (s *sim) apply(p *party, st Step, fence bool) {
 		switch e := e.(type) {
 		case SaveVote:
 			if !(fence && s.has(bugVoteNotDurable)) {
+				// The services' saveVote: the log's primary the promise
+				// replaces is kept first.
+				if kept, ok := p.dur.KeepsLogPrimary(e.Vote); ok {
+					p.dur.LogPrimary = kept
+				}
 				p.dur.Vote = e.Vote
 			}
 		case AdoptCluster:
@@ -506,6 +534,7 @@ func (s *sim) apply(p *party, st Step, fence bool) {
 	if !fence || !s.has(bugVoteNotDurable) {
 		p.dur.Vote = p.st.Vote
 	}
+	p.st.LogPrimary = p.dur.LogPrimary
 	if p.st.Vote.Epoch > p.seen {
 		p.seen = p.st.Vote.Epoch
 	}
@@ -825,7 +854,7 @@ func (s *sim) answerFence(p *party, m msg) {
 	}
 	le, ll := p.last()
 	r := msg{kind: mFenceResp, from: p.idx, to: m.from, epoch: m.epoch, granted: st.Granted, vote: p.st.Vote,
-		lastEpoch: le, lastLSN: ll, primary: wasPrimary, prior: prior}
+		lastEpoch: le, lastLSN: ll, primary: wasPrimary, prior: prior, logPrimary: p.st.PrimaryOfLog()}
 	if s.cfg.Reconfig {
 		r.cfg = s.cfgOf(p.log)
 	}
@@ -1152,7 +1181,8 @@ func (s *sim) promote(p *party) {
 	s.apply(p, st, true)
 	s.granted[p.idx] = max(s.granted[p.idx], epoch)
 	le, ll := p.last()
-	c := &candidacy{epoch: epoch, prev: prev, start: s.now, votes: make([]bool, len(s.ps)), seen: max(p.seen, p.st.Known())}
+	c := &candidacy{epoch: epoch, prev: prev, ownPrev: prev, start: s.now, votes: make([]bool, len(s.ps)), seen: max(p.seen, p.st.Known())}
+	c.learnPrev(le, p.st.PrimaryOfLog(), !s.cfg.PrevFromLog)
 	c.answers = append(c.answers, Answer{ID: p.id, LastEpoch: le, LastLSN: ll})
 	c.extra = append(c.extra, fenceExtra{})
 	c.votes[p.idx] = true
@@ -1185,6 +1215,7 @@ func (s *sim) fenceResp(p *party, m msg) {
 	}
 	c.votes[m.from] = true
 	c.seen = max(c.seen, m.prior, m.lastEpoch)
+	c.learnPrev(m.lastEpoch, m.logPrimary, !s.cfg.PrevFromLog)
 	if s.cfg.Reconfig {
 		s.tracef("%s: fence answer of %s: granted %v, log %d@%d under %s", p.id, s.ps[m.from].id, m.granted, m.lastLSN, m.lastEpoch, s.cfgString(m.cfg))
 	}
@@ -1218,6 +1249,24 @@ func (s *sim) fenceResp(p *party, m msg) {
 	wait := s.leaseWait(c)
 	c.leaseUntil = s.now + wait
 	s.logf("%s won epoch %d: donor %s (%d@%d), lease wait %d", p.id, c.epoch, d.ID, d.LastLSN, d.LastEpoch, wait)
+}
+
+// learnPrev takes an answer whose log ends in epoch lastEpoch, whose
+// primary it names as lp (PrimaryOfLog; the zero Vote if unknown), into
+// the replaced primary (prev): the primary of the newest log epoch
+// answered, once an answer of that epoch names it; the candidate's own
+// promise's until then. ownOnly keeps the own promise's (without
+// PrevFromLog).
+func (c *candidacy) learnPrev(lastEpoch uint64, lp datadir.Vote, ownOnly bool) {
+	if ownOnly {
+		return
+	}
+	if lastEpoch > c.newestLog {
+		c.newestLog, c.prev = lastEpoch, c.ownPrev
+	}
+	if lastEpoch == c.newestLog && lp.Epoch == lastEpoch && lp.Primary != "" {
+		c.prev = lp.Primary
+	}
 }
 
 // leaseWait is services/node's leaseWait: the lease and a tenth; none if
@@ -1591,7 +1640,7 @@ func (s *sim) stopFaults() {
 			last = p
 		}
 	}
-	if s.keepOut < 0 && !s.cfg.Scripted && s.cfg.Nodes >= 4 && s.rng.IntN(2) == 0 {
+	if s.keepOut < 0 && !s.cfg.Scripted && (s.cfg.Nodes >= 4 || s.cfg.Nodes == 3 && s.cfg.KeepOut3) && s.rng.IntN(2) == 0 {
 		if last == nil {
 			if i := s.nodeIdx(s.opened[s.maxOpened]); i >= 0 {
 				last = s.ps[i]
