@@ -818,6 +818,10 @@ func (s *sim) primaryAck(p *party) {
 func (s *sim) stepDown(p *party, v datadir.Vote) {
 	s.logf("%s steps down from epoch %d (%s holds %d)", p.id, p.epoch, v.Primary, v.Epoch)
 	p.role, p.fol, p.epoch = roleReplica, nil, 0
+	// It has seen the epoch that deposed it: a promotion of its own
+	// picks a newer one (services/primary saves that promise as it
+	// steps down; services/node's survey sees it too).
+	p.seen = max(p.seen, v.Epoch)
 	p.heard = s.now
 	if i := s.nodeIdx(v.Primary); i >= 0 && i != p.idx {
 		p.following = i

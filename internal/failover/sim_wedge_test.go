@@ -3,6 +3,8 @@ package failover
 import (
 	"strings"
 	"testing"
+
+	"github.com/walship/walship/internal/datadir"
 )
 
 // fenceBy has every party in ids answer a fence of cand for epoch, as if
@@ -110,5 +112,20 @@ func TestSimKeepOut3(t *testing.T) {
 	t.Logf("prev from the own promise: %d of %d runs wedged; from the primary of the newest log epoch: %d of %d", ownWedged, ownSeeds, wedged, seeds)
 	if ownWedged == 0 || wedged*2 > ownWedged {
 		t.Fatalf("want the answers' log primary to halve the runs that wedge at least: %d of %d from the own promise, %d of %d from the log", ownWedged, ownSeeds, wedged, seeds)
+	}
+}
+
+// TestSimStepDownRaisesSeen: a primary deposed by a log store's newer
+// promise has seen that epoch, and a promotion of its own picks the next
+// one — not the one that deposed it, whose fence every node that granted
+// it refuses (and that, with bugNoEachLogStoreHalf, once let two
+// candidates open one epoch: seed 7740 of TestSimLogStoresFindsBug).
+func TestSimStepDownRaisesSeen(t *testing.T) {
+	s := scripted(simConfig{LogStores: 3, Nodes: 3, K: 1})
+	n0 := s.ps[s.nodeIdx("n0")]
+	s.stepDown(n0, datadir.Vote{Epoch: 2, Primary: "n1", Addr: "n1"})
+	s.promote(n0)
+	if n0.cand == nil || n0.cand.epoch != 3 {
+		t.Fatalf("n0, deposed by epoch 2, promotes to %+v, want epoch 3", n0.cand)
 	}
 }
