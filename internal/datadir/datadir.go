@@ -6,6 +6,8 @@
 //	          by every other node from the first peer it hears from
 //	vote      the highest epoch the node has promised to (a fence, or a
 //	          primary it followed), and that epoch's primary
+//	logprimary  the primary of the newest epoch of the node's log, once
+//	          the vote names a newer epoch (see SaveLogPrimary)
 //	epochs    the epoch history of the node's log: one "epoch first_lsn"
 //	          line per epoch that wrote part of it
 //	applied   (replicas) an LSN the node had applied, and whether reads
@@ -48,6 +50,7 @@ func (v Vote) String() string {
 
 const (
 	voteFile    = "vote"
+	logPrimary  = "logprimary"
 	legacyEpoch = "epoch" // a single decimal epoch, as nodes wrote before votes
 	historyFile = "epochs"
 	appliedFile = "applied"
@@ -67,13 +70,19 @@ func LoadVote(fsys vfs.FS, dir string) (Vote, error) {
 	if err != nil {
 		return Vote{}, fmt.Errorf("read vote: %w", err)
 	}
+	return parseVote("vote", filepath.Join(dir, voteFile), b)
+}
+
+// parseVote parses the line of a vote file (what, at path).
+func parseVote(what, path string, b []byte) (Vote, error) {
 	f := strings.Fields(string(b))
 	var v Vote
+	var err error
 	if len(f) >= 1 {
 		v.Epoch, err = strconv.ParseUint(f[0], 10, 64)
 	}
 	if len(f) < 1 || len(f) > 3 || err != nil {
-		return Vote{}, fmt.Errorf("vote file %s holds %q: want \"epoch [primary_id [primary_addr]]\"", filepath.Join(dir, voteFile), b)
+		return Vote{}, fmt.Errorf("%s file %s holds %q: want \"epoch [primary_id [primary_addr]]\"", what, path, b)
 	}
 	if len(f) > 1 {
 		v.Primary = unquote(f[1])
@@ -86,9 +95,38 @@ func LoadVote(fsys vfs.FS, dir string) (Vote, error) {
 
 // SaveVote durably replaces dir's vote.
 func SaveVote(fsys vfs.FS, dir string, v Vote) error {
-	line := fmt.Sprintf("%d %s %s\n", v.Epoch, quote(v.Primary), quote(v.Addr))
-	if err := vfs.WriteFileAtomic(fsys, filepath.Join(dir, voteFile), []byte(line)); err != nil {
+	if err := vfs.WriteFileAtomic(fsys, filepath.Join(dir, voteFile), voteLine(v)); err != nil {
 		return fmt.Errorf("save vote %v: %w", v, err)
+	}
+	return nil
+}
+
+func voteLine(v Vote) []byte {
+	return fmt.Appendf(nil, "%d %s %s\n", v.Epoch, quote(v.Primary), quote(v.Addr))
+}
+
+// LoadLogPrimary reads dir's log primary (SaveLogPrimary); a directory
+// without one reads as the zero Vote.
+func LoadLogPrimary(fsys vfs.FS, dir string) (Vote, error) {
+	path := filepath.Join(dir, logPrimary)
+	b, err := vfs.ReadFile(fsys, path)
+	if errors.Is(err, os.ErrNotExist) {
+		return Vote{}, nil
+	}
+	if err != nil {
+		return Vote{}, fmt.Errorf("read log primary: %w", err)
+	}
+	return parseVote("log primary", path, b)
+}
+
+// SaveLogPrimary durably replaces dir's log primary: v, a promise of the
+// epoch the node's log ends in that named its primary, kept before a
+// promise of a newer epoch replaces it (failover.State.KeepsLogPrimary),
+// in the vote file's form. It names that primary only while the log still
+// ends in v's epoch.
+func SaveLogPrimary(fsys vfs.FS, dir string, v Vote) error {
+	if err := vfs.WriteFileAtomic(fsys, filepath.Join(dir, logPrimary), voteLine(v)); err != nil {
+		return fmt.Errorf("save log primary %v: %w", v, err)
 	}
 	return nil
 }

@@ -44,6 +44,29 @@ func TestVoteRoundTripAndLegacyEpoch(t *testing.T) {
 	}
 }
 
+func TestLogPrimaryRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	if v, err := LoadLogPrimary(vfs.OS, dir); err != nil || v != (Vote{}) {
+		t.Fatalf("empty dir: %v, %v", v, err)
+	}
+	v := Vote{Epoch: 4, Primary: "n0", Addr: "10.0.0.1:7401"}
+	if err := SaveLogPrimary(vfs.OS, dir, v); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := LoadLogPrimary(vfs.OS, dir); err != nil || got != v {
+		t.Fatalf("saved %v, loaded %v, %v", v, got, err)
+	}
+	if got, err := LoadVote(vfs.OS, dir); err != nil || got != (Vote{}) {
+		t.Fatalf("the log primary is not the vote: loaded vote %v, %v", got, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "logprimary"), []byte("x n0"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadLogPrimary(vfs.OS, dir); err == nil || !strings.Contains(err.Error(), "log primary file") {
+		t.Fatalf("bad log primary: %v", err)
+	}
+}
+
 func TestAppliedRoundTrip(t *testing.T) {
 	dir := t.TempDir()
 	if lsn, err := LoadApplied(vfs.OS, dir); err != nil || lsn != 0 {
