@@ -21,21 +21,24 @@ func (h *logStoreServer) Status(ctx context.Context, _ *walshipv1.LogStoreServic
 // Status reports what the log store holds.
 func (s *Server) Status() *walshipv1.LogStoreServiceStatusResponse {
 	v := s.vote.Load()
+	lp := s.acceptor().PrimaryOfLog()
 	return &walshipv1.LogStoreServiceStatusResponse{
-		FirstLsn:    s.wal.FirstLSN(),
-		DurableLsn:  s.durableLSN(),
-		Epoch:       s.epoch.Load(),
-		StoredBytes: uint64(s.wal.Size()),
-		Segments:    uint32(s.wal.Segments()),
-		LastEpoch:   s.logEpoch.Load(),
-		History:     (*s.history.Load()).Proto(),
-		VoteEpoch:   v.Epoch,
-		PrimaryId:   v.Primary,
-		PrimaryAddr: v.Addr,
-		ClusterId:   s.cluster.ID(),
-		Refilling:   s.fill.refilling.Load(),
-		Snapshots:   s.snaps.infos(),
-		Archive:     s.archiveStatus(),
+		LogPrimaryId:   lp.Primary,
+		LogPrimaryAddr: lp.Addr,
+		FirstLsn:       s.wal.FirstLSN(),
+		DurableLsn:     s.durableLSN(),
+		Epoch:          s.epoch.Load(),
+		StoredBytes:    uint64(s.wal.Size()),
+		Segments:       uint32(s.wal.Segments()),
+		LastEpoch:      s.logEpoch.Load(),
+		History:        (*s.history.Load()).Proto(),
+		VoteEpoch:      v.Epoch,
+		PrimaryId:      v.Primary,
+		PrimaryAddr:    v.Addr,
+		ClusterId:      s.cluster.ID(),
+		Refilling:      s.fill.refilling.Load(),
+		Snapshots:      s.snaps.infos(),
+		Archive:        s.archiveStatus(),
 	}
 }
 
@@ -69,23 +72,26 @@ func (a *adminServer) Status(context.Context, *walshipv1.StatusRequest) (*walshi
 	s := a.s
 	durable := s.wal.DurableLSN()
 	v := s.vote.Load()
+	lp := s.acceptor().PrimaryOfLog()
 	resp := &walshipv1.StatusResponse{
-		Role:        walshipv1.Role_ROLE_LOGSTORE,
-		Id:          s.id(),
-		PrimaryId:   v.Primary,
-		Primary:     v.Addr,
-		VoteEpoch:   v.Epoch,
-		History:     (*s.history.Load()).Proto(),
-		Epoch:       s.epoch.Load(),
-		LastLsn:     s.wal.LastLSN(),
-		DurableLsn:  durable,
-		VisibleLsn:  durable, // Read serves durable batches only
-		WalBytes:    uint64(s.wal.Size()),
-		WalFirstLsn: s.wal.FirstLSN(),
-		Serving:     s.srv.Serving(),
-		ClusterId:   s.cluster.ID(),
-		Refilling:   s.fill.refilling.Load(),
-		Archive:     s.archiveStatus(),
+		LogPrimaryId:   lp.Primary,
+		LogPrimaryAddr: lp.Addr,
+		Role:           walshipv1.Role_ROLE_LOGSTORE,
+		Id:             s.id(),
+		PrimaryId:      v.Primary,
+		Primary:        v.Addr,
+		VoteEpoch:      v.Epoch,
+		History:        (*s.history.Load()).Proto(),
+		Epoch:          s.epoch.Load(),
+		LastLsn:        s.wal.LastLSN(),
+		DurableLsn:     durable,
+		VisibleLsn:     durable, // Read serves durable batches only
+		WalBytes:       uint64(s.wal.Size()),
+		WalFirstLsn:    s.wal.FirstLSN(),
+		Serving:        s.srv.Serving(),
+		ClusterId:      s.cluster.ID(),
+		Refilling:      s.fill.refilling.Load(),
+		Archive:        s.archiveStatus(),
 	}
 	orphans, err := datadir.ListOrphans(s.fs, s.cfg.DataDir)
 	if err != nil {

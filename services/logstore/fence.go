@@ -142,7 +142,11 @@ func (s *Server) handleFence(r *appendReq) error {
 // acceptor is the log store's part of the protocol as the failover core
 // reads it: its promise, its log's newest epoch and its cluster.
 func (s *Server) acceptor() failover.State {
-	return failover.State{Vote: *s.vote.Load(), LogEpoch: s.logEpoch.Load(), Cluster: s.cluster.ID()}
+	st := failover.State{Vote: *s.vote.Load(), LogEpoch: s.logEpoch.Load(), Cluster: s.cluster.ID()}
+	if lp := s.logPrimary.Load(); lp != nil {
+		st.LogPrimary = *lp
+	}
+	return st
 }
 
 // clusterRefused is the refusal of peer, which states the cluster id
@@ -157,12 +161,15 @@ func (s *Server) clusterRefused(theirs, peer string) error {
 
 // fenceState is the part of a FenceResponse that describes the stored log.
 func (s *Server) fenceState() *walshipv1.FenceResponse {
+	lp := s.acceptor().PrimaryOfLog()
 	return &walshipv1.FenceResponse{
-		Id:        s.id(),
-		LastEpoch: s.logEpoch.Load(),
-		LastLsn:   s.durableLSN(),
-		History:   (*s.history.Load()).Proto(),
-		ClusterId: s.cluster.ID(),
+		Id:             s.id(),
+		LastEpoch:      s.logEpoch.Load(),
+		LastLsn:        s.durableLSN(),
+		History:        (*s.history.Load()).Proto(),
+		ClusterId:      s.cluster.ID(),
+		LogPrimaryId:   lp.Primary,
+		LogPrimaryAddr: lp.Addr,
 	}
 }
 

@@ -215,3 +215,52 @@ func TestMissedPromotionNamesTheWinner(t *testing.T) {
 		t.Fatalf("vote: %v, %v; want epoch 4 held by c1", v, err)
 	}
 }
+
+// TestFenceKeepsTheLogsPrimary: a fence answer, and Status, name the
+// primary of the epoch the stored log ends in (log_primary_id), also
+// once a candidate that fenced and never opened holds the promise: the
+// promise of that epoch, which named the primary whose heartbeat the log
+// store took, is kept (DataDir/logprimary) before the newer one replaces
+// it, survives a restart, and a further fence does not replace it. Once
+// the log ends in a newer epoch, that epoch's primary is named.
+func TestFenceKeepsTheLogsPrimary(t *testing.T) {
+	dir := t.TempDir()
+	r := start(t, testConfig(t, dir))
+	fence := walshipv1.NewEpochServiceClient(r.conn)
+	old := r.append(t)
+	old.declared = true
+	old.sendOrEnded(&walshipv1.AppendRequest{Heartbeat: &walshipv1.Heartbeat{Epoch: 3, PrimaryId: "p0", PrimaryAddr: "10.0.0.1:7401", TimeUnixNano: time.Now().UnixNano(), ReplyRequested: true}}, "heartbeat")
+	old.send(chain(t, 3, 1, 3, 10)...)
+	old.waitDurable(6)
+	if st := r.status(t); st.LogPrimaryId != "p0" || st.LogPrimaryAddr != "10.0.0.1:7401" {
+		t.Fatalf("status of a log of epoch 3 whose primary streams: %v", st)
+	}
+	for _, f := range []struct {
+		epoch uint64
+		cand  string
+	}{{4, "ghost"}, {5, "ghost2"}} {
+		resp, err := fence.Fence(t.Context(), &walshipv1.FenceRequest{Epoch: f.epoch, CandidateId: f.cand, CandidateAddr: f.cand + ":1"})
+		if err != nil || !resp.Granted || resp.PrimaryId != f.cand || resp.LastEpoch != 3 || resp.LogPrimaryId != "p0" || resp.LogPrimaryAddr != "10.0.0.1:7401" {
+			t.Fatalf("fence of epoch %d by %s = %v, %v; want granted, the log's primary p0", f.epoch, f.cand, resp, err)
+		}
+	}
+	if lp, err := datadir.LoadLogPrimary(vfs.OS, dir); err != nil || lp != (datadir.Vote{Epoch: 3, Primary: "p0", Addr: "10.0.0.1:7401"}) {
+		t.Fatalf("log primary file: %v, %v", lp, err)
+	}
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	r = start(t, testConfig(t, dir))
+	if st := r.status(t); st.VoteEpoch != 5 || st.PrimaryId != "ghost2" || st.LogPrimaryId != "p0" {
+		t.Fatalf("status after a restart: %v", st)
+	}
+	// The primary of epoch 5 streams: its batch ends the log in epoch 5.
+	a := r.append(t)
+	a.declared = true
+	a.sendOrEnded(&walshipv1.AppendRequest{Heartbeat: &walshipv1.Heartbeat{Epoch: 5, PrimaryId: "n5", PrimaryAddr: "n5:1", TimeUnixNano: time.Now().UnixNano(), ReplyRequested: true}}, "heartbeat")
+	a.send(batch(t, 5, 7, 1, 10))
+	a.waitDurable(7)
+	if st := r.status(t); st.LastEpoch != 5 || st.LogPrimaryId != "n5" {
+		t.Fatalf("status once the log ends in epoch 5: %v", st)
+	}
+}

@@ -36,6 +36,10 @@ type Server struct {
 	// after persisting it; everyone may read it. vote is the whole promise.
 	epoch atomic.Uint64
 	vote  atomic.Pointer[datadir.Vote]
+	// logPrimary is the promise of the log's epoch that named its primary,
+	// kept when a newer epoch was promised (DataDir/logprimary,
+	// failover.State.LogPrimary); nil before recovery. Writer-only writes.
+	logPrimary atomic.Pointer[datadir.Vote]
 	// logEpoch is the epoch of the newest stored batch and history the
 	// epoch history of the stored log (DataDir/epochs). Writer-only writes.
 	logEpoch atomic.Uint64
@@ -193,6 +197,11 @@ func (s *Server) recover() error {
 	if err != nil {
 		return err
 	}
+	lp, err := datadir.LoadLogPrimary(s.fs, s.cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	s.logPrimary.Store(&lp)
 	h, err := datadir.LoadHistory(s.fs, s.cfg.DataDir)
 	if err != nil {
 		return err
@@ -236,9 +245,18 @@ func (s *Server) recover() error {
 	return nil
 }
 
-// saveVote persists v as the log store's promise, then publishes it.
-// Writer-only. An error is fatal.
+// saveVote persists v as the log store's promise, then publishes it,
+// keeping first the promise it replaces if that named the primary of the
+// log's epoch (failover.State.KeepsLogPrimary). Writer-only. An error is
+// fatal.
 func (s *Server) saveVote(v datadir.Vote) error {
+	if kept, ok := s.acceptor().KeepsLogPrimary(v); ok {
+		if err := datadir.SaveLogPrimary(s.fs, s.cfg.DataDir, kept); err != nil {
+			s.metrics.fsyncErrors.Inc()
+			return err
+		}
+		s.logPrimary.Store(&kept)
+	}
 	if err := datadir.SaveVote(s.fs, s.cfg.DataDir, v); err != nil {
 		s.metrics.fsyncErrors.Inc()
 		return err

@@ -54,6 +54,9 @@ func (s *Server) Status() *walshipv1.StatusResponse {
 		History:       s.epochs.Proto(),
 		ClusterId:     s.cluster.ID(),
 		Membership:    s.membership(time.Now()),
+		// The primary of its log's epoch is itself.
+		LogPrimaryId:   s.cfg.ID,
+		LogPrimaryAddr: s.Advertise(),
 	}
 	if s.lease.hasStores() {
 		resp.LeaseRemaining = durationpb.New(s.lease.remaining())

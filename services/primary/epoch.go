@@ -166,6 +166,7 @@ func (s *Server) elect(ctx context.Context) error {
 			return err
 		}
 		if newer != nil {
+			s.keepLogPrimary(*newer)
 			if err := datadir.SaveVote(s.fs, s.cfg.DataDir, *newer); err != nil {
 				s.logger.Warn("cannot save the vote of the newer epoch", "err", err)
 			}
@@ -645,6 +646,7 @@ func (s *Server) failedErr() error { return s.pipe.err() }
 func (s *Server) depose(err *DeposedError) {
 	s.deposeOnce.Do(func() {
 		if err.Vote.Epoch > s.vote.Load().Epoch {
+			s.keepLogPrimary(err.Vote)
 			if serr := datadir.SaveVote(s.fs, s.cfg.DataDir, err.Vote); serr != nil {
 				s.logger.Warn("cannot save the vote of the epoch that deposed this primary", "err", serr)
 			}
@@ -652,6 +654,36 @@ func (s *Server) depose(err *DeposedError) {
 		s.logger.Warn("deposed: stepping down", "why", err.Why, "epoch", s.epoch, "new_epoch", err.Vote.Epoch, "new_primary", err.Vote.Primary)
 		s.pipe.fail(err, nil)
 	})
+}
+
+// keepLogPrimary keeps the promise in the data directory as the primary
+// of its log's epoch before v, a newer epoch's, replaces it
+// (failover.State.KeepsLogPrimary; best effort, as the vote's save is):
+// the node, a replica from now on, then still names itself as the primary
+// of the epoch its log ends in, and the next candidate excludes its
+// promise rather than that of a candidate that fenced and gave up.
+func (s *Server) keepLogPrimary(v datadir.Vote) {
+	cur, err := datadir.LoadVote(s.fs, s.cfg.DataDir)
+	if err != nil {
+		s.logger.Warn("cannot read the vote to keep the log's primary", "err", err)
+		return
+	}
+	h, err := datadir.LoadHistory(s.fs, s.cfg.DataDir)
+	if err != nil {
+		s.logger.Warn("cannot read the epoch history to keep the log's primary", "err", err)
+		return
+	}
+	lp, err := datadir.LoadLogPrimary(s.fs, s.cfg.DataDir)
+	if err != nil {
+		s.logger.Warn("cannot read the log's primary", "err", err)
+		return
+	}
+	st := failover.State{Vote: cur, LogEpoch: h.Current().Epoch, LogPrimary: lp}
+	if kept, ok := st.KeepsLogPrimary(v); ok {
+		if err := datadir.SaveLogPrimary(s.fs, s.cfg.DataDir, kept); err != nil {
+			s.logger.Warn("cannot keep the log's primary", "err", err)
+		}
+	}
 }
 
 // Advertise is the address other nodes and clients reach this primary at:
@@ -700,7 +732,8 @@ func (h *epochServer) Fence(ctx context.Context, req *walshipv1.FenceRequest) (*
 	if err := s.guard.Check(req.GetClusterId(), candidate); err != nil {
 		return nil, err
 	}
-	resp := &walshipv1.FenceResponse{Id: s.cfg.ID, Primary: true, LastEpoch: s.epoch, History: s.epochs.Proto(), ClusterId: s.cluster.ID()}
+	resp := &walshipv1.FenceResponse{Id: s.cfg.ID, Primary: true, LastEpoch: s.epoch, History: s.epochs.Proto(), ClusterId: s.cluster.ID(),
+		LogPrimaryId: s.cfg.ID, LogPrimaryAddr: s.Advertise()}
 	if req.GetEpoch() <= s.epoch {
 		v := s.vote.Load()
 		resp.Epoch, resp.PrimaryId, resp.PrimaryAddr, resp.LastLsn = v.Epoch, v.Primary, v.Addr, s.wal.DurableLSN()

@@ -40,6 +40,11 @@ func (s *Server) loadEpochs(logEpoch uint64) error {
 	if err != nil {
 		return err
 	}
+	lp, err := datadir.LoadLogPrimary(s.fs, s.cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	s.logPrimary.Store(&lp)
 	h, err := datadir.LoadHistory(s.fs, s.cfg.DataDir)
 	if err != nil {
 		return err
@@ -161,8 +166,17 @@ func (s *Server) learnLocked(v datadir.Vote) (bool, error) {
 }
 
 // saveVoteLocked makes v the vote, durably, logs why, and follows its
-// primary. Callers hold voteMu.
+// primary. The promise it replaces is kept first if it named the primary
+// of the log's epoch (failover.State.KeepsLogPrimary): every path that
+// raises the vote — the core's steps, a peer naming a newer primary —
+// comes here. Callers hold voteMu.
 func (s *Server) saveVoteLocked(v datadir.Vote, why string) error {
+	if kept, ok := s.acceptor().KeepsLogPrimary(v); ok {
+		if err := datadir.SaveLogPrimary(s.fs, s.cfg.DataDir, kept); err != nil {
+			return err
+		}
+		s.logPrimary.Store(&kept)
+	}
 	if err := datadir.SaveVote(s.fs, s.cfg.DataDir, v); err != nil {
 		return err
 	}
@@ -304,8 +318,17 @@ func (s *Server) Fence(req *walshipv1.FenceRequest) (*walshipv1.FenceResponse, e
 // acceptor is the replica's part of the protocol as the failover core
 // reads it: its promise, its log's newest epoch and its cluster.
 func (s *Server) acceptor() failover.State {
-	return failover.State{Vote: *s.vote.Load(), LogEpoch: s.epoch.Load(), Cluster: s.cluster.ID()}
+	st := failover.State{Vote: *s.vote.Load(), LogEpoch: s.epoch.Load(), Cluster: s.cluster.ID()}
+	if lp := s.logPrimary.Load(); lp != nil {
+		st.LogPrimary = *lp
+	}
+	return st
 }
+
+// LogPrimary is the primary of the newest epoch of the replica's log as
+// it knows it (failover.State.PrimaryOfLog; the zero Vote if it knows
+// none).
+func (s *Server) LogPrimary() datadir.Vote { return s.acceptor().PrimaryOfLog() }
 
 // persist carries out the effects of a failover core step, in order,
 // before the step's message is acted on; an error is fatal to the
@@ -356,6 +379,8 @@ func (s *Server) fenceState() *walshipv1.FenceResponse {
 		PrimaryLastLsn:    s.lag.primaryLSN(),
 		ClusterId:         s.cluster.ID(),
 	}
+	lp := s.LogPrimary()
+	resp.LogPrimaryId, resp.LogPrimaryAddr = lp.Primary, lp.Addr
 	if c := s.lag.lastContactTime(); !c.IsZero() {
 		resp.SincePrimaryContact = durationpb.New(time.Since(c))
 	}
@@ -462,7 +487,7 @@ func (l *logServer) Status(context.Context, *walshipv1.LogStoreServiceStatusRequ
 	v := s.Vote()
 	return &walshipv1.LogStoreServiceStatusResponse{FirstLsn: s.wal.FirstLSN(), DurableLsn: s.wal.DurableLSN(), Epoch: v.Epoch,
 		LastEpoch: s.epoch.Load(), History: (*s.history.Load()).Proto(), VoteEpoch: v.Epoch, PrimaryId: v.Primary, PrimaryAddr: v.Addr,
-		ClusterId: s.cluster.ID()}, nil
+		ClusterId: s.cluster.ID(), LogPrimaryId: s.LogPrimary().Primary, LogPrimaryAddr: s.LogPrimary().Addr}, nil
 }
 
 // isNotPrimary reports whether err is a NotPrimary refusal this replica

@@ -166,6 +166,10 @@ type Server struct {
 	history atomic.Pointer[datadir.History]
 	voteMu  sync.Mutex
 	vote    atomic.Pointer[datadir.Vote]
+	// logPrimary is the promise of the log's epoch that named its
+	// primary, kept when a newer epoch was promised (DataDir/logprimary,
+	// failover.State.LogPrimary); written under voteMu.
+	logPrimary atomic.Pointer[datadir.Vote]
 	// cluster is the cluster the replica belongs to (DataDir/cluster),
 	// adopted from the first primary, snapshot or granted fence that
 	// states one (cluster.go).

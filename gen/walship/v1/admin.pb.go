@@ -321,9 +321,18 @@ type StatusResponse struct {
 	Election *ElectionStatus `protobuf:"bytes,28,opt,name=election,proto3" json:"election,omitempty"`
 	// membership is the configuration and each member's position, as
 	// ListMembers reports it (a primary's Status only).
-	Membership    *MembershipStatus `protobuf:"bytes,29,opt,name=membership,proto3" json:"membership,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Membership *MembershipStatus `protobuf:"bytes,29,opt,name=membership,proto3" json:"membership,omitempty"`
+	// log_primary_id is the primary of the newest epoch of the
+	// log (last_epoch), as the node knows it: what a promise of that epoch
+	// named, kept when a newer epoch is promised (empty if it knows none). A
+	// candidate excludes that primary's promise from the members it needs,
+	// not the one of a candidate that fenced and gave up: entries of an
+	// epoch are its primary's alone (docs/ARCHITECTURE.md, Failover).
+	LogPrimaryId string `protobuf:"bytes,30,opt,name=log_primary_id,json=logPrimaryId,proto3" json:"log_primary_id,omitempty"`
+	// log_primary_addr is that primary's advertised address.
+	LogPrimaryAddr string `protobuf:"bytes,31,opt,name=log_primary_addr,json=logPrimaryAddr,proto3" json:"log_primary_addr,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -557,6 +566,20 @@ func (x *StatusResponse) GetMembership() *MembershipStatus {
 		return x.Membership
 	}
 	return nil
+}
+
+func (x *StatusResponse) GetLogPrimaryId() string {
+	if x != nil {
+		return x.LogPrimaryId
+	}
+	return ""
+}
+
+func (x *StatusResponse) GetLogPrimaryAddr() string {
+	if x != nil {
+		return x.LogPrimaryAddr
+	}
+	return ""
 }
 
 // ListMembersRequest asks the primary for the cluster's configuration.
@@ -2184,7 +2207,7 @@ const file_walship_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"\x16walship/v1/admin.proto\x12\n" +
 	"walship.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x16walship/v1/epoch.proto\x1a\x14walship/v1/wal.proto\x1a\x17walship/v1/policy.proto\"\x0f\n" +
-	"\rStatusRequest\"\x8e\t\n" +
+	"\rStatusRequest\"\xde\t\n" +
 	"\x0eStatusResponse\x12$\n" +
 	"\x04role\x18\x01 \x01(\x0e2\x10.walship.v1.RoleR\x04role\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x14\n" +
@@ -2222,7 +2245,9 @@ const file_walship_v1_admin_proto_rawDesc = "" +
 	"\belection\x18\x1c \x01(\v2\x1a.walship.v1.ElectionStatusR\belection\x12<\n" +
 	"\n" +
 	"membership\x18\x1d \x01(\v2\x1c.walship.v1.MembershipStatusR\n" +
-	"membership\"\x14\n" +
+	"membership\x12$\n" +
+	"\x0elog_primary_id\x18\x1e \x01(\tR\flogPrimaryId\x12(\n" +
+	"\x10log_primary_addr\x18\x1f \x01(\tR\x0elogPrimaryAddr\"\x14\n" +
 	"\x12ListMembersRequest\"S\n" +
 	"\x13ListMembersResponse\x12<\n" +
 	"\n" +

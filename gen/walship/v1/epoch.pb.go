@@ -502,9 +502,18 @@ type FenceResponse struct {
 	// contract is the durability contract of the newest epoch record the node has applied (data nodes).
 	Contract *Contract `protobuf:"bytes,14,opt,name=contract,proto3" json:"contract,omitempty"`
 	// cluster_id is the node's cluster (empty if it has none yet).
-	ClusterId     string `protobuf:"bytes,15,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ClusterId string `protobuf:"bytes,15,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	// log_primary_id is the primary of the newest epoch of the
+	// log (last_epoch), as the node knows it: what a promise of that epoch
+	// named, kept when a newer epoch is promised (empty if it knows none). A
+	// candidate excludes that primary's promise from the members it needs,
+	// not the one of a candidate that fenced and gave up: entries of an
+	// epoch are its primary's alone (docs/ARCHITECTURE.md, Failover).
+	LogPrimaryId string `protobuf:"bytes,16,opt,name=log_primary_id,json=logPrimaryId,proto3" json:"log_primary_id,omitempty"`
+	// log_primary_addr is that primary's advertised address.
+	LogPrimaryAddr string `protobuf:"bytes,17,opt,name=log_primary_addr,json=logPrimaryAddr,proto3" json:"log_primary_addr,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *FenceResponse) Reset() {
@@ -638,6 +647,20 @@ func (x *FenceResponse) GetContract() *Contract {
 func (x *FenceResponse) GetClusterId() string {
 	if x != nil {
 		return x.ClusterId
+	}
+	return ""
+}
+
+func (x *FenceResponse) GetLogPrimaryId() string {
+	if x != nil {
+		return x.LogPrimaryId
+	}
+	return ""
+}
+
+func (x *FenceResponse) GetLogPrimaryAddr() string {
+	if x != nil {
+		return x.LogPrimaryAddr
 	}
 	return ""
 }
@@ -1125,7 +1148,7 @@ const file_walship_v1_epoch_proto_rawDesc = "" +
 	"\fcandidate_id\x18\x02 \x01(\tR\vcandidateId\x12%\n" +
 	"\x0ecandidate_addr\x18\x03 \x01(\tR\rcandidateAddr\x12\x1d\n" +
 	"\n" +
-	"cluster_id\x18\x04 \x01(\tR\tclusterId\"\xb2\x04\n" +
+	"cluster_id\x18\x04 \x01(\tR\tclusterId\"\x82\x05\n" +
 	"\rFenceResponse\x12\x18\n" +
 	"\agranted\x18\x01 \x01(\bR\agranted\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1d\n" +
@@ -1146,7 +1169,9 @@ const file_walship_v1_epoch_proto_rawDesc = "" +
 	"\x10primary_last_lsn\x18\r \x01(\x04R\x0eprimaryLastLsn\x120\n" +
 	"\bcontract\x18\x0e \x01(\v2\x14.walship.v1.ContractR\bcontract\x12\x1d\n" +
 	"\n" +
-	"cluster_id\x18\x0f \x01(\tR\tclusterId\"?\n" +
+	"cluster_id\x18\x0f \x01(\tR\tclusterId\x12$\n" +
+	"\x0elog_primary_id\x18\x10 \x01(\tR\flogPrimaryId\x12(\n" +
+	"\x10log_primary_addr\x18\x11 \x01(\tR\x0elogPrimaryAddr\"?\n" +
 	"\n" +
 	"EpochStart\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x1b\n" +

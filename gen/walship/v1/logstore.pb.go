@@ -366,9 +366,18 @@ type LogStoreServiceStatusResponse struct {
 	// takes no Append stream until it is done.
 	Refilling bool `protobuf:"varint,13,opt,name=refilling,proto3" json:"refilling,omitempty"`
 	// archive describes the log store's archive (unset without --archive).
-	Archive       *ArchiveStatus `protobuf:"bytes,14,opt,name=archive,proto3" json:"archive,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Archive *ArchiveStatus `protobuf:"bytes,14,opt,name=archive,proto3" json:"archive,omitempty"`
+	// log_primary_id is the primary of the newest epoch of the
+	// log (last_epoch), as the node knows it: what a promise of that epoch
+	// named, kept when a newer epoch is promised (empty if it knows none). A
+	// candidate excludes that primary's promise from the members it needs,
+	// not the one of a candidate that fenced and gave up: entries of an
+	// epoch are its primary's alone (docs/ARCHITECTURE.md, Failover).
+	LogPrimaryId string `protobuf:"bytes,15,opt,name=log_primary_id,json=logPrimaryId,proto3" json:"log_primary_id,omitempty"`
+	// log_primary_addr is that primary's advertised address.
+	LogPrimaryAddr string `protobuf:"bytes,16,opt,name=log_primary_addr,json=logPrimaryAddr,proto3" json:"log_primary_addr,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *LogStoreServiceStatusResponse) Reset() {
@@ -497,6 +506,20 @@ func (x *LogStoreServiceStatusResponse) GetArchive() *ArchiveStatus {
 		return x.Archive
 	}
 	return nil
+}
+
+func (x *LogStoreServiceStatusResponse) GetLogPrimaryId() string {
+	if x != nil {
+		return x.LogPrimaryId
+	}
+	return ""
+}
+
+func (x *LogStoreServiceStatusResponse) GetLogPrimaryAddr() string {
+	if x != nil {
+		return x.LogPrimaryAddr
+	}
+	return ""
 }
 
 // SnapshotInfo describes one stored base snapshot.
@@ -1147,7 +1170,7 @@ const file_walship_v1_logstore_proto_rawDesc = "" +
 	"cluster_id\x18\x04 \x01(\tR\tclusterId\":\n" +
 	"\fReadResponse\x12*\n" +
 	"\x05batch\x18\x01 \x01(\v2\x14.walship.v1.WalBatchR\x05batch\"\x1e\n" +
-	"\x1cLogStoreServiceStatusRequest\"\x8e\x04\n" +
+	"\x1cLogStoreServiceStatusRequest\"\xde\x04\n" +
 	"\x1dLogStoreServiceStatusResponse\x12\x1b\n" +
 	"\tfirst_lsn\x18\x01 \x01(\x04R\bfirstLsn\x12\x1f\n" +
 	"\vdurable_lsn\x18\x02 \x01(\x04R\n" +
@@ -1168,7 +1191,9 @@ const file_walship_v1_logstore_proto_rawDesc = "" +
 	"cluster_id\x18\v \x01(\tR\tclusterId\x126\n" +
 	"\tsnapshots\x18\f \x03(\v2\x18.walship.v1.SnapshotInfoR\tsnapshots\x12\x1c\n" +
 	"\trefilling\x18\r \x01(\bR\trefilling\x123\n" +
-	"\aarchive\x18\x0e \x01(\v2\x19.walship.v1.ArchiveStatusR\aarchive\"\xb6\x01\n" +
+	"\aarchive\x18\x0e \x01(\v2\x19.walship.v1.ArchiveStatusR\aarchive\x12$\n" +
+	"\x0elog_primary_id\x18\x0f \x01(\tR\flogPrimaryId\x12(\n" +
+	"\x10log_primary_addr\x18\x10 \x01(\tR\x0elogPrimaryAddr\"\xb6\x01\n" +
 	"\fSnapshotInfo\x12\x10\n" +
 	"\x03lsn\x18\x01 \x01(\x04R\x03lsn\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x121\n" +
