@@ -81,6 +81,9 @@ type answer struct {
 	cluster string
 	// takingWrites: a member that is the primary and takes writes (survey).
 	takingWrites bool
+	// logPrimary is the primary of lastEpoch as the node knows it
+	// (log_primary_id; "" if it knows none).
+	logPrimary string
 }
 
 func (a answer) String() string {
@@ -520,8 +523,9 @@ func (n *Node) promoteAs(ctx context.Context, req *walshipv1.PromoteRequest, ele
 		n.metrics.promotions.WithLabelValues("refused").Inc()
 		return nil, err
 	}
-	tl := &walshipv1.FailoverTimeline{PreviousEpoch: prev.Epoch, PreviousPrimary: prev.Primary, StartedUnixNano: started.UnixNano()}
-	pre := judgeAll(known, prev.Primary, survey, reachable)
+	replaced := replacedPrimary(prev.Primary, survey)
+	tl := &walshipv1.FailoverTimeline{PreviousEpoch: prev.Epoch, PreviousPrimary: replaced, StartedUnixNano: started.UnixNano()}
+	pre := judgeAll(known, replaced, survey, reachable)
 	seen := highestEpoch(survey)
 	epoch, err := newEpoch(req.GetEpoch(), seen)
 	if err != nil {
@@ -561,10 +565,12 @@ func (n *Node) promoteAs(ctx context.Context, req *walshipv1.PromoteRequest, ele
 			pre.needed, strings.Join(pre.granted, ", "), strings.Join(pre.refused, "; "))
 	}
 	fencing := time.Now()
-	answers, known := n.fenceEpoch(ctx, rep, epoch, prev.Primary, cluster, known, promisesOf(survey))
+	answers, known := n.fenceEpoch(ctx, rep, epoch, replaced, cluster, known, promisesOf(survey))
 	tl.FencedUnixNano = time.Now().UnixNano()
 	n.metrics.phase(phaseFence, fencing)
-	v := judgeAll(known, prev.Primary, answers, promised)
+	replaced = replacedPrimary(prev.Primary, survey, answers)
+	tl.PreviousPrimary = replaced
+	v := judgeAll(known, replaced, answers, promised)
 	v.report(resp, tl)
 	if !v.quorum && !(req.GetForce() && countLogStores(answers) >= failover.Majority(len(n.logStores()))) {
 		n.metrics.promotions.WithLabelValues("failed").Inc()
@@ -582,7 +588,7 @@ func (n *Node) promoteAs(ctx context.Context, req *walshipv1.PromoteRequest, ele
 	// stays what it is until the catch-up, which may cut it (recordUpTo)
 	// or bring a newer one.
 	p := &plan{epoch: epoch, cluster: cluster, self: answerOf(answers, n.cfg.ID), donor: v.donor, timeline: tl,
-		prev: prev.Primary, answers: answers, forced: !v.quorum}
+		prev: replaced, answers: answers, forced: !v.quorum}
 	var held *walshipv1.EpochRecord
 	p.appliedRecord, p.appliedLSN, held = rep.EpochRecords()
 	p.record = p.appliedRecord
@@ -639,10 +645,11 @@ func promised(a answer) bool { return a.err == nil && a.granted }
 // surveyAll is step 1: self and every other answer to the survey, and the
 // contracts they know, this node's first. An answer is believed only
 // within datadir.MaxEpochGap of the newest epoch this node knows.
-func (n *Node) surveyAll(ctx context.Context, self answer, prev string) ([]answer, []*walshipv1.Contract) {
+func (n *Node) surveyAll(ctx context.Context, self answer, own string) ([]answer, []*walshipv1.Contract) {
 	known := []*walshipv1.Contract{n.contract()}
 	survey := append([]answer{self}, n.survey(ctx, max(self.epoch, self.lastEpoch), func(as []answer) bool {
-		return judgeAll(known, prev, append([]answer{self}, as...), reachable).quorum
+		all := append([]answer{self}, as...)
+		return judgeAll(known, replacedPrimary(own, all), all, reachable).quorum
 	})...)
 	// Every contract an answer knows counts: a node that applied a newer
 	// epoch record than this one's may know a stricter contract.
@@ -657,6 +664,39 @@ func (n *Node) fenceEpoch(ctx context.Context, rep *replica.Server, epoch uint64
 	fr := &walshipv1.FenceRequest{Epoch: epoch, CandidateId: n.cfg.ID, CandidateAddr: n.advertise(), ClusterId: cluster}
 	answers := n.fenceAll(ctx, rep, fr, promises, func(as []answer) bool { return judgeAll(known, prev, as, promised).quorum })
 	return answers, withContracts(known, answers)
+}
+
+// replacedPrimary is the primary a promotion replaces, whose promise does
+// not count toward its quorum (failover.Judge's prev): the primary of the
+// newest log epoch the answers believed hold, as one of them names it
+// (log_primary_id: entries of an epoch are its primary's alone, so it is
+// the primary that may have acknowledged the newest commits); own — the
+// primary this node's promise names — if none names it. Not own alone: a
+// promotion that fenced and gave up leaves promises naming its candidate
+// as the primary of an epoch that never opened, and the primary that
+// really was would then count among the members needed, dead or not (the
+// wedge of TestPromotionAfterOneThatGaveUp). Any one excluded member
+// keeps the quorum meeting every ack quorum while the primary holds its
+// commits (failover.Config.Leads); this one is the member a failover has
+// most likely lost.
+func replacedPrimary(own string, answerSets ...[]answer) string {
+	var newest uint64
+	name := ""
+	for _, as := range answerSets {
+		for _, a := range as {
+			switch {
+			case a.err != nil:
+			case a.lastEpoch > newest:
+				newest, name = a.lastEpoch, a.logPrimary
+			case a.lastEpoch == newest && name == "":
+				name = a.logPrimary
+			}
+		}
+	}
+	if name == "" {
+		return own
+	}
+	return name
 }
 
 // promisesOf maps each answer believed to the epoch it has promised.
@@ -860,11 +900,13 @@ func (n *Node) advertise() string {
 func (n *Node) selfAnswer(rep interface {
 	LogPosition() (uint64, uint64, datadir.History)
 	Vote() datadir.Vote
+	LogPrimary() datadir.Vote
 	ClusterID() string
 }) answer {
 	last, epoch, h := rep.LogPosition()
 	v := rep.Vote()
-	return answer{id: n.cfg.ID, addr: n.advertise(), lastLSN: last, lastEpoch: epoch, history: h, epoch: v.Epoch, holder: v.Primary, granted: true, cluster: rep.ClusterID()}
+	return answer{id: n.cfg.ID, addr: n.advertise(), lastLSN: last, lastEpoch: epoch, history: h, epoch: v.Epoch, holder: v.Primary, granted: true, cluster: rep.ClusterID(),
+		logPrimary: rep.LogPrimary().Primary}
 }
 
 // survey asks every log store and other member where its log ends,
@@ -894,7 +936,7 @@ func (n *Node) survey(ctx context.Context, known uint64, enough func([]answer) b
 				st, err := logStoreStatus(ctx, n.dialer(), j.addrs[0])
 				if a.err = err; err == nil {
 					a.epoch, a.holder, a.lastEpoch, a.lastLSN, a.history = st.GetVoteEpoch(), st.GetPrimaryId(), st.GetLastEpoch(), st.GetDurableLsn(), datadir.HistoryFromProto(st.GetHistory())
-					a.cluster = st.GetClusterId()
+					a.cluster, a.logPrimary = st.GetClusterId(), st.GetLogPrimaryId()
 				}
 			} else {
 				st, addr, err := askAt(ctx, j.id, j.addrs, func(ctx context.Context, addr string) (*walshipv1.StatusResponse, string, error) {
@@ -906,7 +948,7 @@ func (n *Node) survey(ctx context.Context, known uint64, enough func([]answer) b
 					a.primary = st.GetRole() == walshipv1.Role_ROLE_PRIMARY
 					a.takingWrites = a.primary && st.GetTakingWrites()
 					a.contract = st.GetContract()
-					a.cluster = st.GetClusterId()
+					a.cluster, a.logPrimary = st.GetClusterId(), st.GetLogPrimaryId()
 					if len(st.GetPeers()) > 0 && !a.primary {
 						a.primaryLast = st.GetVisibleLsn() + st.GetPeers()[0].GetLagRecords()
 					}
@@ -980,7 +1022,7 @@ func (n *Node) fenceAll(ctx context.Context, rep interface {
 				a.since = resp.GetSincePrimaryContact().AsDuration()
 				a.primaryLast, a.primaryDurable = resp.GetPrimaryLastLsn(), resp.GetPrimaryDurableLsn()
 				a.contract = resp.GetContract()
-				a.cluster = resp.GetClusterId()
+				a.cluster, a.logPrimary = resp.GetClusterId(), resp.GetLogPrimaryId()
 			}
 			a.checkEpochs(req.GetEpoch())
 			ch <- a
