@@ -172,13 +172,14 @@ type simConfig struct {
 	// members other than it under K=1, which a candidate gets only if it
 	// excludes that primary's promise (TestSimKeepOut3).
 	KeepOut3 bool
-	// PrevFromLog: a candidate takes the primary of the newest log epoch
-	// its answers hold (their State.PrimaryOfLog) for the replaced
-	// primary, whose promise does not count; without it, the primary its
-	// own promise names, as services/node does today — after a promotion
-	// that fenced and gave up, the candidate that gave up
-	// (TestSimGaveUpAfterFencing).
-	PrevFromLog bool
+	// PrevFromOwnPromise: a candidate takes the primary its own promise
+	// names for the replaced primary, whose promise does not count, as
+	// services/node did before fence answers carried the primary of the
+	// log's epoch — after a promotion that fenced and gave up, the
+	// candidate that gave up (TestSimGaveUpAfterFencing). Without it, the
+	// primary of the newest log epoch its answers hold (their
+	// State.PrimaryOfLog), as services/node's replacedPrimary does.
+	PrevFromOwnPromise bool
 }
 
 const strandedAfter = 1000
@@ -294,9 +295,9 @@ type candidacy struct {
 	epoch uint64
 	// prev is the replaced primary, whose promise does not count: the
 	// primary of the newest log epoch any answer holds (newestLog),
-	// named by an answer of that epoch (its PrimaryOfLog), under
-	// PrevFromLog; else ownPrev, the primary the candidate's own promise
-	// named when it began.
+	// named by an answer of that epoch (its PrimaryOfLog); else — or
+	// under PrevFromOwnPromise — ownPrev, the primary the candidate's own
+	// promise named when it began.
 	prev       string
 	ownPrev    string
 	newestLog  uint64
@@ -1186,7 +1187,7 @@ func (s *sim) promote(p *party) {
 	s.granted[p.idx] = max(s.granted[p.idx], epoch)
 	le, ll := p.last()
 	c := &candidacy{epoch: epoch, prev: prev, ownPrev: prev, start: s.now, votes: make([]bool, len(s.ps)), seen: max(p.seen, p.st.Known())}
-	c.learnPrev(le, p.st.PrimaryOfLog(), !s.cfg.PrevFromLog)
+	c.learnPrev(le, p.st.PrimaryOfLog(), s.cfg.PrevFromOwnPromise)
 	c.answers = append(c.answers, Answer{ID: p.id, LastEpoch: le, LastLSN: ll})
 	c.extra = append(c.extra, fenceExtra{})
 	c.votes[p.idx] = true
@@ -1219,7 +1220,7 @@ func (s *sim) fenceResp(p *party, m msg) {
 	}
 	c.votes[m.from] = true
 	c.seen = max(c.seen, m.prior, m.lastEpoch)
-	c.learnPrev(m.lastEpoch, m.logPrimary, !s.cfg.PrevFromLog)
+	c.learnPrev(m.lastEpoch, m.logPrimary, s.cfg.PrevFromOwnPromise)
 	if s.cfg.Reconfig {
 		s.tracef("%s: fence answer of %s: granted %v, log %d@%d under %s", p.id, s.ps[m.from].id, m.granted, m.lastLSN, m.lastEpoch, s.cfgString(m.cfg))
 	}
@@ -1259,8 +1260,8 @@ func (s *sim) fenceResp(p *party, m msg) {
 // primary it names as lp (PrimaryOfLog; the zero Vote if unknown), into
 // the replaced primary (prev): the primary of the newest log epoch
 // answered, once an answer of that epoch names it; the candidate's own
-// promise's until then. ownOnly keeps the own promise's (without
-// PrevFromLog).
+// promise's until then (services/node replacedPrimary). ownOnly keeps
+// the own promise's (PrevFromOwnPromise).
 func (c *candidacy) learnPrev(lastEpoch uint64, lp datadir.Vote, ownOnly bool) {
 	if ownOnly {
 		return

@@ -34,11 +34,12 @@ func (s *sim) fenceBy(cand string, epoch uint64, ids ...string) {
 // and no write is acknowledged. Fence answers carry the primary of the
 // newest epoch of the answerer's log (State.PrimaryOfLog: the promise of
 // epoch 1 naming n0, kept in LogPrimary when n1's replaced it); a
-// candidate that excludes that primary (PrevFromLog) needs n1 and n2
-// alone, and the cluster goes on.
+// candidate that excludes that primary (services/node replacedPrimary;
+// the simulation's rule unless PrevFromOwnPromise) needs n1 and n2 alone,
+// and the cluster goes on.
 func TestSimGaveUpAfterFencing(t *testing.T) {
-	run := func(prevFromLog bool) *sim {
-		s := scripted(simConfig{LogStores: 3, Nodes: 3, K: 1, PrevFromLog: prevFromLog})
+	run := func(ownPromise bool) *sim {
+		s := scripted(simConfig{LogStores: 3, Nodes: 3, K: 1, PrevFromOwnPromise: ownPromise})
 		n0 := s.ps[s.nodeIdx("n0")]
 		s.crash(n0)
 		s.keepOut = n0.idx
@@ -51,12 +52,12 @@ func TestSimGaveUpAfterFencing(t *testing.T) {
 		s.run()
 		return s
 	}
-	s := run(false)
+	s := run(true)
 	if s.err == nil || !strings.HasPrefix(s.err.Error(), "liveness") {
 		t.Fatalf("prev from the own promise: want a liveness failure, got %v", s.err)
 	}
 	t.Logf("prev from the own promise: %s", firstLine(s.err))
-	if s := run(true); s.err != nil {
+	if s := run(false); s.err != nil {
 		t.Fatalf("prev from the answers' log primary: %v", s.report())
 	}
 }
@@ -67,18 +68,18 @@ func TestSimGaveUpAfterFencing(t *testing.T) {
 // than the primary they exclude under K=1. With the candidate taking the
 // primary its own promise names for the replaced one, a promotion that
 // fenced and gave up before wedges the cluster; with the primary of the
-// newest log epoch answered (PrevFromLog) fewer runs wedge, and none
+// newest log epoch answered (without PrevFromOwnPromise) fewer runs wedge, and none
 // breaks an invariant. Some still wedge: the primary left down opened an
 // epoch whose only entry (its epoch record) no one else holds, so the
 // newest log epoch answered is an older one, whose primary is alive
-// (-run TestSimKeepOut3 -seed 16 -sim.prevfromlog: n1 opens epoch 7
+// (-run TestSimKeepOut3 -seed 16: n1 opens epoch 7
 // and is cut off; n0 and n2 hold epoch 4 at most). Only a promise that
 // remembered the newest primary heard from, not the newest one with
 // entries, would tell them.
 func TestSimKeepOut3(t *testing.T) {
 	if *simSeed != 0 {
 		c := simConfigFor(*simSeed)
-		c.KeepOut3, c.PrevFromLog, c.Bug = true, *simPrevFromLog, simBug(*simBugF)
+		c.KeepOut3, c.PrevFromOwnPromise, c.Bug = true, *simPrevFromOwn, simBug(*simBugF)
 		s := newSim(c, *simSeed)
 		s.verbose = *simTrace
 		if err := s.run(); err != nil {
@@ -86,14 +87,14 @@ func TestSimKeepOut3(t *testing.T) {
 		}
 		return
 	}
-	run := func(prevFromLog bool) (wedged, seeds int) {
+	run := func(ownPromise bool) (wedged, seeds int) {
 		steps := 0
 		for seed := uint64(1); steps < *simSteps; seed++ {
 			c := simConfigFor(seed)
 			if c.Nodes != 3 {
 				continue
 			}
-			c.KeepOut3, c.PrevFromLog = true, prevFromLog
+			c.KeepOut3, c.PrevFromOwnPromise = true, ownPromise
 			s := newSim(c, seed)
 			err := s.run()
 			steps, seeds = steps+s.steps, seeds+1
@@ -102,13 +103,13 @@ func TestSimKeepOut3(t *testing.T) {
 			case strings.HasPrefix(s.err.Error(), "liveness"):
 				wedged++
 			default:
-				t.Fatalf("seed %d, prev from the log %v: %v", seed, prevFromLog, err)
+				t.Fatalf("seed %d, prev from the own promise %v: %v", seed, ownPromise, err)
 			}
 		}
 		return wedged, seeds
 	}
-	ownWedged, ownSeeds := run(false)
-	wedged, seeds := run(true)
+	ownWedged, ownSeeds := run(true)
+	wedged, seeds := run(false)
 	t.Logf("prev from the own promise: %d of %d runs wedged; from the primary of the newest log epoch: %d of %d", ownWedged, ownSeeds, wedged, seeds)
 	if ownWedged == 0 || wedged*2 > ownWedged {
 		t.Fatalf("want the answers' log primary to halve the runs that wedge at least: %d of %d from the own promise, %d of %d from the log", ownWedged, ownSeeds, wedged, seeds)

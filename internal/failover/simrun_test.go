@@ -17,9 +17,9 @@ var (
 	simBugF  = flag.String("sim.bug", "", "with -seed: inject this bug (see allBugs)")
 	simFirst = flag.Uint64("sim.first", 1, "the first seed TestSim runs")
 	simTrace = flag.Bool("sim.trace", false, "with -seed: print every event of the run, acks, fence answers and verdicts too, not the last 200")
-	// simPrevFromLog: with -seed in TestSimKeepOut3, the candidate's rule
-	// of simConfig.PrevFromLog.
-	simPrevFromLog = flag.Bool("sim.prevfromlog", false, "with -seed in TestSimKeepOut3: a candidate excludes the primary of the newest log epoch answered (simConfig.PrevFromLog)")
+	// simPrevFromOwn: with -seed in TestSimKeepOut3, the candidate's rule
+	// of simConfig.PrevFromOwnPromise.
+	simPrevFromOwn = flag.Bool("sim.prevfromown", false, "with -seed in TestSimKeepOut3: a candidate excludes the primary its own promise names (simConfig.PrevFromOwnPromise)")
 )
 
 // simConfigFor is the cluster, lease and fault budget of a seed.
