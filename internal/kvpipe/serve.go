@@ -17,6 +17,7 @@ import (
 	"io"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
@@ -69,8 +70,8 @@ type Limits struct {
 }
 
 // Serve serves one Pipeline stream: it reads operations, runs each on h
-// in a goroutine of its own, and sends each answer as it is ready, until
-// the client closes its side and every operation is answered. At most
+// on a worker goroutine (workers), and sends each answer as it is ready,
+// until the client closes its side and every operation is answered. At most
 // lim.MaxOps operations are running or waiting to be sent at once; with
 // that many, Serve reads no further request until one is sent, so a
 // client that sends faster than the node answers, or that does not read,
@@ -82,8 +83,8 @@ type Limits struct {
 // unary call whose caller gave up; its handler runs on as a unary call's
 // does (a write already sequenced still commits) and its result is
 // dropped. One goroutine receives and one sends (grpc-go's
-// rule for streams); every operation's goroutine, abandoned or not, ends
-// before Serve returns.
+// rule for streams); every worker, running an abandoned operation or not,
+// ends before Serve returns.
 func Serve(stream walshipv1.KVService_PipelineServer, h Handler, lim Limits) error {
 	maxOps := lim.MaxOps
 	if maxOps <= 0 {
@@ -132,7 +133,7 @@ func Serve(stream walshipv1.KVService_PipelineServer, h Handler, lim Limits) err
 		answers <- &walshipv1.PipelineResponse{Result: &walshipv1.PipelineResponse_Drain{Drain: &walshipv1.PipelineDrain{}}}
 	})
 	r := &running{byID: map[uint64][]*op{}, answers: answers, calls: lim.Calls}
-	var ops sync.WaitGroup
+	ops := &workers{jobs: make(chan job)}
 	var recvErr error
 	for {
 		req, err := stream.Recv()
@@ -161,17 +162,12 @@ func Serve(stream walshipv1.KVService_PipelineServer, h Handler, lim Limits) err
 		if recvErr != nil {
 			break
 		}
-		o := r.start(base, req)
-		ops.Add(1)
-		go func() {
-			defer ops.Done()
-			r.run(o, h, req)
-		}()
+		ops.submit(job{o: r.start(base, req), req: req}, func(j job, w *worker) { r.run(j.o, h, j.req, w) })
 	}
 	if recvErr != nil {
 		r.abandonAll() // the stream is gone
 	}
-	ops.Wait()
+	ops.close()
 	if !stopDrain() {
 		<-drained
 	}
@@ -180,6 +176,83 @@ func Serve(stream walshipv1.KVService_PipelineServer, h Handler, lim Limits) err
 		return err
 	}
 	return recvErr
+}
+
+// workers run a stream's operations, each on a goroutine that takes the
+// next operation once it has answered one. A goroutine per operation
+// would start on a small stack and grow it, copying, on every operation
+// (a primary's Put goes through the store's B-tree and protobuf's
+// sizing): about a tenth of the primary's CPU per pipelined Put. A worker
+// kept across operations keeps its stack. There are as many as
+// operations ran at once (abandoned ones included: their handlers run on
+// in theirs), and they end with the stream.
+type workers struct {
+	jobs chan job // unbuffered: taken only by a worker that is idle
+	// idle counts the workers that have answered their operation (or
+	// are done with it) and are about to take the next from jobs, not
+	// yet promised one: a worker counts itself before its answer is
+	// handed to the sender, so a client that waits for each answer
+	// before sending the next finds one idle, and its operations run on
+	// one goroutine.
+	idle atomic.Int64
+	wg   sync.WaitGroup
+}
+
+// job is one operation for a worker.
+type job struct {
+	o   *op
+	req *walshipv1.PipelineRequest
+}
+
+// worker is a worker's state for the operation it runs.
+type worker struct {
+	ws   *workers
+	idle bool // counted in ws.idle for this operation
+}
+
+// done counts the worker idle, once per operation: it answered it, or
+// gave it up, and takes no further part in it but returning.
+func (w *worker) done() {
+	if !w.idle {
+		w.idle = true
+		w.ws.idle.Add(1)
+	}
+}
+
+// submit runs j on an idle worker, or on a new one if none is. It waits
+// only for a worker that is idle to take j (it has answered and is on its
+// way back).
+func (ws *workers) submit(j job, run func(job, *worker)) {
+	for {
+		n := ws.idle.Load()
+		if n <= 0 {
+			ws.wg.Add(1)
+			go ws.work(j, run)
+			return
+		}
+		if ws.idle.CompareAndSwap(n, n-1) {
+			ws.jobs <- j
+			return
+		}
+	}
+}
+
+// work runs first, then every job it is handed, until close.
+func (ws *workers) work(first job, run func(job, *worker)) {
+	defer ws.wg.Done()
+	w := &worker{ws: ws}
+	for j, ok := first, true; ok; j, ok = <-ws.jobs {
+		w.idle = false
+		run(j, w)
+		w.done()
+	}
+}
+
+// close ends the workers once they have finished their operations; no
+// submit may follow.
+func (ws *workers) close() {
+	close(ws.jobs)
+	ws.wg.Wait()
 }
 
 // running are a stream's operations in progress, by id (ids are the
@@ -321,10 +394,12 @@ func (r *running) leave() {
 // run runs o and hands its answer to the sender: the handler's, or, if
 // o's caller gives up first (its timeout, a cancel, the stream's end),
 // the unary call's error then, at once. The handler of an abandoned
-// operation runs on in this goroutine and its result is dropped.
-func (r *running) run(o *op, h Handler, req *walshipv1.PipelineRequest) {
+// operation runs on in this goroutine and its result is dropped. w is
+// counted idle before the answer goes (w.done).
+func (r *running) run(o *op, h Handler, req *walshipv1.PipelineRequest, w *worker) {
 	defer r.done(o)
 	if o.bad != nil {
+		w.done()
 		r.answer(o, failed(o.id, o.bad))
 		return
 	}
@@ -344,6 +419,7 @@ func (r *running) run(o *op, h Handler, req *walshipv1.PipelineRequest) {
 	}
 	release, err := r.call(o.ctx)
 	if err != nil {
+		w.done()
 		r.answer(o, failed(o.id, err))
 		return
 	}
@@ -351,10 +427,13 @@ func (r *running) run(o *op, h Handler, req *walshipv1.PipelineRequest) {
 		return // answered meanwhile
 	}
 	if err := o.ctx.Err(); err != nil {
+		w.done()
 		r.answer(o, failed(o.id, err))
 		return
 	}
-	r.answer(o, runOp(o.ctx, h, req))
+	resp := runOp(o.ctx, h, req)
+	w.done()
+	r.answer(o, resp)
 }
 
 // hold records the peer's call o holds, or frees it if o was answered.
