@@ -48,6 +48,12 @@ func (p *pipeline) committer(ctx context.Context) error {
 		var asked chan<- error
 		select {
 		case <-p.wakeCommitter:
+			// Let the goroutines already runnable go first: the one that
+			// woke us readied us to run next, ahead of the handlers
+			// with operations in hand (a pipelined stream's), so each
+			// write took one or two transactions. After them, one
+			// write takes what they sequenced meanwhile.
+			runtime.Gosched()
 		case asked = <-p.writeNow:
 			// The syncer is about to fsync: its group is written now.
 		case <-flush.C:
