@@ -60,7 +60,9 @@ func TestJudge(t *testing.T) {
 		{"joint: both halves' quorums", joint,
 			[]answer{a("r1", false, 3, 10), a("r2", false, 3, 10), a("r3", false, 3, 11), a("ls0", true, 3, 9), a("ls1", true, 3, 9)}, true, "r3", "of the one it goes to, 2 of 3 log stores and 2 of the 2"},
 		{"joint: the old half's quorum alone is not enough", joint,
-			[]answer{a("r1", false, 3, 10), a("r2", false, 3, 10), a("ls0", true, 3, 9), a("ls2", true, 3, 9)}, false, "r1", "a membership change is in progress"},
+			[]answer{a("r1", false, 3, 10), a("r2", false, 3, 10), a("ls0", true, 3, 9), a("ls2", true, 3, 9)}, false, "r1",
+			// It follows "needs" (walship ctl promote: "quorum false (needs …)").
+			"a quorum of each configuration of the membership change in progress: of the current one, 2 of 3 log stores"},
 		{"joint: the new half's quorum alone is not enough", joint,
 			[]answer{a("r1", false, 3, 10), a("r3", false, 3, 10), a("ls0", true, 3, 9), a("ls3", true, 3, 9)}, false, "r1", "have 1 log stores and 1 members; and of the one it goes to"},
 		{"a learner counts for nothing", joint,

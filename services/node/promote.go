@@ -455,7 +455,8 @@ func judge(c *walshipv1.Contract, prev string, answers []answer, counts func(ans
 	}
 	v.needed = needed(qc.Old, fv.Old)
 	if qc.Joint {
-		v.needed = "a membership change is in progress, so a quorum of both configurations: of the current one, " + v.needed +
+		// It follows "needs" (walship ctl promote, a dry run's refusal).
+		v.needed = "a quorum of each configuration of the membership change in progress: of the current one, " + v.needed +
 			"; and of the one it goes to, " + needed(qc.New, fv.New)
 	}
 	sort.Strings(v.granted)
