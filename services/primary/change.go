@@ -754,7 +754,7 @@ func (s *Server) checkChange(ctx context.Context, req *walshipv1.ChangeMembersRe
 	if err := failover.ValidChange(failover.ConfigOf(cur).Old, failover.ConfigOf(next).Old, s.cfg.ID); err != nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "%s: %v", r.desc, err)
 	}
-	if err := s.canFinish(r, next); err != nil {
+	if err := s.canFinish(ctx, r, next); err != nil {
 		return nil, err
 	}
 	if r.add != nil {
@@ -776,14 +776,23 @@ func (s *Server) checkChange(ctx context.Context, req *walshipv1.ChangeMembersRe
 
 // canFinish refuses a removal that the new configuration next could not
 // acknowledge now: its joint record needs k of next's members other than
-// the primary, and the lease a majority of next's log stores, as soon as
-// it is in force. Removing a healthy member or log store while another is
-// down would otherwise leave the joint record unacknowledged for good,
-// stall every sync commit behind it (and, for log stores, end the lease),
-// with no second change allowed to undo it. An added node or log store
-// passes its learner stage first and counts as connected here.
-func (s *Server) canFinish(r *changeRun, next *walshipv1.Contract) error {
-	replicas, logstores := s.peers.snapshot()
+// the primary, and a majority of next's log stores to make it durable
+// (under log store sync, or when it moves log stores) and to keep the
+// lease, as soon as it is in force. Removing a healthy member or log
+// store while another is down would otherwise leave the joint record
+// unacknowledged for good, stall every sync commit behind it (and, for
+// log stores, end the lease), with no second change allowed to undo it.
+// An added node or log store passes its learner stage first and counts
+// here.
+//
+// A log store counts only if it acknowledges: a stream that is up is not
+// enough, for a log store whose disk stalls keeps its stream and echoes
+// the lease (services/logstore answers heartbeats during a stalled
+// round) while it makes nothing durable. It must echo the lease within
+// half of it (lease.heard) and make the primary's durable end, as of the
+// request, durable within logStoreAckBound.
+func (s *Server) canFinish(ctx context.Context, r *changeRun, next *walshipv1.Contract) error {
+	replicas, _ := s.peers.snapshot()
 	if r.remove != "" {
 		connected := 0
 		for _, m := range next.GetMembers() {
@@ -798,18 +807,70 @@ func (s *Server) canFinish(r *changeRun, next *walshipv1.Contract) error {
 	}
 	if r.removeLogStore != "" {
 		set := next.GetLogstores()
-		connected := 0
-		for _, a := range set {
-			if a == r.addLogStore || slices.ContainsFunc(logstores, func(l logstorePos) bool { return l.addr == a && l.connected }) {
-				connected++
-			}
-		}
-		if need := failover.Majority(len(set)); connected < need {
-			return status.Errorf(codes.FailedPrecondition, "%s: the log stores left (%s) have %d connected, and the lease needs %d of them as soon as the change is joint: bring the others back first (walship ctl members list)",
-				r.desc, strings.Join(set, ", "), connected, need)
+		need := failover.Majority(len(set))
+		wctx, cancel := context.WithTimeout(ctx, logStoreAckBound)
+		acking, why := s.logStoresAcknowledging(wctx, s.wal.DurableLSN(), set, r.addLogStore, need)
+		cancel()
+		if acking < need {
+			return status.Errorf(codes.FailedPrecondition, "%s: the log stores left (%s) have %d acknowledging, and the lease and the change's records need %d of them as soon as the change is joint (%s): bring the others back first (walship ctl members list)",
+				r.desc, strings.Join(set, ", "), acking, need, strings.Join(why, "; "))
 		}
 	}
 	return nil
+}
+
+// logStoreAckBound is how long canFinish gives a log store to make the
+// primary's durable end durable: a healthy one does in a round (its
+// batch delay and an fsync), a stalled disk never does.
+const logStoreAckBound = 5 * time.Second
+
+// logStoresAcknowledging waits, until ctx ends, for need of set to
+// acknowledge: echo the lease within half of it and make lsn durable
+// (added, a log store the change adds after its learner stage, counts
+// without). It returns how many do, and for each of the others why not.
+func (s *Server) logStoresAcknowledging(ctx context.Context, lsn uint64, set []string, added string, need int) (int, []string) {
+	// Streams ask their log store for its round now while a wait on log
+	// stores is counted, rather than after its delay.
+	s.peers.lsWaiting.Add(1)
+	defer s.peers.lsWaiting.Add(-1)
+	s.peers.announceWait()
+	// Echoes of the lease stream move no position: look again at this
+	// pace too.
+	tick := time.NewTicker(max(s.cfg.LeaseTimeout/8, 10*time.Millisecond))
+	defer tick.Stop()
+	for {
+		moved := s.peers.movedCh()
+		acking := 0
+		var why []string
+		_, pos := s.peers.snapshot()
+		for _, a := range set {
+			var l *logstorePos
+			if i := slices.IndexFunc(pos, func(p logstorePos) bool { return p.addr == a }); i >= 0 {
+				l = &pos[i]
+			}
+			switch {
+			case a == added:
+				acking++
+			case l == nil || !l.connected:
+				why = append(why, a+" has no stream up")
+			case l.durable < lsn:
+				why = append(why, fmt.Sprintf("%s has made durable LSN %d of the primary's %d (its disk stalls, or it is far behind)", a, l.durable, lsn))
+			case !s.lease.heard(a):
+				why = append(why, a+" does not echo the lease")
+			default:
+				acking++
+			}
+		}
+		if acking >= need {
+			return acking, nil
+		}
+		select {
+		case <-moved:
+		case <-tick.C:
+		case <-ctx.Done():
+			return acking, why
+		}
+	}
 }
 
 // idsOf are the ids of ms.

@@ -1,12 +1,16 @@
 package primary
 
 import (
+	"context"
 	"strings"
 	"testing"
+	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/testkit"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 )
 
 // TestStillApplies: a change validated before it took the one change
@@ -54,4 +58,41 @@ func TestRemovalTheRestCannotAcknowledge(t *testing.T) {
 	if err != nil || !resp.GetDone() {
 		t.Fatalf("remove r2: %v %v", resp, err)
 	}
+}
+
+// TestRemovalBesideAStalledLogStore: removing log store c of {a, b, c}
+// while b's disk stalls is refused: b's stream is up and it echoes the
+// lease (services/logstore answers heartbeats during a stalled round),
+// but it makes nothing durable, so {a, b} could not acknowledge the
+// change's joint record — under log store sync every commit would wait
+// behind it, with no second change allowed to undo it. Once b's disk
+// returns, the same removal goes through.
+func TestRemovalBesideAStalledLogStore(t *testing.T) {
+	c := startLogStoreCluster(t, "a", "b", "c")
+	s := c.p.s
+	entered, release := c.ls["b"].fs.HoldNextSync(".wal")
+	t.Cleanup(release)
+	if err := lsPut(c.p, "stalled-on-b", time.Minute); err != nil {
+		t.Fatalf("a commit a and c acknowledge: %v", err)
+	}
+	select {
+	case <-entered:
+	case <-time.After(time.Minute):
+		t.Fatal("b's disk never took the commit")
+	}
+	testkit.Until(t, "b echoing the lease with its disk stalled", func() bool { return s.lease.heard(c.ls["b"].addr) })
+	before := proto.Clone(s.contract()).(*walshipv1.Contract)
+	cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := c.p.admin.ChangeMembers(cctx, removeLogStore(c.ls["c"].addr))
+	if err == nil {
+		t.Fatalf("removing c beside a stalled b: %v, want a refusal", resp)
+	}
+	wantStatus(t, err, codes.FailedPrecondition, "remove log store "+c.ls["c"].addr, "1 acknowledging", c.ls["b"].addr+" has made durable LSN")
+	if !proto.Equal(s.contract(), before) {
+		t.Fatalf("the refused removal changed the contract to %v", s.contract())
+	}
+	release()
+	changeLogStores(t, c.p, removeLogStore(c.ls["c"].addr))
+	wantLogStores(t, s, c.addrs("a", "b"))
 }
