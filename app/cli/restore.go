@@ -92,8 +92,9 @@ func restoreFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 		var next restoredNext
 		if newCluster == nil && !dryRun {
 			// The printed primary is a new cluster of one: if the restored
-			// members were changed at run time, the restore writes that
-			// cluster's first epoch (else its log's members would win).
+			// record names other members (or a run-time change set them),
+			// the restore writes that cluster's first epoch, else a primary
+			// without --peers refuses the log.
 			next = pickRestoredNext(dataDir)
 			pc := primary.DefaultConfig()
 			opts.NewClusterIfChanged = &restore.NewCluster{Primary: next.id,
@@ -195,7 +196,7 @@ func (n restoredNext) print(w io.Writer, newCluster bool) {
 	fmt.Fprintf(w, "\nStart it as a read-only node (Get and Scan of the restored state; no writes):\n  walship replica --read-only %s\n", args)
 	fmt.Fprintf(w, "or as the primary of a new cluster, taking writes from the restored state on:\n  walship primary %s\n", args)
 	if newCluster {
-		fmt.Fprintf(w, "(the restored cluster's members were changed at run time: the restore wrote the first epoch of %s's new cluster of one, "+
+		fmt.Fprintf(w, "(the restored log names the old cluster's members: the restore wrote the first epoch of %s's new cluster of one, "+
 			"so that it starts as printed; restore with --members for another cluster)\n", n.id)
 	}
 }

@@ -255,6 +255,27 @@ func SetByChange(c *walshipv1.Contract) bool {
 	return c.GetMembersChanged() || c.GetNext() != nil
 }
 
+// BindsPeerless reports whether contract c, the newest in a log, keeps a
+// node started without --peers (no members) from taking writes over that
+// log: it was set by a run-time change (SetByChange), or it names a
+// member other than id in either half. Such a node writes no epoch
+// record and takes any replica's ack for "any k", while a candidate that
+// c names judges by c: a write only a node outside c, or fewer than c's
+// k, acknowledged may be missed by every promotion quorum of c. A
+// contract naming id alone binds nobody else: no other node leads under
+// it (Config.Leads).
+func BindsPeerless(c *walshipv1.Contract, id string) bool {
+	if SetByChange(c) {
+		return true
+	}
+	for _, m := range slices.Concat(c.GetMembers(), c.GetNext().GetMembers()) {
+		if m.GetId() != id {
+			return true
+		}
+	}
+	return false
+}
+
 // ConfigOf is the configuration contract c states, as the rules here read
 // it: its members, log stores and k; while a membership change is in
 // progress (c.next set) the joint configuration, whose ack rule and

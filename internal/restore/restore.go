@@ -138,11 +138,13 @@ type Options struct {
 	// cluster's members.
 	NewCluster *NewCluster
 	// NewClusterIfChanged, when NewCluster is not set, is written as
-	// NewCluster is if the restored state's epoch record holds members a
-	// run-time change set (members_changed, or a change in progress):
-	// such a log's members win over a primary's --peers, and a primary
-	// without --peers refuses it, so the directory could start as no
-	// cluster's primary but the old members'.
+	// NewCluster is if the restored state's epoch record binds a primary
+	// started without --peers (failover.BindsPeerless): it holds members
+	// a run-time change set (members_changed, or a change in progress),
+	// whose log's members win over a primary's --peers, or names members
+	// other than NewClusterIfChanged's primary. A primary without --peers
+	// refuses such a log, so the directory could start as no cluster's
+	// primary but the old members'.
 	NewClusterIfChanged *NewCluster
 	FS                  vfs.FS
 	Logger              *slog.Logger
@@ -306,7 +308,7 @@ func (r *restorer) finish(ctx context.Context, start time.Time) (*Result, error)
 			if err != nil {
 				return nil, fmt.Errorf("read the restored epoch record: %w", err)
 			}
-			if failover.SetByChange(rec.GetContract()) {
+			if failover.BindsPeerless(rec.GetContract(), o.NewClusterIfChanged.Primary) {
 				r.o.NewCluster, o.NewCluster = o.NewClusterIfChanged, o.NewClusterIfChanged
 			}
 		}

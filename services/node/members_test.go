@@ -674,27 +674,41 @@ func TestRecordUpToAfterACut(t *testing.T) {
 // is refused before anything is fenced, as the primary it would become
 // refuses to start (services/primary elect): promoted, it would fence the
 // log stores — deposing the cluster's primary — and then not open.
+//
+// So is one whose log's members came from --peers alone (no change set
+// them) but name another node: the primary would refuse that log too.
 func TestPeerlessNodeDoesNotPromoteOverChangedLog(t *testing.T) {
-	ls := startLogStore(t, t.TempDir())
-	c := &walshipv1.Contract{Members: memberList("p", "x", "m"), Logstores: []string{ls}, MembersChanged: true}
-	rec := &walshipv1.EpochRecord{Epoch: 1, FirstLsn: 1, PrimaryId: "p", PrimaryAddr: "p.invalid:1", Contract: c}
-	n := recordReplica(t, "x", ls, rec, nil)
-	conn, err := serve.Dialer{}.Dial(n.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for _, dry := range []bool{true, false} {
-		_, err := walshipv1.NewAdminServiceClient(conn).Promote(ctx, &walshipv1.PromoteRequest{DryRun: dry}, grpc.WaitForReady(true))
-		if status.Code(err) != codes.FailedPrecondition || !contains(err.Error(), "cannot promote x", "without --peers", "epoch 1") {
-			t.Fatalf("Promote (dry run %v) = %v; want FAILED_PRECONDITION naming x, --peers and the contract", dry, err)
-		}
-	}
-	st, err := logStoreStatus(ctx, serve.Dialer{}, ls)
-	if err != nil || st.GetVoteEpoch() > 1 || n.Role() != RoleReplica {
-		t.Fatalf("after x's refused promotion: log store %v, %v; x %v; want nothing fenced and x a replica", st, err, n.Role())
+	for _, tc := range []struct {
+		name    string
+		changed bool
+		why     string
+	}{
+		{"changed", true, "set by a membership change"},
+		{"from --peers", false, "names other members"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ls := startLogStore(t, t.TempDir())
+			c := &walshipv1.Contract{Members: memberList("p", "x", "m"), Logstores: []string{ls}, MembersChanged: tc.changed}
+			rec := &walshipv1.EpochRecord{Epoch: 1, FirstLsn: 1, PrimaryId: "p", PrimaryAddr: "p.invalid:1", Contract: c}
+			n := recordReplica(t, "x", ls, rec, nil)
+			conn, err := serve.Dialer{}.Dial(n.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			for _, dry := range []bool{true, false} {
+				_, err := walshipv1.NewAdminServiceClient(conn).Promote(ctx, &walshipv1.PromoteRequest{DryRun: dry}, grpc.WaitForReady(true))
+				if status.Code(err) != codes.FailedPrecondition || !contains(err.Error(), "cannot promote x", "without --peers", "epoch 1", tc.why) {
+					t.Fatalf("Promote (dry run %v) = %v; want FAILED_PRECONDITION naming x, --peers, the contract and %q", dry, err, tc.why)
+				}
+			}
+			st, err := logStoreStatus(ctx, serve.Dialer{}, ls)
+			if err != nil || st.GetVoteEpoch() > 1 || n.Role() != RoleReplica {
+				t.Fatalf("after x's refused promotion: log store %v, %v; x %v; want nothing fenced and x a replica", st, err, n.Role())
+			}
+		})
 	}
 }
 

@@ -200,14 +200,20 @@ func leadsUnder(id string, c *walshipv1.Contract, under string) error {
 
 // peerlessUnder refuses the promotion of a node started without --peers
 // (members) whose log's newest contract record, rec, was set by a
-// membership change (members_changed, or a change in progress): the
-// primary it would become refuses to start over that log (services/primary
-// elect), so fencing first would depose the cluster's primary for no
-// new one. With --peers, any list, the log's members win over the flag's.
+// membership change (members_changed, or a change in progress) or names
+// another member (failover.BindsPeerless): the primary it would become
+// refuses to start over that log (services/primary elect), so fencing
+// first would depose the cluster's primary for no new one. With --peers,
+// any list, the log's members win over the flag's once a change set
+// them.
 func peerlessUnder(id string, members []primary.Member, rec *walshipv1.EpochRecord) error {
 	c := rec.GetContract()
-	if len(members) > 0 || !failover.SetByChange(c) {
+	if len(members) > 0 || !failover.BindsPeerless(c, id) {
 		return nil
+	}
+	if !failover.SetByChange(c) {
+		return fmt.Errorf("cannot promote %s: it was started without --peers, and the newest contract in its log (epoch %d: %s) names other members, which a primary without --peers does not start under (it would take any replica's ack while a candidate judges by them): start it with --peers",
+			id, rec.GetEpoch(), describeMembers(c))
 	}
 	return fmt.Errorf("cannot promote %s: it was started without --peers, and the newest contract in its log (epoch %d: %s) was set by a membership change, which a primary without --peers does not start under: start it with --peers (its log's members then win over the flag's)",
 		id, rec.GetEpoch(), describeMembers(c))

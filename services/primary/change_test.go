@@ -661,6 +661,33 @@ func TestPeerlessPrimaryRefusesChangedLog(t *testing.T) {
 	}
 }
 
+// TestPeerlessPrimaryRefusesPeersLog: the same for a log whose members
+// came from --peers alone (no change set them): its epoch record names
+// p1, r1 and r2 at k = 1, and a candidate among them judges by it, so a
+// primary without --peers — writing no epoch record and taking any
+// replica's ack, r3's, which is no member, for "any 1" — could have a
+// write acknowledged that every promotion quorum of {r1, r2} misses.
+func TestPeerlessPrimaryRefusesPeersLog(t *testing.T) {
+	c := startMembers(t, 1, "r1")
+	if err := c.p.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	c.cfg.Members = nil
+	c.startPrimary(t)
+	select {
+	case err := <-c.p.done:
+		if err == nil || !strings.Contains(err.Error(), "started without --peers, but its log's newest epoch record names other members (members p1,r1,r2") {
+			t.Fatalf("Run: %v", err)
+		}
+		c.p.done <- err // for the cleanup's stop
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run of a primary without --peers over its cluster's log did not end")
+	}
+	if c.p.s.TakingWrites() {
+		t.Fatal("a primary without --peers over its cluster's log takes writes")
+	}
+}
+
 // TestFailedStepDuringSwitchoverResumes: a learner that never catches up
 // is to be dropped while a switchover is handing the primary's role over
 // (which then times out): the drop's record is refused before it is

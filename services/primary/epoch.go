@@ -110,14 +110,19 @@ func (s *Server) proposeEpoch(seen, next uint64) error {
 // majority of each half, as a candidate does (failover.JudgeJoint).
 func (s *Server) elect(ctx context.Context) error {
 	start := s.startContract()
-	if prev := s.logContract(); len(start.GetMembers()) == 0 && failover.SetByChange(prev) {
-		// Once a membership change has set them, the log holds the members
-		// (Contract.members_changed). Without --peers this primary would
-		// write no epoch record and take any replica's ack for "any k",
-		// while a candidate judges by the members the log names and may
-		// miss what only another node acknowledged. Refused before
-		// anything is fenced, as below.
-		return fmt.Errorf("epoch %d: this node %s was started without --peers, but its log holds the configuration a membership change set (%s): start it with --peers (its log's members then win over the flag's)",
+	if prev := s.logContract(); len(start.GetMembers()) == 0 && failover.BindsPeerless(prev, s.cfg.ID) {
+		// Without --peers this primary would write no epoch record and
+		// take any replica's ack for "any k", while a candidate judges by
+		// the members the log's newest record names and may miss what
+		// only another node, or fewer than that record's k, acknowledged.
+		// Refused before anything is fenced, as below.
+		if failover.SetByChange(prev) {
+			// Once a membership change has set them, the log holds the
+			// members (Contract.members_changed).
+			return fmt.Errorf("epoch %d: this node %s was started without --peers, but its log holds the configuration a membership change set (%s): start it with --peers (its log's members then win over the flag's)",
+				s.epoch, s.cfg.ID, configLine(prev))
+		}
+		return fmt.Errorf("epoch %d: this node %s was started without --peers, but its log's newest epoch record names other members (%s), by which a candidate judges: start it with --peers (those members, or a new list: a change at an epoch start, which waits until enough of them hold it)",
 			s.epoch, s.cfg.ID, configLine(prev))
 	}
 	if start.GetMembersChanged() && !failover.ConfigOf(start).Leads(s.cfg.ID) {
