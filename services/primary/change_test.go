@@ -686,6 +686,20 @@ func TestPeerlessPrimaryRefusesPeersLog(t *testing.T) {
 	if c.p.s.TakingWrites() {
 		t.Fatal("a primary without --peers over its cluster's log takes writes")
 	}
+
+	// The way out (RUNBOOK): --peers naming p1 alone, --replication async,
+	// writes a record that names p1 alone; over that one a primary
+	// without --peers starts.
+	c.cfg.Members = []Member{{"p1", "127.0.0.1:1"}}
+	c.cfg.Policy.Replication = walshipv1.ReplicationMode_REPLICATION_MODE_ASYNC
+	c.startPrimary(t)
+	waitServing(t, c.p.conn)
+	if err := c.p.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	c.cfg.Members = nil
+	c.startPrimary(t)
+	waitServing(t, c.p.conn)
 }
 
 // TestFailedStepDuringSwitchoverResumes: a learner that never catches up
