@@ -601,7 +601,10 @@ func TestLaggingReplicaDoesNotBlockTheMostAdvanced(t *testing.T) {
 		r := replica.DefaultConfig()
 		r.HeartbeatInterval, r.StopTimeout = 100*time.Millisecond, 5*time.Second
 		r.Primary = addrs["p"] // nobody
-		n, err := New(Config{ID: id, DataDir: dir, Listen: addrs[id], LogStores: []string{ls}, Role: RoleReplica,
+		// --peers as R2 names them: a node without --peers does not
+		// promote over a log naming other members (peerlessUnder).
+		peers := []primary.Member{{ID: "p", Addr: addrs["p"]}, {ID: "m", Addr: addrs["m"]}, {ID: "x", Addr: addrs["x"]}}
+		n, err := New(Config{ID: id, DataDir: dir, Listen: addrs[id], Members: peers, LogStores: []string{ls}, Role: RoleReplica,
 			Primary: p, Replica: r, Registry: serve.NewRegistry(), Logger: testLogger()})
 		if err != nil {
 			t.Fatal(err)
