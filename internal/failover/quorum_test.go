@@ -99,3 +99,58 @@ func TestAckLSN(t *testing.T) {
 		}
 	}
 }
+
+// TestPromotionExcludingAnyMemberMeetsEveryAck is the rule a promotion's
+// replaced primary rests on (services/node replacedPrimary and
+// judgeReplacing): whichever one member the promotion excludes, every
+// quorum Judge accepts meets every ack quorum — k members other than
+// the primary p that acknowledged, plus p, which holds what it
+// acknowledged (durability sync). Without p among the holders (a write
+// acknowledged before p's own fsync, which p lost in a crash) some
+// excluded member other than p leaves a quorum that misses it: only
+// excluding p itself protects such a write, and the contract counts it
+// as losable.
+func TestPromotionExcludingAnyMemberMeetsEveryAck(t *testing.T) {
+	for n := 2; n <= 7; n++ {
+		members := make([]string, n)
+		for i := range n {
+			members[i] = fmt.Sprintf("m%d", i)
+		}
+		for k := 1; k < n; k++ {
+			c := Contract{Members: members, LogStores: []string{"l0"}, K: k}
+			lostWithoutP := false
+			for p := range n {
+				for x := range n {
+					for promised := uint(0); promised < 1<<n; promised++ {
+						answers := []Answer{{ID: "l0", LogStore: true}}
+						for i := range n {
+							if promised&(1<<i) != 0 {
+								answers = append(answers, Answer{ID: members[i]})
+							}
+						}
+						if !Judge(c, members[x], answers, answers).Quorum {
+							continue
+						}
+						for acked := uint(0); acked < 1<<n; acked++ {
+							if acked&(1<<p) != 0 || bits.OnesCount(acked) != k {
+								continue
+							}
+							if promised&(acked|1<<p) == 0 {
+								t.Fatalf("N=%d k=%d, primary m%d, excluded m%d: promotion quorum %0*b misses the holders %0*b", n, k, p, x, n, promised, n, acked|1<<p)
+							}
+							if promised&acked == 0 {
+								if x == p {
+									t.Fatalf("N=%d k=%d, excluded the primary m%d: quorum %0*b misses its k acks %0*b", n, k, p, n, promised, n, acked)
+								}
+								lostWithoutP = true
+							}
+						}
+					}
+				}
+			}
+			if !lostWithoutP {
+				t.Fatalf("N=%d k=%d: excluding a member other than the primary never misses the k acks alone; the test shows nothing", n, k)
+			}
+		}
+	}
+}
