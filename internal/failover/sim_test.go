@@ -180,6 +180,17 @@ type simConfig struct {
 	// primary of the newest log epoch its answers hold (their
 	// State.PrimaryOfLog), as services/node's replacedPrimary does.
 	PrevFromOwnPromise bool
+	// PrevLogOnly: a candidate whose answers have no quorum with the
+	// replaced primary (prev) excluded gives up there, as services/node
+	// did when the replaced primary first came from the answers' log
+	// primary. Without it, it judges them again excluding, in turn, each
+	// member that has not granted its fence: any one member may be
+	// excluded while the primary that acknowledged holds what it did
+	// (N−k of the N members meet its k+1 holders), and a member that
+	// did not answer is the one whose promise the quorum lacks (-seed 16
+	// of TestSimKeepOut3: the primary left down opened an epoch whose
+	// entry no one else holds).
+	PrevLogOnly bool
 }
 
 const strandedAfter = 1000
@@ -1245,6 +1256,9 @@ func (s *sim) fenceResp(p *party, m msg) {
 			ct.K++
 		}
 		v = Judge(ct, c.prev, c.answers, c.answers)
+		if !v.Quorum && !s.cfg.PrevLogOnly {
+			v = s.judgeExcludingAbsent(c, ct, v)
+		}
 	}
 	if !v.Quorum {
 		return
@@ -1254,6 +1268,26 @@ func (s *sim) fenceResp(p *party, m msg) {
 	wait := s.leaseWait(c)
 	c.leaseUntil = s.now + wait
 	s.logf("%s won epoch %d: donor %s (%d@%d), lease wait %d", p.id, c.epoch, d.ID, d.LastLSN, d.LastEpoch, wait)
+}
+
+// judgeExcludingAbsent judges c's answers under ct again, excluding in
+// turn each member that has not granted the fence instead of c.prev, and
+// returns the first verdict with a quorum (c.prev then names the member
+// excluded), else v: the quorum meets every ack quorum whichever one
+// member it excludes, so long as the primary that acknowledged holds its
+// writes (services/node judgeExcludingAbsent).
+func (s *sim) judgeExcludingAbsent(c *candidacy, ct Contract, v Verdict) Verdict {
+	for _, m := range ct.Members {
+		if m == c.prev || slices.ContainsFunc(c.answers, func(a Answer) bool { return !a.LogStore && a.ID == m }) {
+			continue
+		}
+		if w := Judge(ct, m, c.answers, c.answers); w.Quorum {
+			s.logf("%s: no quorum excluding %s; one excluding %s, which did not answer", c.answers[0].ID, c.prev, m)
+			c.prev = m
+			return w
+		}
+	}
+	return v
 }
 
 // learnPrev takes an answer whose log ends in epoch lastEpoch, whose

@@ -39,7 +39,7 @@ func (s *sim) fenceBy(cand string, epoch uint64, ids ...string) {
 // and the cluster goes on.
 func TestSimGaveUpAfterFencing(t *testing.T) {
 	run := func(ownPromise bool) *sim {
-		s := scripted(simConfig{LogStores: 3, Nodes: 3, K: 1, PrevFromOwnPromise: ownPromise})
+		s := scripted(simConfig{LogStores: 3, Nodes: 3, K: 1, PrevFromOwnPromise: ownPromise, PrevLogOnly: true})
 		n0 := s.ps[s.nodeIdx("n0")]
 		s.crash(n0)
 		s.keepOut = n0.idx
@@ -72,14 +72,15 @@ func TestSimGaveUpAfterFencing(t *testing.T) {
 // breaks an invariant. Some still wedge: the primary left down opened an
 // epoch whose only entry (its epoch record) no one else holds, so the
 // newest log epoch answered is an older one, whose primary is alive
-// (-run TestSimKeepOut3 -seed 16: n1 opens epoch 7
-// and is cut off; n0 and n2 hold epoch 4 at most). Only a promise that
-// remembered the newest primary heard from, not the newest one with
-// entries, would tell them.
+// (-run TestSimKeepOut3 -seed 16 -sim.prevlogonly: n1 opens epoch 7
+// and is cut off; n0 and n2 hold epoch 4 at most). A candidate that
+// then excludes a member that did not answer instead (without
+// PrevLogOnly: any one member may be excluded while the primary that
+// acknowledged holds its writes) wedges in none.
 func TestSimKeepOut3(t *testing.T) {
 	if *simSeed != 0 {
 		c := simConfigFor(*simSeed)
-		c.KeepOut3, c.PrevFromOwnPromise, c.Bug = true, *simPrevFromOwn, simBug(*simBugF)
+		c.KeepOut3, c.PrevFromOwnPromise, c.PrevLogOnly, c.Bug = true, *simPrevFromOwn, *simPrevLogOnly, simBug(*simBugF)
 		s := newSim(c, *simSeed)
 		s.verbose = *simTrace
 		if err := s.run(); err != nil {
@@ -87,14 +88,14 @@ func TestSimKeepOut3(t *testing.T) {
 		}
 		return
 	}
-	run := func(ownPromise bool) (wedged, seeds int) {
+	run := func(ownPromise, logOnly bool) (wedged, seeds int) {
 		steps := 0
 		for seed := uint64(1); steps < *simSteps; seed++ {
 			c := simConfigFor(seed)
 			if c.Nodes != 3 {
 				continue
 			}
-			c.KeepOut3, c.PrevFromOwnPromise = true, ownPromise
+			c.KeepOut3, c.PrevFromOwnPromise, c.PrevLogOnly = true, ownPromise, logOnly
 			s := newSim(c, seed)
 			err := s.run()
 			steps, seeds = steps+s.steps, seeds+1
@@ -108,11 +109,16 @@ func TestSimKeepOut3(t *testing.T) {
 		}
 		return wedged, seeds
 	}
-	ownWedged, ownSeeds := run(true)
-	wedged, seeds := run(false)
-	t.Logf("prev from the own promise: %d of %d runs wedged; from the primary of the newest log epoch: %d of %d", ownWedged, ownSeeds, wedged, seeds)
+	ownWedged, ownSeeds := run(true, true)
+	wedged, seeds := run(false, true)
+	absentWedged, absentSeeds := run(false, false)
+	t.Logf("prev from the own promise: %d of %d runs wedged; from the primary of the newest log epoch: %d of %d; that or a member that did not answer: %d of %d",
+		ownWedged, ownSeeds, wedged, seeds, absentWedged, absentSeeds)
 	if ownWedged == 0 || wedged*2 > ownWedged {
 		t.Fatalf("want the answers' log primary to halve the runs that wedge at least: %d of %d from the own promise, %d of %d from the log", ownWedged, ownSeeds, wedged, seeds)
+	}
+	if absentWedged != 0 {
+		t.Fatalf("excluding a member that did not answer when the log primary leaves no quorum: %d of %d runs wedged, want none", absentWedged, absentSeeds)
 	}
 }
 

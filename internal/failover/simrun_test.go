@@ -19,6 +19,9 @@ var (
 	simTrace = flag.Bool("sim.trace", false, "with -seed: print every event of the run, acks, fence answers and verdicts too, not the last 200")
 	// simPrevFromOwn: with -seed in TestSimKeepOut3, the candidate's rule
 	// of simConfig.PrevFromOwnPromise.
+	// simPrevLogOnly: with -seed in TestSimKeepOut3, the candidate's rule
+	// of simConfig.PrevLogOnly.
+	simPrevLogOnly = flag.Bool("sim.prevlogonly", false, "with -seed in TestSimKeepOut3: a candidate never excludes a member that did not answer instead (simConfig.PrevLogOnly)")
 	simPrevFromOwn = flag.Bool("sim.prevfromown", false, "with -seed in TestSimKeepOut3: a candidate excludes the primary its own promise names (simConfig.PrevFromOwnPromise)")
 )
 
