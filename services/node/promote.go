@@ -327,6 +327,47 @@ func judgeAll(cs []*walshipv1.Contract, prev string, answers []answer, counts fu
 	return v
 }
 
+// judgeReplacing is judgeAll excluding replaced (replacedPrimary); if
+// that leaves no quorum, judgeAll excluding instead, in turn, each member
+// of cs that answers do not count (down, cut off, refused), until one
+// has a quorum. It returns the verdict and the member it excluded. Any
+// one member may be excluded: the N−k of the N members that are left
+// meet the k+1 holders of every commit acknowledged under the contract —
+// the primary that acknowledged it, a member of every half (Leads), and
+// k others — while that primary holds it; replaced is only the member
+// a failover has most likely lost. When it is alive and answers, the
+// member a quorum lacks is one that does not: a candidate that fenced
+// everyone and died before opening (TestPromotionAfterACandidateThatDied),
+// or a primary that opened an epoch whose entries no answerer holds.
+// Commits a primary acknowledged before its own fsync (async durability)
+// have only k holders and may be lost then, as the contract allows.
+func judgeReplacing(cs []*walshipv1.Contract, replaced string, answers []answer, counts func(answer) bool) (verdict, string) {
+	v := judgeAll(cs, replaced, answers, counts)
+	if v.quorum {
+		return v, replaced
+	}
+	counted := map[string]bool{}
+	for _, a := range answers {
+		if !a.logstore && counts(a) {
+			counted[a.id] = true
+		}
+	}
+	tried := map[string]bool{replaced: true}
+	for _, c := range cs {
+		for _, m := range slices.Concat(c.GetMembers(), c.GetNext().GetMembers()) {
+			id := m.GetId()
+			if tried[id] || counted[id] {
+				continue
+			}
+			tried[id] = true
+			if w := judgeAll(cs, id, answers, counts); w.quorum {
+				return w, id
+			}
+		}
+	}
+	return v, replaced
+}
+
 // logStores are the log stores a promotion asks: this node's and every
 // one the contract names, in the configuration a membership change goes
 // to as well.
@@ -532,7 +573,7 @@ func (n *Node) promoteAs(ctx context.Context, req *walshipv1.PromoteRequest, ele
 	}
 	replaced := replacedPrimary(prev.Primary, survey)
 	tl := &walshipv1.FailoverTimeline{PreviousEpoch: prev.Epoch, PreviousPrimary: replaced, StartedUnixNano: started.UnixNano()}
-	pre := judgeAll(known, replaced, survey, reachable)
+	pre, _ := judgeReplacing(known, replaced, survey, reachable)
 	seen := highestEpoch(survey)
 	epoch, err := newEpoch(req.GetEpoch(), seen)
 	if err != nil {
@@ -577,7 +618,7 @@ func (n *Node) promoteAs(ctx context.Context, req *walshipv1.PromoteRequest, ele
 	n.metrics.phase(phaseFence, fencing)
 	replaced = replacedPrimary(prev.Primary, survey, answers)
 	tl.PreviousPrimary = replaced
-	v := judgeAll(known, replaced, answers, promised)
+	v, excluded := judgeReplacing(known, replaced, answers, promised)
 	v.report(resp, tl)
 	if !v.quorum && !(req.GetForce() && countLogStores(answers) >= failover.Majority(len(n.logStores()))) {
 		n.metrics.promotions.WithLabelValues("failed").Inc()
@@ -595,7 +636,7 @@ func (n *Node) promoteAs(ctx context.Context, req *walshipv1.PromoteRequest, ele
 	// stays what it is until the catch-up, which may cut it (recordUpTo)
 	// or bring a newer one.
 	p := &plan{epoch: epoch, cluster: cluster, self: answerOf(answers, n.cfg.ID), donor: v.donor, timeline: tl,
-		prev: replaced, answers: answers, forced: !v.quorum}
+		prev: excluded, answers: answers, forced: !v.quorum}
 	var held *walshipv1.EpochRecord
 	p.appliedRecord, p.appliedLSN, held = rep.EpochRecords()
 	p.record = p.appliedRecord
@@ -656,7 +697,8 @@ func (n *Node) surveyAll(ctx context.Context, self answer, own string) ([]answer
 	known := []*walshipv1.Contract{n.contract()}
 	survey := append([]answer{self}, n.survey(ctx, max(self.epoch, self.lastEpoch), func(as []answer) bool {
 		all := append([]answer{self}, as...)
-		return judgeAll(known, replacedPrimary(own, all), all, reachable).quorum
+		v, _ := judgeReplacing(known, replacedPrimary(own, all), all, reachable)
+		return v.quorum
 	})...)
 	// Every contract an answer knows counts: a node that applied a newer
 	// epoch record than this one's may know a stricter contract.
@@ -669,7 +711,10 @@ func (n *Node) surveyAll(ctx context.Context, self answer, own string) ([]answer
 // and returns their answers and known with the contracts they know.
 func (n *Node) fenceEpoch(ctx context.Context, rep *replica.Server, epoch uint64, prev, cluster string, known []*walshipv1.Contract, promises map[string]uint64) ([]answer, []*walshipv1.Contract) {
 	fr := &walshipv1.FenceRequest{Epoch: epoch, CandidateId: n.cfg.ID, CandidateAddr: n.advertise(), ClusterId: cluster}
-	answers := n.fenceAll(ctx, rep, fr, promises, func(as []answer) bool { return judgeAll(known, prev, as, promised).quorum })
+	answers := n.fenceAll(ctx, rep, fr, promises, func(as []answer) bool {
+		v, _ := judgeReplacing(known, prev, as, promised)
+		return v.quorum
+	})
 	return answers, withContracts(known, answers)
 }
 
@@ -1322,7 +1367,7 @@ func mayOpen(id string, p *plan, rec *walshipv1.EpochRecord) error {
 		return fmt.Errorf("gave up epoch %d once caught up from %s, before opening it: %w", p.epoch, p.donor.id, err)
 	}
 	if p.record == nil && rec != nil && !p.forced {
-		if v := judge(rec.GetContract(), p.prev, p.answers, promised); !v.quorum {
+		if v, _ := judgeReplacing([]*walshipv1.Contract{rec.GetContract()}, p.prev, p.answers, promised); !v.quorum {
 			return fmt.Errorf("gave up epoch %d once caught up from %s, before opening it: this node's log held no contract when it judged the promotion by --peers; "+
 				"the contract now in its log (epoch %d: %s) needs %s. Granted: %s",
 				p.epoch, p.donor.id, rec.GetEpoch(), describeMembers(rec.GetContract()), v.needed, strings.Join(v.granted, ", "))
