@@ -124,15 +124,47 @@ func (s *sim) jointAck(p *party) uint64 {
 }
 
 // judgeKnown judges c's answers under every configuration c knows; ok
-// is false when one of them has no quorum.
+// is false when one of them has no quorum. Without PrevLogOnly, a
+// candidate with no quorum excluding c.prev judges them again excluding,
+// in turn, each member of a known configuration that has not granted its
+// fence (services/node judgeReplacing), one member for every half.
 func (s *sim) judgeKnown(c *candidacy) (Verdict, bool) {
+	v, ok := s.judgeKnownExcluding(c, c.prev)
+	if ok || s.cfg.PrevLogOnly {
+		return v, ok
+	}
+	tried := map[string]bool{c.prev: true}
+	for _, a := range c.answers {
+		if !a.LogStore {
+			tried[a.ID] = true
+		}
+	}
+	for _, i := range c.cfgs {
+		cfg := s.cfgs[i]
+		for _, m := range slices.Concat(cfg.Old.Members, cfg.New.Members) {
+			if tried[m] {
+				continue
+			}
+			tried[m] = true
+			if w, ok := s.judgeKnownExcluding(c, m); ok {
+				s.logf("%s: no quorum excluding %s; one excluding %s, which did not answer", c.answers[0].ID, c.prev, m)
+				c.prev = m
+				return w, true
+			}
+		}
+	}
+	return v, false
+}
+
+// judgeKnownExcluding is judgeKnown with prev excluded.
+func (s *sim) judgeKnownExcluding(c *candidacy, prev string) (Verdict, bool) {
 	var v Verdict
 	for _, i := range c.cfgs {
 		cfg := s.cfgs[i]
 		if s.has(bugJointJudgedByOld) {
 			cfg.Joint = false
 		}
-		jv := cfg.Judge(c.prev, c.answers, c.answers)
+		jv := cfg.Judge(prev, c.answers, c.answers)
 		s.tracef("  judged under %s: quorum %v (old %d/%d members %d/%d log stores; new %d/%d, %d/%d)", s.cfgString(i), jv.Quorum,
 			jv.Old.Members, jv.Old.NeedMembers, jv.Old.LogStores, jv.Old.NeedLogStores, jv.New.Members, jv.New.NeedMembers, jv.New.LogStores, jv.New.NeedLogStores)
 		if !jv.Quorum {
@@ -410,7 +442,7 @@ func TestSimMembership(t *testing.T) {
 		steps, seeds, time.Since(start).Round(time.Millisecond), joints, dead, finals, finished, refused, acked)
 }
 
-var simMembersBugSteps = flag.Int("sim.members.bugsteps", 6_000_000, "protocol steps TestSimMembershipFindsBugs may take to find each bug")
+var simMembersBugSteps = flag.Int("sim.members.bugsteps", 10_000_000, "protocol steps TestSimMembershipFindsBugs may take to find each bug")
 
 // TestSimMembershipFindsBugs: without the joint step, or with a joint
 // configuration judged by its old half only, the simulation loses an
@@ -531,12 +563,13 @@ func TestSimEpochStartChange(t *testing.T) {
 // no quorum. Excluding the primary of the newest log epoch answered
 // (replacedPrimary) n1 needs n0, which holds LSN 30, and 60 million steps
 // from seed 1 found the bug's loss no more; the replay keeps the rule of
-// its time (PrevFromOwnPromise), as the Leads check must hold whichever
+// its time (PrevFromOwnPromise, and PrevLogOnly: no member that did not
+// answer excluded instead), as the Leads check must hold whichever
 // member a candidate excludes.
 func TestSimMembershipSeed12718(t *testing.T) {
 	const seed = 12718
 	cfg := simMembersConfigFor(seed)
-	cfg.PrevFromOwnPromise = true
+	cfg.PrevFromOwnPromise, cfg.PrevLogOnly = true, true
 	s := newSim(cfg, seed)
 	if err := s.run(); err != nil {
 		t.Fatalf("%v", err)
