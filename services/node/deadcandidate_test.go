@@ -2,6 +2,8 @@ package node
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -9,6 +11,8 @@ import (
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/testkit"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // TestPromotionAfterACandidateThatDied: three data nodes and a log store,
@@ -65,4 +69,45 @@ func TestPromotionAfterACandidateThatDied(t *testing.T) {
 	if lsn := put(t, c1, "k2", "v2"); lsn <= top {
 		t.Fatalf("write on n1 at LSN %d, not past %d", lsn, top)
 	}
+}
+
+// TestNoExclusionPastAPrimaryThatLostItsLog: the exclusion of a member
+// that did not answer rests on the primary that acknowledged holding its
+// writes. n2 is down while n0, the primary, writes k, acknowledged by n1
+// alone (K=1). Then n0's machine is replaced (its data directory empty,
+// as the runbook's "replace its machine" does, same --id) and n1 stops.
+// n2 promotes: excluding n0, the log's primary, it needs n1, which is
+// down; excluding n1 instead would count n0's promise — a log that lost
+// k — and n2 would open without k. It must be refused: the replaced
+// primary's own answer does not reach the newest log epoch answered.
+func TestNoExclusionPastAPrimaryThatLostItsLog(t *testing.T) {
+	c := newCluster(t)
+	c0 := c.conn(t, "n0")
+	c1 := c.conn(t, "n1")
+	put(t, c0, "k0", "v0")
+	if err := c.runs["n2"].stop(t); err != nil {
+		t.Fatalf("n2 stop: %v", err)
+	}
+	top := put(t, c0, "k", "v")
+	testkit.Until(t, "n1 to hold k", func() bool { return status1(t, c1).GetVisibleLsn() >= top })
+	for _, id := range []string{"n0", "n1"} {
+		if err := c.runs[id].stop(t); err != nil {
+			t.Fatalf("%s stop: %v", id, err)
+		}
+	}
+	if err := os.RemoveAll(filepath.Join(c.dir, "n0")); err != nil {
+		t.Fatal(err)
+	}
+	c.start(t, "n0", RoleReplica)
+	c.start(t, "n2", RoleReplica)
+	c2 := c.conn(t, "n2")
+	status1(t, c.conn(t, "n0"))
+	status1(t, c2)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := walshipv1.NewAdminServiceClient(c2).Promote(ctx, &walshipv1.PromoteRequest{})
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("n2's promotion with n1, the only holder of LSN %d, down and n0's log lost: %v, %v; want FailedPrecondition", top, resp, err)
+	}
+	t.Logf("refused: %v", err)
 }

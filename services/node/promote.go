@@ -339,18 +339,37 @@ func judgeAll(cs []*walshipv1.Contract, prev string, answers []answer, counts fu
 // member a quorum lacks is one that does not: a candidate that fenced
 // everyone and died before opening (TestPromotionAfterACandidateThatDied),
 // or a primary that opened an epoch whose entries no answerer holds.
-// Commits a primary acknowledged before its own fsync (async durability)
-// have only k holders and may be lost then, as the contract allows.
+// (Every commit under the contract waits for that primary's fsync:
+// primary.Policy.needsLocalSync.) So replaced's own answer must count
+// and its log reach the newest epoch answered: a primary that lost its
+// log (its machine replaced, the same --id on an empty data directory)
+// holds nothing, and its promise with those of members that lack a
+// write may be all the quorum has (TestNoExclusionPastAPrimaryThatLostItsLog).
+// If replaced is not the primary that acknowledged, that one's writes
+// are in replaced's log, whose epoch opened after them.
 func judgeReplacing(cs []*walshipv1.Contract, replaced string, answers []answer, counts func(answer) bool) (verdict, string) {
 	v := judgeAll(cs, replaced, answers, counts)
 	if v.quorum {
 		return v, replaced
 	}
 	counted := map[string]bool{}
+	var newest uint64
+	holds := false
 	for _, a := range answers {
+		if a.err == nil {
+			newest = max(newest, a.lastEpoch)
+		}
 		if !a.logstore && counts(a) {
 			counted[a.id] = true
 		}
+	}
+	for _, a := range answers {
+		if !a.logstore && a.id == replaced && counts(a) && a.lastEpoch == newest {
+			holds = true
+		}
+	}
+	if !holds {
+		return v, replaced
 	}
 	tried := map[string]bool{replaced: true}
 	for _, c := range cs {
