@@ -130,7 +130,7 @@ func (s *sim) jointAck(p *party) uint64 {
 // fence (services/node judgeReplacing), one member for every half.
 func (s *sim) judgeKnown(c *candidacy) (Verdict, bool) {
 	v, ok := s.judgeKnownExcluding(c, c.prev)
-	if ok || s.cfg.PrevLogOnly {
+	if ok || s.cfg.PrevLogOnly || !c.prevHolds() {
 		return v, ok
 	}
 	tried := map[string]bool{c.prev: true}

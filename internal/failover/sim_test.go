@@ -1277,6 +1277,9 @@ func (s *sim) fenceResp(p *party, m msg) {
 // member it excludes, so long as the primary that acknowledged holds its
 // writes (services/node judgeExcludingAbsent).
 func (s *sim) judgeExcludingAbsent(c *candidacy, ct Contract, v Verdict) Verdict {
+	if !c.prevHolds() {
+		return v
+	}
 	for _, m := range ct.Members {
 		if m == c.prev || slices.ContainsFunc(c.answers, func(a Answer) bool { return !a.LogStore && a.ID == m }) {
 			continue
@@ -1288,6 +1291,17 @@ func (s *sim) judgeExcludingAbsent(c *candidacy, ct Contract, v Verdict) Verdict
 		}
 	}
 	return v
+}
+
+// prevHolds reports whether c.prev granted the fence with a log that
+// reaches the newest epoch answered, as a member may be excluded instead
+// of it only then (services/node judgeReplacing: a primary that lost its
+// log holds nothing it acknowledged; the model's never do, so this only
+// keeps it the same rule).
+func (c *candidacy) prevHolds() bool {
+	return slices.ContainsFunc(c.answers, func(a Answer) bool {
+		return !a.LogStore && a.ID == c.prev && a.LastEpoch >= c.newestLog
+	})
 }
 
 // learnPrev takes an answer whose log ends in epoch lastEpoch, whose
