@@ -1,6 +1,7 @@
 package node
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
@@ -183,6 +184,50 @@ func TestLeadsOnceCaughtUp(t *testing.T) {
 			}
 			if tt.refused != "" && (err == nil || !strings.Contains(err.Error(), tt.refused)) {
 				t.Fatalf("leadsOnceCaughtUp: %v; want a refusal naming %q", err, tt.refused)
+			}
+		})
+	}
+}
+
+// TestJudgeReplacing: the replaced primary first; when that has no
+// quorum, a member whose answer does not count, only while the replaced
+// primary's own answer counts with a log of the newest epoch answered;
+// under a joint contract one member is excluded from both halves.
+func TestJudgeReplacing(t *testing.T) {
+	members := func(ids ...string) []*walshipv1.Member {
+		var ms []*walshipv1.Member
+		for _, id := range ids {
+			ms = append(ms, &walshipv1.Member{Id: id, Addr: id + ":1"})
+		}
+		return ms
+	}
+	ls := []string{"ls0"}
+	k1 := &walshipv1.Contract{SyncReplicas: 1, Members: members("p", "r1", "r2"), Logstores: ls}
+	joint := &walshipv1.Contract{SyncReplicas: 1, Members: members("p", "r1", "r2"), Logstores: ls,
+		Next: &walshipv1.Configuration{SyncReplicas: 1, Members: members("p", "r1", "r3"), Logstores: ls}}
+	a := func(id string, epoch uint64) answer {
+		return answer{id: id, logstore: id == "ls0", granted: true, lastEpoch: epoch, lastLSN: 10}
+	}
+	down := func(id string) answer { return answer{id: id, err: errors.New("down")} }
+	for _, tc := range []struct {
+		name     string
+		c        *walshipv1.Contract
+		replaced string
+		answers  []answer
+		quorum   bool
+		excluded string
+	}{
+		{"the replaced primary suffices", k1, "p", []answer{a("ls0", 1), a("r1", 1), a("r2", 1)}, true, "p"},
+		{"p answers, r2 is down: r2 excluded", k1, "p", []answer{a("ls0", 1), a("p", 1), a("r1", 1), down("r2")}, true, "r2"},
+		{"p's log lost: no exclusion past it", k1, "p", []answer{a("ls0", 1), a("p", 0), a("r1", 1), down("r2")}, false, "p"},
+		{"p down too: nothing to exclude", k1, "p", []answer{a("ls0", 1), down("p"), a("r1", 1), down("r2")}, false, "p"},
+		{"joint, r2 down: excluded from both halves", joint, "p", []answer{a("ls0", 1), a("p", 1), a("r1", 1), down("r2"), a("r3", 1)}, true, "r2"},
+		{"joint, r2 and r3 down: one member per promotion", joint, "p", []answer{a("ls0", 1), a("p", 1), a("r1", 1), down("r2"), down("r3")}, false, "p"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v, excluded := judgeReplacing([]*walshipv1.Contract{tc.c}, tc.replaced, tc.answers, promised)
+			if v.quorum != tc.quorum || excluded != tc.excluded {
+				t.Fatalf("quorum %v excluding %q (needed %s), want %v excluding %q", v.quorum, excluded, v.needed, tc.quorum, tc.excluded)
 			}
 		})
 	}
