@@ -114,8 +114,9 @@ type plan struct {
 	appliedRecord *walshipv1.EpochRecord
 	appliedLSN    uint64
 	// prev, answers and forced are what the quorum was judged on: the
-	// replaced primary, the fence's answers, and whether it was forced
-	// without one.
+	// replaced primary (judgeReplacing may have excluded a member that
+	// did not answer instead, and may again under a newer contract), the
+	// fence's answers, and whether it was forced without one.
 	prev    string
 	answers []answer
 	forced  bool
@@ -655,7 +656,7 @@ func (n *Node) promoteAs(ctx context.Context, req *walshipv1.PromoteRequest, ele
 	// stays what it is until the catch-up, which may cut it (recordUpTo)
 	// or bring a newer one.
 	p := &plan{epoch: epoch, cluster: cluster, self: answerOf(answers, n.cfg.ID), donor: v.donor, timeline: tl,
-		prev: excluded, answers: answers, forced: !v.quorum}
+		prev: replaced, answers: answers, forced: !v.quorum}
 	var held *walshipv1.EpochRecord
 	p.appliedRecord, p.appliedLSN, held = rep.EpochRecords()
 	p.record = p.appliedRecord
@@ -673,7 +674,7 @@ func (n *Node) promoteAs(ctx context.Context, req *walshipv1.PromoteRequest, ele
 		return nil, status.Error(codes.Aborted, "a promotion is already under way")
 	}
 	n.logger.Info("promotion fenced; opening as primary", "epoch", epoch, "granted", strings.Join(v.granted, ","), "donor", v.donor.id,
-		"donor_last_lsn", v.donor.lastLSN, "lease_wait", wait)
+		"donor_last_lsn", v.donor.lastLSN, "lease_wait", wait, "replaced", replaced, "excluded", excluded)
 	return resp, nil
 }
 
