@@ -1,6 +1,7 @@
 // Package kube is a data node's view of Kubernetes: the Lease that says
 // which node may try to become primary (client-go's leaderelection), the
-// labels Services route on, and Events.
+// labels Services route on, and Events; and a log store's, which asks only
+// whether its StatefulSet was scaled down (NewScaleDown).
 //
 // The Lease is a promotion gate, not a fence (client-go's leaderelection
 // says it guarantees no fencing; its expiry is judged on each node's
@@ -121,6 +122,35 @@ func New(cfg Config) (*Client, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	// Each call is bounded well inside the renew deadline.
+	return connect(cfg, cfg.RenewDeadline)
+}
+
+// scaleDownCallTimeout bounds a ScaledDown call of a client without a
+// Lease: it runs inside a stop's --leave-timeout.
+const scaleDownCallTimeout = 5 * time.Second
+
+// NewScaleDown connects for ScaledDown alone, with no Lease: a log store's
+// --leave-on-scale-down, which needs only its Pod's name (a StatefulSet's
+// pod) and namespace.
+func NewScaleDown(cfg Config) (*Client, error) {
+	var errs []error
+	if cfg.Namespace == "" {
+		errs = append(errs, errors.New("--pod-namespace: required with --leave-on-scale-down (POD_NAMESPACE from the downward API)"))
+	}
+	if cfg.Pod == "" {
+		errs = append(errs, errors.New("--pod-name: required with --leave-on-scale-down (POD_NAME from the downward API)"))
+	} else if _, _, err := StatefulSetOrdinal(cfg.Pod); err != nil {
+		errs = append(errs, fmt.Errorf("--pod-name: %w", err))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return connect(cfg, scaleDownCallTimeout)
+}
+
+// connect makes the client, each API call bounded by timeout.
+func connect(cfg Config, timeout time.Duration) (*Client, error) {
 	var rc *rest.Config
 	var err error
 	if cfg.Kubeconfig != "" {
@@ -131,8 +161,7 @@ func New(cfg Config) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--kubeconfig: %w", err)
 	}
-	// Each call is bounded well inside the renew deadline.
-	rc.Timeout = cfg.RenewDeadline
+	rc.Timeout = timeout
 	rc.UserAgent = "walship"
 	cs, err := kubernetes.NewForConfig(rc)
 	if err != nil {
