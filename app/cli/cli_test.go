@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -373,5 +374,49 @@ func TestNodeMembershipFlags(t *testing.T) {
 	code, _, errOut = run(t, base...)
 	if code != 1 || !strings.Contains(errOut, "is not among them (--join lets it start") {
 		t.Fatalf("node outside --peers without --join: exit %d, %q", code, errOut)
+	}
+}
+
+// TestLogStoreMembershipFlags: WALSHIP_JOIN, WALSHIP_NODES and
+// WALSHIP_LEAVE_ON_SCALE_DOWN set the log store's flags (logstore.env);
+// --join needs --advertise and --nodes, --leave-on-scale-down a
+// StatefulSet pod's name and namespace, each error naming its flag.
+func TestLogStoreMembershipFlags(t *testing.T) {
+	t.Setenv("WALSHIP_JOIN", "true")
+	t.Setenv("WALSHIP_NODES", "a:1,b:2")
+	t.Setenv("WALSHIP_LEAVE_ON_SCALE_DOWN", "true")
+	fs, _ := NewFlagSet("logstore", &Env{})
+	if err := Parse(fs, nil); err != nil {
+		t.Fatal(err)
+	}
+	for f, want := range map[string]string{"join": "true", "leave-on-scale-down": "true", "nodes": "a:1,b:2"} {
+		if got := fs.Lookup(f).Value.String(); got != want {
+			t.Errorf("--%s from the environment = %s, want %s", f, got, want)
+		}
+	}
+	t.Setenv("WALSHIP_JOIN", "false")
+	t.Setenv("WALSHIP_NODES", "")
+	t.Setenv("WALSHIP_LEAVE_ON_SCALE_DOWN", "false")
+	t.Setenv("POD_NAME", "")
+	t.Setenv("POD_NAMESPACE", "")
+	base := []string{"logstore", "--listen", "127.0.0.1:0", "--metrics-listen", "", "--data-dir", t.TempDir()}
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--join"}, []string{"--advertise: required with --join", "--nodes: required with --join"}},
+		{[]string{"--join", "--advertise", "127.0.0.1:7400"}, []string{"--nodes: required with --join"}},
+		{[]string{"--join", "--nodes", "127.0.0.1:7401"}, []string{"--advertise: required with --join"}},
+		{[]string{"--join", "--advertise", "a:1,b:2", "--nodes", "127.0.0.1:7401"}, []string{"--advertise:", "a:1,b:2", "is not one address (host:port)"}},
+		{[]string{"--leave-on-scale-down"}, []string{"--pod-namespace: required with --leave-on-scale-down", "--pod-name: required with --leave-on-scale-down"}},
+		{[]string{"--leave-on-scale-down", "--pod-namespace", "ns", "--pod-name", "walship-logstore"}, []string{"--pod-name: pod", "walship-logstore", "is not named <statefulset>-<ordinal>"}},
+		{[]string{"--leave-timeout", "-1s"}, []string{"--leave-timeout: -1s is negative"}},
+	} {
+		code, _, errOut := run(t, append(slices.Clone(base), tc.args...)...)
+		for _, w := range tc.want {
+			if code != 1 || !strings.Contains(errOut, w) {
+				t.Errorf("logstore %s: exit %d, %q; want an error with %q", strings.Join(tc.args, " "), code, errOut, w)
+			}
+		}
 	}
 }

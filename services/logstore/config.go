@@ -1,10 +1,12 @@
 package logstore
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"github.com/walship/walship/internal/serve"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -54,6 +56,24 @@ type Config struct {
 	// keeps against retention what is not there yet (archive.go); a
 	// refill copies from it what no peer holds (refill_archive.go).
 	Archive ArchiveOptions
+
+	// Join is --join: once serving, a log store the primary's membership
+	// does not name (as a log store, joining or learning) asks the
+	// primary for add_logstore Advertise, and again until it is named
+	// (membership.go). Nodes are the data nodes it asks (the primary is
+	// among them; the others refuse at once).
+	Join      bool
+	Advertise string
+	Nodes     []string
+	// Leaving, if set, says when the log store is told to stop whether it
+	// is going away for good (a StatefulSet scaled down,
+	// --leave-on-scale-down: internal/kube Client.ScaledDown): it then
+	// asks the primary for remove_logstore Advertise, within LeaveTimeout
+	// (0: DefaultLeaveTimeout), while it still serves (the change's joint
+	// record may need its acknowledgement). Any other stop keeps it a
+	// log store of the contract.
+	Leaving      func(context.Context) (down bool, why string, err error)
+	LeaveTimeout time.Duration
 
 	// Now is the clock retention by age compares commit times with; nil
 	// means time.Now.
@@ -133,6 +153,28 @@ func (c *Config) Validate() error {
 	}
 	if err := c.Archive.validate(); err != nil {
 		errs = append(errs, err)
+	}
+	if c.Join || c.Leaving != nil {
+		what := "--join"
+		if !c.Join {
+			what = "--leave-on-scale-down"
+		}
+		if c.Advertise == "" {
+			errs = append(errs, fmt.Errorf("--advertise: required with %s: the address the data nodes reach this log store at, as the contract names it", what))
+		} else if strings.ContainsAny(c.Advertise, " \t\n,") {
+			errs = append(errs, fmt.Errorf("--advertise: %q is not one address (host:port)", c.Advertise))
+		}
+		if len(c.Nodes) == 0 {
+			errs = append(errs, fmt.Errorf("--nodes: required with %s: the data nodes to ask for the primary", what))
+		}
+		for i, n := range c.Nodes {
+			if n == "" {
+				errs = append(errs, fmt.Errorf("--nodes: entry %d is empty", i))
+			}
+		}
+	}
+	if c.LeaveTimeout < 0 {
+		errs = append(errs, fmt.Errorf("--leave-timeout: %v is negative", c.LeaveTimeout))
 	}
 	if c.StopTimeout < 0 {
 		errs = append(errs, fmt.Errorf("stop timeout: %v is negative", c.StopTimeout))

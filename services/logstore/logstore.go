@@ -334,7 +334,9 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 	}()
 
-	serveCtx, stopServe := context.WithCancel(ctx)
+	// Serving stops when ctx ends, after a scaled-down log store has
+	// asked to be removed (Config.Leaving), or at once on a failure.
+	serveCtx, stopServe := context.WithCancel(context.Background())
 	defer stopServe()
 	serveDone := make(chan error, 1)
 	go func() { serveDone <- s.srv.Serve(serveCtx, s.beginStop) }()
@@ -342,6 +344,27 @@ func (s *Server) Run(ctx context.Context) error {
 	s.logger.Info("log store serving", "addr", s.Addr(), "metrics", s.MetricsAddr(), "cluster_id", s.cluster.ID(), "epoch", s.epoch.Load(),
 		"first_lsn", s.wal.FirstLSN(), "durable_lsn", s.wal.DurableLSN(), "peers", len(s.cfg.Peers), "refilling", s.fill.refilling.Load(),
 		"retention_bytes", s.cfg.RetentionBytes, "retention_age", s.cfg.RetentionAge)
+	joinCtx, stopJoin := context.WithCancel(serveCtx)
+	defer stopJoin()
+	joinDone := make(chan struct{})
+	go func() {
+		defer close(joinDone)
+		if s.cfg.Join {
+			s.join(joinCtx)
+		}
+	}()
+	leaveDone := make(chan struct{})
+	go func() {
+		defer close(leaveDone)
+		select {
+		case <-ctx.Done():
+			stopJoin()
+			<-joinDone
+			s.leaveIfScaledDown()
+			stopServe()
+		case <-serveCtx.Done(): // a failure stopped it
+		}
+	}()
 
 	var serveErr, fatal error
 	select {
@@ -365,6 +388,10 @@ func (s *Server) Run(ctx context.Context) error {
 		close(stopWriter)
 		fatal = <-writerDone
 	}
+	stopServe()
+	<-leaveDone
+	stopJoin()
+	<-joinDone
 	s.srv.SetServing(false)
 	s.beginStop() // in case Serve failed before its own stop ran
 	stopRetention()
