@@ -489,3 +489,74 @@ func saysNotApplied(st *status.Status) bool {
 	}
 	return false
 }
+
+// okMembers answers every ChangeMembers: what reaches it was authorized.
+type okMembers struct {
+	walshipv1.UnimplementedAdminServiceServer
+}
+
+func (okMembers) ChangeMembers(context.Context, *walshipv1.ChangeMembersRequest) (*walshipv1.ChangeMembersResponse, error) {
+	return &walshipv1.ChangeMembersResponse{Done: true, Outcome: "done"}, nil
+}
+
+// TestMembershipChangesPassTheTap: under TLS and the default policy a
+// data node may ask to add or remove a data node and a log store to add
+// or remove a log store (--join, --leave-on-scale-down); the tap, which
+// authorizes a call before its request is read, must let both through
+// for the interceptor to check which change they ask. It refused every
+// one ("may not call /walship.v1.AdminService/ChangeMembers with that
+// change"), so no --join worked under mTLS.
+func TestMembershipChangesPassTheTap(t *testing.T) {
+	ca, err := tlsid.NewCA("serve test", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := &tlsServer{ca: ca, certs: t.TempDir()}
+	src, err := tlsid.Load(ts.files(t, tlsid.ClassNode, "server"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	az, err := tlsid.NewAuthz(tlsid.AuthzConfig{TrustDomain: testDomain})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Options{Listen: "127.0.0.1:0", StreamGrace: 50 * time.Millisecond, Security: Security{TLS: src, Authz: az}},
+		func(g *grpc.Server) { walshipv1.RegisterAdminServiceServer(g, okMembers{}) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, nil) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	s.SetServing(true)
+	ts.Server = s
+	add := &walshipv1.ChangeMembersRequest{Change: &walshipv1.ChangeMembersRequest_Add{Add: &walshipv1.Member{Id: "n3", Addr: "n3:7401"}}}
+	addLS := &walshipv1.ChangeMembersRequest{Change: &walshipv1.ChangeMembersRequest_AddLogstore{AddLogstore: "ls3:7400"}}
+	removeLS := &walshipv1.ChangeMembersRequest{Change: &walshipv1.ChangeMembersRequest_RemoveLogstore{RemoveLogstore: "ls3:7400"}}
+	cctx, ccancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer ccancel()
+	for _, tc := range []struct {
+		class string
+		req   *walshipv1.ChangeMembersRequest
+		ok    bool
+	}{
+		{tlsid.ClassNode, add, true},
+		{tlsid.ClassNode, addLS, false},
+		{tlsid.ClassLogStore, addLS, true},
+		{tlsid.ClassLogStore, removeLS, true},
+		{tlsid.ClassLogStore, add, false},
+		{tlsid.ClassClient, add, false},
+		{tlsid.ClassAdmin, addLS, true},
+	} {
+		_, err := walshipv1.NewAdminServiceClient(ts.dial(t, tc.class, "x")).ChangeMembers(cctx, tc.req)
+		if (err == nil) != tc.ok || (err != nil && status.Code(err) != codes.PermissionDenied) {
+			t.Errorf("ChangeMembers %v as a %s: %v; want allowed %v", tc.req.GetChange(), tc.class, err, tc.ok)
+		}
+	}
+}

@@ -27,11 +27,16 @@ func (a *Authz) Tap(ctx context.Context, method string) error {
 	if ok {
 		return nil
 	}
-	// The rules beyond grpc's: the identity's form now, a Promote's
-	// arguments once the request is read (a plain one passes here).
+	// The rules beyond grpc's: the identity's form now, a Promote's or a
+	// ChangeMembers' arguments once the request is read (Unary): here a
+	// plain promotion passes, and so does a membership change (the one
+	// the peer's class may ask for, or an admin's).
 	var req any
-	if method == promoteMethod {
+	switch method {
+	case promoteMethod:
 		req = &walshipv1.PromoteRequest{}
+	case changeMembersMethod:
+		req = unreadChange{}
 	}
 	if err := a.check(ctx, method, req); err != nil {
 		return a.refuse(ctx, method, err)
@@ -110,3 +115,7 @@ func (tapServerStream) RecvMsg(any) error            { return nil }
 
 // tapServerStream is the stream grpc's interceptor is shown: its context.
 type tapServerStream struct{ ctx context.Context }
+
+// unreadChange stands for a ChangeMembersRequest the tap has not read:
+// check lets it through, and Unary checks the request itself.
+type unreadChange struct{}
