@@ -378,6 +378,47 @@ func TestAPIServer(t *testing.T) {
 			t.Errorf("ServiceAccount %s listed pods: %v\n%s", as, err, out)
 		}
 	})
+
+	// The log stores' own file: get a StatefulSet (--leave-on-scale-down
+	// reads spec.replicas), nothing of the data nodes' rights.
+	t.Run("rbac-logstore", func(t *testing.T) {
+		k := &kubectlRunner{t: t, bin: bin, admin: s.Admin}
+		const ns = "walship-rbac-logstore"
+		k.must(nil, "create", "namespace", ns)
+		k.must(nil, "-n", ns, "create", "serviceaccount", "walship-logstore")
+		k.must(nil, "-n", ns, "apply", "-f", filepath.Join(repoRoot(t), RBACLogStoreFile))
+		as := "system:serviceaccount:" + ns + ":walship-logstore"
+		for _, tc := range []struct {
+			args []string
+			ns   string
+			want bool
+		}{
+			{[]string{"get", "statefulsets.apps/walship-logstore"}, "", true},
+			{[]string{"list", "statefulsets.apps"}, "", false},
+			{[]string{"watch", "statefulsets.apps"}, "", false},
+			{[]string{"update", "statefulsets.apps/walship-logstore"}, "", false},
+			{[]string{"patch", "statefulsets.apps/walship-logstore", "--subresource=scale"}, "", false},
+			{[]string{"get", "leases.coordination.k8s.io/walship"}, "", false},
+			{[]string{"create", "leases.coordination.k8s.io"}, "", false},
+			{[]string{"patch", "pods/walship-logstore-0"}, "", false},
+			{[]string{"create", "events"}, "", false},
+			{[]string{"get", "secrets"}, "", false},
+			{[]string{"get", "statefulsets.apps/walship-logstore"}, "default", false},
+		} {
+			in := tc.ns
+			if in == "" {
+				in = ns
+			}
+			out, err := k.run(nil, append([]string{"auth", "can-i", "-n", in, "--as", as}, tc.args...)...)
+			answer := strings.TrimSpace(strings.SplitN(out, "\n", 2)[0])
+			if (answer != "yes" && answer != "no") || (err == nil) != (answer == "yes") {
+				t.Fatalf("kubectl auth can-i %v -n %s: %v\n%s", tc.args, in, err, out)
+			}
+			if got := answer == "yes"; got != tc.want {
+				t.Errorf("ServiceAccount %s may %s in %s: %v, want %v", as, strings.Join(tc.args, " "), in, got, tc.want)
+			}
+		}
+	})
 }
 
 // crdGroups is the set of API groups the pinned CRDs define.

@@ -275,15 +275,15 @@ func (c *checker) checkAPIAccess(where string, p *pod) {
 	automount := spec.AutomountServiceAccountToken
 	if !p.callsAPI() {
 		if automount == nil || *automount {
-			c.errorf("%s: automountServiceAccountToken is not false (`walship %s` without --kube-lease calls no API)", where, p.command)
+			c.errorf("%s: automountServiceAccountToken is not false (`walship %s` without --kube-lease or --leave-on-scale-down calls no API)", where, p.command)
 		}
 		return
 	}
 	if automount == nil || !*automount {
-		c.errorf("%s: automountServiceAccountToken is not true, but --kube-lease %s needs the API server", where, p.flag("kube-lease"))
+		c.errorf("%s: automountServiceAccountToken is not true, but %s needs the API server", where, p.apiFlags())
 	}
 	if spec.ServiceAccountName == "" || c.o.serviceAccounts[spec.ServiceAccountName] == nil {
-		c.errorf("%s: --kube-lease needs a ServiceAccount of the build, not %q", where, spec.ServiceAccountName)
+		c.errorf("%s: %s needs a ServiceAccount of the build, not %q", where, p.apiFlags(), spec.ServiceAccountName)
 	} else if sa := c.o.serviceAccounts[spec.ServiceAccountName]; sa.AutomountServiceAccountToken == nil || *sa.AutomountServiceAccountToken {
 		c.errorf("%s: ServiceAccount %s mounts its token into every pod; set automountServiceAccountToken: false on it and true on the pods that call the API", where, sa.Name)
 	}
@@ -440,8 +440,19 @@ func (p *pod) flag(name string) string {
 }
 
 // callsAPI says whether walship in the pod talks to the Kubernetes API:
-// a data node with automatic failover (--kube-lease).
-func (p *pod) callsAPI() bool { return p.flag("kube-lease") != "" }
+// a data node with automatic failover (--kube-lease), a log store that
+// reads its StatefulSet when told to stop (--leave-on-scale-down).
+func (p *pod) callsAPI() bool {
+	return p.flag("kube-lease") != "" || (p.command == "logstore" && p.flag("leave-on-scale-down") == "true")
+}
+
+// apiFlags names the flags that make the pod call the API, for messages.
+func (p *pod) apiFlags() string {
+	if p.command == "logstore" {
+		return "--leave-on-scale-down"
+	}
+	return "--kube-lease " + p.flag("kube-lease")
+}
 
 // podConfig resolves the environment and arguments of pod ordinal ord of
 // sts as the kubelet would, and parses them with walship's own flag set for

@@ -57,21 +57,80 @@ func (c *checker) checkCluster() {
 	}
 	ls, nodes := byComponent[logstoreComponent][0], byComponent[nodeComponent][0]
 	var pods []*pod
+	var stores []*pod
+	for ord := int32(0); ord < ptrOr(ls.Spec.Replicas, 1); ord++ {
+		if p, err := c.podConfig(ls, ord); err == nil {
+			stores = append(stores, p)
+		}
+	}
+	// Log stores that join (--join) may be more than the lists name: the
+	// StatefulSet scaled up adds them at run time.
+	joining := len(stores) > 0 && stores[0].flag("join") == "true"
 	for ord := int32(0); ord < ptrOr(nodes.Spec.Replicas, 1); ord++ {
 		p, err := c.podConfig(nodes, ord)
 		if err != nil {
 			continue // reported by checkStatefulSet
 		}
 		pods = append(pods, p)
-		c.checkLogstoreList(p, ls)
+		c.checkLogstoreList(p, ls, joining)
 		c.checkMembers(p, nodes)
 	}
 	if len(pods) > 0 && pods[0].callsAPI() {
 		c.checkFailover(pods, nodes, ls)
 	}
-	for ord := int32(0); ord < ptrOr(ls.Spec.Replicas, 1); ord++ {
-		if p, err := c.podConfig(ls, ord); err == nil {
-			c.checkLogstorePeers(p, ls)
+	for _, p := range stores {
+		c.checkLogstorePeers(p, ls, joining)
+		if len(pods) > 0 {
+			c.checkLogstoreJoin(p, pods[0], nodes)
+		}
+	}
+}
+
+// checkLogstoreJoin: a log store that joins or leaves by itself (--join,
+// --leave-on-scale-down) advertises the address that reaches its own pod,
+// spelled exactly as the data nodes' --logstore spells it where that names
+// the pod (the contract names log stores by address: another spelling
+// would be added a second time), and its --nodes reach data node pods.
+func (c *checker) checkLogstoreJoin(p, node *pod, nodes *appsv1.StatefulSet) {
+	if p.flag("join") != "true" && p.flag("leave-on-scale-down") != "true" {
+		return
+	}
+	adv := p.flag("advertise")
+	if target, err := c.resolvePeer(adv, logstoreComponent); err != nil {
+		c.errorf("log store pod %s --advertise %q: %v", p.name, adv, err)
+	} else if target != "pod/"+p.name {
+		c.errorf("log store pod %s --advertise %s reaches %s, not the pod itself", p.name, adv, target)
+	}
+	for _, addr := range strings.Split(node.flag("logstore"), ",") {
+		if target, err := c.resolvePeer(addr, logstoreComponent); err == nil && target == "pod/"+p.name && addr != adv {
+			c.errorf("log store pod %s --advertise %s, but the data nodes' --logstore names it %s: the contract would list it twice", p.name, adv, addr)
+		}
+	}
+	list := p.flag("nodes")
+	reached := 0
+	for _, addr := range strings.Split(list, ",") {
+		if addr == "" {
+			continue
+		}
+		if _, err := c.resolvePeer(addr, nodeComponent); err != nil {
+			c.errorf("log store pod %s --nodes %s: %v", p.name, addr, err)
+			continue
+		}
+		reached++
+	}
+	if reached == 0 {
+		c.errorf("log store pod %s --nodes %q reaches no data node of StatefulSet %s: it could not find the primary", p.name, list, nodes.Name)
+	}
+	// A scaled-down log store asks to be removed, serving, before its
+	// graceful stop.
+	if p.flag("leave-on-scale-down") == "true" && strings.HasSuffix(p.name, "-0") {
+		leave, err := time.ParseDuration(p.flag("leave-timeout"))
+		if err != nil {
+			c.errorf("log store pod %s --leave-timeout %q: %v", p.name, p.flag("leave-timeout"), err)
+		}
+		need := leave + stopTimeout
+		if g := p.sts.Spec.Template.Spec.TerminationGracePeriodSeconds; g == nil || time.Duration(*g)*time.Second < need {
+			c.errorf("StatefulSet %s: terminationGracePeriodSeconds %v: want at least %v (a scale-down's removal, up to --leave-timeout %v, plus the %v graceful stop)", p.sts.Name, ptrOr(g, 30), int64(need/time.Second), leave, stopTimeout)
 		}
 	}
 }
@@ -79,7 +138,7 @@ func (c *checker) checkCluster() {
 // checkLogstorePeers: a log store lists every other log store pod as its
 // peers (itself may be listed too: it knows itself), once each, so that
 // one that lost its disk or fell behind refills from them.
-func (c *checker) checkLogstorePeers(p *pod, ls *appsv1.StatefulSet) {
+func (c *checker) checkLogstorePeers(p *pod, ls *appsv1.StatefulSet, joining bool) {
 	list := p.flag("peers")
 	seen := map[string]bool{}
 	for _, addr := range strings.Split(list, ",") {
@@ -97,14 +156,16 @@ func (c *checker) checkLogstorePeers(p *pod, ls *appsv1.StatefulSet) {
 		seen[target] = true
 	}
 	for ord := int32(0); ord < ptrOr(ls.Spec.Replicas, 1); ord++ {
-		if other := fmt.Sprintf("%s-%d", ls.Name, ord); other != p.name && !seen["pod/"+other] {
+		// Joining log stores refill from the first ones (those the
+		// data nodes' --logstore names); the others need not list them.
+		if other := fmt.Sprintf("%s-%d", ls.Name, ord); other != p.name && !seen["pod/"+other] && (!joining || len(seen) == 0) {
 			c.errorf("log store pod %s --peers %q does not list %s: it could not refill from it", p.name, list, other)
 		}
 	}
 }
 
 // checkLogstoreList: a data node ships to every log store pod, once each.
-func (c *checker) checkLogstoreList(p *pod, ls *appsv1.StatefulSet) {
+func (c *checker) checkLogstoreList(p *pod, ls *appsv1.StatefulSet, joining bool) {
 	list := p.flag("logstore")
 	seen := map[string]bool{}
 	for _, addr := range strings.Split(list, ",") {
@@ -121,7 +182,9 @@ func (c *checker) checkLogstoreList(p *pod, ls *appsv1.StatefulSet) {
 		}
 		seen[target] = true
 	}
-	if n := ptrOr(ls.Spec.Replicas, 1); int32(len(seen)) != n {
+	// With --join on the log stores, the pods the list leaves out ask the
+	// primary to add them; it names at most the StatefulSet's pods.
+	if n := ptrOr(ls.Spec.Replicas, 1); int32(len(seen)) != n && (!joining || len(seen) == 0 || int32(len(seen)) > n) {
 		c.errorf("pod %s --logstore %q names %d log store pods, but StatefulSet %s runs %d", p.name, list, len(seen), ls.Name, n)
 	}
 }
@@ -318,6 +381,15 @@ func (p permission) String() string {
 // --kube-lease (internal/kube), each with what needs it: nothing more (no
 // list, no watch, no other Lease) and nothing less.
 func minimalPermissions(p *pod) map[permission]string {
+	if p.command == "logstore" {
+		// --leave-on-scale-down alone.
+		// Any name: kustomize would rewrite resourceNames
+		// [walship-logstore] to the log stores' ConfigMap's hashed name
+		// (rbac-logstore.yaml).
+		return map[permission]string{
+			{"apps", "statefulsets", "get", ""}: "a log store told to stop reads its StatefulSet's spec.replicas: scaled down, it leaves the contract's log stores",
+		}
+	}
 	lease := p.flag("kube-lease")
 	perms := map[permission]string{
 		{"coordination.k8s.io", "leases", "get", lease}:    "the election reads who holds the Lease and until when",
@@ -445,15 +517,30 @@ func (c *checker) checkRBAC() {
 
 // RBACFile is the Role and RoleBinding of the data nodes as a plain file:
 // `kubectl apply -n NAMESPACE -f` applies it as it is (the Go end-to-end
-// tests do), so it sets no namespace anywhere.
-const RBACFile = "deploy/k8s/base/rbac.yaml"
+// tests do), so it sets no namespace anywhere. RBACLogStoreFile is the log
+// stores', the same way.
+const (
+	RBACFile         = "deploy/k8s/base/rbac.yaml"
+	RBACLogStoreFile = "deploy/k8s/base/rbac-logstore.yaml"
+)
+
+// rbacFiles are the plain RBAC files and the StatefulSet whose pods each
+// grants what they need.
+var rbacFiles = map[string]string{RBACFile: "walship", RBACLogStoreFile: "walship-logstore"}
 
 // TestRBACFile: base/rbac.yaml on its own holds exactly a Role and a
 // RoleBinding without a namespace — also none on the subject, which RBAC
 // then takes to be the RoleBinding's — granting exactly what the overlays'
-// data nodes need, and the overlays build the same rules from it.
+// data nodes need, and the overlays build the same rules from it; and
+// base/rbac-logstore.yaml the same for the log stores.
 func TestRBACFile(t *testing.T) {
-	data, err := os.ReadFile(filepath.Join(repoRoot(t), RBACFile))
+	for file, sts := range rbacFiles {
+		t.Run(filepath.Base(file), func(t *testing.T) { testRBACFile(t, file, sts) })
+	}
+}
+
+func testRBACFile(t *testing.T, file, sts string) {
+	data, err := os.ReadFile(filepath.Join(repoRoot(t), file))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -471,43 +558,43 @@ func TestRBACFile(t *testing.T) {
 	}
 	f, err := decodeObjects(docs)
 	if err != nil {
-		t.Fatalf("%s: %v", RBACFile, err)
+		t.Fatalf("%s: %v", file, err)
 	}
 	if n := len(f.all()); n != 2 || len(f.roles) != 1 || len(f.roleBindings) != 1 {
-		t.Fatalf("%s: %d objects (%d Roles, %d RoleBindings), want one Role and one RoleBinding", RBACFile, n, len(f.roles), len(f.roleBindings))
+		t.Fatalf("%s: %d objects (%d Roles, %d RoleBindings), want one Role and one RoleBinding", file, n, len(f.roles), len(f.roleBindings))
 	}
 	for _, m := range f.all() {
 		if m.obj.Namespace != "" {
-			t.Errorf("%s: %s %s sets namespace %q: `kubectl apply -n` would refuse another", RBACFile, m.kind, m.obj.Name, m.obj.Namespace)
+			t.Errorf("%s: %s %s sets namespace %q: `kubectl apply -n` would refuse another", file, m.kind, m.obj.Name, m.obj.Namespace)
 		}
 	}
 	for _, rb := range f.roleBindings {
 		for _, s := range rb.Subjects {
 			if s.Namespace != "" {
-				t.Errorf("%s: RoleBinding %s subject %s %s has namespace %q; leave it out (RBAC then takes the RoleBinding's)", RBACFile, rb.Name, s.Kind, s.Name, s.Namespace)
+				t.Errorf("%s: RoleBinding %s subject %s %s has namespace %q; leave it out (RBAC then takes the RoleBinding's)", file, rb.Name, s.Kind, s.Name, s.Namespace)
 			}
 		}
 	}
 	for name, dir := range overlayDirs(t) {
 		o := buildOverlay(t, dir)
 		c := &checker{o: o, namespace: overlayWants[name].namespace}
-		p, err := c.podConfig(o.statefulSets["walship"], 0)
+		p, err := c.podConfig(o.statefulSets[sts], 0)
 		if err != nil {
 			t.Fatalf("overlay %s: %v", name, err)
 		}
 		for rn, r := range f.roles {
 			missing, extra := comparePermissions(permissionsOf(r.Rules), minimalPermissions(p))
 			if len(missing)+len(extra) > 0 {
-				t.Errorf("%s: Role %s for overlay %s: lacks %v; has more: %v", RBACFile, rn, name, missing, extra)
+				t.Errorf("%s: Role %s for overlay %s: lacks %v; has more: %v", file, rn, name, missing, extra)
 			}
 			if built := o.roles[rn]; built == nil || !reflect.DeepEqual(built.Rules, r.Rules) {
-				t.Errorf("overlay %s: Role %s differs from %s", name, rn, RBACFile)
+				t.Errorf("overlay %s: Role %s differs from %s", name, rn, file)
 			}
 		}
 		for bn, rb := range f.roleBindings {
 			built := o.roleBindings[bn]
 			if built == nil || built.RoleRef != rb.RoleRef || len(built.Subjects) != len(rb.Subjects) {
-				t.Errorf("overlay %s: RoleBinding %s differs from %s", name, bn, RBACFile)
+				t.Errorf("overlay %s: RoleBinding %s differs from %s", name, bn, file)
 				continue
 			}
 			for i, s := range built.Subjects {
@@ -516,7 +603,7 @@ func TestRBACFile(t *testing.T) {
 				}
 				s.Namespace = ""
 				if s != rb.Subjects[i] {
-					t.Errorf("overlay %s: RoleBinding %s subject %d differs from %s", name, bn, i, RBACFile)
+					t.Errorf("overlay %s: RoleBinding %s subject %d differs from %s", name, bn, i, file)
 				}
 			}
 		}

@@ -84,9 +84,9 @@ func (d *dockerCluster) mustDocker(args ...string) string {
 // kustomize build, peers reaching each other by their Kubernetes DNS names
 // as network aliases), then drives it from the host with grpcurl: writes
 // and reads, a killed replica, a replica cut off the network. The data
-// nodes run without --kube-lease and --leave-on-scale-down (no API server
-// here): walship-0, the --initial-primary, bootstraps the cluster and
-// stays its primary.
+// nodes run without --kube-lease and --leave-on-scale-down, the log stores
+// without --leave-on-scale-down (no API server here): walship-0, the
+// --initial-primary, bootstraps the cluster and stays its primary.
 func TestDockerCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("skipping the Docker cluster test in -short mode")
@@ -266,6 +266,11 @@ func (d *dockerCluster) startPod(p *pod) {
 	if p.command == "node" {
 		// No API server: no Lease, and no StatefulSet to read on a stop.
 		args = append(args, "--heartbeat-interval="+testHeartbeat, "--sync-timeout="+testSyncTimeout.String(), "--kube-lease=", "--leave-on-scale-down=false")
+	}
+	if p.command == "logstore" {
+		// No StatefulSet to read on a stop either (--join stays: the
+		// bootstrap contract names them, and they ask nothing).
+		args = append(args, "--leave-on-scale-down=false")
 	}
 	d.pods[p.name] = c // before run: cleanup and logs find it even if run fails
 	d.mustDocker(args...)

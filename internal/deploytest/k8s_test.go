@@ -304,6 +304,7 @@ func TestChecksCatchMistakes(t *testing.T) {
 	}
 	configMap := func(o *objects, prefix string) *corev1.ConfigMap { return configMapOf(t, o, prefix) }
 	nodeEnv := func(o *objects, k, v string) { configMap(o, "walship-node").Data[k] = v }
+	lsEnv := func(o *objects, k, v string) { configMap(o, "walship-logstore").Data[k] = v }
 	intPtr := func(i int32) *int32 { return &i }
 	boolPtr := func(b bool) *bool { return &b }
 	rule := func(o *objects, i int) *rbacv1.PolicyRule { return &o.roles["walship"].Rules[i] }
@@ -351,10 +352,24 @@ func TestChecksCatchMistakes(t *testing.T) {
 			"Service walship-rw: no label app.kubernetes.io/part-of"},
 
 		// Peers.
-		{"log store missing from the nodes' list", func(o *objects) { o.statefulSets["walship-logstore"].Spec.Replicas = intPtr(4) },
-			"names 3 log store pods, but StatefulSet walship-logstore runs 4"},
-		{"log store missing from the log stores' peers", func(o *objects) { o.statefulSets["walship-logstore"].Spec.Replicas = intPtr(4) },
+		{"log store missing from the nodes' list", func(o *objects) {
+			o.statefulSets["walship-logstore"].Spec.Replicas = intPtr(4)
+			lsEnv(o, "WALSHIP_JOIN", "false")
+		}, "names 3 log store pods, but StatefulSet walship-logstore runs 4"},
+		{"log store missing from the log stores' peers", func(o *objects) {
+			o.statefulSets["walship-logstore"].Spec.Replicas = intPtr(4)
+			lsEnv(o, "WALSHIP_JOIN", "false")
+		},
 			"log store pod walship-logstore-0 --peers \"walship-logstore-0.walship-logstore-headless:7400,walship-logstore-1.walship-logstore-headless:7400,walship-logstore-2.walship-logstore-headless:7400\" does not list walship-logstore-3"},
+		{"log store advertising another spelling of its address", func(o *objects) {
+			logstore(o).Args = append(logstore(o).Args, "--advertise=$(POD_NAME).walship-logstore-headless.walship-dev.svc:7400")
+		}, "but the data nodes' --logstore names it walship-logstore-0.walship-logstore-headless:7400: the contract would list it twice"},
+		{"log store advertising another pod", func(o *objects) {
+			logstore(o).Args = append(logstore(o).Args, "--advertise=walship-logstore-1.walship-logstore-headless:7400")
+		}, "log store pod walship-logstore-0 --advertise walship-logstore-1.walship-logstore-headless:7400 reaches pod/walship-logstore-1, not the pod itself"},
+		{"log store asking log stores for the primary", func(o *objects) {
+			lsEnv(o, "WALSHIP_NODES", "walship-logstore-1.walship-logstore-headless:7400")
+		}, "is a logstore, want a node"},
 		{"log store peer at a node", func(o *objects) {
 			configMap(o, "walship-logstore").Data["WALSHIP_PEERS"] = "walship-logstore-0.walship-logstore-headless:7400,walship-1.walship-headless:7401"
 		}, "is a node, want a logstore"},
@@ -398,9 +413,17 @@ func TestChecksCatchMistakes(t *testing.T) {
 		// Automatic failover.
 		{"no token for a node", func(o *objects) { nodes(o).Spec.Template.Spec.AutomountServiceAccountToken = boolPtr(false) },
 			"automountServiceAccountToken is not true, but --kube-lease walship needs the API server"},
-		{"a token for a log store", func(o *objects) {
-			o.statefulSets["walship-logstore"].Spec.Template.Spec.AutomountServiceAccountToken = boolPtr(true)
-		}, "StatefulSet walship-logstore: automountServiceAccountToken is not false"},
+		{"a token for a log store that calls no API", func(o *objects) { lsEnv(o, "WALSHIP_LEAVE_ON_SCALE_DOWN", "false") },
+			"StatefulSet walship-logstore: automountServiceAccountToken is not false"},
+		{"no token for a log store that leaves on a scale-down", func(o *objects) {
+			o.statefulSets["walship-logstore"].Spec.Template.Spec.AutomountServiceAccountToken = boolPtr(false)
+		}, "StatefulSet walship-logstore: automountServiceAccountToken is not true, but --leave-on-scale-down needs the API server"},
+		{"a log store with the data nodes' rights", func(o *objects) {
+			o.statefulSets["walship-logstore"].Spec.Template.Spec.ServiceAccountName = "walship"
+		}, `StatefulSet walship-logstore: ServiceAccount "walship" (Roles [walship]) may do more than walship needs`},
+		{"a log store that may not read its StatefulSet", func(o *objects) {
+			o.roles["walship-logstore"].Rules[0].ResourceNames = []string{"walship-logstore"}
+		}, `StatefulSet walship-logstore: ServiceAccount "walship-logstore" (Roles [walship-logstore]) may not: get apps/statefulsets (any name)`},
 		{"a token for every pod", func(o *objects) { o.serviceAccounts["walship"].AutomountServiceAccountToken = boolPtr(true) },
 			"ServiceAccount walship mounts its token into every pod"},
 		{"wrong --pod-name", func(o *objects) { nodeEnv(o, "WALSHIP_POD_NAME", "walship-0") },
@@ -425,6 +448,8 @@ func TestChecksCatchMistakes(t *testing.T) {
 			"terminationGracePeriodSeconds 75: want at least 90"},
 		{"grace period shorter than the scale-down's removal", func(o *objects) { nodeEnv(o, "WALSHIP_LEAVE_TIMEOUT", "40s") },
 			"terminationGracePeriodSeconds 75: want at least 90 (the SIGTERM switchover, up to --switchover-timeout 20s, plus a scale-down's removal, up to --leave-timeout 40s"},
+		{"log store grace period shorter than its removal", func(o *objects) { lsEnv(o, "WALSHIP_LEAVE_TIMEOUT", "40s") },
+			"StatefulSet walship-logstore: terminationGracePeriodSeconds 60: want at least 70 (a scale-down's removal, up to --leave-timeout 40s"},
 		{"exec preStop hook", func(o *objects) {
 			node(o).Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Exec: &corev1.ExecAction{Command: []string{"sh", "-c", "sleep 5"}}}}
 		}, "an exec preStop hook needs a shell"},
@@ -463,9 +488,12 @@ func TestChecksCatchMistakes(t *testing.T) {
 		// Disruption budgets.
 		{"node budget too loose", func(o *objects) { o.pdbs["walship"].Spec.MaxUnavailable = maxUnavailable(2) },
 			"a PodDisruptionBudget that lets 2 go leave 0 replicas"},
-		{"log store budget below a majority", func(o *objects) { v := intstr.FromInt32(1); o.pdbs["walship-logstore"].Spec.MinAvailable = &v },
+		{"log store budget below a majority", func(o *objects) { o.pdbs["walship-logstore"].Spec.MaxUnavailable = maxUnavailable(2) },
 			"leaves no majority (2)"},
-		{"budget that blocks drains", func(o *objects) { v := intstr.FromInt32(3); o.pdbs["walship-logstore"].Spec.MinAvailable = &v },
+		{"budget that blocks drains", func(o *objects) {
+			v := intstr.FromInt32(3)
+			o.pdbs["walship-logstore"].Spec.MinAvailable, o.pdbs["walship-logstore"].Spec.MaxUnavailable = &v, nil
+		},
 			"lets 0 of 3 pods go: it blocks every drain"},
 		{"two budgets on one StatefulSet", func(o *objects) {
 			extra := o.pdbs["walship"].DeepCopy()
