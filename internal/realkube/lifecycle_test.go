@@ -3,6 +3,7 @@ package realkube
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -303,4 +304,86 @@ func (w *unavailableWatch) stop() (down, notReady int) {
 	w.stopWatch()
 	w.wg.Wait()
 	return w.down, w.notReady
+}
+
+// logStoresOf is the primary's contract's log stores (ListMembers through
+// walship-rw) once no change is in progress; an error otherwise.
+func logStoresOf(ctx context.Context, admin walshipv1.AdminServiceClient) ([]string, error) {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := admin.ListMembers(cctx, &walshipv1.ListMembersRequest{})
+	if err != nil {
+		return nil, err
+	}
+	m := resp.GetMembership()
+	if m.GetChange() != "" || m.GetJoint() || len(m.GetContract().GetLogstoreLearners()) > 0 {
+		return nil, fmt.Errorf("a change in progress: %s (log stores %v)", m.GetChange(), m.GetContract().GetLogstores())
+	}
+	return slices.Sorted(slices.Values(m.GetContract().GetLogstores())), nil
+}
+
+// TestScaleLogStores scales the log stores' StatefulSet 3 → 5 → 3 under
+// the checked workload, with nothing but kubectl scale: the new pods ask
+// the primary to add them (--join), the pods scaled away ask it to remove
+// them on their SIGTERM (--leave-on-scale-down), and the primary's
+// contract follows: five log stores, then walship-logstore-0..2 again.
+func TestScaleLogStores(t *testing.T) {
+	c := cluster(t)
+	deployDev(t, c)
+	defer dumpOnFailure(t, c)
+	addr := func(i int) string { return fmt.Sprintf("walship-logstore-%d.walship-logstore-headless:7400", i) }
+	want := func(n int) []string {
+		var out []string
+		for i := range n {
+			out = append(out, addr(i))
+		}
+		return slices.Sorted(slices.Values(out))
+	}
+	var grew, shrank time.Duration
+	underLoad(t, c, "scale-logstores", func(ctx context.Context, h *check.History) error {
+		admin := walshipv1.NewAdminServiceClient(serviceConn(t, c, ctx, "walship-rw"))
+		if got, err := logStoresOf(ctx, admin); err != nil || !slices.Equal(got, want(3)) {
+			return fmt.Errorf("log stores before: %v (%v), want %v", got, err, want(3))
+		}
+		for i := 3; i < 5; i++ {
+			if _, err := c.CreateLocalPV(ctx, fmt.Sprintf("realkube-pv-ls%d-%d", i, time.Now().UnixNano()), "1Gi"); err != nil {
+				return err
+			}
+		}
+		scale := func(n int) (time.Duration, error) {
+			start := time.Now()
+			h.Note("kubectl scale statefulset walship-logstore --replicas=%d", n)
+			if err := c.Kubectl(ctx, nil, "-n", devNamespace, "scale", "statefulset", "walship-logstore", fmt.Sprintf("--replicas=%d", n)); err != nil {
+				return 0, err
+			}
+			var took time.Duration
+			if err := waitFor(ctx, 5*time.Minute, fmt.Sprintf("the primary's contract to name %d log stores", n), func() error {
+				got, err := logStoresOf(ctx, admin)
+				if err != nil {
+					return err
+				}
+				if !slices.Equal(got, want(n)) {
+					return fmt.Errorf("log stores %v, want %v", got, want(n))
+				}
+				took = time.Since(start)
+				return nil
+			}); err != nil {
+				return 0, err
+			}
+			h.Note("%d log stores in the contract after %v", n, took.Round(time.Millisecond))
+			return took, waitAllReady(ctx, c, 5*time.Minute)
+		}
+		var err error
+		if grew, err = scale(5); err != nil {
+			return err
+		}
+		if shrank, err = scale(3); err != nil {
+			return err
+		}
+		// The scaled-away pods are gone; their claims stay (a StatefulSet
+		// keeps them): remove them, as the RUNBOOK says, so that a later
+		// scale-up starts empty and refills.
+		return c.Kubectl(ctx, nil, "-n", devNamespace, "delete", "pvc", "data-walship-logstore-3", "data-walship-logstore-4", "--wait=false")
+	})
+	t.Logf("log stores 3 → 5 in the contract after %v, 5 → 3 after %v (from kubectl scale)", grew.Round(time.Millisecond), shrank.Round(time.Millisecond))
 }
