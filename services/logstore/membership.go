@@ -49,9 +49,11 @@ const statusCallTimeout = 3 * time.Second
 // at the same moment may be removed first (one change at a time).
 const DefaultLeaveTimeout = 15 * time.Second
 
-// leaveCallTimeout bounds one remove_logstore call, so that a node that
-// does not answer leaves time to ask the next.
-const leaveCallTimeout = 5 * time.Second
+// leaveCallTimeout bounds one remove_logstore call, so that a primary
+// that does not answer leaves time to ask again: the primary first waits
+// (up to 5 s) for the log stores left to acknowledge (canFinish), then
+// writes two records.
+const leaveCallTimeout = 10 * time.Second
 
 // errNoPrimary: no node asked answered as the primary.
 var errNoPrimary = errors.New("no primary among the nodes asked")
