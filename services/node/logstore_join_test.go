@@ -68,7 +68,12 @@ func newLSCluster(t *testing.T) *lsCluster {
 		c.startLogStore(t, fmt.Sprintf("ls%d", i), a, initial, nil)
 	}
 	c.ls = initial[0]
-	c.tweak = func(cfg *Config) { cfg.LogStores = slices.Clone(initial) }
+	c.tweak = func(cfg *Config) {
+		cfg.LogStores = slices.Clone(initial)
+		// Commits wait for a majority of the log stores, so that one added
+		// counts for them (TestLogStoreJoinAddsIt).
+		cfg.Primary.Policy.LogStore = walshipv1.LogStoreAck_LOG_STORE_ACK_SYNC
+	}
 	c.start(t, "n0", RolePrimary)
 	c.start(t, "n1", RoleReplica)
 	c.start(t, "n2", RoleReplica)
