@@ -973,8 +973,24 @@ func (s *Server) Switchover(ctx context.Context, target string, timeout time.Dur
 	}
 	ok = true
 	// The target fenced this primary; wait until it takes writes, so that
-	// the pause reported is the pause clients see.
+	// the pause reported is the pause clients see. This call holds the
+	// stop of the primary the fence deposed (a graceful stop waits for
+	// it), and the node's next role may be what the target waits for:
+	// once deposed, wait at most deposedWait more.
 	admin := walshipv1.NewAdminServiceClient(conn)
+	go func() {
+		select {
+		case <-s.pipe.alive.Done():
+			t := time.NewTimer(deposedWait)
+			defer t.Stop()
+			select {
+			case <-t.C:
+				cancel()
+			case <-ctx.Done():
+			}
+		case <-ctx.Done():
+		}
+	}()
 	for ctx.Err() == nil {
 		st, err := admin.Status(ctx, &walshipv1.StatusRequest{}, grpc.WaitForReady(true))
 		if err == nil && st.GetRole() == walshipv1.Role_ROLE_PRIMARY && st.GetTakingWrites() {
@@ -990,6 +1006,10 @@ func (s *Server) Switchover(ctx context.Context, target string, timeout time.Dur
 	s.logger.Info("switched over", "target", target, "epoch", resp.GetEpoch(), "lsn", last, "paused", paused)
 	return &walshipv1.SwitchoverResponse{Epoch: resp.GetEpoch(), Lsn: last, Paused: durationpb.New(paused)}, nil
 }
+
+// deposedWait bounds how long a switchover's answer waits for the target
+// to take writes once the target's fence has deposed this primary.
+const deposedWait = time.Second
 
 // otherMembers says which node ids a switchover may target.
 func (s *Server) otherMembers() string {
