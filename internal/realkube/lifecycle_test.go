@@ -394,3 +394,88 @@ func TestScaleLogStores(t *testing.T) {
 	})
 	t.Logf("log stores 3 → 5 in the contract after %v, 5 → 3 after %v (from kubectl scale)", grew.Round(time.Millisecond), shrank.Round(time.Millisecond))
 }
+
+// membersOf is the primary's contract's members, sorted, once no change
+// is in progress.
+func membersOf(ctx context.Context, admin walshipv1.AdminServiceClient) ([]string, error) {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := admin.ListMembers(cctx, &walshipv1.ListMembersRequest{})
+	if err != nil {
+		return nil, err
+	}
+	m := resp.GetMembership()
+	if m.GetChange() != "" || m.GetJoint() || len(m.GetContract().GetLearners()) > 0 {
+		return nil, fmt.Errorf("a change in progress: %s", m.GetChange())
+	}
+	var ids []string
+	for _, mb := range m.GetContract().GetMembers() {
+		ids = append(ids, mb.GetId())
+	}
+	return slices.Sorted(slices.Values(ids)), nil
+}
+
+// TestScaleDataNodes scales the data nodes' StatefulSet 3 → 4 → 3 under
+// the checked workload, with nothing but kubectl scale: walship-3 asks the
+// primary to add it (--join: a learner, then a member), and on its
+// SIGTERM of the scale-down asks it to remove it (--leave-on-scale-down);
+// the primary's contract follows: walship-0..3, then walship-0..2 again.
+func TestScaleDataNodes(t *testing.T) {
+	c := cluster(t)
+	deployDev(t, c)
+	defer dumpOnFailure(t, c)
+	want := func(n int) []string {
+		var out []string
+		for i := range n {
+			out = append(out, fmt.Sprintf("walship-%d", i))
+		}
+		return out
+	}
+	var grew, shrank time.Duration
+	underLoad(t, c, "scale-nodes", func(ctx context.Context, h *check.History) error {
+		admin := walshipv1.NewAdminServiceClient(serviceConn(t, c, ctx, "walship-rw"))
+		if got, err := membersOf(ctx, admin); err != nil || !slices.Equal(got, want(3)) {
+			return fmt.Errorf("members before: %v (%v), want %v", got, err, want(3))
+		}
+		if _, err := c.CreateLocalPV(ctx, fmt.Sprintf("realkube-pv-n3-%d", time.Now().UnixNano()), "1Gi"); err != nil {
+			return err
+		}
+		scale := func(n int) (time.Duration, error) {
+			start := time.Now()
+			h.Note("kubectl scale statefulset walship --replicas=%d", n)
+			if err := c.Kubectl(ctx, nil, "-n", devNamespace, "scale", "statefulset", "walship", fmt.Sprintf("--replicas=%d", n)); err != nil {
+				return 0, err
+			}
+			var took time.Duration
+			if err := waitFor(ctx, 5*time.Minute, fmt.Sprintf("the primary's contract to name %d members", n), func() error {
+				got, err := membersOf(ctx, admin)
+				if err != nil {
+					return err
+				}
+				if !slices.Equal(got, want(n)) {
+					return fmt.Errorf("members %v, want %v", got, want(n))
+				}
+				took = time.Since(start)
+				return nil
+			}); err != nil {
+				return 0, err
+			}
+			h.Note("%d members in the contract after %v", n, took.Round(time.Millisecond))
+			if n < 4 {
+				if err := c.Kubectl(ctx, nil, "-n", devNamespace, "wait", "--for=delete", "pod/walship-3", "--timeout=3m"); err != nil {
+					return 0, err
+				}
+			}
+			return took, waitAllReady(ctx, c, 5*time.Minute)
+		}
+		var err error
+		if grew, err = scale(4); err != nil {
+			return err
+		}
+		if shrank, err = scale(3); err != nil {
+			return err
+		}
+		return c.Kubectl(ctx, nil, "-n", devNamespace, "delete", "pvc", "data-walship-3", "--wait=false")
+	})
+	t.Logf("data nodes 3 → 4 in the contract after %v, 4 → 3 after %v (from kubectl scale)", grew.Round(time.Millisecond), shrank.Round(time.Millisecond))
+}
