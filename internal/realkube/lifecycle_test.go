@@ -322,76 +322,105 @@ func logStoresOf(ctx context.Context, admin walshipv1.AdminServiceClient) ([]str
 	return slices.Sorted(slices.Values(m.GetContract().GetLogstores())), nil
 }
 
-// TestScaleLogStores scales the log stores' StatefulSet 3 → 5 → 3 under
-// the checked workload, with nothing but kubectl scale: the new pods ask
-// the primary to add them (--join), the pods scaled away ask it to remove
-// them on their SIGTERM (--leave-on-scale-down), and the primary's
-// contract follows: five log stores, then walship-logstore-0..2 again.
-func TestScaleLogStores(t *testing.T) {
+// scaling is a StatefulSet scaled up and back under the checked workload.
+type scaling struct {
+	name, set  string                                                                // the workload's name; the StatefulSet
+	what       string                                                                // what the primary's contract names ("log stores")
+	from, to   int                                                                   // replicas before (and after), and at the top
+	pvPrefix   string                                                                // the local volumes the extra pods claim
+	pod        func(i int) string                                                    // the pod of ordinal i
+	named      func(i int) string                                                    // how the contract names ordinal i
+	contracted func(context.Context, walshipv1.AdminServiceClient) ([]string, error) // what the contract names, sorted
+}
+
+// scaleUnderLoad scales sc.set from sc.from to sc.to and back with
+// kubectl scale alone, under the checked workload through walship-rw,
+// waiting each time for the primary's contract to name exactly the pods
+// the StatefulSet keeps, then for the scaled-away pods to stop and every
+// pod to be Ready; it deletes the scaled-away pods' claims (as the
+// RUNBOOK says) and returns how long the contract took each way.
+func scaleUnderLoad(t *testing.T, sc scaling) (grew, shrank time.Duration) {
 	c := cluster(t)
 	deployDev(t, c)
 	defer dumpOnFailure(t, c)
-	addr := func(i int) string { return fmt.Sprintf("walship-logstore-%d.walship-logstore-headless:7400", i) }
 	want := func(n int) []string {
 		var out []string
 		for i := range n {
-			out = append(out, addr(i))
+			out = append(out, sc.named(i))
 		}
 		return slices.Sorted(slices.Values(out))
 	}
-	var grew, shrank time.Duration
-	underLoad(t, c, "scale-logstores", func(ctx context.Context, h *check.History) error {
+	var extraPods, extraClaims []string
+	for i := sc.from; i < sc.to; i++ {
+		extraPods = append(extraPods, "pod/"+sc.pod(i))
+		extraClaims = append(extraClaims, "data-"+sc.pod(i))
+	}
+	underLoad(t, c, sc.name, func(ctx context.Context, h *check.History) error {
 		admin := walshipv1.NewAdminServiceClient(serviceConn(t, c, ctx, "walship-rw"))
-		if got, err := logStoresOf(ctx, admin); err != nil || !slices.Equal(got, want(3)) {
-			return fmt.Errorf("log stores before: %v (%v), want %v", got, err, want(3))
+		if got, err := sc.contracted(ctx, admin); err != nil || !slices.Equal(got, want(sc.from)) {
+			return fmt.Errorf("%s before: %v (%v), want %v", sc.what, got, err, want(sc.from))
 		}
-		for i := 3; i < 5; i++ {
-			if _, err := c.CreateLocalPV(ctx, fmt.Sprintf("realkube-pv-ls%d-%d", i, time.Now().UnixNano()), "1Gi"); err != nil {
+		for i := sc.from; i < sc.to; i++ {
+			if _, err := c.CreateLocalPV(ctx, fmt.Sprintf("%s%d-%d", sc.pvPrefix, i, time.Now().UnixNano()), "1Gi"); err != nil {
 				return err
 			}
 		}
 		scale := func(n int) (time.Duration, error) {
 			start := time.Now()
-			h.Note("kubectl scale statefulset walship-logstore --replicas=%d", n)
-			if err := c.Kubectl(ctx, nil, "-n", devNamespace, "scale", "statefulset", "walship-logstore", fmt.Sprintf("--replicas=%d", n)); err != nil {
+			h.Note("kubectl scale statefulset %s --replicas=%d", sc.set, n)
+			if err := c.Kubectl(ctx, nil, "-n", devNamespace, "scale", "statefulset", sc.set, fmt.Sprintf("--replicas=%d", n)); err != nil {
 				return 0, err
 			}
 			var took time.Duration
-			if err := waitFor(ctx, 5*time.Minute, fmt.Sprintf("the primary's contract to name %d log stores", n), func() error {
-				got, err := logStoresOf(ctx, admin)
+			if err := waitFor(ctx, 5*time.Minute, fmt.Sprintf("the primary's contract to name %d %s", n, sc.what), func() error {
+				got, err := sc.contracted(ctx, admin)
 				if err != nil {
 					return err
 				}
 				if !slices.Equal(got, want(n)) {
-					return fmt.Errorf("log stores %v, want %v", got, want(n))
+					return fmt.Errorf("%s %v, want %v", sc.what, got, want(n))
 				}
 				took = time.Since(start)
 				return nil
 			}); err != nil {
 				return 0, err
 			}
-			h.Note("%d log stores in the contract after %v", n, took.Round(time.Millisecond))
-			if n < 5 {
+			h.Note("%d %s in the contract after %v", n, sc.what, took.Round(time.Millisecond))
+			if n < sc.to {
 				// The scaled-away pods stop (kubectl wait for Ready would
 				// wait on them too while they terminate).
-				if err := c.Kubectl(ctx, nil, "-n", devNamespace, "wait", "--for=delete", "pod/walship-logstore-3", "pod/walship-logstore-4", "--timeout=3m"); err != nil {
+				args := append([]string{"-n", devNamespace, "wait", "--for=delete"}, extraPods...)
+				if err := c.Kubectl(ctx, nil, append(args, "--timeout=3m")...); err != nil {
 					return 0, err
 				}
 			}
 			return took, waitAllReady(ctx, c, 5*time.Minute)
 		}
 		var err error
-		if grew, err = scale(5); err != nil {
+		if grew, err = scale(sc.to); err != nil {
 			return err
 		}
-		if shrank, err = scale(3); err != nil {
+		if shrank, err = scale(sc.from); err != nil {
 			return err
 		}
 		// The scaled-away pods are gone; their claims stay (a StatefulSet
-		// keeps them): remove them, as the RUNBOOK says, so that a later
-		// scale-up starts empty and refills.
-		return c.Kubectl(ctx, nil, "-n", devNamespace, "delete", "pvc", "data-walship-logstore-3", "data-walship-logstore-4", "--wait=false")
+		// keeps them): remove them, so that a later scale-up starts empty.
+		return c.Kubectl(ctx, nil, append(append([]string{"-n", devNamespace, "delete", "pvc"}, extraClaims...), "--wait=false")...)
 	})
+	return grew, shrank
+}
+
+// TestScaleLogStores scales the log stores' StatefulSet 3 → 5 → 3 under
+// the checked workload, with nothing but kubectl scale: the new pods ask
+// the primary to add them (--join), the pods scaled away ask it to remove
+// them on their SIGTERM (--leave-on-scale-down), and the primary's
+// contract follows: five log stores, then walship-logstore-0..2 again.
+func TestScaleLogStores(t *testing.T) {
+	pod := func(i int) string { return fmt.Sprintf("walship-logstore-%d", i) }
+	grew, shrank := scaleUnderLoad(t, scaling{name: "scale-logstores", set: "walship-logstore", what: "log stores",
+		from: 3, to: 5, pvPrefix: "realkube-pv-ls", pod: pod,
+		named:      func(i int) string { return pod(i) + ".walship-logstore-headless:7400" },
+		contracted: logStoresOf})
 	t.Logf("log stores 3 → 5 in the contract after %v, 5 → 3 after %v (from kubectl scale)", grew.Round(time.Millisecond), shrank.Round(time.Millisecond))
 }
 
@@ -421,61 +450,8 @@ func membersOf(ctx context.Context, admin walshipv1.AdminServiceClient) ([]strin
 // SIGTERM of the scale-down asks it to remove it (--leave-on-scale-down);
 // the primary's contract follows: walship-0..3, then walship-0..2 again.
 func TestScaleDataNodes(t *testing.T) {
-	c := cluster(t)
-	deployDev(t, c)
-	defer dumpOnFailure(t, c)
-	want := func(n int) []string {
-		var out []string
-		for i := range n {
-			out = append(out, fmt.Sprintf("walship-%d", i))
-		}
-		return out
-	}
-	var grew, shrank time.Duration
-	underLoad(t, c, "scale-nodes", func(ctx context.Context, h *check.History) error {
-		admin := walshipv1.NewAdminServiceClient(serviceConn(t, c, ctx, "walship-rw"))
-		if got, err := membersOf(ctx, admin); err != nil || !slices.Equal(got, want(3)) {
-			return fmt.Errorf("members before: %v (%v), want %v", got, err, want(3))
-		}
-		if _, err := c.CreateLocalPV(ctx, fmt.Sprintf("realkube-pv-n3-%d", time.Now().UnixNano()), "1Gi"); err != nil {
-			return err
-		}
-		scale := func(n int) (time.Duration, error) {
-			start := time.Now()
-			h.Note("kubectl scale statefulset walship --replicas=%d", n)
-			if err := c.Kubectl(ctx, nil, "-n", devNamespace, "scale", "statefulset", "walship", fmt.Sprintf("--replicas=%d", n)); err != nil {
-				return 0, err
-			}
-			var took time.Duration
-			if err := waitFor(ctx, 5*time.Minute, fmt.Sprintf("the primary's contract to name %d members", n), func() error {
-				got, err := membersOf(ctx, admin)
-				if err != nil {
-					return err
-				}
-				if !slices.Equal(got, want(n)) {
-					return fmt.Errorf("members %v, want %v", got, want(n))
-				}
-				took = time.Since(start)
-				return nil
-			}); err != nil {
-				return 0, err
-			}
-			h.Note("%d members in the contract after %v", n, took.Round(time.Millisecond))
-			if n < 4 {
-				if err := c.Kubectl(ctx, nil, "-n", devNamespace, "wait", "--for=delete", "pod/walship-3", "--timeout=3m"); err != nil {
-					return 0, err
-				}
-			}
-			return took, waitAllReady(ctx, c, 5*time.Minute)
-		}
-		var err error
-		if grew, err = scale(4); err != nil {
-			return err
-		}
-		if shrank, err = scale(3); err != nil {
-			return err
-		}
-		return c.Kubectl(ctx, nil, "-n", devNamespace, "delete", "pvc", "data-walship-3", "--wait=false")
-	})
+	pod := func(i int) string { return fmt.Sprintf("walship-%d", i) }
+	grew, shrank := scaleUnderLoad(t, scaling{name: "scale-nodes", set: "walship", what: "members",
+		from: 3, to: 4, pvPrefix: "realkube-pv-n", pod: pod, named: pod, contracted: membersOf})
 	t.Logf("data nodes 3 → 4 in the contract after %v, 4 → 3 after %v (from kubectl scale)", grew.Round(time.Millisecond), shrank.Round(time.Millisecond))
 }
