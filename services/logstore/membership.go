@@ -44,10 +44,8 @@ const joinCallTimeout = 6 * time.Minute
 const statusCallTimeout = 3 * time.Second
 
 // DefaultLeaveTimeout bounds a scaled-down log store's removal when
-// Config.LeaveTimeout is 0: a removal has no learner stage, two records'
-// acknowledgements once the primary takes it, and other pods scaled down
-// at the same moment may be removed first (one change at a time).
-const DefaultLeaveTimeout = 15 * time.Second
+// Config.LeaveTimeout is 0 (serve.Leave).
+const DefaultLeaveTimeout = serve.DefaultLeaveTimeout
 
 // leaveCallTimeout bounds one remove_logstore call, so that a primary
 // that does not answer leaves time to ask again: the primary first waits
@@ -156,26 +154,12 @@ func (s *Server) join(ctx context.Context) {
 // removes it (walship ctl members remove --logstore), or it rejoins with
 // --join if it comes back.
 func (s *Server) leaveIfScaledDown() {
-	if s.cfg.Leaving == nil {
-		return
-	}
-	timeout := s.cfg.LeaveTimeout
-	if timeout <= 0 {
-		timeout = DefaultLeaveTimeout
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
 	addr := s.cfg.Advertise
-	down, why, err := s.cfg.Leaving(ctx)
-	switch {
-	case err != nil:
-		s.logger.Warn("stopping: cannot tell whether this is a scale-down; staying a log store of the contract", "err", err)
-		return
-	case !down:
-		s.logger.Info("stopping: not a scale-down; staying a log store of the contract", "why", why)
+	ctx, cancel := serve.Leave(s.cfg.Leaving, s.cfg.LeaveTimeout, s.logger, "log store", "a log store of the contract", "advertise", addr)
+	defer cancel()
+	if ctx == nil {
 		return
 	}
-	s.logger.Info("stopping for a scale-down: asking the primary to remove this log store", "why", why, "advertise", addr, "timeout", timeout)
 	req := &walshipv1.ChangeMembersRequest{Change: &walshipv1.ChangeMembersRequest_RemoveLogstore{RemoveLogstore: addr}}
 	d := s.cfg.Security.Dialer
 	var last error

@@ -137,10 +137,9 @@ func (n *Node) askToJoin(ctx context.Context, primaryAddr string) (*walshipv1.Ch
 	return nil, last
 }
 
-// DefaultLeaveTimeout bounds a scaled-down node's removal (Config.Leaving)
-// when Config.LeaveTimeout is 0: a removal has no learner stage, so it
-// takes two records' acknowledgements once the primary answers.
-const DefaultLeaveTimeout = 15 * time.Second
+// DefaultLeaveTimeout bounds a scaled-down node's removal when
+// Config.LeaveTimeout is 0 (serve.Leave).
+const DefaultLeaveTimeout = serve.DefaultLeaveTimeout
 
 // leaveCallTimeout bounds one ChangeMembers remove call, so that a node
 // that does not answer leaves time to ask the next.
@@ -156,25 +155,11 @@ const leaveCallTimeout = 5 * time.Second
 // it (walship ctl members remove), or the node rejoins with --join if it
 // comes back.
 func (n *Node) leaveIfScaledDown(role Role, prim *primary.Server, rep *replica.Server) {
-	if n.cfg.Leaving == nil {
-		return
-	}
-	timeout := n.cfg.LeaveTimeout
-	if timeout <= 0 {
-		timeout = DefaultLeaveTimeout
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := serve.Leave(n.cfg.Leaving, n.cfg.LeaveTimeout, n.logger, "node", "a member")
 	defer cancel()
-	down, why, err := n.cfg.Leaving(ctx)
-	switch {
-	case err != nil:
-		n.logger.Warn("stopping: cannot tell whether this is a scale-down; staying a member", "err", err)
-		return
-	case !down:
-		n.logger.Info("stopping: not a scale-down; staying a member", "why", why)
+	if ctx == nil {
 		return
 	}
-	n.logger.Info("stopping for a scale-down: asking the primary to remove this node", "why", why, "timeout", timeout)
 	var c *walshipv1.Contract
 	primaryAddr := ""
 	if role == RolePrimary {
