@@ -586,6 +586,9 @@ func TestFailedStepResumes(t *testing.T) {
 			c := startMembersWith(t, 1, func(cfg *Config) {
 				cfg.Gate = g.gate
 				cfg.ChangeRetryBackoff = 100 * time.Millisecond
+				// Only the gate is to close: the lease, lost on a loaded
+				// machine, refused the step for another reason.
+				cfg.LeaseTimeout = time.Minute
 			}, "r1", "r3")
 			add := &walshipv1.ChangeMembersRequest{Change: &walshipv1.ChangeMembersRequest_Add{Add: &walshipv1.Member{Id: "r3", Addr: c.reps["r3"].s.Addr()}}}
 			req := &walshipv1.ChangeMembersRequest{Change: &walshipv1.ChangeMembersRequest_Remove{Remove: "r2"}}
