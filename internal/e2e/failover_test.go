@@ -337,7 +337,17 @@ func medianMax(ds []time.Duration) (median, maximum time.Duration) {
 // stays linearizable, with every node on one digest after.
 func TestSecondPromotionBeforeTheFirstOpened(t *testing.T) {
 	needLinux(t)
-	c, _, ctx, h, finish := failoverUnderLoad(t, "second/")
+	// n2 must be promoted while n1 waits out n0's lease: both waits end
+	// 1.1 leases after n0 last reached the log stores, so that lease is
+	// the time from the kill for two ctl runs and n2's fence. Half a
+	// second of it was too little on a loaded machine (n1 opened first);
+	// ten seconds are plenty, and the load runs on past n2's opening.
+	c := newFailoverCluster(t, func(i int) string { return fmt.Sprintf("n%d", i) })
+	for _, n := range c.nodes {
+		n.args = append(withoutFlags(n.args, "--lease-timeout"), "--lease-timeout", "10s")
+	}
+	c.start(t)
+	_, ctx, h, finish := loadOn(t, c, "second/", 3*time.Minute, 20*time.Second)
 	<-time.After(1500 * time.Millisecond)
 	h.Note("kill -9 n0 (the primary)")
 	c.nodes[0].p.kill()
