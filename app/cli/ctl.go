@@ -384,6 +384,12 @@ func ctlPromoteFlags(fs *flag.FlagSet, env *Env) func(context.Context) error {
 			if tl := st.GetLastFailover(); err == nil && tl.GetEpoch() == resp.GetEpoch() && tl.GetFailure() != "" {
 				return fmt.Errorf("%s fenced epoch %d but did not open it: %s", addr, resp.GetEpoch(), tl.GetFailure())
 			}
+			if err == nil && st.GetEpoch() > resp.GetEpoch() {
+				// Another promotion or a failover overtook this one (it may
+				// have opened and been deposed since): epoch resp's can no
+				// longer open.
+				return fmt.Errorf("epoch %d was superseded: %s is in epoch %d, as %v (walship ctl status)", resp.GetEpoch(), addr, st.GetEpoch(), roleName(st.GetRole()))
+			}
 			if pctx.Err() != nil {
 				return fmt.Errorf("%s did not open epoch %d within --wait %v (last status: %v)", addr, resp.GetEpoch(), wait, err)
 			}
