@@ -785,30 +785,35 @@ func (s *Server) checkChange(ctx context.Context, req *walshipv1.ChangeMembersRe
 // An added node or log store passes its learner stage first and counts
 // here.
 //
-// A log store counts only if it acknowledges: a stream that is up is not
-// enough, for a log store whose disk stalls keeps its stream and echoes
-// the lease (services/logstore answers heartbeats during a stalled
-// round) while it makes nothing durable. It must echo the lease within
-// half of it (lease.heard) and make the primary's durable end, as of the
-// request, durable within logStoreAckBound.
+// A member or log store counts only if it acknowledges: a stream that is
+// up is not enough, for a replica whose disk stalls (or whose apply is
+// stuck) keeps its stream while it makes nothing durable (or applies
+// nothing), and a log store whose disk stalls keeps its stream and
+// echoes the lease (services/logstore answers heartbeats during a
+// stalled round). A member must reach the primary's durable end, as of
+// the request, at the contract's sync level within removalAckBound; a log
+// store must echo the lease within half of it (lease.heard) and make that
+// end durable within removalAckBound.
 func (s *Server) canFinish(ctx context.Context, r *changeRun, next *walshipv1.Contract) error {
-	replicas, _ := s.peers.snapshot()
-	if r.remove != "" {
-		connected := 0
+	if k := int(next.GetSyncReplicas()); r.remove != "" && k > 0 {
+		var voters []string
 		for _, m := range next.GetMembers() {
-			if m.GetId() != s.cfg.ID && slices.ContainsFunc(replicas, func(p replicaPos) bool { return p.id == m.GetId() && p.connected }) {
-				connected++
+			if m.GetId() != s.cfg.ID {
+				voters = append(voters, m.GetId())
 			}
 		}
-		if k := int(next.GetSyncReplicas()); connected < k {
-			return status.Errorf(codes.FailedPrecondition, "%s: the members left (%s) have %d connected besides the primary, and sync_replicas %d needs %d of them to acknowledge the change: bring the others back first (walship ctl members list)",
-				r.desc, strings.Join(idsOf(next.GetMembers()), ", "), connected, k, k)
+		wctx, cancel := context.WithTimeout(ctx, removalAckBound)
+		acking, why := s.membersAcknowledging(wctx, s.wal.DurableLSN(), voters, next.GetSyncLevel(), k)
+		cancel()
+		if acking < k {
+			return status.Errorf(codes.FailedPrecondition, "%s: the members left (%s) have %d acknowledging besides the primary, and sync_replicas %d needs %d of them to acknowledge the change at %s (%s): bring the others back first (walship ctl members list)",
+				r.desc, strings.Join(idsOf(next.GetMembers()), ", "), acking, k, k, levelName(next.GetSyncLevel()), strings.Join(why, "; "))
 		}
 	}
 	if r.removeLogStore != "" {
 		set := next.GetLogstores()
 		need := failover.Majority(len(set))
-		wctx, cancel := context.WithTimeout(ctx, logStoreAckBound)
+		wctx, cancel := context.WithTimeout(ctx, removalAckBound)
 		acking, why := s.logStoresAcknowledging(wctx, s.wal.DurableLSN(), set, r.addLogStore, need)
 		cancel()
 		if acking < need {
@@ -819,10 +824,86 @@ func (s *Server) canFinish(ctx context.Context, r *changeRun, next *walshipv1.Co
 	return nil
 }
 
-// logStoreAckBound is how long canFinish gives a log store to make the
-// primary's durable end durable: a healthy one does in a round (its
-// batch delay and an fsync), a stalled disk never does.
-const logStoreAckBound = 5 * time.Second
+// removalAckBound is how long canFinish gives a member or log store to
+// reach the primary's durable end: a healthy one does in a round (a
+// replica's flush or apply, a log store's batch delay and an fsync), a
+// stalled disk or a stuck apply never does.
+const removalAckBound = 5 * time.Second
+
+// untilAcknowledging calls count at every position update and every
+// tick until it finds need acknowledging or ctx ends, and returns its
+// last answer: how many acknowledge and, for each of the others, why not.
+func (s *Server) untilAcknowledging(ctx context.Context, tick time.Duration, need int, count func() (int, []string)) (int, []string) {
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	for {
+		moved := s.peers.movedCh()
+		acking, why := count()
+		if acking >= need {
+			return acking, nil
+		}
+		select {
+		case <-moved:
+		case <-t.C:
+		case <-ctx.Done():
+			return acking, why
+		}
+	}
+}
+
+// membersAcknowledging waits, until ctx ends, for need of the replicas
+// ids to reach lsn at level over a stream that is up, as the commits of
+// a contract at level count them. It returns how many do, and for each
+// of the others why not.
+func (s *Server) membersAcknowledging(ctx context.Context, lsn uint64, ids []string, level walshipv1.SyncLevel, need int) (int, []string) {
+	// Streams ask their replica for an ack at level now while a wait at
+	// it is counted, rather than at their next heartbeat.
+	waiting := &s.peers.waiting[level]
+	waiting.Add(1)
+	defer waiting.Add(-1)
+	s.peers.announceWait()
+	// Every ack moves a position; the tick only guards against a missed
+	// one.
+	return s.untilAcknowledging(ctx, s.cfg.HeartbeatInterval, need, func() (int, []string) {
+		s.peers.mu.Lock()
+		defer s.peers.mu.Unlock()
+		acking := 0
+		var why []string
+		for _, id := range ids {
+			r := s.peers.replicas[id]
+			switch {
+			case r == nil || !r.connected:
+				why = append(why, id+" has no stream up")
+			case r.at(level) < lsn:
+				why = append(why, fmt.Sprintf("%s has %s LSN %d of the primary's %d (%s, or it is far behind)", id, reachedAt(level), r.at(level), lsn, stalledAt(level)))
+			default:
+				acking++
+			}
+		}
+		return acking, why
+	})
+}
+
+// reachedAt says what a replica did to an LSN it reached at level.
+func reachedAt(level walshipv1.SyncLevel) string {
+	switch level {
+	case walshipv1.SyncLevel_SYNC_LEVEL_WRITE:
+		return "written"
+	case walshipv1.SyncLevel_SYNC_LEVEL_FLUSH:
+		return "made durable"
+	default:
+		return "applied"
+	}
+}
+
+// stalledAt says what holds back a replica that does not reach the
+// primary's end at level.
+func stalledAt(level walshipv1.SyncLevel) string {
+	if level == walshipv1.SyncLevel_SYNC_LEVEL_APPLY {
+		return "its apply is stuck"
+	}
+	return "its disk stalls"
+}
 
 // logStoresAcknowledging waits, until ctx ends, for need of set to
 // acknowledge: echo the lease within half of it and make lsn durable
@@ -834,12 +915,8 @@ func (s *Server) logStoresAcknowledging(ctx context.Context, lsn uint64, set []s
 	s.peers.lsWaiting.Add(1)
 	defer s.peers.lsWaiting.Add(-1)
 	s.peers.announceWait()
-	// Echoes of the lease stream move no position: look again at this
-	// pace too.
-	tick := time.NewTicker(max(s.cfg.LeaseTimeout/8, 10*time.Millisecond))
-	defer tick.Stop()
-	for {
-		moved := s.peers.movedCh()
+	// Echoes of the lease move no position: look again at this pace too.
+	return s.untilAcknowledging(ctx, max(s.cfg.LeaseTimeout/8, 10*time.Millisecond), need, func() (int, []string) {
 		acking := 0
 		var why []string
 		_, pos := s.peers.snapshot()
@@ -861,16 +938,8 @@ func (s *Server) logStoresAcknowledging(ctx context.Context, lsn uint64, set []s
 				acking++
 			}
 		}
-		if acking >= need {
-			return acking, nil
-		}
-		select {
-		case <-moved:
-		case <-tick.C:
-		case <-ctx.Done():
-			return acking, why
-		}
-	}
+		return acking, why
+	})
 }
 
 // idsOf are the ids of ms.

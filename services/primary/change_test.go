@@ -37,11 +37,21 @@ type realReplica struct {
 
 func startReplica(t *testing.T, id, primary, dir string) *realReplica {
 	t.Helper()
+	return startReplicaWith(t, id, primary, dir, nil)
+}
+
+// startReplicaWith is startReplica with edit applied to the replica's
+// Config.
+func startReplicaWith(t *testing.T, id, primary, dir string, edit func(*replica.Config)) *realReplica {
+	t.Helper()
 	cfg := replica.DefaultConfig()
 	cfg.Listen, cfg.MetricsListen = "127.0.0.1:0", ""
 	cfg.ID, cfg.Primary, cfg.DataDir = id, primary, dir
 	cfg.HeartbeatInterval = 100 * time.Millisecond
 	cfg.StopTimeout = 5 * time.Second
+	if edit != nil {
+		edit(&cfg)
+	}
 	s, err := replica.New(cfg)
 	if err != nil {
 		t.Fatalf("replica %s: %v", id, err)

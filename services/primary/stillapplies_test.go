@@ -2,12 +2,15 @@ package primary
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/testkit"
+	"github.com/walship/walship/internal/vfs"
+	"github.com/walship/walship/services/replica"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -50,7 +53,7 @@ func TestStillApplies(t *testing.T) {
 func TestRemovalTheRestCannotAcknowledge(t *testing.T) {
 	c := startMembers(t, 1, "r1")
 	_, err := c.p.admin.ChangeMembers(ctx(t), &walshipv1.ChangeMembersRequest{Change: &walshipv1.ChangeMembersRequest_Remove{Remove: "r1"}})
-	wantStatus(t, err, codes.FailedPrecondition, "have 0 connected besides the primary", "sync_replicas 1")
+	wantStatus(t, err, codes.FailedPrecondition, "have 0 acknowledging besides the primary", "sync_replicas 1", "r2 has no stream up")
 	if m, n, _ := memberIDs(listMembers(t, c.p).GetContract()); m != "p1,r1,r2" || n != "" {
 		t.Fatalf("after the refused removal: members %q next %q", m, n)
 	}
@@ -95,4 +98,57 @@ func TestRemovalBesideAStalledLogStore(t *testing.T) {
 	release()
 	changeLogStores(t, c.p, removeLogStore(c.ls["c"].addr))
 	wantLogStores(t, s, c.addrs("a", "b"))
+}
+
+// TestRemovalBesideAStalledReplica: members p1, r1, r2, k = 1 at flush,
+// and r1's disk stalls in an fsync. Its stream stays up, but it makes
+// nothing durable, so removing r2 would leave a joint record that only r1
+// could acknowledge in the new half: every sync commit would wait behind
+// it, with no second change allowed to undo it. The removal is refused,
+// naming r1 and how far it got, and changes nothing: a sync commit r2
+// acknowledges still goes through. Once r1's disk returns, the same
+// removal goes through.
+func TestRemovalBesideAStalledReplica(t *testing.T) {
+	c := startMembers(t, 1, "r2")
+	s := c.p.s
+	mem := vfs.NewMem()
+	c.reps["r1"] = startReplicaWith(t, "r1", s.Addr(), "/data", func(cfg *replica.Config) { cfg.FS = mem })
+	testkit.Until(t, "r1 to connect", func() bool {
+		rs, _ := s.peers.snapshot()
+		return slices.ContainsFunc(rs, func(r replicaPos) bool { return r.id == "r1" && r.connected })
+	})
+	entered, release := mem.HoldNextSync(".wal")
+	t.Cleanup(release)
+	if err := syncPut(c.p, "stalled-on-r1", 1, time.Minute); err != nil {
+		t.Fatalf("a commit r2 acknowledges: %v", err)
+	}
+	select {
+	case <-entered:
+	case <-time.After(time.Minute):
+		t.Fatal("r1's disk never took the commit")
+	}
+	before := proto.Clone(s.contract()).(*walshipv1.Contract)
+	cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	remove := &walshipv1.ChangeMembersRequest{Change: &walshipv1.ChangeMembersRequest_Remove{Remove: "r2"}}
+	resp, err := c.p.admin.ChangeMembers(cctx, remove)
+	if err == nil {
+		t.Fatalf("removing r2 beside a stalled r1: %v, want a refusal", resp)
+	}
+	wantStatus(t, err, codes.FailedPrecondition, "remove r2", "have 0 acknowledging besides the primary", "sync_replicas 1",
+		"r1 has made durable LSN", "bring the others back first")
+	if !proto.Equal(s.contract(), before) {
+		t.Fatalf("the refused removal changed the contract to %v", s.contract())
+	}
+	if err := syncPut(c.p, "after-refusal", 1, time.Minute); err != nil {
+		t.Fatalf("a commit r2 acknowledges after the refused removal: %v", err)
+	}
+	release()
+	resp, err = c.p.admin.ChangeMembers(ctx(t), remove)
+	if err != nil || !resp.GetDone() || resp.GetOutcome() != outcomeDone {
+		t.Fatalf("remove r2 once r1's disk returned: %v %v", resp, err)
+	}
+	if m, n, _ := memberIDs(listMembers(t, c.p).GetContract()); m != "p1,r1" || n != "" {
+		t.Fatalf("after removing r2: members %q next %q", m, n)
+	}
 }
