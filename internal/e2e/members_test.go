@@ -22,12 +22,15 @@ import (
 //  1. `walship ctl members add` makes n3, a running replica, a member
 //     (learner, joint, final): members n0, n1, n2, n3;
 //  2. with n1 and n3 paused (SIGSTOP), `walship ctl members remove n2`
-//     gets as far as the joint record, which the new half (n1, n3)
-//     cannot acknowledge; the primary is killed (kill -9) there, n1 and
-//     n3 resume, and `walship ctl promote` makes n1 the primary. Its log
-//     ends in the joint record: it opens under the joint contract and
-//     finishes the change (a removal adds no one to wait for) — never
-//     C_old alone.
+//     is refused: their streams stay up, but the members left (n1, n3)
+//     acknowledge nothing, so they could not acknowledge its joint
+//     record;
+//  3. with n1 and n3 resumed the removal is taken, and the primary is
+//     killed (kill -9) as soon as n1 holds a record of it (the joint
+//     one, or already the final one); `walship ctl promote` makes n1 the
+//     primary. If its log ends in the joint record it opens under the
+//     joint contract and finishes the change (a removal adds no one to
+//     wait for) — never C_old alone.
 //
 // Every acknowledged write is read back, the history is linearizable, and
 // the old primary rejoins and converges.
@@ -59,12 +62,18 @@ func TestMembershipChangeKill9(t *testing.T) {
 		t.Fatalf("after adding n3:\n%s", out)
 	}
 
-	// A change the primary dies in: with n1 and n3 paused, the joint
-	// record removing n2 is acknowledged by the old half (n2) and waits
-	// for the new one (n1 or n3).
-	h.Note("pause n1 and n3; remove n2")
+	h.Note("pause n1 and n3; remove n2: refused")
 	n1.p.pause()
 	n3.p.pause()
+	refused, err := exec.Command(walshipBin(t), "ctl", "members", "remove", "--member", "n2", "--nodes", n0.addr, "--timeout", "2m").CombinedOutput()
+	if err == nil || !strings.Contains(string(refused), "acknowledging") || !strings.Contains(string(refused), "n1 has") || !strings.Contains(string(refused), "n3 has") {
+		t.Fatalf("ctl members remove n2 with n1 and n3 paused: %v\n%s\nwant a refusal naming n1 and n3: the members left cannot acknowledge", err, refused)
+	}
+	n1.p.signal(syscall.SIGCONT)
+	n3.p.signal(syscall.SIGCONT)
+
+	// A change the primary dies in.
+	h.Note("remove n2")
 	removing := exec.Command(walshipBin(t), "ctl", "members", "remove", "--member", "n2", "--nodes", n0.addr, "--timeout", "2m")
 	var removeOut strings.Builder
 	removing.Stdout, removing.Stderr = &removeOut, &removeOut
@@ -72,17 +81,15 @@ func TestMembershipChangeKill9(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = removing.Process.Kill(); _ = removing.Wait() })
-	admin2 := walshipv1.NewAdminServiceClient(conn(t, n2.addr))
-	testkit.Until(t, "n2 to hold the joint record", func() bool {
-		st, err := admin2.Status(ctx, &walshipv1.StatusRequest{})
-		return err == nil && st.GetContract().GetNext() != nil
+	admin1 := walshipv1.NewAdminServiceClient(conn(t, n1.addr))
+	testkit.Until(t, "n1 to hold a record of the removal", func() bool {
+		st, err := admin1.Status(ctx, &walshipv1.StatusRequest{})
+		return err == nil && (st.GetContract().GetNext() != nil || len(st.GetContract().GetMembers()) == 3)
 	})
-	h.Note("kill -9 n0 (the primary) in the joint stage")
+	h.Note("kill -9 n0 (the primary) during the removal")
 	n0.p.kill()
 	_ = removing.Wait()
 	t.Logf("ctl members remove n2, whose primary was killed:\n%s", removeOut.String())
-	n1.p.signal(syscall.SIGCONT)
-	n3.p.signal(syscall.SIGCONT)
 	t.Logf("ctl promote:\n%s", ctl(t, "promote", "--node", n1.addr, "--wait", "30s"))
 	h.Note("n1 promoted")
 
