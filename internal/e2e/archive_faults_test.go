@@ -203,6 +203,15 @@ func damagedObjects(t *testing.T, srv *s3test.Server) {
 	url := "s3://walship/damaged"
 	c := newArchiveCluster(t, srv, url, archiveOpts{logstores: 1})
 	load := startLoad(t, walshipv1.NewKVServiceClient(c.conn(t, c.primary().addr)), "damaged/", 2)
+	// Commits until the archive holds a snapshot (the primary takes one
+	// every 64 KiB of WAL and uploads it on its own; on a loaded machine
+	// two seconds of commits did not always get one there), then two
+	// seconds more: chunks after it.
+	arch := openArchive(t, srv, url)
+	testkit.UntilWithin(t, 2*time.Minute, "a snapshot in the archive", func() bool {
+		cat, err := arch.Catalog(t.Context(), "")
+		return err == nil && len(cat.Snapshots) > 0
+	})
 	<-time.After(2 * time.Second)
 	load.stop()
 	c.waitArchived(t, time.Minute)
@@ -210,7 +219,7 @@ func damagedObjects(t *testing.T, srv *s3test.Server) {
 	if out, code := verifyArchive(t, srv, url); code != 0 {
 		t.Fatalf("ctl verify --archive before any damage: exit %d\n%s", code, out)
 	}
-	cat, err := openArchive(t, srv, url).Catalog(t.Context(), "")
+	cat, err := arch.Catalog(t.Context(), "")
 	if err != nil {
 		t.Fatal(err)
 	}
