@@ -306,16 +306,22 @@ func (w *unavailableWatch) stop() (down, notReady int) {
 	return w.down, w.notReady
 }
 
-// logStoresOf is the primary's contract's log stores (ListMembers through
-// walship-rw) once no change is in progress; an error otherwise.
-func logStoresOf(ctx context.Context, admin walshipv1.AdminServiceClient) ([]string, error) {
+// membership is the primary's membership (ListMembers through walship-rw,
+// within 5 s).
+func membership(ctx context.Context, admin walshipv1.AdminServiceClient) (*walshipv1.MembershipStatus, error) {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	resp, err := admin.ListMembers(cctx, &walshipv1.ListMembersRequest{})
+	return resp.GetMembership(), err
+}
+
+// logStoresOf is the primary's contract's log stores (ListMembers through
+// walship-rw) once no change is in progress; an error otherwise.
+func logStoresOf(ctx context.Context, admin walshipv1.AdminServiceClient) ([]string, error) {
+	m, err := membership(ctx, admin)
 	if err != nil {
 		return nil, err
 	}
-	m := resp.GetMembership()
 	if m.GetChange() != "" || m.GetJoint() || len(m.GetContract().GetLogstoreLearners()) > 0 {
 		return nil, fmt.Errorf("a change in progress: %s (log stores %v)", m.GetChange(), m.GetContract().GetLogstores())
 	}
@@ -427,13 +433,10 @@ func TestScaleLogStores(t *testing.T) {
 // membersOf is the primary's contract's members, sorted, once no change
 // is in progress.
 func membersOf(ctx context.Context, admin walshipv1.AdminServiceClient) ([]string, error) {
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	resp, err := admin.ListMembers(cctx, &walshipv1.ListMembersRequest{})
+	m, err := membership(ctx, admin)
 	if err != nil {
 		return nil, err
 	}
-	m := resp.GetMembership()
 	if m.GetChange() != "" || m.GetJoint() || len(m.GetContract().GetLearners()) > 0 {
 		return nil, fmt.Errorf("a change in progress: %s", m.GetChange())
 	}
