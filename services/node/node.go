@@ -382,6 +382,10 @@ func (n *Node) newPrimary(listen, metricsListen string, elected *primary.Elected
 	}
 	if n.cfg.Election != nil {
 		cfg.Gate = n.gate
+		// A renewal that was only late (a busy API server) holds the
+		// election again within a retry or two: a commit in flight waits
+		// for that rather than answering with an unknown outcome.
+		cfg.GateGrace = 10 * n.retry()
 		// The Pod's labels follow the epoch's opening at once.
 		timeOpened := cfg.Opened
 		cfg.Opened = func() {

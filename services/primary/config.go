@@ -79,6 +79,9 @@ type Config struct {
 	// while it returns an error the primary refuses them, and a commit in
 	// flight that it waited for is not acknowledged.
 	Gate func() error
+	// GateGrace is how long a commit in flight whose Gate closed waits
+	// for it to open again before its outcome is unknown (0: not at all).
+	GateGrace time.Duration
 	// Elected is an epoch a node has already won for this directory: the
 	// primary begins it without an election.
 	Elected *Elected

@@ -327,7 +327,7 @@ func (s *Server) execTxn(ctx context.Context, p *walshipv1.CommitPolicy, cmps []
 	}
 	err = s.pipe.await(t)
 	if err == nil {
-		err = s.stillPrimary(t.commitLSN)
+		err = s.stillPrimary(ctx, t.commitLSN)
 	}
 	s.metrics.observeCommit(pol, err, time.Since(start))
 	if err != nil {
@@ -365,18 +365,63 @@ func (s *Server) answerReads(ctx context.Context, lsn uint64, speculative bool) 
 // stillPrimary checks, once a commit at commitLSN is acknowledged, that
 // the primary still held its lease and its gate: if not, the commit is in
 // the log, maybe even committed by a new primary, and its outcome unknown.
-func (s *Server) stillPrimary(commitLSN uint64) error {
+// A closed gate is waited for up to Config.GateGrace (and ctx): an
+// election holder whose renewal was only slow holds it again at its next
+// one, and the commit, acknowledged under the contract, is as safe to
+// answer then as at once.
+func (s *Server) stillPrimary(ctx context.Context, commitLSN uint64) error {
 	if !s.opened.Load() {
 		return nil // the epoch record itself, before the lease is waited for
 	}
+	gerr := s.awaitGate(ctx)
 	if !s.lease.valid() {
 		return fmt.Errorf("%w: commit LSN %d is in the log, but the primary lost its lease (no word from a log store majority for %v) and may have been deposed: its outcome is unknown",
 			rpcerr.ErrUnavailable, commitLSN, s.cfg.LeaseTimeout)
 	}
-	if gerr := s.gated(); gerr != nil {
+	if gerr != nil {
 		return fmt.Errorf("%w: commit LSN %d is in the log, but the primary may no longer be the primary (%v): its outcome is unknown", rpcerr.ErrUnavailable, commitLSN, gerr)
 	}
 	return nil
+}
+
+// gatePoll is how often awaitGate looks at a closed gate again.
+const gatePoll = 10 * time.Millisecond
+
+// awaitGate returns nil once the gate is open, or its error if it stays
+// closed for Config.GateGrace, until ctx ends, or while the primary
+// fails or is deposed.
+func (s *Server) awaitGate(ctx context.Context) error {
+	err := s.gated()
+	if err == nil || s.cfg.GateGrace <= 0 {
+		return err
+	}
+	err = s.gateReopens(ctx, err)
+	if err == nil {
+		s.metrics.gateWaits.WithLabelValues("held").Inc()
+	} else {
+		s.metrics.gateWaits.WithLabelValues("lost").Inc()
+	}
+	return err
+}
+
+func (s *Server) gateReopens(ctx context.Context, err error) error {
+	grace := time.NewTimer(s.cfg.GateGrace)
+	defer grace.Stop()
+	tick := time.NewTicker(gatePoll)
+	defer tick.Stop()
+	for s.failedErr() == nil {
+		select {
+		case <-ctx.Done():
+			return err
+		case <-grace.C:
+			return err
+		case <-tick.C:
+		}
+		if err = s.gated(); err == nil {
+			return nil
+		}
+	}
+	return err
 }
 
 // Pipeline runs each operation of the stream as its unary call

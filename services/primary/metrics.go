@@ -44,6 +44,7 @@ type metrics struct {
 	snapshotUploadSeconds prometheus.Histogram
 
 	refusedWrites *prometheus.CounterVec
+	gateWaits     *prometheus.CounterVec
 
 	changeInProgress prometheus.Gauge
 	changes          *prometheus.CounterVec
@@ -160,6 +161,13 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	for _, r := range refusedReasons {
 		m.refusedWrites.WithLabelValues(r)
 	}
+	m.gateWaits = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "walship_primary_election_waits_total",
+		Help: "Commits acknowledged under the contract while the primary did not hold the election (a Lease renewal late), whose answer waited for it, by outcome: held (it held it again within the grace, and the commit was answered) or lost (answered UNAVAILABLE with an unknown outcome).",
+	}, []string{"outcome"})
+	for _, o := range []string{"held", "lost"} {
+		m.gateWaits.WithLabelValues(o)
+	}
 	takingWrites := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "walship_primary_taking_writes",
 		Help: "1 while the primary takes writes (and reads), 0 while it refuses them: opening its epoch, without a log store majority (its lease), handing over, without the election, failed.",
@@ -185,7 +193,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	}, func() float64 { return float64(s.cfg.WALRetentionBytes) })
 	m.collectors = []prometheus.Collector{m.commits, m.commitSeconds, m.walBatches, m.walRecords, m.fsyncSeconds, m.fsyncErrors,
 		encode, written, last, durable, visible, walBytes, m.sentBytes, m.shipDelays, m.pacedBytes, m.pacedSeconds, m.replicaOutOfRange, m.replicaDiverged, m.snapshotsStreamed, retention,
-		m.fences, m.clusterMismatch, m.snapshotUploads, m.snapshotUploadSeconds, newReplCollector(s), m.refusedWrites, takingWrites, contractK,
+		m.fences, m.clusterMismatch, m.snapshotUploads, m.snapshotUploadSeconds, newReplCollector(s), m.refusedWrites, m.gateWaits, takingWrites, contractK,
 		m.changeInProgress, m.changes,
 		serve.NewInfo(s.cfg.ID, func() string {
 			if a := s.Advertise(); a != "" {
