@@ -2,11 +2,16 @@ package primary
 
 import (
 	"errors"
+	"fmt"
+	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/testkit"
+	"github.com/walship/walship/internal/vfs"
 	"google.golang.org/grpc/codes"
 )
 
@@ -101,5 +106,71 @@ func TestCommitWaitsForTheElection(t *testing.T) {
 				t.Fatalf("Get k after the commit: %v, %v", got, err)
 			}
 		})
+	}
+}
+
+// TestCommitsWaitForTheElectionTogether: commits acknowledged together
+// while the renewal is late all wait for the gate (one of them polls it,
+// the others wait on that one), and every one is answered once it opens.
+func TestCommitsWaitForTheElectionTogether(t *testing.T) {
+	const n = 16
+	var closed atomic.Bool
+	mem := vfs.NewMem()
+	cfg := testConfig(t, t.TempDir())
+	cfg.FS = mem
+	cfg.Gate = func() error {
+		if closed.Load() {
+			return errors.New("the Lease's renewal is late")
+		}
+		return nil
+	}
+	cfg.GateGrace = time.Minute
+	r := start(t, cfg)
+	c := ctx(t)
+	syncPolicy := &walshipv1.CommitPolicy{Durability: walshipv1.Durability_DURABILITY_SYNC}
+	if _, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "before", Value: []byte("v"), Policy: syncPolicy}); err != nil {
+		t.Fatal(err)
+	}
+	// The n commits are sequenced while the WAL's fsync is held, the gate
+	// closes, then the fsync goes through: every one is acknowledged
+	// under the contract with the gate closed.
+	held := make(chan struct{})
+	mem.InjectSyncError(func(name string) error {
+		if filepath.Ext(name) == ".wal" {
+			<-held
+		}
+		return nil
+	})
+	r.s.pipe.seqMu.Lock()
+	txn0 := r.s.pipe.nextTxn
+	r.s.pipe.seqMu.Unlock()
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			_, err := r.kv.Put(c, &walshipv1.PutRequest{Key: fmt.Sprintf("k%d", i), Value: []byte("v"), Policy: syncPolicy})
+			errs <- err
+		}()
+	}
+	testkit.Until(t, "every Put sequenced", func() bool {
+		r.s.pipe.seqMu.Lock()
+		defer r.s.pipe.seqMu.Unlock()
+		return r.s.pipe.nextTxn >= txn0+n
+	})
+	closed.Store(true)
+	mem.InjectSyncError(nil)
+	close(held)
+	testkit.Until(t, "every commit waiting for the gate", func() bool {
+		r.s.gateWatch.mu.Lock()
+		defer r.s.gateWatch.mu.Unlock()
+		return r.s.gateWatch.waiting == n
+	})
+	closed.Store(false)
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatalf("Put acknowledged while the renewal was late, then renewed: %v", err)
+		}
+	}
+	if got := counter(t, r.s.metrics.gateWaits.WithLabelValues("held")); got != n {
+		t.Fatalf("walship_primary_election_waits_total{outcome=held} = %v; want %d", got, n)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
@@ -404,16 +405,72 @@ func (s *Server) awaitGate(ctx context.Context) error {
 	return err
 }
 
+// gateWatch lets the commits waiting for the gate share one poller: the
+// first to wait polls it, the others wait until that one stops (the gate
+// open, or its grace over) and look again, so a lapse costs one poll per
+// gatePoll however many commits are in flight.
+type gateWatch struct {
+	mu      sync.Mutex
+	stopped chan struct{} // closed when the polling commit stops; nil when none polls
+	waiting int           // commits in gateReopens
+}
+
+// gateReopens waits, after the gate answered err, until it opens (nil),
+// or returns its last error once ctx ends, Config.GateGrace passes or the
+// primary fails.
 func (s *Server) gateReopens(ctx context.Context, err error) error {
 	grace := time.NewTimer(s.cfg.GateGrace)
 	defer grace.Stop()
+	w := &s.gateWatch
+	w.mu.Lock()
+	w.waiting++
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		w.waiting--
+		w.mu.Unlock()
+	}()
+	for s.failedErr() == nil {
+		w.mu.Lock()
+		stopped := w.stopped
+		poll := stopped == nil
+		if poll {
+			stopped = make(chan struct{})
+			w.stopped = stopped
+		}
+		w.mu.Unlock()
+		if poll {
+			err = s.pollGate(ctx, grace.C, err)
+			w.mu.Lock()
+			w.stopped = nil
+			w.mu.Unlock()
+			close(stopped)
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-grace.C:
+			return err
+		case <-stopped:
+		}
+		if err = s.gated(); err == nil {
+			return nil
+		}
+	}
+	return err
+}
+
+// pollGate looks at the gate every gatePoll until it opens (nil), or
+// returns its last error once ctx ends, over fires or the primary fails.
+func (s *Server) pollGate(ctx context.Context, over <-chan time.Time, err error) error {
 	tick := time.NewTicker(gatePoll)
 	defer tick.Stop()
 	for s.failedErr() == nil {
 		select {
 		case <-ctx.Done():
 			return err
-		case <-grace.C:
+		case <-over:
 			return err
 		case <-tick.C:
 		}

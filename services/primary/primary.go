@@ -84,6 +84,8 @@ type Server struct {
 	snapshotLSN atomic.Uint64
 	snaps       *recovery.SnapshotSchedule
 	uploads     snapUploads // snapshots for the log stores (snapupload.go)
+
+	gateWatch gateWatch // the commits waiting for a closed Config.Gate (kv.go)
 }
 
 // New opens the data directory, recovers the state (newest snapshot, then
