@@ -58,6 +58,7 @@ var knownMetrics = []knownMetric{
 	{"walship_replication_logstore_lag_bytes", gauge, []string{"logstore"}},
 	{"walship_primary_taking_writes", gauge, nil},
 	{"walship_primary_refused_writes_total", counter, []string{"reason"}},
+	{"walship_primary_election_waits_total", counter, []string{"outcome"}},
 	{"walship_membership_change_in_progress", gauge, nil},
 	{"walship_membership_changes_total", counter, []string{"outcome"}},
 	{"walship_primary_contract_sync_replicas", gauge, nil},
