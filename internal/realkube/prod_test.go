@@ -167,18 +167,27 @@ secretGenerator:
 	return dir, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644)
 }
 
-// checkOneClusterID fails t unless every volume holds the same cluster id.
+// checkOneClusterID fails t unless every volume holds the same cluster
+// id. A node stamps its volume when it joins the cluster (the primary's
+// first heartbeat reaches it), which can come just after its pod turned
+// Ready: the stamps are waited for.
 func checkOneClusterID(t *testing.T, dirs []string) {
 	t.Helper()
-	ids := map[string][]string{}
-	for _, d := range dirs {
-		b, err := os.ReadFile(filepath.Join(d, "cluster"))
-		if err != nil {
-			t.Errorf("%s: %v", filepath.Base(d), err)
-			continue
+	var ids map[string][]string
+	err := waitFor(context.Background(), time.Minute, "every volume stamped with a cluster id", func() error {
+		ids = map[string][]string{}
+		for _, d := range dirs {
+			b, err := os.ReadFile(filepath.Join(d, "cluster"))
+			if err != nil {
+				return fmt.Errorf("%s: %w", filepath.Base(d), err)
+			}
+			id := strings.TrimSpace(string(b))
+			ids[id] = append(ids[id], filepath.Base(d))
 		}
-		id := strings.TrimSpace(string(b))
-		ids[id] = append(ids[id], filepath.Base(d))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 	if len(ids) != 1 {
 		t.Fatalf("cluster ids on the volumes = %v, want one id on all %d", ids, len(dirs))
