@@ -13,7 +13,9 @@ import (
 	"github.com/walship/walship/internal/vfs"
 	"github.com/walship/walship/services/primary"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
@@ -84,7 +86,13 @@ func TestRealPrimaryCrashDuringFsync(t *testing.T) {
 
 	stopPrimary = runPrimary(t, pcfg)
 	defer stopPrimary()
-	after, err := kv.Put(c, &walshipv1.PutRequest{Key: "after", Value: []byte("3")}, grpc.WaitForReady(true))
+	// The restarted primary answers NOT_SERVING (nothing done) until its
+	// new epoch's record meets the contract.
+	var after *walshipv1.PutResponse
+	testkit.Until(t, "the restarted primary to take a write", func() bool {
+		after, err = kv.Put(c, &walshipv1.PutRequest{Key: "after", Value: []byte("3")}, grpc.WaitForReady(true))
+		return err == nil || status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "is opening epoch")
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
