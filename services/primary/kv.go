@@ -385,7 +385,8 @@ func (s *Server) stillPrimary(ctx context.Context, commitLSN uint64) error {
 	return nil
 }
 
-// gatePoll is how often awaitGate looks at a closed gate again.
+// gatePoll is how often the commit polling a closed gate (pollGate)
+// looks at it again.
 const gatePoll = 10 * time.Millisecond
 
 // awaitGate returns nil once the gate is open, or its error if it stays
