@@ -81,7 +81,7 @@ func nodeFlags(fs *flag.FlagSet, env *Env, role node.Role) func(context.Context)
 	// A replica reads the archive when neither the primary nor a log store
 	// can serve it; data nodes never upload (the log stores do).
 	addArchiveFlags(fs, &rc.Archive)
-	fs.Uint64Var(&rc.ReadyMaxLag, "ready-max-lag", rc.ReadyMaxLag, "a replica says it is ready (/readyz) within this many LSNs of the primary (0 = any)")
+	fs.Uint64Var(&rc.ReadyMaxLag, "ready-max-lag", rc.ReadyMaxLag, "a replica says it is ready (/readyz) within this many LSNs of the primary, once it has heard the primary since it started (0 = any lag, heard or not)")
 	// On bare metal as on Kubernetes: a primary stopped for maintenance
 	// leaves a primary behind rather than a cluster waiting for an operator
 	// to promote one.

@@ -2,6 +2,7 @@ package replica
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
@@ -26,8 +27,15 @@ func (a *adminServer) Status(context.Context, *walshipv1.StatusRequest) (*walshi
 }
 
 // ready is /readyz's condition: applied within ReadyMaxLag of what the
-// primary last reported.
+// primary last reported, once the primary has reported since the replica
+// started. Until then how far behind it is is unknown (a replica restarted
+// while cut off from the primary, or from a volume days old, would serve
+// that old state as if current), so it is not ready unless any lag will do
+// (ReadyMaxLag 0) or it follows nothing (ReadOnly).
 func (s *Server) ready() error {
+	if s.cfg.ReadyMaxLag > 0 && !s.cfg.ReadOnly && !s.lag.heardPrimary() {
+		return errors.New("has not heard the primary's last LSN since it started")
+	}
 	// Behind as reads see it: the state served (at the commit watermark).
 	lag, _ := s.readLag()
 	if s.cfg.ReadyMaxLag > 0 && lag > s.cfg.ReadyMaxLag {

@@ -48,6 +48,8 @@ type Config struct {
 	MaxPipelineOps int
 	// ReadyMaxLag is how many LSNs behind the primary's last report the
 	// replica may be and still say it is ready (/readyz); 0 means any.
+	// With a bound, a replica is not ready until the primary has reported
+	// its last LSN since the replica started.
 	ReadyMaxLag uint64
 	// LogStores are the gRPC addresses of the log stores to catch up from
 	// when the primary no longer retains what the replica needs: the rung

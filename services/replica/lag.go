@@ -24,6 +24,7 @@ type lagTracker struct {
 	mu          sync.Mutex
 	applied     uint64
 	primaryLast uint64    // highest LSN the primary reported (heartbeat or batch)
+	heard       bool      // a heartbeat has said the primary's last LSN since start
 	lastContact time.Time // last batch or heartbeat received (replica clock)
 	// behind lists, in ascending LSN order, LSNs beyond applied that the
 	// primary is known to have had, each with the earliest time it is known
@@ -66,6 +67,7 @@ func (l *lagTracker) heartbeat(lastLSN uint64, now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.lastContact = now
+	l.heard = true
 	// A heartbeat is the primary's word on its last LSN now, and it follows
 	// every batch sent before it: LSNs beyond it (noted from a primary that
 	// since lost them) are no longer owed.
@@ -123,6 +125,15 @@ func (l *lagTracker) primaryLSN() uint64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.primaryLast
+}
+
+// heardPrimary reports whether a heartbeat has told the primary's last LSN
+// since the replica started: until one does, primaryLSN is only the
+// replica's own applied LSN and says nothing of how far behind it is.
+func (l *lagTracker) heardPrimary() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.heard
 }
 
 // seconds is the lag at now: 0 when caught up and in contact; else how long

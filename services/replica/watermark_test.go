@@ -143,7 +143,8 @@ func TestMaxLag(t *testing.T) {
 }
 
 // TestReadyMaxLag: --ready-max-lag cuts readiness by how far the state
-// reads are served at trails the primary's last report.
+// reads are served at trails the primary's last report, and a replica is
+// not ready before the primary has reported since it started.
 func TestReadyMaxLag(t *testing.T) {
 	fp := newFakePrimary(t)
 	cfg := testConfig(t, t.TempDir(), fp.addr)
@@ -154,6 +155,12 @@ func TestReadyMaxLag(t *testing.T) {
 	b1 := m.txn(put("k", "1"))
 	sess.send(t, b1)
 	r.waitApplied(t, b1.LastLsn)
+	// Applied, but how far behind is unknown until the primary says where
+	// it is.
+	if err := r.s.ready(); err == nil || !strings.Contains(err.Error(), "has not heard the primary") {
+		t.Fatalf("ready before a heartbeat = %v; want not ready, naming the primary not heard", err)
+	}
+	sess.heartbeat(t, 1, b1.LastLsn, false)
 	testkit.Until(t, "ready", func() bool { return r.s.ready() == nil })
 	// Durable and applied up to b1, but the primary is 100 LSNs further.
 	sess.heartbeatDurable(t, 1, b1.LastLsn+100, b1.LastLsn, false)
