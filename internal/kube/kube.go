@@ -36,6 +36,8 @@ import (
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/client-go/util/retry"
+
+	"github.com/walship/walship/internal/watermark"
 )
 
 // The Pod labels a data node sets on its own Pod. The walship-rw Service
@@ -113,8 +115,10 @@ type Client struct {
 
 	mu        sync.Mutex
 	heldUntil time.Time // with the monotonic clock
-	role      *string   // the role label last set (nil: unknown)
-	reads     *bool     // the reads label last set (nil: unknown)
+	// renewals counts the writes that moved heldUntil on, for Renewed.
+	renewals watermark.Watermark
+	role     *string // the role label last set (nil: unknown)
+	reads    *bool   // the reads label last set (nil: unknown)
 }
 
 // New connects (lazily: no call is made yet).
@@ -183,11 +187,19 @@ func (c *Client) Held() bool {
 	return time.Now().Before(c.heldUntil)
 }
 
+// Renewed returns a channel closed by this node's next acquisition or
+// renewal of the Lease (after which Held may be true again).
+func (c *Client) Renewed() <-chan struct{} {
+	_, ch := c.renewals.Changed()
+	return ch
+}
+
 func (c *Client) extend(start time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if u := start.Add(c.cfg.RenewDeadline); u.After(c.heldUntil) {
 		c.heldUntil = u
+		c.renewals.Advance(c.renewals.Load() + 1)
 	}
 }
 

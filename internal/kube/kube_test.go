@@ -53,6 +53,13 @@ func TestLeaseHeldAndTakenOver(t *testing.T) {
 	if !a.Held() {
 		t.Fatal("a leads but Held is false")
 	}
+	// Its next renewal closes Renewed's channel (what a commit waiting out
+	// a late renewal waits on).
+	select {
+	case <-a.Renewed():
+	case <-time.After(time.Minute):
+		t.Fatal("a renews the Lease, but Renewed's channel did not close in a minute")
+	}
 	if ok, err := b.Exists(ctx); err != nil || !ok {
 		t.Fatalf("Exists after a campaign: %v, %v", ok, err)
 	}

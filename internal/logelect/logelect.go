@@ -35,6 +35,7 @@ import (
 	"github.com/walship/walship/internal/failover"
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/tlsid"
+	"github.com/walship/walship/internal/watermark"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
@@ -118,9 +119,10 @@ type Client struct {
 	clients []walshipv1.EpochServiceClient
 
 	mu           sync.Mutex
-	heldUntil    time.Time // monotonic
-	term         uint64    // the term this node holds or last held
-	pauseVersion uint64    // the newest pause state seen
+	heldUntil    time.Time           // monotonic
+	renewals     watermark.Watermark // the grants that moved heldUntil on, for Renewed
+	term         uint64              // the term this node holds or last held
+	pauseVersion uint64              // the newest pause state seen
 	paused       bool
 	view         View
 	outcome      Outcome
@@ -322,7 +324,15 @@ func (c *Client) extend(start time.Time, term uint64) {
 	}
 	if u := start.Add(c.cfg.RenewDeadline); u.After(c.heldUntil) {
 		c.heldUntil = u
+		c.renewals.Advance(c.renewals.Load() + 1)
 	}
+}
+
+// Renewed returns a channel closed by this node's next acquisition or
+// renewal of the election (after which Held may be true again).
+func (c *Client) Renewed() <-chan struct{} {
+	_, ch := c.renewals.Changed()
+	return ch
 }
 
 // jitter spreads retries of nodes that started together.

@@ -98,6 +98,13 @@ func TestElectionOnLogStores(t *testing.T) {
 	if !a.Held() {
 		t.Fatal("a leads but does not hold the election")
 	}
+	// Its next renewal closes Renewed's channel (what a commit waiting out
+	// a late renewal waits on).
+	select {
+	case <-a.Renewed():
+	case <-time.After(time.Minute):
+		t.Fatal("a renews the election, but Renewed's channel did not close in a minute")
+	}
 
 	// While a renews, b cannot win, paused or not.
 	v, err := b.Read(ctx)

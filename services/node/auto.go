@@ -41,6 +41,9 @@ type Election interface {
 	Campaign(ctx context.Context, create bool, lead func(context.Context)) error
 	// Held reports whether this node holds the election now.
 	Held() bool
+	// Renewed returns a channel closed by this node's next acquisition
+	// or renewal of the election (after which Held may be true again).
+	Renewed() <-chan struct{}
 	// TakeOver makes this node the holder, whoever holds it.
 	TakeOver(ctx context.Context) error
 	// Label tells the world this node's role ("primary", "replica", or ""

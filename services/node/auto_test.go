@@ -10,6 +10,7 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/testkit"
+	"github.com/walship/walship/internal/watermark"
 	"github.com/walship/walship/services/logstore"
 	"github.com/walship/walship/services/primary"
 )
@@ -23,6 +24,7 @@ type memElection struct {
 	holder              string
 	campaigns, releases int
 	labels              []string // "role reads" of each Label call (reads "?" when left)
+	renewals            watermark.Watermark
 }
 
 func (e *memElection) Campaign(ctx context.Context, _ bool, lead func(context.Context)) error {
@@ -34,6 +36,7 @@ func (e *memElection) Campaign(ctx context.Context, _ bool, lead func(context.Co
 		if e.holder == "" || e.holder == e.id {
 			e.holder = e.id
 			e.mu.Unlock()
+			e.renewals.Advance(e.renewals.Load() + 1)
 			break
 		}
 		e.mu.Unlock()
@@ -60,10 +63,16 @@ func (e *memElection) Held() bool {
 	return e.holder == e.id
 }
 
+func (e *memElection) Renewed() <-chan struct{} {
+	_, ch := e.renewals.Changed()
+	return ch
+}
+
 func (e *memElection) TakeOver(context.Context) error {
 	e.mu.Lock()
-	defer e.mu.Unlock()
 	e.holder = e.id
+	e.mu.Unlock()
+	e.renewals.Advance(e.renewals.Load() + 1)
 	return nil
 }
 

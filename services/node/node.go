@@ -382,6 +382,7 @@ func (n *Node) newPrimary(listen, metricsListen string, elected *primary.Elected
 	}
 	if n.cfg.Election != nil {
 		cfg.Gate = n.gate
+		cfg.GateChanged = n.cfg.Election.Renewed
 		// A renewal that was only late (a busy API server) holds the
 		// election again within a retry or two: a commit in flight waits
 		// for that rather than answering with an unknown outcome.

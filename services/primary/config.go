@@ -81,7 +81,11 @@ type Config struct {
 	Gate func() error
 	// GateGrace is how long a commit in flight whose Gate closed waits
 	// for it to open again before its outcome is unknown (0: not at all).
+	// It looks at Gate again each time GateChanged's channel closes.
 	GateGrace time.Duration
+	// GateChanged returns a channel closed once Gate may have opened since
+	// the call (the election renewed); required with GateGrace.
+	GateChanged func() <-chan struct{}
 	// Elected is an epoch a node has already won for this directory: the
 	// primary begins it without an election.
 	Elected *Elected
@@ -234,6 +238,9 @@ func (c *Config) Validate() error {
 	var errs []error
 	if c.DataDir == "" {
 		errs = append(errs, errors.New("--data-dir: required"))
+	}
+	if c.GateGrace > 0 && (c.Gate == nil || c.GateChanged == nil) {
+		errs = append(errs, errors.New("GateGrace: needs Gate and GateChanged"))
 	}
 	if c.Listen == "" {
 		errs = append(errs, errors.New("--listen: required"))

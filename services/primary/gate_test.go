@@ -5,27 +5,27 @@ import (
 	"fmt"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/testkit"
 	"github.com/walship/walship/internal/vfs"
+	"github.com/walship/walship/internal/watermark"
 	"google.golang.org/grpc/codes"
 )
 
-// lateGate is a Config.Gate that closes once the primary has made LSN at
-// visible — after that commit was admitted and acknowledged, before it is
-// answered: an election renewal that came late — and opens again after
-// it was asked reopenAfter more times (never with 0).
+// lateGate is a Config.Gate with its Config.GateChanged: an election
+// whose renewal comes late. Armed, it closes once the primary has made
+// LSN at visible — after that commit was admitted and acknowledged,
+// before it is answered — and stays closed until renew opens it.
 type lateGate struct {
-	mu          sync.Mutex
-	s           *Server
-	at          uint64 // 0: not armed
-	closed      bool
-	asked       int // while closed
-	reopenAfter int
+	mu      sync.Mutex
+	s       *Server
+	at      uint64 // 0: not armed
+	closed  bool
+	waits   int // GateChanged calls: one per look of a waiting commit
+	renewed watermark.Watermark
 }
 
 func (g *lateGate) gate() error {
@@ -37,59 +37,102 @@ func (g *lateGate) gate() error {
 	if !g.closed {
 		return nil
 	}
-	g.asked++
-	if g.reopenAfter > 0 && g.asked > g.reopenAfter {
-		g.closed = false
-		return nil
-	}
 	return errors.New("the Lease's renewal is late")
+}
+
+func (g *lateGate) changed() <-chan struct{} {
+	g.mu.Lock()
+	g.waits++
+	g.mu.Unlock()
+	_, ch := g.renewed.Changed()
+	return ch
+}
+
+// renew is a renewal that came through: it opens the gate if open (a
+// renewal can also come and leave Held false, if it took too long).
+func (g *lateGate) renew(open bool) {
+	g.mu.Lock()
+	if open {
+		g.closed = false
+	}
+	g.mu.Unlock()
+	g.renewed.Advance(g.renewed.Load() + 1)
 }
 
 func (g *lateGate) arm(s *Server, at uint64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.s, g.at, g.closed, g.asked = s, at, false, 0
+	g.s, g.at, g.closed = s, at, false
+}
+
+// waitsAtLeast waits until waiting commits have looked at the gate n
+// times in all.
+func (g *lateGate) waitsAtLeast(t *testing.T, n int) {
+	t.Helper()
+	testkit.Until(t, fmt.Sprintf("%d looks at the closed gate", n), func() bool {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return g.waits >= n
+	})
 }
 
 // TestCommitWaitsForTheElection: a commit acknowledged under the
 // contract while the primary's election renewal is late waits up to
-// GateGrace for it: answered once the primary holds the election again,
-// UNAVAILABLE with an unknown outcome if it does not within the grace,
-// at once without a grace. walship_primary_election_waits_total counts
-// both outcomes.
+// GateGrace for it, looking again at each renewal: answered once the
+// primary holds the election again, UNAVAILABLE with an unknown outcome
+// if it does not within the grace, at once without a grace.
+// walship_primary_election_waits_total counts both outcomes.
 func TestCommitWaitsForTheElection(t *testing.T) {
 	for _, tc := range []struct {
-		name        string
-		grace       time.Duration
-		reopenAfter int
-		ok          bool
-		held, lost  float64
+		name       string
+		grace      time.Duration
+		renew      bool
+		ok         bool
+		held, lost float64
 	}{
-		{"renewed within the grace", time.Minute, 3, true, 1, 0},
-		{"not renewed within the grace", 200 * time.Millisecond, 0, false, 0, 1},
-		{"no grace", 0, 3, false, 0, 0},
+		{"renewed within the grace", time.Minute, true, true, 1, 0},
+		{"not renewed within the grace", 200 * time.Millisecond, false, false, 0, 1},
+		{"no grace", 0, false, false, 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			g := &lateGate{reopenAfter: tc.reopenAfter}
+			g := &lateGate{}
 			cfg := testConfig(t, t.TempDir())
 			cfg.Gate = g.gate
 			cfg.GateGrace = tc.grace
+			cfg.GateChanged = g.changed
 			r := start(t, cfg)
 			c := ctx(t)
 			if _, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "before", Value: []byte("v")}); err != nil {
 				t.Fatal(err)
 			}
 			g.arm(r.s, r.s.pipe.visible.Load()+1)
-			resp, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "k", Value: []byte("v")})
+			type answer struct {
+				resp *walshipv1.PutResponse
+				err  error
+			}
+			done := make(chan answer, 1)
+			go func() {
+				resp, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "k", Value: []byte("v")})
+				done <- answer{resp, err}
+			}()
+			if tc.renew {
+				// A renewal that leaves the gate closed: the commit looks
+				// again and goes on waiting. The next one opens it.
+				g.waitsAtLeast(t, 1)
+				g.renew(false)
+				g.waitsAtLeast(t, 2)
+				g.renew(true)
+			}
+			a := <-done
 			if tc.ok {
-				if err != nil {
-					t.Fatalf("Put while the renewal was late, renewed within the grace: %v", err)
+				if a.err != nil {
+					t.Fatalf("Put while the renewal was late, renewed within the grace: %v", a.err)
 				}
-				if resp.GetLsn() == 0 {
-					t.Fatalf("Put answered without its LSN: %v", resp)
+				if a.resp.GetLsn() == 0 {
+					t.Fatalf("Put answered without its LSN: %v", a.resp)
 				}
 			} else {
-				wantStatus(t, err, codes.Unavailable, "is in the log", "the Lease's renewal is late", "outcome is unknown")
+				wantStatus(t, a.err, codes.Unavailable, "is in the log", "the Lease's renewal is late", "outcome is unknown")
 			}
 			if got := counter(t, r.s.metrics.gateWaits.WithLabelValues("held")); got != tc.held {
 				t.Errorf("walship_primary_election_waits_total{outcome=held} = %v; want %v", got, tc.held)
@@ -98,9 +141,7 @@ func TestCommitWaitsForTheElection(t *testing.T) {
 				t.Errorf("walship_primary_election_waits_total{outcome=lost} = %v; want %v", got, tc.lost)
 			}
 			// Either way the write is in the log and the state.
-			g.mu.Lock()
-			g.closed = false
-			g.mu.Unlock()
+			g.renew(true)
 			got, err := r.kv.Get(c, &walshipv1.GetRequest{Key: "k"})
 			if err != nil || string(got.GetValue()) != "v" {
 				t.Fatalf("Get k after the commit: %v, %v", got, err)
@@ -110,20 +151,16 @@ func TestCommitWaitsForTheElection(t *testing.T) {
 }
 
 // TestCommitsWaitForTheElectionTogether: commits acknowledged together
-// while the renewal is late all wait for the gate (one of them polls it,
-// the others wait on that one), and every one is answered once it opens.
+// while the renewal is late all wait for the gate, and one renewal
+// answers every one.
 func TestCommitsWaitForTheElectionTogether(t *testing.T) {
 	const n = 16
-	var closed atomic.Bool
+	g := &lateGate{}
 	mem := vfs.NewMem()
 	cfg := testConfig(t, t.TempDir())
 	cfg.FS = mem
-	cfg.Gate = func() error {
-		if closed.Load() {
-			return errors.New("the Lease's renewal is late")
-		}
-		return nil
-	}
+	cfg.Gate = g.gate
+	cfg.GateChanged = g.changed
 	cfg.GateGrace = time.Minute
 	r := start(t, cfg)
 	c := ctx(t)
@@ -156,15 +193,13 @@ func TestCommitsWaitForTheElectionTogether(t *testing.T) {
 		defer r.s.pipe.seqMu.Unlock()
 		return r.s.pipe.nextTxn >= txn0+n
 	})
-	closed.Store(true)
+	g.mu.Lock()
+	g.closed = true
+	g.mu.Unlock()
 	mem.InjectSyncError(nil)
 	close(held)
-	testkit.Until(t, "every commit waiting for the gate", func() bool {
-		r.s.gateWatch.mu.Lock()
-		defer r.s.gateWatch.mu.Unlock()
-		return r.s.gateWatch.waiting == n
-	})
-	closed.Store(false)
+	g.waitsAtLeast(t, n)
+	g.renew(true)
 	for range n {
 		if err := <-errs; err != nil {
 			t.Fatalf("Put acknowledged while the renewal was late, then renewed: %v", err)

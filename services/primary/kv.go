@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
@@ -385,13 +384,11 @@ func (s *Server) stillPrimary(ctx context.Context, commitLSN uint64) error {
 	return nil
 }
 
-// gatePoll is how often the commit polling a closed gate (pollGate)
-// looks at it again.
-const gatePoll = 10 * time.Millisecond
-
 // awaitGate returns nil once the gate is open, or its error if it stays
-// closed for Config.GateGrace, until ctx ends, or while the primary
-// fails or is deposed.
+// closed for Config.GateGrace, until ctx ends, or once the primary fails
+// or is deposed. It looks again each time the election is renewed
+// (Config.GateChanged): a lapse costs the waiting commits one look each
+// per renewal, nothing in between.
 func (s *Server) awaitGate(ctx context.Context) error {
 	err := s.gated()
 	if err == nil || s.cfg.GateGrace <= 0 {
@@ -406,80 +403,29 @@ func (s *Server) awaitGate(ctx context.Context) error {
 	return err
 }
 
-// gateWatch lets the commits waiting for the gate share one poller: the
-// first to wait polls it, the others wait until that one stops (the gate
-// open, or its grace over) and look again, so a lapse costs one poll per
-// gatePoll however many commits are in flight.
-type gateWatch struct {
-	mu      sync.Mutex
-	stopped chan struct{} // closed when the polling commit stops; nil when none polls
-	waiting int           // commits in gateReopens
-}
-
 // gateReopens waits, after the gate answered err, until it opens (nil),
 // or returns its last error once ctx ends, Config.GateGrace passes or the
 // primary fails.
 func (s *Server) gateReopens(ctx context.Context, err error) error {
 	grace := time.NewTimer(s.cfg.GateGrace)
 	defer grace.Stop()
-	w := &s.gateWatch
-	w.mu.Lock()
-	w.waiting++
-	w.mu.Unlock()
-	defer func() {
-		w.mu.Lock()
-		w.waiting--
-		w.mu.Unlock()
-	}()
-	for s.failedErr() == nil {
-		w.mu.Lock()
-		stopped := w.stopped
-		poll := stopped == nil
-		if poll {
-			stopped = make(chan struct{})
-			w.stopped = stopped
-		}
-		w.mu.Unlock()
-		if poll {
-			err = s.pollGate(ctx, grace.C, err)
-			w.mu.Lock()
-			w.stopped = nil
-			w.mu.Unlock()
-			close(stopped)
-			return err
+	for {
+		// Asked before the look, so that a renewal between the two
+		// closes the channel rather than going unseen.
+		changed := s.cfg.GateChanged()
+		if err = s.gated(); err == nil {
+			return nil
 		}
 		select {
+		case <-changed:
 		case <-ctx.Done():
 			return err
 		case <-grace.C:
 			return err
-		case <-stopped:
-		}
-		if err = s.gated(); err == nil {
-			return nil
+		case <-s.pipe.failed:
+			return err
 		}
 	}
-	return err
-}
-
-// pollGate looks at the gate every gatePoll until it opens (nil), or
-// returns its last error once ctx ends, over fires or the primary fails.
-func (s *Server) pollGate(ctx context.Context, over <-chan time.Time, err error) error {
-	tick := time.NewTicker(gatePoll)
-	defer tick.Stop()
-	for s.failedErr() == nil {
-		select {
-		case <-ctx.Done():
-			return err
-		case <-over:
-			return err
-		case <-tick.C:
-		}
-		if err = s.gated(); err == nil {
-			return nil
-		}
-	}
-	return err
 }
 
 // Pipeline runs each operation of the stream as its unary call

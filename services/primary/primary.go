@@ -85,7 +85,6 @@ type Server struct {
 	snaps       *recovery.SnapshotSchedule
 	uploads     snapUploads // snapshots for the log stores (snapupload.go)
 
-	gateWatch gateWatch // the commits waiting for a closed Config.Gate (kv.go)
 }
 
 // New opens the data directory, recovers the state (newest snapshot, then
