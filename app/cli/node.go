@@ -82,6 +82,7 @@ func nodeFlags(fs *flag.FlagSet, env *Env, role node.Role) func(context.Context)
 	// can serve it; data nodes never upload (the log stores do).
 	addArchiveFlags(fs, &rc.Archive)
 	fs.Uint64Var(&rc.ReadyMaxLag, "ready-max-lag", rc.ReadyMaxLag, "a replica says it is ready (/readyz) within this many LSNs of the primary, once it has heard the primary since it started (0 = any lag, heard or not)")
+	fs.DurationVar(&rc.ReadyMaxLagTime, "ready-max-lag-time", rc.ReadyMaxLagTime, "a replica says it is ready (/readyz) only while walship_replica_lag_seconds is within this (0 = any): a replica cut off from the primary this long leaves the read Service")
 	// On bare metal as on Kubernetes: a primary stopped for maintenance
 	// leaves a primary behind rather than a cluster waiting for an operator
 	// to promote one.

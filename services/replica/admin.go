@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
@@ -28,7 +29,7 @@ func (a *adminServer) Status(context.Context, *walshipv1.StatusRequest) (*walshi
 
 // ready is /readyz's condition: applied within ReadyMaxLag of what the
 // primary last reported, once the primary has reported since the replica
-// started. Until then how far behind it is is unknown (a replica restarted
+// started, and within ReadyMaxLagTime of it in time if that is set. Until then how far behind it is is unknown (a replica restarted
 // while cut off from the primary, or from a volume days old, would serve
 // that old state as if current), so it is not ready unless any lag will do
 // (ReadyMaxLag 0) or it follows nothing (ReadOnly).
@@ -37,9 +38,12 @@ func (s *Server) ready() error {
 		return errors.New("has not heard the primary's last LSN since it started")
 	}
 	// Behind as reads see it: the state served (at the commit watermark).
-	lag, _ := s.readLag()
+	lag, behind := s.readLag()
 	if s.cfg.ReadyMaxLag > 0 && lag > s.cfg.ReadyMaxLag {
 		return fmt.Errorf("%d LSNs behind the primary (ready within %d)", lag, s.cfg.ReadyMaxLag)
+	}
+	if s.cfg.ReadyMaxLagTime > 0 && !s.cfg.ReadOnly && behind > s.cfg.ReadyMaxLagTime {
+		return fmt.Errorf("%v behind the primary (ready within %v)", behind.Round(time.Millisecond), s.cfg.ReadyMaxLagTime)
 	}
 	return nil
 }

@@ -51,6 +51,12 @@ type Config struct {
 	// With a bound, a replica is not ready until the primary has reported
 	// its last LSN since the replica started.
 	ReadyMaxLag uint64
+	// ReadyMaxLagTime is how far behind in time (walship_replica_lag_seconds:
+	// the age of the oldest write the primary had and the replica has not
+	// applied, or the silence since it last heard upstream) the replica may
+	// be and still say it is ready; 0 means any. It is what takes a replica
+	// cut off from its primary out of the read Service.
+	ReadyMaxLagTime time.Duration
 	// LogStores are the gRPC addresses of the log stores to catch up from
 	// when the primary no longer retains what the replica needs: the rung
 	// reads from any of them that holds the LSN (catchup.go), and to ask
@@ -195,6 +201,9 @@ func (c *Config) Validate() error {
 		if ls == "" {
 			errs = append(errs, fmt.Errorf("--logstore: entry %d is empty", i))
 		}
+	}
+	if c.ReadyMaxLagTime < 0 {
+		errs = append(errs, fmt.Errorf("--ready-max-lag-time: %v is negative", c.ReadyMaxLagTime))
 	}
 	if c.HeartbeatInterval < time.Millisecond || c.HeartbeatInterval > time.Minute {
 		errs = append(errs, fmt.Errorf("--heartbeat-interval: %v is not in [1ms, 1m]", c.HeartbeatInterval))

@@ -172,6 +172,37 @@ func TestReadyMaxLag(t *testing.T) {
 	testkit.Until(t, "ready 5 LSNs behind", func() bool { return r.s.ready() == nil })
 }
 
+// TestReadyMaxLagTime: --ready-max-lag-time takes a replica cut off
+// from its primary out of readiness once its lag in time passes the
+// bound, and a word from the primary brings it back.
+func TestReadyMaxLagTime(t *testing.T) {
+	fp := newFakePrimary(t)
+	cfg := testConfig(t, t.TempDir(), fp.addr)
+	cfg.HeartbeatInterval = 50 * time.Millisecond
+	// Well inside the replica's own silence guard (5 s), so the stream
+	// stays up while the primary is quiet.
+	cfg.ReadyMaxLagTime = time.Second
+	r := start(t, cfg)
+	m := newModel(t)
+	sess := fp.next(t)
+	b1 := m.txn(put("k", "1"))
+	sess.send(t, b1)
+	r.waitApplied(t, b1.LastLsn)
+	sess.heartbeat(t, 1, b1.LastLsn, false)
+	testkit.Until(t, "ready", func() bool { return r.s.ready() == nil })
+	// The primary falls silent: past three heartbeat intervals the silence
+	// is the lag, and past a second the replica is not ready.
+	testkit.Until(t, "not ready once silent past the bound", func() bool {
+		err := r.s.ready()
+		return err != nil && strings.Contains(err.Error(), "behind the primary (ready within 1s)")
+	})
+	sess.heartbeat(t, 1, b1.LastLsn, false)
+	testkit.Until(t, "ready again after a heartbeat", func() bool { return r.s.ready() == nil })
+	if err := (&Config{ReadyMaxLagTime: -time.Second}).Validate(); err == nil || !strings.Contains(err.Error(), "--ready-max-lag-time") {
+		t.Fatalf("Validate with a negative --ready-max-lag-time = %v; want an error naming the flag", err)
+	}
+}
+
 // TestWatchMetrics: a replica's walship_watch_* metrics move with real
 // watchers over real gRPC: watchers open, transactions sent (from its WAL
 // and its ring), the ring's oldest LSN, and a prev_values watch from
