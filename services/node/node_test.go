@@ -560,6 +560,10 @@ func TestSwitchover(t *testing.T) {
 	if st.Role != walshipv1.Role_ROLE_PRIMARY || st.LastFailover.GetLeaseWait().AsDuration() != 0 {
 		t.Fatalf("n1 after the switchover: %v", st)
 	}
+	// The answer waits for n1 to take writes, but at most a second once
+	// n0 is deposed (deposedWait): on a loaded machine n1 may still be
+	// opening its epoch.
+	testkit.Until(t, "n1 to take writes", func() bool { return status1(t, c1).GetTakingWrites() })
 	for i := range 50 {
 		g, err := walshipv1.NewKVServiceClient(c1).Get(ctx, &walshipv1.GetRequest{Key: fmt.Sprintf("a%02d", i)})
 		if err != nil || string(g.Value) != "async" {
