@@ -48,8 +48,8 @@ func (g *lateGate) changed() <-chan struct{} {
 	return ch
 }
 
-// renew is a renewal that came through: it opens the gate if open (a
-// renewal can also come and leave Held false, if it took too long).
+// renew is a renewal that came through; it opens the gate only with open
+// (a renewal that took too long comes and leaves Held false).
 func (g *lateGate) renew(open bool) {
 	g.mu.Lock()
 	if open {

@@ -28,11 +28,12 @@ func (a *adminServer) Status(context.Context, *walshipv1.StatusRequest) (*walshi
 }
 
 // ready is /readyz's condition: applied within ReadyMaxLag of what the
-// primary last reported, once the primary has reported since the replica
-// started, and within ReadyMaxLagTime of it in time if that is set. Until then how far behind it is is unknown (a replica restarted
-// while cut off from the primary, or from a volume days old, would serve
-// that old state as if current), so it is not ready unless any lag will do
-// (ReadyMaxLag 0) or it follows nothing (ReadOnly).
+// primary last reported, and within ReadyMaxLagTime of it in time if that
+// is set. With a ReadyMaxLag bound the primary must also have reported
+// since the replica started: until then how far behind it is is unknown
+// (a replica restarted while cut off from the primary, or from a volume
+// days old, would serve that old state as if current). A read-only
+// replica follows nothing, so only the LSN bound applies to it.
 func (s *Server) ready() error {
 	if s.cfg.ReadyMaxLag > 0 && !s.cfg.ReadOnly && !s.lag.heardPrimary() {
 		return errors.New("has not heard the primary's last LSN since it started")
