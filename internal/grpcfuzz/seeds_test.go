@@ -89,7 +89,14 @@ func seeds(bigValue int) []seed {
 		&walshipv1.PipelineRequest{Id: 1, Op: &walshipv1.PipelineRequest_Put{Put: &walshipv1.PutRequest{Key: "fuzz/q", Value: []byte("v"), Policy: policy}}},
 		&walshipv1.PipelineRequest{Id: 2, Op: &walshipv1.PipelineRequest_Delete{Delete: &walshipv1.DeleteRequest{Key: "fuzz/q"}}, Timeout: durationpb.New(time.Second)},
 		&walshipv1.PipelineRequest{Id: 3, Op: &walshipv1.PipelineRequest_Txn{Txn: &walshipv1.TxnRequest{Success: []*walshipv1.TxnOp{get(smallKey)}}}},
-		&walshipv1.PipelineRequest{Id: 4, Op: &walshipv1.PipelineRequest_Get{Get: &walshipv1.GetRequest{Key: bigKey, RequirePrimary: true}}})
+		&walshipv1.PipelineRequest{Id: 4, Op: &walshipv1.PipelineRequest_Get{Get: &walshipv1.GetRequest{Key: bigKey, RequirePrimary: true}}},
+		// Several operations in one message.
+		&walshipv1.PipelineRequest{Id: 5, Op: &walshipv1.PipelineRequest_Put{Put: &walshipv1.PutRequest{Key: "fuzz/r", Value: []byte("v")}},
+			More: []*walshipv1.PipelineRequest{
+				{Id: 6, Op: &walshipv1.PipelineRequest_Get{Get: &walshipv1.GetRequest{Key: "fuzz/r"}}},
+				{Id: 7, Op: &walshipv1.PipelineRequest_Cancel{Cancel: &walshipv1.PipelineCancel{}}},
+				{Id: 8, Op: &walshipv1.PipelineRequest_Delete{Delete: &walshipv1.DeleteRequest{Key: "fuzz/r"}}, Timeout: durationpb.New(time.Second)},
+			}})
 	add(targetReplica, classClient, kv+"Pipeline",
 		&walshipv1.PipelineRequest{Id: 1, Op: &walshipv1.PipelineRequest_Put{Put: &walshipv1.PutRequest{Key: "fuzz/q"}}},
 		&walshipv1.PipelineRequest{Id: 2, Op: &walshipv1.PipelineRequest_Get{Get: &walshipv1.GetRequest{Key: smallKey}}})

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"io"
+	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -12,7 +14,9 @@ import (
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
@@ -31,7 +35,10 @@ import (
 // a stream; more callers wait, as unary calls wait for a stream of a
 // connection that has its most. When the server drains the stream (it is
 // stopping gracefully), the calls on it are still answered there and
-// later calls go on a new stream. Call options are ignored. Safe for
+// later calls go on a new stream. Calls made while another's operation
+// is being sent go together in the next message, where the server takes
+// several per message (its BatchHeader), and the server's answers may
+// come several to a message too. Call options are ignored. Safe for
 // concurrent use; Close ends it.
 type Mux struct {
 	kv walshipv1.KVServiceClient
@@ -52,18 +59,28 @@ type pipe struct {
 	cancel context.CancelFunc
 
 	// ready is closed once the server's header says how many operations
-	// may be in progress (sem's size, set before); done once the stream
-	// has ended (err set before).
+	// may be in progress (sem's size, set before) and whether it reads
+	// several in a message (batch); done once the stream has ended (err
+	// set before).
 	ready, done chan struct{}
+	batch       bool
 	// sem holds a place for each operation in progress, one the server
 	// has not answered or been told is cancelled: no more than the
 	// server runs at once, so that it never stops reading the stream and
 	// reads each cancel at once.
 	sem chan struct{}
 
-	sendMu     sync.Mutex // one Send at a time (grpc-go's rule for streams)
-	sendClosed bool       // under sendMu: the server drained the stream
-	onDrain    func()     // called once on the server's drain
+	// qmu guards what waits to be sent. One goroutine at a time sends
+	// (grpc-go's rule for streams): the first to queue when none is
+	// sending sends what is queued, and goes on until nothing is;
+	// others queue and go.
+	qmu        sync.Mutex
+	queue      []queued
+	spare      []queued // the last message's queue, reused
+	sending    bool
+	closeSend  bool   // the server drained the stream: close our side
+	sendClosed bool   // our side is closed: nothing more is sent
+	onDrain    func() // called once on the server's drain
 
 	mu      sync.Mutex
 	waiting map[uint64]chan answer
@@ -73,6 +90,18 @@ type pipe struct {
 type answer struct {
 	resp *walshipv1.PipelineResponse
 	err  error
+	// unsent: the request was never sent (the server drained the stream
+	// first); the caller sends it again, on a new stream.
+	unsent bool
+}
+
+// queued is a request waiting to be sent: a caller's operation, whose
+// answer goes to ch, or a cancel (ch nil), after whose sending (or
+// failing to) sent is called.
+type queued struct {
+	req  *walshipv1.PipelineRequest
+	ch   chan answer
+	sent func()
 }
 
 // errClosed is what a call of a closed Mux returns.
@@ -104,7 +133,7 @@ func (m *Mux) open() (*pipe, error) {
 	}
 	// The stream outlives every call on it: its context is the Mux's.
 	ctx, cancel := context.WithCancel(context.Background())
-	stream, err := m.kv.Pipeline(ctx)
+	stream, err := m.kv.Pipeline(metadata.AppendToOutgoingContext(ctx, BatchHeader, "1"))
 	if err != nil {
 		cancel()
 		return nil, err
@@ -144,6 +173,7 @@ func (p *pipe) receive() {
 				n = k
 			}
 		}
+		p.batch = slices.Contains(md.Get(BatchHeader), "1")
 	}
 	p.sem = make(chan struct{}, n)
 	close(p.ready)
@@ -166,22 +196,161 @@ func (p *pipe) receive() {
 			}
 			return
 		}
-		if resp.GetDrain() != nil {
-			// The server is stopping: what was sent is answered here,
-			// what comes next goes on a new stream.
-			p.onDrain()
-			p.sendMu.Lock()
+		p.dispatch(resp)
+		for _, r := range resp.GetMore() {
+			p.dispatch(r)
+		}
+	}
+}
+
+// dispatch hands resp to its caller, or, for a drain, closes our side
+// of the stream: what was sent is answered here, what comes next goes
+// on a new stream.
+func (p *pipe) dispatch(resp *walshipv1.PipelineResponse) {
+	if resp.GetDrain() != nil {
+		p.onDrain()
+		p.qmu.Lock()
+		p.closeSend = true
+		if p.sending {
+			p.qmu.Unlock() // the sender closes it
+			return
+		}
+		p.sending = true
+		p.flush()
+		return
+	}
+	p.mu.Lock()
+	ch, ok := p.waiting[resp.GetId()]
+	delete(p.waiting, resp.GetId())
+	p.mu.Unlock()
+	if ok {
+		ch <- answer{resp: resp}
+	}
+}
+
+// enqueue queues e to be sent, and sends what is queued unless another
+// goroutine is sending (which then sends e too).
+func (p *pipe) enqueue(e queued) {
+	p.qmu.Lock()
+	if p.sendClosed {
+		p.qmu.Unlock()
+		p.unsent([]queued{e})
+		return
+	}
+	p.queue = append(p.queue, e)
+	if p.sending {
+		p.qmu.Unlock()
+		return
+	}
+	p.sending = true
+	if p.batch && len(p.sem) > 1 {
+		// Other calls are in progress: let those about to send queue
+		// first and go in this message (as grpc-go's writer yields
+		// before writing a small buffer).
+		p.qmu.Unlock()
+		runtime.Gosched()
+		p.qmu.Lock()
+	}
+	p.flush()
+}
+
+// flush sends what is queued until nothing is, closing our side first if
+// the server drained the stream. It is called with qmu held and sending
+// set, and returns with qmu released and sending cleared.
+func (p *pipe) flush() {
+	for {
+		if p.closeSend && !p.sendClosed {
 			p.sendClosed = true
+			q := p.queue
+			p.queue = nil
+			p.qmu.Unlock()
 			_ = p.stream.CloseSend()
-			p.sendMu.Unlock()
+			p.unsent(q)
+			p.qmu.Lock()
 			continue
 		}
-		p.mu.Lock()
-		ch, ok := p.waiting[resp.GetId()]
-		delete(p.waiting, resp.GetId())
-		p.mu.Unlock()
-		if ok {
-			ch <- answer{resp: resp}
+		if len(p.queue) == 0 {
+			p.sending = false
+			p.qmu.Unlock()
+			return
+		}
+		q := p.queue
+		p.queue = p.spare
+		p.spare = nil
+		p.qmu.Unlock()
+		p.sendQueued(q)
+		clear(q)
+		p.qmu.Lock()
+		p.spare = q[:0]
+	}
+}
+
+// unsent tells the callers of requests that were never sent to send them
+// again, and calls the cancels' sent.
+func (p *pipe) unsent(q []queued) {
+	for _, e := range q {
+		if e.ch == nil {
+			e.sent()
+		} else if p.forget(e.req.Id) {
+			e.ch <- answer{unsent: true}
+		}
+	}
+}
+
+// sendQueued sends q's requests, several to a message if the server
+// takes them (at most maxBatchBytes; a larger one alone).
+func (p *pipe) sendQueued(q []queued) {
+	for len(q) > 0 {
+		n := 1
+		if p.batch {
+			size := proto.Size(q[0].req)
+			for n < len(q) && size < maxBatchBytes {
+				k := proto.Size(q[n].req)
+				if size+k > maxBatchBytes {
+					break
+				}
+				size += k
+				n++
+			}
+		}
+		p.sendMessage(q[:n])
+		q = q[n:]
+	}
+}
+
+// sendMessage sends msg's requests in one message. It is encoded before
+// it is sent: gRPC ends a stream whose message fails to marshal, and
+// would fail every call on it, so a message that does not encode is
+// sent again one request at a time and the caller of a request that
+// does not encode (a key that is not UTF-8) gets the error its unary
+// call would, nothing having been sent for it. A send that fails as the
+// stream ends (io.EOF) leaves the answer to the receiver, which reports
+// why.
+func (p *pipe) sendMessage(msg []queued) {
+	head := msg[0].req
+	if len(msg) > 1 {
+		head.More = make([]*walshipv1.PipelineRequest, 0, len(msg)-1)
+		for _, e := range msg[1:] {
+			head.More = append(head.More, e.req)
+		}
+	}
+	var m grpc.PreparedMsg
+	err := m.Encode(p.stream, head)
+	if err != nil && len(msg) > 1 {
+		head.More = nil
+		for i := range msg {
+			p.sendMessage(msg[i : i+1])
+		}
+		return
+	}
+	if err == nil {
+		err = p.stream.SendMsg(&m)
+	}
+	for _, e := range msg {
+		if e.ch == nil {
+			e.sent()
+		} else if err != nil && !errors.Is(err, io.EOF) && p.forget(e.req.Id) {
+			e.ch <- answer{err: status.Convert(err).Err()}
 		}
 	}
 }
@@ -201,38 +370,41 @@ func (m *Mux) do(ctx context.Context, req *walshipv1.PipelineRequest) (*walshipv
 	if err := ctx.Err(); err != nil {
 		return nil, status.FromContextError(err).Err()
 	}
-	var p *pipe
-	var ch chan answer
-	for p == nil {
-		var err error
-		if p, ch, err = m.send(ctx, req); err != nil {
+	for {
+		p, ch, err := m.send(ctx, req)
+		if err != nil {
 			return nil, err
 		}
-	}
-	select {
-	case a := <-ch:
-		<-p.sem
-		if a.err != nil {
-			return nil, a.err
-		}
-		if e := a.resp.GetError(); e != nil {
-			return nil, status.ErrorProto(&spb.Status{Code: e.GetCode(), Message: e.GetMessage(), Details: e.GetDetails()})
-		}
-		return a.resp, nil
-	case <-ctx.Done():
-		if !p.forget(req.Id) {
-			// Answered, or the stream ended, as the caller gave up.
+		select {
+		case a := <-ch:
 			<-p.sem
-		} else {
-			m.sendCancel(p, req.Id)
+			if a.unsent {
+				continue // drained before it went: on a new stream
+			}
+			if a.err != nil {
+				return nil, a.err
+			}
+			if e := a.resp.GetError(); e != nil {
+				return nil, status.ErrorProto(&spb.Status{Code: e.GetCode(), Message: e.GetMessage(), Details: e.GetDetails()})
+			}
+			return a.resp, nil
+		case <-ctx.Done():
+			if !p.forget(req.Id) {
+				// Answered, or the stream ended, or it was never sent,
+				// as the caller gave up.
+				<-p.sem
+			} else {
+				m.sendCancel(p, req.Id)
+			}
+			return nil, status.FromContextError(ctx.Err()).Err()
 		}
-		return nil, status.FromContextError(ctx.Err()).Err()
 	}
 }
 
-// send sends req on the open stream and returns it and the channel of
-// its answer, or a nil pipe if the stream was drained before req could
-// go (the caller tries again, on a new one).
+// send queues req on the open stream and returns it and the channel of
+// its answer: the server's, the stream's end, a failure to marshal, or
+// that it was never sent (the stream was drained first: the caller tries
+// again, on a new one).
 func (m *Mux) send(ctx context.Context, req *walshipv1.PipelineRequest) (*pipe, chan answer, error) {
 	p, err := m.open()
 	if err != nil {
@@ -267,23 +439,7 @@ func (m *Mux) send(ctx context.Context, req *walshipv1.PipelineRequest) (*pipe, 
 	if dl, ok := ctx.Deadline(); ok {
 		req.Timeout = durationpb.New(max(time.Until(dl), time.Nanosecond))
 	}
-	p.sendMu.Lock()
-	if p.sendClosed {
-		p.sendMu.Unlock()
-		p.forget(req.Id)
-		<-p.sem
-		return nil, nil, nil
-	}
-	err = p.stream.Send(req)
-	p.sendMu.Unlock()
-	if err != nil && !errors.Is(err, io.EOF) {
-		// The request did not go (it does not marshal): nothing was sent.
-		p.forget(req.Id)
-		<-p.sem
-		return nil, nil, status.Error(codes.Internal, "walship: "+err.Error())
-	}
-	// On io.EOF the stream has ended and the receiver hands ch the
-	// reason (grpc-go reports it from Recv, not Send).
+	p.enqueue(queued{req: req, ch: ch})
 	return p, ch, nil
 }
 
@@ -293,14 +449,11 @@ func (m *Mux) send(ctx context.Context, req *walshipv1.PipelineRequest) (*pipe, 
 // until the stream ends (Close).
 func (m *Mux) sendCancel(p *pipe, id uint64) {
 	m.wg.Go(func() {
-		defer func() { <-p.sem }()
-		p.sendMu.Lock()
-		defer p.sendMu.Unlock()
-		if p.sendClosed {
-			return // drained: the server runs it to its end
-		}
-		// An error is the stream's end, which the receiver reports.
-		_ = p.stream.Send(&walshipv1.PipelineRequest{Id: id, Op: &walshipv1.PipelineRequest_Cancel{Cancel: &walshipv1.PipelineCancel{}}})
+		// Unsent once the stream is drained: the server runs it to its end.
+		p.enqueue(queued{
+			req:  &walshipv1.PipelineRequest{Id: id, Op: &walshipv1.PipelineRequest_Cancel{Cancel: &walshipv1.PipelineCancel{}}},
+			sent: func() { <-p.sem },
+		})
 	})
 }
 

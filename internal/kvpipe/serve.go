@@ -14,7 +14,10 @@ package kvpipe
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -24,6 +27,7 @@ import (
 	"github.com/walship/walship/internal/rpcerr"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 )
 
 // DefaultMaxOps is how many operations of one stream a server runs at
@@ -35,6 +39,15 @@ const DefaultMaxOps = 256
 // sends no more than that is never held back by a server that stopped
 // reading, so its cancels are read at once.
 const MaxOpsHeader = "walship-pipeline-max-ops"
+
+// BatchHeader, "1" in a stream's response header, says the server reads
+// the operations a request carries in more; "1" in its request header,
+// that the client reads the answers a response carries in more.
+const BatchHeader = "walship-pipeline-batch"
+
+// maxBatchBytes bounds the operations, or the answers, put into one
+// message: well under any peer's message limit (a larger one goes alone).
+const maxBatchBytes = 64 << 10
 
 // Handler is what a Pipeline's operations run on: a node's unary
 // KVService handlers.
@@ -82,7 +95,11 @@ type Limits struct {
 // (DEADLINE_EXCEEDED, CANCELED) and frees its place, as gRPC answers a
 // unary call whose caller gave up; its handler runs on as a unary call's
 // does (a write already sequenced still commits) and its result is
-// dropped. One goroutine receives and one sends (grpc-go's
+// dropped. The operations a request carries in more are taken as if each
+// had come in a message of its own, after the request's own (one that
+// carries more of its own ends the stream INVALID_ARGUMENT); for a client
+// that says it reads them (BatchHeader), the answers ready together go in
+// one message. One goroutine receives and one sends (grpc-go's
 // rule for streams); every worker, running an abandoned operation or not,
 // ends before Serve returns.
 func Serve(stream walshipv1.KVService_PipelineServer, h Handler, lim Limits) error {
@@ -95,9 +112,10 @@ func Serve(stream walshipv1.KVService_PipelineServer, h Handler, lim Limits) err
 	if lim.Calls != nil {
 		advertised = min(advertised, max(lim.Calls.Limit(), 1))
 	}
-	if err := stream.SendHeader(metadata.Pairs(MaxOpsHeader, strconv.Itoa(advertised))); err != nil {
+	if err := stream.SendHeader(metadata.Pairs(MaxOpsHeader, strconv.Itoa(advertised), BatchHeader, "1")); err != nil {
 		return err
 	}
+	batchAnswers := slices.Contains(metadata.ValueFromIncomingContext(ctx, BatchHeader), "1")
 	// A slot is held from the moment a request is read until its answer
 	// is handed to the sender: answers never wait on a full channel for
 	// longer than the sender takes to send. The drain takes no slot (the
@@ -105,20 +123,7 @@ func Serve(stream walshipv1.KVService_PipelineServer, h Handler, lim Limits) err
 	slots := make(chan struct{}, maxOps)
 	answers := make(chan *walshipv1.PipelineResponse, maxOps+1)
 	sent := make(chan error, 1)
-	go func() {
-		var err error
-		for a := range answers {
-			if err == nil {
-				err = stream.Send(a)
-			}
-			// After a failed send, keep draining: the operations finish
-			// (their outcome is the client's to find out) and end.
-			if a.GetDrain() == nil {
-				<-slots
-			}
-		}
-		sent <- err
-	}()
+	go func() { sent <- sendAnswers(stream, answers, slots, batchAnswers) }()
 	// Operations outlive the stream's context, which ends when a graceful
 	// stop begins (serve's endStreamsOnStop): a stopping server finishes
 	// the operations it has, as it finishes unary calls, and tells the
@@ -143,26 +148,25 @@ func Serve(stream walshipv1.KVService_PipelineServer, h Handler, lim Limits) err
 			}
 			break
 		}
-		if _, ok := req.GetOp().(*walshipv1.PipelineRequest_Cancel); ok {
-			r.cancel(req.GetId())
-			continue
-		}
-		select {
-		case slots <- struct{}{}:
-		default:
-			select {
-			case slots <- struct{}{}:
-			case <-ctx.Done():
-				// Full, and stopping: the client's next request may be
-				// the one (a cancel, its close) it waits for; end the
-				// stream.
-				recvErr = status.FromContextError(ctx.Err()).Err()
+		for i, m := range req.GetMore() {
+			if len(m.GetMore()) > 0 {
+				recvErr = rpcerr.Invalid(fmt.Sprintf("more[%d].more", i), "an operation carried in more carries none of its own")
 			}
 		}
 		if recvErr != nil {
 			break
 		}
-		ops.submit(job{o: r.start(base, req), req: req}, func(j job, w *worker) { r.run(j.o, h, j.req, w) })
+		if recvErr = accept(ctx, req, r, ops, slots, base, h); recvErr != nil {
+			break
+		}
+		for _, m := range req.GetMore() {
+			if recvErr = accept(ctx, m, r, ops, slots, base, h); recvErr != nil {
+				break
+			}
+		}
+		if recvErr != nil {
+			break
+		}
 	}
 	if recvErr != nil {
 		r.abandonAll() // the stream is gone
@@ -176,6 +180,91 @@ func Serve(stream walshipv1.KVService_PipelineServer, h Handler, lim Limits) err
 		return err
 	}
 	return recvErr
+}
+
+// accept runs one operation the client sent, once it has a slot, or
+// takes a cancel. With every slot taken it waits for one, and returns
+// an error if the server stops meanwhile: the client's next request may
+// be the one (a cancel, its close) it waits for, so the stream ends.
+func accept(ctx context.Context, req *walshipv1.PipelineRequest, r *running, ops *workers, slots chan struct{}, base context.Context, h Handler) error {
+	if _, ok := req.GetOp().(*walshipv1.PipelineRequest_Cancel); ok {
+		r.cancel(req.GetId())
+		return nil
+	}
+	select {
+	case slots <- struct{}{}:
+	default:
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		}
+	}
+	ops.submit(job{o: r.start(base, req), req: req}, func(j job, w *worker) { r.run(j.o, h, j.req, w) })
+	return nil
+}
+
+// sendAnswers sends each answer, freeing its slot once sent, until
+// answers is closed, and returns the first error sending. With batch, the
+// answers ready together go in one message (at most maxBatchBytes of
+// them; a larger one goes alone). After a failed send it goes on
+// draining answers: the operations finish (their outcome is the client's
+// to find out) and end.
+func sendAnswers(stream walshipv1.KVService_PipelineServer, answers <-chan *walshipv1.PipelineResponse, slots <-chan struct{}, batch bool) error {
+	var err error
+	var more []*walshipv1.PipelineResponse
+	var next *walshipv1.PipelineResponse // taken, too large for the last message
+	for {
+		a := next
+		next = nil
+		if a == nil {
+			var ok bool
+			if a, ok = <-answers; !ok {
+				return err
+			}
+		}
+		more = more[:0]
+		if batch && err == nil {
+			if len(slots) > 1 {
+				// Others are running: let those about to answer do so
+				// and go in this message (as grpc-go's writer yields
+				// before writing a small buffer).
+				runtime.Gosched()
+			}
+			size := proto.Size(a)
+		gather:
+			for {
+				select {
+				case b, ok := <-answers:
+					if !ok {
+						break gather // the next receive sees it closed
+					}
+					n := proto.Size(b)
+					if size+n > maxBatchBytes {
+						next = b
+						break gather
+					}
+					more = append(more, b)
+					size += n
+				default:
+					break gather
+				}
+			}
+			if len(more) > 0 {
+				// The message's own slice: gRPC may keep a message it
+				// was given, so this is not reused.
+				a.More = slices.Clone(more)
+			}
+		}
+		if err == nil {
+			err = stream.Send(a)
+		}
+		for _, x := range append(more, a) {
+			if x.GetDrain() == nil {
+				<-slots
+			}
+		}
+	}
 }
 
 // workers run a stream's operations, each on a goroutine that takes the

@@ -19,6 +19,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/encoding/proto"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
@@ -49,25 +52,34 @@ func (c *calls) dialOptions() []grpc.DialOption {
 				c.mu.Lock()
 				c.streams++
 				c.mu.Unlock()
-				return countingStream{s, c}, nil
 			}
 			return s, err
 		}),
+		// The Mux encodes each message before sending it (grpc's
+		// PreparedMsg), with the call's codec: counted there.
+		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(countingCodec{encoding.GetCodecV2(proto.Name), c})),
 	}
 }
 
-type countingStream struct {
-	grpc.ClientStream
+// countingCodec is gRPC's protobuf codec, counting the Put keys of each
+// Pipeline message it encodes (those its more carries included).
+type countingCodec struct {
+	encoding.CodecV2
 	c *calls
 }
 
-func (s countingStream) SendMsg(m any) error {
-	if r, ok := m.(*walshipv1.PipelineRequest); ok && r.GetPut() != nil {
-		s.c.mu.Lock()
-		s.c.sent[r.GetPut().GetKey()]++
-		s.c.mu.Unlock()
+func (cc countingCodec) Marshal(v any) (mem.BufferSlice, error) {
+	b, err := cc.CodecV2.Marshal(v)
+	if r, ok := v.(*walshipv1.PipelineRequest); ok && err == nil {
+		cc.c.mu.Lock()
+		for _, op := range append([]*walshipv1.PipelineRequest{r}, r.GetMore()...) {
+			if op.GetPut() != nil {
+				cc.c.sent[op.GetPut().GetKey()]++
+			}
+		}
+		cc.c.mu.Unlock()
 	}
-	return s.ClientStream.SendMsg(m)
+	return b, err
 }
 
 // TestPipelinedConcurrentCallers: many concurrent callers of a pipelining

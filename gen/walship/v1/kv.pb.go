@@ -211,7 +211,15 @@ type PipelineRequest struct {
 	Op isPipelineRequest_Op `protobuf_oneof:"op"`
 	// timeout bounds the operation as a unary call's deadline does (unset:
 	// only the stream's deadline). A write past it has an unknown outcome.
-	Timeout       *durationpb.Duration `protobuf:"bytes,6,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	Timeout *durationpb.Duration `protobuf:"bytes,6,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	// more are further operations carried in this message, each run as if
+	// sent on its own right after the one before (this message's own
+	// first), so that a busy client pays for one message where it has
+	// many operations. Send them only to a server whose response header
+	// walship-pipeline-batch is "1" (an older server ignores them, and
+	// never answers them); an operation in more carries no more of its
+	// own (the stream ends INVALID_ARGUMENT naming the field).
+	More          []*PipelineRequest `protobuf:"bytes,8,rep,name=more,proto3" json:"more,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -312,6 +320,13 @@ func (x *PipelineRequest) GetTimeout() *durationpb.Duration {
 	return nil
 }
 
+func (x *PipelineRequest) GetMore() []*PipelineRequest {
+	if x != nil {
+		return x.More
+	}
+	return nil
+}
+
 type isPipelineRequest_Op interface {
 	isPipelineRequest_Op()
 }
@@ -407,7 +422,12 @@ type PipelineResponse struct {
 	//	*PipelineResponse_Get
 	//	*PipelineResponse_Error
 	//	*PipelineResponse_Drain
-	Result        isPipelineResponse_Result `protobuf_oneof:"result"`
+	Result isPipelineResponse_Result `protobuf_oneof:"result"`
+	// more are further answers carried in this message, each handled as
+	// if received on its own right after the one before. A server sends
+	// them only to a client whose request header walship-pipeline-batch
+	// is "1"; an answer in more carries no more of its own.
+	More          []*PipelineResponse `protobuf:"bytes,8,rep,name=more,proto3" json:"more,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -506,6 +526,13 @@ func (x *PipelineResponse) GetDrain() *PipelineDrain {
 		if x, ok := x.Result.(*PipelineResponse_Drain); ok {
 			return x.Drain
 		}
+	}
+	return nil
+}
+
+func (x *PipelineResponse) GetMore() []*PipelineResponse {
+	if x != nil {
+		return x.More
 	}
 	return nil
 }
@@ -2560,7 +2587,7 @@ var File_walship_v1_kv_proto protoreflect.FileDescriptor
 const file_walship_v1_kv_proto_rawDesc = "" +
 	"\n" +
 	"\x13walship/v1/kv.proto\x12\n" +
-	"walship.v1\x1a\x19google/protobuf/any.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x17walship/v1/policy.proto\"\xcb\x02\n" +
+	"walship.v1\x1a\x19google/protobuf/any.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x17walship/v1/policy.proto\"\xfc\x02\n" +
 	"\x0fPipelineRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12*\n" +
 	"\x03put\x18\x02 \x01(\v2\x16.walship.v1.PutRequestH\x00R\x03put\x123\n" +
@@ -2568,9 +2595,10 @@ const file_walship_v1_kv_proto_rawDesc = "" +
 	"\x03txn\x18\x04 \x01(\v2\x16.walship.v1.TxnRequestH\x00R\x03txn\x12*\n" +
 	"\x03get\x18\x05 \x01(\v2\x16.walship.v1.GetRequestH\x00R\x03get\x124\n" +
 	"\x06cancel\x18\a \x01(\v2\x1a.walship.v1.PipelineCancelH\x00R\x06cancel\x123\n" +
-	"\atimeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\atimeoutB\x04\n" +
+	"\atimeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12/\n" +
+	"\x04more\x18\b \x03(\v2\x1b.walship.v1.PipelineRequestR\x04moreB\x04\n" +
 	"\x02op\"\x10\n" +
-	"\x0ePipelineCancel\"\xd0\x02\n" +
+	"\x0ePipelineCancel\"\x82\x03\n" +
 	"\x10PipelineResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12+\n" +
 	"\x03put\x18\x02 \x01(\v2\x17.walship.v1.PutResponseH\x00R\x03put\x124\n" +
@@ -2578,7 +2606,8 @@ const file_walship_v1_kv_proto_rawDesc = "" +
 	"\x03txn\x18\x04 \x01(\v2\x17.walship.v1.TxnResponseH\x00R\x03txn\x12+\n" +
 	"\x03get\x18\x05 \x01(\v2\x17.walship.v1.GetResponseH\x00R\x03get\x122\n" +
 	"\x05error\x18\x06 \x01(\v2\x1a.walship.v1.PipelineStatusH\x00R\x05error\x121\n" +
-	"\x05drain\x18\a \x01(\v2\x19.walship.v1.PipelineDrainH\x00R\x05drainB\b\n" +
+	"\x05drain\x18\a \x01(\v2\x19.walship.v1.PipelineDrainH\x00R\x05drain\x120\n" +
+	"\x04more\x18\b \x03(\v2\x1c.walship.v1.PipelineResponseR\x04moreB\b\n" +
 	"\x06result\"\x0f\n" +
 	"\rPipelineDrain\"n\n" +
 	"\x0ePipelineStatus\x12\x12\n" +
@@ -2796,59 +2825,61 @@ var file_walship_v1_kv_proto_depIdxs = []int32{
 	12, // 3: walship.v1.PipelineRequest.get:type_name -> walship.v1.GetRequest
 	4,  // 4: walship.v1.PipelineRequest.cancel:type_name -> walship.v1.PipelineCancel
 	34, // 5: walship.v1.PipelineRequest.timeout:type_name -> google.protobuf.Duration
-	9,  // 6: walship.v1.PipelineResponse.put:type_name -> walship.v1.PutResponse
-	11, // 7: walship.v1.PipelineResponse.delete:type_name -> walship.v1.DeleteResponse
-	24, // 8: walship.v1.PipelineResponse.txn:type_name -> walship.v1.TxnResponse
-	13, // 9: walship.v1.PipelineResponse.get:type_name -> walship.v1.GetResponse
-	7,  // 10: walship.v1.PipelineResponse.error:type_name -> walship.v1.PipelineStatus
-	6,  // 11: walship.v1.PipelineResponse.drain:type_name -> walship.v1.PipelineDrain
-	35, // 12: walship.v1.PipelineStatus.details:type_name -> google.protobuf.Any
-	36, // 13: walship.v1.PutRequest.policy:type_name -> walship.v1.CommitPolicy
-	36, // 14: walship.v1.DeleteRequest.policy:type_name -> walship.v1.CommitPolicy
-	34, // 15: walship.v1.GetRequest.wait_timeout:type_name -> google.protobuf.Duration
-	34, // 16: walship.v1.GetRequest.max_lag_time:type_name -> google.protobuf.Duration
-	0,  // 17: walship.v1.Compare.target:type_name -> walship.v1.CompareTarget
-	1,  // 18: walship.v1.Compare.result:type_name -> walship.v1.CompareResult
-	16, // 19: walship.v1.TxnOp.put:type_name -> walship.v1.PutOp
-	17, // 20: walship.v1.TxnOp.delete:type_name -> walship.v1.DeleteOp
-	18, // 21: walship.v1.TxnOp.get:type_name -> walship.v1.GetOp
-	14, // 22: walship.v1.TxnRequest.compares:type_name -> walship.v1.Compare
-	15, // 23: walship.v1.TxnRequest.success:type_name -> walship.v1.TxnOp
-	15, // 24: walship.v1.TxnRequest.failure:type_name -> walship.v1.TxnOp
-	36, // 25: walship.v1.TxnRequest.policy:type_name -> walship.v1.CommitPolicy
-	21, // 26: walship.v1.TxnOpResult.put:type_name -> walship.v1.PutOpResult
-	22, // 27: walship.v1.TxnOpResult.delete:type_name -> walship.v1.DeleteOpResult
-	23, // 28: walship.v1.TxnOpResult.get:type_name -> walship.v1.GetOpResult
-	20, // 29: walship.v1.TxnResponse.results:type_name -> walship.v1.TxnOpResult
-	34, // 30: walship.v1.ScanRequest.wait_timeout:type_name -> google.protobuf.Duration
-	34, // 31: walship.v1.ScanRequest.max_lag_time:type_name -> google.protobuf.Duration
-	26, // 32: walship.v1.ScanResponse.kvs:type_name -> walship.v1.KeyValue
-	34, // 33: walship.v1.WatchRequest.progress_interval:type_name -> google.protobuf.Duration
-	34, // 34: walship.v1.WatchRequest.wait_timeout:type_name -> google.protobuf.Duration
-	30, // 35: walship.v1.WatchResponse.txns:type_name -> walship.v1.WatchTxns
-	33, // 36: walship.v1.WatchResponse.progress:type_name -> walship.v1.WatchProgress
-	31, // 37: walship.v1.WatchTxns.txns:type_name -> walship.v1.WatchTxn
-	32, // 38: walship.v1.WatchTxn.events:type_name -> walship.v1.WatchEvent
-	2,  // 39: walship.v1.WatchEvent.type:type_name -> walship.v1.WatchEventType
-	8,  // 40: walship.v1.KVService.Put:input_type -> walship.v1.PutRequest
-	10, // 41: walship.v1.KVService.Delete:input_type -> walship.v1.DeleteRequest
-	12, // 42: walship.v1.KVService.Get:input_type -> walship.v1.GetRequest
-	19, // 43: walship.v1.KVService.Txn:input_type -> walship.v1.TxnRequest
-	25, // 44: walship.v1.KVService.Scan:input_type -> walship.v1.ScanRequest
-	28, // 45: walship.v1.KVService.Watch:input_type -> walship.v1.WatchRequest
-	3,  // 46: walship.v1.KVService.Pipeline:input_type -> walship.v1.PipelineRequest
-	9,  // 47: walship.v1.KVService.Put:output_type -> walship.v1.PutResponse
-	11, // 48: walship.v1.KVService.Delete:output_type -> walship.v1.DeleteResponse
-	13, // 49: walship.v1.KVService.Get:output_type -> walship.v1.GetResponse
-	24, // 50: walship.v1.KVService.Txn:output_type -> walship.v1.TxnResponse
-	27, // 51: walship.v1.KVService.Scan:output_type -> walship.v1.ScanResponse
-	29, // 52: walship.v1.KVService.Watch:output_type -> walship.v1.WatchResponse
-	5,  // 53: walship.v1.KVService.Pipeline:output_type -> walship.v1.PipelineResponse
-	47, // [47:54] is the sub-list for method output_type
-	40, // [40:47] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	3,  // 6: walship.v1.PipelineRequest.more:type_name -> walship.v1.PipelineRequest
+	9,  // 7: walship.v1.PipelineResponse.put:type_name -> walship.v1.PutResponse
+	11, // 8: walship.v1.PipelineResponse.delete:type_name -> walship.v1.DeleteResponse
+	24, // 9: walship.v1.PipelineResponse.txn:type_name -> walship.v1.TxnResponse
+	13, // 10: walship.v1.PipelineResponse.get:type_name -> walship.v1.GetResponse
+	7,  // 11: walship.v1.PipelineResponse.error:type_name -> walship.v1.PipelineStatus
+	6,  // 12: walship.v1.PipelineResponse.drain:type_name -> walship.v1.PipelineDrain
+	5,  // 13: walship.v1.PipelineResponse.more:type_name -> walship.v1.PipelineResponse
+	35, // 14: walship.v1.PipelineStatus.details:type_name -> google.protobuf.Any
+	36, // 15: walship.v1.PutRequest.policy:type_name -> walship.v1.CommitPolicy
+	36, // 16: walship.v1.DeleteRequest.policy:type_name -> walship.v1.CommitPolicy
+	34, // 17: walship.v1.GetRequest.wait_timeout:type_name -> google.protobuf.Duration
+	34, // 18: walship.v1.GetRequest.max_lag_time:type_name -> google.protobuf.Duration
+	0,  // 19: walship.v1.Compare.target:type_name -> walship.v1.CompareTarget
+	1,  // 20: walship.v1.Compare.result:type_name -> walship.v1.CompareResult
+	16, // 21: walship.v1.TxnOp.put:type_name -> walship.v1.PutOp
+	17, // 22: walship.v1.TxnOp.delete:type_name -> walship.v1.DeleteOp
+	18, // 23: walship.v1.TxnOp.get:type_name -> walship.v1.GetOp
+	14, // 24: walship.v1.TxnRequest.compares:type_name -> walship.v1.Compare
+	15, // 25: walship.v1.TxnRequest.success:type_name -> walship.v1.TxnOp
+	15, // 26: walship.v1.TxnRequest.failure:type_name -> walship.v1.TxnOp
+	36, // 27: walship.v1.TxnRequest.policy:type_name -> walship.v1.CommitPolicy
+	21, // 28: walship.v1.TxnOpResult.put:type_name -> walship.v1.PutOpResult
+	22, // 29: walship.v1.TxnOpResult.delete:type_name -> walship.v1.DeleteOpResult
+	23, // 30: walship.v1.TxnOpResult.get:type_name -> walship.v1.GetOpResult
+	20, // 31: walship.v1.TxnResponse.results:type_name -> walship.v1.TxnOpResult
+	34, // 32: walship.v1.ScanRequest.wait_timeout:type_name -> google.protobuf.Duration
+	34, // 33: walship.v1.ScanRequest.max_lag_time:type_name -> google.protobuf.Duration
+	26, // 34: walship.v1.ScanResponse.kvs:type_name -> walship.v1.KeyValue
+	34, // 35: walship.v1.WatchRequest.progress_interval:type_name -> google.protobuf.Duration
+	34, // 36: walship.v1.WatchRequest.wait_timeout:type_name -> google.protobuf.Duration
+	30, // 37: walship.v1.WatchResponse.txns:type_name -> walship.v1.WatchTxns
+	33, // 38: walship.v1.WatchResponse.progress:type_name -> walship.v1.WatchProgress
+	31, // 39: walship.v1.WatchTxns.txns:type_name -> walship.v1.WatchTxn
+	32, // 40: walship.v1.WatchTxn.events:type_name -> walship.v1.WatchEvent
+	2,  // 41: walship.v1.WatchEvent.type:type_name -> walship.v1.WatchEventType
+	8,  // 42: walship.v1.KVService.Put:input_type -> walship.v1.PutRequest
+	10, // 43: walship.v1.KVService.Delete:input_type -> walship.v1.DeleteRequest
+	12, // 44: walship.v1.KVService.Get:input_type -> walship.v1.GetRequest
+	19, // 45: walship.v1.KVService.Txn:input_type -> walship.v1.TxnRequest
+	25, // 46: walship.v1.KVService.Scan:input_type -> walship.v1.ScanRequest
+	28, // 47: walship.v1.KVService.Watch:input_type -> walship.v1.WatchRequest
+	3,  // 48: walship.v1.KVService.Pipeline:input_type -> walship.v1.PipelineRequest
+	9,  // 49: walship.v1.KVService.Put:output_type -> walship.v1.PutResponse
+	11, // 50: walship.v1.KVService.Delete:output_type -> walship.v1.DeleteResponse
+	13, // 51: walship.v1.KVService.Get:output_type -> walship.v1.GetResponse
+	24, // 52: walship.v1.KVService.Txn:output_type -> walship.v1.TxnResponse
+	27, // 53: walship.v1.KVService.Scan:output_type -> walship.v1.ScanResponse
+	29, // 54: walship.v1.KVService.Watch:output_type -> walship.v1.WatchResponse
+	5,  // 55: walship.v1.KVService.Pipeline:output_type -> walship.v1.PipelineResponse
+	49, // [49:56] is the sub-list for method output_type
+	42, // [42:49] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_walship_v1_kv_proto_init() }

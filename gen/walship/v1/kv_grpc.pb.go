@@ -83,7 +83,7 @@ type KVServiceClient interface {
 	// each keeps its own policy, LSN and outcome, and runs exactly as its
 	// unary call does (validation, authorization, lease, limits). A server
 	// runs at most --max-pipeline-ops operations of one stream at once
-	// (default 256) and reads no further request until one completes; it
+	// (default 256) and reads no further operation until one completes; it
 	// says how many a client may send before an answer in the response
 	// header walship-pipeline-max-ops (for a peer counted against
 	// --max-peer-calls, at most that: each operation in progress is one of
@@ -97,6 +97,10 @@ type KVServiceClient interface {
 	// answered unknown, as a unary write cut off does. A replica answers
 	// every write with FAILED_PRECONDITION naming the primary, as its unary
 	// calls do. Ids are not checked for uniqueness: they are the client's.
+	// Where both ends say they take them (the walship-pipeline-batch
+	// headers), one message may carry several operations, or several
+	// answers (the more fields): each is run and answered as if it had come
+	// on its own.
 	Pipeline(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PipelineRequest, PipelineResponse], error)
 }
 
@@ -245,7 +249,7 @@ type KVServiceServer interface {
 	// each keeps its own policy, LSN and outcome, and runs exactly as its
 	// unary call does (validation, authorization, lease, limits). A server
 	// runs at most --max-pipeline-ops operations of one stream at once
-	// (default 256) and reads no further request until one completes; it
+	// (default 256) and reads no further operation until one completes; it
 	// says how many a client may send before an answer in the response
 	// header walship-pipeline-max-ops (for a peer counted against
 	// --max-peer-calls, at most that: each operation in progress is one of
@@ -259,6 +263,10 @@ type KVServiceServer interface {
 	// answered unknown, as a unary write cut off does. A replica answers
 	// every write with FAILED_PRECONDITION naming the primary, as its unary
 	// calls do. Ids are not checked for uniqueness: they are the client's.
+	// Where both ends say they take them (the walship-pipeline-batch
+	// headers), one message may carry several operations, or several
+	// answers (the more fields): each is run and answered as if it had come
+	// on its own.
 	Pipeline(grpc.BidiStreamingServer[PipelineRequest, PipelineResponse]) error
 	mustEmbedUnimplementedKVServiceServer()
 }
