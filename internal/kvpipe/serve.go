@@ -139,6 +139,7 @@ func Serve(stream walshipv1.KVService_PipelineServer, h Handler, lim Limits) err
 	})
 	r := &running{byID: map[uint64][]*op{}, answers: answers, calls: lim.Calls}
 	ops := &workers{jobs: make(chan job)}
+	in := &intake{ctx: ctx, base: base, r: r, ops: ops, slots: slots, run: func(j job, w *worker) { r.run(j.o, h, j.req, w) }}
 	var recvErr error
 	for {
 		req, err := stream.Recv()
@@ -156,11 +157,11 @@ func Serve(stream walshipv1.KVService_PipelineServer, h Handler, lim Limits) err
 		if recvErr != nil {
 			break
 		}
-		if recvErr = accept(ctx, req, r, ops, slots, base, h); recvErr != nil {
+		if recvErr = in.accept(req); recvErr != nil {
 			break
 		}
 		for _, m := range req.GetMore() {
-			if recvErr = accept(ctx, m, r, ops, slots, base, h); recvErr != nil {
+			if recvErr = in.accept(m); recvErr != nil {
 				break
 			}
 		}
@@ -182,25 +183,35 @@ func Serve(stream walshipv1.KVService_PipelineServer, h Handler, lim Limits) err
 	return recvErr
 }
 
+// intake is where Serve's receiver puts the operations it reads.
+type intake struct {
+	ctx   context.Context // the stream's: ends when a graceful stop begins
+	base  context.Context // the operations' parent
+	r     *running
+	ops   *workers
+	slots chan struct{}
+	run   func(job, *worker) // made once: a closure per operation allocates
+}
+
 // accept runs one operation the client sent, once it has a slot, or
 // takes a cancel. With every slot taken it waits for one, and returns
 // an error if the server stops meanwhile: the client's next request may
 // be the one (a cancel, its close) it waits for, so the stream ends.
-func accept(ctx context.Context, req *walshipv1.PipelineRequest, r *running, ops *workers, slots chan struct{}, base context.Context, h Handler) error {
+func (in *intake) accept(req *walshipv1.PipelineRequest) error {
 	if _, ok := req.GetOp().(*walshipv1.PipelineRequest_Cancel); ok {
-		r.cancel(req.GetId())
+		in.r.cancel(req.GetId())
 		return nil
 	}
 	select {
-	case slots <- struct{}{}:
+	case in.slots <- struct{}{}:
 	default:
 		select {
-		case slots <- struct{}{}:
-		case <-ctx.Done():
-			return status.FromContextError(ctx.Err()).Err()
+		case in.slots <- struct{}{}:
+		case <-in.ctx.Done():
+			return status.FromContextError(in.ctx.Err()).Err()
 		}
 	}
-	ops.submit(job{o: r.start(base, req), req: req}, func(j job, w *worker) { r.run(j.o, h, j.req, w) })
+	in.ops.submit(job{o: in.r.start(in.base, req), req: req}, in.run)
 	return nil
 }
 
