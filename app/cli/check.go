@@ -360,7 +360,11 @@ func injectFault(ctx context.Context, d serve.Dialer, env *Env, h *check.History
 		if err != nil {
 			return fmt.Errorf("switchover: %w", err)
 		}
-		fmt.Fprintf(env.Stdout, "switched over to %s (epoch %d), writes paused %v\n", statuses[cands[0]].GetId(), resp.GetEpoch(), resp.GetPaused().AsDuration().Round(time.Millisecond))
+		soFar := ""
+		if !resp.GetTargetTakingWrites() {
+			soFar = " so far (it is still opening its epoch)"
+		}
+		fmt.Fprintf(env.Stdout, "switched over to %s (epoch %d), writes paused %v%s\n", statuses[cands[0]].GetId(), resp.GetEpoch(), resp.GetPaused().AsDuration().Round(time.Millisecond), soFar)
 		return nil
 	default:
 		h.Note("kill: %s", killCmd)

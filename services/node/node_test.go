@@ -555,14 +555,17 @@ func TestSwitchover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("switchover: epoch %d, lsn %d, paused %v", resp.Epoch, resp.Lsn, resp.Paused.AsDuration())
+	t.Logf("switchover: epoch %d, lsn %d, paused %v, target taking writes %v", resp.Epoch, resp.Lsn, resp.Paused.AsDuration(), resp.TargetTakingWrites)
 	st := status1(t, c1)
 	if st.Role != walshipv1.Role_ROLE_PRIMARY || st.LastFailover.GetLeaseWait().AsDuration() != 0 {
 		t.Fatalf("n1 after the switchover: %v", st)
 	}
 	// The answer waits for n1 to take writes, but at most a second once
 	// n0 is deposed (deposedWait): on a loaded machine n1 may still be
-	// opening its epoch.
+	// opening its epoch, and the answer says so.
+	if resp.TargetTakingWrites && !st.GetTakingWrites() {
+		t.Fatalf("the switchover answered that n1 takes writes; its status after: %v", st)
+	}
 	testkit.Until(t, "n1 to take writes", func() bool { return status1(t, c1).GetTakingWrites() })
 	for i := range 50 {
 		g, err := walshipv1.NewKVServiceClient(c1).Get(ctx, &walshipv1.GetRequest{Key: fmt.Sprintf("a%02d", i)})

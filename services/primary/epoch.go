@@ -991,9 +991,11 @@ func (s *Server) Switchover(ctx context.Context, target string, timeout time.Dur
 		case <-ctx.Done():
 		}
 	}()
+	taking := false
 	for ctx.Err() == nil {
 		st, err := admin.Status(ctx, &walshipv1.StatusRequest{}, grpc.WaitForReady(true))
 		if err == nil && st.GetRole() == walshipv1.Role_ROLE_PRIMARY && st.GetTakingWrites() {
+			taking = true
 			break
 		}
 		t := time.NewTimer(5 * time.Millisecond)
@@ -1003,8 +1005,8 @@ func (s *Server) Switchover(ctx context.Context, target string, timeout time.Dur
 		}
 	}
 	paused := time.Since(start)
-	s.logger.Info("switched over", "target", target, "epoch", resp.GetEpoch(), "lsn", last, "paused", paused)
-	return &walshipv1.SwitchoverResponse{Epoch: resp.GetEpoch(), Lsn: last, Paused: durationpb.New(paused)}, nil
+	s.logger.Info("switched over", "target", target, "epoch", resp.GetEpoch(), "lsn", last, "paused", paused, "target_taking_writes", taking)
+	return &walshipv1.SwitchoverResponse{Epoch: resp.GetEpoch(), Lsn: last, Paused: durationpb.New(paused), TargetTakingWrites: taking}, nil
 }
 
 // deposedWait bounds how long a switchover's answer waits for the target

@@ -2052,10 +2052,18 @@ type SwitchoverResponse struct {
 	Epoch uint64 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	// lsn the old primary's log ended at; the target had flushed it.
 	Lsn uint64 `protobuf:"varint,2,opt,name=lsn,proto3" json:"lsn,omitempty"`
-	// paused is how long writes were refused.
-	Paused        *durationpb.Duration `protobuf:"bytes,3,opt,name=paused,proto3" json:"paused,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// paused is how long writes were refused, up to this answer.
+	Paused *durationpb.Duration `protobuf:"bytes,3,opt,name=paused,proto3" json:"paused,omitempty"`
+	// target_taking_writes says whether the target was taking writes when
+	// this answer was sent. The answer waits for it, but once this primary
+	// is deposed at most a second more (its node's next role may be what
+	// the target waits for): false means the target was still opening its
+	// epoch, paused is then a lower bound, and a write sent to it at once
+	// may be refused UNAVAILABLE "opening epoch" (retry it, or wait for the
+	// target's AdminService.Status taking_writes).
+	TargetTakingWrites bool `protobuf:"varint,4,opt,name=target_taking_writes,json=targetTakingWrites,proto3" json:"target_taking_writes,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *SwitchoverResponse) Reset() {
@@ -2107,6 +2115,13 @@ func (x *SwitchoverResponse) GetPaused() *durationpb.Duration {
 		return x.Paused
 	}
 	return nil
+}
+
+func (x *SwitchoverResponse) GetTargetTakingWrites() bool {
+	if x != nil {
+		return x.TargetTakingWrites
+	}
+	return false
 }
 
 // SetPolicyRequest sets the primary's default commit policy.
@@ -2374,11 +2389,12 @@ const file_walship_v1_admin_proto_rawDesc = "" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\"`\n" +
 	"\x11SwitchoverRequest\x12\x16\n" +
 	"\x06target\x18\x01 \x01(\tR\x06target\x123\n" +
-	"\atimeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\atimeout\"o\n" +
+	"\atimeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\atimeout\"\xa1\x01\n" +
 	"\x12SwitchoverResponse\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x10\n" +
 	"\x03lsn\x18\x02 \x01(\x04R\x03lsn\x121\n" +
-	"\x06paused\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x06paused\"D\n" +
+	"\x06paused\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x06paused\x120\n" +
+	"\x14target_taking_writes\x18\x04 \x01(\bR\x12targetTakingWrites\"D\n" +
 	"\x10SetPolicyRequest\x120\n" +
 	"\x06policy\x18\x01 \x01(\v2\x18.walship.v1.CommitPolicyR\x06policy\"E\n" +
 	"\x11SetPolicyResponse\x120\n" +
