@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -131,14 +132,22 @@ func TestServeRefusesNestedMore(t *testing.T) {
 	}
 }
 
-// holdingKV is a KVServiceClient whose Pipeline streams hold the first
-// message sent until release is closed.
+// holdingKV is a KVServiceClient whose Pipeline streams hold the nth
+// message sent (counting from 1 over all its streams), for each gate in
+// hold, until that gate is released.
 type holdingKV struct {
 	walshipv1.KVServiceClient
-	release chan struct{}
-	holding chan struct{} // closed once the first message is held
-	once    sync.Once
+	hold map[int]*gate
+
+	mu sync.Mutex
+	n  int
 }
+
+// gate holds one message: holding is closed once it is held, release
+// lets it go.
+type gate struct{ holding, release chan struct{} }
+
+func newGate() *gate { return &gate{holding: make(chan struct{}), release: make(chan struct{})} }
 
 func (h *holdingKV) Pipeline(ctx context.Context, opts ...grpc.CallOption) (walshipv1.KVService_PipelineClient, error) {
 	s, err := h.KVServiceClient.Pipeline(ctx, opts...)
@@ -153,14 +162,16 @@ type holdingStream struct {
 	h *holdingKV
 }
 
-func (s *holdingStream) SendMsg(m any) error {
-	first := false
-	s.h.once.Do(func() { first = true })
-	if first {
-		close(s.h.holding)
-		<-s.h.release
+func (s *holdingStream) Send(r *walshipv1.PipelineRequest) error {
+	s.h.mu.Lock()
+	s.h.n++
+	g := s.h.hold[s.h.n]
+	s.h.mu.Unlock()
+	if g != nil {
+		close(g.holding)
+		<-g.release
 	}
-	return s.KVService_PipelineClient.SendMsg(m)
+	return s.KVService_PipelineClient.Send(r)
 }
 
 // received records, on the server, how many operations each message of
@@ -208,8 +219,8 @@ func (s receivedStream) RecvMsg(m any) error {
 // TestMuxSendsQueuedCallsTogether: calls made while another's is being
 // sent go together in the next message, and each is answered as its
 // own; one among them that does not marshal (a key that is not UTF-8)
-// fails INTERNAL alone, as its unary call would, nothing being sent for
-// it, and the others go one to a message on the same stream. A server that
+// fails INTERNAL at once, as its unary call would, nothing being sent for
+// it, and the others go on the same stream. A server that
 // does not say it takes several operations to a message (an older one)
 // gets one per message.
 func TestMuxSendsQueuedCallsTogether(t *testing.T) {
@@ -219,13 +230,14 @@ func TestMuxSendsQueuedCallsTogether(t *testing.T) {
 		want       []int // operations per message
 	}{
 		{name: "batched", want: []int{1, 5}},
-		{name: "one does not marshal", bad: true, want: []int{1, 1, 1, 1, 1}},
+		{name: "one does not marshal", bad: true, want: []int{1, 4}},
 		{name: "older server", older: true, want: []int{1, 1, 1, 1, 1, 1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rec := &received{older: tc.older}
 			kv := serveWith(t, &fake{}, grpc.StreamInterceptor(rec.interceptor))
-			h := &holdingKV{KVServiceClient: kv, release: make(chan struct{}), holding: make(chan struct{})}
+			g := newGate()
+			h := &holdingKV{KVServiceClient: kv, hold: map[int]*gate{1: g}}
 			m := kvpipe.NewMux(h)
 			defer m.Close()
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -240,16 +252,18 @@ func TestMuxSendsQueuedCallsTogether(t *testing.T) {
 				results <- result{key, err}
 			}
 			go put("first")
-			<-h.holding
+			<-g.holding
 			keys := []string{"a", "b", "c", "d", "e"}
+			queued := 5
 			if tc.bad {
 				keys[2] = "\xff"
+				queued = 4
 			}
 			for _, k := range keys {
 				go put(k)
 			}
-			testkit.Until(t, "five calls queued behind the held send", func() bool { return m.Queued() == 5 })
-			close(h.release)
+			testkit.Until(t, "the calls queued behind the held send", func() bool { return m.Queued() == queued })
+			close(g.release)
 			for range 6 {
 				r := <-results
 				switch {
@@ -314,5 +328,163 @@ func TestSendAnswersTogether(t *testing.T) {
 		if len(slots) != 0 {
 			t.Errorf("batch %v: %d slots still held; want every one freed", tc.batch, len(slots))
 		}
+	}
+}
+
+// TestMuxCallerMayReuseItsRequest: a call that gives up while its
+// operation waits to be sent returns, and its caller may change the
+// request at once: what is sent is what the call was given (its
+// operation, then its cancel).
+func TestMuxCallerMayReuseItsRequest(t *testing.T) {
+	var mu sync.Mutex
+	var keys []string // Put keys the server ran
+	kv := serveWith(t, &fake{}, grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		return handler(srv, keysStream{ServerStream: ss, keys: func(k string) { mu.Lock(); keys = append(keys, k); mu.Unlock() }})
+	}))
+	g := newGate()
+	m := kvpipe.NewMux(&holdingKV{KVServiceClient: kv, hold: map[int]*gate{1: g}})
+	defer m.Close()
+	done := make(chan error, 1)
+	go func() {
+		_, err := m.Put(context.Background(), &walshipv1.PutRequest{Key: "first"})
+		done <- err
+	}()
+	<-g.holding
+	ctx, cancel := context.WithCancel(context.Background())
+	req := &walshipv1.PutRequest{Key: "given"}
+	gaveUp := make(chan error, 1)
+	go func() {
+		_, err := m.Put(ctx, req)
+		gaveUp <- err
+	}()
+	testkit.Until(t, "the call queued behind the held send", func() bool { return m.Queued() == 1 })
+	cancel()
+	if err := <-gaveUp; status.Code(err) != codes.Canceled {
+		t.Fatalf("the call that gave up: %v; want CANCELED", err)
+	}
+	req.Key = "changed" // the caller's, once the call returned
+	close(g.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	testkit.Until(t, "the server to read both operations and the cancel", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(keys) == 2
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(keys, []string{"first", "given"}) {
+		t.Errorf("the server read Puts of %q; want [first given]", keys)
+	}
+}
+
+// keysStream reports the key of each Put a Pipeline stream receives.
+type keysStream struct {
+	grpc.ServerStream
+	keys func(string)
+}
+
+func (s keysStream) RecvMsg(m any) error {
+	err := s.ServerStream.RecvMsg(m)
+	if req, ok := m.(*walshipv1.PipelineRequest); ok && err == nil {
+		for _, op := range append([]*walshipv1.PipelineRequest{req}, req.GetMore()...) {
+			if op.GetPut() != nil {
+				s.keys(op.GetPut().GetKey())
+			}
+		}
+	}
+	return err
+}
+
+// TestMuxCallerSendsOnlyItsRound: a caller that sends sends the messages
+// waiting when it began, its own among them, and leaves those queued
+// meanwhile to the stream's sender: it is answered and returns while a
+// later caller's message is still held in sending.
+func TestMuxCallerSendsOnlyItsRound(t *testing.T) {
+	g1, g2 := newGate(), newGate()
+	m := kvpipe.NewMux(&holdingKV{KVServiceClient: serve(t, &fake{}), hold: map[int]*gate{1: g1, 2: g2}})
+	defer m.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	first, second := make(chan error, 1), make(chan error, 1)
+	go func() {
+		_, err := m.Put(ctx, &walshipv1.PutRequest{Key: "first"})
+		first <- err
+	}()
+	<-g1.holding
+	go func() {
+		_, err := m.Put(ctx, &walshipv1.PutRequest{Key: "second"})
+		second <- err
+	}()
+	testkit.Until(t, "the second call queued behind the first's send", func() bool { return m.Queued() == 1 })
+	close(g1.release)
+	<-g2.holding
+	select {
+	case err := <-first:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-ctx.Done():
+		t.Fatal("the first call did not return while the second's message was held: it is sending others'")
+	}
+	close(g2.release)
+	if err := <-second; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestMuxResendsWhatNeverWent: when a stream ends, a call whose operation
+// was still waiting in the Mux to be sent sends it again on a new stream
+// and is answered there (it was never sent: its outcome is known), while
+// the call whose message was being sent fails with the stream's error
+// (its outcome unknown); the server runs the resent operation once.
+func TestMuxResendsWhatNeverWent(t *testing.T) {
+	var mu sync.Mutex
+	var keys []string
+	var streams atomic.Int64
+	broken := make(chan struct{})
+	kv := serveWith(t, &fake{}, grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		ks := keysStream{ServerStream: ss, keys: func(k string) { mu.Lock(); keys = append(keys, k); mu.Unlock() }}
+		if streams.Add(1) > 1 {
+			return handler(srv, ks)
+		}
+		done := make(chan error, 1)
+		go func() { done <- handler(srv, ks) }()
+		select {
+		case err := <-done:
+			return err
+		case <-broken:
+			return status.Error(codes.Unavailable, "the first stream breaks")
+		}
+	}))
+	g := newGate()
+	m := kvpipe.NewMux(&holdingKV{KVServiceClient: kv, hold: map[int]*gate{1: g}})
+	defer m.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	first, second := make(chan error, 1), make(chan error, 1)
+	go func() {
+		_, err := m.Put(ctx, &walshipv1.PutRequest{Key: "first"})
+		first <- err
+	}()
+	<-g.holding
+	go func() {
+		_, err := m.Put(ctx, &walshipv1.PutRequest{Key: "second"})
+		second <- err
+	}()
+	testkit.Until(t, "the second call queued behind the first's send", func() bool { return m.Queued() == 1 })
+	close(broken)
+	if err := <-second; err != nil {
+		t.Fatalf("the call whose operation never went: %v; want it sent on a new stream and answered", err)
+	}
+	close(g.release)
+	if err := <-first; status.Code(err) != codes.Unavailable {
+		t.Fatalf("the call whose message was being sent: %v; want the stream's UNAVAILABLE", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(keys, []string{"second"}) || streams.Load() != 2 {
+		t.Errorf("the server read Puts of %q on %d streams; want [second] on 2", keys, streams.Load())
 	}
 }

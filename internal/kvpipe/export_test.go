@@ -3,7 +3,7 @@ package kvpipe
 // SendAnswers is sendAnswers, for tests.
 var SendAnswers = sendAnswers
 
-// Queued is how many requests wait to be sent on m's open stream.
+// Queued is how many operations wait to be sent on m's open stream.
 func (m *Mux) Queued() int {
 	m.mu.Lock()
 	p := m.cur
@@ -13,5 +13,9 @@ func (m *Mux) Queued() int {
 	}
 	p.qmu.Lock()
 	defer p.qmu.Unlock()
-	return len(p.queue)
+	n := 0
+	for _, msg := range p.msgs {
+		n += len(msg.entries)
+	}
+	return n
 }

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
@@ -35,19 +36,21 @@ import (
 // a stream; more callers wait, as unary calls wait for a stream of a
 // connection that has its most. When the server drains the stream (it is
 // stopping gracefully), the calls on it are still answered there and
-// later calls go on a new stream. Calls made while another's operation
-// is being sent go together in the next message, where the server takes
-// several per message (its BatchHeader), and the server's answers may
-// come several to a message too. Call options are ignored. Safe for
-// concurrent use; Close ends it.
+// later calls go on a new stream. Each call's request is encoded before
+// the call waits (the caller may reuse it once the call returns); those
+// made while another message is being sent go together in the next one,
+// where the server takes several per message (its BatchHeader), and the
+// server's answers may come several to a message too. Call options are
+// ignored. Safe for concurrent use; Close ends it.
 type Mux struct {
 	kv walshipv1.KVServiceClient
 
 	mu     sync.Mutex
-	cur    *pipe // the open stream, nil when none
+	cur    *pipe              // the open stream, nil when none
+	pipes  map[*pipe]struct{} // every stream not yet ended, drained ones too
 	nextID uint64
 	closed bool
-	wg     sync.WaitGroup // the streams' receivers
+	wg     sync.WaitGroup // the streams' receivers and senders
 }
 
 // NewMux returns a Mux whose streams go through kv.
@@ -71,16 +74,18 @@ type pipe struct {
 	sem chan struct{}
 
 	// qmu guards what waits to be sent. One goroutine at a time sends
-	// (grpc-go's rule for streams): the first to queue when none is
-	// sending sends what is queued, and goes on until nothing is;
-	// others queue and go.
+	// (grpc-go's rule for streams): a caller that queues when none is
+	// sending sends the messages waiting then, its own among them; if
+	// more were queued meanwhile, it wakes the stream's sender goroutine
+	// (kick) to send them, rather than sending others' messages for as
+	// long as callers keep queueing.
 	qmu        sync.Mutex
-	queue      []queued
-	spare      []queued // the last message's queue, reused
+	msgs       []*pending // waiting to be sent, in order
 	sending    bool
-	closeSend  bool   // the server drained the stream: close our side
-	sendClosed bool   // our side is closed: nothing more is sent
-	onDrain    func() // called once on the server's drain
+	kick       chan struct{} // buffered 1: the sender goroutine has the sending
+	closeSend  bool          // the server drained the stream: close our side
+	sendClosed bool          // our side is closed: nothing more is sent
+	onDrain    func()        // called once on the server's drain
 
 	mu      sync.Mutex
 	waiting map[uint64]chan answer
@@ -90,34 +95,47 @@ type pipe struct {
 type answer struct {
 	resp *walshipv1.PipelineResponse
 	err  error
-	// unsent: the request was never sent (the server drained the stream
-	// first); the caller sends it again, on a new stream.
+	// unsent: the request was never sent (the server drained the
+	// stream first, or it ended); the caller sends it again, on a new
+	// stream.
 	unsent bool
 }
 
-// queued is a request waiting to be sent: a caller's operation, whose
-// answer goes to ch, or a cancel (ch nil), after whose sending (or
-// failing to) sent is called.
+// pending is a message waiting to be sent: its operations, encoded — the
+// first as it is, each later one as an element of the first's more (the
+// wire form of PipelineRequest.more) — and who waits on each.
+type pending struct {
+	buf     []byte
+	entries []queued
+}
+
+// queued is an operation waiting to be sent: a caller's, whose answer
+// goes to ch, or a cancel (ch nil), after whose sending (or failing to)
+// sent is called.
 type queued struct {
-	req  *walshipv1.PipelineRequest
+	id   uint64
 	ch   chan answer
 	sent func()
 }
 
+// encBufs are buffers to encode a request in before it is copied into
+// its message.
+var encBufs = sync.Pool{New: func() any { return new([]byte) }}
+
 // errClosed is what a call of a closed Mux returns.
 var errClosed = status.Error(codes.Canceled, "walship: pipeline closed")
 
-// Close ends the stream: calls waiting for answers fail with CANCELED
-// (their writes' outcome unknown), later calls at once.
+// Close ends the streams (the open one and any drained one still
+// finishing): calls waiting for answers fail with CANCELED (their writes'
+// outcome unknown), later calls at once.
 func (m *Mux) Close() {
 	m.mu.Lock()
 	m.closed = true
-	p := m.cur
 	m.cur = nil
-	m.mu.Unlock()
-	if p != nil {
+	for p := range m.pipes {
 		p.cancel()
 	}
+	m.mu.Unlock()
 	m.wg.Wait()
 }
 
@@ -138,7 +156,7 @@ func (m *Mux) open() (*pipe, error) {
 		cancel()
 		return nil, err
 	}
-	p := &pipe{stream: stream, cancel: cancel, waiting: map[uint64]chan answer{}, ready: make(chan struct{}), done: make(chan struct{})}
+	p := &pipe{stream: stream, cancel: cancel, waiting: map[uint64]chan answer{}, ready: make(chan struct{}), done: make(chan struct{}), kick: make(chan struct{}, 1)}
 	p.onDrain = func() {
 		m.mu.Lock()
 		if m.cur == p {
@@ -147,17 +165,21 @@ func (m *Mux) open() (*pipe, error) {
 		m.mu.Unlock()
 	}
 	m.cur = p
-	m.wg.Add(1)
-	go func() {
-		defer m.wg.Done()
+	if m.pipes == nil {
+		m.pipes = map[*pipe]struct{}{}
+	}
+	m.pipes[p] = struct{}{}
+	m.wg.Go(func() {
 		p.receive()
 		m.mu.Lock()
 		if m.cur == p {
 			m.cur = nil
 		}
+		delete(m.pipes, p)
 		m.mu.Unlock()
 		cancel()
-	}()
+	})
+	m.wg.Go(p.sender)
 	return p, nil
 }
 
@@ -191,6 +213,25 @@ func (p *pipe) receive() {
 			p.waiting = nil
 			p.mu.Unlock()
 			close(p.done)
+			// What was still waiting to be sent never went: its callers
+			// send it again, on a new stream. The others' outcome is
+			// the stream's error.
+			p.onDrain()
+			p.qmu.Lock()
+			p.sendClosed = true
+			msgs := p.msgs
+			p.msgs = nil
+			p.qmu.Unlock()
+			for _, m := range msgs {
+				for _, e := range m.entries {
+					if e.ch == nil {
+						e.sent()
+					} else if ch, ok := waiting[e.id]; ok {
+						delete(waiting, e.id)
+						ch <- answer{unsent: true}
+					}
+				}
+			}
 			for _, ch := range waiting {
 				ch <- answer{err: err}
 			}
@@ -211,12 +252,11 @@ func (p *pipe) dispatch(resp *walshipv1.PipelineResponse) {
 		p.onDrain()
 		p.qmu.Lock()
 		p.closeSend = true
-		if p.sending {
-			p.qmu.Unlock() // the sender closes it
-			return
+		if !p.sending {
+			p.sending = true
+			p.kick <- struct{}{} // the sender goroutine closes it
 		}
-		p.sending = true
-		p.flush()
+		p.qmu.Unlock() // else the one sending closes it
 		return
 	}
 	p.mu.Lock()
@@ -228,19 +268,29 @@ func (p *pipe) dispatch(resp *walshipv1.PipelineResponse) {
 	}
 }
 
-// enqueue queues e to be sent, and sends what is queued unless another
-// goroutine is sending (which then sends e too).
-func (p *pipe) enqueue(e queued) {
+// enqueue encodes req and queues it to be sent, its answer to go to e,
+// and sends unless another goroutine is sending (which then sends it).
+// A request that does not encode (a key that is not UTF-8) is refused as
+// gRPC refuses a unary call's, nothing sent: an error is returned and e
+// is not queued.
+func (p *pipe) enqueue(req *walshipv1.PipelineRequest, e queued) error {
+	bp := encBufs.Get().(*[]byte)
+	b, err := proto.MarshalOptions{}.MarshalAppend((*bp)[:0], req)
+	*bp = b[:0]
+	defer encBufs.Put(bp)
+	if err != nil {
+		return status.Errorf(codes.Internal, "grpc: error while marshaling: %v", err)
+	}
 	p.qmu.Lock()
 	if p.sendClosed {
 		p.qmu.Unlock()
 		p.unsent([]queued{e})
-		return
+		return nil
 	}
-	p.queue = append(p.queue, e)
+	p.add(b, e)
 	if p.sending {
 		p.qmu.Unlock()
-		return
+		return nil
 	}
 	p.sending = true
 	if p.batch && len(p.sem) > 1 {
@@ -251,38 +301,94 @@ func (p *pipe) enqueue(e queued) {
 		runtime.Gosched()
 		p.qmu.Lock()
 	}
-	p.flush()
+	p.round()
+	return nil
 }
 
-// flush sends what is queued until nothing is, closing our side first if
-// the server drained the stream. It is called with qmu held and sending
-// set, and returns with qmu released and sending cleared.
-func (p *pipe) flush() {
-	for {
-		if p.closeSend && !p.sendClosed {
-			p.sendClosed = true
-			q := p.queue
-			p.queue = nil
-			p.qmu.Unlock()
-			_ = p.stream.CloseSend()
-			p.unsent(q)
-			p.qmu.Lock()
-			continue
-		}
-		if len(p.queue) == 0 {
-			p.sending = false
-			p.qmu.Unlock()
+// add puts an encoded operation into the last message waiting, if the
+// server takes several and it has room (maxBatchBytes), else into a new
+// one. Called with qmu held.
+func (p *pipe) add(b []byte, e queued) {
+	if n := len(p.msgs); n > 0 && p.batch {
+		m := p.msgs[n-1]
+		if len(m.buf)+protowire.SizeTag(fieldMore)+protowire.SizeBytes(len(b)) <= maxBatchBytes {
+			m.buf = protowire.AppendTag(m.buf, fieldMore, protowire.BytesType)
+			m.buf = protowire.AppendBytes(m.buf, b)
+			m.entries = append(m.entries, e)
 			return
 		}
-		q := p.queue
-		p.queue = p.spare
-		p.spare = nil
-		p.qmu.Unlock()
-		p.sendQueued(q)
-		clear(q)
-		p.qmu.Lock()
-		p.spare = q[:0]
 	}
+	buf := make([]byte, len(b), max(len(b), 2048))
+	copy(buf, b)
+	p.msgs = append(p.msgs, &pending{buf: buf, entries: []queued{e}})
+}
+
+// round sends the messages waiting, closing our side first if the server
+// drained the stream; if more were queued meanwhile, it hands the sending
+// to the sender goroutine. Called with qmu held and sending set; returns
+// with qmu released.
+func (p *pipe) round() {
+	p.closeIfDrained()
+	msgs := p.msgs
+	p.msgs = nil
+	p.qmu.Unlock()
+	for _, m := range msgs {
+		p.sendPending(m)
+	}
+	p.qmu.Lock()
+	if len(p.msgs) > 0 || (p.closeSend && !p.sendClosed) {
+		p.kick <- struct{}{} // never full: only the one sending kicks
+		p.qmu.Unlock()
+		return
+	}
+	p.sending = false
+	p.qmu.Unlock()
+}
+
+// sender sends what callers hand it (kick) until nothing waits, then
+// leaves the sending to the next caller; it ends with the stream.
+func (p *pipe) sender() {
+	for {
+		select {
+		case <-p.kick:
+		case <-p.done:
+			return // the receiver answers every call waiting
+		}
+		p.qmu.Lock()
+		for {
+			p.closeIfDrained()
+			if len(p.msgs) == 0 {
+				p.sending = false
+				p.qmu.Unlock()
+				break
+			}
+			msgs := p.msgs
+			p.msgs = nil
+			p.qmu.Unlock()
+			for _, m := range msgs {
+				p.sendPending(m)
+			}
+			p.qmu.Lock()
+		}
+	}
+}
+
+// closeIfDrained closes our side of a stream the server drained, and
+// tells the callers of what was waiting to send it again. Called with qmu
+// held by the one sending; it releases qmu meanwhile.
+func (p *pipe) closeIfDrained() {
+	if !p.closeSend || p.sendClosed {
+		return
+	}
+	p.sendClosed = true
+	msgs := p.msgs
+	p.msgs = nil
+	p.qmu.Unlock()
+	_ = p.stream.CloseSend()
+	for _, m := range msgs {
+		p.unsent(m.entries)
+	}
+	p.qmu.Lock()
 }
 
 // unsent tells the callers of requests that were never sent to send them
@@ -291,66 +397,24 @@ func (p *pipe) unsent(q []queued) {
 	for _, e := range q {
 		if e.ch == nil {
 			e.sent()
-		} else if p.forget(e.req.Id) {
+		} else if p.forget(e.id) {
 			e.ch <- answer{unsent: true}
 		}
 	}
 }
 
-// sendQueued sends q's requests, several to a message if the server
-// takes them (at most maxBatchBytes; a larger one alone).
-func (p *pipe) sendQueued(q []queued) {
-	for len(q) > 0 {
-		n := 1
-		if p.batch {
-			size := proto.Size(q[0].req)
-			for n < len(q) && size < maxBatchBytes {
-				k := proto.Size(q[n].req)
-				if size+k > maxBatchBytes {
-					break
-				}
-				size += k
-				n++
-			}
-		}
-		p.sendMessage(q[:n])
-		q = q[n:]
-	}
-}
-
-// sendMessage sends msg's requests in one message. It is encoded before
-// it is sent: gRPC ends a stream whose message fails to marshal, and
-// would fail every call on it, so a message that does not encode is
-// sent again one request at a time and the caller of a request that
-// does not encode (a key that is not UTF-8) gets the error its unary
-// call would, nothing having been sent for it. A send that fails as the
-// stream ends (io.EOF) leaves the answer to the receiver, which reports
-// why.
-func (p *pipe) sendMessage(msg []queued) {
-	head := msg[0].req
-	if len(msg) > 1 {
-		head.More = make([]*walshipv1.PipelineRequest, 0, len(msg)-1)
-		for _, e := range msg[1:] {
-			head.More = append(head.More, e.req)
-		}
-	}
-	var m grpc.PreparedMsg
-	err := m.Encode(p.stream, head)
-	if err != nil && len(msg) > 1 {
-		head.More = nil
-		for i := range msg {
-			p.sendMessage(msg[i : i+1])
-		}
-		return
-	}
-	if err == nil {
-		err = p.stream.SendMsg(&m)
-	}
-	for _, e := range msg {
+// sendPending sends m. Its operations are encoded already: a message
+// whose only content is unknown fields marshals as exactly those bytes,
+// which the server decodes as its fields (the first operation's, then
+// its more). A send that fails as the stream ends (io.EOF) leaves the
+// answers to the receiver, which reports why; nothing else can fail.
+func (p *pipe) sendPending(m *pending) {
+	msg := &walshipv1.PipelineRequest{}
+	msg.ProtoReflect().SetUnknown(m.buf)
+	_ = p.stream.Send(msg)
+	for _, e := range m.entries {
 		if e.ch == nil {
 			e.sent()
-		} else if err != nil && !errors.Is(err, io.EOF) && p.forget(e.req.Id) {
-			e.ch <- answer{err: status.Convert(err).Err()}
 		}
 	}
 }
@@ -439,7 +503,11 @@ func (m *Mux) send(ctx context.Context, req *walshipv1.PipelineRequest) (*pipe, 
 	if dl, ok := ctx.Deadline(); ok {
 		req.Timeout = durationpb.New(max(time.Until(dl), time.Nanosecond))
 	}
-	p.enqueue(queued{req: req, ch: ch})
+	if err := p.enqueue(req, queued{id: req.Id, ch: ch}); err != nil {
+		p.forget(req.Id)
+		<-p.sem
+		return nil, nil, err
+	}
 	return p, ch, nil
 }
 
@@ -450,10 +518,8 @@ func (m *Mux) send(ctx context.Context, req *walshipv1.PipelineRequest) (*pipe, 
 func (m *Mux) sendCancel(p *pipe, id uint64) {
 	m.wg.Go(func() {
 		// Unsent once the stream is drained: the server runs it to its end.
-		p.enqueue(queued{
-			req:  &walshipv1.PipelineRequest{Id: id, Op: &walshipv1.PipelineRequest_Cancel{Cancel: &walshipv1.PipelineCancel{}}},
-			sent: func() { <-p.sem },
-		})
+		_ = p.enqueue(&walshipv1.PipelineRequest{Id: id, Op: &walshipv1.PipelineRequest_Cancel{Cancel: &walshipv1.PipelineCancel{}}},
+			queued{id: id, sent: func() { <-p.sem }})
 	})
 }
 

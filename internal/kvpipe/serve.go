@@ -27,6 +27,7 @@ import (
 	"github.com/walship/walship/internal/rpcerr"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -48,6 +49,10 @@ const BatchHeader = "walship-pipeline-batch"
 // maxBatchBytes bounds the operations, or the answers, put into one
 // message: well under any peer's message limit (a larger one goes alone).
 const maxBatchBytes = 64 << 10
+
+// fieldMore is the field number of PipelineRequest.more and of
+// PipelineResponse.more.
+const fieldMore = 8
 
 // Handler is what a Pipeline's operations run on: a node's unary
 // KVService handlers.
@@ -152,6 +157,7 @@ func Serve(stream walshipv1.KVService_PipelineServer, h Handler, lim Limits) err
 		for i, m := range req.GetMore() {
 			if len(m.GetMore()) > 0 {
 				recvErr = rpcerr.Invalid(fmt.Sprintf("more[%d].more", i), "an operation carried in more carries none of its own")
+				break
 			}
 		}
 		if recvErr != nil {
@@ -251,6 +257,7 @@ func sendAnswers(stream walshipv1.KVService_PipelineServer, answers <-chan *wals
 						break gather // the next receive sees it closed
 					}
 					n := proto.Size(b)
+					n += protowire.SizeTag(fieldMore) + protowire.SizeVarint(uint64(n))
 					if size+n > maxBatchBytes {
 						next = b
 						break gather
