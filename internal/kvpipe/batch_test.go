@@ -344,11 +344,7 @@ func TestMuxCallerMayReuseItsRequest(t *testing.T) {
 	g := newGate()
 	m := kvpipe.NewMux(&holdingKV{KVServiceClient: kv, hold: map[int]*gate{1: g}})
 	defer m.Close()
-	done := make(chan error, 1)
-	go func() {
-		_, err := m.Put(context.Background(), &walshipv1.PutRequest{Key: "first"})
-		done <- err
-	}()
+	done := goPut(context.Background(), m, "first")
 	<-g.holding
 	ctx, cancel := context.WithCancel(context.Background())
 	req := &walshipv1.PutRequest{Key: "given"}
@@ -407,16 +403,9 @@ func TestMuxCallerSendsOnlyItsRound(t *testing.T) {
 	defer m.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	first, second := make(chan error, 1), make(chan error, 1)
-	go func() {
-		_, err := m.Put(ctx, &walshipv1.PutRequest{Key: "first"})
-		first <- err
-	}()
+	first := goPut(ctx, m, "first")
 	<-g1.holding
-	go func() {
-		_, err := m.Put(ctx, &walshipv1.PutRequest{Key: "second"})
-		second <- err
-	}()
+	second := goPut(ctx, m, "second")
 	testkit.Until(t, "the second call queued behind the first's send", func() bool { return m.Queued() == 1 })
 	close(g1.release)
 	<-g2.holding
@@ -463,16 +452,9 @@ func TestMuxResendsWhatNeverWent(t *testing.T) {
 	defer m.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	first, second := make(chan error, 1), make(chan error, 1)
-	go func() {
-		_, err := m.Put(ctx, &walshipv1.PutRequest{Key: "first"})
-		first <- err
-	}()
+	first := goPut(ctx, m, "first")
 	<-g.holding
-	go func() {
-		_, err := m.Put(ctx, &walshipv1.PutRequest{Key: "second"})
-		second <- err
-	}()
+	second := goPut(ctx, m, "second")
 	testkit.Until(t, "the second call queued behind the first's send", func() bool { return m.Queued() == 1 })
 	close(broken)
 	if err := <-second; err != nil {
@@ -487,4 +469,15 @@ func TestMuxResendsWhatNeverWent(t *testing.T) {
 	if !slices.Equal(keys, []string{"second"}) || streams.Load() != 2 {
 		t.Errorf("the server read Puts of %q on %d streams; want [second] on 2", keys, streams.Load())
 	}
+}
+
+// goPut runs a Put of key through m on a goroutine of its own; its error
+// comes on the channel returned.
+func goPut(ctx context.Context, m *kvpipe.Mux, key string) <-chan error {
+	ch := make(chan error, 1)
+	go func() {
+		_, err := m.Put(ctx, &walshipv1.PutRequest{Key: key})
+		ch <- err
+	}()
+	return ch
 }

@@ -323,20 +323,12 @@ func (p *pipe) add(b []byte, e queued) {
 	p.msgs = append(p.msgs, &pending{buf: buf, entries: []queued{e}})
 }
 
-// round sends the messages waiting, closing our side first if the server
-// drained the stream; if more were queued meanwhile, it hands the sending
-// to the sender goroutine. Called with qmu held and sending set; returns
-// with qmu released.
+// round sends the messages waiting; if more were queued meanwhile, it
+// hands the sending to the sender goroutine. Called with qmu held and
+// sending set; returns with qmu released.
 func (p *pipe) round() {
-	p.closeIfDrained()
-	msgs := p.msgs
-	p.msgs = nil
-	p.qmu.Unlock()
-	for _, m := range msgs {
-		p.sendPending(m)
-	}
-	p.qmu.Lock()
-	if len(p.msgs) > 0 || (p.closeSend && !p.sendClosed) {
+	p.sendWaiting()
+	if p.moreToSend() {
 		p.kick <- struct{}{} // never full: only the one sending kicks
 		p.qmu.Unlock()
 		return
@@ -355,22 +347,32 @@ func (p *pipe) sender() {
 			return // the receiver answers every call waiting
 		}
 		p.qmu.Lock()
-		for {
-			p.closeIfDrained()
-			if len(p.msgs) == 0 {
-				p.sending = false
-				p.qmu.Unlock()
-				break
-			}
-			msgs := p.msgs
-			p.msgs = nil
-			p.qmu.Unlock()
-			for _, m := range msgs {
-				p.sendPending(m)
-			}
-			p.qmu.Lock()
+		for p.moreToSend() {
+			p.sendWaiting()
 		}
+		p.sending = false
+		p.qmu.Unlock()
 	}
+}
+
+// moreToSend says whether messages wait to be sent, or our side to be
+// closed. Called with qmu held.
+func (p *pipe) moreToSend() bool {
+	return len(p.msgs) > 0 || (p.closeSend && !p.sendClosed)
+}
+
+// sendWaiting sends the messages waiting, closing our side first if the
+// server drained the stream. Called with qmu held by the one sending; it
+// releases qmu while it sends.
+func (p *pipe) sendWaiting() {
+	p.closeIfDrained()
+	msgs := p.msgs
+	p.msgs = nil
+	p.qmu.Unlock()
+	for _, m := range msgs {
+		p.sendPending(m)
+	}
+	p.qmu.Lock()
 }
 
 // closeIfDrained closes our side of a stream the server drained, and
