@@ -27,8 +27,9 @@ import (
 // unary call would: the response, or an error of the same code, message
 // and details. A call whose stream breaks before its answer fails with the
 // stream's error — UNAVAILABLE when the connection or the server goes, as
-// a unary call cut off mid-flight does: for a write, an unknown outcome.
-// The next call opens a new stream. A call's deadline is sent as its
+// a unary call cut off mid-flight does: for a write, an unknown outcome
+// (a call whose operation was still waiting to be sent goes on a new
+// stream instead). The next call opens a new stream. A call's deadline is sent as its
 // operation's timeout; a call whose context ends first returns at once,
 // and its operation is cancelled on the server, as a unary call's would
 // be (a write's outcome is then unknown). At most as many operations as
@@ -445,7 +446,7 @@ func (m *Mux) do(ctx context.Context, req *walshipv1.PipelineRequest) (*walshipv
 		case a := <-ch:
 			<-p.sem
 			if a.unsent {
-				continue // drained before it went: on a new stream
+				continue // never sent (drained, or the stream ended): on a new stream
 			}
 			if a.err != nil {
 				return nil, a.err
@@ -468,9 +469,9 @@ func (m *Mux) do(ctx context.Context, req *walshipv1.PipelineRequest) (*walshipv
 }
 
 // send queues req on the open stream and returns it and the channel of
-// its answer: the server's, the stream's end, a failure to marshal, or
-// that it was never sent (the stream was drained first: the caller tries
-// again, on a new one).
+// its answer: the server's, the stream's end, or that it was never sent
+// (the stream was drained or ended first: the caller tries again, on a
+// new one). A request that does not encode is refused, nothing sent.
 func (m *Mux) send(ctx context.Context, req *walshipv1.PipelineRequest) (*pipe, chan answer, error) {
 	p, err := m.open()
 	if err != nil {
