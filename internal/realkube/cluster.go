@@ -375,13 +375,30 @@ func (c *Cluster) Close() {
 	// under its state directory; /var/run is a link to /run, and
 	// mountinfo names the target.
 	unmountUnder("/run/netns/cni-")
+	// A CNI plugin containerd started before it stopped (a sandbox's
+	// set-up or teardown) can still be changing the tables, and add its
+	// chain after they were cleaned (seen: CNI-FORWARD and its jump from
+	// FORWARD, left once in a few runs): let those end first.
+	_ = waitFor(context.Background(), 10*time.Second, "CNI plugins to end", func() error {
+		if pids := cniPlugins(); len(pids) > 0 {
+			return fmt.Errorf("still running: %v", pids)
+		}
+		return nil
+	})
 	// Again while a rule is left: a command can lose a race with another
 	// process changing the tables.
-	for i := 0; i < 3 && c.rulesLeft(); i++ {
+	_ = waitFor(context.Background(), 10*time.Second, "iptables rules removed", func() error {
+		if !c.rulesLeft() {
+			return nil
+		}
 		removeCNIRules()
 		removeKubeletRules()
 		uncontainServices()
-	}
+		if c.rulesLeft() {
+			return errors.New("rules left")
+		}
+		return nil
+	})
 	_ = exec.Command("ip", "link", "del", bridgeName).Run()
 }
 
@@ -507,6 +524,23 @@ func (c *Cluster) shims() []int {
 		}
 		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
 		if strings.Contains(args[0], "containerd-shim") && slices.Contains(args, c.ctdSock) {
+			pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// cniPlugins are the PIDs of CNI plugins (cniBinDir) still running.
+func cniPlugins() []int {
+	var pids []int
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		if strings.HasPrefix(string(b), cniBinDir+"/") {
 			pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
 			pids = append(pids, pid)
 		}

@@ -43,11 +43,15 @@ state = %q
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
   [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
+    bin_dir = %q
     conf_dir = %q
 `, filepath.Join(dir, "containerd", "root"), filepath.Join(dir, "containerd", "state"),
-		sock, sock+".ttrpc", PauseImage, filepath.Join(dir, "cni", "conf"))
+		sock, sock+".ttrpc", PauseImage, cniBinDir, filepath.Join(dir, "cni", "conf"))
 }
+
+// cniBinDir is where Debian's containernetworking-plugins puts the CNI
+// plugins containerd runs.
+const cniBinDir = "/usr/lib/cni"
 
 // cniConfig puts the pods on a bridge of their own. hairpinMode lets a pod
 // reach itself through a Service (a primary dialing walship-rw). The
