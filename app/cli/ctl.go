@@ -428,12 +428,11 @@ func ctlSwitchoverFlags(fs *flag.FlagSet, env *Env) func(context.Context) error 
 		if err != nil {
 			return fmt.Errorf("switchover to %s: %w", target, err)
 		}
-		paused := resp.GetPaused().AsDuration().Round(time.Millisecond)
-		if resp.GetTargetTakingWrites() {
-			fmt.Fprintf(env.Stdout, "%s is the primary of epoch %d; it had flushed LSN %d; writes paused %v\n", target, resp.GetEpoch(), resp.GetLsn(), paused)
-		} else {
-			fmt.Fprintf(env.Stdout, "%s is the primary of epoch %d; it had flushed LSN %d; writes paused %v so far: it is still opening its epoch (walship ctl status shows when it takes writes)\n", target, resp.GetEpoch(), resp.GetLsn(), paused)
+		soFar := ""
+		if !resp.GetTargetTakingWrites() {
+			soFar = " so far: it is still opening its epoch (walship ctl status shows when it takes writes)"
 		}
+		fmt.Fprintf(env.Stdout, "%s is the primary of epoch %d; it had flushed LSN %d; writes paused %v%s\n", target, resp.GetEpoch(), resp.GetLsn(), resp.GetPaused().AsDuration().Round(time.Millisecond), soFar)
 		return nil
 	}
 }

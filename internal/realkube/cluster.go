@@ -394,10 +394,7 @@ func (c *Cluster) Close() {
 		removeCNIRules()
 		removeKubeletRules()
 		uncontainServices()
-		if c.rulesLeft() {
-			return errors.New("rules left")
-		}
-		return nil
+		return errors.New("rules were left: look again")
 	})
 	_ = exec.Command("ip", "link", "del", bridgeName).Run()
 }
@@ -515,6 +512,14 @@ func (c *Cluster) killShims() {
 
 // shims returns the PIDs of the shims of this cluster's containerd.
 func (c *Cluster) shims() []int {
+	return procsWhere(func(args []string) bool {
+		return strings.Contains(args[0], "containerd-shim") && slices.Contains(args, c.ctdSock)
+	})
+}
+
+// procsWhere are the PIDs of the processes whose command line (program
+// first) match says yes to.
+func procsWhere(match func(args []string) bool) []int {
 	var pids []int
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, p := range procs {
@@ -522,8 +527,7 @@ func (c *Cluster) shims() []int {
 		if err != nil {
 			continue
 		}
-		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
-		if strings.Contains(args[0], "containerd-shim") && slices.Contains(args, c.ctdSock) {
+		if match(strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")) {
 			pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
 			pids = append(pids, pid)
 		}
@@ -533,19 +537,7 @@ func (c *Cluster) shims() []int {
 
 // cniPlugins are the PIDs of CNI plugins (cniBinDir) still running.
 func cniPlugins() []int {
-	var pids []int
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range procs {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		if strings.HasPrefix(string(b), cniBinDir+"/") {
-			pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
-			pids = append(pids, pid)
-		}
-	}
-	return pids
+	return procsWhere(func(args []string) bool { return strings.HasPrefix(args[0], cniBinDir+"/") })
 }
 
 func stopProcess(p *process) {
