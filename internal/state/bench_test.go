@@ -158,3 +158,38 @@ func BenchmarkReplay(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkApplyAppend inserts new keys as `walship bench --workload put`
+// does: 8 writers, each appending put/RUN/TT/NNNNNNNNNNNN keys in order,
+// 100-byte values, one put per transaction, 24 transactions per apply
+// (the pipelined cell's group). The store grows by b.N keys, as a
+// primary's does over a run; ApplyChanges is what the primary calls.
+// ns/op is per put, with the garbage collector's share of the growing
+// tree included.
+func BenchmarkApplyAppend(b *testing.B) {
+	const writers, perApply = 8, 24
+	s := New()
+	value := make([]byte, benchValueSize)
+	var bt codec.Batch
+	bt.Records = make([]codec.Record, 2*perApply)
+	keys := make([][]byte, 2*perApply)
+	var changes []Change
+	next := make([]int, writers)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for n := 0; n < b.N; n += perApply {
+		lsn := s.AppliedLSN() + 1
+		for i := range perApply {
+			w := (n + i) % writers
+			next[w]++
+			keys[i] = fmt.Appendf(keys[i][:0], "put/4f2a9c1e/%02d/%012d", w, next[w])
+			bt.Records[2*i] = codec.Record{LSN: lsn, TxnID: lsn + 1, Op: codec.OpPut, Key: keys[i], Value: value}
+			bt.Records[2*i+1] = codec.Record{LSN: lsn + 1, TxnID: lsn + 1, Op: codec.OpCommit}
+			lsn += 2
+		}
+		var err error
+		if changes, err = s.ApplyChanges(&bt, changes[:0]); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

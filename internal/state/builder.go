@@ -31,9 +31,12 @@ func (b *Builder) Add(key, value []byte, version uint64) error {
 	if version == 0 || version > b.lsn {
 		return corrupt("key %q has version %d outside 1..%d", key, version, b.lsn)
 	}
+	if uint64(len(key)) > maxEntryPart || uint64(len(value)) > maxEntryPart {
+		return corrupt("pair %d: %d+%d bytes exceed the snapshot format's 4 GiB limit", b.n, len(key), len(value))
+	}
 	e := newEntry(key, value, version)
 	b.store.tree.ReplaceOrInsert(e)
-	b.store.digest.add(b.h.sum(e.key, e.version, e.value))
+	b.store.digest.add(b.h.sumEntry(e))
 	b.prev = append(b.prev[:0], key...)
 	b.n++
 	return nil

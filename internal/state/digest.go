@@ -96,6 +96,9 @@ func (e *entryHasher) sum(key string, version uint64, value []byte) [4]uint64 {
 	return out
 }
 
+// sumEntry is sum of a stored entry.
+func (e *entryHasher) sumEntry(x entry) [4]uint64 { return e.sum(x.key(), x.version, x.value()) }
+
 func (e *entryHasher) u64(v uint64) {
 	binary.LittleEndian.PutUint64(e.hdr[:], v)
 	_, _ = e.h.Write(e.hdr[:])

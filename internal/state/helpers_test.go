@@ -71,7 +71,7 @@ func recomputeDigest(v *View) Digest {
 	var d Digest
 	h := newEntryHasher()
 	v.tree.Ascend(func(e entry) bool {
-		d.add(h.sum(e.key, e.version, e.value))
+		d.add(h.sumEntry(e))
 		return true
 	})
 	return d

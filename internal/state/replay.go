@@ -120,14 +120,14 @@ func (r *Replayer) Finish() *Store {
 		for k, c := range r.shards[i].changes {
 			if c.deleted {
 				if old, ok := t.Delete(probe(keyBytes(k))); ok {
-					d.sub(h.sum(old.key, old.version, old.value))
+					d.sub(h.sumEntry(old))
 				}
 				continue
 			}
 			if old, ok := t.ReplaceOrInsert(c.e); ok {
-				d.sub(h.sum(old.key, old.version, old.value))
+				d.sub(h.sumEntry(old))
 			}
-			d.add(h.sum(c.e.key, c.e.version, c.e.value))
+			d.add(h.sumEntry(c.e))
 		}
 		r.shards[i].changes = nil
 	}

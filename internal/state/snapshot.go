@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
-	"math"
 	"slices"
 )
 
@@ -42,20 +41,17 @@ func WriteSnapshot(w io.Writer, v *View) error {
 	sw.write(hdr[:])
 
 	var scratch [8]byte
+	// An entry's lengths are u32s, as the format's are (Apply refuses a
+	// longer key or value).
 	v.tree.Ascend(func(e entry) bool {
-		if uint64(len(e.key)) > math.MaxUint32 || uint64(len(e.value)) > math.MaxUint32 {
-			sw.err = fmt.Errorf("state: write snapshot: entry of %d+%d bytes exceeds the format's 4 GiB limit",
-				len(e.key), len(e.value))
-			return false
-		}
-		binary.LittleEndian.PutUint32(scratch[:], uint32(len(e.key)))
+		binary.LittleEndian.PutUint32(scratch[:], e.keyLen)
 		sw.write(scratch[:4])
-		sw.write(keyBytes(e.key))
+		sw.write(keyBytes(e.key()))
 		binary.LittleEndian.PutUint64(scratch[:], e.version)
 		sw.write(scratch[:8])
-		binary.LittleEndian.PutUint32(scratch[:], uint32(len(e.value)))
+		binary.LittleEndian.PutUint32(scratch[:], e.valLen)
 		sw.write(scratch[:4])
-		sw.write(e.value)
+		sw.write(e.value())
 		return sw.err == nil
 	})
 
@@ -176,9 +172,21 @@ func (s *snapReader) bytes(dst []byte, n uint32) ([]byte, error) {
 		dst = dst[:n]
 		return dst, s.full(dst)
 	}
-	dst = dst[:0]
-	for uint32(len(dst)) < n {
-		step := min(int(n)-len(dst), max(len(dst), growChunk))
+	return s.appendBytes(dst[:0], n)
+}
+
+// appendBytes appends the next n bytes to dst. Without a size limit, a
+// large n grows dst as the bytes arrive (doubling, from growChunk), so a
+// corrupt length costs no more memory than the data behind it.
+func (s *snapReader) appendBytes(dst []byte, n uint32) ([]byte, error) {
+	if s.limit > 0 || n <= growChunk {
+		dst = slices.Grow(dst, int(n))
+		m := len(dst)
+		dst = dst[:m+int(n)]
+		return dst, s.full(dst[m:])
+	}
+	for end := len(dst) + int(n); len(dst) < end; {
+		step := min(end-len(dst), max(len(dst), growChunk))
 		dst = slices.Grow(dst, step)
 		m := len(dst)
 		dst = dst[:m+step]
@@ -220,11 +228,11 @@ func (s *snapReader) readEntries(lsn, count uint64, fn func(entry) error) (Diges
 		if err != nil {
 			return Digest{}, err
 		}
-		d.add(h.sum(e.key, e.version, e.value))
+		d.add(h.sumEntry(e))
 		if err := fn(e); err != nil {
 			return Digest{}, err
 		}
-		prev = e.key
+		prev = e.key()
 	}
 	if err := s.readTrailer(d); err != nil {
 		return Digest{}, err
@@ -290,20 +298,14 @@ func (s *snapReader) readEntry(i, lsn uint64, prev string) (entry, error) {
 	if err := s.need(uint64(valLen), "value"); err != nil {
 		return entry{}, err
 	}
-	if s.limit > 0 || valLen <= growChunk {
-		// One allocation for key and value, as Apply does.
-		buf := make([]byte, int(keyLen)+int(valLen))
-		copy(buf, s.keyBuf)
-		if err := s.full(buf[keyLen:]); err != nil {
-			return entry{}, err
-		}
-		return newEntryFrom(buf, int(keyLen), version), nil
-	}
-	val, err := s.bytes(nil, valLen)
-	if err != nil {
+	// One allocation for key and value, as Apply does; a large value
+	// without a size limit grows it as the bytes arrive.
+	buf := make([]byte, int(keyLen), int(keyLen)+int(min(valLen, growChunk)))
+	copy(buf, s.keyBuf)
+	if buf, err = s.appendBytes(buf, valLen); err != nil {
 		return entry{}, err
 	}
-	return entry{key: string(s.keyBuf), value: val[:len(val):len(val)], version: version}, nil
+	return newEntryFrom(buf[:len(buf):len(buf)], int(keyLen), version), nil
 }
 
 // readTrailer reads the digest and the CRC-32C, checks them against d and

@@ -116,8 +116,11 @@ func TestApplySemantics(t *testing.T) {
 	if s.Len() != 3 || s.AppliedLSN() != 10 {
 		t.Fatalf("Len %d AppliedLSN %d, want 3 10", s.Len(), s.AppliedLSN())
 	}
-	if v, ver, ok := s.Get([]byte("c")); !ok || len(v) != 0 || ver != 8 {
-		t.Errorf("Get(c) = %q %d %v, want empty value at 8", v, ver, ok)
+	if v, ver, ok := s.Get([]byte("c")); !ok || v == nil || len(v) != 0 || cap(v) != 0 || ver != 8 {
+		t.Errorf("Get(c) = %q (nil %v, cap %d) %d %v, want an empty, not nil, value of no capacity at 8", v, v == nil, cap(v), ver, ok)
+	}
+	if v, _, _ := s.Get([]byte("a")); cap(v) != len(v) {
+		t.Errorf("Get(a) has capacity %d past its %d bytes: an append would write into the store", cap(v), len(v))
 	}
 	if _, _, ok := s.Get([]byte("b")); ok {
 		t.Errorf("deleted key b still found")

@@ -78,7 +78,7 @@ func (e *SnapshotEncoder) Add(key, value []byte, version uint64) error {
 	e.sw.write(e.scratch[:4])
 	e.sw.write(value)
 	// The hasher reads the key without copying it, and does not keep it.
-	e.d.add(e.h.sum(probe(key).key, version, value))
+	e.d.add(e.h.sum(probe(key).key(), version, value))
 	e.prev = append(e.prev[:0], key...)
 	e.n++
 	return e.sw.err
@@ -162,7 +162,7 @@ func (s *SnapshotScanner) Scan(fn func(key, value []byte, version uint64) error)
 	s.scanned = true
 	var fnErr error
 	d, err := s.sr.readEntries(s.lsn, s.count, func(e entry) error {
-		if err := fn(keyBytes(e.key), e.value, e.version); err != nil {
+		if err := fn(keyBytes(e.key()), e.value(), e.version); err != nil {
 			fnErr = err
 			return err
 		}
