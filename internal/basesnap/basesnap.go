@@ -112,8 +112,10 @@ func DecodeMeta(r io.ReaderAt, size int64) (*walshipv1.SnapshotHeader, int64, er
 // Scan reads the state snapshot of a base snapshot file whose meta is hdr
 // and whose state starts at off in r (of size bytes in all), checking it
 // whole (order, versions, count, CRC, digest and agreement with the meta),
-// and calls fn with each pair. name is used in errors. An error caused by
-// the bytes wraps ErrBad; fn's error is returned as is.
+// and calls fn with each pair, whose key and value are valid only until fn
+// returns (the scanner reads every pair into one buffer). name is used in
+// errors. An error caused by the bytes wraps ErrBad; fn's error is
+// returned as is.
 func Scan(r io.ReaderAt, size, off int64, hdr *walshipv1.SnapshotHeader, name string, fn func(key, value []byte, version uint64) error) (state.Digest, error) {
 	sc, err := state.NewSnapshotScanner(io.NewSectionReader(r, off, size-off), size-off)
 	if err != nil {
@@ -124,7 +126,7 @@ func Scan(r io.ReaderAt, size, off int64, hdr *walshipv1.SnapshotHeader, name st
 			ErrBad, name, sc.LSN(), sc.Count(), hdr.GetLsn(), hdr.GetKeys())
 	}
 	var fnErr error
-	d, err := sc.Scan(func(k, v []byte, ver uint64) error {
+	d, err := sc.Visit(func(k, v []byte, ver uint64) error {
 		fnErr = fn(k, v, ver)
 		return fnErr
 	})

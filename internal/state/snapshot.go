@@ -2,6 +2,7 @@ package state
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -203,7 +204,7 @@ func (s *snapReader) read() (*Store, error) {
 		return nil, err
 	}
 	t := newTree()
-	d, err := s.readEntries(lsn, count, func(e entry) error {
+	d, err := s.readEntries(lsn, count, false, func(e entry) error {
 		t.ReplaceOrInsert(e)
 		return nil
 	})
@@ -214,17 +215,23 @@ func (s *snapReader) read() (*Store, error) {
 }
 
 // readEntries reads the count entries that follow the header and the
-// trailer, handing each entry to fn (which may keep it: every entry has
-// its own memory), and returns the digest the trailer confirmed. An error
-// of fn stops the read and is returned as is.
-func (s *snapReader) readEntries(lsn, count uint64, fn func(entry) error) (Digest, error) {
+// trailer, handing each entry to fn, and returns the digest the trailer
+// confirmed. An error of fn stops the read and is returned as is. Unless
+// shared, every entry has memory of its own and fn may keep it; shared,
+// every entry is read into one buffer, valid only until fn returns.
+func (s *snapReader) readEntries(lsn, count uint64, shared bool, fn func(entry) error) (Digest, error) {
 	h := newEntryHasher()
 	var (
 		d    Digest
-		prev string
+		prev []byte // the previous entry's key (a copy, when shared)
+		buf  []byte // shared: the one buffer
 	)
 	for i := uint64(0); i < count; i++ {
-		e, err := s.readEntry(i, lsn, prev)
+		var reuse *[]byte
+		if shared {
+			reuse = &buf
+		}
+		e, err := s.readEntry(i, lsn, prev, reuse)
 		if err != nil {
 			return Digest{}, err
 		}
@@ -232,7 +239,11 @@ func (s *snapReader) readEntries(lsn, count uint64, fn func(entry) error) (Diges
 		if err := fn(e); err != nil {
 			return Digest{}, err
 		}
-		prev = e.key()
+		if shared {
+			prev = append(prev[:0], e.key()...)
+		} else {
+			prev = keyBytes(e.key())
+		}
 	}
 	if err := s.readTrailer(d); err != nil {
 		return Digest{}, err
@@ -268,8 +279,9 @@ func (s *snapReader) readHeader() (lsn, count uint64, err error) {
 }
 
 // readEntry reads entry i, whose key must follow prev (when i > 0) and
-// whose version must be within 1..lsn.
-func (s *snapReader) readEntry(i, lsn uint64, prev string) (entry, error) {
+// whose version must be within 1..lsn, into memory of its own, or into
+// *reuse (grown as needed) if not nil.
+func (s *snapReader) readEntry(i, lsn uint64, prev []byte, reuse *[]byte) (entry, error) {
 	if err := s.need(snapMinEntry, "entry"); err != nil {
 		return entry{}, err
 	}
@@ -284,7 +296,7 @@ func (s *snapReader) readEntry(i, lsn uint64, prev string) (entry, error) {
 	if s.keyBuf, err = s.bytes(s.keyBuf, keyLen); err != nil {
 		return entry{}, err
 	}
-	if i > 0 && string(s.keyBuf) <= prev {
+	if i > 0 && bytes.Compare(s.keyBuf, prev) <= 0 {
 		return entry{}, corrupt("entry %d: key %q does not follow %q", i, s.keyBuf, prev)
 	}
 	if err := s.full(s.scratch[:12]); err != nil {
@@ -300,10 +312,18 @@ func (s *snapReader) readEntry(i, lsn uint64, prev string) (entry, error) {
 	}
 	// One allocation for key and value, as Apply does; a large value
 	// without a size limit grows it as the bytes arrive.
-	buf := make([]byte, int(keyLen), int(keyLen)+int(min(valLen, growChunk)))
-	copy(buf, s.keyBuf)
+	var buf []byte
+	if reuse != nil {
+		buf = append((*reuse)[:0], s.keyBuf...)
+	} else {
+		buf = make([]byte, int(keyLen), int(keyLen)+int(min(valLen, growChunk)))
+		copy(buf, s.keyBuf)
+	}
 	if buf, err = s.appendBytes(buf, valLen); err != nil {
 		return entry{}, err
+	}
+	if reuse != nil {
+		*reuse = buf
 	}
 	return newEntryFrom(buf[:len(buf):len(buf)], int(keyLen), version), nil
 }

@@ -153,15 +153,27 @@ func (s *SnapshotScanner) Count() uint64 { return s.count }
 // Scan reads every pair, calling fn with each in key order (fn may keep
 // key and value: each pair has memory of its own), then the trailer, and
 // returns the digest once the CRC, the digest and the end of input are
-// checked. An error of fn stops the scan and is returned as is. Scan may
-// be called once.
+// checked. An error of fn stops the scan and is returned as is. Scan (or
+// Visit) may be called once.
 func (s *SnapshotScanner) Scan(fn func(key, value []byte, version uint64) error) (Digest, error) {
+	return s.scan(false, fn)
+}
+
+// Visit is Scan, except that key and value are valid only until fn
+// returns: every pair is read into one buffer, so that a scan of a
+// snapshot allocates nothing per pair (a primary uploading its snapshot
+// to the log stores while it takes writes; a check that keeps nothing).
+func (s *SnapshotScanner) Visit(fn func(key, value []byte, version uint64) error) (Digest, error) {
+	return s.scan(true, fn)
+}
+
+func (s *SnapshotScanner) scan(shared bool, fn func(key, value []byte, version uint64) error) (Digest, error) {
 	if s.scanned {
 		return Digest{}, errors.New("state: snapshot scanned twice")
 	}
 	s.scanned = true
 	var fnErr error
-	d, err := s.sr.readEntries(s.lsn, s.count, func(e entry) error {
+	d, err := s.sr.readEntries(s.lsn, s.count, shared, func(e entry) error {
 		if err := fn(keyBytes(e.key()), e.value(), e.version); err != nil {
 			fnErr = err
 			return err

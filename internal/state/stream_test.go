@@ -3,6 +3,8 @@ package state
 import (
 	"bytes"
 	"errors"
+	"fmt"
+	"slices"
 	"testing"
 )
 
@@ -27,21 +29,39 @@ func encodeStream(t testing.TB, v *View) []byte {
 	return buf.Bytes()
 }
 
-// scanAll scans data and returns the pairs, the LSN and the digest.
+// scanAll scans data and returns the pairs, the LSN and the digest. It
+// reads data with Scan and again with Visit (whose pairs share one buffer)
+// and fails unless both read the same.
 func scanAll(data []byte, limit int64) ([]kv, uint64, Digest, error) {
-	sc, err := NewSnapshotScanner(bytes.NewReader(data), limit)
-	if err != nil {
-		return nil, 0, Digest{}, err
+	var (
+		out  [2][]kv
+		lsn  [2]uint64
+		d    [2]Digest
+		errs [2]error
+	)
+	for i, visit := range []bool{false, true} {
+		sc, err := NewSnapshotScanner(bytes.NewReader(data), limit)
+		if err != nil {
+			return nil, 0, Digest{}, err
+		}
+		scan := sc.Scan
+		if visit {
+			scan = sc.Visit
+		}
+		d[i], errs[i] = scan(func(k, v []byte, ver uint64) error {
+			out[i] = append(out[i], kv{string(k), string(v), ver})
+			return nil
+		})
+		if uint64(len(out[i])) > sc.Count() {
+			return nil, 0, Digest{}, errors.New("more pairs than the header announced")
+		}
+		lsn[i] = sc.LSN()
 	}
-	var out []kv
-	d, err := sc.Scan(func(k, v []byte, ver uint64) error {
-		out = append(out, kv{string(k), string(v), ver})
-		return nil
-	})
-	if uint64(len(out)) > sc.Count() {
-		return nil, 0, Digest{}, errors.New("more pairs than the header announced")
+	if !slices.Equal(out[0], out[1]) || lsn[0] != lsn[1] || d[0] != d[1] || fmt.Sprint(errs[0]) != fmt.Sprint(errs[1]) {
+		return nil, 0, Digest{}, fmt.Errorf("Scan read %d pairs at LSN %d, digest %v, error %v; Visit %d at %d, %v, %v",
+			len(out[0]), lsn[0], d[0], errs[0], len(out[1]), lsn[1], d[1], errs[1])
 	}
-	return out, sc.LSN(), d, err
+	return out[0], lsn[0], d[0], errs[0]
 }
 
 // TestSnapshotEncoderMatchesWriteSnapshot: a snapshot written pair by pair
@@ -157,6 +177,7 @@ func TestSnapshotScannerRefusesDamage(t *testing.T) {
 		{"truncated", data[:len(data)-3]},
 		{"trailing byte", append(bytes.Clone(data), 0)},
 		{"out of order", rawSnapshot(3, 2, []rawEntry{{"b", "", 3}, {"a", "", 3}}, nil)},
+		{"duplicate key", rawSnapshot(3, 3, []rawEntry{{"a", "1", 3}, {"b", "2", 3}, {"b", "2", 3}}, nil)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, limit := range []int64{int64(len(tc.data)), 0} {

@@ -112,8 +112,9 @@ func openBase(fsys vfs.FS, dir, name string) (*baseSnap, error) {
 
 // scanBase reads a stored base snapshot's pairs, checking the state
 // snapshot whole (order, versions, count, CRC, digest), and calls fn with
-// each. An error caused by the bytes wraps basesnap.ErrBad (and names the
-// file); fn's error is returned as is.
+// each (its key and value valid only until fn returns). An error caused by
+// the bytes wraps basesnap.ErrBad (and names the file); fn's error is
+// returned as is.
 func scanBase(fsys vfs.FS, dir string, b *baseSnap, fn func(key, value []byte, version uint64) error) (state.Digest, error) {
 	path := filepath.Join(dir, b.name)
 	f, err := fsys.OpenFile(path, os.O_RDONLY, 0)

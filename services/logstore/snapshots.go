@@ -18,6 +18,7 @@ import (
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/envelope"
 	"github.com/walship/walship/internal/rpcerr"
+	"github.com/walship/walship/internal/snapchunk"
 	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/internal/vfs"
 	"google.golang.org/grpc/codes"
@@ -638,21 +639,19 @@ func (s *Server) getSnapshot(ctx context.Context, req *walshipv1.GetSnapshotRequ
 		Header: proto.Clone(b.hdr).(*walshipv1.SnapshotHeader)}}); err != nil {
 		return err
 	}
-	var chunk []*walshipv1.KeyValue
-	size := 0
+	chunks := snapchunk.New(snapshotChunkBytes)
 	flush := func() error {
-		if len(chunk) == 0 {
+		size := chunks.Size()
+		ch := chunks.Take()
+		if ch == nil {
 			return nil
 		}
-		err := stream.Send(&walshipv1.GetSnapshotResponse{Part: &walshipv1.GetSnapshotResponse_Chunk{Chunk: &walshipv1.SnapshotChunk{Kvs: chunk}}})
+		err := stream.Send(&walshipv1.GetSnapshotResponse{Part: &walshipv1.GetSnapshotResponse_Chunk{Chunk: ch}})
 		s.metrics.snapshotSentBytes.Add(float64(size))
-		chunk, size = nil, 0
 		return err
 	}
 	d, err := scanBase(s.fs, s.snapDir(), b, func(k, v []byte, ver uint64) error {
-		chunk = append(chunk, &walshipv1.KeyValue{Key: string(k), Value: v, VersionLsn: ver})
-		size += len(k) + len(v) + 16
-		if size >= snapshotChunkBytes {
+		if chunks.Add(k, v, ver) {
 			if err := flush(); err != nil {
 				return err
 			}

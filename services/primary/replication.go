@@ -12,6 +12,7 @@ import (
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/rpcerr"
+	"github.com/walship/walship/internal/snapchunk"
 	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/internal/wal"
 	"google.golang.org/grpc/codes"
@@ -535,20 +536,15 @@ func (r *replServer) Snapshot(req *walshipv1.SnapshotRequest, stream walshipv1.R
 }
 
 func sendSnapshotChunks(v *state.View, stream walshipv1.ReplicationService_SnapshotServer) error {
-	var chunk []*walshipv1.KeyValue
-	size := 0
+	chunks := snapchunk.New(snapshotChunkBytes)
 	var err error
 	flush := func() {
-		if len(chunk) == 0 || err != nil {
-			return
+		if ch := chunks.Take(); ch != nil && err == nil {
+			err = stream.Send(&walshipv1.SnapshotResponse{Part: &walshipv1.SnapshotResponse_Chunk{Chunk: ch}})
 		}
-		err = stream.Send(&walshipv1.SnapshotResponse{Part: &walshipv1.SnapshotResponse_Chunk{Chunk: &walshipv1.SnapshotChunk{Kvs: chunk}}})
-		chunk, size = nil, 0
 	}
 	v.Scan(nil, nil, 0, func(k, val []byte, ver uint64) bool {
-		chunk = append(chunk, &walshipv1.KeyValue{Key: string(k), Value: val, VersionLsn: ver})
-		size += len(k) + len(val) + 16
-		if size >= snapshotChunkBytes {
+		if chunks.Add(k, val, ver) {
 			flush()
 		}
 		return err == nil && stream.Context().Err() == nil

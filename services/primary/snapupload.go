@@ -15,6 +15,7 @@ import (
 	"github.com/walship/walship/internal/backoff"
 	"github.com/walship/walship/internal/envelope"
 	"github.com/walship/walship/internal/recovery"
+	"github.com/walship/walship/internal/snapchunk"
 	"github.com/walship/walship/internal/state"
 	"github.com/walship/walship/internal/tlsid"
 	"google.golang.org/grpc"
@@ -175,7 +176,7 @@ func (s *Server) offerRecovered() {
 	}
 	// The digest is in the file's trailer; the scanner checks it on the
 	// way, so reading the whole file once here confirms it too.
-	d, err := sc.Scan(func([]byte, []byte, uint64) error { return nil })
+	d, err := sc.Visit(func([]byte, []byte, uint64) error { return nil })
 	if err != nil {
 		s.logger.Warn("not uploading the recovered snapshot to the log stores", "path", path, "err", err)
 		return
@@ -325,22 +326,19 @@ func (s *Server) uploadSnapshot(ctx context.Context, client walshipv1.LogStoreSe
 func sendSnapshot(stream walshipv1.LogStoreService_PutSnapshotClient, hdr *walshipv1.SnapshotHeader, sc *state.SnapshotScanner) (*walshipv1.PutSnapshotResponse, error) {
 	send := func(m *walshipv1.PutSnapshotRequest) error { return stream.Send(m) }
 	err := send(&walshipv1.PutSnapshotRequest{Part: &walshipv1.PutSnapshotRequest_Header{Header: hdr}})
-	var chunk []*walshipv1.KeyValue
-	size := 0
+	chunks := snapchunk.New(snapshotChunkBytes)
 	flush := func() error {
-		if len(chunk) == 0 {
-			return nil
+		if ch := chunks.Take(); ch != nil {
+			return send(&walshipv1.PutSnapshotRequest{Part: &walshipv1.PutSnapshotRequest_Chunk{Chunk: ch}})
 		}
-		err := send(&walshipv1.PutSnapshotRequest{Part: &walshipv1.PutSnapshotRequest_Chunk{Chunk: &walshipv1.SnapshotChunk{Kvs: chunk}}})
-		chunk, size = nil, 0
-		return err
+		return nil
 	}
 	var d state.Digest
 	if err == nil {
-		d, err = sc.Scan(func(k, v []byte, ver uint64) error {
-			chunk = append(chunk, &walshipv1.KeyValue{Key: string(k), Value: v, VersionLsn: ver})
-			size += len(k) + len(v) + 16
-			if size >= snapshotChunkBytes {
+		// Visit: the chunker copies each pair, so the scanner reads
+		// them all into one buffer.
+		d, err = sc.Visit(func(k, v []byte, ver uint64) error {
+			if chunks.Add(k, v, ver) {
 				return flush()
 			}
 			return nil
