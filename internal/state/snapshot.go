@@ -224,7 +224,9 @@ func (s *snapReader) readEntries(lsn, count uint64, shared bool, fn func(entry) 
 	var (
 		d    Digest
 		prev []byte // the previous entry's key (a copy, when shared)
-		buf  []byte // shared: the one buffer
+		// shared: the one buffer; not nil, so that an empty key and
+		// value are empty, not nil, as unshared ones are.
+		buf = make([]byte, 0, 256)
 	)
 	for i := uint64(0); i < count; i++ {
 		var reuse *[]byte
@@ -316,7 +318,11 @@ func (s *snapReader) readEntry(i, lsn uint64, prev []byte, reuse *[]byte) (entry
 	if reuse != nil {
 		buf = append((*reuse)[:0], s.keyBuf...)
 	} else {
-		buf = make([]byte, int(keyLen), int(keyLen)+int(min(valLen, growChunk)))
+		size := int(keyLen) + int(valLen)
+		if s.limit <= 0 && valLen > growChunk {
+			size = int(keyLen) + growChunk // appendBytes grows it
+		}
+		buf = make([]byte, int(keyLen), size)
 		copy(buf, s.keyBuf)
 	}
 	if buf, err = s.appendBytes(buf, valLen); err != nil {

@@ -204,3 +204,29 @@ func TestSnapshotScannerStopsOnCallbackError(t *testing.T) {
 		t.Fatal("a second Scan succeeded")
 	}
 }
+
+// TestScannerEmptyPairIsNotNil: a pair of an empty key and an empty value
+// reaches fn as empty, not nil, slices, whether scanned or visited.
+func TestScannerEmptyPairIsNotNil(t *testing.T) {
+	data := rawSnapshot(3, 1, []rawEntry{{"", "", 3}}, nil)
+	for _, visit := range []bool{false, true} {
+		sc, err := NewSnapshotScanner(bytes.NewReader(data), int64(len(data)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		scan := sc.Scan
+		if visit {
+			scan = sc.Visit
+		}
+		n := 0
+		if _, err := scan(func(k, v []byte, _ uint64) error {
+			n++
+			if k == nil || v == nil || len(k) != 0 || len(v) != 0 {
+				t.Errorf("visit %v: pair (%q, nil %v) = (%q, nil %v), want two empty, not nil, slices", visit, k, k == nil, v, v == nil)
+			}
+			return nil
+		}); err != nil || n != 1 {
+			t.Fatalf("visit %v: %v after %d pairs", visit, err, n)
+		}
+	}
+}
