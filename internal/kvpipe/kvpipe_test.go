@@ -2,6 +2,7 @@ package kvpipe_test
 
 import (
 	"context"
+	"maps"
 	"net"
 	"runtime"
 	"strings"
@@ -368,6 +369,56 @@ func TestMuxDrain(t *testing.T) {
 		t.Fatalf("the Put running when the stop began: %v; want it answered", err)
 	}
 	testkit.Until(t, "the drained stream to end", func() bool { return st.active.Load() == 1 })
+}
+
+// TestServeStopWithEverySlotTaken: a graceful stop that finds every slot
+// of a stream taken, and a request waiting for one, ends the stream
+// UNAVAILABLE and answers the operations still running UNAVAILABLE
+// (outcome unknown: pkg/client retries a read on it, never a write),
+// not CANCELED, which says the client gave up.
+func TestServeStopWithEverySlotTaken(t *testing.T) {
+	f := &fake{maxOps: 2, release: make(chan struct{})}
+	st := &stoppable{stopped: make(chan struct{})}
+	kv := serveWith(t, f, grpc.StreamInterceptor(st.interceptor))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := kv.Pipeline(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id := uint64(1); id <= 3; id++ {
+		if err := s.Send(&walshipv1.PipelineRequest{Id: id, Op: &walshipv1.PipelineRequest_Put{Put: &walshipv1.PutRequest{Key: "slow/x"}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testkit.Until(t, "two operations held", func() bool { return f.running.Load() == 2 })
+	close(st.stopped)
+	got := map[uint64]codes.Code{}
+	drained := false
+	for {
+		r, err := s.Recv()
+		if err != nil {
+			if status.Code(err) != codes.Unavailable {
+				t.Errorf("the stream ended %v, want UNAVAILABLE", err)
+			}
+			break
+		}
+		if r.GetDrain() != nil {
+			drained = true
+			continue
+		}
+		if _, dup := got[r.GetId()]; dup || r.GetError() == nil {
+			t.Fatalf("answer %v: a second one for its id, or not an error", r)
+		}
+		got[r.GetId()] = codes.Code(r.GetError().GetCode())
+	}
+	if want := map[uint64]codes.Code{1: codes.Unavailable, 2: codes.Unavailable}; !maps.Equal(got, want) {
+		t.Errorf("answers %v, want %v (operation 3 never ran)", got, want)
+	}
+	if !drained {
+		t.Error("no drain was sent")
+	}
+	testkit.Until(t, "the abandoned handlers to end", func() bool { return f.running.Load() == 0 })
 }
 
 // BenchmarkMux: Puts of 100-byte values through a Mux, 16 callers at

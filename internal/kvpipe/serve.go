@@ -25,6 +25,7 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/rpcerr"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -95,7 +96,11 @@ type Limits struct {
 // client that sends faster than the node answers, or that does not read,
 // is held back by the stream's flow control, never buffered without
 // bound. A graceful stop (the stream's context ending) is sent as a
-// drain; the operations sent are still run and answered. An operation
+// drain; the operations sent are still run and answered, unless every
+// slot is taken then: Serve cannot wait for the client's next request (a
+// cancel may be behind the one it holds), so it reads no further, ends
+// the stream UNAVAILABLE and answers the operations still running
+// UNAVAILABLE, their outcome unknown (errAbandoned). An operation
 // whose timeout passes, or that the client cancels, is answered at once
 // (DEADLINE_EXCEEDED, CANCELED) and frees its place, as gRPC answers a
 // unary call whose caller gave up; its handler runs on as a unary call's
@@ -176,7 +181,7 @@ func Serve(stream walshipv1.KVService_PipelineServer, h Handler, lim Limits) err
 		}
 	}
 	if recvErr != nil {
-		r.abandonAll() // the stream is gone
+		r.abandonAll() // the stream ends
 	}
 	ops.close()
 	if !stopDrain() {
@@ -214,7 +219,7 @@ func (in *intake) accept(req *walshipv1.PipelineRequest) error {
 		select {
 		case in.slots <- struct{}{}:
 		case <-in.ctx.Done():
-			return status.FromContextError(in.ctx.Err()).Err()
+			return errStopReading
 		}
 	}
 	in.ops.submit(job{o: in.r.start(in.base, req), req: req}, in.run)
@@ -425,7 +430,21 @@ func (r *running) cancel(id uint64) {
 	}
 }
 
-// abandonAll abandons every operation: the stream is gone.
+// errStopReading ends a stream whose server stops while every slot of
+// it is taken: the request read last is not run (the client learns of
+// it as of any operation the stream ended before answering).
+var errStopReading = status.Error(codes.Unavailable, "walship: the server is stopping and every operation slot of this stream is taken: it reads no further request")
+
+// errAbandoned answers an operation still running when its stream ends:
+// its handler runs on (a write already sequenced commits), so what it
+// did is unknown, as for a unary call whose connection broke. UNAVAILABLE
+// without a not-applied detail says so to pkg/client: a read is sent
+// again, a write reported with its outcome unknown.
+var errAbandoned = status.Error(codes.Unavailable, "walship: the pipeline stream ended while this operation ran: its outcome is unknown")
+
+// abandonAll abandons every operation: the stream ends. The answers go
+// out if the stream can still send (a stopping server ends a stream it
+// can no longer read).
 func (r *running) abandonAll() {
 	r.mu.Lock()
 	var list []*op
@@ -435,7 +454,7 @@ func (r *running) abandonAll() {
 	r.mu.Unlock()
 	for _, o := range list {
 		o.cancel()
-		r.answer(o, failed(o.id, context.Canceled))
+		r.answer(o, failed(o.id, errAbandoned))
 	}
 }
 
