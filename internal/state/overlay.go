@@ -87,8 +87,10 @@ func (o *Overlay) readLocked(key []byte, withAfter bool) (value []byte, version 
 
 // Stage records the puts and deletes among recs (one sequenced transaction;
 // commit records are skipped, as are unknown ops, which the sequencer never
-// produces) as pending, in order, copying their keys and values. recs must
-// carry LSNs above every LSN staged before.
+// produces) as pending, in order. Keys are copied; values are kept, and
+// must not change once staged (a sequenced record's value is written to
+// the WAL and applied later anyway, so the sequencer never reuses one).
+// recs must carry LSNs above every LSN staged before.
 func (o *Overlay) Stage(recs []codec.Record) {
 	if len(recs) == 0 {
 		return
@@ -103,7 +105,12 @@ func (o *Overlay) Stage(recs []codec.Record) {
 		var p pendingWrite
 		switch r.Op {
 		case codec.OpPut:
-			p = pendingWrite{value: append([]byte{}, r.Value...), lsn: commit}
+			// Not nil for an empty value: nil is a delete's.
+			v := r.Value
+			if v == nil {
+				v = []byte{}
+			}
+			p = pendingWrite{value: v, lsn: commit}
 		case codec.OpDelete:
 			p = pendingWrite{lsn: commit, deleted: true}
 		default:

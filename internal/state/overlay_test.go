@@ -107,12 +107,20 @@ func TestOverlayReadAfter(t *testing.T) {
 	check("released", "c", "p1", true, c1)
 }
 
-func TestOverlayCopiesStagedRecords(t *testing.T) {
+// TestOverlayCopiesStagedKeys: a staged record's key is copied (the
+// caller may reuse its buffer), its value kept as it is (Stage's contract:
+// it does not change), and an empty value reads as empty, not as a delete.
+func TestOverlayCopiesStagedKeys(t *testing.T) {
 	o := NewOverlay(New())
-	b, _ := stage(o, 1, put("key", "value"))
+	b, _ := stage(o, 1, put("key", "value"), codec.Record{Op: codec.OpPut, Key: []byte("empty")})
 	copy(b.Records[0].Key, "XXX")
-	copy(b.Records[0].Value, "XXXXX")
-	checkReader(t, "overlay", o, []lookup{{"key", "value", 2, true}, {"XXX", "", 0, false}})
+	checkReader(t, "overlay", o, []lookup{{"key", "value", 3, true}, {"XXX", "", 0, false}, {"empty", "", 3, true}})
+	if v, _, _ := o.Get([]byte("key")); &v[0] != &b.Records[0].Value[0] {
+		t.Error("the staged value was copied")
+	}
+	if v, _, ok := o.Get([]byte("empty")); !ok || v == nil {
+		t.Errorf("an empty staged value reads as %v (found %v), want an empty, not nil, value", v, ok)
+	}
 }
 
 // TestOverlayReleaseBoundary: Release drops exactly the writes of the txns

@@ -2,6 +2,7 @@ package primary
 
 import (
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -18,13 +19,13 @@ type txn struct {
 	recs      []codec.Record // puts/deletes then one commit record
 	commitLSN uint64
 	policy    Policy
-	// local is signalled once the writer's verdict is in localErr, once
+	// local is done once the writer's verdict is in localErr, once
 	// (decide): nil once the txn is in the WAL (synced if
-	// policy.needsLocalSync()), else the WAL's error. Buffered. A channel
-	// of struct{} rather than of error: one allocation per transaction
-	// fewer, a channel of pointers needing its buffer apart.
-	local    chan struct{}
-	localErr error // written before the send on local, read after the receive
+	// policy.needsLocalSync()), else the WAL's error. A WaitGroup kept
+	// in the txn rather than a channel: one allocation per transaction
+	// fewer, and its writer is the only one to wait.
+	local    sync.WaitGroup
+	localErr error // written before local's Done, read after its Wait
 	decided  atomic.Bool
 	start    time.Time
 	// commitTime is its batch's commit time (set by encode, before the
@@ -34,6 +35,9 @@ type txn struct {
 	// shown is closed once commitLSN is visible, for a writer that resolved
 	// before an earlier transaction did (nil until then). Guarded by visMu.
 	shown chan struct{}
+	// inline holds recs for a transaction of one write (a Put, a
+	// Delete) and its commit: no allocation of their own.
+	inline [2]codec.Record
 }
 
 // decide delivers t's verdict. Only the first counts: when the WAL fails,
@@ -41,7 +45,7 @@ type txn struct {
 func (t *txn) decide(err error) {
 	if t.decided.CompareAndSwap(false, true) {
 		t.localErr = err
-		t.local <- struct{}{}
+		t.local.Done()
 	}
 }
 
@@ -154,12 +158,17 @@ func (p *pipeline) readLocked(res *execResult, cmps []state.Compare, ops []op, b
 // staged in the overlay, the txn queued for its writer. A read past the
 // budget refuses the txn before anything is staged.
 func (p *pipeline) stageLocked(res *execResult, pol Policy, ops []op, writes int, start time.Time, budget *readBudget) (*txn, error) {
-	t := &txn{policy: pol, local: make(chan struct{}, 1), start: start}
+	t := &txn{policy: pol, start: start}
+	t.local.Add(1)
 	first := p.nextLSN
 	t.commitLSN = first + uint64(writes)
 	txnID := p.nextTxn
 	view := txnView{base: p.overlay}
-	t.recs = make([]codec.Record, 0, writes+1)
+	if writes+1 <= len(t.inline) {
+		t.recs = t.inline[:0]
+	} else {
+		t.recs = make([]codec.Record, 0, writes+1)
+	}
 	res.results = make([]opResult, len(ops))
 	for i, o := range ops {
 		r := &res.results[i]

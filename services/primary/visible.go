@@ -23,7 +23,7 @@ import (
 // sync timeout; the wait for its own write and fsync is not (a disk that
 // hangs hangs its commits; one that fails fails them).
 func (p *pipeline) await(t *txn) error {
-	<-t.local
+	t.local.Wait()
 	err := t.localErr
 	if err != nil {
 		// The WAL is broken, or the primary deposed; nothing after this
