@@ -24,20 +24,28 @@ func benchKeyset() [][]byte {
 	return keys
 }
 
+// benchStore returns a store of the benchKeyset keys, each with a value
+// of benchValueSize bytes, applied as one transaction, and the keys.
+func benchStore(b testing.TB) (*Store, [][]byte) {
+	keys := benchKeyset()
+	s := New()
+	var bt codec.Batch
+	value := make([]byte, benchValueSize)
+	for i, k := range keys {
+		bt.Records = append(bt.Records, codec.Record{LSN: uint64(i + 1), TxnID: 1, Op: codec.OpPut, Key: k, Value: value})
+	}
+	bt.Records = append(bt.Records, codec.Record{LSN: uint64(len(keys) + 1), TxnID: 1, Op: codec.OpCommit})
+	mustApply(b, s, &bt)
+	return s, keys
+}
+
 // BenchmarkApply applies batches of 10 txns × 10 puts of 100-byte values
 // to random keys of a 100k-key store (so mostly overwrites), reusing one
 // Batch as a replica's apply loop does. Bytes are key+value bytes put.
 func BenchmarkApply(b *testing.B) {
-	keys := benchKeyset()
+	// Preloaded so the tree has its steady-state depth.
+	s, keys := benchStore(b)
 	value := make([]byte, benchValueSize)
-	s := New()
-	// Preload so the tree has its steady-state depth.
-	var pre codec.Batch
-	for i, k := range keys {
-		pre.Records = append(pre.Records, codec.Record{LSN: uint64(i + 1), TxnID: 1, Op: codec.OpPut, Key: k, Value: value})
-	}
-	pre.Records = append(pre.Records, codec.Record{LSN: uint64(len(keys) + 1), TxnID: 1, Op: codec.OpCommit})
-	mustApply(b, s, &pre)
 
 	rng := rand.New(rand.NewPCG(1, 1))
 	var bt codec.Batch
@@ -66,15 +74,7 @@ func BenchmarkApply(b *testing.B) {
 
 // BenchmarkGet looks up random existing keys of a 100k-key store.
 func BenchmarkGet(b *testing.B) {
-	keys := benchKeyset()
-	s := New()
-	var bt codec.Batch
-	value := make([]byte, benchValueSize)
-	for i, k := range keys {
-		bt.Records = append(bt.Records, codec.Record{LSN: uint64(i + 1), TxnID: 1, Op: codec.OpPut, Key: k, Value: value})
-	}
-	bt.Records = append(bt.Records, codec.Record{LSN: uint64(len(keys) + 1), TxnID: 1, Op: codec.OpCommit})
-	mustApply(b, s, &bt)
+	s, keys := benchStore(b)
 	rng := rand.New(rand.NewPCG(2, 2))
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -87,15 +87,7 @@ func BenchmarkGet(b *testing.B) {
 
 // BenchmarkWriteSnapshot encodes a 100k-key view.
 func BenchmarkWriteSnapshot(b *testing.B) {
-	keys := benchKeyset()
-	s := New()
-	var bt codec.Batch
-	value := make([]byte, benchValueSize)
-	for i, k := range keys {
-		bt.Records = append(bt.Records, codec.Record{LSN: uint64(i + 1), TxnID: 1, Op: codec.OpPut, Key: k, Value: value})
-	}
-	bt.Records = append(bt.Records, codec.Record{LSN: uint64(len(keys) + 1), TxnID: 1, Op: codec.OpCommit})
-	mustApply(b, s, &bt)
+	s, _ := benchStore(b)
 	v := s.Snapshot()
 	w := &countingWriter{}
 	b.ReportAllocs()
@@ -199,15 +191,7 @@ func BenchmarkApplyAppend(b *testing.B) {
 // values pair by pair: Scan (each pair in memory of its own) and Visit
 // (one buffer). ns/op and allocs/op are per snapshot.
 func BenchmarkSnapshotScanner(b *testing.B) {
-	keys := benchKeyset()
-	s := New()
-	var bt codec.Batch
-	value := make([]byte, benchValueSize)
-	for i, k := range keys {
-		bt.Records = append(bt.Records, codec.Record{LSN: uint64(i + 1), TxnID: 1, Op: codec.OpPut, Key: k, Value: value})
-	}
-	bt.Records = append(bt.Records, codec.Record{LSN: uint64(len(keys) + 1), TxnID: 1, Op: codec.OpCommit})
-	mustApply(b, s, &bt)
+	s, _ := benchStore(b)
 	var buf bytes.Buffer
 	if err := WriteSnapshot(&buf, s.Snapshot()); err != nil {
 		b.Fatal(err)
@@ -226,11 +210,7 @@ func BenchmarkSnapshotScanner(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				scan := sc.Scan
-				if visit {
-					scan = sc.Visit
-				}
-				if _, err := scan(func([]byte, []byte, uint64) error { return nil }); err != nil {
+				if _, err := scanOf(sc, visit)(func([]byte, []byte, uint64) error { return nil }); err != nil {
 					b.Fatal(err)
 				}
 			}

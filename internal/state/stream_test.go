@@ -29,6 +29,14 @@ func encodeStream(t testing.TB, v *View) []byte {
 	return buf.Bytes()
 }
 
+// scanOf is sc's Visit if visit, else its Scan.
+func scanOf(sc *SnapshotScanner, visit bool) func(func(key, value []byte, version uint64) error) (Digest, error) {
+	if visit {
+		return sc.Visit
+	}
+	return sc.Scan
+}
+
 // scanAll scans data and returns the pairs, the LSN and the digest. It
 // reads data with Scan and again with Visit (whose pairs share one buffer)
 // and fails unless both read the same.
@@ -44,11 +52,7 @@ func scanAll(data []byte, limit int64) ([]kv, uint64, Digest, error) {
 		if err != nil {
 			return nil, 0, Digest{}, err
 		}
-		scan := sc.Scan
-		if visit {
-			scan = sc.Visit
-		}
-		d[i], errs[i] = scan(func(k, v []byte, ver uint64) error {
+		d[i], errs[i] = scanOf(sc, visit)(func(k, v []byte, ver uint64) error {
 			out[i] = append(out[i], kv{string(k), string(v), ver})
 			return nil
 		})
@@ -214,12 +218,8 @@ func TestScannerEmptyPairIsNotNil(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		scan := sc.Scan
-		if visit {
-			scan = sc.Visit
-		}
 		n := 0
-		if _, err := scan(func(k, v []byte, _ uint64) error {
+		if _, err := scanOf(sc, visit)(func(k, v []byte, _ uint64) error {
 			n++
 			if k == nil || v == nil || len(k) != 0 || len(v) != 0 {
 				t.Errorf("visit %v: pair (%q, nil %v) = (%q, nil %v), want two empty, not nil, slices", visit, k, k == nil, v, v == nil)
