@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"testing"
 )
@@ -44,5 +45,21 @@ func BenchmarkRandString(b *testing.B) {
 	r := rand.New(rand.NewPCG(1, 2))
 	for b.Loop() {
 		randString(r, 100)
+	}
+}
+
+// TestPutKey: putKey makes what fmt.Sprintf("%s%012d") does.
+func TestPutKey(t *testing.T) {
+	for _, n := range []int{0, 1, 9, 10, 123456, 999_999_999_999, 1_000_000_000_000, 12_345_678_901_234} {
+		if got, want := putKey("put/run/03/", n), fmt.Sprintf("%s%012d", "put/run/03/", n); got != want {
+			t.Errorf("putKey(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
+
+// BenchmarkPutKey is one put workload key.
+func BenchmarkPutKey(b *testing.B) {
+	for i := 0; b.Loop(); i++ {
+		putKey("put/4f2a9c1e/03/", i)
 	}
 }
