@@ -86,8 +86,8 @@ func newEntry(key, value []byte, version uint64) entry {
 // newEntryFrom makes an entry owning buf, which holds the key in its first
 // keyLen bytes and the value in the rest.
 func newEntryFrom(buf []byte, keyLen int, version uint64) entry {
-	// SliceData is never nil for a slice made with make, even empty: a
-	// stored entry is told from a probe's empty key by it.
+	// buf is never nil (make, or a reader's buffer), even empty, so a
+	// stored entry's value() is never nil: only the zero entry's is.
 	return entry{p: unsafe.SliceData(buf), keyLen: uint32(keyLen), valLen: uint32(len(buf) - keyLen), version: version}
 }
 
