@@ -49,6 +49,9 @@ type backend struct {
 	// cpu returns the CPU time (user+system) of what cpuScope names.
 	cpu      func() (time.Duration, error)
 	cpuScope string
+	// peersCPU returns the CPU time of the log store and replica
+	// processes together (nil: none runs as a process of the bench's).
+	peersCPU func() (time.Duration, error)
 	// syscalls returns how many read and write system calls the primary
 	// process has made (nil: unknown, or not the primary's alone).
 	syscalls func() (reads, writes uint64, err error)
@@ -409,6 +412,19 @@ func startProcesses(ctx context.Context, pc procCluster, dir string, n int, c co
 		b.replicas = append(b.replicas, rp.addr)
 	}
 	b.procs = procs
+	if peers := slices.DeleteFunc(slices.Clone(procs), func(p *proc) bool { return p == pr }); len(peers) > 0 {
+		b.peersCPU = func() (time.Duration, error) {
+			var sum time.Duration
+			for _, p := range peers {
+				c, err := procCPU(p.cmd.Process.Pid)
+				if err != nil {
+					return 0, err
+				}
+				sum += c
+			}
+			return sum, nil
+		}
+	}
 	ok = true
 	return b, nil
 }

@@ -429,6 +429,9 @@ func formatPerRequest(r Row) string {
 	if r.ClientCPUUsPerRequest > 0 {
 		out += fmt.Sprintf(", client %.1f µs", r.ClientCPUUsPerRequest)
 	}
+	if r.PeersCPUUsPerRequest > 0 {
+		out += fmt.Sprintf(", log store and replicas %.1f µs", r.PeersCPUUsPerRequest)
+	}
 	if r.Pipeline > 0 {
 		out += fmt.Sprintf(" (pipelined, %d in flight per terminal)", r.Pipeline)
 	}

@@ -245,8 +245,9 @@ func TestRunProcesses(t *testing.T) {
 		t.Errorf("mode %q, replica nice %d, CPU scope %q, %.1f ms per 1,000 commits", row.Mode, row.ReplicaNice, row.CPUScope, row.CPUMsPer1000)
 	}
 	// The primary's CPU and the bench process's (the clients') per request.
-	if row.CPUUsPerRequest <= 0 || row.ClientCPUUsPerRequest <= 0 {
-		t.Errorf("CPU per request: primary %.1f µs, client %.1f µs; want both", row.CPUUsPerRequest, row.ClientCPUUsPerRequest)
+	if row.CPUUsPerRequest <= 0 || row.ClientCPUUsPerRequest <= 0 || row.PeersCPUUsPerRequest <= 0 {
+		t.Errorf("CPU per request: primary %.1f µs, client %.1f µs, log store and replica %.1f µs; want all three",
+			row.CPUUsPerRequest, row.ClientCPUUsPerRequest, row.PeersCPUUsPerRequest)
 	}
 	// Each commit reads its request and sends its answer and batch; the
 	// counts bound that from below and sanity from above.

@@ -336,10 +336,15 @@ type Row struct {
 	// request, when it runs the clients only (--processes, or an external
 	// cluster): what a request costs its client.
 	ClientCPUUsPerRequest float64 `json:"client_cpu_us_per_request,omitempty"`
-	// CPUUsRuns and ClientCPUUsRuns are the runs' figures, one per round,
-	// in the order of Runs.
+	// PeersCPUUsPerRequest is the log store and replica processes' CPU
+	// time together per request (--processes): with every node on the
+	// same cores, what the rest of the cluster takes from them.
+	PeersCPUUsPerRequest float64 `json:"peers_cpu_us_per_request,omitempty"`
+	// CPUUsRuns, ClientCPUUsRuns and PeersCPUUsRuns are the runs'
+	// figures, one per round, in the order of Runs.
 	CPUUsRuns       []float64 `json:"cpu_us_runs,omitempty"`
 	ClientCPUUsRuns []float64 `json:"client_cpu_us_runs,omitempty"`
+	PeersCPUUsRuns  []float64 `json:"peers_cpu_us_runs,omitempty"`
 	// Pipeline is the operations each terminal keeps in flight on one
 	// KVService.Pipeline stream (--pipeline); 0: one unary call at a time.
 	Pipeline int `json:"pipeline,omitempty"`
@@ -808,6 +813,10 @@ type snap struct {
 	// node.
 	clientCPU   time.Duration
 	clientCPUOK bool
+	// The log store and replica processes' CPU time, when they are the
+	// bench's.
+	peersCPU   time.Duration
+	peersCPUOK bool
 	// The primary process's read and write system calls, when known.
 	sysReads, sysWrites uint64
 	syscallsOK          bool
@@ -838,6 +847,11 @@ func takeSnap(ctx context.Context, b *backend, sessions []*session) snap {
 	if b.mode != ModeInProcess {
 		if c, err := cpustat.Self(); err == nil {
 			s.clientCPU, s.clientCPUOK = c, true
+		}
+	}
+	if b.peersCPU != nil {
+		if c, err := b.peersCPU(); err == nil {
+			s.peersCPU, s.peersCPUOK = c, true
 		}
 	}
 	if b.syscalls != nil {
@@ -954,6 +968,9 @@ func (m *measurement) fill(row *Row, kinds []string, b *backend) []string {
 	}
 	if reqs := row.Commits + row.Aborts; m.s0.clientCPUOK && m.s1.clientCPUOK && reqs > 0 {
 		row.ClientCPUUsPerRequest = us(m.s1.clientCPU-m.s0.clientCPU) / float64(reqs)
+	}
+	if reqs := row.Commits + row.Aborts; m.s0.peersCPUOK && m.s1.peersCPUOK && reqs > 0 {
+		row.PeersCPUUsPerRequest = us(m.s1.peersCPU-m.s0.peersCPU) / float64(reqs)
 	}
 	if commits := float64(row.ServerCommits); m.s0.syscallsOK && m.s1.syscallsOK && commits > 0 {
 		// Counts, not times: what a change to the message pattern does
@@ -1113,13 +1130,14 @@ func medians(runs [][]Row) []Row {
 		sorted := slices.Clone(rs)
 		sort.Slice(sorted, func(i, j int) bool { return sorted[i].TxnPerS < sorted[j].TxnPerS })
 		med := sorted[(len(sorted)-1)/2]
-		med.Runs, med.CPURuns, med.CPUUsRuns, med.ClientCPUUsRuns = nil, nil, nil, nil
+		med.Runs, med.CPURuns, med.CPUUsRuns, med.ClientCPUUsRuns, med.PeersCPUUsRuns = nil, nil, nil, nil, nil
 		var reads, writes []float64
 		for _, r := range rs {
 			med.Runs = append(med.Runs, r.TxnPerS)
 			med.CPURuns = append(med.CPURuns, r.CPUMsPer1000)
 			med.CPUUsRuns = append(med.CPUUsRuns, r.CPUUsPerRequest)
 			med.ClientCPUUsRuns = append(med.ClientCPUUsRuns, r.ClientCPUUsPerRequest)
+			med.PeersCPUUsRuns = append(med.PeersCPUUsRuns, r.PeersCPUUsPerRequest)
 			reads, writes = append(reads, r.ReadSyscallsPerCommit), append(writes, r.WriteSyscallsPerCommit)
 			med.Consistent = med.Consistent && r.Consistent
 		}
@@ -1127,6 +1145,7 @@ func medians(runs [][]Row) []Row {
 		// commit are medians of their own, not the median run's.
 		med.CPUMsPer1000 = medianOf(med.CPURuns)
 		med.CPUUsPerRequest, med.ClientCPUUsPerRequest = medianOf(med.CPUUsRuns), medianOf(med.ClientCPUUsRuns)
+		med.PeersCPUUsPerRequest = medianOf(med.PeersCPUUsRuns)
 		med.ReadSyscallsPerCommit, med.WriteSyscallsPerCommit = medianOf(reads), medianOf(writes)
 		rows = append(rows, med)
 	}

@@ -180,14 +180,17 @@ func TestMediansKeepOrderAndAllRuns(t *testing.T) {
 	}
 	// Paced runs: equal throughput, so the costs are medians of their own.
 	paced := func(cpu, reads, writes float64) Row {
-		return Row{TxnPerS: 1500, CPUMsPer1000: cpu, CPUUsPerRequest: cpu / 10, ClientCPUUsPerRequest: cpu / 100, ReadSyscallsPerCommit: reads, WriteSyscallsPerCommit: writes, Consistent: true}
+		return Row{TxnPerS: 1500, CPUMsPer1000: cpu, CPUUsPerRequest: cpu / 10, ClientCPUUsPerRequest: cpu / 100, PeersCPUUsPerRequest: cpu / 50,
+			ReadSyscallsPerCommit: reads, WriteSyscallsPerCommit: writes, Consistent: true}
 	}
 	m := medians([][]Row{{paced(300, 4, 1), paced(200, 3, 3), paced(250, 5, 2)}})[0]
 	if m.CPUMsPer1000 != 250 || m.ReadSyscallsPerCommit != 4 || m.WriteSyscallsPerCommit != 2 || !slices.Equal(m.CPURuns, []float64{300, 200, 250}) {
 		t.Errorf("paced = CPU %v (runs %v), %v reads, %v writes; want the medians 250, 4, 2", m.CPUMsPer1000, m.CPURuns, m.ReadSyscallsPerCommit, m.WriteSyscallsPerCommit)
 	}
-	if m.CPUUsPerRequest != 25 || m.ClientCPUUsPerRequest != 2.5 || !slices.Equal(m.CPUUsRuns, []float64{30, 20, 25}) {
-		t.Errorf("paced = %v µs per request (runs %v), client %v µs; want the medians 25 and 2.5", m.CPUUsPerRequest, m.CPUUsRuns, m.ClientCPUUsPerRequest)
+	if m.CPUUsPerRequest != 25 || m.ClientCPUUsPerRequest != 2.5 || m.PeersCPUUsPerRequest != 5 || !slices.Equal(m.CPUUsRuns, []float64{30, 20, 25}) ||
+		!slices.Equal(m.PeersCPUUsRuns, []float64{6, 4, 5}) {
+		t.Errorf("paced = %v µs per request (runs %v), client %v µs, peers %v µs (runs %v); want the medians 25, 2.5 and 5",
+			m.CPUUsPerRequest, m.CPUUsRuns, m.ClientCPUUsPerRequest, m.PeersCPUUsPerRequest, m.PeersCPUUsRuns)
 	}
 	if m := medians([][]Row{{paced(300, 4, 1), paced(200, 2, 3)}})[0]; m.CPUMsPer1000 != 250 || m.ReadSyscallsPerCommit != 3 {
 		t.Errorf("two runs: CPU %v, %v reads; want the means of the middle two, 250 and 3", m.CPUMsPer1000, m.ReadSyscallsPerCommit)
