@@ -21,8 +21,8 @@ const arenaBytes = 256 << 10
 // kvBlock is how many KeyValue messages are allocated together.
 const kvBlock = 512
 
-// Chunker gathers pairs into chunks of about Max bytes. Its zero value is
-// not usable: make one with New.
+// Chunker gathers pairs into chunks of about the size New was given.
+// Its zero value is not usable: make one with New.
 type Chunker struct {
 	max   int
 	kvs   []*walshipv1.KeyValue
