@@ -105,8 +105,10 @@ func (o *Overlay) Stage(recs []codec.Record) {
 		var p pendingWrite
 		switch r.Op {
 		case codec.OpPut:
-			// Not nil for an empty value: nil is a delete's.
-			v := r.Value
+			// Not nil for an empty value (nil is a delete's), and capped,
+			// as the store's values are: a reader's append reallocates
+			// rather than write into the rest of the request's array.
+			v := r.Value[:len(r.Value):len(r.Value)]
 			if v == nil {
 				v = []byte{}
 			}

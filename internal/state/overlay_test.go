@@ -118,6 +118,9 @@ func TestOverlayCopiesStagedKeys(t *testing.T) {
 	if v, _, _ := o.Get([]byte("key")); &v[0] != &b.Records[0].Value[0] {
 		t.Error("the staged value was copied")
 	}
+	if v, _, _ := o.Get([]byte("key")); cap(v) != len(v) {
+		t.Errorf("a staged value has capacity %d past its %d bytes", cap(v), len(v))
+	}
 	if v, _, ok := o.Get([]byte("empty")); !ok || v == nil {
 		t.Errorf("an empty staged value reads as %v (found %v), want an empty, not nil, value", v, ok)
 	}

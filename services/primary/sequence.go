@@ -29,7 +29,7 @@ type txn struct {
 	decided  atomic.Bool
 	start    time.Time
 	// commitTime is its batch's commit time (set by encode, before the
-	// write, read after await's receive).
+	// write, read after await's Wait).
 	commitTime int64
 	resolved   bool // guarded by pipeline.visMu
 	// shown is closed once commitLSN is visible, for a writer that resolved
