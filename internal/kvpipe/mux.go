@@ -29,10 +29,10 @@ import (
 // stream's error — UNAVAILABLE when the connection or the server goes, as
 // a unary call cut off mid-flight does: for a write, an unknown outcome
 // (a call whose operation was still waiting to be sent goes on a new
-// stream instead). The next call opens a new stream. A call's deadline is sent as its
-// operation's timeout; a call whose context ends first returns at once,
-// and its operation is cancelled on the server, as a unary call's would
-// be (a write's outcome is then unknown). At most as many operations as
+// stream instead). The next call opens a new stream. A call's deadline
+// is sent as its operation's timeout; a call whose context ends first
+// returns at once, and its operation is cancelled on the server, as a
+// unary call's would be (a write's outcome is then unknown). At most as many operations as
 // the server says it runs at once (its MaxOpsHeader) are in progress on
 // a stream; more callers wait, as unary calls wait for a stream of a
 // connection that has its most. When the server drains the stream (it is

@@ -222,17 +222,17 @@ func (s *snapReader) read() (*Store, error) {
 func (s *snapReader) readEntries(lsn, count uint64, shared bool, fn func(entry) error) (Digest, error) {
 	h := newEntryHasher()
 	var (
-		d    Digest
-		prev []byte // the previous entry's key (a copy, when shared)
-		// shared: the one buffer; not nil, so that an empty key and
-		// value are empty, not nil, as unshared ones are.
-		buf = make([]byte, 0, 256)
+		d     Digest
+		prev  []byte  // the previous entry's key (a copy, when shared)
+		reuse *[]byte // shared: the one buffer every entry is read into
 	)
+	if shared {
+		// Not nil, so that an empty key and value are empty, not nil,
+		// as unshared ones are.
+		buf := make([]byte, 0, 256)
+		reuse = &buf
+	}
 	for i := uint64(0); i < count; i++ {
-		var reuse *[]byte
-		if shared {
-			reuse = &buf
-		}
 		e, err := s.readEntry(i, lsn, prev, reuse)
 		if err != nil {
 			return Digest{}, err
