@@ -98,7 +98,7 @@ func serve(t *testing.T, f *fake) walshipv1.KVServiceClient { return serveB(t, f
 func serveB(t testing.TB, f *fake) walshipv1.KVServiceClient { return serveWith(t, f) }
 
 // serveWith serves f on loopback with opts and returns a client of it.
-func serveWith(t testing.TB, f *fake, opts ...grpc.ServerOption) walshipv1.KVServiceClient {
+func serveWith(t testing.TB, f walshipv1.KVServiceServer, opts ...grpc.ServerOption) walshipv1.KVServiceClient {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

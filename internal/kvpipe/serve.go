@@ -64,6 +64,35 @@ type Handler interface {
 	Get(context.Context, *walshipv1.GetRequest) (*walshipv1.GetResponse, error)
 }
 
+// Grouper is a Handler that runs several writes of one message as a
+// group (a primary: it sequences them under one hold and awaits them
+// together), where Serve would run each on a worker of its own.
+type Grouper interface {
+	Handler
+	// RunWrites runs ws — Puts, Deletes and Txns, each with the context
+	// its own unary call would have — each as its unary handler would:
+	// the same checks, its own policy, LSN and outcome. It calls done
+	// once for each, done(i, resp, err) with ws[i]'s response or error as
+	// the unary handler returns them, from its own goroutine, as soon
+	// as each is ready, and returns once every one is done.
+	RunWrites(ws []Write, done func(i int, resp proto.Message, err error))
+}
+
+// Write is one write of a group for Grouper.RunWrites.
+type Write struct {
+	Ctx context.Context
+	Req *walshipv1.PipelineRequest // its op is a Put, a Delete or a Txn
+}
+
+// grouped reports whether req's operation goes in a group.
+func grouped(req *walshipv1.PipelineRequest) bool {
+	switch req.GetOp().(type) {
+	case *walshipv1.PipelineRequest_Put, *walshipv1.PipelineRequest_Delete, *walshipv1.PipelineRequest_Txn:
+		return true
+	}
+	return false
+}
+
 // Calls counts a stream's operations against its peer's calls in
 // progress (internal/serve's --max-peer-calls), so that a peer holds no
 // more through Pipeline streams than through unary calls.
@@ -107,7 +136,8 @@ type Limits struct {
 // does (a write already sequenced still commits) and its result is
 // dropped. The operations a request carries in more are taken as if each
 // had come in a message of its own, after the request's own (one that
-// carries more of its own ends the stream INVALID_ARGUMENT); for a client
+// carries more of its own ends the stream INVALID_ARGUMENT) — except that
+// for a Grouper the message's writes run as one group (RunWrites); for a client
 // that says it reads them (BatchHeader), the answers ready together go in
 // one message. One goroutine receives and one sends (grpc-go's
 // rule for streams); every worker, running an abandoned operation or not,
@@ -149,7 +179,14 @@ func Serve(stream walshipv1.KVService_PipelineServer, h Handler, lim Limits) err
 	})
 	r := &running{byID: map[uint64][]*op{}, answers: answers, calls: lim.Calls}
 	ops := &workers{jobs: make(chan job)}
-	in := &intake{ctx: ctx, base: base, r: r, ops: ops, slots: slots, run: func(j job, w *worker) { r.run(j.o, h, j.req, w) }}
+	g, _ := h.(Grouper)
+	in := &intake{ctx: ctx, base: base, r: r, ops: ops, slots: slots, grouper: g != nil, run: func(j job, w *worker) {
+		if j.group != nil {
+			r.runGroup(g, j.group, w)
+			return
+		}
+		r.run(j.o, h, j.req, w)
+	}}
 	var recvErr error
 	for {
 		req, err := stream.Recv()
@@ -168,15 +205,7 @@ func Serve(stream walshipv1.KVService_PipelineServer, h Handler, lim Limits) err
 		if recvErr != nil {
 			break
 		}
-		if recvErr = in.accept(req); recvErr != nil {
-			break
-		}
-		for _, m := range req.GetMore() {
-			if recvErr = in.accept(m); recvErr != nil {
-				break
-			}
-		}
-		if recvErr != nil {
+		if recvErr = in.take(req); recvErr != nil {
 			break
 		}
 	}
@@ -201,14 +230,40 @@ type intake struct {
 	r     *running
 	ops   *workers
 	slots chan struct{}
-	run   func(job, *worker) // made once: a closure per operation allocates
+	// grouper: the handler is a Grouper, and a message's writes run as
+	// one group.
+	grouper bool
+	run     func(job, *worker) // made once: a closure per operation allocates
 }
 
-// accept runs one operation the client sent, once it has a slot, or
-// takes a cancel. With every slot taken it waits for one, and returns
-// an error if the server stops meanwhile: the client's next request may
-// be the one (a cancel, its close) it waits for, so the stream ends.
-func (in *intake) accept(req *walshipv1.PipelineRequest) error {
+// take runs the operations of one request message: its own, then those
+// it carries in more, each as if it had come alone — except that, for a
+// Grouper, the writes among them (Puts, Deletes, Txns) run as one group
+// on one worker, in the message's order.
+func (in *intake) take(req *walshipv1.PipelineRequest) error {
+	var group *[]groupOp
+	if in.grouper && len(req.GetMore()) > 0 {
+		g := make([]groupOp, 0, len(req.GetMore())+1)
+		group = &g
+	}
+	err := in.accept(req, group)
+	for _, m := range req.GetMore() {
+		if err != nil {
+			break
+		}
+		err = in.accept(m, group)
+	}
+	in.flush(group)
+	return err
+}
+
+// accept runs one operation the client sent, once it has a slot (in
+// group, if it is given and the operation goes in one), or takes a
+// cancel. With every slot taken it runs the group gathered so far and
+// waits for a slot, and returns an error if the server stops meanwhile:
+// the client's next request may be the one (a cancel, its close) it
+// waits for, so the stream ends.
+func (in *intake) accept(req *walshipv1.PipelineRequest, group *[]groupOp) error {
 	if _, ok := req.GetOp().(*walshipv1.PipelineRequest_Cancel); ok {
 		in.r.cancel(req.GetId())
 		return nil
@@ -216,14 +271,38 @@ func (in *intake) accept(req *walshipv1.PipelineRequest) error {
 	select {
 	case in.slots <- struct{}{}:
 	default:
+		in.flush(group)
 		select {
 		case in.slots <- struct{}{}:
 		case <-in.ctx.Done():
 			return errStopReading
 		}
 	}
-	in.ops.submit(job{o: in.r.start(in.base, req), req: req}, in.run)
+	o := in.r.start(in.base, req)
+	if group != nil && o.bad == nil && grouped(req) {
+		*group = append(*group, groupOp{o: o, req: req})
+		return nil
+	}
+	in.ops.submit(job{o: o, req: req}, in.run)
 	return nil
+}
+
+// flush hands the operations gathered in group (if any) to a worker and
+// empties it.
+func (in *intake) flush(group *[]groupOp) {
+	if group == nil {
+		return
+	}
+	switch g := *group; len(g) {
+	case 0:
+		return
+	case 1:
+		in.ops.submit(job{o: g[0].o, req: g[0].req}, in.run)
+	default:
+		in.ops.submit(job{group: g}, in.run)
+	}
+	// The worker owns the slice now.
+	*group = nil
 }
 
 // sendAnswers sends each answer, freeing its slot once sent, until
@@ -310,8 +389,16 @@ type workers struct {
 	wg   sync.WaitGroup
 }
 
-// job is one operation for a worker.
+// job is one operation for a worker, or a group of writes for a
+// Grouper.
 type job struct {
+	o     *op
+	req   *walshipv1.PipelineRequest
+	group []groupOp
+}
+
+// groupOp is one operation of a group.
+type groupOp struct {
 	o   *op
 	req *walshipv1.PipelineRequest
 }
@@ -320,6 +407,10 @@ type job struct {
 type worker struct {
 	ws   *workers
 	idle bool // counted in ws.idle for this operation
+	// runGroup's lists, kept for the worker's next group.
+	writes []Write
+	ran    []*op
+	ends   []opEnd
 }
 
 // done counts the worker idle, once per operation: it answered it, or
@@ -524,42 +615,106 @@ func (r *running) leave() {
 // counted idle before the answer goes (w.done).
 func (r *running) run(o *op, h Handler, req *walshipv1.PipelineRequest, w *worker) {
 	defer r.done(o)
-	if o.bad != nil {
-		w.done()
-		r.answer(o, failed(o.id, o.bad))
-		return
-	}
-	if o.timeout > 0 {
-		// The handler sees its context's deadline; this timer answers
-		// for it when the handler does not return then.
-		fired := make(chan struct{})
-		t := time.AfterFunc(o.timeout, func() {
-			defer close(fired)
-			r.answer(o, failed(o.id, context.DeadlineExceeded))
-		})
-		defer func() {
-			if !t.Stop() {
-				<-fired // answered: the answers channel may close once we return
-			}
-		}()
-	}
-	release, err := r.call(o.ctx)
+	e, err := r.begin(o)
+	defer e.end()
 	if err != nil {
 		w.done()
-		r.answer(o, failed(o.id, err))
-		return
-	}
-	if release != nil && !o.hold(release) {
-		return // answered meanwhile
-	}
-	if err := o.ctx.Err(); err != nil {
-		w.done()
-		r.answer(o, failed(o.id, err))
+		if err != errAnswered {
+			r.answer(o, failed(o.id, err))
+		}
 		return
 	}
 	resp := runOp(o.ctx, h, req)
 	w.done()
 	r.answer(o, resp)
+}
+
+// runGroup runs a group of writes on g with one call of its RunWrites,
+// each write as run runs one: what begin refuses is answered at once,
+// and each answer goes as soon as the handler gives it. w is counted
+// idle before the last answer goes.
+func (r *running) runGroup(g Grouper, ops []groupOp, w *worker) {
+	w.writes, w.ran, w.ends = w.writes[:0], w.ran[:0], w.ends[:0]
+	for _, x := range ops {
+		e, err := r.begin(x.o)
+		w.ends = append(w.ends, e)
+		if err != nil {
+			if err != errAnswered {
+				r.answer(x.o, failed(x.o.id, err))
+			}
+			continue
+		}
+		w.writes = append(w.writes, Write{Ctx: x.o.ctx, Req: x.req})
+		w.ran = append(w.ran, x.o)
+	}
+	if left := len(w.writes); left > 0 {
+		g.RunWrites(w.writes, func(i int, resp proto.Message, err error) {
+			if left--; left == 0 {
+				w.done()
+			}
+			o := w.ran[i]
+			r.answer(o, answerOf(o.id, resp, err))
+		})
+	}
+	for i, x := range ops {
+		w.ends[i].end()
+		r.done(x.o)
+	}
+	clear(w.writes)
+	clear(w.ran)
+	clear(w.ends)
+}
+
+// errAnswered is begin's word that its operation was answered meanwhile.
+var errAnswered = errors.New("kvpipe: answered")
+
+// opEnd is what begin armed for an operation, to end once its handler
+// has returned.
+type opEnd struct {
+	timer *time.Timer
+	fired chan struct{}
+}
+
+// end stops the operation's timer, or waits until the answer it fired
+// is handed over: the answers channel may close once its operation is
+// done.
+func (e opEnd) end() {
+	if e.timer != nil && !e.timer.Stop() {
+		<-e.fired
+	}
+}
+
+// begin does what comes before o's handler runs: it arms o's timeout
+// (whose timer answers for it when the handler does not return by then),
+// counts o among the peer's calls and checks that o's caller still waits.
+// It returns nil if the handler is to run, errAnswered if o was answered
+// meanwhile, or the error to answer o with. The caller ends what it
+// returns once the handler has returned (or at once, on an error).
+func (r *running) begin(o *op) (opEnd, error) {
+	if o.bad != nil {
+		return opEnd{}, o.bad
+	}
+	var e opEnd
+	if o.timeout > 0 {
+		// The handler sees its context's deadline; this timer answers
+		// for it when the handler does not return then.
+		fired := make(chan struct{})
+		e = opEnd{fired: fired, timer: time.AfterFunc(o.timeout, func() {
+			defer close(fired)
+			r.answer(o, failed(o.id, context.DeadlineExceeded))
+		})}
+	}
+	release, err := r.call(o.ctx)
+	if err != nil {
+		return e, err
+	}
+	if release != nil && !o.hold(release) {
+		return e, errAnswered
+	}
+	if err := o.ctx.Err(); err != nil {
+		return e, err
+	}
+	return e, nil
 }
 
 // hold records the peer's call o holds, or frees it if o was answered.
@@ -601,36 +756,45 @@ func failed(id uint64, err error) *walshipv1.PipelineResponse {
 // handler's response, or its error as the unary call would have failed
 // (code, message and details).
 func runOp(ctx context.Context, h Handler, req *walshipv1.PipelineRequest) *walshipv1.PipelineResponse {
-	resp := &walshipv1.PipelineResponse{Id: req.GetId()}
+	var resp proto.Message
 	var err error
 	switch op := req.GetOp().(type) {
 	case *walshipv1.PipelineRequest_Put:
-		var r *walshipv1.PutResponse
-		if r, err = h.Put(ctx, op.Put); err == nil {
-			resp.Result = &walshipv1.PipelineResponse_Put{Put: r}
-		}
+		resp, err = h.Put(ctx, op.Put)
 	case *walshipv1.PipelineRequest_Delete:
-		var r *walshipv1.DeleteResponse
-		if r, err = h.Delete(ctx, op.Delete); err == nil {
-			resp.Result = &walshipv1.PipelineResponse_Delete{Delete: r}
-		}
+		resp, err = h.Delete(ctx, op.Delete)
 	case *walshipv1.PipelineRequest_Txn:
-		var r *walshipv1.TxnResponse
-		if r, err = h.Txn(ctx, op.Txn); err == nil {
-			resp.Result = &walshipv1.PipelineResponse_Txn{Txn: r}
-		}
+		resp, err = h.Txn(ctx, op.Txn)
 	case *walshipv1.PipelineRequest_Get:
-		var r *walshipv1.GetResponse
-		if r, err = h.Get(ctx, op.Get); err == nil {
-			resp.Result = &walshipv1.PipelineResponse_Get{Get: r}
-		}
+		resp, err = h.Get(ctx, op.Get)
 	default:
 		err = rpcerr.Invalid("op", "none set (want put, delete, txn or get)")
 	}
-	if err != nil {
-		resp.Result = errorResult(err)
+	return answerOf(req.GetId(), resp, err)
+}
+
+// answerOf is the answer to operation id whose handler returned resp and
+// err.
+func answerOf(id uint64, resp proto.Message, err error) *walshipv1.PipelineResponse {
+	out := &walshipv1.PipelineResponse{Id: id}
+	if err == nil {
+		switch r := resp.(type) {
+		case *walshipv1.PutResponse:
+			out.Result = &walshipv1.PipelineResponse_Put{Put: r}
+		case *walshipv1.DeleteResponse:
+			out.Result = &walshipv1.PipelineResponse_Delete{Delete: r}
+		case *walshipv1.TxnResponse:
+			out.Result = &walshipv1.PipelineResponse_Txn{Txn: r}
+		case *walshipv1.GetResponse:
+			out.Result = &walshipv1.PipelineResponse_Get{Get: r}
+		default:
+			err = status.Errorf(codes.Internal, "walship: the handler answered a %T", resp)
+		}
 	}
-	return resp
+	if err != nil {
+		out.Result = errorResult(err)
+	}
+	return out
 }
 
 // errorResult is err as gRPC would send it for a unary call: a status

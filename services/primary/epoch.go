@@ -372,7 +372,7 @@ func (s *Server) writeRecord(ctx context.Context, rec *walshipv1.EpochRecord) (u
 	s.useContract(rec.GetContract(), rec.GetStage())
 	res, err := s.exec(ctx, &walshipv1.CommitPolicy{Durability: walshipv1.Durability_DURABILITY_SYNC,
 		Replication: walshipv1.ReplicationMode_REPLICATION_MODE_DISABLED, Logstore: walshipv1.LogStoreAck_LOG_STORE_ACK_ASYNC},
-		nil, []op{{kind: codec.OpPut, key: keyspace.EpochRecordKey, value: data}})
+		[]op{{kind: codec.OpPut, key: keyspace.EpochRecordKey, value: data}})
 	if err != nil {
 		// A record sequenced before its commit failed (the lease or the
 		// gate lost just after it) is in the log, and acks follow the

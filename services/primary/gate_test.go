@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -207,5 +208,52 @@ func TestCommitsWaitForTheElectionTogether(t *testing.T) {
 	}
 	if got := counter(t, r.s.metrics.gateWaits.WithLabelValues("held")); got != n {
 		t.Fatalf("walship_primary_election_waits_total{outcome=held} = %v; want %d", got, n)
+	}
+}
+
+// TestGroupWaitsOneGrace: the writes of one Pipeline message,
+// acknowledged together while the election's renewal is late and never
+// renewed, wait for the gate one grace in all, not one each after the
+// other: each is answered UNAVAILABLE (its outcome unknown) about one
+// grace after the gate closed. (The bound checked, 3 graces for 4
+// writes, leaves 2 graces of slack for a slow machine; one grace each
+// would take 4.)
+func TestGroupWaitsOneGrace(t *testing.T) {
+	const grace = 2 * time.Second
+	g := &lateGate{}
+	cfg := testConfig(t, t.TempDir())
+	cfg.Gate = g.gate
+	cfg.GateGrace = grace
+	cfg.GateChanged = g.changed
+	r := start(t, cfg)
+	c := ctx(t)
+	if _, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "before", Value: []byte("v")}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := r.kv.Pipeline(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.arm(r.s, r.s.pipe.visible.Load()+1)
+	msg := pipeOp(1, &walshipv1.PutRequest{Key: "k1", Value: []byte("v")})
+	for id := uint64(2); id <= 4; id++ {
+		msg.More = append(msg.More, pipeOp(id, &walshipv1.PutRequest{Key: fmt.Sprintf("k%d", id), Value: []byte("v")}))
+	}
+	start := time.Now()
+	if err := s.Send(msg); err != nil {
+		t.Fatal(err)
+	}
+	for range 4 {
+		a, err := s.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := a.GetError()
+		if codes.Code(e.GetCode()) != codes.Unavailable || !strings.Contains(e.GetMessage(), "outcome is unknown") {
+			t.Fatalf("answer %v; want UNAVAILABLE, outcome unknown", a)
+		}
+	}
+	if took := time.Since(start); took > 3*grace {
+		t.Fatalf("4 writes of one message answered after %v with a grace of %v: they waited one after the other", took, grace)
 	}
 }

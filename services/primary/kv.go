@@ -16,7 +16,6 @@ import (
 	"github.com/walship/walship/pkg/codec"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 )
 
 // kvServer is the primary's KVService.
@@ -55,99 +54,48 @@ func (k *kvServer) Scan(ctx context.Context, req *walshipv1.ScanRequest) (*walsh
 }
 
 func (k *kvServer) Put(ctx context.Context, req *walshipv1.PutRequest) (*walshipv1.PutResponse, error) {
-	if err := keyspace.ValidateKey("key", req.GetKey()); err != nil {
-		return nil, err
-	}
-	if err := k.s.validateValue("value", req.GetValue()); err != nil {
-		return nil, err
-	}
-	if err := k.s.takingWrite(); err != nil {
-		return nil, err
-	}
-	held, err := k.s.admit.admit(ctx, proto.Size(req))
+	var c [1]call
+	err := k.s.preparePut(ctx, req, &c[0])
+	defer c[0].held.release()
 	if err != nil {
 		return nil, err
 	}
-	defer held.release()
-	res, err := k.s.exec(ctx, req.GetPolicy(), nil, []op{{kind: codec.OpPut, key: req.GetKey(), value: req.GetValue()}})
+	k.s.runCalls(c[:], nil)
+	resp, err := c[0].response()
 	if err != nil {
 		return nil, err
 	}
-	return &walshipv1.PutResponse{Lsn: res.lsn}, nil
+	return resp.(*walshipv1.PutResponse), nil
 }
 
 func (k *kvServer) Delete(ctx context.Context, req *walshipv1.DeleteRequest) (*walshipv1.DeleteResponse, error) {
-	if err := keyspace.ValidateKey("key", req.GetKey()); err != nil {
-		return nil, err
-	}
-	if err := k.s.takingWrite(); err != nil {
-		return nil, err
-	}
-	held, err := k.s.admit.admit(ctx, proto.Size(req))
+	var c [1]call
+	err := k.s.prepareDelete(ctx, req, &c[0])
+	defer c[0].held.release()
 	if err != nil {
 		return nil, err
 	}
-	defer held.release()
-	res, err := k.s.exec(ctx, req.GetPolicy(), nil, []op{{kind: codec.OpDelete, key: req.GetKey()}})
+	k.s.runCalls(c[:], nil)
+	resp, err := c[0].response()
 	if err != nil {
 		return nil, err
 	}
-	return &walshipv1.DeleteResponse{Lsn: res.lsn, Existed: res.results[0].existed}, nil
+	return resp.(*walshipv1.DeleteResponse), nil
 }
 
 func (k *kvServer) Txn(ctx context.Context, req *walshipv1.TxnRequest) (*walshipv1.TxnResponse, error) {
-	if n := len(req.GetSuccess()) + len(req.GetFailure()); n > k.s.cfg.MaxTxnOps {
-		return nil, rpcerr.Invalid("success", "%d ops in success and failure together, the limit is %d", n, k.s.cfg.MaxTxnOps)
-	}
-	if n := len(req.GetCompares()); n > k.s.cfg.MaxTxnOps {
-		return nil, rpcerr.Invalid("compares", "%d compares, the limit is %d", n, k.s.cfg.MaxTxnOps)
-	}
-	cmps := make([]state.Compare, len(req.GetCompares()))
-	for i, c := range req.GetCompares() {
-		var err error
-		if cmps[i], err = convertCompare(c); err != nil {
-			return nil, within(fmt.Sprintf("compares[%d]", i), err)
-		}
-	}
-	success, err := k.s.convertOps("success", req.GetSuccess())
+	var c [1]call
+	err := k.s.prepareTxn(ctx, req, &c[0])
+	defer c[0].held.release()
 	if err != nil {
 		return nil, err
 	}
-	failure, err := k.s.convertOps("failure", req.GetFailure())
+	k.s.runCalls(c[:], nil)
+	resp, err := c[0].response()
 	if err != nil {
 		return nil, err
 	}
-	writing := writes(success) || writes(failure)
-	check := k.s.serving
-	if writing {
-		check = k.s.takingWrite
-	}
-	if err := check(); err != nil {
-		return nil, err
-	}
-	if writing {
-		held, err := k.s.admit.admit(ctx, proto.Size(req))
-		if err != nil {
-			return nil, err
-		}
-		defer held.release()
-	}
-	res, err := k.s.execTxn(ctx, req.GetPolicy(), cmps, success, failure, req.GetSpeculative())
-	if err != nil {
-		return nil, err
-	}
-	resp := &walshipv1.TxnResponse{Succeeded: res.succeeded, Lsn: res.lsn, Results: make([]*walshipv1.TxnOpResult, len(res.results))}
-	for i, r := range res.results {
-		switch r.kind {
-		case codec.OpPut:
-			resp.Results[i] = &walshipv1.TxnOpResult{Result: &walshipv1.TxnOpResult_Put{Put: &walshipv1.PutOpResult{}}}
-		case codec.OpDelete:
-			resp.Results[i] = &walshipv1.TxnOpResult{Result: &walshipv1.TxnOpResult_Delete{Delete: &walshipv1.DeleteOpResult{Existed: r.existed}}}
-		default:
-			resp.Results[i] = &walshipv1.TxnOpResult{Result: &walshipv1.TxnOpResult_Get{Get: &walshipv1.GetOpResult{Found: r.found, Value: r.value, VersionLsn: r.version}}}
-		}
-	}
-	return resp, nil
+	return resp.(*walshipv1.TxnResponse), nil
 }
 
 // writes reports whether ops put or delete anything.
@@ -291,50 +239,15 @@ func convertCompare(c *walshipv1.Compare) (state.Compare, error) {
 	return out, nil
 }
 
-// exec runs ops unconditionally.
-func (s *Server) exec(ctx context.Context, p *walshipv1.CommitPolicy, cmps []state.Compare, ops []op) (execResult, error) {
-	return s.execTxn(ctx, p, cmps, ops, nil, false)
-}
-
-// execTxn runs a transaction (sequence). One with writes answers once its
-// policy is met and its commit is visible (await), which every write it
-// read or compared, being sequenced before it, then is too. One without
-// waits until the writes it read or compared are visible, unless it is
-// speculative (TxnRequest.speculative): a response never carries a write
-// whose writer has not been answered, whichever branch runs and whatever
-// the policies are.
-func (s *Server) execTxn(ctx context.Context, p *walshipv1.CommitPolicy, cmps []state.Compare, success, failure []op, speculative bool) (execResult, error) {
-	if err := validatePolicyEnums(p); err != nil {
+// exec runs ops unconditionally, as a Put does (runCalls).
+func (s *Server) exec(ctx context.Context, p *walshipv1.CommitPolicy, ops []op) (execResult, error) {
+	var c [1]call
+	c[0].success = ops
+	if err := s.preparePolicy(ctx, p, &c[0]); err != nil {
 		return execResult{}, err
 	}
-	pol, err := s.policy.Load().Merge(p)
-	if err != nil {
-		return execResult{}, rpcerr.Invalid("policy", "%v", err)
-	}
-	if err := s.checkSyncReplicas(pol); err != nil {
-		return execResult{}, rpcerr.Invalid("policy", "%v", err)
-	}
-	if err := ctx.Err(); err != nil {
-		return execResult{}, status.FromContextError(err).Err()
-	}
-	start := time.Now()
-	res, t, err := s.pipe.sequence(pol, cmps, success, failure, start)
-	if err != nil {
-		return execResult{}, err
-	}
-	if t == nil {
-		return res, s.answerReads(ctx, res.lsn, speculative)
-	}
-	err = s.pipe.await(t)
-	if err == nil {
-		err = s.stillPrimary(ctx, t.commitLSN)
-	}
-	s.metrics.observeCommit(pol, err, time.Since(start))
-	if err != nil {
-		return execResult{}, rpcerr.Status(err)
-	}
-	res.lsn = t.commitLSN
-	return res, nil
+	s.runCalls(c[:], nil)
+	return c[0].result()
 }
 
 // answerReads returns once reads that saw the writes up to lsn may be
@@ -368,12 +281,14 @@ func (s *Server) answerReads(ctx context.Context, lsn uint64, speculative bool) 
 // A closed gate is waited for up to Config.GateGrace (and ctx): an
 // election holder whose renewal was only slow holds it again at its next
 // one, and the commit, acknowledged under the contract, is as safe to
-// answer then as at once.
-func (s *Server) stillPrimary(ctx context.Context, commitLSN uint64) error {
+// answer then as at once. The grace ends at *graceEnd, set by the first
+// of the commits answered together that waits (runCalls): a group of
+// them waits one grace, not one each.
+func (s *Server) stillPrimary(ctx context.Context, commitLSN uint64, graceEnd *time.Time) error {
 	if !s.opened.Load() {
 		return nil // the epoch record itself, before the lease is waited for
 	}
-	gerr := s.awaitGate(ctx)
+	gerr := s.awaitGate(ctx, graceEnd)
 	if !s.lease.valid() {
 		return fmt.Errorf("%w: commit LSN %d is in the log, but the primary lost its lease (no word from a log store majority for %v) and may have been deposed: its outcome is unknown",
 			rpcerr.ErrUnavailable, commitLSN, s.cfg.LeaseTimeout)
@@ -385,16 +300,19 @@ func (s *Server) stillPrimary(ctx context.Context, commitLSN uint64) error {
 }
 
 // awaitGate returns nil once the gate is open, or its error if it stays
-// closed for Config.GateGrace, until ctx ends, or once the primary fails
-// or is deposed. It looks again each time the election is renewed
-// (Config.GateChanged): a lapse costs the waiting commits one look each
-// per renewal, nothing in between.
-func (s *Server) awaitGate(ctx context.Context) error {
+// closed until *graceEnd (Config.GateGrace from now, if not set yet),
+// until ctx ends, or once the primary fails or is deposed. It looks again
+// each time the election is renewed (Config.GateChanged): a lapse costs
+// the waiting commits one look each per renewal, nothing in between.
+func (s *Server) awaitGate(ctx context.Context, graceEnd *time.Time) error {
 	err := s.gated()
 	if err == nil || s.cfg.GateGrace <= 0 {
 		return err
 	}
-	err = s.gateReopens(ctx, err)
+	if graceEnd.IsZero() {
+		*graceEnd = time.Now().Add(s.cfg.GateGrace)
+	}
+	err = s.gateReopens(ctx, err, *graceEnd)
 	if err == nil {
 		s.metrics.gateWaits.WithLabelValues("held").Inc()
 	} else {
@@ -404,10 +322,10 @@ func (s *Server) awaitGate(ctx context.Context) error {
 }
 
 // gateReopens waits, after the gate answered err, until it opens (nil),
-// or returns its last error once ctx ends, Config.GateGrace passes or the
+// or returns its last error once ctx ends, graceEnd passes or the
 // primary fails.
-func (s *Server) gateReopens(ctx context.Context, err error) error {
-	grace := time.NewTimer(s.cfg.GateGrace)
+func (s *Server) gateReopens(ctx context.Context, err error, graceEnd time.Time) error {
+	grace := time.NewTimer(time.Until(graceEnd))
 	defer grace.Stop()
 	for {
 		// Asked before the look, so that a renewal between the two

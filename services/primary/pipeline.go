@@ -41,7 +41,8 @@ import (
 //	              write before its writer heard that it committed.
 //
 // Goroutines. A KV handler sequences its transaction and waits for it
-// (await); it never writes the WAL. The committer (committer) owns the
+// (runCalls, calls.go), as a Pipeline worker does a message's writes
+// together; neither writes the WAL. The committer (committer) owns the
 // WAL's writes: it writes what needs no fsync at once, writes a group
 // when the syncer asks, makes retention's cuts and runs the async flush
 // timer. The syncer gathers a group (group commit), has the committer

@@ -108,6 +108,13 @@ func (p Policy) Proto() *walshipv1.CommitPolicy {
 	}
 }
 
+// waitsForPeers reports whether a commit under p waits for replicas or
+// log stores (awaitPeers).
+func (p Policy) waitsForPeers() bool {
+	return p.Replication == walshipv1.ReplicationMode_REPLICATION_MODE_SYNC ||
+		p.LogStore == walshipv1.LogStoreAck_LOG_STORE_ACK_SYNC
+}
+
 // needsLocalSync reports whether a commit under p must wait for the local
 // fsync before it is acknowledged. A synchronous wait for replicas implies
 // it: replicas get such a commit before the primary's fsync (the two run in

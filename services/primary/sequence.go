@@ -60,25 +60,49 @@ func (t *txn) bytes() int {
 // errStopping is returned to writes that arrive during a graceful stop.
 var errStopping = fmt.Errorf("%w: primary is shutting down", rpcerr.ErrUnavailable)
 
-// sequence runs one transaction at the sequenced state: the newest write
-// of every key, acknowledged or not. Its compares pick the branch. A
-// branch with writes becomes a txn, queued for its writer; the caller
-// awaits it. A branch of reads only returns no txn, and in res.lsn the LSN
-// that must be visible before its results may be returned: the newest
-// write they saw (the compares' outcome says what their keys held, so the
-// writes behind them count as read), or the visible LSN if none is in
-// flight — at which those keys hold what they hold at the sequenced state.
-func (p *pipeline) sequence(pol Policy, cmps []state.Compare, success, failure []op, start time.Time) (res execResult, t *txn, err error) {
+// sequenceCalls sequences calls, in order, under one hold of seqMu:
+// each that has not failed yet (c.err) gets its result, and its txn if
+// it writes, or its refusal in c.err.
+func (p *pipeline) sequenceCalls(calls []call) {
 	p.seqMu.Lock()
 	defer p.seqMu.Unlock()
+	refusal := p.refusalLocked()
+	for i := range calls {
+		c := &calls[i]
+		if c.err != nil {
+			continue
+		}
+		if refusal != nil {
+			c.err = refusal
+			continue
+		}
+		c.res, c.t, c.err = p.sequenceLocked(c.pol, c.cmps, c.success, c.failure, c.start)
+	}
+}
+
+// refusalLocked is why sequence refuses every transaction now, or nil.
+func (p *pipeline) refusalLocked() error {
 	switch {
 	case p.broken != nil:
-		return execResult{}, nil, notServing("primary cannot commit: %v", p.broken)
+		return notServing("primary cannot commit: %v", p.broken)
 	case p.stopping:
-		return execResult{}, nil, notServing("%v", errStopping)
+		return notServing("%v", errStopping)
 	case p.handover.Load():
-		return execResult{}, nil, notServing("primary is handing over to another node (switchover)")
+		return notServing("primary is handing over to another node (switchover)")
 	}
+	return nil
+}
+
+// sequenceLocked runs one transaction at the sequenced state: the newest
+// write of every key, acknowledged or not. Its compares pick the branch.
+// A branch with writes becomes a txn, queued for its writer; the caller
+// awaits it. A branch of reads only returns no txn, and in res.lsn the
+// LSN that must be visible before its results may be returned: the
+// newest write they saw (the compares' outcome says what their keys
+// held, so the writes behind them count as read), or the visible LSN if
+// none is in flight — at which those keys hold what they hold at the
+// sequenced state. Called with seqMu held.
+func (p *pipeline) sequenceLocked(pol Policy, cmps []state.Compare, success, failure []op, start time.Time) (res execResult, t *txn, err error) {
 	res.succeeded = true
 	for i := range cmps {
 		if !cmps[i].Eval(p.overlay) {
