@@ -32,7 +32,7 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // WriteSnapshot writes v to w in the snapshot format (docs/FORMAT.md). It buffers
 // internally; w needs no buffering of its own. It does not sync or close w.
 func WriteSnapshot(w io.Writer, v *View) error {
-	sw := snapWriter{w: bufio.NewWriterSize(w, 64<<10)}
+	sw := newSnapWriter(w)
 	var hdr [snapHeaderSize]byte
 	copy(hdr[:], snapMagic)
 	binary.LittleEndian.PutUint32(hdr[8:], snapVersion)
@@ -56,35 +56,61 @@ func WriteSnapshot(w io.Writer, v *View) error {
 		return sw.err == nil
 	})
 
-	d := v.digest.Bytes()
-	sw.write(d[:])
-	binary.LittleEndian.PutUint32(scratch[:], sw.crc)
-	sw.write(scratch[:4])
-	if sw.err != nil {
-		return sw.err
-	}
-	if err := sw.w.Flush(); err != nil {
-		return fmt.Errorf("state: write snapshot: %w", err)
-	}
-	return nil
+	return sw.finish(v.digest.Bytes())
 }
 
-// snapWriter checksums what it writes and keeps the first error, so the
+// snapWriter buffers what it writes and checksums it a buffer at a time
+// as it goes out — CRC-32C over 64 KiB at once runs several times faster
+// than over each field of each pair — and keeps the first error, so the
 // encoder can write unconditionally and check once.
 type snapWriter struct {
-	w   *bufio.Writer
-	crc uint32
+	w   io.Writer
+	buf []byte
+	crc uint32 // of everything flushed
 	err error
 }
 
+func newSnapWriter(w io.Writer) snapWriter {
+	return snapWriter{w: w, buf: make([]byte, 0, 64<<10)}
+}
+
 func (s *snapWriter) write(p []byte) {
-	if s.err != nil {
+	if len(s.buf)+len(p) > cap(s.buf) {
+		s.flush()
+		if len(p) > cap(s.buf) {
+			s.out(p)
+			return
+		}
+	}
+	s.buf = append(s.buf, p...)
+}
+
+// flush writes out what is buffered.
+func (s *snapWriter) flush() {
+	s.out(s.buf)
+	s.buf = s.buf[:0]
+}
+
+func (s *snapWriter) out(p []byte) {
+	if s.err != nil || len(p) == 0 {
 		return
 	}
 	s.crc = crc32.Update(s.crc, castagnoli, p)
 	if _, err := s.w.Write(p); err != nil {
 		s.err = fmt.Errorf("state: write snapshot: %w", err)
 	}
+}
+
+// finish writes the trailer — digest d, then the CRC-32C of everything
+// before it — and flushes; it returns the first error.
+func (s *snapWriter) finish(d [DigestSize]byte) error {
+	s.write(d[:])
+	s.flush()
+	var crc [4]byte
+	binary.LittleEndian.PutUint32(crc[:], s.crc)
+	s.write(crc[:])
+	s.flush()
+	return s.err
 }
 
 // ReadSnapshot reads a snapshot written by [WriteSnapshot] and returns a

@@ -39,7 +39,7 @@ type SnapshotEncoder struct {
 // applied LSN lsn to w, which needs no buffering of its own. It does not
 // sync or close w.
 func NewSnapshotEncoder(w io.Writer, lsn, count uint64) *SnapshotEncoder {
-	e := &SnapshotEncoder{sw: snapWriter{w: bufio.NewWriterSize(w, 64<<10)}, lsn: lsn, count: count, h: newEntryHasher()}
+	e := &SnapshotEncoder{sw: newSnapWriter(w), lsn: lsn, count: count, h: newEntryHasher()}
 	var hdr [snapHeaderSize]byte
 	copy(hdr[:], snapMagic)
 	binary.LittleEndian.PutUint32(hdr[8:], snapVersion)
@@ -98,15 +98,8 @@ func (e *SnapshotEncoder) Finish(digest string) (Digest, error) {
 	if got := e.d.String(); got != digest {
 		return Digest{}, fmt.Errorf("%w: the pairs' digest is %s, the sender announced %s", ErrDigestMismatch, got, digest)
 	}
-	d := e.d.Bytes()
-	e.sw.write(d[:])
-	binary.LittleEndian.PutUint32(e.scratch[:4], e.sw.crc)
-	e.sw.write(e.scratch[:4])
-	if e.sw.err != nil {
-		return Digest{}, e.sw.err
-	}
-	if err := e.sw.w.Flush(); err != nil {
-		return Digest{}, fmt.Errorf("state: write snapshot: %w", err)
+	if err := e.sw.finish(e.d.Bytes()); err != nil {
+		return Digest{}, err
 	}
 	return e.d, nil
 }
