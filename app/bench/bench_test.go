@@ -281,6 +281,52 @@ func TestPutConsistency(t *testing.T) {
 	}
 }
 
+// TestPutOverwriteConsistency: with PutKeys, each terminal overwrites
+// its share of the keys, and after a run each key holds the value of its
+// terminal's last committed Put; a stale value, a lost key, a key no Put
+// committed and one of no terminal are each caught.
+func TestPutOverwriteConsistency(t *testing.T) {
+	p := smallParams()
+	p.PutKeys, p.loops = 40, 4
+	w := newPut(p)
+	f := runFake(t, w, 4, 100)
+	keys := 0
+	for k := range f.m {
+		if strings.HasPrefix(k, w.prefix()) {
+			keys++
+		}
+	}
+	if keys == 0 || keys > 40 {
+		t.Fatalf("%d keys written by 400 Puts over 40 keys", keys)
+	}
+	if v := f.check(w.checker()); len(v) > 0 {
+		t.Fatalf("inconsistent: %v", v)
+	}
+	some := ""
+	for k := range f.m {
+		if strings.HasPrefix(k, w.prefix()+"01/") {
+			some = k
+			break
+		}
+	}
+	for name, brk := range map[string]func(f *fakeKV){
+		"not the value its last committed Put wrote": func(f *fakeKV) { f.set(some, val{v: make([]byte, 16), found: true}) },
+		"keys present": func(f *fakeKV) { f.remove(some) },
+		"present, but no Put of it committed": func(f *fakeKV) {
+			f.set(w.prefix()+"01/000000000999", val{v: make([]byte, 16), found: true})
+		},
+		"no terminal of this run writes it": func(f *fakeKV) {
+			f.set(w.prefix()+"09/000000000001", val{v: make([]byte, 16), found: true})
+		},
+	} {
+		g := clone(f)
+		brk(g)
+		if v := g.check(w.checker()); !strings.Contains(strings.Join(v, "\n"), name) {
+			t.Errorf("%s: violations %q", name, v)
+		}
+	}
+}
+
 func TestYCSBConsistency(t *testing.T) {
 	p := smallParams()
 	w := newYCSB(p)

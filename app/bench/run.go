@@ -175,6 +175,9 @@ func (c *Config) Validate() error {
 		if p.PutBytes < 0 {
 			errs = append(errs, fmt.Errorf("--put-bytes %d: must not be negative", p.PutBytes))
 		}
+		if p.PutKeys < 0 {
+			errs = append(errs, fmt.Errorf("--put-keys %d: must not be negative", p.PutKeys))
+		}
 	case "ycsb-a":
 		if p.Records < 2 || p.ValueBytes < 0 || p.Theta <= 0 || p.Theta >= 1 {
 			errs = append(errs, fmt.Errorf("--records %d, --value-bytes %d, --zipf-theta %v: need records >= 2 and theta in (0,1)", p.Records, p.ValueBytes, p.Theta))
@@ -463,6 +466,7 @@ func drive(ctx context.Context, cfg Config, b *backend, row *Row) ([]string, err
 	params := cfg.Params
 	params.RunID = randomID()
 	params.counts = &runCounts{}
+	params.loops = cfg.Terminals * max(1, cfg.Pipeline)
 	w, err := newWorkload(cfg.Workload, params)
 	if err != nil {
 		return nil, err

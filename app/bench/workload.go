@@ -48,6 +48,10 @@ type WorkloadParams struct {
 	Theta               float64
 	// PutBytes is the value size of the put workload.
 	PutBytes int
+	// PutKeys, if positive, makes the put workload overwrite keys drawn at
+	// random from this many per run (as redis-benchmark's -r), split
+	// evenly between its terminals; 0: every Put writes a new key.
+	PutKeys int
 	// Seed makes every terminal's choices reproducible.
 	Seed int64
 	// RunID makes inserted keys (history rows) unique across runs on one
@@ -55,6 +59,8 @@ type WorkloadParams struct {
 	RunID string
 	// counts is what YCSB terminals report for the checker; nil outside a run.
 	counts *runCounts
+	// loops is how many terminals a run has (its closed loops).
+	loops int
 }
 
 func newWorkload(name string, p WorkloadParams) (workload, error) {

@@ -97,6 +97,7 @@ func (o *benchOptions) workloadFlags(fs *flag.FlagSet) {
 	fs.IntVar(&cfg.Params.ValueBytes, "value-bytes", cfg.Params.ValueBytes, "ycsb-a: bytes per record")
 	fs.Float64Var(&cfg.Params.Theta, "zipf-theta", cfg.Params.Theta, "ycsb-a: zipfian constant")
 	fs.IntVar(&cfg.Params.PutBytes, "put-bytes", cfg.Params.PutBytes, "put: bytes per value")
+	fs.IntVar(&cfg.Params.PutKeys, "put-keys", cfg.Params.PutKeys, "put: overwrite keys drawn at random from this many, split between the terminals (as redis-benchmark -r); 0 = every Put a new key")
 	fs.Int64Var(&cfg.Params.Seed, "seed", cfg.Params.Seed, "random seed of the data and the terminals")
 	fs.IntVar(&cfg.Terminals, "terminals", cfg.Terminals, "concurrent closed-loop clients")
 	fs.IntVar(&cfg.Pipeline, "pipeline", 0, "operations each terminal keeps in flight on one KVService.Pipeline stream of its own (0 = one unary call at a time)")
