@@ -2,6 +2,7 @@ package state
 
 import (
 	"sync"
+	"unsafe"
 
 	"github.com/walship/walship/pkg/codec"
 )
@@ -87,9 +88,10 @@ func (o *Overlay) readLocked(key []byte, withAfter bool) (value []byte, version 
 
 // Stage records the puts and deletes among recs (one sequenced transaction;
 // commit records are skipped, as are unknown ops, which the sequencer never
-// produces) as pending, in order. Keys are copied; values are kept, and
-// must not change once staged (a sequenced record's value is written to
-// the WAL and applied later anyway, so the sequencer never reuses one).
+// produces) as pending, in order. Keys and values are kept, not copied,
+// and must not change once staged (a sequenced record is written to the
+// WAL and applied later anyway, so the sequencer never reuses one; its
+// keys are views of the requests' strings).
 // recs must carry LSNs above every LSN staged before.
 func (o *Overlay) Stage(recs []codec.Record) {
 	if len(recs) == 0 {
@@ -118,7 +120,7 @@ func (o *Overlay) Stage(recs []codec.Record) {
 		default:
 			continue
 		}
-		k := string(r.Key)
+		k := unsafe.String(unsafe.SliceData(r.Key), len(r.Key))
 		o.pending[k] = p
 		o.order = append(o.order, stagedKey{key: k, lsn: commit})
 	}

@@ -3,6 +3,7 @@ package state
 import (
 	"sync"
 	"testing"
+	"unsafe"
 
 	"github.com/walship/walship/pkg/codec"
 )
@@ -107,16 +108,21 @@ func TestOverlayReadAfter(t *testing.T) {
 	check("released", "c", "p1", true, c1)
 }
 
-// TestOverlayCopiesStagedKeys: a staged record's key is copied (the
-// caller may reuse its buffer), its value kept as it is (Stage's contract:
-// it does not change), and an empty value reads as empty, not as a delete.
-func TestOverlayCopiesStagedKeys(t *testing.T) {
+// TestOverlayKeepsStagedRecords: a staged record's key and value are
+// kept as they are, not copied (Stage's contract: they do not change), a
+// value capped at its length, and an empty value reads as empty, not as
+// a delete.
+func TestOverlayKeepsStagedRecords(t *testing.T) {
 	o := NewOverlay(New())
 	b, _ := stage(o, 1, put("key", "value"), codec.Record{Op: codec.OpPut, Key: []byte("empty")})
-	copy(b.Records[0].Key, "XXX")
-	checkReader(t, "overlay", o, []lookup{{"key", "value", 3, true}, {"XXX", "", 0, false}, {"empty", "", 3, true}})
+	checkReader(t, "overlay", o, []lookup{{"key", "value", 3, true}, {"empty", "", 3, true}})
 	if v, _, _ := o.Get([]byte("key")); &v[0] != &b.Records[0].Value[0] {
 		t.Error("the staged value was copied")
+	}
+	for k := range o.pending {
+		if k == "key" && unsafe.StringData(k) != &b.Records[0].Key[0] {
+			t.Error("the staged key was copied")
+		}
 	}
 	if v, _, _ := o.Get([]byte("key")); cap(v) != len(v) {
 		t.Errorf("a staged value has capacity %d past its %d bytes", cap(v), len(v))

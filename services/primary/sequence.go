@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/walship/walship/internal/kvread"
 	"github.com/walship/walship/internal/rpcerr"
@@ -76,7 +77,7 @@ func (p *pipeline) sequenceCalls(calls []call) {
 			c.err = refusal
 			continue
 		}
-		c.res, c.t, c.err = p.sequenceLocked(c.pol, c.cmps, c.success, c.failure, c.start)
+		c.res, c.t, c.err = p.sequenceLocked(c.pol, c.cmps, c.success, c.failure, c.start, &c.oneResult)
 	}
 }
 
@@ -101,8 +102,9 @@ func (p *pipeline) refusalLocked() error {
 // newest write they saw (the compares' outcome says what their keys
 // held, so the writes behind them count as read), or the visible LSN if
 // none is in flight — at which those keys hold what they hold at the
-// sequenced state. Called with seqMu held.
-func (p *pipeline) sequenceLocked(pol Policy, cmps []state.Compare, success, failure []op, start time.Time) (res execResult, t *txn, err error) {
+// sequenced state. Called with seqMu held. one holds the result of a
+// branch of one op (no allocation of its own).
+func (p *pipeline) sequenceLocked(pol Policy, cmps []state.Compare, success, failure []op, start time.Time, one *[1]opResult) (res execResult, t *txn, err error) {
 	res.succeeded = true
 	for i := range cmps {
 		if !cmps[i].Eval(p.overlay) {
@@ -119,6 +121,11 @@ func (p *pipeline) sequenceLocked(pol Policy, cmps []state.Compare, success, fai
 		if o.kind != opGet {
 			writes++
 		}
+	}
+	if len(ops) == 1 {
+		res.results = one[:]
+	} else {
+		res.results = make([]opResult, len(ops))
 	}
 	if writes == 0 {
 		return res, nil, p.readLocked(&res, cmps, ops, &budget)
@@ -160,7 +167,6 @@ func (b *readBudget) add(i int, v []byte) error {
 
 // readLocked answers a branch of reads only at the sequenced state.
 func (p *pipeline) readLocked(res *execResult, cmps []state.Compare, ops []op, budget *readBudget) error {
-	res.results = make([]opResult, len(ops))
 	res.lsn = p.visible.Load()
 	for i := range cmps {
 		_, _, _, after := p.overlay.Read(cmps[i].Key)
@@ -193,19 +199,18 @@ func (p *pipeline) stageLocked(res *execResult, pol Policy, ops []op, writes int
 	} else {
 		t.recs = make([]codec.Record, 0, writes+1)
 	}
-	res.results = make([]opResult, len(ops))
 	for i, o := range ops {
 		r := &res.results[i]
 		r.kind = o.kind
 		switch o.kind {
 		case codec.OpPut:
-			t.recs = append(t.recs, codec.Record{LSN: first + uint64(len(t.recs)), TxnID: txnID, Op: codec.OpPut, Key: []byte(o.key), Value: o.value})
+			t.recs = append(t.recs, codec.Record{LSN: first + uint64(len(t.recs)), TxnID: txnID, Op: codec.OpPut, Key: keyBytes(o.key), Value: o.value})
 			if i < len(ops)-1 {
 				view.set(o.key, opResult{found: true, value: o.value, version: t.commitLSN}, len(ops))
 			}
 		case codec.OpDelete:
 			_, _, r.existed = view.get(o.key)
-			t.recs = append(t.recs, codec.Record{LSN: first + uint64(len(t.recs)), TxnID: txnID, Op: codec.OpDelete, Key: []byte(o.key)})
+			t.recs = append(t.recs, codec.Record{LSN: first + uint64(len(t.recs)), TxnID: txnID, Op: codec.OpDelete, Key: keyBytes(o.key)})
 			if i < len(ops)-1 {
 				view.set(o.key, opResult{}, len(ops))
 			}
@@ -223,6 +228,11 @@ func (p *pipeline) stageLocked(res *execResult, pol Policy, ops []op, writes int
 	p.enqueueLocked(t)
 	return t, nil
 }
+
+// keyBytes is k's bytes, not copied: a record's key is only read (the
+// WAL's encoding, the overlay, which keeps it, the store's apply, which
+// copies it, the watch feed), and the request's string never changes.
+func keyBytes(k string) []byte { return unsafe.Slice(unsafe.StringData(k), len(k)) }
 
 // txnView is what a transaction's own ops read: its earlier writes, then
 // every sequenced write (the overlay). Only a write that a later op of
