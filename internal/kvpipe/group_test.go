@@ -67,6 +67,18 @@ func (g *grouper) seen() [][]uint64 {
 	return slices.Clone(g.groups)
 }
 
+// openStream serves g and opens a Pipeline stream to it.
+func openStream(t *testing.T, g *grouper) walshipv1.KVService_PipelineClient {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	s, err := serveWith(t, g).Pipeline(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 // answers reads s's answers until it ends, by id; an id answered twice
 // fails t.
 func answers(t *testing.T, s walshipv1.KVService_PipelineClient) map[uint64]*walshipv1.PipelineResponse {
@@ -93,13 +105,7 @@ func answers(t *testing.T, s walshipv1.KVService_PipelineClient) map[uint64]*wal
 // its handler's answer. A message of one write runs as a unary call.
 func TestServeGroupsAMessagesWrites(t *testing.T) {
 	g := &grouper{fake: &fake{}}
-	kv := serveWith(t, g)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	s, err := kv.Pipeline(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openStream(t, g)
 	msg := putReq(1, "a")
 	msg.More = []*walshipv1.PipelineRequest{
 		{Id: 2, Op: &walshipv1.PipelineRequest_Get{Get: &walshipv1.GetRequest{Key: "a"}}},
@@ -146,13 +152,7 @@ func TestServeGroupsAMessagesWrites(t *testing.T) {
 // answered once their handler is done.
 func TestServeGroupGivenUp(t *testing.T) {
 	g := &grouper{fake: &fake{release: make(chan struct{})}}
-	kv := serveWith(t, g)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	s, err := kv.Pipeline(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openStream(t, g)
 	msg := &walshipv1.PipelineRequest{Id: 1, Op: &walshipv1.PipelineRequest_Put{Put: &walshipv1.PutRequest{Key: "slow/1"}}, Timeout: durationpb.New(50 * time.Millisecond)}
 	msg.More = []*walshipv1.PipelineRequest{putReq(2, "slow/2"), putReq(3, "slow/3")}
 	if err := s.Send(msg); err != nil {
@@ -188,13 +188,7 @@ func TestServeGroupGivenUp(t *testing.T) {
 // every one is answered.
 func TestServeGroupsWithinMaxOps(t *testing.T) {
 	g := &grouper{fake: &fake{maxOps: 2, release: make(chan struct{})}}
-	kv := serveWith(t, g)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	s, err := kv.Pipeline(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openStream(t, g)
 	msg := putReq(1, "slow/1")
 	for id := uint64(2); id <= 5; id++ {
 		msg.More = append(msg.More, putReq(id, "slow/x"))

@@ -68,17 +68,7 @@ func (s *Server) preparePut(ctx context.Context, req *walshipv1.PutRequest, c *c
 	if err := s.validateValue("value", req.GetValue()); err != nil {
 		return err
 	}
-	if err := s.takingWrite(); err != nil {
-		return err
-	}
-	var err error
-	if c.held, err = s.admit.admit(ctx, proto.Size(req)); err != nil {
-		return err
-	}
-	c.kind = codec.OpPut
-	c.one[0] = op{kind: codec.OpPut, key: req.GetKey(), value: req.GetValue()}
-	c.success = c.one[:]
-	return s.preparePolicy(ctx, req.GetPolicy(), c)
+	return s.prepareOne(ctx, req, op{kind: codec.OpPut, key: req.GetKey(), value: req.GetValue()}, req.GetPolicy(), c)
 }
 
 // prepareDelete prepares a Delete, as preparePut a Put.
@@ -86,6 +76,12 @@ func (s *Server) prepareDelete(ctx context.Context, req *walshipv1.DeleteRequest
 	if err := keyspace.ValidateKey("key", req.GetKey()); err != nil {
 		return err
 	}
+	return s.prepareOne(ctx, req, op{kind: codec.OpDelete, key: req.GetKey()}, req.GetPolicy(), c)
+}
+
+// prepareOne prepares the write o of req (a Put or a Delete, validated)
+// under policy p: the taking-writes check, admission, the policy.
+func (s *Server) prepareOne(ctx context.Context, req proto.Message, o op, p *walshipv1.CommitPolicy, c *call) error {
 	if err := s.takingWrite(); err != nil {
 		return err
 	}
@@ -93,10 +89,10 @@ func (s *Server) prepareDelete(ctx context.Context, req *walshipv1.DeleteRequest
 	if c.held, err = s.admit.admit(ctx, proto.Size(req)); err != nil {
 		return err
 	}
-	c.kind = codec.OpDelete
-	c.one[0] = op{kind: codec.OpDelete, key: req.GetKey()}
+	c.kind = o.kind
+	c.one[0] = o
 	c.success = c.one[:]
-	return s.preparePolicy(ctx, req.GetPolicy(), c)
+	return s.preparePolicy(ctx, p, c)
 }
 
 // prepareTxn prepares a Txn, as preparePut a Put; one that only reads is
