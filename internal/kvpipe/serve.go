@@ -239,7 +239,9 @@ type intake struct {
 // take runs the operations of one request message: its own, then those
 // it carries in more, each as if it had come alone — except that, for a
 // Grouper, the writes among them (Puts, Deletes, Txns) run as one group
-// on one worker, in the message's order.
+// on one worker, in the message's order. A message with more writes than
+// the stream has free slots makes several groups, which run apart (in
+// no set order), as does a Get.
 func (in *intake) take(req *walshipv1.PipelineRequest) error {
 	var group *[]groupOp
 	if in.grouper && len(req.GetMore()) > 0 {

@@ -57,6 +57,8 @@ type call struct {
 	// stopped): there is nothing to resolve or wait for.
 	awaitErr error
 	lost     bool
+	// answered: finished and answered (runCalls).
+	answered bool
 }
 
 // preparePut prepares a Put; c.held is the caller's to release, error
@@ -220,13 +222,15 @@ func (k *kvServer) RunWrites(ws []kvpipe.Write, done func(i int, resp proto.Mess
 }
 
 // runCalls runs calls, prepared (one that failed already has its err):
-// they are sequenced in order under one hold of the sequencer, then
-// awaited in that order, and answer(i) is called once calls[i] is done
-// (its result set), for each in order. A transaction that needs no wait
-// beyond what its verdict already gave is resolved together with the
-// ones before it; before waiting for a verdict not in yet, or for
-// replicas and log stores, the calls before are resolved and those
-// already visible answered, so that none waits on another's wait.
+// they are sequenced in order under one hold of the sequencer, and
+// answer(i) is called once calls[i] is done (its result set). A call
+// that failed, or a branch of reads with nothing to wait for, is
+// answered at once; the writes are awaited and answered in order. A
+// transaction that needs no wait beyond what its verdict already gave is
+// resolved together with the ones before it; before waiting for a
+// verdict not in yet, or for replicas and log stores, the calls before
+// are resolved and answered once visible, so that none waits for a
+// later one's fsync or peers.
 //
 // A write is answered once its policy is met and it is visible: the
 // answer to a writer is what makes a later read see its write, so no
@@ -245,6 +249,11 @@ func (s *Server) runCalls(calls []call, answer func(int)) {
 	s.pipe.sequenceCalls(calls)
 	r := callRun{s: s, calls: calls, answer: answer}
 	for i := range calls {
+		if c := &calls[i]; c.t == nil && r.ready(c) {
+			r.finishAndAnswer(i)
+		}
+	}
+	for i := range calls {
 		c := &calls[i]
 		t := c.t
 		if t == nil {
@@ -252,7 +261,7 @@ func (s *Server) runCalls(calls []call, answer func(int)) {
 		}
 		if r.resolved < i && (!t.decided.Load() || t.policy.waitsForPeers()) {
 			r.resolveTo(i)
-			r.answerTo(i, false)
+			r.answerTo(i)
 		}
 		t.local.Wait()
 		if err := t.localErr; err != nil {
@@ -265,7 +274,7 @@ func (s *Server) runCalls(calls []call, answer func(int)) {
 		c.awaitErr = s.pipe.awaitPeers(t)
 	}
 	r.resolveTo(len(calls))
-	r.answerTo(len(calls), true)
+	r.answerTo(len(calls))
 }
 
 // callRun is runCalls' progress through its calls.
@@ -274,7 +283,7 @@ type callRun struct {
 	calls  []call
 	answer func(int) // nil: none
 	// calls[:resolved] are resolved (those with a transaction that
-	// reached the WAL), calls[:answered] answered.
+	// reached the WAL), calls[:answered] answered (and some after).
 	resolved int
 	answered int
 	// graceEnd ends the wait for a closed gate of every call here
@@ -302,19 +311,23 @@ func (r *callRun) resolveTo(to int) {
 // resolvable reports whether c has a transaction to resolve.
 func (c *call) resolvable() bool { return c.t != nil && !c.lost }
 
-// answerTo finishes and answers calls[r.answered:to], in order; unless
-// block, it stops at the first that would wait for a commit to become
-// visible.
-func (r *callRun) answerTo(to int, block bool) {
+// answerTo finishes and answers, in order, the calls of
+// calls[r.answered:to] not answered yet, each once its commit is visible.
+func (r *callRun) answerTo(to int) {
 	for ; r.answered < to; r.answered++ {
-		c := &r.calls[r.answered]
-		if !block && !r.ready(c) {
-			return
+		if !r.calls[r.answered].answered {
+			r.finishAndAnswer(r.answered)
 		}
-		r.finish(c)
-		if r.answer != nil {
-			r.answer(r.answered)
-		}
+	}
+}
+
+// finishAndAnswer finishes calls[i] and answers it.
+func (r *callRun) finishAndAnswer(i int) {
+	c := &r.calls[i]
+	r.finish(c)
+	c.answered = true
+	if r.answer != nil {
+		r.answer(i)
 	}
 }
 

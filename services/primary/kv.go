@@ -282,8 +282,9 @@ func (s *Server) answerReads(ctx context.Context, lsn uint64, speculative bool) 
 // election holder whose renewal was only slow holds it again at its next
 // one, and the commit, acknowledged under the contract, is as safe to
 // answer then as at once. The grace ends at *graceEnd, set by the first
-// of the commits answered together that waits (runCalls): a group of
-// them waits one grace, not one each.
+// of the commits answered together that waits (runCalls) and cleared
+// once the gate is open again: a group of them waits one grace per
+// lapse, not one each.
 func (s *Server) stillPrimary(ctx context.Context, commitLSN uint64, graceEnd *time.Time) error {
 	if !s.opened.Load() {
 		return nil // the epoch record itself, before the lease is waited for
@@ -306,7 +307,11 @@ func (s *Server) stillPrimary(ctx context.Context, commitLSN uint64, graceEnd *t
 // the waiting commits one look each per renewal, nothing in between.
 func (s *Server) awaitGate(ctx context.Context, graceEnd *time.Time) error {
 	err := s.gated()
-	if err == nil || s.cfg.GateGrace <= 0 {
+	if err == nil {
+		*graceEnd = time.Time{} // a later closing is another lapse
+		return nil
+	}
+	if s.cfg.GateGrace <= 0 {
 		return err
 	}
 	if graceEnd.IsZero() {
@@ -314,6 +319,7 @@ func (s *Server) awaitGate(ctx context.Context, graceEnd *time.Time) error {
 	}
 	err = s.gateReopens(ctx, err, *graceEnd)
 	if err == nil {
+		*graceEnd = time.Time{}
 		s.metrics.gateWaits.WithLabelValues("held").Inc()
 	} else {
 		s.metrics.gateWaits.WithLabelValues("lost").Inc()

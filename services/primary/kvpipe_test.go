@@ -251,3 +251,39 @@ func TestPipelineGroupAnswersEachWhenDone(t *testing.T) {
 		t.Fatalf("second answer: %v, %v; want the sync Put's", a, err)
 	}
 }
+
+// TestPipelineGroupAnswersFailuresAtOnce: a write of a group that fails
+// before it is sequenced (here an empty key) is answered at once, with
+// the unary call's error, while an earlier write of the same message
+// still waits for its fsync; that one is answered once it is released.
+func TestPipelineGroupAnswersFailuresAtOnce(t *testing.T) {
+	mem := vfs.NewMem()
+	cfg := testConfig(t, "/data")
+	cfg.FS = mem
+	r := start(t, cfg)
+	c := ctx(t)
+	if _, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "before", Value: []byte("v")}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := r.kv.Pipeline(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered, release := mem.HoldNextSync(".wal")
+	defer release()
+	msg := pipeOp(1, &walshipv1.PutRequest{Key: "sync", Value: []byte("s"), Policy: &walshipv1.CommitPolicy{Durability: walshipv1.Durability_DURABILITY_SYNC}})
+	msg.More = []*walshipv1.PipelineRequest{pipeOp(2, &walshipv1.PutRequest{Key: "", Value: []byte("x")})}
+	if err := s.Send(msg); err != nil {
+		t.Fatal(err)
+	}
+	<-entered
+	a, err := s.Recv()
+	if err != nil || a.GetId() != 2 || codes.Code(a.GetError().GetCode()) != codes.InvalidArgument {
+		t.Fatalf("first answer, the sync Put's fsync held: %v, %v; want the empty key's INVALID_ARGUMENT", a, err)
+	}
+	release()
+	a, err = s.Recv()
+	if err != nil || a.GetId() != 1 || a.GetPut().GetLsn() == 0 {
+		t.Fatalf("second answer: %v, %v; want the sync Put's", a, err)
+	}
+}
