@@ -42,7 +42,7 @@ type call struct {
 	start       time.Time
 	// one holds the op of a Put or a Delete: success is one[:].
 	one [1]op
-	// result holds the result of a branch of one op.
+	// oneResult holds the result of a branch of one op.
 	oneResult [1]opResult
 
 	// err is the call's answer if it failed before it was sequenced, or

@@ -16,6 +16,7 @@ import (
 	"github.com/walship/walship/pkg/codec"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 )
 
 // kvServer is the primary's KVService.
@@ -54,48 +55,33 @@ func (k *kvServer) Scan(ctx context.Context, req *walshipv1.ScanRequest) (*walsh
 }
 
 func (k *kvServer) Put(ctx context.Context, req *walshipv1.PutRequest) (*walshipv1.PutResponse, error) {
-	var c [1]call
-	err := k.s.preparePut(ctx, req, &c[0])
-	defer c[0].held.release()
-	if err != nil {
-		return nil, err
-	}
-	k.s.runCalls(c[:], nil)
-	resp, err := c[0].response()
-	if err != nil {
-		return nil, err
-	}
-	return resp.(*walshipv1.PutResponse), nil
+	return unary[*walshipv1.PutResponse](k.s, func(c *call) error { return k.s.preparePut(ctx, req, c) })
 }
 
 func (k *kvServer) Delete(ctx context.Context, req *walshipv1.DeleteRequest) (*walshipv1.DeleteResponse, error) {
-	var c [1]call
-	err := k.s.prepareDelete(ctx, req, &c[0])
-	defer c[0].held.release()
-	if err != nil {
-		return nil, err
-	}
-	k.s.runCalls(c[:], nil)
-	resp, err := c[0].response()
-	if err != nil {
-		return nil, err
-	}
-	return resp.(*walshipv1.DeleteResponse), nil
+	return unary[*walshipv1.DeleteResponse](k.s, func(c *call) error { return k.s.prepareDelete(ctx, req, c) })
 }
 
 func (k *kvServer) Txn(ctx context.Context, req *walshipv1.TxnRequest) (*walshipv1.TxnResponse, error) {
+	return unary[*walshipv1.TxnResponse](k.s, func(c *call) error { return k.s.prepareTxn(ctx, req, c) })
+}
+
+// unary runs the call prepare prepares alone (runCalls) and returns its
+// response.
+func unary[T proto.Message](s *Server, prepare func(*call) error) (T, error) {
 	var c [1]call
-	err := k.s.prepareTxn(ctx, req, &c[0])
+	err := prepare(&c[0])
 	defer c[0].held.release()
+	var none T
 	if err != nil {
-		return nil, err
+		return none, err
 	}
-	k.s.runCalls(c[:], nil)
+	s.runCalls(c[:], nil)
 	resp, err := c[0].response()
 	if err != nil {
-		return nil, err
+		return none, err
 	}
-	return resp.(*walshipv1.TxnResponse), nil
+	return resp.(T), nil
 }
 
 // writes reports whether ops put or delete anything.
