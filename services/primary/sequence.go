@@ -81,7 +81,8 @@ func (p *pipeline) sequenceCalls(calls []call) {
 	}
 }
 
-// refusalLocked is why sequence refuses every transaction now, or nil.
+// refusalLocked is why sequenceCalls refuses every transaction now, or
+// nil.
 func (p *pipeline) refusalLocked() error {
 	switch {
 	case p.broken != nil:
