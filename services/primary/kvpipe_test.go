@@ -214,11 +214,11 @@ func TestPipelineGroupInMessageOrder(t *testing.T) {
 	}
 }
 
-// TestPipelineGroupAnswersEachWhenDone: a group's async Put is answered
-// while the fsync of the sync Put after it in the same message is still
-// held; the sync Put is answered once it is released. A group waits for
-// each write's own wait only, not for the slowest of its writes.
-func TestPipelineGroupAnswersEachWhenDone(t *testing.T) {
+// heldPipeline starts a primary on a MemFS, commits one Put, opens a
+// Pipeline stream and holds the WAL's next fsync: entered is closed once
+// it begins, release lets it go.
+func heldPipeline(t *testing.T) (s walshipv1.KVService_PipelineClient, entered <-chan struct{}, release func()) {
+	t.Helper()
 	mem := vfs.NewMem()
 	cfg := testConfig(t, "/data")
 	cfg.FS = mem
@@ -231,7 +231,17 @@ func TestPipelineGroupAnswersEachWhenDone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	entered, release := mem.HoldNextSync(".wal")
+	entered, release = mem.HoldNextSync(".wal")
+	t.Cleanup(release)
+	return s, entered, release
+}
+
+// TestPipelineGroupAnswersEachWhenDone: a group's async Put is answered
+// while the fsync of the sync Put after it in the same message is still
+// held; the sync Put is answered once it is released. A group waits for
+// each write's own wait only, not for the slowest of its writes.
+func TestPipelineGroupAnswersEachWhenDone(t *testing.T) {
+	s, entered, release := heldPipeline(t)
 	defer release()
 	msg := pipeOp(1, &walshipv1.PutRequest{Key: "async", Value: []byte("a"), Policy: &walshipv1.CommitPolicy{Durability: walshipv1.Durability_DURABILITY_ASYNC}})
 	msg.More = []*walshipv1.PipelineRequest{
@@ -257,19 +267,7 @@ func TestPipelineGroupAnswersEachWhenDone(t *testing.T) {
 // the unary call's error, while an earlier write of the same message
 // still waits for its fsync; that one is answered once it is released.
 func TestPipelineGroupAnswersFailuresAtOnce(t *testing.T) {
-	mem := vfs.NewMem()
-	cfg := testConfig(t, "/data")
-	cfg.FS = mem
-	r := start(t, cfg)
-	c := ctx(t)
-	if _, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "before", Value: []byte("v")}); err != nil {
-		t.Fatal(err)
-	}
-	s, err := r.kv.Pipeline(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	entered, release := mem.HoldNextSync(".wal")
+	s, entered, release := heldPipeline(t)
 	defer release()
 	msg := pipeOp(1, &walshipv1.PutRequest{Key: "sync", Value: []byte("s"), Policy: &walshipv1.CommitPolicy{Durability: walshipv1.Durability_DURABILITY_SYNC}})
 	msg.More = []*walshipv1.PipelineRequest{pipeOp(2, &walshipv1.PutRequest{Key: "", Value: []byte("x")})}
