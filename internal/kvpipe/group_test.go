@@ -173,7 +173,10 @@ func TestServeGroupGivenUp(t *testing.T) {
 			t.Fatalf("answer %v while the group runs; want 1 DEADLINE_EXCEEDED and 2 CANCELED", a)
 		}
 	}
-	g.release <- struct{}{} // slow/3's; the others ended with their contexts
+	// Once the two given up have returned (their contexts ended), the
+	// one release goes to slow/3: sent before, either might take it.
+	testkit.Until(t, "the two given up to return", func() bool { return g.running.Load() == 1 })
+	g.release <- struct{}{}
 	if err := s.CloseSend(); err != nil {
 		t.Fatal(err)
 	}
