@@ -21,13 +21,20 @@ import (
 type put struct {
 	p    WorkloadParams
 	seed maphash.Seed
+	// keysEach is how many keys each terminal overwrites (0: a new key
+	// each Put).
+	keysEach int
 
 	mu    sync.Mutex
 	terms map[string]*putTerminal // by key prefix
 }
 
 func newPut(p WorkloadParams) *put {
-	return &put{p: p, seed: maphash.MakeSeed(), terms: map[string]*putTerminal{}}
+	w := &put{p: p, seed: maphash.MakeSeed(), terms: map[string]*putTerminal{}}
+	if p.PutKeys > 0 {
+		w.keysEach = max(1, p.PutKeys/max(1, p.loops))
+	}
+	return w
 }
 
 func (*put) kinds() []string { return []string{"Put"} }
@@ -36,15 +43,6 @@ func (*put) kinds() []string { return []string{"Put"} }
 func (*put) load(context.Context, *loader) error { return nil }
 
 func (w *put) prefix() string { return "put/" + w.p.RunID + "/" }
-
-// keysEach is how many keys each terminal overwrites (0: a new key
-// each Put).
-func (w *put) keysEach() int {
-	if w.p.PutKeys <= 0 {
-		return 0
-	}
-	return max(1, w.p.PutKeys/max(1, w.p.loops))
-}
 
 type putTerminal struct {
 	w   *put
@@ -60,7 +58,7 @@ type putTerminal struct {
 
 func (w *put) terminal(i int, r *rand.Rand) terminal {
 	t := &putTerminal{w: w, key: fmt.Sprintf("%s%02d/", w.prefix(), i), r: r}
-	if k := w.keysEach(); k > 0 {
+	if k := w.keysEach; k > 0 {
 		t.last, t.wrote = make([]uint64, k), make([]bool, k)
 	}
 	w.mu.Lock()
@@ -71,7 +69,7 @@ func (w *put) terminal(i int, r *rand.Rand) terminal {
 
 func (t *putTerminal) next(ctx context.Context, s *session) (int, error) {
 	n := t.n + 1
-	if k := t.w.keysEach(); k > 0 {
+	if k := t.w.keysEach; k > 0 {
 		n = t.r.IntN(k)
 	}
 	t.n++
@@ -127,7 +125,7 @@ func (c *putChecker) add(key string, value []byte) {
 	if len(value) != c.w.p.PutBytes {
 		c.fail("%s: %d bytes, want %d", key, len(value), c.w.p.PutBytes)
 	}
-	if c.w.keysEach() == 0 || c.unknown() {
+	if c.w.keysEach == 0 || c.unknown() {
 		return
 	}
 	cut := strings.LastIndexByte(key, '/') + 1
@@ -163,7 +161,7 @@ func (c *putChecker) violations() []string {
 		return out
 	}
 	want := c.w.p.counts.puts.Load()
-	if c.w.keysEach() > 0 {
+	if c.w.keysEach > 0 {
 		want = 0
 		for _, t := range c.w.terms {
 			for _, w := range t.wrote {

@@ -32,12 +32,12 @@ import (
 // stream instead). The next call opens a new stream. A call's deadline
 // is sent as its operation's timeout; a call whose context ends first
 // returns at once, and its operation is cancelled on the server, as a
-// unary call's would be (a write's outcome is then unknown). At most as many operations as
-// the server says it runs at once (its MaxOpsHeader) are in progress on
-// a stream; more callers wait, as unary calls wait for a stream of a
-// connection that has its most. When the server drains the stream (it is
-// stopping gracefully), the calls on it are still answered there and
-// later calls go on a new stream. Each call's request is encoded before
+// unary call's would be (a write's outcome is then unknown). At most as
+// many operations as the server says it runs at once (its MaxOpsHeader)
+// are in progress on a stream; more callers wait, as unary calls wait
+// for a stream of a connection that has its most. When the server drains
+// the stream (it is stopping gracefully), the calls on it are still
+// answered there and later calls go on a new stream. Each call's request is encoded before
 // the call waits (the caller may reuse it once the call returns); those
 // made while another message is being sent go together in the next one,
 // where the server takes several per message (its BatchHeader), and the

@@ -249,7 +249,7 @@ func (s *Server) runCalls(calls []call, answer func(int)) {
 	s.pipe.sequenceCalls(calls)
 	r := callRun{s: s, calls: calls, answer: answer}
 	for i := range calls {
-		if c := &calls[i]; c.t == nil && r.ready(c) {
+		if c := &calls[i]; c.t == nil && r.answersAtOnce(c) {
 			r.finishAndAnswer(i)
 		}
 	}
@@ -331,22 +331,11 @@ func (r *callRun) finishAndAnswer(i int) {
 	}
 }
 
-// ready reports whether finish(c) has no commit to wait for.
-func (r *callRun) ready(c *call) bool {
-	switch {
-	case c.err != nil:
-		return true
-	case c.t == nil:
-		return c.speculative || r.s.pipe.visible.Load() >= c.res.lsn
-	case c.lost || c.t.shown == nil:
-		return true
-	}
-	select {
-	case <-c.t.shown:
-		return true
-	default:
-		return false
-	}
+// answersAtOnce reports whether c, without a transaction, is answered
+// without waiting: it failed, or its reads need nothing visible that is
+// not already.
+func (r *callRun) answersAtOnce(c *call) bool {
+	return c.err != nil || c.speculative || r.s.pipe.visible.Load() >= c.res.lsn
 }
 
 // finish sets c's outcome, once resolved: a branch of reads once what

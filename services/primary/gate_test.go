@@ -225,15 +225,7 @@ func TestGroupWaitsOneGrace(t *testing.T) {
 	cfg.Gate = g.gate
 	cfg.GateGrace = grace
 	cfg.GateChanged = g.changed
-	r := start(t, cfg)
-	c := ctx(t)
-	if _, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "before", Value: []byte("v")}); err != nil {
-		t.Fatal(err)
-	}
-	s, err := r.kv.Pipeline(c)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, s := startPipeline(t, cfg)
 	g.arm(r.s, r.s.pipe.visible.Load()+1)
 	msg := pipeOp(1, &walshipv1.PutRequest{Key: "k1", Value: []byte("v")})
 	for id := uint64(2); id <= 4; id++ {

@@ -95,15 +95,7 @@ func TestPipelineTimeoutWithoutCancel(t *testing.T) {
 	cfg := testConfig(t, "/data")
 	cfg.FS = mem
 	cfg.MaxPipelineOps = 1
-	r := start(t, cfg)
-	c := ctx(t)
-	if _, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "before", Value: []byte("v")}); err != nil {
-		t.Fatal(err)
-	}
-	s, err := r.kv.Pipeline(c)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, s := startPipeline(t, cfg)
 	entered, release := mem.HoldNextSync(".wal")
 	defer release()
 	if err := s.Send(&walshipv1.PipelineRequest{Id: 1, Op: &walshipv1.PipelineRequest_Put{Put: &walshipv1.PutRequest{Key: "stuck", Value: []byte("v")}},
@@ -214,14 +206,10 @@ func TestPipelineGroupInMessageOrder(t *testing.T) {
 	}
 }
 
-// heldPipeline starts a primary on a MemFS, commits one Put, opens a
-// Pipeline stream and holds the WAL's next fsync: entered is closed once
-// it begins, release lets it go.
-func heldPipeline(t *testing.T) (s walshipv1.KVService_PipelineClient, entered <-chan struct{}, release func()) {
+// startPipeline starts a primary with cfg, commits one Put ("before")
+// and opens a Pipeline stream to it.
+func startPipeline(t *testing.T, cfg Config) (*running, walshipv1.KVService_PipelineClient) {
 	t.Helper()
-	mem := vfs.NewMem()
-	cfg := testConfig(t, "/data")
-	cfg.FS = mem
 	r := start(t, cfg)
 	c := ctx(t)
 	if _, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "before", Value: []byte("v")}); err != nil {
@@ -231,6 +219,18 @@ func heldPipeline(t *testing.T) (s walshipv1.KVService_PipelineClient, entered <
 	if err != nil {
 		t.Fatal(err)
 	}
+	return r, s
+}
+
+// heldPipeline starts a primary on a MemFS, commits one Put, opens a
+// Pipeline stream and holds the WAL's next fsync: entered is closed once
+// it begins, release lets it go.
+func heldPipeline(t *testing.T) (s walshipv1.KVService_PipelineClient, entered <-chan struct{}, release func()) {
+	t.Helper()
+	mem := vfs.NewMem()
+	cfg := testConfig(t, "/data")
+	cfg.FS = mem
+	_, s = startPipeline(t, cfg)
 	entered, release = mem.HoldNextSync(".wal")
 	t.Cleanup(release)
 	return s, entered, release
