@@ -168,16 +168,16 @@ func Serve(stream walshipv1.KVService_PipelineServer, h Handler, lim Limits) err
 	// stop begins (serve's endStreamsOnStop): a stopping server finishes
 	// the operations it has, as it finishes unary calls, and tells the
 	// client to move on (drain). They end with the stream itself, when
-	// receiving fails. Each is a child of base, which cannot be
-	// cancelled, so none is registered with a parent (a map insert and
-	// delete per operation): Serve ends them one by one.
+	// receiving fails. Each takes its values from base, which cannot be
+	// cancelled, and ends on its own (op is its context): Serve ends
+	// them one by one.
 	base := context.WithoutCancel(ctx)
 	drained := make(chan struct{})
 	stopDrain := context.AfterFunc(ctx, func() {
 		defer close(drained)
 		answers <- &walshipv1.PipelineResponse{Result: &walshipv1.PipelineResponse_Drain{Drain: &walshipv1.PipelineDrain{}}}
 	})
-	r := &running{byID: map[uint64][]*op{}, answers: answers, calls: lim.Calls}
+	r := &running{byID: map[uint64]*op{}, answers: answers, calls: lim.Calls}
 	ops := &workers{jobs: make(chan job)}
 	g, _ := h.(Grouper)
 	in := &intake{ctx: ctx, base: base, r: r, ops: ops, slots: slots, grouper: g != nil, run: func(j job, w *worker) {
@@ -465,8 +465,10 @@ func (ws *workers) close() {
 type running struct {
 	answers chan<- *walshipv1.PipelineResponse
 
-	mu   sync.Mutex
-	byID map[uint64][]*op
+	mu sync.Mutex
+	// byID holds the operations of each id in progress: the last
+	// started, which links to the others (op.sameID).
+	byID map[uint64]*op
 
 	calls Calls // nil: not counted
 	// holding is how many operations hold a call; the stream's own
@@ -477,37 +479,127 @@ type running struct {
 	extra   []func()
 }
 
-// op is one operation in progress.
+// op is one operation in progress, and the context its handler runs
+// with (a context.WithCancel of its own per operation took two
+// allocations more): its values are the stream's, its deadline the
+// request's timeout, and it ends — Done closed, Err set — when the
+// client cancels it, its timeout passes, the stream ends or its handler
+// has returned (end). The stream's own end (a graceful stop) does not
+// end it.
 type op struct {
 	id     uint64
-	ctx    context.Context
-	cancel context.CancelFunc
-	// timeout is the request's (0: none); bad, if the request's is not
-	// a valid positive duration.
-	timeout time.Duration
-	bad     error
+	parent context.Context // values only: never ends
+	// timeout is the request's (0: none), and deadline when it passes;
+	// bad, if the request's is not a valid positive duration.
+	timeout  time.Duration
+	deadline time.Time
+	bad      error
+	sameID   *op // the next operation in progress with the same id (guarded by running.mu)
 
 	mu       sync.Mutex
 	answered bool
 	release  func() // the peer's call it holds, if any
+	// The context's state: err once it ended; done (a chan struct{})
+	// made by the first Done, closed by end; afters, the functions
+	// AfterFunc registered.
+	err    error
+	done   atomic.Value
+	afters []*afterFunc
+}
+
+// afterFunc is a function registered by op.AfterFunc, nil once run or
+// stopped.
+type afterFunc struct{ f func() }
+
+// closedDone is the Done of an operation that ended before any asked.
+var closedDone = make(chan struct{})
+
+func init() { close(closedDone) }
+
+func (o *op) Deadline() (time.Time, bool) { return o.deadline, o.timeout > 0 }
+
+func (o *op) Done() <-chan struct{} {
+	if d, ok := o.done.Load().(chan struct{}); ok {
+		return d
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if d, ok := o.done.Load().(chan struct{}); ok {
+		return d
+	}
+	d := make(chan struct{})
+	o.done.Store(d)
+	return d
+}
+
+func (o *op) Err() error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.err
+}
+
+func (o *op) Value(key any) any { return o.parent.Value(key) }
+
+// AfterFunc runs f in a goroutine of its own once o ends: what
+// context.AfterFunc, WithCancel and WithDeadline use to follow o
+// without a goroutine waiting on Done.
+func (o *op) AfterFunc(f func()) (stop func() bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	a := &afterFunc{f: f}
+	if o.err != nil {
+		go f()
+		a.f = nil
+	} else {
+		o.afters = append(o.afters, a)
+	}
+	return func() bool {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		if a.f == nil {
+			return false
+		}
+		a.f = nil
+		o.afters = slices.DeleteFunc(o.afters, func(x *afterFunc) bool { return x == a })
+		return true
+	}
+}
+
+// end ends o's context with err, once: later calls do nothing.
+func (o *op) end(err error) {
+	o.mu.Lock()
+	if o.err != nil {
+		o.mu.Unlock()
+		return
+	}
+	o.err = err
+	if d, ok := o.done.Load().(chan struct{}); ok {
+		close(d)
+	} else {
+		o.done.Store(closedDone)
+	}
+	afters := o.afters
+	o.afters = nil
+	for _, a := range afters {
+		go a.f()
+		a.f = nil
+	}
+	o.mu.Unlock()
 }
 
 func (r *running) start(base context.Context, req *walshipv1.PipelineRequest) *op {
-	o := &op{id: req.GetId()}
+	o := &op{id: req.GetId(), parent: base}
 	if t := req.GetTimeout(); t != nil {
 		if err := t.CheckValid(); err != nil || t.AsDuration() <= 0 {
 			o.bad = rpcerr.Invalid("timeout", "%v: want a positive duration", t.AsDuration())
 		} else {
 			o.timeout = t.AsDuration()
+			o.deadline = time.Now().Add(o.timeout)
 		}
 	}
-	if o.timeout > 0 {
-		o.ctx, o.cancel = context.WithTimeout(base, o.timeout)
-	} else {
-		o.ctx, o.cancel = context.WithCancel(base)
-	}
 	r.mu.Lock()
-	r.byID[o.id] = append(r.byID[o.id], o)
+	o.sameID = r.byID[o.id]
+	r.byID[o.id] = o
 	r.mu.Unlock()
 	return o
 }
@@ -515,10 +607,13 @@ func (r *running) start(base context.Context, req *walshipv1.PipelineRequest) *o
 // cancel abandons the operations of id: a client's cancel.
 func (r *running) cancel(id uint64) {
 	r.mu.Lock()
-	list := append([]*op(nil), r.byID[id]...)
+	var list []*op
+	for o := r.byID[id]; o != nil; o = o.sameID {
+		list = append(list, o)
+	}
 	r.mu.Unlock()
 	for _, o := range list {
-		o.cancel()
+		o.end(context.Canceled)
 		r.answer(o, failed(o.id, context.Canceled))
 	}
 }
@@ -541,29 +636,36 @@ var errAbandoned = status.Error(codes.Unavailable, "walship: the pipeline stream
 func (r *running) abandonAll() {
 	r.mu.Lock()
 	var list []*op
-	for _, l := range r.byID {
-		list = append(list, l...)
+	for _, o := range r.byID {
+		for ; o != nil; o = o.sameID {
+			list = append(list, o)
+		}
 	}
 	r.mu.Unlock()
 	for _, o := range list {
-		o.cancel()
+		o.end(context.Canceled)
 		r.answer(o, failed(o.id, errAbandoned))
 	}
 }
 
+// done ends o, whose handler has returned, and forgets it.
 func (r *running) done(o *op) {
-	o.cancel()
+	o.end(context.Canceled)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	list := r.byID[o.id]
-	if len(list) == 1 {
-		delete(r.byID, o.id)
+	p := r.byID[o.id]
+	if p == o {
+		if o.sameID == nil {
+			delete(r.byID, o.id)
+		} else {
+			r.byID[o.id] = o.sameID
+		}
 		return
 	}
-	for i, x := range list {
-		if x == o {
-			r.byID[o.id] = append(list[:i:i], list[i+1:]...)
-			break
+	for ; p != nil; p = p.sameID {
+		if p.sameID == o {
+			p.sameID = o.sameID
+			return
 		}
 	}
 }
@@ -626,7 +728,7 @@ func (r *running) run(o *op, h Handler, req *walshipv1.PipelineRequest, w *worke
 		}
 		return
 	}
-	resp := runOp(o.ctx, h, req)
+	resp := runOp(o, h, req)
 	w.done()
 	r.answer(o, resp)
 }
@@ -646,7 +748,7 @@ func (r *running) runGroup(g Grouper, ops []groupOp, w *worker) {
 			}
 			continue
 		}
-		w.writes = append(w.writes, Write{Ctx: x.o.ctx, Req: x.req})
+		w.writes = append(w.writes, Write{Ctx: x.o, Req: x.req})
 		w.ran = append(w.ran, x.o)
 	}
 	if left := len(w.writes); left > 0 {
@@ -687,8 +789,9 @@ func (e opEnd) end() {
 }
 
 // begin does what comes before o's handler runs: it arms o's timeout
-// (whose timer answers for it when the handler does not return by then),
-// counts o among the peer's calls and checks that o's caller still waits.
+// (whose timer ends o and answers for it when the handler does not
+// return by then), counts o among the peer's calls and checks that o's
+// caller still waits.
 // It returns nil if the handler is to run, errAnswered if o was answered
 // meanwhile, or the error to answer o with. The caller ends what it
 // returns once the handler has returned (or at once, on an error).
@@ -698,22 +801,21 @@ func (r *running) begin(o *op) (opEnd, error) {
 	}
 	var e opEnd
 	if o.timeout > 0 {
-		// The handler sees its context's deadline; this timer answers
-		// for it when the handler does not return then.
 		fired := make(chan struct{})
-		e = opEnd{fired: fired, timer: time.AfterFunc(o.timeout, func() {
+		e = opEnd{fired: fired, timer: time.AfterFunc(time.Until(o.deadline), func() {
 			defer close(fired)
+			o.end(context.DeadlineExceeded)
 			r.answer(o, failed(o.id, context.DeadlineExceeded))
 		})}
 	}
-	release, err := r.call(o.ctx)
+	release, err := r.call(o)
 	if err != nil {
 		return e, err
 	}
 	if release != nil && !o.hold(release) {
 		return e, errAnswered
 	}
-	if err := o.ctx.Err(); err != nil {
+	if err := o.Err(); err != nil {
 		return e, err
 	}
 	return e, nil
@@ -778,25 +880,36 @@ func runOp(ctx context.Context, h Handler, req *walshipv1.PipelineRequest) *wals
 // answerOf is the answer to operation id whose handler returned resp and
 // err.
 func answerOf(id uint64, resp proto.Message, err error) *walshipv1.PipelineResponse {
-	out := &walshipv1.PipelineResponse{Id: id}
 	if err == nil {
 		switch r := resp.(type) {
 		case *walshipv1.PutResponse:
-			out.Result = &walshipv1.PipelineResponse_Put{Put: r}
+			a := &answerBox[walshipv1.PipelineResponse_Put]{result: walshipv1.PipelineResponse_Put{Put: r}}
+			a.out.Id, a.out.Result = id, &a.result
+			return &a.out
 		case *walshipv1.DeleteResponse:
-			out.Result = &walshipv1.PipelineResponse_Delete{Delete: r}
+			a := &answerBox[walshipv1.PipelineResponse_Delete]{result: walshipv1.PipelineResponse_Delete{Delete: r}}
+			a.out.Id, a.out.Result = id, &a.result
+			return &a.out
 		case *walshipv1.TxnResponse:
-			out.Result = &walshipv1.PipelineResponse_Txn{Txn: r}
+			a := &answerBox[walshipv1.PipelineResponse_Txn]{result: walshipv1.PipelineResponse_Txn{Txn: r}}
+			a.out.Id, a.out.Result = id, &a.result
+			return &a.out
 		case *walshipv1.GetResponse:
-			out.Result = &walshipv1.PipelineResponse_Get{Get: r}
+			a := &answerBox[walshipv1.PipelineResponse_Get]{result: walshipv1.PipelineResponse_Get{Get: r}}
+			a.out.Id, a.out.Result = id, &a.result
+			return &a.out
 		default:
 			err = status.Errorf(codes.Internal, "walship: the handler answered a %T", resp)
 		}
 	}
-	if err != nil {
-		out.Result = errorResult(err)
-	}
-	return out
+	return failed(id, err)
+}
+
+// answerBox is an answer and the oneof that holds its result, in one
+// allocation where two would do (one per answer saved).
+type answerBox[R any] struct {
+	out    walshipv1.PipelineResponse
+	result R
 }
 
 // errorResult is err as gRPC would send it for a unary call: a status
