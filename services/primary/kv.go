@@ -69,14 +69,16 @@ func (k *kvServer) Txn(ctx context.Context, req *walshipv1.TxnRequest) (*walship
 // unary runs the call prepare prepares alone (runCalls) and returns its
 // response.
 func unary[T proto.Message](s *Server, prepare func(*call) error) (T, error) {
-	var c [1]call
+	kept := takeCalls(1)
+	defer keepCalls(kept)
+	c := *kept
 	err := prepare(&c[0])
 	defer c[0].held.release()
 	var none T
 	if err != nil {
 		return none, err
 	}
-	s.runCalls(c[:], nil)
+	s.runCalls(c, nil)
 	resp, err := c[0].response()
 	if err != nil {
 		return none, err
