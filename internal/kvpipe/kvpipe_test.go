@@ -2,9 +2,12 @@ package kvpipe_test
 
 import (
 	"context"
+	"fmt"
 	"maps"
+	"math/rand/v2"
 	"net"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -27,8 +30,9 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// fake is a KVService whose Puts of key "slow/..." wait for release, and
-// whose Deletes fail as a primary that is not serving does.
+// fake is a KVService whose Puts of key "slow/..." wait for release, of
+// key "echo/N" answer LSN N, and whose Deletes fail as a primary that is
+// not serving does.
 type fake struct {
 	walshipv1.UnimplementedKVServiceServer
 	maxOps           int
@@ -80,6 +84,10 @@ func (f *fake) Put(ctx context.Context, in *walshipv1.PutRequest) (*walshipv1.Pu
 		case <-ctx.Done():
 			return nil, status.FromContextError(ctx.Err()).Err()
 		}
+	}
+	if n, ok := strings.CutPrefix(in.GetKey(), "echo/"); ok {
+		lsn, err := strconv.ParseUint(n, 10, 64)
+		return &walshipv1.PutResponse{Lsn: lsn}, err
 	}
 	return &walshipv1.PutResponse{Lsn: f.lsn.Add(1)}, nil
 }
@@ -229,6 +237,44 @@ func TestMuxErrorsAsUnary(t *testing.T) {
 	if _, err := m.Put(ctx, &walshipv1.PutRequest{Key: "k"}); status.Code(err) != codes.Canceled {
 		t.Errorf("put after Close: %v; want CANCELED", err)
 	}
+}
+
+// Each call gets its own answer while callers give up all around it,
+// some as their answer comes (the channel of a call that gave up is used
+// again only if no answer can still come to it), some long before (their
+// operations are cancelled).
+func TestMuxAnswersGoToTheirCallers(t *testing.T) {
+	kv := serve(t, &fake{release: make(chan struct{})})
+	m := kvpipe.NewMux(kv)
+	defer m.Close()
+	var next atomic.Uint64
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(g), 1))
+			for range 400 {
+				n := next.Add(1)
+				key, wait := fmt.Sprintf("echo/%d", n), 30*time.Second
+				switch r.IntN(3) {
+				case 0: // gives up about when its answer comes
+					wait = time.Duration(r.IntN(400)) * time.Microsecond
+				case 1: // gives up, never answered
+					key, wait = "slow/"+key, time.Duration(r.IntN(400))*time.Microsecond
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), wait)
+				resp, err := m.Put(ctx, &walshipv1.PutRequest{Key: key})
+				cancel()
+				gaveUp := status.Code(err) == codes.DeadlineExceeded && wait < time.Second
+				switch {
+				case strings.HasPrefix(key, "slow/") && !gaveUp:
+					t.Errorf("%s: %v, %v; want DEADLINE_EXCEEDED", key, resp, err)
+				case !strings.HasPrefix(key, "slow/") && !gaveUp && (err != nil || resp.GetLsn() != n):
+					t.Errorf("%s: %v, %v; want LSN %d", key, resp, err, n)
+				}
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // TestServeCancel: the server says in its header how many operations a

@@ -123,6 +123,12 @@ type queued struct {
 // its message.
 var encBufs = sync.Pool{New: func() any { return new([]byte) }}
 
+// answerChans are the empty channels of calls done with them, for later
+// calls. A call's channel gets one send at most, from whoever takes its
+// id out of waiting: once the call has received it, or has taken its
+// id out itself, the channel is empty for good.
+var answerChans = sync.Pool{New: func() any { return make(chan answer, 1) }}
+
 // errClosed is what a call of a closed Mux returns.
 var errClosed = status.Error(codes.Canceled, "walship: pipeline closed")
 
@@ -445,6 +451,7 @@ func (m *Mux) do(ctx context.Context, req *walshipv1.PipelineRequest) (*walshipv
 		select {
 		case a := <-ch:
 			<-p.sem
+			answerChans.Put(ch)
 			if a.unsent {
 				continue // never sent (drained, or the stream ended): on a new stream
 			}
@@ -458,9 +465,11 @@ func (m *Mux) do(ctx context.Context, req *walshipv1.PipelineRequest) (*walshipv
 		case <-ctx.Done():
 			if !p.forget(req.Id) {
 				// Answered, or the stream ended, or it was never sent,
-				// as the caller gave up.
+				// as the caller gave up: its answer may still come (ch
+				// is not kept).
 				<-p.sem
 			} else {
+				answerChans.Put(ch)
 				m.sendCancel(p, req.Id)
 			}
 			return nil, status.FromContextError(ctx.Err()).Err()
@@ -489,7 +498,7 @@ func (m *Mux) send(ctx context.Context, req *walshipv1.PipelineRequest) (*pipe, 
 	case <-ctx.Done():
 		return nil, nil, status.FromContextError(ctx.Err()).Err()
 	}
-	ch := make(chan answer, 1)
+	ch := answerChans.Get().(chan answer)
 	m.mu.Lock()
 	m.nextID++
 	req.Id = m.nextID
@@ -499,6 +508,7 @@ func (m *Mux) send(ctx context.Context, req *walshipv1.PipelineRequest) (*pipe, 
 		err := p.err
 		p.mu.Unlock()
 		<-p.sem
+		answerChans.Put(ch)
 		return nil, nil, err
 	}
 	p.waiting[req.Id] = ch
@@ -507,7 +517,9 @@ func (m *Mux) send(ctx context.Context, req *walshipv1.PipelineRequest) (*pipe, 
 		req.Timeout = durationpb.New(max(time.Until(dl), time.Nanosecond))
 	}
 	if err := p.enqueue(req, queued{id: req.Id, ch: ch}); err != nil {
-		p.forget(req.Id)
+		if p.forget(req.Id) {
+			answerChans.Put(ch)
+		}
 		<-p.sem
 		return nil, nil, err
 	}
@@ -535,9 +547,18 @@ func (p *pipe) forget(id uint64) bool {
 	return ok
 }
 
+// requestBox is a request and the oneof that holds its operation, in
+// one allocation where two would do.
+type requestBox[O any] struct {
+	req walshipv1.PipelineRequest
+	op  O
+}
+
 // Put is KVService.Put as an operation of the stream.
 func (m *Mux) Put(ctx context.Context, in *walshipv1.PutRequest, _ ...grpc.CallOption) (*walshipv1.PutResponse, error) {
-	r, err := m.do(ctx, &walshipv1.PipelineRequest{Op: &walshipv1.PipelineRequest_Put{Put: in}})
+	b := &requestBox[walshipv1.PipelineRequest_Put]{op: walshipv1.PipelineRequest_Put{Put: in}}
+	b.req.Op = &b.op
+	r, err := m.do(ctx, &b.req)
 	if err != nil {
 		return nil, err
 	}
@@ -546,7 +567,9 @@ func (m *Mux) Put(ctx context.Context, in *walshipv1.PutRequest, _ ...grpc.CallO
 
 // Delete is KVService.Delete as an operation of the stream.
 func (m *Mux) Delete(ctx context.Context, in *walshipv1.DeleteRequest, _ ...grpc.CallOption) (*walshipv1.DeleteResponse, error) {
-	r, err := m.do(ctx, &walshipv1.PipelineRequest{Op: &walshipv1.PipelineRequest_Delete{Delete: in}})
+	b := &requestBox[walshipv1.PipelineRequest_Delete]{op: walshipv1.PipelineRequest_Delete{Delete: in}}
+	b.req.Op = &b.op
+	r, err := m.do(ctx, &b.req)
 	if err != nil {
 		return nil, err
 	}
@@ -555,7 +578,9 @@ func (m *Mux) Delete(ctx context.Context, in *walshipv1.DeleteRequest, _ ...grpc
 
 // Txn is KVService.Txn as an operation of the stream.
 func (m *Mux) Txn(ctx context.Context, in *walshipv1.TxnRequest, _ ...grpc.CallOption) (*walshipv1.TxnResponse, error) {
-	r, err := m.do(ctx, &walshipv1.PipelineRequest{Op: &walshipv1.PipelineRequest_Txn{Txn: in}})
+	b := &requestBox[walshipv1.PipelineRequest_Txn]{op: walshipv1.PipelineRequest_Txn{Txn: in}}
+	b.req.Op = &b.op
+	r, err := m.do(ctx, &b.req)
 	if err != nil {
 		return nil, err
 	}
@@ -564,7 +589,9 @@ func (m *Mux) Txn(ctx context.Context, in *walshipv1.TxnRequest, _ ...grpc.CallO
 
 // Get is KVService.Get as an operation of the stream.
 func (m *Mux) Get(ctx context.Context, in *walshipv1.GetRequest, _ ...grpc.CallOption) (*walshipv1.GetResponse, error) {
-	r, err := m.do(ctx, &walshipv1.PipelineRequest{Op: &walshipv1.PipelineRequest_Get{Get: in}})
+	b := &requestBox[walshipv1.PipelineRequest_Get]{op: walshipv1.PipelineRequest_Get{Get: in}}
+	b.req.Op = &b.op
+	r, err := m.do(ctx, &b.req)
 	if err != nil {
 		return nil, err
 	}
