@@ -14,6 +14,7 @@ import (
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/cpustat"
+	"github.com/walship/walship/internal/kvpipe"
 	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/testkit"
 	"github.com/walship/walship/internal/tlsid"
@@ -105,6 +106,24 @@ func benchCommit(b *testing.B, durability walshipv1.Durability, committers int) 
 		disk := (diskBefore + diskAppendRate(b, cfg.DataDir)) / 2
 		b.ReportMetric(disk, "disk_appends/s")
 		b.ReportMetric(rate/disk, "x_disk")
+	}
+}
+
+// BenchmarkCommitPipelined is BenchmarkCommit's async run with the
+// committers' Puts sent on one Pipeline stream, as pkg/client sends
+// concurrent calls (kvpipe.Mux): the primary runs the writes a message
+// carries as one group. cpu_µs/op is the process's, client included.
+func BenchmarkCommitPipelined(b *testing.B) {
+	for _, committers := range []int{8, 64} {
+		b.Run(fmt.Sprintf("committers=%d", committers), func(b *testing.B) {
+			b.ReportAllocs()
+			s := startBench(b, walshipv1.Durability_DURABILITY_ASYNC)
+			conn := dialBench(b, s.Addr())
+			defer conn.Close()
+			m := kvpipe.NewMux(walshipv1.NewKVServiceClient(conn))
+			defer m.Close()
+			putLoop(b, m, committers, "commits/s")
+		})
 	}
 }
 
