@@ -3,10 +3,12 @@ package kvpipe
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
@@ -117,5 +119,50 @@ func TestOpsSharingAnID(t *testing.T) {
 	r.done(other)
 	if len(r.byID) != 0 {
 		t.Fatalf("%d ids still held once every operation is done", len(r.byID))
+	}
+}
+
+// countingHandler counts the operations it runs.
+type countingHandler struct{ ran atomic.Int64 }
+
+func (h *countingHandler) Put(context.Context, *walshipv1.PutRequest) (*walshipv1.PutResponse, error) {
+	h.ran.Add(1)
+	return &walshipv1.PutResponse{}, nil
+}
+
+func (h *countingHandler) Delete(context.Context, *walshipv1.DeleteRequest) (*walshipv1.DeleteResponse, error) {
+	h.ran.Add(1)
+	return &walshipv1.DeleteResponse{}, nil
+}
+
+func (h *countingHandler) Txn(context.Context, *walshipv1.TxnRequest) (*walshipv1.TxnResponse, error) {
+	h.ran.Add(1)
+	return &walshipv1.TxnResponse{}, nil
+}
+
+func (h *countingHandler) Get(context.Context, *walshipv1.GetRequest) (*walshipv1.GetResponse, error) {
+	h.ran.Add(1)
+	return &walshipv1.GetResponse{}, nil
+}
+
+// An operation whose timeout passed while it waited for a worker is
+// answered DEADLINE_EXCEEDED and not run: a write is not sequenced after
+// its caller was told it timed out.
+func TestOpPastItsDeadlineIsNotRun(t *testing.T) {
+	answers := make(chan *walshipv1.PipelineResponse, 2)
+	r := &running{byID: map[uint64]*op{}, answers: answers}
+	req := &walshipv1.PipelineRequest{Id: 1, Op: &walshipv1.PipelineRequest_Put{Put: &walshipv1.PutRequest{Key: "k"}}, Timeout: durationpb.New(time.Hour)}
+	o := r.start(context.Background(), req)
+	o.deadline = time.Now().Add(-time.Millisecond) // as if it had waited an hour
+	h := &countingHandler{}
+	r.run(o, h, req, &worker{ws: &workers{}})
+	if n := h.ran.Load(); n != 0 {
+		t.Fatalf("the handler ran %d times", n)
+	}
+	if a := <-answers; codes.Code(a.GetError().GetCode()) != codes.DeadlineExceeded {
+		t.Fatalf("answer %v; want DEADLINE_EXCEEDED", a)
+	}
+	if !errors.Is(o.Err(), context.DeadlineExceeded) {
+		t.Fatalf("its context: %v; want DeadlineExceeded", o.Err())
 	}
 }

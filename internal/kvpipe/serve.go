@@ -801,8 +801,14 @@ func (r *running) begin(o *op) (opEnd, error) {
 	}
 	var e opEnd
 	if o.timeout > 0 {
+		left := time.Until(o.deadline)
+		if left <= 0 {
+			// Passed while it waited for a worker: not run.
+			o.end(context.DeadlineExceeded)
+			return opEnd{}, context.DeadlineExceeded
+		}
 		fired := make(chan struct{})
-		e = opEnd{fired: fired, timer: time.AfterFunc(time.Until(o.deadline), func() {
+		e = opEnd{fired: fired, timer: time.AfterFunc(left, func() {
 			defer close(fired)
 			o.end(context.DeadlineExceeded)
 			r.answer(o, failed(o.id, context.DeadlineExceeded))
