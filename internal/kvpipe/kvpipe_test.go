@@ -245,7 +245,47 @@ func TestMuxErrorsAsUnary(t *testing.T) {
 // operations are cancelled).
 func TestMuxAnswersGoToTheirCallers(t *testing.T) {
 	kv := serve(t, &fake{release: make(chan struct{})})
-	m := kvpipe.NewMux(kv)
+	callersGivingUp(t, kvpipe.NewMux(kv), false)
+}
+
+// As TestMuxAnswersGoToTheirCallers, with every stream drained or
+// broken within 3 ms of opening: a call gets its own answer, or
+// UNAVAILABLE, or gives up.
+func TestMuxAnswersGoToTheirCallersAsStreamsEnd(t *testing.T) {
+	var streams atomic.Int64
+	churn := func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		n := streams.Add(1)
+		after := time.Duration(rand.New(rand.NewPCG(uint64(n), 7)).IntN(3000)) * time.Microsecond
+		ctx, cancel := context.WithCancel(ss.Context())
+		defer cancel()
+		done := make(chan error, 1)
+		go func() { done <- handler(srv, &ctxStream{ServerStream: ss, ctx: ctx}) }()
+		if n%2 == 0 { // a graceful stop: drained
+			stop := time.AfterFunc(after, cancel)
+			defer stop.Stop()
+			return <-done
+		}
+		select { // broken: the handler's operations are abandoned
+		case err := <-done:
+			return err
+		case <-time.After(after):
+			return status.Error(codes.Unavailable, "broken")
+		}
+	}
+	kv := serveWith(t, &fake{release: make(chan struct{})}, grpc.StreamInterceptor(churn))
+	callersGivingUp(t, kvpipe.NewMux(kv), true)
+	if n := streams.Load(); n < 2 {
+		t.Fatalf("%d streams opened: no stream ended", n)
+	}
+}
+
+// callersGivingUp runs 8 callers of 400 Puts each on m, a third giving
+// up about when their answer comes (key echo/N, answered LSN N), a third
+// long before (slow/..., never answered), and checks that every call
+// that did not give up got its own answer (or, with broken,
+// UNAVAILABLE). It closes m.
+func callersGivingUp(t *testing.T, m *kvpipe.Mux, broken bool) {
+	t.Helper()
 	defer m.Close()
 	var next atomic.Uint64
 	var wg sync.WaitGroup
@@ -264,11 +304,10 @@ func TestMuxAnswersGoToTheirCallers(t *testing.T) {
 				ctx, cancel := context.WithTimeout(context.Background(), wait)
 				resp, err := m.Put(ctx, &walshipv1.PutRequest{Key: key})
 				cancel()
-				gaveUp := status.Code(err) == codes.DeadlineExceeded && wait < time.Second
 				switch {
-				case strings.HasPrefix(key, "slow/") && !gaveUp:
-					t.Errorf("%s: %v, %v; want DEADLINE_EXCEEDED", key, resp, err)
-				case !strings.HasPrefix(key, "slow/") && !gaveUp && (err != nil || resp.GetLsn() != n):
+				case status.Code(err) == codes.DeadlineExceeded && wait < time.Second:
+				case broken && status.Code(err) == codes.Unavailable:
+				case strings.HasPrefix(key, "slow/") || err != nil || resp.GetLsn() != n:
 					t.Errorf("%s: %v, %v; want LSN %d", key, resp, err, n)
 				}
 			}

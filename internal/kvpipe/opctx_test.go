@@ -3,6 +3,7 @@ package kvpipe
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -45,6 +46,9 @@ func TestOpIsAContext(t *testing.T) {
 	}
 	if _, ok := ctx.Deadline(); ok {
 		t.Fatal("a deadline without a timeout")
+	}
+	if s := fmt.Sprint(ctx); s != "kvpipe.op(1)" {
+		t.Fatalf("printed as %q", s)
 	}
 	early := ctx.Done()
 	select {
@@ -119,6 +123,11 @@ func TestOpsSharingAnID(t *testing.T) {
 	r.done(other)
 	if len(r.byID) != 0 {
 		t.Fatalf("%d ids still held once every operation is done", len(r.byID))
+	}
+	for _, o := range []*op{a, b, c} {
+		if o.sameID != nil {
+			t.Fatalf("op %p, done, still links to %p", o, o.sameID)
+		}
 	}
 }
 

@@ -485,7 +485,10 @@ type running struct {
 // request's timeout, and it ends — Done closed, Err set — when the
 // client cancels it, its timeout passes, the stream ends or its handler
 // has returned (end). The stream's own end (a graceful stop) does not
-// end it.
+// end it. A context.WithCancel, WithDeadline or AfterFunc of it follows
+// it through its AfterFunc, without a goroutine; one of a context
+// derived from it by WithValue takes a goroutine while it waits (the
+// context package looks for AfterFunc on the direct parent only).
 type op struct {
 	id     uint64
 	parent context.Context // values only: never ends
@@ -539,6 +542,10 @@ func (o *op) Err() error {
 }
 
 func (o *op) Value(key any) any { return o.parent.Value(key) }
+
+// String names o without reading its state (a context printed in a log
+// must not race with its end).
+func (o *op) String() string { return "kvpipe.op(" + strconv.FormatUint(o.id, 10) + ")" }
 
 // AfterFunc runs f in a goroutine of its own once o ends: what
 // context.AfterFunc, WithCancel and WithDeadline use to follow o
@@ -653,6 +660,9 @@ func (r *running) done(o *op) {
 	o.end(context.Canceled)
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	// A handler may keep o (its context) for longer: o lets go of the
+	// others.
+	defer func() { o.sameID = nil }()
 	p := r.byID[o.id]
 	if p == o {
 		if o.sameID == nil {
