@@ -660,24 +660,22 @@ func (r *running) done(o *op) {
 	o.end(context.Canceled)
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	switch p := r.byID[o.id]; {
+	case p == o && o.sameID == nil:
+		delete(r.byID, o.id)
+	case p == o:
+		r.byID[o.id] = o.sameID
+	default:
+		for p != nil && p.sameID != o {
+			p = p.sameID
+		}
+		if p != nil {
+			p.sameID = o.sameID
+		}
+	}
 	// A handler may keep o (its context) for longer: o lets go of the
 	// others.
-	defer func() { o.sameID = nil }()
-	p := r.byID[o.id]
-	if p == o {
-		if o.sameID == nil {
-			delete(r.byID, o.id)
-		} else {
-			r.byID[o.id] = o.sameID
-		}
-		return
-	}
-	for ; p != nil; p = p.sameID {
-		if p.sameID == o {
-			p.sameID = o.sameID
-			return
-		}
-	}
+	o.sameID = nil
 }
 
 // call counts one more operation among the peer's calls: on the
