@@ -443,6 +443,9 @@ func (a *Archive) GetHistory(ctx context.Context, cluster string, e uint64) (dat
 	if len(h) == 0 || h.Current().Epoch != e {
 		return nil, corrupt(name, "history %v does not end with epoch %d", h, e)
 	}
+	if err := h.Check(e, 0); err != nil { // an epoch or first LSN of 0
+		return nil, corrupt(name, "history%v", err)
+	}
 	return h, nil
 }
 

@@ -368,6 +368,15 @@ func TestCorruptObjectsFailClosed(t *testing.T) {
 	if _, err := a.GetChunk(ctx, clusterA, c); err == nil || !strings.Contains(err.Error(), "its name says") {
 		t.Fatalf("a chunk under another's name: %v", err)
 	}
+	// A history that parses, but whose first LSNs are 0: read as a
+	// lineage, it would share every LSN with any log.
+	if err := a.put(ctx, historyName(6), clusterA, []byte("5 0\n6 0\n"), nil); err != nil {
+		t.Fatal(err)
+	}
+	var ce *CorruptError
+	if _, err := a.GetHistory(ctx, clusterA, 6); !errors.As(err, &ce) || !strings.Contains(err.Error(), "history[0]: epoch and first_lsn must be at least 1") {
+		t.Fatalf("a history with first LSNs of 0: %v", err)
+	}
 }
 
 func TestClaimRefusesAnotherCluster(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -321,12 +322,96 @@ func TestSharedUpTo(t *testing.T) {
 		{"nothing shared, both complete", History{{2, 1}}, History{{1, 1}}, 0, false, true},
 		{"nothing shared, ours incomplete", History{{5, 100}}, History{{1, 1}}, 0, false, false},
 		{"their history unknown", History{{1, 1}, {2, 10}}, nil, 0, false, true},
+		// Refused by Check wherever a peer's history arrives; were one
+		// to get through, it shares nothing (was: the first LSN of 0
+		// wrapped round to the open end, and all was true).
+		{"their first LSN of 0 after a shared epoch", History{{1, 1}}, History{{1, 1}, {2, 0}}, 0, false, true},
 	} {
 		lsn, all, known := tc.ours.SharedUpTo(tc.their)
 		if lsn != tc.lsn || all != tc.all || known != tc.known {
 			t.Errorf("%s: %d, %v, %v; want %d, %v, %v", tc.name, lsn, all, known, tc.lsn, tc.all, tc.known)
 		}
 	}
+}
+
+// FuzzSharedUpTo: whatever history a peer states, SharedUpTo says all
+// only when the peer's log is in this log's current epoch (or holds no
+// history). And for a peer whose log is this log's up to some LSN c,
+// then nothing or epochs this log never had (a deposed primary's tail,
+// KIP-101), it says the logs share at least up to c, and the two logs'
+// epochs agree at every LSN up to what it says.
+func FuzzSharedUpTo(f *testing.F) {
+	f.Add([]byte{0, 0, 1, 9}, []byte{1, 1, 2, 10}, uint8(5), uint8(1))
+	f.Add([]byte{3, 0, 1, 110}, []byte{4, 1, 5, 100}, uint8(99), uint8(0))
+	f.Add([]byte{0, 0}, []byte{1, 1, 2, 0}, uint8(0), uint8(1))
+	f.Add([]byte{4, 99}, []byte{1, 1}, uint8(200), uint8(3))
+	f.Fuzz(func(t *testing.T, ob, tb []byte, cut, deposed uint8) {
+		// Ours is a history this node could hold: epochs increasing,
+		// first LSNs from 1 (or later: seeded) and not decreasing.
+		var ours History
+		epoch, lsn := uint64(0), uint64(1)
+		for i := 0; i+1 < len(ob) && len(ours) < 16; i += 2 {
+			epoch += 1 + uint64(ob[i]%4)
+			lsn += uint64(ob[i+1])
+			ours = append(ours, Start{Epoch: epoch, FirstLSN: lsn})
+		}
+		// Anything a peer could send.
+		var theirs History
+		for i := 0; i+1 < len(tb) && len(theirs) < 16; i += 2 {
+			theirs = append(theirs, Start{Epoch: uint64(tb[i] % 16), FirstLSN: uint64(tb[i+1])})
+		}
+		_, all, _ := ours.SharedUpTo(theirs)
+		// (An empty theirs is judged by KeepUpTo(0), tested above.)
+		if all && len(theirs) > 0 && (len(ours) == 0 || theirs.Current().Epoch != ours.Current().Epoch) {
+			t.Fatalf("ours %v, theirs %v: all, though their log's epoch is not our current one", ours, theirs)
+		}
+		if len(ours) == 0 || !ours.Complete() {
+			return
+		}
+		// A peer whose log is ours up to LSN c, then perhaps epochs we
+		// never had.
+		c := uint64(cut) + 1
+		theirs = nil
+		for _, s := range ours {
+			if s.FirstLSN <= c {
+				theirs = append(theirs, s)
+			}
+		}
+		for k := range uint64(deposed % 3) {
+			e := theirs.Current().Epoch + 1
+			for slices.ContainsFunc(ours, func(s Start) bool { return s.Epoch == e }) {
+				e++
+			}
+			theirs = append(theirs, Start{Epoch: e, FirstLSN: c + 1 + k})
+		}
+		got, all, known := ours.SharedUpTo(theirs)
+		if all {
+			if deposed%3 != 0 || theirs.Current() != ours.Current() {
+				t.Fatalf("ours %v, theirs %v: all", ours, theirs)
+			}
+			return
+		}
+		if !known || got < c {
+			t.Fatalf("ours %v, theirs %v (ours up to %d): shared up to %d, known %v", ours, theirs, c, got, known)
+		}
+		for _, x := range append([]uint64{got}, firstLSNs(ours, theirs)...) {
+			if x >= 1 && x <= got && ours.EpochOf(x) != theirs.EpochOf(x) {
+				t.Fatalf("ours %v, theirs %v: shared up to %d, but LSN %d is of epoch %d here and %d there",
+					ours, theirs, got, x, ours.EpochOf(x), theirs.EpochOf(x))
+			}
+		}
+	})
+}
+
+// firstLSNs are the first LSNs of every line of hs.
+func firstLSNs(hs ...History) []uint64 {
+	var out []uint64
+	for _, h := range hs {
+		for _, s := range h {
+			out = append(out, s.FirstLSN)
+		}
+	}
+	return out
 }
 
 // TestEpochBound: no epoch after MaxEpoch is ever begun — the one after

@@ -186,15 +186,22 @@ func (h History) Proto() []*walshipv1.EpochStart {
 // known (the newest epoch the receiver knows), first LSNs not decreasing.
 // The error names the bad entry's index.
 func CheckProto(hs []*walshipv1.EpochStart, known, bound uint64) error {
-	for i, e := range hs {
+	return HistoryFromProto(hs).Check(known, bound)
+}
+
+// Check is [CheckProto] of a history already converted: every history
+// that came from a peer is checked before it is compared with another
+// (SharedUpTo takes a first LSN of 0 as the end of the log before it).
+func (h History) Check(known, bound uint64) error {
+	for i, e := range h {
 		switch {
-		case e.GetEpoch() == 0 || e.GetFirstLsn() == 0:
-			return fmt.Errorf("[%d]: epoch and first_lsn must be at least 1 (got epoch %d, first_lsn %d)", i, e.GetEpoch(), e.GetFirstLsn())
-		case CheckEpoch(e.GetEpoch(), known, bound) != nil:
-			return fmt.Errorf("[%d].epoch: %v", i, CheckEpoch(e.GetEpoch(), known, bound))
-		case i > 0 && (e.GetEpoch() <= hs[i-1].GetEpoch() || e.GetFirstLsn() < hs[i-1].GetFirstLsn()):
+		case e.Epoch == 0 || e.FirstLSN == 0:
+			return fmt.Errorf("[%d]: epoch and first_lsn must be at least 1 (got epoch %d, first_lsn %d)", i, e.Epoch, e.FirstLSN)
+		case CheckEpoch(e.Epoch, known, bound) != nil:
+			return fmt.Errorf("[%d].epoch: %v", i, CheckEpoch(e.Epoch, known, bound))
+		case i > 0 && (e.Epoch <= h[i-1].Epoch || e.FirstLSN < h[i-1].FirstLSN):
 			return fmt.Errorf("[%d]: epochs must increase and first LSNs must not decrease (epoch %d at LSN %d after epoch %d at LSN %d)",
-				i, e.GetEpoch(), e.GetFirstLsn(), hs[i-1].GetEpoch(), hs[i-1].GetFirstLsn())
+				i, e.Epoch, e.FirstLSN, h[i-1].Epoch, h[i-1].FirstLSN)
 		}
 	}
 	return nil
@@ -222,7 +229,9 @@ func (h History) SharedUpTo(theirs History) (lsn uint64, all, known bool) {
 	const open = ^uint64(0)
 	end := func(hs History, i int) uint64 {
 		if i+1 < len(hs) {
-			return hs[i+1].FirstLSN - 1
+			// max: a history Check refuses (a first LSN of 0) shares
+			// nothing, rather than wrapping round to the open end.
+			return max(hs[i+1].FirstLSN, 1) - 1
 		}
 		return open
 	}

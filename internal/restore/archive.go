@@ -202,7 +202,11 @@ func (src *archiveSource) snapshot(ctx context.Context) (*state.Store, error) {
 	if err := archive.CheckSnapshotMeta(ref, src.cat.ClusterID, hdr); err != nil {
 		return nil, status.Error(codes.DataLoss, err.Error())
 	}
-	if hist := datadir.HistoryFromProto(hdr.GetHistory()); len(hist) > 0 {
+	hist := datadir.HistoryFromProto(hdr.GetHistory())
+	if err := hist.Check(r.lineage.Current().Epoch, datadir.MaxEpochGap); err != nil {
+		return nil, status.Errorf(codes.DataLoss, "snapshot %s: history%v", name, err)
+	}
+	if len(hist) > 0 {
 		if shared, all, _ := r.lineage.SharedUpTo(hist); !all && shared < hdr.GetLsn() {
 			return nil, status.Errorf(codes.DataLoss, "snapshot %s has history %v, which leaves the lineage %v at LSN %d", name, hist, r.lineage, shared)
 		}

@@ -26,13 +26,18 @@ const (
 type statedLogStore struct {
 	walshipv1.UnimplementedLogStoreServiceServer
 	cluster string
+	history []*walshipv1.EpochStart // stated in Status; nil: epoch 1 from LSN 1
 	mu      sync.Mutex
 	reads   []string
 }
 
 func (l *statedLogStore) Status(ctx context.Context, _ *walshipv1.LogStoreServiceStatusRequest) (*walshipv1.LogStoreServiceStatusResponse, error) {
+	h := l.history
+	if h == nil {
+		h = []*walshipv1.EpochStart{{Epoch: 1, FirstLsn: 1}}
+	}
 	return &walshipv1.LogStoreServiceStatusResponse{FirstLsn: 1, DurableLsn: 2, Epoch: 1, VoteEpoch: 1, LastEpoch: 1,
-		History: []*walshipv1.EpochStart{{Epoch: 1, FirstLsn: 1}}, ClusterId: l.cluster}, nil
+		History: h, ClusterId: l.cluster}, nil
 }
 
 func (l *statedLogStore) Read(req *walshipv1.ReadRequest, _ walshipv1.LogStoreService_ReadServer) error {
@@ -85,5 +90,22 @@ func TestRestoreReadsOneCluster(t *testing.T) {
 	defer b.mu.Unlock()
 	if len(a.reads) != 1 || a.reads[0] != clusterA || len(b.reads) != 1 || b.reads[0] != clusterB {
 		t.Fatalf("cluster ids the reads stated: %q to %s's log store, %q to %s's; want one each, its own", a.reads, clusterA, b.reads, clusterB)
+	}
+}
+
+// TestRestoreRefusesBadHistory: a log store whose Status states a history
+// that is not one (a first LSN of 0) is not a source: how far its log
+// follows the lineage is worked out from that history. Nothing is read
+// from it, and the restore says why, naming the entry.
+func TestRestoreRefusesBadHistory(t *testing.T) {
+	ls := &statedLogStore{cluster: clusterA, history: []*walshipv1.EpochStart{{Epoch: 1, FirstLsn: 1}, {Epoch: 2, FirstLsn: 0}}}
+	_, err := restore.Run(t.Context(), restore.Options{LogStores: []string{serveLogStore(t, ls)}, Target: restore.AtLatest(), DryRun: true})
+	if err == nil || !strings.Contains(err.Error(), "history[1]: epoch and first_lsn must be at least 1") {
+		t.Fatalf("restore from a log store stating a first LSN of 0: %v; want a refusal naming history[1]", err)
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if len(ls.reads) != 0 {
+		t.Fatalf("reads from a log store whose history was refused: %q", ls.reads)
 	}
 }

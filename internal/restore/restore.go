@@ -471,6 +471,11 @@ func (r *restorer) status(ctx context.Context, addr string) Source {
 	}
 	src.FirstLSN, src.Durable, src.VoteEpoch = st.GetFirstLsn(), st.GetDurableLsn(), max(st.GetVoteEpoch(), st.GetEpoch())
 	src.History = datadir.HistoryFromProto(st.GetHistory())
+	if err := src.History.Check(src.VoteEpoch, datadir.MaxEpochGap); err != nil {
+		// How far its log follows the lineage is worked out from it.
+		src.Err = status.Errorf(codes.DataLoss, "the log store's status: history%v", err)
+		return src
+	}
 	src.Snapshots = st.GetSnapshots()
 	src.ClusterID = st.GetClusterId()
 	if src.FirstLSN == 0 {
@@ -688,7 +693,11 @@ func (r *restorer) fetchSnapshot(ctx context.Context) (*state.Store, error) {
 	case h.GetLsn() != sn.GetLsn():
 		return nil, status.Errorf(codes.DataLoss, "snapshot from %s is at LSN %d, its Status said %d", from, h.GetLsn(), sn.GetLsn())
 	}
-	if hist := datadir.HistoryFromProto(h.GetHistory()); len(hist) > 0 {
+	hist := datadir.HistoryFromProto(h.GetHistory())
+	if err := hist.Check(r.lineage.Current().Epoch, datadir.MaxEpochGap); err != nil {
+		return nil, status.Errorf(codes.DataLoss, "snapshot at LSN %d from %s: header.history%v", h.GetLsn(), from, err)
+	}
+	if len(hist) > 0 {
 		if shared, all, _ := r.lineage.SharedUpTo(hist); !all && shared < h.GetLsn() {
 			return nil, status.Errorf(codes.FailedPrecondition, "snapshot at LSN %d from %s has history %v, which leaves the lineage %v at LSN %d", h.GetLsn(), from, hist, r.lineage, shared)
 		}

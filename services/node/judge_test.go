@@ -2,6 +2,7 @@ package node
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -139,6 +140,26 @@ func TestUnbelievedAnswerSetsNoEpoch(t *testing.T) {
 	}
 	if seen := highestEpoch(answers); seen != 5 {
 		t.Fatalf("highest epoch seen = %d; want 5, the unbelieved answer's not counted", seen)
+	}
+}
+
+// TestAnswerWithBadHistory: an answer whose history is not one (a first
+// LSN of 0, epochs out of order) is an error, naming the entry: its
+// history would decide what of its log is kept.
+func TestAnswerWithBadHistory(t *testing.T) {
+	for _, tc := range []struct {
+		history datadir.History
+		want    string // "" for no error
+	}{
+		{datadir.History{{Epoch: 1, FirstLSN: 1}, {Epoch: 4, FirstLSN: 30}}, ""},
+		{datadir.History{{Epoch: 1, FirstLSN: 1}, {Epoch: 4, FirstLSN: 0}}, "history[1]: epoch and first_lsn must be at least 1"},
+		{datadir.History{{Epoch: 4, FirstLSN: 1}, {Epoch: 3, FirstLSN: 30}}, "history[1]: epochs must increase"},
+	} {
+		a := answer{id: "ls0", logstore: true, epoch: 5, lastEpoch: tc.history.Current().Epoch, history: tc.history}
+		a.checkEpochs(5)
+		if got := fmt.Sprint(a.err); (tc.want == "") != (a.err == nil) || !strings.Contains(got, tc.want) {
+			t.Errorf("history %v: err %v; want %q", tc.history, a.err, tc.want)
+		}
 	}
 }
 

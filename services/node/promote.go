@@ -1036,7 +1036,7 @@ func (n *Node) survey(ctx context.Context, known uint64, enough func([]answer) b
 // datadir.MaxEpochGap above known (the newest epoch this node knows, or
 // the one it fences) an error: no honest peer gets that far ahead, and
 // this promotion would fence the one after it, further than its steps
-// bridge.
+// bridge. So is one whose history datadir.History.Check refuses.
 func (a *answer) checkEpochs(known uint64) {
 	if a.err != nil {
 		return
@@ -1046,6 +1046,11 @@ func (a *answer) checkEpochs(known uint64) {
 			a.err = fmt.Errorf("states epoch %w", err)
 			return
 		}
+	}
+	// Its history decides what of its log is kept (SharedUpTo): one
+	// that does not parse as a history is no answer.
+	if err := a.history.Check(known, datadir.MaxEpochGap); err != nil {
+		a.err = fmt.Errorf("states history%w", err)
 	}
 }
 

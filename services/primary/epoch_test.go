@@ -239,6 +239,50 @@ func TestLaggingLogStoreFencedInSteps(t *testing.T) {
 	}
 }
 
+// TestLogStoreHistoryChecked: the history a log store states decides
+// what of its log it keeps (SharedUpTo); one that is not a history —
+// here a first LSN of 0 after the epoch the primary shares with it,
+// which once read as "keeps everything" — is refused, and nothing is
+// shipped to that log store, while the same log store stating a sound
+// history is shipped to.
+func TestLogStoreHistoryChecked(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		history []*walshipv1.EpochStart
+		ships   bool
+	}{
+		{"sound", []*walshipv1.EpochStart{{Epoch: 1, FirstLsn: 1}}, true},
+		{"first LSN of 0", []*walshipv1.EpochStart{{Epoch: 1, FirstLsn: 1}, {Epoch: 2, FirstLsn: 0}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(t, t.TempDir())
+			ls := &laggingLogStore{promised: 1, history: tc.history, appends: make(chan struct{}, 1)}
+			cfg.LogStores = []string{ls.serve(t)}
+			_, stop, _ := run(t, cfg)
+			defer func() {
+				if err := stop(); err != nil {
+					t.Fatal(err)
+				}
+			}()
+			if tc.ships {
+				select {
+				case <-ls.appends:
+				case <-time.After(30 * time.Second):
+					t.Fatal("no Append stream to a log store stating a sound history")
+				}
+				return
+			}
+			// Asked again after each refusal, never shipped to.
+			testkit.Until(t, "the primary to ask the log store three times", func() bool { return ls.statuses.Load() >= 3 })
+			select {
+			case <-ls.appends:
+				t.Fatalf("an Append stream to a log store stating history %v", tc.history)
+			default:
+			}
+		})
+	}
+}
+
 // laggingLogStore grants every fence, says in Status that it promised
 // epoch promised whatever it granted, and signals each Append stream (it
 // serves none).
@@ -246,7 +290,9 @@ type laggingLogStore struct {
 	walshipv1.UnimplementedEpochServiceServer
 	walshipv1.UnimplementedLogStoreServiceServer
 	promised uint64
+	history  []*walshipv1.EpochStart // stated in Status
 	appends  chan struct{}
+	statuses atomic.Int32
 	mu       sync.Mutex
 	fenced   []uint64
 }
@@ -265,7 +311,9 @@ func (l *laggingLogStore) fences() []uint64 {
 }
 
 func (l *laggingLogStore) Status(context.Context, *walshipv1.LogStoreServiceStatusRequest) (*walshipv1.LogStoreServiceStatusResponse, error) {
-	return &walshipv1.LogStoreServiceStatusResponse{Epoch: l.promised, VoteEpoch: l.promised}, nil
+	l.statuses.Add(1)
+	return &walshipv1.LogStoreServiceStatusResponse{Epoch: l.promised, VoteEpoch: l.promised, History: l.history,
+		FirstLsn: min(uint64(len(l.history)), 1), DurableLsn: 9}, nil
 }
 
 func (l *laggingLogStore) Append(grpc.BidiStreamingServer[walshipv1.AppendRequest, walshipv1.AppendResponse]) error {

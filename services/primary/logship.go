@@ -109,6 +109,11 @@ func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceC
 		// primary, and this node would promise it as it steps down.
 		return fmt.Errorf("status: epoch: %w", err)
 	}
+	if err := datadir.CheckProto(st.GetHistory(), max(s.epoch, st.Epoch), datadir.MaxEpochGap); err != nil {
+		// Compared with this primary's to decide what the log store
+		// keeps: one that does not parse as a history decides nothing.
+		return fmt.Errorf("status: history%w", err)
+	}
 	if st.Epoch > s.epoch {
 		err := &DeposedError{Vote: datadir.Vote{Epoch: st.Epoch, Primary: st.PrimaryId, Addr: st.PrimaryAddr},
 			Why: fmt.Sprintf("log store %s has promised epoch %d", addr, st.Epoch)}

@@ -152,7 +152,11 @@ func (s *Server) reseedFromArchive(ctx context.Context, cat *archive.Catalog, re
 	}
 	// Taken of the lineage's log: its history must not leave the lineage
 	// before its LSN (a snapshot of a deposed tail would).
-	if hist := datadir.HistoryFromProto(hdr.GetHistory()); len(hist) > 0 {
+	hist := datadir.HistoryFromProto(hdr.GetHistory())
+	if err := hist.Check(cat.Lineage.Current().Epoch, datadir.MaxEpochGap); err != nil {
+		return fmt.Errorf("the archive's snapshot at LSN %d: history%w", ref.LSN, err)
+	}
+	if len(hist) > 0 {
 		if shared, all, _ := cat.Lineage.SharedUpTo(hist); !all && shared < hdr.GetLsn() {
 			return fmt.Errorf("the archive's snapshot at LSN %d has history %v, which leaves the lineage %v at LSN %d", ref.LSN, hist, cat.Lineage, shared)
 		}
