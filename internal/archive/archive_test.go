@@ -128,6 +128,27 @@ func TestDecodeChunkFailsOnDamage(t *testing.T) {
 
 // FuzzDecodeChunk: arbitrary bytes are refused as ErrBadChunk or decode
 // to a chunk whose batches continue each other and match its header.
+// FuzzParseNames: a name the catalog takes from a listing is the name
+// of what it parses to, byte for byte — the name a read of it asks for.
+func FuzzParseNames(f *testing.F) {
+	f.Add(ChunkName(Chunk{FirstLSN: 1, LastLSN: 8, Epoch: 2, LastCommit: 77}))
+	f.Add(SnapshotName(SnapshotRef{LSN: 9, Epoch: 3, Commit: 5}))
+	f.Add(historyName(4))
+	f.Add("history/00000000000000AB")
+	f.Add("wal/0000000000000001-0000000000000008-0000000000000002-000000000000004D")
+	f.Fuzz(func(t *testing.T, name string) {
+		if c, ok := parseChunkName(name); ok && ChunkName(c) != name {
+			t.Fatalf("%q parses as chunk %+v, named %q", name, c, ChunkName(c))
+		}
+		if r, ok := parseSnapshotName(name); ok && SnapshotName(r) != name {
+			t.Fatalf("%q parses as snapshot %+v, named %q", name, r, SnapshotName(r))
+		}
+		if e, ok := parseHistoryName(name); ok && historyName(e) != name {
+			t.Fatalf("%q parses as epoch %d's history, named %q", name, e, historyName(e))
+		}
+	})
+}
+
 func FuzzDecodeChunk(f *testing.F) {
 	good, _ := chunkOf(f, 2, 7, 3)
 	f.Add(good)

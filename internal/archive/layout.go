@@ -24,8 +24,11 @@ const (
 
 func hex16(v uint64) string { return fmt.Sprintf("%016x", v) }
 
+// parseHex16 reverses hex16, and only hex16: an object named in upper
+// case would be listed but never found again under the name hex16 gives
+// its fields.
 func parseHex16(s string) (uint64, bool) {
-	if len(s) != 16 {
+	if len(s) != 16 || strings.ToLower(s) != s {
 		return 0, false
 	}
 	v, err := strconv.ParseUint(s, 16, 64)
