@@ -356,7 +356,12 @@ func (a *Archive) ClusterID(ctx context.Context) (string, error) {
 	}
 	var m clusterMarker
 	if err := json.Unmarshal(b, &m); err != nil || m.ClusterID == "" {
-		return "", corrupt(clusterName, "not a cluster marker: %s", b)
+		// Quoted and cut short: the object is anyone's bytes, up to
+		// maxSmallBytes of them.
+		return "", corrupt(clusterName, "not a cluster marker: %d bytes, beginning %q", len(b), b[:min(len(b), 80)])
+	}
+	if err := datadir.ValidateClusterID(m.ClusterID); err != nil {
+		return "", corrupt(clusterName, "cluster_id: %v", err)
 	}
 	return m.ClusterID, nil
 }

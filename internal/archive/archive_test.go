@@ -419,6 +419,33 @@ func TestClaimRefusesAnotherCluster(t *testing.T) {
 	}
 }
 
+// TestClusterMarkerChecked: a cluster marker that is not one — junk, or
+// JSON whose cluster_id is not a cluster id — is a CorruptError naming
+// what is wrong, and the error quotes no more than the marker's start.
+func TestClusterMarkerChecked(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name, want string
+		marker     []byte
+	}{
+		{"junk", "not a cluster marker: 100000 bytes, beginning", bytes.Repeat([]byte{'x', 0}, 50_000)},
+		{"not a cluster id", `cluster_id: "walship\n" is not a cluster id`, []byte(`{"cluster_id":"walship\n","format":1}`)},
+	} {
+		a := fileArchive(t, nil)
+		if err := a.put(ctx, clusterName, "", tc.marker, nil); err != nil {
+			t.Fatal(err)
+		}
+		_, err := a.ClusterID(ctx)
+		var ce *CorruptError
+		if !errors.As(err, &ce) || !strings.Contains(err.Error(), tc.want) || len(err.Error()) > 400 {
+			t.Errorf("%s: %.500v; want a CorruptError saying %q, under 400 bytes", tc.name, err, tc.want)
+		}
+		if err := a.Claim(ctx, clusterA); !errors.As(err, &ce) {
+			t.Errorf("%s: claiming the archive: %v; want its CorruptError", tc.name, err)
+		}
+	}
+}
+
 // TestCatalogLineage: chunks of a tail a forced promotion cut are left
 // out of the lineage; overlapping uploads of one range are covered once;
 // a missing chunk is a gap that ends a run.
