@@ -131,6 +131,26 @@ func SaveLogPrimary(fsys vfs.FS, dir string, v Vote) error {
 	return nil
 }
 
+// ValidateNodeID checks a node id — a flag's, or one a peer states: 1..64
+// of [A-Za-z0-9._-], and not "-", which the vote, log-primary and
+// election files write for no node (a node named "-" would read back from
+// its own promise as no one). The error quotes the id; the caller names
+// the field.
+func ValidateNodeID(id string) error {
+	ok := len(id) >= 1 && len(id) <= 64
+	for i := 0; ok && i < len(id); i++ {
+		c := id[i]
+		ok = 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-'
+	}
+	switch {
+	case !ok:
+		return fmt.Errorf("%s is not 1..64 of [A-Za-z0-9._-]", clip(id))
+	case id == "-":
+		return errors.New(`"-" is how a vote file writes no node: not a node id`)
+	}
+	return nil
+}
+
 // quote keeps a field of a space-separated line non-empty ("-" for empty).
 func quote(s string) string {
 	if s == "" {

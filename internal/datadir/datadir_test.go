@@ -45,6 +45,44 @@ func TestVoteRoundTripAndLegacyEpoch(t *testing.T) {
 	}
 }
 
+// TestValidateNodeID: a node id is 1..64 of [A-Za-z0-9._-], and every id
+// it accepts comes back from a saved vote and election register as
+// itself — "-", which those files write for no node, is refused.
+func TestValidateNodeID(t *testing.T) {
+	dir := t.TempDir()
+	for _, id := range []string{"n1", "a.b_c-d", "--", strings.Repeat("x", 64), "-" + "a"} {
+		if err := ValidateNodeID(id); err != nil {
+			t.Errorf("ValidateNodeID(%q) = %v", id, err)
+			continue
+		}
+		v := Vote{Epoch: 3, Primary: id, Addr: "h:1"}
+		if err := SaveVote(vfs.OS, dir, v); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := LoadVote(vfs.OS, dir); err != nil || got != v {
+			t.Errorf("vote for %q saved %v, loaded %v, %v", id, v, got, err)
+		}
+		r := Election{Term: 2, Holder: id}
+		if err := SaveElection(vfs.OS, dir, r); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := LoadElection(vfs.OS, dir); err != nil || got != r {
+			t.Errorf("election held by %q: saved %+v, loaded %+v, %v", id, r, got, err)
+		}
+	}
+	for id, want := range map[string]string{
+		"":                      "is not 1..64",
+		strings.Repeat("x", 65): "is not 1..64",
+		"a b":                   "is not 1..64",
+		"n\u00fc":               "is not 1..64",
+		"-":                     "how a vote file writes no node",
+	} {
+		if err := ValidateNodeID(id); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("ValidateNodeID(%q) = %v; want an error saying %q", id, err, want)
+		}
+	}
+}
+
 func TestLogPrimaryRoundTrip(t *testing.T) {
 	dir := t.TempDir()
 	if v, err := LoadLogPrimary(vfs.OS, dir); err != nil || v != (Vote{}) {

@@ -112,8 +112,8 @@ func checkElect(req *walshipv1.ElectRequest) (failover.RegisterOp, error) {
 		return 0, refuse(rpcerr.ErrInvalid, "op: %v is not an operation", req.GetOp())
 	}
 	switch {
-	case !nodeIDPattern.MatchString(req.GetCandidateId()):
-		return 0, refuse(rpcerr.ErrInvalid, "candidate_id: %q is not 1..64 of [A-Za-z0-9._-]", req.GetCandidateId())
+	case datadir.ValidateNodeID(req.GetCandidateId()) != nil:
+		return 0, refuse(rpcerr.ErrInvalid, "candidate_id: %v", datadir.ValidateNodeID(req.GetCandidateId()))
 	case req.GetTerm() == 0:
 		return 0, refuse(rpcerr.ErrInvalid, "term: must be at least 1")
 	}

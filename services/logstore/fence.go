@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
 	"strings"
 	"time"
 
@@ -27,8 +26,6 @@ type fenceResult struct {
 	resp *walshipv1.FenceResponse
 	err  error
 }
-
-var nodeIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
 
 // Fence promises a newer epoch to a candidate. The writer answers it in
 // queue order: every batch queued before it is stored and fsynced first,
@@ -74,8 +71,8 @@ func checkFence(req *walshipv1.FenceRequest, known uint64) error {
 		return refuse(rpcerr.ErrInvalid, "epoch: must be at least 1")
 	case datadir.CheckEpoch(req.GetEpoch(), known, datadir.MaxEpochJump) != nil:
 		return refuse(rpcerr.ErrInvalid, "epoch: %v", datadir.CheckEpoch(req.GetEpoch(), known, datadir.MaxEpochJump))
-	case !nodeIDPattern.MatchString(req.GetCandidateId()):
-		return refuse(rpcerr.ErrInvalid, "candidate_id: %q is not 1..64 of [A-Za-z0-9._-]", req.GetCandidateId())
+	case datadir.ValidateNodeID(req.GetCandidateId()) != nil:
+		return refuse(rpcerr.ErrInvalid, "candidate_id: %v", datadir.ValidateNodeID(req.GetCandidateId()))
 	}
 	return rpcerr.CheckClusterID("cluster_id", req.GetClusterId())
 }

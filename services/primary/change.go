@@ -10,6 +10,7 @@ import (
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/failover"
 	"github.com/walship/walship/internal/rpcerr"
 	"github.com/walship/walship/internal/tlsid"
@@ -704,8 +705,8 @@ func (s *Server) checkChange(ctx context.Context, req *walshipv1.ChangeMembersRe
 		switch {
 		case m == nil || m.GetId() == "":
 			return nil, rpcerr.Invalid("add.id", "required: the node id of the data node to add")
-		case !replicaIDPattern.MatchString(m.GetId()):
-			return nil, rpcerr.Invalid("add.id", "%q is not 1..64 of [A-Za-z0-9._-]", m.GetId())
+		case datadir.ValidateNodeID(m.GetId()) != nil:
+			return nil, rpcerr.Invalid("add.id", "%v", datadir.ValidateNodeID(m.GetId()))
 		case m.GetAddr() == "":
 			return nil, rpcerr.Invalid("add.addr", "required: the advertised address of %s", m.GetId())
 		case slices.Contains(ids, m.GetId()):

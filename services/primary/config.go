@@ -3,13 +3,14 @@ package primary
 import (
 	"errors"
 	"fmt"
-	"github.com/walship/walship/internal/serve"
 	"log/slog"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
+	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/pace"
+	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/vfs"
 	"github.com/walship/walship/pkg/codec"
 	"google.golang.org/grpc"
@@ -284,12 +285,12 @@ func (c *Config) Validate() error {
 	if c.LeaseTimeout < 0 || c.LeaseTimeout > time.Minute {
 		errs = append(errs, fmt.Errorf("--lease-timeout: %v is not in (0, 1m]", c.LeaseTimeout))
 	}
-	if c.ID != "" && !replicaIDPattern.MatchString(c.ID) {
-		errs = append(errs, fmt.Errorf("--id: %q is not 1..64 of [A-Za-z0-9._-]", c.ID))
+	if c.ID != "" && datadir.ValidateNodeID(c.ID) != nil {
+		errs = append(errs, fmt.Errorf("--id: %v", datadir.ValidateNodeID(c.ID)))
 	}
 	ids := map[string]bool{}
 	for _, m := range c.Members {
-		if !replicaIDPattern.MatchString(m.ID) || m.Addr == "" || ids[m.ID] {
+		if datadir.ValidateNodeID(m.ID) != nil || m.Addr == "" || ids[m.ID] {
 			errs = append(errs, fmt.Errorf("--peers: %s=%s: want id=address, each id once", m.ID, m.Addr))
 		}
 		ids[m.ID] = true

@@ -723,8 +723,8 @@ func (h *epochServer) Fence(ctx context.Context, req *walshipv1.FenceRequest) (*
 		return nil, status.Error(codes.InvalidArgument, "epoch: must be at least 1")
 	case datadir.CheckEpoch(req.GetEpoch(), s.epoch, datadir.MaxEpochJump) != nil:
 		return nil, status.Errorf(codes.InvalidArgument, "epoch: %v", datadir.CheckEpoch(req.GetEpoch(), s.epoch, datadir.MaxEpochJump))
-	case !replicaIDPattern.MatchString(req.GetCandidateId()):
-		return nil, status.Errorf(codes.InvalidArgument, "candidate_id: %q is not 1..64 of [A-Za-z0-9._-]", req.GetCandidateId())
+	case datadir.ValidateNodeID(req.GetCandidateId()) != nil:
+		return nil, status.Errorf(codes.InvalidArgument, "candidate_id: %v", datadir.ValidateNodeID(req.GetCandidateId()))
 	case req.GetCandidateAddr() == "":
 		return nil, status.Error(codes.InvalidArgument, "candidate_addr: required (the candidate's advertised gRPC address)")
 	}

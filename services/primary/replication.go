@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"regexp"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,8 +25,6 @@ type replServer struct {
 	walshipv1.UnimplementedReplicationServiceServer
 	s *Server
 }
-
-var replicaIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
 
 // withRawBatch sets stored envelope bytes as field 1 (the batch) of m —
 // a StreamResponse or an AppendRequest — without unmarshalling and
@@ -90,8 +87,8 @@ func (s *Server) checkHello(hello *walshipv1.ReplicaHello) error {
 	switch {
 	case hello == nil:
 		return status.Error(codes.InvalidArgument, "hello: the first message of a stream must be a hello")
-	case !replicaIDPattern.MatchString(hello.GetReplicaId()):
-		return status.Errorf(codes.InvalidArgument, "hello.replica_id: %q is not 1..64 of [A-Za-z0-9._-]", hello.GetReplicaId())
+	case datadir.ValidateNodeID(hello.GetReplicaId()) != nil:
+		return status.Errorf(codes.InvalidArgument, "hello.replica_id: %v", datadir.ValidateNodeID(hello.GetReplicaId()))
 	case hello.GetNextLsn() == 0:
 		return status.Error(codes.InvalidArgument, "hello.next_lsn: must be at least 1")
 	case datadir.CheckEpoch(hello.GetEpoch(), s.epoch, datadir.MaxEpochJump) != nil:
@@ -500,8 +497,8 @@ const snapshotChunkBytes = 1 << 20
 
 // Snapshot streams the visible state at one LSN.
 func (r *replServer) Snapshot(req *walshipv1.SnapshotRequest, stream walshipv1.ReplicationService_SnapshotServer) error {
-	if id := req.GetReplicaId(); id != "" && !replicaIDPattern.MatchString(id) {
-		return status.Errorf(codes.InvalidArgument, "replica_id: %q is not 1..64 of [A-Za-z0-9._-]", id)
+	if id := req.GetReplicaId(); id != "" && datadir.ValidateNodeID(id) != nil {
+		return status.Errorf(codes.InvalidArgument, "replica_id: %v", datadir.ValidateNodeID(id))
 	}
 	if err := rpcerr.CheckClusterID("cluster_id", req.GetClusterId()); err != nil {
 		return err

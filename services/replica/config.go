@@ -4,15 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/walship/walship/internal/serve"
 	"log/slog"
-	"regexp"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
 	"github.com/walship/walship/internal/archive"
+	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/pace"
+	"github.com/walship/walship/internal/serve"
 	"github.com/walship/walship/internal/vfs"
 	"google.golang.org/grpc"
 )
@@ -149,15 +149,8 @@ func DefaultConfig() Config {
 	}
 }
 
-var idPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
-
-// ValidateID checks a replica id: 1..64 characters of [A-Za-z0-9._-].
-func ValidateID(id string) error {
-	if !idPattern.MatchString(id) {
-		return fmt.Errorf("%q is not 1..64 characters of [A-Za-z0-9._-]", id)
-	}
-	return nil
-}
+// ValidateID checks a replica id: a node id (datadir.ValidateNodeID).
+func ValidateID(id string) error { return datadir.ValidateNodeID(id) }
 
 // Validate reports every invalid setting, naming its flag.
 func (c *Config) Validate() error {

@@ -3,7 +3,6 @@ package replica
 import (
 	"context"
 	"fmt"
-	"regexp"
 	"strconv"
 	"time"
 
@@ -239,8 +238,6 @@ type epochServer struct {
 	s *Server
 }
 
-var nodeIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
-
 // Fence promises a newer epoch to a candidate: the replica fsyncs what it
 // has written, persists the promise, stops taking batches of older epochs
 // (the current stream ends) and follows the candidate from then on. It
@@ -253,8 +250,8 @@ func (h *epochServer) Fence(ctx context.Context, req *walshipv1.FenceRequest) (*
 		// Against the promise before Fence takes voteMu: it only grows, so
 		// an epoch within the bound now still is when it is granted.
 		return nil, status.Errorf(codes.InvalidArgument, "epoch: %v", datadir.CheckEpoch(req.GetEpoch(), h.s.Vote().Epoch, datadir.MaxEpochJump))
-	case !nodeIDPattern.MatchString(req.GetCandidateId()):
-		return nil, status.Errorf(codes.InvalidArgument, "candidate_id: %q is not 1..64 of [A-Za-z0-9._-]", req.GetCandidateId())
+	case datadir.ValidateNodeID(req.GetCandidateId()) != nil:
+		return nil, status.Errorf(codes.InvalidArgument, "candidate_id: %v", datadir.ValidateNodeID(req.GetCandidateId()))
 	case req.GetCandidateAddr() == "":
 		return nil, status.Error(codes.InvalidArgument, "candidate_addr: required (the candidate's advertised gRPC address)")
 	}
