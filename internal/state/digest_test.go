@@ -1,8 +1,6 @@
 package state
 
 import (
-	"crypto/sha256"
-	"encoding/binary"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -15,21 +13,9 @@ import (
 func TestDigestFormula(t *testing.T) {
 	s := New()
 	applyTxns(t, s, txn(put("alpha", "one"), put("", "empty key"), put("beta", ""))) // commit at 4
-	var want [4]uint64
-	for _, e := range []kv{{"alpha", "one", 4}, {"", "empty key", 4}, {"beta", "", 4}} {
-		var msg []byte
-		msg = binary.LittleEndian.AppendUint64(msg, uint64(len(e.k)))
-		msg = append(msg, e.k...)
-		msg = binary.LittleEndian.AppendUint64(msg, e.ver)
-		msg = binary.LittleEndian.AppendUint64(msg, uint64(len(e.v)))
-		msg = append(msg, e.v...)
-		sum := sha256.Sum256(msg)
-		for i := range want {
-			want[i] += binary.LittleEndian.Uint64(sum[i*8:])
-		}
-	}
-	if got := s.Digest(); got.lanes != want {
-		t.Fatalf("digest lanes %x, want %x", got.lanes, want)
+	want := specDigest([]kv{{"alpha", "one", 4}, {"", "empty key", 4}, {"beta", "", 4}})
+	if got := s.Digest(); got != want {
+		t.Fatalf("digest lanes %x, want %x", got.lanes, want.lanes)
 	}
 	if len(s.Digest().String()) != 2*DigestSize {
 		t.Errorf("String() = %q, want %d hex digits", s.Digest().String(), 2*DigestSize)
