@@ -151,6 +151,23 @@ func ValidateNodeID(id string) error {
 	return nil
 }
 
+// ValidateAddr checks an advertised address a peer states (a candidate's,
+// a primary's), which a node keeps in its vote, log-primary or election
+// file: one line of space-separated fields, "-" for an empty one. A field
+// with white space in it would make the file unreadable at the next start,
+// so an address is 1..255 bytes of printable ASCII other than the space,
+// and not "-". The caller names the field.
+func ValidateAddr(addr string) error {
+	ok := len(addr) >= 1 && len(addr) <= 255 && addr != "-"
+	for i := 0; ok && i < len(addr); i++ {
+		ok = '!' <= addr[i] && addr[i] <= '~'
+	}
+	if !ok {
+		return fmt.Errorf("%s is not an address: 1..255 bytes of printable ASCII, no spaces, not \"-\"", clip(addr))
+	}
+	return nil
+}
+
 // quote keeps a field of a space-separated line non-empty ("-" for empty).
 func quote(s string) string {
 	if s == "" {

@@ -83,6 +83,31 @@ func TestValidateNodeID(t *testing.T) {
 	}
 }
 
+// TestValidateAddr: an address is kept in a vote file's line; every one
+// accepted survives a saved vote, and what would not (white space, "-",
+// control or non-ASCII bytes, over 255 bytes) is refused.
+func TestValidateAddr(t *testing.T) {
+	dir := t.TempDir()
+	for _, addr := range []string{"10.0.0.1:7401", "[::1]:7401", "n0.walship.ns.svc:7401", "h:1", strings.Repeat("a", 255)} {
+		if err := ValidateAddr(addr); err != nil {
+			t.Errorf("ValidateAddr(%q) = %v", addr, err)
+			continue
+		}
+		v := Vote{Epoch: 3, Primary: "n1", Addr: addr}
+		if err := SaveVote(vfs.OS, dir, v); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := LoadVote(vfs.OS, dir); err != nil || got != v {
+			t.Errorf("vote naming %q: saved %v, loaded %v, %v", addr, v, got, err)
+		}
+	}
+	for _, addr := range []string{"", "-", "h:1 x", "h:1\n", "h:1\t", "\x00", "h\u00fc:1", strings.Repeat("a", 256)} {
+		if err := ValidateAddr(addr); err == nil || !strings.Contains(err.Error(), "is not an address") {
+			t.Errorf("ValidateAddr(%q) = %v; want a refusal", addr, err)
+		}
+	}
+}
+
 func TestLogPrimaryRoundTrip(t *testing.T) {
 	dir := t.TempDir()
 	if v, err := LoadLogPrimary(vfs.OS, dir); err != nil || v != (Vote{}) {

@@ -3,7 +3,6 @@ package restore
 import (
 	"errors"
 	"fmt"
-	"regexp"
 	"time"
 
 	walshipv1 "github.com/walship/walship/gen/walship/v1"
@@ -63,8 +62,6 @@ type NewCluster struct {
 	Contract *walshipv1.Contract
 }
 
-var nodeID = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
-
 // validate checks nc, naming walship restore's flags.
 func (nc *NewCluster) validate() error {
 	c := nc.Contract
@@ -74,8 +71,10 @@ func (nc *NewCluster) validate() error {
 	seen := map[string]bool{}
 	for _, m := range c.GetMembers() {
 		switch {
-		case !nodeID.MatchString(m.GetId()) || m.GetId() == "." || m.GetId() == "..":
-			return fmt.Errorf("--members: %q is not a node id (1..64 of [A-Za-z0-9._-])", m.GetId())
+		case datadir.ValidateNodeID(m.GetId()) != nil:
+			return fmt.Errorf("--members: %v", datadir.ValidateNodeID(m.GetId()))
+		case m.GetId() == "." || m.GetId() == "..":
+			return fmt.Errorf("--members: %q is not a node id (a directory's name)", m.GetId())
 		case m.GetAddr() == "":
 			return fmt.Errorf("--members: %s has no address (id=host:port)", m.GetId())
 		case seen[m.GetId()]:

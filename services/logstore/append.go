@@ -325,6 +325,13 @@ func checkRequest(req *walshipv1.AppendRequest, known, bound uint64) (*appendReq
 	if err := rpcerr.CheckClusterID("heartbeat.cluster_id", hb.GetClusterId()); err != nil {
 		return nil, err
 	}
+	// Kept in the vote file once learnt: checked as a candidate's are.
+	if id := hb.GetPrimaryId(); id != "" && datadir.ValidateNodeID(id) != nil {
+		return nil, refuse(rpcerr.ErrInvalid, "heartbeat.primary_id: %v", datadir.ValidateNodeID(id))
+	}
+	if addr := hb.GetPrimaryAddr(); addr != "" && datadir.ValidateAddr(addr) != nil {
+		return nil, refuse(rpcerr.ErrInvalid, "heartbeat.primary_addr: %v", datadir.ValidateAddr(addr))
+	}
 	if err := datadir.CheckEpoch(hb.GetEpoch(), known, bound); err != nil {
 		return nil, refuse(rpcerr.ErrInvalid, "heartbeat.epoch: %v", err)
 	}

@@ -73,6 +73,8 @@ func checkFence(req *walshipv1.FenceRequest, known uint64) error {
 		return refuse(rpcerr.ErrInvalid, "epoch: %v", datadir.CheckEpoch(req.GetEpoch(), known, datadir.MaxEpochJump))
 	case datadir.ValidateNodeID(req.GetCandidateId()) != nil:
 		return refuse(rpcerr.ErrInvalid, "candidate_id: %v", datadir.ValidateNodeID(req.GetCandidateId()))
+	case req.GetCandidateAddr() != "" && datadir.ValidateAddr(req.GetCandidateAddr()) != nil:
+		return refuse(rpcerr.ErrInvalid, "candidate_addr: %v", datadir.ValidateAddr(req.GetCandidateAddr()))
 	}
 	return rpcerr.CheckClusterID("cluster_id", req.GetClusterId())
 }

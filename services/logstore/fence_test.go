@@ -57,11 +57,28 @@ func TestFence(t *testing.T) {
 	}{
 		{&walshipv1.FenceRequest{CandidateId: "r1", CandidateAddr: "a"}, "epoch"},
 		{&walshipv1.FenceRequest{Epoch: 9, CandidateId: "no spaces", CandidateAddr: "a"}, "candidate_id"},
+		{&walshipv1.FenceRequest{Epoch: 9, CandidateId: "-", CandidateAddr: "a"}, "candidate_id"},
+		// Kept in the vote file, a space would make it unreadable.
+		{&walshipv1.FenceRequest{Epoch: 9, CandidateId: "r9", CandidateAddr: "h:1 x"}, "candidate_addr"},
 		{&walshipv1.FenceRequest{Epoch: math.MaxUint64, CandidateId: "r9", CandidateAddr: "a"}, "epoch: 18446744073709551615 is above the highest epoch"},
 		{&walshipv1.FenceRequest{Epoch: datadir.MaxEpoch + 1, CandidateId: "r9", CandidateAddr: "a"}, "epoch: 9223372036854775808 is above the highest epoch"},
 	} {
 		_, err := fence.Fence(t.Context(), bad.req)
 		wantCode(t, err, codes.InvalidArgument, bad.want)
+	}
+
+	// A heartbeat naming a primary no vote file can hold is refused,
+	// learning nothing: the vote still reads back.
+	for field, hb := range map[string]*walshipv1.Heartbeat{
+		"heartbeat.primary_addr": {Epoch: 4, PrimaryId: "r1", PrimaryAddr: "10.0.0.2:7401 x"},
+		"heartbeat.primary_id":   {Epoch: 4, PrimaryId: "-", PrimaryAddr: "10.0.0.2:7401"},
+	} {
+		bad := r.append(t)
+		bad.sendOrEnded(&walshipv1.AppendRequest{Heartbeat: hb}, "heartbeat")
+		wantCode(t, bad.failure(), codes.InvalidArgument, field)
+	}
+	if v, err := datadir.LoadVote(vfs.OS, dir); err != nil || v != (datadir.Vote{Epoch: 4, Primary: "r1", Addr: "10.0.0.2:7401"}) {
+		t.Fatalf("vote after refused heartbeats: %v, %v", v, err)
 	}
 
 	// The new primary's history has epoch 3 up to LSN 4 only: it cuts 5-6.

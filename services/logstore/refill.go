@@ -326,6 +326,15 @@ func (s *Server) survey(ctx context.Context, peers []*peer) (srcs []*refillSourc
 			s.logger.Info("this log store is among its own peers; skipping it", "peer", p.addr)
 			continue
 		}
+		// Its vote is adopted with what it copies: kept in the vote file.
+		if id := st.GetPrimaryId(); id != "" && datadir.ValidateNodeID(id) != nil {
+			notes = append(notes, fmt.Sprintf("%s: primary_id: %v", p.addr, datadir.ValidateNodeID(id)))
+			continue
+		}
+		if addr := st.GetPrimaryAddr(); addr != "" && datadir.ValidateAddr(addr) != nil {
+			notes = append(notes, fmt.Sprintf("%s: primary_addr: %v", p.addr, datadir.ValidateAddr(addr)))
+			continue
+		}
 		src := &refillSource{p: p, st: st}
 		if err := datadir.CheckProto(st.GetHistory(), s.knownEpoch(), datadir.MaxEpochGap); err == nil {
 			src.history = datadir.HistoryFromProto(st.GetHistory())

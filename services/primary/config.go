@@ -290,7 +290,10 @@ func (c *Config) Validate() error {
 	}
 	ids := map[string]bool{}
 	for _, m := range c.Members {
-		if datadir.ValidateNodeID(m.ID) != nil || m.Addr == "" || ids[m.ID] {
+		switch {
+		case datadir.ValidateNodeID(m.ID) != nil:
+			errs = append(errs, fmt.Errorf("--peers: %s=%s: %v", m.ID, m.Addr, datadir.ValidateNodeID(m.ID)))
+		case m.Addr == "" || ids[m.ID]:
 			errs = append(errs, fmt.Errorf("--peers: %s=%s: want id=address, each id once", m.ID, m.Addr))
 		}
 		ids[m.ID] = true

@@ -727,6 +727,8 @@ func (h *epochServer) Fence(ctx context.Context, req *walshipv1.FenceRequest) (*
 		return nil, status.Errorf(codes.InvalidArgument, "candidate_id: %v", datadir.ValidateNodeID(req.GetCandidateId()))
 	case req.GetCandidateAddr() == "":
 		return nil, status.Error(codes.InvalidArgument, "candidate_addr: required (the candidate's advertised gRPC address)")
+	case datadir.ValidateAddr(req.GetCandidateAddr()) != nil:
+		return nil, status.Errorf(codes.InvalidArgument, "candidate_addr: %v", datadir.ValidateAddr(req.GetCandidateAddr()))
 	}
 	if err := rpcerr.CheckClusterID("cluster_id", req.GetClusterId()); err != nil {
 		return nil, err

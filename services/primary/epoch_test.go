@@ -58,6 +58,11 @@ func TestFencedPrimaryStepsDown(t *testing.T) {
 		!strings.Contains(status.Convert(err).Message(), fmt.Sprintf("epoch: %d is more than 1048576 (the most one message may move an epoch) above %d", far, r.s.epoch)) {
 		t.Fatalf("fence of epoch %d = %v, %v; want INVALID_ARGUMENT naming the bound", far, resp, err)
 	}
+	// So is a candidate address its vote file could not hold.
+	if resp, err := fence.Fence(c, &walshipv1.FenceRequest{Epoch: r.s.epoch + 1, CandidateId: "c1", CandidateAddr: "x:1 y", ClusterId: id}); status.Code(err) != codes.InvalidArgument ||
+		!strings.Contains(status.Convert(err).Message(), "candidate_addr") {
+		t.Fatalf("fence from candidate address %q = %v, %v; want INVALID_ARGUMENT naming candidate_addr", "x:1 y", resp, err)
+	}
 	if _, err := r.kv.Put(c, &walshipv1.PutRequest{Key: "k", Value: []byte("v")}); err != nil {
 		t.Fatalf("Put after the refused fences: %v", err)
 	}

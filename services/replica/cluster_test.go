@@ -130,6 +130,11 @@ func TestClusterAdoptedFromThePrimary(t *testing.T) {
 	wantRefusal(t, err, codes.FailedPrecondition, "the request is of cluster "+clusterB)
 	_, err = walshipv1.NewEpochServiceClient(r.conn).Fence(tctx(t), &walshipv1.FenceRequest{Epoch: 9, CandidateId: "b2", CandidateAddr: "b2:1", ClusterId: "b"})
 	wantRefusal(t, err, codes.InvalidArgument, "cluster_id")
+	// Candidates no vote file can hold.
+	_, err = walshipv1.NewEpochServiceClient(r.conn).Fence(tctx(t), &walshipv1.FenceRequest{Epoch: 9, CandidateId: "a2", CandidateAddr: "a2:1 x", ClusterId: clusterA})
+	wantRefusal(t, err, codes.InvalidArgument, "candidate_addr")
+	_, err = walshipv1.NewEpochServiceClient(r.conn).Fence(tctx(t), &walshipv1.FenceRequest{Epoch: 9, CandidateId: "-", CandidateAddr: "a2:1", ClusterId: clusterA})
+	wantRefusal(t, err, codes.InvalidArgument, "candidate_id")
 	if v := r.s.Vote(); v.Epoch != 1 {
 		t.Fatalf("vote after a fence of another cluster: %v", v)
 	}

@@ -254,6 +254,8 @@ func (h *epochServer) Fence(ctx context.Context, req *walshipv1.FenceRequest) (*
 		return nil, status.Errorf(codes.InvalidArgument, "candidate_id: %v", datadir.ValidateNodeID(req.GetCandidateId()))
 	case req.GetCandidateAddr() == "":
 		return nil, status.Error(codes.InvalidArgument, "candidate_addr: required (the candidate's advertised gRPC address)")
+	case datadir.ValidateAddr(req.GetCandidateAddr()) != nil:
+		return nil, status.Errorf(codes.InvalidArgument, "candidate_addr: %v", datadir.ValidateAddr(req.GetCandidateAddr()))
 	}
 	if err := rpcerr.CheckClusterID("cluster_id", req.GetClusterId()); err != nil {
 		return nil, err
@@ -574,6 +576,10 @@ func (s *Server) askLogStore(ctx context.Context) {
 				"logstore", ls.addr, "cluster_id", ours, "logstore_cluster_id", theirs)
 			continue
 		}
+		if err := checkNamedPrimary(st.GetPrimaryId(), st.GetPrimaryAddr()); err != nil {
+			s.logger.Error("the log store names a primary no vote file can hold: not taking its word for the primary", "logstore", ls.addr, "err", err)
+			continue
+		}
 		v := datadir.Vote{Epoch: st.GetVoteEpoch(), Primary: st.GetPrimaryId(), Addr: st.GetPrimaryAddr()}
 		named[ls.addr] = v
 		if v.Epoch > newest.Epoch {
@@ -605,4 +611,16 @@ func (s *Server) EpochRecord() *walshipv1.EpochRecord {
 		return held
 	}
 	return applied
+}
+
+// checkNamedPrimary checks the primary a peer names (id, addr; either may
+// be empty) before this node keeps it in its vote file.
+func checkNamedPrimary(id, addr string) error {
+	if id != "" && datadir.ValidateNodeID(id) != nil {
+		return fmt.Errorf("primary_id: %w", datadir.ValidateNodeID(id))
+	}
+	if addr != "" && datadir.ValidateAddr(addr) != nil {
+		return fmt.Errorf("primary_addr: %w", datadir.ValidateAddr(addr))
+	}
+	return nil
 }

@@ -416,6 +416,13 @@ func (s *Server) acceptPrimary(hb *walshipv1.Heartbeat) error {
 	if err := rpcerr.CheckClusterID("heartbeat.cluster_id", hb.GetClusterId()); err != nil {
 		return &refusal{reason: reasonDecode, err: err}
 	}
+	// Kept in the vote file once learnt: checked as a candidate's are.
+	if id := hb.GetPrimaryId(); id != "" && datadir.ValidateNodeID(id) != nil {
+		return &refusal{reason: reasonDecode, err: rpcerr.Invalid("heartbeat.primary_id", "%v", datadir.ValidateNodeID(id))}
+	}
+	if addr := hb.GetPrimaryAddr(); addr != "" && datadir.ValidateAddr(addr) != nil {
+		return &refusal{reason: reasonDecode, err: rpcerr.Invalid("heartbeat.primary_addr", "%v", datadir.ValidateAddr(addr))}
+	}
 	st := s.acceptor().Heartbeat(failover.Heartbeat{Epoch: hb.GetEpoch(), Primary: hb.GetPrimaryId(), Addr: hb.GetPrimaryAddr(),
 		Cluster: hb.GetClusterId(), Bound: datadir.MaxEpochJump})
 	if r := st.Refused; r != nil {
