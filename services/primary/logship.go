@@ -109,11 +109,6 @@ func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceC
 		// primary, and this node would promise it as it steps down.
 		return fmt.Errorf("status: epoch: %w", err)
 	}
-	if err := datadir.CheckProto(st.GetHistory(), max(s.epoch, st.Epoch), datadir.MaxEpochGap); err != nil {
-		// Compared with this primary's to decide what the log store
-		// keeps: one that does not parse as a history decides nothing.
-		return fmt.Errorf("status: history%w", err)
-	}
 	if st.Epoch > s.epoch {
 		err := &DeposedError{Vote: datadir.Vote{Epoch: st.Epoch, Primary: st.PrimaryId, Addr: st.PrimaryAddr},
 			Why: fmt.Sprintf("log store %s has promised epoch %d", addr, st.Epoch)}
@@ -125,6 +120,12 @@ func (s *Server) shipOnce(ctx context.Context, client walshipv1.LogStoreServiceC
 	}
 	if err := s.catchUpEpoch(ctx, fencer, addr, st.Epoch); err != nil {
 		return err
+	}
+	// Compared with this primary's to decide what the log store keeps
+	// (after the checks above, which do not read it: a newer promise
+	// deposes this primary whatever history comes with it).
+	if err := datadir.CheckProto(st.GetHistory(), max(s.epoch, st.Epoch), datadir.MaxEpochGap); err != nil {
+		return fmt.Errorf("status: history%w", err)
 	}
 	from, durable, cut := s.logStoreStart(addr, st)
 	rd, err := s.wal.NewReader(from, true)
