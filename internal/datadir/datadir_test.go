@@ -50,7 +50,7 @@ func TestVoteRoundTripAndLegacyEpoch(t *testing.T) {
 // itself — "-", which those files write for no node, is refused.
 func TestValidateNodeID(t *testing.T) {
 	dir := t.TempDir()
-	for _, id := range []string{"n1", "a.b_c-d", "--", strings.Repeat("x", 64), "-" + "a"} {
+	for _, id := range []string{"n1", "a.b_c-d", "--", strings.Repeat("x", 64), "-a"} {
 		if err := ValidateNodeID(id); err != nil {
 			t.Errorf("ValidateNodeID(%q) = %v", id, err)
 			continue
