@@ -360,6 +360,13 @@ func TestPipelineBrokenMidFlight(t *testing.T) {
 	stop.Store(true)
 	px.cut()
 	wg.Wait()
+	// A message one writer took to send may reach gRPC (and the counting
+	// codec) after the stream's end answered its operations with an
+	// unknown outcome: the send that then fails is still the one send.
+	// Closing waits for the client's sends to finish.
+	if err := cl.Close(); err != nil {
+		t.Fatal(err)
+	}
 
 	mu.Lock()
 	defer mu.Unlock()
