@@ -168,6 +168,24 @@ func ValidateAddr(addr string) error {
 	return nil
 }
 
+// ValidatePrimary checks the primary a peer names — its id and address,
+// either may be empty — before a node keeps it in its vote file. The
+// error names the field (primary_id or primary_addr); the caller says
+// whose.
+func ValidatePrimary(id, addr string) error {
+	if id != "" {
+		if err := ValidateNodeID(id); err != nil {
+			return fmt.Errorf("primary_id: %w", err)
+		}
+	}
+	if addr != "" {
+		if err := ValidateAddr(addr); err != nil {
+			return fmt.Errorf("primary_addr: %w", err)
+		}
+	}
+	return nil
+}
+
 // quote keeps a field of a space-separated line non-empty ("-" for empty).
 func quote(s string) string {
 	if s == "" {

@@ -326,11 +326,8 @@ func checkRequest(req *walshipv1.AppendRequest, known, bound uint64) (*appendReq
 		return nil, err
 	}
 	// Kept in the vote file once learnt: checked as a candidate's are.
-	if id := hb.GetPrimaryId(); id != "" && datadir.ValidateNodeID(id) != nil {
-		return nil, refuse(rpcerr.ErrInvalid, "heartbeat.primary_id: %v", datadir.ValidateNodeID(id))
-	}
-	if addr := hb.GetPrimaryAddr(); addr != "" && datadir.ValidateAddr(addr) != nil {
-		return nil, refuse(rpcerr.ErrInvalid, "heartbeat.primary_addr: %v", datadir.ValidateAddr(addr))
+	if err := datadir.ValidatePrimary(hb.GetPrimaryId(), hb.GetPrimaryAddr()); err != nil {
+		return nil, refuse(rpcerr.ErrInvalid, "heartbeat.%v", err)
 	}
 	if err := datadir.CheckEpoch(hb.GetEpoch(), known, bound); err != nil {
 		return nil, refuse(rpcerr.ErrInvalid, "heartbeat.epoch: %v", err)

@@ -327,12 +327,8 @@ func (s *Server) survey(ctx context.Context, peers []*peer) (srcs []*refillSourc
 			continue
 		}
 		// Its vote is adopted with what it copies: kept in the vote file.
-		if id := st.GetPrimaryId(); id != "" && datadir.ValidateNodeID(id) != nil {
-			notes = append(notes, fmt.Sprintf("%s: primary_id: %v", p.addr, datadir.ValidateNodeID(id)))
-			continue
-		}
-		if addr := st.GetPrimaryAddr(); addr != "" && datadir.ValidateAddr(addr) != nil {
-			notes = append(notes, fmt.Sprintf("%s: primary_addr: %v", p.addr, datadir.ValidateAddr(addr)))
+		if err := datadir.ValidatePrimary(st.GetPrimaryId(), st.GetPrimaryAddr()); err != nil {
+			notes = append(notes, fmt.Sprintf("%s: %v", p.addr, err))
 			continue
 		}
 		src := &refillSource{p: p, st: st}

@@ -576,7 +576,7 @@ func (s *Server) askLogStore(ctx context.Context) {
 				"logstore", ls.addr, "cluster_id", ours, "logstore_cluster_id", theirs)
 			continue
 		}
-		if err := checkNamedPrimary(st.GetPrimaryId(), st.GetPrimaryAddr()); err != nil {
+		if err := datadir.ValidatePrimary(st.GetPrimaryId(), st.GetPrimaryAddr()); err != nil {
 			s.logger.Error("the log store names a primary no vote file can hold: not taking its word for the primary", "logstore", ls.addr, "err", err)
 			continue
 		}
@@ -611,16 +611,4 @@ func (s *Server) EpochRecord() *walshipv1.EpochRecord {
 		return held
 	}
 	return applied
-}
-
-// checkNamedPrimary checks the primary a peer names (id, addr; either may
-// be empty) before this node keeps it in its vote file.
-func checkNamedPrimary(id, addr string) error {
-	if id != "" && datadir.ValidateNodeID(id) != nil {
-		return fmt.Errorf("primary_id: %w", datadir.ValidateNodeID(id))
-	}
-	if addr != "" && datadir.ValidateAddr(addr) != nil {
-		return fmt.Errorf("primary_addr: %w", datadir.ValidateAddr(addr))
-	}
-	return nil
 }

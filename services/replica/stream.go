@@ -12,6 +12,8 @@ import (
 	"github.com/walship/walship/internal/datadir"
 	"github.com/walship/walship/internal/failover"
 	"github.com/walship/walship/internal/rpcerr"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -417,11 +419,8 @@ func (s *Server) acceptPrimary(hb *walshipv1.Heartbeat) error {
 		return &refusal{reason: reasonDecode, err: err}
 	}
 	// Kept in the vote file once learnt: checked as a candidate's are.
-	if id := hb.GetPrimaryId(); id != "" && datadir.ValidateNodeID(id) != nil {
-		return &refusal{reason: reasonDecode, err: rpcerr.Invalid("heartbeat.primary_id", "%v", datadir.ValidateNodeID(id))}
-	}
-	if addr := hb.GetPrimaryAddr(); addr != "" && datadir.ValidateAddr(addr) != nil {
-		return &refusal{reason: reasonDecode, err: rpcerr.Invalid("heartbeat.primary_addr", "%v", datadir.ValidateAddr(addr))}
+	if err := datadir.ValidatePrimary(hb.GetPrimaryId(), hb.GetPrimaryAddr()); err != nil {
+		return &refusal{reason: reasonDecode, err: status.Error(codes.InvalidArgument, "heartbeat."+err.Error())}
 	}
 	st := s.acceptor().Heartbeat(failover.Heartbeat{Epoch: hb.GetEpoch(), Primary: hb.GetPrimaryId(), Addr: hb.GetPrimaryAddr(),
 		Cluster: hb.GetClusterId(), Bound: datadir.MaxEpochJump})
